@@ -1,0 +1,77 @@
+/*
+ * fabsim.h - control and inspection API of fabpool's simulated CUDA driver.
+ *
+ * The simulated driver is built as a drop-in libcuda.so.1.  Besides the CUDA
+ * driver API it exports the functions below, which tests look up with
+ * dlsym(RTLD_DEFAULT, "fabsim_...") so that the same test binary also runs
+ * against the real driver (where the lookup returns NULL and the checks that
+ * need the ledger are skipped).
+ *
+ * Environment variables read at cuInit:
+ *   FABSIM_DEVICES=N          number of devices (default 1, at most 16)
+ *   FABSIM_MEMORY=SIZE        physical capacity of each device, e.g. 16GiB (default 16GiB)
+ *   FABSIM_FABRIC=0|1         1: fabric handles are permitted; 0 (default): cuMemCreate
+ *                             with CU_MEM_HANDLE_TYPE_FABRIC answers CUDA_ERROR_NOT_PERMITTED,
+ *                             as on a machine without an IMEX channel
+ *   FABSIM_FAULT=SPEC         fault injection, SPEC = name:nth:ERROR[,name:nth:ERROR...]
+ *                             e.g. cuMemCreate:3:CUDA_ERROR_OUT_OF_MEMORY makes the 3rd
+ *                             call of cuMemCreate (counted from cuInit) fail with that error.
+ *                             nth may be '*' (every call from then on).
+ *   FABSIM_TRACE=1            print every driver call to stderr
+ */
+#ifndef FABSIM_H
+#define FABSIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FABSIM_MAX_DEVICES 16
+
+/* What the simulated driver holds for this process right now. */
+typedef struct fabsim_ledger {
+    uint64_t handles;       /* live allocation handles (sum of reference counts) */
+    uint64_t allocations;   /* physical allocations alive in this process */
+    uint64_t mappings;      /* live cuMemMap mappings */
+    uint64_t reservations;  /* live cuMemAddressReserve ranges */
+    uint64_t exported_fds;  /* exported POSIX fds still open in this process */
+    uint64_t bytes_held;    /* physical bytes this process keeps alive, all devices */
+    uint64_t bytes_mapped;  /* bytes mapped by cuMemMap in this process */
+    uint64_t bytes_held_dev[FABSIM_MAX_DEVICES];
+    uint64_t legacy_allocs; /* live cuMemAlloc / cuMemAllocAsync blocks */
+} fabsim_ledger;
+
+/* Fills *out.  Returns 0. */
+int fabsim_get_ledger(fabsim_ledger *out);
+
+/* Physical bytes of this simulated machine's device `dev` that any process
+ * on the host keeps alive (found by scanning /proc for the sim's memory files:
+ * what the kernel itself still holds).  Used by cross-process tests. */
+uint64_t fabsim_machine_held_bytes(int dev);
+
+/* Fault injection, same meaning as FABSIM_FAULT.  nth counts calls from now
+ * (1 = the next call).  nth = 0 with `every` = 1 fails every call from now on.
+ * Returns 0, or -1 for an unknown entry point name. */
+int fabsim_fault_set(const char *entry, uint64_t nth, int every, int cuda_error);
+void fabsim_fault_clear(void);
+
+/* Number of calls of an entry point made so far (by its base name, e.g.
+ * "cuMemCreate"), and the sum over all entry points for NULL. */
+uint64_t fabsim_calls(const char *entry);
+void fabsim_calls_reset(void);
+
+/* Pending GPU work: while a stream is held, work on it does not complete:
+ * cuStreamQuery and cuEventQuery of events recorded on it after the hold
+ * answer CUDA_ERROR_NOT_READY.  cuStreamSynchronize / cuEventSynchronize /
+ * cuCtxSynchronize complete it (as the GPU would, eventually), and so does
+ * fabsim_stream_release.  stream NULL is the legacy default stream. */
+int fabsim_stream_hold(void *stream);
+int fabsim_stream_release(void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
