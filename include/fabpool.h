@@ -1,0 +1,226 @@
+/*
+ * fabpool.h - a size-class memory pool for CUDA device memory, built on the
+ * driver's virtual memory management API.
+ *
+ * One pool per device.  The pool reserves its virtual address space once and
+ * maps physical chunks into it; every physical handle is released right after
+ * it is mapped, so unmapping a chunk frees its memory and no handle can leak.
+ *
+ * Every function returns a fabpool_status.  On anything but FABPOOL_OK,
+ * fabpool_last_error() returns a message for the calling thread that says
+ * what went wrong and what to do about it.
+ *
+ * Device pointers are `void *` (as cudaMalloc gives them); streams and events
+ * are `void *` holding a CUstream / CUevent, so this header needs no CUDA
+ * header.  All functions are thread-safe unless a comment says otherwise.
+ */
+#ifndef FABPOOL_H
+#define FABPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define FABPOOL_API __attribute__((visibility("default")))
+#else
+#define FABPOOL_API
+#endif
+
+#define FABPOOL_VERSION_MAJOR 0
+#define FABPOOL_VERSION_MINOR 1
+#define FABPOOL_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------ status */
+
+typedef enum fabpool_status {
+    FABPOOL_OK = 0,
+    FABPOOL_ERR_INVALID_ARG = 1,   /* a NULL, a zero, a size out of range */
+    FABPOOL_ERR_OUT_OF_MEMORY = 2, /* the device has no memory left, even after a trim */
+    FABPOOL_ERR_HOST_MEMORY = 3,   /* host metadata could not be allocated */
+    FABPOOL_ERR_NO_DRIVER = 4,     /* libcuda.so.1 or one of its entry points is missing */
+    FABPOOL_ERR_DRIVER = 5,        /* a driver call failed; the message names it and its error */
+    FABPOOL_ERR_NOT_SUPPORTED = 6, /* the device or the process lacks a feature (VMM, fabric) */
+    FABPOOL_ERR_CONFIG = 7,        /* FABPOOL_CONF or an option is wrong */
+    FABPOOL_ERR_NOT_FOUND = 8,     /* a pointer this pool did not give out, or an interior one */
+    FABPOOL_ERR_DOUBLE_FREE = 9,   /* a pointer freed twice */
+    FABPOOL_ERR_LIMIT = 10,        /* past a buffer's maximum, or out of reserved address space */
+    FABPOOL_ERR_BUSY = 11,         /* the object still has users (e.g. live views) */
+    FABPOOL_ERR_DESCRIPTOR = 12,   /* a sharing descriptor that is malformed or does not fit */
+    FABPOOL_ERR_IO = 13            /* a socket or file operation failed (fd passing) */
+} fabpool_status;
+
+/* The enumerator's name, e.g. "FABPOOL_ERR_OUT_OF_MEMORY". */
+FABPOOL_API const char *fabpool_status_name(fabpool_status s);
+/* The calling thread's message for its last failed call ("" if none). */
+FABPOOL_API const char *fabpool_last_error(void);
+
+/* ----------------------------------------------------------------- options */
+
+typedef enum fabpool_handle_type {
+    FABPOOL_HANDLE_AUTO = 0,     /* fabric where a real probe works, else POSIX fd, else none */
+    FABPOOL_HANDLE_NONE = 1,     /* local memory, not shareable */
+    FABPOOL_HANDLE_POSIX_FD = 2, /* shareable between processes of one host */
+    FABPOOL_HANDLE_FABRIC = 3    /* shareable across an NVLink fabric (needs an IMEX channel) */
+} fabpool_handle_type;
+
+typedef enum fabpool_metadata {
+    FABPOOL_METADATA_AUTO = 0,     /* jemalloc if the process already has it, else libc */
+    FABPOOL_METADATA_JEMALLOC = 1, /* jemalloc, loaded if the process lacks it; fail if impossible */
+    FABPOOL_METADATA_LIBC = 2
+} fabpool_metadata;
+
+#define FABPOOL_MAX_PEERS 16
+
+typedef struct fabpool_options {
+    uint32_t struct_size;          /* set by fabpool_options_init: sizeof(fabpool_options) */
+    int device;                    /* CUDA device ordinal (conf key: device) */
+    uint64_t reserve_bytes;        /* virtual address space reserved once; 0: 8x device memory (reserve) */
+    fabpool_handle_type handle_type;   /* (handle_type: auto|none|posix_fd|fabric) */
+    uint32_t max_waste_percent;    /* chunk rounding: at most this much over what was asked (max_waste) */
+    uint64_t max_chunk_bytes;      /* largest physical chunk a growable buffer maps at once (max_chunk) */
+    uint64_t slab_max_bytes;       /* sizes up to this come from slabs; above, chunk spans (slab_max) */
+    uint64_t cache_limit_bytes;    /* free memory kept mapped for reuse before it is unmapped (cache_limit) */
+    uint32_t shrink_hysteresis_percent; /* a shrunk buffer keeps up to this much over its size mapped (shrink_hysteresis) */
+    uint32_t thread_cache;         /* 1: per-thread caches of small blocks (thread_cache) */
+    int stats_at_destroy;          /* 0 none, 1 text, 2 JSON report to stderr at destroy (stats_print) */
+    fabpool_metadata metadata;     /* host metadata allocator (metadata: auto|jemalloc|libc) */
+    int n_peer_devices;            /* local devices also given access to every chunk (peers: 1;2;3) */
+    int peer_devices[FABPOOL_MAX_PEERS];
+    const char *conf;              /* a FABPOOL_CONF-syntax string applied after these fields and
+                                      before the FABPOOL_CONF environment variable (may be NULL) */
+} fabpool_options;
+
+/* Fills *o with the defaults (docs/config.md lists them). */
+FABPOOL_API void fabpool_options_init(fabpool_options *o);
+
+/* Applies a "key:value,key:value" string to *o (what pool creation does with
+ * o->conf and with FABPOOL_CONF).  FABPOOL_ERR_CONFIG names the bad key or value. */
+FABPOOL_API fabpool_status fabpool_options_parse(fabpool_options *o, const char *conf);
+
+/* -------------------------------------------------------------------- pool */
+
+typedef struct fabpool fabpool_t;
+
+/* Creates a pool.  opts may be NULL for the defaults.  The environment
+ * variable FABPOOL_CONF overrides opts.  FABPOOL_CUDA_LIBRARY names the
+ * driver library to load (default libcuda.so.1). */
+FABPOOL_API fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out);
+
+/* Destroys a pool: waits for pending retirements, unmaps everything, frees the
+ * reservation.  Buffers and allocations still live are unmapped too (their
+ * count is reported in the message, and the status is FABPOOL_ERR_BUSY, but
+ * the pool is gone either way).  No other thread may use the pool meanwhile. */
+FABPOOL_API fabpool_status fabpool_destroy(fabpool_t *pool);
+
+/* The options in force (after FABPOOL_CONF), and the handle type chosen. */
+FABPOOL_API fabpool_status fabpool_get_options(const fabpool_t *pool, fabpool_options *out);
+FABPOOL_API fabpool_handle_type fabpool_handle_type_of(const fabpool_t *pool);
+
+/* ------------------------------------------------------ size-class blocks */
+
+/* Allocates size bytes of device memory, aligned to at least 256 bytes.
+ * Sizes up to slab_max come from slabs; larger ones from chunk spans.  The
+ * block is for use at once: freeing it makes it reusable at once, so the
+ * caller must not free a block that GPU work may still touch (see
+ * fabpool_free_on_stream). */
+FABPOOL_API fabpool_status fabpool_alloc(fabpool_t *pool, size_t size, void **out);
+FABPOOL_API fabpool_status fabpool_free(fabpool_t *pool, void *ptr);
+/* The size class a block was given (>= the size asked). */
+FABPOOL_API fabpool_status fabpool_usable_size(fabpool_t *pool, const void *ptr, size_t *out);
+
+/* Returns free cached memory to the driver until at most keep_bytes of it stay
+ * mapped (0: all).  Flushes the calling thread's cache first; other threads'
+ * caches are flushed when they next call the pool or exit. */
+FABPOOL_API fabpool_status fabpool_trim(fabpool_t *pool, size_t keep_bytes);
+/* Returns the calling thread's cached blocks to the pool. */
+FABPOOL_API fabpool_status fabpool_thread_flush(fabpool_t *pool);
+
+/* --------------------------------------------------------- growable buffers */
+
+typedef struct fabpool_buffer fabpool_buffer_t;
+
+/* A buffer with its own address window of max_size bytes (rounded up to the
+ * granularity) and size bytes mapped at its start.  Its address never changes. */
+FABPOOL_API fabpool_status fabpool_buffer_create(fabpool_t *pool, size_t max_size, size_t size,
+                                                fabpool_buffer_t **out);
+/* Grows or shrinks the buffer to `size` bytes (0 < size <= max_size).
+ * Growing maps only the missing chunks behind the mapped ones: data already
+ * there stays.  Shrinking keeps chunks mapped up to the hysteresis limit and
+ * retires the rest: they are unmapped only once the GPU work that may use
+ * them is done.  `stream` (a CUstream or NULL) says which work: with a
+ * stream, the pool records an event on it and unmaps after the event has
+ * completed; with NULL, the pool synchronizes the context before it unmaps.
+ * On failure the buffer keeps its old size, its mapping and its data. */
+FABPOOL_API fabpool_status fabpool_buffer_resize(fabpool_buffer_t *buf, size_t size, void *stream);
+/* Resizes n buffers of one pool at once (HybridEP grows its buffer set from
+ * one token count).  All or nothing: on failure every buffer keeps its old size. */
+FABPOOL_API fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const size_t *sizes,
+                                                    size_t n, void *stream);
+/* Unmaps everything (after the work on `stream`, as for resize) and frees the window. */
+FABPOOL_API fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *buf, void *stream);
+
+typedef struct fabpool_buffer_info {
+    void *base;           /* never changes */
+    size_t size;          /* the size asked last */
+    size_t mapped;        /* bytes mapped: >= size */
+    size_t max_size;      /* the address window */
+    uint32_t n_chunks;    /* chunks mapped */
+    uint64_t generation;  /* grows by one at every change of the mapped chunks */
+} fabpool_buffer_info;
+FABPOOL_API fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *buf, fabpool_buffer_info *out);
+FABPOOL_API void *fabpool_buffer_ptr(const fabpool_buffer_t *buf);
+
+/* Unmaps the retired chunks whose GPU work has completed; with wait != 0,
+ * waits for all of it first.  Resize, trim and destroy also do this. */
+FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
+
+/* ------------------------------------------------------------------- stats */
+
+#define FABPOOL_NUM_CLASSES 96   /* slab and large size classes reported */
+#define FABPOOL_NUM_DRIVER_CALLS 32
+
+typedef struct fabpool_class_stats {
+    uint64_t size;        /* class size in bytes; 0 ends the list */
+    uint64_t in_use;      /* blocks given out */
+    uint64_t cached;      /* free blocks kept mapped (slabs, thread caches, large spans) */
+    uint64_t slabs;       /* slabs (or spans) mapped for this class */
+    uint64_t allocs;      /* allocations served, all time */
+} fabpool_class_stats;
+
+typedef struct fabpool_stats {
+    uint64_t reserved_bytes;        /* virtual address space reserved */
+    uint64_t mapped_bytes;          /* physical bytes mapped by this pool (what the driver holds for it) */
+    uint64_t mapped_bytes_peak;
+    uint64_t in_use_bytes;          /* bytes of blocks given out (size classes) + buffer sizes asked */
+    uint64_t in_use_bytes_peak;
+    uint64_t cached_bytes;          /* mapped but free: slabs, spans, buffer hysteresis */
+    uint64_t retiring_bytes;        /* waiting for GPU work before unmap */
+    uint64_t buffers;               /* live growable buffers */
+    uint64_t blocks;                /* live size-class blocks */
+    uint64_t chunks_mapped;         /* chunks mapped now */
+    uint64_t chunks_mapped_total;   /* all time */
+    uint64_t chunks_unmapped_total;
+    uint64_t handles_outstanding;   /* physical handles the pool holds now (0 except mid-export) */
+    uint64_t exported_fds_open;     /* exported fds the pool still holds */
+    uint64_t oom_retries;           /* cuMemCreate OOMs answered by a trim and a retry */
+    uint64_t metadata_bytes;        /* host metadata in use */
+    int metadata_jemalloc;          /* 1: host metadata lives in a private jemalloc arena */
+    unsigned metadata_arena;        /* its arena index */
+    uint64_t driver_calls[FABPOOL_NUM_DRIVER_CALLS];  /* per entry point, indexed as names[] */
+    const char *driver_call_names[FABPOOL_NUM_DRIVER_CALLS];  /* NULL ends */
+    fabpool_class_stats classes[FABPOOL_NUM_CLASSES];
+} fabpool_stats;
+
+FABPOOL_API fabpool_status fabpool_get_stats(fabpool_t *pool, fabpool_stats *out);
+/* A readable report (json = 0) or one JSON object (json = 1). */
+FABPOOL_API fabpool_status fabpool_print_stats(fabpool_t *pool, FILE *out, int json);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,58 @@
+/* error.c - status names and the calling thread's last error message. */
+#include "error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#define FP_MSG_MAX 1024
+
+static _Thread_local char fp_msg[FP_MSG_MAX];
+
+static const char *const status_names[] = {
+    [FABPOOL_OK] = "FABPOOL_OK",
+    [FABPOOL_ERR_INVALID_ARG] = "FABPOOL_ERR_INVALID_ARG",
+    [FABPOOL_ERR_OUT_OF_MEMORY] = "FABPOOL_ERR_OUT_OF_MEMORY",
+    [FABPOOL_ERR_HOST_MEMORY] = "FABPOOL_ERR_HOST_MEMORY",
+    [FABPOOL_ERR_NO_DRIVER] = "FABPOOL_ERR_NO_DRIVER",
+    [FABPOOL_ERR_DRIVER] = "FABPOOL_ERR_DRIVER",
+    [FABPOOL_ERR_NOT_SUPPORTED] = "FABPOOL_ERR_NOT_SUPPORTED",
+    [FABPOOL_ERR_CONFIG] = "FABPOOL_ERR_CONFIG",
+    [FABPOOL_ERR_NOT_FOUND] = "FABPOOL_ERR_NOT_FOUND",
+    [FABPOOL_ERR_DOUBLE_FREE] = "FABPOOL_ERR_DOUBLE_FREE",
+    [FABPOOL_ERR_LIMIT] = "FABPOOL_ERR_LIMIT",
+    [FABPOOL_ERR_BUSY] = "FABPOOL_ERR_BUSY",
+    [FABPOOL_ERR_DESCRIPTOR] = "FABPOOL_ERR_DESCRIPTOR",
+    [FABPOOL_ERR_IO] = "FABPOOL_ERR_IO",
+};
+
+const char *fabpool_status_name(fabpool_status s)
+{
+    if ((unsigned)s < sizeof status_names / sizeof status_names[0] && status_names[s])
+        return status_names[s];
+    return "FABPOOL_ERR_UNKNOWN_STATUS";
+}
+
+const char *fabpool_last_error(void) { return fp_msg; }
+
+void fp_error_clear(void) { fp_msg[0] = '\0'; }
+
+fabpool_status fp_error(fabpool_status s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fp_msg, sizeof fp_msg, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+void fp_error_append(const char *fmt, ...)
+{
+    size_t len = strlen(fp_msg);
+    if (len + 1 >= sizeof fp_msg)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fp_msg + len, sizeof fp_msg - len, fmt, ap);
+    va_end(ap);
+}
