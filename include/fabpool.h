@@ -181,8 +181,8 @@ FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
 
 /* ------------------------------------------------------------------- stats */
 
-#define FABPOOL_NUM_CLASSES 96   /* slab and large size classes reported */
-#define FABPOOL_NUM_DRIVER_CALLS 32
+#define FABPOOL_NUM_CLASSES 128  /* slab and large size classes reported */
+#define FABPOOL_NUM_DRIVER_CALLS 40
 
 typedef struct fabpool_class_stats {
     uint64_t size;        /* class size in bytes; 0 ends the list */

@@ -1,0 +1,358 @@
+/* alloc.c - fabpool_alloc / fabpool_free: the hot path through per-thread
+ * caches, the slow path to the slab classes, and the thread caches' life. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "pool.h"
+
+#define FP_LIKELY(x) __builtin_expect(!!(x), 1)
+#define FP_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define FP_TLS_SLOTS 8
+
+/* The thread's caches, by pool.  A slot matches only if both the pool's
+ * address and its unique id match, so a slot of a destroyed pool is never
+ * used again (its cache was freed with the pool). */
+typedef struct fp_tls_slot {
+    struct fabpool *pool;
+    uint64_t id;
+    fp_tcache *tc;
+} fp_tls_slot;
+
+static _Thread_local fp_tls_slot tls_slots[FP_TLS_SLOTS];
+static _Thread_local int tls_key_set;
+static pthread_key_t tls_key;
+static pthread_once_t tls_key_once = PTHREAD_ONCE_INIT;
+
+/* Live pools, so that a thread that exits can tell whether the pool of a
+ * slot still exists without touching it. */
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static fp_tls_slot *registry;   /* .tc unused */
+static size_t registry_n, registry_cap;
+static _Atomic uint64_t next_pool_id = 1;
+
+int fp_registry_add(struct fabpool *p)
+{
+    pthread_mutex_lock(&registry_lock);
+    if (registry_n == registry_cap) {
+        size_t cap = registry_cap ? registry_cap * 2 : 8;
+        fp_tls_slot *r = realloc(registry, cap * sizeof *r);
+        if (!r) {
+            pthread_mutex_unlock(&registry_lock);
+            return -1;
+        }
+        registry = r;
+        registry_cap = cap;
+    }
+    p->id = atomic_fetch_add(&next_pool_id, 1);
+    registry[registry_n++] = (fp_tls_slot){p, p->id, NULL};
+    pthread_mutex_unlock(&registry_lock);
+    return 0;
+}
+
+static int registry_has(struct fabpool *p, uint64_t id)
+{
+    for (size_t i = 0; i < registry_n; i++)
+        if (registry[i].pool == p && registry[i].id == id)
+            return 1;
+    return 0;
+}
+
+static void tcache_free(struct fabpool *p, fp_tcache *tc)
+{
+    for (unsigned c = 0; c < FP_NCLASS; c++) {
+        atomic_fetch_add(&p->classes[c].tc_allocs, atomic_load_explicit(&tc->allocs[c], memory_order_relaxed));
+        atomic_fetch_add(&p->classes[c].tc_frees, atomic_load_explicit(&tc->frees[c], memory_order_relaxed));
+    }
+    fp_meta_free(&p->meta, tc, tc->bytes);
+}
+
+/* Flushes and frees a cache whose pool is alive. */
+static void tcache_retire(struct fabpool *p, fp_tcache *tc)
+{
+    fp_tcache_flush(p, tc);
+    pthread_mutex_lock(&p->lock);
+    if (tc->prev)
+        tc->prev->next = tc->next;
+    else
+        p->tcaches = tc->next;
+    if (tc->next)
+        tc->next->prev = tc->prev;
+    pthread_mutex_unlock(&p->lock);
+    tcache_free(p, tc);
+    fp_trim_policy(p);
+}
+
+void fp_registry_remove(struct fabpool *p)
+{
+    pthread_mutex_lock(&registry_lock);
+    for (size_t i = 0; i < registry_n; i++)
+        if (registry[i].pool == p && registry[i].id == p->id) {
+            registry[i] = registry[--registry_n];
+            break;
+        }
+    pthread_mutex_unlock(&registry_lock);
+}
+
+static void thread_exit(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&registry_lock);
+    for (int i = 0; i < FP_TLS_SLOTS; i++) {
+        fp_tls_slot *s = &tls_slots[i];
+        if (s->pool && registry_has(s->pool, s->id))
+            tcache_retire(s->pool, s->tc);
+        memset(s, 0, sizeof *s);
+    }
+    pthread_mutex_unlock(&registry_lock);
+}
+
+static void make_key(void) { pthread_key_create(&tls_key, thread_exit); }
+
+void fp_tcaches_destroy(struct fabpool *p)
+{
+    /* The pool left the registry first: exiting threads no longer touch it. */
+    while (p->tcaches) {
+        fp_tcache *tc = p->tcaches;
+        p->tcaches = tc->next;
+        tcache_free(p, tc);
+    }
+    for (int i = 0; i < FP_TLS_SLOTS; i++)
+        if (tls_slots[i].pool == p && tls_slots[i].id == p->id)
+            memset(&tls_slots[i], 0, sizeof tls_slots[i]);
+}
+
+void fp_tcache_flush(struct fabpool *p, fp_tcache *tc)
+{
+    for (unsigned c = 0; c < p->n_slab_classes; c++) {
+        fp_bin *b = &tc->bins[c];
+        if (b->n) {
+            fp_class_give(p, c, b->items, b->n);
+            b->n = 0;
+        }
+    }
+    tc->epoch = atomic_load(&p->flush_epoch);
+}
+
+static fp_tcache *tcache_new(struct fabpool *p)
+{
+    size_t bytes = sizeof(fp_tcache) + p->n_slab_classes * sizeof(fp_bin);
+    for (unsigned c = 0; c < p->n_slab_classes; c++)
+        bytes += p->tc_cap[c] * sizeof(fp_item);
+    fp_tcache *tc = fp_meta_alloc(&p->meta, bytes);
+    if (!tc)
+        return NULL;
+    tc->pool = p;
+    tc->bytes = bytes;
+    fp_item *items = (fp_item *)(tc->bins + p->n_slab_classes);
+    for (unsigned c = 0; c < p->n_slab_classes; c++) {
+        tc->bins[c].cap = p->tc_cap[c];
+        tc->bins[c].items = items;
+        items += p->tc_cap[c];
+    }
+    tc->epoch = atomic_load(&p->flush_epoch);
+    pthread_mutex_lock(&p->lock);
+    tc->next = p->tcaches;
+    if (p->tcaches)
+        p->tcaches->prev = tc;
+    p->tcaches = tc;
+    pthread_mutex_unlock(&p->lock);
+    return tc;
+}
+
+/* The calling thread's cache for p, made on first use; NULL if caches are
+ * off or no host memory is left (the caller then uses the classes directly). */
+fp_tcache *fp_tcache_get(struct fabpool *p)
+{
+    if (!p->opt.thread_cache)
+        return NULL;
+    for (int i = 0; i < FP_TLS_SLOTS; i++) {
+        if (tls_slots[i].pool == p && tls_slots[i].id == p->id) {
+            fp_tls_slot s = tls_slots[i];
+            memmove(&tls_slots[1], &tls_slots[0], (size_t)i * sizeof s);
+            tls_slots[0] = s;
+            if (s.tc->epoch != atomic_load(&p->flush_epoch))
+                fp_tcache_flush(p, s.tc);
+            return s.tc;
+        }
+    }
+    if (!tls_key_set) {
+        pthread_once(&tls_key_once, make_key);
+        pthread_setspecific(tls_key, (void *)1);
+        tls_key_set = 1;
+    }
+    fp_tcache *tc = tcache_new(p);
+    if (!tc)
+        return NULL;
+    fp_tls_slot *last = &tls_slots[FP_TLS_SLOTS - 1];
+    if (last->pool) {
+        pthread_mutex_lock(&registry_lock);
+        if (registry_has(last->pool, last->id))
+            tcache_retire(last->pool, last->tc);
+        pthread_mutex_unlock(&registry_lock);
+    }
+    memmove(&tls_slots[1], &tls_slots[0], (FP_TLS_SLOTS - 1) * sizeof tls_slots[0]);
+    tls_slots[0] = (fp_tls_slot){p, p->id, tc};
+    return tc;
+}
+
+fabpool_status fabpool_thread_flush(fabpool_t *p)
+{
+    if (!p)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_thread_flush: the pool is NULL");
+    for (int i = 0; i < FP_TLS_SLOTS; i++)
+        if (tls_slots[i].pool == p && tls_slots[i].id == p->id)
+            fp_tcache_flush(p, tls_slots[i].tc);
+    return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------ blocks */
+
+static inline void mark_used(const fp_item *it)
+{
+    uint32_t idx = 0;
+    fp_slab_index(it->span, it->ptr, &idx);
+    atomic_fetch_and_explicit(&it->span->freebits[idx >> 6], ~(1ull << (idx & 63)), memory_order_relaxed);
+}
+
+static inline void count(_Atomic uint64_t *c)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
+}
+
+static fabpool_status alloc_slow(fabpool_t *p, size_t size, void **out)
+{
+    if (!p)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc: the pool is NULL");
+    if (!out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc: the output pointer is NULL");
+    *out = NULL;
+    if (size == 0)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc: size 0; ask for at least one byte");
+    if (size > p->opt.slab_max_bytes)
+        return fp_large_alloc(p, size, out);
+
+    unsigned cls = fp_class_of(size);
+    fabpool_status st = FABPOOL_OK;
+    fp_tcache *tc = fp_tcache_get(p);
+    if (tc && tc->bins[cls].cap) {
+        fp_bin *b = &tc->bins[cls];
+        if (!b->n) {
+            unsigned want = b->cap / 2 ? b->cap / 2 : 1;
+            b->n = fp_class_take(p, cls, b->items, want, &st);
+            if (!b->n)
+                return st;
+        }
+        fp_item it = b->items[--b->n];
+        mark_used(&it);
+        count(&tc->allocs[cls]);
+        *out = (void *)(uintptr_t)it.ptr;
+        return FABPOOL_OK;
+    }
+    fp_item it;
+    if (!fp_class_take(p, cls, &it, 1, &st))
+        return st;
+    mark_used(&it);
+    atomic_fetch_add_explicit(&p->classes[cls].allocs, 1, memory_order_relaxed);
+    *out = (void *)(uintptr_t)it.ptr;
+    return FABPOOL_OK;
+}
+
+fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
+{
+    if (FP_LIKELY(p && out && size && size <= p->opt.slab_max_bytes)) {
+        fp_tls_slot *sl = &tls_slots[0];
+        if (FP_LIKELY(sl->pool == p && sl->id == p->id)) {
+            fp_tcache *tc = sl->tc;
+            unsigned cls = fp_class_of(size);
+            fp_bin *b = &tc->bins[cls];
+            if (FP_LIKELY(b->n && tc->epoch == atomic_load_explicit(&p->flush_epoch, memory_order_relaxed))) {
+                fp_item it = b->items[--b->n];
+                mark_used(&it);
+                count(&tc->allocs[cls]);
+                *out = (void *)(uintptr_t)it.ptr;
+                return FABPOOL_OK;
+            }
+        }
+    }
+    return alloc_slow(p, size, out);
+}
+
+static fabpool_status free_slab_slow(fabpool_t *p, fp_span *s, uint64_t addr)
+{
+    unsigned cls = s->cls;
+    fp_item it = {addr, s};
+    fp_tcache *tc = fp_tcache_get(p);
+    if (tc && tc->bins[cls].cap) {
+        fp_bin *b = &tc->bins[cls];
+        if (b->n == b->cap) {
+            /* give back the older half */
+            unsigned half = b->n / 2 ? b->n / 2 : 1;
+            fp_class_give(p, cls, b->items, half);
+            memmove(b->items, b->items + half, (b->n - half) * sizeof *b->items);
+            b->n -= half;
+        }
+        b->items[b->n++] = it;
+        count(&tc->frees[cls]);
+        fp_trim_policy(p);
+        return FABPOOL_OK;
+    }
+    fp_class_give(p, cls, &it, 1);
+    atomic_fetch_add_explicit(&p->classes[cls].frees, 1, memory_order_relaxed);
+    fp_trim_policy(p);
+    return FABPOOL_OK;
+}
+
+fabpool_status fabpool_free(fabpool_t *p, void *ptr)
+{
+    if (FP_UNLIKELY(!p))
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free(%p): the pool is NULL", ptr);
+    if (FP_UNLIKELY(!ptr))
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free: the pointer is NULL");
+    uint64_t addr = (uint64_t)(uintptr_t)ptr;
+    fp_span *s = fp_map_get(p, addr);
+    if (FP_UNLIKELY(!s))
+        return fp_error(FABPOOL_ERR_NOT_FOUND,
+                        "fabpool_free(%p): this pool (device %d) did not give out that pointer, or it was freed "
+                        "and its memory returned to the driver",
+                        ptr, (int)p->dev);
+    if (s->kind != FP_SPAN_SLAB)
+        return fp_large_free(p, s, addr);
+    uint32_t idx;
+    if (FP_UNLIKELY(!fp_slab_index(s, addr, &idx)))
+        return fp_error(FABPOOL_ERR_NOT_FOUND,
+                        "fabpool_free(%p): an interior pointer into a slab of %llu-byte blocks; free the pointer "
+                        "fabpool_alloc returned",
+                        ptr, (unsigned long long)((uint64_t)s->obj_q << 8));
+    uint64_t bit = 1ull << (idx & 63);
+    uint64_t old = atomic_fetch_or_explicit(&s->freebits[idx >> 6], bit, memory_order_relaxed);
+    if (FP_UNLIKELY(old & bit))
+        return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free(%p): this %llu-byte block is already free (double free)",
+                        ptr, (unsigned long long)((uint64_t)s->obj_q << 8));
+    fp_tls_slot *sl = &tls_slots[0];
+    if (FP_LIKELY(sl->pool == p && sl->id == p->id)) {
+        fp_tcache *tc = sl->tc;
+        fp_bin *b = &tc->bins[s->cls];
+        if (FP_LIKELY(b->n < b->cap && tc->epoch == atomic_load_explicit(&p->flush_epoch, memory_order_relaxed))) {
+            b->items[b->n].ptr = addr;
+            b->items[b->n].span = s;
+            b->n++;
+            count(&tc->frees[s->cls]);
+            return FABPOOL_OK;
+        }
+    }
+    return free_slab_slow(p, s, addr);
+}
+
+fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
+{
+    if (!p || !ptr || !out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_usable_size: the pool, the pointer or the output is NULL");
+    uint64_t addr = (uint64_t)(uintptr_t)ptr;
+    fp_span *s = fp_map_get(p, addr);
+    uint32_t idx;
+    if (!s || (s->kind == FP_SPAN_SLAB ? !fp_slab_index(s, addr, &idx) : addr != s->base))
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_usable_size(%p): not a block this pool gave out", ptr);
+    *out = s->kind == FP_SPAN_SLAB ? (size_t)s->obj_q << 8 : (size_t)s->size;
+    return FABPOOL_OK;
+}

@@ -1,0 +1,139 @@
+/* chunk.c - physical chunks: created, mapped, given access, and released at
+ * once, so that the mapping is the only thing keeping the memory alive and
+ * an unmap frees it. */
+#include <stdio.h>
+#include <string.h>
+
+#include "error.h"
+#include "pool.h"
+
+static void human(char *buf, size_t n, uint64_t b)
+{
+    if (b >= (1ull << 30))
+        snprintf(buf, n, "%.2f GiB", (double)b / (double)(1ull << 30));
+    else
+        snprintf(buf, n, "%.2f MiB", (double)b / (double)(1ull << 20));
+}
+
+static void stat_max(_Atomic uint64_t *peak, uint64_t v)
+{
+    uint64_t old = atomic_load_explicit(peak, memory_order_relaxed);
+    while (v > old && !atomic_compare_exchange_weak_explicit(peak, &old, v, memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+static CUresult create(struct fabpool *p, CUmemGenericAllocationHandle *h, uint64_t size)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = p->dev;
+    prop.requestedHandleTypes = p->cu_handle_types;
+    return FP_CU(&p->calls, cuMemCreate, h, size, &prop, 0);
+}
+
+fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size)
+{
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = create(p, &h, size);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        uint64_t idle = atomic_load(&p->idle_bytes);
+        if (idle) {
+            fp_trim_locked(p, 0);
+            atomic_fetch_add(&p->oom_retries, 1);
+            r = create(p, &h, size);
+        }
+        if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+            char a[32], m[32], c[32];
+            human(a, sizeof a, size);
+            human(m, sizeof m, atomic_load(&p->mapped_bytes));
+            human(c, sizeof c, idle);
+            return fp_error(FABPOOL_ERR_OUT_OF_MEMORY,
+                            "device %d is out of memory: cuMemCreate of a %s chunk failed with "
+                            "CUDA_ERROR_OUT_OF_MEMORY; this pool maps %s, of which %s were cached and %s "
+                            "returned to the driver before one more try. Free or shrink buffers, or lower "
+                            "other users of the device",
+                            (int)p->dev, a, m, c, idle ? "were" : "none could be");
+        }
+    }
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuMemCreate", "creating a chunk of %llu bytes on device %d",
+                            (unsigned long long)size, (int)p->dev);
+    atomic_fetch_add(&p->handles_outstanding, 1);
+
+    fabpool_status st = FABPOOL_OK;
+    r = FP_CU(&p->calls, cuMemMap, (CUdeviceptr)va, size, 0, h, 0);
+    if (r != CUDA_SUCCESS) {
+        st = fp_drv_error(r, "cuMemMap", "mapping a chunk of %llu bytes at 0x%llx", (unsigned long long)size,
+                          (unsigned long long)va);
+        goto release;
+    }
+    CUmemAccessDesc acc[1 + FABPOOL_MAX_PEERS];
+    int n = 0;
+    memset(acc, 0, sizeof acc);
+    acc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc[n].location.id = p->dev;
+    acc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (int i = 0; i < p->opt.n_peer_devices; i++) {
+        acc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        acc[n].location.id = p->opt.peer_devices[i];
+        acc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    r = FP_CU(&p->calls, cuMemSetAccess, (CUdeviceptr)va, size, acc, (size_t)n);
+    if (r != CUDA_SUCCESS) {
+        st = fp_drv_error(r, "cuMemSetAccess", "giving device %d%s access to a chunk of %llu bytes at 0x%llx",
+                          (int)p->dev, n > 1 ? " and its peers" : "", (unsigned long long)size,
+                          (unsigned long long)va);
+        FP_CU(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
+        goto release;
+    }
+    /* Eager release: from here on the mapping alone keeps the memory. */
+    r = FP_CU(&p->calls, cuMemRelease, h);
+    atomic_fetch_sub(&p->handles_outstanding, 1);
+    if (r != CUDA_SUCCESS) {
+        st = fp_drv_error(r, "cuMemRelease", "releasing the handle of a chunk just mapped at 0x%llx",
+                          (unsigned long long)va);
+        FP_CU(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
+        return st;
+    }
+    uint64_t m = atomic_fetch_add(&p->mapped_bytes, size) + size;
+    stat_max(&p->mapped_peak, m);
+    atomic_fetch_add(&p->chunks_mapped, 1);
+    atomic_fetch_add(&p->chunks_mapped_total, 1);
+    return FABPOOL_OK;
+
+release:
+    if (FP_CU(&p->calls, cuMemRelease, h) == CUDA_SUCCESS)
+        atomic_fetch_sub(&p->handles_outstanding, 1);
+    return st;
+}
+
+fabpool_status fp_chunk_unmap(struct fabpool *p, uint64_t va, uint64_t size)
+{
+    CUresult r = FP_CU(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuMemUnmap", "unmapping a chunk of %llu bytes at 0x%llx",
+                            (unsigned long long)size, (unsigned long long)va);
+    atomic_fetch_sub(&p->mapped_bytes, size);
+    atomic_fetch_sub(&p->chunks_mapped, 1);
+    atomic_fetch_add(&p->chunks_unmapped_total, 1);
+    return FABPOOL_OK;
+}
+
+fabpool_status fp_ctx_push(struct fabpool *p, CUcontext *saved)
+{
+    *saved = NULL;
+    CUresult r = FP_CU(&p->calls, cuCtxGetCurrent, saved);
+    if (r == CUDA_SUCCESS && *saved != p->ctx)
+        r = FP_CU(&p->calls, cuCtxSetCurrent, p->ctx);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuCtxSetCurrent", "making device %d's primary context current", (int)p->dev);
+    return FABPOOL_OK;
+}
+
+void fp_ctx_pop(struct fabpool *p, CUcontext saved)
+{
+    if (saved != p->ctx)
+        FP_CU(&p->calls, cuCtxSetCurrent, saved);
+}

@@ -1,0 +1,197 @@
+/* pool.h - the pool's internal structures, shared by the files of lib/.
+ *
+ * Locking: the pool lock guards address space, the page map's writers,
+ * large spans, buffers, retirements and the driver calls that change
+ * mappings.  Each slab class has its own lock.  The pool lock may be held
+ * while a class lock is taken; never the reverse.  The hot path (a thread
+ * cache hit) takes no lock and makes no driver call. */
+#ifndef FP_POOL_H
+#define FP_POOL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "driver.h"
+#include "fabpool.h"
+#include "meta.h"
+#include "sizeclass.h"
+#include "vaspace.h"
+
+#define FP_CACHELINE 64
+
+enum { FP_SPAN_SLAB = 1, FP_SPAN_LARGE = 2 };
+enum { FP_LIST_NONE = 0, FP_LIST_PARTIAL = 1, FP_LIST_EMPTY = 2, FP_LIST_FULL = 3 };
+
+/* A run of address space mapped with one physical chunk: a slab of blocks
+ * of one class, or one large block. */
+typedef struct fp_span {
+    uint64_t base, size;
+    uint8_t kind, list;
+    uint16_t cls;
+    _Atomic uint32_t in_use;           /* large: 1 while given out */
+    struct fp_span *next, *prev;       /* class list, or the large cache */
+    struct fp_span *all_next, *all_prev; /* every span of the pool (pool lock) */
+    /* slabs */
+    uint32_t obj_q;                    /* block size / 256 */
+    uint64_t magic;                    /* ceil(2^32 / obj_q): index = (off/256 * magic) >> 32 */
+    uint32_t nobj, nfree;              /* nfree: blocks on free_stack (held centrally) */
+    uint32_t *free_stack;
+    _Atomic uint64_t *freebits;        /* 1 = free: central or in a thread cache */
+} fp_span;
+
+/* One slab class, central part. */
+typedef struct fp_class {
+    pthread_mutex_t lock;
+    fp_span *partial, *empty;          /* slabs with some / all blocks free */
+    uint64_t obj_size, slab_size;
+    uint32_t nobj, nslabs, nempty;
+    _Atomic uint64_t allocs, frees;    /* blocks given out / taken back without a thread cache */
+    _Atomic uint64_t tc_allocs, tc_frees; /* folded in from thread caches that were freed */
+} __attribute__((aligned(FP_CACHELINE))) fp_class;
+
+typedef struct fp_item {
+    uint64_t ptr;
+    fp_span *span;
+} fp_item;
+
+typedef struct fp_bin {
+    uint32_t n, cap;
+    fp_item *items;
+} fp_bin;
+
+/* A thread's cache for one pool.  Only its thread writes it (counters are
+ * atomics so that stats can read them). */
+typedef struct fp_tcache {
+    struct fabpool *pool;
+    struct fp_tcache *next, *prev;     /* the pool's list */
+    uint64_t epoch;
+    size_t bytes;                      /* its own allocation size */
+    _Atomic uint64_t allocs[FP_NCLASS], frees[FP_NCLASS];
+    fp_bin bins[];                     /* one per slab class */
+} fp_tcache;
+
+/* A chunk of a growable buffer. */
+typedef struct fp_bchunk {
+    uint64_t off, size;
+    CUevent retire_event;              /* non-NULL while retiring: unmap once it completes */
+    uint8_t retiring;
+} fp_bchunk;
+
+
+struct fabpool_buffer {
+    struct fabpool *pool;
+    struct fabpool_buffer *next, *prev;
+    uint64_t base, window;
+    uint64_t size;                     /* asked */
+    uint64_t mapped;                   /* all chunks, retiring included */
+    uint64_t live;                     /* chunks not retiring */
+    uint64_t generation;
+    uint32_t n, cap;
+    fp_bchunk *chunks;
+    int destroyed;                     /* waiting for its retirements, then freed */
+};
+
+struct fabpool {
+    uint64_t id;
+    fabpool_options opt;
+    fabpool_handle_type handle_type;
+    CUmemAllocationHandleType cu_handle_types;
+    CUdevice dev;
+    CUcontext ctx;
+    uint64_t gran;
+    unsigned gran_shift;
+    unsigned n_slab_classes;           /* classes [0, n_slab_classes) come from slabs */
+    uint32_t tc_cap[FP_NCLASS];        /* thread-cache bin capacity per class */
+    size_t tcache_bytes;
+
+    fp_meta meta;
+    fp_drv_counters calls;
+
+    uint64_t va_base, va_size;
+    fp_vaspace va;
+
+    /* page map: granule index -> span, two levels, read without a lock */
+    _Atomic(fp_span *) *_Atomic *map_l1;
+    uint64_t map_l1_n;
+
+    pthread_mutex_t lock;
+    fp_span *large_cache[FP_NCLASS];
+    fp_span *spans;                    /* all spans, for destroy */
+    struct fabpool_buffer *buffers;
+    fp_tcache *tcaches;
+    _Atomic uint64_t flush_epoch;
+
+    fp_class classes[FP_NCLASS];
+
+    /* stats (atomics: updated under different locks) */
+    _Atomic uint64_t mapped_bytes, mapped_peak, chunks_mapped, chunks_mapped_total, chunks_unmapped_total;
+    _Atomic uint64_t idle_bytes;       /* empty slabs + cached large spans */
+    _Atomic uint64_t large_in_use_bytes, large_blocks, large_allocs[FP_NCLASS];
+    _Atomic uint64_t buffer_bytes, buffer_mapped, buffer_count, retiring_bytes;
+    _Atomic uint64_t in_use_peak, oom_retries, handles_outstanding, exported_fds;
+};
+
+#define FP_MAP_LEAF_SHIFT 12
+#define FP_MAP_LEAF (1u << FP_MAP_LEAF_SHIFT)
+
+/* page map (pool.c) */
+static inline fp_span *fp_map_get(const struct fabpool *p, uint64_t addr)
+{
+    uint64_t off = addr - p->va_base;
+    if (addr < p->va_base || off >= p->va_size)
+        return NULL;
+    uint64_t g = off >> p->gran_shift;
+    _Atomic(fp_span *) *leaf = atomic_load_explicit(&p->map_l1[g >> FP_MAP_LEAF_SHIFT], memory_order_acquire);
+    return leaf ? atomic_load_explicit(&leaf[g & (FP_MAP_LEAF - 1)], memory_order_acquire) : NULL;
+}
+int fp_map_set(struct fabpool *p, uint64_t addr, uint64_t size, fp_span *s);
+
+/* chunk.c: physical chunks.  Callers hold the pool lock. */
+fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size);
+fabpool_status fp_chunk_unmap(struct fabpool *p, uint64_t va, uint64_t size);
+fabpool_status fp_ctx_push(struct fabpool *p, CUcontext *saved);
+void fp_ctx_pop(struct fabpool *p, CUcontext saved);
+
+/* slab.c: slabs and large spans */
+void fp_classes_init(struct fabpool *p);
+void fp_classes_destroy(struct fabpool *p);   /* unmaps every span */
+/* Takes up to n free blocks of class cls into out[]; returns how many (0 with an error set). */
+unsigned fp_class_take(struct fabpool *p, unsigned cls, fp_item *out, unsigned n, fabpool_status *st);
+/* Gives blocks back to their slabs (their free bits are already set). */
+void fp_class_give(struct fabpool *p, unsigned cls, const fp_item *items, unsigned n);
+fabpool_status fp_large_alloc(struct fabpool *p, uint64_t size, void **out);
+fabpool_status fp_large_free(struct fabpool *p, fp_span *s, uint64_t addr);
+/* Unmaps idle slabs and cached spans until at most keep bytes are idle.
+ * Pool lock held. */
+void fp_trim_locked(struct fabpool *p, uint64_t keep);
+/* Trims to the cache limit if idle memory is above it.  No lock held. */
+void fp_trim_policy(struct fabpool *p);
+
+/* tcache.c */
+fp_tcache *fp_tcache_get(struct fabpool *p);   /* NULL: no cache (disabled or no memory) */
+void fp_tcache_flush(struct fabpool *p, fp_tcache *tc);
+void fp_tcaches_destroy(struct fabpool *p);    /* pool destroy: folds and frees every cache */
+int fp_registry_add(struct fabpool *p);
+void fp_registry_remove(struct fabpool *p);
+
+/* pool.c */
+const char *fp_handle_type_name(fabpool_handle_type t);
+
+/* buffer.c */
+void fp_buffers_destroy(struct fabpool *p);
+fabpool_status fp_collect_locked(struct fabpool *p, int wait);
+
+/* block index in a slab, and whether addr is a block start */
+static inline int fp_slab_index(const fp_span *s, uint64_t addr, uint32_t *idx)
+{
+    uint64_t off = addr - s->base;
+    if (off & (FP_MIN_ALIGN - 1))
+        return 0;
+    uint32_t q = (uint32_t)(off >> 8);
+    uint32_t i = (uint32_t)(((uint64_t)q * s->magic) >> 32);
+    *idx = i;
+    return i < s->nobj && i * s->obj_q == q;
+}
+
+#endif

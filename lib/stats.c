@@ -1,0 +1,153 @@
+/* stats.c - what the pool holds, what it gave out, what it asked of the
+ * driver; as a struct, as text and as JSON. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "error.h"
+#include "pool.h"
+
+static uint64_t ld(_Atomic uint64_t *a) { return atomic_load_explicit(a, memory_order_relaxed); }
+
+fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
+{
+    if (!p || !s)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_stats: the pool or the output is NULL");
+    memset(s, 0, sizeof *s);
+    uint64_t small_in_use = 0, blocks = 0;
+    unsigned row = 0;
+    pthread_mutex_lock(&p->lock);
+    for (unsigned c = 0; c < FP_NCLASS && row < FABPOOL_NUM_CLASSES; c++) {
+        fp_class *k = &p->classes[c];
+        uint64_t allocs = ld(&k->allocs) + ld(&k->tc_allocs), frees = ld(&k->frees) + ld(&k->tc_frees);
+        for (fp_tcache *tc = p->tcaches; tc; tc = tc->next) {
+            allocs += ld(&tc->allocs[c]);
+            frees += ld(&tc->frees[c]);
+        }
+        uint64_t large = ld(&p->large_allocs[c]);
+        uint64_t slabs = 0, cached = 0, large_cached = 0, large_spans = 0;
+        if (c < p->n_slab_classes) {
+            pthread_mutex_lock(&k->lock);
+            slabs = k->nslabs;
+            pthread_mutex_unlock(&k->lock);
+        }
+        for (fp_span *sp = p->large_cache[c]; sp; sp = sp->next)
+            large_cached++;
+        for (fp_span *sp = p->spans; sp && large; sp = sp->all_next)
+            large_spans += sp->kind == FP_SPAN_LARGE && sp->cls == c;
+        if (!allocs && !slabs && !large && !large_spans)
+            continue;
+        fabpool_class_stats *cs = &s->classes[row++];
+        cs->size = c < p->n_slab_classes ? k->obj_size : fp_class_size(c);
+        uint64_t in_use = allocs - frees;
+        if (c < p->n_slab_classes) {
+            cached = slabs * k->nobj - in_use;
+            cs->slabs = slabs;
+            cs->allocs = allocs;
+            small_in_use += in_use * k->obj_size;
+        } else {
+            in_use = large_spans - large_cached;
+            cached = large_cached;
+            cs->slabs = large_spans;
+            cs->allocs = large;
+        }
+        cs->in_use = in_use;
+        cs->cached = cached;
+        blocks += in_use;
+    }
+    s->reserved_bytes = p->va_size;
+    s->mapped_bytes = ld(&p->mapped_bytes);
+    s->mapped_bytes_peak = ld(&p->mapped_peak);
+    s->in_use_bytes = small_in_use + ld(&p->large_in_use_bytes) + ld(&p->buffer_bytes);
+    uint64_t peak = ld(&p->in_use_peak);
+    if (s->in_use_bytes > peak)
+        atomic_store(&p->in_use_peak, peak = s->in_use_bytes);
+    s->in_use_bytes_peak = peak;
+    s->retiring_bytes = ld(&p->retiring_bytes);
+    uint64_t held = s->in_use_bytes + s->retiring_bytes;
+    s->cached_bytes = s->mapped_bytes > held ? s->mapped_bytes - held : 0;
+    s->buffers = ld(&p->buffer_count);
+    s->blocks = blocks;
+    s->chunks_mapped = ld(&p->chunks_mapped);
+    s->chunks_mapped_total = ld(&p->chunks_mapped_total);
+    s->chunks_unmapped_total = ld(&p->chunks_unmapped_total);
+    s->handles_outstanding = ld(&p->handles_outstanding);
+    s->exported_fds_open = ld(&p->exported_fds);
+    s->oom_retries = ld(&p->oom_retries);
+    s->metadata_bytes = ld(&p->meta.bytes);
+    s->metadata_jemalloc = p->meta.jemalloc;
+    s->metadata_arena = p->meta.arena;
+    pthread_mutex_unlock(&p->lock);
+    for (int i = 0; i < FP_DRV_COUNT && i < FABPOOL_NUM_DRIVER_CALLS; i++) {
+        s->driver_calls[i] = ld(&p->calls.n[i]);
+        s->driver_call_names[i] = fp_drv_name(i);
+    }
+    return FABPOOL_OK;
+}
+
+static void mib(FILE *f, const char *label, uint64_t b)
+{
+    fprintf(f, "  %-22s %14" PRIu64 " bytes  (%.1f MiB)\n", label, b, (double)b / 1048576.0);
+}
+
+fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
+{
+    if (!f)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_print_stats: the FILE is NULL");
+    fabpool_stats s;
+    fabpool_status st = fabpool_get_stats(p, &s);
+    if (st != FABPOOL_OK)
+        return st;
+    if (json) {
+        fprintf(f, "{\"device\":%d,\"handle_type\":\"%s\",\"reserved_bytes\":%" PRIu64 ",\"mapped_bytes\":%" PRIu64
+                   ",\"mapped_bytes_peak\":%" PRIu64 ",\"in_use_bytes\":%" PRIu64 ",\"in_use_bytes_peak\":%" PRIu64
+                   ",\"cached_bytes\":%" PRIu64 ",\"retiring_bytes\":%" PRIu64 ",\"buffers\":%" PRIu64
+                   ",\"blocks\":%" PRIu64 ",\"chunks_mapped\":%" PRIu64 ",\"chunks_mapped_total\":%" PRIu64
+                   ",\"chunks_unmapped_total\":%" PRIu64 ",\"handles_outstanding\":%" PRIu64
+                   ",\"exported_fds_open\":%" PRIu64 ",\"oom_retries\":%" PRIu64 ",\"metadata_bytes\":%" PRIu64
+                   ",\"metadata_allocator\":\"%s\",\"driver_calls\":{",
+                p->opt.device, fp_handle_type_name(p->handle_type), s.reserved_bytes, s.mapped_bytes,
+                s.mapped_bytes_peak, s.in_use_bytes, s.in_use_bytes_peak, s.cached_bytes, s.retiring_bytes,
+                s.buffers, s.blocks, s.chunks_mapped, s.chunks_mapped_total, s.chunks_unmapped_total,
+                s.handles_outstanding, s.exported_fds_open, s.oom_retries, s.metadata_bytes,
+                s.metadata_jemalloc ? "jemalloc" : "libc");
+        int first = 1;
+        for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS && s.driver_call_names[i]; i++) {
+            if (!s.driver_calls[i])
+                continue;
+            fprintf(f, "%s\"%s\":%" PRIu64, first ? "" : ",", s.driver_call_names[i], s.driver_calls[i]);
+            first = 0;
+        }
+        fprintf(f, "},\"classes\":[");
+        for (int i = 0; i < FABPOOL_NUM_CLASSES && s.classes[i].size; i++)
+            fprintf(f, "%s{\"size\":%" PRIu64 ",\"in_use\":%" PRIu64 ",\"cached\":%" PRIu64 ",\"slabs\":%" PRIu64
+                       ",\"allocs\":%" PRIu64 "}",
+                    i ? "," : "", s.classes[i].size, s.classes[i].in_use, s.classes[i].cached, s.classes[i].slabs,
+                    s.classes[i].allocs);
+        fprintf(f, "]}\n");
+        return FABPOOL_OK;
+    }
+    fprintf(f, "fabpool: device %d, handle type %s, metadata in %s (%" PRIu64 " bytes)\n", p->opt.device,
+            fp_handle_type_name(p->handle_type), s.metadata_jemalloc ? "a private jemalloc arena" : "libc",
+            s.metadata_bytes);
+    mib(f, "reserved", s.reserved_bytes);
+    mib(f, "mapped", s.mapped_bytes);
+    mib(f, "mapped, peak", s.mapped_bytes_peak);
+    mib(f, "in use", s.in_use_bytes);
+    mib(f, "in use, peak", s.in_use_bytes_peak);
+    mib(f, "cached", s.cached_bytes);
+    mib(f, "retiring", s.retiring_bytes);
+    fprintf(f, "  buffers %" PRIu64 ", blocks %" PRIu64 ", chunks mapped %" PRIu64 " (%" PRIu64 " mapped, %" PRIu64
+               " unmapped all time), handles held %" PRIu64 ", exported fds open %" PRIu64 ", OOM retries %" PRIu64 "\n",
+            s.buffers, s.blocks, s.chunks_mapped, s.chunks_mapped_total, s.chunks_unmapped_total,
+            s.handles_outstanding, s.exported_fds_open, s.oom_retries);
+    fprintf(f, "  driver calls:");
+    for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS && s.driver_call_names[i]; i++)
+        if (s.driver_calls[i])
+            fprintf(f, " %s %" PRIu64, s.driver_call_names[i], s.driver_calls[i]);
+    fprintf(f, "\n  %12s %10s %10s %8s %12s\n", "class", "in use", "cached", "slabs", "allocs");
+    for (int i = 0; i < FABPOOL_NUM_CLASSES && s.classes[i].size; i++)
+        fprintf(f, "  %12" PRIu64 " %10" PRIu64 " %10" PRIu64 " %8" PRIu64 " %12" PRIu64 "\n", s.classes[i].size,
+                s.classes[i].in_use, s.classes[i].cached, s.classes[i].slabs, s.classes[i].allocs);
+    return FABPOOL_OK;
+}

@@ -1,0 +1,99 @@
+/* vaspace.c - first-fit address-range allocator with merging. */
+#include "vaspace.h"
+
+#include <string.h>
+
+static int grow(fp_vaspace *v)
+{
+    size_t cap = v->cap ? v->cap * 2 : 16;
+    fp_range *r = fp_meta_alloc(v->meta, cap * sizeof *r);
+    if (!r)
+        return -1;
+    if (v->n)
+        memcpy(r, v->free, v->n * sizeof *r);
+    fp_meta_free(v->meta, v->free, v->cap * sizeof *r);
+    v->free = r;
+    v->cap = cap;
+    return 0;
+}
+
+int fp_va_init(fp_vaspace *v, fp_meta *meta, uint64_t base, uint64_t size)
+{
+    memset(v, 0, sizeof *v);
+    v->meta = meta;
+    v->base = base;
+    v->size = size;
+    if (grow(v))
+        return -1;
+    v->free[0] = (fp_range){base, size};
+    v->n = 1;
+    v->free_bytes = size;
+    return 0;
+}
+
+void fp_va_destroy(fp_vaspace *v)
+{
+    fp_meta_free(v->meta, v->free, v->cap * sizeof *v->free);
+    memset(v, 0, sizeof *v);
+}
+
+uint64_t fp_va_alloc(fp_vaspace *v, uint64_t size, uint64_t align)
+{
+    for (size_t i = 0; i < v->n; i++) {
+        fp_range *r = &v->free[i];
+        uint64_t start = (r->start + align - 1) & ~(align - 1);
+        uint64_t end = r->start + r->size;
+        if (start < r->start || start > end || end - start < size)
+            continue;
+        uint64_t head = start - r->start, tail = end - (start + size);
+        if (head && tail) {
+            if (v->n == v->cap && grow(v))
+                return 0;
+            r = &v->free[i];
+            memmove(&v->free[i + 2], &v->free[i + 1], (v->n - i - 1) * sizeof *r);
+            v->free[i + 1] = (fp_range){start + size, tail};
+            r->size = head;
+            v->n++;
+        } else if (head) {
+            r->size = head;
+        } else if (tail) {
+            r->start = start + size;
+            r->size = tail;
+        } else {
+            memmove(&v->free[i], &v->free[i + 1], (v->n - i - 1) * sizeof *r);
+            v->n--;
+        }
+        v->free_bytes -= size;
+        return start;
+    }
+    return 0;
+}
+
+int fp_va_free(fp_vaspace *v, uint64_t start, uint64_t size)
+{
+    size_t i = 0;
+    while (i < v->n && v->free[i].start < start)
+        i++;
+    int merge_prev = i > 0 && v->free[i - 1].start + v->free[i - 1].size == start;
+    int merge_next = i < v->n && start + size == v->free[i].start;
+    v->free_bytes += size;
+    if (merge_prev && merge_next) {
+        v->free[i - 1].size += size + v->free[i].size;
+        memmove(&v->free[i], &v->free[i + 1], (v->n - i - 1) * sizeof *v->free);
+        v->n--;
+    } else if (merge_prev) {
+        v->free[i - 1].size += size;
+    } else if (merge_next) {
+        v->free[i].start = start;
+        v->free[i].size += size;
+    } else {
+        if (v->n == v->cap && grow(v)) {
+            v->free_bytes -= size;
+            return -1;
+        }
+        memmove(&v->free[i + 1], &v->free[i], (v->n - i) * sizeof *v->free);
+        v->free[i] = (fp_range){start, size};
+        v->n++;
+    }
+    return 0;
+}

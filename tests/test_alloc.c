@@ -1,0 +1,207 @@
+/* test_alloc: size-class blocks.  Every class boundary, alignment, data,
+ * reuse, the cache and trim, large spans, bad input, and many threads. */
+#include <pthread.h>
+
+#include "testutil.h"
+
+#define MB (1ull << 20)
+
+static fabpool_t *pool;
+
+static void boundaries(void)
+{
+    /* sizes at, just below and just above each class, up to 64 MiB */
+    size_t prev_usable = 0;
+    for (size_t size = 1; size <= 64 * MB; size = size < 1024 ? size + 255 : size + size / 7) {
+        for (int d = -1; d <= 1; d++) {
+            size_t s = size + (size_t)d;
+            if (s == 0)
+                continue;
+            void *a = NULL;
+            CHECK_OK(fabpool_alloc(pool, s, &a));
+            if (!a)
+                continue;
+            CHECK(((uintptr_t)a & 255) == 0);
+            size_t u = 0;
+            CHECK_OK(fabpool_usable_size(pool, a, &u));
+            CHECK(u >= s);
+            /* bounded waste: classes 4 per doubling, spans rounded to 2 MiB */
+            CHECK(s <= 1024 ? u - s < 256 : s <= 4 * MB ? u <= s + s / 4 + 256 : u <= s + s / 4 + 2 * MB);
+            /* the whole block is writable and reads back */
+            unsigned char x = (unsigned char)(s * 31), y = 0;
+            CHECK_CU(cuMemsetD8((CUdeviceptr)(uintptr_t)a, x, u));
+            CHECK_CU(cuMemcpyDtoH(&y, (CUdeviceptr)(uintptr_t)a + u - 1, 1));
+            CHECK(y == x);
+            CHECK_OK(fabpool_free(pool, a));
+            prev_usable = u;
+        }
+    }
+    CHECK(prev_usable >= 64 * MB);
+    /* the exact class sizes below 4 KiB */
+    size_t want[] = {256, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        void *a;
+        size_t u = 0;
+        CHECK_OK(fabpool_alloc(pool, want[i] - 1, &a));
+        fabpool_usable_size(pool, a, &u);
+        CHECK(u == want[i]);
+        fabpool_free(pool, a);
+    }
+}
+
+static void reuse_and_trim(void)
+{
+    CHECK_OK(fabpool_trim(pool, 0));
+    uint64_t m0 = t_mapped(pool);
+    void *a[1000];
+    for (int i = 0; i < 1000; i++)
+        CHECK_OK(fabpool_alloc(pool, 4096, &a[i]));
+    /* distinct, non-overlapping blocks */
+    for (int i = 1; i < 1000; i++)
+        CHECK(a[i] != a[i - 1]);
+    uint64_t m1 = t_mapped(pool);
+    CHECK(m1 > m0 && m1 - m0 <= 4 * MB); /* 4 MB of blocks from 2 MiB slabs */
+    CHECK(t_near(t_held(), (int64_t)m1));
+    for (int i = 0; i < 1000; i++)
+        CHECK_OK(fabpool_free(pool, a[i]));
+    /* freed blocks stay cached: same memory comes back, nothing new mapped */
+    void *b = NULL;
+    CHECK_OK(fabpool_alloc(pool, 4096, &b));
+    CHECK(b == a[999]);
+    CHECK(t_mapped(pool) == m1);
+    fabpool_free(pool, b);
+    fabpool_stats s;
+    fabpool_get_stats(pool, &s);
+    CHECK(s.cached_bytes >= 1000 * 4096);
+    CHECK_OK(fabpool_trim(pool, 0));
+    CHECK(t_mapped(pool) == m0);
+    CHECK(t_near(t_held(), (int64_t)m0));
+
+    /* large spans are cached whole and reused */
+    void *l = NULL, *l2 = NULL;
+    CHECK_OK(fabpool_alloc(pool, 100 * MB, &l));
+    uint64_t ml = t_mapped(pool);
+    CHECK(ml - m0 >= 100 * MB && ml - m0 <= 125 * MB);
+    CHECK_OK(fabpool_free(pool, l));
+    CHECK(t_mapped(pool) == ml);
+    CHECK_OK(fabpool_alloc(pool, 99 * MB, &l2));
+    CHECK(l2 == l);
+    CHECK(t_mapped(pool) == ml);
+    CHECK_OK(fabpool_free(pool, l2));
+    CHECK_OK(fabpool_trim(pool, 0));
+    CHECK(t_mapped(pool) == m0);
+    CHECK(t_near(t_held(), (int64_t)m0));
+}
+
+static void bad_input(void)
+{
+    void *a = NULL, *b = NULL;
+    CHECK_STATUS(fabpool_alloc(NULL, 16, &a), FABPOOL_ERR_INVALID_ARG);
+    CHECK(strstr(fabpool_last_error(), "NULL") != NULL);
+    CHECK_STATUS(fabpool_alloc(pool, 16, NULL), FABPOOL_ERR_INVALID_ARG);
+    CHECK_STATUS(fabpool_alloc(pool, 0, &a), FABPOOL_ERR_INVALID_ARG);
+    CHECK(strstr(fabpool_last_error(), "size 0") != NULL);
+    CHECK_STATUS(fabpool_alloc(pool, SIZE_MAX, &a), FABPOOL_ERR_LIMIT);
+    CHECK(a == NULL);
+    CHECK_STATUS(fabpool_alloc(pool, SIZE_MAX - 4096, &a), FABPOOL_ERR_LIMIT);
+    CHECK_STATUS(fabpool_free(pool, NULL), FABPOOL_ERR_INVALID_ARG);
+    CHECK_STATUS(fabpool_free(NULL, &a), FABPOOL_ERR_INVALID_ARG);
+    int host;
+    CHECK_STATUS(fabpool_free(pool, &host), FABPOOL_ERR_NOT_FOUND);
+    CHECK(strstr(fabpool_last_error(), "did not give out") != NULL);
+    CHECK_OK(fabpool_alloc(pool, 1000, &a));
+    CHECK_OK(fabpool_alloc(pool, 1000, &b));
+    CHECK_STATUS(fabpool_free(pool, (char *)a + 256), FABPOOL_ERR_NOT_FOUND);
+    CHECK(strstr(fabpool_last_error(), "interior") != NULL);
+    CHECK_STATUS(fabpool_free(pool, (char *)a + 1), FABPOOL_ERR_NOT_FOUND);
+    CHECK_OK(fabpool_free(pool, a));
+    CHECK_STATUS(fabpool_free(pool, a), FABPOOL_ERR_DOUBLE_FREE);
+    CHECK(strstr(fabpool_last_error(), "double free") != NULL);
+    /* the neighbour is untouched by all that */
+    CHECK_CU(cuMemsetD8((CUdeviceptr)(uintptr_t)b, 3, 1000));
+    CHECK_OK(fabpool_free(pool, b));
+    void *l = NULL;
+    CHECK_OK(fabpool_alloc(pool, 10 * MB, &l));
+    CHECK_STATUS(fabpool_free(pool, (char *)l + MB), FABPOOL_ERR_NOT_FOUND);
+    CHECK_OK(fabpool_free(pool, l));
+    CHECK_STATUS(fabpool_free(pool, l), FABPOOL_ERR_DOUBLE_FREE);
+}
+
+#define NTHREADS 8
+#define ITERS 20000
+
+static void *worker(void *arg)
+{
+    uint64_t seed = (uint64_t)(uintptr_t)arg * 2654435761u + 1;
+    void *live[64] = {0};
+    size_t sizes[64] = {0};
+    int bad = 0;
+    for (int i = 0; i < ITERS; i++) {
+        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+        int k = (int)(seed % 64);
+        if (live[k]) {
+            /* the first byte still holds what this thread wrote */
+            unsigned char x = 0;
+            cuMemcpyDtoH(&x, (CUdeviceptr)(uintptr_t)live[k], 1);
+            bad += x != (unsigned char)(sizes[k] & 0xff);
+            bad += fabpool_free(pool, live[k]) != FABPOOL_OK;
+            live[k] = NULL;
+        } else {
+            size_t s = 1 + (size_t)(seed >> 20) % (seed % 7 == 0 ? 3 * MB : 65536);
+            if (fabpool_alloc(pool, s, &live[k]) != FABPOOL_OK) {
+                bad++;
+                continue;
+            }
+            sizes[k] = s;
+            unsigned char x = (unsigned char)(s & 0xff);
+            cuMemcpyHtoD((CUdeviceptr)(uintptr_t)live[k], &x, 1);
+        }
+    }
+    for (int k = 0; k < 64; k++)
+        if (live[k])
+            bad += fabpool_free(pool, live[k]) != FABPOOL_OK;
+    return (void *)(uintptr_t)bad;
+}
+
+static void threads(void)
+{
+    pthread_t t[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)(i + 1));
+    uintptr_t bad = 0;
+    for (int i = 0; i < NTHREADS; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        bad += (uintptr_t)r;
+    }
+    CHECK(bad == 0);
+    fabpool_stats s;
+    fabpool_get_stats(pool, &s);
+    CHECK(s.blocks == 0);
+    CHECK(s.in_use_bytes == 0);
+    /* the threads are gone: their caches went back, so a trim unmaps all */
+    CHECK_OK(fabpool_trim(pool, 0));
+    CHECK(t_mapped(pool) == 0);
+    CHECK(t_near(t_held(), 0));
+}
+
+int main(void)
+{
+    int sim = t_driver_init();
+    CHECK_OK(fabpool_create(NULL, &pool));
+    if (!pool)
+        return t_done("test_alloc");
+    boundaries();
+    reuse_and_trim();
+    bad_input();
+    threads();
+    if (getenv("FABPOOL_TEST_STATS"))
+        fabpool_print_stats(pool, stdout, 0);
+    CHECK_OK(fabpool_destroy(pool));
+    CHECK(t_near(t_held(), 0));
+    if (sim) {
+        fabsim_ledger l = t_ledger();
+        CHECK(l.handles == 0 && l.mappings == 0 && l.reservations == 0 && l.bytes_held == 0);
+    }
+    return t_done("test_alloc");
+}

@@ -1,0 +1,351 @@
+/* test_conformance: driver-API sequences whose answers were measured on the
+ * H200 (tests/probe/h200-answers.txt).  It runs against the simulated driver
+ * in CI and against the real driver on a GPU machine; where they differ,
+ * the sim is wrong.  Cases that crash the real driver (a bogus handle, a
+ * handle whose memory is already freed) are asked of the sim only. */
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define MB (1ull << 20)
+#define GB (1ull << 30)
+
+static CUdevice dev;
+static int sim;
+
+static CUmemAllocationProp prop_of(CUmemAllocationHandleType t)
+{
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = dev;
+    p.requestedHandleTypes = t;
+    return p;
+}
+
+static CUresult mk(CUmemGenericAllocationHandle *h, size_t sz, CUmemAllocationHandleType t)
+{
+    CUmemAllocationProp p = prop_of(t);
+    return cuMemCreate(h, sz, &p, 0);
+}
+
+static CUresult acc(CUdeviceptr a, size_t sz)
+{
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = dev;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return cuMemSetAccess(a, sz, &d, 1);
+}
+
+#define EXPECT(expr, want)                                                                            \
+    do {                                                                                              \
+        CUresult r_ = (expr);                                                                         \
+        t_checks++;                                                                                   \
+        if (r_ != (want)) {                                                                           \
+            const char *n_ = "?";                                                                     \
+            cuGetErrorName(r_, &n_);                                                                  \
+            t_failures++;                                                                             \
+            fprintf(stderr, "%s:%d: %s -> %s, the H200 answers %s\n", __FILE__, __LINE__, #expr, n_, #want); \
+        }                                                                                             \
+    } while (0)
+
+static void misuse(void)
+{
+    CUmemGenericAllocationHandle h = 0;
+    EXPECT(mk(&h, 1 * MB, CU_MEM_HANDLE_TYPE_NONE), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(mk(&h, 3 * MB, CU_MEM_HANDLE_TYPE_NONE), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(mk(&h, 0, CU_MEM_HANDLE_TYPE_NONE), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(mk(&h, 1ull << 40, CU_MEM_HANDLE_TYPE_NONE), CUDA_ERROR_OUT_OF_MEMORY);
+    if (!getenv("FABSIM_FABRIC"))
+        EXPECT(mk(&h, 2 * MB, CU_MEM_HANDLE_TYPE_FABRIC), CUDA_ERROR_NOT_PERMITTED);
+    EXPECT(cuMemCreate(&h, 2 * MB, NULL, 0), CUDA_ERROR_INVALID_VALUE);
+    {
+        CUmemAllocationProp p = prop_of(CU_MEM_HANDLE_TYPE_NONE);
+        p.location.id = 99;
+        EXPECT(cuMemCreate(&h, 2 * MB, &p, 0), CUDA_ERROR_INVALID_DEVICE);
+    }
+    EXPECT(cuMemRelease(0), CUDA_ERROR_INVALID_VALUE);
+    if (sim)
+        EXPECT(cuMemRelease((CUmemGenericAllocationHandle)0x1234567), CUDA_ERROR_INVALID_VALUE); /* real: segfault */
+    EXPECT(mk(&h, 2 * MB, CU_MEM_HANDLE_TYPE_NONE), CUDA_SUCCESS);
+    EXPECT(cuMemRelease(h), CUDA_SUCCESS);
+    if (sim)
+        EXPECT(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE); /* real: INVALID_VALUE once seen; can crash */
+
+    CUdeviceptr base = 0, b2 = 0;
+    EXPECT(cuMemAddressReserve(&base, 1 * MB, 0, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemAddressReserve(&base, 0, 0, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemAddressReserve(&base, 6 * MB, 3 * MB, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemAddressReserve(&base, 64 * MB, 0, 0, 0), CUDA_SUCCESS);
+    CHECK(base % (2 * MB) == 0);
+    EXPECT(cuMemAddressReserve(&b2, 2 * MB, 0, base, 0), CUDA_SUCCESS);
+    CHECK(b2 != base); /* an occupied hint is not honoured */
+    EXPECT(cuMemAddressFree(b2, 2 * MB), CUDA_SUCCESS);
+    EXPECT(cuMemAddressFree(base, 2 * MB), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemAddressFree(base, 128 * MB), CUDA_ERROR_INVALID_VALUE);
+
+    EXPECT(mk(&h, 4 * MB, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), CUDA_SUCCESS);
+    EXPECT(cuMemMap(base, 2 * MB, 2 * MB, h, 0), CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT(cuMemMap(base, 2 * MB, 0, h, 0), CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT(cuMemMap(base + 4096, 4 * MB, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemMap((CUdeviceptr)0x100000000000ull, 4 * MB, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemMap(base, 6 * MB, 0, h, 0), CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT(cuMemMap(base, 4 * MB, 0, h, 1), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(acc(base, 4 * MB), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemMap(base, 4 * MB, 0, h, 0), CUDA_SUCCESS);
+    EXPECT(cuMemMap(base, 4 * MB, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemMap(base + 8 * MB, 4 * MB, 0, h, 0), CUDA_SUCCESS);
+    EXPECT(cuMemUnmap(base + 8 * MB, 4 * MB), CUDA_SUCCESS);
+    EXPECT(acc(base, 2 * MB), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(acc(base, 4 * MB), CUDA_SUCCESS);
+    {
+        CUmemLocation l;
+        memset(&l, 0, sizeof l);
+        l.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        l.id = dev;
+        unsigned long long fl = 0;
+        EXPECT(cuMemGetAccess(&fl, &l, base), CUDA_SUCCESS);
+        CHECK(fl == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        EXPECT(cuMemGetAccess(&fl, &l, base + 32 * MB), CUDA_ERROR_INVALID_VALUE);
+    }
+    {
+        CUdeviceptr b = 0;
+        size_t s = 0;
+        EXPECT(cuMemGetAddressRange(&b, &s, base + 3 * MB), CUDA_SUCCESS);
+        CHECK(b == base && s == 4 * MB);
+        EXPECT(cuMemGetAddressRange(&b, &s, base + 32 * MB), CUDA_ERROR_NOT_FOUND);
+    }
+    {
+        CUmemGenericAllocationHandle hr = 0;
+        EXPECT(cuMemRetainAllocationHandle(&hr, (void *)base), CUDA_SUCCESS);
+        CHECK(hr == h);
+        cuMemRelease(hr);
+        EXPECT(cuMemRetainAllocationHandle(&hr, (void *)(base + 3 * MB)), CUDA_SUCCESS);
+        CHECK(hr == h);
+        cuMemRelease(hr);
+        EXPECT(cuMemRetainAllocationHandle(&hr, (void *)(base + 32 * MB)), CUDA_ERROR_INVALID_VALUE);
+    }
+    {
+        CUmemAllocationProp p;
+        memset(&p, 0xff, sizeof p);
+        EXPECT(cuMemGetAllocationPropertiesFromHandle(&p, h), CUDA_SUCCESS);
+        CHECK(p.type == CU_MEM_ALLOCATION_TYPE_PINNED && p.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+              p.location.id == dev && p.requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    }
+    {
+        char fb[64];
+        int fd1 = -1, fd2 = -1;
+        EXPECT(cuMemExportToShareableHandle(fb, h, CU_MEM_HANDLE_TYPE_FABRIC, 0), CUDA_ERROR_INVALID_VALUE);
+        EXPECT(cuMemExportToShareableHandle(&fd1, h, CU_MEM_HANDLE_TYPE_NONE, 0), CUDA_ERROR_INVALID_VALUE);
+        EXPECT(cuMemExportToShareableHandle(&fd1, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+        EXPECT(cuMemExportToShareableHandle(&fd2, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+        CHECK(fd1 >= 0 && fd2 >= 0 && fd1 != fd2);
+        CUmemGenericAllocationHandle hi = 0;
+        EXPECT(cuMemImportFromShareableHandle(&hi, (void *)(long)fd1, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+               CUDA_SUCCESS);
+        CHECK(hi != 0 && hi != h); /* a new handle, not the creator's */
+        {
+            CUmemAllocationProp p;
+            memset(&p, 0xff, sizeof p);
+            cuMemGetAllocationPropertiesFromHandle(&p, hi);
+            CHECK(p.requestedHandleTypes == 0);
+        }
+        EXPECT(cuMemRelease(hi), CUDA_SUCCESS);
+        close(fd1);
+        close(fd2);
+        int dn = open("/dev/null", O_RDWR);
+        EXPECT(cuMemImportFromShareableHandle(&hi, (void *)(long)dn, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+               CUDA_ERROR_UNKNOWN);
+        close(dn);
+        EXPECT(cuMemImportFromShareableHandle(&hi, (void *)(long)fd1, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+               CUDA_ERROR_UNKNOWN);
+        memset(fb, 0x5a, sizeof fb);
+        EXPECT(cuMemImportFromShareableHandle(&hi, fb, CU_MEM_HANDLE_TYPE_FABRIC), CUDA_ERROR_NOT_SUPPORTED);
+    }
+    {
+        CUmemGenericAllocationHandle hn = 0;
+        int fd;
+        mk(&hn, 2 * MB, CU_MEM_HANDLE_TYPE_NONE);
+        EXPECT(cuMemExportToShareableHandle(&fd, hn, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+               CUDA_ERROR_INVALID_VALUE);
+        cuMemRelease(hn);
+    }
+    EXPECT(cuMemUnmap(base, 2 * MB), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemUnmap(base + 4096, 4 * MB), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemUnmap(base, 8 * MB), CUDA_SUCCESS); /* covers the whole mapping and empty space */
+    {
+        CUdeviceptr b = 0;
+        size_t s = 0;
+        EXPECT(cuMemGetAddressRange(&b, &s, base), CUDA_ERROR_NOT_FOUND);
+    }
+    EXPECT(cuMemMap(base, 4 * MB, 0, h, 0), CUDA_SUCCESS);
+    EXPECT(cuMemAddressFree(base, 64 * MB), CUDA_ERROR_INVALID_VALUE); /* while mapped */
+    EXPECT(cuMemRelease(h), CUDA_SUCCESS);                           /* eager release */
+    EXPECT(cuMemMap(base + 16 * MB, 4 * MB, 0, h, 0), CUDA_SUCCESS);  /* alive through its mapping */
+    EXPECT(cuMemUnmap(base + 16 * MB, 4 * MB), CUDA_SUCCESS);
+    EXPECT(cuMemUnmap(base, 4 * MB), CUDA_SUCCESS);
+    EXPECT(cuMemUnmap(base, 4 * MB), CUDA_SUCCESS);          /* nothing mapped: no error */
+    EXPECT(cuMemUnmap(base + 32 * MB, 4 * MB), CUDA_SUCCESS);
+    if (sim)
+        EXPECT(cuMemMap(base, 4 * MB, 0, h, 0), CUDA_ERROR_INVALID_VALUE); /* real: segfault */
+
+    /* one set-access, memset and unmap across two adjacent mappings */
+    CUmemGenericAllocationHandle h2 = 0;
+    mk(&h, 2 * MB, CU_MEM_HANDLE_TYPE_NONE);
+    mk(&h2, 2 * MB, CU_MEM_HANDLE_TYPE_NONE);
+    EXPECT(cuMemMap(base, 2 * MB, 0, h, 0), CUDA_SUCCESS);
+    EXPECT(cuMemMap(base + 2 * MB, 2 * MB, 0, h2, 0), CUDA_SUCCESS);
+    EXPECT(acc(base, 4 * MB), CUDA_SUCCESS);
+    EXPECT(cuMemsetD8(base, 7, 4 * MB), CUDA_SUCCESS);
+    {
+        unsigned char x[2] = {0, 0};
+        cuMemcpyDtoH(&x[0], base + 1, 1);
+        cuMemcpyDtoH(&x[1], base + 4 * MB - 1, 1);
+        CHECK(x[0] == 7 && x[1] == 7);
+        CUdeviceptr b = 0;
+        size_t s = 0;
+        cuMemGetAddressRange(&b, &s, base + 3 * MB);
+        CHECK(b == base + 2 * MB && s == 2 * MB);
+    }
+    EXPECT(cuMemUnmap(base, 4 * MB), CUDA_SUCCESS);
+    cuMemRelease(h);
+    cuMemRelease(h2);
+    EXPECT(cuMemAddressFree(base, 64 * MB), CUDA_SUCCESS);
+    if (sim)
+        EXPECT(cuMemAddressFree(base, 64 * MB), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* driver-facts.md, "Release semantics", and the seed bug: a handle never
+ * released keeps its memory after the unmap; eager release frees it. */
+static void release_semantics(void)
+{
+    CUdeviceptr base = 0;
+    CUmemGenericAllocationHandle h = 0, hr = 0;
+    int64_t h0 = t_held();
+    CHECK_CU(cuMemAddressReserve(&base, GB, 0, 0, 0));
+    CHECK_CU(mk(&h, GB, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    CHECK(t_near(t_held() - h0, (int64_t)GB));
+    CHECK_CU(cuMemMap(base, GB, 0, h, 0));
+    CHECK_CU(acc(base, GB));
+    CHECK_CU(cuMemUnmap(base, GB));
+    CHECK(t_near(t_held() - h0, (int64_t)GB)); /* the seed's leak: the handle keeps it */
+    CHECK_CU(cuMemRelease(h));
+    CHECK(t_near(t_held() - h0, 0));
+
+    CHECK_CU(mk(&h, GB, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    CHECK_CU(cuMemMap(base, GB, 0, h, 0));
+    CHECK_CU(acc(base, GB));
+    CHECK_CU(cuMemRelease(h)); /* eager release */
+    CHECK(t_near(t_held() - h0, (int64_t)GB));
+    {
+        int fd = -1;
+        CHECK_CU(cuMemRetainAllocationHandle(&hr, (void *)base));
+        CHECK_CU(cuMemExportToShareableHandle(&fd, hr, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        CHECK_CU(cuMemRelease(hr));
+        CHECK_CU(cuMemUnmap(base, GB));
+        CHECK(t_near(t_held() - h0, (int64_t)GB)); /* the open fd keeps it */
+        CUmemGenericAllocationHandle hi = 0;
+        CHECK_CU(cuMemImportFromShareableHandle(&hi, (void *)(long)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        if (hi)
+            CHECK_CU(cuMemRelease(hi));
+        close(fd);
+        CHECK(t_near(t_held() - h0, 0));
+    }
+    CHECK_CU(mk(&h, GB, CU_MEM_HANDLE_TYPE_NONE));
+    CHECK_CU(cuMemMap(base, GB, 0, h, 0));
+    CHECK_CU(acc(base, GB));
+    CHECK_CU(cuMemRetainAllocationHandle(&hr, (void *)base));
+    CHECK_CU(cuMemRelease(h));
+    CHECK_CU(cuMemUnmap(base, GB));
+    CHECK(t_near(t_held() - h0, (int64_t)GB)); /* the retained reference, never released */
+    CHECK_CU(cuMemRelease(hr));
+    CHECK(t_near(t_held() - h0, 0));
+    CHECK_CU(cuMemAddressFree(base, GB));
+    if (sim) {
+        fabsim_ledger l = t_ledger();
+        CHECK(l.handles == 0 && l.mappings == 0 && l.reservations == 0 && l.exported_fds == 0 && l.bytes_held == 0);
+    }
+}
+
+static void proc_address(void)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    CHECK(lib != NULL);
+    if (!lib)
+        return;
+    void *p = NULL;
+    CUdriverProcAddressQueryResult st = (CUdriverProcAddressQueryResult)-1;
+    EXPECT(cuGetProcAddress("cuMemGetInfo", &p, 12000, 0, &st), CUDA_SUCCESS);
+    CHECK(p == dlsym(lib, "cuMemGetInfo_v2") && st == CU_GET_PROC_ADDRESS_SUCCESS);
+    EXPECT(cuGetProcAddress("cuMemGetInfo", &p, 3000, 0, &st), CUDA_SUCCESS);
+    CHECK(p == dlsym(lib, "cuMemGetInfo"));
+    EXPECT(cuGetProcAddress("cuMemCreate", &p, 12000, 0, &st), CUDA_SUCCESS);
+    CHECK(p == dlsym(lib, "cuMemCreate") && st == CU_GET_PROC_ADDRESS_SUCCESS);
+    p = (void *)1;
+    cuGetProcAddress("cuMemCreate", &p, 10000, 0, &st);
+    CHECK(st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT && p == NULL);
+    p = (void *)1;
+    EXPECT(cuGetProcAddress("cuNoSuchThing", &p, 12000, 0, &st), CUDA_SUCCESS);
+    CHECK(st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND && p == NULL);
+    cuGetProcAddress("cuGetProcAddress", &p, 12000, 0, &st);
+    CHECK(p == dlsym(lib, "cuGetProcAddress_v2"));
+    cuGetProcAddress("cuMemcpyHtoD", &p, 12000, 0, &st);
+    CHECK(p == dlsym(lib, "cuMemcpyHtoD_v2"));
+    const char *s = NULL;
+    EXPECT(cuGetErrorName((CUresult)999999, &s), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuGetErrorString(CUDA_ERROR_OUT_OF_MEMORY, &s), CUDA_SUCCESS);
+    CHECK(s && strcmp(s, "out of memory") == 0);
+}
+
+static void attributes(void)
+{
+    int v = -1;
+    cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+    CHECK(v == 1);
+    cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev);
+    CHECK(v == 1);
+    cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, dev);
+    CHECK(v == 1);
+    cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev);
+    CHECK(v == 1);
+    size_t g = 0;
+    CUmemAllocationProp p = prop_of(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    EXPECT(cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+    CHECK(g == 2 * MB);
+    EXPECT(cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), CUDA_SUCCESS);
+    CHECK(g == 2 * MB);
+    int ver = 0;
+    cuDriverGetVersion(&ver);
+    CHECK(ver >= 12000);
+}
+
+int main(void)
+{
+    /* VMM calls need no current context; cuMemGetInfo does */
+    CHECK_CU(cuInit(0));
+    CUcontext c = (CUcontext)1;
+    cuCtxGetCurrent(&c);
+    CHECK(c == NULL);
+    size_t f, t;
+    EXPECT(cuMemGetInfo(&f, &t), CUDA_ERROR_INVALID_CONTEXT);
+    cuDeviceGet(&dev, 0);
+    {
+        CUmemGenericAllocationHandle h = 0;
+        CUdeviceptr a = 0;
+        EXPECT(mk(&h, 2 * MB, CU_MEM_HANDLE_TYPE_NONE), CUDA_SUCCESS);
+        EXPECT(cuMemRelease(h), CUDA_SUCCESS);
+        EXPECT(cuMemAddressReserve(&a, 2 * MB, 0, 0, 0), CUDA_SUCCESS);
+        EXPECT(cuMemAddressFree(a, 2 * MB), CUDA_SUCCESS);
+    }
+    sim = t_driver_init();
+    printf("driver: %s\n", sim ? "simulated" : "real");
+    attributes();
+    misuse();
+    release_semantics();
+    proc_address();
+    return t_done("test_conformance");
+}

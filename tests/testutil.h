@@ -1,0 +1,138 @@
+/* testutil.h - checks, and what the driver holds, for fabpool's tests.
+ * The tests use the plain driver API to read data back and to ask what
+ * memory the driver holds: the simulated driver's ledger when it is the
+ * driver loaded (fabsim_get_ledger), else cuMemGetInfo of the real one. */
+#ifndef FP_TESTUTIL_H
+#define FP_TESTUTIL_H
+
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fabpool.h"
+#include "../sim/fabsim.h"
+
+static int t_failures;
+static int t_checks;
+
+#define CHECK(cond)                                                                                   \
+    do {                                                                                              \
+        t_checks++;                                                                                   \
+        if (!(cond)) {                                                                                \
+            t_failures++;                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                  \
+        }                                                                                             \
+    } while (0)
+
+#define CHECK_OK(expr)                                                                                \
+    do {                                                                                              \
+        fabpool_status s_ = (expr);                                                                   \
+        t_checks++;                                                                                   \
+        if (s_ != FABPOOL_OK) {                                                                       \
+            t_failures++;                                                                             \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr, fabpool_status_name(s_), \
+                    fabpool_last_error());                                                            \
+        }                                                                                             \
+    } while (0)
+
+#define CHECK_STATUS(expr, want)                                                                      \
+    do {                                                                                              \
+        fabpool_status s_ = (expr);                                                                   \
+        t_checks++;                                                                                   \
+        if (s_ != (want)) {                                                                           \
+            t_failures++;                                                                             \
+            fprintf(stderr, "%s:%d: %s -> %s, expected %s (%s)\n", __FILE__, __LINE__, #expr,          \
+                    fabpool_status_name(s_), #want, fabpool_last_error());                            \
+        }                                                                                             \
+    } while (0)
+
+#define CHECK_CU(expr)                                                                                \
+    do {                                                                                              \
+        CUresult r_ = (expr);                                                                         \
+        t_checks++;                                                                                   \
+        if (r_ != CUDA_SUCCESS) {                                                                     \
+            const char *n_ = "?";                                                                     \
+            cuGetErrorName(r_, &n_);                                                                  \
+            t_failures++;                                                                             \
+            fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #expr, n_);                      \
+        }                                                                                             \
+    } while (0)
+
+static int t_done(const char *name)
+{
+    printf("%s: %d checks, %d failed\n", name, t_checks, t_failures);
+    return t_failures ? 1 : 0;
+}
+
+/* --- the driver's view ------------------------------------------------- */
+
+typedef int (*t_ledger_fn)(fabsim_ledger *);
+static t_ledger_fn t_ledger_p;
+static size_t t_free0;
+static CUcontext t_ctx;
+
+/* cuInit, a current context, and the baseline for t_held(). Returns 1 when
+ * the simulated driver is the one loaded. */
+static int t_driver_init(void)
+{
+    CUdevice d;
+    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&d, 0) != CUDA_SUCCESS ||
+        cuDevicePrimaryCtxRetain(&t_ctx, d) != CUDA_SUCCESS || cuCtxSetCurrent(t_ctx) != CUDA_SUCCESS) {
+        fprintf(stderr, "no CUDA driver/device: cannot run\n");
+        exit(2);
+    }
+    t_ledger_p = (t_ledger_fn)dlsym(RTLD_DEFAULT, "fabsim_get_ledger");
+    size_t total;
+    cuMemGetInfo(&t_free0, &total);
+    return t_ledger_p != NULL;
+}
+
+/* Physical bytes the driver holds for this process now (sim), or how much
+ * less is free on the device than at t_driver_init (real driver). */
+static int64_t t_held(void)
+{
+    if (t_ledger_p) {
+        fabsim_ledger l;
+        t_ledger_p(&l);
+        return (int64_t)l.bytes_held;
+    }
+    size_t f, t;
+    cuMemGetInfo(&f, &t);
+    return (int64_t)t_free0 - (int64_t)f;
+}
+
+static fabsim_ledger t_ledger(void)
+{
+    fabsim_ledger l;
+    memset(&l, 0, sizeof l);
+    if (t_ledger_p)
+        t_ledger_p(&l);
+    return l;
+}
+
+static uint64_t t_mapped(fabpool_t *p)
+{
+    fabpool_stats s;
+    fabpool_get_stats(p, &s);
+    return s.mapped_bytes;
+}
+
+static uint64_t t_calls(const fabpool_stats *s, const char *name)
+{
+    for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS && s->driver_call_names[i]; i++)
+        if (strcmp(s->driver_call_names[i], name) == 0)
+            return s->driver_calls[i];
+    return 0;
+}
+
+/* Real driver: cuMemGetInfo moves in steps of its own (it counts other
+ * allocations of the context too); allow this much slack there. */
+static int64_t t_slack(void) { return t_ledger_p ? 0 : (int64_t)64 << 20; }
+
+static int t_near(int64_t a, int64_t b) { return a - b <= t_slack() && b - a <= t_slack(); }
+
+#endif
