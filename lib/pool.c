@@ -278,12 +278,14 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     p->opt = o;
     p->opt.conf = NULL;   /* not ours to keep */
     pthread_mutex_init(&p->lock, NULL);
-    fp_classes_init(p);
-    set_thread_cache_caps(p);
+    for (unsigned c = 0; c < FP_NCLASS; c++)
+        pthread_mutex_init(&p->classes[c].lock, NULL);
 
     if ((st = setup_device(p)) != FABPOOL_OK || (st = choose_handle_type(p)) != FABPOOL_OK ||
         (st = reserve(p)) != FABPOOL_OK)
         goto fail;
+    fp_classes_init(p);
+    set_thread_cache_caps(p);
     p->map_l1_n = ((p->va_size >> p->gran_shift) + FP_MAP_LEAF - 1) >> FP_MAP_LEAF_SHIFT;
     p->map_l1 = fp_meta_alloc(&p->meta, p->map_l1_n * sizeof *p->map_l1);
     if (!p->map_l1 || fp_va_init(&p->va, &p->meta, p->va_base, p->va_size) != 0) {

@@ -64,7 +64,6 @@ void fp_classes_init(struct fabpool *p)
         p->n_slab_classes--;
     for (unsigned i = 0; i < FP_NCLASS; i++) {
         fp_class *c = &p->classes[i];
-        pthread_mutex_init(&c->lock, NULL);
         c->obj_size = fp_class_size(i);
         if (i < p->n_slab_classes) {
             /* at least one granule and room for four blocks */

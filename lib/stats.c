@@ -2,6 +2,7 @@
  * driver; as a struct, as text and as JSON. */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
@@ -150,4 +151,26 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
         fprintf(f, "  %12" PRIu64 " %10" PRIu64 " %10" PRIu64 " %8" PRIu64 " %12" PRIu64 "\n", s.classes[i].size,
                 s.classes[i].in_use, s.classes[i].cached, s.classes[i].slabs, s.classes[i].allocs);
     return FABPOOL_OK;
+}
+
+fabpool_status fabpool_stats_json(fabpool_t *p, char *buf, size_t cap, size_t *needed)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_stats_json: open_memstream failed");
+    fabpool_status st = fabpool_print_stats(p, f, 1);
+    fclose(f);
+    if (st == FABPOOL_OK) {
+        if (needed)
+            *needed = len + 1;
+        if (!buf || cap < len + 1)
+            st = fp_error(FABPOOL_ERR_LIMIT, "fabpool_stats_json: the report takes %zu bytes, the buffer has %zu",
+                          len + 1, cap);
+        else
+            memcpy(buf, text, len + 1);
+    }
+    free(text);
+    return st;
 }

@@ -62,7 +62,7 @@ static int t_checks;
         }                                                                                             \
     } while (0)
 
-static int t_done(const char *name)
+static inline int t_done(const char *name)
 {
     printf("%s: %d checks, %d failed\n", name, t_checks, t_failures);
     return t_failures ? 1 : 0;
@@ -77,7 +77,7 @@ static CUcontext t_ctx;
 
 /* cuInit, a current context, and the baseline for t_held(). Returns 1 when
  * the simulated driver is the one loaded. */
-static int t_driver_init(void)
+static inline int t_driver_init(void)
 {
     CUdevice d;
     if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&d, 0) != CUDA_SUCCESS ||
@@ -93,7 +93,7 @@ static int t_driver_init(void)
 
 /* Physical bytes the driver holds for this process now (sim), or how much
  * less is free on the device than at t_driver_init (real driver). */
-static int64_t t_held(void)
+static inline int64_t t_held(void)
 {
     if (t_ledger_p) {
         fabsim_ledger l;
@@ -105,7 +105,7 @@ static int64_t t_held(void)
     return (int64_t)t_free0 - (int64_t)f;
 }
 
-static fabsim_ledger t_ledger(void)
+static inline fabsim_ledger t_ledger(void)
 {
     fabsim_ledger l;
     memset(&l, 0, sizeof l);
@@ -114,14 +114,14 @@ static fabsim_ledger t_ledger(void)
     return l;
 }
 
-static uint64_t t_mapped(fabpool_t *p)
+static inline uint64_t t_mapped(fabpool_t *p)
 {
     fabpool_stats s;
     fabpool_get_stats(p, &s);
     return s.mapped_bytes;
 }
 
-static uint64_t t_calls(const fabpool_stats *s, const char *name)
+static inline uint64_t t_calls(const fabpool_stats *s, const char *name)
 {
     for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS && s->driver_call_names[i]; i++)
         if (strcmp(s->driver_call_names[i], name) == 0)
@@ -131,8 +131,8 @@ static uint64_t t_calls(const fabpool_stats *s, const char *name)
 
 /* Real driver: cuMemGetInfo moves in steps of its own (it counts other
  * allocations of the context too); allow this much slack there. */
-static int64_t t_slack(void) { return t_ledger_p ? 0 : (int64_t)64 << 20; }
+static inline int64_t t_slack(void) { return t_ledger_p ? 0 : (int64_t)64 << 20; }
 
-static int t_near(int64_t a, int64_t b) { return a - b <= t_slack() && b - a <= t_slack(); }
+static inline int t_near(int64_t a, int64_t b) { return a - b <= t_slack() && b - a <= t_slack(); }
 
 #endif
