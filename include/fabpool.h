@@ -219,6 +219,10 @@ typedef struct fabpool_stats {
 FABPOOL_API fabpool_status fabpool_get_stats(fabpool_t *pool, fabpool_stats *out);
 /* A readable report (json = 0) or one JSON object (json = 1). */
 FABPOOL_API fabpool_status fabpool_print_stats(fabpool_t *pool, FILE *out, int json);
+/* The JSON report into buf (NUL-terminated); *needed gets its length + 1.
+ * FABPOOL_ERR_LIMIT if cap is too small (nothing is written then).  For
+ * callers without a FILE (Python's ctypes). */
+FABPOOL_API fabpool_status fabpool_stats_json(fabpool_t *pool, char *buf, size_t cap, size_t *needed);
 
 #ifdef __cplusplus
 }

@@ -136,25 +136,35 @@ static void *worker(void *arg)
     void *live[64] = {0};
     size_t sizes[64] = {0};
     int bad = 0;
+    /* a thread of the program needs a current context for its copies */
+    if (cuCtxSetCurrent(t_ctx) != CUDA_SUCCESS)
+        return (void *)(uintptr_t)1;
     for (int i = 0; i < ITERS; i++) {
         seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
         int k = (int)(seed % 64);
         if (live[k]) {
             /* the first byte still holds what this thread wrote */
             unsigned char x = 0;
-            cuMemcpyDtoH(&x, (CUdeviceptr)(uintptr_t)live[k], 1);
-            bad += x != (unsigned char)(sizes[k] & 0xff);
-            bad += fabpool_free(pool, live[k]) != FABPOOL_OK;
+            bad += cuMemcpyDtoH(&x, (CUdeviceptr)(uintptr_t)live[k], 1) != CUDA_SUCCESS;
+            if (x != (unsigned char)(sizes[k] & 0xff)) {
+                fprintf(stderr, "thread: block %p of %zu bytes lost its first byte\n", live[k], sizes[k]);
+                bad++;
+            }
+            if (fabpool_free(pool, live[k]) != FABPOOL_OK) {
+                fprintf(stderr, "thread: free: %s\n", fabpool_last_error());
+                bad++;
+            }
             live[k] = NULL;
         } else {
             size_t s = 1 + (size_t)(seed >> 20) % (seed % 7 == 0 ? 3 * MB : 65536);
             if (fabpool_alloc(pool, s, &live[k]) != FABPOOL_OK) {
+                fprintf(stderr, "thread: alloc(%zu): %s\n", s, fabpool_last_error());
                 bad++;
                 continue;
             }
             sizes[k] = s;
             unsigned char x = (unsigned char)(s & 0xff);
-            cuMemcpyHtoD((CUdeviceptr)(uintptr_t)live[k], &x, 1);
+            bad += cuMemcpyHtoD((CUdeviceptr)(uintptr_t)live[k], &x, 1) != CUDA_SUCCESS;
         }
     }
     for (int k = 0; k < 64; k++)
