@@ -1,201 +1,513 @@
-/* conf.c - options: defaults, and the FABPOOL_CONF parser
- * ("key:value,key:value", the syntax of MALLOC_CONF and PYTORCH_ALLOC_CONF).
- * One table of keys serves the parser and the messages. */
-#include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
+/* conf.c - the defaults of fabpool_options, and the parser of FABPOOL_CONF
+ * strings: "key:value,key:value", the syntax of jemalloc's MALLOC_CONF and
+ * PyTorch's PYTORCH_ALLOC_CONF (docs/config.md).
+ *
+ * One table of keys drives everything: which keys exist, how each value is
+ * read, its range, the field it lands in, and the words the messages use.
+ * The parser works on a copy of the options and copies it back only when
+ * every pair was good, so a failure leaves the caller's options as they were.
+ * Messages name the key, the value and what is accepted; where the string
+ * came from (options.conf, the FABPOOL_CONF variable) is the caller's to add. */
+#include <stddef.h>
+#include <stdint.h>
 #include <string.h>
-#include <strings.h>
 
 #include "error.h"
 
 #define MiB (1ull << 20)
+#define GiB (1ull << 30)
+#define PiB (1ull << 50)
 
 void fabpool_options_init(fabpool_options *o)
 {
+    if (!o)
+        return;
     memset(o, 0, sizeof *o);
-    o->struct_size = sizeof *o;
+    o->struct_size = (uint32_t)sizeof *o;
     o->device = 0;
-    o->reserve_bytes = 0;
+    o->reserve_bytes = 0; /* 8x the device memory, decided at pool creation */
     o->handle_type = FABPOOL_HANDLE_AUTO;
     o->max_waste_percent = 25;
-    o->max_chunk_bytes = 1ull << 30;
+    o->max_chunk_bytes = 1 * GiB;
     o->slab_max_bytes = 4 * MiB;
-    o->cache_limit_bytes = 1ull << 30;
+    o->cache_limit_bytes = 1 * GiB;
     o->shrink_hysteresis_percent = 25;
     o->thread_cache = 1;
     o->stats_at_destroy = 0;
     o->metadata = FABPOOL_METADATA_AUTO;
+    o->n_peer_devices = 0;
+    o->conf = NULL;
 }
 
-typedef enum { K_INT, K_SIZE, K_PERCENT, K_BOOL, K_ENUM, K_PEERS } kind;
+/* ------------------------------------------------------------ the table */
 
-typedef struct key {
+/* The type of the field a key writes. */
+typedef enum field_kind { F_INT, F_U32, F_U64, F_HANDLE, F_METADATA, F_PEERS } field_kind;
+
+struct key;
+/* Reads the value v[0..n) into *out (F_PEERS: into *o directly); on a bad
+ * value returns FABPOOL_ERR_CONFIG with the message set. */
+typedef fabpool_status (*parse_fn)(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o);
+
+struct key {
     const char *name;
-    kind k;
-    size_t off;               /* offset of the field in fabpool_options */
-    unsigned long long lo, hi;
-    const char *const *words; /* K_ENUM: accepted words, index = value */
-    const char *accepts;      /* for messages */
-} key;
+    field_kind field;
+    size_t offset;             /* of the field in fabpool_options */
+    parse_fn parse;
+    uint64_t lo, hi;           /* the range of the number read */
+    uint64_t multiple;         /* 0, or: the number must be a multiple of this */
+    int zero_ok;               /* 0 is accepted although lo > 0 (reserve:0) */
+    const char *const *words;  /* word parsers: the words, index = value, NULL-ended */
+    const char *doc;           /* what is accepted, as the messages say it */
+};
+
+static fabpool_status parse_uint(const struct key *, const char *, size_t, uint64_t *, fabpool_options *);
+static fabpool_status parse_size(const struct key *, const char *, size_t, uint64_t *, fabpool_options *);
+static fabpool_status parse_percent(const struct key *, const char *, size_t, uint64_t *, fabpool_options *);
+static fabpool_status parse_bool(const struct key *, const char *, size_t, uint64_t *, fabpool_options *);
+static fabpool_status parse_word(const struct key *, const char *, size_t, uint64_t *, fabpool_options *);
+static fabpool_status parse_word_or_index(const struct key *, const char *, size_t, uint64_t *, fabpool_options *);
+static fabpool_status parse_peers(const struct key *, const char *, size_t, uint64_t *, fabpool_options *);
 
 static const char *const handle_words[] = {"auto", "none", "posix_fd", "fabric", NULL};
 static const char *const stats_words[] = {"none", "text", "json", NULL};
-static const char *const meta_words[] = {"auto", "jemalloc", "libc", NULL};
+static const char *const metadata_words[] = {"auto", "jemalloc", "libc", NULL};
 
-#define OFF(f) offsetof(fabpool_options, f)
-static const key keys[] = {
-    {"device", K_INT, OFF(device), 0, 1023, NULL, "a device ordinal 0..1023"},
-    {"reserve", K_SIZE, OFF(reserve_bytes), 0, 1ull << 56, NULL, "0 (8x the device memory) or a size >= 2MiB, e.g. 4TiB"},
-    {"handle_type", K_ENUM, OFF(handle_type), 0, 0, handle_words, "auto, none, posix_fd or fabric"},
-    {"max_waste", K_PERCENT, OFF(max_waste_percent), 0, 100, NULL, "a percent 0..100, e.g. 25 or 25%"},
-    {"max_chunk", K_SIZE, OFF(max_chunk_bytes), 2 * MiB, 1ull << 48, NULL, "a multiple of 2MiB, at least 2MiB, e.g. 1GiB"},
-    {"slab_max", K_SIZE, OFF(slab_max_bytes), 256, 64 * MiB, NULL, "a size from 256 bytes to 64MiB"},
-    {"cache_limit", K_SIZE, OFF(cache_limit_bytes), 0, 1ull << 56, NULL, "a size, e.g. 512MiB (0: keep nothing cached)"},
-    {"shrink_hysteresis", K_PERCENT, OFF(shrink_hysteresis_percent), 0, 1000, NULL, "a percent 0..1000"},
-    {"thread_cache", K_BOOL, OFF(thread_cache), 0, 1, NULL, "true, false, 1 or 0"},
-    {"stats_print", K_ENUM, OFF(stats_at_destroy), 0, 0, stats_words, "none, text or json (or 0, 1, 2)"},
-    {"metadata", K_ENUM, OFF(metadata), 0, 0, meta_words, "auto, jemalloc or libc"},
-    {"peers", K_PEERS, OFF(n_peer_devices), 0, 1023, NULL, "device ordinals separated by ';' or '+', e.g. 1;2;3, or none"},
+#define FIELD(f) offsetof(fabpool_options, f)
+
+static const struct key keys[] = {
+    {"device", F_INT, FIELD(device), parse_uint, 0, 1023, 0, 0, NULL, "a device ordinal 0..1023"},
+    {"reserve", F_U64, FIELD(reserve_bytes), parse_size, 2 * MiB, PiB, 0, 1, NULL,
+     "0 (8x the device memory) or a size from 2MiB to 1PiB, e.g. 2TiB"},
+    {"handle_type", F_HANDLE, FIELD(handle_type), parse_word, 0, 3, 0, 0, handle_words,
+     "auto, none, posix_fd or fabric"},
+    {"max_waste", F_U32, FIELD(max_waste_percent), parse_percent, 0, 100, 0, 0, NULL,
+     "a whole percent 0..100, e.g. 25 or 25%"},
+    {"max_chunk", F_U64, FIELD(max_chunk_bytes), parse_size, 2 * MiB, UINT64_MAX, 2 * MiB, 0, NULL,
+     "a size that is a multiple of 2MiB, at least 2MiB, e.g. 1GiB"},
+    {"slab_max", F_U64, FIELD(slab_max_bytes), parse_size, 256, 64 * MiB, 0, 0, NULL,
+     "a size from 256B to 64MiB, e.g. 4MiB"},
+    {"cache_limit", F_U64, FIELD(cache_limit_bytes), parse_size, 0, UINT64_MAX, 0, 0, NULL,
+     "a size, e.g. 1GiB (0: keep no free memory mapped)"},
+    {"shrink_hysteresis", F_U32, FIELD(shrink_hysteresis_percent), parse_percent, 0, 1000, 0, 0, NULL,
+     "a whole percent 0..1000, e.g. 25 or 25%"},
+    {"thread_cache", F_U32, FIELD(thread_cache), parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},
+    {"stats_print", F_INT, FIELD(stats_at_destroy), parse_word_or_index, 0, 2, 0, 0, stats_words,
+     "none, text or json (or 0, 1, 2)"},
+    {"metadata", F_METADATA, FIELD(metadata), parse_word, 0, 2, 0, 0, metadata_words, "auto, jemalloc or libc"},
+    {"peers", F_PEERS, FIELD(n_peer_devices), parse_peers, 0, 1023, 0, 0, NULL,
+     "none, or up to 16 distinct device ordinals 0..1023 separated by ';' or '+', e.g. 1;2;3"},
 };
+
 #define NKEYS (sizeof keys / sizeof keys[0])
 
-static void known_keys(char *buf, size_t n)
+/* ------------------------------------------------------------- helpers */
+
+/* A value or key in a message: at most SHOW_MAX characters, then "...". */
+#define SHOW_MAX 96
+#define SHOW(s, n) (int)((n) > SHOW_MAX ? SHOW_MAX : (n)), (s), ((n) > SHOW_MAX ? "..." : "")
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+static int is_key_char(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c) || c == '_'; }
+static char lower(char c) { return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c; }
+
+/* How a whitespace character is shown: "' '", "'\\t'". */
+static const char *space_name(char c)
+{
+    switch (c) {
+    case '\t': return "'\\t'";
+    case '\n': return "'\\n'";
+    case '\r': return "'\\r'";
+    case '\v': return "'\\v'";
+    case '\f': return "'\\f'";
+    default: return "' '";
+    }
+}
+
+static const char *find_space(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (is_space(s[i]))
+            return s + i;
+    return NULL;
+}
+
+/* s[0..n) equals the NUL-terminated word w, ignoring case. */
+static int same_word(const char *s, size_t n, const char *w)
+{
+    size_t i = 0;
+    for (; i < n && w[i]; i++)
+        if (lower(s[i]) != lower(w[i]))
+            return 0;
+    return i == n && w[i] == '\0';
+}
+
+static int same_key(const char *s, size_t n, const char *name) { return strlen(name) == n && memcmp(s, name, n) == 0; }
+
+/* "device, reserve, ..." from the table, into buf. */
+#define KNOWN_KEYS_MAX 256
+static const char *known_keys(char buf[KNOWN_KEYS_MAX])
 {
     size_t len = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < NKEYS && len < n; i++)
-        len += (size_t)snprintf(buf + len, n - len, "%s%s", i ? ", " : "", keys[i].name);
-}
-
-static fabpool_status bad(const key *k, const char *v, size_t vlen, const char *why)
-{
-    return fp_error(FABPOOL_ERR_CONFIG, "FABPOOL_CONF key '%s': value '%.*s' %s; accepted: %s", k->name, (int)vlen, v,
-                    why, k->accepts);
-}
-
-/* A whole unsigned decimal number, no sign, no spaces. */
-static int parse_u64(const char *s, size_t n, unsigned long long *out)
-{
-    if (n == 0 || n > 20)
-        return -1;
-    unsigned long long v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return -1;
-        unsigned d = (unsigned)(s[i] - '0');
-        if (v > (~0ull - d) / 10)
-            return -2;
-        v = v * 10 + d;
+    for (size_t i = 0; i < NKEYS; i++) {
+        size_t l = strlen(keys[i].name);
+        if (len + l + 3 >= KNOWN_KEYS_MAX)
+            break;
+        if (i) {
+            memcpy(buf + len, ", ", 2);
+            len += 2;
+        }
+        memcpy(buf + len, keys[i].name, l);
+        len += l;
     }
-    *out = v;
-    return 0;
+    buf[len] = '\0';
+    return buf;
 }
 
-static int parse_size(const char *s, size_t n, unsigned long long *out)
+static fabpool_status bad_value(const struct key *k, const char *v, size_t n, const char *why)
 {
-    size_t digits = 0;
-    while (digits < n && s[digits] >= '0' && s[digits] <= '9')
-        digits++;
-    unsigned long long v;
-    int r = parse_u64(s, digits, &v);
-    if (r)
-        return r;
-    const char *u = s + digits;
-    size_t ul = n - digits;
-    static const struct { const char *u; unsigned shift; } units[] = {
-        {"", 0},     {"b", 0},   {"k", 10},  {"kb", 10}, {"kib", 10}, {"m", 20},  {"mb", 20}, {"mib", 20},
-        {"g", 30},   {"gb", 30}, {"gib", 30}, {"t", 40}, {"tb", 40},  {"tib", 40}};
+    const char *hint = k->field != F_PEERS && memchr(v, ';', n) ? " (';' does not separate pairs: use ',')" : "";
+    return fp_error(FABPOOL_ERR_CONFIG, "key '%s': value '%.*s%s' %s%s; accepted: %s", k->name, SHOW(v, n), why, hint,
+                    k->doc);
+}
+
+/* A whole decimal number: digits only, no sign, no fraction. */
+static fabpool_status read_number(const struct key *k, const char *v, size_t n, uint64_t *out, size_t *used)
+{
+    size_t i = 0;
+    uint64_t x = 0;
+    if (n == 0)
+        return bad_value(k, v, n, "is empty");
+    if (!is_digit(v[0]))
+        return bad_value(k, v, n, v[0] == '-' || v[0] == '+' ? "has a sign (none is accepted)"
+                                                             : "is not a number (it does not start with a digit)");
+    for (; i < n && is_digit(v[i]); i++) {
+        unsigned d = (unsigned)(v[i] - '0');
+        if (x > (UINT64_MAX - d) / 10)
+            return bad_value(k, v, n, "overflows 64 bits");
+        x = x * 10 + d;
+    }
+    if (i < n && v[i] == '.' && i + 1 < n && is_digit(v[i + 1]))
+        return bad_value(k, v, n, "has a fraction (whole numbers only: write e.g. 1536MiB, not 1.5GiB)");
+    *out = x;
+    *used = i;
+    return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------- parsers */
+
+static fabpool_status parse_uint(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o)
+{
+    (void)o;
+    size_t used = 0;
+    fabpool_status st = read_number(k, v, n, out, &used);
+    if (st != FABPOOL_OK)
+        return st;
+    if (used != n)
+        return bad_value(k, v, n, "is not a whole number");
+    return FABPOOL_OK;
+}
+
+static fabpool_status parse_size(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o)
+{
+    (void)o;
+    static const struct {
+        const char *unit;
+        unsigned shift;
+    } units[] = {
+        {"b", 0},    {"k", 10},  {"kb", 10}, {"kib", 10}, {"m", 20}, {"mb", 20},  {"mib", 20},
+        {"g", 30},   {"gb", 30}, {"gib", 30}, {"t", 40},  {"tb", 40}, {"tib", 40},
+    };
+    size_t used = 0;
+    uint64_t x = 0;
+    fabpool_status st = read_number(k, v, n, &x, &used);
+    if (st != FABPOOL_OK)
+        return st;
+    if (used == n) {
+        *out = x;
+        return FABPOOL_OK;
+    }
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strlen(units[i].u) == ul && strncasecmp(u, units[i].u, ul) == 0) {
-            if (units[i].shift && v > (~0ull >> units[i].shift))
-                return -2;
-            *out = v << units[i].shift;
-            return 0;
-        }
+        if (!same_word(v + used, n - used, units[i].unit))
+            continue;
+        if (x > (UINT64_MAX >> units[i].shift))
+            return bad_value(k, v, n, "overflows 64 bits");
+        *out = x << units[i].shift;
+        return FABPOOL_OK;
     }
-    return -3;
+    return fp_error(FABPOOL_ERR_CONFIG,
+                    "key '%s': value '%.*s%s' has an unknown unit '%.*s%s' (units: B, KiB, MiB, GiB, TiB; also K, M, "
+                    "G, T and KB, MB, GB, TB, all powers of 1024; any case); accepted: %s",
+                    k->name, SHOW(v, n), SHOW(v + used, n - used), k->doc);
 }
 
-static fabpool_status set_value(fabpool_options *o, const key *k, const char *v, size_t n)
+static fabpool_status parse_percent(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o)
 {
-    char *field = (char *)o + k->off;
-    unsigned long long x = 0;
-    int r;
-    switch (k->k) {
-    case K_INT:
-        if ((r = parse_u64(v, n, &x)) != 0)
-            return bad(k, v, n, r == -2 ? "is too large" : "is not a whole number");
-        if (x < k->lo || x > k->hi)
-            return bad(k, v, n, "is out of range");
-        *(int *)field = (int)x;
+    (void)o;
+    size_t used = 0;
+    fabpool_status st = read_number(k, v, n, out, &used);
+    if (st != FABPOOL_OK)
+        return st;
+    if (used == n || (used == n - 1 && v[used] == '%'))
         return FABPOOL_OK;
-    case K_SIZE:
-        if ((r = parse_size(v, n, &x)) != 0)
-            return bad(k, v, n, r == -2 ? "overflows 64 bits" : r == -3 ? "has an unknown unit (B, KiB, MiB, GiB, TiB)"
-                                                                        : "is not a size");
-        if (x < k->lo || x > k->hi || (strcmp(k->name, "reserve") == 0 && x && x < 2 * MiB))
-            return bad(k, v, n, "is out of range");
-        if (strcmp(k->name, "max_chunk") == 0 && x % (2 * MiB))
-            return bad(k, v, n, "is not a multiple of 2MiB");
-        *(uint64_t *)field = x;
-        return FABPOOL_OK;
-    case K_PERCENT: {
-        size_t m = n && v[n - 1] == '%' ? n - 1 : n;
-        if ((r = parse_u64(v, m, &x)) != 0)
-            return bad(k, v, n, "is not a whole percent");
-        if (x > k->hi)
-            return bad(k, v, n, "is out of range");
-        *(uint32_t *)field = (uint32_t)x;
-        return FABPOOL_OK;
-    }
-    case K_BOOL:
-        if ((n == 4 && !strncasecmp(v, "true", 4)) || (n == 1 && v[0] == '1'))
-            *(uint32_t *)field = 1;
-        else if ((n == 5 && !strncasecmp(v, "false", 5)) || (n == 1 && v[0] == '0'))
-            *(uint32_t *)field = 0;
-        else
-            return bad(k, v, n, "is not a boolean");
-        return FABPOOL_OK;
-    case K_ENUM:
-        for (int i = 0; k->words[i]; i++)
-            if (strlen(k->words[i]) == n && strncmp(v, k->words[i], n) == 0) {
-                *(int *)field = i;
-                return FABPOOL_OK;
-            }
-        if (k->words == stats_words && n == 1 && v[0] >= '0' && v[0] <= '2') {
-            *(int *)field = v[0] - '0';
-            return FABPOOL_OK;
-        }
-        return bad(k, v, n, "is not one of the words accepted");
-    case K_PEERS: {
-        if (n == 4 && strncmp(v, "none", 4) == 0) {
-            o->n_peer_devices = 0;
-            return FABPOOL_OK;
-        }
-        int count = 0, list[FABPOOL_MAX_PEERS];
-        size_t i = 0;
-        while (i <= n) {
-            size_t j = i;
-            while (j < n && v[j] != ';' && v[j] != '+')
-                j++;
-            if (parse_u64(v + i, j - i, &x) != 0 || x > k->hi)
-                return bad(k, v, n, "has an entry that is not a device ordinal");
-            if (count == FABPOOL_MAX_PEERS)
-                return bad(k, v, n, "names more than 16 devices");
-            for (int c = 0; c < count; c++)
-                if (list[c] == (int)x)
-                    return bad(k, v, n, "names a device twice");
-            list[count++] = (int)x;
-            i = j + 1;
-        }
-        o->n_peer_devices = count;
-        memcpy(o->peer_devices, list, (size_t)count * sizeof list[0]);
-        return FABPOOL_OK;
-    }
-    }
-    return FABPOOL_ERR_CONFIG;
+    return bad_value(k, v, n, "is not a whole percent");
 }
+
+static fabpool_status parse_bool(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o)
+{
+    (void)o;
+    if (same_word(v, n, "true") || same_word(v, n, "1"))
+        *out = 1;
+    else if (same_word(v, n, "false") || same_word(v, n, "0"))
+        *out = 0;
+    else
+        return bad_value(k, v, n, "is not a boolean");
+    return FABPOOL_OK;
+}
+
+static fabpool_status parse_word(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o)
+{
+    (void)o;
+    for (size_t i = 0; k->words[i]; i++)
+        if (same_word(v, n, k->words[i])) {
+            *out = i;
+            return FABPOOL_OK;
+        }
+    return bad_value(k, v, n, "is not a known word");
+}
+
+static fabpool_status parse_word_or_index(const struct key *k, const char *v, size_t n, uint64_t *out,
+                                          fabpool_options *o)
+{
+    for (size_t i = 0; k->words[i]; i++)
+        if (same_word(v, n, k->words[i])) {
+            *out = i;
+            return FABPOOL_OK;
+        }
+    if (n > 0 && is_digit(v[0]))
+        return parse_uint(k, v, n, out, o); /* the range check follows */
+    return bad_value(k, v, n, "is not a known word");
+}
+
+static fabpool_status parse_peers(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o)
+{
+    int list[FABPOOL_MAX_PEERS];
+    int count = 0;
+    *out = 0;
+    if (same_word(v, n, "none")) {
+        o->n_peer_devices = 0;
+        memset(o->peer_devices, 0, sizeof o->peer_devices);
+        return FABPOOL_OK;
+    }
+    for (size_t i = 0; i <= n;) {
+        size_t j = i;
+        while (j < n && v[j] != ';' && v[j] != '+')
+            j++;
+        if (j == i)
+            return bad_value(k, v, n, "has an empty entry (write ordinals separated by single ';' or '+')");
+        uint64_t d = 0;
+        size_t used = 0;
+        if (!is_digit(v[i]))
+            return fp_error(FABPOOL_ERR_CONFIG, "key '%s': value '%.*s%s' has an entry '%.*s%s' that is not a device "
+                            "ordinal; accepted: %s", k->name, SHOW(v, n), SHOW(v + i, j - i), k->doc);
+        fabpool_status st = read_number(k, v + i, j - i, &d, &used);
+        if (st != FABPOOL_OK || used != j - i || d > k->hi)
+            return fp_error(FABPOOL_ERR_CONFIG, "key '%s': value '%.*s%s' has an entry '%.*s%s' that is not a device "
+                            "ordinal 0..%llu; accepted: %s", k->name, SHOW(v, n), SHOW(v + i, j - i),
+                            (unsigned long long)k->hi, k->doc);
+        if (count == FABPOOL_MAX_PEERS)
+            return fp_error(FABPOOL_ERR_CONFIG, "key '%s': value '%.*s%s' names more than %d devices; accepted: %s",
+                            k->name, SHOW(v, n), FABPOOL_MAX_PEERS, k->doc);
+        for (int c = 0; c < count; c++)
+            if (list[c] == (int)d)
+                return fp_error(FABPOOL_ERR_CONFIG, "key '%s': value '%.*s%s' names device %d twice; accepted: %s",
+                                k->name, SHOW(v, n), (int)d, k->doc);
+        list[count++] = (int)d;
+        if (j == n)
+            break;
+        i = j + 1;
+        if (i == n)
+            return bad_value(k, v, n, "ends with a separator (write ordinals separated by single ';' or '+')");
+    }
+    o->n_peer_devices = count;
+    memset(o->peer_devices, 0, sizeof o->peer_devices);
+    memcpy(o->peer_devices, list, (size_t)count * sizeof list[0]);
+    return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------ one pair */
+
+static fabpool_status check_range(const struct key *k, const char *v, size_t n, uint64_t x)
+{
+    const char *why = NULL;
+    if (x == 0 && k->zero_ok)
+        return FABPOOL_OK;
+    if (x < k->lo)
+        why = "is below the minimum";
+    else if (x > k->hi)
+        why = "is above the maximum";
+    else if (k->multiple && x % k->multiple)
+        why = "is not a multiple of 2MiB"; /* max_chunk is the one key with a multiple */
+    if (!why)
+        return FABPOOL_OK;
+    int plain = 1; /* digits only: the bytes are the text itself */
+    for (size_t i = 0; i < n; i++)
+        plain &= is_digit(v[i]);
+    if (k->parse == parse_size && !plain)
+        return fp_error(FABPOOL_ERR_CONFIG, "key '%s': value '%.*s%s' (%llu bytes) %s; accepted: %s", k->name,
+                        SHOW(v, n), (unsigned long long)x, why, k->doc);
+    if (k->parse == parse_size)
+        return fp_error(FABPOOL_ERR_CONFIG, "key '%s': value '%.*s%s' %s; accepted: %s", k->name, SHOW(v, n), why,
+                        k->doc);
+    return fp_error(FABPOOL_ERR_CONFIG, "key '%s': value '%.*s%s' is out of range; accepted: %s", k->name, SHOW(v, n),
+                    k->doc);
+}
+
+static void store(fabpool_options *o, const struct key *k, uint64_t x)
+{
+    char *field = (char *)o + k->offset;
+    switch (k->field) {
+    case F_INT:
+        *(int *)(void *)field = (int)x;
+        break;
+    case F_U32:
+        *(uint32_t *)(void *)field = (uint32_t)x;
+        break;
+    case F_U64:
+        *(uint64_t *)(void *)field = x;
+        break;
+    case F_HANDLE:
+        *(fabpool_handle_type *)(void *)field = (fabpool_handle_type)x;
+        break;
+    case F_METADATA:
+        *(fabpool_metadata *)(void *)field = (fabpool_metadata)x;
+        break;
+    case F_PEERS:
+        break; /* its parser wrote the list */
+    }
+}
+
+/* In a value, a ':' or '=' means that a second pair was glued on with a
+ * separator other than ','.  Returns that separator (0 if none shows, e.g.
+ * "reserve:2:3"), and in *at the offset of the ':' or '='; -1: no such sign. */
+static int glued_pair(const char *v, size_t n, size_t *at)
+{
+    size_t i = 0;
+    while (i < n && v[i] != ':' && v[i] != '=')
+        i++;
+    if (i == n)
+        return -1;
+    *at = i;
+    size_t j = i;
+    while (j > 0 && is_key_char(v[j - 1]))
+        j--;
+    return j > 0 ? (unsigned char)v[j - 1] : 0;
+}
+
+static fabpool_status parse_pair(fabpool_options *t, const char *conf, const char *p, size_t len, int comma_follows,
+                                 const char *seen[NKEYS], size_t seen_len[NKEYS])
+{
+    size_t pos = (size_t)(p - conf);
+    char kk[KNOWN_KEYS_MAX];
+    if (len == 0)
+        return fp_error(FABPOOL_ERR_CONFIG, "%s at offset %zu: write key:value pairs separated by single commas, "
+                        "with none before the first pair or after the last",
+                        pos == 0 ? "a leading comma" : !comma_follows ? "a trailing comma" : "a doubled comma ',,'",
+                        pos == 0 ? pos : pos - 1);
+
+    const char *colon = memchr(p, ':', len);
+    if (!colon) {
+        for (size_t i = 0; i < NKEYS; i++)
+            if (same_key(p, len, keys[i].name))
+                return fp_error(FABPOOL_ERR_CONFIG, "key '%s' has no ':' and no value: write %s:<value>; accepted: %s",
+                                keys[i].name, keys[i].name, keys[i].doc);
+        const char *eq = memchr(p, '=', len);
+        char other = 0;
+        for (size_t i = 0; i < len && !other; i++)
+            if (p[i] == ';' || p[i] == '&' || p[i] == '|')
+                other = p[i];
+        if (eq && other)
+            return fp_error(FABPOOL_ERR_CONFIG, "'%.*s%s' has no ':': pairs are written key:value (not key=value) and "
+                            "separated by ',' (not '%c')", SHOW(p, len), other);
+        if (eq)
+            return fp_error(FABPOOL_ERR_CONFIG, "'%.*s%s' has no ':': write key:value (%.*s%s:%.*s%s), not "
+                            "key=value", SHOW(p, len), SHOW(p, (size_t)(eq - p)), SHOW(eq + 1, len - (size_t)(eq - p) - 1));
+        return fp_error(FABPOOL_ERR_CONFIG, "'%.*s%s' has no ':': write key:value pairs separated by ',' "
+                        "(e.g. thread_cache:false,max_chunk:512MiB); known keys: %s", SHOW(p, len), known_keys(kk));
+    }
+
+    const char *kname = p, *v = colon + 1;
+    size_t klen = (size_t)(colon - p), vlen = len - klen - 1;
+    if (klen == 0)
+        return fp_error(FABPOOL_ERR_CONFIG, "an empty key before ':%.*s%s' at offset %zu: write key:value; "
+                        "known keys: %s", SHOW(v, vlen), pos, known_keys(kk));
+    const char *ws = find_space(kname, klen);
+    if (ws)
+        return fp_error(FABPOOL_ERR_CONFIG, "key '%.*s%s' holds whitespace %s: no spaces or tabs are accepted around "
+                        "or in keys and values (write key:value,key:value)", SHOW(kname, klen), space_name(*ws));
+
+    /* a second pair glued on with a wrong separator: say so before anything
+     * else, as it explains an unknown key or a bad value too */
+    size_t at = 0;
+    int sep = glued_pair(v, vlen, &at);
+    if (sep > 0 && is_space((char)sep))
+        return fp_error(FABPOOL_ERR_CONFIG, "key '%.*s%s': value '%.*s%s' holds a second pair after whitespace %s: "
+                        "pairs are separated by ',', and no spaces or tabs are accepted", SHOW(kname, klen),
+                        SHOW(v, vlen), space_name((char)sep));
+    if (sep > 0)
+        return fp_error(FABPOOL_ERR_CONFIG, "key '%.*s%s': value '%.*s%s' holds a second pair after '%c': '%c' is not "
+                        "a separator; pairs are separated by ',', each written key:value", SHOW(kname, klen),
+                        SHOW(v, vlen), (char)sep, (char)sep);
+
+    size_t ki = NKEYS;
+    for (size_t i = 0; i < NKEYS && ki == NKEYS; i++)
+        if (same_key(kname, klen, keys[i].name))
+            ki = i;
+    if (ki == NKEYS) {
+        for (size_t i = 0; i < klen; i++)
+            if (kname[i] == ';' || kname[i] == '=' || kname[i] == '&' || kname[i] == '|')
+                return fp_error(FABPOOL_ERR_CONFIG, "unknown key '%.*s%s': '%c' is not a separator; pairs are "
+                                "separated by ',', each written key:value; known keys: %s", SHOW(kname, klen),
+                                kname[i], known_keys(kk));
+        for (size_t i = 0; i < NKEYS; i++)
+            if (same_word(kname, klen, keys[i].name))
+                return fp_error(FABPOOL_ERR_CONFIG, "unknown key '%.*s%s': keys are lower-case (did you mean '%s'?); "
+                                "known keys: %s", SHOW(kname, klen), keys[i].name, known_keys(kk));
+        return fp_error(FABPOOL_ERR_CONFIG, "unknown key '%.*s%s'; known keys: %s", SHOW(kname, klen), known_keys(kk));
+    }
+    const struct key *k = &keys[ki];
+
+    if (seen[ki])
+        return fp_error(FABPOOL_ERR_CONFIG, "key '%s' is given twice ('%s:%.*s%s', then '%s:%.*s%s'): give each key "
+                        "once", k->name, k->name, SHOW(seen[ki], seen_len[ki]), k->name, SHOW(v, vlen));
+    seen[ki] = v;
+    seen_len[ki] = vlen;
+
+    if (vlen == 0)
+        return fp_error(FABPOOL_ERR_CONFIG, "key '%s' has an empty value; accepted: %s", k->name, k->doc);
+
+    if (sep == 0)
+        return fp_error(FABPOOL_ERR_CONFIG, "key '%s': value '%.*s%s' holds '%c': write one key:value per pair, pairs "
+                        "separated by ','; accepted: %s", k->name, SHOW(v, vlen), v[at], k->doc);
+    if ((ws = find_space(v, vlen)) != NULL)
+        return fp_error(FABPOOL_ERR_CONFIG, "key '%s': value '%.*s%s' holds whitespace %s: no spaces or tabs are "
+                        "accepted around or in keys and values; accepted: %s", k->name, SHOW(v, vlen), space_name(*ws),
+                        k->doc);
+
+    uint64_t x = 0;
+    fabpool_status st = k->parse(k, v, vlen, &x, t);
+    if (st != FABPOOL_OK)
+        return st;
+    if (k->field != F_PEERS) {
+        if ((st = check_range(k, v, vlen, x)) != FABPOOL_OK)
+            return st;
+        store(t, k, x);
+    }
+    return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------ the string */
 
 fabpool_status fabpool_options_parse(fabpool_options *o, const char *conf)
 {
@@ -203,68 +515,21 @@ fabpool_status fabpool_options_parse(fabpool_options *o, const char *conf)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_options_parse: the options are NULL");
     if (!conf || !*conf)
         return FABPOOL_OK;
-    fabpool_options t = *o;
-    int seen[NKEYS] = {0};
+    fabpool_options t;
+    memcpy(&t, o, sizeof t);
+    const char *seen[NKEYS] = {NULL};
+    size_t seen_len[NKEYS] = {0};
     const char *p = conf;
     for (;;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == 0)
-            return fp_error(FABPOOL_ERR_CONFIG, "FABPOOL_CONF '%s': an empty entry at offset %d (%s); write "
-                            "key:value pairs separated by single commas",
-                            conf, (int)(p - conf), p == conf ? "a leading comma" : !end ? "a trailing comma"
-                                                                                          : "a doubled comma");
-        const char *colon = memchr(p, ':', len);
-        if (!colon)
-            return fp_error(FABPOOL_ERR_CONFIG, "FABPOOL_CONF '%s': '%.*s' has no ':'; write key:value (e.g. "
-                            "thread_cache:true), pairs separated by ','", conf, (int)len, p);
-        size_t klen = (size_t)(colon - p), vlen = len - klen - 1;
-        const char *v = colon + 1;
-        if (klen == 0)
-            return fp_error(FABPOOL_ERR_CONFIG, "FABPOOL_CONF '%s': an empty key before ':%.*s'", conf, (int)vlen, v);
-        size_t ki = NKEYS;
-        for (size_t i = 0; i < NKEYS; i++)
-            if (strlen(keys[i].name) == klen && strncmp(p, keys[i].name, klen) == 0)
-                ki = i;
-        if (ki == NKEYS) {
-            char list[512];
-            known_keys(list, sizeof list);
-            const char *ws = memchr(p, ' ', klen);
-            return fp_error(FABPOOL_ERR_CONFIG, "FABPOOL_CONF '%s': unknown key '%.*s'%s; known keys: %s", conf,
-                            (int)klen, p, ws ? " (spaces are not allowed around keys and values)" : "", list);
-        }
-        const key *k = &keys[ki];
-        if (seen[ki])
-            return fp_error(FABPOOL_ERR_CONFIG, "FABPOOL_CONF '%s': key '%s' is given twice", conf, k->name);
-        seen[ki] = 1;
-        if (vlen == 0)
-            return fp_error(FABPOOL_ERR_CONFIG, "FABPOOL_CONF key '%s': the value is empty; accepted: %s", k->name,
-                            k->accepts);
-        /* a wrong separator between pairs shows as a second ':' or a '=' in the value */
-        const char *sep = NULL;
-        for (size_t i = 0; i < vlen && !sep; i++)
-            if (v[i] == ':' || v[i] == '=' || v[i] == ' ')
-                sep = v + i;
-        if (sep) {
-            const char *wrong = sep;
-            /* the separator is the last ';', '=' or ' ' before the stray ':' */
-            for (const char *q = sep; q > v; q--)
-                if (q[-1] == ';' || q[-1] == '=' || q[-1] == ' ' || q[-1] == '&') {
-                    wrong = q - 1;
-                    break;
-                }
-            return fp_error(FABPOOL_ERR_CONFIG, "FABPOOL_CONF key '%s': value '%.*s' holds '%c': separate pairs with "
-                            "',' (key:value,key:value), with no spaces", k->name, (int)vlen, v, *wrong);
-        }
-        fabpool_status st = set_value(&t, k, v, vlen);
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        fabpool_status st = parse_pair(&t, conf, p, len, comma != NULL, seen, seen_len);
         if (st != FABPOOL_OK)
             return st;
-        if (!end)
+        if (!comma)
             break;
-        p = end + 1;
-        if (!*p)
-            return fp_error(FABPOOL_ERR_CONFIG, "FABPOOL_CONF '%s': a trailing comma; remove it", conf);
+        p = comma + 1;
     }
-    *o = t;
+    memcpy(o, &t, sizeof t);
     return FABPOOL_OK;
 }
