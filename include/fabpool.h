@@ -224,6 +224,78 @@ FABPOOL_API fabpool_status fabpool_print_stats(fabpool_t *pool, FILE *out, int j
  * callers without a FILE (Python's ctypes). */
 FABPOOL_API fabpool_status fabpool_stats_json(fabpool_t *pool, char *buf, size_t cap, size_t *needed);
 
+/* ------------------------------------------------------------- sharing */
+
+/* A buffer of a pool with a shareable handle type (posix_fd or fabric) can
+ * be mapped by other processes.  The exporter writes a descriptor: flat,
+ * versioned bytes that the caller moves through its own bootstrap
+ * (MPI_Allgather, torch.distributed.all_gather); a peer opens a view of the
+ * buffer from it, at the same offsets, and later applies newer descriptors
+ * that carry only what changed.  POSIX fds cannot travel in bytes: they go
+ * beside the descriptor (fabpool_fd_send / fabpool_fd_recv below), in the
+ * order the descriptor numbers them.
+ *
+ * Lifetime (docs/design.md): a fabric handle holds no reference of its own,
+ * so once a buffer has been exported, chunks a shrink drops stay mapped
+ * until fabpool_buffer_peers_ack() says every peer has applied a descriptor
+ * of that generation or later. */
+
+#define FABPOOL_DESC_VERSION 1
+#define FABPOOL_DESC_HEADER_BYTES 96u
+#define FABPOOL_DESC_RECORD_BYTES 96u
+
+/* Bytes a descriptor of n chunks takes. */
+FABPOOL_API size_t fabpool_desc_size(size_t n_chunks);
+
+/* Writes the descriptor of buf's chunks mapped after generation `since` (0:
+ * all of them, for a peer's first view) into desc[0..*len).  For posix_fd,
+ * fds[0..*nfds) get the chunks' file descriptors; they stay the pool's, and
+ * stay open until fabpool_buffer_export_done or until their chunk is
+ * unmapped (an open fd keeps the memory alive).  Each chunk is exported once
+ * and its handle cached while it is mapped.  FABPOOL_ERR_LIMIT if cap or
+ * fd_cap is too small (*len and *nfds then say what is needed). */
+FABPOOL_API fabpool_status fabpool_buffer_export(fabpool_buffer_t *buf, uint64_t since, void *desc, size_t cap,
+                                                size_t *len, int *fds, size_t fd_cap, size_t *nfds);
+/* The fds of the last exports have been handed to every peer: close the
+ * pool's copies. */
+FABPOOL_API fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *buf);
+/* Every peer has applied a descriptor of `generation` or later: chunks
+ * dropped before it may now be unmapped.  UINT64_MAX: no peer is left. */
+FABPOOL_API fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *buf, uint64_t generation);
+
+typedef struct fabpool_view fabpool_view_t;
+
+/* Maps a peer's buffer from a full descriptor (since 0), in an address
+ * window of the pool's own reservation, at the descriptor's offsets.  fabpool
+ * takes the fds: they are closed once imported, whatever the outcome.  A
+ * descriptor that is malformed, truncated, of another version, or names
+ * ranges outside its window is refused with FABPOOL_ERR_DESCRIPTOR and maps
+ * nothing. */
+FABPOOL_API fabpool_status fabpool_view_open(fabpool_t *pool, const void *desc, size_t len, const int *fds,
+                                            size_t nfds, fabpool_view_t **out);
+/* Applies a newer descriptor: maps only the new chunks and unmaps the
+ * dropped ones.  Import handles are released right after the map. */
+FABPOOL_API fabpool_status fabpool_view_apply(fabpool_view_t *view, const void *desc, size_t len, const int *fds,
+                                             size_t nfds);
+FABPOOL_API fabpool_status fabpool_view_get_info(const fabpool_view_t *view, fabpool_buffer_info *out);
+FABPOOL_API void *fabpool_view_ptr(const fabpool_view_t *view);
+/* Unmaps everything and frees the view's window.  The caller makes sure no
+ * GPU work still reads the view. */
+FABPOOL_API fabpool_status fabpool_view_close(fabpool_view_t *view);
+
+/* fd passing between processes of one host, over Unix stream sockets
+ * (SCM_RIGHTS), with an optional payload of bytes. */
+FABPOOL_API fabpool_status fabpool_fd_listen(const char *name, int *listener);   /* abstract socket name */
+FABPOOL_API fabpool_status fabpool_fd_accept(int listener, int *sock);
+FABPOOL_API fabpool_status fabpool_fd_connect(const char *name, int *sock, int timeout_ms);
+FABPOOL_API fabpool_status fabpool_fd_send(int sock, const int *fds, size_t n, const void *data, size_t len);
+/* Receives one message sent by fabpool_fd_send: *n fds, *len bytes. */
+FABPOOL_API fabpool_status fabpool_fd_recv(int sock, int *fds, size_t cap, size_t *n, void *data, size_t data_cap,
+                                          size_t *len);
+/* A copy of process pid's descriptor fd, by pidfd_getfd (Linux 5.6+, needs
+ * ptrace permission over pid): an alternative to a socket. */
+FABPOOL_API fabpool_status fabpool_fd_from_pid(int pid, int fd, int *out);
+
 #ifdef __cplusplus
 }
 #endif

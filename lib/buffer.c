@@ -3,6 +3,7 @@
  * gives up retire: they are unmapped once the GPU work that may use them is
  * done, and a grow that comes first takes them back as they are. */
 #include <string.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "pool.h"
@@ -60,6 +61,7 @@ static fabpool_status pop_chunk(struct fabpool *p, struct fabpool_buffer *b)
     fabpool_status st = fp_chunk_unmap(p, b->base + c->off, c->size);
     if (st != FABPOOL_OK)
         return st;
+    fp_chunk_forget_export(p, c);
     if (c->retiring) {
         if (c->retire_event)
             FP_CU(&p->calls, cuEventDestroy, c->retire_event);
@@ -70,7 +72,8 @@ static fabpool_status pop_chunk(struct fabpool *p, struct fabpool_buffer *b)
     b->mapped -= c->size;
     atomic_fetch_sub(&p->buffer_mapped, c->size);
     b->n--;
-    b->generation++;
+    if (!c->retiring)
+        b->generation++; /* a live chunk went (undo of a grow): peers must hear of it */
     return FABPOOL_OK;
 }
 
@@ -86,6 +89,8 @@ fabpool_status fp_collect_locked(struct fabpool *p, int wait)
         next = b->next;
         while (b->n && b->chunks[b->n - 1].retiring) {
             fp_bchunk *c = &b->chunks[b->n - 1];
+            if (b->shared && b->acked < c->drop_gen)
+                break; /* a peer may still map it (a fabric handle holds no reference) */
             if (c->retire_event) {
                 if (!pushed) {
                     if (fp_ctx_push(p, &saved) != FABPOOL_OK)
@@ -162,6 +167,7 @@ static fabpool_status grow(struct fabpool *p, struct fabpool_buffer *b, uint64_t
         c->retire_event = NULL;
         c->retiring = 0;
         b->live += c->size;
+        c->gen = ++b->generation; /* back among the live chunks: the next delta names it */
         atomic_fetch_sub(&p->retiring_bytes, c->size);
     }
     *mapped_from = b->n;
@@ -177,10 +183,15 @@ static fabpool_status grow(struct fabpool *p, struct fabpool_buffer *b, uint64_t
                             (unsigned long long)b->size, (unsigned long long)target);
             return st;
         }
-        b->chunks[b->n++] = (fp_bchunk){b->live, c, NULL, 0};
+        b->generation++;
+        fp_bchunk *nc = &b->chunks[b->n++];
+        memset(nc, 0, sizeof *nc);
+        nc->off = b->live;
+        nc->size = c;
+        nc->gen = b->generation;
+        nc->fd = -1;
         b->live += c;
         b->mapped += c;
-        b->generation++;
         atomic_fetch_add(&p->buffer_mapped, c);
     }
     return FABPOOL_OK;
@@ -240,10 +251,12 @@ static fabpool_status shrink(struct fabpool *p, struct fabpool_buffer *b, uint64
         }
         c->retiring = 1;
         c->retire_event = ev;
+        c->drop_gen = b->generation + 1;
         b->live -= c->size;
         atomic_fetch_add(&p->retiring_bytes, c->size);
     }
     fp_ctx_pop(p, saved);
+    b->generation++; /* the live chunks changed */
     fabpool_status cst = fp_collect_locked(p, 0);
     return st != FABPOOL_OK ? st : cst;
 }
@@ -267,6 +280,8 @@ fabpool_status fabpool_buffer_create(fabpool_t *p, size_t max_size, size_t size,
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer");
     b->pool = p;
     b->window = fp_round_up(max_size, p->gran);
+    static _Atomic uint64_t uids;
+    b->uid = ((uint64_t)getpid() << 32) ^ (atomic_fetch_add(&uids, 1) + 1) ^ ((uint64_t)(uintptr_t)b << 12);
     pthread_mutex_lock(&p->lock);
     b->base = fp_va_alloc(&p->va, b->window, p->gran);
     if (!b->base) {

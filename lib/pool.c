@@ -337,6 +337,7 @@ fabpool_status fabpool_destroy(fabpool_t *p)
     pthread_mutex_lock(&p->lock);
     fabpool_status st = fp_collect_locked(p, 1);
     uint64_t live_buffers = atomic_load(&p->buffer_count);
+    fp_views_destroy(p);
     fp_buffers_destroy(p);
     pthread_mutex_unlock(&p->lock);
     fabpool_stats s;

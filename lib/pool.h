@@ -74,8 +74,13 @@ typedef struct fp_tcache {
 /* A chunk of a growable buffer. */
 typedef struct fp_bchunk {
     uint64_t off, size;
+    uint64_t gen;                      /* the buffer's generation when it joined the live chunks */
+    uint64_t drop_gen;                 /* retiring: the generation that dropped it */
     CUevent retire_event;              /* non-NULL while retiring: unmap once it completes */
     uint8_t retiring;
+    uint8_t has_fabric;                /* fabric handle exported and cached */
+    int fd;                            /* exported POSIX fd cached, or -1 */
+    CUmemFabricHandle fabric;
 } fp_bchunk;
 
 
@@ -90,6 +95,23 @@ struct fabpool_buffer {
     uint32_t n, cap;
     fp_bchunk *chunks;
     int destroyed;                     /* waiting for its retirements, then freed */
+    int shared;                        /* exported at least once: dropped chunks wait for the peers */
+    uint64_t acked;                    /* every peer has applied this generation */
+    uint64_t uid;                      /* names the buffer in descriptors */
+};
+
+/* A peer's buffer, mapped from its descriptors. */
+typedef struct fp_vchunk {
+    uint64_t off, size, gen;
+} fp_vchunk;
+
+struct fabpool_view {
+    struct fabpool *pool;
+    struct fabpool_view *next, *prev;
+    uint64_t base, window, live, generation, uid;
+    uint32_t handle_type, n, cap;
+    int peer_pid, peer_device;
+    fp_vchunk *chunks;
 };
 
 struct fabpool {
@@ -119,6 +141,7 @@ struct fabpool {
     fp_span *large_cache[FP_NCLASS];
     fp_span *spans;                    /* all spans, for destroy */
     struct fabpool_buffer *buffers;
+    struct fabpool_view *views;
     fp_tcache *tcaches;
     _Atomic uint64_t flush_epoch;
 
@@ -180,6 +203,8 @@ const char *fp_handle_type_name(fabpool_handle_type t);
 
 /* buffer.c */
 void fp_buffers_destroy(struct fabpool *p);
+void fp_views_destroy(struct fabpool *p);        /* share.c */
+void fp_chunk_forget_export(struct fabpool *p, fp_bchunk *c);
 fabpool_status fp_collect_locked(struct fabpool *p, int wait);
 
 /* block index in a slab, and whether addr is a block start */

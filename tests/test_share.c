@@ -1,0 +1,340 @@
+/* test_share: buffers across processes.
+ *  - the handle type: auto picks what works; forced fabric without an IMEX channel fails with its message
+ *  - a view in the same process: full descriptor, deltas as the buffer grows and shrinks, data both ways
+ *  - malformed descriptors: each refused, nothing mapped
+ *  - a peer process that imports over the socket helper and is then killed: once the exporter lets go,
+ *    the machine holds nothing (the kernel closed the dead process's fds and mappings)
+ * Run with FABPOOL_CONF=handle_type:fabric FABSIM_FABRIC=1 for fabric handles. */
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define MB (1ull << 20)
+
+static int sim;
+static uint64_t (*machine_held)(int);
+
+static void put(void *at, uint64_t v)
+{
+    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)at, &v, sizeof v));
+}
+
+static uint64_t get(void *at)
+{
+    uint64_t v = 0;
+    CHECK_CU(cuMemcpyDtoH(&v, (CUdeviceptr)(uintptr_t)at, sizeof v));
+    return v;
+}
+
+/* FNV-1a of the descriptor with its checksum field zeroed (docs/design.md) */
+static void reseal(uint8_t *d, size_t len)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ ((i >= 80 && i < 88) ? 0 : d[i])) * 1099511628211ull;
+    memcpy(d + 80, &h, 8);
+}
+
+static int dup_all(const int *fds, size_t n, int *out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = dup(fds[i]);
+    return (int)n;
+}
+
+static void handle_types(void)
+{
+    fabpool_t *p = NULL;
+    fabpool_options o;
+    fabpool_options_init(&o);
+    o.handle_type = FABPOOL_HANDLE_FABRIC;
+    if (!getenv("FABSIM_FABRIC") && !getenv("FABPOOL_CONF")) {
+        /* no IMEX channel: the H200 and the sim by default */
+        CHECK_STATUS(fabpool_create(&o, &p), FABPOOL_ERR_NOT_SUPPORTED);
+        CHECK(strstr(fabpool_last_error(), "/dev/nvidia-caps-imex-channels") != NULL);
+        CHECK(strstr(fabpool_last_error(), "posix_fd") != NULL);
+        o.handle_type = FABPOOL_HANDLE_AUTO;
+        CHECK_OK(fabpool_create(&o, &p));
+        CHECK(p && fabpool_handle_type_of(p) == FABPOOL_HANDLE_POSIX_FD);
+        if (p)
+            fabpool_destroy(p);
+    }
+    o.handle_type = FABPOOL_HANDLE_NONE;
+    CHECK_OK(fabpool_create(&o, &p));
+    if (p && !getenv("FABPOOL_CONF")) { /* FABPOOL_CONF would override the option */
+        fabpool_buffer_t *b;
+        CHECK_OK(fabpool_buffer_create(p, 8 * MB, 4 * MB, &b));
+        size_t len, nfds;
+        uint8_t d[1024];
+        int fds[8];
+        CHECK_STATUS(fabpool_buffer_export(b, 0, d, sizeof d, &len, fds, 8, &nfds), FABPOOL_ERR_NOT_SUPPORTED);
+        fabpool_buffer_destroy(b, NULL);
+    }
+    if (p)
+        fabpool_destroy(p);
+}
+
+static int posix;
+
+static void same_process(void)
+{
+    fabpool_t *a = NULL, *b = NULL;
+    CHECK_OK(fabpool_create(NULL, &a));
+    CHECK_OK(fabpool_create(NULL, &b));
+    if (!a || !b)
+        return;
+    posix = fabpool_handle_type_of(a) == FABPOOL_HANDLE_POSIX_FD;
+    fabpool_buffer_t *buf;
+    CHECK_OK(fabpool_buffer_create(a, 1024 * MB, 64 * MB, &buf));
+    char *base = fabpool_buffer_ptr(buf);
+    put(base, 11);
+    put(base + 64 * MB - 8, 12);
+
+    static uint8_t d[1 << 16];
+    int fds[64], mine[64];
+    size_t len, nfds;
+    CHECK_OK(fabpool_buffer_export(buf, 0, d, sizeof d, &len, fds, 64, &nfds));
+    CHECK(posix ? nfds >= 1 : nfds == 0);
+    fabpool_view_t *v = NULL;
+    dup_all(fds, nfds, mine);
+    CHECK_OK(fabpool_view_open(b, d, len, mine, nfds, &v));
+    if (!v)
+        return;
+    char *vb = fabpool_view_ptr(v);
+    CHECK(vb != base);
+    CHECK(get(vb) == 11 && get(vb + 64 * MB - 8) == 12);
+    put(vb + 8, 21); /* the importer writes, the exporter reads */
+    CHECK(get(base + 8) == 21);
+
+    /* grow: the delta carries only the new chunks */
+    fabpool_buffer_info bi, vi;
+    fabpool_buffer_get_info(buf, &bi);
+    uint64_t g1 = bi.generation;
+    CHECK_OK(fabpool_buffer_resize(buf, 300 * MB, NULL));
+    put(base + 300 * MB - 8, 13);
+    CHECK_OK(fabpool_buffer_export(buf, g1, d, sizeof d, &len, fds, 64, &nfds));
+    fabpool_buffer_info b2;
+    fabpool_buffer_get_info(buf, &b2);
+    CHECK(len == fabpool_desc_size(b2.n_chunks - bi.n_chunks));
+    dup_all(fds, nfds, mine);
+    CHECK_OK(fabpool_view_apply(v, d, len, mine, nfds));
+    fabpool_view_get_info(v, &vi);
+    CHECK(vi.base == vb && vi.generation == b2.generation && vi.size == b2.mapped);
+    CHECK(get(vb) == 11 && get(vb + 300 * MB - 8) == 13);
+
+    /* applying the same delta again is refused (nothing to add), a stale one too */
+    dup_all(fds, nfds, mine);
+    fabpool_status st = fabpool_view_apply(v, d, len, mine, nfds);
+    CHECK(st == FABPOOL_ERR_DESCRIPTOR || st == FABPOOL_OK);
+
+    /* shrink: the delta drops chunks; the exporter keeps them until the peers ack */
+    uint64_t g2 = b2.generation;
+    uint64_t mapped_before = t_mapped(a);
+    CHECK_OK(fabpool_buffer_resize(buf, 16 * MB, NULL));
+    CHECK(t_mapped(a) == mapped_before); /* shared: held for the peers */
+    CHECK_OK(fabpool_buffer_export(buf, g2, d, sizeof d, &len, fds, 64, &nfds));
+    CHECK(nfds == 0 && len == fabpool_desc_size(0));
+    CHECK_OK(fabpool_view_apply(v, d, len, NULL, 0));
+    fabpool_view_get_info(v, &vi);
+    fabpool_buffer_get_info(buf, &b2);
+    CHECK(vi.size == b2.mapped && vi.size < 300 * MB);
+    CHECK(get(vb) == 11);
+    CHECK_OK(fabpool_buffer_peers_ack(buf, vi.generation));
+    CHECK(t_mapped(a) == b2.mapped);
+    CHECK_OK(fabpool_buffer_export_done(buf));
+    fabpool_stats s;
+    fabpool_get_stats(a, &s);
+    CHECK(s.exported_fds_open == 0 && s.handles_outstanding == 0);
+
+    /* a delta since a generation the view has not reached is refused */
+    CHECK_OK(fabpool_buffer_resize(buf, 200 * MB, NULL));
+    fabpool_buffer_get_info(buf, &b2);
+    CHECK_OK(fabpool_buffer_resize(buf, 400 * MB, NULL));
+    CHECK_OK(fabpool_buffer_export(buf, b2.generation, d, sizeof d, &len, fds, 64, &nfds));
+    fabsim_ledger l0 = t_ledger();
+    dup_all(fds, nfds, mine);
+    CHECK_STATUS(fabpool_view_apply(v, d, len, mine, nfds), FABPOOL_ERR_DESCRIPTOR);
+    CHECK(strstr(fabpool_last_error(), "delta") != NULL);
+    fabsim_ledger l1 = t_ledger();
+    CHECK(l1.mappings == l0.mappings);
+
+    CHECK_OK(fabpool_view_close(v));
+    CHECK_OK(fabpool_buffer_peers_ack(buf, UINT64_MAX));
+    CHECK_OK(fabpool_buffer_destroy(buf, NULL));
+    CHECK_OK(fabpool_destroy(a));
+    CHECK_OK(fabpool_destroy(b));
+    CHECK(t_near(t_held(), 0));
+}
+
+static void malformed(void)
+{
+    fabpool_t *a = NULL, *b = NULL;
+    CHECK_OK(fabpool_create(NULL, &a));
+    CHECK_OK(fabpool_create(NULL, &b));
+    if (!a || !b)
+        return;
+    fabpool_buffer_t *buf;
+    CHECK_OK(fabpool_buffer_create(a, 256 * MB, 100 * MB, &buf));
+    static uint8_t d[1 << 14], m[1 << 14];
+    int fds[64], mine[64];
+    size_t len, nfds;
+    CHECK_OK(fabpool_buffer_export(buf, 0, d, sizeof d, &len, fds, 64, &nfds));
+    size_t rec = FABPOOL_DESC_HEADER_BYTES;
+    fabsim_ledger l0 = t_ledger();
+    uint64_t m0 = t_mapped(b);
+    fabpool_view_t *v = NULL;
+#define TRY(name, code, want_word)                                                                     \
+    do {                                                                                               \
+        memcpy(m, d, len);                                                                             \
+        size_t L = len, nf = nfds;                                                                     \
+        code;                                                                                          \
+        dup_all(fds, nfds, mine);                                                                      \
+        fabpool_status st_ = fabpool_view_open(b, m, L, mine, nf, &v);                                 \
+        t_checks++;                                                                                    \
+        if (st_ != FABPOOL_ERR_DESCRIPTOR || v || !strstr(fabpool_last_error(), want_word)) {          \
+            t_failures++;                                                                              \
+            fprintf(stderr, "%s: %s: %s\n", name, fabpool_status_name(st_), fabpool_last_error());     \
+        }                                                                                              \
+        for (size_t i_ = nf; i_ < nfds; i_++)                                                          \
+            close(mine[i_]);                                                                           \
+    } while (0)
+    TRY("truncated", L = len - 1, "truncated");
+    TRY("header only", L = 40, "truncated");
+    TRY("bad magic", (m[0] ^= 1, reseal(m, L)), "not a fabpool descriptor");
+    TRY("other version", (m[4] = 9, reseal(m, L)), "version");
+    TRY("corrupted", m[rec + 3] ^= 0x40, "checksum");
+    uint64_t big = 1ull << 40;
+    TRY("out of window", (memcpy(m + rec, &big, 8), reseal(m, L)), "outside the window");
+    uint64_t one = 4096;
+    TRY("unaligned", (memcpy(m + rec, &one, 8), reseal(m, L)), "outside the window");
+    if (len >= rec + 2 * FABPOOL_DESC_RECORD_BYTES) {
+        TRY("duplicate chunk", (memcpy(m + rec + FABPOOL_DESC_RECORD_BYTES, m + rec, 24), reseal(m, L)), "overlaps");
+    }
+    uint64_t live = 1ull << 41;
+    TRY("live past window", (memcpy(m + 48, &live, 8), reseal(m, L)), "granularity");
+    if (posix) {
+        TRY("too few fds", nf = nfds - 1, "fds came");
+    }
+    /* a delta as a first view */
+    CHECK_OK(fabpool_buffer_resize(buf, 200 * MB, NULL));
+    fabpool_buffer_info bi;
+    fabpool_buffer_get_info(buf, &bi);
+    CHECK_OK(fabpool_buffer_export(buf, bi.generation - 1, d, sizeof d, &len, fds, 64, &nfds));
+    l0 = t_ledger();
+    TRY("delta first", (void)0, "full descriptor");
+    fabsim_ledger l1 = t_ledger();
+    CHECK(l1.mappings == l0.mappings && l1.handles == l0.handles);
+    CHECK(t_mapped(b) == m0);
+    CHECK_STATUS(fabpool_view_open(b, NULL, 0, NULL, 0, &v), FABPOOL_ERR_INVALID_ARG);
+    fabpool_buffer_export_done(buf);
+    fabpool_buffer_peers_ack(buf, UINT64_MAX);
+    fabpool_buffer_destroy(buf, NULL);
+    CHECK_OK(fabpool_destroy(a));
+    CHECK_OK(fabpool_destroy(b));
+#undef TRY
+}
+
+/* ---------------------------------------------------------------- a peer that dies */
+
+static int child(const char *sock_name)
+{
+    cuInit(0);
+    CUdevice dev;
+    CUcontext ctx;
+    cuDeviceGet(&dev, 0);
+    cuDevicePrimaryCtxRetain(&ctx, dev);
+    cuCtxSetCurrent(ctx);
+    fabpool_t *p;
+    int s;
+    if (fabpool_create(NULL, &p) != FABPOOL_OK || fabpool_fd_connect(sock_name, &s, 5000) != FABPOOL_OK) {
+        fprintf(stderr, "child: %s\n", fabpool_last_error());
+        return 1;
+    }
+    static uint8_t d[1 << 16];
+    int fds[64];
+    size_t nf, len;
+    if (fabpool_fd_recv(s, fds, 64, &nf, d, sizeof d, &len) != FABPOOL_OK) {
+        fprintf(stderr, "child: %s\n", fabpool_last_error());
+        return 1;
+    }
+    fabpool_view_t *v;
+    if (fabpool_view_open(p, d, len, fds, nf, &v) != FABPOOL_OK) {
+        fprintf(stderr, "child: view: %s\n", fabpool_last_error());
+        return 1;
+    }
+    char *vb = fabpool_view_ptr(v);
+    uint64_t x = 0;
+    cuMemcpyDtoH(&x, (CUdeviceptr)(uintptr_t)vb, 8);
+    uint64_t y = x + 1;
+    cuMemcpyHtoD((CUdeviceptr)(uintptr_t)vb + 8, &y, 8);
+    fabpool_fd_send(s, NULL, 0, "ok", 2); /* then wait to be killed, views open */
+    pause();
+    return 0;
+}
+
+static void dead_peer(const char *self)
+{
+    fabpool_t *a = NULL;
+    CHECK_OK(fabpool_create(NULL, &a));
+    if (!a)
+        return;
+    char name[64];
+    snprintf(name, sizeof name, "fabpool-test-%d", (int)getpid());
+    int ls = -1, s = -1;
+    CHECK_OK(fabpool_fd_listen(name, &ls));
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(self, self, "--child", name, (char *)NULL);
+        _exit(127);
+    }
+    fabpool_buffer_t *buf;
+    CHECK_OK(fabpool_buffer_create(a, 512 * MB, 96 * MB, &buf));
+    char *base = fabpool_buffer_ptr(buf);
+    put(base, 41);
+    static uint8_t d[1 << 16];
+    int fds[64];
+    size_t len, nfds, n2, l2;
+    CHECK_OK(fabpool_buffer_export(buf, 0, d, sizeof d, &len, fds, 64, &nfds));
+    CHECK_OK(fabpool_fd_accept(ls, &s));
+    CHECK_OK(fabpool_fd_send(s, fds, nfds, d, len));
+    CHECK_OK(fabpool_buffer_export_done(buf)); /* handed over: the exporter's copies go */
+    char ok[8];
+    CHECK_OK(fabpool_fd_recv(s, NULL, 0, &n2, ok, sizeof ok, &l2));
+    CHECK(l2 == 2 && memcmp(ok, "ok", 2) == 0);
+    CHECK(get(base + 8) == 42); /* the child read and wrote through its view */
+    if (machine_held)
+        CHECK(machine_held(0) >= 96 * MB);
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    CHECK(WIFSIGNALED(status));
+    /* the peer is gone: nothing is waiting for it */
+    CHECK_OK(fabpool_buffer_peers_ack(buf, UINT64_MAX));
+    CHECK_OK(fabpool_buffer_destroy(buf, NULL));
+    CHECK(t_mapped(a) == 0);
+    if (machine_held)
+        CHECK(machine_held(0) == 0); /* what the kernel itself still holds, all processes */
+    close(s);
+    close(ls);
+    CHECK_OK(fabpool_destroy(a));
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--child") == 0)
+        return child(argv[2]);
+    sim = t_driver_init();
+    machine_held = (uint64_t(*)(int))dlsym(RTLD_DEFAULT, "fabsim_machine_held_bytes");
+    handle_types();
+    same_process();
+    malformed();
+    dead_peer(argv[0]);
+    CHECK(t_near(t_held(), 0));
+    if (sim) {
+        fabsim_ledger l = t_ledger();
+        CHECK(l.handles == 0 && l.mappings == 0 && l.reservations == 0 && l.exported_fds == 0 && l.bytes_held == 0);
+    }
+    return t_done("test_share");
+}
