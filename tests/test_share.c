@@ -321,16 +321,155 @@ static void dead_peer(const char *self)
     CHECK_OK(fabpool_destroy(a));
 }
 
+/* ------------------------------------------- a peer that follows a growing buffer */
+
+struct step_msg {
+    uint64_t step, size, last;
+};
+
+static uint64_t at_k(uint64_t size, int k) { return (size / 8 * (uint64_t)k) & ~(uint64_t)7; }
+
+static int grow_child(const char *sock_name)
+{
+    cuInit(0);
+    CUdevice dev;
+    CUcontext ctx;
+    cuDeviceGet(&dev, 0);
+    cuDevicePrimaryCtxRetain(&ctx, dev);
+    cuCtxSetCurrent(ctx);
+    fabpool_t *p;
+    int s;
+    if (fabpool_create(NULL, &p) != FABPOOL_OK || fabpool_fd_connect(sock_name, &s, 5000) != FABPOOL_OK) {
+        fprintf(stderr, "grow child: %s\n", fabpool_last_error());
+        return 1;
+    }
+    static uint8_t d[1 << 16];
+    int fds[256];
+    fabpool_view_t *v = NULL;
+    int bad = 0;
+    for (;;) {
+        struct step_msg m;
+        size_t nf, len;
+        if (fabpool_fd_recv(s, NULL, 0, &nf, &m, sizeof m, &len) != FABPOOL_OK || len != sizeof m)
+            return 3;
+        if (m.last)
+            break;
+        if (fabpool_fd_recv(s, fds, 256, &nf, d, sizeof d, &len) != FABPOOL_OK)
+            return 4;
+        fabpool_status st = v ? fabpool_view_apply(v, d, len, fds, nf) : fabpool_view_open(p, d, len, fds, nf, &v);
+        if (st != FABPOOL_OK) {
+            fprintf(stderr, "grow child: step %llu: %s\n", (unsigned long long)m.step, fabpool_last_error());
+            return 5;
+        }
+        char *vb = fabpool_view_ptr(v);
+        for (int k = 0; k < 8; k++) {
+            uint64_t x = 0;
+            cuMemcpyDtoH(&x, (CUdeviceptr)(uintptr_t)(vb + at_k(m.size, k)), 8);
+            bad += x != m.step * 16 + (uint64_t)k;
+        }
+        uint64_t y = m.step + 7777;
+        cuMemcpyHtoD((CUdeviceptr)(uintptr_t)(vb + m.size - 16), &y, 8);
+        fabpool_buffer_info vi;
+        fabpool_view_get_info(v, &vi);
+        uint64_t reply[2] = {vi.generation, (uint64_t)bad};
+        if (fabpool_fd_send(s, NULL, 0, reply, sizeof reply) != FABPOOL_OK)
+            return 6;
+    }
+    if (v)
+        fabpool_view_close(v);
+    fabpool_destroy(p);
+    return bad ? 7 : 0;
+}
+
+/* Two processes: the exporter grows and shrinks a buffer over variable steps
+ * and sends only the deltas; the peer checks the data and writes back; at
+ * the end the device holds what it held at the start. */
+static void peer_grows(const char *self)
+{
+    size_t f0, tot;
+    cuMemGetInfo(&f0, &tot);
+    fabpool_t *a = NULL;
+    CHECK_OK(fabpool_create(NULL, &a));
+    if (!a)
+        return;
+    char name[64];
+    snprintf(name, sizeof name, "fabpool-grow-%d", (int)getpid());
+    int ls = -1, s = -1;
+    CHECK_OK(fabpool_fd_listen(name, &ls));
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(self, self, "--grow-child", name, (char *)NULL);
+        _exit(127);
+    }
+    CHECK_OK(fabpool_fd_accept(ls, &s));
+    fabpool_buffer_t *buf;
+    CHECK_OK(fabpool_buffer_create(a, 1024 * MB, 32 * MB, &buf));
+    char *base = fabpool_buffer_ptr(buf);
+    static uint8_t d[1 << 16];
+    int fds[256];
+    uint64_t seen = 0, rng = 12345, exported_bytes = 0;
+    int steps = 60, bad = 0;
+    size_t peak_dev = 0;
+    for (int i = 1; i <= steps; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t size = (16 + (rng >> 33) % 700) * MB;
+        CHECK_OK(fabpool_buffer_resize(buf, size, NULL));
+        for (int k = 0; k < 8; k++)
+            put(base + at_k(size, k), (uint64_t)i * 16 + (uint64_t)k);
+        size_t len, nfds;
+        CHECK_OK(fabpool_buffer_export(buf, seen, d, sizeof d, &len, fds, 256, &nfds));
+        exported_bytes += len;
+        struct step_msg m = {(uint64_t)i, size, 0};
+        CHECK_OK(fabpool_fd_send(s, NULL, 0, &m, sizeof m));
+        CHECK_OK(fabpool_fd_send(s, fds, nfds, d, len));
+        CHECK_OK(fabpool_buffer_export_done(buf));
+        uint64_t reply[2];
+        size_t n2, l2;
+        CHECK_OK(fabpool_fd_recv(s, NULL, 0, &n2, reply, sizeof reply, &l2));
+        bad += reply[1] != 0;
+        CHECK(get(base + size - 16) == (uint64_t)i + 7777);
+        seen = reply[0];
+        CHECK_OK(fabpool_buffer_peers_ack(buf, seen));
+        size_t f, t;
+        cuMemGetInfo(&f, &t);
+        if (f0 - f > peak_dev)
+            peak_dev = f0 > f ? f0 - f : 0;
+    }
+    CHECK(bad == 0);
+    struct step_msg last = {0, 0, 1};
+    CHECK_OK(fabpool_fd_send(s, NULL, 0, &last, sizeof last));
+    int status;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK_OK(fabpool_buffer_peers_ack(buf, UINT64_MAX));
+    CHECK_OK(fabpool_buffer_destroy(buf, NULL));
+    fabpool_stats st;
+    fabpool_get_stats(a, &st);
+    CHECK(st.exported_fds_open == 0 && st.handles_outstanding == 0 && st.mapped_bytes == 0);
+    close(s);
+    close(ls);
+    CHECK_OK(fabpool_destroy(a));
+    size_t f1;
+    cuMemGetInfo(&f1, &tot);
+    printf("peer_grows: %d steps, %llu descriptor bytes sent, device free at start %zu, at end %zu, "
+           "peak use %zu MiB\n",
+           steps, (unsigned long long)exported_bytes, f0, f1, peak_dev >> 20);
+    CHECK(t_near((int64_t)f0, (int64_t)f1));
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--child") == 0)
         return child(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "--grow-child") == 0)
+        return grow_child(argv[2]);
     sim = t_driver_init();
     machine_held = (uint64_t(*)(int))dlsym(RTLD_DEFAULT, "fabsim_machine_held_bytes");
     handle_types();
     same_process();
     malformed();
     dead_peer(argv[0]);
+    peer_grows(argv[0]);
     CHECK(t_near(t_held(), 0));
     if (sim) {
         fabsim_ledger l = t_ledger();

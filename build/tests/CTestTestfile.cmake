@@ -1,0 +1,28 @@
+# CMake generated Testfile for 
+# Source directory: /work/main/tests
+# Build directory: /work/main/build/tests
+# 
+# This file includes the relevant testing commands required for 
+# testing this directory and lists subdirectories to be tested as well.
+add_test([=[test_conformance]=] "/work/main/build/tests/test_conformance")
+set_tests_properties([=[test_conformance]=] PROPERTIES  ENVIRONMENT "LD_LIBRARY_PATH=/work/main/build/sim;FABPOOL_CUDA_LIBRARY=/work/main/build/sim/libcuda.so.1;;FABSIM_MACHINE=test_conformance" LABELS "conformance" TIMEOUT "600" _BACKTRACE_TRIPLES "/work/main/tests/CMakeLists.txt;21;add_test;/work/main/tests/CMakeLists.txt;33;fabpool_test;/work/main/tests/CMakeLists.txt;0;")
+add_test([=[test_conf]=] "/work/main/build/tests/test_conf")
+set_tests_properties([=[test_conf]=] PROPERTIES  ENVIRONMENT "LD_LIBRARY_PATH=/work/main/build/sim;FABPOOL_CUDA_LIBRARY=/work/main/build/sim/libcuda.so.1;;FABSIM_MACHINE=test_conf" LABELS "unit" TIMEOUT "600" _BACKTRACE_TRIPLES "/work/main/tests/CMakeLists.txt;21;add_test;/work/main/tests/CMakeLists.txt;34;fabpool_test;/work/main/tests/CMakeLists.txt;0;")
+add_test([=[test_alloc]=] "/work/main/build/tests/test_alloc")
+set_tests_properties([=[test_alloc]=] PROPERTIES  ENVIRONMENT "LD_LIBRARY_PATH=/work/main/build/sim;FABPOOL_CUDA_LIBRARY=/work/main/build/sim/libcuda.so.1;;FABSIM_MACHINE=test_alloc" LABELS "pool" TIMEOUT "600" _BACKTRACE_TRIPLES "/work/main/tests/CMakeLists.txt;21;add_test;/work/main/tests/CMakeLists.txt;35;fabpool_test;/work/main/tests/CMakeLists.txt;0;")
+add_test([=[test_buffers]=] "/work/main/build/tests/test_buffers")
+set_tests_properties([=[test_buffers]=] PROPERTIES  ENVIRONMENT "LD_LIBRARY_PATH=/work/main/build/sim;FABPOOL_CUDA_LIBRARY=/work/main/build/sim/libcuda.so.1;;FABSIM_MACHINE=test_buffers" LABELS "pool" TIMEOUT "600" _BACKTRACE_TRIPLES "/work/main/tests/CMakeLists.txt;21;add_test;/work/main/tests/CMakeLists.txt;36;fabpool_test;/work/main/tests/CMakeLists.txt;0;")
+add_test([=[test_peers]=] "/work/main/build/tests/test_peers")
+set_tests_properties([=[test_peers]=] PROPERTIES  ENVIRONMENT "LD_LIBRARY_PATH=/work/main/build/sim;FABPOOL_CUDA_LIBRARY=/work/main/build/sim/libcuda.so.1;FABSIM_DEVICES=2;FABSIM_MACHINE=test_peers" LABELS "pool" TIMEOUT "600" _BACKTRACE_TRIPLES "/work/main/tests/CMakeLists.txt;21;add_test;/work/main/tests/CMakeLists.txt;38;fabpool_test;/work/main/tests/CMakeLists.txt;0;")
+add_test([=[test_python_dlopen_libc]=] "/root/.pyenv/shims/python3" "/work/main/tests/test_python_dlopen.py" "/work/main/build/libfabpool.so.0.1.0" "libc")
+set_tests_properties([=[test_python_dlopen_libc]=] PROPERTIES  ENVIRONMENT "LD_LIBRARY_PATH=/work/main/build/sim;FABPOOL_CUDA_LIBRARY=/work/main/build/sim/libcuda.so.1;FABSIM_MACHINE=test_python_dlopen_libc" LABELS "pool" _BACKTRACE_TRIPLES "/work/main/tests/CMakeLists.txt;43;add_test;/work/main/tests/CMakeLists.txt;0;")
+add_test([=[test_python_dlopen_jemalloc]=] "/root/.pyenv/shims/python3" "/work/main/tests/test_python_dlopen.py" "/work/main/build/libfabpool.so.0.1.0" "jemalloc")
+set_tests_properties([=[test_python_dlopen_jemalloc]=] PROPERTIES  ENVIRONMENT "LD_LIBRARY_PATH=/work/main/build/sim;FABPOOL_CUDA_LIBRARY=/work/main/build/sim/libcuda.so.1;LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2;FABSIM_MACHINE=test_python_dlopen_jemalloc" LABELS "pool" _BACKTRACE_TRIPLES "/work/main/tests/CMakeLists.txt;48;add_test;/work/main/tests/CMakeLists.txt;0;")
+add_test([=[test_share]=] "/work/main/build/tests/test_share")
+set_tests_properties([=[test_share]=] PROPERTIES  ENVIRONMENT "LD_LIBRARY_PATH=/work/main/build/sim;FABPOOL_CUDA_LIBRARY=/work/main/build/sim/libcuda.so.1;;FABSIM_MACHINE=test_share" LABELS "share" TIMEOUT "600" _BACKTRACE_TRIPLES "/work/main/tests/CMakeLists.txt;21;add_test;/work/main/tests/CMakeLists.txt;55;fabpool_test;/work/main/tests/CMakeLists.txt;0;")
+add_test([=[test_share_fabric]=] "/work/main/build/tests/test_share")
+set_tests_properties([=[test_share_fabric]=] PROPERTIES  ENVIRONMENT "LD_LIBRARY_PATH=/work/main/build/sim;FABPOOL_CUDA_LIBRARY=/work/main/build/sim/libcuda.so.1;FABSIM_FABRIC=1;FABPOOL_CONF=handle_type:fabric;FABSIM_MACHINE=test_share_fabric" LABELS "share" TIMEOUT "600" _BACKTRACE_TRIPLES "/work/main/tests/CMakeLists.txt;58;add_test;/work/main/tests/CMakeLists.txt;0;")
+add_test([=[test_mpi_share_posix_fd]=] "/usr/bin/mpiexec" "-n" "4" "--oversubscribe" "--allow-run-as-root" "--mca" "btl" "self,vader" "--mca" "btl_vader_single_copy_mechanism" "none" "/work/main/build/tests/test_mpi_share" "1000")
+set_tests_properties([=[test_mpi_share_posix_fd]=] PROPERTIES  ENVIRONMENT "LD_LIBRARY_PATH=/work/main/build/sim;FABPOOL_CUDA_LIBRARY=/work/main/build/sim/libcuda.so.1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;FABPOOL_CONF=handle_type:posix_fd;FABSIM_MACHINE=test_mpi_share_posix_fd" LABELS "share;mpi" TIMEOUT "900" _BACKTRACE_TRIPLES "/work/main/tests/CMakeLists.txt;73;add_test;/work/main/tests/CMakeLists.txt;0;")
+add_test([=[test_mpi_share_fabric]=] "/usr/bin/mpiexec" "-n" "4" "--oversubscribe" "--allow-run-as-root" "--mca" "btl" "self,vader" "--mca" "btl_vader_single_copy_mechanism" "none" "/work/main/build/tests/test_mpi_share" "1000")
+set_tests_properties([=[test_mpi_share_fabric]=] PROPERTIES  ENVIRONMENT "LD_LIBRARY_PATH=/work/main/build/sim;FABPOOL_CUDA_LIBRARY=/work/main/build/sim/libcuda.so.1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;FABSIM_FABRIC=1;FABPOOL_CONF=handle_type:fabric;FABSIM_MACHINE=test_mpi_share_fabric" LABELS "share;mpi" TIMEOUT "900" _BACKTRACE_TRIPLES "/work/main/tests/CMakeLists.txt;77;add_test;/work/main/tests/CMakeLists.txt;0;")
