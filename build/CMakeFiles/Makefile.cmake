@@ -42,6 +42,7 @@ set(CMAKE_MAKEFILE_DEPENDS
   "CMakeFiles/3.25.1/CMakeCCompiler.cmake"
   "CMakeFiles/3.25.1/CMakeCXXCompiler.cmake"
   "CMakeFiles/3.25.1/CMakeSystem.cmake"
+  "/work/main/perf/CMakeLists.txt"
   "/work/main/sim/CMakeLists.txt"
   "/work/main/tests/CMakeLists.txt"
   )
@@ -58,6 +59,7 @@ set(CMAKE_MAKEFILE_PRODUCTS
   "CMakeFiles/CMakeDirectoryInformation.cmake"
   "sim/CMakeFiles/CMakeDirectoryInformation.cmake"
   "tests/CMakeFiles/CMakeDirectoryInformation.cmake"
+  "perf/CMakeFiles/CMakeDirectoryInformation.cmake"
   )
 
 # Dependency information for all targets:
@@ -94,7 +96,6 @@ set(CMAKE_DEPEND_INFO_FILES
   "CMakeFiles/fabpool.dir/DependInfo.cmake"
   "CMakeFiles/fabpool_static.dir/DependInfo.cmake"
   "CMakeFiles/fabpool_demo.dir/DependInfo.cmake"
-  "CMakeFiles/fabpool_bench.dir/DependInfo.cmake"
   "sim/CMakeFiles/fabsim.dir/DependInfo.cmake"
   "tests/CMakeFiles/test_conformance.dir/DependInfo.cmake"
   "tests/CMakeFiles/test_conf.dir/DependInfo.cmake"
@@ -103,4 +104,5 @@ set(CMAKE_DEPEND_INFO_FILES
   "tests/CMakeFiles/test_peers.dir/DependInfo.cmake"
   "tests/CMakeFiles/test_share.dir/DependInfo.cmake"
   "tests/CMakeFiles/test_mpi_share.dir/DependInfo.cmake"
+  "perf/CMakeFiles/fabpool_bench.dir/DependInfo.cmake"
   )
