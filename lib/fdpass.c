@@ -31,7 +31,7 @@ static fabpool_status addr_of(const char *name, struct sockaddr_un *a, socklen_t
 fabpool_status fabpool_fd_listen(const char *name, int *out)
 {
     struct sockaddr_un a;
-    socklen_t len;
+    socklen_t len = 0;
     fabpool_status st = addr_of(name, &a, &len);
     if (st != FABPOOL_OK || !out)
         return st != FABPOOL_OK ? st : fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_fd_listen: out is NULL");
@@ -58,7 +58,7 @@ fabpool_status fabpool_fd_accept(int listener, int *out)
 fabpool_status fabpool_fd_connect(const char *name, int *out, int timeout_ms)
 {
     struct sockaddr_un a;
-    socklen_t len;
+    socklen_t len = 0;
     fabpool_status st = addr_of(name, &a, &len);
     if (st != FABPOOL_OK)
         return st;

@@ -42,6 +42,11 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     long steps = argc > 1 ? atol(argv[1]) : 1000;
     int sim = t_driver_init();
+    /* the device's free memory is shared by all ranks: take the baseline once
+     * every rank has its context, and the last reading once all are done */
+    MPI_Barrier(MPI_COMM_WORLD);
+    size_t total_mem;
+    cuMemGetInfo(&t_free0, &total_mem);
     if (nranks > MAXR) {
         if (!rank)
             fprintf(stderr, "at most %d ranks\n", MAXR);
@@ -173,6 +178,9 @@ int main(int argc, char **argv)
             CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)base, &v0, 8));
             CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)base + sizes[b] - 8, &v1, 8));
         }
+        /* a copy from pageable memory returns before its DMA lands: other
+         * processes see the data only after a synchronize */
+        CHECK_CU(cuCtxSynchronize());
         MPI_Barrier(MPI_COMM_WORLD);
         /* every peer's pattern, through the views; sizes follow from the peer's token count */
         uint64_t their_tokens[MAXR];

@@ -16,9 +16,12 @@
 static int sim;
 static uint64_t (*machine_held)(int);
 
+/* A copy from pageable memory returns before its DMA has landed; another
+ * process sees the data only after a synchronize. */
 static void put(void *at, uint64_t v)
 {
     CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)at, &v, sizeof v));
+    CHECK_CU(cuCtxSynchronize());
 }
 
 static uint64_t get(void *at)
@@ -269,6 +272,7 @@ static int child(const char *sock_name)
     cuMemcpyDtoH(&x, (CUdeviceptr)(uintptr_t)vb, 8);
     uint64_t y = x + 1;
     cuMemcpyHtoD((CUdeviceptr)(uintptr_t)vb + 8, &y, 8);
+    cuCtxSynchronize(); /* the DMA lands before the exporter looks */
     fabpool_fd_send(s, NULL, 0, "ok", 2); /* then wait to be killed, views open */
     pause();
     return 0;
@@ -369,6 +373,7 @@ static int grow_child(const char *sock_name)
         }
         uint64_t y = m.step + 7777;
         cuMemcpyHtoD((CUdeviceptr)(uintptr_t)(vb + m.size - 16), &y, 8);
+        cuCtxSynchronize(); /* the DMA lands before the exporter looks */
         fabpool_buffer_info vi;
         fabpool_view_get_info(v, &vi);
         uint64_t reply[2] = {vi.generation, (uint64_t)bad};
