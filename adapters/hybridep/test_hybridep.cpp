@@ -1,0 +1,334 @@
+/* test_hybridep: the HybridEP adapter (include/fabpool_hybridep.hpp) between
+ * two processes, the second a fork+exec of this program.  The exporter
+ * allocates HybridEP's two shared buffers (expert_input_token/_prob, sized by
+ * HybridEP's formulas for a domain of two ranks), hands their handles and
+ * fds to the peer over fabpool's socket helper, and then grows and shrinks
+ * them in place over a token trace, sending only deltas.  The peer opens its
+ * views once, applies the deltas (its view addresses never change), checks
+ * the exporter's data and writes its own, which the exporter reads back.
+ * Then: a view by pidfd_getfd alone (the all_gather-only path), wrong uses
+ * refused with their status and nothing mapped, and device memory back to
+ * where it started in both processes.  Runs on the simulated or the real
+ * driver (POSIX fd handles; fabric with FABSIM_FABRIC=1
+ * FABPOOL_CONF=handle_type:fabric on the sim). */
+#undef _GNU_SOURCE
+#include "../../tests/testutil.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "fabpool_hybridep.hpp"
+#include "hybridep_sizes.h"
+
+using fabpool_hybridep::Error;
+using fabpool_hybridep::ExtendedMemoryAllocator;
+using fabpool_hybridep::HandleInfo;
+using fabpool_hybridep::MemHandle;
+
+static const int NB = kHybridEpBuffers;
+static const uint64_t kTrace[] = {100, 600, 1024, 1031, 3000, 700, 2048, 4096, 512, 3333};
+static const int kSteps = (int)(sizeof kTrace / sizeof kTrace[0]);
+static const uint64_t kMaxTokens = 4096;
+
+struct Msg {
+    uint64_t step, quit, pidfd_probe;
+    uint64_t size[NB];
+    uint32_t present[NB], nfds[NB];
+    MemHandle h[NB];
+};
+struct Reply {
+    uint64_t bad;
+    int64_t pidfd_status; /* -1: not tried */
+    char msg[200];
+};
+
+static uint64_t pat(uint64_t step, int b, int k) { return 0xfab0000000000000ull ^ (step << 16) ^ ((uint64_t)b << 8) ^ (uint64_t)k; }
+static uint64_t at_k(uint64_t size, int k) { return (size / 4 * (uint64_t)k) & ~(uint64_t)7; } /* k = 0..3 */
+
+static void put(void *at, uint64_t v) { CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)at, &v, 8)); }
+static uint64_t get(void *at)
+{
+    uint64_t v = 0;
+    CHECK_CU(cuMemcpyDtoH(&v, (CUdeviceptr)(uintptr_t)at, 8));
+    return v;
+}
+
+static HybridEpShape shape()
+{
+    HybridEpShape s;
+    s.ranks_per_domain = 2;
+    return s;
+}
+
+/* ------------------------------------------------------------------ peer */
+
+static int peer(const char *name)
+{
+    t_driver_init();
+    int s = -1;
+    if (fabpool_fd_connect(name, &s, 10000) != FABPOOL_OK) {
+        fprintf(stderr, "peer: %s\n", fabpool_last_error());
+        return 2;
+    }
+    static Msg m;
+    uint64_t bad = 0;
+    try {
+        ExtendedMemoryAllocator a(0);
+        void *view[NB] = {nullptr, nullptr};
+        for (;;) {
+            int fds[2 * fabpool_hybridep::kMaxHandleFds];
+            size_t nf = 0, len = 0;
+            if (fabpool_fd_recv(s, fds, sizeof fds / sizeof fds[0], &nf, &m, sizeof m, &len) != FABPOOL_OK ||
+                len != sizeof m) {
+                fprintf(stderr, "peer: recv: %s\n", fabpool_last_error());
+                return 3;
+            }
+            if (m.quit)
+                break;
+            Reply r;
+            memset(&r, 0, sizeof r);
+            r.pidfd_status = -1;
+            if (m.pidfd_probe) {
+                /* the all_gather-only path: the fds come out of the exporter by pidfd_getfd */
+                void *p = nullptr;
+                try {
+                    a.open_handle(&p, &m.h[0]);
+                    r.pidfd_status = FABPOOL_OK;
+                    bad += get((char *)p + at_k(m.size[0], 1)) != pat(m.step, 0, 1);
+                    a.close_handle(p);
+                } catch (const Error &e) {
+                    r.pidfd_status = e.status();
+                    snprintf(r.msg, sizeof r.msg, "%s", e.what());
+                }
+            } else {
+                size_t fi = 0;
+                for (int b = 0; b < NB; b++) {
+                    if (!m.present[b])
+                        continue;
+                    if (!view[b])
+                        a.open_handle(&view[b], &m.h[b], fds + fi, m.nfds[b]);
+                    else {
+                        void *before = view[b];
+                        a.update_handle(view[b], &m.h[b], fds + fi, m.nfds[b]);
+                        bad += view[b] != before;
+                    }
+                    fi += m.nfds[b];
+                }
+                bad += fi != nf;
+                for (int b = 0; b < NB; b++) {
+                    for (int k = 0; k < 4; k++)
+                        bad += get((char *)view[b] + at_k(m.size[b], k)) != pat(m.step, b, k);
+                    put((char *)view[b] + m.size[b] - 8, pat(m.step, b, 77)); /* the peer writes back */
+                }
+            }
+            r.bad = bad;
+            if (fabpool_fd_send(s, nullptr, 0, &r, sizeof r) != FABPOOL_OK)
+                return 4;
+        }
+        for (int b = 0; b < NB; b++)
+            a.close_handle(view[b]);
+    } catch (const Error &e) {
+        fprintf(stderr, "peer: %s (%s)\n", e.what(), fabpool_status_name(e.status()));
+        return 5;
+    }
+    close(s);
+    CHECK(t_near(t_held(), 0));
+    return bad || t_failures ? 6 : 0;
+}
+
+/* --------------------------------------------------------------- exporter */
+
+template <class F> static void expect_error(const char *what, fabpool_status want, const char *word, F f)
+{
+    t_checks++;
+    try {
+        f();
+        t_failures++;
+        fprintf(stderr, "%s: no error, expected %s\n", what, fabpool_status_name(want));
+    } catch (const Error &e) {
+        if (e.status() != want || !strstr(e.what(), word)) {
+            t_failures++;
+            fprintf(stderr, "%s: %s: %s (expected %s with '%s')\n", what, fabpool_status_name(e.status()), e.what(),
+                    fabpool_status_name(want), word);
+        }
+    }
+}
+
+static void exporter(const char *self)
+{
+    int sim = t_driver_init();
+    uint64_t (*machine_held)(int) = (uint64_t(*)(int))dlsym(RTLD_DEFAULT, "fabsim_machine_held_bytes");
+    int64_t held0 = t_held();
+    char name[64];
+    snprintf(name, sizeof name, "fabpool-hybridep-%d", (int)getpid());
+    int ls = -1, s = -1;
+    CHECK_OK(fabpool_fd_listen(name, &ls));
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(self, self, "--peer", name, (char *)NULL);
+        _exit(127);
+    }
+    CHECK_OK(fabpool_fd_accept(ls, &s));
+    const HybridEpShape sh = shape();
+    size_t maxs[NB];
+    hybridep_sizes(sh, kMaxTokens, maxs);
+    static Msg m;
+    long deltas = 0, delta_fds = 0, full_fds = 0;
+    int64_t peak = 0;
+    std::string pidfd_note = "not tried";
+    try {
+        ExtendedMemoryAllocator a(0);
+        bool posix = a.handle_type() == FABPOOL_HANDLE_POSIX_FD;
+        void *buf[NB] = {nullptr, nullptr}, *base[NB];
+        for (int step = 0; step < kSteps; step++) {
+            size_t sz[NB];
+            hybridep_sizes(sh, hybridep_tokens(kTrace[step]), sz);
+            memset(&m, 0, sizeof m);
+            m.step = (uint64_t)step;
+            int fds[2 * fabpool_hybridep::kMaxHandleFds];
+            size_t nf = 0;
+            for (int b = 0; b < NB; b++) {
+                bool send = false;
+                if (!buf[b]) {
+                    a.allocate(&buf[b], sz[b], maxs[b]);
+                    base[b] = buf[b];
+                    a.get_handle(&m.h[b], buf[b]);
+                    send = true;
+                } else if (a.resize(buf[b], sz[b])) {
+                    a.get_delta(&m.h[b], buf[b]);
+                    send = true;
+                    deltas++;
+                }
+                CHECK(buf[b] == base[b]); /* the address never moves */
+                if (send) {
+                    HandleInfo in = {};
+                    CHECK(ExtendedMemoryAllocator::read_header(m.h[b], &in));
+                    CHECK(in.full == (step == 0) && in.size == sz[b]);
+                    m.present[b] = 1;
+                    m.nfds[b] = (uint32_t)ExtendedMemoryAllocator::fds_of(m.h[b], fds + nf, 96);
+                    CHECK(posix && in.full ? m.nfds[b] > 0 : posix || m.nfds[b] == 0); /* a shrink's delta has none */
+                    (step ? delta_fds : full_fds) += m.nfds[b];
+                    nf += m.nfds[b];
+                }
+                m.size[b] = sz[b];
+                for (int k = 0; k < 4; k++)
+                    put((char *)buf[b] + at_k(sz[b], k), pat((uint64_t)step, b, k));
+            }
+            CHECK_OK(fabpool_fd_send(s, fds, nf, &m, sizeof m));
+            Reply r;
+            size_t n2, l2;
+            CHECK_OK(fabpool_fd_recv(s, nullptr, 0, &n2, &r, sizeof r, &l2));
+            CHECK(l2 == sizeof r && r.bad == 0);
+            for (int b = 0; b < NB; b++) {
+                CHECK(get((char *)buf[b] + sz[b] - 8) == pat((uint64_t)step, b, 77)); /* the peer's write */
+                if (m.present[b])
+                    a.peers_done(buf[b]);
+            }
+            if (t_held() - held0 > peak)
+                peak = t_held() - held0;
+        }
+        CHECK(deltas >= 4);
+
+        /* a view from the handle bytes alone: the peer takes the fds with pidfd_getfd */
+        memset(&m, 0, sizeof m);
+        m.pidfd_probe = 1;
+        m.step = 99;
+        size_t sz0[NB];
+        hybridep_sizes(sh, hybridep_tokens(kTrace[kSteps - 1]), sz0);
+        m.size[0] = sz0[0];
+        put((char *)buf[0] + at_k(sz0[0], 1), pat(99, 0, 1));
+        a.get_handle(&m.h[0], buf[0]);
+        CHECK_OK(fabpool_fd_send(s, nullptr, 0, &m, sizeof m));
+        Reply r;
+        size_t n2, l2;
+        CHECK_OK(fabpool_fd_recv(s, nullptr, 0, &n2, &r, sizeof r, &l2));
+        CHECK(r.bad == 0);
+        if (r.pidfd_status == FABPOOL_OK)
+            pidfd_note = "a view by pidfd_getfd worked";
+        else {
+            /* without ptrace permission (Yama ptrace_scope 1, not root) it must say so and name the other path */
+            CHECK(posix && r.pidfd_status == FABPOOL_ERR_IO && strstr(r.msg, "pidfd_getfd") &&
+                  strstr(r.msg, "fabpool_fd_send"));
+            pidfd_note = std::string("pidfd_getfd refused, as without ptrace permission: ") + r.msg;
+        }
+        a.peers_done(buf[0]);
+
+        /* wrong uses: each refused with its status, nothing mapped */
+        fabsim_ledger l0 = t_ledger();
+        int64_t h0 = t_held();
+        MemHandle junk;
+        memset(&junk, 0x5a, sizeof junk);
+        void *p = nullptr;
+        expect_error("garbage handle", FABPOOL_ERR_DESCRIPTOR, "not a fabpool hybridep handle",
+                     [&] { a.open_handle(&p, &junk); });
+        MemHandle d;
+        void *c = nullptr;
+        a.allocate(&c, 4 << 20, 64 << 20);
+        a.get_handle(&d, c);
+        a.peers_done(c);
+        CHECK(a.resize(c, 64 << 20));
+        a.get_delta(&d, c);
+        expect_error("delta as a first view", FABPOOL_ERR_DESCRIPTOR, "full one", [&] { a.open_handle(&p, &d); });
+        a.peers_done(c);
+        a.free(c);
+        MemHandle full;
+        a.get_handle(&full, buf[0]); /* several chunks, so several fds */
+        int few[1] = {dup(2)};
+        if (posix)
+            expect_error("too few fds", FABPOOL_ERR_DESCRIPTOR, "fds", [&] { a.open_handle(&p, &full, few, 1); });
+        else
+            close(few[0]);
+        a.peers_done(buf[0]);
+        expect_error("free of a pointer not allocated", FABPOOL_ERR_NOT_FOUND, "not the base",
+                     [&] { a.free((char *)buf[0] + 256); });
+        expect_error("close of a pointer not opened", FABPOOL_ERR_NOT_FOUND, "not a view",
+                     [&] { a.close_handle(buf[0]); });
+        expect_error("update of a pointer not opened", FABPOOL_ERR_NOT_FOUND, "not a view",
+                     [&] { a.update_handle(buf[0], &full); });
+        expect_error("resize past the window", FABPOOL_ERR_LIMIT, "resize", [&] { a.resize(buf[0], maxs[0] * 4); });
+        fabsim_ledger l1 = t_ledger();
+        CHECK(l1.mappings == l0.mappings && l1.handles == l0.handles && l1.exported_fds == l0.exported_fds);
+        CHECK(t_near(t_held(), h0));
+        CHECK(!a.is_accessible(&junk) && a.is_accessible(&full));
+
+        m.quit = 1;
+        CHECK_OK(fabpool_fd_send(s, nullptr, 0, &m, sizeof m));
+        int status = 0;
+        waitpid(pid, &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        for (int b = 0; b < NB; b++)
+            a.free(buf[b]);
+        fabpool_stats st;
+        fabpool_get_stats(a.pool(), &st);
+        CHECK(st.mapped_bytes == 0 && st.exported_fds_open == 0 && st.handles_outstanding == 0);
+        printf("test_hybridep: %s handles, %d steps, %ld deltas sent (%ld fds; the first handles %ld), peak held "
+               "%lld MiB, %s\n",
+               posix ? "POSIX fd" : "fabric", kSteps, deltas, delta_fds, full_fds, (long long)(peak >> 20),
+               pidfd_note.c_str());
+    } catch (const Error &e) {
+        t_failures++;
+        fprintf(stderr, "exporter: %s (%s)\n", e.what(), fabpool_status_name(e.status()));
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+    }
+    close(s);
+    close(ls);
+    CHECK(t_near(t_held(), held0));
+    if (sim) {
+        fabsim_ledger l = t_ledger();
+        CHECK(l.handles == 0 && l.mappings == 0 && l.reservations == 0 && l.exported_fds == 0 && l.bytes_held == 0);
+        if (machine_held)
+            CHECK(machine_held(0) == 0); /* both processes */
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--peer") == 0)
+        return peer(argv[2]);
+    exporter(argv[0]);
+    return t_done("test_hybridep");
+}
