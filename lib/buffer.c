@@ -232,25 +232,31 @@ static fabpool_status shrink(struct fabpool *p, struct fabpool_buffer *b, uint64
             return fp_drv_error(r, "cuCtxSynchronize", "waiting for GPU work before unmapping a shrunk buffer's chunks");
         }
     }
+    /* the events first, so that a failure retires nothing and the buffer keeps its size */
+    for (uint32_t i = first_retire; stream && i < last_live; i++) {
+        CUevent ev = NULL;
+        CUresult r = FP_CU(&p->calls, cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
+        if (r == CUDA_SUCCESS) {
+            r = FP_CU(&p->calls, cuEventRecord, ev, (CUstream)stream);
+            if (r != CUDA_SUCCESS)
+                FP_CU(&p->calls, cuEventDestroy, ev);
+        }
+        if (r != CUDA_SUCCESS) {
+            for (uint32_t j = first_retire; j < i; j++) {
+                FP_CU(&p->calls, cuEventDestroy, b->chunks[j].retire_event);
+                b->chunks[j].retire_event = NULL;
+            }
+            fp_ctx_pop(p, saved);
+            return fp_drv_error(r, "cuEventRecord", "recording an event on stream %p before retiring a buffer chunk "
+                                "(nothing was retired)", stream);
+        }
+        b->chunks[i].retire_event = ev;
+    }
     for (uint32_t i = first_retire; i < last_live; i++) {
         fp_bchunk *c = &b->chunks[i];
-        CUevent ev = NULL;
-        if (stream) {
-            CUresult r = FP_CU(&p->calls, cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
-            if (r == CUDA_SUCCESS) {
-                r = FP_CU(&p->calls, cuEventRecord, ev, (CUstream)stream);
-                if (r != CUDA_SUCCESS)
-                    FP_CU(&p->calls, cuEventDestroy, ev);
-            }
-            if (r != CUDA_SUCCESS) {
-                /* what retired so far stays retired; the rest stays mapped */
-                st = fp_drv_error(r, "cuEventRecord", "recording an event on stream %p before retiring a "
-                                  "buffer chunk", stream);
-                break;
-            }
-        }
         c->retiring = 1;
-        c->retire_event = ev;
+        if (!stream)
+            c->retire_event = NULL;
         c->drop_gen = b->generation + 1;
         b->live -= c->size;
         atomic_fetch_add(&p->retiring_bytes, c->size);
@@ -350,13 +356,13 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
             undo_grow(p, bufs[j], from[j]);
     } else {
         for (i = 0; i < n; i++) {
-            struct fabpool_buffer *b = bufs[i];
-            atomic_fetch_add(&p->buffer_bytes, sizes[i]);
-            atomic_fetch_sub(&p->buffer_bytes, b->size);
-            b->size = sizes[i];
-        }
-        for (i = 0; i < n; i++) {
+            size_t old = bufs[i]->size;
+            bufs[i]->size = sizes[i];
             fabpool_status s2 = shrink(p, bufs[i], sizes[i], stream);
+            if (s2 != FABPOOL_OK && bufs[i]->live >= old)
+                bufs[i]->size = old; /* nothing was retired: the buffer keeps its old size */
+            atomic_fetch_add(&p->buffer_bytes, bufs[i]->size);
+            atomic_fetch_sub(&p->buffer_bytes, old);
             if (s2 != FABPOOL_OK && st == FABPOOL_OK)
                 st = s2;
         }

@@ -85,18 +85,19 @@ fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size)
         st = fp_drv_error(r, "cuMemSetAccess", "giving device %d%s access to a chunk of %llu bytes at 0x%llx",
                           (int)p->dev, n > 1 ? " and its peers" : "", (unsigned long long)size,
                           (unsigned long long)va);
-        FP_CU(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
+        FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
         goto release;
     }
     /* Eager release: from here on the mapping alone keeps the memory. */
-    r = FP_CU(&p->calls, cuMemRelease, h);
-    atomic_fetch_sub(&p->handles_outstanding, 1);
+    r = FP_CU_UNDO(&p->calls, cuMemRelease, h);
     if (r != CUDA_SUCCESS) {
-        st = fp_drv_error(r, "cuMemRelease", "releasing the handle of a chunk just mapped at 0x%llx",
-                          (unsigned long long)va);
-        FP_CU(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
+        st = fp_drv_error(r, "cuMemRelease", "releasing the handle of a chunk just mapped at 0x%llx (tried twice; "
+                          "the chunk was unmapped, its handle may still hold %llu bytes)",
+                          (unsigned long long)va, (unsigned long long)size);
+        FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
         return st;
     }
+    atomic_fetch_sub(&p->handles_outstanding, 1);
     uint64_t m = atomic_fetch_add(&p->mapped_bytes, size) + size;
     stat_max(&p->mapped_peak, m);
     atomic_fetch_add(&p->chunks_mapped, 1);
@@ -104,14 +105,14 @@ fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size)
     return FABPOOL_OK;
 
 release:
-    if (FP_CU(&p->calls, cuMemRelease, h) == CUDA_SUCCESS)
+    if (FP_CU_UNDO(&p->calls, cuMemRelease, h) == CUDA_SUCCESS)
         atomic_fetch_sub(&p->handles_outstanding, 1);
     return st;
 }
 
 fabpool_status fp_chunk_unmap(struct fabpool *p, uint64_t va, uint64_t size)
 {
-    CUresult r = FP_CU(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
+    CUresult r = FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemUnmap", "unmapping a chunk of %llu bytes at 0x%llx",
                             (unsigned long long)size, (unsigned long long)va);
@@ -125,7 +126,10 @@ fabpool_status fp_ctx_push(struct fabpool *p, CUcontext *saved)
 {
     *saved = NULL;
     CUresult r = FP_CU(&p->calls, cuCtxGetCurrent, saved);
-    if (r == CUDA_SUCCESS && *saved != p->ctx)
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuCtxGetCurrent", "asking which context is current before switching to device %d's",
+                            (int)p->dev);
+    if (*saved != p->ctx)
         r = FP_CU(&p->calls, cuCtxSetCurrent, p->ctx);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuCtxSetCurrent", "making device %d's primary context current", (int)p->dev);

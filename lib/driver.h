@@ -93,6 +93,13 @@ static inline CUresult fp_drv_count(fp_drv_counters *c, int i, CUresult r)
 
 /* FP_CU(counters, cuMemCreate, &h, size, &prop, 0): the call, counted. */
 #define FP_CU(cnt, name, ...) fp_drv_count((cnt), FP_DRV_##name, fp_drv.p_##name(__VA_ARGS__))
+/* A call that gives something back (cuMemRelease, cuMemUnmap, cuMemAddressFree,
+ * cuDevicePrimaryCtxRelease), tried once more when it fails: left undone, it
+ * would keep device memory or address space alive for the life of the process. */
+#define FP_CU_UNDO(cnt, name, ...)                                                                          \
+    (fp_drv_count((cnt), FP_DRV_##name, fp_drv.p_##name(__VA_ARGS__)) == CUDA_SUCCESS                       \
+         ? CUDA_SUCCESS                                                                                     \
+         : fp_drv_count((cnt), FP_DRV_##name, fp_drv.p_##name(__VA_ARGS__)))
 
 /* Turns a failed call into a status and a message:
  * "<call> failed with CUDA_ERROR_X (its description) while <what>".

@@ -83,9 +83,9 @@ static CUresult probe_fabric(struct fabpool *p, const char **step)
         *step = "cuMemImportFromShareableHandle";
         r = FP_CU(&p->calls, cuMemImportFromShareableHandle, &h2, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
         if (r == CUDA_SUCCESS)
-            FP_CU(&p->calls, cuMemRelease, h2);
+            FP_CU_UNDO(&p->calls, cuMemRelease, h2);
     }
-    FP_CU(&p->calls, cuMemRelease, h);
+    FP_CU_UNDO(&p->calls, cuMemRelease, h);
     return r;
 }
 
@@ -174,7 +174,10 @@ static fabpool_status setup_device(struct fabpool *p)
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuDeviceGet", "opening device %d", p->opt.device);
     int vmm = 0;
-    FP_CU(&p->calls, cuDeviceGetAttribute, &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, p->dev);
+    r = FP_CU(&p->calls, cuDeviceGetAttribute, &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, p->dev);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuDeviceGetAttribute", "asking whether device %d supports virtual memory management",
+                            p->opt.device);
     if (!vmm)
         return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "device %d does not support the virtual memory management API "
                         "(cuMemCreate / cuMemMap), which fabpool is built on", p->opt.device);
@@ -242,7 +245,7 @@ static void set_thread_cache_caps(struct fabpool *p)
     p->tcache_bytes = bytes;
 }
 
-static void teardown(struct fabpool *p);
+static fabpool_status teardown(struct fabpool *p);
 
 fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
 {
@@ -304,27 +307,31 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
 fail: {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", fabpool_last_error());
-    teardown(p);
+    (void)teardown(p);
     return fp_error(st, "%s", msg);
 }
 }
 
 /* Frees whatever creation got to; also the end of destroy. */
-static void teardown(struct fabpool *p)
+static fabpool_status teardown(struct fabpool *p)
 {
+    fabpool_status st = FABPOOL_OK;
     fp_classes_destroy(p);
     fp_tcaches_destroy(p);
     map_destroy(p);
     if (p->va.free)
         fp_va_destroy(&p->va);
-    if (p->va_base)
-        FP_CU(&p->calls, cuMemAddressFree, (CUdeviceptr)p->va_base, p->va_size);
-    if (p->ctx)
-        FP_CU(&p->calls, cuDevicePrimaryCtxRelease, p->dev);
+    CUresult r;
+    if (p->va_base && (r = FP_CU_UNDO(&p->calls, cuMemAddressFree, (CUdeviceptr)p->va_base, p->va_size)) != CUDA_SUCCESS)
+        st = fp_drv_error(r, "cuMemAddressFree", "freeing the pool's reservation of %llu bytes (tried twice; the "
+                          "address range stays reserved)", (unsigned long long)p->va_size);
+    if (p->ctx && (r = FP_CU_UNDO(&p->calls, cuDevicePrimaryCtxRelease, p->dev)) != CUDA_SUCCESS && st == FABPOOL_OK)
+        st = fp_drv_error(r, "cuDevicePrimaryCtxRelease", "releasing the primary context of the pool's device");
     pthread_mutex_destroy(&p->lock);
     fp_meta meta = p->meta;
     fp_meta_free(&meta, p, sizeof *p);
     fp_meta_destroy(&meta);
+    return st;
 }
 
 fabpool_status fabpool_destroy(fabpool_t *p)
@@ -343,7 +350,9 @@ fabpool_status fabpool_destroy(fabpool_t *p)
     fabpool_stats s;
     fabpool_get_stats(p, &s);
     uint64_t live_blocks = s.blocks;
-    teardown(p);
+    fabpool_status tst = teardown(p);
+    if (st == FABPOOL_OK)
+        st = tst;
     if (st == FABPOOL_OK && (live_buffers || live_blocks))
         st = fp_error(FABPOOL_ERR_BUSY, "fabpool_destroy: %llu buffer%s and %llu block%s were still live; their "
                       "memory was unmapped and the pool destroyed",

@@ -77,7 +77,7 @@ static fabpool_status export_chunk(struct fabpool *p, struct fabpool_buffer *b, 
         atomic_fetch_add(&p->exported_fds, 1);
     }
     /* the handle goes at once: the mapping (and the fd) keep the memory */
-    if (FP_CU(&p->calls, cuMemRelease, h) == CUDA_SUCCESS)
+    if (FP_CU_UNDO(&p->calls, cuMemRelease, h) == CUDA_SUCCESS)
         atomic_fetch_sub(&p->handles_outstanding, 1);
     return st;
 }
@@ -313,11 +313,11 @@ static fabpool_status import_map(struct fabpool *p, fabpool_view_t *v, const par
         if (cr != CUDA_SUCCESS) {
             st = fp_drv_error(cr, "cuMemSetAccess", "giving access to an imported chunk of %llu bytes",
                               (unsigned long long)size);
-            FP_CU(&p->calls, cuMemUnmap, (CUdeviceptr)(v->base + off), size);
+            FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)(v->base + off), size);
         }
     }
     /* the import handle goes at once: the mapping keeps the memory */
-    if (FP_CU(&p->calls, cuMemRelease, h) == CUDA_SUCCESS)
+    if (FP_CU_UNDO(&p->calls, cuMemRelease, h) == CUDA_SUCCESS)
         atomic_fetch_sub(&p->handles_outstanding, 1);
     if (st == FABPOOL_OK) {
         atomic_fetch_add(&p->mapped_bytes, size);
@@ -487,11 +487,14 @@ fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t le
     return st;
 }
 
-static void view_free(struct fabpool *p, fabpool_view_t *v)
+static fabpool_status view_free(struct fabpool *p, fabpool_view_t *v)
 {
-    while (v->n)
-        if (view_unmap(p, v, --v->n) != FABPOOL_OK)
-            continue; /* the driver refused: the reservation goes at destroy */
+    fabpool_status st = FABPOOL_OK;
+    while (v->n) {
+        fabpool_status s = view_unmap(p, v, --v->n); /* a refusal: the range goes with the reservation at destroy */
+        if (st == FABPOOL_OK)
+            st = s;
+    }
     if (v->prev)
         v->prev->next = v->next;
     else
@@ -501,6 +504,7 @@ static void view_free(struct fabpool *p, fabpool_view_t *v)
     fp_va_free(&p->va, v->base, v->window);
     fp_meta_free(&p->meta, v->chunks, v->cap * sizeof *v->chunks);
     fp_meta_free(&p->meta, v, sizeof *v);
+    return st;
 }
 
 fabpool_status fabpool_view_close(fabpool_view_t *v)
@@ -509,15 +513,15 @@ fabpool_status fabpool_view_close(fabpool_view_t *v)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_close: the view is NULL");
     struct fabpool *p = v->pool;
     pthread_mutex_lock(&p->lock);
-    view_free(p, v);
+    fabpool_status st = view_free(p, v);
     pthread_mutex_unlock(&p->lock);
-    return FABPOOL_OK;
+    return st;
 }
 
 void fp_views_destroy(struct fabpool *p)
 {
     while (p->views)
-        view_free(p, p->views);
+        (void)view_free(p, p->views);
 }
 
 fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_info *out)
