@@ -1,340 +1,455 @@
-/* fabpool_bench: allocation latency and buffer growth, fabpool side by side
- * with what users would pick instead, in one run, in turns, with warm-up.
+/* fabpool_bench: allocation latency, buffer growth and mixed live sets,
+ * fabpool side by side with what users would pick instead, every allocator
+ * in the same run, in turns, with warm-up (docs/performance.md).
  *
- *   fabpool_bench [--quick] [--json FILE] [--workload latency|growth|all]
+ *   fabpool_bench [--quick] [--json FILE] [--workload latency|growth|trace|mixed|all]
+ *                 [--no-torch] [--check]
  *
- * The alternatives are reached through the same driver library fabpool
- * loads ($FABPOOL_CUDA_LIBRARY or libcuda.so.1): cuMemAlloc/cuMemFree (what
- * cudaMalloc is), cuMemAllocAsync/cuMemFreeAsync on the device's default pool
- * with the release threshold raised (what cudaMallocAsync is), and the
- * per-buffer VMM pattern of HybridEP with its leak fixed.  Times mean
- * something only on a real GPU; on the simulated driver this is a smoke run. */
+ * --check: exit 1 unless every case of every allocator ran, fabpool's
+ * buffers never moved, its growth held at most 1.25x what was live, its
+ * deltas exported less than re-exporting, and (on the simulated driver) the
+ * process holds no device memory, mapping or reservation at the end.
+ * Times mean something only on a real GPU. */
 #define _GNU_SOURCE
-#include <cuda.h>
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "fabpool.h"
+#include "bench.h"
 
-/* ------------------------------------------------------------ driver */
+static FILE *js;
+static int js_first = 1;
+static int check_failed;
+static int quick;
 
-static struct {
-    CUresult (*init)(unsigned);
-    CUresult (*dev_get)(CUdevice *, int);
-    CUresult (*ctx_retain)(CUcontext *, CUdevice);
-    CUresult (*ctx_set)(CUcontext);
-    CUresult (*alloc)(CUdeviceptr *, size_t);
-    CUresult (*free)(CUdeviceptr);
-    CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream);
-    CUresult (*free_async)(CUdeviceptr, CUstream);
-    CUresult (*stream_sync)(CUstream);
-    CUresult (*default_pool)(CUmemoryPool *, CUdevice);
-    CUresult (*pool_set)(CUmemoryPool, CUmemPool_attribute, void *);
-    CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
-    CUresult (*release)(CUmemGenericAllocationHandle);
-    CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-    CUresult (*addr_free)(CUdeviceptr, size_t);
-    CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-    CUresult (*unmap)(CUdeviceptr, size_t);
-    CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-    CUresult (*meminfo)(size_t *, size_t *);
-    int sim;
-    const char *path;
-} cu;
-
-static int load_driver(void)
+static const char *wname(int w)
 {
-    const char *path = getenv("FABPOOL_CUDA_LIBRARY");
-    cu.path = path && *path ? path : "libcuda.so.1";
-    void *l = dlopen(cu.path, RTLD_NOW | RTLD_LOCAL);
-    if (!l)
-        return -1;
-#define SYM(f, n) *(void **)&cu.f = dlsym(l, n)
-    SYM(init, "cuInit");
-    SYM(dev_get, "cuDeviceGet");
-    SYM(ctx_retain, "cuDevicePrimaryCtxRetain");
-    SYM(ctx_set, "cuCtxSetCurrent");
-    SYM(alloc, "cuMemAlloc_v2");
-    SYM(free, "cuMemFree_v2");
-    SYM(alloc_async, "cuMemAllocAsync");
-    SYM(free_async, "cuMemFreeAsync");
-    SYM(stream_sync, "cuStreamSynchronize");
-    SYM(default_pool, "cuDeviceGetDefaultMemPool");
-    SYM(pool_set, "cuMemPoolSetAttribute");
-    SYM(create, "cuMemCreate");
-    SYM(release, "cuMemRelease");
-    SYM(reserve, "cuMemAddressReserve");
-    SYM(addr_free, "cuMemAddressFree");
-    SYM(map, "cuMemMap");
-    SYM(unmap, "cuMemUnmap");
-    SYM(set_access, "cuMemSetAccess");
-    SYM(meminfo, "cuMemGetInfo_v2");
-#undef SYM
-    cu.sim = dlsym(l, "fabsim_get_ledger") != NULL;
-    CUdevice d;
-    CUcontext c;
-    if (!cu.init || cu.init(0) || cu.dev_get(&d, 0) || cu.ctx_retain(&c, d) || cu.ctx_set(c))
-        return -1;
-    return 0;
+    return w == W_LATENCY ? "latency" : w == W_GROWTH ? "growth" : w == W_TRACE ? "trace" : "mixed";
 }
 
-/* ------------------------------------------------------------ timing */
-
-static double now_ns(void)
+static void run_any(balloc *a, const bcase *c, bresult *r)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-typedef struct summary {
-    double median, p99, p999;
-    int n;
-} summary;
-
-static summary summarize(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    summary s = {v[n / 2], v[(int)((double)n * 0.99)], v[(int)((double)n * 0.999) < n ? (int)((double)n * 0.999) : n - 1], n};
-    return s;
-}
-
-static FILE *json;
-static int json_first = 1;
-
-static void report(const char *workload, const char *alloc, const char *what, summary s, double ref)
-{
-    if (ref > 0)
-        printf("  %-34s %-14s %12.1f %12.1f %12.1f %9.1fx\n", alloc, what, s.median, s.p99, s.p999, s.median / ref);
+    if (a->remote)
+        bench_remote_case(a, c, r);
     else
-        printf("  %-34s %-14s %12.1f %12.1f %12.1f\n", alloc, what, s.median, s.p99, s.p999);
-    if (json) {
-        fprintf(json, "%s{\"workload\":\"%s\",\"allocator\":\"%s\",\"case\":\"%s\",\"median\":%.3f,\"p99\":%.3f,"
-                      "\"p999\":%.3f,\"samples\":%d,\"ratio_to_fabpool\":%.3f}",
-                json_first ? "" : ",\n", workload, alloc, what, s.median, s.p99, s.p999, s.n,
-                ref > 0 ? s.median / ref : 1.0);
-        json_first = 0;
+        bench_run_case(a, c, r);
+    /* give back what this allocator caches, so the next one finds the device as it was */
+    for (int k = 0; k < A_MAX; k++)
+        if (!allocs[k].remote && !allocs[k].unavailable && allocs[k].release)
+            allocs[k].release(&allocs[k]);
+}
+
+/* a string as JSON: quotes, backslashes and control characters escaped */
+static void js_str(const char *v)
+{
+    fputc('"', js);
+    for (const char *p = v ? v : ""; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(js, "\\%c", *p);
+        else if ((unsigned char)*p < 0x20)
+            fprintf(js, "\\u%04x", (unsigned char)*p);
+        else
+            fputc(*p, js);
+    }
+    fputc('"', js);
+}
+
+static void js_num(const char *k, double v)
+{
+    if (v != v || v < 0)
+        fprintf(js, ",\"%s\":null", k);
+    else
+        fprintf(js, ",\"%s\":%.4f", k, v);
+}
+
+static void js_case_head(const balloc *a, const bcase *c, const bresult *r, const char *label)
+{
+    fprintf(js, "%s{\"workload\":\"%s\",\"allocator\":\"%s\",\"label\":\"%s\",\"ok\":%d", js_first ? "" : ",\n",
+            wname(c->workload), a->key, label, r->ok);
+    js_first = 0;
+    if (r->ok != 1) {
+        fprintf(js, ",\"error\":");
+        js_str(a->unavailable && r->ok != 0 ? a->unavailable : r->error);
     }
 }
 
-/* ------------------------------------------------------------ latency */
-
-#define BATCH 64
-
-typedef struct allocator {
-    const char *name;
-    int (*pair)(void *ctx, size_t size, int n); /* n alloc+free pairs; 0 on success */
-    void *ctx;
-} allocator;
-
-static int fab_pair(void *ctx, size_t size, int n)
+static void size_name(uint64_t s, char *b, size_t cap)
 {
-    fabpool_t *p = ctx;
-    for (int i = 0; i < n; i++) {
-        void *a;
-        if (fabpool_alloc(p, size, &a) != FABPOOL_OK || fabpool_free(p, a) != FABPOOL_OK)
-            return -1;
-    }
-    return 0;
+    if (s >= (1ull << 30) && s % (1ull << 30) == 0)
+        snprintf(b, cap, "%" PRIu64 " GiB", s >> 30);
+    else if (s >= (1u << 20) && s % (1u << 20) == 0)
+        snprintf(b, cap, "%" PRIu64 " MiB", s >> 20);
+    else if (s >= 1024 && s % 1024 == 0)
+        snprintf(b, cap, "%" PRIu64 " KiB", s >> 10);
+    else
+        snprintf(b, cap, "%" PRIu64 " B", s);
 }
 
-static int cumem_pair(void *ctx, size_t size, int n)
-{
-    (void)ctx;
-    for (int i = 0; i < n; i++) {
-        CUdeviceptr a;
-        if (cu.alloc(&a, size) || cu.free(a))
-            return -1;
-    }
-    return 0;
-}
+/* ---------------------------------------------------------------- latency */
 
-static int async_pair(void *ctx, size_t size, int n)
-{
-    (void)ctx;
-    for (int i = 0; i < n; i++) {
-        CUdeviceptr a;
-        if (cu.alloc_async(&a, size, NULL) || cu.free_async(a, NULL))
-            return -1;
-    }
-    return 0;
-}
+/* results kept for the goals table: fabpool warm 256 B, one thread, and the others */
+static double hot[A_MAX];
 
-static void latency(fabpool_t *pool, int quick)
+static void latency_row(bcase *c, const char *title)
 {
-    static const size_t sizes[] = {256, 4096, 65536, 1 << 20, 16 << 20, 256 << 20};
-    allocator al[] = {{"fabpool", fab_pair, pool},
-                      {"cuMemAllocAsync (cudaMallocAsync)", async_pair, NULL},
-                      {"cuMemAlloc (cudaMalloc)", cumem_pair, NULL}};
-    int nal = 3;
-    if (cu.default_pool && cu.pool_set) {
-        CUmemoryPool mp;
-        CUdevice d;
-        cu.dev_get(&d, 0);
-        if (cu.default_pool(&mp, d) == CUDA_SUCCESS) {
-            cuuint64_t thr = UINT64_MAX;
-            cu.pool_set(mp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr);
+    char sz[32];
+    size_name(c->size, sz, sizeof sz);
+    double ref = 0;
+    for (int k = 0; k < A_MAX; k++) {
+        balloc *a = &allocs[k];
+        static bresult r;
+        memset(&r, 0, sizeof r);
+        if (a->unavailable) {
+            r.ok = -1;
+        } else
+            run_any(a, c, &r);
+        if (k == A_FABPOOL && r.ok == 1)
+            ref = r.median;
+        if (r.ok == 1 && c->size == 256 && !c->cold && c->threads == 1)
+            hot[k] = r.median;
+        if (r.ok == 1)
+            printf("  %-8s %-28s %3d %12.1f %12.1f %12.1f %9.2fx\n", sz, a->name, c->threads, r.median, r.p99,
+                   r.p999, ref > 0 ? r.median / ref : 0);
+        else if (r.ok == 0) {
+            printf("  %-8s %-28s %3d   failed: %s\n", sz, a->name, c->threads, r.error);
+            if (!a->remote)
+                check_failed = 1;
+        }
+        if (js) {
+            js_case_head(a, c, &r, title);
+            fprintf(js, ",\"size\":%" PRIu64 ",\"threads\":%d,\"cold\":%d", c->size, c->threads, c->cold);
+            if (r.ok == 1) {
+                fprintf(js, ",\"samples\":%d", r.n);
+                js_num("median_ns", r.median);
+                js_num("p99_ns", r.p99);
+                js_num("p999_ns", r.p999);
+                js_num("mean_ns", r.mean);
+                js_num("thread_median_min_ns", r.thread_median_min);
+                js_num("thread_median_max_ns", r.thread_median_max);
+                js_num("ratio_to_fabpool", ref > 0 ? r.median / ref : -1);
+                fprintf(js, ",\"quantiles_ns\":[");
+                for (int q = 0; q < BQ; q++)
+                    fprintf(js, "%s%.2f", q ? "," : "", r.q[q]);
+                fprintf(js, "]");
+            }
+            fprintf(js, "}");
         }
     }
-    printf("\nlatency: one alloc + free of a cached size, one thread, ns a pair (batches of %d)\n", BATCH);
-    printf("  %-34s %-14s %12s %12s %12s %10s\n", "allocator", "size", "median", "p99", "p99.9", "vs fabpool");
-    int samples = quick ? 50 : 2000;
-    double *v = malloc(sizeof(double) * (size_t)samples);
-    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
-        size_t size = sizes[si];
+}
+
+static void latency(void)
+{
+    static const uint64_t warm_q[] = {256, 4096, 65536, 2u << 20, 64u << 20};
+    static const uint64_t warm_f[] = {256, 1024, 4096, 16384, 65536, 262144, 1u << 20, 4u << 20, 16u << 20,
+                                      64u << 20, 256u << 20, 1u << 30};
+    static const uint64_t thr_sizes[] = {256, 65536, 4u << 20};
+    static const int thr_f[] = {1, 2, 4, 8, 16}, thr_q[] = {1, 2, 4};
+    static const uint64_t cold_f[] = {256, 65536, 2u << 20, 64u << 20, 1u << 30};
+    static const uint64_t cold_q[] = {256, 2u << 20};
+    bcase c;
+    memset(&c, 0, sizeof c);
+    c.workload = W_LATENCY;
+    c.samples = quick ? 30 : 2000;
+    c.batch = 64;
+    c.budget_s = quick ? 0.02 : 0.25;
+    const char *hdr = "  %-8s %-28s %3s %12s %12s %12s %10s\n";
+    printf("\nlatency, warm: alloc + free of a cached size, ns a pair (batches of 64 where a pair is under 20 us)\n");
+    printf(hdr, "size", "allocator", "thr", "median", "p99", "p99.9", "vs fabpool");
+    const uint64_t *ws = quick ? warm_q : warm_f;
+    int nws = quick ? 5 : 12;
+    c.threads = 1;
+    for (int i = 0; i < nws; i++) {
+        c.size = ws[i];
+        latency_row(&c, "warm");
+    }
+    printf("\nlatency, warm, threads: every thread its own alloc + free pairs; median and p99 over all threads' samples\n");
+    printf(hdr, "size", "allocator", "thr", "median", "p99", "p99.9", "vs fabpool");
+    const int *th = quick ? thr_q : thr_f;
+    int nth = quick ? 3 : 5;
+    for (int s = 0; s < 3; s++)
+        for (int t = 1; t < nth; t++) {
+            c.size = thr_sizes[s];
+            c.threads = th[t];
+            latency_row(&c, "threads");
+        }
+    printf("\nlatency, cold: the allocator's cache emptied before each alloc (untimed), ns a pair\n");
+    for (int k = 0; k < A_MAX; k++)
+        printf("    %-28s %s\n", allocs[k].name, allocs[k].cold_means);
+    printf(hdr, "size", "allocator", "thr", "median", "p99", "p99.9", "vs fabpool");
+    c.threads = 1;
+    c.cold = 1;
+    c.samples = quick ? 10 : 300;
+    const uint64_t *cs = quick ? cold_q : cold_f;
+    for (int i = 0; i < (quick ? 2 : 5); i++) {
+        c.size = cs[i];
+        latency_row(&c, "cold");
+    }
+}
+
+/* ---------------------------------------------------------------- growth */
+
+static bresult gres[2][2][A_MAX]; /* [linear|trace][plain|share] */
+
+static void growth_case(bcase *c, int which, int share)
+{
+    const char *label = share ? "share" : "plain";
+    for (int k = 0; k < A_MAX; k++) {
+        balloc *a = &allocs[k];
+        bresult *r = &gres[which][share][k];
+        if (a->unavailable) {
+            r->ok = -1;
+            continue;
+        }
+        c->share = share;
+        run_any(a, c, r);
+        if (r->ok == 0 && !a->remote)
+            check_failed = 1;
+    }
+    double ref = gres[which][share][A_FABPOOL].ok == 1 ? gres[which][share][A_FABPOOL].us_per_step : 0;
+    for (int k = 0; k < A_MAX; k++) {
+        balloc *a = &allocs[k];
+        bresult *r = &gres[which][share][k];
+        if (r->ok == 1) {
+            char calls[16];
+            if (r->calls_per_step < 0)
+                snprintf(calls, sizeof calls, "?");
+            else
+                snprintf(calls, sizeof calls, "%.2f", r->calls_per_step);
+            printf("  %-28s %10.1f %9.1f %9.1f %8s %8.3f %6d", a->name, r->us_per_step, r->step_median_us,
+                   r->step_p99_us, calls, r->peak_ratio, r->base_changes);
+            if (share)
+                printf(" %10.1f %10.1f %6.2f", r->exported_bytes_per_step / 1048576.0,
+                       r->imported_bytes_per_step / 1048576.0, r->fds_per_step);
+            printf(" %8.1fx\n", ref > 0 ? r->us_per_step / ref : 0);
+        } else if (r->ok == 0)
+            printf("  %-28s failed: %s\n", a->name, r->error);
+        if (!js || (r->ok == -1 && share && a->unavailable == NULL))
+            continue;
+        js_case_head(a, c, r, label);
+        fprintf(js, ",\"share\":%d", share);
+        if (r->ok == 1) {
+            fprintf(js, ",\"steps\":%d,\"realloc_steps\":%d", r->steps, r->realloc_steps);
+            js_num("us_per_step", r->us_per_step);
+            js_num("us_per_realloc", r->us_per_realloc);
+            js_num("step_median_us", r->step_median_us);
+            js_num("step_p99_us", r->step_p99_us);
+            js_num("calls_per_step", r->calls_per_step);
+            fprintf(js, ",\"peak_held_bytes\":%" PRIu64 ",\"peak_live_bytes\":%" PRIu64, r->peak_held, r->peak_live);
+            js_num("peak_held_over_live", r->peak_ratio);
+            fprintf(js, ",\"base_changes\":%d", r->base_changes);
+            js_num("exported_bytes_per_step", r->exported_bytes_per_step);
+            js_num("imported_bytes_per_step", r->imported_bytes_per_step);
+            js_num("descriptor_bytes_per_step", r->desc_bytes_per_step);
+            js_num("fds_per_step", r->fds_per_step);
+            js_num("ratio_to_fabpool", ref > 0 ? r->us_per_step / ref : -1);
+            fprintf(js, ",\"series\":{\"live_mib\":[");
+            for (int i = 0; i < r->n_series; i++)
+                fprintf(js, "%s%.1f", i ? "," : "", r->series_live_mib[i]);
+            fprintf(js, "],\"held_mib\":[");
+            for (int i = 0; i < r->n_series; i++)
+                fprintf(js, "%s%.1f", i ? "," : "", r->series_held_mib[i]);
+            fprintf(js, "],\"step_us\":[");
+            for (int i = 0; i < r->n_series; i++)
+                fprintf(js, "%s%.2f", i ? "," : "", r->series_us[i]);
+            fprintf(js, "]}");
+        }
+        fprintf(js, "}");
+    }
+}
+
+static void growth(int trace)
+{
+    bcase c;
+    memset(&c, 0, sizeof c);
+    const char *hdr = "  %-28s %10s %9s %9s %8s %8s %6s";
+    if (!trace) {
+        c.workload = W_GROWTH;
+        c.from = 256u << 20;
+        c.to = quick ? 1ull << 30 : 4ull << 30;
+        c.step = 16u << 20;
+        printf("\ngrowth: one dispatch buffer from %" PRIu64 " MiB to %" PRIu64 " MiB in %" PRIu64
+               " MiB steps (each step: grow in place, or free + allocate anew)\n",
+               c.from >> 20, c.to >> 20, c.step >> 20);
+    } else {
+        c.workload = W_TRACE;
+        c.steps = quick ? 24 : 200;
+        c.seed = 42;
+        printf("\ntrace: HybridEP's 5-buffer set (hidden 7168, 32 experts/rank, 8 ranks, bf16) over %d steps of seeded "
+               "random tokens per rank (ramp 1024 -> 8192, 25 %% spread); a new high reallocates the set\n",
+               c.steps);
+    }
+    for (int share = 0; share < 2; share++) {
+        if (share)
+            printf("  with sharing: every change exported to a peer (POSIX fds) and imported there\n");
+        printf(hdr, "allocator", "us/step", "median", "p99", "calls", "peak/live", "moved");
+        if (share)
+            printf(" %10s %10s %6s", "MiB exp.", "MiB imp.", "fds");
+        printf(" %9s\n", "vs fabpool");
+        growth_case(&c, trace, share);
+    }
+}
+
+/* ------------------------------------------------------------------ mixed */
+
+static void mixed(void)
+{
+    struct {
+        int n_live, n_ops, dist;
+        uint64_t max;
+        const char *label;
+    } ms[] = {{quick ? 500 : 10000, quick ? 2000 : 40000, 0, 65536, "uniform 1 B..64 KiB"},
+              {quick ? 100 : 2000, quick ? 400 : 8000, 1, 4u << 20, "normal up to 4 MiB"}};
+    printf("\nmixed: RMM-style random allocations: up to N live, random frees interleaved, ns an operation "
+           "(batches of 32)\n");
+    printf("  %-22s %-28s %12s %12s %12s %9s %10s\n", "case", "allocator", "median", "p99", "p99.9", "peak/live",
+           "vs fabpool");
+    for (int m = 0; m < 2; m++) {
+        bcase c;
+        memset(&c, 0, sizeof c);
+        c.workload = W_MIXED;
+        c.n_live = ms[m].n_live;
+        c.n_ops = ms[m].n_ops;
+        c.dist = ms[m].dist;
+        c.max_size = ms[m].max;
+        c.seed = 7 + (uint64_t)m;
+        c.budget_s = quick ? 2 : 8;
         double ref = 0;
-        for (int a = 0; a < nal; a++) {
-            int reps = size >= (16 << 20) && a == 2 ? 1 : BATCH;
-            int n = a == 2 && size >= (16 << 20) ? (quick ? 5 : 50) : samples;
-            if (al[a].pair(al[a].ctx, size, reps)) { /* warm-up, and: does it work at all */
-                printf("  %-34s %-14zu failed\n", al[a].name, size);
-                continue;
+        for (int k = 0; k < A_MAX; k++) {
+            balloc *a = &allocs[k];
+            static bresult r;
+            memset(&r, 0, sizeof r);
+            if (a->unavailable)
+                r.ok = -1;
+            else
+                run_any(a, &c, &r);
+            if (k == A_FABPOOL && r.ok == 1)
+                ref = r.median;
+            if (r.ok == 1)
+                printf("  %-22s %-28s %12.1f %12.1f %12.1f %9.3f %9.2fx%s\n", ms[m].label, a->name, r.median, r.p99,
+                       r.p999, r.peak_ratio, ref > 0 ? r.median / ref : 0,
+                       r.ops_done < (uint64_t)c.n_ops ? " (time budget hit)" : "");
+            else if (r.ok == 0) {
+                printf("  %-22s %-28s failed: %s\n", ms[m].label, a->name, r.error);
+                if (!a->remote)
+                    check_failed = 1;
             }
-            for (int i = 0; i < n; i++) {
-                double t0 = now_ns();
-                al[a].pair(al[a].ctx, size, reps);
-                v[i] = (now_ns() - t0) / reps;
+            if (js) {
+                js_case_head(a, &c, &r, ms[m].label);
+                fprintf(js, ",\"n_live\":%d,\"n_ops\":%d,\"dist\":\"%s\",\"max_size\":%" PRIu64, c.n_live, c.n_ops,
+                        c.dist ? "normal" : "uniform", c.max_size);
+                if (r.ok == 1) {
+                    fprintf(js, ",\"ops_done\":%" PRIu64, r.ops_done);
+                    js_num("median_ns", r.median);
+                    js_num("p99_ns", r.p99);
+                    js_num("p999_ns", r.p999);
+                    js_num("mean_ns", r.mean);
+                    fprintf(js, ",\"peak_held_bytes\":%" PRIu64 ",\"peak_live_bytes\":%" PRIu64, r.peak_held,
+                            r.peak_live);
+                    js_num("peak_held_over_live", r.peak_ratio);
+                    js_num("ratio_to_fabpool", ref > 0 ? r.median / ref : -1);
+                }
+                fprintf(js, "}");
             }
-            summary s = summarize(v, n);
-            char what[32];
-            snprintf(what, sizeof what, "%zu B", size);
-            if (a == 0)
-                ref = s.median;
-            report("latency", al[a].name, what, s, a ? ref : 0);
         }
     }
-    free(v);
 }
 
-/* ------------------------------------------------------------ growth */
+/* ------------------------------------------------------------------ goals */
 
-/* HybridEP's pattern, leak fixed: one reservation, one create, one map per
- * buffer; a bigger buffer means freeing it all and allocating anew. */
-typedef struct vmm_buf {
-    CUdeviceptr va;
-    size_t size;
-} vmm_buf;
-
-static int vmm_alloc(vmm_buf *b, size_t size)
+static void goal(const char *what, double v, double limit, int at_most, const char *unit)
 {
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    size = (size + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
-    CUmemGenericAllocationHandle h;
-    CUmemAccessDesc acc;
-    memset(&acc, 0, sizeof acc);
-    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (cu.reserve(&b->va, size, 0, 0, 0) || cu.create(&h, size, &prop, 0) || cu.map(b->va, size, 0, h, 0) ||
-        cu.set_access(b->va, size, &acc, 1) || cu.release(h))
-        return -1;
-    b->size = size;
-    return 0;
+    const char *res = v < 0 ? "n/a" : (at_most ? v <= limit : v >= limit) ? "met" : "NOT met";
+    if (v < 0)
+        printf("  %-52s %12s   goal %s %g %s: %s\n", what, "-", at_most ? "<=" : ">=", limit, unit, res);
+    else
+        printf("  %-52s %12.3f   goal %s %g %s: %s\n", what, v, at_most ? "<=" : ">=", limit, unit, res);
+    if (js) {
+        fprintf(js, "%s{\"goal\":\"%s\",\"limit\":%g,\"at_most\":%d,\"unit\":\"%s\"", js_first ? "" : ",\n", what,
+                limit, at_most, unit);
+        js_first = 0;
+        js_num("value", v);
+        fprintf(js, ",\"met\":%s}", v < 0 ? "null" : strcmp(res, "met") ? "false" : "true");
+    }
 }
 
-static void vmm_free(vmm_buf *b)
+static void goals(int did_lat, int did_growth)
 {
-    cu.unmap(b->va, b->size);
-    cu.addr_free(b->va, b->size);
-    b->size = 0;
+    printf("\ngoals\n");
+    if (js)
+        fprintf(js, "\n],\"goals\":[\n");
+    js_first = 1;
+    double f = did_lat && hot[A_FABPOOL] > 0 ? hot[A_FABPOOL] : -1;
+    goal("hot path alloc+free, 256 B, 1 thread (ns)", f, 40, 1, "ns");
+    goal("speed-up over PyTorch's caching allocator", f > 0 && hot[A_TORCH] > 0 ? hot[A_TORCH] / f : -1, 10, 0, "x");
+    goal("speed-up over cudaMallocAsync", f > 0 && hot[A_ASYNC] > 0 ? hot[A_ASYNC] / f : -1, 25, 0, "x");
+    bresult *g = &gres[0][0][A_FABPOOL];
+    int ok = did_growth && g->ok == 1;
+    goal("growth 256 MiB -> 4 GiB, amortized (us a step)", ok ? g->us_per_step : -1, 10, 1, "us");
+    goal("growth: peak physical / peak live", ok ? g->peak_ratio : -1, 1.25, 1, "x");
+    goal("growth: base-address changes", ok ? g->base_changes : -1, 0, 1, "");
+    if (ok && (g->base_changes != 0 || g->peak_ratio > 1.25))
+        check_failed = 1;
+    for (int w = 0; w < 2 && did_growth; w++) {
+        bresult *fs = &gres[w][1][A_FABPOOL], *hs = &gres[w][1][A_HYBRIDEP];
+        if (gres[w][0][A_FABPOOL].ok == 1 && gres[w][0][A_FABPOOL].base_changes)
+            check_failed = 1;
+        if (fs->ok == 1 && hs->ok == 1 && !(fs->exported_bytes_per_step < hs->exported_bytes_per_step))
+            check_failed = 1;
+    }
 }
 
-static void growth(fabpool_t *pool, int quick)
+static void print_meta(void)
 {
-    size_t from = 256u << 20, to = quick ? (size_t)1 << 30 : (size_t)4 << 30, step = 16u << 20;
-    int nsteps = (int)((to - from) / step);
-    printf("\ngrowth: one dispatch buffer from %zu MiB to %zu MiB in %zu MiB steps, us a step\n", from >> 20,
-           to >> 20, step >> 20);
-    printf("  %-34s %-14s %12s %12s %12s %10s\n", "allocator", "", "median", "p99", "p99.9", "vs fabpool");
-    double *v = malloc(sizeof(double) * (size_t)nsteps);
-    /* fabpool: one buffer, resized in place */
-    fabpool_buffer_t *b;
-    fabpool_stats s0, s1;
-    fabpool_get_stats(pool, &s0);
-    double t_all = now_ns();
-    if (fabpool_buffer_create(pool, to, from, &b) != FABPOOL_OK) {
-        printf("  fabpool: %s\n", fabpool_last_error());
-        free(v);
+    printf("allocators:\n");
+    for (int k = 0; k < A_MAX; k++)
+        printf("  %-28s %s\n", allocs[k].name, allocs[k].unavailable ? allocs[k].unavailable : "ready");
+    if (!js)
         return;
+    fprintf(js, "{\"bench\":\"fabpool_bench\",\"driver\":\"%s\",\"simulated\":%d,\"quick\":%d,\"allocators\":[",
+            cu.path, cu.sim, quick);
+    for (int k = 0; k < A_MAX; k++) {
+        fprintf(js, "%s{\"key\":\"%s\",\"name\":\"%s\",\"available\":%d,\"note\":", k ? "," : "",
+                allocs[k].key, allocs[k].name, !allocs[k].unavailable);
+        js_str(allocs[k].unavailable);
+        fprintf(js, ",\"cold_means\":");
+        js_str(allocs[k].cold_means);
+        fprintf(js, "}");
     }
-    void *base = fabpool_buffer_ptr(b);
-    int moved = 0;
-    for (int i = 0; i < nsteps; i++) {
-        double t0 = now_ns();
-        fabpool_buffer_resize(b, from + (size_t)(i + 1) * step, NULL);
-        v[i] = (now_ns() - t0) / 1000.0;
-        moved += fabpool_buffer_ptr(b) != base;
-    }
-    double amortized = (now_ns() - t_all) / 1000.0 / nsteps;
-    fabpool_get_stats(pool, &s1);
-    summary fs = summarize(v, nsteps);
-    report("growth", "fabpool", "per step", fs, 0);
-    printf("  %-34s amortized %.1f us a step; %" PRIu64 " chunks; peak mapped / live %.3f; base moved %d times\n",
-           "", amortized, s1.chunks_mapped_total - s0.chunks_mapped_total,
-           (double)s1.mapped_bytes_peak / (double)to, moved);
-    if (json) {
-        fprintf(json, ",\n{\"workload\":\"growth\",\"allocator\":\"fabpool\",\"case\":\"amortized\",\"us_per_step\":%.3f,"
-                      "\"chunks\":%" PRIu64 ",\"peak_over_live\":%.4f,\"base_moves\":%d}",
-                amortized, s1.chunks_mapped_total - s0.chunks_mapped_total, (double)s1.mapped_bytes_peak / (double)to,
-                moved);
-    }
-    fabpool_buffer_destroy(b, NULL);
+    fprintf(js, "],\n\"trace_parameters\":{\"hidden\":7168,\"experts_per_rank\":32,\"ranks_per_node\":8,\"nodes\":1,"
+                "\"dtype\":\"bf16\",\"buffers\":5,\"tokens_ramp\":[1024,8192],\"spread\":0.25,\"align\":128,"
+                "\"seed\":42},\n\"results\":[\n");
+}
 
-    /* HybridEP's pattern: free everything, allocate the new size */
-    vmm_buf vb = {0, 0};
-    if (vmm_alloc(&vb, from) == 0) {
-        for (int i = 0; i < nsteps; i++) {
-            double t0 = now_ns();
-            vmm_free(&vb);
-            if (vmm_alloc(&vb, from + (size_t)(i + 1) * step)) {
-                printf("  hybridep pattern failed at step %d\n", i);
-                nsteps = i;
-                break;
-            }
-            v[i] = (now_ns() - t0) / 1000.0;
-        }
-        vmm_free(&vb);
-        if (nsteps > 0)
-            report("growth", "HybridEP per-buffer VMM (fixed)", "per step", summarize(v, nsteps), fs.median);
+static int sim_clean(void)
+{
+    typedef struct {
+        uint64_t handles, allocations, mappings, reservations, exported_fds, bytes_held, bytes_mapped, dev[16],
+            legacy;
+    } ledger;
+    int (*get)(ledger *) = (int (*)(ledger *))dlsym(RTLD_DEFAULT, "fabsim_get_ledger");
+    if (!get)
+        return 1;
+    ledger l;
+    memset(&l, 0, sizeof l);
+    get(&l);
+    if (l.handles || l.mappings || l.reservations || l.bytes_held || l.exported_fds || l.legacy) {
+        fprintf(stderr, "fabpool_bench: the simulated driver still holds: %" PRIu64 " handles, %" PRIu64
+                        " mappings, %" PRIu64 " reservations, %" PRIu64 " bytes, %" PRIu64 " fds, %" PRIu64
+                        " legacy blocks\n",
+                l.handles, l.mappings, l.reservations, l.bytes_held, l.exported_fds, l.legacy);
+        return 0;
     }
-    /* cudaMalloc: free, allocate anew */
-    CUdeviceptr d = 0;
-    if (cu.alloc(&d, from) == 0) {
-        int n = (int)((to - from) / step);
-        for (int i = 0; i < n; i++) {
-            double t0 = now_ns();
-            cu.free(d);
-            if (cu.alloc(&d, from + (size_t)(i + 1) * step)) {
-                n = i;
-                break;
-            }
-            v[i] = (now_ns() - t0) / 1000.0;
-        }
-        cu.free(d);
-        if (n > 0)
-            report("growth", "cuMemAlloc (cudaMalloc)", "per step", summarize(v, n), fs.median);
-    }
-    free(v);
+    return 1;
 }
 
 int main(int argc, char **argv)
 {
-    int quick = 0;
     const char *json_path = NULL, *workload = "all";
+    int with_torch = 1, check = 0;
+    if (argc == 5 && !strcmp(argv[1], "--child"))
+        return bench_child_main(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
             quick = 1;
@@ -342,36 +457,58 @@ int main(int argc, char **argv)
             json_path = argv[++i];
         else if (!strcmp(argv[i], "--workload") && i + 1 < argc)
             workload = argv[++i];
+        else if (!strcmp(argv[i], "--no-torch"))
+            with_torch = 0;
+        else if (!strcmp(argv[i], "--check"))
+            check = 1;
         else {
-            fprintf(stderr, "usage: %s [--quick] [--json FILE] [--workload latency|growth|all]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--json FILE] [--workload latency|growth|trace|mixed|all] "
+                            "[--no-torch] [--check]\n",
+                    argv[0]);
             return 2;
         }
     }
-    if (load_driver()) {
-        fprintf(stderr, "cannot load and initialize the driver %s\n", cu.path);
+    int all = !strcmp(workload, "all");
+    int w_lat = all || !strcmp(workload, "latency"), w_gro = all || !strcmp(workload, "growth");
+    int w_tra = all || !strcmp(workload, "trace"), w_mix = all || !strcmp(workload, "mixed");
+    if (!w_lat && !w_gro && !w_tra && !w_mix) {
+        fprintf(stderr, "fabpool_bench: unknown workload '%s' (latency, growth, trace, mixed or all)\n", workload);
+        return 2;
+    }
+    if (bench_load_driver()) {
+        fprintf(stderr, "fabpool_bench: cannot load and initialize the driver %s\n", cu.path);
         return 1;
     }
-    fabpool_t *pool;
-    if (fabpool_create(NULL, &pool) != FABPOOL_OK) {
-        fprintf(stderr, "fabpool_create: %s\n", fabpool_last_error());
+    if (json_path && !(js = fopen(json_path, "w"))) {
+        perror(json_path);
+        return 1;
+    }
+    if (bench_setup_allocators(argv[0], with_torch)) {
+        fprintf(stderr, "fabpool_bench: %s\n", fabpool_last_error());
         return 1;
     }
     printf("fabpool_bench: driver %s (%s)%s\n", cu.path, cu.sim ? "simulated: times are not GPU times" : "real",
            quick ? ", quick run" : "");
-    if (json_path && !(json = fopen(json_path, "w"))) {
-        perror(json_path);
+    print_meta();
+    if (w_lat)
+        latency();
+    if (w_gro)
+        growth(0);
+    if (w_tra)
+        growth(1);
+    if (w_mix)
+        mixed();
+    goals(w_lat, w_gro);
+    if (js) {
+        fprintf(js, "\n]}\n");
+        fclose(js);
+    }
+    bench_teardown_allocators();
+    if (check && cu.sim && !sim_clean())
+        check_failed = 1;
+    if (check && check_failed) {
+        fprintf(stderr, "fabpool_bench --check: FAILED (see above)\n");
         return 1;
     }
-    if (json)
-        fprintf(json, "{\"driver\":\"%s\",\"simulated\":%d,\"results\":[\n", cu.path, cu.sim);
-    if (!strcmp(workload, "all") || !strcmp(workload, "latency"))
-        latency(pool, quick);
-    if (!strcmp(workload, "all") || !strcmp(workload, "growth"))
-        growth(pool, quick);
-    if (json) {
-        fprintf(json, "\n]}\n");
-        fclose(json);
-    }
-    fabpool_destroy(pool);
     return 0;
 }
