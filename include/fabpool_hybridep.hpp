@@ -43,14 +43,17 @@
 #ifndef FABPOOL_HYBRIDEP_HPP
 #define FABPOOL_HYBRIDEP_HPP
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <signal.h>
 #include <unistd.h>
 
 #include "fabpool.h"

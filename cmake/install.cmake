@@ -1,0 +1,67 @@
+# install.cmake - what `cmake --install <build> --prefix P` puts in P:
+#   P/include/fabpool.h and the adapter headers beside it (fabpool_*.h, fabpool_*.hpp),
+#   P/lib/libfabpool.so* (with its SONAME) and P/lib/libfabpool.a,
+#   P/lib/cmake/fabpool/ (find_package(fabpool): fabpool::fabpool, fabpool::fabpool_static),
+#   P/lib/pkgconfig/fabpool.pc (pkg-config --cflags --libs fabpool).
+# docs/integration.md, "Installing fabpool".
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(FABPOOL_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/fabpool)
+
+# the public headers: fabpool.h and whatever adapter headers exist
+file(GLOB fabpool_public_headers ${CMAKE_CURRENT_SOURCE_DIR}/include/fabpool*.h
+                                 ${CMAKE_CURRENT_SOURCE_DIR}/include/fabpool*.hpp)
+install(FILES ${fabpool_public_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT devel)
+
+# The targets' INSTALL_INTERFACE include dir is "include" (a path relative to the prefix).
+# The object library is linked by neither target's interface, so it needs no export.
+install(TARGETS fabpool fabpool_static EXPORT fabpoolTargets
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime NAMELINK_COMPONENT devel
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT devel
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT fabpoolTargets NAMESPACE fabpool:: DESTINATION ${FABPOOL_CMAKE_DIR} COMPONENT devel)
+
+configure_package_config_file(${CMAKE_CURRENT_SOURCE_DIR}/cmake/fabpool-config.cmake.in
+                              ${CMAKE_CURRENT_BINARY_DIR}/fabpool-config.cmake
+                              INSTALL_DESTINATION ${FABPOOL_CMAKE_DIR}
+                              PATH_VARS CMAKE_INSTALL_INCLUDEDIR)
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/fabpool-config-version.cmake
+                                 VERSION ${PROJECT_VERSION} COMPATIBILITY SameMajorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/fabpool-config.cmake ${CMAKE_CURRENT_BINARY_DIR}/fabpool-config-version.cmake
+        DESTINATION ${FABPOOL_CMAKE_DIR} COMPONENT devel)
+
+# pkg-config: relocatable (prefix found from the .pc file's own place), so
+# that `cmake --install --prefix P` gives a .pc that points into P
+file(RELATIVE_PATH fabpool_pc_up /x/${CMAKE_INSTALL_LIBDIR}/pkgconfig /x)
+string(REGEX REPLACE "/$" "" fabpool_pc_up "${fabpool_pc_up}")
+set(FABPOOL_PC_PREFIX "\${pcfiledir}/${fabpool_pc_up}")
+list(TRANSFORM CMAKE_DL_LIBS PREPEND "-l" OUTPUT_VARIABLE fabpool_dl_flags)
+string(JOIN " " FABPOOL_PC_PRIVATE_LIBS -pthread ${fabpool_dl_flags})
+configure_file(${CMAKE_CURRENT_SOURCE_DIR}/cmake/fabpool.pc.in ${CMAKE_CURRENT_BINARY_DIR}/fabpool.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/fabpool.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT devel)
+
+# ---------------------------------------------------------------- tests
+# install into a fresh prefix, then build and run two consumers against it:
+# one through find_package, one through pkg-config
+if(BUILD_TESTING AND FABPOOL_TEST_DRIVER STREQUAL "sim")
+  string(MD5 fabpool_inst_id "${CMAKE_BINARY_DIR}")
+  string(SUBSTRING "${fabpool_inst_id}" 0 12 fabpool_inst_id)
+  set(fabpool_inst_prefix /tmp/fabpool-install-${fabpool_inst_id})
+  set(fabpool_inst_run sh ${CMAKE_CURRENT_SOURCE_DIR}/tests/install/run.sh)
+  set(fabpool_inst_args ${CMAKE_COMMAND} ${CMAKE_BINARY_DIR} ${fabpool_inst_prefix}
+      ${CMAKE_CURRENT_SOURCE_DIR}/tests/install ${CMAKE_C_COMPILER} ${CMAKE_INSTALL_LIBDIR})
+  set(fabpool_inst_env "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/sim"
+      "FABPOOL_CUDA_LIBRARY=${CMAKE_BINARY_DIR}/sim/libcuda.so.1")
+  add_test(NAME test_install COMMAND ${fabpool_inst_run} install ${fabpool_inst_args})
+  add_test(NAME test_install_find_package COMMAND ${fabpool_inst_run} find_package ${fabpool_inst_args})
+  add_test(NAME test_install_pkgconfig COMMAND ${fabpool_inst_run} pkgconfig ${fabpool_inst_args})
+  set_tests_properties(test_install PROPERTIES FIXTURES_SETUP fabpool_installed)
+  set_tests_properties(test_install_find_package test_install_pkgconfig PROPERTIES
+                       FIXTURES_REQUIRED fabpool_installed)
+  foreach(t test_install test_install_find_package test_install_pkgconfig)
+    set_tests_properties(${t} PROPERTIES LABELS install TIMEOUT 300
+                         ENVIRONMENT "${fabpool_inst_env};FABSIM_MACHINE=${t}")
+  endforeach()
+endif()

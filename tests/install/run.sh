@@ -1,0 +1,60 @@
+#!/bin/sh
+# run.sh STEP CMAKE BUILD PREFIX SRC CC LIBDIR - fabpool's install tests (cmake/install.cmake)
+#   install:      cmake --install BUILD --prefix PREFIX, and check what is there
+#   find_package: build consumer/ with find_package(fabpool), run its programs
+#   pkgconfig:    build consumer/consumer.c with `pkg-config --cflags --libs fabpool`, run it
+# The programs run against the driver named by FABPOOL_CUDA_LIBRARY (the simulated one in ctest).
+set -u
+step=$1 cmake=$2 build=$3 prefix=$4 src=$5 cc=$6 libdir=$7
+fail() { echo "FAIL: $*" >&2; exit 1; }
+run() { echo "+ $*"; "$@" || fail "$* (exit $?)"; }
+case $step in
+install)
+  rm -rf "$prefix"
+  run "$cmake" --install "$build" --prefix "$prefix"
+  for f in include/fabpool.h include/fabpool_hybridep.hpp "$libdir/libfabpool.a" "$libdir/libfabpool.so" \
+           "$libdir/cmake/fabpool/fabpool-config.cmake" "$libdir/cmake/fabpool/fabpool-config-version.cmake" \
+           "$libdir/cmake/fabpool/fabpoolTargets.cmake" "$libdir/pkgconfig/fabpool.pc"; do
+    [ -e "$prefix/$f" ] || fail "$prefix/$f was not installed"
+    echo "installed: $f"
+  done
+  for h in "$src"/../../include/fabpool*.h "$src"/../../include/fabpool*.hpp; do
+    [ -e "$h" ] || continue
+    [ -e "$prefix/include/$(basename "$h")" ] || fail "header $(basename "$h") was not installed"
+  done
+  # the shared library carries its SONAME, and the name it gives is installed as a link
+  soname=$(objdump -p "$prefix/$libdir/libfabpool.so" 2>/dev/null | awk '/SONAME/ {print $2}')
+  [ -n "$soname" ] || soname=$(readelf -d "$prefix/$libdir/libfabpool.so" | sed -n 's/.*SONAME.*\[\(.*\)\].*/\1/p')
+  [ "$soname" = libfabpool.so.0 ] || fail "SONAME is '$soname', expected libfabpool.so.0"
+  [ -e "$prefix/$libdir/$soname" ] || fail "$soname is not installed"
+  echo "SONAME $soname"
+  ;;
+find_package)
+  b="$prefix/build-find-package"
+  rm -rf "$b"
+  run "$cmake" -S "$src/consumer" -B "$b" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_COMPILER="$cc"
+  run "$cmake" --build "$b"
+  for p in consumer_shared consumer_static consumer_hybridep; do
+    out=$("$b/$p") || fail "$p: $out"
+    echo "$p: $out"
+    case $out in OK*) ;; *) fail "$p did not print OK" ;; esac
+  done
+  # the shared one found the installed library
+  ldd "$b/consumer_shared" | grep -q "$prefix/$libdir/libfabpool.so.0" || fail "consumer_shared does not load $prefix's libfabpool"
+  ;;
+pkgconfig)
+  command -v pkg-config >/dev/null || fail "pkg-config is not installed (apt-get install pkg-config)"
+  export PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig"
+  flags=$(pkg-config --cflags --libs fabpool) || fail "pkg-config --cflags --libs fabpool"
+  echo "pkg-config --cflags --libs fabpool: $flags"
+  case $flags in *"-I$prefix/"*) ;; *) fail "the flags do not point into $prefix" ;; esac
+  mkdir -p "$prefix/build-pkgconfig"
+  # shellcheck disable=SC2086
+  run "$cc" -o "$prefix/build-pkgconfig/consumer" "$src/consumer/consumer.c" $flags -Wl,-rpath,"$prefix/$libdir"
+  out=$("$prefix/build-pkgconfig/consumer") || fail "consumer: $out"
+  echo "consumer: $out"
+  case $out in OK*) ;; *) fail "consumer did not print OK" ;; esac
+  ;;
+*) fail "unknown step $step" ;;
+esac
+echo "$step: OK"
