@@ -1,0 +1,360 @@
+/* test_torch_shim.c - libfabpool_torch.so called as PyTorch calls it.
+ *
+ * The library is dlopen'ed with RTLD_LOCAL (what ctypes.CDLL does inside
+ * torch.cuda.memory.CUDAPluggableAllocator) and its functions are called
+ * with a size, a device and a stream.  Streams come from the driver
+ * (cuStreamCreate of the simulated driver); fabsim_stream_hold keeps work
+ * on a stream pending, so the test can tell whether a block freed on one
+ * stream is given to another before that stream's work is done.
+ * Usage: test_torch_shim <path of libfabpool_torch.so> */
+#include <pthread.h>
+
+#include "../../tests/testutil.h"
+#include "fabpool_torch.h"
+
+typedef void *(*alloc_fn)(size_t, int, void *);
+typedef void (*free_fn)(void *, size_t, int, void *);
+static alloc_fn T_alloc;
+static free_fn T_free;
+static fabpool_status (*T_empty)(int);
+static fabpool_status (*T_stats_json)(int, char *, size_t, size_t *);
+static fabpool_status (*T_counters)(int, fabpool_torch_counters *);
+static const char *(*T_err)(void);
+static int (*T_verbose)(int);
+static fabpool_status (*T_shutdown)(void);
+
+static int (*S_hold)(void *);
+static int (*S_release)(void *);
+static uint64_t (*S_calls)(const char *);
+static int (*S_fault)(const char *, uint64_t, int, int);
+static void (*S_fault_clear)(void);
+
+static fabpool_torch_counters counters(void)
+{
+    fabpool_torch_counters c;
+    memset(&c, 0, sizeof c);
+    CHECK(T_counters(0, &c) == FABPOOL_OK);
+    return c;
+}
+
+/* A number after "key": in json, from `from` on (0 if absent). */
+static uint64_t jnum(const char *from, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(from, pat);
+    return p ? strtoull(p + strlen(pat), NULL, 10) : UINT64_MAX;
+}
+
+/* The shim's counters against the pool's own stats. */
+static void check_against_pool(const char *where)
+{
+    static char js[1 << 16];
+    size_t need = 0;
+    CHECK(T_stats_json(0, js, sizeof js, &need) == FABPOOL_OK);
+    CHECK(need == strlen(js) + 1);
+    const char *pool = strstr(js, "\"pool\":");
+    CHECK(pool != NULL);
+    if (!pool)
+        return;
+    fabpool_torch_counters c = counters();
+    uint64_t blocks = jnum(pool, "blocks"), in_use = jnum(pool, "in_use_bytes");
+    uint64_t class_allocs = 0;
+    const char *q = strstr(pool, "\"classes\":[");
+    for (q = q ? strstr(q, "\"allocs\":") : NULL; q; q = strstr(q + 1, "\"allocs\":"))
+        class_allocs += strtoull(q + 9, NULL, 10);
+    int ok = blocks == c.blocks_live + c.cached_blocks && in_use == c.usable_bytes_live + c.cached_bytes &&
+             class_allocs == c.pool_allocs && c.allocs == c.reuse_same_stream + c.reuse_after_event + c.pool_allocs &&
+             jnum(js, "allocs") == c.allocs;
+    CHECK(ok);
+    if (!ok)
+        fprintf(stderr,
+                "%s: pool blocks %llu in_use %llu class allocs %llu; shim live %llu+cached %llu blocks, usable %llu+%llu "
+                "bytes, allocs %llu = %llu same + %llu event + %llu pool\n",
+                where, (unsigned long long)blocks, (unsigned long long)in_use, (unsigned long long)class_allocs,
+                (unsigned long long)c.blocks_live, (unsigned long long)c.cached_blocks,
+                (unsigned long long)c.usable_bytes_live, (unsigned long long)c.cached_bytes,
+                (unsigned long long)c.allocs, (unsigned long long)c.reuse_same_stream,
+                (unsigned long long)c.reuse_after_event, (unsigned long long)c.pool_allocs);
+}
+
+static void put_tag(void *p, size_t size, uint64_t tag)
+{
+    uint64_t t2 = ~tag;
+    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p, &tag, sizeof tag));
+    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p + size - sizeof t2, &t2, sizeof t2));
+}
+
+static int tag_ok(void *p, size_t size, uint64_t tag)
+{
+    uint64_t a = 0, b = 0;
+    cuMemcpyDtoH(&a, (CUdeviceptr)(uintptr_t)p, sizeof a);
+    cuMemcpyDtoH(&b, (CUdeviceptr)(uintptr_t)p + size - sizeof b, sizeof b);
+    return a == tag && b == ~tag;
+}
+
+/* A block freed on `from` while `from` is held goes to `to` only after `done` runs. */
+static void check_cross_stream(void *from, void *to, size_t size, int by_sync)
+{
+    void *x = T_alloc(size, 0, from);
+    CHECK(x != NULL);
+    put_tag(x, size, 0xabcdef01);
+    S_hold(from);               /* kernels on `from` that use x are still queued */
+    T_free(x, size, 0, from);
+    fabpool_torch_counters c0 = counters();
+    void *y = T_alloc(size, 0, to);
+    CHECK(y != NULL && y != x); /* not given to another stream while `from` is busy */
+    fabpool_torch_counters c1 = counters();
+    CHECK(c1.events_recorded > c0.events_recorded);
+    CHECK(c1.cached_blocks == c0.cached_blocks); /* x still waits */
+    if (by_sync)
+        CHECK_CU(cuStreamSynchronize((CUstream)from));
+    else
+        S_release(from);
+    void *w = T_alloc(size, 0, to);
+    CHECK(w == x);              /* now it is */
+    CHECK(tag_ok(w, size, 0xabcdef01));
+    CHECK(counters().reuse_after_event == c1.reuse_after_event + 1);
+    T_free(y, size, 0, to);
+    T_free(w, size, 0, to);
+}
+
+typedef struct worker {
+    int id;
+    int failures;
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    cuCtxSetCurrent(t_ctx);
+    CUstream s;
+    if (cuStreamCreate(&s, 0) != CUDA_SUCCESS) {
+        w->failures++;
+        return NULL;
+    }
+    void *live[16] = {0};
+    size_t sz[16] = {0};
+    uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(w->id + 1);
+    for (int i = 0; i < 3000; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int k = (int)((seed >> 33) % 16);
+        if (live[k]) {
+            T_free(live[k], sz[k], 0, s);
+            live[k] = NULL;
+        } else {
+            sz[k] = 256 + (size_t)((seed >> 20) % (64 << 10));
+            live[k] = T_alloc(sz[k], 0, i % 7 == 0 ? NULL : s);
+            if (!live[k])
+                w->failures++;
+        }
+    }
+    for (int k = 0; k < 16; k++)
+        if (live[k])
+            T_free(live[k], sz[k], 0, s);
+    cuStreamDestroy(s);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s libfabpool_torch.so\n", argv[0]);
+        return 2;
+    }
+    int sim = t_driver_init();
+    void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "dlopen %s: %s\n", argv[1], dlerror());
+        return 1;
+    }
+#define SYM(var, name) do { *(void **)&var = dlsym(h, name); CHECK(var != NULL); } while (0)
+    SYM(T_alloc, "fabpool_torch_alloc");
+    SYM(T_free, "fabpool_torch_free");
+    SYM(T_empty, "fabpool_torch_empty");
+    SYM(T_stats_json, "fabpool_torch_stats_json");
+    SYM(T_counters, "fabpool_torch_get_counters");
+    SYM(T_err, "fabpool_torch_last_error");
+    SYM(T_verbose, "fabpool_torch_set_verbose");
+    SYM(T_shutdown, "fabpool_torch_shutdown");
+#undef SYM
+    /* one file, the PyTorch ABI only: fabpool's own symbols stay inside */
+    CHECK(dlsym(h, "fabpool_alloc") == NULL && dlsym(h, "fp_drv_load") == NULL);
+    if (!sim) {
+        fprintf(stderr, "the simulated driver is not loaded: this test needs its stream holds and ledger\n");
+        return t_done("test_torch_shim");
+    }
+    *(void **)&S_hold = dlsym(RTLD_DEFAULT, "fabsim_stream_hold");
+    *(void **)&S_release = dlsym(RTLD_DEFAULT, "fabsim_stream_release");
+    *(void **)&S_calls = dlsym(RTLD_DEFAULT, "fabsim_calls");
+    *(void **)&S_fault = dlsym(RTLD_DEFAULT, "fabsim_fault_set");
+    *(void **)&S_fault_clear = dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
+    fabsim_ledger l0 = t_ledger();
+
+    CUstream s1, s2;
+    CHECK_CU(cuStreamCreate(&s1, 0));
+    CHECK_CU(cuStreamCreate(&s2, 0));
+
+    /* same stream: the block comes back at once, with no driver call */
+    for (size_t size = 1000; size <= (64u << 20); size *= 16) {
+        void *p = T_alloc(size, 0, s1);
+        CHECK(p != NULL && (uintptr_t)p % 256 == 0);
+        put_tag(p, size, size);
+        fabpool_torch_counters c0 = counters();
+        uint64_t calls0 = S_calls(NULL);
+        T_free(p, size, 0, s1);
+        void *q = T_alloc(size - 8, 0, s1); /* same size class */
+        CHECK(S_calls(NULL) == calls0);
+        CHECK(q == p);
+        CHECK(counters().reuse_same_stream == c0.reuse_same_stream + 1);
+        CHECK(tag_ok(q, size, size));
+        T_free(q, size - 8, 0, s1);
+    }
+    check_against_pool("same stream");
+
+    /* another stream: only after the first stream's work is done */
+    check_cross_stream(s1, s2, 4096, 0);
+    check_cross_stream(s2, s1, 6u << 20, 1);     /* a large block, released by a stream sync */
+    check_cross_stream(NULL, s2, 768, 0);        /* the legacy default stream */
+    check_cross_stream(s1, NULL, 100000, 0);
+    check_against_pool("cross stream");
+
+    /* a mixed workload on two streams and the default one: no block is given
+     * twice (every live block keeps its tags) */
+    {
+        enum { N = 48 };
+        void *live[N] = {0};
+        size_t sz[N] = {0};
+        void *st[N] = {0};
+        void *streams[3] = {s1, s2, NULL};
+        uint64_t seed = 12345;
+        for (int i = 0; i < 3000; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            int k = (int)((seed >> 33) % N);
+            if (live[k]) {
+                CHECK(tag_ok(live[k], sz[k], (uint64_t)k * 7919 + sz[k]));
+                T_free(live[k], sz[k], 0, st[k]);
+                live[k] = NULL;
+            } else {
+                unsigned r = (unsigned)(seed >> 40);
+                sz[k] = r % 5 == 0 ? (size_t)(1 + r % 12) << 20 : 256 + r % (200 << 10);
+                st[k] = streams[(seed >> 20) % 3];
+                live[k] = T_alloc(sz[k], 0, st[k]);
+                CHECK(live[k] != NULL);
+                if (live[k])
+                    put_tag(live[k], sz[k], (uint64_t)k * 7919 + sz[k]);
+            }
+            if (i == 1500)
+                S_hold(s2); /* for a while, s2's frees stay pending */
+            if (i == 2500)
+                S_release(s2);
+        }
+        check_against_pool("mixed");
+        for (int k = 0; k < N; k++)
+            if (live[k]) {
+                CHECK(tag_ok(live[k], sz[k], (uint64_t)k * 7919 + sz[k]));
+                T_free(live[k], sz[k], 0, st[k]);
+            }
+        fabpool_torch_counters c = counters();
+        CHECK(c.reuse_same_stream > 100 && c.reuse_after_event > 0 && c.blocks_live == 0 && c.bytes_live == 0);
+        printf("mixed: %llu allocs, %llu same-stream reuses, %llu after an event, %llu from the pool, %llu events\n",
+               (unsigned long long)c.allocs, (unsigned long long)c.reuse_same_stream,
+               (unsigned long long)c.reuse_after_event, (unsigned long long)c.pool_allocs,
+               (unsigned long long)c.events_recorded);
+    }
+
+    /* threads, each on its own stream (and sometimes the default one) */
+    {
+        pthread_t th[4];
+        worker w[4];
+        for (int i = 0; i < 4; i++) {
+            w[i] = (worker){i, 0};
+            pthread_create(&th[i], NULL, worker_main, &w[i]);
+        }
+        for (int i = 0; i < 4; i++) {
+            pthread_join(th[i], NULL);
+            CHECK(w[i].failures == 0);
+        }
+        check_against_pool("threads");
+    }
+
+    /* a stream destroyed with blocks still freed on it: the shim waits for the
+     * device instead of recording on it */
+    {
+        CUstream s3;
+        CHECK_CU(cuStreamCreate(&s3, 0));
+        void *p = T_alloc(3000, 0, s3);
+        T_free(p, 3000, 0, s3);
+        CHECK_CU(cuStreamDestroy(s3));
+        fabpool_torch_counters c0 = counters();
+        void *q = T_alloc(50000, 0, s2); /* a miss: polls every stream */
+        CHECK(q != NULL);
+        CHECK(counters().syncs > c0.syncs);
+        T_free(q, 50000, 0, s2);
+    }
+
+    /* empty: every cached byte back to the driver */
+    CHECK(T_empty(-1) == FABPOOL_OK);
+    {
+        fabpool_torch_counters c = counters();
+        CHECK(c.cached_blocks == 0 && c.cached_bytes == 0 && c.streams == 0);
+        fabsim_ledger l = t_ledger();
+        CHECK(l.bytes_held == l0.bytes_held && l.mappings == l0.mappings);
+        if (l.bytes_held != l0.bytes_held)
+            fprintf(stderr, "after empty the driver holds %llu bytes (started with %llu)\n",
+                    (unsigned long long)l.bytes_held, (unsigned long long)l0.bytes_held);
+        check_against_pool("empty");
+    }
+
+    /* errors: NULL and a message (PyTorch itself does not look) */
+    T_verbose(0);
+    {
+        fabpool_torch_counters c0 = counters();
+        CHECK(T_alloc(0, 0, s1) == NULL && strstr(T_err(), "size 0"));
+        CHECK(T_alloc((size_t)1 << 50, 0, s1) == NULL && strstr(T_err(), "PyTorch asked for"));
+        CHECK(T_alloc(256, 99, s1) == NULL && strstr(T_err(), "device 99"));
+        CHECK(T_alloc(256, 3, s1) == NULL && strstr(T_err(), "does not exist"));
+        CHECK(T_alloc(256, -1, s1) == NULL && strstr(T_err(), "out of range"));
+        int x;
+        T_free(&x, 4, 0, s1);
+        CHECK(strstr(T_err(), "not given out by fabpool_torch_alloc") != NULL);
+        T_free(&x, 4, 5, s1);
+        CHECK(strstr(T_err(), "no fabpool pool") != NULL);
+        /* the driver out of memory: NULL, a message that says so, nothing leaked */
+        fabsim_ledger la = t_ledger();
+        S_fault("cuMemCreate", 0, 1, CUDA_ERROR_OUT_OF_MEMORY);
+        CHECK(T_alloc(64u << 20, 0, s1) == NULL && strstr(T_err(), "OUT_OF_MEMORY"));
+        S_fault_clear();
+        fabsim_ledger lb = t_ledger();
+        CHECK(lb.bytes_held == la.bytes_held && lb.handles == la.handles);
+        fabpool_torch_counters c1 = counters();
+        CHECK(c1.alloc_failures == c0.alloc_failures + 2 && c1.allocs == c0.allocs && c1.frees == c0.frees);
+        void *p = T_alloc(64u << 20, 0, s1); /* and it works again */
+        CHECK(p != NULL);
+        T_free(p, 64u << 20, 0, s1);
+        CHECK(T_empty(7) == FABPOOL_OK);      /* a device without a pool: nothing to do */
+        CHECK(T_empty(-2) == FABPOOL_ERR_INVALID_ARG);
+        char small[8];
+        size_t need = 0;
+        CHECK(T_stats_json(0, small, sizeof small, &need) == FABPOOL_ERR_LIMIT && need > sizeof small);
+        CHECK(T_stats_json(1, small, sizeof small, &need) == FABPOOL_ERR_NOT_FOUND && strstr(T_err(), "no pool"));
+    }
+
+    /* shutdown refuses while a block is live, then destroys the pool */
+    {
+        void *p = T_alloc(1234, 0, s1);
+        CHECK(T_shutdown() == FABPOOL_ERR_BUSY && strstr(T_err(), "1 live blocks"));
+        T_free(p, 1234, 0, s1);
+        CHECK(T_shutdown() == FABPOOL_OK);
+        fabsim_ledger l = t_ledger();
+        CHECK(l.bytes_held == l0.bytes_held && l.reservations == l0.reservations && l.mappings == l0.mappings);
+        /* and a later allocation makes a new pool */
+        p = T_alloc(1234, 0, s1);
+        CHECK(p != NULL);
+        T_free(p, 1234, 0, s1);
+        CHECK(T_shutdown() == FABPOOL_OK);
+    }
+    CHECK_CU(cuStreamDestroy(s1));
+    CHECK_CU(cuStreamDestroy(s2));
+    return t_done("test_torch_shim");
+}

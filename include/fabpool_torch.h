@@ -1,0 +1,104 @@
+/*
+ * fabpool_torch.h - fabpool as PyTorch's CUDA allocator.
+ *
+ * libfabpool_torch.so is one file to load (fabpool is linked into it) with
+ * the two functions torch.cuda.memory.CUDAPluggableAllocator takes:
+ *
+ *   alloc = torch.cuda.memory.CUDAPluggableAllocator(
+ *               "libfabpool_torch.so", "fabpool_torch_alloc", "fabpool_torch_free")
+ *   torch.cuda.memory.change_current_allocator(alloc)   # before any CUDA allocation
+ *
+ * (or `import fabpool_torch; fabpool_torch.install()`, which does this).
+ *
+ * One pool per device, created on the first allocation for that device.
+ *
+ * Streams, as PyTorch expects them: a block freed on stream s is given again
+ * at once to an allocation on s (stream order makes that safe; no driver
+ * call).  An allocation on another stream gets it only once an event that
+ * was recorded on s after the free has completed, so no kernel still queued
+ * on s can touch it.  Blocks whose event has completed go back to the pool.
+ * record_stream is not needed for this; work on a stream other than the
+ * allocation stream is, as with PyTorch's own allocator, the caller's to
+ * order.
+ *
+ * Streams are `void *` holding a cudaStream_t / CUstream (NULL: the legacy
+ * default stream), so this header needs no CUDA header.  All functions are
+ * thread-safe.
+ */
+#ifndef FABPOOL_TORCH_H
+#define FABPOOL_TORCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fabpool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* PyTorch's alloc_fn: size bytes on `device` for work on `stream`.  NULL on
+ * failure (size 0 gives NULL too, as PyTorch's own allocator does);
+ * fabpool_torch_last_error() then says why.  PyTorch does not check the
+ * result, so a failure is also printed to stderr (fabpool_torch_set_verbose). */
+FABPOOL_API void *fabpool_torch_alloc(size_t size, int device, void *stream);
+/* PyTorch's free_fn: ptr, the size asked, its device and its allocation
+ * stream.  NULL is ignored; a pointer fabpool did not give out is refused
+ * with a message (printed as for alloc). */
+FABPOOL_API void fabpool_torch_free(void *ptr, size_t size, int device, void *stream);
+
+/* Returns everything cached to the driver: waits for the events of blocks
+ * freed on a stream, gives them back to the pool and trims the pool to 0
+ * bytes cached.  device -1: every device with a pool. */
+FABPOOL_API fabpool_status fabpool_torch_empty(int device);
+
+/* The device's pool stats and the shim's counters as one JSON object
+ * {"device":D,"torch":{counters},"pool":{fabpool_stats_json}} into buf;
+ * *needed gets its length + 1 (FABPOOL_ERR_LIMIT if cap is too small).
+ * FABPOOL_ERR_NOT_FOUND while the device has no pool yet. */
+FABPOOL_API fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_t *needed);
+
+typedef struct fabpool_torch_counters {
+    uint64_t allocs;            /* allocations given out (non-NULL results) */
+    uint64_t frees;             /* frees of non-NULL pointers taken */
+    uint64_t alloc_failures;    /* NULL results for a size > 0 */
+    uint64_t blocks_live;       /* given to the caller and not freed */
+    uint64_t bytes_live;        /* sizes asked of those */
+    uint64_t usable_bytes_live; /* their block sizes (the pool's size classes) */
+    uint64_t bytes_live_peak;
+    uint64_t reuse_same_stream; /* served from the stream's own freed blocks, no driver call */
+    uint64_t reuse_after_event; /* a block of another stream, once its event completed */
+    uint64_t pool_allocs;       /* fabpool_alloc calls that succeeded */
+    uint64_t pool_frees;        /* blocks given back to the pool */
+    uint64_t cached_blocks;     /* freed blocks the shim holds (for their stream, or waiting) */
+    uint64_t cached_bytes;      /* their block sizes */
+    uint64_t events_recorded;   /* one per stream per batch of frees */
+    uint64_t event_queries;
+    uint64_t syncs;             /* waits: empty, out of memory, a failed event */
+    uint64_t streams;           /* streams the shim keeps free lists for */
+    uint64_t empties;
+} fabpool_torch_counters;
+
+/* Fills *out for one device (-1: the sum over every device). */
+FABPOOL_API fabpool_status fabpool_torch_get_counters(int device, fabpool_torch_counters *out);
+
+/* The pool of a device (NULL while it has none): for fabpool's own API. */
+FABPOOL_API fabpool_t *fabpool_torch_pool(int device);
+
+/* The calling thread's message for the last failure ("" if none). */
+FABPOOL_API const char *fabpool_torch_last_error(void);
+
+/* 1 (default): print failures to stderr, since PyTorch drops them; 0: quiet.
+ * FABPOOL_TORCH_QUIET=1 in the environment sets 0.  Returns the old value. */
+FABPOOL_API int fabpool_torch_set_verbose(int on);
+
+/* Empties and destroys every pool (for tests and for the end of a program,
+ * once PyTorch has freed everything).  FABPOOL_ERR_BUSY, and nothing
+ * destroyed for that device, while it still has live blocks.  No other
+ * thread may use the allocator meanwhile. */
+FABPOOL_API fabpool_status fabpool_torch_shutdown(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
