@@ -70,14 +70,16 @@ typedef struct sim_ctx {
     int magic;
 } sim_ctx;
 sim_ctx *sim_current(void);          /* NULL if none */
+int sim_ctx_device(CUcontext c);    /* the device of a valid context, else -1 */
 int sim_valid_device(int dev);
 
 /* memory (sim_vmm.c) */
 void sim_vmm_init(void);
 void sim_vmm_ledger(fabsim_ledger *l);
 uint64_t sim_held_dev(int dev);       /* lock held */
-/* 0 if [va, va+n) is device memory this process may access (write: with RW) */
-int sim_check_range(uint64_t va, size_t n, int write);
+/* 0 if [va, va+n) is device memory this process may access from device dev
+ * (write: with RW; dev < 0: from any device) */
+int sim_check_range(uint64_t va, size_t n, int write, int dev);
 void sim_vmm_after_fork(void);
 
 /* streams (sim_core.c) */

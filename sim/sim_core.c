@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sim.h"
@@ -405,6 +406,8 @@ static int valid_ctx(CUcontext c)
     return x >= primary && x < primary + FABSIM_MAX_DEVICES && x->magic == CTX_MAGIC;
 }
 
+int sim_ctx_device(CUcontext c) { return c && valid_ctx(c) ? ((sim_ctx *)c)->dev : -1; }
+
 SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 {
     ENTER(cuDevicePrimaryCtxRetain);
@@ -543,6 +546,9 @@ typedef struct sim_event {
     int magic;
     sim_stream *stream;
     uint64_t epoch;           /* non-zero: pending while stream->hold_epoch == epoch */
+    unsigned flags;           /* of cuEventCreate */
+    int recorded;
+    uint64_t ns;              /* CLOCK_MONOTONIC at the last record: the sim's work is done when issued */
     struct sim_event *next;
 } sim_event;
 
@@ -706,7 +712,6 @@ SIM_API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags)
 SIM_API CUresult cuEventCreate(CUevent *e, unsigned flags)
 {
     ENTER(cuEventCreate);
-    (void)flags;
     if (!e)
         return CUDA_ERROR_INVALID_VALUE;
     if (!current)
@@ -715,6 +720,7 @@ SIM_API CUresult cuEventCreate(CUevent *e, unsigned flags)
     if (!x)
         return CUDA_ERROR_OUT_OF_MEMORY;
     x->magic = EVENT_MAGIC;
+    x->flags = flags;
     pthread_mutex_lock(&sim_lock);
     x->next = events;
     events = x;
@@ -762,8 +768,12 @@ SIM_API CUresult cuEventRecord(CUevent e, CUstream s)
     sim_event *x = get_event(e);
     sim_stream *y = get_stream(s);
     if (x && y) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
         x->stream = y;
         x->epoch = y->held ? y->hold_epoch : 0;
+        x->recorded = 1;
+        x->ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     }
     pthread_mutex_unlock(&sim_lock);
     return x && y ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -800,10 +810,18 @@ static CUresult elapsed(float *ms, CUevent a, CUevent b)
     if (!ms)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&sim_lock);
-    int ok = get_event(a) && get_event(b);
+    sim_event *x = get_event(a), *y = get_event(b);
+    CUresult r = CUDA_SUCCESS;
+    /* the driver's answers: a missing, unrecorded or timing-disabled event is
+     * INVALID_HANDLE; one whose work is pending, NOT_READY */
+    if (!x || !y || !x->recorded || !y->recorded || ((x->flags | y->flags) & CU_EVENT_DISABLE_TIMING))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (pending(x) || pending(y))
+        r = CUDA_ERROR_NOT_READY;
+    else
+        *ms = (float)((double)((int64_t)y->ns - (int64_t)x->ns) / 1e6);
     pthread_mutex_unlock(&sim_lock);
-    *ms = 0.0f;
-    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    return r;
 }
 
 SIM_API CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)

@@ -254,7 +254,7 @@ static legacy *legacy_at(uint64_t addr)
     return NULL;
 }
 
-int sim_check_range(uint64_t va, size_t n, int write)
+int sim_check_range(uint64_t va, size_t n, int write, int dev)
 {
     uint64_t cur = va, end = va + n;
     if (end < va)
@@ -262,9 +262,12 @@ int sim_check_range(uint64_t va, size_t n, int write)
     while (cur < end) {
         mapping *m = map_at(cur);
         if (m) {
+            /* a mapping is usable from a device only with access granted to that
+             * device (cuMemSetAccess), whichever device holds its memory */
             unsigned long long acc = 0;
             for (int d = 0; d < FABSIM_MAX_DEVICES; d++)
-                acc |= m->access[d];
+                if (dev < 0 || d == dev)
+                    acc |= m->access[d];
             if (!(acc & (write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ)))
                 return -1;
             cur = m->va + m->size;
@@ -1217,19 +1220,29 @@ SIM_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
 
 /* ------------------------------------------------------------ copies and sets */
 
-static CUresult copy(uint64_t dst, uint64_t src, size_t n, int dst_dev, int src_dev)
+/* dst_dev / src_dev: 1 if that side is device memory.  The copy runs on the
+ * current context's device, which must have access to both sides;
+ * dst_acc / src_acc >= 0 name another device for that side (cuMemcpyPeer). */
+static CUresult copy_on(uint64_t dst, uint64_t src, size_t n, int dst_dev, int src_dev, int dst_acc, int src_acc)
 {
     if (n == 0)
         return CUDA_SUCCESS;
-    if (!sim_current())
+    sim_ctx *c = sim_current();
+    if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&sim_lock);
-    int bad = (dst_dev && sim_check_range(dst, n, 1)) || (src_dev && sim_check_range(src, n, 0));
+    int bad = (dst_dev && sim_check_range(dst, n, 1, dst_acc >= 0 ? dst_acc : c->dev)) ||
+              (src_dev && sim_check_range(src, n, 0, src_acc >= 0 ? src_acc : c->dev));
     pthread_mutex_unlock(&sim_lock);
     if (bad)
         return CUDA_ERROR_INVALID_VALUE;
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
+}
+
+static CUresult copy(uint64_t dst, uint64_t src, size_t n, int dst_dev, int src_dev)
+{
+    return copy_on(dst, src, n, dst_dev, src_dev, -1, -1);
 }
 
 SIM_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
@@ -1264,7 +1277,10 @@ SIM_API CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, 
     ENTER(cuMemcpyPeer);
     if (!dctx || !sctx)
         return CUDA_ERROR_INVALID_CONTEXT;
-    return copy(dst, src, n, 1, 1);
+    int dd = sim_ctx_device(dctx), sd = sim_ctx_device(sctx);
+    if (dd < 0 || sd < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return copy_on(dst, src, n, 1, 1, dd, sd);
 }
 
 SIM_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
@@ -1305,7 +1321,10 @@ SIM_API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr 
     (void)s;
     if (!dctx || !sctx)
         return CUDA_ERROR_INVALID_CONTEXT;
-    return copy(dst, src, n, 1, 1);
+    int dd = sim_ctx_device(dctx), sd = sim_ctx_device(sctx);
+    if (dd < 0 || sd < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return copy_on(dst, src, n, 1, 1, dd, sd);
 }
 
 /* legacy 32-bit forms of the copies */
@@ -1328,7 +1347,7 @@ static CUresult set(uint64_t dst, uint32_t v, size_t n, int width)
     if (width == 4 && dst % 4)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&sim_lock);
-    int bad = sim_check_range(dst, n * (size_t)width, 1);
+    int bad = sim_check_range(dst, n * (size_t)width, 1, sim_current()->dev);
     pthread_mutex_unlock(&sim_lock);
     if (bad)
         return CUDA_ERROR_INVALID_VALUE;
