@@ -45,4 +45,19 @@ inline void hybridep_sizes(const HybridEpShape &s, std::uint64_t tokens_per_rank
     out[1] = (std::size_t)(te * s.experts_per_rank * s.ranks_per_domain * 4);
 }
 
+/* what both HybridEP tests share: testutil.h (which defines _GNU_SOURCE
+ * itself: g++ predefines it) and the adapter's names */
+#ifdef HYBRIDEP_TEST
+#undef _GNU_SOURCE
+#include "../../tests/testutil.h"
+#include "fabpool_hybridep.hpp"
+
+using fabpool_hybridep::Error;
+using fabpool_hybridep::ExtendedMemoryAllocator;
+using fabpool_hybridep::HandleInfo;
+using fabpool_hybridep::MemHandle;
+
+static const int NB = kHybridEpBuffers;
+#endif
+
 #endif

@@ -11,24 +11,14 @@
  * where it started in both processes.  Runs on the simulated or the real
  * driver (POSIX fd handles; fabric with FABSIM_FABRIC=1
  * FABPOOL_CONF=handle_type:fabric on the sim). */
-#undef _GNU_SOURCE
-#include "../../tests/testutil.h"
+#define HYBRIDEP_TEST
+#include "hybridep_sizes.h"
 
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
-
-#include "fabpool_hybridep.hpp"
-#include "hybridep_sizes.h"
-
-using fabpool_hybridep::Error;
-using fabpool_hybridep::ExtendedMemoryAllocator;
-using fabpool_hybridep::HandleInfo;
-using fabpool_hybridep::MemHandle;
-
-static const int NB = kHybridEpBuffers;
 static const uint64_t kTrace[] = {100, 600, 1024, 1031, 3000, 700, 2048, 4096, 512, 3333};
 static const int kSteps = (int)(sizeof kTrace / sizeof kTrace[0]);
 static const uint64_t kMaxTokens = 4096;
