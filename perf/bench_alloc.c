@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
@@ -503,7 +504,7 @@ static void spawn_child(balloc *a, const char *self, int kind)
         return;
     }
     int down[2], up[2];
-    if (pipe(down) || pipe(up)) {
+    if (pipe2(down, O_CLOEXEC) || pipe2(up, O_CLOEXEC)) {
         snprintf(why[kind], sizeof why[kind], "pipe: %s", strerror(errno));
         a->unavailable = why[kind];
         return;
@@ -513,6 +514,8 @@ static void spawn_child(balloc *a, const char *self, int kind)
     if (pid == 0) {
         close(down[1]);
         close(up[0]);
+        fcntl(down[0], F_SETFD, 0); /* the child's own ends survive the exec, no other */
+        fcntl(up[1], F_SETFD, 0);
         dup2(2, 1); /* the child's prints go to stderr, the table stays clean */
         if (a->child_conf && *a->child_conf) {
             setenv("PYTORCH_CUDA_ALLOC_CONF", a->child_conf, 1);
@@ -712,11 +715,15 @@ int bench_setup_allocators(const char *self, int with_torch)
 
 void bench_teardown_allocators(void)
 {
+    fflush(NULL);
+    for (int k = 0; k < A_MAX; k++) /* every child sees its end of input, then is waited for */
+        if (allocs[k].remote && allocs[k].child_pid) {
+            close(allocs[k].child_out);
+            close(allocs[k].child_in);
+        }
     for (int k = 0; k < A_MAX; k++) {
         balloc *a = &allocs[k];
         if (a->remote && a->child_pid) {
-            close(a->child_out);
-            close(a->child_in);
             waitpid(a->child_pid, NULL, 0);
             a->child_pid = 0;
         }
