@@ -23,3 +23,8 @@ if(FABPOOL_FUZZ AND NOT CMAKE_C_COMPILER_ID MATCHES "Clang")
   message(FATAL_ERROR "FABPOOL_FUZZ=ON needs clang for libFuzzer: configure with CC=clang CXX=clang++ "
                       "(apt-get install clang)")
 endif()
+if(FABPOOL_FUZZ)
+  # coverage for libFuzzer in the library and the sim as well, and ASan+UBSan to catch what inputs break
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+endif()

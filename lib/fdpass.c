@@ -104,6 +104,7 @@ fabpool_status fabpool_fd_send(int sock, const int *fds, size_t n, const void *d
             struct cmsghdr h;
             char buf[CMSG_SPACE(sizeof(int) * FP_FDS_PER_MSG)];
         } ctl;
+        memset(&ctl, 0, sizeof ctl); /* the padding after the fds goes out too */
         struct iovec iov = {chunk, k};
         struct msghdr m;
         memset(&m, 0, sizeof m);

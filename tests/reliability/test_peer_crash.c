@@ -35,15 +35,10 @@ static uint64_t get(uint64_t at)
 
 static int importer(const char *name, int idx)
 {
-    cuInit(0);
-    CUdevice dev;
-    CUcontext ctx;
-    cuDeviceGet(&dev, 0);
-    cuDevicePrimaryCtxRetain(&ctx, dev);
-    cuCtxSetCurrent(ctx);
+    t_driver_init(); /* a context of its own, current */
     fabpool_t *p;
     int s;
-    if (fabpool_create(NULL, &p) != FABPOOL_OK || fabpool_fd_connect(name, &s, 10000) != FABPOOL_OK) {
+    if (fabpool_fd_connect(name, &s, 10000) != FABPOOL_OK || fabpool_create(NULL, &p) != FABPOOL_OK) {
         fprintf(stderr, "importer %d: %s\n", idx, fabpool_last_error());
         return 2;
     }
