@@ -38,7 +38,13 @@ struct Reply {
 static uint64_t pat(uint64_t step, int b, int k) { return 0xfab0000000000000ull ^ (step << 16) ^ ((uint64_t)b << 8) ^ (uint64_t)k; }
 static uint64_t at_k(uint64_t size, int k) { return (size / 4 * (uint64_t)k) & ~(uint64_t)7; } /* k = 0..3 */
 
-static void put(void *at, uint64_t v) { CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)at, &v, 8)); }
+/* A copy from pageable memory returns before its DMA lands (seen on the H200):
+ * the other process sees the data only after a synchronize. */
+static void put(void *at, uint64_t v)
+{
+    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)at, &v, 8));
+    CHECK_CU(cuCtxSynchronize());
+}
 static uint64_t get(void *at)
 {
     uint64_t v = 0;
@@ -125,7 +131,11 @@ static int peer(const char *name)
         return 5;
     }
     close(s);
-    CHECK(t_near(t_held(), 0));
+    /* what this process holds: the sim's ledger is per process; on the real
+     * driver cuMemGetInfo counts the exporter's memory too, and the exporter
+     * checks the device once this process is gone */
+    if (t_ledger_p)
+        CHECK(t_near(t_held(), 0));
     return bad || t_failures ? 6 : 0;
 }
 

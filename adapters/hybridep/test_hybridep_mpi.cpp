@@ -173,6 +173,9 @@ static Result replay_adapter(long steps, bool posix)
                     CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)buf[b] + at_k(sz[b], k), &v, 8));
                 }
             }
+            /* a copy from pageable memory returns before its DMA lands (seen on the
+             * H200): other ranks see the data only after a synchronize */
+            CHECK_CU(cuCtxSynchronize());
             MPI_Barrier(MPI_COMM_WORLD);
             for (int q = 0; q < nranks; q++)
                 for (int b = 0; b < NB && q != rank; b++)
