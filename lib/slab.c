@@ -132,8 +132,7 @@ static fabpool_status span_map(struct fabpool *p, uint64_t size, uint64_t *va)
 static fp_span *slab_new(struct fabpool *p, unsigned cls, fabpool_status *st)
 {
     fp_class *c = &p->classes[cls];
-    size_t words = ((size_t)c->nobj + 63) / 64;
-    size_t bytes = sizeof(fp_span) + (size_t)c->nobj * sizeof(uint32_t) + words * sizeof(uint64_t);
+    size_t bytes = sizeof(fp_span) + (size_t)c->nobj * (sizeof(uint32_t) + 1);
     fp_span *s = fp_meta_alloc(&p->meta, bytes);
     if (!s) {
         *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the metadata of a slab (%zu bytes)", bytes);
@@ -145,11 +144,11 @@ static fp_span *slab_new(struct fabpool *p, unsigned cls, fabpool_status *st)
     s->nobj = c->nobj;
     s->obj_q = (uint32_t)(c->obj_size >> 8);
     s->magic = ((1ull << 32) + s->obj_q - 1) / s->obj_q;
-    s->freebits = (_Atomic uint64_t *)(s + 1);
-    s->free_stack = (uint32_t *)(s->freebits + words);
+    s->free_stack = (uint32_t *)(s + 1);
+    s->freeflag = (_Atomic uint8_t *)(s->free_stack + s->nobj);
     for (uint32_t i = 0; i < s->nobj; i++) {
         s->free_stack[i] = s->nobj - 1 - i;   /* pop order: low addresses first */
-        atomic_store_explicit(&s->freebits[i / 64], atomic_load_explicit(&s->freebits[i / 64], memory_order_relaxed) | (1ull << (i % 64)), memory_order_relaxed);
+        atomic_store_explicit(&s->freeflag[i], 1, memory_order_relaxed);
     }
     s->nfree = s->nobj;
 
