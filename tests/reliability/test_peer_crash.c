@@ -25,7 +25,13 @@ struct msg {
     uint64_t round, size, last;
 };
 
-static void put(uint64_t at, uint64_t v) { CHECK_CU(cuMemcpyHtoD((CUdeviceptr)at, &v, sizeof v)); }
+/* The other processes read what this one writes: a copy from pageable memory
+ * returns before its DMA lands (seen on the H200), so synchronize. */
+static void put(uint64_t at, uint64_t v)
+{
+    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)at, &v, sizeof v));
+    CHECK_CU(cuCtxSynchronize());
+}
 static uint64_t get(uint64_t at)
 {
     uint64_t v = ~0ull;
@@ -65,6 +71,7 @@ static int importer(const char *name, int idx)
         cuMemcpyDtoH(&x, (CUdeviceptr)(vb + m.size - 8), 8);
         y = m.round * 10 + (uint64_t)idx;
         cuMemcpyHtoD((CUdeviceptr)(vb + (uint64_t)idx * 8), &y, 8);
+        cuCtxSynchronize(); /* a pageable copy's DMA lands after the call returns (H200) */
         fabpool_buffer_info vi;
         fabpool_view_get_info(v, &vi);
         uint64_t reply[2] = {vi.generation, x == m.round ? 0u : 1u};
