@@ -241,20 +241,30 @@ static void malformed(void)
 
 /* ---------------------------------------------------------------- a peer that dies */
 
-static int child(const char *sock_name)
+/* A peer process: device 0's context current, a pool, and a socket to the
+ * exporter.  0, or 1 with a message. */
+static int peer_setup(const char *who, const char *sock_name, fabpool_t **p, int *s)
 {
-    cuInit(0);
     CUdevice dev;
     CUcontext ctx;
-    cuDeviceGet(&dev, 0);
-    cuDevicePrimaryCtxRetain(&ctx, dev);
-    cuCtxSetCurrent(ctx);
-    fabpool_t *p;
-    int s;
-    if (fabpool_create(NULL, &p) != FABPOOL_OK || fabpool_fd_connect(sock_name, &s, 5000) != FABPOOL_OK) {
-        fprintf(stderr, "child: %s\n", fabpool_last_error());
+    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+        cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+        fprintf(stderr, "%s: no device 0\n", who);
         return 1;
     }
+    if (fabpool_create(NULL, p) != FABPOOL_OK || fabpool_fd_connect(sock_name, s, 5000) != FABPOOL_OK) {
+        fprintf(stderr, "%s: %s\n", who, fabpool_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+static int child(const char *sock_name)
+{
+    fabpool_t *p;
+    int s;
+    if (peer_setup("child", sock_name, &p, &s))
+        return 1;
     static uint8_t d[1 << 16];
     int fds[64];
     size_t nf, len;
@@ -335,18 +345,10 @@ static uint64_t at_k(uint64_t size, int k) { return (size / 8 * (uint64_t)k) & ~
 
 static int grow_child(const char *sock_name)
 {
-    cuInit(0);
-    CUdevice dev;
-    CUcontext ctx;
-    cuDeviceGet(&dev, 0);
-    cuDevicePrimaryCtxRetain(&ctx, dev);
-    cuCtxSetCurrent(ctx);
     fabpool_t *p;
     int s;
-    if (fabpool_create(NULL, &p) != FABPOOL_OK || fabpool_fd_connect(sock_name, &s, 5000) != FABPOOL_OK) {
-        fprintf(stderr, "grow child: %s\n", fabpool_last_error());
+    if (peer_setup("grow child", sock_name, &p, &s))
         return 1;
-    }
     static uint8_t d[1 << 16];
     int fds[256];
     fabpool_view_t *v = NULL;
