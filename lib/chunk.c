@@ -24,12 +24,7 @@ static void stat_max(_Atomic uint64_t *peak, uint64_t v)
 
 static CUresult create(struct fabpool *p, CUmemGenericAllocationHandle *h, uint64_t size)
 {
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = p->dev;
-    prop.requestedHandleTypes = p->cu_handle_types;
+    CUmemAllocationProp prop = fp_alloc_prop(p);
     return FP_CU(&p->calls, cuMemCreate, h, size, &prop, 0);
 }
 
@@ -62,10 +57,20 @@ fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size)
                             (unsigned long long)size, (int)p->dev);
     atomic_fetch_add(&p->handles_outstanding, 1);
 
+    return fp_chunk_map_handle(p, va, size, h, "a chunk");
+}
+
+/* Maps handle h (counted in handles_outstanding) at va, gives the pool's
+ * device and its peers access, and releases h at once: from then on the
+ * mapping alone keeps the memory.  h is released whatever the outcome; on
+ * failure nothing stays mapped. */
+fabpool_status fp_chunk_map_handle(struct fabpool *p, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
+                                   const char *what)
+{
     fabpool_status st = FABPOOL_OK;
-    r = FP_CU(&p->calls, cuMemMap, (CUdeviceptr)va, size, 0, h, 0);
+    CUresult r = FP_CU(&p->calls, cuMemMap, (CUdeviceptr)va, size, 0, h, 0);
     if (r != CUDA_SUCCESS) {
-        st = fp_drv_error(r, "cuMemMap", "mapping a chunk of %llu bytes at 0x%llx", (unsigned long long)size,
+        st = fp_drv_error(r, "cuMemMap", "mapping %s of %llu bytes at 0x%llx", what, (unsigned long long)size,
                           (unsigned long long)va);
         goto release;
     }
@@ -82,8 +87,8 @@ fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size)
     }
     r = FP_CU(&p->calls, cuMemSetAccess, (CUdeviceptr)va, size, acc, (size_t)n);
     if (r != CUDA_SUCCESS) {
-        st = fp_drv_error(r, "cuMemSetAccess", "giving device %d%s access to a chunk of %llu bytes at 0x%llx",
-                          (int)p->dev, n > 1 ? " and its peers" : "", (unsigned long long)size,
+        st = fp_drv_error(r, "cuMemSetAccess", "giving device %d%s access to %s of %llu bytes at 0x%llx",
+                          (int)p->dev, n > 1 ? " and its peers" : "", what, (unsigned long long)size,
                           (unsigned long long)va);
         FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
         goto release;
@@ -91,9 +96,9 @@ fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size)
     /* Eager release: from here on the mapping alone keeps the memory. */
     r = FP_CU_UNDO(&p->calls, cuMemRelease, h);
     if (r != CUDA_SUCCESS) {
-        st = fp_drv_error(r, "cuMemRelease", "releasing the handle of a chunk just mapped at 0x%llx (tried twice; "
-                          "the chunk was unmapped, its handle may still hold %llu bytes)",
-                          (unsigned long long)va, (unsigned long long)size);
+        st = fp_drv_error(r, "cuMemRelease", "releasing the handle of %s just mapped at 0x%llx (tried twice; "
+                          "it was unmapped, its handle may still hold %llu bytes)",
+                          what, (unsigned long long)va, (unsigned long long)size);
         FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
         return st;
     }

@@ -60,11 +60,7 @@ static const char *handle_type_name(fabpool_handle_type t)
  * alone says nothing about the IMEX channel (driver-facts.md). */
 static CUresult probe_fabric(struct fabpool *p, const char **step)
 {
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = p->dev;
+    CUmemAllocationProp prop = fp_alloc_prop(p);
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
     size_t gran = 0;
     CUresult r = FP_CU(&p->calls, cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
@@ -198,12 +194,7 @@ static fabpool_status setup_device(struct fabpool *p)
 
 static fabpool_status reserve(struct fabpool *p)
 {
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = p->dev;
-    prop.requestedHandleTypes = p->cu_handle_types;
+    CUmemAllocationProp prop = fp_alloc_prop(p);
     size_t gran = 0;
     CUresult r = FP_CU(&p->calls, cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
     if (r != CUDA_SUCCESS)

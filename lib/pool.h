@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "driver.h"
 #include "fabpool.h"
@@ -172,7 +173,21 @@ static inline fp_span *fp_map_get(const struct fabpool *p, uint64_t addr)
 int fp_map_set(struct fabpool *p, uint64_t addr, uint64_t size, fp_span *s);
 
 /* chunk.c: physical chunks.  Callers hold the pool lock. */
+/* What every chunk of the pool is made as: pinned device memory of the
+ * pool's device, with the pool's shareable handle types. */
+static inline CUmemAllocationProp fp_alloc_prop(const struct fabpool *p)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = p->dev;
+    prop.requestedHandleTypes = p->cu_handle_types;
+    return prop;
+}
 fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size);
+fabpool_status fp_chunk_map_handle(struct fabpool *p, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
+                                   const char *what);
 fabpool_status fp_chunk_unmap(struct fabpool *p, uint64_t va, uint64_t size);
 fabpool_status fp_ctx_push(struct fabpool *p, CUcontext *saved);
 void fp_ctx_pop(struct fabpool *p, CUcontext saved);

@@ -40,13 +40,20 @@ size_t fabpool_desc_size(size_t n) { return FABPOOL_DESC_HEADER_BYTES + n * FABP
 
 /* ------------------------------------------------------------ export */
 
-void fp_chunk_forget_export(struct fabpool *p, fp_bchunk *c)
+/* Closes the pool's copy of chunk c's exported fd, if it holds one (an open
+ * fd keeps the memory alive). */
+static void close_export_fd(struct fabpool *p, fp_bchunk *c)
 {
     if (c->fd >= 0) {
         close(c->fd);
         c->fd = -1;
         atomic_fetch_sub(&p->exported_fds, 1);
     }
+}
+
+void fp_chunk_forget_export(struct fabpool *p, fp_bchunk *c)
+{
+    close_export_fd(p, c);
     c->has_fabric = 0;
 }
 
@@ -163,11 +170,7 @@ fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *b)
     struct fabpool *p = b->pool;
     pthread_mutex_lock(&p->lock);
     for (uint32_t i = 0; i < b->n; i++)
-        if (b->chunks[i].fd >= 0) {
-            close(b->chunks[i].fd);
-            b->chunks[i].fd = -1;
-            atomic_fetch_sub(&p->exported_fds, 1);
-        }
+        close_export_fd(p, &b->chunks[i]);
     pthread_mutex_unlock(&p->lock);
     return FABPOOL_OK;
 }
@@ -293,38 +296,8 @@ static fabpool_status import_map(struct fabpool *p, fabpool_view_t *v, const par
                             ds->handle_type == FABPOOL_HANDLE_FABRIC ? " (a fabric handle fails once its exporter "
                             "has unmapped it, and needs an IMEX channel)" : "");
     atomic_fetch_add(&p->handles_outstanding, 1);
-    fabpool_status st = FABPOOL_OK;
-    cr = FP_CU(&p->calls, cuMemMap, (CUdeviceptr)(v->base + off), size, 0, h, 0);
-    if (cr != CUDA_SUCCESS)
-        st = fp_drv_error(cr, "cuMemMap", "mapping an imported chunk of %llu bytes", (unsigned long long)size);
-    if (st == FABPOOL_OK) {
-        CUmemAccessDesc acc[1 + FABPOOL_MAX_PEERS];
-        memset(acc, 0, sizeof acc);
-        int n = 0;
-        acc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        acc[n].location.id = p->dev;
-        acc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        for (int k = 0; k < p->opt.n_peer_devices; k++) {
-            acc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-            acc[n].location.id = p->opt.peer_devices[k];
-            acc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        }
-        cr = FP_CU(&p->calls, cuMemSetAccess, (CUdeviceptr)(v->base + off), size, acc, (size_t)n);
-        if (cr != CUDA_SUCCESS) {
-            st = fp_drv_error(cr, "cuMemSetAccess", "giving access to an imported chunk of %llu bytes",
-                              (unsigned long long)size);
-            FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)(v->base + off), size);
-        }
-    }
-    /* the import handle goes at once: the mapping keeps the memory */
-    if (FP_CU_UNDO(&p->calls, cuMemRelease, h) == CUDA_SUCCESS)
-        atomic_fetch_sub(&p->handles_outstanding, 1);
-    if (st == FABPOOL_OK) {
-        atomic_fetch_add(&p->mapped_bytes, size);
-        atomic_fetch_add(&p->chunks_mapped, 1);
-        atomic_fetch_add(&p->chunks_mapped_total, 1);
-    }
-    return st;
+    /* the import handle goes right after the map: the mapping keeps the memory */
+    return fp_chunk_map_handle(p, v->base + off, size, h, "an imported chunk");
 }
 
 static fabpool_status view_unmap(struct fabpool *p, fabpool_view_t *v, uint32_t i)

@@ -1075,9 +1075,10 @@ SIM_API CUresult cuMemAlloc(CUdeviceptr_v1 *p, unsigned int size)
 
 SIM_API CUresult cuMemFree(CUdeviceptr_v1 p) { return cuMemFree_v2(p); }
 
-SIM_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d)
+/* The device's pool: the sim has no cuDeviceSetMemPool, so the current pool
+ * is always the default one. */
+static CUresult device_pool(CUmemoryPool *pool, CUdevice d)
 {
-    ENTER(cuDeviceGetDefaultMemPool);
     if (!pool)
         return CUDA_ERROR_INVALID_VALUE;
     if (!sim_valid_device(d))
@@ -1086,15 +1087,16 @@ SIM_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d)
     return CUDA_SUCCESS;
 }
 
+SIM_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d)
+{
+    ENTER(cuDeviceGetDefaultMemPool);
+    return device_pool(pool, d);
+}
+
 SIM_API CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice d)
 {
     ENTER(cuDeviceGetMemPool);
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!sim_valid_device(d))
-        return CUDA_ERROR_INVALID_DEVICE;
-    *pool = (CUmemoryPool)&mempools[d];
-    return CUDA_SUCCESS;
+    return device_pool(pool, d);
 }
 
 static sim_mempool *get_pool(CUmemoryPool p)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "mpi_mesh.h"
 
 #define NBUF 3
 #define MB (1ull << 20)
@@ -59,35 +60,12 @@ int main(int argc, char **argv)
         MPI_Abort(MPI_COMM_WORLD, 1);
     int posix = fabpool_handle_type_of(pool) == FABPOOL_HANDLE_POSIX_FD;
 
-    /* a socket to every peer: rank r listens, lower ranks connect to it */
-    int job = 0;
-    if (!rank)
-        job = (int)getpid();
-    MPI_Bcast(&job, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    /* a socket to every peer, for the fds */
     int sock[MAXR];
     for (int i = 0; i < MAXR; i++)
         sock[i] = -1;
-    if (posix) {
-        char name[64];
-        snprintf(name, sizeof name, "fabpool-mpi-%d-%d", job, rank);
-        int ls;
-        CHECK_OK(fabpool_fd_listen(name, &ls));
-        MPI_Barrier(MPI_COMM_WORLD);
-        for (int q = rank + 1; q < nranks; q++) {
-            snprintf(name, sizeof name, "fabpool-mpi-%d-%d", job, q);
-            CHECK_OK(fabpool_fd_connect(name, &sock[q], 10000));
-            CHECK_OK(fabpool_fd_send(sock[q], NULL, 0, &rank, sizeof rank));
-        }
-        for (int k = 0; k < rank; k++) {
-            int s, who = -1;
-            size_t n, len;
-            CHECK_OK(fabpool_fd_accept(ls, &s));
-            CHECK_OK(fabpool_fd_recv(s, NULL, 0, &n, &who, sizeof who, &len));
-            if (who >= 0 && who < nranks)
-                sock[who] = s;
-        }
-        close(ls);
-    }
+    if (posix)
+        t_mpi_mesh("fabpool-mpi", rank, nranks, sock);
 
     fabpool_buffer_t *buf[NBUF];
     uint64_t tokens = 256;

@@ -27,6 +27,8 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include "../../tests/mpi_mesh.h"
+
 #include <string>
 #include <vector>
 static const int MAXR = 8;
@@ -74,31 +76,6 @@ static void swap_fds(const int *mine, size_t n, std::vector<int> theirs[MAXR])
         CHECK(got == their_n);
         theirs[q].assign(f, f + got);
     }
-}
-
-static void connect_peers()
-{
-    int job = rank ? 0 : (int)getpid();
-    MPI_Bcast(&job, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    char name[64];
-    snprintf(name, sizeof name, "fabpool-hybridep-mpi-%d-%d", job, rank);
-    int ls = -1;
-    CHECK_OK(fabpool_fd_listen(name, &ls));
-    MPI_Barrier(MPI_COMM_WORLD);
-    for (int q = rank + 1; q < nranks; q++) {
-        snprintf(name, sizeof name, "fabpool-hybridep-mpi-%d-%d", job, q);
-        CHECK_OK(fabpool_fd_connect(name, &sock[q], 10000));
-        CHECK_OK(fabpool_fd_send(sock[q], nullptr, 0, &rank, sizeof rank));
-    }
-    for (int k = 0; k < rank; k++) {
-        int s = -1, who = -1;
-        size_t n, len;
-        CHECK_OK(fabpool_fd_accept(ls, &s));
-        CHECK_OK(fabpool_fd_recv(s, nullptr, 0, &n, &who, sizeof who, &len));
-        if (who >= 0 && who < nranks)
-            sock[who] = s;
-    }
-    close(ls);
 }
 
 /* ------------------------------------------------------------ 1. the adapter */
@@ -375,7 +352,7 @@ int main(int argc, char **argv)
         fabpool_destroy(p);
     }
     if (posix)
-        connect_peers();
+        t_mpi_mesh("fabpool-hybridep-mpi", rank, nranks, sock);
 
     Result ok = replay_adapter(steps, posix);
     CHECK(ok.bad == 0);
