@@ -433,8 +433,13 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
         pthread_mutex_unlock(&d->lock);
         return p;
     }
-    CUcontext saved = ctx_enter(d);
-    void *p = cls < FP_NCLASS ? poll_dev(d, cls, 0) : NULL;
+    /* Events need the device's context; the pool's own calls do not (VMM
+     * calls take none, and the pool makes its context current where it
+     * waits on events).  So the context is entered only when blocks wait
+     * for their streams. */
+    int polling = d->c.cached_blocks != 0;
+    CUcontext saved = polling ? ctx_enter(d) : d->ctx;
+    void *p = polling && cls < FP_NCLASS ? poll_dev(d, cls, 0) : NULL;
     if (p) {
         d->c.reuse_after_event++;
     } else {
