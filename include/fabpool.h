@@ -171,6 +171,8 @@ typedef struct fabpool_buffer_info {
     size_t max_size;      /* the address window */
     uint32_t n_chunks;    /* chunks mapped */
     uint64_t generation;  /* grows by one at every change of the mapped chunks */
+    uint64_t export_id;   /* names the buffer in its descriptors, the same in every process
+                             (fabpool_peers_ack takes it) */
 } fabpool_buffer_info;
 FABPOOL_API fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *buf, fabpool_buffer_info *out);
 FABPOOL_API void *fabpool_buffer_ptr(const fabpool_buffer_t *buf);
@@ -260,8 +262,16 @@ FABPOOL_API fabpool_status fabpool_buffer_export(fabpool_buffer_t *buf, uint64_t
  * pool's copies. */
 FABPOOL_API fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *buf);
 /* Every peer has applied a descriptor of `generation` or later: chunks
- * dropped before it may now be unmapped.  UINT64_MAX: no peer is left. */
+ * dropped before it may now be unmapped.  UINT64_MAX: no peer is left.
+ * A generation that was never exported is refused (FABPOOL_ERR_INVALID_ARG).
+ * Not for a destroyed buffer: use fabpool_peers_ack. */
 FABPOOL_API fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *buf, uint64_t generation);
+/* The same by the buffer's export id (fabpool_buffer_info.export_id, also in
+ * its views' info), valid after fabpool_buffer_destroy too: a destroyed
+ * exported buffer unmaps at once every chunk that no unacknowledged
+ * generation names, and the rest when the peers acknowledge or at pool
+ * destroy.  FABPOOL_ERR_NOT_FOUND once nothing of the buffer is left. */
+FABPOOL_API fabpool_status fabpool_peers_ack(fabpool_t *pool, uint64_t export_id, uint64_t generation);
 
 typedef struct fabpool_view fabpool_view_t;
 

@@ -50,18 +50,32 @@ static void free_buffer(struct fabpool *p, struct fabpool_buffer *b)
     list_del(p, b);
     fp_va_free(&p->va, b->base, b->window);
     fp_meta_free(&p->meta, b->chunks, b->cap * sizeof *b->chunks);
+    fp_meta_free(&p->meta, b->ghosts, b->cap_ghosts * sizeof *b->ghosts);
     fp_meta_free(&p->meta, b, sizeof *b);
-    atomic_fetch_sub(&p->buffer_count, 1);
 }
 
-/* Unmaps the last chunk.  Pool lock held. */
-static fabpool_status pop_chunk(struct fabpool *p, struct fabpool_buffer *b)
+/* Whether a peer may still import memory that was live in the buffer's
+ * generations [born, drop_gen): some descriptor written at a generation the
+ * peers have not all acknowledged names it.  A peer that has applied a
+ * descriptor maps its chunks itself, and its mapping keeps them alive. */
+static int peers_may_hold(const struct fabpool_buffer *b, uint64_t born, uint64_t drop_gen)
 {
-    fp_bchunk *c = &b->chunks[b->n - 1];
+    if (!b->shared || b->acked == UINT64_MAX)
+        return 0;
+    uint64_t lo = born > b->acked + 1 ? born : b->acked + 1;
+    uint64_t hi = drop_gen - 1 < b->exported_gen ? drop_gen - 1 : b->exported_gen;
+    return lo <= hi;
+}
+
+/* Unmaps chunk i.  Pool lock held. */
+static fabpool_status remove_chunk(struct fabpool *p, struct fabpool_buffer *b, uint32_t i)
+{
+    fp_bchunk *c = &b->chunks[i];
     fabpool_status st = fp_chunk_unmap(p, b->base + c->off, c->size);
     if (st != FABPOOL_OK)
         return st;
     fp_chunk_forget_export(p, c);
+    int was_live = !c->retiring;
     if (c->retiring) {
         if (c->retire_event)
             FP_CU(&p->calls, cuEventDestroy, c->retire_event);
@@ -71,14 +85,77 @@ static fabpool_status pop_chunk(struct fabpool *p, struct fabpool_buffer *b)
     }
     b->mapped -= c->size;
     atomic_fetch_sub(&p->buffer_mapped, c->size);
+    memmove(c, c + 1, (size_t)(b->n - i - 1) * sizeof *c);
     b->n--;
-    if (!c->retiring)
+    if (was_live)
         b->generation++; /* a live chunk went (undo of a grow): peers must hear of it */
     return FABPOOL_OK;
 }
 
-/* Unmaps retired chunks, from each buffer's end down, whose event has
- * completed (all of them, waiting, with wait != 0). */
+/* Unmaps the last chunk.  Pool lock held. */
+static fabpool_status pop_chunk(struct fabpool *p, struct fabpool_buffer *b) { return remove_chunk(p, b, b->n - 1); }
+
+static fabpool_status ghost_add(struct fabpool *p, struct fabpool_buffer *b, fp_ghost g)
+{
+    if (b->n_ghosts == b->cap_ghosts) {
+        uint32_t cap = b->cap_ghosts ? b->cap_ghosts * 2 : 4;
+        fp_ghost *n = fp_meta_alloc(&p->meta, cap * sizeof *n);
+        if (!n)
+            return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's list of chunks its peers hold");
+        if (b->n_ghosts)
+            memcpy(n, b->ghosts, b->n_ghosts * sizeof *n);
+        fp_meta_free(&p->meta, b->ghosts, b->cap_ghosts * sizeof *n);
+        b->ghosts = n;
+        b->cap_ghosts = cap;
+    }
+    b->ghosts[b->n_ghosts++] = g;
+    return FABPOOL_OK;
+}
+
+/* Releases the ghosts no peer can still import (all of them with all != 0). */
+static void ghosts_release(struct fabpool *p, struct fabpool_buffer *b, int all)
+{
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < b->n_ghosts; i++) {
+        fp_ghost *g = &b->ghosts[i];
+        if ((all || !peers_may_hold(b, g->born, g->drop_gen)) && fp_chunk_release(p, g->h) == CUDA_SUCCESS)
+            continue;
+        b->ghosts[w++] = *g;
+    }
+    b->n_ghosts = w;
+}
+
+/* Whether retired chunk c may be unmapped now: its GPU work is done (waited
+ * for with wait != 0) and no peer may still import it.  1 yes, 0 not yet,
+ * -1 the driver failed (*st says how). */
+static int retired_done(struct fabpool *p, struct fabpool_buffer *b, fp_bchunk *c, int wait, int *pushed,
+                        CUcontext *saved, fabpool_status *st)
+{
+    if (peers_may_hold(b, c->born, c->drop_gen))
+        return 0;
+    if (!c->retire_event)
+        return 1;
+    if (!*pushed) {
+        if ((*st = fp_ctx_push(p, saved)) != FABPOOL_OK)
+            return -1;
+        *pushed = 1;
+    }
+    CUresult r = wait ? FP_CU(&p->calls, cuEventSynchronize, c->retire_event)
+                      : FP_CU(&p->calls, cuEventQuery, c->retire_event);
+    if (r == CUDA_ERROR_NOT_READY)
+        return 0;
+    if (r != CUDA_SUCCESS) {
+        *st = fp_drv_error(r, wait ? "cuEventSynchronize" : "cuEventQuery",
+                           "waiting for the GPU work before unmapping a retired chunk");
+        return -1;
+    }
+    return 1;
+}
+
+/* Unmaps retired chunks whose event has completed (all of them, waiting,
+ * with wait != 0) and that no peer may still import: from each live
+ * buffer's end down (a grow maps behind the live chunks), anywhere in a
+ * destroyed one.  Frees destroyed buffers that hold nothing any more. */
 fabpool_status fp_collect_locked(struct fabpool *p, int wait)
 {
     fabpool_status first = FABPOOL_OK;
@@ -87,35 +164,26 @@ fabpool_status fp_collect_locked(struct fabpool *p, int wait)
     struct fabpool_buffer *b = p->buffers, *next;
     for (; b; b = next) {
         next = b->next;
-        while (b->n && b->chunks[b->n - 1].retiring) {
-            fp_bchunk *c = &b->chunks[b->n - 1];
-            if (b->shared && b->acked < c->drop_gen)
-                break; /* a peer may still map it (a fabric handle holds no reference) */
-            if (c->retire_event) {
-                if (!pushed) {
-                    if (fp_ctx_push(p, &saved) != FABPOOL_OK)
-                        return FABPOOL_ERR_DRIVER;
-                    pushed = 1;
-                }
-                CUresult r = wait ? FP_CU(&p->calls, cuEventSynchronize, c->retire_event)
-                                  : FP_CU(&p->calls, cuEventQuery, c->retire_event);
-                if (r == CUDA_ERROR_NOT_READY)
-                    break;
-                if (r != CUDA_SUCCESS) {
-                    if (first == FABPOOL_OK)
-                        first = fp_drv_error(r, wait ? "cuEventSynchronize" : "cuEventQuery",
-                                             "waiting for the GPU work before unmapping a retired chunk");
-                    break;
-                }
-            }
-            fabpool_status st = pop_chunk(p, b);
-            if (st != FABPOOL_OK) {
-                if (first == FABPOOL_OK)
-                    first = st;
+        ghosts_release(p, b, 0);
+        for (uint32_t i = b->n; i-- > 0;) {
+            fp_bchunk *c = &b->chunks[i];
+            if (!c->retiring) {
+                if (b->destroyed)
+                    continue;
                 break;
             }
+            fabpool_status st = FABPOOL_OK;
+            int done = retired_done(p, b, c, wait, &pushed, &saved, &st);
+            if (done == 1)
+                st = remove_chunk(p, b, i);
+            if (st != FABPOOL_OK && first == FABPOOL_OK)
+                first = st;
+            if (done != 1 || st != FABPOOL_OK) {
+                if (!b->destroyed)
+                    break;
+            }
         }
-        if (b->destroyed && b->n == 0)
+        if (b->destroyed && b->n == 0 && b->n_ghosts == 0)
             free_buffer(p, b);
     }
     if (pushed)
@@ -162,6 +230,8 @@ static fabpool_status grow(struct fabpool *p, struct fabpool_buffer *b, uint64_t
         fp_bchunk *c = &b->chunks[i];
         if (!c->retiring)
             continue;
+        if (c->off != b->live)
+            break; /* not behind the live chunks (a chunk before it failed to unmap): it cannot come back */
         if (c->retire_event)
             FP_CU(&p->calls, cuEventDestroy, c->retire_event);
         c->retire_event = NULL;
@@ -173,7 +243,8 @@ static fabpool_status grow(struct fabpool *p, struct fabpool_buffer *b, uint64_t
     *mapped_from = b->n;
     while (b->live < target) {
         if (b->n && b->chunks[b->n - 1].retiring)
-            break; /* cannot happen: all retiring chunks were taken back */
+            return fp_error(FABPOOL_ERR_DRIVER, "a retired chunk of the buffer could not be unmapped earlier and "
+                            "is in the way of growing it; fabpool_collect retries the unmap");
         uint64_t c = next_chunk(p, b, b->live, target);
         if (reserve_chunks(p, b, b->n + 1) != 0)
             return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's chunk list");
@@ -188,7 +259,7 @@ static fabpool_status grow(struct fabpool *p, struct fabpool_buffer *b, uint64_t
         memset(nc, 0, sizeof *nc);
         nc->off = b->live;
         nc->size = c;
-        nc->gen = b->generation;
+        nc->gen = nc->born = b->generation;
         nc->fd = -1;
         b->live += c;
         b->mapped += c;
@@ -204,8 +275,150 @@ static void undo_grow(struct fabpool *p, struct fabpool_buffer *b, uint32_t mapp
             break;
 }
 
+/* Waits for the GPU work on `stream` (NULL: the whole context). */
+static fabpool_status sync_stream(struct fabpool *p, void *stream, const char *why)
+{
+    CUresult r = stream ? FP_CU(&p->calls, cuStreamSynchronize, (CUstream)stream) : FP_CU(&p->calls, cuCtxSynchronize);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, stream ? "cuStreamSynchronize" : "cuCtxSynchronize", "waiting for GPU work %s", why);
+    return FABPOOL_OK;
+}
+
+/* Moves chunk c's memory to the ghosts when a peer may still import it
+ * (its live generations were [c->born, drop_gen)), so that unmapping it here
+ * does not free it.  Pool lock held. */
+static fabpool_status keep_for_peers(struct fabpool *p, struct fabpool_buffer *b, fp_bchunk *c, uint64_t drop_gen)
+{
+    if (!peers_may_hold(b, c->born, drop_gen))
+        return FABPOOL_OK;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = FP_CU(&p->calls, cuMemRetainAllocationHandle, &h, (void *)(uintptr_t)(b->base + c->off));
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuMemRetainAllocationHandle", "keeping a chunk its peers may import");
+    atomic_fetch_add(&p->handles_outstanding, 1);
+    fabpool_status st = ghost_add(p, b, (fp_ghost){h, c->size, c->born, drop_gen});
+    if (st != FABPOOL_OK)
+        fp_chunk_release(p, h);
+    return st;
+}
+
+/* A shrink to `target` whose last needed chunk (index j) holds more than the
+ * hysteresis allows: every chunk after j goes, and j is replaced by a chunk
+ * of rs bytes at the same address, the data below target copied on `stream`.
+ * The copy and the swap wait for the GPU work on `stream` (NULL: the
+ * context) and for the retired chunks' events.  On failure before the swap
+ * the buffer is as it was.  Pool lock held, context current. */
+static fabpool_status refit(struct fabpool *p, struct fabpool_buffer *b, uint32_t j, uint64_t rs, uint64_t target,
+                            void *stream)
+{
+    fp_bchunk *c = &b->chunks[j];
+    uint64_t at = b->base + c->off, drop_gen = b->generation + 1;
+    uint64_t tmp = fp_va_alloc(&p->va, rs, p->gran);
+    if (!tmp)
+        return fp_error(FABPOOL_ERR_LIMIT, "shrinking a buffer to %llu bytes: no free address range of %llu bytes "
+                        "left in the pool's reservation for the copy; raise reserve", (unsigned long long)target,
+                        (unsigned long long)rs);
+    CUmemGenericAllocationHandle hn = 0, ho = 0;
+    fabpool_status st = fp_chunk_create(p, rs, &hn);
+    if (st != FABPOOL_OK)
+        goto free_va;
+    if ((st = fp_chunk_map_access(p, tmp, rs, hn, "a smaller chunk for a shrunk buffer")) != FABPOOL_OK)
+        goto release_new;
+    CUresult r = FP_CU(&p->calls, cuMemcpyDtoDAsync, (CUdeviceptr)tmp, (CUdeviceptr)at, target - c->off,
+                       (CUstream)stream);
+    if (r != CUDA_SUCCESS) {
+        st = fp_drv_error(r, "cuMemcpyDtoDAsync", "copying %llu bytes of a shrunk buffer into its smaller chunk",
+                          (unsigned long long)(target - c->off));
+        goto unmap_tmp;
+    }
+    if ((st = sync_stream(p, stream, "before a shrunk buffer's chunk is replaced")) != FABPOOL_OK)
+        goto unmap_tmp;
+    for (uint32_t i = j + 1; i < b->n; i++) {
+        fp_bchunk *t = &b->chunks[i];
+        if (t->retiring && t->retire_event &&
+            (r = FP_CU(&p->calls, cuEventSynchronize, t->retire_event)) != CUDA_SUCCESS) {
+            st = fp_drv_error(r, "cuEventSynchronize", "waiting for the GPU work on a retired chunk");
+            goto unmap_tmp;
+        }
+    }
+    /* the old chunk's memory: a handle of our own, to map it back if the swap fails */
+    r = FP_CU(&p->calls, cuMemRetainAllocationHandle, &ho, (void *)(uintptr_t)at);
+    if (r != CUDA_SUCCESS) {
+        st = fp_drv_error(r, "cuMemRetainAllocationHandle", "keeping a shrunk buffer's chunk while it is replaced");
+        goto unmap_tmp;
+    }
+    atomic_fetch_add(&p->handles_outstanding, 1);
+
+    /* the chunks after j go: their memory first kept for the peers that may
+     * still import it, so that a failure before the swap undoes everything */
+    uint32_t n0 = b->n_ghosts;
+    for (uint32_t i = j + 1; i < b->n && st == FABPOOL_OK; i++)
+        st = keep_for_peers(p, b, &b->chunks[i], b->chunks[i].retiring ? b->chunks[i].drop_gen : drop_gen);
+    if (st != FABPOOL_OK)
+        goto drop_ghosts;
+
+    /* the swap */
+    c = &b->chunks[j];
+    uint64_t old = c->size;
+    if ((st = fp_chunk_unmap(p, at, old)) != FABPOOL_OK)
+        goto drop_ghosts;
+    if ((st = fp_chunk_map_access(p, at, rs, hn, "a shrunk buffer's smaller chunk")) != FABPOOL_OK) {
+        if (fp_chunk_map_access(p, at, old, ho, "a shrunk buffer's chunk, back") == FABPOOL_OK)
+            fp_chunk_count_mapped(p, old);
+        else
+            fp_error_append(" (the chunk could not be mapped back either: the buffer lost %llu bytes at offset %llu)",
+                            (unsigned long long)old, (unsigned long long)c->off);
+        goto drop_ghosts;
+    }
+    fp_chunk_count_mapped(p, rs);
+    fp_chunk_forget_export(p, c);
+    if (keep_for_peers(p, b, c, drop_gen) != FABPOOL_OK)
+        fp_error_clear(); /* cannot keep it for the peers: a peer that has not imported it yet will fail to */
+    fp_chunk_release(p, ho);
+    b->live -= old - rs;
+    b->mapped -= old - rs;
+    atomic_fetch_sub(&p->buffer_mapped, old - rs);
+    c->size = rs;
+    c->gen = c->born = drop_gen; /* a new chunk: the next delta names it */
+    b->generation = drop_gen;
+    /* then the chunks after it, from the end (their GPU work is done) */
+    for (uint32_t i = j + 1; i < b->n; i++) {
+        fp_bchunk *t = &b->chunks[i];
+        if (t->retiring)
+            continue;
+        t->retiring = 1;
+        t->retire_event = NULL;
+        t->drop_gen = drop_gen;
+        b->live -= t->size;
+        atomic_fetch_add(&p->retiring_bytes, t->size);
+    }
+    while (b->n > j + 1 && (st = pop_chunk(p, b)) == FABPOOL_OK)
+        ;
+    /* a chunk that failed to unmap stays retired: fabpool_collect retries it */
+    goto unmap_tmp;
+
+drop_ghosts:
+    while (b->n_ghosts > n0)
+        fp_chunk_release(p, b->ghosts[--b->n_ghosts].h);
+    fp_chunk_release(p, ho);
+unmap_tmp:
+    if (FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)tmp, rs) != CUDA_SUCCESS) {
+        fp_chunk_release(p, hn);
+        return st != FABPOOL_OK ? st : fp_error(FABPOOL_ERR_DRIVER, "cuMemUnmap of the copy of a shrunk buffer's "
+                                                "chunk failed twice; %llu bytes of address space stay used",
+                                                (unsigned long long)rs);
+    }
+release_new:
+    fp_chunk_release(p, hn);
+free_va:
+    fp_va_free(&p->va, tmp, rs);
+    return st;
+}
+
 /* Retires the chunks a buffer of `target` bytes no longer needs, keeping the
- * hysteresis.  stream NULL: synchronize and unmap at once. */
+ * hysteresis; a last chunk that would hold more than that is replaced by a
+ * smaller one (refit).  stream NULL: synchronize and unmap at once.  On
+ * failure nothing is retired.  The caller collects afterwards. */
 static fabpool_status shrink(struct fabpool *p, struct fabpool_buffer *b, uint64_t target, void *stream)
 {
     uint64_t keep = fp_round_up(target + target / 100 * p->opt.shrink_hysteresis_percent +
@@ -219,36 +432,42 @@ static fabpool_status shrink(struct fabpool *p, struct fabpool_buffer *b, uint64
         first_retire--;
         live -= b->chunks[first_retire].size;
     }
-    if (first_retire == last_live)
+    int refit_j = target && live > keep && first_retire > 0;
+    if (first_retire == last_live && !refit_j)
         return FABPOOL_OK;
     CUcontext saved;
     fabpool_status st = fp_ctx_push(p, &saved);
     if (st != FABPOOL_OK)
         return st;
-    if (!stream) {
-        CUresult r = FP_CU(&p->calls, cuCtxSynchronize);
-        if (r != CUDA_SUCCESS) {
-            fp_ctx_pop(p, saved);
-            return fp_drv_error(r, "cuCtxSynchronize", "waiting for GPU work before unmapping a shrunk buffer's chunks");
-        }
+    if (refit_j) {
+        fp_bchunk *j = &b->chunks[first_retire - 1];
+        st = refit(p, b, first_retire - 1, keep - j->off, target, stream);
+        fp_ctx_pop(p, saved);
+        return st;
+    }
+    if (!stream && (st = sync_stream(p, NULL, "before unmapping a shrunk buffer's chunks")) != FABPOOL_OK) {
+        fp_ctx_pop(p, saved);
+        return st;
     }
     /* the events first, so that a failure retires nothing and the buffer keeps its size */
     for (uint32_t i = first_retire; stream && i < last_live; i++) {
         CUevent ev = NULL;
+        const char *call = "cuEventCreate";
         CUresult r = FP_CU(&p->calls, cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
         if (r == CUDA_SUCCESS) {
+            call = "cuEventRecord";
             r = FP_CU(&p->calls, cuEventRecord, ev, (CUstream)stream);
             if (r != CUDA_SUCCESS)
                 FP_CU(&p->calls, cuEventDestroy, ev);
         }
         if (r != CUDA_SUCCESS) {
-            for (uint32_t j = first_retire; j < i; j++) {
-                FP_CU(&p->calls, cuEventDestroy, b->chunks[j].retire_event);
-                b->chunks[j].retire_event = NULL;
+            for (uint32_t k = first_retire; k < i; k++) {
+                FP_CU(&p->calls, cuEventDestroy, b->chunks[k].retire_event);
+                b->chunks[k].retire_event = NULL;
             }
             fp_ctx_pop(p, saved);
-            return fp_drv_error(r, "cuEventRecord", "recording an event on stream %p before retiring a buffer chunk "
-                                "(nothing was retired)", stream);
+            return fp_drv_error(r, call, "%s an event on stream %p before retiring a buffer chunk (nothing was "
+                                "retired)", strcmp(call, "cuEventCreate") == 0 ? "creating" : "recording", stream);
         }
         b->chunks[i].retire_event = ev;
     }
@@ -263,8 +482,7 @@ static fabpool_status shrink(struct fabpool *p, struct fabpool_buffer *b, uint64
     }
     fp_ctx_pop(p, saved);
     b->generation++; /* the live chunks changed */
-    fabpool_status cst = fp_collect_locked(p, 0);
-    return st != FABPOOL_OK ? st : cst;
+    return FABPOOL_OK;
 }
 
 /* ------------------------------------------------------------ API */
@@ -304,6 +522,7 @@ fabpool_status fabpool_buffer_create(fabpool_t *p, size_t max_size, size_t size,
     if (st != FABPOOL_OK) {
         undo_grow(p, b, from);
         free_buffer(p, b);
+        atomic_fetch_sub(&p->buffer_count, 1);
         pthread_mutex_unlock(&p->lock);
         return st;
     }
@@ -334,6 +553,10 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
             return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize: buffer %zu is NULL or destroyed", i);
         if (bufs[i]->pool != p)
             return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize_set: buffer %zu is of another pool", i);
+        for (size_t k = 0; k < i; k++)
+            if (bufs[k] == bufs[i])
+                return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize_set: buffers %zu and %zu are the same "
+                                "buffer; give each buffer once, with its one size", k, i);
         fabpool_status st = check_size(bufs[i], sizes[i], "fabpool_buffer_resize");
         if (st != FABPOOL_OK)
             return st;
@@ -356,16 +579,20 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
             undo_grow(p, bufs[j], from[j]);
     } else {
         for (i = 0; i < n; i++) {
-            size_t old = bufs[i]->size;
-            bufs[i]->size = sizes[i];
+            uint64_t gen0 = bufs[i]->generation;
             fabpool_status s2 = shrink(p, bufs[i], sizes[i], stream);
-            if (s2 != FABPOOL_OK && bufs[i]->live >= old)
-                bufs[i]->size = old; /* nothing was retired: the buffer keeps its old size */
-            atomic_fetch_add(&p->buffer_bytes, bufs[i]->size);
-            atomic_fetch_sub(&p->buffer_bytes, old);
             if (s2 != FABPOOL_OK && st == FABPOOL_OK)
                 st = s2;
+            /* a shrink that failed before it changed anything: the buffer keeps its old size */
+            if (s2 == FABPOOL_OK || bufs[i]->generation != gen0) {
+                atomic_fetch_add(&p->buffer_bytes, sizes[i]);
+                atomic_fetch_sub(&p->buffer_bytes, bufs[i]->size);
+                bufs[i]->size = sizes[i];
+            }
         }
+        fabpool_status cst = fp_collect_locked(p, 0);
+        if (st == FABPOOL_OK)
+            st = cst;
     }
     pthread_mutex_unlock(&p->lock);
     if (from != from_stack)
@@ -384,13 +611,24 @@ fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_destroy: the buffer is NULL or already destroyed");
     struct fabpool *p = b->pool;
     pthread_mutex_lock(&p->lock);
-    atomic_fetch_sub(&p->buffer_bytes, b->size);
-    b->size = 0;
     fabpool_status st = shrink(p, b, 0, stream);
+    if (st != FABPOOL_OK) {
+        /* nothing was retired: the buffer is as it was, and can be destroyed again */
+        fp_error_append(" (fabpool_buffer_destroy: the buffer is still alive; destroy it again)");
+        pthread_mutex_unlock(&p->lock);
+        return st;
+    }
+    atomic_fetch_sub(&p->buffer_bytes, b->size);
+    atomic_fetch_sub(&p->buffer_count, 1);
+    b->size = 0;
     b->destroyed = 1;
-    fabpool_status cst = fp_collect_locked(p, 0);
+    /* what no peer can still import goes now (once its GPU work is done);
+     * the rest when the peers acknowledge (fabpool_peers_ack) or at pool
+     * destroy.  A collect that fails here is retried by the next one. */
+    (void)fp_collect_locked(p, 0);
     pthread_mutex_unlock(&p->lock);
-    return st != FABPOOL_OK ? st : cst;
+    fp_error_clear();
+    return FABPOOL_OK;
 }
 
 void fp_buffers_destroy(struct fabpool *p)
@@ -401,6 +639,7 @@ void fp_buffers_destroy(struct fabpool *p)
             if (pop_chunk(p, b) != FABPOOL_OK) {
                 b->n--; /* the driver refused: forget the chunk, the reservation goes next */
             }
+        ghosts_release(p, b, 1);
         free_buffer(p, b);
     }
 }
@@ -419,6 +658,7 @@ fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer
     for (uint32_t i = 0; i < b->n; i++)
         out->n_chunks += !b->chunks[i].retiring;
     out->generation = b->generation;
+    out->export_id = b->uid;
     pthread_mutex_unlock(&p->lock);
     return FABPOOL_OK;
 }

@@ -28,7 +28,7 @@ static CUresult create(struct fabpool *p, CUmemGenericAllocationHandle *h, uint6
     return FP_CU(&p->calls, cuMemCreate, h, size, &prop, 0);
 }
 
-fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size)
+fabpool_status fp_chunk_create(struct fabpool *p, uint64_t size, CUmemGenericAllocationHandle *out)
 {
     CUmemGenericAllocationHandle h = 0;
     CUresult r = create(p, &h, size);
@@ -56,24 +56,28 @@ fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size)
         return fp_drv_error(r, "cuMemCreate", "creating a chunk of %llu bytes on device %d",
                             (unsigned long long)size, (int)p->dev);
     atomic_fetch_add(&p->handles_outstanding, 1);
+    *out = h;
+    return FABPOOL_OK;
+}
 
+fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size)
+{
+    CUmemGenericAllocationHandle h = 0;
+    fabpool_status st = fp_chunk_create(p, size, &h);
+    if (st != FABPOOL_OK)
+        return st;
     return fp_chunk_map_handle(p, va, size, h, "a chunk");
 }
 
-/* Maps handle h (counted in handles_outstanding) at va, gives the pool's
- * device and its peers access, and releases h at once: from then on the
- * mapping alone keeps the memory.  h is released whatever the outcome; on
- * failure nothing stays mapped. */
-fabpool_status fp_chunk_map_handle(struct fabpool *p, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
+/* Maps handle h at va and gives the pool's device and its peers access; on
+ * failure nothing stays mapped.  h is left as it was (not released). */
+fabpool_status fp_chunk_map_access(struct fabpool *p, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
                                    const char *what)
 {
-    fabpool_status st = FABPOOL_OK;
     CUresult r = FP_CU(&p->calls, cuMemMap, (CUdeviceptr)va, size, 0, h, 0);
-    if (r != CUDA_SUCCESS) {
-        st = fp_drv_error(r, "cuMemMap", "mapping %s of %llu bytes at 0x%llx", what, (unsigned long long)size,
-                          (unsigned long long)va);
-        goto release;
-    }
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuMemMap", "mapping %s of %llu bytes at 0x%llx", what, (unsigned long long)size,
+                            (unsigned long long)va);
     CUmemAccessDesc acc[1 + FABPOOL_MAX_PEERS];
     int n = 0;
     memset(acc, 0, sizeof acc);
@@ -87,14 +91,47 @@ fabpool_status fp_chunk_map_handle(struct fabpool *p, uint64_t va, uint64_t size
     }
     r = FP_CU(&p->calls, cuMemSetAccess, (CUdeviceptr)va, size, acc, (size_t)n);
     if (r != CUDA_SUCCESS) {
-        st = fp_drv_error(r, "cuMemSetAccess", "giving device %d%s access to %s of %llu bytes at 0x%llx",
-                          (int)p->dev, n > 1 ? " and its peers" : "", what, (unsigned long long)size,
-                          (unsigned long long)va);
+        fabpool_status st = fp_drv_error(r, "cuMemSetAccess", "giving device %d%s access to %s of %llu bytes at 0x%llx",
+                                         (int)p->dev, n > 1 ? " and its peers" : "", what, (unsigned long long)size,
+                                         (unsigned long long)va);
         FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
-        goto release;
+        return st;
+    }
+    return FABPOOL_OK;
+}
+
+/* Counts a mapping of size bytes that the pool now keeps. */
+void fp_chunk_count_mapped(struct fabpool *p, uint64_t size)
+{
+    uint64_t m = atomic_fetch_add(&p->mapped_bytes, size) + size;
+    stat_max(&p->mapped_peak, m);
+    atomic_fetch_add(&p->chunks_mapped, 1);
+    atomic_fetch_add(&p->chunks_mapped_total, 1);
+}
+
+/* Releases h (counted in handles_outstanding), tried twice. */
+CUresult fp_chunk_release(struct fabpool *p, CUmemGenericAllocationHandle h)
+{
+    CUresult r = FP_CU_UNDO(&p->calls, cuMemRelease, h);
+    if (r == CUDA_SUCCESS)
+        atomic_fetch_sub(&p->handles_outstanding, 1);
+    return r;
+}
+
+/* Maps handle h (counted in handles_outstanding) at va, gives the pool's
+ * device and its peers access, and releases h at once: from then on the
+ * mapping alone keeps the memory.  h is released whatever the outcome; on
+ * failure nothing stays mapped. */
+fabpool_status fp_chunk_map_handle(struct fabpool *p, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
+                                   const char *what)
+{
+    fabpool_status st = fp_chunk_map_access(p, va, size, h, what);
+    if (st != FABPOOL_OK) {
+        fp_chunk_release(p, h);
+        return st;
     }
     /* Eager release: from here on the mapping alone keeps the memory. */
-    r = FP_CU_UNDO(&p->calls, cuMemRelease, h);
+    CUresult r = fp_chunk_release(p, h);
     if (r != CUDA_SUCCESS) {
         st = fp_drv_error(r, "cuMemRelease", "releasing the handle of %s just mapped at 0x%llx (tried twice; "
                           "it was unmapped, its handle may still hold %llu bytes)",
@@ -102,17 +139,8 @@ fabpool_status fp_chunk_map_handle(struct fabpool *p, uint64_t va, uint64_t size
         FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
         return st;
     }
-    atomic_fetch_sub(&p->handles_outstanding, 1);
-    uint64_t m = atomic_fetch_add(&p->mapped_bytes, size) + size;
-    stat_max(&p->mapped_peak, m);
-    atomic_fetch_add(&p->chunks_mapped, 1);
-    atomic_fetch_add(&p->chunks_mapped_total, 1);
+    fp_chunk_count_mapped(p, size);
     return FABPOOL_OK;
-
-release:
-    if (FP_CU_UNDO(&p->calls, cuMemRelease, h) == CUDA_SUCCESS)
-        atomic_fetch_sub(&p->handles_outstanding, 1);
-    return st;
 }
 
 fabpool_status fp_chunk_unmap(struct fabpool *p, uint64_t va, uint64_t size)

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "conf.h"
 #include "error.h"
 
 #define MiB (1ull << 20)
@@ -53,6 +54,7 @@ struct key {
     const char *name;
     field_kind field;
     size_t offset;             /* of the field in fabpool_options */
+    const char *field_name;    /* its name there, for messages about fabpool_options */
     parse_fn parse;
     uint64_t lo, hi;           /* the range of the number read */
     uint64_t multiple;         /* 0, or: the number must be a multiple of this */
@@ -73,7 +75,7 @@ static const char *const handle_words[] = {"auto", "none", "posix_fd", "fabric",
 static const char *const stats_words[] = {"none", "text", "json", NULL};
 static const char *const metadata_words[] = {"auto", "jemalloc", "libc", NULL};
 
-#define FIELD(f) offsetof(fabpool_options, f)
+#define FIELD(f) offsetof(fabpool_options, f), #f
 
 static const struct key keys[] = {
     {"device", F_INT, FIELD(device), parse_uint, 0, 1023, 0, 0, NULL, "a device ordinal 0..1023"},
@@ -218,6 +220,7 @@ static fabpool_status parse_size(const struct key *k, const char *v, size_t n, u
     } units[] = {
         {"b", 0},    {"k", 10},  {"kb", 10}, {"kib", 10}, {"m", 20}, {"mb", 20},  {"mib", 20},
         {"g", 30},   {"gb", 30}, {"gib", 30}, {"t", 40},  {"tb", 40}, {"tib", 40},
+        {"p", 50},   {"pb", 50}, {"pib", 50},
     };
     size_t used = 0;
     uint64_t x = 0;
@@ -237,8 +240,8 @@ static fabpool_status parse_size(const struct key *k, const char *v, size_t n, u
         return FABPOOL_OK;
     }
     return fp_error(FABPOOL_ERR_CONFIG,
-                    "key '%s': value '%.*s%s' has an unknown unit '%.*s%s' (units: B, KiB, MiB, GiB, TiB; also K, M, "
-                    "G, T and KB, MB, GB, TB, all powers of 1024; any case); accepted: %s",
+                    "key '%s': value '%.*s%s' has an unknown unit '%.*s%s' (units: B, KiB, MiB, GiB, TiB, PiB; also K, "
+                    "M, G, T, P and KB, MB, GB, TB, PB, all powers of 1024; any case); accepted: %s",
                     k->name, SHOW(v, n), SHOW(v + used, n - used), k->doc);
 }
 
@@ -531,5 +534,72 @@ fabpool_status fabpool_options_parse(fabpool_options *o, const char *conf)
         p = comma + 1;
     }
     memcpy(o, &t, sizeof t);
+    return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------ fabpool_options */
+
+/* The number in o's field for key k (F_INT fields may be negative). */
+static int64_t field_value(const fabpool_options *o, const struct key *k)
+{
+    const char *field = (const char *)o + k->offset;
+    switch (k->field) {
+    case F_INT:
+        return *(const int *)(const void *)field;
+    case F_U32:
+        return (int64_t)*(const uint32_t *)(const void *)field;
+    case F_U64: {
+        uint64_t x = *(const uint64_t *)(const void *)field;
+        return x > INT64_MAX ? INT64_MAX : (int64_t)x;
+    }
+    case F_HANDLE:
+        return (int64_t)*(const fabpool_handle_type *)(const void *)field;
+    case F_METADATA:
+        return (int64_t)*(const fabpool_metadata *)(const void *)field;
+    case F_PEERS:
+        return o->n_peer_devices;
+    }
+    return 0;
+}
+
+static fabpool_status bad_field(const struct key *k, long long x, const char *why)
+{
+    return fp_error(FABPOOL_ERR_CONFIG, "fabpool_options.%s (conf key '%s') is %lld, which %s; accepted: %s",
+                    k->field_name, k->name, x, why, k->doc);
+}
+
+fabpool_status fp_options_check(const fabpool_options *o)
+{
+    for (size_t i = 0; i < NKEYS; i++) {
+        const struct key *k = &keys[i];
+        if (k->field == F_PEERS) {
+            if (o->n_peer_devices < 0 || o->n_peer_devices > FABPOOL_MAX_PEERS)
+                return bad_field(k, o->n_peer_devices, "is not a count of 0 to 16 peer devices");
+            for (int a = 0; a < o->n_peer_devices; a++) {
+                if (o->peer_devices[a] < 0 || (uint64_t)o->peer_devices[a] > k->hi)
+                    return fp_error(FABPOOL_ERR_CONFIG, "fabpool_options.peer_devices[%d] (conf key 'peers') is %d, "
+                                    "not a device ordinal; accepted: %s", a, o->peer_devices[a], k->doc);
+                for (int b = 0; b < a; b++)
+                    if (o->peer_devices[b] == o->peer_devices[a])
+                        return fp_error(FABPOOL_ERR_CONFIG, "fabpool_options.peer_devices[%d] and [%d] (conf key "
+                                        "'peers') both name device %d; accepted: %s", b, a, o->peer_devices[a], k->doc);
+            }
+            continue;
+        }
+        int64_t x = field_value(o, k);
+        if (x < 0)
+            return bad_field(k, (long long)x, "is negative");
+        uint64_t u = (uint64_t)x;
+        if (k->field == F_U64)
+            u = *(const uint64_t *)(const void *)((const char *)o + k->offset);
+        if (u == 0 && k->zero_ok)
+            continue;
+        if (u < k->lo)
+            return bad_field(k, (long long)x, "is below the minimum");
+        if (u > k->hi)
+            return bad_field(k, (long long)x, "is above the maximum");
+        if (k->multiple && u % k->multiple)
+            return bad_field(k, (long long)x, "is not a multiple of 2MiB");
+    }
     return FABPOOL_OK;
 }

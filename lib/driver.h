@@ -53,7 +53,8 @@
     X(cuEventRecord, 2000)                        \
     X(cuEventQuery, 2000)                         \
     X(cuEventSynchronize, 2000)                   \
-    X(cuStreamSynchronize, 2000)
+    X(cuStreamSynchronize, 2000)                  \
+    X(cuMemcpyDtoDAsync, 3020)
 
 enum fp_drv_index {
 #define FP_DRV_ENUM(name, ver) FP_DRV_##name,

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "conf.h"
 #include "error.h"
 #include "pool.h"
 
@@ -256,6 +257,8 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
         o = *opts;
     }
     fabpool_status st = apply_conf(&o);
+    if (st == FABPOOL_OK)
+        st = fp_options_check(&o);
     if (st != FABPOOL_OK)
         return st;
     st = fp_drv_load();

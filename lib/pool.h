@@ -77,6 +77,7 @@ typedef struct fp_tcache {
 typedef struct fp_bchunk {
     uint64_t off, size;
     uint64_t gen;                      /* the buffer's generation when it joined the live chunks */
+    uint64_t born;                     /* the generation when it was mapped (kept when a grow takes it back) */
     uint64_t drop_gen;                 /* retiring: the generation that dropped it */
     CUevent retire_event;              /* non-NULL while retiring: unmap once it completes */
     uint8_t retiring;
@@ -85,6 +86,13 @@ typedef struct fp_bchunk {
     CUmemFabricHandle fabric;
 } fp_bchunk;
 
+/* The physical memory of a chunk that left an exported buffer's address
+ * window while peers may still import it: a retained handle keeps it alive
+ * until no generation the peers have not acknowledged can name it. */
+typedef struct fp_ghost {
+    CUmemGenericAllocationHandle h;
+    uint64_t size, born, drop_gen;
+} fp_ghost;
 
 struct fabpool_buffer {
     struct fabpool *pool;
@@ -99,6 +107,9 @@ struct fabpool_buffer {
     int destroyed;                     /* waiting for its retirements, then freed */
     int shared;                        /* exported at least once: dropped chunks wait for the peers */
     uint64_t acked;                    /* every peer has applied this generation */
+    uint64_t exported_gen;             /* the generation of the last descriptor written */
+    fp_ghost *ghosts;
+    uint32_t n_ghosts, cap_ghosts;
     uint64_t uid;                      /* names the buffer in descriptors */
 };
 
@@ -186,6 +197,13 @@ static inline CUmemAllocationProp fp_alloc_prop(const struct fabpool *p)
     return prop;
 }
 fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size);
+/* cuMemCreate of a chunk, with one trim and retry on OOM; the handle is
+ * counted in handles_outstanding. */
+fabpool_status fp_chunk_create(struct fabpool *p, uint64_t size, CUmemGenericAllocationHandle *out);
+fabpool_status fp_chunk_map_access(struct fabpool *p, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
+                                   const char *what);
+void fp_chunk_count_mapped(struct fabpool *p, uint64_t size);
+CUresult fp_chunk_release(struct fabpool *p, CUmemGenericAllocationHandle h);
 fabpool_status fp_chunk_map_handle(struct fabpool *p, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
                                    const char *what);
 fabpool_status fp_chunk_unmap(struct fabpool *p, uint64_t va, uint64_t size);

@@ -1,6 +1,8 @@
 /* share.c - buffers across processes: descriptors out of a buffer, views
  * of a peer's buffer in, and the rules of who may unmap what when. */
+#define _GNU_SOURCE /* syscall(SYS_kcmp) */
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -157,7 +159,10 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
     put32(d + 68, (uint32_t)p->opt.device);
     put64(d + 72, p->gran);
     put64(d + 80, checksum(d, *len));
+    if (b->acked == UINT64_MAX && b->generation > 0)
+        b->acked = b->generation - 1; /* a new peer after "no peer is left": it maps what this names */
     b->shared = 1;
+    b->exported_gen = b->generation;
 out:
     pthread_mutex_unlock(&p->lock);
     return st;
@@ -175,15 +180,45 @@ fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *b)
     return FABPOOL_OK;
 }
 
+/* Records that every peer has applied `generation`, and unmaps what they no
+ * longer need.  Pool lock held. */
+static fabpool_status ack_locked(struct fabpool *p, struct fabpool_buffer *b, uint64_t generation, const char *fn)
+{
+    if (generation != UINT64_MAX && generation > b->exported_gen)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: generation %llu was never exported (the buffer's last "
+                        "descriptor has generation %llu): acknowledge the generation a peer applied, or UINT64_MAX "
+                        "when no peer is left", fn, (unsigned long long)generation,
+                        (unsigned long long)b->exported_gen);
+    if (generation > b->acked || generation == UINT64_MAX)
+        b->acked = generation;
+    return fp_collect_locked(p, 0);
+}
+
 fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *b, uint64_t generation)
 {
     if (!b)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is NULL");
     struct fabpool *p = b->pool;
     pthread_mutex_lock(&p->lock);
-    if (generation > b->acked)
-        b->acked = generation;
-    fabpool_status st = fp_collect_locked(p, 0);
+    fabpool_status st = b->destroyed ? fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is "
+                                                "destroyed; acknowledge by its export id (fabpool_peers_ack)")
+                                     : ack_locked(p, b, generation, "fabpool_buffer_peers_ack");
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+fabpool_status fabpool_peers_ack(fabpool_t *p, uint64_t export_id, uint64_t generation)
+{
+    if (!p)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_peers_ack: the pool is NULL");
+    pthread_mutex_lock(&p->lock);
+    struct fabpool_buffer *b = p->buffers;
+    while (b && b->uid != export_id)
+        b = b->next;
+    fabpool_status st = b ? ack_locked(p, b, generation, "fabpool_peers_ack")
+                          : fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_peers_ack: no buffer of this pool has export id "
+                                     "0x%llx (a destroyed buffer whose memory is all gone needs no more acks)",
+                                     (unsigned long long)export_id);
     pthread_mutex_unlock(&p->lock);
     return st;
 }
@@ -275,20 +310,38 @@ static void close_fds(const int *fds, size_t n)
             close(fds[i]);
 }
 
-static fabpool_status import_map(struct fabpool *p, fabpool_view_t *v, const parsed *ds, uint32_t i,
-                                 const int *fds)
+/* Two fds that are one open file (the same fd sent twice, or a dup): kcmp
+ * says so where the kernel offers it (1 same, 0 not, -1 cannot tell). */
+static int same_file(int a, int b)
+{
+#ifdef SYS_kcmp
+    long r = syscall(SYS_kcmp, (long)getpid(), (long)getpid(), 0 /* KCMP_FILE */, (long)a, (long)b);
+    return r < 0 ? -1 : r == 0;
+#else
+    (void)a;
+    (void)b;
+    return -1;
+#endif
+}
+
+/* Imports the handle of record i (not mapped yet); counted in handles_outstanding. */
+static fabpool_status import_one(struct fabpool *p, const parsed *ds, uint32_t i, const int *fds,
+                                 CUmemGenericAllocationHandle *h)
 {
     const uint8_t *r = ds->records + (size_t)i * FABPOOL_DESC_RECORD_BYTES;
     uint64_t off = get64(r), size = get64(r + 8);
-    CUmemGenericAllocationHandle h = 0;
     CUresult cr;
-    if (ds->handle_type == FABPOOL_HANDLE_POSIX_FD)
-        cr = FP_CU(&p->calls, cuMemImportFromShareableHandle, &h, (void *)(intptr_t)fds[i],
+    if (ds->handle_type == FABPOOL_HANDLE_POSIX_FD) {
+        for (uint32_t k = 0; k < i; k++)
+            if (fds[k] == fds[i] || same_file(fds[k], fds[i]) == 1)
+                return bad_desc("fds %llu and %llu are one file (the same fd given twice): each record needs the fd "
+                                "of its own chunk", k, i);
+        cr = FP_CU(&p->calls, cuMemImportFromShareableHandle, h, (void *)(intptr_t)fds[i],
                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    else {
+    } else {
         CUmemFabricHandle fh;
         memcpy(&fh, r + 32, sizeof fh);
-        cr = FP_CU(&p->calls, cuMemImportFromShareableHandle, &h, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
+        cr = FP_CU(&p->calls, cuMemImportFromShareableHandle, h, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
     }
     if (cr != CUDA_SUCCESS)
         return fp_drv_error(cr, "cuMemImportFromShareableHandle", "importing a chunk of %llu bytes at offset %llu of "
@@ -296,8 +349,34 @@ static fabpool_status import_map(struct fabpool *p, fabpool_view_t *v, const par
                             ds->handle_type == FABPOOL_HANDLE_FABRIC ? " (a fabric handle fails once its exporter "
                             "has unmapped it, and needs an IMEX channel)" : "");
     atomic_fetch_add(&p->handles_outstanding, 1);
-    /* the import handle goes right after the map: the mapping keeps the memory */
-    return fp_chunk_map_handle(p, v->base + off, size, h, "an imported chunk");
+    return FABPOOL_OK;
+}
+
+/* Maps imported handle h of record k at its offset in the view and releases
+ * it: the mapping keeps the memory.  A handle whose allocation is not the
+ * record's size (the driver maps whole handles only) is refused with
+ * FABPOOL_ERR_DESCRIPTOR: an fd of another chunk. */
+static fabpool_status map_one(struct fabpool *p, fabpool_view_t *v, const parsed *ds, uint32_t k,
+                              CUmemGenericAllocationHandle h)
+{
+    const uint8_t *r = ds->records + (size_t)k * FABPOOL_DESC_RECORD_BYTES;
+    uint64_t off = get64(r), size = get64(r + 8);
+    fabpool_status st = fp_chunk_map_handle(p, v->base + off, size, h, "an imported chunk");
+    if (st != FABPOOL_OK && ds->handle_type == FABPOOL_HANDLE_POSIX_FD && strstr(fabpool_last_error(), "NOT_SUPPORTED"))
+        return bad_desc("fd %llu is not a chunk of the record's size (%llu bytes): the fds were swapped, or belong to "
+                        "another buffer", k, size);
+    return st;
+}
+
+/* Whether record k's range is free in the view now (no chunk there). */
+static int range_free(const fabpool_view_t *v, const parsed *ds, uint32_t k)
+{
+    const uint8_t *r = ds->records + (size_t)k * FABPOOL_DESC_RECORD_BYTES;
+    uint64_t off = get64(r), size = get64(r + 8);
+    for (uint32_t i = 0; i < v->n; i++)
+        if (off < v->chunks[i].off + v->chunks[i].size && v->chunks[i].off < off + size)
+            return 0;
+    return 1;
 }
 
 static fabpool_status view_unmap(struct fabpool *p, fabpool_view_t *v, uint32_t i)
@@ -320,6 +399,40 @@ static int kept(const fabpool_view_t *v, uint32_t i, const parsed *ds)
     return 1;
 }
 
+/* Grows the view's chunk list to hold `need`. */
+static fabpool_status view_reserve(struct fabpool *p, fabpool_view_t *v, uint32_t need)
+{
+    if (need <= v->cap)
+        return FABPOOL_OK;
+    uint32_t cap = v->cap ? v->cap : 8;
+    while (cap < need)
+        cap *= 2;
+    fp_vchunk *c = fp_meta_alloc(&p->meta, cap * sizeof *c);
+    if (!c)
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a view's chunk list");
+    if (v->n)
+        memcpy(c, v->chunks, v->n * sizeof *c);
+    fp_meta_free(&p->meta, v->chunks, v->cap * sizeof *c);
+    v->chunks = c;
+    v->cap = cap;
+    return FABPOOL_OK;
+}
+
+static void view_add(fabpool_view_t *v, const parsed *ds, uint32_t k)
+{
+    const uint8_t *r = ds->records + (size_t)k * FABPOOL_DESC_RECORD_BYTES;
+    fp_vchunk c = {get64(r), get64(r + 8), get64(r + 16)};
+    uint32_t i = v->n++;
+    for (; i > 0 && v->chunks[i - 1].off > c.off; i--) /* sorted by offset */
+        v->chunks[i] = v->chunks[i - 1];
+    v->chunks[i] = c;
+}
+
+/* Applies a parsed descriptor.  Every step that can fail on the peer's side
+ * comes first: every import, then the mapping of each new chunk whose range
+ * is free; only then are the dropped chunks unmapped and the chunks that
+ * replace them mapped.  A failed import or first mapping leaves the view
+ * exactly as it was. */
 static fabpool_status apply_locked(fabpool_view_t *v, const parsed *ds, const int *fds)
 {
     struct fabpool *p = v->pool;
@@ -340,55 +453,75 @@ static fabpool_status apply_locked(fabpool_view_t *v, const parsed *ds, const in
     if (covered != ds->live)
         return bad_desc("after it the view would map %llu of the buffer's %llu live bytes: a delta is missing; "
                         "apply a full descriptor (since 0)", covered, ds->live);
-    uint32_t need = v->n + ds->n;
-    if (need > v->cap) {
-        uint32_t cap = v->cap ? v->cap : 8;
-        while (cap < need)
-            cap *= 2;
-        fp_vchunk *c = fp_meta_alloc(&p->meta, cap * sizeof *c);
-        if (!c)
-            return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a view's chunk list");
-        if (v->n)
-            memcpy(c, v->chunks, v->n * sizeof *c);
-        fp_meta_free(&p->meta, v->chunks, v->cap * sizeof *c);
-        v->chunks = c;
-        v->cap = cap;
+    fabpool_status st = view_reserve(p, v, v->n + ds->n);
+    if (st != FABPOOL_OK)
+        return st;
+    /* per record: its handle, and what became of it */
+    enum { HELD = 0, MAPPED = 1, GONE = 2, STACK = 64 };
+    CUmemGenericAllocationHandle hs[STACK], *h = hs;
+    uint8_t states[STACK], *state = states;
+    if (ds->n > STACK) {
+        h = fp_meta_alloc(&p->meta, ds->n * (sizeof *h + 1));
+        if (!h)
+            return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to import %u chunks", ds->n);
+        state = (uint8_t *)(h + ds->n);
     }
-    /* drop what goes, then map what comes */
-    uint32_t w = 0;
-    fabpool_status st = FABPOOL_OK;
-    for (uint32_t i = 0; i < v->n; i++) {
-        if (kept(v, i, ds) || (st != FABPOOL_OK)) {
-            v->chunks[w++] = v->chunks[i];
+    memset(state, GONE, ds->n);
+    uint32_t k;
+    for (k = 0; k < ds->n; k++) {
+        if ((st = import_one(p, ds, k, fds, &h[k])) != FABPOOL_OK)
+            goto undo;
+        state[k] = HELD;
+    }
+    for (k = 0; k < ds->n; k++) {
+        if (!range_free(v, ds, k))
             continue;
-        }
-        if ((st = view_unmap(p, v, i)) != FABPOOL_OK)
+        st = map_one(p, v, ds, k, h[k]);
+        state[k] = st == FABPOOL_OK ? MAPPED : GONE;
+        if (st != FABPOOL_OK)
+            goto undo;
+    }
+    /* from here on the view changes: drop what goes, then map what replaces it */
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < v->n; i++) {
+        if (kept(v, i, ds) || st != FABPOOL_OK || (st = view_unmap(p, v, i)) != FABPOOL_OK)
             v->chunks[w++] = v->chunks[i];
     }
     v->n = w;
-    if (st != FABPOOL_OK)
-        return st;
-    uint32_t first_new = v->n;
-    for (uint32_t k = 0; k < ds->n; k++) {
-        if ((st = import_map(p, v, ds, k, fds)) != FABPOOL_OK) {
-            while (v->n > first_new) /* undo this apply's new mappings */
-                if (view_unmap(p, v, --v->n) != FABPOOL_OK)
-                    break;
-            return st;
+    for (k = 0; k < ds->n; k++) {
+        if (state[k] == HELD) {
+            fabpool_status s2 = st == FABPOOL_OK ? map_one(p, v, ds, k, h[k]) : FABPOOL_ERR_DRIVER;
+            if (st != FABPOOL_OK)
+                fp_chunk_release(p, h[k]);
+            else if (s2 != FABPOOL_OK)
+                st = s2;
+            state[k] = s2 == FABPOOL_OK ? MAPPED : GONE;
         }
-        const uint8_t *r = ds->records + (size_t)k * FABPOOL_DESC_RECORD_BYTES;
-        v->chunks[v->n++] = (fp_vchunk){get64(r), get64(r + 8), get64(r + 16)};
+        if (state[k] == MAPPED)
+            view_add(v, ds, k);
     }
-    /* keep the list sorted by offset */
-    for (uint32_t i = 1; i < v->n; i++)
-        for (uint32_t j = i; j > 0 && v->chunks[j - 1].off > v->chunks[j].off; j--) {
-            fp_vchunk t = v->chunks[j];
-            v->chunks[j] = v->chunks[j - 1];
-            v->chunks[j - 1] = t;
+    if (st == FABPOOL_OK) {
+        v->live = ds->live;
+        v->generation = ds->generation;
+    } else {
+        fp_error_append(" (the view lost the chunks this descriptor replaces: apply a full descriptor)");
+    }
+    goto out;
+
+undo:
+    /* the view is untouched but for this apply's first mappings: take them back */
+    for (k = 0; k < ds->n; k++) {
+        if (state[k] == HELD)
+            fp_chunk_release(p, h[k]);
+        else if (state[k] == MAPPED) {
+            const uint8_t *r = ds->records + (size_t)k * FABPOOL_DESC_RECORD_BYTES;
+            (void)fp_chunk_unmap(p, v->base + get64(r), get64(r + 8));
         }
-    v->live = ds->live;
-    v->generation = ds->generation;
-    return FABPOOL_OK;
+    }
+out:
+    if (h != hs)
+        fp_meta_free(&p->meta, h, ds->n * (sizeof *h + 1));
+    return st;
 }
 
 fabpool_status fabpool_view_open(fabpool_t *p, const void *desc, size_t len, const int *fds, size_t nfds,
@@ -508,6 +641,7 @@ fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_inf
     out->max_size = v->window;
     out->n_chunks = v->n;
     out->generation = v->generation;
+    out->export_id = v->uid;
     pthread_mutex_unlock(&v->pool->lock);
     return FABPOOL_OK;
 }

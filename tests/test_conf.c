@@ -208,6 +208,10 @@ static void test_good_values(void)
         CHECK(o.reserve_bytes == 2 * MiB);
     if (GOOD("reserve:4TiB", &o))
         CHECK(o.reserve_bytes == 4 * TiB);
+    if (GOOD("reserve:1PiB", &o))
+        CHECK(o.reserve_bytes == 1024 * TiB);
+    if (GOOD("reserve:1pib", &o))
+        CHECK(o.reserve_bytes == 1024 * TiB);
     if (GOOD("reserve:1024TiB", &o))
         CHECK(o.reserve_bytes == 1024 * TiB);
 
@@ -409,7 +413,8 @@ static void test_value_errors(void)
     BAD("reserve:1MiB", "'reserve'", "'1MiB'");
     BAD("reserve:1", "'reserve'", "'1'");
     BAD3("reserve:2097151", "'reserve'", "'2097151'", "2MiB");
-    BAD("reserve:2PiB", "'reserve'", "'PiB'");
+    /* audit 12: 1PiB is the documented maximum and PiB a unit (f8e0a8d refused it as an unknown unit) */
+    BAD3("reserve:2PiB", "'reserve'", "'2PiB'", "maximum");
     BAD("reserve:4096TiB", "'reserve'", "'4096TiB'");
     BAD3("reserve:1.5GiB", "'reserve'", "'1.5GiB'", "fraction");
     BAD3("reserve:4XB", "'reserve'", "'4XB'", "unit");
