@@ -202,6 +202,9 @@ typedef struct fabpool_stats {
     uint64_t in_use_bytes_peak;
     uint64_t cached_bytes;          /* mapped but free: slabs, spans, buffer hysteresis */
     uint64_t retiring_bytes;        /* waiting for GPU work before unmap */
+    uint64_t view_bytes;            /* mapped from peers' buffers (views); part of mapped_bytes */
+    uint64_t held_for_peers_bytes;  /* left an exported buffer's window, kept by a handle until the peers ack;
+                                       not part of mapped_bytes */
     uint64_t buffers;               /* live growable buffers */
     uint64_t blocks;                /* live size-class blocks */
     uint64_t chunks_mapped;         /* chunks mapped now */

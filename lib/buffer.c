@@ -109,6 +109,7 @@ static fabpool_status ghost_add(struct fabpool *p, struct fabpool_buffer *b, fp_
         b->cap_ghosts = cap;
     }
     b->ghosts[b->n_ghosts++] = g;
+    atomic_fetch_add(&p->ghost_bytes, g.size);
     return FABPOOL_OK;
 }
 
@@ -118,8 +119,10 @@ static void ghosts_release(struct fabpool *p, struct fabpool_buffer *b, int all)
     uint32_t w = 0;
     for (uint32_t i = 0; i < b->n_ghosts; i++) {
         fp_ghost *g = &b->ghosts[i];
-        if ((all || !peers_may_hold(b, g->born, g->drop_gen)) && fp_chunk_release(p, g->h) == CUDA_SUCCESS)
+        if ((all || !peers_may_hold(b, g->born, g->drop_gen)) && fp_chunk_release(p, g->h) == CUDA_SUCCESS) {
+            atomic_fetch_sub(&p->ghost_bytes, g->size);
             continue;
+        }
         b->ghosts[w++] = *g;
     }
     b->n_ghosts = w;
@@ -398,8 +401,11 @@ static fabpool_status refit(struct fabpool *p, struct fabpool_buffer *b, uint32_
     goto unmap_tmp;
 
 drop_ghosts:
-    while (b->n_ghosts > n0)
-        fp_chunk_release(p, b->ghosts[--b->n_ghosts].h);
+    while (b->n_ghosts > n0) {
+        fp_ghost *g = &b->ghosts[--b->n_ghosts];
+        fp_chunk_release(p, g->h);
+        atomic_fetch_sub(&p->ghost_bytes, g->size);
+    }
     fp_chunk_release(p, ho);
 unmap_tmp:
     if (FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)tmp, rs) != CUDA_SUCCESS) {

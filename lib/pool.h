@@ -166,6 +166,7 @@ struct fabpool {
     _Atomic uint64_t large_in_use_bytes, large_blocks, large_allocs[FP_NCLASS];
     _Atomic uint64_t buffer_bytes, buffer_mapped, buffer_count, retiring_bytes;
     _Atomic uint64_t in_use_peak, oom_retries, handles_outstanding, exported_fds;
+    _Atomic uint64_t view_bytes, ghost_bytes;
 };
 
 #define FP_MAP_LEAF_SHIFT 12

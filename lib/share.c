@@ -362,6 +362,8 @@ static fabpool_status map_one(struct fabpool *p, fabpool_view_t *v, const parsed
     const uint8_t *r = ds->records + (size_t)k * FABPOOL_DESC_RECORD_BYTES;
     uint64_t off = get64(r), size = get64(r + 8);
     fabpool_status st = fp_chunk_map_handle(p, v->base + off, size, h, "an imported chunk");
+    if (st == FABPOOL_OK)
+        atomic_fetch_add(&p->view_bytes, size);
     if (st != FABPOOL_OK && ds->handle_type == FABPOOL_HANDLE_POSIX_FD && strstr(fabpool_last_error(), "NOT_SUPPORTED"))
         return bad_desc("fd %llu is not a chunk of the record's size (%llu bytes): the fds were swapped, or belong to "
                         "another buffer", k, size);
@@ -379,9 +381,17 @@ static int range_free(const fabpool_view_t *v, const parsed *ds, uint32_t k)
     return 1;
 }
 
+static fabpool_status view_unmap_at(struct fabpool *p, fabpool_view_t *v, uint64_t off, uint64_t size)
+{
+    fabpool_status st = fp_chunk_unmap(p, v->base + off, size);
+    if (st == FABPOOL_OK)
+        atomic_fetch_sub(&p->view_bytes, size);
+    return st;
+}
+
 static fabpool_status view_unmap(struct fabpool *p, fabpool_view_t *v, uint32_t i)
 {
-    return fp_chunk_unmap(p, v->base + v->chunks[i].off, v->chunks[i].size);
+    return view_unmap_at(p, v, v->chunks[i].off, v->chunks[i].size);
 }
 
 /* The chunks the view keeps: those below `live` that no record replaces. */
@@ -515,7 +525,7 @@ undo:
             fp_chunk_release(p, h[k]);
         else if (state[k] == MAPPED) {
             const uint8_t *r = ds->records + (size_t)k * FABPOOL_DESC_RECORD_BYTES;
-            (void)fp_chunk_unmap(p, v->base + get64(r), get64(r + 8));
+            (void)view_unmap_at(p, v, get64(r), get64(r + 8));
         }
     }
 out:

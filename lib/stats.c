@@ -65,7 +65,9 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
         atomic_store(&p->in_use_peak, peak = s->in_use_bytes);
     s->in_use_bytes_peak = peak;
     s->retiring_bytes = ld(&p->retiring_bytes);
-    uint64_t held = s->in_use_bytes + s->retiring_bytes;
+    s->view_bytes = ld(&p->view_bytes);
+    s->held_for_peers_bytes = ld(&p->ghost_bytes);
+    uint64_t held = s->in_use_bytes + s->retiring_bytes + s->view_bytes;
     s->cached_bytes = s->mapped_bytes > held ? s->mapped_bytes - held : 0;
     s->buffers = ld(&p->buffer_count);
     s->blocks = blocks;
@@ -102,14 +104,15 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
     if (json) {
         fprintf(f, "{\"device\":%d,\"handle_type\":\"%s\",\"reserved_bytes\":%" PRIu64 ",\"mapped_bytes\":%" PRIu64
                    ",\"mapped_bytes_peak\":%" PRIu64 ",\"in_use_bytes\":%" PRIu64 ",\"in_use_bytes_peak\":%" PRIu64
-                   ",\"cached_bytes\":%" PRIu64 ",\"retiring_bytes\":%" PRIu64 ",\"buffers\":%" PRIu64
+                   ",\"cached_bytes\":%" PRIu64 ",\"retiring_bytes\":%" PRIu64 ",\"view_bytes\":%" PRIu64
+                   ",\"held_for_peers_bytes\":%" PRIu64 ",\"buffers\":%" PRIu64
                    ",\"blocks\":%" PRIu64 ",\"chunks_mapped\":%" PRIu64 ",\"chunks_mapped_total\":%" PRIu64
                    ",\"chunks_unmapped_total\":%" PRIu64 ",\"handles_outstanding\":%" PRIu64
                    ",\"exported_fds_open\":%" PRIu64 ",\"oom_retries\":%" PRIu64 ",\"metadata_bytes\":%" PRIu64
                    ",\"metadata_allocator\":\"%s\",\"driver_calls\":{",
                 p->opt.device, fp_handle_type_name(p->handle_type), s.reserved_bytes, s.mapped_bytes,
                 s.mapped_bytes_peak, s.in_use_bytes, s.in_use_bytes_peak, s.cached_bytes, s.retiring_bytes,
-                s.buffers, s.blocks, s.chunks_mapped, s.chunks_mapped_total, s.chunks_unmapped_total,
+                s.view_bytes, s.held_for_peers_bytes, s.buffers, s.blocks, s.chunks_mapped, s.chunks_mapped_total, s.chunks_unmapped_total,
                 s.handles_outstanding, s.exported_fds_open, s.oom_retries, s.metadata_bytes,
                 s.metadata_jemalloc ? "jemalloc" : "libc");
         int first = 1;
@@ -138,6 +141,8 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
     mib(f, "in use, peak", s.in_use_bytes_peak);
     mib(f, "cached", s.cached_bytes);
     mib(f, "retiring", s.retiring_bytes);
+    mib(f, "views of peers", s.view_bytes);
+    mib(f, "held for peers", s.held_for_peers_bytes);
     fprintf(f, "  buffers %" PRIu64 ", blocks %" PRIu64 ", chunks mapped %" PRIu64 " (%" PRIu64 " mapped, %" PRIu64
                " unmapped all time), handles held %" PRIu64 ", exported fds open %" PRIu64 ", OOM retries %" PRIu64 "\n",
             s.buffers, s.blocks, s.chunks_mapped, s.chunks_mapped_total, s.chunks_unmapped_total,
