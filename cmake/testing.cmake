@@ -36,10 +36,17 @@ endif()
 # then env, and on the simulated driver as a machine of its own, so that tests
 # running at the same time (ctest -j) never count each other's memory when they
 # ask what the whole machine holds.
+#
+# On the real driver the tests that ask how much memory the device holds
+# (cuMemGetInfo) would count each other's memory under ctest -j: every test of
+# the real-driver build takes one CTest resource lock, so they run one at a
+# time whatever -j says (tests without the driver still run beside them).
 function(fabpool_test_env name)
   set(env "${FABPOOL_TEST_ENV};${ARGN}")
   if(FABPOOL_TEST_DRIVER STREQUAL "sim")
     list(APPEND env "FABSIM_MACHINE=${name}")
+  else()
+    set_tests_properties(${name} PROPERTIES RESOURCE_LOCK fabpool_device_memory)
   endif()
   set_tests_properties(${name} PROPERTIES ENVIRONMENT "${env}")
 endfunction()
