@@ -43,8 +43,12 @@ extern "C" {
  * result, so a failure is also printed to stderr (fabpool_torch_set_verbose). */
 FABPOOL_API void *fabpool_torch_alloc(size_t size, int device, void *stream);
 /* PyTorch's free_fn: ptr, the size asked, its device and its allocation
- * stream.  NULL is ignored; a pointer fabpool did not give out is refused
- * with a message (printed as for alloc). */
+ * stream.  NULL is ignored.  The shim keeps every block it has handed out
+ * and not taken back (pointer, size asked, block size, stream); a pointer
+ * that is not one of them for `device` (never given out, freed already, or
+ * given out for another device) is refused: nothing changes, bad_frees
+ * counts it and one message is printed (as for alloc).  The size and stream
+ * recorded at the allocation are the ones used. */
 FABPOOL_API void fabpool_torch_free(void *ptr, size_t size, int device, void *stream);
 
 /* Returns everything cached to the driver: waits for the events of blocks
@@ -77,6 +81,7 @@ typedef struct fabpool_torch_counters {
     uint64_t syncs;             /* waits: empty, out of memory, a failed event */
     uint64_t streams;           /* streams the shim keeps free lists for */
     uint64_t empties;
+    uint64_t bad_frees;         /* frees refused: a pointer not live (never given out, or freed already) */
 } fabpool_torch_counters;
 
 /* Fills *out for one device (-1: the sum over every device). */

@@ -8,6 +8,7 @@
  * stream is given to another before that stream's work is done.
  * Usage: test_torch_shim <path of libfabpool_torch.so> */
 #include <pthread.h>
+#include <unistd.h>
 
 #include "../../tests/testutil.h"
 #include "fabpool_torch.h"
@@ -117,6 +118,119 @@ static void check_cross_stream(void *from, void *to, size_t size, int by_sync)
     CHECK(counters().reuse_after_event == c1.reuse_after_event + 1);
     T_free(y, size, 0, to);
     T_free(w, size, 0, to);
+}
+
+/* Lines of `f` (from its start) that contain `what`. */
+static int count_lines(FILE *f, const char *what)
+{
+    char line[1024];
+    int n = 0;
+    rewind(f);
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, what) != NULL;
+    return n;
+}
+
+/* Issue 11 item 4: a double free and a free of a pointer the shim never gave
+ * out are refused, reported once each on stderr, and change nothing: no two
+ * live blocks share memory afterwards, the counters do not move (the live
+ * count does not wrap), and shutdown still succeeds at the end. */
+static void check_bad_frees(void *s)
+{
+    fabpool_torch_counters c0 = counters();
+    fflush(stderr);
+    int saved = dup(2);
+    FILE *log = tmpfile();
+    CHECK(saved >= 0 && log != NULL);
+    if (saved < 0 || !log)
+        return;
+    dup2(fileno(log), 2);
+    int old_verbose = T_verbose(1);
+
+    void *a = T_alloc(256, 0, s);
+    CHECK(a != NULL);
+    /* a block start inside a's slab that was never handed out */
+    T_free((char *)a + 256, 256, 0, s);
+    int refused_inside = strstr(T_err(), "not a live allocation") != NULL;
+    void *b = T_alloc(256, 0, s);
+    void *c = T_alloc(256, 0, s);
+    T_free(b, 256, 0, s);
+    T_free(b, 256, 0, s); /* a double free */
+    int refused_double = strstr(T_err(), "not a live allocation") != NULL;
+    void *d = T_alloc(256, 0, s);
+    void *e = T_alloc(256, 0, s);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    T_verbose(old_verbose);
+
+    CHECK(refused_inside && refused_double);
+    /* one line per bad free: the two above, nothing else */
+    int reports = count_lines(log, "fabpool_torch:");
+    CHECK(reports == 2);
+    if (reports != 2) {
+        char line[1024];
+        rewind(log);
+        while (fgets(line, sizeof line, log))
+            fprintf(stderr, "  stderr: %s", line);
+    }
+    fclose(log);
+    /* four live blocks, all different: the double free did not put b twice
+     * in the cache, and a + 256 was not taken as free */
+    void *live[4] = {a, c, d, e};
+    for (int i = 0; i < 4; i++) {
+        CHECK(live[i] != NULL);
+        for (int j = 0; j < i; j++)
+            CHECK(live[i] != live[j]);
+    }
+    for (int i = 0; i < 4; i++)
+        if (live[i])
+            put_tag(live[i], 256, 0x5100 + (uint64_t)i);
+    for (int i = 0; i < 4; i++)
+        if (live[i])
+            CHECK(tag_ok(live[i], 256, 0x5100 + (uint64_t)i));
+    fabpool_torch_counters c1 = counters();
+    CHECK(c1.blocks_live == c0.blocks_live + 4 && c1.frees == c0.frees + 1 && c1.allocs == c0.allocs + 5);
+    CHECK(c1.bad_frees == c0.bad_frees + 2);
+    for (int i = 0; i < 4; i++)
+        if (live[i])
+            T_free(live[i], 256, 0, s);
+    fabpool_torch_counters c2 = counters();
+    CHECK(c2.blocks_live == c0.blocks_live && c2.bytes_live == c0.bytes_live &&
+          c2.usable_bytes_live == c0.usable_bytes_live);
+    check_against_pool("bad frees");
+
+    /* many live blocks at once (the table grows), freed in a shuffled order
+     * (entries move back in their probe runs), then every one freed again:
+     * each second free is refused */
+    enum { M = 5000 };
+    static void *many[M];
+    c0 = counters();
+    for (int i = 0; i < M; i++) {
+        many[i] = T_alloc(256 + (size_t)(i % 3) * 512, 0, s);
+        CHECK(many[i] != NULL);
+    }
+    uint64_t seed = 77;
+    for (int i = M - 1; i > 0; i--) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((seed >> 33) % (uint64_t)(i + 1));
+        void *t = many[i];
+        many[i] = many[j];
+        many[j] = t;
+    }
+    T_verbose(0);
+    for (int i = 0; i < M; i++) {
+        T_free(many[i], 0, 0, s);
+        if (i % 2 == 1) /* a second free of the one before */
+            T_free(many[i - 1], 0, 0, s);
+    }
+    for (int i = 0; i < M; i += 7)
+        T_free(many[i], 0, 0, s);
+    T_verbose(old_verbose);
+    c1 = counters();
+    CHECK(c1.frees == c0.frees + M && c1.blocks_live == c0.blocks_live && c1.bytes_live == c0.bytes_live);
+    CHECK(c1.bad_frees == c0.bad_frees + M / 2 + (M + 6) / 7);
+    check_against_pool("many");
 }
 
 typedef struct worker {
@@ -262,6 +376,8 @@ int main(int argc, char **argv)
                (unsigned long long)c.reuse_after_event, (unsigned long long)c.pool_allocs,
                (unsigned long long)c.events_recorded);
     }
+
+    check_bad_frees(s1);
 
     /* threads, each on its own stream (and sometimes the default one) */
     {
