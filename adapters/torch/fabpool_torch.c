@@ -28,6 +28,7 @@
 #include "driver.h"
 #include "error.h"
 #include "fabpool_torch.h"
+#include "pool.h"
 #include "sizeclass.h"
 
 #define FT_MAX_DEVICES 64
@@ -82,6 +83,11 @@ typedef struct ft_dev {
     ft_live *live;                 /* the live table: a power of two slots, at most half full */
     size_t live_cap;
     fabpool_torch_counters c;      /* c.blocks_live: the table's entries */
+    /* PyTorch's statistics (fabpool_torch_mem_stats) */
+    fabpool_torch_stat st_count[3], st_bytes[3], st_req[3];
+    fabpool_torch_stat reserved, segment; /* sampled from the pool: gauge_sample */
+    uint64_t num_alloc_retries, num_ooms;
+    uint64_t base_maps, base_unmaps, base_pool_retries, base_syncs; /* at the last reset of accumulated stats */
 } ft_dev;
 
 static _Atomic(ft_dev *) ft_devs[FT_MAX_DEVICES];
@@ -413,6 +419,59 @@ static void *poll_dev(ft_dev *d, unsigned want, int wait)
     return handed;
 }
 
+/* ------------------------------------------------ PyTorch's statistics */
+
+static void stat_add(fabpool_torch_stat *s, int64_t n)
+{
+    s->current += n;
+    if (n > 0)
+        s->allocated += n;
+    else
+        s->freed -= n;
+    if (s->current > s->peak)
+        s->peak = s->current;
+}
+
+/* A block of `size` asked, `usable` given, counted in (sign 1) or out (-1). */
+static void stat_block(ft_dev *d, uint64_t size, uint64_t usable, int sign)
+{
+    int k = size <= FABPOOL_TORCH_SMALL_SIZE ? FABPOOL_TORCH_SMALL_POOL : FABPOOL_TORCH_LARGE_POOL;
+    int idx[2] = {FABPOOL_TORCH_ALL, k};
+    for (int i = 0; i < 2; i++) {
+        stat_add(&d->st_count[idx[i]], sign);
+        stat_add(&d->st_bytes[idx[i]], sign * (int64_t)usable);
+        stat_add(&d->st_req[idx[i]], sign * (int64_t)size);
+    }
+}
+
+/* The pool's gauges, read without its lock.  The one place the shim reads
+ * the pool's internals (lib/pool.h): fabpool_get_stats would do, but it
+ * walks every class under the pool's lock, too slow after each miss. */
+typedef struct ft_gauges {
+    uint64_t mapped, chunks, maps, unmaps, oom_retries;
+} ft_gauges;
+
+static ft_gauges pool_gauges(struct fabpool *p)
+{
+    ft_gauges g;
+    g.mapped = atomic_load_explicit(&p->mapped_bytes, memory_order_relaxed);
+    g.chunks = atomic_load_explicit(&p->chunks_mapped, memory_order_relaxed);
+    g.maps = atomic_load_explicit(&p->chunks_mapped_total, memory_order_relaxed);
+    g.unmaps = atomic_load_explicit(&p->chunks_unmapped_total, memory_order_relaxed);
+    g.oom_retries = atomic_load_explicit(&p->oom_retries, memory_order_relaxed);
+    return g;
+}
+
+/* Follows what the pool maps.  Called (under the device lock) after every
+ * call into the pool that may map: memory is mapped only inside
+ * fabpool_alloc, so the peaks are exact. */
+static void gauge_sample(ft_dev *d)
+{
+    ft_gauges g = pool_gauges(d->pool);
+    stat_add(&d->reserved, (int64_t)g.mapped - d->reserved.current);
+    stat_add(&d->segment, (int64_t)g.chunks - d->segment.current);
+}
+
 /* ---------------------------------------------------------- live table */
 
 static size_t live_slot(const void *p, size_t cap)
@@ -492,6 +551,7 @@ static void live_remove(ft_dev *d, size_t i)
 static void count_alloc(ft_dev *d, void *p, size_t size, uint64_t usable, void *stream)
 {
     live_put(d, p, size, usable, stream);
+    stat_block(d, size, usable, 1);
     d->c.allocs++;
     d->c.blocks_live++;
     d->c.bytes_live += size;
@@ -543,12 +603,15 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
         fabpool_status st = fabpool_alloc(d->pool, size, &p);
         if (st == FABPOOL_ERR_OUT_OF_MEMORY && d->c.cached_blocks) {
             /* the blocks held for streams may be what is missing */
+            d->num_alloc_retries++;
             d->c.syncs++;
             poll_dev(d, FP_NCLASS, 1);
             fabpool_trim(d->pool, 0);
             st = fabpool_alloc(d->pool, size, &p);
         }
+        gauge_sample(d);
         if (st != FABPOOL_OK) {
+            d->num_ooms++; /* PyTorch raises its OutOfMemoryError for every failed device allocation */
             fp_error_append(" (PyTorch asked for %zu bytes on device %d; %llu bytes are live in its tensors)", size,
                             device, (unsigned long long)d->c.bytes_live);
             d->c.alloc_failures++;
@@ -600,6 +663,7 @@ void fabpool_torch_free(void *ptr, size_t size, int device, void *stream)
     uint64_t usable = e.usable;
     stream = e.stream;
     size_t key = e.size && e.size <= usable ? (size_t)e.size : (size_t)usable;
+    stat_block(d, e.size, usable, -1);
     d->c.frees++;
     d->c.blocks_live--;
     d->c.bytes_live -= e.size;
@@ -654,6 +718,7 @@ static fabpool_status empty_dev(ft_dev *d)
     d->c.streams = 0;
     d->c.empties++;
     fabpool_status st = fabpool_trim(d->pool, 0);
+    gauge_sample(d);
     ctx_leave(d, saved);
     pthread_mutex_unlock(&d->lock);
     return st;
@@ -704,6 +769,88 @@ fabpool_status fabpool_torch_get_counters(int device, fabpool_torch_counters *ou
     if (device < 0)
         out->alloc_failures += atomic_load(&ft_failures_nodev);
     return FABPOOL_OK;
+}
+
+fabpool_status fabpool_torch_get_memory_stats(int device, fabpool_torch_mem_stats *out)
+{
+    if (!out || device < 0 || device >= FT_MAX_DEVICES)
+        return fp_error(FABPOOL_ERR_INVALID_ARG,
+                        "fabpool_torch_get_memory_stats: out is NULL or device %d is out of range (0 to %d)", device,
+                        FT_MAX_DEVICES - 1);
+    memset(out, 0, sizeof *out);
+    ft_dev *d = atomic_load_explicit(&ft_devs[device], memory_order_acquire);
+    if (!d)
+        return FABPOOL_OK;
+    pthread_mutex_lock(&d->lock);
+    gauge_sample(d);
+    ft_gauges g = pool_gauges(d->pool);
+    memcpy(out->allocation, d->st_count, sizeof out->allocation);
+    memcpy(out->allocated_bytes, d->st_bytes, sizeof out->allocated_bytes);
+    memcpy(out->requested_bytes, d->st_req, sizeof out->requested_bytes);
+    out->segment = d->segment;
+    out->reserved_bytes = d->reserved;
+    out->num_alloc_retries = (int64_t)(d->num_alloc_retries + g.oom_retries - d->base_pool_retries);
+    out->num_ooms = (int64_t)d->num_ooms;
+    out->num_sync_all_streams = (int64_t)(d->c.syncs - d->base_syncs);
+    out->num_device_alloc = (int64_t)(g.maps - d->base_maps);
+    out->num_device_free = (int64_t)(g.unmaps - d->base_unmaps);
+    pthread_mutex_unlock(&d->lock);
+    return FABPOOL_OK;
+}
+
+static void reset_peak(fabpool_torch_stat *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        s[i].peak = s[i].current;
+}
+
+static void reset_accumulated(fabpool_torch_stat *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        s[i].allocated = s[i].freed = 0;
+}
+
+/* what: 0 peaks, 1 accumulated */
+static fabpool_status reset_stats(int device, int what, const char *fn)
+{
+    if (device < -1 || device >= FT_MAX_DEVICES)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: device %d is out of range (-1 for all, 0 to %d)", fn, device,
+                        FT_MAX_DEVICES - 1);
+    for (int i = device < 0 ? 0 : device; i < (device < 0 ? FT_MAX_DEVICES : device + 1); i++) {
+        ft_dev *d = atomic_load_explicit(&ft_devs[i], memory_order_acquire);
+        if (!d)
+            continue;
+        pthread_mutex_lock(&d->lock);
+        gauge_sample(d);
+        void (*fn_reset)(fabpool_torch_stat *, size_t) = what ? reset_accumulated : reset_peak;
+        fn_reset(d->st_count, 3);
+        fn_reset(d->st_bytes, 3);
+        fn_reset(d->st_req, 3);
+        fn_reset(&d->segment, 1);
+        fn_reset(&d->reserved, 1);
+        if (what) {
+            ft_gauges g = pool_gauges(d->pool);
+            d->num_alloc_retries = d->num_ooms = 0;
+            d->base_maps = g.maps;
+            d->base_unmaps = g.unmaps;
+            d->base_pool_retries = g.oom_retries;
+            d->base_syncs = d->c.syncs;
+        } else {
+            d->c.bytes_live_peak = d->c.bytes_live;
+        }
+        pthread_mutex_unlock(&d->lock);
+    }
+    return FABPOOL_OK;
+}
+
+fabpool_status fabpool_torch_reset_peak_stats(int device)
+{
+    return reset_stats(device, 0, "fabpool_torch_reset_peak_stats");
+}
+
+fabpool_status fabpool_torch_reset_accumulated_stats(int device)
+{
+    return reset_stats(device, 1, "fabpool_torch_reset_accumulated_stats");
 }
 
 #define FT_COUNTER_FIELDS(X)                                                                                  \

@@ -23,6 +23,9 @@ static fabpool_status (*T_counters)(int, fabpool_torch_counters *);
 static const char *(*T_err)(void);
 static int (*T_verbose)(int);
 static fabpool_status (*T_shutdown)(void);
+static fabpool_status (*T_mstats)(int, fabpool_torch_mem_stats *);
+static fabpool_status (*T_reset_peak)(int);
+static fabpool_status (*T_reset_acc)(int);
 
 static int (*S_hold)(void *);
 static int (*S_release)(void *);
@@ -233,6 +236,108 @@ static void check_bad_frees(void *s)
     check_against_pool("many");
 }
 
+static fabpool_torch_mem_stats mstats(void)
+{
+    fabpool_torch_mem_stats m;
+    memset(&m, 0xff, sizeof m);
+    CHECK(T_mstats(0, &m) == FABPOOL_OK);
+    return m;
+}
+
+/* A number of the pool's stats JSON (fabpool_torch_stats_json). */
+static uint64_t pool_num(const char *key)
+{
+    static char js[1 << 16];
+    size_t need = 0;
+    if (T_stats_json(0, js, sizeof js, &need) != FABPOOL_OK)
+        return UINT64_MAX;
+    const char *pool = strstr(js, "\"pool\":");
+    return pool ? jnum(pool, key) : UINT64_MAX;
+}
+
+/* PyTorch's statistics (issue 13 item 4) against what is known: the sizes
+ * asked, the counters, the pool's stats and what the driver holds. */
+static void check_memory_stats(void *s, fabsim_ledger l0)
+{
+    enum { A = FABPOOL_TORCH_ALL, SP = FABPOOL_TORCH_SMALL_POOL, LP = FABPOOL_TORCH_LARGE_POOL };
+    fabpool_torch_mem_stats m0 = mstats();
+    fabpool_torch_counters c0 = counters();
+    CHECK(m0.allocation[A].current == (int64_t)c0.blocks_live);
+    CHECK(m0.allocated_bytes[A].current == (int64_t)c0.usable_bytes_live);
+    CHECK(m0.requested_bytes[A].current == (int64_t)c0.bytes_live);
+    CHECK(m0.allocation[A].current == m0.allocation[SP].current + m0.allocation[LP].current);
+
+    size_t big = (5u << 20) + 4096;
+    void *p1 = T_alloc(3000, 0, s), *p2 = T_alloc(big, 0, s);
+    CHECK(p1 && p2);
+    fabpool_torch_mem_stats m1 = mstats();
+    fabpool_torch_counters c1 = counters();
+    int64_t usable = (int64_t)(c1.usable_bytes_live - c0.usable_bytes_live);
+    CHECK(m1.allocation[A].current == m0.allocation[A].current + 2);
+    CHECK(m1.allocation[SP].current == m0.allocation[SP].current + 1);
+    CHECK(m1.allocation[LP].current == m0.allocation[LP].current + 1);
+    CHECK(m1.requested_bytes[A].current == m0.requested_bytes[A].current + 3000 + (int64_t)big);
+    CHECK(m1.requested_bytes[SP].current == m0.requested_bytes[SP].current + 3000);
+    CHECK(m1.allocated_bytes[A].current == m0.allocated_bytes[A].current + usable);
+    CHECK(usable >= 3000 + (int64_t)big && m1.allocated_bytes[A].allocated - m0.allocated_bytes[A].allocated == usable);
+    CHECK(m1.allocated_bytes[A].peak >= m1.allocated_bytes[A].current);
+    /* reserved: what the pool maps, which is what the driver holds */
+    fabsim_ledger l1 = t_ledger();
+    CHECK(m1.reserved_bytes.current == (int64_t)(l1.bytes_held - l0.bytes_held));
+    CHECK((uint64_t)m1.reserved_bytes.current == pool_num("mapped_bytes"));
+    CHECK((uint64_t)m1.segment.current == pool_num("chunks_mapped"));
+    CHECK((uint64_t)m1.num_device_alloc == pool_num("chunks_mapped_total"));
+    CHECK((uint64_t)m1.num_device_free == pool_num("chunks_unmapped_total"));
+    CHECK(m1.reserved_bytes.peak >= m1.reserved_bytes.current && m1.reserved_bytes.current >= usable);
+
+    /* peaks stay after a free, and reset to the current values */
+    T_free(p2, big, 0, s);
+    fabpool_torch_mem_stats m2 = mstats();
+    CHECK(m2.allocated_bytes[A].current == m1.allocated_bytes[A].current - (usable - (m1.allocated_bytes[SP].current -
+                                                                                      m0.allocated_bytes[SP].current)));
+    CHECK(m2.allocated_bytes[A].peak == m1.allocated_bytes[A].peak && m2.requested_bytes[LP].freed >= (int64_t)big);
+    CHECK(T_reset_peak(0) == FABPOOL_OK);
+    fabpool_torch_mem_stats m3 = mstats();
+    CHECK(m3.allocated_bytes[A].peak == m3.allocated_bytes[A].current && m3.allocation[A].peak == m3.allocation[A].current);
+    CHECK(m3.reserved_bytes.peak == m3.reserved_bytes.current);
+    CHECK(counters().bytes_live_peak == counters().bytes_live);
+
+    /* a block that maps new memory raises the reserved peak; empty brings the
+     * current value down (to what the driver holds), not the peak */
+    void *p3 = T_alloc(96u << 20, 0, s);
+    CHECK(p3 != NULL);
+    fabpool_torch_mem_stats m4 = mstats();
+    CHECK(m4.reserved_bytes.peak >= m3.reserved_bytes.current + (96 << 20));
+    CHECK(m4.allocated_bytes[A].peak == m4.allocated_bytes[A].current);
+    T_free(p3, 96u << 20, 0, s);
+    CHECK(T_empty(0) == FABPOOL_OK);
+    fabpool_torch_mem_stats m5 = mstats();
+    fabsim_ledger l5 = t_ledger();
+    CHECK(m5.reserved_bytes.current == (int64_t)(l5.bytes_held - l0.bytes_held));
+    CHECK(m5.reserved_bytes.current < m4.reserved_bytes.current && m5.reserved_bytes.peak == m4.reserved_bytes.peak);
+    CHECK(m5.num_device_free > m4.num_device_free);
+    CHECK(m5.reserved_bytes.allocated - m5.reserved_bytes.freed == m5.reserved_bytes.current);
+
+    /* accumulated counts start again from 0 */
+    CHECK(T_reset_acc(0) == FABPOOL_OK);
+    fabpool_torch_mem_stats m6 = mstats();
+    CHECK(m6.allocation[A].allocated == 0 && m6.allocation[A].freed == 0 && m6.reserved_bytes.allocated == 0 &&
+          m6.num_device_alloc == 0 && m6.num_device_free == 0 && m6.num_sync_all_streams == 0 &&
+          m6.num_alloc_retries == 0 && m6.num_ooms == 0);
+    CHECK(m6.allocation[A].current == m5.allocation[A].current);
+    T_free(p1, 3000, 0, s);
+    fabpool_torch_mem_stats m7 = mstats();
+    CHECK(m7.allocation[A].freed == 1 && m7.requested_bytes[A].freed == 3000 &&
+          m7.allocation[A].current == m0.allocation[A].current);
+
+    /* bad input */
+    CHECK(T_mstats(64, &m7) == FABPOOL_ERR_INVALID_ARG && T_mstats(0, NULL) == FABPOOL_ERR_INVALID_ARG);
+    CHECK(T_mstats(5, &m7) == FABPOOL_OK && m7.reserved_bytes.current == 0 && m7.allocation[A].peak == 0);
+    CHECK(T_reset_peak(-2) == FABPOOL_ERR_INVALID_ARG && T_reset_acc(64) == FABPOOL_ERR_INVALID_ARG);
+    CHECK(T_reset_peak(-1) == FABPOOL_OK);
+    CHECK(T_empty(0) == FABPOOL_OK); /* nothing cached for what follows */
+}
+
 typedef struct worker {
     int id;
     int failures;
@@ -291,6 +396,9 @@ int main(int argc, char **argv)
     SYM(T_err, "fabpool_torch_last_error");
     SYM(T_verbose, "fabpool_torch_set_verbose");
     SYM(T_shutdown, "fabpool_torch_shutdown");
+    SYM(T_mstats, "fabpool_torch_get_memory_stats");
+    SYM(T_reset_peak, "fabpool_torch_reset_peak_stats");
+    SYM(T_reset_acc, "fabpool_torch_reset_accumulated_stats");
 #undef SYM
     /* one file, the PyTorch ABI only: fabpool's own symbols stay inside */
     CHECK(dlsym(h, "fabpool_alloc") == NULL && dlsym(h, "fp_drv_load") == NULL);
@@ -422,6 +530,8 @@ int main(int argc, char **argv)
         check_against_pool("empty");
     }
 
+    check_memory_stats(s1, l0);
+
     /* errors: NULL and a message (PyTorch itself does not look) */
     T_verbose(0);
     {
@@ -445,6 +555,7 @@ int main(int argc, char **argv)
         CHECK(lb.bytes_held == la.bytes_held && lb.handles == la.handles);
         fabpool_torch_counters c1 = counters();
         CHECK(c1.alloc_failures == c0.alloc_failures + 2 && c1.allocs == c0.allocs && c1.frees == c0.frees);
+        CHECK(mstats().num_ooms == 2); /* 1 << 50 and the driver's out of memory (since the reset above) */
         void *p = T_alloc(64u << 20, 0, s1); /* and it works again */
         CHECK(p != NULL);
         T_free(p, 64u << 20, 0, s1);
