@@ -8,7 +8,11 @@
  *               "libfabpool_torch.so", "fabpool_torch_alloc", "fabpool_torch_free")
  *   torch.cuda.memory.change_current_allocator(alloc)   # before any CUDA allocation
  *
- * (or `import fabpool_torch; fabpool_torch.install()`, which does this).
+ * (or `import fabpool_torch; fabpool_torch.install()`, which does this;
+ * install(stats=True) also makes torch.cuda.memory_stats and the functions
+ * built on it answer from fabpool_torch_get_memory_stats below, and
+ * fabpool_torch.mempool() gives a torch.cuda.MemPool on these functions for
+ * programs that keep PyTorch's allocator: docs/integration.md).
  *
  * One pool per device, created on the first allocation for that device.
  *
