@@ -8,7 +8,11 @@
  *               "libfabpool_torch.so", "fabpool_torch_alloc", "fabpool_torch_free")
  *   torch.cuda.memory.change_current_allocator(alloc)   # before any CUDA allocation
  *
- * (or `import fabpool_torch; fabpool_torch.install()`, which does this).
+ * (or `import fabpool_torch; fabpool_torch.install()`, which does this;
+ * install(stats=True) also makes torch.cuda.memory_stats and the functions
+ * built on it answer from fabpool_torch_get_memory_stats below, and
+ * fabpool_torch.mempool() gives a torch.cuda.MemPool on these functions for
+ * programs that keep PyTorch's allocator: docs/integration.md).
  *
  * One pool per device, created on the first allocation for that device.
  *
@@ -43,8 +47,12 @@ extern "C" {
  * result, so a failure is also printed to stderr (fabpool_torch_set_verbose). */
 FABPOOL_API void *fabpool_torch_alloc(size_t size, int device, void *stream);
 /* PyTorch's free_fn: ptr, the size asked, its device and its allocation
- * stream.  NULL is ignored; a pointer fabpool did not give out is refused
- * with a message (printed as for alloc). */
+ * stream.  NULL is ignored.  The shim keeps every block it has handed out
+ * and not taken back (pointer, size asked, block size, stream); a pointer
+ * that is not one of them for `device` (never given out, freed already, or
+ * given out for another device) is refused: nothing changes, bad_frees
+ * counts it and one message is printed (as for alloc).  The size and stream
+ * recorded at the allocation are the ones used. */
 FABPOOL_API void fabpool_torch_free(void *ptr, size_t size, int device, void *stream);
 
 /* Returns everything cached to the driver: waits for the events of blocks
@@ -77,10 +85,49 @@ typedef struct fabpool_torch_counters {
     uint64_t syncs;             /* waits: empty, out of memory, a failed event */
     uint64_t streams;           /* streams the shim keeps free lists for */
     uint64_t empties;
+    uint64_t bad_frees;         /* frees refused: a pointer not live (never given out, or freed already) */
 } fabpool_torch_counters;
 
 /* Fills *out for one device (-1: the sum over every device). */
 FABPOOL_API fabpool_status fabpool_torch_get_counters(int device, fabpool_torch_counters *out);
+
+/* PyTorch's allocator statistics (torch.cuda.memory_stats), kept by the
+ * shim per device, with PyTorch's meanings: `current` now, `peak` the most
+ * since the last fabpool_torch_reset_peak_stats, `allocated` / `freed` the
+ * total increase / decrease since the last
+ * fabpool_torch_reset_accumulated_stats.  Arrays are indexed by
+ * FABPOOL_TORCH_ALL, _SMALL_POOL (sizes asked up to 1 MiB, PyTorch's small
+ * pool) and _LARGE_POOL. */
+typedef struct fabpool_torch_stat {
+    int64_t current, peak, allocated, freed;
+} fabpool_torch_stat;
+
+enum { FABPOOL_TORCH_ALL = 0, FABPOOL_TORCH_SMALL_POOL = 1, FABPOOL_TORCH_LARGE_POOL = 2 };
+#define FABPOOL_TORCH_SMALL_SIZE (1u << 20)
+
+typedef struct fabpool_torch_mem_stats {
+    fabpool_torch_stat allocation[3];      /* blocks handed to PyTorch and not freed ("allocation", "active") */
+    fabpool_torch_stat allocated_bytes[3]; /* their block sizes ("allocated_bytes", "active_bytes") */
+    fabpool_torch_stat requested_bytes[3]; /* the sizes PyTorch asked for them ("requested_bytes") */
+    fabpool_torch_stat segment;            /* chunks the device's pool has mapped */
+    fabpool_torch_stat reserved_bytes;     /* bytes the device's pool has mapped: all that the driver holds for it */
+    int64_t num_alloc_retries;             /* out of memory answered by a trim and a retry (shim and pool) */
+    int64_t num_ooms;                      /* allocations the pool failed (out of memory, or too large) */
+    int64_t num_sync_all_streams;          /* waits for the device (the shim's syncs) */
+    int64_t num_device_alloc;              /* chunks mapped (cuMemCreate + cuMemMap) */
+    int64_t num_device_free;               /* chunks unmapped */
+} fabpool_torch_mem_stats;
+
+/* Fills *out for one device (0 to 63); zeros for a device without a pool.
+ * reserved_bytes and segment are read from the pool: `current` exactly,
+ * `peak` exactly (memory is mapped only inside an allocation, after which
+ * the shim looks), `allocated` / `freed` as the sum of the changes seen
+ * between the shim's looks. */
+FABPOOL_API fabpool_status fabpool_torch_get_memory_stats(int device, fabpool_torch_mem_stats *out);
+/* Every `peak` to its `current` (torch.cuda.reset_peak_memory_stats); -1: every device. */
+FABPOOL_API fabpool_status fabpool_torch_reset_peak_stats(int device);
+/* Every `allocated` / `freed` and the num_* counts to 0 (torch.cuda.reset_accumulated_memory_stats). */
+FABPOOL_API fabpool_status fabpool_torch_reset_accumulated_stats(int device);
 
 /* The pool of a device (NULL while it has none): for fabpool's own API. */
 FABPOOL_API fabpool_t *fabpool_torch_pool(int device);

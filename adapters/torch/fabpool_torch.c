@@ -11,7 +11,12 @@
  * walks each FIFO from its head while the events have completed, giving
  * those blocks back to the pool (the first of the class asked for goes
  * straight to the caller).  Events on one stream complete in order, so a
- * FIFO is never walked past a pending event. */
+ * FIFO is never walked past a pending event.
+ *
+ * Every block handed to PyTorch is in the device's live table (pointer ->
+ * size asked, block size, stream), an open-addressing hash table.  A free
+ * must find its pointer there, so a double free or a pointer the shim never
+ * gave out is refused before anything changes. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdarg.h>
@@ -23,6 +28,7 @@
 #include "driver.h"
 #include "error.h"
 #include "fabpool_torch.h"
+#include "pool.h"
 #include "sizeclass.h"
 
 #define FT_MAX_DEVICES 64
@@ -56,6 +62,14 @@ typedef struct ft_stream {
     uint64_t n_fresh;
 } ft_stream;
 
+/* A block given to PyTorch and not taken back: a slot of the live table. */
+typedef struct ft_live {
+    void *ptr;                     /* NULL: an empty slot */
+    void *stream;                  /* the allocation stream */
+    uint64_t size;                 /* asked */
+    uint64_t usable;               /* the block's size */
+} ft_live;
+
 typedef struct ft_dev {
     pthread_mutex_t lock;
     int device;
@@ -66,7 +80,14 @@ typedef struct ft_dev {
     size_t n_streams, cap_streams;
     ft_blk *spare_blks;            /* node free list (through cnext) */
     ft_ev *spare_evs;
-    fabpool_torch_counters c;
+    ft_live *live;                 /* the live table: a power of two slots, at most half full */
+    size_t live_cap;
+    fabpool_torch_counters c;      /* c.blocks_live: the table's entries */
+    /* PyTorch's statistics (fabpool_torch_mem_stats) */
+    fabpool_torch_stat st_count[3], st_bytes[3], st_req[3];
+    fabpool_torch_stat reserved, segment; /* sampled from the pool: gauge_sample */
+    uint64_t num_alloc_retries, num_ooms;
+    uint64_t base_maps, base_unmaps, base_pool_retries, base_syncs; /* at the last reset of accumulated stats */
 } ft_dev;
 
 static _Atomic(ft_dev *) ft_devs[FT_MAX_DEVICES];
@@ -124,6 +145,7 @@ static void ctx_leave(ft_dev *d, CUcontext saved)
 
 static void dev_free(ft_dev *d)
 {
+    free(d->live);
     for (size_t i = 0; i < d->n_streams; i++)
         free(d->streams[i]);
     free(d->streams);
@@ -397,10 +419,139 @@ static void *poll_dev(ft_dev *d, unsigned want, int wait)
     return handed;
 }
 
+/* ------------------------------------------------ PyTorch's statistics */
+
+static void stat_add(fabpool_torch_stat *s, int64_t n)
+{
+    s->current += n;
+    if (n > 0)
+        s->allocated += n;
+    else
+        s->freed -= n;
+    if (s->current > s->peak)
+        s->peak = s->current;
+}
+
+/* A block of `size` asked, `usable` given, counted in (sign 1) or out (-1). */
+static void stat_block(ft_dev *d, uint64_t size, uint64_t usable, int sign)
+{
+    int k = size <= FABPOOL_TORCH_SMALL_SIZE ? FABPOOL_TORCH_SMALL_POOL : FABPOOL_TORCH_LARGE_POOL;
+    int idx[2] = {FABPOOL_TORCH_ALL, k};
+    for (int i = 0; i < 2; i++) {
+        stat_add(&d->st_count[idx[i]], sign);
+        stat_add(&d->st_bytes[idx[i]], sign * (int64_t)usable);
+        stat_add(&d->st_req[idx[i]], sign * (int64_t)size);
+    }
+}
+
+/* The pool's gauges, read without its lock.  The one place the shim reads
+ * the pool's internals (lib/pool.h): fabpool_get_stats would do, but it
+ * walks every class under the pool's lock, too slow after each miss. */
+typedef struct ft_gauges {
+    uint64_t mapped, chunks, maps, unmaps, oom_retries;
+} ft_gauges;
+
+static ft_gauges pool_gauges(struct fabpool *p)
+{
+    ft_gauges g;
+    g.mapped = atomic_load_explicit(&p->mapped_bytes, memory_order_relaxed);
+    g.chunks = atomic_load_explicit(&p->chunks_mapped, memory_order_relaxed);
+    g.maps = atomic_load_explicit(&p->chunks_mapped_total, memory_order_relaxed);
+    g.unmaps = atomic_load_explicit(&p->chunks_unmapped_total, memory_order_relaxed);
+    g.oom_retries = atomic_load_explicit(&p->oom_retries, memory_order_relaxed);
+    return g;
+}
+
+/* Follows what the pool maps.  Called (under the device lock) after every
+ * call into the pool that may map: memory is mapped only inside
+ * fabpool_alloc, so the peaks are exact. */
+static void gauge_sample(ft_dev *d)
+{
+    ft_gauges g = pool_gauges(d->pool);
+    stat_add(&d->reserved, (int64_t)g.mapped - d->reserved.current);
+    stat_add(&d->segment, (int64_t)g.chunks - d->segment.current);
+}
+
+/* ---------------------------------------------------------- live table */
+
+static size_t live_slot(const void *p, size_t cap)
+{
+    uint64_t h = ((uint64_t)(uintptr_t)p >> 8) * 0x9e3779b97f4a7c15ull;
+    return (size_t)(h >> 24) & (cap - 1);
+}
+
+/* Makes room for one more entry (the table stays at most half full).
+ * Nonzero, and a message, when no host memory is left for it. */
+static int live_reserve(ft_dev *d)
+{
+    if ((d->c.blocks_live + 1) * 2 <= d->live_cap)
+        return 0;
+    size_t cap = d->live_cap ? d->live_cap * 2 : 1024;
+    ft_live *t = calloc(cap, sizeof *t);
+    if (!t) {
+        fp_error(FABPOOL_ERR_HOST_MEMORY,
+                 "fabpool_torch: no host memory to track %llu live blocks on device %d; nothing was allocated",
+                 (unsigned long long)d->c.blocks_live + 1, d->device);
+        return -1;
+    }
+    for (size_t i = 0; i < d->live_cap; i++) {
+        if (!d->live[i].ptr)
+            continue;
+        size_t j = live_slot(d->live[i].ptr, cap);
+        while (t[j].ptr)
+            j = (j + 1) & (cap - 1);
+        t[j] = d->live[i];
+    }
+    free(d->live);
+    d->live = t;
+    d->live_cap = cap;
+    return 0;
+}
+
+/* After live_reserve. */
+static void live_put(ft_dev *d, void *ptr, uint64_t size, uint64_t usable, void *stream)
+{
+    size_t j = live_slot(ptr, d->live_cap);
+    while (d->live[j].ptr)
+        j = (j + 1) & (d->live_cap - 1);
+    d->live[j] = (ft_live){ptr, stream, size, usable};
+}
+
+/* The slot of ptr, or SIZE_MAX when it is not live. */
+static size_t live_find(const ft_dev *d, const void *ptr)
+{
+    if (!d->live_cap)
+        return SIZE_MAX;
+    for (size_t j = live_slot(ptr, d->live_cap);; j = (j + 1) & (d->live_cap - 1)) {
+        if (d->live[j].ptr == ptr)
+            return j;
+        if (!d->live[j].ptr)
+            return SIZE_MAX;
+    }
+}
+
+/* Empties slot i, moving back the entries of its probe run (no tombstones). */
+static void live_remove(ft_dev *d, size_t i)
+{
+    size_t mask = d->live_cap - 1;
+    for (size_t j = (i + 1) & mask; d->live[j].ptr; j = (j + 1) & mask) {
+        size_t home = live_slot(d->live[j].ptr, d->live_cap);
+        /* the entry at j may fill the hole at i if i lies on its probe path (home..j, cyclic) */
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            d->live[i] = d->live[j];
+            i = j;
+        }
+    }
+    d->live[i].ptr = NULL;
+}
+
 /* -------------------------------------------------------------- the ABI */
 
-static void count_alloc(ft_dev *d, size_t size, uint64_t usable)
+/* A block handed out: into the live table (room was made by live_reserve). */
+static void count_alloc(ft_dev *d, void *p, size_t size, uint64_t usable, void *stream)
 {
+    live_put(d, p, size, usable, stream);
+    stat_block(d, size, usable, 1);
     d->c.allocs++;
     d->c.blocks_live++;
     d->c.bytes_live += size;
@@ -423,13 +574,19 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
     }
     unsigned cls = (uint64_t)size <= (1ull << 40) ? fp_class_of(size) : FP_NCLASS;
     pthread_mutex_lock(&d->lock);
+    if (live_reserve(d) != 0) {
+        d->c.alloc_failures++;
+        pthread_mutex_unlock(&d->lock);
+        report();
+        return NULL;
+    }
     ft_stream *s = cls < FP_NCLASS ? stream_find(d, stream) : NULL;
     ft_blk *b = s ? s->cls[cls] : NULL;
     if (b) {
         uint64_t usable = b->usable;
         void *p = blk_take(d, b);
         d->c.reuse_same_stream++;
-        count_alloc(d, size, usable);
+        count_alloc(d, p, size, usable, stream);
         pthread_mutex_unlock(&d->lock);
         return p;
     }
@@ -446,12 +603,15 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
         fabpool_status st = fabpool_alloc(d->pool, size, &p);
         if (st == FABPOOL_ERR_OUT_OF_MEMORY && d->c.cached_blocks) {
             /* the blocks held for streams may be what is missing */
+            d->num_alloc_retries++;
             d->c.syncs++;
             poll_dev(d, FP_NCLASS, 1);
             fabpool_trim(d->pool, 0);
             st = fabpool_alloc(d->pool, size, &p);
         }
+        gauge_sample(d);
         if (st != FABPOOL_OK) {
+            d->num_ooms++; /* PyTorch raises its OutOfMemoryError for every failed device allocation */
             fp_error_append(" (PyTorch asked for %zu bytes on device %d; %llu bytes are live in its tensors)", size,
                             device, (unsigned long long)d->c.bytes_live);
             d->c.alloc_failures++;
@@ -464,7 +624,7 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
     }
     size_t usable = size;
     fabpool_usable_size(d->pool, p, &usable);
-    count_alloc(d, size, usable);
+    count_alloc(d, p, size, usable, stream);
     ctx_leave(d, saved);
     pthread_mutex_unlock(&d->lock);
     return p;
@@ -485,19 +645,28 @@ void fabpool_torch_free(void *ptr, size_t size, int device, void *stream)
         return;
     }
     pthread_mutex_lock(&d->lock);
-    size_t usable = 0;
-    if (fabpool_usable_size(d->pool, ptr, &usable) != FABPOOL_OK) {
-        fp_error_append(" (fabpool_torch_free on device %d: the pointer was not given out by fabpool_torch_alloc "
-                        "for this device, or its memory went back to the driver)",
-                        device);
+    size_t at = live_find(d, ptr);
+    if (at == SIZE_MAX) {
+        d->c.bad_frees++;
+        fp_error(FABPOOL_ERR_INVALID_ARG,
+                 "fabpool_torch_free(%p, %zu bytes, device %d): refused, nothing changed: the pointer is not a live "
+                 "allocation of this device (it was not given out by fabpool_torch_alloc for this device, or it was "
+                 "freed already: a double free)",
+                 ptr, size, device);
         pthread_mutex_unlock(&d->lock);
         report();
         return;
     }
-    size_t key = size && size <= usable ? size : usable;
+    /* what was recorded at the allocation counts, not what the caller says */
+    ft_live e = d->live[at];
+    live_remove(d, at);
+    uint64_t usable = e.usable;
+    stream = e.stream;
+    size_t key = e.size && e.size <= usable ? (size_t)e.size : (size_t)usable;
+    stat_block(d, e.size, usable, -1);
     d->c.frees++;
     d->c.blocks_live--;
-    d->c.bytes_live -= size <= d->c.bytes_live ? size : d->c.bytes_live;
+    d->c.bytes_live -= e.size;
     d->c.usable_bytes_live -= usable;
     ft_stream *s = stream_get(d, stream);
     ft_blk *b = s ? blk_new(d) : NULL;
@@ -549,6 +718,7 @@ static fabpool_status empty_dev(ft_dev *d)
     d->c.streams = 0;
     d->c.empties++;
     fabpool_status st = fabpool_trim(d->pool, 0);
+    gauge_sample(d);
     ctx_leave(d, saved);
     pthread_mutex_unlock(&d->lock);
     return st;
@@ -601,10 +771,92 @@ fabpool_status fabpool_torch_get_counters(int device, fabpool_torch_counters *ou
     return FABPOOL_OK;
 }
 
+fabpool_status fabpool_torch_get_memory_stats(int device, fabpool_torch_mem_stats *out)
+{
+    if (!out || device < 0 || device >= FT_MAX_DEVICES)
+        return fp_error(FABPOOL_ERR_INVALID_ARG,
+                        "fabpool_torch_get_memory_stats: out is NULL or device %d is out of range (0 to %d)", device,
+                        FT_MAX_DEVICES - 1);
+    memset(out, 0, sizeof *out);
+    ft_dev *d = atomic_load_explicit(&ft_devs[device], memory_order_acquire);
+    if (!d)
+        return FABPOOL_OK;
+    pthread_mutex_lock(&d->lock);
+    gauge_sample(d);
+    ft_gauges g = pool_gauges(d->pool);
+    memcpy(out->allocation, d->st_count, sizeof out->allocation);
+    memcpy(out->allocated_bytes, d->st_bytes, sizeof out->allocated_bytes);
+    memcpy(out->requested_bytes, d->st_req, sizeof out->requested_bytes);
+    out->segment = d->segment;
+    out->reserved_bytes = d->reserved;
+    out->num_alloc_retries = (int64_t)(d->num_alloc_retries + g.oom_retries - d->base_pool_retries);
+    out->num_ooms = (int64_t)d->num_ooms;
+    out->num_sync_all_streams = (int64_t)(d->c.syncs - d->base_syncs);
+    out->num_device_alloc = (int64_t)(g.maps - d->base_maps);
+    out->num_device_free = (int64_t)(g.unmaps - d->base_unmaps);
+    pthread_mutex_unlock(&d->lock);
+    return FABPOOL_OK;
+}
+
+static void reset_peak(fabpool_torch_stat *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        s[i].peak = s[i].current;
+}
+
+static void reset_accumulated(fabpool_torch_stat *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        s[i].allocated = s[i].freed = 0;
+}
+
+/* what: 0 peaks, 1 accumulated */
+static fabpool_status reset_stats(int device, int what, const char *fn)
+{
+    if (device < -1 || device >= FT_MAX_DEVICES)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: device %d is out of range (-1 for all, 0 to %d)", fn, device,
+                        FT_MAX_DEVICES - 1);
+    for (int i = device < 0 ? 0 : device; i < (device < 0 ? FT_MAX_DEVICES : device + 1); i++) {
+        ft_dev *d = atomic_load_explicit(&ft_devs[i], memory_order_acquire);
+        if (!d)
+            continue;
+        pthread_mutex_lock(&d->lock);
+        gauge_sample(d);
+        void (*fn_reset)(fabpool_torch_stat *, size_t) = what ? reset_accumulated : reset_peak;
+        fn_reset(d->st_count, 3);
+        fn_reset(d->st_bytes, 3);
+        fn_reset(d->st_req, 3);
+        fn_reset(&d->segment, 1);
+        fn_reset(&d->reserved, 1);
+        if (what) {
+            ft_gauges g = pool_gauges(d->pool);
+            d->num_alloc_retries = d->num_ooms = 0;
+            d->base_maps = g.maps;
+            d->base_unmaps = g.unmaps;
+            d->base_pool_retries = g.oom_retries;
+            d->base_syncs = d->c.syncs;
+        } else {
+            d->c.bytes_live_peak = d->c.bytes_live;
+        }
+        pthread_mutex_unlock(&d->lock);
+    }
+    return FABPOOL_OK;
+}
+
+fabpool_status fabpool_torch_reset_peak_stats(int device)
+{
+    return reset_stats(device, 0, "fabpool_torch_reset_peak_stats");
+}
+
+fabpool_status fabpool_torch_reset_accumulated_stats(int device)
+{
+    return reset_stats(device, 1, "fabpool_torch_reset_accumulated_stats");
+}
+
 #define FT_COUNTER_FIELDS(X)                                                                                  \
     X(allocs) X(frees) X(alloc_failures) X(blocks_live) X(bytes_live) X(usable_bytes_live) X(bytes_live_peak)  \
     X(reuse_same_stream) X(reuse_after_event) X(pool_allocs) X(pool_frees) X(cached_blocks) X(cached_bytes)    \
-    X(events_recorded) X(event_queries) X(syncs) X(streams) X(empties)
+    X(events_recorded) X(event_queries) X(syncs) X(streams) X(empties) X(bad_frees)
 
 fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_t *needed)
 {

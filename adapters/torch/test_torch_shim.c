@@ -8,6 +8,7 @@
  * stream is given to another before that stream's work is done.
  * Usage: test_torch_shim <path of libfabpool_torch.so> */
 #include <pthread.h>
+#include <unistd.h>
 
 #include "../../tests/testutil.h"
 #include "fabpool_torch.h"
@@ -22,6 +23,9 @@ static fabpool_status (*T_counters)(int, fabpool_torch_counters *);
 static const char *(*T_err)(void);
 static int (*T_verbose)(int);
 static fabpool_status (*T_shutdown)(void);
+static fabpool_status (*T_mstats)(int, fabpool_torch_mem_stats *);
+static fabpool_status (*T_reset_peak)(int);
+static fabpool_status (*T_reset_acc)(int);
 
 static int (*S_hold)(void *);
 static int (*S_release)(void *);
@@ -119,6 +123,221 @@ static void check_cross_stream(void *from, void *to, size_t size, int by_sync)
     T_free(w, size, 0, to);
 }
 
+/* Lines of `f` (from its start) that contain `what`. */
+static int count_lines(FILE *f, const char *what)
+{
+    char line[1024];
+    int n = 0;
+    rewind(f);
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, what) != NULL;
+    return n;
+}
+
+/* Issue 11 item 4: a double free and a free of a pointer the shim never gave
+ * out are refused, reported once each on stderr, and change nothing: no two
+ * live blocks share memory afterwards, the counters do not move (the live
+ * count does not wrap), and shutdown still succeeds at the end. */
+static void check_bad_frees(void *s)
+{
+    fabpool_torch_counters c0 = counters();
+    fflush(stderr);
+    int saved = dup(2);
+    FILE *log = tmpfile();
+    CHECK(saved >= 0 && log != NULL);
+    if (saved < 0 || !log)
+        return;
+    dup2(fileno(log), 2);
+    int old_verbose = T_verbose(1);
+
+    void *a = T_alloc(256, 0, s);
+    CHECK(a != NULL);
+    /* a block start inside a's slab that was never handed out */
+    T_free((char *)a + 256, 256, 0, s);
+    int refused_inside = strstr(T_err(), "not a live allocation") != NULL;
+    void *b = T_alloc(256, 0, s);
+    void *c = T_alloc(256, 0, s);
+    T_free(b, 256, 0, s);
+    T_free(b, 256, 0, s); /* a double free */
+    int refused_double = strstr(T_err(), "not a live allocation") != NULL;
+    void *d = T_alloc(256, 0, s);
+    void *e = T_alloc(256, 0, s);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    T_verbose(old_verbose);
+
+    CHECK(refused_inside && refused_double);
+    /* one line per bad free: the two above, nothing else */
+    int reports = count_lines(log, "fabpool_torch:");
+    CHECK(reports == 2);
+    if (reports != 2) {
+        char line[1024];
+        rewind(log);
+        while (fgets(line, sizeof line, log))
+            fprintf(stderr, "  stderr: %s", line);
+    }
+    fclose(log);
+    /* four live blocks, all different: the double free did not put b twice
+     * in the cache, and a + 256 was not taken as free */
+    void *live[4] = {a, c, d, e};
+    for (int i = 0; i < 4; i++) {
+        CHECK(live[i] != NULL);
+        for (int j = 0; j < i; j++)
+            CHECK(live[i] != live[j]);
+    }
+    for (int i = 0; i < 4; i++)
+        if (live[i])
+            put_tag(live[i], 256, 0x5100 + (uint64_t)i);
+    for (int i = 0; i < 4; i++)
+        if (live[i])
+            CHECK(tag_ok(live[i], 256, 0x5100 + (uint64_t)i));
+    fabpool_torch_counters c1 = counters();
+    CHECK(c1.blocks_live == c0.blocks_live + 4 && c1.frees == c0.frees + 1 && c1.allocs == c0.allocs + 5);
+    CHECK(c1.bad_frees == c0.bad_frees + 2);
+    for (int i = 0; i < 4; i++)
+        if (live[i])
+            T_free(live[i], 256, 0, s);
+    fabpool_torch_counters c2 = counters();
+    CHECK(c2.blocks_live == c0.blocks_live && c2.bytes_live == c0.bytes_live &&
+          c2.usable_bytes_live == c0.usable_bytes_live);
+    check_against_pool("bad frees");
+
+    /* many live blocks at once (the table grows), freed in a shuffled order
+     * (entries move back in their probe runs), then every one freed again:
+     * each second free is refused */
+    enum { M = 5000 };
+    static void *many[M];
+    c0 = counters();
+    for (int i = 0; i < M; i++) {
+        many[i] = T_alloc(256 + (size_t)(i % 3) * 512, 0, s);
+        CHECK(many[i] != NULL);
+    }
+    uint64_t seed = 77;
+    for (int i = M - 1; i > 0; i--) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((seed >> 33) % (uint64_t)(i + 1));
+        void *t = many[i];
+        many[i] = many[j];
+        many[j] = t;
+    }
+    T_verbose(0);
+    for (int i = 0; i < M; i++) {
+        T_free(many[i], 0, 0, s);
+        if (i % 2 == 1) /* a second free of the one before */
+            T_free(many[i - 1], 0, 0, s);
+    }
+    for (int i = 0; i < M; i += 7)
+        T_free(many[i], 0, 0, s);
+    T_verbose(old_verbose);
+    c1 = counters();
+    CHECK(c1.frees == c0.frees + M && c1.blocks_live == c0.blocks_live && c1.bytes_live == c0.bytes_live);
+    CHECK(c1.bad_frees == c0.bad_frees + M / 2 + (M + 6) / 7);
+    check_against_pool("many");
+}
+
+static fabpool_torch_mem_stats mstats(void)
+{
+    fabpool_torch_mem_stats m;
+    memset(&m, 0xff, sizeof m);
+    CHECK(T_mstats(0, &m) == FABPOOL_OK);
+    return m;
+}
+
+/* A number of the pool's stats JSON (fabpool_torch_stats_json). */
+static uint64_t pool_num(const char *key)
+{
+    static char js[1 << 16];
+    size_t need = 0;
+    if (T_stats_json(0, js, sizeof js, &need) != FABPOOL_OK)
+        return UINT64_MAX;
+    const char *pool = strstr(js, "\"pool\":");
+    return pool ? jnum(pool, key) : UINT64_MAX;
+}
+
+/* PyTorch's statistics (issue 13 item 4) against what is known: the sizes
+ * asked, the counters, the pool's stats and what the driver holds. */
+static void check_memory_stats(void *s, fabsim_ledger l0)
+{
+    enum { A = FABPOOL_TORCH_ALL, SP = FABPOOL_TORCH_SMALL_POOL, LP = FABPOOL_TORCH_LARGE_POOL };
+    fabpool_torch_mem_stats m0 = mstats();
+    fabpool_torch_counters c0 = counters();
+    CHECK(m0.allocation[A].current == (int64_t)c0.blocks_live);
+    CHECK(m0.allocated_bytes[A].current == (int64_t)c0.usable_bytes_live);
+    CHECK(m0.requested_bytes[A].current == (int64_t)c0.bytes_live);
+    CHECK(m0.allocation[A].current == m0.allocation[SP].current + m0.allocation[LP].current);
+
+    size_t big = (5u << 20) + 4096;
+    void *p1 = T_alloc(3000, 0, s), *p2 = T_alloc(big, 0, s);
+    CHECK(p1 && p2);
+    fabpool_torch_mem_stats m1 = mstats();
+    fabpool_torch_counters c1 = counters();
+    int64_t usable = (int64_t)(c1.usable_bytes_live - c0.usable_bytes_live);
+    CHECK(m1.allocation[A].current == m0.allocation[A].current + 2);
+    CHECK(m1.allocation[SP].current == m0.allocation[SP].current + 1);
+    CHECK(m1.allocation[LP].current == m0.allocation[LP].current + 1);
+    CHECK(m1.requested_bytes[A].current == m0.requested_bytes[A].current + 3000 + (int64_t)big);
+    CHECK(m1.requested_bytes[SP].current == m0.requested_bytes[SP].current + 3000);
+    CHECK(m1.allocated_bytes[A].current == m0.allocated_bytes[A].current + usable);
+    CHECK(usable >= 3000 + (int64_t)big && m1.allocated_bytes[A].allocated - m0.allocated_bytes[A].allocated == usable);
+    CHECK(m1.allocated_bytes[A].peak >= m1.allocated_bytes[A].current);
+    /* reserved: what the pool maps, which is what the driver holds */
+    fabsim_ledger l1 = t_ledger();
+    CHECK(m1.reserved_bytes.current == (int64_t)(l1.bytes_held - l0.bytes_held));
+    CHECK((uint64_t)m1.reserved_bytes.current == pool_num("mapped_bytes"));
+    CHECK((uint64_t)m1.segment.current == pool_num("chunks_mapped"));
+    CHECK((uint64_t)m1.num_device_alloc == pool_num("chunks_mapped_total"));
+    CHECK((uint64_t)m1.num_device_free == pool_num("chunks_unmapped_total"));
+    CHECK(m1.reserved_bytes.peak >= m1.reserved_bytes.current && m1.reserved_bytes.current >= usable);
+
+    /* peaks stay after a free, and reset to the current values */
+    T_free(p2, big, 0, s);
+    fabpool_torch_mem_stats m2 = mstats();
+    CHECK(m2.allocated_bytes[A].current == m1.allocated_bytes[A].current - (usable - (m1.allocated_bytes[SP].current -
+                                                                                      m0.allocated_bytes[SP].current)));
+    CHECK(m2.allocated_bytes[A].peak == m1.allocated_bytes[A].peak && m2.requested_bytes[LP].freed >= (int64_t)big);
+    CHECK(T_reset_peak(0) == FABPOOL_OK);
+    fabpool_torch_mem_stats m3 = mstats();
+    CHECK(m3.allocated_bytes[A].peak == m3.allocated_bytes[A].current && m3.allocation[A].peak == m3.allocation[A].current);
+    CHECK(m3.reserved_bytes.peak == m3.reserved_bytes.current);
+    CHECK(counters().bytes_live_peak == counters().bytes_live);
+
+    /* a block that maps new memory raises the reserved peak; empty brings the
+     * current value down (to what the driver holds), not the peak */
+    void *p3 = T_alloc(96u << 20, 0, s);
+    CHECK(p3 != NULL);
+    fabpool_torch_mem_stats m4 = mstats();
+    CHECK(m4.reserved_bytes.peak >= m3.reserved_bytes.current + (96 << 20));
+    CHECK(m4.allocated_bytes[A].peak == m4.allocated_bytes[A].current);
+    T_free(p3, 96u << 20, 0, s);
+    CHECK(T_empty(0) == FABPOOL_OK);
+    fabpool_torch_mem_stats m5 = mstats();
+    fabsim_ledger l5 = t_ledger();
+    CHECK(m5.reserved_bytes.current == (int64_t)(l5.bytes_held - l0.bytes_held));
+    CHECK(m5.reserved_bytes.current < m4.reserved_bytes.current && m5.reserved_bytes.peak == m4.reserved_bytes.peak);
+    CHECK(m5.num_device_free > m4.num_device_free);
+    CHECK(m5.reserved_bytes.allocated - m5.reserved_bytes.freed == m5.reserved_bytes.current);
+
+    /* accumulated counts start again from 0 */
+    CHECK(T_reset_acc(0) == FABPOOL_OK);
+    fabpool_torch_mem_stats m6 = mstats();
+    CHECK(m6.allocation[A].allocated == 0 && m6.allocation[A].freed == 0 && m6.reserved_bytes.allocated == 0 &&
+          m6.num_device_alloc == 0 && m6.num_device_free == 0 && m6.num_sync_all_streams == 0 &&
+          m6.num_alloc_retries == 0 && m6.num_ooms == 0);
+    CHECK(m6.allocation[A].current == m5.allocation[A].current);
+    T_free(p1, 3000, 0, s);
+    fabpool_torch_mem_stats m7 = mstats();
+    CHECK(m7.allocation[A].freed == 1 && m7.requested_bytes[A].freed == 3000 &&
+          m7.allocation[A].current == m0.allocation[A].current);
+
+    /* bad input */
+    CHECK(T_mstats(64, &m7) == FABPOOL_ERR_INVALID_ARG && T_mstats(0, NULL) == FABPOOL_ERR_INVALID_ARG);
+    CHECK(T_mstats(5, &m7) == FABPOOL_OK && m7.reserved_bytes.current == 0 && m7.allocation[A].peak == 0);
+    CHECK(T_reset_peak(-2) == FABPOOL_ERR_INVALID_ARG && T_reset_acc(64) == FABPOOL_ERR_INVALID_ARG);
+    CHECK(T_reset_peak(-1) == FABPOOL_OK);
+    CHECK(T_empty(0) == FABPOOL_OK); /* nothing cached for what follows */
+}
+
 typedef struct worker {
     int id;
     int failures;
@@ -177,6 +396,9 @@ int main(int argc, char **argv)
     SYM(T_err, "fabpool_torch_last_error");
     SYM(T_verbose, "fabpool_torch_set_verbose");
     SYM(T_shutdown, "fabpool_torch_shutdown");
+    SYM(T_mstats, "fabpool_torch_get_memory_stats");
+    SYM(T_reset_peak, "fabpool_torch_reset_peak_stats");
+    SYM(T_reset_acc, "fabpool_torch_reset_accumulated_stats");
 #undef SYM
     /* one file, the PyTorch ABI only: fabpool's own symbols stay inside */
     CHECK(dlsym(h, "fabpool_alloc") == NULL && dlsym(h, "fp_drv_load") == NULL);
@@ -263,6 +485,8 @@ int main(int argc, char **argv)
                (unsigned long long)c.events_recorded);
     }
 
+    check_bad_frees(s1);
+
     /* threads, each on its own stream (and sometimes the default one) */
     {
         pthread_t th[4];
@@ -306,6 +530,8 @@ int main(int argc, char **argv)
         check_against_pool("empty");
     }
 
+    check_memory_stats(s1, l0);
+
     /* errors: NULL and a message (PyTorch itself does not look) */
     T_verbose(0);
     {
@@ -329,6 +555,7 @@ int main(int argc, char **argv)
         CHECK(lb.bytes_held == la.bytes_held && lb.handles == la.handles);
         fabpool_torch_counters c1 = counters();
         CHECK(c1.alloc_failures == c0.alloc_failures + 2 && c1.allocs == c0.allocs && c1.frees == c0.frees);
+        CHECK(mstats().num_ooms == 2); /* 1 << 50 and the driver's out of memory (since the reset above) */
         void *p = T_alloc(64u << 20, 0, s1); /* and it works again */
         CHECK(p != NULL);
         T_free(p, 64u << 20, 0, s1);

@@ -1,10 +1,18 @@
 """fabpool as PyTorch's CUDA allocator.
 
     import fabpool_torch
-    fabpool_torch.install()          # before the first CUDA tensor
+    fabpool_torch.install(stats=True)  # before the first CUDA tensor
     ...
+    torch.cuda.max_memory_allocated()  # answered by fabpool (stats=True)
+    fabpool_torch.memory_stats()     # the same dict as torch.cuda.memory_stats(), from fabpool
     fabpool_torch.stats()            # dict: {"device", "torch": counters, "pool": fabpool stats}
     fabpool_torch.empty()            # everything cached back to the driver
+
+Or, keeping PyTorch's allocator for everything else, a scoped pool:
+
+    pool = fabpool_torch.mempool()   # a torch.cuda.MemPool whose segments come from fabpool
+    with torch.cuda.use_mem_pool(pool):
+        buf = torch.empty(...)
 
 install() loads libfabpool_torch.so through torch.cuda.memory.CUDAPluggableAllocator
 and makes it the current allocator (torch.cuda.memory.change_current_allocator),
@@ -17,17 +25,22 @@ libcuda.so.1.
 The functions other than install() use ctypes only, so they also work without
 torch (the tests of this package call the library that way).
 """
+import collections
 import ctypes
 import json
 import os
+import sys
 
 __all__ = ["install", "load", "library_path", "stats", "counters", "empty", "shutdown", "last_error",
-           "FabpoolError"]
+           "memory_stats", "memory_stats_as_nested_dict", "reset_peak_memory_stats",
+           "reset_accumulated_memory_stats", "patch_torch_stats", "unpatch_torch_stats", "mempool", "FabpoolError"]
 
 _LIB_NAME = "libfabpool_torch.so"
 _lib = None
 _lib_path = None
-_allocator = None   # keeps PyTorch's allocator object alive
+_pluggable = None   # the CUDAPluggableAllocator of this library, made once and kept alive
+_allocator = None   # _pluggable once install() made it PyTorch's allocator
+_patched = {}       # (module, name) -> PyTorch's function that patch_torch_stats replaced
 
 
 class FabpoolError(RuntimeError):
@@ -39,10 +52,22 @@ class Counters(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "allocs", "frees", "alloc_failures", "blocks_live", "bytes_live", "usable_bytes_live", "bytes_live_peak",
         "reuse_same_stream", "reuse_after_event", "pool_allocs", "pool_frees", "cached_blocks", "cached_bytes",
-        "events_recorded", "event_queries", "syncs", "streams", "empties")]
+        "events_recorded", "event_queries", "syncs", "streams", "empties", "bad_frees")]
 
     def as_dict(self):
         return {name: getattr(self, name) for name, _ in self._fields_}
+
+
+class _Stat(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("current", "peak", "allocated", "freed")]
+
+
+class _MemStats(ctypes.Structure):
+    # fabpool_torch_mem_stats in include/fabpool_torch.h; arrays: all, small_pool, large_pool
+    _fields_ = [("allocation", _Stat * 3), ("allocated_bytes", _Stat * 3), ("requested_bytes", _Stat * 3),
+                ("segment", _Stat), ("reserved_bytes", _Stat)] + \
+               [(n, ctypes.c_int64) for n in ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
+                                              "num_device_alloc", "num_device_free")]
 
 
 def library_path(path=None):
@@ -92,6 +117,12 @@ def load(path=None):
     lib.fabpool_torch_set_verbose.argtypes = [ctypes.c_int]
     lib.fabpool_torch_shutdown.restype = ctypes.c_int
     lib.fabpool_torch_shutdown.argtypes = []
+    lib.fabpool_torch_get_memory_stats.restype = ctypes.c_int
+    lib.fabpool_torch_get_memory_stats.argtypes = [ctypes.c_int, ctypes.POINTER(_MemStats)]
+    lib.fabpool_torch_reset_peak_stats.restype = ctypes.c_int
+    lib.fabpool_torch_reset_peak_stats.argtypes = [ctypes.c_int]
+    lib.fabpool_torch_reset_accumulated_stats.restype = ctypes.c_int
+    lib.fabpool_torch_reset_accumulated_stats.argtypes = [ctypes.c_int]
     _lib, _lib_path = lib, p
     return lib
 
@@ -106,25 +137,71 @@ def _check(status, what):
         raise FabpoolError("%s failed (status %d): %s" % (what, status, last_error()))
 
 
-def install(path=None):
+def _pluggable_allocator(path=None):
+    """This library as a torch.cuda.memory.CUDAPluggableAllocator (made once)."""
+    global _pluggable
+    import torch
+    load(path)
+    if _pluggable is None:
+        # CUDAPluggableAllocator opens the same file with ctypes (the same
+        # handle) and hands PyTorch the two function pointers.
+        _pluggable = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "fabpool_torch_alloc", "fabpool_torch_free")
+    return _pluggable
+
+
+def install(path=None, stats=False):
     """Makes fabpool PyTorch's CUDA allocator.  Call it before any CUDA tensor
     is made (PyTorch refuses to swap an allocator that has been used).
+
+    stats=True also makes torch.cuda.memory_stats, memory_allocated,
+    max_memory_allocated, memory_reserved, max_memory_reserved,
+    reset_peak_memory_stats, reset_accumulated_memory_stats, memory_summary
+    and empty_cache answer from fabpool (patch_torch_stats()): with a
+    pluggable allocator PyTorch's own raise "CUDAPluggableAllocator does not
+    yet support getDeviceStats" (empty_cache does nothing).
     Returns the library's path."""
     global _allocator
     import torch
-    load(path)
-    if _allocator is not None:
-        return _lib_path
-    # CUDAPluggableAllocator opens the same file with ctypes (the same handle)
-    # and hands PyTorch the two function pointers.
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "fabpool_torch_alloc", "fabpool_torch_free")
-    try:
-        torch.cuda.memory.change_current_allocator(alloc)
-    except RuntimeError as e:
-        raise FabpoolError("fabpool_torch.install(): PyTorch refused the allocator (%s); call install() before the "
-                           "first CUDA tensor or CUDA call that allocates" % e) from None
-    _allocator = alloc
+    if _allocator is None:
+        alloc = _pluggable_allocator(path)
+        try:
+            torch.cuda.memory.change_current_allocator(alloc)
+        except RuntimeError as e:
+            raise FabpoolError("fabpool_torch.install(): PyTorch refused the allocator (%s); call install() before "
+                               "the first CUDA tensor or CUDA call that allocates" % e) from None
+        _allocator = alloc
+    if stats:
+        patch_torch_stats(torch)
     return _lib_path
+
+
+def mempool(device=None, path=None):
+    """A torch.cuda.MemPool whose memory comes from fabpool, for
+
+        with torch.cuda.use_mem_pool(pool):
+            ...
+
+    while PyTorch's own allocator stays the program's allocator (with all
+    its statistics).  PyTorch's caching allocator still manages the pool: it
+    asks fabpool for segments (2 MiB for small tensors, 20 MiB or the size
+    rounded to 2 MiB for large ones), splits them into tensors and caches
+    them; torch.cuda.memory_stats() counts them as usual, and
+    fabpool_torch.memory_stats() counts the segments.  The pool belongs to
+    `device` (default: the current one), as a MemPool belongs to the device
+    current when it is made; use it on that device.  Its segments go back to
+    fabpool when the pool is deleted and torch.cuda.empty_cache() runs; then
+    fabpool_torch.empty() returns them to the driver."""
+    import torch
+    if _allocator is not None:
+        raise FabpoolError("fabpool_torch.mempool(): install() already made fabpool PyTorch's allocator, so every "
+                           "allocation is fabpool's; a MemPool is for programs that keep PyTorch's allocator")
+    alloc = _pluggable_allocator(path)
+    idx = _device_index(device)
+    if idx < 0 or idx >= torch.cuda.device_count():
+        raise FabpoolError("fabpool_torch.mempool(): device %d does not exist (%d CUDA devices)" %
+                           (idx, torch.cuda.device_count()))
+    with torch.cuda.device(idx):
+        return torch.cuda.MemPool(alloc.allocator())
 
 
 def stats(device=0):
@@ -157,3 +234,189 @@ def empty(device=-1):
 def shutdown():
     """Empties and destroys every pool (all tensors must be freed first)."""
     _check(load().fabpool_torch_shutdown(), "fabpool_torch_shutdown")
+
+
+# ---------------------------------------------------------------- statistics
+
+_POOLS = ("all", "small_pool", "large_pool")
+_STAT_FIELDS = ("current", "peak", "allocated", "freed")
+
+
+def _device_index(device):
+    """A CUDA device index from None (the current device), an int, "cuda",
+    "cuda:N" or a torch.device."""
+    if device is None:
+        torch = sys.modules.get("torch")
+        try:
+            if torch is not None and torch.cuda.is_initialized():
+                return torch.cuda.current_device()
+        except (AttributeError, RuntimeError):
+            pass
+        return 0
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        kind, _, idx = device.partition(":")
+        if kind != "cuda":
+            raise ValueError("fabpool_torch: %r is not a CUDA device" % device)
+        return int(idx) if idx else _device_index(None)
+    kind, idx = getattr(device, "type", None), getattr(device, "index", None)
+    if kind is not None and kind != "cuda":
+        raise ValueError("fabpool_torch: %r is not a CUDA device" % (device,))
+    return _device_index(None) if idx is None else int(idx)
+
+
+def _raw_memory_stats(device):
+    m = _MemStats()
+    idx = _device_index(device)
+    _check(load().fabpool_torch_get_memory_stats(idx, ctypes.byref(m)), "fabpool_torch_get_memory_stats(%d)" % idx)
+    return m
+
+
+def memory_stats_as_nested_dict(device=None):
+    """torch.cuda.memory_stats_as_nested_dict(), from fabpool's shim.
+
+    With PyTorch's meanings: "allocation" / "active" count the blocks handed
+    to PyTorch and not freed, "allocated_bytes" / "active_bytes" their block
+    sizes (fabpool's size classes), "requested_bytes" the sizes asked;
+    "small_pool" / "large_pool" split them at 1 MiB asked, as PyTorch does.
+    "reserved_bytes" is what fabpool has mapped for the device (all the
+    driver holds for it) and "segment" its chunks; fabpool does not split
+    them by PyTorch's pools, so only their "all" is filled.  Blocks are never
+    split, so "inactive_split*" and "oversize_*" are 0; "num_device_alloc" /
+    "num_device_free" count chunks mapped / unmapped."""
+    m = _raw_memory_stats(device)
+
+    def stat(st):
+        return {f: int(getattr(st, f)) for f in _STAT_FIELDS}
+
+    def zero():
+        return {f: 0 for f in _STAT_FIELDS}
+
+    def per_pool(arr):
+        return {name: stat(arr[i]) for i, name in enumerate(_POOLS)}
+
+    def all_only(st):
+        return {"all": stat(st), "small_pool": zero(), "large_pool": zero()}
+
+    return {
+        "num_alloc_retries": int(m.num_alloc_retries),
+        "num_ooms": int(m.num_ooms),
+        "max_split_size": -1,
+        "num_sync_all_streams": int(m.num_sync_all_streams),
+        "num_device_alloc": int(m.num_device_alloc),
+        "num_device_free": int(m.num_device_free),
+        "allocation": per_pool(m.allocation),
+        "active": per_pool(m.allocation),
+        "allocated_bytes": per_pool(m.allocated_bytes),
+        "active_bytes": per_pool(m.allocated_bytes),
+        "requested_bytes": per_pool(m.requested_bytes),
+        "reserved_bytes": all_only(m.reserved_bytes),
+        "segment": all_only(m.segment),
+        "inactive_split": {name: zero() for name in _POOLS},
+        "inactive_split_bytes": {name: zero() for name in _POOLS},
+        "oversize_allocations": zero(),
+        "oversize_segments": zero(),
+    }
+
+
+def memory_stats(device=None):
+    """torch.cuda.memory_stats(), from fabpool's shim: the same flat keys
+    ("allocated_bytes.all.current", "reserved_bytes.all.peak", "num_ooms",
+    ...), sorted, as an OrderedDict.  Works without torch (ctypes only)."""
+    flat = []
+
+    def walk(prefix, obj):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(prefix + "." + k if prefix else k, v)
+        else:
+            flat.append((prefix, obj))
+
+    walk("", memory_stats_as_nested_dict(device))
+    flat.sort()
+    return collections.OrderedDict(flat)
+
+
+def memory_allocated(device=None):
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None):
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None):
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None):
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None):
+    """Every peak to its current value (torch.cuda.reset_peak_memory_stats)."""
+    idx = _device_index(device)
+    _check(load().fabpool_torch_reset_peak_stats(idx), "fabpool_torch_reset_peak_stats(%d)" % idx)
+
+
+def reset_accumulated_memory_stats(device=None):
+    """The "allocated" / "freed" totals and the num_* counts to 0."""
+    idx = _device_index(device)
+    _check(load().fabpool_torch_reset_accumulated_stats(idx), "fabpool_torch_reset_accumulated_stats(%d)" % idx)
+
+
+def _empty_cache():
+    empty(-1)
+
+
+# torch.cuda.memory's functions that patch_torch_stats replaces.  PyTorch's
+# memory_summary reads memory_stats from its module, so it needs no
+# replacement once memory_stats is replaced there (it is checked by the
+# tests: every key it reads is in memory_stats()).
+_REPLACEMENTS = {
+    "memory_stats": memory_stats,
+    "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
+    "memory_allocated": memory_allocated,
+    "max_memory_allocated": max_memory_allocated,
+    "memory_reserved": memory_reserved,
+    "max_memory_reserved": max_memory_reserved,
+    "reset_peak_memory_stats": reset_peak_memory_stats,
+    "reset_max_memory_allocated": reset_peak_memory_stats,
+    "reset_max_memory_cached": reset_peak_memory_stats,
+    "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+    "empty_cache": _empty_cache,
+}
+
+
+def patch_torch_stats(torch=None):
+    """Makes torch.cuda's memory statistics (and torch.accelerator's, where
+    they exist) answer from fabpool: each function named in _REPLACEMENTS is
+    replaced in torch.cuda.memory and in torch.cuda (and in torch.accelerator
+    and torch.accelerator.memory).  Code that copied a function before this
+    call (`from torch.cuda import memory_allocated`) keeps PyTorch's.
+    Idempotent; unpatch_torch_stats() undoes it."""
+    if torch is None:
+        import torch
+    load()
+    mods = [getattr(torch.cuda, "memory", None), torch.cuda]
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None:
+        mods += [getattr(acc, "memory", None), acc]
+    for mod in mods:
+        if mod is None:
+            continue
+        for name, fn in _REPLACEMENTS.items():
+            if not hasattr(mod, name):
+                continue
+            key = (mod.__name__, name)
+            if key not in _patched:
+                _patched[key] = (mod, getattr(mod, name))
+            setattr(mod, name, fn)
+
+
+def unpatch_torch_stats():
+    """Puts back PyTorch's functions that patch_torch_stats replaced."""
+    for (_, name), (mod, fn) in list(_patched.items()):
+        setattr(mod, name, fn)
+    _patched.clear()

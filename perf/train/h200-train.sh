@@ -1,0 +1,48 @@
+#!/bin/bash
+# h200-train.sh - PyTorch training with fabpool on one H200 (issue 13 items 3, 4, 6).
+# Run from the repository root; needs CUDA 13, cmake, PyTorch 2.11 and Lightning in python3.
+# Builds the project against the real driver, then runs:
+#   bench      perf/train/train_bench.py: PyTorch default, expandable_segments and fabpool, 3 runs of each
+#              interleaved, 50 steps a run (about 2.5 min at 120-170 ms a step plus each run's start)
+#   stats      adapters/torch/test_torch_stats.py: torch.cuda's statistics with install(stats=True) against
+#              the sum of live tensor storages and the driver's free memory
+#   lightning  perf/train/lightning_check.py: an unmodified Lightning script with fabpool installed, memory
+#              logged by DeviceStatsMonitor
+#   moe        adapters/torch/test_torch_moe.py in the MemPool mode (and the default allocator to compare)
+# Writes everything under $OUT: train-h200.txt (this log), train-bench.md / .json (the table and every run),
+# losses-<allocator>-<run>.txt, torch-stats.json, lightning/, moe-*.json.  Never stops at the first failure;
+# the last line says what passed (rc 0 each).
+set -u
+OUT=${OUT:-/tmp/fabpool-train-out}
+mkdir -p "$OUT"
+LOG="$OUT/train-h200.txt"
+[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+B=build-h200
+LIB="$B/adapters/torch/libfabpool_torch.so"
+STEPS=${TRAIN_STEPS:-50}
+RUNS=${TRAIN_RUNS:-3}
+status=()
+step() {   # step NAME TIMEOUT COMMAND...
+  local name=$1 limit=$2; shift 2
+  echo "== $name: $*"
+  local t0=$(date +%s)
+  timeout "$limit" "$@"
+  local rc=$?
+  echo "== $name: rc $rc in $(( $(date +%s) - t0 )) s"
+  status+=("$name=$rc")
+}
+{
+  echo "fabpool training check, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' 2>&1
+  python3 -c 'import pynvml; print("pynvml", getattr(pynvml, "__version__", "present"))' 2>&1 | tail -1
+  step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real
+  step build 180 cmake --build "$B" -j16
+  step bench 240 python3 perf/train/train_bench.py --lib "$LIB" --runs "$RUNS" --steps "$STEPS" --out-dir "$OUT"
+  step stats 90 python3 adapters/torch/test_torch_stats.py --lib "$LIB" --out "$OUT/torch-stats.json"
+  step lightning 150 python3 perf/train/lightning_check.py --lib "$LIB" --out-dir "$OUT/lightning"
+  step moe 150 python3 adapters/torch/test_torch_moe.py --lib "$LIB" --steps 100 --modes default,mempool \
+       --workdir "$OUT"
+  echo "SUMMARY ${status[*]}"
+} > "$LOG" 2>&1
+tail -n 40 "$LOG"
