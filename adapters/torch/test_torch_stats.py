@@ -108,6 +108,7 @@ def main():
     # the driver's view: what fabpool maps is what leaves the device's free memory
     free_live = torch.cuda.mem_get_info(0)[0]
     reserved_live = torch.cuda.memory_reserved()
+    t = None    # the loop's last tensor, if it made one, is still named by t
     live.clear()
     gc.collect()
     torch.cuda.synchronize()
