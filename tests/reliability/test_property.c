@@ -1002,10 +1002,9 @@ static void step(enum op op)
                    "view_apply.failed_changed", "after a failed apply the view says generation %llu -> %llu, "
                    "mapped %zu -> %zu, chunks %u -> %u", (unsigned long long)vb.generation,
                    (unsigned long long)va.generation, vb.mapped, va.mapped, vb.n_chunks, va.n_chunks);
-            if (va.n_chunks != vb.n_chunks || va.generation != vb.generation)
-                v->broken = 1;
-            else if (check_points("view_apply.failed_hole", "view (after a failed apply) of buffer", v->id, v->base,
-                             v->pts, 0, v->src_size < v->live ? v->src_size : v->live, -1))
+            int changed = va.n_chunks != vb.n_chunks || va.generation != vb.generation;
+            if (check_points("view_apply.failed_hole", "view (after a failed apply) of buffer", v->id, v->base,
+                             v->pts, 0, v->src_size < v->live ? v->src_size : v->live, -1) || changed)
                 v->broken = 1;
             break;
         }
