@@ -840,6 +840,15 @@ static void step(enum op op)
     case OP_BUF_DESTROY: {
         p = pick_pool(has_buf);
         i = (int)below((uint64_t)P[p].nbuf);
+        if (chance(80)) /* mostly a buffer whose peers are all acked: what an un-acked destroy pins stays
+                           until pool destroy, and a collect(wait) checks for leftovers only with none */
+            for (int k = 0, o = (int)below((uint64_t)P[p].nbuf); k < P[p].nbuf; k++) {
+                buf_t *c = &P[p].buf[(k + o) % P[p].nbuf];
+                if (!c->shared || c->acked >= binfo(c).generation) {
+                    i = (k + o) % P[p].nbuf;
+                    break;
+                }
+            }
         for (int k = 0; k < P[p].nbuf; k++)
             if (P[p].buf[k].broken)
                 i = k;
