@@ -1257,7 +1257,6 @@ static void run_seed(unsigned long long seed, long steps)
     cur_seed = seed;
     cur_step = -1;
     cur_op = "setup";
-    rng_s = mix(seed * 0x9e3779b97f4a7c15ull + 12345);
     next_id = 1; /* object numbers in messages are the same when a seed runs alone */
     if (setup_pools() != 0) {
         for (int p = 0; p < NPOOL; p++)
@@ -1265,6 +1264,8 @@ static void run_seed(unsigned long long seed, long steps)
                 fabpool_destroy(P[p].p);
         return;
     }
+    /* the handle type takes part: the posix_fd and fabric runs of one seed are different sequences */
+    rng_s = mix(seed * 0x9e3779b97f4a7c15ull + 12345 + (uint64_t)htype);
     unsigned total_w = 0;
     for (int o = 0; o < OP_COUNT; o++)
         total_w += op_weight[o];
