@@ -4,11 +4,17 @@
  * (fabsim_calls).  Then for every one of those calls (the n-th call of entry
  * point E, for each E and n) and for each of four errors, the state is built
  * again from nothing, call n of E is made to fail (fabsim_fault_set), and the
- * operation runs.  After each failure:
+ * operation runs.  Right after it, whatever it answered, the sim's ledger
+ * matches the pools' stats (bytes mapped, mappings, handles, exported fds).
+ * After each failure:
  *   - the operation returned an error with a message that names the failed call
- *     (or it absorbed the fault: an OOM answered by a trim and a retry, a
- *     failure in a call whose result does not matter; then its result is checked);
- *   - a buffer that failed to resize keeps its old size;
+ *     and no other in its place (or it absorbed the fault: an OOM answered by a
+ *     trim and a retry, a failure in a call whose result does not matter; then
+ *     its result is checked);
+ *   - it changed nothing visible: a buffer keeps its size and mapping, the pool
+ *     maps what it mapped (an OOM may have trimmed cached memory: not more), a
+ *     view keeps its generation and mapping, a buffer whose destroy failed is
+ *     still alive and a second destroy frees it;
  *   - data already in the pool's memory reads back intact;
  *   - with faults cleared, the pool still allocates and grows;
  *   - once everything is destroyed, the simulated driver holds nothing: no
@@ -56,12 +62,12 @@ static const struct {
 enum op {
     OP_CREATE, OP_ALLOC_SMALL, OP_ALLOC_LARGE, OP_FREE, OP_BUF_CREATE, OP_GROW, OP_SHRINK, OP_RESIZE_SET,
     OP_TRIM, OP_COLLECT, OP_EXPORT, OP_VIEW_OPEN, OP_VIEW_APPLY, OP_VIEW_CLOSE, OP_BUF_DESTROY, OP_DESTROY,
-    OP_COUNT
+    OP_SHRINK_STREAM, OP_BUF_DESTROY_STREAM, OP_COUNT
 };
 static const char *const op_names[OP_COUNT] = {
     "pool create", "alloc 1000 B", "alloc 20 MiB", "free (cache_limit 0)", "buffer create", "buffer grow",
     "buffer shrink", "resize_set", "trim", "collect", "export", "view open", "view apply", "view close",
-    "buffer destroy", "pool destroy",
+    "buffer destroy", "pool destroy", "shrink on a stream", "destroy on a stream",
 };
 
 typedef struct {
@@ -129,7 +135,8 @@ static int setup(state *t, enum op op)
     t->b_size = 16 * MB;
     if (fabpool_buffer_create(t->p, 512 * MB, t->b_size, &t->b) != FABPOOL_OK)
         return -1;
-    if (op == OP_SHRINK || op == OP_COLLECT) { /* grown in steps: several chunks, so a shrink drops some */
+    if (op == OP_SHRINK || op == OP_COLLECT || op == OP_SHRINK_STREAM) { /* grown in steps: several chunks, so a
+                                                                          shrink drops some */
         for (size_t sz = 40 * MB; sz <= 100 * MB; sz += 30 * MB)
             if (fabpool_buffer_resize(t->b, sz, NULL) != FABPOOL_OK)
                 return -1;
@@ -162,6 +169,11 @@ static int setup(state *t, enum op op)
             if (fabpool_alloc(t->p, (size_t)(1 + 7 * i) * MB, &x) != FABPOOL_OK || fabpool_free(t->p, x) != FABPOOL_OK)
                 return -1;
         }
+        break;
+    case OP_SHRINK_STREAM:
+    case OP_BUF_DESTROY_STREAM: /* the events of a retirement: cuEventCreate, cuEventRecord */
+        if (cuStreamCreate(&t->s, 0) != CUDA_SUCCESS)
+            return -1;
         break;
     case OP_COLLECT:
         if (cuStreamCreate(&t->s, 0) != CUDA_SUCCESS || stream_hold(t->s) != 0)
@@ -221,6 +233,8 @@ static fabpool_status run(state *t, enum op op)
         return fabpool_buffer_resize(t->b, 100 * MB, NULL);
     case OP_SHRINK:
         return fabpool_buffer_resize(t->b, 8 * MB, NULL);
+    case OP_SHRINK_STREAM:
+        return fabpool_buffer_resize(t->b, 8 * MB, t->s);
     case OP_RESIZE_SET: {
         size_t sizes[3] = {40 * MB, 70 * MB, 130 * MB};
         return fabpool_buffer_resize_set(t->set, sizes, 3, NULL);
@@ -243,6 +257,9 @@ static fabpool_status run(state *t, enum op op)
     case OP_BUF_DESTROY:
         t->b_gone = 1;
         return fabpool_buffer_destroy(t->b, NULL);
+    case OP_BUF_DESTROY_STREAM:
+        t->b_gone = 1;
+        return fabpool_buffer_destroy(t->b, t->s);
     case OP_DESTROY:
         t->p_gone = 1;
         return fabpool_destroy(t->p);
@@ -272,6 +289,7 @@ static int result_ok(state *t, enum op op)
         put(B(t->b) + 100 * MB - 8, 9);
         return bsize(t->b) == 100 * MB && get(B(t->b) + 100 * MB - 8) == 9;
     case OP_SHRINK:
+    case OP_SHRINK_STREAM:
         return bsize(t->b) == 8 * MB;
     case OP_RESIZE_SET:
         return bsize(t->set[0]) == 40 * MB && bsize(t->set[1]) == 70 * MB && bsize(t->set[2]) == 130 * MB;
@@ -321,6 +339,51 @@ static void cleanup(state *t)
     }
 }
 
+/* The sim's ledger against the stats of every pool alive in the trial: what
+ * the driver maps, its mappings, handles and exported fds are what the pools
+ * say they hold.  Returns 0 and prints both sides if not. */
+static int ledger_matches(const state *t, const char *when)
+{
+    fabpool_t *pools[3] = {t->p_gone ? NULL : t->p, t->q, t->np};
+    uint64_t mapped = 0, handles = 0, fds = 0, chunks = 0;
+    for (int i = 0; i < 3; i++) {
+        fabpool_stats s;
+        if (!pools[i] || fabpool_get_stats(pools[i], &s) != FABPOOL_OK)
+            continue;
+        mapped += s.mapped_bytes;
+        handles += s.handles_outstanding;
+        fds += s.exported_fds_open;
+        chunks += s.chunks_mapped;
+    }
+    fabsim_ledger l = t_ledger();
+    int ok = l.bytes_mapped == mapped && l.handles == handles && l.exported_fds == fds && l.mappings == chunks;
+    CHECK(ok);
+    if (!ok)
+        fprintf(stderr, "  ledger %s: the sim maps %llu bytes in %llu mappings, holds %llu handles and %llu exported "
+                        "fds; the pools say %llu bytes, %llu chunks, %llu handles, %llu fds\n",
+                when, (unsigned long long)l.bytes_mapped, (unsigned long long)l.mappings,
+                (unsigned long long)l.handles, (unsigned long long)l.exported_fds, (unsigned long long)mapped,
+                (unsigned long long)chunks, (unsigned long long)handles, (unsigned long long)fds);
+    return ok;
+}
+
+/* The first entry point other than entries[e] that msg names, or NULL. */
+static const char *other_call(const char *msg, size_t e)
+{
+    for (size_t j = 0; j < N_ENTRIES; j++) {
+        if (j == e)
+            continue;
+        const char *at = strstr(msg, entries[j]);
+        size_t n = strlen(entries[j]);
+        /* a whole name, not the start of a longer one (cuEventDestroy in cuEventDestroy_v2 is fine) */
+        while (at && ((at[n] >= 'a' && at[n] <= 'z') || (at[n] >= 'A' && at[n] <= 'Z')))
+            at = strstr(at + 1, entries[j]);
+        if (at)
+            return entries[j];
+    }
+    return NULL;
+}
+
 static int ledger_empty(void)
 {
     fabsim_ledger l = t_ledger();
@@ -347,10 +410,20 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
         cleanup(&t);
         return;
     }
+    /* what is visible before: the pool's mapping, the buffer's, the view's */
+    uint64_t mapped0 = t.p ? t_mapped(t.p) : 0;
+    fabpool_buffer_info bi0, vi0;
+    memset(&bi0, 0, sizeof bi0);
+    memset(&vi0, 0, sizeof vi0);
+    if (t.b)
+        fabpool_buffer_get_info(t.b, &bi0);
+    if (t.v)
+        fabpool_view_get_info(t.v, &vi0);
     uint64_t c0 = calls(entries[e]);
     fault_set(entries[e], n, 0, errors[k].err);
     fabpool_status st = run(&t, op);
     fault_clear();
+    ledger_matches(&t, "right after the operation");
     uint64_t made = calls(entries[e]) - c0;
     char msg[2048];
     snprintf(msg, sizeof msg, "%s", fabpool_last_error());
@@ -365,9 +438,59 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
         /* the message names the call that failed, or says what the failure meant */
         CHECK(strstr(msg, entries[e]) != NULL || strstr(msg, errors[k].name) != NULL ||
               (errors[k].err == CUDA_ERROR_OUT_OF_MEMORY && st == FABPOOL_ERR_OUT_OF_MEMORY));
-        /* on failure a buffer keeps its old size */
-        if (op == OP_GROW || op == OP_SHRINK)
+        /* ... and does not name another call in its place (a failed cuEventCreate is not "cuEventRecord failed") */
+        const char *other = strstr(msg, entries[e]) ? NULL : other_call(msg, e);
+        CHECK(other == NULL);
+        if (other)
+            fprintf(stderr, "  the message names %s, but %s failed\n", other, entries[e]);
+        int oom = errors[k].err == CUDA_ERROR_OUT_OF_MEMORY;
+        /* on failure a buffer keeps its old size and mapping */
+        if (op == OP_GROW || op == OP_SHRINK || op == OP_SHRINK_STREAM) {
+            fabpool_buffer_info bi;
+            fabpool_buffer_get_info(t.b, &bi);
+            CHECK(bsize(t.b) == t.b_size && bi.mapped == bi0.mapped && bi.generation == bi0.generation);
+        }
+        /* the pool maps what it mapped (after an OOM it may have trimmed its cache: not more); a collect or a
+         * trim that fails half-way has unmapped some of what it was asked to: that is their job */
+        if (t.p && !t.p_gone && op != OP_COLLECT && op != OP_TRIM) {
+            uint64_t m = t_mapped(t.p);
+            CHECK(oom ? m <= mapped0 : m == mapped0);
+            if (oom ? m > mapped0 : m != mapped0)
+                fprintf(stderr, "  the pool maps %llu bytes after the failure, %llu before\n", (unsigned long long)m,
+                        (unsigned long long)mapped0);
+        }
+        /* a view keeps what it maps */
+        if (op == OP_VIEW_APPLY) {
+            fabpool_buffer_info vi;
+            fabpool_view_get_info(t.v, &vi);
+            CHECK(vi.generation == vi0.generation && vi.mapped == vi0.mapped && vi.n_chunks == vi0.n_chunks);
+            CHECK(get((uint64_t)(uintptr_t)fabpool_view_ptr(t.v)) == 0xbeef);
+        }
+        /* a buffer whose destroy failed is alive, keeps its data, and a second destroy frees it */
+        if (op == OP_BUF_DESTROY || op == OP_BUF_DESTROY_STREAM) {
+            t.b_gone = 0;
             CHECK(bsize(t.b) == t.b_size);
+            CHECK(get(B(t.b)) == 0xbeef);
+            fabpool_status again = fabpool_buffer_destroy(t.b, NULL);
+            CHECK_OK(again);
+            if (again == FABPOOL_OK) {
+                t.b_gone = 1;
+                CHECK_OK(fabpool_collect(t.p, 1));
+                uint64_t m = t_mapped(t.p);
+                CHECK(m + bi0.mapped <= mapped0);
+                if (m + bi0.mapped > mapped0)
+                    fprintf(stderr, "  after a second destroy the pool maps %llu bytes; %llu before the first, of "
+                                    "which the buffer %llu\n", (unsigned long long)m, (unsigned long long)mapped0,
+                            (unsigned long long)bi0.mapped);
+            } else {
+                fabpool_stats s;
+                fabpool_get_stats(t.p, &s);
+                fprintf(stderr, "  a second destroy of the buffer answered %s (%s); the pool maps %llu bytes, "
+                                "%llu retiring\n", fabpool_status_name(again), fabpool_last_error(),
+                        (unsigned long long)s.mapped_bytes, (unsigned long long)s.retiring_bytes);
+                t.b_gone = 1;
+            }
+        }
         if (op == OP_RESIZE_SET)
             for (int i = 0; i < 3; i++)
                 CHECK(bsize(t.set[i]) == t.set_size[i]);

@@ -1,0 +1,1369 @@
+/* test_property: seeded random sequences of every public operation on two
+ * pools of one process, checked from outside after every step (issue 11).
+ *
+ * Each seed creates two pools (A and B) and runs `steps` random operations:
+ * fabpool_alloc / free, buffer create / resize / resize_set / destroy, export
+ * / export_done / peers_ack, view open / apply / close of the other pool's
+ * buffers (a pool exports, the other imports, both ways; POSIX fds are dup'ed
+ * within the process), trim, collect, thread_flush, and streams held and
+ * released (fabsim_stream_hold / fabsim_stream_release).  A few variants are
+ * bad input that must be refused with nothing changed: resize_set naming a
+ * buffer twice, an ack of a generation never issued, a view apply whose import
+ * fails (fault injection).  After every step:
+ *   - the sim's ledger matches the pools' stats: bytes mapped, mappings,
+ *     handles, exported fds;
+ *   - no two live objects overlap (blocks, buffer and view windows, and memory
+ *     of destroyed buffers that must stay mapped);
+ *   - memory retired on a held stream, or dropped from an exported buffer that
+ *     its peers have not acked, stays mapped (the pool's mapped and retiring
+ *     bytes cover it) and keeps its data until the stream is released (or the
+ *     ack comes); then a collect(wait) leaves nothing retiring;
+ *   - every live object's data (a pattern of its own, written with
+ *     cuMemcpyHtoD at a few sample points) reads back (cuMemcpyDtoH): one
+ *     sample of every object each step, every sample of what the step touched
+ *     and, every 64 steps, every sample of everything;
+ *   - a shrunk buffer that was never exported maps at most the hysteresis over
+ *     its new size (docs/config.md: shrink_hysteresis);
+ *   - check_invariants(): the hook for fabpool_check (issue 12).
+ * At the end of each seed everything is freed, both pools are destroyed (OK,
+ * not BUSY) and the ledger is zero.  How often each operation ran is printed;
+ * each must be at least 1% of the steps.
+ *
+ *   test_property [first_seed [n_seeds [steps]]]     (default 1 300 2000)
+ *   test_property -v SEED 1 STEPS                    prints every step of one seed
+ * Sim only (the ledger, stream holds and fault injection are the sim's). */
+#include <stdarg.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../testutil.h"
+
+#define KB (1ull << 10)
+#define MB (1ull << 20)
+#define NPOOL 2
+#define MAXBLK 24
+#define MAXBUF 5
+#define MAXVIEW 4
+#define NSTREAM 2
+#define NPTS 6
+#define MAXREC 256
+#define MAXFD 256
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#else
+#define SANITIZED 0
+#endif
+
+/* ------------------------------------------------------------ the sim */
+
+typedef int (*fault_set_fn)(const char *, uint64_t, int, int);
+typedef void (*fault_clear_fn)(void);
+typedef uint64_t (*calls_fn)(const char *);
+typedef int (*hold_fn)(void *);
+static fault_set_fn fault_set;
+static fault_clear_fn fault_clear;
+static calls_fn sim_calls;
+static hold_fn stream_hold, stream_release;
+
+/* ------------------------------------------------------------ operations */
+
+enum op {
+    OP_ALLOC, OP_FREE, OP_BUF_CREATE, OP_RESIZE, OP_RESIZE_SET, OP_BUF_DESTROY, OP_EXPORT, OP_EXPORT_DONE,
+    OP_ACK, OP_VIEW_OPEN, OP_VIEW_APPLY, OP_VIEW_CLOSE, OP_TRIM, OP_COLLECT, OP_FLUSH, OP_HOLD, OP_RELEASE,
+    OP_COUNT
+};
+static const char *const op_names[OP_COUNT] = {
+    "alloc", "free", "buffer_create", "buffer_resize", "buffer_resize_set", "buffer_destroy", "buffer_export",
+    "buffer_export_done", "buffer_peers_ack", "view_open", "view_apply", "view_close", "trim", "collect",
+    "thread_flush", "stream_hold", "stream_release",
+};
+static const unsigned op_weight[OP_COUNT] = {12, 10, 5, 12, 6, 4, 5, 4, 6, 5, 7, 3, 3, 5, 3, 5, 5};
+
+/* ------------------------------------------------------------ the model */
+
+typedef struct {
+    void *p;
+    size_t size, usable;
+    uint64_t id;
+} blk_t;
+
+typedef struct {
+    fabpool_buffer_t *h;
+    uint64_t id, base, window;
+    size_t size;
+    uint64_t pts[NPTS]; /* sample offsets in the window; those below size hold pat(id, x) */
+    int shared;         /* exported at least once */
+    uint64_t acked;     /* the highest generation acked */
+    int broken;         /* a check already failed on it: not checked again, destroyed next */
+    int hyst_stream;    /* shrunk on this stream: the hysteresis bound is checked at a collect(wait) after it */
+    size_t hyst_from;   /* (the size before that shrink; hyst_stream -1: nothing due) */
+} buf_t;
+
+typedef struct {
+    fabpool_view_t *h;
+    int src_pool;
+    uint64_t id, base, live, gen; /* id: the source buffer's */
+    uint64_t vid, window;         /* the view's own number, its window */
+    size_t src_size;              /* the source's size at the export: samples below it hold the pattern */
+    uint64_t pts[NPTS];
+    int broken;
+} view_t;
+
+/* Memory that must stay mapped with its data: chunks a shrink or a destroy
+ * retired while their stream was held, or dropped from an exported buffer
+ * before its peers acked. */
+typedef struct {
+    int pool;
+    uint64_t id, base;
+    size_t lo, hi;          /* offsets in the buffer's window whose samples must still read back */
+    uint64_t dropped;       /* bytes the buffer stopped counting as mapped */
+    uint64_t va_lo, va_hi;  /* where they are: no other object may be given this range meanwhile */
+    int destroyed;          /* the buffer is gone */
+    int stream;             /* -1: none */
+    uint64_t epoch;         /* the stream's hold when it was retired */
+    int ack_wait;           /* an exported buffer: until acked >= gen_after */
+    uint64_t gen_after;
+    uint64_t pts[NPTS];
+} rec_t;
+
+typedef struct {
+    fabpool_t *p;
+    blk_t blk[MAXBLK];
+    int nblk;
+    buf_t buf[MAXBUF];
+    int nbuf;
+    view_t view[MAXVIEW];
+    int nview;
+} pool_t;
+
+static pool_t P[NPOOL];
+static rec_t rec[MAXREC];
+static int nrec;
+static CUstream streams[NSTREAM];
+static int held[NSTREAM];
+static uint64_t epoch[NSTREAM];
+static uint64_t next_id = 1;
+static uint64_t gran = 2 * MB;
+static uint32_t hysteresis = 25;
+static int verbose;
+/* totals */
+static long n_dup, n_bad_ack, n_fault_apply, n_rec_stream, n_rec_ack, n_quiet;
+static uint64_t peak_mapped;
+static fabpool_handle_type htype;
+
+/* ------------------------------------------------------------ random */
+
+static uint64_t rng_s;
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+static uint64_t rnd(void) { return mix(rng_s++); }
+static uint64_t below(uint64_t n) { return n ? rnd() % n : 0; }
+static int chance(unsigned pct) { return below(100) < pct; }
+/* log-uniform in [lo, hi] */
+static uint64_t logsize(uint64_t lo, uint64_t hi)
+{
+    int b0 = 63 - __builtin_clzll(lo), b1 = 63 - __builtin_clzll(hi);
+    int b = b0 + (int)below((uint64_t)(b1 - b0 + 1));
+    uint64_t v = (1ull << b) + below(1ull << b);
+    return v < lo ? lo : v > hi ? hi : v;
+}
+static uint64_t pat(uint64_t id, uint64_t off) { return mix(id * 0x100000001b3ull ^ off) | 1; }
+
+/* ------------------------------------------------------------ failures */
+
+static unsigned long long cur_seed;
+static long cur_step;
+static const char *cur_op = "setup";
+static char cur_what[256];
+
+typedef struct {
+    const char *key;
+    long n;
+} fcount_t;
+static fcount_t fcounts[64];
+static int nfcounts;
+static long printed;
+
+static void fail_(const char *key, int line, const char *fmt, ...)
+{
+    t_failures++;
+    int i;
+    for (i = 0; i < nfcounts; i++)
+        if (strcmp(fcounts[i].key, key) == 0)
+            break;
+    if (i == nfcounts && nfcounts < 64)
+        fcounts[nfcounts++] = (fcount_t){key, 0};
+    long n = i < 64 ? ++fcounts[i].n : 1;
+    if (n > 3 || printed >= 80)
+        return;
+    printed++;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "FAIL [%s] seed %llu step %ld op %s (%s), line %d: %s\n", key, cur_seed, cur_step, cur_op,
+            cur_what, line, msg);
+}
+
+#define EXPECT(cond, key, ...)                                                                                   \
+    do {                                                                                                         \
+        t_checks++;                                                                                              \
+        if (!(cond))                                                                                             \
+            fail_(key, __LINE__, __VA_ARGS__);                                                                   \
+    } while (0)
+
+/* a call that must succeed; the status and message are reported otherwise */
+#define EXPECT_OK(st, key, call)                                                                                 \
+    EXPECT((st) == FABPOOL_OK, key, "%s -> %s: %s", call, fabpool_status_name(st), fabpool_last_error())
+
+/* ------------------------------------------------------------ memory */
+
+static int put(uint64_t at, uint64_t v)
+{
+    return cuMemcpyHtoD((CUdeviceptr)at, &v, sizeof v) == CUDA_SUCCESS;
+}
+/* 1: reads back v; 0: another value; -1: unreadable (not mapped) */
+static int probe(uint64_t at, uint64_t v, uint64_t *got)
+{
+    *got = 0;
+    if (cuMemcpyDtoH(got, (CUdeviceptr)at, sizeof *got) != CUDA_SUCCESS)
+        return -1;
+    return *got == v;
+}
+
+static void gen_points(uint64_t id, uint64_t window, uint64_t *pts)
+{
+    static const uint64_t spans[NPTS] = {8, 64 * KB, 2 * MB, 16 * MB, 1ull << 62, 1ull << 62};
+    for (int i = 0; i < NPTS; i++) {
+        uint64_t span = spans[i] < window - 8 ? spans[i] : window - 8;
+        pts[i] = i == 0 ? 0 : (mix(id * 31 + (uint64_t)i) % span) & ~7ull;
+    }
+}
+
+static void write_points(uint64_t id, uint64_t base, const uint64_t *pts, uint64_t lo, uint64_t hi)
+{
+    for (int i = 0; i < NPTS; i++)
+        if (pts[i] + 8 > lo && pts[i] + 8 <= hi)
+            EXPECT(put(base + pts[i], pat(id, pts[i])), "data.write", "cuMemcpyHtoD at offset %llu of object %llu "
+                   "(0x%llx) failed: not mapped", (unsigned long long)pts[i], (unsigned long long)id,
+                   (unsigned long long)(base + pts[i]));
+}
+
+/* The samples that a size of hi bytes holds and one of lo bytes does not (lo < x + 8 <= hi): all of
+ * them, or only sample `which` (mod NPTS). */
+static int check_points(const char *key, const char *what, uint64_t id, uint64_t base, const uint64_t *pts,
+                        uint64_t lo, uint64_t hi, int which)
+{
+    int bad = 0;
+    for (int i = 0; i < NPTS; i++) {
+        if (which >= 0 && i != which % NPTS)
+            continue;
+        uint64_t x = pts[i];
+        if (x + 8 <= lo || x + 8 > hi)
+            continue;
+        uint64_t got;
+        int r = probe(base + x, pat(id, x), &got);
+        t_checks++;
+        if (r != 1) {
+            bad = 1;
+            fail_(key, __LINE__, "%s %llu: offset %llu (0x%llx) %s 0x%llx, wrote 0x%llx", what,
+                  (unsigned long long)id, (unsigned long long)x, (unsigned long long)(base + x),
+                  r < 0 ? "is not mapped (cuMemcpyDtoH fails); expected" : "reads", (unsigned long long)got,
+                  (unsigned long long)pat(id, x));
+        }
+    }
+    return bad;
+}
+
+static int check_blk(const blk_t *b, int which)
+{
+    uint64_t pts[NPTS] = {0, b->usable - 8, 0, b->usable - 8, 0, b->usable - 8};
+    return check_points("data.block", "block", b->id, (uint64_t)(uintptr_t)b->p, pts, 0, b->usable, which);
+}
+static int check_buf(buf_t *b, int which)
+{
+    if (b->broken)
+        return 0;
+    b->broken = check_points("data.buffer", "buffer", b->id, b->base, b->pts, 0, b->size, which);
+    return b->broken;
+}
+static int check_view(view_t *v, int which)
+{
+    if (v->broken)
+        return 0;
+    uint64_t hi = v->src_size < v->live ? v->src_size : v->live;
+    v->broken = check_points("data.view", "view of buffer", v->id, v->base, v->pts, 0, hi, which);
+    return v->broken;
+}
+
+/* ------------------------------------------------------------ model helpers */
+
+static buf_t *find_buf(uint64_t id, int *pool)
+{
+    for (int p = 0; p < NPOOL; p++)
+        for (int i = 0; i < P[p].nbuf; i++)
+            if (P[p].buf[i].id == id) {
+                if (pool)
+                    *pool = p;
+                return &P[p].buf[i];
+            }
+    return NULL;
+}
+
+static int rec_pending(rec_t *r)
+{
+    if (r->stream >= 0 && held[r->stream] && epoch[r->stream] == r->epoch)
+        return 1;
+    if (r->ack_wait) {
+        if (r->destroyed)
+            return 1; /* until pool destroy: no call acks a destroyed buffer yet */
+        buf_t *b = find_buf(r->id, NULL);
+        if (b && b->acked < r->gen_after)
+            return 1;
+        r->ack_wait = 0;
+    }
+    return 0;
+}
+
+static void add_rec(int pool, const buf_t *b, size_t lo, size_t hi, uint64_t at, uint64_t dropped, int stream,
+                    int destroyed, uint64_t gen_after)
+{
+    int sw = stream >= 0 && held[stream];
+    int aw = b->shared && b->acked < gen_after;
+    if (!dropped || (!sw && !aw) || nrec == MAXREC)
+        return;
+    rec_t *r = &rec[nrec++];
+    memset(r, 0, sizeof *r);
+    n_rec_stream += sw;
+    n_rec_ack += aw;
+    r->pool = pool;
+    r->id = b->id;
+    r->base = b->base;
+    r->lo = lo;
+    r->hi = hi;
+    r->dropped = dropped;
+    r->va_lo = b->base + at;
+    r->va_hi = b->base + at + dropped;
+    r->destroyed = destroyed;
+    r->stream = sw ? stream : -1;
+    r->epoch = sw ? epoch[stream] : 0;
+    r->ack_wait = aw;
+    r->gen_after = gen_after;
+    memcpy(r->pts, b->pts, sizeof r->pts);
+}
+
+static uint64_t stuck_bytes(int pool)
+{
+    uint64_t s = 0;
+    for (int i = 0; i < nrec; i++)
+        if (rec[i].pool == pool && rec[i].ack_wait)
+            s += rec[i].dropped;
+    return s;
+}
+
+static fabpool_buffer_info binfo(const buf_t *b)
+{
+    fabpool_buffer_info i;
+    memset(&i, 0, sizeof i);
+    fabpool_buffer_get_info(b->h, &i);
+    return i;
+}
+
+static void *stream_ptr(int s) { return s < 0 ? NULL : (void *)streams[s]; }
+
+/* --------------------------------------------------- the hook for issue 12 */
+
+/* check_invariants(): the library's own consistency check of each pool.
+ * fabpool_check(pool) is added by issue 12; until it exists this hook checks
+ * nothing.  The weak reference picks it up once lib/ defines it (if it lives
+ * in an object file of its own that nothing else pulls from the static
+ * library, call it directly instead). */
+extern fabpool_status fabpool_check(fabpool_t *pool) __attribute__((weak));
+static int hook_announced;
+
+static void check_invariants(void)
+{
+    if (!fabpool_check) {
+        if (!hook_announced++)
+            printf("test_property: fabpool_check is not in the library yet: check_invariants() checks nothing\n");
+        return;
+    }
+    for (int p = 0; p < NPOOL; p++)
+        if (P[p].p) {
+            fabpool_status st = fabpool_check(P[p].p);
+            EXPECT_OK(st, "fabpool_check", "fabpool_check(pool)");
+        }
+}
+
+/* ------------------------------------------------------------ the checks */
+
+typedef struct {
+    uint64_t lo, hi;
+    const char *what;
+    uint64_t id;
+} ival_t;
+
+static int ival_cmp(const void *a, const void *b)
+{
+    const ival_t *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+static uint64_t step_first_id; /* objects numbered from here on were created by this step */
+
+static void overlap_fail(const ival_t *a, const ival_t *b)
+{
+    fail_("overlap", __LINE__, "%s %llu [0x%llx, 0x%llx) overlaps %s %llu [0x%llx, 0x%llx)", a->what,
+          (unsigned long long)a->id, (unsigned long long)a->lo, (unsigned long long)a->hi, b->what,
+          (unsigned long long)b->id, (unsigned long long)b->lo, (unsigned long long)b->hi);
+}
+
+static void refresh_streams(void)
+{
+    for (int s = 0; s < NSTREAM; s++)
+        held[s] = cuStreamQuery(streams[s]) == CUDA_ERROR_NOT_READY;
+}
+
+/* After every step.  full: every sample of everything. */
+static void check_step(int full)
+{
+    refresh_streams();
+    /* memory still retired: its data reads back */
+    int w = 0;
+    for (int i = 0; i < nrec; i++) {
+        rec_t *r = &rec[i];
+        if (!rec_pending(r))
+            continue;
+        rec[w++] = *r;
+        uint64_t lo = r->lo;
+        if (!r->destroyed) {
+            buf_t *b = find_buf(r->id, NULL);
+            if (b && b->size > lo)
+                lo = b->size; /* below size: live again, checked as the buffer */
+            if (b && b->broken)
+                continue;
+        }
+        check_points("retired.data", r->destroyed ? "retired memory of destroyed buffer" : "retired chunk of buffer",
+                     r->id, r->base, r->pts, lo, r->hi, full ? -1 : (int)cur_step);
+    }
+    nrec = w;
+
+    /* the ledger against the pools' stats */
+    fabsim_ledger L = t_ledger();
+    if (L.bytes_mapped > peak_mapped)
+        peak_mapped = L.bytes_mapped;
+    fabpool_stats S[NPOOL];
+    uint64_t mapped = 0, handles = 0, fds = 0, chunks = 0;
+    for (int p = 0; p < NPOOL; p++) {
+        fabpool_get_stats(P[p].p, &S[p]);
+        mapped += S[p].mapped_bytes;
+        handles += S[p].handles_outstanding;
+        fds += S[p].exported_fds_open;
+        chunks += S[p].chunks_mapped;
+    }
+    EXPECT(L.bytes_mapped == mapped, "ledger.bytes_mapped", "the sim maps %llu bytes, the pools say %llu + %llu",
+           (unsigned long long)L.bytes_mapped, (unsigned long long)S[0].mapped_bytes,
+           (unsigned long long)S[1].mapped_bytes);
+    EXPECT(L.mappings == chunks, "ledger.mappings", "the sim has %llu mappings, the pools' chunks_mapped %llu + %llu",
+           (unsigned long long)L.mappings, (unsigned long long)S[0].chunks_mapped,
+           (unsigned long long)S[1].chunks_mapped);
+    EXPECT(L.handles == handles, "ledger.handles", "the sim has %llu handles, the pools' handles_outstanding %llu",
+           (unsigned long long)L.handles, (unsigned long long)handles);
+    EXPECT(L.exported_fds == fds, "ledger.exported_fds", "the sim counts %llu exported fds open, the pools' "
+           "exported_fds_open %llu + %llu", (unsigned long long)L.exported_fds,
+           (unsigned long long)S[0].exported_fds_open, (unsigned long long)S[1].exported_fds_open);
+
+    /* what must be mapped: live objects and pending retirements */
+    for (int p = 0; p < NPOOL; p++) {
+        pool_t *q = &P[p];
+        uint64_t need = 0, retiring = 0;
+        for (int i = 0; i < q->nblk; i++)
+            need += q->blk[i].usable;
+        for (int i = 0; i < q->nbuf; i++) {
+            fabpool_buffer_info bi = binfo(&q->buf[i]);
+            EXPECT(bi.size == q->buf[i].size && bi.mapped >= bi.size && (uint64_t)(uintptr_t)bi.base == q->buf[i].base,
+                   "buffer.info", "buffer %llu: info says size %zu, mapped %zu, base %p; the model has size %zu at 0x%llx",
+                   (unsigned long long)q->buf[i].id, bi.size, bi.mapped, bi.base, q->buf[i].size,
+                   (unsigned long long)q->buf[i].base);
+            need += bi.mapped;
+        }
+        for (int i = 0; i < q->nview; i++)
+            need += q->view[i].broken ? 0 : q->view[i].live; /* a broken view: what it maps is unknown */
+        for (int i = 0; i < nrec; i++)
+            if (rec[i].pool == p) {
+                need += rec[i].dropped;
+                if (!rec[i].destroyed)
+                    retiring += rec[i].dropped;
+            }
+        EXPECT(S[p].mapped_bytes >= need, "mapped.lower_bound", "pool %c maps %llu bytes, less than its live blocks, "
+               "buffers, views and retirements still pending (%llu)", 'A' + p, (unsigned long long)S[p].mapped_bytes,
+               (unsigned long long)need);
+        EXPECT(S[p].retiring_bytes >= retiring, "retiring.lower_bound", "pool %c: retiring_bytes %llu, but chunks of "
+               "%llu bytes retired on a held stream or awaiting an ack are pending", 'A' + p,
+               (unsigned long long)S[p].retiring_bytes, (unsigned long long)retiring);
+        EXPECT(S[p].blocks == (uint64_t)q->nblk, "stats.blocks", "pool %c says %llu blocks live, the model has %d",
+               'A' + p, (unsigned long long)S[p].blocks, q->nblk);
+        EXPECT(S[p].buffers >= (uint64_t)q->nbuf, "stats.buffers", "pool %c says %llu buffers live, the model has %d",
+               'A' + p, (unsigned long long)S[p].buffers, q->nbuf);
+    }
+
+    /* no two live objects overlap */
+    ival_t iv[NPOOL * (MAXBLK + MAXBUF + MAXVIEW) + MAXREC];
+    int n = 0;
+    for (int p = 0; p < NPOOL; p++) {
+        pool_t *q = &P[p];
+        for (int i = 0; i < q->nblk; i++)
+            iv[n++] = (ival_t){(uint64_t)(uintptr_t)q->blk[i].p, (uint64_t)(uintptr_t)q->blk[i].p + q->blk[i].usable,
+                               "block", q->blk[i].id};
+        for (int i = 0; i < q->nbuf; i++)
+            iv[n++] = (ival_t){q->buf[i].base, q->buf[i].base + q->buf[i].window, "buffer window", q->buf[i].id};
+        for (int i = 0; i < q->nview; i++)
+            iv[n++] = (ival_t){q->view[i].base, q->view[i].base + q->view[i].window, "view window", q->view[i].vid};
+    }
+    for (int i = 0; i < nrec; i++)
+        if (rec[i].destroyed)
+            iv[n++] = (ival_t){rec[i].va_lo, rec[i].va_hi, "retired memory of destroyed buffer", rec[i].id};
+    /* Ranges never change, so only an object created in this step (numbered from step_first_id on) can
+     * overlap one that did not before: each step checks those against all; every 64th sorts them all. */
+    t_checks += n;
+    if (full) {
+        qsort(iv, (size_t)n, sizeof iv[0], ival_cmp);
+        for (int i = 1; i < n; i++) /* (retirements of one destroyed buffer may repeat each other) */
+            if (!(iv[i].lo >= iv[i - 1].hi || (iv[i].id == iv[i - 1].id && iv[i].what == iv[i - 1].what)))
+                overlap_fail(&iv[i], &iv[i - 1]);
+    } else {
+        for (int i = 0; i < n; i++) {
+            if (iv[i].id < step_first_id)
+                continue;
+            for (int j = 0; j < n; j++)
+                if (j != i && iv[j].lo < iv[i].hi && iv[i].lo < iv[j].hi &&
+                    !(iv[i].id == iv[j].id && iv[i].what == iv[j].what))
+                    overlap_fail(&iv[i], &iv[j]);
+        }
+    }
+
+    /* data: one sample of each object (all of them when full) */
+    int which = full ? -1 : (int)cur_step;
+    for (int p = 0; p < NPOOL; p++) {
+        pool_t *q = &P[p];
+        for (int i = 0; i < q->nblk; i++)
+            check_blk(&q->blk[i], which);
+        for (int i = 0; i < q->nbuf; i++)
+            check_buf(&q->buf[i], which);
+        for (int i = 0; i < q->nview; i++)
+            check_view(&q->view[i], which);
+    }
+    check_invariants();
+}
+
+/* collect(wait) with nothing pending in the pool: nothing stays retiring and
+ * every destroyed buffer is gone */
+static void check_quiet(int p)
+{
+    for (int i = 0; i < nrec; i++)
+        if (rec[i].pool == p)
+            return;
+    n_quiet++;
+    fabpool_stats s;
+    fabpool_get_stats(P[p].p, &s);
+    EXPECT(s.retiring_bytes == 0, "collect.retiring", "pool %c: %llu bytes still retiring after collect(wait) with no "
+           "stream held and every exported buffer acked", 'A' + p, (unsigned long long)s.retiring_bytes);
+    EXPECT(s.buffers == (uint64_t)P[p].nbuf, "collect.buffers", "pool %c: %llu buffers after collect(wait), %d live "
+           "(a destroyed buffer kept its memory)", 'A' + p, (unsigned long long)s.buffers, P[p].nbuf);
+}
+
+/* ------------------------------------------------------------ the steps */
+
+static int pick_pool(int (*ok)(int))
+{
+    int c[NPOOL], n = 0;
+    for (int p = 0; p < NPOOL; p++)
+        if (ok(p))
+            c[n++] = p;
+    return n ? c[below((uint64_t)n)] : -1;
+}
+static int has_room_blk(int p) { return P[p].nblk < MAXBLK; }
+static int has_blk(int p) { return P[p].nblk > 0; }
+static int has_room_buf(int p) { return P[p].nbuf < MAXBUF; }
+static int has_buf(int p) { return P[p].nbuf > 0; }
+static int has_shared(int p)
+{
+    for (int i = 0; i < P[p].nbuf; i++)
+        if (P[p].buf[i].shared)
+            return 1;
+    return 0;
+}
+static int can_open(int p) { return P[p].nbuf > 0 && P[1 - p].nview < MAXVIEW; }
+static int has_view(int p) { return P[p].nview > 0; }
+static int has_appliable(int p)
+{
+    for (int i = 0; i < P[p].nview; i++)
+        if (!P[p].view[i].broken && find_buf(P[p].view[i].id, NULL))
+            return 1;
+    return 0;
+}
+static int always(int p) { return p >= 0; }
+
+static int (*const applicable[OP_COUNT])(int) = {
+    has_room_blk, has_blk, has_room_buf, has_buf, has_buf, has_buf, has_buf, has_buf, has_shared,
+    can_open, has_appliable, has_view, always, always, always, always, always,
+};
+
+static int stream_choice(void) { return chance(30) ? -1 : (int)below(NSTREAM); }
+static const char *stream_name(int s) { return s < 0 ? "NULL" : held[s] ? "held" : "free"; }
+
+/* a size for a buffer of this window: small, large, or anywhere */
+static size_t buf_size(uint64_t window)
+{
+    switch (below(4)) {
+    case 0:
+        return (size_t)logsize(1, window);
+    case 1:
+        return (size_t)(window - below(window / 4 + 1));
+    default:
+        return (size_t)(1 + below(window));
+    }
+}
+
+/* A shrunk buffer that was never exported maps at most the hysteresis over its size (docs/config.md). */
+static void check_hysteresis(buf_t *b, int s)
+{
+    if (b->shared)
+        return;
+    fabpool_buffer_info bi = binfo(b);
+    uint64_t keep = b->size + b->size / 100 * hysteresis + b->size % 100 * hysteresis / 100;
+    keep = (keep + gran - 1) / gran * gran;
+    EXPECT(bi.mapped <= keep, "shrink.hysteresis", "buffer %llu shrunk from %zu to %zu (%s) maps %zu bytes in %u "
+           "chunk%s, more than the %u%% hysteresis allows (%llu)", (unsigned long long)b->id, b->hyst_from, b->size,
+           s < 0 ? "no stream" : "on a stream, checked at a collect(wait) after it", bi.mapped, bi.n_chunks,
+           bi.n_chunks == 1 ? "" : "s", hysteresis, (unsigned long long)keep);
+}
+
+static void after_resize(int p, buf_t *b, const fabpool_buffer_info *before, size_t old, int s)
+{
+    fabpool_buffer_info bi = binfo(b);
+    EXPECT(bi.size == b->size, "resize.size", "buffer %llu: size %zu after a resize to %zu", (unsigned long long)b->id,
+           bi.size, b->size);
+    if (b->size > old) {
+        int w = 0; /* retired chunks below the new size may be taken back: live again, rewritten */
+        for (int i = 0; i < nrec; i++)
+            if (!(rec[i].id == b->id && !rec[i].destroyed && rec[i].lo < b->size))
+                rec[w++] = rec[i];
+        nrec = w;
+        write_points(b->id, b->base, b->pts, old, b->size);
+    } else if (b->size < old) {
+        if (before->mapped > bi.mapped)
+            add_rec(p, b, b->size, old, bi.mapped, before->mapped - bi.mapped, s, 0, bi.generation);
+        /* without a stream at once; on a stream the pool may wait for the stream's work first (a first chunk
+         * it replaces is in use until then): checked at the next collect(wait) with the stream released */
+        b->hyst_stream = s < 0 ? -1 : s;
+        b->hyst_from = old;
+        if (s < 0)
+            check_hysteresis(b, -1);
+    } else {
+        b->hyst_stream = -1;
+    }
+    check_buf(b, -1);
+}
+
+static void same_info(const char *key, const buf_t *b, const fabpool_buffer_info *before)
+{
+    fabpool_buffer_info bi = binfo(b);
+    EXPECT(bi.size == before->size && bi.mapped == before->mapped && bi.generation == before->generation &&
+           bi.n_chunks == before->n_chunks, key, "buffer %llu changed although the call failed: size %zu -> %zu, "
+           "mapped %zu -> %zu, generation %llu -> %llu", (unsigned long long)b->id, before->size, bi.size,
+           before->mapped, bi.mapped, (unsigned long long)before->generation, (unsigned long long)bi.generation);
+}
+
+/* a buffer the lib changed against the rules: make the model agree again */
+static void resync_buf(buf_t *b)
+{
+    int w = 0; /* what it retired is unknown now */
+    for (int i = 0; i < nrec; i++)
+        if (rec[i].id != b->id)
+            rec[w++] = rec[i];
+    nrec = w;
+    fabpool_buffer_info bi = binfo(b);
+    if (bi.mapped < bi.size)
+        (void)fabpool_buffer_resize(b->h, bi.size, NULL);
+    b->size = bi.size;
+    write_points(b->id, b->base, b->pts, 0, b->size);
+}
+
+static uint8_t desc[FABPOOL_DESC_HEADER_BYTES + MAXFD * FABPOOL_DESC_RECORD_BYTES];
+static int fds[MAXFD], mine[MAXFD];
+
+static fabpool_status do_export(buf_t *b, uint64_t since, size_t *len, size_t *nfds)
+{
+    fabpool_status st = fabpool_buffer_export(b->h, since, desc, sizeof desc, len, fds, MAXFD, nfds);
+    if (st == FABPOOL_OK) {
+        b->shared = 1;
+        uint32_t nrecs;
+        memcpy(&nrecs, desc + 12, 4);
+        EXPECT(*len == fabpool_desc_size(nrecs) && (htype != FABPOOL_HANDLE_POSIX_FD || *nfds == nrecs),
+               "export.shape", "descriptor of %zu bytes, %zu fds for %u records", *len, *nfds, nrecs);
+        for (size_t i = 0; i < *nfds; i++)
+            mine[i] = dup(fds[i]); /* the peer's copies: the view takes them */
+    }
+    return st;
+}
+
+static void drop_view(int p, int i)
+{
+    P[p].view[i] = P[p].view[--P[p].nview];
+}
+
+static void step(enum op op)
+{
+    fabpool_status st;
+    int p, i;
+    cur_what[0] = 0;
+    switch (op) {
+    case OP_ALLOC: {
+        p = pick_pool(has_room_blk);
+        size_t sz = chance(80) ? (size_t)logsize(1, 256 * KB) : chance(70) ? (size_t)logsize(256 * KB, 4 * MB)
+                                                                           : (size_t)logsize(4 * MB, 16 * MB);
+        snprintf(cur_what, sizeof cur_what, "pool %c, %zu bytes", 'A' + p, sz);
+        blk_t b = {NULL, sz, 0, next_id++};
+        st = fabpool_alloc(P[p].p, sz, &b.p);
+        EXPECT_OK(st, "alloc", "fabpool_alloc");
+        if (st != FABPOOL_OK)
+            break;
+        st = fabpool_usable_size(P[p].p, b.p, &b.usable);
+        EXPECT(st == FABPOOL_OK && b.usable >= sz && ((uintptr_t)b.p & 255) == 0, "alloc.usable",
+               "block %p of %zu bytes: usable size %zu (%s)", b.p, sz, b.usable, fabpool_status_name(st));
+        if (b.usable < 8)
+            b.usable = sz < 8 ? 8 : sz;
+        uint64_t pts[NPTS] = {0, b.usable - 8, 0, 0, 0, 0};
+        write_points(b.id, (uint64_t)(uintptr_t)b.p, pts, 0, b.usable);
+        P[p].blk[P[p].nblk++] = b;
+        break;
+    }
+    case OP_FREE: {
+        p = pick_pool(has_blk);
+        i = (int)below((uint64_t)P[p].nblk);
+        blk_t *b = &P[p].blk[i];
+        snprintf(cur_what, sizeof cur_what, "pool %c, block %llu (%zu bytes)", 'A' + p, (unsigned long long)b->id,
+                 b->size);
+        check_blk(b, -1);
+        st = fabpool_free(P[p].p, b->p);
+        EXPECT_OK(st, "free", "fabpool_free");
+        P[p].blk[i] = P[p].blk[--P[p].nblk];
+        break;
+    }
+    case OP_BUF_CREATE: {
+        p = pick_pool(has_room_buf);
+        buf_t b;
+        memset(&b, 0, sizeof b);
+        b.id = next_id++;
+        uint64_t max = (uint64_t)logsize(4 * KB, 128 * MB);
+        b.window = (max + gran - 1) / gran * gran;
+        b.size = buf_size(max);
+        snprintf(cur_what, sizeof cur_what, "pool %c, max %llu, size %zu", 'A' + p, (unsigned long long)max, b.size);
+        st = fabpool_buffer_create(P[p].p, (size_t)max, b.size, &b.h);
+        EXPECT_OK(st, "buffer_create", "fabpool_buffer_create");
+        if (st != FABPOOL_OK)
+            break;
+        b.base = (uint64_t)(uintptr_t)fabpool_buffer_ptr(b.h);
+        b.hyst_stream = -1;
+        fabpool_buffer_info bi = binfo(&b);
+        EXPECT(bi.max_size == b.window && bi.size == b.size && bi.mapped >= b.size, "buffer_create.info",
+               "max_size %zu (expected %llu), size %zu, mapped %zu", bi.max_size, (unsigned long long)b.window,
+               bi.size, bi.mapped);
+        gen_points(b.id, b.window, b.pts);
+        write_points(b.id, b.base, b.pts, 0, b.size);
+        P[p].buf[P[p].nbuf++] = b;
+        break;
+    }
+    case OP_RESIZE: {
+        p = pick_pool(has_buf);
+        buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+        size_t old = b->size, sz = buf_size(b->window);
+        int s = stream_choice();
+        snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu, %zu -> %zu, stream %s%s", 'A' + p,
+                 (unsigned long long)b->id, old, sz, stream_name(s), b->shared ? ", exported" : "");
+        fabpool_buffer_info before = binfo(b);
+        st = fabpool_buffer_resize(b->h, sz, stream_ptr(s));
+        EXPECT_OK(st, "buffer_resize", "fabpool_buffer_resize");
+        if (st != FABPOOL_OK) {
+            same_info("resize.failed_changed", b, &before);
+            break;
+        }
+        b->size = sz;
+        after_resize(p, b, &before, old, s);
+        break;
+    }
+    case OP_RESIZE_SET: {
+        p = pick_pool(has_buf);
+        pool_t *q = &P[p];
+        fabpool_buffer_t *hs[4];
+        size_t sizes[4];
+        int idx[4], n = 0, dup = chance(15);
+        int want = 1 + (int)below((uint64_t)(q->nbuf < 3 ? q->nbuf : 3));
+        int start = (int)below((uint64_t)q->nbuf);
+        for (int k = 0; k < want; k++)
+            idx[n++] = (start + k) % q->nbuf;
+        if (dup) { /* the same buffer twice: refused, nothing changed (issue 11 item 11) */
+            int again = idx[below((uint64_t)n)];
+            idx[n++] = again;
+        }
+        int s = stream_choice();
+        fabpool_buffer_info before[4];
+        size_t old[4];
+        int len = 0;
+        len += snprintf(cur_what, sizeof cur_what, "pool %c, stream %s, ", 'A' + p, stream_name(s));
+        for (int k = 0; k < n; k++) {
+            buf_t *b = &q->buf[idx[k]];
+            hs[k] = b->h;
+            sizes[k] = buf_size(b->window);
+            old[k] = b->size;
+            before[k] = binfo(b);
+            if (len < (int)sizeof cur_what - 40)
+                len += snprintf(cur_what + len, sizeof cur_what - (size_t)len, "%sbuffer %llu %zu -> %zu", k ? "; " : "",
+                                (unsigned long long)b->id, old[k], sizes[k]);
+        }
+        st = fabpool_buffer_resize_set(hs, sizes, (size_t)n, stream_ptr(s));
+        if (dup) {
+            n_dup++;
+            EXPECT(st != FABPOOL_OK, "resize_set.duplicate", "a buffer named twice was accepted (%s); sizes after: %zu",
+                   fabpool_status_name(st), binfo(&q->buf[idx[n - 1]]).size);
+            if (st != FABPOOL_OK) {
+                for (int k = 0; k < n; k++)
+                    same_info("resize_set.duplicate_changed", &q->buf[idx[k]], &before[k]);
+            } else {
+                for (int k = 0; k < n; k++)
+                    resync_buf(&q->buf[idx[k]]);
+            }
+            break;
+        }
+        EXPECT_OK(st, "buffer_resize_set", "fabpool_buffer_resize_set");
+        if (st != FABPOOL_OK) {
+            for (int k = 0; k < n; k++)
+                same_info("resize_set.failed_changed", &q->buf[idx[k]], &before[k]);
+            break;
+        }
+        for (int k = 0; k < n; k++) {
+            q->buf[idx[k]].size = sizes[k];
+            after_resize(p, &q->buf[idx[k]], &before[k], old[k], s);
+        }
+        break;
+    }
+    case OP_BUF_DESTROY: {
+        p = pick_pool(has_buf);
+        i = (int)below((uint64_t)P[p].nbuf);
+        if (chance(80)) /* mostly a buffer whose peers are all acked: what an un-acked destroy pins stays
+                           until pool destroy, and a collect(wait) checks for leftovers only with none */
+            for (int k = 0, o = (int)below((uint64_t)P[p].nbuf); k < P[p].nbuf; k++) {
+                buf_t *c = &P[p].buf[(k + o) % P[p].nbuf];
+                if (!c->shared || c->acked >= binfo(c).generation) {
+                    i = (k + o) % P[p].nbuf;
+                    break;
+                }
+            }
+        for (int k = 0; k < P[p].nbuf; k++)
+            if (P[p].buf[k].broken)
+                i = k;
+        buf_t *b = &P[p].buf[i];
+        fabpool_buffer_info before = binfo(b);
+        if (b->shared && b->acked < before.generation && stuck_bytes(p) > 512 * MB && !b->broken) {
+            /* keep what un-acked destroys pin until pool destroy bounded: ack first (the views' generation) */
+            uint64_t g = before.generation;
+            for (int k = 0; k < P[1 - p].nview; k++)
+                if (P[1 - p].view[k].id == b->id && P[1 - p].view[k].gen < g)
+                    g = P[1 - p].view[k].gen;
+            if (fabpool_buffer_peers_ack(b->h, g) == FABPOOL_OK && g > b->acked)
+                b->acked = g;
+        }
+        int s = stream_choice();
+        snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu (size %zu, mapped %zu, gen %llu, %s), stream %s",
+                 'A' + p, (unsigned long long)b->id, b->size, before.mapped, (unsigned long long)before.generation,
+                 !b->shared ? "not exported" : b->acked >= before.generation ? "exported, acked" : "exported, un-acked",
+                 stream_name(s));
+        check_buf(b, -1);
+        st = fabpool_buffer_destroy(b->h, stream_ptr(s));
+        EXPECT_OK(st, "buffer_destroy", "fabpool_buffer_destroy");
+        if (st != FABPOOL_OK)
+            break; /* the buffer is still the pool's: destroyed at the end */
+        for (int k = 0; k < nrec; k++)
+            if (rec[k].id == b->id) {
+                if (b->acked >= rec[k].gen_after)
+                    rec[k].ack_wait = 0; /* acked before the destroy */
+                rec[k].destroyed = 1;
+            }
+        add_rec(p, b, 0, b->size, 0, before.mapped, s, 1, before.generation);
+        P[p].buf[i] = P[p].buf[--P[p].nbuf];
+        break;
+    }
+    case OP_EXPORT: {
+        p = pick_pool(has_buf);
+        buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+        fabpool_buffer_info bi = binfo(b);
+        uint64_t since = chance(50) ? 0 : below(bi.generation + 1);
+        snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu since %llu (gen %llu)", 'A' + p,
+                 (unsigned long long)b->id, (unsigned long long)since, (unsigned long long)bi.generation);
+        size_t len, nfds;
+        st = do_export(b, since, &len, &nfds);
+        EXPECT_OK(st, "export", "fabpool_buffer_export");
+        if (st == FABPOOL_OK) {
+            for (size_t k = 0; k < nfds; k++)
+                close(mine[k]);
+            if (since == 0) { /* a full descriptor covers what is mapped */
+                uint64_t sum = 0;
+                uint32_t nr;
+                memcpy(&nr, desc + 12, 4);
+                for (uint32_t k = 0; k < nr; k++) {
+                    uint64_t sz;
+                    memcpy(&sz, desc + FABPOOL_DESC_HEADER_BYTES + (size_t)k * FABPOOL_DESC_RECORD_BYTES + 8, 8);
+                    sum += sz;
+                }
+                EXPECT(sum == bi.mapped, "export.full", "a full descriptor of buffer %llu covers %llu bytes, it maps "
+                       "%zu", (unsigned long long)b->id, (unsigned long long)sum, bi.mapped);
+            }
+        }
+        break;
+    }
+    case OP_EXPORT_DONE: {
+        p = pick_pool(has_buf);
+        buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+        snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu", 'A' + p, (unsigned long long)b->id);
+        st = fabpool_buffer_export_done(b->h);
+        EXPECT_OK(st, "export_done", "fabpool_buffer_export_done");
+        break;
+    }
+    case OP_ACK: {
+        p = pick_pool(has_shared);
+        buf_t *b;
+        do
+            b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+        while (!b->shared);
+        fabpool_buffer_info before = binfo(b);
+        uint64_t g = before.generation;
+        int views = 0;
+        for (int k = 0; k < P[1 - p].nview; k++)
+            if (P[1 - p].view[k].id == b->id) {
+                views++;
+                if (P[1 - p].view[k].gen < g)
+                    g = P[1 - p].view[k].gen;
+            }
+        int bad = chance(20);
+        if (bad)
+            g = before.generation + 1 + below(1000);
+        else if (!views && chance(25))
+            g = UINT64_MAX; /* no peer is left */
+        snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu, ack %llu (generation %llu, %d view%s)%s", 'A' + p,
+                 (unsigned long long)b->id, (unsigned long long)g, (unsigned long long)before.generation, views,
+                 views == 1 ? "" : "s", bad ? ", never issued" : "");
+        st = fabpool_buffer_peers_ack(b->h, g);
+        if (bad) {
+            n_bad_ack++;
+            EXPECT(st != FABPOOL_OK, "ack.never_issued", "an ack of generation %llu, past the buffer's %llu, was "
+                   "accepted", (unsigned long long)g, (unsigned long long)before.generation);
+            if (st == FABPOOL_OK && g > b->acked)
+                b->acked = g; /* the lib took it: follow it, so that one defect is reported once */
+            if (st != FABPOOL_OK)
+                same_info("ack.never_issued_changed", b, &before);
+        } else {
+            EXPECT_OK(st, "peers_ack", "fabpool_buffer_peers_ack");
+            if (st == FABPOOL_OK && g > b->acked)
+                b->acked = g;
+        }
+        break;
+    }
+    case OP_VIEW_OPEN: {
+        p = pick_pool(can_open);
+        int t = 1 - p;
+        buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+        fabpool_buffer_info bi = binfo(b);
+        snprintf(cur_what, sizeof cur_what, "pool %c opens buffer %llu of pool %c (size %zu, gen %llu)", 'A' + t,
+                 (unsigned long long)b->id, 'A' + p, b->size, (unsigned long long)bi.generation);
+        size_t len, nfds;
+        st = do_export(b, 0, &len, &nfds);
+        EXPECT_OK(st, "view_open.export", "fabpool_buffer_export(since 0)");
+        if (st != FABPOOL_OK)
+            break;
+        view_t v;
+        memset(&v, 0, sizeof v);
+        st = fabpool_view_open(P[t].p, desc, len, mine, nfds, &v.h);
+        EXPECT_OK(st, "view_open", "fabpool_view_open");
+        if (chance(75)) /* the fds reached the peer (the sim checks every open one at each ledger) */
+            fabpool_buffer_export_done(b->h);
+        if (st != FABPOOL_OK)
+            break;
+        v.src_pool = p;
+        v.id = b->id;
+        v.vid = next_id++;
+        v.window = b->window;
+        v.base = (uint64_t)(uintptr_t)fabpool_view_ptr(v.h);
+        v.live = bi.mapped;
+        v.gen = bi.generation;
+        v.src_size = b->size;
+        memcpy(v.pts, b->pts, sizeof v.pts);
+        fabpool_buffer_info vi;
+        fabpool_view_get_info(v.h, &vi);
+        EXPECT(vi.generation == v.gen && vi.mapped == v.live && vi.max_size == b->window, "view_open.info",
+               "view of buffer %llu: generation %llu, mapped %zu, window %zu; the buffer: %llu, %zu, %llu",
+               (unsigned long long)b->id, (unsigned long long)vi.generation, vi.mapped, vi.max_size,
+               (unsigned long long)v.gen, (size_t)v.live, (unsigned long long)b->window);
+        check_view(&v, -1);
+        P[t].view[P[t].nview++] = v;
+        break;
+    }
+    case OP_VIEW_APPLY: {
+        p = pick_pool(has_appliable);
+        view_t *v;
+        buf_t *b;
+        int sp;
+        do {
+            v = &P[p].view[below((uint64_t)P[p].nview)];
+            b = find_buf(v->id, &sp);
+        } while (!b || v->broken);
+        fabpool_buffer_info bi = binfo(b);
+        size_t len, nfds;
+        st = do_export(b, v->gen, &len, &nfds);
+        EXPECT_OK(st, "view_apply.export", "fabpool_buffer_export(since the view's generation)");
+        if (st != FABPOOL_OK)
+            break;
+        uint32_t nr;
+        memcpy(&nr, desc + 12, 4);
+        int fault = nr > 0 && fault_set && chance(15);
+        snprintf(cur_what, sizeof cur_what, "pool %c, view of buffer %llu: gen %llu -> %llu, %u new chunk%s%s", 'A' + p,
+                 (unsigned long long)b->id, (unsigned long long)v->gen, (unsigned long long)bi.generation, nr,
+                 nr == 1 ? "" : "s", fault ? ", an import fails" : "");
+        fabpool_buffer_info vb;
+        fabpool_view_get_info(v->h, &vb);
+        uint64_t c0 = 0;
+        uint64_t nth = 1 + below(nr);
+        if (fault) {
+            c0 = sim_calls("cuMemImportFromShareableHandle");
+            fault_set("cuMemImportFromShareableHandle", nth, 0, CUDA_ERROR_INVALID_VALUE);
+        }
+        st = fabpool_view_apply(v->h, desc, len, mine, nfds);
+        if (fault) {
+            fault_clear();
+            if (sim_calls("cuMemImportFromShareableHandle") - c0 < nth)
+                fault = 0; /* not reached */
+        }
+        if (chance(75)) /* the fds reached the peer (the sim checks every open one at each ledger) */
+            fabpool_buffer_export_done(b->h);
+        if (fault) {
+            n_fault_apply++;
+            EXPECT(st != FABPOOL_OK, "view_apply.fault_ignored", "an import failed and the apply answered OK");
+            fabpool_buffer_info va;
+            fabpool_view_get_info(v->h, &va);
+            EXPECT(va.generation == vb.generation && va.mapped == vb.mapped && va.n_chunks == vb.n_chunks,
+                   "view_apply.failed_changed", "after a failed apply the view says generation %llu -> %llu, "
+                   "mapped %zu -> %zu, chunks %u -> %u", (unsigned long long)vb.generation,
+                   (unsigned long long)va.generation, vb.mapped, va.mapped, vb.n_chunks, va.n_chunks);
+            int changed = va.n_chunks != vb.n_chunks || va.generation != vb.generation;
+            if (check_points("view_apply.failed_hole", "view (after a failed apply) of buffer", v->id, v->base,
+                             v->pts, 0, v->src_size < v->live ? v->src_size : v->live, -1) || changed)
+                v->broken = 1;
+            break;
+        }
+        EXPECT_OK(st, "view_apply", "fabpool_view_apply");
+        if (st != FABPOOL_OK) {
+            v->broken = 1;
+            break;
+        }
+        v->gen = bi.generation;
+        v->live = bi.mapped;
+        v->src_size = b->size;
+        fabpool_buffer_info va;
+        fabpool_view_get_info(v->h, &va);
+        EXPECT(va.generation == v->gen && va.mapped == v->live, "view_apply.info", "view of buffer %llu: generation "
+               "%llu, mapped %zu after applying generation %llu of %llu bytes", (unsigned long long)b->id,
+               (unsigned long long)va.generation, va.mapped, (unsigned long long)v->gen, (unsigned long long)v->live);
+        check_view(v, -1);
+        break;
+    }
+    case OP_VIEW_CLOSE: {
+        p = pick_pool(has_view);
+        i = (int)below((uint64_t)P[p].nview);
+        for (int k = 0; k < P[p].nview; k++)
+            if (P[p].view[k].broken)
+                i = k;
+        snprintf(cur_what, sizeof cur_what, "pool %c, view of buffer %llu%s", 'A' + p,
+                 (unsigned long long)P[p].view[i].id, find_buf(P[p].view[i].id, NULL) ? "" : " (destroyed)");
+        check_view(&P[p].view[i], -1);
+        st = fabpool_view_close(P[p].view[i].h);
+        EXPECT_OK(st, "view_close", "fabpool_view_close");
+        drop_view(p, i);
+        break;
+    }
+    case OP_TRIM: {
+        p = (int)below(NPOOL);
+        static const size_t keeps[] = {0, 1 * MB, 256 * MB};
+        size_t keep = keeps[below(3)];
+        snprintf(cur_what, sizeof cur_what, "pool %c, keep %zu", 'A' + p, keep);
+        st = fabpool_trim(P[p].p, keep);
+        EXPECT_OK(st, "trim", "fabpool_trim");
+        break;
+    }
+    case OP_COLLECT: {
+        p = (int)below(NPOOL);
+        int wait = chance(50);
+        snprintf(cur_what, sizeof cur_what, "pool %c, wait %d", 'A' + p, wait);
+        st = fabpool_collect(P[p].p, wait);
+        EXPECT_OK(st, "collect", "fabpool_collect");
+        if (wait) {
+            check_step(0);
+            check_quiet(p);
+            for (int k = 0; k < P[p].nbuf; k++) {
+                buf_t *b = &P[p].buf[k];
+                if (b->hyst_stream >= 0 && !held[b->hyst_stream]) {
+                    check_hysteresis(b, b->hyst_stream);
+                    b->hyst_stream = -1;
+                }
+            }
+        }
+        break;
+    }
+    case OP_FLUSH:
+        p = (int)below(NPOOL);
+        snprintf(cur_what, sizeof cur_what, "pool %c", 'A' + p);
+        st = fabpool_thread_flush(P[p].p);
+        EXPECT_OK(st, "thread_flush", "fabpool_thread_flush");
+        break;
+    case OP_HOLD: {
+        int s = (int)below(NSTREAM);
+        snprintf(cur_what, sizeof cur_what, "stream %d", s);
+        EXPECT(stream_hold(streams[s]) == 0, "stream_hold", "fabsim_stream_hold failed");
+        held[s] = 1;
+        epoch[s]++;
+        break;
+    }
+    case OP_RELEASE: {
+        int s = (int)below(NSTREAM);
+        if (!held[s])
+            s = 1 - s;
+        snprintf(cur_what, sizeof cur_what, "stream %d (%s)", s, held[s] ? "held" : "not held");
+        EXPECT(stream_release(streams[s]) == 0, "stream_release", "fabsim_stream_release failed");
+        held[s] = 0;
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* ------------------------------------------------------------ one seed */
+
+static long op_count[OP_COUNT];
+static long total_steps;
+
+static int setup_pools(void)
+{
+    for (int p = 0; p < NPOOL; p++) {
+        memset(&P[p], 0, sizeof P[p]);
+        fabpool_options o;
+        fabpool_options_init(&o);
+        o.handle_type = FABPOOL_HANDLE_POSIX_FD; /* FABPOOL_CONF=handle_type:fabric overrides it */
+        o.reserve_bytes = 32ull << 30;
+        o.cache_limit_bytes = 64 * MB; /* frees reach the driver now and then */
+        o.max_chunk_bytes = 32 * MB;   /* buffers of several chunks */
+        fabpool_status st = fabpool_create(&o, &P[p].p);
+        EXPECT_OK(st, "pool_create", "fabpool_create");
+        if (st != FABPOOL_OK)
+            return -1;
+        fabpool_options got;
+        fabpool_get_options(P[p].p, &got);
+        hysteresis = got.shrink_hysteresis_percent;
+        htype = fabpool_handle_type_of(P[p].p);
+    }
+    nrec = 0;
+    for (int s = 0; s < NSTREAM; s++) {
+        stream_release(streams[s]);
+        held[s] = 0;
+    }
+    return 0;
+}
+
+static void teardown(void)
+{
+    cur_op = "teardown";
+    cur_step = -1;
+    snprintf(cur_what, sizeof cur_what, "all views closed, buffers acked and destroyed, blocks freed");
+    for (int s = 0; s < NSTREAM; s++)
+        stream_release(streams[s]);
+    for (int p = 0; p < NPOOL; p++)
+        while (P[p].nview) {
+            fabpool_status st = fabpool_view_close(P[p].view[0].h);
+            EXPECT_OK(st, "teardown.view_close", "fabpool_view_close");
+            drop_view(p, 0);
+        }
+    for (int p = 0; p < NPOOL; p++) {
+        pool_t *q = &P[p];
+        while (q->nbuf) {
+            buf_t *b = &q->buf[0];
+            if (b->shared) {
+                fabpool_buffer_info bi = binfo(b);
+                fabpool_buffer_export_done(b->h);
+                fabpool_status st = fabpool_buffer_peers_ack(b->h, bi.generation); /* no view is left */
+                EXPECT_OK(st, "teardown.ack", "fabpool_buffer_peers_ack");
+                if (st == FABPOOL_OK && bi.generation > b->acked)
+                    b->acked = bi.generation;
+            }
+            fabpool_status st = fabpool_buffer_destroy(b->h, NULL);
+            EXPECT_OK(st, "teardown.buffer_destroy", "fabpool_buffer_destroy");
+            q->buf[0] = q->buf[--q->nbuf];
+        }
+        while (q->nblk) {
+            fabpool_status st = fabpool_free(q->p, q->blk[0].p);
+            EXPECT_OK(st, "teardown.free", "fabpool_free");
+            q->blk[0] = q->blk[--q->nblk];
+        }
+    }
+    for (int p = 0; p < NPOOL; p++) {
+        fabpool_status st = fabpool_collect(P[p].p, 1);
+        EXPECT_OK(st, "teardown.collect", "fabpool_collect(wait)");
+        st = fabpool_trim(P[p].p, 0);
+        EXPECT_OK(st, "teardown.trim", "fabpool_trim(0)");
+    }
+    check_step(1);
+    for (int p = 0; p < NPOOL; p++) {
+        int excused = 0; /* exported buffers destroyed un-acked keep their memory until pool destroy */
+        for (int i = 0; i < nrec; i++)
+            excused += rec[i].pool == p;
+        fabpool_stats s;
+        fabpool_get_stats(P[p].p, &s);
+        EXPECT(excused || (s.mapped_bytes == 0 && s.buffers == 0 && s.retiring_bytes == 0), "teardown.leak",
+               "pool %c: %llu bytes mapped, %llu retiring and %llu buffers left after everything was freed, "
+               "collect(wait) and trim(0)", 'A' + p, (unsigned long long)s.mapped_bytes,
+               (unsigned long long)s.retiring_bytes, (unsigned long long)s.buffers);
+    }
+    for (int p = 0; p < NPOOL; p++) {
+        fabpool_status st = fabpool_destroy(P[p].p);
+        EXPECT_OK(st, "pool_destroy", "fabpool_destroy");
+        P[p].p = NULL;
+    }
+    nrec = 0;
+    fabsim_ledger l = t_ledger();
+    EXPECT(l.handles == 0 && l.allocations == 0 && l.mappings == 0 && l.reservations == 0 && l.exported_fds == 0 &&
+           l.bytes_held == 0 && l.bytes_mapped == 0, "ledger.end", "after both pools are destroyed the sim holds %llu "
+           "handles, %llu allocations, %llu mappings, %llu reservations, %llu exported fds, %llu bytes",
+           (unsigned long long)l.handles, (unsigned long long)l.allocations, (unsigned long long)l.mappings,
+           (unsigned long long)l.reservations, (unsigned long long)l.exported_fds, (unsigned long long)l.bytes_held);
+}
+
+static void run_seed(unsigned long long seed, long steps)
+{
+    cur_seed = seed;
+    cur_step = -1;
+    cur_op = "setup";
+    next_id = 1; /* object numbers in messages are the same when a seed runs alone */
+    if (setup_pools() != 0) {
+        for (int p = 0; p < NPOOL; p++)
+            if (P[p].p)
+                fabpool_destroy(P[p].p);
+        return;
+    }
+    /* the handle type takes part: the posix_fd and fabric runs of one seed are different sequences */
+    rng_s = mix(seed * 0x9e3779b97f4a7c15ull + 12345 + (uint64_t)htype);
+    unsigned total_w = 0;
+    for (int o = 0; o < OP_COUNT; o++)
+        total_w += op_weight[o];
+    for (long s = 0; s < steps; s++) {
+        cur_step = s;
+        enum op op = OP_COLLECT;
+        for (int tries = 0; tries < 16; tries++) {
+            uint64_t r = below(total_w);
+            int o = 0;
+            while (r >= op_weight[o])
+                r -= op_weight[o++];
+            if (pick_pool(applicable[o]) >= 0) {
+                op = (enum op)o;
+                break;
+            }
+        }
+        cur_op = op_names[op];
+        step_first_id = next_id;
+        step(op);
+        op_count[op]++;
+        total_steps++;
+        if (verbose)
+            printf("seed %llu step %ld: %s (%s)\n", seed, s, cur_op, cur_what);
+        check_step(s % 64 == 63);
+    }
+    teardown();
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv)
+{
+    int a = 1;
+    if (argc > a && strcmp(argv[a], "-v") == 0) {
+        verbose = 1;
+        a++;
+    }
+    unsigned long long first = argc > a ? strtoull(argv[a], NULL, 0) : 1;
+    long n_seeds = argc > a + 1 ? atol(argv[a + 1]) : 300;
+    long steps = argc > a + 2 ? atol(argv[a + 2]) : 2000;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int sim = t_driver_init();
+    fault_set = (fault_set_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_set");
+    fault_clear = (fault_clear_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
+    sim_calls = (calls_fn)dlsym(RTLD_DEFAULT, "fabsim_calls");
+    stream_hold = (hold_fn)dlsym(RTLD_DEFAULT, "fabsim_stream_hold");
+    stream_release = (hold_fn)dlsym(RTLD_DEFAULT, "fabsim_stream_release");
+    if (!sim || !stream_hold || !fault_set || !sim_calls) {
+        printf("test_property: needs the simulated driver (ledger, stream holds, faults); skipped\n");
+        return 0;
+    }
+    if (SANITIZED && n_seeds > 30) {
+        printf("test_property: sanitizer build: %ld seeds instead of %ld\n", n_seeds / 10, n_seeds);
+        n_seeds /= 10;
+    }
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    size_t g = 0;
+    if (cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS && g)
+        gran = g;
+    for (int s = 0; s < NSTREAM; s++)
+        CHECK_CU(cuStreamCreate(&streams[s], 0));
+    const char *conf = getenv("FABPOOL_CONF");
+    printf("test_property: seeds %llu..%llu, %ld steps each, FABPOOL_CONF=%s\n", first,
+           first + (unsigned long long)n_seeds - 1, steps, conf ? conf : "");
+    double t0 = now();
+    for (long k = 0; k < n_seeds; k++)
+        run_seed(first + (unsigned long long)k, steps);
+    double dt = now() - t0;
+    printf("test_property: handle type %s; %ld seeds x %ld steps = %ld steps in %.1f s (%.1f us a step), %d checks\n",
+           htype == FABPOOL_HANDLE_FABRIC ? "fabric" : "posix_fd", n_seeds, steps, total_steps, dt,
+           total_steps ? dt * 1e6 / (double)total_steps : 0.0, t_checks);
+    printf("  bad input refused or not: %ld resize_set with a buffer twice, %ld acks of a generation never issued, "
+           "%ld view applies with a failing import\n", n_dup, n_bad_ack, n_fault_apply);
+    printf("  retirements followed: %ld on a held stream, %ld awaiting an ack; %ld collect(wait) with nothing "
+           "pending checked for leftovers; peak mapped %.1f MiB (both pools)\n", n_rec_stream, n_rec_ack, n_quiet,
+           (double)peak_mapped / (double)MB);
+    printf("  %-20s %10s %7s\n", "operation", "ran", "share");
+    for (int o = 0; o < OP_COUNT; o++) {
+        double share = total_steps ? 100.0 * (double)op_count[o] / (double)total_steps : 0;
+        printf("  %-20s %10ld %6.2f%%\n", op_names[o], op_count[o], share);
+        CHECK(share >= 1.0);
+        if (share < 1.0)
+            fprintf(stderr, "test_property: %s ran in %.2f%% of the steps, less than 1%%\n", op_names[o], share);
+    }
+    if (nfcounts) {
+        fprintf(stderr, "test_property: failed checks, by kind (the first 3 of each are printed above):\n");
+        for (int i = 0; i < nfcounts; i++)
+            fprintf(stderr, "  %-32s %ld\n", fcounts[i].key, fcounts[i].n);
+    }
+    for (int s = 0; s < NSTREAM; s++)
+        cuStreamDestroy(streams[s]);
+    return t_done("test_property");
+}
