@@ -266,7 +266,7 @@ FABPOOL_API fabpool_status fabpool_buffer_export(fabpool_buffer_t *buf, uint64_t
 FABPOOL_API fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *buf);
 /* Every peer has applied a descriptor of `generation` or later: chunks
  * dropped before it may now be unmapped.  UINT64_MAX: no peer is left.
- * A generation that was never exported is refused (FABPOOL_ERR_INVALID_ARG).
+ * A generation above the buffer's current one is refused (FABPOOL_ERR_INVALID_ARG).
  * Not for a destroyed buffer: use fabpool_peers_ack. */
 FABPOOL_API fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *buf, uint64_t generation);
 /* The same by the buffer's export id (fabpool_buffer_info.export_id, also in

@@ -54,17 +54,14 @@ static void free_buffer(struct fabpool *p, struct fabpool_buffer *b)
     fp_meta_free(&p->meta, b, sizeof *b);
 }
 
-/* Whether a peer may still import memory that was live in the buffer's
- * generations [born, drop_gen): some descriptor written at a generation the
- * peers have not all acknowledged names it.  A peer that has applied a
- * descriptor maps its chunks itself, and its mapping keeps them alive. */
-static int peers_may_hold(const struct fabpool_buffer *b, uint64_t born, uint64_t drop_gen)
+/* Whether a peer may still import a chunk that the descriptor of generation
+ * `named` was the last to name (0: none did): some peer has not applied a
+ * descriptor of that generation or later.  Later descriptors do not name it,
+ * so a peer that has applied one needs nothing more of it: it maps the chunk
+ * itself (and its mapping keeps the memory) or never will. */
+static int peers_may_hold(const struct fabpool_buffer *b, uint64_t named)
 {
-    if (!b->shared || b->acked == UINT64_MAX)
-        return 0;
-    uint64_t lo = born > b->acked + 1 ? born : b->acked + 1;
-    uint64_t hi = drop_gen - 1 < b->exported_gen ? drop_gen - 1 : b->exported_gen;
-    return lo <= hi;
+    return b->shared && named && b->acked != UINT64_MAX && named > b->acked;
 }
 
 /* Unmaps chunk i.  Pool lock held. */
@@ -119,7 +116,7 @@ static void ghosts_release(struct fabpool *p, struct fabpool_buffer *b, int all)
     uint32_t w = 0;
     for (uint32_t i = 0; i < b->n_ghosts; i++) {
         fp_ghost *g = &b->ghosts[i];
-        if ((all || !peers_may_hold(b, g->born, g->drop_gen)) && fp_chunk_release(p, g->h) == CUDA_SUCCESS) {
+        if ((all || !peers_may_hold(b, g->named)) && fp_chunk_release(p, g->h) == CUDA_SUCCESS) {
             atomic_fetch_sub(&p->ghost_bytes, g->size);
             continue;
         }
@@ -134,7 +131,7 @@ static void ghosts_release(struct fabpool *p, struct fabpool_buffer *b, int all)
 static int retired_done(struct fabpool *p, struct fabpool_buffer *b, fp_bchunk *c, int wait, int *pushed,
                         CUcontext *saved, fabpool_status *st)
 {
-    if (peers_may_hold(b, c->born, c->drop_gen))
+    if (peers_may_hold(b, c->named))
         return 0;
     if (!c->retire_event)
         return 1;
@@ -262,7 +259,7 @@ static fabpool_status grow(struct fabpool *p, struct fabpool_buffer *b, uint64_t
         memset(nc, 0, sizeof *nc);
         nc->off = b->live;
         nc->size = c;
-        nc->gen = nc->born = b->generation;
+        nc->gen = b->generation;
         nc->fd = -1;
         b->live += c;
         b->mapped += c;
@@ -287,22 +284,31 @@ static fabpool_status sync_stream(struct fabpool *p, void *stream, const char *w
     return FABPOOL_OK;
 }
 
-/* Moves chunk c's memory to the ghosts when a peer may still import it
- * (its live generations were [c->born, drop_gen)), so that unmapping it here
- * does not free it.  Pool lock held. */
-static fabpool_status keep_for_peers(struct fabpool *p, struct fabpool_buffer *b, fp_bchunk *c, uint64_t drop_gen)
+/* Keeps the memory of chunk c (handle h, retained by the caller) for the
+ * peers that may still import it; returns 0 if no peer may (the caller
+ * releases h).  Its exported fd, if the pool still holds one, is closed when
+ * the chunk is unmapped, as for any chunk (fabpool.h).  Pool lock held. */
+static int ghost_keep(struct fabpool *p, struct fabpool_buffer *b, fp_bchunk *c, CUmemGenericAllocationHandle h)
 {
-    if (!peers_may_hold(b, c->born, drop_gen))
+    return peers_may_hold(b, c->named) && ghost_add(p, b, (fp_ghost){h, c->size, c->named}) == FABPOOL_OK;
+}
+
+/* Moves chunk c's memory to the ghosts when a peer may still import it, so
+ * that unmapping it here does not free it.  Pool lock held. */
+static fabpool_status keep_for_peers(struct fabpool *p, struct fabpool_buffer *b, fp_bchunk *c)
+{
+    if (!peers_may_hold(b, c->named))
         return FABPOOL_OK;
     CUmemGenericAllocationHandle h = 0;
     CUresult r = FP_CU(&p->calls, cuMemRetainAllocationHandle, &h, (void *)(uintptr_t)(b->base + c->off));
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemRetainAllocationHandle", "keeping a chunk its peers may import");
     atomic_fetch_add(&p->handles_outstanding, 1);
-    fabpool_status st = ghost_add(p, b, (fp_ghost){h, c->size, c->born, drop_gen});
-    if (st != FABPOOL_OK)
+    if (!ghost_keep(p, b, c, h)) {
         fp_chunk_release(p, h);
-    return st;
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's list of chunks its peers hold");
+    }
+    return FABPOOL_OK;
 }
 
 /* A shrink to `target` whose last needed chunk (index j) holds more than the
@@ -356,7 +362,7 @@ static fabpool_status refit(struct fabpool *p, struct fabpool_buffer *b, uint32_
      * still import it, so that a failure before the swap undoes everything */
     uint32_t n0 = b->n_ghosts;
     for (uint32_t i = j + 1; i < b->n && st == FABPOOL_OK; i++)
-        st = keep_for_peers(p, b, &b->chunks[i], b->chunks[i].retiring ? b->chunks[i].drop_gen : drop_gen);
+        st = keep_for_peers(p, b, &b->chunks[i]);
     if (st != FABPOOL_OK)
         goto drop_ghosts;
 
@@ -374,15 +380,15 @@ static fabpool_status refit(struct fabpool *p, struct fabpool_buffer *b, uint32_
         goto drop_ghosts;
     }
     fp_chunk_count_mapped(p, rs);
+    if (!ghost_keep(p, b, c, ho)) /* the old memory, for the peers that may still import it */
+        fp_chunk_release(p, ho);
     fp_chunk_forget_export(p, c);
-    if (keep_for_peers(p, b, c, drop_gen) != FABPOOL_OK)
-        fp_error_clear(); /* cannot keep it for the peers: a peer that has not imported it yet will fail to */
-    fp_chunk_release(p, ho);
     b->live -= old - rs;
     b->mapped -= old - rs;
     atomic_fetch_sub(&p->buffer_mapped, old - rs);
     c->size = rs;
-    c->gen = c->born = drop_gen; /* a new chunk: the next delta names it */
+    c->gen = drop_gen; /* a new chunk: the next delta names it */
+    c->named = 0;
     b->generation = drop_gen;
     /* then the chunks after it, from the end (their GPU work is done) */
     for (uint32_t i = j + 1; i < b->n; i++) {
@@ -596,9 +602,9 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
                 bufs[i]->size = sizes[i];
             }
         }
-        fabpool_status cst = fp_collect_locked(p, 0);
-        if (st == FABPOOL_OK)
-            st = cst;
+        /* a collect that fails here is retried by the next one: the resize happened */
+        if (fp_collect_locked(p, 0) != FABPOOL_OK && st == FABPOOL_OK)
+            fp_error_clear();
     }
     pthread_mutex_unlock(&p->lock);
     if (from != from_stack)

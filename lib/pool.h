@@ -77,7 +77,7 @@ typedef struct fp_tcache {
 typedef struct fp_bchunk {
     uint64_t off, size;
     uint64_t gen;                      /* the buffer's generation when it joined the live chunks */
-    uint64_t born;                     /* the generation when it was mapped (kept when a grow takes it back) */
+    uint64_t named;                    /* the generation of the last descriptor that named it (0: none) */
     uint64_t drop_gen;                 /* retiring: the generation that dropped it */
     CUevent retire_event;              /* non-NULL while retiring: unmap once it completes */
     uint8_t retiring;
@@ -91,7 +91,7 @@ typedef struct fp_bchunk {
  * until no generation the peers have not acknowledged can name it. */
 typedef struct fp_ghost {
     CUmemGenericAllocationHandle h;
-    uint64_t size, born, drop_gen;
+    uint64_t size, named;
 } fp_ghost;
 
 struct fabpool_buffer {

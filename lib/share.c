@@ -137,6 +137,7 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
         put64(r + 8, c->size);
         put64(r + 16, c->gen);
         put32(r + 24, (uint32_t)k);
+        c->named = b->generation;
         if (posix)
             fds[k] = c->fd;
         else
@@ -184,11 +185,11 @@ fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *b)
  * longer need.  Pool lock held. */
 static fabpool_status ack_locked(struct fabpool *p, struct fabpool_buffer *b, uint64_t generation, const char *fn)
 {
-    if (generation != UINT64_MAX && generation > b->exported_gen)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: generation %llu was never exported (the buffer's last "
-                        "descriptor has generation %llu): acknowledge the generation a peer applied, or UINT64_MAX "
-                        "when no peer is left", fn, (unsigned long long)generation,
-                        (unsigned long long)b->exported_gen);
+    if (generation != UINT64_MAX && generation > b->generation)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: generation %llu was never issued (the buffer is at generation "
+                        "%llu, its last descriptor has %llu): acknowledge the generation a peer applied, or "
+                        "UINT64_MAX when no peer is left", fn, (unsigned long long)generation,
+                        (unsigned long long)b->generation, (unsigned long long)b->exported_gen);
     if (generation > b->acked || generation == UINT64_MAX)
         b->acked = generation;
     return fp_collect_locked(p, 0);

@@ -317,13 +317,53 @@ static buf_t *find_buf(uint64_t id, int *pool)
     return NULL;
 }
 
+/* Exported buffers destroyed: acknowledged later by export id (fabpool_peers_ack). */
+#define MAXDEAD 256
+static struct {
+    int pool;
+    uint64_t id;
+} dead[MAXDEAD];
+static int ndead;
+static uint64_t n_dead_ack;
+
+/* Every dead buffer of pool p acked as "no peer is left", as a caller does
+ * once its peers closed their views; forgets them. */
+static void ack_dead(int p)
+{
+    int w = 0;
+    for (int i = 0; i < ndead; i++) {
+        if (dead[i].pool != p) {
+            dead[w++] = dead[i];
+            continue;
+        }
+        fabpool_status st = fabpool_peers_ack(P[p].p, dead[i].id, UINT64_MAX);
+        EXPECT(st == FABPOOL_OK || st == FABPOOL_ERR_NOT_FOUND, "ack.dead", "fabpool_peers_ack of destroyed buffer "
+               "0x%llx -> %s: %s", (unsigned long long)dead[i].id, fabpool_status_name(st), fabpool_last_error());
+    }
+    ndead = w;
+}
+
+/* Retired on a stream that is still held: the GPU may still use it, so it
+ * stays mapped at its address with its data. */
+static int rec_stream_pending(const rec_t *r)
+{
+    return r->stream >= 0 && held[r->stream] && epoch[r->stream] == r->epoch;
+}
+
+/* Pending: on a held stream, or awaiting the peers' ack.  Memory awaiting an
+ * ack only must stay held for the peers (a late import must work, and the
+ * views read it), not mapped in the exporter's window: a shrink that refits
+ * a buffer moves it out and keeps it by a handle (held_for_peers_bytes), and
+ * the pool may unmap what no unacknowledged generation names
+ * (docs/design.md, Lifetime rules); the views' data checks cover it. */
 static int rec_pending(rec_t *r)
 {
     if (r->stream >= 0 && held[r->stream] && epoch[r->stream] == r->epoch)
         return 1;
     if (r->ack_wait) {
         if (r->destroyed)
-            return 1; /* until pool destroy: no call acks a destroyed buffer yet */
+            return 0; /* the pool unmaps what no unacknowledged generation names; the rest waits for
+                       * fabpool_peers_ack by export id (dead[] below) or pool destroy */
         buf_t *b = find_buf(r->id, NULL);
         if (b && b->acked < r->gen_after)
             return 1;
@@ -442,7 +482,11 @@ static void check_step(int full)
         if (!rec_pending(r))
             continue;
         rec[w++] = *r;
-        uint64_t lo = r->lo;
+        if (!rec_stream_pending(r))
+            continue;
+        uint64_t lo = r->lo; /* the samples of the retired chunks, not of the hysteresis before them */
+        if (r->va_lo - r->base > lo)
+            lo = r->va_lo - r->base;
         if (!r->destroyed) {
             buf_t *b = find_buf(r->id, NULL);
             if (b && b->size > lo)
@@ -497,7 +541,7 @@ static void check_step(int full)
         for (int i = 0; i < q->nview; i++)
             need += q->view[i].broken ? 0 : q->view[i].live; /* a broken view: what it maps is unknown */
         for (int i = 0; i < nrec; i++)
-            if (rec[i].pool == p) {
+            if (rec[i].pool == p && rec_stream_pending(&rec[i])) {
                 need += rec[i].dropped;
                 if (!rec[i].destroyed)
                     retiring += rec[i].dropped;
@@ -571,6 +615,8 @@ static void check_quiet(int p)
         if (rec[i].pool == p)
             return;
     n_quiet++;
+    ack_dead(p); /* the peers of destroyed buffers are gone too */
+    EXPECT_OK(fabpool_collect(P[p].p, 1), "collect", "fabpool_collect(wait) after the acks of destroyed buffers");
     fabpool_stats s;
     fabpool_get_stats(P[p].p, &s);
     EXPECT(s.retiring_bytes == 0, "collect.retiring", "pool %c: %llu bytes still retiring after collect(wait) with no "
@@ -652,10 +698,18 @@ static void after_resize(int p, buf_t *b, const fabpool_buffer_info *before, siz
     EXPECT(bi.size == b->size, "resize.size", "buffer %llu: size %zu after a resize to %zu", (unsigned long long)b->id,
            bi.size, b->size);
     if (b->size > old) {
-        int w = 0; /* retired chunks below the new size may be taken back: live again, rewritten */
-        for (int i = 0; i < nrec; i++)
-            if (!(rec[i].id == b->id && !rec[i].destroyed && rec[i].lo < b->size))
-                rec[w++] = rec[i];
+        int w = 0; /* retired chunks the grow took back (now inside the live mapping): live again, rewritten */
+        uint64_t live_end = b->base + bi.mapped;
+        for (int i = 0; i < nrec; i++) {
+            rec_t *r = &rec[i];
+            if (r->id == b->id && !r->destroyed && r->va_lo < live_end) {
+                if (r->va_hi <= live_end)
+                    continue; /* all of it came back */
+                r->dropped -= live_end - r->va_lo; /* the chunks behind those that came back stay retired */
+                r->va_lo = live_end;
+            }
+            rec[w++] = *r;
+        }
         nrec = w;
         write_points(b->id, b->base, b->pts, old, b->size);
     } else if (b->size < old) {
@@ -705,6 +759,8 @@ static fabpool_status do_export(buf_t *b, uint64_t since, size_t *len, size_t *n
     fabpool_status st = fabpool_buffer_export(b->h, since, desc, sizeof desc, len, fds, MAXFD, nfds);
     if (st == FABPOOL_OK) {
         b->shared = 1;
+        if (b->acked == UINT64_MAX) /* "no peer is left", then a new export: a new peer may import (fabpool.h) */
+            b->acked = binfo(b).generation - 1;
         uint32_t nrecs;
         memcpy(&nrecs, desc + 12, 4);
         EXPECT(*len == fabpool_desc_size(nrecs) && (htype != FABPOOL_HANDLE_POSIX_FD || *nfds == nrecs),
@@ -898,6 +954,10 @@ static void step(enum op op)
                 rec[k].destroyed = 1;
             }
         add_rec(p, b, 0, b->size, 0, before.mapped, s, 1, before.generation);
+        if (b->shared && ndead < MAXDEAD) {
+            dead[ndead].pool = p;
+            dead[ndead++].id = before.export_id;
+        }
         P[p].buf[i] = P[p].buf[--P[p].nbuf];
         break;
     }
@@ -938,6 +998,20 @@ static void step(enum op op)
         break;
     }
     case OP_ACK: {
+        if (ndead && chance(30)) { /* a destroyed buffer, by its export id */
+            int k = (int)below((uint64_t)ndead);
+            p = dead[k].pool;
+            uint64_t g = chance(50) ? UINT64_MAX : below(64);
+            snprintf(cur_what, sizeof cur_what, "pool %c, destroyed buffer 0x%llx by export id, ack %llu", 'A' + p,
+                     (unsigned long long)dead[k].id, (unsigned long long)g);
+            st = fabpool_peers_ack(P[p].p, dead[k].id, g);
+            n_dead_ack++;
+            EXPECT(st == FABPOOL_OK || st == FABPOOL_ERR_NOT_FOUND || st == FABPOOL_ERR_INVALID_ARG, "ack.dead",
+                   "fabpool_peers_ack by export id -> %s: %s", fabpool_status_name(st), fabpool_last_error());
+            if (st == FABPOOL_ERR_NOT_FOUND || g == UINT64_MAX)
+                dead[k] = dead[--ndead];
+            break;
+        }
         p = pick_pool(has_shared);
         buf_t *b;
         do
@@ -1178,6 +1252,8 @@ static int setup_pools(void)
         htype = fabpool_handle_type_of(P[p].p);
     }
     nrec = 0;
+    ndead = 0;
+    ndead = 0;
     for (int s = 0; s < NSTREAM; s++) {
         stream_release(streams[s]);
         held[s] = 0;
@@ -1221,6 +1297,7 @@ static void teardown(void)
         }
     }
     for (int p = 0; p < NPOOL; p++) {
+        ack_dead(p);
         fabpool_status st = fabpool_collect(P[p].p, 1);
         EXPECT_OK(st, "teardown.collect", "fabpool_collect(wait)");
         st = fabpool_trim(P[p].p, 0);
@@ -1244,6 +1321,7 @@ static void teardown(void)
         P[p].p = NULL;
     }
     nrec = 0;
+    ndead = 0;
     fabsim_ledger l = t_ledger();
     EXPECT(l.handles == 0 && l.allocations == 0 && l.mappings == 0 && l.reservations == 0 && l.exported_fds == 0 &&
            l.bytes_held == 0 && l.bytes_mapped == 0, "ledger.end", "after both pools are destroyed the sim holds %llu "
