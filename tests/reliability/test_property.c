@@ -95,6 +95,8 @@ typedef struct {
     uint64_t pts[NPTS]; /* sample offsets in the window; those below size hold pat(id, x) */
     int shared;         /* exported at least once */
     uint64_t acked;     /* the highest generation acked */
+    uint64_t le, m_le;  /* the generation of the last descriptor exported, and the bytes mapped then: a peer
+                           can hold only chunks of an exported generation, all of them below m_le */
     int broken;         /* a check already failed on it: not checked again, destroyed next */
     int hyst_stream;    /* shrunk on this stream: the hysteresis bound is checked at a collect(wait) after it */
     size_t hyst_from;   /* (the size before that shrink; hyst_stream -1: nothing due) */
@@ -122,8 +124,11 @@ typedef struct {
     int destroyed;          /* the buffer is gone */
     int stream;             /* -1: none */
     uint64_t epoch;         /* the stream's hold when it was retired */
-    int ack_wait;           /* an exported buffer: until acked >= gen_after */
-    uint64_t gen_after;
+    int ack_wait;           /* an exported buffer: until acked >= le (the last export before the drop) */
+    uint64_t le;
+    uint64_t ack_hi;        /* ... for what was below m_le then: offsets < ack_hi, ack_bytes bytes */
+    uint64_t ack_bytes;
+    uint64_t cur_bytes, cur_hi; /* what is pending now: all of it, or the part awaiting an ack */
     uint64_t pts[NPTS];
 } rec_t;
 
@@ -317,15 +322,16 @@ static buf_t *find_buf(uint64_t id, int *pool)
     return NULL;
 }
 
+/* 2: all of it is pending (its stream is held); 1: the part a peer may hold (awaiting an ack); 0: none */
 static int rec_pending(rec_t *r)
 {
     if (r->stream >= 0 && held[r->stream] && epoch[r->stream] == r->epoch)
-        return 1;
+        return 2;
     if (r->ack_wait) {
         if (r->destroyed)
             return 1; /* until pool destroy: no call acks a destroyed buffer yet */
         buf_t *b = find_buf(r->id, NULL);
-        if (b && b->acked < r->gen_after)
+        if (b && b->acked < r->le)
             return 1;
         r->ack_wait = 0;
     }
@@ -333,10 +339,11 @@ static int rec_pending(rec_t *r)
 }
 
 static void add_rec(int pool, const buf_t *b, size_t lo, size_t hi, uint64_t at, uint64_t dropped, int stream,
-                    int destroyed, uint64_t gen_after)
+                    int destroyed)
 {
     int sw = stream >= 0 && held[stream];
-    int aw = b->shared && b->acked < gen_after;
+    /* a peer may hold what an exported generation not yet acked had mapped: below m_le */
+    int aw = b->shared && b->acked < b->le && at < b->m_le;
     if (!dropped || (!sw && !aw) || nrec == MAXREC)
         return;
     rec_t *r = &rec[nrec++];
@@ -355,7 +362,9 @@ static void add_rec(int pool, const buf_t *b, size_t lo, size_t hi, uint64_t at,
     r->stream = sw ? stream : -1;
     r->epoch = sw ? epoch[stream] : 0;
     r->ack_wait = aw;
-    r->gen_after = gen_after;
+    r->le = b->le;
+    r->ack_hi = hi < b->m_le ? hi : b->m_le;
+    r->ack_bytes = aw ? (at + dropped < b->m_le ? dropped : b->m_le - at) : 0;
     memcpy(r->pts, b->pts, sizeof r->pts);
 }
 
@@ -364,7 +373,7 @@ static uint64_t stuck_bytes(int pool)
     uint64_t s = 0;
     for (int i = 0; i < nrec; i++)
         if (rec[i].pool == pool && rec[i].ack_wait)
-            s += rec[i].dropped;
+            s += rec[i].ack_bytes;
     return s;
 }
 
@@ -439,8 +448,11 @@ static void check_step(int full)
     int w = 0;
     for (int i = 0; i < nrec; i++) {
         rec_t *r = &rec[i];
-        if (!rec_pending(r))
+        int pend = rec_pending(r);
+        if (!pend)
             continue;
+        r->cur_bytes = pend == 2 ? r->dropped : r->ack_bytes;
+        r->cur_hi = pend == 2 ? r->hi : r->ack_hi;
         rec[w++] = *r;
         uint64_t lo = r->lo;
         if (!r->destroyed) {
@@ -451,7 +463,7 @@ static void check_step(int full)
                 continue;
         }
         check_points("retired.data", r->destroyed ? "retired memory of destroyed buffer" : "retired chunk of buffer",
-                     r->id, r->base, r->pts, lo, r->hi, full ? -1 : (int)cur_step);
+                     r->id, r->base, r->pts, lo, r->cur_hi, full ? -1 : (int)cur_step);
     }
     nrec = w;
 
@@ -498,9 +510,9 @@ static void check_step(int full)
             need += q->view[i].broken ? 0 : q->view[i].live; /* a broken view: what it maps is unknown */
         for (int i = 0; i < nrec; i++)
             if (rec[i].pool == p) {
-                need += rec[i].dropped;
+                need += rec[i].cur_bytes;
                 if (!rec[i].destroyed)
-                    retiring += rec[i].dropped;
+                    retiring += rec[i].cur_bytes;
             }
         EXPECT(S[p].mapped_bytes >= need, "mapped.lower_bound", "pool %c maps %llu bytes, less than its live blocks, "
                "buffers, views and retirements still pending (%llu)", 'A' + p, (unsigned long long)S[p].mapped_bytes,
@@ -529,7 +541,8 @@ static void check_step(int full)
     }
     for (int i = 0; i < nrec; i++)
         if (rec[i].destroyed)
-            iv[n++] = (ival_t){rec[i].va_lo, rec[i].va_hi, "retired memory of destroyed buffer", rec[i].id};
+            iv[n++] = (ival_t){rec[i].va_lo, rec[i].va_lo + rec[i].cur_bytes, "retired memory of destroyed buffer",
+                               rec[i].id};
     /* Ranges never change, so only an object created in this step (numbered from step_first_id on) can
      * overlap one that did not before: each step checks those against all; every 64th sorts them all. */
     t_checks += n;
@@ -660,7 +673,7 @@ static void after_resize(int p, buf_t *b, const fabpool_buffer_info *before, siz
         write_points(b->id, b->base, b->pts, old, b->size);
     } else if (b->size < old) {
         if (before->mapped > bi.mapped)
-            add_rec(p, b, b->size, old, bi.mapped, before->mapped - bi.mapped, s, 0, bi.generation);
+            add_rec(p, b, b->size, old, bi.mapped, before->mapped - bi.mapped, s, 0);
         /* without a stream at once; on a stream the pool may wait for the stream's work first (a first chunk
          * it replaces is in use until then): checked at the next collect(wait) with the stream released */
         b->hyst_stream = s < 0 ? -1 : s;
@@ -705,6 +718,8 @@ static fabpool_status do_export(buf_t *b, uint64_t since, size_t *len, size_t *n
     fabpool_status st = fabpool_buffer_export(b->h, since, desc, sizeof desc, len, fds, MAXFD, nfds);
     if (st == FABPOOL_OK) {
         b->shared = 1;
+        memcpy(&b->le, desc + 24, 8);   /* the descriptor's generation */
+        memcpy(&b->m_le, desc + 48, 8); /* and its live bytes */
         uint32_t nrecs;
         memcpy(&nrecs, desc + 12, 4);
         EXPECT(*len == fabpool_desc_size(nrecs) && (htype != FABPOOL_HANDLE_POSIX_FD || *nfds == nrecs),
@@ -862,7 +877,7 @@ static void step(enum op op)
                            until pool destroy, and a collect(wait) checks for leftovers only with none */
             for (int k = 0, o = (int)below((uint64_t)P[p].nbuf); k < P[p].nbuf; k++) {
                 buf_t *c = &P[p].buf[(k + o) % P[p].nbuf];
-                if (!c->shared || c->acked >= binfo(c).generation) {
+                if (!c->shared || c->acked >= c->le) {
                     i = (k + o) % P[p].nbuf;
                     break;
                 }
@@ -872,9 +887,9 @@ static void step(enum op op)
                 i = k;
         buf_t *b = &P[p].buf[i];
         fabpool_buffer_info before = binfo(b);
-        if (b->shared && b->acked < before.generation && stuck_bytes(p) > 512 * MB && !b->broken) {
+        if (b->shared && b->acked < b->le && stuck_bytes(p) > 512 * MB && !b->broken) {
             /* keep what un-acked destroys pin until pool destroy bounded: ack first (the views' generation) */
-            uint64_t g = before.generation;
+            uint64_t g = b->le;
             for (int k = 0; k < P[1 - p].nview; k++)
                 if (P[1 - p].view[k].id == b->id && P[1 - p].view[k].gen < g)
                     g = P[1 - p].view[k].gen;
@@ -884,7 +899,7 @@ static void step(enum op op)
         int s = stream_choice();
         snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu (size %zu, mapped %zu, gen %llu, %s), stream %s",
                  'A' + p, (unsigned long long)b->id, b->size, before.mapped, (unsigned long long)before.generation,
-                 !b->shared ? "not exported" : b->acked >= before.generation ? "exported, acked" : "exported, un-acked",
+                 !b->shared ? "not exported" : b->acked >= b->le ? "exported, acked" : "exported, un-acked",
                  stream_name(s));
         check_buf(b, -1);
         st = fabpool_buffer_destroy(b->h, stream_ptr(s));
@@ -893,11 +908,11 @@ static void step(enum op op)
             break; /* the buffer is still the pool's: destroyed at the end */
         for (int k = 0; k < nrec; k++)
             if (rec[k].id == b->id) {
-                if (b->acked >= rec[k].gen_after)
+                if (b->acked >= rec[k].le)
                     rec[k].ack_wait = 0; /* acked before the destroy */
                 rec[k].destroyed = 1;
             }
-        add_rec(p, b, 0, b->size, 0, before.mapped, s, 1, before.generation);
+        add_rec(p, b, 0, b->size, 0, before.mapped, s, 1);
         P[p].buf[i] = P[p].buf[--P[p].nbuf];
         break;
     }
@@ -944,7 +959,7 @@ static void step(enum op op)
             b = &P[p].buf[below((uint64_t)P[p].nbuf)];
         while (!b->shared);
         fabpool_buffer_info before = binfo(b);
-        uint64_t g = before.generation;
+        uint64_t g = b->le; /* what peers applied: the views' generation, or the last one exported */
         int views = 0;
         for (int k = 0; k < P[1 - p].nview; k++)
             if (P[1 - p].view[k].id == b->id) {
@@ -957,8 +972,9 @@ static void step(enum op op)
             g = before.generation + 1 + below(1000);
         else if (!views && chance(25))
             g = UINT64_MAX; /* no peer is left */
-        snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu, ack %llu (generation %llu, %d view%s)%s", 'A' + p,
-                 (unsigned long long)b->id, (unsigned long long)g, (unsigned long long)before.generation, views,
+        snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu, ack %llu (generation %llu, last exported %llu, %d "
+                 "view%s)%s", 'A' + p, (unsigned long long)b->id, (unsigned long long)g,
+                 (unsigned long long)before.generation, (unsigned long long)b->le, views,
                  views == 1 ? "" : "s", bad ? ", never issued" : "");
         st = fabpool_buffer_peers_ack(b->h, g);
         if (bad) {
@@ -1205,10 +1221,11 @@ static void teardown(void)
             if (b->shared) {
                 fabpool_buffer_info bi = binfo(b);
                 fabpool_buffer_export_done(b->h);
-                fabpool_status st = fabpool_buffer_peers_ack(b->h, bi.generation); /* no view is left */
-                EXPECT_OK(st, "teardown.ack", "fabpool_buffer_peers_ack");
-                if (st == FABPOOL_OK && bi.generation > b->acked)
-                    b->acked = bi.generation;
+                (void)bi;
+                fabpool_status st = fabpool_buffer_peers_ack(b->h, b->le); /* no view is left */
+                EXPECT_OK(st, "teardown.ack", "fabpool_buffer_peers_ack(the last exported generation)");
+                if (st == FABPOOL_OK && b->le > b->acked)
+                    b->acked = b->le;
             }
             fabpool_status st = fabpool_buffer_destroy(b->h, NULL);
             EXPECT_OK(st, "teardown.buffer_destroy", "fabpool_buffer_destroy");
