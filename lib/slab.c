@@ -74,12 +74,16 @@ void fp_classes_init(struct fabpool *p)
     }
 }
 
+/* Host bytes of a slab's record: the span, its free stack and a free flag
+ * per block.  The one formula for its allocation and its free. */
+static size_t slab_meta_bytes(uint32_t nobj)
+{
+    return sizeof(fp_span) + (size_t)nobj * (sizeof(uint32_t) + sizeof(uint8_t));
+}
+
 static void span_free_meta(struct fabpool *p, fp_span *s)
 {
-    size_t bytes = sizeof *s;
-    if (s->kind == FP_SPAN_SLAB)
-        bytes += (size_t)s->nobj * sizeof(uint32_t) + ((size_t)s->nobj + 63) / 64 * sizeof(uint64_t);
-    fp_meta_free(&p->meta, s, bytes);
+    fp_meta_free(&p->meta, s, s->kind == FP_SPAN_SLAB ? slab_meta_bytes(s->nobj) : sizeof *s);
 }
 
 static void all_add(struct fabpool *p, fp_span *s)
@@ -132,7 +136,7 @@ static fabpool_status span_map(struct fabpool *p, uint64_t size, uint64_t *va)
 static fp_span *slab_new(struct fabpool *p, unsigned cls, fabpool_status *st)
 {
     fp_class *c = &p->classes[cls];
-    size_t bytes = sizeof(fp_span) + (size_t)c->nobj * (sizeof(uint32_t) + 1);
+    size_t bytes = slab_meta_bytes(c->nobj);
     fp_span *s = fp_meta_alloc(&p->meta, bytes);
     if (!s) {
         *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the metadata of a slab (%zu bytes)", bytes);
