@@ -83,7 +83,7 @@ typedef struct fabpool_options {
     fabpool_handle_type handle_type;   /* (handle_type: auto|none|posix_fd|fabric) */
     uint32_t max_waste_percent;    /* chunk rounding: at most this much over what was asked (max_waste) */
     uint64_t max_chunk_bytes;      /* largest physical chunk a growable buffer maps at once (max_chunk) */
-    uint64_t slab_max_bytes;       /* sizes up to this come from slabs; above, chunk spans (slab_max) */
+    uint64_t slab_max_bytes;       /* sizes up to this (rounded up to a class) come from slabs; above, large blocks (slab_max) */
     uint64_t cache_limit_bytes;    /* free memory kept mapped for reuse before it is unmapped (cache_limit) */
     uint32_t shrink_hysteresis_percent; /* a shrunk buffer keeps up to this much over its size mapped (shrink_hysteresis) */
     uint32_t thread_cache;         /* 1: per-thread caches of small blocks (thread_cache) */
@@ -123,14 +123,23 @@ FABPOOL_API fabpool_handle_type fabpool_handle_type_of(const fabpool_t *pool);
 
 /* ------------------------------------------------------ size-class blocks */
 
-/* Allocates size bytes of device memory, aligned to at least 256 bytes.
- * Sizes up to slab_max come from slabs; larger ones from chunk spans.  The
- * block is for use at once: freeing it makes it reusable at once, so the
+/* Allocates size bytes of device memory.  Sizes up to slab_max (8 MiB by
+ * default) come from slabs of size classes spaced four per doubling; larger
+ * ones are blocks of their own, their size rounded up to the granularity
+ * (2 MiB).  For every size above 256 bytes, the block's usable size is at
+ * most 1.25x the size asked.
+ * Alignment: 256 bytes (what cudaMalloc promises) for every size up to 256,
+ * every multiple of 256, and every size above 896; a size from 257 to 896
+ * that is not a multiple of 256 gets the natural alignment of its class:
+ * 64 bytes (classes 320 and 448: sizes 257-320, 385-448) or 128 bytes
+ * (384, 640, 896: sizes 321-384, 513-640, 769-896).  Ask for a multiple of
+ * 256 when 256-byte alignment is needed.
+ * The block is for use at once: freeing it makes it reusable at once, so the
  * caller must not free a block that GPU work may still touch (see
  * fabpool_free_on_stream). */
 FABPOOL_API fabpool_status fabpool_alloc(fabpool_t *pool, size_t size, void **out);
 FABPOOL_API fabpool_status fabpool_free(fabpool_t *pool, void *ptr);
-/* The size class a block was given (>= the size asked). */
+/* The size a block was given (>= the size asked; <= 1.25x it above 256 B). */
 FABPOOL_API fabpool_status fabpool_usable_size(fabpool_t *pool, const void *ptr, size_t *out);
 
 /* Returns free cached memory to the driver until at most keep_bytes of it stay

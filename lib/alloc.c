@@ -323,13 +323,13 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
         return fp_error(FABPOOL_ERR_NOT_FOUND,
                         "fabpool_free(%p): an interior pointer into a slab of %llu-byte blocks; free the pointer "
                         "fabpool_alloc returned",
-                        ptr, (unsigned long long)((uint64_t)s->obj_q << 8));
+                        ptr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT));
     /* A double free is caught by the block's flag.  Two threads freeing the
      * same block at the same instant may both pass: that race is the
      * caller's bug, and a locked exchange here would double the hot path. */
     if (FP_UNLIKELY(atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed)))
         return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free(%p): this %llu-byte block is already free (double free)",
-                        ptr, (unsigned long long)((uint64_t)s->obj_q << 8));
+                        ptr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT));
     atomic_store_explicit(&s->freeflag[idx], 1, memory_order_relaxed);
     fp_tls_slot *sl = &tls_slots[0];
     if (FP_LIKELY(sl->pool == p && sl->id == p->id)) {
@@ -355,6 +355,6 @@ fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
     uint32_t idx;
     if (!s || (s->kind == FP_SPAN_SLAB ? !fp_slab_index(s, addr, &idx) : addr != s->base))
         return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_usable_size(%p): not a block this pool gave out", ptr);
-    *out = s->kind == FP_SPAN_SLAB ? (size_t)s->obj_q << 8 : (size_t)s->size;
+    *out = s->kind == FP_SPAN_SLAB ? (size_t)s->obj_q << FP_QUANTUM_SHIFT : (size_t)s->size;
     return FABPOOL_OK;
 }

@@ -34,8 +34,8 @@ typedef struct fp_span {
     struct fp_span *next, *prev;       /* class list, or the large cache */
     struct fp_span *all_next, *all_prev; /* every span of the pool (pool lock) */
     /* slabs */
-    uint32_t obj_q;                    /* block size / 256 */
-    uint64_t magic;                    /* ceil(2^32 / obj_q): index = (off/256 * magic) >> 32 */
+    uint32_t obj_q;                    /* block size / 64 (FP_QUANTUM_SHIFT) */
+    uint64_t magic;                    /* ceil(2^32 / obj_q): index = (off/64 * magic) >> 32 */
     uint32_t nobj, nfree;              /* nfree: blocks on free_stack (held centrally) */
     uint32_t *free_stack;
     _Atomic uint8_t *freeflag;         /* per block, 1 = free (central or in a thread cache): a byte
@@ -229,7 +229,7 @@ static inline int fp_slab_index(const fp_span *s, uint64_t addr, uint32_t *idx)
     uint64_t off = addr - s->base;
     if (off & (FP_MIN_ALIGN - 1))
         return 0;
-    uint32_t q = (uint32_t)(off >> 8);
+    uint32_t q = (uint32_t)(off >> FP_QUANTUM_SHIFT);
     uint32_t i = (uint32_t)(((uint64_t)q * s->magic) >> 32);
     *idx = i;
     return i < s->nobj && i * s->obj_q == q;

@@ -58,10 +58,16 @@ static void relist(struct fabpool *p, fp_class *c, fp_span *s)
 
 void fp_classes_init(struct fabpool *p)
 {
+    /* slab_max is rounded up to a class size (docs/config.md): every size up
+     * to the value given comes from slabs, every larger size is a large
+     * block, and the allocation path's one comparison with slab_max sends
+     * each size to a class that exists.  0 (options set by hand) means no
+     * slabs: every size is a large block. */
     uint64_t slab_max = p->opt.slab_max_bytes;
+    if (slab_max > FP_SLAB_MAX_LIMIT)
+        slab_max = FP_SLAB_MAX_LIMIT;
     p->n_slab_classes = slab_max ? fp_class_of(slab_max) + 1 : 0;
-    if (p->n_slab_classes && fp_class_size(p->n_slab_classes - 1) > slab_max)
-        p->n_slab_classes--;
+    p->opt.slab_max_bytes = slab_max ? fp_class_size(p->n_slab_classes - 1) : 0;
     for (unsigned i = 0; i < FP_NCLASS; i++) {
         fp_class *c = &p->classes[i];
         c->obj_size = fp_class_size(i);
@@ -146,7 +152,7 @@ static fp_span *slab_new(struct fabpool *p, unsigned cls, fabpool_status *st)
     s->cls = (uint16_t)cls;
     s->size = c->slab_size;
     s->nobj = c->nobj;
-    s->obj_q = (uint32_t)(c->obj_size >> 8);
+    s->obj_q = (uint32_t)(c->obj_size >> FP_QUANTUM_SHIFT);
     s->magic = ((1ull << 32) + s->obj_q - 1) / s->obj_q;
     s->free_stack = (uint32_t *)(s + 1);
     s->freeflag = (_Atomic uint8_t *)(s->free_stack + s->nobj);
@@ -180,7 +186,7 @@ static fp_span *slab_new(struct fabpool *p, unsigned cls, fabpool_status *st)
 static unsigned take_from(fp_span *s, fp_item *out, unsigned n)
 {
     unsigned k = 0;
-    uint64_t obj = (uint64_t)s->obj_q << 8;
+    uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
     while (k < n && s->nfree) {
         uint32_t i = s->free_stack[--s->nfree];
         out[k].ptr = s->base + (uint64_t)i * obj;
@@ -240,11 +246,14 @@ fabpool_status fp_large_alloc(struct fabpool *p, uint64_t size, void **out)
     if (size > p->va_size)
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_alloc of %llu bytes: larger than the pool's reserved address "
                         "space (%llu bytes)", (unsigned long long)size, (unsigned long long)p->va_size);
-    uint64_t span_size = fp_class_round_up_gran(size, p->gran);
-    unsigned cls = fp_class_of(span_size);
+    /* the size rounded to the granularity, no class: at most 1.25x from 8 MiB on */
+    uint64_t span_size = fp_round_up(size, p->gran);
+    unsigned cls = fp_class_of(span_size);   /* the stats' bucket */
     fabpool_status st = FABPOOL_OK;
     pthread_mutex_lock(&p->lock);
     fp_span *s = p->large_cache[cls];
+    while (s && s->size != span_size)
+        s = s->next;
     if (s) {
         list_remove(&p->large_cache[cls], s);
         atomic_fetch_sub(&p->idle_bytes, s->size);

@@ -113,7 +113,7 @@ static void test_defaults(void)
     CHECK(o.handle_type == FABPOOL_HANDLE_AUTO);
     CHECK(o.max_waste_percent == 25);
     CHECK(o.max_chunk_bytes == 1 * GiB);
-    CHECK(o.slab_max_bytes == 4 * MiB);
+    CHECK(o.slab_max_bytes == 8 * MiB);
     CHECK(o.cache_limit_bytes == 1 * GiB);
     CHECK(o.shrink_hysteresis_percent == 25);
     CHECK(o.thread_cache == 1);

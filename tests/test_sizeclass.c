@@ -84,6 +84,196 @@ static void test_metadata(void)
     destroy_clean(p);
 }
 
+
+/* ------------------------------------------------------------ slab_max */
+
+/* The alignment fabpool.h promises for a request of `size` bytes. */
+static uint64_t promised_align(uint64_t size)
+{
+    if (size <= 256 || size % 256 == 0 || size > 896)
+        return 256;
+    uint64_t cls = size <= 320 ? 320 : size <= 384 ? 384 : size <= 448 ? 448 : size <= 640 ? 640 : size <= 768 ? 768
+                 : 896;
+    return cls & (~cls + 1);   /* its largest power-of-two divisor: 64 or 128 */
+}
+
+/* Allocates size, checks usable >= size, the alignment, that the whole block
+ * takes data (first and last byte written and read back), frees it. */
+static void alloc_write_free(fabpool_t *p, uint64_t size, uint64_t *usable)
+{
+    void *a = NULL;
+    CHECK_OK(fabpool_alloc(p, size, &a));
+    if (!a)
+        return;
+    size_t u = 0;
+    CHECK_OK(fabpool_usable_size(p, a, &u));
+    CHECK(u >= size);
+    CHECK((uintptr_t)a % promised_align(size) == 0);
+    unsigned char x = (unsigned char)(size * 7 + 1), y = 0, z = 0;
+    CHECK_CU(cuMemsetD8((CUdeviceptr)(uintptr_t)a, x, 1));
+    CHECK_CU(cuMemsetD8((CUdeviceptr)(uintptr_t)a + u - 1, (unsigned char)(x + 1), 1));
+    CHECK_CU(cuMemcpyDtoH(&y, (CUdeviceptr)(uintptr_t)a, 1));
+    CHECK_CU(cuMemcpyDtoH(&z, (CUdeviceptr)(uintptr_t)a + u - 1, 1));
+    CHECK(y == x && z == (unsigned char)(x + 1));
+    CHECK_OK(fabpool_free(p, a));
+    if (usable)
+        *usable = u;
+}
+
+static void test_slabmax(void)
+{
+    /* FABPOOL_CONF values that are not class sizes: rounded up to the next class */
+    struct {
+        const char *conf;
+        uint64_t in_force;
+    } cases[] = {
+        {"slab_max:300,handle_type:none", 320},
+        {"slab_max:1000,handle_type:none", 1024},
+        {"slab_max:4000000,handle_type:none", 4 * MB},
+        {"slab_max:257,handle_type:none", 320},
+        {"slab_max:256,handle_type:none", 256},
+        {"slab_max:64MiB,handle_type:none", 64 * MB},
+        {"slab_max:67108863,handle_type:none", 64 * MB},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        setenv("FABPOOL_CONF", cases[i].conf, 1);
+        fabpool_t *p = NULL;
+        CHECK_OK(fabpool_create(NULL, &p));
+        unsetenv("FABPOOL_CONF");
+        if (!p)
+            continue;
+        fabpool_options o;
+        CHECK_OK(fabpool_get_options(p, &o));
+        if (o.slab_max_bytes != cases[i].in_force)
+            fprintf(stderr, "%s: slab_max in force %llu, expected %llu\n", cases[i].conf,
+                    (unsigned long long)o.slab_max_bytes, (unsigned long long)cases[i].in_force);
+        CHECK(o.slab_max_bytes == cases[i].in_force);
+        uint64_t m = cases[i].in_force;
+        uint64_t sizes[] = {1, 255, 256, 257, 300, 320, 321, 999, 1000, 1024, 1025, 4000000, 4000001, m - 1, m, m + 1,
+                            m + m / 4, 2 * MB + 1, 9 * MB};
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+            alloc_write_free(p, sizes[k], NULL);
+        /* a block just at the slab limit comes from a slab, one above it is a large block */
+        void *a = NULL, *b = NULL;
+        CHECK_OK(fabpool_alloc(p, m, &a));
+        CHECK_OK(fabpool_alloc(p, m + 1, &b));
+        fabpool_stats s = stats(p);
+        int slab_row = 0;
+        for (int r = 0; r < FABPOOL_NUM_CLASSES && s.classes[r].size; r++)
+            slab_row |= s.classes[r].size == m && s.classes[r].in_use == 1 && s.classes[r].slabs >= 1;
+        CHECK(slab_row);
+        size_t ub = 0;
+        CHECK_OK(fabpool_usable_size(p, b, &ub));
+        CHECK(ub % (2 * MB) == 0);
+        CHECK_OK(fabpool_free(p, a));
+        CHECK_OK(fabpool_free(p, b));
+        destroy_clean(p);
+    }
+
+    /* the options field set by hand, without the parser: 100 (below every class)
+     * and 1 TiB (above the 64 MiB limit) either fail creation with a message
+     * (option validation) or give a pool that serves every size */
+    uint64_t fields[] = {100, 1, 1000, 1 * TB};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        fabpool_options o;
+        fabpool_options_init(&o);
+        o.slab_max_bytes = fields[i];
+        o.handle_type = FABPOOL_HANDLE_NONE;
+        fabpool_t *p = NULL;
+        fabpool_status st = fabpool_create(&o, &p);
+        CHECK(st == FABPOOL_OK || st == FABPOOL_ERR_CONFIG || st == FABPOOL_ERR_INVALID_ARG);
+        if (st != FABPOOL_OK) {
+            CHECK(p == NULL && strstr(fabpool_last_error(), "slab_max") != NULL);
+            continue;
+        }
+        fabpool_options got;
+        CHECK_OK(fabpool_get_options(p, &got));
+        CHECK(got.slab_max_bytes >= (fields[i] < 256 ? 256 : fields[i] > 64 * MB ? 64 * MB : fields[i]));
+        CHECK(got.slab_max_bytes <= 64 * MB);
+        uint64_t sizes[] = {1, 100, 101, 256, 300, 1000, 1001, 64 * MB, 64 * MB + 1};
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+            alloc_write_free(p, sizes[k], NULL);
+        destroy_clean(p);
+    }
+}
+
+/* ------------------------------------------------------------ waste */
+
+static void check_rule(fabpool_t *p, uint64_t size, double *worst, uint64_t *worst_at)
+{
+    uint64_t u = 0;
+    alloc_write_free(p, size, &u);
+    double r = (double)u / (double)size;
+    if (size > 256 && r > *worst) {
+        *worst = r;
+        *worst_at = size;
+    }
+    if (size > 256 && u * 4 > size * 5) {
+        fprintf(stderr, "waste rule: %llu bytes asked, %llu usable (%.3fx)\n", (unsigned long long)size,
+                (unsigned long long)u, r);
+        CHECK(u * 4 <= size * 5);
+    }
+}
+
+static void test_waste(void)
+{
+    fabpool_t *p = make_pool("handle_type:none");
+    if (!p)
+        return;
+    fabpool_options o;
+    CHECK_OK(fabpool_get_options(p, &o));
+    CHECK(o.slab_max_bytes >= 8 * MB);
+    double worst = 0;
+    uint64_t worst_at = 0, n = 0;
+    /* every class boundary (s, s+1): the grid of four classes per doubling,
+     * 256 B to 8 GiB, which includes slab_max and every large size that is a
+     * class of the grid */
+    for (uint64_t base = 256; base <= 8 * GB; base *= 2)
+        for (uint64_t k = 0; k < 4; k++) {
+            uint64_t s = base + k * (base / 4);
+            if (s > 8 * GB)
+                break;
+            if (s > 256)
+                check_rule(p, s, &worst, &worst_at), n++;
+            if (s < 8 * GB)
+                check_rule(p, s + 1, &worst, &worst_at), n++;
+        }
+    /* above slab_max a block is rounded to the granularity: each of its
+     * boundaries (m, m+1) from 8 MiB to 256 MiB, then every 64th to 8 GiB */
+    for (uint64_t m = 8 * MB, i = 0; m <= 8 * GB; m += 2 * MB, i++) {
+        if (m > 256 * MB && i % 64)
+            continue;
+        check_rule(p, m, &worst, &worst_at);
+        check_rule(p, m + 1, &worst, &worst_at);
+        n += 2;
+        CHECK_OK(fabpool_trim(p, 0));
+    }
+    printf("waste: %llu sizes from 257 B to 8 GiB, worst usable/asked %.4f at %llu bytes\n", (unsigned long long)n,
+           worst, (unsigned long long)worst_at);
+    CHECK(worst <= 1.25);
+
+    /* alignment: several blocks of each class up to 4 KiB at once (a slab
+     * packs them), and sizes that are multiples of 256 */
+    for (uint64_t size = 1; size <= 4096; size += size < 1024 ? 1 : 64) {
+        void *a[6] = {0};
+        for (int i = 0; i < 6; i++) {
+            CHECK_OK(fabpool_alloc(p, size, &a[i]));
+            uint64_t al = promised_align(size);
+            if ((uintptr_t)a[i] % al) {
+                fprintf(stderr, "alignment: %llu bytes at %p, promised %llu\n", (unsigned long long)size, a[i],
+                        (unsigned long long)al);
+                CHECK((uintptr_t)a[i] % al == 0);
+            }
+            CHECK((uintptr_t)a[i] % 64 == 0);
+        }
+        for (int i = 0; i < 6; i++)
+            CHECK_OK(fabpool_free(p, a[i]));
+    }
+    CHECK_OK(fabpool_trim(p, 0));
+    CHECK(stats(p).mapped_bytes == 0);
+    destroy_clean(p);
+}
+
 int main(int argc, char **argv)
 {
     t_driver_init();
@@ -94,6 +284,8 @@ int main(int argc, char **argv)
         void (*fn)(void);
     } tests[] = {
         {"metadata", test_metadata},
+        {"slabmax", test_slabmax},
+        {"waste", test_waste},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (all || !strcmp(what, tests[i].name)) {
