@@ -274,6 +274,59 @@ static void test_waste(void)
     destroy_clean(p);
 }
 
+/* ------------------------------------------------------------ huge */
+
+/* A block far larger than the device: out of memory (or a limit), and
+ * nothing else touched. */
+static void huge_case(const char *conf, uint64_t size)
+{
+    fabpool_t *p = make_pool(conf);
+    if (!p)
+        return;
+    void *small = NULL, *mid = NULL;
+    CHECK_OK(fabpool_alloc(p, 4096, &small));
+    CHECK_OK(fabpool_alloc(p, 20 * MB, &mid));
+    CHECK_CU(cuMemsetD8((CUdeviceptr)(uintptr_t)small, 0x5a, 4096));
+    CHECK_CU(cuMemsetD8((CUdeviceptr)(uintptr_t)mid, 0xa5, 20 * MB));
+    fabpool_stats s0 = stats(p);
+    fabsim_ledger l0 = t_ledger();
+    void *h = (void *)1;
+    fabpool_status st = fabpool_alloc(p, size, &h);
+    if (st != FABPOOL_ERR_OUT_OF_MEMORY && st != FABPOOL_ERR_LIMIT)
+        fprintf(stderr, "%s: fabpool_alloc(%llu) -> %s (%p), expected out of memory\n", conf,
+                (unsigned long long)size, fabpool_status_name(st), h);
+    CHECK(st == FABPOOL_ERR_OUT_OF_MEMORY || st == FABPOOL_ERR_LIMIT);
+    CHECK(h == NULL);
+    CHECK(strlen(fabpool_last_error()) > 0);
+    fabpool_stats s1 = stats(p);
+    fabsim_ledger l1 = t_ledger();
+    CHECK(s1.mapped_bytes == s0.mapped_bytes && s1.blocks == s0.blocks && s1.in_use_bytes == s0.in_use_bytes);
+    CHECK(l1.bytes_mapped == l0.bytes_mapped && l1.mappings == l0.mappings);
+    unsigned char a = 0, b = 0;
+    CHECK_CU(cuMemcpyDtoH(&a, (CUdeviceptr)(uintptr_t)small + 4095, 1));
+    CHECK_CU(cuMemcpyDtoH(&b, (CUdeviceptr)(uintptr_t)mid + 20 * MB - 1, 1));
+    CHECK(a == 0x5a && b == 0xa5);
+    /* the pool still works */
+    void *again = NULL;
+    CHECK_OK(fabpool_alloc(p, 64 * MB, &again));
+    CHECK_OK(fabpool_free(p, again));
+    CHECK_OK(fabpool_free(p, small));
+    CHECK_OK(fabpool_free(p, mid));
+    destroy_clean(p);
+}
+
+static void test_huge(void)
+{
+    /* reserve:4TiB on a device of FABSIM_MEMORY (288 GiB in its ctest entry) */
+    huge_case("reserve:4TiB,handle_type:none", 2 * TB + 1 * GB);
+    huge_case("reserve:4TiB,handle_type:none", 3 * TB);
+    huge_case("reserve:4TiB,handle_type:none", 4 * TB);
+    huge_case("reserve:4TiB,handle_type:none", 4 * TB + 1);
+    /* default reservation: 8x the device, 2.25 TiB for 288 GiB */
+    huge_case("handle_type:none", 2 * TB + 1 * GB);
+    huge_case("handle_type:none", (size_t)-1 / 2);
+}
+
 int main(int argc, char **argv)
 {
     t_driver_init();
@@ -286,6 +339,7 @@ int main(int argc, char **argv)
         {"metadata", test_metadata},
         {"slabmax", test_slabmax},
         {"waste", test_waste},
+        {"huge", test_huge},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (all || !strcmp(what, tests[i].name)) {
