@@ -84,7 +84,7 @@ typedef struct fabpool_options {
     uint32_t max_waste_percent;    /* chunk rounding: at most this much over what was asked (max_waste) */
     uint64_t max_chunk_bytes;      /* largest physical chunk a growable buffer maps at once (max_chunk) */
     uint64_t slab_max_bytes;       /* sizes up to this (rounded up to a class) come from slabs; above, large blocks (slab_max) */
-    uint64_t cache_limit_bytes;    /* free memory kept mapped for reuse before it is unmapped (cache_limit) */
+    uint64_t cache_limit_bytes;    /* most free memory kept mapped for reuse (cache_limit); see decay_ms */
     uint32_t shrink_hysteresis_percent; /* a shrunk buffer keeps up to this much over its size mapped (shrink_hysteresis) */
     uint32_t thread_cache;         /* 1: per-thread caches of small blocks (thread_cache) */
     int stats_at_destroy;          /* 0 none, 1 text, 2 JSON report to stderr at destroy (stats_print) */
@@ -93,6 +93,8 @@ typedef struct fabpool_options {
     int peer_devices[FABPOOL_MAX_PEERS];
     const char *conf;              /* a FABPOOL_CONF-syntax string applied after these fields and
                                       before the FABPOOL_CONF environment variable (may be NULL) */
+    uint32_t decay_ms;             /* free memory not reused for this long goes back to the driver;
+                                      0: at once (decay_ms) */
 } fabpool_options;
 
 /* Fills *o with the defaults (docs/config.md lists them). */
@@ -193,11 +195,16 @@ FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
 #define FABPOOL_NUM_CLASSES 128  /* slab and large size classes reported */
 #define FABPOOL_NUM_DRIVER_CALLS 40
 
+/* One row per slab class in use, then one per class of the grid that large
+ * blocks (above slab_max) fall in: a large row counts the blocks whose size
+ * (a multiple of the granularity) is above the class below and at most
+ * `size`; large blocks have no cached blocks or slabs of their own (their free
+ * memory is merged into free ranges, counted in cached_bytes). */
 typedef struct fabpool_class_stats {
     uint64_t size;        /* class size in bytes; 0 ends the list */
     uint64_t in_use;      /* blocks given out */
-    uint64_t cached;      /* free blocks kept mapped (slabs, thread caches, large spans) */
-    uint64_t slabs;       /* slabs (or spans) mapped for this class */
+    uint64_t cached;      /* slab classes: free blocks kept mapped (slabs, thread caches); large: 0 */
+    uint64_t slabs;       /* slab classes: slabs mapped; large: 0 */
     uint64_t allocs;      /* allocations served, all time */
 } fabpool_class_stats;
 
@@ -207,7 +214,7 @@ typedef struct fabpool_stats {
     uint64_t mapped_bytes_peak;
     uint64_t in_use_bytes;          /* bytes of blocks given out (size classes) + buffer sizes asked */
     uint64_t in_use_bytes_peak;
-    uint64_t cached_bytes;          /* mapped but free: slabs, spans, buffer hysteresis */
+    uint64_t cached_bytes;          /* mapped but free: slabs, free large ranges, buffer hysteresis */
     uint64_t retiring_bytes;        /* waiting for GPU work before unmap */
     uint64_t buffers;               /* live growable buffers */
     uint64_t blocks;                /* live size-class blocks */

@@ -242,6 +242,7 @@ static fabpool_status alloc_slow(fabpool_t *p, size_t size, void **out)
             b->n = fp_class_take(p, cls, b->items, want, &st);
             if (!b->n)
                 return st;
+            fp_trim_policy(p);   /* the decay's clock, on a slow path */
         }
         fp_item it = b->items[--b->n];
         mark_used(&it);
@@ -252,6 +253,7 @@ static fabpool_status alloc_slow(fabpool_t *p, size_t size, void **out)
     fp_item it;
     if (!fp_class_take(p, cls, &it, 1, &st))
         return st;
+    fp_trim_policy(p);   /* the decay's clock, on a slow path */
     mark_used(&it);
     atomic_fetch_add_explicit(&p->classes[cls].allocs, 1, memory_order_relaxed);
     *out = (void *)(uintptr_t)it.ptr;
@@ -353,7 +355,8 @@ fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
     fp_span *s = fp_map_get(p, addr);
     uint32_t idx;
-    if (!s || (s->kind == FP_SPAN_SLAB ? !fp_slab_index(s, addr, &idx) : addr != s->base))
+    if (!s || (s->kind == FP_SPAN_SLAB ? !fp_slab_index(s, addr, &idx)
+                                        : addr != s->base || atomic_load(&s->in_use) != FP_LARGE_LIVE))
         return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_usable_size(%p): not a block this pool gave out", ptr);
     *out = s->kind == FP_SPAN_SLAB ? (size_t)s->obj_q << FP_QUANTUM_SHIFT : (size_t)s->size;
     return FABPOOL_OK;
