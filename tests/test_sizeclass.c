@@ -517,6 +517,125 @@ static void test_large(void)
     destroy_clean(p);
 }
 
+/* ------------------------------------------------------------ decay */
+
+static double ms_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {0, (long)ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void test_decay(void)
+{
+    /* 1. free memory stays mapped for reuse, then goes back after the decay period */
+    const int decay = 50;
+    fabpool_t *p = make_pool("handle_type:none,decay_ms:50,thread_cache:0");
+    if (!p)
+        return;
+    fabpool_options o;
+    CHECK_OK(fabpool_get_options(p, &o));
+    CHECK(o.decay_ms == 50);
+    void *keep = NULL, *big = NULL, *again = NULL, *tick = NULL;
+    CHECK_OK(fabpool_alloc(p, 1000, &keep));   /* its slab stays: the ticks below change no idle byte */
+    uint64_t slab = stats(p).mapped_bytes;
+    CHECK_OK(fabpool_alloc(p, 64 * MB, &big));
+    CHECK_OK(fabpool_free(p, big));
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    fabpool_stats s = stats(p);
+    CHECK(s.mapped_bytes == slab + 64 * MB && s.cached_bytes >= 64 * MB);
+    uint64_t maps = s.chunks_mapped_total;
+    CHECK_OK(fabpool_alloc(p, 64 * MB, &again));
+    CHECK(again == big && stats(p).chunks_mapped_total == maps);   /* reused, nothing mapped */
+    CHECK_OK(fabpool_free(p, again));
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* Periods begin at the pool's calls once the last one is over, so the
+     * memory goes back at the first call after two periods have begun since
+     * the free: by 2 x (decay + the longest gap between calls), whatever the
+     * speed of the machine (valgrind runs this too). */
+    double returned_at = -1, last = 0, max_gap = 0;
+    int late = 0;
+    while (ms_since(&t0) < 5000) {
+        sleep_ms(5);
+        double before = ms_since(&t0);
+        if (before - last > max_gap)
+            max_gap = before - last;
+        last = before;
+        /* a call of the pool's own: the decay has no thread, it runs on slow paths */
+        CHECK_OK(fabpool_alloc(p, 1000, &tick));
+        CHECK_OK(fabpool_free(p, tick));
+        uint64_t m = stats(p).mapped_bytes;
+        if (m == slab) {
+            returned_at = ms_since(&t0);
+            break;
+        }
+        if (before > 2 * (decay + max_gap) + 1) {
+            fprintf(stderr, "decay: still %llu bytes mapped %.0f ms after the free (calls at most %.0f ms apart)\n",
+                    (unsigned long long)m, before, max_gap);
+            late = 1;
+            break;
+        }
+    }
+    printf("decay_ms:%d: 64 MiB freed went back to the driver %.0f ms after the free\n", decay, returned_at);
+    /* no earlier than one period: memory must stay idle through a whole one */
+    CHECK(returned_at >= decay);
+    CHECK(!late && returned_at >= 0);
+    if (t_ledger_p)
+        CHECK(t_ledger().bytes_mapped == slab);
+    CHECK_OK(fabpool_free(p, keep));
+    destroy_clean(p);
+
+    /* 2. decay_ms:0 returns free memory at once */
+    p = make_pool("handle_type:none,decay_ms:0");
+    if (p) {
+        CHECK_OK(fabpool_alloc(p, 64 * MB, &big));
+        CHECK_OK(fabpool_free(p, big));
+        CHECK(stats(p).mapped_bytes == 0);
+        destroy_clean(p);
+    }
+
+    /* 3. cache_limit stays an upper bound */
+    p = make_pool("handle_type:none,decay_ms:600000,cache_limit:32MiB");
+    if (p) {
+        void *a = NULL, *b = NULL;
+        CHECK_OK(fabpool_alloc(p, 64 * MB, &a));
+        CHECK_OK(fabpool_alloc(p, 64 * MB, &b));
+        CHECK_OK(fabpool_free(p, a));
+        CHECK_OK(fabpool_free(p, b));
+        s = stats(p);
+        CHECK(s.cached_bytes <= 32 * MB && s.mapped_bytes == s.cached_bytes);
+        destroy_clean(p);
+    }
+
+    /* 4. under memory pressure the cache goes back at once (the OOM retry):
+     * FABSIM_MEMORY is 1 GiB in this test's ctest entry */
+    p = make_pool("handle_type:none,decay_ms:600000,thread_cache:0");
+    if (p) {
+        enum { N = 200 };
+        void *blk[N];
+        for (int i = 0; i < N; i++)
+            CHECK_OK(fabpool_alloc(p, 4 * MB, &blk[i]));   /* 800 MiB of slabs */
+        for (int i = 0; i < N; i++)
+            CHECK_OK(fabpool_free(p, blk[i]));
+        s = stats(p);
+        CHECK(s.cached_bytes >= 800 * MB);
+        void *l = NULL;
+        CHECK_OK(fabpool_alloc(p, 600 * MB, &l));
+        s = stats(p);
+        CHECK(s.oom_retries >= 1);
+        CHECK(s.mapped_bytes <= 1 * GB);
+        CHECK_OK(fabpool_free(p, l));
+        destroy_clean(p);
+    }
+}
+
 int main(int argc, char **argv)
 {
     t_driver_init();
@@ -531,6 +650,7 @@ int main(int argc, char **argv)
         {"waste", test_waste},
         {"huge", test_huge},
         {"large", test_large},
+        {"decay", test_decay},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (all || !strcmp(what, tests[i].name)) {
