@@ -146,7 +146,11 @@ FABPOOL_API fabpool_status fabpool_usable_size(fabpool_t *pool, const void *ptr,
 
 /* Returns free cached memory to the driver until at most keep_bytes of it stay
  * mapped (0: all).  Flushes the calling thread's cache first; other threads'
- * caches are flushed when they next call the pool or exit. */
+ * caches are flushed when they next call the pool or exit.  Memory is
+ * unmapped by whole chunks: free memory that shares a slab with live blocks,
+ * or a large chunk (32 MiB on a 2 MiB granularity) with a live large block,
+ * stays mapped until they are freed.  Without a call, free memory goes back
+ * by itself once unused for decay_ms (docs/config.md). */
 FABPOOL_API fabpool_status fabpool_trim(fabpool_t *pool, size_t keep_bytes);
 /* Returns the calling thread's cached blocks to the pool. */
 FABPOOL_API fabpool_status fabpool_thread_flush(fabpool_t *pool);
