@@ -83,8 +83,8 @@ typedef struct fabpool_options {
     fabpool_handle_type handle_type;   /* (handle_type: auto|none|posix_fd|fabric) */
     uint32_t max_waste_percent;    /* chunk rounding: at most this much over what was asked (max_waste) */
     uint64_t max_chunk_bytes;      /* largest physical chunk a growable buffer maps at once (max_chunk) */
-    uint64_t slab_max_bytes;       /* sizes up to this come from slabs; above, chunk spans (slab_max) */
-    uint64_t cache_limit_bytes;    /* free memory kept mapped for reuse before it is unmapped (cache_limit) */
+    uint64_t slab_max_bytes;       /* sizes up to this (rounded up to a class) come from slabs; above, large blocks (slab_max) */
+    uint64_t cache_limit_bytes;    /* most free memory kept mapped for reuse (cache_limit); see decay_ms */
     uint32_t shrink_hysteresis_percent; /* a shrunk buffer keeps up to this much over its size mapped (shrink_hysteresis) */
     uint32_t thread_cache;         /* 1: per-thread caches of small blocks (thread_cache) */
     int stats_at_destroy;          /* 0 none, 1 text, 2 JSON report to stderr at destroy (stats_print) */
@@ -93,6 +93,8 @@ typedef struct fabpool_options {
     int peer_devices[FABPOOL_MAX_PEERS];
     const char *conf;              /* a FABPOOL_CONF-syntax string applied after these fields and
                                       before the FABPOOL_CONF environment variable (may be NULL) */
+    uint32_t decay_ms;             /* free memory not reused for this long goes back to the driver;
+                                      0: at once (decay_ms) */
 } fabpool_options;
 
 /* Fills *o with the defaults (docs/config.md lists them). */
@@ -123,19 +125,32 @@ FABPOOL_API fabpool_handle_type fabpool_handle_type_of(const fabpool_t *pool);
 
 /* ------------------------------------------------------ size-class blocks */
 
-/* Allocates size bytes of device memory, aligned to at least 256 bytes.
- * Sizes up to slab_max come from slabs; larger ones from chunk spans.  The
- * block is for use at once: freeing it makes it reusable at once, so the
+/* Allocates size bytes of device memory.  Sizes up to slab_max (8 MiB by
+ * default) come from slabs of size classes spaced four per doubling; larger
+ * ones are blocks of their own, their size rounded up to the granularity
+ * (2 MiB).  For every size above 256 bytes, the block's usable size is at
+ * most 1.25x the size asked.
+ * Alignment: 256 bytes (what cudaMalloc promises) for every size up to 256,
+ * every multiple of 256, and every size above 896; a size from 257 to 896
+ * that is not a multiple of 256 gets the natural alignment of its class:
+ * 64 bytes (classes 320 and 448: sizes 257-320, 385-448) or 128 bytes
+ * (384, 640, 896: sizes 321-384, 513-640, 769-896).  Ask for a multiple of
+ * 256 when 256-byte alignment is needed.
+ * The block is for use at once: freeing it makes it reusable at once, so the
  * caller must not free a block that GPU work may still touch (see
  * fabpool_free_on_stream). */
 FABPOOL_API fabpool_status fabpool_alloc(fabpool_t *pool, size_t size, void **out);
 FABPOOL_API fabpool_status fabpool_free(fabpool_t *pool, void *ptr);
-/* The size class a block was given (>= the size asked). */
+/* The size a block was given (>= the size asked; <= 1.25x it above 256 B). */
 FABPOOL_API fabpool_status fabpool_usable_size(fabpool_t *pool, const void *ptr, size_t *out);
 
 /* Returns free cached memory to the driver until at most keep_bytes of it stay
  * mapped (0: all).  Flushes the calling thread's cache first; other threads'
- * caches are flushed when they next call the pool or exit. */
+ * caches are flushed when they next call the pool or exit.  Memory is
+ * unmapped by whole chunks: free memory that shares a slab with live blocks,
+ * or a large chunk (32 MiB on a 2 MiB granularity) with a live large block,
+ * stays mapped until they are freed.  Without a call, free memory goes back
+ * by itself once unused for decay_ms (docs/config.md). */
 FABPOOL_API fabpool_status fabpool_trim(fabpool_t *pool, size_t keep_bytes);
 /* Returns the calling thread's cached blocks to the pool. */
 FABPOOL_API fabpool_status fabpool_thread_flush(fabpool_t *pool);
@@ -186,11 +201,16 @@ FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
 #define FABPOOL_NUM_CLASSES 128  /* slab and large size classes reported */
 #define FABPOOL_NUM_DRIVER_CALLS 40
 
+/* One row per slab class in use, then one per class of the grid that large
+ * blocks (above slab_max) fall in: a large row counts the blocks whose size
+ * (a multiple of the granularity) is above the class below and at most
+ * `size`; large blocks have no cached blocks or slabs of their own (their free
+ * memory is merged into free ranges, counted in cached_bytes). */
 typedef struct fabpool_class_stats {
     uint64_t size;        /* class size in bytes; 0 ends the list */
     uint64_t in_use;      /* blocks given out */
-    uint64_t cached;      /* free blocks kept mapped (slabs, thread caches, large spans) */
-    uint64_t slabs;       /* slabs (or spans) mapped for this class */
+    uint64_t cached;      /* slab classes: free blocks kept mapped (slabs, thread caches); large: 0 */
+    uint64_t slabs;       /* slab classes: slabs mapped; large: 0 */
     uint64_t allocs;      /* allocations served, all time */
 } fabpool_class_stats;
 
@@ -200,7 +220,7 @@ typedef struct fabpool_stats {
     uint64_t mapped_bytes_peak;
     uint64_t in_use_bytes;          /* bytes of blocks given out (size classes) + buffer sizes asked */
     uint64_t in_use_bytes_peak;
-    uint64_t cached_bytes;          /* mapped but free: slabs, spans, buffer hysteresis */
+    uint64_t cached_bytes;          /* mapped but free: slabs, free large ranges, buffer hysteresis */
     uint64_t retiring_bytes;        /* waiting for GPU work before unmap */
     uint64_t view_bytes;            /* mapped from peers' buffers (views); part of mapped_bytes */
     uint64_t held_for_peers_bytes;  /* left an exported buffer's window, kept by a handle until the peers ack;

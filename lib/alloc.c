@@ -242,6 +242,7 @@ static fabpool_status alloc_slow(fabpool_t *p, size_t size, void **out)
             b->n = fp_class_take(p, cls, b->items, want, &st);
             if (!b->n)
                 return st;
+            fp_trim_policy(p);   /* the decay's clock, on a slow path */
         }
         fp_item it = b->items[--b->n];
         mark_used(&it);
@@ -252,6 +253,7 @@ static fabpool_status alloc_slow(fabpool_t *p, size_t size, void **out)
     fp_item it;
     if (!fp_class_take(p, cls, &it, 1, &st))
         return st;
+    fp_trim_policy(p);   /* the decay's clock, on a slow path */
     mark_used(&it);
     atomic_fetch_add_explicit(&p->classes[cls].allocs, 1, memory_order_relaxed);
     *out = (void *)(uintptr_t)it.ptr;
@@ -323,13 +325,13 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
         return fp_error(FABPOOL_ERR_NOT_FOUND,
                         "fabpool_free(%p): an interior pointer into a slab of %llu-byte blocks; free the pointer "
                         "fabpool_alloc returned",
-                        ptr, (unsigned long long)((uint64_t)s->obj_q << 8));
+                        ptr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT));
     /* A double free is caught by the block's flag.  Two threads freeing the
      * same block at the same instant may both pass: that race is the
      * caller's bug, and a locked exchange here would double the hot path. */
     if (FP_UNLIKELY(atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed)))
         return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free(%p): this %llu-byte block is already free (double free)",
-                        ptr, (unsigned long long)((uint64_t)s->obj_q << 8));
+                        ptr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT));
     atomic_store_explicit(&s->freeflag[idx], 1, memory_order_relaxed);
     fp_tls_slot *sl = &tls_slots[0];
     if (FP_LIKELY(sl->pool == p && sl->id == p->id)) {
@@ -353,8 +355,9 @@ fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
     fp_span *s = fp_map_get(p, addr);
     uint32_t idx;
-    if (!s || (s->kind == FP_SPAN_SLAB ? !fp_slab_index(s, addr, &idx) : addr != s->base))
+    if (!s || (s->kind == FP_SPAN_SLAB ? !fp_slab_index(s, addr, &idx)
+                                        : addr != s->base || atomic_load(&s->in_use) != FP_LARGE_LIVE))
         return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_usable_size(%p): not a block this pool gave out", ptr);
-    *out = s->kind == FP_SPAN_SLAB ? (size_t)s->obj_q << 8 : (size_t)s->size;
+    *out = s->kind == FP_SPAN_SLAB ? (size_t)s->obj_q << FP_QUANTUM_SHIFT : (size_t)s->size;
     return FABPOOL_OK;
 }

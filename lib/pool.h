@@ -22,20 +22,29 @@
 #define FP_CACHELINE 64
 
 enum { FP_SPAN_SLAB = 1, FP_SPAN_LARGE = 2 };
+/* in_use of a large piece: a free range, a block given out, a free range held by an allocation in progress */
+enum { FP_LARGE_FREE = 0, FP_LARGE_LIVE = 1, FP_LARGE_HELD = 2 };
+
+/* One physical chunk mapped for large blocks (cuMemUnmap takes whole chunks). */
+typedef struct fp_lchunk {
+    uint64_t va, size;
+} fp_lchunk;
 enum { FP_LIST_NONE = 0, FP_LIST_PARTIAL = 1, FP_LIST_EMPTY = 2, FP_LIST_FULL = 3 };
 
-/* A run of address space mapped with one physical chunk: a slab of blocks
- * of one class, or one large block. */
+/* A slab: a run of address space mapped with one physical chunk, holding
+ * blocks of one class.  Or a large piece: a run of address space mapped by
+ * one or more chunks (fp_lchunk) that is one large block given out, or a
+ * free range of them (lib/slab.c). */
 typedef struct fp_span {
     uint64_t base, size;
     uint8_t kind, list;
     uint16_t cls;
-    _Atomic uint32_t in_use;           /* large: 1 while given out */
-    struct fp_span *next, *prev;       /* class list, or the large cache */
-    struct fp_span *all_next, *all_prev; /* every span of the pool (pool lock) */
+    _Atomic uint32_t in_use;           /* large: FP_LARGE_FREE / LIVE / HELD */
+    struct fp_span *next, *prev;       /* class list, or the large live / free list */
+    struct fp_span *all_next, *all_prev; /* every slab of the pool (pool lock) */
     /* slabs */
-    uint32_t obj_q;                    /* block size / 256 */
-    uint64_t magic;                    /* ceil(2^32 / obj_q): index = (off/256 * magic) >> 32 */
+    uint32_t obj_q;                    /* block size / 64 (FP_QUANTUM_SHIFT) */
+    uint64_t magic;                    /* ceil(2^32 / obj_q): index = (off/64 * magic) >> 32 */
     uint32_t nobj, nfree;              /* nfree: blocks on free_stack (held centrally) */
     uint32_t *free_stack;
     _Atomic uint8_t *freeflag;         /* per block, 1 = free (central or in a thread cache): a byte
@@ -151,8 +160,16 @@ struct fabpool {
     uint64_t map_l1_n;
 
     pthread_mutex_t lock;
-    fp_span *large_cache[FP_NCLASS];
-    fp_span *spans;                    /* all spans, for destroy */
+    fp_span *spans;                    /* all slabs, for destroy */
+    /* large blocks (slab.c), under the pool lock: pieces of address space,
+     * each a live block or a free range (free neighbours are merged), and
+     * the chunks that map them, sorted by address */
+    fp_span *large_live, *large_free;
+    fp_lchunk *lchunks;
+    size_t n_lchunks, cap_lchunks;
+    uint64_t large_free_bytes;
+    /* decay (slab.c): the least idle_bytes seen since the period began */
+    _Atomic uint64_t idle_low, decay_epoch_ns;
     struct fabpool_buffer *buffers;
     struct fabpool_view *views;
     fp_tcache *tcaches;
@@ -162,7 +179,7 @@ struct fabpool {
 
     /* stats (atomics: updated under different locks) */
     _Atomic uint64_t mapped_bytes, mapped_peak, chunks_mapped, chunks_mapped_total, chunks_unmapped_total;
-    _Atomic uint64_t idle_bytes;       /* empty slabs + cached large spans */
+    _Atomic uint64_t idle_bytes;       /* empty slabs + free large ranges */
     _Atomic uint64_t large_in_use_bytes, large_blocks, large_allocs[FP_NCLASS];
     _Atomic uint64_t buffer_bytes, buffer_mapped, buffer_count, retiring_bytes;
     _Atomic uint64_t in_use_peak, oom_retries, handles_outstanding, exported_fds;
@@ -220,11 +237,14 @@ unsigned fp_class_take(struct fabpool *p, unsigned cls, fp_item *out, unsigned n
 void fp_class_give(struct fabpool *p, unsigned cls, const fp_item *items, unsigned n);
 fabpool_status fp_large_alloc(struct fabpool *p, uint64_t size, void **out);
 fabpool_status fp_large_free(struct fabpool *p, fp_span *s, uint64_t addr);
-/* Unmaps idle slabs and cached spans until at most keep bytes are idle.
- * Pool lock held. */
+/* Unmaps idle slabs and free large chunks until at most keep bytes are idle
+ * (a chunk that also holds part of a live block stays).  Pool lock held. */
 void fp_trim_locked(struct fabpool *p, uint64_t keep);
-/* Trims to the cache limit if idle memory is above it.  No lock held. */
+/* Trims to the cache limit if idle memory is above it, and returns what
+ * stayed idle for a whole decay period.  No lock held. */
 void fp_trim_policy(struct fabpool *p);
+/* idle_bytes went down by n: the decay's low-water mark follows. */
+void fp_idle_sub(struct fabpool *p, uint64_t n);
 
 /* tcache.c */
 fp_tcache *fp_tcache_get(struct fabpool *p);   /* NULL: no cache (disabled or no memory) */
@@ -248,7 +268,7 @@ static inline int fp_slab_index(const fp_span *s, uint64_t addr, uint32_t *idx)
     uint64_t off = addr - s->base;
     if (off & (FP_MIN_ALIGN - 1))
         return 0;
-    uint32_t q = (uint32_t)(off >> 8);
+    uint32_t q = (uint32_t)(off >> FP_QUANTUM_SHIFT);
     uint32_t i = (uint32_t)(((uint64_t)q * s->magic) >> 32);
     *idx = i;
     return i < s->nobj && i * s->obj_q == q;

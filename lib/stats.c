@@ -18,43 +18,46 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
     uint64_t small_in_use = 0, blocks = 0;
     unsigned row = 0;
     pthread_mutex_lock(&p->lock);
+    /* live large blocks by the class of the grid their size falls in */
+    uint64_t large_live[FP_NCLASS];
+    memset(large_live, 0, sizeof large_live);
+    for (fp_span *sp = p->large_live; sp; sp = sp->next) {
+        unsigned b = fp_class_of(sp->size);
+        large_live[b < FP_NCLASS ? b : FP_NCLASS - 1]++;
+    }
     for (unsigned c = 0; c < FP_NCLASS && row < FABPOOL_NUM_CLASSES; c++) {
         fp_class *k = &p->classes[c];
-        uint64_t allocs = ld(&k->allocs) + ld(&k->tc_allocs), frees = ld(&k->frees) + ld(&k->tc_frees);
-        for (fp_tcache *tc = p->tcaches; tc; tc = tc->next) {
-            allocs += ld(&tc->allocs[c]);
-            frees += ld(&tc->frees[c]);
-        }
-        uint64_t large = ld(&p->large_allocs[c]);
-        uint64_t slabs = 0, cached = 0, large_cached = 0, large_spans = 0;
         if (c < p->n_slab_classes) {
+            uint64_t allocs = ld(&k->allocs) + ld(&k->tc_allocs), frees = ld(&k->frees) + ld(&k->tc_frees);
+            for (fp_tcache *tc = p->tcaches; tc; tc = tc->next) {
+                allocs += ld(&tc->allocs[c]);
+                frees += ld(&tc->frees[c]);
+            }
             pthread_mutex_lock(&k->lock);
-            slabs = k->nslabs;
+            uint64_t slabs = k->nslabs;
             pthread_mutex_unlock(&k->lock);
-        }
-        for (fp_span *sp = p->large_cache[c]; sp; sp = sp->next)
-            large_cached++;
-        for (fp_span *sp = p->spans; sp && large; sp = sp->all_next)
-            large_spans += sp->kind == FP_SPAN_LARGE && sp->cls == c;
-        if (!allocs && !slabs && !large && !large_spans)
-            continue;
-        fabpool_class_stats *cs = &s->classes[row++];
-        cs->size = c < p->n_slab_classes ? k->obj_size : fp_class_size(c);
-        uint64_t in_use = allocs - frees;
-        if (c < p->n_slab_classes) {
-            cached = slabs * k->nobj - in_use;
+            if (!allocs && !slabs)
+                continue;
+            uint64_t in_use = allocs - frees;
+            fabpool_class_stats *cs = &s->classes[row++];
+            cs->size = k->obj_size;
+            cs->in_use = in_use;
+            cs->cached = slabs * k->nobj - in_use;
             cs->slabs = slabs;
             cs->allocs = allocs;
             small_in_use += in_use * k->obj_size;
+            blocks += in_use;
         } else {
-            in_use = large_spans - large_cached;
-            cached = large_cached;
-            cs->slabs = large_spans;
-            cs->allocs = large;
+            /* large blocks: no class, their free memory is in cached_bytes */
+            uint64_t allocs = ld(&p->large_allocs[c]);
+            if (!allocs && !large_live[c])
+                continue;
+            fabpool_class_stats *cs = &s->classes[row++];
+            cs->size = fp_class_size(c);
+            cs->in_use = large_live[c];
+            cs->allocs = allocs;
+            blocks += large_live[c];
         }
-        cs->in_use = in_use;
-        cs->cached = cached;
-        blocks += in_use;
     }
     s->reserved_bytes = p->va_size;
     s->mapped_bytes = ld(&p->mapped_bytes);

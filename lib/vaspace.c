@@ -97,3 +97,60 @@ int fp_va_free(fp_vaspace *v, uint64_t start, uint64_t size)
     }
     return 0;
 }
+
+uint64_t fp_va_alloc_top(fp_vaspace *v, uint64_t size, uint64_t align)
+{
+    for (size_t i = v->n; i-- > 0;) {
+        fp_range *r = &v->free[i];
+        uint64_t end = r->start + r->size;
+        if (r->size < size)
+            continue;
+        uint64_t start = (end - size) & ~(align - 1);
+        if (start < r->start)
+            continue;
+        return fp_va_take(v, start, size) == 0 ? start : 0;
+    }
+    return 0;
+}
+
+int fp_va_take(fp_vaspace *v, uint64_t start, uint64_t size)
+{
+    if (size == 0 || start < v->base || start + size < start)
+        return -1;
+    /* the free range that holds start: the last one starting at or below it */
+    size_t lo = 0, hi = v->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (v->free[mid].start <= start)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return -1;
+    size_t i = lo - 1;
+    fp_range *r = &v->free[i];
+    uint64_t end = r->start + r->size;
+    if (start + size > end)
+        return -1;
+    uint64_t head = start - r->start, tail = end - (start + size);
+    if (head && tail) {
+        if (v->n == v->cap && grow(v))
+            return -1;
+        r = &v->free[i];
+        memmove(&v->free[i + 2], &v->free[i + 1], (v->n - i - 1) * sizeof *r);
+        v->free[i + 1] = (fp_range){start + size, tail};
+        r->size = head;
+        v->n++;
+    } else if (head) {
+        r->size = head;
+    } else if (tail) {
+        r->start = start + size;
+        r->size = tail;
+    } else {
+        memmove(&v->free[i], &v->free[i + 1], (v->n - i - 1) * sizeof *r);
+        v->n--;
+    }
+    v->free_bytes -= size;
+    return 0;
+}

@@ -25,6 +25,11 @@ int fp_va_init(fp_vaspace *v, fp_meta *meta, uint64_t base, uint64_t size);
 void fp_va_destroy(fp_vaspace *v);
 /* A range of `size` bytes aligned to `align` (a power of two); 0 if none. */
 uint64_t fp_va_alloc(fp_vaspace *v, uint64_t size, uint64_t align);
+/* The same, from the top of the reservation down (large blocks: they grow
+ * into free address space next to them, away from slabs and buffers). */
+uint64_t fp_va_alloc_top(fp_vaspace *v, uint64_t size, uint64_t align);
+/* Takes exactly [start, start + size) if it is free: 0, else -1. */
+int fp_va_take(fp_vaspace *v, uint64_t start, uint64_t size);
 /* Returns -1 if host memory for the list ran out (the range is then lost
  * to reuse, which is harmless: the reservation is freed whole at destroy). */
 int fp_va_free(fp_vaspace *v, uint64_t start, uint64_t size);

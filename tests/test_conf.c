@@ -113,8 +113,9 @@ static void test_defaults(void)
     CHECK(o.handle_type == FABPOOL_HANDLE_AUTO);
     CHECK(o.max_waste_percent == 25);
     CHECK(o.max_chunk_bytes == 1 * GiB);
-    CHECK(o.slab_max_bytes == 4 * MiB);
-    CHECK(o.cache_limit_bytes == 1 * GiB);
+    CHECK(o.slab_max_bytes == 8 * MiB);
+    CHECK(o.cache_limit_bytes == UINT64_MAX);
+    CHECK(o.decay_ms == 1000);
     CHECK(o.shrink_hysteresis_percent == 25);
     CHECK(o.thread_cache == 1);
     CHECK(o.stats_at_destroy == 0);
@@ -255,6 +256,13 @@ static void test_good_values(void)
 
     if (GOOD("cache_limit:512MiB", &o))
         CHECK(o.cache_limit_bytes == 512 * MiB);
+    if (GOOD("decay_ms:0", &o))
+        CHECK(o.decay_ms == 0);
+    if (GOOD("decay_ms:4294967295", &o))
+        CHECK(o.decay_ms == UINT32_MAX);
+    BAD("decay_ms:4294967296", "'decay_ms'", "'4294967296'");
+    BAD("decay_ms:1s", "'decay_ms'", "'1s'");
+    BAD("decay_ms:-1", "'decay_ms'", "'-1'");
 
     if (GOOD("shrink_hysteresis:0", &o))
         CHECK(o.shrink_hysteresis_percent == 0);

@@ -682,6 +682,11 @@ void fabpool_torch_free(void *ptr, size_t size, int device, void *stream)
     b->ptr = ptr;
     b->usable = usable;
     b->cls = fp_class_of(key);
+    /* a large block is its size rounded to the granularity, which may be
+     * below its class's size: list it under a class it fills, so that every
+     * request of that class fits in it */
+    if (fp_class_size(b->cls) > usable)
+        b->cls = fp_class_floor(usable);
     b->st = s;
     b->cnext = s->cls[b->cls];
     if (b->cnext)
