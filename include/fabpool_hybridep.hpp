@@ -323,6 +323,13 @@ class ExtendedMemoryAllocator {
         std::lock_guard<std::mutex> g(mu_);
         return stats_;
     }
+    /* What fabpool says of a buffer of allocate() (base, size, mapped, window, chunks, generation). */
+    fabpool_buffer_info info(void *ptr)
+    {
+        fabpool_buffer_info in;
+        fabpool_buffer_get_info(find_buf(ptr, "info"), &in);
+        return in;
+    }
     /* The address window allocate(ptr, size) gives a buffer. */
     std::size_t window_for(std::size_t size) const noexcept
     {
