@@ -90,9 +90,12 @@ static_assert(kMaxHandleChunks >= 2 && kMaxHandleChunks <= kMaxHandleFds,
               "a handle holds two chunks and their fds: fabpool's descriptor layout changed");
 
 /* The pool's own settings (FABPOOL_CONF applies after them): address space for
- * every peer's window (reserving costs no memory), and chunks large enough
- * that a fresh buffer is one chunk and a growth maps one chunk. */
-constexpr const char *kPoolConf = "reserve:16TiB,max_chunk:64GiB";
+ * every peer's window (reserving costs no memory); chunks large enough that a
+ * fresh buffer is one chunk and a growth maps one chunk; and no rounding past
+ * the granularity (max_waste:0), so that a buffer holds what upstream's would
+ * (its size rounded up to 2 MiB).  FABPOOL_CONF=max_waste:25 maps up to a
+ * quarter more at a growth, so that some later growths map nothing. */
+constexpr const char *kPoolConf = "reserve:16TiB,max_chunk:64GiB,max_waste:0";
 /* The window of allocate(ptr, size): kWindowFactor x size, at least 2 MiB, at
  * most kMaxWindow (but never less than size).  An NVL72 token buffer at 16k
  * tokens per rank (72 x 16384 x 7168 x 2 B = 17 GB) fits in the window of one
@@ -466,7 +469,7 @@ class ExtendedMemoryAllocator {
     /* Upstream's probe of the NVLink domain: all-gathers the handle of a small
      * test buffer over process_group (torch.distributed.all_gather of a uint8
      * CUDA tensor, as upstream) and counts the ranks whose handle this process
-     * can open, itself included. */
+     * can open, itself included (then one more all-gather, as a barrier). */
     int detect_accessible_ranks(pybind11::object process_group)
     {
         namespace py = pybind11;
@@ -493,6 +496,9 @@ class ExtendedMemoryAllocator {
             if (is_accessible(&h))
                 n++;
         }
+        /* a second all-gather as a barrier: no rank frees its test buffer (with the
+         * allocator) while a peer still imports it */
+        dist.attr("all_gather")(out, t, process_group);
         return n;
     }
 #endif
