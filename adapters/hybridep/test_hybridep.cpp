@@ -24,7 +24,7 @@ static const int kSteps = (int)(sizeof kTrace / sizeof kTrace[0]);
 static const uint64_t kMaxTokens = 4096;
 
 struct Msg {
-    uint64_t step, quit, pidfd_probe;
+    uint64_t step, quit, pidfd_probe, bytes_only;
     uint64_t size[NB];
     uint32_t present[NB], nfds[NB];
     MemHandle h[NB];
@@ -104,14 +104,20 @@ static int peer(const char *name)
                 for (int b = 0; b < NB; b++) {
                     if (!m.present[b])
                         continue;
-                    if (!view[b])
-                        a.open_handle(&view[b], &m.h[b], fds + fi, m.nfds[b]);
-                    else {
-                        void *before = view[b];
-                        a.update_handle(view[b], &m.h[b], fds + fi, m.nfds[b]);
-                        bad += view[b] != before;
+                    void *before = view[b];
+                    if (m.bytes_only) { /* HybridEP's all_gather alone: the fds by pidfd_getfd */
+                        if (!view[b])
+                            a.open_handle(&view[b], &m.h[b]);
+                        else
+                            a.update_handle(view[b], &m.h[b]);
+                    } else {
+                        if (!view[b])
+                            a.open_handle(&view[b], &m.h[b], fds + fi, m.nfds[b]);
+                        else
+                            a.update_handle(view[b], &m.h[b], fds + fi, m.nfds[b]);
+                        fi += m.nfds[b];
                     }
-                    fi += m.nfds[b];
+                    bad += before && view[b] != before;
                 }
                 bad += fi != nf;
                 for (int b = 0; b < NB; b++) {
@@ -179,6 +185,9 @@ static void exporter(const char *self)
     long deltas = 0, delta_fds = 0, full_fds = 0;
     int64_t peak = 0;
     std::string pidfd_note = "not tried";
+    /* FABPOOL_HYBRIDEP_BYTES_ONLY=1: the handles travel as bytes only, as in HybridEP's all_gather */
+    const char *bo = getenv("FABPOOL_HYBRIDEP_BYTES_ONLY");
+    const uint64_t bytes_only = bo && strcmp(bo, "1") == 0;
     try {
         ExtendedMemoryAllocator a(0);
         bool posix = a.handle_type() == FABPOOL_HANDLE_POSIX_FD;
@@ -188,6 +197,7 @@ static void exporter(const char *self)
             hybridep_sizes(sh, hybridep_tokens(kTrace[step]), sz);
             memset(&m, 0, sizeof m);
             m.step = (uint64_t)step;
+            m.bytes_only = bytes_only;
             int fds[2 * fabpool_hybridep::kMaxHandleFds];
             size_t nf = 0;
             for (int b = 0; b < NB; b++) {
@@ -220,7 +230,7 @@ static void exporter(const char *self)
                 for (int k = 0; k < 4; k++)
                     put((char *)buf[b] + at_k(sz[b], k), pat((uint64_t)step, b, k));
             }
-            CHECK_OK(fabpool_fd_send(s, fds, nf, &m, sizeof m));
+            CHECK_OK(fabpool_fd_send(s, fds, bytes_only ? 0 : nf, &m, sizeof m));
             Reply r;
             size_t n2, l2;
             CHECK_OK(fabpool_fd_recv(s, nullptr, 0, &n2, &r, sizeof r, &l2));
@@ -320,9 +330,9 @@ static void exporter(const char *self)
         fabpool_stats st;
         fabpool_get_stats(a.pool(), &st);
         CHECK(st.mapped_bytes == 0 && st.exported_fds_open == 0 && st.handles_outstanding == 0);
-        printf("test_hybridep: %s handles, %d steps, %ld deltas sent (%ld fds; the first handles %ld), peak held "
+        printf("test_hybridep: %s handles%s, %d steps, %ld deltas sent (%ld fds; the first handles %ld), peak held "
                "%lld MiB, %s\n",
-               posix ? "POSIX fd" : "fabric", kSteps, deltas, delta_fds, full_fds, (long long)(peak >> 20),
+               posix ? "POSIX fd" : "fabric", bytes_only ? " as bytes only (pidfd_getfd)" : "", kSteps, deltas, delta_fds, full_fds, (long long)(peak >> 20),
                pidfd_note.c_str());
     } catch (const Error &e) {
         t_failures++;
