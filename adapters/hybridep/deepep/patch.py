@@ -64,17 +64,20 @@ bool NVLCoordinator::fabpool_grow_in_place(const BufferConfig& before, double* g
          {(void**)dispatch_buffers.expert_output_prob_all_ranks, nullptr}},
     };
     const int n = 7;
+    uint64_t ok = 1;
     try {
         for (int i = 0; i < n; i++)
             if (s[i].own)
                 remote_allocator->resize(s[i].own, s[i].bytes);
     } catch (const std::exception& e) {
-        // past a buffer's window, or out of memory: upstream's path frees and allocates everything
-        fprintf(stderr, "fabpool: growth in place refused (%s); releasing and allocating again\n", e.what());
-        return false;
+        // past a buffer's window, or out of memory: this rank says so in the all-gather below,
+        // and then every rank takes upstream's path (release + allocate), which all ranks share
+        fprintf(stderr, "fabpool: growth in place refused (%s); every rank releases and allocates again\n", e.what());
+        ok = 0;
     }
     // The flags start at 0, as after allocate_buffers (upstream memsets them there); the
     // other buffers are written before they are read.  fabpool's new memory is not zeroed.
+    if (ok) {
     CUDA_CHECK(cudaMemset(combine_buffers.intra_node_expert_input_chunk_flags, 0, flags_c * sizeof(uint32_t)));
     CUDA_CHECK(cudaMemset(dispatch_buffers.intra_node_expert_output_chunk_flags, 0, flags_d * sizeof(uint32_t)));
     if (local_rank == 0) {
@@ -89,6 +92,7 @@ bool NVLCoordinator::fabpool_grow_in_place(const BufferConfig& before, double* g
     CUDA_CHECK(cudaMemset(combine_buffers.expected_unpermute_flag_value, 0, sizeof(uint32_t)));
     dispatch_buffers.data_type = c.token_data_type;
     CUDA_CHECK(cudaDeviceSynchronize());
+    }
 
     // The handles: every rank all-gathers one per shared buffer, collectively (a rank that
     // skipped this would hang the others: DeepEP issue #604); unchanged buffers send "unchanged".
@@ -97,13 +101,15 @@ bool NVLCoordinator::fabpool_grow_in_place(const BufferConfig& before, double* g
         if (s[i].own)
             idx.push_back(i);
     std::vector<MemHandle> handles(idx.size());
-    for (size_t k = 0; k < idx.size(); k++)
+    memset(handles.data(), 0, handles.size() * sizeof(MemHandle));
+    for (size_t k = 0; ok && k < idx.size(); k++)
         remote_allocator->get_delta(&handles[k], s[idx[k]].own);
-    const size_t bytes = handles.size() * sizeof(MemHandle);
+    const size_t bytes = sizeof(ok) + handles.size() * sizeof(MemHandle);  // this rank's verdict, its handles
     auto t0 = std::chrono::steady_clock::now();
     auto torch_distributed = py::module_::import("torch.distributed");
     torch::Tensor mine = torch::empty({static_cast<int64_t>(bytes)}, torch::dtype(torch::kUInt8).device(torch::kCPU));
-    memcpy(mine.data_ptr<uint8_t>(), handles.data(), bytes);
+    memcpy(mine.data_ptr<uint8_t>(), &ok, sizeof(ok));
+    memcpy(mine.data_ptr<uint8_t>() + sizeof(ok), handles.data(), bytes - sizeof(ok));
     auto mine_cuda = mine.cuda();
     int world_size = process_group.attr("size")().cast<int>();
     py::list out;
@@ -115,11 +121,17 @@ bool NVLCoordinator::fabpool_grow_in_place(const BufferConfig& before, double* g
         all.push_back(out[i].cast<torch::Tensor>().cpu());
     *gather_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     *gathered_bytes += (long)bytes;
+    for (int i = 0; i < world_size; i++) {
+        uint64_t theirs;
+        memcpy(&theirs, all[i].data_ptr<uint8_t>(), sizeof(theirs));
+        if (!theirs)
+            return false;  // every rank sees the same verdicts: all take upstream's path
+    }
     auto global_offset = node_rank * c.num_of_ranks_per_node;
     for (int r = 0; r < c.num_of_ranks_per_node; r++) {
         if (r == local_rank)
             continue;
-        const uint8_t* base = all[r + global_offset].data_ptr<uint8_t>();
+        const uint8_t* base = all[r + global_offset].data_ptr<uint8_t>() + sizeof(ok);
         for (size_t k = 0; k < idx.size(); k++) {
             MemHandle h;
             memcpy(&h, base + sizeof(MemHandle) * k, sizeof(MemHandle));
