@@ -587,7 +587,8 @@ class ExtendedMemoryAllocator {
         if (!read_header(h, &in))
             return 0;
         std::size_t n = in.nfds < cap ? in.nfds : cap;
-        std::memcpy(fds, h.bytes + kFdsAt, 4 * n);
+        if (n) /* (fds may be NULL with cap 0: just the count) */
+            std::memcpy(fds, h.bytes + kFdsAt, 4 * n);
         return in.nfds;
     }
 
@@ -844,7 +845,8 @@ class ExtendedMemoryAllocator {
                                     std::to_string(ngiven) + " were given: pass the fds fabpool_fd_recv "
                                     "received with this handle");
                     }
-                    std::memcpy(fds, given, 4 * ngiven);
+                    if (ngiven)
+                        std::memcpy(fds, given, 4 * ngiven);
                     nfds = ngiven;
                 } else {
                     for (; nfds < in.nfds; nfds++) {

@@ -66,6 +66,8 @@ step() {
   status+=("$name=$rc")
   return $rc
 }
+# port LABEL: a rendezvous port of its own for each run (two run at once)
+port() { echo $((20000 + $(echo "$1" | cksum | cut -d' ' -f1) % 20000)); }
 # pyenv VARIANT: the environment a DeepEP copy runs in
 pyenv() {
   echo "PYTHONPATH=$W/$1/build:$W/$1:$W/$1/tests:$HERE/standin HYBRID_EP_CACHE_DIR=$W/jit-$1"
@@ -111,7 +113,7 @@ pyenv() {
   regrow() {  # regrow LABEL VARIANT [ENV...]
     local label=$1 v=$2; shift 2
     pushd "$W/$v/tests" >/dev/null || return 1
-    step "regrow-$label" 120 env $(pyenv "$v") MASTER_PORT=$((29500 + RANDOM % 1000)) "$@" \
+    step "regrow-$label" 120 env $(pyenv "$v") MASTER_PORT="$(port "regrow-$label")" "$@" \
         python3 "$HERE/regrow.py" --label "$label" --world "$GPUS" --json "$OUT/regrow-$label.json"
     local rc=$?
     popd >/dev/null
@@ -136,11 +138,11 @@ pyenv() {
     [ $# -gt 0 ] && shift
     args=("$@")
     if [ "$GPUS" -gt 1 ]; then
-      ( cd "$W/$v/tests" && step "$label" 300 env $(pyenv "$v") MASTER_PORT=$((30500 + RANDOM % 1000)) \
+      ( cd "$W/$v/tests" && step "$label" 300 env $(pyenv "$v") MASTER_PORT="$(port "$label")" \
           MAX_NUM_OF_TOKENS_PER_RANK="$max" NUM_TOKENS_PER_RANK="$num" "${envs[@]}" \
           python3 test_hybrid_ep.py --num-processes "$GPUS" ) > "$OUT/$label.log" 2>&1
     else
-      ( cd "$W/$v/tests" && step "$label" 300 env $(pyenv "$v") MASTER_PORT=$((30500 + RANDOM % 1000)) \
+      ( cd "$W/$v/tests" && step "$label" 300 env $(pyenv "$v") MASTER_PORT="$(port "$label")" \
           MAX_NUM_OF_TOKENS_PER_RANK="$max" NUM_TOKENS_PER_RANK="$num" "${envs[@]}" \
           python3 "$HERE/run_test.py" "${args[@]}" ) > "$OUT/$label.log" 2>&1
     fi
@@ -181,7 +183,7 @@ pyenv() {
   grep -h "^REGROW" "$LOG" | sed 's/^/  /'
   for l in test-upstream test-fabpool grow-upstream grow-fabpool-inplace graphed-upstream graphed-fabpool; do
     [ -f "$OUT/$l.log" ] || continue
-    printf '  %-22s %s PASS lines, %s FAIL, %s\n' "$l" "$(grep -c PASS "$OUT/$l.log")" \
+    printf '  %-22s %s PASS lines, %s FAIL, %s\n' "$l" "$(grep -c ': PASS' "$OUT/$l.log")" \
       "$(grep -c FAIL "$OUT/$l.log")" "$(grep -h -o 'DEEPEP_TEST_PASSED.*' "$OUT/$l.log" | head -n 1)"
   done
   grep -h "^test_hybridep:" "$LOG" | sed 's/^/  /'
