@@ -684,17 +684,25 @@ class ExtendedMemoryAllocator {
         return fabpool_buffer_export(b, since, h->bytes + kDescAt, kMaxDescBytes, len, fds, kMaxHandleFds, nfds);
     }
 
-    /* Re-maps b into its first chunk and one more (bytes past the first are not kept). */
-    fabpool_status compact(fabpool_buffer_t *b)
+    /* Re-maps b into its first chunk and one more (bytes past the first are not kept).
+     * Every peer has applied the handle of generation `sent` (peers_done); the shrink's
+     * generation is exported too (fabpool acknowledges only exported generations) but
+     * sent to no one: the full handle that follows supersedes it, and until the peers
+     * apply that, their own mappings keep the chunks they still map. */
+    fabpool_status compact(fabpool_buffer_t *b, bool sent, std::uint64_t sent_gen)
     {
         fabpool_buffer_info in;
         fabpool_buffer_get_info(b, &in);
         fabpool_status s = fabpool_buffer_resize(b, 1, nullptr);
-        if (s == FABPOOL_OK) {
+        if (s == FABPOOL_OK && sent) {
             fabpool_buffer_info sh;
             fabpool_buffer_get_info(b, &sh);
-            /* every peer has applied every chunk exported; the ones never exported no peer has */
-            s = fabpool_buffer_peers_ack(b, sh.generation);
+            MemHandle scratch;
+            std::size_t len = 0, nfds = 0;
+            int fds[kMaxHandleFds];
+            s = export_desc(b, sent_gen, &scratch, &len, fds, &nfds);
+            if (s == FABPOOL_OK)
+                s = fabpool_buffer_peers_ack(b, sh.generation);
         }
         if (s == FABPOOL_OK)
             s = fabpool_collect(pool_, 1);
@@ -740,7 +748,7 @@ class ExtendedMemoryAllocator {
                 if (!full && s == FABPOOL_ERR_LIMIT && (!state.sent || state.acked_gen >= state.sent_gen)) {
                     compacted = true; /* nor the whole buffer: fewer chunks, same address */
                     kind = HandleKind::full;
-                    s = compact(b);
+                    s = compact(b, state.sent, state.sent_gen);
                     if (s == FABPOOL_OK)
                         s = export_desc(b, 0, h, &len, fds, &nfds);
                 }
