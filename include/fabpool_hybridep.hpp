@@ -1,40 +1,48 @@
 /*
  * fabpool_hybridep.hpp - a drop-in for HybridEP's ExtendedMemoryAllocator
- * (DeepEP, csrc/hybrid_ep/allocator), on fabpool's C API.  Header only, C++17.
+ * (DeepEP, hybrid-ep branch, csrc/hybrid_ep/allocator/allocator.cuh), on
+ * fabpool's C API.  Header only, C++17.
  *
- * HybridEP's allocator gives every dispatch/combine buffer its own
- * cuMemCreate + cuMemAddressReserve + cuMemMap, exports it as a fixed-size
- * MemHandle that travels as raw bytes through torch.distributed.all_gather,
- * and on growth frees and reallocates the whole buffer set.  This class keeps
- * the same six calls (allocate, free, get_handle, open_handle, close_handle,
- * is_accessible) and the same fixed-size byte handle, and adds growth in
- * place:
+ * The drop-in, in DeepEP's allocator.cuh after its own includes:
  *
- *   - allocate() creates a fabpool growable buffer: its base address never
- *     changes, and resize() maps only the chunks that are missing.
- *   - get_handle() writes a full descriptor; after a resize, get_delta()
- *     writes only what changed, and update_handle() applies it to the peer's
- *     view, whose address stays the same too.  peers_done() tells the
- *     exporter that every peer has applied the last handle.
- *   - every driver reference is released by fabpool itself: a chunk's
- *     handle right after its map, an import handle right after the view's
- *     map, exported fds at peers_done() or when the chunk goes.  free() and
- *     close_handle() return the memory (the leak of DeepEP issue #799 cannot
- *     happen).
+ *     #include "fabpool_hybridep.hpp"
+ *     using MemHandle = fabpool_hybridep::MemHandle;
+ *     using ExtendedMemoryAllocator = fabpool_hybridep::ExtendedMemoryAllocator;
  *
- * POSIX file descriptors cannot travel in bytes.  With handle type posix_fd a
- * MemHandle carries the descriptor, the exporter's pid and the numbers of the
- * exporter's fds (which stay open until peers_done()).  A peer gets the fds
- * in one of two ways:
- *   1. open_handle(ptr, h) / update_handle(ptr, h): the adapter copies them
- *      out of the exporter with pidfd_getfd (fabpool_fd_from_pid; Linux 5.6+,
- *      and ptrace permission over the exporter: same user, and Yama's
- *      ptrace_scope 0, or CAP_SYS_PTRACE);
- *   2. the exporter sends them over a Unix socket with fabpool_fd_send(sock,
- *      fds, n, ...) where fds_of(h) lists them, and the peer receives them
- *      with fabpool_fd_recv and passes them to open_handle(ptr, h, fds, n) /
- *      update_handle(ptr, h, fds, n), which take ownership of them.
- * Fabric handles need neither: they are in the descriptor.
+ * (and allocator.cu left out of the build).  Every call DeepEP makes keeps its
+ * shape: ExtendedMemoryAllocator(), allocate(void **, size_t), free(void *),
+ * get_handle(MemHandle *, void *), open_handle(void **, MemHandle *),
+ * close_handle(void *), is_accessible(MemHandle *), and, where pybind11 is
+ * included before this header, detect_accessible_ranks(pybind11::object).
+ *
+ * What differs from upstream:
+ *   - every driver reference is released by fabpool (a chunk's handle right
+ *     after its map, an import handle right after the view's map, exported
+ *     fds when the chunk goes): free() and close_handle() give the memory
+ *     back, so the leak of DeepEP issue #799 cannot happen;
+ *   - allocate() makes a growable buffer in an address window larger than
+ *     the size (window_for()), and resize() + get_delta() + update_handle()
+ *     grow it in place: its address and its peers' view addresses stay;
+ *   - a MemHandle is 328 bytes, as upstream's: a header, up to two exporter
+ *     fd numbers, and fabpool's descriptor of up to two chunks.
+ *
+ * Device and handle type (the default constructor): the device of the
+ * current context (cuCtxGetDevice; device 0 where no context is current, as
+ * the runtime's default device); fabric handles where a real probe works
+ * (create + export + import), else POSIX fds, as upstream probes with a
+ * cuMemCreate and falls back to cudaIpc; USE_MNNVL=0 or false turns fabric
+ * off as upstream.  FABPOOL_CONF still applies on top of everything.
+ *
+ * POSIX fds cannot travel in bytes.  A POSIX-fd handle names the exporter's
+ * pid and its fd numbers, and open_handle(ptr, h) copies the fds out of the
+ * exporter with pidfd_getfd (Linux 5.6+).  That needs ptrace permission over
+ * the exporter: the same user, and under Yama ptrace_scope 1 the exporter's
+ * consent, which the exporter gives with prctl(PR_SET_PTRACER,
+ * PR_SET_PTRACER_ANY) at its first POSIX-fd export (FABPOOL_HYBRIDEP_PTRACER=0
+ * turns that off).  Where it cannot work (ptrace_scope 2 or 3, a seccomp
+ * filter, an old kernel) open_handle throws a message that says what to
+ * change; the overloads taking fds (received over a socket with
+ * fabpool_fd_recv) need no permission at all.
  *
  * Errors are thrown as fabpool_hybridep::Error (a std::runtime_error) whose
  * what() names the call and carries fabpool_last_error(), and whose status()
@@ -43,17 +51,23 @@
 #ifndef FABPOOL_HYBRIDEP_HPP
 #define FABPOOL_HYBRIDEP_HPP
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <dlfcn.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "fabpool.h"
@@ -61,14 +75,33 @@
 /* (the namespace cannot be fabpool::, which C++ sees as the pool's struct tag) */
 namespace fabpool_hybridep {
 
-/* Bytes of one handle: what each rank all-gathers per buffer. */
-constexpr std::size_t kHandleBytes = 8192;
-constexpr std::size_t kHandleHeaderBytes = 128;
-constexpr std::size_t kMaxHandleFds = 96;
-constexpr std::size_t kMaxDescBytes = kHandleBytes - kHandleHeaderBytes - 4 * kMaxHandleFds;
-/* Chunks one handle can describe: a buffer grows by about a quarter of its
- * size a chunk, so this covers growth by more than 10^9 times. */
+/* Bytes of one handle, what each rank all-gathers per buffer: upstream's
+ * sizeof(MemHandle) (a 64-byte union, a size_t and a 256-byte host name). */
+constexpr std::size_t kHandleBytes = 328;
+constexpr std::size_t kHandleHeaderBytes = 24;
+constexpr std::size_t kMaxHandleFds = 2;
+constexpr std::size_t kFdsAt = kHandleHeaderBytes;
+constexpr std::size_t kDescAt = kHandleHeaderBytes + 4 * kMaxHandleFds;
+constexpr std::size_t kMaxDescBytes = kHandleBytes - kDescAt;
+/* Chunks one handle describes: a full handle of a buffer of at most this many
+ * chunks, or a delta naming at most this many (one growth maps one chunk). */
 constexpr std::size_t kMaxHandleChunks = (kMaxDescBytes - FABPOOL_DESC_HEADER_BYTES) / FABPOOL_DESC_RECORD_BYTES;
+static_assert(kMaxHandleChunks >= 2 && kMaxHandleChunks <= kMaxHandleFds,
+              "a handle holds two chunks and their fds: fabpool's descriptor layout changed");
+
+/* The pool's own settings (FABPOOL_CONF applies after them): address space for
+ * every peer's window (reserving costs no memory); chunks large enough that a
+ * fresh buffer is one chunk and a growth maps one chunk; and no rounding past
+ * the granularity (max_waste:0), so that a buffer holds what upstream's would
+ * (its size rounded up to 2 MiB).  FABPOOL_CONF=max_waste:25 maps up to a
+ * quarter more at a growth, so that some later growths map nothing. */
+constexpr const char *kPoolConf = "reserve:16TiB,max_chunk:64GiB,max_waste:0";
+/* The window of allocate(ptr, size): kWindowFactor x size, at least 2 MiB, at
+ * most kMaxWindow (but never less than size).  An NVL72 token buffer at 16k
+ * tokens per rank (72 x 16384 x 7168 x 2 B = 17 GB) fits in the window of one
+ * allocated at 256 tokens or more. */
+constexpr std::size_t kWindowFactor = 64;
+constexpr std::size_t kMaxWindow = std::size_t(32) << 30;
 
 /* A handle: plain bytes, safe to memcpy, all_gather and compare. */
 struct MemHandle {
@@ -86,63 +119,178 @@ class Error : public std::runtime_error {
     fabpool_status status_;
 };
 
+enum class HandleKind : std::uint8_t { delta = 0, full = 1, unchanged = 2 };
+
 /* What a handle says about itself (read_header). */
 struct HandleInfo {
-    bool full;                 /* a full descriptor (get_handle) or a delta (get_delta) */
+    HandleKind kind;           /* full (get_handle, or get_delta's re-export), delta, or unchanged */
     fabpool_handle_type type;  /* posix_fd or fabric */
     int pid;                   /* the exporter's process */
-    std::uint64_t generation;  /* the exporter's buffer generation it brings a peer to */
-    std::uint64_t size;        /* the buffer's size asked last */
     std::uint32_t desc_len;
     std::uint32_t nfds;
-    char host[64];
+    std::uint64_t host;        /* FNV-1a of the exporter's host name */
+};
+
+/* Time and bytes of this allocator's calls (for benchmarks: what a regrow spends where). */
+struct Stats {
+    std::uint64_t allocs = 0, frees = 0, resizes = 0, exports = 0, full_reexports = 0, compactions = 0;
+    std::uint64_t opens = 0, updates = 0, closes = 0;
+    std::uint64_t ns_map = 0;    /* allocate + resize: create, map, set access */
+    std::uint64_t ns_export = 0; /* get_handle + get_delta: export (fds, fabric bytes) */
+    std::uint64_t ns_import = 0; /* open_handle + update_handle: pidfd_getfd, import, map */
+    std::uint64_t ns_unmap = 0;  /* free + close_handle */
+    std::uint64_t handle_bytes_used = 0; /* header + fds + descriptor bytes of the handles written */
 };
 
 namespace detail {
-/* Header layout (little-endian host order; peers share one architecture):
- *   0 char[8] magic "FPHYBEP1"    8 u32 version      12 u32 full (1) / delta (0)
- *  16 u32 handle type             20 i32 pid         24 u64 generation
- *  32 u64 size                    40 u32 desc length 44 u32 fd count
- *  48 char[64] host name         112..128 zero
- * then kMaxHandleFds i32 fd numbers (the exporter's), then the descriptor. */
-constexpr char kMagic[8] = {'F', 'P', 'H', 'Y', 'B', 'E', 'P', '1'};
-constexpr std::uint32_t kVersion = 1;
-constexpr std::size_t kFdsAt = kHandleHeaderBytes;
-constexpr std::size_t kDescAt = kHandleHeaderBytes + 4 * kMaxHandleFds;
+/* Header (host byte order; peers share one architecture):
+ *   0 char[4] "FPH2"   4 u8 version   5 u8 kind   6 u8 handle type   7 u8 fd count
+ *   8 i32 pid         12 u32 descriptor length    16 u64 host id
+ *  24 i32 fds[2] (the exporter's numbers)          32 descriptor (fabpool_buffer_export) */
+constexpr char kMagic[4] = {'F', 'P', 'H', '2'};
+constexpr std::uint8_t kVersion = 2;
 
-inline std::string host_name()
+inline std::uint64_t host_id()
 {
-    char h[64] = {0};
+    char h[256] = {0};
     if (gethostname(h, sizeof h - 1) != 0)
         std::strcpy(h, "unknown");
-    return h;
+    std::uint64_t x = 1469598103934665603ull;
+    for (const char *c = h; *c; c++)
+        x = (x ^ (unsigned char)*c) * 1099511628211ull;
+    return x;
 }
 inline std::string last() { return fabpool_last_error(); }
+inline std::uint64_t now_ns()
+{
+    return (std::uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+struct Timer {
+    std::uint64_t &acc, t0;
+    explicit Timer(std::uint64_t &a) : acc(a), t0(now_ns()) {}
+    ~Timer() { acc += now_ns() - t0; }
+};
+
+/* The device of the calling thread's current context, or -1 if none is
+ * current (or the driver cannot be loaded: pool creation will say why). */
+inline int current_device()
+{
+    const char *lib = std::getenv("FABPOOL_CUDA_LIBRARY");
+    void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return -1;
+    typedef int (*ctx_get_device_t)(int *);
+    ctx_get_device_t f = (ctx_get_device_t)dlsym(h, "cuCtxGetDevice");
+    int d = -1;
+    if (!f || f(&d) != 0)
+        d = -1;
+    dlclose(h); /* (libcuda stays loaded: fabpool and the runtime hold it) */
+    return d;
+}
+
+/* USE_MNNVL=0|false (any case) turns fabric off, as upstream. */
+inline bool mnnvl_off()
+{
+    const char *v = std::getenv("USE_MNNVL");
+    if (!v)
+        return false;
+    std::string s(v);
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return (char)std::tolower(c); });
+    return s == "0" || s == "false";
+}
+
+/* Yama's ptrace_scope (0..3), or -1 where Yama is absent. */
+inline int ptrace_scope()
+{
+    FILE *f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+    if (!f)
+        return -1;
+    int v = -1;
+    if (std::fscanf(f, "%d", &v) != 1)
+        v = -1;
+    std::fclose(f);
+    return v;
+}
+
+/* What to change so that a peer can copy fds out of an exporter, for an
+ * error of pidfd_getfd (errno e) under Yama ptrace_scope `scope`. */
+inline std::string pidfd_advice(int e, int scope, int exporter_pid)
+{
+    std::string pid = std::to_string(exporter_pid);
+    if (e == ENOSYS)
+        return "this kernel has no pidfd_getfd (Linux 5.6 or later is needed; see uname -r): pass the fds over a "
+               "socket instead (fds_of + fabpool_fd_send, then the open_handle overload that takes fds)";
+    if (e == ESRCH)
+        return "the exporting process " + pid + " is gone: it must stay alive until its peers have opened its "
+               "handles";
+    if (e != EPERM && e != EACCES)
+        return "pass the fds over a socket instead (fds_of + fabpool_fd_send, then the overload that takes fds)";
+    std::string s = "no ptrace permission over the exporting process " + pid + ": ";
+    switch (scope) {
+    case 0:
+    case -1:
+        return s + "both processes must run as the same user, and a seccomp filter must allow pidfd_getfd (in "
+                   "Docker: --cap-add SYS_PTRACE, or a profile that allows pidfd_open and pidfd_getfd)";
+    case 1:
+        return s + "Yama ptrace_scope is 1 and the exporter did not allow its peers (it calls "
+                   "prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) at its first export unless "
+                   "FABPOOL_HYBRIDEP_PTRACER=0; unset that), or give the ranks CAP_SYS_PTRACE, or run "
+                   "sysctl -w kernel.yama.ptrace_scope=0";
+    case 2:
+        return s + "Yama ptrace_scope is 2 (only CAP_SYS_PTRACE may): give the ranks CAP_SYS_PTRACE (Docker: "
+                   "--cap-add SYS_PTRACE), or run sysctl -w kernel.yama.ptrace_scope=1";
+    default:
+        return s + "Yama ptrace_scope is 3 (no process may, until a reboot): boot with ptrace_scope 0 or 1, or "
+                   "pass the fds over a socket (fds_of + fabpool_fd_send, then the overload that takes fds)";
+    }
+}
 } // namespace detail
 
 class ExtendedMemoryAllocator {
   public:
-    /* A pool of its own on `device`; conf is FABPOOL_CONF syntax (may be NULL;
-     * the FABPOOL_CONF environment variable still applies on top).
-     * default_window: the address window of allocate(ptr, size) when no
-     * maximum is given: max(default_window, size). */
-    explicit ExtendedMemoryAllocator(int device = 0, const char *conf = nullptr,
-                                     std::size_t default_window = std::size_t(4) << 30)
-        : window_(default_window), host_(detail::host_name())
+    /* Upstream's constructor: a pool of its own on the current device, with
+     * fabric handles where they work and USE_MNNVL allows them, else POSIX fds. */
+    ExtendedMemoryAllocator() : ExtendedMemoryAllocator(-1, nullptr, 0) {}
+    /* A pool of its own on `device` (-1: the current context's); conf is
+     * FABPOOL_CONF syntax applied after the adapter's own settings (may be
+     * NULL; the FABPOOL_CONF environment variable still applies on top).
+     * default_window: the window of allocate(ptr, size); 0: window_for(size). */
+    explicit ExtendedMemoryAllocator(int device, const char *conf = nullptr, std::size_t default_window = 0)
+        : window_(default_window), host_(detail::host_id())
     {
+        if (device < 0)
+            device = detail::current_device();
+        if (device < 0)
+            device = 0; /* no current context: the runtime's default device */
+        std::string c = kPoolConf;
+        if (detail::mnnvl_off())
+            c += ",handle_type:posix_fd";
+        if (conf && *conf)
+            c += std::string(",") + conf;
         fabpool_options o;
         fabpool_options_init(&o);
         o.device = device;
-        o.conf = conf;
+        o.conf = c.c_str();
         fabpool_status s = fabpool_create(&o, &pool_);
-        if (s != FABPOOL_OK)
+        if (s == FABPOOL_ERR_DRIVER || s == FABPOOL_ERR_LIMIT || s == FABPOOL_ERR_OUT_OF_MEMORY) {
+            /* a machine that refuses the large reservation: the pool's default one */
+            std::string first = detail::last();
+            c.replace(0, std::strlen("reserve:16TiB"), "reserve:0");
+            o.conf = c.c_str();
+            s = fabpool_create(&o, &pool_);
+            if (s != FABPOOL_OK)
+                throw Error(s, "fabpool hybridep: creating the pool on device " + std::to_string(device) + ": " +
+                                   first + "; with the default reservation: " + detail::last());
+        } else if (s != FABPOOL_OK)
             throw Error(s, "fabpool hybridep: creating the pool on device " + std::to_string(device) + ": " +
                                detail::last());
         owned_ = true;
     }
     /* Uses a pool the caller owns (it must outlive this object). */
-    explicit ExtendedMemoryAllocator(fabpool_t *pool, std::size_t default_window = std::size_t(4) << 30)
-        : pool_(pool), window_(default_window), host_(detail::host_name())
+    explicit ExtendedMemoryAllocator(fabpool_t *pool, std::size_t default_window = 0)
+        : pool_(pool), window_(default_window), host_(detail::host_id())
     {
         if (!pool)
             throw Error(FABPOOL_ERR_INVALID_ARG, "fabpool hybridep: a NULL pool was given");
@@ -150,8 +298,9 @@ class ExtendedMemoryAllocator {
     ExtendedMemoryAllocator(const ExtendedMemoryAllocator &) = delete;
     ExtendedMemoryAllocator &operator=(const ExtendedMemoryAllocator &) = delete;
 
-    /* Closes every view still open, frees every buffer still allocated, and
-     * destroys the pool if it is this object's own. */
+    /* Closes every view still open, frees every buffer still allocated (the
+     * test buffer of detect_accessible_ranks too), and destroys the pool if it
+     * is this object's own. */
     ~ExtendedMemoryAllocator()
     {
         for (auto &v : views_)
@@ -166,29 +315,61 @@ class ExtendedMemoryAllocator {
 
     fabpool_t *pool() const noexcept { return pool_; }
     fabpool_handle_type handle_type() const noexcept { return fabpool_handle_type_of(pool_); }
+    int device() const noexcept
+    {
+        fabpool_options o;
+        fabpool_options_init(&o);
+        return fabpool_get_options(pool_, &o) == FABPOOL_OK ? o.device : -1;
+    }
+    Stats stats() const
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        return stats_;
+    }
+    /* What fabpool says of a buffer of allocate() (base, size, mapped, window, chunks, generation). */
+    fabpool_buffer_info info(void *ptr)
+    {
+        fabpool_buffer_info in;
+        fabpool_buffer_get_info(find_buf(ptr, "info"), &in);
+        return in;
+    }
+    /* The address window allocate(ptr, size) gives a buffer. */
+    std::size_t window_for(std::size_t size) const noexcept
+    {
+        if (window_)
+            return std::max(window_, size);
+        std::size_t w = size > kMaxWindow / kWindowFactor ? kMaxWindow : size * kWindowFactor;
+        return std::max(std::max(w, std::size_t(2) << 20), size);
+    }
 
     /* ------------------------------------------------ HybridEP's six calls */
 
     /* size bytes of shareable device memory at *ptr, in a window of
-     * max(max_size, size) bytes (0: the default window) that later resize()
-     * calls grow into without moving it. */
-    void allocate(void **ptr, std::size_t size, std::size_t max_size = 0)
+     * window_for(size) bytes that resize() grows into without moving it. */
+    void allocate(void **ptr, std::size_t size) { allocate(ptr, size, 0); }
+    /* The same in a window of max(max_size, size) bytes (0: window_for(size)). */
+    void allocate(void **ptr, std::size_t size, std::size_t max_size)
     {
         if (!ptr)
             throw Error(FABPOOL_ERR_INVALID_ARG, "fabpool hybridep: allocate: ptr is NULL");
         if (size == 0)
-            size = 1; /* HybridEP rounds 0 up to one granule too */
-        std::size_t win = max_size ? max_size : window_;
-        if (win < size)
-            win = size;
+            size = 1; /* upstream rounds 0 up to one granule too */
+        std::size_t win = max_size ? std::max(max_size, size) : window_for(size);
         fabpool_buffer_t *b = nullptr;
-        fabpool_status s = fabpool_buffer_create(pool_, win, size, &b);
+        std::uint64_t ns = 0;
+        fabpool_status s;
+        {
+            detail::Timer t(ns);
+            s = fabpool_buffer_create(pool_, win, size, &b);
+        }
         if (s != FABPOOL_OK)
             throw Error(s, "fabpool hybridep: allocate(" + std::to_string(size) + " bytes, window " +
                                std::to_string(win) + "): " + detail::last());
         std::lock_guard<std::mutex> g(mu_);
         *ptr = fabpool_buffer_ptr(b);
-        bufs_[*ptr] = Buf{b, 0};
+        bufs_[*ptr] = Buf{b, 0, 0, false};
+        stats_.allocs++;
+        stats_.ns_map += ns;
     }
 
     /* Frees a buffer of allocate().  Peers' views keep their own mappings
@@ -198,24 +379,34 @@ class ExtendedMemoryAllocator {
     {
         if (!ptr)
             return;
-        fabpool_buffer_t *b = take_buf(ptr, "free");
-        fabpool_buffer_peers_ack(b, UINT64_MAX);
-        fabpool_status s = fabpool_buffer_destroy(b, nullptr);
+        std::uint64_t ns = 0;
+        fabpool_status s;
+        {
+            fabpool_buffer_t *b = take_buf(ptr, "free");
+            detail::Timer t(ns);
+            fabpool_buffer_peers_ack(b, UINT64_MAX);
+            s = fabpool_buffer_destroy(b, nullptr);
+        }
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            stats_.frees++;
+            stats_.ns_unmap += ns;
+        }
         if (s != FABPOOL_OK)
             throw Error(s, "fabpool hybridep: free: " + detail::last());
     }
 
     /* The full handle of a buffer of allocate(), for a peer's first view. */
-    void get_handle(MemHandle *h, void *ptr) { export_into(h, ptr, true, "get_handle"); }
+    void get_handle(MemHandle *mem_handle, void *ptr) { export_into(mem_handle, ptr, true, "get_handle"); }
 
-    /* Opens a peer's handle (full) at *ptr.  POSIX fd: copies the exporter's
-     * fds by pidfd_getfd; use the overload with fds to pass them yourself. */
-    void open_handle(void **ptr, const MemHandle *h) { open_or_update(ptr, nullptr, h, nullptr, 0, false); }
-    /* The same with fds received over a socket (fabpool_fd_recv): the
+    /* Opens a peer's full handle at *ptr.  POSIX fd: copies the exporter's
+     * fds by pidfd_getfd; the overload with fds takes them from a socket. */
+    void open_handle(void **ptr, MemHandle *mem_handle) { open_or_update(ptr, nullptr, mem_handle, nullptr, 0, false); }
+    /* The same with the fds received over a socket (fabpool_fd_recv): the
      * adapter takes them and closes them whatever the outcome. */
-    void open_handle(void **ptr, const MemHandle *h, const int *fds, std::size_t nfds)
+    void open_handle(void **ptr, const MemHandle *mem_handle, const int *fds, std::size_t nfds)
     {
-        open_or_update(ptr, nullptr, h, fds, nfds, true);
+        open_or_update(ptr, nullptr, mem_handle, fds, nfds, true);
     }
 
     /* Unmaps a peer's buffer opened by open_handle. */
@@ -233,64 +424,144 @@ class ExtendedMemoryAllocator {
             v = it->second;
             views_.erase(it);
         }
-        fabpool_status s = fabpool_view_close(v);
+        std::uint64_t ns = 0;
+        fabpool_status s;
+        {
+            detail::Timer t(ns);
+            s = fabpool_view_close(v);
+        }
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            stats_.closes++;
+            stats_.ns_unmap += ns;
+        }
         if (s != FABPOOL_OK)
             throw Error(s, "fabpool hybridep: close_handle: " + detail::last());
     }
 
-    /* Whether this process can open h: a well-formed handle of this pool's
-     * handle type, exported on this host (HybridEP, too, keeps its fabric
-     * handles to one host), and, for POSIX fd, by a process that still runs. */
-    bool is_accessible(const MemHandle *h) const noexcept
+    /* Whether this process can open the handle: a well-formed handle of this
+     * pool's handle type; fabric: its import works (as upstream tries); POSIX
+     * fd: exported on this host (as upstream compares host names) by a
+     * process that still runs. */
+    bool is_accessible(MemHandle *mem_handle)
     {
         HandleInfo in = {};
-        if (!h || !read_header(*h, &in))
+        if (!mem_handle || !read_header(*mem_handle, &in) || in.kind == HandleKind::unchanged)
             return false;
-        if (in.type != handle_type() || host_ != in.host)
+        if (in.type != handle_type())
             return false;
-        if (in.type == FABPOOL_HANDLE_POSIX_FD && in.pid != getpid() && kill(in.pid, 0) != 0 && errno == ESRCH)
+        if (in.type == FABPOOL_HANDLE_POSIX_FD)
+            return in.host == host_ &&
+                   (in.pid == getpid() || kill(in.pid, 0) == 0 || errno != ESRCH);
+        if (in.kind != HandleKind::full)
             return false;
-        return true;
+        try { /* fabric: a view opened and closed again (upstream imports and releases) */
+            void *p = nullptr;
+            open_or_update(&p, nullptr, mem_handle, nullptr, 0, false);
+            close_handle(p);
+            return true;
+        } catch (const Error &) {
+            return false;
+        }
     }
+
+#ifdef PYBIND11_VERSION_MAJOR
+    /* Upstream's probe of the NVLink domain: all-gathers the handle of a small
+     * test buffer over process_group (torch.distributed.all_gather of a uint8
+     * CUDA tensor, as upstream) and counts the ranks whose handle this process
+     * can open, itself included (then one more all-gather, as a barrier). */
+    int detect_accessible_ranks(pybind11::object process_group)
+    {
+        namespace py = pybind11;
+        MemHandle mine = test_handle();
+        py::module_ torch = py::module_::import("torch");
+        py::module_ dist = py::module_::import("torch.distributed");
+        py::object builtins = py::module_::import("builtins");
+        int world = process_group.attr("size")().cast<int>();
+        int me = process_group.attr("rank")().cast<int>();
+        py::bytearray raw(reinterpret_cast<const char *>(mine.bytes), sizeof mine.bytes);
+        py::object t = torch.attr("frombuffer")(raw, py::arg("dtype") = torch.attr("uint8")).attr("cuda")();
+        py::list out;
+        for (int i = 0; i < world; i++)
+            out.append(torch.attr("empty_like")(t));
+        dist.attr("all_gather")(out, t, process_group);
+        int n = 1;
+        for (int i = 0; i < world; i++) {
+            if (i == me)
+                continue;
+            std::string b = builtins.attr("bytes")(out[(std::size_t)i].attr("cpu")().attr("tolist")()).cast<std::string>();
+            MemHandle h;
+            std::memset(h.bytes, 0, sizeof h.bytes);
+            std::memcpy(h.bytes, b.data(), std::min(b.size(), sizeof h.bytes));
+            if (is_accessible(&h))
+                n++;
+        }
+        /* a second all-gather as a barrier: no rank frees its test buffer (with the
+         * allocator) while a peer still imports it */
+        dist.attr("all_gather")(out, t, process_group);
+        return n;
+    }
+#endif
 
     /* --------------------------------------------- growth in place (update_buffer) */
 
     /* Grows or shrinks a buffer of allocate() to size bytes in place (its
-     * address stays; growing maps only the missing chunks; a shrink unmaps
-     * once the work on `stream` (a CUstream, or NULL: the context) is done and
-     * once peers have applied the shrink's delta).  Returns true if the mapped
-     * chunks changed, i.e. the peers need a get_delta(). */
+     * address stays; growing maps only what is missing, in one chunk; a
+     * shrink unmaps once the work on `stream` (a CUstream, or NULL: the
+     * context) is done and the peers have applied the shrink's handle).
+     * Returns true if the mapped chunks changed, i.e. the peers need the
+     * handle get_delta() writes.  FABPOOL_ERR_LIMIT past the window: then
+     * free and allocate again (HybridEP's unchanged path).  New memory is
+     * not zeroed: fresh chunks hold whatever the driver gives, chunks taken
+     * back from a shrink keep their old bytes. */
     bool resize(void *ptr, std::size_t size, void *stream = nullptr)
     {
         fabpool_buffer_t *b = find_buf(ptr, "resize");
         fabpool_buffer_info before, after;
         fabpool_buffer_get_info(b, &before);
-        fabpool_status s = fabpool_buffer_resize(b, size, stream);
+        std::uint64_t ns = 0;
+        fabpool_status s;
+        {
+            detail::Timer t(ns);
+            s = fabpool_buffer_resize(b, size ? size : 1, stream);
+        }
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            stats_.resizes++;
+            stats_.ns_map += ns;
+        }
         if (s != FABPOOL_OK)
             throw Error(s, "fabpool hybridep: resize(" + std::to_string(size) + " bytes): " + detail::last());
         fabpool_buffer_get_info(b, &after);
         return after.generation != before.generation;
     }
 
-    /* The delta of a buffer since the last handle exported: only the chunks
-     * mapped or dropped since.  Every peer must apply every handle exported,
-     * in order (update_handle). */
-    void get_delta(MemHandle *h, void *ptr) { export_into(h, ptr, false, "get_delta"); }
+    /* The handle a peer's view needs after resize(): only the chunks mapped
+     * or dropped since the last handle exported ("unchanged" if none).  Where
+     * the delta does not fit in one handle, a full handle; where that does
+     * not fit either (more than kMaxHandleChunks chunks), the buffer is first
+     * compacted into at most two chunks at the same address (its bytes past
+     * the first chunk are not kept, as upstream's reallocation keeps none),
+     * which needs every peer to have applied the last handle (peers_done).
+     * Every peer must apply every handle exported, in order (update_handle). */
+    void get_delta(MemHandle *mem_handle, void *ptr) { export_into(mem_handle, ptr, false, "get_delta"); }
 
-    /* Applies a peer's delta (or a newer full handle) to the view at ptr. */
-    void update_handle(void *ptr, const MemHandle *h)
+    /* Applies a peer's handle of get_delta (a delta, a full one, or
+     * "unchanged": nothing to do) to the view at ptr, whose address stays. */
+    void update_handle(void *ptr, MemHandle *mem_handle)
     {
         void *p = ptr;
-        open_or_update(&p, ptr, h, nullptr, 0, false);
+        open_or_update(&p, ptr, mem_handle, nullptr, 0, false);
     }
-    void update_handle(void *ptr, const MemHandle *h, const int *fds, std::size_t nfds)
+    void update_handle(void *ptr, const MemHandle *mem_handle, const int *fds, std::size_t nfds)
     {
         void *p = ptr;
-        open_or_update(&p, ptr, h, fds, nfds, true);
+        open_or_update(&p, ptr, mem_handle, fds, nfds, true);
     }
 
     /* Every peer has opened or applied the last handle of ptr: the exporter
-     * closes its copies of the fds, and chunks that a shrink dropped may go. */
+     * closes its copies of the fds (a peer can no longer copy them with
+     * pidfd_getfd), and chunks that a shrink dropped may go. */
     void peers_done(void *ptr)
     {
         fabpool_buffer_t *b = find_buf(ptr, "peers_done");
@@ -304,6 +575,8 @@ class ExtendedMemoryAllocator {
             s = fabpool_buffer_export_done(b);
         if (s != FABPOOL_OK)
             throw Error(s, "fabpool hybridep: peers_done: " + detail::last());
+        std::lock_guard<std::mutex> g(mu_);
+        bufs_[ptr].acked_gen = gen;
     }
 
     /* The exporter's fds a handle names, for fabpool_fd_send (valid in the
@@ -314,7 +587,8 @@ class ExtendedMemoryAllocator {
         if (!read_header(h, &in))
             return 0;
         std::size_t n = in.nfds < cap ? in.nfds : cap;
-        std::memcpy(fds, h.bytes + detail::kFdsAt, 4 * n);
+        if (n) /* (fds may be NULL with cap 0: just the count) */
+            std::memcpy(fds, h.bytes + kFdsAt, 4 * n);
         return in.nfds;
     }
 
@@ -322,31 +596,27 @@ class ExtendedMemoryAllocator {
     static bool read_header(const MemHandle &h, HandleInfo *out) noexcept
     {
         const unsigned char *b = h.bytes;
-        std::uint32_t ver, full, type, dl, nf;
-        std::memcpy(&ver, b + 8, 4);
-        std::memcpy(&full, b + 12, 4);
-        std::memcpy(&type, b + 16, 4);
-        std::memcpy(&dl, b + 40, 4);
-        std::memcpy(&nf, b + 44, 4);
-        if (std::memcmp(b, detail::kMagic, 8) != 0 || ver != detail::kVersion || full > 1 ||
-            (type != FABPOOL_HANDLE_POSIX_FD && type != FABPOOL_HANDLE_FABRIC) || dl > kMaxDescBytes ||
-            nf > kMaxHandleFds || b[48 + 63] != 0)
+        std::uint32_t dl;
+        std::memcpy(&dl, b + 12, 4);
+        if (std::memcmp(b, detail::kMagic, 4) != 0 || b[4] != detail::kVersion || b[5] > 2 ||
+            (b[6] != FABPOOL_HANDLE_POSIX_FD && b[6] != FABPOOL_HANDLE_FABRIC) || dl > kMaxDescBytes ||
+            b[7] > kMaxHandleFds || (b[5] == (std::uint8_t)HandleKind::unchanged && (dl || b[7])))
             return false;
-        out->full = full == 1;
-        out->type = (fabpool_handle_type)type;
-        std::memcpy(&out->pid, b + 20, 4);
-        std::memcpy(&out->generation, b + 24, 8);
-        std::memcpy(&out->size, b + 32, 8);
+        out->kind = (HandleKind)b[5];
+        out->type = (fabpool_handle_type)b[6];
+        out->nfds = b[7];
+        std::memcpy(&out->pid, b + 8, 4);
         out->desc_len = dl;
-        out->nfds = nf;
-        std::memcpy(out->host, b + 48, 64);
+        std::memcpy(&out->host, b + 16, 8);
         return true;
     }
 
   private:
     struct Buf {
         fabpool_buffer_t *buf;
-        std::uint64_t sent_gen; /* generation of the last handle exported */
+        std::uint64_t sent_gen;  /* generation of the last handle exported */
+        std::uint64_t acked_gen; /* generation every peer has applied (peers_done) */
+        bool sent;               /* exported at all */
     };
 
     static std::string ptr_str(const void *p)
@@ -367,10 +637,78 @@ class ExtendedMemoryAllocator {
     }
     fabpool_buffer_t *take_buf(void *ptr, const char *call)
     {
-        fabpool_buffer_t *b = find_buf(ptr, call);
         std::lock_guard<std::mutex> g(mu_);
-        bufs_.erase(ptr);
+        auto it = bufs_.find(ptr);
+        if (it == bufs_.end())
+            throw Error(FABPOOL_ERR_NOT_FOUND, std::string("fabpool hybridep: ") + call + ": " + ptr_str(ptr) +
+                                                   " is not the base of a buffer of allocate()");
+        fabpool_buffer_t *b = it->second.buf;
+        bufs_.erase(it);
         return b;
+    }
+
+    /* The test buffer's handle for detect_accessible_ranks (made once, freed
+     * with the allocator), as upstream's constructor makes it. */
+    MemHandle test_handle()
+    {
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            if (test_ptr_)
+                return test_handle_;
+        }
+        void *p = nullptr;
+        allocate(&p, 128 * sizeof(int), 128 * sizeof(int));
+        MemHandle h;
+        get_handle(&h, p);
+        std::lock_guard<std::mutex> g(mu_);
+        test_ptr_ = p;
+        test_handle_ = h;
+        return h;
+    }
+
+    /* Under Yama ptrace_scope 1, lets peers copy this process's exported fds
+     * with pidfd_getfd (they need ptrace permission over it), once. */
+    void allow_peers_once()
+    {
+        std::call_once(ptracer_once_, [] {
+            const char *v = std::getenv("FABPOOL_HYBRIDEP_PTRACER");
+            if ((!v || std::strcmp(v, "0") != 0) && detail::ptrace_scope() == 1)
+                prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+        });
+    }
+
+    /* fabpool_buffer_export into the handle's descriptor area. */
+    fabpool_status export_desc(fabpool_buffer_t *b, std::uint64_t since, MemHandle *h, std::size_t *len, int *fds,
+                               std::size_t *nfds)
+    {
+        return fabpool_buffer_export(b, since, h->bytes + kDescAt, kMaxDescBytes, len, fds, kMaxHandleFds, nfds);
+    }
+
+    /* Re-maps b into its first chunk and one more (bytes past the first are not kept).
+     * Every peer has applied the handle of generation `sent` (peers_done); the shrink's
+     * generation is exported too (fabpool acknowledges only exported generations) but
+     * sent to no one: the full handle that follows supersedes it, and until the peers
+     * apply that, their own mappings keep the chunks they still map. */
+    fabpool_status compact(fabpool_buffer_t *b, bool sent, std::uint64_t sent_gen)
+    {
+        fabpool_buffer_info in;
+        fabpool_buffer_get_info(b, &in);
+        fabpool_status s = fabpool_buffer_resize(b, 1, nullptr);
+        if (s == FABPOOL_OK && sent) {
+            fabpool_buffer_info sh;
+            fabpool_buffer_get_info(b, &sh);
+            MemHandle scratch;
+            std::size_t len = 0, nfds = 0;
+            int fds[kMaxHandleFds];
+            s = export_desc(b, sent_gen, &scratch, &len, fds, &nfds);
+            if (s == FABPOOL_OK)
+                s = fabpool_buffer_peers_ack(b, sh.generation);
+        }
+        if (s == FABPOOL_OK)
+            s = fabpool_collect(pool_, 1);
+        if (s == FABPOOL_OK)
+            s = fabpool_buffer_resize(b, in.size, nullptr);
+        return s;
     }
 
     void export_into(MemHandle *h, void *ptr, bool full, const char *call)
@@ -378,45 +716,79 @@ class ExtendedMemoryAllocator {
         if (!h)
             throw Error(FABPOOL_ERR_INVALID_ARG, std::string("fabpool hybridep: ") + call + ": handle is NULL");
         fabpool_buffer_t *b = find_buf(ptr, call);
-        std::uint64_t since = 0;
-        if (!full) {
-            std::lock_guard<std::mutex> g(mu_);
-            since = bufs_[ptr].sent_gen;
-        }
-        std::memset(h->bytes, 0, kHandleBytes);
-        std::size_t len = 0, nfds = 0;
-        int fds[kMaxHandleFds];
-        fabpool_status s = fabpool_buffer_export(b, since, h->bytes + detail::kDescAt, kMaxDescBytes, &len, fds,
-                                                 kMaxHandleFds, &nfds);
-        if (s == FABPOOL_ERR_LIMIT)
-            throw Error(s, std::string("fabpool hybridep: ") + call + ": the buffer has more chunks than one " +
-                               std::to_string(kHandleBytes) + "-byte handle holds (" +
-                               std::to_string(kMaxHandleChunks) + "): raise max_chunk in FABPOOL_CONF so that it "
-                               "grows in fewer, larger chunks (" + detail::last() + ")");
-        if (s != FABPOOL_OK)
-            throw Error(s, std::string("fabpool hybridep: ") + call + ": " + detail::last());
-        fabpool_buffer_info in;
-        fabpool_buffer_get_info(b, &in);
+        Buf state;
         {
             std::lock_guard<std::mutex> g(mu_);
-            bufs_[ptr].sent_gen = in.generation;
+            state = bufs_[ptr];
         }
+        if (handle_type() == FABPOOL_HANDLE_POSIX_FD)
+            allow_peers_once();
+        fabpool_buffer_info info;
+        fabpool_buffer_get_info(b, &info);
+        std::memset(h->bytes, 0, kHandleBytes);
+        HandleKind kind = full ? HandleKind::full : HandleKind::delta;
+        std::size_t len = 0, nfds = 0;
+        int fds[kMaxHandleFds] = {-1, -1};
+        bool reexport = false, compacted = false;
+        std::uint64_t ns = 0;
+        fabpool_status s = FABPOOL_OK;
+        {
+            detail::Timer t(ns);
+            if (!full && state.sent && info.generation == state.sent_gen) {
+                kind = HandleKind::unchanged; /* nothing to describe */
+            } else {
+                s = export_desc(b, full || !state.sent ? 0 : state.sent_gen, h, &len, fds, &nfds);
+                if (!full && !state.sent && s == FABPOOL_OK)
+                    kind = HandleKind::full; /* a first export is a full one */
+                if (!full && state.sent && s == FABPOOL_ERR_LIMIT) {
+                    reexport = true; /* the delta does not fit: the whole buffer */
+                    kind = HandleKind::full;
+                    s = export_desc(b, 0, h, &len, fds, &nfds);
+                }
+                if (!full && s == FABPOOL_ERR_LIMIT && (!state.sent || state.acked_gen >= state.sent_gen)) {
+                    compacted = true; /* nor the whole buffer: fewer chunks, same address */
+                    kind = HandleKind::full;
+                    s = compact(b, state.sent, state.sent_gen);
+                    if (s == FABPOOL_OK)
+                        s = export_desc(b, 0, h, &len, fds, &nfds);
+                }
+            }
+        }
+        if (s == FABPOOL_ERR_LIMIT)
+            throw Error(s, std::string("fabpool hybridep: ") + call + ": the buffer has more chunks than one " +
+                               std::to_string(kHandleBytes) + "-byte handle describes (" +
+                               std::to_string(kMaxHandleChunks) + ")" +
+                               (full ? ": export it right after allocate() or a compaction (get_delta), or "
+                                       "raise max_chunk in FABPOOL_CONF"
+                                : state.sent && state.acked_gen < state.sent_gen
+                                    ? ", and it cannot be compacted before every peer has applied its last "
+                                      "handle: call peers_done(ptr) after each exchange"
+                                    : ": raise max_chunk in FABPOOL_CONF") +
+                               " (" + detail::last() + ")");
+        if (s != FABPOOL_OK)
+            throw Error(s, std::string("fabpool hybridep: ") + call + ": " + detail::last());
+        fabpool_buffer_get_info(b, &info);
         unsigned char *o = h->bytes;
-        std::uint32_t ver = detail::kVersion, fl = full ? 1 : 0, type = (std::uint32_t)handle_type(),
-                      dl = (std::uint32_t)len, nf = (std::uint32_t)nfds;
+        std::uint32_t dl = (std::uint32_t)len;
         std::int32_t pid = (std::int32_t)getpid();
-        std::uint64_t gen = in.generation, size = in.size;
-        std::memcpy(o, detail::kMagic, 8);
-        std::memcpy(o + 8, &ver, 4);
-        std::memcpy(o + 12, &fl, 4);
-        std::memcpy(o + 16, &type, 4);
-        std::memcpy(o + 20, &pid, 4);
-        std::memcpy(o + 24, &gen, 8);
-        std::memcpy(o + 32, &size, 8);
-        std::memcpy(o + 40, &dl, 4);
-        std::memcpy(o + 44, &nf, 4);
-        std::strncpy((char *)o + 48, host_.c_str(), 63);
-        std::memcpy(o + detail::kFdsAt, fds, 4 * nfds);
+        std::memcpy(o, detail::kMagic, 4);
+        o[4] = detail::kVersion;
+        o[5] = (std::uint8_t)kind;
+        o[6] = (std::uint8_t)handle_type();
+        o[7] = (std::uint8_t)nfds;
+        std::memcpy(o + 8, &pid, 4);
+        std::memcpy(o + 12, &dl, 4);
+        std::memcpy(o + 16, &host_, 8);
+        std::memcpy(o + kFdsAt, fds, 4 * nfds);
+        std::lock_guard<std::mutex> g(mu_);
+        Buf &st = bufs_[ptr];
+        st.sent_gen = info.generation;
+        st.sent = true;
+        stats_.exports++;
+        stats_.full_reexports += reexport;
+        stats_.compactions += compacted;
+        stats_.ns_export += ns;
+        stats_.handle_bytes_used += kind == HandleKind::unchanged ? kHandleHeaderBytes : kDescAt + len;
     }
 
     /* update_of NULL: open a view at *ptr; else apply h to the view at update_of. */
@@ -437,10 +809,18 @@ class ExtendedMemoryAllocator {
                                                                 : ": not a fabpool hybridep handle (bad magic, "
                                                                   "version or field): was it all-gathered whole?"));
         }
-        if (!update_of && !in.full) {
+        if (!update_of && in.kind != HandleKind::full) {
             close_given();
             throw Error(FABPOOL_ERR_DESCRIPTOR, std::string("fabpool hybridep: open_handle: this is a delta "
                                                             "(get_delta); a first view needs get_handle's full one"));
+        }
+        if (in.type != handle_type()) {
+            close_given();
+            throw Error(FABPOOL_ERR_DESCRIPTOR, std::string("fabpool hybridep: ") + call + ": a " +
+                                                    (in.type == FABPOOL_HANDLE_FABRIC ? "fabric" : "POSIX fd") +
+                                                    " handle, but this pool shares " +
+                                                    (handle_type() == FABPOOL_HANDLE_FABRIC ? "fabric" : "POSIX fd") +
+                                                    " handles: every rank must agree (USE_MNNVL, FABPOOL_CONF)");
         }
         fabpool_view_t *v = nullptr;
         if (update_of) {
@@ -453,58 +833,86 @@ class ExtendedMemoryAllocator {
             }
             v = it->second;
         }
-        /* the fds: given (socket), or copied out of the exporter (pidfd_getfd) */
-        int fds[kMaxHandleFds];
-        std::size_t nfds = 0;
-        if (in.type == FABPOOL_HANDLE_POSIX_FD) {
-            if (own_given) {
-                if (ngiven != in.nfds) {
-                    close_given();
-                    throw Error(FABPOOL_ERR_DESCRIPTOR, std::string("fabpool hybridep: ") + call + ": the handle "
-                                "names " + std::to_string(in.nfds) + " fds but " + std::to_string(ngiven) +
-                                " were given: pass the fds fabpool_fd_recv received with this handle");
-                }
-                std::memcpy(fds, given, 4 * ngiven);
-                nfds = ngiven;
-            } else {
-                const int *theirs = (const int *)(const void *)(h->bytes + detail::kFdsAt);
-                for (; nfds < in.nfds; nfds++) {
-                    int their;
-                    std::memcpy(&their, theirs + nfds, 4);
-                    fabpool_status s = fabpool_fd_from_pid(in.pid, their, &fds[nfds]);
-                    if (s != FABPOOL_OK) {
-                        std::string m = detail::last();
-                        for (std::size_t i = 0; i < nfds; i++)
-                            ::close(fds[i]);
-                        throw Error(s, std::string("fabpool hybridep: ") + call + ": copying the exporter's fd " +
-                                           std::to_string(their) + " from process " + std::to_string(in.pid) +
-                                           ": " + m + " (or send the fds over a socket: fds_of, fabpool_fd_send, "
-                                           "and the overload that takes fds)");
+        if (in.kind == HandleKind::unchanged) {
+            close_given();
+            return;
+        }
+        std::uint64_t ns = 0;
+        fabpool_status s = FABPOOL_OK;
+        {
+            detail::Timer t(ns);
+            /* the fds: given (socket), or copied out of the exporter (pidfd_getfd) */
+            int fds[kMaxHandleFds];
+            std::size_t nfds = 0;
+            if (in.type == FABPOOL_HANDLE_POSIX_FD) {
+                if (own_given) {
+                    if (ngiven != in.nfds) {
+                        close_given();
+                        throw Error(FABPOOL_ERR_DESCRIPTOR, std::string("fabpool hybridep: ") + call +
+                                    ": the handle names " + std::to_string(in.nfds) + " fds but " +
+                                    std::to_string(ngiven) + " were given: pass the fds fabpool_fd_recv "
+                                    "received with this handle");
+                    }
+                    if (ngiven)
+                        std::memcpy(fds, given, 4 * ngiven);
+                    nfds = ngiven;
+                } else {
+                    for (; nfds < in.nfds; nfds++) {
+                        int their;
+                        std::memcpy(&their, h->bytes + kFdsAt + 4 * nfds, 4);
+                        s = fabpool_fd_from_pid(in.pid, their, &fds[nfds]);
+                        if (s != FABPOOL_OK) {
+                            int e = errno;
+                            std::string m = detail::last();
+                            for (std::size_t i = 0; i < nfds; i++)
+                                ::close(fds[i]);
+                            throw Error(s, std::string("fabpool hybridep: ") + call + ": copying the exporter's fd " +
+                                               std::to_string(their) + " out of process " + std::to_string(in.pid) +
+                                               ": " + m + ": " +
+                                               detail::pidfd_advice(fd_errno(m, e), detail::ptrace_scope(), in.pid));
+                        }
                     }
                 }
+            } else {
+                close_given(); /* fabric: nothing travels beside the descriptor */
             }
-        } else {
-            close_given(); /* fabric: nothing travels beside the descriptor */
+            const unsigned char *d = h->bytes + kDescAt;
+            s = update_of ? fabpool_view_apply(v, d, in.desc_len, fds, nfds)
+                          : fabpool_view_open(pool_, d, in.desc_len, fds, nfds, &v);
         }
-        const unsigned char *d = h->bytes + detail::kDescAt;
-        fabpool_status s = update_of ? fabpool_view_apply(v, d, in.desc_len, fds, nfds)
-                                     : fabpool_view_open(pool_, d, in.desc_len, fds, nfds, &v);
         if (s != FABPOOL_OK) /* fabpool closed the fds */
             throw Error(s, std::string("fabpool hybridep: ") + call + ": " + detail::last());
+        std::lock_guard<std::mutex> g(mu_);
         if (!update_of) {
-            std::lock_guard<std::mutex> g(mu_);
             *ptr = fabpool_view_ptr(v);
             views_[*ptr] = v;
-        }
+            stats_.opens++;
+        } else
+            stats_.updates++;
+        stats_.ns_import += ns;
+    }
+
+    /* pidfd_getfd's errno, from fabpool's message (which names it) or errno. */
+    static int fd_errno(const std::string &m, int e)
+    {
+        const int cands[] = {EPERM, EACCES, ENOSYS, ESRCH, EBADF};
+        for (int c : cands)
+            if (m.find(std::strerror(c)) != std::string::npos)
+                return c;
+        return e;
     }
 
     fabpool_t *pool_ = nullptr;
     bool owned_ = false;
     std::size_t window_;
-    std::string host_;
+    std::uint64_t host_;
+    std::once_flag ptracer_once_;
+    void *test_ptr_ = nullptr;
+    MemHandle test_handle_ = {};
     mutable std::mutex mu_;
     std::map<void *, Buf> bufs_;
     std::map<void *, fabpool_view_t *> views_;
+    Stats stats_;
 };
 
 } // namespace fabpool_hybridep

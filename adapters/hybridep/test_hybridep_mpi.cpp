@@ -82,7 +82,7 @@ static void swap_fds(const int *mine, size_t n, std::vector<int> theirs[MAXR])
 
 struct Result {
     int64_t peak = 0, end = 0, bound = 0;
-    long deltas = 0, exchanges = 0;
+    long deltas = 0, exchanges = 0, compactions = 0;
     long bad = 0;
 };
 
@@ -115,7 +115,7 @@ static Result replay_adapter(long steps, bool posix)
                     res.deltas++;
                 } else
                     continue;
-                nf += ExtendedMemoryAllocator::fds_of(mine[b], fds + nf, 96);
+                nf += ExtendedMemoryAllocator::fds_of(mine[b], fds + nf, 2);
             }
             MPI_Allgather(mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, MPI_COMM_WORLD);
             std::vector<int> theirs[MAXR];
@@ -129,7 +129,7 @@ static Result replay_adapter(long steps, bool posix)
                     HandleInfo in = {};
                     if (!ExtendedMemoryAllocator::read_header(all[q][b], &in))
                         continue;
-                    CHECK(a.is_accessible(&all[q][b]));
+                    CHECK(in.kind != fabpool_hybridep::HandleKind::full || a.is_accessible(&all[q][b]));
                     const int *f = posix ? theirs[q].data() + fi : nullptr;
                     if (!view[q][b])
                         a.open_handle(&view[q][b], &all[q][b], f, posix ? in.nfds : 0);
@@ -167,6 +167,59 @@ static Result replay_adapter(long steps, bool posix)
             if (h > res.peak)
                 res.peak = h;
             MPI_Barrier(MPI_COMM_WORLD); /* nobody resizes while a peer still reads */
+        }
+        /* Three growths of expert_input_token without an exchange: the delta names three chunks,
+         * more than one 328-byte handle holds, and so does the whole buffer: get_delta compacts it
+         * (every peer has applied its last handle: peers_done above) and sends a full handle,
+         * which the peers apply to their views at the same addresses. */
+        {
+            size_t s0 = 1, s3 = 0; /* shrunk to its first chunk, then grown */
+            a.resize(buf[0], s0);
+            a.get_delta(&mine[0], buf[0]);
+            static MemHandle one[MAXR];
+            MPI_Allgather(&mine[0], (int)sizeof(MemHandle), MPI_BYTE, one, (int)sizeof(MemHandle), MPI_BYTE,
+                          MPI_COMM_WORLD);
+            for (int pass = 0; pass < 2; pass++) {
+                for (int q = 0; q < nranks; q++) {
+                    if (q == rank)
+                        continue;
+                    /* POSIX fd: this time the bytes-only path (the fds by pidfd_getfd) */
+                    a.update_handle(view[q][0], &one[q]);
+                }
+                MPI_Barrier(MPI_COMM_WORLD);
+                a.peers_done(buf[0]);
+                if (pass == 1)
+                    break;
+                fabpool_hybridep::Stats st0 = a.stats();
+                CHECK_OK(fabpool_collect(a.pool(), 1)); /* the chunks the shrink dropped go now */
+                for (int g = 0; g < 3; g++) /* each growth maps one chunk */
+                    CHECK(a.resize(buf[0], (s3 = a.info(buf[0]).mapped + (2u << 20))));
+                CHECK(a.info(buf[0]).n_chunks >= 4 && s3 <= maxs[0]);
+                a.get_delta(&mine[0], buf[0]);
+                HandleInfo me = {};
+                CHECK(ExtendedMemoryAllocator::read_header(mine[0], &me) &&
+                      me.kind == fabpool_hybridep::HandleKind::full && me.nfds <= 2);
+                fabpool_hybridep::Stats st1 = a.stats();
+                CHECK(st1.compactions == st0.compactions + 1);
+                res.compactions += st1.compactions - st0.compactions;
+                MPI_Allgather(&mine[0], (int)sizeof(MemHandle), MPI_BYTE, one, (int)sizeof(MemHandle), MPI_BYTE,
+                              MPI_COMM_WORLD);
+            }
+            for (int k = 0; k < 4; k++) {
+                uint64_t v = pat(rank, 9999, 0, k);
+                CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)buf[0] + at_k(s3, k), &v, 8));
+            }
+            CHECK_CU(cuCtxSynchronize());
+            MPI_Barrier(MPI_COMM_WORLD);
+            for (int q = 0; q < nranks; q++)
+                for (int k = 0; k < 4 && q != rank; k++) {
+                    uint64_t v = 0;
+                    cuMemcpyDtoH(&v, (CUdeviceptr)(uintptr_t)view[q][0] + at_k(s3, k), 8);
+                    if (v != pat(q, 9999, 0, k) && res.bad++ < 5)
+                        fprintf(stderr, "rank %d: after the compaction rank %d's token buffer[%d] reads %llx\n",
+                                rank, q, k, (unsigned long long)v);
+                }
+            MPI_Barrier(MPI_COMM_WORLD);
         }
         /* HybridEP's release_buffer: close the peers' views, free the own buffers */
         for (int q = 0; q < nranks; q++)
@@ -216,17 +269,23 @@ static void leaky_release_buffer(Leaky &L)
             continue;
         /* free(): retain + unmap + address free + release: net zero, the create handle stays */
         CUmemGenericAllocationHandle h;
+        size_t size = 0;
         CHECK_CU(cuMemRetainAllocationHandle(&h, (void *)L.own[b]));
-        CHECK_CU(cuMemUnmap(L.own[b], L.own_size[b]));
-        CHECK_CU(cuMemAddressFree(L.own[b], L.own_size[b]));
+        CHECK_CU(cuMemGetAddressRange(NULL, &size, L.own[b]));
+        CHECK(size == L.own_size[b]);
+        CHECK_CU(cuMemUnmap(L.own[b], size));
+        CHECK_CU(cuMemAddressFree(L.own[b], size));
         CHECK_CU(cuMemRelease(h));
         L.own[b] = 0;
     }
     for (int q = 0; q < nranks; q++)
         for (int b = 0; b < NB; b++)
             if (L.peer[q][b]) { /* close_handle(): unmap only */
-                CHECK_CU(cuMemUnmap(L.peer[q][b], L.peer_size[q][b]));
-                CHECK_CU(cuMemAddressFree(L.peer[q][b], L.peer_size[q][b]));
+                size_t size = 0;
+                CHECK_CU(cuMemGetAddressRange(NULL, &size, L.peer[q][b]));
+                CHECK(size == L.peer_size[q][b]);
+                CHECK_CU(cuMemUnmap(L.peer[q][b], size));
+                CHECK_CU(cuMemAddressFree(L.peer[q][b], size));
                 L.peer[q][b] = 0;
             }
 }
@@ -245,7 +304,10 @@ static void leaky_allocate_buffer(Leaky &L, const size_t sz[NB], bool posix)
         CHECK_CU(cuMemMap(L.own[b], s, 0, h, 0));
         CHECK_CU(cuMemSetAccess(L.own[b], s, &L.acc, 1));
         L.own_size[b] = s;
-        CHECK_CU(cuMemRetainAllocationHandle(&r, (void *)L.own[b])); /* get_handle: never released */
+        size_t range = 0; /* get_handle: the size from the address range, then retain (never released) + export */
+        CHECK_CU(cuMemGetAddressRange(NULL, &range, L.own[b]));
+        CHECK(range == s);
+        CHECK_CU(cuMemRetainAllocationHandle(&r, (void *)L.own[b]));
         L.leaked.push_back(r);
         mine[b].size = s;
         if (posix)
@@ -359,6 +421,7 @@ int main(int argc, char **argv)
     CHECK(ok.peak > 0 && ok.peak <= ok.bound);
     CHECK(t_near(ok.end, 0));
     CHECK(ok.deltas > 10);
+    CHECK(ok.compactions == 1);
 
     LeakResult lk = replay_leaky(steps, posix);
     bool climbs = lk.at_realloc.size() >= 3;
@@ -382,6 +445,8 @@ int main(int argc, char **argv)
     if (!rank) {
         printf("test_hybridep_mpi: %d ranks, %ld steps, %s handles (hidden 7168, bf16, 8 experts/rank, %d ranks/domain)\n",
                nranks, steps, posix ? "POSIX fd" : "fabric", (int)HybridEpShape().ranks_per_domain);
+        printf("  adapter: %ld compaction(s) of a buffer whose delta did not fit, then its full handle applied\n",
+               ok.compactions);
         printf("  adapter: %ld deltas, %ld handles applied, rank 0 held at most %lld MiB (bound %lld), %lld MiB at "
                "the end\n",
                ok.deltas, ok.exchanges, (long long)(ok.peak >> 20), (long long)(ok.bound >> 20),

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# deepep-run.sh [DEEPEP_DIR] - fabpool's HybridEP adapter in DeepEP's own
+# hybrid-ep code, on one H200 (or two: DEEPEP_RUN_GPUS=2), against DeepEP's
+# own allocator.  Run from anywhere; DEEPEP_DIR (default .deps/DeepEP, the
+# repository's ignored folder) is a DeepEP checkout or export of the hybrid-ep
+# branch (94a9f8f used) with csrc/, deep_ep/, tests/ and setup.py.  Nothing in
+# it is changed: the script works on two copies under $DEEPEP_WORK
+# (/tmp/deepep-work):
+#   upstream/  DeepEP as it is;
+#   fabpool/   the drop-in (allocator.cuh: an include and two aliases,
+#              allocator.cu not built) and growth in place in update_buffer
+#              (on with FABPOOL_HYBRIDEP_INPLACE=1): deepep/patch.py.
+# Stages (each logged with set -x, each runs whatever failed before it, each
+# bounded by a timeout and by what is left of $DEEPEP_RUN_BUDGET seconds):
+#   1. build: libfabpool + test_hybridep (cmake, real driver), and both
+#      hybrid_ep_cpp extensions with cpp_extension.load (deepep/build.py), in
+#      parallel; CC=/usr/bin/gcc CXX=/usr/bin/g++ TORCH_CUDA_ARCH_LIST=9.0;
+#   2. regrowth in DeepEP (deepep/regrow.py): update_template_config for
+#      T = 1,024..16,384 step 1,024, 3 times: upstream, fabpool (DeepEP's
+#      release + allocate unchanged), fabpool in place; held vs live
+#      (cuMemGetInfo), 0 at the end, regrow time and its breakdown;
+#   3. the two-process POSIX-fd test on one GPU: handles as bytes only
+#      (pidfd_getfd), then with the fds over a socket (test_hybridep);
+#   4. DeepEP's tests/test_hybrid_ep.py test_main at world size 1, upstream
+#      and fabpool (1,024 tokens; the two in parallel on the one GPU);
+#   5. the same test growing inside it (MAX_NUM_OF_TOKENS_PER_RANK 512,
+#      NUM_TOKENS_PER_RANK 1,024; no benchmark): upstream, fabpool in place;
+#   6. tests/test_graphed_hybrid_ep.py (upstream, fabpool), if time is left.
+# Results: $OUT/deepep-run.log (everything), $OUT/regrow-*.json,
+# $OUT/summary.txt (printed at the end).
+#
+# Two GPUs (when a two-GPU machine is lent): DEEPEP_RUN_GPUS=2 runs stages 2,
+# 4 and 5 at world size 2 (regrow.py --world 2; test_hybrid_ep.py
+# --num-processes 2, which spawns one rank per GPU).  There the peers open
+# each other's handles from the bytes alone (POSIX fd: pidfd_getfd), and the
+# in-place variant exchanges deltas.
+set -u
+DEEPEP=${1:-.deps/DeepEP}
+DEEPEP=$(cd "$DEEPEP" 2>/dev/null && pwd) || { echo "deepep-run.sh: no DeepEP tree at ${1:-.deps/DeepEP}"; exit 2; }
+cd "$(dirname "$0")/../.." || exit 2
+ROOT=$PWD
+HERE=$ROOT/adapters/hybridep/deepep
+OUT=${OUT:-/tmp/deepep-out}
+W=${DEEPEP_WORK:-/tmp/deepep-work}
+B=$W/fabpool-build
+GPUS=${DEEPEP_RUN_GPUS:-1}
+BUDGET=${DEEPEP_RUN_BUDGET:-450}
+mkdir -p "$OUT"
+LOG=$OUT/deepep-run.log
+SUM=$OUT/summary.txt
+T0=$SECONDS
+status=()
+
+left() { echo $((BUDGET - (SECONDS - T0))); }
+# step NAME LIMIT CMD...: runs CMD with at most LIMIT seconds (less if the budget is short)
+step() {
+  local name=$1 limit=$2; shift 2
+  local l; l=$(left)
+  if [ "$l" -lt 15 ]; then echo "=== $name: SKIPPED (budget: ${l}s left)"; status+=("$name=skipped"); return 0; fi
+  [ "$limit" -gt "$l" ] && limit=$l
+  echo "=== $name (limit ${limit}s): $*"
+  local t=$SECONDS
+  timeout -k 5 "$limit" "$@"
+  local rc=$?
+  echo "=== $name: rc $rc in $((SECONDS - t)) s"
+  status+=("$name=$rc")
+  return $rc
+}
+# port LABEL: a rendezvous port of its own for each run (two run at once)
+port() { echo $((20000 + $(echo "$1" | cksum | cut -d' ' -f1) % 20000)); }
+# pyenv VARIANT: the environment a DeepEP copy runs in
+pyenv() {
+  echo "PYTHONPATH=$W/$1/build:$W/$1:$W/$1/tests:$HERE/standin HYBRID_EP_CACHE_DIR=$W/jit-$1"
+}
+
+{
+  set -x
+  echo "deepep-run: $(date -u +%FT%TZ) on $(hostname), fabpool $(git rev-parse --short HEAD 2>/dev/null), DeepEP tree $DEEPEP, $GPUS GPU(s)"
+  export PATH=/opt/torch/.venv/bin:$PATH
+  export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-8}
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+  "$CUDA_HOME/bin/nvcc" --version | tail -n 2
+  /usr/bin/g++ --version | head -n 1
+  echo "yama ptrace_scope: $(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo absent); uid $(id -u)"
+  ls /dev/nvidia-caps-imex-channels 2>&1 | head -n 2
+
+  # ------------------------------------------------------------ 1. build
+  rm -rf "$W"
+  mkdir -p "$W"
+  for v in upstream fabpool; do
+    mkdir -p "$W/$v"
+    cp -r "$DEEPEP/csrc" "$DEEPEP/deep_ep" "$DEEPEP/tests" "$DEEPEP/setup.py" "$W/$v/"
+    mkdir -p "$W/$v/deep_ep/backend"   # as setup.py: the JIT compiles kernels from there
+    cp -r "$W/$v/csrc/hybrid_ep/backend/." "$W/$v/deep_ep/backend/"
+    cp "$W/$v/csrc/hybrid_ep/utils.cuh" "$W/$v/deep_ep/backend/utils.cuh"
+  done
+  step patch 30 python3 "$HERE/patch.py" "$W/fabpool"
+  diff -ru "$DEEPEP/csrc" "$W/fabpool/csrc" > "$OUT/fabpool-deepep.diff"
+  ( step build-upstream-ext 300 python3 "$HERE/build.py" --src "$W/upstream" --build "$W/upstream/build" \
+      > "$OUT/build-upstream.log" 2>&1; echo "build-upstream-ext rc $?" ) &
+  up_pid=$!
+  step build-fabpool-lib 120 bash -c "cmake -S . -B '$B' -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build '$B' -j8 --target fabpool test_hybridep"
+  step build-fabpool-ext 300 python3 "$HERE/build.py" --src "$W/fabpool" --build "$W/fabpool/build" \
+      --fabpool "$ROOT/include" "$B" > "$OUT/build-fabpool.log" 2>&1
+  wait "$up_pid"
+  tail -n 3 "$OUT/build-upstream.log" "$OUT/build-fabpool.log"
+  grep -m 5 -E "error|Error" "$OUT/build-upstream.log" "$OUT/build-fabpool.log"
+  [ -f "$W/upstream/build/hybrid_ep_cpp.so" ] && status+=(build-upstream-ext=0) || status+=(build-upstream-ext=FAILED)
+
+  # ------------------------------------------------------------ 2. regrowth in DeepEP
+  regrow() {  # regrow LABEL VARIANT [ENV...]
+    local label=$1 v=$2; shift 2
+    pushd "$W/$v/tests" >/dev/null || return 1
+    step "regrow-$label" 120 env $(pyenv "$v") MASTER_PORT="$(port "regrow-$label")" "$@" \
+        python3 "$HERE/regrow.py" --label "$label" --world "$GPUS" --json "$OUT/regrow-$label.json"
+    local rc=$?
+    popd >/dev/null
+    return $rc
+  }
+  regrow upstream upstream
+  regrow fabpool fabpool FABPOOL_HYBRIDEP_TIMING="$W/timing-fabpool.txt"
+  regrow fabpool-inplace fabpool FABPOOL_HYBRIDEP_INPLACE=1 FABPOOL_HYBRIDEP_TIMING="$W/timing-inplace.txt"
+  cp "$W"/timing-*.txt* "$OUT/" 2>/dev/null
+
+  # ------------------------------------------------------------ 3. two processes, one GPU, POSIX fds
+  step posix-bytes-only 60 env FABPOOL_CONF=handle_type:posix_fd FABPOOL_TEST_REAL_DRIVER=1 \
+      FABPOOL_HYBRIDEP_BYTES_ONLY=1 "$B/adapters/hybridep/test_hybridep"
+  step posix-socket 60 env FABPOOL_CONF=handle_type:posix_fd FABPOOL_TEST_REAL_DRIVER=1 \
+      "$B/adapters/hybridep/test_hybridep"
+
+  # ------------------------------------------------------------ 4. DeepEP's own test, both allocators
+  deeptest() {  # deeptest LABEL VARIANT MAX NUM [ENV...] -- [run_test.py args]
+    local label=$1 v=$2 max=$3 num=$4; shift 4
+    local envs=() args=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    args=("$@")
+    if [ "$GPUS" -gt 1 ]; then
+      ( cd "$W/$v/tests" && step "$label" 300 env $(pyenv "$v") MASTER_PORT="$(port "$label")" \
+          MAX_NUM_OF_TOKENS_PER_RANK="$max" NUM_TOKENS_PER_RANK="$num" "${envs[@]}" \
+          python3 test_hybrid_ep.py --num-processes "$GPUS" ) > "$OUT/$label.log" 2>&1
+    else
+      ( cd "$W/$v/tests" && step "$label" 300 env $(pyenv "$v") MASTER_PORT="$(port "$label")" \
+          MAX_NUM_OF_TOKENS_PER_RANK="$max" NUM_TOKENS_PER_RANK="$num" "${envs[@]}" \
+          python3 "$HERE/run_test.py" "${args[@]}" ) > "$OUT/$label.log" 2>&1
+    fi
+    local rc=$?
+    grep -E "PASS|FAIL|Error|error|GB/s|DEEPEP_TEST_PASSED|=== " "$OUT/$label.log" | head -n 40
+    echo "$label: rc $rc"
+    return $rc
+  }
+  deeptest test-upstream upstream 1024 1024 -- & p1=$!
+  deeptest test-fabpool fabpool 1024 1024 -- & p2=$!
+  wait $p1; r1=$?; wait $p2; r2=$?
+  status+=("test-upstream=$r1" "test-fabpool=$r2")
+
+  # ------------------------------------------------------------ 5. growing inside DeepEP's test
+  deeptest grow-upstream upstream 512 1024 -- --no-bench & p1=$!
+  deeptest grow-fabpool-inplace fabpool 512 1024 FABPOOL_HYBRIDEP_INPLACE=1 \
+      FABPOOL_HYBRIDEP_TIMING="$W/timing-grow-inplace.txt" -- --no-bench & p2=$!
+  wait $p1; r1=$?; wait $p2; r2=$?
+  status+=("grow-upstream=$r1" "grow-fabpool-inplace=$r2")
+  cat "$W/timing-grow-inplace.txt" 2>/dev/null
+
+  # ------------------------------------------------------------ 6. the graphed test, if time is left
+  if [ "$(left)" -gt 150 ] && [ "$GPUS" -eq 1 ]; then
+    deeptest graphed-upstream upstream 1024 1024 -- --graphed & p1=$!
+    deeptest graphed-fabpool fabpool 1024 1024 -- --graphed & p2=$!
+    wait $p1; r1=$?; wait $p2; r2=$?
+    status+=("graphed-upstream=$r1" "graphed-fabpool=$r2")
+  else
+    status+=("graphed=skipped")
+  fi
+  nvidia-smi --query-gpu=memory.used --format=csv
+  set +x
+} > "$LOG" 2>&1
+
+{
+  echo "deepep-run summary ($((SECONDS - T0)) s of a ${BUDGET} s budget; $GPUS GPU(s); log $LOG)"
+  echo "stages: ${status[*]}"
+  grep -h "^REGROW" "$LOG" | sed 's/^/  /'
+  for l in test-upstream test-fabpool grow-upstream grow-fabpool-inplace graphed-upstream graphed-fabpool; do
+    [ -f "$OUT/$l.log" ] || continue
+    printf '  %-22s %s PASS lines, %s FAIL, %s\n' "$l" "$(grep -c ': PASS' "$OUT/$l.log")" \
+      "$(grep -c FAIL "$OUT/$l.log")" "$(grep -h -o 'DEEPEP_TEST_PASSED.*' "$OUT/$l.log" | head -n 1)"
+  done
+  grep -h "^test_hybridep:" "$LOG" | sed 's/^/  /'
+} > "$SUM"
+cat "$SUM"
