@@ -44,4 +44,12 @@ fabpool_status fp_trace_alloc(struct fabpool *p, size_t size, void **out, fp_tra
                             FP_TRACE_STATUS_UNKNOWN);                                                          \
     } while (0)
 
+/* The same with the call's status. */
+#define FP_TRACE_ST(p, op, ptr, size, arg, st)                                                                 \
+    do {                                                                                                       \
+        if (__builtin_expect((p)->trace != NULL, 0))                                                           \
+            fp_trace_record((p), (op), (uint64_t)(uintptr_t)(ptr), (uint64_t)(size), (uint64_t)(uintptr_t)(arg), \
+                            (unsigned)(st));                                                                   \
+    } while (0)
+
 #endif
