@@ -75,6 +75,7 @@ typedef enum fabpool_metadata {
 } fabpool_metadata;
 
 #define FABPOOL_MAX_PEERS 16
+#define FABPOOL_TRACE_PATH_MAX 512  /* bytes of fabpool_options.trace_path, its NUL included */
 
 typedef struct fabpool_options {
     uint32_t struct_size;          /* set by fabpool_options_init: sizeof(fabpool_options) */
@@ -91,6 +92,9 @@ typedef struct fabpool_options {
     fabpool_metadata metadata;     /* host metadata allocator (metadata: auto|jemalloc|libc) */
     int n_peer_devices;            /* local devices also given access to every chunk (peers: 1;2;3) */
     int peer_devices[FABPOOL_MAX_PEERS];
+    char trace_path[FABPOOL_TRACE_PATH_MAX]; /* "" (default): no trace; else the file every allocation, free
+                                      and buffer change is recorded to (trace; FABPOOL_TRACE wins over all):
+                                      %p is replaced by the pid, %d by the device, %% by % (docs/config.md) */
     const char *conf;              /* a FABPOOL_CONF-syntax string applied after these fields and
                                       before the FABPOOL_CONF environment variable (may be NULL) */
     uint32_t decay_ms;             /* free memory not reused for this long goes back to the driver;

@@ -5,6 +5,7 @@
 
 #include "error.h"
 #include "pool.h"
+#include "trace.h"
 
 #define FP_LIKELY(x) __builtin_expect(!!(x), 1)
 #define FP_UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -262,6 +263,8 @@ static fabpool_status alloc_slow(fabpool_t *p, size_t size, void **out)
 
 fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
 {
+    if (FP_UNLIKELY(p && p->trace))
+        return fp_trace_alloc(p, size, out, alloc_slow);
     if (FP_LIKELY(p && out && size && size <= p->opt.slab_max_bytes)) {
         fp_tls_slot *sl = &tls_slots[0];
         if (FP_LIKELY(sl->pool == p && sl->id == p->id)) {
@@ -311,6 +314,7 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free(%p): the pool is NULL", ptr);
     if (FP_UNLIKELY(!ptr))
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free: the pointer is NULL");
+    FP_TRACE(p, FP_TR_FREE, ptr, 0, 0); /* before the free: no reuse of ptr can precede it in the trace */
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
     fp_span *s = fp_map_get(p, addr);
     if (FP_UNLIKELY(!s))

@@ -44,7 +44,9 @@ void fabpool_options_init(fabpool_options *o)
 /* ------------------------------------------------------------ the table */
 
 /* The type of the field a key writes. */
-typedef enum field_kind { F_INT, F_U32, F_U64, F_HANDLE, F_METADATA, F_PEERS } field_kind;
+/* F_STRING: a char array of the options, NUL-terminated; its parser writes
+ * it (values may hold ':' and '=', as paths do; never ',' or whitespace). */
+typedef enum field_kind { F_INT, F_U32, F_U64, F_HANDLE, F_METADATA, F_PEERS, F_STRING } field_kind;
 
 struct key;
 /* Reads the value v[0..n) into *out (F_PEERS: into *o directly); on a bad
@@ -71,6 +73,7 @@ static fabpool_status parse_bool(const struct key *, const char *, size_t, uint6
 static fabpool_status parse_word(const struct key *, const char *, size_t, uint64_t *, fabpool_options *);
 static fabpool_status parse_word_or_index(const struct key *, const char *, size_t, uint64_t *, fabpool_options *);
 static fabpool_status parse_peers(const struct key *, const char *, size_t, uint64_t *, fabpool_options *);
+static fabpool_status parse_path(const struct key *, const char *, size_t, uint64_t *, fabpool_options *);
 
 static const char *const handle_words[] = {"auto", "none", "posix_fd", "fabric", NULL};
 static const char *const stats_words[] = {"none", "text", "json", NULL};
@@ -102,6 +105,9 @@ static const struct key keys[] = {
     {"metadata", F_METADATA, FIELD(metadata), parse_word, 0, 2, 0, 0, metadata_words, "auto, jemalloc or libc"},
     {"peers", F_PEERS, FIELD(n_peer_devices), parse_peers, 0, 1023, 0, 0, NULL,
      "none, or up to 16 distinct device ordinals 0..1023 separated by ';' or '+', e.g. 1;2;3"},
+    {"trace", F_STRING, FIELD(trace_path), parse_path, 0, FABPOOL_TRACE_PATH_MAX - 1, 0, 0, NULL,
+     "none, or the path of a file to record the trace to (at most 511 bytes, no ',' and no whitespace; %p: the "
+     "pid, %d: the device), e.g. /tmp/fabpool-%p.trace"},
 };
 
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -342,6 +348,24 @@ static fabpool_status parse_peers(const struct key *k, const char *v, size_t n, 
     return FABPOOL_OK;
 }
 
+static fabpool_status parse_path(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o)
+{
+    char *field = (char *)o + k->offset;
+    *out = 0;
+    if (same_word(v, n, "none")) {
+        memset(field, 0, FABPOOL_TRACE_PATH_MAX);
+        return FABPOOL_OK;
+    }
+    if (n > k->hi)
+        return fp_error(FABPOOL_ERR_CONFIG, "key '%s': value '%.*s%s' is %zu bytes long, above the maximum of %llu; "
+                        "accepted: %s", k->name, SHOW(v, n), n, (unsigned long long)k->hi, k->doc);
+    if (memchr(v, '\0', n))
+        return bad_value(k, v, n, "holds a NUL byte");
+    memset(field, 0, FABPOOL_TRACE_PATH_MAX);
+    memcpy(field, v, n);
+    return FABPOOL_OK;
+}
+
 /* ------------------------------------------------------------ one pair */
 
 static fabpool_status check_range(const struct key *k, const char *v, size_t n, uint64_t x)
@@ -390,7 +414,8 @@ static void store(fabpool_options *o, const struct key *k, uint64_t x)
         *(fabpool_metadata *)(void *)field = (fabpool_metadata)x;
         break;
     case F_PEERS:
-        break; /* its parser wrote the list */
+    case F_STRING:
+        break; /* its parser wrote the field */
     }
 }
 
@@ -457,6 +482,9 @@ static fabpool_status parse_pair(fabpool_options *t, const char *conf, const cha
      * else, as it explains an unknown key or a bad value too */
     size_t at = 0;
     int sep = glued_pair(v, vlen, &at);
+    for (size_t i = 0; i < NKEYS; i++)
+        if (keys[i].field == F_STRING && same_key(kname, klen, keys[i].name))
+            sep = -1; /* a path may hold ':' and '=' */
     if (sep > 0 && is_space((char)sep))
         return fp_error(FABPOOL_ERR_CONFIG, "key '%.*s%s': value '%.*s%s' holds a second pair after whitespace %s: "
                         "pairs are separated by ',', and no spaces or tabs are accepted", SHOW(kname, klen),
@@ -505,7 +533,7 @@ static fabpool_status parse_pair(fabpool_options *t, const char *conf, const cha
     fabpool_status st = k->parse(k, v, vlen, &x, t);
     if (st != FABPOOL_OK)
         return st;
-    if (k->field != F_PEERS) {
+    if (k->field != F_PEERS && k->field != F_STRING) {
         if ((st = check_range(k, v, vlen, x)) != FABPOOL_OK)
             return st;
         store(t, k, x);
@@ -561,6 +589,8 @@ static int64_t field_value(const fabpool_options *o, const struct key *k)
         return (int64_t)*(const fabpool_metadata *)(const void *)field;
     case F_PEERS:
         return o->n_peer_devices;
+    case F_STRING:
+        return 0;
     }
     return 0;
 }
@@ -587,6 +617,13 @@ fabpool_status fp_options_check(const fabpool_options *o)
                         return fp_error(FABPOOL_ERR_CONFIG, "fabpool_options.peer_devices[%d] and [%d] (conf key "
                                         "'peers') both name device %d; accepted: %s", b, a, o->peer_devices[a], k->doc);
             }
+            continue;
+        }
+        if (k->field == F_STRING) {
+            const char *field = (const char *)o + k->offset;
+            if (!memchr(field, '\0', FABPOOL_TRACE_PATH_MAX))
+                return fp_error(FABPOOL_ERR_CONFIG, "fabpool_options.%s (conf key '%s') is not NUL-terminated within "
+                                "its %d bytes; accepted: %s", k->field_name, k->name, FABPOOL_TRACE_PATH_MAX, k->doc);
             continue;
         }
         int64_t x = field_value(o, k);

@@ -7,6 +7,7 @@
 #include "conf.h"
 #include "error.h"
 #include "pool.h"
+#include "trace.h"
 
 /* ------------------------------------------------------------ page map */
 
@@ -149,7 +150,7 @@ static fabpool_status apply_conf(fabpool_options *o)
             return fp_error(st, "FABPOOL_CONF='%s': %s", env, msg);
         }
     }
-    return FABPOOL_OK;
+    return fp_trace_env(o);
 }
 
 static fabpool_status setup_device(struct fabpool *p)
@@ -282,7 +283,7 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
         pthread_mutex_init(&p->classes[c].lock, NULL);
 
     if ((st = setup_device(p)) != FABPOOL_OK || (st = choose_handle_type(p)) != FABPOOL_OK ||
-        (st = reserve(p)) != FABPOOL_OK)
+        (st = reserve(p)) != FABPOOL_OK || (st = fp_trace_open(p)) != FABPOOL_OK)
         goto fail;
     fp_classes_init(p);
     set_thread_cache_caps(p);
@@ -313,6 +314,7 @@ fail: {
 static fabpool_status teardown(struct fabpool *p)
 {
     fabpool_status st = FABPOOL_OK;
+    fp_trace_close(p);
     fp_classes_destroy(p);
     fp_tcaches_destroy(p);
     map_destroy(p);
@@ -364,6 +366,7 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_trim: the pool is NULL");
+    FP_TRACE(p, FP_TR_TRIM, 0, keep, 0);
     /* other threads flush their caches at their next call */
     atomic_fetch_add(&p->flush_epoch, 1);
     fabpool_thread_flush(p);

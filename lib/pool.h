@@ -138,6 +138,7 @@ struct fabpool_view {
 
 struct fabpool {
     uint64_t id;
+    struct fp_trace *trace;            /* NULL: no trace (trace.h) */
     fabpool_options opt;
     fabpool_handle_type handle_type;
     CUmemAllocationHandleType cu_handle_types;

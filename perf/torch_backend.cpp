@@ -1,7 +1,7 @@
 // torch_backend.cpp - PyTorch's CUDA caching allocator behind a C interface,
 // for fabpool_bench (which is C and dlopens this library in child processes).
-// Only c10's public allocator API is used: raw_alloc, raw_delete, init,
-// emptyCache, getDeviceStats, resetPeakStats.
+// Only c10's public allocator API is used: raw_alloc, raw_alloc_with_stream,
+// raw_delete, init, emptyCache, getDeviceStats, resetPeakStats.
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 
@@ -41,6 +41,31 @@ __attribute__((visibility("default"))) int fbt_alloc(size_t n, void **out, char 
     } catch (const std::exception &e) {
         put(err, cap, "raw_alloc", e);
         return -1;
+    }
+}
+
+// an allocation on a given stream (a CUstream / cudaStream_t; NULL: the legacy default stream)
+__attribute__((visibility("default"))) int fbt_alloc_stream(size_t n, void *stream, void **out, char *err, size_t cap)
+{
+    try {
+        *out = A::raw_alloc_with_stream(n, static_cast<cudaStream_t>(stream));
+        return *out ? 0 : -1;
+    } catch (const std::exception &e) {
+        put(err, cap, "raw_alloc_with_stream", e);
+        return -1;
+    }
+}
+
+// the allocator's calls to the driver: num_device_alloc (cudaMalloc, or a map with expandable segments) and
+// num_device_free
+__attribute__((visibility("default"))) void fbt_device_calls(uint64_t *allocs, uint64_t *frees)
+{
+    try {
+        auto s = A::getDeviceStats(0);
+        *allocs = static_cast<uint64_t>(s.num_device_alloc);
+        *frees = static_cast<uint64_t>(s.num_device_free);
+    } catch (const std::exception &) {
+        *allocs = *frees = 0;
     }
 }
 

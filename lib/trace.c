@@ -1,0 +1,321 @@
+/* trace.c - a pool's trace file: every allocation, free, buffer change and
+ * trim, with a time stamp, the stream where the call has one and the thread,
+ * in fixed-size little-endian records (trace_format.h).
+ *
+ * Records go into a buffer of the trace under its own lock and reach the
+ * file when the buffer is full, at pool destroy, and at process exit.  A
+ * write that fails stops the trace (one line on stderr says so); the pool
+ * goes on.  A child made by fork() records nothing: the file is its
+ * parent's. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "pool.h"
+#include "trace.h"
+
+#define TRACE_BUF_RECORDS 4096u  /* 160 KiB a pool */
+#define TRACE_PATH_CAP (FABPOOL_TRACE_PATH_MAX + 64)
+
+struct fp_trace {
+    pthread_mutex_t lock;
+    int fd;
+    _Atomic int dead;        /* no more records: closed at exit, a failed write, or a forked child */
+    int finished;            /* the header is complete and the fd closed */
+    uint64_t t0;
+    uint64_t n;              /* records written to the file or buffered */
+    uint64_t checksum;
+    uint64_t dropped;
+    unsigned used;           /* records buffered */
+    fp_trace_header hdr;
+    char path[TRACE_PATH_CAP];
+    struct fp_trace *next, *prev;  /* every open trace of the process */
+    unsigned char buf[TRACE_BUF_RECORDS * FP_TRACE_RECORD_BYTES];
+};
+
+static pthread_mutex_t traces_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fp_trace *traces;
+static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
+static _Atomic uint32_t next_thread;
+static _Thread_local uint32_t my_thread;
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* ------------------------------------------------------------ writing */
+
+static int write_all(int fd, const unsigned char *b, size_t n, off_t at)
+{
+    while (n) {
+        ssize_t w = at < 0 ? write(fd, b, n) : pwrite(fd, b, n, at);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        b += w;
+        n -= (size_t)w;
+        if (at >= 0)
+            at += w;
+    }
+    return 0;
+}
+
+/* Writes the buffer out.  Trace lock held. */
+static void flush_locked(struct fp_trace *t)
+{
+    if (!t->used || t->fd < 0)
+        return;
+    if (write_all(t->fd, t->buf, (size_t)t->used * FP_TRACE_RECORD_BYTES, -1) != 0) {
+        int e = errno;
+        atomic_store(&t->dead, 1);
+        t->dropped += t->used;
+        fprintf(stderr, "fabpool: trace %s: writing %u records failed (%s); the trace stops here and its file stays "
+                "marked as not closed\n", t->path, t->used, strerror(e ? e : EIO));
+        close(t->fd);
+        t->fd = -1;
+        t->finished = 1;
+    }
+    t->used = 0;
+}
+
+/* Flushes, writes the record count and checksum into the header, closes.
+ * Trace lock held. */
+static void finish_locked(struct fp_trace *t)
+{
+    if (t->finished)
+        return;
+    flush_locked(t);
+    if (t->fd < 0) {
+        t->finished = 1;
+        return;
+    }
+    unsigned char h[FP_TRACE_HEADER_BYTES];
+    t->hdr.n_records = t->n;
+    t->hdr.checksum = t->checksum;
+    fp_trace_encode_header(h, &t->hdr);
+    if (write_all(t->fd, h, sizeof h, 0) != 0)
+        fprintf(stderr, "fabpool: trace %s: completing its header failed (%s); the file stays marked as not "
+                "closed\n", t->path, strerror(errno));
+    close(t->fd);
+    t->fd = -1;
+    t->finished = 1;
+    atomic_store(&t->dead, 1);
+}
+
+static void at_exit(void)
+{
+    pthread_mutex_lock(&traces_lock);
+    for (struct fp_trace *t = traces; t; t = t->next) {
+        if (atomic_load(&t->dead))
+            continue;
+        pthread_mutex_lock(&t->lock);
+        finish_locked(t);
+        pthread_mutex_unlock(&t->lock);
+    }
+    pthread_mutex_unlock(&traces_lock);
+}
+
+static void fork_prepare(void) { pthread_mutex_lock(&traces_lock); }
+static void fork_parent(void) { pthread_mutex_unlock(&traces_lock); }
+static void fork_child(void)
+{
+    /* the parent's files: the child writes nothing to them, and does not
+     * wait for locks other threads of the parent may have held */
+    for (struct fp_trace *t = traces; t; t = t->next) {
+        atomic_store(&t->dead, 1);
+        t->finished = 1;
+        t->used = 0;
+        if (t->fd >= 0)
+            close(t->fd);
+        t->fd = -1;
+        pthread_mutex_init(&t->lock, NULL);
+    }
+    pthread_mutex_unlock(&traces_lock);
+}
+
+static void install_hooks(void)
+{
+    atexit(at_exit);
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+void fp_trace_record(struct fabpool *p, unsigned op, uint64_t ptr, uint64_t size, uint64_t arg, unsigned status)
+{
+    struct fp_trace *t = p->trace;
+    if (atomic_load_explicit(&t->dead, memory_order_relaxed))
+        return;
+    if (!my_thread)
+        my_thread = atomic_fetch_add(&next_thread, 1) + 1;
+    fp_trace_rec r = {0, ptr, size, arg, (uint8_t)op, (uint8_t)status, my_thread};
+    pthread_mutex_lock(&t->lock);
+    if (atomic_load_explicit(&t->dead, memory_order_relaxed)) {
+        t->dropped++;
+        pthread_mutex_unlock(&t->lock);
+        return;
+    }
+    uint64_t now = now_ns();
+    r.t_ns = now > t->t0 ? now - t->t0 : 0;
+    unsigned char *b = t->buf + (size_t)t->used * FP_TRACE_RECORD_BYTES;
+    fp_trace_encode_rec(b, &r);
+    t->checksum = fp_fnv1a(t->checksum, b, FP_TRACE_RECORD_BYTES);
+    t->n++;
+    if (++t->used == TRACE_BUF_RECORDS)
+        flush_locked(t);
+    pthread_mutex_unlock(&t->lock);
+}
+
+fabpool_status fp_trace_alloc(struct fabpool *p, size_t size, void **out, fp_trace_alloc_fn alloc)
+{
+    fabpool_status st = alloc(p, size, out);
+    fp_trace_record(p, FP_TR_ALLOC, st == FABPOOL_OK && out ? (uint64_t)(uintptr_t)*out : 0, size, 0, (unsigned)st);
+    return st;
+}
+
+/* ------------------------------------------------------------ open, close */
+
+fabpool_status fp_trace_env(fabpool_options *o)
+{
+    const char *env = getenv("FABPOOL_TRACE");
+    if (!env || !*env)
+        return FABPOOL_OK;
+    size_t n = strlen(env);
+    if (n >= FABPOOL_TRACE_PATH_MAX)
+        return fp_error(FABPOOL_ERR_CONFIG, "FABPOOL_TRACE is %zu bytes long; a trace path is at most %d bytes: "
+                        "choose a shorter path", n, FABPOOL_TRACE_PATH_MAX - 1);
+    memset(o->trace_path, 0, sizeof o->trace_path);
+    memcpy(o->trace_path, env, n);
+    return FABPOOL_OK;
+}
+
+/* The path with %p, %d and %% replaced; -1 if it does not fit. */
+static int expand(const char *in, int device, char *out, size_t cap)
+{
+    size_t len = 0;
+    for (const char *s = in; *s; s++) {
+        char piece[32];
+        const char *add = piece;
+        if (s[0] == '%' && (s[1] == 'p' || s[1] == 'd' || s[1] == '%')) {
+            if (s[1] == 'p')
+                snprintf(piece, sizeof piece, "%ld", (long)getpid());
+            else if (s[1] == 'd')
+                snprintf(piece, sizeof piece, "%d", device);
+            else
+                snprintf(piece, sizeof piece, "%%");
+            s++;
+        } else {
+            piece[0] = *s;
+            piece[1] = 0;
+        }
+        size_t l = strlen(add);
+        if (len + l + 1 > cap)
+            return -1;
+        memcpy(out + len, add, l);
+        len += l;
+    }
+    out[len] = 0;
+    return 0;
+}
+
+fabpool_status fp_trace_open(struct fabpool *p)
+{
+    if (!p->opt.trace_path[0])
+        return FABPOOL_OK;
+    pthread_once(&hooks_once, install_hooks);
+    struct fp_trace *t = calloc(1, sizeof *t);
+    if (!t)
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the trace buffer (%zu bytes)", sizeof *t);
+    char base[TRACE_PATH_CAP];
+    if (expand(p->opt.trace_path, p->opt.device, base, sizeof base - 16) != 0) {
+        free(t);
+        return fp_error(FABPOOL_ERR_CONFIG, "trace path '%s': too long once %%p and %%d are replaced (at most %d "
+                        "bytes); choose a shorter path", p->opt.trace_path, TRACE_PATH_CAP - 17);
+    }
+    /* a second pool of this process on the same path writes to path.2, ... */
+    pthread_mutex_lock(&traces_lock);
+    snprintf(t->path, sizeof t->path, "%s", base);
+    for (unsigned k = 2;; k++) {
+        int taken = 0;
+        for (struct fp_trace *o = traces; o && !taken; o = o->next)
+            taken = !o->finished && strcmp(o->path, t->path) == 0;
+        if (!taken)
+            break;
+        char sfx[16];
+        snprintf(sfx, sizeof sfx, ".%u", k);
+        size_t bl = strlen(base); /* < sizeof t->path - 16 */
+        memcpy(t->path, base, bl);
+        memcpy(t->path + bl, sfx, strlen(sfx) + 1);
+    }
+    t->fd = open(t->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (t->fd < 0) {
+        int e = errno;
+        pthread_mutex_unlock(&traces_lock);
+        fabpool_status st = fp_error(FABPOOL_ERR_IO, "trace: cannot create '%s' for writing: %s (the path comes from "
+                                     "FABPOOL_TRACE, the conf key trace or fabpool_options.trace_path; its "
+                                     "directory must exist and be writable)", t->path, strerror(e));
+        free(t);
+        return st;
+    }
+    t->hdr.version = FP_TRACE_VERSION;
+    t->hdr.device = p->opt.device;
+    t->hdr.granularity = p->gran;
+    t->hdr.slab_max = p->opt.slab_max_bytes;
+    t->hdr.n_records = FP_TRACE_OPEN;
+    t->hdr.checksum = 0;
+    t->hdr.pid = (uint32_t)getpid();
+    t->checksum = FP_FNV_OFFSET;
+    unsigned char h[FP_TRACE_HEADER_BYTES];
+    fp_trace_encode_header(h, &t->hdr);
+    if (write_all(t->fd, h, sizeof h, -1) != 0) {
+        int e = errno;
+        close(t->fd);
+        pthread_mutex_unlock(&traces_lock);
+        fabpool_status st = fp_error(FABPOOL_ERR_IO, "trace: cannot write the header of '%s': %s", t->path,
+                                     strerror(e));
+        free(t);
+        return st;
+    }
+    pthread_mutex_init(&t->lock, NULL);
+    t->t0 = now_ns();
+    t->next = traces;
+    if (traces)
+        traces->prev = t;
+    traces = t;
+    pthread_mutex_unlock(&traces_lock);
+    p->trace = t;
+    return FABPOOL_OK;
+}
+
+void fp_trace_close(struct fabpool *p)
+{
+    struct fp_trace *t = p->trace;
+    if (!t)
+        return;
+    p->trace = NULL;
+    pthread_mutex_lock(&traces_lock);
+    pthread_mutex_lock(&t->lock);
+    finish_locked(t);
+    pthread_mutex_unlock(&t->lock);
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        traces = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    pthread_mutex_unlock(&traces_lock);
+    pthread_mutex_destroy(&t->lock);
+    free(t);
+}
+
+const char *fp_trace_path(const struct fabpool *p) { return p && p->trace ? p->trace->path : NULL; }

@@ -1,0 +1,957 @@
+/* fabpool_replay: runs a recorded fabpool trace (FABPOOL_TRACE) against
+ * several allocators, each in a child process of its own, one after the
+ * other, and reports for each: latency per operation (median, p99), the peak
+ * held by the driver, and driver calls (docs/performance.md, "Replay").
+ *
+ *   fabpool_replay TRACE[.gz] [--allocators fabpool,cudaMallocAsync,torch_default,torch_expandable]
+ *                  [--level auto|app|pool] [--sample N] [--fabpool-conf STR] [--device N]
+ *                  [--json FILE] [--check]
+ *
+ * What is replayed: a trace with an adapter's records (the PyTorch shim's
+ * app_alloc / app_free, with their streams) is replayed at that level, what
+ * the framework asked (--level auto, the default); else fabpool's own
+ * alloc / free.  Buffer records (fabpool_buffer_*) are replayed at both
+ * levels: as fabpool buffers for fabpool, and as allocate-new / free-old for
+ * the others (what HybridEP and PyTorch users do: a resize to another size is
+ * an allocation of the new size and a free of the old block, no copy timed).
+ * Every stream the trace names becomes a stream of its own, created at the
+ * start of the replay (the NULL stream stays NULL).  No GPU work is queued:
+ * the replay measures the allocators, not kernels.  What the trace left live
+ * at its end is freed after the timed part.
+ *
+ * Peak held by the driver: cuMemGetInfo (device used less the baseline taken
+ * after the allocator started), sampled before the first operation and every
+ * --sample operations (default 16) outside the timed calls; on the simulated
+ * driver, its ledger of bytes held.  The allocator's own peak is shown beside
+ * it (fabpool: mapped_bytes_peak; cudaMallocAsync: the pool's
+ * RESERVED_MEM_HIGH; PyTorch: reserved_bytes peak).  Driver calls: fabpool's
+ * counters of every driver call; cudaMallocAsync: the cuMemAllocAsync /
+ * cuMemFreeAsync / trim calls the replay made; PyTorch: num_device_alloc +
+ * num_device_free (cudaMalloc / cudaFree, or maps and unmaps with expandable
+ * segments).
+ *
+ * --check: exit 1 unless every allocator asked for ran, every allocation,
+ * buffer creation and resize that succeeded in the trace succeeded in the
+ * replay, and fabpool's live bytes are 0 once the replay freed what the trace
+ * left live (on the simulated driver: nothing held after its pool is
+ * destroyed).  Times mean something only on a real GPU. */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fabpool.h"
+#include "trace_file.h"
+
+/* ------------------------------------------------------------ the ops */
+
+enum { R_ALLOC, R_FREE, R_BCREATE, R_BRESIZE, R_BDESTROY, R_TRIM, R_EMPTY, R_NKINDS };
+static const char *const kind_name[R_NKINDS] = {"alloc", "free", "buffer_create", "buffer_resize",
+                                                "buffer_destroy", "trim", "empty_cache"};
+
+typedef struct rop {
+    uint8_t kind;
+    uint16_t stream;  /* index into streams; 0 = NULL */
+    uint32_t obj;     /* object index (blocks and buffers) */
+    uint64_t size;    /* alloc / buffer size; trim: keep */
+    uint64_t max;     /* buffer create: max_size */
+} rop;
+
+typedef struct plan {
+    rop *ops;
+    size_t n;
+    uint32_t n_objs;
+    unsigned n_streams;   /* streams[1..n_streams-1] are real ones */
+    uint64_t live_peak;   /* bytes of the level replayed + buffers */
+    uint64_t skipped_failed, skipped_unknown;
+    int app;
+} plan;
+
+#define MAX_STREAMS 256
+
+static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, size_t cap)
+{
+    memset(pl, 0, sizeof *pl);
+    pl->app = level_app;
+    pl->ops = malloc((d->n ? d->n : 1) * sizeof *pl->ops);
+    uint64_t *obj_size = NULL;
+    u64map live = {0}, streams = {0};
+    if (!pl->ops)
+        goto nomem;
+    size_t obj_cap = 0;
+    pl->n_streams = 1;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        const fp_trace_rec *r = &d->recs[i];
+        int is_alloc = level_app ? r->op == FP_TR_APP_ALLOC : r->op == FP_TR_ALLOC;
+        int is_free = level_app ? r->op == FP_TR_APP_FREE : r->op == FP_TR_FREE;
+        int is_buf = r->op == FP_TR_BUF_CREATE || r->op == FP_TR_BUF_RESIZE || r->op == FP_TR_BUF_DESTROY;
+        int is_trim = !level_app && r->op == FP_TR_TRIM;
+        int is_empty = level_app && r->op == FP_TR_APP_EMPTY;
+        if (!is_alloc && !is_free && !is_buf && !is_trim && !is_empty)
+            continue;
+        rop o = {0};
+        uint64_t stream = (r->op == FP_TR_APP_ALLOC || r->op == FP_TR_APP_FREE || r->op == FP_TR_BUF_RESIZE ||
+                           r->op == FP_TR_BUF_DESTROY) ? r->arg : 0;
+        if (stream) {
+            uint64_t si = 0;
+            if (!u64map_get(&streams, stream, &si)) {
+                if (pl->n_streams >= MAX_STREAMS) {
+                    snprintf(err, cap, "the trace names more than %d streams", MAX_STREAMS - 1);
+                    goto fail;
+                }
+                si = pl->n_streams++;
+                if (u64map_put(&streams, stream, si))
+                    goto nomem;
+            }
+            o.stream = (uint16_t)si;
+        }
+        uint64_t obj = 0;
+        if (is_alloc || r->op == FP_TR_BUF_CREATE) {
+            if (r->status != FP_TRACE_STATUS_UNKNOWN && r->status != FABPOOL_OK) {
+                pl->skipped_failed++;
+                continue;
+            }
+            if (pl->n_objs == obj_cap) {
+                obj_cap = obj_cap ? obj_cap * 2 : 4096;
+                uint64_t *ns = realloc(obj_size, obj_cap * sizeof *ns);
+                if (!ns)
+                    goto nomem;
+                obj_size = ns;
+            }
+            obj = pl->n_objs++;
+            obj_size[obj] = r->size;
+            if (u64map_put(&live, r->ptr, obj + 1))
+                goto nomem;
+            o.kind = is_alloc ? R_ALLOC : R_BCREATE;
+            o.size = r->size;
+            o.max = r->op == FP_TR_BUF_CREATE ? (r->arg ? r->arg : r->size) : 0;
+            bytes += r->size;
+        } else if (is_free || r->op == FP_TR_BUF_DESTROY) {
+            uint64_t v = 0;
+            if (!u64map_del(&live, r->ptr, &v)) {
+                pl->skipped_unknown++;
+                continue;
+            }
+            obj = v - 1;
+            o.kind = is_free ? R_FREE : R_BDESTROY;
+            bytes -= obj_size[obj];
+        } else if (r->op == FP_TR_BUF_RESIZE) {
+            uint64_t v = 0;
+            if (!u64map_get(&live, r->ptr, &v)) {
+                pl->skipped_unknown++;
+                continue;
+            }
+            obj = v - 1;
+            o.kind = R_BRESIZE;
+            o.size = r->size;
+            bytes = bytes - obj_size[obj] + r->size;
+            obj_size[obj] = r->size;
+        } else {
+            o.kind = is_trim ? R_TRIM : R_EMPTY;
+            o.size = is_trim ? r->size : 0;
+        }
+        o.obj = (uint32_t)obj;
+        if (bytes > pl->live_peak)
+            pl->live_peak = bytes;
+        pl->ops[pl->n++] = o;
+    }
+    free(obj_size);
+    u64map_free(&live);
+    u64map_free(&streams);
+    return 0;
+nomem:
+    snprintf(err, cap, "no host memory to plan the replay");
+fail:
+    free(obj_size);
+    free(pl->ops);
+    pl->ops = NULL;
+    u64map_free(&live);
+    u64map_free(&streams);
+    return -1;
+}
+
+/* ------------------------------------------------------------ driver */
+
+static struct {
+    CUresult (*init)(unsigned);
+    CUresult (*dev_get)(CUdevice *, int);
+    CUresult (*ctx_retain)(CUcontext *, CUdevice);
+    CUresult (*ctx_set)(CUcontext);
+    CUresult (*ctx_sync)(void);
+    CUresult (*meminfo)(size_t *, size_t *);
+    CUresult (*stream_create)(CUstream *, unsigned);
+    CUresult (*stream_destroy)(CUstream);
+    CUresult (*stream_sync)(CUstream);
+    CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*free_async)(CUdeviceptr, CUstream);
+    CUresult (*default_pool)(CUmemoryPool *, CUdevice);
+    CUresult (*pool_set)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*pool_get)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*pool_trim)(CUmemoryPool, size_t);
+    int (*ledger)(void *);
+    CUdevice dev;
+    CUcontext ctx;
+} cu;
+
+typedef struct sim_ledger { /* fabsim_ledger's first fields (sim/fabsim.h) */
+    uint64_t handles, allocations, mappings, reservations, exported_fds, bytes_held, bytes_mapped;
+    uint64_t rest[FABPOOL_MAX_PEERS + 1];
+} sim_ledger;
+
+static int load_driver(int device, char *err, size_t cap)
+{
+    const char *path = getenv("FABPOOL_CUDA_LIBRARY");
+    if (!path || !*path)
+        path = "libcuda.so.1";
+    void *l = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!l) {
+        snprintf(err, cap, "cannot load the driver %s: %s", path, dlerror());
+        return -1;
+    }
+#define SYM(f, n) *(void **)&cu.f = dlsym(l, n)
+    SYM(init, "cuInit");
+    SYM(dev_get, "cuDeviceGet");
+    SYM(ctx_retain, "cuDevicePrimaryCtxRetain");
+    SYM(ctx_set, "cuCtxSetCurrent");
+    SYM(ctx_sync, "cuCtxSynchronize");
+    SYM(meminfo, "cuMemGetInfo_v2");
+    SYM(stream_create, "cuStreamCreate");
+    SYM(stream_destroy, "cuStreamDestroy_v2");
+    SYM(stream_sync, "cuStreamSynchronize");
+    SYM(alloc_async, "cuMemAllocAsync");
+    SYM(free_async, "cuMemFreeAsync");
+    SYM(default_pool, "cuDeviceGetDefaultMemPool");
+    SYM(pool_set, "cuMemPoolSetAttribute");
+    SYM(pool_get, "cuMemPoolGetAttribute");
+    SYM(pool_trim, "cuMemPoolTrimTo");
+    SYM(ledger, "fabsim_get_ledger");
+#undef SYM
+    if (!cu.init || !cu.dev_get || !cu.ctx_retain || !cu.ctx_set || !cu.meminfo || !cu.stream_create ||
+        !cu.stream_sync || !cu.ctx_sync) {
+        snprintf(err, cap, "the driver %s lacks an entry point the replay needs", path);
+        return -1;
+    }
+    CUresult r;
+    if ((r = cu.init(0)) || (r = cu.dev_get(&cu.dev, device)) || (r = cu.ctx_retain(&cu.ctx, cu.dev)) ||
+        (r = cu.ctx_set(cu.ctx))) {
+        snprintf(err, cap, "the driver %s does not start on device %d (CUresult %d)", path, device, (int)r);
+        return -1;
+    }
+    return 0;
+}
+
+/* What the driver holds: the sim's ledger, else the device's used memory. */
+static uint64_t driver_held(void)
+{
+    if (cu.ledger) {
+        sim_ledger l;
+        memset(&l, 0, sizeof l);
+        cu.ledger(&l);
+        return l.bytes_held;
+    }
+    size_t f = 0, t = 0;
+    if (cu.meminfo(&f, &t) != CUDA_SUCCESS)
+        return 0;
+    return (uint64_t)(t - f);
+}
+
+static double now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+
+/* ------------------------------------------------------------ allocators */
+
+enum { A_FABPOOL, A_ASYNC, A_TORCH, A_TORCH_EXP, A_N };
+static const char *const a_key[A_N] = {"fabpool", "cudaMallocAsync", "torch_default", "torch_expandable"};
+
+typedef struct rres {
+    int ran;                     /* 1: ran; 0: could not (error says why) */
+    char error[400];
+    uint64_t ops, failures, first_failure;
+    uint64_t count[R_NKINDS];
+    double med[R_NKINDS], p99[R_NKINDS];
+    double seconds;
+    uint64_t held_base, held_peak;       /* driver: baseline, and peak less baseline */
+    uint64_t own_peak;                   /* allocator's own peak; UINT64_MAX unknown */
+    uint64_t calls;                      /* driver calls; UINT64_MAX unknown */
+    uint64_t maps;                       /* physical allocations / maps; UINT64_MAX unknown */
+    uint64_t left_live;                  /* objects the trace left live, freed after the timed part */
+    uint64_t live_end;                   /* fabpool: in_use bytes after that; UINT64_MAX n/a */
+    uint64_t held_after;                 /* sim: bytes held after the allocator is gone; UINT64_MAX n/a */
+    int sim;                             /* ran on the simulated driver */
+    char calls_what[120];
+} rres;
+
+/* PyTorch's allocator (libfabpool_bench_torch.so, perf/torch_backend.cpp) */
+static struct {
+    int (*init)(char *, size_t);
+    int (*alloc_stream)(size_t, void *, void **, char *, size_t);
+    void (*del)(void *);
+    void (*empty_cache)(void);
+    void (*reserved)(uint64_t *, uint64_t *);
+    void (*device_calls)(uint64_t *, uint64_t *);
+} tb;
+
+static int load_torch(char *err, size_t cap)
+{
+    char exe[4096], path[4200];
+    const char *env = getenv("FABPOOL_BENCH_TORCH_LIB");
+    if (env && *env) {
+        snprintf(path, sizeof path, "%s", env);
+    } else {
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        exe[n > 0 ? n : 0] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash)
+            *slash = 0;
+        snprintf(path, sizeof path, "%s/libfabpool_bench_torch.so", n > 0 ? exe : ".");
+    }
+    if (access(path, R_OK) != 0) {
+        snprintf(err, cap, "PyTorch not present (%.250s was not built: no torch found when configuring)", path);
+        return -1;
+    }
+    void *l = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!l) {
+        snprintf(err, cap, "PyTorch not present (%s)", dlerror());
+        return -1;
+    }
+#define TSYM(f, n) *(void **)&tb.f = dlsym(l, n)
+    TSYM(init, "fbt_init");
+    TSYM(alloc_stream, "fbt_alloc_stream");
+    TSYM(del, "fbt_free");
+    TSYM(empty_cache, "fbt_empty_cache");
+    TSYM(reserved, "fbt_reserved");
+    TSYM(device_calls, "fbt_device_calls");
+#undef TSYM
+    if (!tb.init || !tb.alloc_stream || !tb.del || !tb.empty_cache || !tb.reserved || !tb.device_calls) {
+        snprintf(err, cap, "PyTorch backend %.250s lacks an fbt_ entry point (rebuild it)", path);
+        return -1;
+    }
+    return tb.init(err, cap);
+}
+
+typedef struct replay_state {
+    int kind;
+    fabpool_t *pool;
+    CUmemoryPool mp;
+    uint64_t own_calls;
+    CUstream streams[MAX_STREAMS];
+    void **ptr;           /* per object: block (or buffer base for the others) */
+    fabpool_buffer_t **buf;
+    uint16_t *obj_stream; /* the stream of the block's allocation */
+} replay_state;
+
+static int x_alloc(replay_state *s, size_t n, unsigned si, void **p)
+{
+    CUstream st = s->streams[si];
+    switch (s->kind) {
+    case A_FABPOOL:
+        return fabpool_alloc(s->pool, n, p) == FABPOOL_OK ? 0 : -1;
+    case A_ASYNC: {
+        CUdeviceptr d = 0;
+        s->own_calls++;
+        if (cu.alloc_async(&d, n, st) != CUDA_SUCCESS) {
+            /* out of memory with the pool's cache full: give it back, once more */
+            s->own_calls += 2;
+            cu.ctx_sync();
+            cu.pool_trim(s->mp, 0);
+            s->own_calls++;
+            if (cu.alloc_async(&d, n, st) != CUDA_SUCCESS)
+                return -1;
+        }
+        *p = (void *)(uintptr_t)d;
+        return 0;
+    }
+    default:
+        return tb.alloc_stream(n, (void *)st, p, NULL, 0);
+    }
+}
+
+static int x_free(replay_state *s, void *p, unsigned si)
+{
+    switch (s->kind) {
+    case A_FABPOOL:
+        return fabpool_free(s->pool, p) == FABPOOL_OK ? 0 : -1;
+    case A_ASYNC:
+        s->own_calls++;
+        return cu.free_async((CUdeviceptr)(uintptr_t)p, s->streams[si]) == CUDA_SUCCESS ? 0 : -1;
+    default:
+        tb.del(p);
+        return 0;
+    }
+}
+
+static void x_trim(replay_state *s, uint64_t keep)
+{
+    switch (s->kind) {
+    case A_FABPOOL:
+        fabpool_trim(s->pool, keep);
+        break;
+    case A_ASYNC:
+        s->own_calls += 2;
+        cu.ctx_sync();
+        cu.pool_trim(s->mp, keep);
+        break;
+    default:
+        tb.empty_cache();
+        break;
+    }
+}
+
+/* One op; returns 0 or -1 (failed). */
+static int do_op(replay_state *s, const rop *o)
+{
+    void *p = NULL;
+    switch (o->kind) {
+    case R_ALLOC:
+        if (x_alloc(s, o->size, o->stream, &p))
+            return -1;
+        s->ptr[o->obj] = p;
+        s->obj_stream[o->obj] = o->stream;
+        return 0;
+    case R_FREE:
+        if (!s->ptr[o->obj])
+            return 0; /* its allocation failed in the replay: counted there */
+        p = s->ptr[o->obj];
+        s->ptr[o->obj] = NULL;
+        return x_free(s, p, s->obj_stream[o->obj]);
+    case R_BCREATE:
+        if (s->kind == A_FABPOOL) {
+            if (fabpool_buffer_create(s->pool, o->max, o->size, &s->buf[o->obj]) != FABPOOL_OK)
+                return -1;
+            s->ptr[o->obj] = fabpool_buffer_ptr(s->buf[o->obj]);
+            return 0;
+        }
+        if (x_alloc(s, o->size, 0, &p))
+            return -1;
+        s->ptr[o->obj] = p;
+        s->obj_stream[o->obj] = 0;
+        return 0;
+    case R_BRESIZE:
+        if (!s->ptr[o->obj])
+            return -1;
+        if (s->kind == A_FABPOOL)
+            return fabpool_buffer_resize(s->buf[o->obj], o->size, (void *)s->streams[o->stream]) == FABPOOL_OK ? 0
+                                                                                                            : -1;
+        /* allocate the new size, free the old block */
+        if (x_alloc(s, o->size, o->stream, &p))
+            return -1;
+        x_free(s, s->ptr[o->obj], s->obj_stream[o->obj]);
+        s->ptr[o->obj] = p;
+        s->obj_stream[o->obj] = o->stream;
+        return 0;
+    case R_BDESTROY:
+        if (!s->ptr[o->obj])
+            return 0;
+        p = s->ptr[o->obj];
+        s->ptr[o->obj] = NULL;
+        if (s->kind == A_FABPOOL) {
+            fabpool_status st = fabpool_buffer_destroy(s->buf[o->obj], (void *)s->streams[o->stream]);
+            s->buf[o->obj] = NULL;
+            return st == FABPOOL_OK ? 0 : -1;
+        }
+        return x_free(s, p, s->obj_stream[o->obj]);
+    case R_TRIM:
+        x_trim(s, o->size);
+        return 0;
+    case R_EMPTY:
+        x_trim(s, 0);
+        return 0;
+    }
+    return 0;
+}
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static uint64_t fab_calls(fabpool_t *pool, uint64_t *maps)
+{
+    static fabpool_stats st;
+    if (fabpool_get_stats(pool, &st) != FABPOOL_OK)
+        return UINT64_MAX;
+    uint64_t n = 0;
+    for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS; i++)
+        n += st.driver_calls[i];
+    if (maps)
+        *maps = st.chunks_mapped_total;
+    return n;
+}
+
+/* The child's whole run for one allocator. */
+static void run_child(int kind, const plan *pl, int device, int sample, const char *fconf, rres *r)
+{
+    memset(r, 0, sizeof *r);
+    r->own_peak = r->calls = r->maps = r->live_end = r->held_after = UINT64_MAX;
+    if (load_driver(device, r->error, sizeof r->error))
+        return;
+    r->sim = cu.ledger != NULL;
+    replay_state s;
+    memset(&s, 0, sizeof s);
+    s.kind = kind;
+    fabpool_stats *fst = NULL;
+    uint64_t calls0 = 0, maps0 = 0, dallocs0 = 0, dfrees0 = 0;
+    if (kind == A_FABPOOL) {
+        fabpool_options o;
+        fabpool_options_init(&o);
+        o.device = device;
+        o.conf = fconf;
+        if (fabpool_create(&o, &s.pool) != FABPOOL_OK) {
+            snprintf(r->error, sizeof r->error, "fabpool_create: %s", fabpool_last_error());
+            return;
+        }
+        fst = malloc(sizeof *fst);
+        if (!fst) {
+            snprintf(r->error, sizeof r->error, "no host memory");
+            return;
+        }
+        snprintf(r->calls_what, sizeof r->calls_what, "every driver call of the pool (its counters)");
+    } else if (kind == A_ASYNC) {
+        if (!cu.alloc_async || !cu.free_async || !cu.default_pool || !cu.pool_set || !cu.pool_trim ||
+            cu.default_pool(&s.mp, cu.dev) != CUDA_SUCCESS) {
+            snprintf(r->error, sizeof r->error, "the driver has no stream-ordered allocator");
+            return;
+        }
+        cuuint64_t thr = UINT64_MAX; /* keep freed memory: what a tuned cudaMallocAsync user does */
+        cu.pool_set(s.mp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr);
+        cuuint64_t zero = 0;
+        if (cu.pool_get)
+            cu.pool_set(s.mp, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero);
+        snprintf(r->calls_what, sizeof r->calls_what, "cuMemAllocAsync / cuMemFreeAsync / trim calls made");
+    } else {
+        const char *conf = kind == A_TORCH_EXP ? "expandable_segments:True" : NULL;
+        if (conf) {
+            setenv("PYTORCH_CUDA_ALLOC_CONF", conf, 1);
+            setenv("PYTORCH_ALLOC_CONF", conf, 1);
+        } else {
+            unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+            unsetenv("PYTORCH_ALLOC_CONF");
+        }
+        if (load_torch(r->error, sizeof r->error))
+            return;
+        tb.device_calls(&dallocs0, &dfrees0);
+        snprintf(r->calls_what, sizeof r->calls_what, "num_device_alloc + num_device_free (%s)",
+                 kind == A_TORCH_EXP ? "maps and unmaps" : "cudaMalloc and cudaFree");
+    }
+    for (unsigned i = 1; i < pl->n_streams; i++)
+        if (cu.stream_create(&s.streams[i], 0) != CUDA_SUCCESS) {
+            snprintf(r->error, sizeof r->error, "cuStreamCreate failed for stream %u of %u", i, pl->n_streams - 1);
+            return;
+        }
+    size_t nobj = pl->n_objs ? pl->n_objs : 1;
+    s.ptr = calloc(nobj, sizeof *s.ptr);
+    s.buf = calloc(nobj, sizeof *s.buf);
+    s.obj_stream = calloc(nobj, sizeof *s.obj_stream);
+    float *lat[R_NKINDS];
+    uint64_t cnt[R_NKINDS] = {0};
+    for (int k = 0; k < R_NKINDS; k++)
+        lat[k] = NULL;
+    for (size_t i = 0; i < pl->n; i++)
+        cnt[pl->ops[i].kind]++;
+    int nomem = !s.ptr || !s.buf || !s.obj_stream;
+    for (int k = 0; k < R_NKINDS; k++)
+        if (!(lat[k] = malloc((cnt[k] ? cnt[k] : 1) * sizeof(float))))
+            nomem = 1;
+    if (nomem) {
+        snprintf(r->error, sizeof r->error, "no host memory for the replay's tables");
+        return;
+    }
+    if (kind == A_FABPOOL)
+        calls0 = fab_calls(s.pool, &maps0);
+
+    r->held_base = driver_held();
+    uint64_t peak = 0;
+    uint64_t done[R_NKINDS] = {0};
+    int since = 0;
+    double t_all = now_ns();
+    for (size_t i = 0; i < pl->n; i++) {
+        const rop *o = &pl->ops[i];
+        double t0 = now_ns();
+        int bad = do_op(&s, o);
+        double t1 = now_ns();
+        lat[o->kind][done[o->kind]++] = (float)(t1 - t0);
+        if (bad) {
+            if (!r->failures)
+                r->first_failure = i;
+            r->failures++;
+        }
+        if (++since >= sample) {
+            since = 0;
+            uint64_t h = driver_held();
+            if (h > r->held_base && h - r->held_base > peak)
+                peak = h - r->held_base;
+        }
+    }
+    r->seconds = (now_ns() - t_all) / 1e9;
+    uint64_t h = driver_held();
+    if (h > r->held_base && h - r->held_base > peak)
+        peak = h - r->held_base;
+    r->held_peak = peak;
+    r->ops = pl->n;
+    for (int k = 0; k < R_NKINDS; k++) {
+        r->count[k] = done[k];
+        if (done[k]) {
+            qsort(lat[k], done[k], sizeof(float), cmp_f);
+            r->med[k] = lat[k][done[k] / 2];
+            { size_t q = (size_t)((double)done[k] * 0.99 + 0.999999); r->p99[k] = lat[k][q ? q - 1 : 0]; }
+        }
+        free(lat[k]);
+    }
+    /* the allocator's own figures, then what the trace left live goes */
+    if (kind == A_FABPOOL) {
+        uint64_t maps = 0;
+        r->calls = fab_calls(s.pool, &maps) - calls0;
+        r->maps = maps - maps0;
+        if (fabpool_get_stats(s.pool, fst) == FABPOOL_OK)
+            r->own_peak = fst->mapped_bytes_peak;
+    } else if (kind == A_ASYNC) {
+        r->calls = s.own_calls;
+        cuuint64_t high = 0;
+        if (cu.pool_get && cu.pool_get(s.mp, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &high) == CUDA_SUCCESS)
+            r->own_peak = high;
+    } else {
+        uint64_t cur = 0, pk = 0, a = 0, f = 0;
+        tb.reserved(&cur, &pk);
+        r->own_peak = pk;
+        tb.device_calls(&a, &f);
+        r->calls = (a - dallocs0) + (f - dfrees0);
+        r->maps = a - dallocs0;
+    }
+    for (uint32_t i = 0; i < pl->n_objs; i++) {
+        if (!s.ptr[i])
+            continue;
+        r->left_live++;
+        if (kind == A_FABPOOL && s.buf[i])
+            fabpool_buffer_destroy(s.buf[i], NULL);
+        else
+            x_free(&s, s.ptr[i], s.obj_stream[i]);
+        s.ptr[i] = NULL;
+    }
+    cu.ctx_sync();
+    if (kind == A_FABPOOL) {
+        if (fabpool_get_stats(s.pool, fst) == FABPOOL_OK)
+            r->live_end = fst->in_use_bytes + fst->blocks + fst->buffers;
+        fabpool_status st = fabpool_destroy(s.pool);
+        if (st != FABPOOL_OK)
+            snprintf(r->error, sizeof r->error, "fabpool_destroy: %s", fabpool_last_error());
+        if (cu.ledger)
+            r->held_after = driver_held();
+        free(fst);
+    } else if (kind == A_ASYNC) {
+        cu.pool_trim(s.mp, 0);
+    } else {
+        tb.empty_cache();
+    }
+    for (unsigned i = 1; i < pl->n_streams; i++)
+        if (cu.stream_destroy)
+            cu.stream_destroy(s.streams[i]);
+    free(s.ptr);
+    free(s.buf);
+    free(s.obj_stream);
+    r->ran = 1;
+}
+
+/* Runs one allocator in a child process; its result comes back through a pipe. */
+static void run_forked(int kind, const plan *pl, int device, int sample, const char *fconf, rres *r)
+{
+    int fds[2];
+    memset(r, 0, sizeof *r);
+    if (pipe(fds) != 0) {
+        snprintf(r->error, sizeof r->error, "pipe: %s", strerror(errno));
+        return;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        static rres cr;
+        run_child(kind, pl, device, sample, fconf, &cr);
+        const char *p = (const char *)&cr;
+        size_t left = sizeof cr;
+        while (left) {
+            ssize_t w = write(fds[1], p, left);
+            if (w <= 0)
+                _exit(1);
+            p += w;
+            left -= (size_t)w;
+        }
+        _exit(0);
+    }
+    close(fds[1]);
+    if (pid < 0) {
+        close(fds[0]);
+        snprintf(r->error, sizeof r->error, "fork: %s", strerror(errno));
+        return;
+    }
+    char *p = (char *)r;
+    size_t left = sizeof *r;
+    while (left) {
+        ssize_t n = read(fds[0], p, left);
+        if (n <= 0)
+            break;
+        p += n;
+        left -= (size_t)n;
+    }
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (left) {
+        memset(r, 0, sizeof *r);
+        if (WIFSIGNALED(status))
+            snprintf(r->error, sizeof r->error, "the child process died of signal %d (%s)", WTERMSIG(status),
+                     strsignal(WTERMSIG(status)));
+        else
+            snprintf(r->error, sizeof r->error, "the child process ended with status %d before its result",
+                     WEXITSTATUS(status));
+    }
+}
+
+/* ------------------------------------------------------------ output */
+
+static void mib(uint64_t b, char *out, size_t cap)
+{
+    if (b == UINT64_MAX)
+        snprintf(out, cap, "n/a");
+    else
+        snprintf(out, cap, "%.1f MiB", (double)b / (1 << 20));
+}
+
+static void num(uint64_t v, char *out, size_t cap)
+{
+    if (v == UINT64_MAX)
+        snprintf(out, cap, "n/a");
+    else
+        snprintf(out, cap, "%" PRIu64, v);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: fabpool_replay TRACE[.gz] [--allocators fabpool,cudaMallocAsync,torch_default,"
+               "torch_expandable]\n"
+               "                      [--level auto|app|pool] [--sample N] [--fabpool-conf STR] [--device N]\n"
+               "                      [--json FILE] [--check]\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = NULL, *json = NULL, *fconf = NULL, *list = "fabpool,cudaMallocAsync,torch_default,"
+                                                                  "torch_expandable";
+    int check = 0, sample = 16, device = 0, level = -1; /* -1 auto, 0 pool, 1 app */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int more = i + 1 < argc;
+        if (!strcmp(a, "--check"))
+            check = 1;
+        else if (!strcmp(a, "--allocators") && more)
+            list = argv[++i];
+        else if (!strcmp(a, "--json") && more)
+            json = argv[++i];
+        else if (!strcmp(a, "--fabpool-conf") && more)
+            fconf = argv[++i];
+        else if (!strcmp(a, "--sample") && more)
+            sample = atoi(argv[++i]);
+        else if (!strcmp(a, "--device") && more)
+            device = atoi(argv[++i]);
+        else if (!strcmp(a, "--level") && more) {
+            const char *v = argv[++i];
+            level = !strcmp(v, "app") ? 1 : !strcmp(v, "pool") ? 0 : !strcmp(v, "auto") ? -1 : -2;
+            if (level == -2) {
+                fprintf(stderr, "fabpool_replay: --level %s: accepted: auto, app, pool\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "fabpool_replay: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        } else if (!path)
+            path = a;
+        else {
+            fprintf(stderr, "fabpool_replay: one trace at a time ('%s' is extra)\n", a);
+            return 2;
+        }
+    }
+    if (!path) {
+        usage(stderr);
+        return 2;
+    }
+    if (sample < 1)
+        sample = 1;
+    int want[A_N] = {0};
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        int found = 0;
+        for (int k = 0; k < A_N; k++)
+            if (strlen(a_key[k]) == n && !strncmp(p, a_key[k], n))
+                want[k] = found = 1;
+        if (!found) {
+            fprintf(stderr, "fabpool_replay: unknown allocator '%.*s'; known: fabpool, cudaMallocAsync, "
+                            "torch_default, torch_expandable\n", (int)n, p);
+            return 2;
+        }
+        p = e ? e + 1 : p + n;
+    }
+    unsetenv("FABPOOL_TRACE"); /* the replay is not itself traced */
+
+    trace_data d;
+    char err[512];
+    if (trace_load(path, &d, err, sizeof err) != 0) {
+        fprintf(stderr, "fabpool_replay: refused: %s\n", err);
+        return 1;
+    }
+    int app = level == -1 ? d.has_app : level;
+    if (app && !d.has_app) {
+        fprintf(stderr, "fabpool_replay: --level app: the trace has no adapter records (app_*); use --level pool\n");
+        trace_free(&d);
+        return 2;
+    }
+    plan pl;
+    if (build_plan(&d, app, &pl, err, sizeof err) != 0) {
+        fprintf(stderr, "fabpool_replay: %s\n", err);
+        trace_free(&d);
+        return 1;
+    }
+    printf("replay of %s: %zu records (%s), %zu operations at the %s level, %u objects, %u streams + NULL, peak "
+           "live %.1f MiB%s\n", path, d.n, d.h.flags & FP_TRACE_F_SYNTHETIC ? "SYNTHETIC" : "recorded", pl.n,
+           app ? "adapter's (app_*)" : "pool's", pl.n_objs, pl.n_streams - 1, (double)pl.live_peak / (1 << 20),
+           d.note[0] ? " (trace not completed by its writer)" : "");
+    if (pl.skipped_failed || pl.skipped_unknown)
+        printf("not replayed: %" PRIu64 " allocations that failed in the trace, %" PRIu64
+               " frees/resizes of pointers it never gave out\n", pl.skipped_failed, pl.skipped_unknown);
+    trace_free(&d);
+
+    rres res[A_N];
+    int failed = 0;
+    FILE *js = NULL;
+    if (json && !(js = fopen(json, "w"))) {
+        fprintf(stderr, "fabpool_replay: cannot write %s: %s\n", json, strerror(errno));
+        return 2;
+    }
+    if (js)
+        fprintf(js, "{\"trace\":\"%s\",\"operations\":%zu,\"level\":\"%s\",\"live_peak\":%" PRIu64
+                    ",\"allocators\":[", path, pl.n, app ? "app" : "pool", pl.live_peak);
+    printf("\n%-17s %9s %7s  %-19s %-19s %-19s %13s %13s %10s %8s %8s\n", "allocator", "ops", "failed",
+           "alloc ns med/p99", "free ns med/p99", "resize ns med/p99", "peak held", "own peak", "drv calls",
+           "maps", "time s");
+    int first = 1;
+    for (int k = 0; k < A_N; k++) {
+        if (!want[k])
+            continue;
+        rres *r = &res[k];
+        run_forked(k, &pl, device, sample, fconf, r);
+        if (!r->ran) {
+            printf("%-17s not run: %s\n", a_key[k], r->error);
+            failed = 1;
+        } else {
+            char c1[24], c2[24], c3[24], h[24], o[24], dc[24], mp[24];
+            snprintf(c1, sizeof c1, "%.0f/%.0f", r->med[R_ALLOC], r->p99[R_ALLOC]);
+            snprintf(c2, sizeof c2, "%.0f/%.0f", r->med[R_FREE], r->p99[R_FREE]);
+            if (r->count[R_BRESIZE])
+                snprintf(c3, sizeof c3, "%.0f/%.0f", r->med[R_BRESIZE], r->p99[R_BRESIZE]);
+            else
+                snprintf(c3, sizeof c3, "-");
+            mib(r->held_peak, h, sizeof h);
+            mib(r->own_peak, o, sizeof o);
+            num(r->calls, dc, sizeof dc);
+            num(r->maps, mp, sizeof mp);
+            printf("%-17s %9" PRIu64 " %7" PRIu64 "  %-19s %-19s %-19s %13s %13s %10s %8s %8.3f\n", a_key[k], r->ops,
+                   r->failures, c1, c2, c3, h, o, dc, mp, r->seconds);
+            if (r->failures) {
+                printf("  %" PRIu64 " operations failed (the first: operation %" PRIu64 ", %s)\n", r->failures,
+                       r->first_failure, kind_name[pl.ops[r->first_failure].kind]);
+                failed = 1;
+            }
+            if (r->error[0]) {
+                printf("  error: %s\n", r->error);
+                failed = 1;
+            }
+        }
+        if (js) {
+            fprintf(js, "%s{\"allocator\":\"%s\",\"ran\":%d", first ? "" : ",", a_key[k], r->ran);
+            first = 0;
+            if (!r->ran || r->error[0]) {
+                fprintf(js, ",\"error\":\"");
+                for (const char *c = r->error; *c; c++)
+                    fprintf(js, (*c == '"' || *c == '\\') ? "\\%c" : ((unsigned char)*c < 32 ? " " : "%c"), *c);
+                fprintf(js, "\"");
+            }
+            if (r->ran) {
+                fprintf(js, ",\"ops\":%" PRIu64 ",\"failures\":%" PRIu64 ",\"seconds\":%.6f,\"held_peak\":%" PRIu64
+                            ",\"held_base\":%" PRIu64, r->ops, r->failures, r->seconds, r->held_peak, r->held_base);
+                if (r->own_peak != UINT64_MAX)
+                    fprintf(js, ",\"own_peak\":%" PRIu64, r->own_peak);
+                if (r->calls != UINT64_MAX)
+                    fprintf(js, ",\"driver_calls\":%" PRIu64, r->calls);
+                if (r->maps != UINT64_MAX)
+                    fprintf(js, ",\"maps\":%" PRIu64, r->maps);
+                fprintf(js, ",\"driver_calls_are\":\"%s\",\"left_live_by_trace\":%" PRIu64, r->calls_what,
+                        r->left_live);
+                if (r->live_end != UINT64_MAX)
+                    fprintf(js, ",\"live_end\":%" PRIu64, r->live_end);
+                if (r->held_after != UINT64_MAX)
+                    fprintf(js, ",\"held_after\":%" PRIu64, r->held_after);
+                fprintf(js, ",\"latency_ns\":{");
+                for (int q = 0, f1 = 1; q < R_NKINDS; q++)
+                    if (r->count[q]) {
+                        fprintf(js, "%s\"%s\":{\"n\":%" PRIu64 ",\"median\":%.1f,\"p99\":%.1f}", f1 ? "" : ",",
+                                kind_name[q], r->count[q], r->med[q], r->p99[q]);
+                        f1 = 0;
+                    }
+                fprintf(js, "}");
+            }
+            fprintf(js, "}");
+        }
+    }
+    if (js) {
+        fprintf(js, "]}\n");
+        fclose(js);
+    }
+    int sim = 0;
+    for (int k = 0; k < A_N; k++)
+        sim |= want[k] && res[k].ran && res[k].sim;
+    printf("\npeak held: what the driver holds (%s) less its value when the allocator had started, sampled every "
+           "%d operations; own peak: the allocator's own count. Buffer ops for the others: allocate the new size, "
+           "free the old. Live peak of the trace: %.1f MiB.\n",
+           sim ? "the simulated driver's ledger" : "cuMemGetInfo", sample, (double)pl.live_peak / (1 << 20));
+    for (int k = 0; k < A_N; k++)
+        if (want[k] && res[k].ran && res[k].left_live)
+            printf("%s: %" PRIu64 " objects the trace left live were freed after the timed part\n", a_key[k],
+                   res[k].left_live);
+    if (check && want[A_FABPOOL] && res[A_FABPOOL].ran) {
+        rres *r = &res[A_FABPOOL];
+        if (r->live_end != 0) {
+            printf("CHECK FAILED: fabpool holds %" PRIu64 " live bytes + blocks + buffers after the replay freed "
+                   "everything\n", r->live_end);
+            failed = 1;
+        }
+        if (r->held_after != UINT64_MAX && r->held_after != 0) {
+            printf("CHECK FAILED: the driver still holds %" PRIu64 " bytes after fabpool's pool was destroyed\n",
+                   r->held_after);
+            failed = 1;
+        }
+    }
+    free(pl.ops);
+    if (check) {
+        printf("%s\n", failed ? "CHECK FAILED" : "check passed: every operation succeeded, fabpool ends with 0 live "
+                                                  "bytes");
+        return failed ? 1 : 0;
+    }
+    return 0;
+}

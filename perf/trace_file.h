@@ -1,0 +1,59 @@
+/* trace_file.h - reading a fabpool trace (lib/trace_format.h) for the tools
+ * of perf/: fabpool_trace (the summary), fabpool_replay, and the tests. */
+#ifndef FABPOOL_TRACE_FILE_H
+#define FABPOOL_TRACE_FILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "trace_format.h"
+
+typedef struct trace_data {
+    fp_trace_header h;
+    fp_trace_rec *recs;
+    size_t n;
+    int closed;          /* the header holds the record count and checksum (checked) */
+    int has_app;         /* some records are an adapter's (app_*) */
+    char note[256];      /* what the reader accepted with a warning ("" if nothing) */
+} trace_data;
+
+/* Reads a whole trace (gzip-compressed if it starts with gzip's magic: through
+ * zlib where built with it, else `gzip -dc`).  Refuses a file that is not a
+ * trace, of another version, truncated, or corrupt (checksum, an unknown op or
+ * status, time going back): -1 with the reason in err.  A trace whose writer
+ * never completed it (the process died) is read up to its last whole record,
+ * with a note. */
+int trace_load(const char *path, trace_data *d, char *err, size_t cap);
+void trace_free(trace_data *d);
+
+/* The summary of fabpool_trace, computed from d. */
+#define TRACE_HIST 64
+typedef struct trace_summary {
+    uint64_t ops[FP_TR_NOPS];       /* records by op */
+    uint64_t failed[FP_TR_NOPS];    /* records with a known status other than OK */
+    uint64_t hist[TRACE_HIST];      /* allocations (the level in `level`) by size: [k] = sizes in [2^k, 2^(k+1)) */
+    uint64_t buf_hist[TRACE_HIST];  /* buffer sizes asked (create, resize) */
+    uint64_t live_peak, live_end;   /* bytes: blocks of the level + buffer sizes */
+    uint64_t pool_live_peak;        /* fabpool's own blocks + buffers, whatever the level */
+    uint64_t objects_end;           /* blocks and buffers still live at the end */
+    uint64_t unknown_frees;         /* frees (or buffer ops) of pointers the trace never gave out */
+    uint64_t duration_ns;
+    uint64_t streams[64];           /* distinct non-NULL streams seen (the first 64) */
+    unsigned n_streams, threads;
+    int null_stream;                /* the NULL (legacy default) stream was named */
+    int level_app;                  /* 1: the level is the adapter's (app_*), 0: the pool's */
+} trace_summary;
+
+void trace_summarize(const trace_data *d, trace_summary *s);
+
+/* A map of nonzero 64-bit keys to values (open addressing), for pointers. */
+typedef struct u64map {
+    uint64_t *keys, *vals;
+    size_t cap, n;
+} u64map;
+int u64map_put(u64map *m, uint64_t key, uint64_t val);      /* -1: no memory */
+int u64map_get(const u64map *m, uint64_t key, uint64_t *val); /* 1 found, 0 not */
+int u64map_del(u64map *m, uint64_t key, uint64_t *val);       /* 1 found (and removed), 0 not */
+void u64map_free(u64map *m);
+
+#endif
