@@ -102,7 +102,7 @@ static void round_trip(void)
     CHECK(d.h.version == FP_TRACE_VERSION);
     CHECK(d.h.device == 0);
     CHECK(d.h.granularity == 2u << 20);
-    CHECK(d.h.slab_max == 4u << 20);
+    CHECK(d.h.slab_max == 8u << 20); /* the default */
     CHECK(d.h.pid == (uint32_t)getpid());
     CHECK(d.n == (size_t)n);
     for (int i = 0; i < n && (size_t)i < d.n; i++) {
