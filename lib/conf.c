@@ -74,6 +74,7 @@ static fabpool_status parse_peers(const struct key *, const char *, size_t, uint
 static const char *const handle_words[] = {"auto", "none", "posix_fd", "fabric", NULL};
 static const char *const stats_words[] = {"none", "text", "json", NULL};
 static const char *const metadata_words[] = {"auto", "jemalloc", "libc", NULL};
+static const char *const rdma_words[] = {"auto", "on", "off", NULL};
 
 #define FIELD(f) offsetof(fabpool_options, f), #f
 
@@ -99,6 +100,7 @@ static const struct key keys[] = {
     {"metadata", F_METADATA, FIELD(metadata), parse_word, 0, 2, 0, 0, metadata_words, "auto, jemalloc or libc"},
     {"peers", F_PEERS, FIELD(n_peer_devices), parse_peers, 0, 1023, 0, 0, NULL,
      "none, or up to 16 distinct device ordinals 0..1023 separated by ';' or '+', e.g. 1;2;3"},
+    {"rdma", F_INT, FIELD(rdma), parse_word, 0, 2, 0, 0, rdma_words, "auto, on or off"},
 };
 
 #define NKEYS (sizeof keys / sizeof keys[0])
