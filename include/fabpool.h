@@ -74,6 +74,12 @@ typedef enum fabpool_metadata {
     FABPOOL_METADATA_LIBC = 2
 } fabpool_metadata;
 
+typedef enum fabpool_rdma {
+    FABPOOL_RDMA_AUTO = 0, /* GPUDirect RDMA capable chunks where the device supports them (with VMM) */
+    FABPOOL_RDMA_ON = 1,   /* always; pool creation fails on a device without the support */
+    FABPOOL_RDMA_OFF = 2   /* never */
+} fabpool_rdma;
+
 #define FABPOOL_MAX_PEERS 16
 #define FABPOOL_TRACE_PATH_MAX 512  /* bytes of fabpool_options.trace_path, its NUL included */
 
@@ -95,6 +101,8 @@ typedef struct fabpool_options {
     char trace_path[FABPOOL_TRACE_PATH_MAX]; /* "" (default): no trace; else the file every allocation, free
                                       and buffer change is recorded to (trace; FABPOOL_TRACE wins over all):
                                       %p is replaced by the pid, %d by the device, %% by % (docs/config.md) */
+    fabpool_rdma rdma;             /* chunks made with allocFlags.gpuDirectRDMACapable (rdma: auto|on|off);
+                                      fabpool_get_options answers on or off */
     const char *conf;              /* a FABPOOL_CONF-syntax string applied after these fields and
                                       before the FABPOOL_CONF environment variable (may be NULL) */
     uint32_t decay_ms;             /* free memory not reused for this long goes back to the driver;
@@ -195,6 +203,18 @@ typedef struct fabpool_buffer_info {
 } fabpool_buffer_info;
 FABPOOL_API fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *buf, fabpool_buffer_info *out);
 FABPOOL_API void *fabpool_buffer_ptr(const fabpool_buffer_t *buf);
+
+/* A dma-buf file descriptor for bytes [offset, offset + size) of the
+ * buffer (cuMemGetHandleForAddressRange, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD),
+ * for registering the memory with a NIC (ibv_reg_dmabuf_mr) or another
+ * driver.  The range must lie in the buffer's mapped bytes (info.mapped) and
+ * offset and size must be multiples of the host page size; it may span
+ * several chunks (docs/design.md says what the driver does then).  The
+ * caller owns *fd and closes it; an open fd keeps the range's memory alive
+ * after a shrink or a destroy.  A resize changes the chunks behind the
+ * range: take a new fd after it.  FABPOOL_ERR_NOT_SUPPORTED where the
+ * device has no dma-buf support.  On failure *fd is -1. */
+FABPOOL_API fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *buf, size_t offset, size_t size, int *fd);
 
 /* Unmaps the retired chunks whose GPU work has completed; with wait != 0,
  * waits for all of it first.  Resize, trim and destroy also do this. */

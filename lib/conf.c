@@ -78,6 +78,7 @@ static fabpool_status parse_path(const struct key *, const char *, size_t, uint6
 static const char *const handle_words[] = {"auto", "none", "posix_fd", "fabric", NULL};
 static const char *const stats_words[] = {"none", "text", "json", NULL};
 static const char *const metadata_words[] = {"auto", "jemalloc", "libc", NULL};
+static const char *const rdma_words[] = {"auto", "on", "off", NULL};
 
 #define FIELD(f) offsetof(fabpool_options, f), #f
 
@@ -108,6 +109,7 @@ static const struct key keys[] = {
     {"trace", F_STRING, FIELD(trace_path), parse_path, 0, FABPOOL_TRACE_PATH_MAX - 1, 0, 0, NULL,
      "none, or the path of a file to record the trace to (at most 511 bytes, no ',' and no whitespace; %p: the "
      "pid, %d: the device), e.g. /tmp/fabpool-%p.trace"},
+    {"rdma", F_INT, FIELD(rdma), parse_word, 0, 2, 0, 0, rdma_words, "auto, on or off"},
 };
 
 #define NKEYS (sizeof keys / sizeof keys[0])

@@ -54,7 +54,8 @@
     X(cuEventQuery, 2000)                         \
     X(cuEventSynchronize, 2000)                   \
     X(cuStreamSynchronize, 2000)                  \
-    X(cuMemcpyDtoDAsync, 3020)
+    X(cuMemcpyDtoDAsync, 3020)                    \
+    X(cuMemGetHandleForAddressRange, 11070)
 
 enum fp_drv_index {
 #define FP_DRV_ENUM(name, ver) FP_DRV_##name,

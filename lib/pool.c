@@ -282,8 +282,9 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     for (unsigned c = 0; c < FP_NCLASS; c++)
         pthread_mutex_init(&p->classes[c].lock, NULL);
 
-    if ((st = setup_device(p)) != FABPOOL_OK || (st = choose_handle_type(p)) != FABPOOL_OK ||
-        (st = reserve(p)) != FABPOOL_OK || (st = fp_trace_open(p)) != FABPOOL_OK)
+    if ((st = setup_device(p)) != FABPOOL_OK || (st = fp_rdma_choose(p)) != FABPOOL_OK ||
+        (st = choose_handle_type(p)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
+        (st = fp_trace_open(p)) != FABPOOL_OK)
         goto fail;
     fp_classes_init(p);
     set_thread_cache_caps(p);
@@ -383,6 +384,7 @@ fabpool_status fabpool_get_options(const fabpool_t *p, fabpool_options *out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_options: the pool or the output is NULL");
     *out = p->opt;
     out->handle_type = p->handle_type;
+    out->rdma = p->rdma ? FABPOOL_RDMA_ON : FABPOOL_RDMA_OFF;
     out->reserve_bytes = p->va_size;
     return FABPOOL_OK;
 }

@@ -142,6 +142,8 @@ struct fabpool {
     fabpool_options opt;
     fabpool_handle_type handle_type;
     CUmemAllocationHandleType cu_handle_types;
+    unsigned char rdma;                /* chunks made with allocFlags.gpuDirectRDMACapable */
+    int dmabuf_supported;              /* CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED */
     CUdevice dev;
     CUcontext ctx;
     uint64_t gran;
@@ -204,7 +206,8 @@ int fp_map_set(struct fabpool *p, uint64_t addr, uint64_t size, fp_span *s);
 
 /* chunk.c: physical chunks.  Callers hold the pool lock. */
 /* What every chunk of the pool is made as: pinned device memory of the
- * pool's device, with the pool's shareable handle types. */
+ * pool's device, with the pool's shareable handle types, GPUDirect RDMA
+ * capable if the pool's rdma setting chose it (dmabuf.c). */
 static inline CUmemAllocationProp fp_alloc_prop(const struct fabpool *p)
 {
     CUmemAllocationProp prop;
@@ -213,6 +216,7 @@ static inline CUmemAllocationProp fp_alloc_prop(const struct fabpool *p)
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = p->dev;
     prop.requestedHandleTypes = p->cu_handle_types;
+    prop.allocFlags.gpuDirectRDMACapable = p->rdma;
     return prop;
 }
 fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size);
@@ -256,6 +260,11 @@ void fp_registry_remove(struct fabpool *p);
 
 /* pool.c */
 const char *fp_handle_type_name(fabpool_handle_type t);
+
+/* dmabuf.c: decides p->rdma from opt.rdma and the device's attributes
+ * (rdma:on on a device without GPUDirect RDMA with VMM fails), and reads
+ * whether the device exports dma-bufs. */
+fabpool_status fp_rdma_choose(struct fabpool *p);
 
 /* buffer.c */
 void fp_buffers_destroy(struct fabpool *p);

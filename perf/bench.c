@@ -426,7 +426,7 @@ static int sim_clean(void)
 {
     typedef struct {
         uint64_t handles, allocations, mappings, reservations, exported_fds, bytes_held, bytes_mapped, dev[16],
-            legacy;
+            legacy, rest[256]; /* room for the fields the sim adds later: it fills its whole struct */
     } ledger;
     int (*get)(ledger *) = (int (*)(ledger *))dlsym(RTLD_DEFAULT, "fabsim_get_ledger");
     if (!get)

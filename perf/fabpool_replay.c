@@ -202,9 +202,10 @@ static struct {
     CUcontext ctx;
 } cu;
 
-typedef struct sim_ledger { /* fabsim_ledger's first fields (sim/fabsim.h) */
+typedef struct sim_ledger { /* fabsim_ledger's first fields (sim/fabsim.h); room to spare for the fields the
+                               sim adds later (it fills the whole struct: a copy too small was overwritten) */
     uint64_t handles, allocations, mappings, reservations, exported_fds, bytes_held, bytes_mapped;
-    uint64_t rest[FABPOOL_MAX_PEERS + 1];
+    uint64_t rest[256];
 } sim_ledger;
 
 static int load_driver(int device, char *err, size_t cap)

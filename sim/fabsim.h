@@ -13,6 +13,13 @@
  *   FABSIM_FABRIC=0|1         1: fabric handles are permitted; 0 (default): cuMemCreate
  *                             with CU_MEM_HANDLE_TYPE_FABRIC answers CUDA_ERROR_NOT_PERMITTED,
  *                             as on a machine without an IMEX channel
+ *   FABSIM_RDMA=0|1           1 (default, as the H200): the device attributes
+ *                             GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED and DMA_BUF_SUPPORTED
+ *                             are 1; 0: both are 0, cuMemCreate with allocFlags.gpuDirectRDMACapable
+ *                             answers CUDA_ERROR_NOT_SUPPORTED, and so does
+ *                             cuMemGetHandleForAddressRange
+ *   FABSIM_HOST_MEMORY=SIZE   capacity of host NUMA node 0 for cuMemCreate of
+ *                             CU_MEM_LOCATION_TYPE_HOST_NUMA memory (default 64GiB)
  *   FABSIM_FAULT=SPEC         fault injection, SPEC = name:nth:ERROR[,name:nth:ERROR...]
  *                             e.g. cuMemCreate:3:CUDA_ERROR_OUT_OF_MEMORY makes the 3rd
  *                             call of cuMemCreate (counted from cuInit) fail with that error.
@@ -42,6 +49,11 @@ typedef struct fabsim_ledger {
     uint64_t bytes_mapped;  /* bytes mapped by cuMemMap in this process */
     uint64_t bytes_held_dev[FABSIM_MAX_DEVICES];
     uint64_t legacy_allocs; /* live cuMemAlloc / cuMemAllocAsync blocks */
+    uint64_t bytes_held_host; /* physical bytes of host NUMA memory (cuMemCreate of
+                                 CU_MEM_LOCATION_TYPE_HOST_NUMA) this process keeps alive;
+                                 not part of bytes_held, which counts device memory */
+    uint64_t dmabuf_fds;    /* dma-buf fds of cuMemGetHandleForAddressRange still open in this
+                               process (each keeps the memory of its range alive until closed) */
 } fabsim_ledger;
 
 /* Fills *out.  Returns 0. */

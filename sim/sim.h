@@ -33,7 +33,7 @@
     X(cuMemsetD8) X(cuMemsetD32) X(cuMemsetD8Async) X(cuMemsetD32Async) X(cuStreamCreate)                    \
     X(cuStreamCreateWithPriority) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)                 \
     X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)                 \
-    X(cuEventSynchronize) X(cuEventElapsedTime)
+    X(cuEventSynchronize) X(cuEventElapsedTime) X(cuMemGetHandleForAddressRange)
 
 enum sim_entry {
 #define SIM_ENUM(n) E_##n,
@@ -48,6 +48,8 @@ extern int sim_inited;
 extern int sim_ndev;
 extern uint64_t sim_capacity;
 extern int sim_fabric;
+extern int sim_rdma;              /* FABSIM_RDMA: GPUDirect RDMA with VMM and dma-buf supported */
+extern uint64_t sim_host_capacity; /* FABSIM_HOST_MEMORY: host NUMA node 0, for cuMemCreate of host memory */
 extern char sim_machine[24];
 
 /* Checks initialization, counts the call, injects a fault. Returns

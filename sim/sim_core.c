@@ -17,6 +17,8 @@ int sim_inited;
 int sim_ndev = 1;
 uint64_t sim_capacity = 16ull << 30;
 int sim_fabric;
+int sim_rdma = 1;
+uint64_t sim_host_capacity = 64ull << 30;
 char sim_machine[24] = "default";
 static int sim_trace;
 
@@ -228,7 +230,10 @@ SIM_API CUresult cuInit(unsigned flags)
         }
         if ((v = getenv("FABSIM_MEMORY")) && *v)
             sim_capacity = parse_size(v);
+        if ((v = getenv("FABSIM_HOST_MEMORY")) && *v)
+            sim_host_capacity = parse_size(v);
         sim_fabric = (v = getenv("FABSIM_FABRIC")) && atoi(v) != 0;
+        sim_rdma = !((v = getenv("FABSIM_RDMA")) && *v && atoi(v) == 0);
         sim_trace = (v = getenv("FABSIM_TRACE")) && atoi(v) != 0;
         if ((v = getenv("FABSIM_MACHINE")) && *v)
             snprintf(sim_machine, sizeof sim_machine, "%s", v);
@@ -328,11 +333,14 @@ SIM_API CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
         *v = 1;
+        return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED:
+        *v = sim_rdma; /* H200: both 1; FABSIM_RDMA=0 plays a device without them */
         return CUDA_SUCCESS;
     case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES:
         *v = 0x9;

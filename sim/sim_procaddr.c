@@ -100,6 +100,7 @@ static const proc procs[] = {
     P("cuEventSynchronize", 2000, cuEventSynchronize),
     P("cuEventElapsedTime", 2000, cuEventElapsedTime),
     P("cuEventElapsedTime", 12080, cuEventElapsedTime_v2),
+    P("cuMemGetHandleForAddressRange", 11070, cuMemGetHandleForAddressRange),
     P("cuGetProcAddress", 11030, cuGetProcAddress),
     P("cuGetProcAddress", 12000, cuGetProcAddress_v2),
 };

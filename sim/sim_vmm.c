@@ -32,6 +32,10 @@ typedef struct phys {
     ino_t ino;
     int refs;                /* handle references, all handles */
     int maps;
+    int dmabufs;             /* open dma-buf fds whose range covers this allocation */
+    int host;                /* 1: host memory of NUMA node `numa` (dev is HOST_DEV) */
+    int numa;
+    unsigned char rdma;      /* allocFlags.gpuDirectRDMACapable it was created with */
     int *exp;                /* exported fds this process may still hold */
     int nexp, capexp;
     struct phys *next;
@@ -49,7 +53,22 @@ typedef struct mapping {
     uint64_t va, size;
     handle *h;
     unsigned long long access[FABSIM_MAX_DEVICES];
+    unsigned long long host_access; /* CU_MEM_LOCATION_TYPE_HOST_NUMA access (host memory only) */
 } mapping;
+
+/* A dma-buf fd of cuMemGetHandleForAddressRange: a sim memfd of the range's
+ * size (so lseek(fd, 0, SEEK_END) is the size), and a reference on every
+ * allocation of the range while the program keeps it open. */
+typedef struct dmabuf {
+    int fd;
+    dev_t st_dev;
+    ino_t ino;
+    struct phys **ph;
+    int nph;
+    struct dmabuf *next;
+} dmabuf;
+
+#define HOST_DEV (-1) /* phys.dev of host memory */
 
 typedef struct range {
     uint64_t va, size;
@@ -78,6 +97,7 @@ static size_t nmaps, capmaps;
 static range *resv;
 static size_t nresv, capresv;
 static legacy *legacies;
+static dmabuf *dmabufs;
 
 /* memory pools for cuMemAllocAsync: one default pool per device */
 typedef struct sim_mempool {
@@ -135,7 +155,7 @@ static void phys_unlink(phys *p)
  * once no exported fd is left either. */
 static void phys_settle(phys *p)
 {
-    if (p->refs > 0 || p->maps > 0)
+    if (p->refs > 0 || p->maps > 0 || p->dmabufs > 0)
         return;
     if (p->fd >= 0) {
         close(p->fd);
@@ -157,8 +177,29 @@ static void phys_settle(phys *p)
         phys_unlink(p);
 }
 
+/* forgets dma-bufs the program has closed, dropping their references */
+static void check_dmabufs(void)
+{
+    for (dmabuf **dp = &dmabufs; *dp;) {
+        dmabuf *d = *dp;
+        struct stat st;
+        if (fcntl(d->fd, F_GETFD) != -1 && fstat(d->fd, &st) == 0 && st.st_ino == d->ino && st.st_dev == d->st_dev) {
+            dp = &d->next;
+            continue;
+        }
+        *dp = d->next;
+        for (int i = 0; i < d->nph; i++) {
+            d->ph[i]->dmabufs--;
+            phys_settle(d->ph[i]);
+        }
+        free(d->ph);
+        free(d);
+    }
+}
+
 static void settle_all(void)
 {
+    check_dmabufs();
     for (phys *p = physs, *n; p; p = n) {
         n = p->next;
         if (p->refs == 0 && p->maps == 0)
@@ -178,6 +219,15 @@ uint64_t sim_held_dev(int dev)
             s += l->size;
     for (legacy *l = mempools[dev].cache; l; l = l->next)
         s += l->size;
+    return s;
+}
+
+static uint64_t held_host(void)
+{
+    uint64_t s = 0;
+    for (phys *p = physs; p; p = p->next)
+        if (p->host)
+            s += p->size;
     return s;
 }
 
@@ -293,6 +343,12 @@ SIM_API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationP
     (void)opt;
     if (!g || !prop)
         return CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+        if (prop->location.id != 0) /* sim: one NUMA node */
+            return CUDA_ERROR_INVALID_VALUE;
+        *g = SIM_GRAN; /* H200: host NUMA 0, 2 MiB */
+        return CUDA_SUCCESS;
+    }
     if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
     if (!sim_valid_device(prop->location.id))
@@ -380,10 +436,21 @@ SIM_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 
 static CUresult check_prop(const CUmemAllocationProp *prop)
 {
-    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!sim_valid_device(prop->location.id))
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+        /* H200: host NUMA node 0 works.  sim: one NUMA node, any other id is
+         * INVALID_VALUE; the flag asks for GPUDirect RDMA to device memory,
+         * so host memory with it is INVALID_VALUE (driver_probe records both) */
+        if (prop->location.id != 0 || prop->allocFlags.gpuDirectRDMACapable)
+            return CUDA_ERROR_INVALID_VALUE;
+    } else if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+        return CUDA_ERROR_INVALID_VALUE; /* HOST_NUMA_CURRENT: INVALID_VALUE by the docs; sim: HOST too */
+    } else if (!sim_valid_device(prop->location.id)) {
         return CUDA_ERROR_INVALID_DEVICE; /* H200: location 99, INVALID_DEVICE */
+    }
+    if (prop->allocFlags.gpuDirectRDMACapable && !sim_rdma)
+        return CUDA_ERROR_NOT_SUPPORTED; /* sim: a device without GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED */
     unsigned known = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC;
     if (prop->requestedHandleTypes & ~known)
         return CUDA_ERROR_INVALID_VALUE;
@@ -403,14 +470,19 @@ SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, con
         return CUDA_ERROR_INVALID_VALUE;
     if ((prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) && !sim_fabric)
         return CUDA_ERROR_NOT_PERMITTED; /* H200 without an IMEX channel */
-    int dev = prop->location.id;
+    int host = prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    int dev = host ? HOST_DEV : prop->location.id;
     pthread_mutex_lock(&sim_lock);
-    if (size > sim_capacity || sim_held_dev(dev) + size > sim_capacity) {
+    uint64_t cap = host ? sim_host_capacity : sim_capacity;
+    if (size > cap || (host ? (settle_all(), held_host()) : sim_held_dev(dev)) + size > cap) {
         pthread_mutex_unlock(&sim_lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     char name[128];
-    snprintf(name, sizeof name, "fabsim:%s:dev%d", sim_machine, dev);
+    if (host)
+        snprintf(name, sizeof name, "fabsim:%s:host%d", sim_machine, prop->location.id);
+    else
+        snprintf(name, sizeof name, "fabsim:%s:dev%d", sim_machine, dev);
     int fd = (int)syscall(SYS_memfd_create, name, 1u /* MFD_CLOEXEC */);
     struct stat st;
     if (fd < 0 || ftruncate(fd, (off_t)size) != 0 || fstat(fd, &st) != 0) {
@@ -428,6 +500,9 @@ SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, con
     p->fd = fd;
     p->size = size;
     p->dev = dev;
+    p->host = host;
+    p->numa = host ? prop->location.id : 0;
+    p->rdma = prop->allocFlags.gpuDirectRDMACapable ? 1 : 0;
     p->st_dev = st.st_dev;
     p->ino = st.st_ino;
     p->next = physs;
@@ -474,9 +549,10 @@ SIM_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *pro
     if (h) {
         memset(prop, 0, sizeof *prop);
         prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop->location.id = h->ph->dev;
+        prop->location.type = h->ph->host ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = h->ph->host ? h->ph->numa : h->ph->dev;
         prop->requestedHandleTypes = (CUmemAllocationHandleType)h->types;
+        prop->allocFlags.gpuDirectRDMACapable = h->ph->rdma; /* kept per allocation, also for imports */
     }
     pthread_mutex_unlock(&sim_lock);
     return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
@@ -567,20 +643,26 @@ SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
     ENTER(cuMemSetAccess);
     if (!desc || count == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    int host_desc = 0;
     for (size_t i = 0; i < count; i++) {
+        if (desc[i].flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+            host_desc = 1; /* the CPU's access; the id is ignored (docs) */
+            continue;
+        }
         if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
             return CUDA_ERROR_INVALID_VALUE;
         if (!sim_valid_device(desc[i].location.id))
             return CUDA_ERROR_INVALID_DEVICE;
-        if (desc[i].flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
-            return CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_lock(&sim_lock);
     uint64_t end = ptr + size, cur = ptr;
     size_t first = map_lower(ptr), i = first;
     /* H200: the range must be whole, adjacent mappings (unmapped or partial: INVALID_VALUE) */
     for (; cur < end; i++) {
-        if (i >= nmaps || maps[i].va != cur || maps[i].va + maps[i].size > end) {
+        /* docs: HOST_NUMA access only for host memory */
+        if (i >= nmaps || maps[i].va != cur || maps[i].va + maps[i].size > end || (host_desc && !maps[i].h->ph->host)) {
             pthread_mutex_unlock(&sim_lock);
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -593,8 +675,13 @@ SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
     for (size_t k = first; k < i; k++) {
         mapping *m = &maps[k];
         unsigned long long all = 0;
-        for (size_t d = 0; d < count; d++)
-            m->access[desc[d].location.id] = desc[d].flags;
+        for (size_t d = 0; d < count; d++) {
+            if (desc[d].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)
+                m->host_access = desc[d].flags;
+            else
+                m->access[desc[d].location.id] = desc[d].flags;
+        }
+        all = m->host_access;
         for (int d = 0; d < FABSIM_MAX_DEVICES; d++)
             all |= m->access[d];
         int prot = (all & CU_MEM_ACCESS_FLAGS_PROT_READWRITE) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE
@@ -610,14 +697,15 @@ SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
 SIM_API CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *loc, CUdeviceptr ptr)
 {
     ENTER(cuMemGetAccess);
-    if (!flags || !loc || loc->type != CU_MEM_LOCATION_TYPE_DEVICE)
+    int host = loc && loc->type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    if (!flags || !loc || (loc->type != CU_MEM_LOCATION_TYPE_DEVICE && !host))
         return CUDA_ERROR_INVALID_VALUE;
-    if (!sim_valid_device(loc->id))
+    if (!host && !sim_valid_device(loc->id))
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&sim_lock);
     mapping *m = map_at(ptr);
     if (m)
-        *flags = m->access[loc->id];
+        *flags = host ? m->host_access : m->access[loc->id];
     pthread_mutex_unlock(&sim_lock);
     return m ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; /* H200: unmapped, INVALID_VALUE */
 }
@@ -758,6 +846,7 @@ static CUresult import_fd(int fd, int dev, CUmemGenericAllocationHandle *out)
         p->fd = -1;
         p->size = (uint64_t)st.st_size;
         p->dev = dev;
+        p->host = dev == HOST_DEV;
         p->st_dev = st.st_dev;
         p->ino = st.st_ino;
         p->next = physs;
@@ -776,20 +865,23 @@ static CUresult import_fd(int fd, int dev, CUmemGenericAllocationHandle *out)
     return CUDA_SUCCESS;
 }
 
-/* "fabsim:<machine>:dev<N>" of a sim memfd, or -1 */
+/* "fabsim:<machine>:dev<N>" of a sim memfd: N; "fabsim:<machine>:host<N>":
+ * HOST_DEV (node 0 is the only one); else -2 */
 static int memfd_device(int fd)
 {
     char path[64], link[256];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     ssize_t n = readlink(path, link, sizeof link - 1);
     if (n <= 0)
-        return -1;
+        return -2;
     link[n] = '\0';
     const char *pre = "/memfd:fabsim:";
     if (strncmp(link, pre, strlen(pre)) != 0)
-        return -1;
+        return -2;
+    if (strstr(link + strlen(pre), ":host"))
+        return HOST_DEV;
     const char *d = strstr(link + strlen(pre), ":dev");
-    return d ? atoi(d + 4) : -1;
+    return d ? atoi(d + 4) : -2;
 }
 
 SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *out, void *os_handle,
@@ -804,7 +896,7 @@ SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ou
         int fd = (int)(intptr_t)os_handle;
         int dev = memfd_device(fd);
         /* H200: /dev/null or a closed fd, UNKNOWN */
-        r = dev < 0 ? CUDA_ERROR_UNKNOWN : import_fd(fd, dev, out);
+        r = dev < HOST_DEV ? CUDA_ERROR_UNKNOWN : import_fd(fd, dev, out);
     } else if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
         fabric_blob b;
         memcpy(&b, os_handle, sizeof b);
@@ -834,6 +926,87 @@ SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ou
         }
     } else {
         r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return r;
+}
+
+/* ------------------------------------------------------------ dma-buf */
+
+/* cuMemGetHandleForAddressRange(DMA_BUF_FD).  The docs: dptr and size
+ * aligned to the host page size, the range fully mapped, every allocation
+ * of it on one device with identical properties.  H200: one fd over two
+ * separately created 2 MiB chunks.  What the sim answers for the rest is
+ * marked "sim:" until tests/probe/rdma_probe.c has asked the H200. */
+SIM_API CUresult cuMemGetHandleForAddressRange(void *out, CUdeviceptr dptr, size_t size,
+                                               CUmemRangeHandleType type, unsigned long long flags)
+{
+    ENTER(cuMemGetHandleForAddressRange);
+    if (!out || type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (flags & ~(unsigned long long)CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!sim_rdma)
+        return CUDA_ERROR_NOT_SUPPORTED; /* a device without DMA_BUF_SUPPORTED */
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    if (size == 0 || dptr % page || size % page || dptr + size < dptr) /* docs: host page size */
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_lock);
+    CUresult r = CUDA_SUCCESS;
+    uint64_t end = dptr + size, cur = dptr;
+    size_t first = map_lower(dptr), i = first;
+    phys *p0 = NULL;
+    /* every byte mapped (sim: a hole is INVALID_VALUE), one device, one kind of allocation */
+    for (; cur < end && r == CUDA_SUCCESS; i++) {
+        if (i >= nmaps || maps[i].va > cur) {
+            r = CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
+        phys *p = maps[i].h->ph;
+        if (!p0)
+            p0 = p;
+        else if (p->dev != p0->dev || p->host != p0->host || p->rdma != p0->rdma || maps[i].h->types != maps[first].h->types)
+            r = CUDA_ERROR_INVALID_VALUE; /* sim: mixed properties */
+        cur = maps[i].va + maps[i].size;
+    }
+    if (r == CUDA_SUCCESS && p0->host)
+        r = CUDA_ERROR_NOT_SUPPORTED; /* sim: host memory through VMM (HOST_ALLOC_DMA_BUF_SUPPORTED is for cuMemHostAlloc) */
+    dmabuf *d = NULL;
+    int fd = -1;
+    if (r == CUDA_SUCCESS) {
+        d = calloc(1, sizeof *d);
+        d->ph = d ? calloc(i - first, sizeof *d->ph) : NULL;
+        char name[64];
+        snprintf(name, sizeof name, "fabsim-dmabuf:%s", sim_machine);
+        fd = d && d->ph ? (int)syscall(SYS_memfd_create, name, 1u /* MFD_CLOEXEC */) : -1;
+        struct stat st;
+        /* the fd's size is the range's: lseek(fd, 0, SEEK_END) answers it, as for a real dma-buf */
+        if (fd < 0 || ftruncate(fd, (off_t)size) != 0 || fstat(fd, &st) != 0) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            d->fd = fd;
+            d->st_dev = st.st_dev;
+            d->ino = st.st_ino;
+            for (size_t k = first; k < i; k++) {
+                phys *p = maps[k].h->ph;
+                int seen = 0;
+                for (int j = 0; j < d->nph; j++)
+                    seen |= d->ph[j] == p;
+                if (!seen) {
+                    d->ph[d->nph++] = p;
+                    p->dmabufs++; /* sim: the fd keeps the memory alive until it is closed */
+                }
+            }
+            d->next = dmabufs;
+            dmabufs = d;
+            *(int *)out = fd;
+        }
+    }
+    if (r != CUDA_SUCCESS && d) {
+        if (fd >= 0)
+            close(fd);
+        free(d->ph);
+        free(d);
     }
     pthread_mutex_unlock(&sim_lock);
     return r;
@@ -875,6 +1048,10 @@ void sim_vmm_ledger(fabsim_ledger *l)
         check_exports(p);
         l->allocations++;
         l->exported_fds += (uint64_t)p->nexp;
+        if (p->host) {
+            l->bytes_held_host += p->size;
+            continue;
+        }
         l->bytes_held += p->size;
         if (p->dev >= 0 && p->dev < FABSIM_MAX_DEVICES)
             l->bytes_held_dev[p->dev] += p->size;
@@ -885,6 +1062,8 @@ void sim_vmm_ledger(fabsim_ledger *l)
     for (size_t i = 0; i < nmaps; i++)
         l->bytes_mapped += maps[i].size;
     l->reservations = nresv;
+    for (dmabuf *d = dmabufs; d; d = d->next)
+        l->dmabuf_fds++;
     for (legacy *x = legacies; x; x = x->next)
         l->legacy_allocs++;
     for (int d = 0; d < FABSIM_MAX_DEVICES; d++)
@@ -964,6 +1143,12 @@ SIM_API uint64_t fabsim_machine_held_bytes(int dev)
 
 void sim_vmm_after_fork(void)
 {
+    for (dmabuf *d = dmabufs, *nx; d; d = nx) {
+        nx = d->next;
+        free(d->ph);
+        free(d);
+    }
+    dmabufs = NULL;
     for (phys *p = physs, *nx; p; p = nx) {
         nx = p->next;
         if (p->fd >= 0)

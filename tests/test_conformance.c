@@ -323,6 +323,257 @@ static void attributes(void)
     CHECK(ver >= 12000);
 }
 
+/* Answers not yet measured on the H200: on the sim, the sim's answer is
+ * checked; on the real driver the answer is printed as a RECORD line for
+ * the H200 run to settle (a difference is flagged, not failed: the sim is
+ * then updated to the driver's answer and the case becomes an EXPECT). */
+static int n_differ;
+#define RECORD(what, expr, sim_answer)                                                                        \
+    do {                                                                                                      \
+        CUresult r_ = (expr);                                                                                 \
+        const char *n_ = "?", *s_ = "?";                                                                      \
+        cuGetErrorName(r_, &n_);                                                                              \
+        cuGetErrorName((sim_answer), &s_);                                                                    \
+        int same_ = r_ == (sim_answer);                                                                       \
+        printf("RECORD %-58s %s%s%s\n", what, n_, same_ ? "" : "   <- the sim answers ", same_ ? "" : s_);    \
+        n_differ += !same_;                                                                                   \
+        if (sim) {                                                                                            \
+            t_checks++;                                                                                       \
+            t_failures += !same_;                                                                             \
+        }                                                                                                     \
+    } while (0)
+/* a number the sim must match (on the real driver: printed) */
+#define RECORD_NUM(what, got, sim_value)                                                                      \
+    do {                                                                                                      \
+        long long g_ = (long long)(got), w_ = (long long)(sim_value);                                         \
+        printf("RECORD %-58s %lld%s\n", what, g_, g_ == w_ ? "" : "   <- the sim differs");                    \
+        n_differ += g_ != w_;                                                                                 \
+        if (sim) {                                                                                            \
+            t_checks++;                                                                                       \
+            t_failures += g_ != w_;                                                                           \
+        }                                                                                                     \
+    } while (0)
+
+static CUresult mk_rdma(CUmemGenericAllocationHandle *h, size_t sz, int rdma)
+{
+    CUmemAllocationProp p = prop_of(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    p.allocFlags.gpuDirectRDMACapable = (unsigned char)rdma;
+    return cuMemCreate(h, sz, &p, 0);
+}
+
+/* a dma-buf of [a, a+n): the answer, and the fd's size (lseek SEEK_END) or -1 */
+static CUresult dmabuf_of(CUdeviceptr a, size_t n, unsigned long long flags, long long *size)
+{
+    int fd = -1;
+    CUresult r = cuMemGetHandleForAddressRange(&fd, a, n, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, flags);
+    *size = -1;
+    if (r == CUDA_SUCCESS && fd >= 0) {
+        *size = (long long)lseek(fd, 0, SEEK_END);
+        close(fd);
+    }
+    return r;
+}
+
+/* issue 14: the RDMA flag, dma-buf export over one and several chunks, and
+ * host NUMA memory through VMM. */
+static void rdma_dmabuf(void)
+{
+    int v = -1;
+    cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev);
+    CHECK(v == 1); /* H200: 1 */
+    CUdeviceptr base = 0;
+    long long sz = 0;
+    CUmemGenericAllocationHandle h1 = 0, h2 = 0, h3 = 0;
+    CHECK_CU(cuMemAddressReserve(&base, 64 * MB, 0, 0, 0));
+    EXPECT(mk_rdma(&h1, 2 * MB, 1), CUDA_SUCCESS); /* H200: created and mapped normally */
+    EXPECT(mk_rdma(&h2, 2 * MB, 1), CUDA_SUCCESS);
+    EXPECT(mk_rdma(&h3, 2 * MB, 0), CUDA_SUCCESS);
+    {
+        CUmemAllocationProp p;
+        memset(&p, 0, sizeof p);
+        cuMemGetAllocationPropertiesFromHandle(&p, h1);
+        RECORD_NUM("props of a chunk made with the RDMA flag: flag", p.allocFlags.gpuDirectRDMACapable, 1);
+        memset(&p, 0, sizeof p);
+        cuMemGetAllocationPropertiesFromHandle(&p, h3);
+        RECORD_NUM("props of a chunk made without it: flag", p.allocFlags.gpuDirectRDMACapable, 0);
+    }
+    EXPECT(cuMemMap(base, 2 * MB, 0, h1, 0), CUDA_SUCCESS);
+    EXPECT(cuMemMap(base + 2 * MB, 2 * MB, 0, h2, 0), CUDA_SUCCESS);
+    EXPECT(cuMemMap(base + 8 * MB, 2 * MB, 0, h3, 0), CUDA_SUCCESS);
+    EXPECT(acc(base, 4 * MB), CUDA_SUCCESS);
+    EXPECT(acc(base + 8 * MB, 2 * MB), CUDA_SUCCESS);
+    {
+        CUmemGenericAllocationHandle hr = 0;
+        CUmemAllocationProp p;
+        memset(&p, 0, sizeof p);
+        cuMemRetainAllocationHandle(&hr, (void *)(base + 3 * MB));
+        cuMemGetAllocationPropertiesFromHandle(&p, hr);
+        cuMemRelease(hr);
+        RECORD_NUM("props from a retained handle of a mapped RDMA chunk: flag", p.allocFlags.gpuDirectRDMACapable, 1);
+    }
+    RECORD("dma-buf of one chunk", dmabuf_of(base, 2 * MB, 0, &sz), CUDA_SUCCESS);
+    RECORD_NUM("  its lseek size", sz, 2 * MB);
+    EXPECT(dmabuf_of(base, 4 * MB, 0, &sz), CUDA_SUCCESS); /* H200: one fd over two separate chunks */
+    RECORD_NUM("dma-buf of two chunks: lseek size", sz, 4 * MB);
+    RECORD("dma-buf inside two chunks (base+1MiB, 2 MiB)", dmabuf_of(base + MB, 2 * MB, 0, &sz), CUDA_SUCCESS);
+    RECORD_NUM("  its lseek size", sz, 2 * MB);
+    RECORD("dma-buf of one page inside a chunk (base+64KiB, 4 KiB)", dmabuf_of(base + 65536, 4096, 0, &sz),
+           CUDA_SUCCESS);
+    RECORD_NUM("  its lseek size", sz, 4096);
+    RECORD("dma-buf at an address off the page (base+100)", dmabuf_of(base + 100, 2 * MB, 0, &sz),
+           CUDA_ERROR_INVALID_VALUE);
+    RECORD("dma-buf of a size off the page (2 MiB + 100)", dmabuf_of(base, 2 * MB + 100, 0, &sz),
+           CUDA_ERROR_INVALID_VALUE);
+    RECORD("dma-buf of size 0", dmabuf_of(base, 0, 0, &sz), CUDA_ERROR_INVALID_VALUE);
+    RECORD("dma-buf over a hole (chunk, 2 MiB unmapped, chunk)", dmabuf_of(base + 2 * MB, 8 * MB, 0, &sz),
+           CUDA_ERROR_INVALID_VALUE);
+    RECORD_NUM("  its lseek size (-1: no fd)", sz, -1);
+    RECORD("dma-buf of unmapped reserved space", dmabuf_of(base + 16 * MB, 2 * MB, 0, &sz), CUDA_ERROR_INVALID_VALUE);
+    RECORD("dma-buf of a chunk made without the RDMA flag", dmabuf_of(base + 8 * MB, 2 * MB, 0, &sz), CUDA_SUCCESS);
+    {
+        CUmemGenericAllocationHandle h4 = 0;
+        mk_rdma(&h4, 2 * MB, 0);
+        cuMemMap(base + 10 * MB, 2 * MB, 0, h4, 0);
+        acc(base + 10 * MB, 2 * MB);
+        cuMemRelease(h4);
+        RECORD("dma-buf over two chunks made without the flag", dmabuf_of(base + 8 * MB, 4 * MB, 0, &sz),
+               CUDA_SUCCESS);
+        cuMemUnmap(base + 10 * MB, 2 * MB);
+        mk_rdma(&h4, 2 * MB, 1);
+        cuMemMap(base + 10 * MB, 2 * MB, 0, h4, 0);
+        acc(base + 10 * MB, 2 * MB);
+        cuMemRelease(h4);
+        RECORD("dma-buf over an unflagged and a flagged chunk (mixed properties)",
+               dmabuf_of(base + 8 * MB, 4 * MB, 0, &sz), CUDA_ERROR_INVALID_VALUE);
+        cuMemUnmap(base + 10 * MB, 2 * MB);
+    }
+    RECORD("dma-buf with flags DMA_BUF_MAPPING_TYPE_PCIE", dmabuf_of(base, 2 * MB, CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE, &sz),
+           CUDA_SUCCESS);
+    {
+        int fd = -1;
+        RECORD("range handle of an unknown type (2)",
+               cuMemGetHandleForAddressRange(&fd, base, 2 * MB, (CUmemRangeHandleType)2, 0), CUDA_ERROR_INVALID_VALUE);
+        if (fd >= 0)
+            close(fd);
+    }
+    if (sim) {
+        fabsim_ledger l = t_ledger();
+        CHECK(l.dmabuf_fds == 0);
+    }
+    cuMemUnmap(base, 16 * MB);
+    cuMemRelease(h1);
+    cuMemRelease(h2);
+    cuMemRelease(h3);
+
+    /* an open dma-buf after unmap and release: does it keep the memory? (256 MiB, to see it in cuMemGetInfo) */
+    {
+        CUmemGenericAllocationHandle h = 0;
+        int fd = -1;
+        int64_t h0 = t_held();
+        CHECK_CU(mk_rdma(&h, 256 * MB, 1));
+        CUdeviceptr big = 0;
+        CHECK_CU(cuMemAddressReserve(&big, 256 * MB, 0, 0, 0));
+        CHECK_CU(cuMemMap(big, 256 * MB, 0, h, 0));
+        CHECK_CU(acc(big, 256 * MB));
+        CHECK_CU(cuMemRelease(h));
+        CHECK_CU(cuMemGetHandleForAddressRange(&fd, big, 256 * MB, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+        if (sim)
+            CHECK(t_ledger().dmabuf_fds == 1);
+        CHECK_CU(cuMemUnmap(big, 256 * MB));
+        RECORD_NUM("MiB held after unmap and release, dma-buf open", (t_held() - h0 + (int64_t)MB / 2) / (int64_t)MB, 256);
+        if (fd >= 0)
+            close(fd);
+        RECORD_NUM("MiB held after its close", (t_held() - h0 + (int64_t)MB / 2) / (int64_t)MB, 0);
+        if (sim)
+            CHECK(t_ledger().dmabuf_fds == 0 && t_ledger().bytes_held == 0);
+        CHECK_CU(cuMemAddressFree(big, 256 * MB));
+    }
+
+    /* host NUMA memory through VMM: an offload target mapped with the same calls */
+    {
+        CUmemAllocationProp p;
+        memset(&p, 0, sizeof p);
+        p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        p.location.id = 0;
+        size_t g = 0;
+        EXPECT(cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+        CHECK(g == 2 * MB); /* H200: 2 MiB */
+        int64_t d0 = t_held();
+        CUmemGenericAllocationHandle hh = 0;
+        EXPECT(cuMemCreate(&hh, 4 * MB, &p, 0), CUDA_SUCCESS); /* H200: works */
+        CHECK(t_near(t_held() - d0, 0));                       /* not device memory */
+        if (sim)
+            CHECK(t_ledger().bytes_held_host == 4 * MB);
+        {
+            CUmemAllocationProp q;
+            memset(&q, 0, sizeof q);
+            cuMemGetAllocationPropertiesFromHandle(&q, hh);
+            RECORD_NUM("props of host NUMA memory: location type (3: HOST_NUMA)", q.location.type, 3);
+        }
+        RECORD("map host NUMA memory", cuMemMap(base, 4 * MB, 0, hh, 0), CUDA_SUCCESS);
+        RECORD("device access to it", acc(base, 4 * MB), CUDA_SUCCESS);
+        {
+            CUmemAccessDesc d;
+            memset(&d, 0, sizeof d);
+            d.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+            d.location.id = 0;
+            d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            RECORD("host (HOST_NUMA) access to it", cuMemSetAccess(base, 4 * MB, &d, 1), CUDA_SUCCESS);
+        }
+        uint64_t in[4] = {1, 2, 3, 0xfab}, out[4] = {0, 0, 0, 0};
+        RECORD("copy host -> host NUMA memory (cuMemcpyHtoD)", cuMemcpyHtoD(base + 4 * MB - sizeof in, in, sizeof in),
+               CUDA_SUCCESS);
+        RECORD("copy it back (cuMemcpyDtoH)", cuMemcpyDtoH(out, base + 4 * MB - sizeof out, sizeof out), CUDA_SUCCESS);
+        RECORD_NUM("  the data read back intact", memcmp(in, out, sizeof in) == 0, 1);
+        RECORD("memset of it (cuMemsetD8)", cuMemsetD8(base, 0x5a, 4 * MB), CUDA_SUCCESS);
+        {
+            unsigned char c = 0;
+            cuMemcpyDtoH(&c, base + 3 * MB, 1);
+            RECORD_NUM("  a byte read back", c, 0x5a);
+        }
+        RECORD("dma-buf of host NUMA memory", dmabuf_of(base, 4 * MB, 0, &sz), CUDA_ERROR_NOT_SUPPORTED);
+        {
+            CUmemAccessDesc d;
+            memset(&d, 0, sizeof d);
+            d.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+            d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            CUmemGenericAllocationHandle hd = 0;
+            mk(&hd, 2 * MB, CU_MEM_HANDLE_TYPE_NONE);
+            cuMemMap(base + 8 * MB, 2 * MB, 0, hd, 0);
+            cuMemRelease(hd);
+            RECORD("HOST_NUMA access to device memory", cuMemSetAccess(base + 8 * MB, 2 * MB, &d, 1),
+                   CUDA_ERROR_INVALID_VALUE);
+            cuMemUnmap(base + 8 * MB, 2 * MB);
+        }
+        EXPECT(cuMemUnmap(base, 4 * MB), CUDA_SUCCESS);
+        EXPECT(cuMemRelease(hh), CUDA_SUCCESS);
+        if (sim)
+            CHECK(t_ledger().bytes_held_host == 0);
+        p.allocFlags.gpuDirectRDMACapable = 1;
+        hh = 0;
+        RECORD("create host NUMA memory with the RDMA flag", cuMemCreate(&hh, 2 * MB, &p, 0), CUDA_ERROR_INVALID_VALUE);
+        if (hh)
+            cuMemRelease(hh);
+        p.allocFlags.gpuDirectRDMACapable = 0;
+        p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+        hh = 0;
+        RECORD("create HOST_NUMA_CURRENT memory", cuMemCreate(&hh, 2 * MB, &p, 0), CUDA_ERROR_INVALID_VALUE);
+        if (hh)
+            cuMemRelease(hh);
+        p.location.type = CU_MEM_LOCATION_TYPE_HOST;
+        hh = 0;
+        RECORD("create HOST memory (no NUMA node)", cuMemCreate(&hh, 2 * MB, &p, 0), CUDA_ERROR_INVALID_VALUE);
+        if (hh)
+            cuMemRelease(hh);
+    }
+    CHECK_CU(cuMemAddressFree(base, 64 * MB));
+    if (sim) {
+        fabsim_ledger l = t_ledger();
+        CHECK(l.handles == 0 && l.mappings == 0 && l.bytes_held == 0 && l.bytes_held_host == 0 && l.dmabuf_fds == 0);
+    }
+}
+
 int main(void)
 {
     /* VMM calls need no current context; cuMemGetInfo does */
@@ -347,5 +598,9 @@ int main(void)
     misuse();
     release_semantics();
     proc_address();
+    rdma_dmabuf();
+    if (!sim)
+        printf("RECORD: %d answer%s differ from the sim's: update sim/sim_vmm.c and make them EXPECTs\n", n_differ,
+               n_differ == 1 ? "" : "s");
     return t_done("test_conformance");
 }

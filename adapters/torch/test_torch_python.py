@@ -41,7 +41,8 @@ assert cuda.cuStreamCreate(ctypes.byref(stream), 0) == 0
 class Ledger(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in ("handles", "allocations", "mappings", "reservations",
                                                 "exported_fds", "bytes_held", "bytes_mapped")] + \
-               [("bytes_held_dev", ctypes.c_uint64 * 16), ("legacy_allocs", ctypes.c_uint64)]
+               [("bytes_held_dev", ctypes.c_uint64 * 16), ("legacy_allocs", ctypes.c_uint64),
+                ("rest", ctypes.c_uint64 * 256)]  # room for the fields the sim adds: it fills its whole struct
 
 
 def held():

@@ -46,6 +46,7 @@ static const char *const entries[] = {
     "cuMemGetAllocationPropertiesFromHandle", "cuMemGetInfo", "cuMemExportToShareableHandle",
     "cuMemImportFromShareableHandle", "cuStreamSynchronize", "cuStreamQuery", "cuStreamWaitEvent",
     "cuEventCreate", "cuEventDestroy", "cuEventRecord", "cuEventQuery", "cuEventSynchronize",
+    "cuMemGetHandleForAddressRange",
 };
 #define N_ENTRIES (sizeof entries / sizeof entries[0])
 
@@ -62,12 +63,12 @@ static const struct {
 enum op {
     OP_CREATE, OP_ALLOC_SMALL, OP_ALLOC_LARGE, OP_FREE, OP_BUF_CREATE, OP_GROW, OP_SHRINK, OP_RESIZE_SET,
     OP_TRIM, OP_COLLECT, OP_EXPORT, OP_VIEW_OPEN, OP_VIEW_APPLY, OP_VIEW_CLOSE, OP_BUF_DESTROY, OP_DESTROY,
-    OP_SHRINK_STREAM, OP_BUF_DESTROY_STREAM, OP_COUNT
+    OP_SHRINK_STREAM, OP_BUF_DESTROY_STREAM, OP_DMABUF, OP_COUNT
 };
 static const char *const op_names[OP_COUNT] = {
     "pool create", "alloc 1000 B", "alloc 20 MiB", "free (cache_limit 0)", "buffer create", "buffer grow",
     "buffer shrink", "resize_set", "trim", "collect", "export", "view open", "view apply", "view close",
-    "buffer destroy", "pool destroy", "shrink on a stream", "destroy on a stream",
+    "buffer destroy", "pool destroy", "shrink on a stream", "destroy on a stream", "dma-buf of 16 MiB",
 };
 
 typedef struct {
@@ -263,6 +264,9 @@ static fabpool_status run(state *t, enum op op)
     case OP_DESTROY:
         t->p_gone = 1;
         return fabpool_destroy(t->p);
+    case OP_DMABUF: /* the fd lands in fds[0]: result_ok checks its size and closes it */
+        t->fds[0] = -1;
+        return fabpool_buffer_dmabuf(t->b, 0, 16 * MB, &t->fds[0]);
     default:
         return FABPOOL_ERR_INVALID_ARG;
     }
@@ -297,6 +301,13 @@ static int result_ok(state *t, enum op op)
         return t->v && get((uint64_t)(uintptr_t)fabpool_view_ptr(t->v)) == 0xbeef;
     case OP_VIEW_APPLY:
         return get((uint64_t)(uintptr_t)fabpool_view_ptr(t->v) + 64 * MB - 8) == 0xde17a;
+    case OP_DMABUF: {
+        int ok = t->fds[0] >= 0 && lseek(t->fds[0], 0, SEEK_END) == (off_t)(16 * MB) && t_ledger().dmabuf_fds == 1;
+        if (t->fds[0] >= 0)
+            close(t->fds[0]);
+        t->fds[0] = -1;
+        return ok && t_ledger().dmabuf_fds == 0;
+    }
     default:
         return 1;
     }
@@ -388,7 +399,7 @@ static int ledger_empty(void)
 {
     fabsim_ledger l = t_ledger();
     return l.handles == 0 && l.mappings == 0 && l.reservations == 0 && l.exported_fds == 0 && l.bytes_held == 0 &&
-           l.allocations == 0;
+           l.allocations == 0 && l.dmabuf_fds == 0;
 }
 
 static void count_calls(uint64_t *c)
@@ -533,7 +544,7 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
     /* nothing left behind by this trial (the figures before it were zero unless an earlier one leaked) */
     fabsim_ledger l1 = t_ledger();
     CHECK(l1.handles == l0.handles && l1.mappings == l0.mappings && l1.reservations == l0.reservations &&
-          l1.exported_fds == l0.exported_fds && l1.bytes_held == l0.bytes_held);
+          l1.exported_fds == l0.exported_fds && l1.bytes_held == l0.bytes_held && l1.dmabuf_fds == l0.dmabuf_fds);
     if (t_failures != failures0) {
         fabsim_ledger l = t_ledger();
         fprintf(stderr, "  ^ %s: call %llu of %s failed with %s: %s -> %s; ledger: %llu handles, %llu mappings, "
