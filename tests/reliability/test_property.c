@@ -343,6 +343,16 @@ static void ack_dead(int p)
     ndead = w;
 }
 
+/* Synchronizing calls made so far: after one, the work it waited for is done
+ * and what was retired on it may go, although the stream still reads held. */
+static uint64_t sync_calls(void)
+{
+    static uint64_t (*calls)(const char *);
+    if (!calls)
+        *(void **)&calls = dlsym(RTLD_DEFAULT, "fabsim_calls");
+    return calls ? calls("cuStreamSynchronize") + calls("cuEventSynchronize") + calls("cuCtxSynchronize") : 0;
+}
+
 /* Retired on a stream that is still held: the GPU may still use it, so it
  * stays mapped at its address with its data. */
 static int rec_stream_pending(const rec_t *r)
@@ -1366,7 +1376,11 @@ static void run_seed(unsigned long long seed, long steps)
         }
         cur_op = op_names[op];
         step_first_id = next_id;
+        uint64_t syncs0 = sync_calls();
         step(op);
+        if (sync_calls() != syncs0) /* the pool waited for the GPU (a refit, a NULL stream): that work is done */
+            for (int i = 0; i < nrec; i++)
+                rec[i].stream = -1;
         op_count[op]++;
         total_steps++;
         if (verbose)
