@@ -343,10 +343,10 @@ SIM_API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationP
     (void)opt;
     if (!g || !prop)
         return CUDA_ERROR_INVALID_VALUE;
-    if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
-        if (prop->location.id != 0) /* sim: one NUMA node */
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA || prop->location.type == CU_MEM_LOCATION_TYPE_HOST) {
+        if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA && prop->location.id != 0) /* sim: one NUMA node */
             return CUDA_ERROR_INVALID_VALUE;
-        *g = SIM_GRAN; /* H200: host NUMA 0, 2 MiB */
+        *g = SIM_GRAN; /* H200: host NUMA 0, 2 MiB; sim: HOST (no node) the same */
         return CUDA_SUCCESS;
     }
     if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
@@ -444,8 +444,14 @@ static CUresult check_prop(const CUmemAllocationProp *prop)
          * so host memory with it is INVALID_VALUE (driver_probe records both) */
         if (prop->location.id != 0 || prop->allocFlags.gpuDirectRDMACapable)
             return CUDA_ERROR_INVALID_VALUE;
+    } else if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST) {
+        /* H200, 2026-12-03: HOST (no NUMA node) works.  sim: the id is
+         * ignored (docs), it is host memory of node 0, and the RDMA flag is
+         * refused as for HOST_NUMA (not measured for HOST) */
+        if (prop->allocFlags.gpuDirectRDMACapable)
+            return CUDA_ERROR_INVALID_VALUE;
     } else if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
-        return CUDA_ERROR_INVALID_VALUE; /* HOST_NUMA_CURRENT: INVALID_VALUE by the docs; sim: HOST too */
+        return CUDA_ERROR_INVALID_VALUE; /* H200: HOST_NUMA_CURRENT, INVALID_VALUE */
     } else if (!sim_valid_device(prop->location.id)) {
         return CUDA_ERROR_INVALID_DEVICE; /* H200: location 99, INVALID_DEVICE */
     }
@@ -470,7 +476,9 @@ SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, con
         return CUDA_ERROR_INVALID_VALUE;
     if ((prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) && !sim_fabric)
         return CUDA_ERROR_NOT_PERMITTED; /* H200 without an IMEX channel */
-    int host = prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    int host = prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+               prop->location.type == CU_MEM_LOCATION_TYPE_HOST;
+    int numa = prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? prop->location.id : 0;
     int dev = host ? HOST_DEV : prop->location.id;
     pthread_mutex_lock(&sim_lock);
     uint64_t cap = host ? sim_host_capacity : sim_capacity;
@@ -480,7 +488,7 @@ SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, con
     }
     char name[128];
     if (host)
-        snprintf(name, sizeof name, "fabsim:%s:host%d", sim_machine, prop->location.id);
+        snprintf(name, sizeof name, "fabsim:%s:host%d", sim_machine, numa);
     else
         snprintf(name, sizeof name, "fabsim:%s:dev%d", sim_machine, dev);
     int fd = (int)syscall(SYS_memfd_create, name, 1u /* MFD_CLOEXEC */);
@@ -501,7 +509,7 @@ SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, con
     p->size = size;
     p->dev = dev;
     p->host = host;
-    p->numa = host ? prop->location.id : 0;
+    p->numa = numa;
     p->rdma = prop->allocFlags.gpuDirectRDMACapable ? 1 : 0;
     p->st_dev = st.st_dev;
     p->ino = st.st_ino;
@@ -660,17 +668,22 @@ SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
     uint64_t end = ptr + size, cur = ptr;
     size_t first = map_lower(ptr), i = first;
     /* H200: the range must be whole, adjacent mappings (unmapped or partial: INVALID_VALUE) */
+    int dev_mem = 0;
     for (; cur < end; i++) {
-        /* docs: HOST_NUMA access only for host memory */
-        if (i >= nmaps || maps[i].va != cur || maps[i].va + maps[i].size > end || (host_desc && !maps[i].h->ph->host)) {
+        if (i >= nmaps || maps[i].va != cur || maps[i].va + maps[i].size > end) {
             pthread_mutex_unlock(&sim_lock);
             return CUDA_ERROR_INVALID_VALUE;
         }
+        dev_mem |= !maps[i].h->ph->host;
         cur = maps[i].va + maps[i].size;
     }
     if (size == 0) {
         pthread_mutex_unlock(&sim_lock);
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (host_desc && dev_mem) { /* H200, 2026-12-03: HOST_NUMA access to device memory, NOT_SUPPORTED */
+        pthread_mutex_unlock(&sim_lock);
+        return CUDA_ERROR_NOT_SUPPORTED;
     }
     for (size_t k = first; k < i; k++) {
         mapping *m = &maps[k];
@@ -935,9 +948,14 @@ SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ou
 
 /* cuMemGetHandleForAddressRange(DMA_BUF_FD).  The docs: dptr and size
  * aligned to the host page size, the range fully mapped, every allocation
- * of it on one device with identical properties.  H200: one fd over two
- * separately created 2 MiB chunks.  What the sim answers for the rest is
- * marked "sim:" until tests/probe/rdma_probe.c has asked the H200. */
+ * of it on one device with identical properties.  H200, 2026-12-03
+ * (test_conformance): one fd over one chunk, two chunks, a range inside two
+ * chunks or one 4 KiB page inside a chunk, its lseek size the range's; an
+ * address or size off the page, size 0, a hole or unmapped space:
+ * INVALID_VALUE; chunks with and without the RDMA flag mixed: SUCCESS; the
+ * PCIE mapping flag: NOT_SUPPORTED; host NUMA memory: INVALID_VALUE; an
+ * open fd keeps the memory after unmap and release until it is closed.
+ * What is not measured is marked "sim:". */
 SIM_API CUresult cuMemGetHandleForAddressRange(void *out, CUdeviceptr dptr, size_t size,
                                                CUmemRangeHandleType type, unsigned long long flags)
 {
@@ -948,6 +966,8 @@ SIM_API CUresult cuMemGetHandleForAddressRange(void *out, CUdeviceptr dptr, size
         return CUDA_ERROR_INVALID_VALUE;
     if (!sim_rdma)
         return CUDA_ERROR_NOT_SUPPORTED; /* a device without DMA_BUF_SUPPORTED */
+    if (flags & CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE)
+        return CUDA_ERROR_NOT_SUPPORTED; /* H200, 2026-12-03: over a mapped chunk, NOT_SUPPORTED */
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     if (size == 0 || dptr % page || size % page || dptr + size < dptr) /* docs: host page size */
         return CUDA_ERROR_INVALID_VALUE;
@@ -956,7 +976,7 @@ SIM_API CUresult cuMemGetHandleForAddressRange(void *out, CUdeviceptr dptr, size
     uint64_t end = dptr + size, cur = dptr;
     size_t first = map_lower(dptr), i = first;
     phys *p0 = NULL;
-    /* every byte mapped (sim: a hole is INVALID_VALUE), one device, one kind of allocation */
+    /* every byte mapped (H200: a hole is INVALID_VALUE), one device, one kind of allocation */
     for (; cur < end && r == CUDA_SUCCESS; i++) {
         if (i >= nmaps || maps[i].va > cur) {
             r = CUDA_ERROR_INVALID_VALUE;
@@ -965,12 +985,13 @@ SIM_API CUresult cuMemGetHandleForAddressRange(void *out, CUdeviceptr dptr, size
         phys *p = maps[i].h->ph;
         if (!p0)
             p0 = p;
-        else if (p->dev != p0->dev || p->host != p0->host || p->rdma != p0->rdma || maps[i].h->types != maps[first].h->types)
-            r = CUDA_ERROR_INVALID_VALUE; /* sim: mixed properties */
+        else if (p->dev != p0->dev || p->host != p0->host || maps[i].h->types != maps[first].h->types)
+            r = CUDA_ERROR_INVALID_VALUE; /* sim: mixed devices or handle types (H200, 2026-12-03: chunks with
+                                           * and without the RDMA flag in one range: SUCCESS) */
         cur = maps[i].va + maps[i].size;
     }
     if (r == CUDA_SUCCESS && p0->host)
-        r = CUDA_ERROR_NOT_SUPPORTED; /* sim: host memory through VMM (HOST_ALLOC_DMA_BUF_SUPPORTED is for cuMemHostAlloc) */
+        r = CUDA_ERROR_INVALID_VALUE; /* H200, 2026-12-03: host NUMA memory through VMM, INVALID_VALUE */
     dmabuf *d = NULL;
     int fd = -1;
     if (r == CUDA_SUCCESS) {
@@ -994,7 +1015,7 @@ SIM_API CUresult cuMemGetHandleForAddressRange(void *out, CUdeviceptr dptr, size
                     seen |= d->ph[j] == p;
                 if (!seen) {
                     d->ph[d->nph++] = p;
-                    p->dmabufs++; /* sim: the fd keeps the memory alive until it is closed */
+                    p->dmabufs++; /* H200: the fd keeps the memory alive until it is closed */
                 }
             }
             d->next = dmabufs;

@@ -20,6 +20,7 @@ LOG="$OUT/rdma-h200.txt"
 B=${FABPOOL_RDMA_BUILD:-/tmp/b-rdma}
 CUDA_INC=${CUDA_INC:-/usr/local/cuda/include}
 mkdir -p "$B"
+export B CUDA_INC
 status=()
 step() {   # step NAME TIMEOUT COMMAND...
   local name=$1 limit=$2; shift 2
@@ -40,7 +41,8 @@ build_probe() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
   uname -r
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' 2>&1
-  step probe-build 60 build_probe
+  # timeout runs programs, not shell functions: hand the function to a child bash (B and CUDA_INC are exported)
+  step probe-build 60 bash -c "$(declare -f build_probe); build_probe"
   step probe 60 bash -c "'$B/rdma_probe' > '$OUT/rdma-probe.txt' 2>&1"
   cat "$OUT/rdma-probe.txt"
   step configure 60 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFABPOOL_WERROR=ON
