@@ -235,8 +235,16 @@ SIM_API CUresult cuInit(unsigned flags)
         sim_fabric = (v = getenv("FABSIM_FABRIC")) && atoi(v) != 0;
         sim_rdma = !((v = getenv("FABSIM_RDMA")) && *v && atoi(v) == 0);
         sim_trace = (v = getenv("FABSIM_TRACE")) && atoi(v) != 0;
-        if ((v = getenv("FABSIM_MACHINE")) && *v)
-            snprintf(sim_machine, sizeof sim_machine, "%s", v);
+        if ((v = getenv("FABSIM_MACHINE")) && *v) {
+            if (strlen(v) < sizeof sim_machine) {
+                snprintf(sim_machine, sizeof sim_machine, "%s", v);
+            } else { /* too long to keep whole: its start and a hash of all of it, so names stay distinct */
+                uint32_t h = 2166136261u;
+                for (const char *c = v; *c; c++)
+                    h = (h ^ (uint8_t)*c) * 16777619u;
+                snprintf(sim_machine, sizeof sim_machine, "%.14s-%08x", v, h);
+            }
+        }
         static int atfork;
         if (!atfork) {
             pthread_atfork(NULL, NULL, after_fork_child);
