@@ -89,14 +89,6 @@ typedef struct ft_dev {
     fabpool_torch_stat reserved, segment; /* sampled from the pool: gauge_sample */
     uint64_t num_alloc_retries, num_ooms;
     uint64_t base_maps, base_unmaps, base_pool_retries, base_syncs; /* at the last reset of accumulated stats */
-    /* One stream so far (most training loops): every block is freed and
-     * reused in that stream's order, so a free goes straight back to the pool
-     * (which coalesces it with its neighbours) and no block waits in a
-     * per-stream list.  The first allocation on another stream waits for the
-     * device once, then the device keeps per-stream lists for good. */
-    int one_stream;                /* 1: only `first_stream` has been seen */
-    int first_set;
-    void *first_stream;
 } ft_dev;
 
 static _Atomic(ft_dev *) ft_devs[FT_MAX_DEVICES];
@@ -195,7 +187,6 @@ static fabpool_status dev_create(int device, ft_dev **out)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_torch: no host memory for device %d's state", device);
     pthread_mutex_init(&d->lock, NULL);
     d->device = device;
-    d->one_stream = 1;
     r = FP_CU(NULL, cuDeviceGet, &d->cudev, device);
     if (r == CUDA_SUCCESS)
         r = FP_CU(NULL, cuDevicePrimaryCtxRetain, &d->ctx, d->cudev);
@@ -590,19 +581,6 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
         report();
         return NULL;
     }
-    if (!d->first_set) {
-        d->first_set = 1;
-        d->first_stream = stream; /* the first allocation names the stream */
-    } else if (d->one_stream && stream != d->first_stream) {
-        {
-            /* a second stream: blocks freed on the first went back to the pool
-             * unordered with it, so wait for the first stream's work once */
-            CUcontext saved = ctx_enter(d);
-            ctx_sync(d);
-            ctx_leave(d, saved);
-            d->one_stream = 0;
-        }
-    }
     ft_stream *s = cls < FP_NCLASS ? stream_find(d, stream) : NULL;
     ft_blk *b = s ? s->cls[cls] : NULL;
     if (b) {
@@ -694,11 +672,6 @@ void fabpool_torch_free(void *ptr, size_t size, int device, void *stream)
     d->c.blocks_live--;
     d->c.bytes_live -= e.size;
     d->c.usable_bytes_live -= usable;
-    if (d->one_stream && stream == d->first_stream) {
-        give_back(d, ptr); /* reused in the same stream's order: safe at once */
-        pthread_mutex_unlock(&d->lock);
-        return;
-    }
     ft_stream *s = stream_get(d, stream);
     ft_blk *b = s ? blk_new(d) : NULL;
     if (!b) {
