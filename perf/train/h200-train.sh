@@ -21,16 +21,7 @@ B=build-h200
 LIB="$B/adapters/torch/libfabpool_torch.so"
 STEPS=${TRAIN_STEPS:-50}
 RUNS=${TRAIN_RUNS:-3}
-status=()
-step() {   # step NAME TIMEOUT COMMAND...
-  local name=$1 limit=$2; shift 2
-  echo "== $name: $*"
-  local t0=$(date +%s)
-  timeout "$limit" "$@"
-  local rc=$?
-  echo "== $name: rc $rc in $(( $(date +%s) - t0 )) s"
-  status+=("$name=$rc")
-}
+. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
 {
   echo "fabpool training check, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1

@@ -21,16 +21,7 @@ B=${FABPOOL_RDMA_BUILD:-/tmp/b-rdma}
 CUDA_INC=${CUDA_INC:-/usr/local/cuda/include}
 mkdir -p "$B"
 export B CUDA_INC
-status=()
-step() {   # step NAME TIMEOUT COMMAND...
-  local name=$1 limit=$2; shift 2
-  echo "== $name: $*"
-  local t0=$(date +%s)
-  timeout "$limit" "$@"
-  local rc=$?
-  echo "== $name: rc $rc in $(( $(date +%s) - t0 )) s"
-  status+=("$name=$rc")
-}
+. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
 build_probe() {
   gcc -std=gnu11 -O1 -I"$CUDA_INC" tests/probe/rdma_probe.c -o "$B/rdma_probe" -lcuda 2>/dev/null ||
     gcc -std=gnu11 -O1 -I"$CUDA_INC" tests/probe/rdma_probe.c -o "$B/rdma_probe" \
