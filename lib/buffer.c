@@ -429,8 +429,8 @@ free_va:
 }
 
 /* Retires the chunks a buffer of `target` bytes no longer needs, keeping the
- * hysteresis; a last chunk that would leave more than twice that mapped is
- * replaced by a smaller one (refit).  stream NULL: synchronize and unmap at once.  On
+ * hysteresis; a last chunk that would leave more than that mapped is replaced
+ * by a smaller one (refit).  stream NULL: synchronize and unmap at once.  On
  * failure nothing is retired.  The caller collects afterwards. */
 static fabpool_status shrink(struct fabpool *p, struct fabpool_buffer *b, uint64_t target, void *stream)
 {
@@ -445,9 +445,8 @@ static fabpool_status shrink(struct fabpool *p, struct fabpool_buffer *b, uint64
         first_retire--;
         live -= b->chunks[first_retire].size;
     }
-    /* a refit waits for the stream and copies the data: worth it only when it
-     * gives back more than the hysteresis keeps (mapped above twice `keep`) */
-    int refit_j = target && live > 2 * keep && first_retire > 0;
+    /* the last chunk still needed reaches beyond the hysteresis: refit it */
+    int refit_j = target && live > keep && first_retire > 0;
     if (first_retire == last_live && !refit_j)
         return FABPOOL_OK;
     CUcontext saved;

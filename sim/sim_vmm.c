@@ -1431,6 +1431,77 @@ SIM_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
 /* dst_dev / src_dev: 1 if that side is device memory.  The copy runs on the
  * current context's device, which must have access to both sides;
  * dst_acc / src_acc >= 0 name another device for that side (cuMemcpyPeer). */
+/* Copies n bytes between two mappings' memory files without touching what
+ * was never written: a hole of the source (SEEK_DATA/SEEK_HOLE on its memfd)
+ * becomes a hole of the destination (punched, or already one), only data is
+ * copied.  The result is the same as memmove's; the cost follows the bytes
+ * written, so that a program that moves mostly untouched chunks (a refit, a
+ * copy of a fresh buffer) does not make the kernel allocate and zero every
+ * page.  sim_lock held; [dst, dst+n) and [src, src+n) do not overlap. */
+static void sparse_piece(int dfd, uint64_t doff, int sfd, uint64_t soff, uint64_t n, char *dp, const char *sp)
+{
+    const uint64_t page = 4096;
+    uint64_t k = 0;
+    while (k < n) {
+        off_t d = lseek(sfd, (off_t)(soff + k), SEEK_DATA);
+        uint64_t data = d < 0 ? n : (uint64_t)d - soff;
+        if (data > n)
+            data = n;
+        if (data > k) { /* [k, data) reads as zeros */
+            off_t dd = lseek(dfd, (off_t)(doff + k), SEEK_DATA);
+            if (dd >= 0 && (uint64_t)dd < doff + data) {
+                /* the destination holds data there: whole pages punched, the edges cleared */
+                uint64_t a = (doff + k + page - 1) / page * page, b = (doff + data) / page * page;
+                if (b > a && fallocate(dfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)a, (off_t)(b - a)) == 0) {
+                    memset(dp + k, 0, a - doff - k);
+                    memset(dp + (b - doff), 0, doff + data - b);
+                } else {
+                    memset(dp + k, 0, data - k);
+                }
+            }
+            k = data;
+            if (k >= n)
+                break;
+        }
+        off_t h = lseek(sfd, (off_t)(soff + k), SEEK_HOLE);
+        uint64_t end = h < 0 ? n : (uint64_t)h - soff;
+        if (end > n || end <= k)
+            end = n;
+        memcpy(dp + k, sp + k, end - k);
+        k = end;
+    }
+}
+
+static int sparse_copy(uint64_t dst, uint64_t src, size_t n)
+{
+    if (!(dst + n <= src || src + n <= dst))
+        return 0;
+    /* every piece must lie in mappings (not legacy allocations) */
+    for (uint64_t k = 0; k < n;) {
+        mapping *ms = map_at(src + k), *md = map_at(dst + k);
+        if (!ms || !md || ms->h->ph->fd < 0 || md->h->ph->fd < 0)
+            return 0;
+        uint64_t len = n - k;
+        if (ms->va + ms->size - (src + k) < len)
+            len = ms->va + ms->size - (src + k);
+        if (md->va + md->size - (dst + k) < len)
+            len = md->va + md->size - (dst + k);
+        k += len;
+    }
+    for (uint64_t k = 0; k < n;) {
+        mapping *ms = map_at(src + k), *md = map_at(dst + k);
+        uint64_t len = n - k;
+        if (ms->va + ms->size - (src + k) < len)
+            len = ms->va + ms->size - (src + k);
+        if (md->va + md->size - (dst + k) < len)
+            len = md->va + md->size - (dst + k);
+        sparse_piece(md->h->ph->fd, dst + k - md->va, ms->h->ph->fd, src + k - ms->va, len,
+                     (char *)(uintptr_t)(dst + k), (const char *)(uintptr_t)(src + k));
+        k += len;
+    }
+    return 1;
+}
+
 static CUresult copy_on(uint64_t dst, uint64_t src, size_t n, int dst_dev, int src_dev, int dst_acc, int src_acc)
 {
     if (n == 0)
@@ -1441,9 +1512,15 @@ static CUresult copy_on(uint64_t dst, uint64_t src, size_t n, int dst_dev, int s
     pthread_mutex_lock(&sim_lock);
     int bad = (dst_dev && sim_check_range(dst, n, 1, dst_acc >= 0 ? dst_acc : c->dev)) ||
               (src_dev && sim_check_range(src, n, 0, src_acc >= 0 ? src_acc : c->dev));
-    pthread_mutex_unlock(&sim_lock);
-    if (bad)
+    if (bad) {
+        pthread_mutex_unlock(&sim_lock);
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (dst_dev && src_dev && n >= (1u << 20) && sparse_copy(dst, src, n)) {
+        pthread_mutex_unlock(&sim_lock);
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&sim_lock);
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }

@@ -199,6 +199,20 @@ static void item6_shrink(void)
         CHECK(stats(p).mapped_bytes == i.mapped);
         CHECK_OK(fabpool_buffer_destroy(b, stream));
     }
+    /* one chunk of 64 MiB shrunk to 40 MiB: the hysteresis keeps 50 MiB, so the chunk is refitted
+     * (a bound of twice the hysteresis, as stop 16 had it, kept all 64 MiB) */
+    fabpool_buffer_t *c = NULL;
+    CHECK_OK(fabpool_buffer_create(p, 1024 * MB, 64 * MB, &c));
+    if (c) {
+        uint64_t base = ptr(c);
+        CHECK(info(c).mapped >= 64 * MB); /* more than the 50 MiB the shrink may keep */
+        put(base + 40 * MB - 8, 5);
+        CHECK_OK(fabpool_buffer_resize(c, 40 * MB, NULL));
+        CHECK(info(c).mapped >= 40 * MB && info(c).mapped <= 50 * MB);
+        CHECK(get(base + 40 * MB - 8) == 5 && ptr(c) == base);
+        CHECK(stats(p).mapped_bytes == info(c).mapped);
+        CHECK_OK(fabpool_buffer_destroy(c, NULL));
+    }
     /* 256 MiB -> 4 GiB -> 64 MiB, as the audit measured */
     fabpool_buffer_t *b = NULL;
     CHECK_OK(fabpool_buffer_create(p, 4096 * MB, 256 * MB, &b));

@@ -688,17 +688,17 @@ static size_t buf_size(uint64_t window)
     }
 }
 
-/* A shrunk buffer that was never exported maps at most twice its size plus the hysteresis (docs/design.md:
- * below that a refit's wait and copy cost more than the memory it would give back). */
+/* A shrunk buffer that was never exported maps at most the hysteresis over its new size, rounded up to the
+ * granularity (docs/design.md: a last chunk reaching beyond it is refitted). */
 static void check_hysteresis(buf_t *b, int s)
 {
     if (b->shared)
         return;
     fabpool_buffer_info bi = binfo(b);
     uint64_t keep = b->size + b->size / 100 * hysteresis + b->size % 100 * hysteresis / 100;
-    keep = (keep + gran - 1) / gran * gran * 2;
+    keep = (keep + gran - 1) / gran * gran;
     EXPECT(bi.mapped <= keep, "shrink.hysteresis", "buffer %llu shrunk from %zu to %zu (%s) maps %zu bytes in %u "
-           "chunk%s, more than twice the %u%% hysteresis allows (%llu)", (unsigned long long)b->id, b->hyst_from, b->size,
+           "chunk%s, more than the %u%% hysteresis allows (%llu)", (unsigned long long)b->id, b->hyst_from, b->size,
            s < 0 ? "no stream" : "on a stream, checked at a collect(wait) after it", bi.mapped, bi.n_chunks,
            bi.n_chunks == 1 ? "" : "s", hysteresis, (unsigned long long)keep);
 }
