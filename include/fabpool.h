@@ -6,9 +6,13 @@
  * maps physical chunks into it; every physical handle is released right after
  * it is mapped, so unmapping a chunk frees its memory and no handle can leak.
  *
- * Every function returns a fabpool_status.  On anything but FABPOOL_OK,
- * fabpool_last_error() returns a message for the calling thread that says
- * what went wrong and what to do about it.
+ * Every function that can fail returns a fabpool_status.  On anything but
+ * FABPOOL_OK, fabpool_last_error() returns a message for the calling thread
+ * that says what went wrong and what to do about it.  The few that cannot
+ * fail return their answer instead: fabpool_status_name, fabpool_last_error,
+ * fabpool_options_init, fabpool_handle_type_of, fabpool_buffer_ptr,
+ * fabpool_view_ptr and fabpool_desc_size (each says what it returns for a
+ * NULL argument, where it takes one).
  *
  * Device pointers are `void *` (as cudaMalloc gives them); streams and events
  * are `void *` holding a CUstream / CUevent, so this header needs no CUDA
@@ -131,7 +135,8 @@ FABPOOL_API fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t
  * the pool is gone either way).  No other thread may use the pool meanwhile. */
 FABPOOL_API fabpool_status fabpool_destroy(fabpool_t *pool);
 
-/* The options in force (after FABPOOL_CONF), and the handle type chosen. */
+/* The options in force (after FABPOOL_CONF), and the handle type chosen
+ * (fabpool_handle_type_of returns it: FABPOOL_HANDLE_NONE for a NULL pool). */
 FABPOOL_API fabpool_status fabpool_get_options(const fabpool_t *pool, fabpool_options *out);
 FABPOOL_API fabpool_handle_type fabpool_handle_type_of(const fabpool_t *pool);
 
@@ -202,6 +207,7 @@ typedef struct fabpool_buffer_info {
                              (fabpool_peers_ack takes it) */
 } fabpool_buffer_info;
 FABPOOL_API fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *buf, fabpool_buffer_info *out);
+/* The buffer's base address (NULL for a NULL buffer); it never changes. */
 FABPOOL_API void *fabpool_buffer_ptr(const fabpool_buffer_t *buf);
 
 /* A dma-buf file descriptor for bytes [offset, offset + size) of the
@@ -281,7 +287,7 @@ FABPOOL_API fabpool_status fabpool_stats_json(fabpool_t *pool, char *buf, size_t
  * (MPI_Allgather, torch.distributed.all_gather); a peer opens a view of the
  * buffer from it, at the same offsets, and later applies newer descriptors
  * that carry only what changed.  POSIX fds cannot travel in bytes: they go
- * beside the descriptor (fabpool_fd_send / fabpool_fd_recv below), in the
+ * beside the descriptor (fabpool_fd_send / fabpool_fd_recv, fabpool_fdpass.h), in the
  * order the descriptor numbers them.
  *
  * Lifetime (docs/design.md): a fabric handle holds no reference of its own,
@@ -335,25 +341,18 @@ FABPOOL_API fabpool_status fabpool_view_open(fabpool_t *pool, const void *desc, 
 FABPOOL_API fabpool_status fabpool_view_apply(fabpool_view_t *view, const void *desc, size_t len, const int *fds,
                                              size_t nfds);
 FABPOOL_API fabpool_status fabpool_view_get_info(const fabpool_view_t *view, fabpool_buffer_info *out);
+/* The view's base address in this process (NULL for a NULL view). */
 FABPOOL_API void *fabpool_view_ptr(const fabpool_view_t *view);
 /* Unmaps everything and frees the view's window.  The caller makes sure no
  * GPU work still reads the view. */
 FABPOOL_API fabpool_status fabpool_view_close(fabpool_view_t *view);
 
-/* fd passing between processes of one host, over Unix stream sockets
- * (SCM_RIGHTS), with an optional payload of bytes. */
-FABPOOL_API fabpool_status fabpool_fd_listen(const char *name, int *listener);   /* abstract socket name */
-FABPOOL_API fabpool_status fabpool_fd_accept(int listener, int *sock);
-FABPOOL_API fabpool_status fabpool_fd_connect(const char *name, int *sock, int timeout_ms);
-FABPOOL_API fabpool_status fabpool_fd_send(int sock, const int *fds, size_t n, const void *data, size_t len);
-/* Receives one message sent by fabpool_fd_send: *n fds, *len bytes. */
-FABPOOL_API fabpool_status fabpool_fd_recv(int sock, int *fds, size_t cap, size_t *n, void *data, size_t data_cap,
-                                          size_t *len);
-/* A copy of process pid's descriptor fd, by pidfd_getfd (Linux 5.6+, needs
- * ptrace permission over pid): an alternative to a socket. */
-FABPOOL_API fabpool_status fabpool_fd_from_pid(int pid, int fd, int *out);
-
 #ifdef __cplusplus
 }
 #endif
+
+/* fd passing (fabpool_fd_send / fabpool_fd_recv ...): a header of its own,
+ * included here so that code written against one header keeps compiling. */
+#include "fabpool_fdpass.h"
+
 #endif

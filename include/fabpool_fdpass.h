@@ -1,0 +1,35 @@
+/*
+ * fabpool_fdpass.h - passing file descriptors between processes of one host:
+ * the POSIX fds of an exported buffer's chunks (fabpool_buffer_export) travel
+ * beside the descriptor's bytes.  fabpool.h includes this header; it needs
+ * nothing of a pool.
+ *
+ * Every function returns a fabpool_status; on anything but FABPOOL_OK,
+ * fabpool_last_error() says what went wrong.
+ */
+#ifndef FABPOOL_FDPASS_H
+#define FABPOOL_FDPASS_H
+
+#include "fabpool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* fd passing between processes of one host, over Unix stream sockets
+ * (SCM_RIGHTS), with an optional payload of bytes. */
+FABPOOL_API fabpool_status fabpool_fd_listen(const char *name, int *listener);   /* abstract socket name */
+FABPOOL_API fabpool_status fabpool_fd_accept(int listener, int *sock);
+FABPOOL_API fabpool_status fabpool_fd_connect(const char *name, int *sock, int timeout_ms);
+FABPOOL_API fabpool_status fabpool_fd_send(int sock, const int *fds, size_t n, const void *data, size_t len);
+/* Receives one message sent by fabpool_fd_send: *n fds, *len bytes. */
+FABPOOL_API fabpool_status fabpool_fd_recv(int sock, int *fds, size_t cap, size_t *n, void *data, size_t data_cap,
+                                          size_t *len);
+/* A copy of process pid's descriptor fd, by pidfd_getfd (Linux 5.6+, needs
+ * ptrace permission over pid): an alternative to a socket. */
+FABPOOL_API fabpool_status fabpool_fd_from_pid(int pid, int fd, int *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
