@@ -1,21 +1,27 @@
 /* alloc.c - fabpool_alloc / fabpool_free: the hot path through per-thread
- * caches, the slow path to the slab classes, and the thread caches' life. */
+ * caches, the slow path to the heap, and the thread caches' life (alloc.h). */
+#include "alloc.h"
+
 #include <stdlib.h>
 #include <string.h>
 
+#include "array.h"
 #include "error.h"
-#include "pool.h"
+#include "list.h"
 #include "trace.h"
 
 #define FP_LIKELY(x) __builtin_expect(!!(x), 1)
 #define FP_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define FP_TLS_SLOTS 8
 
+/* The layer's state of a public pool handle (alloc.h). */
+static inline fp_alloc *A(fabpool_t *p) { return (fp_alloc *)(void *)p; }
+
 /* The thread's caches, by pool.  A slot matches only if both the pool's
  * address and its unique id match, so a slot of a destroyed pool is never
  * used again (its cache was freed with the pool). */
 typedef struct fp_tls_slot {
-    struct fabpool *pool;
+    fp_alloc *owner;
     uint64_t id;
     fp_tcache *tc;
 } fp_tls_slot;
@@ -25,6 +31,9 @@ static _Thread_local int tls_key_set;
 static pthread_key_t tls_key;
 static pthread_once_t tls_key_once = PTHREAD_ONCE_INIT;
 
+/* The one test of whether a slot (or a registry entry) is pool a's. */
+static inline int slot_is(const fp_tls_slot *s, const fp_alloc *a) { return s->owner == a && s->id == a->id; }
+
 /* Live pools, so that a thread that exits can tell whether the pool of a
  * slot still exists without touching it. */
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -32,67 +41,93 @@ static fp_tls_slot *registry;   /* .tc unused */
 static size_t registry_n, registry_cap;
 static _Atomic uint64_t next_pool_id = 1;
 
-int fp_registry_add(struct fabpool *p)
+int fp_registry_add(fp_alloc *a)
 {
     pthread_mutex_lock(&registry_lock);
-    if (registry_n == registry_cap) {
-        size_t cap = registry_cap ? registry_cap * 2 : 8;
-        fp_tls_slot *r = realloc(registry, cap * sizeof *r);
-        if (!r) {
-            pthread_mutex_unlock(&registry_lock);
-            return -1;
-        }
-        registry = r;
-        registry_cap = cap;
+    if (FP_ARRAY_RESERVE(NULL, registry, registry_n, registry_cap, registry_n + 1, 8) != 0) {
+        pthread_mutex_unlock(&registry_lock);
+        return -1;
     }
-    p->id = atomic_fetch_add(&next_pool_id, 1);
-    registry[registry_n++] = (fp_tls_slot){p, p->id, NULL};
+    a->id = atomic_fetch_add(&next_pool_id, 1);
+    registry[registry_n++] = (fp_tls_slot){a, a->id, NULL};
     pthread_mutex_unlock(&registry_lock);
     return 0;
 }
 
-static int registry_has(struct fabpool *p, uint64_t id)
+static int registry_has(const fp_tls_slot *s)
 {
     for (size_t i = 0; i < registry_n; i++)
-        if (registry[i].pool == p && registry[i].id == id)
+        if (slot_is(s, registry[i].owner))
             return 1;
     return 0;
 }
 
-static void tcache_free(struct fabpool *p, fp_tcache *tc)
-{
-    for (unsigned c = 0; c < FP_NCLASS; c++) {
-        atomic_fetch_add(&p->classes[c].tc_allocs, atomic_load_explicit(&tc->allocs[c], memory_order_relaxed));
-        atomic_fetch_add(&p->classes[c].tc_frees, atomic_load_explicit(&tc->frees[c], memory_order_relaxed));
-    }
-    fp_meta_free(&p->meta, tc, tc->bytes);
-}
-
-/* Flushes and frees a cache whose pool is alive. */
-static void tcache_retire(struct fabpool *p, fp_tcache *tc)
-{
-    fp_tcache_flush(p, tc);
-    pthread_mutex_lock(&p->lock);
-    if (tc->prev)
-        tc->prev->next = tc->next;
-    else
-        p->tcaches = tc->next;
-    if (tc->next)
-        tc->next->prev = tc->prev;
-    pthread_mutex_unlock(&p->lock);
-    tcache_free(p, tc);
-    fp_trim_policy(p);
-}
-
-void fp_registry_remove(struct fabpool *p)
+void fp_registry_remove(fp_alloc *a)
 {
     pthread_mutex_lock(&registry_lock);
     for (size_t i = 0; i < registry_n; i++)
-        if (registry[i].pool == p && registry[i].id == p->id) {
+        if (slot_is(&registry[i], a)) {
             registry[i] = registry[--registry_n];
             break;
         }
     pthread_mutex_unlock(&registry_lock);
+}
+
+/* ------------------------------------------------------------ thread caches */
+
+void fp_alloc_init(fp_alloc *a, fp_heap *heap, const fp_pagemap *map, int thread_cache)
+{
+    a->heap = heap;
+    a->map = map;
+    a->meta = heap->meta;
+    a->lock = heap->lock;
+    a->slab_max = heap->slab_max;
+    a->n_slab_classes = heap->n_slab_classes;
+    a->thread_cache = thread_cache;
+    size_t bytes = 0;
+    for (unsigned c = 0; c < a->n_slab_classes; c++) {
+        uint64_t sz = fp_class_size(c);
+        /* up to 64 blocks and 8 MiB a bin, and never fewer than 2, so that a
+         * thread that frees and allocates a block of the largest slab class
+         * takes no lock either (8 threads on one 4 MiB class contended on its
+         * lock at 5.6 us a pair on the H200 without this) */
+        uint64_t cap = (8ull << 20) / sz;
+        a->tc_cap[c] = (uint32_t)(cap > 64 ? 64 : cap < 2 ? 2 : cap);
+        bytes += a->tc_cap[c] * sizeof(fp_item);
+    }
+    a->tcache_bytes = bytes;
+}
+
+static void tcache_flush(fp_alloc *a, fp_tcache *tc)
+{
+    for (unsigned c = 0; c < a->n_slab_classes; c++) {
+        fp_bin *b = &tc->bins[c];
+        if (b->n) {
+            fp_class_give(a->heap, c, b->items, b->n);
+            b->n = 0;
+        }
+    }
+    tc->epoch = atomic_load(&a->flush_epoch);
+}
+
+static void tcache_free(fp_alloc *a, fp_tcache *tc)
+{
+    for (unsigned c = 0; c < FP_NCLASS; c++) {
+        atomic_fetch_add(&a->counts[c].tc_allocs, atomic_load_explicit(&tc->allocs[c], memory_order_relaxed));
+        atomic_fetch_add(&a->counts[c].tc_frees, atomic_load_explicit(&tc->frees[c], memory_order_relaxed));
+    }
+    fp_meta_free(a->meta, tc, tc->bytes);
+}
+
+/* Flushes and frees a cache whose pool is alive. */
+static void tcache_retire(fp_alloc *a, fp_tcache *tc)
+{
+    tcache_flush(a, tc);
+    pthread_mutex_lock(a->lock);
+    FP_LIST_REMOVE(&a->tcaches, tc, next, prev);
+    pthread_mutex_unlock(a->lock);
+    tcache_free(a, tc);
+    fp_heap_trim_policy(a->heap);
 }
 
 static void thread_exit(void *arg)
@@ -101,8 +136,8 @@ static void thread_exit(void *arg)
     pthread_mutex_lock(&registry_lock);
     for (int i = 0; i < FP_TLS_SLOTS; i++) {
         fp_tls_slot *s = &tls_slots[i];
-        if (s->pool && registry_has(s->pool, s->id))
-            tcache_retire(s->pool, s->tc);
+        if (s->owner && registry_has(s))
+            tcache_retire(s->owner, s->tc);
         memset(s, 0, sizeof *s);
     }
     pthread_mutex_unlock(&registry_lock);
@@ -110,70 +145,54 @@ static void thread_exit(void *arg)
 
 static void make_key(void) { pthread_key_create(&tls_key, thread_exit); }
 
-void fp_tcaches_destroy(struct fabpool *p)
+void fp_tcaches_destroy(fp_alloc *a)
 {
     /* The pool left the registry first: exiting threads no longer touch it. */
-    while (p->tcaches) {
-        fp_tcache *tc = p->tcaches;
-        p->tcaches = tc->next;
-        tcache_free(p, tc);
+    while (a->tcaches) {
+        fp_tcache *tc = a->tcaches;
+        a->tcaches = tc->next;
+        tcache_free(a, tc);
     }
     for (int i = 0; i < FP_TLS_SLOTS; i++)
-        if (tls_slots[i].pool == p && tls_slots[i].id == p->id)
+        if (slot_is(&tls_slots[i], a))
             memset(&tls_slots[i], 0, sizeof tls_slots[i]);
 }
 
-void fp_tcache_flush(struct fabpool *p, fp_tcache *tc)
+static fp_tcache *tcache_new(fp_alloc *a)
 {
-    for (unsigned c = 0; c < p->n_slab_classes; c++) {
-        fp_bin *b = &tc->bins[c];
-        if (b->n) {
-            fp_class_give(p, c, b->items, b->n);
-            b->n = 0;
-        }
-    }
-    tc->epoch = atomic_load(&p->flush_epoch);
-}
-
-static fp_tcache *tcache_new(struct fabpool *p)
-{
-    size_t bytes = sizeof(fp_tcache) + p->n_slab_classes * sizeof(fp_bin);
-    for (unsigned c = 0; c < p->n_slab_classes; c++)
-        bytes += p->tc_cap[c] * sizeof(fp_item);
-    fp_tcache *tc = fp_meta_alloc(&p->meta, bytes);
+    size_t bytes = sizeof(fp_tcache) + a->n_slab_classes * sizeof(fp_bin) + a->tcache_bytes;
+    fp_tcache *tc = fp_meta_alloc(a->meta, bytes);
     if (!tc)
         return NULL;
-    tc->pool = p;
+    tc->owner = a;
     tc->bytes = bytes;
-    fp_item *items = (fp_item *)(tc->bins + p->n_slab_classes);
-    for (unsigned c = 0; c < p->n_slab_classes; c++) {
-        tc->bins[c].cap = p->tc_cap[c];
+    fp_item *items = (fp_item *)(tc->bins + a->n_slab_classes);
+    for (unsigned c = 0; c < a->n_slab_classes; c++) {
+        tc->bins[c].cap = a->tc_cap[c];
         tc->bins[c].items = items;
-        items += p->tc_cap[c];
+        items += a->tc_cap[c];
     }
-    tc->epoch = atomic_load(&p->flush_epoch);
-    pthread_mutex_lock(&p->lock);
-    tc->next = p->tcaches;
-    if (p->tcaches)
-        p->tcaches->prev = tc;
-    p->tcaches = tc;
-    pthread_mutex_unlock(&p->lock);
+    tc->epoch = atomic_load(&a->flush_epoch);
+    pthread_mutex_lock(a->lock);
+    FP_LIST_PUSH(&a->tcaches, tc, next, prev);
+    pthread_mutex_unlock(a->lock);
     return tc;
 }
 
-/* The calling thread's cache for p, made on first use; NULL if caches are
- * off or no host memory is left (the caller then uses the classes directly). */
-fp_tcache *fp_tcache_get(struct fabpool *p)
+/* The calling thread's cache for a, made on first use and flushed if a trim
+ * asked; NULL if caches are off or no host memory is left (the caller then
+ * uses the classes directly). */
+static fp_tcache *tcache_get(fp_alloc *a)
 {
-    if (!p->opt.thread_cache)
+    if (!a->thread_cache)
         return NULL;
     for (int i = 0; i < FP_TLS_SLOTS; i++) {
-        if (tls_slots[i].pool == p && tls_slots[i].id == p->id) {
+        if (slot_is(&tls_slots[i], a)) {
             fp_tls_slot s = tls_slots[i];
             memmove(&tls_slots[1], &tls_slots[0], (size_t)i * sizeof s);
             tls_slots[0] = s;
-            if (s.tc->epoch != atomic_load(&p->flush_epoch))
-                fp_tcache_flush(p, s.tc);
+            if (s.tc->epoch != atomic_load(&a->flush_epoch))
+                tcache_flush(a, s.tc);
             return s.tc;
         }
     }
@@ -182,148 +201,189 @@ fp_tcache *fp_tcache_get(struct fabpool *p)
         pthread_setspecific(tls_key, (void *)1);
         tls_key_set = 1;
     }
-    fp_tcache *tc = tcache_new(p);
+    fp_tcache *tc = tcache_new(a);
     if (!tc)
         return NULL;
     fp_tls_slot *last = &tls_slots[FP_TLS_SLOTS - 1];
-    if (last->pool) {
+    if (last->owner) {
         pthread_mutex_lock(&registry_lock);
-        if (registry_has(last->pool, last->id))
-            tcache_retire(last->pool, last->tc);
+        if (registry_has(last))
+            tcache_retire(last->owner, last->tc);
         pthread_mutex_unlock(&registry_lock);
     }
     memmove(&tls_slots[1], &tls_slots[0], (FP_TLS_SLOTS - 1) * sizeof tls_slots[0]);
-    tls_slots[0] = (fp_tls_slot){p, p->id, tc};
+    tls_slots[0] = (fp_tls_slot){a, a->id, tc};
     return tc;
+}
+
+void fp_alloc_flush_all(fp_alloc *a)
+{
+    /* other threads flush their caches at their next call */
+    atomic_fetch_add(&a->flush_epoch, 1);
+    for (int i = 0; i < FP_TLS_SLOTS; i++)
+        if (slot_is(&tls_slots[i], a))
+            tcache_flush(a, tls_slots[i].tc);
 }
 
 fabpool_status fabpool_thread_flush(fabpool_t *p)
 {
-    if (!p)
+    fp_alloc *a = A(p);
+    if (!a)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_thread_flush: the pool is NULL");
     for (int i = 0; i < FP_TLS_SLOTS; i++)
-        if (tls_slots[i].pool == p && tls_slots[i].id == p->id)
-            fp_tcache_flush(p, tls_slots[i].tc);
+        if (slot_is(&tls_slots[i], a))
+            tcache_flush(a, tls_slots[i].tc);
     return FABPOOL_OK;
 }
 
-/* ------------------------------------------------------------ blocks */
-
-static inline void mark_used(const fp_item *it)
-{
-    uint32_t idx = 0;
-    fp_slab_index(it->span, it->ptr, &idx);
-    atomic_store_explicit(&it->span->freeflag[idx], 0, memory_order_relaxed);
-}
+/* ------------------------------------------------------------ the fast path */
 
 static inline void count(_Atomic uint64_t *c)
 {
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
 }
 
-static fabpool_status alloc_slow(fabpool_t *p, size_t size, void **out)
+/* Block ptr of slab s is given out: its free flag goes down. */
+static inline void mark_used(fp_span *s, uint64_t ptr)
 {
-    if (!p)
+    uint32_t idx = 0;
+    fp_slab_index(s, ptr, &idx);
+    atomic_store_explicit(&s->freeflag[idx], 0, memory_order_relaxed);
+}
+
+/* The calling thread's cache for a when it is the thread's most recent one
+ * and no trim has asked it to flush: the only one the fast path uses. */
+static inline fp_tcache *tcache_hot(fp_alloc *a)
+{
+    const fp_tls_slot *sl = &tls_slots[0];
+    if (FP_LIKELY(slot_is(sl, a) && sl->tc->epoch == atomic_load_explicit(&a->flush_epoch, memory_order_relaxed)))
+        return sl->tc;
+    return NULL;
+}
+
+/* A block of class cls out of the cache: 1, or 0 if its bin is empty. */
+static inline int tcache_pop(fp_tcache *tc, unsigned cls, void **out)
+{
+    fp_bin *b = &tc->bins[cls];
+    if (FP_UNLIKELY(!b->n))
+        return 0;
+    fp_item it = b->items[--b->n];
+    mark_used(it.span, it.ptr);
+    count(&tc->allocs[cls]);
+    *out = (void *)(uintptr_t)it.ptr;
+    return 1;
+}
+
+/* Block addr of slab s into the cache: 1, or 0 if its bin is full. */
+static inline int tcache_push(fp_tcache *tc, fp_span *s, uint64_t addr)
+{
+    fp_bin *b = &tc->bins[s->cls];
+    if (FP_UNLIKELY(b->n == b->cap))
+        return 0;
+    b->items[b->n].ptr = addr;
+    b->items[b->n].span = s;
+    b->n++;
+    count(&tc->frees[s->cls]);
+    return 1;
+}
+
+/* ------------------------------------------------------------ blocks */
+
+static fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
+{
+    if (!a)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc: the pool is NULL");
     if (!out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc: the output pointer is NULL");
     *out = NULL;
     if (size == 0)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc: size 0; ask for at least one byte");
-    if (size > p->opt.slab_max_bytes)
-        return fp_large_alloc(p, size, out);
+    if (size > a->slab_max)
+        return fp_large_alloc(a->heap, size, out);
 
     unsigned cls = fp_class_of(size);
     fabpool_status st = FABPOOL_OK;
-    fp_tcache *tc = fp_tcache_get(p);
+    fp_tcache *tc = tcache_get(a);
     if (tc && tc->bins[cls].cap) {
         fp_bin *b = &tc->bins[cls];
         if (!b->n) {
             unsigned want = b->cap / 2 ? b->cap / 2 : 1;
-            b->n = fp_class_take(p, cls, b->items, want, &st);
+            b->n = fp_class_take(a->heap, cls, b->items, want, &st);
             if (!b->n)
                 return st;
-            fp_trim_policy(p);   /* the decay's clock, on a slow path */
+            fp_heap_trim_policy(a->heap);   /* the decay's clock, on a slow path */
         }
-        fp_item it = b->items[--b->n];
-        mark_used(&it);
-        count(&tc->allocs[cls]);
-        *out = (void *)(uintptr_t)it.ptr;
+        tcache_pop(tc, cls, out);   /* the fast path's pop, on a bin that now holds blocks */
         return FABPOOL_OK;
     }
     fp_item it;
-    if (!fp_class_take(p, cls, &it, 1, &st))
+    if (!fp_class_take(a->heap, cls, &it, 1, &st))
         return st;
-    fp_trim_policy(p);   /* the decay's clock, on a slow path */
-    mark_used(&it);
-    atomic_fetch_add_explicit(&p->classes[cls].allocs, 1, memory_order_relaxed);
+    fp_heap_trim_policy(a->heap);   /* the decay's clock, on a slow path */
+    mark_used(it.span, it.ptr);
+    atomic_fetch_add_explicit(&a->counts[cls].allocs, 1, memory_order_relaxed);
     *out = (void *)(uintptr_t)it.ptr;
     return FABPOOL_OK;
 }
 
 fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
 {
-    if (FP_UNLIKELY(p && p->trace))
-        return fp_trace_alloc(p, size, out, alloc_slow);
-    if (FP_LIKELY(p && out && size && size <= p->opt.slab_max_bytes)) {
-        fp_tls_slot *sl = &tls_slots[0];
-        if (FP_LIKELY(sl->pool == p && sl->id == p->id)) {
-            fp_tcache *tc = sl->tc;
-            unsigned cls = fp_class_of(size);
-            fp_bin *b = &tc->bins[cls];
-            if (FP_LIKELY(b->n && tc->epoch == atomic_load_explicit(&p->flush_epoch, memory_order_relaxed))) {
-                fp_item it = b->items[--b->n];
-                mark_used(&it);
-                count(&tc->allocs[cls]);
-                *out = (void *)(uintptr_t)it.ptr;
-                return FABPOOL_OK;
-            }
-        }
+    fp_alloc *a = A(p);
+    if (FP_UNLIKELY(a && a->trace)) {
+        fabpool_status st = alloc_slow(a, size, out);
+        fp_trace_record(a->trace, FP_TR_ALLOC, st == FABPOOL_OK && out ? (uint64_t)(uintptr_t)*out : 0, size, 0,
+                        (unsigned)st);
+        return st;
     }
-    return alloc_slow(p, size, out);
+    if (FP_LIKELY(a && out && size && size <= a->slab_max)) {
+        fp_tcache *tc = tcache_hot(a);
+        if (FP_LIKELY(tc && tcache_pop(tc, fp_class_of(size), out)))
+            return FABPOOL_OK;
+    }
+    return alloc_slow(a, size, out);
 }
 
-static fabpool_status free_slab_slow(fabpool_t *p, fp_span *s, uint64_t addr)
+static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr)
 {
     unsigned cls = s->cls;
-    fp_item it = {addr, s};
-    fp_tcache *tc = fp_tcache_get(p);
+    fp_tcache *tc = tcache_get(a);
     if (tc && tc->bins[cls].cap) {
         fp_bin *b = &tc->bins[cls];
         if (b->n == b->cap) {
             /* give back the older half */
             unsigned half = b->n / 2 ? b->n / 2 : 1;
-            fp_class_give(p, cls, b->items, half);
+            fp_class_give(a->heap, cls, b->items, half);
             memmove(b->items, b->items + half, (b->n - half) * sizeof *b->items);
             b->n -= half;
         }
-        b->items[b->n++] = it;
-        count(&tc->frees[cls]);
-        fp_trim_policy(p);
+        tcache_push(tc, s, addr);   /* the fast path's push, on a bin that now has room */
+        fp_heap_trim_policy(a->heap);
         return FABPOOL_OK;
     }
-    fp_class_give(p, cls, &it, 1);
-    atomic_fetch_add_explicit(&p->classes[cls].frees, 1, memory_order_relaxed);
-    fp_trim_policy(p);
+    fp_item it = {addr, s};
+    fp_class_give(a->heap, cls, &it, 1);
+    atomic_fetch_add_explicit(&a->counts[cls].frees, 1, memory_order_relaxed);
+    fp_heap_trim_policy(a->heap);
     return FABPOOL_OK;
 }
 
 fabpool_status fabpool_free(fabpool_t *p, void *ptr)
 {
-    if (FP_UNLIKELY(!p))
+    fp_alloc *a = A(p);
+    if (FP_UNLIKELY(!a))
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free(%p): the pool is NULL", ptr);
     if (FP_UNLIKELY(!ptr))
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free: the pointer is NULL");
-    FP_TRACE(p, FP_TR_FREE, ptr, 0, 0); /* before the free: no reuse of ptr can precede it in the trace */
+    FP_TRACE(a->trace, FP_TR_FREE, ptr, 0, 0); /* before the free: no reuse of ptr can precede it in the trace */
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
-    fp_span *s = fp_map_get(p, addr);
+    fp_span *s = fp_map_get(a->map, addr);
     if (FP_UNLIKELY(!s))
         return fp_error(FABPOOL_ERR_NOT_FOUND,
                         "fabpool_free(%p): this pool (device %d) did not give out that pointer, or it was freed "
                         "and its memory returned to the driver",
-                        ptr, (int)p->dev);
+                        ptr, (int)a->heap->ch->dev);
     if (s->kind != FP_SPAN_SLAB)
-        return fp_large_free(p, s, addr);
+        return fp_large_free(a->heap, addr);
     uint32_t idx;
     if (FP_UNLIKELY(!fp_slab_index(s, addr, &idx)))
         return fp_error(FABPOOL_ERR_NOT_FOUND,
@@ -337,27 +397,19 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
         return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free(%p): this %llu-byte block is already free (double free)",
                         ptr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT));
     atomic_store_explicit(&s->freeflag[idx], 1, memory_order_relaxed);
-    fp_tls_slot *sl = &tls_slots[0];
-    if (FP_LIKELY(sl->pool == p && sl->id == p->id)) {
-        fp_tcache *tc = sl->tc;
-        fp_bin *b = &tc->bins[s->cls];
-        if (FP_LIKELY(b->n < b->cap && tc->epoch == atomic_load_explicit(&p->flush_epoch, memory_order_relaxed))) {
-            b->items[b->n].ptr = addr;
-            b->items[b->n].span = s;
-            b->n++;
-            count(&tc->frees[s->cls]);
-            return FABPOOL_OK;
-        }
-    }
-    return free_slab_slow(p, s, addr);
+    fp_tcache *tc = tcache_hot(a);
+    if (FP_LIKELY(tc && tcache_push(tc, s, addr)))
+        return FABPOOL_OK;
+    return free_slab_slow(a, s, addr);
 }
 
 fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
 {
-    if (!p || !ptr || !out)
+    fp_alloc *a = A(p);
+    if (!a || !ptr || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_usable_size: the pool, the pointer or the output is NULL");
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
-    fp_span *s = fp_map_get(p, addr);
+    fp_span *s = fp_map_get(a->map, addr);
     uint32_t idx;
     if (!s || (s->kind == FP_SPAN_SLAB ? !fp_slab_index(s, addr, &idx)
                                         : addr != s->base || atomic_load(&s->in_use) != FP_LARGE_LIVE))

@@ -1,19 +1,12 @@
 /* chunk.c - physical chunks: created, mapped, given access, and released at
  * once, so that the mapping is the only thing keeping the memory alive and
- * an unmap frees it. */
-#include <stdio.h>
+ * an unmap frees it; exported and imported; the pool's context. */
+#include "chunk.h"
+
 #include <string.h>
+#include <unistd.h>
 
 #include "error.h"
-#include "pool.h"
-
-static void human(char *buf, size_t n, uint64_t b)
-{
-    if (b >= (1ull << 30))
-        snprintf(buf, n, "%.2f GiB", (double)b / (double)(1ull << 30));
-    else
-        snprintf(buf, n, "%.2f MiB", (double)b / (double)(1ull << 20));
-}
 
 static void stat_max(_Atomic uint64_t *peak, uint64_t v)
 {
@@ -22,59 +15,68 @@ static void stat_max(_Atomic uint64_t *peak, uint64_t v)
         ;
 }
 
-static CUresult create(struct fabpool *p, CUmemGenericAllocationHandle *h, uint64_t size)
+CUmemAllocationProp fp_chunk_prop(const fp_chunks *ch)
 {
-    CUmemAllocationProp prop = fp_alloc_prop(p);
-    return FP_CU(&p->calls, cuMemCreate, h, size, &prop, 0);
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ch->dev;
+    prop.requestedHandleTypes = ch->cu_handle_types;
+    prop.allocFlags.gpuDirectRDMACapable = ch->rdma;
+    return prop;
 }
 
-fabpool_status fp_chunk_create(struct fabpool *p, uint64_t size, CUmemGenericAllocationHandle *out)
+/* fabpool_options stores the rdma key as an int (conf.c) */
+_Static_assert(sizeof(fabpool_rdma) == sizeof(int), "fabpool_rdma is stored through an int");
+
+fabpool_status fp_chunk_choose_rdma(fp_chunks *ch, fabpool_rdma want)
+{
+    int vmm_rdma = 0, dmabuf = 0;
+    ch->rdma = 0;
+    ch->dmabuf_supported = 0;
+    if (want != FABPOOL_RDMA_OFF) {
+        CUresult r = FP_CU(&ch->calls, cuDeviceGetAttribute, &vmm_rdma,
+                           CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, ch->dev);
+        if (r != CUDA_SUCCESS)
+            return fp_drv_error(r, "cuDeviceGetAttribute", "asking whether device %d supports GPUDirect RDMA with "
+                                "VMM allocations (for rdma:%s; rdma:off skips the question)", (int)ch->dev,
+                                want == FABPOOL_RDMA_ON ? "on" : "auto");
+        if (!vmm_rdma && want == FABPOOL_RDMA_ON)
+            return fp_error(FABPOOL_ERR_NOT_SUPPORTED,
+                            "rdma:on was asked for, but device %d does not support GPUDirect RDMA with VMM "
+                            "allocations (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0; it needs "
+                            "a data-center GPU and a driver that supports it). Use rdma:auto, which makes ordinary "
+                            "chunks there, or rdma:off",
+                            (int)ch->dev);
+        ch->rdma = vmm_rdma ? 1 : 0;
+    }
+    /* dma-buf export works for chunks with or without the RDMA flag; a failed
+     * question only means fabpool_buffer_dmabuf will say it is unsupported */
+    if (FP_CU(&ch->calls, cuDeviceGetAttribute, &dmabuf, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, ch->dev) !=
+        CUDA_SUCCESS)
+        dmabuf = 0;
+    ch->dmabuf_supported = dmabuf != 0;
+    return FABPOOL_OK;
+}
+
+fabpool_status fp_chunk_create(fp_chunks *ch, uint64_t size, CUmemGenericAllocationHandle *out)
 {
     CUmemGenericAllocationHandle h = 0;
-    CUresult r = create(p, &h, size);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-        uint64_t idle = atomic_load(&p->idle_bytes);
-        if (idle) {
-            fp_trim_locked(p, 0);
-            atomic_fetch_add(&p->oom_retries, 1);
-            r = create(p, &h, size);
-        }
-        if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-            char a[32], m[32], c[32];
-            human(a, sizeof a, size);
-            human(m, sizeof m, atomic_load(&p->mapped_bytes));
-            human(c, sizeof c, idle);
-            return fp_error(FABPOOL_ERR_OUT_OF_MEMORY,
-                            "device %d is out of memory: cuMemCreate of a %s chunk failed with "
-                            "CUDA_ERROR_OUT_OF_MEMORY; this pool maps %s, of which %s were cached and %s "
-                            "returned to the driver before one more try. Free or shrink buffers, or lower "
-                            "other users of the device",
-                            (int)p->dev, a, m, c, idle ? "were" : "none could be");
-        }
-    }
+    CUmemAllocationProp prop = fp_chunk_prop(ch);
+    CUresult r = FP_CU(&ch->calls, cuMemCreate, &h, size, &prop, 0);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemCreate", "creating a chunk of %llu bytes on device %d",
-                            (unsigned long long)size, (int)p->dev);
-    atomic_fetch_add(&p->handles_outstanding, 1);
+                            (unsigned long long)size, (int)ch->dev);
+    atomic_fetch_add(&ch->handles_outstanding, 1);
     *out = h;
     return FABPOOL_OK;
 }
 
-fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size)
-{
-    CUmemGenericAllocationHandle h = 0;
-    fabpool_status st = fp_chunk_create(p, size, &h);
-    if (st != FABPOOL_OK)
-        return st;
-    return fp_chunk_map_handle(p, va, size, h, "a chunk");
-}
-
-/* Maps handle h at va and gives the pool's device and its peers access; on
- * failure nothing stays mapped.  h is left as it was (not released). */
-fabpool_status fp_chunk_map_access(struct fabpool *p, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
+fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
                                    const char *what)
 {
-    CUresult r = FP_CU(&p->calls, cuMemMap, (CUdeviceptr)va, size, 0, h, 0);
+    CUresult r = FP_CU(&ch->calls, cuMemMap, (CUdeviceptr)va, size, 0, h, 0);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemMap", "mapping %s of %llu bytes at 0x%llx", what, (unsigned long long)size,
                             (unsigned long long)va);
@@ -82,95 +84,147 @@ fabpool_status fp_chunk_map_access(struct fabpool *p, uint64_t va, uint64_t size
     int n = 0;
     memset(acc, 0, sizeof acc);
     acc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    acc[n].location.id = p->dev;
+    acc[n].location.id = ch->dev;
     acc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    for (int i = 0; i < p->opt.n_peer_devices; i++) {
+    for (int i = 0; i < ch->n_peers; i++) {
         acc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        acc[n].location.id = p->opt.peer_devices[i];
+        acc[n].location.id = ch->peers[i];
         acc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     }
-    r = FP_CU(&p->calls, cuMemSetAccess, (CUdeviceptr)va, size, acc, (size_t)n);
+    r = FP_CU(&ch->calls, cuMemSetAccess, (CUdeviceptr)va, size, acc, (size_t)n);
     if (r != CUDA_SUCCESS) {
         fabpool_status st = fp_drv_error(r, "cuMemSetAccess", "giving device %d%s access to %s of %llu bytes at 0x%llx",
-                                         (int)p->dev, n > 1 ? " and its peers" : "", what, (unsigned long long)size,
+                                         (int)ch->dev, n > 1 ? " and its peers" : "", what, (unsigned long long)size,
                                          (unsigned long long)va);
-        FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
+        FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
         return st;
     }
     return FABPOOL_OK;
 }
 
-/* Counts a mapping of size bytes that the pool now keeps. */
-void fp_chunk_count_mapped(struct fabpool *p, uint64_t size)
+void fp_chunk_count_mapped(fp_chunks *ch, uint64_t size)
 {
-    uint64_t m = atomic_fetch_add(&p->mapped_bytes, size) + size;
-    stat_max(&p->mapped_peak, m);
-    atomic_fetch_add(&p->chunks_mapped, 1);
-    atomic_fetch_add(&p->chunks_mapped_total, 1);
+    uint64_t m = atomic_fetch_add(&ch->mapped_bytes, size) + size;
+    stat_max(&ch->mapped_peak, m);
+    atomic_fetch_add(&ch->chunks_mapped, 1);
+    atomic_fetch_add(&ch->chunks_mapped_total, 1);
 }
 
-/* Releases h (counted in handles_outstanding), tried twice. */
-CUresult fp_chunk_release(struct fabpool *p, CUmemGenericAllocationHandle h)
+CUresult fp_chunk_release(fp_chunks *ch, CUmemGenericAllocationHandle h)
 {
-    CUresult r = FP_CU_UNDO(&p->calls, cuMemRelease, h);
+    CUresult r = FP_CU_UNDO(&ch->calls, cuMemRelease, h);
     if (r == CUDA_SUCCESS)
-        atomic_fetch_sub(&p->handles_outstanding, 1);
+        atomic_fetch_sub(&ch->handles_outstanding, 1);
     return r;
 }
 
-/* Maps handle h (counted in handles_outstanding) at va, gives the pool's
- * device and its peers access, and releases h at once: from then on the
- * mapping alone keeps the memory.  h is released whatever the outcome; on
- * failure nothing stays mapped. */
-fabpool_status fp_chunk_map_handle(struct fabpool *p, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
+fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
                                    const char *what)
 {
-    fabpool_status st = fp_chunk_map_access(p, va, size, h, what);
+    fabpool_status st = fp_chunk_map_access(ch, va, size, h, what);
     if (st != FABPOOL_OK) {
-        fp_chunk_release(p, h);
+        fp_chunk_release(ch, h);
         return st;
     }
     /* Eager release: from here on the mapping alone keeps the memory. */
-    CUresult r = fp_chunk_release(p, h);
+    CUresult r = fp_chunk_release(ch, h);
     if (r != CUDA_SUCCESS) {
         st = fp_drv_error(r, "cuMemRelease", "releasing the handle of %s just mapped at 0x%llx (tried twice; "
                           "it was unmapped, its handle may still hold %llu bytes)",
                           what, (unsigned long long)va, (unsigned long long)size);
-        FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
+        FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
         return st;
     }
-    fp_chunk_count_mapped(p, size);
+    fp_chunk_count_mapped(ch, size);
     return FABPOOL_OK;
 }
 
-fabpool_status fp_chunk_unmap(struct fabpool *p, uint64_t va, uint64_t size)
+fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
 {
-    CUresult r = FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
+    CUresult r = FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemUnmap", "unmapping a chunk of %llu bytes at 0x%llx",
                             (unsigned long long)size, (unsigned long long)va);
-    atomic_fetch_sub(&p->mapped_bytes, size);
-    atomic_fetch_sub(&p->chunks_mapped, 1);
-    atomic_fetch_add(&p->chunks_unmapped_total, 1);
+    atomic_fetch_sub(&ch->mapped_bytes, size);
+    atomic_fetch_sub(&ch->chunks_mapped, 1);
+    atomic_fetch_add(&ch->chunks_unmapped_total, 1);
     return FABPOOL_OK;
 }
 
-fabpool_status fp_ctx_push(struct fabpool *p, CUcontext *saved)
+fabpool_status fp_chunk_retain(fp_chunks *ch, uint64_t va, CUmemGenericAllocationHandle *out, const char *what)
+{
+    CUresult r = FP_CU(&ch->calls, cuMemRetainAllocationHandle, out, (void *)(uintptr_t)va);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuMemRetainAllocationHandle", "%s", what);
+    atomic_fetch_add(&ch->handles_outstanding, 1);
+    return FABPOOL_OK;
+}
+
+fabpool_status fp_chunk_export(fp_chunks *ch, uint64_t va, uint64_t size, int *fd, CUmemFabricHandle *fabric)
+{
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = FP_CU(&ch->calls, cuMemRetainAllocationHandle, &h, (void *)(uintptr_t)va);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuMemRetainAllocationHandle", "taking the handle of a chunk at 0x%llx to export it",
+                            (unsigned long long)va);
+    atomic_fetch_add(&ch->handles_outstanding, 1);
+    if (fabric)
+        r = FP_CU(&ch->calls, cuMemExportToShareableHandle, fabric, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+    else
+        r = FP_CU(&ch->calls, cuMemExportToShareableHandle, fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    fabpool_status st = FABPOOL_OK;
+    if (r != CUDA_SUCCESS) {
+        if (!fabric)
+            *fd = -1;
+        st = fp_drv_error(r, "cuMemExportToShareableHandle", "exporting a chunk of %llu bytes as a %s handle",
+                          (unsigned long long)size, fabric ? "fabric" : "POSIX fd");
+    } else if (!fabric) {
+        atomic_fetch_add(&ch->exported_fds, 1);
+    }
+    /* the handle goes at once: the mapping (and the fd) keep the memory */
+    fp_chunk_release(ch, h);
+    return st;
+}
+
+void fp_chunk_close_fd(fp_chunks *ch, int *fd)
+{
+    if (*fd >= 0) {
+        close(*fd);
+        *fd = -1;
+        atomic_fetch_sub(&ch->exported_fds, 1);
+    }
+}
+
+CUresult fp_chunk_import(fp_chunks *ch, fabpool_handle_type type, int fd, const CUmemFabricHandle *fabric,
+                         CUmemGenericAllocationHandle *out)
+{
+    CUresult r;
+    if (type == FABPOOL_HANDLE_POSIX_FD)
+        r = FP_CU(&ch->calls, cuMemImportFromShareableHandle, out, (void *)(intptr_t)fd,
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    else
+        r = FP_CU(&ch->calls, cuMemImportFromShareableHandle, out, (void *)fabric, CU_MEM_HANDLE_TYPE_FABRIC);
+    if (r == CUDA_SUCCESS)
+        atomic_fetch_add(&ch->handles_outstanding, 1);
+    return r;
+}
+
+fabpool_status fp_ctx_push(fp_chunks *ch, CUcontext *saved)
 {
     *saved = NULL;
-    CUresult r = FP_CU(&p->calls, cuCtxGetCurrent, saved);
+    CUresult r = FP_CU(&ch->calls, cuCtxGetCurrent, saved);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuCtxGetCurrent", "asking which context is current before switching to device %d's",
-                            (int)p->dev);
-    if (*saved != p->ctx)
-        r = FP_CU(&p->calls, cuCtxSetCurrent, p->ctx);
+                            (int)ch->dev);
+    if (*saved != ch->ctx)
+        r = FP_CU(&ch->calls, cuCtxSetCurrent, ch->ctx);
     if (r != CUDA_SUCCESS)
-        return fp_drv_error(r, "cuCtxSetCurrent", "making device %d's primary context current", (int)p->dev);
+        return fp_drv_error(r, "cuCtxSetCurrent", "making device %d's primary context current", (int)ch->dev);
     return FABPOOL_OK;
 }
 
-void fp_ctx_pop(struct fabpool *p, CUcontext saved)
+void fp_ctx_pop(fp_chunks *ch, CUcontext saved)
 {
-    if (saved != p->ctx)
-        FP_CU(&p->calls, cuCtxSetCurrent, saved);
+    if (saved != ch->ctx)
+        FP_CU(&ch->calls, cuCtxSetCurrent, saved);
 }

@@ -645,3 +645,14 @@ fabpool_status fp_options_check(const fabpool_options *o)
     }
     return FABPOOL_OK;
 }
+
+const char *fp_handle_type_name(fabpool_handle_type t)
+{
+    switch (t) {
+    case FABPOOL_HANDLE_AUTO: return "auto";
+    case FABPOOL_HANDLE_NONE: return "none";
+    case FABPOOL_HANDLE_POSIX_FD: return "posix_fd";
+    case FABPOOL_HANDLE_FABRIC: return "fabric";
+    }
+    return "?";
+}

@@ -9,4 +9,7 @@
  * words in the message (FABPOOL_ERR_CONFIG names the field and the key). */
 fabpool_status fp_options_check(const fabpool_options *o);
 
+/* The handle type's conf word ("auto", "none", "posix_fd", "fabric"). */
+const char *fp_handle_type_name(fabpool_handle_type t);
+
 #endif

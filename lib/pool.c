@@ -1,89 +1,48 @@
-/* pool.c - a pool per device: creation (options, driver, handle type,
- * the one address reservation), the page map, trim and destroy. */
+/* pool.c - a pool per device: creation (options, driver, handle type, the
+ * one address reservation, every layer's part set up), trim and destroy,
+ * and the public entry points that take a pool and belong to a layer below
+ * (buffers, views, acknowledgements by export id). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "pool.h"
+
 #include "conf.h"
 #include "error.h"
-#include "pool.h"
+#include "export.h"
 #include "trace.h"
 
-/* ------------------------------------------------------------ page map */
-
-int fp_map_set(struct fabpool *p, uint64_t addr, uint64_t size, fp_span *s)
-{
-    uint64_t g0 = (addr - p->va_base) >> p->gran_shift, n = size >> p->gran_shift;
-    for (uint64_t g = g0; g < g0 + n; g++) {
-        _Atomic(fp_span *) *leaf = atomic_load_explicit(&p->map_l1[g >> FP_MAP_LEAF_SHIFT], memory_order_acquire);
-        if (!leaf) {
-            if (!s)
-                continue;
-            leaf = fp_meta_alloc(&p->meta, FP_MAP_LEAF * sizeof *leaf);
-            if (!leaf) {
-                if (g > g0)
-                    fp_map_set(p, addr, (g - g0) << p->gran_shift, NULL);
-                return -1;
-            }
-            atomic_store_explicit(&p->map_l1[g >> FP_MAP_LEAF_SHIFT], leaf, memory_order_release);
-        }
-        atomic_store_explicit(&leaf[g & (FP_MAP_LEAF - 1)], s, memory_order_release);
-    }
-    return 0;
-}
-
-static void map_destroy(struct fabpool *p)
-{
-    if (!p->map_l1)
-        return;
-    for (uint64_t i = 0; i < p->map_l1_n; i++) {
-        _Atomic(fp_span *) *leaf = atomic_load(&p->map_l1[i]);
-        if (leaf)
-            fp_meta_free(&p->meta, (void *)leaf, FP_MAP_LEAF * sizeof *leaf);
-    }
-    fp_meta_free(&p->meta, (void *)p->map_l1, p->map_l1_n * sizeof *p->map_l1);
-    p->map_l1 = NULL;
-}
+_Static_assert(offsetof(struct fabpool, alloc) == 0, "alloc.c reaches its state by a cast of the pool (alloc.h)");
 
 /* ------------------------------------------------------------ handle type */
-
-static const char *handle_type_name(fabpool_handle_type t)
-{
-    switch (t) {
-    case FABPOOL_HANDLE_AUTO: return "auto";
-    case FABPOOL_HANDLE_NONE: return "none";
-    case FABPOOL_HANDLE_POSIX_FD: return "posix_fd";
-    case FABPOOL_HANDLE_FABRIC: return "fabric";
-    }
-    return "?";
-}
 
 /* A real create, export and import of a fabric handle: the device attribute
  * alone says nothing about the IMEX channel (driver-facts.md). */
 static CUresult probe_fabric(struct fabpool *p, const char **step)
 {
-    CUmemAllocationProp prop = fp_alloc_prop(p);
+    CUmemAllocationProp prop = fp_chunk_prop(&p->ch);
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
     size_t gran = 0;
-    CUresult r = FP_CU(&p->calls, cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    CUresult r = FP_CU(&p->ch.calls, cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     *step = "cuMemGetAllocationGranularity";
     if (r != CUDA_SUCCESS)
         return r;
     CUmemGenericAllocationHandle h = 0, h2 = 0;
     *step = "cuMemCreate";
-    r = FP_CU(&p->calls, cuMemCreate, &h, gran, &prop, 0);
+    r = FP_CU(&p->ch.calls, cuMemCreate, &h, gran, &prop, 0);
     if (r != CUDA_SUCCESS)
         return r;
     CUmemFabricHandle fh;
     *step = "cuMemExportToShareableHandle";
-    r = FP_CU(&p->calls, cuMemExportToShareableHandle, &fh, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+    r = FP_CU(&p->ch.calls, cuMemExportToShareableHandle, &fh, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
     if (r == CUDA_SUCCESS) {
         *step = "cuMemImportFromShareableHandle";
-        r = FP_CU(&p->calls, cuMemImportFromShareableHandle, &h2, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
+        r = FP_CU(&p->ch.calls, cuMemImportFromShareableHandle, &h2, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
         if (r == CUDA_SUCCESS)
-            FP_CU_UNDO(&p->calls, cuMemRelease, h2);
+            FP_CU_UNDO(&p->ch.calls, cuMemRelease, h2);
     }
-    FP_CU_UNDO(&p->calls, cuMemRelease, h);
+    FP_CU_UNDO(&p->ch.calls, cuMemRelease, h);
     return r;
 }
 
@@ -91,16 +50,16 @@ static fabpool_status choose_handle_type(struct fabpool *p)
 {
     fabpool_handle_type want = p->opt.handle_type;
     int posix = 0;
-    FP_CU(&p->calls, cuDeviceGetAttribute, &posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-          p->dev);
+    FP_CU(&p->ch.calls, cuDeviceGetAttribute, &posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+          p->ch.dev);
     if (want == FABPOOL_HANDLE_AUTO || want == FABPOOL_HANDLE_FABRIC) {
         int fabric = 0;
-        FP_CU(&p->calls, cuDeviceGetAttribute, &fabric, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, p->dev);
+        FP_CU(&p->ch.calls, cuDeviceGetAttribute, &fabric, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, p->ch.dev);
         const char *step = "cuDeviceGetAttribute";
         CUresult r = fabric ? probe_fabric(p, &step) : CUDA_ERROR_NOT_SUPPORTED;
         if (r == CUDA_SUCCESS) {
-            p->handle_type = FABPOOL_HANDLE_FABRIC;
-            p->cu_handle_types = CU_MEM_HANDLE_TYPE_FABRIC;
+            p->ch.handle_type = FABPOOL_HANDLE_FABRIC;
+            p->ch.cu_handle_types = CU_MEM_HANDLE_TYPE_FABRIC;
             return FABPOOL_OK;
         }
         if (want == FABPOOL_HANDLE_FABRIC)
@@ -110,22 +69,22 @@ static fabpool_status choose_handle_type(struct fabpool *p)
                             "channelN, made by the nvidia-imex service on an NVLink-fabric system such as GB200 "
                             "NVL72); without one, use handle_type:posix_fd (shareable between processes of one "
                             "host) or handle_type:auto, which falls back by itself",
-                            (int)p->dev, fabric ? step : "the device attribute HANDLE_TYPE_FABRIC_SUPPORTED",
+                            (int)p->ch.dev, fabric ? step : "the device attribute HANDLE_TYPE_FABRIC_SUPPORTED",
                             fabric ? fp_drv_error_name(r) : "0", r == CUDA_ERROR_NOT_PERMITTED ?
                             " (the process has no IMEX channel)" : "");
     }
     if (want == FABPOOL_HANDLE_AUTO || want == FABPOOL_HANDLE_POSIX_FD) {
         if (posix) {
-            p->handle_type = FABPOOL_HANDLE_POSIX_FD;
-            p->cu_handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+            p->ch.handle_type = FABPOOL_HANDLE_POSIX_FD;
+            p->ch.cu_handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
             return FABPOOL_OK;
         }
         if (want == FABPOOL_HANDLE_POSIX_FD)
             return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "handle_type:posix_fd was asked for, but device %d does not "
-                            "support POSIX file descriptor handles; use handle_type:none", (int)p->dev);
+                            "support POSIX file descriptor handles; use handle_type:none", (int)p->ch.dev);
     }
-    p->handle_type = FABPOOL_HANDLE_NONE;
-    p->cu_handle_types = CU_MEM_HANDLE_TYPE_NONE;
+    p->ch.handle_type = FABPOOL_HANDLE_NONE;
+    p->ch.cu_handle_types = CU_MEM_HANDLE_TYPE_NONE;
     return FABPOOL_OK;
 }
 
@@ -156,7 +115,7 @@ static fabpool_status apply_conf(fabpool_options *o)
 static fabpool_status setup_device(struct fabpool *p)
 {
     int n = 0;
-    CUresult r = FP_CU(&p->calls, cuDeviceGetCount, &n);
+    CUresult r = FP_CU(&p->ch.calls, cuDeviceGetCount, &n);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuDeviceGetCount", "counting devices");
     if (p->opt.device < 0 || p->opt.device >= n)
@@ -168,11 +127,11 @@ static fabpool_status setup_device(struct fabpool *p)
             return fp_error(FABPOOL_ERR_INVALID_ARG, "peer device %d: not a device other than the pool's own "
                             "(%d) among the %d the driver sees", d, p->opt.device, n);
     }
-    r = FP_CU(&p->calls, cuDeviceGet, &p->dev, p->opt.device);
+    r = FP_CU(&p->ch.calls, cuDeviceGet, &p->ch.dev, p->opt.device);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuDeviceGet", "opening device %d", p->opt.device);
     int vmm = 0;
-    r = FP_CU(&p->calls, cuDeviceGetAttribute, &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, p->dev);
+    r = FP_CU(&p->ch.calls, cuDeviceGetAttribute, &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, p->ch.dev);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuDeviceGetAttribute", "asking whether device %d supports virtual memory management",
                             p->opt.device);
@@ -182,13 +141,13 @@ static fabpool_status setup_device(struct fabpool *p)
     for (int i = 0; i < p->opt.n_peer_devices; i++) {
         int ok = 0;
         CUdevice peer;
-        FP_CU(&p->calls, cuDeviceGet, &peer, p->opt.peer_devices[i]);
-        FP_CU(&p->calls, cuDeviceCanAccessPeer, &ok, peer, p->dev);
+        FP_CU(&p->ch.calls, cuDeviceGet, &peer, p->opt.peer_devices[i]);
+        FP_CU(&p->ch.calls, cuDeviceCanAccessPeer, &ok, peer, p->ch.dev);
         if (!ok)
             return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "peer device %d cannot access device %d's memory "
                             "(cuDeviceCanAccessPeer answered 0)", p->opt.peer_devices[i], p->opt.device);
     }
-    r = FP_CU(&p->calls, cuDevicePrimaryCtxRetain, &p->ctx, p->dev);
+    r = FP_CU(&p->ch.calls, cuDevicePrimaryCtxRetain, &p->ch.ctx, p->ch.dev);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuDevicePrimaryCtxRetain", "retaining device %d's primary context", p->opt.device);
     return FABPOOL_OK;
@@ -196,9 +155,9 @@ static fabpool_status setup_device(struct fabpool *p)
 
 static fabpool_status reserve(struct fabpool *p)
 {
-    CUmemAllocationProp prop = fp_alloc_prop(p);
+    CUmemAllocationProp prop = fp_chunk_prop(&p->ch);
     size_t gran = 0;
-    CUresult r = FP_CU(&p->calls, cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    CUresult r = FP_CU(&p->ch.calls, cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemGetAllocationGranularity", "asking device %d's granularity", p->opt.device);
     if (gran == 0 || (gran & (gran - 1)))
@@ -209,36 +168,20 @@ static fabpool_status reserve(struct fabpool *p)
     uint64_t size = p->opt.reserve_bytes;
     if (!size) {
         size_t total = 0;
-        r = FP_CU(&p->calls, cuDeviceTotalMem, &total, p->dev);
+        r = FP_CU(&p->ch.calls, cuDeviceTotalMem, &total, p->ch.dev);
         if (r != CUDA_SUCCESS)
             return fp_drv_error(r, "cuDeviceTotalMem", "asking device %d's memory size", p->opt.device);
         size = 8ull * total;
     }
     size = fp_round_up(size, gran);
     CUdeviceptr base = 0;
-    r = FP_CU(&p->calls, cuMemAddressReserve, &base, size, 0, 0, 0);
+    r = FP_CU(&p->ch.calls, cuMemAddressReserve, &base, size, 0, 0, 0);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemAddressReserve", "reserving %llu bytes of address space (lower it with "
                             "FABPOOL_CONF=reserve:...)", (unsigned long long)size);
-    p->va_base = base;
-    p->va_size = size;
+    p->va.base = base;
+    p->va.size = size;
     return FABPOOL_OK;
-}
-
-static void set_thread_cache_caps(struct fabpool *p)
-{
-    size_t bytes = 0;
-    for (unsigned c = 0; c < p->n_slab_classes; c++) {
-        uint64_t sz = fp_class_size(c);
-        /* up to 64 blocks and 8 MiB a bin, and never fewer than 2, so that a
-         * thread that frees and allocates a block of the largest slab class
-         * takes no lock either (8 threads on one 4 MiB class contended on its
-         * lock at 5.6 us a pair on the H200 without this) */
-        uint64_t cap = (8ull << 20) / sz;
-        p->tc_cap[c] = (uint32_t)(cap > 64 ? 64 : cap < 2 ? 2 : cap);
-        bytes += p->tc_cap[c] * sizeof(fp_item);
-    }
-    p->tcache_bytes = bytes;
 }
 
 static fabpool_status teardown(struct fabpool *p);
@@ -278,24 +221,33 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     p->meta = meta;
     p->opt = o;
     p->opt.conf = NULL;   /* not ours to keep */
+    p->ch.device = o.device;
+    p->ch.n_peers = o.n_peer_devices;
+    for (int i = 0; i < o.n_peer_devices && i < FABPOOL_MAX_PEERS; i++)
+        p->ch.peers[i] = o.peer_devices[i];
     pthread_mutex_init(&p->lock, NULL);
-    for (unsigned c = 0; c < FP_NCLASS; c++)
-        pthread_mutex_init(&p->classes[c].lock, NULL);
 
-    if ((st = setup_device(p)) != FABPOOL_OK || (st = fp_rdma_choose(p)) != FABPOOL_OK ||
+    if ((st = setup_device(p)) != FABPOOL_OK || (st = fp_chunk_choose_rdma(&p->ch, p->opt.rdma)) != FABPOOL_OK ||
         (st = choose_handle_type(p)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
-        (st = fp_trace_open(p)) != FABPOOL_OK)
+        (st = fp_trace_open(&p->opt, p->gran, &p->trace)) != FABPOOL_OK)
         goto fail;
-    fp_classes_init(p);
-    set_thread_cache_caps(p);
-    p->map_l1_n = ((p->va_size >> p->gran_shift) + FP_MAP_LEAF - 1) >> FP_MAP_LEAF_SHIFT;
-    p->map_l1 = fp_meta_alloc(&p->meta, p->map_l1_n * sizeof *p->map_l1);
-    if (!p->map_l1 || fp_va_init(&p->va, &p->meta, p->va_base, p->va_size) != 0) {
+    uint64_t va_base = p->va.base, va_size = p->va.size;
+    if (fp_map_init(&p->map, &p->meta, va_base, va_size, p->gran_shift) != 0 ||
+        fp_va_init(&p->va, &p->meta, va_base, va_size) != 0) {
+        p->va.base = va_base; /* teardown frees the reservation */
+        p->va.size = va_size;
         st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the page map of %llu bytes of address space",
-                      (unsigned long long)p->va_size);
+                      (unsigned long long)va_size);
         goto fail;
     }
-    if (fp_registry_add(p) != 0) {
+    fp_heap_init(&p->heap, &p->ch, &p->va, &p->map, &p->meta, &p->lock, p->gran, &p->opt);
+    p->opt.slab_max_bytes = p->heap.slab_max;
+    fp_alloc_init(&p->alloc, &p->heap, &p->map, p->opt.thread_cache);
+    p->alloc.trace = p->trace;
+    fp_buffers_init(&p->bufs, &p->heap, &p->opt);
+    p->bufs.trace = p->trace;
+    fp_views_init(&p->views, &p->ch, &p->va, &p->meta, &p->lock, p->gran);
+    if (fp_registry_add(&p->alloc) != 0) {
         st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the pool registry");
         goto fail;
     }
@@ -315,17 +267,19 @@ fail: {
 static fabpool_status teardown(struct fabpool *p)
 {
     fabpool_status st = FABPOOL_OK;
-    fp_trace_close(p);
-    fp_classes_destroy(p);
-    fp_tcaches_destroy(p);
-    map_destroy(p);
+    fp_trace_close(p->trace);
+    p->trace = p->alloc.trace = p->bufs.trace = NULL;
+    fp_heap_destroy(&p->heap);
+    fp_tcaches_destroy(&p->alloc);
+    fp_map_destroy(&p->map);
+    uint64_t va_base = p->va.base, va_size = p->va.size;
     if (p->va.free)
         fp_va_destroy(&p->va);
     CUresult r;
-    if (p->va_base && (r = FP_CU_UNDO(&p->calls, cuMemAddressFree, (CUdeviceptr)p->va_base, p->va_size)) != CUDA_SUCCESS)
+    if (va_base && (r = FP_CU_UNDO(&p->ch.calls, cuMemAddressFree, (CUdeviceptr)va_base, va_size)) != CUDA_SUCCESS)
         st = fp_drv_error(r, "cuMemAddressFree", "freeing the pool's reservation of %llu bytes (tried twice; the "
-                          "address range stays reserved)", (unsigned long long)p->va_size);
-    if (p->ctx && (r = FP_CU_UNDO(&p->calls, cuDevicePrimaryCtxRelease, p->dev)) != CUDA_SUCCESS && st == FABPOOL_OK)
+                          "address range stays reserved)", (unsigned long long)va_size);
+    if (p->ch.ctx && (r = FP_CU_UNDO(&p->ch.calls, cuDevicePrimaryCtxRelease, p->ch.dev)) != CUDA_SUCCESS && st == FABPOOL_OK)
         st = fp_drv_error(r, "cuDevicePrimaryCtxRelease", "releasing the primary context of the pool's device");
     pthread_mutex_destroy(&p->lock);
     fp_meta meta = p->meta;
@@ -338,14 +292,14 @@ fabpool_status fabpool_destroy(fabpool_t *p)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_destroy: the pool is NULL");
-    fp_registry_remove(p);
+    fp_registry_remove(&p->alloc);
     if (p->opt.stats_at_destroy)
         fabpool_print_stats(p, stderr, p->opt.stats_at_destroy == 2);
     pthread_mutex_lock(&p->lock);
-    fabpool_status st = fp_collect_locked(p, 1);
-    uint64_t live_buffers = atomic_load(&p->buffer_count);
-    fp_views_destroy(p);
-    fp_buffers_destroy(p);
+    fabpool_status st = fp_collect_locked(&p->bufs, 1);
+    uint64_t live_buffers = atomic_load(&p->bufs.count);
+    fp_views_destroy(&p->views);
+    fp_buffers_destroy(&p->bufs);
     pthread_mutex_unlock(&p->lock);
     fabpool_stats s;
     fabpool_get_stats(p, &s);
@@ -367,13 +321,11 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_trim: the pool is NULL");
-    FP_TRACE(p, FP_TR_TRIM, 0, keep, 0);
-    /* other threads flush their caches at their next call */
-    atomic_fetch_add(&p->flush_epoch, 1);
-    fabpool_thread_flush(p);
+    FP_TRACE(p->trace, FP_TR_TRIM, 0, keep, 0);
+    fp_alloc_flush_all(&p->alloc);
     pthread_mutex_lock(&p->lock);
-    fabpool_status st = fp_collect_locked(p, 0);
-    fp_trim_locked(p, keep);
+    fabpool_status st = fp_collect_locked(&p->bufs, 0);
+    fp_heap_trim_locked(&p->heap, keep);
     pthread_mutex_unlock(&p->lock);
     return st;
 }
@@ -383,12 +335,30 @@ fabpool_status fabpool_get_options(const fabpool_t *p, fabpool_options *out)
     if (!p || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_options: the pool or the output is NULL");
     *out = p->opt;
-    out->handle_type = p->handle_type;
-    out->rdma = p->rdma ? FABPOOL_RDMA_ON : FABPOOL_RDMA_OFF;
-    out->reserve_bytes = p->va_size;
+    out->handle_type = p->ch.handle_type;
+    out->rdma = p->ch.rdma ? FABPOOL_RDMA_ON : FABPOOL_RDMA_OFF;
+    out->reserve_bytes = p->va.size;
     return FABPOOL_OK;
 }
 
-fabpool_handle_type fabpool_handle_type_of(const fabpool_t *p) { return p ? p->handle_type : FABPOOL_HANDLE_NONE; }
+fabpool_handle_type fabpool_handle_type_of(const fabpool_t *p) { return p ? p->ch.handle_type : FABPOOL_HANDLE_NONE; }
 
-const char *fp_handle_type_name(fabpool_handle_type t) { return handle_type_name(t); }
+/* ------------------------------------------------------------ entry points of the layers below */
+
+fabpool_status fabpool_buffer_create(fabpool_t *p, size_t max_size, size_t size, fabpool_buffer_t **out)
+{
+    return fp_buffer_create(p ? &p->bufs : NULL, max_size, size, out);
+}
+
+fabpool_status fabpool_collect(fabpool_t *p, int wait) { return fp_buffers_collect(p ? &p->bufs : NULL, wait); }
+
+fabpool_status fabpool_peers_ack(fabpool_t *p, uint64_t export_id, uint64_t generation)
+{
+    return fp_buffers_peers_ack(p ? &p->bufs : NULL, export_id, generation);
+}
+
+fabpool_status fabpool_view_open(fabpool_t *p, const void *desc, size_t len, const int *fds, size_t nfds,
+                                 fabpool_view_t **out)
+{
+    return fp_view_open(p ? &p->views : NULL, desc, len, fds, nfds, out);
+}

@@ -1,32 +1,18 @@
 /* slab.c - slabs of size-class blocks, and large blocks on spans of their
  * own.  Free slabs and spans stay mapped (cached) until a trim. */
+#include "slab.h"
+
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
+#include "array.h"
 #include "error.h"
-#include "pool.h"
+#include "list.h"
+
+static void idle_sub(fp_heap *h, uint64_t n);
 
 /* ------------------------------------------------------------ lists */
-
-static void list_push(fp_span **head, fp_span *s)
-{
-    s->prev = NULL;
-    s->next = *head;
-    if (*head)
-        (*head)->prev = s;
-    *head = s;
-}
-
-static void list_remove(fp_span **head, fp_span *s)
-{
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        *head = s->next;
-    if (s->next)
-        s->next->prev = s->prev;
-    s->next = s->prev = NULL;
-}
 
 static fp_span **class_list(fp_class *c, int list)
 {
@@ -34,48 +20,58 @@ static fp_span **class_list(fp_class *c, int list)
 }
 
 /* Moves slab s to the list its free count says. Class lock held. */
-static void relist(struct fabpool *p, fp_class *c, fp_span *s)
+static void relist(fp_heap *h, fp_class *c, fp_span *s)
 {
     int want = s->nfree == 0 ? FP_LIST_FULL : s->nfree == s->nobj ? FP_LIST_EMPTY : FP_LIST_PARTIAL;
     if (want == s->list)
         return;
     fp_span **from = class_list(c, s->list), **to = class_list(c, want);
     if (from)
-        list_remove(from, s);
+        FP_LIST_REMOVE(from, s, next, prev);
     if (s->list == FP_LIST_EMPTY) {
         c->nempty--;
-        fp_idle_sub(p, s->size);
+        idle_sub(h, s->size);
     }
     if (to)
-        list_push(to, s);
+        FP_LIST_PUSH(to, s, next, prev);
     if (want == FP_LIST_EMPTY) {
         c->nempty++;
-        atomic_fetch_add(&p->idle_bytes, s->size);
+        atomic_fetch_add(&h->idle_bytes, s->size);
     }
     s->list = (uint8_t)want;
 }
 
 /* ------------------------------------------------------------ classes */
 
-void fp_classes_init(struct fabpool *p)
+void fp_heap_init(fp_heap *h, fp_chunks *ch, fp_vaspace *va, fp_pagemap *map, fp_meta *meta, pthread_mutex_t *lock,
+                  uint64_t gran, const fabpool_options *o)
 {
+    h->ch = ch;
+    h->va = va;
+    h->map = map;
+    h->meta = meta;
+    h->lock = lock;
+    h->gran = gran;
+    h->cache_limit = o->cache_limit_bytes;
+    h->decay_ms = o->decay_ms;
     /* slab_max is rounded up to a class size (docs/config.md): every size up
      * to the value given comes from slabs, every larger size is a large
      * block, and the allocation path's one comparison with slab_max sends
      * each size to a class that exists.  0 (options set by hand) means no
      * slabs: every size is a large block. */
-    uint64_t slab_max = p->opt.slab_max_bytes;
+    uint64_t slab_max = o->slab_max_bytes;
     if (slab_max > FP_SLAB_MAX_LIMIT)
         slab_max = FP_SLAB_MAX_LIMIT;
-    p->n_slab_classes = slab_max ? fp_class_of(slab_max) + 1 : 0;
-    p->opt.slab_max_bytes = slab_max ? fp_class_size(p->n_slab_classes - 1) : 0;
+    h->n_slab_classes = slab_max ? fp_class_of(slab_max) + 1 : 0;
+    h->slab_max = slab_max ? fp_class_size(h->n_slab_classes - 1) : 0;
     for (unsigned i = 0; i < FP_NCLASS; i++) {
-        fp_class *c = &p->classes[i];
+        fp_class *c = &h->classes[i];
+        pthread_mutex_init(&c->lock, NULL);
         c->obj_size = fp_class_size(i);
-        if (i < p->n_slab_classes) {
+        if (i < h->n_slab_classes) {
             /* at least one granule and room for four blocks */
-            uint64_t want = c->obj_size * 4 > p->gran ? c->obj_size * 4 : p->gran;
-            c->slab_size = fp_round_up(want, p->gran);
+            uint64_t want = c->obj_size * 4 > h->gran ? c->obj_size * 4 : h->gran;
+            c->slab_size = fp_round_up(want, h->gran);
             c->nobj = (uint32_t)(c->slab_size / c->obj_size);
         }
     }
@@ -88,72 +84,27 @@ static size_t slab_meta_bytes(uint32_t nobj)
     return sizeof(fp_span) + (size_t)nobj * (sizeof(uint32_t) + sizeof(uint8_t));
 }
 
-static void span_free_meta(struct fabpool *p, fp_span *s)
+static void span_free_meta(fp_heap *h, fp_span *s)
 {
-    fp_meta_free(&p->meta, s, s->kind == FP_SPAN_SLAB ? slab_meta_bytes(s->nobj) : sizeof *s);
+    fp_meta_free(h->meta, s, s->kind == FP_SPAN_SLAB ? slab_meta_bytes(s->nobj) : sizeof *s);
 }
 
-static void all_add(struct fabpool *p, fp_span *s)
+/* A span's record: a large piece of [base, base + size), or an empty slab
+ * of class cls (placed later).  NULL without host memory. */
+static fp_span *span_new(fp_heap *h, uint8_t kind, unsigned cls, uint64_t base, uint64_t size)
 {
-    s->all_prev = NULL;
-    s->all_next = p->spans;
-    if (p->spans)
-        p->spans->all_prev = s;
-    p->spans = s;
-}
-
-static void all_remove(struct fabpool *p, fp_span *s)
-{
-    if (s->all_prev)
-        s->all_prev->all_next = s->all_next;
-    else
-        p->spans = s->all_next;
-    if (s->all_next)
-        s->all_next->all_prev = s->all_prev;
-}
-
-/* Unmaps a span that is in no list and frees its address range. Pool lock held. */
-static fabpool_status span_release(struct fabpool *p, fp_span *s)
-{
-    fabpool_status st = fp_chunk_unmap(p, s->base, s->size);
-    if (st != FABPOOL_OK)
-        return st;
-    all_remove(p, s);
-    fp_map_set(p, s->base, s->size, NULL);
-    fp_va_free(&p->va, s->base, s->size);
-    span_free_meta(p, s);
-    return FABPOOL_OK;
-}
-
-/* Address range + chunk for a new span. Pool lock held. */
-static fabpool_status span_map(struct fabpool *p, uint64_t size, uint64_t *va)
-{
-    *va = fp_va_alloc(&p->va, size, p->gran);
-    if (!*va)
-        return fp_error(FABPOOL_ERR_LIMIT,
-                        "the pool's reserved address space (%llu bytes) has no free range of %llu bytes left; "
-                        "create the pool with a larger reserve (FABPOOL_CONF=reserve:...)",
-                        (unsigned long long)p->va_size, (unsigned long long)size);
-    fabpool_status st = fp_chunk_map(p, *va, size);
-    if (st != FABPOOL_OK)
-        fp_va_free(&p->va, *va, size);
-    return st;
-}
-
-static fp_span *slab_new(struct fabpool *p, unsigned cls, fabpool_status *st)
-{
-    fp_class *c = &p->classes[cls];
-    size_t bytes = slab_meta_bytes(c->nobj);
-    fp_span *s = fp_meta_alloc(&p->meta, bytes);
-    if (!s) {
-        *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the metadata of a slab (%zu bytes)", bytes);
+    uint32_t nobj = kind == FP_SPAN_SLAB ? h->classes[cls].nobj : 0;
+    fp_span *s = fp_meta_alloc(h->meta, kind == FP_SPAN_SLAB ? slab_meta_bytes(nobj) : sizeof *s);
+    if (!s)
         return NULL;
-    }
-    s->kind = FP_SPAN_SLAB;
+    s->kind = kind;
+    s->base = base;
+    s->size = size;
+    if (kind != FP_SPAN_SLAB)
+        return s;
     s->cls = (uint16_t)cls;
-    s->size = c->slab_size;
-    s->nobj = c->nobj;
-    s->obj_q = (uint32_t)(c->obj_size >> FP_QUANTUM_SHIFT);
+    s->nobj = nobj;
+    s->obj_q = (uint32_t)(h->classes[cls].obj_size >> FP_QUANTUM_SHIFT);
     s->magic = ((1ull << 32) + s->obj_q - 1) / s->obj_q;
     s->free_stack = (uint32_t *)(s + 1);
     s->freeflag = (_Atomic uint8_t *)(s->free_stack + s->nobj);
@@ -162,23 +113,62 @@ static fp_span *slab_new(struct fabpool *p, unsigned cls, fabpool_status *st)
         atomic_store_explicit(&s->freeflag[i], 1, memory_order_relaxed);
     }
     s->nfree = s->nobj;
+    return s;
+}
 
-    pthread_mutex_lock(&p->lock);
+/* Unmaps a span that is in no list and frees its address range. Pool lock held. */
+static fabpool_status span_release(fp_heap *h, fp_span *s)
+{
+    fabpool_status st = fp_chunk_unmap(h->ch, s->base, s->size);
+    if (st != FABPOOL_OK)
+        return st;
+    FP_LIST_REMOVE(&h->spans, s, all_next, all_prev);
+    fp_map_set(h->map, s->base, s->size, NULL);
+    fp_va_free(h->va, s->base, s->size);
+    span_free_meta(h, s);
+    return FABPOOL_OK;
+}
+
+/* Address range + chunk for a new span. Pool lock held. */
+static fabpool_status span_map(fp_heap *h, uint64_t size, uint64_t *va)
+{
+    *va = fp_va_alloc(h->va, size, h->gran);
+    if (!*va)
+        return fp_error(FABPOOL_ERR_LIMIT,
+                        "the pool's reserved address space (%llu bytes) has no free range of %llu bytes left; "
+                        "create the pool with a larger reserve (FABPOOL_CONF=reserve:...)",
+                        (unsigned long long)h->va->size, (unsigned long long)size);
+    fabpool_status st = fp_heap_chunk_map(h, *va, size);
+    if (st != FABPOOL_OK)
+        fp_va_free(h->va, *va, size);
+    return st;
+}
+
+static fp_span *slab_new(fp_heap *h, unsigned cls, fabpool_status *st)
+{
+    fp_span *s = span_new(h, FP_SPAN_SLAB, cls, 0, h->classes[cls].slab_size);
+    if (!s) {
+        *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the metadata of a slab (%zu bytes)",
+                       slab_meta_bytes(h->classes[cls].nobj));
+        return NULL;
+    }
+
+    pthread_mutex_lock(h->lock);
     uint64_t va = 0;
-    *st = span_map(p, s->size, &va);
+    *st = span_map(h, s->size, &va);
     if (*st == FABPOOL_OK) {
         s->base = va;
-        if (fp_map_set(p, va, s->size, s) != 0) {
-            fp_chunk_unmap(p, va, s->size);
-            fp_va_free(&p->va, va, s->size);
+        if (fp_map_set(h->map, va, s->size, s) != 0) {
+            fp_chunk_unmap(h->ch, va, s->size);
+            fp_va_free(h->va, va, s->size);
             *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the page map of a new slab");
         } else {
-            all_add(p, s);
+            FP_LIST_PUSH(&h->spans, s, all_next, all_prev);
         }
     }
-    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(h->lock);
     if (*st != FABPOOL_OK) {
-        span_free_meta(p, s);
+        span_free_meta(h, s);
         return NULL;
     }
     return s;
@@ -197,9 +187,9 @@ static unsigned take_from(fp_span *s, fp_item *out, unsigned n)
     return k;
 }
 
-unsigned fp_class_take(struct fabpool *p, unsigned cls, fp_item *out, unsigned n, fabpool_status *st)
+unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, fabpool_status *st)
 {
-    fp_class *c = &p->classes[cls];
+    fp_class *c = &h->classes[cls];
     unsigned k = 0;
     pthread_mutex_lock(&c->lock);
     while (k < n) {
@@ -207,7 +197,7 @@ unsigned fp_class_take(struct fabpool *p, unsigned cls, fp_item *out, unsigned n
         if (!s)
             break;
         k += take_from(s, out + k, n - k);
-        relist(p, c, s);
+        relist(h, c, s);
     }
     pthread_mutex_unlock(&c->lock);
     if (k)
@@ -215,27 +205,27 @@ unsigned fp_class_take(struct fabpool *p, unsigned cls, fp_item *out, unsigned n
 
     /* No free block: map a new slab without the class lock (the driver call
      * takes tens of microseconds, and may trim on OOM). */
-    fp_span *s = slab_new(p, cls, st);
+    fp_span *s = slab_new(h, cls, st);
     if (!s)
         return 0;
     pthread_mutex_lock(&c->lock);
     c->nslabs++;
     s->list = FP_LIST_NONE;
     k = take_from(s, out, n);
-    relist(p, c, s);
+    relist(h, c, s);
     pthread_mutex_unlock(&c->lock);
     return k;
 }
 
-void fp_class_give(struct fabpool *p, unsigned cls, const fp_item *items, unsigned n)
+void fp_class_give(fp_heap *h, unsigned cls, const fp_item *items, unsigned n)
 {
-    fp_class *c = &p->classes[cls];
+    fp_class *c = &h->classes[cls];
     uint64_t obj = c->obj_size;
     pthread_mutex_lock(&c->lock);
     for (unsigned k = 0; k < n; k++) {
         fp_span *s = items[k].span;
         s->free_stack[s->nfree++] = (uint32_t)((items[k].ptr - s->base) / obj);
-        relist(p, c, s);
+        relist(h, c, s);
     }
     pthread_mutex_unlock(&c->lock);
 }
@@ -244,7 +234,7 @@ void fp_class_give(struct fabpool *p, unsigned cls, const fp_item *items, unsign
  *
  * A large block is its size rounded up to the granularity, carved out of
  * the large heap: pieces of the reservation, each one live block or one free
- * range, mapped by physical chunks (p->lchunks, sorted by address).  A piece
+ * range, mapped by physical chunks (h->lchunks, sorted by address).  A piece
  * may span several chunks and a chunk several pieces; every granule of a
  * piece points to it in the page map, so a free finds its neighbours there
  * and merges with the free ones.  An allocation takes the best fit of the
@@ -255,26 +245,20 @@ void fp_class_give(struct fabpool *p, unsigned cls, const fp_item *items, unsign
  * it needs instead of adding to it.  A chunk is unmapped only when all of it
  * is free. */
 
-static void piece_free_meta(struct fabpool *p, fp_span *s) { fp_meta_free(&p->meta, s, sizeof *s); }
+static void piece_free_meta(fp_heap *h, fp_span *s) { fp_meta_free(h->meta, s, sizeof *s); }
 
-static fp_span *piece_new(struct fabpool *p, uint64_t base, uint64_t size)
+static fp_span *piece_new(fp_heap *h, uint64_t base, uint64_t size)
 {
-    fp_span *s = fp_meta_alloc(&p->meta, sizeof *s);
-    if (s) {
-        s->kind = FP_SPAN_LARGE;
-        s->base = base;
-        s->size = size;
-    }
-    return s;
+    return span_new(h, FP_SPAN_LARGE, 0, base, size);
 }
 
 /* Index of the first chunk whose va >= addr. */
-static size_t lchunk_lower(const struct fabpool *p, uint64_t addr)
+static size_t lchunk_lower(const fp_heap *h, uint64_t addr)
 {
-    size_t lo = 0, hi = p->n_lchunks;
+    size_t lo = 0, hi = h->n_lchunks;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (p->lchunks[mid].va < addr)
+        if (h->lchunks[mid].va < addr)
             lo = mid + 1;
         else
             hi = mid;
@@ -282,87 +266,78 @@ static size_t lchunk_lower(const struct fabpool *p, uint64_t addr)
     return lo;
 }
 
-static int lchunk_add(struct fabpool *p, uint64_t va, uint64_t size)
+static int lchunk_add(fp_heap *h, uint64_t va, uint64_t size)
 {
-    if (p->n_lchunks == p->cap_lchunks) {
-        size_t cap = p->cap_lchunks ? p->cap_lchunks * 2 : 64;
-        fp_lchunk *n = fp_meta_alloc(&p->meta, cap * sizeof *n);
-        if (!n)
-            return -1;
-        if (p->n_lchunks)
-            memcpy(n, p->lchunks, p->n_lchunks * sizeof *n);
-        fp_meta_free(&p->meta, p->lchunks, p->cap_lchunks * sizeof *n);
-        p->lchunks = n;
-        p->cap_lchunks = cap;
-    }
-    size_t i = lchunk_lower(p, va);
-    memmove(&p->lchunks[i + 1], &p->lchunks[i], (p->n_lchunks - i) * sizeof *p->lchunks);
-    p->lchunks[i] = (fp_lchunk){va, size};
-    p->n_lchunks++;
+    if (FP_ARRAY_RESERVE(h->meta, h->lchunks, h->n_lchunks, h->cap_lchunks, h->n_lchunks + 1, 64) != 0)
+        return -1;
+    size_t i = lchunk_lower(h, va);
+    memmove(&h->lchunks[i + 1], &h->lchunks[i], (h->n_lchunks - i) * sizeof *h->lchunks);
+    h->lchunks[i] = (fp_lchunk){va, size};
+    h->n_lchunks++;
     return 0;
 }
 
-static void lchunk_remove(struct fabpool *p, size_t i)
+static void lchunk_remove(fp_heap *h, size_t i)
 {
-    memmove(&p->lchunks[i], &p->lchunks[i + 1], (p->n_lchunks - i - 1) * sizeof *p->lchunks);
-    p->n_lchunks--;
+    memmove(&h->lchunks[i], &h->lchunks[i + 1], (h->n_lchunks - i - 1) * sizeof *h->lchunks);
+    h->n_lchunks--;
 }
 
 /* The large piece at addr, or NULL (slab, buffer window, unmapped). */
-static fp_span *piece_at(struct fabpool *p, uint64_t addr)
+static fp_span *piece_at(fp_heap *h, uint64_t addr)
 {
-    fp_span *s = fp_map_get(p, addr);
+    fp_span *s = fp_map_get(h->map, addr);
     return s && s->kind == FP_SPAN_LARGE ? s : NULL;
 }
 
-static void free_add(struct fabpool *p, uint64_t n)
+static void free_add(fp_heap *h, uint64_t n)
 {
-    p->large_free_bytes += n;
-    atomic_fetch_add(&p->idle_bytes, n);
+    h->large_free_bytes += n;
+    atomic_fetch_add(&h->idle_bytes, n);
 }
 
-static void free_sub(struct fabpool *p, uint64_t n)
+static void free_sub(fp_heap *h, uint64_t n)
 {
-    p->large_free_bytes -= n;
-    fp_idle_sub(p, n);
+    h->large_free_bytes -= n;
+    idle_sub(h, n);
 }
 
 /* Unmaps chunks that lie wholly inside free ranges (not held ones) until
  * `goal` bytes went back or none is left; returns the bytes unmapped. */
-static uint64_t large_unmap_free(struct fabpool *p, uint64_t goal)
+static uint64_t large_unmap_free(fp_heap *h, uint64_t goal)
 {
     uint64_t done = 0;
-    for (size_t i = p->n_lchunks; i-- > 0 && done < goal;) {
-        fp_lchunk c = p->lchunks[i];
-        fp_span *f = piece_at(p, c.va);
+    for (size_t i = h->n_lchunks; i-- > 0 && done < goal;) {
+        fp_lchunk c = h->lchunks[i];
+        fp_span *f = piece_at(h, c.va);
         if (!f || atomic_load_explicit(&f->in_use, memory_order_relaxed) != FP_LARGE_FREE ||
             c.va + c.size > f->base + f->size)
             continue;
         uint64_t lsize = c.va - f->base, rsize = f->base + f->size - (c.va + c.size);
         fp_span *r = NULL;
-        if (lsize && rsize && !(r = piece_new(p, c.va + c.size, rsize)))
+        if (lsize && rsize && !(r = piece_new(h, c.va + c.size, rsize)))
             break;   /* no host memory to split the range: keep the chunk */
-        if (fp_chunk_unmap(p, c.va, c.size) != FABPOOL_OK) {
+        if (fp_chunk_unmap(h->ch, c.va, c.size) != FABPOOL_OK) {
             if (r)
-                piece_free_meta(p, r);
+                piece_free_meta(h, r);
             break;
         }
-        fp_map_set(p, c.va, c.size, NULL);
-        fp_va_free(&p->va, c.va, c.size);
-        lchunk_remove(p, i);
-        free_sub(p, c.size);
+        fp_map_set(h->map, c.va, c.size, NULL);
+        fp_va_free(h->va, c.va, c.size);
+        lchunk_remove(h, i);
+        free_sub(h, c.size);
         done += c.size;
         if (!lsize && !rsize) {
-            list_remove(&p->large_free, f);
-            piece_free_meta(p, f);
+            FP_LIST_REMOVE(&h->large_free, f, next, prev);
+            piece_free_meta(h, f);
         } else if (!lsize) {
             f->base = c.va + c.size;
             f->size = rsize;
         } else {
             f->size = lsize;
             if (r) {
-                list_push(&p->large_free, r);
-                fp_map_set(p, r->base, r->size, r);   /* granules already have leaves: cannot fail */
+                FP_LIST_PUSH(&h->large_free, r, next, prev);
+                fp_map_set(h->map, r->base, r->size, r);   /* granules already have leaves: cannot fail */
             }
         }
     }
@@ -370,33 +345,33 @@ static uint64_t large_unmap_free(struct fabpool *p, uint64_t goal)
 }
 
 /* The block of n bytes at the start of free range f.  Pool lock held. */
-static fp_span *carve(struct fabpool *p, fp_span *f, uint64_t n, fabpool_status *st)
+static fp_span *carve(fp_heap *h, fp_span *f, uint64_t n, fabpool_status *st)
 {
     if (f->size == n) {
-        list_remove(&p->large_free, f);
-        free_sub(p, n);
+        FP_LIST_REMOVE(&h->large_free, f, next, prev);
+        free_sub(h, n);
         return f;
     }
-    fp_span *b = piece_new(p, f->base, n);
+    fp_span *b = piece_new(h, f->base, n);
     if (!b) {
         *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a large block's record");
         return NULL;
     }
     f->base += n;
     f->size -= n;
-    fp_map_set(p, b->base, n, b);   /* granules already have leaves: cannot fail */
-    free_sub(p, n);
+    fp_map_set(h->map, b->base, n, b);   /* granules already have leaves: cannot fail */
+    free_sub(h, n);
     return b;
 }
 
 /* Whether [start, start + size) is free address space (not taken). */
-static int va_free_at(struct fabpool *p, uint64_t start, uint64_t size)
+static int va_free_at(fp_heap *h, uint64_t start, uint64_t size)
 {
-    if (start < p->va_base || start + size > p->va_base + p->va_size || start + size < start)
+    if (start < h->va->base || start + size > h->va->base + h->va->size || start + size < start)
         return 0;
-    if (fp_va_take(&p->va, start, size) != 0)
+    if (fp_va_take(h->va, start, size) != 0)
         return 0;
-    fp_va_free(&p->va, start, size);
+    fp_va_free(h->va, start, size);
     return 1;
 }
 
@@ -409,34 +384,34 @@ static int va_free_at(struct fabpool *p, uint64_t start, uint64_t size)
  * up to 1.31x with one chunk per miss (35). */
 #define FP_LARGE_CHUNK_GRANULES 16u
 
-static uint64_t large_chunk_cap(struct fabpool *p) { return p->gran * FP_LARGE_CHUNK_GRANULES; }
+static uint64_t large_chunk_cap(fp_heap *h) { return h->gran * FP_LARGE_CHUNK_GRANULES; }
 
 /* Unmaps the chunks of [va, va + size) (all mapped by map_chunks). */
-static void unmap_chunks(struct fabpool *p, uint64_t va, uint64_t size)
+static void unmap_chunks(fp_heap *h, uint64_t va, uint64_t size)
 {
-    size_t i = lchunk_lower(p, va);
-    while (i < p->n_lchunks && p->lchunks[i].va < va + size) {
-        fp_chunk_unmap(p, p->lchunks[i].va, p->lchunks[i].size);
-        lchunk_remove(p, i);
+    size_t i = lchunk_lower(h, va);
+    while (i < h->n_lchunks && h->lchunks[i].va < va + size) {
+        fp_chunk_unmap(h->ch, h->lchunks[i].va, h->lchunks[i].size);
+        lchunk_remove(h, i);
     }
 }
 
 /* Maps [va, va + size) as chunks on a grid of the large chunk size, so that
  * a chunk is at most that and the chunks of neighbouring growths tile the
  * address space alike.  All or nothing. */
-static fabpool_status map_chunks(struct fabpool *p, uint64_t va, uint64_t size)
+static fabpool_status map_chunks(fp_heap *h, uint64_t va, uint64_t size)
 {
-    uint64_t cap = large_chunk_cap(p), at = va, end = va + size;
+    uint64_t cap = large_chunk_cap(h), at = va, end = va + size;
     while (at < end) {
-        uint64_t next = (at - p->va_base) / cap * cap + cap + p->va_base;
+        uint64_t next = (at - h->va->base) / cap * cap + cap + h->va->base;
         uint64_t n = (next < end ? next : end) - at;
-        fabpool_status st = fp_chunk_map(p, at, n);
-        if (st == FABPOOL_OK && lchunk_add(p, at, n) != 0) {
-            fp_chunk_unmap(p, at, n);
+        fabpool_status st = fp_heap_chunk_map(h, at, n);
+        if (st == FABPOOL_OK && lchunk_add(h, at, n) != 0) {
+            fp_chunk_unmap(h->ch, at, n);
             st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the list of large chunks");
         }
         if (st != FABPOOL_OK) {
-            unmap_chunks(p, va, at - va);
+            unmap_chunks(h, va, at - va);
             return st;
         }
         at += n;
@@ -445,59 +420,59 @@ static fabpool_status map_chunks(struct fabpool *p, uint64_t va, uint64_t size)
 }
 
 /* A miss: maps what a block of n bytes needs.  Pool lock held. */
-static fp_span *grow(struct fabpool *p, uint64_t n, fabpool_status *st)
+static fp_span *grow(fp_heap *h, uint64_t n, fabpool_status *st)
 {
     /* the largest free range that can grow into free address space beside it */
     fp_span *g = NULL;
     int right = 0;
-    for (fp_span *f = p->large_free; f; f = f->next) {
+    for (fp_span *f = h->large_free; f; f = f->next) {
         if (g && f->size <= g->size)
             continue;
         uint64_t miss = n - f->size;
-        if (va_free_at(p, f->base + f->size, miss))
+        if (va_free_at(h, f->base + f->size, miss))
             g = f, right = 1;
-        else if (f->base - p->va_base >= miss && va_free_at(p, f->base - miss, miss))
+        else if (f->base - h->va->base >= miss && va_free_at(h, f->base - miss, miss))
             g = f, right = 0;
     }
     uint64_t miss = g ? n - g->size : n;
-    uint64_t va = g ? (right ? g->base + g->size : g->base - miss) : fp_va_alloc_top(&p->va, n, p->gran);
-    if (g ? fp_va_take(&p->va, va, miss) != 0 : !va) {
+    uint64_t va = g ? (right ? g->base + g->size : g->base - miss) : fp_va_alloc_top(h->va, n, h->gran);
+    if (g ? fp_va_take(h->va, va, miss) != 0 : !va) {
         *st = fp_error(FABPOOL_ERR_LIMIT,
                        "the pool's reserved address space (%llu bytes) has no free range of %llu bytes left; "
                        "create the pool with a larger reserve (FABPOOL_CONF=reserve:...)",
-                       (unsigned long long)p->va_size, (unsigned long long)n);
+                       (unsigned long long)h->va->size, (unsigned long long)n);
         return NULL;
     }
-    fp_span *b = g ? g : piece_new(p, va, n);
+    fp_span *b = g ? g : piece_new(h, va, n);
     if (!b) {
-        fp_va_free(&p->va, va, miss);
+        fp_va_free(h->va, va, miss);
         *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a large block's record");
         return NULL;
     }
     if (g) {
         /* held: neither the trade below nor an OOM trim unmaps it */
-        list_remove(&p->large_free, g);
+        FP_LIST_REMOVE(&h->large_free, g, next, prev);
         atomic_store_explicit(&g->in_use, FP_LARGE_HELD, memory_order_relaxed);
     }
     /* trade free chunks that did not fit for the memory needed */
-    large_unmap_free(p, miss);
-    *st = map_chunks(p, va, miss);
-    if (*st == FABPOOL_OK && fp_map_set(p, va, miss, b) != 0) {
-        unmap_chunks(p, va, miss);
+    large_unmap_free(h, miss);
+    *st = map_chunks(h, va, miss);
+    if (*st == FABPOOL_OK && fp_map_set(h->map, va, miss, b) != 0) {
+        unmap_chunks(h, va, miss);
         *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the page map of a large block");
     }
     if (*st != FABPOOL_OK) {
-        fp_va_free(&p->va, va, miss);
+        fp_va_free(h->va, va, miss);
         if (g) {
             atomic_store_explicit(&g->in_use, FP_LARGE_FREE, memory_order_relaxed);
-            list_push(&p->large_free, g);
+            FP_LIST_PUSH(&h->large_free, g, next, prev);
         } else {
-            piece_free_meta(p, b);
+            piece_free_meta(h, b);
         }
         return NULL;
     }
     if (g) {
-        free_sub(p, g->size);
+        free_sub(h, g->size);
         if (!right)
             g->base = va;
         g->size = n;
@@ -505,42 +480,42 @@ static fp_span *grow(struct fabpool *p, uint64_t n, fabpool_status *st)
     return b;
 }
 
-fabpool_status fp_large_alloc(struct fabpool *p, uint64_t size, void **out)
+fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
 {
-    if (size > p->va_size)
+    if (size > h->va->size)
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_alloc of %llu bytes: larger than the pool's reserved address "
-                        "space (%llu bytes)", (unsigned long long)size, (unsigned long long)p->va_size);
+                        "space (%llu bytes)", (unsigned long long)size, (unsigned long long)h->va->size);
     /* the size rounded to the granularity, no class: at most 1.25x from 8 MiB on */
-    uint64_t n = fp_round_up(size, p->gran);
+    uint64_t n = fp_round_up(size, h->gran);
     fabpool_status st = FABPOOL_OK;
-    pthread_mutex_lock(&p->lock);
+    pthread_mutex_lock(h->lock);
     fp_span *best = NULL;
-    for (fp_span *f = p->large_free; f; f = f->next)
+    for (fp_span *f = h->large_free; f; f = f->next)
         if (f->size >= n && (!best || f->size < best->size)) {
             best = f;
             if (f->size == n)
                 break;
         }
-    fp_span *b = best ? carve(p, best, n, &st) : grow(p, n, &st);
+    fp_span *b = best ? carve(h, best, n, &st) : grow(h, n, &st);
     if (b) {
         atomic_store_explicit(&b->in_use, FP_LARGE_LIVE, memory_order_relaxed);
-        list_push(&p->large_live, b);
-        atomic_fetch_add(&p->large_in_use_bytes, n);
-        atomic_fetch_add(&p->large_blocks, 1);
+        FP_LIST_PUSH(&h->large_live, b, next, prev);
+        atomic_fetch_add(&h->large_in_use_bytes, n);
+        atomic_fetch_add(&h->large_blocks, 1);
         unsigned bucket = fp_class_of(n);
-        atomic_fetch_add(&p->large_allocs[bucket < FP_NCLASS ? bucket : FP_NCLASS - 1], 1);
+        atomic_fetch_add(&h->large_allocs[bucket < FP_NCLASS ? bucket : FP_NCLASS - 1], 1);
         *out = (void *)(uintptr_t)b->base;
     }
-    pthread_mutex_unlock(&p->lock);
-    fp_trim_policy(p);
+    pthread_mutex_unlock(h->lock);
+    fp_heap_trim_policy(h);
     return st;
 }
 
-fabpool_status fp_large_free(struct fabpool *p, fp_span *s, uint64_t addr)
+fabpool_status fp_large_free(fp_heap *h, uint64_t addr)
 {
-    (void)s;   /* read again under the lock: pieces merge and split under it */
-    pthread_mutex_lock(&p->lock);
-    fp_span *b = piece_at(p, addr);
+    /* the piece is looked up under the lock: pieces merge and split under it */
+    pthread_mutex_lock(h->lock);
+    fp_span *b = piece_at(h, addr);
     uint32_t state = b ? atomic_load_explicit(&b->in_use, memory_order_relaxed) : FP_LARGE_FREE;
     if (!b || state != FP_LARGE_LIVE || addr != b->base) {
         fabpool_status st;
@@ -555,95 +530,141 @@ fabpool_status fp_large_free(struct fabpool *p, fp_span *s, uint64_t addr)
         else
             st = fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_free(%p): this pool did not give out that pointer, or it "
                           "was freed and its memory returned to the driver", (void *)(uintptr_t)addr);
-        pthread_mutex_unlock(&p->lock);
+        pthread_mutex_unlock(h->lock);
         return st;
     }
     atomic_store_explicit(&b->in_use, FP_LARGE_FREE, memory_order_relaxed);
-    list_remove(&p->large_live, b);
-    atomic_fetch_sub(&p->large_in_use_bytes, b->size);
-    atomic_fetch_sub(&p->large_blocks, 1);
-    free_add(p, b->size);
+    FP_LIST_REMOVE(&h->large_live, b, next, prev);
+    atomic_fetch_sub(&h->large_in_use_bytes, b->size);
+    atomic_fetch_sub(&h->large_blocks, 1);
+    free_add(h, b->size);
     /* merge with free neighbours (held ones are being grown: left alone) */
-    fp_span *l = b->base > p->va_base ? piece_at(p, b->base - 1) : NULL;
+    fp_span *l = b->base > h->va->base ? piece_at(h, b->base - 1) : NULL;
     if (l && atomic_load_explicit(&l->in_use, memory_order_relaxed) == FP_LARGE_FREE) {
         l->size += b->size;
-        fp_map_set(p, b->base, b->size, l);
-        piece_free_meta(p, b);
+        fp_map_set(h->map, b->base, b->size, l);
+        piece_free_meta(h, b);
         b = l;
     } else {
-        list_push(&p->large_free, b);
+        FP_LIST_PUSH(&h->large_free, b, next, prev);
     }
-    fp_span *r = piece_at(p, b->base + b->size);
+    fp_span *r = piece_at(h, b->base + b->size);
     if (r && atomic_load_explicit(&r->in_use, memory_order_relaxed) == FP_LARGE_FREE) {
-        list_remove(&p->large_free, r);
-        fp_map_set(p, r->base, r->size, b);
+        FP_LIST_REMOVE(&h->large_free, r, next, prev);
+        fp_map_set(h->map, r->base, r->size, b);
         b->size += r->size;
-        piece_free_meta(p, r);
+        piece_free_meta(h, r);
     }
-    pthread_mutex_unlock(&p->lock);
-    fp_trim_policy(p);
+    pthread_mutex_unlock(h->lock);
+    fp_heap_trim_policy(h);
     return FABPOOL_OK;
 }
 
-static void large_destroy(struct fabpool *p)
+static void large_destroy(fp_heap *h)
 {
-    for (size_t i = 0; i < p->n_lchunks; i++) {
-        fp_chunk_unmap(p, p->lchunks[i].va, p->lchunks[i].size);
-        fp_map_set(p, p->lchunks[i].va, p->lchunks[i].size, NULL);
+    for (size_t i = 0; i < h->n_lchunks; i++) {
+        fp_chunk_unmap(h->ch, h->lchunks[i].va, h->lchunks[i].size);
+        fp_map_set(h->map, h->lchunks[i].va, h->lchunks[i].size, NULL);
     }
-    fp_meta_free(&p->meta, p->lchunks, p->cap_lchunks * sizeof *p->lchunks);
-    p->lchunks = NULL;
-    p->n_lchunks = p->cap_lchunks = 0;
-    fp_span **lists[] = {&p->large_live, &p->large_free};
+    FP_ARRAY_FREE(h->meta, h->lchunks, h->cap_lchunks);
+    h->n_lchunks = 0;
+    fp_span **lists[] = {&h->large_live, &h->large_free};
     for (int k = 0; k < 2; k++)
         while (*lists[k]) {
             fp_span *s = *lists[k];
-            list_remove(lists[k], s);
-            piece_free_meta(p, s);
+            FP_LIST_REMOVE(lists[k], s, next, prev);
+            piece_free_meta(h, s);
         }
 }
 
 /* ------------------------------------------------------------ trim */
 
-void fp_idle_sub(struct fabpool *p, uint64_t n)
+/* idle_bytes went down by n: the decay's low-water mark follows. */
+static void idle_sub(fp_heap *h, uint64_t n)
 {
-    uint64_t now = atomic_fetch_sub(&p->idle_bytes, n) - n;
-    uint64_t low = atomic_load_explicit(&p->idle_low, memory_order_relaxed);
+    uint64_t now = atomic_fetch_sub(&h->idle_bytes, n) - n;
+    uint64_t low = atomic_load_explicit(&h->idle_low, memory_order_relaxed);
     while (now < low &&
-           !atomic_compare_exchange_weak_explicit(&p->idle_low, &low, now, memory_order_relaxed, memory_order_relaxed))
+           !atomic_compare_exchange_weak_explicit(&h->idle_low, &low, now, memory_order_relaxed, memory_order_relaxed))
         ;
 }
 
-void fp_trim_locked(struct fabpool *p, uint64_t keep)
+void fp_heap_trim_locked(fp_heap *h, uint64_t keep)
 {
     /* large chunks first: one driver call frees the most */
-    uint64_t idle = atomic_load(&p->idle_bytes);
+    uint64_t idle = atomic_load(&h->idle_bytes);
     if (idle > keep)
-        large_unmap_free(p, idle - keep);
-    for (unsigned cls = 0; cls < p->n_slab_classes && atomic_load(&p->idle_bytes) > keep; cls++) {
-        fp_class *c = &p->classes[cls];
+        large_unmap_free(h, idle - keep);
+    for (unsigned cls = 0; cls < h->n_slab_classes && atomic_load(&h->idle_bytes) > keep; cls++) {
+        fp_class *c = &h->classes[cls];
         for (;;) {
             pthread_mutex_lock(&c->lock);
             fp_span *s = c->empty;
-            if (!s || atomic_load(&p->idle_bytes) <= keep) {
+            if (!s || atomic_load(&h->idle_bytes) <= keep) {
                 pthread_mutex_unlock(&c->lock);
                 break;
             }
-            list_remove(&c->empty, s);
+            FP_LIST_REMOVE(&c->empty, s, next, prev);
             s->list = FP_LIST_NONE;
             c->nempty--;
             c->nslabs--;
-            fp_idle_sub(p, s->size);
+            idle_sub(h, s->size);
             pthread_mutex_unlock(&c->lock);
-            if (span_release(p, s) != FABPOOL_OK) {
+            if (span_release(h, s) != FABPOOL_OK) {
                 pthread_mutex_lock(&c->lock);
                 c->nslabs++;
-                relist(p, c, s);
+                relist(h, c, s);
                 pthread_mutex_unlock(&c->lock);
                 return;
             }
         }
     }
+}
+
+/* ------------------------------------------------------------ out of memory */
+
+static void human(char *buf, size_t n, uint64_t b)
+{
+    if (b >= (1ull << 30))
+        snprintf(buf, n, "%.2f GiB", (double)b / (double)(1ull << 30));
+    else
+        snprintf(buf, n, "%.2f MiB", (double)b / (double)(1ull << 20));
+}
+
+fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAllocationHandle *out)
+{
+    fabpool_status st = fp_chunk_create(h->ch, size, out);
+    if (st != FABPOOL_ERR_OUT_OF_MEMORY)
+        return st;
+    /* what the heap caches goes back to the driver, then one more try */
+    uint64_t idle = atomic_load(&h->idle_bytes);
+    if (idle) {
+        fp_heap_trim_locked(h, 0);
+        atomic_fetch_add(&h->oom_retries, 1);
+        st = fp_chunk_create(h->ch, size, out);
+    }
+    if (st == FABPOOL_ERR_OUT_OF_MEMORY) {
+        char a[32], m[32], c[32];
+        human(a, sizeof a, size);
+        human(m, sizeof m, atomic_load(&h->ch->mapped_bytes));
+        human(c, sizeof c, idle);
+        return fp_error(FABPOOL_ERR_OUT_OF_MEMORY,
+                        "device %d is out of memory: cuMemCreate of a %s chunk failed with "
+                        "CUDA_ERROR_OUT_OF_MEMORY; this pool maps %s, of which %s were cached and %s "
+                        "returned to the driver before one more try. Free or shrink buffers, or lower "
+                        "other users of the device",
+                        (int)h->ch->dev, a, m, c, idle ? "were" : "none could be");
+    }
+    return st;
+}
+
+fabpool_status fp_heap_chunk_map(fp_heap *h, uint64_t va, uint64_t size)
+{
+    CUmemGenericAllocationHandle hdl = 0;
+    fabpool_status st = fp_heap_chunk_create(h, size, &hdl);
+    if (st != FABPOOL_OK)
+        return st;
+    return fp_chunk_map_handle(h->ch, va, size, hdl, "a chunk");
 }
 
 /* The decay's clock: the coarse monotonic clock (a few ms of resolution,
@@ -660,48 +681,50 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-void fp_trim_policy(struct fabpool *p)
+void fp_heap_trim_policy(fp_heap *h)
 {
-    uint64_t idle = atomic_load_explicit(&p->idle_bytes, memory_order_relaxed);
+    uint64_t idle = atomic_load_explicit(&h->idle_bytes, memory_order_relaxed);
     if (idle == 0)
         return;
-    uint64_t limit = p->opt.cache_limit_bytes, decay = p->opt.decay_ms;
+    uint64_t limit = h->cache_limit, decay = h->decay_ms;
     if (decay == 0 || idle > limit) {
-        pthread_mutex_lock(&p->lock);
-        fp_trim_locked(p, decay == 0 ? 0 : limit);
-        pthread_mutex_unlock(&p->lock);
+        pthread_mutex_lock(h->lock);
+        fp_heap_trim_locked(h, decay == 0 ? 0 : limit);
+        pthread_mutex_unlock(h->lock);
         if (decay == 0)
             return;
     }
     /* decay: what stayed idle through a whole period goes back to the driver */
-    uint64_t t = now_ns(), epoch = atomic_load_explicit(&p->decay_epoch_ns, memory_order_relaxed);
+    uint64_t t = now_ns(), epoch = atomic_load_explicit(&h->decay_epoch_ns, memory_order_relaxed);
     if (t - epoch < decay * 1000000ull ||
-        !atomic_compare_exchange_strong_explicit(&p->decay_epoch_ns, &epoch, t, memory_order_relaxed,
+        !atomic_compare_exchange_strong_explicit(&h->decay_epoch_ns, &epoch, t, memory_order_relaxed,
                                                  memory_order_relaxed))
         return;
-    pthread_mutex_lock(&p->lock);
-    uint64_t low = atomic_load(&p->idle_low);
-    idle = atomic_load(&p->idle_bytes);
+    pthread_mutex_lock(h->lock);
+    uint64_t low = atomic_load(&h->idle_low);
+    idle = atomic_load(&h->idle_bytes);
     if (low)
-        fp_trim_locked(p, idle > low ? idle - low : 0);
-    atomic_store(&p->idle_low, atomic_load(&p->idle_bytes));
-    pthread_mutex_unlock(&p->lock);
+        fp_heap_trim_locked(h, idle > low ? idle - low : 0);
+    atomic_store(&h->idle_low, atomic_load(&h->idle_bytes));
+    pthread_mutex_unlock(h->lock);
 }
 
-void fp_classes_destroy(struct fabpool *p)
+void fp_heap_destroy(fp_heap *h)
 {
-    while (p->spans) {
-        fp_span *s = p->spans;
-        if (span_release(p, s) != FABPOOL_OK) {
+    if (!h->meta)
+        return; /* never set up */
+    while (h->spans) {
+        fp_span *s = h->spans;
+        if (span_release(h, s) != FABPOOL_OK) {
             /* the driver refused the unmap: drop the metadata anyway, the
              * reservation is freed next and the message says what failed */
-            all_remove(p, s);
-            span_free_meta(p, s);
+            FP_LIST_REMOVE(&h->spans, s, all_next, all_prev);
+            span_free_meta(h, s);
         }
     }
-    large_destroy(p);
+    large_destroy(h);
     for (unsigned cls = 0; cls < FP_NCLASS; cls++) {
-        fp_class *c = &p->classes[cls];
+        fp_class *c = &h->classes[cls];
         pthread_mutex_destroy(&c->lock);
     }
 }

@@ -5,8 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
 #include "pool.h"
+
+#include "conf.h"
+#include "error.h"
 
 static uint64_t ld(_Atomic uint64_t *a) { return atomic_load_explicit(a, memory_order_relaxed); }
 
@@ -21,15 +23,16 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
     /* live large blocks by the class of the grid their size falls in */
     uint64_t large_live[FP_NCLASS];
     memset(large_live, 0, sizeof large_live);
-    for (fp_span *sp = p->large_live; sp; sp = sp->next) {
+    for (fp_span *sp = p->heap.large_live; sp; sp = sp->next) {
         unsigned b = fp_class_of(sp->size);
         large_live[b < FP_NCLASS ? b : FP_NCLASS - 1]++;
     }
     for (unsigned c = 0; c < FP_NCLASS && row < FABPOOL_NUM_CLASSES; c++) {
-        fp_class *k = &p->classes[c];
-        if (c < p->n_slab_classes) {
-            uint64_t allocs = ld(&k->allocs) + ld(&k->tc_allocs), frees = ld(&k->frees) + ld(&k->tc_frees);
-            for (fp_tcache *tc = p->tcaches; tc; tc = tc->next) {
+        fp_class *k = &p->heap.classes[c];
+        if (c < p->heap.n_slab_classes) {
+            fp_class_counts *n = &p->alloc.counts[c];
+            uint64_t allocs = ld(&n->allocs) + ld(&n->tc_allocs), frees = ld(&n->frees) + ld(&n->tc_frees);
+            for (fp_tcache *tc = p->alloc.tcaches; tc; tc = tc->next) {
                 allocs += ld(&tc->allocs[c]);
                 frees += ld(&tc->frees[c]);
             }
@@ -49,7 +52,7 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
             blocks += in_use;
         } else {
             /* large blocks: no class, their free memory is in cached_bytes */
-            uint64_t allocs = ld(&p->large_allocs[c]);
+            uint64_t allocs = ld(&p->heap.large_allocs[c]);
             if (!allocs && !large_live[c])
                 continue;
             fabpool_class_stats *cs = &s->classes[row++];
@@ -59,33 +62,33 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
             blocks += large_live[c];
         }
     }
-    s->reserved_bytes = p->va_size;
-    s->mapped_bytes = ld(&p->mapped_bytes);
-    s->mapped_bytes_peak = ld(&p->mapped_peak);
-    s->in_use_bytes = small_in_use + ld(&p->large_in_use_bytes) + ld(&p->buffer_bytes);
+    s->reserved_bytes = p->va.size;
+    s->mapped_bytes = ld(&p->ch.mapped_bytes);
+    s->mapped_bytes_peak = ld(&p->ch.mapped_peak);
+    s->in_use_bytes = small_in_use + ld(&p->heap.large_in_use_bytes) + ld(&p->bufs.bytes);
     uint64_t peak = ld(&p->in_use_peak);
     if (s->in_use_bytes > peak)
         atomic_store(&p->in_use_peak, peak = s->in_use_bytes);
     s->in_use_bytes_peak = peak;
-    s->retiring_bytes = ld(&p->retiring_bytes);
-    s->view_bytes = ld(&p->view_bytes);
-    s->held_for_peers_bytes = ld(&p->ghost_bytes);
+    s->retiring_bytes = ld(&p->bufs.retiring_bytes);
+    s->view_bytes = ld(&p->views.bytes);
+    s->held_for_peers_bytes = ld(&p->bufs.ghost_bytes);
     uint64_t held = s->in_use_bytes + s->retiring_bytes + s->view_bytes;
     s->cached_bytes = s->mapped_bytes > held ? s->mapped_bytes - held : 0;
-    s->buffers = ld(&p->buffer_count);
+    s->buffers = ld(&p->bufs.count);
     s->blocks = blocks;
-    s->chunks_mapped = ld(&p->chunks_mapped);
-    s->chunks_mapped_total = ld(&p->chunks_mapped_total);
-    s->chunks_unmapped_total = ld(&p->chunks_unmapped_total);
-    s->handles_outstanding = ld(&p->handles_outstanding);
-    s->exported_fds_open = ld(&p->exported_fds);
-    s->oom_retries = ld(&p->oom_retries);
+    s->chunks_mapped = ld(&p->ch.chunks_mapped);
+    s->chunks_mapped_total = ld(&p->ch.chunks_mapped_total);
+    s->chunks_unmapped_total = ld(&p->ch.chunks_unmapped_total);
+    s->handles_outstanding = ld(&p->ch.handles_outstanding);
+    s->exported_fds_open = ld(&p->ch.exported_fds);
+    s->oom_retries = ld(&p->heap.oom_retries);
     s->metadata_bytes = ld(&p->meta.bytes);
     s->metadata_jemalloc = p->meta.jemalloc;
     s->metadata_arena = p->meta.arena;
     pthread_mutex_unlock(&p->lock);
     for (int i = 0; i < FP_DRV_COUNT && i < FABPOOL_NUM_DRIVER_CALLS; i++) {
-        s->driver_calls[i] = ld(&p->calls.n[i]);
+        s->driver_calls[i] = ld(&p->ch.calls.n[i]);
         s->driver_call_names[i] = fp_drv_name(i);
     }
     return FABPOOL_OK;
@@ -113,7 +116,7 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
                    ",\"chunks_unmapped_total\":%" PRIu64 ",\"handles_outstanding\":%" PRIu64
                    ",\"exported_fds_open\":%" PRIu64 ",\"oom_retries\":%" PRIu64 ",\"metadata_bytes\":%" PRIu64
                    ",\"metadata_allocator\":\"%s\",\"driver_calls\":{",
-                p->opt.device, fp_handle_type_name(p->handle_type), s.reserved_bytes, s.mapped_bytes,
+                p->opt.device, fp_handle_type_name(p->ch.handle_type), s.reserved_bytes, s.mapped_bytes,
                 s.mapped_bytes_peak, s.in_use_bytes, s.in_use_bytes_peak, s.cached_bytes, s.retiring_bytes,
                 s.view_bytes, s.held_for_peers_bytes, s.buffers, s.blocks, s.chunks_mapped, s.chunks_mapped_total, s.chunks_unmapped_total,
                 s.handles_outstanding, s.exported_fds_open, s.oom_retries, s.metadata_bytes,
@@ -135,7 +138,7 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
         return FABPOOL_OK;
     }
     fprintf(f, "fabpool: device %d, handle type %s, metadata in %s (%" PRIu64 " bytes)\n", p->opt.device,
-            fp_handle_type_name(p->handle_type), s.metadata_jemalloc ? "a private jemalloc arena" : "libc",
+            fp_handle_type_name(p->ch.handle_type), s.metadata_jemalloc ? "a private jemalloc arena" : "libc",
             s.metadata_bytes);
     mib(f, "reserved", s.reserved_bytes);
     mib(f, "mapped", s.mapped_bytes);

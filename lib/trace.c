@@ -18,9 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "pool.h"
 #include "trace.h"
+
+#include "error.h"
 
 #define TRACE_BUF_RECORDS 4096u  /* 160 KiB a pool */
 #define TRACE_PATH_CAP (FABPOOL_TRACE_PATH_MAX + 64)
@@ -151,9 +151,8 @@ static void install_hooks(void)
     pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
-void fp_trace_record(struct fabpool *p, unsigned op, uint64_t ptr, uint64_t size, uint64_t arg, unsigned status)
+void fp_trace_record(struct fp_trace *t, unsigned op, uint64_t ptr, uint64_t size, uint64_t arg, unsigned status)
 {
-    struct fp_trace *t = p->trace;
     if (atomic_load_explicit(&t->dead, memory_order_relaxed))
         return;
     if (!my_thread)
@@ -174,13 +173,6 @@ void fp_trace_record(struct fabpool *p, unsigned op, uint64_t ptr, uint64_t size
     if (++t->used == TRACE_BUF_RECORDS)
         flush_locked(t);
     pthread_mutex_unlock(&t->lock);
-}
-
-fabpool_status fp_trace_alloc(struct fabpool *p, size_t size, void **out, fp_trace_alloc_fn alloc)
-{
-    fabpool_status st = alloc(p, size, out);
-    fp_trace_record(p, FP_TR_ALLOC, st == FABPOOL_OK && out ? (uint64_t)(uintptr_t)*out : 0, size, 0, (unsigned)st);
-    return st;
 }
 
 /* ------------------------------------------------------------ open, close */
@@ -228,27 +220,28 @@ static int expand(const char *in, int device, char *out, size_t cap)
     return 0;
 }
 
-fabpool_status fp_trace_open(struct fabpool *p)
+fabpool_status fp_trace_open(const fabpool_options *o, uint64_t gran, struct fp_trace **out)
 {
-    if (!p->opt.trace_path[0])
+    *out = NULL;
+    if (!o->trace_path[0])
         return FABPOOL_OK;
     pthread_once(&hooks_once, install_hooks);
     struct fp_trace *t = calloc(1, sizeof *t);
     if (!t)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the trace buffer (%zu bytes)", sizeof *t);
     char base[TRACE_PATH_CAP];
-    if (expand(p->opt.trace_path, p->opt.device, base, sizeof base - 16) != 0) {
+    if (expand(o->trace_path, o->device, base, sizeof base - 16) != 0) {
         free(t);
         return fp_error(FABPOOL_ERR_CONFIG, "trace path '%s': too long once %%p and %%d are replaced (at most %d "
-                        "bytes); choose a shorter path", p->opt.trace_path, TRACE_PATH_CAP - 17);
+                        "bytes); choose a shorter path", o->trace_path, TRACE_PATH_CAP - 17);
     }
     /* a second pool of this process on the same path writes to path.2, ... */
     pthread_mutex_lock(&traces_lock);
     snprintf(t->path, sizeof t->path, "%s", base);
     for (unsigned k = 2;; k++) {
         int taken = 0;
-        for (struct fp_trace *o = traces; o && !taken; o = o->next)
-            taken = !o->finished && strcmp(o->path, t->path) == 0;
+        for (struct fp_trace *q = traces; q && !taken; q = q->next)
+            taken = !q->finished && strcmp(q->path, t->path) == 0;
         if (!taken)
             break;
         char sfx[16];
@@ -268,9 +261,9 @@ fabpool_status fp_trace_open(struct fabpool *p)
         return st;
     }
     t->hdr.version = FP_TRACE_VERSION;
-    t->hdr.device = p->opt.device;
-    t->hdr.granularity = p->gran;
-    t->hdr.slab_max = p->opt.slab_max_bytes;
+    t->hdr.device = o->device;
+    t->hdr.granularity = gran;
+    t->hdr.slab_max = o->slab_max_bytes;
     t->hdr.n_records = FP_TRACE_OPEN;
     t->hdr.checksum = 0;
     t->hdr.pid = (uint32_t)getpid();
@@ -293,16 +286,14 @@ fabpool_status fp_trace_open(struct fabpool *p)
         traces->prev = t;
     traces = t;
     pthread_mutex_unlock(&traces_lock);
-    p->trace = t;
+    *out = t;
     return FABPOOL_OK;
 }
 
-void fp_trace_close(struct fabpool *p)
+void fp_trace_close(struct fp_trace *t)
 {
-    struct fp_trace *t = p->trace;
     if (!t)
         return;
-    p->trace = NULL;
     pthread_mutex_lock(&traces_lock);
     pthread_mutex_lock(&t->lock);
     finish_locked(t);
@@ -318,4 +309,4 @@ void fp_trace_close(struct fabpool *p)
     free(t);
 }
 
-const char *fp_trace_path(const struct fabpool *p) { return p && p->trace ? p->trace->path : NULL; }
+const char *fp_trace_path(const struct fp_trace *t) { return t ? t->path : NULL; }

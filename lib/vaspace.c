@@ -3,19 +3,9 @@
 
 #include <string.h>
 
-static int grow(fp_vaspace *v)
-{
-    size_t cap = v->cap ? v->cap * 2 : 16;
-    fp_range *r = fp_meta_alloc(v->meta, cap * sizeof *r);
-    if (!r)
-        return -1;
-    if (v->n)
-        memcpy(r, v->free, v->n * sizeof *r);
-    fp_meta_free(v->meta, v->free, v->cap * sizeof *r);
-    v->free = r;
-    v->cap = cap;
-    return 0;
-}
+#include "array.h"
+
+static int grow(fp_vaspace *v) { return FP_ARRAY_RESERVE(v->meta, v->free, v->n, v->cap, v->n + 1, 16); }
 
 int fp_va_init(fp_vaspace *v, fp_meta *meta, uint64_t base, uint64_t size)
 {
@@ -33,8 +23,36 @@ int fp_va_init(fp_vaspace *v, fp_meta *meta, uint64_t base, uint64_t size)
 
 void fp_va_destroy(fp_vaspace *v)
 {
-    fp_meta_free(v->meta, v->free, v->cap * sizeof *v->free);
+    FP_ARRAY_FREE(v->meta, v->free, v->cap);
     memset(v, 0, sizeof *v);
+}
+
+/* Takes [start, start + size) out of free range i, which holds it: 0, or -1
+ * if the list could not grow for the split. */
+static int cut(fp_vaspace *v, size_t i, uint64_t start, uint64_t size)
+{
+    fp_range *r = &v->free[i];
+    uint64_t end = r->start + r->size;
+    uint64_t head = start - r->start, tail = end - (start + size);
+    if (head && tail) {
+        if (v->n == v->cap && grow(v))
+            return -1;
+        r = &v->free[i];
+        memmove(&v->free[i + 2], &v->free[i + 1], (v->n - i - 1) * sizeof *r);
+        v->free[i + 1] = (fp_range){start + size, tail};
+        r->size = head;
+        v->n++;
+    } else if (head) {
+        r->size = head;
+    } else if (tail) {
+        r->start = start + size;
+        r->size = tail;
+    } else {
+        memmove(&v->free[i], &v->free[i + 1], (v->n - i - 1) * sizeof *r);
+        v->n--;
+    }
+    v->free_bytes -= size;
+    return 0;
 }
 
 uint64_t fp_va_alloc(fp_vaspace *v, uint64_t size, uint64_t align)
@@ -45,26 +63,7 @@ uint64_t fp_va_alloc(fp_vaspace *v, uint64_t size, uint64_t align)
         uint64_t end = r->start + r->size;
         if (start < r->start || start > end || end - start < size)
             continue;
-        uint64_t head = start - r->start, tail = end - (start + size);
-        if (head && tail) {
-            if (v->n == v->cap && grow(v))
-                return 0;
-            r = &v->free[i];
-            memmove(&v->free[i + 2], &v->free[i + 1], (v->n - i - 1) * sizeof *r);
-            v->free[i + 1] = (fp_range){start + size, tail};
-            r->size = head;
-            v->n++;
-        } else if (head) {
-            r->size = head;
-        } else if (tail) {
-            r->start = start + size;
-            r->size = tail;
-        } else {
-            memmove(&v->free[i], &v->free[i + 1], (v->n - i - 1) * sizeof *r);
-            v->n--;
-        }
-        v->free_bytes -= size;
-        return start;
+        return cut(v, i, start, size) == 0 ? start : 0;
     }
     return 0;
 }
@@ -129,28 +128,7 @@ int fp_va_take(fp_vaspace *v, uint64_t start, uint64_t size)
     if (lo == 0)
         return -1;
     size_t i = lo - 1;
-    fp_range *r = &v->free[i];
-    uint64_t end = r->start + r->size;
-    if (start + size > end)
+    if (start + size > v->free[i].start + v->free[i].size)
         return -1;
-    uint64_t head = start - r->start, tail = end - (start + size);
-    if (head && tail) {
-        if (v->n == v->cap && grow(v))
-            return -1;
-        r = &v->free[i];
-        memmove(&v->free[i + 2], &v->free[i + 1], (v->n - i - 1) * sizeof *r);
-        v->free[i + 1] = (fp_range){start + size, tail};
-        r->size = head;
-        v->n++;
-    } else if (head) {
-        r->size = head;
-    } else if (tail) {
-        r->start = start + size;
-        r->size = tail;
-    } else {
-        memmove(&v->free[i], &v->free[i + 1], (v->n - i - 1) * sizeof *r);
-        v->n--;
-    }
-    v->free_bytes -= size;
-    return 0;
+    return cut(v, i, start, size);
 }

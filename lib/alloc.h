@@ -1,0 +1,83 @@
+/* alloc.h - fabpool_alloc / fabpool_free: the hot path through per-thread
+ * caches, the slow path to the heap's classes and large blocks, and the
+ * thread caches' life.
+ *
+ * Calls: slab (classes, large blocks, trim policy), pagemap (the free's
+ * lookup), meta, array, list, sizeclass, trace, error.  Counters it owns:
+ * blocks given out and taken back per class, with and without a thread
+ * cache.
+ *
+ * fabpool_t, to this layer, is its fp_alloc: struct fabpool begins with one
+ * (pool.c asserts it), so that the public entry points of this file reach
+ * their state with a cast, with neither a call nor the pool's header on the
+ * hot path.
+ *
+ * Locking: the pool lock (a->lock) guards the list of caches; the registry
+ * of live pools has its own lock, taken before the pool lock (a thread that
+ * exits retires its caches under it). */
+#ifndef FP_ALLOC_H
+#define FP_ALLOC_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "pagemap.h"
+#include "slab.h"
+
+struct fp_trace;
+
+typedef struct fp_bin {
+    uint32_t n, cap;
+    fp_item *items;
+} fp_bin;
+
+/* A thread's cache for one pool.  Only its thread writes it (counters are
+ * atomics so that stats can read them). */
+typedef struct fp_tcache {
+    struct fp_alloc *owner;
+    struct fp_tcache *next, *prev;     /* the pool's list */
+    uint64_t epoch;
+    size_t bytes;                      /* its own allocation size */
+    _Atomic uint64_t allocs[FP_NCLASS], frees[FP_NCLASS];
+    fp_bin bins[];                     /* one per slab class */
+} fp_tcache;
+
+/* Blocks of one class given out and taken back without a thread cache, and
+ * folded in from thread caches that were freed. */
+typedef struct fp_class_counts {
+    _Atomic uint64_t allocs, frees, tc_allocs, tc_frees;
+} __attribute__((aligned(FP_CACHELINE))) fp_class_counts;
+
+typedef struct fp_alloc {
+    /* what the hot path reads */
+    const fp_pagemap *map;
+    uint64_t id;                       /* unique for the life of the process: a thread's slot must match it */
+    uint64_t slab_max;
+    struct fp_trace *trace;            /* NULL: none */
+    _Atomic uint64_t flush_epoch;      /* a trim asks every cache to flush at its next call */
+    /* the rest */
+    fp_heap *heap;
+    fp_meta *meta;
+    pthread_mutex_t *lock;             /* the pool lock */
+    int thread_cache;                  /* the option */
+    unsigned n_slab_classes;
+    uint32_t tc_cap[FP_NCLASS];        /* thread-cache bin capacity per class */
+    size_t tcache_bytes;
+    fp_tcache *tcaches;
+    fp_class_counts counts[FP_NCLASS];
+} fp_alloc;
+
+/* Sets up the caches' capacities from the heap's classes. */
+void fp_alloc_init(fp_alloc *a, fp_heap *heap, const fp_pagemap *map, int thread_cache);
+/* A unique id and a place in the registry of live pools: 0, or -1 without host memory. */
+int fp_registry_add(fp_alloc *a);
+/* Out of the registry first at destroy: exiting threads no longer touch it. */
+void fp_registry_remove(fp_alloc *a);
+/* A trim: the calling thread's caches flushed now, every other thread's at
+ * its next call. */
+void fp_alloc_flush_all(fp_alloc *a);
+/* Pool destroy: folds and frees every cache. */
+void fp_tcaches_destroy(fp_alloc *a);
+
+#endif

@@ -1,0 +1,83 @@
+/* chunk.h - physical chunks of one device: created, mapped, given access,
+ * released at once (so that the mapping alone keeps the memory and an unmap
+ * frees it), exported and imported as shareable handles.  The layer that
+ * owns a pool's device: its context, its driver-call counters, what its
+ * chunks are made as, and the counters of what the driver holds for it
+ * (mapped bytes, chunks, handles, exported fds), which only chunk.c writes.
+ *
+ * Calls: driver, error.  No retry here: a cuMemCreate that fails with
+ * CUDA_ERROR_OUT_OF_MEMORY returns FABPOOL_ERR_OUT_OF_MEMORY, and the
+ * callers that hold cached memory (slab.c) trim and try again.
+ *
+ * Callers hold the pool lock for map and unmap (the page map and address
+ * space they go with are under it); the counters are atomics. */
+#ifndef FP_CHUNK_H
+#define FP_CHUNK_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "driver.h"
+#include "fabpool.h"
+
+typedef struct fp_chunks {
+    fp_drv_counters calls;             /* every driver call made for the pool */
+    int device;                        /* the ordinal, as the options give it */
+    CUdevice dev;
+    CUcontext ctx;                     /* the device's primary context (retained) */
+    fabpool_handle_type handle_type;   /* chosen at creation */
+    CUmemAllocationHandleType cu_handle_types;
+    unsigned char rdma;                /* chunks made with allocFlags.gpuDirectRDMACapable */
+    int dmabuf_supported;              /* CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED */
+    int n_peers;                       /* devices given access too */
+    int peers[FABPOOL_MAX_PEERS];
+    /* what the driver holds for the pool */
+    _Atomic uint64_t mapped_bytes, mapped_peak, chunks_mapped, chunks_mapped_total, chunks_unmapped_total;
+    _Atomic uint64_t handles_outstanding, exported_fds;
+} fp_chunks;
+
+/* What every chunk is made as: pinned device memory of the device, with its
+ * shareable handle types, GPUDirect RDMA capable if rdma chose it. */
+CUmemAllocationProp fp_chunk_prop(const fp_chunks *ch);
+
+/* Decides ch->rdma from the rdma option and the device's attributes (rdma:on
+ * on a device without GPUDirect RDMA with VMM fails), and reads whether the
+ * device exports dma-bufs. */
+fabpool_status fp_chunk_choose_rdma(fp_chunks *ch, fabpool_rdma want);
+
+/* cuMemCreate of a chunk; the handle is counted in handles_outstanding.
+ * FABPOOL_ERR_OUT_OF_MEMORY when the device has no memory left: no retry. */
+fabpool_status fp_chunk_create(fp_chunks *ch, uint64_t size, CUmemGenericAllocationHandle *out);
+/* Maps handle h at va and gives the device and its peers access; on failure
+ * nothing stays mapped.  h is left as it was (not released). */
+fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
+                                   const char *what);
+/* Maps handle h (counted) at va with access and releases it at once; h is
+ * released whatever the outcome, and on failure nothing stays mapped. */
+fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
+                                   const char *what);
+/* Counts a mapping of size bytes that the pool now keeps (map_access does not). */
+void fp_chunk_count_mapped(fp_chunks *ch, uint64_t size);
+/* Releases h (counted in handles_outstanding), tried twice. */
+CUresult fp_chunk_release(fp_chunks *ch, CUmemGenericAllocationHandle h);
+/* Unmaps a chunk the pool counted as mapped. */
+fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size);
+/* A handle of the chunk mapped at va (cuMemRetainAllocationHandle), counted. */
+fabpool_status fp_chunk_retain(fp_chunks *ch, uint64_t va, CUmemGenericAllocationHandle *out, const char *what);
+
+/* Exports the chunk mapped at va as the pool's shareable handle type: for
+ * fabric into *fabric (FP_DESC_FABRIC_BYTES), else an fd into *fd, counted
+ * in exported_fds until fp_chunk_close_fd.  The handle taken for it is
+ * released at once (the mapping and the fd keep the memory). */
+fabpool_status fp_chunk_export(fp_chunks *ch, uint64_t va, uint64_t size, int *fd, CUmemFabricHandle *fabric);
+/* Closes an fd fp_chunk_export gave, if *fd >= 0, and sets it to -1. */
+void fp_chunk_close_fd(fp_chunks *ch, int *fd);
+/* Imports a peer's handle (an fd, or a fabric handle), counted. */
+CUresult fp_chunk_import(fp_chunks *ch, fabpool_handle_type type, int fd, const CUmemFabricHandle *fabric,
+                         CUmemGenericAllocationHandle *out);
+
+/* Makes the device's primary context current; *saved to give back to fp_ctx_pop. */
+fabpool_status fp_ctx_push(fp_chunks *ch, CUcontext *saved);
+void fp_ctx_pop(fp_chunks *ch, CUcontext saved);
+
+#endif

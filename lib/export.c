@@ -1,0 +1,144 @@
+/* export.c - a buffer out to other processes (export.h): descriptors,
+ * the pool's copies of exported fds, and the peers' acknowledgements. */
+#include "export.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#include "chunk.h"
+#include "conf.h"
+#include "desc.h"
+#include "error.h"
+
+/* ------------------------------------------------------------ export */
+
+/* Exports chunk c once: retain its handle, export, release at once (chunk.c). */
+static fabpool_status export_chunk(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c)
+{
+    int fabric = bs->ch->handle_type == FABPOOL_HANDLE_FABRIC;
+    if (fabric ? c->has_fabric : c->fd >= 0)
+        return FABPOOL_OK;
+    fabpool_status st = fp_chunk_export(bs->ch, b->base + c->off, c->size, &c->fd, fabric ? &c->fabric : NULL);
+    if (st == FABPOOL_OK && fabric)
+        c->has_fabric = 1;
+    return st;
+}
+
+fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *desc, size_t cap, size_t *len,
+                                     int *fds, size_t fd_cap, size_t *nfds)
+{
+    if (!b || !len || !nfds)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: the buffer, len or nfds is NULL");
+    fp_buffers *bs = b->owner;
+    if (bs->ch->handle_type != FABPOOL_HANDLE_POSIX_FD && bs->ch->handle_type != FABPOOL_HANDLE_FABRIC)
+        return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "fabpool_buffer_export: the pool's handle type is %s: create it "
+                        "with handle_type:posix_fd, fabric or auto to share its buffers",
+                        fp_handle_type_name(bs->ch->handle_type));
+    pthread_mutex_lock(bs->lock);
+    fabpool_status st = FABPOOL_OK;
+    if (b->destroyed) {
+        st = fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: the buffer is destroyed");
+        goto out;
+    }
+    if (since > b->generation) {
+        st = fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: since %llu is past the buffer's generation "
+                      "%llu", (unsigned long long)since, (unsigned long long)b->generation);
+        goto out;
+    }
+    size_t n = 0;
+    for (uint32_t i = 0; i < b->n; i++)
+        n += !b->chunks[i].retiring && b->chunks[i].gen > since;
+    int posix = bs->ch->handle_type == FABPOOL_HANDLE_POSIX_FD;
+    *len = fabpool_desc_size(n);
+    *nfds = posix ? n : 0;
+    if (!desc || cap < *len || (posix && (!fds || fd_cap < n))) {
+        st = fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_export: the descriptor takes %zu bytes and %zu fds; the "
+                      "caller gave room for %zu and %zu", *len, *nfds, cap, fd_cap);
+        goto out;
+    }
+    uint8_t *d = desc;
+    memset(d, 0, *len);
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < b->n; i++) {
+        fp_bchunk *c = &b->chunks[i];
+        if (c->retiring || c->gen <= since)
+            continue;
+        if ((st = export_chunk(bs, b, c)) != FABPOOL_OK)
+            goto out;
+        fp_desc_rec r = {.off = c->off, .size = c->size, .gen = c->gen, .fd_index = k};
+        if (posix)
+            fds[k] = c->fd;
+        else
+            memcpy(r.fabric, &c->fabric, sizeof r.fabric);
+        fp_desc_put_record(d, k, &r);
+        c->named = b->generation;
+        k++;
+    }
+    fp_desc h = {.n = (uint32_t)n, .handle_type = (uint32_t)bs->ch->handle_type, .generation = b->generation,
+                 .since = since, .window = b->window, .live = b->live, .uid = b->uid, .pid = (int)getpid(),
+                 .device = bs->ch->device, .gran = bs->gran};
+    fp_desc_put_header(d, &h);
+    if (b->acked == UINT64_MAX && b->generation > 0)
+        b->acked = b->generation - 1; /* a new peer after "no peer is left": it maps what this names */
+    b->shared = 1;
+    b->exported_gen = b->generation;
+out:
+    pthread_mutex_unlock(bs->lock);
+    return st;
+}
+
+fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *b)
+{
+    if (!b)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export_done: the buffer is NULL");
+    fp_buffers *bs = b->owner;
+    pthread_mutex_lock(bs->lock);
+    for (uint32_t i = 0; i < b->n; i++)
+        fp_chunk_close_fd(bs->ch, &b->chunks[i].fd);
+    pthread_mutex_unlock(bs->lock);
+    return FABPOOL_OK;
+}
+
+/* Records that every peer has applied `generation`, and unmaps what they no
+ * longer need.  Pool lock held. */
+static fabpool_status ack_locked(fp_buffers *bs, struct fabpool_buffer *b, uint64_t generation, const char *fn)
+{
+    if (generation != UINT64_MAX && generation > b->generation)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: generation %llu was never issued (the buffer is at generation "
+                        "%llu, its last descriptor has %llu): acknowledge the generation a peer applied, or "
+                        "UINT64_MAX when no peer is left", fn, (unsigned long long)generation,
+                        (unsigned long long)b->generation, (unsigned long long)b->exported_gen);
+    if (generation > b->acked || generation == UINT64_MAX)
+        b->acked = generation;
+    return fp_collect_locked(bs, 0);
+}
+
+fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *b, uint64_t generation)
+{
+    if (!b)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is NULL");
+    fp_buffers *bs = b->owner;
+    pthread_mutex_lock(bs->lock);
+    fabpool_status st = b->destroyed ? fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is "
+                                                "destroyed; acknowledge by its export id (fabpool_peers_ack)")
+                                     : ack_locked(bs, b, generation, "fabpool_buffer_peers_ack");
+    pthread_mutex_unlock(bs->lock);
+    return st;
+}
+
+fabpool_status fp_buffers_peers_ack(fp_buffers *bs, uint64_t export_id, uint64_t generation)
+{
+    if (!bs)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_peers_ack: the pool is NULL");
+    pthread_mutex_lock(bs->lock);
+    struct fabpool_buffer *b = bs->list;
+    while (b && b->uid != export_id)
+        b = b->next;
+    fabpool_status st = b ? ack_locked(bs, b, generation, "fabpool_peers_ack")
+                          : fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_peers_ack: no buffer of this pool has export id "
+                                     "0x%llx (a destroyed buffer whose memory is all gone needs no more acks)",
+                                     (unsigned long long)export_id);
+    pthread_mutex_unlock(bs->lock);
+    return st;
+}
+

@@ -1,0 +1,364 @@
+/* view.c - a peer's buffer in this process (view.h). */
+#define _GNU_SOURCE /* syscall(SYS_kcmp) */
+#include "view.h"
+
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "array.h"
+#include "desc.h"
+#include "error.h"
+#include "list.h"
+
+_Static_assert(sizeof(CUmemFabricHandle) == FP_DESC_FABRIC_BYTES, "a record holds one fabric handle");
+
+/* ------------------------------------------------------------ views */
+
+static void close_fds(const int *fds, size_t n)
+{
+    for (size_t i = 0; fds && i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+}
+
+/* Two fds that are one open file (the same fd sent twice, or a dup): kcmp
+ * says so where the kernel offers it (1 same, 0 not, -1 cannot tell). */
+static int same_file(int a, int b)
+{
+#ifdef SYS_kcmp
+    long r = syscall(SYS_kcmp, (long)getpid(), (long)getpid(), 0 /* KCMP_FILE */, (long)a, (long)b);
+    return r < 0 ? -1 : r == 0;
+#else
+    (void)a;
+    (void)b;
+    return -1;
+#endif
+}
+
+/* Imports the handle of record i (not mapped yet); counted in handles_outstanding. */
+static fabpool_status import_one(fp_views *vs, const fp_desc *ds, uint32_t i, const int *fds,
+                                 CUmemGenericAllocationHandle *h)
+{
+    fp_desc_rec r;
+    fp_desc_record(ds, i, &r);
+    CUmemFabricHandle fh;
+    memcpy(&fh, r.fabric, sizeof fh);
+    if (ds->handle_type == FABPOOL_HANDLE_POSIX_FD) {
+        for (uint32_t k = 0; k < i; k++)
+            if (fds[k] == fds[i] || same_file(fds[k], fds[i]) == 1)
+                return fp_desc_refuse("fds %llu and %llu are one file (the same fd given twice): each record needs "
+                                      "the fd of its own chunk", k, i);
+    }
+    CUresult cr = fp_chunk_import(vs->ch, (fabpool_handle_type)ds->handle_type,
+                                  ds->handle_type == FABPOOL_HANDLE_POSIX_FD ? fds[i] : -1, &fh, h);
+    if (cr != CUDA_SUCCESS)
+        return fp_drv_error(cr, "cuMemImportFromShareableHandle", "importing a chunk of %llu bytes at offset %llu of "
+                            "process %d's buffer%s", (unsigned long long)r.size, (unsigned long long)r.off, ds->pid,
+                            ds->handle_type == FABPOOL_HANDLE_FABRIC ? " (a fabric handle fails once its exporter "
+                            "has unmapped it, and needs an IMEX channel)" : "");
+    return FABPOOL_OK;
+}
+
+/* Maps imported handle h of record k at its offset in the view and releases
+ * it: the mapping keeps the memory.  A handle whose allocation is not the
+ * record's size (the driver maps whole handles only) is refused with
+ * FABPOOL_ERR_DESCRIPTOR: an fd of another chunk. */
+static fabpool_status map_one(fp_views *vs, fabpool_view_t *v, const fp_desc *ds, uint32_t k,
+                              CUmemGenericAllocationHandle h)
+{
+    fp_desc_rec r;
+    fp_desc_record(ds, k, &r);
+    uint64_t off = r.off, size = r.size;
+    fabpool_status st = fp_chunk_map_handle(vs->ch, v->base + off, size, h, "an imported chunk");
+    if (st == FABPOOL_OK)
+        atomic_fetch_add(&vs->bytes, size);
+    if (st != FABPOOL_OK && ds->handle_type == FABPOOL_HANDLE_POSIX_FD && strstr(fabpool_last_error(), "NOT_SUPPORTED"))
+        return fp_desc_refuse("fd %llu is not a chunk of the record's size (%llu bytes): the fds were swapped, or belong to "
+                        "another buffer", k, size);
+    return st;
+}
+
+/* Whether record k's range is free in the view now (no chunk there). */
+static int range_free(const fabpool_view_t *v, const fp_desc *ds, uint32_t k)
+{
+    fp_desc_rec r;
+    fp_desc_record(ds, k, &r);
+    uint64_t off = r.off, size = r.size;
+    for (uint32_t i = 0; i < v->n; i++)
+        if (off < v->chunks[i].off + v->chunks[i].size && v->chunks[i].off < off + size)
+            return 0;
+    return 1;
+}
+
+static fabpool_status view_unmap_at(fp_views *vs, fabpool_view_t *v, uint64_t off, uint64_t size)
+{
+    fabpool_status st = fp_chunk_unmap(vs->ch, v->base + off, size);
+    if (st == FABPOOL_OK)
+        atomic_fetch_sub(&vs->bytes, size);
+    return st;
+}
+
+static fabpool_status view_unmap(fp_views *vs, fabpool_view_t *v, uint32_t i)
+{
+    return view_unmap_at(vs, v, v->chunks[i].off, v->chunks[i].size);
+}
+
+/* The chunks the view keeps: those below `live` that no record replaces. */
+static int kept(const fabpool_view_t *v, uint32_t i, const fp_desc *ds)
+{
+    const fp_vchunk *c = &v->chunks[i];
+    if (c->off + c->size > ds->live)
+        return 0;
+    for (uint32_t k = 0; k < ds->n; k++) {
+        fp_desc_rec r;
+        fp_desc_record(ds, k, &r);
+        uint64_t off = r.off, size = r.size;
+        if (off < c->off + c->size && c->off < off + size)
+            return 0;
+    }
+    return 1;
+}
+
+/* Grows the view's chunk list to hold `need`. */
+static fabpool_status view_reserve(fp_views *vs, fabpool_view_t *v, uint32_t need)
+{
+    if (FP_ARRAY_RESERVE(vs->meta, v->chunks, v->n, v->cap, need, 8) != 0)
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a view's chunk list");
+    return FABPOOL_OK;
+}
+
+static void view_add(fabpool_view_t *v, const fp_desc *ds, uint32_t k)
+{
+    fp_desc_rec r;
+    fp_desc_record(ds, k, &r);
+    fp_vchunk c = {r.off, r.size, r.gen};
+    uint32_t i = v->n++;
+    for (; i > 0 && v->chunks[i - 1].off > c.off; i--) /* sorted by offset */
+        v->chunks[i] = v->chunks[i - 1];
+    v->chunks[i] = c;
+}
+
+/* Applies a parsed descriptor.  Every step that can fail on the peer's side
+ * comes first: every import, then the mapping of each new chunk whose range
+ * is free; only then are the dropped chunks unmapped and the chunks that
+ * replace them mapped.  A failed import or first mapping leaves the view
+ * exactly as it was. */
+static fabpool_status apply_locked(fabpool_view_t *v, const fp_desc *ds, const int *fds)
+{
+    fp_views *vs = v->owner;
+    if (ds->uid != v->uid || ds->window != v->window || ds->handle_type != v->handle_type)
+        return fp_desc_refuse("it describes another buffer (uid %llx, the view's is %llx)", ds->uid, v->uid);
+    if (ds->since > v->generation)
+        return fp_desc_refuse("it is a delta since generation %llu, but the view is at %llu: ask the exporter for a "
+                        "delta since the view's generation", ds->since, v->generation);
+    if (ds->generation < v->generation)
+        return fp_desc_refuse("it is older (generation %llu) than the view (%llu)", ds->generation, v->generation);
+    /* the chunks after the apply must cover [0, live) exactly: check first */
+    uint64_t covered = 0;
+    for (uint32_t i = 0; i < v->n; i++)
+        if (kept(v, i, ds))
+            covered += v->chunks[i].size;
+    for (uint32_t k = 0; k < ds->n; k++) {
+        fp_desc_rec r;
+        fp_desc_record(ds, k, &r);
+        covered += r.size;
+    }
+    if (covered != ds->live)
+        return fp_desc_refuse("after it the view would map %llu of the buffer's %llu live bytes: a delta is missing; "
+                        "apply a full descriptor (since 0)", covered, ds->live);
+    fabpool_status st = view_reserve(vs, v, v->n + ds->n);
+    if (st != FABPOOL_OK)
+        return st;
+    /* per record: its handle, and what became of it */
+    enum { HELD = 0, MAPPED = 1, GONE = 2, STACK = 64 };
+    CUmemGenericAllocationHandle hs[STACK], *h = hs;
+    uint8_t states[STACK], *state = states;
+    if (ds->n > STACK) {
+        h = fp_meta_alloc(vs->meta, ds->n * (sizeof *h + 1));
+        if (!h)
+            return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to import %u chunks", ds->n);
+        state = (uint8_t *)(h + ds->n);
+    }
+    memset(state, GONE, ds->n);
+    uint32_t k;
+    for (k = 0; k < ds->n; k++) {
+        if ((st = import_one(vs, ds, k, fds, &h[k])) != FABPOOL_OK)
+            goto undo;
+        state[k] = HELD;
+    }
+    for (k = 0; k < ds->n; k++) {
+        if (!range_free(v, ds, k))
+            continue;
+        st = map_one(vs, v, ds, k, h[k]);
+        state[k] = st == FABPOOL_OK ? MAPPED : GONE;
+        if (st != FABPOOL_OK)
+            goto undo;
+    }
+    /* from here on the view changes: drop what goes, then map what replaces it */
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < v->n; i++) {
+        if (kept(v, i, ds) || st != FABPOOL_OK || (st = view_unmap(vs, v, i)) != FABPOOL_OK)
+            v->chunks[w++] = v->chunks[i];
+    }
+    v->n = w;
+    for (k = 0; k < ds->n; k++) {
+        if (state[k] == HELD) {
+            fabpool_status s2 = st == FABPOOL_OK ? map_one(vs, v, ds, k, h[k]) : FABPOOL_ERR_DRIVER;
+            if (st != FABPOOL_OK)
+                fp_chunk_release(vs->ch, h[k]);
+            else if (s2 != FABPOOL_OK)
+                st = s2;
+            state[k] = s2 == FABPOOL_OK ? MAPPED : GONE;
+        }
+        if (state[k] == MAPPED)
+            view_add(v, ds, k);
+    }
+    if (st == FABPOOL_OK) {
+        v->live = ds->live;
+        v->generation = ds->generation;
+    } else {
+        fp_error_append(" (the view lost the chunks this descriptor replaces: apply a full descriptor)");
+    }
+    goto out;
+
+undo:
+    /* the view is untouched but for this apply's first mappings: take them back */
+    for (k = 0; k < ds->n; k++) {
+        if (state[k] == HELD)
+            fp_chunk_release(vs->ch, h[k]);
+        else if (state[k] == MAPPED) {
+            fp_desc_rec r;
+            fp_desc_record(ds, k, &r);
+            (void)view_unmap_at(vs, v, r.off, r.size);
+        }
+    }
+out:
+    if (h != hs)
+        fp_meta_free(vs->meta, h, ds->n * (sizeof *h + 1));
+    return st;
+}
+
+void fp_views_init(fp_views *vs, fp_chunks *ch, fp_vaspace *va, fp_meta *meta, pthread_mutex_t *lock, uint64_t gran)
+{
+    vs->ch = ch;
+    vs->va = va;
+    vs->meta = meta;
+    vs->lock = lock;
+    vs->gran = gran;
+}
+
+fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const int *fds, size_t nfds,
+                            fabpool_view_t **out)
+{
+    if (!vs || !out) {
+        close_fds(fds, nfds);
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_open: the pool or the output pointer is NULL");
+    }
+    *out = NULL;
+    fp_desc ds;
+    fabpool_status st = fp_desc_parse(desc, len, nfds, &ds);
+    if (st == FABPOOL_OK && ds.since != 0)
+        st = fp_desc_refuse("a first view needs a full descriptor (since 0), this is a delta since %llu (of %llu)",
+                      ds.since, ds.generation);
+    if (st == FABPOOL_OK && ds.gran != vs->gran && ds.gran % vs->gran)
+        st = fp_desc_refuse("its granularity %llu does not fit this pool's %llu", ds.gran, vs->gran);
+    fabpool_view_t *v = NULL;
+    if (st == FABPOOL_OK && !(v = fp_meta_alloc(vs->meta, sizeof *v)))
+        st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a view");
+    if (st != FABPOOL_OK) {
+        close_fds(fds, nfds);
+        return st;
+    }
+    v->owner = vs;
+    v->window = ds.window;
+    v->uid = ds.uid;
+    v->handle_type = ds.handle_type;
+    v->peer_pid = ds.pid;
+    v->peer_device = ds.device;
+    pthread_mutex_lock(vs->lock);
+    v->base = fp_va_alloc(vs->va, v->window, ds.gran > vs->gran ? ds.gran : vs->gran);
+    if (!v->base)
+        st = fp_error(FABPOOL_ERR_LIMIT, "fabpool_view_open: no free address range of %llu bytes left in the pool's "
+                      "reservation; raise reserve", (unsigned long long)v->window);
+    else if ((st = apply_locked(v, &ds, fds)) != FABPOOL_OK)
+        fp_va_free(vs->va, v->base, v->window);
+    if (st == FABPOOL_OK)
+        FP_LIST_PUSH(&vs->list, v, next, prev);
+    pthread_mutex_unlock(vs->lock);
+    close_fds(fds, nfds);
+    if (st != FABPOOL_OK) {
+        FP_ARRAY_FREE(vs->meta, v->chunks, v->cap);
+        fp_meta_free(vs->meta, v, sizeof *v);
+        return st;
+    }
+    *out = v;
+    return FABPOOL_OK;
+}
+
+fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t len, const int *fds, size_t nfds)
+{
+    if (!v) {
+        close_fds(fds, nfds);
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_apply: the view is NULL");
+    }
+    fp_desc ds;
+    fabpool_status st = fp_desc_parse(desc, len, nfds, &ds);
+    if (st == FABPOOL_OK) {
+        pthread_mutex_lock(v->owner->lock);
+        st = apply_locked(v, &ds, fds);
+        pthread_mutex_unlock(v->owner->lock);
+    }
+    close_fds(fds, nfds);
+    return st;
+}
+
+static fabpool_status view_free(fp_views *vs, fabpool_view_t *v)
+{
+    fabpool_status st = FABPOOL_OK;
+    while (v->n) {
+        fabpool_status s = view_unmap(vs, v, --v->n); /* a refusal: the range goes with the reservation at destroy */
+        if (st == FABPOOL_OK)
+            st = s;
+    }
+    FP_LIST_REMOVE(&vs->list, v, next, prev);
+    fp_va_free(vs->va, v->base, v->window);
+    FP_ARRAY_FREE(vs->meta, v->chunks, v->cap);
+    fp_meta_free(vs->meta, v, sizeof *v);
+    return st;
+}
+
+fabpool_status fabpool_view_close(fabpool_view_t *v)
+{
+    if (!v)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_close: the view is NULL");
+    fp_views *vs = v->owner;
+    pthread_mutex_lock(vs->lock);
+    fabpool_status st = view_free(vs, v);
+    pthread_mutex_unlock(vs->lock);
+    return st;
+}
+
+void fp_views_destroy(fp_views *vs)
+{
+    while (vs->list)
+        (void)view_free(vs, vs->list);
+}
+
+fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_info *out)
+{
+    if (!v || !out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_get_info: the view or the output is NULL");
+    pthread_mutex_lock(v->owner->lock);
+    out->base = (void *)(uintptr_t)v->base;
+    out->size = v->live;
+    out->mapped = v->live;
+    out->max_size = v->window;
+    out->n_chunks = v->n;
+    out->generation = v->generation;
+    out->export_id = v->uid;
+    pthread_mutex_unlock(v->owner->lock);
+    return FABPOOL_OK;
+}
+
+void *fabpool_view_ptr(const fabpool_view_t *v) { return v ? (void *)(uintptr_t)v->base : NULL; }
