@@ -8,7 +8,7 @@
  * cache.
  *
  * fabpool_t, to this layer, is its fp_alloc: struct fabpool begins with one
- * (pool.c asserts it), so that the public entry points of this file reach
+ * (lifecycle.c asserts it), so that the public entry points of this file reach
  * their state with a cast, with neither a call nor the pool's header on the
  * hot path.
  *

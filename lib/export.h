@@ -4,7 +4,7 @@
  *
  * Calls: buffer (fp_collect_locked), chunk (export, close fd), desc, error.
  * The fabpool_buffer_export* and fabpool_buffer_peers_ack entry points are
- * here; fabpool_peers_ack (by export id) reaches here from pool.c. */
+ * here; fabpool_peers_ack (by export id) reaches here from lifecycle.c. */
 #ifndef FP_EXPORT_H
 #define FP_EXPORT_H
 

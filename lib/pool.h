@@ -1,5 +1,5 @@
 /* pool.h - the pool: the top layer of lib/ (lib/LAYERS).  Only the files of
- * the top layer (pool.c, stats.c) include this header; every layer below
+ * the top layer (lifecycle.c, stats.c) include this header; every layer below
  * has its own header and its own part of the pool, and never sees this
  * struct (alloc.c reaches its part by the cast alloc.h describes).
  *

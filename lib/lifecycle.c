@@ -1,4 +1,4 @@
-/* pool.c - a pool per device: creation (options, driver, handle type, the
+/* lifecycle.c - a pool per device: creation (options, driver, handle type, the
  * one address reservation, every layer's part set up), trim and destroy,
  * and the public entry points that take a pool and belong to a layer below
  * (buffers, views, acknowledgements by export id). */
