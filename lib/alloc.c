@@ -314,7 +314,7 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free(%p): the pool is NULL", ptr);
     if (FP_UNLIKELY(!ptr))
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free: the pointer is NULL");
-    FP_TRACE(p, FP_TR_FREE, ptr, 0, 0); /* before the free: no reuse of ptr can precede it in the trace */
+    FP_TRACE(p, FABPOOL_TR_FREE, ptr, 0, 0); /* before the free: no reuse of ptr can precede it in the trace */
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
     fp_span *s = fp_map_get(p, addr);
     if (FP_UNLIKELY(!s))

@@ -367,7 +367,7 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_trim: the pool is NULL");
-    FP_TRACE(p, FP_TR_TRIM, 0, keep, 0);
+    FP_TRACE(p, FABPOOL_TR_TRIM, 0, keep, 0);
     /* other threads flush their caches at their next call */
     atomic_fetch_add(&p->flush_epoch, 1);
     fabpool_thread_flush(p);

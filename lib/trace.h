@@ -1,5 +1,5 @@
 /* trace.h - recording a pool's allocations to a file (FABPOOL_TRACE, conf key
- * trace; the file's layout: trace_format.h).
+ * trace; the file's layout: fabpool_trace_format.h).
  *
  * A pool with no trace has p->trace == NULL, and each hook below costs one
  * predictable branch on that field.  With a trace, every record goes into a
@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "fabpool.h"
-#include "trace_format.h"
+#include "fabpool_trace_format.h"
 
 struct fabpool;
 struct fp_trace;
@@ -41,7 +41,7 @@ fabpool_status fp_trace_alloc(struct fabpool *p, size_t size, void **out, fp_tra
     do {                                                                                                       \
         if (__builtin_expect((p)->trace != NULL, 0))                                                           \
             fp_trace_record((p), (op), (uint64_t)(uintptr_t)(ptr), (uint64_t)(size), (uint64_t)(uintptr_t)(arg), \
-                            FP_TRACE_STATUS_UNKNOWN);                                                          \
+                            FABPOOL_TRACE_STATUS_UNKNOWN);                                                          \
     } while (0)
 
 /* The same with the call's status. */

@@ -90,17 +90,17 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
     pl->n_streams = 1;
     uint64_t bytes = 0;
     for (size_t i = 0; i < d->n; i++) {
-        const fp_trace_rec *r = &d->recs[i];
-        int is_alloc = level_app ? r->op == FP_TR_APP_ALLOC : r->op == FP_TR_ALLOC;
-        int is_free = level_app ? r->op == FP_TR_APP_FREE : r->op == FP_TR_FREE;
-        int is_buf = r->op == FP_TR_BUF_CREATE || r->op == FP_TR_BUF_RESIZE || r->op == FP_TR_BUF_DESTROY;
-        int is_trim = !level_app && r->op == FP_TR_TRIM;
-        int is_empty = level_app && r->op == FP_TR_APP_EMPTY;
+        const fabpool_trace_rec *r = &d->recs[i];
+        int is_alloc = level_app ? r->op == FABPOOL_TR_APP_ALLOC : r->op == FABPOOL_TR_ALLOC;
+        int is_free = level_app ? r->op == FABPOOL_TR_APP_FREE : r->op == FABPOOL_TR_FREE;
+        int is_buf = r->op == FABPOOL_TR_BUF_CREATE || r->op == FABPOOL_TR_BUF_RESIZE || r->op == FABPOOL_TR_BUF_DESTROY;
+        int is_trim = !level_app && r->op == FABPOOL_TR_TRIM;
+        int is_empty = level_app && r->op == FABPOOL_TR_APP_EMPTY;
         if (!is_alloc && !is_free && !is_buf && !is_trim && !is_empty)
             continue;
         rop o = {0};
-        uint64_t stream = (r->op == FP_TR_APP_ALLOC || r->op == FP_TR_APP_FREE || r->op == FP_TR_BUF_RESIZE ||
-                           r->op == FP_TR_BUF_DESTROY) ? r->arg : 0;
+        uint64_t stream = (r->op == FABPOOL_TR_APP_ALLOC || r->op == FABPOOL_TR_APP_FREE || r->op == FABPOOL_TR_BUF_RESIZE ||
+                           r->op == FABPOOL_TR_BUF_DESTROY) ? r->arg : 0;
         if (stream) {
             uint64_t si = 0;
             if (!u64map_get(&streams, stream, &si)) {
@@ -115,8 +115,8 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
             o.stream = (uint16_t)si;
         }
         uint64_t obj = 0;
-        if (is_alloc || r->op == FP_TR_BUF_CREATE) {
-            if (r->status != FP_TRACE_STATUS_UNKNOWN && r->status != FABPOOL_OK) {
+        if (is_alloc || r->op == FABPOOL_TR_BUF_CREATE) {
+            if (r->status != FABPOOL_TRACE_STATUS_UNKNOWN && r->status != FABPOOL_OK) {
                 pl->skipped_failed++;
                 continue;
             }
@@ -133,9 +133,9 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
                 goto nomem;
             o.kind = is_alloc ? R_ALLOC : R_BCREATE;
             o.size = r->size;
-            o.max = r->op == FP_TR_BUF_CREATE ? (r->arg ? r->arg : r->size) : 0;
+            o.max = r->op == FABPOOL_TR_BUF_CREATE ? (r->arg ? r->arg : r->size) : 0;
             bytes += r->size;
-        } else if (is_free || r->op == FP_TR_BUF_DESTROY) {
+        } else if (is_free || r->op == FABPOOL_TR_BUF_DESTROY) {
             uint64_t v = 0;
             if (!u64map_del(&live, r->ptr, &v)) {
                 pl->skipped_unknown++;
@@ -144,7 +144,7 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
             obj = v - 1;
             o.kind = is_free ? R_FREE : R_BDESTROY;
             bytes -= obj_size[obj];
-        } else if (r->op == FP_TR_BUF_RESIZE) {
+        } else if (r->op == FABPOOL_TR_BUF_RESIZE) {
             uint64_t v = 0;
             if (!u64map_get(&live, r->ptr, &v)) {
                 pl->skipped_unknown++;
@@ -830,7 +830,7 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("replay of %s: %zu records (%s), %zu operations at the %s level, %u objects, %u streams + NULL, peak "
-           "live %.1f MiB%s\n", path, d.n, d.h.flags & FP_TRACE_F_SYNTHETIC ? "SYNTHETIC" : "recorded", pl.n,
+           "live %.1f MiB%s\n", path, d.n, d.h.flags & FABPOOL_TRACE_F_SYNTHETIC ? "SYNTHETIC" : "recorded", pl.n,
            app ? "adapter's (app_*)" : "pool's", pl.n_objs, pl.n_streams - 1, (double)pl.live_peak / (1 << 20),
            d.note[0] ? " (trace not completed by its writer)" : "");
     if (pl.skipped_failed || pl.skipped_unknown)
