@@ -50,6 +50,7 @@
 
 #include "fabpool.h"
 #include "trace_file.h"
+#include "torch_load.h"
 
 /* ------------------------------------------------------------ the ops */
 
@@ -296,51 +297,11 @@ typedef struct rres {
 } rres;
 
 /* PyTorch's allocator (libfabpool_bench_torch.so, perf/torch_backend.cpp) */
-static struct {
-    int (*init)(char *, size_t);
-    int (*alloc_stream)(size_t, void *, void **, char *, size_t);
-    void (*del)(void *);
-    void (*empty_cache)(void);
-    void (*reserved)(uint64_t *, uint64_t *);
-    void (*device_calls)(uint64_t *, uint64_t *);
-} tb;
+static fbt_api tb;
 
 static int load_torch(char *err, size_t cap)
 {
-    char exe[4096], path[4200];
-    const char *env = getenv("FABPOOL_BENCH_TORCH_LIB");
-    if (env && *env) {
-        snprintf(path, sizeof path, "%s", env);
-    } else {
-        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-        exe[n > 0 ? n : 0] = 0;
-        char *slash = strrchr(exe, '/');
-        if (slash)
-            *slash = 0;
-        snprintf(path, sizeof path, "%s/libfabpool_bench_torch.so", n > 0 ? exe : ".");
-    }
-    if (access(path, R_OK) != 0) {
-        snprintf(err, cap, "PyTorch not present (%.250s was not built: no torch found when configuring)", path);
-        return -1;
-    }
-    void *l = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!l) {
-        snprintf(err, cap, "PyTorch not present (%s)", dlerror());
-        return -1;
-    }
-#define TSYM(f, n) *(void **)&tb.f = dlsym(l, n)
-    TSYM(init, "fbt_init");
-    TSYM(alloc_stream, "fbt_alloc_stream");
-    TSYM(del, "fbt_free");
-    TSYM(empty_cache, "fbt_empty_cache");
-    TSYM(reserved, "fbt_reserved");
-    TSYM(device_calls, "fbt_device_calls");
-#undef TSYM
-    if (!tb.init || !tb.alloc_stream || !tb.del || !tb.empty_cache || !tb.reserved || !tb.device_calls) {
-        snprintf(err, cap, "PyTorch backend %.250s lacks an fbt_ entry point (rebuild it)", path);
-        return -1;
-    }
-    return tb.init(err, cap);
+    return fbt_load(NULL, &tb, err, cap);
 }
 
 typedef struct replay_state {
