@@ -111,6 +111,9 @@ typedef struct fabpool_options {
                                       before the FABPOOL_CONF environment variable (may be NULL) */
     uint32_t decay_ms;             /* free memory not reused for this long goes back to the driver;
                                       0: at once (decay_ms) */
+    uint32_t large_slack_percent;  /* free large-block memory that a miss leaves mapped, in percent of the
+                                      live large blocks; beyond it a miss trades free chunks for the new
+                                      block's (large_slack) */
 } fabpool_options;
 
 /* Fills *o with the defaults (docs/config.md lists them). */

@@ -331,7 +331,7 @@ fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
     fp_alloc *a = A(p);
     if (FP_UNLIKELY(a && a->trace)) {
         fabpool_status st = alloc_slow(a, size, out);
-        fp_trace_record(a->trace, FP_TR_ALLOC, st == FABPOOL_OK && out ? (uint64_t)(uintptr_t)*out : 0, size, 0,
+        fp_trace_record(a->trace, FABPOOL_TR_ALLOC, st == FABPOOL_OK && out ? (uint64_t)(uintptr_t)*out : 0, size, 0,
                         (unsigned)st);
         return st;
     }
@@ -374,7 +374,7 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free(%p): the pool is NULL", ptr);
     if (FP_UNLIKELY(!ptr))
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free: the pointer is NULL");
-    FP_TRACE(a->trace, FP_TR_FREE, ptr, 0, 0); /* before the free: no reuse of ptr can precede it in the trace */
+    FP_TRACE(a->trace, FABPOOL_TR_FREE, ptr, 0, 0); /* before the free: no reuse of ptr can precede it in the trace */
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
     fp_span *s = fp_map_get(a->map, addr);
     if (FP_UNLIKELY(!s))

@@ -521,7 +521,7 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     }
     b->size = size;
     atomic_fetch_add(&bs->bytes, size);
-    FP_TRACE_ST(bs->trace, FP_TR_BUF_CREATE, b->base, size, max_size, FABPOOL_OK);
+    FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_CREATE, b->base, size, max_size, FABPOOL_OK);
     pthread_mutex_unlock(bs->lock);
     *out = b;
     return FABPOOL_OK;
@@ -582,7 +582,7 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
                 atomic_fetch_add(&bs->bytes, sizes[i]);
                 atomic_fetch_sub(&bs->bytes, bufs[i]->size);
                 bufs[i]->size = sizes[i];
-                FP_TRACE_ST(bs->trace, FP_TR_BUF_RESIZE, bufs[i]->base, sizes[i], stream, s2);
+                FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_RESIZE, bufs[i]->base, sizes[i], stream, s2);
             }
         }
         /* a collect that fails here is retried by the next one: the resize happened */
@@ -617,7 +617,7 @@ fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
     atomic_fetch_sub(&bs->count, 1);
     b->size = 0;
     b->destroyed = 1;
-    FP_TRACE_ST(bs->trace, FP_TR_BUF_DESTROY, b->base, 0, stream, FABPOOL_OK);
+    FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_DESTROY, b->base, 0, stream, FABPOOL_OK);
     /* what no peer can still import goes now (once its GPU work is done);
      * the rest when the peers acknowledge (fabpool_peers_ack) or at pool
      * destroy.  A collect that fails here is retried by the next one. */

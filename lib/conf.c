@@ -33,6 +33,7 @@ void fabpool_options_init(fabpool_options *o)
     o->slab_max_bytes = 8 * MiB;
     o->cache_limit_bytes = UINT64_MAX; /* no limit: the decay and the OOM trim return memory */
     o->decay_ms = 1000;
+    o->large_slack_percent = 4;
     o->shrink_hysteresis_percent = 25;
     o->thread_cache = 1;
     o->stats_at_destroy = 0;
@@ -98,6 +99,8 @@ static const struct key keys[] = {
      "a size, e.g. 1GiB (0: keep no free memory mapped)"},
     {"decay_ms", F_U32, FIELD(decay_ms), parse_uint, 0, UINT32_MAX, 0, 0, NULL,
      "milliseconds 0..4294967295, e.g. 1000 (0: return free memory at once)"},
+    {"large_slack", F_U32, FIELD(large_slack_percent), parse_percent, 0, 1000, 0, 0, NULL,
+     "a whole percent 0..1000, e.g. 4 or 4%"},
     {"shrink_hysteresis", F_U32, FIELD(shrink_hysteresis_percent), parse_percent, 0, 1000, 0, 0, NULL,
      "a whole percent 0..1000, e.g. 25 or 25%"},
     {"thread_cache", F_U32, FIELD(thread_cache), parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},

@@ -321,7 +321,7 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_trim: the pool is NULL");
-    FP_TRACE(p->trace, FP_TR_TRIM, 0, keep, 0);
+    FP_TRACE(p->trace, FABPOOL_TR_TRIM, 0, keep, 0);
     fp_alloc_flush_all(&p->alloc);
     pthread_mutex_lock(&p->lock);
     fabpool_status st = fp_collect_locked(&p->bufs, 0);

@@ -80,6 +80,7 @@ typedef struct fp_heap {
     uint64_t gran;
     uint64_t slab_max;                 /* rounded up to a class size; 0: no slabs */
     uint64_t cache_limit, decay_ms;
+    uint32_t large_slack_percent;      /* free large memory a miss leaves mapped */
     unsigned n_slab_classes;           /* classes [0, n_slab_classes) come from slabs */
     fp_span *spans;                    /* every slab, for destroy (pool lock) */
     /* large blocks, under the pool lock: pieces of address space, each a live

@@ -1,6 +1,6 @@
 /* trace.c - a pool's trace file: every allocation, free, buffer change and
  * trim, with a time stamp, the stream where the call has one and the thread,
- * in fixed-size little-endian records (trace_format.h).
+ * in fixed-size little-endian records (fabpool_trace_format.h).
  *
  * Records go into a buffer of the trace under its own lock and reach the
  * file when the buffer is full, at pool destroy, and at process exit.  A
@@ -35,10 +35,10 @@ struct fp_trace {
     uint64_t checksum;
     uint64_t dropped;
     unsigned used;           /* records buffered */
-    fp_trace_header hdr;
+    fabpool_trace_header hdr;
     char path[TRACE_PATH_CAP];
     struct fp_trace *next, *prev;  /* every open trace of the process */
-    unsigned char buf[TRACE_BUF_RECORDS * FP_TRACE_RECORD_BYTES];
+    unsigned char buf[TRACE_BUF_RECORDS * FABPOOL_TRACE_RECORD_BYTES];
 };
 
 static pthread_mutex_t traces_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -77,7 +77,7 @@ static void flush_locked(struct fp_trace *t)
 {
     if (!t->used || t->fd < 0)
         return;
-    if (write_all(t->fd, t->buf, (size_t)t->used * FP_TRACE_RECORD_BYTES, -1) != 0) {
+    if (write_all(t->fd, t->buf, (size_t)t->used * FABPOOL_TRACE_RECORD_BYTES, -1) != 0) {
         int e = errno;
         atomic_store(&t->dead, 1);
         t->dropped += t->used;
@@ -101,10 +101,10 @@ static void finish_locked(struct fp_trace *t)
         t->finished = 1;
         return;
     }
-    unsigned char h[FP_TRACE_HEADER_BYTES];
+    unsigned char h[FABPOOL_TRACE_HEADER_BYTES];
     t->hdr.n_records = t->n;
     t->hdr.checksum = t->checksum;
-    fp_trace_encode_header(h, &t->hdr);
+    fabpool_trace_encode_header(h, &t->hdr);
     if (write_all(t->fd, h, sizeof h, 0) != 0)
         fprintf(stderr, "fabpool: trace %s: completing its header failed (%s); the file stays marked as not "
                 "closed\n", t->path, strerror(errno));
@@ -157,7 +157,7 @@ void fp_trace_record(struct fp_trace *t, unsigned op, uint64_t ptr, uint64_t siz
         return;
     if (!my_thread)
         my_thread = atomic_fetch_add(&next_thread, 1) + 1;
-    fp_trace_rec r = {0, ptr, size, arg, (uint8_t)op, (uint8_t)status, my_thread};
+    fabpool_trace_rec r = {0, ptr, size, arg, (uint8_t)op, (uint8_t)status, my_thread};
     pthread_mutex_lock(&t->lock);
     if (atomic_load_explicit(&t->dead, memory_order_relaxed)) {
         t->dropped++;
@@ -166,9 +166,9 @@ void fp_trace_record(struct fp_trace *t, unsigned op, uint64_t ptr, uint64_t siz
     }
     uint64_t now = now_ns();
     r.t_ns = now > t->t0 ? now - t->t0 : 0;
-    unsigned char *b = t->buf + (size_t)t->used * FP_TRACE_RECORD_BYTES;
-    fp_trace_encode_rec(b, &r);
-    t->checksum = fp_fnv1a(t->checksum, b, FP_TRACE_RECORD_BYTES);
+    unsigned char *b = t->buf + (size_t)t->used * FABPOOL_TRACE_RECORD_BYTES;
+    fabpool_trace_encode_rec(b, &r);
+    t->checksum = fabpool_fnv1a(t->checksum, b, FABPOOL_TRACE_RECORD_BYTES);
     t->n++;
     if (++t->used == TRACE_BUF_RECORDS)
         flush_locked(t);
@@ -260,16 +260,16 @@ fabpool_status fp_trace_open(const fabpool_options *o, uint64_t gran, struct fp_
         free(t);
         return st;
     }
-    t->hdr.version = FP_TRACE_VERSION;
+    t->hdr.version = FABPOOL_TRACE_VERSION;
     t->hdr.device = o->device;
     t->hdr.granularity = gran;
     t->hdr.slab_max = o->slab_max_bytes;
-    t->hdr.n_records = FP_TRACE_OPEN;
+    t->hdr.n_records = FABPOOL_TRACE_OPEN;
     t->hdr.checksum = 0;
     t->hdr.pid = (uint32_t)getpid();
-    t->checksum = FP_FNV_OFFSET;
-    unsigned char h[FP_TRACE_HEADER_BYTES];
-    fp_trace_encode_header(h, &t->hdr);
+    t->checksum = FABPOOL_FNV_OFFSET;
+    unsigned char h[FABPOOL_TRACE_HEADER_BYTES];
+    fabpool_trace_encode_header(h, &t->hdr);
     if (write_all(t->fd, h, sizeof h, -1) != 0) {
         int e = errno;
         close(t->fd);

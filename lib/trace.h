@@ -1,5 +1,5 @@
 /* trace.h - recording a pool's allocations to a file (FABPOOL_TRACE, conf key
- * trace; the file's layout: trace_format.h).
+ * trace; the file's layout: fabpool_trace_format.h).
  *
  * A pool with no trace has no struct fp_trace (NULL), and each hook below
  * costs one predictable branch on that pointer, which the layers that record
@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "fabpool.h"
-#include "trace_format.h"
+#include "fabpool_trace_format.h"
 
 struct fp_trace;
 
@@ -38,7 +38,7 @@ void fp_trace_record(struct fp_trace *t, unsigned op, uint64_t ptr, uint64_t siz
     do {                                                                                                       \
         if (__builtin_expect((t) != NULL, 0))                                                           \
             fp_trace_record((t), (op), (uint64_t)(uintptr_t)(ptr), (uint64_t)(size), (uint64_t)(uintptr_t)(arg), \
-                            FP_TRACE_STATUS_UNKNOWN);                                                          \
+                            FABPOOL_TRACE_STATUS_UNKNOWN);                                                          \
     } while (0)
 
 /* The same with the call's status. */

@@ -141,13 +141,5 @@ int bench_hyb_share(balloc *a, void *ptr, size_t n, uintptr_t *peer_va, size_t *
 void bench_hyb_unshare(balloc *a, uintptr_t va, size_t size);
 
 /* torch backend (libfabpool_bench_torch.so), looked up with dlsym */
-typedef struct btorch {
-    int (*init)(char *err, size_t cap);
-    int (*alloc)(size_t, void **, char *err, size_t cap);
-    void (*del)(void *);
-    void (*empty_cache)(void);
-    void (*reserved)(uint64_t *current, uint64_t *peak);
-    void (*reset_peak)(void);
-} btorch;
 
 #endif

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "torch_load.h"
 
 bdriver cu;
 balloc allocs[A_MAX];
@@ -412,7 +413,7 @@ void bench_hyb_unshare(balloc *a, uintptr_t va, size_t size)
 
 /* ---------------------------------------------------------------- PyTorch */
 
-static btorch tb;
+static fbt_api tb;
 
 static int torch_alloc(balloc *a, size_t n, void **p)
 {
@@ -441,53 +442,9 @@ static uint64_t torch_held(balloc *a)
     return cur;
 }
 
-static const char *torch_lib_path(const char *self, char *buf, size_t cap)
-{
-    const char *env = getenv("FABPOOL_BENCH_TORCH_LIB");
-    if (env && *env)
-        return env;
-    char exe[4096];
-    ssize_t n = readlink(self ? self : "/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) {
-        snprintf(exe, sizeof exe, "%s", self ? self : ".");
-        n = (ssize_t)strlen(exe);
-    }
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (slash)
-        *slash = 0;
-    else
-        snprintf(exe, sizeof exe, ".");
-    snprintf(buf, cap, "%s/libfabpool_bench_torch.so", exe);
-    return buf;
-}
-
 static int load_torch(const char *self, char *err, size_t cap)
 {
-    char buf[4200];
-    const char *path = torch_lib_path(self, buf, sizeof buf);
-    if (access(path, R_OK) != 0) {
-        snprintf(err, cap, "PyTorch not present (%s was not built: no torch found when configuring)", path);
-        return -1;
-    }
-    void *l = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!l) {
-        snprintf(err, cap, "PyTorch not present (%s)", dlerror());
-        return -1;
-    }
-#define TSYM(f, n) *(void **)&tb.f = dlsym(l, n)
-    TSYM(init, "fbt_init");
-    TSYM(alloc, "fbt_alloc");
-    TSYM(del, "fbt_free");
-    TSYM(empty_cache, "fbt_empty_cache");
-    TSYM(reserved, "fbt_reserved");
-    TSYM(reset_peak, "fbt_reset_peak");
-#undef TSYM
-    if (!tb.init || !tb.alloc || !tb.del || !tb.empty_cache || !tb.reserved || !tb.reset_peak) {
-        snprintf(err, cap, "PyTorch backend %s lacks an fbt_ entry point", path);
-        return -1;
-    }
-    return tb.init(err, cap);
+    return fbt_load(self, &tb, err, cap);
 }
 
 /* The parent's side of a PyTorch column: a child process of this very
@@ -497,7 +454,7 @@ static void spawn_child(balloc *a, const char *self, int kind)
     static char why[A_MAX][300];
     char probe[300];
     char buf[4200];
-    if (access(torch_lib_path(self, buf, sizeof buf), R_OK) != 0) {
+    if (access(fbt_path(self, buf, sizeof buf), R_OK) != 0) {
         snprintf(why[kind], sizeof why[kind], "PyTorch not present (libfabpool_bench_torch.so was not built: "
                                               "no torch found when configuring)");
         a->unavailable = why[kind];

@@ -50,6 +50,7 @@
 
 #include "fabpool.h"
 #include "trace_file.h"
+#include "torch_load.h"
 
 /* ------------------------------------------------------------ the ops */
 
@@ -90,17 +91,17 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
     pl->n_streams = 1;
     uint64_t bytes = 0;
     for (size_t i = 0; i < d->n; i++) {
-        const fp_trace_rec *r = &d->recs[i];
-        int is_alloc = level_app ? r->op == FP_TR_APP_ALLOC : r->op == FP_TR_ALLOC;
-        int is_free = level_app ? r->op == FP_TR_APP_FREE : r->op == FP_TR_FREE;
-        int is_buf = r->op == FP_TR_BUF_CREATE || r->op == FP_TR_BUF_RESIZE || r->op == FP_TR_BUF_DESTROY;
-        int is_trim = !level_app && r->op == FP_TR_TRIM;
-        int is_empty = level_app && r->op == FP_TR_APP_EMPTY;
+        const fabpool_trace_rec *r = &d->recs[i];
+        int is_alloc = level_app ? r->op == FABPOOL_TR_APP_ALLOC : r->op == FABPOOL_TR_ALLOC;
+        int is_free = level_app ? r->op == FABPOOL_TR_APP_FREE : r->op == FABPOOL_TR_FREE;
+        int is_buf = r->op == FABPOOL_TR_BUF_CREATE || r->op == FABPOOL_TR_BUF_RESIZE || r->op == FABPOOL_TR_BUF_DESTROY;
+        int is_trim = !level_app && r->op == FABPOOL_TR_TRIM;
+        int is_empty = level_app && r->op == FABPOOL_TR_APP_EMPTY;
         if (!is_alloc && !is_free && !is_buf && !is_trim && !is_empty)
             continue;
         rop o = {0};
-        uint64_t stream = (r->op == FP_TR_APP_ALLOC || r->op == FP_TR_APP_FREE || r->op == FP_TR_BUF_RESIZE ||
-                           r->op == FP_TR_BUF_DESTROY) ? r->arg : 0;
+        uint64_t stream = (r->op == FABPOOL_TR_APP_ALLOC || r->op == FABPOOL_TR_APP_FREE || r->op == FABPOOL_TR_BUF_RESIZE ||
+                           r->op == FABPOOL_TR_BUF_DESTROY) ? r->arg : 0;
         if (stream) {
             uint64_t si = 0;
             if (!u64map_get(&streams, stream, &si)) {
@@ -115,8 +116,8 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
             o.stream = (uint16_t)si;
         }
         uint64_t obj = 0;
-        if (is_alloc || r->op == FP_TR_BUF_CREATE) {
-            if (r->status != FP_TRACE_STATUS_UNKNOWN && r->status != FABPOOL_OK) {
+        if (is_alloc || r->op == FABPOOL_TR_BUF_CREATE) {
+            if (r->status != FABPOOL_TRACE_STATUS_UNKNOWN && r->status != FABPOOL_OK) {
                 pl->skipped_failed++;
                 continue;
             }
@@ -133,9 +134,9 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
                 goto nomem;
             o.kind = is_alloc ? R_ALLOC : R_BCREATE;
             o.size = r->size;
-            o.max = r->op == FP_TR_BUF_CREATE ? (r->arg ? r->arg : r->size) : 0;
+            o.max = r->op == FABPOOL_TR_BUF_CREATE ? (r->arg ? r->arg : r->size) : 0;
             bytes += r->size;
-        } else if (is_free || r->op == FP_TR_BUF_DESTROY) {
+        } else if (is_free || r->op == FABPOOL_TR_BUF_DESTROY) {
             uint64_t v = 0;
             if (!u64map_del(&live, r->ptr, &v)) {
                 pl->skipped_unknown++;
@@ -144,7 +145,7 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
             obj = v - 1;
             o.kind = is_free ? R_FREE : R_BDESTROY;
             bytes -= obj_size[obj];
-        } else if (r->op == FP_TR_BUF_RESIZE) {
+        } else if (r->op == FABPOOL_TR_BUF_RESIZE) {
             uint64_t v = 0;
             if (!u64map_get(&live, r->ptr, &v)) {
                 pl->skipped_unknown++;
@@ -296,51 +297,11 @@ typedef struct rres {
 } rres;
 
 /* PyTorch's allocator (libfabpool_bench_torch.so, perf/torch_backend.cpp) */
-static struct {
-    int (*init)(char *, size_t);
-    int (*alloc_stream)(size_t, void *, void **, char *, size_t);
-    void (*del)(void *);
-    void (*empty_cache)(void);
-    void (*reserved)(uint64_t *, uint64_t *);
-    void (*device_calls)(uint64_t *, uint64_t *);
-} tb;
+static fbt_api tb;
 
 static int load_torch(char *err, size_t cap)
 {
-    char exe[4096], path[4200];
-    const char *env = getenv("FABPOOL_BENCH_TORCH_LIB");
-    if (env && *env) {
-        snprintf(path, sizeof path, "%s", env);
-    } else {
-        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-        exe[n > 0 ? n : 0] = 0;
-        char *slash = strrchr(exe, '/');
-        if (slash)
-            *slash = 0;
-        snprintf(path, sizeof path, "%s/libfabpool_bench_torch.so", n > 0 ? exe : ".");
-    }
-    if (access(path, R_OK) != 0) {
-        snprintf(err, cap, "PyTorch not present (%.250s was not built: no torch found when configuring)", path);
-        return -1;
-    }
-    void *l = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!l) {
-        snprintf(err, cap, "PyTorch not present (%s)", dlerror());
-        return -1;
-    }
-#define TSYM(f, n) *(void **)&tb.f = dlsym(l, n)
-    TSYM(init, "fbt_init");
-    TSYM(alloc_stream, "fbt_alloc_stream");
-    TSYM(del, "fbt_free");
-    TSYM(empty_cache, "fbt_empty_cache");
-    TSYM(reserved, "fbt_reserved");
-    TSYM(device_calls, "fbt_device_calls");
-#undef TSYM
-    if (!tb.init || !tb.alloc_stream || !tb.del || !tb.empty_cache || !tb.reserved || !tb.device_calls) {
-        snprintf(err, cap, "PyTorch backend %.250s lacks an fbt_ entry point (rebuild it)", path);
-        return -1;
-    }
-    return tb.init(err, cap);
+    return fbt_load(NULL, &tb, err, cap);
 }
 
 typedef struct replay_state {
@@ -830,7 +791,7 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("replay of %s: %zu records (%s), %zu operations at the %s level, %u objects, %u streams + NULL, peak "
-           "live %.1f MiB%s\n", path, d.n, d.h.flags & FP_TRACE_F_SYNTHETIC ? "SYNTHETIC" : "recorded", pl.n,
+           "live %.1f MiB%s\n", path, d.n, d.h.flags & FABPOOL_TRACE_F_SYNTHETIC ? "SYNTHETIC" : "recorded", pl.n,
            app ? "adapter's (app_*)" : "pool's", pl.n_objs, pl.n_streams - 1, (double)pl.live_peak / (1 << 20),
            d.note[0] ? " (trace not completed by its writer)" : "");
     if (pl.skipped_failed || pl.skipped_unknown)

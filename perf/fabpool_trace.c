@@ -57,14 +57,14 @@ int main(int argc, char **argv)
         printf("{\"version\":%u,\"device\":%d,\"granularity\":%" PRIu64 ",\"slab_max\":%" PRIu64
                ",\"pid\":%u,\"synthetic\":%d,\"closed\":%d,\"records\":%zu,\"level\":\"%s\",\"ops\":{",
                d.h.version, d.h.device, d.h.granularity, d.h.slab_max, d.h.pid,
-               !!(d.h.flags & FP_TRACE_F_SYNTHETIC), d.closed, d.n, s.level_app ? "app" : "pool");
-        for (unsigned op = 1, first = 1; op < FP_TR_NOPS; op++) {
-            printf("%s\"%s\":%" PRIu64, first ? "" : ",", fp_trace_op_name(op), s.ops[op]);
+               !!(d.h.flags & FABPOOL_TRACE_F_SYNTHETIC), d.closed, d.n, s.level_app ? "app" : "pool");
+        for (unsigned op = 1, first = 1; op < FABPOOL_TR_NOPS; op++) {
+            printf("%s\"%s\":%" PRIu64, first ? "" : ",", fabpool_trace_op_name(op), s.ops[op]);
             first = 0;
         }
         printf("},\"failed\":{");
-        for (unsigned op = 1, first = 1; op < FP_TR_NOPS; op++) {
-            printf("%s\"%s\":%" PRIu64, first ? "" : ",", fp_trace_op_name(op), s.failed[op]);
+        for (unsigned op = 1, first = 1; op < FABPOOL_TR_NOPS; op++) {
+            printf("%s\"%s\":%" PRIu64, first ? "" : ",", fabpool_trace_op_name(op), s.failed[op]);
             first = 0;
         }
         printf("},\"size_hist_log2\":{");
@@ -85,16 +85,16 @@ int main(int argc, char **argv)
     human(d.h.granularity, a, sizeof a);
     human(d.h.slab_max, b, sizeof b);
     printf("trace %s: version %u, device %d, granularity %s, slab_max %s, written by pid %u%s\n", path, d.h.version,
-           d.h.device, a, b, d.h.pid, d.h.flags & FP_TRACE_F_SYNTHETIC ? " (SYNTHETIC: made by a generator)" : "");
+           d.h.device, a, b, d.h.pid, d.h.flags & FABPOOL_TRACE_F_SYNTHETIC ? " (SYNTHETIC: made by a generator)" : "");
     if (d.note[0])
         printf("note: %s\n", d.note);
     printf("%zu records over %.3f s; level replayed: %s\n", d.n, (double)s.duration_ns / 1e9,
            s.level_app ? "the adapter's (app_*: what the framework asked, with its streams)"
                        : "the pool's (fabpool_alloc / fabpool_free)");
     printf("\n%-16s %12s %10s\n", "operation", "records", "failed");
-    for (unsigned op = 1; op < FP_TR_NOPS; op++)
+    for (unsigned op = 1; op < FABPOOL_TR_NOPS; op++)
         if (s.ops[op])
-            printf("%-16s %12" PRIu64 " %10" PRIu64 "\n", fp_trace_op_name(op), s.ops[op], s.failed[op]);
+            printf("%-16s %12" PRIu64 " %10" PRIu64 "\n", fabpool_trace_op_name(op), s.ops[op], s.failed[op]);
     printf("\nallocation sizes (%s), by power of two:\n", s.level_app ? "app_alloc" : "alloc");
     uint64_t maxh = 1;
     for (unsigned k = 0; k < TRACE_HIST; k++)

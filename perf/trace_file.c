@@ -245,51 +245,51 @@ int trace_load(const char *path, trace_data *d, char *err, size_t cap)
     if (slurp(path, &b, &len, err, cap) != 0)
         return -1;
     int rc = -1;
-    if (len < FP_TRACE_HEADER_BYTES) {
+    if (len < FABPOOL_TRACE_HEADER_BYTES) {
         snprintf(err, cap, "trace '%s' is truncated: %zu bytes, shorter than the %u-byte header", path, len,
-                 FP_TRACE_HEADER_BYTES);
+                 FABPOOL_TRACE_HEADER_BYTES);
         goto out;
     }
-    if (memcmp(b, FP_TRACE_MAGIC, 8) != 0) {
+    if (memcmp(b, FABPOOL_TRACE_MAGIC, 8) != 0) {
         snprintf(err, cap, "'%s' is not a fabpool trace (it does not start with \"FPTRACE\")", path);
         goto out;
     }
-    d->h.version = fp_le_get32(b + 8);
-    if (d->h.version != FP_TRACE_VERSION) {
+    d->h.version = fabpool_le_get32(b + 8);
+    if (d->h.version != FABPOOL_TRACE_VERSION) {
         snprintf(err, cap, "trace '%s' is of version %u; this reader knows version %u", path, d->h.version,
-                 FP_TRACE_VERSION);
+                 FABPOOL_TRACE_VERSION);
         goto out;
     }
-    if (fp_le_get32(b + 12) != FP_TRACE_HEADER_BYTES || fp_le_get32(b + 16) != FP_TRACE_RECORD_BYTES) {
+    if (fabpool_le_get32(b + 12) != FABPOOL_TRACE_HEADER_BYTES || fabpool_le_get32(b + 16) != FABPOOL_TRACE_RECORD_BYTES) {
         snprintf(err, cap, "trace '%s' is corrupt: its header says %u-byte header and %u-byte records, version 1 has "
-                 "%u and %u", path, fp_le_get32(b + 12), fp_le_get32(b + 16), FP_TRACE_HEADER_BYTES,
-                 FP_TRACE_RECORD_BYTES);
+                 "%u and %u", path, fabpool_le_get32(b + 12), fabpool_le_get32(b + 16), FABPOOL_TRACE_HEADER_BYTES,
+                 FABPOOL_TRACE_RECORD_BYTES);
         goto out;
     }
-    d->h.device = (int32_t)fp_le_get32(b + 20);
-    d->h.granularity = fp_le_get64(b + 24);
-    d->h.slab_max = fp_le_get64(b + 32);
-    d->h.n_records = fp_le_get64(b + 40);
-    d->h.checksum = fp_le_get64(b + 48);
-    d->h.pid = fp_le_get32(b + 56);
-    d->h.flags = fp_le_get32(b + 60);
-    size_t body = len - FP_TRACE_HEADER_BYTES;
-    size_t whole = body / FP_TRACE_RECORD_BYTES;
-    d->closed = d->h.n_records != FP_TRACE_OPEN;
+    d->h.device = (int32_t)fabpool_le_get32(b + 20);
+    d->h.granularity = fabpool_le_get64(b + 24);
+    d->h.slab_max = fabpool_le_get64(b + 32);
+    d->h.n_records = fabpool_le_get64(b + 40);
+    d->h.checksum = fabpool_le_get64(b + 48);
+    d->h.pid = fabpool_le_get32(b + 56);
+    d->h.flags = fabpool_le_get32(b + 60);
+    size_t body = len - FABPOOL_TRACE_HEADER_BYTES;
+    size_t whole = body / FABPOOL_TRACE_RECORD_BYTES;
+    d->closed = d->h.n_records != FABPOOL_TRACE_OPEN;
     if (d->closed) {
         if (d->h.n_records > whole) {
             snprintf(err, cap, "trace '%s' is truncated: its header counts %llu records, the file holds %zu (and %zu "
                      "bytes of a partial one)", path, (unsigned long long)d->h.n_records, whole,
-                     body % FP_TRACE_RECORD_BYTES);
+                     body % FABPOOL_TRACE_RECORD_BYTES);
             goto out;
         }
-        if (body != d->h.n_records * FP_TRACE_RECORD_BYTES) {
+        if (body != d->h.n_records * FABPOOL_TRACE_RECORD_BYTES) {
             snprintf(err, cap, "trace '%s' is corrupt: its header counts %llu records, the file holds %zu bytes of "
                      "records after the header (%llu expected)", path, (unsigned long long)d->h.n_records, body,
-                     (unsigned long long)(d->h.n_records * FP_TRACE_RECORD_BYTES));
+                     (unsigned long long)(d->h.n_records * FABPOOL_TRACE_RECORD_BYTES));
             goto out;
         }
-        uint64_t sum = fp_fnv1a(FP_FNV_OFFSET, b + FP_TRACE_HEADER_BYTES, body);
+        uint64_t sum = fabpool_fnv1a(FABPOOL_FNV_OFFSET, b + FABPOOL_TRACE_HEADER_BYTES, body);
         if (sum != d->h.checksum) {
             snprintf(err, cap, "trace '%s' is corrupt: the checksum of its %zu records is %016llx, its header says "
                      "%016llx", path, whole, (unsigned long long)sum, (unsigned long long)d->h.checksum);
@@ -298,7 +298,7 @@ int trace_load(const char *path, trace_data *d, char *err, size_t cap)
     } else {
         snprintf(d->note, sizeof d->note, "the writer never completed this trace (the process ended before its pool "
                  "was destroyed or exit ran): %zu whole records read%s, no checksum to check", whole,
-                 body % FP_TRACE_RECORD_BYTES ? ", a partial last one dropped" : "");
+                 body % FABPOOL_TRACE_RECORD_BYTES ? ", a partial last one dropped" : "");
     }
     d->n = whole;
     d->recs = malloc((whole ? whole : 1) * sizeof *d->recs);
@@ -308,12 +308,12 @@ int trace_load(const char *path, trace_data *d, char *err, size_t cap)
     }
     uint64_t last_t = 0;
     for (size_t i = 0; i < whole; i++) {
-        fp_trace_rec *r = &d->recs[i];
-        fp_trace_decode_rec(b + FP_TRACE_HEADER_BYTES + i * FP_TRACE_RECORD_BYTES, r);
+        fabpool_trace_rec *r = &d->recs[i];
+        fabpool_trace_decode_rec(b + FABPOOL_TRACE_HEADER_BYTES + i * FABPOOL_TRACE_RECORD_BYTES, r);
         const char *bad = NULL;
-        if (r->op == 0 || r->op >= FP_TR_NOPS)
+        if (r->op == 0 || r->op >= FABPOOL_TR_NOPS)
             bad = "an unknown op";
-        else if (r->status != FP_TRACE_STATUS_UNKNOWN && r->status > FABPOOL_ERR_IO)
+        else if (r->status != FABPOOL_TRACE_STATUS_UNKNOWN && r->status > FABPOOL_ERR_IO)
             bad = "an unknown status";
         else if (r->t_ns < last_t)
             bad = "a time stamp earlier than the record before it";
@@ -321,14 +321,14 @@ int trace_load(const char *path, trace_data *d, char *err, size_t cap)
             bad = "thread 0";
         if (bad) {
             snprintf(err, cap, "trace '%s' is corrupt: record %zu (of %zu, at byte %zu) has %s (op %u, status %u, "
-                     "t %llu ns)", path, i, whole, FP_TRACE_HEADER_BYTES + i * FP_TRACE_RECORD_BYTES, bad, r->op,
+                     "t %llu ns)", path, i, whole, FABPOOL_TRACE_HEADER_BYTES + i * FABPOOL_TRACE_RECORD_BYTES, bad, r->op,
                      r->status, (unsigned long long)r->t_ns);
             free(d->recs);
             d->recs = NULL;
             goto out;
         }
         last_t = r->t_ns;
-        if (r->op >= FP_TR_APP_ALLOC)
+        if (r->op >= FABPOOL_TR_APP_ALLOC)
             d->has_app = 1;
     }
     rc = 0;
@@ -375,23 +375,23 @@ void trace_summarize(const trace_data *d, trace_summary *s)
     uint64_t bytes = 0, pool_bytes = 0;
     uint32_t threads = 0;
     for (size_t i = 0; i < d->n; i++) {
-        const fp_trace_rec *r = &d->recs[i];
+        const fabpool_trace_rec *r = &d->recs[i];
         s->ops[r->op]++;
-        if (r->status != FP_TRACE_STATUS_UNKNOWN && r->status != FABPOOL_OK)
+        if (r->status != FABPOOL_TRACE_STATUS_UNKNOWN && r->status != FABPOOL_OK)
             s->failed[r->op]++;
         if (r->thread > threads)
             threads = r->thread;
-        int counted_level = d->has_app ? r->op == FP_TR_APP_ALLOC || r->op == FP_TR_APP_FREE
-                                       : r->op == FP_TR_ALLOC || r->op == FP_TR_FREE;
+        int counted_level = d->has_app ? r->op == FABPOOL_TR_APP_ALLOC || r->op == FABPOOL_TR_APP_FREE
+                                       : r->op == FABPOOL_TR_ALLOC || r->op == FABPOOL_TR_FREE;
         uint64_t v = 0;
         switch (r->op) {
-        case FP_TR_ALLOC:
-        case FP_TR_APP_ALLOC:
-            if (r->op == FP_TR_APP_ALLOC)
+        case FABPOOL_TR_ALLOC:
+        case FABPOOL_TR_APP_ALLOC:
+            if (r->op == FABPOOL_TR_APP_ALLOC)
                 stream_seen(s, r->arg);
-            if (r->status != FP_TRACE_STATUS_UNKNOWN && r->status != FABPOOL_OK)
+            if (r->status != FABPOOL_TRACE_STATUS_UNKNOWN && r->status != FABPOOL_OK)
                 break;
-            if (r->op == FP_TR_ALLOC) {
+            if (r->op == FABPOOL_TR_ALLOC) {
                 u64map_put(&pool_live, r->ptr, r->size);
                 pool_bytes += r->size;
             }
@@ -401,11 +401,11 @@ void trace_summarize(const trace_data *d, trace_summary *s)
                 bytes += r->size;
             }
             break;
-        case FP_TR_FREE:
-        case FP_TR_APP_FREE:
-            if (r->op == FP_TR_APP_FREE)
+        case FABPOOL_TR_FREE:
+        case FABPOOL_TR_APP_FREE:
+            if (r->op == FABPOOL_TR_APP_FREE)
                 stream_seen(s, r->arg);
-            if (r->op == FP_TR_FREE && u64map_del(&pool_live, r->ptr, &v))
+            if (r->op == FABPOOL_TR_FREE && u64map_del(&pool_live, r->ptr, &v))
                 pool_bytes -= v;
             if (counted_level) {
                 if (u64map_del(&live, r->ptr, &v))
@@ -414,14 +414,14 @@ void trace_summarize(const trace_data *d, trace_summary *s)
                     s->unknown_frees++;
             }
             break;
-        case FP_TR_BUF_CREATE:
+        case FABPOOL_TR_BUF_CREATE:
             s->buf_hist[r->size ? log2_floor(r->size) : 0]++;
             u64map_put(&live, r->ptr, r->size);
             u64map_put(&pool_live, r->ptr, r->size);
             bytes += r->size;
             pool_bytes += r->size;
             break;
-        case FP_TR_BUF_RESIZE:
+        case FABPOOL_TR_BUF_RESIZE:
             stream_seen(s, r->arg);
             s->buf_hist[r->size ? log2_floor(r->size) : 0]++;
             if (u64map_get(&live, r->ptr, &v)) {
@@ -433,7 +433,7 @@ void trace_summarize(const trace_data *d, trace_summary *s)
                 s->unknown_frees++;
             }
             break;
-        case FP_TR_BUF_DESTROY:
+        case FABPOOL_TR_BUF_DESTROY:
             stream_seen(s, r->arg);
             if (u64map_del(&live, r->ptr, &v)) {
                 bytes -= v;

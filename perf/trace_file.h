@@ -1,4 +1,4 @@
-/* trace_file.h - reading a fabpool trace (lib/trace_format.h) for the tools
+/* trace_file.h - reading a fabpool trace (include/fabpool_trace_format.h) for the tools
  * of perf/: fabpool_trace (the summary), fabpool_replay, and the tests. */
 #ifndef FABPOOL_TRACE_FILE_H
 #define FABPOOL_TRACE_FILE_H
@@ -6,11 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "trace_format.h"
+#include "fabpool_trace_format.h"
 
 typedef struct trace_data {
-    fp_trace_header h;
-    fp_trace_rec *recs;
+    fabpool_trace_header h;
+    fabpool_trace_rec *recs;
     size_t n;
     int closed;          /* the header holds the record count and checksum (checked) */
     int has_app;         /* some records are an adapter's (app_*) */
@@ -29,8 +29,8 @@ void trace_free(trace_data *d);
 /* The summary of fabpool_trace, computed from d. */
 #define TRACE_HIST 64
 typedef struct trace_summary {
-    uint64_t ops[FP_TR_NOPS];       /* records by op */
-    uint64_t failed[FP_TR_NOPS];    /* records with a known status other than OK */
+    uint64_t ops[FABPOOL_TR_NOPS];       /* records by op */
+    uint64_t failed[FABPOOL_TR_NOPS];    /* records with a known status other than OK */
     uint64_t hist[TRACE_HIST];      /* allocations (the level in `level`) by size: [k] = sizes in [2^k, 2^(k+1)) */
     uint64_t buf_hist[TRACE_HIST];  /* buffer sizes asked (create, resize) */
     uint64_t live_peak, live_end;   /* bytes: blocks of the level + buffer sizes */

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trace_format.h"
+#include "fabpool_trace_format.h"
 
 static uint64_t rng_state;
 static uint64_t rnd(void)
@@ -36,16 +36,16 @@ static uint64_t rnd(void)
 static uint64_t rnd_in(uint64_t lo, uint64_t hi) { return lo + rnd() % (hi - lo + 1); }
 
 static FILE *out;
-static uint64_t t_ns, n_recs, sum = FP_FNV_OFFSET, next_addr = 0x7f2000000000ull;
+static uint64_t t_ns, n_recs, sum = FABPOOL_FNV_OFFSET, next_addr = 0x7f2000000000ull;
 static const uint64_t COMM_STREAM = 0x55aa00c0ffee00ull;
 
 static void rec(unsigned op, uint64_t ptr, uint64_t size, uint64_t arg, unsigned status, unsigned thread)
 {
-    unsigned char b[FP_TRACE_RECORD_BYTES];
+    unsigned char b[FABPOOL_TRACE_RECORD_BYTES];
     t_ns += 800 + rnd() % 2400; /* 0.8 to 3.2 us between calls */
-    fp_trace_rec r = {t_ns, ptr, size, arg, (uint8_t)op, (uint8_t)status, thread};
-    fp_trace_encode_rec(b, &r);
-    sum = fp_fnv1a(sum, b, sizeof b);
+    fabpool_trace_rec r = {t_ns, ptr, size, arg, (uint8_t)op, (uint8_t)status, thread};
+    fabpool_trace_encode_rec(b, &r);
+    sum = fabpool_fnv1a(sum, b, sizeof b);
     n_recs++;
     if (fwrite(b, 1, sizeof b, out) != sizeof b) {
         perror("fabpool_trace_gen: write");
@@ -57,10 +57,10 @@ static uint64_t app_alloc(uint64_t size, unsigned thread)
 {
     uint64_t p = next_addr;
     next_addr += (size + 511) / 512 * 512 + 512;
-    rec(FP_TR_APP_ALLOC, p, size, 0, 0, thread);
+    rec(FABPOOL_TR_APP_ALLOC, p, size, 0, 0, thread);
     return p;
 }
-static void app_free(uint64_t p, uint64_t size, unsigned thread) { rec(FP_TR_APP_FREE, p, size, 0, FP_TRACE_STATUS_UNKNOWN, thread); }
+static void app_free(uint64_t p, uint64_t size, unsigned thread) { rec(FABPOOL_TR_APP_FREE, p, size, 0, FABPOOL_TRACE_STATUS_UNKNOWN, thread); }
 
 /* a stack of live tensors of a step, freed in reverse (what backward does) */
 typedef struct tensor {
@@ -110,9 +110,9 @@ int main(int argc, char **argv)
         perror(path);
         return 1;
     }
-    unsigned char hb[FP_TRACE_HEADER_BYTES];
-    fp_trace_header h = {0, FP_TRACE_VERSION, FP_TRACE_F_SYNTHETIC, 0, 2u << 20, 4u << 20, FP_TRACE_OPEN, 0};
-    fp_trace_encode_header(hb, &h);
+    unsigned char hb[FABPOOL_TRACE_HEADER_BYTES];
+    fabpool_trace_header h = {0, FABPOOL_TRACE_VERSION, FABPOOL_TRACE_F_SYNTHETIC, 0, 2u << 20, 4u << 20, FABPOOL_TRACE_OPEN, 0};
+    fabpool_trace_encode_header(hb, &h);
     fwrite(hb, 1, sizeof hb, out);
 
     /* weights (fp32), per layer: ln1, qkv, out proj, ln2, ff1, ff2 (weights and biases) */
@@ -149,7 +149,7 @@ int main(int argc, char **argv)
         uint64_t size = b == 0 ? t0 * hidden * 2 : t0 * experts * ranks * 4;
         hbuf[b] = next_addr;
         next_addr += (hmax[b] + (2u << 20) - 1) / (2u << 20) * (2u << 20) + (2u << 20);
-        rec(FP_TR_BUF_CREATE, hbuf[b], size, hmax[b], 0, 1);
+        rec(FABPOOL_TR_BUF_CREATE, hbuf[b], size, hmax[b], 0, 1);
     }
 
     for (uint64_t step = 0; step < steps; step++) {
@@ -186,8 +186,8 @@ int main(int argc, char **argv)
                 if (tpr > max_tokens)
                     tpr = max_tokens;
                 uint64_t te = tpr * ranks;
-                rec(FP_TR_BUF_RESIZE, hbuf[0], te * hidden * 2, COMM_STREAM, 0, 1);
-                rec(FP_TR_BUF_RESIZE, hbuf[1], te * experts * ranks * 4, COMM_STREAM, 0, 1);
+                rec(FABPOOL_TR_BUF_RESIZE, hbuf[0], te * hidden * 2, COMM_STREAM, 0, 1);
+                rec(FABPOOL_TR_BUF_RESIZE, hbuf[1], te * experts * ranks * 4, COMM_STREAM, 0, 1);
             }
         }
         PUSH(T * d * 4);                            /* final norm */
@@ -243,16 +243,16 @@ int main(int argc, char **argv)
         t_ns += 150000000ull; /* the step's kernels */
     }
     for (int b = 0; b < 2; b++)
-        rec(FP_TR_BUF_DESTROY, hbuf[b], 0, COMM_STREAM, 0, 1);
+        rec(FABPOOL_TR_BUF_DESTROY, hbuf[b], 0, COMM_STREAM, 0, 1);
     for (size_t i = 0; i < nparams; i++) {
         app_free(m1[i], psize[i], 1);
         app_free(m2[i], psize[i], 1);
         app_free(pw[i], psize[i], 1);
     }
-    rec(FP_TR_APP_EMPTY, 0, 0, 0, FP_TRACE_STATUS_UNKNOWN, 1);
+    rec(FABPOOL_TR_APP_EMPTY, 0, 0, 0, FABPOOL_TRACE_STATUS_UNKNOWN, 1);
     h.n_records = n_recs;
     h.checksum = sum;
-    fp_trace_encode_header(hb, &h);
+    fabpool_trace_encode_header(hb, &h);
     if (fseek(out, 0, SEEK_SET) != 0 || fwrite(hb, 1, sizeof hb, out) != sizeof hb || fclose(out) != 0) {
         perror(path);
         return 1;

@@ -116,6 +116,7 @@ static void test_defaults(void)
     CHECK(o.slab_max_bytes == 8 * MiB);
     CHECK(o.cache_limit_bytes == UINT64_MAX);
     CHECK(o.decay_ms == 1000);
+    CHECK(o.large_slack_percent == 4);
     CHECK(o.shrink_hysteresis_percent == 25);
     CHECK(o.thread_cache == 1);
     CHECK(o.stats_at_destroy == 0);
@@ -256,6 +257,11 @@ static void test_good_values(void)
 
     if (GOOD("cache_limit:512MiB", &o))
         CHECK(o.cache_limit_bytes == 512 * MiB);
+    if (GOOD("large_slack:0", &o))
+        CHECK(o.large_slack_percent == 0);
+    if (GOOD("large_slack:12%", &o))
+        CHECK(o.large_slack_percent == 12);
+    BAD("large_slack:1001", "'large_slack'", "'1001'");
     if (GOOD("decay_ms:0", &o))
         CHECK(o.decay_ms == 0);
     if (GOOD("decay_ms:4294967295", &o))

@@ -58,34 +58,34 @@ static void round_trip(void)
     int n = 0;
     void *a = NULL, *b = NULL, *c = NULL, *bad = NULL;
     CHECK_OK(fabpool_alloc(p, 1000, &a));
-    w[n++] = (want){FP_TR_ALLOC, (uintptr_t)a, 1000, 0, 0};
+    w[n++] = (want){FABPOOL_TR_ALLOC, (uintptr_t)a, 1000, 0, 0};
     CHECK_OK(fabpool_alloc(p, 300000, &b));
-    w[n++] = (want){FP_TR_ALLOC, (uintptr_t)b, 300000, 0, 0};
+    w[n++] = (want){FABPOOL_TR_ALLOC, (uintptr_t)b, 300000, 0, 0};
     CHECK_OK(fabpool_alloc(p, 9u << 20, &c)); /* above slab_max: a large span */
-    w[n++] = (want){FP_TR_ALLOC, (uintptr_t)c, 9u << 20, 0, 0};
+    w[n++] = (want){FABPOOL_TR_ALLOC, (uintptr_t)c, 9u << 20, 0, 0};
     CHECK_STATUS(fabpool_alloc(p, 0, &bad), FABPOOL_ERR_INVALID_ARG);
-    w[n++] = (want){FP_TR_ALLOC, 0, 0, 0, FABPOOL_ERR_INVALID_ARG};
+    w[n++] = (want){FABPOOL_TR_ALLOC, 0, 0, 0, FABPOOL_ERR_INVALID_ARG};
     CHECK_OK(fabpool_free(p, b));
-    w[n++] = (want){FP_TR_FREE, (uintptr_t)b, 0, 0, FP_TRACE_STATUS_UNKNOWN};
+    w[n++] = (want){FABPOOL_TR_FREE, (uintptr_t)b, 0, 0, FABPOOL_TRACE_STATUS_UNKNOWN};
     fabpool_buffer_t *buf = NULL;
     CHECK_OK(fabpool_buffer_create(p, 64u << 20, 4u << 20, &buf));
     uint64_t base = (uintptr_t)fabpool_buffer_ptr(buf);
-    w[n++] = (want){FP_TR_BUF_CREATE, base, 4u << 20, 64u << 20, 0};
+    w[n++] = (want){FABPOOL_TR_BUF_CREATE, base, 4u << 20, 64u << 20, 0};
     CHECK_OK(fabpool_buffer_resize(buf, 20u << 20, s1));
-    w[n++] = (want){FP_TR_BUF_RESIZE, base, 20u << 20, (uintptr_t)s1, 0};
+    w[n++] = (want){FABPOOL_TR_BUF_RESIZE, base, 20u << 20, (uintptr_t)s1, 0};
     CHECK_OK(fabpool_buffer_resize(buf, 2u << 20, NULL));
-    w[n++] = (want){FP_TR_BUF_RESIZE, base, 2u << 20, 0, 0};
+    w[n++] = (want){FABPOOL_TR_BUF_RESIZE, base, 2u << 20, 0, 0};
     CHECK_STATUS(fabpool_buffer_resize(buf, 128u << 20, NULL), FABPOOL_ERR_LIMIT); /* past max: not recorded */
     CHECK_OK(fabpool_trim(p, 12345));
-    w[n++] = (want){FP_TR_TRIM, 0, 12345, 0, FP_TRACE_STATUS_UNKNOWN};
+    w[n++] = (want){FABPOOL_TR_TRIM, 0, 12345, 0, FABPOOL_TRACE_STATUS_UNKNOWN};
     CHECK_OK(fabpool_buffer_destroy(buf, s1));
-    w[n++] = (want){FP_TR_BUF_DESTROY, base, 0, (uintptr_t)s1, 0};
+    w[n++] = (want){FABPOOL_TR_BUF_DESTROY, base, 0, (uintptr_t)s1, 0};
     CHECK_OK(fabpool_free(p, a));
-    w[n++] = (want){FP_TR_FREE, (uintptr_t)a, 0, 0, FP_TRACE_STATUS_UNKNOWN};
+    w[n++] = (want){FABPOOL_TR_FREE, (uintptr_t)a, 0, 0, FABPOOL_TRACE_STATUS_UNKNOWN};
     CHECK_OK(fabpool_free(p, c));
-    w[n++] = (want){FP_TR_FREE, (uintptr_t)c, 0, 0, FP_TRACE_STATUS_UNKNOWN};
+    w[n++] = (want){FABPOOL_TR_FREE, (uintptr_t)c, 0, 0, FABPOOL_TRACE_STATUS_UNKNOWN};
     CHECK_STATUS(fabpool_free(p, a), FABPOOL_ERR_DOUBLE_FREE); /* recorded before it is refused */
-    w[n++] = (want){FP_TR_FREE, (uintptr_t)a, 0, 0, FP_TRACE_STATUS_UNKNOWN};
+    w[n++] = (want){FABPOOL_TR_FREE, (uintptr_t)a, 0, 0, FABPOOL_TRACE_STATUS_UNKNOWN};
     fabpool_options got;
     CHECK_OK(fabpool_get_options(p, &got));
     CHECK(strcmp(got.trace_path, path) == 0);
@@ -99,14 +99,14 @@ static void round_trip(void)
     }
     CHECK(d.closed);
     CHECK(!d.has_app);
-    CHECK(d.h.version == FP_TRACE_VERSION);
+    CHECK(d.h.version == FABPOOL_TRACE_VERSION);
     CHECK(d.h.device == 0);
     CHECK(d.h.granularity == 2u << 20);
     CHECK(d.h.slab_max == 8u << 20); /* the default */
     CHECK(d.h.pid == (uint32_t)getpid());
     CHECK(d.n == (size_t)n);
     for (int i = 0; i < n && (size_t)i < d.n; i++) {
-        const fp_trace_rec *r = &d.recs[i];
+        const fabpool_trace_rec *r = &d.recs[i];
         int same = r->op == w[i].op && r->ptr == w[i].ptr && r->size == w[i].size && r->arg == w[i].arg &&
                    r->status == w[i].status && r->thread == d.recs[0].thread;
         if (!same)
@@ -120,7 +120,7 @@ static void round_trip(void)
     }
     trace_summary s;
     trace_summarize(&d, &s);
-    CHECK(s.ops[FP_TR_ALLOC] == 4 && s.failed[FP_TR_ALLOC] == 1 && s.ops[FP_TR_FREE] == 4);
+    CHECK(s.ops[FABPOOL_TR_ALLOC] == 4 && s.failed[FABPOOL_TR_ALLOC] == 1 && s.ops[FABPOOL_TR_FREE] == 4);
     CHECK(s.unknown_frees == 1);   /* the double free */
     CHECK(s.live_end == 0 && s.objects_end == 0);
     /* peak: a + b + c live (1000 + 300000 + 9 MiB), then the buffer's 20 MiB with a and c */
@@ -179,7 +179,7 @@ static void threads(void)
     trace_summarize(&d, &s);
     CHECK(s.threads >= NT);
     CHECK(s.unknown_frees == 0); /* every free follows its allocation in the file */
-    CHECK(s.live_end == 0 && s.failed[FP_TR_ALLOC] == 0);
+    CHECK(s.live_end == 0 && s.failed[FABPOOL_TR_ALLOC] == 0);
     trace_free(&d);
 }
 
@@ -221,7 +221,7 @@ static void off_is_same(void)
     for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS; i++)
         CHECK(a.driver_calls[i] == b.driver_calls[i]);
     struct stat st;
-    CHECK(stat(path, &st) == 0 && st.st_size == FP_TRACE_HEADER_BYTES + 50 * 128 * FP_TRACE_RECORD_BYTES);
+    CHECK(stat(path, &st) == 0 && st.st_size == FABPOOL_TRACE_HEADER_BYTES + 50 * 128 * FABPOOL_TRACE_RECORD_BYTES);
 }
 
 /* ------------------------------------------------------------ options */
@@ -300,7 +300,7 @@ static void env_and_names(void)
         CHECK(0);
     }
     if (load(want2, &d2) == 0) {
-        CHECK(d2.n == 2 && d2.recs[0].op == FP_TR_ALLOC && d2.recs[1].op == FP_TR_FREE);
+        CHECK(d2.n == 2 && d2.recs[0].op == FABPOOL_TR_ALLOC && d2.recs[1].op == FABPOOL_TR_FREE);
         trace_free(&d2);
     } else {
         CHECK(0);
@@ -400,10 +400,10 @@ static void refused(const char *replay)
         long cut, flip;
         const char *says;
     } cases[] = {
-        {FP_TRACE_HEADER_BYTES + 3 * FP_TRACE_RECORD_BYTES + 7, -1, "truncated"},
-        {FP_TRACE_HEADER_BYTES + 2 * FP_TRACE_RECORD_BYTES, -1, "truncated"},
+        {FABPOOL_TRACE_HEADER_BYTES + 3 * FABPOOL_TRACE_RECORD_BYTES + 7, -1, "truncated"},
+        {FABPOOL_TRACE_HEADER_BYTES + 2 * FABPOOL_TRACE_RECORD_BYTES, -1, "truncated"},
         {20, -1, "shorter than the 64-byte header"},
-        {-1, FP_TRACE_HEADER_BYTES + 5 * FP_TRACE_RECORD_BYTES + 9, "checksum"},
+        {-1, FABPOOL_TRACE_HEADER_BYTES + 5 * FABPOOL_TRACE_RECORD_BYTES + 9, "checksum"},
         {-1, 2, "not a fabpool trace"},
         {-1, 8, "version"},
     };
@@ -439,7 +439,7 @@ static void refused(const char *replay)
         CHECK(strstr(err, "truncated") != NULL || strstr(err, "corrupt") != NULL);
     }
     /* a writer that never completed its file (open marker): whole records read, a partial one dropped */
-    CHECK(copy_cut(good, bad, FP_TRACE_HEADER_BYTES + 3 * FP_TRACE_RECORD_BYTES + 5, -1) == 0);
+    CHECK(copy_cut(good, bad, FABPOOL_TRACE_HEADER_BYTES + 3 * FABPOOL_TRACE_RECORD_BYTES + 5, -1) == 0);
     FILE *f = fopen(bad, "r+b");
     unsigned char open_mark[8];
     memset(open_mark, 0xff, 8);

@@ -588,7 +588,7 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
         void *p = blk_take(d, b);
         d->c.reuse_same_stream++;
         count_alloc(d, p, size, usable, stream);
-        FP_TRACE(d->pool->trace, FP_TR_APP_ALLOC, p, size, stream);
+        FP_TRACE(d->pool->trace, FABPOOL_TR_APP_ALLOC, p, size, stream);
         pthread_mutex_unlock(&d->lock);
         return p;
     }
@@ -627,7 +627,7 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
     size_t usable = size;
     fabpool_usable_size(d->pool, p, &usable);
     count_alloc(d, p, size, usable, stream);
-    FP_TRACE(d->pool->trace, FP_TR_APP_ALLOC, p, size, stream);
+    FP_TRACE(d->pool->trace, FABPOOL_TR_APP_ALLOC, p, size, stream);
     ctx_leave(d, saved);
     pthread_mutex_unlock(&d->lock);
     return p;
@@ -663,7 +663,7 @@ void fabpool_torch_free(void *ptr, size_t size, int device, void *stream)
     /* what was recorded at the allocation counts, not what the caller says */
     ft_live e = d->live[at];
     live_remove(d, at);
-    FP_TRACE(d->pool->trace, FP_TR_APP_FREE, ptr, e.size, e.stream);
+    FP_TRACE(d->pool->trace, FABPOOL_TR_APP_FREE, ptr, e.size, e.stream);
     uint64_t usable = e.usable;
     stream = e.stream;
     size_t key = e.size && e.size <= usable ? (size_t)e.size : (size_t)usable;
@@ -718,7 +718,7 @@ void fabpool_torch_free(void *ptr, size_t size, int device, void *stream)
 static fabpool_status empty_dev(ft_dev *d)
 {
     pthread_mutex_lock(&d->lock);
-    FP_TRACE(d->pool->trace, FP_TR_APP_EMPTY, 0, 0, 0);
+    FP_TRACE(d->pool->trace, FABPOOL_TR_APP_EMPTY, 0, 0, 0);
     CUcontext saved = ctx_enter(d);
     poll_dev(d, FP_NCLASS, 1);
     /* the stream lists are empty now: forget the streams (some may be gone) */

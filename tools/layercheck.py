@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""layercheck: lib/ as a stack of layers, checked.
+
+Reads lib/LAYERS (one line per layer, bottom first: `name: stem stem ...`; a
+stem is a file name without .c/.h; `callback: function reason` lines name the
+function pointers that lib/ keeps on purpose) and builds the graph of lib/'s
+includes and function references (calls, and addresses taken) from the
+sources, comments and strings stripped.  It fails when
+  - a lib file is not listed, or listed twice, or LAYERS names a missing stem;
+  - a file includes a lib header, or references a function defined in a lib
+    file, of a higher layer;
+  - the files of one layer reach each other in a circle;
+  - a lib function's address is taken (a function pointer) and LAYERS does not
+    list it as a callback;
+  - a file under adapters/ or perf/ includes a header of lib/, or a
+    CMakeLists.txt there adds lib/ to an include path.
+Usage: tools/layercheck.py [--root DIR] [--verbose] | --self-test
+Exit status 0 when the tree keeps the rules, 1 otherwise (each violation on a line).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+C_KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "defined"}
+
+
+def strip_c(text):
+    """Blanks comments, string and character literals (keeps line count)."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            j = min(j + 1, n)
+            # keep #include "x.h" names: they are read before stripping
+            out.append(c + " " * max(0, j - i - 2) + (c if j - i >= 2 else ""))
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def parse_layers(path):
+    layers, callbacks, errors = [], {}, []
+    with open(path) as f:
+        for ln, line in enumerate(f, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            if ":" not in line:
+                errors.append(f"{path}:{ln}: expected 'name: stem ...' or 'callback: function reason'")
+                continue
+            name, rest = line.split(":", 1)
+            name = name.strip()
+            if name == "callback":
+                parts = rest.split(None, 1)
+                if len(parts) < 2:
+                    errors.append(f"{path}:{ln}: a callback needs a function name and the reason it exists")
+                else:
+                    callbacks[parts[0]] = parts[1]
+                continue
+            layers.append((name, rest.split()))
+    return layers, callbacks, errors
+
+
+def lib_files(lib):
+    return sorted(f for f in os.listdir(lib) if f.endswith((".c", ".h")))
+
+
+def stem(f):
+    return os.path.splitext(os.path.basename(f))[0]
+
+
+DEF_RE = re.compile(r"^[A-Za-z_][\w \t\*]*?\b([A-Za-z_]\w*)\s*\(([^;{]|\n)*?\)\s*\{", re.M)
+
+
+def enclosing_callee(s, pos):
+    """The function called by the innermost parenthesis open around pos, or None."""
+    depth = 0
+    i = pos - 1
+    while i >= 0 and pos - i < 4000:
+        c = s[i]
+        if c == ")":
+            depth += 1
+        elif c == "(":
+            if depth == 0:
+                m = re.search(r"([A-Za-z_]\w*)\s*$", s[max(0, i - 100):i])
+                return m.group(1) if m else None
+            depth -= 1
+        elif c in ";{}" and depth == 0:
+            return None
+        i -= 1
+    return None
+
+
+def check(root, verbose=False):
+    lib = os.path.join(root, "lib")
+    errors = []
+    layers_path = os.path.join(lib, "LAYERS")
+    if not os.path.exists(layers_path):
+        return ["lib/LAYERS is missing: it lists lib/'s layers, bottom first"]
+    layers, callbacks, errs = parse_layers(layers_path)
+    errors += errs
+    level, layer_of = {}, {}
+    for i, (name, stems) in enumerate(layers):
+        for s in stems:
+            if s in level:
+                errors.append(f"lib/LAYERS: '{s}' is listed twice (layers {layer_of[s]} and {name})")
+            level[s], layer_of[s] = i, name
+    files = lib_files(lib)
+    stems_present = {stem(f) for f in files}
+    for s in sorted(stems_present - set(level)):
+        errors.append(f"lib/{s}.c/.h is in no layer of lib/LAYERS: add it to the layer it belongs to")
+    for s in sorted(set(level) - stems_present):
+        errors.append(f"lib/LAYERS names '{s}', which has no file in lib/")
+
+    raw = {f: open(os.path.join(lib, f), encoding="utf-8", errors="replace").read() for f in files}
+    src = {f: strip_c(t) for f, t in raw.items()}
+
+    # functions: name -> defining stem (non-static in .c, and every function defined in a header);
+    # static functions of a .c are file-local (their address may still be taken)
+    defined, static_in = {}, {}
+    for f, s in src.items():
+        for m in DEF_RE.finditer(s):
+            head = m.group(0).split("(", 1)[0]
+            name = m.group(1)
+            if name in C_KEYWORDS:
+                continue
+            if f.endswith(".c") and re.match(r"\s*static\b", head):
+                static_in.setdefault(f, set()).add(name)
+            else:
+                defined.setdefault(name, stem(f))
+
+    edges = {}  # stem -> {stem: why}
+
+    def add_edge(a, b, why):
+        if a != b:
+            edges.setdefault(a, {}).setdefault(b, why)
+
+    ident = re.compile(r"\b([A-Za-z_]\w*)\b")
+    for f in files:
+        a = stem(f)
+        for m in re.finditer(r'^\s*#\s*include\s+"([^"]+)"', raw[f], re.M):
+            inc = os.path.basename(m.group(1))
+            if inc in raw and stem(inc) in level:
+                add_edge(a, stem(inc), f"#include \"{inc}\"")
+        s = src[f]
+        # a function's own definitions and declarations name it without calling
+        for m in ident.finditer(s):
+            name = m.group(1)
+            target = defined.get(name)
+            local = name in static_in.get(f, ())
+            if target is None and not local:
+                continue
+            after = s[m.end():m.end() + 80].lstrip()
+            before = s[max(0, m.start() - 80):m.start()].rstrip()
+            line = s.count("\n", 0, m.start()) + 1
+            if after.startswith("("):
+                # a call, a definition or a declaration
+                if target is not None:
+                    add_edge(a, target, f"{f}:{line}: {name}()")
+                continue
+            # not followed by '(': its address is taken (or it is a macro argument)
+            if before.endswith("#define") or re.search(r"#\s*(undef|ifdef|ifndef)\s*$", before):
+                continue
+            # a pointer that crosses files: a function of another file, or one handed to another
+            # lib file's function (the callee of the innermost call around it)
+            callee = enclosing_callee(s, m.start())
+            crosses = (target is not None and target != a) or (
+                callee is not None and defined.get(callee) not in (None, a))
+            if crosses and name not in callbacks:
+                to = f"handed to {callee}() of lib/{defined[callee]}" if callee in defined and defined[callee] != a \
+                    else f"defined in lib/{target}"
+                errors.append(f"lib/{f}:{line}: {name}() is used as a function pointer ({to}); a callback across "
+                              f"files must be listed in lib/LAYERS as 'callback: {name} <why>'")
+            if target is not None:
+                add_edge(a, target, f"{f}:{line}: &{name}")
+
+    # upward edges
+    for a, outs in sorted(edges.items()):
+        for b, why in sorted(outs.items()):
+            if a in level and b in level and level[b] > level[a]:
+                errors.append(f"upward: {a} (layer {layer_of[a]}) uses {b} (layer {layer_of[b]}, higher) at {why}")
+
+    # circles within a layer
+    for i, (name, stems) in enumerate(layers):
+        inside = set(stems)
+        color = {}
+        stack = []
+
+        def visit(u):
+            color[u] = 1
+            stack.append(u)
+            for v in sorted(edges.get(u, {})):
+                if v not in inside:
+                    continue
+                if color.get(v) == 1:
+                    cyc = stack[stack.index(v):] + [v]
+                    errors.append(f"circle in layer {name}: " + " -> ".join(
+                        f"{x} ({edges[x][y]})" if y else x for x, y in zip(cyc, cyc[1:] + [None]) if y))
+                elif not color.get(v):
+                    visit(v)
+            stack.pop()
+            color[u] = 2
+
+        for u in sorted(inside):
+            if not color.get(u):
+                visit(u)
+
+    # adapters/ and perf/: the public headers only
+    libhdrs = {f for f in files if f.endswith(".h")}
+    inc_dir = os.path.join(root, "include")
+    pub = set(os.listdir(inc_dir)) if os.path.isdir(inc_dir) else set()
+    for top in ("adapters", "perf"):
+        for dp, _, fs in os.walk(os.path.join(root, top)):
+            for fn in fs:
+                p = os.path.join(dp, fn)
+                rel = os.path.relpath(p, root)
+                if fn == "CMakeLists.txt":
+                    for ln, line in enumerate(open(p), 1):
+                        if re.search(r"include_directories[^)]*(\$\{CMAKE_SOURCE_DIR\}|\.\.)/lib\b", line):
+                            errors.append(f"{rel}:{ln}: adds lib/ to an include path; {top}/ may use include/ only")
+                    continue
+                if not fn.endswith((".c", ".h", ".cpp", ".cc", ".cu", ".hpp")):
+                    continue
+                text = open(p, encoding="utf-8", errors="replace").read()
+                for m in re.finditer(r'^\s*#\s*include\s*[<"]([^">]+)[">]', text, re.M):
+                    inc = m.group(1)
+                    line = text.count("\n", 0, m.start()) + 1
+                    base = os.path.basename(inc)
+                    here = os.path.normpath(os.path.join(dp, inc))
+                    if here.startswith(os.path.join(root, "lib") + os.sep) or (
+                            base in libhdrs and base not in pub and not os.path.exists(here)):
+                        errors.append(f"{rel}:{line}: includes lib/{base}; {top}/ may use include/ only")
+    if verbose:
+        for i, (name, stems) in enumerate(layers):
+            print(f"layer {i} {name}: " + ", ".join(
+                f"{s} -> {' '.join(sorted(edges.get(s, {})))}" if edges.get(s) else s for s in stems))
+    return errors
+
+
+def self_test(root):
+    """Plants an upward include, a circular call, an unlisted callback and a lib include in
+    perf/ into copies of the tree, and checks that each is caught (and the tree as it is passes)."""
+    ok = True
+    base_errors = check(root)
+    if base_errors:
+        print("self-test: the tree itself fails the check:\n  " + "\n  ".join(base_errors))
+        return False
+    layers, _, _ = parse_layers(os.path.join(root, "lib", "LAYERS"))
+    bottom = next(s for _, ss in layers for s in ss if os.path.exists(os.path.join(root, "lib", s + ".c")))
+    top = next(s for _, ss in reversed(layers) for s in ss if os.path.exists(os.path.join(root, "lib", s + ".h")))
+    multi = next(((n, ss) for n, ss in layers if sum(os.path.exists(os.path.join(root, "lib", s + ".c")) for s in ss) >= 2), None)
+
+    def planted(what, edit, expect):
+        nonlocal ok
+        with tempfile.TemporaryDirectory() as tmp:
+            for d in ("lib", "include", "adapters", "perf"):
+                if os.path.isdir(os.path.join(root, d)):
+                    shutil.copytree(os.path.join(root, d), os.path.join(tmp, d))
+            edit(tmp)
+            errs = check(tmp)
+            hit = [e for e in errs if expect in e]
+            print(f"self-test: {what}: {'caught' if hit else 'NOT caught'}" + (f": {hit[0]}" if hit else ""))
+            ok = ok and bool(hit)
+
+    def append(tmp, rel, text):
+        with open(os.path.join(tmp, rel), "a") as f:
+            f.write(text)
+
+    planted(f"lib/{bottom}.c includes {top}.h (upward)",
+            lambda t: append(t, f"lib/{bottom}.c", f'\n#include "{top}.h"\n'), "upward")
+    if multi:
+        a, b = [s for s in multi[1] if os.path.exists(os.path.join(root, "lib", s + ".c"))][:2]
+        planted(f"{a}.c and {b}.c call each other (layer {multi[0]})",
+                lambda t: (append(t, f"lib/{a}.c", f"\nvoid fp_planted_{a}(void);\nvoid fp_planted_{b}(void);\n"
+                                                      f"void fp_planted_{a}(void) {{ fp_planted_{b}(); }}\n"),
+                           append(t, f"lib/{b}.c", f"\nvoid fp_planted_{a}(void);\nvoid fp_planted_{b}(void);\n"
+                                                      f"void fp_planted_{b}(void) {{ fp_planted_{a}(); }}\n")),
+                "circle")
+    planted(f"lib/{top}.c's function stored as a pointer by lib/{bottom}.c",
+            lambda t: (append(t, f"lib/{top}.c", "\nint fp_planted_cb(void);\nint fp_planted_cb(void) { return 1; }\n"),
+                       append(t, f"lib/{bottom}.c", "\nint fp_planted_cb(void);\nint (*fp_planted_ptr)(void) = fp_planted_cb;\n")),
+            "fp_planted_cb() is used as a function pointer")
+    planted("perf/ includes a lib header",
+            lambda t: append(t, "perf/planted.c", f'#include "{top}.h"\n'), "may use include/ only")
+    return ok
+
+
+def main():
+    args = sys.argv[1:]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if "--root" in args:
+        root = args[args.index("--root") + 1]
+    if "--self-test" in args:
+        ok = self_test(root)
+        print("layercheck self-test:", "passed" if ok else "FAILED")
+        return 0 if ok else 1
+    errors = check(root, "--verbose" in args)
+    for e in errors:
+        print(e)
+    print(f"layercheck: {'no violations' if not errors else str(len(errors)) + ' violation(s)'}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
