@@ -130,7 +130,7 @@ fabpool_status fp_desc_parse(const void *desc, size_t len, size_t nfds, fp_desc 
         return fp_desc_refuse("window %llu / live %llu bytes do not fit the granularity", out->window, out->live);
     if (out->since > out->generation)
         return fp_desc_refuse("since %llu is past its generation %llu", out->since, out->generation);
-    if (out->handle_type == FABPOOL_HANDLE_POSIX_FD && nfds != out->n)
+    if (out->handle_type == FABPOOL_HANDLE_POSIX_FD && nfds != FP_DESC_ANY_FDS && nfds != out->n)
         return fp_desc_refuse("%llu fds came with %llu records", nfds, out->n);
     uint64_t end = 0;
     for (uint32_t i = 0; i < out->n; i++) {

@@ -45,7 +45,9 @@ void fp_desc_put_header(uint8_t *d, const fp_desc *h);
 /* Every check that needs no view: the bytes are a descriptor of this
  * version, whole, uncorrupted, its records sorted, inside its live bytes,
  * within (since, generation], and for posix_fd one fd each (nfds of them
- * came).  FABPOOL_ERR_DESCRIPTOR (or INVALID_ARG for NULL) with a message. */
+ * came; FP_DESC_ANY_FDS: not checked).  FABPOOL_ERR_DESCRIPTOR (or
+ * INVALID_ARG for NULL) with a message. */
+#define FP_DESC_ANY_FDS ((size_t)-1)
 fabpool_status fp_desc_parse(const void *desc, size_t len, size_t nfds, fp_desc *out);
 /* Record k of a parsed descriptor. */
 void fp_desc_record(const fp_desc *ds, uint32_t k, fp_desc_rec *r);
