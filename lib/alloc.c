@@ -75,12 +75,11 @@ void fp_registry_remove(fp_alloc *a)
 
 /* ------------------------------------------------------------ thread caches */
 
-void fp_alloc_init(fp_alloc *a, fp_heap *heap, const fp_pagemap *map, int thread_cache)
+void fp_alloc_init(fp_alloc *a, fp_heap *heap, int thread_cache)
 {
     a->heap = heap;
-    a->map = map;
-    a->meta = heap->meta;
-    a->lock = heap->lock;
+    a->sp = heap->sp;
+    a->map = &heap->sp->map;
     a->slab_max = heap->slab_max;
     a->n_slab_classes = heap->n_slab_classes;
     a->thread_cache = thread_cache;
@@ -116,16 +115,16 @@ static void tcache_free(fp_alloc *a, fp_tcache *tc)
         atomic_fetch_add(&a->counts[c].tc_allocs, atomic_load_explicit(&tc->allocs[c], memory_order_relaxed));
         atomic_fetch_add(&a->counts[c].tc_frees, atomic_load_explicit(&tc->frees[c], memory_order_relaxed));
     }
-    fp_meta_free(a->meta, tc, tc->bytes);
+    fp_meta_free(a->sp->meta, tc, tc->bytes);
 }
 
 /* Flushes and frees a cache whose pool is alive. */
 static void tcache_retire(fp_alloc *a, fp_tcache *tc)
 {
     tcache_flush(a, tc);
-    pthread_mutex_lock(a->lock);
+    pthread_mutex_lock(&a->sp->lock);
     FP_LIST_REMOVE(&a->tcaches, tc, next, prev);
-    pthread_mutex_unlock(a->lock);
+    pthread_mutex_unlock(&a->sp->lock);
     tcache_free(a, tc);
     fp_heap_trim_policy(a->heap);
 }
@@ -161,7 +160,7 @@ void fp_tcaches_destroy(fp_alloc *a)
 static fp_tcache *tcache_new(fp_alloc *a)
 {
     size_t bytes = sizeof(fp_tcache) + a->n_slab_classes * sizeof(fp_bin) + a->tcache_bytes;
-    fp_tcache *tc = fp_meta_alloc(a->meta, bytes);
+    fp_tcache *tc = fp_meta_alloc(a->sp->meta, bytes);
     if (!tc)
         return NULL;
     tc->owner = a;
@@ -173,9 +172,9 @@ static fp_tcache *tcache_new(fp_alloc *a)
         items += a->tc_cap[c];
     }
     tc->epoch = atomic_load(&a->flush_epoch);
-    pthread_mutex_lock(a->lock);
+    pthread_mutex_lock(&a->sp->lock);
     FP_LIST_PUSH(&a->tcaches, tc, next, prev);
-    pthread_mutex_unlock(a->lock);
+    pthread_mutex_unlock(&a->sp->lock);
     return tc;
 }
 
@@ -381,7 +380,7 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
         return fp_error(FABPOOL_ERR_NOT_FOUND,
                         "fabpool_free(%p): this pool (device %d) did not give out that pointer, or it was freed "
                         "and its memory returned to the driver",
-                        ptr, (int)a->heap->ch->dev);
+                        ptr, (int)a->sp->ch->dev);
     if (s->kind != FP_SPAN_SLAB)
         return fp_large_free(a->heap, addr);
     uint32_t idx;

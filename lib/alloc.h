@@ -12,7 +12,7 @@
  * their state with a cast, with neither a call nor the pool's header on the
  * hot path.
  *
- * Locking: the pool lock (a->lock) guards the list of caches; the registry
+ * Locking: the pool lock (a->sp->lock) guards the list of caches; the registry
  * of live pools has its own lock, taken before the pool lock (a thread that
  * exits retires its caches under it). */
 #ifndef FP_ALLOC_H
@@ -58,8 +58,7 @@ typedef struct fp_alloc {
     _Atomic uint64_t flush_epoch;      /* a trim asks every cache to flush at its next call */
     /* the rest */
     fp_heap *heap;
-    fp_meta *meta;
-    pthread_mutex_t *lock;             /* the pool lock */
+    fp_space *sp;                      /* the heap's */
     int thread_cache;                  /* the option */
     unsigned n_slab_classes;
     uint32_t tc_cap[FP_NCLASS];        /* thread-cache bin capacity per class */
@@ -69,7 +68,7 @@ typedef struct fp_alloc {
 } fp_alloc;
 
 /* Sets up the caches' capacities from the heap's classes. */
-void fp_alloc_init(fp_alloc *a, fp_heap *heap, const fp_pagemap *map, int thread_cache);
+void fp_alloc_init(fp_alloc *a, fp_heap *heap, int thread_cache);
 /* A unique id and a place in the registry of live pools: 0, or -1 without host memory. */
 int fp_registry_add(fp_alloc *a);
 /* Out of the registry first at destroy: exiting threads no longer touch it. */

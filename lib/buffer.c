@@ -14,16 +14,16 @@
 
 static int reserve_chunks(fp_buffers *bs, struct fabpool_buffer *b, uint32_t n)
 {
-    return FP_ARRAY_RESERVE(bs->meta, b->chunks, b->n, b->cap, n, 8);
+    return FP_ARRAY_RESERVE(bs->sp->meta, b->chunks, b->n, b->cap, n, 8);
 }
 
 static void free_buffer(fp_buffers *bs, struct fabpool_buffer *b)
 {
     FP_LIST_REMOVE(&bs->list, b, next, prev);
-    fp_va_free(bs->va, b->base, b->window);
-    FP_ARRAY_FREE(bs->meta, b->chunks, b->cap);
-    FP_ARRAY_FREE(bs->meta, b->ghosts, b->cap_ghosts);
-    fp_meta_free(bs->meta, b, sizeof *b);
+    fp_va_free(&bs->sp->va, b->base, b->window);
+    FP_ARRAY_FREE(bs->sp->meta, b->chunks, b->cap);
+    FP_ARRAY_FREE(bs->sp->meta, b->ghosts, b->cap_ghosts);
+    fp_meta_free(bs->sp->meta, b, sizeof *b);
 }
 
 /* Whether a peer may still import a chunk that the descriptor of generation
@@ -41,7 +41,7 @@ static int peers_may_hold(const struct fabpool_buffer *b, uint64_t named)
  * unmapped or replaced. */
 static void forget_export(fp_buffers *bs, fp_bchunk *c)
 {
-    fp_chunk_close_fd(bs->ch, &c->fd);
+    fp_chunk_close_fd(bs->sp->ch, &c->fd);
     c->has_fabric = 0;
 }
 
@@ -49,14 +49,14 @@ static void forget_export(fp_buffers *bs, fp_bchunk *c)
 static fabpool_status remove_chunk(fp_buffers *bs, struct fabpool_buffer *b, uint32_t i)
 {
     fp_bchunk *c = &b->chunks[i];
-    fabpool_status st = fp_chunk_unmap(bs->ch, b->base + c->off, c->size);
+    fabpool_status st = fp_chunk_unmap(bs->sp->ch, b->base + c->off, c->size);
     if (st != FABPOOL_OK)
         return st;
     forget_export(bs, c);
     int was_live = !c->retiring;
     if (c->retiring) {
         if (c->retire_event)
-            FP_CU(&bs->ch->calls, cuEventDestroy, c->retire_event);
+            FP_CU(&bs->sp->ch->calls, cuEventDestroy, c->retire_event);
         atomic_fetch_sub(&bs->retiring_bytes, c->size);
     } else {
         b->live -= c->size;
@@ -75,7 +75,7 @@ static fabpool_status pop_chunk(fp_buffers *bs, struct fabpool_buffer *b) { retu
 
 static fabpool_status ghost_add(fp_buffers *bs, struct fabpool_buffer *b, fp_ghost g)
 {
-    if (FP_ARRAY_RESERVE(bs->meta, b->ghosts, b->n_ghosts, b->cap_ghosts, b->n_ghosts + 1, 4) != 0)
+    if (FP_ARRAY_RESERVE(bs->sp->meta, b->ghosts, b->n_ghosts, b->cap_ghosts, b->n_ghosts + 1, 4) != 0)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's list of chunks its peers hold");
     b->ghosts[b->n_ghosts++] = g;
     atomic_fetch_add(&bs->ghost_bytes, g.size);
@@ -88,7 +88,7 @@ static void ghosts_release(fp_buffers *bs, struct fabpool_buffer *b, int all)
     uint32_t w = 0;
     for (uint32_t i = 0; i < b->n_ghosts; i++) {
         fp_ghost *g = &b->ghosts[i];
-        if ((all || !peers_may_hold(b, g->named)) && fp_chunk_release(bs->ch, g->h) == CUDA_SUCCESS) {
+        if ((all || !peers_may_hold(b, g->named)) && fp_chunk_release(bs->sp->ch, g->h) == CUDA_SUCCESS) {
             atomic_fetch_sub(&bs->ghost_bytes, g->size);
             continue;
         }
@@ -108,12 +108,12 @@ static int retired_done(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, 
     if (!c->retire_event)
         return 1;
     if (!*pushed) {
-        if ((*st = fp_ctx_push(bs->ch, saved)) != FABPOOL_OK)
+        if ((*st = fp_ctx_push(bs->sp->ch, saved)) != FABPOOL_OK)
             return -1;
         *pushed = 1;
     }
-    CUresult r = wait ? FP_CU(&bs->ch->calls, cuEventSynchronize, c->retire_event)
-                      : FP_CU(&bs->ch->calls, cuEventQuery, c->retire_event);
+    CUresult r = wait ? FP_CU(&bs->sp->ch->calls, cuEventSynchronize, c->retire_event)
+                      : FP_CU(&bs->sp->ch->calls, cuEventQuery, c->retire_event);
     if (r == CUDA_ERROR_NOT_READY)
         return 0;
     if (r != CUDA_SUCCESS) {
@@ -159,7 +159,7 @@ fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
             free_buffer(bs, b);
     }
     if (pushed)
-        fp_ctx_pop(bs->ch, saved);
+        fp_ctx_pop(bs->sp->ch, saved);
     return first;
 }
 
@@ -167,9 +167,9 @@ fabpool_status fp_buffers_collect(fp_buffers *bs, int wait)
 {
     if (!bs)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_collect: the pool is NULL");
-    pthread_mutex_lock(bs->lock);
+    pthread_mutex_lock(&bs->sp->lock);
     fabpool_status st = fp_collect_locked(bs, wait);
-    pthread_mutex_unlock(bs->lock);
+    pthread_mutex_unlock(&bs->sp->lock);
     return st;
 }
 
@@ -178,9 +178,9 @@ fabpool_status fp_buffers_collect(fp_buffers *bs, int wait)
  * each is about a quarter of what is there), never more than max_chunk. */
 static uint64_t next_chunk(const fp_buffers *bs, const struct fabpool_buffer *b, uint64_t live, uint64_t target)
 {
-    uint64_t need = fp_round_up(target - live, bs->gran);
+    uint64_t need = fp_round_up(target - live, bs->sp->gran);
     uint64_t allow = fp_round_up(target + target / 100 * bs->max_waste_percent +
-                                 target % 100 * bs->max_waste_percent / 100, bs->gran);
+                                 target % 100 * bs->max_waste_percent / 100, bs->sp->gran);
     if (allow > b->window)
         allow = b->window;
     uint64_t room = allow - live, cap = bs->max_chunk;
@@ -188,7 +188,7 @@ static uint64_t next_chunk(const fp_buffers *bs, const struct fabpool_buffer *b,
         room = cap;
     if (need >= cap)
         return cap;
-    uint64_t c = fp_class_round_down_gran(room, bs->gran);
+    uint64_t c = fp_class_round_down_gran(room, bs->sp->gran);
     return c >= need ? c : need;
 }
 
@@ -205,7 +205,7 @@ static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t ta
         if (c->off != b->live)
             break; /* not behind the live chunks (a chunk before it failed to unmap): it cannot come back */
         if (c->retire_event)
-            FP_CU(&bs->ch->calls, cuEventDestroy, c->retire_event);
+            FP_CU(&bs->sp->ch->calls, cuEventDestroy, c->retire_event);
         c->retire_event = NULL;
         c->retiring = 0;
         b->live += c->size;
@@ -250,7 +250,7 @@ static void undo_grow(fp_buffers *bs, struct fabpool_buffer *b, uint32_t mapped_
 /* Waits for the GPU work on `stream` (NULL: the whole context). */
 static fabpool_status sync_stream(fp_buffers *bs, void *stream, const char *why)
 {
-    CUresult r = stream ? FP_CU(&bs->ch->calls, cuStreamSynchronize, (CUstream)stream) : FP_CU(&bs->ch->calls, cuCtxSynchronize);
+    CUresult r = stream ? FP_CU(&bs->sp->ch->calls, cuStreamSynchronize, (CUstream)stream) : FP_CU(&bs->sp->ch->calls, cuCtxSynchronize);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, stream ? "cuStreamSynchronize" : "cuCtxSynchronize", "waiting for GPU work %s", why);
     return FABPOOL_OK;
@@ -272,11 +272,11 @@ static fabpool_status keep_for_peers(fp_buffers *bs, struct fabpool_buffer *b, f
     if (!peers_may_hold(b, c->named))
         return FABPOOL_OK;
     CUmemGenericAllocationHandle h = 0;
-    fabpool_status st = fp_chunk_retain(bs->ch, b->base + c->off, &h, "keeping a chunk its peers may import");
+    fabpool_status st = fp_chunk_retain(bs->sp->ch, b->base + c->off, &h, "keeping a chunk its peers may import");
     if (st != FABPOOL_OK)
         return st;
     if (!ghost_keep(bs, b, c, h)) {
-        fp_chunk_release(bs->ch, h);
+        fp_chunk_release(bs->sp->ch, h);
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's list of chunks its peers hold");
     }
     return FABPOOL_OK;
@@ -293,7 +293,7 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
 {
     fp_bchunk *c = &b->chunks[j];
     uint64_t at = b->base + c->off, drop_gen = b->generation + 1;
-    uint64_t tmp = fp_va_alloc(bs->va, rs, bs->gran);
+    uint64_t tmp = fp_va_alloc(&bs->sp->va, rs, bs->sp->gran);
     if (!tmp)
         return fp_error(FABPOOL_ERR_LIMIT, "shrinking a buffer to %llu bytes: no free address range of %llu bytes "
                         "left in the pool's reservation for the copy; raise reserve", (unsigned long long)target,
@@ -302,9 +302,9 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
     fabpool_status st = fp_heap_chunk_create(bs->heap, rs, &hn);
     if (st != FABPOOL_OK)
         goto free_va;
-    if ((st = fp_chunk_map_access(bs->ch, tmp, rs, hn, "a smaller chunk for a shrunk buffer")) != FABPOOL_OK)
+    if ((st = fp_chunk_map_access(bs->sp->ch, tmp, rs, hn, "a smaller chunk for a shrunk buffer")) != FABPOOL_OK)
         goto release_new;
-    CUresult r = FP_CU(&bs->ch->calls, cuMemcpyDtoDAsync, (CUdeviceptr)tmp, (CUdeviceptr)at, target - c->off,
+    CUresult r = FP_CU(&bs->sp->ch->calls, cuMemcpyDtoDAsync, (CUdeviceptr)tmp, (CUdeviceptr)at, target - c->off,
                        (CUstream)stream);
     if (r != CUDA_SUCCESS) {
         st = fp_drv_error(r, "cuMemcpyDtoDAsync", "copying %llu bytes of a shrunk buffer into its smaller chunk",
@@ -316,13 +316,13 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
     for (uint32_t i = j + 1; i < b->n; i++) {
         fp_bchunk *t = &b->chunks[i];
         if (t->retiring && t->retire_event &&
-            (r = FP_CU(&bs->ch->calls, cuEventSynchronize, t->retire_event)) != CUDA_SUCCESS) {
+            (r = FP_CU(&bs->sp->ch->calls, cuEventSynchronize, t->retire_event)) != CUDA_SUCCESS) {
             st = fp_drv_error(r, "cuEventSynchronize", "waiting for the GPU work on a retired chunk");
             goto unmap_tmp;
         }
     }
     /* the old chunk's memory: a handle of our own, to map it back if the swap fails */
-    if ((st = fp_chunk_retain(bs->ch, at, &ho, "keeping a shrunk buffer's chunk while it is replaced")) != FABPOOL_OK)
+    if ((st = fp_chunk_retain(bs->sp->ch, at, &ho, "keeping a shrunk buffer's chunk while it is replaced")) != FABPOOL_OK)
         goto unmap_tmp;
 
     /* the chunks after j go: their memory first kept for the peers that may
@@ -336,19 +336,19 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
     /* the swap */
     c = &b->chunks[j];
     uint64_t old = c->size;
-    if ((st = fp_chunk_unmap(bs->ch, at, old)) != FABPOOL_OK)
+    if ((st = fp_chunk_unmap(bs->sp->ch, at, old)) != FABPOOL_OK)
         goto drop_ghosts;
-    if ((st = fp_chunk_map_access(bs->ch, at, rs, hn, "a shrunk buffer's smaller chunk")) != FABPOOL_OK) {
-        if (fp_chunk_map_access(bs->ch, at, old, ho, "a shrunk buffer's chunk, back") == FABPOOL_OK)
-            fp_chunk_count_mapped(bs->ch, old);
+    if ((st = fp_chunk_map_access(bs->sp->ch, at, rs, hn, "a shrunk buffer's smaller chunk")) != FABPOOL_OK) {
+        if (fp_chunk_map_access(bs->sp->ch, at, old, ho, "a shrunk buffer's chunk, back") == FABPOOL_OK)
+            fp_chunk_count_mapped(bs->sp->ch, old);
         else
             fp_error_append(" (the chunk could not be mapped back either: the buffer lost %llu bytes at offset %llu)",
                             (unsigned long long)old, (unsigned long long)c->off);
         goto drop_ghosts;
     }
-    fp_chunk_count_mapped(bs->ch, rs);
+    fp_chunk_count_mapped(bs->sp->ch, rs);
     if (!ghost_keep(bs, b, c, ho)) /* the old memory, for the peers that may still import it */
-        fp_chunk_release(bs->ch, ho);
+        fp_chunk_release(bs->sp->ch, ho);
     forget_export(bs, c);
     b->live -= old - rs;
     b->mapped -= old - rs;
@@ -376,21 +376,21 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
 drop_ghosts:
     while (b->n_ghosts > n0) {
         fp_ghost *g = &b->ghosts[--b->n_ghosts];
-        fp_chunk_release(bs->ch, g->h);
+        fp_chunk_release(bs->sp->ch, g->h);
         atomic_fetch_sub(&bs->ghost_bytes, g->size);
     }
-    fp_chunk_release(bs->ch, ho);
+    fp_chunk_release(bs->sp->ch, ho);
 unmap_tmp:
-    if (FP_CU_UNDO(&bs->ch->calls, cuMemUnmap, (CUdeviceptr)tmp, rs) != CUDA_SUCCESS) {
-        fp_chunk_release(bs->ch, hn);
+    if (FP_CU_UNDO(&bs->sp->ch->calls, cuMemUnmap, (CUdeviceptr)tmp, rs) != CUDA_SUCCESS) {
+        fp_chunk_release(bs->sp->ch, hn);
         return st != FABPOOL_OK ? st : fp_error(FABPOOL_ERR_DRIVER, "cuMemUnmap of the copy of a shrunk buffer's "
                                                 "chunk failed twice; %llu bytes of address space stay used",
                                                 (unsigned long long)rs);
     }
 release_new:
-    fp_chunk_release(bs->ch, hn);
+    fp_chunk_release(bs->sp->ch, hn);
 free_va:
-    fp_va_free(bs->va, tmp, rs);
+    fp_va_free(&bs->sp->va, tmp, rs);
     return st;
 }
 
@@ -401,7 +401,7 @@ free_va:
 static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t target, void *stream)
 {
     uint64_t keep = fp_round_up(target + target / 100 * bs->shrink_hysteresis_percent +
-                                target % 100 * bs->shrink_hysteresis_percent / 100, bs->gran);
+                                target % 100 * bs->shrink_hysteresis_percent / 100, bs->sp->gran);
     uint32_t last_live = b->n;
     while (last_live && b->chunks[last_live - 1].retiring)
         last_live--;
@@ -416,36 +416,36 @@ static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t 
     if (first_retire == last_live && !refit_j)
         return FABPOOL_OK;
     CUcontext saved;
-    fabpool_status st = fp_ctx_push(bs->ch, &saved);
+    fabpool_status st = fp_ctx_push(bs->sp->ch, &saved);
     if (st != FABPOOL_OK)
         return st;
     if (refit_j) {
         fp_bchunk *j = &b->chunks[first_retire - 1];
         st = refit(bs, b, first_retire - 1, keep - j->off, target, stream);
-        fp_ctx_pop(bs->ch, saved);
+        fp_ctx_pop(bs->sp->ch, saved);
         return st;
     }
     if (!stream && (st = sync_stream(bs, NULL, "before unmapping a shrunk buffer's chunks")) != FABPOOL_OK) {
-        fp_ctx_pop(bs->ch, saved);
+        fp_ctx_pop(bs->sp->ch, saved);
         return st;
     }
     /* the events first, so that a failure retires nothing and the buffer keeps its size */
     for (uint32_t i = first_retire; stream && i < last_live; i++) {
         CUevent ev = NULL;
         const char *call = "cuEventCreate";
-        CUresult r = FP_CU(&bs->ch->calls, cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
+        CUresult r = FP_CU(&bs->sp->ch->calls, cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
         if (r == CUDA_SUCCESS) {
             call = "cuEventRecord";
-            r = FP_CU(&bs->ch->calls, cuEventRecord, ev, (CUstream)stream);
+            r = FP_CU(&bs->sp->ch->calls, cuEventRecord, ev, (CUstream)stream);
             if (r != CUDA_SUCCESS)
-                FP_CU(&bs->ch->calls, cuEventDestroy, ev);
+                FP_CU(&bs->sp->ch->calls, cuEventDestroy, ev);
         }
         if (r != CUDA_SUCCESS) {
             for (uint32_t k = first_retire; k < i; k++) {
-                FP_CU(&bs->ch->calls, cuEventDestroy, b->chunks[k].retire_event);
+                FP_CU(&bs->sp->ch->calls, cuEventDestroy, b->chunks[k].retire_event);
                 b->chunks[k].retire_event = NULL;
             }
-            fp_ctx_pop(bs->ch, saved);
+            fp_ctx_pop(bs->sp->ch, saved);
             return fp_drv_error(r, call, "%s an event on stream %p before retiring a buffer chunk (nothing was "
                                 "retired)", strcmp(call, "cuEventCreate") == 0 ? "creating" : "recording", stream);
         }
@@ -460,7 +460,7 @@ static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t 
         b->live -= c->size;
         atomic_fetch_add(&bs->retiring_bytes, c->size);
     }
-    fp_ctx_pop(bs->ch, saved);
+    fp_ctx_pop(bs->sp->ch, saved);
     b->generation++; /* the live chunks changed */
     return FABPOOL_OK;
 }
@@ -470,11 +470,7 @@ static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t 
 void fp_buffers_init(fp_buffers *bs, fp_heap *heap, const fabpool_options *o)
 {
     bs->heap = heap;
-    bs->ch = heap->ch;
-    bs->va = heap->va;
-    bs->meta = heap->meta;
-    bs->lock = heap->lock;
-    bs->gran = heap->gran;
+    bs->sp = heap->sp;
     bs->max_chunk = o->max_chunk_bytes;
     bs->max_waste_percent = o->max_waste_percent;
     bs->shrink_hysteresis_percent = o->shrink_hysteresis_percent;
@@ -488,25 +484,25 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     if (max_size == 0 || size == 0 || size > max_size)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_create: max_size %zu and size %zu: both must be "
                         "at least 1 and size <= max_size", max_size, size);
-    if (max_size > bs->va->size - bs->gran)
+    if (max_size > bs->sp->va.size - bs->sp->gran)
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_create: max_size %zu is larger than the pool's "
                         "reserved address space (%llu bytes); raise reserve", max_size,
-                        (unsigned long long)bs->va->size);
-    struct fabpool_buffer *b = fp_meta_alloc(bs->meta, sizeof *b);
+                        (unsigned long long)bs->sp->va.size);
+    struct fabpool_buffer *b = fp_meta_alloc(bs->sp->meta, sizeof *b);
     if (!b)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer");
     b->owner = bs;
-    b->window = fp_round_up(max_size, bs->gran);
+    b->window = fp_round_up(max_size, bs->sp->gran);
     static _Atomic uint64_t uids;
     b->uid = ((uint64_t)getpid() << 32) ^ (atomic_fetch_add(&uids, 1) + 1) ^ ((uint64_t)(uintptr_t)b << 12);
-    pthread_mutex_lock(bs->lock);
-    b->base = fp_va_alloc(bs->va, b->window, bs->gran);
+    pthread_mutex_lock(&bs->sp->lock);
+    b->base = fp_va_alloc(&bs->sp->va, b->window, bs->sp->gran);
     if (!b->base) {
-        pthread_mutex_unlock(bs->lock);
-        fp_meta_free(bs->meta, b, sizeof *b);
+        pthread_mutex_unlock(&bs->sp->lock);
+        fp_meta_free(bs->sp->meta, b, sizeof *b);
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_create: no free address range of %llu bytes left in the "
                         "pool's reservation of %llu bytes; raise reserve", (unsigned long long)b->window,
-                        (unsigned long long)bs->va->size);
+                        (unsigned long long)bs->sp->va.size);
     }
     FP_LIST_PUSH(&bs->list, b, next, prev);
     atomic_fetch_add(&bs->count, 1);
@@ -516,13 +512,13 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
         undo_grow(bs, b, from);
         free_buffer(bs, b);
         atomic_fetch_sub(&bs->count, 1);
-        pthread_mutex_unlock(bs->lock);
+        pthread_mutex_unlock(&bs->sp->lock);
         return st;
     }
     b->size = size;
     atomic_fetch_add(&bs->bytes, size);
     FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_CREATE, b->base, size, max_size, FABPOOL_OK);
-    pthread_mutex_unlock(bs->lock);
+    pthread_mutex_unlock(&bs->sp->lock);
     *out = b;
     return FABPOOL_OK;
 }
@@ -557,9 +553,9 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
     }
     enum { STACK = 16 };
     uint32_t from_stack[STACK], *from = from_stack;
-    if (n > STACK && !(from = fp_meta_alloc(bs->meta, n * sizeof *from)))
+    if (n > STACK && !(from = fp_meta_alloc(bs->sp->meta, n * sizeof *from)))
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to resize %zu buffers", n);
-    pthread_mutex_lock(bs->lock);
+    pthread_mutex_lock(&bs->sp->lock);
     fp_collect_locked(bs, 0);
     fabpool_status st = FABPOOL_OK;
     size_t i;
@@ -589,9 +585,9 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
         if (fp_collect_locked(bs, 0) != FABPOOL_OK && st == FABPOOL_OK)
             fp_error_clear();
     }
-    pthread_mutex_unlock(bs->lock);
+    pthread_mutex_unlock(&bs->sp->lock);
     if (from != from_stack)
-        fp_meta_free(bs->meta, from, n * sizeof *from);
+        fp_meta_free(bs->sp->meta, from, n * sizeof *from);
     return st;
 }
 
@@ -605,12 +601,12 @@ fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
     if (!b || b->destroyed)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_destroy: the buffer is NULL or already destroyed");
     fp_buffers *bs = b->owner;
-    pthread_mutex_lock(bs->lock);
+    pthread_mutex_lock(&bs->sp->lock);
     fabpool_status st = shrink(bs, b, 0, stream);
     if (st != FABPOOL_OK) {
         /* nothing was retired: the buffer is as it was, and can be destroyed again */
         fp_error_append(" (fabpool_buffer_destroy: the buffer is still alive; destroy it again)");
-        pthread_mutex_unlock(bs->lock);
+        pthread_mutex_unlock(&bs->sp->lock);
         return st;
     }
     atomic_fetch_sub(&bs->bytes, b->size);
@@ -622,7 +618,7 @@ fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
      * the rest when the peers acknowledge (fabpool_peers_ack) or at pool
      * destroy.  A collect that fails here is retried by the next one. */
     (void)fp_collect_locked(bs, 0);
-    pthread_mutex_unlock(bs->lock);
+    pthread_mutex_unlock(&bs->sp->lock);
     fp_error_clear();
     return FABPOOL_OK;
 }
@@ -645,7 +641,7 @@ fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer
     if (!b || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_get_info: the buffer or the output is NULL");
     fp_buffers *bs = b->owner;
-    pthread_mutex_lock(bs->lock);
+    pthread_mutex_lock(&bs->sp->lock);
     out->base = (void *)(uintptr_t)b->base;
     out->size = b->size;
     out->mapped = b->live;
@@ -655,7 +651,7 @@ fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer
         out->n_chunks += !b->chunks[i].retiring;
     out->generation = b->generation;
     out->export_id = b->uid;
-    pthread_mutex_unlock(bs->lock);
+    pthread_mutex_unlock(&bs->sp->lock);
     return FABPOOL_OK;
 }
 

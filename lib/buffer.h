@@ -8,7 +8,7 @@
  * buffer bytes, mapped, count, retiring and ghost bytes.  Export (export.c)
  * and dma-bufs (dmabuf.c) sit above it and read its structures.
  *
- * Locking: the pool lock (bs->lock) guards every buffer and the list. */
+ * Locking: the pool lock (bs->sp->lock) guards every buffer and the list. */
 #ifndef FP_BUFFER_H
 #define FP_BUFFER_H
 
@@ -45,11 +45,7 @@ typedef struct fp_ghost {
 /* The pool's buffers. */
 typedef struct fp_buffers {
     fp_heap *heap;                     /* chunks are made through it (OOM: trim and retry) */
-    fp_chunks *ch;
-    fp_vaspace *va;
-    fp_meta *meta;
-    pthread_mutex_t *lock;             /* the pool lock */
-    uint64_t gran;
+    fp_space *sp;                      /* the heap's */
     struct fp_trace *trace;            /* NULL: none */
     uint64_t max_chunk;
     uint32_t max_waste_percent, shrink_hysteresis_percent;

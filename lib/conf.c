@@ -213,16 +213,23 @@ static fabpool_status read_number(const struct key *k, const char *v, size_t n, 
 
 /* ------------------------------------------------------------- parsers */
 
-static fabpool_status parse_uint(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o)
+/* A whole number: all of v, or v with `suffix` after it (0: none). */
+static fabpool_status read_whole(const struct key *k, const char *v, size_t n, uint64_t *out, char suffix,
+                                 const char *not_what)
 {
-    (void)o;
     size_t used = 0;
     fabpool_status st = read_number(k, v, n, out, &used);
     if (st != FABPOOL_OK)
         return st;
-    if (used != n)
-        return bad_value(k, v, n, "is not a whole number");
-    return FABPOOL_OK;
+    if (used == n || (suffix && used + 1 == n && v[used] == suffix))
+        return FABPOOL_OK;
+    return bad_value(k, v, n, not_what);
+}
+
+static fabpool_status parse_uint(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o)
+{
+    (void)o;
+    return read_whole(k, v, n, out, 0, "is not a whole number");
 }
 
 static fabpool_status parse_size(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o)
@@ -262,13 +269,7 @@ static fabpool_status parse_size(const struct key *k, const char *v, size_t n, u
 static fabpool_status parse_percent(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o)
 {
     (void)o;
-    size_t used = 0;
-    fabpool_status st = read_number(k, v, n, out, &used);
-    if (st != FABPOOL_OK)
-        return st;
-    if (used == n || (used == n - 1 && v[used] == '%'))
-        return FABPOOL_OK;
-    return bad_value(k, v, n, "is not a whole percent");
+    return read_whole(k, v, n, out, '%', "is not a whole percent");
 }
 
 static fabpool_status parse_bool(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o)

@@ -19,7 +19,7 @@ fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *b, size_t offset, size_t 
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     if (page == 0 || page == (uint64_t)-1)
         page = 4096;
-    pthread_mutex_lock(bs->lock);
+    pthread_mutex_lock(&bs->sp->lock);
     fabpool_status st = FABPOOL_OK;
     uint64_t live = b->live;
     uint32_t n = 0;
@@ -39,20 +39,20 @@ fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *b, size_t offset, size_t 
                       "fabpool_buffer_dmabuf: offset %zu and size %zu must be multiples of the host page size (%llu "
                       "bytes), as cuMemGetHandleForAddressRange requires; round the range out to pages",
                       offset, size, (unsigned long long)page);
-    else if (!bs->ch->dmabuf_supported)
+    else if (!bs->sp->ch->dmabuf_supported)
         st = fp_error(FABPOOL_ERR_NOT_SUPPORTED,
                       "fabpool_buffer_dmabuf: device %d cannot export dma-bufs (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED "
                       "is 0: it needs Linux 5.12 or newer, the open NVIDIA kernel module and a data-center GPU)",
-                      (int)bs->ch->dev);
+                      (int)bs->sp->ch->dev);
     if (st != FABPOOL_OK) {
-        pthread_mutex_unlock(bs->lock);
+        pthread_mutex_unlock(&bs->sp->lock);
         return st;
     }
     CUcontext saved;
-    st = fp_ctx_push(bs->ch, &saved);
+    st = fp_ctx_push(bs->sp->ch, &saved);
     if (st == FABPOOL_OK) {
         int out = -1;
-        CUresult r = FP_CU(&bs->ch->calls, cuMemGetHandleForAddressRange, &out, (CUdeviceptr)(b->base + offset), size,
+        CUresult r = FP_CU(&bs->sp->ch->calls, cuMemGetHandleForAddressRange, &out, (CUdeviceptr)(b->base + offset), size,
                            CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
         if (r != CUDA_SUCCESS)
             st = fp_drv_error(r, "cuMemGetHandleForAddressRange", "exporting bytes [%zu, %zu + %zu) of a buffer at "
@@ -60,8 +60,8 @@ fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *b, size_t offset, size_t 
                               (unsigned long long)b->base, n, n == 1 ? "" : "s");
         else
             *fd = out;
-        fp_ctx_pop(bs->ch, saved);
+        fp_ctx_pop(bs->sp->ch, saved);
     }
-    pthread_mutex_unlock(bs->lock);
+    pthread_mutex_unlock(&bs->sp->lock);
     return st;
 }

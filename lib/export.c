@@ -15,10 +15,10 @@
 /* Exports chunk c once: retain its handle, export, release at once (chunk.c). */
 static fabpool_status export_chunk(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c)
 {
-    int fabric = bs->ch->handle_type == FABPOOL_HANDLE_FABRIC;
+    int fabric = bs->sp->ch->handle_type == FABPOOL_HANDLE_FABRIC;
     if (fabric ? c->has_fabric : c->fd >= 0)
         return FABPOOL_OK;
-    fabpool_status st = fp_chunk_export(bs->ch, b->base + c->off, c->size, &c->fd, fabric ? &c->fabric : NULL);
+    fabpool_status st = fp_chunk_export(bs->sp->ch, b->base + c->off, c->size, &c->fd, fabric ? &c->fabric : NULL);
     if (st == FABPOOL_OK && fabric)
         c->has_fabric = 1;
     return st;
@@ -30,11 +30,11 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
     if (!b || !len || !nfds)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: the buffer, len or nfds is NULL");
     fp_buffers *bs = b->owner;
-    if (bs->ch->handle_type != FABPOOL_HANDLE_POSIX_FD && bs->ch->handle_type != FABPOOL_HANDLE_FABRIC)
+    if (bs->sp->ch->handle_type != FABPOOL_HANDLE_POSIX_FD && bs->sp->ch->handle_type != FABPOOL_HANDLE_FABRIC)
         return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "fabpool_buffer_export: the pool's handle type is %s: create it "
                         "with handle_type:posix_fd, fabric or auto to share its buffers",
-                        fp_handle_type_name(bs->ch->handle_type));
-    pthread_mutex_lock(bs->lock);
+                        fp_handle_type_name(bs->sp->ch->handle_type));
+    pthread_mutex_lock(&bs->sp->lock);
     fabpool_status st = FABPOOL_OK;
     if (b->destroyed) {
         st = fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: the buffer is destroyed");
@@ -48,7 +48,7 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
     size_t n = 0;
     for (uint32_t i = 0; i < b->n; i++)
         n += !b->chunks[i].retiring && b->chunks[i].gen > since;
-    int posix = bs->ch->handle_type == FABPOOL_HANDLE_POSIX_FD;
+    int posix = bs->sp->ch->handle_type == FABPOOL_HANDLE_POSIX_FD;
     *len = fabpool_desc_size(n);
     *nfds = posix ? n : 0;
     if (!desc || cap < *len || (posix && (!fds || fd_cap < n))) {
@@ -74,16 +74,16 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
         c->named = b->generation;
         k++;
     }
-    fp_desc h = {.n = (uint32_t)n, .handle_type = (uint32_t)bs->ch->handle_type, .generation = b->generation,
+    fp_desc h = {.n = (uint32_t)n, .handle_type = (uint32_t)bs->sp->ch->handle_type, .generation = b->generation,
                  .since = since, .window = b->window, .live = b->live, .uid = b->uid, .pid = (int)getpid(),
-                 .device = bs->ch->device, .gran = bs->gran};
+                 .device = bs->sp->ch->device, .gran = bs->sp->gran};
     fp_desc_put_header(d, &h);
     if (b->acked == UINT64_MAX && b->generation > 0)
         b->acked = b->generation - 1; /* a new peer after "no peer is left": it maps what this names */
     b->shared = 1;
     b->exported_gen = b->generation;
 out:
-    pthread_mutex_unlock(bs->lock);
+    pthread_mutex_unlock(&bs->sp->lock);
     return st;
 }
 
@@ -91,11 +91,11 @@ fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *b)
 {
     if (!b)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export_done: the buffer is NULL");
-    fp_buffers *bs = b->owner;
-    pthread_mutex_lock(bs->lock);
-    for (uint32_t i = 0; i < b->n; i++)
-        fp_chunk_close_fd(bs->ch, &b->chunks[i].fd);
-    pthread_mutex_unlock(bs->lock);
+    fp_space *sp = b->owner->sp;
+    pthread_mutex_lock(&sp->lock);
+    for (fp_bchunk *c = b->chunks; c < b->chunks + b->n; c++)
+        fp_chunk_close_fd(sp->ch, &c->fd); /* the peers have theirs: the pool's copies go */
+    pthread_mutex_unlock(&sp->lock);
     return FABPOOL_OK;
 }
 
@@ -118,11 +118,11 @@ fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *b, uint64_t generation
     if (!b)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is NULL");
     fp_buffers *bs = b->owner;
-    pthread_mutex_lock(bs->lock);
+    pthread_mutex_lock(&bs->sp->lock);
     fabpool_status st = b->destroyed ? fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is "
                                                 "destroyed; acknowledge by its export id (fabpool_peers_ack)")
                                      : ack_locked(bs, b, generation, "fabpool_buffer_peers_ack");
-    pthread_mutex_unlock(bs->lock);
+    pthread_mutex_unlock(&bs->sp->lock);
     return st;
 }
 
@@ -130,7 +130,7 @@ fabpool_status fp_buffers_peers_ack(fp_buffers *bs, uint64_t export_id, uint64_t
 {
     if (!bs)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_peers_ack: the pool is NULL");
-    pthread_mutex_lock(bs->lock);
+    pthread_mutex_lock(&bs->sp->lock);
     struct fabpool_buffer *b = bs->list;
     while (b && b->uid != export_id)
         b = b->next;
@@ -138,7 +138,7 @@ fabpool_status fp_buffers_peers_ack(fp_buffers *bs, uint64_t export_id, uint64_t
                           : fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_peers_ack: no buffer of this pool has export id "
                                      "0x%llx (a destroyed buffer whose memory is all gone needs no more acks)",
                                      (unsigned long long)export_id);
-    pthread_mutex_unlock(bs->lock);
+    pthread_mutex_unlock(&bs->sp->lock);
     return st;
 }
 

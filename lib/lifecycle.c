@@ -162,8 +162,8 @@ static fabpool_status reserve(struct fabpool *p)
         return fp_drv_error(r, "cuMemGetAllocationGranularity", "asking device %d's granularity", p->opt.device);
     if (gran == 0 || (gran & (gran - 1)))
         return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "the driver's granularity %zu is not a power of two", gran);
-    p->gran = gran;
-    p->gran_shift = fp_log2_floor(gran);
+    p->sp.gran = gran;
+    p->sp.gran_shift = fp_log2_floor(gran);
 
     uint64_t size = p->opt.reserve_bytes;
     if (!size) {
@@ -179,8 +179,8 @@ static fabpool_status reserve(struct fabpool *p)
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemAddressReserve", "reserving %llu bytes of address space (lower it with "
                             "FABPOOL_CONF=reserve:...)", (unsigned long long)size);
-    p->va.base = base;
-    p->va.size = size;
+    p->sp.va.base = base;
+    p->sp.va.size = size;
     return FABPOOL_OK;
 }
 
@@ -225,28 +225,30 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     p->ch.n_peers = o.n_peer_devices;
     for (int i = 0; i < o.n_peer_devices && i < FABPOOL_MAX_PEERS; i++)
         p->ch.peers[i] = o.peer_devices[i];
-    pthread_mutex_init(&p->lock, NULL);
+    pthread_mutex_init(&p->sp.lock, NULL);
+    p->sp.ch = &p->ch;
+    p->sp.meta = &p->meta;
 
     if ((st = setup_device(p)) != FABPOOL_OK || (st = fp_chunk_choose_rdma(&p->ch, p->opt.rdma)) != FABPOOL_OK ||
         (st = choose_handle_type(p)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
-        (st = fp_trace_open(&p->opt, p->gran, &p->trace)) != FABPOOL_OK)
+        (st = fp_trace_open(&p->opt, p->sp.gran, &p->trace)) != FABPOOL_OK)
         goto fail;
-    uint64_t va_base = p->va.base, va_size = p->va.size;
-    if (fp_map_init(&p->map, &p->meta, va_base, va_size, p->gran_shift) != 0 ||
-        fp_va_init(&p->va, &p->meta, va_base, va_size) != 0) {
-        p->va.base = va_base; /* teardown frees the reservation */
-        p->va.size = va_size;
+    uint64_t va_base = p->sp.va.base, va_size = p->sp.va.size;
+    if (fp_map_init(&p->sp.map, &p->meta, va_base, va_size, p->sp.gran_shift) != 0 ||
+        fp_va_init(&p->sp.va, &p->meta, va_base, va_size) != 0) {
+        p->sp.va.base = va_base; /* teardown frees the reservation */
+        p->sp.va.size = va_size;
         st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the page map of %llu bytes of address space",
                       (unsigned long long)va_size);
         goto fail;
     }
-    fp_heap_init(&p->heap, &p->ch, &p->va, &p->map, &p->meta, &p->lock, p->gran, &p->opt);
+    fp_heap_init(&p->heap, &p->sp, &p->opt);
     p->opt.slab_max_bytes = p->heap.slab_max;
-    fp_alloc_init(&p->alloc, &p->heap, &p->map, p->opt.thread_cache);
+    fp_alloc_init(&p->alloc, &p->heap, p->opt.thread_cache);
     p->alloc.trace = p->trace;
     fp_buffers_init(&p->bufs, &p->heap, &p->opt);
     p->bufs.trace = p->trace;
-    fp_views_init(&p->views, &p->ch, &p->va, &p->meta, &p->lock, p->gran);
+    fp_views_init(&p->views, &p->sp);
     if (fp_registry_add(&p->alloc) != 0) {
         st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the pool registry");
         goto fail;
@@ -271,17 +273,17 @@ static fabpool_status teardown(struct fabpool *p)
     p->trace = p->alloc.trace = p->bufs.trace = NULL;
     fp_heap_destroy(&p->heap);
     fp_tcaches_destroy(&p->alloc);
-    fp_map_destroy(&p->map);
-    uint64_t va_base = p->va.base, va_size = p->va.size;
-    if (p->va.free)
-        fp_va_destroy(&p->va);
+    fp_map_destroy(&p->sp.map);
+    uint64_t va_base = p->sp.va.base, va_size = p->sp.va.size;
+    if (p->sp.va.free)
+        fp_va_destroy(&p->sp.va);
     CUresult r;
     if (va_base && (r = FP_CU_UNDO(&p->ch.calls, cuMemAddressFree, (CUdeviceptr)va_base, va_size)) != CUDA_SUCCESS)
         st = fp_drv_error(r, "cuMemAddressFree", "freeing the pool's reservation of %llu bytes (tried twice; the "
                           "address range stays reserved)", (unsigned long long)va_size);
     if (p->ch.ctx && (r = FP_CU_UNDO(&p->ch.calls, cuDevicePrimaryCtxRelease, p->ch.dev)) != CUDA_SUCCESS && st == FABPOOL_OK)
         st = fp_drv_error(r, "cuDevicePrimaryCtxRelease", "releasing the primary context of the pool's device");
-    pthread_mutex_destroy(&p->lock);
+    pthread_mutex_destroy(&p->sp.lock);
     fp_meta meta = p->meta;
     fp_meta_free(&meta, p, sizeof *p);
     fp_meta_destroy(&meta);
@@ -295,12 +297,12 @@ fabpool_status fabpool_destroy(fabpool_t *p)
     fp_registry_remove(&p->alloc);
     if (p->opt.stats_at_destroy)
         fabpool_print_stats(p, stderr, p->opt.stats_at_destroy == 2);
-    pthread_mutex_lock(&p->lock);
+    pthread_mutex_lock(&p->sp.lock);
     fabpool_status st = fp_collect_locked(&p->bufs, 1);
     uint64_t live_buffers = atomic_load(&p->bufs.count);
     fp_views_destroy(&p->views);
     fp_buffers_destroy(&p->bufs);
-    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&p->sp.lock);
     fabpool_stats s;
     fabpool_get_stats(p, &s);
     uint64_t live_blocks = s.blocks;
@@ -323,10 +325,10 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_trim: the pool is NULL");
     FP_TRACE(p->trace, FABPOOL_TR_TRIM, 0, keep, 0);
     fp_alloc_flush_all(&p->alloc);
-    pthread_mutex_lock(&p->lock);
+    pthread_mutex_lock(&p->sp.lock);
     fabpool_status st = fp_collect_locked(&p->bufs, 0);
     fp_heap_trim_locked(&p->heap, keep);
-    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&p->sp.lock);
     return st;
 }
 
@@ -337,7 +339,7 @@ fabpool_status fabpool_get_options(const fabpool_t *p, fabpool_options *out)
     *out = p->opt;
     out->handle_type = p->ch.handle_type;
     out->rdma = p->ch.rdma ? FABPOOL_RDMA_ON : FABPOOL_RDMA_OFF;
-    out->reserve_bytes = p->va.size;
+    out->reserve_bytes = p->sp.va.size;
     return FABPOOL_OK;
 }
 

@@ -8,8 +8,8 @@
  *   meta    the host metadata arena every layer allocates from (meta.c)
  *   ch      the device, its context, driver-call counters and what the
  *           driver holds for the pool (chunk.c)
- *   va, map the reservation's free ranges and the page map (vaspace.c,
- *           pagemap.c), written under the pool lock
+ *   sp      the reservation's free ranges and the page map (vaspace.c,
+ *           pagemap.c), written under the pool lock, which is here too
  *   heap    slabs, large blocks, trim and decay (slab.c)
  *   bufs    growable buffers (buffer.c, export.c)
  *   views   peers' buffers (view.c)
@@ -31,25 +31,20 @@
 #include "chunk.h"
 #include "fabpool.h"
 #include "meta.h"
-#include "pagemap.h"
 #include "slab.h"
-#include "vaspace.h"
+#include "space.h"
 #include "view.h"
 
 struct fabpool {
     fp_alloc alloc;                    /* first: alloc.h */
     fp_meta meta;
     fp_chunks ch;
-    fp_vaspace va;
-    fp_pagemap map;
-    pthread_mutex_t lock;
+    fp_space sp;                       /* the reservation, the page map, the pool lock */
     fp_heap heap;
     fp_buffers bufs;
     fp_views views;
     struct fp_trace *trace;            /* NULL: no trace (trace.h); alloc and bufs hold copies */
     fabpool_options opt;
-    uint64_t gran;
-    unsigned gran_shift;
     _Atomic uint64_t in_use_peak;      /* stats.c */
 };
 

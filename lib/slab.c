@@ -43,15 +43,9 @@ static void relist(fp_heap *h, fp_class *c, fp_span *s)
 
 /* ------------------------------------------------------------ classes */
 
-void fp_heap_init(fp_heap *h, fp_chunks *ch, fp_vaspace *va, fp_pagemap *map, fp_meta *meta, pthread_mutex_t *lock,
-                  uint64_t gran, const fabpool_options *o)
+void fp_heap_init(fp_heap *h, fp_space *sp, const fabpool_options *o)
 {
-    h->ch = ch;
-    h->va = va;
-    h->map = map;
-    h->meta = meta;
-    h->lock = lock;
-    h->gran = gran;
+    h->sp = sp;
     h->cache_limit = o->cache_limit_bytes;
     h->decay_ms = o->decay_ms;
     h->large_slack_percent = o->large_slack_percent;
@@ -71,8 +65,8 @@ void fp_heap_init(fp_heap *h, fp_chunks *ch, fp_vaspace *va, fp_pagemap *map, fp
         c->obj_size = fp_class_size(i);
         if (i < h->n_slab_classes) {
             /* at least one granule and room for four blocks */
-            uint64_t want = c->obj_size * 4 > h->gran ? c->obj_size * 4 : h->gran;
-            c->slab_size = fp_round_up(want, h->gran);
+            uint64_t want = c->obj_size * 4 > h->sp->gran ? c->obj_size * 4 : h->sp->gran;
+            c->slab_size = fp_round_up(want, h->sp->gran);
             c->nobj = (uint32_t)(c->slab_size / c->obj_size);
         }
     }
@@ -87,7 +81,7 @@ static size_t slab_meta_bytes(uint32_t nobj)
 
 static void span_free_meta(fp_heap *h, fp_span *s)
 {
-    fp_meta_free(h->meta, s, s->kind == FP_SPAN_SLAB ? slab_meta_bytes(s->nobj) : sizeof *s);
+    fp_meta_free(h->sp->meta, s, s->kind == FP_SPAN_SLAB ? slab_meta_bytes(s->nobj) : sizeof *s);
 }
 
 /* A span's record: a large piece of [base, base + size), or an empty slab
@@ -95,7 +89,7 @@ static void span_free_meta(fp_heap *h, fp_span *s)
 static fp_span *span_new(fp_heap *h, uint8_t kind, unsigned cls, uint64_t base, uint64_t size)
 {
     uint32_t nobj = kind == FP_SPAN_SLAB ? h->classes[cls].nobj : 0;
-    fp_span *s = fp_meta_alloc(h->meta, kind == FP_SPAN_SLAB ? slab_meta_bytes(nobj) : sizeof *s);
+    fp_span *s = fp_meta_alloc(h->sp->meta, kind == FP_SPAN_SLAB ? slab_meta_bytes(nobj) : sizeof *s);
     if (!s)
         return NULL;
     s->kind = kind;
@@ -120,12 +114,12 @@ static fp_span *span_new(fp_heap *h, uint8_t kind, unsigned cls, uint64_t base, 
 /* Unmaps a span that is in no list and frees its address range. Pool lock held. */
 static fabpool_status span_release(fp_heap *h, fp_span *s)
 {
-    fabpool_status st = fp_chunk_unmap(h->ch, s->base, s->size);
+    fabpool_status st = fp_chunk_unmap(h->sp->ch, s->base, s->size);
     if (st != FABPOOL_OK)
         return st;
     FP_LIST_REMOVE(&h->spans, s, all_next, all_prev);
-    fp_map_set(h->map, s->base, s->size, NULL);
-    fp_va_free(h->va, s->base, s->size);
+    fp_map_set(&h->sp->map, s->base, s->size, NULL);
+    fp_va_free(&h->sp->va, s->base, s->size);
     span_free_meta(h, s);
     return FABPOOL_OK;
 }
@@ -133,15 +127,15 @@ static fabpool_status span_release(fp_heap *h, fp_span *s)
 /* Address range + chunk for a new span. Pool lock held. */
 static fabpool_status span_map(fp_heap *h, uint64_t size, uint64_t *va)
 {
-    *va = fp_va_alloc(h->va, size, h->gran);
+    *va = fp_va_alloc(&h->sp->va, size, h->sp->gran);
     if (!*va)
         return fp_error(FABPOOL_ERR_LIMIT,
                         "the pool's reserved address space (%llu bytes) has no free range of %llu bytes left; "
                         "create the pool with a larger reserve (FABPOOL_CONF=reserve:...)",
-                        (unsigned long long)h->va->size, (unsigned long long)size);
+                        (unsigned long long)h->sp->va.size, (unsigned long long)size);
     fabpool_status st = fp_heap_chunk_map(h, *va, size);
     if (st != FABPOOL_OK)
-        fp_va_free(h->va, *va, size);
+        fp_va_free(&h->sp->va, *va, size);
     return st;
 }
 
@@ -154,20 +148,20 @@ static fp_span *slab_new(fp_heap *h, unsigned cls, fabpool_status *st)
         return NULL;
     }
 
-    pthread_mutex_lock(h->lock);
+    pthread_mutex_lock(&h->sp->lock);
     uint64_t va = 0;
     *st = span_map(h, s->size, &va);
     if (*st == FABPOOL_OK) {
         s->base = va;
-        if (fp_map_set(h->map, va, s->size, s) != 0) {
-            fp_chunk_unmap(h->ch, va, s->size);
-            fp_va_free(h->va, va, s->size);
+        if (fp_map_set(&h->sp->map, va, s->size, s) != 0) {
+            fp_chunk_unmap(h->sp->ch, va, s->size);
+            fp_va_free(&h->sp->va, va, s->size);
             *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the page map of a new slab");
         } else {
             FP_LIST_PUSH(&h->spans, s, all_next, all_prev);
         }
     }
-    pthread_mutex_unlock(h->lock);
+    pthread_mutex_unlock(&h->sp->lock);
     if (*st != FABPOOL_OK) {
         span_free_meta(h, s);
         return NULL;
@@ -246,7 +240,7 @@ void fp_class_give(fp_heap *h, unsigned cls, const fp_item *items, unsigned n)
  * it needs instead of adding to it.  A chunk is unmapped only when all of it
  * is free. */
 
-static void piece_free_meta(fp_heap *h, fp_span *s) { fp_meta_free(h->meta, s, sizeof *s); }
+static void piece_free_meta(fp_heap *h, fp_span *s) { fp_meta_free(h->sp->meta, s, sizeof *s); }
 
 static fp_span *piece_new(fp_heap *h, uint64_t base, uint64_t size)
 {
@@ -269,7 +263,7 @@ static size_t lchunk_lower(const fp_heap *h, uint64_t addr)
 
 static int lchunk_add(fp_heap *h, uint64_t va, uint64_t size)
 {
-    if (FP_ARRAY_RESERVE(h->meta, h->lchunks, h->n_lchunks, h->cap_lchunks, h->n_lchunks + 1, 64) != 0)
+    if (FP_ARRAY_RESERVE(h->sp->meta, h->lchunks, h->n_lchunks, h->cap_lchunks, h->n_lchunks + 1, 64) != 0)
         return -1;
     size_t i = lchunk_lower(h, va);
     memmove(&h->lchunks[i + 1], &h->lchunks[i], (h->n_lchunks - i) * sizeof *h->lchunks);
@@ -287,7 +281,7 @@ static void lchunk_remove(fp_heap *h, size_t i)
 /* The large piece at addr, or NULL (slab, buffer window, unmapped). */
 static fp_span *piece_at(fp_heap *h, uint64_t addr)
 {
-    fp_span *s = fp_map_get(h->map, addr);
+    fp_span *s = fp_map_get(&h->sp->map, addr);
     return s && s->kind == FP_SPAN_LARGE ? s : NULL;
 }
 
@@ -318,13 +312,13 @@ static uint64_t large_unmap_free(fp_heap *h, uint64_t goal)
         fp_span *r = NULL;
         if (lsize && rsize && !(r = piece_new(h, c.va + c.size, rsize)))
             break;   /* no host memory to split the range: keep the chunk */
-        if (fp_chunk_unmap(h->ch, c.va, c.size) != FABPOOL_OK) {
+        if (fp_chunk_unmap(h->sp->ch, c.va, c.size) != FABPOOL_OK) {
             if (r)
                 piece_free_meta(h, r);
             break;
         }
-        fp_map_set(h->map, c.va, c.size, NULL);
-        fp_va_free(h->va, c.va, c.size);
+        fp_map_set(&h->sp->map, c.va, c.size, NULL);
+        fp_va_free(&h->sp->va, c.va, c.size);
         lchunk_remove(h, i);
         free_sub(h, c.size);
         done += c.size;
@@ -338,7 +332,7 @@ static uint64_t large_unmap_free(fp_heap *h, uint64_t goal)
             f->size = lsize;
             if (r) {
                 FP_LIST_PUSH(&h->large_free, r, next, prev);
-                fp_map_set(h->map, r->base, r->size, r);   /* granules already have leaves: cannot fail */
+                fp_map_set(&h->sp->map, r->base, r->size, r);   /* granules already have leaves: cannot fail */
             }
         }
     }
@@ -360,7 +354,7 @@ static fp_span *carve(fp_heap *h, fp_span *f, uint64_t n, fabpool_status *st)
     }
     f->base += n;
     f->size -= n;
-    fp_map_set(h->map, b->base, n, b);   /* granules already have leaves: cannot fail */
+    fp_map_set(&h->sp->map, b->base, n, b);   /* granules already have leaves: cannot fail */
     free_sub(h, n);
     return b;
 }
@@ -368,11 +362,11 @@ static fp_span *carve(fp_heap *h, fp_span *f, uint64_t n, fabpool_status *st)
 /* Whether [start, start + size) is free address space (not taken). */
 static int va_free_at(fp_heap *h, uint64_t start, uint64_t size)
 {
-    if (start < h->va->base || start + size > h->va->base + h->va->size || start + size < start)
+    if (start < h->sp->va.base || start + size > h->sp->va.base + h->sp->va.size || start + size < start)
         return 0;
-    if (fp_va_take(h->va, start, size) != 0)
+    if (fp_va_take(&h->sp->va, start, size) != 0)
         return 0;
-    fp_va_free(h->va, start, size);
+    fp_va_free(&h->sp->va, start, size);
     return 1;
 }
 
@@ -385,14 +379,14 @@ static int va_free_at(fp_heap *h, uint64_t start, uint64_t size)
  * up to 1.31x with one chunk per miss (35). */
 #define FP_LARGE_CHUNK_GRANULES 16u
 
-static uint64_t large_chunk_cap(fp_heap *h) { return h->gran * FP_LARGE_CHUNK_GRANULES; }
+static uint64_t large_chunk_cap(fp_heap *h) { return h->sp->gran * FP_LARGE_CHUNK_GRANULES; }
 
 /* Unmaps the chunks of [va, va + size) (all mapped by map_chunks). */
 static void unmap_chunks(fp_heap *h, uint64_t va, uint64_t size)
 {
     size_t i = lchunk_lower(h, va);
     while (i < h->n_lchunks && h->lchunks[i].va < va + size) {
-        fp_chunk_unmap(h->ch, h->lchunks[i].va, h->lchunks[i].size);
+        fp_chunk_unmap(h->sp->ch, h->lchunks[i].va, h->lchunks[i].size);
         lchunk_remove(h, i);
     }
 }
@@ -404,11 +398,11 @@ static fabpool_status map_chunks(fp_heap *h, uint64_t va, uint64_t size)
 {
     uint64_t cap = large_chunk_cap(h), at = va, end = va + size;
     while (at < end) {
-        uint64_t next = (at - h->va->base) / cap * cap + cap + h->va->base;
+        uint64_t next = (at - h->sp->va.base) / cap * cap + cap + h->sp->va.base;
         uint64_t n = (next < end ? next : end) - at;
         fabpool_status st = fp_heap_chunk_map(h, at, n);
         if (st == FABPOOL_OK && lchunk_add(h, at, n) != 0) {
-            fp_chunk_unmap(h->ch, at, n);
+            fp_chunk_unmap(h->sp->ch, at, n);
             st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the list of large chunks");
         }
         if (st != FABPOOL_OK) {
@@ -432,21 +426,21 @@ static fp_span *grow(fp_heap *h, uint64_t n, fabpool_status *st)
         uint64_t miss = n - f->size;
         if (va_free_at(h, f->base + f->size, miss))
             g = f, right = 1;
-        else if (f->base - h->va->base >= miss && va_free_at(h, f->base - miss, miss))
+        else if (f->base - h->sp->va.base >= miss && va_free_at(h, f->base - miss, miss))
             g = f, right = 0;
     }
     uint64_t miss = g ? n - g->size : n;
-    uint64_t va = g ? (right ? g->base + g->size : g->base - miss) : fp_va_alloc_top(h->va, n, h->gran);
-    if (g ? fp_va_take(h->va, va, miss) != 0 : !va) {
+    uint64_t va = g ? (right ? g->base + g->size : g->base - miss) : fp_va_alloc_top(&h->sp->va, n, h->sp->gran);
+    if (g ? fp_va_take(&h->sp->va, va, miss) != 0 : !va) {
         *st = fp_error(FABPOOL_ERR_LIMIT,
                        "the pool's reserved address space (%llu bytes) has no free range of %llu bytes left; "
                        "create the pool with a larger reserve (FABPOOL_CONF=reserve:...)",
-                       (unsigned long long)h->va->size, (unsigned long long)n);
+                       (unsigned long long)h->sp->va.size, (unsigned long long)n);
         return NULL;
     }
     fp_span *b = g ? g : piece_new(h, va, n);
     if (!b) {
-        fp_va_free(h->va, va, miss);
+        fp_va_free(&h->sp->va, va, miss);
         *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a large block's record");
         return NULL;
     }
@@ -471,12 +465,12 @@ static fp_span *grow(fp_heap *h, uint64_t n, fabpool_status *st)
     if (idle > slack)
         large_unmap_free(h, idle - slack < miss ? idle - slack : miss);
     *st = map_chunks(h, va, miss);
-    if (*st == FABPOOL_OK && fp_map_set(h->map, va, miss, b) != 0) {
+    if (*st == FABPOOL_OK && fp_map_set(&h->sp->map, va, miss, b) != 0) {
         unmap_chunks(h, va, miss);
         *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the page map of a large block");
     }
     if (*st != FABPOOL_OK) {
-        fp_va_free(h->va, va, miss);
+        fp_va_free(&h->sp->va, va, miss);
         if (g) {
             atomic_store_explicit(&g->in_use, FP_LARGE_FREE, memory_order_relaxed);
             FP_LIST_PUSH(&h->large_free, g, next, prev);
@@ -496,13 +490,13 @@ static fp_span *grow(fp_heap *h, uint64_t n, fabpool_status *st)
 
 fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
 {
-    if (size > h->va->size)
+    if (size > h->sp->va.size)
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_alloc of %llu bytes: larger than the pool's reserved address "
-                        "space (%llu bytes)", (unsigned long long)size, (unsigned long long)h->va->size);
+                        "space (%llu bytes)", (unsigned long long)size, (unsigned long long)h->sp->va.size);
     /* the size rounded to the granularity, no class: at most 1.25x from 8 MiB on */
-    uint64_t n = fp_round_up(size, h->gran);
+    uint64_t n = fp_round_up(size, h->sp->gran);
     fabpool_status st = FABPOOL_OK;
-    pthread_mutex_lock(h->lock);
+    pthread_mutex_lock(&h->sp->lock);
     fp_span *best = NULL;
     for (fp_span *f = h->large_free; f; f = f->next)
         if (f->size >= n && (!best || f->size < best->size)) {
@@ -520,7 +514,7 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
         atomic_fetch_add(&h->large_allocs[bucket < FP_NCLASS ? bucket : FP_NCLASS - 1], 1);
         *out = (void *)(uintptr_t)b->base;
     }
-    pthread_mutex_unlock(h->lock);
+    pthread_mutex_unlock(&h->sp->lock);
     fp_heap_trim_policy(h);
     return st;
 }
@@ -528,7 +522,7 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
 fabpool_status fp_large_free(fp_heap *h, uint64_t addr)
 {
     /* the piece is looked up under the lock: pieces merge and split under it */
-    pthread_mutex_lock(h->lock);
+    pthread_mutex_lock(&h->sp->lock);
     fp_span *b = piece_at(h, addr);
     uint32_t state = b ? atomic_load_explicit(&b->in_use, memory_order_relaxed) : FP_LARGE_FREE;
     if (!b || state != FP_LARGE_LIVE || addr != b->base) {
@@ -544,7 +538,7 @@ fabpool_status fp_large_free(fp_heap *h, uint64_t addr)
         else
             st = fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_free(%p): this pool did not give out that pointer, or it "
                           "was freed and its memory returned to the driver", (void *)(uintptr_t)addr);
-        pthread_mutex_unlock(h->lock);
+        pthread_mutex_unlock(&h->sp->lock);
         return st;
     }
     atomic_store_explicit(&b->in_use, FP_LARGE_FREE, memory_order_relaxed);
@@ -553,10 +547,10 @@ fabpool_status fp_large_free(fp_heap *h, uint64_t addr)
     atomic_fetch_sub(&h->large_blocks, 1);
     free_add(h, b->size);
     /* merge with free neighbours (held ones are being grown: left alone) */
-    fp_span *l = b->base > h->va->base ? piece_at(h, b->base - 1) : NULL;
+    fp_span *l = b->base > h->sp->va.base ? piece_at(h, b->base - 1) : NULL;
     if (l && atomic_load_explicit(&l->in_use, memory_order_relaxed) == FP_LARGE_FREE) {
         l->size += b->size;
-        fp_map_set(h->map, b->base, b->size, l);
+        fp_map_set(&h->sp->map, b->base, b->size, l);
         piece_free_meta(h, b);
         b = l;
     } else {
@@ -565,11 +559,11 @@ fabpool_status fp_large_free(fp_heap *h, uint64_t addr)
     fp_span *r = piece_at(h, b->base + b->size);
     if (r && atomic_load_explicit(&r->in_use, memory_order_relaxed) == FP_LARGE_FREE) {
         FP_LIST_REMOVE(&h->large_free, r, next, prev);
-        fp_map_set(h->map, r->base, r->size, b);
+        fp_map_set(&h->sp->map, r->base, r->size, b);
         b->size += r->size;
         piece_free_meta(h, r);
     }
-    pthread_mutex_unlock(h->lock);
+    pthread_mutex_unlock(&h->sp->lock);
     fp_heap_trim_policy(h);
     return FABPOOL_OK;
 }
@@ -577,10 +571,10 @@ fabpool_status fp_large_free(fp_heap *h, uint64_t addr)
 static void large_destroy(fp_heap *h)
 {
     for (size_t i = 0; i < h->n_lchunks; i++) {
-        fp_chunk_unmap(h->ch, h->lchunks[i].va, h->lchunks[i].size);
-        fp_map_set(h->map, h->lchunks[i].va, h->lchunks[i].size, NULL);
+        fp_chunk_unmap(h->sp->ch, h->lchunks[i].va, h->lchunks[i].size);
+        fp_map_set(&h->sp->map, h->lchunks[i].va, h->lchunks[i].size, NULL);
     }
-    FP_ARRAY_FREE(h->meta, h->lchunks, h->cap_lchunks);
+    FP_ARRAY_FREE(h->sp->meta, h->lchunks, h->cap_lchunks);
     h->n_lchunks = 0;
     fp_span **lists[] = {&h->large_live, &h->large_free};
     for (int k = 0; k < 2; k++)
@@ -647,7 +641,7 @@ static void human(char *buf, size_t n, uint64_t b)
 
 fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAllocationHandle *out)
 {
-    fabpool_status st = fp_chunk_create(h->ch, size, out);
+    fabpool_status st = fp_chunk_create(h->sp->ch, size, out);
     if (st != FABPOOL_ERR_OUT_OF_MEMORY)
         return st;
     /* what the heap caches goes back to the driver, then one more try */
@@ -655,19 +649,19 @@ fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAlloc
     if (idle) {
         fp_heap_trim_locked(h, 0);
         atomic_fetch_add(&h->oom_retries, 1);
-        st = fp_chunk_create(h->ch, size, out);
+        st = fp_chunk_create(h->sp->ch, size, out);
     }
     if (st == FABPOOL_ERR_OUT_OF_MEMORY) {
         char a[32], m[32], c[32];
         human(a, sizeof a, size);
-        human(m, sizeof m, atomic_load(&h->ch->mapped_bytes));
+        human(m, sizeof m, atomic_load(&h->sp->ch->mapped_bytes));
         human(c, sizeof c, idle);
         return fp_error(FABPOOL_ERR_OUT_OF_MEMORY,
                         "device %d is out of memory: cuMemCreate of a %s chunk failed with "
                         "CUDA_ERROR_OUT_OF_MEMORY; this pool maps %s, of which %s were cached and %s "
                         "returned to the driver before one more try. Free or shrink buffers, or lower "
                         "other users of the device",
-                        (int)h->ch->dev, a, m, c, idle ? "were" : "none could be");
+                        (int)h->sp->ch->dev, a, m, c, idle ? "were" : "none could be");
     }
     return st;
 }
@@ -678,7 +672,7 @@ fabpool_status fp_heap_chunk_map(fp_heap *h, uint64_t va, uint64_t size)
     fabpool_status st = fp_heap_chunk_create(h, size, &hdl);
     if (st != FABPOOL_OK)
         return st;
-    return fp_chunk_map_handle(h->ch, va, size, hdl, "a chunk");
+    return fp_chunk_map_handle(h->sp->ch, va, size, hdl, "a chunk");
 }
 
 /* The decay's clock: the coarse monotonic clock (a few ms of resolution,
@@ -702,9 +696,9 @@ void fp_heap_trim_policy(fp_heap *h)
         return;
     uint64_t limit = h->cache_limit, decay = h->decay_ms;
     if (decay == 0 || idle > limit) {
-        pthread_mutex_lock(h->lock);
+        pthread_mutex_lock(&h->sp->lock);
         fp_heap_trim_locked(h, decay == 0 ? 0 : limit);
-        pthread_mutex_unlock(h->lock);
+        pthread_mutex_unlock(&h->sp->lock);
         if (decay == 0)
             return;
     }
@@ -714,18 +708,18 @@ void fp_heap_trim_policy(fp_heap *h)
         !atomic_compare_exchange_strong_explicit(&h->decay_epoch_ns, &epoch, t, memory_order_relaxed,
                                                  memory_order_relaxed))
         return;
-    pthread_mutex_lock(h->lock);
+    pthread_mutex_lock(&h->sp->lock);
     uint64_t low = atomic_load(&h->idle_low);
     idle = atomic_load(&h->idle_bytes);
     if (low)
         fp_heap_trim_locked(h, idle > low ? idle - low : 0);
     atomic_store(&h->idle_low, atomic_load(&h->idle_bytes));
-    pthread_mutex_unlock(h->lock);
+    pthread_mutex_unlock(&h->sp->lock);
 }
 
 void fp_heap_destroy(fp_heap *h)
 {
-    if (!h->meta)
+    if (!h->sp)
         return; /* never set up */
     while (h->spans) {
         fp_span *s = h->spans;

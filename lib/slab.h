@@ -6,13 +6,13 @@
  * one or more chunks (fp_lchunk) that is one large block given out, or a
  * free range of them.  Both are spans, found by address in the page map.
  *
- * Calls: chunk, vaspace, pagemap, meta, array, list, sizeclass, error.
+ * Calls: chunk, vaspace, pagemap (its space), meta, array, list, sizeclass, error.
  * Counters it owns (written only here): idle bytes and the decay's clock,
  * large blocks, OOM retries.  Out of device memory, a chunk it maps (and
  * one a buffer maps, through fp_heap_chunk_create / fp_heap_chunk_map) is
  * tried again after trimming what the heap caches.
  *
- * Locking: the pool lock (h->lock) guards the address space, the page
+ * Locking: the pool lock (h->sp->lock) guards the address space, the page
  * map's writers, the large pieces and the list of every slab; each class
  * has its own lock.  The pool lock may be held while a class lock is
  * taken; never the reverse. */
@@ -23,11 +23,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "chunk.h"
-#include "meta.h"
-#include "pagemap.h"
 #include "sizeclass.h"
-#include "vaspace.h"
+#include "space.h"
 
 #define FP_CACHELINE 64
 
@@ -72,12 +69,7 @@ typedef struct fp_lchunk {
 } fp_lchunk;
 
 typedef struct fp_heap {
-    fp_chunks *ch;
-    fp_vaspace *va;
-    fp_pagemap *map;
-    fp_meta *meta;
-    pthread_mutex_t *lock;             /* the pool lock */
-    uint64_t gran;
+    fp_space *sp;                      /* chunks, ranges, page map, metadata, the pool lock */
     uint64_t slab_max;                 /* rounded up to a class size; 0: no slabs */
     uint64_t cache_limit, decay_ms;
     uint32_t large_slack_percent;      /* free large memory a miss leaves mapped */
@@ -97,8 +89,7 @@ typedef struct fp_heap {
 } fp_heap;
 
 /* Sets up the classes (slab_max from o, rounded up to a class size). */
-void fp_heap_init(fp_heap *h, fp_chunks *ch, fp_vaspace *va, fp_pagemap *map, fp_meta *meta, pthread_mutex_t *lock,
-                  uint64_t gran, const fabpool_options *o);
+void fp_heap_init(fp_heap *h, fp_space *sp, const fabpool_options *o);
 /* Unmaps every span and frees the heap's metadata. */
 void fp_heap_destroy(fp_heap *h);
 

@@ -19,7 +19,7 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
     memset(s, 0, sizeof *s);
     uint64_t small_in_use = 0, blocks = 0;
     unsigned row = 0;
-    pthread_mutex_lock(&p->lock);
+    pthread_mutex_lock(&p->sp.lock);
     /* live large blocks by the class of the grid their size falls in */
     uint64_t large_live[FP_NCLASS];
     memset(large_live, 0, sizeof large_live);
@@ -62,7 +62,7 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
             blocks += large_live[c];
         }
     }
-    s->reserved_bytes = p->va.size;
+    s->reserved_bytes = p->sp.va.size;
     s->mapped_bytes = ld(&p->ch.mapped_bytes);
     s->mapped_bytes_peak = ld(&p->ch.mapped_peak);
     s->in_use_bytes = small_in_use + ld(&p->heap.large_in_use_bytes) + ld(&p->bufs.bytes);
@@ -86,7 +86,7 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
     s->metadata_bytes = ld(&p->meta.bytes);
     s->metadata_jemalloc = p->meta.jemalloc;
     s->metadata_arena = p->meta.arena;
-    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&p->sp.lock);
     for (int i = 0; i < FP_DRV_COUNT && i < FABPOOL_NUM_DRIVER_CALLS; i++) {
         s->driver_calls[i] = ld(&p->ch.calls.n[i]);
         s->driver_call_names[i] = fp_drv_name(i);

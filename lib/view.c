@@ -50,7 +50,7 @@ static fabpool_status import_one(fp_views *vs, const fp_desc *ds, uint32_t i, co
                 return fp_desc_refuse("fds %llu and %llu are one file (the same fd given twice): each record needs "
                                       "the fd of its own chunk", k, i);
     }
-    CUresult cr = fp_chunk_import(vs->ch, (fabpool_handle_type)ds->handle_type,
+    CUresult cr = fp_chunk_import(vs->sp->ch, (fabpool_handle_type)ds->handle_type,
                                   ds->handle_type == FABPOOL_HANDLE_POSIX_FD ? fds[i] : -1, &fh, h);
     if (cr != CUDA_SUCCESS)
         return fp_drv_error(cr, "cuMemImportFromShareableHandle", "importing a chunk of %llu bytes at offset %llu of "
@@ -70,7 +70,7 @@ static fabpool_status map_one(fp_views *vs, fabpool_view_t *v, const fp_desc *ds
     fp_desc_rec r;
     fp_desc_record(ds, k, &r);
     uint64_t off = r.off, size = r.size;
-    fabpool_status st = fp_chunk_map_handle(vs->ch, v->base + off, size, h, "an imported chunk");
+    fabpool_status st = fp_chunk_map_handle(vs->sp->ch, v->base + off, size, h, "an imported chunk");
     if (st == FABPOOL_OK)
         atomic_fetch_add(&vs->bytes, size);
     if (st != FABPOOL_OK && ds->handle_type == FABPOOL_HANDLE_POSIX_FD && strstr(fabpool_last_error(), "NOT_SUPPORTED"))
@@ -93,7 +93,7 @@ static int range_free(const fabpool_view_t *v, const fp_desc *ds, uint32_t k)
 
 static fabpool_status view_unmap_at(fp_views *vs, fabpool_view_t *v, uint64_t off, uint64_t size)
 {
-    fabpool_status st = fp_chunk_unmap(vs->ch, v->base + off, size);
+    fabpool_status st = fp_chunk_unmap(vs->sp->ch, v->base + off, size);
     if (st == FABPOOL_OK)
         atomic_fetch_sub(&vs->bytes, size);
     return st;
@@ -123,7 +123,7 @@ static int kept(const fabpool_view_t *v, uint32_t i, const fp_desc *ds)
 /* Grows the view's chunk list to hold `need`. */
 static fabpool_status view_reserve(fp_views *vs, fabpool_view_t *v, uint32_t need)
 {
-    if (FP_ARRAY_RESERVE(vs->meta, v->chunks, v->n, v->cap, need, 8) != 0)
+    if (FP_ARRAY_RESERVE(vs->sp->meta, v->chunks, v->n, v->cap, need, 8) != 0)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a view's chunk list");
     return FABPOOL_OK;
 }
@@ -175,7 +175,7 @@ static fabpool_status apply_locked(fabpool_view_t *v, const fp_desc *ds, const i
     CUmemGenericAllocationHandle hs[STACK], *h = hs;
     uint8_t states[STACK], *state = states;
     if (ds->n > STACK) {
-        h = fp_meta_alloc(vs->meta, ds->n * (sizeof *h + 1));
+        h = fp_meta_alloc(vs->sp->meta, ds->n * (sizeof *h + 1));
         if (!h)
             return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to import %u chunks", ds->n);
         state = (uint8_t *)(h + ds->n);
@@ -206,7 +206,7 @@ static fabpool_status apply_locked(fabpool_view_t *v, const fp_desc *ds, const i
         if (state[k] == HELD) {
             fabpool_status s2 = st == FABPOOL_OK ? map_one(vs, v, ds, k, h[k]) : FABPOOL_ERR_DRIVER;
             if (st != FABPOOL_OK)
-                fp_chunk_release(vs->ch, h[k]);
+                fp_chunk_release(vs->sp->ch, h[k]);
             else if (s2 != FABPOOL_OK)
                 st = s2;
             state[k] = s2 == FABPOOL_OK ? MAPPED : GONE;
@@ -226,7 +226,7 @@ undo:
     /* the view is untouched but for this apply's first mappings: take them back */
     for (k = 0; k < ds->n; k++) {
         if (state[k] == HELD)
-            fp_chunk_release(vs->ch, h[k]);
+            fp_chunk_release(vs->sp->ch, h[k]);
         else if (state[k] == MAPPED) {
             fp_desc_rec r;
             fp_desc_record(ds, k, &r);
@@ -235,18 +235,11 @@ undo:
     }
 out:
     if (h != hs)
-        fp_meta_free(vs->meta, h, ds->n * (sizeof *h + 1));
+        fp_meta_free(vs->sp->meta, h, ds->n * (sizeof *h + 1));
     return st;
 }
 
-void fp_views_init(fp_views *vs, fp_chunks *ch, fp_vaspace *va, fp_meta *meta, pthread_mutex_t *lock, uint64_t gran)
-{
-    vs->ch = ch;
-    vs->va = va;
-    vs->meta = meta;
-    vs->lock = lock;
-    vs->gran = gran;
-}
+void fp_views_init(fp_views *vs, fp_space *sp) { vs->sp = sp; }
 
 fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const int *fds, size_t nfds,
                             fabpool_view_t **out)
@@ -261,10 +254,10 @@ fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const in
     if (st == FABPOOL_OK && ds.since != 0)
         st = fp_desc_refuse("a first view needs a full descriptor (since 0), this is a delta since %llu (of %llu)",
                       ds.since, ds.generation);
-    if (st == FABPOOL_OK && ds.gran != vs->gran && ds.gran % vs->gran)
-        st = fp_desc_refuse("its granularity %llu does not fit this pool's %llu", ds.gran, vs->gran);
+    if (st == FABPOOL_OK && ds.gran != vs->sp->gran && ds.gran % vs->sp->gran)
+        st = fp_desc_refuse("its granularity %llu does not fit this pool's %llu", ds.gran, vs->sp->gran);
     fabpool_view_t *v = NULL;
-    if (st == FABPOOL_OK && !(v = fp_meta_alloc(vs->meta, sizeof *v)))
+    if (st == FABPOOL_OK && !(v = fp_meta_alloc(vs->sp->meta, sizeof *v)))
         st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a view");
     if (st != FABPOOL_OK) {
         close_fds(fds, nfds);
@@ -276,20 +269,20 @@ fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const in
     v->handle_type = ds.handle_type;
     v->peer_pid = ds.pid;
     v->peer_device = ds.device;
-    pthread_mutex_lock(vs->lock);
-    v->base = fp_va_alloc(vs->va, v->window, ds.gran > vs->gran ? ds.gran : vs->gran);
+    pthread_mutex_lock(&vs->sp->lock);
+    v->base = fp_va_alloc(&vs->sp->va, v->window, ds.gran > vs->sp->gran ? ds.gran : vs->sp->gran);
     if (!v->base)
         st = fp_error(FABPOOL_ERR_LIMIT, "fabpool_view_open: no free address range of %llu bytes left in the pool's "
                       "reservation; raise reserve", (unsigned long long)v->window);
     else if ((st = apply_locked(v, &ds, fds)) != FABPOOL_OK)
-        fp_va_free(vs->va, v->base, v->window);
+        fp_va_free(&vs->sp->va, v->base, v->window);
     if (st == FABPOOL_OK)
         FP_LIST_PUSH(&vs->list, v, next, prev);
-    pthread_mutex_unlock(vs->lock);
+    pthread_mutex_unlock(&vs->sp->lock);
     close_fds(fds, nfds);
     if (st != FABPOOL_OK) {
-        FP_ARRAY_FREE(vs->meta, v->chunks, v->cap);
-        fp_meta_free(vs->meta, v, sizeof *v);
+        FP_ARRAY_FREE(vs->sp->meta, v->chunks, v->cap);
+        fp_meta_free(vs->sp->meta, v, sizeof *v);
         return st;
     }
     *out = v;
@@ -305,9 +298,9 @@ fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t le
     fp_desc ds;
     fabpool_status st = fp_desc_parse(desc, len, nfds, &ds);
     if (st == FABPOOL_OK) {
-        pthread_mutex_lock(v->owner->lock);
+        pthread_mutex_lock(&v->owner->sp->lock);
         st = apply_locked(v, &ds, fds);
-        pthread_mutex_unlock(v->owner->lock);
+        pthread_mutex_unlock(&v->owner->sp->lock);
     }
     close_fds(fds, nfds);
     return st;
@@ -322,9 +315,9 @@ static fabpool_status view_free(fp_views *vs, fabpool_view_t *v)
             st = s;
     }
     FP_LIST_REMOVE(&vs->list, v, next, prev);
-    fp_va_free(vs->va, v->base, v->window);
-    FP_ARRAY_FREE(vs->meta, v->chunks, v->cap);
-    fp_meta_free(vs->meta, v, sizeof *v);
+    fp_va_free(&vs->sp->va, v->base, v->window);
+    FP_ARRAY_FREE(vs->sp->meta, v->chunks, v->cap);
+    fp_meta_free(vs->sp->meta, v, sizeof *v);
     return st;
 }
 
@@ -333,9 +326,9 @@ fabpool_status fabpool_view_close(fabpool_view_t *v)
     if (!v)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_close: the view is NULL");
     fp_views *vs = v->owner;
-    pthread_mutex_lock(vs->lock);
+    pthread_mutex_lock(&vs->sp->lock);
     fabpool_status st = view_free(vs, v);
-    pthread_mutex_unlock(vs->lock);
+    pthread_mutex_unlock(&vs->sp->lock);
     return st;
 }
 
@@ -349,7 +342,7 @@ fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_inf
 {
     if (!v || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_get_info: the view or the output is NULL");
-    pthread_mutex_lock(v->owner->lock);
+    pthread_mutex_lock(&v->owner->sp->lock);
     out->base = (void *)(uintptr_t)v->base;
     out->size = v->live;
     out->mapped = v->live;
@@ -357,7 +350,7 @@ fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_inf
     out->n_chunks = v->n;
     out->generation = v->generation;
     out->export_id = v->uid;
-    pthread_mutex_unlock(v->owner->lock);
+    pthread_mutex_unlock(&v->owner->sp->lock);
     return FABPOOL_OK;
 }
 

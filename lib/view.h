@@ -2,7 +2,7 @@
  * an address window of the pool's reservation, followed by deltas.
  *
  * Calls: chunk (import, map, unmap), vaspace, desc, meta, array, list,
- * error.  Counter it owns: view bytes.  Pool lock (vs->lock) held for every
+ * error.  Counter it owns: view bytes.  Pool lock (vs->sp->lock) held for every
  * change. */
 #ifndef FP_VIEW_H
 #define FP_VIEW_H
@@ -11,9 +11,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "chunk.h"
-#include "meta.h"
-#include "vaspace.h"
+#include "space.h"
 
 /* A chunk of a view. */
 typedef struct fp_vchunk {
@@ -22,11 +20,7 @@ typedef struct fp_vchunk {
 
 /* The pool's views. */
 typedef struct fp_views {
-    fp_chunks *ch;
-    fp_vaspace *va;
-    fp_meta *meta;
-    pthread_mutex_t *lock;             /* the pool lock */
-    uint64_t gran;
+    fp_space *sp;                      /* chunks, ranges, metadata, the pool lock */
     struct fabpool_view *list;
     _Atomic uint64_t bytes;
 } fp_views;
@@ -41,7 +35,7 @@ struct fabpool_view {
     fp_vchunk *chunks;
 };
 
-void fp_views_init(fp_views *vs, fp_chunks *ch, fp_vaspace *va, fp_meta *meta, pthread_mutex_t *lock, uint64_t gran);
+void fp_views_init(fp_views *vs, fp_space *sp);
 /* fabpool_view_open on the pool whose views vs are (vs NULL: the pool was NULL). */
 fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const int *fds, size_t nfds,
                             fabpool_view_t **out);

@@ -1,0 +1,27 @@
+/* space.h - where a pool's chunks go, and who may change it: the device's
+ * chunks, the reservation's free ranges, the page map, the metadata arena
+ * and the pool lock that guards the ranges and the page map's writers.
+ * Every layer above (heap, buffers, views, thread caches) works in one
+ * fp_space; pool.h owns it.  Header only: nothing to call. */
+#ifndef FP_SPACE_H
+#define FP_SPACE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "chunk.h"
+#include "meta.h"
+#include "pagemap.h"
+#include "vaspace.h"
+
+typedef struct fp_space {
+    fp_chunks *ch;
+    fp_meta *meta;
+    pthread_mutex_t lock;              /* the pool lock (pool.h says what it guards) */
+    fp_vaspace va;                     /* under the lock */
+    fp_pagemap map;                    /* written under the lock, read without */
+    uint64_t gran;                     /* the granularity: chunks and ranges are multiples of it */
+    unsigned gran_shift;
+} fp_space;
+
+#endif
