@@ -79,7 +79,7 @@ void fp_alloc_init(fp_alloc *a, fp_heap *heap, int thread_cache)
 {
     a->heap = heap;
     a->sp = heap->sp;
-    a->map = &heap->sp->map;
+    a->map = heap->sp->map; /* set up before: see alloc.h */
     a->slab_max = heap->slab_max;
     a->n_slab_classes = heap->n_slab_classes;
     a->thread_cache = thread_cache;
@@ -375,7 +375,7 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free: the pointer is NULL");
     FP_TRACE(a->trace, FABPOOL_TR_FREE, ptr, 0, 0); /* before the free: no reuse of ptr can precede it in the trace */
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
-    fp_span *s = fp_map_get(a->map, addr);
+    fp_span *s = fp_map_get(&a->map, addr);
     if (FP_UNLIKELY(!s))
         return fp_error(FABPOOL_ERR_NOT_FOUND,
                         "fabpool_free(%p): this pool (device %d) did not give out that pointer, or it was freed "
@@ -408,7 +408,7 @@ fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
     if (!a || !ptr || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_usable_size: the pool, the pointer or the output is NULL");
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
-    fp_span *s = fp_map_get(a->map, addr);
+    fp_span *s = fp_map_get(&a->map, addr);
     uint32_t idx;
     if (!s || (s->kind == FP_SPAN_SLAB ? !fp_slab_index(s, addr, &idx)
                                         : addr != s->base || atomic_load(&s->in_use) != FP_LARGE_LIVE))

@@ -50,12 +50,14 @@ typedef struct fp_class_counts {
 } __attribute__((aligned(FP_CACHELINE))) fp_class_counts;
 
 typedef struct fp_alloc {
-    /* what the hot path reads */
-    const fp_pagemap *map;
+    /* what the hot path reads, in its first cache line */
     uint64_t id;                       /* unique for the life of the process: a thread's slot must match it */
-    uint64_t slab_max;
     struct fp_trace *trace;            /* NULL: none */
+    uint64_t slab_max;
     _Atomic uint64_t flush_epoch;      /* a trim asks every cache to flush at its next call */
+    fp_pagemap map;                    /* a copy of the space's page map handle (its first level never
+                                          moves; leaves are shared), so the free's lookup follows no
+                                          pointer more than it would in the pool itself */
     /* the rest */
     fp_heap *heap;
     fp_space *sp;                      /* the heap's */

@@ -20,7 +20,7 @@ struct fp_span;
 typedef struct fp_pagemap {
     uint64_t base, size;               /* the reservation it covers */
     unsigned shift;                    /* log2 of the granularity */
-    _Atomic(struct fp_span *) *_Atomic *l1;
+    _Atomic(struct fp_span *) *_Atomic *l1; /* made at init, never moved: a copy of the handle reads alike */
     uint64_t l1_n;
     fp_meta *meta;
 } fp_pagemap;
