@@ -1,5 +1,6 @@
 /* conf.h - the rules of fabpool_options: the FABPOOL_CONF parser is public
- * (fabpool_options_parse); this is the check of a whole options struct. */
+ * (fabpool_options_parse); this is the check of a whole options struct.
+ * Layer base.  Calls: error. */
 #ifndef FP_CONF_H
 #define FP_CONF_H
 

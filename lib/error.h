@@ -1,4 +1,5 @@
-/* error.h - status codes and the thread-local error message. */
+/* error.h - status codes and the thread-local error message.  Layer base, the
+ * bottom: calls nothing of lib/. */
 #ifndef FP_ERROR_H
 #define FP_ERROR_H
 

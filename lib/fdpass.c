@@ -1,5 +1,6 @@
 /* fdpass.c - file descriptors between processes of one host: SCM_RIGHTS
- * over Unix stream sockets in the abstract namespace, or pidfd_getfd. */
+ * over Unix stream sockets in the abstract namespace, or pidfd_getfd
+ * (include/fabpool_fdpass.h).  Layer base.  Calls: error. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>

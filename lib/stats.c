@@ -1,5 +1,7 @@
 /* stats.c - what the pool holds, what it gave out, what it asked of the
- * driver; as a struct, as text and as JSON. */
+ * driver; as a struct, as text and as JSON.  Layer pool: reads what every
+ * layer counts (pool.h), writes only the in-use peak.  Calls: conf, driver,
+ * error. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

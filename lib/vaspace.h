@@ -1,6 +1,7 @@
 /* vaspace.h - carving address ranges out of the pool's one reservation.
  * First fit over a sorted list of free ranges, merged on free.  Called on
- * cold paths only (a new slab, span or buffer window), under the pool lock. */
+ * cold paths only (a new slab, span or buffer window), under the pool lock.
+ * Layer space.  Calls: array, meta. */
 #ifndef FP_VASPACE_H
 #define FP_VASPACE_H
 
