@@ -51,7 +51,7 @@ typedef struct walk {
     size_t n_iv, cap_iv;
     tc_ref *tc;               /* blocks in thread caches, sorted by slab */
     size_t n_tc, tc_found;
-    uint8_t *seen;            /* per block of the slab being checked */
+    unsigned char *seen;      /* a byte per block of the slab being checked */
     uint64_t n_spans;         /* slabs and large pieces: granules they own in the page map */
     uint64_t map_granules;
     uint64_t n_chunks, chunk_bytes;   /* mappings the pool counts */
@@ -201,21 +201,52 @@ static fabpool_status gather_tcaches(walk *w)
     return FABPOOL_OK;
 }
 
-/* A slab's free blocks: its free stack and the thread caches' blocks of it
- * are distinct blocks, each with its free flag set, and no other flag is. */
-static fabpool_status check_slab_blocks(walk *w, const fp_span *s)
+/* The first block of s that is on its free stack or in a thread cache twice,
+ * or whose flag is clear: the message, once the fast pass found something. */
+static fabpool_status slab_blocks_explain(walk *w, const fp_span *s, size_t tc_lo, uint32_t in_tc)
 {
-    memset(w->seen, 0, s->nobj);
+    unsigned char *seen = w->seen;   /* 1: on the free stack, 2: in a thread cache */
+    const unsigned char *flag = (const unsigned char *)(const void *)s->freeflag;
+    memset(seen, 0, s->nobj);
     for (uint32_t k = 0; k < s->nfree; k++) {
         uint32_t i = s->free_stack[k];
-        if (i >= s->nobj)
-            return FAIL("[slab.stack] slab 0x%llx: free-stack entry %u is block %u of %u", ULL(s->base), k, i, s->nobj);
-        if (w->seen[i])
+        if (seen[i])
             return FAIL("[slab.stack] slab 0x%llx: block %u is on its free stack twice", ULL(s->base), i);
-        if (!atomic_load_explicit(&s->freeflag[i], memory_order_relaxed))
+        if (!flag[i])
             return FAIL("[slab.flags] slab 0x%llx: block %u is on its free stack but its free flag is clear",
                         ULL(s->base), i);
-        w->seen[i] = 1;
+        seen[i] = 1;
+    }
+    for (size_t k = tc_lo; k < tc_lo + in_tc; k++) {
+        uint32_t i = 0;
+        fp_slab_index(s, w->tc[k].ptr, &i);
+        if (seen[i])
+            return FAIL("[tcache.block] block 0x%llx is in a thread cache and %s", ULL(w->tc[k].ptr),
+                        seen[i] == 1 ? "on its slab's free stack" : "in a thread cache again");
+        if (!flag[i])
+            return FAIL("[slab.flags] block 0x%llx is in a thread cache but its free flag is clear", ULL(w->tc[k].ptr));
+        seen[i] = 2;
+    }
+    return FAIL("[slab.flags] slab 0x%llx: its free stack and thread caches do not match its free flags", ULL(s->base));
+}
+
+/* A slab's free blocks: its free stack and the thread caches' blocks of it
+ * are distinct blocks, each with its free flag set, and no other flag is.
+ * One pass without a load-after-store chain: mark every block named (stack
+ * and caches), then compare marks and flags eight at a time: marks within
+ * the flags, as many marks as names (no block named twice) and as many
+ * flags as names.  A mismatch is explained by the slow walk above. */
+static fabpool_status check_slab_blocks(walk *w, const fp_span *s)
+{
+    unsigned char *mark = w->seen;
+    const unsigned char *flag = (const unsigned char *)(const void *)s->freeflag;
+    uint32_t nobj = s->nobj;
+    memset(mark, 0, nobj);
+    for (uint32_t k = 0; k < s->nfree; k++) {
+        uint32_t i = s->free_stack[k];
+        if (i >= nobj)
+            return FAIL("[slab.stack] slab 0x%llx: free-stack entry %u is block %u of %u", ULL(s->base), k, i, nobj);
+        mark[i] = 1;
     }
     /* the thread caches' blocks of s: a range of the sorted list */
     size_t lo = 0, hi = w->n_tc;
@@ -232,17 +263,34 @@ static fabpool_status check_slab_blocks(walk *w, const fp_span *s)
         if (w->tc[k].cls != s->cls || !fp_slab_index(s, w->tc[k].ptr, &i))
             return FAIL("[tcache.block] a thread cache's bin of class %u holds 0x%llx, not a block of its slab 0x%llx "
                         "(class %u)", w->tc[k].cls, ULL(w->tc[k].ptr), ULL(s->base), s->cls);
-        if (w->seen[i])
-            return FAIL("[tcache.block] block 0x%llx is in a thread cache and %s", ULL(w->tc[k].ptr),
-                        w->seen[i] == 1 ? "on its slab's free stack" : "in a thread cache again");
-        if (!atomic_load_explicit(&s->freeflag[i], memory_order_relaxed))
-            return FAIL("[slab.flags] block 0x%llx is in a thread cache but its free flag is clear", ULL(w->tc[k].ptr));
-        w->seen[i] = 2;
+        mark[i] = 1;
     }
-    uint32_t flags = 0;
-    for (uint32_t i = 0; i < s->nobj; i++)
-        flags += atomic_load_explicit(&s->freeflag[i], memory_order_relaxed) != 0;
     w->tc_found += in_tc;
+    /* flags and marks are bytes of 0 or 1, read eight at a time (the pool's
+     * locks are held and no thread-cache owner runs: fabpool.h) */
+    const uint64_t ones = 0x0101010101010101ull;
+    uint32_t flags = 0, marks = 0, i = 0;
+    uint64_t stray = 0;
+    for (; i + 8 <= nobj; i += 8) {
+        uint64_t x, m;
+        memcpy(&x, flag + i, 8);
+        memcpy(&m, mark + i, 8);
+        if (x & ~ones)
+            return FAIL("[slab.flags] slab 0x%llx: a free flag among blocks %u..%u is neither 0 nor 1", ULL(s->base), i,
+                        i + 7);
+        stray |= m & ~x;
+        flags += (uint32_t)((x * ones) >> 56);   /* the sum of the eight bytes */
+        marks += (uint32_t)((m * ones) >> 56);
+    }
+    for (; i < nobj; i++) {
+        if (flag[i] > 1)
+            return FAIL("[slab.flags] slab 0x%llx: the free flag of block %u is neither 0 nor 1", ULL(s->base), i);
+        stray |= (uint64_t)(mark[i] & ~flag[i] & 1);
+        flags += flag[i];
+        marks += mark[i];
+    }
+    if (stray || marks != s->nfree + in_tc)
+        return slab_blocks_explain(w, s, lo, in_tc);
     if (flags != s->nfree + in_tc)
         return FAIL("[slab.flags] slab 0x%llx (class %u): %u free flags set, but %u blocks on its free stack and %u in "
                     "thread caches", ULL(s->base), s->cls, flags, s->nfree, in_tc);
@@ -260,7 +308,7 @@ static fabpool_status check_slabs(walk *w, uint64_t *idle)
     for (unsigned c = 0; c < p->n_slab_classes; c++)
         if (p->classes[c].nobj > max_nobj)
             max_nobj = p->classes[c].nobj;
-    w->seen = malloc(max_nobj ? max_nobj : 1);
+    w->seen = malloc((size_t)max_nobj + 8);
     if (!w->seen)
         return HOST_FAIL();
     const fp_span *prev = NULL;
