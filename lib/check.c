@@ -151,6 +151,21 @@ static fabpool_status check_map_span(walk *w, const fp_span *s, const char *what
     return FABPOOL_OK;
 }
 
+/* Every slab and large piece owns its granules (run once the spans were
+ * found apart: two spans over one granule are reported as an overlap). */
+static fabpool_status check_map_spans(walk *w)
+{
+    const struct fabpool *p = w->p;
+    fabpool_status st = FABPOOL_OK;
+    for (const fp_span *s = p->spans; s && st == FABPOOL_OK; s = s->all_next)
+        st = check_map_span(w, s, "a slab");
+    for (const fp_span *s = p->large_live; s && st == FABPOOL_OK; s = s->next)
+        st = check_map_span(w, s, "a large block");
+    for (const fp_span *s = p->large_free; s && st == FABPOOL_OK; s = s->next)
+        st = check_map_span(w, s, "a free large range");
+    return st;
+}
+
 /* Nothing else in the page map: it holds as many entries as the spans own. */
 static fabpool_status check_map_rest(walk *w)
 {
@@ -340,8 +355,6 @@ static fabpool_status check_slabs(walk *w, uint64_t *idle)
         if (want == FP_LIST_EMPTY)
             *idle += s->size;
         fabpool_status st = check_slab_blocks(w, s);
-        if (st == FABPOOL_OK)
-            st = check_map_span(w, s, "a slab");
         if (st == FABPOOL_OK && iv_add(w, s->base, s->size, "a slab", s) != 0)
             st = HOST_FAIL();
         if (st != FABPOOL_OK)
@@ -426,21 +439,10 @@ static fabpool_status check_large(walk *w, uint64_t *idle)
             } else {
                 freeb += s->size;
             }
-            if ((st = check_map_span(w, s, l ? "a free large range" : "a large block")) == FABPOOL_OK &&
-                iv_add(w, s->base, s->size, pieces[n - 1].what, s) != 0)
+            if (iv_add(w, s->base, s->size, pieces[n - 1].what, s) != 0)
                 st = HOST_FAIL();
         }
     }
-    if (st == FABPOOL_OK && live != atomic_load(&p->large_in_use_bytes))
-        st = FAIL("[large.in_use] live large blocks add up to %llu bytes, large_in_use says %llu", ULL(live),
-                  ULL(atomic_load(&p->large_in_use_bytes)));
-    if (st == FABPOOL_OK && nlive != atomic_load(&p->large_blocks))
-        st = FAIL("[large.in_use] %llu live large blocks, large_blocks says %llu", ULL(nlive),
-                  ULL(atomic_load(&p->large_blocks)));
-    if (st == FABPOOL_OK && freeb != p->large_free_bytes)
-        st = FAIL("[large.free_bytes] free large ranges add up to %llu bytes, large_free_bytes says %llu", ULL(freeb),
-                  ULL(p->large_free_bytes));
-    *idle += freeb;
     if (st == FABPOOL_OK) {
         qsort(pieces, n, sizeof *pieces, ival_cmp);
         for (size_t i = 1; i < n && st == FABPOOL_OK; i++) {
@@ -455,6 +457,16 @@ static fabpool_status check_large(walk *w, uint64_t *idle)
                           ULL(a->base), ULL(b->base));
         }
     }
+    if (st == FABPOOL_OK && live != atomic_load(&p->large_in_use_bytes))
+        st = FAIL("[large.in_use] live large blocks add up to %llu bytes, large_in_use says %llu", ULL(live),
+                  ULL(atomic_load(&p->large_in_use_bytes)));
+    if (st == FABPOOL_OK && nlive != atomic_load(&p->large_blocks))
+        st = FAIL("[large.in_use] %llu live large blocks, large_blocks says %llu", ULL(nlive),
+                  ULL(atomic_load(&p->large_blocks)));
+    if (st == FABPOOL_OK && freeb != p->large_free_bytes)
+        st = FAIL("[large.free_bytes] free large ranges add up to %llu bytes, large_free_bytes says %llu", ULL(freeb),
+                  ULL(p->large_free_bytes));
+    *idle += freeb;
     /* the chunks: sorted, apart, and mapping exactly what the pieces cover */
     for (size_t i = 0; i < p->n_lchunks && st == FABPOOL_OK; i++) {
         const fp_lchunk *c = &p->lchunks[i];
@@ -513,9 +525,9 @@ static fabpool_status check_buffers(walk *w)
         for (uint32_t i = 0; i < b->n; i++) {
             const fp_bchunk *c = &b->chunks[i];
             if (!c->size || c->off < end || c->off + c->size > b->window || (c->off | c->size) & (p->gran - 1))
-                return FAIL("[buffer.chunks] buffer 0x%llx: chunk %u [+%llu, +%llu) is empty, overlaps the one before, "
-                            "is not in whole granules or leaves the window of %llu bytes", ULL(b->base), i,
-                            ULL(c->off), ULL(c->size), ULL(b->window));
+                return FAIL("[buffer.chunks] buffer 0x%llx: chunk %u (%llu bytes at +%llu) is empty, overlaps the one "
+                            "before, is not in whole granules or leaves the window of %llu bytes", ULL(b->base), i,
+                            ULL(c->size), ULL(c->off), ULL(b->window));
             if (!b->destroyed && c->off != end)
                 return FAIL("[buffer.contiguous] buffer 0x%llx: chunk %u starts at +%llu, the chunks before end at "
                             "+%llu (a live buffer's chunks follow each other from its base)", ULL(b->base), i,
@@ -576,8 +588,8 @@ static fabpool_status check_views(walk *w)
         for (uint32_t i = 0; i < v->n; i++) {
             const fp_vchunk *c = &v->chunks[i];
             if (!c->size || c->off < end || c->off + c->size > v->window)
-                return FAIL("[view.chunks] view 0x%llx: chunk %u [+%llu, +%llu) is empty, overlaps the one before or "
-                            "leaves the window of %llu bytes", ULL(v->base), i, ULL(c->off), ULL(c->size),
+                return FAIL("[view.chunks] view 0x%llx: chunk %u (%llu bytes at +%llu) is empty, overlaps the one before "
+                            "or leaves the window of %llu bytes", ULL(v->base), i, ULL(c->size), ULL(c->off),
                             ULL(v->window));
             end = c->off + c->size;
             bytes += c->size;
@@ -603,8 +615,9 @@ static fabpool_status check_locked(walk *w)
     fabpool_status st;
     if ((st = check_vaspace(w)) != FABPOOL_OK || (st = gather_tcaches(w)) != FABPOOL_OK ||
         (st = check_slabs(w, &idle)) != FABPOOL_OK || (st = check_large(w, &idle)) != FABPOOL_OK ||
-        (st = check_map_rest(w)) != FABPOOL_OK || (st = check_buffers(w)) != FABPOOL_OK ||
-        (st = check_views(w)) != FABPOOL_OK || (st = check_va_used(w)) != FABPOOL_OK)
+        (st = check_buffers(w)) != FABPOOL_OK || (st = check_views(w)) != FABPOOL_OK ||
+        (st = check_va_used(w)) != FABPOOL_OK || (st = check_map_spans(w)) != FABPOOL_OK ||
+        (st = check_map_rest(w)) != FABPOOL_OK)
         return st;
     if (idle != atomic_load(&p->idle_bytes))
         return FAIL("[pool.idle] empty slabs and free large ranges add up to %llu bytes, idle_bytes says %llu",
