@@ -255,14 +255,20 @@ static fabpool_status check_slab_blocks(walk *w, const fp_span *s)
 {
     unsigned char *mark = w->seen;
     const unsigned char *flag = (const unsigned char *)(const void *)s->freeflag;
-    uint32_t nobj = s->nobj;
-    memset(mark, 0, nobj);
-    for (uint32_t k = 0; k < s->nfree; k++) {
-        uint32_t i = s->free_stack[k];
-        if (i >= nobj)
-            return FAIL("[slab.stack] slab 0x%llx: free-stack entry %u is block %u of %u", ULL(s->base), k, i, nobj);
-        mark[i] = 1;
+    /* locals: the stores through mark (a char pointer) would otherwise reload them every time */
+    const uint32_t nobj = s->nobj, nfree = s->nfree, *stack = s->free_stack;
+    memset(mark, 0, (size_t)nobj + 1);
+    uint32_t past = 0;   /* an entry past the end marks mark[nobj], outside the blocks */
+    for (uint32_t k = 0; k < nfree; k++) {
+        uint32_t i = stack[k];
+        past |= i >= nobj;
+        mark[i < nobj ? i : nobj] = 1;
     }
+    if (past)
+        for (uint32_t k = 0; k < nfree; k++)
+            if (stack[k] >= nobj)
+                return FAIL("[slab.stack] slab 0x%llx: free-stack entry %u is block %u of %u", ULL(s->base), k,
+                            stack[k], nobj);
     /* the thread caches' blocks of s: a range of the sorted list */
     size_t lo = 0, hi = w->n_tc;
     while (lo < hi) {
