@@ -108,7 +108,8 @@ static fabpool_status check_vaspace(walk *w)
 static fabpool_status check_va_used(walk *w)
 {
     const struct fabpool *p = w->p;
-    qsort(w->iv, w->n_iv, sizeof *w->iv, ival_cmp);
+    if (w->n_iv)
+        qsort(w->iv, w->n_iv, sizeof *w->iv, ival_cmp);
     uint64_t used = 0;
     for (size_t i = 0; i < w->n_iv; i++) {
         const ival *a = &w->iv[i];
@@ -212,7 +213,8 @@ static fabpool_status gather_tcaches(walk *w)
         for (unsigned c = 0; c < p->n_slab_classes; c++)
             for (uint32_t i = 0; i < tc->bins[c].n; i++)
                 w->tc[w->n_tc++] = (tc_ref){tc->bins[c].items[i].span, tc->bins[c].items[i].ptr, c};
-    qsort(w->tc, w->n_tc, sizeof *w->tc, tc_cmp);
+    if (w->n_tc)
+        qsort(w->tc, w->n_tc, sizeof *w->tc, tc_cmp);
     return FABPOOL_OK;
 }
 
@@ -450,7 +452,8 @@ static fabpool_status check_large(walk *w, uint64_t *idle)
         }
     }
     if (st == FABPOOL_OK) {
-        qsort(pieces, n, sizeof *pieces, ival_cmp);
+        if (n)
+            qsort(pieces, n, sizeof *pieces, ival_cmp);
         for (size_t i = 1; i < n && st == FABPOOL_OK; i++) {
             const fp_span *a = pieces[i - 1].obj, *b = pieces[i].obj;
             if (pieces[i].lo < pieces[i - 1].hi)
