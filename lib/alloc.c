@@ -27,19 +27,19 @@ static pthread_once_t tls_key_once = PTHREAD_ONCE_INIT;
 
 /* Live pools, so that a thread that exits can tell whether the pool of a
  * slot still exists without touching it. */
-static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static fp_lock_t registry_lock = FP_LOCK_INITIALIZER(FP_LOCK_REGISTRY, "registry");
 static fp_tls_slot *registry;   /* .tc unused */
 static size_t registry_n, registry_cap;
 static _Atomic uint64_t next_pool_id = 1;
 
 int fp_registry_add(struct fabpool *p)
 {
-    pthread_mutex_lock(&registry_lock);
+    fp_lock(&registry_lock);
     if (registry_n == registry_cap) {
         size_t cap = registry_cap ? registry_cap * 2 : 8;
         fp_tls_slot *r = realloc(registry, cap * sizeof *r);
         if (!r) {
-            pthread_mutex_unlock(&registry_lock);
+            fp_unlock(&registry_lock);
             return -1;
         }
         registry = r;
@@ -47,7 +47,7 @@ int fp_registry_add(struct fabpool *p)
     }
     p->id = atomic_fetch_add(&next_pool_id, 1);
     registry[registry_n++] = (fp_tls_slot){p, p->id, NULL};
-    pthread_mutex_unlock(&registry_lock);
+    fp_unlock(&registry_lock);
     return 0;
 }
 
@@ -72,40 +72,40 @@ static void tcache_free(struct fabpool *p, fp_tcache *tc)
 static void tcache_retire(struct fabpool *p, fp_tcache *tc)
 {
     fp_tcache_flush(p, tc);
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     if (tc->prev)
         tc->prev->next = tc->next;
     else
         p->tcaches = tc->next;
     if (tc->next)
         tc->next->prev = tc->prev;
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     tcache_free(p, tc);
     fp_trim_policy(p);
 }
 
 void fp_registry_remove(struct fabpool *p)
 {
-    pthread_mutex_lock(&registry_lock);
+    fp_lock(&registry_lock);
     for (size_t i = 0; i < registry_n; i++)
         if (registry[i].pool == p && registry[i].id == p->id) {
             registry[i] = registry[--registry_n];
             break;
         }
-    pthread_mutex_unlock(&registry_lock);
+    fp_unlock(&registry_lock);
 }
 
 static void thread_exit(void *arg)
 {
     (void)arg;
-    pthread_mutex_lock(&registry_lock);
+    fp_lock(&registry_lock);
     for (int i = 0; i < FP_TLS_SLOTS; i++) {
         fp_tls_slot *s = &tls_slots[i];
         if (s->pool && registry_has(s->pool, s->id))
             tcache_retire(s->pool, s->tc);
         memset(s, 0, sizeof *s);
     }
-    pthread_mutex_unlock(&registry_lock);
+    fp_unlock(&registry_lock);
 }
 
 static void make_key(void) { pthread_key_create(&tls_key, thread_exit); }
@@ -152,12 +152,12 @@ static fp_tcache *tcache_new(struct fabpool *p)
         items += p->tc_cap[c];
     }
     tc->epoch = atomic_load(&p->flush_epoch);
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     tc->next = p->tcaches;
     if (p->tcaches)
         p->tcaches->prev = tc;
     p->tcaches = tc;
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     return tc;
 }
 
@@ -187,10 +187,10 @@ fp_tcache *fp_tcache_get(struct fabpool *p)
         return NULL;
     fp_tls_slot *last = &tls_slots[FP_TLS_SLOTS - 1];
     if (last->pool) {
-        pthread_mutex_lock(&registry_lock);
+        fp_lock(&registry_lock);
         if (registry_has(last->pool, last->id))
             tcache_retire(last->pool, last->tc);
-        pthread_mutex_unlock(&registry_lock);
+        fp_unlock(&registry_lock);
     }
     memmove(&tls_slots[1], &tls_slots[0], (FP_TLS_SLOTS - 1) * sizeof tls_slots[0]);
     tls_slots[0] = (fp_tls_slot){p, p->id, tc};

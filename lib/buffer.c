@@ -48,6 +48,7 @@ static int reserve_chunks(struct fabpool *p, struct fabpool_buffer *b, uint32_t 
 
 static void free_buffer(struct fabpool *p, struct fabpool_buffer *b)
 {
+    fp_lock_assert_held(&p->lock);
     list_del(p, b);
     fp_va_free(&p->va, b->base, b->window);
     fp_meta_free(&p->meta, b->chunks, b->cap * sizeof *b->chunks);
@@ -65,9 +66,10 @@ static int peers_may_hold(const struct fabpool_buffer *b, uint64_t named)
     return b->shared && named && b->acked != UINT64_MAX && named > b->acked;
 }
 
-/* Unmaps chunk i.  Pool lock held. */
+/* Unmaps chunk i. */
 static fabpool_status remove_chunk(struct fabpool *p, struct fabpool_buffer *b, uint32_t i)
 {
+    fp_lock_assert_held(&p->lock);
     fp_bchunk *c = &b->chunks[i];
     fabpool_status st = fp_chunk_unmap(p, b->base + c->off, c->size);
     if (st != FABPOOL_OK)
@@ -90,11 +92,12 @@ static fabpool_status remove_chunk(struct fabpool *p, struct fabpool_buffer *b, 
     return FABPOOL_OK;
 }
 
-/* Unmaps the last chunk.  Pool lock held. */
+/* Unmaps the last chunk. */
 static fabpool_status pop_chunk(struct fabpool *p, struct fabpool_buffer *b) { return remove_chunk(p, b, b->n - 1); }
 
 static fabpool_status ghost_add(struct fabpool *p, struct fabpool_buffer *b, fp_ghost g)
 {
+    fp_lock_assert_held(&p->lock);
     if (b->n_ghosts == b->cap_ghosts) {
         uint32_t cap = b->cap_ghosts ? b->cap_ghosts * 2 : 4;
         fp_ghost *n = fp_meta_alloc(&p->meta, cap * sizeof *n);
@@ -114,6 +117,7 @@ static fabpool_status ghost_add(struct fabpool *p, struct fabpool_buffer *b, fp_
 /* Releases the ghosts no peer can still import (all of them with all != 0). */
 static void ghosts_release(struct fabpool *p, struct fabpool_buffer *b, int all)
 {
+    fp_lock_assert_held(&p->lock);
     uint32_t w = 0;
     for (uint32_t i = 0; i < b->n_ghosts; i++) {
         fp_ghost *g = &b->ghosts[i];
@@ -159,6 +163,7 @@ static int retired_done(struct fabpool *p, struct fabpool_buffer *b, fp_bchunk *
  * destroyed one.  Frees destroyed buffers that hold nothing any more. */
 fabpool_status fp_collect_locked(struct fabpool *p, int wait)
 {
+    fp_lock_assert_held(&p->lock);
     fabpool_status first = FABPOOL_OK;
     CUcontext saved = NULL;
     int pushed = 0;
@@ -196,9 +201,9 @@ fabpool_status fabpool_collect(fabpool_t *p, int wait)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_collect: the pool is NULL");
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     fabpool_status st = fp_collect_locked(p, wait);
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     return st;
 }
 
@@ -225,6 +230,7 @@ static uint64_t next_chunk(const struct fabpool *p, const struct fabpool_buffer 
  * mapped is unmapped again (taken-back retired chunks stay live). */
 static fabpool_status grow(struct fabpool *p, struct fabpool_buffer *b, uint64_t target, uint32_t *mapped_from)
 {
+    fp_lock_assert_held(&p->lock);
     *mapped_from = b->n;
     /* take back retired chunks first: they are still mapped, data and all */
     for (uint32_t i = 0; i < b->n && b->live < target; i++) {
@@ -288,16 +294,18 @@ static fabpool_status sync_stream(struct fabpool *p, void *stream, const char *w
 /* Keeps the memory of chunk c (handle h, retained by the caller) for the
  * peers that may still import it; returns 0 if no peer may (the caller
  * releases h).  Its exported fd, if the pool still holds one, is closed when
- * the chunk is unmapped, as for any chunk (fabpool.h).  Pool lock held. */
+ * the chunk is unmapped, as for any chunk (fabpool.h). */
 static int ghost_keep(struct fabpool *p, struct fabpool_buffer *b, fp_bchunk *c, CUmemGenericAllocationHandle h)
 {
+    fp_lock_assert_held(&p->lock);
     return peers_may_hold(b, c->named) && ghost_add(p, b, (fp_ghost){h, c->size, c->named}) == FABPOOL_OK;
 }
 
 /* Moves chunk c's memory to the ghosts when a peer may still import it, so
- * that unmapping it here does not free it.  Pool lock held. */
+ * that unmapping it here does not free it. */
 static fabpool_status keep_for_peers(struct fabpool *p, struct fabpool_buffer *b, fp_bchunk *c)
 {
+    fp_lock_assert_held(&p->lock);
     if (!peers_may_hold(b, c->named))
         return FABPOOL_OK;
     CUmemGenericAllocationHandle h = 0;
@@ -317,10 +325,11 @@ static fabpool_status keep_for_peers(struct fabpool *p, struct fabpool_buffer *b
  * of rs bytes at the same address, the data below target copied on `stream`.
  * The copy and the swap wait for the GPU work on `stream` (NULL: the
  * context) and for the retired chunks' events.  On failure before the swap
- * the buffer is as it was.  Pool lock held, context current. */
+ * the buffer is as it was.  The pool's context is current. */
 static fabpool_status refit(struct fabpool *p, struct fabpool_buffer *b, uint32_t j, uint64_t rs, uint64_t target,
                             void *stream)
 {
+    fp_lock_assert_held(&p->lock);
     fp_bchunk *c = &b->chunks[j];
     uint64_t at = b->base + c->off, drop_gen = b->generation + 1;
     uint64_t tmp = fp_va_alloc(&p->va, rs, p->gran);
@@ -434,6 +443,7 @@ free_va:
  * failure nothing is retired.  The caller collects afterwards. */
 static fabpool_status shrink(struct fabpool *p, struct fabpool_buffer *b, uint64_t target, void *stream)
 {
+    fp_lock_assert_held(&p->lock);
     uint64_t keep = fp_round_up(target + target / 100 * p->opt.shrink_hysteresis_percent +
                                 target % 100 * p->opt.shrink_hysteresis_percent / 100, p->gran);
     uint32_t last_live = b->n;
@@ -520,10 +530,10 @@ fabpool_status fabpool_buffer_create(fabpool_t *p, size_t max_size, size_t size,
     b->window = fp_round_up(max_size, p->gran);
     static _Atomic uint64_t uids;
     b->uid = ((uint64_t)getpid() << 32) ^ (atomic_fetch_add(&uids, 1) + 1) ^ ((uint64_t)(uintptr_t)b << 12);
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     b->base = fp_va_alloc(&p->va, b->window, p->gran);
     if (!b->base) {
-        pthread_mutex_unlock(&p->lock);
+        fp_unlock(&p->lock);
         fp_meta_free(&p->meta, b, sizeof *b);
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_create: no free address range of %llu bytes left in the "
                         "pool's reservation of %llu bytes; raise reserve", (unsigned long long)b->window,
@@ -537,13 +547,13 @@ fabpool_status fabpool_buffer_create(fabpool_t *p, size_t max_size, size_t size,
         undo_grow(p, b, from);
         free_buffer(p, b);
         atomic_fetch_sub(&p->buffer_count, 1);
-        pthread_mutex_unlock(&p->lock);
+        fp_unlock(&p->lock);
         return st;
     }
     b->size = size;
     atomic_fetch_add(&p->buffer_bytes, size);
     FP_TRACE_ST(p, FABPOOL_TR_BUF_CREATE, b->base, size, max_size, FABPOOL_OK);
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     *out = b;
     return FABPOOL_OK;
 }
@@ -580,7 +590,7 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
     uint32_t from_stack[STACK], *from = from_stack;
     if (n > STACK && !(from = fp_meta_alloc(&p->meta, n * sizeof *from)))
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to resize %zu buffers", n);
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     fp_collect_locked(p, 0);
     fabpool_status st = FABPOOL_OK;
     size_t i;
@@ -610,7 +620,7 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
         if (fp_collect_locked(p, 0) != FABPOOL_OK && st == FABPOOL_OK)
             fp_error_clear();
     }
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     if (from != from_stack)
         fp_meta_free(&p->meta, from, n * sizeof *from);
     return st;
@@ -626,12 +636,12 @@ fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
     if (!b || b->destroyed)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_destroy: the buffer is NULL or already destroyed");
     struct fabpool *p = b->pool;
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     fabpool_status st = shrink(p, b, 0, stream);
     if (st != FABPOOL_OK) {
         /* nothing was retired: the buffer is as it was, and can be destroyed again */
         fp_error_append(" (fabpool_buffer_destroy: the buffer is still alive; destroy it again)");
-        pthread_mutex_unlock(&p->lock);
+        fp_unlock(&p->lock);
         return st;
     }
     atomic_fetch_sub(&p->buffer_bytes, b->size);
@@ -643,13 +653,14 @@ fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
      * the rest when the peers acknowledge (fabpool_peers_ack) or at pool
      * destroy.  A collect that fails here is retried by the next one. */
     (void)fp_collect_locked(p, 0);
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     fp_error_clear();
     return FABPOOL_OK;
 }
 
 void fp_buffers_destroy(struct fabpool *p)
 {
+    fp_lock_assert_held(&p->lock);
     while (p->buffers) {
         struct fabpool_buffer *b = p->buffers;
         while (b->n)
@@ -666,7 +677,7 @@ fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer
     if (!b || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_get_info: the buffer or the output is NULL");
     struct fabpool *p = b->pool;
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     out->base = (void *)(uintptr_t)b->base;
     out->size = b->size;
     out->mapped = b->live;
@@ -676,7 +687,7 @@ fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer
         out->n_chunks += !b->chunks[i].retiring;
     out->generation = b->generation;
     out->export_id = b->uid;
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     return FABPOOL_OK;
 }
 

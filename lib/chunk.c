@@ -30,6 +30,7 @@ static CUresult create(struct fabpool *p, CUmemGenericAllocationHandle *h, uint6
 
 fabpool_status fp_chunk_create(struct fabpool *p, uint64_t size, CUmemGenericAllocationHandle *out)
 {
+    fp_lock_assert_held(&p->lock);
     CUmemGenericAllocationHandle h = 0;
     CUresult r = create(p, &h, size);
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
@@ -62,6 +63,7 @@ fabpool_status fp_chunk_create(struct fabpool *p, uint64_t size, CUmemGenericAll
 
 fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size)
 {
+    fp_lock_assert_held(&p->lock);
     CUmemGenericAllocationHandle h = 0;
     fabpool_status st = fp_chunk_create(p, size, &h);
     if (st != FABPOOL_OK)
@@ -74,6 +76,7 @@ fabpool_status fp_chunk_map(struct fabpool *p, uint64_t va, uint64_t size)
 fabpool_status fp_chunk_map_access(struct fabpool *p, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
                                    const char *what)
 {
+    fp_lock_assert_held(&p->lock);
     CUresult r = FP_CU(&p->calls, cuMemMap, (CUdeviceptr)va, size, 0, h, 0);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemMap", "mapping %s of %llu bytes at 0x%llx", what, (unsigned long long)size,
@@ -103,6 +106,7 @@ fabpool_status fp_chunk_map_access(struct fabpool *p, uint64_t va, uint64_t size
 /* Counts a mapping of size bytes that the pool now keeps. */
 void fp_chunk_count_mapped(struct fabpool *p, uint64_t size)
 {
+    fp_lock_assert_held(&p->lock);
     uint64_t m = atomic_fetch_add(&p->mapped_bytes, size) + size;
     stat_max(&p->mapped_peak, m);
     atomic_fetch_add(&p->chunks_mapped, 1);
@@ -112,6 +116,7 @@ void fp_chunk_count_mapped(struct fabpool *p, uint64_t size)
 /* Releases h (counted in handles_outstanding), tried twice. */
 CUresult fp_chunk_release(struct fabpool *p, CUmemGenericAllocationHandle h)
 {
+    fp_lock_assert_held(&p->lock);
     CUresult r = FP_CU_UNDO(&p->calls, cuMemRelease, h);
     if (r == CUDA_SUCCESS)
         atomic_fetch_sub(&p->handles_outstanding, 1);
@@ -125,6 +130,7 @@ CUresult fp_chunk_release(struct fabpool *p, CUmemGenericAllocationHandle h)
 fabpool_status fp_chunk_map_handle(struct fabpool *p, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
                                    const char *what)
 {
+    fp_lock_assert_held(&p->lock);
     fabpool_status st = fp_chunk_map_access(p, va, size, h, what);
     if (st != FABPOOL_OK) {
         fp_chunk_release(p, h);
@@ -145,6 +151,7 @@ fabpool_status fp_chunk_map_handle(struct fabpool *p, uint64_t va, uint64_t size
 
 fabpool_status fp_chunk_unmap(struct fabpool *p, uint64_t va, uint64_t size)
 {
+    fp_lock_assert_held(&p->lock);
     CUresult r = FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemUnmap", "unmapping a chunk of %llu bytes at 0x%llx",

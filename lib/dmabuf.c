@@ -50,7 +50,7 @@ fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *b, size_t offset, size_t 
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     if (page == 0 || page == (uint64_t)-1)
         page = 4096;
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     fabpool_status st = FABPOOL_OK;
     uint64_t live = b->live;
     uint32_t n = 0;
@@ -76,7 +76,7 @@ fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *b, size_t offset, size_t 
                       "is 0: it needs Linux 5.12 or newer, the open NVIDIA kernel module and a data-center GPU)",
                       (int)p->dev);
     if (st != FABPOOL_OK) {
-        pthread_mutex_unlock(&p->lock);
+        fp_unlock(&p->lock);
         return st;
     }
     CUcontext saved;
@@ -93,6 +93,6 @@ fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *b, size_t offset, size_t 
             *fd = out;
         fp_ctx_pop(p, saved);
     }
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     return st;
 }

@@ -13,6 +13,7 @@
 
 int fp_map_set(struct fabpool *p, uint64_t addr, uint64_t size, fp_span *s)
 {
+    fp_lock_assert_held(&p->lock);
     uint64_t g0 = (addr - p->va_base) >> p->gran_shift, n = size >> p->gran_shift;
     for (uint64_t g = g0; g < g0 + n; g++) {
         _Atomic(fp_span *) *leaf = atomic_load_explicit(&p->map_l1[g >> FP_MAP_LEAF_SHIFT], memory_order_acquire);
@@ -278,9 +279,9 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     p->meta = meta;
     p->opt = o;
     p->opt.conf = NULL;   /* not ours to keep */
-    pthread_mutex_init(&p->lock, NULL);
+    fp_lock_init(&p->lock, FP_LOCK_POOL, 0, "pool");
     for (unsigned c = 0; c < FP_NCLASS; c++)
-        pthread_mutex_init(&p->classes[c].lock, NULL);
+        fp_lock_init(&p->classes[c].lock, FP_LOCK_CLASS, c, "class");
 
     if ((st = setup_device(p)) != FABPOOL_OK || (st = fp_rdma_choose(p)) != FABPOOL_OK ||
         (st = choose_handle_type(p)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
@@ -316,7 +317,9 @@ static fabpool_status teardown(struct fabpool *p)
 {
     fabpool_status st = FABPOOL_OK;
     fp_trace_close(p);
+    fp_lock(&p->lock);   /* the unmaps assert it (lock.h); no other thread uses the pool any more */
     fp_classes_destroy(p);
+    fp_unlock(&p->lock);
     fp_tcaches_destroy(p);
     map_destroy(p);
     if (p->va.free)
@@ -327,7 +330,7 @@ static fabpool_status teardown(struct fabpool *p)
                           "address range stays reserved)", (unsigned long long)p->va_size);
     if (p->ctx && (r = FP_CU_UNDO(&p->calls, cuDevicePrimaryCtxRelease, p->dev)) != CUDA_SUCCESS && st == FABPOOL_OK)
         st = fp_drv_error(r, "cuDevicePrimaryCtxRelease", "releasing the primary context of the pool's device");
-    pthread_mutex_destroy(&p->lock);
+    fp_lock_destroy(&p->lock);
     fp_meta meta = p->meta;
     fp_meta_free(&meta, p, sizeof *p);
     fp_meta_destroy(&meta);
@@ -341,12 +344,12 @@ fabpool_status fabpool_destroy(fabpool_t *p)
     fp_registry_remove(p);
     if (p->opt.stats_at_destroy)
         fabpool_print_stats(p, stderr, p->opt.stats_at_destroy == 2);
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     fabpool_status st = fp_collect_locked(p, 1);
     uint64_t live_buffers = atomic_load(&p->buffer_count);
     fp_views_destroy(p);
     fp_buffers_destroy(p);
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     fabpool_stats s;
     fabpool_get_stats(p, &s);
     uint64_t live_blocks = s.blocks;
@@ -371,10 +374,10 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
     /* other threads flush their caches at their next call */
     atomic_fetch_add(&p->flush_epoch, 1);
     fabpool_thread_flush(p);
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     fabpool_status st = fp_collect_locked(p, 0);
     fp_trim_locked(p, keep);
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     return st;
 }
 

@@ -1,10 +1,10 @@
 /* pool.h - the pool's internal structures, shared by the files of lib/.
  *
- * Locking: the pool lock guards address space, the page map's writers,
- * large spans, buffers, retirements and the driver calls that change
- * mappings.  Each slab class has its own lock.  The pool lock may be held
- * while a class lock is taken; never the reverse.  The hot path (a thread
- * cache hit) takes no lock and makes no driver call. */
+ * Locking: which lock guards what, and the one lock order, are in lib/lock.h
+ * (registry < pool < class, ascending index < trace list < trace).  A
+ * function that needs a lock says so with fp_lock_assert_held() on its first
+ * line, checked in a FP_DEBUG_LOCKS build.  The hot path (a thread cache
+ * hit) takes no lock and makes no driver call. */
 #ifndef FP_POOL_H
 #define FP_POOL_H
 
@@ -15,6 +15,7 @@
 
 #include "driver.h"
 #include "fabpool.h"
+#include "lock.h"
 #include "meta.h"
 #include "sizeclass.h"
 #include "vaspace.h"
@@ -53,7 +54,7 @@ typedef struct fp_span {
 
 /* One slab class, central part. */
 typedef struct fp_class {
-    pthread_mutex_t lock;
+    fp_lock_t lock;                    /* level FP_LOCK_CLASS, sub-level the class index (lock.h) */
     fp_span *partial, *empty;          /* slabs with some / all blocks free */
     uint64_t obj_size, slab_size;
     uint32_t nobj, nslabs, nempty;
@@ -162,7 +163,7 @@ struct fabpool {
     _Atomic(fp_span *) *_Atomic *map_l1;
     uint64_t map_l1_n;
 
-    pthread_mutex_t lock;
+    fp_lock_t lock;                    /* level FP_LOCK_POOL (lock.h) */
     fp_span *spans;                    /* all slabs, for destroy */
     /* large blocks (slab.c), under the pool lock: pieces of address space,
      * each a live block or a free range (free neighbours are merged), and
@@ -204,7 +205,7 @@ static inline fp_span *fp_map_get(const struct fabpool *p, uint64_t addr)
 }
 int fp_map_set(struct fabpool *p, uint64_t addr, uint64_t size, fp_span *s);
 
-/* chunk.c: physical chunks.  Callers hold the pool lock. */
+/* chunk.c: physical chunks (each function asserts the pool lock: lock.h). */
 /* What every chunk of the pool is made as: pinned device memory of the
  * pool's device, with the pool's shareable handle types, GPUDirect RDMA
  * capable if the pool's rdma setting chose it (dmabuf.c). */
@@ -243,7 +244,7 @@ void fp_class_give(struct fabpool *p, unsigned cls, const fp_item *items, unsign
 fabpool_status fp_large_alloc(struct fabpool *p, uint64_t size, void **out);
 fabpool_status fp_large_free(struct fabpool *p, fp_span *s, uint64_t addr);
 /* Unmaps idle slabs and free large chunks until at most keep bytes are idle
- * (a chunk that also holds part of a live block stays).  Pool lock held. */
+ * (a chunk that also holds part of a live block stays). */
 void fp_trim_locked(struct fabpool *p, uint64_t keep);
 /* Trims to the cache limit if idle memory is above it, and returns what
  * stayed idle for a whole decay period.  No lock held. */

@@ -55,6 +55,7 @@ static void close_export_fd(struct fabpool *p, fp_bchunk *c)
 
 void fp_chunk_forget_export(struct fabpool *p, fp_bchunk *c)
 {
+    fp_lock_assert_held(&p->lock);
     close_export_fd(p, c);
     c->has_fabric = 0;
 }
@@ -101,7 +102,7 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
         return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "fabpool_buffer_export: the pool's handle type is %s: create it "
                         "with handle_type:posix_fd, fabric or auto to share its buffers",
                         fp_handle_type_name(p->handle_type));
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     fabpool_status st = FABPOOL_OK;
     if (b->destroyed) {
         st = fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: the buffer is destroyed");
@@ -165,7 +166,7 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
     b->shared = 1;
     b->exported_gen = b->generation;
 out:
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     return st;
 }
 
@@ -174,17 +175,18 @@ fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *b)
     if (!b)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export_done: the buffer is NULL");
     struct fabpool *p = b->pool;
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     for (uint32_t i = 0; i < b->n; i++)
         close_export_fd(p, &b->chunks[i]);
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     return FABPOOL_OK;
 }
 
 /* Records that every peer has applied `generation`, and unmaps what they no
- * longer need.  Pool lock held. */
+ * longer need. */
 static fabpool_status ack_locked(struct fabpool *p, struct fabpool_buffer *b, uint64_t generation, const char *fn)
 {
+    fp_lock_assert_held(&p->lock);
     if (generation != UINT64_MAX && generation > b->generation)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: generation %llu was never issued (the buffer is at generation "
                         "%llu, its last descriptor has %llu): acknowledge the generation a peer applied, or "
@@ -200,11 +202,11 @@ fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *b, uint64_t generation
     if (!b)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is NULL");
     struct fabpool *p = b->pool;
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     fabpool_status st = b->destroyed ? fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is "
                                                 "destroyed; acknowledge by its export id (fabpool_peers_ack)")
                                      : ack_locked(p, b, generation, "fabpool_buffer_peers_ack");
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     return st;
 }
 
@@ -212,7 +214,7 @@ fabpool_status fabpool_peers_ack(fabpool_t *p, uint64_t export_id, uint64_t gene
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_peers_ack: the pool is NULL");
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     struct fabpool_buffer *b = p->buffers;
     while (b && b->uid != export_id)
         b = b->next;
@@ -220,7 +222,7 @@ fabpool_status fabpool_peers_ack(fabpool_t *p, uint64_t export_id, uint64_t gene
                           : fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_peers_ack: no buffer of this pool has export id "
                                      "0x%llx (a destroyed buffer whose memory is all gone needs no more acks)",
                                      (unsigned long long)export_id);
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     return st;
 }
 
@@ -446,6 +448,7 @@ static void view_add(fabpool_view_t *v, const parsed *ds, uint32_t k)
  * exactly as it was. */
 static fabpool_status apply_locked(fabpool_view_t *v, const parsed *ds, const int *fds)
 {
+    fp_lock_assert_held(&v->pool->lock);
     struct fabpool *p = v->pool;
     if (ds->uid != v->uid || ds->window != v->window || ds->handle_type != v->handle_type)
         return bad_desc("it describes another buffer (uid %llx, the view's is %llx)", ds->uid, v->uid);
@@ -563,7 +566,7 @@ fabpool_status fabpool_view_open(fabpool_t *p, const void *desc, size_t len, con
     v->handle_type = ds.handle_type;
     v->peer_pid = ds.pid;
     v->peer_device = ds.device;
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     v->base = fp_va_alloc(&p->va, v->window, ds.gran > p->gran ? ds.gran : p->gran);
     if (!v->base)
         st = fp_error(FABPOOL_ERR_LIMIT, "fabpool_view_open: no free address range of %llu bytes left in the pool's "
@@ -576,7 +579,7 @@ fabpool_status fabpool_view_open(fabpool_t *p, const void *desc, size_t len, con
             p->views->prev = v;
         p->views = v;
     }
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     close_fds(fds, nfds);
     if (st != FABPOOL_OK) {
         fp_meta_free(&p->meta, v->chunks, v->cap * sizeof *v->chunks);
@@ -596,9 +599,9 @@ fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t le
     parsed ds;
     fabpool_status st = parse(desc, len, nfds, &ds);
     if (st == FABPOOL_OK) {
-        pthread_mutex_lock(&v->pool->lock);
+        fp_lock(&v->pool->lock);
         st = apply_locked(v, &ds, fds);
-        pthread_mutex_unlock(&v->pool->lock);
+        fp_unlock(&v->pool->lock);
     }
     close_fds(fds, nfds);
     return st;
@@ -606,6 +609,7 @@ fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t le
 
 static fabpool_status view_free(struct fabpool *p, fabpool_view_t *v)
 {
+    fp_lock_assert_held(&p->lock);
     fabpool_status st = FABPOOL_OK;
     while (v->n) {
         fabpool_status s = view_unmap(p, v, --v->n); /* a refusal: the range goes with the reservation at destroy */
@@ -629,14 +633,15 @@ fabpool_status fabpool_view_close(fabpool_view_t *v)
     if (!v)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_close: the view is NULL");
     struct fabpool *p = v->pool;
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     fabpool_status st = view_free(p, v);
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     return st;
 }
 
 void fp_views_destroy(struct fabpool *p)
 {
+    fp_lock_assert_held(&p->lock);
     while (p->views)
         (void)view_free(p, p->views);
 }
@@ -645,7 +650,7 @@ fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_inf
 {
     if (!v || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_get_info: the view or the output is NULL");
-    pthread_mutex_lock(&v->pool->lock);
+    fp_lock(&v->pool->lock);
     out->base = (void *)(uintptr_t)v->base;
     out->size = v->live;
     out->mapped = v->live;
@@ -653,7 +658,7 @@ fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_inf
     out->n_chunks = v->n;
     out->generation = v->generation;
     out->export_id = v->uid;
-    pthread_mutex_unlock(&v->pool->lock);
+    fp_unlock(&v->pool->lock);
     return FABPOOL_OK;
 }
 

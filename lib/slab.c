@@ -33,9 +33,10 @@ static fp_span **class_list(fp_class *c, int list)
     return list == FP_LIST_PARTIAL ? &c->partial : list == FP_LIST_EMPTY ? &c->empty : NULL;
 }
 
-/* Moves slab s to the list its free count says. Class lock held. */
+/* Moves slab s to the list its free count says. */
 static void relist(struct fabpool *p, fp_class *c, fp_span *s)
 {
+    fp_lock_assert_held(&c->lock);
     int want = s->nfree == 0 ? FP_LIST_FULL : s->nfree == s->nobj ? FP_LIST_EMPTY : FP_LIST_PARTIAL;
     if (want == s->list)
         return;
@@ -112,9 +113,10 @@ static void all_remove(struct fabpool *p, fp_span *s)
         s->all_next->all_prev = s->all_prev;
 }
 
-/* Unmaps a span that is in no list and frees its address range. Pool lock held. */
+/* Unmaps a span that is in no list and frees its address range. */
 static fabpool_status span_release(struct fabpool *p, fp_span *s)
 {
+    fp_lock_assert_held(&p->lock);
     fabpool_status st = fp_chunk_unmap(p, s->base, s->size);
     if (st != FABPOOL_OK)
         return st;
@@ -125,9 +127,10 @@ static fabpool_status span_release(struct fabpool *p, fp_span *s)
     return FABPOOL_OK;
 }
 
-/* Address range + chunk for a new span. Pool lock held. */
+/* Address range + chunk for a new span. */
 static fabpool_status span_map(struct fabpool *p, uint64_t size, uint64_t *va)
 {
+    fp_lock_assert_held(&p->lock);
     *va = fp_va_alloc(&p->va, size, p->gran);
     if (!*va)
         return fp_error(FABPOOL_ERR_LIMIT,
@@ -163,7 +166,7 @@ static fp_span *slab_new(struct fabpool *p, unsigned cls, fabpool_status *st)
     }
     s->nfree = s->nobj;
 
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     uint64_t va = 0;
     *st = span_map(p, s->size, &va);
     if (*st == FABPOOL_OK) {
@@ -176,7 +179,7 @@ static fp_span *slab_new(struct fabpool *p, unsigned cls, fabpool_status *st)
             all_add(p, s);
         }
     }
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     if (*st != FABPOOL_OK) {
         span_free_meta(p, s);
         return NULL;
@@ -201,7 +204,7 @@ unsigned fp_class_take(struct fabpool *p, unsigned cls, fp_item *out, unsigned n
 {
     fp_class *c = &p->classes[cls];
     unsigned k = 0;
-    pthread_mutex_lock(&c->lock);
+    fp_lock(&c->lock);
     while (k < n) {
         fp_span *s = c->partial ? c->partial : c->empty;
         if (!s)
@@ -209,7 +212,7 @@ unsigned fp_class_take(struct fabpool *p, unsigned cls, fp_item *out, unsigned n
         k += take_from(s, out + k, n - k);
         relist(p, c, s);
     }
-    pthread_mutex_unlock(&c->lock);
+    fp_unlock(&c->lock);
     if (k)
         return k;
 
@@ -218,12 +221,12 @@ unsigned fp_class_take(struct fabpool *p, unsigned cls, fp_item *out, unsigned n
     fp_span *s = slab_new(p, cls, st);
     if (!s)
         return 0;
-    pthread_mutex_lock(&c->lock);
+    fp_lock(&c->lock);
     c->nslabs++;
     s->list = FP_LIST_NONE;
     k = take_from(s, out, n);
     relist(p, c, s);
-    pthread_mutex_unlock(&c->lock);
+    fp_unlock(&c->lock);
     return k;
 }
 
@@ -231,13 +234,13 @@ void fp_class_give(struct fabpool *p, unsigned cls, const fp_item *items, unsign
 {
     fp_class *c = &p->classes[cls];
     uint64_t obj = c->obj_size;
-    pthread_mutex_lock(&c->lock);
+    fp_lock(&c->lock);
     for (unsigned k = 0; k < n; k++) {
         fp_span *s = items[k].span;
         s->free_stack[s->nfree++] = (uint32_t)((items[k].ptr - s->base) / obj);
         relist(p, c, s);
     }
-    pthread_mutex_unlock(&c->lock);
+    fp_unlock(&c->lock);
 }
 
 /* ------------------------------------------------------------ large blocks
@@ -284,6 +287,7 @@ static size_t lchunk_lower(const struct fabpool *p, uint64_t addr)
 
 static int lchunk_add(struct fabpool *p, uint64_t va, uint64_t size)
 {
+    fp_lock_assert_held(&p->lock);
     if (p->n_lchunks == p->cap_lchunks) {
         size_t cap = p->cap_lchunks ? p->cap_lchunks * 2 : 64;
         fp_lchunk *n = fp_meta_alloc(&p->meta, cap * sizeof *n);
@@ -304,6 +308,7 @@ static int lchunk_add(struct fabpool *p, uint64_t va, uint64_t size)
 
 static void lchunk_remove(struct fabpool *p, size_t i)
 {
+    fp_lock_assert_held(&p->lock);
     memmove(&p->lchunks[i], &p->lchunks[i + 1], (p->n_lchunks - i - 1) * sizeof *p->lchunks);
     p->n_lchunks--;
 }
@@ -331,6 +336,7 @@ static void free_sub(struct fabpool *p, uint64_t n)
  * `goal` bytes went back or none is left; returns the bytes unmapped. */
 static uint64_t large_unmap_free(struct fabpool *p, uint64_t goal)
 {
+    fp_lock_assert_held(&p->lock);
     uint64_t done = 0;
     for (size_t i = p->n_lchunks; i-- > 0 && done < goal;) {
         fp_lchunk c = p->lchunks[i];
@@ -369,9 +375,10 @@ static uint64_t large_unmap_free(struct fabpool *p, uint64_t goal)
     return done;
 }
 
-/* The block of n bytes at the start of free range f.  Pool lock held. */
+/* The block of n bytes at the start of free range f. */
 static fp_span *carve(struct fabpool *p, fp_span *f, uint64_t n, fabpool_status *st)
 {
+    fp_lock_assert_held(&p->lock);
     if (f->size == n) {
         list_remove(&p->large_free, f);
         free_sub(p, n);
@@ -414,6 +421,7 @@ static uint64_t large_chunk_cap(struct fabpool *p) { return p->gran * FP_LARGE_C
 /* Unmaps the chunks of [va, va + size) (all mapped by map_chunks). */
 static void unmap_chunks(struct fabpool *p, uint64_t va, uint64_t size)
 {
+    fp_lock_assert_held(&p->lock);
     size_t i = lchunk_lower(p, va);
     while (i < p->n_lchunks && p->lchunks[i].va < va + size) {
         fp_chunk_unmap(p, p->lchunks[i].va, p->lchunks[i].size);
@@ -426,6 +434,7 @@ static void unmap_chunks(struct fabpool *p, uint64_t va, uint64_t size)
  * address space alike.  All or nothing. */
 static fabpool_status map_chunks(struct fabpool *p, uint64_t va, uint64_t size)
 {
+    fp_lock_assert_held(&p->lock);
     uint64_t cap = large_chunk_cap(p), at = va, end = va + size;
     while (at < end) {
         uint64_t next = (at - p->va_base) / cap * cap + cap + p->va_base;
@@ -444,9 +453,10 @@ static fabpool_status map_chunks(struct fabpool *p, uint64_t va, uint64_t size)
     return FABPOOL_OK;
 }
 
-/* A miss: maps what a block of n bytes needs.  Pool lock held. */
+/* A miss: maps what a block of n bytes needs. */
 static fp_span *grow(struct fabpool *p, uint64_t n, fabpool_status *st)
 {
+    fp_lock_assert_held(&p->lock);
     /* the largest free range that can grow into free address space beside it */
     fp_span *g = NULL;
     int right = 0;
@@ -526,7 +536,7 @@ fabpool_status fp_large_alloc(struct fabpool *p, uint64_t size, void **out)
     /* the size rounded to the granularity, no class: at most 1.25x from 8 MiB on */
     uint64_t n = fp_round_up(size, p->gran);
     fabpool_status st = FABPOOL_OK;
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     fp_span *best = NULL;
     for (fp_span *f = p->large_free; f; f = f->next)
         if (f->size >= n && (!best || f->size < best->size)) {
@@ -544,7 +554,7 @@ fabpool_status fp_large_alloc(struct fabpool *p, uint64_t size, void **out)
         atomic_fetch_add(&p->large_allocs[bucket < FP_NCLASS ? bucket : FP_NCLASS - 1], 1);
         *out = (void *)(uintptr_t)b->base;
     }
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     fp_trim_policy(p);
     return st;
 }
@@ -552,7 +562,7 @@ fabpool_status fp_large_alloc(struct fabpool *p, uint64_t size, void **out)
 fabpool_status fp_large_free(struct fabpool *p, fp_span *s, uint64_t addr)
 {
     (void)s;   /* read again under the lock: pieces merge and split under it */
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     fp_span *b = piece_at(p, addr);
     uint32_t state = b ? atomic_load_explicit(&b->in_use, memory_order_relaxed) : FP_LARGE_FREE;
     if (!b || state != FP_LARGE_LIVE || addr != b->base) {
@@ -568,7 +578,7 @@ fabpool_status fp_large_free(struct fabpool *p, fp_span *s, uint64_t addr)
         else
             st = fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_free(%p): this pool did not give out that pointer, or it "
                           "was freed and its memory returned to the driver", (void *)(uintptr_t)addr);
-        pthread_mutex_unlock(&p->lock);
+        fp_unlock(&p->lock);
         return st;
     }
     atomic_store_explicit(&b->in_use, FP_LARGE_FREE, memory_order_relaxed);
@@ -593,7 +603,7 @@ fabpool_status fp_large_free(struct fabpool *p, fp_span *s, uint64_t addr)
         b->size += r->size;
         piece_free_meta(p, r);
     }
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
     fp_trim_policy(p);
     return FABPOOL_OK;
 }
@@ -629,6 +639,7 @@ void fp_idle_sub(struct fabpool *p, uint64_t n)
 
 void fp_trim_locked(struct fabpool *p, uint64_t keep)
 {
+    fp_lock_assert_held(&p->lock);
     /* large chunks first: one driver call frees the most */
     uint64_t idle = atomic_load(&p->idle_bytes);
     if (idle > keep)
@@ -636,10 +647,10 @@ void fp_trim_locked(struct fabpool *p, uint64_t keep)
     for (unsigned cls = 0; cls < p->n_slab_classes && atomic_load(&p->idle_bytes) > keep; cls++) {
         fp_class *c = &p->classes[cls];
         for (;;) {
-            pthread_mutex_lock(&c->lock);
+            fp_lock(&c->lock);
             fp_span *s = c->empty;
             if (!s || atomic_load(&p->idle_bytes) <= keep) {
-                pthread_mutex_unlock(&c->lock);
+                fp_unlock(&c->lock);
                 break;
             }
             list_remove(&c->empty, s);
@@ -647,12 +658,12 @@ void fp_trim_locked(struct fabpool *p, uint64_t keep)
             c->nempty--;
             c->nslabs--;
             fp_idle_sub(p, s->size);
-            pthread_mutex_unlock(&c->lock);
+            fp_unlock(&c->lock);
             if (span_release(p, s) != FABPOOL_OK) {
-                pthread_mutex_lock(&c->lock);
+                fp_lock(&c->lock);
                 c->nslabs++;
                 relist(p, c, s);
-                pthread_mutex_unlock(&c->lock);
+                fp_unlock(&c->lock);
                 return;
             }
         }
@@ -680,9 +691,9 @@ void fp_trim_policy(struct fabpool *p)
         return;
     uint64_t limit = p->opt.cache_limit_bytes, decay = p->opt.decay_ms;
     if (decay == 0 || idle > limit) {
-        pthread_mutex_lock(&p->lock);
+        fp_lock(&p->lock);
         fp_trim_locked(p, decay == 0 ? 0 : limit);
-        pthread_mutex_unlock(&p->lock);
+        fp_unlock(&p->lock);
         if (decay == 0)
             return;
     }
@@ -692,13 +703,13 @@ void fp_trim_policy(struct fabpool *p)
         !atomic_compare_exchange_strong_explicit(&p->decay_epoch_ns, &epoch, t, memory_order_relaxed,
                                                  memory_order_relaxed))
         return;
-    pthread_mutex_lock(&p->lock);
+    fp_lock(&p->lock);
     uint64_t low = atomic_load(&p->idle_low);
     idle = atomic_load(&p->idle_bytes);
     if (low)
         fp_trim_locked(p, idle > low ? idle - low : 0);
     atomic_store(&p->idle_low, atomic_load(&p->idle_bytes));
-    pthread_mutex_unlock(&p->lock);
+    fp_unlock(&p->lock);
 }
 
 void fp_classes_destroy(struct fabpool *p)
@@ -715,6 +726,6 @@ void fp_classes_destroy(struct fabpool *p)
     large_destroy(p);
     for (unsigned cls = 0; cls < FP_NCLASS; cls++) {
         fp_class *c = &p->classes[cls];
-        pthread_mutex_destroy(&c->lock);
+        fp_lock_destroy(&c->lock);
     }
 }
