@@ -55,7 +55,8 @@ typedef enum fabpool_status {
     FABPOOL_ERR_LIMIT = 10,        /* past a buffer's maximum, or out of reserved address space */
     FABPOOL_ERR_BUSY = 11,         /* the object still has users (e.g. live views) */
     FABPOOL_ERR_DESCRIPTOR = 12,   /* a sharing descriptor that is malformed or does not fit */
-    FABPOOL_ERR_IO = 13            /* a socket or file operation failed (fd passing) */
+    FABPOOL_ERR_IO = 13,           /* a socket or file operation failed (fd passing) */
+    FABPOOL_ERR_CORRUPT = 14       /* fabpool_check found a broken invariant of the pool's structures */
 } fabpool_status;
 
 /* The enumerator's name, e.g. "FABPOOL_ERR_OUT_OF_MEMORY". */
@@ -277,6 +278,16 @@ typedef struct fabpool_stats {
 FABPOOL_API fabpool_status fabpool_get_stats(fabpool_t *pool, fabpool_stats *out);
 /* A readable report (json = 0) or one JSON object (json = 1). */
 FABPOOL_API fabpool_status fabpool_print_stats(fabpool_t *pool, FILE *out, int json);
+/* Walks the pool's structures under its locks and verifies their invariants
+ * (slabs' free counts, flags and stacks; class lists; the page map; large
+ * blocks and their chunks; buffers' chunks; the address space; the pool's
+ * counters against what the walk adds up), like TLSF's tlsf_check.
+ * FABPOOL_OK, or FABPOOL_ERR_CORRUPT with a message that names the first
+ * broken invariant in brackets ("[slab.flags] ...").  It takes time in
+ * proportion to what the pool holds (a debugging and testing aid, not for a
+ * hot loop), and thread caches are counted exactly only while no other
+ * thread allocates from or frees to the pool. */
+FABPOOL_API fabpool_status fabpool_check(fabpool_t *pool);
 /* The JSON report into buf (NUL-terminated); *needed gets its length + 1.
  * FABPOOL_ERR_LIMIT if cap is too small (nothing is written then).  For
  * callers without a FILE (Python's ctypes). */

@@ -8,6 +8,7 @@
 #include "array.h"
 #include "error.h"
 #include "list.h"
+#include "lock.h"
 #include "trace.h"
 
 #define FP_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -36,21 +37,21 @@ static inline int slot_is(const fp_tls_slot *s, const fp_alloc *a) { return s->o
 
 /* Live pools, so that a thread that exits can tell whether the pool of a
  * slot still exists without touching it. */
-static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static fp_lock_t registry_lock = FP_LOCK_INITIALIZER(FP_LOCK_REGISTRY, "registry");
 static fp_tls_slot *registry;   /* .tc unused */
 static size_t registry_n, registry_cap;
 static _Atomic uint64_t next_pool_id = 1;
 
 int fp_registry_add(fp_alloc *a)
 {
-    pthread_mutex_lock(&registry_lock);
+    fp_lock(&registry_lock);
     if (FP_ARRAY_RESERVE(NULL, registry, registry_n, registry_cap, registry_n + 1, 8) != 0) {
-        pthread_mutex_unlock(&registry_lock);
+        fp_unlock(&registry_lock);
         return -1;
     }
     a->id = atomic_fetch_add(&next_pool_id, 1);
     registry[registry_n++] = (fp_tls_slot){a, a->id, NULL};
-    pthread_mutex_unlock(&registry_lock);
+    fp_unlock(&registry_lock);
     return 0;
 }
 
@@ -64,13 +65,13 @@ static int registry_has(const fp_tls_slot *s)
 
 void fp_registry_remove(fp_alloc *a)
 {
-    pthread_mutex_lock(&registry_lock);
+    fp_lock(&registry_lock);
     for (size_t i = 0; i < registry_n; i++)
         if (slot_is(&registry[i], a)) {
             registry[i] = registry[--registry_n];
             break;
         }
-    pthread_mutex_unlock(&registry_lock);
+    fp_unlock(&registry_lock);
 }
 
 /* ------------------------------------------------------------ thread caches */
@@ -122,9 +123,9 @@ static void tcache_free(fp_alloc *a, fp_tcache *tc)
 static void tcache_retire(fp_alloc *a, fp_tcache *tc)
 {
     tcache_flush(a, tc);
-    pthread_mutex_lock(&a->sp->lock);
+    fp_lock(&a->sp->lock);
     FP_LIST_REMOVE(&a->tcaches, tc, next, prev);
-    pthread_mutex_unlock(&a->sp->lock);
+    fp_unlock(&a->sp->lock);
     tcache_free(a, tc);
     fp_heap_trim_policy(a->heap);
 }
@@ -132,14 +133,14 @@ static void tcache_retire(fp_alloc *a, fp_tcache *tc)
 static void thread_exit(void *arg)
 {
     (void)arg;
-    pthread_mutex_lock(&registry_lock);
+    fp_lock(&registry_lock);
     for (int i = 0; i < FP_TLS_SLOTS; i++) {
         fp_tls_slot *s = &tls_slots[i];
         if (s->owner && registry_has(s))
             tcache_retire(s->owner, s->tc);
         memset(s, 0, sizeof *s);
     }
-    pthread_mutex_unlock(&registry_lock);
+    fp_unlock(&registry_lock);
 }
 
 static void make_key(void) { pthread_key_create(&tls_key, thread_exit); }
@@ -172,9 +173,9 @@ static fp_tcache *tcache_new(fp_alloc *a)
         items += a->tc_cap[c];
     }
     tc->epoch = atomic_load(&a->flush_epoch);
-    pthread_mutex_lock(&a->sp->lock);
+    fp_lock(&a->sp->lock);
     FP_LIST_PUSH(&a->tcaches, tc, next, prev);
-    pthread_mutex_unlock(&a->sp->lock);
+    fp_unlock(&a->sp->lock);
     return tc;
 }
 
@@ -205,10 +206,10 @@ static fp_tcache *tcache_get(fp_alloc *a)
         return NULL;
     fp_tls_slot *last = &tls_slots[FP_TLS_SLOTS - 1];
     if (last->owner) {
-        pthread_mutex_lock(&registry_lock);
+        fp_lock(&registry_lock);
         if (registry_has(last))
             tcache_retire(last->owner, last->tc);
-        pthread_mutex_unlock(&registry_lock);
+        fp_unlock(&registry_lock);
     }
     memmove(&tls_slots[1], &tls_slots[0], (FP_TLS_SLOTS - 1) * sizeof tls_slots[0]);
     tls_slots[0] = (fp_tls_slot){a, a->id, tc};

@@ -14,6 +14,7 @@
 
 static int reserve_chunks(fp_buffers *bs, struct fabpool_buffer *b, uint32_t n)
 {
+    fp_lock_assert_held(&bs->sp->lock);
     return FP_ARRAY_RESERVE(bs->sp->meta, b->chunks, b->n, b->cap, n, 8);
 }
 
@@ -41,13 +42,15 @@ static int peers_may_hold(const struct fabpool_buffer *b, uint64_t named)
  * unmapped or replaced. */
 static void forget_export(fp_buffers *bs, fp_bchunk *c)
 {
+    fp_lock_assert_held(&bs->sp->lock);
     fp_chunk_close_fd(bs->sp->ch, &c->fd);
     c->has_fabric = 0;
 }
 
-/* Unmaps chunk i.  Pool lock held. */
+/* Unmaps chunk i. */
 static fabpool_status remove_chunk(fp_buffers *bs, struct fabpool_buffer *b, uint32_t i)
 {
+    fp_lock_assert_held(&bs->sp->lock);
     fp_bchunk *c = &b->chunks[i];
     fabpool_status st = fp_chunk_unmap(bs->sp->ch, b->base + c->off, c->size);
     if (st != FABPOOL_OK)
@@ -70,11 +73,16 @@ static fabpool_status remove_chunk(fp_buffers *bs, struct fabpool_buffer *b, uin
     return FABPOOL_OK;
 }
 
-/* Unmaps the last chunk.  Pool lock held. */
-static fabpool_status pop_chunk(fp_buffers *bs, struct fabpool_buffer *b) { return remove_chunk(bs, b, b->n - 1); }
+/* Unmaps the last chunk. */
+static fabpool_status pop_chunk(fp_buffers *bs, struct fabpool_buffer *b)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    return remove_chunk(bs, b, b->n - 1);
+}
 
 static fabpool_status ghost_add(fp_buffers *bs, struct fabpool_buffer *b, fp_ghost g)
 {
+    fp_lock_assert_held(&bs->sp->lock);
     if (FP_ARRAY_RESERVE(bs->sp->meta, b->ghosts, b->n_ghosts, b->cap_ghosts, b->n_ghosts + 1, 4) != 0)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's list of chunks its peers hold");
     b->ghosts[b->n_ghosts++] = g;
@@ -130,6 +138,7 @@ static int retired_done(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, 
  * destroyed one.  Frees destroyed buffers that hold nothing any more. */
 fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
 {
+    fp_lock_assert_held(&bs->sp->lock);
     fabpool_status first = FABPOOL_OK;
     CUcontext saved = NULL;
     int pushed = 0;
@@ -167,9 +176,9 @@ fabpool_status fp_buffers_collect(fp_buffers *bs, int wait)
 {
     if (!bs)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_collect: the pool is NULL");
-    pthread_mutex_lock(&bs->sp->lock);
+    fp_lock(&bs->sp->lock);
     fabpool_status st = fp_collect_locked(bs, wait);
-    pthread_mutex_unlock(&bs->sp->lock);
+    fp_unlock(&bs->sp->lock);
     return st;
 }
 
@@ -196,6 +205,7 @@ static uint64_t next_chunk(const fp_buffers *bs, const struct fabpool_buffer *b,
  * mapped is unmapped again (taken-back retired chunks stay live). */
 static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t target, uint32_t *mapped_from)
 {
+    fp_lock_assert_held(&bs->sp->lock);
     *mapped_from = b->n;
     /* take back retired chunks first: they are still mapped, data and all */
     for (uint32_t i = 0; i < b->n && b->live < target; i++) {
@@ -259,16 +269,18 @@ static fabpool_status sync_stream(fp_buffers *bs, void *stream, const char *why)
 /* Keeps the memory of chunk c (handle h, retained by the caller) for the
  * peers that may still import it; returns 0 if no peer may (the caller
  * releases h).  Its exported fd, if the pool still holds one, is closed when
- * the chunk is unmapped, as for any chunk (fabpool.h).  Pool lock held. */
+ * the chunk is unmapped, as for any chunk (fabpool.h). */
 static int ghost_keep(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, CUmemGenericAllocationHandle h)
 {
+    fp_lock_assert_held(&bs->sp->lock);
     return peers_may_hold(b, c->named) && ghost_add(bs, b, (fp_ghost){h, c->size, c->named}) == FABPOOL_OK;
 }
 
 /* Moves chunk c's memory to the ghosts when a peer may still import it, so
- * that unmapping it here does not free it.  Pool lock held. */
+ * that unmapping it here does not free it. */
 static fabpool_status keep_for_peers(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c)
 {
+    fp_lock_assert_held(&bs->sp->lock);
     if (!peers_may_hold(b, c->named))
         return FABPOOL_OK;
     CUmemGenericAllocationHandle h = 0;
@@ -287,10 +299,11 @@ static fabpool_status keep_for_peers(fp_buffers *bs, struct fabpool_buffer *b, f
  * of rs bytes at the same address, the data below target copied on `stream`.
  * The copy and the swap wait for the GPU work on `stream` (NULL: the
  * context) and for the retired chunks' events.  On failure before the swap
- * the buffer is as it was.  Pool lock held, context current. */
+ * the buffer is as it was.  The pool's context is current. */
 static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j, uint64_t rs, uint64_t target,
                             void *stream)
 {
+    fp_lock_assert_held(&bs->sp->lock);
     fp_bchunk *c = &b->chunks[j];
     uint64_t at = b->base + c->off, drop_gen = b->generation + 1;
     uint64_t tmp = fp_va_alloc(&bs->sp->va, rs, bs->sp->gran);
@@ -400,6 +413,7 @@ free_va:
  * failure nothing is retired.  The caller collects afterwards. */
 static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t target, void *stream)
 {
+    fp_lock_assert_held(&bs->sp->lock);
     uint64_t keep = fp_round_up(target + target / 100 * bs->shrink_hysteresis_percent +
                                 target % 100 * bs->shrink_hysteresis_percent / 100, bs->sp->gran);
     uint32_t last_live = b->n;
@@ -495,10 +509,10 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     b->window = fp_round_up(max_size, bs->sp->gran);
     static _Atomic uint64_t uids;
     b->uid = ((uint64_t)getpid() << 32) ^ (atomic_fetch_add(&uids, 1) + 1) ^ ((uint64_t)(uintptr_t)b << 12);
-    pthread_mutex_lock(&bs->sp->lock);
+    fp_lock(&bs->sp->lock);
     b->base = fp_va_alloc(&bs->sp->va, b->window, bs->sp->gran);
     if (!b->base) {
-        pthread_mutex_unlock(&bs->sp->lock);
+        fp_unlock(&bs->sp->lock);
         fp_meta_free(bs->sp->meta, b, sizeof *b);
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_create: no free address range of %llu bytes left in the "
                         "pool's reservation of %llu bytes; raise reserve", (unsigned long long)b->window,
@@ -512,13 +526,13 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
         undo_grow(bs, b, from);
         free_buffer(bs, b);
         atomic_fetch_sub(&bs->count, 1);
-        pthread_mutex_unlock(&bs->sp->lock);
+        fp_unlock(&bs->sp->lock);
         return st;
     }
     b->size = size;
     atomic_fetch_add(&bs->bytes, size);
     FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_CREATE, b->base, size, max_size, FABPOOL_OK);
-    pthread_mutex_unlock(&bs->sp->lock);
+    fp_unlock(&bs->sp->lock);
     *out = b;
     return FABPOOL_OK;
 }
@@ -555,7 +569,7 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
     uint32_t from_stack[STACK], *from = from_stack;
     if (n > STACK && !(from = fp_meta_alloc(bs->sp->meta, n * sizeof *from)))
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to resize %zu buffers", n);
-    pthread_mutex_lock(&bs->sp->lock);
+    fp_lock(&bs->sp->lock);
     fp_collect_locked(bs, 0);
     fabpool_status st = FABPOOL_OK;
     size_t i;
@@ -585,7 +599,7 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
         if (fp_collect_locked(bs, 0) != FABPOOL_OK && st == FABPOOL_OK)
             fp_error_clear();
     }
-    pthread_mutex_unlock(&bs->sp->lock);
+    fp_unlock(&bs->sp->lock);
     if (from != from_stack)
         fp_meta_free(bs->sp->meta, from, n * sizeof *from);
     return st;
@@ -601,12 +615,12 @@ fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
     if (!b || b->destroyed)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_destroy: the buffer is NULL or already destroyed");
     fp_buffers *bs = b->owner;
-    pthread_mutex_lock(&bs->sp->lock);
+    fp_lock(&bs->sp->lock);
     fabpool_status st = shrink(bs, b, 0, stream);
     if (st != FABPOOL_OK) {
         /* nothing was retired: the buffer is as it was, and can be destroyed again */
         fp_error_append(" (fabpool_buffer_destroy: the buffer is still alive; destroy it again)");
-        pthread_mutex_unlock(&bs->sp->lock);
+        fp_unlock(&bs->sp->lock);
         return st;
     }
     atomic_fetch_sub(&bs->bytes, b->size);
@@ -618,13 +632,14 @@ fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
      * the rest when the peers acknowledge (fabpool_peers_ack) or at pool
      * destroy.  A collect that fails here is retried by the next one. */
     (void)fp_collect_locked(bs, 0);
-    pthread_mutex_unlock(&bs->sp->lock);
+    fp_unlock(&bs->sp->lock);
     fp_error_clear();
     return FABPOOL_OK;
 }
 
 void fp_buffers_destroy(fp_buffers *bs)
 {
+    fp_lock_assert_held(&bs->sp->lock);
     while (bs->list) {
         struct fabpool_buffer *b = bs->list;
         while (b->n)
@@ -641,7 +656,7 @@ fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer
     if (!b || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_get_info: the buffer or the output is NULL");
     fp_buffers *bs = b->owner;
-    pthread_mutex_lock(&bs->sp->lock);
+    fp_lock(&bs->sp->lock);
     out->base = (void *)(uintptr_t)b->base;
     out->size = b->size;
     out->mapped = b->live;
@@ -651,7 +666,7 @@ fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer
         out->n_chunks += !b->chunks[i].retiring;
     out->generation = b->generation;
     out->export_id = b->uid;
-    pthread_mutex_unlock(&bs->sp->lock);
+    fp_unlock(&bs->sp->lock);
     return FABPOOL_OK;
 }
 

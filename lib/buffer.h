@@ -75,7 +75,8 @@ struct fabpool_buffer {
 };
 
 void fp_buffers_init(fp_buffers *bs, fp_heap *heap, const fabpool_options *o);
-/* Pool destroy: unmaps and frees every buffer, ghosts released.  Pool lock held. */
+/* Pool destroy: unmaps and frees every buffer, ghosts released.  Pool lock
+ * held (each function that needs it asserts it: lock.h). */
 void fp_buffers_destroy(fp_buffers *bs);
 
 /* fabpool_buffer_create and fabpool_collect of the pool whose buffers bs are

@@ -62,6 +62,7 @@ fabpool_status fp_chunk_choose_rdma(fp_chunks *ch, fabpool_rdma want)
 
 fabpool_status fp_chunk_create(fp_chunks *ch, uint64_t size, CUmemGenericAllocationHandle *out)
 {
+    fp_lock_assert_held(ch->lock);
     CUmemGenericAllocationHandle h = 0;
     CUmemAllocationProp prop = fp_chunk_prop(ch);
     CUresult r = FP_CU(&ch->calls, cuMemCreate, &h, size, &prop, 0);
@@ -76,6 +77,7 @@ fabpool_status fp_chunk_create(fp_chunks *ch, uint64_t size, CUmemGenericAllocat
 fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
                                    const char *what)
 {
+    fp_lock_assert_held(ch->lock);
     CUresult r = FP_CU(&ch->calls, cuMemMap, (CUdeviceptr)va, size, 0, h, 0);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemMap", "mapping %s of %llu bytes at 0x%llx", what, (unsigned long long)size,
@@ -104,6 +106,7 @@ fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CU
 
 void fp_chunk_count_mapped(fp_chunks *ch, uint64_t size)
 {
+    fp_lock_assert_held(ch->lock);
     uint64_t m = atomic_fetch_add(&ch->mapped_bytes, size) + size;
     stat_max(&ch->mapped_peak, m);
     atomic_fetch_add(&ch->chunks_mapped, 1);
@@ -112,6 +115,7 @@ void fp_chunk_count_mapped(fp_chunks *ch, uint64_t size)
 
 CUresult fp_chunk_release(fp_chunks *ch, CUmemGenericAllocationHandle h)
 {
+    fp_lock_assert_held(ch->lock);
     CUresult r = FP_CU_UNDO(&ch->calls, cuMemRelease, h);
     if (r == CUDA_SUCCESS)
         atomic_fetch_sub(&ch->handles_outstanding, 1);
@@ -121,6 +125,7 @@ CUresult fp_chunk_release(fp_chunks *ch, CUmemGenericAllocationHandle h)
 fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
                                    const char *what)
 {
+    fp_lock_assert_held(ch->lock);
     fabpool_status st = fp_chunk_map_access(ch, va, size, h, what);
     if (st != FABPOOL_OK) {
         fp_chunk_release(ch, h);
@@ -141,6 +146,7 @@ fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CU
 
 fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
 {
+    fp_lock_assert_held(ch->lock);
     CUresult r = FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemUnmap", "unmapping a chunk of %llu bytes at 0x%llx",

@@ -9,8 +9,9 @@
  * CUDA_ERROR_OUT_OF_MEMORY returns FABPOOL_ERR_OUT_OF_MEMORY, and the
  * callers that hold cached memory (slab.c) trim and try again.
  *
- * Callers hold the pool lock for map and unmap (the page map and address
- * space they go with are under it); the counters are atomics. */
+ * Callers hold the pool lock (ch->lock, which the pool sets) to create,
+ * map, unmap and release (the page map and address space they go with are
+ * under it); each of those asserts it (lock.h).  The counters are atomics. */
 #ifndef FP_CHUNK_H
 #define FP_CHUNK_H
 
@@ -19,9 +20,11 @@
 
 #include "driver.h"
 #include "fabpool.h"
+#include "lock.h"
 
 typedef struct fp_chunks {
     fp_drv_counters calls;             /* every driver call made for the pool */
+    const fp_lock_t *lock;             /* held around every map, unmap, create and release (asserted) */
     int device;                        /* the ordinal, as the options give it */
     CUdevice dev;
     CUcontext ctx;                     /* the device's primary context (retained) */

@@ -19,7 +19,7 @@ fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *b, size_t offset, size_t 
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     if (page == 0 || page == (uint64_t)-1)
         page = 4096;
-    pthread_mutex_lock(&bs->sp->lock);
+    fp_lock(&bs->sp->lock);
     fabpool_status st = FABPOOL_OK;
     uint64_t live = b->live;
     uint32_t n = 0;
@@ -45,7 +45,7 @@ fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *b, size_t offset, size_t 
                       "is 0: it needs Linux 5.12 or newer, the open NVIDIA kernel module and a data-center GPU)",
                       (int)bs->sp->ch->dev);
     if (st != FABPOOL_OK) {
-        pthread_mutex_unlock(&bs->sp->lock);
+        fp_unlock(&bs->sp->lock);
         return st;
     }
     CUcontext saved;
@@ -62,6 +62,6 @@ fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *b, size_t offset, size_t 
             *fd = out;
         fp_ctx_pop(bs->sp->ch, saved);
     }
-    pthread_mutex_unlock(&bs->sp->lock);
+    fp_unlock(&bs->sp->lock);
     return st;
 }

@@ -34,7 +34,7 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
         return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "fabpool_buffer_export: the pool's handle type is %s: create it "
                         "with handle_type:posix_fd, fabric or auto to share its buffers",
                         fp_handle_type_name(bs->sp->ch->handle_type));
-    pthread_mutex_lock(&bs->sp->lock);
+    fp_lock(&bs->sp->lock);
     fabpool_status st = FABPOOL_OK;
     if (b->destroyed) {
         st = fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: the buffer is destroyed");
@@ -83,7 +83,7 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
     b->shared = 1;
     b->exported_gen = b->generation;
 out:
-    pthread_mutex_unlock(&bs->sp->lock);
+    fp_unlock(&bs->sp->lock);
     return st;
 }
 
@@ -92,17 +92,18 @@ fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *b)
     if (!b)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export_done: the buffer is NULL");
     fp_space *sp = b->owner->sp;
-    pthread_mutex_lock(&sp->lock);
+    fp_lock(&sp->lock);
     for (fp_bchunk *c = b->chunks; c < b->chunks + b->n; c++)
         fp_chunk_close_fd(sp->ch, &c->fd); /* the peers have theirs: the pool's copies go */
-    pthread_mutex_unlock(&sp->lock);
+    fp_unlock(&sp->lock);
     return FABPOOL_OK;
 }
 
 /* Records that every peer has applied `generation`, and unmaps what they no
- * longer need.  Pool lock held. */
+ * longer need. */
 static fabpool_status ack_locked(fp_buffers *bs, struct fabpool_buffer *b, uint64_t generation, const char *fn)
 {
+    fp_lock_assert_held(&bs->sp->lock);
     if (generation != UINT64_MAX && generation > b->generation)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: generation %llu was never issued (the buffer is at generation "
                         "%llu, its last descriptor has %llu): acknowledge the generation a peer applied, or "
@@ -118,11 +119,11 @@ fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *b, uint64_t generation
     if (!b)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is NULL");
     fp_buffers *bs = b->owner;
-    pthread_mutex_lock(&bs->sp->lock);
+    fp_lock(&bs->sp->lock);
     fabpool_status st = b->destroyed ? fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is "
                                                 "destroyed; acknowledge by its export id (fabpool_peers_ack)")
                                      : ack_locked(bs, b, generation, "fabpool_buffer_peers_ack");
-    pthread_mutex_unlock(&bs->sp->lock);
+    fp_unlock(&bs->sp->lock);
     return st;
 }
 
@@ -130,7 +131,7 @@ fabpool_status fp_buffers_peers_ack(fp_buffers *bs, uint64_t export_id, uint64_t
 {
     if (!bs)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_peers_ack: the pool is NULL");
-    pthread_mutex_lock(&bs->sp->lock);
+    fp_lock(&bs->sp->lock);
     struct fabpool_buffer *b = bs->list;
     while (b && b->uid != export_id)
         b = b->next;
@@ -138,7 +139,7 @@ fabpool_status fp_buffers_peers_ack(fp_buffers *bs, uint64_t export_id, uint64_t
                           : fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_peers_ack: no buffer of this pool has export id "
                                      "0x%llx (a destroyed buffer whose memory is all gone needs no more acks)",
                                      (unsigned long long)export_id);
-    pthread_mutex_unlock(&bs->sp->lock);
+    fp_unlock(&bs->sp->lock);
     return st;
 }
 

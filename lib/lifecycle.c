@@ -226,7 +226,8 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     p->ch.n_peers = o.n_peer_devices;
     for (int i = 0; i < o.n_peer_devices && i < FABPOOL_MAX_PEERS; i++)
         p->ch.peers[i] = o.peer_devices[i];
-    pthread_mutex_init(&p->sp.lock, NULL);
+    fp_lock_init(&p->sp.lock, FP_LOCK_POOL, 0, "pool");
+    p->ch.lock = &p->sp.lock;
     p->sp.ch = &p->ch;
     p->sp.meta = &p->meta;
 
@@ -235,7 +236,7 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
         (st = fp_trace_open(&p->opt, p->sp.gran, &p->trace)) != FABPOOL_OK)
         goto fail;
     uint64_t va_base = p->sp.va.base, va_size = p->sp.va.size;
-    if (fp_map_init(&p->sp.map, &p->meta, va_base, va_size, p->sp.gran_shift) != 0 ||
+    if (fp_map_init(&p->sp.map, &p->meta, &p->sp.lock, va_base, va_size, p->sp.gran_shift) != 0 ||
         fp_va_init(&p->sp.va, &p->meta, va_base, va_size) != 0) {
         p->sp.va.base = va_base; /* teardown frees the reservation */
         p->sp.va.size = va_size;
@@ -272,7 +273,9 @@ static fabpool_status teardown(struct fabpool *p)
     fabpool_status st = FABPOOL_OK;
     fp_trace_close(p->trace);
     p->trace = p->alloc.trace = p->bufs.trace = NULL;
+    fp_lock(&p->sp.lock); /* the unmaps assert it (lock.h); no other thread uses the pool any more */
     fp_heap_destroy(&p->heap);
+    fp_unlock(&p->sp.lock);
     fp_tcaches_destroy(&p->alloc);
     fp_map_destroy(&p->sp.map);
     uint64_t va_base = p->sp.va.base, va_size = p->sp.va.size;
@@ -284,7 +287,7 @@ static fabpool_status teardown(struct fabpool *p)
                           "address range stays reserved)", (unsigned long long)va_size);
     if (p->ch.ctx && (r = FP_CU_UNDO(&p->ch.calls, cuDevicePrimaryCtxRelease, p->ch.dev)) != CUDA_SUCCESS && st == FABPOOL_OK)
         st = fp_drv_error(r, "cuDevicePrimaryCtxRelease", "releasing the primary context of the pool's device");
-    pthread_mutex_destroy(&p->sp.lock);
+    fp_lock_destroy(&p->sp.lock);
     fp_meta meta = p->meta;
     fp_meta_free(&meta, p, sizeof *p);
     fp_meta_destroy(&meta);
@@ -298,12 +301,12 @@ fabpool_status fabpool_destroy(fabpool_t *p)
     fp_registry_remove(&p->alloc);
     if (p->opt.stats_at_destroy)
         fabpool_print_stats(p, stderr, p->opt.stats_at_destroy == 2);
-    pthread_mutex_lock(&p->sp.lock);
+    fp_lock(&p->sp.lock);
     fabpool_status st = fp_collect_locked(&p->bufs, 1);
     uint64_t live_buffers = atomic_load(&p->bufs.count);
     fp_views_destroy(&p->views);
     fp_buffers_destroy(&p->bufs);
-    pthread_mutex_unlock(&p->sp.lock);
+    fp_unlock(&p->sp.lock);
     fabpool_stats s;
     fabpool_get_stats(p, &s);
     uint64_t live_blocks = s.blocks;
@@ -326,10 +329,10 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_trim: the pool is NULL");
     FP_TRACE(p->trace, FABPOOL_TR_TRIM, 0, keep, 0);
     fp_alloc_flush_all(&p->alloc);
-    pthread_mutex_lock(&p->sp.lock);
+    fp_lock(&p->sp.lock);
     fabpool_status st = fp_collect_locked(&p->bufs, 0);
     fp_heap_trim_locked(&p->heap, keep);
-    pthread_mutex_unlock(&p->sp.lock);
+    fp_unlock(&p->sp.lock);
     return st;
 }
 

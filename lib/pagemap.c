@@ -1,9 +1,10 @@
 /* pagemap.c - the page map (pagemap.h). */
 #include "pagemap.h"
 
-int fp_map_init(fp_pagemap *m, fp_meta *meta, uint64_t base, uint64_t size, unsigned shift)
+int fp_map_init(fp_pagemap *m, fp_meta *meta, const fp_lock_t *lock, uint64_t base, uint64_t size, unsigned shift)
 {
     m->meta = meta;
+    m->lock = lock;
     m->base = base;
     m->size = size;
     m->shift = shift;
@@ -14,6 +15,7 @@ int fp_map_init(fp_pagemap *m, fp_meta *meta, uint64_t base, uint64_t size, unsi
 
 int fp_map_set(fp_pagemap *m, uint64_t addr, uint64_t size, struct fp_span *s)
 {
+    fp_lock_assert_held(m->lock);
     uint64_t g0 = (addr - m->base) >> m->shift, n = size >> m->shift;
     for (uint64_t g = g0; g < g0 + n; g++) {
         _Atomic(struct fp_span *) *leaf = atomic_load_explicit(&m->l1[g >> FP_MAP_LEAF_SHIFT], memory_order_acquire);

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "lock.h"
 #include "meta.h"
 
 struct fp_span;
@@ -23,10 +24,11 @@ typedef struct fp_pagemap {
     _Atomic(struct fp_span *) *_Atomic *l1; /* made at init, never moved: a copy of the handle reads alike */
     uint64_t l1_n;
     fp_meta *meta;
+    const fp_lock_t *lock;             /* held by every writer (asserted) */
 } fp_pagemap;
 
 /* The first level for [base, base + size) in granules of 1 << shift: 0, or -1 without host memory. */
-int fp_map_init(fp_pagemap *m, fp_meta *meta, uint64_t base, uint64_t size, unsigned shift);
+int fp_map_init(fp_pagemap *m, fp_meta *meta, const fp_lock_t *lock, uint64_t base, uint64_t size, unsigned shift);
 void fp_map_destroy(fp_pagemap *m);
 
 /* Points every granule of [addr, addr + size) at s (NULL: clears).  -1 if a

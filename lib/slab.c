@@ -19,9 +19,10 @@ static fp_span **class_list(fp_class *c, int list)
     return list == FP_LIST_PARTIAL ? &c->partial : list == FP_LIST_EMPTY ? &c->empty : NULL;
 }
 
-/* Moves slab s to the list its free count says. Class lock held. */
+/* Moves slab s to the list its free count says. */
 static void relist(fp_heap *h, fp_class *c, fp_span *s)
 {
+    fp_lock_assert_held(&c->lock);
     int want = s->nfree == 0 ? FP_LIST_FULL : s->nfree == s->nobj ? FP_LIST_EMPTY : FP_LIST_PARTIAL;
     if (want == s->list)
         return;
@@ -61,7 +62,7 @@ void fp_heap_init(fp_heap *h, fp_space *sp, const fabpool_options *o)
     h->slab_max = slab_max ? fp_class_size(h->n_slab_classes - 1) : 0;
     for (unsigned i = 0; i < FP_NCLASS; i++) {
         fp_class *c = &h->classes[i];
-        pthread_mutex_init(&c->lock, NULL);
+        fp_lock_init(&c->lock, FP_LOCK_CLASS, i, "class");
         c->obj_size = fp_class_size(i);
         if (i < h->n_slab_classes) {
             /* at least one granule and room for four blocks */
@@ -111,9 +112,10 @@ static fp_span *span_new(fp_heap *h, uint8_t kind, unsigned cls, uint64_t base, 
     return s;
 }
 
-/* Unmaps a span that is in no list and frees its address range. Pool lock held. */
+/* Unmaps a span that is in no list and frees its address range. */
 static fabpool_status span_release(fp_heap *h, fp_span *s)
 {
+    fp_lock_assert_held(&h->sp->lock);
     fabpool_status st = fp_chunk_unmap(h->sp->ch, s->base, s->size);
     if (st != FABPOOL_OK)
         return st;
@@ -124,9 +126,10 @@ static fabpool_status span_release(fp_heap *h, fp_span *s)
     return FABPOOL_OK;
 }
 
-/* Address range + chunk for a new span. Pool lock held. */
+/* Address range + chunk for a new span. */
 static fabpool_status span_map(fp_heap *h, uint64_t size, uint64_t *va)
 {
+    fp_lock_assert_held(&h->sp->lock);
     *va = fp_va_alloc(&h->sp->va, size, h->sp->gran);
     if (!*va)
         return fp_error(FABPOOL_ERR_LIMIT,
@@ -148,7 +151,7 @@ static fp_span *slab_new(fp_heap *h, unsigned cls, fabpool_status *st)
         return NULL;
     }
 
-    pthread_mutex_lock(&h->sp->lock);
+    fp_lock(&h->sp->lock);
     uint64_t va = 0;
     *st = span_map(h, s->size, &va);
     if (*st == FABPOOL_OK) {
@@ -161,7 +164,7 @@ static fp_span *slab_new(fp_heap *h, unsigned cls, fabpool_status *st)
             FP_LIST_PUSH(&h->spans, s, all_next, all_prev);
         }
     }
-    pthread_mutex_unlock(&h->sp->lock);
+    fp_unlock(&h->sp->lock);
     if (*st != FABPOOL_OK) {
         span_free_meta(h, s);
         return NULL;
@@ -186,7 +189,7 @@ unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, fabpo
 {
     fp_class *c = &h->classes[cls];
     unsigned k = 0;
-    pthread_mutex_lock(&c->lock);
+    fp_lock(&c->lock);
     while (k < n) {
         fp_span *s = c->partial ? c->partial : c->empty;
         if (!s)
@@ -194,7 +197,7 @@ unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, fabpo
         k += take_from(s, out + k, n - k);
         relist(h, c, s);
     }
-    pthread_mutex_unlock(&c->lock);
+    fp_unlock(&c->lock);
     if (k)
         return k;
 
@@ -203,12 +206,12 @@ unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, fabpo
     fp_span *s = slab_new(h, cls, st);
     if (!s)
         return 0;
-    pthread_mutex_lock(&c->lock);
+    fp_lock(&c->lock);
     c->nslabs++;
     s->list = FP_LIST_NONE;
     k = take_from(s, out, n);
     relist(h, c, s);
-    pthread_mutex_unlock(&c->lock);
+    fp_unlock(&c->lock);
     return k;
 }
 
@@ -216,13 +219,13 @@ void fp_class_give(fp_heap *h, unsigned cls, const fp_item *items, unsigned n)
 {
     fp_class *c = &h->classes[cls];
     uint64_t obj = c->obj_size;
-    pthread_mutex_lock(&c->lock);
+    fp_lock(&c->lock);
     for (unsigned k = 0; k < n; k++) {
         fp_span *s = items[k].span;
         s->free_stack[s->nfree++] = (uint32_t)((items[k].ptr - s->base) / obj);
         relist(h, c, s);
     }
-    pthread_mutex_unlock(&c->lock);
+    fp_unlock(&c->lock);
 }
 
 /* ------------------------------------------------------------ large blocks
@@ -263,6 +266,7 @@ static size_t lchunk_lower(const fp_heap *h, uint64_t addr)
 
 static int lchunk_add(fp_heap *h, uint64_t va, uint64_t size)
 {
+    fp_lock_assert_held(&h->sp->lock);
     if (FP_ARRAY_RESERVE(h->sp->meta, h->lchunks, h->n_lchunks, h->cap_lchunks, h->n_lchunks + 1, 64) != 0)
         return -1;
     size_t i = lchunk_lower(h, va);
@@ -274,6 +278,7 @@ static int lchunk_add(fp_heap *h, uint64_t va, uint64_t size)
 
 static void lchunk_remove(fp_heap *h, size_t i)
 {
+    fp_lock_assert_held(&h->sp->lock);
     memmove(&h->lchunks[i], &h->lchunks[i + 1], (h->n_lchunks - i - 1) * sizeof *h->lchunks);
     h->n_lchunks--;
 }
@@ -301,6 +306,7 @@ static void free_sub(fp_heap *h, uint64_t n)
  * `goal` bytes went back or none is left; returns the bytes unmapped. */
 static uint64_t large_unmap_free(fp_heap *h, uint64_t goal)
 {
+    fp_lock_assert_held(&h->sp->lock);
     uint64_t done = 0;
     for (size_t i = h->n_lchunks; i-- > 0 && done < goal;) {
         fp_lchunk c = h->lchunks[i];
@@ -339,9 +345,10 @@ static uint64_t large_unmap_free(fp_heap *h, uint64_t goal)
     return done;
 }
 
-/* The block of n bytes at the start of free range f.  Pool lock held. */
+/* The block of n bytes at the start of free range f. */
 static fp_span *carve(fp_heap *h, fp_span *f, uint64_t n, fabpool_status *st)
 {
+    fp_lock_assert_held(&h->sp->lock);
     if (f->size == n) {
         FP_LIST_REMOVE(&h->large_free, f, next, prev);
         free_sub(h, n);
@@ -384,6 +391,7 @@ static uint64_t large_chunk_cap(fp_heap *h) { return h->sp->gran * FP_LARGE_CHUN
 /* Unmaps the chunks of [va, va + size) (all mapped by map_chunks). */
 static void unmap_chunks(fp_heap *h, uint64_t va, uint64_t size)
 {
+    fp_lock_assert_held(&h->sp->lock);
     size_t i = lchunk_lower(h, va);
     while (i < h->n_lchunks && h->lchunks[i].va < va + size) {
         fp_chunk_unmap(h->sp->ch, h->lchunks[i].va, h->lchunks[i].size);
@@ -396,6 +404,7 @@ static void unmap_chunks(fp_heap *h, uint64_t va, uint64_t size)
  * address space alike.  All or nothing. */
 static fabpool_status map_chunks(fp_heap *h, uint64_t va, uint64_t size)
 {
+    fp_lock_assert_held(&h->sp->lock);
     uint64_t cap = large_chunk_cap(h), at = va, end = va + size;
     while (at < end) {
         uint64_t next = (at - h->sp->va.base) / cap * cap + cap + h->sp->va.base;
@@ -414,9 +423,10 @@ static fabpool_status map_chunks(fp_heap *h, uint64_t va, uint64_t size)
     return FABPOOL_OK;
 }
 
-/* A miss: maps what a block of n bytes needs.  Pool lock held. */
+/* A miss: maps what a block of n bytes needs. */
 static fp_span *grow(fp_heap *h, uint64_t n, fabpool_status *st)
 {
+    fp_lock_assert_held(&h->sp->lock);
     /* the largest free range that can grow into free address space beside it */
     fp_span *g = NULL;
     int right = 0;
@@ -496,7 +506,7 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
     /* the size rounded to the granularity, no class: at most 1.25x from 8 MiB on */
     uint64_t n = fp_round_up(size, h->sp->gran);
     fabpool_status st = FABPOOL_OK;
-    pthread_mutex_lock(&h->sp->lock);
+    fp_lock(&h->sp->lock);
     fp_span *best = NULL;
     for (fp_span *f = h->large_free; f; f = f->next)
         if (f->size >= n && (!best || f->size < best->size)) {
@@ -514,7 +524,7 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
         atomic_fetch_add(&h->large_allocs[bucket < FP_NCLASS ? bucket : FP_NCLASS - 1], 1);
         *out = (void *)(uintptr_t)b->base;
     }
-    pthread_mutex_unlock(&h->sp->lock);
+    fp_unlock(&h->sp->lock);
     fp_heap_trim_policy(h);
     return st;
 }
@@ -522,7 +532,7 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
 fabpool_status fp_large_free(fp_heap *h, uint64_t addr)
 {
     /* the piece is looked up under the lock: pieces merge and split under it */
-    pthread_mutex_lock(&h->sp->lock);
+    fp_lock(&h->sp->lock);
     fp_span *b = piece_at(h, addr);
     uint32_t state = b ? atomic_load_explicit(&b->in_use, memory_order_relaxed) : FP_LARGE_FREE;
     if (!b || state != FP_LARGE_LIVE || addr != b->base) {
@@ -538,7 +548,7 @@ fabpool_status fp_large_free(fp_heap *h, uint64_t addr)
         else
             st = fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_free(%p): this pool did not give out that pointer, or it "
                           "was freed and its memory returned to the driver", (void *)(uintptr_t)addr);
-        pthread_mutex_unlock(&h->sp->lock);
+        fp_unlock(&h->sp->lock);
         return st;
     }
     atomic_store_explicit(&b->in_use, FP_LARGE_FREE, memory_order_relaxed);
@@ -563,7 +573,7 @@ fabpool_status fp_large_free(fp_heap *h, uint64_t addr)
         b->size += r->size;
         piece_free_meta(h, r);
     }
-    pthread_mutex_unlock(&h->sp->lock);
+    fp_unlock(&h->sp->lock);
     fp_heap_trim_policy(h);
     return FABPOOL_OK;
 }
@@ -599,6 +609,7 @@ static void idle_sub(fp_heap *h, uint64_t n)
 
 void fp_heap_trim_locked(fp_heap *h, uint64_t keep)
 {
+    fp_lock_assert_held(&h->sp->lock);
     /* large chunks first: one driver call frees the most */
     uint64_t idle = atomic_load(&h->idle_bytes);
     if (idle > keep)
@@ -606,10 +617,10 @@ void fp_heap_trim_locked(fp_heap *h, uint64_t keep)
     for (unsigned cls = 0; cls < h->n_slab_classes && atomic_load(&h->idle_bytes) > keep; cls++) {
         fp_class *c = &h->classes[cls];
         for (;;) {
-            pthread_mutex_lock(&c->lock);
+            fp_lock(&c->lock);
             fp_span *s = c->empty;
             if (!s || atomic_load(&h->idle_bytes) <= keep) {
-                pthread_mutex_unlock(&c->lock);
+                fp_unlock(&c->lock);
                 break;
             }
             FP_LIST_REMOVE(&c->empty, s, next, prev);
@@ -617,12 +628,12 @@ void fp_heap_trim_locked(fp_heap *h, uint64_t keep)
             c->nempty--;
             c->nslabs--;
             idle_sub(h, s->size);
-            pthread_mutex_unlock(&c->lock);
+            fp_unlock(&c->lock);
             if (span_release(h, s) != FABPOOL_OK) {
-                pthread_mutex_lock(&c->lock);
+                fp_lock(&c->lock);
                 c->nslabs++;
                 relist(h, c, s);
-                pthread_mutex_unlock(&c->lock);
+                fp_unlock(&c->lock);
                 return;
             }
         }
@@ -641,6 +652,7 @@ static void human(char *buf, size_t n, uint64_t b)
 
 fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAllocationHandle *out)
 {
+    fp_lock_assert_held(&h->sp->lock);
     fabpool_status st = fp_chunk_create(h->sp->ch, size, out);
     if (st != FABPOOL_ERR_OUT_OF_MEMORY)
         return st;
@@ -696,9 +708,9 @@ void fp_heap_trim_policy(fp_heap *h)
         return;
     uint64_t limit = h->cache_limit, decay = h->decay_ms;
     if (decay == 0 || idle > limit) {
-        pthread_mutex_lock(&h->sp->lock);
+        fp_lock(&h->sp->lock);
         fp_heap_trim_locked(h, decay == 0 ? 0 : limit);
-        pthread_mutex_unlock(&h->sp->lock);
+        fp_unlock(&h->sp->lock);
         if (decay == 0)
             return;
     }
@@ -708,13 +720,13 @@ void fp_heap_trim_policy(fp_heap *h)
         !atomic_compare_exchange_strong_explicit(&h->decay_epoch_ns, &epoch, t, memory_order_relaxed,
                                                  memory_order_relaxed))
         return;
-    pthread_mutex_lock(&h->sp->lock);
+    fp_lock(&h->sp->lock);
     uint64_t low = atomic_load(&h->idle_low);
     idle = atomic_load(&h->idle_bytes);
     if (low)
         fp_heap_trim_locked(h, idle > low ? idle - low : 0);
     atomic_store(&h->idle_low, atomic_load(&h->idle_bytes));
-    pthread_mutex_unlock(&h->sp->lock);
+    fp_unlock(&h->sp->lock);
 }
 
 void fp_heap_destroy(fp_heap *h)
@@ -733,6 +745,6 @@ void fp_heap_destroy(fp_heap *h)
     large_destroy(h);
     for (unsigned cls = 0; cls < FP_NCLASS; cls++) {
         fp_class *c = &h->classes[cls];
-        pthread_mutex_destroy(&c->lock);
+        fp_lock_destroy(&c->lock);
     }
 }

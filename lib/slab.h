@@ -19,10 +19,10 @@
 #ifndef FP_SLAB_H
 #define FP_SLAB_H
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "lock.h"
 #include "sizeclass.h"
 #include "space.h"
 
@@ -51,7 +51,7 @@ typedef struct fp_span {
 
 /* One slab class, central part. */
 typedef struct fp_class {
-    pthread_mutex_t lock;
+    fp_lock_t lock;                    /* level FP_LOCK_CLASS, sub-level the class index (lock.h) */
     fp_span *partial, *empty;          /* slabs with some / all blocks free */
     uint64_t obj_size, slab_size;
     uint32_t nobj, nslabs, nempty;

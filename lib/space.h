@@ -6,10 +6,10 @@
 #ifndef FP_SPACE_H
 #define FP_SPACE_H
 
-#include <pthread.h>
 #include <stdint.h>
 
 #include "chunk.h"
+#include "lock.h"
 #include "meta.h"
 #include "pagemap.h"
 #include "vaspace.h"
@@ -17,7 +17,7 @@
 typedef struct fp_space {
     fp_chunks *ch;
     fp_meta *meta;
-    pthread_mutex_t lock;              /* the pool lock (pool.h says what it guards) */
+    fp_lock_t lock;                    /* the pool lock, level FP_LOCK_POOL (lock.h says what it guards) */
     fp_vaspace va;                     /* under the lock */
     fp_pagemap map;                    /* written under the lock, read without */
     uint64_t gran;                     /* the granularity: chunks and ranges are multiples of it */

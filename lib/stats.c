@@ -21,7 +21,7 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
     memset(s, 0, sizeof *s);
     uint64_t small_in_use = 0, blocks = 0;
     unsigned row = 0;
-    pthread_mutex_lock(&p->sp.lock);
+    fp_lock(&p->sp.lock);
     /* live large blocks by the class of the grid their size falls in */
     uint64_t large_live[FP_NCLASS];
     memset(large_live, 0, sizeof large_live);
@@ -38,9 +38,9 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
                 allocs += ld(&tc->allocs[c]);
                 frees += ld(&tc->frees[c]);
             }
-            pthread_mutex_lock(&k->lock);
+            fp_lock(&k->lock);
             uint64_t slabs = k->nslabs;
-            pthread_mutex_unlock(&k->lock);
+            fp_unlock(&k->lock);
             if (!allocs && !slabs)
                 continue;
             uint64_t in_use = allocs - frees;
@@ -88,7 +88,7 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
     s->metadata_bytes = ld(&p->meta.bytes);
     s->metadata_jemalloc = p->meta.jemalloc;
     s->metadata_arena = p->meta.arena;
-    pthread_mutex_unlock(&p->sp.lock);
+    fp_unlock(&p->sp.lock);
     for (int i = 0; i < FP_DRV_COUNT && i < FABPOOL_NUM_DRIVER_CALLS; i++) {
         s->driver_calls[i] = ld(&p->ch.calls.n[i]);
         s->driver_call_names[i] = fp_drv_name(i);

@@ -21,12 +21,13 @@
 #include "trace.h"
 
 #include "error.h"
+#include "lock.h"
 
 #define TRACE_BUF_RECORDS 4096u  /* 160 KiB a pool */
 #define TRACE_PATH_CAP (FABPOOL_TRACE_PATH_MAX + 64)
 
 struct fp_trace {
-    pthread_mutex_t lock;
+    fp_lock_t lock;
     int fd;
     _Atomic int dead;        /* no more records: closed at exit, a failed write, or a forked child */
     int finished;            /* the header is complete and the fd closed */
@@ -41,7 +42,7 @@ struct fp_trace {
     unsigned char buf[TRACE_BUF_RECORDS * FABPOOL_TRACE_RECORD_BYTES];
 };
 
-static pthread_mutex_t traces_lock = PTHREAD_MUTEX_INITIALIZER;
+static fp_lock_t traces_lock = FP_LOCK_INITIALIZER(FP_LOCK_TRACE_LIST, "trace list");
 static struct fp_trace *traces;
 static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
 static _Atomic uint32_t next_thread;
@@ -72,9 +73,10 @@ static int write_all(int fd, const unsigned char *b, size_t n, off_t at)
     return 0;
 }
 
-/* Writes the buffer out.  Trace lock held. */
+/* Writes the buffer out. */
 static void flush_locked(struct fp_trace *t)
 {
+    fp_lock_assert_held(&t->lock);
     if (!t->used || t->fd < 0)
         return;
     if (write_all(t->fd, t->buf, (size_t)t->used * FABPOOL_TRACE_RECORD_BYTES, -1) != 0) {
@@ -90,10 +92,10 @@ static void flush_locked(struct fp_trace *t)
     t->used = 0;
 }
 
-/* Flushes, writes the record count and checksum into the header, closes.
- * Trace lock held. */
+/* Flushes, writes the record count and checksum into the header, closes. */
 static void finish_locked(struct fp_trace *t)
 {
+    fp_lock_assert_held(&t->lock);
     if (t->finished)
         return;
     flush_locked(t);
@@ -116,19 +118,19 @@ static void finish_locked(struct fp_trace *t)
 
 static void at_exit(void)
 {
-    pthread_mutex_lock(&traces_lock);
+    fp_lock(&traces_lock);
     for (struct fp_trace *t = traces; t; t = t->next) {
         if (atomic_load(&t->dead))
             continue;
-        pthread_mutex_lock(&t->lock);
+        fp_lock(&t->lock);
         finish_locked(t);
-        pthread_mutex_unlock(&t->lock);
+        fp_unlock(&t->lock);
     }
-    pthread_mutex_unlock(&traces_lock);
+    fp_unlock(&traces_lock);
 }
 
-static void fork_prepare(void) { pthread_mutex_lock(&traces_lock); }
-static void fork_parent(void) { pthread_mutex_unlock(&traces_lock); }
+static void fork_prepare(void) { fp_lock(&traces_lock); }
+static void fork_parent(void) { fp_unlock(&traces_lock); }
 static void fork_child(void)
 {
     /* the parent's files: the child writes nothing to them, and does not
@@ -140,9 +142,9 @@ static void fork_child(void)
         if (t->fd >= 0)
             close(t->fd);
         t->fd = -1;
-        pthread_mutex_init(&t->lock, NULL);
+        fp_lock_init(&t->lock, FP_LOCK_TRACE, 0, "trace");
     }
-    pthread_mutex_unlock(&traces_lock);
+    fp_unlock(&traces_lock);
 }
 
 static void install_hooks(void)
@@ -158,10 +160,10 @@ void fp_trace_record(struct fp_trace *t, unsigned op, uint64_t ptr, uint64_t siz
     if (!my_thread)
         my_thread = atomic_fetch_add(&next_thread, 1) + 1;
     fabpool_trace_rec r = {0, ptr, size, arg, (uint8_t)op, (uint8_t)status, my_thread};
-    pthread_mutex_lock(&t->lock);
+    fp_lock(&t->lock);
     if (atomic_load_explicit(&t->dead, memory_order_relaxed)) {
         t->dropped++;
-        pthread_mutex_unlock(&t->lock);
+        fp_unlock(&t->lock);
         return;
     }
     uint64_t now = now_ns();
@@ -172,7 +174,7 @@ void fp_trace_record(struct fp_trace *t, unsigned op, uint64_t ptr, uint64_t siz
     t->n++;
     if (++t->used == TRACE_BUF_RECORDS)
         flush_locked(t);
-    pthread_mutex_unlock(&t->lock);
+    fp_unlock(&t->lock);
 }
 
 /* ------------------------------------------------------------ open, close */
@@ -236,7 +238,7 @@ fabpool_status fp_trace_open(const fabpool_options *o, uint64_t gran, struct fp_
                         "bytes); choose a shorter path", o->trace_path, TRACE_PATH_CAP - 17);
     }
     /* a second pool of this process on the same path writes to path.2, ... */
-    pthread_mutex_lock(&traces_lock);
+    fp_lock(&traces_lock);
     snprintf(t->path, sizeof t->path, "%s", base);
     for (unsigned k = 2;; k++) {
         int taken = 0;
@@ -253,7 +255,7 @@ fabpool_status fp_trace_open(const fabpool_options *o, uint64_t gran, struct fp_
     t->fd = open(t->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (t->fd < 0) {
         int e = errno;
-        pthread_mutex_unlock(&traces_lock);
+        fp_unlock(&traces_lock);
         fabpool_status st = fp_error(FABPOOL_ERR_IO, "trace: cannot create '%s' for writing: %s (the path comes from "
                                      "FABPOOL_TRACE, the conf key trace or fabpool_options.trace_path; its "
                                      "directory must exist and be writable)", t->path, strerror(e));
@@ -273,19 +275,19 @@ fabpool_status fp_trace_open(const fabpool_options *o, uint64_t gran, struct fp_
     if (write_all(t->fd, h, sizeof h, -1) != 0) {
         int e = errno;
         close(t->fd);
-        pthread_mutex_unlock(&traces_lock);
+        fp_unlock(&traces_lock);
         fabpool_status st = fp_error(FABPOOL_ERR_IO, "trace: cannot write the header of '%s': %s", t->path,
                                      strerror(e));
         free(t);
         return st;
     }
-    pthread_mutex_init(&t->lock, NULL);
+    fp_lock_init(&t->lock, FP_LOCK_TRACE, 0, "trace");
     t->t0 = now_ns();
     t->next = traces;
     if (traces)
         traces->prev = t;
     traces = t;
-    pthread_mutex_unlock(&traces_lock);
+    fp_unlock(&traces_lock);
     *out = t;
     return FABPOOL_OK;
 }
@@ -294,18 +296,18 @@ void fp_trace_close(struct fp_trace *t)
 {
     if (!t)
         return;
-    pthread_mutex_lock(&traces_lock);
-    pthread_mutex_lock(&t->lock);
+    fp_lock(&traces_lock);
+    fp_lock(&t->lock);
     finish_locked(t);
-    pthread_mutex_unlock(&t->lock);
+    fp_unlock(&t->lock);
     if (t->prev)
         t->prev->next = t->next;
     else
         traces = t->next;
     if (t->next)
         t->next->prev = t->prev;
-    pthread_mutex_unlock(&traces_lock);
-    pthread_mutex_destroy(&t->lock);
+    fp_unlock(&traces_lock);
+    fp_lock_destroy(&t->lock);
     free(t);
 }
 

@@ -146,6 +146,7 @@ static void view_add(fabpool_view_t *v, const fp_desc *ds, uint32_t k)
  * exactly as it was. */
 static fabpool_status apply_locked(fabpool_view_t *v, const fp_desc *ds, const int *fds)
 {
+    fp_lock_assert_held(&v->owner->sp->lock);
     fp_views *vs = v->owner;
     if (ds->uid != v->uid || ds->window != v->window || ds->handle_type != v->handle_type)
         return fp_desc_refuse("it describes another buffer (uid %llx, the view's is %llx)", ds->uid, v->uid);
@@ -269,7 +270,7 @@ fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const in
     v->handle_type = ds.handle_type;
     v->peer_pid = ds.pid;
     v->peer_device = ds.device;
-    pthread_mutex_lock(&vs->sp->lock);
+    fp_lock(&vs->sp->lock);
     v->base = fp_va_alloc(&vs->sp->va, v->window, ds.gran > vs->sp->gran ? ds.gran : vs->sp->gran);
     if (!v->base)
         st = fp_error(FABPOOL_ERR_LIMIT, "fabpool_view_open: no free address range of %llu bytes left in the pool's "
@@ -278,7 +279,7 @@ fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const in
         fp_va_free(&vs->sp->va, v->base, v->window);
     if (st == FABPOOL_OK)
         FP_LIST_PUSH(&vs->list, v, next, prev);
-    pthread_mutex_unlock(&vs->sp->lock);
+    fp_unlock(&vs->sp->lock);
     close_fds(fds, nfds);
     if (st != FABPOOL_OK) {
         FP_ARRAY_FREE(vs->sp->meta, v->chunks, v->cap);
@@ -298,9 +299,9 @@ fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t le
     fp_desc ds;
     fabpool_status st = fp_desc_parse(desc, len, nfds, &ds);
     if (st == FABPOOL_OK) {
-        pthread_mutex_lock(&v->owner->sp->lock);
+        fp_lock(&v->owner->sp->lock);
         st = apply_locked(v, &ds, fds);
-        pthread_mutex_unlock(&v->owner->sp->lock);
+        fp_unlock(&v->owner->sp->lock);
     }
     close_fds(fds, nfds);
     return st;
@@ -308,6 +309,7 @@ fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t le
 
 static fabpool_status view_free(fp_views *vs, fabpool_view_t *v)
 {
+    fp_lock_assert_held(&vs->sp->lock);
     fabpool_status st = FABPOOL_OK;
     while (v->n) {
         fabpool_status s = view_unmap(vs, v, --v->n); /* a refusal: the range goes with the reservation at destroy */
@@ -326,14 +328,15 @@ fabpool_status fabpool_view_close(fabpool_view_t *v)
     if (!v)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_close: the view is NULL");
     fp_views *vs = v->owner;
-    pthread_mutex_lock(&vs->sp->lock);
+    fp_lock(&vs->sp->lock);
     fabpool_status st = view_free(vs, v);
-    pthread_mutex_unlock(&vs->sp->lock);
+    fp_unlock(&vs->sp->lock);
     return st;
 }
 
 void fp_views_destroy(fp_views *vs)
 {
+    fp_lock_assert_held(&vs->sp->lock);
     while (vs->list)
         (void)view_free(vs, vs->list);
 }
@@ -342,7 +345,7 @@ fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_inf
 {
     if (!v || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_get_info: the view or the output is NULL");
-    pthread_mutex_lock(&v->owner->sp->lock);
+    fp_lock(&v->owner->sp->lock);
     out->base = (void *)(uintptr_t)v->base;
     out->size = v->live;
     out->mapped = v->live;
@@ -350,7 +353,7 @@ fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_inf
     out->n_chunks = v->n;
     out->generation = v->generation;
     out->export_id = v->uid;
-    pthread_mutex_unlock(&v->owner->sp->lock);
+    fp_unlock(&v->owner->sp->lock);
     return FABPOOL_OK;
 }
 

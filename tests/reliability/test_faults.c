@@ -378,6 +378,21 @@ static int ledger_matches(const state *t, const char *when)
     return ok;
 }
 
+/* fabpool_check of every pool alive in the trial (issue 12): the pool's own
+ * structures are consistent after every operation, failed or not. */
+static void pools_check(const state *t, const char *when)
+{
+    fabpool_t *pools[3] = {t->p_gone ? NULL : t->p, t->q, t->np};
+    for (int i = 0; i < 3; i++) {
+        if (!pools[i])
+            continue;
+        fabpool_status st = fabpool_check(pools[i]);
+        CHECK_OK(st);
+        if (st != FABPOOL_OK)
+            fprintf(stderr, "  fabpool_check %s: %s\n", when, fabpool_last_error());
+    }
+}
+
 /* The first entry point other than entries[e] that msg names, or NULL. */
 static const char *other_call(const char *msg, size_t e)
 {
@@ -435,9 +450,10 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
     fabpool_status st = run(&t, op);
     fault_clear();
     ledger_matches(&t, "right after the operation");
-    uint64_t made = calls(entries[e]) - c0;
     char msg[2048];
     snprintf(msg, sizeof msg, "%s", fabpool_last_error());
+    pools_check(&t, "right after the operation");
+    uint64_t made = calls(entries[e]) - c0;
     n_faults++;
     if (made < n) {
         n_unreached++; /* the operation took another path this time: the fault never fired */
@@ -540,6 +556,7 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
         if (p2)
             fabpool_destroy(p2);
     }
+    pools_check(&t, "after the checks that follow the operation");
     cleanup(&t);
     /* nothing left behind by this trial (the figures before it were zero unless an earlier one leaked) */
     fabsim_ledger l1 = t_ledger();

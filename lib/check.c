@@ -1,0 +1,662 @@
+/* check.c - fabpool_check: walks the pool's structures under its locks and
+ * verifies their invariants (as TLSF's tlsf_check).  The first broken one
+ * is reported as FABPOOL_ERR_CORRUPT with a message that starts with the
+ * invariant's name in brackets, e.g. "[slab.flags]": tests/test_check.c
+ * breaks each one on purpose and looks for that name.
+ *
+ * The walk takes the pool lock, then every class lock in ascending index
+ * (lock.h), so the structures hold still; thread caches are written by
+ * their threads without a lock, so the blocks they hold are counted exactly
+ * only while no other thread allocates or frees (fabpool.h says so).
+ * Scratch memory comes from libc, not the pool's metadata arena, so that a
+ * check changes no statistic. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "pool.h"
+
+#define FAIL(...) fp_error(FABPOOL_ERR_CORRUPT, "fabpool_check: " __VA_ARGS__)
+#define ULL(x) ((unsigned long long)(x))
+
+typedef struct ival {
+    uint64_t lo, hi;
+    const char *what;
+    const void *obj;
+} ival;
+
+static int ival_cmp(const void *a, const void *b)
+{
+    const ival *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+typedef struct tc_ref {
+    const fp_span *span;
+    uint64_t ptr;
+    unsigned cls;
+} tc_ref;
+
+static int tc_cmp(const void *a, const void *b)
+{
+    const tc_ref *x = a, *y = b;
+    if (x->span != y->span)
+        return (uintptr_t)x->span < (uintptr_t)y->span ? -1 : 1;
+    return x->ptr < y->ptr ? -1 : x->ptr > y->ptr;
+}
+
+typedef struct walk {
+    struct fabpool *p;
+    ival *iv;                 /* address space in use: slabs, large pieces, buffer and view windows */
+    size_t n_iv, cap_iv;
+    tc_ref *tc;               /* blocks in thread caches, sorted by slab */
+    size_t n_tc, tc_found;
+    unsigned char *seen;      /* a byte per block of the slab being checked */
+    uint64_t n_spans;         /* slabs and large pieces: granules they own in the page map */
+    uint64_t map_granules;
+    uint64_t n_chunks, chunk_bytes;   /* mappings the pool counts */
+} walk;
+
+static int iv_add(walk *w, uint64_t lo, uint64_t size, const char *what, const void *obj)
+{
+    if (w->n_iv == w->cap_iv) {
+        size_t cap = w->cap_iv ? w->cap_iv * 2 : 256;
+        ival *n = realloc(w->iv, cap * sizeof *n);
+        if (!n)
+            return -1;
+        w->iv = n;
+        w->cap_iv = cap;
+    }
+    w->iv[w->n_iv++] = (ival){lo, lo + size, what, obj};
+    return 0;
+}
+
+#define HOST_FAIL() fp_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_check: no host memory for the walk's scratch lists")
+
+/* ------------------------------------------------------------ address space */
+
+static fabpool_status check_vaspace(walk *w)
+{
+    const struct fabpool *p = w->p;
+    const fp_vaspace *v = &p->sp.va;
+    if (v->base != p->sp.va.base || v->size != p->sp.va.size)
+        return FAIL("[va.bounds] the address space allocator covers [0x%llx, +%llu), the reservation is "
+                    "[0x%llx, +%llu)", ULL(v->base), ULL(v->size), ULL(p->sp.va.base), ULL(p->sp.va.size));
+    if (v->n > v->cap)
+        return FAIL("[va.list] %zu free ranges in a list of %zu", v->n, v->cap);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        const fp_range *r = &v->free[i];
+        if (r->size == 0 || r->start < v->base || r->start + r->size > v->base + v->size ||
+            r->start + r->size < r->start)
+            return FAIL("[va.range] free range %zu [0x%llx, +%llu) is empty or outside the reservation", i,
+                        ULL(r->start), ULL(r->size));
+        if (i && r->start <= v->free[i - 1].start + v->free[i - 1].size)
+            return FAIL("[va.sorted] free ranges %zu [0x%llx, +%llu) and %zu [0x%llx, +%llu) are not sorted, "
+                        "overlap or touch (touching ones are merged)", i - 1, ULL(v->free[i - 1].start),
+                        ULL(v->free[i - 1].size), i, ULL(r->start), ULL(r->size));
+        sum += r->size;
+    }
+    if (sum != v->free_bytes)
+        return FAIL("[va.free_bytes] the free ranges add up to %llu bytes, free_bytes says %llu", ULL(sum),
+                    ULL(v->free_bytes));
+    return FABPOOL_OK;
+}
+
+/* The used ranges do not overlap each other nor a free range, and together
+ * with the free ones they are the whole reservation. */
+static fabpool_status check_va_used(walk *w)
+{
+    const struct fabpool *p = w->p;
+    if (w->n_iv)
+        qsort(w->iv, w->n_iv, sizeof *w->iv, ival_cmp);
+    uint64_t used = 0;
+    for (size_t i = 0; i < w->n_iv; i++) {
+        const ival *a = &w->iv[i];
+        if (a->lo < p->sp.va.base || a->hi > p->sp.va.base + p->sp.va.size || a->hi <= a->lo)
+            return FAIL("[va.outside] %s [0x%llx, 0x%llx) is empty or outside the reservation [0x%llx, 0x%llx)",
+                        a->what, ULL(a->lo), ULL(a->hi), ULL(p->sp.va.base), ULL(p->sp.va.base + p->sp.va.size));
+        if (i && a->lo < w->iv[i - 1].hi)
+            return FAIL("[va.overlap] %s [0x%llx, 0x%llx) overlaps %s [0x%llx, 0x%llx)", w->iv[i - 1].what,
+                        ULL(w->iv[i - 1].lo), ULL(w->iv[i - 1].hi), a->what, ULL(a->lo), ULL(a->hi));
+        used += a->hi - a->lo;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < p->sp.va.n; i++) {
+        const fp_range *r = &p->sp.va.free[i];
+        while (k < w->n_iv && w->iv[k].hi <= r->start)
+            k++;
+        if (k < w->n_iv && w->iv[k].lo < r->start + r->size)
+            return FAIL("[va.free_used] free range [0x%llx, +%llu) overlaps %s [0x%llx, 0x%llx), which is in use",
+                        ULL(r->start), ULL(r->size), w->iv[k].what, ULL(w->iv[k].lo), ULL(w->iv[k].hi));
+    }
+    if (used + p->sp.va.free_bytes != p->sp.va.size)
+        return FAIL("[va.sum] %llu bytes in use and %llu free, the reservation is %llu bytes (address space was "
+                    "lost or counted twice)", ULL(used), ULL(p->sp.va.free_bytes), ULL(p->sp.va.size));
+    return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------ page map */
+
+/* Every granule of span s points at s. */
+static fabpool_status check_map_span(walk *w, const fp_span *s, const char *what)
+{
+    const struct fabpool *p = w->p;
+    for (uint64_t a = s->base; a < s->base + s->size; a += p->sp.gran) {
+        const fp_span *m = (const fp_span *)fp_map_get(&p->sp.map, a);
+        if (m != s)
+            return FAIL("[map.span] the page map sends 0x%llx, in %s [0x%llx, +%llu), to %s%p", ULL(a), what,
+                        ULL(s->base), ULL(s->size), m ? "another span " : "nothing ", (const void *)m);
+    }
+    w->map_granules += s->size >> p->sp.gran_shift;
+    return FABPOOL_OK;
+}
+
+/* Every slab and large piece owns its granules (run once the spans were
+ * found apart: two spans over one granule are reported as an overlap). */
+static fabpool_status check_map_spans(walk *w)
+{
+    const struct fabpool *p = w->p;
+    fabpool_status st = FABPOOL_OK;
+    for (const fp_span *s = p->heap.spans; s && st == FABPOOL_OK; s = s->all_next)
+        st = check_map_span(w, s, "a slab");
+    for (const fp_span *s = p->heap.large_live; s && st == FABPOOL_OK; s = s->next)
+        st = check_map_span(w, s, "a large block");
+    for (const fp_span *s = p->heap.large_free; s && st == FABPOOL_OK; s = s->next)
+        st = check_map_span(w, s, "a free large range");
+    return st;
+}
+
+/* Nothing else in the page map: it holds as many entries as the spans own. */
+static fabpool_status check_map_rest(walk *w)
+{
+    const struct fabpool *p = w->p;
+    uint64_t n = 0;
+    for (uint64_t i = 0; i < p->sp.map.l1_n; i++) {
+        _Atomic(fp_span *) *leaf = atomic_load_explicit(&p->sp.map.l1[i], memory_order_acquire);
+        if (!leaf)
+            continue;
+        for (unsigned g = 0; g < FP_MAP_LEAF; g++)
+            if (atomic_load_explicit(&leaf[g], memory_order_relaxed)) {
+                n++;
+                if (n > w->map_granules)
+                    return FAIL("[map.stray] the page map sends 0x%llx to a span, but no slab or large piece is "
+                                "there", ULL(p->sp.va.base + (((i << FP_MAP_LEAF_SHIFT) + g) << p->sp.gran_shift)));
+            }
+    }
+    return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------ slabs */
+
+static fabpool_status gather_tcaches(walk *w)
+{
+    const struct fabpool *p = w->p;
+    size_t n = 0;
+    uint64_t guard = 0;
+    for (const fp_tcache *tc = p->alloc.tcaches; tc; tc = tc->next) {
+        if (++guard > (1u << 24))
+            return FAIL("[tcache.list] the list of thread caches does not end");
+        if (tc->owner != &p->alloc)
+            return FAIL("[tcache.pool] a thread cache on the pool's list belongs to pool %p", (void *)tc->owner);
+        for (unsigned c = 0; c < p->heap.n_slab_classes; c++) {
+            if (tc->bins[c].n > tc->bins[c].cap)
+                return FAIL("[tcache.bin] a thread cache holds %u blocks of class %u in a bin of %u", tc->bins[c].n,
+                            c, tc->bins[c].cap);
+            n += tc->bins[c].n;
+        }
+    }
+    w->tc = n ? malloc(n * sizeof *w->tc) : NULL;
+    if (n && !w->tc)
+        return HOST_FAIL();
+    for (const fp_tcache *tc = p->alloc.tcaches; tc; tc = tc->next)
+        for (unsigned c = 0; c < p->heap.n_slab_classes; c++)
+            for (uint32_t i = 0; i < tc->bins[c].n; i++)
+                w->tc[w->n_tc++] = (tc_ref){tc->bins[c].items[i].span, tc->bins[c].items[i].ptr, c};
+    if (w->n_tc)
+        qsort(w->tc, w->n_tc, sizeof *w->tc, tc_cmp);
+    return FABPOOL_OK;
+}
+
+/* The first block of s that is on its free stack or in a thread cache twice,
+ * or whose flag is clear: the message, once the fast pass found something. */
+static fabpool_status slab_blocks_explain(walk *w, const fp_span *s, size_t tc_lo, uint32_t in_tc)
+{
+    unsigned char *seen = w->seen;   /* 1: on the free stack, 2: in a thread cache */
+    const unsigned char *flag = (const unsigned char *)(const void *)s->freeflag;
+    memset(seen, 0, s->nobj);
+    for (uint32_t k = 0; k < s->nfree; k++) {
+        uint32_t i = s->free_stack[k];
+        if (seen[i])
+            return FAIL("[slab.stack] slab 0x%llx: block %u is on its free stack twice", ULL(s->base), i);
+        if (!flag[i])
+            return FAIL("[slab.flags] slab 0x%llx: block %u is on its free stack but its free flag is clear",
+                        ULL(s->base), i);
+        seen[i] = 1;
+    }
+    for (size_t k = tc_lo; k < tc_lo + in_tc; k++) {
+        uint32_t i = 0;
+        fp_slab_index(s, w->tc[k].ptr, &i);
+        if (seen[i])
+            return FAIL("[tcache.block] block 0x%llx is in a thread cache and %s", ULL(w->tc[k].ptr),
+                        seen[i] == 1 ? "on its slab's free stack" : "in a thread cache again");
+        if (!flag[i])
+            return FAIL("[slab.flags] block 0x%llx is in a thread cache but its free flag is clear", ULL(w->tc[k].ptr));
+        seen[i] = 2;
+    }
+    return FAIL("[slab.flags] slab 0x%llx: its free stack and thread caches do not match its free flags", ULL(s->base));
+}
+
+/* A slab's free blocks: its free stack and the thread caches' blocks of it
+ * are distinct blocks, each with its free flag set, and no other flag is.
+ * One pass without a load-after-store chain: mark every block named (stack
+ * and caches), then compare marks and flags eight at a time: marks within
+ * the flags, as many marks as names (no block named twice) and as many
+ * flags as names.  A mismatch is explained by the slow walk above. */
+static fabpool_status check_slab_blocks(walk *w, const fp_span *s)
+{
+    unsigned char *mark = w->seen;
+    const unsigned char *flag = (const unsigned char *)(const void *)s->freeflag;
+    /* locals: the stores through mark (a char pointer) would otherwise reload them every time */
+    const uint32_t nobj = s->nobj, nfree = s->nfree, *stack = s->free_stack;
+    memset(mark, 0, (size_t)nobj + 1);
+    uint32_t past = 0;   /* an entry past the end marks mark[nobj], outside the blocks */
+    for (uint32_t k = 0; k < nfree; k++) {
+        uint32_t i = stack[k];
+        past |= i >= nobj;
+        mark[i < nobj ? i : nobj] = 1;
+    }
+    if (past)
+        for (uint32_t k = 0; k < nfree; k++)
+            if (stack[k] >= nobj)
+                return FAIL("[slab.stack] slab 0x%llx: free-stack entry %u is block %u of %u", ULL(s->base), k,
+                            stack[k], nobj);
+    /* the thread caches' blocks of s: a range of the sorted list */
+    size_t lo = 0, hi = w->n_tc;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if ((uintptr_t)w->tc[mid].span < (uintptr_t)s)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    uint32_t in_tc = 0;
+    for (size_t k = lo; k < w->n_tc && w->tc[k].span == s; k++, in_tc++) {
+        uint32_t i;
+        if (w->tc[k].cls != s->cls || !fp_slab_index(s, w->tc[k].ptr, &i))
+            return FAIL("[tcache.block] a thread cache's bin of class %u holds 0x%llx, not a block of its slab 0x%llx "
+                        "(class %u)", w->tc[k].cls, ULL(w->tc[k].ptr), ULL(s->base), s->cls);
+        mark[i] = 1;
+    }
+    w->tc_found += in_tc;
+    /* flags and marks are bytes of 0 or 1, read eight at a time (the pool's
+     * locks are held and no thread-cache owner runs: fabpool.h) */
+    const uint64_t ones = 0x0101010101010101ull;
+    uint32_t flags = 0, marks = 0, i = 0;
+    uint64_t stray = 0;
+    for (; i + 8 <= nobj; i += 8) {
+        uint64_t x, m;
+        memcpy(&x, flag + i, 8);
+        memcpy(&m, mark + i, 8);
+        if (x & ~ones)
+            return FAIL("[slab.flags] slab 0x%llx: a free flag among blocks %u..%u is neither 0 nor 1", ULL(s->base), i,
+                        i + 7);
+        stray |= m & ~x;
+        flags += (uint32_t)((x * ones) >> 56);   /* the sum of the eight bytes */
+        marks += (uint32_t)((m * ones) >> 56);
+    }
+    for (; i < nobj; i++) {
+        if (flag[i] > 1)
+            return FAIL("[slab.flags] slab 0x%llx: the free flag of block %u is neither 0 nor 1", ULL(s->base), i);
+        stray |= (uint64_t)(mark[i] & ~flag[i] & 1);
+        flags += flag[i];
+        marks += mark[i];
+    }
+    if (stray || marks != s->nfree + in_tc)
+        return slab_blocks_explain(w, s, lo, in_tc);
+    if (flags != s->nfree + in_tc)
+        return FAIL("[slab.flags] slab 0x%llx (class %u): %u free flags set, but %u blocks on its free stack and %u in "
+                    "thread caches", ULL(s->base), s->cls, flags, s->nfree, in_tc);
+    return FABPOOL_OK;
+}
+
+static fabpool_status check_slabs(walk *w, uint64_t *idle)
+{
+    struct fabpool *p = w->p;
+    uint64_t nslabs[FP_NCLASS], nempty[FP_NCLASS], npartial[FP_NCLASS];
+    memset(nslabs, 0, sizeof nslabs);
+    memset(nempty, 0, sizeof nempty);
+    memset(npartial, 0, sizeof npartial);
+    uint32_t max_nobj = 0;
+    for (unsigned c = 0; c < p->heap.n_slab_classes; c++)
+        if (p->heap.classes[c].nobj > max_nobj)
+            max_nobj = p->heap.classes[c].nobj;
+    w->seen = malloc((size_t)max_nobj + 8);
+    if (!w->seen)
+        return HOST_FAIL();
+    const fp_span *prev = NULL;
+    uint64_t guard = 0;
+    for (const fp_span *s = p->heap.spans; s; prev = s, s = s->all_next) {
+        if (++guard > (1u << 26))
+            return FAIL("[slab.all] the list of every slab does not end");
+        if (s->all_prev != prev)
+            return FAIL("[slab.all] slab 0x%llx: its back link on the list of every slab is wrong", ULL(s->base));
+        if (s->kind != FP_SPAN_SLAB || s->cls >= p->heap.n_slab_classes)
+            return FAIL("[slab.kind] span 0x%llx on the list of slabs is of kind %u, class %u (%u slab classes)",
+                        ULL(s->base), s->kind, s->cls, p->heap.n_slab_classes);
+        const fp_class *c = &p->heap.classes[s->cls];
+        if (s->size != c->slab_size || s->nobj != c->nobj || ((uint64_t)s->obj_q << FP_QUANTUM_SHIFT) != c->obj_size)
+            return FAIL("[slab.shape] slab 0x%llx of class %u: %llu bytes, %u blocks of %llu; the class has %llu, %u "
+                        "of %llu", ULL(s->base), s->cls, ULL(s->size), s->nobj, ULL((uint64_t)s->obj_q << FP_QUANTUM_SHIFT),
+                        ULL(c->slab_size), c->nobj, ULL(c->obj_size));
+        if ((s->base - p->sp.va.base) & (p->sp.gran - 1))
+            return FAIL("[slab.align] slab 0x%llx is not on a granule", ULL(s->base));
+        if (s->nfree > s->nobj)
+            return FAIL("[slab.count] slab 0x%llx: %u free of %u blocks", ULL(s->base), s->nfree, s->nobj);
+        int want = s->nfree == 0 ? FP_LIST_FULL : s->nfree == s->nobj ? FP_LIST_EMPTY : FP_LIST_PARTIAL;
+        if (s->list != want)
+            return FAIL("[slab.list] slab 0x%llx (class %u, %u of %u free) is marked as on list %u, its count says %d",
+                        ULL(s->base), s->cls, s->nfree, s->nobj, s->list, want);
+        nslabs[s->cls]++;
+        nempty[s->cls] += want == FP_LIST_EMPTY;
+        npartial[s->cls] += want == FP_LIST_PARTIAL;
+        if (want == FP_LIST_EMPTY)
+            *idle += s->size;
+        fabpool_status st = check_slab_blocks(w, s);
+        if (st == FABPOOL_OK && iv_add(w, s->base, s->size, "a slab", s) != 0)
+            st = HOST_FAIL();
+        if (st != FABPOOL_OK)
+            return st;
+        w->n_chunks++;
+        w->chunk_bytes += s->size;
+    }
+    if (w->tc_found != w->n_tc)
+        return FAIL("[tcache.block] thread caches hold %llu blocks of spans that are not slabs of this pool",
+                    ULL(w->n_tc - w->tc_found));
+    /* the class lists hold the slabs their counts say */
+    for (unsigned ci = 0; ci < FP_NCLASS; ci++) {
+        const fp_class *c = &p->heap.classes[ci];
+        if (c->nslabs != nslabs[ci] || c->nempty != nempty[ci])
+            return FAIL("[class.count] class %u counts %u slabs, %u empty; the pool's list has %llu, %llu empty", ci,
+                        c->nslabs, c->nempty, ULL(nslabs[ci]), ULL(nempty[ci]));
+        const struct {
+            const fp_span *head;
+            int list;
+            uint64_t want;
+            const char *name;
+        } lists[2] = {{c->partial, FP_LIST_PARTIAL, npartial[ci], "partial"}, {c->empty, FP_LIST_EMPTY, nempty[ci], "empty"}};
+        for (int l = 0; l < 2; l++) {
+            uint64_t n = 0;
+            const fp_span *pv = NULL;
+            for (const fp_span *s = lists[l].head; s; pv = s, s = s->next) {
+                if (++n > lists[l].want)
+                    return FAIL("[class.list] class %u's %s list holds more than the %llu slabs its slabs' counts say",
+                                ci, lists[l].name, ULL(lists[l].want));
+                if (s->prev != pv || s->cls != ci || s->list != lists[l].list || s->kind != FP_SPAN_SLAB)
+                    return FAIL("[class.list] class %u's %s list holds slab 0x%llx of class %u marked as on list %u "
+                                "(or its back link is wrong)", ci, lists[l].name, ULL(s->base), s->cls, s->list);
+            }
+            if (n != lists[l].want)
+                return FAIL("[class.list] class %u's %s list holds %llu slabs, its slabs' counts say %llu", ci,
+                            lists[l].name, ULL(n), ULL(lists[l].want));
+        }
+    }
+    return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------ large blocks */
+
+static fabpool_status check_large(walk *w, uint64_t *idle)
+{
+    struct fabpool *p = w->p;
+    uint64_t live = 0, nlive = 0, freeb = 0;
+    ival *pieces = NULL;
+    size_t n = 0, cap = 0;
+    fabpool_status st = FABPOOL_OK;
+    const fp_span *heads[2] = {p->heap.large_live, p->heap.large_free};
+    for (int l = 0; l < 2 && st == FABPOOL_OK; l++) {
+        const fp_span *pv = NULL;
+        for (const fp_span *s = heads[l]; s && st == FABPOOL_OK; pv = s, s = s->next) {
+            uint32_t want = l == 0 ? FP_LARGE_LIVE : FP_LARGE_FREE;
+            uint32_t state = atomic_load_explicit(&s->in_use, memory_order_relaxed);
+            if (s->kind != FP_SPAN_LARGE || state != want || s->prev != pv)
+                st = FAIL("[large.list] the %s list holds a piece at 0x%llx of kind %u, state %u (or its back link is "
+                          "wrong)", l ? "free" : "live", ULL(s->base), s->kind, state);
+            else if (!s->size || ((s->base - p->sp.va.base) | s->size) & (p->sp.gran - 1))
+                st = FAIL("[large.align] large piece [0x%llx, +%llu) is empty or not in whole granules", ULL(s->base),
+                          ULL(s->size));
+            if (st != FABPOOL_OK)
+                break;
+            if (n == cap) {
+                cap = cap ? cap * 2 : 64;
+                ival *q = realloc(pieces, cap * sizeof *q);
+                if (!q) {
+                    st = HOST_FAIL();
+                    break;
+                }
+                pieces = q;
+            }
+            pieces[n++] = (ival){s->base, s->base + s->size, l ? "a free large range" : "a large block", s};
+            if (n > (1u << 26)) {
+                st = FAIL("[large.list] the %s list does not end", l ? "free" : "live");
+                break;
+            }
+            if (l == 0) {
+                live += s->size;
+                nlive++;
+            } else {
+                freeb += s->size;
+            }
+            if (iv_add(w, s->base, s->size, pieces[n - 1].what, s) != 0)
+                st = HOST_FAIL();
+        }
+    }
+    if (st == FABPOOL_OK) {
+        if (n)
+            qsort(pieces, n, sizeof *pieces, ival_cmp);
+        for (size_t i = 1; i < n && st == FABPOOL_OK; i++) {
+            const fp_span *a = pieces[i - 1].obj, *b = pieces[i].obj;
+            if (pieces[i].lo < pieces[i - 1].hi)
+                st = FAIL("[large.overlap] %s [0x%llx, 0x%llx) overlaps %s [0x%llx, 0x%llx)", pieces[i - 1].what,
+                          ULL(pieces[i - 1].lo), ULL(pieces[i - 1].hi), pieces[i].what, ULL(pieces[i].lo),
+                          ULL(pieces[i].hi));
+            else if (pieces[i].lo == pieces[i - 1].hi && atomic_load(&a->in_use) == FP_LARGE_FREE &&
+                     atomic_load(&b->in_use) == FP_LARGE_FREE)
+                st = FAIL("[large.merge] free large ranges at 0x%llx and 0x%llx touch and were not merged",
+                          ULL(a->base), ULL(b->base));
+        }
+    }
+    if (st == FABPOOL_OK && live != atomic_load(&p->heap.large_in_use_bytes))
+        st = FAIL("[large.in_use] live large blocks add up to %llu bytes, large_in_use says %llu", ULL(live),
+                  ULL(atomic_load(&p->heap.large_in_use_bytes)));
+    if (st == FABPOOL_OK && nlive != atomic_load(&p->heap.large_blocks))
+        st = FAIL("[large.in_use] %llu live large blocks, large_blocks says %llu", ULL(nlive),
+                  ULL(atomic_load(&p->heap.large_blocks)));
+    if (st == FABPOOL_OK && freeb != p->heap.large_free_bytes)
+        st = FAIL("[large.free_bytes] free large ranges add up to %llu bytes, large_free_bytes says %llu", ULL(freeb),
+                  ULL(p->heap.large_free_bytes));
+    *idle += freeb;
+    /* the chunks: sorted, apart, and mapping exactly what the pieces cover */
+    for (size_t i = 0; i < p->heap.n_lchunks && st == FABPOOL_OK; i++) {
+        const fp_lchunk *c = &p->heap.lchunks[i];
+        if (!c->size || ((c->va - p->sp.va.base) | c->size) & (p->sp.gran - 1) || c->va < p->sp.va.base ||
+            c->va + c->size > p->sp.va.base + p->sp.va.size)
+            st = FAIL("[lchunk.range] large chunk %zu [0x%llx, +%llu) is empty, not in whole granules or outside the "
+                      "reservation", i, ULL(c->va), ULL(c->size));
+        else if (i && c->va < p->heap.lchunks[i - 1].va + p->heap.lchunks[i - 1].size)
+            st = FAIL("[lchunk.sorted] large chunks %zu [0x%llx, +%llu) and %zu [0x%llx, +%llu) are not sorted or "
+                      "overlap", i - 1, ULL(p->heap.lchunks[i - 1].va), ULL(p->heap.lchunks[i - 1].size), i, ULL(c->va),
+                      ULL(c->size));
+        w->n_chunks++;
+        w->chunk_bytes += c->size;
+    }
+    /* the union of the pieces equals the union of the chunks: walk both as runs */
+    size_t a = 0, b = 0;
+    while (st == FABPOOL_OK && (a < n || b < p->heap.n_lchunks)) {
+        uint64_t alo = 0, ahi = 0, blo = 0, bhi = 0;
+        if (a < n) {
+            alo = pieces[a].lo;
+            ahi = pieces[a++].hi;
+            while (a < n && pieces[a].lo == ahi)
+                ahi = pieces[a++].hi;
+        }
+        if (b < p->heap.n_lchunks) {
+            blo = p->heap.lchunks[b].va;
+            bhi = blo + p->heap.lchunks[b++].size;
+            while (b < p->heap.n_lchunks && p->heap.lchunks[b].va == bhi)
+                bhi += p->heap.lchunks[b++].size;
+        }
+        if (alo != blo || ahi != bhi)
+            st = FAIL("[lchunk.cover] large pieces cover [0x%llx, 0x%llx) where the large chunks map [0x%llx, 0x%llx) "
+                      "(every piece is mapped by chunks, every chunk holds pieces)", ULL(alo), ULL(ahi), ULL(blo),
+                      ULL(bhi));
+    }
+    free(pieces);
+    return st;
+}
+
+/* ------------------------------------------------------------ buffers and views */
+
+static fabpool_status check_buffers(walk *w)
+{
+    struct fabpool *p = w->p;
+    uint64_t bytes = 0, mapped = 0, retiring = 0, count = 0, ghosts = 0, fds = 0;
+    const struct fabpool_buffer *pv = NULL;
+    for (const struct fabpool_buffer *b = p->bufs.list; b; pv = b, b = b->next) {
+        if (b->prev != pv || b->owner != &p->bufs)
+            return FAIL("[buffer.list] buffer 0x%llx: its back link or its pool is wrong", ULL(b->base));
+        if (!b->window || ((b->base - p->sp.va.base) | b->window) & (p->sp.gran - 1) || b->n > b->cap ||
+            b->n_ghosts > b->cap_ghosts)
+            return FAIL("[buffer.window] buffer 0x%llx: window of %llu bytes not in whole granules, or %u chunks in a "
+                        "list of %zu", ULL(b->base), ULL(b->window), b->n, b->cap);
+        uint64_t live = 0, all = 0, end = 0;
+        int retired_seen = 0;
+        for (uint32_t i = 0; i < b->n; i++) {
+            const fp_bchunk *c = &b->chunks[i];
+            if (!c->size || c->off < end || c->off + c->size > b->window || (c->off | c->size) & (p->sp.gran - 1))
+                return FAIL("[buffer.chunks] buffer 0x%llx: chunk %u (%llu bytes at +%llu) is empty, overlaps the one "
+                            "before, is not in whole granules or leaves the window of %llu bytes", ULL(b->base), i,
+                            ULL(c->size), ULL(c->off), ULL(b->window));
+            if (!b->destroyed && c->off != end)
+                return FAIL("[buffer.contiguous] buffer 0x%llx: chunk %u starts at +%llu, the chunks before end at "
+                            "+%llu (a live buffer's chunks follow each other from its base)", ULL(b->base), i,
+                            ULL(c->off), ULL(end));
+            if (!c->retiring && c->retire_event)
+                return FAIL("[buffer.retire] buffer 0x%llx: chunk %u is live but has a retirement event", ULL(b->base),
+                            i);
+            if (!b->destroyed && !c->retiring && retired_seen)
+                return FAIL("[buffer.retire] buffer 0x%llx: live chunk %u lies after a retiring one (the live chunks "
+                            "come first)", ULL(b->base), i);
+            retired_seen |= c->retiring;
+            end = c->off + c->size;
+            all += c->size;
+            live += c->retiring ? 0 : c->size;
+            fds += c->fd >= 0;
+            w->n_chunks++;
+            w->chunk_bytes += c->size;
+        }
+        if (live != b->live || all != b->mapped)
+            return FAIL("[buffer.sums] buffer 0x%llx: its chunks add up to %llu live and %llu mapped bytes, it says "
+                        "%llu and %llu", ULL(b->base), ULL(live), ULL(all), ULL(b->live), ULL(b->mapped));
+        if (b->destroyed ? b->size != 0 || b->live != 0 : b->size > b->live)
+            return FAIL("[buffer.size] buffer 0x%llx%s: size %llu with %llu bytes live", ULL(b->base),
+                        b->destroyed ? " (destroyed)" : "", ULL(b->size), ULL(b->live));
+        for (uint32_t i = 0; i < b->n_ghosts; i++)
+            ghosts += b->ghosts[i].size;
+        bytes += b->size;
+        mapped += b->mapped;
+        retiring += b->mapped - b->live;
+        count += !b->destroyed;
+        if (iv_add(w, b->base, b->window, "a buffer's window", b) != 0)
+            return HOST_FAIL();
+    }
+    struct {
+        const char *name;
+        uint64_t walk, stat;
+    } sums[] = {
+        {"buffer_bytes", bytes, atomic_load(&p->bufs.bytes)},   {"buffer_mapped", mapped, atomic_load(&p->bufs.mapped)},
+        {"retiring_bytes", retiring, atomic_load(&p->bufs.retiring_bytes)}, {"buffer_count", count, atomic_load(&p->bufs.count)},
+        {"ghost_bytes", ghosts, atomic_load(&p->bufs.ghost_bytes)},   {"exported_fds", fds, atomic_load(&p->ch.exported_fds)},
+    };
+    for (size_t i = 0; i < sizeof sums / sizeof *sums; i++)
+        if (sums[i].walk != sums[i].stat)
+            return FAIL("[buffer.stats] the buffers add up to %llu for %s, the pool's counter says %llu", ULL(sums[i].walk),
+                        sums[i].name, ULL(sums[i].stat));
+    return FABPOOL_OK;
+}
+
+static fabpool_status check_views(walk *w)
+{
+    struct fabpool *p = w->p;
+    uint64_t bytes = 0;
+    const struct fabpool_view *pv = NULL;
+    for (const struct fabpool_view *v = p->views.list; v; pv = v, v = v->next) {
+        if (v->prev != pv || v->owner != &p->views || v->n > v->cap)
+            return FAIL("[view.list] view 0x%llx: its back link, its pool or its chunk count is wrong", ULL(v->base));
+        uint64_t end = 0;
+        for (uint32_t i = 0; i < v->n; i++) {
+            const fp_vchunk *c = &v->chunks[i];
+            if (!c->size || c->off < end || c->off + c->size > v->window)
+                return FAIL("[view.chunks] view 0x%llx: chunk %u (%llu bytes at +%llu) is empty, overlaps the one before "
+                            "or leaves the window of %llu bytes", ULL(v->base), i, ULL(c->size), ULL(c->off),
+                            ULL(v->window));
+            end = c->off + c->size;
+            bytes += c->size;
+            w->n_chunks++;
+            w->chunk_bytes += c->size;
+        }
+        if (iv_add(w, v->base, v->window, "a view's window", v) != 0)
+            return HOST_FAIL();
+    }
+    if (bytes != atomic_load(&p->views.bytes))
+        return FAIL("[view.stats] the views' chunks add up to %llu bytes, view_bytes says %llu", ULL(bytes),
+                    ULL(atomic_load(&p->views.bytes)));
+    return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------ the walk */
+
+static fabpool_status check_locked(walk *w)
+{
+    struct fabpool *p = w->p;
+    fp_lock_assert_held(&p->sp.lock);
+    uint64_t idle = 0;
+    fabpool_status st;
+    if ((st = check_vaspace(w)) != FABPOOL_OK || (st = gather_tcaches(w)) != FABPOOL_OK ||
+        (st = check_slabs(w, &idle)) != FABPOOL_OK || (st = check_large(w, &idle)) != FABPOOL_OK ||
+        (st = check_buffers(w)) != FABPOOL_OK || (st = check_views(w)) != FABPOOL_OK ||
+        (st = check_va_used(w)) != FABPOOL_OK || (st = check_map_spans(w)) != FABPOOL_OK ||
+        (st = check_map_rest(w)) != FABPOOL_OK)
+        return st;
+    if (idle != atomic_load(&p->heap.idle_bytes))
+        return FAIL("[pool.idle] empty slabs and free large ranges add up to %llu bytes, idle_bytes says %llu",
+                    ULL(idle), ULL(atomic_load(&p->heap.idle_bytes)));
+    if (w->chunk_bytes != atomic_load(&p->ch.mapped_bytes) || w->n_chunks != atomic_load(&p->ch.chunks_mapped))
+        return FAIL("[pool.mapped] slabs, large chunks, buffer and view chunks: %llu mappings of %llu bytes; the "
+                    "pool counts %llu of %llu bytes", ULL(w->n_chunks), ULL(w->chunk_bytes),
+                    ULL(atomic_load(&p->ch.chunks_mapped)), ULL(atomic_load(&p->ch.mapped_bytes)));
+    return FABPOOL_OK;
+}
+
+fabpool_status fabpool_check(fabpool_t *p)
+{
+    if (!p)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_check: the pool is NULL");
+    walk w;
+    memset(&w, 0, sizeof w);
+    w.p = p;
+    fp_lock(&p->sp.lock);
+    /* the slab classes' locks, ascending (lock.h); the other classes hold no slab */
+    for (unsigned c = 0; c < p->heap.n_slab_classes; c++)
+        fp_lock(&p->heap.classes[c].lock);
+    fabpool_status st = check_locked(&w);
+    for (unsigned c = p->heap.n_slab_classes; c-- > 0;)
+        fp_unlock(&p->heap.classes[c].lock);
+    fp_unlock(&p->sp.lock);
+    free(w.iv);
+    free(w.tc);
+    free(w.seen);
+    if (st == FABPOOL_OK)
+        fp_error_clear();
+    return st;
+}

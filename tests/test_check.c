@@ -1,0 +1,393 @@
+/* test_check: fabpool_check (issue 12) passes on healthy pools of every kind
+ * (slabs with thread caches, large blocks, buffers with retiring chunks, an
+ * exported buffer and its view) and catches each invariant broken on
+ * purpose, with FABPOOL_ERR_CORRUPT and a message that names it.
+ *
+ * White-box: it includes lib/pool.h to reach the structures it corrupts (the
+ * same build's headers, so the layout is the library's, FP_DEBUG_LOCKS or
+ * not).  Every corruption is undone right after its check, and the pools
+ * must check clean again, so the test also shows the check has no memory of
+ * an earlier failure; at the end everything is destroyed and the driver
+ * holds nothing. */
+#include "testutil.h"
+
+#include "pool.h"
+
+#define MB (1ull << 20)
+
+static fabpool_t *A, *B;
+static uint64_t gran;
+static int n_broken;
+
+/* fabpool_check of pool p answers CORRUPT with tag in its message. */
+static void expect_broken(fabpool_t *p, const char *tag, const char *what)
+{
+    n_broken++;
+    fabpool_status st = fabpool_check(p);
+    const char *msg = fabpool_last_error();
+    CHECK(st == FABPOOL_ERR_CORRUPT && strstr(msg, tag) != NULL);
+    if (st != FABPOOL_ERR_CORRUPT || !strstr(msg, tag))
+        fprintf(stderr, "  %s: expected %s, got %s: %s\n", what, tag, fabpool_status_name(st), msg);
+    else
+        printf("  %-28s -> %s\n", what, msg);
+}
+
+static void expect_clean(const char *when)
+{
+    fabpool_status sa = fabpool_check(A), sb = fabpool_check(B);
+    CHECK(sa == FABPOOL_OK && sb == FABPOOL_OK);
+    if (sa != FABPOOL_OK || sb != FABPOOL_OK)
+        fprintf(stderr, "  %s: fabpool_check: %s\n", when, fabpool_last_error());
+}
+
+static fp_span *slab_of(fabpool_t *p, void *ptr)
+{
+    fp_span *s = (fp_span *)fp_map_get(&p->sp.map, (uint64_t)(uintptr_t)ptr);
+    CHECK(s && s->kind == FP_SPAN_SLAB);
+    return s;
+}
+
+static void break_slabs(fabpool_t *p, void **live, fp_span *s)
+{
+    fp_class *c = &p->heap.classes[s->cls];
+    uint32_t idx = 0;
+    CHECK(fp_slab_index(s, (uint64_t)(uintptr_t)live[0], &idx));
+    CHECK(s->nfree >= 2 && s->list == FP_LIST_PARTIAL);
+
+    atomic_store(&s->freeflag[idx], 1); /* a live block marked free */
+    expect_broken(p, "[slab.flags]", "live block flagged free");
+    atomic_store(&s->freeflag[idx], 0);
+
+    atomic_store(&s->freeflag[idx], 2);
+    expect_broken(p, "[slab.flags]", "flag neither 0 nor 1");
+    atomic_store(&s->freeflag[idx], 0);
+
+    uint32_t keep = s->free_stack[0];
+    s->free_stack[0] = s->free_stack[1]; /* one free block twice on the stack, another lost */
+    expect_broken(p, "[slab.stack]", "block twice on free stack");
+    s->free_stack[0] = s->nobj + 5;
+    expect_broken(p, "[slab.stack]", "free-stack entry past end");
+    s->free_stack[0] = idx; /* a live block on the free stack (its flag is clear) */
+    expect_broken(p, "[slab.flags]", "live block on free stack");
+    s->free_stack[0] = keep;
+
+    s->nfree--; /* the count says one block fewer than the flags */
+    expect_broken(p, "[slab.flags]", "free count below flags");
+    s->nfree++;
+
+    s->list = FP_LIST_EMPTY;
+    expect_broken(p, "[slab.list]", "slab marked on wrong list");
+    s->list = FP_LIST_PARTIAL;
+
+    c->nslabs++;
+    expect_broken(p, "[class.count]", "class slab count");
+    c->nslabs--;
+
+    fp_span *head = c->partial;
+    c->partial = NULL;
+    expect_broken(p, "[class.list]", "partial list lost a slab");
+    c->partial = head;
+
+    s->cls ^= 1;
+    expect_broken(p, "[slab.shape]", "slab of another class");
+    s->cls ^= 1;
+
+    /* the thread cache: a block twice in a bin, a block of another class */
+    fp_tcache *tc = p->alloc.tcaches;
+    CHECK(tc != NULL);
+    if (tc) {
+        fp_bin *b = &tc->bins[s->cls];
+        CHECK(b->n >= 2);
+        if (b->n >= 2) {
+            fp_item keep0 = b->items[0];
+            b->items[0] = b->items[1];
+            expect_broken(p, "[tcache.block]", "block twice in a thread cache");
+            b->items[0] = keep0;
+            uint64_t ptr = b->items[b->n - 1].ptr;
+            b->items[b->n - 1].ptr = ptr + 8; /* not a block start */
+            expect_broken(p, "[tcache.block]", "interior pointer in a bin");
+            b->items[b->n - 1].ptr = ptr;
+        }
+    }
+    expect_clean("after the slab corruptions");
+}
+
+static void break_map(fabpool_t *p, fp_span *s)
+{
+    fp_lock(&p->sp.lock); /* fp_map_set asserts it in a FP_DEBUG_LOCKS build */
+    fp_map_set(&p->sp.map, s->base, gran, NULL);
+    fp_unlock(&p->sp.lock);
+    expect_broken(p, "[map.span]", "slab granule unmapped in map");
+    fp_lock(&p->sp.lock);
+    fp_map_set(&p->sp.map, s->base, gran, s);
+    uint64_t free_va = p->sp.va.free[0].start;
+    int set = fp_map_set(&p->sp.map, free_va, gran, s);
+    fp_unlock(&p->sp.lock);
+    CHECK(set == 0);
+    expect_broken(p, "[map.stray]", "free address in page map");
+    fp_lock(&p->sp.lock);
+    fp_map_set(&p->sp.map, free_va, gran, NULL);
+    fp_unlock(&p->sp.lock);
+    expect_clean("after the page-map corruptions");
+}
+
+static void break_va(fabpool_t *p, fp_span *s)
+{
+    uint64_t fb = p->sp.va.free_bytes;
+    p->sp.va.free_bytes -= gran;
+    expect_broken(p, "[va.free_bytes]", "free bytes miscounted");
+    p->sp.va.free_bytes = fb;
+
+    CHECK(fp_va_free(&p->sp.va, s->base, s->size) == 0); /* a slab's range handed back while in use */
+    expect_broken(p, "[va.free_used]", "used range also free");
+    CHECK(fp_va_take(&p->sp.va, s->base, s->size) == 0);
+
+    uint64_t lost = p->sp.va.free[0].start;
+    CHECK(fp_va_take(&p->sp.va, lost, gran) == 0); /* address space taken by nothing */
+    expect_broken(p, "[va.sum]", "address space leaked");
+    CHECK(fp_va_free(&p->sp.va, lost, gran) == 0);
+
+    /* two free ranges made to touch: a granule taken out of the first one splits it */
+    uint64_t mid = p->sp.va.free[0].start + gran;
+    CHECK(p->sp.va.free[0].size >= 3 * gran && fp_va_take(&p->sp.va, mid, gran) == 0);
+    CHECK(p->sp.va.n >= 2 && p->sp.va.free[1].start == mid + gran);
+    uint64_t sz = p->sp.va.free[0].size;
+    p->sp.va.free[0].size = p->sp.va.free[1].start - p->sp.va.free[0].start;
+    expect_broken(p, "[va.sorted]", "free ranges touch");
+    p->sp.va.free[0].size = sz;
+    CHECK(fp_va_free(&p->sp.va, mid, gran) == 0);
+    expect_clean("after the address-space corruptions");
+}
+
+static void break_large(fabpool_t *p)
+{
+    CHECK(p->heap.large_live && p->heap.large_free && p->heap.n_lchunks >= 2);
+    if (!p->heap.large_live || !p->heap.large_free || p->heap.n_lchunks < 2)
+        return;
+    atomic_fetch_add(&p->heap.large_in_use_bytes, gran);
+    expect_broken(p, "[large.in_use]", "large in-use counter");
+    atomic_fetch_sub(&p->heap.large_in_use_bytes, gran);
+
+    p->heap.large_free_bytes += gran;
+    expect_broken(p, "[large.free_bytes]", "large free counter");
+    p->heap.large_free_bytes -= gran;
+
+    /* a live block grown over the piece after it */
+    fp_span *l = NULL;
+    for (fp_span *s = p->heap.large_live; s; s = s->next) {
+        fp_span *r = (fp_span *)fp_map_get(&p->sp.map, s->base + s->size);
+        if (r && r->kind == FP_SPAN_LARGE)
+            l = s;
+    }
+    CHECK(l != NULL);
+    if (l) {
+        l->size += gran;
+        expect_broken(p, "[large.overlap]", "large pieces overlap");
+        l->size -= gran;
+    }
+
+    atomic_store(&p->heap.large_free->in_use, FP_LARGE_LIVE);
+    expect_broken(p, "[large.list]", "live piece on free list");
+    atomic_store(&p->heap.large_free->in_use, FP_LARGE_FREE);
+
+    /* a free range split in two touching pieces */
+    fp_span *f = p->heap.large_free;
+    if (f->size >= 2 * gran) {
+        fp_span *half = calloc(1, sizeof *half);
+        half->kind = FP_SPAN_LARGE;
+        half->base = f->base + gran;
+        half->size = f->size - gran;
+        f->size = gran;
+        half->prev = f;
+        half->next = f->next;
+        f->next = half;
+        expect_broken(p, "[large.merge]", "touching free ranges");
+        f->next = half->next;
+        f->size += half->size;
+        free(half);
+    } else {
+        CHECK(!"a free large range of two granules expected");
+    }
+
+    fp_lchunk c0 = p->heap.lchunks[0];
+    p->heap.lchunks[0] = p->heap.lchunks[1];
+    p->heap.lchunks[1] = c0;
+    expect_broken(p, "[lchunk.sorted]", "large chunks out of order");
+    p->heap.lchunks[1] = p->heap.lchunks[0];
+    p->heap.lchunks[0] = c0;
+
+    size_t k = 0;
+    while (k + 1 < p->heap.n_lchunks && p->heap.lchunks[k].size < 2 * gran)
+        k++;
+    CHECK(p->heap.lchunks[k].size >= 2 * gran);
+    p->heap.lchunks[k].size -= gran;
+    expect_broken(p, "[lchunk.cover]", "piece not covered by chunk");
+    p->heap.lchunks[k].size += gran;
+    expect_clean("after the large-block corruptions");
+}
+
+static void break_buffer(fabpool_t *p, fabpool_buffer_t *b)
+{
+    CHECK(b->n >= 3 && !b->chunks[0].retiring && b->chunks[b->n - 1].retiring);
+    if (b->n < 3)
+        return;
+    b->chunks[1].off += gran;
+    expect_broken(p, "[buffer.contiguous]", "gap between chunks");
+    b->chunks[1].off -= gran;
+
+    b->chunks[0].size += gran;
+    expect_broken(p, "[buffer.chunks]", "chunks overlap");
+    b->chunks[0].size -= gran;
+
+    b->live += gran;
+    expect_broken(p, "[buffer.sums]", "buffer live bytes");
+    b->live -= gran;
+
+    uint64_t sz = b->size;
+    b->size = b->live + 1;
+    expect_broken(p, "[buffer.size]", "size beyond live");
+    b->size = sz;
+
+    b->chunks[0].retire_event = (CUevent)(uintptr_t)1;
+    expect_broken(p, "[buffer.retire]", "live chunk with event");
+    b->chunks[0].retire_event = NULL;
+
+    b->chunks[0].retiring = 1;
+    expect_broken(p, "[buffer.retire]", "retiring chunk before live one");
+    b->chunks[0].retiring = 0;
+
+    _Atomic uint64_t *stats[] = {&p->bufs.bytes, &p->bufs.mapped, &p->bufs.retiring_bytes, &p->bufs.count,
+                                 &p->bufs.ghost_bytes, &p->ch.exported_fds};
+    for (size_t i = 0; i < sizeof stats / sizeof *stats; i++) {
+        atomic_fetch_add(stats[i], 1);
+        expect_broken(p, "[buffer.stats]", "a buffer counter");
+        atomic_fetch_sub(stats[i], 1);
+    }
+
+    atomic_fetch_add(&p->heap.idle_bytes, gran);
+    expect_broken(p, "[pool.idle]", "idle bytes");
+    atomic_fetch_sub(&p->heap.idle_bytes, gran);
+
+    atomic_fetch_add(&p->ch.mapped_bytes, gran);
+    expect_broken(p, "[pool.mapped]", "mapped bytes");
+    atomic_fetch_sub(&p->ch.mapped_bytes, gran);
+    atomic_fetch_add(&p->ch.chunks_mapped, 1);
+    expect_broken(p, "[pool.mapped]", "mapping count");
+    atomic_fetch_sub(&p->ch.chunks_mapped, 1);
+    expect_clean("after the buffer corruptions");
+}
+
+static void break_view(fabpool_t *p, fabpool_view_t *v)
+{
+    CHECK(v->n >= 1);
+    if (!v->n)
+        return;
+    atomic_fetch_add(&p->views.bytes, gran);
+    expect_broken(p, "[view.stats]", "view bytes");
+    atomic_fetch_sub(&p->views.bytes, gran);
+    uint64_t sz = v->chunks[0].size;
+    v->chunks[0].size = v->window + gran;
+    expect_broken(p, "[view.chunks]", "view chunk past window");
+    v->chunks[0].size = sz;
+    expect_clean("after the view corruptions");
+}
+
+int main(void)
+{
+    int sim = t_driver_init();
+    CHECK_STATUS(fabpool_check(NULL), FABPOOL_ERR_INVALID_ARG);
+    fabpool_options o;
+    fabpool_options_init(&o);
+    o.decay_ms = 1000000; /* nothing goes back to the driver behind the test's back */
+    o.cache_limit_bytes = 1ull << 40;
+    CHECK_OK(fabpool_create(&o, &A));
+    CHECK_OK(fabpool_create(&o, &B));
+    if (!A || !B)
+        return t_done("test_check");
+    gran = A->sp.gran;
+    CHECK_OK(fabpool_check(A));
+
+    /* slabs: two classes, some blocks freed (into the thread cache, and past it onto the free stack) */
+    enum { N = 600 };
+    static void *small[N], *mid[64];
+    for (int i = 0; i < N; i++)
+        CHECK_OK(fabpool_alloc(A, 256, &small[i]));
+    for (int i = 0; i < 64; i++)
+        CHECK_OK(fabpool_alloc(A, 40000, &mid[i]));
+    for (int i = 1; i < N; i += 2)
+        CHECK_OK(fabpool_free(A, small[i]));
+    for (int i = 0; i < 64; i += 3)
+        CHECK_OK(fabpool_free(A, mid[i]));
+    /* large: three blocks, the middle one freed (a free range between live ones) */
+    void *large[3];
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(fabpool_alloc(A, 40 * MB, &large[i]));
+    CHECK_OK(fabpool_free(A, large[1]));
+    /* buffers: one grown in steps then shrunk on a held stream (chunks retiring), one exported and viewed */
+    fabpool_buffer_t *b = NULL, *e = NULL;
+    CUstream stream;
+    CHECK_CU(cuStreamCreate(&stream, 0));
+    typedef int (*hold_fn)(void *);
+    hold_fn hold = (hold_fn)dlsym(RTLD_DEFAULT, "fabsim_stream_hold");
+    hold_fn release = (hold_fn)dlsym(RTLD_DEFAULT, "fabsim_stream_release");
+    CHECK_OK(fabpool_buffer_create(A, 1024 * MB, 8 * MB, &b));
+    for (size_t sz = 16 * MB; sz <= 256 * MB; sz *= 2)
+        CHECK_OK(fabpool_buffer_resize(b, sz, NULL));
+    if (hold)
+        hold(stream);
+    CHECK_OK(fabpool_buffer_resize(b, 20 * MB, stream));
+    CHECK_OK(fabpool_buffer_create(A, 512 * MB, 96 * MB, &e));
+    static uint8_t d[1 << 16];
+    int fds[64];
+    size_t len = 0, nfds = 0;
+    fabpool_view_t *v = NULL;
+    CHECK_OK(fabpool_buffer_export(e, 0, d, sizeof d, &len, fds, 64, &nfds));
+    CHECK_OK(fabpool_view_open(B, d, len, fds, nfds, &v));
+    if (!b || !e || !v)
+        return t_done("test_check");
+    expect_clean("healthy pools");
+    printf("test_check: healthy: %u slab classes, %llu slabs, %zu large chunks, buffer of %u chunks, view of %u\n",
+           A->heap.n_slab_classes, (unsigned long long)atomic_load(&A->ch.chunks_mapped), A->heap.n_lchunks, b->n, v->n);
+
+    fp_span *s = slab_of(A, small[0]);
+    if (s) {
+        break_slabs(A, small, s);
+        break_map(A, s);
+        break_va(A, s);
+    }
+    break_large(A);
+    if (hold)
+        break_buffer(A, b);
+    else
+        printf("test_check: no stream hold in this driver: the retiring-buffer corruptions are skipped\n");
+    break_view(B, v);
+
+    /* everything goes; the pools check clean at each stage */
+    if (release)
+        release(stream);
+    CHECK_OK(fabpool_view_close(v));
+    CHECK_OK(fabpool_buffer_export_done(e));
+    CHECK_OK(fabpool_buffer_destroy(e, NULL));
+    CHECK_OK(fabpool_buffer_destroy(b, NULL));
+    CHECK_OK(fabpool_collect(A, 1));
+    expect_clean("after the buffers went");
+    for (int i = 0; i < N; i += 2)
+        CHECK_OK(fabpool_free(A, small[i]));
+    for (int i = 0; i < 64; i++)
+        if (i % 3)
+            CHECK_OK(fabpool_free(A, mid[i]));
+    CHECK_OK(fabpool_free(A, large[0]));
+    CHECK_OK(fabpool_free(A, large[2]));
+    expect_clean("after every block was freed");
+    CHECK_OK(fabpool_trim(A, 0));
+    expect_clean("after a trim");
+    CHECK_OK(fabpool_destroy(B));
+    CHECK_OK(fabpool_destroy(A));
+    CHECK_CU(cuStreamDestroy(stream));
+    if (sim) {
+        fabsim_ledger l = t_ledger();
+        CHECK(l.bytes_held == 0 && l.mappings == 0 && l.handles == 0);
+    }
+    printf("test_check: %d corruptions, each caught with its invariant's name\n", n_broken);
+    return t_done("test_check");
+}
