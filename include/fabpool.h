@@ -288,7 +288,8 @@ typedef struct fabpool_stats {
     uint64_t chunks_unmapped_total;
     uint64_t handles_outstanding;   /* physical handles the pool holds now (0 except mid-export) */
     uint64_t exported_fds_open;     /* exported fds the pool still holds */
-    uint64_t oom_retries;           /* cuMemCreate OOMs answered by a trim and a retry */
+    uint64_t oom_retries;           /* out of memory answered by a trim (or a wait for the blocks pending on
+                                       streams) and a retry */
     uint64_t metadata_bytes;        /* host metadata in use */
     int metadata_jemalloc;          /* 1: host metadata lives in a private jemalloc arena */
     unsigned metadata_arena;        /* its arena index */

@@ -274,6 +274,7 @@ static fabpool_status alloc_slow(fabpool_t *p, size_t size, void **out)
         fp_retire_drain(p, 0, 0);
     fabpool_status st = alloc_slow_once(p, size, out);
     if (st == FABPOOL_ERR_OUT_OF_MEMORY && fp_retire_pending(&p->retire)) {
+        atomic_fetch_add(&p->oom_retries, 1);
         fp_retire_drain(p, 1, 0);
         st = alloc_slow_once(p, size, out);
     }

@@ -184,6 +184,33 @@ static void pending_stays_mapped(CUstream s, CUstream s2)
     CHECK_OK(fabpool_destroy(p));
 }
 
+/* Out of memory with blocks pending on a stream: the pool waits for them and tries once more. */
+static void oom_waits_for_pending(CUstream s)
+{
+    int (*fault)(const char *, uint64_t, int, int);
+    void (*fault_clear)(void);
+    *(void **)&fault = dlsym(RTLD_DEFAULT, "fabsim_fault_set");
+    *(void **)&fault_clear = dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
+    fabpool_t *p = pool("decay_ms:0");
+    if (!p || !fault || !fault_clear)
+        return;
+    void *a = NULL, *b = NULL;
+    CHECK_OK(fabpool_alloc_on_stream(p, 64 * MB, s, &a));
+    hold(s);
+    CHECK_OK(fabpool_free_on_stream(p, a, s));
+    fabpool_counters k0 = counters(p);
+    fault("cuMemCreate", 1, 0, CUDA_ERROR_OUT_OF_MEMORY); /* the next chunk: the device is full */
+    CHECK_OK(fabpool_alloc(p, 64 * MB, &b));
+    fault_clear();
+    CHECK(b == a); /* a's memory, once the stream's work was waited for */
+    fabpool_counters k1 = counters(p);
+    CHECK(k1.oom_retries == k0.oom_retries + 1 && k1.stream_pending_blocks == 0);
+    CHECK_OK(fabpool_free(p, b));
+    release(s);
+    CHECK_OK(fabpool_destroy(p));
+    CHECK(t_ledger().bytes_held == 0);
+}
+
 /* Destroy with blocks pending on held streams: nothing stays held, no block counts as live. */
 static void destroy_pending(CUstream s, CUstream s2)
 {
@@ -356,6 +383,7 @@ int main(void)
     other_streams(NULL, s2, 768);    /* the legacy default stream */
     other_streams(s1, NULL, 100000);
     pending_stays_mapped(s1, s2);
+    oom_waits_for_pending(s1);
     destroy_pending(s1, s2);
     bad_input(s1);
     threads(s1, s2);
