@@ -56,6 +56,15 @@ void fp_retire_destroy(fp_retire *r)
     memset(r, 0, sizeof *r);
 }
 
+/* The counters are written under the queue's lock only: a plain store (no
+ * locked read-modify-write) is enough; readers load them without the lock. */
+static inline uint64_t bump(_Atomic uint64_t *c, int64_t d)
+{
+    uint64_t v = atomic_load_explicit(c, memory_order_relaxed) + (uint64_t)d;
+    atomic_store_explicit(c, v, memory_order_relaxed);
+    return v;
+}
+
 /* ------------------------------------------------------------ records */
 
 static fp_rstream *stream_find(fp_retire *r, void *stream)
@@ -234,7 +243,7 @@ static fabpool_status event_record(fp_retire *r, fp_rstream *rs)
     }
     rs->recorded = rs->seq;
     rs->fresh_blocks = rs->fresh_bytes = 0;
-    atomic_fetch_add_explicit(&r->events_recorded, 1, memory_order_relaxed);
+    bump(&r->events_recorded, (int64_t)1);
     return FABPOOL_OK;
 }
 
@@ -243,7 +252,7 @@ static fabpool_status event_record(fp_retire *r, fp_rstream *rs)
  * program destroyed).  Context current. */
 static void sync_all(fp_retire *r)
 {
-    atomic_fetch_add_explicit(&r->syncs, 1, memory_order_relaxed);
+    bump(&r->syncs, (int64_t)1);
     CUresult res = FP_CU(r->calls, cuCtxSynchronize);
     if (res != CUDA_SUCCESS) /* a broken context: nothing more can be waited for */
         fp_drv_error(res, "cuCtxSynchronize", "waiting for device %d's work before reusing blocks freed on a stream",
@@ -265,7 +274,7 @@ static int advance(fp_retire *r, fp_rstream *rs, uint64_t until, int wait, fabpo
 {
     while (rs->done < until && rs->ev_head < rs->n_evs) {
         fp_revent *e = &rs->evs[rs->ev_head];
-        atomic_fetch_add_explicit(&r->event_queries, 1, memory_order_relaxed);
+        bump(&r->event_queries, (int64_t)1);
         CUresult res = wait ? FP_CU(r->calls, cuEventSynchronize, e->ev) : FP_CU(r->calls, cuEventQuery, e->ev);
         if (res == CUDA_ERROR_NOT_READY)
             return 0;
@@ -320,9 +329,9 @@ fabpool_status fp_retire_free(fp_retire *r, void *stream, uint64_t ptr, uint64_t
     rs->blocks++;
     rs->fresh_blocks++;
     rs->fresh_bytes += usable;
-    uint64_t nb = atomic_fetch_add_explicit(&r->pending_blocks, 1, memory_order_relaxed) + 1;
-    uint64_t nbytes = atomic_fetch_add_explicit(&r->pending_bytes, usable, memory_order_relaxed) + usable;
-    atomic_fetch_add_explicit(&r->frees, 1, memory_order_relaxed);
+    uint64_t nb = bump(&r->pending_blocks, (int64_t)1);
+    uint64_t nbytes = bump(&r->pending_bytes, (int64_t)usable);
+    bump(&r->frees, (int64_t)1);
     if (rs->fresh_blocks >= FP_RETIRE_BATCH_BLOCKS || rs->fresh_bytes >= FP_RETIRE_BATCH_BYTES) {
         /* one event for the batch, so that the rest of the pool can have it soon */
         CUcontext saved;
@@ -357,9 +366,9 @@ uint64_t fp_retire_take(fp_retire *r, void *stream, uint32_t cls, uint64_t need,
     unlink_block(rs, b);
     uint64_t ptr = b->ptr;
     *usable = b->usable;
-    atomic_fetch_sub_explicit(&r->pending_blocks, 1, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&r->pending_bytes, b->usable, memory_order_relaxed);
-    atomic_fetch_add_explicit(&r->reuse_same, 1, memory_order_relaxed);
+    bump(&r->pending_blocks, -(int64_t)1);
+    bump(&r->pending_bytes, -(int64_t)b->usable);
+    bump(&r->reuse_same, (int64_t)1);
     spare_block(r, b);
     pthread_mutex_unlock(&r->lock);
     return ptr;
@@ -400,8 +409,8 @@ fp_rblock *fp_retire_poll(fp_retire *r, int wait, int forget)
         while (rs->head && rs->head->seq <= rs->done) {
             fp_rblock *b = rs->head;
             unlink_block(rs, b);
-            atomic_fetch_sub_explicit(&r->pending_blocks, 1, memory_order_relaxed);
-            atomic_fetch_sub_explicit(&r->pending_bytes, b->usable, memory_order_relaxed);
+            bump(&r->pending_blocks, -(int64_t)1);
+            bump(&r->pending_bytes, -(int64_t)b->usable);
             *tail = b;
             tail = &b->fnext;
         }
