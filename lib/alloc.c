@@ -221,7 +221,10 @@ static inline void count(_Atomic uint64_t *c)
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
 }
 
-static fabpool_status alloc_slow(fabpool_t *p, size_t size, void **out)
+/* Set while fabpool_alloc_on_stream calls fabpool_alloc after a poll of its own. */
+static _Thread_local int tls_polled;
+
+static fabpool_status alloc_slow_once(fabpool_t *p, size_t size, void **out)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc: the pool is NULL");
@@ -259,6 +262,23 @@ static fabpool_status alloc_slow(fabpool_t *p, size_t size, void **out)
     atomic_fetch_add_explicit(&p->classes[cls].allocs, 1, memory_order_relaxed);
     *out = (void *)(uintptr_t)it.ptr;
     return FABPOOL_OK;
+}
+
+/* The slow path: blocks freed on streams whose work is done go back to the
+ * pool first (an event query per stream, only while some are pending), and
+ * an allocation that finds the device out of memory waits for the rest and
+ * tries once more. */
+static fabpool_status alloc_slow(fabpool_t *p, size_t size, void **out)
+{
+    if (p && !tls_polled && fp_retire_pending(&p->retire))
+        fp_retire_drain(p, 0, 0);
+    fabpool_status st = alloc_slow_once(p, size, out);
+    if (st == FABPOOL_ERR_OUT_OF_MEMORY && fp_retire_pending(&p->retire)) {
+        atomic_fetch_add(&p->oom_retries, 1);
+        fp_retire_drain(p, 1, 0);
+        st = alloc_slow_once(p, size, out);
+    }
+    return st;
 }
 
 fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
@@ -334,8 +354,10 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
      * same block at the same instant may both pass: that race is the
      * caller's bug, and a locked exchange here would double the hot path. */
     if (FP_UNLIKELY(atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed)))
-        return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free(%p): this %llu-byte block is already free (double free)",
-                        ptr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT));
+        return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free(%p): this %llu-byte block is already free%s (double free)",
+                        ptr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT),
+                        atomic_load(&s->freeflag[idx]) == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for "
+                        "its work" : "");
     atomic_store_explicit(&s->freeflag[idx], 1, memory_order_relaxed);
     fp_tls_slot *sl = &tls_slots[0];
     if (FP_LIKELY(sl->pool == p && sl->id == p->id)) {
@@ -363,5 +385,148 @@ fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
                                         : addr != s->base || atomic_load(&s->in_use) != FP_LARGE_LIVE))
         return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_usable_size(%p): not a block this pool gave out", ptr);
     *out = s->kind == FP_SPAN_SLAB ? (size_t)s->obj_q << FP_QUANTUM_SHIFT : (size_t)s->size;
+    return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------ stream-ordered blocks
+ *
+ * A block freed on a stream stays a live block of the pool (its slab flag
+ * FP_FREEFLAG_PENDING, a large block FP_LARGE_PENDING) in the retirement
+ * queue (retire.h) until an allocation on the same stream takes it back or
+ * an event recorded on its stream after the free has completed; then it is
+ * freed into the pool like any other block. */
+
+/* A pending block becomes a block given out again. */
+static void unpend(struct fabpool *p, uint64_t ptr)
+{
+    fp_span *s = fp_map_get(p, ptr);
+    uint32_t idx = 0;
+    if (s && s->kind == FP_SPAN_SLAB) {
+        fp_slab_index(s, ptr, &idx);
+        atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_USED, memory_order_relaxed);
+    } else if (s) {
+        atomic_store_explicit(&s->in_use, FP_LARGE_LIVE, memory_order_relaxed);
+    }
+}
+
+/* Gives a chain of blocks the queue handed back to the pool. */
+static void release_chain(struct fabpool *p, fp_rblock *chain)
+{
+    for (fp_rblock *b = chain; b; b = b->fnext) {
+        unpend(p, b->ptr);
+        if (fabpool_free(p, (void *)(uintptr_t)b->ptr) == FABPOOL_OK)
+            atomic_fetch_add_explicit(&p->retire.releases, 1, memory_order_relaxed);
+    }
+    fp_retire_recycle(&p->retire, chain);
+}
+
+void fp_retire_drain(struct fabpool *p, int wait, int forget)
+{
+    release_chain(p, fp_retire_poll(&p->retire, wait, forget));
+}
+
+/* Which list a request of size bytes looks in, and for a large one the sizes that fit it (at most 1.25x). */
+static uint32_t stream_class(const struct fabpool *p, size_t size, uint64_t *need, uint64_t *max)
+{
+    if (size <= p->opt.slab_max_bytes) {
+        *need = *max = 0;
+        return fp_class_of(size);
+    }
+    *need = fp_round_up(size, p->gran);
+    *max = (uint64_t)size + size / 4;
+    if (*max < *need)
+        *max = *need;
+    return FP_RETIRE_LARGE;
+}
+
+fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, void **out)
+{
+    if (!p || !out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_on_stream: the pool or the output pointer is NULL");
+    *out = NULL;
+    if (size == 0)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_on_stream: size 0; ask for at least one byte");
+    uint64_t need, max, usable = 0;
+    uint32_t cls = size <= p->va_size ? stream_class(p, size, &need, &max) : FP_RETIRE_LARGE;
+    if (size > p->va_size)
+        need = max = 0;
+    /* the stream's own freed blocks: stream order makes them safe at once */
+    uint64_t ptr = fp_retire_pending(&p->retire) && need <= max ?
+                   fp_retire_take(&p->retire, stream, cls, need, max, &usable) : 0;
+    fabpool_status st = FABPOOL_OK;
+    if (ptr) {
+        unpend(p, ptr);
+    } else if (fp_retire_pending(&p->retire)) {
+        /* a miss: what other streams freed and is done goes back, the first that fits to the caller */
+        fp_rblock *chain = fp_retire_poll(&p->retire, 0, 0), **at = &chain;
+        for (fp_rblock *b = chain; b && size <= p->va_size; at = &b->fnext, b = b->fnext)
+            if (cls == FP_RETIRE_LARGE ? b->cls == cls && b->usable >= need && b->usable <= max : b->cls == cls) {
+                ptr = b->ptr;
+                *at = b->fnext;
+                b->fnext = NULL;
+                unpend(p, ptr);
+                fp_retire_recycle(&p->retire, b);
+                atomic_fetch_add_explicit(&p->retire.reuse_after_event, 1, memory_order_relaxed);
+                break;
+            }
+        release_chain(p, chain);
+    }
+    if (!ptr) {
+        void *q = NULL;
+        tls_polled = 1;
+        st = fabpool_alloc(p, size, &q);
+        tls_polled = 0;
+        if (st == FABPOOL_OK)
+            ptr = (uint64_t)(uintptr_t)q;
+        else
+            fp_error_append(" (fabpool_alloc_on_stream, stream %p)", stream);
+    }
+    FP_TRACE_ST(p, FABPOOL_TR_APP_ALLOC, ptr, size, stream, st);
+    *out = (void *)(uintptr_t)ptr;
+    return st;
+}
+
+fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
+{
+    if (!p)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free_on_stream(%p): the pool is NULL", ptr);
+    if (!ptr)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free_on_stream: the pointer is NULL");
+    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
+    fp_span *s = fp_map_get(p, addr);
+    if (!s)
+        return fp_error(FABPOOL_ERR_NOT_FOUND,
+                        "fabpool_free_on_stream(%p): this pool (device %d) did not give out that pointer, or it was "
+                        "freed and its memory returned to the driver", ptr, (int)p->dev);
+    uint32_t cls, idx = 0;
+    if (s->kind == FP_SPAN_SLAB) {
+        uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
+        if (!fp_slab_index(s, addr, &idx))
+            return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_free_on_stream(%p): an interior pointer into a slab of "
+                            "%llu-byte blocks; free the pointer fabpool_alloc returned", ptr, (unsigned long long)obj);
+        uint8_t want = FP_FREEFLAG_USED;
+        if (!atomic_compare_exchange_strong_explicit(&s->freeflag[idx], &want, FP_FREEFLAG_PENDING,
+                                                     memory_order_relaxed, memory_order_relaxed))
+            return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free_on_stream(%p): this %llu-byte block is already "
+                            "free%s (double free)", ptr, (unsigned long long)obj,
+                            want == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for its work" : "");
+        usable = obj;
+        cls = s->cls;
+    } else {
+        fabpool_status st = fp_large_pend(p, addr, &usable);
+        if (st != FABPOOL_OK)
+            return st;
+        cls = FP_RETIRE_LARGE;
+    }
+    FP_TRACE(p, FABPOOL_TR_APP_FREE, ptr, usable, stream);
+    int poll = 0;
+    fabpool_status st = fp_retire_free(&p->retire, stream, addr, usable, cls, &poll);
+    if (st != FABPOOL_OK) {
+        unpend(p, addr); /* nothing changed: the block is still the caller's */
+        fp_error_append(" (fabpool_free_on_stream(%p): the block is still the caller's)", ptr);
+        return st;
+    }
+    if (poll)
+        fp_retire_drain(p, 0, 0);
     return FABPOOL_OK;
 }

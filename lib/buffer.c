@@ -77,8 +77,7 @@ static fabpool_status remove_chunk(struct fabpool *p, struct fabpool_buffer *b, 
     fp_chunk_forget_export(p, c);
     int was_live = !c->retiring;
     if (c->retiring) {
-        if (c->retire_event)
-            FP_CU(&p->calls, cuEventDestroy, c->retire_event);
+        fp_retire_ticket_drop(&p->retire, &c->ticket);
         atomic_fetch_sub(&p->retiring_bytes, c->size);
     } else {
         b->live -= c->size;
@@ -131,30 +130,13 @@ static void ghosts_release(struct fabpool *p, struct fabpool_buffer *b, int all)
 }
 
 /* Whether retired chunk c may be unmapped now: its GPU work is done (waited
- * for with wait != 0) and no peer may still import it.  1 yes, 0 not yet,
- * -1 the driver failed (*st says how). */
-static int retired_done(struct fabpool *p, struct fabpool_buffer *b, fp_bchunk *c, int wait, int *pushed,
-                        CUcontext *saved, fabpool_status *st)
+ * for with wait != 0; the retirement queue knows, retire.h) and no peer may
+ * still import it.  1 yes, 0 not yet, -1 the driver failed (*st says how). */
+static int retired_done(struct fabpool *p, struct fabpool_buffer *b, fp_bchunk *c, int wait, fabpool_status *st)
 {
     if (peers_may_hold(b, c->named))
         return 0;
-    if (!c->retire_event)
-        return 1;
-    if (!*pushed) {
-        if ((*st = fp_ctx_push(p, saved)) != FABPOOL_OK)
-            return -1;
-        *pushed = 1;
-    }
-    CUresult r = wait ? FP_CU(&p->calls, cuEventSynchronize, c->retire_event)
-                      : FP_CU(&p->calls, cuEventQuery, c->retire_event);
-    if (r == CUDA_ERROR_NOT_READY)
-        return 0;
-    if (r != CUDA_SUCCESS) {
-        *st = fp_drv_error(r, wait ? "cuEventSynchronize" : "cuEventQuery",
-                           "waiting for the GPU work before unmapping a retired chunk");
-        return -1;
-    }
-    return 1;
+    return fp_retire_ticket_done(&p->retire, &c->ticket, wait, st);
 }
 
 /* Unmaps retired chunks whose event has completed (all of them, waiting,
@@ -165,8 +147,6 @@ fabpool_status fp_collect_locked(struct fabpool *p, int wait)
 {
     fp_lock_assert_held(&p->lock);
     fabpool_status first = FABPOOL_OK;
-    CUcontext saved = NULL;
-    int pushed = 0;
     struct fabpool_buffer *b = p->buffers, *next;
     for (; b; b = next) {
         next = b->next;
@@ -179,7 +159,7 @@ fabpool_status fp_collect_locked(struct fabpool *p, int wait)
                 break;
             }
             fabpool_status st = FABPOOL_OK;
-            int done = retired_done(p, b, c, wait, &pushed, &saved, &st);
+            int done = retired_done(p, b, c, wait, &st);
             if (done == 1)
                 st = remove_chunk(p, b, i);
             if (st != FABPOOL_OK && first == FABPOOL_OK)
@@ -192,8 +172,6 @@ fabpool_status fp_collect_locked(struct fabpool *p, int wait)
         if (b->destroyed && b->n == 0 && b->n_ghosts == 0)
             free_buffer(p, b);
     }
-    if (pushed)
-        fp_ctx_pop(p, saved);
     return first;
 }
 
@@ -201,6 +179,7 @@ fabpool_status fabpool_collect(fabpool_t *p, int wait)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_collect: the pool is NULL");
+    fp_retire_drain(p, wait, wait); /* blocks freed on streams whose work is done go back to the pool */
     fp_lock(&p->lock);
     fabpool_status st = fp_collect_locked(p, wait);
     fp_unlock(&p->lock);
@@ -239,9 +218,7 @@ static fabpool_status grow(struct fabpool *p, struct fabpool_buffer *b, uint64_t
             continue;
         if (c->off != b->live)
             break; /* not behind the live chunks (a chunk before it failed to unmap): it cannot come back */
-        if (c->retire_event)
-            FP_CU(&p->calls, cuEventDestroy, c->retire_event);
-        c->retire_event = NULL;
+        fp_retire_ticket_drop(&p->retire, &c->ticket);
         c->retiring = 0;
         b->live += c->size;
         c->gen = ++b->generation; /* back among the live chunks: the next delta names it */
@@ -354,9 +331,8 @@ static fabpool_status refit(struct fabpool *p, struct fabpool_buffer *b, uint32_
         goto unmap_tmp;
     for (uint32_t i = j + 1; i < b->n; i++) {
         fp_bchunk *t = &b->chunks[i];
-        if (t->retiring && t->retire_event &&
-            (r = FP_CU(&p->calls, cuEventSynchronize, t->retire_event)) != CUDA_SUCCESS) {
-            st = fp_drv_error(r, "cuEventSynchronize", "waiting for the GPU work on a retired chunk");
+        if (t->retiring && fp_retire_ticket_done(&p->retire, &t->ticket, 1, &st) < 0) {
+            fp_error_append(" (a retired chunk of a buffer being shrunk)");
             goto unmap_tmp;
         }
     }
@@ -406,7 +382,7 @@ static fabpool_status refit(struct fabpool *p, struct fabpool_buffer *b, uint32_
         if (t->retiring)
             continue;
         t->retiring = 1;
-        t->retire_event = NULL;
+        t->ticket = (fp_rticket){NULL, 0};
         t->drop_gen = drop_gen;
         b->live -= t->size;
         atomic_fetch_add(&p->retiring_bytes, t->size);
@@ -473,33 +449,18 @@ static fabpool_status shrink(struct fabpool *p, struct fabpool_buffer *b, uint64
         fp_ctx_pop(p, saved);
         return st;
     }
-    /* the events first, so that a failure retires nothing and the buffer keeps its size */
-    for (uint32_t i = first_retire; stream && i < last_live; i++) {
-        CUevent ev = NULL;
-        const char *call = "cuEventCreate";
-        CUresult r = FP_CU(&p->calls, cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
-        if (r == CUDA_SUCCESS) {
-            call = "cuEventRecord";
-            r = FP_CU(&p->calls, cuEventRecord, ev, (CUstream)stream);
-            if (r != CUDA_SUCCESS)
-                FP_CU(&p->calls, cuEventDestroy, ev);
-        }
-        if (r != CUDA_SUCCESS) {
-            for (uint32_t k = first_retire; k < i; k++) {
-                FP_CU(&p->calls, cuEventDestroy, b->chunks[k].retire_event);
-                b->chunks[k].retire_event = NULL;
-            }
-            fp_ctx_pop(p, saved);
-            return fp_drv_error(r, call, "%s an event on stream %p before retiring a buffer chunk (nothing was "
-                                "retired)", strcmp(call, "cuEventCreate") == 0 ? "creating" : "recording", stream);
-        }
-        b->chunks[i].retire_event = ev;
+    /* the event first (one for every chunk: the retirement queue's ticket), so
+     * that a failure retires nothing and the buffer keeps its size */
+    fp_rticket ticket = {NULL, 0};
+    if (stream && (st = fp_retire_mark(&p->retire, stream, last_live - first_retire, &ticket)) != FABPOOL_OK) {
+        fp_ctx_pop(p, saved);
+        fp_error_append(" (before retiring a buffer chunk; nothing was retired)");
+        return st;
     }
     for (uint32_t i = first_retire; i < last_live; i++) {
         fp_bchunk *c = &b->chunks[i];
         c->retiring = 1;
-        if (!stream)
-            c->retire_event = NULL;
+        c->ticket = ticket;
         c->drop_gen = b->generation + 1;
         b->live -= c->size;
         atomic_fetch_add(&p->retiring_bytes, c->size);

@@ -283,7 +283,9 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     for (unsigned c = 0; c < FP_NCLASS; c++)
         fp_lock_init(&p->classes[c].lock, FP_LOCK_CLASS, c, "class");
 
-    if ((st = setup_device(p)) != FABPOOL_OK || (st = fp_rdma_choose(p)) != FABPOOL_OK ||
+    if ((st = setup_device(p)) != FABPOOL_OK ||
+        (st = fp_retire_init(&p->retire, &p->meta, &p->calls, p->ctx, p->opt.device)) != FABPOOL_OK ||
+        (st = fp_rdma_choose(p)) != FABPOOL_OK ||
         (st = choose_handle_type(p)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
         (st = fp_trace_open(p)) != FABPOOL_OK)
         goto fail;
@@ -317,6 +319,8 @@ static fabpool_status teardown(struct fabpool *p)
 {
     fabpool_status st = FABPOOL_OK;
     fp_trace_close(p);
+    if (p->retire.meta)
+        fp_retire_destroy(&p->retire);
     fp_lock(&p->lock);   /* the unmaps assert it (lock.h); no other thread uses the pool any more */
     fp_classes_destroy(p);
     fp_unlock(&p->lock);
@@ -344,6 +348,9 @@ fabpool_status fabpool_destroy(fabpool_t *p)
     fp_registry_remove(p);
     if (p->opt.stats_at_destroy)
         fabpool_print_stats(p, stderr, p->opt.stats_at_destroy == 2);
+    /* blocks freed on streams: waited for and given back to the pool, so
+     * that they count neither as live nor as leaked */
+    fp_retire_drain(p, 1, 1);
     fp_lock(&p->lock);
     fabpool_status st = fp_collect_locked(p, 1);
     uint64_t live_buffers = atomic_load(&p->buffer_count);
@@ -373,6 +380,10 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
     FP_TRACE(p, FABPOOL_TR_TRIM, 0, keep, 0);
     /* other threads flush their caches at their next call */
     atomic_fetch_add(&p->flush_epoch, 1);
+    /* what was freed on streams and whose work is done can go too (an event
+     * is recorded on every stream with uncovered frees); what the GPU may
+     * still use stays: it is live for the pool until then */
+    fp_retire_drain(p, 0, 1);
     fabpool_thread_flush(p);
     fp_lock(&p->lock);
     fabpool_status st = fp_collect_locked(p, 0);
@@ -389,6 +400,20 @@ fabpool_status fabpool_get_options(const fabpool_t *p, fabpool_options *out)
     out->handle_type = p->handle_type;
     out->rdma = p->rdma ? FABPOOL_RDMA_ON : FABPOOL_RDMA_OFF;
     out->reserve_bytes = p->va_size;
+    return FABPOOL_OK;
+}
+
+fabpool_status fabpool_device_count(int *out)
+{
+    if (!out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_device_count: the output is NULL");
+    *out = 0;
+    fabpool_status st = fp_drv_load();
+    if (st != FABPOOL_OK)
+        return st;
+    CUresult r = FP_CU(NULL, cuDeviceGetCount, out);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuDeviceGetCount", "counting devices");
     return FABPOOL_OK;
 }
 

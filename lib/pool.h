@@ -1,10 +1,10 @@
 /* pool.h - the pool's internal structures, shared by the files of lib/.
  *
  * Locking: which lock guards what, and the one lock order, are in lib/lock.h
- * (registry < pool < class, ascending index < trace list < trace).  A
- * function that needs a lock says so with fp_lock_assert_held() on its first
- * line, checked in a FP_DEBUG_LOCKS build.  The hot path (a thread cache
- * hit) takes no lock and makes no driver call. */
+ * (registry < pool < class, ascending index < retire < trace list < trace).
+ * A function that needs a lock says so with fp_lock_assert_held() on its
+ * first line, checked in a FP_DEBUG_LOCKS build.  The hot path (a thread
+ * cache hit) takes no lock and makes no driver call. */
 #ifndef FP_POOL_H
 #define FP_POOL_H
 
@@ -17,14 +17,18 @@
 #include "fabpool.h"
 #include "lock.h"
 #include "meta.h"
+#include "retire.h"
 #include "sizeclass.h"
 #include "vaspace.h"
 
 #define FP_CACHELINE 64
 
 enum { FP_SPAN_SLAB = 1, FP_SPAN_LARGE = 2 };
-/* in_use of a large piece: a free range, a block given out, a free range held by an allocation in progress */
-enum { FP_LARGE_FREE = 0, FP_LARGE_LIVE = 1, FP_LARGE_HELD = 2 };
+/* in_use of a large piece: a free range, a block given out, a free range held by an allocation in progress,
+ * a block freed on a stream whose work may still use it (retire.h: live for the rest of the pool) */
+enum { FP_LARGE_FREE = 0, FP_LARGE_LIVE = 1, FP_LARGE_HELD = 2, FP_LARGE_PENDING = 3 };
+/* a slab block's freeflag: given out, free, freed on a stream and still pending there (retire.h) */
+enum { FP_FREEFLAG_USED = 0, FP_FREEFLAG_FREE = 1, FP_FREEFLAG_PENDING = 2 };
 
 /* One physical chunk mapped for large blocks (cuMemUnmap takes whole chunks). */
 typedef struct fp_lchunk {
@@ -48,7 +52,8 @@ typedef struct fp_span {
     uint64_t magic;                    /* ceil(2^32 / obj_q): index = (off/64 * magic) >> 32 */
     uint32_t nobj, nfree;              /* nfree: blocks on free_stack (held centrally) */
     uint32_t *free_stack;
-    _Atomic uint8_t *freeflag;         /* per block, 1 = free (central or in a thread cache): a byte
+    _Atomic uint8_t *freeflag;         /* per block, FP_FREEFLAG_*: 1 = free (central or in a thread cache), 2 =
+                                          pending on a stream (given out for the rest of the pool): a byte
                                           each, so setting one is a plain store, not a locked RMW */
 } fp_span;
 
@@ -89,7 +94,7 @@ typedef struct fp_bchunk {
     uint64_t gen;                      /* the buffer's generation when it joined the live chunks */
     uint64_t named;                    /* the generation of the last descriptor that named it (0: none) */
     uint64_t drop_gen;                 /* retiring: the generation that dropped it */
-    CUevent retire_event;              /* non-NULL while retiring: unmap once it completes */
+    fp_rticket ticket;                 /* while retiring: unmap once its work is done (retire.h) */
     uint8_t retiring;
     uint8_t has_fabric;                /* fabric handle exported and cached */
     int fd;                            /* exported POSIX fd cached, or -1 */
@@ -178,6 +183,7 @@ struct fabpool {
     struct fabpool_view *views;
     fp_tcache *tcaches;
     _Atomic uint64_t flush_epoch;
+    fp_retire retire;                  /* blocks freed on streams, events of retired chunks (retire.h) */
 
     fp_class classes[FP_NCLASS];
 
@@ -243,6 +249,9 @@ unsigned fp_class_take(struct fabpool *p, unsigned cls, fp_item *out, unsigned n
 void fp_class_give(struct fabpool *p, unsigned cls, const fp_item *items, unsigned n);
 fabpool_status fp_large_alloc(struct fabpool *p, uint64_t size, void **out);
 fabpool_status fp_large_free(struct fabpool *p, fp_span *s, uint64_t addr);
+/* A live large block freed on a stream: FP_LARGE_PENDING (live for the rest
+ * of the pool), *usable its size.  The errors of fp_large_free otherwise. */
+fabpool_status fp_large_pend(struct fabpool *p, uint64_t addr, uint64_t *usable);
 /* Unmaps idle slabs and free large chunks until at most keep bytes are idle
  * (a chunk that also holds part of a live block stays). */
 void fp_trim_locked(struct fabpool *p, uint64_t keep);
@@ -251,6 +260,10 @@ void fp_trim_locked(struct fabpool *p, uint64_t keep);
 void fp_trim_policy(struct fabpool *p);
 /* idle_bytes went down by n: the decay's low-water mark follows. */
 void fp_idle_sub(struct fabpool *p, uint64_t n);
+
+/* alloc.c: the retirement queue's blocks whose work is done go back to the
+ * pool (with wait: all of them, after waiting).  No lock held. */
+void fp_retire_drain(struct fabpool *p, int wait, int forget);
 
 /* tcache.c */
 fp_tcache *fp_tcache_get(struct fabpool *p);   /* NULL: no cache (disabled or no memory) */
