@@ -162,6 +162,32 @@ FABPOOL_API fabpool_handle_type fabpool_handle_type_of(const fabpool_t *pool);
  * fabpool_free_on_stream). */
 FABPOOL_API fabpool_status fabpool_alloc(fabpool_t *pool, size_t size, void **out);
 FABPOOL_API fabpool_status fabpool_free(fabpool_t *pool, void *ptr);
+
+/* Stream-ordered blocks (docs/design.md, "Stream-ordered free").  `stream`
+ * is a CUstream; NULL is the legacy default stream (not "no stream").
+ * fabpool_free_on_stream frees a block (from fabpool_alloc or
+ * fabpool_alloc_on_stream) that work queued on `stream` may still use: an
+ * allocation on the same stream may get it back at once (stream order makes
+ * that safe: no driver call), while fabpool_alloc and other streams get it
+ * only after an event recorded on `stream` at or after the free has
+ * completed.  Until then it stays a live block for the pool: no trim, decay
+ * or out-of-memory retry unmaps its memory.  The pool records one event per
+ * stream for any number of frees, lazily: when other allocations miss, at
+ * trim, collect and destroy, or after 256 frees / 256 MiB on the stream.
+ * Work on other streams that uses the block is the caller's to order before
+ * the free (record an event and make `stream` wait on it), as with
+ * cudaFreeAsync.
+ * fabpool_alloc_on_stream allocates for work on `stream`: a block freed on
+ * `stream` of the same size class (above slab_max: of at least the size
+ * rounded to the granularity and at most 1.25x the size) first, else as
+ * fabpool_alloc does.  The same alignment and size rules as fabpool_alloc.
+ * A foreign, interior or already freed pointer is refused
+ * (FABPOOL_ERR_NOT_FOUND, FABPOOL_ERR_DOUBLE_FREE) and nothing changes;
+ * fabpool_free of a block already freed on a stream is a double free too.
+ * fabpool_collect(pool, 1) waits for every stream and gives every pending
+ * block back to the pool; fabpool_destroy does the same. */
+FABPOOL_API fabpool_status fabpool_alloc_on_stream(fabpool_t *pool, size_t size, void *stream, void **out);
+FABPOOL_API fabpool_status fabpool_free_on_stream(fabpool_t *pool, void *ptr, void *stream);
 /* The size a block was given (>= the size asked; <= 1.25x it above 256 B). */
 FABPOOL_API fabpool_status fabpool_usable_size(fabpool_t *pool, const void *ptr, size_t *out);
 
@@ -226,8 +252,11 @@ FABPOOL_API void *fabpool_buffer_ptr(const fabpool_buffer_t *buf);
  * device has no dma-buf support.  On failure *fd is -1. */
 FABPOOL_API fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *buf, size_t offset, size_t size, int *fd);
 
-/* Unmaps the retired chunks whose GPU work has completed; with wait != 0,
- * waits for all of it first.  Resize, trim and destroy also do this. */
+/* The retirement queue: unmaps the retired buffer chunks whose GPU work has
+ * completed and gives back to the pool the blocks freed on a stream whose
+ * event has completed (recording one event on each stream with frees no
+ * event covers yet); with wait != 0, waits for all of it first.  Resize,
+ * trim and destroy also do this (destroy waits). */
 FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
 
 /* ------------------------------------------------------------------- stats */
@@ -255,7 +284,10 @@ typedef struct fabpool_stats {
     uint64_t in_use_bytes;          /* bytes of blocks given out (size classes) + buffer sizes asked */
     uint64_t in_use_bytes_peak;
     uint64_t cached_bytes;          /* mapped but free: slabs, free large ranges, buffer hysteresis */
-    uint64_t retiring_bytes;        /* waiting for GPU work before unmap */
+    uint64_t retiring_bytes;        /* buffer chunks waiting for GPU work before unmap */
+    uint64_t stream_pending_bytes;  /* blocks freed on a stream, waiting for its work (fabpool_free_on_stream);
+                                       part of in_use_bytes: the pool counts them live until then */
+    uint64_t stream_pending_blocks; /* their number; part of blocks */
     uint64_t view_bytes;            /* mapped from peers' buffers (views); part of mapped_bytes */
     uint64_t held_for_peers_bytes;  /* left an exported buffer's window, kept by a handle until the peers ack;
                                        not part of mapped_bytes */
@@ -266,7 +298,8 @@ typedef struct fabpool_stats {
     uint64_t chunks_unmapped_total;
     uint64_t handles_outstanding;   /* physical handles the pool holds now (0 except mid-export) */
     uint64_t exported_fds_open;     /* exported fds the pool still holds */
-    uint64_t oom_retries;           /* cuMemCreate OOMs answered by a trim and a retry */
+    uint64_t oom_retries;           /* out of memory answered by a trim (or a wait for the blocks pending on
+                                       streams) and a retry */
     uint64_t metadata_bytes;        /* host metadata in use */
     int metadata_jemalloc;          /* 1: host metadata lives in a private jemalloc arena */
     unsigned metadata_arena;        /* its arena index */
@@ -276,6 +309,29 @@ typedef struct fabpool_stats {
 } fabpool_stats;
 
 FABPOOL_API fabpool_status fabpool_get_stats(fabpool_t *pool, fabpool_stats *out);
+
+/* The pool's running counters, read without a lock: cheap enough to call
+ * after every allocation (fabpool_get_stats walks every class under the
+ * pool's lock).  Each field is exact when read; together they are not one
+ * snapshot while other threads use the pool. */
+typedef struct fabpool_counters {
+    uint64_t mapped_bytes, mapped_bytes_peak;     /* as in fabpool_stats */
+    uint64_t chunks_mapped, chunks_mapped_total, chunks_unmapped_total, oom_retries;
+    uint64_t stream_pending_blocks;    /* freed on a stream, waiting for its work */
+    uint64_t stream_pending_bytes;
+    uint64_t stream_frees;             /* fabpool_free_on_stream calls taken, all time */
+    uint64_t stream_reuse_same;        /* fabpool_alloc_on_stream served by its own stream's freed blocks */
+    uint64_t stream_reuse_after_event; /* ... by another stream's, once their event completed */
+    uint64_t stream_releases;          /* pending blocks given back to the pool */
+    uint64_t stream_events_recorded;   /* one per stream per batch of frees, and one per shrink on a stream */
+    uint64_t stream_event_queries;     /* cuEventQuery / cuEventSynchronize of those events */
+    uint64_t stream_syncs;             /* cuCtxSynchronize where an event could not be made or recorded */
+    uint64_t streams;                  /* streams the pool keeps records for now */
+} fabpool_counters;
+FABPOOL_API fabpool_status fabpool_get_counters(fabpool_t *pool, fabpool_counters *out);
+
+/* The number of CUDA devices the driver sees (loads the driver on first use). */
+FABPOOL_API fabpool_status fabpool_device_count(int *out);
 /* A readable report (json = 0) or one JSON object (json = 1). */
 FABPOOL_API fabpool_status fabpool_print_stats(fabpool_t *pool, FILE *out, int json);
 /* Walks the pool's structures under its locks and verifies their invariants

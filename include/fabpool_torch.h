@@ -16,11 +16,13 @@
  *
  * One pool per device, created on the first allocation for that device.
  *
- * Streams, as PyTorch expects them: a block freed on stream s is given again
- * at once to an allocation on s (stream order makes that safe; no driver
- * call).  An allocation on another stream gets it only once an event that
- * was recorded on s after the free has completed, so no kernel still queued
- * on s can touch it.  Blocks whose event has completed go back to the pool.
+ * Streams, as PyTorch expects them (fabpool_alloc_on_stream /
+ * fabpool_free_on_stream, fabpool.h): a block freed on stream s is given
+ * again at once to an allocation on s (stream order makes that safe; no
+ * driver call).  An allocation on another stream gets it only once an event
+ * that was recorded on s after the free has completed, so no kernel still
+ * queued on s can touch it.  Blocks whose event has completed go back to the
+ * pool.  The shim is built on fabpool's public API alone.
  * record_stream is not needed for this; work on a stream other than the
  * allocation stream is, as with PyTorch's own allocator, the caller's to
  * order.
@@ -78,12 +80,12 @@ typedef struct fabpool_torch_counters {
     uint64_t reuse_after_event; /* a block of another stream, once its event completed */
     uint64_t pool_allocs;       /* fabpool_alloc calls that succeeded */
     uint64_t pool_frees;        /* blocks given back to the pool */
-    uint64_t cached_blocks;     /* freed blocks the shim holds (for their stream, or waiting) */
+    uint64_t cached_blocks;     /* freed blocks the pool holds for their stream (pending, fabpool_counters) */
     uint64_t cached_bytes;      /* their block sizes */
     uint64_t events_recorded;   /* one per stream per batch of frees */
     uint64_t event_queries;
-    uint64_t syncs;             /* waits: empty, out of memory, a failed event */
-    uint64_t streams;           /* streams the shim keeps free lists for */
+    uint64_t syncs;             /* waits: empty, out of memory, a context sync for a failed event */
+    uint64_t streams;           /* streams the pool keeps records for */
     uint64_t empties;
     uint64_t bad_frees;         /* frees refused: a pointer not live (never given out, or freed already) */
 } fabpool_torch_counters;

@@ -15,8 +15,9 @@
 #define FP_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define FP_TLS_SLOTS 8
 
-/* The layer's state of a public pool handle (alloc.h). */
+/* The layer's state of a public pool handle, and back (alloc.h). */
 static inline fp_alloc *A(fabpool_t *p) { return (fp_alloc *)(void *)p; }
+static inline fabpool_t *P(fp_alloc *a) { return (fabpool_t *)(void *)a; }
 
 /* The thread's caches, by pool.  A slot matches only if both the pool's
  * address and its unique id match, so a slot of a destroyed pool is never
@@ -76,9 +77,10 @@ void fp_registry_remove(fp_alloc *a)
 
 /* ------------------------------------------------------------ thread caches */
 
-void fp_alloc_init(fp_alloc *a, fp_heap *heap, int thread_cache)
+void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, int thread_cache)
 {
     a->heap = heap;
+    a->retire = retire;
     a->sp = heap->sp;
     a->map = heap->sp->map; /* set up before: see alloc.h */
     a->slab_max = heap->slab_max;
@@ -289,7 +291,10 @@ static inline int tcache_push(fp_tcache *tc, fp_span *s, uint64_t addr)
 
 /* ------------------------------------------------------------ blocks */
 
-static fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
+/* Set while fabpool_alloc_on_stream calls fabpool_alloc after a poll of its own. */
+static _Thread_local int tls_polled;
+
+static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
 {
     if (!a)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc: the pool is NULL");
@@ -324,6 +329,23 @@ static fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
     atomic_fetch_add_explicit(&a->counts[cls].allocs, 1, memory_order_relaxed);
     *out = (void *)(uintptr_t)it.ptr;
     return FABPOOL_OK;
+}
+
+/* The slow path: blocks freed on streams whose work is done go back to the
+ * pool first (an event query per stream, only while some are pending), and
+ * an allocation that finds the device out of memory waits for the rest and
+ * tries once more. */
+static fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
+{
+    if (a && !tls_polled && fp_retire_pending(a->retire))
+        fp_alloc_drain(a, 0, 0);
+    fabpool_status st = alloc_slow_once(a, size, out);
+    if (st == FABPOOL_ERR_OUT_OF_MEMORY && fp_retire_pending(a->retire)) {
+        fp_heap_count_oom_retry(a->heap);
+        fp_alloc_drain(a, 1, 0);
+        st = alloc_slow_once(a, size, out);
+    }
+    return st;
 }
 
 fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
@@ -394,8 +416,10 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
      * same block at the same instant may both pass: that race is the
      * caller's bug, and a locked exchange here would double the hot path. */
     if (FP_UNLIKELY(atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed)))
-        return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free(%p): this %llu-byte block is already free (double free)",
-                        ptr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT));
+        return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free(%p): this %llu-byte block is already free%s (double free)",
+                        ptr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT),
+                        atomic_load(&s->freeflag[idx]) == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for "
+                        "its work" : "");
     atomic_store_explicit(&s->freeflag[idx], 1, memory_order_relaxed);
     fp_tcache *tc = tcache_hot(a);
     if (FP_LIKELY(tc && tcache_push(tc, s, addr)))
@@ -415,5 +439,150 @@ fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
                                         : addr != s->base || atomic_load(&s->in_use) != FP_LARGE_LIVE))
         return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_usable_size(%p): not a block this pool gave out", ptr);
     *out = s->kind == FP_SPAN_SLAB ? (size_t)s->obj_q << FP_QUANTUM_SHIFT : (size_t)s->size;
+    return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------ stream-ordered blocks
+ *
+ * A block freed on a stream stays a live block of the pool (its slab flag
+ * FP_FREEFLAG_PENDING, a large block FP_LARGE_PENDING) in the retirement
+ * queue (retire.h) until an allocation on the same stream takes it back or
+ * an event recorded on its stream after the free has completed; then it is
+ * freed into the pool like any other block. */
+
+/* A pending block becomes a block given out again. */
+static void unpend(fp_alloc *a, uint64_t ptr)
+{
+    fp_span *s = fp_map_get(&a->map, ptr);
+    uint32_t idx = 0;
+    if (s && s->kind == FP_SPAN_SLAB) {
+        fp_slab_index(s, ptr, &idx);
+        atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_USED, memory_order_relaxed);
+    } else if (s) {
+        atomic_store_explicit(&s->in_use, FP_LARGE_LIVE, memory_order_relaxed);
+    }
+}
+
+/* Gives a chain of blocks the queue handed back to the pool. */
+static void release_chain(fp_alloc *a, fp_rblock *chain)
+{
+    for (fp_rblock *b = chain; b; b = b->fnext) {
+        unpend(a, b->ptr);
+        if (fabpool_free(P(a), (void *)(uintptr_t)b->ptr) == FABPOOL_OK)
+            fp_retire_released(a->retire);
+    }
+    fp_retire_recycle(a->retire, chain);
+}
+
+void fp_alloc_drain(fp_alloc *a, int wait, int forget)
+{
+    release_chain(a, fp_retire_poll(a->retire, wait, forget));
+}
+
+/* Which list a request of size bytes looks in, and for a large one the sizes that fit it (at most 1.25x). */
+static uint32_t stream_class(const fp_alloc *a, size_t size, uint64_t *need, uint64_t *max)
+{
+    if (size <= a->slab_max) {
+        *need = *max = 0;
+        return fp_class_of(size);
+    }
+    *need = fp_round_up(size, a->sp->gran);
+    *max = (uint64_t)size + size / 4;
+    if (*max < *need)
+        *max = *need;
+    return FP_RETIRE_LARGE;
+}
+
+fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, void **out)
+{
+    fp_alloc *a = A(p);
+    if (!a || !out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_on_stream: the pool or the output pointer is NULL");
+    *out = NULL;
+    if (size == 0)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_on_stream: size 0; ask for at least one byte");
+    uint64_t need, max, usable = 0;
+    uint32_t cls = size <= a->sp->va.size ? stream_class(a, size, &need, &max) : FP_RETIRE_LARGE;
+    if (size > a->sp->va.size)
+        need = max = 0;
+    /* the stream's own freed blocks: stream order makes them safe at once */
+    uint64_t ptr = fp_retire_pending(a->retire) && need <= max ?
+                   fp_retire_take(a->retire, stream, cls, need, max, &usable) : 0;
+    fabpool_status st = FABPOOL_OK;
+    if (ptr) {
+        unpend(a, ptr);
+    } else if (fp_retire_pending(a->retire)) {
+        /* a miss: what other streams freed and is done goes back, the first that fits to the caller */
+        fp_rblock *chain = fp_retire_poll(a->retire, 0, 0), **at = &chain;
+        for (fp_rblock *b = chain; b && size <= a->sp->va.size; at = &b->fnext, b = b->fnext)
+            if (cls == FP_RETIRE_LARGE ? b->cls == cls && b->usable >= need && b->usable <= max : b->cls == cls) {
+                ptr = b->ptr;
+                *at = b->fnext;
+                b->fnext = NULL;
+                unpend(a, ptr);
+                fp_retire_recycle(a->retire, b);
+                fp_retire_reused_after_event(a->retire);
+                break;
+            }
+        release_chain(a, chain);
+    }
+    if (!ptr) {
+        void *q = NULL;
+        tls_polled = 1;
+        st = fabpool_alloc(P(a), size, &q);
+        tls_polled = 0;
+        if (st == FABPOOL_OK)
+            ptr = (uint64_t)(uintptr_t)q;
+        else
+            fp_error_append(" (fabpool_alloc_on_stream, stream %p)", stream);
+    }
+    FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, ptr, size, stream, st);
+    *out = (void *)(uintptr_t)ptr;
+    return st;
+}
+
+fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
+{
+    fp_alloc *a = A(p);
+    if (!a)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free_on_stream(%p): the pool is NULL", ptr);
+    if (!ptr)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free_on_stream: the pointer is NULL");
+    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
+    fp_span *s = fp_map_get(&a->map, addr);
+    if (!s)
+        return fp_error(FABPOOL_ERR_NOT_FOUND,
+                        "fabpool_free_on_stream(%p): this pool (device %d) did not give out that pointer, or it was "
+                        "freed and its memory returned to the driver", ptr, (int)a->sp->ch->dev);
+    uint32_t cls, idx = 0;
+    if (s->kind == FP_SPAN_SLAB) {
+        uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
+        if (!fp_slab_index(s, addr, &idx))
+            return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_free_on_stream(%p): an interior pointer into a slab of "
+                            "%llu-byte blocks; free the pointer fabpool_alloc returned", ptr, (unsigned long long)obj);
+        uint8_t want = FP_FREEFLAG_USED;
+        if (!atomic_compare_exchange_strong_explicit(&s->freeflag[idx], &want, FP_FREEFLAG_PENDING,
+                                                     memory_order_relaxed, memory_order_relaxed))
+            return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free_on_stream(%p): this %llu-byte block is already "
+                            "free%s (double free)", ptr, (unsigned long long)obj,
+                            want == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for its work" : "");
+        usable = obj;
+        cls = s->cls;
+    } else {
+        fabpool_status st = fp_large_pend(a->heap, addr, &usable);
+        if (st != FABPOOL_OK)
+            return st;
+        cls = FP_RETIRE_LARGE;
+    }
+    FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream);
+    int poll = 0;
+    fabpool_status st = fp_retire_free(a->retire, stream, addr, usable, cls, &poll);
+    if (st != FABPOOL_OK) {
+        unpend(a, addr); /* nothing changed: the block is still the caller's */
+        fp_error_append(" (fabpool_free_on_stream(%p): the block is still the caller's)", ptr);
+        return st;
+    }
+    if (poll)
+        fp_alloc_drain(a, 0, 0);
     return FABPOOL_OK;
 }

@@ -2,8 +2,9 @@
  * caches, the slow path to the heap's classes and large blocks, and the
  * thread caches' life.
  *
- * Calls: slab (classes, large blocks, trim policy), pagemap (the free's
- * lookup), meta, array, list, sizeclass, trace, error.  Counters it owns:
+ * Calls: slab (classes, large blocks, trim policy), retire (blocks freed
+ * on streams: fabpool_alloc_on_stream / fabpool_free_on_stream are here too),
+ * pagemap (the free's lookup), meta, array, list, sizeclass, trace, error.  Counters it owns:
  * blocks given out and taken back per class, with and without a thread
  * cache.
  *
@@ -23,6 +24,7 @@
 #include <stdint.h>
 
 #include "pagemap.h"
+#include "retire.h"
 #include "slab.h"
 
 struct fp_trace;
@@ -61,6 +63,7 @@ typedef struct fp_alloc {
     /* the rest */
     fp_heap *heap;
     fp_space *sp;                      /* the heap's */
+    fp_retire *retire;                 /* blocks freed on streams (fabpool_free_on_stream) */
     int thread_cache;                  /* the option */
     unsigned n_slab_classes;
     uint32_t tc_cap[FP_NCLASS];        /* thread-cache bin capacity per class */
@@ -70,7 +73,11 @@ typedef struct fp_alloc {
 } fp_alloc;
 
 /* Sets up the caches' capacities from the heap's classes. */
-void fp_alloc_init(fp_alloc *a, fp_heap *heap, int thread_cache);
+void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, int thread_cache);
+/* The retirement queue's blocks whose work is done go back to the pool
+ * (with wait: all of them, after waiting; forget: streams that hold nothing
+ * are dropped).  No lock held. */
+void fp_alloc_drain(fp_alloc *a, int wait, int forget);
 /* A unique id and a place in the registry of live pools: 0, or -1 without host memory. */
 int fp_registry_add(fp_alloc *a);
 /* Out of the registry first at destroy: exiting threads no longer touch it. */

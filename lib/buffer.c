@@ -58,8 +58,7 @@ static fabpool_status remove_chunk(fp_buffers *bs, struct fabpool_buffer *b, uin
     forget_export(bs, c);
     int was_live = !c->retiring;
     if (c->retiring) {
-        if (c->retire_event)
-            FP_CU(&bs->sp->ch->calls, cuEventDestroy, c->retire_event);
+        fp_retire_ticket_drop(bs->retire, &c->ticket);
         atomic_fetch_sub(&bs->retiring_bytes, c->size);
     } else {
         b->live -= c->size;
@@ -106,30 +105,13 @@ static void ghosts_release(fp_buffers *bs, struct fabpool_buffer *b, int all)
 }
 
 /* Whether retired chunk c may be unmapped now: its GPU work is done (waited
- * for with wait != 0) and no peer may still import it.  1 yes, 0 not yet,
- * -1 the driver failed (*st says how). */
-static int retired_done(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, int wait, int *pushed,
-                        CUcontext *saved, fabpool_status *st)
+ * for with wait != 0; the retirement queue knows, retire.h) and no peer may
+ * still import it.  1 yes, 0 not yet, -1 the driver failed (*st says how). */
+static int retired_done(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, int wait, fabpool_status *st)
 {
     if (peers_may_hold(b, c->named))
         return 0;
-    if (!c->retire_event)
-        return 1;
-    if (!*pushed) {
-        if ((*st = fp_ctx_push(bs->sp->ch, saved)) != FABPOOL_OK)
-            return -1;
-        *pushed = 1;
-    }
-    CUresult r = wait ? FP_CU(&bs->sp->ch->calls, cuEventSynchronize, c->retire_event)
-                      : FP_CU(&bs->sp->ch->calls, cuEventQuery, c->retire_event);
-    if (r == CUDA_ERROR_NOT_READY)
-        return 0;
-    if (r != CUDA_SUCCESS) {
-        *st = fp_drv_error(r, wait ? "cuEventSynchronize" : "cuEventQuery",
-                           "waiting for the GPU work before unmapping a retired chunk");
-        return -1;
-    }
-    return 1;
+    return fp_retire_ticket_done(bs->retire, &c->ticket, wait, st);
 }
 
 /* Unmaps retired chunks whose event has completed (all of them, waiting,
@@ -140,8 +122,6 @@ fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
 {
     fp_lock_assert_held(&bs->sp->lock);
     fabpool_status first = FABPOOL_OK;
-    CUcontext saved = NULL;
-    int pushed = 0;
     struct fabpool_buffer *b = bs->list, *next;
     for (; b; b = next) {
         next = b->next;
@@ -154,7 +134,7 @@ fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
                 break;
             }
             fabpool_status st = FABPOOL_OK;
-            int done = retired_done(bs, b, c, wait, &pushed, &saved, &st);
+            int done = retired_done(bs, b, c, wait, &st);
             if (done == 1)
                 st = remove_chunk(bs, b, i);
             if (st != FABPOOL_OK && first == FABPOOL_OK)
@@ -167,8 +147,6 @@ fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
         if (b->destroyed && b->n == 0 && b->n_ghosts == 0)
             free_buffer(bs, b);
     }
-    if (pushed)
-        fp_ctx_pop(bs->sp->ch, saved);
     return first;
 }
 
@@ -214,9 +192,7 @@ static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t ta
             continue;
         if (c->off != b->live)
             break; /* not behind the live chunks (a chunk before it failed to unmap): it cannot come back */
-        if (c->retire_event)
-            FP_CU(&bs->sp->ch->calls, cuEventDestroy, c->retire_event);
-        c->retire_event = NULL;
+        fp_retire_ticket_drop(bs->retire, &c->ticket);
         c->retiring = 0;
         b->live += c->size;
         c->gen = ++b->generation; /* back among the live chunks: the next delta names it */
@@ -328,9 +304,8 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
         goto unmap_tmp;
     for (uint32_t i = j + 1; i < b->n; i++) {
         fp_bchunk *t = &b->chunks[i];
-        if (t->retiring && t->retire_event &&
-            (r = FP_CU(&bs->sp->ch->calls, cuEventSynchronize, t->retire_event)) != CUDA_SUCCESS) {
-            st = fp_drv_error(r, "cuEventSynchronize", "waiting for the GPU work on a retired chunk");
+        if (t->retiring && fp_retire_ticket_done(bs->retire, &t->ticket, 1, &st) < 0) {
+            fp_error_append(" (a retired chunk of a buffer being shrunk)");
             goto unmap_tmp;
         }
     }
@@ -376,7 +351,7 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
         if (t->retiring)
             continue;
         t->retiring = 1;
-        t->retire_event = NULL;
+        t->ticket = (fp_rticket){NULL, 0};
         t->drop_gen = drop_gen;
         b->live -= t->size;
         atomic_fetch_add(&bs->retiring_bytes, t->size);
@@ -443,33 +418,18 @@ static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t 
         fp_ctx_pop(bs->sp->ch, saved);
         return st;
     }
-    /* the events first, so that a failure retires nothing and the buffer keeps its size */
-    for (uint32_t i = first_retire; stream && i < last_live; i++) {
-        CUevent ev = NULL;
-        const char *call = "cuEventCreate";
-        CUresult r = FP_CU(&bs->sp->ch->calls, cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
-        if (r == CUDA_SUCCESS) {
-            call = "cuEventRecord";
-            r = FP_CU(&bs->sp->ch->calls, cuEventRecord, ev, (CUstream)stream);
-            if (r != CUDA_SUCCESS)
-                FP_CU(&bs->sp->ch->calls, cuEventDestroy, ev);
-        }
-        if (r != CUDA_SUCCESS) {
-            for (uint32_t k = first_retire; k < i; k++) {
-                FP_CU(&bs->sp->ch->calls, cuEventDestroy, b->chunks[k].retire_event);
-                b->chunks[k].retire_event = NULL;
-            }
-            fp_ctx_pop(bs->sp->ch, saved);
-            return fp_drv_error(r, call, "%s an event on stream %p before retiring a buffer chunk (nothing was "
-                                "retired)", strcmp(call, "cuEventCreate") == 0 ? "creating" : "recording", stream);
-        }
-        b->chunks[i].retire_event = ev;
+    /* the event first (one for every chunk: the retirement queue's ticket), so
+     * that a failure retires nothing and the buffer keeps its size */
+    fp_rticket ticket = {NULL, 0};
+    if (stream && (st = fp_retire_mark(bs->retire, stream, last_live - first_retire, &ticket)) != FABPOOL_OK) {
+        fp_ctx_pop(bs->sp->ch, saved);
+        fp_error_append(" (before retiring a buffer chunk; nothing was retired)");
+        return st;
     }
     for (uint32_t i = first_retire; i < last_live; i++) {
         fp_bchunk *c = &b->chunks[i];
         c->retiring = 1;
-        if (!stream)
-            c->retire_event = NULL;
+        c->ticket = ticket;
         c->drop_gen = b->generation + 1;
         b->live -= c->size;
         atomic_fetch_add(&bs->retiring_bytes, c->size);
@@ -481,9 +441,10 @@ static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t 
 
 /* ------------------------------------------------------------ API */
 
-void fp_buffers_init(fp_buffers *bs, fp_heap *heap, const fabpool_options *o)
+void fp_buffers_init(fp_buffers *bs, fp_heap *heap, fp_retire *retire, const fabpool_options *o)
 {
     bs->heap = heap;
+    bs->retire = retire;
     bs->sp = heap->sp;
     bs->max_chunk = o->max_chunk_bytes;
     bs->max_waste_percent = o->max_waste_percent;

@@ -3,7 +3,8 @@
  * gives up retire until the GPU work that may use them is done; chunks an
  * exported buffer drops stay alive (ghosts) until the peers acknowledge.
  *
- * Calls: slab (chunks with the OOM retry), chunk, vaspace, meta, array,
+ * Calls: slab (chunks with the OOM retry), retire (tickets of retired
+ * chunks), chunk, vaspace, meta, array,
  * list, sizeclass, trace, error.  Counters it owns (written only here):
  * buffer bytes, mapped, count, retiring and ghost bytes.  Export (export.c)
  * and dma-bufs (dmabuf.c) sit above it and read its structures.
@@ -17,6 +18,7 @@
 #include <stdint.h>
 
 #include "chunk.h"
+#include "retire.h"
 #include "slab.h"
 
 struct fp_trace;
@@ -27,7 +29,7 @@ typedef struct fp_bchunk {
     uint64_t gen;                      /* the buffer's generation when it joined the live chunks */
     uint64_t named;                    /* the generation of the last descriptor that named it (0: none) */
     uint64_t drop_gen;                 /* retiring: the generation that dropped it */
-    CUevent retire_event;              /* non-NULL while retiring: unmap once it completes */
+    fp_rticket ticket;                 /* while retiring: unmap once its work is done (retire.h) */
     uint8_t retiring;
     uint8_t has_fabric;                /* fabric handle exported and cached */
     int fd;                            /* exported POSIX fd cached, or -1 */
@@ -46,6 +48,7 @@ typedef struct fp_ghost {
 typedef struct fp_buffers {
     fp_heap *heap;                     /* chunks are made through it (OOM: trim and retry) */
     fp_space *sp;                      /* the heap's */
+    fp_retire *retire;                 /* the pool's retirement queue: retired chunks' tickets */
     struct fp_trace *trace;            /* NULL: none */
     uint64_t max_chunk;
     uint32_t max_waste_percent, shrink_hysteresis_percent;
@@ -74,7 +77,7 @@ struct fabpool_buffer {
     uint64_t uid;                      /* names the buffer in descriptors */
 };
 
-void fp_buffers_init(fp_buffers *bs, fp_heap *heap, const fabpool_options *o);
+void fp_buffers_init(fp_buffers *bs, fp_heap *heap, fp_retire *retire, const fabpool_options *o);
 /* Pool destroy: unmaps and frees every buffer, ghosts released.  Pool lock
  * held (each function that needs it asserts it: lock.h). */
 void fp_buffers_destroy(fp_buffers *bs);

@@ -55,6 +55,7 @@ typedef struct walk {
     uint64_t n_spans;         /* slabs and large pieces: granules they own in the page map */
     uint64_t map_granules;
     uint64_t n_chunks, chunk_bytes;   /* mappings the pool counts */
+    uint64_t pending;         /* slab blocks and large blocks freed on a stream, not yet reusable */
 } walk;
 
 static int iv_add(walk *w, uint64_t lo, uint64_t size, const char *what, const void *obj)
@@ -229,7 +230,7 @@ static fabpool_status slab_blocks_explain(walk *w, const fp_span *s, size_t tc_l
         uint32_t i = s->free_stack[k];
         if (seen[i])
             return FAIL("[slab.stack] slab 0x%llx: block %u is on its free stack twice", ULL(s->base), i);
-        if (!flag[i])
+        if (flag[i] != FP_FREEFLAG_FREE)
             return FAIL("[slab.flags] slab 0x%llx: block %u is on its free stack but its free flag is clear",
                         ULL(s->base), i);
         seen[i] = 1;
@@ -240,7 +241,7 @@ static fabpool_status slab_blocks_explain(walk *w, const fp_span *s, size_t tc_l
         if (seen[i])
             return FAIL("[tcache.block] block 0x%llx is in a thread cache and %s", ULL(w->tc[k].ptr),
                         seen[i] == 1 ? "on its slab's free stack" : "in a thread cache again");
-        if (!flag[i])
+        if (flag[i] != FP_FREEFLAG_FREE)
             return FAIL("[slab.flags] block 0x%llx is in a thread cache but its free flag is clear", ULL(w->tc[k].ptr));
         seen[i] = 2;
     }
@@ -298,18 +299,23 @@ static fabpool_status check_slab_blocks(walk *w, const fp_span *s)
         uint64_t x, m;
         memcpy(&x, flag + i, 8);
         memcpy(&m, mark + i, 8);
-        if (x & ~ones)
-            return FAIL("[slab.flags] slab 0x%llx: a free flag among blocks %u..%u is neither 0 nor 1", ULL(s->base), i,
+        /* a flag is 0 (used), 1 (free) or 2 (pending on a stream: used until its event, retire.h) */
+        if ((x & ~(ones * 3)) | (x & (x >> 1) & ones))
+            return FAIL("[slab.flags] slab 0x%llx: a free flag among blocks %u..%u is not 0, 1 or 2", ULL(s->base), i,
                         i + 7);
+        w->pending += (((x >> 1) & ones) * ones) >> 56;
+        x &= ones;
         stray |= m & ~x;
         flags += (uint32_t)((x * ones) >> 56);   /* the sum of the eight bytes */
         marks += (uint32_t)((m * ones) >> 56);
     }
     for (; i < nobj; i++) {
-        if (flag[i] > 1)
-            return FAIL("[slab.flags] slab 0x%llx: the free flag of block %u is neither 0 nor 1", ULL(s->base), i);
-        stray |= (uint64_t)(mark[i] & ~flag[i] & 1);
-        flags += flag[i];
+        if (flag[i] > FP_FREEFLAG_PENDING)
+            return FAIL("[slab.flags] slab 0x%llx: the free flag of block %u is not 0, 1 or 2", ULL(s->base), i);
+        unsigned f = flag[i] == FP_FREEFLAG_FREE;
+        w->pending += flag[i] == FP_FREEFLAG_PENDING;
+        stray |= (uint64_t)(mark[i] & ~f & 1);
+        flags += f;
         marks += mark[i];
     }
     if (stray || marks != s->nfree + in_tc)
@@ -419,6 +425,10 @@ static fabpool_status check_large(walk *w, uint64_t *idle)
         for (const fp_span *s = heads[l]; s && st == FABPOOL_OK; pv = s, s = s->next) {
             uint32_t want = l == 0 ? FP_LARGE_LIVE : FP_LARGE_FREE;
             uint32_t state = atomic_load_explicit(&s->in_use, memory_order_relaxed);
+            if (l == 0 && state == FP_LARGE_PENDING) { /* freed on a stream: live until its event (retire.h) */
+                state = FP_LARGE_LIVE;
+                w->pending++;
+            }
             if (s->kind != FP_SPAN_LARGE || state != want || s->prev != pv)
                 st = FAIL("[large.list] the %s list holds a piece at 0x%llx of kind %u, state %u (or its back link is "
                           "wrong)", l ? "free" : "live", ULL(s->base), s->kind, state);
@@ -541,8 +551,8 @@ static fabpool_status check_buffers(walk *w)
                 return FAIL("[buffer.contiguous] buffer 0x%llx: chunk %u starts at +%llu, the chunks before end at "
                             "+%llu (a live buffer's chunks follow each other from its base)", ULL(b->base), i,
                             ULL(c->off), ULL(end));
-            if (!c->retiring && c->retire_event)
-                return FAIL("[buffer.retire] buffer 0x%llx: chunk %u is live but has a retirement event", ULL(b->base),
+            if (!c->retiring && c->ticket.rs)
+                return FAIL("[buffer.retire] buffer 0x%llx: chunk %u is live but has a retirement ticket", ULL(b->base),
                             i);
             if (!b->destroyed && !c->retiring && retired_seen)
                 return FAIL("[buffer.retire] buffer 0x%llx: live chunk %u lies after a retiring one (the live chunks "
@@ -631,6 +641,9 @@ static fabpool_status check_locked(walk *w)
     if (idle != atomic_load(&p->heap.idle_bytes))
         return FAIL("[pool.idle] empty slabs and free large ranges add up to %llu bytes, idle_bytes says %llu",
                     ULL(idle), ULL(atomic_load(&p->heap.idle_bytes)));
+    if (w->pending != atomic_load(&p->retire.pending_blocks))
+        return FAIL("[retire.pending] %llu slab and large blocks are marked pending on a stream, the retirement queue "
+                    "holds %llu", ULL(w->pending), ULL(atomic_load(&p->retire.pending_blocks)));
     if (w->chunk_bytes != atomic_load(&p->ch.mapped_bytes) || w->n_chunks != atomic_load(&p->ch.chunks_mapped))
         return FAIL("[pool.mapped] slabs, large chunks, buffer and view chunks: %llu mappings of %llu bytes; the "
                     "pool counts %llu of %llu bytes", ULL(w->n_chunks), ULL(w->chunk_bytes),

@@ -231,7 +231,9 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     p->sp.ch = &p->ch;
     p->sp.meta = &p->meta;
 
-    if ((st = setup_device(p)) != FABPOOL_OK || (st = fp_chunk_choose_rdma(&p->ch, p->opt.rdma)) != FABPOOL_OK ||
+    if ((st = setup_device(p)) != FABPOOL_OK ||
+        (st = fp_retire_init(&p->retire, &p->meta, &p->ch.calls, p->ch.ctx, p->opt.device)) != FABPOOL_OK ||
+        (st = fp_chunk_choose_rdma(&p->ch, p->opt.rdma)) != FABPOOL_OK ||
         (st = choose_handle_type(p)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
         (st = fp_trace_open(&p->opt, p->sp.gran, &p->trace)) != FABPOOL_OK)
         goto fail;
@@ -246,9 +248,9 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     }
     fp_heap_init(&p->heap, &p->sp, &p->opt);
     p->opt.slab_max_bytes = p->heap.slab_max;
-    fp_alloc_init(&p->alloc, &p->heap, p->opt.thread_cache);
+    fp_alloc_init(&p->alloc, &p->heap, &p->retire, p->opt.thread_cache);
     p->alloc.trace = p->trace;
-    fp_buffers_init(&p->bufs, &p->heap, &p->opt);
+    fp_buffers_init(&p->bufs, &p->heap, &p->retire, &p->opt);
     p->bufs.trace = p->trace;
     fp_views_init(&p->views, &p->sp);
     if (fp_registry_add(&p->alloc) != 0) {
@@ -273,6 +275,8 @@ static fabpool_status teardown(struct fabpool *p)
     fabpool_status st = FABPOOL_OK;
     fp_trace_close(p->trace);
     p->trace = p->alloc.trace = p->bufs.trace = NULL;
+    if (p->retire.meta)
+        fp_retire_destroy(&p->retire);
     fp_lock(&p->sp.lock); /* the unmaps assert it (lock.h); no other thread uses the pool any more */
     fp_heap_destroy(&p->heap);
     fp_unlock(&p->sp.lock);
@@ -301,6 +305,9 @@ fabpool_status fabpool_destroy(fabpool_t *p)
     fp_registry_remove(&p->alloc);
     if (p->opt.stats_at_destroy)
         fabpool_print_stats(p, stderr, p->opt.stats_at_destroy == 2);
+    /* blocks freed on streams: waited for and given back to the pool, so
+     * that they count neither as live nor as leaked */
+    fp_alloc_drain(&p->alloc, 1, 1);
     fp_lock(&p->sp.lock);
     fabpool_status st = fp_collect_locked(&p->bufs, 1);
     uint64_t live_buffers = atomic_load(&p->bufs.count);
@@ -328,6 +335,10 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_trim: the pool is NULL");
     FP_TRACE(p->trace, FABPOOL_TR_TRIM, 0, keep, 0);
+    /* what was freed on streams and whose work is done can go too (an event
+     * is recorded on every stream with uncovered frees); what the GPU may
+     * still use stays: it is live for the pool until then */
+    fp_alloc_drain(&p->alloc, 0, 1);
     fp_alloc_flush_all(&p->alloc);
     fp_lock(&p->sp.lock);
     fabpool_status st = fp_collect_locked(&p->bufs, 0);
@@ -347,6 +358,20 @@ fabpool_status fabpool_get_options(const fabpool_t *p, fabpool_options *out)
     return FABPOOL_OK;
 }
 
+fabpool_status fabpool_device_count(int *out)
+{
+    if (!out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_device_count: the output is NULL");
+    *out = 0;
+    fabpool_status st = fp_drv_load();
+    if (st != FABPOOL_OK)
+        return st;
+    CUresult r = FP_CU(NULL, cuDeviceGetCount, out);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuDeviceGetCount", "counting devices");
+    return FABPOOL_OK;
+}
+
 fabpool_handle_type fabpool_handle_type_of(const fabpool_t *p) { return p ? p->ch.handle_type : FABPOOL_HANDLE_NONE; }
 
 /* ------------------------------------------------------------ entry points of the layers below */
@@ -356,7 +381,12 @@ fabpool_status fabpool_buffer_create(fabpool_t *p, size_t max_size, size_t size,
     return fp_buffer_create(p ? &p->bufs : NULL, max_size, size, out);
 }
 
-fabpool_status fabpool_collect(fabpool_t *p, int wait) { return fp_buffers_collect(p ? &p->bufs : NULL, wait); }
+fabpool_status fabpool_collect(fabpool_t *p, int wait)
+{
+    if (p)
+        fp_alloc_drain(&p->alloc, wait, wait); /* blocks freed on streams whose work is done go back to the pool */
+    return fp_buffers_collect(p ? &p->bufs : NULL, wait);
+}
 
 fabpool_status fabpool_peers_ack(fabpool_t *p, uint64_t export_id, uint64_t generation)
 {

@@ -10,8 +10,9 @@
  *                                        views, retirements, the driver calls that map and unmap
  *   3      class i    (fp_class.lock)    slab.h: one per size class; several at once in ascending
  *                                        class index (lock sub-level = the index)
- *   4      trace list (traces_lock)      trace.c: every open trace of the process
- *   5      trace      (fp_trace.lock)    trace.c: one trace's buffer and file
+ *   4      retire     (fp_retire.lock)   retire.h: blocks freed on streams and their events
+ *   5      trace list (traces_lock)      trace.c: every open trace of the process
+ *   6      trace      (fp_trace.lock)    trace.c: one trace's buffer and file
  *
  * Why this order:
  * - registry first: a thread that exits (thread_exit) or that evicts a
@@ -24,6 +25,9 @@
  *   holder never needs the pool lock (a new slab is mapped after the class
  *   lock is dropped).
  * - class locks in ascending index: fabpool_check and stats hold several.
+ * - retire is a leaf of the pool's locks: taken with the pool or a class lock
+ *   held (or none); nothing of the pool is taken under it (the blocks it
+ *   hands back go to the pool after it is released).
  * - traces last: a record may be written with any pool or class lock held;
  *   the trace list is taken before a trace's lock (close, exit).
  * Two pools' locks are never held at once (same level).  The hot path (a
@@ -44,8 +48,9 @@ enum {
     FP_LOCK_REGISTRY = 1,
     FP_LOCK_POOL = 2,
     FP_LOCK_CLASS = 3,
-    FP_LOCK_TRACE_LIST = 4,
-    FP_LOCK_TRACE = 5,
+    FP_LOCK_RETIRE = 4,
+    FP_LOCK_TRACE_LIST = 5,
+    FP_LOCK_TRACE = 6,
 };
 
 typedef struct fp_lock {

@@ -13,14 +13,15 @@
  *   heap    slabs, large blocks, trim and decay (slab.c)
  *   bufs    growable buffers (buffer.c, export.c)
  *   views   peers' buffers (view.c)
+ *   retire  blocks freed on streams and retired chunks' events (retire.c);
+ *           alloc and bufs hold a pointer to it
  *
  * Locking: the pool lock guards the address space, the page map's writers,
  * large pieces, buffers, views, the list of thread caches and the driver
- * calls that change mappings.  Each slab class has its own lock.  The pool
- * lock may be held while a class lock is taken; never the reverse.  The
- * registry lock (alloc.c) is taken before the pool lock.  The trace's lock
- * is a leaf.  The hot path (a thread cache hit) takes no lock and makes no
- * driver call. */
+ * calls that change mappings.  Each slab class has its own lock.  lib/lock.h
+ * has every lock's level and the one order (registry < pool < class <
+ * retire < trace list < trace).  The hot path (a thread cache hit) takes
+ * no lock and makes no driver call. */
 #ifndef FP_POOL_H
 #define FP_POOL_H
 
@@ -31,6 +32,7 @@
 #include "chunk.h"
 #include "fabpool.h"
 #include "meta.h"
+#include "retire.h"
 #include "slab.h"
 #include "space.h"
 #include "view.h"
@@ -43,6 +45,7 @@ struct fabpool {
     fp_heap heap;
     fp_buffers bufs;
     fp_views views;
+    fp_retire retire;                  /* blocks freed on streams, events of retired chunks (retire.h) */
     struct fp_trace *trace;            /* NULL: no trace (trace.h); alloc and bufs hold copies */
     fabpool_options opt;
     _Atomic uint64_t in_use_peak;      /* stats.c */

@@ -529,25 +529,51 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
     return st;
 }
 
+/* The live large block at addr, or NULL with a message (fn names the call). */
+static fp_span *large_live_at(fp_heap *h, uint64_t addr, const char *fn, fabpool_status *st)
+{
+    fp_lock_assert_held(&h->sp->lock);
+    fp_span *b = piece_at(h, addr);
+    uint32_t state = b ? atomic_load_explicit(&b->in_use, memory_order_relaxed) : FP_LARGE_FREE;
+    if (b && state == FP_LARGE_LIVE && addr == b->base)
+        return b;
+    if (b && (state == FP_LARGE_LIVE || (state == FP_LARGE_PENDING && addr != b->base)))
+        *st = fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer, %llu bytes into a block of %llu bytes at "
+                       "0x%llx; free the pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr,
+                       (unsigned long long)(addr - b->base), (unsigned long long)b->size,
+                       (unsigned long long)b->base);
+    else if (b && state == FP_LARGE_PENDING)
+        *st = fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this block was already freed on a stream and waits there "
+                       "for the stream's work (a double free)", fn, (void *)(uintptr_t)addr);
+    else if (b)
+        *st = fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this address is in free large memory (a double free, or a "
+                       "pointer this pool never gave out)", fn, (void *)(uintptr_t)addr);
+    else
+        *st = fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this pool did not give out that pointer, or it was freed and "
+                       "its memory returned to the driver", fn, (void *)(uintptr_t)addr);
+    return NULL;
+}
+
+fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, uint64_t *usable)
+{
+    fabpool_status st = FABPOOL_OK;
+    fp_lock(&h->sp->lock);
+    fp_span *b = large_live_at(h, addr, "fabpool_free_on_stream", &st);
+    if (b) {
+        atomic_store_explicit(&b->in_use, FP_LARGE_PENDING, memory_order_relaxed);
+        *usable = b->size;
+    }
+    fp_unlock(&h->sp->lock);
+    return st;
+}
+
 fabpool_status fp_large_free(fp_heap *h, uint64_t addr)
 {
     /* the piece is looked up under the lock: pieces merge and split under it */
+    fabpool_status st = FABPOOL_OK;
     fp_lock(&h->sp->lock);
-    fp_span *b = piece_at(h, addr);
-    uint32_t state = b ? atomic_load_explicit(&b->in_use, memory_order_relaxed) : FP_LARGE_FREE;
-    if (!b || state != FP_LARGE_LIVE || addr != b->base) {
-        fabpool_status st;
-        if (b && state == FP_LARGE_LIVE)
-            st = fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_free(%p): an interior pointer, %llu bytes into a block of "
-                          "%llu bytes at 0x%llx; free the pointer fabpool_alloc returned",
-                          (void *)(uintptr_t)addr, (unsigned long long)(addr - b->base),
-                          (unsigned long long)b->size, (unsigned long long)b->base);
-        else if (b)
-            st = fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free(%p): this address is in free large memory (a double "
-                          "free, or a pointer this pool never gave out)", (void *)(uintptr_t)addr);
-        else
-            st = fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_free(%p): this pool did not give out that pointer, or it "
-                          "was freed and its memory returned to the driver", (void *)(uintptr_t)addr);
+    fp_span *b = large_live_at(h, addr, "fabpool_free", &st);
+    if (!b) {
         fp_unlock(&h->sp->lock);
         return st;
     }
@@ -677,6 +703,8 @@ fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAlloc
     }
     return st;
 }
+
+void fp_heap_count_oom_retry(fp_heap *h) { atomic_fetch_add(&h->oom_retries, 1); }
 
 fabpool_status fp_heap_chunk_map(fp_heap *h, uint64_t va, uint64_t size)
 {

@@ -29,8 +29,11 @@
 #define FP_CACHELINE 64
 
 enum { FP_SPAN_SLAB = 1, FP_SPAN_LARGE = 2 };
-/* in_use of a large piece: a free range, a block given out, a free range held by an allocation in progress */
-enum { FP_LARGE_FREE = 0, FP_LARGE_LIVE = 1, FP_LARGE_HELD = 2 };
+/* in_use of a large piece: a free range, a block given out, a free range held by an allocation in progress,
+ * a block freed on a stream whose work may still use it (retire.h: live for the rest of the pool) */
+enum { FP_LARGE_FREE = 0, FP_LARGE_LIVE = 1, FP_LARGE_HELD = 2, FP_LARGE_PENDING = 3 };
+/* a slab block's freeflag: given out, free, freed on a stream and still pending there (retire.h) */
+enum { FP_FREEFLAG_USED = 0, FP_FREEFLAG_FREE = 1, FP_FREEFLAG_PENDING = 2 };
 enum { FP_LIST_NONE = 0, FP_LIST_PARTIAL = 1, FP_LIST_EMPTY = 2, FP_LIST_FULL = 3 };
 
 typedef struct fp_span {
@@ -45,7 +48,8 @@ typedef struct fp_span {
     uint64_t magic;                    /* ceil(2^32 / obj_q): index = (off/64 * magic) >> 32 */
     uint32_t nobj, nfree;              /* nfree: blocks on free_stack (held centrally) */
     uint32_t *free_stack;
-    _Atomic uint8_t *freeflag;         /* per block, 1 = free (central or in a thread cache): a byte
+    _Atomic uint8_t *freeflag;         /* per block, FP_FREEFLAG_*: 1 = free (central or in a thread cache), 2 =
+                                          pending on a stream (given out for the rest of the pool): a byte
                                           each, so setting one is a plain store, not a locked RMW */
 } fp_span;
 
@@ -101,11 +105,17 @@ void fp_class_give(fp_heap *h, unsigned cls, const fp_item *items, unsigned n);
 fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out);
 /* Frees the large block at addr (checked under the lock: interior and double frees are refused). */
 fabpool_status fp_large_free(fp_heap *h, uint64_t addr);
+/* A live large block freed on a stream: FP_LARGE_PENDING (live for the rest
+ * of the pool), *usable its size.  The errors of fp_large_free otherwise. */
+fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, uint64_t *usable);
 
 /* cuMemCreate / create + map of a chunk, with one trim and retry when the
  * device is out of memory.  Pool lock held. */
 fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAllocationHandle *out);
 fabpool_status fp_heap_chunk_map(fp_heap *h, uint64_t va, uint64_t size);
+/* Counts an out-of-memory retry made above the heap (alloc.c, after waiting
+ * for blocks freed on streams): the heap owns the counter. */
+void fp_heap_count_oom_retry(fp_heap *h);
 
 /* Unmaps idle slabs and free large chunks until at most keep bytes are idle
  * (a chunk that also holds part of a live block stays).  Pool lock held. */

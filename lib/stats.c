@@ -73,6 +73,8 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
         atomic_store(&p->in_use_peak, peak = s->in_use_bytes);
     s->in_use_bytes_peak = peak;
     s->retiring_bytes = ld(&p->bufs.retiring_bytes);
+    s->stream_pending_bytes = ld(&p->retire.pending_bytes);
+    s->stream_pending_blocks = ld(&p->retire.pending_blocks);
     s->view_bytes = ld(&p->views.bytes);
     s->held_for_peers_bytes = ld(&p->bufs.ghost_bytes);
     uint64_t held = s->in_use_bytes + s->retiring_bytes + s->view_bytes;
@@ -112,7 +114,8 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
     if (json) {
         fprintf(f, "{\"device\":%d,\"handle_type\":\"%s\",\"reserved_bytes\":%" PRIu64 ",\"mapped_bytes\":%" PRIu64
                    ",\"mapped_bytes_peak\":%" PRIu64 ",\"in_use_bytes\":%" PRIu64 ",\"in_use_bytes_peak\":%" PRIu64
-                   ",\"cached_bytes\":%" PRIu64 ",\"retiring_bytes\":%" PRIu64 ",\"view_bytes\":%" PRIu64
+                   ",\"cached_bytes\":%" PRIu64 ",\"retiring_bytes\":%" PRIu64 ",\"stream_pending_bytes\":%" PRIu64
+                   ",\"stream_pending_blocks\":%" PRIu64 ",\"view_bytes\":%" PRIu64
                    ",\"held_for_peers_bytes\":%" PRIu64 ",\"buffers\":%" PRIu64
                    ",\"blocks\":%" PRIu64 ",\"chunks_mapped\":%" PRIu64 ",\"chunks_mapped_total\":%" PRIu64
                    ",\"chunks_unmapped_total\":%" PRIu64 ",\"handles_outstanding\":%" PRIu64
@@ -120,7 +123,7 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
                    ",\"metadata_allocator\":\"%s\",\"driver_calls\":{",
                 p->opt.device, fp_handle_type_name(p->ch.handle_type), s.reserved_bytes, s.mapped_bytes,
                 s.mapped_bytes_peak, s.in_use_bytes, s.in_use_bytes_peak, s.cached_bytes, s.retiring_bytes,
-                s.view_bytes, s.held_for_peers_bytes, s.buffers, s.blocks, s.chunks_mapped, s.chunks_mapped_total, s.chunks_unmapped_total,
+                s.stream_pending_bytes, s.stream_pending_blocks, s.view_bytes, s.held_for_peers_bytes, s.buffers, s.blocks, s.chunks_mapped, s.chunks_mapped_total, s.chunks_unmapped_total,
                 s.handles_outstanding, s.exported_fds_open, s.oom_retries, s.metadata_bytes,
                 s.metadata_jemalloc ? "jemalloc" : "libc");
         int first = 1;
@@ -149,6 +152,7 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
     mib(f, "in use, peak", s.in_use_bytes_peak);
     mib(f, "cached", s.cached_bytes);
     mib(f, "retiring", s.retiring_bytes);
+    mib(f, "pending on streams", s.stream_pending_bytes);
     mib(f, "views of peers", s.view_bytes);
     mib(f, "held for peers", s.held_for_peers_bytes);
     fprintf(f, "  buffers %" PRIu64 ", blocks %" PRIu64 ", chunks mapped %" PRIu64 " (%" PRIu64 " mapped, %" PRIu64
@@ -186,4 +190,28 @@ fabpool_status fabpool_stats_json(fabpool_t *p, char *buf, size_t cap, size_t *n
     }
     free(text);
     return st;
+}
+
+fabpool_status fabpool_get_counters(fabpool_t *p, fabpool_counters *c)
+{
+    if (!p || !c)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_counters: the pool or the output is NULL");
+    memset(c, 0, sizeof *c);
+    c->mapped_bytes = ld(&p->ch.mapped_bytes);
+    c->mapped_bytes_peak = ld(&p->ch.mapped_peak);
+    c->chunks_mapped = ld(&p->ch.chunks_mapped);
+    c->chunks_mapped_total = ld(&p->ch.chunks_mapped_total);
+    c->chunks_unmapped_total = ld(&p->ch.chunks_unmapped_total);
+    c->oom_retries = ld(&p->heap.oom_retries);
+    c->stream_pending_blocks = ld(&p->retire.pending_blocks);
+    c->stream_pending_bytes = ld(&p->retire.pending_bytes);
+    c->stream_frees = ld(&p->retire.frees);
+    c->stream_reuse_same = ld(&p->retire.reuse_same);
+    c->stream_reuse_after_event = ld(&p->retire.reuse_after_event);
+    c->stream_releases = ld(&p->retire.releases);
+    c->stream_events_recorded = ld(&p->retire.events_recorded);
+    c->stream_event_queries = ld(&p->retire.event_queries);
+    c->stream_syncs = ld(&p->retire.syncs);
+    c->streams = ld(&p->retire.n_streams_now);
+    return FABPOOL_OK;
 }

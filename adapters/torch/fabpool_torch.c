@@ -1,17 +1,14 @@
-/* fabpool_torch.c - PyTorch's pluggable-allocator ABI on fabpool.
+/* fabpool_torch.c - PyTorch's pluggable-allocator ABI on fabpool's public API.
  *
  * Per device: a fabpool pool (thread caches off: the device lock already
- * serializes the shim's calls, and a trim must reach every block) and the
- * blocks freed on each stream.  A freed block goes to its stream's list of
- * its size class and to the tail of the stream's FIFO, with no event yet
- * ("fresh").  An allocation on the same stream pops the class list: no
- * driver call.  When an allocation misses its own list, the shim polls:
- * it records one event on every stream that has fresh blocks (an event
- * recorded after a free covers every kernel queued before the free), and
- * walks each FIFO from its head while the events have completed, giving
- * those blocks back to the pool (the first of the class asked for goes
- * straight to the caller).  Events on one stream complete in order, so a
- * FIFO is never walked past a pending event.
+ * serializes the shim's calls, and a trim must reach every block).  The
+ * stream-ordered reuse PyTorch expects is the pool's own:
+ * fabpool_alloc_on_stream / fabpool_free_on_stream (fabpool.h,
+ * docs/design.md).  A block freed on a stream is given again at once to an
+ * allocation on that stream; another stream, or the pool, gets it once an
+ * event recorded on the first stream after the free has completed.  The
+ * shim makes no driver call of its own and includes fabpool's public
+ * headers only.
  *
  * Every block handed to PyTorch is in the device's live table (pointer ->
  * size asked, block size, stream), an open-addressing hash table.  A free
@@ -25,43 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "driver.h"
-#include "error.h"
+#include "fabpool.h"
 #include "fabpool_torch.h"
-#include "pool.h"
-#include "sizeclass.h"
-#include "trace.h"
 
 #define FT_MAX_DEVICES 64
-/* a poll on free too, once this much is held for streams */
-#define FT_POLL_BLOCKS 4096u
-#define FT_POLL_BYTES (2ull << 30)
-
-typedef struct ft_ev {
-    CUevent ev;          /* NULL: none could be made; `done` was set after a context sync */
-    uint32_t refs;       /* blocks that wait on it */
-    int done;
-    struct ft_ev *next;  /* the device's spare events */
-} ft_ev;
-
-struct ft_stream;
-
-typedef struct ft_blk {
-    void *ptr;
-    uint64_t usable;
-    unsigned cls;
-    struct ft_stream *st;
-    ft_ev *ev;                     /* NULL while fresh */
-    struct ft_blk *cnext, *cprev;  /* the stream's list of this class (LIFO) */
-    struct ft_blk *fnext, *fprev;  /* the stream's FIFO, in free order */
-} ft_blk;
-
-typedef struct ft_stream {
-    void *stream;
-    ft_blk *cls[FP_NCLASS];
-    ft_blk *head, *tail;
-    uint64_t n_fresh;
-} ft_stream;
 
 /* A block given to PyTorch and not taken back: a slot of the live table. */
 typedef struct ft_live {
@@ -74,16 +38,11 @@ typedef struct ft_live {
 typedef struct ft_dev {
     pthread_mutex_t lock;
     int device;
-    CUdevice cudev;
-    CUcontext ctx;
     fabpool_t *pool;
-    ft_stream **streams;
-    size_t n_streams, cap_streams;
-    ft_blk *spare_blks;            /* node free list (through cnext) */
-    ft_ev *spare_evs;
     ft_live *live;                 /* the live table: a power of two slots, at most half full */
     size_t live_cap;
-    fabpool_torch_counters c;      /* c.blocks_live: the table's entries */
+    fabpool_torch_counters c;      /* the shim's own counters; the stream ones are the pool's (counters_of) */
+    uint64_t waits;                /* the shim's waits for the device: empty, an out-of-memory retry */
     /* PyTorch's statistics (fabpool_torch_mem_stats) */
     fabpool_torch_stat st_count[3], st_bytes[3], st_req[3];
     fabpool_torch_stat reserved, segment; /* sampled from the pool: gauge_sample */
@@ -97,6 +56,34 @@ static atomic_int ft_verbose = -1;   /* -1: not read from the environment yet */
 static _Atomic uint64_t ft_failures_nodev; /* failures before a device had a pool */
 
 /* ----------------------------------------------------------- messages */
+
+/* The calling thread's message: the shim's own, or the pool's that it
+ * passes on (fabpool_last_error, with what the shim was doing appended). */
+static _Thread_local char ft_msg[2048];
+
+static fabpool_status ft_error(fabpool_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static fabpool_status ft_error(fabpool_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ft_msg, sizeof ft_msg, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* The pool's message for its failed call st, then " ..." of the shim's. */
+static fabpool_status ft_error_pool(fabpool_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static fabpool_status ft_error_pool(fabpool_status st, const char *fmt, ...)
+{
+    snprintf(ft_msg, sizeof ft_msg, "%s", fabpool_last_error());
+    size_t n = strlen(ft_msg);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n + 1 < sizeof ft_msg)
+        vsnprintf(ft_msg + n, sizeof ft_msg - n, fmt, ap);
+    va_end(ap);
+    return st;
+}
 
 static int verbose(void)
 {
@@ -112,7 +99,7 @@ static int verbose(void)
 static void report(void)
 {
     if (verbose())
-        fprintf(stderr, "fabpool_torch: %s\n", fabpool_last_error());
+        fprintf(stderr, "fabpool_torch: %s\n", ft_msg);
 }
 
 int fabpool_torch_set_verbose(int on)
@@ -122,80 +109,35 @@ int fabpool_torch_set_verbose(int on)
     return old;
 }
 
-const char *fabpool_torch_last_error(void) { return fabpool_last_error(); }
-
-/* ------------------------------------------------------------ context */
-
-static CUcontext ctx_enter(ft_dev *d)
-{
-    CUcontext saved = NULL;
-    if (FP_CU(NULL, cuCtxGetCurrent, &saved) != CUDA_SUCCESS)
-        saved = NULL;
-    if (saved != d->ctx)
-        FP_CU(NULL, cuCtxSetCurrent, d->ctx);
-    return saved;
-}
-
-static void ctx_leave(ft_dev *d, CUcontext saved)
-{
-    if (saved != d->ctx && saved)
-        FP_CU(NULL, cuCtxSetCurrent, saved);
-}
+const char *fabpool_torch_last_error(void) { return ft_msg; }
 
 /* ------------------------------------------------------------- devices */
 
 static void dev_free(ft_dev *d)
 {
     free(d->live);
-    for (size_t i = 0; i < d->n_streams; i++)
-        free(d->streams[i]);
-    free(d->streams);
-    for (ft_blk *b = d->spare_blks, *n; b; b = n) {
-        n = b->cnext;
-        free(b);
-    }
-    for (ft_ev *e = d->spare_evs, *n; e; e = n) {
-        n = e->next;
-        if (e->ev)
-            FP_CU(NULL, cuEventDestroy, e->ev);
-        free(e);
-    }
     if (d->pool)
         fabpool_destroy(d->pool);
-    if (d->ctx)
-        FP_CU(NULL, cuDevicePrimaryCtxRelease, d->cudev);
     pthread_mutex_destroy(&d->lock);
     free(d);
 }
 
 static fabpool_status dev_create(int device, ft_dev **out)
 {
-    fabpool_status st = fp_drv_load();
-    if (st != FABPOOL_OK)
-        return st;
     int count = 0;
-    CUresult r = FP_CU(NULL, cuDeviceGetCount, &count);
-    if (r != CUDA_SUCCESS)
-        return fp_drv_error(r, "cuDeviceGetCount", "counting devices for the PyTorch allocator");
+    fabpool_status st = fabpool_device_count(&count);
+    if (st != FABPOOL_OK)
+        return ft_error_pool(st, " (counting devices for the PyTorch allocator)");
     if (device >= count)
-        return fp_error(FABPOOL_ERR_INVALID_ARG,
+        return ft_error(FABPOOL_ERR_INVALID_ARG,
                         "fabpool_torch: device %d does not exist: the driver sees %d device(s) (0 to %d); check "
                         "CUDA_VISIBLE_DEVICES and the device the tensor was asked on",
                         device, count, count - 1);
     ft_dev *d = calloc(1, sizeof *d);
     if (!d)
-        return fp_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_torch: no host memory for device %d's state", device);
+        return ft_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_torch: no host memory for device %d's state", device);
     pthread_mutex_init(&d->lock, NULL);
     d->device = device;
-    r = FP_CU(NULL, cuDeviceGet, &d->cudev, device);
-    if (r == CUDA_SUCCESS)
-        r = FP_CU(NULL, cuDevicePrimaryCtxRetain, &d->ctx, d->cudev);
-    if (r != CUDA_SUCCESS) {
-        st = fp_drv_error(r, "cuDevicePrimaryCtxRetain", "retaining device %d's primary context for PyTorch", device);
-        d->ctx = NULL;
-        dev_free(d);
-        return st;
-    }
     fabpool_options o;
     fabpool_options_init(&o);
     o.device = device;
@@ -203,12 +145,9 @@ static fabpool_status dev_create(int device, ft_dev **out)
     o.thread_cache = 0;
     st = fabpool_create(&o, &d->pool);
     if (st != FABPOOL_OK) {
-        fp_error_append(" (creating device %d's pool for PyTorch)", device);
+        ft_error_pool(st, " (creating device %d's pool for PyTorch)", device);
         d->pool = NULL;
-        char keep[1024];
-        snprintf(keep, sizeof keep, "%s", fabpool_last_error());
         dev_free(d);
-        fp_error(st, "%s", keep);
         return st;
     }
     *out = d;
@@ -218,7 +157,7 @@ static fabpool_status dev_create(int device, ft_dev **out)
 static ft_dev *dev_get(int device)
 {
     if (device < 0 || device >= FT_MAX_DEVICES) {
-        fp_error(FABPOOL_ERR_INVALID_ARG,
+        ft_error(FABPOOL_ERR_INVALID_ARG,
                  "fabpool_torch: device %d is out of range (0 to %d): pass the CUDA device index the tensor is on",
                  device, FT_MAX_DEVICES - 1);
         return NULL;
@@ -234,190 +173,6 @@ static ft_dev *dev_get(int device)
         d = NULL;
     pthread_mutex_unlock(&ft_init_lock);
     return d;
-}
-
-/* ------------------------------------------------------ streams, nodes */
-
-static ft_stream *stream_find(ft_dev *d, void *stream)
-{
-    for (size_t i = 0; i < d->n_streams; i++)
-        if (d->streams[i]->stream == stream)
-            return d->streams[i];
-    return NULL;
-}
-
-static ft_stream *stream_get(ft_dev *d, void *stream)
-{
-    ft_stream *s = stream_find(d, stream);
-    if (s)
-        return s;
-    if (d->n_streams == d->cap_streams) {
-        size_t cap = d->cap_streams ? d->cap_streams * 2 : 8;
-        ft_stream **n = realloc(d->streams, cap * sizeof *n);
-        if (!n)
-            return NULL;
-        d->streams = n;
-        d->cap_streams = cap;
-    }
-    s = calloc(1, sizeof *s);
-    if (!s)
-        return NULL;
-    s->stream = stream;
-    d->streams[d->n_streams++] = s;
-    d->c.streams = d->n_streams;
-    return s;
-}
-
-static ft_blk *blk_new(ft_dev *d)
-{
-    ft_blk *b = d->spare_blks;
-    if (b) {
-        d->spare_blks = b->cnext;
-        memset(b, 0, sizeof *b);
-        return b;
-    }
-    return calloc(1, sizeof *b);
-}
-
-static void ev_unref(ft_dev *d, ft_ev *e)
-{
-    if (e && --e->refs == 0) {
-        if (!e->ev) {
-            free(e);
-            return;
-        }
-        e->done = 0;
-        e->next = d->spare_evs;
-        d->spare_evs = e;
-    }
-}
-
-/* Unlinks b from its stream's lists and recycles its node; returns its pointer. */
-static void *blk_take(ft_dev *d, ft_blk *b)
-{
-    ft_stream *s = b->st;
-    if (b->cprev)
-        b->cprev->cnext = b->cnext;
-    else
-        s->cls[b->cls] = b->cnext;
-    if (b->cnext)
-        b->cnext->cprev = b->cprev;
-    if (b->fprev)
-        b->fprev->fnext = b->fnext;
-    else
-        s->head = b->fnext;
-    if (b->fnext)
-        b->fnext->fprev = b->fprev;
-    else
-        s->tail = b->fprev;
-    if (b->ev)
-        ev_unref(d, b->ev);
-    else
-        s->n_fresh--;
-    d->c.cached_blocks--;
-    d->c.cached_bytes -= b->usable;
-    void *p = b->ptr;
-    b->cnext = d->spare_blks;
-    d->spare_blks = b;
-    return p;
-}
-
-static void give_back(ft_dev *d, void *p)
-{
-    if (fabpool_free(d->pool, p) == FABPOOL_OK)
-        d->c.pool_frees++;
-    else
-        report();
-}
-
-/* ------------------------------------------------------------- events */
-
-/* Waits for all of the device's work (the fallback when an event cannot be
- * made or recorded, e.g. on a stream the program has destroyed). */
-static void ctx_sync(ft_dev *d)
-{
-    d->c.syncs++;
-    CUresult r = FP_CU(NULL, cuCtxSynchronize);
-    if (r != CUDA_SUCCESS) {
-        fp_drv_error(r, "cuCtxSynchronize", "waiting for device %d's work before reusing freed blocks", d->device);
-        report();
-    }
-}
-
-/* One event on s after its fresh blocks, shared by all of them. */
-static void record_fresh(ft_dev *d, ft_stream *s)
-{
-    if (!s->n_fresh)
-        return;
-    ft_ev *e = d->spare_evs;
-    if (e) {
-        d->spare_evs = e->next;
-    } else {
-        e = calloc(1, sizeof *e);
-        if (e && FP_CU(NULL, cuEventCreate, &e->ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
-            e->ev = NULL;
-    }
-    if (!e) {
-        /* no host memory even for an event: make the blocks safe by waiting */
-        ctx_sync(d);
-        for (ft_blk *b = s->head, *n; b; b = n) {
-            n = b->fnext;
-            if (!b->ev)
-                give_back(d, blk_take(d, b));
-        }
-        return;
-    }
-    e->refs = 0;
-    e->done = 0;
-    e->next = NULL;
-    if (!e->ev || FP_CU(NULL, cuEventRecord, e->ev, (CUstream)s->stream) != CUDA_SUCCESS) {
-        ctx_sync(d);
-        e->done = 1;
-    } else {
-        d->c.events_recorded++;
-    }
-    for (ft_blk *b = s->tail; b && !b->ev; b = b->fprev) {
-        b->ev = e;
-        e->refs++;
-    }
-    s->n_fresh = 0;
-}
-
-static int ev_done(ft_dev *d, ft_ev *e, int wait)
-{
-    if (e->done)
-        return 1;
-    d->c.event_queries++;
-    CUresult r = wait ? FP_CU(NULL, cuEventSynchronize, e->ev) : FP_CU(NULL, cuEventQuery, e->ev);
-    if (r == CUDA_ERROR_NOT_READY)
-        return 0;
-    if (r != CUDA_SUCCESS)
-        ctx_sync(d);
-    e->done = 1;
-    return 1;
-}
-
-/* Records events for fresh blocks and gives back every block whose event has
- * completed (wait: all of them, waiting).  The first block of class `want`
- * (FP_NCLASS: none) is returned instead of given back. */
-static void *poll_dev(ft_dev *d, unsigned want, int wait)
-{
-    void *handed = NULL;
-    for (size_t i = 0; i < d->n_streams; i++)
-        record_fresh(d, d->streams[i]);
-    for (size_t i = 0; i < d->n_streams; i++) {
-        ft_stream *s = d->streams[i];
-        while (s->head && s->head->ev && ev_done(d, s->head->ev, wait)) {
-            ft_blk *b = s->head;
-            int mine = !handed && b->cls == want;
-            void *p = blk_take(d, b);
-            if (mine)
-                handed = p;
-            else
-                give_back(d, p);
-        }
-    }
-    return handed;
 }
 
 /* ------------------------------------------------ PyTorch's statistics */
@@ -445,32 +200,55 @@ static void stat_block(ft_dev *d, uint64_t size, uint64_t usable, int sign)
     }
 }
 
-/* The pool's gauges, read without its lock.  The one place the shim reads
- * the pool's internals (lib/pool.h): fabpool_get_stats would do, but it
- * walks every class under the pool's lock, too slow after each miss. */
+/* The pool's gauges: fabpool_get_counters, read without the pool's lock. */
 typedef struct ft_gauges {
     uint64_t mapped, chunks, maps, unmaps, oom_retries;
 } ft_gauges;
 
-static ft_gauges pool_gauges(struct fabpool *p)
+static ft_gauges pool_gauges(fabpool_t *p)
 {
+    fabpool_counters k;
     ft_gauges g;
-    g.mapped = atomic_load_explicit(&p->ch.mapped_bytes, memory_order_relaxed);
-    g.chunks = atomic_load_explicit(&p->ch.chunks_mapped, memory_order_relaxed);
-    g.maps = atomic_load_explicit(&p->ch.chunks_mapped_total, memory_order_relaxed);
-    g.unmaps = atomic_load_explicit(&p->ch.chunks_unmapped_total, memory_order_relaxed);
-    g.oom_retries = atomic_load_explicit(&p->heap.oom_retries, memory_order_relaxed);
+    memset(&g, 0, sizeof g);
+    if (fabpool_get_counters(p, &k) == FABPOOL_OK) {
+        g.mapped = k.mapped_bytes;
+        g.chunks = k.chunks_mapped;
+        g.maps = k.chunks_mapped_total;
+        g.unmaps = k.chunks_unmapped_total;
+        g.oom_retries = k.oom_retries;
+    }
     return g;
 }
 
 /* Follows what the pool maps.  Called (under the device lock) after every
- * call into the pool that may map: memory is mapped only inside
- * fabpool_alloc, so the peaks are exact. */
+ * call into the pool that may map: memory is mapped only inside an
+ * allocation, so the peaks are exact. */
 static void gauge_sample(ft_dev *d)
 {
     ft_gauges g = pool_gauges(d->pool);
     stat_add(&d->reserved, (int64_t)g.mapped - d->reserved.current);
     stat_add(&d->segment, (int64_t)g.chunks - d->segment.current);
+}
+
+/* The device's counters: the shim's own, and those of the pool's
+ * stream-ordered pair (the shim is the pool's only user).  Device lock held. */
+static fabpool_torch_counters counters_of(ft_dev *d)
+{
+    fabpool_torch_counters c = d->c;
+    fabpool_counters k;
+    if (fabpool_get_counters(d->pool, &k) != FABPOOL_OK)
+        return c;
+    c.reuse_same_stream = k.stream_reuse_same;
+    c.reuse_after_event = k.stream_reuse_after_event;
+    c.pool_allocs = c.allocs - k.stream_reuse_same - k.stream_reuse_after_event;
+    c.pool_frees = k.stream_releases;
+    c.cached_blocks = k.stream_pending_blocks;
+    c.cached_bytes = k.stream_pending_bytes;
+    c.events_recorded = k.stream_events_recorded;
+    c.event_queries = k.stream_event_queries;
+    c.syncs = k.stream_syncs + d->waits;
+    c.streams = k.streams;
+    return c;
 }
 
 /* ---------------------------------------------------------- live table */
@@ -490,7 +268,7 @@ static int live_reserve(ft_dev *d)
     size_t cap = d->live_cap ? d->live_cap * 2 : 1024;
     ft_live *t = calloc(cap, sizeof *t);
     if (!t) {
-        fp_error(FABPOOL_ERR_HOST_MEMORY,
+        ft_error(FABPOOL_ERR_HOST_MEMORY,
                  "fabpool_torch: no host memory to track %llu live blocks on device %d; nothing was allocated",
                  (unsigned long long)d->c.blocks_live + 1, d->device);
         return -1;
@@ -564,7 +342,7 @@ static void count_alloc(ft_dev *d, void *p, size_t size, uint64_t usable, void *
 void *fabpool_torch_alloc(size_t size, int device, void *stream)
 {
     if (size == 0) {
-        fp_error(FABPOOL_OK, "fabpool_torch_alloc: size 0: nothing allocated (NULL is the empty allocation)");
+        ft_error(FABPOOL_OK, "fabpool_torch_alloc: size 0: nothing allocated (NULL is the empty allocation)");
         return NULL;
     }
     ft_dev *d = dev_get(device);
@@ -573,7 +351,6 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
         report();
         return NULL;
     }
-    unsigned cls = (uint64_t)size <= (1ull << 40) ? fp_class_of(size) : FP_NCLASS;
     pthread_mutex_lock(&d->lock);
     if (live_reserve(d) != 0) {
         d->c.alloc_failures++;
@@ -581,66 +358,46 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
         report();
         return NULL;
     }
-    ft_stream *s = cls < FP_NCLASS ? stream_find(d, stream) : NULL;
-    ft_blk *b = s ? s->cls[cls] : NULL;
-    if (b) {
-        uint64_t usable = b->usable;
-        void *p = blk_take(d, b);
-        d->c.reuse_same_stream++;
-        count_alloc(d, p, size, usable, stream);
-        FP_TRACE(d->pool->trace, FABPOOL_TR_APP_ALLOC, p, size, stream);
-        pthread_mutex_unlock(&d->lock);
-        return p;
-    }
-    /* Events need the device's context; the pool's own calls do not (VMM
-     * calls take none, and the pool makes its context current where it
-     * waits on events).  So the context is entered only when blocks wait
-     * for their streams. */
-    int polling = d->c.cached_blocks != 0;
-    CUcontext saved = polling ? ctx_enter(d) : d->ctx;
-    void *p = polling && cls < FP_NCLASS ? poll_dev(d, cls, 0) : NULL;
-    if (p) {
-        d->c.reuse_after_event++;
-    } else {
-        fabpool_status st = fabpool_alloc(d->pool, size, &p);
-        if (st == FABPOOL_ERR_OUT_OF_MEMORY && d->c.cached_blocks) {
-            /* the blocks held for streams may be what is missing */
+    void *p = NULL;
+    fabpool_status st = fabpool_alloc_on_stream(d->pool, size, stream, &p);
+    if (st == FABPOOL_ERR_OUT_OF_MEMORY) {
+        /* the pool has waited for the blocks freed on streams already; what
+         * other streams' work still holds after that, a full wait frees */
+        fabpool_counters k;
+        if (fabpool_get_counters(d->pool, &k) == FABPOOL_OK && k.stream_pending_blocks) {
             d->num_alloc_retries++;
-            d->c.syncs++;
-            poll_dev(d, FP_NCLASS, 1);
+            d->waits++;
+            fabpool_collect(d->pool, 1);
             fabpool_trim(d->pool, 0);
-            st = fabpool_alloc(d->pool, size, &p);
+            st = fabpool_alloc_on_stream(d->pool, size, stream, &p);
         }
-        gauge_sample(d);
-        if (st != FABPOOL_OK) {
-            d->num_ooms++; /* PyTorch raises its OutOfMemoryError for every failed device allocation */
-            fp_error_append(" (PyTorch asked for %zu bytes on device %d; %llu bytes are live in its tensors)", size,
-                            device, (unsigned long long)d->c.bytes_live);
-            d->c.alloc_failures++;
-            ctx_leave(d, saved);
-            pthread_mutex_unlock(&d->lock);
-            report();
-            return NULL;
-        }
-        d->c.pool_allocs++;
+    }
+    gauge_sample(d);
+    if (st != FABPOOL_OK) {
+        d->num_ooms++; /* PyTorch raises its OutOfMemoryError for every failed device allocation */
+        ft_error_pool(st, " (PyTorch asked for %zu bytes on device %d; %llu bytes are live in its tensors)", size,
+                      device, (unsigned long long)d->c.bytes_live);
+        d->c.alloc_failures++;
+        pthread_mutex_unlock(&d->lock);
+        report();
+        return NULL;
     }
     size_t usable = size;
     fabpool_usable_size(d->pool, p, &usable);
     count_alloc(d, p, size, usable, stream);
-    FP_TRACE(d->pool->trace, FABPOOL_TR_APP_ALLOC, p, size, stream);
-    ctx_leave(d, saved);
     pthread_mutex_unlock(&d->lock);
     return p;
 }
 
 void fabpool_torch_free(void *ptr, size_t size, int device, void *stream)
 {
+    (void)stream; /* the allocation stream recorded in the live table is the one used */
     if (!ptr)
         return;
     ft_dev *d = device >= 0 && device < FT_MAX_DEVICES ? atomic_load_explicit(&ft_devs[device], memory_order_acquire)
                                                        : NULL;
     if (!d) {
-        fp_error(FABPOOL_ERR_NOT_FOUND,
+        ft_error(FABPOOL_ERR_NOT_FOUND,
                  "fabpool_torch_free(%p, device %d): that device has no fabpool pool, so the pointer is not "
                  "fabpool's; free it with the allocator that gave it out",
                  ptr, device);
@@ -651,7 +408,7 @@ void fabpool_torch_free(void *ptr, size_t size, int device, void *stream)
     size_t at = live_find(d, ptr);
     if (at == SIZE_MAX) {
         d->c.bad_frees++;
-        fp_error(FABPOOL_ERR_INVALID_ARG,
+        ft_error(FABPOOL_ERR_INVALID_ARG,
                  "fabpool_torch_free(%p, %zu bytes, device %d): refused, nothing changed: the pointer is not a live "
                  "allocation of this device (it was not given out by fabpool_torch_alloc for this device, or it was "
                  "freed already: a double free)",
@@ -662,54 +419,21 @@ void fabpool_torch_free(void *ptr, size_t size, int device, void *stream)
     }
     /* what was recorded at the allocation counts, not what the caller says */
     ft_live e = d->live[at];
+    fabpool_status st = fabpool_free_on_stream(d->pool, ptr, e.stream);
+    if (st != FABPOOL_OK) {
+        /* the pool refused (it cannot, for a live block, but for a driver
+         * failure): the block stays live, as PyTorch will not free it again */
+        ft_error_pool(st, " (fabpool_torch_free(%p, device %d))", ptr, device);
+        pthread_mutex_unlock(&d->lock);
+        report();
+        return;
+    }
     live_remove(d, at);
-    FP_TRACE(d->pool->trace, FABPOOL_TR_APP_FREE, ptr, e.size, e.stream);
-    uint64_t usable = e.usable;
-    stream = e.stream;
-    size_t key = e.size && e.size <= usable ? (size_t)e.size : (size_t)usable;
-    stat_block(d, e.size, usable, -1);
+    stat_block(d, e.size, e.usable, -1);
     d->c.frees++;
     d->c.blocks_live--;
     d->c.bytes_live -= e.size;
-    d->c.usable_bytes_live -= usable;
-    ft_stream *s = stream_get(d, stream);
-    ft_blk *b = s ? blk_new(d) : NULL;
-    if (!b) {
-        /* no host memory to remember it: wait for the stream, then give it back */
-        CUcontext saved = ctx_enter(d);
-        ctx_sync(d);
-        give_back(d, ptr);
-        ctx_leave(d, saved);
-        pthread_mutex_unlock(&d->lock);
-        return;
-    }
-    b->ptr = ptr;
-    b->usable = usable;
-    b->cls = fp_class_of(key);
-    /* a large block is its size rounded to the granularity, which may be
-     * below its class's size: list it under a class it fills, so that every
-     * request of that class fits in it */
-    if (fp_class_size(b->cls) > usable)
-        b->cls = fp_class_floor(usable);
-    b->st = s;
-    b->cnext = s->cls[b->cls];
-    if (b->cnext)
-        b->cnext->cprev = b;
-    s->cls[b->cls] = b;
-    b->fprev = s->tail;
-    if (s->tail)
-        s->tail->fnext = b;
-    else
-        s->head = b;
-    s->tail = b;
-    s->n_fresh++;
-    d->c.cached_blocks++;
-    d->c.cached_bytes += usable;
-    if (d->c.cached_blocks > FT_POLL_BLOCKS || d->c.cached_bytes > FT_POLL_BYTES) {
-        CUcontext saved = ctx_enter(d);
-        poll_dev(d, FP_NCLASS, 0);
-        ctx_leave(d, saved);
-    }
+    d->c.usable_bytes_live -= e.usable;
     pthread_mutex_unlock(&d->lock);
 }
 
@@ -718,18 +442,16 @@ void fabpool_torch_free(void *ptr, size_t size, int device, void *stream)
 static fabpool_status empty_dev(ft_dev *d)
 {
     pthread_mutex_lock(&d->lock);
-    FP_TRACE(d->pool->trace, FABPOOL_TR_APP_EMPTY, 0, 0, 0);
-    CUcontext saved = ctx_enter(d);
-    poll_dev(d, FP_NCLASS, 1);
-    /* the stream lists are empty now: forget the streams (some may be gone) */
-    for (size_t i = 0; i < d->n_streams; i++)
-        free(d->streams[i]);
-    d->n_streams = 0;
-    d->c.streams = 0;
+    d->waits++;
     d->c.empties++;
-    fabpool_status st = fabpool_trim(d->pool, 0);
+    /* every stream waited for, its blocks back to the pool and its record forgotten */
+    fabpool_status st = fabpool_collect(d->pool, 1);
+    fabpool_status s2 = fabpool_trim(d->pool, 0);
+    if (st == FABPOOL_OK)
+        st = s2;
+    if (st != FABPOOL_OK)
+        ft_error_pool(st, " (emptying device %d's pool)", d->device);
     gauge_sample(d);
-    ctx_leave(d, saved);
     pthread_mutex_unlock(&d->lock);
     return st;
 }
@@ -737,7 +459,7 @@ static fabpool_status empty_dev(ft_dev *d)
 fabpool_status fabpool_torch_empty(int device)
 {
     if (device < -1 || device >= FT_MAX_DEVICES)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_torch_empty: device %d is out of range (-1 for all, 0 to %d)",
+        return ft_error(FABPOOL_ERR_INVALID_ARG, "fabpool_torch_empty: device %d is out of range (-1 for all, 0 to %d)",
                         device, FT_MAX_DEVICES - 1);
     fabpool_status st = FABPOOL_OK;
     for (int i = device < 0 ? 0 : device; i < (device < 0 ? FT_MAX_DEVICES : device + 1); i++) {
@@ -762,7 +484,7 @@ fabpool_t *fabpool_torch_pool(int device)
 fabpool_status fabpool_torch_get_counters(int device, fabpool_torch_counters *out)
 {
     if (!out || device < -1 || device >= FT_MAX_DEVICES)
-        return fp_error(FABPOOL_ERR_INVALID_ARG,
+        return ft_error(FABPOOL_ERR_INVALID_ARG,
                         "fabpool_torch_get_counters: out is NULL or device %d is out of range (-1 for all)", device);
     memset(out, 0, sizeof *out);
     for (int i = device < 0 ? 0 : device; i < (device < 0 ? FT_MAX_DEVICES : device + 1); i++) {
@@ -770,7 +492,8 @@ fabpool_status fabpool_torch_get_counters(int device, fabpool_torch_counters *ou
         if (!d)
             continue;
         pthread_mutex_lock(&d->lock);
-        const uint64_t *src = (const uint64_t *)&d->c;
+        fabpool_torch_counters c = counters_of(d);
+        const uint64_t *src = (const uint64_t *)&c;
         uint64_t *dst = (uint64_t *)out;
         for (size_t k = 0; k < sizeof *out / sizeof(uint64_t); k++)
             dst[k] += src[k];
@@ -784,7 +507,7 @@ fabpool_status fabpool_torch_get_counters(int device, fabpool_torch_counters *ou
 fabpool_status fabpool_torch_get_memory_stats(int device, fabpool_torch_mem_stats *out)
 {
     if (!out || device < 0 || device >= FT_MAX_DEVICES)
-        return fp_error(FABPOOL_ERR_INVALID_ARG,
+        return ft_error(FABPOOL_ERR_INVALID_ARG,
                         "fabpool_torch_get_memory_stats: out is NULL or device %d is out of range (0 to %d)", device,
                         FT_MAX_DEVICES - 1);
     memset(out, 0, sizeof *out);
@@ -794,6 +517,7 @@ fabpool_status fabpool_torch_get_memory_stats(int device, fabpool_torch_mem_stat
     pthread_mutex_lock(&d->lock);
     gauge_sample(d);
     ft_gauges g = pool_gauges(d->pool);
+    fabpool_torch_counters c = counters_of(d);
     memcpy(out->allocation, d->st_count, sizeof out->allocation);
     memcpy(out->allocated_bytes, d->st_bytes, sizeof out->allocated_bytes);
     memcpy(out->requested_bytes, d->st_req, sizeof out->requested_bytes);
@@ -801,7 +525,7 @@ fabpool_status fabpool_torch_get_memory_stats(int device, fabpool_torch_mem_stat
     out->reserved_bytes = d->reserved;
     out->num_alloc_retries = (int64_t)(d->num_alloc_retries + g.oom_retries - d->base_pool_retries);
     out->num_ooms = (int64_t)d->num_ooms;
-    out->num_sync_all_streams = (int64_t)(d->c.syncs - d->base_syncs);
+    out->num_sync_all_streams = (int64_t)(c.syncs - d->base_syncs);
     out->num_device_alloc = (int64_t)(g.maps - d->base_maps);
     out->num_device_free = (int64_t)(g.unmaps - d->base_unmaps);
     pthread_mutex_unlock(&d->lock);
@@ -824,7 +548,7 @@ static void reset_accumulated(fabpool_torch_stat *s, size_t n)
 static fabpool_status reset_stats(int device, int what, const char *fn)
 {
     if (device < -1 || device >= FT_MAX_DEVICES)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: device %d is out of range (-1 for all, 0 to %d)", fn, device,
+        return ft_error(FABPOOL_ERR_INVALID_ARG, "%s: device %d is out of range (-1 for all, 0 to %d)", fn, device,
                         FT_MAX_DEVICES - 1);
     for (int i = device < 0 ? 0 : device; i < (device < 0 ? FT_MAX_DEVICES : device + 1); i++) {
         ft_dev *d = atomic_load_explicit(&ft_devs[i], memory_order_acquire);
@@ -844,7 +568,7 @@ static fabpool_status reset_stats(int device, int what, const char *fn)
             d->base_maps = g.maps;
             d->base_unmaps = g.unmaps;
             d->base_pool_retries = g.oom_retries;
-            d->base_syncs = d->c.syncs;
+            d->base_syncs = counters_of(d).syncs;
         } else {
             d->c.bytes_live_peak = d->c.bytes_live;
         }
@@ -872,7 +596,7 @@ fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_
 {
     fabpool_t *pool = fabpool_torch_pool(device);
     if (!pool)
-        return fp_error(FABPOOL_ERR_NOT_FOUND,
+        return ft_error(FABPOOL_ERR_NOT_FOUND,
                         "fabpool_torch_stats_json: device %d has no pool yet (it is made by the first allocation on "
                         "that device)",
                         device);
@@ -880,7 +604,7 @@ fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_
     fabpool_stats_json(pool, NULL, 0, &plen);
     char *pj = plen ? malloc(plen) : NULL;
     if (!pj)
-        return fp_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_torch_stats_json: no host memory for the report");
+        return ft_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_torch_stats_json: no host memory for the report");
     fabpool_status st = fabpool_stats_json(pool, pj, plen, &plen);
     if (st != FABPOOL_OK) {
         free(pj);
@@ -905,7 +629,7 @@ fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_
         *needed = total;
     if (!buf || cap < total) {
         free(pj);
-        return fp_error(FABPOOL_ERR_LIMIT, "fabpool_torch_stats_json: the report takes %zu bytes, the buffer has %zu",
+        return ft_error(FABPOOL_ERR_LIMIT, "fabpool_torch_stats_json: the report takes %zu bytes, the buffer has %zu",
                         total, cap);
     }
     memcpy(buf, head, (size_t)h);
@@ -926,7 +650,7 @@ fabpool_status fabpool_torch_shutdown(void)
             continue;
         empty_dev(d);
         if (d->c.blocks_live) {
-            st = fp_error(FABPOOL_ERR_BUSY,
+            st = ft_error(FABPOOL_ERR_BUSY,
                           "fabpool_torch_shutdown: device %d still has %llu live blocks (%llu bytes); free the "
                           "tensors first (del, gc.collect(), torch.cuda.synchronize())",
                           i, (unsigned long long)d->c.blocks_live, (unsigned long long)d->c.bytes_live);

@@ -72,14 +72,14 @@ static hold_fn stream_hold, stream_release;
 enum op {
     OP_ALLOC, OP_FREE, OP_BUF_CREATE, OP_RESIZE, OP_RESIZE_SET, OP_BUF_DESTROY, OP_EXPORT, OP_EXPORT_DONE,
     OP_ACK, OP_VIEW_OPEN, OP_VIEW_APPLY, OP_VIEW_CLOSE, OP_TRIM, OP_COLLECT, OP_FLUSH, OP_HOLD, OP_RELEASE,
-    OP_COUNT
+    OP_SALLOC, OP_SFREE, OP_COUNT
 };
 static const char *const op_names[OP_COUNT] = {
     "alloc", "free", "buffer_create", "buffer_resize", "buffer_resize_set", "buffer_destroy", "buffer_export",
     "buffer_export_done", "buffer_peers_ack", "view_open", "view_apply", "view_close", "trim", "collect",
-    "thread_flush", "stream_hold", "stream_release",
+    "thread_flush", "stream_hold", "stream_release", "alloc_on_stream", "free_on_stream",
 };
-static const unsigned op_weight[OP_COUNT] = {12, 10, 5, 12, 6, 4, 5, 4, 6, 5, 7, 3, 3, 5, 3, 5, 5};
+static const unsigned op_weight[OP_COUNT] = {12, 10, 5, 12, 6, 4, 5, 4, 6, 5, 7, 3, 3, 5, 3, 5, 5, 6, 6};
 
 /* ------------------------------------------------------------ the model */
 
@@ -139,6 +139,18 @@ typedef struct {
 } pool_t;
 
 static pool_t P[NPOOL];
+/* Blocks freed with fabpool_free_on_stream while their stream was held: the
+ * GPU may still use them, so until the stream's work is done they stay
+ * mapped with their data, no other object may overlap them, and only an
+ * allocation on the same stream may get them back. */
+#define MAXPEND 64
+typedef struct {
+    int pool, stream;
+    uint64_t epoch;
+    blk_t b;
+} pend_t;
+static pend_t pend[MAXPEND];
+static int npend;
 static rec_t rec[MAXREC];
 static int nrec;
 static CUstream streams[NSTREAM];
@@ -501,6 +513,17 @@ static void check_step(int full)
                      r->id, r->base, r->pts, lo, r->hi, full ? -1 : (int)cur_step);
     }
     nrec = w;
+    w = 0;
+    for (int i = 0; i < npend; i++) {
+        pend_t *q = &pend[i];
+        if (!(held[q->stream] && epoch[q->stream] == q->epoch))
+            continue; /* its work is done: the pool may give it out again */
+        pend[w++] = *q;
+        check_points("pending.data", "block freed on a held stream", q->b.id, (uint64_t)(uintptr_t)q->b.p,
+                     (uint64_t[NPTS]){0, q->b.usable - 8, 0, q->b.usable - 8, 0, q->b.usable - 8}, 0, q->b.usable,
+                     full ? -1 : (int)cur_step);
+    }
+    npend = w;
 
     /* the ledger against the pools' stats */
     fabsim_ledger L = t_ledger();
@@ -543,6 +566,15 @@ static void check_step(int full)
         }
         for (int i = 0; i < q->nview; i++)
             need += q->view[i].broken ? 0 : q->view[i].live; /* a broken view: what it maps is unknown */
+        uint64_t npending = 0;
+        for (int i = 0; i < npend; i++)
+            if (pend[i].pool == p) {
+                need += pend[i].b.usable;
+                npending++;
+            }
+        EXPECT(S[p].stream_pending_blocks >= npending, "stream.pending", "pool %c: %llu blocks pending on streams, "
+               "but %llu were freed on a stream that is still held", 'A' + p,
+               (unsigned long long)S[p].stream_pending_blocks, (unsigned long long)npending);
         for (int i = 0; i < nrec; i++)
             if (rec[i].pool == p && rec_stream_pending(&rec[i])) {
                 need += rec[i].dropped;
@@ -555,14 +587,15 @@ static void check_step(int full)
         EXPECT(S[p].retiring_bytes >= retiring, "retiring.lower_bound", "pool %c: retiring_bytes %llu, but chunks of "
                "%llu bytes retired on a held stream or awaiting an ack are pending", 'A' + p,
                (unsigned long long)S[p].retiring_bytes, (unsigned long long)retiring);
-        EXPECT(S[p].blocks == (uint64_t)q->nblk, "stats.blocks", "pool %c says %llu blocks live, the model has %d",
-               'A' + p, (unsigned long long)S[p].blocks, q->nblk);
+        EXPECT(S[p].blocks == (uint64_t)q->nblk + S[p].stream_pending_blocks, "stats.blocks", "pool %c says %llu "
+               "blocks live (%llu of them pending on streams), the model has %d", 'A' + p,
+               (unsigned long long)S[p].blocks, (unsigned long long)S[p].stream_pending_blocks, q->nblk);
         EXPECT(S[p].buffers >= (uint64_t)q->nbuf, "stats.buffers", "pool %c says %llu buffers live, the model has %d",
                'A' + p, (unsigned long long)S[p].buffers, q->nbuf);
     }
 
     /* no two live objects overlap */
-    ival_t iv[NPOOL * (MAXBLK + MAXBUF + MAXVIEW) + MAXREC];
+    ival_t iv[NPOOL * (MAXBLK + MAXBUF + MAXVIEW) + MAXREC + MAXPEND];
     int n = 0;
     for (int p = 0; p < NPOOL; p++) {
         pool_t *q = &P[p];
@@ -577,6 +610,9 @@ static void check_step(int full)
     for (int i = 0; i < nrec; i++)
         if (rec[i].destroyed)
             iv[n++] = (ival_t){rec[i].va_lo, rec[i].va_hi, "retired memory of destroyed buffer", rec[i].id};
+    for (int i = 0; i < npend; i++)
+        iv[n++] = (ival_t){(uint64_t)(uintptr_t)pend[i].b.p, (uint64_t)(uintptr_t)pend[i].b.p + pend[i].b.usable,
+                           "block pending on a held stream", pend[i].b.id};
     /* Ranges never change, so only an object created in this step (numbered from step_first_id on) can
      * overlap one that did not before: each step checks those against all; every 64th sorts them all. */
     t_checks += n;
@@ -617,11 +653,17 @@ static void check_quiet(int p)
     for (int i = 0; i < nrec; i++)
         if (rec[i].pool == p)
             return;
+    for (int i = 0; i < npend; i++)
+        if (pend[i].pool == p)
+            return;
     n_quiet++;
     ack_dead(p); /* the peers of destroyed buffers are gone too */
     EXPECT_OK(fabpool_collect(P[p].p, 1), "collect", "fabpool_collect(wait) after the acks of destroyed buffers");
     fabpool_stats s;
     fabpool_get_stats(P[p].p, &s);
+    EXPECT(s.stream_pending_blocks == 0 && s.stream_pending_bytes == 0, "collect.stream_pending", "pool %c: %llu "
+           "blocks (%llu bytes) still pending on streams after collect(wait)", 'A' + p,
+           (unsigned long long)s.stream_pending_blocks, (unsigned long long)s.stream_pending_bytes);
     EXPECT(s.retiring_bytes == 0, "collect.retiring", "pool %c: %llu bytes still retiring after collect(wait) with no "
            "stream held and every exported buffer acked", 'A' + p, (unsigned long long)s.retiring_bytes);
     EXPECT(s.buffers == (uint64_t)P[p].nbuf, "collect.buffers", "pool %c: %llu buffers after collect(wait), %d live "
@@ -662,7 +704,7 @@ static int always(int p) { return p >= 0; }
 
 static int (*const applicable[OP_COUNT])(int) = {
     has_room_blk, has_blk, has_room_buf, has_buf, has_buf, has_buf, has_buf, has_buf, has_shared,
-    can_open, has_appliable, has_view, always, always, always, always, always,
+    can_open, has_appliable, has_view, always, always, always, always, always, has_room_blk, has_blk,
 };
 
 static int stream_choice(void) { return chance(30) ? -1 : (int)below(NSTREAM); }
@@ -786,16 +828,30 @@ static void step(enum op op)
     int p, i;
     cur_what[0] = 0;
     switch (op) {
-    case OP_ALLOC: {
+    case OP_ALLOC:
+    case OP_SALLOC: {
         p = pick_pool(has_room_blk);
         size_t sz = chance(80) ? (size_t)logsize(1, 256 * KB) : chance(70) ? (size_t)logsize(256 * KB, 4 * MB)
                                                                            : (size_t)logsize(4 * MB, 16 * MB);
-        snprintf(cur_what, sizeof cur_what, "pool %c, %zu bytes", 'A' + p, sz);
+        int s = op == OP_SALLOC ? stream_choice() : -1;
+        snprintf(cur_what, sizeof cur_what, "pool %c, %zu bytes%s%s", 'A' + p, sz, op == OP_SALLOC ? ", stream " : "",
+                 op == OP_SALLOC ? stream_name(s) : "");
         blk_t b = {NULL, sz, 0, next_id++};
-        st = fabpool_alloc(P[p].p, sz, &b.p);
-        EXPECT_OK(st, "alloc", "fabpool_alloc");
+        st = op == OP_SALLOC ? fabpool_alloc_on_stream(P[p].p, sz, stream_ptr(s), &b.p) : fabpool_alloc(P[p].p, sz, &b.p);
+        EXPECT_OK(st, "alloc", op == OP_SALLOC ? "fabpool_alloc_on_stream" : "fabpool_alloc");
         if (st != FABPOOL_OK)
             break;
+        for (i = 0; i < npend; i++) {
+            pend_t *q = &pend[i];
+            if (q->pool != p || q->b.p != b.p || !(held[q->stream] && epoch[q->stream] == q->epoch))
+                continue;
+            /* a block still pending on a held stream: only that stream may have it back */
+            EXPECT(op == OP_SALLOC && s == q->stream, "stream.reuse", "block %p, freed on held stream %d, given to "
+                   "%s while that stream's work may still use it", b.p, q->stream,
+                   op == OP_SALLOC ? (s < 0 ? "the NULL stream" : "another stream") : "fabpool_alloc");
+            pend[i] = pend[--npend];
+            break;
+        }
         st = fabpool_usable_size(P[p].p, b.p, &b.usable);
         /* aligned to 256 B, or to its class's own alignment below 1 KiB (320 B: 64, 384 B: 128; fabpool.h) */
         size_t align = b.usable & (~b.usable + 1);
@@ -819,6 +875,21 @@ static void step(enum op op)
         check_blk(b, -1);
         st = fabpool_free(P[p].p, b->p);
         EXPECT_OK(st, "free", "fabpool_free");
+        P[p].blk[i] = P[p].blk[--P[p].nblk];
+        break;
+    }
+    case OP_SFREE: {
+        p = pick_pool(has_blk);
+        i = (int)below((uint64_t)P[p].nblk);
+        blk_t *b = &P[p].blk[i];
+        int s = stream_choice();
+        snprintf(cur_what, sizeof cur_what, "pool %c, block %llu (%zu bytes), stream %s", 'A' + p,
+                 (unsigned long long)b->id, b->size, stream_name(s));
+        check_blk(b, -1);
+        st = fabpool_free_on_stream(P[p].p, b->p, stream_ptr(s));
+        EXPECT_OK(st, "free_on_stream", "fabpool_free_on_stream");
+        if (st == FABPOOL_OK && s >= 0 && held[s] && npend < MAXPEND)
+            pend[npend++] = (pend_t){p, s, epoch[s], *b};
         P[p].blk[i] = P[p].blk[--P[p].nblk];
         break;
     }
@@ -1260,7 +1331,7 @@ static int setup_pools(void)
         htype = fabpool_handle_type_of(P[p].p);
     }
     nrec = 0;
-    ndead = 0;
+    npend = 0;
     ndead = 0;
     for (int s = 0; s < NSTREAM; s++) {
         stream_release(streams[s]);
@@ -1318,6 +1389,8 @@ static void teardown(void)
             excused += rec[i].pool == p;
         fabpool_stats s;
         fabpool_get_stats(P[p].p, &s);
+        EXPECT(s.stream_pending_blocks == 0, "teardown.stream_pending", "pool %c: %llu blocks still pending on "
+               "streams after collect(wait)", 'A' + p, (unsigned long long)s.stream_pending_blocks);
         EXPECT(excused || (s.mapped_bytes == 0 && s.buffers == 0 && s.retiring_bytes == 0), "teardown.leak",
                "pool %c: %llu bytes mapped, %llu retiring and %llu buffers left after everything was freed, "
                "collect(wait) and trim(0)", 'A' + p, (unsigned long long)s.mapped_bytes,
@@ -1372,9 +1445,11 @@ static void run_seed(unsigned long long seed, long steps)
         step_first_id = next_id;
         uint64_t syncs0 = sync_calls();
         step(op);
-        if (sync_calls() != syncs0) /* the pool waited for the GPU (a refit, a NULL stream): that work is done */
+        if (sync_calls() != syncs0) { /* the pool waited for the GPU (a refit, a NULL stream): that work is done */
             for (int i = 0; i < nrec; i++)
                 rec[i].stream = -1;
+            npend = 0;
+        }
         op_count[op]++;
         total_steps++;
         if (verbose)

@@ -1,0 +1,499 @@
+/* retire.c - the retirement queue (retire.h): per-stream records of blocks
+ * freed on a stream and of the events that say when the GPU is done with
+ * them and with retired buffer chunks. */
+#include <string.h>
+
+#include "error.h"
+#include "retire.h"
+
+
+fabpool_status fp_retire_init(fp_retire *r, fp_meta *meta, fp_drv_counters *calls, CUcontext ctx, int device)
+{
+    memset(r, 0, sizeof *r);
+    fp_lock_init(&r->lock, FP_LOCK_RETIRE, 0, "retire");
+    r->meta = meta;
+    r->calls = calls;
+    r->ctx = ctx;
+    r->device = device;
+    return FABPOOL_OK;
+}
+
+static void stream_free(fp_retire *r, fp_rstream *rs)
+{
+    for (uint32_t i = rs->ev_head; i < rs->n_evs; i++)
+        FP_CU(r->calls, cuEventDestroy, rs->evs[i].ev);
+    fp_meta_free(r->meta, rs->evs, rs->cap_evs * sizeof *rs->evs);
+    fp_meta_free(r->meta, rs, sizeof *rs);
+}
+
+void fp_retire_destroy(fp_retire *r)
+{
+    CUcontext saved = NULL;
+    int switched = r->n_streams || r->n_spare_evs;
+    if (switched && FP_CU(r->calls, cuCtxGetCurrent, &saved) == CUDA_SUCCESS && saved != r->ctx)
+        FP_CU(r->calls, cuCtxSetCurrent, r->ctx);
+    for (uint32_t i = 0; i < r->n_streams; i++) {
+        fp_rstream *rs = r->streams[i];
+        /* blocks still listed (a drain that failed): forget their records */
+        for (fp_rblock *b = rs->head, *n; b; b = n) {
+            n = b->fnext;
+            fp_meta_free(r->meta, b, sizeof *b);
+        }
+        stream_free(r, rs);
+    }
+    fp_meta_free(r->meta, r->streams, r->cap_streams * sizeof *r->streams);
+    for (fp_rblock *b = r->spare, *n; b; b = n) {
+        n = b->cnext;
+        fp_meta_free(r->meta, b, sizeof *b);
+    }
+    for (uint32_t i = 0; i < r->n_spare_evs; i++)
+        FP_CU(r->calls, cuEventDestroy, r->spare_evs[i]);
+    fp_meta_free(r->meta, r->spare_evs, r->cap_spare_evs * sizeof *r->spare_evs);
+    if (switched && saved != r->ctx)
+        FP_CU(r->calls, cuCtxSetCurrent, saved);
+    fp_lock_destroy(&r->lock);
+    memset(r, 0, sizeof *r);
+}
+
+/* The counters are written under the queue's lock only: a plain store (no
+ * locked read-modify-write) is enough; readers load them without the lock. */
+static inline uint64_t bump(_Atomic uint64_t *c, int64_t d)
+{
+    uint64_t v = atomic_load_explicit(c, memory_order_relaxed) + (uint64_t)d;
+    atomic_store_explicit(c, v, memory_order_relaxed);
+    return v;
+}
+
+/* ------------------------------------------------------------ records */
+
+static fp_rstream *stream_find(fp_retire *r, void *stream)
+{
+    if (r->last && r->last->stream == stream)
+        return r->last;
+    for (uint32_t i = 0; i < r->n_streams; i++)
+        if (r->streams[i]->stream == stream)
+            return r->last = r->streams[i];
+    return NULL;
+}
+
+static fp_rstream *stream_get(fp_retire *r, void *stream)
+{
+    fp_rstream *rs = stream_find(r, stream);
+    if (rs)
+        return rs;
+    if (r->n_streams == r->cap_streams) {
+        uint32_t cap = r->cap_streams ? r->cap_streams * 2 : 8;
+        fp_rstream **n = fp_meta_alloc(r->meta, cap * sizeof *n);
+        if (!n)
+            return NULL;
+        if (r->n_streams)
+            memcpy(n, r->streams, r->n_streams * sizeof *n);
+        fp_meta_free(r->meta, r->streams, r->cap_streams * sizeof *n);
+        r->streams = n;
+        r->cap_streams = cap;
+    }
+    rs = fp_meta_alloc(r->meta, sizeof *rs);
+    if (!rs)
+        return NULL;
+    rs->stream = stream;
+    r->streams[r->n_streams++] = rs;
+    atomic_store(&r->n_streams_now, r->n_streams);
+    return r->last = rs;
+}
+
+static int stream_idle(const fp_rstream *rs) { return !rs->blocks && rs->ev_head == rs->n_evs && !rs->tickets; }
+
+static void forget_idle(fp_retire *r)
+{
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < r->n_streams; i++) {
+        fp_rstream *rs = r->streams[i];
+        if (stream_idle(rs)) {
+            if (r->last == rs)
+                r->last = NULL;
+            stream_free(r, rs);
+            continue;
+        }
+        r->streams[w++] = rs;
+    }
+    r->n_streams = w;
+    atomic_store(&r->n_streams_now, w);
+}
+
+static void unlink_block(fp_rstream *rs, fp_rblock *b)
+{
+    if (b->cprev)
+        b->cprev->cnext = b->cnext;
+    else
+        rs->cls[b->cls] = b->cnext;
+    if (b->cnext)
+        b->cnext->cprev = b->cprev;
+    if (b->fprev)
+        b->fprev->fnext = b->fnext;
+    else
+        rs->head = b->fnext;
+    if (b->fnext)
+        b->fnext->fprev = b->fprev;
+    else
+        rs->tail = b->fprev;
+    b->cnext = b->cprev = b->fnext = b->fprev = NULL;
+    if (b->seq > rs->recorded) {
+        rs->fresh_blocks -= rs->fresh_blocks ? 1 : 0;
+        rs->fresh_bytes -= rs->fresh_bytes >= b->usable ? b->usable : rs->fresh_bytes;
+    }
+    rs->blocks--;
+}
+
+static void spare_block(fp_retire *r, fp_rblock *b)
+{
+    b->cnext = r->spare;
+    r->spare = b;
+}
+
+/* ------------------------------------------------------------ events */
+
+static int ctx_enter(fp_retire *r, CUcontext *saved, fabpool_status *st)
+{
+    *saved = NULL;
+    const char *call = "cuCtxGetCurrent";
+    CUresult res = FP_CU(r->calls, cuCtxGetCurrent, saved);
+    if (res == CUDA_SUCCESS && *saved != r->ctx) {
+        call = "cuCtxSetCurrent";
+        res = FP_CU(r->calls, cuCtxSetCurrent, r->ctx);
+    }
+    if (res != CUDA_SUCCESS) {
+        fabpool_status s = fp_drv_error(res, call, "making device %d's context current to record or ask about an "
+                                        "event", r->device);
+        if (st)
+            *st = s;
+        *saved = r->ctx;
+        return -1;
+    }
+    return 0;
+}
+
+static void ctx_leave(fp_retire *r, CUcontext saved)
+{
+    if (saved != r->ctx)
+        FP_CU(r->calls, cuCtxSetCurrent, saved);
+}
+
+static void event_spare(fp_retire *r, CUevent ev)
+{
+    if (r->n_spare_evs == r->cap_spare_evs) {
+        uint32_t cap = r->cap_spare_evs ? r->cap_spare_evs * 2 : 16;
+        CUevent *n = fp_meta_alloc(r->meta, cap * sizeof *n);
+        if (!n) {
+            FP_CU(r->calls, cuEventDestroy, ev);
+            return;
+        }
+        if (r->n_spare_evs)
+            memcpy(n, r->spare_evs, r->n_spare_evs * sizeof *n);
+        fp_meta_free(r->meta, r->spare_evs, r->cap_spare_evs * sizeof *n);
+        r->spare_evs = n;
+        r->cap_spare_evs = cap;
+    }
+    r->spare_evs[r->n_spare_evs++] = ev;
+}
+
+/* Appends (ev, seq) to rs's events.  Nonzero without host memory. */
+static int event_push(fp_retire *r, fp_rstream *rs, CUevent ev, uint64_t seq)
+{
+    if (rs->ev_head && rs->ev_head == rs->n_evs)
+        rs->ev_head = rs->n_evs = 0;
+    if (rs->n_evs == rs->cap_evs) {
+        uint32_t live = rs->n_evs - rs->ev_head;
+        uint32_t cap = live * 2 >= rs->cap_evs ? (rs->cap_evs ? rs->cap_evs * 2 : 4) : rs->cap_evs;
+        fp_revent *n = fp_meta_alloc(r->meta, cap * sizeof *n);
+        if (!n)
+            return -1;
+        if (live)
+            memcpy(n, rs->evs + rs->ev_head, live * sizeof *n);
+        fp_meta_free(r->meta, rs->evs, rs->cap_evs * sizeof *n);
+        rs->evs = n;
+        rs->cap_evs = cap;
+        rs->ev_head = 0;
+        rs->n_evs = live;
+    }
+    rs->evs[rs->n_evs++] = (fp_revent){ev, seq};
+    return 0;
+}
+
+/* An event recorded on rs now, covering rs->seq.  Context current.  On
+ * failure the message names the call and nothing is recorded. */
+static fabpool_status event_record(fp_retire *r, fp_rstream *rs)
+{
+    CUevent ev = NULL;
+    if (r->n_spare_evs) {
+        ev = r->spare_evs[--r->n_spare_evs];
+    } else {
+        CUresult res = FP_CU(r->calls, cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
+        if (res != CUDA_SUCCESS)
+            return fp_drv_error(res, "cuEventCreate", "creating an event to record on stream %p", rs->stream);
+    }
+    CUresult res = FP_CU(r->calls, cuEventRecord, ev, (CUstream)rs->stream);
+    if (res != CUDA_SUCCESS) {
+        event_spare(r, ev);
+        return fp_drv_error(res, "cuEventRecord", "recording an event on stream %p", rs->stream);
+    }
+    if (event_push(r, rs, ev, rs->seq) != 0) {
+        event_spare(r, ev);
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the list of events of stream %p", rs->stream);
+    }
+    rs->recorded = rs->seq;
+    rs->fresh_blocks = rs->fresh_bytes = 0;
+    bump(&r->events_recorded, (int64_t)1);
+    return FABPOOL_OK;
+}
+
+/* Waits for the whole context: every stream's work so far is done.  Used
+ * where an event cannot be made, recorded or asked about (a stream the
+ * program destroyed).  Context current. */
+static void sync_all(fp_retire *r)
+{
+    bump(&r->syncs, (int64_t)1);
+    CUresult res = FP_CU(r->calls, cuCtxSynchronize);
+    if (res != CUDA_SUCCESS) /* a broken context: nothing more can be waited for */
+        fp_drv_error(res, "cuCtxSynchronize", "waiting for device %d's work before reusing blocks freed on a stream",
+                     r->device);
+    for (uint32_t i = 0; i < r->n_streams; i++) {
+        fp_rstream *rs = r->streams[i];
+        for (uint32_t k = rs->ev_head; k < rs->n_evs; k++)
+            event_spare(r, rs->evs[k].ev);
+        rs->ev_head = rs->n_evs = 0;
+        rs->done = rs->recorded = rs->seq;
+        rs->fresh_blocks = rs->fresh_bytes = 0;
+    }
+}
+
+/* Moves rs->done on past the events that have completed (wait: up to seq
+ * `until`, waiting).  1: done >= until; 0: not yet; -1: the driver failed
+ * (*st says how; the event stays). */
+static int advance(fp_retire *r, fp_rstream *rs, uint64_t until, int wait, fabpool_status *st)
+{
+    while (rs->done < until && rs->ev_head < rs->n_evs) {
+        fp_revent *e = &rs->evs[rs->ev_head];
+        bump(&r->event_queries, (int64_t)1);
+        CUresult res = wait ? FP_CU(r->calls, cuEventSynchronize, e->ev) : FP_CU(r->calls, cuEventQuery, e->ev);
+        if (res == CUDA_ERROR_NOT_READY)
+            return 0;
+        if (res != CUDA_SUCCESS) {
+            *st = fp_drv_error(res, wait ? "cuEventSynchronize" : "cuEventQuery",
+                               "waiting for the GPU work on stream %p before its memory is reused or unmapped",
+                               rs->stream);
+            return -1;
+        }
+        if (e->seq > rs->done)
+            rs->done = e->seq;
+        event_spare(r, e->ev);
+        rs->ev_head++;
+    }
+    return rs->done >= until;
+}
+
+/* ------------------------------------------------------------ blocks */
+
+fabpool_status fp_retire_free(fp_retire *r, void *stream, uint64_t ptr, uint64_t usable, uint32_t cls, int *poll)
+{
+    *poll = 0;
+    fp_lock(&r->lock);
+    fp_rstream *rs = stream_get(r, stream);
+    fp_rblock *b = r->spare;
+    if (b)
+        r->spare = b->cnext;
+    else if (rs)
+        b = fp_meta_alloc(r->meta, sizeof *b);
+    if (!rs || !b) {
+        if (b)
+            spare_block(r, b);
+        fp_unlock(&r->lock);
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to queue a block freed on stream %p", stream);
+    }
+    memset(b, 0, sizeof *b);
+    b->ptr = ptr;
+    b->usable = usable;
+    b->cls = cls;
+    b->rs = rs;
+    b->seq = ++rs->seq;
+    b->cnext = rs->cls[cls];
+    if (b->cnext)
+        b->cnext->cprev = b;
+    rs->cls[cls] = b;
+    b->fprev = rs->tail;
+    if (rs->tail)
+        rs->tail->fnext = b;
+    else
+        rs->head = b;
+    rs->tail = b;
+    rs->blocks++;
+    rs->fresh_blocks++;
+    rs->fresh_bytes += usable;
+    uint64_t nb = bump(&r->pending_blocks, (int64_t)1);
+    uint64_t nbytes = bump(&r->pending_bytes, (int64_t)usable);
+    bump(&r->frees, (int64_t)1);
+    if (rs->fresh_blocks >= FP_RETIRE_BATCH_BLOCKS || rs->fresh_bytes >= FP_RETIRE_BATCH_BYTES) {
+        /* one event for the batch, so that the rest of the pool can have it soon */
+        CUcontext saved;
+        if (ctx_enter(r, &saved, NULL) == 0) {
+            if (event_record(r, rs) != FABPOOL_OK)
+                sync_all(r);
+            ctx_leave(r, saved);
+        }
+        fp_error_clear();
+    }
+    *poll = nb > FP_RETIRE_POLL_BLOCKS || nbytes > FP_RETIRE_POLL_BYTES;
+    fp_unlock(&r->lock);
+    return FABPOOL_OK;
+}
+
+uint64_t fp_retire_take(fp_retire *r, void *stream, uint32_t cls, uint64_t need, uint64_t max, uint64_t *usable)
+{
+    fp_lock(&r->lock);
+    fp_rstream *rs = stream_find(r, stream);
+    fp_rblock *b = rs ? rs->cls[cls] : NULL;
+    if (b && cls == FP_RETIRE_LARGE) {
+        int n = 0;
+        while (b && !(b->usable >= need && b->usable <= max) && ++n < 32)
+            b = b->cnext;
+        if (b && !(b->usable >= need && b->usable <= max))
+            b = NULL;
+    }
+    if (!b) {
+        fp_unlock(&r->lock);
+        return 0;
+    }
+    unlink_block(rs, b);
+    uint64_t ptr = b->ptr;
+    *usable = b->usable;
+    bump(&r->pending_blocks, -(int64_t)1);
+    bump(&r->pending_bytes, -(int64_t)b->usable);
+    bump(&r->reuse_same, (int64_t)1);
+    spare_block(r, b);
+    fp_unlock(&r->lock);
+    return ptr;
+}
+
+fp_rblock *fp_retire_poll(fp_retire *r, int wait, int forget)
+{
+    fp_lock(&r->lock);
+    if (!r->n_streams) {
+        fp_unlock(&r->lock);
+        return NULL;
+    }
+    fp_rblock *chain = NULL, **tail = &chain;
+    CUcontext saved;
+    if (ctx_enter(r, &saved, NULL) != 0) {
+        fp_unlock(&r->lock);
+        return NULL;
+    }
+    /* one event on every stream whose frees no event covers */
+    for (uint32_t i = 0; i < r->n_streams; i++) {
+        fp_rstream *rs = r->streams[i];
+        if (rs->blocks && rs->seq > rs->recorded && rs->seq > rs->done && event_record(r, rs) != FABPOOL_OK) {
+            sync_all(r);
+            break;
+        }
+    }
+    for (uint32_t i = 0; i < r->n_streams; i++) {
+        fp_rstream *rs = r->streams[i];
+        if (!rs->blocks)
+            continue;
+        fabpool_status st = FABPOOL_OK;
+        uint64_t until = wait ? rs->recorded : rs->tail ? rs->tail->seq : 0;
+        if (advance(r, rs, until, wait, &st) < 0) {
+            sync_all(r);
+            i = (uint32_t)-1; /* every stream is done now: walk them again */
+            continue;
+        }
+        while (rs->head && rs->head->seq <= rs->done) {
+            fp_rblock *b = rs->head;
+            unlink_block(rs, b);
+            bump(&r->pending_blocks, -(int64_t)1);
+            bump(&r->pending_bytes, -(int64_t)b->usable);
+            *tail = b;
+            tail = &b->fnext;
+        }
+    }
+    if (forget)
+        forget_idle(r);
+    ctx_leave(r, saved);
+    fp_unlock(&r->lock);
+    fp_error_clear();
+    return chain;
+}
+
+void fp_retire_recycle(fp_retire *r, fp_rblock *chain)
+{
+    if (!chain)
+        return;
+    fp_lock(&r->lock);
+    for (fp_rblock *b = chain, *n; b; b = n) {
+        n = b->fnext;
+        spare_block(r, b);
+    }
+    fp_unlock(&r->lock);
+}
+
+/* ------------------------------------------------------------ buffer chunks */
+
+fabpool_status fp_retire_mark(fp_retire *r, void *stream, uint32_t holders, fp_rticket *t)
+{
+    t->rs = NULL;
+    t->seq = 0;
+    fp_lock(&r->lock);
+    fp_rstream *rs = stream_get(r, stream);
+    if (!rs) {
+        fp_unlock(&r->lock);
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the record of stream %p", stream);
+    }
+    CUcontext saved;
+    fabpool_status st = FABPOOL_OK;
+    if (ctx_enter(r, &saved, &st) != 0) {
+        fp_unlock(&r->lock);
+        return st;
+    }
+    rs->seq++;
+    st = event_record(r, rs);
+    if (st == FABPOOL_OK) {
+        rs->tickets += holders;
+        t->rs = rs;
+        t->seq = rs->seq;
+    } else {
+        rs->seq--; /* nothing took the number */
+    }
+    ctx_leave(r, saved);
+    fp_unlock(&r->lock);
+    return st;
+}
+
+int fp_retire_ticket_done(fp_retire *r, const fp_rticket *t, int wait, fabpool_status *st)
+{
+    if (!t->rs)
+        return 1;
+    fp_lock(&r->lock);
+    fp_rstream *rs = t->rs;
+    int done = rs->done >= t->seq;
+    if (!done) {
+        CUcontext saved;
+        if (ctx_enter(r, &saved, st) != 0) {
+            done = -1;
+        } else {
+            done = advance(r, rs, t->seq, wait, st);
+            ctx_leave(r, saved);
+        }
+    }
+    fp_unlock(&r->lock);
+    return done;
+}
+
+void fp_retire_ticket_drop(fp_retire *r, fp_rticket *t)
+{
+    if (!t->rs)
+        return;
+    fp_lock(&r->lock);
+    if (t->rs->tickets)
+        t->rs->tickets--;
+    fp_unlock(&r->lock);
+    t->rs = NULL;
+    t->seq = 0;
+}

@@ -1,0 +1,162 @@
+/* retire.h - the retirement queue: memory that waits for GPU work.
+ *
+ * Two kinds of memory wait here, on the same per-stream records:
+ *  - blocks freed with fabpool_free_on_stream: each stream has lists of the
+ *    blocks freed on it (by size class, and in free order).  An allocation
+ *    on the same stream takes one back at once; the rest of the pool gets a
+ *    block only once an event recorded on its stream after its free has
+ *    completed (fp_retire_poll hands those back to the caller, who gives
+ *    them to the pool);
+ *  - chunks of growable buffers that a shrink on a stream retired: the
+ *    shrink takes a ticket (fp_retire_mark: an event recorded now), the
+ *    buffer's collect asks whether the ticket is done.
+ *
+ * Events: every free or mark on a stream S takes the next sequence number
+ * of S.  An event recorded on S when S's number is n covers every free
+ * numbered <= n, since the work on one stream completes in order.  So one
+ * event per stream is enough for any number of frees, and it is recorded
+ * lazily: when the pool needs memory (a miss of another stream, a trim, the
+ * decay, an out-of-memory retry, collect, destroy) or after
+ * FP_RETIRE_BATCH_BLOCKS frees / FP_RETIRE_BATCH_BYTES bytes on S.  Where an
+ * event cannot be made or recorded (a stream the program destroyed), the
+ * context is synchronized instead, which completes every stream.
+ *
+ * A pending block stays a live block for the rest of the pool (its slab
+ * flag says FP_FREEFLAG_PENDING, a large block FP_LARGE_PENDING), so no trim,
+ * decay, chunk trade or out-of-memory retry can unmap it.
+ *
+ * Locking: one mutex (fp_retire.lock), a leaf below the pool lock: it may
+ * be taken with the pool lock held, never the reverse, and nothing else is
+ * taken under it.  Driver calls made under it: cuEventCreate/Record/Query/
+ * Synchronize, cuCtxSynchronize and the context switch they need.
+ * This file knows nothing of slabs or buffers: it stores pointers, sizes and
+ * a class number, and hands blocks back to its caller. */
+#ifndef FP_RETIRE_H
+#define FP_RETIRE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "driver.h"
+#include "lock.h"
+#include "fabpool.h"
+#include "meta.h"
+#include "sizeclass.h"
+
+/* an event after this many frees / bytes freed on one stream without one */
+#define FP_RETIRE_BATCH_BLOCKS 256u
+#define FP_RETIRE_BATCH_BYTES (256ull << 20)
+/* a poll of every stream on free, once this much is pending in all */
+#define FP_RETIRE_POLL_BLOCKS 4096u
+#define FP_RETIRE_POLL_BYTES (2ull << 30)
+/* the list index of large blocks (above the slab classes) */
+#define FP_RETIRE_LARGE FP_NCLASS
+
+typedef struct fp_rstream fp_rstream;
+
+/* What a retired buffer chunk waits for: the event of seq on rs (rs NULL:
+ * nothing, the work is done). */
+typedef struct fp_rticket {
+    fp_rstream *rs;
+    uint64_t seq;
+} fp_rticket;
+
+/* A block freed on a stream. */
+typedef struct fp_rblock {
+    uint64_t ptr, usable, seq;
+    uint32_t cls;                       /* slab class, or FP_RETIRE_LARGE */
+    struct fp_rblock *cnext, *cprev;    /* the stream's list of its class (LIFO) */
+    struct fp_rblock *fnext, *fprev;    /* the stream's FIFO; also the chain fp_retire_poll hands back */
+    fp_rstream *rs;
+} fp_rblock;
+
+typedef struct fp_revent {
+    CUevent ev;
+    uint64_t seq;                       /* covers every free numbered <= seq */
+} fp_revent;
+
+struct fp_rstream {
+    void *stream;                       /* CUstream; NULL: the legacy default stream */
+    uint64_t seq;                       /* frees and marks numbered so far */
+    uint64_t recorded;                  /* the seq the last event recorded covers */
+    uint64_t done;                      /* every free numbered <= done is safe */
+    fp_revent *evs;                     /* recorded, not seen complete: evs[ev_head..n_evs) in order */
+    uint32_t n_evs, cap_evs, ev_head;
+    uint32_t tickets;                   /* buffer chunks waiting on this stream */
+    uint64_t fresh_blocks, fresh_bytes; /* freed since the last event */
+    uint64_t blocks;                    /* pending on this stream */
+    fp_rblock *head, *tail;
+    fp_rblock *cls[FP_NCLASS + 1];
+};
+
+typedef struct fp_retire {
+    fp_lock_t lock;                     /* level FP_LOCK_RETIRE (lock.h): a leaf */
+    fp_meta *meta;
+    fp_drv_counters *calls;
+    CUcontext ctx;
+    int device;
+    fp_rstream **streams;
+    uint32_t n_streams, cap_streams;
+    fp_rstream *last;                   /* the last stream looked up */
+    fp_rblock *spare;                   /* node free list (through cnext) */
+    CUevent *spare_evs;
+    uint32_t n_spare_evs, cap_spare_evs;
+    /* counters (fabpool_counters), atomics: read without the lock */
+    _Atomic uint64_t pending_blocks, pending_bytes, n_streams_now;
+    _Atomic uint64_t frees, reuse_same, reuse_after_event, releases;
+    _Atomic uint64_t events_recorded, event_queries, syncs;
+} fp_retire;
+
+fabpool_status fp_retire_init(fp_retire *r, fp_meta *meta, fp_drv_counters *calls, CUcontext ctx, int device);
+/* Frees every record, node and event.  Nothing may be pending: drain first
+ * (fp_retire_poll with wait, and the buffers' tickets dropped). */
+void fp_retire_destroy(fp_retire *r);
+
+/* ---- blocks freed on a stream */
+
+/* Queues a block (already checked and marked pending by the caller) on
+ * `stream`.  *poll is set to 1 when so much is pending that the caller
+ * should poll.  FABPOOL_ERR_HOST_MEMORY (nothing queued) without host
+ * memory for the record; the caller then waits and frees it itself. */
+fabpool_status fp_retire_free(fp_retire *r, void *stream, uint64_t ptr, uint64_t usable, uint32_t cls, int *poll);
+/* A block freed on `stream` that fits: of class cls, or for cls ==
+ * FP_RETIRE_LARGE one of at least need and at most max bytes.  0: none.
+ * *usable gets its size. */
+uint64_t fp_retire_take(fp_retire *r, void *stream, uint32_t cls, uint64_t need, uint64_t max, uint64_t *usable);
+/* Records an event on every stream with frees not covered by one, then
+ * detaches every block whose event has completed (wait != 0: every block,
+ * waiting for the GPU) and returns them as a chain through fnext; the
+ * caller gives them to the pool and hands the nodes back with
+ * fp_retire_recycle.  forget != 0 also drops the records of streams that
+ * hold nothing any more (trim, collect with wait, destroy). */
+fp_rblock *fp_retire_poll(fp_retire *r, int wait, int forget);
+void fp_retire_recycle(fp_retire *r, fp_rblock *chain);
+/* A block fp_retire_poll handed back went to the pool (released) or
+ * straight to an allocation of another stream (reused after its event): the
+ * caller says so, and the queue counts it (its counters are its own). */
+static inline void fp_retire_released(fp_retire *r) { atomic_fetch_add_explicit(&r->releases, 1, memory_order_relaxed); }
+static inline void fp_retire_reused_after_event(fp_retire *r)
+{
+    atomic_fetch_add_explicit(&r->reuse_after_event, 1, memory_order_relaxed);
+}
+
+/* Whether anything is pending (a cheap read). */
+static inline int fp_retire_pending(fp_retire *r)
+{
+    return atomic_load_explicit(&r->pending_blocks, memory_order_relaxed) != 0;
+}
+
+/* ---- buffer chunks */
+
+/* Records an event on `stream` now, for `holders` chunks that wait for it:
+ * *t is their ticket.  On failure nothing is recorded and the message names
+ * the call (cuEventCreate, cuEventRecord). */
+fabpool_status fp_retire_mark(fp_retire *r, void *stream, uint32_t holders, fp_rticket *t);
+/* 1: the work t waits for is done (waited for with wait != 0); 0: not yet;
+ * -1: the driver failed, *st says how. */
+int fp_retire_ticket_done(fp_retire *r, const fp_rticket *t, int wait, fabpool_status *st);
+/* A chunk no longer waits on t (unmapped, or taken back by a grow). */
+void fp_retire_ticket_drop(fp_retire *r, fp_rticket *t);
+
+#endif

@@ -1,0 +1,393 @@
+/* test_stream: the stream-ordered pair fabpool_alloc_on_stream /
+ * fabpool_free_on_stream and the retirement queue behind it (lib/retire.c).
+ * A block freed on a stream comes back at once to the same stream; another
+ * stream and fabpool_alloc get it only once the stream's work is done (the
+ * simulated driver holds a stream so that its events do not complete); no
+ * trim, decay or large-block chunk trade unmaps memory that a pending block
+ * holds (the sim's ledger and the data read back say so); destroy leaves
+ * nothing held; bad input changes nothing; two threads on two streams. */
+#include <pthread.h>
+
+#include "testutil.h"
+
+#define MB (1ull << 20)
+
+static int (*hold)(void *);
+static int (*release)(void *);
+static uint64_t (*calls)(const char *);
+
+static fabpool_t *pool(const char *conf)
+{
+    fabpool_options o;
+    fabpool_options_init(&o);
+    o.handle_type = FABPOOL_HANDLE_NONE;
+    o.conf = conf;
+    fabpool_t *p = NULL;
+    CHECK_OK(fabpool_create(&o, &p));
+    return p;
+}
+
+static fabpool_counters counters(fabpool_t *p)
+{
+    fabpool_counters c;
+    memset(&c, 0, sizeof c);
+    CHECK_OK(fabpool_get_counters(p, &c));
+    return c;
+}
+
+static void put(void *at, size_t size, uint64_t tag)
+{
+    uint64_t t2 = ~tag;
+    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)at, &tag, sizeof tag));
+    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)at + size - sizeof t2, &t2, sizeof t2));
+}
+
+static int tag_ok(void *at, size_t size, uint64_t tag)
+{
+    uint64_t a = 0, b = 0;
+    if (cuMemcpyDtoH(&a, (CUdeviceptr)(uintptr_t)at, sizeof a) != CUDA_SUCCESS ||
+        cuMemcpyDtoH(&b, (CUdeviceptr)(uintptr_t)at + size - sizeof b, sizeof b) != CUDA_SUCCESS)
+        return 0;
+    return a == tag && b == ~tag;
+}
+
+/* The same stream gets its block back at once, with no driver call. */
+static void same_stream(CUstream s)
+{
+    fabpool_t *p = pool(NULL);
+    if (!p)
+        return;
+    size_t sizes[] = {100, 4096, 300000, 5 * MB, 20 * MB, 100 * MB};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t n = sizes[i];
+        void *x = NULL, *y = NULL;
+        CHECK_OK(fabpool_alloc_on_stream(p, n, s, &x));
+        put(x, n, 0x1000 + i);
+        uint64_t c0 = calls(NULL);
+        fabpool_counters k0 = counters(p);
+        CHECK_OK(fabpool_free_on_stream(p, x, s));
+        CHECK(counters(p).stream_pending_blocks == k0.stream_pending_blocks + 1);
+        CHECK_OK(fabpool_alloc_on_stream(p, n - n / 16, s, &y)); /* the same class, or a large block that fits */
+        CHECK(calls(NULL) == c0);
+        CHECK(y == x);
+        CHECK(tag_ok(y, n, 0x1000 + i));
+        fabpool_counters k1 = counters(p);
+        CHECK(k1.stream_reuse_same == k0.stream_reuse_same + 1 && k1.stream_pending_blocks == k0.stream_pending_blocks);
+        CHECK_OK(fabpool_free_on_stream(p, y, s));
+    }
+    /* a large block far larger than asked is not given (at most 1.25x) */
+    void *big = NULL, *small = NULL;
+    CHECK_OK(fabpool_alloc_on_stream(p, 64 * MB, s, &big));
+    CHECK_OK(fabpool_free_on_stream(p, big, s));
+    fabpool_counters k0 = counters(p);
+    CHECK_OK(fabpool_alloc_on_stream(p, 40 * MB, s, &small));
+    size_t us = 0;
+    CHECK_OK(fabpool_usable_size(p, small, &us));
+    CHECK(us >= 40 * MB && us <= 50 * MB && counters(p).stream_reuse_same == k0.stream_reuse_same);
+    CHECK_OK(fabpool_free(p, small));
+    CHECK_OK(fabpool_destroy(p));
+    CHECK(t_ledger().bytes_held == 0 && t_ledger().mappings == 0);
+}
+
+/* Another stream and fabpool_alloc get a block only once the work of the
+ * stream it was freed on is done.  `from` may be NULL (the legacy default stream). */
+static void other_streams(CUstream from, CUstream to, size_t n)
+{
+    fabpool_t *p = pool(NULL);
+    if (!p)
+        return;
+    void *x = NULL, *y = NULL, *z = NULL, *w = NULL;
+    CHECK_OK(fabpool_alloc_on_stream(p, n, from, &x));
+    put(x, n, 0xabcdef);
+    hold(from); /* kernels on `from` that use x are still queued */
+    CHECK_OK(fabpool_free_on_stream(p, x, from));
+    fabpool_counters k0 = counters(p);
+    CHECK_OK(fabpool_alloc_on_stream(p, n, to, &y));
+    CHECK(y != NULL && y != x);
+    CHECK_OK(fabpool_alloc(p, n, &z));
+    CHECK(z != NULL && z != x);
+    fabpool_counters k1 = counters(p);
+    CHECK(k1.stream_events_recorded > k0.stream_events_recorded); /* the miss recorded one event on `from` */
+    CHECK(k1.stream_pending_blocks == 1 && k1.stream_releases == k0.stream_releases);
+    CHECK_OK(fabpool_collect(p, 0)); /* not done yet: it stays */
+    CHECK(counters(p).stream_pending_blocks == 1);
+    CHECK(tag_ok(x, n, 0xabcdef)); /* mapped, data and all */
+    /* fabpool_free of it is a double free now */
+    CHECK_STATUS(fabpool_free(p, x), FABPOOL_ERR_DOUBLE_FREE);
+    CHECK(strstr(fabpool_last_error(), "stream") != NULL);
+    release(from);
+    CHECK_OK(fabpool_alloc_on_stream(p, n, to, &w));
+    CHECK(w == x); /* now it is done: handed over */
+    CHECK(tag_ok(w, n, 0xabcdef));
+    fabpool_counters k2 = counters(p);
+    CHECK(k2.stream_reuse_after_event == k1.stream_reuse_after_event + 1 && k2.stream_pending_blocks == 0);
+    /* and to fabpool_alloc: freed on a held stream, then collected once done */
+    hold(to);
+    CHECK_OK(fabpool_free_on_stream(p, w, to));
+    CHECK_OK(fabpool_collect(p, 0));
+    CHECK(counters(p).stream_pending_blocks == 1);
+    release(to);
+    CHECK_OK(fabpool_collect(p, 0));
+    fabpool_counters k3 = counters(p);
+    CHECK(k3.stream_pending_blocks == 0 && k3.stream_releases == k2.stream_releases + 1);
+    CHECK_STATUS(fabpool_free(p, w), FABPOOL_ERR_DOUBLE_FREE); /* it is the pool's free memory now */
+    CHECK_OK(fabpool_free(p, y));
+    CHECK_OK(fabpool_free(p, z));
+    CHECK_OK(fabpool_destroy(p));
+    CHECK(t_ledger().bytes_held == 0);
+}
+
+/* fabpool_trim, the decay (decay_ms:0 trims at every slow path) and a
+ * large allocation that trades free chunks never unmap a pending block. */
+static void pending_stays_mapped(CUstream s, CUstream s2)
+{
+    fabpool_t *p = pool("decay_ms:0");
+    if (!p)
+        return;
+    void *a = NULL, *b = NULL;
+    CHECK_OK(fabpool_alloc_on_stream(p, 64 * MB, s, &a)); /* large: two 32 MiB chunks */
+    CHECK_OK(fabpool_alloc_on_stream(p, 1 * MB, s, &b)); /* a slab of its own class */
+    put(a, 64 * MB, 0xa);
+    put(b, 1 * MB, 0xb);
+    hold(s);
+    CHECK_OK(fabpool_free_on_stream(p, a, s));
+    CHECK_OK(fabpool_free_on_stream(p, b, s));
+    uint64_t held0 = t_ledger().bytes_held;
+    CHECK(held0 >= 66 * MB);
+    CHECK_OK(fabpool_trim(p, 0));
+    CHECK(t_ledger().bytes_held == held0);
+    CHECK(tag_ok(a, 64 * MB, 0xa) && tag_ok(b, 1 * MB, 0xb));
+    /* decay: every slow path of a decay_ms:0 pool trims all idle memory */
+    for (int i = 0; i < 4; i++) {
+        void *q = NULL;
+        CHECK_OK(fabpool_alloc(p, 3 * MB, &q));
+        CHECK_OK(fabpool_free(p, q));
+    }
+    CHECK(tag_ok(a, 64 * MB, 0xa) && tag_ok(b, 1 * MB, 0xb));
+    /* a larger block on another stream: a miss that would trade a's chunks if they were free */
+    void *c = NULL;
+    CHECK_OK(fabpool_alloc_on_stream(p, 96 * MB, s2, &c));
+    CHECK(c != a);
+    CHECK(t_ledger().bytes_held >= held0 + 96 * MB);
+    CHECK(tag_ok(a, 64 * MB, 0xa) && tag_ok(b, 1 * MB, 0xb));
+    fabpool_stats st;
+    CHECK_OK(fabpool_get_stats(p, &st));
+    CHECK(st.stream_pending_blocks == 2 && st.stream_pending_bytes == 65 * MB);
+    CHECK(st.mapped_bytes == t_ledger().bytes_mapped);
+    /* done: the pool may take it back, and a trim returns it */
+    release(s);
+    CHECK_OK(fabpool_free(p, c));
+    CHECK_OK(fabpool_collect(p, 1));
+    CHECK_OK(fabpool_trim(p, 0));
+    CHECK(t_ledger().bytes_held == 0);
+    CHECK(counters(p).streams == 0); /* idle stream records are forgotten */
+    CHECK_OK(fabpool_destroy(p));
+}
+
+/* Out of memory with blocks pending on a stream: the pool waits for them and tries once more. */
+static void oom_waits_for_pending(CUstream s)
+{
+    int (*fault)(const char *, uint64_t, int, int);
+    void (*fault_clear)(void);
+    *(void **)&fault = dlsym(RTLD_DEFAULT, "fabsim_fault_set");
+    *(void **)&fault_clear = dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
+    fabpool_t *p = pool("decay_ms:0");
+    if (!p || !fault || !fault_clear)
+        return;
+    void *a = NULL, *b = NULL;
+    CHECK_OK(fabpool_alloc_on_stream(p, 64 * MB, s, &a));
+    hold(s);
+    CHECK_OK(fabpool_free_on_stream(p, a, s));
+    fabpool_counters k0 = counters(p);
+    fault("cuMemCreate", 1, 0, CUDA_ERROR_OUT_OF_MEMORY); /* the next chunk: the device is full */
+    CHECK_OK(fabpool_alloc(p, 64 * MB, &b));
+    fault_clear();
+    CHECK(b == a); /* a's memory, once the stream's work was waited for */
+    fabpool_counters k1 = counters(p);
+    CHECK(k1.oom_retries == k0.oom_retries + 1 && k1.stream_pending_blocks == 0);
+    CHECK_OK(fabpool_free(p, b));
+    release(s);
+    CHECK_OK(fabpool_destroy(p));
+    CHECK(t_ledger().bytes_held == 0);
+}
+
+/* Destroy with blocks pending on held streams: nothing stays held, no block counts as live. */
+static void destroy_pending(CUstream s, CUstream s2)
+{
+    fabpool_t *p = pool(NULL);
+    if (!p)
+        return;
+    hold(s);
+    hold(s2);
+    for (int i = 0; i < 40; i++) {
+        void *x = NULL;
+        CUstream on = i % 2 ? s : s2;
+        CHECK_OK(fabpool_alloc_on_stream(p, (size_t)(i % 5 ? 1000ull * (uint64_t)(i + 1) : (uint64_t)(i + 1) * 3 * MB), on, &x));
+        CHECK_OK(fabpool_free_on_stream(p, x, on));
+    }
+    CHECK(counters(p).stream_pending_blocks > 0);
+    CHECK_OK(fabpool_destroy(p));
+    fabsim_ledger l = t_ledger();
+    CHECK(l.bytes_held == 0 && l.mappings == 0 && l.reservations == 0 && l.handles == 0);
+    release(s);
+    release(s2);
+}
+
+/* Bad input: a clear status and message, nothing changed. */
+static void bad_input(CUstream s)
+{
+    fabpool_t *p = pool(NULL), *q = pool(NULL);
+    if (!p || !q)
+        return;
+    void *x = NULL, *big = NULL, *other = NULL;
+    CHECK_OK(fabpool_alloc(p, 4096, &x));
+    CHECK_OK(fabpool_alloc(p, 24 * MB, &big));
+    CHECK_OK(fabpool_alloc(q, 4096, &other));
+    fabpool_counters k0 = counters(p);
+    hold(s); /* what is freed on s below stays pending */
+    CHECK_STATUS(fabpool_free_on_stream(NULL, x, s), FABPOOL_ERR_INVALID_ARG);
+    CHECK(strstr(fabpool_last_error(), "pool is NULL") != NULL);
+    CHECK_STATUS(fabpool_free_on_stream(p, NULL, s), FABPOOL_ERR_INVALID_ARG);
+    CHECK_STATUS(fabpool_free_on_stream(p, other, s), FABPOOL_ERR_NOT_FOUND); /* another pool's */
+    CHECK(strstr(fabpool_last_error(), "did not give out") != NULL);
+    int local;
+    CHECK_STATUS(fabpool_free_on_stream(p, &local, s), FABPOOL_ERR_NOT_FOUND);
+    CHECK_STATUS(fabpool_free_on_stream(p, (char *)x + 256, s), FABPOOL_ERR_NOT_FOUND);
+    CHECK(strstr(fabpool_last_error(), "interior") != NULL);
+    CHECK_STATUS(fabpool_free_on_stream(p, (char *)big + 2 * MB, s), FABPOOL_ERR_NOT_FOUND);
+    CHECK(strstr(fabpool_last_error(), "interior") != NULL);
+    fabpool_counters k1 = counters(p);
+    CHECK(k1.stream_frees == k0.stream_frees && k1.stream_pending_blocks == 0);
+    /* double frees: on a stream twice, and on a stream after fabpool_free */
+    CHECK_OK(fabpool_free_on_stream(p, x, s));
+    CHECK_STATUS(fabpool_free_on_stream(p, x, s), FABPOOL_ERR_DOUBLE_FREE);
+    CHECK(strstr(fabpool_last_error(), "double free") != NULL);
+    CHECK_OK(fabpool_free_on_stream(p, big, s));
+    CHECK_STATUS(fabpool_free_on_stream(p, big, s), FABPOOL_ERR_DOUBLE_FREE);
+    CHECK_STATUS(fabpool_free(p, big), FABPOOL_ERR_DOUBLE_FREE);
+    CHECK(counters(p).stream_pending_blocks == 2 && counters(p).stream_frees == k0.stream_frees + 2);
+    void *y = NULL;
+    CHECK_OK(fabpool_alloc(p, 4096, &y));
+    CHECK_OK(fabpool_free(p, y));
+    CHECK_STATUS(fabpool_free_on_stream(p, y, s), FABPOOL_ERR_DOUBLE_FREE);
+    CHECK(counters(p).stream_pending_blocks == 2);
+    /* alloc_on_stream's own checks */
+    void *z = (void *)1;
+    CHECK_STATUS(fabpool_alloc_on_stream(NULL, 10, s, &z), FABPOOL_ERR_INVALID_ARG);
+    CHECK_STATUS(fabpool_alloc_on_stream(p, 10, s, NULL), FABPOOL_ERR_INVALID_ARG);
+    CHECK_STATUS(fabpool_alloc_on_stream(p, 0, s, &z), FABPOOL_ERR_INVALID_ARG);
+    CHECK(z == NULL && strstr(fabpool_last_error(), "size 0") != NULL);
+    CHECK(fabpool_alloc_on_stream(p, (size_t)1 << 62, s, &z) != FABPOOL_OK && z == NULL);
+    CHECK_STATUS(fabpool_get_counters(NULL, &k1), FABPOOL_ERR_INVALID_ARG);
+    release(s);
+    CHECK_OK(fabpool_free(q, other));
+    CHECK_OK(fabpool_destroy(q));
+    CHECK_OK(fabpool_destroy(p)); /* the pending blocks are not live blocks: OK, not BUSY */
+    CHECK(t_ledger().bytes_held == 0);
+}
+
+/* Two threads, each on its own stream (and sometimes the other's frees
+ * pending): no block is ever given to both (every live block keeps its tag). */
+typedef struct worker {
+    fabpool_t *p;
+    CUstream s;
+    int id, failures;
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    cuCtxSetCurrent(t_ctx);
+    enum { N = 32 };
+    void *live[N] = {0};
+    size_t sz[N] = {0};
+    uint64_t seed = 777 + (uint64_t)w->id * 1000003;
+    for (int i = 0; i < 4000; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int k = (int)((seed >> 33) % N);
+        uint64_t tag = ((uint64_t)w->id << 56) ^ ((uint64_t)k << 40) ^ sz[k];
+        if (live[k]) {
+            if (!tag_ok(live[k], sz[k], tag))
+                w->failures++;
+            if (fabpool_free_on_stream(w->p, live[k], w->s) != FABPOOL_OK)
+                w->failures++;
+            live[k] = NULL;
+        } else {
+            unsigned r = (unsigned)(seed >> 40);
+            sz[k] = r % 9 == 0 ? (size_t)(9 + r % 12) * MB : 256 + r % (300 << 10);
+            if (fabpool_alloc_on_stream(w->p, sz[k], w->s, &live[k]) != FABPOOL_OK) {
+                w->failures++;
+                live[k] = NULL;
+                continue;
+            }
+            /* not put(): CHECK's counters are the main thread's */
+            uint64_t t1 = ((uint64_t)w->id << 56) ^ ((uint64_t)k << 40) ^ sz[k], t2 = ~t1;
+            if (cuMemcpyHtoD((CUdeviceptr)(uintptr_t)live[k], &t1, sizeof t1) != CUDA_SUCCESS ||
+                cuMemcpyHtoD((CUdeviceptr)(uintptr_t)live[k] + sz[k] - sizeof t2, &t2, sizeof t2) != CUDA_SUCCESS)
+                w->failures++;
+        }
+        if (i % 1000 == 500)
+            fabpool_trim(w->p, 0);
+    }
+    for (int k = 0; k < N; k++)
+        if (live[k] && fabpool_free_on_stream(w->p, live[k], w->s) != FABPOOL_OK)
+            w->failures++;
+    return NULL;
+}
+
+static void threads(CUstream s, CUstream s2)
+{
+    fabpool_t *p = pool(NULL);
+    if (!p)
+        return;
+    worker w[2] = {{p, s, 0, 0}, {p, s2, 1, 0}};
+    pthread_t th[2];
+    hold(s2); /* the second thread's frees stay pending for a while */
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, worker_main, &w[i]);
+    pthread_join(th[0], NULL);
+    release(s2);
+    pthread_join(th[1], NULL);
+    CHECK(w[0].failures == 0 && w[1].failures == 0);
+    fabpool_counters k = counters(p);
+    CHECK(k.stream_reuse_same > 100);
+    printf("threads: %llu frees on streams, %llu same-stream reuses, %llu after an event, %llu back to the pool, "
+           "%llu events recorded\n", (unsigned long long)k.stream_frees, (unsigned long long)k.stream_reuse_same,
+           (unsigned long long)k.stream_reuse_after_event, (unsigned long long)k.stream_releases,
+           (unsigned long long)k.stream_events_recorded);
+    fabpool_stats st;
+    CHECK_OK(fabpool_collect(p, 1));
+    CHECK_OK(fabpool_get_stats(p, &st));
+    CHECK(st.blocks == 0 && st.stream_pending_blocks == 0 && st.in_use_bytes == 0);
+    CHECK_OK(fabpool_destroy(p));
+    CHECK(t_ledger().bytes_held == 0);
+}
+
+int main(void)
+{
+    int sim = t_driver_init();
+    if (!sim) {
+        fprintf(stderr, "test_stream needs the simulated driver (stream holds, ledger)\n");
+        return t_done("test_stream");
+    }
+    *(void **)&hold = dlsym(RTLD_DEFAULT, "fabsim_stream_hold");
+    *(void **)&release = dlsym(RTLD_DEFAULT, "fabsim_stream_release");
+    *(void **)&calls = dlsym(RTLD_DEFAULT, "fabsim_calls");
+    CUstream s1, s2;
+    CHECK_CU(cuStreamCreate(&s1, 0));
+    CHECK_CU(cuStreamCreate(&s2, 0));
+    same_stream(s1);
+    same_stream(NULL);
+    other_streams(s1, s2, 4096);
+    other_streams(s2, s1, 24 * MB);
+    other_streams(NULL, s2, 768);    /* the legacy default stream */
+    other_streams(s1, NULL, 100000);
+    pending_stays_mapped(s1, s2);
+    oom_waits_for_pending(s1);
+    destroy_pending(s1, s2);
+    bad_input(s1);
+    threads(s1, s2);
+    cuStreamDestroy(s1);
+    cuStreamDestroy(s2);
+    return t_done("test_stream");
+}
