@@ -24,6 +24,7 @@ static const char *const status_names[] = {
     [FABPOOL_ERR_BUSY] = "FABPOOL_ERR_BUSY",
     [FABPOOL_ERR_DESCRIPTOR] = "FABPOOL_ERR_DESCRIPTOR",
     [FABPOOL_ERR_IO] = "FABPOOL_ERR_IO",
+    [FABPOOL_ERR_ASLEEP] = "FABPOOL_ERR_ASLEEP",
 };
 
 const char *fabpool_status_name(fabpool_status s)

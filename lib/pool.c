@@ -7,6 +7,7 @@
 #include "conf.h"
 #include "error.h"
 #include "pool.h"
+#include "sleep.h"
 #include "trace.h"
 
 /* ------------------------------------------------------------ page map */
@@ -317,6 +318,7 @@ static fabpool_status teardown(struct fabpool *p)
     fabpool_status st = FABPOOL_OK;
     fp_trace_close(p);
     fp_classes_destroy(p);
+    fp_sleep_free(p);
     fp_tcaches_destroy(p);
     map_destroy(p);
     if (p->va.free)
