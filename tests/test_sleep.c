@@ -85,7 +85,7 @@ static int populate(world *w, const char *conf, uint64_t seed, int scale)
     if (fabpool_create(&o, &w->p) != FABPOOL_OK)
         return -1;
     static const size_t small_sizes[] = {256, 1000, 4096, 65536, 300000, 3 * MB};
-    int nsmall = scale ? NSMALL : 4;
+    int nsmall = scale ? NSMALL : 3;
     for (int i = 0; i < nsmall; i++) {
         w->small_size[i] = small_sizes[i % 6] + (size_t)(i / 6) * 512;
         if (fabpool_alloc(w->p, w->small_size[i], &w->small[i]) != FABPOOL_OK)
@@ -93,7 +93,7 @@ static int populate(world *w, const char *conf, uint64_t seed, int scale)
     }
     static const size_t large_sizes[] = {9 * MB + 4096, 40 * MB, 70 * MB};
     for (int i = 0; i < (scale ? NLARGE : 1); i++) {
-        w->large_size[i] = large_sizes[i];
+        w->large_size[i] = scale ? large_sizes[i] : 2 * MB + 4096; /* scale 0 has slab_max:1MiB */
         if (fabpool_alloc(w->p, w->large_size[i], &w->large[i]) != FABPOOL_OK)
             return -1;
     }
@@ -340,7 +340,7 @@ static void two_tags(void)
     world weights, kv, other;
     CHECK(populate(&weights, NULL, 31, 1) == 0);
     CHECK(populate(&kv, NULL, 41, 1) == 0);
-    CHECK(populate(&other, NULL, 51, 0) == 0);
+    CHECK(populate(&other, "slab_max:1MiB", 51, 0) == 0);
     if (!weights.p || !kv.p || !other.p)
         return;
     uint64_t mo = t_mapped(other.p);
@@ -379,7 +379,7 @@ static void refusals(void)
     fabpool_sleep_info si;
     CHECK_STATUS(fabpool_sleep_state(NULL, &si), FABPOOL_ERR_INVALID_ARG);
     world w;
-    CHECK(populate(&w, "handle_type:posix_fd", 61, 0) == 0);
+    CHECK(populate(&w, "handle_type:posix_fd,slab_max:1MiB", 61, 0) == 0);
     if (!w.p)
         return;
     CHECK_STATUS(fabpool_sleep_state(w.p, NULL), FABPOOL_ERR_INVALID_ARG);
@@ -509,7 +509,7 @@ static void destroy_asleep(void)
 {
     fabsim_ledger l0 = t_ledger();
     world w;
-    CHECK(populate(&w, NULL, 71, 0) == 0);
+    CHECK(populate(&w, "slab_max:1MiB", 71, 0) == 0);
     if (!w.p)
         return;
     CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
@@ -539,7 +539,7 @@ static int fault_trial(size_t e, uint64_t n, int phase, fabpool_sleep_mode mode)
 {
     fabsim_ledger l0 = t_ledger();
     world w;
-    if (populate(&w, NULL, 81 + n, 0) != 0) {
+    if (populate(&w, "reserve:2GiB,slab_max:1MiB", 81 + n, 0) != 0) {
         CHECK(!"populate");
         teardown(&w);
         return 0;
