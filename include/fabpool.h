@@ -269,6 +269,7 @@ typedef struct fabpool_sleep_info {
     uint64_t discarded_bytes;    /* the last sleep: device bytes dropped (discard mode, or retired buffer
                                     chunks no one can read) */
     uint64_t host_bytes;         /* pinned host memory held now for the copies */
+    uint64_t host_copies;        /* pieces of it (one per chunk offloaded), each mapped once */
     uint64_t sleeps, wakes;      /* completed, all time */
 } fabpool_sleep_info;
 FABPOOL_API fabpool_status fabpool_sleep_state(fabpool_t *pool, fabpool_sleep_info *out);

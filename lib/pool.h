@@ -178,7 +178,7 @@ struct fabpool {
     fp_tcache *tcaches;
     _Atomic uint64_t flush_epoch;      /* FP_EPOCH_ASLEEP set while asleep (sleep.h) */
     struct fp_sleep *sleep;            /* sleep.c: the chunks put to sleep, non-NULL while asleep (pool lock) */
-    _Atomic uint64_t sleep_offloaded, sleep_discarded, sleep_host_bytes, sleeps, wakes;
+    _Atomic uint64_t sleep_offloaded, sleep_discarded, sleep_host_bytes, sleep_host_copies, sleeps, wakes;
     _Atomic int sleep_mode;
 
     fp_class classes[FP_NCLASS];

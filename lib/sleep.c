@@ -158,6 +158,7 @@ static fabpool_status host_release(struct fabpool *p, struct fp_sleep *r)
             continue;
         }
         atomic_fetch_sub(&p->sleep_host_bytes, e->host_size);
+        atomic_fetch_sub(&p->sleep_host_copies, 1);
         e->host_va = 0;
     }
     if (st == FABPOOL_OK && r->stage_va) {
@@ -266,6 +267,7 @@ static fabpool_status offload(struct fabpool *p, struct fp_sleep *r, void *strea
         e->host_va = at;
         e->host_size = hs;
         atomic_fetch_add(&p->sleep_host_bytes, hs);
+        atomic_fetch_add(&p->sleep_host_copies, 1);
         cr = FP_CU(&p->calls, cuMemcpyDtoDAsync, (CUdeviceptr)at, (CUdeviceptr)e->va, e->size, (CUstream)stream);
         if (cr != CUDA_SUCCESS)
             return fp_drv_error(cr, "cuMemcpyDtoDAsync", "copying a chunk of %llu bytes at 0x%llx to host memory; "
@@ -478,6 +480,7 @@ fabpool_status fabpool_sleep_state(fabpool_t *p, fabpool_sleep_info *out)
     out->offloaded_bytes = atomic_load(&p->sleep_offloaded);
     out->discarded_bytes = atomic_load(&p->sleep_discarded);
     out->host_bytes = atomic_load(&p->sleep_host_bytes);
+    out->host_copies = atomic_load(&p->sleep_host_copies);
     out->sleeps = atomic_load(&p->sleeps);
     out->wakes = atomic_load(&p->wakes);
     return FABPOOL_OK;
