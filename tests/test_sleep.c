@@ -91,14 +91,14 @@ static int populate(world *w, const char *conf, uint64_t seed, int scale)
         if (fabpool_alloc(w->p, w->small_size[i], &w->small[i]) != FABPOOL_OK)
             return -1;
     }
-    static const size_t large_sizes[] = {9 * MB + 4096, 40 * MB, 70 * MB};
+    static const size_t large_sizes[] = {9 * MB + 4096, 20 * MB, 34 * MB};
     for (int i = 0; i < (scale ? NLARGE : 1); i++) {
         w->large_size[i] = scale ? large_sizes[i] : 2 * MB + 4096; /* scale 0 has slab_max:1MiB */
         if (fabpool_alloc(w->p, w->large_size[i], &w->large[i]) != FABPOOL_OK)
             return -1;
     }
     for (int i = 0; i < NBUF; i++) {
-        w->buf_size[i] = scale ? (i ? 50 * MB : 6 * MB) : 3 * MB;
+        w->buf_size[i] = scale ? (i ? 24 * MB : 6 * MB) : 3 * MB;
         if (fabpool_buffer_create(w->p, 256 * MB, w->buf_size[i] / 2, &w->buf[i]) != FABPOOL_OK ||
             fabpool_buffer_resize(w->buf[i], w->buf_size[i], NULL) != FABPOOL_OK) /* two chunks or more */
             return -1;
@@ -175,7 +175,7 @@ static void offload_round_trip(void)
         return;
     fabpool_stats s0;
     fabpool_get_stats(w.p, &s0);
-    CHECK(s0.mapped_bytes > 150 * MB);
+    CHECK(s0.mapped_bytes > 90 * MB);
     if (sim)
         CHECK(t_ledger().bytes_held - l0.bytes_held == s0.mapped_bytes);
     size_t us0 = 0;
