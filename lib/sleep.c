@@ -135,7 +135,8 @@ static struct fp_sleep *record_new(struct fabpool *p, fabpool_sleep_mode mode, f
         for (uint32_t i = 0; i < b->n; i++) /* a retired chunk (an unmap that failed before): no one reads it */
             e[k++] = (fp_slept){.va = b->base + b->chunks[i].off, .size = b->chunks[i].size, .buf = b,
                                 .copy = (uint8_t)(copy && !b->chunks[i].retiring && !b->destroyed)};
-    qsort(e, n, sizeof *e, by_va);
+    if (n)
+        qsort(e, n, sizeof *e, by_va);
     r->e = e;
     r->n = n;
     return r;
