@@ -93,12 +93,12 @@ static int populate(world *w, const char *conf, uint64_t seed, int scale)
     }
     static const size_t large_sizes[] = {9 * MB + 4096, 20 * MB, 34 * MB};
     for (int i = 0; i < (scale ? NLARGE : 1); i++) {
-        w->large_size[i] = scale ? large_sizes[i] : 2 * MB + 4096; /* scale 0 has slab_max:1MiB */
+        w->large_size[i] = scale ? large_sizes[i] : 1 * MB + 4096; /* scale 0 has slab_max:1MiB */
         if (fabpool_alloc(w->p, w->large_size[i], &w->large[i]) != FABPOOL_OK)
             return -1;
     }
     for (int i = 0; i < NBUF; i++) {
-        w->buf_size[i] = scale ? (i ? 24 * MB : 6 * MB) : 3 * MB;
+        w->buf_size[i] = scale ? (i ? 24 * MB : 6 * MB) : 2 * MB + 4096;
         if (fabpool_buffer_create(w->p, 256 * MB, w->buf_size[i] / 2, &w->buf[i]) != FABPOOL_OK ||
             fabpool_buffer_resize(w->buf[i], w->buf_size[i], NULL) != FABPOOL_OK) /* two chunks or more */
             return -1;
@@ -618,9 +618,11 @@ static void faults(void)
         printf("test_sleep: fault injection needs the simulated driver; skipped\n");
         return;
     }
+    /* sleep with offload and with discard, and the wake of an offload (a discard's wake makes the same calls
+     * less the copies) */
     for (int phase = 0; phase < 2; phase++)
         for (int mode = 0; mode < 2; mode++)
-            for (size_t e = 0; e < N_FAULT_ENTRIES; e++)
+            for (size_t e = 0; e < N_FAULT_ENTRIES && !(phase == 1 && mode == FABPOOL_SLEEP_DISCARD); e++)
                 for (uint64_t n = 1; n < 200 && fault_trial(e, n, phase, (fabpool_sleep_mode)mode); n++)
                     ;
     printf("test_sleep: %d faults injected into sleep and wake, %d made the call fail, %d absorbed\n", n_trials,
