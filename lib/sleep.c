@@ -414,10 +414,11 @@ fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", fabpool_last_error());
             fabpool_status wst = wake_locked(p, stream);
-            if (wst == FABPOOL_OK)
+            if (wst == FABPOOL_OK) {
+                atomic_fetch_sub(&p->wakes, 1); /* a rollback, not a wake */
                 st = fp_error(st, "%s; the chunks already unmapped were mapped again%s: the pool is awake", msg,
                               mode == FABPOOL_SLEEP_OFFLOAD ? " with their contents" : "");
-            else
+            } else
                 fp_error_append(" (after: %s)", msg);
             goto out;
         }

@@ -81,6 +81,7 @@ static int populate(world *w, const char *conf, uint64_t seed, int scale)
     w->seed = seed;
     fabpool_options o;
     fabpool_options_init(&o);
+    o.reserve_bytes = 4ull << 30; /* several pools at once, also under valgrind (it limits address space) */
     o.conf = conf;
     if (fabpool_create(&o, &w->p) != FABPOOL_OK)
         return -1;
@@ -473,7 +474,10 @@ static void thread_caches(void)
 {
     fabsim_ledger l0 = t_ledger();
     fabpool_t *p = NULL;
-    CHECK_OK(fabpool_create(NULL, &p));
+    fabpool_options o;
+    fabpool_options_init(&o);
+    o.reserve_bytes = 4ull << 30;
+    CHECK_OK(fabpool_create(&o, &p));
     if (!p)
         return;
     pthread_barrier_t bar;
@@ -539,7 +543,7 @@ static int fault_trial(size_t e, uint64_t n, int phase, fabpool_sleep_mode mode)
 {
     fabsim_ledger l0 = t_ledger();
     world w;
-    if (populate(&w, "reserve:2GiB,slab_max:1MiB", 81 + n, 0) != 0) {
+    if (populate(&w, "slab_max:1MiB", 81 + n, 0) != 0) {
         CHECK(!"populate");
         teardown(&w);
         return 0;
