@@ -1,7 +1,8 @@
 #!/bin/bash
 # sleep.sh - fabpool_sleep / fabpool_wake on one H200 (issue 14 item 1).
 # Run from the repository root; needs CUDA 13, cmake and PyTorch 2.11 in python3; about 2 minutes.
-# Builds libfabpool_torch.so against the real driver (and test_sleep, the C test, which it runs too), then
+# Builds libfabpool_torch.so against the real driver, runs test_conformance (it has the copies between device and
+# host NUMA memory that sleep and wake make, not measured before) and test_sleep (the C test), then
 # perf/h200/sleep_check.py:
 #   memory_given_back   a ~170 M parameter transformer trained a few steps with AdamW in the MemPool tag
 #                       "weights" beside 1 GiB in the tag "kv"; sleep (weights offloaded, kv discarded):
@@ -27,7 +28,9 @@ LIB="$B/adapters/torch/libfabpool_torch.so"
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' 2>&1
   step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real
-  step build 150 cmake --build "$B" -j16 --target fabpool_torch test_sleep
+  step build 150 cmake --build "$B" -j16 --target fabpool_torch test_sleep test_conformance
+  # the driver's answers, among them the copies between device and host NUMA memory that sleep and wake make
+  step conformance 60 ctest --test-dir "$B" -R '^test_conformance$' --output-on-failure
   # the C test on the real driver: the fault sweep is sim-only and skips itself
   step test_sleep 60 ctest --test-dir "$B" -R '^test_sleep$' --output-on-failure
   step sleep_check 200 python3 perf/h200/sleep_check.py --lib "$LIB" --out "$OUT/sleep.json"
