@@ -246,6 +246,8 @@ FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
  * A dma-buf fd still open keeps its range's memory alive (fabpool_buffer_dmabuf).
  * On failure (host memory, a driver call) the pool is as before the call
  * (awake, data in place); only the cached memory trimmed stays returned.
+ * (Should a chunk refuse to unmap and the chunks already unmapped then fail
+ * to map again, the pool stays asleep and fabpool_wake completes it.)
  *
  * fabpool_wake maps fresh device memory at the same addresses in the same
  * chunks, restores the offloaded bytes (copied on `stream`, then waited for),
