@@ -5,6 +5,7 @@
 
 #include "error.h"
 #include "pool.h"
+#include "sleep.h"
 #include "trace.h"
 
 #define FP_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -132,7 +133,7 @@ void fp_tcache_flush(struct fabpool *p, fp_tcache *tc)
             b->n = 0;
         }
     }
-    tc->epoch = atomic_load(&p->flush_epoch);
+    tc->epoch = fp_tcache_epoch(p);
 }
 
 static fp_tcache *tcache_new(struct fabpool *p)
@@ -151,7 +152,7 @@ static fp_tcache *tcache_new(struct fabpool *p)
         tc->bins[c].items = items;
         items += p->tc_cap[c];
     }
-    tc->epoch = atomic_load(&p->flush_epoch);
+    tc->epoch = fp_tcache_epoch(p);
     fp_lock(&p->lock);
     tc->next = p->tcaches;
     if (p->tcaches)
@@ -233,6 +234,8 @@ static fabpool_status alloc_slow_once(fabpool_t *p, size_t size, void **out)
     *out = NULL;
     if (size == 0)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc: size 0; ask for at least one byte");
+    if (FP_UNLIKELY(fp_asleep(p)))
+        return fp_asleep_error("fabpool_alloc");
     if (size > p->opt.slab_max_bytes)
         return fp_large_alloc(p, size, out);
 

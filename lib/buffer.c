@@ -7,6 +7,7 @@
 
 #include "error.h"
 #include "pool.h"
+#include "sleep.h"
 #include "trace.h"
 
 static void list_add(struct fabpool *p, struct fabpool_buffer *b)
@@ -500,6 +501,12 @@ fabpool_status fabpool_buffer_create(fabpool_t *p, size_t max_size, size_t size,
                         "pool's reservation of %llu bytes; raise reserve", (unsigned long long)b->window,
                         (unsigned long long)p->va_size);
     }
+    if (fp_asleep(p)) {
+        fp_va_free(&p->va, b->base, b->window);
+        fp_unlock(&p->lock);
+        fp_meta_free(&p->meta, b, sizeof *b);
+        return fp_asleep_error("fabpool_buffer_create");
+    }
     list_add(p, b);
     atomic_fetch_add(&p->buffer_count, 1);
     uint32_t from;
@@ -552,6 +559,12 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
     if (n > STACK && !(from = fp_meta_alloc(&p->meta, n * sizeof *from)))
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to resize %zu buffers", n);
     fp_lock(&p->lock);
+    if (fp_asleep(p)) {
+        fp_unlock(&p->lock);
+        if (from != from_stack)
+            fp_meta_free(&p->meta, from, n * sizeof *from);
+        return fp_asleep_error("fabpool_buffer_resize");
+    }
     fp_collect_locked(p, 0);
     fabpool_status st = FABPOOL_OK;
     size_t i;

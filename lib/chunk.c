@@ -6,6 +6,7 @@
 
 #include "error.h"
 #include "pool.h"
+#include "sleep.h"
 
 static void human(char *buf, size_t n, uint64_t b)
 {
@@ -152,6 +153,8 @@ fabpool_status fp_chunk_map_handle(struct fabpool *p, uint64_t va, uint64_t size
 fabpool_status fp_chunk_unmap(struct fabpool *p, uint64_t va, uint64_t size)
 {
     fp_lock_assert_held(&p->lock);
+    if (p->sleep && fp_sleep_forget(p, va, size))
+        return FABPOOL_OK; /* asleep: unmapped already (sleep.c) */
     CUresult r = FP_CU_UNDO(&p->calls, cuMemUnmap, (CUdeviceptr)va, size);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemUnmap", "unmapping a chunk of %llu bytes at 0x%llx",

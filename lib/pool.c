@@ -7,6 +7,7 @@
 #include "conf.h"
 #include "error.h"
 #include "pool.h"
+#include "sleep.h"
 #include "trace.h"
 
 /* ------------------------------------------------------------ page map */
@@ -323,6 +324,7 @@ static fabpool_status teardown(struct fabpool *p)
         fp_retire_destroy(&p->retire);
     fp_lock(&p->lock);   /* the unmaps assert it (lock.h); no other thread uses the pool any more */
     fp_classes_destroy(p);
+    fp_sleep_free(p);
     fp_unlock(&p->lock);
     fp_tcaches_destroy(p);
     map_destroy(p);

@@ -182,8 +182,11 @@ struct fabpool {
     struct fabpool_buffer *buffers;
     struct fabpool_view *views;
     fp_tcache *tcaches;
-    _Atomic uint64_t flush_epoch;
+    _Atomic uint64_t flush_epoch;      /* FP_EPOCH_ASLEEP set while asleep (sleep.h) */
     fp_retire retire;                  /* blocks freed on streams, events of retired chunks (retire.h) */
+    struct fp_sleep *sleep;            /* sleep.c: the chunks put to sleep, non-NULL while asleep (pool lock) */
+    _Atomic uint64_t sleep_offloaded, sleep_discarded, sleep_host_bytes, sleep_host_copies, sleeps, wakes;
+    _Atomic int sleep_mode;
 
     fp_class classes[FP_NCLASS];
 

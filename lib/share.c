@@ -7,6 +7,7 @@
 
 #include "error.h"
 #include "pool.h"
+#include "sleep.h"
 
 /* ------------------------------------------------------------ the descriptor
  *
@@ -106,6 +107,10 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
     fabpool_status st = FABPOOL_OK;
     if (b->destroyed) {
         st = fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: the buffer is destroyed");
+        goto out;
+    }
+    if (fp_asleep(p)) {
+        st = fp_asleep_error("fabpool_buffer_export");
         goto out;
     }
     if (since > b->generation) {
@@ -567,8 +572,10 @@ fabpool_status fabpool_view_open(fabpool_t *p, const void *desc, size_t len, con
     v->peer_pid = ds.pid;
     v->peer_device = ds.device;
     fp_lock(&p->lock);
-    v->base = fp_va_alloc(&p->va, v->window, ds.gran > p->gran ? ds.gran : p->gran);
-    if (!v->base)
+    v->base = fp_asleep(p) ? 0 : fp_va_alloc(&p->va, v->window, ds.gran > p->gran ? ds.gran : p->gran);
+    if (fp_asleep(p))
+        st = fp_asleep_error("fabpool_view_open");
+    else if (!v->base)
         st = fp_error(FABPOOL_ERR_LIMIT, "fabpool_view_open: no free address range of %llu bytes left in the pool's "
                       "reservation; raise reserve", (unsigned long long)v->window);
     else if ((st = apply_locked(v, &ds, fds)) != FABPOOL_OK)
@@ -600,7 +607,7 @@ fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t le
     fabpool_status st = parse(desc, len, nfds, &ds);
     if (st == FABPOOL_OK) {
         fp_lock(&v->pool->lock);
-        st = apply_locked(v, &ds, fds);
+        st = fp_asleep(v->pool) ? fp_asleep_error("fabpool_view_apply") : apply_locked(v, &ds, fds);
         fp_unlock(&v->pool->lock);
     }
     close_fds(fds, nfds);
