@@ -56,7 +56,8 @@ typedef enum fabpool_status {
     FABPOOL_ERR_BUSY = 11,         /* the object still has users (e.g. live views) */
     FABPOOL_ERR_DESCRIPTOR = 12,   /* a sharing descriptor that is malformed or does not fit */
     FABPOOL_ERR_IO = 13,           /* a socket or file operation failed (fd passing) */
-    FABPOOL_ERR_CORRUPT = 14       /* fabpool_check found a broken invariant of the pool's structures */
+    FABPOOL_ERR_CORRUPT = 14,      /* fabpool_check found a broken invariant of the pool's structures */
+    FABPOOL_ERR_ASLEEP = 15        /* the pool is asleep (fabpool_sleep): call fabpool_wake first */
 } fabpool_status;
 
 /* The enumerator's name, e.g. "FABPOOL_ERR_OUT_OF_MEMORY". */
@@ -258,6 +259,61 @@ FABPOOL_API fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *buf, size_t o
  * event covers yet); with wait != 0, waits for all of it first.  Resize,
  * trim and destroy also do this (destroy waits). */
 FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
+
+/* ----------------------------------------------------------- sleep and wake
+ *
+ * A pool can give its device memory back between phases of a program (an RL
+ * trainer and an inference server sharing one GPU) and get it back at the
+ * same addresses.  The tag is the pool: make one pool per kind of memory
+ * (weights, KV cache, ...) and sleep each with the mode it needs
+ * (docs/design.md says why).
+ *
+ * fabpool_sleep waits for the GPU work on `stream` (a CUstream; NULL: the
+ * whole context) to finish, returns the free cached memory to the driver (as
+ * fabpool_trim(pool, 0)), and then, for every chunk still mapped (slabs, the
+ * chunks of large blocks, the chunks of growable buffers), copies its bytes to
+ * pinned host memory first (FABPOOL_SLEEP_OFFLOAD; VMM host NUMA memory of
+ * the node next to the device), unmaps it and releases its physical memory.
+ * Every address stays reserved, every block and buffer stays allocated.
+ * While asleep, fabpool_alloc, buffer create and resize, export,
+ * fabpool_buffer_dmabuf and view open/apply answer FABPOOL_ERR_ASLEEP;
+ * frees (fabpool_free, fabpool_buffer_destroy) work and only change the
+ * pool's records.  Views of other processes' buffers stay mapped (their
+ * memory is the exporter's).  A pool with an exported buffer whose peers
+ * have not all acknowledged with UINT64_MAX (views may read it) is refused
+ * with FABPOOL_ERR_BUSY, as is a second sleep (FABPOOL_ERR_ASLEEP).
+ * A dma-buf fd still open keeps its range's memory alive (fabpool_buffer_dmabuf).
+ * On failure (host memory, a driver call) the pool is as before the call
+ * (awake, data in place); only the cached memory trimmed stays returned.
+ * (Should a chunk refuse to unmap and the chunks already unmapped then fail
+ * to map again, the pool stays asleep and fabpool_wake completes it.)
+ *
+ * fabpool_wake maps fresh device memory at the same addresses in the same
+ * chunks, restores the offloaded bytes (copied on `stream`, then waited for),
+ * and frees the host copies.  Discarded memory comes back with unspecified
+ * contents.  Memory freed while asleep is not mapped again.  On failure
+ * (device out of memory) the pool stays asleep with what was restored kept:
+ * call fabpool_wake again once memory is free; nothing is lost.
+ * Neither may run while another thread allocates from the pool. */
+typedef enum fabpool_sleep_mode {
+    FABPOOL_SLEEP_DISCARD = 0,   /* contents dropped */
+    FABPOOL_SLEEP_OFFLOAD = 1    /* contents copied to pinned host memory and restored at wake */
+} fabpool_sleep_mode;
+
+FABPOOL_API fabpool_status fabpool_sleep(fabpool_t *pool, fabpool_sleep_mode mode, void *stream);
+FABPOOL_API fabpool_status fabpool_wake(fabpool_t *pool, void *stream);
+
+typedef struct fabpool_sleep_info {
+    int asleep;                  /* 1 from a successful fabpool_sleep until fabpool_wake completes */
+    fabpool_sleep_mode mode;     /* the last sleep's mode */
+    uint64_t offloaded_bytes;    /* the last sleep: device bytes copied to host (restored at its wake) */
+    uint64_t discarded_bytes;    /* the last sleep: device bytes dropped (discard mode, or retired buffer
+                                    chunks no one can read) */
+    uint64_t host_bytes;         /* pinned host memory held now for the copies */
+    uint64_t host_copies;        /* pieces of it (one per chunk offloaded), each mapped once */
+    uint64_t sleeps, wakes;      /* completed, all time */
+} fabpool_sleep_info;
+FABPOOL_API fabpool_status fabpool_sleep_state(fabpool_t *pool, fabpool_sleep_info *out);
 
 /* ------------------------------------------------------------------- stats */
 

@@ -109,7 +109,7 @@ static void tcache_flush(fp_alloc *a, fp_tcache *tc)
             b->n = 0;
         }
     }
-    tc->epoch = atomic_load(&a->flush_epoch);
+    tc->epoch = atomic_load(&a->flush_epoch) & ~FP_EPOCH_ASLEEP;
 }
 
 static void tcache_free(fp_alloc *a, fp_tcache *tc)
@@ -174,7 +174,7 @@ static fp_tcache *tcache_new(fp_alloc *a)
         tc->bins[c].items = items;
         items += a->tc_cap[c];
     }
-    tc->epoch = atomic_load(&a->flush_epoch);
+    tc->epoch = atomic_load(&a->flush_epoch) & ~FP_EPOCH_ASLEEP;
     fp_lock(&a->sp->lock);
     FP_LIST_PUSH(&a->tcaches, tc, next, prev);
     fp_unlock(&a->sp->lock);
@@ -216,6 +216,16 @@ static fp_tcache *tcache_get(fp_alloc *a)
     memmove(&tls_slots[1], &tls_slots[0], (FP_TLS_SLOTS - 1) * sizeof tls_slots[0]);
     tls_slots[0] = (fp_tls_slot){a, a->id, tc};
     return tc;
+}
+
+void fp_alloc_set_asleep(fp_alloc *a, int asleep)
+{
+    if (asleep) {
+        atomic_fetch_or(&a->flush_epoch, FP_EPOCH_ASLEEP);
+        return;
+    }
+    atomic_fetch_and(&a->flush_epoch, ~FP_EPOCH_ASLEEP);
+    atomic_fetch_add(&a->flush_epoch, 1);
 }
 
 void fp_alloc_flush_all(fp_alloc *a)
@@ -303,6 +313,8 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
     *out = NULL;
     if (size == 0)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc: size 0; ask for at least one byte");
+    if (FP_UNLIKELY(fp_chunks_asleep(a->sp->ch)))
+        return fp_chunk_asleep_error("fabpool_alloc");
     if (size > a->slab_max)
         return fp_large_alloc(a->heap, size, out);
 

@@ -82,6 +82,13 @@ void fp_alloc_drain(fp_alloc *a, int wait, int forget);
 int fp_registry_add(fp_alloc *a);
 /* Out of the registry first at destroy: exiting threads no longer touch it. */
 void fp_registry_remove(fp_alloc *a);
+/* While the pool is asleep (fabpool_sleep), flush_epoch carries this bit: no
+ * thread cache's epoch ever equals it (caches store the epoch without the
+ * bit), so every fast path misses and the slow path sees the state. */
+#define FP_EPOCH_ASLEEP (1ull << 63)
+/* Sets or clears the bit (clearing also asks every cache to flush). */
+void fp_alloc_set_asleep(fp_alloc *a, int asleep);
+
 /* A trim: the calling thread's caches flushed now, every other thread's at
  * its next call. */
 void fp_alloc_flush_all(fp_alloc *a);

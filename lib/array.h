@@ -7,6 +7,8 @@
 #define FP_ARRAY_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "meta.h"
 
@@ -20,6 +22,26 @@ int fp_array_reserve(fp_meta *meta, void *items, size_t elem, size_t n, size_t *
 /* FP_ARRAY_RESERVE(meta, b->chunks, b->n, b->cap, b->n + 1, 8) */
 #define FP_ARRAY_RESERVE(meta, arr, n, cap, need, first) \
     fp_array_reserve((meta), &(arr), sizeof *(arr), (n), &(cap), (need), (first))
+
+/* Binary search: the index of the first of n elements (elem bytes each,
+ * sorted by the uint64_t at byte key_off) whose key is >= key; n if none. */
+static inline size_t fp_array_lower(const void *items, size_t n, size_t elem, size_t key_off, uint64_t key)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        uint64_t k;
+        memcpy(&k, (const char *)items + mid * elem + key_off, sizeof k);
+        if (k < key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+/* FP_ARRAY_LOWER(h->lchunks, h->n_lchunks, fp_lchunk, va, addr) */
+#define FP_ARRAY_LOWER(arr, n, type, field, key) \
+    fp_array_lower((arr), (n), sizeof(type), offsetof(type, field), (key))
 
 /* Frees an array made by fp_array_reserve and leaves it empty. */
 void fp_array_free(fp_meta *meta, void *items, size_t elem, size_t *cap);

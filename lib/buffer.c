@@ -40,7 +40,7 @@ static int peers_may_hold(const struct fabpool_buffer *b, uint64_t named)
 /* Closes the pool's copy of chunk c's exported fd, if it holds one (an open
  * fd keeps the memory alive), and forgets its fabric handle: the chunk is
  * unmapped or replaced. */
-static void forget_export(fp_buffers *bs, fp_bchunk *c)
+void fp_bchunk_forget_export(fp_buffers *bs, fp_bchunk *c)
 {
     fp_lock_assert_held(&bs->sp->lock);
     fp_chunk_close_fd(bs->sp->ch, &c->fd);
@@ -55,7 +55,7 @@ static fabpool_status remove_chunk(fp_buffers *bs, struct fabpool_buffer *b, uin
     fabpool_status st = fp_chunk_unmap(bs->sp->ch, b->base + c->off, c->size);
     if (st != FABPOOL_OK)
         return st;
-    forget_export(bs, c);
+    fp_bchunk_forget_export(bs, c);
     int was_live = !c->retiring;
     if (c->retiring) {
         fp_retire_ticket_drop(bs->retire, &c->ticket);
@@ -337,7 +337,7 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
     fp_chunk_count_mapped(bs->sp->ch, rs);
     if (!ghost_keep(bs, b, c, ho)) /* the old memory, for the peers that may still import it */
         fp_chunk_release(bs->sp->ch, ho);
-    forget_export(bs, c);
+    fp_bchunk_forget_export(bs, c);
     b->live -= old - rs;
     b->mapped -= old - rs;
     atomic_fetch_sub(&bs->mapped, old - rs);
@@ -479,6 +479,12 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
                         "pool's reservation of %llu bytes; raise reserve", (unsigned long long)b->window,
                         (unsigned long long)bs->sp->va.size);
     }
+    if (fp_chunks_asleep(bs->sp->ch)) {
+        fp_va_free(&bs->sp->va, b->base, b->window);
+        fp_unlock(&bs->sp->lock);
+        fp_meta_free(bs->sp->meta, b, sizeof *b);
+        return fp_chunk_asleep_error("fabpool_buffer_create");
+    }
     FP_LIST_PUSH(&bs->list, b, next, prev);
     atomic_fetch_add(&bs->count, 1);
     uint32_t from;
@@ -531,6 +537,12 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
     if (n > STACK && !(from = fp_meta_alloc(bs->sp->meta, n * sizeof *from)))
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to resize %zu buffers", n);
     fp_lock(&bs->sp->lock);
+    if (fp_chunks_asleep(bs->sp->ch)) {
+        fp_unlock(&bs->sp->lock);
+        if (from != from_stack)
+            fp_meta_free(bs->sp->meta, from, n * sizeof *from);
+        return fp_chunk_asleep_error("fabpool_buffer_resize");
+    }
     fp_collect_locked(bs, 0);
     fabpool_status st = FABPOOL_OK;
     size_t i;

@@ -87,6 +87,11 @@ void fp_buffers_destroy(fp_buffers *bs);
 fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fabpool_buffer_t **out);
 fabpool_status fp_buffers_collect(fp_buffers *bs, int wait);
 
+/* Closes the pool's copy of chunk c's exported fd, if it holds one (an open
+ * fd keeps the memory alive), and forgets its fabric handle: the chunk is
+ * unmapped, replaced, or put to sleep (sleep.c).  Pool lock held. */
+void fp_bchunk_forget_export(fp_buffers *bs, fp_bchunk *c);
+
 /* Unmaps retired chunks whose event has completed (all of them, waiting,
  * with wait != 0) and that no peer may still import; frees destroyed
  * buffers that hold nothing any more.  Pool lock held. */

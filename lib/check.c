@@ -15,6 +15,7 @@
 
 #include "error.h"
 #include "pool.h"
+#include "sleep.h"
 
 #define FAIL(...) fp_error(FABPOOL_ERR_CORRUPT, "fabpool_check: " __VA_ARGS__)
 #define ULL(x) ((unsigned long long)(x))
@@ -644,6 +645,10 @@ static fabpool_status check_locked(walk *w)
     if (w->pending != atomic_load(&p->retire.pending_blocks))
         return FAIL("[retire.pending] %llu slab and large blocks are marked pending on a stream, the retirement queue "
                     "holds %llu", ULL(w->pending), ULL(atomic_load(&p->retire.pending_blocks)));
+    uint64_t slept_chunks, slept_bytes;   /* asleep: chunks the records keep, unmapped (sleep.h) */
+    fp_sleep_unmapped(p, &slept_chunks, &slept_bytes);
+    w->n_chunks -= slept_chunks;
+    w->chunk_bytes -= slept_bytes;
     if (w->chunk_bytes != atomic_load(&p->ch.mapped_bytes) || w->n_chunks != atomic_load(&p->ch.chunks_mapped))
         return FAIL("[pool.mapped] slabs, large chunks, buffer and view chunks: %llu mappings of %llu bytes; the "
                     "pool counts %llu of %llu bytes", ULL(w->n_chunks), ULL(w->chunk_bytes),

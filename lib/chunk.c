@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "array.h"
 #include "error.h"
 
 static void stat_max(_Atomic uint64_t *peak, uint64_t v)
@@ -144,9 +145,38 @@ fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CU
     return FABPOOL_OK;
 }
 
+void fp_chunk_set_asleep(fp_chunks *ch, int asleep) { atomic_store(&ch->asleep, asleep); }
+
+void fp_chunk_set_slept(fp_chunks *ch, fp_slept *e, size_t n)
+{
+    fp_lock_assert_held(ch->lock);
+    ch->slept = e;
+    ch->n_slept = n;
+}
+
+fabpool_status fp_chunk_asleep_error(const char *fn)
+{
+    return fp_error(FABPOOL_ERR_ASLEEP, "%s: the pool is asleep (fabpool_sleep): its memory was given back to the "
+                    "driver; call fabpool_wake first", fn);
+}
+
+/* A chunk that sleeps, freed while asleep (a trim, a buffer's unmap): marked
+ * GONE, so that wake does not map it again.  1 if [va, va + size) was one. */
+static int forget_slept(fp_chunks *ch, uint64_t va, uint64_t size)
+{
+    size_t lo = FP_ARRAY_LOWER(ch->slept, ch->n_slept, fp_slept, va, va);
+    fp_slept *e = lo < ch->n_slept && ch->slept[lo].va == va ? &ch->slept[lo] : NULL;
+    if (!e || e->size != size || e->state != FP_SL_ASLEEP)
+        return 0;
+    e->state = FP_SL_GONE;
+    return 1;
+}
+
 fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
 {
     fp_lock_assert_held(ch->lock);
+    if (ch->slept && forget_slept(ch, va, size))
+        return FABPOOL_OK; /* asleep: unmapped already (sleep.c) */
     CUresult r = FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemUnmap", "unmapping a chunk of %llu bytes at 0x%llx",

@@ -22,6 +22,19 @@
 #include "fabpool.h"
 #include "lock.h"
 
+struct fabpool_buffer;
+
+/* A chunk put to sleep (fabpool_sleep, sleep.c): MAPPED (awake), ASLEEP
+ * (unmapped, its memory released, maybe with a host copy) or GONE (freed
+ * while asleep: fp_chunk_unmap forgets it instead of calling the driver). */
+enum { FP_SL_MAPPED = 0, FP_SL_ASLEEP = 1, FP_SL_GONE = 2 };
+typedef struct fp_slept {
+    uint64_t va, size;
+    uint64_t host_va, host_size;       /* its host copy (host_va 0: none) */
+    struct fabpool_buffer *buf;        /* a buffer's chunk: the buffer (valid while the chunk is not GONE) */
+    uint8_t state, copy;               /* copy: offload its bytes */
+} fp_slept;
+
 typedef struct fp_chunks {
     fp_drv_counters calls;             /* every driver call made for the pool */
     const fp_lock_t *lock;             /* held around every map, unmap, create and release (asserted) */
@@ -37,7 +50,23 @@ typedef struct fp_chunks {
     /* what the driver holds for the pool */
     _Atomic uint64_t mapped_bytes, mapped_peak, chunks_mapped, chunks_mapped_total, chunks_unmapped_total;
     _Atomic uint64_t handles_outstanding, exported_fds;
+    /* sleep (sleep.c sets these through fp_chunk_set_asleep / fp_chunk_set_slept) */
+    _Atomic int asleep;                /* no chunk may be made or exported: every layer refuses */
+    fp_slept *slept;                   /* the sleeping chunks, sorted by va (NULL: none); pool lock */
+    size_t n_slept;
 } fp_chunks;
+
+/* Whether the pool is asleep (a cheap read: every layer refuses to map then). */
+static inline int fp_chunks_asleep(const fp_chunks *ch)
+{
+    return atomic_load_explicit(&((fp_chunks *)ch)->asleep, memory_order_relaxed) != 0;
+}
+void fp_chunk_set_asleep(fp_chunks *ch, int asleep);
+/* The record of a sleep (NULL, 0: none), which fp_chunk_unmap consults:
+ * unmapping a chunk that sleeps only marks it GONE.  Pool lock held. */
+void fp_chunk_set_slept(fp_chunks *ch, fp_slept *e, size_t n);
+/* FABPOOL_ERR_ASLEEP with a message naming fn. */
+fabpool_status fp_chunk_asleep_error(const char *fn);
 
 /* What every chunk is made as: pinned device memory of the device, with its
  * shareable handle types, GPUDirect RDMA capable if rdma chose it. */
@@ -63,7 +92,8 @@ fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CU
 void fp_chunk_count_mapped(fp_chunks *ch, uint64_t size);
 /* Releases h (counted in handles_outstanding), tried twice. */
 CUresult fp_chunk_release(fp_chunks *ch, CUmemGenericAllocationHandle h);
-/* Unmaps a chunk the pool counted as mapped. */
+/* Unmaps a chunk the pool counted as mapped (one that sleeps: forgets it,
+ * so that wake does not map it again). */
 fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size);
 /* A handle of the chunk mapped at va (cuMemRetainAllocationHandle), counted. */
 fabpool_status fp_chunk_retain(fp_chunks *ch, uint64_t va, CUmemGenericAllocationHandle *out, const char *what);

@@ -27,6 +27,8 @@ fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *b, size_t offset, size_t 
         n += !b->chunks[i].retiring && b->chunks[i].off < offset + size && b->chunks[i].off + b->chunks[i].size > offset;
     if (b->destroyed)
         st = fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_dmabuf: the buffer was destroyed");
+    else if (fp_chunks_asleep(bs->sp->ch))
+        st = fp_chunk_asleep_error("fabpool_buffer_dmabuf");
     else if (size == 0)
         st = fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_dmabuf: the size is 0; give the bytes to export");
     else if (offset > live || size > live - offset)

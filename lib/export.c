@@ -40,6 +40,10 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
         st = fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: the buffer is destroyed");
         goto out;
     }
+    if (fp_chunks_asleep(bs->sp->ch)) {
+        st = fp_chunk_asleep_error("fabpool_buffer_export");
+        goto out;
+    }
     if (since > b->generation) {
         st = fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: since %llu is past the buffer's generation "
                       "%llu", (unsigned long long)since, (unsigned long long)b->generation);

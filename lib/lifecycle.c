@@ -12,6 +12,7 @@
 #include "conf.h"
 #include "error.h"
 #include "export.h"
+#include "sleep.h"
 #include "trace.h"
 
 _Static_assert(offsetof(struct fabpool, alloc) == 0, "alloc.c reaches its state by a cast of the pool (alloc.h)");
@@ -279,6 +280,7 @@ static fabpool_status teardown(struct fabpool *p)
         fp_retire_destroy(&p->retire);
     fp_lock(&p->sp.lock); /* the unmaps assert it (lock.h); no other thread uses the pool any more */
     fp_heap_destroy(&p->heap);
+    fp_sleep_free(p);
     fp_unlock(&p->sp.lock);
     fp_tcaches_destroy(&p->alloc);
     fp_map_destroy(&p->sp.map);

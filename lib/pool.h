@@ -15,6 +15,8 @@
  *   views   peers' buffers (view.c)
  *   retire  blocks freed on streams and retired chunks' events (retire.c);
  *           alloc and bufs hold a pointer to it
+ *   sleep   the record of a sleep and its counters (sleep.c); the asleep
+ *           state every layer reads is ch.asleep (and alloc's epoch bit)
  *
  * Locking: the pool lock guards the address space, the page map's writers,
  * large pieces, buffers, views, the list of thread caches and the driver
@@ -46,6 +48,9 @@ struct fabpool {
     fp_buffers bufs;
     fp_views views;
     fp_retire retire;                  /* blocks freed on streams, events of retired chunks (retire.h) */
+    struct fp_sleep *sleep;            /* sleep.c: the chunks put to sleep, non-NULL while asleep (pool lock) */
+    _Atomic uint64_t sleep_offloaded, sleep_discarded, sleep_host_bytes, sleep_host_copies, sleeps, wakes;
+    _Atomic int sleep_mode;            /* sleep.c's: written there only */
     struct fp_trace *trace;            /* NULL: no trace (trace.h); alloc and bufs hold copies */
     fabpool_options opt;
     _Atomic uint64_t in_use_peak;      /* stats.c */

@@ -253,15 +253,7 @@ static fp_span *piece_new(fp_heap *h, uint64_t base, uint64_t size)
 /* Index of the first chunk whose va >= addr. */
 static size_t lchunk_lower(const fp_heap *h, uint64_t addr)
 {
-    size_t lo = 0, hi = h->n_lchunks;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (h->lchunks[mid].va < addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    return FP_ARRAY_LOWER(h->lchunks, h->n_lchunks, fp_lchunk, va, addr);
 }
 
 static int lchunk_add(fp_heap *h, uint64_t va, uint64_t size)

@@ -116,15 +116,9 @@ int fp_va_take(fp_vaspace *v, uint64_t start, uint64_t size)
 {
     if (size == 0 || start < v->base || start + size < start)
         return -1;
-    /* the free range that holds start: the last one starting at or below it */
-    size_t lo = 0, hi = v->n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (v->free[mid].start <= start)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    /* the free range that holds start: the last one starting at or below it
+     * (start + 1 cannot wrap: start + size did not) */
+    size_t lo = FP_ARRAY_LOWER(v->free, v->n, fp_range, start, start + 1);
     if (lo == 0)
         return -1;
     size_t i = lo - 1;

@@ -271,8 +271,11 @@ fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const in
     v->peer_pid = ds.pid;
     v->peer_device = ds.device;
     fp_lock(&vs->sp->lock);
-    v->base = fp_va_alloc(&vs->sp->va, v->window, ds.gran > vs->sp->gran ? ds.gran : vs->sp->gran);
-    if (!v->base)
+    int asleep = fp_chunks_asleep(vs->sp->ch);
+    v->base = asleep ? 0 : fp_va_alloc(&vs->sp->va, v->window, ds.gran > vs->sp->gran ? ds.gran : vs->sp->gran);
+    if (asleep)
+        st = fp_chunk_asleep_error("fabpool_view_open");
+    else if (!v->base)
         st = fp_error(FABPOOL_ERR_LIMIT, "fabpool_view_open: no free address range of %llu bytes left in the pool's "
                       "reservation; raise reserve", (unsigned long long)v->window);
     else if ((st = apply_locked(v, &ds, fds)) != FABPOOL_OK)
@@ -300,7 +303,8 @@ fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t le
     fabpool_status st = fp_desc_parse(desc, len, nfds, &ds);
     if (st == FABPOOL_OK) {
         fp_lock(&v->owner->sp->lock);
-        st = apply_locked(v, &ds, fds);
+        st = fp_chunks_asleep(v->owner->sp->ch) ? fp_chunk_asleep_error("fabpool_view_apply")
+                                                : apply_locked(v, &ds, fds);
         fp_unlock(&v->owner->sp->lock);
     }
     close_fds(fds, nfds);

@@ -313,7 +313,7 @@ int trace_load(const char *path, trace_data *d, char *err, size_t cap)
         const char *bad = NULL;
         if (r->op == 0 || r->op >= FABPOOL_TR_NOPS)
             bad = "an unknown op";
-        else if (r->status != FABPOOL_TRACE_STATUS_UNKNOWN && r->status > FABPOOL_ERR_IO)
+        else if (r->status != FABPOOL_TRACE_STATUS_UNKNOWN && r->status > FABPOOL_ERR_ASLEEP)
             bad = "an unknown status";
         else if (r->t_ns < last_t)
             bad = "a time stamp earlier than the record before it";

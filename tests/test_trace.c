@@ -470,6 +470,32 @@ static int exit_child(const char *path)
     exit(0);
 }
 
+/* An allocation refused while the pool sleeps is traced with its status, and the trace reads back (the reader
+ * took FABPOOL_ERR_IO for the last status and called such a trace corrupt). */
+static void asleep_in_trace(void)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/asleep.trace", dir);
+    fabpool_t *p = make(path, NULL);
+    if (!p)
+        return;
+    void *a = NULL, *b = NULL;
+    CHECK_OK(fabpool_alloc(p, 5000, &a));
+    CHECK_OK(fabpool_sleep(p, FABPOOL_SLEEP_OFFLOAD, NULL));
+    CHECK_STATUS(fabpool_alloc(p, 5000, &b), FABPOOL_ERR_ASLEEP);
+    CHECK_OK(fabpool_wake(p, NULL));
+    CHECK_OK(fabpool_free(p, a));
+    CHECK_OK(fabpool_destroy(p));
+    trace_data d;
+    memset(&d, 0, sizeof d);
+    CHECK(load(path, &d) == 0);
+    int seen = 0;
+    for (size_t i = 0; i < d.n; i++)
+        seen += d.recs[i].op == FABPOOL_TR_ALLOC && d.recs[i].status == FABPOOL_ERR_ASLEEP;
+    CHECK(seen == 1);
+    trace_free(&d);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--exit-child"))
@@ -487,6 +513,7 @@ int main(int argc, char **argv)
     env_and_names();
     exit_flush_and_fork();
     refused(argc > 1 ? argv[1] : NULL);
+    asleep_in_trace();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (!t_failures && system(cmd) != 0)

@@ -46,7 +46,7 @@ static const char *const entries[] = {
     "cuMemGetAllocationPropertiesFromHandle", "cuMemGetInfo", "cuMemExportToShareableHandle",
     "cuMemImportFromShareableHandle", "cuStreamSynchronize", "cuStreamQuery", "cuStreamWaitEvent",
     "cuEventCreate", "cuEventDestroy", "cuEventRecord", "cuEventQuery", "cuEventSynchronize",
-    "cuMemGetHandleForAddressRange",
+    "cuMemGetHandleForAddressRange", "cuMemcpyDtoDAsync",
 };
 #define N_ENTRIES (sizeof entries / sizeof entries[0])
 
@@ -63,12 +63,13 @@ static const struct {
 enum op {
     OP_CREATE, OP_ALLOC_SMALL, OP_ALLOC_LARGE, OP_FREE, OP_BUF_CREATE, OP_GROW, OP_SHRINK, OP_RESIZE_SET,
     OP_TRIM, OP_COLLECT, OP_EXPORT, OP_VIEW_OPEN, OP_VIEW_APPLY, OP_VIEW_CLOSE, OP_BUF_DESTROY, OP_DESTROY,
-    OP_SHRINK_STREAM, OP_BUF_DESTROY_STREAM, OP_DMABUF, OP_COUNT
+    OP_SHRINK_STREAM, OP_BUF_DESTROY_STREAM, OP_DMABUF, OP_SLEEP, OP_WAKE, OP_COUNT
 };
 static const char *const op_names[OP_COUNT] = {
     "pool create", "alloc 1000 B", "alloc 20 MiB", "free (cache_limit 0)", "buffer create", "buffer grow",
     "buffer shrink", "resize_set", "trim", "collect", "export", "view open", "view apply", "view close",
     "buffer destroy", "pool destroy", "shrink on a stream", "destroy on a stream", "dma-buf of 16 MiB",
+    "sleep (offload)", "wake",
 };
 
 typedef struct {
@@ -146,6 +147,14 @@ static int setup(state *t, enum op op)
     mark_buf(t->b, 0xbeef);
     t->mark_size = t->b_size;
     switch (op) {
+    case OP_SLEEP:
+    case OP_WAKE: /* some cache too: sleep trims it */
+        if (fabpool_alloc(t->p, 20 * MB, &t->freed) != FABPOOL_OK || fabpool_free(t->p, t->freed) != FABPOOL_OK)
+            return -1;
+        t->freed = NULL;
+        if (op == OP_WAKE && fabpool_sleep(t->p, FABPOOL_SLEEP_OFFLOAD, NULL) != FABPOOL_OK)
+            return -1;
+        break;
     case OP_FREE:
         if (fabpool_alloc(t->p, 20 * MB, &t->freed) != FABPOOL_OK)
             return -1;
@@ -267,6 +276,10 @@ static fabpool_status run(state *t, enum op op)
     case OP_DMABUF: /* the fd lands in fds[0]: result_ok checks its size and closes it */
         t->fds[0] = -1;
         return fabpool_buffer_dmabuf(t->b, 0, 16 * MB, &t->fds[0]);
+    case OP_SLEEP:
+        return fabpool_sleep(t->p, FABPOOL_SLEEP_OFFLOAD, NULL);
+    case OP_WAKE:
+        return fabpool_wake(t->p, NULL);
     default:
         return FABPOOL_ERR_INVALID_ARG;
     }
@@ -307,6 +320,20 @@ static int result_ok(state *t, enum op op)
             close(t->fds[0]);
         t->fds[0] = -1;
         return ok && t_ledger().dmabuf_fds == 0;
+    }
+    case OP_SLEEP: { /* nothing mapped, the driver holds no device byte of it; a wake brings the data back */
+        fabpool_sleep_info si;
+        fabpool_sleep_state(t->p, &si);
+        int ok = si.asleep && t_mapped(t->p) == 0 && t_ledger().bytes_held == 0 && si.host_bytes > 0 &&
+                 t_ledger().bytes_held_host == si.host_bytes;
+        return fabpool_wake(t->p, NULL) == FABPOOL_OK && ok && buf_ok(t->b, 0xbeef, t->mark_size) &&
+               get((uint64_t)(uintptr_t)t->blk) == 0xb10c && t_ledger().bytes_held_host == 0;
+    }
+    case OP_WAKE: {
+        fabpool_sleep_info si;
+        fabpool_sleep_state(t->p, &si);
+        return !si.asleep && si.host_bytes == 0 && t_ledger().bytes_held_host == 0 && t_mapped(t->p) > 0 &&
+               buf_ok(t->b, 0xbeef, t->mark_size);
     }
     default:
         return 1;
@@ -359,9 +386,12 @@ static int ledger_matches(const state *t, const char *when)
     uint64_t mapped = 0, handles = 0, fds = 0, chunks = 0;
     for (int i = 0; i < 3; i++) {
         fabpool_stats s;
-        if (!pools[i] || fabpool_get_stats(pools[i], &s) != FABPOOL_OK)
+        fabpool_sleep_info si;
+        if (!pools[i] || fabpool_get_stats(pools[i], &s) != FABPOOL_OK ||
+            fabpool_sleep_state(pools[i], &si) != FABPOOL_OK)
             continue;
-        mapped += s.mapped_bytes;
+        mapped += s.mapped_bytes + si.host_bytes; /* a sleeping pool's host copies are mapped too */
+        chunks += si.host_copies;
         handles += s.handles_outstanding;
         fds += s.exported_fds_open;
         chunks += s.chunks_mapped;
@@ -414,7 +444,7 @@ static int ledger_empty(void)
 {
     fabsim_ledger l = t_ledger();
     return l.handles == 0 && l.mappings == 0 && l.reservations == 0 && l.exported_fds == 0 && l.bytes_held == 0 &&
-           l.allocations == 0 && l.dmabuf_fds == 0;
+           l.allocations == 0 && l.dmabuf_fds == 0 && l.bytes_held_host == 0;
 }
 
 static void count_calls(uint64_t *c)
@@ -479,10 +509,18 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
         }
         /* the pool maps what it mapped (after an OOM it may have trimmed its cache: not more); a collect or a
          * trim that fails half-way has unmapped some of what it was asked to: that is their job */
-        if (t.p && !t.p_gone && op != OP_COLLECT && op != OP_TRIM) {
+        /* a wake that fails keeps what it mapped (the next goes on); a sleep that fails has trimmed the cache */
+        if (op == OP_WAKE) {
+            fabpool_sleep_info si;
+            fabpool_sleep_state(t.p, &si);
+            CHECK(si.asleep && si.host_bytes > 0);
+            CHECK_OK(fabpool_wake(t.p, NULL));
+        }
+        if (t.p && !t.p_gone && op != OP_COLLECT && op != OP_TRIM && op != OP_WAKE) {
             uint64_t m = t_mapped(t.p);
-            CHECK(oom ? m <= mapped0 : m == mapped0);
-            if (oom ? m > mapped0 : m != mapped0)
+            int le = oom || op == OP_SLEEP;
+            CHECK(le ? m <= mapped0 : m == mapped0);
+            if (le ? m > mapped0 : m != mapped0)
                 fprintf(stderr, "  the pool maps %llu bytes after the failure, %llu before\n", (unsigned long long)m,
                         (unsigned long long)mapped0);
         }
@@ -561,7 +599,8 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
     /* nothing left behind by this trial (the figures before it were zero unless an earlier one leaked) */
     fabsim_ledger l1 = t_ledger();
     CHECK(l1.handles == l0.handles && l1.mappings == l0.mappings && l1.reservations == l0.reservations &&
-          l1.exported_fds == l0.exported_fds && l1.bytes_held == l0.bytes_held && l1.dmabuf_fds == l0.dmabuf_fds);
+          l1.exported_fds == l0.exported_fds && l1.bytes_held == l0.bytes_held && l1.dmabuf_fds == l0.dmabuf_fds &&
+          l1.bytes_held_host == l0.bytes_held_host);
     if (t_failures != failures0) {
         fabsim_ledger l = t_ledger();
         fprintf(stderr, "  ^ %s: call %llu of %s failed with %s: %s -> %s; ledger: %llu handles, %llu mappings, "

@@ -72,14 +72,14 @@ static hold_fn stream_hold, stream_release;
 enum op {
     OP_ALLOC, OP_FREE, OP_BUF_CREATE, OP_RESIZE, OP_RESIZE_SET, OP_BUF_DESTROY, OP_EXPORT, OP_EXPORT_DONE,
     OP_ACK, OP_VIEW_OPEN, OP_VIEW_APPLY, OP_VIEW_CLOSE, OP_TRIM, OP_COLLECT, OP_FLUSH, OP_HOLD, OP_RELEASE,
-    OP_SALLOC, OP_SFREE, OP_COUNT
+    OP_SALLOC, OP_SFREE, OP_SLEEP, OP_COUNT
 };
 static const char *const op_names[OP_COUNT] = {
     "alloc", "free", "buffer_create", "buffer_resize", "buffer_resize_set", "buffer_destroy", "buffer_export",
     "buffer_export_done", "buffer_peers_ack", "view_open", "view_apply", "view_close", "trim", "collect",
-    "thread_flush", "stream_hold", "stream_release", "alloc_on_stream", "free_on_stream",
+    "thread_flush", "stream_hold", "stream_release", "alloc_on_stream", "free_on_stream", "sleep_wake",
 };
-static const unsigned op_weight[OP_COUNT] = {12, 10, 5, 12, 6, 4, 5, 4, 6, 5, 7, 3, 3, 5, 3, 5, 5, 6, 6};
+static const unsigned op_weight[OP_COUNT] = {12, 10, 5, 12, 6, 4, 5, 4, 6, 5, 7, 3, 3, 5, 3, 5, 5, 6, 6, 3};
 
 /* ------------------------------------------------------------ the model */
 
@@ -161,6 +161,7 @@ static uint64_t gran = 2 * MB;
 static uint32_t hysteresis = 25;
 static int verbose;
 /* totals */
+static long n_slept, n_sleep_busy;
 static long n_dup, n_bad_ack, n_fault_apply, n_rec_stream, n_rec_ack, n_quiet;
 static uint64_t peak_mapped;
 static fabpool_handle_type htype;
@@ -704,7 +705,7 @@ static int always(int p) { return p >= 0; }
 
 static int (*const applicable[OP_COUNT])(int) = {
     has_room_blk, has_blk, has_room_buf, has_buf, has_buf, has_buf, has_buf, has_buf, has_shared,
-    can_open, has_appliable, has_view, always, always, always, always, always, has_room_blk, has_blk,
+    can_open, has_appliable, has_view, always, always, always, always, always, has_room_blk, has_blk, always,
 };
 
 static int stream_choice(void) { return chance(30) ? -1 : (int)below(NSTREAM); }
@@ -1278,6 +1279,76 @@ static void step(enum op op)
         }
         break;
     }
+    case OP_SLEEP: {
+        /* sleep with offload, checked asleep, then wake: the data is kept (check_step reads it back) */
+        p = (int)below(NPOOL);
+        int viewed = 0;
+        for (i = 0; i < P[1 - p].nview; i++)
+            viewed |= P[1 - p].view[i].src_pool == p;
+        if (!viewed && chance(60)) { /* no view of its buffers is open: its peers say they are gone */
+            ack_dead(p);
+            for (i = 0; i < P[p].nbuf; i++)
+                if (P[p].buf[i].shared) {
+                    fabpool_buffer_export_done(P[p].buf[i].h);
+                    st = fabpool_buffer_peers_ack(P[p].buf[i].h, UINT64_MAX);
+                    EXPECT_OK(st, "peers_ack", "fabpool_buffer_peers_ack(UINT64_MAX) before a sleep");
+                    if (st == FABPOOL_OK)
+                        P[p].buf[i].acked = UINT64_MAX;
+                }
+        }
+        int must = 1; /* no exported buffer, no destroyed one waiting for its peers: sleep must work */
+        for (i = 0; i < P[p].nbuf; i++)
+            must &= !P[p].buf[i].shared || P[p].buf[i].acked == UINT64_MAX;
+        for (i = 0; i < ndead; i++)
+            must &= dead[i].pool != p;
+        fabpool_stats s0;
+        fabpool_get_stats(P[p].p, &s0);
+        snprintf(cur_what, sizeof cur_what, "pool %c, %s", 'A' + p, must ? "nothing exported" : "exported buffers");
+        st = fabpool_sleep(P[p].p, FABPOOL_SLEEP_OFFLOAD, NULL);
+        if (st == FABPOOL_ERR_BUSY && !must) {
+            fabpool_stats s1;
+            fabpool_get_stats(P[p].p, &s1);
+            EXPECT(s1.mapped_bytes == s0.mapped_bytes, "sleep.busy", "pool %c: a refused sleep changed the mapping "
+                   "(%llu -> %llu bytes)", 'A' + p, (unsigned long long)s0.mapped_bytes,
+                   (unsigned long long)s1.mapped_bytes);
+            n_sleep_busy++;
+            break;
+        }
+        EXPECT_OK(st, "sleep", "fabpool_sleep(offload)");
+        if (st != FABPOOL_OK)
+            break;
+        n_slept++;
+        /* asleep: the pool maps nothing of its own (its views of the other pool's buffers stay), the driver
+         * holds its host copies and nothing more */
+        fabpool_stats S[NPOOL];
+        fabpool_sleep_info si;
+        fabpool_sleep_state(P[p].p, &si);
+        uint64_t mapped = 0, chunks = 0;
+        for (int k = 0; k < NPOOL; k++) {
+            fabpool_get_stats(P[k].p, &S[k]);
+            mapped += S[k].mapped_bytes;
+            chunks += S[k].chunks_mapped;
+        }
+        fabsim_ledger L = t_ledger();
+        EXPECT(si.asleep && S[p].mapped_bytes == S[p].view_bytes, "sleep.mapped", "pool %c asleep maps %llu bytes, "
+               "its views %llu", 'A' + p, (unsigned long long)S[p].mapped_bytes, (unsigned long long)S[p].view_bytes);
+        EXPECT(L.bytes_mapped == mapped + si.host_bytes && L.mappings == chunks + si.host_copies &&
+                   L.bytes_held_host == si.host_bytes, "sleep.ledger",
+               "the sim maps %llu bytes in %llu mappings and holds %llu host bytes; the pools say %llu bytes in %llu "
+               "chunks, the sleeping one %llu host bytes in %llu copies", (unsigned long long)L.bytes_mapped,
+               (unsigned long long)L.mappings, (unsigned long long)L.bytes_held_host, (unsigned long long)mapped,
+               (unsigned long long)chunks, (unsigned long long)si.host_bytes, (unsigned long long)si.host_copies);
+        void *x = NULL;
+        fabpool_status ast = fabpool_alloc(P[p].p, 1 + below(20 * MB), &x);
+        EXPECT(ast == FABPOOL_ERR_ASLEEP, "sleep.alloc", "fabpool_alloc while asleep -> %s",
+               fabpool_status_name(ast));
+        st = fabpool_wake(P[p].p, chance(50) ? NULL : (void *)streams[below(NSTREAM)]);
+        EXPECT_OK(st, "wake", "fabpool_wake");
+        fabpool_sleep_state(P[p].p, &si);
+        EXPECT(!si.asleep && si.host_bytes == 0 && t_ledger().bytes_held_host == 0, "wake.host", "pool %c awake "
+               "still holds %llu host bytes", 'A' + p, (unsigned long long)si.host_bytes);
+        break;
+    }
     case OP_FLUSH:
         p = (int)below(NPOOL);
         snprintf(cur_what, sizeof cur_what, "pool %c", 'A' + p);
@@ -1517,6 +1588,8 @@ int main(int argc, char **argv)
     printf("  retirements followed: %ld on a held stream, %ld awaiting an ack; %ld collect(wait) with nothing "
            "pending checked for leftovers; peak mapped %.1f MiB (both pools)\n", n_rec_stream, n_rec_ack, n_quiet,
            (double)peak_mapped / (double)MB);
+    printf("  sleep_wake: %ld slept and woke with their data, %ld refused (exported buffers)\n", n_slept, n_sleep_busy);
+    CHECK(n_slept > 0);
     printf("  %-20s %10s %7s\n", "operation", "ran", "share");
     for (int o = 0; o < OP_COUNT; o++) {
         double share = total_steps ? 100.0 * (double)op_count[o] / (double)total_steps : 0;

@@ -33,7 +33,8 @@ import sys
 
 __all__ = ["install", "load", "library_path", "stats", "counters", "empty", "shutdown", "last_error",
            "memory_stats", "memory_stats_as_nested_dict", "reset_peak_memory_stats",
-           "reset_accumulated_memory_stats", "patch_torch_stats", "unpatch_torch_stats", "mempool", "FabpoolError"]
+           "reset_accumulated_memory_stats", "patch_torch_stats", "unpatch_torch_stats", "mempool", "FabpoolError",
+           "sleep", "wake", "sleep_state", "tags"]
 
 _LIB_NAME = "libfabpool_torch.so"
 _lib = None
@@ -175,7 +176,7 @@ def install(path=None, stats=False):
     return _lib_path
 
 
-def mempool(device=None, path=None):
+def mempool(device=None, path=None, tag=None):
     """A torch.cuda.MemPool whose memory comes from fabpool, for
 
         with torch.cuda.use_mem_pool(pool):
@@ -190,8 +191,14 @@ def mempool(device=None, path=None):
     `device` (default: the current one), as a MemPool belongs to the device
     current when it is made; use it on that device.  Its segments go back to
     fabpool when the pool is deleted and torch.cuda.empty_cache() runs; then
-    fabpool_torch.empty() returns them to the driver."""
+    fabpool_torch.empty() returns them to the driver.
+
+    tag="name" gives the MemPool a fabpool pool of its own, the tag's, which
+    fabpool_torch.sleep(tags=...) / wake(...) put to sleep and wake (one pool
+    per tag and device, up to 8; the same tag again shares its pool)."""
     import torch
+    if tag is not None:
+        return _tag_mempool(tag, device, path)
     if _allocator is not None:
         raise FabpoolError("fabpool_torch.mempool(): install() already made fabpool PyTorch's allocator, so every "
                            "allocation is fabpool's; a MemPool is for programs that keep PyTorch's allocator")
@@ -420,3 +427,166 @@ def unpatch_torch_stats():
     for (_, name), (mod, fn) in list(_patched.items()):
         setattr(mod, name, fn)
     _patched.clear()
+
+
+# ---------------------------------------------------------------- tags: sleep and wake (issue 14)
+#
+# A tag is a fabpool pool: "default" is the installed allocator's
+# (fabpool_torch_pool), every other tag the pool behind the MemPools made
+# with mempool(tag=...).  sleep() gives a tag's device memory back to the
+# driver, its bytes copied to pinned host memory first (offload) or dropped;
+# wake() maps fresh memory at the same addresses and copies the bytes back:
+# every tensor keeps its data_ptr.  The GPU work of the device is waited for
+# first.  While a tag sleeps, allocating from it fails (PyTorch reports an
+# out-of-memory error): do not run work that allocates from it.
+
+
+class SleepInfo(ctypes.Structure):
+    # fabpool_sleep_info in include/fabpool.h
+    _fields_ = [("asleep", ctypes.c_int), ("mode", ctypes.c_int)] + \
+               [(n, ctypes.c_uint64) for n in ("offloaded_bytes", "discarded_bytes", "host_bytes", "host_copies",
+                                               "sleeps", "wakes")]
+
+    def as_dict(self):
+        d = {name: getattr(self, name) for name, _ in self._fields_}
+        d["asleep"] = bool(d["asleep"])
+        d["mode"] = "offload" if self.mode == 1 else "discard"
+        return d
+
+
+_tags_ready = False
+_tag_allocators = {}   # (tag, device) -> CUDAPluggableAllocator, kept alive with its MemPools
+
+
+def _tags_lib(path=None):
+    global _tags_ready
+    lib = load(path)
+    if not _tags_ready:
+        lib.fabpool_torch_tag_slot.restype = ctypes.c_int
+        lib.fabpool_torch_tag_slot.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        lib.fabpool_torch_tag_sleep.restype = ctypes.c_int
+        lib.fabpool_torch_tag_sleep.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        lib.fabpool_torch_tag_wake.restype = ctypes.c_int
+        lib.fabpool_torch_tag_wake.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p]
+        lib.fabpool_torch_tag_state.restype = ctypes.c_int
+        lib.fabpool_torch_tag_state.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(SleepInfo)]
+        lib.fabpool_torch_tag_stats_json.restype = ctypes.c_int
+        lib.fabpool_torch_tag_stats_json.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+                                                     ctypes.POINTER(ctypes.c_size_t)]
+        lib.fabpool_torch_tag_list.restype = ctypes.c_int
+        lib.fabpool_torch_tag_list.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+        lib.fabpool_torch_tag_last_error.restype = ctypes.c_char_p
+        lib.fabpool_torch_tag_last_error.argtypes = []
+        _tags_ready = True
+    return lib
+
+
+def _tag_check(status, what):
+    if status != 0:
+        msg = _tags_lib().fabpool_torch_tag_last_error().decode(errors="replace")
+        raise FabpoolError("%s failed (status %d): %s" % (what, status, msg))
+
+
+def tag_slot(tag, device=0, path=None):
+    """The slot (0..7) of a tag's pool on a device, its pool made on first use:
+    its allocator is the pair fabpool_torch_tag<slot>_alloc / _free."""
+    lib = _tags_lib(path)
+    k = lib.fabpool_torch_tag_slot(tag.encode(), int(device))
+    if k < 0:
+        raise FabpoolError(lib.fabpool_torch_tag_last_error().decode(errors="replace"))
+    return k
+
+
+def _tag_mempool(tag, device, path):
+    import torch
+    if _allocator is not None:
+        raise FabpoolError("fabpool_torch.mempool(tag=%r): install() already made fabpool PyTorch's allocator; its "
+                           "pool is the tag 'default'. MemPools of other tags are for programs that keep "
+                           "PyTorch's allocator" % (tag,))
+    idx = _device_index(device)
+    k = tag_slot(tag, idx, path)
+    key = (tag, idx)
+    if key not in _tag_allocators:
+        _tag_allocators[key] = torch.cuda.memory.CUDAPluggableAllocator(
+            _lib_path, "fabpool_torch_tag%d_alloc" % k, "fabpool_torch_tag%d_free" % k)
+    with torch.cuda.device(idx):
+        return torch.cuda.MemPool(_tag_allocators[key].allocator())
+
+
+def tags(device=None):
+    """The tags with a pool on the device ("default" once the installed allocator has allocated)."""
+    lib = _tags_lib()
+    buf = ctypes.create_string_buffer(4096)
+    _tag_check(lib.fabpool_torch_tag_list(_device_index(device), buf, len(buf)), "fabpool_torch_tag_list")
+    return [t for t in buf.value.decode().split(",") if t]
+
+
+def _tag_names(tags_arg, device):
+    if tags_arg is None:
+        return globals()["tags"](device)
+    if isinstance(tags_arg, str):
+        return [tags_arg]
+    return list(tags_arg)
+
+
+def sleep_state(tag="default", device=None):
+    """A tag's sleep state: asleep, mode, offloaded_bytes and discarded_bytes
+    of its last sleep, host_bytes held now, sleeps, wakes."""
+    info = SleepInfo()
+    _tag_check(_tags_lib().fabpool_torch_tag_state(tag.encode(), _device_index(device), ctypes.byref(info)),
+               "fabpool_torch.sleep_state(%r)" % tag)
+    return info.as_dict()
+
+
+def sleep(tags=None, offload=True, device=None):
+    """Puts tags to sleep (None: every tag of the device): their device
+    memory goes back to the driver, every address stays reserved.
+    offload: True (every tag's bytes are copied to pinned host memory and
+    restored by wake), False (dropped: the tensors' contents are undefined
+    after wake), or a set of the tags to offload (the others are dropped).
+    Waits for the device's GPU work first.  Returns {tag: sleep_state(tag)}.
+    A tag that fails raises FabpoolError; the tags before it stay asleep."""
+    dev = _device_index(device)
+    names = _tag_names(tags, dev)
+    if isinstance(offload, bool):
+        keep = set(names) if offload else set()
+    else:
+        keep = set([offload] if isinstance(offload, str) else offload)
+        unknown = keep - set(names)
+        if unknown:
+            raise FabpoolError("fabpool_torch.sleep(): offload names tags not put to sleep: %s" % sorted(unknown))
+    lib = _tags_lib()
+    out = {}
+    for t in names:
+        _tag_check(lib.fabpool_torch_tag_sleep(t.encode(), dev, 1 if t in keep else 0, None),
+                   "fabpool_torch.sleep(tag %r, %s)" % (t, "offload" if t in keep else "discard"))
+        out[t] = sleep_state(t, dev)
+    return out
+
+
+def wake(tags=None, device=None):
+    """Wakes tags (None: every sleeping tag of the device): fresh memory at
+    the same addresses, offloaded bytes restored.  Returns {tag: sleep_state(tag)}."""
+    dev = _device_index(device)
+    names = _tag_names(tags, dev)
+    if tags is None:
+        names = [t for t in names if sleep_state(t, dev)["asleep"]]
+    lib = _tags_lib()
+    out = {}
+    for t in names:
+        _tag_check(lib.fabpool_torch_tag_wake(t.encode(), dev, None), "fabpool_torch.wake(tag %r)" % t)
+        out[t] = sleep_state(t, dev)
+    return out
+
+
+def tag_stats(tag="default", device=None):
+    """fabpool's stats of a tag's pool, as a dict (mapped_bytes and the rest)."""
+    lib = _tags_lib()
+    need = ctypes.c_size_t(0)
+    st = lib.fabpool_torch_tag_stats_json(tag.encode(), _device_index(device), None, 0, ctypes.byref(need))
+    if st not in (0, 10):
+        _tag_check(st, "fabpool_torch.tag_stats(%r)" % tag)
+    buf = ctypes.create_string_buffer(need.value + 256)
+    _tag_check(lib.fabpool_torch_tag_stats_json(tag.encode(), _device_index(device), buf, len(buf),
+                                                ctypes.byref(need)), "fabpool_torch.tag_stats(%r)" % tag)
+    return json.loads(buf.value.decode())

@@ -1,0 +1,504 @@
+/* sleep.c - fabpool_sleep / fabpool_wake: every chunk of a pool unmapped
+ * and its physical memory released, its bytes copied to pinned host memory
+ * first (offload) or dropped (discard); wake maps fresh memory at the same
+ * addresses, in the same chunks, and copies the bytes back.
+ *
+ * The record of a sleep is a list of the chunks, sorted by address, each
+ * MAPPED (awake), ASLEEP (unmapped, maybe with a host copy) or GONE (freed
+ * while asleep: a trim or a buffer's unmap went through fp_chunk_unmap,
+ * which marks it instead of calling the driver: chunk.c keeps a pointer to
+ * the list for that).  Nothing else of the
+ * pool changes: slabs, large pieces, buffers and the page map stay as they
+ * are, so every pointer stays valid and wake needs no bookkeeping beyond
+ * the list.
+ *
+ * Host copies are VMM host NUMA memory (cuMemCreate with
+ * CU_MEM_LOCATION_TYPE_HOST_NUMA, the node next to the device), one per
+ * chunk, mapped in a reservation of their own and given device access, so
+ * that the copies both ways are device-to-device copies on the caller's
+ * stream and every piece is released like any chunk: unmapped, it is gone.
+ *
+ * Failures: a sleep that fails before it unmaps anything undoes its host
+ * copies (the pool is as before, the trimmed cache excepted); a failure
+ * while unmapping wakes the chunks already unmapped (their copies are
+ * there).  A wake that fails (device memory) stops where it is: the chunks
+ * mapped stay mapped, the rest stay asleep with their copies, and the next
+ * fabpool_wake goes on from there. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "pool.h"
+#include "sleep.h"
+
+struct fp_sleep {
+    fp_slept *e;
+    size_t n;
+    uint64_t stage_va, stage_size;   /* the reservation the host copies are mapped in (0: none) */
+    int retry;                       /* a wake failed part way: copies may be queued on another stream */
+};
+
+static void human(char *buf, size_t n, uint64_t b)
+{
+    if (b >= (1ull << 30))
+        snprintf(buf, n, "%.2f GiB", (double)b / (double)(1ull << 30));
+    else
+        snprintf(buf, n, "%.2f MiB", (double)b / (double)(1ull << 20));
+}
+
+/* Waits for the GPU work on `stream` (NULL: the whole context). */
+static fabpool_status sync_on(struct fabpool *p, void *stream, const char *why)
+{
+    CUresult r = stream ? FP_CU(&p->ch.calls, cuStreamSynchronize, (CUstream)stream) : FP_CU(&p->ch.calls, cuCtxSynchronize);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, stream ? "cuStreamSynchronize" : "cuCtxSynchronize", "waiting for GPU work %s", why);
+    return FABPOOL_OK;
+}
+
+static int by_va(const void *a, const void *b)
+{
+    uint64_t x = ((const fp_slept *)a)->va, y = ((const fp_slept *)b)->va;
+    return x < y ? -1 : x > y;
+}
+
+static fp_bchunk *buffer_chunk(struct fabpool_buffer *b, uint64_t va)
+{
+    for (uint32_t i = 0; i < b->n; i++)
+        if (b->base + b->chunks[i].off == va)
+            return &b->chunks[i];
+    return NULL;
+}
+
+/* The asleep state every layer reads (chunk.h), and the thread caches'
+ * epoch bit that makes every fast path miss (alloc.h). */
+static void set_asleep(struct fabpool *p, int asleep)
+{
+    fp_chunk_set_asleep(&p->ch, asleep);
+    fp_alloc_set_asleep(&p->alloc, asleep);
+}
+
+/* The record in force (NULL: none), here and in chunk.c, which consults it on
+ * every unmap.  Pool lock held. */
+static void set_record(struct fabpool *p, struct fp_sleep *r)
+{
+    p->sleep = r;
+    fp_chunk_set_slept(&p->ch, r ? r->e : NULL, r ? r->n : 0);
+}
+
+/* Every chunk the pool maps: slabs, large chunks, buffer chunks.  Pool lock held. */
+static struct fp_sleep *record_new(struct fabpool *p, fabpool_sleep_mode mode, fabpool_status *st)
+{
+    size_t n = p->heap.n_lchunks;
+    for (fp_span *s = p->heap.spans; s; s = s->all_next)
+        n++;
+    for (struct fabpool_buffer *b = p->bufs.list; b; b = b->next)
+        n += b->n;
+    struct fp_sleep *r = fp_meta_alloc(&p->meta, sizeof *r);
+    fp_slept *e = n ? fp_meta_alloc(&p->meta, n * sizeof *e) : NULL;
+    if (!r || (n && !e)) {
+        fp_meta_free(&p->meta, r, sizeof *r);
+        fp_meta_free(&p->meta, e, n * sizeof *e);
+        *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_sleep: no host memory for the list of %zu chunks to put to "
+                       "sleep; the pool stays awake", n);
+        return NULL;
+    }
+    memset(r, 0, sizeof *r);
+    if (n)
+        memset(e, 0, n * sizeof *e);
+    int copy = mode == FABPOOL_SLEEP_OFFLOAD;
+    size_t k = 0;
+    for (fp_span *s = p->heap.spans; s; s = s->all_next)
+        e[k++] = (fp_slept){.va = s->base, .size = s->size, .copy = (uint8_t)copy};
+    for (size_t i = 0; i < p->heap.n_lchunks; i++)
+        e[k++] = (fp_slept){.va = p->heap.lchunks[i].va, .size = p->heap.lchunks[i].size, .copy = (uint8_t)copy};
+    for (struct fabpool_buffer *b = p->bufs.list; b; b = b->next)
+        for (uint32_t i = 0; i < b->n; i++) /* a retired chunk (an unmap that failed before): no one reads it */
+            e[k++] = (fp_slept){.va = b->base + b->chunks[i].off, .size = b->chunks[i].size, .buf = b,
+                                .copy = (uint8_t)(copy && !b->chunks[i].retiring && !b->destroyed)};
+    if (n)
+        qsort(e, n, sizeof *e, by_va);
+    r->e = e;
+    r->n = n;
+    return r;
+}
+
+/* Unmaps the host copies and frees their reservation; idempotent, so that a
+ * failure can be retried.  Pool lock held. */
+static fabpool_status host_release(struct fabpool *p, struct fp_sleep *r)
+{
+    fabpool_status st = FABPOOL_OK;
+    for (size_t i = 0; i < r->n; i++) {
+        fp_slept *e = &r->e[i];
+        if (!e->host_va)
+            continue;
+        CUresult cr = FP_CU_UNDO(&p->ch.calls, cuMemUnmap, (CUdeviceptr)e->host_va, e->host_size);
+        if (cr != CUDA_SUCCESS) {
+            if (st == FABPOOL_OK)
+                st = fp_drv_error(cr, "cuMemUnmap", "freeing the host copy of a chunk (%llu bytes at 0x%llx) "
+                                  "(tried twice)", (unsigned long long)e->host_size, (unsigned long long)e->host_va);
+            continue;
+        }
+        atomic_fetch_sub(&p->sleep_host_bytes, e->host_size);
+        atomic_fetch_sub(&p->sleep_host_copies, 1);
+        e->host_va = 0;
+    }
+    if (st == FABPOOL_OK && r->stage_va) {
+        CUresult cr = FP_CU_UNDO(&p->ch.calls, cuMemAddressFree, (CUdeviceptr)r->stage_va, r->stage_size);
+        if (cr != CUDA_SUCCESS)
+            return fp_drv_error(cr, "cuMemAddressFree", "freeing the address range of the host copies (%llu bytes) "
+                                "(tried twice)", (unsigned long long)r->stage_size);
+        r->stage_va = 0;
+    }
+    return st;
+}
+
+static void record_free(struct fabpool *p, struct fp_sleep *r)
+{
+    fp_meta_free(&p->meta, r->e, r->n * sizeof *r->e);
+    fp_meta_free(&p->meta, r, sizeof *r);
+}
+
+/* Pinned host memory next to the pool's device, as VMM memory. */
+static CUmemAllocationProp host_prop(struct fabpool *p)
+{
+    int numa = -1;
+    if (FP_CU(&p->ch.calls, cuDeviceGetAttribute, &numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, p->ch.dev) != CUDA_SUCCESS ||
+        numa < 0)
+        numa = 0;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    prop.location.id = numa;
+    return prop;
+}
+
+/* Copies every chunk marked `copy` into host memory of its own, on stream,
+ * and waits for the copies.  On failure the caller frees what was made
+ * (host_release).  Pool lock held, context current. */
+static fabpool_status offload(struct fabpool *p, struct fp_sleep *r, void *stream)
+{
+    CUmemAllocationProp hp = host_prop(p);
+    size_t hg = 0;
+    CUresult cr = FP_CU(&p->ch.calls, cuMemGetAllocationGranularity, &hg, &hp, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (cr != CUDA_SUCCESS)
+        return fp_drv_error(cr, "cuMemGetAllocationGranularity", "asking the granularity of host NUMA memory (node "
+                            "%d) for the offload; the pool stays awake", hp.location.id);
+    if (hg == 0 || (hg & (hg - 1)))
+        return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "fabpool_sleep: the driver's host memory granularity %zu is not a "
+                        "power of two; sleep with FABPOOL_SLEEP_DISCARD", hg);
+    uint64_t total = 0;
+    for (size_t i = 0; i < r->n; i++)
+        if (r->e[i].copy)
+            total += fp_round_up(r->e[i].size, hg);
+    if (!total)
+        return FABPOOL_OK;
+    CUdeviceptr va = 0;
+    cr = FP_CU(&p->ch.calls, cuMemAddressReserve, &va, total, hg, 0, 0);
+    if (cr != CUDA_SUCCESS)
+        return fp_drv_error(cr, "cuMemAddressReserve", "reserving %llu bytes of address space for the host copies; "
+                            "the pool stays awake", (unsigned long long)total);
+    r->stage_va = va;
+    r->stage_size = total;
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = p->ch.dev;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    uint64_t at = va;
+    for (size_t i = 0; i < r->n; i++) {
+        fp_slept *e = &r->e[i];
+        if (!e->copy)
+            continue;
+        uint64_t hs = fp_round_up(e->size, hg);
+        CUmemGenericAllocationHandle h = 0;
+        cr = FP_CU(&p->ch.calls, cuMemCreate, &h, hs, &hp, 0);
+        if (cr != CUDA_SUCCESS) {
+            char a[32], t[32];
+            human(a, sizeof a, hs);
+            human(t, sizeof t, total);
+            if (cr == CUDA_ERROR_OUT_OF_MEMORY)
+                return fp_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_sleep: cuMemCreate of %s of pinned host memory "
+                                "(NUMA node %d) failed with CUDA_ERROR_OUT_OF_MEMORY, %s in all were needed for the "
+                                "offload; the pool stays awake and nothing changed. Free host memory, or sleep "
+                                "with FABPOOL_SLEEP_DISCARD", a, hp.location.id, t);
+            return fp_drv_error(cr, "cuMemCreate", "creating %s of pinned host memory (NUMA node %d) for the "
+                                "offload; the pool stays awake", a, hp.location.id);
+        }
+        const char *call = "cuMemMap";
+        cr = FP_CU(&p->ch.calls, cuMemMap, (CUdeviceptr)at, hs, 0, h, 0);
+        if (cr == CUDA_SUCCESS) {
+            call = "cuMemSetAccess";
+            cr = FP_CU(&p->ch.calls, cuMemSetAccess, (CUdeviceptr)at, hs, &acc, 1);
+            if (cr == CUDA_SUCCESS) {
+                call = "cuMemRelease";
+                cr = FP_CU_UNDO(&p->ch.calls, cuMemRelease, h);
+                if (cr == CUDA_SUCCESS)
+                    h = 0;
+            }
+            if (cr != CUDA_SUCCESS)
+                FP_CU_UNDO(&p->ch.calls, cuMemUnmap, (CUdeviceptr)at, hs);
+        }
+        if (cr != CUDA_SUCCESS) {
+            if (h)
+                FP_CU_UNDO(&p->ch.calls, cuMemRelease, h);
+            return fp_drv_error(cr, call, "mapping a host copy of %llu bytes for the offload; the pool stays awake",
+                                (unsigned long long)hs);
+        }
+        e->host_va = at;
+        e->host_size = hs;
+        atomic_fetch_add(&p->sleep_host_bytes, hs);
+        atomic_fetch_add(&p->sleep_host_copies, 1);
+        cr = FP_CU(&p->ch.calls, cuMemcpyDtoDAsync, (CUdeviceptr)at, (CUdeviceptr)e->va, e->size, (CUstream)stream);
+        if (cr != CUDA_SUCCESS)
+            return fp_drv_error(cr, "cuMemcpyDtoDAsync", "copying a chunk of %llu bytes at 0x%llx to host memory; "
+                                "the pool stays awake", (unsigned long long)e->size, (unsigned long long)e->va);
+        at += hs;
+    }
+    return sync_on(p, stream, "copying the pool's memory to host memory (the pool stays awake)");
+}
+
+/* Maps every sleeping chunk again, restores its copy, and frees the copies
+ * and the record.  Stops at the first failure (the pool stays asleep; a
+ * retry goes on).  Pool lock held, context current. */
+static fabpool_status wake_locked(struct fabpool *p, void *stream)
+{
+    struct fp_sleep *r = p->sleep;
+    /* memory freed while asleep is not mapped again: a buffer's retired
+     * chunks and the cache go (fp_sleep_forget); a failure here only leaves
+     * more to map */
+    if (fp_collect_locked(&p->bufs, 1) != FABPOOL_OK)
+        fp_error_clear();
+    fp_heap_trim_locked(&p->heap, 0);
+    fabpool_status st = FABPOOL_OK;
+    size_t done = 0, todo = 0;
+    for (size_t i = 0; i < r->n; i++)
+        todo += r->e[i].state == FP_SL_ASLEEP;
+    for (size_t i = 0; i < r->n && st == FABPOOL_OK; i++) {
+        fp_slept *e = &r->e[i];
+        if (e->state != FP_SL_ASLEEP)
+            continue;
+        CUmemGenericAllocationHandle h = 0;
+        if ((st = fp_heap_chunk_create(&p->heap, e->size, &h)) != FABPOOL_OK)
+            break;
+        if (e->state != FP_SL_ASLEEP) { /* the create's trim on OOM gave it up: it was free */
+            fp_chunk_release(&p->ch, h);
+            continue;
+        }
+        if ((st = fp_chunk_map_handle(&p->ch, e->va, e->size, h, "a chunk of a pool waking up")) != FABPOOL_OK)
+            break;
+        e->state = FP_SL_MAPPED;
+        if (e->host_va) {
+            CUresult cr = FP_CU(&p->ch.calls, cuMemcpyDtoDAsync, (CUdeviceptr)e->va, (CUdeviceptr)e->host_va, e->size,
+                                (CUstream)stream);
+            if (cr != CUDA_SUCCESS) {
+                st = fp_drv_error(cr, "cuMemcpyDtoDAsync", "copying a chunk of %llu bytes back from host memory",
+                                  (unsigned long long)e->size);
+                if (fp_chunk_unmap(&p->ch, e->va, e->size) == FABPOOL_OK)
+                    e->state = FP_SL_ASLEEP;
+                break;
+            }
+        }
+        if (e->buf) {
+            /* new memory behind the chunk: an export names it anew */
+            fp_bchunk *c = buffer_chunk(e->buf, e->va);
+            if (c) {
+                c->gen = ++e->buf->generation;
+                c->named = 0;
+            }
+        }
+        done++;
+    }
+    if (st == FABPOOL_OK)
+        st = r->retry ? sync_on(p, NULL, "restoring the offloaded contents")
+                      : sync_on(p, stream, "restoring the offloaded contents");
+    if (st == FABPOOL_OK)
+        st = host_release(p, r);
+    if (st != FABPOOL_OK) {
+        r->retry = 1;
+        fp_error_append(" (fabpool_wake: %zu of %zu chunks were mapped again; the pool stays asleep and keeps the "
+                        "host copies: call fabpool_wake again to go on)", done, todo);
+        return st;
+    }
+    set_record(p, NULL);
+    record_free(p, r);
+    set_asleep(p, 0);
+    atomic_fetch_add(&p->wakes, 1);
+    return FABPOOL_OK;
+}
+
+/* Why the pool may not sleep now (a status with its message), or OK. */
+static fabpool_status sleep_refused_locked(struct fabpool *p)
+{
+    fp_lock_assert_held(&p->sp.lock);
+    if (fp_chunks_asleep(&p->ch))
+        return fp_error(FABPOOL_ERR_ASLEEP, "fabpool_sleep: the pool is already asleep; call fabpool_wake first");
+    for (struct fabpool_buffer *b = p->bufs.list; b; b = b->next)
+        if (b->n_ghosts || (b->shared && b->acked != UINT64_MAX))
+            return fp_error(FABPOOL_ERR_BUSY, "fabpool_sleep: the buffer at 0x%llx (export id 0x%llx%s) was exported "
+                            "and its peers may still map it: their views would read memory that sleep takes away. "
+                            "Close the views, call fabpool_buffer_peers_ack (or fabpool_peers_ack) with UINT64_MAX, "
+                            "then sleep; nothing changed", (unsigned long long)b->base, (unsigned long long)b->uid,
+                            b->destroyed ? ", destroyed" : "");
+    return FABPOOL_OK;
+}
+
+fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream)
+{
+    if (!p)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_sleep: the pool is NULL");
+    if (mode != FABPOOL_SLEEP_DISCARD && mode != FABPOOL_SLEEP_OFFLOAD)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_sleep: mode %d is neither FABPOOL_SLEEP_DISCARD (0) nor "
+                        "FABPOOL_SLEEP_OFFLOAD (1)", (int)mode);
+    /* the refusals first (nothing changes), then the blocks freed on streams
+     * (retire.h): their streams' work is waited for and they go back to the
+     * pool, so that they are free memory (trimmed below, not offloaded) and no
+     * queued kernel reads memory that sleep unmaps; the drain takes the pool
+     * lock itself, so the refusals are checked again after it */
+    for (int pass = 0; pass < 2; pass++) {
+        fp_lock(&p->sp.lock);
+        fabpool_status rst = sleep_refused_locked(p);
+        if (rst != FABPOOL_OK || pass == 1) {
+            if (rst != FABPOOL_OK) {
+                fp_unlock(&p->sp.lock);
+                return rst;
+            }
+            break;
+        }
+        fp_unlock(&p->sp.lock);
+        fp_alloc_drain(&p->alloc, 1, 0);
+    }
+    CUcontext saved;
+    fabpool_status st = fp_ctx_push(&p->ch, &saved);
+    if (st != FABPOOL_OK) {
+        fp_unlock(&p->sp.lock);
+        return st;
+    }
+    if ((st = sync_on(p, stream, "before the pool goes to sleep (nothing changed)")) != FABPOOL_OK)
+        goto out;
+    /* from here on every thread cache misses, allocation fails */
+    set_asleep(p, 1);
+    fabpool_thread_flush(p);
+    struct fp_sleep *r = NULL;
+    if ((st = fp_collect_locked(&p->bufs, 1)) != FABPOOL_OK) {
+        fp_error_append(" (fabpool_sleep: collecting retired buffer chunks; the pool stays awake)");
+        goto awake;
+    }
+    fp_heap_trim_locked(&p->heap, 0);
+    if (!(r = record_new(p, mode, &st)))
+        goto awake;
+    if (mode == FABPOOL_SLEEP_OFFLOAD && (st = offload(p, r, stream)) != FABPOOL_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", fabpool_last_error());
+        if (host_release(p, r) == FABPOOL_OK)
+            record_free(p, r);
+        /* else: the host copies that could not be unmapped stay mapped, in a record no one frees (the
+         * driver refused twice: nothing better to do) */
+        st = fp_error(st, "%s", msg);
+        goto awake;
+    }
+    uint64_t off = 0, drop = 0;
+    set_record(p, r);
+    for (size_t i = 0; i < r->n; i++) {
+        fp_slept *e = &r->e[i];
+        if (e->buf) {
+            fp_bchunk *c = buffer_chunk(e->buf, e->va);
+            if (c) /* an exported fd the pool holds would keep the memory */
+                fp_bchunk_forget_export(&p->bufs, c);
+        }
+        if ((st = fp_chunk_unmap(&p->ch, e->va, e->size)) != FABPOOL_OK) {
+            fp_error_append(" to put it to sleep (tried twice)");
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", fabpool_last_error());
+            fabpool_status wst = wake_locked(p, stream);
+            if (wst == FABPOOL_OK) {
+                atomic_fetch_sub(&p->wakes, 1); /* a rollback, not a wake */
+                st = fp_error(st, "%s; the chunks already unmapped were mapped again%s: the pool is awake", msg,
+                              mode == FABPOOL_SLEEP_OFFLOAD ? " with their contents" : "");
+            } else
+                fp_error_append(" (after: %s)", msg);
+            goto out;
+        }
+        e->state = FP_SL_ASLEEP; /* fp_chunk_unmap counted it */
+        if (e->host_va)
+            off += e->size;
+        else
+            drop += e->size;
+    }
+    atomic_store(&p->sleep_offloaded, off);
+    atomic_store(&p->sleep_discarded, drop);
+    atomic_store(&p->sleep_mode, (int)mode);
+    atomic_fetch_add(&p->sleeps, 1);
+    fp_error_clear();
+    goto out;
+awake:
+    set_asleep(p, 0);
+out:
+    fp_ctx_pop(&p->ch, saved);
+    fp_unlock(&p->sp.lock);
+    return st;
+}
+
+fabpool_status fabpool_wake(fabpool_t *p, void *stream)
+{
+    if (!p)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_wake: the pool is NULL");
+    fp_lock(&p->sp.lock);
+    if (!p->sleep) {
+        fp_unlock(&p->sp.lock);
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_wake: the pool is not asleep (fabpool_sleep first); "
+                        "nothing changed");
+    }
+    CUcontext saved;
+    fabpool_status st = fp_ctx_push(&p->ch, &saved);
+    if (st == FABPOOL_OK) {
+        st = wake_locked(p, stream);
+        fp_ctx_pop(&p->ch, saved);
+    }
+    fp_unlock(&p->sp.lock);
+    if (st == FABPOOL_OK) {
+        fp_error_clear();
+        fp_heap_trim_policy(&p->heap);
+    }
+    return st;
+}
+
+fabpool_status fabpool_sleep_state(fabpool_t *p, fabpool_sleep_info *out)
+{
+    if (!p || !out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_sleep_state: the pool or the output is NULL");
+    memset(out, 0, sizeof *out);
+    fp_lock(&p->sp.lock);
+    out->asleep = p->sleep != NULL;
+    fp_unlock(&p->sp.lock);
+    out->mode = (fabpool_sleep_mode)atomic_load(&p->sleep_mode);
+    out->offloaded_bytes = atomic_load(&p->sleep_offloaded);
+    out->discarded_bytes = atomic_load(&p->sleep_discarded);
+    out->host_bytes = atomic_load(&p->sleep_host_bytes);
+    out->host_copies = atomic_load(&p->sleep_host_copies);
+    out->sleeps = atomic_load(&p->sleeps);
+    out->wakes = atomic_load(&p->wakes);
+    return FABPOOL_OK;
+}
+
+void fp_sleep_free(struct fabpool *p)
+{
+    struct fp_sleep *r = p->sleep;
+    if (!r)
+        return;
+    set_record(p, NULL);
+    if (host_release(p, r) == FABPOOL_OK)
+        record_free(p, r);
+}
+
+void fp_sleep_unmapped(const struct fabpool *p, uint64_t *chunks, uint64_t *bytes)
+{
+    *chunks = *bytes = 0;
+    if (!p->sleep)
+        return;
+    for (size_t i = 0; i < p->sleep->n; i++)
+        if (p->sleep->e[i].state == FP_SL_ASLEEP) {
+            (*chunks)++;
+            *bytes += p->sleep->e[i].size;
+        }
+}

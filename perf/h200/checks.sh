@@ -1,0 +1,37 @@
+#!/bin/bash
+# checks.sh - one device call's worth of checks on the H200 (run from the repository root; CUDA 13, cmake,
+# PyTorch 2.11 in python3; about 8 minutes).  Builds the tree once (Release, real driver, build-h200/), then:
+#   tests        the whole ctest suite against the real driver (-j4: real-driver tests that need the device's
+#                memory take a CTest resource lock)
+#   sleep        perf/h200/sleep_check.py: PyTorch weights and optimizer state slept with offload and woken
+#                (issue 14), 10 GiB sleep + wake against pinned copies
+#   stream       fabpool_bench_stream: the stream-ordered pair against cuMemAllocAsync (issue 12)
+#   moe          adapters/torch/test_torch_moe.py in default, fabpool and mempool modes (losses compared)
+# CHECKS=tests,sleep,... picks some.  Writes under $OUT: checks.txt (this log), ctest.txt, sleep.json,
+# stream-bench.json, moe-*.json; the last line is SUMMARY name=rc ...
+set -u
+OUT=${OUT:-/tmp/fabpool-checks}
+mkdir -p "$OUT"
+LOG="$OUT/checks.txt"
+[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+B=build-h200
+LIB="$B/adapters/torch/libfabpool_torch.so"
+CHECKS=${CHECKS:-tests,sleep,stream,moe}
+want() { [[ ",$CHECKS," == *",$1,"* ]]; }
+. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
+{
+  echo "fabpool checks, $(date -u), commit $(cat .rev 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+  step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release
+  step build 240 cmake --build "$B" -j16
+  if want tests; then
+    step tests 300 bash -c "ctest --test-dir '$B' -j4 --output-on-failure --timeout 240 > '$OUT/ctest.txt' 2>&1; rc=\$?; \
+      grep -E 'tests passed|Failed|Not Run|\\*\\*\\*' '$OUT/ctest.txt' | tail -n 25; exit \$rc"
+  fi
+  want sleep && step sleep 200 python3 perf/h200/sleep_check.py --lib "$LIB" --out "$OUT/sleep.json"
+  want stream && step stream 60 "$B/fabpool_bench_stream" 1000000 --json "$OUT/stream-bench.json"
+  want moe && step moe 150 python3 adapters/torch/test_torch_moe.py --lib "$LIB" --steps 200 \
+       --modes default,fabpool,mempool --workdir "$OUT"
+  echo "SUMMARY ${status[*]}"
+} > "$LOG" 2>&1
+tail -n 60 "$LOG"
