@@ -32,7 +32,7 @@ void fabpool_options_init(fabpool_options *o)
     o->max_chunk_bytes = 1 * GiB;
     o->slab_max_bytes = 8 * MiB;
     o->cache_limit_bytes = UINT64_MAX; /* no limit: the decay and the OOM trim return memory */
-    o->decay_ms = 1000;
+    o->decay_ms = 10000;
     o->large_slack_percent = 4;
     o->shrink_hysteresis_percent = 25;
     o->thread_cache = 1;

@@ -5,7 +5,7 @@
  *
  *   fabpool_replay TRACE[.gz] [--allocators fabpool,cudaMallocAsync,torch_default,torch_expandable]
  *                  [--level auto|app|pool] [--sample N] [--fabpool-conf STR] [--device N]
- *                  [--json FILE] [--check]
+ *                  [--json FILE] [--check] [--pace]
  *
  * What is replayed: a trace with an adapter's records (the PyTorch shim's
  * app_alloc / app_free, with their streams) is replayed at that level, what
@@ -29,6 +29,11 @@
  * cuMemFreeAsync / trim calls the replay made; PyTorch: num_device_alloc +
  * num_device_free (cudaMalloc / cudaFree, or maps and unmaps with expandable
  * segments).
+ *
+ * --pace: each operation waits for its time stamp (the trace's own timing, so that
+ * time-based policies such as fabpool's decay_ms act as they did when it was
+ * recorded; the replay then takes as long as the recording).  The maps in the
+ * second half of the operations are reported apart (the steady state).
  *
  * --check: exit 1 unless every allocator asked for ran, every allocation,
  * buffer creation and resize that succeeded in the trace succeeded in the
@@ -64,6 +69,7 @@ typedef struct rop {
     uint32_t obj;     /* object index (blocks and buffers) */
     uint64_t size;    /* alloc / buffer size; trim: keep */
     uint64_t max;     /* buffer create: max_size */
+    uint64_t t;       /* the record's time stamp (ns since the trace began): --pace */
 } rop;
 
 typedef struct plan {
@@ -100,6 +106,7 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
         if (!is_alloc && !is_free && !is_buf && !is_trim && !is_empty)
             continue;
         rop o = {0};
+        o.t = r->t_ns;
         uint64_t stream = (r->op == FABPOOL_TR_APP_ALLOC || r->op == FABPOOL_TR_APP_FREE || r->op == FABPOOL_TR_BUF_RESIZE ||
                            r->op == FABPOOL_TR_BUF_DESTROY) ? r->arg : 0;
         if (stream) {
@@ -266,6 +273,8 @@ static uint64_t driver_held(void)
     return (uint64_t)(t - f);
 }
 
+static int pace; /* --pace: follow the trace's time stamps */
+
 static double now_ns(void)
 {
     struct timespec t;
@@ -289,6 +298,7 @@ typedef struct rres {
     uint64_t own_peak;                   /* allocator's own peak; UINT64_MAX unknown */
     uint64_t calls;                      /* driver calls; UINT64_MAX unknown */
     uint64_t maps;                       /* physical allocations / maps; UINT64_MAX unknown */
+    uint64_t maps_late;                  /* of those, in the second half of the operations (steady state) */
     uint64_t left_live;                  /* objects the trace left live, freed after the timed part */
     uint64_t live_end;                   /* fabpool: in_use bytes after that; UINT64_MAX n/a */
     uint64_t held_after;                 /* sim: bytes held after the allocator is gone; UINT64_MAX n/a */
@@ -458,7 +468,7 @@ static uint64_t fab_calls(fabpool_t *pool, uint64_t *maps)
 static void run_child(int kind, const plan *pl, int device, int sample, const char *fconf, rres *r)
 {
     memset(r, 0, sizeof *r);
-    r->own_peak = r->calls = r->maps = r->live_end = r->held_after = UINT64_MAX;
+    r->own_peak = r->calls = r->maps = r->maps_late = r->live_end = r->held_after = UINT64_MAX;
     if (load_driver(device, r->error, sizeof r->error))
         return;
     r->sim = cu.ledger != NULL;
@@ -540,8 +550,28 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
     uint64_t done[R_NKINDS] = {0};
     int since = 0;
     double t_all = now_ns();
+    uint64_t maps_mid = UINT64_MAX;
     for (size_t i = 0; i < pl->n; i++) {
         const rop *o = &pl->ops[i];
+        if (i == pl->n / 2) { /* the steady state's maps: from here on */
+            if (kind == A_FABPOOL) {
+                fab_calls(s.pool, &maps_mid);
+            } else if (kind != A_ASYNC) {
+                uint64_t a = 0, f = 0;
+                tb.device_calls(&a, &f);
+                maps_mid = a;
+            }
+        }
+        if (pace) { /* the trace's own timing: time-based policies (fabpool's decay) act as they did */
+            double due = t_all + (double)(o->t - pl->ops[0].t);
+            double now;
+            while ((now = now_ns()) < due) {
+                double left = due - now;
+                struct timespec ts = {(time_t)(left / 1e9), (long)((uint64_t)left % 1000000000ull)};
+                if (left > 200e3)
+                    nanosleep(&ts, NULL);
+            }
+        }
         double t0 = now_ns();
         int bad = do_op(&s, o);
         double t1 = now_ns();
@@ -578,6 +608,8 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
         uint64_t maps = 0;
         r->calls = fab_calls(s.pool, &maps) - calls0;
         r->maps = maps - maps0;
+        if (maps_mid != UINT64_MAX)
+            r->maps_late = maps - maps_mid;
         if (fabpool_get_stats(s.pool, fst) == FABPOOL_OK)
             r->own_peak = fst->mapped_bytes_peak;
     } else if (kind == A_ASYNC) {
@@ -592,6 +624,8 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
         tb.device_calls(&a, &f);
         r->calls = (a - dallocs0) + (f - dfrees0);
         r->maps = a - dallocs0;
+        if (maps_mid != UINT64_MAX)
+            r->maps_late = a - maps_mid;
     }
     for (uint32_t i = 0; i < pl->n_objs; i++) {
         if (!s.ptr[i])
@@ -705,7 +739,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: fabpool_replay TRACE[.gz] [--allocators fabpool,cudaMallocAsync,torch_default,"
                "torch_expandable]\n"
                "                      [--level auto|app|pool] [--sample N] [--fabpool-conf STR] [--device N]\n"
-               "                      [--json FILE] [--check]\n");
+               "                      [--json FILE] [--check] [--pace]\n");
 }
 
 int main(int argc, char **argv)
@@ -718,6 +752,8 @@ int main(int argc, char **argv)
         int more = i + 1 < argc;
         if (!strcmp(a, "--check"))
             check = 1;
+        else if (!strcmp(a, "--pace"))
+            pace = 1;
         else if (!strcmp(a, "--allocators") && more)
             list = argv[++i];
         else if (!strcmp(a, "--json") && more)
@@ -863,6 +899,8 @@ int main(int argc, char **argv)
                     fprintf(js, ",\"driver_calls\":%" PRIu64, r->calls);
                 if (r->maps != UINT64_MAX)
                     fprintf(js, ",\"maps\":%" PRIu64, r->maps);
+                if (r->maps_late != UINT64_MAX)
+                    fprintf(js, ",\"maps_second_half\":%" PRIu64, r->maps_late);
                 fprintf(js, ",\"driver_calls_are\":\"%s\",\"left_live_by_trace\":%" PRIu64, r->calls_what,
                         r->left_live);
                 if (r->live_end != UINT64_MAX)
@@ -892,6 +930,10 @@ int main(int argc, char **argv)
            "%d operations; own peak: the allocator's own count. Buffer ops for the others: allocate the new size, "
            "free the old. Live peak of the trace: %.1f MiB.\n",
            sim ? "the simulated driver's ledger" : "cuMemGetInfo", sample, (double)pl.live_peak / (1 << 20));
+    for (int k = 0; k < A_N; k++)
+        if (want[k] && res[k].ran && res[k].maps_late != UINT64_MAX)
+            printf("%s: %" PRIu64 " of its maps came in the second half of the operations (the steady state)%s\n",
+                   a_key[k], res[k].maps_late, pace ? ", paced by the trace's time stamps" : "");
     for (int k = 0; k < A_N; k++)
         if (want[k] && res[k].ran && res[k].left_live)
             printf("%s: %" PRIu64 " objects the trace left live were freed after the timed part\n", a_key[k],

@@ -115,7 +115,7 @@ static void test_defaults(void)
     CHECK(o.max_chunk_bytes == 1 * GiB);
     CHECK(o.slab_max_bytes == 8 * MiB);
     CHECK(o.cache_limit_bytes == UINT64_MAX);
-    CHECK(o.decay_ms == 1000);
+    CHECK(o.decay_ms == 10000);
     CHECK(o.large_slack_percent == 4);
     CHECK(o.shrink_hysteresis_percent == 25);
     CHECK(o.thread_cache == 1);
