@@ -265,7 +265,7 @@ static fabpool_status wake_locked(struct fabpool *p, void *stream)
 {
     struct fp_sleep *r = p->sleep;
     /* memory freed while asleep is not mapped again: a buffer's retired
-     * chunks and the cache go (fp_sleep_forget); a failure here only leaves
+     * chunks and the cache go (chunk.c marks them GONE); a failure here only leaves
      * more to map */
     if (fp_collect_locked(&p->bufs, 1) != FABPOOL_OK)
         fp_error_clear();
