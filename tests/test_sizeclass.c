@@ -22,11 +22,7 @@
 /* Under valgrind (the CI's memcheck step) mapping costs grow with the bytes
  * mapped: the sweeps then stop at 1 GiB and the seeded mix runs one short
  * seed; the main suite, ASan and TSan run them whole. */
-static int under_valgrind(void)
-{
-    const char *pre = getenv("LD_PRELOAD");
-    return pre && strstr(pre, "vgpreload") != NULL;
-}
+#define under_valgrind t_under_valgrind
 
 static fabpool_t *make_pool(const char *conf)
 {
