@@ -47,22 +47,6 @@ static fabpool_buffer_info vinfo(fabpool_view_t *v)
     return i;
 }
 
-static fabpool_stats stats(fabpool_t *p)
-{
-    fabpool_stats s;
-    fabpool_get_stats(p, &s);
-    return s;
-}
-
-static fabpool_t *pool(const char *conf)
-{
-    fabpool_options o;
-    fabpool_options_init(&o);
-    o.conf = conf;
-    fabpool_t *p = NULL;
-    CHECK_OK(fabpool_create(&o, &p));
-    return p;
-}
 
 static int shareable(fabpool_t *p)
 {
@@ -129,7 +113,7 @@ static void item5_destroy(void)
 {
     if (!fault_set)
         return;
-    fabpool_t *p = pool("handle_type:none");
+    fabpool_t *p = t_pool("handle_type:none");
     if (!p)
         return;
     CUstream s;
@@ -148,10 +132,10 @@ static void item5_destroy(void)
         fault_clear();
         fabpool_buffer_info i = info(b);
         CHECK(i.size == 80 * MB && i.mapped >= 80 * MB && get(ptr(b)) == 55); /* alive, data and all */
-        CHECK(stats(p).buffers == 1);
+        CHECK(t_stats(p).buffers == 1);
         CHECK_OK(fabpool_buffer_destroy(b, stream));
         CHECK_OK(fabpool_collect(p, 1));
-        fabpool_stats st = stats(p);
+        fabpool_stats st = t_stats(p);
         CHECK(st.buffers == 0 && st.mapped_bytes == 0);
         CHECK(t_ledger().bytes_mapped == 0);
     }
@@ -163,7 +147,7 @@ static void item5_destroy(void)
  * 1 GiB -> 16 MiB kept 1 GiB mapped; 256 MiB -> 4 GiB -> 64 MiB kept 320 MiB). */
 static void item6_shrink(void)
 {
-    fabpool_t *p = pool("handle_type:none");
+    fabpool_t *p = t_pool("handle_type:none");
     if (!p)
         return;
     CUstream s;
@@ -184,7 +168,7 @@ static void item6_shrink(void)
         CHECK(i.base == (void *)(uintptr_t)base && i.size == 16 * MB);
         CHECK(i.mapped >= 16 * MB && i.mapped <= 20 * MB); /* 16 MiB + 25 % */
         CHECK(get(base) == 1 && get(base + 16 * MB - 8) == 2);
-        CHECK(stats(p).mapped_bytes == i.mapped);
+        CHECK(t_stats(p).mapped_bytes == i.mapped);
         if (t_ledger_p)
             CHECK(t_ledger().bytes_mapped == i.mapped && t_ledger().bytes_held == i.mapped);
         /* grow again: the base stays, data below 16 MiB too */
@@ -196,7 +180,7 @@ static void item6_shrink(void)
         i = info(b);
         CHECK(i.mapped >= 64 * MB && i.mapped <= 80 * MB);
         CHECK(get(base) == 1 && get(base + 16 * MB - 8) == 2);
-        CHECK(stats(p).mapped_bytes == i.mapped);
+        CHECK(t_stats(p).mapped_bytes == i.mapped);
         CHECK_OK(fabpool_buffer_destroy(b, stream));
     }
     /* one chunk of 64 MiB shrunk to 40 MiB: the hysteresis keeps 50 MiB, so the chunk is refitted
@@ -210,7 +194,7 @@ static void item6_shrink(void)
         CHECK_OK(fabpool_buffer_resize(c, 40 * MB, NULL));
         CHECK(info(c).mapped >= 40 * MB && info(c).mapped <= 50 * MB);
         CHECK(get(base + 40 * MB - 8) == 5 && ptr(c) == base);
-        CHECK(stats(p).mapped_bytes == info(c).mapped);
+        CHECK(t_stats(p).mapped_bytes == info(c).mapped);
         CHECK_OK(fabpool_buffer_destroy(c, NULL));
     }
     /* 256 MiB -> 4 GiB -> 64 MiB, as the audit measured */
@@ -223,7 +207,7 @@ static void item6_shrink(void)
         CHECK_OK(fabpool_buffer_destroy(b, NULL));
     }
     CHECK_OK(fabpool_collect(p, 1));
-    CHECK(stats(p).mapped_bytes == 0);
+    CHECK(t_stats(p).mapped_bytes == 0);
     cuStreamDestroy(s);
     CHECK_OK(fabpool_destroy(p));
 }
@@ -232,7 +216,7 @@ static void item6_shrink(void)
  * (f8e0a8d answered OK and left size 20 MiB with 2 MiB mapped). */
 static void item11_resize_set_duplicate(void)
 {
-    fabpool_t *p = pool("handle_type:none");
+    fabpool_t *p = t_pool("handle_type:none");
     if (!p)
         return;
     fabpool_buffer_t *b = NULL;
@@ -263,8 +247,8 @@ typedef struct pair {
 static int pair_open(pair *x, size_t max, size_t size)
 {
     memset(x, 0, sizeof *x);
-    x->a = pool(NULL);
-    x->v = pool(NULL);
+    x->a = t_pool(NULL);
+    x->v = t_pool(NULL);
     if (!x->a || !x->v || !shareable(x->a))
         return 0;
     x->posix = fabpool_handle_type_of(x->a) == FABPOOL_HANDLE_POSIX_FD;
@@ -329,7 +313,7 @@ static void item9_apply_fault(void)
         CHECK_OK(fabpool_buffer_resize(x.b, 300 * MB, NULL));
         CHECK_OK(fabpool_buffer_export(x.b, 0, x.d, sizeof x.d, &x.len, x.fds, 64, &x.nfds)); /* full: replaces all */
         fabpool_buffer_info before = vinfo(x.view);
-        uint64_t vmapped = stats(x.v).mapped_bytes;
+        uint64_t vmapped = t_stats(x.v).mapped_bytes;
         fabsim_ledger l0 = t_ledger();
         for (int nth = 1; nth <= 2; nth++) {
             dup_fds(x.fds, x.nfds, x.mine);
@@ -339,7 +323,7 @@ static void item9_apply_fault(void)
             fabpool_buffer_info after = vinfo(x.view);
             CHECK(after.generation == before.generation && after.mapped == before.mapped &&
                   after.n_chunks == before.n_chunks);
-            CHECK(stats(x.v).mapped_bytes == vmapped);
+            CHECK(t_stats(x.v).mapped_bytes == vmapped);
             fabsim_ledger l1 = t_ledger();
             CHECK(l1.mappings == l0.mappings && l1.handles == l0.handles);
             CHECK(get((uint64_t)(uintptr_t)fabpool_view_ptr(x.view)) == 77);
@@ -359,7 +343,7 @@ static void item11_view_stats(void)
     pair x;
     if (pair_open(&x, 64 * MB, 40 * MB)) {
         CHECK_OK(fabpool_trim(x.v, 0));
-        fabpool_stats s = stats(x.v);
+        fabpool_stats s = t_stats(x.v);
         CHECK(s.cached_bytes == 0);
         CHECK(s.view_bytes == info(x.b).mapped && s.mapped_bytes == s.view_bytes);
         CHECK_OK(fabpool_buffer_export_done(x.b));
@@ -403,7 +387,7 @@ static void item11_fds(void)
     CHECK(v == NULL && strstr(fabpool_last_error(), "record's size") != NULL);
     l1 = t_ledger();
     CHECK(l1.mappings == l0.mappings && l1.handles == l0.handles);
-    CHECK(stats(x.v).mapped_bytes == 0);
+    CHECK(t_stats(x.v).mapped_bytes == 0);
     CHECK_OK(fabpool_buffer_export_done(x.b));
     pair_close(&x);
 }
@@ -424,7 +408,7 @@ static void item12_destroy_exported(void)
         CHECK_OK(fabpool_buffer_peers_ack(x.b, vinfo(x.view).generation));
         CHECK_OK(fabpool_buffer_destroy(x.b, NULL));
         x.b = NULL;
-        CHECK(stats(x.a).mapped_bytes == 0 && stats(x.a).buffers == 0);
+        CHECK(t_stats(x.a).mapped_bytes == 0 && t_stats(x.a).buffers == 0);
         CHECK(get((uint64_t)(uintptr_t)fabpool_view_ptr(x.view)) == 77); /* the view's mapping keeps it */
         CHECK_STATUS(fabpool_peers_ack(x.a, id, UINT64_MAX), FABPOOL_ERR_NOT_FOUND); /* nothing left */
 
@@ -443,12 +427,12 @@ static void item12_destroy_exported(void)
             uint64_t g2 = info(b).generation - 1, id2 = info(b).export_id;
             fabpool_buffer_info bi = info(b);
             CHECK_OK(fabpool_buffer_destroy(b, NULL));
-            fabpool_stats s = stats(x.a);
+            fabpool_stats s = t_stats(x.a);
             CHECK(s.buffers == 0);
             /* the chunks of the last grow went; those named by the unacked descriptor stay */
             CHECK(s.mapped_bytes > 0 && s.mapped_bytes < bi.mapped);
             CHECK_OK(fabpool_peers_ack(x.a, id2, g2));
-            CHECK(stats(x.a).mapped_bytes == 0);
+            CHECK(t_stats(x.a).mapped_bytes == 0);
         }
         /* a third one, never acked: pool destroy takes it and answers OK */
         CHECK_OK(fabpool_buffer_create(x.a, 1024 * MB, 64 * MB, &b));
@@ -456,7 +440,7 @@ static void item12_destroy_exported(void)
             CHECK_OK(fabpool_buffer_export(b, 0, x.d, sizeof x.d, &x.len, x.fds, 64, &x.nfds));
             CHECK_OK(fabpool_buffer_export_done(b));
             CHECK_OK(fabpool_buffer_destroy(b, NULL));
-            CHECK(stats(x.a).mapped_bytes > 0);
+            CHECK(t_stats(x.a).mapped_bytes > 0);
         }
     }
     pair_close(&x);

@@ -24,23 +24,7 @@
  * seed; the main suite, ASan and TSan run them whole. */
 #define under_valgrind t_under_valgrind
 
-static fabpool_t *make_pool(const char *conf)
-{
-    fabpool_options o;
-    fabpool_options_init(&o);
-    o.conf = conf;
-    fabpool_t *p = NULL;
-    CHECK_OK(fabpool_create(&o, &p));
-    return p;
-}
 
-static fabpool_stats stats(fabpool_t *p)
-{
-    fabpool_stats s;
-    memset(&s, 0, sizeof s);
-    CHECK_OK(fabpool_get_stats(p, &s));
-    return s;
-}
 
 /* Pool destroyed with nothing live, and the driver holds nothing. */
 static void destroy_clean(fabpool_t *p)
@@ -58,7 +42,7 @@ static void test_metadata(void)
 {
     /* thread_cache off: every free goes straight back to its slab, so a trim
      * finds the slab empty and unmaps it */
-    fabpool_t *p = make_pool("handle_type:none,thread_cache:0");
+    fabpool_t *p = t_pool("handle_type:none,thread_cache:0");
     if (!p)
         return;
     size_t sizes[] = {256, 300, 4096, 5000, 100 * KB, 3 * MB};
@@ -69,17 +53,17 @@ static void test_metadata(void)
         CHECK_OK(fabpool_free(p, a));
     }
     CHECK_OK(fabpool_trim(p, 0));
-    uint64_t m0 = stats(p).metadata_bytes;
-    CHECK(stats(p).mapped_bytes == 0);
+    uint64_t m0 = t_stats(p).metadata_bytes;
+    CHECK(t_stats(p).mapped_bytes == 0);
     for (int i = 0; i < 1000; i++) {
         void *a = NULL;
         size_t sz = sizes[i % (sizeof sizes / sizeof sizes[0])];
         CHECK_OK(fabpool_alloc(p, sz, &a));
-        CHECK(stats(p).mapped_bytes > 0);
+        CHECK(t_stats(p).mapped_bytes > 0);
         CHECK_OK(fabpool_free(p, a));
         CHECK_OK(fabpool_trim(p, 0));
     }
-    fabpool_stats s = stats(p);
+    fabpool_stats s = t_stats(p);
     if (s.metadata_bytes != m0)
         fprintf(stderr, "metadata_bytes: %llu before 1000 slab create/trim cycles, %llu after\n",
                 (unsigned long long)m0, (unsigned long long)s.metadata_bytes);
@@ -162,7 +146,7 @@ static void test_slabmax(void)
         void *a = NULL, *b = NULL;
         CHECK_OK(fabpool_alloc(p, m, &a));
         CHECK_OK(fabpool_alloc(p, m + 1, &b));
-        fabpool_stats s = stats(p);
+        fabpool_stats s = t_stats(p);
         int slab_row = 0;
         for (int r = 0; r < FABPOOL_NUM_CLASSES && s.classes[r].size; r++)
             slab_row |= s.classes[r].size == m && s.classes[r].in_use == 1 && s.classes[r].slabs >= 1;
@@ -222,7 +206,7 @@ static void check_rule(fabpool_t *p, uint64_t size, double *worst, uint64_t *wor
 
 static void test_waste(void)
 {
-    fabpool_t *p = make_pool("handle_type:none,reserve:32GiB");
+    fabpool_t *p = t_pool("handle_type:none,reserve:32GiB");
     if (!p)
         return;
     fabpool_options o;
@@ -258,7 +242,7 @@ static void test_waste(void)
     /* growing sizes reuse the free range of the last one and map only the
      * difference: a few hundred chunks in all, not one map per size */
     printf("waste: %llu chunks mapped in all, %llu MiB mapped at the end\n",
-           (unsigned long long)stats(p).chunks_mapped_total, (unsigned long long)(stats(p).mapped_bytes >> 20));
+           (unsigned long long)t_stats(p).chunks_mapped_total, (unsigned long long)(t_stats(p).mapped_bytes >> 20));
     CHECK_OK(fabpool_trim(p, 0));
     printf("waste: %llu sizes from 257 B to 8 GiB, worst usable/asked %.4f at %llu bytes\n", (unsigned long long)n,
            worst, (unsigned long long)worst_at);
@@ -282,7 +266,7 @@ static void test_waste(void)
             CHECK_OK(fabpool_free(p, a[i]));
     }
     CHECK_OK(fabpool_trim(p, 0));
-    CHECK(stats(p).mapped_bytes == 0);
+    CHECK(t_stats(p).mapped_bytes == 0);
     destroy_clean(p);
 }
 
@@ -292,7 +276,7 @@ static void test_waste(void)
  * nothing else touched. */
 static void huge_case(const char *conf, uint64_t size)
 {
-    fabpool_t *p = make_pool(conf);
+    fabpool_t *p = t_pool(conf);
     if (!p)
         return;
     void *small = NULL, *mid = NULL;
@@ -300,7 +284,7 @@ static void huge_case(const char *conf, uint64_t size)
     CHECK_OK(fabpool_alloc(p, 20 * MB, &mid));
     CHECK_CU(cuMemsetD8((CUdeviceptr)(uintptr_t)small, 0x5a, 4096));
     CHECK_CU(cuMemsetD8((CUdeviceptr)(uintptr_t)mid, 0xa5, 20 * MB));
-    fabpool_stats s0 = stats(p);
+    fabpool_stats s0 = t_stats(p);
     fabsim_ledger l0 = t_ledger();
     void *h = (void *)1;
     fabpool_status st = fabpool_alloc(p, size, &h);
@@ -310,7 +294,7 @@ static void huge_case(const char *conf, uint64_t size)
     CHECK(st == FABPOOL_ERR_OUT_OF_MEMORY || st == FABPOOL_ERR_LIMIT);
     CHECK(h == NULL);
     CHECK(strlen(fabpool_last_error()) > 0);
-    fabpool_stats s1 = stats(p);
+    fabpool_stats s1 = t_stats(p);
     fabsim_ledger l1 = t_ledger();
     CHECK(s1.mapped_bytes == s0.mapped_bytes && s1.blocks == s0.blocks && s1.in_use_bytes == s0.in_use_bytes);
     CHECK(l1.bytes_mapped == l0.bytes_mapped && l1.mappings == l0.mappings);
@@ -389,7 +373,7 @@ static int stamp_ok(const lblock *b)
 static void large_run(uint64_t seed, int steps, uint64_t *out_peak_mapped, uint64_t *out_peak_live,
                       uint64_t *out_maps)
 {
-    fabpool_t *p = make_pool("handle_type:none,decay_ms:600000");
+    fabpool_t *p = t_pool("handle_type:none,decay_ms:600000");
     if (!p)
         return;
     rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
@@ -397,7 +381,7 @@ static void large_run(uint64_t seed, int steps, uint64_t *out_peak_mapped, uint6
     memset(live, 0, sizeof live);
     uint64_t live_usable = 0, live_asked = 0, peak_usable = 0, peak_mapped = 0, bad_overlap = 0, bad_data = 0,
              bad_bound = 0, bad_ratio = 0, nlive = 0, bound = 0;
-    uint64_t maps0 = stats(p).chunks_mapped_total;
+    uint64_t maps0 = t_stats(p).chunks_mapped_total;
     for (int step = 0; step < steps; step++) {
         int k = (int)(rnd() % NLIVE);
         lblock *b = &live[k];
@@ -441,7 +425,7 @@ static void large_run(uint64_t seed, int steps, uint64_t *out_peak_mapped, uint6
         }
         if (live_usable > peak_usable)
             peak_usable = live_usable;
-        fabpool_stats s = stats(p);
+        fabpool_stats s = t_stats(p);
         if (s.mapped_bytes > peak_mapped)
             peak_mapped = s.mapped_bytes;
         CHECK(s.in_use_bytes == live_usable);
@@ -471,18 +455,18 @@ static void large_run(uint64_t seed, int steps, uint64_t *out_peak_mapped, uint6
     CHECK(bad_data == 0);
     CHECK(bad_bound == 0);
     CHECK(bad_ratio == 0);
-    fabpool_stats s = stats(p);
+    fabpool_stats s = t_stats(p);
     *out_maps = s.chunks_mapped_total - maps0;
     for (int k = 0; k < NLIVE; k++)
         if (live[k].addr) {
             CHECK(stamp_ok(&live[k]));
             CHECK_OK(fabpool_free(p, (void *)(uintptr_t)live[k].addr));
         }
-    s = stats(p);
+    s = t_stats(p);
     CHECK(s.in_use_bytes == 0 && s.blocks == 0);
     CHECK(s.mapped_bytes == s.cached_bytes);
     CHECK_OK(fabpool_trim(p, 0));
-    s = stats(p);
+    s = t_stats(p);
     CHECK(s.mapped_bytes == 0 && s.cached_bytes == 0 && s.chunks_mapped == 0);
     if (t_ledger_p)
         CHECK(t_ledger().bytes_mapped == 0);
@@ -517,7 +501,7 @@ static void test_large(void)
                pl ? (double)pm / (double)pl : 0.0, (unsigned long long)maps);
     }
     /* coalescing: two neighbours freed make one range that a block of both sizes fits without a map */
-    fabpool_t *p = make_pool("handle_type:none,decay_ms:600000");
+    fabpool_t *p = t_pool("handle_type:none,decay_ms:600000");
     if (!p)
         return;
     void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
@@ -526,15 +510,15 @@ static void test_large(void)
     CHECK_OK(fabpool_alloc(p, 10 * MB, &c));
     CHECK_OK(fabpool_free(p, a));
     CHECK_OK(fabpool_free(p, b));
-    uint64_t m = stats(p).mapped_bytes, n = stats(p).chunks_mapped_total;
+    uint64_t m = t_stats(p).mapped_bytes, n = t_stats(p).chunks_mapped_total;
     CHECK_OK(fabpool_alloc(p, 50 * MB, &d));
-    CHECK(stats(p).mapped_bytes == m && stats(p).chunks_mapped_total == n);
+    CHECK(t_stats(p).mapped_bytes == m && t_stats(p).chunks_mapped_total == n);
     CHECK_OK(fabpool_free(p, d));
     CHECK_OK(fabpool_free(p, c));
     /* and a free range grows into the address space beside it: only the
      * difference (40 MiB) is mapped, in at most 3 chunks of the 32 MiB grid */
     CHECK_OK(fabpool_alloc(p, 100 * MB, &d));
-    CHECK(stats(p).mapped_bytes == 100 * MB && stats(p).chunks_mapped_total - n <= 3);
+    CHECK(t_stats(p).mapped_bytes == 100 * MB && t_stats(p).chunks_mapped_total - n <= 3);
     CHECK_OK(fabpool_free(p, d));
     destroy_clean(p);
 
@@ -544,17 +528,17 @@ static void test_large(void)
      * (unmapped) for them, with large_slack:100 (100 % of the 256 MiB live) they stay mapped. */
     uint64_t after[2] = {0, 0};
     for (int k = 0; k < 2; k++) {
-        p = make_pool(k ? "handle_type:none,decay_ms:600000,large_slack:100" : "handle_type:none,decay_ms:600000,large_slack:0");
+        p = t_pool(k ? "handle_type:none,decay_ms:600000,large_slack:100" : "handle_type:none,decay_ms:600000,large_slack:0");
         if (!p)
             return;
         void *blk[4] = {NULL, NULL, NULL, NULL}, *e = NULL;
         for (int i = 0; i < 4; i++)
             CHECK_OK(fabpool_alloc(p, 64 * MB, &blk[i]));
-        CHECK(stats(p).mapped_bytes == 256 * MB);
+        CHECK(t_stats(p).mapped_bytes == 256 * MB);
         CHECK_OK(fabpool_free(p, blk[0]));
         CHECK_OK(fabpool_free(p, blk[2]));
         CHECK_OK(fabpool_alloc(p, 128 * MB, &e));
-        after[k] = stats(p).mapped_bytes;
+        after[k] = t_stats(p).mapped_bytes;
         if (t_ledger_p)
             CHECK(t_ledger().bytes_held == after[k]);
         CHECK_OK(fabpool_free(p, e));
@@ -586,7 +570,7 @@ static void test_decay(void)
 {
     /* 1. free memory stays mapped for reuse, then goes back after the decay period */
     const int decay = 50;
-    fabpool_t *p = make_pool("handle_type:none,decay_ms:50,thread_cache:0");
+    fabpool_t *p = t_pool("handle_type:none,decay_ms:50,thread_cache:0");
     if (!p)
         return;
     fabpool_options o;
@@ -594,16 +578,16 @@ static void test_decay(void)
     CHECK(o.decay_ms == 50);
     void *keep = NULL, *big = NULL, *again = NULL, *tick = NULL;
     CHECK_OK(fabpool_alloc(p, 1000, &keep));   /* its slab stays: the ticks below change no idle byte */
-    uint64_t slab = stats(p).mapped_bytes;
+    uint64_t slab = t_stats(p).mapped_bytes;
     CHECK_OK(fabpool_alloc(p, 64 * MB, &big));
     CHECK_OK(fabpool_free(p, big));
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    fabpool_stats s = stats(p);
+    fabpool_stats s = t_stats(p);
     CHECK(s.mapped_bytes == slab + 64 * MB && s.cached_bytes >= 64 * MB);
     uint64_t maps = s.chunks_mapped_total;
     CHECK_OK(fabpool_alloc(p, 64 * MB, &again));
-    CHECK(again == big && stats(p).chunks_mapped_total == maps);   /* reused, nothing mapped */
+    CHECK(again == big && t_stats(p).chunks_mapped_total == maps);   /* reused, nothing mapped */
     CHECK_OK(fabpool_free(p, again));
     clock_gettime(CLOCK_MONOTONIC, &t0);
     /* Periods begin at the pool's calls once the last one is over, so the
@@ -621,7 +605,7 @@ static void test_decay(void)
         /* a call of the pool's own: the decay has no thread, it runs on slow paths */
         CHECK_OK(fabpool_alloc(p, 1000, &tick));
         CHECK_OK(fabpool_free(p, tick));
-        uint64_t m = stats(p).mapped_bytes;
+        uint64_t m = t_stats(p).mapped_bytes;
         if (m == slab) {
             returned_at = ms_since(&t0);
             break;
@@ -643,23 +627,23 @@ static void test_decay(void)
     destroy_clean(p);
 
     /* 2. decay_ms:0 returns free memory at once */
-    p = make_pool("handle_type:none,decay_ms:0");
+    p = t_pool("handle_type:none,decay_ms:0");
     if (p) {
         CHECK_OK(fabpool_alloc(p, 64 * MB, &big));
         CHECK_OK(fabpool_free(p, big));
-        CHECK(stats(p).mapped_bytes == 0);
+        CHECK(t_stats(p).mapped_bytes == 0);
         destroy_clean(p);
     }
 
     /* 3. cache_limit stays an upper bound */
-    p = make_pool("handle_type:none,decay_ms:600000,cache_limit:32MiB");
+    p = t_pool("handle_type:none,decay_ms:600000,cache_limit:32MiB");
     if (p) {
         void *a = NULL, *b = NULL;
         CHECK_OK(fabpool_alloc(p, 64 * MB, &a));
         CHECK_OK(fabpool_alloc(p, 64 * MB, &b));
         CHECK_OK(fabpool_free(p, a));
         CHECK_OK(fabpool_free(p, b));
-        s = stats(p);
+        s = t_stats(p);
         CHECK(s.cached_bytes <= 32 * MB && s.mapped_bytes == s.cached_bytes);
         destroy_clean(p);
     }
@@ -667,7 +651,7 @@ static void test_decay(void)
     /* 4. under memory pressure the cache goes back at once (the OOM retry):
      * FABSIM_MEMORY is 1 GiB in this test's ctest entry (sim only: a real
      * device is larger) */
-    p = t_ledger_p ? make_pool("handle_type:none,decay_ms:600000,thread_cache:0") : NULL;
+    p = t_ledger_p ? t_pool("handle_type:none,decay_ms:600000,thread_cache:0") : NULL;
     if (p) {
         enum { N = 200 };
         void *blk[N];
@@ -675,11 +659,11 @@ static void test_decay(void)
             CHECK_OK(fabpool_alloc(p, 4 * MB, &blk[i]));   /* 800 MiB of slabs */
         for (int i = 0; i < N; i++)
             CHECK_OK(fabpool_free(p, blk[i]));
-        s = stats(p);
+        s = t_stats(p);
         CHECK(s.cached_bytes >= 800 * MB);
         void *l = NULL;
         CHECK_OK(fabpool_alloc(p, 600 * MB, &l));
-        s = stats(p);
+        s = t_stats(p);
         CHECK(s.oom_retries >= 1);
         CHECK(s.mapped_bytes <= 1 * GB);
         CHECK_OK(fabpool_free(p, l));

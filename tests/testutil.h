@@ -143,4 +143,25 @@ static inline int64_t t_slack(void) { return t_ledger_p ? 0 : (int64_t)64 << 20;
 
 static inline int t_near(int64_t a, int64_t b) { return a - b <= t_slack() && b - a <= t_slack(); }
 
+/* A pool of the default options with a FABPOOL_CONF-syntax string applied (NULL: none); NULL if creation
+ * failed (counted as a failed check). */
+static inline fabpool_t *t_pool(const char *conf)
+{
+    fabpool_options o;
+    fabpool_options_init(&o);
+    o.conf = conf;
+    fabpool_t *p = NULL;
+    CHECK_OK(fabpool_create(&o, &p));
+    return p;
+}
+
+/* The pool's stats (zeros, and a failed check, if the call fails). */
+static inline fabpool_stats t_stats(fabpool_t *p)
+{
+    fabpool_stats s;
+    memset(&s, 0, sizeof s);
+    CHECK_OK(fabpool_get_stats(p, &s));
+    return s;
+}
+
 #endif
