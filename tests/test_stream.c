@@ -16,17 +16,6 @@ static int (*hold)(void *);
 static int (*release)(void *);
 static uint64_t (*calls)(const char *);
 
-static fabpool_t *pool(const char *conf)
-{
-    fabpool_options o;
-    fabpool_options_init(&o);
-    o.handle_type = FABPOOL_HANDLE_NONE;
-    o.conf = conf;
-    fabpool_t *p = NULL;
-    CHECK_OK(fabpool_create(&o, &p));
-    return p;
-}
-
 static fabpool_counters counters(fabpool_t *p)
 {
     fabpool_counters c;
@@ -54,7 +43,7 @@ static int tag_ok(void *at, size_t size, uint64_t tag)
 /* The same stream gets its block back at once, with no driver call. */
 static void same_stream(CUstream s)
 {
-    fabpool_t *p = pool(NULL);
+    fabpool_t *p = t_pool("handle_type:none");
     if (!p)
         return;
     size_t sizes[] = {100, 4096, 300000, 5 * MB, 20 * MB, 100 * MB};
@@ -93,7 +82,7 @@ static void same_stream(CUstream s)
  * stream it was freed on is done.  `from` may be NULL (the legacy default stream). */
 static void other_streams(CUstream from, CUstream to, size_t n)
 {
-    fabpool_t *p = pool(NULL);
+    fabpool_t *p = t_pool("handle_type:none");
     if (!p)
         return;
     void *x = NULL, *y = NULL, *z = NULL, *w = NULL;
@@ -141,7 +130,7 @@ static void other_streams(CUstream from, CUstream to, size_t n)
  * large allocation that trades free chunks never unmap a pending block. */
 static void pending_stays_mapped(CUstream s, CUstream s2)
 {
-    fabpool_t *p = pool("decay_ms:0");
+    fabpool_t *p = t_pool("handle_type:none,decay_ms:0");
     if (!p)
         return;
     void *a = NULL, *b = NULL;
@@ -191,7 +180,7 @@ static void oom_waits_for_pending(CUstream s)
     void (*fault_clear)(void);
     *(void **)&fault = dlsym(RTLD_DEFAULT, "fabsim_fault_set");
     *(void **)&fault_clear = dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
-    fabpool_t *p = pool("decay_ms:0");
+    fabpool_t *p = t_pool("handle_type:none,decay_ms:0");
     if (!p || !fault || !fault_clear)
         return;
     void *a = NULL, *b = NULL;
@@ -214,7 +203,7 @@ static void oom_waits_for_pending(CUstream s)
 /* Destroy with blocks pending on held streams: nothing stays held, no block counts as live. */
 static void destroy_pending(CUstream s, CUstream s2)
 {
-    fabpool_t *p = pool(NULL);
+    fabpool_t *p = t_pool("handle_type:none");
     if (!p)
         return;
     hold(s);
@@ -236,7 +225,7 @@ static void destroy_pending(CUstream s, CUstream s2)
 /* Bad input: a clear status and message, nothing changed. */
 static void bad_input(CUstream s)
 {
-    fabpool_t *p = pool(NULL), *q = pool(NULL);
+    fabpool_t *p = t_pool("handle_type:none"), *q = t_pool("handle_type:none");
     if (!p || !q)
         return;
     void *x = NULL, *big = NULL, *other = NULL;
@@ -337,7 +326,7 @@ static void *worker_main(void *arg)
 
 static void threads(CUstream s, CUstream s2)
 {
-    fabpool_t *p = pool(NULL);
+    fabpool_t *p = t_pool("handle_type:none");
     if (!p)
         return;
     worker w[2] = {{p, s, 0, 0}, {p, s2, 1, 0}};
