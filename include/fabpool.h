@@ -116,6 +116,9 @@ typedef struct fabpool_options {
     uint32_t large_slack_percent;  /* free large-block memory that a miss leaves mapped, in percent of the
                                       live large blocks; beyond it a miss trades free chunks for the new
                                       block's (large_slack) */
+    uint32_t stream_owner;         /* 1: the first stream of the stream pair owns the pool: its frees go to the
+                                      pool at once (docs/design.md, "Stream-ordered free"); 0: every stream's
+                                      frees wait in the queue (stream_owner) */
 } fabpool_options;
 
 /* Fills *o with the defaults (docs/config.md lists them). */
@@ -185,6 +188,13 @@ FABPOOL_API fabpool_status fabpool_free(fabpool_t *pool, void *ptr);
  * A foreign, interior or already freed pointer is refused
  * (FABPOOL_ERR_NOT_FOUND, FABPOOL_ERR_DOUBLE_FREE) and nothing changes;
  * fabpool_free of a block already freed on a stream is a double free too.
+ * The owner stream (option stream_owner, on by default): the first stream
+ * given to either call owns the pool, and a block it frees goes to the pool
+ * at once, so its next allocations reuse that memory in any shape (no
+ * pending state, stream_owner_frees).  Any unmap, and the first
+ * fabpool_alloc or use of another stream, first wait for the owner's queued
+ * work (stream_fences); the latter ends the owner mode for good, and from
+ * then on every stream works as described above.
  * fabpool_collect(pool, 1) waits for every stream and gives every pending
  * block back to the pool; fabpool_destroy does the same. */
 FABPOOL_API fabpool_status fabpool_alloc_on_stream(fabpool_t *pool, size_t size, void *stream, void **out);
@@ -383,6 +393,8 @@ typedef struct fabpool_counters {
     uint64_t stream_event_queries;     /* cuEventQuery / cuEventSynchronize of those events */
     uint64_t stream_syncs;             /* cuCtxSynchronize where an event could not be made or recorded */
     uint64_t streams;                  /* streams the pool keeps records for now */
+    uint64_t stream_owner_frees;       /* fabpool_free_on_stream calls of the owner stream, freed at once */
+    uint64_t stream_fences;            /* waits for the owner's work before an unmap or another user's allocation */
 } fabpool_counters;
 FABPOOL_API fabpool_status fabpool_get_counters(fabpool_t *pool, fabpool_counters *out);
 

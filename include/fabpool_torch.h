@@ -79,7 +79,7 @@ typedef struct fabpool_torch_counters {
     uint64_t reuse_same_stream; /* served from the stream's own freed blocks, no driver call */
     uint64_t reuse_after_event; /* a block of another stream, once its event completed */
     uint64_t pool_allocs;       /* fabpool_alloc calls that succeeded */
-    uint64_t pool_frees;        /* blocks given back to the pool */
+    uint64_t pool_frees;        /* blocks given back to the pool (after their event, or at once on the owner) */
     uint64_t cached_blocks;     /* freed blocks the pool holds for their stream (pending, fabpool_counters) */
     uint64_t cached_bytes;      /* their block sizes */
     uint64_t events_recorded;   /* one per stream per batch of frees */
@@ -88,6 +88,8 @@ typedef struct fabpool_torch_counters {
     uint64_t streams;           /* streams the pool keeps records for */
     uint64_t empties;
     uint64_t bad_frees;         /* frees refused: a pointer not live (never given out, or freed already) */
+    uint64_t owner_frees;       /* frees on the pool's owner stream: to the pool at once (fabpool.h) */
+    uint64_t fences;            /* waits for the owner stream's work before an unmap or another stream's use */
 } fabpool_torch_counters;
 
 /* Fills *out for one device (-1: the sum over every device). */

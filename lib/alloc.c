@@ -360,9 +360,9 @@ static fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
     return st;
 }
 
-fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
+/* fabpool_alloc's work, for any caller: the stream pair's owner comes here directly. */
+static inline fabpool_status alloc_any(fp_alloc *a, size_t size, void **out)
 {
-    fp_alloc *a = A(p);
     if (FP_UNLIKELY(a && a->trace)) {
         fabpool_status st = alloc_slow(a, size, out);
         fp_trace_record(a->trace, FABPOOL_TR_ALLOC, st == FABPOOL_OK && out ? (uint64_t)(uintptr_t)*out : 0, size, 0,
@@ -375,6 +375,24 @@ fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
             return FABPOOL_OK;
     }
     return alloc_slow(a, size, out);
+}
+
+fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
+{
+    fp_alloc *a = A(p);
+    /* Blocks the owner stream freed may still be in use by its queued work:
+     * the first allocation that is not the owner's waits for that work and
+     * ends the owner mode (retire.h). */
+    if (FP_UNLIKELY(a && fp_retire_owned(a->retire))) {
+        fabpool_status st = fp_retire_disown(a->retire);
+        if (st != FABPOOL_OK) {
+            if (out)
+                *out = NULL;
+            fp_error_append(" (fabpool_alloc: waiting for the stream-ordered frees of stream %p)", a->retire->owner);
+            return st;
+        }
+    }
+    return alloc_any(a, size, out);
 }
 
 static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr)
@@ -489,6 +507,8 @@ static void release_chain(fp_alloc *a, fp_rblock *chain)
 void fp_alloc_drain(fp_alloc *a, int wait, int forget)
 {
     release_chain(a, fp_retire_poll(a->retire, wait, forget));
+    if (wait) /* and what the owner stream freed at once (its status: the next unmap fences again) */
+        fp_retire_fence(a->retire);
 }
 
 /* Which list a request of size bytes looks in, and for a large one the sizes that fit it (at most 1.25x). */
@@ -513,6 +533,23 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     *out = NULL;
     if (size == 0)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_on_stream: size 0; ask for at least one byte");
+    fabpool_status st = FABPOOL_OK;
+    if (fp_retire_owner_claim(a->retire, stream)) {
+        /* the owner: what it freed went to the pool at once, and any block of the pool is safe for it */
+        void *q = NULL;
+        st = alloc_any(a, size, &q);
+        if (st != FABPOOL_OK)
+            fp_error_append(" (fabpool_alloc_on_stream, stream %p)", stream);
+        FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, (uint64_t)(uintptr_t)q, size, stream, st);
+        *out = q;
+        return st;
+    }
+    if (fp_retire_owned(a->retire) && (st = fp_retire_disown(a->retire)) != FABPOOL_OK) {
+        fp_error_append(" (fabpool_alloc_on_stream, stream %p, waiting for the owner stream %p)", stream,
+                        a->retire->owner);
+        FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, 0, size, stream, st);
+        return st;
+    }
     uint64_t need, max, usable = 0;
     uint32_t cls = size <= a->sp->va.size ? stream_class(a, size, &need, &max) : FP_RETIRE_LARGE;
     if (size > a->sp->va.size)
@@ -520,7 +557,6 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     /* the stream's own freed blocks: stream order makes them safe at once */
     uint64_t ptr = fp_retire_pending(a->retire) && need <= max ?
                    fp_retire_take(a->retire, stream, cls, need, max, &usable) : 0;
-    fabpool_status st = FABPOOL_OK;
     if (ptr) {
         unpend(a, ptr);
     } else if (fp_retire_pending(a->retire)) {
@@ -587,8 +623,21 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
         cls = FP_RETIRE_LARGE;
     }
     FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream);
+    fabpool_status st;
+    if (fp_retire_owner_claim(a->retire, stream)) {
+        if (fp_retire_owner_free(a->retire)) {
+            /* the owner: freed into the pool at once (the next unmap or foreign allocation fences) */
+            unpend(a, addr);
+            return fabpool_free(P(a), ptr);
+        }
+    } else if (fp_retire_owned(a->retire) && (st = fp_retire_disown(a->retire)) != FABPOOL_OK) {
+        unpend(a, addr);
+        fp_error_append(" (fabpool_free_on_stream(%p), stream %p, waiting for the owner stream %p: the block is "
+                        "still the caller's)", ptr, stream, a->retire->owner);
+        return st;
+    }
     int poll = 0;
-    fabpool_status st = fp_retire_free(a->retire, stream, addr, usable, cls, &poll);
+    st = fp_retire_free(a->retire, stream, addr, usable, cls, &poll);
     if (st != FABPOOL_OK) {
         unpend(a, addr); /* nothing changed: the block is still the caller's */
         fp_error_append(" (fabpool_free_on_stream(%p): the block is still the caller's)", ptr);

@@ -8,6 +8,7 @@
 
 #include "array.h"
 #include "error.h"
+#include "retire.h"
 
 static void stat_max(_Atomic uint64_t *peak, uint64_t v)
 {
@@ -177,6 +178,14 @@ fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
     fp_lock_assert_held(ch->lock);
     if (ch->slept && forget_slept(ch, va, size))
         return FABPOOL_OK; /* asleep: unmapped already (sleep.c) */
+    if (ch->fence) { /* memory the owner stream freed at once: its queued work first */
+        fabpool_status st = fp_retire_fence(ch->fence);
+        if (st != FABPOOL_OK) {
+            fp_error_append(" (before unmapping a chunk of %llu bytes at 0x%llx, left mapped)",
+                            (unsigned long long)size, (unsigned long long)va);
+            return st;
+        }
+    }
     CUresult r = FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemUnmap", "unmapping a chunk of %llu bytes at 0x%llx",

@@ -35,6 +35,8 @@ typedef struct fp_slept {
     uint8_t state, copy;               /* copy: offload its bytes */
 } fp_slept;
 
+struct fp_retire;
+
 typedef struct fp_chunks {
     fp_drv_counters calls;             /* every driver call made for the pool */
     const fp_lock_t *lock;             /* held around every map, unmap, create and release (asserted) */
@@ -54,6 +56,7 @@ typedef struct fp_chunks {
     _Atomic int asleep;                /* no chunk may be made or exported: every layer refuses */
     fp_slept *slept;                   /* the sleeping chunks, sorted by va (NULL: none); pool lock */
     size_t n_slept;
+    struct fp_retire *fence;           /* waited for before every unmap (retire.h, the owner stream); may be NULL */
 } fp_chunks;
 
 /* Whether the pool is asleep (a cheap read: every layer refuses to map then). */

@@ -34,6 +34,7 @@ void fabpool_options_init(fabpool_options *o)
     o->cache_limit_bytes = UINT64_MAX; /* no limit: the decay and the OOM trim return memory */
     o->decay_ms = 10000;
     o->large_slack_percent = 4;
+    o->stream_owner = 1;
     o->shrink_hysteresis_percent = 25;
     o->thread_cache = 1;
     o->stats_at_destroy = 0;
@@ -113,6 +114,7 @@ static const struct key keys[] = {
      "none, or the path of a file to record the trace to (at most 511 bytes, no ',' and no whitespace; %p: the "
      "pid, %d: the device), e.g. /tmp/fabpool-%p.trace"},
     {"rdma", F_INT, FIELD(rdma), parse_word, 0, 2, 0, 0, rdma_words, "auto, on or off"},
+    {"stream_owner", F_U32, FIELD(stream_owner), parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},
 };
 
 #define NKEYS (sizeof keys / sizeof keys[0])

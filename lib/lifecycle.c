@@ -233,7 +233,8 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     p->sp.meta = &p->meta;
 
     if ((st = setup_device(p)) != FABPOOL_OK ||
-        (st = fp_retire_init(&p->retire, &p->meta, &p->ch.calls, p->ch.ctx, p->opt.device)) != FABPOOL_OK ||
+        (st = fp_retire_init(&p->retire, &p->meta, &p->ch.calls, p->ch.ctx, p->opt.device, (int)p->opt.stream_owner)) !=
+            FABPOOL_OK ||
         (st = fp_chunk_choose_rdma(&p->ch, p->opt.rdma)) != FABPOOL_OK ||
         (st = choose_handle_type(p)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
         (st = fp_trace_open(&p->opt, p->sp.gran, &p->trace)) != FABPOOL_OK)
@@ -250,6 +251,7 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     fp_heap_init(&p->heap, &p->sp, &p->opt);
     p->opt.slab_max_bytes = p->heap.slab_max;
     fp_alloc_init(&p->alloc, &p->heap, &p->retire, p->opt.thread_cache);
+    p->ch.fence = &p->retire;
     p->alloc.trace = p->trace;
     fp_buffers_init(&p->bufs, &p->heap, &p->retire, &p->opt);
     p->bufs.trace = p->trace;
@@ -276,6 +278,7 @@ static fabpool_status teardown(struct fabpool *p)
     fabpool_status st = FABPOOL_OK;
     fp_trace_close(p->trace);
     p->trace = p->alloc.trace = p->bufs.trace = NULL;
+    p->ch.fence = NULL;
     if (p->retire.meta)
         fp_retire_destroy(&p->retire);
     fp_lock(&p->sp.lock); /* the unmaps assert it (lock.h); no other thread uses the pool any more */

@@ -7,9 +7,11 @@
 #include "retire.h"
 
 
-fabpool_status fp_retire_init(fp_retire *r, fp_meta *meta, fp_drv_counters *calls, CUcontext ctx, int device)
+fabpool_status fp_retire_init(fp_retire *r, fp_meta *meta, fp_drv_counters *calls, CUcontext ctx, int device,
+                              int owner)
 {
     memset(r, 0, sizeof *r);
+    atomic_store(&r->owner_mode, owner ? FP_OWNER_NONE : FP_OWNER_OFF);
     fp_lock_init(&r->lock, FP_LOCK_RETIRE, 0, "retire");
     r->meta = meta;
     r->calls = calls;
@@ -432,6 +434,68 @@ void fp_retire_recycle(fp_retire *r, fp_rblock *chain)
         spare_block(r, b);
     }
     fp_unlock(&r->lock);
+}
+
+/* ------------------------------------------------------------ the owner stream */
+
+int fp_retire_owner_claim(fp_retire *r, void *stream)
+{
+    int m = atomic_load_explicit(&r->owner_mode, memory_order_acquire);
+    if (m == FP_OWNER_NONE) {
+        fp_lock(&r->lock);
+        if (atomic_load(&r->owner_mode) == FP_OWNER_NONE) {
+            r->owner = stream;
+            atomic_store_explicit(&r->owner_mode, FP_OWNER_ON, memory_order_release);
+        }
+        fp_unlock(&r->lock);
+        m = atomic_load_explicit(&r->owner_mode, memory_order_acquire);
+    }
+    return m == FP_OWNER_ON && r->owner == stream;
+}
+
+int fp_retire_owner_free(fp_retire *r)
+{
+    /* counted before the mode is read: a disown that ends the mode after
+     * this read fences after this count, so it waits for this block's work */
+    atomic_fetch_add(&r->owner_frees, 1);
+    return atomic_load(&r->owner_mode) == FP_OWNER_ON;
+}
+
+fabpool_status fp_retire_disown(fp_retire *r)
+{
+    int m = FP_OWNER_ON;
+    if (!atomic_compare_exchange_strong(&r->owner_mode, &m, FP_OWNER_OFF) && m != FP_OWNER_OFF)
+        return FABPOOL_OK; /* no owner yet: nothing to wait for */
+    return fp_retire_fence(r);
+}
+
+fabpool_status fp_retire_fence(fp_retire *r)
+{
+    if (atomic_load(&r->owner_frees) == atomic_load(&r->owner_fenced))
+        return FABPOOL_OK;
+    fabpool_status st = FABPOOL_OK;
+    fp_lock(&r->lock);
+    uint64_t n = atomic_load(&r->owner_frees);
+    if (n != atomic_load(&r->owner_fenced)) {
+        CUcontext saved;
+        if (ctx_enter(r, &saved, &st) == 0) {
+            fp_rstream *rs = stream_get(r, r->owner);
+            int done = 0;
+            if (rs) {
+                rs->seq++; /* a number for the fence: the event covers it and every free before */
+                fabpool_status es = event_record(r, rs);
+                if (es == FABPOOL_OK)
+                    done = advance(r, rs, rs->seq, 1, &es) == 1;
+            }
+            if (!done) /* no record, no event, or its wait failed: the whole context, as for a destroyed stream */
+                sync_all(r);
+            ctx_leave(r, saved);
+            atomic_store(&r->owner_fenced, n);
+            bump(&r->fences, (int64_t)1);
+        }
+    }
+    fp_unlock(&r->lock);
+    return st;
 }
 
 /* ------------------------------------------------------------ buffer chunks */

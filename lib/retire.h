@@ -25,6 +25,23 @@
  * flag says FP_FREEFLAG_PENDING, a large block FP_LARGE_PENDING), so no trim,
  * decay, chunk trade or out-of-memory retry can unmap it.
  *
+ * The owner stream (docs/design.md, "Stream-ordered free").  Most programs
+ * allocate on one stream only (PyTorch's default stream).  The first stream
+ * that allocates or frees through the stream pair becomes the pool's owner
+ * (unless the option stream_owner is off); a block freed on the owner is
+ * freed into the pool at once, with no queue, so any allocation on the owner
+ * may reuse its memory, whatever its size, as PyTorch's caching allocator
+ * reuses a stream's blocks.  Memory freed that way may still be in use by
+ * the owner's queued work, so two things wait for that work first (a fence:
+ * an event recorded on the owner now, and waited for), but only while the
+ * owner has freed something since the last fence:
+ *  - any unmap of a chunk (fp_chunk_unmap calls fp_retire_fence), so trim,
+ *    decay, trades, sleep and the out-of-memory retry never unmap memory
+ *    the GPU still uses;
+ *  - the first allocation that is not the owner's (fabpool_alloc, another
+ *    stream; a free on another stream): it ends the owner mode for good
+ *    (fp_retire_disown), and from then on every stream uses the queue.
+ *
  * Locking: one mutex (fp_retire.lock), a leaf below the pool lock: it may
  * be taken with the pool lock held, never the reverse, and nothing else is
  * taken under it.  Driver calls made under it: cuEventCreate/Record/Query/
@@ -106,9 +123,19 @@ typedef struct fp_retire {
     _Atomic uint64_t pending_blocks, pending_bytes, n_streams_now;
     _Atomic uint64_t frees, reuse_same, reuse_after_event, releases;
     _Atomic uint64_t events_recorded, event_queries, syncs;
+    /* the owner stream */
+    _Atomic int owner_mode;             /* FP_OWNER_NONE, _ON or _OFF */
+    void *owner;                        /* the owner (set once, before owner_mode becomes ON) */
+    _Atomic uint64_t owner_frees;       /* blocks freed at once on the owner, all time */
+    _Atomic uint64_t owner_fenced;      /* owner_frees the last fence covered */
+    _Atomic uint64_t fences;            /* fences that waited */
 } fp_retire;
 
-fabpool_status fp_retire_init(fp_retire *r, fp_meta *meta, fp_drv_counters *calls, CUcontext ctx, int device);
+enum { FP_OWNER_NONE = 0, FP_OWNER_ON = 1, FP_OWNER_OFF = 2 };
+
+/* owner != 0: the first stream becomes the owner; 0: never one (stream_owner:off). */
+fabpool_status fp_retire_init(fp_retire *r, fp_meta *meta, fp_drv_counters *calls, CUcontext ctx, int device,
+                              int owner);
 /* Frees every record, node and event.  Nothing may be pending: drain first
  * (fp_retire_poll with wait, and the buffers' tickets dropped). */
 void fp_retire_destroy(fp_retire *r);
@@ -146,6 +173,30 @@ static inline int fp_retire_pending(fp_retire *r)
 {
     return atomic_load_explicit(&r->pending_blocks, memory_order_relaxed) != 0;
 }
+
+/* ---- the owner stream */
+
+/* 1: `stream` is the owner (it becomes the owner if the pool has none yet):
+ * its allocations take memory from the pool directly.  0: it is not, or the
+ * owner mode has ended. */
+int fp_retire_owner_claim(fp_retire *r, void *stream);
+/* Before freeing a block of the owner into the pool at once: counts it (so
+ * the next fence waits), then 1 if the owner mode still holds; 0: it ended
+ * meanwhile, so the caller queues the block instead. */
+int fp_retire_owner_free(fp_retire *r);
+/* Whether the owner mode holds (a cheap read, for fabpool_alloc's fast path). */
+static inline int fp_retire_owned(fp_retire *r)
+{
+    return atomic_load_explicit(&r->owner_mode, memory_order_relaxed) == FP_OWNER_ON;
+}
+/* Ends the owner mode for good, then fences: every block the owner freed
+ * is safe for anyone afterwards. */
+fabpool_status fp_retire_disown(fp_retire *r);
+/* Waits for the owner's work queued so far if the owner freed a block since
+ * the last fence (an event recorded and synchronized; the whole context
+ * where the event cannot be made).  Cheap when there is nothing to wait for.
+ * Takes the retire lock: may be called with the pool lock held. */
+fabpool_status fp_retire_fence(fp_retire *r);
 
 /* ---- buffer chunks */
 

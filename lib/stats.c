@@ -205,7 +205,7 @@ fabpool_status fabpool_get_counters(fabpool_t *p, fabpool_counters *c)
     c->oom_retries = ld(&p->heap.oom_retries);
     c->stream_pending_blocks = ld(&p->retire.pending_blocks);
     c->stream_pending_bytes = ld(&p->retire.pending_bytes);
-    c->stream_frees = ld(&p->retire.frees);
+    c->stream_frees = ld(&p->retire.frees) + ld(&p->retire.owner_frees);
     c->stream_reuse_same = ld(&p->retire.reuse_same);
     c->stream_reuse_after_event = ld(&p->retire.reuse_after_event);
     c->stream_releases = ld(&p->retire.releases);
@@ -213,5 +213,7 @@ fabpool_status fabpool_get_counters(fabpool_t *p, fabpool_counters *c)
     c->stream_event_queries = ld(&p->retire.event_queries);
     c->stream_syncs = ld(&p->retire.syncs);
     c->streams = ld(&p->retire.n_streams_now);
+    c->stream_owner_frees = ld(&p->retire.owner_frees);
+    c->stream_fences = ld(&p->retire.fences);
     return FABPOOL_OK;
 }

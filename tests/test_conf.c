@@ -117,6 +117,7 @@ static void test_defaults(void)
     CHECK(o.cache_limit_bytes == UINT64_MAX);
     CHECK(o.decay_ms == 10000);
     CHECK(o.large_slack_percent == 4);
+    CHECK(o.stream_owner == 1);
     CHECK(o.shrink_hysteresis_percent == 25);
     CHECK(o.thread_cache == 1);
     CHECK(o.stats_at_destroy == 0);
@@ -262,6 +263,11 @@ static void test_good_values(void)
     if (GOOD("large_slack:12%", &o))
         CHECK(o.large_slack_percent == 12);
     BAD("large_slack:1001", "'large_slack'", "'1001'");
+    if (GOOD("stream_owner:false", &o))
+        CHECK(o.stream_owner == 0);
+    if (GOOD("stream_owner:1", &o))
+        CHECK(o.stream_owner == 1);
+    BAD("stream_owner:maybe", "'stream_owner'", "'maybe'");
     if (GOOD("decay_ms:0", &o))
         CHECK(o.decay_ms == 0);
     if (GOOD("decay_ms:4294967295", &o))

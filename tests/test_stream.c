@@ -5,7 +5,12 @@
  * simulated driver holds a stream so that its events do not complete); no
  * trim, decay or large-block chunk trade unmaps memory that a pending block
  * holds (the sim's ledger and the data read back say so); destroy leaves
- * nothing held; bad input changes nothing; two threads on two streams. */
+ * nothing held; bad input changes nothing; two threads on two streams.
+ * Those run with stream_owner:0 (every stream queues).  The owner stream
+ * (the default): its frees go to the pool at once, so another size reuses
+ * the memory with no driver call; a trim, or an allocation that is not the
+ * owner's, first waits for the owner's queued work (a fence), and the
+ * latter ends the owner mode; two threads on the owner stream. */
 #include <pthread.h>
 
 #include "testutil.h"
@@ -43,7 +48,7 @@ static int tag_ok(void *at, size_t size, uint64_t tag)
 /* The same stream gets its block back at once, with no driver call. */
 static void same_stream(CUstream s)
 {
-    fabpool_t *p = t_pool("handle_type:none");
+    fabpool_t *p = t_pool("handle_type:none,stream_owner:0");
     if (!p)
         return;
     size_t sizes[] = {100, 4096, 300000, 5 * MB, 20 * MB, 100 * MB};
@@ -82,7 +87,7 @@ static void same_stream(CUstream s)
  * stream it was freed on is done.  `from` may be NULL (the legacy default stream). */
 static void other_streams(CUstream from, CUstream to, size_t n)
 {
-    fabpool_t *p = t_pool("handle_type:none");
+    fabpool_t *p = t_pool("handle_type:none,stream_owner:0");
     if (!p)
         return;
     void *x = NULL, *y = NULL, *z = NULL, *w = NULL;
@@ -130,7 +135,7 @@ static void other_streams(CUstream from, CUstream to, size_t n)
  * large allocation that trades free chunks never unmap a pending block. */
 static void pending_stays_mapped(CUstream s, CUstream s2)
 {
-    fabpool_t *p = t_pool("handle_type:none,decay_ms:0");
+    fabpool_t *p = t_pool("handle_type:none,stream_owner:0,decay_ms:0");
     if (!p)
         return;
     void *a = NULL, *b = NULL;
@@ -180,7 +185,7 @@ static void oom_waits_for_pending(CUstream s)
     void (*fault_clear)(void);
     *(void **)&fault = dlsym(RTLD_DEFAULT, "fabsim_fault_set");
     *(void **)&fault_clear = dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
-    fabpool_t *p = t_pool("handle_type:none,decay_ms:0");
+    fabpool_t *p = t_pool("handle_type:none,stream_owner:0,decay_ms:0");
     if (!p || !fault || !fault_clear)
         return;
     void *a = NULL, *b = NULL;
@@ -203,7 +208,7 @@ static void oom_waits_for_pending(CUstream s)
 /* Destroy with blocks pending on held streams: nothing stays held, no block counts as live. */
 static void destroy_pending(CUstream s, CUstream s2)
 {
-    fabpool_t *p = t_pool("handle_type:none");
+    fabpool_t *p = t_pool("handle_type:none,stream_owner:0");
     if (!p)
         return;
     hold(s);
@@ -225,7 +230,7 @@ static void destroy_pending(CUstream s, CUstream s2)
 /* Bad input: a clear status and message, nothing changed. */
 static void bad_input(CUstream s)
 {
-    fabpool_t *p = t_pool("handle_type:none"), *q = t_pool("handle_type:none");
+    fabpool_t *p = t_pool("handle_type:none,stream_owner:0"), *q = t_pool("handle_type:none,stream_owner:0");
     if (!p || !q)
         return;
     void *x = NULL, *big = NULL, *other = NULL;
@@ -324,14 +329,15 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-static void threads(CUstream s, CUstream s2)
+static void threads(CUstream s, CUstream s2, const char *conf)
 {
-    fabpool_t *p = t_pool("handle_type:none");
+    fabpool_t *p = t_pool(conf);
     if (!p)
         return;
     worker w[2] = {{p, s, 0, 0}, {p, s2, 1, 0}};
     pthread_t th[2];
-    hold(s2); /* the second thread's frees stay pending for a while */
+    if (s2 != s)
+        hold(s2); /* the second thread's frees stay pending for a while */
     for (int i = 0; i < 2; i++)
         pthread_create(&th[i], NULL, worker_main, &w[i]);
     pthread_join(th[0], NULL);
@@ -339,9 +345,9 @@ static void threads(CUstream s, CUstream s2)
     pthread_join(th[1], NULL);
     CHECK(w[0].failures == 0 && w[1].failures == 0);
     fabpool_counters k = counters(p);
-    CHECK(k.stream_reuse_same > 100);
-    printf("threads: %llu frees on streams, %llu same-stream reuses, %llu after an event, %llu back to the pool, "
-           "%llu events recorded\n", (unsigned long long)k.stream_frees, (unsigned long long)k.stream_reuse_same,
+    CHECK(s2 == s ? k.stream_owner_frees == k.stream_frees && k.stream_frees > 1000 : k.stream_reuse_same > 100);
+    printf("threads (%s): %llu frees on streams, %llu same-stream reuses, %llu after an event, %llu back to the pool, "
+           "%llu events recorded\n", conf, (unsigned long long)k.stream_frees, (unsigned long long)k.stream_reuse_same,
            (unsigned long long)k.stream_reuse_after_event, (unsigned long long)k.stream_releases,
            (unsigned long long)k.stream_events_recorded);
     fabpool_stats st;
@@ -350,6 +356,157 @@ static void threads(CUstream s, CUstream s2)
     CHECK(st.blocks == 0 && st.stream_pending_blocks == 0 && st.in_use_bytes == 0);
     CHECK_OK(fabpool_destroy(p));
     CHECK(t_ledger().bytes_held == 0);
+}
+
+/* ------------------------------------------------------------ the owner stream */
+
+static CUevent marker(CUstream s)
+{
+    CUevent ev = NULL;
+    CHECK_CU(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    CHECK_CU(cuEventRecord(ev, s));
+    return ev;
+}
+
+/* The owner's frees go to the pool at once: another size on the owner
+ * reuses their memory while the owner's work is still queued, with no
+ * driver call and no queue. */
+static void owner_reuse(CUstream s)
+{
+    fabpool_t *p = t_pool("handle_type:none");
+    if (!p)
+        return;
+    void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    CHECK_OK(fabpool_alloc_on_stream(p, 64 * MB, s, &a));
+    CHECK_OK(fabpool_alloc_on_stream(p, 300000, s, &c));
+    put(a, 64 * MB, 0xa);
+    uint64_t held0 = t_ledger().bytes_held;
+    fabpool_counters k0 = counters(p);
+    hold(s); /* the owner's work on a and c is still queued */
+    uint64_t c0 = calls(NULL);
+    CHECK_OK(fabpool_free_on_stream(p, a, s));
+    CHECK_OK(fabpool_free_on_stream(p, c, s));
+    fabpool_counters k1 = counters(p);
+    CHECK(k1.stream_owner_frees == k0.stream_owner_frees + 2 && k1.stream_frees == k0.stream_frees + 2);
+    CHECK(k1.stream_pending_blocks == 0 && k1.streams == k0.streams);
+    /* a different size takes a's memory: with the queue it would map more (see same_stream's 1.25x rule) */
+    CHECK_OK(fabpool_alloc_on_stream(p, 40 * MB, s, &b));
+    CHECK((uintptr_t)b >= (uintptr_t)a && (uintptr_t)b + 40 * MB <= (uintptr_t)a + 64 * MB);
+    CHECK_OK(fabpool_alloc_on_stream(p, 300000, s, &d)); /* c's block */
+    CHECK(d == c);
+    CHECK(calls(NULL) == c0); /* no driver call: no event, no map */
+    CHECK(t_ledger().bytes_held == held0);
+    fabpool_counters k2 = counters(p);
+    CHECK(k2.chunks_mapped_total == k1.chunks_mapped_total && k2.stream_events_recorded == k0.stream_events_recorded);
+    CHECK(k2.stream_fences == k0.stream_fences);
+    CHECK_OK(fabpool_check(p));
+    /* the same double-free and foreign-pointer checks as the queue */
+    CHECK_OK(fabpool_free_on_stream(p, d, s));
+    CHECK_STATUS(fabpool_free_on_stream(p, d, s), FABPOOL_ERR_DOUBLE_FREE);
+    CHECK_STATUS(fabpool_free(p, d), FABPOOL_ERR_DOUBLE_FREE);
+    int local;
+    CHECK_STATUS(fabpool_free_on_stream(p, &local, s), FABPOOL_ERR_NOT_FOUND);
+    CHECK(counters(p).stream_owner_frees == k2.stream_owner_frees + 1);
+    CHECK_OK(fabpool_free_on_stream(p, b, s));
+    release(s);
+    CHECK_OK(fabpool_destroy(p));
+    CHECK(t_ledger().bytes_held == 0 && t_ledger().mappings == 0);
+}
+
+/* An unmap waits for the owner's queued work first, once per batch of frees. */
+static void owner_fences(CUstream s, CUstream s2)
+{
+    fabpool_t *p = t_pool("handle_type:none,decay_ms:600000");
+    if (!p)
+        return;
+    void *a = NULL, *b = NULL, *x = NULL;
+    CHECK_OK(fabpool_alloc_on_stream(p, 64 * MB, s, &a));
+    CHECK_OK(fabpool_alloc_on_stream(p, 1 * MB, s, &b));
+    uint64_t held0 = t_ledger().bytes_held;
+    hold(s);
+    hold(s2); /* another stream's work: the fence does not wait for it */
+    CHECK_OK(fabpool_free_on_stream(p, a, s));
+    CUevent ev = marker(s), ev2 = marker(s2);
+    CHECK(cuEventQuery(ev) == CUDA_ERROR_NOT_READY);
+    fabpool_counters k0 = counters(p);
+    CHECK_OK(fabpool_trim(p, 0)); /* unmaps a's chunks: only after the owner's work */
+    CHECK(cuEventQuery(ev) == CUDA_SUCCESS);
+    CHECK(cuEventQuery(ev2) == CUDA_ERROR_NOT_READY);
+    fabpool_counters k1 = counters(p);
+    CHECK(k1.stream_fences == k0.stream_fences + 1 && k1.chunks_unmapped_total > k0.chunks_unmapped_total);
+    CHECK(t_ledger().bytes_held <= held0 - 64 * MB);
+    /* nothing freed since: a trim does not wait again */
+    hold(s);
+    CUevent ev3 = marker(s);
+    CHECK_OK(fabpool_alloc_on_stream(p, 8 * MB, s, &x));
+    CHECK_OK(fabpool_trim(p, 0));
+    CHECK(cuEventQuery(ev3) == CUDA_ERROR_NOT_READY && counters(p).stream_fences == k1.stream_fences);
+    /* the decay's unmaps fence too (decay_ms:0 trims at every slow path) */
+    CHECK_OK(fabpool_free_on_stream(p, x, s));
+    CHECK_OK(fabpool_free_on_stream(p, b, s));
+    CHECK_OK(fabpool_collect(p, 1)); /* collect with wait: the owner's frees are waited for as well */
+    CHECK(cuEventQuery(ev3) == CUDA_SUCCESS && counters(p).stream_fences == k1.stream_fences + 1);
+    release(s2);
+    cuEventDestroy(ev);
+    cuEventDestroy(ev2);
+    cuEventDestroy(ev3);
+    CHECK_OK(fabpool_destroy(p));
+    CHECK(t_ledger().bytes_held == 0);
+}
+
+/* The first allocation that is not the owner's waits for the owner's work
+ * and ends the owner mode: from then on the owner's frees queue too. */
+static void owner_ends(CUstream s, CUstream s2)
+{
+    for (int how = 0; how < 3; how++) {
+        fabpool_t *p = t_pool("handle_type:none");
+        if (!p)
+            return;
+        void *a = NULL, *b = NULL, *c = NULL;
+        CHECK_OK(fabpool_alloc_on_stream(p, 4096, s, &a));
+        put(a, 4096, 0x77);
+        hold(s);
+        CHECK_OK(fabpool_free_on_stream(p, a, s));
+        CUevent ev = marker(s);
+        fabpool_counters k0 = counters(p);
+        if (how == 0) {
+            CHECK_OK(fabpool_alloc(p, 4096, &b)); /* plain: may get a's block, so waits first */
+        } else if (how == 1) {
+            CHECK_OK(fabpool_alloc_on_stream(p, 4096, s2, &b)); /* another stream */
+        } else {
+            CHECK_OK(fabpool_alloc(p, 100, &b)); /* any plain allocation ends it, even of another class */
+        }
+        CHECK(cuEventQuery(ev) == CUDA_SUCCESS);
+        fabpool_counters k1 = counters(p);
+        CHECK(k1.stream_fences == k0.stream_fences + 1);
+        if (how < 2)
+            CHECK(b == a && tag_ok(b, 4096, 0x77)); /* a's block, after the owner's work */
+        /* the owner mode is over: a free on s now waits in the queue */
+        hold(s);
+        CHECK_OK(fabpool_alloc_on_stream(p, 4096, s, &c));
+        CHECK_OK(fabpool_free_on_stream(p, c, s));
+        fabpool_counters k2 = counters(p);
+        CHECK(k2.stream_pending_blocks == 1 && k2.stream_owner_frees == k1.stream_owner_frees);
+        release(s);
+        CHECK_OK(fabpool_free(p, b));
+        cuEventDestroy(ev);
+        CHECK_OK(fabpool_destroy(p));
+        CHECK(t_ledger().bytes_held == 0);
+    }
+    /* a pool made with stream_owner:0 never has an owner */
+    fabpool_t *p = t_pool("handle_type:none,stream_owner:0");
+    if (!p)
+        return;
+    fabpool_options o;
+    CHECK_OK(fabpool_get_options(p, &o));
+    CHECK(o.stream_owner == 0);
+    void *a = NULL;
+    CHECK_OK(fabpool_alloc_on_stream(p, 4096, s, &a));
+    hold(s);
+    CHECK_OK(fabpool_free_on_stream(p, a, s));
+    CHECK(counters(p).stream_pending_blocks == 1 && counters(p).stream_owner_frees == 0);
+    release(s);
+    CHECK_OK(fabpool_destroy(p));
 }
 
 int main(void)
@@ -375,7 +532,12 @@ int main(void)
     oom_waits_for_pending(s1);
     destroy_pending(s1, s2);
     bad_input(s1);
-    threads(s1, s2);
+    threads(s1, s2, "handle_type:none,stream_owner:0");
+    threads(s1, s1, "handle_type:none"); /* both on the owner stream */
+    owner_reuse(s1);
+    owner_reuse(NULL);
+    owner_fences(s1, s2);
+    owner_ends(s1, s2);
     cuStreamDestroy(s1);
     cuStreamDestroy(s2);
     return t_done("test_stream");

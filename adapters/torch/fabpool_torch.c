@@ -241,7 +241,9 @@ static fabpool_torch_counters counters_of(ft_dev *d)
     c.reuse_same_stream = k.stream_reuse_same;
     c.reuse_after_event = k.stream_reuse_after_event;
     c.pool_allocs = c.allocs - k.stream_reuse_same - k.stream_reuse_after_event;
-    c.pool_frees = k.stream_releases;
+    c.pool_frees = k.stream_releases + k.stream_owner_frees;
+    c.owner_frees = k.stream_owner_frees;
+    c.fences = k.stream_fences;
     c.cached_blocks = k.stream_pending_blocks;
     c.cached_bytes = k.stream_pending_bytes;
     c.events_recorded = k.stream_events_recorded;
@@ -590,7 +592,7 @@ fabpool_status fabpool_torch_reset_accumulated_stats(int device)
 #define FT_COUNTER_FIELDS(X)                                                                                  \
     X(allocs) X(frees) X(alloc_failures) X(blocks_live) X(bytes_live) X(usable_bytes_live) X(bytes_live_peak)  \
     X(reuse_same_stream) X(reuse_after_event) X(pool_allocs) X(pool_frees) X(cached_blocks) X(cached_bytes)    \
-    X(events_recorded) X(event_queries) X(syncs) X(streams) X(empties) X(bad_frees)
+    X(events_recorded) X(event_queries) X(syncs) X(streams) X(empties) X(bad_frees) X(owner_frees) X(fences)
 
 fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_t *needed)
 {

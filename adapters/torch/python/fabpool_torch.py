@@ -53,7 +53,7 @@ class Counters(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "allocs", "frees", "alloc_failures", "blocks_live", "bytes_live", "usable_bytes_live", "bytes_live_peak",
         "reuse_same_stream", "reuse_after_event", "pool_allocs", "pool_frees", "cached_blocks", "cached_bytes",
-        "events_recorded", "event_queries", "syncs", "streams", "empties", "bad_frees")]
+        "events_recorded", "event_queries", "syncs", "streams", "empties", "bad_frees", "owner_frees", "fences")]
 
     def as_dict(self):
         return {name: getattr(self, name) for name, _ in self._fields_}
