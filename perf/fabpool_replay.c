@@ -5,7 +5,7 @@
  *
  *   fabpool_replay TRACE[.gz] [--allocators fabpool,cudaMallocAsync,torch_default,torch_expandable]
  *                  [--level auto|app|pool] [--sample N] [--fabpool-conf STR] [--device N]
- *                  [--json FILE] [--check] [--pace]
+ *                  [--json FILE] [--check [--max-held R]] [--pace] [--gpu-lag N]
  *
  * What is replayed: a trace with an adapter's records (the PyTorch shim's
  * app_alloc / app_free, with their streams) is replayed at that level, what
@@ -35,11 +35,21 @@
  * recorded; the replay then takes as long as the recording).  The maps in the
  * second half of the operations are reported apart (the steady state).
  *
+ * fabpool at the adapter's level is called as the PyTorch shim calls it:
+ * fabpool_alloc_on_stream / fabpool_free_on_stream on the recorded streams.
+ * --gpu-lag N (the simulated driver only): the GPU runs behind the CPU.
+ * Every stream is held (its events do not complete) and released and held
+ * again every N operations, so what is freed on a stream waits as it would
+ * for queued kernels; a synchronize (a fence, a wait) completes a stream at
+ * once, as on the GPU.  The training trace has about 1,550 operations a
+ * step.  Without it the sim's streams are always done.
+ *
  * --check: exit 1 unless every allocator asked for ran, every allocation,
  * buffer creation and resize that succeeded in the trace succeeded in the
  * replay, and fabpool's live bytes are 0 once the replay freed what the trace
  * left live (on the simulated driver: nothing held after its pool is
- * destroyed).  Times mean something only on a real GPU. */
+ * destroyed).  --max-held R (with --check): and fabpool's peak held at most
+ * R times the trace's live peak.  Times mean something only on a real GPU. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
@@ -206,6 +216,7 @@ static struct {
     CUresult (*pool_get)(CUmemoryPool, CUmemPool_attribute, void *);
     CUresult (*pool_trim)(CUmemoryPool, size_t);
     int (*ledger)(void *);
+    int (*hold)(void *), (*release)(void *); /* the simulated driver's stream holds (--gpu-lag) */
     CUdevice dev;
     CUcontext ctx;
 } cu;
@@ -243,6 +254,8 @@ static int load_driver(int device, char *err, size_t cap)
     SYM(pool_get, "cuMemPoolGetAttribute");
     SYM(pool_trim, "cuMemPoolTrimTo");
     SYM(ledger, "fabsim_get_ledger");
+    SYM(hold, "fabsim_stream_hold");
+    SYM(release, "fabsim_stream_release");
 #undef SYM
     if (!cu.init || !cu.dev_get || !cu.ctx_retain || !cu.ctx_set || !cu.meminfo || !cu.stream_create ||
         !cu.stream_sync || !cu.ctx_sync) {
@@ -274,6 +287,7 @@ static uint64_t driver_held(void)
 }
 
 static int pace; /* --pace: follow the trace's time stamps */
+static size_t gpu_lag; /* --gpu-lag N: on the sim, every stream's work completes only every N operations */
 
 static double now_ns(void)
 {
@@ -323,6 +337,8 @@ typedef struct replay_state {
     void **ptr;           /* per object: block (or buffer base for the others) */
     fabpool_buffer_t **buf;
     uint16_t *obj_stream; /* the stream of the block's allocation */
+    int stream_pair;      /* fabpool at the adapter's level: fabpool_alloc_on_stream / free_on_stream, as the
+                             PyTorch shim calls them */
 } replay_state;
 
 static int x_alloc(replay_state *s, size_t n, unsigned si, void **p)
@@ -330,7 +346,8 @@ static int x_alloc(replay_state *s, size_t n, unsigned si, void **p)
     CUstream st = s->streams[si];
     switch (s->kind) {
     case A_FABPOOL:
-        return fabpool_alloc(s->pool, n, p) == FABPOOL_OK ? 0 : -1;
+        return (s->stream_pair ? fabpool_alloc_on_stream(s->pool, n, (void *)st, p) : fabpool_alloc(s->pool, n, p)) ==
+                       FABPOOL_OK ? 0 : -1;
     case A_ASYNC: {
         CUdeviceptr d = 0;
         s->own_calls++;
@@ -355,7 +372,8 @@ static int x_free(replay_state *s, void *p, unsigned si)
 {
     switch (s->kind) {
     case A_FABPOOL:
-        return fabpool_free(s->pool, p) == FABPOOL_OK ? 0 : -1;
+        return (s->stream_pair ? fabpool_free_on_stream(s->pool, p, (void *)s->streams[si]) : fabpool_free(s->pool, p)) ==
+                       FABPOOL_OK ? 0 : -1;
     case A_ASYNC:
         s->own_calls++;
         return cu.free_async((CUdeviceptr)(uintptr_t)p, s->streams[si]) == CUDA_SUCCESS ? 0 : -1;
@@ -544,6 +562,8 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
     }
     if (kind == A_FABPOOL)
         calls0 = fab_calls(s.pool, &maps0);
+    s.stream_pair = kind == A_FABPOOL && pl->app;
+    int lag = gpu_lag && cu.hold && cu.release;
 
     r->held_base = driver_held();
     uint64_t peak = 0;
@@ -572,6 +592,11 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
                     nanosleep(&ts, NULL);
             }
         }
+        if (lag && i % gpu_lag == 0) /* the GPU catches up with what was queued so far, then lags again */
+            for (unsigned k = 0; k < pl->n_streams; k++) {
+                cu.release((void *)s.streams[k]);
+                cu.hold((void *)s.streams[k]);
+            }
         double t0 = now_ns();
         int bad = do_op(&s, o);
         double t1 = now_ns();
@@ -589,6 +614,9 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
         }
     }
     r->seconds = (now_ns() - t_all) / 1e9;
+    if (lag)
+        for (unsigned k = 0; k < pl->n_streams; k++)
+            cu.release((void *)s.streams[k]);
     uint64_t h = driver_held();
     if (h > r->held_base && h - r->held_base > peak)
         peak = h - r->held_base;
@@ -739,7 +767,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: fabpool_replay TRACE[.gz] [--allocators fabpool,cudaMallocAsync,torch_default,"
                "torch_expandable]\n"
                "                      [--level auto|app|pool] [--sample N] [--fabpool-conf STR] [--device N]\n"
-               "                      [--json FILE] [--check] [--pace]\n");
+               "                      [--json FILE] [--check [--max-held R]] [--pace] [--gpu-lag N]\n");
 }
 
 int main(int argc, char **argv)
@@ -747,6 +775,7 @@ int main(int argc, char **argv)
     const char *path = NULL, *json = NULL, *fconf = NULL, *list = "fabpool,cudaMallocAsync,torch_default,"
                                                                   "torch_expandable";
     int check = 0, sample = 16, device = 0, level = -1; /* -1 auto, 0 pool, 1 app */
+    double max_held = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int more = i + 1 < argc;
@@ -754,6 +783,10 @@ int main(int argc, char **argv)
             check = 1;
         else if (!strcmp(a, "--pace"))
             pace = 1;
+        else if (!strcmp(a, "--max-held") && more)
+            max_held = strtod(argv[++i], NULL);
+        else if (!strcmp(a, "--gpu-lag") && more)
+            gpu_lag = (size_t)strtoull(argv[++i], NULL, 10);
         else if (!strcmp(a, "--allocators") && more)
             list = argv[++i];
         else if (!strcmp(a, "--json") && more)
@@ -949,6 +982,14 @@ int main(int argc, char **argv)
             printf("CHECK FAILED: the driver still holds %" PRIu64 " bytes after fabpool's pool was destroyed\n",
                    r->held_after);
             failed = 1;
+        }
+        if (max_held > 0 && (double)r->held_peak > max_held * (double)pl.live_peak) {
+            printf("CHECK FAILED: fabpool's peak held %.1f MiB is %.3fx the live peak, above --max-held %.3f\n",
+                   (double)r->held_peak / (1 << 20), (double)r->held_peak / (double)pl.live_peak, max_held);
+            failed = 1;
+        } else if (max_held > 0) {
+            printf("fabpool's peak held is %.3fx the live peak (--max-held %.3f)\n",
+                   (double)r->held_peak / (double)pl.live_peak, max_held);
         }
     }
     free(pl.ops);
