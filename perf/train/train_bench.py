@@ -126,6 +126,46 @@ class DriverSampler(threading.Thread):
         return out
 
 
+class CSampler:
+    """The same instrument (cuMemGetInfo) from a C thread (libfabpool_sampler.so,
+    perf/train/sampler.c) that never takes Python's GIL: a Python sampler at
+    1 kHz takes the GIL from the training loop, which is bound by Python's
+    launch overhead, every millisecond.  No NVML here."""
+
+    def __init__(self, path, device, period_s):
+        self.lib = ctypes.CDLL(path)
+        self.lib.fabpool_sampler_start.argtypes = [ctypes.c_int, ctypes.c_uint]
+        self.lib.fabpool_sampler_stop.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 3
+        self.device, self.period_us = device, max(1, int(period_s * 1e6))
+        self.ready = threading.Event()
+        self.error = None
+
+    def start(self):
+        if self.lib.fabpool_sampler_start(self.device, self.period_us) != 0:
+            raise RuntimeError("fabpool_sampler_start failed")
+        self.ready.set()
+
+    def finish(self):
+        base, least, n = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+        out = {"samples": 0, "error": None, "nvml_note": "", "sampler": "c"}
+        if self.lib.fabpool_sampler_stop(ctypes.byref(base), ctypes.byref(least), ctypes.byref(n)) != 0:
+            out["error"] = "fabpool_sampler_stop failed"
+            return out
+        out.update(samples=n.value, held_peak=base.value - least.value)
+        return out
+
+
+def sampler_path(args):
+    """The C sampler: --sampler-lib, else libfabpool_sampler.so at the top of the build that made --lib."""
+    if args.sampler_lib:
+        return args.sampler_lib if args.sampler_lib != "none" else None
+    if args.lib:
+        p = os.path.join(os.path.dirname(os.path.abspath(args.lib)), "..", "..", "libfabpool_sampler.so")
+        if os.path.exists(p):
+            return os.path.normpath(p)
+    return None
+
+
 # -------------------------------------------------------------------- one run
 
 def run_one(args):
@@ -145,11 +185,16 @@ def run_one(args):
     torch.cuda.mem_get_info(0)          # the context exists now; nothing allocated yet
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    # the sampler thread needs the GIL between its samples: hand it over every 1 ms, not every 5
-    sys.setswitchinterval(0.001)
-    sampler = DriverSampler(0, args.sample_ms / 1000.0)
-    sampler.start()
-    sampler.ready.wait(10)              # the baseline is the first sample
+    cpath = sampler_path(args)
+    if cpath:
+        sampler = CSampler(cpath, 0, args.sample_ms / 1000.0)
+        sampler.start()                 # the baseline is taken before it returns
+    else:
+        # the sampler thread needs the GIL between its samples: hand it over every 1 ms, not every 5
+        sys.setswitchinterval(0.001)
+        sampler = DriverSampler(0, args.sample_ms / 1000.0)
+        sampler.start()
+        sampler.ready.wait(10)          # the baseline is the first sample
 
     torch.manual_seed(args.seed)
 
@@ -298,6 +343,9 @@ def main():
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--seed", type=int, default=20261203)
     ap.add_argument("--sample-ms", type=float, default=1.0)
+    ap.add_argument("--sampler-lib", default=os.environ.get("FABPOOL_SAMPLER_LIBRARY"),
+                    help="libfabpool_sampler.so (a C sampling thread); default: beside --lib's build; none: the "
+                         "Python thread")
     ap.add_argument("--timeout", type=int, default=0, help="seconds per run (default: 60 + 2 s a step)")
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--allocator", choices=ALLOCATORS + tuple(VARIANTS), help="(internal) one run in this process")
@@ -315,7 +363,8 @@ def main():
                    "--max-seq", str(args.max_seq), "--layers", str(args.layers), "--d-model", str(args.d_model),
                    "--heads", str(args.heads), "--vocab", str(args.vocab), "--seed", str(args.seed),
                    "--sample-ms", str(args.sample_ms), "--out-dir", args.out_dir] + \
-                  (["--lib", args.lib] if args.lib else [])
+                  (["--lib", args.lib] if args.lib else []) + \
+                  (["--sampler-lib", sampler_path(args) or "none"])
     runs, failures = [], []
     t_all = time.time()
     for run in range(args.runs):
@@ -345,7 +394,8 @@ def main():
                       r["requested_peak"] / MIB, r["device_allocs"], r["loss_sum"], time.time() - t0), flush=True)
     summary = summarize(args, runs)
     md = table(summary)
-    instruments = sorted({"nvml" if "nvml_held_peak" in r["driver"] else "cuMemGetInfo only" for r in runs})
+    instruments = sorted({"cuMemGetInfo from a C thread" if r["driver"].get("sampler") == "c" else
+                          "nvml" if "nvml_held_peak" in r["driver"] else "cuMemGetInfo only" for r in runs})
     notes = sorted({r["driver"].get("nvml_note", "") for r in runs} - {""})
     config = {k: getattr(args, k) for k in ("runs", "steps", "tokens", "min_seq", "max_seq", "layers", "d_model",
                                            "heads", "vocab", "seed", "sample_ms")}
