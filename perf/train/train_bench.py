@@ -5,7 +5,7 @@ A seeded transformer training loop (default: 8 encoder layers, d_model 1024,
 length from 64 to 2,048 with 16,384 tokens, batch = 16384 // length), run with
 PyTorch's default allocator, with expandable_segments and with fabpool
 (fabpool_torch.install(stats=True)), each run in its own process, the runs
-interleaved (A B C A B C ...).  Per run: the median step time over steps
+interleaved, the order rotated each round (A B C, B C A, C A B, ...).  Per run: the median step time over steps
 10..end; the peak held by the driver, measured the same way for every
 allocator from a side thread of the run (cuMemGetInfo every ~1 ms, and NVML's
 per-process used memory through pynvml where it answers), less the baseline
@@ -368,7 +368,10 @@ def main():
     runs, failures = [], []
     t_all = time.time()
     for run in range(args.runs):
-        for a in args.allocators:          # interleaved: A B C A B C ...
+        # interleaved, the order rotated each round (A B C, B C A, C A B, ...): no allocator always runs in the
+        # same place of a round (in stop 18's two calls the second place was the fastest of the first three)
+        k = run % len(args.allocators)
+        for a in args.allocators[k:] + args.allocators[:k]:
             out = os.path.join(args.out_dir, "train-%s-%d.json" % (a, run))
             if os.path.exists(out):
                 os.remove(out)
@@ -404,7 +407,7 @@ def main():
     with open(os.path.join(args.out_dir, "train-bench.json"), "w") as f:
         json.dump(result, f, indent=1)
     header = ("Training benchmark: %d layers, d_model %d, %d heads, vocab %d, %d tokens a step (sequence %d..%d), "
-              "%d steps, %d runs per allocator interleaved; step time median over steps 10..end; peak held = "
+              "%d steps, %d runs per allocator interleaved (order rotated each round); step time median over steps 10..end; peak held = "
               "device free memory at the start less its minimum, sampled every %.1f ms from a side thread "
               "(instruments: %s)" % (args.layers, args.d_model, args.heads, args.vocab, args.tokens, args.min_seq,
                                     args.max_seq, args.steps, args.runs, args.sample_ms, ", ".join(instruments)))
