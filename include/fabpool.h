@@ -116,6 +116,9 @@ typedef struct fabpool_options {
     uint32_t large_slack_percent;  /* free large-block memory that a miss leaves mapped, in percent of the
                                       live large blocks; beyond it a miss trades free chunks for the new
                                       block's (large_slack) */
+    uint32_t sleep_keep_host;      /* 1: wake keeps the pinned host copies for the next sleep with offload,
+                                      which reuses them when every chunk finds a piece of its size
+                                      (sleep_keep_host); fabpool_trim frees them */
     uint32_t stream_owner;         /* 1: the first stream of the stream pair owns the pool: its frees go to the
                                       pool at once (docs/design.md, "Stream-ordered free"); 0: every stream's
                                       frees wait in the queue (stream_owner) */
@@ -319,9 +322,12 @@ typedef struct fabpool_sleep_info {
     uint64_t offloaded_bytes;    /* the last sleep: device bytes copied to host (restored at its wake) */
     uint64_t discarded_bytes;    /* the last sleep: device bytes dropped (discard mode, or retired buffer
                                     chunks no one can read) */
-    uint64_t host_bytes;         /* pinned host memory held now for the copies */
+    uint64_t host_bytes;         /* pinned host memory held now for the copies (with sleep_keep_host: also
+                                    after a wake, until the next sleep reuses it or fabpool_trim frees it) */
     uint64_t host_copies;        /* pieces of it (one per chunk offloaded), each mapped once */
     uint64_t sleeps, wakes;      /* completed, all time */
+    uint64_t host_reused_bytes;  /* the last sleep: host memory kept from the last wake and used again (no
+                                    cuMemCreate), 0 where it was made anew */
 } fabpool_sleep_info;
 FABPOOL_API fabpool_status fabpool_sleep_state(fabpool_t *pool, fabpool_sleep_info *out);
 

@@ -114,6 +114,7 @@ static const struct key keys[] = {
      "none, or the path of a file to record the trace to (at most 511 bytes, no ',' and no whitespace; %p: the "
      "pid, %d: the device), e.g. /tmp/fabpool-%p.trace"},
     {"rdma", F_INT, FIELD(rdma), parse_word, 0, 2, 0, 0, rdma_words, "auto, on or off"},
+    {"sleep_keep_host", F_U32, FIELD(sleep_keep_host), parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},
     {"stream_owner", F_U32, FIELD(stream_owner), parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},
 };
 

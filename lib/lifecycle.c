@@ -348,8 +348,9 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
     fp_lock(&p->sp.lock);
     fabpool_status st = fp_collect_locked(&p->bufs, 0);
     fp_heap_trim_locked(&p->heap, keep);
+    fabpool_status hst = fp_sleep_host_trim(p); /* and sleep's kept host copies (sleep_keep_host) */
     fp_unlock(&p->sp.lock);
-    return st;
+    return st != FABPOOL_OK ? st : hst;
 }
 
 fabpool_status fabpool_get_options(const fabpool_t *p, fabpool_options *out)

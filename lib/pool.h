@@ -49,7 +49,9 @@ struct fabpool {
     fp_views views;
     fp_retire retire;                  /* blocks freed on streams, events of retired chunks (retire.h) */
     struct fp_sleep *sleep;            /* sleep.c: the chunks put to sleep, non-NULL while asleep (pool lock) */
+    struct fp_host_cache *host_cache;  /* sleep.c: host copies kept from the last wake (sleep_keep_host; pool lock) */
     _Atomic uint64_t sleep_offloaded, sleep_discarded, sleep_host_bytes, sleep_host_copies, sleeps, wakes;
+    _Atomic uint64_t sleep_host_reused;  /* the last sleep: bytes of host copies reused from the last wake */
     _Atomic int sleep_mode;            /* sleep.c's: written there only */
     struct fp_trace *trace;            /* NULL: no trace (trace.h); alloc and bufs hold copies */
     fabpool_options opt;

@@ -18,6 +18,15 @@
  * that the copies both ways are device-to-device copies on the caller's
  * stream and every piece is released like any chunk: unmapped, it is gone.
  *
+ * With sleep_keep_host, wake keeps the host copies (their pieces and their
+ * reservation: struct fp_host_cache) instead of freeing them, and the next
+ * offload uses them again when every chunk to copy finds an unused piece of
+ * its size and no piece is left over (what a loop that sleeps the same
+ * memory again sees); else they are freed and made anew.  Pinning host
+ * memory is most of an offload's time on the H200 (docs/integration.md), as
+ * PyTorch's cached pinned memory spares vLLM's later sleeps.  fabpool_trim
+ * and destroy free them.
+ *
  * Failures: a sleep that fails before it unmaps anything undoes its host
  * copies (the pool is as before, the trimmed cache excepted); a failure
  * while unmapping wakes the chunks already unmapped (their copies are
@@ -36,6 +45,18 @@ struct fp_sleep {
     size_t n;
     uint64_t stage_va, stage_size;   /* the reservation the host copies are mapped in (0: none) */
     int retry;                       /* a wake failed part way: copies may be queued on another stream */
+};
+
+/* Host copies kept from the last wake: pieces mapped in one reservation. */
+typedef struct fp_hpiece {
+    uint64_t va, size;
+    int used;
+} fp_hpiece;
+
+struct fp_host_cache {
+    uint64_t stage_va, stage_size;
+    fp_hpiece *pc;
+    size_t n;
 };
 
 static void human(char *buf, size_t n, uint64_t b)
@@ -158,6 +179,129 @@ static void record_free(struct fabpool *p, struct fp_sleep *r)
     fp_meta_free(&p->meta, r, sizeof *r);
 }
 
+static void cache_free_meta(struct fabpool *p, struct fp_host_cache *c)
+{
+    fp_meta_free(&p->meta, c->pc, c->n * sizeof *c->pc);
+    fp_meta_free(&p->meta, c, sizeof *c);
+}
+
+/* Frees the kept host copies: unmaps every piece, frees the reservation.
+ * What the driver refuses to unmap (twice) stays in the cache, and the
+ * status says so.  Pool lock held. */
+static fabpool_status cache_release(struct fabpool *p)
+{
+    struct fp_host_cache *c = p->host_cache;
+    if (!c)
+        return FABPOOL_OK;
+    fabpool_status st = FABPOOL_OK;
+    for (size_t i = 0; i < c->n; i++) {
+        if (!c->pc[i].va)
+            continue; /* freed by an earlier try */
+        CUresult cr = FP_CU_UNDO(&p->ch.calls, cuMemUnmap, (CUdeviceptr)c->pc[i].va, c->pc[i].size);
+        if (cr != CUDA_SUCCESS) {
+            if (st == FABPOOL_OK)
+                st = fp_drv_error(cr, "cuMemUnmap", "freeing a kept host copy (%llu bytes at 0x%llx) (tried twice)",
+                                  (unsigned long long)c->pc[i].size, (unsigned long long)c->pc[i].va);
+            continue;
+        }
+        atomic_fetch_sub(&p->sleep_host_bytes, c->pc[i].size);
+        atomic_fetch_sub(&p->sleep_host_copies, 1);
+        c->pc[i].va = 0;
+    }
+    if (st != FABPOOL_OK)
+        return st; /* the reservation stays for what is still mapped in it; a later call tries again */
+    CUresult cr = FP_CU_UNDO(&p->ch.calls, cuMemAddressFree, (CUdeviceptr)c->stage_va, c->stage_size);
+    if (cr != CUDA_SUCCESS)
+        return fp_drv_error(cr, "cuMemAddressFree", "freeing the address range of the kept host copies (%llu bytes) "
+                            "(tried twice)", (unsigned long long)c->stage_size);
+    cache_free_meta(p, c);
+    p->host_cache = NULL;
+    return FABPOOL_OK;
+}
+
+/* The kept host copies for the chunks of r marked `copy`, if every one finds
+ * an unused piece of its size (rounded to hg) and none is left over: then
+ * each such chunk gets its piece (host_va), r takes the reservation, and the
+ * cache is gone (1).  0: they do not fit, nothing changed.  Pool lock held. */
+static int cache_take(struct fabpool *p, struct fp_sleep *r, size_t hg)
+{
+    struct fp_host_cache *c = p->host_cache;
+    size_t need = 0;
+    for (size_t i = 0; i < r->n; i++)
+        need += r->e[i].copy;
+    if (!c || need != c->n || !need)
+        return 0;
+    for (size_t k = 0; k < c->n; k++) {
+        if (!c->pc[k].va)
+            return 0; /* a piece an earlier release could not free: made anew */
+        c->pc[k].used = 0;
+    }
+    size_t k0 = 0; /* pieces are kept in the order of the chunks that used them: a repeat finds them in turn */
+    for (size_t i = 0; i < r->n; i++) {
+        fp_slept *e = &r->e[i];
+        if (!e->copy)
+            continue;
+        uint64_t hs = fp_round_up(e->size, hg);
+        size_t k = k0 < c->n && !c->pc[k0].used && c->pc[k0].size == hs ? k0 : c->n;
+        for (size_t j = 0; k == c->n && j < c->n; j++)
+            if (!c->pc[j].used && c->pc[j].size == hs)
+                k = j;
+        if (k == c->n) {
+            for (size_t j = 0; j < r->n; j++)
+                r->e[j].host_va = r->e[j].host_size = 0;
+            return 0;
+        }
+        c->pc[k].used = 1;
+        e->host_va = c->pc[k].va;
+        e->host_size = hs;
+        k0 = k + 1;
+    }
+    r->stage_va = c->stage_va;
+    r->stage_size = c->stage_size;
+    cache_free_meta(p, c);
+    p->host_cache = NULL;
+    return 1;
+}
+
+/* Wake with sleep_keep_host: the host copies of r become the cache instead
+ * of being freed (a cache from an earlier sleep, which a sleep with offload
+ * has used or freed already, is freed first).  Where r has no copies (a
+ * discard) an earlier cache stays; where there is no host memory for the
+ * list, r's copies are freed as without the option.  Pool lock held. */
+static fabpool_status host_keep(struct fabpool *p, struct fp_sleep *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n; i++)
+        n += r->e[i].host_va != 0;
+    if (!n || !r->stage_va) /* nothing to keep (a discard): a cache from before stays as it is */
+        return host_release(p, r);
+    fabpool_status st = cache_release(p);
+    if (st != FABPOOL_OK)
+        return st;
+    struct fp_host_cache *c = fp_meta_alloc(&p->meta, sizeof *c);
+    fp_hpiece *pc = c ? fp_meta_alloc(&p->meta, n * sizeof *pc) : NULL;
+    if (!pc) {
+        if (c)
+            fp_meta_free(&p->meta, c, sizeof *c);
+        return host_release(p, r);
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        fp_slept *e = &r->e[i];
+        if (!e->host_va)
+            continue;
+        pc[k++] = (fp_hpiece){e->host_va, e->host_size, 0};
+        e->host_va = e->host_size = 0;
+    }
+    c->pc = pc;
+    c->n = n;
+    c->stage_va = r->stage_va;
+    c->stage_size = r->stage_size;
+    r->stage_va = r->stage_size = 0;
+    p->host_cache = c;
+    return FABPOOL_OK;
+}
+
 /* Pinned host memory next to the pool's device, as VMM memory. */
 static CUmemAllocationProp host_prop(struct fabpool *p)
 {
@@ -193,6 +337,28 @@ static fabpool_status offload(struct fabpool *p, struct fp_sleep *r, void *strea
             total += fp_round_up(r->e[i].size, hg);
     if (!total)
         return FABPOOL_OK;
+    if (cache_take(p, r, hg)) { /* the copies kept from the last wake: no host memory to make */
+        for (size_t i = 0; i < r->n; i++) {
+            fp_slept *e = &r->e[i];
+            if (!e->copy)
+                continue;
+            cr = FP_CU(&p->ch.calls, cuMemcpyDtoDAsync, (CUdeviceptr)e->host_va, (CUdeviceptr)e->va, e->size,
+                       (CUstream)stream);
+            if (cr != CUDA_SUCCESS)
+                return fp_drv_error(cr, "cuMemcpyDtoDAsync", "copying a chunk of %llu bytes at 0x%llx to host memory "
+                                    "kept from the last wake; the pool stays awake", (unsigned long long)e->size,
+                                    (unsigned long long)e->va);
+        }
+        fabpool_status sst = sync_on(p, stream, "copying the pool's memory to host memory (the pool stays awake)");
+        if (sst == FABPOOL_OK)
+            atomic_store(&p->sleep_host_reused, total);
+        return sst;
+    }
+    fabpool_status cst = cache_release(p); /* they do not fit: made anew */
+    if (cst != FABPOOL_OK) {
+        fp_error_append(" (fabpool_sleep: the pool stays awake)");
+        return cst;
+    }
     CUdeviceptr va = 0;
     cr = FP_CU(&p->ch.calls, cuMemAddressReserve, &va, total, hg, 0, 0);
     if (cr != CUDA_SUCCESS)
@@ -313,7 +479,7 @@ static fabpool_status wake_locked(struct fabpool *p, void *stream)
         st = r->retry ? sync_on(p, NULL, "restoring the offloaded contents")
                       : sync_on(p, stream, "restoring the offloaded contents");
     if (st == FABPOOL_OK)
-        st = host_release(p, r);
+        st = p->opt.sleep_keep_host ? host_keep(p, r) : host_release(p, r);
     if (st != FABPOOL_OK) {
         r->retry = 1;
         fp_error_append(" (fabpool_wake: %zu of %zu chunks were mapped again; the pool stays asleep and keeps the "
@@ -387,6 +553,7 @@ fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream
     fp_heap_trim_locked(&p->heap, 0);
     if (!(r = record_new(p, mode, &st)))
         goto awake;
+    atomic_store(&p->sleep_host_reused, 0);
     if (mode == FABPOOL_SLEEP_OFFLOAD && (st = offload(p, r, stream)) != FABPOOL_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", fabpool_last_error());
@@ -478,11 +645,19 @@ fabpool_status fabpool_sleep_state(fabpool_t *p, fabpool_sleep_info *out)
     out->host_copies = atomic_load(&p->sleep_host_copies);
     out->sleeps = atomic_load(&p->sleeps);
     out->wakes = atomic_load(&p->wakes);
+    out->host_reused_bytes = atomic_load(&p->sleep_host_reused);
     return FABPOOL_OK;
+}
+
+fabpool_status fp_sleep_host_trim(struct fabpool *p)
+{
+    fp_lock_assert_held(&p->sp.lock);
+    return cache_release(p);
 }
 
 void fp_sleep_free(struct fabpool *p)
 {
+    cache_release(p);
     struct fp_sleep *r = p->sleep;
     if (!r)
         return;

@@ -12,6 +12,9 @@
 /* Pool teardown: frees the host copies and the record of a pool destroyed
  * while asleep (its chunks were forgotten by the unmaps before). */
 void fp_sleep_free(struct fabpool *p);
+/* fabpool_trim: frees the host copies kept from the last wake
+ * (sleep_keep_host).  Pool lock held. */
+fabpool_status fp_sleep_host_trim(struct fabpool *p);
 /* The chunks of the pool's records that sleep unmapped and wake has not
  * mapped again (fabpool_check: they are not counted in mapped_bytes).
  * Pool lock held. */

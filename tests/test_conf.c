@@ -118,6 +118,7 @@ static void test_defaults(void)
     CHECK(o.decay_ms == 10000);
     CHECK(o.large_slack_percent == 4);
     CHECK(o.stream_owner == 1);
+    CHECK(o.sleep_keep_host == 0);
     CHECK(o.shrink_hysteresis_percent == 25);
     CHECK(o.thread_cache == 1);
     CHECK(o.stats_at_destroy == 0);
@@ -268,6 +269,9 @@ static void test_good_values(void)
     if (GOOD("stream_owner:1", &o))
         CHECK(o.stream_owner == 1);
     BAD("stream_owner:maybe", "'stream_owner'", "'maybe'");
+    if (GOOD("sleep_keep_host:true", &o))
+        CHECK(o.sleep_keep_host == 1);
+    BAD("sleep_keep_host:2", "'sleep_keep_host'", "'2'");
     if (GOOD("decay_ms:0", &o))
         CHECK(o.decay_ms == 0);
     if (GOOD("decay_ms:4294967295", &o))

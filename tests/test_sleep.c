@@ -74,6 +74,20 @@ typedef struct world {
     uint64_t seed;
 } world;
 
+/* every block and buffer of w filled with the patterns of seed (w->seed becomes seed) */
+static void fill_all(world *w, uint64_t seed)
+{
+    w->seed = seed;
+    for (int i = 0; i < NSMALL; i++)
+        if (w->small[i])
+            fill(w->small[i], w->small_size[i], seed + 1 + (uint64_t)i);
+    for (int i = 0; i < NLARGE; i++)
+        if (w->large[i])
+            fill(w->large[i], w->large_size[i], seed + 100 + (uint64_t)i);
+    for (int i = 0; i < NBUF; i++)
+        fill(w->buf_base[i], w->buf_size[i], seed + 200 + (uint64_t)i);
+}
+
 /* scale 1: tens of MiB; scale 0: a few chunks (the fault sweep) */
 static int populate(world *w, const char *conf, uint64_t seed, int scale)
 {
@@ -115,14 +129,7 @@ static int populate(world *w, const char *conf, uint64_t seed, int scale)
     void *big = NULL;
     if (scale && fabpool_alloc(w->p, 20 * MB, &big) == FABPOOL_OK)
         fabpool_free(w->p, big);
-    for (int i = 0; i < NSMALL; i++)
-        if (w->small[i])
-            fill(w->small[i], w->small_size[i], seed + 1 + (uint64_t)i);
-    for (int i = 0; i < NLARGE; i++)
-        if (w->large[i])
-            fill(w->large[i], w->large_size[i], seed + 100 + (uint64_t)i);
-    for (int i = 0; i < NBUF; i++)
-        fill(w->buf_base[i], w->buf_size[i], seed + 200 + (uint64_t)i);
+    fill_all(w, seed);
     return 0;
 }
 
@@ -539,17 +546,22 @@ static int n_trials, n_failed_ops, n_absorbed;
 
 /* Call n of entry e fails during the sleep (phase 0) or the wake (phase 1).
  * Returns 0 once the operation makes fewer than n calls of e. */
-static int fault_trial(size_t e, uint64_t n, int phase, fabpool_sleep_mode mode)
+static int fault_trial(size_t e, uint64_t n, int phase, fabpool_sleep_mode mode, int keep)
 {
     fabsim_ledger l0 = t_ledger();
     world w;
-    if (populate(&w, "slab_max:1MiB", 81 + n, 0) != 0) {
+    if (populate(&w, keep ? "slab_max:1MiB,sleep_keep_host:1" : "slab_max:1MiB", 81 + n, 0) != 0) {
         CHECK(!"populate");
         teardown(&w);
         return 0;
     }
-    uint64_t m0 = t_mapped(w.p);
     fabsim_ledger la = t_ledger();
+    if (keep) { /* a round first: the faulted sleep copies into the host memory this wake kept */
+        CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
+        CHECK_OK(fabpool_wake(w.p, NULL));
+        CHECK(state_of(w.p).host_bytes > 0);
+    }
+    uint64_t m0 = t_mapped(w.p);
     if (phase == 1)
         CHECK_OK(fabpool_sleep(w.p, mode, NULL));
     int err = strcmp(fault_entries[e], "cuMemCreate") == 0 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
@@ -567,10 +579,12 @@ static int fault_trial(size_t e, uint64_t n, int phase, fabpool_sleep_mode mode)
         n_failed_ops++;
         CHECK(msg[0] != 0);
         if (phase == 0) {
-            /* rolled back: awake, data in place, no host memory; the cache may have been trimmed */
-            CHECK(!si.asleep && si.host_bytes == 0);
+            /* rolled back: awake, data in place, no host memory (kept copies the sleep took are freed with
+             * its record; where it failed before taking them they stay); the cache may have been trimmed */
             fabsim_ledger l = t_ledger();
-            CHECK(l.bytes_held_host == la.bytes_held_host && l.reservations == la.reservations);
+            CHECK(!si.asleep && (keep || si.host_bytes == 0));
+            CHECK(l.bytes_held_host - la.bytes_held_host == si.host_bytes &&
+                  l.reservations == la.reservations + (si.host_bytes > 0));
             CHECK(l.bytes_held <= la.bytes_held && l.bytes_held - l0.bytes_held == t_mapped(w.p));
             CHECK(all_intact(&w));
             void *a = NULL;
@@ -627,11 +641,111 @@ static void faults(void)
     for (int phase = 0; phase < 2; phase++)
         for (int mode = 0; mode < 2; mode++)
             for (size_t e = 0; e < N_FAULT_ENTRIES && !(phase == 1 && mode == FABPOOL_SLEEP_DISCARD); e++)
-                for (uint64_t n = 1; n < 200 && fault_trial(e, n, phase, (fabpool_sleep_mode)mode); n++)
+                for (uint64_t n = 1; n < 200 && fault_trial(e, n, phase, (fabpool_sleep_mode)mode, 0); n++)
                     ;
+    /* with sleep_keep_host, a sleep with offload that reuses the kept copies, and its wake (which keeps them) */
+    for (int phase = 0; phase < 2; phase++)
+        for (size_t e = 0; e < N_FAULT_ENTRIES; e++)
+            for (uint64_t n = 1; n < 200 && fault_trial(e, n, phase, FABPOOL_SLEEP_OFFLOAD, 1); n++)
+                ;
     printf("test_sleep: %d faults injected into sleep and wake, %d made the call fail, %d absorbed\n", n_trials,
            n_failed_ops, n_absorbed);
     CHECK(n_trials > 50 && n_failed_ops > 20);
+}
+
+/* ------------------------------------------------------------ sleep_keep_host */
+
+/* Wake keeps the host copies; the next sleep of the same memory makes no host
+ * memory and restores the new contents; another layout makes them anew; a
+ * discard sleep leaves them; trim (after a refused unmap, again) and destroy
+ * free them. */
+static void keep_host(void)
+{
+    if (!calls)
+        calls = (calls_fn)dlsym(RTLD_DEFAULT, "fabsim_calls");
+    if (!fault_set)
+        fault_set = (fault_set_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_set");
+    if (!fault_clear)
+        fault_clear = (fault_clear_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
+    fabsim_ledger l0 = t_ledger();
+    world w;
+    if (populate(&w, "sleep_keep_host:1", 501, 1) != 0) {
+        CHECK(!"populate");
+        teardown(&w);
+        return;
+    }
+    CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
+    fabpool_sleep_info s1 = state_of(w.p);
+    CHECK(s1.host_reused_bytes == 0 && s1.host_bytes > 0 && s1.offloaded_bytes > 0);
+    CHECK_OK(fabpool_wake(w.p, NULL));
+    CHECK(all_intact(&w));
+    fabpool_sleep_info s2 = state_of(w.p);
+    CHECK(s2.host_bytes == s1.host_bytes && s2.host_copies == s1.host_copies); /* kept */
+    CHECK(t_ledger().bytes_held_host - l0.bytes_held_host == s1.host_bytes);
+    CHECK_OK(fabpool_check(w.p));
+    /* new contents in the same chunks: the second sleep copies them into the kept memory */
+    fill_all(&w, 777);
+    uint64_t creates = calls ? calls("cuMemCreate") : 0;
+    CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
+    fabpool_sleep_info s3 = state_of(w.p);
+    if (calls)
+        CHECK(calls("cuMemCreate") == creates);
+    CHECK(s3.host_reused_bytes == s1.host_bytes && s3.host_bytes == s1.host_bytes &&
+          s3.offloaded_bytes == s1.offloaded_bytes && t_mapped(w.p) == 0);
+    CHECK_OK(fabpool_wake(w.p, NULL));
+    CHECK(all_intact(&w)); /* the new contents, not the first sleep's */
+    /* another layout (one more large block): the kept copies do not fit, they are freed and made anew */
+    void *extra = NULL;
+    CHECK_OK(fabpool_alloc(w.p, 12 * MB, &extra));
+    creates = calls ? calls("cuMemCreate") : 0;
+    CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
+    fabpool_sleep_info s4 = state_of(w.p);
+    CHECK(s4.host_reused_bytes == 0 && s4.host_bytes > s1.host_bytes);
+    if (calls)
+        CHECK(calls("cuMemCreate") > creates);
+    CHECK(t_ledger().bytes_held_host - l0.bytes_held_host == s4.host_bytes); /* the old ones are gone */
+    CHECK_OK(fabpool_wake(w.p, NULL));
+    CHECK(all_intact(&w));
+    /* a discard sleep leaves the kept copies as they are */
+    CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_DISCARD, NULL));
+    CHECK(state_of(w.p).host_bytes == s4.host_bytes && state_of(w.p).host_reused_bytes == 0);
+    CHECK_OK(fabpool_wake(w.p, NULL));
+    CHECK(state_of(w.p).host_bytes == s4.host_bytes);
+    /* trim frees them; where the driver refuses an unmap (twice) they stay, counted, for the next trim */
+    if (fault_set && fault_clear) {
+        fault_set("cuMemUnmap", 1, 1, CUDA_ERROR_INVALID_VALUE);
+        CHECK(fabpool_trim(w.p, 0) != FABPOOL_OK);
+        fault_clear();
+        CHECK(strstr(fabpool_last_error(), "kept host copy") != NULL);
+        CHECK(state_of(w.p).host_bytes > 0 &&
+              t_ledger().bytes_held_host - l0.bytes_held_host == state_of(w.p).host_bytes);
+    }
+    CHECK_OK(fabpool_trim(w.p, 0));
+    CHECK(state_of(w.p).host_bytes == 0 && state_of(w.p).host_copies == 0 &&
+          t_ledger().bytes_held_host == l0.bytes_held_host);
+    CHECK_OK(fabpool_check(w.p));
+    CHECK_OK(fabpool_free(w.p, extra));
+    teardown(&w);
+    fabsim_ledger l = t_ledger();
+    CHECK(ledger_is(&l, &l0));
+    /* destroy with kept copies frees them */
+    if (populate(&w, "slab_max:1MiB,sleep_keep_host:1", 502, 0) == 0) {
+        CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
+        CHECK_OK(fabpool_wake(w.p, NULL));
+        CHECK(state_of(w.p).host_bytes > 0);
+    } else {
+        CHECK(!"populate");
+    }
+    teardown(&w);
+    l = t_ledger();
+    CHECK(ledger_is(&l, &l0));
+    /* without the option, wake keeps nothing */
+    if (populate(&w, "slab_max:1MiB", 503, 0) == 0) {
+        CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
+        CHECK_OK(fabpool_wake(w.p, NULL));
+        CHECK(state_of(w.p).host_bytes == 0 && t_ledger().bytes_held_host == l0.bytes_held_host);
+    }
+    teardown(&w);
 }
 
 #include <time.h>
@@ -657,6 +771,7 @@ int main(void)
     PART(refusals);
     PART(thread_caches);
     PART(destroy_asleep);
+    PART(keep_host);
     PART(faults);
     return t_done("test_sleep");
 }

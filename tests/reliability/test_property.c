@@ -178,7 +178,24 @@ static uint64_t gran = 2 * MB;
 static uint32_t hysteresis = 25;
 static int verbose;
 /* totals */
-static long n_slept, n_sleep_busy;
+static long n_slept, n_sleep_busy, n_host_reused;
+
+/* The host memory both pools hold for sleep: copies of a sleeping pool, and
+ * pool B's copies kept from its last wake (sleep_keep_host). */
+static uint64_t host_held(uint64_t *copies)
+{
+    uint64_t b = 0, c = 0;
+    for (int k = 0; k < NPOOL; k++) {
+        fabpool_sleep_info si;
+        if (P[k].p && fabpool_sleep_state(P[k].p, &si) == FABPOOL_OK) {
+            b += si.host_bytes;
+            c += si.host_copies;
+        }
+    }
+    if (copies)
+        *copies = c;
+    return b;
+}
 static long n_dup, n_bad_ack, n_fault_apply, n_rec_stream, n_rec_ack, n_quiet;
 static uint64_t peak_mapped;
 static fabpool_handle_type htype;
@@ -565,6 +582,11 @@ static void check_step(int full)
         fds += S[p].exported_fds_open;
         chunks += S[p].chunks_mapped;
     }
+    uint64_t hcopies = 0, hbytes = host_held(&hcopies); /* host copies are mappings too */
+    mapped += hbytes;
+    chunks += hcopies;
+    EXPECT(L.bytes_held_host == hbytes, "ledger.host", "the sim holds %llu host bytes, the pools' sleep state %llu",
+           (unsigned long long)L.bytes_held_host, (unsigned long long)hbytes);
     EXPECT(L.bytes_mapped == mapped, "ledger.bytes_mapped", "the sim maps %llu bytes, the pools say %llu + %llu",
            (unsigned long long)L.bytes_mapped, (unsigned long long)S[0].mapped_bytes,
            (unsigned long long)S[1].mapped_bytes);
@@ -1372,12 +1394,16 @@ static void step(enum op op)
         fabsim_ledger L = t_ledger();
         EXPECT(si.asleep && S[p].mapped_bytes == S[p].view_bytes, "sleep.mapped", "pool %c asleep maps %llu bytes, "
                "its views %llu", 'A' + p, (unsigned long long)S[p].mapped_bytes, (unsigned long long)S[p].view_bytes);
-        EXPECT(L.bytes_mapped == mapped + si.host_bytes && L.mappings == chunks + si.host_copies &&
-                   L.bytes_held_host == si.host_bytes, "sleep.ledger",
+        uint64_t hcopies = 0, hbytes = host_held(&hcopies);
+        EXPECT(L.bytes_mapped == mapped + hbytes && L.mappings == chunks + hcopies && L.bytes_held_host == hbytes &&
+                   (si.host_reused_bytes == 0 || p == 1), "sleep.ledger",
                "the sim maps %llu bytes in %llu mappings and holds %llu host bytes; the pools say %llu bytes in %llu "
-               "chunks, the sleeping one %llu host bytes in %llu copies", (unsigned long long)L.bytes_mapped,
-               (unsigned long long)L.mappings, (unsigned long long)L.bytes_held_host, (unsigned long long)mapped,
-               (unsigned long long)chunks, (unsigned long long)si.host_bytes, (unsigned long long)si.host_copies);
+               "chunks, the sleeping one %llu host bytes in %llu copies (both %llu in %llu), %llu reused",
+               (unsigned long long)L.bytes_mapped, (unsigned long long)L.mappings,
+               (unsigned long long)L.bytes_held_host, (unsigned long long)mapped, (unsigned long long)chunks,
+               (unsigned long long)si.host_bytes, (unsigned long long)si.host_copies, (unsigned long long)hbytes,
+               (unsigned long long)hcopies, (unsigned long long)si.host_reused_bytes);
+        n_host_reused += si.host_reused_bytes > 0;
         void *x = NULL;
         fabpool_status ast = fabpool_alloc(P[p].p, 1 + below(20 * MB), &x);
         EXPECT(ast == FABPOOL_ERR_ASLEEP, "sleep.alloc", "fabpool_alloc while asleep -> %s",
@@ -1385,8 +1411,10 @@ static void step(enum op op)
         st = fabpool_wake(P[p].p, chance(50) ? NULL : (void *)streams[below(NSTREAM)]);
         EXPECT_OK(st, "wake", "fabpool_wake");
         fabpool_sleep_state(P[p].p, &si);
-        EXPECT(!si.asleep && si.host_bytes == 0 && t_ledger().bytes_held_host == 0, "wake.host", "pool %c awake "
-               "still holds %llu host bytes", 'A' + p, (unsigned long long)si.host_bytes);
+        /* awake: pool A (no sleep_keep_host) holds no host memory, pool B keeps its copies */
+        EXPECT(!si.asleep && (p == 1 || si.host_bytes == 0) && t_ledger().bytes_held_host == host_held(NULL),
+               "wake.host", "pool %c awake holds %llu host bytes, the sim %llu", 'A' + p,
+               (unsigned long long)si.host_bytes, (unsigned long long)t_ledger().bytes_held_host);
         break;
     }
     case OP_FLUSH:
@@ -1433,6 +1461,7 @@ static int setup_pools(void)
         o.cache_limit_bytes = 64 * MB; /* frees reach the driver now and then */
         o.max_chunk_bytes = 32 * MB;   /* buffers of several chunks */
         o.stream_owner = p == 0;       /* A: the owner stream; B: every stream queues */
+        o.sleep_keep_host = p == 1;    /* B: wake keeps the host copies for the next sleep */
         own[p] = p == 0 ? OWN_NONE : OWN_OFF;
         fabpool_status st = fabpool_create(&o, &P[p].p);
         EXPECT_OK(st, "pool_create", "fabpool_create");
@@ -1630,7 +1659,8 @@ int main(int argc, char **argv)
     printf("  retirements followed: %ld on a held stream, %ld awaiting an ack; %ld collect(wait) with nothing "
            "pending checked for leftovers; peak mapped %.1f MiB (both pools)\n", n_rec_stream, n_rec_ack, n_quiet,
            (double)peak_mapped / (double)MB);
-    printf("  sleep_wake: %ld slept and woke with their data, %ld refused (exported buffers)\n", n_slept, n_sleep_busy);
+    printf("  sleep_wake: %ld slept and woke with their data (%ld into host copies kept from the last wake), %ld "
+           "refused (exported buffers)\n", n_slept, n_host_reused, n_sleep_busy);
     CHECK(n_slept > 0);
     printf("  %-20s %10s %7s\n", "operation", "ran", "share");
     for (int o = 0; o < OP_COUNT; o++) {

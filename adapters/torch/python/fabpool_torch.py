@@ -445,7 +445,7 @@ class SleepInfo(ctypes.Structure):
     # fabpool_sleep_info in include/fabpool.h
     _fields_ = [("asleep", ctypes.c_int), ("mode", ctypes.c_int)] + \
                [(n, ctypes.c_uint64) for n in ("offloaded_bytes", "discarded_bytes", "host_bytes", "host_copies",
-                                               "sleeps", "wakes")]
+                                               "sleeps", "wakes", "host_reused_bytes")]
 
     def as_dict(self):
         d = {name: getattr(self, name) for name, _ in self._fields_}
@@ -531,7 +531,9 @@ def _tag_names(tags_arg, device):
 
 def sleep_state(tag="default", device=None):
     """A tag's sleep state: asleep, mode, offloaded_bytes and discarded_bytes
-    of its last sleep, host_bytes held now, sleeps, wakes."""
+    of its last sleep, host_bytes held now, sleeps, wakes, host_reused_bytes
+    (the last sleep's host copies kept from the wake before: FABPOOL_CONF=
+    sleep_keep_host:1)."""
     info = SleepInfo()
     _tag_check(_tags_lib().fabpool_torch_tag_state(tag.encode(), _device_index(device), ctypes.byref(info)),
                "fabpool_torch.sleep_state(%r)" % tag)
