@@ -193,18 +193,26 @@ for rep in range(2):  # the first round warms up
     t_h2d = time.perf_counter() - t0
 del pinned
 bw_d2h, bw_h2d = n / t_d2h, n / t_h2d
-t0 = time.perf_counter()
-s = fabpool_torch.sleep(tags="big", offload=True)
-t_bsleep = time.perf_counter() - t0
-t0 = time.perf_counter()
-fabpool_torch.wake(tags="big")
-t_bwake = time.perf_counter() - t0
-ok_data = [c.data_ptr() for c in chunks] == big_ptrs and all(
-    c[:: (1 << 20)].eq(float(i)).all().item() for i, c in enumerate(chunks))
+
+
+def big_round(plus):
+    """Sleep (offload) and wake the tag "big"; its tensors hold i + plus.  (state, sleep s, wake s, data ok)."""
+    t0 = time.perf_counter()
+    st = fabpool_torch.sleep(tags="big", offload=True)
+    t_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fabpool_torch.wake(tags="big")
+    t_w = time.perf_counter() - t0
+    ok = [c.data_ptr() for c in chunks] == big_ptrs and all(
+        c[:: (1 << 20)].eq(float(i) + plus).all().item() for i, c in enumerate(chunks))
+    return st["big"], t_s, t_w, ok
+
+
+s_big, t_bsleep, t_bwake, ok_data = big_round(0.0)
 t_copies = t_d2h + t_h2d
 results["big"] = {"gib": n, "sleep_s": t_bsleep, "wake_s": t_bwake, "pinned_d2h_s": t_d2h, "pinned_h2d_s": t_h2d,
                   "pinned_d2h_gib_s": bw_d2h, "pinned_h2d_gib_s": bw_h2d, "pinned_alloc_s": t_pin_alloc,
-                  "offloaded_bytes": s["big"]["offloaded_bytes"], "data_ok": ok_data}
+                  "offloaded_bytes": s_big["offloaded_bytes"], "data_ok": ok_data}
 print("10 GiB: sleep %.3f s (%.1f GiB/s), wake %.3f s (%.1f GiB/s); pinned copies in the same run: D2H %.3f s "
       "(%.1f GiB/s), H2D %.3f s (%.1f GiB/s); torch pinned allocation of %d GiB %.3f s" %
       (t_bsleep, n / t_bsleep, t_bwake, n / t_bwake, t_d2h, bw_d2h, t_h2d, bw_h2d, n, t_pin_alloc))
@@ -224,15 +232,8 @@ if args.keep_host:
     for c in chunks:
         c.add_(1.0)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    s2 = fabpool_torch.sleep(tags="big", offload=True)
-    t_bsleep2 = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    fabpool_torch.wake(tags="big")
-    t_bwake2 = time.perf_counter() - t0
-    ok2 = [c.data_ptr() for c in chunks] == big_ptrs and all(
-        c[:: (1 << 20)].eq(float(i) + 1.0).all().item() for i, c in enumerate(chunks))
-    reused = s2["big"].get("host_reused_bytes", 0)
+    s2, t_bsleep2, t_bwake2, ok2 = big_round(1.0)
+    reused = s2.get("host_reused_bytes", 0)
     results["big_second"] = {"sleep_s": t_bsleep2, "wake_s": t_bwake2, "host_reused_bytes": reused, "data_ok": ok2}
     print("10 GiB again (sleep_keep_host): sleep %.3f s, wake %.3f s, %.2f GiB of host copies reused" %
           (t_bsleep2, t_bwake2, reused / GiB))
