@@ -419,6 +419,39 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr)
     return FABPOOL_OK;
 }
 
+/* fabpool_free's work once the block's span s is looked up; fn names the call in messages. */
+static fabpool_status free_block(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn)
+{
+    if (s->kind != FP_SPAN_SLAB)
+        return fp_large_free(a->heap, addr, fn);
+    uint32_t idx;
+    if (FP_UNLIKELY(!fp_slab_index(s, addr, &idx)))
+        return fp_error(FABPOOL_ERR_NOT_FOUND,
+                        "%s(%p): an interior pointer into a slab of %llu-byte blocks; free the pointer "
+                        "fabpool_alloc returned",
+                        fn, (void *)(uintptr_t)addr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT));
+    /* A double free is caught by the block's flag.  Two threads freeing the
+     * same block at the same instant may both pass: that race is the
+     * caller's bug, and a locked exchange here would double the hot path. */
+    if (FP_UNLIKELY(atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed)))
+        return fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this %llu-byte block is already free%s (double free)", fn,
+                        (void *)(uintptr_t)addr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT),
+                        atomic_load(&s->freeflag[idx]) == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for "
+                        "its work" : "");
+    atomic_store_explicit(&s->freeflag[idx], 1, memory_order_relaxed);
+    fp_tcache *tc = tcache_hot(a);
+    if (FP_LIKELY(tc && tcache_push(tc, s, addr)))
+        return FABPOOL_OK;
+    return free_slab_slow(a, s, addr);
+}
+
+static fabpool_status not_ours(const fp_alloc *a, const char *fn, const void *ptr)
+{
+    return fp_error(FABPOOL_ERR_NOT_FOUND,
+                    "%s(%p): this pool (device %d) did not give out that pointer, or it was freed and its memory "
+                    "returned to the driver", fn, ptr, (int)a->sp->ch->dev);
+}
+
 fabpool_status fabpool_free(fabpool_t *p, void *ptr)
 {
     fp_alloc *a = A(p);
@@ -430,31 +463,8 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
     fp_span *s = fp_map_get(&a->map, addr);
     if (FP_UNLIKELY(!s))
-        return fp_error(FABPOOL_ERR_NOT_FOUND,
-                        "fabpool_free(%p): this pool (device %d) did not give out that pointer, or it was freed "
-                        "and its memory returned to the driver",
-                        ptr, (int)a->sp->ch->dev);
-    if (s->kind != FP_SPAN_SLAB)
-        return fp_large_free(a->heap, addr);
-    uint32_t idx;
-    if (FP_UNLIKELY(!fp_slab_index(s, addr, &idx)))
-        return fp_error(FABPOOL_ERR_NOT_FOUND,
-                        "fabpool_free(%p): an interior pointer into a slab of %llu-byte blocks; free the pointer "
-                        "fabpool_alloc returned",
-                        ptr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT));
-    /* A double free is caught by the block's flag.  Two threads freeing the
-     * same block at the same instant may both pass: that race is the
-     * caller's bug, and a locked exchange here would double the hot path. */
-    if (FP_UNLIKELY(atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed)))
-        return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free(%p): this %llu-byte block is already free%s (double free)",
-                        ptr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT),
-                        atomic_load(&s->freeflag[idx]) == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for "
-                        "its work" : "");
-    atomic_store_explicit(&s->freeflag[idx], 1, memory_order_relaxed);
-    fp_tcache *tc = tcache_hot(a);
-    if (FP_LIKELY(tc && tcache_push(tc, s, addr)))
-        return FABPOOL_OK;
-    return free_slab_slow(a, s, addr);
+        return not_ours(a, "fabpool_free", ptr);
+    return free_block(a, s, addr, "fabpool_free");
 }
 
 fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
@@ -599,9 +609,21 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
     uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
     fp_span *s = fp_map_get(&a->map, addr);
     if (!s)
-        return fp_error(FABPOOL_ERR_NOT_FOUND,
-                        "fabpool_free_on_stream(%p): this pool (device %d) did not give out that pointer, or it was "
-                        "freed and its memory returned to the driver", ptr, (int)a->sp->ch->dev);
+        return not_ours(a, "fabpool_free_on_stream", ptr);
+    fabpool_status st;
+    if (fp_retire_owner_claim(a->retire, stream)) {
+        if (fp_retire_owner_free(a->retire)) {
+            /* the owner: freed into the pool at once (the next unmap or foreign allocation fences) */
+            if (FP_UNLIKELY(a->trace)) {
+                FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr,
+                         s->kind == FP_SPAN_SLAB ? (uint64_t)s->obj_q << FP_QUANTUM_SHIFT : s->size, stream);
+                FP_TRACE(a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
+            }
+            if ((st = free_block(a, s, addr, "fabpool_free_on_stream")) == FABPOOL_OK)
+                fp_retire_owner_freed(a->retire);
+            return st;
+        }
+    }
     uint32_t cls, idx = 0;
     if (s->kind == FP_SPAN_SLAB) {
         uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
@@ -617,25 +639,18 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
         usable = obj;
         cls = s->cls;
     } else {
-        fabpool_status st = fp_large_pend(a->heap, addr, &usable);
-        if (st != FABPOOL_OK)
+        if ((st = fp_large_pend(a->heap, addr, &usable)) != FABPOOL_OK)
             return st;
         cls = FP_RETIRE_LARGE;
     }
-    FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream);
-    fabpool_status st;
-    if (fp_retire_owner_claim(a->retire, stream)) {
-        if (fp_retire_owner_free(a->retire)) {
-            /* the owner: freed into the pool at once (the next unmap or foreign allocation fences) */
-            unpend(a, addr);
-            return fabpool_free(P(a), ptr);
-        }
-    } else if (fp_retire_owned(a->retire) && (st = fp_retire_disown(a->retire)) != FABPOOL_OK) {
+    /* another stream while the owner mode holds: it ends (after the checks above: bad input changes nothing) */
+    if (fp_retire_owned(a->retire) && (st = fp_retire_disown(a->retire)) != FABPOOL_OK) {
         unpend(a, addr);
         fp_error_append(" (fabpool_free_on_stream(%p), stream %p, waiting for the owner stream %p: the block is "
                         "still the caller's)", ptr, stream, a->retire->owner);
         return st;
     }
+    FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream);
     int poll = 0;
     st = fp_retire_free(a->retire, stream, addr, usable, cls, &poll);
     if (st != FABPOOL_OK) {

@@ -457,7 +457,7 @@ int fp_retire_owner_free(fp_retire *r)
 {
     /* counted before the mode is read: a disown that ends the mode after
      * this read fences after this count, so it waits for this block's work */
-    atomic_fetch_add(&r->owner_frees, 1);
+    atomic_fetch_add(&r->owner_seq, 1);
     return atomic_load(&r->owner_mode) == FP_OWNER_ON;
 }
 
@@ -471,11 +471,11 @@ fabpool_status fp_retire_disown(fp_retire *r)
 
 fabpool_status fp_retire_fence(fp_retire *r)
 {
-    if (atomic_load(&r->owner_frees) == atomic_load(&r->owner_fenced))
+    if (atomic_load(&r->owner_seq) == atomic_load(&r->owner_fenced))
         return FABPOOL_OK;
     fabpool_status st = FABPOOL_OK;
     fp_lock(&r->lock);
-    uint64_t n = atomic_load(&r->owner_frees);
+    uint64_t n = atomic_load(&r->owner_seq);
     if (n != atomic_load(&r->owner_fenced)) {
         CUcontext saved;
         if (ctx_enter(r, &saved, &st) == 0) {

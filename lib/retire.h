@@ -126,8 +126,9 @@ typedef struct fp_retire {
     /* the owner stream */
     _Atomic int owner_mode;             /* FP_OWNER_NONE, _ON or _OFF */
     void *owner;                        /* the owner (set once, before owner_mode becomes ON) */
-    _Atomic uint64_t owner_frees;       /* blocks freed at once on the owner, all time */
-    _Atomic uint64_t owner_fenced;      /* owner_frees the last fence covered */
+    _Atomic uint64_t owner_seq;         /* frees of the owner announced (fp_retire_owner_free), all time */
+    _Atomic uint64_t owner_fenced;      /* owner_seq the last fence covered */
+    _Atomic uint64_t owner_frees;       /* blocks freed at once on the owner (counted after the free) */
     _Atomic uint64_t fences;            /* fences that waited */
 } fp_retire;
 
@@ -180,10 +181,15 @@ static inline int fp_retire_pending(fp_retire *r)
  * its allocations take memory from the pool directly.  0: it is not, or the
  * owner mode has ended. */
 int fp_retire_owner_claim(fp_retire *r, void *stream);
-/* Before freeing a block of the owner into the pool at once: counts it (so
- * the next fence waits), then 1 if the owner mode still holds; 0: it ended
- * meanwhile, so the caller queues the block instead. */
+/* Before freeing a block of the owner into the pool at once: announces it
+ * (so the next fence waits), then 1 if the owner mode still holds; 0: it
+ * ended meanwhile, so the caller queues the block instead. */
 int fp_retire_owner_free(fp_retire *r);
+/* After such a free succeeded: the counter of fabpool_counters. */
+static inline void fp_retire_owner_freed(fp_retire *r)
+{
+    atomic_fetch_add_explicit(&r->owner_frees, 1, memory_order_relaxed);
+}
 /* Whether the owner mode holds (a cheap read, for fabpool_alloc's fast path). */
 static inline int fp_retire_owned(fp_retire *r)
 {

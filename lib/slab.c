@@ -559,12 +559,12 @@ fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, uint64_t *usable)
     return st;
 }
 
-fabpool_status fp_large_free(fp_heap *h, uint64_t addr)
+fabpool_status fp_large_free(fp_heap *h, uint64_t addr, const char *fn)
 {
     /* the piece is looked up under the lock: pieces merge and split under it */
     fabpool_status st = FABPOOL_OK;
     fp_lock(&h->sp->lock);
-    fp_span *b = large_live_at(h, addr, "fabpool_free", &st);
+    fp_span *b = large_live_at(h, addr, fn, &st);
     if (!b) {
         fp_unlock(&h->sp->lock);
         return st;

@@ -103,8 +103,9 @@ unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, fabpo
 void fp_class_give(fp_heap *h, unsigned cls, const fp_item *items, unsigned n);
 
 fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out);
-/* Frees the large block at addr (checked under the lock: interior and double frees are refused). */
-fabpool_status fp_large_free(fp_heap *h, uint64_t addr);
+/* Frees the large block at addr (checked under the lock: interior and double frees are refused; fn names
+ * the call in messages). */
+fabpool_status fp_large_free(fp_heap *h, uint64_t addr, const char *fn);
 /* A live large block freed on a stream: FP_LARGE_PENDING (live for the rest
  * of the pool), *usable its size.  The errors of fp_large_free otherwise. */
 fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, uint64_t *usable);
