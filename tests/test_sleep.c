@@ -172,6 +172,16 @@ static int ledger_is(const fabsim_ledger *a, const fabsim_ledger *b)
            a->allocations == b->allocations && a->exported_fds == b->exported_fds;
 }
 
+/* Destroys w's pool; on the sim the ledger is back to l0. */
+static void teardown_to(world *w, const fabsim_ledger *l0)
+{
+    teardown(w);
+    if (sim) {
+        fabsim_ledger l = t_ledger();
+        CHECK(ledger_is(&l, l0));
+    }
+}
+
 /* ------------------------------------------------------------ offload */
 
 static void offload_round_trip(void)
@@ -295,11 +305,7 @@ static void offload_round_trip(void)
     CHECK(all_intact(&w));
     CHECK(state_of(w.p).sleeps == 2);
     cuStreamDestroy(st);
-    teardown(&w);
-    if (sim) {
-        fabsim_ledger l = t_ledger();
-        CHECK(ledger_is(&l, &l0));
-    }
+    teardown_to(&w, &l0);
 }
 
 /* ------------------------------------------------------------ discard */
@@ -325,19 +331,9 @@ static void discard_round_trip(void)
     if (sim)
         CHECK(t_ledger().bytes_held - l0.bytes_held == t_mapped(w.p));
     /* the memory is there again: write and read every block */
-    w.seed = 22;
-    for (int i = 0; i < NSMALL; i++)
-        fill(w.small[i], w.small_size[i], w.seed + 1 + (uint64_t)i);
-    for (int i = 0; i < NLARGE; i++)
-        fill(w.large[i], w.large_size[i], w.seed + 100 + (uint64_t)i);
-    for (int i = 0; i < NBUF; i++)
-        fill(w.buf_base[i], w.buf_size[i], w.seed + 200 + (uint64_t)i);
+    fill_all(&w, 22);
     CHECK(all_intact(&w));
-    teardown(&w);
-    if (sim) {
-        fabsim_ledger l = t_ledger();
-        CHECK(ledger_is(&l, &l0));
-    }
+    teardown_to(&w, &l0);
 }
 
 /* ------------------------------------------------------------ tags */
@@ -431,11 +427,7 @@ static void refusals(void)
     CHECK_OK(fabpool_buffer_export(w.buf[0], 0, d, sizeof d, &len, fds, 32, &nfds));
     CHECK_OK(fabpool_buffer_export_done(w.buf[0]));
     CHECK_OK(fabpool_buffer_peers_ack(w.buf[0], UINT64_MAX));
-    teardown(&w);
-    if (sim) {
-        fabsim_ledger l = t_ledger();
-        CHECK(ledger_is(&l, &l0));
-    }
+    teardown_to(&w, &l0);
 }
 
 /* ------------------------------------------------------------ other threads' caches */

@@ -29,21 +29,7 @@ static fabpool_counters counters(fabpool_t *p)
     return c;
 }
 
-static void put(void *at, size_t size, uint64_t tag)
-{
-    uint64_t t2 = ~tag;
-    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)at, &tag, sizeof tag));
-    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)at + size - sizeof t2, &t2, sizeof t2));
-}
 
-static int tag_ok(void *at, size_t size, uint64_t tag)
-{
-    uint64_t a = 0, b = 0;
-    if (cuMemcpyDtoH(&a, (CUdeviceptr)(uintptr_t)at, sizeof a) != CUDA_SUCCESS ||
-        cuMemcpyDtoH(&b, (CUdeviceptr)(uintptr_t)at + size - sizeof b, sizeof b) != CUDA_SUCCESS)
-        return 0;
-    return a == tag && b == ~tag;
-}
 
 /* The same stream gets its block back at once, with no driver call. */
 static void same_stream(CUstream s)
@@ -56,7 +42,7 @@ static void same_stream(CUstream s)
         size_t n = sizes[i];
         void *x = NULL, *y = NULL;
         CHECK_OK(fabpool_alloc_on_stream(p, n, s, &x));
-        put(x, n, 0x1000 + i);
+        t_put_tag(x, n, 0x1000 + i);
         uint64_t c0 = calls(NULL);
         fabpool_counters k0 = counters(p);
         CHECK_OK(fabpool_free_on_stream(p, x, s));
@@ -64,7 +50,7 @@ static void same_stream(CUstream s)
         CHECK_OK(fabpool_alloc_on_stream(p, n - n / 16, s, &y)); /* the same class, or a large block that fits */
         CHECK(calls(NULL) == c0);
         CHECK(y == x);
-        CHECK(tag_ok(y, n, 0x1000 + i));
+        CHECK(t_tag_ok(y, n, 0x1000 + i));
         fabpool_counters k1 = counters(p);
         CHECK(k1.stream_reuse_same == k0.stream_reuse_same + 1 && k1.stream_pending_blocks == k0.stream_pending_blocks);
         CHECK_OK(fabpool_free_on_stream(p, y, s));
@@ -92,7 +78,7 @@ static void other_streams(CUstream from, CUstream to, size_t n)
         return;
     void *x = NULL, *y = NULL, *z = NULL, *w = NULL;
     CHECK_OK(fabpool_alloc_on_stream(p, n, from, &x));
-    put(x, n, 0xabcdef);
+    t_put_tag(x, n, 0xabcdef);
     hold(from); /* kernels on `from` that use x are still queued */
     CHECK_OK(fabpool_free_on_stream(p, x, from));
     fabpool_counters k0 = counters(p);
@@ -105,14 +91,14 @@ static void other_streams(CUstream from, CUstream to, size_t n)
     CHECK(k1.stream_pending_blocks == 1 && k1.stream_releases == k0.stream_releases);
     CHECK_OK(fabpool_collect(p, 0)); /* not done yet: it stays */
     CHECK(counters(p).stream_pending_blocks == 1);
-    CHECK(tag_ok(x, n, 0xabcdef)); /* mapped, data and all */
+    CHECK(t_tag_ok(x, n, 0xabcdef)); /* mapped, data and all */
     /* fabpool_free of it is a double free now */
     CHECK_STATUS(fabpool_free(p, x), FABPOOL_ERR_DOUBLE_FREE);
     CHECK(strstr(fabpool_last_error(), "stream") != NULL);
     release(from);
     CHECK_OK(fabpool_alloc_on_stream(p, n, to, &w));
     CHECK(w == x); /* now it is done: handed over */
-    CHECK(tag_ok(w, n, 0xabcdef));
+    CHECK(t_tag_ok(w, n, 0xabcdef));
     fabpool_counters k2 = counters(p);
     CHECK(k2.stream_reuse_after_event == k1.stream_reuse_after_event + 1 && k2.stream_pending_blocks == 0);
     /* and to fabpool_alloc: freed on a held stream, then collected once done */
@@ -141,8 +127,8 @@ static void pending_stays_mapped(CUstream s, CUstream s2)
     void *a = NULL, *b = NULL;
     CHECK_OK(fabpool_alloc_on_stream(p, 64 * MB, s, &a)); /* large: two 32 MiB chunks */
     CHECK_OK(fabpool_alloc_on_stream(p, 1 * MB, s, &b)); /* a slab of its own class */
-    put(a, 64 * MB, 0xa);
-    put(b, 1 * MB, 0xb);
+    t_put_tag(a, 64 * MB, 0xa);
+    t_put_tag(b, 1 * MB, 0xb);
     hold(s);
     CHECK_OK(fabpool_free_on_stream(p, a, s));
     CHECK_OK(fabpool_free_on_stream(p, b, s));
@@ -150,20 +136,20 @@ static void pending_stays_mapped(CUstream s, CUstream s2)
     CHECK(held0 >= 66 * MB);
     CHECK_OK(fabpool_trim(p, 0));
     CHECK(t_ledger().bytes_held == held0);
-    CHECK(tag_ok(a, 64 * MB, 0xa) && tag_ok(b, 1 * MB, 0xb));
+    CHECK(t_tag_ok(a, 64 * MB, 0xa) && t_tag_ok(b, 1 * MB, 0xb));
     /* decay: every slow path of a decay_ms:0 pool trims all idle memory */
     for (int i = 0; i < 4; i++) {
         void *q = NULL;
         CHECK_OK(fabpool_alloc(p, 3 * MB, &q));
         CHECK_OK(fabpool_free(p, q));
     }
-    CHECK(tag_ok(a, 64 * MB, 0xa) && tag_ok(b, 1 * MB, 0xb));
+    CHECK(t_tag_ok(a, 64 * MB, 0xa) && t_tag_ok(b, 1 * MB, 0xb));
     /* a larger block on another stream: a miss that would trade a's chunks if they were free */
     void *c = NULL;
     CHECK_OK(fabpool_alloc_on_stream(p, 96 * MB, s2, &c));
     CHECK(c != a);
     CHECK(t_ledger().bytes_held >= held0 + 96 * MB);
-    CHECK(tag_ok(a, 64 * MB, 0xa) && tag_ok(b, 1 * MB, 0xb));
+    CHECK(t_tag_ok(a, 64 * MB, 0xa) && t_tag_ok(b, 1 * MB, 0xb));
     fabpool_stats st;
     CHECK_OK(fabpool_get_stats(p, &st));
     CHECK(st.stream_pending_blocks == 2 && st.stream_pending_bytes == 65 * MB);
@@ -301,7 +287,7 @@ static void *worker_main(void *arg)
         int k = (int)((seed >> 33) % N);
         uint64_t tag = ((uint64_t)w->id << 56) ^ ((uint64_t)k << 40) ^ sz[k];
         if (live[k]) {
-            if (!tag_ok(live[k], sz[k], tag))
+            if (!t_tag_ok(live[k], sz[k], tag))
                 w->failures++;
             if (fabpool_free_on_stream(w->p, live[k], w->s) != FABPOOL_OK)
                 w->failures++;
@@ -314,7 +300,7 @@ static void *worker_main(void *arg)
                 live[k] = NULL;
                 continue;
             }
-            /* not put(): CHECK's counters are the main thread's */
+            /* not t_put_tag(): CHECK's counters are the main thread's */
             uint64_t t1 = ((uint64_t)w->id << 56) ^ ((uint64_t)k << 40) ^ sz[k], t2 = ~t1;
             if (cuMemcpyHtoD((CUdeviceptr)(uintptr_t)live[k], &t1, sizeof t1) != CUDA_SUCCESS ||
                 cuMemcpyHtoD((CUdeviceptr)(uintptr_t)live[k] + sz[k] - sizeof t2, &t2, sizeof t2) != CUDA_SUCCESS)
@@ -379,7 +365,7 @@ static void owner_reuse(CUstream s)
     void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
     CHECK_OK(fabpool_alloc_on_stream(p, 64 * MB, s, &a));
     CHECK_OK(fabpool_alloc_on_stream(p, 300000, s, &c));
-    put(a, 64 * MB, 0xa);
+    t_put_tag(a, 64 * MB, 0xa);
     uint64_t held0 = t_ledger().bytes_held;
     fabpool_counters k0 = counters(p);
     hold(s); /* the owner's work on a and c is still queued */
@@ -454,6 +440,49 @@ static void owner_fences(CUstream s, CUstream s2)
     CHECK(t_ledger().bytes_held == 0);
 }
 
+/* A fence that cannot record its event waits for the whole context; one
+ * that cannot make the context current fails the unmap, which leaves the
+ * memory mapped (the sim's ledger) until a later trim; a refused free on
+ * another stream leaves the owner mode as it was. */
+static void owner_fence_faults(CUstream s)
+{
+    int (*fault)(const char *, uint64_t, int, int);
+    void (*fault_clear)(void);
+    *(void **)&fault = dlsym(RTLD_DEFAULT, "fabsim_fault_set");
+    *(void **)&fault_clear = dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
+    fabpool_t *p = t_pool("handle_type:none,decay_ms:600000");
+    if (!p || !fault || !fault_clear)
+        return;
+    void *a = NULL;
+    CHECK_OK(fabpool_alloc_on_stream(p, 64 * MB, s, &a));
+    uint64_t held0 = t_ledger().bytes_held;
+    hold(s);
+    CHECK_OK(fabpool_free_on_stream(p, a, s));
+    fabpool_counters k0 = counters(p);
+    fault("cuCtxGetCurrent", 1, 1, CUDA_ERROR_INVALID_CONTEXT);
+    fabpool_trim(p, 0); /* best effort: what it could not unmap stays */
+    fault_clear();
+    CHECK(t_ledger().bytes_held == held0 && counters(p).stream_fences == k0.stream_fences);
+    CUevent ev = marker(s);
+    CHECK(cuEventQuery(ev) == CUDA_ERROR_NOT_READY); /* nothing waited for */
+    fault("cuEventRecord", 1, 1, CUDA_ERROR_INVALID_HANDLE);
+    CHECK_OK(fabpool_trim(p, 0)); /* the event failed: the context was synchronized instead */
+    fault_clear();
+    fabpool_counters k1 = counters(p);
+    CHECK(k1.stream_fences == k0.stream_fences + 1 && k1.stream_syncs == k0.stream_syncs + 1);
+    CHECK(cuEventQuery(ev) == CUDA_SUCCESS && t_ledger().bytes_held < held0);
+    cuEventDestroy(ev);
+    /* a free on another stream refused as bad input leaves the owner mode as it was */
+    int local;
+    CHECK_STATUS(fabpool_free_on_stream(p, &local, NULL), FABPOOL_ERR_NOT_FOUND);
+    void *b = NULL;
+    CHECK_OK(fabpool_alloc_on_stream(p, 4096, s, &b));
+    CHECK_OK(fabpool_free_on_stream(p, b, s));
+    CHECK(counters(p).stream_owner_frees == k1.stream_owner_frees + 1);
+    CHECK_OK(fabpool_destroy(p));
+    CHECK(t_ledger().bytes_held == 0 && t_ledger().mappings == 0);
+}
+
 /* The first allocation that is not the owner's waits for the owner's work
  * and ends the owner mode: from then on the owner's frees queue too. */
 static void owner_ends(CUstream s, CUstream s2)
@@ -464,7 +493,7 @@ static void owner_ends(CUstream s, CUstream s2)
             return;
         void *a = NULL, *b = NULL, *c = NULL;
         CHECK_OK(fabpool_alloc_on_stream(p, 4096, s, &a));
-        put(a, 4096, 0x77);
+        t_put_tag(a, 4096, 0x77);
         hold(s);
         CHECK_OK(fabpool_free_on_stream(p, a, s));
         CUevent ev = marker(s);
@@ -480,7 +509,7 @@ static void owner_ends(CUstream s, CUstream s2)
         fabpool_counters k1 = counters(p);
         CHECK(k1.stream_fences == k0.stream_fences + 1);
         if (how < 2)
-            CHECK(b == a && tag_ok(b, 4096, 0x77)); /* a's block, after the owner's work */
+            CHECK(b == a && t_tag_ok(b, 4096, 0x77)); /* a's block, after the owner's work */
         /* the owner mode is over: a free on s now waits in the queue */
         hold(s);
         CHECK_OK(fabpool_alloc_on_stream(p, 4096, s, &c));
@@ -537,6 +566,7 @@ int main(void)
     owner_reuse(s1);
     owner_reuse(NULL);
     owner_fences(s1, s2);
+    owner_fence_faults(s1);
     owner_ends(s1, s2);
     cuStreamDestroy(s1);
     cuStreamDestroy(s2);

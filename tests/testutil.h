@@ -155,6 +155,25 @@ static inline fabpool_t *t_pool(const char *conf)
     return p;
 }
 
+/* A block's two ends marked with tag (its first word) and ~tag (its last),
+ * and whether they read back so: a block given to two users, or unmapped,
+ * fails the check. */
+static inline void t_put_tag(void *at, size_t size, uint64_t tag)
+{
+    uint64_t t2 = ~tag;
+    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)at, &tag, sizeof tag));
+    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)at + size - sizeof t2, &t2, sizeof t2));
+}
+
+static inline int t_tag_ok(void *at, size_t size, uint64_t tag)
+{
+    uint64_t a = 0, b = 0;
+    if (cuMemcpyDtoH(&a, (CUdeviceptr)(uintptr_t)at, sizeof a) != CUDA_SUCCESS ||
+        cuMemcpyDtoH(&b, (CUdeviceptr)(uintptr_t)at + size - sizeof b, sizeof b) != CUDA_SUCCESS)
+        return 0;
+    return a == tag && b == ~tag;
+}
+
 /* The pool's stats (zeros, and a failed check, if the call fails). */
 static inline fabpool_stats t_stats(fabpool_t *p)
 {

@@ -82,27 +82,14 @@ static void check_against_pool(const char *where)
                 (unsigned long long)c.reuse_after_event, (unsigned long long)c.pool_allocs);
 }
 
-static void put_tag(void *p, size_t size, uint64_t tag)
-{
-    uint64_t t2 = ~tag;
-    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p, &tag, sizeof tag));
-    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p + size - sizeof t2, &t2, sizeof t2));
-}
 
-static int tag_ok(void *p, size_t size, uint64_t tag)
-{
-    uint64_t a = 0, b = 0;
-    cuMemcpyDtoH(&a, (CUdeviceptr)(uintptr_t)p, sizeof a);
-    cuMemcpyDtoH(&b, (CUdeviceptr)(uintptr_t)p + size - sizeof b, sizeof b);
-    return a == tag && b == ~tag;
-}
 
 /* A block freed on `from` while `from` is held goes to `to` only after `done` runs. */
 static void check_cross_stream(void *from, void *to, size_t size, int by_sync)
 {
     void *x = T_alloc(size, 0, from);
     CHECK(x != NULL);
-    put_tag(x, size, 0xabcdef01);
+    t_put_tag(x, size, 0xabcdef01);
     S_hold(from);               /* kernels on `from` that use x are still queued */
     T_free(x, size, 0, from);
     fabpool_torch_counters c0 = counters();
@@ -117,7 +104,7 @@ static void check_cross_stream(void *from, void *to, size_t size, int by_sync)
         S_release(from);
     void *w = T_alloc(size, 0, to);
     CHECK(w == x);              /* now it is */
-    CHECK(tag_ok(w, size, 0xabcdef01));
+    CHECK(t_tag_ok(w, size, 0xabcdef01));
     CHECK(counters().reuse_after_event == c1.reuse_after_event + 1);
     T_free(y, size, 0, to);
     T_free(w, size, 0, to);
@@ -188,10 +175,10 @@ static void check_bad_frees(void *s)
     }
     for (int i = 0; i < 4; i++)
         if (live[i])
-            put_tag(live[i], 256, 0x5100 + (uint64_t)i);
+            t_put_tag(live[i], 256, 0x5100 + (uint64_t)i);
     for (int i = 0; i < 4; i++)
         if (live[i])
-            CHECK(tag_ok(live[i], 256, 0x5100 + (uint64_t)i));
+            CHECK(t_tag_ok(live[i], 256, 0x5100 + (uint64_t)i));
     fabpool_torch_counters c1 = counters();
     CHECK(c1.blocks_live == c0.blocks_live + 4 && c1.frees == c0.frees + 1 && c1.allocs == c0.allocs + 5);
     CHECK(c1.bad_frees == c0.bad_frees + 2);
@@ -424,7 +411,7 @@ int main(int argc, char **argv)
         for (size_t size = 1000; size <= (64u << 20); size *= 16) {
             void *p = T_alloc(size, 0, s1);
             CHECK(p != NULL && (uintptr_t)p % 256 == 0);
-            put_tag(p, size, size);
+            t_put_tag(p, size, size);
             fabpool_torch_counters c0 = counters();
             uint64_t calls0 = S_calls(NULL);
             T_free(p, size, 0, s1);
@@ -434,7 +421,7 @@ int main(int argc, char **argv)
             fabpool_torch_counters c1 = counters();
             CHECK(owner ? c1.owner_frees == c0.owner_frees + 1 && c1.reuse_same_stream == c0.reuse_same_stream
                         : c1.reuse_same_stream == c0.reuse_same_stream + 1 && c1.owner_frees == c0.owner_frees);
-            CHECK(tag_ok(q, size, size));
+            CHECK(t_tag_ok(q, size, size));
             T_free(q, size - 8, 0, s1);
         }
         check_against_pool("same stream");
@@ -466,7 +453,7 @@ int main(int argc, char **argv)
             seed = seed * 6364136223846793005ull + 1442695040888963407ull;
             int k = (int)((seed >> 33) % N);
             if (live[k]) {
-                CHECK(tag_ok(live[k], sz[k], (uint64_t)k * 7919 + sz[k]));
+                CHECK(t_tag_ok(live[k], sz[k], (uint64_t)k * 7919 + sz[k]));
                 T_free(live[k], sz[k], 0, st[k]);
                 live[k] = NULL;
             } else {
@@ -476,7 +463,7 @@ int main(int argc, char **argv)
                 live[k] = T_alloc(sz[k], 0, st[k]);
                 CHECK(live[k] != NULL);
                 if (live[k])
-                    put_tag(live[k], sz[k], (uint64_t)k * 7919 + sz[k]);
+                    t_put_tag(live[k], sz[k], (uint64_t)k * 7919 + sz[k]);
             }
             if (i == 1500)
                 S_hold(s2); /* for a while, s2's frees stay pending */
@@ -486,7 +473,7 @@ int main(int argc, char **argv)
         check_against_pool("mixed");
         for (int k = 0; k < N; k++)
             if (live[k]) {
-                CHECK(tag_ok(live[k], sz[k], (uint64_t)k * 7919 + sz[k]));
+                CHECK(t_tag_ok(live[k], sz[k], (uint64_t)k * 7919 + sz[k]));
                 T_free(live[k], sz[k], 0, st[k]);
             }
         fabpool_torch_counters c = counters();
