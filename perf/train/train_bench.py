@@ -155,6 +155,33 @@ class CSampler:
         return out
 
 
+class NoSampler:
+    """--sample-ms 0: no instrument (peak held not measured)."""
+
+    def finish(self):
+        return {"samples": 0, "error": None, "nvml_note": "", "sampler": "none"}
+
+
+def profile_summary(prof, step_s):
+    """One profiled step: the GPU's busy time (kernels, copies and sets, summed) against the step's wall time,
+    the CPU time in the allocator's and the driver's calls, and the top operators by GPU and by CPU time."""
+    ev = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in ev)
+    out = {"step_ms": step_s * 1e3, "gpu_busy_ms": gpu_us / 1e3}
+    names = {}
+    for e in prof.events():
+        names.setdefault(e.name, [0, 0.0])
+        names[e.name][0] += 1
+        names[e.name][1] += e.cpu_time_total if hasattr(e, "cpu_time_total") else 0.0
+    top_gpu = sorted(ev, key=lambda e: -e.self_device_time_total)[:12]
+    top_cpu = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:12]
+    out["top_gpu"] = [(e.key, e.count, round(e.self_device_time_total / 1e3, 3)) for e in top_gpu]
+    out["top_cpu"] = [(e.key, e.count, round(e.self_cpu_time_total / 1e3, 3)) for e in top_cpu]
+    out["cuda_api"] = [(k, v[0], round(v[1] / 1e3, 3)) for k, v in sorted(names.items(), key=lambda kv: -kv[1][1])
+                       if k.startswith("cuda") or k.startswith("cu")][:12]
+    return out
+
+
 def sampler_path(args):
     """The C sampler: --sampler-lib, else libfabpool_sampler.so at the top of the build that made --lib."""
     if args.sampler_lib:
@@ -186,7 +213,9 @@ def run_one(args):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     cpath = sampler_path(args)
-    if cpath:
+    if args.sample_ms <= 0:
+        sampler = NoSampler()           # a diagnosis: is the step time the instrument's?
+    elif cpath:
         sampler = CSampler(cpath, 0, args.sample_ms / 1000.0)
         sampler.start()                 # the baseline is taken before it returns
     else:
@@ -214,9 +243,15 @@ def run_one(args):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     rng = random.Random(args.seed)
     gen = torch.Generator(device=dev)
-    times, losses, seqs = [], [], []
+    times, launches, losses, seqs = [], [], [], []
     allocs_at_10 = None
+    profile = None
     for step in range(args.steps):
+        prof = None
+        if step == args.profile_step:
+            from torch.profiler import profile as tprofile, ProfilerActivity
+            prof = tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            prof.__enter__()
         seq = rng.randint(args.min_seq, args.max_seq)
         batch = max(1, args.tokens // seq)
         gen.manual_seed(args.seed * 100003 + step)
@@ -230,9 +265,14 @@ def run_one(args):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        launched = time.perf_counter() - t0   # the CPU's part: every kernel of the step is queued
         value = loss.item()              # waits for the step
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        launches.append(launched)
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            profile = profile_summary(prof, times[-1])
         losses.append(value)
         seqs.append(seq)
         del data, x, y, logits, loss
@@ -244,6 +284,8 @@ def run_one(args):
     steady = times[10:] if len(times) > 10 else times
     report.update(
         steps=args.steps, seqs=seqs, step_times=times, median_step_s=statistics.median(steady),
+        launch_times=launches, median_launch_s=statistics.median(launches[10:] if len(launches) > 10 else launches),
+        profile=profile,
         driver=held, requested_peak=ms.get("requested_bytes.all.peak", 0),
         allocated_peak=ms.get("allocated_bytes.all.peak", 0), reserved_peak=ms.get("reserved_bytes.all.peak", 0),
         device_allocs=ms.get("num_device_alloc", 0), device_frees=ms.get("num_device_free", 0),
@@ -292,6 +334,7 @@ def summarize(args, runs):
             "runs": len(rs),
             "median_step_ms_per_run": [m * 1e3 for m in meds],
             "median_of_medians_ms": statistics.median(meds) * 1e3,
+            "median_launch_ms_per_run": [r["median_launch_s"] * 1e3 for r in rs],
             "spread_ms": (max(meds) - min(meds)) * 1e3,
             "held_peak_mib_per_run": [h / MIB for h in held],
             "held_peak_mib": statistics.median(held) / MIB if held else None,
@@ -342,7 +385,9 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--seed", type=int, default=20261203)
-    ap.add_argument("--sample-ms", type=float, default=1.0)
+    ap.add_argument("--sample-ms", type=float, default=1.0, help="the sampler's period; 0: no sampler (a diagnosis)")
+    ap.add_argument("--profile-step", type=int, default=-1,
+                    help="profile this step with torch.profiler (a diagnosis; its summary goes into the run's JSON)")
     ap.add_argument("--sampler-lib", default=os.environ.get("FABPOOL_SAMPLER_LIBRARY"),
                     help="libfabpool_sampler.so (a C sampling thread); default: beside --lib's build; none: the "
                          "Python thread")
@@ -362,7 +407,8 @@ def main():
     passthrough = ["--steps", str(args.steps), "--tokens", str(args.tokens), "--min-seq", str(args.min_seq),
                    "--max-seq", str(args.max_seq), "--layers", str(args.layers), "--d-model", str(args.d_model),
                    "--heads", str(args.heads), "--vocab", str(args.vocab), "--seed", str(args.seed),
-                   "--sample-ms", str(args.sample_ms), "--out-dir", args.out_dir] + \
+                   "--sample-ms", str(args.sample_ms), "--profile-step", str(args.profile_step),
+                   "--out-dir", args.out_dir] + \
                   (["--lib", args.lib] if args.lib else []) + \
                   (["--sampler-lib", sampler_path(args) or "none"])
     runs, failures = [], []
@@ -390,9 +436,13 @@ def main():
             with open(out) as f:
                 r = json.load(f)
             runs.append(r)
-            print("%s run %d: median %.1f ms/step, held peak %s MiB, live peak %.0f MiB, %d driver allocs, "
-                  "loss sum %.6f (%.0f s)" % (
-                      a, run, r["median_step_s"] * 1e3,
+            if r.get("profile"):
+                pr = r["profile"]
+                print("  profiled step: %.1f ms, GPU busy %.1f ms; top GPU %s; top CPU %s" % (
+                    pr["step_ms"], pr["gpu_busy_ms"], pr["top_gpu"][:4], pr["top_cpu"][:4]), flush=True)
+            print("%s run %d: median %.1f ms/step (%.1f ms to queue it), held peak %s MiB, live peak %.0f MiB, "
+                  "%d driver allocs, loss sum %.6f (%.0f s)" % (
+                      a, run, r["median_step_s"] * 1e3, r["median_launch_s"] * 1e3,
                       "%.0f" % (r["driver"]["held_peak"] / MIB) if "held_peak" in r["driver"] else "n/a",
                       r["requested_peak"] / MIB, r["device_allocs"], r["loss_sum"], time.time() - t0), flush=True)
     summary = summarize(args, runs)
