@@ -1,6 +1,7 @@
 /* test_sampler: libfabpool_sampler.so (perf/train/sampler.c) sees memory a
  * pool maps while it runs: the least free memory it saw is at least 64 MiB
- * below its baseline; refused twice; stop without start refused. */
+ * below its baseline; refused twice; stop without start refused; what the
+ * samples cost (cuMemGetInfo timed) is reported. */
 #include <time.h>
 
 #include "testutil.h"
@@ -39,5 +40,12 @@ int main(int argc, char **argv)
     printf("sampler: %llu samples, baseline %llu MiB free, least %llu MiB\n", (unsigned long long)n,
            (unsigned long long)(base >> 20), (unsigned long long)(least >> 20));
     CHECK(count() == 0);
+    int (*cost)(uint64_t *, uint64_t *);
+    *(void **)&cost = dlsym(l, "fabpool_sampler_cost");
+    uint64_t tot = 0, most = 0;
+    CHECK(cost && cost(&tot, &most) == 0);
+    CHECK(most > 0 && most <= tot); /* every sample took some time, none more than all of them */
+    printf("sampler: cuMemGetInfo %.2f us a sample, %.2f us at most\n", tot / 1e3 / (double)(n > 1 ? n - 1 : 1),
+           most / 1e3);
     return t_done("test_sampler");
 }

@@ -11,6 +11,8 @@
  *   fabpool_sampler_start(device, period_us)   0, or -1 (no driver, no context, a sampler already running)
  *   fabpool_sampler_stop(&base, &min, &n)      the first sample, the least free memory, the sample count
  *   fabpool_sampler_count()                    samples so far (0: not running)
+ *   fabpool_sampler_cost(&total_ns, &max_ns)   what the samples cost: cuMemGetInfo's time, summed and the most
+ *                                              (of the last run, once stopped)
  *
  * The driver is the one the process has loaded (dlopen of libcuda.so.1 finds
  * it); the thread makes the device's primary context current. */
@@ -46,6 +48,14 @@ static unsigned period_us;
 static uint64_t base_free, min_free;
 static atomic_ullong samples;
 static atomic_int failed;
+static uint64_t cost_total_ns, cost_max_ns; /* the sampling thread's alone until it is joined */
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
 
 static void *sample_loop(void *arg)
 {
@@ -60,7 +70,13 @@ static void *sample_loop(void *arg)
     struct timespec ts = {(time_t)(period_us / 1000000u), (long)(period_us % 1000000u) * 1000L};
     while (!atomic_load(&stop)) {
         nanosleep(&ts, NULL);
-        if (cu.meminfo(&f, &t) == 0) {
+        uint64_t t0 = now_ns();
+        int rc = cu.meminfo(&f, &t);
+        uint64_t dt = now_ns() - t0;
+        cost_total_ns += dt;
+        if (dt > cost_max_ns)
+            cost_max_ns = dt;
+        if (rc == 0) {
             if (f < min_free)
                 min_free = f;
             atomic_fetch_add(&samples, 1);
@@ -89,6 +105,7 @@ int fabpool_sampler_start(int device, unsigned period)
     if (cu.init(0) || cu.dev_get(&dev, device) || cu.retain(&ctx, dev))
         return -1;
     period_us = period ? period : 1000;
+    cost_total_ns = cost_max_ns = 0;
     atomic_store(&samples, 0);
     atomic_store(&failed, 0);
     atomic_store(&stop, 0);
@@ -123,3 +140,12 @@ int fabpool_sampler_stop(uint64_t *base, uint64_t *least, uint64_t *n)
 }
 
 uint64_t fabpool_sampler_count(void) { return atomic_load(&running) ? (uint64_t)atomic_load(&samples) : 0; }
+
+int fabpool_sampler_cost(uint64_t *total_ns, uint64_t *max_ns)
+{
+    if (atomic_load(&running))
+        return -1; /* the thread still writes them */
+    *total_ns = cost_total_ns;
+    *max_ns = cost_max_ns;
+    return 0;
+}

@@ -152,6 +152,11 @@ class CSampler:
             out["error"] = "fabpool_sampler_stop failed"
             return out
         out.update(samples=n.value, held_peak=base.value - least.value)
+        if hasattr(self.lib, "fabpool_sampler_cost"):
+            tot, mx = ctypes.c_uint64(), ctypes.c_uint64()
+            self.lib.fabpool_sampler_cost.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2
+            if self.lib.fabpool_sampler_cost(ctypes.byref(tot), ctypes.byref(mx)) == 0:
+                out.update(sample_cost_us_mean=tot.value / 1e3 / max(1, n.value - 1), sample_cost_us_max=mx.value / 1e3)
         return out
 
 
@@ -436,8 +441,10 @@ def main():
             with open(out) as f:
                 r = json.load(f)
             runs.append(r)
+            if "sample_cost_us_mean" in r["driver"]:
+                print("  sampler: %d samples, cuMemGetInfo %.1f us mean, %.1f us at most" % (
+                    r["driver"]["samples"], r["driver"]["sample_cost_us_mean"], r["driver"]["sample_cost_us_max"]))
             if r.get("profile"):
-                pr = r["profile"]
                 print("  profiled step: %.1f ms, GPU busy %.1f ms; top GPU %s; top CPU %s" % (
                     pr["step_ms"], pr["gpu_busy_ms"], pr["top_gpu"][:4], pr["top_cpu"][:4]), flush=True)
             print("%s run %d: median %.1f ms/step (%.1f ms to queue it), held peak %s MiB, live peak %.0f MiB, "
