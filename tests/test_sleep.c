@@ -673,7 +673,8 @@ static void keep_host(void)
     CHECK(all_intact(&w));
     fabpool_sleep_info s2 = state_of(w.p);
     CHECK(s2.host_bytes == s1.host_bytes && s2.host_copies == s1.host_copies); /* kept */
-    CHECK(t_ledger().bytes_held_host - l0.bytes_held_host == s1.host_bytes);
+    if (sim) /* the real driver tells nobody what pinned host memory a process holds */
+        CHECK(t_ledger().bytes_held_host - l0.bytes_held_host == s1.host_bytes);
     CHECK_OK(fabpool_check(w.p));
     /* new contents in the same chunks: the second sleep copies them into the kept memory */
     fill_all(&w, 777);
@@ -695,7 +696,8 @@ static void keep_host(void)
     CHECK(s4.host_reused_bytes == 0 && s4.host_bytes > s1.host_bytes);
     if (calls)
         CHECK(calls("cuMemCreate") > creates);
-    CHECK(t_ledger().bytes_held_host - l0.bytes_held_host == s4.host_bytes); /* the old ones are gone */
+    if (sim)
+        CHECK(t_ledger().bytes_held_host - l0.bytes_held_host == s4.host_bytes); /* the old ones are gone */
     CHECK_OK(fabpool_wake(w.p, NULL));
     CHECK(all_intact(&w));
     /* a discard sleep leaves the kept copies as they are */

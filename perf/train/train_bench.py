@@ -171,7 +171,9 @@ def profile_summary(prof, step_s):
     """One profiled step: the GPU's busy time (kernels, copies and sets, summed) against the step's wall time,
     the CPU time in the allocator's and the driver's calls, and the top operators by GPU and by CPU time."""
     ev = prof.key_averages()
-    gpu_us = sum(e.self_device_time_total for e in ev)
+    # the kernels (device-side events) alone: an operator's self device time counts its kernels a second time
+    kernels = [e for e in ev if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    gpu_us = sum(e.self_device_time_total for e in kernels)
     out = {"step_ms": step_s * 1e3, "gpu_busy_ms": gpu_us / 1e3}
     names = {}
     for e in prof.events():
@@ -217,6 +219,12 @@ def run_one(args):
     torch.cuda.mem_get_info(0)          # the context exists now; nothing allocated yet
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    if args.sdpa == "flash":
+        # PyTorch 2.11 picks cuDNN's attention on the H200, which builds an execution plan on the CPU for every
+        # new sequence length: 50-100 ms a step here, more than the GPU's work, and as noisy as the host
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        torch.backends.cuda.enable_flash_sdp(True)
+    report["sdpa"] = args.sdpa
     cpath = sampler_path(args)
     if args.sample_ms <= 0:
         sampler = NoSampler()           # a diagnosis: is the step time the instrument's?
@@ -391,6 +399,9 @@ def main():
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--seed", type=int, default=20261203)
     ap.add_argument("--sample-ms", type=float, default=1.0, help="the sampler's period; 0: no sampler (a diagnosis)")
+    ap.add_argument("--sdpa", choices=("flash", "auto"), default="flash",
+                    help="attention kernels: flash (cuDNN's off: it builds a plan on the CPU for every new sequence "
+                         "length) or auto (PyTorch's pick: cuDNN's on the H200)")
     ap.add_argument("--profile-step", type=int, default=-1,
                     help="profile this step with torch.profiler (a diagnosis; its summary goes into the run's JSON)")
     ap.add_argument("--sampler-lib", default=os.environ.get("FABPOOL_SAMPLER_LIBRARY"),
@@ -412,7 +423,7 @@ def main():
     passthrough = ["--steps", str(args.steps), "--tokens", str(args.tokens), "--min-seq", str(args.min_seq),
                    "--max-seq", str(args.max_seq), "--layers", str(args.layers), "--d-model", str(args.d_model),
                    "--heads", str(args.heads), "--vocab", str(args.vocab), "--seed", str(args.seed),
-                   "--sample-ms", str(args.sample_ms), "--profile-step", str(args.profile_step),
+                   "--sample-ms", str(args.sample_ms), "--profile-step", str(args.profile_step), "--sdpa", args.sdpa,
                    "--out-dir", args.out_dir] + \
                   (["--lib", args.lib] if args.lib else []) + \
                   (["--sampler-lib", sampler_path(args) or "none"])
@@ -445,6 +456,7 @@ def main():
                 print("  sampler: %d samples, cuMemGetInfo %.1f us mean, %.1f us at most" % (
                     r["driver"]["samples"], r["driver"]["sample_cost_us_mean"], r["driver"]["sample_cost_us_max"]))
             if r.get("profile"):
+                pr = r["profile"]
                 print("  profiled step: %.1f ms, GPU busy %.1f ms; top GPU %s; top CPU %s" % (
                     pr["step_ms"], pr["gpu_busy_ms"], pr["top_gpu"][:4], pr["top_cpu"][:4]), flush=True)
             print("%s run %d: median %.1f ms/step (%.1f ms to queue it), held peak %s MiB, live peak %.0f MiB, "
@@ -458,16 +470,17 @@ def main():
                           "nvml" if "nvml_held_peak" in r["driver"] else "cuMemGetInfo only" for r in runs})
     notes = sorted({r["driver"].get("nvml_note", "") for r in runs} - {""})
     config = {k: getattr(args, k) for k in ("runs", "steps", "tokens", "min_seq", "max_seq", "layers", "d_model",
-                                           "heads", "vocab", "seed", "sample_ms")}
+                                           "heads", "vocab", "seed", "sample_ms", "sdpa")}
     result = {"config": config, "summary": summary, "runs": runs, "failures": failures,
               "instruments": instruments, "notes": notes, "seconds": time.time() - t_all}
     with open(os.path.join(args.out_dir, "train-bench.json"), "w") as f:
         json.dump(result, f, indent=1)
     header = ("Training benchmark: %d layers, d_model %d, %d heads, vocab %d, %d tokens a step (sequence %d..%d), "
-              "%d steps, %d runs per allocator interleaved (order rotated each round); step time median over steps 10..end; peak held = "
+              "attention %s, %d steps, %d runs per allocator interleaved (order rotated each round); step time median over steps 10..end; peak held = "
               "device free memory at the start less its minimum, sampled every %.1f ms from a side thread "
               "(instruments: %s)" % (args.layers, args.d_model, args.heads, args.vocab, args.tokens, args.min_seq,
-                                    args.max_seq, args.steps, args.runs, args.sample_ms, ", ".join(instruments)))
+                                    args.max_seq, args.sdpa, args.steps, args.runs, args.sample_ms,
+                                    ", ".join(instruments)))
     with open(os.path.join(args.out_dir, "train-bench.md"), "w") as f:
         f.write(header + "\n\n" + md + "\n")
     print(header)
