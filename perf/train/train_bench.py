@@ -293,11 +293,23 @@ def run_one(args):
             allocs_at_10 = torch.cuda.memory_stats()["num_device_alloc"]
     torch.cuda.synchronize()
     held = sampler.finish()
+    # PyTorch's whole allocation path, the allocator's part of every tensor made in the loop: torch.empty + del
+    pair_ns = {}
+    for nbytes in (4096, 1 << 20, 64 << 20):
+        for _ in range(100):
+            x = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+            del x
+        n = 20000
+        t = time.perf_counter()
+        for _ in range(n):
+            x = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+            del x
+        pair_ns[str(nbytes)] = (time.perf_counter() - t) / n * 1e9
     ms = torch.cuda.memory_stats()
     steady = times[10:] if len(times) > 10 else times
     report.update(
         steps=args.steps, seqs=seqs, step_times=times, median_step_s=statistics.median(steady),
-        launch_times=launches, median_launch_s=statistics.median(launches[10:] if len(launches) > 10 else launches),
+        torch_empty_del_ns=pair_ns, launch_times=launches, median_launch_s=statistics.median(launches[10:] if len(launches) > 10 else launches),
         profile=profile,
         driver=held, requested_peak=ms.get("requested_bytes.all.peak", 0),
         allocated_peak=ms.get("allocated_bytes.all.peak", 0), reserved_peak=ms.get("reserved_bytes.all.peak", 0),
@@ -452,6 +464,8 @@ def main():
             with open(out) as f:
                 r = json.load(f)
             runs.append(r)
+            print("  torch.empty + del: %s" % ", ".join("%s B %.0f ns" % (k, v) for k, v in
+                                                       r.get("torch_empty_del_ns", {}).items()))
             if "sample_cost_us_mean" in r["driver"]:
                 print("  sampler: %d samples, cuMemGetInfo %.1f us mean, %.1f us at most" % (
                     r["driver"]["samples"], r["driver"]["sample_cost_us_mean"], r["driver"]["sample_cost_us_max"]))
