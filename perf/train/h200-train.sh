@@ -3,7 +3,8 @@
 # Run from the repository root; needs CUDA 13, cmake, PyTorch 2.11 and Lightning in python3.
 # Builds the project against the real driver, then runs:
 #   bench      perf/train/train_bench.py: PyTorch default, expandable_segments and fabpool, 3 runs of each
-#              interleaved, 50 steps a run (about 2.5 min at 120-170 ms a step plus each run's start)
+#              interleaved, 50 steps a run (about 2 min: 55 ms a step with flash attention, plus each run's start
+#              of about 8 s); TRAIN_SDPA=auto lets PyTorch pick cuDNN's attention (180 ms a step, CPU-bound)
 #   stats      adapters/torch/test_torch_stats.py: torch.cuda's statistics with install(stats=True) against
 #              the sum of live tensor storages and the driver's free memory
 #   lightning  perf/train/lightning_check.py: an unmodified Lightning script with fabpool installed, memory
@@ -33,7 +34,7 @@ want() { [[ ",$CHECKS," == *",$1,"* ]]; }
   step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real
   step build 180 cmake --build "$B" -j16
   want bench && step bench 240 python3 perf/train/train_bench.py --lib "$LIB" --runs "$RUNS" --steps "$STEPS" --out-dir "$OUT" \
-       --allocators "${TRAIN_ALLOCATORS:-default,expandable,fabpool}"
+       --allocators "${TRAIN_ALLOCATORS:-default,expandable,fabpool}" --sdpa "${TRAIN_SDPA:-flash}"
   want stats && step stats 90 python3 adapters/torch/test_torch_stats.py --lib "$LIB" --out "$OUT/torch-stats.json"
   want lightning && step lightning 150 python3 perf/train/lightning_check.py --lib "$LIB" --out-dir "$OUT/lightning"
   want moe && step moe 150 python3 adapters/torch/test_torch_moe.py --lib "$LIB" --steps 100 --modes default,mempool \

@@ -2,7 +2,9 @@
 
 A seeded transformer training loop (default: 8 encoder layers, d_model 1024,
 16 heads, vocabulary 32,000, bf16 autocast, AdamW; each step a random sequence
-length from 64 to 2,048 with 16,384 tokens, batch = 16384 // length), run with
+length from 64 to 2,048 with 16,384 tokens, batch = 16384 // length; attention
+on PyTorch's flash kernels, --sdpa auto for PyTorch's pick, cuDNN's on the
+H200, which builds a plan on the CPU for every new length), run with
 PyTorch's default allocator, with expandable_segments and with fabpool
 (fabpool_torch.install(stats=True)), each run in its own process, the runs
 interleaved, the order rotated each round (A B C, B C A, C A B, ...).  Per run: the median step time over steps
