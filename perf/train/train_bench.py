@@ -378,6 +378,25 @@ def summarize(args, runs):
     return summary
 
 
+def paired_steps(runs, allocators):
+    """Step by step: every run of the bench draws the same sequence lengths, so step i of one allocator compares
+    with step i of another.  Per allocator, the median over its runs of each step 10..end, summed: the time of
+    the same steps, with the spread from step to step (the lengths) taken out.  None without two runs' worth."""
+    by = {}
+    for r in runs:
+        by.setdefault(r["allocator"], []).append(r["step_times"])
+    out = {}
+    for a in allocators:
+        ts = by.get(a)
+        if not ts:
+            continue
+        n = min(len(t) for t in ts)
+        if n <= 10:
+            continue
+        out[a] = sum(statistics.median(t[i] for t in ts) for i in range(10, n)) * 1e3
+    return out or None
+
+
 def table(summary):
     lines = ["| allocator | step time, median of run medians (per run) | spread | peak held by the driver "
              "(cuMemGetInfo; NVML) | peak live tensors | peak allocated (allocator's blocks) | "
@@ -487,7 +506,8 @@ def main():
     notes = sorted({r["driver"].get("nvml_note", "") for r in runs} - {""})
     config = {k: getattr(args, k) for k in ("runs", "steps", "tokens", "min_seq", "max_seq", "layers", "d_model",
                                            "heads", "vocab", "seed", "sample_ms", "sdpa")}
-    result = {"config": config, "summary": summary, "runs": runs, "failures": failures,
+    paired = paired_steps(runs, args.allocators)
+    result = {"config": config, "summary": summary, "paired_steps_ms": paired, "runs": runs, "failures": failures,
               "instruments": instruments, "notes": notes, "seconds": time.time() - t_all}
     with open(os.path.join(args.out_dir, "train-bench.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -511,6 +531,10 @@ def main():
             else "n/a",
             "%.3fx" % (fb["held_peak_mib"] / fb["live_peak_mib"]) if fb["held_peak_mib"] and fb["live_peak_mib"]
             else "n/a"))
+        if paired and "fabpool" in paired and "expandable" in paired:
+            print("fabpool / expandable, step by step (each step's median over the runs, summed over steps "
+                  "10..end): %.3fx (%.1f / %.1f ms)" % (paired["fabpool"] / paired["expandable"], paired["fabpool"],
+                                                      paired["expandable"]))
     if failures:
         print("FAILED runs:", "; ".join(failures))
     return 1 if failures else 0
