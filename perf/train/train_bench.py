@@ -378,6 +378,27 @@ def summarize(args, runs):
     return summary
 
 
+def run_lines(r, seconds):
+    """What the bench prints for one finished run (its JSON report r)."""
+    d = r["driver"]
+    lines = ["%s run %d: median %.1f ms/step (%.1f ms to queue it), held peak %s MiB, live peak %.0f MiB, "
+             "%d driver allocs, loss sum %.6f (%.0f s)" % (
+                 r["allocator"], r["run"], r["median_step_s"] * 1e3, r["median_launch_s"] * 1e3,
+                 "%.0f" % (d["held_peak"] / MIB) if "held_peak" in d else "n/a",
+                 r["requested_peak"] / MIB, r["device_allocs"], r["loss_sum"], seconds)]
+    if r.get("torch_empty_del_ns"):
+        lines.append("  torch.empty + del: %s" % ", ".join("%s B %.0f ns" % (k, v)
+                                                         for k, v in r["torch_empty_del_ns"].items()))
+    if "sample_cost_us_mean" in d:
+        lines.append("  sampler: %d samples, cuMemGetInfo %.1f us mean, %.1f us at most" % (
+            d["samples"], d["sample_cost_us_mean"], d["sample_cost_us_max"]))
+    if r.get("profile"):
+        pr = r["profile"]
+        lines.append("  profiled step: %.1f ms, GPU busy %.1f ms; top GPU %s; top CPU %s" % (
+            pr["step_ms"], pr["gpu_busy_ms"], pr["top_gpu"][:4], pr["top_cpu"][:4]))
+    return lines
+
+
 def paired_steps(runs, allocators):
     """Step by step: every run of the bench draws the same sequence lengths, so step i of one allocator compares
     with step i of another.  Per allocator, the median over its runs of each step 10..end, summed: the time of
@@ -485,20 +506,7 @@ def main():
             with open(out) as f:
                 r = json.load(f)
             runs.append(r)
-            print("  torch.empty + del: %s" % ", ".join("%s B %.0f ns" % (k, v) for k, v in
-                                                       r.get("torch_empty_del_ns", {}).items()))
-            if "sample_cost_us_mean" in r["driver"]:
-                print("  sampler: %d samples, cuMemGetInfo %.1f us mean, %.1f us at most" % (
-                    r["driver"]["samples"], r["driver"]["sample_cost_us_mean"], r["driver"]["sample_cost_us_max"]))
-            if r.get("profile"):
-                pr = r["profile"]
-                print("  profiled step: %.1f ms, GPU busy %.1f ms; top GPU %s; top CPU %s" % (
-                    pr["step_ms"], pr["gpu_busy_ms"], pr["top_gpu"][:4], pr["top_cpu"][:4]), flush=True)
-            print("%s run %d: median %.1f ms/step (%.1f ms to queue it), held peak %s MiB, live peak %.0f MiB, "
-                  "%d driver allocs, loss sum %.6f (%.0f s)" % (
-                      a, run, r["median_step_s"] * 1e3, r["median_launch_s"] * 1e3,
-                      "%.0f" % (r["driver"]["held_peak"] / MIB) if "held_peak" in r["driver"] else "n/a",
-                      r["requested_peak"] / MIB, r["device_allocs"], r["loss_sum"], time.time() - t0), flush=True)
+            print("\n".join(run_lines(r, time.time() - t0)), flush=True)
     summary = summarize(args, runs)
     md = table(summary)
     instruments = sorted({"cuMemGetInfo from a C thread" if r["driver"].get("sampler") == "c" else
