@@ -611,18 +611,16 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
     if (!s)
         return not_ours(a, "fabpool_free_on_stream", ptr);
     fabpool_status st;
-    if (fp_retire_owner_claim(a->retire, stream)) {
-        if (fp_retire_owner_free(a->retire)) {
-            /* the owner: freed into the pool at once (the next unmap or foreign allocation fences) */
-            if (FP_UNLIKELY(a->trace)) {
-                FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr,
-                         s->kind == FP_SPAN_SLAB ? (uint64_t)s->obj_q << FP_QUANTUM_SHIFT : s->size, stream);
-                FP_TRACE(a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
-            }
-            if ((st = free_block(a, s, addr, "fabpool_free_on_stream")) == FABPOOL_OK)
-                fp_retire_owner_freed(a->retire);
-            return st;
+    if (fp_retire_owner_claim(a->retire, stream) && fp_retire_owner_free(a->retire)) {
+        /* the owner: freed into the pool at once (the next unmap or foreign allocation fences) */
+        if (FP_UNLIKELY(a->trace)) {
+            FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr,
+                     s->kind == FP_SPAN_SLAB ? (uint64_t)s->obj_q << FP_QUANTUM_SHIFT : s->size, stream);
+            FP_TRACE(a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
         }
+        if ((st = free_block(a, s, addr, "fabpool_free_on_stream")) == FABPOOL_OK)
+            fp_retire_owner_freed(a->retire);
+        return st;
     }
     uint32_t cls, idx = 0;
     if (s->kind == FP_SPAN_SLAB) {

@@ -145,32 +145,45 @@ static struct fp_sleep *record_new(struct fabpool *p, fabpool_sleep_mode mode, f
 
 /* Unmaps the host copies and frees their reservation; idempotent, so that a
  * failure can be retried.  Pool lock held. */
+/* Unmaps one host copy (*va becomes 0) and counts it out.  A refusal of the
+ * driver (tried twice) leaves it, and the first one goes into *st.  `what`
+ * names it in the message. */
+static void host_piece_free(struct fabpool *p, uint64_t *va, uint64_t size, const char *what, fabpool_status *st)
+{
+    if (!*va)
+        return;
+    CUresult cr = FP_CU_UNDO(&p->ch.calls, cuMemUnmap, (CUdeviceptr)*va, size);
+    if (cr != CUDA_SUCCESS) {
+        if (*st == FABPOOL_OK)
+            *st = fp_drv_error(cr, "cuMemUnmap", "freeing %s (%llu bytes at 0x%llx) (tried twice)", what,
+                               (unsigned long long)size, (unsigned long long)*va);
+        return;
+    }
+    atomic_fetch_sub(&p->sleep_host_bytes, size);
+    atomic_fetch_sub(&p->sleep_host_copies, 1);
+    *va = 0;
+}
+
+/* Frees the reservation the host copies were mapped in (*va becomes 0), once
+ * none is left in it. */
+static fabpool_status host_range_free(struct fabpool *p, uint64_t *va, uint64_t size, const char *what)
+{
+    if (!*va)
+        return FABPOOL_OK;
+    CUresult cr = FP_CU_UNDO(&p->ch.calls, cuMemAddressFree, (CUdeviceptr)*va, size);
+    if (cr != CUDA_SUCCESS)
+        return fp_drv_error(cr, "cuMemAddressFree", "freeing the address range of %s (%llu bytes) (tried twice)",
+                            what, (unsigned long long)size);
+    *va = 0;
+    return FABPOOL_OK;
+}
+
 static fabpool_status host_release(struct fabpool *p, struct fp_sleep *r)
 {
     fabpool_status st = FABPOOL_OK;
-    for (size_t i = 0; i < r->n; i++) {
-        fp_slept *e = &r->e[i];
-        if (!e->host_va)
-            continue;
-        CUresult cr = FP_CU_UNDO(&p->ch.calls, cuMemUnmap, (CUdeviceptr)e->host_va, e->host_size);
-        if (cr != CUDA_SUCCESS) {
-            if (st == FABPOOL_OK)
-                st = fp_drv_error(cr, "cuMemUnmap", "freeing the host copy of a chunk (%llu bytes at 0x%llx) "
-                                  "(tried twice)", (unsigned long long)e->host_size, (unsigned long long)e->host_va);
-            continue;
-        }
-        atomic_fetch_sub(&p->sleep_host_bytes, e->host_size);
-        atomic_fetch_sub(&p->sleep_host_copies, 1);
-        e->host_va = 0;
-    }
-    if (st == FABPOOL_OK && r->stage_va) {
-        CUresult cr = FP_CU_UNDO(&p->ch.calls, cuMemAddressFree, (CUdeviceptr)r->stage_va, r->stage_size);
-        if (cr != CUDA_SUCCESS)
-            return fp_drv_error(cr, "cuMemAddressFree", "freeing the address range of the host copies (%llu bytes) "
-                                "(tried twice)", (unsigned long long)r->stage_size);
-        r->stage_va = 0;
-    }
-    return st;
+    for (size_t i = 0; i < r->n; i++)
+        host_piece_free(p, &r->e[i].host_va, r->e[i].host_size, "the host copy of a chunk", &st);
+    return st != FABPOOL_OK ? st : host_range_free(p, &r->stage_va, r->stage_size, "the host copies");
 }
 
 static void record_free(struct fabpool *p, struct fp_sleep *r)
@@ -194,26 +207,12 @@ static fabpool_status cache_release(struct fabpool *p)
     if (!c)
         return FABPOOL_OK;
     fabpool_status st = FABPOOL_OK;
-    for (size_t i = 0; i < c->n; i++) {
-        if (!c->pc[i].va)
-            continue; /* freed by an earlier try */
-        CUresult cr = FP_CU_UNDO(&p->ch.calls, cuMemUnmap, (CUdeviceptr)c->pc[i].va, c->pc[i].size);
-        if (cr != CUDA_SUCCESS) {
-            if (st == FABPOOL_OK)
-                st = fp_drv_error(cr, "cuMemUnmap", "freeing a kept host copy (%llu bytes at 0x%llx) (tried twice)",
-                                  (unsigned long long)c->pc[i].size, (unsigned long long)c->pc[i].va);
-            continue;
-        }
-        atomic_fetch_sub(&p->sleep_host_bytes, c->pc[i].size);
-        atomic_fetch_sub(&p->sleep_host_copies, 1);
-        c->pc[i].va = 0;
-    }
-    if (st != FABPOOL_OK)
-        return st; /* the reservation stays for what is still mapped in it; a later call tries again */
-    CUresult cr = FP_CU_UNDO(&p->ch.calls, cuMemAddressFree, (CUdeviceptr)c->stage_va, c->stage_size);
-    if (cr != CUDA_SUCCESS)
-        return fp_drv_error(cr, "cuMemAddressFree", "freeing the address range of the kept host copies (%llu bytes) "
-                            "(tried twice)", (unsigned long long)c->stage_size);
+    for (size_t i = 0; i < c->n; i++)
+        host_piece_free(p, &c->pc[i].va, c->pc[i].size, "a kept host copy", &st);
+    /* where a piece stays, the reservation stays for it; a later call tries again */
+    if (st != FABPOOL_OK ||
+        (st = host_range_free(p, &c->stage_va, c->stage_size, "the kept host copies")) != FABPOOL_OK)
+        return st;
     cache_free_meta(p, c);
     p->host_cache = NULL;
     return FABPOOL_OK;
