@@ -23,6 +23,15 @@ typedef uint64_t (*calls_fn)(const char *);
 static fault_set_fn fault_set;
 static fault_clear_fn fault_clear;
 static calls_fn calls;
+
+/* the sim's hooks into the three above (NULL on the real driver) */
+static void sim_hooks(void)
+{
+    t_sim_hooks h = t_sim_hooks_get();
+    fault_set = h.fault_set;
+    fault_clear = h.fault_clear;
+    calls = h.calls;
+}
 static int sim;
 
 /* ------------------------------------------------------------ patterns */
@@ -621,9 +630,7 @@ static int fault_trial(size_t e, uint64_t n, int phase, fabpool_sleep_mode mode,
 
 static void faults(void)
 {
-    fault_set = (fault_set_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_set");
-    fault_clear = (fault_clear_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
-    calls = (calls_fn)dlsym(RTLD_DEFAULT, "fabsim_calls");
+    sim_hooks();
     if (!sim || !fault_set || !fault_clear || !calls) {
         printf("test_sleep: fault injection needs the simulated driver; skipped\n");
         return;
@@ -653,12 +660,7 @@ static void faults(void)
  * free them. */
 static void keep_host(void)
 {
-    if (!calls)
-        calls = (calls_fn)dlsym(RTLD_DEFAULT, "fabsim_calls");
-    if (!fault_set)
-        fault_set = (fault_set_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_set");
-    if (!fault_clear)
-        fault_clear = (fault_clear_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
+    sim_hooks();
     fabsim_ledger l0 = t_ledger();
     world w;
     if (populate(&w, "sleep_keep_host:1", 501, 1) != 0) {

@@ -167,10 +167,9 @@ static void pending_stays_mapped(CUstream s, CUstream s2)
 /* Out of memory with blocks pending on a stream: the pool waits for them and tries once more. */
 static void oom_waits_for_pending(CUstream s)
 {
-    int (*fault)(const char *, uint64_t, int, int);
-    void (*fault_clear)(void);
-    *(void **)&fault = dlsym(RTLD_DEFAULT, "fabsim_fault_set");
-    *(void **)&fault_clear = dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
+    t_sim_hooks sim = t_sim_hooks_get();
+    int (*fault)(const char *, uint64_t, int, int) = sim.fault_set;
+    void (*fault_clear)(void) = sim.fault_clear;
     fabpool_t *p = t_pool("handle_type:none,stream_owner:0,decay_ms:0");
     if (!p || !fault || !fault_clear)
         return;
@@ -446,10 +445,9 @@ static void owner_fences(CUstream s, CUstream s2)
  * another stream leaves the owner mode as it was. */
 static void owner_fence_faults(CUstream s)
 {
-    int (*fault)(const char *, uint64_t, int, int);
-    void (*fault_clear)(void);
-    *(void **)&fault = dlsym(RTLD_DEFAULT, "fabsim_fault_set");
-    *(void **)&fault_clear = dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
+    t_sim_hooks sim = t_sim_hooks_get();
+    int (*fault)(const char *, uint64_t, int, int) = sim.fault_set;
+    void (*fault_clear)(void) = sim.fault_clear;
     fabpool_t *p = t_pool("handle_type:none,decay_ms:600000");
     if (!p || !fault || !fault_clear)
         return;

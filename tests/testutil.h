@@ -183,4 +183,21 @@ static inline fabpool_stats t_stats(fabpool_t *p)
     return s;
 }
 
+/* The sim's fault injection and call counts, looked up at run time: every
+ * member is NULL where the real driver is loaded. */
+typedef struct t_sim_hooks {
+    int (*fault_set)(const char *entry, uint64_t nth, int every, int cuda_error);
+    void (*fault_clear)(void);
+    uint64_t (*calls)(const char *entry);
+} t_sim_hooks;
+
+static inline t_sim_hooks t_sim_hooks_get(void)
+{
+    t_sim_hooks h;
+    *(void **)&h.fault_set = dlsym(RTLD_DEFAULT, "fabsim_fault_set");
+    *(void **)&h.fault_clear = dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
+    *(void **)&h.calls = dlsym(RTLD_DEFAULT, "fabsim_calls");
+    return h;
+}
+
 #endif
