@@ -187,7 +187,7 @@ def profile_summary(prof, step_s):
     out["top_gpu"] = [(e.key, e.count, round(e.self_device_time_total / 1e3, 3)) for e in top_gpu]
     out["top_cpu"] = [(e.key, e.count, round(e.self_cpu_time_total / 1e3, 3)) for e in top_cpu]
     out["cuda_api"] = [(k, v[0], round(v[1] / 1e3, 3)) for k, v in sorted(names.items(), key=lambda kv: -kv[1][1])
-                       if k.startswith("cuda") or k.startswith("cu")][:12]
+                       if k.startswith("cu")][:12]
     return out
 
 
