@@ -37,10 +37,13 @@ endif()
 # running at the same time (ctest -j) never count each other's memory when they
 # ask what the whole machine holds.
 #
-# On the real driver the tests that ask how much memory the device holds
-# (cuMemGetInfo) would count each other's memory under ctest -j: every test of
-# the real-driver build takes one CTest resource lock, so they run one at a
-# time whatever -j says (tests without the driver still run beside them).
+# On the real driver the tests ask NVML what their own process holds
+# (tests/held.h), which other processes do not move.  Where NVML cannot say,
+# they fall back to the device's free memory (cuMemGetInfo), which the others
+# would move under ctest -j: so by default (FABPOOL_TEST_DEVICE_LOCK) every
+# test of the real-driver build takes one CTest resource lock and they run one
+# at a time whatever -j says (tests without the driver still run beside them).
+# -DFABPOOL_TEST_DEVICE_LOCK=OFF lets them run side by side where NVML answers.
 function(fabpool_test_env name)
   set(env "${FABPOOL_TEST_ENV};${ARGN}")
   if(FABPOOL_TEST_DRIVER STREQUAL "sim")
@@ -48,7 +51,7 @@ function(fabpool_test_env name)
     string(MD5 build_id "${CMAKE_BINARY_DIR}")
     string(SUBSTRING "${build_id}" 0 8 build_id)
     list(APPEND env "FABSIM_MACHINE=${name}-${build_id}")
-  else()
+  elseif(FABPOOL_TEST_DEVICE_LOCK)
     set_tests_properties(${name} PROPERTIES RESOURCE_LOCK fabpool_device_memory)
   endif()
   set_tests_properties(${name} PROPERTIES ENVIRONMENT "${env}")

@@ -43,11 +43,11 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     long steps = argc > 1 ? atol(argv[1]) : 1000;
     int sim = t_driver_init();
-    /* the device's free memory is shared by all ranks: take the baseline once
-     * every rank has its context, and the last reading once all are done */
+    /* real driver: where NVML cannot tell each rank's own memory, t_held() reads the whole device's, which all
+     * ranks share: take the baseline once every rank has its context, and the last reading once all are done */
     MPI_Barrier(MPI_COMM_WORLD);
-    size_t total_mem;
-    cuMemGetInfo(&t_free0, &total_mem);
+    if (!sim)
+        t_held_rebase();
     if (nranks > MAXR) {
         if (!rank)
             fprintf(stderr, "at most %d ranks\n", MAXR);

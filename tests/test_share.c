@@ -403,8 +403,7 @@ static int grow_child(const char *sock_name)
  * the end the device holds what it held at the start. */
 static void peer_grows(const char *self)
 {
-    size_t f0, tot;
-    cuMemGetInfo(&f0, &tot);
+    int64_t u0 = t_held(); /* this process and the peer it forks (real driver: NVML, held.h) */
     fabpool_t *a = NULL;
     CHECK_OK(fabpool_create(NULL, &a));
     if (!a)
@@ -426,7 +425,7 @@ static void peer_grows(const char *self)
     int fds[256];
     uint64_t seen = 0, rng = 12345, exported_bytes = 0;
     int steps = 60, bad = 0;
-    size_t peak_dev = 0;
+    int64_t peak_dev = 0;
     for (int i = 1; i <= steps; i++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         uint64_t size = (16 + (rng >> 33) % 700) * MB;
@@ -447,10 +446,8 @@ static void peer_grows(const char *self)
         CHECK(get(base + size - 16) == (uint64_t)i + 7777);
         seen = reply[0];
         CHECK_OK(fabpool_buffer_peers_ack(buf, seen));
-        size_t f, t;
-        cuMemGetInfo(&f, &t);
-        if (f0 - f > peak_dev)
-            peak_dev = f0 > f ? f0 - f : 0;
+        if (t_held() - u0 > peak_dev)
+            peak_dev = t_held() - u0;
     }
     CHECK(bad == 0);
     struct step_msg last = {0, 0, 1};
@@ -466,12 +463,11 @@ static void peer_grows(const char *self)
     close(s);
     close(ls);
     CHECK_OK(fabpool_destroy(a));
-    size_t f1;
-    cuMemGetInfo(&f1, &tot);
-    printf("peer_grows: %d steps, %llu descriptor bytes sent, device free at start %zu, at end %zu, "
-           "peak use %zu MiB\n",
-           steps, (unsigned long long)exported_bytes, f0, f1, peak_dev >> 20);
-    CHECK(t_near((int64_t)f0, (int64_t)f1));
+    int64_t u1 = t_held();
+    printf("peer_grows: %d steps, %llu descriptor bytes sent, held at start %lld, at end %lld, "
+           "peak use %lld MiB\n",
+           steps, (unsigned long long)exported_bytes, (long long)u0, (long long)u1, (long long)(peak_dev >> 20));
+    CHECK(t_near(u0, u1));
 }
 
 int main(int argc, char **argv)

@@ -1,7 +1,8 @@
 /* testutil.h - checks, and what the driver holds, for fabpool's tests.
  * The tests use the plain driver API to read data back and to ask what
  * memory the driver holds: the simulated driver's ledger when it is the
- * driver loaded (fabsim_get_ledger), else cuMemGetInfo of the real one. */
+ * driver loaded (fabsim_get_ledger), else what NVML says this process holds
+ * on the real one (held.h; the whole device's use where NVML cannot say). */
 #ifndef FP_TESTUTIL_H
 #define FP_TESTUTIL_H
 
@@ -15,6 +16,7 @@
 
 #include "fabpool.h"
 #include "../sim/fabsim.h"
+#include "held.h"
 
 /* Whether the test runs under valgrind (the CI's memcheck step, docs/reliability.md): its client gets
  * valgrind's preload libraries.  Long loops run fewer steps there. */
@@ -80,8 +82,15 @@ static inline int t_done(const char *name)
 
 typedef int (*t_ledger_fn)(fabsim_ledger *);
 static t_ledger_fn t_ledger_p;
-static size_t t_free0;
+static int64_t t_used0;
 static CUcontext t_ctx;
+
+/* Real driver: the baseline of t_held(), what this process holds on device 0 now. */
+static inline void t_held_rebase(void)
+{
+    int whole;
+    t_used0 = t_used_bytes(0, &whole);
+}
 
 /* cuInit, a current context, and the baseline for t_held(). Returns 1 when
  * the simulated driver is the one loaded. */
@@ -94,13 +103,14 @@ static inline int t_driver_init(void)
         exit(2);
     }
     t_ledger_p = (t_ledger_fn)dlsym(RTLD_DEFAULT, "fabsim_get_ledger");
-    size_t total;
-    cuMemGetInfo(&t_free0, &total);
+    if (!t_ledger_p)
+        t_held_rebase();
     return t_ledger_p != NULL;
 }
 
 /* Physical bytes the driver holds for this process now (sim), or how much
- * less is free on the device than at t_driver_init (real driver). */
+ * more this process (and its children) use on device 0 than at
+ * t_driver_init (real driver: held.h). */
 static inline int64_t t_held(void)
 {
     if (t_ledger_p) {
@@ -108,9 +118,8 @@ static inline int64_t t_held(void)
         t_ledger_p(&l);
         return (int64_t)l.bytes_held;
     }
-    size_t f, t;
-    cuMemGetInfo(&f, &t);
-    return (int64_t)t_free0 - (int64_t)f;
+    int whole;
+    return t_used_bytes(0, &whole) - t_used0;
 }
 
 static inline fabsim_ledger t_ledger(void)
@@ -137,8 +146,8 @@ static inline uint64_t t_calls(const fabpool_stats *s, const char *name)
     return 0;
 }
 
-/* Real driver: cuMemGetInfo moves in steps of its own (it counts other
- * allocations of the context too); allow this much slack there. */
+/* Real driver: what a process uses moves in steps of its own (it counts
+ * other allocations of the context too); allow this much slack there. */
 static inline int64_t t_slack(void) { return t_ledger_p ? 0 : (int64_t)64 << 20; }
 
 static inline int t_near(int64_t a, int64_t b) { return a - b <= t_slack() && b - a <= t_slack(); }

@@ -2,7 +2,7 @@
 (install()), with PyTorch's own, and with PyTorch's own plus a fabpool-backed
 torch.cuda.MemPool around the loop (fabpool_torch.mempool(), "mempool"), each
 in a subprocess of its own; the results must be bitwise equal.  With fabpool,
-free device memory (torch.cuda.mem_get_info) must come back to its start once
+free device memory (this process's, held.py: NVML) must come back to its start once
 the pool is emptied, and the shim's allocation count must agree with
 fabpool's stats.  In the MemPool mode the loop's memory must have come from
 fabpool, PyTorch's statistics must keep working, and the memory must go back
@@ -46,6 +46,7 @@ def run_one(args):
             fabpool_torch.load(args.lib)
             report["library"] = fabpool_torch.library_path(args.lib)
     import torch
+    import held   # this process's use of the device (NVML), beside this script
     dev = torch.device("cuda", 0)
     torch.cuda.init()
 
@@ -62,7 +63,7 @@ def run_one(args):
             if args.allocator == "mempool":
                 fabpool_torch.empty()
         torch.cuda.synchronize()
-        return torch.cuda.mem_get_info(0)[0]
+        return held.own_free(0)
 
     gen = torch.Generator(device=dev)
     gen.manual_seed(20261202)
@@ -141,7 +142,7 @@ def run_one(args):
         digests.append(d)
         token_counts.append(tokens)
         if i % 10 == 0:
-            min_free = min(min_free, torch.cuda.mem_get_info(0)[0])
+            min_free = min(min_free, held.own_free(0))
     torch.cuda.synchronize()
     report["seconds"] = time.time() - t0
     if args.allocator in ("fabpool", "mempool"):
@@ -163,6 +164,7 @@ def run_one(args):
         torch.cuda.synchronize()
     free1 = settle()
     report.update(digests=digests, tokens=token_counts, free0=free0, free1=free1, peak_drop=free0 - min_free,
+                  held_source=held.source,
                   hash="sha256" if have_numpy else "integer sums")
     if args.allocator in ("fabpool", "mempool"):
         report["stats_after_empty"] = fabpool_torch.stats(0)
@@ -182,8 +184,8 @@ def same_results(args, a, b, name, check):
           "%s: results bitwise equal to the default allocator's on every step (%d of %d)" % (name, same, args.steps))
     back = b["free0"] - b["free1"]
     check(abs(back) <= args.slack_mib * MIB,
-          "%s: free device memory back to its start after empty: %+.1f MiB (peak drop %.1f MiB)" %
-          (name, -back / MIB, b["peak_drop"] / MIB))
+          "%s: free device memory back to its start after empty: %+.1f MiB (peak drop %.1f MiB; by %s)" %
+          (name, -back / MIB, b["peak_drop"] / MIB, b.get("held_source")))
 
 
 def check_fabpool(args, a, b, check):

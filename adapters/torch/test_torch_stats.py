@@ -1,6 +1,6 @@
 """torch.cuda's memory statistics with fabpool installed (install(stats=True)),
 against what the test knows: the sum of the live tensor storages it made, and
-what the driver holds (torch.cuda.mem_get_info).  Needs PyTorch and a GPU.
+what the driver holds for this process (held.py: NVML, else torch.cuda.mem_get_info).  Needs PyTorch and a GPU.
 
     python3 test_torch_stats.py --lib build/adapters/torch/libfabpool_torch.so [--out stats.json]
 
@@ -25,6 +25,7 @@ def main():
     import fabpool_torch
     fabpool_torch.install(args.lib, stats=True)   # before any CUDA allocation
     import torch
+    import held   # this process's use of the device (NVML), beside this script
 
     ok = True
     report = {}
@@ -106,14 +107,14 @@ def main():
               "torch.accelerator.memory_allocated() answers the same")
 
     # the driver's view: what fabpool maps is what leaves the device's free memory
-    free_live = torch.cuda.mem_get_info(0)[0]
+    free_live = held.own_free(0)
     reserved_live = torch.cuda.memory_reserved()
     t = None    # the loop's last tensor, if it made one, is still named by t
     live.clear()
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()    # patched: fabpool_torch.empty()
-    free_empty = torch.cuda.mem_get_info(0)[0]
+    free_empty = held.own_free(0)
     reserved_empty = torch.cuda.memory_reserved()
     report.update(reserved_live=reserved_live, reserved_empty=reserved_empty,
                   free_gain=free_empty - free_live)

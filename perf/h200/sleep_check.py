@@ -3,8 +3,9 @@
 A small transformer (about 170 M parameters) is trained with AdamW in a
 torch.cuda.MemPool of the tag "weights" (parameters, gradients, optimizer
 state, activations), beside a KV-cache-like tensor in the tag "kv".  Then:
-  1. sleep: weights offloaded, kv discarded; torch.cuda.mem_get_info shows
-     what the driver got back, against what the two pools mapped;
+  1. sleep: weights offloaded, kv discarded; this process's use of the
+     device (adapters/torch/held.py: NVML) shows what the driver got back,
+     against what the two pools mapped;
   2. wake: every parameter and optimizer state reads back bitwise at the same
      data_ptr; kv is reported as discarded;
   3. training goes on; its losses are compared with a run that never slept
@@ -39,6 +40,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(args.lib)))
 import fabpool_torch  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "adapters", "torch"))
+import held  # noqa: E402  this process's use of the device (NVML), so that other processes on the GPU do not count
 
 torch.use_deterministic_algorithms(True, warn_only=True)
 torch.backends.cudnn.deterministic = True
@@ -127,18 +131,18 @@ state_bytes = sum(t.numel() * t.element_size() for t in tensors)
 print("model: %.1f M parameters; parameters + AdamW state %.2f GiB in %d tensors" %
       (n_params / 1e6, state_bytes / GiB, len(tensors)), flush=True)
 
-held = fabpool_torch.tag_stats("weights")["mapped_bytes"] + fabpool_torch.tag_stats("kv")["mapped_bytes"]
+held_b = fabpool_torch.tag_stats("weights")["mapped_bytes"] + fabpool_torch.tag_stats("kv")["mapped_bytes"]
 torch.cuda.synchronize()
-free0 = torch.cuda.mem_get_info()[0]
+free0 = held.own_free(0)
 t0 = time.perf_counter()
 slept = fabpool_torch.sleep(tags=["weights", "kv"], offload={"weights"})
 t_sleep = time.perf_counter() - t0
-free1 = torch.cuda.mem_get_info()[0]
+free1 = held.own_free(0)
 back = free1 - free0
-results["sleep"] = {"held_bytes": held, "given_back_bytes": back, "seconds": t_sleep, "state": slept}
-verdict("memory_given_back", held > 0 and back >= 0.95 * held,
-        "the two tags mapped %.3f GiB; cuMemGetInfo shows %.3f GiB more free after the sleep (%.4f of it), "
-        "host copies %.3f GiB, sleep %.3f s" % (held / GiB, back / GiB, back / held if held else 0,
+results["sleep"] = {"held_bytes": held_b, "given_back_bytes": back, "seconds": t_sleep, "state": slept}
+verdict("memory_given_back", held_b > 0 and back >= 0.95 * held_b,
+        "the two tags mapped %.3f GiB; %.3f GiB more free after the sleep (%.4f of it; by %s), "
+        "host copies %.3f GiB, sleep %.3f s" % (held_b / GiB, back / GiB, back / held_b if held_b else 0, held.source,
                                                 slept["weights"]["host_bytes"] / GiB, t_sleep))
 t0 = time.perf_counter()
 woke = fabpool_torch.wake(tags=["weights", "kv"])

@@ -31,8 +31,9 @@ static inline void mg_two_devices(const char *name)
 }
 
 /* Bytes device d holds: sim, this process's ledger (or with mg_machine_held,
- * every process of the simulated machine); real driver, total - free in
- * d's context. */
+ * every process of the simulated machine); real driver, what this process
+ * and its children use on d (held.h: NVML; total - free where it cannot
+ * say), read in d's context. */
 static inline int64_t mg_used(int d)
 {
     if (mg_machine_held)
@@ -42,12 +43,14 @@ static inline int64_t mg_used(int d)
         return (int64_t)l.bytes_held_dev[d];
     }
     CUcontext saved = NULL;
-    size_t f = 0, t = 0;
+    CUdevice dev = 0;
+    int whole;
     cuCtxGetCurrent(&saved);
     cuCtxSetCurrent(mg_ctx[d]);
-    CHECK_CU(cuMemGetInfo(&f, &t));
+    CHECK_CU(cuDeviceGet(&dev, d));
+    int64_t used = t_used_bytes(dev, &whole);
     cuCtxSetCurrent(saved);
-    return (int64_t)t - (int64_t)f;
+    return used;
 }
 
 #endif

@@ -1,0 +1,61 @@
+#!/bin/bash
+# held-check.sh - the real-driver tests on a GPU that another process uses (run from the repository root on a
+# GPU machine: CUDA 13, cmake, gcc, PyTorch in python3; about 3 minutes).
+#   probe     tests/probe/nvml_probe.c: what NVML's per-process count shows for create, map, release, unmap,
+#             a child's import, and a child's own allocation (tests/held.h reads it)
+#   hog       a PyTorch process that allocates and frees 1-24 GiB at random, all the time, beside the tests
+#   tests     the whole ctest suite, real driver, -j4, built without the device lock
+#             (-DFABPOOL_TEST_DEVICE_LOCK=OFF): each test compares only what its own process holds
+#   nonvml    a few tests again with FABPOOL_TEST_NO_NVML=1 (the whole device's free memory, as before): they
+#             are expected to fail beside the hog, which shows what the per-process count is for
+#   moe       adapters/torch/test_torch_moe.py beside the hog (held.py: this process's use, through pynvml)
+# Writes under $OUT: held.txt (this log), probe.txt, hog.txt, ctest.txt, ctest-nonvml.txt, moe-*.json.
+set -u
+OUT=${OUT:-/tmp/fabpool-held}
+mkdir -p "$OUT"
+[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+B=build-held
+. perf/h200/step.sh
+{
+  echo "held check, $(date -u), commit $(cat .rev 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+  step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real -DFABPOOL_TEST_DEVICE_LOCK=OFF -DCMAKE_BUILD_TYPE=Release
+  step build 240 cmake --build "$B" -j16
+  step probe-build 60 gcc -std=c11 -D_GNU_SOURCE -O1 -I/usr/local/cuda/include tests/probe/nvml_probe.c \
+    -o /tmp/nvml_probe -l:libcuda.so.1 -ldl
+  step probe 60 bash -c "/tmp/nvml_probe | tee '$OUT/probe.txt'"
+  rm -f /tmp/hog.stop
+  python3 - > "$OUT/hog.txt" 2>&1 <<'PY' &
+import os, random, time, torch
+random.seed(7)
+n = big = 0
+t0 = time.time()
+while not os.path.exists("/tmp/hog.stop") and time.time() - t0 < 400:
+    gib = random.randint(1, 24)
+    x = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
+    x.fill_(1)
+    torch.cuda.synchronize()
+    time.sleep(random.uniform(0.01, 0.2))
+    del x
+    torch.cuda.empty_cache()
+    n += 1
+    big = max(big, gib)
+    time.sleep(random.uniform(0.0, 0.1))
+print("hog: %d allocations of 1-24 GiB (largest %d GiB) in %.0f s" % (n, big, time.time() - t0))
+PY
+  hog=$!
+  sleep 8
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1
+  step tests 300 bash -c "ctest --test-dir '$B' -j4 --output-on-failure --timeout 240 > '$OUT/ctest.txt' 2>&1; rc=\$?; \
+    grep -E 'tests passed|Failed|Not Run|\\*\\*\\*|held.h' '$OUT/ctest.txt' | tail -n 25; exit \$rc"
+  step nonvml 200 bash -c "FABPOOL_TEST_NO_NVML=1 ctest --test-dir '$B' -j4 --timeout 120 \
+    -R 'test_alloc\$|test_sizeclass\$|test_buffers|test_share\$|test_soak|test_sleep\$' > '$OUT/ctest-nonvml.txt' 2>&1; \
+    rc=\$?; grep -E 'tests passed|Failed|\\*\\*\\*' '$OUT/ctest-nonvml.txt' | tail -n 12; exit \$rc"
+  step moe 150 python3 adapters/torch/test_torch_moe.py --lib "$B/adapters/torch/libfabpool_torch.so" --steps 200 \
+    --modes default,fabpool,mempool --workdir "$OUT"
+  touch /tmp/hog.stop
+  wait $hog
+  cat "$OUT/hog.txt"
+  echo "SUMMARY ${status[*]}"
+} > "$OUT/held.txt" 2>&1
+tail -n 70 "$OUT/held.txt"
