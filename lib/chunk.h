@@ -42,6 +42,7 @@ typedef struct fp_chunks {
     const fp_lock_t *lock;             /* held around every map, unmap, create and release (asserted) */
     int device;                        /* the ordinal, as the options give it */
     CUdevice dev;
+    uint64_t dev_total;                /* the device's memory (cuDeviceTotalMem): no block can be larger */
     CUcontext ctx;                     /* the device's primary context (retained) */
     fabpool_handle_type handle_type;   /* chosen at creation */
     CUmemAllocationHandleType cu_handle_types;

@@ -167,14 +167,14 @@ static fabpool_status reserve(struct fabpool *p)
     p->sp.gran = gran;
     p->sp.gran_shift = fp_log2_floor(gran);
 
+    size_t total = 0;
+    r = FP_CU(&p->ch.calls, cuDeviceTotalMem, &total, p->ch.dev);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuDeviceTotalMem", "asking device %d's memory size", p->opt.device);
+    p->ch.dev_total = total;
     uint64_t size = p->opt.reserve_bytes;
-    if (!size) {
-        size_t total = 0;
-        r = FP_CU(&p->ch.calls, cuDeviceTotalMem, &total, p->ch.dev);
-        if (r != CUDA_SUCCESS)
-            return fp_drv_error(r, "cuDeviceTotalMem", "asking device %d's memory size", p->opt.device);
+    if (!size)
         size = 8ull * total;
-    }
     size = fp_round_up(size, gran);
     CUdeviceptr base = 0;
     r = FP_CU(&p->ch.calls, cuMemAddressReserve, &base, size, 0, 0, 0);

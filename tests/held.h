@@ -1,10 +1,13 @@
 /* held.h - how much device memory this process holds, for the tests that run against the real driver.
  *
  * cuMemGetInfo tells how much of the whole device is free: any other process that allocates while a test runs
- * moves it, so a test that compared it before and after would fail on a GPU that others use. NVML answers per
- * process (nvmlDeviceGetComputeRunningProcesses: each process's used memory on the device), so the tests
- * compare what this process and its children hold (children: the peers that multi-process tests fork or
- * exec). NVML is loaded at run time (libnvidia-ml.so.1, part of the driver), like the driver itself.
+ * moves it, so a test that compared it before and after would fail on a GPU that others use. NVML tells each
+ * process's used memory (nvmlDeviceGetComputeRunningProcesses), but on the H200 its count leaves out memory
+ * that no mapping holds any more and that an open exported fd or dma-buf keeps alive, which the tests must see
+ * (the driver facts of test_conformance, leaks of exported handles). So the tests read the device's used memory
+ * less what NVML says every other process uses: this process and its children (the peers that multi-process
+ * tests fork or exec), fd-kept memory included, whatever the other processes do. NVML is loaded at run time
+ * (libnvidia-ml.so.1, part of the driver), like the driver itself.
  *
  * Where NVML is missing, or does not list this process (a PID namespace hides it), t_used_bytes falls back to
  * the device's used memory (total - free) and says so once on stderr: then the test needs a GPU that nobody
@@ -16,6 +19,7 @@
 
 #include <cuda.h>
 #include <dlfcn.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,46 +83,69 @@ static inline int t_pid_under(unsigned pid, unsigned root)
     return 0;
 }
 
-/* Device memory in use, in bytes: by this process and its descendants where NVML answers (*whole = 0), else
- * by the whole device (*whole = 1). Compare two readings; the absolute value includes the context's own. */
-static inline int64_t t_used_bytes(CUdevice dev, int *whole)
+/* What NVML says every process outside this process tree uses on the device, in bytes; -1 where NVML cannot
+ * say it (no NVML, or it does not list this process: its PIDs are then not ours to compare). */
+static inline int64_t t_nvml_others(CUdevice dev)
 {
-    *whole = 1;
-    if (t_nvml_load()) {
+    static void *h;
+    static CUdevice h_dev = -1;
+    if (!t_nvml_load())
+        return -1;
+    if (h_dev != dev) {
         CUuuid u;
         char id[64];
-        void *h;
-        if (cuDeviceGetUuid(&u, dev) == CUDA_SUCCESS) {
-            const unsigned char *b = (const unsigned char *)u.bytes;
-            snprintf(id, sizeof id, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                     b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-            if (t_nvml.by_uuid(id, &h) == 0) {
-                /* room for twice the entries asked for: a newer NVML with a longer record stays in bounds */
-                static t_nvml_proc procs[512];
-                unsigned n = 256;
-                if (t_nvml.procs(h, &n, procs) == 0) {
-                    int64_t sum = 0;
-                    int self = 0;
-                    unsigned me = (unsigned)getpid();
-                    for (unsigned i = 0; i < n && i < 256; i++)
-                        if (t_pid_under(procs[i].pid, me)) {
-                            sum += (int64_t)procs[i].used;
-                            self |= procs[i].pid == me;
-                        }
-                    if (self) {
-                        *whole = 0;
-                        return sum;
-                    }
-                }
-            }
-        }
+        if (cuDeviceGetUuid(&u, dev) != CUDA_SUCCESS)
+            return -1;
+        const unsigned char *b = (const unsigned char *)u.bytes;
+        snprintf(id, sizeof id, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                 b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        if (t_nvml.by_uuid(id, &h) != 0)
+            return -1;
+        h_dev = dev;
     }
+    /* room for twice the entries asked for: a newer NVML with a longer record stays in bounds */
+    static t_nvml_proc procs[512];
+    unsigned n = 256;
+    if (t_nvml.procs(h, &n, procs) != 0)
+        return -1;
+    int64_t others = 0;
+    int self = 0;
+    unsigned me = (unsigned)getpid();
+    for (unsigned i = 0; i < n && i < 256; i++) {
+        if (t_pid_under(procs[i].pid, me))
+            self |= procs[i].pid == me;
+        else
+            others += (int64_t)procs[i].used;
+    }
+    return self ? others : -1;
+}
+
+/* Device memory in use on dev, in bytes, less what NVML says the processes outside this process tree use: what
+ * this process and its children hold, including memory that no process maps any more but that one of them keeps
+ * alive (an open exported fd or dma-buf, which NVML's per-process count leaves out). The device's used memory
+ * (cuMemGetInfo, in a context of dev, which must be current) is read between two NVML readings that agree, so
+ * that another process's allocation in between is not counted. *whole = 1 where NVML cannot say: then it is
+ * the whole device's use. Compare two readings; the value includes the contexts' own memory. */
+static inline int64_t t_used_bytes(CUdevice dev, int *whole)
+{
+    size_t f = 0, t = 0;
+    for (int tries = 0; tries < 200; tries++) {
+        int64_t before = t_nvml_others(dev);
+        if (before < 0)
+            break;
+        cuMemGetInfo(&f, &t);
+        if (t_nvml_others(dev) == before) {
+            *whole = 0;
+            return (int64_t)t - (int64_t)f - before;
+        }
+        poll(NULL, 0, 1); /* another process allocated or freed meanwhile: read again after 1 ms */
+    }
+    *whole = 1;
     if (!t_nvml.warned) {
         t_nvml.warned = 1;
-        fprintf(stderr, "held.h: NVML does not list this process's memory; measuring the whole device's "
+        fprintf(stderr, "held.h: NVML cannot tell other processes' memory here; measuring the whole device's "
                         "(the test needs a GPU that no other process uses meanwhile)\n");
     }
-    size_t f = 0, t = 0;
     cuMemGetInfo(&f, &t);
     return (int64_t)t - (int64_t)f;
 }

@@ -1,13 +1,13 @@
 #!/bin/bash
 # held-check.sh - the real-driver tests on a GPU that another process uses (run from the repository root on a
 # GPU machine: CUDA 13, cmake, gcc, PyTorch in python3; about 3 minutes).
-#   probe     tests/probe/nvml_probe.c: what NVML's per-process count shows for create, map, release, unmap,
-#             a child's import, and a child's own allocation (tests/held.h reads it)
+#   probe     tests/probe/nvml_probe.c: the device's used memory, NVML's count for this process and held.h's
+#             reading after create, map, release, unmap with an fd open, a child's import, a child's allocation
 #   hog       a PyTorch process that allocates and frees 1-24 GiB at random, all the time, beside the tests
 #   tests     the whole ctest suite, real driver, -j4, built without the device lock
 #             (-DFABPOOL_TEST_DEVICE_LOCK=OFF): each test compares only what its own process holds
 #   nonvml    a few tests again with FABPOOL_TEST_NO_NVML=1 (the whole device's free memory, as before): they
-#             are expected to fail beside the hog, which shows what the per-process count is for
+#             are expected to fail beside the hog and each other, which shows what held.h is for
 #   moe       adapters/torch/test_torch_moe.py beside the hog (held.py: this process's use, through pynvml)
 # Writes under $OUT: held.txt (this log), probe.txt, hog.txt, ctest.txt, ctest-nonvml.txt, moe-*.json.
 set -u
@@ -28,11 +28,16 @@ B=build-held
   python3 - > "$OUT/hog.txt" 2>&1 <<'PY' &
 import os, random, time, torch
 random.seed(7)
-n = big = 0
+n = big = oom = 0
 t0 = time.time()
 while not os.path.exists("/tmp/hog.stop") and time.time() - t0 < 400:
     gib = random.randint(1, 24)
-    x = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
+    try:
+        x = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError:
+        oom += 1
+        time.sleep(0.05)
+        continue
     x.fill_(1)
     torch.cuda.synchronize()
     time.sleep(random.uniform(0.01, 0.2))
@@ -41,7 +46,7 @@ while not os.path.exists("/tmp/hog.stop") and time.time() - t0 < 400:
     n += 1
     big = max(big, gib)
     time.sleep(random.uniform(0.0, 0.1))
-print("hog: %d allocations of 1-24 GiB (largest %d GiB) in %.0f s" % (n, big, time.time() - t0))
+print("hog: %d allocations of 1-24 GiB (largest %d GiB), %d refused, in %.0f s" % (n, big, oom, time.time() - t0))
 PY
   hog=$!
   sleep 8
