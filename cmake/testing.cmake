@@ -37,13 +37,14 @@ endif()
 # running at the same time (ctest -j) never count each other's memory when they
 # ask what the whole machine holds.
 #
-# On the real driver the tests ask NVML what their own process holds
-# (tests/held.h), which other processes do not move.  Where NVML cannot say,
-# they fall back to the device's free memory (cuMemGetInfo), which the others
-# would move under ctest -j: so by default (FABPOOL_TEST_DEVICE_LOCK) every
-# test of the real-driver build takes one CTest resource lock and they run one
-# at a time whatever -j says (tests without the driver still run beside them).
-# -DFABPOOL_TEST_DEVICE_LOCK=OFF lets them run side by side where NVML answers.
+# On the real driver the tests read the device's used memory less what NVML
+# says the other processes use (tests/held.h), so that other processes on the
+# GPU do not count.  Memory that no process maps but an open fd or dma-buf
+# keeps alive is nobody's in NVML's count, and several tests make such memory
+# on purpose: side by side under ctest -j they would count each other's.  So
+# by default (FABPOOL_TEST_DEVICE_LOCK) every test of the real-driver build
+# takes one CTest resource lock and they run one at a time whatever -j says
+# (tests without the driver still run beside them).
 function(fabpool_test_env name)
   set(env "${FABPOOL_TEST_ENV};${ARGN}")
   if(FABPOOL_TEST_DRIVER STREQUAL "sim")

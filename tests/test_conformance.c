@@ -493,11 +493,12 @@ static void rdma_dmabuf(void)
         if (sim)
             CHECK(t_ledger().dmabuf_fds == 1);
         CHECK_CU(cuMemUnmap(big, 256 * MB));
-        /* MiB held after unmap and release, dma-buf open */
-        EXPECT_NUM((t_held() - h0 + (int64_t)MB / 2) / (int64_t)MB, 256);
+        /* held after unmap and release, dma-buf open, in 16 MiB (other processes on the GPU move the reading
+         * by a MiB or so: held.h) */
+        EXPECT_NUM((t_held() - h0 + 8 * (int64_t)MB) / (16 * (int64_t)MB), 16);
         if (fd >= 0)
             close(fd);
-        EXPECT_NUM((t_held() - h0 + (int64_t)MB / 2) / (int64_t)MB, 0); /* MiB held after its close */
+        EXPECT_NUM((t_held() - h0 + 8 * (int64_t)MB) / (16 * (int64_t)MB), 0); /* 16 MiB held after its close */
         if (sim)
             CHECK(t_ledger().dmabuf_fds == 0 && t_ledger().bytes_held == 0);
         CHECK_CU(cuMemAddressFree(big, 256 * MB));

@@ -4,10 +4,10 @@
 #   probe     tests/probe/nvml_probe.c: the device's used memory, NVML's count for this process and held.h's
 #             reading after create, map, release, unmap with an fd open, a child's import, a child's allocation
 #   hog       a PyTorch process that allocates and frees 1-24 GiB at random, all the time, beside the tests
-#   tests     the whole ctest suite, real driver, -j4, built without the device lock
-#             (-DFABPOOL_TEST_DEVICE_LOCK=OFF): each test compares only what its own process holds
+#   tests     the whole ctest suite, real driver, -j4 (the driver tests one at a time: the device lock), beside
+#             the hog: each test reads the device less what NVML says the other processes use (tests/held.h)
 #   nonvml    a few tests again with FABPOOL_TEST_NO_NVML=1 (the whole device's free memory, as before): they
-#             are expected to fail beside the hog and each other, which shows what held.h is for
+#             are expected to fail beside the hog, which shows what held.h is for
 #   moe       adapters/torch/test_torch_moe.py beside the hog (held.py: this process's use, through pynvml)
 # Writes under $OUT: held.txt (this log), probe.txt, hog.txt, ctest.txt, ctest-nonvml.txt, moe-*.json.
 set -u
@@ -19,7 +19,7 @@ B=build-held
 {
   echo "held check, $(date -u), commit $(cat .rev 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
-  step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real -DFABPOOL_TEST_DEVICE_LOCK=OFF -DCMAKE_BUILD_TYPE=Release
+  step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release
   step build 240 cmake --build "$B" -j16
   step probe-build 60 gcc -std=c11 -D_GNU_SOURCE -O1 -I/usr/local/cuda/include tests/probe/nvml_probe.c \
     -o /tmp/nvml_probe -l:libcuda.so.1 -ldl
