@@ -315,6 +315,43 @@ static void huge_case(const char *conf, uint64_t size)
     destroy_clean(p);
 }
 
+/* Buffers resized past the whole device: out of memory before any chunk is made, sizes and data kept */
+static void huge_buffers(void)
+{
+    fabpool_t *p = t_pool("reserve:4TiB,handle_type:none");
+    if (!p)
+        return;
+    size_t total = 0;
+    CHECK_CU(cuDeviceTotalMem(&total, 0));
+    fabpool_buffer_t *a = NULL, *b = NULL;
+    CHECK_OK(fabpool_buffer_create(p, 2 * TB, 16 * MB, &a));
+    CHECK_OK(fabpool_buffer_create(p, 2 * TB, 16 * MB, &b));
+    if (!a || !b) {
+        destroy_clean(p);
+        return;
+    }
+    CHECK_CU(cuMemsetD8((CUdeviceptr)(uintptr_t)fabpool_buffer_ptr(a), 0x3c, 16 * MB));
+    fabpool_stats s0 = t_stats(p);
+    CHECK(fabpool_buffer_resize(a, total + 2 * MB, NULL) == FABPOOL_ERR_OUT_OF_MEMORY);
+    CHECK(strstr(fabpool_last_error(), "nothing was mapped") != NULL);
+    fabpool_buffer_t *set[2] = {a, b};
+    size_t sizes[2] = {total / 2 + 1 * GB, total / 2 + 1 * GB}; /* each fits, both do not */
+    CHECK(fabpool_buffer_resize_set(set, sizes, 2, NULL) == FABPOOL_ERR_OUT_OF_MEMORY);
+    fabpool_stats s1 = t_stats(p);
+    CHECK(t_calls(&s1, "cuMemCreate") == t_calls(&s0, "cuMemCreate"));
+    CHECK(s1.mapped_bytes == s0.mapped_bytes);
+    fabpool_buffer_info ia, ib;
+    CHECK_OK(fabpool_buffer_get_info(a, &ia));
+    CHECK_OK(fabpool_buffer_get_info(b, &ib));
+    CHECK(ia.size == 16 * MB && ib.size == 16 * MB);
+    unsigned char c = 0;
+    CHECK_CU(cuMemcpyDtoH(&c, (CUdeviceptr)(uintptr_t)fabpool_buffer_ptr(a) + 16 * MB - 1, 1));
+    CHECK(c == 0x3c);
+    CHECK_OK(fabpool_buffer_destroy(a, NULL));
+    CHECK_OK(fabpool_buffer_destroy(b, NULL));
+    destroy_clean(p);
+}
+
 static void test_huge(void)
 {
 #if defined(__SANITIZE_THREAD__)
@@ -332,6 +369,7 @@ static void test_huge(void)
     /* default reservation: 8x the device, 2.25 TiB for 288 GiB */
     huge_case("handle_type:none", 2 * TB + 1 * GB);
     huge_case("handle_type:none", (size_t)-1 / 2);
+    huge_buffers();
 }
 
 /* ------------------------------------------------------------ large */
