@@ -43,8 +43,7 @@ static int got(CUdeviceptr at, uint64_t v)
 int main(int argc, char **argv)
 {
     int sim = t_driver_init();
-    /* under valgrind 2,000 steps (10,000 took about 350 s there, near ctest's timeout on a busy machine) */
-    long steps = argc > 1 ? atol(argv[1]) : t_under_valgrind() ? 2000 : 10000;
+    long steps = argc > 1 ? atol(argv[1]) : 10000;
     uint64_t max_tokens = 16384;
     fabpool_t *p = NULL;
     CHECK_OK(fabpool_create(NULL, &p));

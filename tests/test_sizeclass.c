@@ -19,11 +19,6 @@
 #define GB (1ull << 30)
 #define TB (1ull << 40)
 
-/* Under valgrind (the CI's memcheck step) mapping costs grow with the bytes
- * mapped: the sweeps then stop at 1 GiB and the seeded mix runs one short
- * seed; the main suite, ASan and TSan run them whole. */
-#define under_valgrind t_under_valgrind
-
 
 
 /* Pool destroyed with nothing live, and the driver holds nothing. */
@@ -217,9 +212,7 @@ static void test_waste(void)
     /* every class boundary (s, s+1): the grid of four classes per doubling,
      * 256 B to 8 GiB, which includes slab_max and every large size that is a
      * class of the grid */
-    const uint64_t top = under_valgrind() ? 1 * GB : 8 * GB;
-    if (top < 8 * GB)
-        printf("waste: under valgrind, sizes up to %llu MiB only\n", (unsigned long long)(top >> 20));
+    const uint64_t top = 8 * GB;
     for (uint64_t base = 256; base <= top; base *= 2)
         for (uint64_t k = 0; k < 4; k++) {
             uint64_t s = base + k * (base / 4);
@@ -532,12 +525,9 @@ static void test_large(void)
      * mapped <= 1.10x the peak of live usable bytes.  Usable bytes are at
      * most 1.25x and one granule over the size asked (checked on each block). */
     uint64_t seeds[] = {1, 2, 3, 4, 5};
-    int vg = under_valgrind();
-    if (vg)
-        printf("large: under valgrind, one seed of 150 steps only\n");
-    for (size_t i = 0; i < (vg ? 1 : sizeof seeds / sizeof seeds[0]); i++) {
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
         uint64_t pm = 0, pl = 0, maps = 0;
-        large_run(seeds[i], vg ? 150 : 1500, &pm, &pl, &maps);
+        large_run(seeds[i], 1500, &pm, &pl, &maps);
         printf("large seed %llu: mapped peak %llu MiB, live peak %llu MiB (%.3fx), %llu chunk maps\n",
                (unsigned long long)seeds[i], (unsigned long long)(pm >> 20), (unsigned long long)(pl >> 20),
                pl ? (double)pm / (double)pl : 0.0, (unsigned long long)maps);

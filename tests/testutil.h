@@ -18,14 +18,6 @@
 #include "../sim/fabsim.h"
 #include "held.h"
 
-/* Whether the test runs under valgrind (the CI's memcheck step, docs/reliability.md): its client gets
- * valgrind's preload libraries.  Long loops run fewer steps there. */
-static inline int t_under_valgrind(void)
-{
-    const char *pre = getenv("LD_PRELOAD");
-    return pre && strstr(pre, "vgpreload") != NULL;
-}
-
 static int t_failures;
 static int t_checks;
 

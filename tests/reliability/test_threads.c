@@ -169,8 +169,6 @@ static void *worker(void *arg)
 int main(int argc, char **argv)
 {
     t_driver_init();
-    if (t_under_valgrind())
-        rounds = 100; /* valgrind runs one thread at a time: 300 rounds of 16 threads took about 5 minutes there */
     if (argc > 1)
         rounds = atoi(argv[1]);
     CHECK_OK(fabpool_create(NULL, &pool));
