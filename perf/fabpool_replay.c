@@ -30,6 +30,10 @@
  * num_device_free (cudaMalloc / cudaFree, or maps and unmaps with expandable
  * segments).
  *
+ * FABPOOL_REPLAY_PEAK=1 in the environment: fabpool's stats at each sample, and on stderr what it held at its
+ * held peak and at its in-use peak: blocks in use (of them slab blocks), free slab blocks, free large ranges,
+ * retiring, pending on streams (use --sample 1 to catch the exact peaks).
+ *
  * --pace: each operation waits for its time stamp (the trace's own timing, so that
  * time-based policies such as fabpool's decay_ms act as they did when it was
  * recorded; the replay then takes as long as the recording).  The maps in the
@@ -569,6 +573,9 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
     uint64_t peak = 0;
     uint64_t done[R_NKINDS] = {0};
     int since = 0;
+    /* FABPOOL_REPLAY_PEAK: fabpool's stats at its held peak [0] and at its in-use peak [2] ([1]: the last) */
+    fabpool_stats *detail = getenv("FABPOOL_REPLAY_PEAK") && s.pool ? calloc(3, sizeof *detail) : NULL;
+    size_t detail_at = 0, detail_live_at = 0;
     double t_all = now_ns();
     uint64_t maps_mid = UINT64_MAX;
     for (size_t i = 0; i < pl->n; i++) {
@@ -609,11 +616,37 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
         if (++since >= sample) {
             since = 0;
             uint64_t h = driver_held();
-            if (h > r->held_base && h - r->held_base > peak)
+            if (h > r->held_base && h - r->held_base > peak) {
                 peak = h - r->held_base;
+                if (detail && fabpool_get_stats(s.pool, detail) == FABPOOL_OK)
+                    detail_at = i;
+            }
+            if (detail && fabpool_get_stats(s.pool, &detail[1]) == FABPOOL_OK &&
+                detail[1].in_use_bytes > detail[2].in_use_bytes) {
+                detail[2] = detail[1];
+                detail_live_at = i;
+            }
         }
     }
     r->seconds = (now_ns() - t_all) / 1e9;
+    for (int w = 0; detail && w < 2; w++) { /* what fabpool held at its held peak and at its in-use peak */
+        const fabpool_stats *d = &detail[w * 2];
+        uint64_t slab_free = 0, slab_used = 0;
+        for (int c = 0; c < FABPOOL_NUM_CLASSES && d->classes[c].size; c++)
+            if (d->classes[c].slabs) {
+                slab_free += d->classes[c].cached * d->classes[c].size;
+                slab_used += d->classes[c].in_use * d->classes[c].size;
+            }
+        fprintf(stderr, "fabpool at its %s (operation %zu): mapped %.1f MiB = in use %.1f MiB (slab blocks %.1f) + "
+                "cached %.1f MiB (free slab blocks %.1f, free large ranges and the rest %.1f) + retiring %.1f MiB; "
+                "pending on streams %.1f MiB\n", w ? "in-use peak" : "held peak", w ? detail_live_at : detail_at,
+                d->mapped_bytes / 1048576.0, d->in_use_bytes / 1048576.0, slab_used / 1048576.0,
+                d->cached_bytes / 1048576.0, slab_free / 1048576.0, (d->cached_bytes - slab_free) / 1048576.0,
+                d->retiring_bytes / 1048576.0, d->stream_pending_bytes / 1048576.0);
+    }
+    if (detail) {
+        free(detail);
+    }
     if (lag)
         for (unsigned k = 0; k < pl->n_streams; k++)
             cu.release((void *)s.streams[k]);
