@@ -83,15 +83,17 @@ static inline int t_pid_under(unsigned pid, unsigned root)
     return 0;
 }
 
-/* What NVML says every process outside this process tree uses on the device, in bytes; -1 where NVML cannot
- * say it (no NVML, or it does not list this process: its PIDs are then not ours to compare). */
-static inline int64_t t_nvml_others(CUdevice dev)
+/* NVML's list of the processes that use the CUDA device dev: their number, or -1 where NVML cannot say. The
+ * list is NVML's own records (t_nvml_proc), in a static array that the next call overwrites. */
+static inline int t_nvml_list(CUdevice dev, const t_nvml_proc **out)
 {
     static void *h;
     static CUdevice h_dev = -1;
+    /* room for twice the entries asked for: a newer NVML with a longer record stays in bounds */
+    static t_nvml_proc procs[512];
     if (!t_nvml_load())
         return -1;
-    if (h_dev != dev) {
+    if (h_dev != dev) { /* NVML names the device by the UUID the driver gives it */
         CUuuid u;
         char id[64];
         if (cuDeviceGetUuid(&u, dev) != CUDA_SUCCESS)
@@ -103,15 +105,25 @@ static inline int64_t t_nvml_others(CUdevice dev)
             return -1;
         h_dev = dev;
     }
-    /* room for twice the entries asked for: a newer NVML with a longer record stays in bounds */
-    static t_nvml_proc procs[512];
     unsigned n = 256;
     if (t_nvml.procs(h, &n, procs) != 0)
+        return -1;
+    *out = procs;
+    return (int)(n < 256 ? n : 256);
+}
+
+/* What NVML says every process outside this process tree uses on the device, in bytes; -1 where NVML cannot
+ * say it (no NVML, or it does not list this process: its PIDs are then not ours to compare). */
+static inline int64_t t_nvml_others(CUdevice dev)
+{
+    const t_nvml_proc *procs;
+    int n = t_nvml_list(dev, &procs);
+    if (n < 0)
         return -1;
     int64_t others = 0;
     int self = 0;
     unsigned me = (unsigned)getpid();
-    for (unsigned i = 0; i < n && i < 256; i++) {
+    for (int i = 0; i < n; i++) {
         if (t_pid_under(procs[i].pid, me))
             self |= procs[i].pid == me;
         else

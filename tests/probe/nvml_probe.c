@@ -61,25 +61,16 @@ static int recv_fd(int sock)
 
 static CUdevice dev;
 
+/* NVML's own count for this process and its children (what held.h does not rely on) */
 static int64_t nvml_self(void)
 {
-    static t_nvml_proc procs[512];
-    unsigned n = 256;
-    void *h = NULL;
-    CUuuid u;
-    char id[64];
-    if (!t_nvml_load() || cuDeviceGetUuid(&u, dev) != CUDA_SUCCESS)
-        return -1;
-    const unsigned char *b = (const unsigned char *)u.bytes;
-    snprintf(id, sizeof id, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-    if (t_nvml.by_uuid(id, &h) != 0 || t_nvml.procs(h, &n, procs) != 0)
-        return -1;
+    const t_nvml_proc *procs;
+    int n = t_nvml_list(dev, &procs);
     int64_t sum = 0;
-    for (unsigned i = 0; i < n && i < 256; i++)
+    for (int i = 0; i < n; i++)
         if (t_pid_under(procs[i].pid, (unsigned)getpid()))
             sum += (int64_t)procs[i].used;
-    return sum;
+    return n < 0 ? -1 : sum;
 }
 
 static int64_t base_dev, base_self, base_held;
