@@ -532,14 +532,16 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
         if (st != FABPOOL_OK)
             return st;
     }
-    /* sizes that add up to more than the whole device can never be mapped: say so before mapping any of them */
-    uint64_t dev_total = bs->sp->ch->dev_total, sum = 0;
-    for (size_t i = 0; i < n && sum <= dev_total; i++)
-        sum += sizes[i] < dev_total ? sizes[i] : dev_total + 1;
-    if (dev_total && sum > dev_total)
-        return fp_error(FABPOOL_ERR_OUT_OF_MEMORY, "fabpool_buffer_resize: %s %s more than device %d has in all "
-                        "(%llu bytes); nothing was mapped and every buffer keeps its size", n > 1 ? "the sizes" :
-                        "the size", n > 1 ? "add up to" : "is", bs->sp->ch->device, (unsigned long long)dev_total);
+    /* sizes that add up to more than the whole device can never be mapped (the sum saturates: no wrap) */
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum = sizes[i] > UINT64_MAX - sum ? UINT64_MAX : sum + sizes[i];
+    fabpool_status fits = fp_chunk_fits_device(bs->sp->ch, sum, n > 1 ? "fabpool_buffer_resize_set: sizes adding up to"
+                                                                      : "fabpool_buffer_resize: a size of");
+    if (fits != FABPOOL_OK) {
+        fp_error_append(", and every buffer keeps its size");
+        return fits;
+    }
     enum { STACK = 16 };
     uint32_t from_stack[STACK], *from = from_stack;
     if (n > STACK && !(from = fp_meta_alloc(bs->sp->meta, n * sizeof *from)))

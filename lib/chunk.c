@@ -161,6 +161,14 @@ fabpool_status fp_chunk_asleep_error(const char *fn)
                     "driver; call fabpool_wake first", fn);
 }
 
+fabpool_status fp_chunk_fits_device(const fp_chunks *ch, uint64_t bytes, const char *what)
+{
+    if (!ch->dev_total || bytes <= ch->dev_total)
+        return FABPOOL_OK;
+    return fp_error(FABPOOL_ERR_OUT_OF_MEMORY, "%s %llu bytes: more than device %d has in all (%llu bytes); nothing "
+                    "was mapped", what, (unsigned long long)bytes, ch->device, (unsigned long long)ch->dev_total);
+}
+
 /* A chunk that sleeps, freed while asleep (a trim, a buffer's unmap): marked
  * GONE, so that wake does not map it again.  1 if [va, va + size) was one. */
 static int forget_slept(fp_chunks *ch, uint64_t va, uint64_t size)

@@ -504,13 +504,9 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
                         "space (%llu bytes)", (unsigned long long)size, (unsigned long long)h->sp->va.size);
     /* the size rounded to the granularity, no class: at most 1.25x from 8 MiB on */
     uint64_t n = fp_round_up(size, h->sp->gran);
-    /* more than the whole device can never be mapped: say so before mapping any of it (mapping until the driver
-     * refused would take every free byte of the device from its other users for nothing) */
-    if (h->sp->ch->dev_total && n > h->sp->ch->dev_total)
-        return fp_error(FABPOOL_ERR_OUT_OF_MEMORY, "fabpool_alloc of %llu bytes: more than device %d has in all "
-                        "(%llu bytes); nothing was mapped", (unsigned long long)size, h->sp->ch->device,
-                        (unsigned long long)h->sp->ch->dev_total);
-    fabpool_status st = FABPOOL_OK;
+    fabpool_status st = fp_chunk_fits_device(h->sp->ch, n, "fabpool_alloc: a block of");
+    if (st != FABPOOL_OK)
+        return st;
     fp_lock(&h->sp->lock);
     fp_span *best = NULL;
     for (fp_span *f = h->large_free; f; f = f->next)

@@ -143,8 +143,6 @@ static struct fp_sleep *record_new(struct fabpool *p, fabpool_sleep_mode mode, f
     return r;
 }
 
-/* Unmaps the host copies and frees their reservation; idempotent, so that a
- * failure can be retried.  Pool lock held. */
 /* Unmaps one host copy (*va becomes 0) and counts it out.  A refusal of the
  * driver (tried twice) leaves it, and the first one goes into *st.  `what`
  * names it in the message. */
@@ -178,6 +176,8 @@ static fabpool_status host_range_free(struct fabpool *p, uint64_t *va, uint64_t 
     return FABPOOL_OK;
 }
 
+/* Unmaps the host copies and frees their reservation; idempotent, so that a
+ * failure can be retried.  Pool lock held. */
 static fabpool_status host_release(struct fabpool *p, struct fp_sleep *r)
 {
     fabpool_status st = FABPOOL_OK;

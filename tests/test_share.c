@@ -446,8 +446,9 @@ static void peer_grows(const char *self)
         CHECK(get(base + size - 16) == (uint64_t)i + 7777);
         seen = reply[0];
         CHECK_OK(fabpool_buffer_peers_ack(buf, seen));
-        if (t_held() - u0 > peak_dev)
-            peak_dev = t_held() - u0;
+        int64_t now = t_held() - u0;
+        if (now > peak_dev)
+            peak_dev = now;
     }
     CHECK(bad == 0);
     struct step_msg last = {0, 0, 1};

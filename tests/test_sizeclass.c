@@ -19,8 +19,6 @@
 #define GB (1ull << 30)
 #define TB (1ull << 40)
 
-
-
 /* Pool destroyed with nothing live, and the driver holds nothing. */
 static void destroy_clean(fabpool_t *p)
 {

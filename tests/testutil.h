@@ -1,8 +1,9 @@
 /* testutil.h - checks, and what the driver holds, for fabpool's tests.
  * The tests use the plain driver API to read data back and to ask what
  * memory the driver holds: the simulated driver's ledger when it is the
- * driver loaded (fabsim_get_ledger), else what NVML says this process holds
- * on the real one (held.h; the whole device's use where NVML cannot say). */
+ * driver loaded (fabsim_get_ledger), else the real device's used memory less
+ * what NVML says the other processes use (held.h; the whole device's use
+ * where NVML cannot say). */
 #ifndef FP_TESTUTIL_H
 #define FP_TESTUTIL_H
 
