@@ -144,9 +144,18 @@ FABPOOL_API const char *fabpool_torch_last_error(void);
 FABPOOL_API int fabpool_torch_set_verbose(int on);
 
 /* Empties and destroys every pool (for tests and for the end of a program,
- * once PyTorch has freed everything).  FABPOOL_ERR_BUSY, and nothing
- * destroyed for that device, while it still has live blocks.  No other
- * thread may use the allocator meanwhile. */
+ * once PyTorch has freed everything): each device's (fabpool_torch_alloc)
+ * and each tag's (fabpool_torch_tag_slot, the MemPools of
+ * fabpool_torch.mempool(tag=...)), once the work on their streams is done.
+ * A pool that still has live blocks stays as it is, its memory and data
+ * with it, and keeps working; the others are destroyed, and the answer is
+ * FABPOOL_ERR_BUSY with a message that names each device and tag left.
+ * Afterwards fabpool_torch_alloc makes a new pool for its device; a
+ * destroyed tag's slot is unbound, so its allocator pair answers NULL
+ * (fabpool_torch_tag_last_error says why) until fabpool_torch_tag_slot
+ * binds a tag to it again: a MemPool made before the shutdown must not be
+ * used after it (make a new one).  No other thread may use the allocator
+ * meanwhile. */
 FABPOOL_API fabpool_status fabpool_torch_shutdown(void);
 
 #ifdef __cplusplus

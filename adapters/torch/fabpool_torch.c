@@ -24,6 +24,7 @@
 
 #include "fabpool.h"
 #include "fabpool_torch.h"
+#include "torch_tags.h"
 
 #define FT_MAX_DEVICES 64
 
@@ -660,6 +661,12 @@ fabpool_status fabpool_torch_shutdown(void)
         }
         atomic_store_explicit(&ft_devs[i], NULL, memory_order_release);
         dev_free(d);
+    }
+    char tmsg[1024];
+    if (ft_tags_shutdown(tmsg, sizeof tmsg) != FABPOOL_OK) {
+        char dmsg[sizeof ft_msg]; /* a device's message first, where one was busy too */
+        snprintf(dmsg, sizeof dmsg, "%s", st == FABPOOL_OK ? "fabpool_torch_shutdown: " : ft_msg);
+        st = ft_error(FABPOOL_ERR_BUSY, "%s%s%s", dmsg, st == FABPOOL_OK ? "" : "; ", tmsg);
     }
     pthread_mutex_unlock(&ft_init_lock);
     return st;

@@ -26,6 +26,10 @@ static fabpool_status (*T_shutdown)(void);
 static fabpool_status (*T_mstats)(int, fabpool_torch_mem_stats *);
 static fabpool_status (*T_reset_peak)(int);
 static fabpool_status (*T_reset_acc)(int);
+static int (*T_tag_slot)(const char *, int);
+static int (*T_tag_list)(int, char *, size_t);
+static const char *(*T_tag_err)(void);
+static int (*T_tag_sleep)(const char *, int, int, void *);
 
 static int (*S_hold)(void *);
 static int (*S_release)(void *);
@@ -325,6 +329,108 @@ static void check_memory_stats(void *s, fabsim_ledger l0)
     CHECK(T_empty(0) == FABPOOL_OK); /* nothing cached for what follows */
 }
 
+/* The slot of `tag` on device 0 and its allocator pair, as fabpool_torch.mempool(tag=...) binds them for a
+ * MemPool: 0, or -1 if the slot was refused. */
+static int tag_bind(void *h, const char *tag, alloc_fn *a, free_fn *f)
+{
+    int k = T_tag_slot(tag, 0);
+    CHECK(k >= 0);
+    if (k < 0)
+        return -1;
+    char name[64];
+    snprintf(name, sizeof name, "fabpool_torch_tag%d_alloc", k);
+    *(void **)a = dlsym(h, name);
+    snprintf(name, sizeof name, "fabpool_torch_tag%d_free", k);
+    *(void **)f = dlsym(h, name);
+    CHECK(*a != NULL && *f != NULL);
+    return *a && *f ? 0 : -1;
+}
+
+static int ledger_back_to(fabsim_ledger l0, const char *where)
+{
+    fabsim_ledger l = t_ledger();
+    int ok = l.bytes_held == l0.bytes_held && l.mappings == l0.mappings && l.reservations == l0.reservations &&
+             l.handles == l0.handles;
+    if (!ok)
+        fprintf(stderr, "%s: the driver holds %llu bytes in %llu mappings, %llu reservations, %llu handles "
+                "(started with %llu, %llu, %llu, %llu)\n", where, (unsigned long long)l.bytes_held,
+                (unsigned long long)l.mappings, (unsigned long long)l.reservations, (unsigned long long)l.handles,
+                (unsigned long long)l0.bytes_held, (unsigned long long)l0.mappings,
+                (unsigned long long)l0.reservations, (unsigned long long)l0.handles);
+    return ok;
+}
+
+/* Shutdown destroys the tags' pools (MemPools of fabpool_torch.mempool(tag=...)) as well as the devices':
+ * the driver holds nothing after it.  A tag with a live block keeps its pool, its memory and its data
+ * (FABPOOL_ERR_BUSY, the tag named), while the pools with nothing live go.  After a shutdown a tag slot is
+ * unbound: its pair refuses until fabpool_torch_tag_slot binds it again, and then works. */
+static void check_shutdown_with_tags(void *h, void *s, fabsim_ledger l0)
+{
+    char list[256];
+    /* every block freed: nothing left anywhere */
+    alloc_fn ta;
+    free_fn tf;
+    if (tag_bind(h, "weights", &ta, &tf) != 0)
+        return;
+    void *w = ta(64u << 20, 0, s);
+    void *d = T_alloc(1u << 20, 0, s);
+    CHECK(w != NULL && d != NULL);
+    tf(w, 64u << 20, 0, s);
+    T_free(d, 1u << 20, 0, s);
+    CHECK(T_shutdown() == FABPOOL_OK);
+    CHECK(ledger_back_to(l0, "shutdown after a tag's blocks were freed"));
+    CHECK(T_tag_list(0, list, sizeof list) == FABPOOL_OK && list[0] == 0);
+
+    /* the old slot is unbound now: refused with a message, nothing allocated */
+    CHECK(ta(4096, 0, s) == NULL && strstr(T_tag_err(), "fabpool_torch_tag_slot") != NULL);
+    CHECK(ledger_back_to(l0, "an unbound slot's allocation"));
+
+    /* a tag with a live block: BUSY, that tag's pool and data stay; the default pool (nothing live) goes */
+    if (tag_bind(h, "kv", &ta, &tf) != 0)
+        return;
+    size_t kv_size = (2u << 20) + 512;
+    void *kv = ta(kv_size, 0, s);
+    CHECK(kv != NULL);
+    if (!kv)
+        return;
+    t_put_tag(kv, kv_size, 0x6b76);
+    d = T_alloc(3000, 0, s);
+    CHECK(d != NULL);
+    T_free(d, 3000, 0, s);
+    fabsim_ledger la = t_ledger();
+    CHECK(T_shutdown() == FABPOOL_ERR_BUSY);
+    CHECK(strstr(T_err(), "'kv'") != NULL && strstr(T_err(), "1 live block") != NULL);
+    CHECK(T_tag_list(0, list, sizeof list) == FABPOOL_OK && strcmp(list, "kv") == 0);
+    CHECK(t_ledger().bytes_held < la.bytes_held); /* the default pool's memory went back */
+    CHECK(t_tag_ok(kv, kv_size, 0x6b76));
+    d = T_alloc(3000, 0, s); /* a device and a tag busy: the message names both */
+    CHECK(d != NULL);
+    CHECK(T_shutdown() == FABPOOL_ERR_BUSY);
+    CHECK(strstr(T_err(), "device 0 still has 1 live blocks") != NULL && strstr(T_err(), "'kv'") != NULL);
+    T_free(d, 3000, 0, s);
+    void *kv2 = ta(4096, 0, s); /* the tag still allocates */
+    CHECK(kv2 != NULL);
+    tf(kv2, 4096, 0, s);
+    tf(kv, kv_size, 0, s);
+    CHECK(T_shutdown() == FABPOOL_OK);
+    CHECK(ledger_back_to(l0, "shutdown once the tag's block was freed"));
+
+    /* and everything works again after a shutdown; a tag asleep (its data offloaded to the host) goes too */
+    if (tag_bind(h, "weights", &ta, &tf) != 0)
+        return;
+    w = ta(8u << 20, 0, s);
+    d = T_alloc(1234, 0, s);
+    CHECK(w != NULL && d != NULL);
+    if (w)
+        t_put_tag(w, 8u << 20, 0x77);
+    CHECK(w == NULL || t_tag_ok(w, 8u << 20, 0x77));
+    CHECK(T_tag_sleep("weights", 0, 1, NULL) == FABPOOL_OK && t_ledger().bytes_held_host > 0);
+    tf(w, 8u << 20, 0, s);
+    T_free(d, 1234, 0, s);
+    CHECK(T_shutdown() == FABPOOL_OK);
+    CHECK(ledger_back_to(l0, "shutdown after a second round") && t_ledger().bytes_held_host == 0);
+}
+
 typedef struct worker {
     int id;
     int failures;
@@ -386,6 +492,10 @@ int main(int argc, char **argv)
     SYM(T_mstats, "fabpool_torch_get_memory_stats");
     SYM(T_reset_peak, "fabpool_torch_reset_peak_stats");
     SYM(T_reset_acc, "fabpool_torch_reset_accumulated_stats");
+    SYM(T_tag_slot, "fabpool_torch_tag_slot");
+    SYM(T_tag_list, "fabpool_torch_tag_list");
+    SYM(T_tag_err, "fabpool_torch_tag_last_error");
+    SYM(T_tag_sleep, "fabpool_torch_tag_sleep");
 #undef SYM
     /* one file, the PyTorch ABI only: fabpool's own symbols stay inside */
     CHECK(dlsym(h, "fabpool_alloc") == NULL && dlsym(h, "fp_drv_load") == NULL);
@@ -580,6 +690,7 @@ int main(int argc, char **argv)
         T_free(p, 1234, 0, s1);
         CHECK(T_shutdown() == FABPOOL_OK);
     }
+    check_shutdown_with_tags(h, s1, l0);
     CHECK_CU(cuStreamDestroy(s1));
     CHECK_CU(cuStreamDestroy(s2));
     return t_done("test_torch_shim");

@@ -169,6 +169,33 @@ else:
     print("test_torch_tags: no torch with CUDA here: the MemPool part is skipped")
 
 lib.fabpool_torch_free(d_ptr, 3 * MB, 0, None)
+
+
+# shutdown: refused while the tags hold blocks (each named), then every pool gone, the tags' too (without
+# torch: with it, PyTorch's caching allocator still holds the MemPool's segments)
+def check_shutdown():
+    try:
+        fabpool_torch.shutdown()
+        check(False, "shutdown refused while tags have live blocks")
+    except fabpool_torch.FabpoolError as e:
+        check("'weights'" in str(e) and "'kv'" in str(e), "the refusal names the busy tags: %s" % e)
+    check(sorted(fabpool_torch.tags(0)) == ["kv", "weights"], "the busy tags stay: %s" % fabpool_torch.tags(0))
+    for tag in ("weights", "kv"):
+        tfree = getattr(lib, "fabpool_torch_tag%d_free" % slots[tag])
+        tfree.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        for p, size, _ in ptrs[tag]:
+            tfree(p, size, 0, None)
+    fabpool_torch.shutdown()
+    check(fabpool_torch.tags(0) == [], "no tag after shutdown: %s" % fabpool_torch.tags(0))
+    if sim:
+        check(ledger().bytes_held == held0 and ledger().mappings == 0 and ledger().reservations == 0,
+              "the driver holds nothing after shutdown")
+
+
+if have_torch:
+    print("test_torch_tags: torch holds a MemPool: the shutdown part is skipped")
+else:
+    check_shutdown()
 if failures:
     print("test_torch_tags: %d failed" % len(failures))
     sys.exit(1)

@@ -22,6 +22,7 @@
 
 #include "fabpool.h"
 #include "fabpool_torch.h"
+#include "torch_tags.h"
 
 #define FP_TORCH_TAG_SLOTS 8
 #define FP_TORCH_TAG_NAME 64
@@ -112,8 +113,8 @@ static void *tag_alloc(int k, size_t size, int device, void *stream)
 {
     tag_slot *s = &slots[k];
     if (!s->pool || s->device != device) {
-        snprintf(tag_msg, sizeof tag_msg, "fabpool_torch: tag slot %d is not bound to device %d "
-                 "(fabpool_torch_tag_slot first)", k, device);
+        snprintf(tag_msg, sizeof tag_msg, "fabpool_torch: tag slot %d is not bound to device %d: "
+                 "fabpool_torch_tag_slot binds it (first, and again after fabpool_torch_shutdown)", k, device);
         return NULL;
     }
     void *p = NULL;
@@ -240,4 +241,39 @@ FP_EXPORT int fabpool_torch_tag_list(int device, char *buf, size_t cap)
             n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? "," : "", slots[k].name);
     pthread_mutex_unlock(&tags_lock);
     return n < cap ? FABPOOL_OK : FABPOOL_ERR_LIMIT;
+}
+
+fabpool_status ft_tags_shutdown(char *msg, size_t cap)
+{
+    fabpool_status st = FABPOOL_OK;
+    size_t n = 0;
+    msg[0] = 0;
+    pthread_mutex_lock(&tags_lock);
+    for (int k = 0; k < FP_TORCH_TAG_SLOTS; k++) {
+        tag_slot *s = &slots[k];
+        if (!s->pool)
+            continue;
+        /* blocks freed on streams back to the pool first, so that only what
+         * PyTorch still holds counts as live */
+        fabpool_collect(s->pool, 1);
+        fabpool_stats ps;
+        uint64_t blocks = 0, bytes = 0;
+        if (fabpool_get_stats(s->pool, &ps) == FABPOOL_OK) {
+            blocks = ps.blocks - ps.stream_pending_blocks + ps.buffers;
+            bytes = ps.in_use_bytes - ps.stream_pending_bytes;
+        }
+        if (blocks) {
+            st = FABPOOL_ERR_BUSY;
+            if (n < cap)
+                n += (size_t)snprintf(msg + n, cap - n, "%stag '%s' on device %d still has %llu live block%s "
+                                      "(%llu bytes), so its pool stays: free the tensors of its MemPools first",
+                                      n ? "; " : "", s->name, s->device, (unsigned long long)blocks,
+                                      blocks == 1 ? "" : "s", (unsigned long long)bytes);
+            continue;
+        }
+        fabpool_destroy(s->pool);
+        memset(s, 0, sizeof *s);
+    }
+    pthread_mutex_unlock(&tags_lock);
+    return st;
 }

@@ -239,8 +239,17 @@ def empty(device=-1):
 
 
 def shutdown():
-    """Empties and destroys every pool (all tensors must be freed first)."""
-    _check(load().fabpool_torch_shutdown(), "fabpool_torch_shutdown")
+    """Empties and destroys every pool, the devices' and the tags' (all tensors
+    must be freed first: a pool with live blocks stays, and the error names
+    it).  A MemPool made before must not be used after; mempool() makes a
+    new one."""
+    try:
+        _check(load().fabpool_torch_shutdown(), "fabpool_torch_shutdown")
+    finally:
+        # a destroyed tag's slot is unbound: its allocator pair is not the tag's any more
+        for tag, idx in list(_tag_allocators):
+            if tag not in tags(idx):
+                del _tag_allocators[(tag, idx)]
 
 
 # ---------------------------------------------------------------- statistics
