@@ -50,10 +50,16 @@
  *
  * --check: exit 1 unless every allocator asked for ran, every allocation,
  * buffer creation and resize that succeeded in the trace succeeded in the
- * replay, and fabpool's live bytes are 0 once the replay freed what the trace
- * left live (on the simulated driver: nothing held after its pool is
- * destroyed).  --max-held R (with --check): and fabpool's peak held at most
- * R times the trace's live peak.  Times mean something only on a real GPU. */
+ * replay, and fabpool has no live byte, block or buffer once the replay freed
+ * what the trace left live and the blocks freed on streams went back to the
+ * pool (fabpool_collect, waiting) (on the simulated driver: nothing held after
+ * its pool is destroyed).  --max-held R (with --check): and fabpool's peak
+ * held at most R times the trace's live peak.  Times mean something only on a
+ * real GPU.
+ *
+ * FABPOOL_REPLAY_DROP_FREES=N in the environment: fabpool's replay leaves out
+ * the trace's first N frees, and frees those blocks at no point: a leak made
+ * on purpose, which --check must report (the test of the check). */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
@@ -318,7 +324,8 @@ typedef struct rres {
     uint64_t maps;                       /* physical allocations / maps; UINT64_MAX unknown */
     uint64_t maps_late;                  /* of those, in the second half of the operations (steady state) */
     uint64_t left_live;                  /* objects the trace left live, freed after the timed part */
-    uint64_t live_end;                   /* fabpool: in_use bytes after that; UINT64_MAX n/a */
+    uint64_t live_end;                   /* fabpool: in_use bytes after that and a collect; UINT64_MAX n/a */
+    uint64_t live_blocks_end, live_buffers_end; /* fabpool: blocks and buffers live then */
     uint64_t held_after;                 /* sim: bytes held after the allocator is gone; UINT64_MAX n/a */
     int sim;                             /* ran on the simulated driver */
     char calls_what[120];
@@ -343,6 +350,7 @@ typedef struct replay_state {
     uint16_t *obj_stream; /* the stream of the block's allocation */
     int stream_pair;      /* fabpool at the adapter's level: fabpool_alloc_on_stream / free_on_stream, as the
                              PyTorch shim calls them */
+    uint64_t drop_frees;  /* FABPOOL_REPLAY_DROP_FREES: frees still to leave out */
 } replay_state;
 
 static int x_alloc(replay_state *s, size_t n, unsigned si, void **p)
@@ -420,6 +428,10 @@ static int do_op(replay_state *s, const rop *o)
             return 0; /* its allocation failed in the replay: counted there */
         p = s->ptr[o->obj];
         s->ptr[o->obj] = NULL;
+        if (s->drop_frees) { /* a leak on purpose: the block stays the replay's, never freed */
+            s->drop_frees--;
+            return 0;
+        }
         return x_free(s, p, s->obj_stream[o->obj]);
     case R_BCREATE:
         if (s->kind == A_FABPOOL) {
@@ -567,6 +579,9 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
     if (kind == A_FABPOOL)
         calls0 = fab_calls(s.pool, &maps0);
     s.stream_pair = kind == A_FABPOOL && pl->app;
+    const char *drop = getenv("FABPOOL_REPLAY_DROP_FREES");
+    if (kind == A_FABPOOL && drop)
+        s.drop_frees = strtoull(drop, NULL, 10);
     int lag = gpu_lag && cu.hold && cu.release;
 
     r->held_base = driver_held();
@@ -700,8 +715,16 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
     }
     cu.ctx_sync();
     if (kind == A_FABPOOL) {
-        if (fabpool_get_stats(s.pool, fst) == FABPOOL_OK)
-            r->live_end = fst->in_use_bytes + fst->blocks + fst->buffers;
+        /* blocks freed on a stream that does not own the pool wait in its queue for the stream's work (no call
+         * of the replay made the pool poll them, and the replay queues no work): they are not live, so they go
+         * back to the pool first; what stays counted is what the replay did not free */
+        if (fabpool_collect(s.pool, 1) != FABPOOL_OK)
+            snprintf(r->error, sizeof r->error, "fabpool_collect: %s", fabpool_last_error());
+        if (fabpool_get_stats(s.pool, fst) == FABPOOL_OK) {
+            r->live_end = fst->in_use_bytes;
+            r->live_blocks_end = fst->blocks;
+            r->live_buffers_end = fst->buffers;
+        }
         fabpool_status st = fabpool_destroy(s.pool);
         if (st != FABPOOL_OK)
             snprintf(r->error, sizeof r->error, "fabpool_destroy: %s", fabpool_last_error());
@@ -970,7 +993,8 @@ int main(int argc, char **argv)
                 fprintf(js, ",\"driver_calls_are\":\"%s\",\"left_live_by_trace\":%" PRIu64, r->calls_what,
                         r->left_live);
                 if (r->live_end != UINT64_MAX)
-                    fprintf(js, ",\"live_end\":%" PRIu64, r->live_end);
+                    fprintf(js, ",\"live_end\":%" PRIu64 ",\"live_blocks_end\":%" PRIu64
+                            ",\"live_buffers_end\":%" PRIu64, r->live_end, r->live_blocks_end, r->live_buffers_end);
                 if (r->held_after != UINT64_MAX)
                     fprintf(js, ",\"held_after\":%" PRIu64, r->held_after);
                 fprintf(js, ",\"latency_ns\":{");
@@ -1006,9 +1030,11 @@ int main(int argc, char **argv)
                    res[k].left_live);
     if (check && want[A_FABPOOL] && res[A_FABPOOL].ran) {
         rres *r = &res[A_FABPOOL];
-        if (r->live_end != 0) {
-            printf("CHECK FAILED: fabpool holds %" PRIu64 " live bytes + blocks + buffers after the replay freed "
-                   "everything\n", r->live_end);
+        if (r->live_end != 0 || r->live_blocks_end != 0 || r->live_buffers_end != 0) {
+            printf("CHECK FAILED: fabpool holds %" PRIu64 " live bytes in %" PRIu64 " block%s and %" PRIu64
+                   " buffer%s after the replay freed everything and the blocks freed on streams went back to the "
+                   "pool\n", r->live_end, r->live_blocks_end, r->live_blocks_end == 1 ? "" : "s",
+                   r->live_buffers_end, r->live_buffers_end == 1 ? "" : "s");
             failed = 1;
         }
         if (r->held_after != UINT64_MAX && r->held_after != 0) {

@@ -6,7 +6,8 @@
  * held; %p / %d and a second pool on the same path; the flush at exit of a
  * process that never destroys its pool; a forked child writing nothing; and
  * truncated or corrupt files refused by the reader and by fabpool_replay
- * (argv[1]). */
+ * (argv[1]); fabpool_replay --check on a trace of the stream pair on two
+ * streams: passed when everything was freed, failed on a block left live. */
 #include <pthread.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -390,6 +391,16 @@ static int copy_cut(const char *from, const char *to, long cut, long flip)
     return 0;
 }
 
+/* Runs a shell command, its output (stdout and stderr) into out: its exit status, or -1. */
+static int run_cmd(const char *cmd, char *out, size_t cap)
+{
+    FILE *pp = popen(cmd, "r");
+    size_t got = pp ? fread(out, 1, cap - 1, pp) : 0;
+    out[got] = 0;
+    int rc = pp ? pclose(pp) : -1;
+    return rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
 static void refused(const char *replay)
 {
     char good[300], bad[300], err[512], cmd[1200];
@@ -415,12 +426,8 @@ static void refused(const char *replay)
         CHECK(strstr(err, cases[i].says) != NULL);
         if (replay) {
             snprintf(cmd, sizeof cmd, "'%s' '%s' --allocators fabpool --check 2>&1", replay, bad);
-            FILE *pp = popen(cmd, "r");
-            char out[2048] = {0};
-            size_t got = pp ? fread(out, 1, sizeof out - 1, pp) : 0;
-            out[got] = 0;
-            int rc = pp ? pclose(pp) : -1;
-            CHECK(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+            char out[2048];
+            CHECK(run_cmd(cmd, out, sizeof out) == 1);
             CHECK(strstr(out, "refused") != NULL && strstr(out, cases[i].says) != NULL);
         }
     }
@@ -496,6 +503,74 @@ static void asleep_in_trace(void)
     trace_free(&d);
 }
 
+/* A program's trace of the stream pair on two streams, everything freed: fabpool_replay --check passes on it.
+ * At the end of the replay the blocks freed on the stream that does not own the pool still wait in its queue
+ * (the replay runs no GPU work, so nothing polled them): they are not live.  A block the replay really leaves
+ * live (FABPOOL_REPLAY_DROP_FREES=1: its first free is not made) still fails the check. */
+static void two_streams_replay(const char *replay)
+{
+    char path[300], cmd[1200], out[8192];
+    snprintf(path, sizeof path, "%s/two-streams.trace", dir);
+    fabsim_ledger l0 = t_ledger();
+    fabpool_t *p = make(path, NULL);
+    if (!p)
+        return;
+    CUstream s[2];
+    CHECK_CU(cuStreamCreate(&s[0], 0));
+    CHECK_CU(cuStreamCreate(&s[1], 0));
+    enum { N = 48 };
+    void *live[N] = {0};
+    int on[N] = {0};
+    uint64_t seed = 2024;
+    for (int op = 0; op < 2000; op++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int k = (int)((seed >> 33) % N);
+        if (live[k]) {
+            CHECK_OK(fabpool_free_on_stream(p, live[k], s[on[k]]));
+            live[k] = NULL;
+        } else {
+            unsigned r = (unsigned)(seed >> 40);
+            size_t size = r % 6 == 0 ? (size_t)(1 + r % 24) << 20 : 256 + r % (512 << 10);
+            on[k] = (int)((seed >> 20) & 1);
+            CHECK_OK(fabpool_alloc_on_stream(p, size, s[on[k]], &live[k]));
+        }
+    }
+    for (int k = 0; k < N; k++)
+        if (live[k])
+            CHECK_OK(fabpool_free_on_stream(p, live[k], s[on[k]]));
+    CHECK_OK(fabpool_collect(p, 1));
+    fabpool_stats st;
+    CHECK_OK(fabpool_get_stats(p, &st));
+    CHECK(st.in_use_bytes == 0 && st.blocks == 0);
+    CHECK_OK(fabpool_destroy(p));
+    fabsim_ledger l1 = t_ledger();
+    CHECK(l1.bytes_held == l0.bytes_held && l1.mappings == l0.mappings);
+    CHECK_CU(cuStreamDestroy(s[0]));
+    CHECK_CU(cuStreamDestroy(s[1]));
+
+    trace_data d;
+    if (load(path, &d) != 0) {
+        CHECK(0);
+        return;
+    }
+    trace_summary sum;
+    trace_summarize(&d, &sum);
+    CHECK(sum.n_streams == 2 && sum.live_end == 0 && sum.objects_end == 0 && sum.unknown_frees == 0);
+    trace_free(&d);
+    if (!replay)
+        return;
+    snprintf(cmd, sizeof cmd, "'%s' '%s' --allocators fabpool --check 2>&1", replay, path);
+    int rc = run_cmd(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "check passed") != NULL);
+    if (rc != 0)
+        fprintf(stderr, "%s:\n%s\n", cmd, out);
+    snprintf(cmd, sizeof cmd, "FABPOOL_REPLAY_DROP_FREES=1 '%s' '%s' --allocators fabpool --check 2>&1", replay, path);
+    rc = run_cmd(cmd, out, sizeof out);
+    CHECK(rc == 1 && strstr(out, "CHECK FAILED: fabpool holds") != NULL && strstr(out, "live bytes in 1 block and 0 buffers") != NULL);
+    if (rc != 1)
+        fprintf(stderr, "%s:\n%s\n", cmd, out);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--exit-child"))
@@ -514,6 +589,7 @@ int main(int argc, char **argv)
     exit_flush_and_fork();
     refused(argc > 1 ? argv[1] : NULL);
     asleep_in_trace();
+    two_streams_replay(argc > 1 ? argv[1] : NULL);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (!t_failures && system(cmd) != 0)
