@@ -25,21 +25,31 @@
  *    8  u64      ptr: the block, or the buffer's base (its name in the trace)
  *   16  u64      size: asked (alloc, buffer create and resize, app alloc);
  *                trim: bytes to keep; 0 otherwise
- *   24  u64      arg: the CUstream (buffer resize / destroy, app alloc / free);
- *                buffer create: max_size
+ *   24  u64      arg: the CUstream (buffer resize / destroy, app alloc / free:
+ *                the stream given to the call); buffer create: max_size
  *   32  u8       op (FABPOOL_TR_*)
  *   33  u8       status: the fabpool_status of the call where it was known
  *                when recorded, FABPOOL_TRACE_STATUS_UNKNOWN where it was not (a
  *                free is recorded before it happens, so that no later
  *                allocation of the same address can precede it in the file)
- *   34  u16      0
+ *   34  u16      flags (FABPOOL_TRACE_R_*)
  *   36  u32      thread: 1, 2, ... in the order threads first recorded
  *
- * Ops: fabpool's own calls (alloc, free, the buffers, trim), and the calls of
- * an adapter that keeps blocks of its own above the pool (the PyTorch shim:
- * "app" records carry what the framework asked, with its stream).  A trace
- * with app records is a workload at the framework's level; the pool's
- * records under it show what reached the pool. */
+ * Ops: fabpool's own calls (alloc, free, the buffers, trim), and the
+ * stream-ordered pair (fabpool_alloc_on_stream / fabpool_free_on_stream, what
+ * the PyTorch shim calls): "app" records carry what was asked, with its
+ * stream.  Under an app record, the pool's alloc and free records show what
+ * reached the pool (a block freed on a stream and taken back by that stream
+ * reaches it neither time).
+ *
+ * Two levels: the pool's (every alloc and free record: what reached the
+ * pool, with the buffers and trims) and the application's (the calls the
+ * program made, whatever their mix).  A writer that sets
+ * FABPOOL_TRACE_F_APP_MARKED in the header marks each record of a call the
+ * application made with FABPOOL_TRACE_R_APP; the records the pool makes of
+ * itself under such a call (the stream pair's alloc and free) carry no mark.
+ * In a trace without that header flag, the application's level is its app
+ * records and its buffer records. */
 #ifndef FABPOOL_TRACE_FORMAT_H
 #define FABPOOL_TRACE_FORMAT_H
 
@@ -66,7 +76,13 @@ enum fabpool_trace_op {
     FABPOOL_TR_NOPS = 10
 };
 
-enum { FABPOOL_TRACE_F_SYNTHETIC = 1u };  /* made by a generator, not recorded from a program */
+enum {
+    FABPOOL_TRACE_F_SYNTHETIC = 1u,   /* made by a generator, not recorded from a program */
+    FABPOOL_TRACE_F_APP_MARKED = 2u   /* every record says whether the application made the call (FABPOOL_TRACE_R_APP) */
+};
+
+/* A record's flags. */
+enum { FABPOOL_TRACE_R_APP = 1u };    /* a call the application made, not one the pool made of itself */
 
 typedef struct fabpool_trace_header {
     int32_t device;
@@ -78,6 +94,7 @@ typedef struct fabpool_trace_rec {
     uint64_t t_ns, ptr, size, arg;
     uint8_t op, status;
     uint32_t thread;
+    uint16_t flags;
 } fabpool_trace_rec;
 
 static inline void fabpool_le_put64(unsigned char *b, uint64_t v)
@@ -126,7 +143,8 @@ static inline void fabpool_trace_encode_rec(unsigned char b[FABPOOL_TRACE_RECORD
     fabpool_le_put64(b + 24, r->arg);
     b[32] = r->op;
     b[33] = r->status;
-    b[34] = b[35] = 0;
+    b[34] = (unsigned char)r->flags;
+    b[35] = (unsigned char)(r->flags >> 8);
     fabpool_le_put32(b + 36, r->thread);
 }
 
@@ -138,6 +156,7 @@ static inline void fabpool_trace_decode_rec(const unsigned char b[FABPOOL_TRACE_
     r->arg = fabpool_le_get64(b + 24);
     r->op = b[32];
     r->status = b[33];
+    r->flags = (uint16_t)(b[34] | b[35] << 8);
     r->thread = fabpool_le_get32(b + 36);
 }
 

@@ -301,7 +301,8 @@ static inline int tcache_push(fp_tcache *tc, fp_span *s, uint64_t addr)
 
 /* ------------------------------------------------------------ blocks */
 
-/* Set while fabpool_alloc_on_stream calls fabpool_alloc after a poll of its own. */
+/* Set while fabpool_alloc_on_stream calls fabpool_alloc after a poll of its own (and so, for the trace,
+ * while fabpool_alloc is the pool's call and not the application's). */
 static _Thread_local int tls_polled;
 
 static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
@@ -360,15 +361,21 @@ static fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
     return st;
 }
 
+/* An allocation with a trace: recorded with its status and trace_flags (FABPOOL_TRACE_R_APP for the
+ * application's fabpool_alloc, 0 for the stream pair's own). */
+static fabpool_status alloc_traced(fp_alloc *a, size_t size, void **out, unsigned trace_flags)
+{
+    fabpool_status st = alloc_slow(a, size, out);
+    fp_trace_record(a->trace, FABPOOL_TR_ALLOC, trace_flags, st == FABPOOL_OK && out ? (uint64_t)(uintptr_t)*out : 0,
+                    size, 0, (unsigned)st);
+    return st;
+}
+
 /* fabpool_alloc's work, for any caller: the stream pair's owner comes here directly. */
 static inline fabpool_status alloc_any(fp_alloc *a, size_t size, void **out)
 {
-    if (FP_UNLIKELY(a && a->trace)) {
-        fabpool_status st = alloc_slow(a, size, out);
-        fp_trace_record(a->trace, FABPOOL_TR_ALLOC, st == FABPOOL_OK && out ? (uint64_t)(uintptr_t)*out : 0, size, 0,
-                        (unsigned)st);
-        return st;
-    }
+    if (FP_UNLIKELY(a && a->trace))
+        return alloc_traced(a, size, out, 0);
     if (FP_LIKELY(a && out && size && size <= a->slab_max)) {
         fp_tcache *tc = tcache_hot(a);
         if (FP_LIKELY(tc && tcache_pop(tc, fp_class_of(size), out)))
@@ -392,6 +399,8 @@ fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
             return st;
         }
     }
+    if (FP_UNLIKELY(a && a->trace))
+        return alloc_traced(a, size, out, tls_polled ? 0u : FABPOOL_TRACE_R_APP);
     return alloc_any(a, size, out);
 }
 
@@ -452,19 +461,27 @@ static fabpool_status not_ours(const fp_alloc *a, const char *fn, const void *pt
                     "returned to the driver", fn, ptr, (int)a->sp->ch->dev);
 }
 
-fabpool_status fabpool_free(fabpool_t *p, void *ptr)
+/* fabpool_free's work; trace_flags: FABPOOL_TRACE_R_APP for the application's call, 0 for the pool's own
+ * (a block freed on a stream, given back once its work is done). */
+static inline fabpool_status free_any(fp_alloc *a, void *ptr, unsigned trace_flags)
 {
-    fp_alloc *a = A(p);
-    if (FP_UNLIKELY(!a))
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free(%p): the pool is NULL", ptr);
     if (FP_UNLIKELY(!ptr))
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free: the pointer is NULL");
-    FP_TRACE(a->trace, FABPOOL_TR_FREE, ptr, 0, 0); /* before the free: no reuse of ptr can precede it in the trace */
+    /* before the free: no reuse of ptr can precede it in the trace */
+    FP_TRACE_F(a->trace, trace_flags, FABPOOL_TR_FREE, ptr, 0, 0, FABPOOL_TRACE_STATUS_UNKNOWN);
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
     fp_span *s = fp_map_get(&a->map, addr);
     if (FP_UNLIKELY(!s))
         return not_ours(a, "fabpool_free", ptr);
     return free_block(a, s, addr, "fabpool_free");
+}
+
+fabpool_status fabpool_free(fabpool_t *p, void *ptr)
+{
+    fp_alloc *a = A(p);
+    if (FP_UNLIKELY(!a))
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free(%p): the pool is NULL", ptr);
+    return free_any(a, ptr, FABPOOL_TRACE_R_APP);
 }
 
 fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
@@ -508,7 +525,7 @@ static void release_chain(fp_alloc *a, fp_rblock *chain)
 {
     for (fp_rblock *b = chain; b; b = b->fnext) {
         unpend(a, b->ptr);
-        if (fabpool_free(P(a), (void *)(uintptr_t)b->ptr) == FABPOOL_OK)
+        if (free_any(a, (void *)(uintptr_t)b->ptr, 0) == FABPOOL_OK)
             fp_retire_released(a->retire);
     }
     fp_retire_recycle(a->retire, chain);
@@ -616,7 +633,7 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
         if (FP_UNLIKELY(a->trace)) {
             FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr,
                      s->kind == FP_SPAN_SLAB ? (uint64_t)s->obj_q << FP_QUANTUM_SHIFT : s->size, stream);
-            FP_TRACE(a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
+            FP_TRACE_POOL(a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
         }
         if ((st = free_block(a, s, addr, "fabpool_free_on_stream")) == FABPOOL_OK)
             fp_retire_owner_freed(a->retire);

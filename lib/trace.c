@@ -153,13 +153,14 @@ static void install_hooks(void)
     pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
-void fp_trace_record(struct fp_trace *t, unsigned op, uint64_t ptr, uint64_t size, uint64_t arg, unsigned status)
+void fp_trace_record(struct fp_trace *t, unsigned op, unsigned flags, uint64_t ptr, uint64_t size, uint64_t arg,
+                     unsigned status)
 {
     if (atomic_load_explicit(&t->dead, memory_order_relaxed))
         return;
     if (!my_thread)
         my_thread = atomic_fetch_add(&next_thread, 1) + 1;
-    fabpool_trace_rec r = {0, ptr, size, arg, (uint8_t)op, (uint8_t)status, my_thread};
+    fabpool_trace_rec r = {0, ptr, size, arg, (uint8_t)op, (uint8_t)status, my_thread, (uint16_t)flags};
     fp_lock(&t->lock);
     if (atomic_load_explicit(&t->dead, memory_order_relaxed)) {
         t->dropped++;
@@ -269,6 +270,7 @@ fabpool_status fp_trace_open(const fabpool_options *o, uint64_t gran, struct fp_
     t->hdr.n_records = FABPOOL_TRACE_OPEN;
     t->hdr.checksum = 0;
     t->hdr.pid = (uint32_t)getpid();
+    t->hdr.flags = FABPOOL_TRACE_F_APP_MARKED;
     t->checksum = FABPOOL_FNV_OFFSET;
     unsigned char h[FABPOOL_TRACE_HEADER_BYTES];
     fabpool_trace_encode_header(h, &t->hdr);

@@ -31,22 +31,26 @@ void fp_trace_close(struct fp_trace *t);
  * process on the same path), or NULL. */
 const char *fp_trace_path(const struct fp_trace *t);
 
-void fp_trace_record(struct fp_trace *t, unsigned op, uint64_t ptr, uint64_t size, uint64_t arg, unsigned status);
+/* One record; flags: FABPOOL_TRACE_R_APP for a call the application made, 0 for one the pool made of itself
+ * (every file is written with FABPOOL_TRACE_F_APP_MARKED, so that a replay takes the application's calls
+ * whatever their mix). */
+void fp_trace_record(struct fp_trace *t, unsigned op, unsigned flags, uint64_t ptr, uint64_t size, uint64_t arg,
+                     unsigned status);
 
-/* A hook: records (op, ptr, size, arg) if t is a trace, status unknown. */
-#define FP_TRACE(t, op, ptr, size, arg)                                                                        \
+/* The hook: records (op, ptr, size, arg, status) with flags if t is a trace. */
+#define FP_TRACE_F(t, flags, op, ptr, size, arg, st)                                                           \
     do {                                                                                                       \
-        if (__builtin_expect((t) != NULL, 0))                                                           \
-            fp_trace_record((t), (op), (uint64_t)(uintptr_t)(ptr), (uint64_t)(size), (uint64_t)(uintptr_t)(arg), \
-                            FABPOOL_TRACE_STATUS_UNKNOWN);                                                          \
+        if (__builtin_expect((t) != NULL, 0))                                                                  \
+            fp_trace_record((t), (op), (flags), (uint64_t)(uintptr_t)(ptr), (uint64_t)(size),                  \
+                            (uint64_t)(uintptr_t)(arg), (unsigned)(st));                                       \
     } while (0)
 
-/* The same with the call's status. */
-#define FP_TRACE_ST(t, op, ptr, size, arg, st)                                                                 \
-    do {                                                                                                       \
-        if (__builtin_expect((t) != NULL, 0))                                                           \
-            fp_trace_record((t), (op), (uint64_t)(uintptr_t)(ptr), (uint64_t)(size), (uint64_t)(uintptr_t)(arg), \
-                            (unsigned)(st));                                                                   \
-    } while (0)
+/* A public call the application made (marked FABPOOL_TRACE_R_APP), status unknown ... */
+#define FP_TRACE(t, op, ptr, size, arg) FP_TRACE_F(t, FABPOOL_TRACE_R_APP, op, ptr, size, arg, FABPOOL_TRACE_STATUS_UNKNOWN)
+/* ... and with the call's status. */
+#define FP_TRACE_ST(t, op, ptr, size, arg, st) FP_TRACE_F(t, FABPOOL_TRACE_R_APP, op, ptr, size, arg, st)
+/* A call the pool makes of itself inside one of the application's (the stream pair's own allocations and
+ * frees): the pool's level only. */
+#define FP_TRACE_POOL(t, op, ptr, size, arg) FP_TRACE_F(t, 0u, op, ptr, size, arg, FABPOOL_TRACE_STATUS_UNKNOWN)
 
 #endif

@@ -7,10 +7,13 @@
  *                  [--level auto|app|pool] [--sample N] [--fabpool-conf STR] [--device N]
  *                  [--json FILE] [--check [--max-held R]] [--pace] [--gpu-lag N]
  *
- * What is replayed: a trace with an adapter's records (the PyTorch shim's
- * app_alloc / app_free, with their streams) is replayed at that level, what
- * the framework asked (--level auto, the default); else fabpool's own
- * alloc / free.  Buffer records (fabpool_buffer_*) are replayed at both
+ * What is replayed: by default (--level auto) the application's calls, as
+ * it made them (trace_rec_app: in a trace that marks them, every public call
+ * of the program, whatever the mix of fabpool_alloc / fabpool_free, the
+ * stream-ordered pair with its streams, buffers and trims; in one that does
+ * not, an adapter's app_alloc / app_free and the buffers), where the trace
+ * says which they are; else (--level pool) every alloc / free that reached
+ * the pool.  Buffer records (fabpool_buffer_*) are replayed at both
  * levels: as fabpool buffers for fabpool, and as allocate-new / free-old for
  * the others (what HybridEP and PyTorch users do: a resize to another size is
  * an allocation of the new size and a free of the old block, no copy timed).
@@ -39,8 +42,10 @@
  * recorded; the replay then takes as long as the recording).  The maps in the
  * second half of the operations are reported apart (the steady state).
  *
- * fabpool at the adapter's level is called as the PyTorch shim calls it:
- * fabpool_alloc_on_stream / fabpool_free_on_stream on the recorded streams.
+ * fabpool at the application's level is called as the program called it:
+ * fabpool_alloc_on_stream / fabpool_free_on_stream on the recorded streams
+ * for app_alloc / app_free (a free on the stream the program gave it), and
+ * fabpool_alloc / fabpool_free for the plain pair.
  * --gpu-lag N (the simulated driver only): the GPU runs behind the CPU.
  * Every stream is held (its events do not complete) and released and held
  * again every N operations, so what is freed on a stream waits as it would
@@ -85,6 +90,7 @@ static const char *const kind_name[R_NKINDS] = {"alloc", "free", "buffer_create"
 
 typedef struct rop {
     uint8_t kind;
+    uint8_t plain;    /* at the application's level: fabpool_alloc / fabpool_free, not the stream-ordered pair */
     uint16_t stream;  /* index into streams; 0 = NULL */
     uint32_t obj;     /* object index (blocks and buffers) */
     uint64_t size;    /* alloc / buffer size; trim: keep */
@@ -118,15 +124,20 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
     uint64_t bytes = 0;
     for (size_t i = 0; i < d->n; i++) {
         const fabpool_trace_rec *r = &d->recs[i];
-        int is_alloc = level_app ? r->op == FABPOOL_TR_APP_ALLOC : r->op == FABPOOL_TR_ALLOC;
-        int is_free = level_app ? r->op == FABPOOL_TR_APP_FREE : r->op == FABPOOL_TR_FREE;
+        /* the level's records: the application's calls, or all that reached the pool */
+        if (level_app && !trace_rec_app(d, r))
+            continue;
+        int plain = r->op == FABPOOL_TR_ALLOC || r->op == FABPOOL_TR_FREE;
+        int is_alloc = r->op == FABPOOL_TR_ALLOC || (level_app && r->op == FABPOOL_TR_APP_ALLOC);
+        int is_free = r->op == FABPOOL_TR_FREE || (level_app && r->op == FABPOOL_TR_APP_FREE);
         int is_buf = r->op == FABPOOL_TR_BUF_CREATE || r->op == FABPOOL_TR_BUF_RESIZE || r->op == FABPOOL_TR_BUF_DESTROY;
-        int is_trim = !level_app && r->op == FABPOOL_TR_TRIM;
+        int is_trim = r->op == FABPOOL_TR_TRIM;
         int is_empty = level_app && r->op == FABPOOL_TR_APP_EMPTY;
         if (!is_alloc && !is_free && !is_buf && !is_trim && !is_empty)
             continue;
         rop o = {0};
         o.t = r->t_ns;
+        o.plain = (uint8_t)(plain && level_app);
         uint64_t stream = (r->op == FABPOOL_TR_APP_ALLOC || r->op == FABPOOL_TR_APP_FREE || r->op == FABPOOL_TR_BUF_RESIZE ||
                            r->op == FABPOOL_TR_BUF_DESTROY) ? r->arg : 0;
         if (stream) {
@@ -348,18 +359,19 @@ typedef struct replay_state {
     void **ptr;           /* per object: block (or buffer base for the others) */
     fabpool_buffer_t **buf;
     uint16_t *obj_stream; /* the stream of the block's allocation */
-    int stream_pair;      /* fabpool at the adapter's level: fabpool_alloc_on_stream / free_on_stream, as the
-                             PyTorch shim calls them */
+    int stream_pair;      /* fabpool at the application's level: fabpool_alloc_on_stream / free_on_stream for
+                             its app_alloc / app_free, as it called them */
     uint64_t drop_frees;  /* FABPOOL_REPLAY_DROP_FREES: frees still to leave out */
 } replay_state;
 
-static int x_alloc(replay_state *s, size_t n, unsigned si, void **p)
+/* pair: fabpool's stream-ordered pair (at the application's level), else fabpool_alloc / fabpool_free */
+static int x_alloc(replay_state *s, size_t n, unsigned si, int pair, void **p)
 {
     CUstream st = s->streams[si];
     switch (s->kind) {
     case A_FABPOOL:
-        return (s->stream_pair ? fabpool_alloc_on_stream(s->pool, n, (void *)st, p) : fabpool_alloc(s->pool, n, p)) ==
-                       FABPOOL_OK ? 0 : -1;
+        return (pair ? fabpool_alloc_on_stream(s->pool, n, (void *)st, p) : fabpool_alloc(s->pool, n, p)) == FABPOOL_OK
+                       ? 0 : -1;
     case A_ASYNC: {
         CUdeviceptr d = 0;
         s->own_calls++;
@@ -380,11 +392,11 @@ static int x_alloc(replay_state *s, size_t n, unsigned si, void **p)
     }
 }
 
-static int x_free(replay_state *s, void *p, unsigned si)
+static int x_free(replay_state *s, void *p, unsigned si, int pair)
 {
     switch (s->kind) {
     case A_FABPOOL:
-        return (s->stream_pair ? fabpool_free_on_stream(s->pool, p, (void *)s->streams[si]) : fabpool_free(s->pool, p)) ==
+        return (pair ? fabpool_free_on_stream(s->pool, p, (void *)s->streams[si]) : fabpool_free(s->pool, p)) ==
                        FABPOOL_OK ? 0 : -1;
     case A_ASYNC:
         s->own_calls++;
@@ -418,7 +430,7 @@ static int do_op(replay_state *s, const rop *o)
     void *p = NULL;
     switch (o->kind) {
     case R_ALLOC:
-        if (x_alloc(s, o->size, o->stream, &p))
+        if (x_alloc(s, o->size, o->stream, s->stream_pair && !o->plain, &p))
             return -1;
         s->ptr[o->obj] = p;
         s->obj_stream[o->obj] = o->stream;
@@ -432,7 +444,9 @@ static int do_op(replay_state *s, const rop *o)
             s->drop_frees--;
             return 0;
         }
-        return x_free(s, p, s->obj_stream[o->obj]);
+        /* on the stream the program gave the free (the PyTorch shim gives the allocation's); a plain free and
+         * the pool's level name none */
+        return x_free(s, p, o->stream, s->stream_pair && !o->plain);
     case R_BCREATE:
         if (s->kind == A_FABPOOL) {
             if (fabpool_buffer_create(s->pool, o->max, o->size, &s->buf[o->obj]) != FABPOOL_OK)
@@ -440,7 +454,7 @@ static int do_op(replay_state *s, const rop *o)
             s->ptr[o->obj] = fabpool_buffer_ptr(s->buf[o->obj]);
             return 0;
         }
-        if (x_alloc(s, o->size, 0, &p))
+        if (x_alloc(s, o->size, 0, 0, &p))
             return -1;
         s->ptr[o->obj] = p;
         s->obj_stream[o->obj] = 0;
@@ -452,9 +466,9 @@ static int do_op(replay_state *s, const rop *o)
             return fabpool_buffer_resize(s->buf[o->obj], o->size, (void *)s->streams[o->stream]) == FABPOOL_OK ? 0
                                                                                                             : -1;
         /* allocate the new size, free the old block */
-        if (x_alloc(s, o->size, o->stream, &p))
+        if (x_alloc(s, o->size, o->stream, 0, &p))
             return -1;
-        x_free(s, s->ptr[o->obj], s->obj_stream[o->obj]);
+        x_free(s, s->ptr[o->obj], s->obj_stream[o->obj], 0);
         s->ptr[o->obj] = p;
         s->obj_stream[o->obj] = o->stream;
         return 0;
@@ -468,7 +482,7 @@ static int do_op(replay_state *s, const rop *o)
             s->buf[o->obj] = NULL;
             return st == FABPOOL_OK ? 0 : -1;
         }
-        return x_free(s, p, s->obj_stream[o->obj]);
+        return x_free(s, p, s->obj_stream[o->obj], 0);
     case R_TRIM:
         x_trim(s, o->size);
         return 0;
@@ -710,7 +724,7 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
         if (kind == A_FABPOOL && s.buf[i])
             fabpool_buffer_destroy(s.buf[i], NULL);
         else
-            x_free(&s, s.ptr[i], s.obj_stream[i]);
+            x_free(&s, s.ptr[i], s.obj_stream[i], s.stream_pair);
         s.ptr[i] = NULL;
     }
     cu.ctx_sync();
@@ -905,7 +919,8 @@ int main(int argc, char **argv)
     }
     int app = level == -1 ? d.has_app : level;
     if (app && !d.has_app) {
-        fprintf(stderr, "fabpool_replay: --level app: the trace has no adapter records (app_*); use --level pool\n");
+        fprintf(stderr, "fabpool_replay: --level app: the trace does not say which calls the application made (no "
+                "marked records, no app_* records); use --level pool\n");
         trace_free(&d);
         return 2;
     }
@@ -917,7 +932,7 @@ int main(int argc, char **argv)
     }
     printf("replay of %s: %zu records (%s), %zu operations at the %s level, %u objects, %u streams + NULL, peak "
            "live %.1f MiB%s\n", path, d.n, d.h.flags & FABPOOL_TRACE_F_SYNTHETIC ? "SYNTHETIC" : "recorded", pl.n,
-           app ? "adapter's (app_*)" : "pool's", pl.n_objs, pl.n_streams - 1, (double)pl.live_peak / (1 << 20),
+           app ? "application's" : "pool's", pl.n_objs, pl.n_streams - 1, (double)pl.live_peak / (1 << 20),
            d.note[0] ? " (trace not completed by its writer)" : "");
     if (pl.skipped_failed || pl.skipped_unknown)
         printf("not replayed: %" PRIu64 " allocations that failed in the trace, %" PRIu64

@@ -89,13 +89,14 @@ int main(int argc, char **argv)
     if (d.note[0])
         printf("note: %s\n", d.note);
     printf("%zu records over %.3f s; level replayed: %s\n", d.n, (double)s.duration_ns / 1e9,
-           s.level_app ? "the adapter's (app_*: what the framework asked, with its streams)"
+           s.level_app ? "the application's (the calls it made: fabpool_alloc / fabpool_free and the stream-ordered "
+                         "pair with its streams)"
                        : "the pool's (fabpool_alloc / fabpool_free)");
     printf("\n%-16s %12s %10s\n", "operation", "records", "failed");
     for (unsigned op = 1; op < FABPOOL_TR_NOPS; op++)
         if (s.ops[op])
             printf("%-16s %12" PRIu64 " %10" PRIu64 "\n", fabpool_trace_op_name(op), s.ops[op], s.failed[op]);
-    printf("\nallocation sizes (%s), by power of two:\n", s.level_app ? "app_alloc" : "alloc");
+    printf("\nallocation sizes (%s), by power of two:\n", s.level_app ? "the application's" : "alloc");
     uint64_t maxh = 1;
     for (unsigned k = 0; k < TRACE_HIST; k++)
         if (s.hist[k] > maxh)

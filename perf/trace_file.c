@@ -331,6 +331,8 @@ int trace_load(const char *path, trace_data *d, char *err, size_t cap)
         if (r->op >= FABPOOL_TR_APP_ALLOC)
             d->has_app = 1;
     }
+    if (d->h.flags & FABPOOL_TRACE_F_APP_MARKED)
+        d->has_app = 1;
     rc = 0;
 out:
     free(b);
@@ -381,8 +383,11 @@ void trace_summarize(const trace_data *d, trace_summary *s)
             s->failed[r->op]++;
         if (r->thread > threads)
             threads = r->thread;
-        int counted_level = d->has_app ? r->op == FABPOOL_TR_APP_ALLOC || r->op == FABPOOL_TR_APP_FREE
-                                       : r->op == FABPOOL_TR_ALLOC || r->op == FABPOOL_TR_FREE;
+        /* the level's allocations and frees: the application's calls of either pair (the plain one and the
+         * stream-ordered one), or every alloc and free that reached the pool */
+        int alloc_or_free = r->op == FABPOOL_TR_ALLOC || r->op == FABPOOL_TR_FREE || r->op == FABPOOL_TR_APP_ALLOC ||
+                            r->op == FABPOOL_TR_APP_FREE;
+        int counted_level = alloc_or_free && (d->has_app ? trace_rec_app(d, r) : r->op <= FABPOOL_TR_FREE);
         uint64_t v = 0;
         switch (r->op) {
         case FABPOOL_TR_ALLOC:

@@ -13,7 +13,8 @@ typedef struct trace_data {
     fabpool_trace_rec *recs;
     size_t n;
     int closed;          /* the header holds the record count and checksum (checked) */
-    int has_app;         /* some records are an adapter's (app_*) */
+    int has_app;         /* the application's level differs from the pool's: the records say which calls the
+                            application made (FABPOOL_TRACE_F_APP_MARKED), or some are app_* records */
     char note[256];      /* what the reader accepted with a warning ("" if nothing) */
 } trace_data;
 
@@ -25,6 +26,17 @@ typedef struct trace_data {
  * with a note. */
 int trace_load(const char *path, trace_data *d, char *err, size_t cap);
 void trace_free(trace_data *d);
+
+/* 1 if r is one of the application's calls (its level): in a trace whose header has
+ * FABPOOL_TRACE_F_APP_MARKED, a record marked FABPOOL_TRACE_R_APP; in one without, an app_* record or a
+ * buffer's. */
+static inline int trace_rec_app(const trace_data *d, const fabpool_trace_rec *r)
+{
+    if (d->h.flags & FABPOOL_TRACE_F_APP_MARKED)
+        return (r->flags & FABPOOL_TRACE_R_APP) != 0;
+    return r->op >= FABPOOL_TR_APP_ALLOC || r->op == FABPOOL_TR_BUF_CREATE || r->op == FABPOOL_TR_BUF_RESIZE ||
+           r->op == FABPOOL_TR_BUF_DESTROY;
+}
 
 /* The summary of fabpool_trace, computed from d. */
 #define TRACE_HIST 64
@@ -41,7 +53,7 @@ typedef struct trace_summary {
     uint64_t streams[64];           /* distinct non-NULL streams seen (the first 64) */
     unsigned n_streams, threads;
     int null_stream;                /* the NULL (legacy default) stream was named */
-    int level_app;                  /* 1: the level is the adapter's (app_*), 0: the pool's */
+    int level_app;                  /* 1: the level is the application's (trace_rec_app), 0: the pool's */
 } trace_summary;
 
 void trace_summarize(const trace_data *d, trace_summary *s);

@@ -43,7 +43,7 @@ static void rec(unsigned op, uint64_t ptr, uint64_t size, uint64_t arg, unsigned
 {
     unsigned char b[FABPOOL_TRACE_RECORD_BYTES];
     t_ns += 800 + rnd() % 2400; /* 0.8 to 3.2 us between calls */
-    fabpool_trace_rec r = {t_ns, ptr, size, arg, (uint8_t)op, (uint8_t)status, thread};
+    fabpool_trace_rec r = {t_ns, ptr, size, arg, (uint8_t)op, (uint8_t)status, thread, 0};
     fabpool_trace_encode_rec(b, &r);
     sum = fabpool_fnv1a(sum, b, sizeof b);
     n_recs++;

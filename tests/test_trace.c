@@ -7,7 +7,10 @@
  * process that never destroys its pool; a forked child writing nothing; and
  * truncated or corrupt files refused by the reader and by fabpool_replay
  * (argv[1]); fabpool_replay --check on a trace of the stream pair on two
- * streams: passed when everything was freed, failed on a block left live. */
+ * streams: passed when everything was freed, failed on a block left live;
+ * the application's calls marked as its own.  test_trace --mixed REPLAY
+ * SUMMARY: a program mixing every kind of call, traced with FABPOOL_TRACE,
+ * summarised and replayed as it ran. */
 #include <pthread.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -30,6 +33,13 @@ static fabpool_t *make(const char *path, const char *conf)
     return p;
 }
 
+/* A pool tracing to dir/name, its path in path. */
+static fabpool_t *make_traced(const char *name, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/%s", dir, name);
+    return make(path, NULL);
+}
+
 static int load(const char *path, trace_data *d)
 {
     char err[512];
@@ -37,6 +47,19 @@ static int load(const char *path, trace_data *d)
         fprintf(stderr, "trace_load(%s): %s\n", path, err);
         return -1;
     }
+    return 0;
+}
+
+/* The summary of the trace at path: 0, or -1 (a failed check) if it does not load. */
+static int summary_of(const char *path, trace_summary *s)
+{
+    trace_data d;
+    if (load(path, &d) != 0) {
+        CHECK(0);
+        return -1;
+    }
+    trace_summarize(&d, s);
+    trace_free(&d);
     return 0;
 }
 
@@ -49,8 +72,7 @@ typedef struct want {
 static void round_trip(void)
 {
     char path[300];
-    snprintf(path, sizeof path, "%s/known.trace", dir);
-    fabpool_t *p = make(path, NULL);
+    fabpool_t *p = make_traced("known.trace", path, sizeof path);
     if (!p)
         return;
     CUstream s1 = NULL;
@@ -99,7 +121,7 @@ static void round_trip(void)
         return;
     }
     CHECK(d.closed);
-    CHECK(!d.has_app);
+    CHECK(d.h.flags & FABPOOL_TRACE_F_APP_MARKED);
     CHECK(d.h.version == FABPOOL_TRACE_VERSION);
     CHECK(d.h.device == 0);
     CHECK(d.h.granularity == 2u << 20);
@@ -109,7 +131,8 @@ static void round_trip(void)
     for (int i = 0; i < n && (size_t)i < d.n; i++) {
         const fabpool_trace_rec *r = &d.recs[i];
         int same = r->op == w[i].op && r->ptr == w[i].ptr && r->size == w[i].size && r->arg == w[i].arg &&
-                   r->status == w[i].status && r->thread == d.recs[0].thread;
+                   r->status == w[i].status && r->thread == d.recs[0].thread &&
+                   r->flags == FABPOOL_TRACE_R_APP; /* every call the program's */
         if (!same)
             fprintf(stderr, "record %d: op %u ptr %llx size %llu arg %llx status %u; expected op %u ptr %llx size %llu "
                     "arg %llx status %u\n", i, r->op, (unsigned long long)r->ptr, (unsigned long long)r->size,
@@ -128,6 +151,68 @@ static void round_trip(void)
     CHECK(s.live_peak == 1000 + (9u << 20) + (20u << 20));
     CHECK(s.n_streams == 1 && s.streams[0] == (uintptr_t)s1 && s.null_stream);
     trace_free(&d);
+}
+
+/* The calls the program made are marked as its own, and the records the pool makes of itself under the stream
+ * pair (its allocation from the pool, a pending block given back) are not, whatever the mix: the owner stream's
+ * pair, a plain allocation that ends the owner mode, another stream's pair, a plain free, a collect. */
+static void app_marks(void)
+{
+    char path[300];
+    fabpool_t *p = make_traced("marks.trace", path, sizeof path);
+    if (!p)
+        return;
+    CUstream s1 = NULL, s2 = NULL;
+    CHECK_CU(cuStreamCreate(&s1, 0));
+    CHECK_CU(cuStreamCreate(&s2, 0));
+    void *a = NULL, *b = NULL, *c = NULL;
+    enum { APP = FABPOOL_TRACE_R_APP, U = FABPOOL_TRACE_STATUS_UNKNOWN };
+    CHECK_OK(fabpool_alloc_on_stream(p, 1000, s1, &a)); /* the owner stream */
+    CHECK_OK(fabpool_free_on_stream(p, a, s1));
+    CHECK_OK(fabpool_alloc(p, 2000, &b));
+    CHECK_OK(fabpool_alloc_on_stream(p, 3000, s2, &c));
+    CHECK_OK(fabpool_free_on_stream(p, c, s2));          /* pending on s2 */
+    CHECK_OK(fabpool_free(p, b));
+    CHECK_OK(fabpool_collect(p, 1));                     /* c back to the pool */
+    CHECK_OK(fabpool_destroy(p));
+    struct {
+        unsigned op, flags;
+        void *ptr;
+        uint64_t arg;
+        unsigned status;
+    } w[] = {
+        {FABPOOL_TR_ALLOC, 0, a, 0, FABPOOL_OK},      {FABPOOL_TR_APP_ALLOC, APP, a, (uintptr_t)s1, FABPOOL_OK},
+        {FABPOOL_TR_APP_FREE, APP, a, (uintptr_t)s1, U}, {FABPOOL_TR_FREE, 0, a, 0, U},
+        {FABPOOL_TR_ALLOC, APP, b, 0, FABPOOL_OK},    {FABPOOL_TR_ALLOC, 0, c, 0, FABPOOL_OK},
+        {FABPOOL_TR_APP_ALLOC, APP, c, (uintptr_t)s2, FABPOOL_OK}, {FABPOOL_TR_APP_FREE, APP, c, (uintptr_t)s2, U},
+        {FABPOOL_TR_FREE, APP, b, 0, U},              {FABPOOL_TR_FREE, 0, c, 0, U},
+    };
+    enum { NW = sizeof w / sizeof w[0] };
+    trace_data d;
+    if (load(path, &d) != 0) {
+        CHECK(0);
+        return;
+    }
+    CHECK(d.n == NW && (d.h.flags & FABPOOL_TRACE_F_APP_MARKED) && d.has_app);
+    for (size_t i = 0; i < d.n && i < NW; i++) {
+        const fabpool_trace_rec *r = &d.recs[i];
+        int same = r->op == w[i].op && r->flags == w[i].flags && r->ptr == (uintptr_t)w[i].ptr &&
+                   r->arg == w[i].arg && r->status == w[i].status;
+        if (!same)
+            fprintf(stderr, "marks: record %zu: op %s flags %u ptr %llx arg %llx status %u; expected %s flags %u "
+                    "ptr %p arg %llx status %u\n", i, fabpool_trace_op_name(r->op), r->flags,
+                    (unsigned long long)r->ptr, (unsigned long long)r->arg, r->status, fabpool_trace_op_name(w[i].op),
+                    w[i].flags, w[i].ptr, (unsigned long long)w[i].arg, w[i].status);
+        CHECK(same);
+    }
+    /* the application's level: a, b and c each allocated and freed once; the pool's: the same three */
+    trace_summary s;
+    trace_summarize(&d, &s);
+    CHECK(s.level_app && s.live_end == 0 && s.objects_end == 0 && s.unknown_frees == 0);
+    CHECK(s.live_peak == 2000 + 3000 && s.pool_live_peak >= 2000 + 3000);
+    trace_free(&d);
+    CHECK_CU(cuStreamDestroy(s1));
+    CHECK_CU(cuStreamDestroy(s2));
 }
 
 /* ------------------------------------------------------------ threads */
@@ -155,8 +240,7 @@ static void *worker(void *v)
 static void threads(void)
 {
     char path[300];
-    snprintf(path, sizeof path, "%s/threads.trace", dir);
-    fabpool_t *p = make(path, NULL);
+    fabpool_t *p = make_traced("threads.trace", path, sizeof path);
     if (!p)
         return;
     enum { NT = 4 };
@@ -482,8 +566,7 @@ static int exit_child(const char *path)
 static void asleep_in_trace(void)
 {
     char path[300];
-    snprintf(path, sizeof path, "%s/asleep.trace", dir);
-    fabpool_t *p = make(path, NULL);
+    fabpool_t *p = make_traced("asleep.trace", path, sizeof path);
     if (!p)
         return;
     void *a = NULL, *b = NULL;
@@ -548,15 +631,10 @@ static void two_streams_replay(const char *replay)
     CHECK_CU(cuStreamDestroy(s[0]));
     CHECK_CU(cuStreamDestroy(s[1]));
 
-    trace_data d;
-    if (load(path, &d) != 0) {
-        CHECK(0);
-        return;
-    }
     trace_summary sum;
-    trace_summarize(&d, &sum);
+    if (summary_of(path, &sum) != 0)
+        return;
     CHECK(sum.n_streams == 2 && sum.live_end == 0 && sum.objects_end == 0 && sum.unknown_frees == 0);
-    trace_free(&d);
     if (!replay)
         return;
     snprintf(cmd, sizeof cmd, "'%s' '%s' --allocators fabpool --check 2>&1", replay, path);
@@ -571,16 +649,156 @@ static void two_streams_replay(const char *replay)
         fprintf(stderr, "%s:\n%s\n", cmd, out);
 }
 
+/* The program of mixed_program_replay, run with FABPOOL_TRACE set: every kind of public call on one pool
+ * (fabpool_alloc / fabpool_free, the stream pair on two streams, first as the owner stream then not, a block
+ * of one freed by the other, buffers resized on streams, trims), everything freed at the end.  Prints the
+ * number of calls it made; exit 0 once the pool counted nothing live and the driver holds nothing. */
+static int mixed_child(void)
+{
+    t_driver_init();
+    fabpool_t *p = NULL;
+    if (fabpool_create(NULL, &p) != FABPOOL_OK) {
+        fprintf(stderr, "mixed child: fabpool_create: %s\n", fabpool_last_error());
+        return 3;
+    }
+    CUstream s[2];
+    if (cuStreamCreate(&s[0], 0) != CUDA_SUCCESS || cuStreamCreate(&s[1], 0) != CUDA_SUCCESS)
+        return 3;
+    enum { N = 64 };
+    void *live[N] = {0};
+    int how[N] = {0}; /* 0: fabpool_alloc; 1, 2: the stream pair on s[0], s[1] */
+    fabpool_buffer_t *buf[2] = {NULL, NULL};
+    uint64_t calls = 0, seed = 4242;
+    int bad = 0;
+#define MIX_OK(expr) do { if ((expr) == FABPOOL_OK) calls++; else { bad++; fprintf(stderr, "%s: %s\n", #expr, \
+                                                                          fabpool_last_error()); } } while (0)
+    for (int i = 0; i < 2; i++)
+        MIX_OK(fabpool_buffer_create(p, 256u << 20, (size_t)(4 + i) << 20, &buf[i]));
+    for (int step = 0; step < 3000; step++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        unsigned r = (unsigned)(seed >> 33);
+        int k = (int)(r % N);
+        if (step % 97 == 96) {
+            MIX_OK(fabpool_buffer_resize(buf[step % 2], (size_t)(1 + r % 200) << 20, step % 3 ? s[step % 2] : NULL));
+            continue;
+        }
+        if (step % 499 == 498) {
+            MIX_OK(fabpool_trim(p, 0));
+            continue;
+        }
+        if (live[k]) {
+            int by = (int)((seed >> 20) % 4); /* 0: fabpool_free; 1, 2: on s[0], s[1]; 3: as allocated */
+            if (by == 3)
+                by = how[k];
+            if (by == 0)
+                MIX_OK(fabpool_free(p, live[k]));
+            else
+                MIX_OK(fabpool_free_on_stream(p, live[k], s[by - 1]));
+            live[k] = NULL;
+            continue;
+        }
+        /* the first 200 steps on s[0] alone: its owner mode; then every kind */
+        how[k] = step < 200 ? 1 : (int)((seed >> 24) % 3);
+        size_t size = r % 7 == 0 ? (size_t)(1 + r % 20) << 20 : 256 + (r >> 8) % (256 << 10);
+        if (how[k] == 0)
+            MIX_OK(fabpool_alloc(p, size, &live[k]));
+        else
+            MIX_OK(fabpool_alloc_on_stream(p, size, s[how[k] - 1], &live[k]));
+    }
+    for (int k = 0; k < N; k++)
+        if (live[k])
+            MIX_OK(how[k] ? fabpool_free_on_stream(p, live[k], s[how[k] - 1]) : fabpool_free(p, live[k]));
+    for (int i = 0; i < 2; i++)
+        MIX_OK(fabpool_buffer_destroy(buf[i], s[i]));
+#undef MIX_OK
+    fabpool_collect(p, 1);
+    fabpool_stats st;
+    if (fabpool_get_stats(p, &st) != FABPOOL_OK || st.in_use_bytes || st.blocks || st.buffers)
+        bad++;
+    if (fabpool_destroy(p) != FABPOOL_OK)
+        bad++;
+    fabsim_ledger l = t_ledger();
+    if (l.bytes_held || l.mappings || l.reservations)
+        bad++;
+    printf("calls %llu\n", (unsigned long long)calls);
+    return bad ? 1 : 0;
+}
+
+/* A program that mixes every kind of call, traced with FABPOOL_TRACE: the trace is its workload as it ran.
+ * fabpool_trace finds nothing never freed and no free of a pointer the trace never gave out, and
+ * fabpool_replay --check replays as many calls as the program made and passes. */
+static void mixed_program_replay(const char *replay, const char *summary)
+{
+    char path[300], exe[4096], cmd[5000], out[8192];
+    snprintf(path, sizeof path, "%s/mixed.trace", dir);
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        CHECK(0);
+        return;
+    }
+    exe[n] = '\0';
+    snprintf(cmd, sizeof cmd, "FABPOOL_TRACE='%s' FABSIM_MACHINE=\"$FABSIM_MACHINE-mixed\" '%s' --mixed-child", path,
+             exe);
+    int rc = run_cmd(cmd, out, sizeof out);
+    unsigned long long calls = 0;
+    const char *c = strstr(out, "calls ");
+    if (c)
+        calls = strtoull(c + 6, NULL, 10);
+    CHECK(rc == 0 && calls > 3000);
+    if (rc != 0)
+        fprintf(stderr, "%s:\n%s\n", cmd, out);
+
+    trace_summary sm;
+    if (summary_of(path, &sm) != 0)
+        return;
+    CHECK(sm.level_app && sm.live_end == 0 && sm.objects_end == 0 && sm.unknown_frees == 0);
+    CHECK(sm.n_streams == 2 && sm.null_stream);
+    if (summary) {
+        snprintf(cmd, sizeof cmd, "'%s' '%s' 2>&1", summary, path);
+        rc = run_cmd(cmd, out, sizeof out);
+        CHECK(rc == 0 && strstr(out, "live at the end: 0 B in 0 blocks") != NULL && !strstr(out, "never freed") &&
+              !strstr(out, "never gave out"));
+        if (rc != 0 || strstr(out, "never"))
+            fprintf(stderr, "%s:\n%s\n", cmd, out);
+    }
+    if (replay) {
+        char expect[64];
+        snprintf(expect, sizeof expect, " %llu operations at the ", calls);
+        snprintf(cmd, sizeof cmd, "'%s' '%s' --allocators fabpool --check 2>&1", replay, path);
+        rc = run_cmd(cmd, out, sizeof out);
+        CHECK(rc == 0 && strstr(out, "check passed") != NULL && strstr(out, expect) != NULL &&
+              !strstr(out, "not replayed"));
+        if (rc != 0 || !strstr(out, expect))
+            fprintf(stderr, "%s (expected%s):\n%s\n", cmd, expect, out);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--exit-child"))
         return exit_child(argv[2]);
+    if (argc == 2 && !strcmp(argv[1], "--mixed-child"))
+        return mixed_child();
+    if (argc >= 2 && !strcmp(argv[1], "--mixed")) {
+        /* test_trace --mixed REPLAY SUMMARY: the mixed program's trace alone (its own ctest entry) */
+        t_driver_init();
+        snprintf(dir, sizeof dir, "/tmp/fabpool-test-trace-mixed-%ld", (long)getpid());
+        mkdir(dir, 0700);
+        unsetenv("FABPOOL_TRACE");
+        mixed_program_replay(argc > 2 ? argv[2] : NULL, argc > 3 ? argv[3] : NULL);
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (!t_failures && system(cmd) != 0)
+            fprintf(stderr, "could not remove %s\n", dir);
+        return t_done("test_trace --mixed");
+    }
     int sim = t_driver_init();
     (void)sim;
     snprintf(dir, sizeof dir, "/tmp/fabpool-test-trace-%ld", (long)getpid());
     mkdir(dir, 0700);
     unsetenv("FABPOOL_TRACE");
     round_trip();
+    app_marks();
     threads();
     off_is_same();
     options();
