@@ -416,8 +416,14 @@ FABPOOL_API fabpool_status fabpool_print_stats(fabpool_t *pool, FILE *out, int j
  * FABPOOL_OK, or FABPOOL_ERR_CORRUPT with a message that names the first
  * broken invariant in brackets ("[slab.flags] ...").  It takes time in
  * proportion to what the pool holds (a debugging and testing aid, not for a
- * hot loop), and thread caches are counted exactly only while no other
- * thread allocates from or frees to the pool. */
+ * hot loop).  Other threads may use the pool meanwhile: what they change
+ * without a lock is not read, or read as atomics, and what work in flight
+ * may leave half done is not reported.  So the blocks in other threads'
+ * caches are not checked, and the free flags of blocks outside the free
+ * stacks are counted exactly only while no other thread holds a cache of
+ * the pool (one exists from a thread's first allocation or free until it
+ * exits); a count of blocks freed on streams that does not match is
+ * checked again for up to half a second before it is reported. */
 FABPOOL_API fabpool_status fabpool_check(fabpool_t *pool);
 /* The JSON report into buf (NUL-terminated); *needed gets its length + 1.
  * FABPOOL_ERR_LIMIT if cap is too small (nothing is written then).  For
