@@ -368,7 +368,8 @@ typedef struct fabpool_stats {
     uint64_t chunks_mapped;         /* chunks mapped now */
     uint64_t chunks_mapped_total;   /* all time */
     uint64_t chunks_unmapped_total;
-    uint64_t handles_outstanding;   /* physical handles the pool holds now (0 except mid-export) */
+    uint64_t handles_outstanding;   /* physical handles the pool holds now (0 except mid-export, and one per
+                                       chunk held for peers: held_for_peers_bytes) */
     uint64_t exported_fds_open;     /* exported fds the pool still holds */
     uint64_t oom_retries;           /* out of memory answered by a trim (or a wait for the blocks pending on
                                        streams) and a retry */
@@ -415,8 +416,14 @@ FABPOOL_API fabpool_status fabpool_print_stats(fabpool_t *pool, FILE *out, int j
  * FABPOOL_OK, or FABPOOL_ERR_CORRUPT with a message that names the first
  * broken invariant in brackets ("[slab.flags] ...").  It takes time in
  * proportion to what the pool holds (a debugging and testing aid, not for a
- * hot loop), and thread caches are counted exactly only while no other
- * thread allocates from or frees to the pool. */
+ * hot loop).  Other threads may use the pool meanwhile: what they change
+ * without a lock is not read, or read as atomics, and what work in flight
+ * may leave half done is not reported.  So the blocks in other threads'
+ * caches are not checked, and the free flags of blocks outside the free
+ * stacks are counted exactly only while no other thread holds a cache of
+ * the pool (one exists from a thread's first allocation or free until it
+ * exits); a count of blocks freed on streams that does not match is
+ * checked again for up to half a second before it is reported. */
 FABPOOL_API fabpool_status fabpool_check(fabpool_t *pool);
 /* The JSON report into buf (NUL-terminated); *needed gets its length + 1.
  * FABPOOL_ERR_LIMIT if cap is too small (nothing is written then).  For
@@ -435,9 +442,12 @@ FABPOOL_API fabpool_status fabpool_stats_json(fabpool_t *pool, char *buf, size_t
  * order the descriptor numbers them.
  *
  * Lifetime (docs/design.md): a fabric handle holds no reference of its own,
- * so once a buffer has been exported, chunks a shrink drops stay mapped
- * until fabpool_buffer_peers_ack() says every peer has applied a descriptor
- * of that generation or later. */
+ * so once a buffer has been exported, chunks a shrink drops stay held
+ * (mapped, or by a handle where a refit replaced them) until
+ * fabpool_buffer_peers_ack() says every peer has applied a descriptor of the
+ * shrink's generation or later.  Until then a peer may open the descriptor
+ * of the acknowledged generation (or a later one) again, with either handle
+ * type. */
 
 #define FABPOOL_DESC_VERSION 1
 #define FABPOOL_DESC_HEADER_BYTES 96u
@@ -459,14 +469,17 @@ FABPOOL_API fabpool_status fabpool_buffer_export(fabpool_buffer_t *buf, uint64_t
  * pool's copies. */
 FABPOOL_API fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *buf);
 /* Every peer has applied a descriptor of `generation` or later: chunks
- * dropped before it may now be unmapped.  UINT64_MAX: no peer is left.
+ * dropped at `generation` or before may now be unmapped (those live at
+ * `generation` stay: a peer may still open its descriptor).  UINT64_MAX: no
+ * peer is left.
  * A generation above the buffer's current one is refused (FABPOOL_ERR_INVALID_ARG).
  * Not for a destroyed buffer: use fabpool_peers_ack. */
 FABPOOL_API fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *buf, uint64_t generation);
 /* The same by the buffer's export id (fabpool_buffer_info.export_id, also in
  * its views' info), valid after fabpool_buffer_destroy too: a destroyed
- * exported buffer unmaps at once every chunk that no unacknowledged
- * generation names, and the rest when the peers acknowledge or at pool
+ * exported buffer unmaps at once every chunk that no descriptor past the
+ * acknowledged generation names (no descriptor of a destroyed buffer is
+ * opened any more), and the rest when the peers acknowledge or at pool
  * destroy.  FABPOOL_ERR_NOT_FOUND once nothing of the buffer is left. */
 FABPOOL_API fabpool_status fabpool_peers_ack(fabpool_t *pool, uint64_t export_id, uint64_t generation);
 

@@ -105,7 +105,7 @@ static void tcache_flush(fp_alloc *a, fp_tcache *tc)
     for (unsigned c = 0; c < a->n_slab_classes; c++) {
         fp_bin *b = &tc->bins[c];
         if (b->n) {
-            fp_class_give(a->heap, c, b->items, b->n);
+            fp_class_give(a->heap, c, b->items, b->n, 0);
             b->n = 0;
         }
     }
@@ -237,6 +237,14 @@ void fp_alloc_flush_all(fp_alloc *a)
             tcache_flush(a, tls_slots[i].tc);
 }
 
+int fp_tcache_mine(const fp_alloc *a, const fp_tcache *tc)
+{
+    for (int i = 0; i < FP_TLS_SLOTS; i++)
+        if (slot_is(&tls_slots[i], a) && tls_slots[i].tc == tc)
+            return 1;
+    return 0;
+}
+
 fabpool_status fabpool_thread_flush(fabpool_t *p)
 {
     fp_alloc *a = A(p);
@@ -326,7 +334,7 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
         fp_bin *b = &tc->bins[cls];
         if (!b->n) {
             unsigned want = b->cap / 2 ? b->cap / 2 : 1;
-            b->n = fp_class_take(a->heap, cls, b->items, want, &st);
+            b->n = fp_class_take(a->heap, cls, b->items, want, 0, &st);
             if (!b->n)
                 return st;
             fp_heap_trim_policy(a->heap);   /* the decay's clock, on a slow path */
@@ -335,10 +343,9 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
         return FABPOOL_OK;
     }
     fp_item it;
-    if (!fp_class_take(a->heap, cls, &it, 1, &st))
+    if (!fp_class_take(a->heap, cls, &it, 1, 1, &st))   /* its free flag cleared under the class lock */
         return st;
     fp_heap_trim_policy(a->heap);   /* the decay's clock, on a slow path */
-    mark_used(it.span, it.ptr);
     atomic_fetch_add_explicit(&a->counts[cls].allocs, 1, memory_order_relaxed);
     *out = (void *)(uintptr_t)it.ptr;
     return FABPOOL_OK;
@@ -404,7 +411,11 @@ fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
     return alloc_any(a, size, out);
 }
 
-static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr)
+/* Block addr of slab s (index idx) is free: into the thread's cache, made
+ * or flushed as needed, or without one to its slab, its free flag set under
+ * the class lock (a flag is set outside a lock only by a thread whose cache
+ * the pool lists: fabpool_check, check.c). */
+static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr, uint32_t idx)
 {
     unsigned cls = s->cls;
     fp_tcache *tc = tcache_get(a);
@@ -413,16 +424,17 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr)
         if (b->n == b->cap) {
             /* give back the older half */
             unsigned half = b->n / 2 ? b->n / 2 : 1;
-            fp_class_give(a->heap, cls, b->items, half);
+            fp_class_give(a->heap, cls, b->items, half, 0);
             memmove(b->items, b->items + half, (b->n - half) * sizeof *b->items);
             b->n -= half;
         }
         tcache_push(tc, s, addr);   /* the fast path's push, on a bin that now has room */
+        atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_FREE, memory_order_relaxed);
         fp_heap_trim_policy(a->heap);
         return FABPOOL_OK;
     }
     fp_item it = {addr, s};
-    fp_class_give(a->heap, cls, &it, 1);
+    fp_class_give(a->heap, cls, &it, 1, 1);
     atomic_fetch_add_explicit(&a->counts[cls].frees, 1, memory_order_relaxed);
     fp_heap_trim_policy(a->heap);
     return FABPOOL_OK;
@@ -447,11 +459,12 @@ static fabpool_status free_block(fp_alloc *a, fp_span *s, uint64_t addr, const c
                         (void *)(uintptr_t)addr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT),
                         atomic_load(&s->freeflag[idx]) == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for "
                         "its work" : "");
-    atomic_store_explicit(&s->freeflag[idx], 1, memory_order_relaxed);
     fp_tcache *tc = tcache_hot(a);
-    if (FP_LIKELY(tc && tcache_push(tc, s, addr)))
+    if (FP_LIKELY(tc && tcache_push(tc, s, addr))) {
+        atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_FREE, memory_order_relaxed);
         return FABPOOL_OK;
-    return free_slab_slow(a, s, addr);
+    }
+    return free_slab_slow(a, s, addr, idx);
 }
 
 static fabpool_status not_ours(const fp_alloc *a, const char *fn, const void *ptr)

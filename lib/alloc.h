@@ -94,5 +94,9 @@ void fp_alloc_set_asleep(fp_alloc *a, int asleep);
 void fp_alloc_flush_all(fp_alloc *a);
 /* Pool destroy: folds and frees every cache. */
 void fp_tcaches_destroy(fp_alloc *a);
+/* Whether tc, a cache on a's list, is the calling thread's (fabpool_check
+ * reads only those: another thread writes its own without a lock).  Pool
+ * lock held, so that the list holds still. */
+int fp_tcache_mine(const fp_alloc *a, const fp_tcache *tc);
 
 #endif

@@ -27,14 +27,24 @@ static void free_buffer(fp_buffers *bs, struct fabpool_buffer *b)
     fp_meta_free(bs->sp->meta, b, sizeof *b);
 }
 
-/* Whether a peer may still import a chunk that the descriptor of generation
- * `named` was the last to name (0: none did): some peer has not applied a
- * descriptor of that generation or later.  Later descriptors do not name it,
- * so a peer that has applied one needs nothing more of it: it maps the chunk
- * itself (and its mapping keeps the memory) or never will. */
-static int peers_may_hold(const struct fabpool_buffer *b, uint64_t named)
+/* Whether a peer may still import a chunk that a descriptor named (named:
+ * the last one's generation, 0: none did) and that generation `dropped`
+ * took out of the live chunks: the peers have not acknowledged `dropped` or
+ * a later generation.  A peer at the acknowledged generation may still open
+ * that generation's descriptor (a view opened again, or a late peer handed
+ * it), so what was live then stays importable until the peers acknowledge a
+ * generation without it.  A destroy ends that: no descriptor of a destroyed
+ * buffer may be opened any more, so only what a descriptor the peers have
+ * not applied yet names stays (a peer that applied one maps the chunk
+ * itself, and its mapping keeps the memory).  A fabric handle holds no
+ * reference, so only this hold keeps a chunk importable; a POSIX fd would
+ * keep it too, and it is held the same, so that the rule and the accounting
+ * are one for both handle types. */
+static int peers_may_hold(const struct fabpool_buffer *b, uint64_t named, uint64_t dropped)
 {
-    return b->shared && named && b->acked != UINT64_MAX && named > b->acked;
+    if (!b->shared || !named || b->acked == UINT64_MAX)
+        return 0;
+    return b->acked < (b->destroyed ? named : dropped);
 }
 
 /* Closes the pool's copy of chunk c's exported fd, if it holds one (an open
@@ -95,7 +105,7 @@ static void ghosts_release(fp_buffers *bs, struct fabpool_buffer *b, int all)
     uint32_t w = 0;
     for (uint32_t i = 0; i < b->n_ghosts; i++) {
         fp_ghost *g = &b->ghosts[i];
-        if ((all || !peers_may_hold(b, g->named)) && fp_chunk_release(bs->sp->ch, g->h) == CUDA_SUCCESS) {
+        if ((all || !peers_may_hold(b, g->named, g->dropped)) && fp_chunk_release(bs->sp->ch, g->h) == CUDA_SUCCESS) {
             atomic_fetch_sub(&bs->ghost_bytes, g->size);
             continue;
         }
@@ -109,7 +119,7 @@ static void ghosts_release(fp_buffers *bs, struct fabpool_buffer *b, int all)
  * still import it.  1 yes, 0 not yet, -1 the driver failed (*st says how). */
 static int retired_done(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, int wait, fabpool_status *st)
 {
-    if (peers_may_hold(b, c->named))
+    if (peers_may_hold(b, c->named, c->drop_gen))
         return 0;
     return fp_retire_ticket_done(bs->retire, &c->ticket, wait, st);
 }
@@ -242,28 +252,32 @@ static fabpool_status sync_stream(fp_buffers *bs, void *stream, const char *why)
     return FABPOOL_OK;
 }
 
-/* Keeps the memory of chunk c (handle h, retained by the caller) for the
- * peers that may still import it; returns 0 if no peer may (the caller
- * releases h).  Its exported fd, if the pool still holds one, is closed when
- * the chunk is unmapped, as for any chunk (fabpool.h). */
-static int ghost_keep(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, CUmemGenericAllocationHandle h)
+/* Keeps the memory of chunk c, dropped at generation `dropped` (handle h,
+ * retained by the caller), for the peers that may still import it; returns
+ * 0 if no peer may (the caller releases h).  Its exported fd, if the pool
+ * still holds one, is closed when the chunk is unmapped, as for any chunk
+ * (fabpool.h). */
+static int ghost_keep(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, uint64_t dropped,
+                      CUmemGenericAllocationHandle h)
 {
     fp_lock_assert_held(&bs->sp->lock);
-    return peers_may_hold(b, c->named) && ghost_add(bs, b, (fp_ghost){h, c->size, c->named}) == FABPOOL_OK;
+    return peers_may_hold(b, c->named, dropped) &&
+           ghost_add(bs, b, (fp_ghost){h, c->size, c->named, dropped}) == FABPOOL_OK;
 }
 
-/* Moves chunk c's memory to the ghosts when a peer may still import it, so
- * that unmapping it here does not free it. */
-static fabpool_status keep_for_peers(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c)
+/* Moves chunk c's memory, dropped at generation `dropped`, to the ghosts
+ * when a peer may still import it, so that unmapping it here does not free
+ * it. */
+static fabpool_status keep_for_peers(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, uint64_t dropped)
 {
     fp_lock_assert_held(&bs->sp->lock);
-    if (!peers_may_hold(b, c->named))
+    if (!peers_may_hold(b, c->named, dropped))
         return FABPOOL_OK;
     CUmemGenericAllocationHandle h = 0;
     fabpool_status st = fp_chunk_retain(bs->sp->ch, b->base + c->off, &h, "keeping a chunk its peers may import");
     if (st != FABPOOL_OK)
         return st;
-    if (!ghost_keep(bs, b, c, h)) {
+    if (!ghost_keep(bs, b, c, dropped, h)) {
         fp_chunk_release(bs->sp->ch, h);
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's list of chunks its peers hold");
     }
@@ -317,7 +331,7 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
      * still import it, so that a failure before the swap undoes everything */
     uint32_t n0 = b->n_ghosts;
     for (uint32_t i = j + 1; i < b->n && st == FABPOOL_OK; i++)
-        st = keep_for_peers(bs, b, &b->chunks[i]);
+        st = keep_for_peers(bs, b, &b->chunks[i], b->chunks[i].retiring ? b->chunks[i].drop_gen : drop_gen);
     if (st != FABPOOL_OK)
         goto drop_ghosts;
 
@@ -335,7 +349,7 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
         goto drop_ghosts;
     }
     fp_chunk_count_mapped(bs->sp->ch, rs);
-    if (!ghost_keep(bs, b, c, ho)) /* the old memory, for the peers that may still import it */
+    if (!ghost_keep(bs, b, c, drop_gen, ho)) /* the old memory, for the peers that may still import it */
         fp_chunk_release(bs->sp->ch, ho);
     fp_bchunk_forget_export(bs, c);
     b->live -= old - rs;

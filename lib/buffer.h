@@ -38,10 +38,12 @@ typedef struct fp_bchunk {
 
 /* The physical memory of a chunk that left an exported buffer's address
  * window while peers may still import it: a retained handle keeps it alive
- * until no generation the peers have not acknowledged can name it. */
+ * until the peers acknowledge the generation that dropped it (or a later
+ * one). */
 typedef struct fp_ghost {
     CUmemGenericAllocationHandle h;
     uint64_t size, named;
+    uint64_t dropped;                  /* the generation that took it out of the live chunks */
 } fp_ghost;
 
 /* The pool's buffers. */

@@ -82,8 +82,8 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
                  .since = since, .window = b->window, .live = b->live, .uid = b->uid, .pid = (int)getpid(),
                  .device = bs->sp->ch->device, .gran = bs->sp->gran};
     fp_desc_put_header(d, &h);
-    if (b->acked == UINT64_MAX && b->generation > 0)
-        b->acked = b->generation - 1; /* a new peer after "no peer is left": it maps what this names */
+    if (b->acked == UINT64_MAX) /* a new peer after "no peer is left": it may map what this names */
+        b->acked = b->generation;
     b->shared = 1;
     b->exported_gen = b->generation;
 out:

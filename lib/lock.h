@@ -21,10 +21,11 @@
  *   lock), so that the pool cannot be destroyed under it; nothing takes the
  *   registry with a pool or class lock held.
  * - pool before class: a trim and an out-of-memory retry run under the pool
- *   lock and take each class's lock to unlink its empty slabs; a class lock
- *   holder never needs the pool lock (a new slab is mapped after the class
- *   lock is dropped).
- * - class locks in ascending index: fabpool_check and stats hold several.
+ *   lock and take each class's lock to unlink its empty slabs, and a new
+ *   slab joins its class under both; a class lock holder never needs the
+ *   pool lock (a new slab is mapped after the class lock is dropped).
+ * - class locks in ascending index: fabpool_check and stats hold several
+ *   (fabpool_check then the retirement queue's too).
  * - retire is a leaf of the pool's locks: taken with the pool or a class lock
  *   held (or none); nothing of the pool is taken under it (the blocks it
  *   hands back go to the pool after it is released).

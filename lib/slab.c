@@ -142,15 +142,37 @@ static fabpool_status span_map(fp_heap *h, uint64_t size, uint64_t *va)
     return st;
 }
 
-static fp_span *slab_new(fp_heap *h, unsigned cls, fabpool_status *st)
+/* Up to n blocks of slab s into out[]; given != 0: their free flags cleared (fp_class_take). */
+static unsigned take_from(fp_span *s, fp_item *out, unsigned n, int given)
 {
-    fp_span *s = span_new(h, FP_SPAN_SLAB, cls, 0, h->classes[cls].slab_size);
+    unsigned k = 0;
+    uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
+    while (k < n && s->nfree) {
+        uint32_t i = s->free_stack[--s->nfree];
+        if (given)
+            atomic_store_explicit(&s->freeflag[i], FP_FREEFLAG_USED, memory_order_relaxed);
+        out[k].ptr = s->base + (uint64_t)i * obj;
+        out[k].span = s;
+        k++;
+    }
+    return k;
+}
+
+/* A new slab of class cls, mapped, with up to n of its blocks taken into
+ * out[] (take_from); returns how many (0 with an error set).  It joins the
+ * list of every slab and its class at once, under the pool lock and the
+ * class's, so that fabpool_check (which holds both) finds it in both or in
+ * neither. */
+static unsigned slab_new_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, int given, fabpool_status *st)
+{
+    fp_class *c = &h->classes[cls];
+    fp_span *s = span_new(h, FP_SPAN_SLAB, cls, 0, c->slab_size);
     if (!s) {
         *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the metadata of a slab (%zu bytes)",
-                       slab_meta_bytes(h->classes[cls].nobj));
-        return NULL;
+                       slab_meta_bytes(c->nobj));
+        return 0;
     }
-
+    unsigned k = 0;
     fp_lock(&h->sp->lock);
     uint64_t va = 0;
     *st = span_map(h, s->size, &va);
@@ -161,31 +183,22 @@ static fp_span *slab_new(fp_heap *h, unsigned cls, fabpool_status *st)
             fp_va_free(&h->sp->va, va, s->size);
             *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the page map of a new slab");
         } else {
+            fp_lock(&c->lock);
             FP_LIST_PUSH(&h->spans, s, all_next, all_prev);
+            c->nslabs++;
+            s->list = FP_LIST_NONE;
+            k = take_from(s, out, n, given);
+            relist(h, c, s);
+            fp_unlock(&c->lock);
         }
     }
     fp_unlock(&h->sp->lock);
-    if (*st != FABPOOL_OK) {
+    if (*st != FABPOOL_OK)
         span_free_meta(h, s);
-        return NULL;
-    }
-    return s;
-}
-
-static unsigned take_from(fp_span *s, fp_item *out, unsigned n)
-{
-    unsigned k = 0;
-    uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
-    while (k < n && s->nfree) {
-        uint32_t i = s->free_stack[--s->nfree];
-        out[k].ptr = s->base + (uint64_t)i * obj;
-        out[k].span = s;
-        k++;
-    }
     return k;
 }
 
-unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, fabpool_status *st)
+unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, int given, fabpool_status *st)
 {
     fp_class *c = &h->classes[cls];
     unsigned k = 0;
@@ -194,7 +207,7 @@ unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, fabpo
         fp_span *s = c->partial ? c->partial : c->empty;
         if (!s)
             break;
-        k += take_from(s, out + k, n - k);
+        k += take_from(s, out + k, n - k, given);
         relist(h, c, s);
     }
     fp_unlock(&c->lock);
@@ -203,26 +216,20 @@ unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, fabpo
 
     /* No free block: map a new slab without the class lock (the driver call
      * takes tens of microseconds, and may trim on OOM). */
-    fp_span *s = slab_new(h, cls, st);
-    if (!s)
-        return 0;
-    fp_lock(&c->lock);
-    c->nslabs++;
-    s->list = FP_LIST_NONE;
-    k = take_from(s, out, n);
-    relist(h, c, s);
-    fp_unlock(&c->lock);
-    return k;
+    return slab_new_take(h, cls, out, n, given, st);
 }
 
-void fp_class_give(fp_heap *h, unsigned cls, const fp_item *items, unsigned n)
+void fp_class_give(fp_heap *h, unsigned cls, const fp_item *items, unsigned n, int flag)
 {
     fp_class *c = &h->classes[cls];
     uint64_t obj = c->obj_size;
     fp_lock(&c->lock);
     for (unsigned k = 0; k < n; k++) {
         fp_span *s = items[k].span;
-        s->free_stack[s->nfree++] = (uint32_t)((items[k].ptr - s->base) / obj);
+        uint32_t i = (uint32_t)((items[k].ptr - s->base) / obj);
+        if (flag)
+            atomic_store_explicit(&s->freeflag[i], FP_FREEFLAG_FREE, memory_order_relaxed);
+        s->free_stack[s->nfree++] = i;
         relist(h, c, s);
     }
     fp_unlock(&c->lock);

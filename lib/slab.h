@@ -97,10 +97,14 @@ void fp_heap_init(fp_heap *h, fp_space *sp, const fabpool_options *o);
 /* Unmaps every span and frees the heap's metadata. */
 void fp_heap_destroy(fp_heap *h);
 
-/* Takes up to n free blocks of class cls into out[]; returns how many (0 with an error set). */
-unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, fabpool_status *st);
-/* Gives blocks back to their slabs (their free flags are already set). */
-void fp_class_give(fp_heap *h, unsigned cls, const fp_item *items, unsigned n);
+/* Takes up to n free blocks of class cls into out[]; returns how many (0 with an error set).  given != 0: the
+ * blocks are given out, their free flags cleared under the class's lock; 0: they go to a thread cache, still
+ * free.  Under the lock a block is on its slab's free stack or flagged as given out, so that fabpool_check,
+ * which holds every class lock, sees no block between the two (check.c). */
+unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, int given, fabpool_status *st);
+/* Gives blocks back to their slabs: with flag != 0 their free flags are set under the class's lock (a block
+ * freed without a thread cache), with 0 they are already set (a thread cache's blocks). */
+void fp_class_give(fp_heap *h, unsigned cls, const fp_item *items, unsigned n, int flag);
 
 fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out);
 /* Frees the large block at addr (checked under the lock: interior and double frees are refused; fn names

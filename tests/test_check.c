@@ -8,7 +8,15 @@
  * not).  Every corruption is undone right after its check, and the pools
  * must check clean again, so the test also shows the check has no memory of
  * an earlier failure; at the end everything is destroyed and the driver
- * holds nothing. */
+ * holds nothing.
+ *
+ * Then fabpool_check beside threads that allocate and free (through their
+ * thread caches, on a pool without them, and on two streams): every check
+ * answers OK (no invariant seems broken by work in flight), without a data
+ * race (the TSan build runs it), and a thread that holds a cache and sleeps
+ * does not hide a broken free stack. */
+#include <pthread.h>
+
 #include "testutil.h"
 
 #include "pool.h"
@@ -294,6 +302,143 @@ static void break_view(fabpool_t *p, fabpool_view_t *v)
     expect_clean("after the view corruptions");
 }
 
+/* ---------------------------------------------------------------- beside other threads */
+
+enum { NWORK = 4 };
+static fabpool_t *busy_cached, *busy_uncached;
+static CUstream busy_streams[2];
+static _Atomic int busy_stop, busy_bad;
+static _Atomic long busy_rounds[NWORK];
+
+/* Allocates and frees blocks of every kind until told to stop: small and mid
+ * sizes through the thread cache of busy_cached, the same on busy_uncached
+ * (no thread cache: every call under the class lock), a large block now and
+ * then, and a block freed on one stream and allocated on the other. */
+static void *busy_worker(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    static const size_t sizes[] = {64, 256, 1000, 4096, 40000, 300000};
+    uint64_t rng = 0x9e3779b97f4a7c15ull * (uint64_t)(id + 1);
+    void *blk[32];
+    while (!atomic_load(&busy_stop)) {
+        for (int k = 0; k < 2; k++) {
+            fabpool_t *p = k ? busy_uncached : busy_cached;
+            int n = 0;
+            for (; n < 32; n++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                size_t sz = (rng >> 60) == 0 ? 10 * MB : sizes[(rng >> 33) % 6];
+                if (fabpool_alloc(p, sz, &blk[n]) != FABPOOL_OK) {
+                    atomic_fetch_add(&busy_bad, 1);
+                    break;
+                }
+            }
+            for (int i = 0; i < n; i++) { /* in an order of their own */
+                int j = (int)((rng >> (i % 32)) % (uint64_t)(n - i)) + i;
+                void *t = blk[i];
+                blk[i] = blk[j];
+                blk[j] = t;
+                if (fabpool_free(p, blk[i]) != FABPOOL_OK)
+                    atomic_fetch_add(&busy_bad, 1);
+            }
+        }
+        void *q = NULL;
+        CUstream s = busy_streams[id & 1];
+        if (fabpool_alloc_on_stream(busy_cached, 512, s, &q) != FABPOOL_OK ||
+            fabpool_free_on_stream(busy_cached, q, busy_streams[(id + 1) & 1]) != FABPOOL_OK)
+            atomic_fetch_add(&busy_bad, 1);
+        atomic_fetch_add(&busy_rounds[id], 1);
+    }
+    fabpool_thread_flush(busy_cached);
+    return NULL;
+}
+
+static void *parked_worker(void *arg)
+{
+    pthread_barrier_t *bar = arg;
+    void *b[8];
+    for (int i = 0; i < 8; i++)
+        fabpool_alloc(busy_cached, 256, &b[i]);
+    for (int i = 0; i < 8; i++)
+        fabpool_free(busy_cached, b[i]); /* into this thread's cache, which the pool lists */
+    pthread_barrier_wait(bar);
+    pthread_barrier_wait(bar); /* asleep, its cache held, while the main thread checks */
+    return NULL;
+}
+
+static void check_beside_threads(void)
+{
+    busy_cached = t_pool("stream_owner:false");
+    busy_uncached = t_pool("thread_cache:false");
+    if (!busy_cached || !busy_uncached)
+        return;
+    CHECK_CU(cuStreamCreate(&busy_streams[0], 0));
+    CHECK_CU(cuStreamCreate(&busy_streams[1], 0));
+    pthread_t th[NWORK];
+    for (int i = 0; i < NWORK; i++)
+        pthread_create(&th[i], NULL, busy_worker, (void *)(intptr_t)i);
+    int checks = 0, corrupt = 0;
+    for (;;) {
+        long least = busy_rounds[0];
+        for (int i = 1; i < NWORK; i++)
+            if (busy_rounds[i] < least)
+                least = busy_rounds[i];
+        if (checks >= 400 && least >= 50)
+            break;
+        for (int k = 0; k < 2; k++) {
+            fabpool_status st = fabpool_check(k ? busy_uncached : busy_cached);
+            checks++;
+            if (st != FABPOOL_OK && corrupt++ < 3)
+                fprintf(stderr, "  beside %d threads, check %d: %s: %s\n", NWORK, checks, fabpool_status_name(st),
+                        fabpool_last_error());
+        }
+    }
+    atomic_store(&busy_stop, 1);
+    for (int i = 0; i < NWORK; i++)
+        pthread_join(th[i], NULL);
+    CHECK(corrupt == 0 && busy_bad == 0);
+    printf("test_check: %d checks beside %d threads that allocated and freed (%ld rounds of the slowest): %d "
+           "failed\n", checks, NWORK, (long)busy_rounds[0], corrupt);
+    CHECK_OK(fabpool_collect(busy_cached, 1));
+    CHECK_OK(fabpool_check(busy_cached));
+    CHECK_OK(fabpool_check(busy_uncached));
+
+    /* a thread that holds a cache and sleeps: its blocks cannot be read, the free stacks still can */
+    void *b[8];
+    for (int i = 0; i < 8; i++)
+        CHECK_OK(fabpool_alloc(busy_cached, 256, &b[i]));
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 2);
+    pthread_t parked;
+    pthread_create(&parked, NULL, parked_worker, &bar);
+    pthread_barrier_wait(&bar);
+    CHECK_OK(fabpool_check(busy_cached));
+    fp_span *s = slab_of(busy_cached, b[0]);
+    if (s && s->nfree) {
+        uint32_t keep = s->free_stack[0];
+        s->free_stack[0] = s->nobj + 5;
+        expect_broken(busy_cached, "[slab.stack]", "free-stack entry past end, a thread's cache asleep");
+        s->free_stack[0] = keep;
+    }
+    CHECK_OK(fabpool_check(busy_cached));
+    pthread_barrier_wait(&bar);
+    pthread_join(parked, NULL); /* its cache went back to the pool as it exited */
+    pthread_barrier_destroy(&bar);
+    if (s) {
+        uint32_t idx = 0;
+        CHECK(fp_slab_index(s, (uint64_t)(uintptr_t)b[0], &idx));
+        atomic_store(&s->freeflag[idx], 1); /* with no other thread's cache the count is exact again */
+        expect_broken(busy_cached, "[slab.flags]", "live block flagged free, the other thread gone");
+        atomic_store(&s->freeflag[idx], 0);
+    }
+    for (int i = 0; i < 8; i++)
+        CHECK_OK(fabpool_free(busy_cached, b[i]));
+    CHECK_OK(fabpool_check(busy_cached));
+    CHECK_OK(fabpool_destroy(busy_cached));
+    CHECK_OK(fabpool_destroy(busy_uncached));
+    CHECK_CU(cuStreamDestroy(busy_streams[0]));
+    CHECK_CU(cuStreamDestroy(busy_streams[1]));
+}
+
 int main(void)
 {
     int sim = t_driver_init();
@@ -391,5 +536,10 @@ int main(void)
         CHECK(l.bytes_held == 0 && l.mappings == 0 && l.handles == 0);
     }
     printf("test_check: %d corruptions, each caught with its invariant's name\n", n_broken);
+    check_beside_threads();
+    if (sim) {
+        fabsim_ledger l = t_ledger();
+        CHECK(l.bytes_held == 0 && l.mappings == 0 && l.handles == 0);
+    }
     return t_done("test_check");
 }

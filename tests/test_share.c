@@ -2,6 +2,7 @@
  *  - the handle type: auto picks what works; forced fabric without an IMEX channel fails with its message
  *  - a view in the same process: full descriptor, deltas as the buffer grows and shrinks, data both ways
  *  - malformed descriptors: each refused, nothing mapped
+ *  - a late peer opens the acknowledged generation's descriptor after a shrink and a refit
  *  - a peer process that imports over the socket helper and is then killed: once the exporter lets go,
  *    the machine holds nothing (the kernel closed the dead process's fds and mappings)
  * Run with FABPOOL_CONF=handle_type:fabric FABSIM_FABRIC=1 for fabric handles. */
@@ -181,15 +182,25 @@ static void same_process(void)
     CHECK(t_near(t_held(), 0));
 }
 
+/* Two pools, the exporter (*a) and the importer (*b), and a buffer of the
+ * exporter's; NULL if anything failed (a failed check). */
+static fabpool_buffer_t *exporter_importer(fabpool_t **a, fabpool_t **b, size_t max_size, size_t size)
+{
+    *a = *b = NULL;
+    CHECK_OK(fabpool_create(NULL, a));
+    CHECK_OK(fabpool_create(NULL, b));
+    fabpool_buffer_t *buf = NULL;
+    if (*a && *b)
+        CHECK_OK(fabpool_buffer_create(*a, max_size, size, &buf));
+    return buf;
+}
+
 static void malformed(void)
 {
-    fabpool_t *a = NULL, *b = NULL;
-    CHECK_OK(fabpool_create(NULL, &a));
-    CHECK_OK(fabpool_create(NULL, &b));
-    if (!a || !b)
+    fabpool_t *a, *b;
+    fabpool_buffer_t *buf = exporter_importer(&a, &b, 256 * MB, 100 * MB);
+    if (!buf)
         return;
-    fabpool_buffer_t *buf;
-    CHECK_OK(fabpool_buffer_create(a, 256 * MB, 100 * MB, &buf));
     static uint8_t d[1 << 14], m[1 << 14];
     int fds[64], mine[64];
     size_t len, nfds;
@@ -247,6 +258,93 @@ static void malformed(void)
     CHECK_OK(fabpool_destroy(a));
     CHECK_OK(fabpool_destroy(b));
 #undef TRY
+}
+
+/* A late peer: every peer acknowledged generation g, the exporter then
+ * shrinks (a chunk retires) and refits (its one remaining chunk replaced by a
+ * smaller one), and a peer handed g's full descriptor before (its fds with
+ * it) opens it only now.  It is entitled to g's chunks until the peers
+ * acknowledge a later generation: with fabric handles the exporter's hold is
+ * the only thing that keeps them importable; with POSIX fds the peer's fds
+ * would keep them anyway, and the exporter holds them just the same (one
+ * rule, one accounting).  The ack of the generation that dropped them lets
+ * them go. */
+static void late_peer_after_refit(void)
+{
+    fabpool_t *a, *b;
+    fabpool_buffer_t *buf = exporter_importer(&a, &b, 64 * MB, 12 * MB);
+    if (!buf)
+        return;
+    fabpool_buffer_info g;
+    fabpool_buffer_get_info(buf, &g);
+    uint64_t first = g.mapped; /* the first chunk */
+    CHECK_OK(fabpool_buffer_resize(buf, 40 * MB, NULL));
+    fabpool_buffer_get_info(buf, &g);
+    CHECK(g.n_chunks == 2);
+    char *base = fabpool_buffer_ptr(buf);
+    put(base, 51);
+    put(base + 40 * MB - 8, 52);
+
+    static uint8_t d[1 << 14], d2[1 << 14];
+    int fds[16], late1[16], late2[16];
+    size_t len, nfds, len2, nfds2;
+    CHECK_OK(fabpool_buffer_export(buf, 0, d, sizeof d, &len, fds, 16, &nfds));
+    dup_all(fds, nfds, late1); /* what the late peers were sent */
+    dup_all(fds, nfds, late2);
+    CHECK_OK(fabpool_buffer_export_done(buf));
+    CHECK_OK(fabpool_buffer_peers_ack(buf, g.generation));
+
+    /* a shrink that retires the second chunk: it stays mapped for the late peer */
+    CHECK_OK(fabpool_buffer_resize(buf, 12 * MB, NULL));
+    fabpool_stats s = t_stats(a);
+    CHECK(s.mapped_bytes == g.mapped && s.retiring_bytes == g.mapped - first);
+    fabpool_view_t *v = NULL;
+    CHECK_OK(fabpool_view_open(b, d, len, late1, nfds, &v));
+    if (v) {
+        CHECK(get(fabpool_view_ptr(v)) == 51 && get((char *)fabpool_view_ptr(v) + 40 * MB - 8) == 52);
+        CHECK_OK(fabpool_view_close(v));
+    }
+
+    /* the refit: the first chunk is replaced by a smaller one, both old chunks leave the window and are held */
+    CHECK_OK(fabpool_buffer_resize(buf, 2 * MB, NULL));
+    fabpool_buffer_info g1;
+    fabpool_buffer_get_info(buf, &g1);
+    CHECK(g1.n_chunks == 1 && g1.mapped <= 4 * MB && g1.generation > g.generation && get(base) == 51);
+    s = t_stats(a);
+    CHECK(s.mapped_bytes == g1.mapped && s.retiring_bytes == 0);
+    CHECK(s.held_for_peers_bytes == g.mapped && s.handles_outstanding == 2);
+    if (t_ledger_p)
+        CHECK(t_held() == (int64_t)(g1.mapped + g.mapped));
+    v = NULL;
+    CHECK_OK(fabpool_view_open(b, d, len, late2, nfds, &v));
+    if (v) {
+        char *vb = fabpool_view_ptr(v);
+        CHECK(get(vb) == 51 && get(vb + 40 * MB - 8) == 52);
+        /* the late peer catches up: the delta replaces the old chunk by the new one */
+        CHECK_OK(fabpool_buffer_export(buf, g.generation, d2, sizeof d2, &len2, fds, 16, &nfds2));
+        dup_all(fds, nfds2, late1);
+        CHECK_OK(fabpool_view_apply(v, d2, len2, late1, nfds2));
+        CHECK_OK(fabpool_buffer_export_done(buf));
+        put(base + 8, 53);
+        CHECK(get(vb) == 51 && get(vb + 8) == 53);
+        fabpool_buffer_info vi;
+        fabpool_view_get_info(v, &vi);
+        CHECK(vi.generation == g1.generation && vi.size == g1.mapped);
+        /* every peer is at the refit's generation: the old chunks go */
+        CHECK_OK(fabpool_buffer_peers_ack(buf, vi.generation));
+        s = t_stats(a);
+        CHECK(s.held_for_peers_bytes == 0 && s.handles_outstanding == 0 && s.mapped_bytes == g1.mapped);
+        if (t_ledger_p) /* the view maps the exporter's memory: nothing else is held */
+            CHECK(t_held() == (int64_t)g1.mapped);
+        CHECK_OK(fabpool_check(a));
+        CHECK_OK(fabpool_view_close(v));
+    }
+    CHECK_OK(fabpool_buffer_peers_ack(buf, UINT64_MAX));
+    CHECK_OK(fabpool_buffer_destroy(buf, NULL));
+    CHECK_OK(fabpool_destroy(a));
+    CHECK_OK(fabpool_destroy(b));
+    if (t_ledger_p)
+        CHECK(t_held() == 0);
 }
 
 /* ---------------------------------------------------------------- a peer that dies */
@@ -482,6 +580,7 @@ int main(int argc, char **argv)
     handle_types();
     same_process();
     malformed();
+    late_peer_after_refit();
     dead_peer(argv[0]);
     peer_grows(argv[0]);
     CHECK(t_near(t_held(), 0));
