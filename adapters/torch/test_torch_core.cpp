@@ -24,7 +24,6 @@ using fabpool_torch::PoolId;
 using fabpool_torch::Stream;
 
 static const size_t MiB = size_t(1) << 20;
-static const size_t GiB = size_t(1) << 30;
 
 struct SimRuntime final : fabpool_torch::Runtime {
     std::mutex mu;
@@ -220,27 +219,31 @@ static void check_record_stream(Core &core)
 static void check_oom(Core &core, int64_t held0)
 {
     CUstream s = new_stream();
+    size_t fr = 0, total = 0;
+    cuMemGetInfo(&fr, &total);
+    const size_t block = total / 8; /* a whole number of 2 MiB granules for the sim's sizes */
     std::vector<void *> live;
     std::string msg;
     OutOfMemory *caught = nullptr;
     for (int i = 0; i < 64 && msg.empty(); i++) {
         try {
-            live.push_back(core.malloc(0, GiB, s));
+            live.push_back(core.malloc(0, block, s));
         } catch (const OutOfMemory &e) {
             msg = e.what();
             caught = new OutOfMemory(e);
         }
     }
     CHECK(!msg.empty() && live.size() >= 6 && live.size() <= 8);
-    CHECK(msg.find("CUDA out of memory. Tried to allocate 1.00 GiB on device 0") != std::string::npos);
+    CHECK(msg.find("CUDA out of memory. Tried to allocate ") != std::string::npos &&
+          msg.find(" on device 0 (stream ") != std::string::npos);
     CHECK(msg.find("this pool maps") != std::string::npos);  /* fabpool's own account */
     CHECK(msg.find("PyTorch's tensors hold") != std::string::npos);
-    CHECK(caught && caught->device == 0 && caught->size == GiB && caught->allowed >= live.size() * GiB);
+    CHECK(caught && caught->device == 0 && caught->size == block && caught->allowed >= live.size() * block);
     delete caught;
     CHECK(core.stats(0).num_ooms == 1);
     core.free(live.back());
     live.pop_back();
-    live.push_back(core.malloc(0, GiB, s));  /* the program goes on */
+    live.push_back(core.malloc(0, block, s)); /* the program goes on */
     CHECK(live.back() != nullptr);
     free_all(core, live);
     all_back(core, held0, {s});
@@ -256,23 +259,24 @@ static void check_fraction(Core &core, int64_t held0)
     core.set_fraction(0, 0.25);
     CHECK(core.fraction(0) == 0.25);
     const int64_t cap = int64_t(total / 4);
+    const size_t block = total / 32;
     std::vector<void *> live;
     std::string msg;
     for (int i = 0; i < 64 && msg.empty(); i++) {
         try {
-            live.push_back(core.malloc(0, 256 * MiB, s));
+            live.push_back(core.malloc(0, block, s));
             CHECK(t_held() - held0 <= cap);
         } catch (const OutOfMemory &e) {
             msg = e.what();
             CHECK(e.allowed == size_t(cap));
         }
     }
-    CHECK(int64_t(live.size()) == cap / int64_t(256 * MiB));
+    CHECK(int64_t(live.size()) == cap / int64_t(block));
     CHECK(msg.find("set_per_process_memory_fraction(0.25)") != std::string::npos);
     CHECK(t_held() - held0 <= cap);
     /* at the cap, memory already mapped still serves */
     core.free(live.back());
-    live.back() = core.malloc(0, 256 * MiB, s);
+    live.back() = core.malloc(0, block, s);
     CHECK(live.back() != nullptr);
     bool refused = false;
     try {
@@ -282,7 +286,7 @@ static void check_fraction(Core &core, int64_t held0)
     }
     CHECK(refused && core.fraction(0) == 0.25);
     core.set_fraction(0, 1.0);
-    live.push_back(core.malloc(0, 256 * MiB, s));
+    live.push_back(core.malloc(0, block, s));
     CHECK(t_held() - held0 > cap);
     free_all(core, live);
     all_back(core, held0, {s});
