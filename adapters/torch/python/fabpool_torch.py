@@ -1,12 +1,26 @@
 """fabpool as PyTorch's CUDA allocator.
 
     import fabpool_torch
-    fabpool_torch.install(stats=True)  # before the first CUDA tensor
+    fabpool_torch.install()          # before the first CUDA tensor
     ...
-    torch.cuda.max_memory_allocated()  # answered by fabpool (stats=True)
-    fabpool_torch.memory_stats()     # the same dict as torch.cuda.memory_stats(), from fabpool
+    torch.cuda.max_memory_allocated()  # answered by fabpool
     fabpool_torch.stats()            # dict: {"device", "torch": counters, "pool": fabpool stats}
-    fabpool_torch.empty()            # everything cached back to the driver
+    torch.cuda.empty_cache()         # everything cached back to the driver
+
+install() makes fabpool PyTorch's allocator in one of two ways:
+
+- the C++ allocator, libfabpool_torch_cxx.so (built by fabpool's CMake where
+  python3 imports torch, against that torch): a whole
+  c10::cuda::CUDACachingAllocator::CUDAAllocator, which keeps PyTorch's
+  contract: record_stream, torch.OutOfMemoryError, the memory fraction,
+  torch.cuda's statistics and empty_cache, CUDA graph pools and
+  torch.compile's reduce-overhead mode (docs/integration.md);
+- the pluggable shim, libfabpool_torch.so, through
+  torch.cuda.memory.CUDAPluggableAllocator, which forwards only malloc and
+  free.  install() falls back to it, with one warning that names what does
+  not work then, where the C++ allocator is missing or was built against
+  another PyTorch.  install(stats=True) patches torch.cuda's statistics
+  functions for it.
 
 Or, keeping PyTorch's allocator for everything else, a scoped pool:
 
@@ -14,13 +28,14 @@ Or, keeping PyTorch's allocator for everything else, a scoped pool:
     with torch.cuda.use_mem_pool(pool):
         buf = torch.empty(...)
 
-install() loads libfabpool_torch.so through torch.cuda.memory.CUDAPluggableAllocator
-and makes it the current allocator (torch.cuda.memory.change_current_allocator),
-which PyTorch allows only before its allocator has been used.  The library is
-looked for in this order: the `path` argument, $FABPOOL_TORCH_LIBRARY, next to
-this file, then the dynamic loader's search path.  Pool options come from
-$FABPOOL_CONF (docs/config.md); the driver from $FABPOOL_CUDA_LIBRARY or
-libcuda.so.1.
+PyTorch allows a new allocator only before its own has been used (before the
+first CUDA tensor or CUDA call).  The shim's library is looked for in this
+order: the `path` argument, $FABPOOL_TORCH_LIBRARY, next to this file, then
+the dynamic loader's search path; the C++ allocator's in
+$FABPOOL_TORCH_CXX_LIBRARY, next to the shim's library, next to this file.
+$FABPOOL_TORCH_MODE (or install(mode=...)) picks one: auto (the default),
+cxx or shim.  Pool options come from $FABPOOL_CONF (docs/config.md); the
+driver from $FABPOOL_CUDA_LIBRARY or libcuda.so.1.
 
 The functions other than install() use ctypes only, so they also work without
 torch (the tests of this package call the library that way).
@@ -31,17 +46,31 @@ import json
 import os
 import sys
 
-__all__ = ["install", "load", "library_path", "stats", "counters", "empty", "shutdown", "last_error",
+__all__ = ["install", "installed", "cpp_view", "cxx_library_path", "SHIM_LIMITS", "load", "library_path", "stats", "counters", "empty", "shutdown", "last_error",
            "memory_stats", "memory_stats_as_nested_dict", "reset_peak_memory_stats",
            "reset_accumulated_memory_stats", "patch_torch_stats", "unpatch_torch_stats", "mempool", "FabpoolError",
            "sleep", "wake", "sleep_state", "tags"]
 
 _LIB_NAME = "libfabpool_torch.so"
+_CXX_LIB_NAME = "libfabpool_torch_cxx.so"
 _lib = None
 _lib_path = None
 _pluggable = None   # the CUDAPluggableAllocator of this library, made once and kept alive
-_allocator = None   # _pluggable once install() made it PyTorch's allocator
+_allocator = None   # what install() made PyTorch's allocator: _pluggable, or "cxx" for the C++ allocator
 _patched = {}       # (module, name) -> PyTorch's function that patch_torch_stats replaced
+_fallback_warned = False
+
+# what the pluggable shim cannot do, said when install() falls back to it
+SHIM_LIMITS = (
+    "record_stream is ignored: a tensor freed while another stream still reads it can be given out again",
+    "an allocation fabpool cannot serve returns NULL, which PyTorch does not check, instead of raising "
+    "torch.OutOfMemoryError: the next kernel faults",
+    "torch.cuda.set_per_process_memory_fraction is ignored",
+    "torch.cuda.memory_stats() and the functions built on it raise unless install(stats=True), and then only "
+    "from Python; empty_cache() does nothing without it",
+    "CUDA graphs that share a pool and torch.compile(mode='reduce-overhead') fail",
+    "CUDA tensors cannot be shared with other processes (torch.multiprocessing)",
+)
 
 
 class FabpoolError(RuntimeError):
@@ -91,8 +120,8 @@ def library_path(path=None):
 
 
 def load(path=None):
-    """Loads the library with ctypes (once) and declares its functions."""
-    global _lib, _lib_path
+    """Loads the library with ctypes (once) and declares its functions: the
+    C++ allocator's once install() has installed it, else the shim's."""
     if _lib is not None:
         return _lib
     p = library_path(path)
@@ -101,6 +130,13 @@ def load(path=None):
     except OSError as e:
         raise FabpoolError("fabpool_torch: cannot load %s: %s; set FABPOOL_TORCH_LIBRARY to the library's path" %
                            (p, e)) from None
+    return _use(lib, p)
+
+
+def _use(lib, p):
+    """lib (the shim's, or the C++ allocator's: both have the shim's C
+    functions) becomes the one this module's functions call."""
+    global _lib, _lib_path, _tags_ready
     lib.fabpool_torch_alloc.restype = ctypes.c_void_p
     lib.fabpool_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
     lib.fabpool_torch_free.restype = None
@@ -124,7 +160,7 @@ def load(path=None):
     lib.fabpool_torch_reset_peak_stats.argtypes = [ctypes.c_int]
     lib.fabpool_torch_reset_accumulated_stats.restype = ctypes.c_int
     lib.fabpool_torch_reset_accumulated_stats.argtypes = [ctypes.c_int]
-    _lib, _lib_path = lib, p
+    _lib, _lib_path, _tags_ready = lib, p, False
     return lib
 
 
@@ -150,30 +186,132 @@ def _pluggable_allocator(path=None):
     return _pluggable
 
 
-def install(path=None, stats=False):
+def cxx_library_path(path=None):
+    """The libfabpool_torch_cxx.so that install() would use, or None: from
+    $FABPOOL_TORCH_CXX_LIBRARY, beside the shim's library (`path` or
+    $FABPOOL_TORCH_LIBRARY), beside this file."""
+    env = os.environ.get("FABPOOL_TORCH_CXX_LIBRARY")
+    if env:
+        return os.path.abspath(env) if os.path.isfile(env) else None
+    here = os.path.dirname(os.path.abspath(__file__))
+    dirs = [os.path.dirname(os.path.abspath(x)) for x in (path, os.environ.get("FABPOOL_TORCH_LIBRARY")) if x]
+    for d in dirs + [here, os.path.join(here, "lib")]:
+        c = os.path.join(d, _CXX_LIB_NAME)
+        if os.path.isfile(c):
+            return c
+    return None
+
+
+def _load_cxx(torch, path):
+    """(the C++ allocator's library, its path) or (None, why it cannot be used)."""
+    p = cxx_library_path(path)
+    if p is None:
+        return None, ("%s was not found: fabpool's CMake builds it where python3 imports torch (option "
+                      "FABPOOL_TORCH_CXX); set FABPOOL_TORCH_CXX_LIBRARY to its path" % _CXX_LIB_NAME)
+    try:
+        lib = ctypes.CDLL(p)
+        lib.fabpool_torch_cxx_built_for.restype = ctypes.c_char_p
+        lib.fabpool_torch_cxx_built_for.argtypes = []
+        built = lib.fabpool_torch_cxx_built_for().decode()
+    except (OSError, AttributeError) as e:
+        return None, "%s cannot be loaded with this PyTorch (%s): rebuild fabpool against it" % (p, e)
+    if built != torch.__version__:
+        return None, ("%s was built against PyTorch %s, and this is PyTorch %s: rebuild fabpool against it" %
+                      (p, built, torch.__version__))
+    lib.fabpool_torch_cxx_install.restype = ctypes.c_int
+    lib.fabpool_torch_cxx_install.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.fabpool_torch_cxx_installed.restype = ctypes.c_int
+    lib.fabpool_torch_cxx_installed.argtypes = []
+    lib.fabpool_torch_cxx_cpp_view.restype = ctypes.c_int
+    lib.fabpool_torch_cxx_cpp_view.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p,
+                                               ctypes.c_size_t]
+    return lib, p
+
+
+def _warn_fallback(why):
+    global _fallback_warned
+    if _fallback_warned:
+        return
+    _fallback_warned = True
+    import warnings
+    warnings.warn("fabpool_torch.install(): fabpool's C++ allocator cannot be used (%s), so fabpool is installed "
+                  "through PyTorch's pluggable allocator, which keeps less of PyTorch's contract:\n  - %s" %
+                  (why, "\n  - ".join(SHIM_LIMITS)), RuntimeWarning, stacklevel=3)
+
+
+def install(path=None, stats=False, mode=None):
     """Makes fabpool PyTorch's CUDA allocator.  Call it before any CUDA tensor
     is made (PyTorch refuses to swap an allocator that has been used).
 
-    stats=True also makes torch.cuda.memory_stats, memory_allocated,
-    max_memory_allocated, memory_reserved, max_memory_reserved,
-    reset_peak_memory_stats, reset_accumulated_memory_stats, memory_summary
-    and empty_cache answer from fabpool (patch_torch_stats()): with a
-    pluggable allocator PyTorch's own raise "CUDAPluggableAllocator does not
-    yet support getDeviceStats" (empty_cache does nothing).
-    Returns the library's path."""
+    mode (default $FABPOOL_TORCH_MODE, else "auto"): "auto" installs the C++
+    allocator where its library loads and was built against this PyTorch,
+    else the pluggable shim, with one warning that names what does not work
+    then; "cxx" the C++ allocator or an error; "shim" the pluggable shim.
+
+    With the shim, stats=True also makes torch.cuda.memory_stats,
+    memory_allocated, max_memory_allocated, memory_reserved,
+    max_memory_reserved, reset_peak_memory_stats,
+    reset_accumulated_memory_stats, memory_summary and empty_cache answer
+    from fabpool (patch_torch_stats()): with a pluggable allocator PyTorch's
+    own raise "CUDAPluggableAllocator does not yet support getDeviceStats"
+    (empty_cache does nothing).  The C++ allocator needs no patch.
+    Returns the path of the library that serves PyTorch."""
     global _allocator
     import torch
     if _allocator is None:
-        alloc = _pluggable_allocator(path)
-        try:
-            torch.cuda.memory.change_current_allocator(alloc)
-        except RuntimeError as e:
-            raise FabpoolError("fabpool_torch.install(): PyTorch refused the allocator (%s); call install() before "
-                               "the first CUDA tensor or CUDA call that allocates" % e) from None
-        _allocator = alloc
+        mode = mode or os.environ.get("FABPOOL_TORCH_MODE") or "auto"
+        if mode not in ("auto", "cxx", "shim"):
+            raise FabpoolError("fabpool_torch.install(mode=%r): the mode is auto, cxx or shim" % (mode,))
+        why = None
+        if mode != "shim":
+            lib, where = _load_cxx(torch, path)
+            if lib is not None:
+                msg = ctypes.create_string_buffer(1024)
+                if lib.fabpool_torch_cxx_install(msg, len(msg)) != 0:
+                    raise FabpoolError("fabpool_torch.install(): %s" % msg.value.decode(errors="replace"))
+                _use(lib, where)
+                _allocator = "cxx"
+            elif mode == "cxx":
+                raise FabpoolError("fabpool_torch.install(mode='cxx'): %s" % where)
+            else:
+                why = where
+        if _allocator is None:
+            if mode == "auto":
+                _warn_fallback(why)
+            alloc = _pluggable_allocator(path)
+            try:
+                torch.cuda.memory.change_current_allocator(alloc)
+            except RuntimeError as e:
+                raise FabpoolError("fabpool_torch.install(): PyTorch refused the allocator (%s); call install() "
+                                   "before the first CUDA tensor or CUDA call that allocates" % e) from None
+            _allocator = alloc
     if stats:
         patch_torch_stats(torch)
     return _lib_path
+
+
+def installed():
+    """What install() made PyTorch's allocator: "cxx" (the C++ allocator),
+    "shim" (the pluggable shim) or None."""
+    if _allocator is None:
+        return None
+    return "cxx" if _allocator == "cxx" else "shim"
+
+
+def cpp_view(device=0):
+    """What C++ callers of PyTorch's allocator API see, with the C++ allocator
+    installed: {"allocated": CUDACachingAllocator::getDeviceStats(device)'s
+    allocated_bytes, "reserved": its reserved_bytes, "accelerator_allocated":
+    the same through c10::getDeviceAllocator(kCUDA), "get_allocator_is_fabpool":
+    c10::GetAllocator(kCUDA) is fabpool's, "name_is_fabpool"}."""
+    if _allocator != "cxx":
+        raise FabpoolError("fabpool_torch.cpp_view(): the C++ allocator is not installed")
+    out = (ctypes.c_int64 * 5)()
+    msg = ctypes.create_string_buffer(512)
+    if _lib.fabpool_torch_cxx_cpp_view(int(device), out, msg, len(msg)) != 0:
+        raise FabpoolError("fabpool_torch.cpp_view(): %s" % msg.value.decode(errors="replace"))
+    return {"allocated": out[0], "reserved": out[1], "accelerator_allocated": out[2],
+            "get_allocator_is_fabpool": bool(out[3]), "name_is_fabpool": bool(out[4])}
 
 
 def mempool(device=None, path=None, tag=None):
@@ -233,8 +371,14 @@ def counters(device=-1):
 
 def empty(device=-1):
     """Returns every cached block to the driver, once the work on its stream is
-    done; -1: every device.  torch.cuda.empty_cache() does not reach a
-    pluggable allocator, so call this instead."""
+    done; -1: every device.  With the C++ allocator this is
+    torch.cuda.empty_cache() (every device, CUDA graphs' released pools too);
+    with the shim, which torch.cuda.empty_cache() does not reach, the shim's
+    pools."""
+    if _allocator == "cxx":
+        import torch
+        torch.cuda.empty_cache()
+        return
     _check(load().fabpool_torch_empty(device), "fabpool_torch_empty(%d)" % device)
 
 
@@ -290,7 +434,8 @@ def _raw_memory_stats(device):
 
 
 def memory_stats_as_nested_dict(device=None):
-    """torch.cuda.memory_stats_as_nested_dict(), from fabpool's shim.
+    """torch.cuda.memory_stats_as_nested_dict(), from fabpool's shim (with the
+    C++ allocator installed: PyTorch's own, which the allocator answers).
 
     With PyTorch's meanings: "allocation" / "active" count the blocks handed
     to PyTorch and not freed, "allocated_bytes" / "active_bytes" their block
@@ -301,6 +446,9 @@ def memory_stats_as_nested_dict(device=None):
     them by PyTorch's pools, so only their "all" is filled.  Blocks are never
     split, so "inactive_split*" and "oversize_*" are 0; "num_device_alloc" /
     "num_device_free" count chunks mapped / unmapped."""
+    if _allocator == "cxx":
+        import torch
+        return torch.cuda.memory.memory_stats_as_nested_dict(device)
     m = _raw_memory_stats(device)
 
     def stat(st):
@@ -339,7 +487,11 @@ def memory_stats_as_nested_dict(device=None):
 def memory_stats(device=None):
     """torch.cuda.memory_stats(), from fabpool's shim: the same flat keys
     ("allocated_bytes.all.current", "reserved_bytes.all.peak", "num_ooms",
-    ...), sorted, as an OrderedDict.  Works without torch (ctypes only)."""
+    ...), sorted, as an OrderedDict.  Works without torch (ctypes only).
+    With the C++ allocator installed: torch.cuda.memory_stats(device)."""
+    if _allocator == "cxx":
+        import torch
+        return torch.cuda.memory.memory_stats(device)
     flat = []
 
     def walk(prefix, obj):
@@ -372,12 +524,18 @@ def max_memory_reserved(device=None):
 
 def reset_peak_memory_stats(device=None):
     """Every peak to its current value (torch.cuda.reset_peak_memory_stats)."""
+    if _allocator == "cxx":
+        import torch
+        return torch.cuda.memory.reset_peak_memory_stats(device)
     idx = _device_index(device)
     _check(load().fabpool_torch_reset_peak_stats(idx), "fabpool_torch_reset_peak_stats(%d)" % idx)
 
 
 def reset_accumulated_memory_stats(device=None):
     """The "allocated" / "freed" totals and the num_* counts to 0."""
+    if _allocator == "cxx":
+        import torch
+        return torch.cuda.memory.reset_accumulated_memory_stats(device)
     idx = _device_index(device)
     _check(load().fabpool_torch_reset_accumulated_stats(idx), "fabpool_torch_reset_accumulated_stats(%d)" % idx)
 
@@ -411,7 +569,10 @@ def patch_torch_stats(torch=None):
     replaced in torch.cuda.memory and in torch.cuda (and in torch.accelerator
     and torch.accelerator.memory).  Code that copied a function before this
     call (`from torch.cuda import memory_allocated`) keeps PyTorch's.
-    Idempotent; unpatch_torch_stats() undoes it."""
+    Idempotent; unpatch_torch_stats() undoes it.  With the C++ allocator
+    installed it does nothing: PyTorch's own functions answer from fabpool."""
+    if _allocator == "cxx":
+        return
     if torch is None:
         import torch
     load()

@@ -1,0 +1,36 @@
+#!/bin/bash
+# h200-contract.sh - PyTorch's allocator contract with fabpool on the real driver (one H200; run from the
+# repository root; CUDA 13, cmake, ninja or make, PyTorch in python3; about 5 minutes).
+#   configure  the project's CMake against the real driver: libfabpool_torch_cxx.so is built against the PyTorch
+#              that python3 imports (torch_probe.py); its line in the configure log says which
+#   build      libfabpool_torch.so (the shim) and libfabpool_torch_cxx.so (the C++ allocator)
+#   ctest      the torch-labelled tests against the real driver (the shim's, the install test)
+#   contract   adapters/torch/test_torch_contract.py: every case with PyTorch's allocator and with fabpool
+#              installed by a plain install() (the C++ allocator), each in a process of its own, compared
+# Writes under $OUT: contract.txt (this log), contract.json (every case's figures), configure.txt.  Never stops at
+# the first failure; the last line is SUMMARY name=rc ...
+set -u
+OUT=${OUT:-/tmp/fabpool-contract}
+mkdir -p "$OUT"
+LOG="$OUT/contract.txt"
+[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+B=${FABPOOL_TORCH_BUILD:-/tmp/b-contract}
+# torch.compile's cache outside $OUT (what is under $OUT comes back); the second run of a case reuses the first's
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/fabpool-contract-inductor}
+GEN=""
+command -v ninja >/dev/null && GEN="-G Ninja"
+. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
+{
+  echo "fabpool PyTorch contract, $(date -u), commit $(cat .rev 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' 2>&1
+  step configure 120 bash -c "cmake -S . -B '$B' $GEN -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release \
+      > '$OUT/configure.txt' 2>&1; rc=\$?; grep -E 'fabpool_torch_cxx|Error' '$OUT/configure.txt'; exit \$rc"
+  step build 180 cmake --build "$B" -j16 --target fabpool_torch fabpool_torch_cxx test_torch_shim test_torch_core \
+       test_torch_cxx_stub
+  step ctest-torch 120 ctest --test-dir "$B" -L torch --output-on-failure
+  step contract 330 python3 adapters/torch/test_torch_contract.py --lib "$B/adapters/torch/libfabpool_torch.so" \
+       --out "$OUT"
+  echo "SUMMARY ${status[*]}"
+} > "$LOG" 2>&1
+tail -n 30 "$LOG"

@@ -1,0 +1,575 @@
+/* test_torch_core: PyTorch's allocator contract (torch_core.cpp) on the
+ * simulated driver, without PyTorch.  The runtime the core asks (events,
+ * capture status, the device's memory) is the driver API here; a stream is
+ * "capturing" when the test says so, and fabsim_stream_hold keeps a stream's
+ * work pending, so the test can tell whether a block used on a busy stream is
+ * given out again too early.  What the driver holds is read from the sim's
+ * ledger. */
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <initializer_list>
+#include <set>
+#include <thread>
+
+#undef _GNU_SOURCE /* testutil.h defines it; g++ predefines it */
+#include "../../tests/testutil.h"
+#include "fabpool_torch.h"
+#include "torch_core.hpp"
+
+using fabpool_torch::Core;
+using fabpool_torch::DeviceStats;
+using fabpool_torch::OutOfMemory;
+using fabpool_torch::PoolId;
+using fabpool_torch::Stream;
+
+static const size_t MiB = size_t(1) << 20;
+
+struct SimRuntime final : fabpool_torch::Runtime {
+    std::mutex mu;
+    std::set<Stream> captures;
+    std::atomic<long> relaxes{0}, syncs{0}, events{0};
+
+    void capture(Stream s, bool on)
+    {
+        std::lock_guard<std::mutex> lk(mu);
+        if (on)
+            captures.insert(s);
+        else
+            captures.erase(s);
+    }
+    bool capturing(Stream s) override
+    {
+        std::lock_guard<std::mutex> lk(mu);
+        return captures.count(s) != 0;
+    }
+    void *event_record(int, Stream s) override
+    {
+        CUevent e = nullptr;
+        if (cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+            return nullptr;
+        if (cuEventRecord(e, (CUstream)s) != CUDA_SUCCESS) {
+            cuEventDestroy(e);
+            return nullptr;
+        }
+        events++;
+        return e;
+    }
+    bool event_done(void *ev) override { return cuEventQuery((CUevent)ev) == CUDA_SUCCESS; }
+    void event_wait(void *ev) override { cuEventSynchronize((CUevent)ev); }
+    void event_release(void *ev) override { cuEventDestroy((CUevent)ev); }
+    void device_sync(int) override
+    {
+        syncs++;
+        cuCtxSynchronize();
+    }
+    void mem_info(int, size_t *free_bytes, size_t *total) override { cuMemGetInfo(free_bytes, total); }
+    int relax() override
+    {
+        relaxes++;
+        return 0;
+    }
+    void unrelax(int) override {}
+};
+
+static SimRuntime rt;
+static int (*S_hold)(void *);
+static int (*S_release)(void *);
+
+static uint64_t forbidden_calls()
+{
+    /* what a capture forbids: event work on streams, waits, unmaps */
+    t_sim_hooks h = t_sim_hooks_get();
+    uint64_t n = 0;
+    for (const char *f : {"cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuCtxSynchronize",
+                          "cuStreamSynchronize", "cuMemUnmap"})
+        n += h.calls ? h.calls(f) : 0;
+    return n;
+}
+
+static CUstream new_stream()
+{
+    CUstream s = nullptr;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    return s;
+}
+
+static uint64_t shim_frees()
+{
+    fabpool_torch_counters c;
+    memset(&c, 0, sizeof c);
+    fabpool_torch_get_counters(0, &c);
+    return c.frees;
+}
+
+/* The end of a section: everything cached back to the driver, which holds
+ * what it held before, and the section's streams destroyed. */
+static void all_back(Core &core, int64_t held0, std::initializer_list<CUstream> streams)
+{
+    core.empty_cache(PoolId{0, 0});
+    CHECK(t_held() == held0);
+    for (CUstream s : streams)
+        cuStreamDestroy(s);
+}
+
+static void free_all(Core &core, const std::vector<void *> &live)
+{
+    for (void *p : live)
+        core.free(p);
+}
+
+static bool pool_of(Core &core, void *ptr, PoolId id)
+{
+    for (auto &s : core.segments(PoolId{0, 0}))
+        if (s.ptr == ptr)
+            return s.pool == id;
+    return false;
+}
+
+/* torch.cuda's statistics: live blocks, sizes asked and given, and what the
+ * pools map against what the driver holds. */
+static void check_stats(Core &core, int64_t held0)
+{
+    CUstream s = new_stream();
+    const size_t sizes[] = {1000, 4096, MiB, 3 * MiB, 40 * MiB};
+    void *p[5];
+    int64_t req = 0, given = 0;
+    for (int i = 0; i < 5; i++) {
+        p[i] = core.malloc(0, sizes[i], s);
+        size_t u = 0;
+        CHECK(p[i] && core.usable_size(p[i], &u) && u >= sizes[i] && u <= sizes[i] + sizes[i] / 4 + 256);
+        req += int64_t(sizes[i]);
+        given += int64_t(u);
+    }
+    DeviceStats st = core.stats(0);
+    CHECK(st.allocation[fabpool_torch::kAll].current == 5);
+    CHECK(st.allocation[fabpool_torch::kSmallPool].current == 3 && st.allocation[fabpool_torch::kLargePool].current == 2);
+    CHECK(st.requested_bytes[fabpool_torch::kAll].current == req);
+    CHECK(st.allocated_bytes[fabpool_torch::kAll].current == given);
+    CHECK(st.reserved_bytes.current == t_held() - held0);
+    CHECK(st.reserved_bytes.peak >= st.reserved_bytes.current && st.segment.current > 0);
+    CHECK(st.num_device_alloc == st.segment.current);
+    for (void *q : p)
+        core.free(q);
+    st = core.stats(0);
+    CHECK(st.allocation[fabpool_torch::kAll].current == 0 && st.allocated_bytes[fabpool_torch::kAll].peak == given);
+    CHECK(st.allocation[fabpool_torch::kAll].allocated == 5 && st.allocation[fabpool_torch::kAll].freed == 5);
+    core.reset_peak(0);
+    CHECK(core.stats(0).allocated_bytes[fabpool_torch::kAll].peak == 0);
+    core.reset_accumulated(0);
+    st = core.stats(0);
+    CHECK(st.allocation[fabpool_torch::kAll].allocated == 0 && st.num_device_alloc == 0 && st.num_ooms == 0);
+    core.empty_cache(PoolId{0, 0});
+    CHECK(t_held() == held0);
+    st = core.stats(0);
+    CHECK(st.reserved_bytes.current == 0 && st.segment.current == 0 && st.num_device_free > 0);
+    CHECK(core.malloc(0, 0, s) == nullptr);
+    bool refused = false;
+    try {
+        core.free(p[0]);
+    } catch (const std::invalid_argument &e) {
+        refused = strstr(e.what(), "not a live block") != nullptr;
+    }
+    CHECK(refused);
+    cuStreamDestroy(s);
+}
+
+/* record_stream: a block used on a busy stream is not handed out again until
+ * that stream's work queued at the free is done. */
+static void check_record_stream(Core &core)
+{
+    CUstream a = new_stream(), m = new_stream();
+    /* without record_stream the block comes back at once on its stream: the
+     * hazard the call exists for */
+    void *p = core.malloc(0, MiB, a);
+    core.free(p);
+    void *q = core.malloc(0, MiB, a);
+    CHECK(q == p);
+    core.free(q);
+
+    p = core.malloc(0, MiB, a);
+    t_put_tag(p, MiB, 0x5eed);
+    CHECK(core.record_stream(p, m));
+    CHECK(core.record_stream(p, a));  /* its own stream: nothing to do */
+    S_hold(m);                        /* m's kernels that read p are still queued */
+    core.free(p);
+    q = core.malloc(0, MiB, a);
+    CHECK(q != nullptr && q != p);
+    void *q2 = core.malloc(0, MiB, a);
+    CHECK(q2 != p);
+    CHECK(t_tag_ok(p, MiB, 0x5eed)); /* nobody wrote it */
+    S_release(m);
+    core.free(q2);
+    core.free(q);
+    bool back = false;
+    void *r[3];
+    for (int i = 0; i < 3; i++) {
+        r[i] = core.malloc(0, MiB, a);
+        back = back || r[i] == p;
+    }
+    CHECK(back);
+    free_all(core, std::vector<void *>(r, r + 3));
+    CHECK(!core.record_stream((char *)p + 256, m));
+    cuStreamDestroy(a);
+    cuStreamDestroy(m);
+}
+
+/* An allocation the device cannot serve throws fabpool's message; a
+ * MemPool(use_on_oom=True) serves it from what it holds; after the program
+ * frees memory it goes on. */
+static void check_oom(Core &core, int64_t held0)
+{
+    CUstream s = new_stream();
+    size_t fr = 0, total = 0;
+    cuMemGetInfo(&fr, &total);
+    const size_t block = total / 8; /* a whole number of 2 MiB granules for the sim's sizes */
+    /* a MemPool with one block of that size cached */
+    const PoolId U{0, 11};
+    core.create_or_incref(0, U, nullptr);
+    core.begin_pool(0, U, [](Stream) { return true; });
+    void *u = core.malloc(0, block, s);
+    core.end_pool(0, U);
+    core.free(u);
+    std::vector<void *> live;
+    std::string msg;
+    OutOfMemory *caught = nullptr;
+    for (int i = 0; i < 64 && msg.empty(); i++) {
+        try {
+            live.push_back(core.malloc(0, block, s));
+        } catch (const OutOfMemory &e) {
+            msg = e.what();
+            caught = new OutOfMemory(e);
+        }
+    }
+    CHECK(!msg.empty() && live.size() >= 5 && live.size() <= 7);
+    CHECK(msg.find("CUDA out of memory. Tried to allocate ") != std::string::npos &&
+          msg.find(" on device 0 (stream ") != std::string::npos);
+    CHECK(msg.find("this pool maps") != std::string::npos);  /* fabpool's own account */
+    CHECK(msg.find("PyTorch's tensors hold") != std::string::npos);
+    CHECK(caught && caught->device == 0 && caught->size == block && caught->allowed >= live.size() * block);
+    delete caught;
+    CHECK(core.stats(0).num_ooms == 1);
+    core.set_use_on_oom(0, U, true);
+    void *v = core.malloc(0, block, s);
+    CHECK(v == u && pool_of(core, v, U));
+    core.free(v);
+    core.set_use_on_oom(0, U, false);
+    core.release_pool(0, U);
+    core.release_pool(0, U);
+    core.free(live.back());
+    live.pop_back();
+    live.push_back(core.malloc(0, block, s)); /* the program goes on */
+    CHECK(live.back() != nullptr);
+    free_all(core, live);
+    all_back(core, held0, {s});
+}
+
+/* set_per_process_memory_fraction caps what the device's pools map. */
+static void check_fraction(Core &core, int64_t held0)
+{
+    CUstream s = new_stream();
+    size_t fr = 0, total = 0;
+    cuMemGetInfo(&fr, &total);
+    CHECK(core.fraction(0) == 1.0);
+    core.set_fraction(0, 0.25);
+    CHECK(core.fraction(0) == 0.25);
+    const int64_t cap = int64_t(total / 4);
+    const size_t block = total / 32;
+    std::vector<void *> live;
+    std::string msg;
+    for (int i = 0; i < 64 && msg.empty(); i++) {
+        try {
+            live.push_back(core.malloc(0, block, s));
+            CHECK(t_held() - held0 <= cap);
+        } catch (const OutOfMemory &e) {
+            msg = e.what();
+            CHECK(e.allowed == size_t(cap));
+        }
+    }
+    CHECK(int64_t(live.size()) == cap / int64_t(block));
+    CHECK(msg.find("set_per_process_memory_fraction(0.25)") != std::string::npos);
+    CHECK(t_held() - held0 <= cap);
+    /* at the cap, memory already mapped still serves */
+    core.free(live.back());
+    live.back() = core.malloc(0, block, s);
+    CHECK(live.back() != nullptr);
+    bool refused = false;
+    try {
+        core.set_fraction(0, 1.5);
+    } catch (const std::invalid_argument &) {
+        refused = true;
+    }
+    CHECK(refused && core.fraction(0) == 0.25);
+    core.set_fraction(0, 1.0);
+    live.push_back(core.malloc(0, block, s));
+    CHECK(t_held() - held0 > cap);
+    free_all(core, live);
+    all_back(core, held0, {s});
+}
+
+/* A CUDA graph's private pool: capture allocations go to it, its blocks are
+ * reused by its own stream only and never given back while it is in use, a
+ * free during capture makes no driver call, graph trees' checkpoints
+ * restore its live blocks at their addresses, and its memory goes back once
+ * it is released and emptied. */
+static void check_graph_pool(Core &core, int64_t held0)
+{
+    CUstream cap_s = new_stream(), other = new_stream();
+    Stream S = cap_s;
+    const PoolId P{1, 0};
+    void *x = core.malloc(0, 4096, cap_s); /* made before the capture, in the default pool */
+    uint64_t frees0 = shim_frees();
+    core.begin_pool(0, P, [S](Stream s) { return s == S; });
+    CHECK(core.use_count(0, P) == 1);
+    bool refused = false;
+    try {
+        core.begin_pool(0, P, [](Stream) { return true; });
+    } catch (const std::logic_error &) {
+        refused = true;
+    }
+    CHECK(refused && core.use_count(0, P) == 1);
+    rt.capture(S, true);
+    long relax0 = rt.relaxes;
+    long events0 = rt.events;
+    uint64_t calls0 = forbidden_calls();
+    void *a = core.malloc(0, MiB, cap_s);
+    CHECK(pool_of(core, a, P));
+    core.free(x); /* its stream captures: held back, no driver call */
+    CHECK(shim_frees() == frees0);
+    core.free(a);
+    void *b = core.malloc(0, MiB, cap_s);
+    CHECK(b == a);
+    void *big = core.malloc(0, 64 * MiB, cap_s);
+    core.free(big);
+    void *c = core.malloc(0, 4096, other); /* not the capture's stream: the default pool */
+    CHECK(pool_of(core, c, PoolId{0, 0}));
+    CHECK(forbidden_calls() == calls0 && rt.events == events0); /* nothing a capture forbids */
+    CHECK(rt.relaxes > relax0);
+    rt.capture(S, false);
+    core.end_pool(0, P);
+    CHECK(shim_frees() == frees0 + 1); /* x, once the capture is over */
+    CHECK(core.check_live(0, P, {b}));
+    CHECK(!core.check_live(0, P, {}));
+    CHECK(!core.check_live(0, P, {b, c}));
+
+    auto state = core.checkpoint(0, P);
+    CHECK(state->live.size() == 1 && state->live[0].ptr == b);
+    t_put_tag(b, MiB, 0x77);
+    core.free(b);
+    core.begin_pool(0, P, [S](Stream s) { return s == S; });
+    CHECK(core.use_count(0, P) == 2);
+    void *e = core.malloc(0, 3 * MiB, cap_s); /* another size: a block of its own */
+    void *f = core.malloc(0, 64 * MiB, cap_s); /* the capture's 64 MiB block again */
+    CHECK(e != b && f == big);
+    core.end_pool(0, P);
+    core.free(f);
+    core.empty_cache(PoolId{0, 0}); /* the pool is in use: its memory stays */
+    CHECK(t_tag_ok(b, MiB, 0x77));
+    std::vector<void *> freed, made;
+    core.restore(*state, &freed, &made);
+    CHECK(freed.size() == 1 && freed[0] == e && made.size() == 1 && made[0] == b);
+    CHECK(core.check_live(0, P, {b}));
+    CHECK(t_tag_ok(b, MiB, 0x77));
+    DeviceStats st = core.stats(0);
+    CHECK(st.allocation[fabpool_torch::kAll].current == 2); /* b and c */
+    core.free(b);
+    refused = false;
+    try {
+        core.free(e); /* freed by the restore */
+    } catch (const std::invalid_argument &) {
+        refused = true;
+    }
+    CHECK(refused);
+
+    int64_t with_pool = t_held();
+    core.release_pool(0, P);
+    core.release_pool(0, P);
+    CHECK(core.use_count(0, P) == 0);
+    refused = false;
+    try {
+        core.release_pool(0, P);
+    } catch (const std::logic_error &) {
+        refused = true;
+    }
+    CHECK(refused);
+    long syncs0 = rt.syncs;
+    core.empty_cache(PoolId{0, 0});
+    CHECK(rt.syncs > syncs0); /* a replay may still run in the pool's memory */
+    CHECK(t_held() < with_pool);
+    CHECK(core.segments(P).empty());
+    refused = false;
+    try {
+        core.check_live(0, P, {});
+    } catch (const std::logic_error &) {
+        refused = true;
+    }
+    CHECK(refused);
+    core.free(c);
+    all_back(core, held0, {cap_s, other});
+}
+
+/* Two graphs in one pool: the second capture reuses what the first freed,
+ * and the first's live output is not given out again. */
+static void check_shared_pool(Core &core, int64_t held0)
+{
+    CUstream sc = new_stream();
+    Stream S = sc;
+    const PoolId P{2, 0};
+    auto filter = [S](Stream s) { return s == S; };
+    core.begin_pool(0, P, filter);
+    rt.capture(S, true);
+    void *tmp1 = core.malloc(0, 8 * MiB, sc);
+    void *out1 = core.malloc(0, 2 * MiB, sc);
+    core.free(tmp1);
+    rt.capture(S, false);
+    core.end_pool(0, P);
+    core.begin_pool(0, P, filter); /* graph 2, pool=g1.pool() */
+    rt.capture(S, true);
+    void *tmp2 = core.malloc(0, 8 * MiB, sc);
+    void *out2 = core.malloc(0, 2 * MiB, sc);
+    CHECK(tmp2 == tmp1 && out2 != out1);
+    core.free(tmp2);
+    rt.capture(S, false);
+    core.end_pool(0, P);
+    core.free(out1);
+    core.free(out2);
+    core.release_pool(0, P);
+    core.release_pool(0, P);
+    all_back(core, held0, {sc});
+}
+
+/* A private pool's block used on another stream waits for that stream. */
+static void check_pool_record_stream(Core &core, int64_t held0)
+{
+    CUstream sc = new_stream(), m = new_stream();
+    Stream S = sc;
+    const PoolId P{0, 3};
+    auto filter = [S](Stream s) { return s == S; };
+    core.begin_pool(0, P, filter);
+    void *y = core.malloc(0, MiB, sc);
+    core.end_pool(0, P);
+    CHECK(core.record_stream(y, m));
+    S_hold(m);
+    core.free(y);
+    core.begin_pool(0, P, filter);
+    void *z = core.malloc(0, MiB, sc);
+    core.end_pool(0, P);
+    CHECK(z != y);
+    S_release(m);
+    core.free(core.malloc(0, 256, sc)); /* outside a context: the events are looked at */
+    core.begin_pool(0, P, filter);
+    void *w = core.malloc(0, MiB, sc);
+    core.end_pool(0, P);
+    CHECK(w == y);
+    core.free(w);
+    core.free(z);
+    for (int i = 0; i < 3; i++)
+        core.release_pool(0, P);
+    all_back(core, held0, {sc, m});
+}
+
+/* torch.cuda.MemPool(allocator=...): the pool's own allocator serves it. */
+struct HostAllocator final : fabpool_torch::External {
+    int allocs = 0, frees = 0;
+    void *alloc(size_t size, Stream) override
+    {
+        allocs++;
+        return std::malloc(size);
+    }
+    void free(void *p) override
+    {
+        frees++;
+        std::free(p);
+    }
+};
+
+static void check_external_pool(Core &core)
+{
+    auto ext = std::make_shared<HostAllocator>();
+    const PoolId Q{0, 9};
+    core.create_or_incref(0, Q, ext);
+    core.begin_pool(0, Q, [](Stream) { return true; });
+    CHECK(core.use_count(0, Q) == 2);
+    int64_t reserved0 = core.stats(0).reserved_bytes.current;
+    void *p = core.malloc(0, 12345, nullptr);
+    CHECK(ext->allocs == 1 && pool_of(core, p, Q));
+    CHECK(core.stats(0).reserved_bytes.current == reserved0 + 12345);
+    core.free(p);
+    void *q = core.malloc(0, 12000, nullptr); /* the pool's cached block serves it */
+    CHECK(q == p && ext->allocs == 1 && ext->frees == 0);
+    core.end_pool(0, Q);
+    core.free(q);
+    core.empty_cache(Q); /* in use: it keeps its memory */
+    CHECK(ext->frees == 0);
+    core.release_pool(0, Q);
+    core.release_pool(0, Q);
+    core.empty_cache(Q);
+    CHECK(ext->frees == 1);
+    CHECK(core.use_count(0, Q) == 0 && core.stats(0).reserved_bytes.current == reserved0);
+}
+
+/* Threads on streams of their own, using each other's streams. */
+static void check_threads(Core &core, int64_t held0)
+{
+    const int n = 4;
+    CUstream s[n];
+    for (auto &x : s)
+        x = new_stream();
+    std::atomic<int> errors{0};
+    std::vector<std::thread> th;
+    for (int t = 0; t < n; t++)
+        th.emplace_back([&, t] {
+            unsigned seed = 7u + unsigned(t);
+            std::vector<void *> live;
+            for (int i = 0; i < 3000; i++) {
+                seed = seed * 1103515245u + 12345u;
+                if (live.size() > 16 || (!live.empty() && (seed >> 16) % 3 == 0)) {
+                    void *p = live.back();
+                    live.pop_back();
+                    if ((seed >> 8) % 5 == 0)
+                        core.record_stream(p, s[(t + 1) % n]);
+                    core.free(p);
+                } else {
+                    try {
+                        live.push_back(core.malloc(0, 256 + (seed >> 12) % (2 * MiB), s[t]));
+                    } catch (...) {
+                        errors++;
+                    }
+                }
+            }
+            free_all(core, live);
+        });
+    for (auto &x : th)
+        x.join();
+    CHECK(errors == 0);
+    CHECK(core.stats(0).allocation[fabpool_torch::kAll].current == 0);
+    all_back(core, held0, {s[0], s[1], s[2], s[3]});
+}
+
+int main()
+{
+    t_driver_init();
+    if (!t_ledger_p) {
+        printf("test_torch_core: the simulated driver is not loaded; skipped\n");
+        return 0;
+    }
+    *(void **)&S_hold = dlsym(RTLD_DEFAULT, "fabsim_stream_hold");
+    *(void **)&S_release = dlsym(RTLD_DEFAULT, "fabsim_stream_release");
+    fabpool_torch_set_verbose(0);
+    int64_t held0 = t_held();
+    {
+        Core core(&rt);
+        check_stats(core, held0);
+        check_record_stream(core);
+        check_oom(core, held0);
+        check_fraction(core, held0);
+        check_graph_pool(core, held0);
+        check_shared_pool(core, held0);
+        check_pool_record_stream(core, held0);
+        check_external_pool(core);
+        check_threads(core, held0);
+    }
+    CHECK(t_held() == held0);
+    CHECK(fabpool_torch_shutdown() == FABPOOL_OK);
+    return t_done("test_torch_core");
+}

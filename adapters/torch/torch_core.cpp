@@ -1,0 +1,1124 @@
+/* torch_core.cpp - PyTorch's allocator contract on fabpool's public API
+ * (torch_core.hpp says what it keeps and why).
+ *
+ * Locks: one mutex per device (its pools, contexts, waiting blocks and
+ * statistics), and the live blocks in shards of a hash map, each with a
+ * mutex of its own.  A device's mutex may be held while a shard's is taken,
+ * never the other way round.  The shim (fabpool_torch.c) has its own locks
+ * and never calls back. */
+#include "torch_core.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+
+#include "fabpool_torch.h"
+
+/* fabpool_record_stream (fabpool.h) where the library has it: a block used
+ * on other streams is then freed through the pool's stream-ordered free.
+ * Where it is missing (a library without it), the core records events of
+ * its own and frees the block once they have completed. */
+extern "C" fabpool_status fabpool_record_stream(fabpool_t *pool, void *ptr, void *stream) __attribute__((weak));
+
+namespace fabpool_torch {
+
+namespace {
+
+bool have_record_stream() { return fabpool_record_stream != nullptr; }
+
+/* A free block of a private pool serves a request of n bytes if it is at
+ * most 1.25x n (fabpool's own bound on a block's size), or 512 bytes. */
+size_t fit_limit(size_t n)
+{
+    size_t l = n + n / 4;
+    return l < 512 ? 512 : l;
+}
+
+std::string human(uint64_t b)
+{
+    char buf[48];
+    if (b >= (uint64_t(1) << 30))
+        snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(uint64_t(1) << 30));
+    else if (b >= (uint64_t(1) << 20))
+        snprintf(buf, sizeof buf, "%.2f MiB", double(b) / double(uint64_t(1) << 20));
+    else
+        snprintf(buf, sizeof buf, "%llu bytes", (unsigned long long)b);
+    return buf;
+}
+
+std::string pool_name(PoolId id)
+{
+    return "(" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
+}
+
+const PoolId kDefaultPool{0, 0};
+
+}  // namespace
+
+enum class BlockState { live, cached, waiting };
+
+struct Core::Block {
+    void *ptr = nullptr;
+    size_t size = 0;    /* asked */
+    size_t usable = 0;  /* given */
+    Stream stream = nullptr;
+    int device = 0;
+    Pool *pool = nullptr;  /* nullptr: the device's default pool (the shim's) */
+    BlockState state = BlockState::live;
+    std::vector<Stream> uses;  /* other streams it was used on (record_stream) */
+};
+
+struct Core::Pool {
+    PoolId id{0, 0};
+    int use_count = 1;
+    bool use_on_oom = false;
+    std::shared_ptr<External> ext;  /* the pool's own allocator, if any */
+    fabpool_t *fp = nullptr;        /* else fabpool's pool behind it (made before its first capture) */
+    std::unordered_map<void *, Block *> held;                 /* every block of the pool, in any state */
+    std::map<Stream, std::multimap<size_t, Block *>> cached;  /* free blocks by stream and size */
+    size_t live = 0;
+    size_t waiting = 0;  /* in the device's pending or deferred lists */
+};
+
+struct Core::Device {
+    std::mutex mu;
+    int index = 0;
+    std::vector<Context> contexts;
+    std::map<PoolId, std::unique_ptr<Pool>> pools;
+    std::vector<Pending> pending;   /* freed after use on other streams: waiting for their events */
+    std::vector<Block *> deferred;  /* freed while a stream that used them was capturing */
+    DeviceStats st;
+    double fraction = 1.0;
+    bool capped = false;
+    uint64_t cap = 0;
+    uint64_t ext_bytes = 0, ext_blocks = 0;  /* live blocks of pools' own allocators */
+    /* counters of destroyed pools, and the totals at the last reset of accumulated stats */
+    uint64_t gone_maps = 0, gone_unmaps = 0, gone_retries = 0;
+    uint64_t base_maps = 0, base_unmaps = 0, base_retries = 0, base_syncs = 0;
+    uint64_t syncs = 0, retries = 0;  /* the core's own device waits and out-of-memory retries */
+};
+
+/* The calling thread's capture mode relaxed while a pool context is open:
+ * a capture may be under way, and the pools' driver calls (cuMemCreate,
+ * cuMemMap, event queries) are not stream work. */
+class Core::Relaxed {
+public:
+    Relaxed(Runtime *rt, bool on) : rt_(rt), on_(on)
+    {
+        if (on_)
+            old_ = rt_->relax();
+    }
+    ~Relaxed()
+    {
+        if (on_)
+            rt_->unrelax(old_);
+    }
+    Relaxed(const Relaxed &) = delete;
+    Relaxed &operator=(const Relaxed &) = delete;
+
+private:
+    Runtime *rt_;
+    bool on_;
+    int old_ = 0;
+};
+
+Core::Core(Runtime *rt) : rt_(rt)
+{
+    for (auto &d : devs_)
+        d.store(nullptr, std::memory_order_relaxed);
+}
+
+/* For tests and for the end of a program: every block and pool let go. */
+Core::~Core()
+{
+    for (auto &slot : devs_) {
+        Device *d = slot.load(std::memory_order_acquire);
+        if (!d)
+            continue;
+        std::lock_guard<std::mutex> lk(d->mu);
+        for (Block *b : d->deferred) {
+            if (b->pool)
+                b->pool->waiting--;
+            finish(*d, b);
+        }
+        d->deferred.clear();
+        poll(*d, true);
+    }
+    for (auto &sh : shards_) {
+        std::lock_guard<std::mutex> lk(sh.mu);
+        for (auto &kv : sh.live) {
+            Block *b = kv.second;
+            if (!b->pool) {
+                fabpool_torch_free(b->ptr, b->size, b->device, b->stream);
+                delete b;
+            } else if (b->pool->ext) {
+                b->pool->ext->free(b->ptr);
+            }
+        }
+        sh.live.clear();
+    }
+    for (auto &slot : devs_) {
+        Device *d = slot.load(std::memory_order_acquire);
+        if (!d)
+            continue;
+        for (auto &kv : d->pools)
+            destroy_pool(*d, *kv.second);
+        delete d;
+        slot.store(nullptr, std::memory_order_release);
+    }
+}
+
+/* ----------------------------------------------------------- devices */
+
+Core::Device &Core::dev(int device)
+{
+    if (device < 0 || device >= kMaxDevices)
+        throw std::invalid_argument("fabpool: device " + std::to_string(device) +
+                                    " is out of range (0 to 63): pass the index of a CUDA device");
+    Device *d = devs_[device].load(std::memory_order_acquire);
+    if (d)
+        return *d;
+    std::lock_guard<std::mutex> lk(devs_mu_);
+    d = devs_[device].load(std::memory_order_acquire);
+    if (!d) {
+        d = new Device;
+        d->index = device;
+        devs_[device].store(d, std::memory_order_release);
+    }
+    return *d;
+}
+
+Core::Device *Core::dev_if(int device)
+{
+    if (device < 0 || device >= kMaxDevices)
+        return nullptr;
+    return devs_[device].load(std::memory_order_acquire);
+}
+
+int Core::devices()
+{
+    int n = 0;
+    for (int i = 0; i < kMaxDevices; i++)
+        if (devs_[i].load(std::memory_order_acquire))
+            n = i + 1;
+    return n;
+}
+
+/* -------------------------------------------------------- live blocks */
+
+Core::Shard &Core::shard(void *p)
+{
+    uint64_t h = (uint64_t(uintptr_t(p)) >> 8) * 0x9e3779b97f4a7c15ull;
+    return shards_[h >> 58];
+}
+
+void Core::live_put(Block *b)
+{
+    Shard &sh = shard(b->ptr);
+    std::lock_guard<std::mutex> lk(sh.mu);
+    sh.live[b->ptr] = b;
+}
+
+Core::Block *Core::live_take(void *p)
+{
+    Shard &sh = shard(p);
+    std::lock_guard<std::mutex> lk(sh.mu);
+    auto it = sh.live.find(p);
+    if (it == sh.live.end())
+        return nullptr;
+    Block *b = it->second;
+    sh.live.erase(it);
+    return b;
+}
+
+/* fn(block) under its shard's lock; false if ptr is not a live block. */
+template <class F> bool Core::with_live(void *ptr, F fn)
+{
+    Shard &sh = shard(ptr);
+    std::lock_guard<std::mutex> lk(sh.mu);
+    auto it = sh.live.find(ptr);
+    if (it == sh.live.end())
+        return false;
+    fn(*it->second);
+    return true;
+}
+
+bool Core::record_stream(void *ptr, Stream s)
+{
+    return with_live(ptr, [s](Block &b) {
+        if (s != b.stream && std::find(b.uses.begin(), b.uses.end(), s) == b.uses.end())
+            b.uses.push_back(s);
+    });
+}
+
+bool Core::usable_size(void *ptr, size_t *out)
+{
+    return with_live(ptr, [out](Block &b) { *out = b.usable; });
+}
+
+/* -------------------------------------------------------- statistics */
+
+void Core::count(Device &d, const Block &b, int sign)
+{
+    int k = b.size <= kSmallSize ? kSmallPool : kLargePool;
+    for (int i : {int(kAll), k}) {
+        d.st.allocation[i].add(sign);
+        d.st.allocated_bytes[i].add(sign * int64_t(b.usable));
+        d.st.requested_bytes[i].add(sign * int64_t(b.size));
+    }
+}
+
+/* What the device's pools map, read from fabpool's running counters. */
+Core::Gauge Core::gauge(Device &d)
+{
+    Gauge g;
+    auto add = [&g](fabpool_t *fp) {
+        fabpool_counters k;
+        if (fp && fabpool_get_counters(fp, &k) == FABPOOL_OK) {
+            g.mapped += k.mapped_bytes;
+            g.chunks += k.chunks_mapped;
+            g.maps += k.chunks_mapped_total;
+            g.unmaps += k.chunks_unmapped_total;
+            g.retries += k.oom_retries;
+        }
+    };
+    add(fabpool_torch_pool(d.index));
+    for (auto &kv : d.pools)
+        add(kv.second->fp);
+    g.mapped += d.ext_bytes;
+    g.chunks += d.ext_blocks;
+    g.maps += d.gone_maps;
+    g.unmaps += d.gone_unmaps;
+    g.retries += d.gone_retries;
+    return g;
+}
+
+uint64_t Core::mapped(Device &d) { return gauge(d).mapped; }
+
+/* Memory is mapped only inside an allocation, after which this runs: the
+ * peaks of reserved_bytes and segment are exact. */
+void Core::sample(Device &d)
+{
+    Gauge g = gauge(d);
+    d.st.reserved_bytes.add(int64_t(g.mapped) - d.st.reserved_bytes.current);
+    d.st.segment.add(int64_t(g.chunks) - d.st.segment.current);
+}
+
+static uint64_t shim_syncs(int device)
+{
+    fabpool_torch_counters c;
+    return fabpool_torch_get_counters(device, &c) == FABPOOL_OK ? c.syncs : 0;
+}
+
+DeviceStats Core::stats(int device)
+{
+    Device &d = dev(device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    sample(d);
+    Gauge g = gauge(d);
+    DeviceStats s = d.st;
+    s.num_device_alloc = int64_t(g.maps - d.base_maps);
+    s.num_device_free = int64_t(g.unmaps - d.base_unmaps);
+    s.num_alloc_retries = int64_t(d.retries + g.retries - d.base_retries);
+    s.num_sync_all_streams = int64_t(d.syncs + shim_syncs(device) - d.base_syncs);
+    return s;
+}
+
+static void each_stat(DeviceStats &s, void (*fn)(Stat &))
+{
+    for (int i = 0; i < 3; i++) {
+        fn(s.allocation[i]);
+        fn(s.allocated_bytes[i]);
+        fn(s.requested_bytes[i]);
+    }
+    fn(s.segment);
+    fn(s.reserved_bytes);
+}
+
+void Core::reset_peak(int device)
+{
+    Device &d = dev(device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    sample(d);
+    each_stat(d.st, [](Stat &s) { s.peak = s.current; });
+}
+
+void Core::reset_accumulated(int device)
+{
+    Device &d = dev(device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    sample(d);
+    each_stat(d.st, [](Stat &s) { s.allocated = s.freed = 0; });
+    Gauge g = gauge(d);
+    d.st.num_ooms = 0;
+    d.base_maps = g.maps;
+    d.base_unmaps = g.unmaps;
+    d.base_retries = d.retries + g.retries;
+    d.base_syncs = d.syncs + shim_syncs(device);
+}
+
+/* ------------------------------------------------------- private pools */
+
+Core::Pool *Core::find_pool(Device &d, PoolId id)
+{
+    auto it = d.pools.find(id);
+    return it == d.pools.end() ? nullptr : it->second.get();
+}
+
+/* The pool, or a logic_error naming the call (what) that wanted it. */
+Core::Pool &Core::need_pool(Device &d, PoolId id, const char *what)
+{
+    Pool *p = find_pool(d, id);
+    if (!p)
+        throw std::logic_error(std::string("fabpool: ") + what + ": device " + std::to_string(d.index) +
+                               " has no memory pool " + pool_name(id));
+    return *p;
+}
+
+Core::Pool &Core::incref(Device &d, PoolId id, std::shared_ptr<External> ext)
+{
+    Pool *p = find_pool(d, id);
+    if (p) {
+        if (ext && p->ext != ext)
+            throw std::logic_error("fabpool: memory pool " + pool_name(id) + " on device " + std::to_string(d.index) +
+                                   " exists already with another allocator");
+        p->use_count++;
+        return *p;
+    }
+    auto np = std::make_unique<Pool>();
+    np->id = id;
+    np->ext = std::move(ext);
+    Pool &r = *np;
+    d.pools.emplace(id, std::move(np));
+    return r;
+}
+
+/* The pool's fabpool pool: local memory, no thread cache, and nothing it
+ * holds free ever unmapped by age or traded for a new block (decay and
+ * large_slack at their maximum): what a private pool holds free is memory
+ * it never handed out, and it keeps its size for the next capture. */
+bool Core::make_fp(Device &d, Pool &p, std::string *why)
+{
+    fabpool_options o;
+    fabpool_options_init(&o);
+    o.device = d.index;
+    o.handle_type = FABPOOL_HANDLE_NONE;
+    o.thread_cache = 0;
+    o.decay_ms = UINT32_MAX;
+    o.large_slack_percent = 1000;
+    size_t fr = 0, total = 0;
+    rt_->mem_info(d.index, &fr, &total);
+    /* twice the device's memory: a pool never maps more than the device
+     * has, and many pools fit in the process's address space */
+    o.reserve_bytes = uint64_t(total) * 2;
+    fabpool_status st = fabpool_create(&o, &p.fp);
+    if (st != FABPOOL_OK) {
+        p.fp = nullptr;
+        *why = std::string(fabpool_last_error()) + " (creating the fabpool pool of PyTorch's memory pool " +
+               pool_name(p.id) + ")";
+        return false;
+    }
+    return true;
+}
+
+void Core::create_or_incref(int device, PoolId id, std::shared_ptr<External> ext)
+{
+    Device &d = dev(device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    incref(d, id, std::move(ext));
+}
+
+Core::Pool *Core::route(Device &d, Stream s)
+{
+    for (auto &c : d.contexts)
+        if (c.filter(s))
+            return find_pool(d, c.id);
+    return nullptr;
+}
+
+void Core::begin_pool(int device, PoolId id, std::function<bool(Stream)> filter)
+{
+    Device &d = dev(device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    for (auto &c : d.contexts)
+        if (c.id == id)
+            throw std::logic_error("fabpool: beginAllocateToPool: device " + std::to_string(device) +
+                                   " already allocates to memory pool " + pool_name(id));
+    Relaxed relaxed(rt_, contexts_.load(std::memory_order_acquire) > 0);
+    Pool &p = incref(d, id, nullptr);
+    std::string why;
+    if (!p.ext && !p.fp)
+        make_fp(d, p, &why);  /* now, before PyTorch begins the capture; a failure shows at the first allocation */
+    /* every block freed on a stream so far gets its event now: none is
+     * recorded on a stream while it captures (the blocks freed meanwhile on
+     * a capturing stream wait in the deferred list) */
+    if (fabpool_t *fp = fabpool_torch_pool(d.index))
+        fabpool_collect(fp, 0);
+    d.contexts.push_back(Context{id, std::move(filter)});
+    contexts_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void Core::end_pool(int device, PoolId id)
+{
+    Device &d = dev(device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    auto it = std::find_if(d.contexts.begin(), d.contexts.end(), [&](const Context &c) { return c.id == id; });
+    if (it == d.contexts.end())
+        throw std::logic_error("fabpool: endAllocateToPool: device " + std::to_string(device) +
+                               " does not allocate to memory pool " + pool_name(id));
+    d.contexts.erase(it);
+    if (contexts_.fetch_sub(1, std::memory_order_acq_rel) == 1)
+        flush_deferred(d);
+}
+
+void Core::release_pool(int device, PoolId id)
+{
+    Device &d = dev(device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    Pool *p = find_pool(d, id);
+    if (!p || p->use_count <= 0)
+        throw std::logic_error("fabpool: releasePool: device " + std::to_string(device) + " has no memory pool " +
+                               pool_name(id) + " in use");
+    /* its memory goes back at the next empty_cache or out-of-memory retry,
+     * once nothing of it is live, as with PyTorch's allocator */
+    p->use_count--;
+}
+
+int Core::use_count(int device, PoolId id)
+{
+    Device *d = dev_if(device);
+    if (!d)
+        return 0;
+    std::lock_guard<std::mutex> lk(d->mu);
+    Pool *p = find_pool(*d, id);
+    return p ? p->use_count : 0;
+}
+
+void Core::set_use_on_oom(int device, PoolId id, bool on)
+{
+    Device &d = dev(device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    if (on || find_pool(d, id))
+        need_pool(d, id, "setUseOnOOM").use_on_oom = on;
+}
+
+bool Core::check_live(int device, PoolId id, const std::unordered_set<void *> &expected)
+{
+    Device &d = dev(device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    Pool *p = &need_pool(d, id, "checkPoolLiveAllocations");
+    size_t n = 0;
+    for (auto &kv : p->held)
+        if (kv.second->state == BlockState::live) {
+            if (!expected.count(kv.first))
+                return false;
+            n++;
+        }
+    return n == expected.size();
+}
+
+std::shared_ptr<PoolState> Core::checkpoint(int device, PoolId id)
+{
+    Device &d = dev(device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    Pool *p = &need_pool(d, id, "getCheckpointState");
+    auto st = std::make_shared<PoolState>();
+    st->device = device;
+    st->id = id;
+    for (auto &kv : p->held)
+        if (kv.second->state == BlockState::live)
+            st->live.push_back(BlockRecord{kv.first, kv.second->size, kv.second->usable, kv.second->stream});
+    std::sort(st->live.begin(), st->live.end(),
+              [](const BlockRecord &a, const BlockRecord &b) { return uintptr_t(a.ptr) < uintptr_t(b.ptr); });
+    return st;
+}
+
+void Core::restore(const PoolState &state, std::vector<void *> *freed, std::vector<void *> *made)
+{
+    Device &d = dev(state.device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    bool ctx = contexts_.load(std::memory_order_acquire) > 0;
+    Relaxed relaxed(rt_, ctx);
+    Pool *p = find_pool(d, state.id);
+    if (!p || p->ext)
+        throw std::logic_error("fabpool: setCheckpointPoolState: device " + std::to_string(state.device) +
+                               " has no memory pool " + pool_name(state.id) + " of fabpool's own");
+    if (p->waiting && !ctx) {
+        flush_deferred(d);
+        poll(d, true);
+    }
+    /* every block the checkpoint names is still the pool's, at its size
+     * (the pool gives nothing back while it is in use), and not waiting */
+    for (auto &r : state.live) {
+        auto it = p->held.find(r.ptr);
+        if (it == p->held.end() || it->second->usable != r.usable || it->second->state == BlockState::waiting)
+            throw std::logic_error("fabpool: setCheckpointPoolState: the checkpoint names a block at " +
+                                   std::to_string(uintptr_t(r.ptr)) + " that memory pool " + pool_name(state.id) +
+                                   (it == p->held.end() ? " no longer holds (was its cache emptied?)"
+                                                        : " holds in another state"));
+    }
+    std::vector<Block *> now;
+    for (auto &kv : p->held)
+        if (kv.second->state == BlockState::live)
+            now.push_back(kv.second);
+    std::sort(now.begin(), now.end(), [](Block *a, Block *b) { return uintptr_t(a->ptr) < uintptr_t(b->ptr); });
+    for (Block *b : now) {
+        live_take(b->ptr);
+        count(d, *b, -1);
+        p->live--;
+        b->uses.clear();
+        b->state = BlockState::cached;
+        p->cached[b->stream].emplace(b->usable, b);
+        freed->push_back(b->ptr);
+    }
+    for (auto &r : state.live) {
+        Block *b = p->held[r.ptr];
+        auto fl = p->cached.find(b->stream);
+        if (fl != p->cached.end()) {
+            auto range = fl->second.equal_range(b->usable);
+            for (auto it = range.first; it != range.second; ++it)
+                if (it->second == b) {
+                    fl->second.erase(it);
+                    break;
+                }
+            if (fl->second.empty())
+                p->cached.erase(fl);
+        }
+        b->size = r.size;
+        b->stream = r.stream;
+        b->state = BlockState::live;
+        p->live++;
+        count(d, *b, 1);
+        live_put(b);
+        made->push_back(b->ptr);
+    }
+    sample(d);
+}
+
+/* ---------------------------------------------------------- allocation */
+
+Core::Block *Core::alloc_default(Device &d, size_t size, Stream s, bool ctx, std::string *why)
+{
+    std::unique_ptr<Block> nb(new Block);
+    void *p = fabpool_torch_alloc(size, d.index, s);
+    if (!p) {
+        *why = fabpool_torch_last_error();
+        if (!ctx) {
+            /* what PyTorch's allocator does before it gives up: the blocks
+             * other streams' work holds, and the released private pools'
+             * memory, back to the driver, then once more */
+            d.retries++;
+            poll(d, true);
+            free_pool_memory(d, nullptr);
+            p = fabpool_torch_alloc(size, d.index, s);
+            if (!p)
+                *why = fabpool_torch_last_error();
+        }
+    }
+    if (!p)
+        return nullptr;
+    size_t u = size;
+    fabpool_usable_size(fabpool_torch_pool(d.index), p, &u);
+    nb->ptr = p;
+    nb->size = size;
+    nb->usable = u;
+    nb->stream = s;
+    nb->device = d.index;
+    return nb.release();
+}
+
+Core::Block *Core::alloc_in(Device &d, Pool &p, size_t size, Stream s, bool ctx, std::string *why)
+{
+    std::unique_ptr<Block> nb(new Block);
+    nb->size = size;
+    nb->stream = s;
+    nb->device = d.index;
+    nb->pool = &p;
+    /* a free block of this stream that fits: blocks are reused by the stream
+     * that freed them only, as PyTorch's private pools do */
+    auto fl = p.cached.find(s);
+    if (fl != p.cached.end()) {
+        auto it = fl->second.lower_bound(size);
+        if (it != fl->second.end() && it->first <= fit_limit(size)) {
+            Block *b = it->second;
+            fl->second.erase(it);
+            if (fl->second.empty())
+                p.cached.erase(fl);
+            b->size = size;
+            b->state = BlockState::live;
+            return b;
+        }
+    }
+    if (p.ext) {
+        void *q = p.ext->alloc(size, s);
+        if (!q) {
+            *why = "the allocator of memory pool " + pool_name(p.id) + " gave no memory";
+            return nullptr;
+        }
+        nb->ptr = q;
+        nb->usable = size;
+        p.held[q] = nb.get();
+        d.ext_bytes += size;
+        d.ext_blocks++;
+        return nb.release();
+    }
+    if (!p.fp && !make_fp(d, p, why))
+        return nullptr;
+    void *q = nullptr;
+    fabpool_status st = fabpool_alloc(p.fp, size, &q);
+    if (st != FABPOOL_OK && !ctx) {
+        d.retries++;
+        poll(d, true);
+        fabpool_torch_empty(d.index);
+        free_pool_memory(d, nullptr);
+        st = fabpool_alloc(p.fp, size, &q);
+    }
+    if (st != FABPOOL_OK) {
+        *why = fabpool_last_error();
+        return nullptr;
+    }
+    size_t u = size;
+    fabpool_usable_size(p.fp, q, &u);
+    nb->ptr = q;
+    nb->usable = u;
+    p.held[q] = nb.get();
+    return nb.release();
+}
+
+Core::Block *Core::attempt(Device &d, Pool *p, size_t size, Stream s, bool ctx, std::string *why)
+{
+    if (p)
+        return alloc_in(d, *p, size, s, ctx, why);
+    Block *b = alloc_default(d, size, s, ctx, why);
+    /* torch.cuda.MemPool(use_on_oom=True): its memory serves what the
+     * default pool cannot */
+    for (auto it = d.pools.begin(); !b && it != d.pools.end(); ++it)
+        if (it->second->use_on_oom) {
+            std::string ignored;
+            b = alloc_in(d, *it->second, size, s, ctx, &ignored);
+        }
+    return b;
+}
+
+/* A block allocated just now, never handed out, taken back. */
+void Core::undo(Device &d, Block *b)
+{
+    if (!b->pool) {
+        fabpool_torch_free(b->ptr, b->size, d.index, b->stream);
+        delete b;
+        return;
+    }
+    drop(d, *b->pool, b);
+}
+
+/* Everything cached on the device back to the driver (outside a capture). */
+void Core::shrink(Device &d)
+{
+    poll(d, true);
+    fabpool_torch_empty(d.index);
+    free_pool_memory(d, nullptr);
+}
+
+void *Core::malloc(int device, size_t size, Stream stream)
+{
+    if (size == 0)
+        return nullptr;
+    Device &d = dev(device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    bool ctx = contexts_.load(std::memory_order_acquire) > 0;
+    Relaxed relaxed(rt_, ctx);
+    if (!ctx) {
+        if (!d.deferred.empty())
+            flush_deferred(d);
+        if (!d.pending.empty())
+            poll(d, false);
+    }
+    Pool *p = d.contexts.empty() ? nullptr : route(d, stream);
+    uint64_t before = d.capped ? mapped(d) : 0;
+    std::string why;
+    Block *b = attempt(d, p, size, stream, ctx, &why);
+    bool capped = false;
+    /* set_per_process_memory_fraction: an allocation that maps memory may
+     * not take the device's pools past the cap; one that maps nothing
+     * (served from what is mapped) always may */
+    if (b && d.capped) {
+        uint64_t m = mapped(d);
+        if (m > before && m > d.cap) {
+            undo(d, b);
+            b = nullptr;
+            if (!ctx) {
+                d.retries++;
+                shrink(d);
+                before = mapped(d);
+                b = attempt(d, p, size, stream, ctx, &why);
+                if (b && (m = mapped(d)) > before && m > d.cap) {
+                    undo(d, b);
+                    shrink(d);
+                    b = nullptr;
+                }
+            }
+            if (!b) {
+                capped = true;
+                char f[32];
+                snprintf(f, sizeof f, "%g", d.fraction);
+                why = "an allocation of " + human(size) + " would take the device's pools to " + human(m) +
+                      ", past the " + human(d.cap) + " that set_per_process_memory_fraction(" + f +
+                      ") allows (cached memory was returned to the driver first)";
+            }
+        }
+    }
+    if (!b)
+        out_of_memory(d, size, stream, why, capped);
+    b->state = BlockState::live;
+    if (b->pool)
+        b->pool->live++;
+    count(d, *b, 1);
+    sample(d);
+    live_put(b);
+    return b->ptr;
+}
+
+void Core::out_of_memory(Device &d, size_t size, Stream s, const std::string &why, bool capped)
+{
+    d.st.num_ooms++;
+    size_t fr = 0, total = 0;
+    rt_->mem_info(d.index, &fr, &total);
+    uint64_t m = mapped(d);
+    uint64_t live = uint64_t(d.st.allocated_bytes[kAll].current);
+    char sbuf[32];
+    snprintf(sbuf, sizeof sbuf, "%p", s);
+    std::string msg = "CUDA out of memory. Tried to allocate " + human(size) + " on device " +
+                      std::to_string(d.index) + " (stream " + sbuf + "). fabpool: " + why + ". PyTorch's tensors hold " +
+                      human(live) + " of it; the device's fabpool pools map " + human(m) + " (" +
+                      human(m > live ? m - live : 0) + " not in tensors: cached blocks, CUDA graphs' pools)";
+    if (d.capped && !capped) {
+        char f[32];
+        snprintf(f, sizeof f, "%g", d.fraction);
+        msg += "; set_per_process_memory_fraction(" + std::string(f) + ") caps them at " + human(d.cap);
+    }
+    msg += "; the driver reports " + human(fr) + " free of " + human(total) +
+           ". Free tensors (del, gc.collect()) or use smaller batches, then allocate again.";
+    throw OutOfMemory(msg, d.index, size, d.capped ? size_t(d.cap) : total, fr);
+}
+
+/* --------------------------------------------------------------- frees */
+
+Freed Core::free(void *ptr)
+{
+    Block *b = live_take(ptr);
+    if (!b) {
+        char buf[32];
+        snprintf(buf, sizeof buf, "%p", ptr);
+        throw std::invalid_argument(std::string("fabpool: invalid device pointer ") + buf +
+                                    ": not a live block of this allocator (never given out, or freed already)");
+    }
+    Device &d = *devs_[b->device].load(std::memory_order_acquire);
+    std::lock_guard<std::mutex> lk(d.mu);
+    bool ctx = contexts_.load(std::memory_order_acquire) > 0;
+    Relaxed relaxed(rt_, ctx);
+    Freed f{b->device, b->usable};
+    if (b->pool)
+        b->pool->live--;
+    count(d, *b, -1);
+    release(d, b, ctx);
+    return f;
+}
+
+bool Core::busy(const Block *b)
+{
+    if (rt_->capturing(b->stream))
+        return true;
+    for (Stream u : b->uses)
+        if (rt_->capturing(u))
+            return true;
+    return false;
+}
+
+/* A block freed: to its pool now, after the events of the streams it was
+ * used on, or after the capture that one of them is in. */
+void Core::release(Device &d, Block *b, bool ctx)
+{
+    /* a private pool's block used on no other stream goes back to its pool
+     * with no call at all; the default pool's free (the stream pair's
+     * events) and the events of other streams wait while a stream captures */
+    bool calls = !b->pool || !b->uses.empty();
+    if (ctx && calls && busy(b)) {
+        b->state = BlockState::waiting;
+        d.deferred.push_back(b);
+        if (b->pool)
+            b->pool->waiting++;
+        return;
+    }
+    bool events = !b->uses.empty() && (b->pool || !have_record_stream());
+    if (events) {
+        Pending pe{b, {}};
+        for (Stream u : b->uses) {
+            void *ev = rt_->event_record(d.index, u);
+            if (!ev) {
+                /* no event: the device's work is waited for instead */
+                for (void *e : pe.events)
+                    rt_->event_release(e);
+                rt_->device_sync(d.index);
+                d.syncs++;
+                finish(d, b);
+                return;
+            }
+            pe.events.push_back(ev);
+        }
+        b->state = BlockState::waiting;
+        d.pending.push_back(std::move(pe));
+        if (b->pool)
+            b->pool->waiting++;
+        return;
+    }
+    finish(d, b);
+}
+
+void Core::finish(Device &d, Block *b)
+{
+    if (!b->pool) {
+        fabpool_t *fp = fabpool_torch_pool(d.index);
+        if (fp && have_record_stream())
+            for (Stream u : b->uses)
+                fabpool_record_stream(fp, b->ptr, u);
+        fabpool_torch_free(b->ptr, b->size, d.index, b->stream);
+        delete b;
+        return;
+    }
+    Pool &p = *b->pool;
+    b->uses.clear();
+    b->state = BlockState::cached;
+    p.cached[b->stream].emplace(b->usable, b);
+}
+
+/* Blocks whose events have completed (wait: all of them, once completed)
+ * go to their pools. */
+void Core::poll(Device &d, bool wait)
+{
+    if (d.pending.empty())
+        return;
+    std::vector<Pending> list;
+    list.swap(d.pending);
+    for (auto &pe : list) {
+        bool done = true;
+        for (void *ev : pe.events) {
+            if (wait)
+                rt_->event_wait(ev);
+            else if (!rt_->event_done(ev)) {
+                done = false;
+                break;
+            }
+        }
+        if (!done) {
+            d.pending.push_back(std::move(pe));
+            continue;
+        }
+        for (void *ev : pe.events)
+            rt_->event_release(ev);
+        if (pe.b->pool)
+            pe.b->pool->waiting--;
+        finish(d, pe.b);
+    }
+}
+
+/* The blocks freed during a capture, once it is over (those whose streams
+ * still capture stay). */
+void Core::flush_deferred(Device &d)
+{
+    std::vector<Block *> list;
+    list.swap(d.deferred);
+    for (Block *b : list) {
+        if (b->pool)
+            b->pool->waiting--;
+        release(d, b, true);
+    }
+}
+
+/* Memory of private pools back to the driver: the pools in use give what
+ * fabpool holds free (memory they never handed out); a released pool gives
+ * its free blocks too, and goes once nothing of it is live.  only: that
+ * pool alone. */
+void Core::free_pool_memory(Device &d, Pool *only)
+{
+    bool synced = false;
+    for (auto it = d.pools.begin(); it != d.pools.end();) {
+        Pool &p = *it->second;
+        if (only && &p != only) {
+            ++it;
+            continue;
+        }
+        if (p.use_count > 0) {
+            if (p.fp)
+                fabpool_trim(p.fp, 0);
+            ++it;
+            continue;
+        }
+        if (!synced && (p.live == 0 || !p.cached.empty())) {
+            /* a graph's replay may still run in that memory */
+            rt_->device_sync(d.index);
+            d.syncs++;
+            synced = true;
+        }
+        if (p.live == 0 && p.waiting == 0) {
+            destroy_pool(d, p);
+            it = d.pools.erase(it);
+            continue;
+        }
+        for (auto &kv : p.cached)
+            for (auto &e : kv.second)
+                drop(d, p, e.second);
+        p.cached.clear();
+        if (p.fp)
+            fabpool_trim(p.fp, 0);
+        ++it;
+    }
+}
+
+/* A cached block of a pool back to fabpool's pool, or to the pool's own
+ * allocator. */
+void Core::drop(Device &d, Pool &p, Block *b)
+{
+    p.held.erase(b->ptr);
+    void *ptr = b->ptr;
+    size_t usable = b->usable;
+    delete b;
+    if (p.ext) {
+        d.ext_bytes -= usable;
+        d.ext_blocks--;
+        p.ext->free(ptr);
+    } else {
+        fabpool_free(p.fp, ptr);
+    }
+}
+
+void Core::destroy_pool(Device &d, Pool &p)
+{
+    if (p.ext) {
+        std::vector<Block *> rest;
+        for (auto &kv : p.held)
+            rest.push_back(kv.second);
+        for (Block *b : rest)
+            drop(d, p, b);
+    }
+    if (p.fp) {
+        fabpool_counters k;
+        if (fabpool_get_counters(p.fp, &k) == FABPOOL_OK) {
+            d.gone_maps += k.chunks_mapped_total;
+            d.gone_unmaps += k.chunks_unmapped_total + k.chunks_mapped;
+            d.gone_retries += k.oom_retries;
+        }
+        fabpool_destroy(p.fp);  /* unmaps what is left: blocks the pool kept free */
+        p.fp = nullptr;
+    }
+    for (auto &kv : p.held)
+        delete kv.second;
+    p.held.clear();
+    p.cached.clear();
+}
+
+void Core::empty_cache(PoolId id)
+{
+    for (int i = 0; i < kMaxDevices; i++) {
+        Device *d = dev_if(i);
+        if (!d)
+            continue;
+        std::lock_guard<std::mutex> lk(d->mu);
+        bool ctx = contexts_.load(std::memory_order_acquire) > 0;
+        Relaxed relaxed(rt_, ctx);
+        /* as PyTorch's allocator: nothing while the device allocates to a
+         * pool (a capture may be under way); the next call does it */
+        if (!d->contexts.empty())
+            continue;
+        if (id == kDefaultPool) {
+            if (!ctx && !d->deferred.empty())
+                flush_deferred(*d);
+            poll(*d, true);
+            fabpool_torch_empty(i);
+            free_pool_memory(*d, nullptr);
+        } else if (Pool *p = find_pool(*d, id)) {
+            poll(*d, true);
+            free_pool_memory(*d, p);
+        }
+        sample(*d);
+    }
+}
+
+/* ------------------------------------------------------------ the cap */
+
+void Core::set_fraction(int device, double fraction)
+{
+    if (!(fraction >= 0.0 && fraction <= 1.0))
+        throw std::invalid_argument("fabpool: invalid memory fraction " + std::to_string(fraction) +
+                                    ": give a value from 0 to 1");
+    Device &d = dev(device);
+    size_t fr = 0, total = 0;
+    rt_->mem_info(device, &fr, &total);
+    std::lock_guard<std::mutex> lk(d.mu);
+    d.fraction = fraction;
+    d.capped = true;
+    d.cap = uint64_t(fraction * double(total));
+}
+
+double Core::fraction(int device)
+{
+    Device &d = dev(device);
+    std::lock_guard<std::mutex> lk(d.mu);
+    return d.fraction;
+}
+
+size_t Core::largest_free(int device)
+{
+    Device &d = dev(device);
+    size_t fr = 0, total = 0;
+    rt_->mem_info(device, &fr, &total);
+    std::lock_guard<std::mutex> lk(d.mu);
+    size_t best = 0;
+    for (auto &kv : d.pools)
+        for (auto &fl : kv.second->cached)
+            if (!fl.second.empty())
+                best = std::max(best, fl.second.rbegin()->first);
+    size_t room = fr;
+    if (d.capped) {
+        uint64_t m = mapped(d);
+        room = std::min<uint64_t>(room, m < d.cap ? d.cap - m : 0);
+    }
+    return std::max(best, room);
+}
+
+/* ------------------------------------------------------------ snapshot */
+
+std::vector<SegmentRecord> Core::segments(PoolId only)
+{
+    std::vector<SegmentRecord> out;
+    for (int i = 0; i < kMaxDevices; i++) {
+        Device *d = dev_if(i);
+        if (!d)
+            continue;
+        std::lock_guard<std::mutex> lk(d->mu);
+        for (auto &sh : shards_) {
+            std::lock_guard<std::mutex> lk2(sh.mu);
+            for (auto &kv : sh.live) {
+                Block *b = kv.second;
+                PoolId pid = b->pool ? b->pool->id : kDefaultPool;
+                if (b->device != i || (only != kDefaultPool && pid != only))
+                    continue;
+                out.push_back(SegmentRecord{i, b->ptr, b->size, b->usable, b->stream, true, pid});
+            }
+        }
+        for (auto &kv : d->pools) {
+            if (only != kDefaultPool && kv.first != only)
+                continue;
+            for (auto &h : kv.second->held)
+                if (h.second->state != BlockState::live)
+                    out.push_back(SegmentRecord{i, h.first, h.second->size, h.second->usable, h.second->stream, false,
+                                                kv.first});
+        }
+    }
+    std::sort(out.begin(), out.end(), [](const SegmentRecord &a, const SegmentRecord &b) {
+        return a.device != b.device ? a.device < b.device : uintptr_t(a.ptr) < uintptr_t(b.ptr);
+    });
+    return out;
+}
+
+}  // namespace fabpool_torch
