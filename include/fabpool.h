@@ -288,7 +288,8 @@ FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
  * pinned host memory first (FABPOOL_SLEEP_OFFLOAD; VMM host NUMA memory of
  * the node next to the device), unmaps it and releases its physical memory.
  * Every address stays reserved, every block and buffer stays allocated.
- * While asleep, fabpool_alloc, buffer create and resize, export,
+ * While asleep, fabpool_alloc, fabpool_alloc_on_stream (whatever its
+ * stream freed meanwhile), buffer create and resize, export,
  * fabpool_buffer_dmabuf and view open/apply answer FABPOOL_ERR_ASLEEP;
  * frees (fabpool_free, fabpool_buffer_destroy) work and only change the
  * pool's records.  Views of other processes' buffers stay mapped (their

@@ -544,6 +544,14 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     if (size == 0)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_on_stream: size 0; ask for at least one byte");
     fabpool_status st = FABPOOL_OK;
+    /* before anything is taken: a block the stream freed, another stream's
+     * done block and the owner claim would each hand out (or change) what
+     * sleep unmapped */
+    if (FP_UNLIKELY(fp_chunks_asleep(a->sp->ch))) {
+        st = fp_chunk_asleep_error("fabpool_alloc_on_stream");
+        FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, 0, size, stream, st);
+        return st;
+    }
     if (fp_retire_owner_claim(a->retire, stream)) {
         /* the owner: what it freed went to the pool at once, and any block of the pool is safe for it */
         void *q = NULL;
