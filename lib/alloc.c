@@ -419,6 +419,14 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr)
     return FABPOOL_OK;
 }
 
+/* The refusal of a free (or a use) of a slab block whose flag f says it is not given out. */
+static fabpool_status already_free(const char *fn, uint64_t addr, uint64_t obj, uint8_t f)
+{
+    return fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this %llu-byte block is already free%s (double free)", fn,
+                    (void *)(uintptr_t)addr, (unsigned long long)obj,
+                    f == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for its work" : "");
+}
+
 /* fabpool_free's work once the block's span s is looked up; fn names the call in messages. */
 static fabpool_status free_block(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn)
 {
@@ -434,10 +442,7 @@ static fabpool_status free_block(fp_alloc *a, fp_span *s, uint64_t addr, const c
      * same block at the same instant may both pass: that race is the
      * caller's bug, and a locked exchange here would double the hot path. */
     if (FP_UNLIKELY(atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed)))
-        return fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this %llu-byte block is already free%s (double free)", fn,
-                        (void *)(uintptr_t)addr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT),
-                        atomic_load(&s->freeflag[idx]) == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for "
-                        "its work" : "");
+        return already_free(fn, addr, (uint64_t)s->obj_q << FP_QUANTUM_SHIFT, atomic_load(&s->freeflag[idx]));
     atomic_store_explicit(&s->freeflag[idx], 1, memory_order_relaxed);
     fp_tcache *tc = tcache_hot(a);
     if (FP_LIKELY(tc && tcache_push(tc, s, addr)))
@@ -607,6 +612,30 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     return st;
 }
 
+/* Whether the block at addr (span s) is live, given out and not freed: OK
+ * with its size and list (slab class or FP_RETIRE_LARGE), or the status and
+ * message of a refusal (an interior pointer, a block already free or
+ * pending; fn names the call).  It changes nothing: the caller acts after. */
+static fabpool_status live_block(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn, uint64_t *usable,
+                                 uint32_t *cls)
+{
+    if (s->kind != FP_SPAN_SLAB) {
+        *cls = FP_RETIRE_LARGE;
+        return fp_large_check(a->heap, addr, fn, usable);
+    }
+    uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
+    uint32_t idx = 0;
+    if (!fp_slab_index(s, addr, &idx))
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer into a slab of %llu-byte blocks; free "
+                        "the pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr, (unsigned long long)obj);
+    uint8_t f = atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed);
+    if (f != FP_FREEFLAG_USED)
+        return already_free(fn, addr, obj, f);
+    *usable = obj;
+    *cls = s->cls;
+    return FABPOOL_OK;
+}
+
 fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
 {
     fp_alloc *a = A(p);
@@ -618,36 +647,31 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
     fp_span *s = fp_map_get(&a->map, addr);
     if (!s)
         return not_ours(a, "fabpool_free_on_stream", ptr);
-    fabpool_status st;
+    /* the pointer first: a refused free changes nothing, and claims no owner */
+    uint32_t cls = 0;
+    fabpool_status st = live_block(a, s, addr, "fabpool_free_on_stream", &usable, &cls);
+    if (st != FABPOOL_OK)
+        return st;
     if (fp_retire_owner_claim(a->retire, stream) && fp_retire_owner_free(a->retire)) {
         /* the owner: freed into the pool at once (the next unmap or foreign allocation fences) */
         if (FP_UNLIKELY(a->trace)) {
-            FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr,
-                     s->kind == FP_SPAN_SLAB ? (uint64_t)s->obj_q << FP_QUANTUM_SHIFT : s->size, stream);
+            FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream);
             FP_TRACE(a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
         }
         if ((st = free_block(a, s, addr, "fabpool_free_on_stream")) == FABPOOL_OK)
             fp_retire_owner_freed(a->retire);
         return st;
     }
-    uint32_t cls, idx = 0;
+    /* marked pending, checked again where two threads could race: the flag's exchange, the large block's lock */
     if (s->kind == FP_SPAN_SLAB) {
-        uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
-        if (!fp_slab_index(s, addr, &idx))
-            return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_free_on_stream(%p): an interior pointer into a slab of "
-                            "%llu-byte blocks; free the pointer fabpool_alloc returned", ptr, (unsigned long long)obj);
+        uint32_t idx = 0;
+        fp_slab_index(s, addr, &idx);
         uint8_t want = FP_FREEFLAG_USED;
         if (!atomic_compare_exchange_strong_explicit(&s->freeflag[idx], &want, FP_FREEFLAG_PENDING,
                                                      memory_order_relaxed, memory_order_relaxed))
-            return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free_on_stream(%p): this %llu-byte block is already "
-                            "free%s (double free)", ptr, (unsigned long long)obj,
-                            want == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for its work" : "");
-        usable = obj;
-        cls = s->cls;
-    } else {
-        if ((st = fp_large_pend(a->heap, addr, &usable)) != FABPOOL_OK)
-            return st;
-        cls = FP_RETIRE_LARGE;
+            return already_free("fabpool_free_on_stream", addr, usable, want);
+    } else if ((st = fp_large_pend(a->heap, addr, &usable)) != FABPOOL_OK) {
+        return st;
     }
     /* another stream while the owner mode holds: it ends (after the checks above: bad input changes nothing) */
     if (fp_retire_owned(a->retire) && (st = fp_retire_disown(a->retire)) != FABPOOL_OK) {

@@ -106,6 +106,9 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out);
 /* Frees the large block at addr (checked under the lock: interior and double frees are refused; fn names
  * the call in messages). */
 fabpool_status fp_large_free(fp_heap *h, uint64_t addr, const char *fn);
+/* FABPOOL_OK with *usable the block's size if addr is a live large block, else the errors of fp_large_free;
+ * changes nothing. */
+fabpool_status fp_large_check(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable);
 /* A live large block freed on a stream: FP_LARGE_PENDING (live for the rest
  * of the pool), *usable its size.  The errors of fp_large_free otherwise. */
 fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, uint64_t *usable);

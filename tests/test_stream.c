@@ -536,6 +536,39 @@ static void owner_ends(CUstream s, CUstream s2)
     CHECK_OK(fabpool_destroy(p));
 }
 
+/* A free on a stream refused as bad input (an interior pointer of a slab
+ * block or a large one, a double free, a foreign pointer) claims no owner: a
+ * second stream that comes after it owns the pool, and its frees go back at
+ * once (no queue, no fence). */
+static void refused_free_claims_nothing(CUstream s, CUstream s2)
+{
+    fabpool_t *p = t_pool("handle_type:none");
+    if (!p)
+        return;
+    void *x = NULL, *big = NULL, *y = NULL, *z = NULL;
+    int local;
+    CHECK_OK(fabpool_alloc(p, 4096, &x));
+    CHECK_OK(fabpool_alloc(p, 24 * MB, &big));
+    CHECK_OK(fabpool_alloc(p, 4096, &y));
+    CHECK_OK(fabpool_free(p, y));
+    CHECK_STATUS(fabpool_free_on_stream(p, (char *)x + 256, s), FABPOOL_ERR_NOT_FOUND);
+    CHECK_STATUS(fabpool_free_on_stream(p, (char *)big + 2 * MB, s), FABPOOL_ERR_NOT_FOUND);
+    CHECK_STATUS(fabpool_free_on_stream(p, y, s), FABPOOL_ERR_DOUBLE_FREE);
+    CHECK_STATUS(fabpool_free_on_stream(p, &local, s), FABPOOL_ERR_NOT_FOUND);
+    fabpool_counters k0 = counters(p);
+    CHECK(k0.stream_frees == 0 && k0.stream_owner_frees == 0 && k0.streams == 0);
+    hold(s2); /* s2's work is queued: its frees go back at once all the same */
+    CHECK_OK(fabpool_alloc_on_stream(p, 4096, s2, &z));
+    CHECK_OK(fabpool_free_on_stream(p, z, s2));
+    CHECK_OK(fabpool_free_on_stream(p, x, s2));
+    CHECK_OK(fabpool_free_on_stream(p, big, s2));
+    fabpool_counters k1 = counters(p);
+    CHECK(k1.stream_owner_frees == 3 && k1.stream_pending_blocks == 0 && k1.stream_fences == 0);
+    release(s2);
+    CHECK_OK(fabpool_destroy(p));
+    CHECK(t_ledger().bytes_held == 0);
+}
+
 /* While the pool sleeps, fabpool_alloc_on_stream answers FABPOOL_ERR_ASLEEP
  * and changes nothing, whatever the stream holds: blocks it freed while the
  * pool slept (queued: with stream_owner:0, or once a second stream ended the
@@ -636,6 +669,7 @@ int main(void)
     owner_fence_faults(s1);
     owner_ends(s1, s2);
     asleep_refuses(s1, s2);
+    refused_free_claims_nothing(s1, s2);
     cuStreamDestroy(s1);
     cuStreamDestroy(s2);
     return t_done("test_stream");
