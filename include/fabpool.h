@@ -231,6 +231,9 @@ FABPOOL_API fabpool_status fabpool_buffer_create(fabpool_t *pool, size_t max_siz
  * them is done.  `stream` (a CUstream or NULL) says which work: with a
  * stream, the pool records an event on it and unmaps after the event has
  * completed; with NULL, the pool synchronizes the context before it unmaps.
+ * A grow on another stream that takes a retired chunk back keeps that
+ * stream's event: a later shrink or replacement of the chunk unmaps it only
+ * once the work of every stream it was retired on is done.
  * On failure the buffer keeps its old size, its mapping and its data. */
 FABPOOL_API fabpool_status fabpool_buffer_resize(fabpool_buffer_t *buf, size_t size, void *stream);
 /* Resizes n buffers of one pool at once (HybridEP grows its buffer set from

@@ -552,9 +552,14 @@ static fabpool_status check_buffers(walk *w)
                 return FAIL("[buffer.contiguous] buffer 0x%llx: chunk %u starts at +%llu, the chunks before end at "
                             "+%llu (a live buffer's chunks follow each other from its base)", ULL(b->base), i,
                             ULL(c->off), ULL(end));
-            if (!c->retiring && c->ticket.rs)
-                return FAIL("[buffer.retire] buffer 0x%llx: chunk %u is live but has a retirement ticket", ULL(b->base),
-                            i);
+            int uses_ok = c->uses.n <= c->uses.cap && (c->uses.t != NULL) == (c->uses.cap != 0);
+            for (uint32_t k = 0; uses_ok && k < c->uses.n; k++)
+                for (uint32_t m = 0; m <= k && uses_ok; m++)
+                    uses_ok = c->uses.t[k].rs && (m == k || c->uses.t[m].rs != c->uses.t[k].rs);
+            if (!uses_ok)
+                return FAIL("[buffer.uses] buffer 0x%llx: chunk %u's list of streams that may use it holds %u tickets "
+                            "in room for %zu, one of no stream, or two of one stream", ULL(b->base), i, c->uses.n,
+                            c->uses.cap);
             if (!b->destroyed && !c->retiring && retired_seen)
                 return FAIL("[buffer.retire] buffer 0x%llx: live chunk %u lies after a retiring one (the live chunks "
                             "come first)", ULL(b->base), i);

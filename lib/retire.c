@@ -3,9 +3,9 @@
  * them and with retired buffer chunks. */
 #include <string.h>
 
+#include "array.h"
 #include "error.h"
 #include "retire.h"
-
 
 fabpool_status fp_retire_init(fp_retire *r, fp_meta *meta, fp_drv_counters *calls, CUcontext ctx, int device,
                               int owner)
@@ -560,4 +560,51 @@ void fp_retire_ticket_drop(fp_retire *r, fp_rticket *t)
     fp_unlock(&r->lock);
     t->rs = NULL;
     t->seq = 0;
+}
+
+/* ------------------------------------------------------------ tickets of several streams */
+
+int fp_retire_waits_reserve(fp_retire *r, fp_rwaits *w)
+{
+    return FP_ARRAY_RESERVE(r->meta, w->t, w->n, w->cap, w->n + 1, 2);
+}
+
+void fp_retire_waits_add(fp_retire *r, fp_rwaits *w, fp_rticket t)
+{
+    if (!t.rs)
+        return;
+    for (uint32_t i = 0; i < w->n; i++)
+        if (w->t[i].rs == t.rs) {
+            fp_retire_ticket_drop(r, &w->t[i]);
+            w->t[i] = t;
+            return;
+        }
+    w->t[w->n++] = t;
+}
+
+int fp_retire_waits_done(fp_retire *r, fp_rwaits *w, int wait, fabpool_status *st)
+{
+    for (uint32_t i = 0; i < w->n;) {
+        int done = fp_retire_ticket_done(r, &w->t[i], wait, st);
+        if (done < 0)
+            return -1;
+        if (!done) {
+            i++;
+            continue;
+        }
+        fp_retire_ticket_drop(r, &w->t[i]);
+        w->t[i] = w->t[--w->n];
+    }
+    if (w->n)
+        return 0;
+    FP_ARRAY_FREE(r->meta, w->t, w->cap);
+    return 1;
+}
+
+void fp_retire_waits_drop(fp_retire *r, fp_rwaits *w)
+{
+    for (uint32_t i = 0; i < w->n; i++)
+        fp_retire_ticket_drop(r, &w->t[i]);
+    w->n = 0;
+    FP_ARRAY_FREE(r->meta, w->t, w->cap);
 }

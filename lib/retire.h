@@ -79,6 +79,17 @@ typedef struct fp_rticket {
     uint64_t seq;
 } fp_rticket;
 
+/* The GPU work that may still use a piece of memory, on any number of
+ * streams: a ticket of each, at most one a stream (a later ticket of a
+ * stream covers an earlier one, its work completing in order).  The holder
+ * (a buffer chunk) keeps it under its own lock; the tickets' records are the
+ * queue's. */
+typedef struct fp_rwaits {
+    fp_rticket *t;
+    uint32_t n;
+    size_t cap;
+} fp_rwaits;
+
 /* A block freed on a stream. */
 typedef struct fp_rblock {
     uint64_t ptr, usable, seq;
@@ -213,7 +224,19 @@ fabpool_status fp_retire_mark(fp_retire *r, void *stream, uint32_t holders, fp_r
 /* 1: the work t waits for is done (waited for with wait != 0); 0: not yet;
  * -1: the driver failed, *st says how. */
 int fp_retire_ticket_done(fp_retire *r, const fp_rticket *t, int wait, fabpool_status *st);
-/* A chunk no longer waits on t (unmapped, or taken back by a grow). */
+/* A chunk no longer waits on t (unmapped, or its work waited for). */
 void fp_retire_ticket_drop(fp_retire *r, fp_rticket *t);
+
+/* Room for one more ticket in w: 0, or -1 without host memory (w as it was). */
+int fp_retire_waits_reserve(fp_retire *r, fp_rwaits *w);
+/* Adds t (w takes over its hold; room reserved): an older ticket of t's
+ * stream in w is dropped.  A ticket of no stream (work done) adds nothing. */
+void fp_retire_waits_add(fp_retire *r, fp_rwaits *w, fp_rticket t);
+/* 1: the work of every ticket in w is done (waited for with wait != 0), the
+ * tickets dropped and the array freed; 0: not yet (the tickets done are
+ * dropped); -1: the driver failed, *st says how. */
+int fp_retire_waits_done(fp_retire *r, fp_rwaits *w, int wait, fabpool_status *st);
+/* Drops every ticket of w and frees the array (the memory is unmapped). */
+void fp_retire_waits_drop(fp_retire *r, fp_rwaits *w);
 
 #endif

@@ -250,9 +250,9 @@ static void break_buffer(fabpool_t *p, fabpool_buffer_t *b)
     expect_broken(p, "[buffer.size]", "size beyond live");
     b->size = sz;
 
-    b->chunks[0].ticket.rs = (fp_rstream *)(uintptr_t)64;
-    expect_broken(p, "[buffer.retire]", "live chunk with a retirement ticket");
-    b->chunks[0].ticket.rs = NULL;
+    b->chunks[0].uses.n++;
+    expect_broken(p, "[buffer.uses]", "a chunk with more tickets than room");
+    b->chunks[0].uses.n--;
 
     b->chunks[0].retiring = 1;
     expect_broken(p, "[buffer.retire]", "retiring chunk before live one");
