@@ -427,11 +427,60 @@ static fabpool_status already_free(const char *fn, uint64_t addr, uint64_t obj, 
                     f == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for its work" : "");
 }
 
-/* fabpool_free's work once the block's span s is looked up; fn names the call in messages. */
-static fabpool_status free_block(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn)
+static fabpool_status free_recorded(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn, int on_stream,
+                                    void *stream, int traced, int *queued);
+
+/* The frees off the hot path, apart so that it stays as it is: a large
+ * block while some block has recorded streams (with recorded streams of
+ * its own it waits for them) ... */
+static __attribute__((noinline)) fabpool_status free_large_used(fp_alloc *a, fp_span *s, uint64_t addr,
+                                                                const char *fn, int on_stream, void *stream,
+                                                                int *queued)
 {
-    if (s->kind != FP_SPAN_SLAB)
+    int q = 0;
+    fabpool_status st;
+    if ((st = free_recorded(a, s, addr, fn, on_stream, stream, 1, &q)) != FABPOOL_OK || q) {
+        if (queued)
+            *queued = q;
+        return st;
+    }
+    return fp_large_free(a->heap, addr, fn);
+}
+
+/* ... and a slab block whose flag f is not FP_FREEFLAG_USED: a double free,
+ * or a block with recorded streams, which waits for them. */
+static __attribute__((noinline)) fabpool_status free_slab_flagged(fp_alloc *a, fp_span *s, uint64_t addr,
+                                                                  const char *fn, uint8_t f, int on_stream,
+                                                                  void *stream, int *queued)
+{
+    if (f != FP_FREEFLAG_RECORDED)
+        return already_free(fn, addr, (uint64_t)s->obj_q << FP_QUANTUM_SHIFT, f);
+    int q = 0;
+    fabpool_status st = free_recorded(a, s, addr, fn, on_stream, stream, 1, &q);
+    if (st != FABPOOL_OK || q) {
+        if (queued)
+            *queued = q;
+        return st;
+    }
+    uint32_t idx = 0;
+    fp_slab_index(s, addr, &idx);
+    atomic_store_explicit(&s->freeflag[idx], 1, memory_order_relaxed);
+    return free_slab_slow(a, s, addr);
+}
+
+/* fabpool_free's work once the block's span s is looked up, its free in the
+ * trace already; fn names the call in messages.  A block with recorded
+ * streams waits for them (and for `stream`, with on_stream): *queued (if
+ * not NULL) is set to 1 then, and left as it is otherwise. */
+static inline __attribute__((always_inline)) fabpool_status free_block(fp_alloc *a, fp_span *s, uint64_t addr,
+                                                                        const char *fn, int on_stream, void *stream,
+                                                                        int *queued)
+{
+    if (s->kind != FP_SPAN_SLAB) {
+        if (FP_UNLIKELY(fp_retire_any_used(a->retire)))
+            return free_large_used(a, s, addr, fn, on_stream, stream, queued);
         return fp_large_free(a->heap, addr, fn);
+    }
     uint32_t idx;
     if (FP_UNLIKELY(!fp_slab_index(s, addr, &idx)))
         return fp_error(FABPOOL_ERR_NOT_FOUND,
@@ -441,8 +490,9 @@ static fabpool_status free_block(fp_alloc *a, fp_span *s, uint64_t addr, const c
     /* A double free is caught by the block's flag.  Two threads freeing the
      * same block at the same instant may both pass: that race is the
      * caller's bug, and a locked exchange here would double the hot path. */
-    if (FP_UNLIKELY(atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed)))
-        return already_free(fn, addr, (uint64_t)s->obj_q << FP_QUANTUM_SHIFT, atomic_load(&s->freeflag[idx]));
+    uint8_t f = atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed);
+    if (FP_UNLIKELY(f))
+        return free_slab_flagged(a, s, addr, fn, f, on_stream, stream, queued);
     atomic_store_explicit(&s->freeflag[idx], 1, memory_order_relaxed);
     fp_tcache *tc = tcache_hot(a);
     if (FP_LIKELY(tc && tcache_push(tc, s, addr)))
@@ -469,7 +519,7 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
     fp_span *s = fp_map_get(&a->map, addr);
     if (FP_UNLIKELY(!s))
         return not_ours(a, "fabpool_free", ptr);
-    return free_block(a, s, addr, "fabpool_free");
+    return free_block(a, s, addr, "fabpool_free", 0, NULL, NULL);
 }
 
 fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
@@ -508,15 +558,57 @@ static void unpend(fp_alloc *a, uint64_t ptr)
     }
 }
 
-/* Gives a chain of blocks the queue handed back to the pool. */
+/* Gives a chain of blocks the queue handed back to the pool (one whose
+ * free is in the trace already is not traced again). */
 static void release_chain(fp_alloc *a, fp_rblock *chain)
 {
     for (fp_rblock *b = chain; b; b = b->fnext) {
         unpend(a, b->ptr);
-        if (fabpool_free(P(a), (void *)(uintptr_t)b->ptr) == FABPOOL_OK)
+        fp_span *s = b->traced ? fp_map_get(&a->map, b->ptr) : NULL;
+        if ((b->traced ? s && free_block(a, s, b->ptr, "fabpool_free", 0, NULL, NULL) == FABPOOL_OK
+                       : fabpool_free(P(a), (void *)(uintptr_t)b->ptr) == FABPOOL_OK))
             fp_retire_released(a->retire);
     }
     fp_retire_recycle(a->retire, chain);
+}
+
+/* A block with recorded streams (fabpool_record_stream), checked live by the
+ * caller, is freed: by fabpool_free (on_stream 0) or on `stream`, its free
+ * in the trace already (traced) or not.  If a stream other than `stream`
+ * was recorded, it waits in the queue for an event on each and on `stream`
+ * (*queued = 1); else its record goes and the caller frees it as any block
+ * (*queued = 0, the block as it was but for its slab flag, now
+ * FP_FREEFLAG_USED).  On failure nothing changed. */
+static fabpool_status free_recorded(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn, int on_stream,
+                                    void *stream, int traced, int *queued)
+{
+    *queued = 0;
+    uint64_t usable = 0;
+    uint32_t cls = FP_RETIRE_LARGE, idx = 0;
+    fabpool_status st = FABPOOL_OK;
+    if (s->kind == FP_SPAN_SLAB) {
+        fp_slab_index(s, addr, &idx);
+        usable = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
+        cls = s->cls;
+        uint8_t want = FP_FREEFLAG_RECORDED;
+        if (!atomic_compare_exchange_strong_explicit(&s->freeflag[idx], &want, FP_FREEFLAG_PENDING,
+                                                     memory_order_relaxed, memory_order_relaxed))
+            return want == FP_FREEFLAG_USED ? FABPOOL_OK : already_free(fn, addr, usable, want);
+    } else if (!fp_retire_used(a->retire, addr)) {
+        return FABPOOL_OK;
+    } else if ((st = fp_large_pend(a->heap, addr, fn, &usable)) != FABPOOL_OK) {
+        return st;
+    }
+    st = fp_retire_free_used(a->retire, addr, usable, cls, on_stream, stream, traced, queued);
+    if (st == FABPOOL_OK && *queued)
+        return FABPOOL_OK;
+    unpend(a, addr);
+    if (st != FABPOOL_OK) {
+        if (s->kind == FP_SPAN_SLAB) /* its streams are still recorded */
+            atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_RECORDED, memory_order_relaxed);
+        fp_error_append(" (%s(%p): the block is still the caller's, its streams recorded)", fn, (void *)(uintptr_t)addr);
+    }
+    return st;
 }
 
 void fp_alloc_drain(fp_alloc *a, int wait, int forget)
@@ -586,7 +678,8 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
         /* a miss: what other streams freed and is done goes back, the first that fits to the caller */
         fp_rblock *chain = fp_retire_poll(a->retire, 0, 0), **at = &chain;
         for (fp_rblock *b = chain; b && size <= a->sp->va.size; at = &b->fnext, b = b->fnext)
-            if (cls == FP_RETIRE_LARGE ? b->cls == cls && b->usable >= need && b->usable <= max : b->cls == cls) {
+            if (!b->traced && /* one whose free is traced is the pool's free memory in the trace: it goes back */
+                (cls == FP_RETIRE_LARGE ? b->cls == cls && b->usable >= need && b->usable <= max : b->cls == cls)) {
                 ptr = b->ptr;
                 *at = b->fnext;
                 b->fnext = NULL;
@@ -613,14 +706,23 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
 }
 
 /* Whether the block at addr (span s) is live, given out and not freed: OK
- * with its size and list (slab class or FP_RETIRE_LARGE), or the status and
- * message of a refusal (an interior pointer, a block already free or
- * pending; fn names the call).  It changes nothing: the caller acts after. */
+ * with its size, list (slab class or FP_RETIRE_LARGE) and *recorded (a slab
+ * block with recorded streams, or for a large block whether any block has
+ * them), or the status and message of a refusal (an interior pointer, a
+ * block already free or pending; fn names the call).  It changes nothing:
+ * the caller acts after. */
 static fabpool_status live_block(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn, uint64_t *usable,
-                                 uint32_t *cls)
+                                 uint32_t *cls, int *recorded)
 {
+    *recorded = s->kind == FP_SPAN_SLAB ? 0 : fp_retire_any_used(a->retire);
     if (s->kind != FP_SPAN_SLAB) {
         *cls = FP_RETIRE_LARGE;
+        /* a live block's piece does not change while it is live: read without the lock (as
+         * fabpool_usable_size does; the free checks again under it), which is taken for the refusal only */
+        if (addr == s->base && atomic_load_explicit(&s->in_use, memory_order_relaxed) == FP_LARGE_LIVE) {
+            *usable = s->size;
+            return FABPOOL_OK;
+        }
         return fp_large_check(a->heap, addr, fn, usable);
     }
     uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
@@ -629,39 +731,71 @@ static fabpool_status live_block(fp_alloc *a, fp_span *s, uint64_t addr, const c
         return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer into a slab of %llu-byte blocks; free "
                         "the pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr, (unsigned long long)obj);
     uint8_t f = atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed);
-    if (f != FP_FREEFLAG_USED)
+    if (f != FP_FREEFLAG_USED && f != FP_FREEFLAG_RECORDED)
         return already_free(fn, addr, obj, f);
+    *recorded = f == FP_FREEFLAG_RECORDED;
     *usable = obj;
     *cls = s->cls;
     return FABPOOL_OK;
 }
 
+/* The span of the block ptr names, for fn: the refusal of a NULL pool or
+ * pointer, or of an address outside this pool's blocks. */
+static fabpool_status block_span(fp_alloc *a, void *ptr, const char *fn, fp_span **s)
+{
+    if (!a)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s(%p): the pool is NULL", fn, ptr);
+    if (!ptr)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: the pointer is NULL", fn);
+    *s = fp_map_get(&a->map, (uint64_t)(uintptr_t)ptr);
+    return *s ? FABPOOL_OK : not_ours(a, fn, ptr);
+}
+
 fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
 {
     fp_alloc *a = A(p);
-    if (!a)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free_on_stream(%p): the pool is NULL", ptr);
-    if (!ptr)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free_on_stream: the pointer is NULL");
-    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
-    fp_span *s = fp_map_get(&a->map, addr);
-    if (!s)
-        return not_ours(a, "fabpool_free_on_stream", ptr);
-    /* the pointer first: a refused free changes nothing, and claims no owner */
-    uint32_t cls = 0;
-    fabpool_status st = live_block(a, s, addr, "fabpool_free_on_stream", &usable, &cls);
+    fp_span *s = NULL;
+    fabpool_status st = block_span(a, ptr, "fabpool_free_on_stream", &s);
     if (st != FABPOOL_OK)
         return st;
-    if (fp_retire_owner_claim(a->retire, stream) && fp_retire_owner_free(a->retire)) {
-        /* the owner: freed into the pool at once (the next unmap or foreign allocation fences) */
+    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
+    uint32_t cls = 0;
+    int recorded = 0, queued = 0, checked = 0;
+    /* the owner's free checks the pointer as fabpool_free does; where the
+     * call may make the stream the owner, the pointer is checked first (a
+     * refused free changes nothing, and claims no owner) */
+    int owner = fp_retire_owner_is(a->retire, stream);
+    if (!owner) {
+        if ((st = live_block(a, s, addr, "fabpool_free_on_stream", &usable, &cls, &recorded)) != FABPOOL_OK)
+            return st;
+        checked = 1;
+        owner = fp_retire_owner_claim(a->retire, stream);
+    }
+    if (owner && fp_retire_owner_free(a->retire)) {
+        /* the owner: freed into the pool at once (the next unmap or foreign allocation fences); with streams
+         * recorded besides it, it waits for them */
         if (FP_UNLIKELY(a->trace)) {
-            FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream);
+            FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr,
+                     s->kind == FP_SPAN_SLAB ? (uint64_t)s->obj_q << FP_QUANTUM_SHIFT : s->size, stream);
             FP_TRACE(a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
         }
-        if ((st = free_block(a, s, addr, "fabpool_free_on_stream")) == FABPOOL_OK)
+        if ((st = free_block(a, s, addr, "fabpool_free_on_stream", 1, stream, &queued)) == FABPOOL_OK && !queued)
             fp_retire_owner_freed(a->retire);
         return st;
     }
+    if (!checked && (st = live_block(a, s, addr, "fabpool_free_on_stream", &usable, &cls, &recorded)) != FABPOOL_OK)
+        return st;
+    /* another stream while the owner mode holds: it ends (after the checks above: bad input changes nothing) */
+    if (fp_retire_owned(a->retire) && (st = fp_retire_disown(a->retire)) != FABPOOL_OK) {
+        fp_error_append(" (fabpool_free_on_stream(%p), stream %p, waiting for the owner stream %p: the block is "
+                        "still the caller's)", ptr, stream, a->retire->owner);
+        return st;
+    }
+    FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream); /* before any reuse of ptr */
+    /* used on other streams too (fabpool_record_stream): it waits for them */
+    if (FP_UNLIKELY(recorded) &&
+        ((st = free_recorded(a, s, addr, "fabpool_free_on_stream", 1, stream, 0, &queued)) != FABPOOL_OK || queued))
+        return st;
     /* marked pending, checked again where two threads could race: the flag's exchange, the large block's lock */
     if (s->kind == FP_SPAN_SLAB) {
         uint32_t idx = 0;
@@ -670,17 +804,9 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
         if (!atomic_compare_exchange_strong_explicit(&s->freeflag[idx], &want, FP_FREEFLAG_PENDING,
                                                      memory_order_relaxed, memory_order_relaxed))
             return already_free("fabpool_free_on_stream", addr, usable, want);
-    } else if ((st = fp_large_pend(a->heap, addr, &usable)) != FABPOOL_OK) {
+    } else if ((st = fp_large_pend(a->heap, addr, "fabpool_free_on_stream", &usable)) != FABPOOL_OK) {
         return st;
     }
-    /* another stream while the owner mode holds: it ends (after the checks above: bad input changes nothing) */
-    if (fp_retire_owned(a->retire) && (st = fp_retire_disown(a->retire)) != FABPOOL_OK) {
-        unpend(a, addr);
-        fp_error_append(" (fabpool_free_on_stream(%p), stream %p, waiting for the owner stream %p: the block is "
-                        "still the caller's)", ptr, stream, a->retire->owner);
-        return st;
-    }
-    FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream);
     int poll = 0;
     st = fp_retire_free(a->retire, stream, addr, usable, cls, &poll);
     if (st != FABPOOL_OK) {
@@ -690,5 +816,32 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
     }
     if (poll)
         fp_alloc_drain(a, 0, 0);
+    return FABPOOL_OK;
+}
+
+fabpool_status fabpool_record_stream(fabpool_t *p, void *ptr, void *stream)
+{
+    fp_alloc *a = A(p);
+    fp_span *s = NULL;
+    fabpool_status st = block_span(a, ptr, "fabpool_record_stream", &s);
+    if (st != FABPOOL_OK)
+        return st;
+    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
+    uint32_t cls = 0;
+    int recorded = 0;
+    st = live_block(a, s, addr, "fabpool_record_stream", &usable, &cls, &recorded);
+    if (st == FABPOOL_ERR_DOUBLE_FREE)
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_record_stream(%p, stream %p): the block is not live: it was "
+                        "freed (fabpool_free or fabpool_free_on_stream); record a stream on a block before its free",
+                        ptr, stream);
+    if (st != FABPOOL_OK)
+        return st;
+    if ((st = fp_retire_use(a->retire, addr, stream)) != FABPOOL_OK)
+        return st;
+    if (s->kind == FP_SPAN_SLAB) { /* its free goes to the slow path, which finds the streams */
+        uint32_t idx = 0;
+        fp_slab_index(s, addr, &idx);
+        atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_RECORDED, memory_order_relaxed);
+    }
     return FABPOOL_OK;
 }

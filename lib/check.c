@@ -57,6 +57,7 @@ typedef struct walk {
     uint64_t map_granules;
     uint64_t n_chunks, chunk_bytes;   /* mappings the pool counts */
     uint64_t pending;         /* slab blocks and large blocks freed on a stream, not yet reusable */
+    uint64_t recorded;        /* live blocks with recorded streams (fabpool_record_stream) */
 } walk;
 
 static int iv_add(walk *w, uint64_t lo, uint64_t size, const char *what, const void *obj)
@@ -300,21 +301,25 @@ static fabpool_status check_slab_blocks(walk *w, const fp_span *s)
         uint64_t x, m;
         memcpy(&x, flag + i, 8);
         memcpy(&m, mark + i, 8);
-        /* a flag is 0 (used), 1 (free) or 2 (pending on a stream: used until its event, retire.h) */
-        if ((x & ~(ones * 3)) | (x & (x >> 1) & ones))
-            return FAIL("[slab.flags] slab 0x%llx: a free flag among blocks %u..%u is not 0, 1 or 2", ULL(s->base), i,
-                        i + 7);
-        w->pending += (((x >> 1) & ones) * ones) >> 56;
-        x &= ones;
+        /* a flag is 0 (used), 1 (free), 2 (pending on a stream: used until its event, retire.h) or 3 (used,
+         * with recorded streams) */
+        if (x & ~(ones * 3))
+            return FAIL("[slab.flags] slab 0x%llx: a free flag among blocks %u..%u is not 0, 1, 2 or 3", ULL(s->base),
+                        i, i + 7);
+        uint64_t b0 = x & ones, b1 = (x >> 1) & ones;
+        w->pending += ((b1 & ~b0) * ones) >> 56;
+        w->recorded += ((b1 & b0) * ones) >> 56;
+        x = b0 & ~b1;
         stray |= m & ~x;
         flags += (uint32_t)((x * ones) >> 56);   /* the sum of the eight bytes */
         marks += (uint32_t)((m * ones) >> 56);
     }
     for (; i < nobj; i++) {
-        if (flag[i] > FP_FREEFLAG_PENDING)
-            return FAIL("[slab.flags] slab 0x%llx: the free flag of block %u is not 0, 1 or 2", ULL(s->base), i);
+        if (flag[i] > FP_FREEFLAG_RECORDED)
+            return FAIL("[slab.flags] slab 0x%llx: the free flag of block %u is not 0, 1, 2 or 3", ULL(s->base), i);
         unsigned f = flag[i] == FP_FREEFLAG_FREE;
         w->pending += flag[i] == FP_FREEFLAG_PENDING;
+        w->recorded += flag[i] == FP_FREEFLAG_RECORDED;
         stray |= (uint64_t)(mark[i] & ~f & 1);
         flags += f;
         marks += mark[i];
@@ -429,6 +434,8 @@ static fabpool_status check_large(walk *w, uint64_t *idle)
             if (l == 0 && state == FP_LARGE_PENDING) { /* freed on a stream: live until its event (retire.h) */
                 state = FP_LARGE_LIVE;
                 w->pending++;
+            } else if (l == 0 && fp_retire_any_used(&p->retire)) {
+                w->recorded += (uint64_t)fp_retire_used(&p->retire, s->base);
             }
             if (s->kind != FP_SPAN_LARGE || state != want || s->prev != pv)
                 st = FAIL("[large.list] the %s list holds a piece at 0x%llx of kind %u, state %u (or its back link is "
@@ -650,6 +657,9 @@ static fabpool_status check_locked(walk *w)
     if (w->pending != atomic_load(&p->retire.pending_blocks))
         return FAIL("[retire.pending] %llu slab and large blocks are marked pending on a stream, the retirement queue "
                     "holds %llu", ULL(w->pending), ULL(atomic_load(&p->retire.pending_blocks)));
+    if (w->recorded != fp_retire_used_blocks(&p->retire))
+        return FAIL("[retire.uses] %llu live blocks are marked as used on recorded streams, the retirement queue "
+                    "records streams for %llu", ULL(w->recorded), ULL(fp_retire_used_blocks(&p->retire)));
     uint64_t slept_chunks, slept_bytes;   /* asleep: chunks the records keep, unmapped (sleep.h) */
     fp_sleep_unmapped(p, &slept_chunks, &slept_bytes);
     w->n_chunks -= slept_chunks;

@@ -20,23 +20,7 @@
 static int (*hold)(void *);
 static int (*release)(void *);
 
-static fabpool_counters counters(fabpool_t *p)
-{
-    fabpool_counters c;
-    memset(&c, 0, sizeof c);
-    CHECK_OK(fabpool_get_counters(p, &c));
-    return c;
-}
-
 static uint64_t retiring(fabpool_t *p) { return t_stats(p).retiring_bytes; }
-
-static CUevent marker(CUstream s)
-{
-    CUevent ev = NULL;
-    CHECK_CU(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
-    CHECK_CU(cuEventRecord(ev, s));
-    return ev;
-}
 
 /* ------------------------------------------------------------ holding a stream, on either driver */
 
@@ -151,7 +135,7 @@ static void grow_on_a_while_b_pends(CUstream a, CUstream b, CUstream c)
     /* B's work: it reads the range that B's shrink retires */
     CHECK_CU(cuMemcpyDtoDAsync(seen, (CUdeviceptr)(uintptr_t)lo, 4096, b));
     CHECK_CU(cuMemcpyDtoDAsync(seen + 4096, (CUdeviceptr)(uintptr_t)hi, 4096, b));
-    CUevent done_b = marker(b);
+    CUevent done_b = t_marker(b);
     CHECK_OK(fabpool_buffer_resize(buf, 262144, b));
     CHECK(retiring(p) == 110 * MB); /* the 32 and 78 MiB chunks wait for B */
     CHECK_OK(fabpool_buffer_resize(buf, 66322275, a));
@@ -241,12 +225,12 @@ static void ticket_forgotten_once_done(CUstream a, CUstream b)
     if (!buf)
         return;
     CHECK_OK(fabpool_collect(p, 0));
-    CHECK(counters(p).streams >= 1); /* B's record: a live chunk still waits on it */
+    CHECK(t_counters(p).streams >= 1); /* B's record: a live chunk still waits on it */
     CHECK_OK(fabpool_check(p));
     release(b);
     CHECK_OK(fabpool_collect(p, 0)); /* drops the done ticket */
     CHECK_OK(fabpool_collect(p, 1)); /* forgets B's record, which nothing waits on now */
-    CHECK(counters(p).streams == 0);
+    CHECK(t_counters(p).streams == 0);
     CHECK_OK(fabpool_buffer_resize(buf, 2 * MB, a));
     CHECK(retiring(p) == 0 && t_ledger().bytes_held == 4 * MB);
     CHECK_OK(fabpool_buffer_destroy(buf, NULL));
@@ -264,7 +248,7 @@ static void unmaps_wait_for_b(CUstream a, CUstream b)
         fabpool_buffer_t *buf = taken_back(a, b, &p, &tail);
         if (!buf)
             return;
-        CUevent ev = marker(b);
+        CUevent ev = t_marker(b);
         if (how == 0) {
             CHECK_OK(fabpool_sleep(p, FABPOOL_SLEEP_DISCARD, a));
             CHECK(cuEventQuery(ev) == CUDA_SUCCESS);
@@ -291,8 +275,9 @@ static void unmaps_wait_for_b(CUstream a, CUstream b)
 int main(void)
 {
     int sim = t_driver_init();
-    *(void **)&hold = dlsym(RTLD_DEFAULT, "fabsim_stream_hold");
-    *(void **)&release = dlsym(RTLD_DEFAULT, "fabsim_stream_release");
+    t_sim_hooks h = t_sim_hooks_get();
+    hold = h.hold;
+    release = h.release;
     CUstream a, b, c;
     /* non-blocking: the legacy default stream's copies that check the data never wait for a held stream */
     CHECK_CU(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
