@@ -50,7 +50,8 @@ typedef enum fabpool_status {
     FABPOOL_ERR_DRIVER = 5,        /* a driver call failed; the message names it and its error */
     FABPOOL_ERR_NOT_SUPPORTED = 6, /* the device or the process lacks a feature (VMM, fabric) */
     FABPOOL_ERR_CONFIG = 7,        /* FABPOOL_CONF or an option is wrong */
-    FABPOOL_ERR_NOT_FOUND = 8,     /* a pointer this pool did not give out, or an interior one */
+    FABPOOL_ERR_NOT_FOUND = 8,     /* a pointer this pool did not give out, or an interior one (or, to
+                                      fabpool_record_stream, a block already freed) */
     FABPOOL_ERR_DOUBLE_FREE = 9,   /* a pointer freed twice */
     FABPOOL_ERR_LIMIT = 10,        /* past a buffer's maximum, or out of reserved address space */
     FABPOOL_ERR_BUSY = 11,         /* the object still has users (e.g. live views) */
@@ -202,6 +203,33 @@ FABPOOL_API fabpool_status fabpool_free(fabpool_t *pool, void *ptr);
  * block back to the pool; fabpool_destroy does the same. */
 FABPOOL_API fabpool_status fabpool_alloc_on_stream(fabpool_t *pool, size_t size, void *stream, void **out);
 FABPOOL_API fabpool_status fabpool_free_on_stream(fabpool_t *pool, void *ptr, void *stream);
+/* Another stream uses a block (what PyTorch's Tensor.record_stream says).
+ * `stream` (a CUstream; NULL is the legacy default stream, which PyTorch
+ * passes as 0, not "no stream") uses the live block at ptr (from
+ * fabpool_alloc or fabpool_alloc_on_stream) beside the stream the block will
+ * be freed on.  At the block's free (fabpool_free, or fabpool_free_on_stream
+ * on any stream) the pool records an event on each recorded stream, and on
+ * the stream of a fabpool_free_on_stream, and the block is reused (by any
+ * stream, the one it was freed on included) or unmapped only once all of
+ * them have completed: the work queued on those streams up to the free.
+ * Until then it is a pending block, as after fabpool_free_on_stream.  A
+ * stream is recorded once however often it is given, and a recorded stream
+ * that is the stream of the free adds nothing: a block recorded only on the
+ * stream it is then freed on (the owner stream included) is freed as without
+ * the call.  The records go with the free; a block given out again has none.
+ * Refused, nothing changed: a NULL pool or pointer (FABPOOL_ERR_INVALID_ARG);
+ * a pointer this pool did not give out, an interior one, or a block already
+ * freed, also one freed on a stream and pending (FABPOOL_ERR_NOT_FOUND); no
+ * host memory for the record (FABPOOL_ERR_HOST_MEMORY).
+ * Sleep and destroy: the call works while the pool sleeps (it changes only
+ * records); fabpool_sleep and fabpool_destroy wait for the blocks freed with
+ * recorded streams, as for blocks freed on a stream; a live block keeps its
+ * streams across a sleep and a wake; destroy forgets those of blocks still
+ * live.  A block with no recorded stream is allocated and freed as before:
+ * the fast paths make no extra check (a slab block's free flag marks a
+ * recorded block, a large block's free asks the records only while any
+ * block has them). */
+FABPOOL_API fabpool_status fabpool_record_stream(fabpool_t *pool, void *ptr, void *stream);
 /* The size a block was given (>= the size asked; <= 1.25x it above 256 B). */
 FABPOOL_API fabpool_status fabpool_usable_size(fabpool_t *pool, const void *ptr, size_t *out);
 
@@ -231,6 +259,9 @@ FABPOOL_API fabpool_status fabpool_buffer_create(fabpool_t *pool, size_t max_siz
  * them is done.  `stream` (a CUstream or NULL) says which work: with a
  * stream, the pool records an event on it and unmaps after the event has
  * completed; with NULL, the pool synchronizes the context before it unmaps.
+ * A grow on another stream that takes a retired chunk back keeps that
+ * stream's event: a later shrink or replacement of the chunk unmaps it only
+ * once the work of every stream it was retired on is done.
  * On failure the buffer keeps its old size, its mapping and its data. */
 FABPOOL_API fabpool_status fabpool_buffer_resize(fabpool_buffer_t *buf, size_t size, void *stream);
 /* Resizes n buffers of one pool at once (HybridEP grows its buffer set from
@@ -288,7 +319,8 @@ FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
  * pinned host memory first (FABPOOL_SLEEP_OFFLOAD; VMM host NUMA memory of
  * the node next to the device), unmaps it and releases its physical memory.
  * Every address stays reserved, every block and buffer stays allocated.
- * While asleep, fabpool_alloc, buffer create and resize, export,
+ * While asleep, fabpool_alloc, fabpool_alloc_on_stream (whatever its
+ * stream freed meanwhile), buffer create and resize, export,
  * fabpool_buffer_dmabuf and view open/apply answer FABPOOL_ERR_ASLEEP;
  * frees (fabpool_free, fabpool_buffer_destroy) work and only change the
  * pool's records.  Views of other processes' buffers stay mapped (their
@@ -402,6 +434,9 @@ typedef struct fabpool_counters {
     uint64_t streams;                  /* streams the pool keeps records for now */
     uint64_t stream_owner_frees;       /* fabpool_free_on_stream calls of the owner stream, freed at once */
     uint64_t stream_fences;            /* waits for the owner's work before an unmap or another user's allocation */
+    uint64_t stream_records;           /* streams recorded on blocks (fabpool_record_stream), all time */
+    uint64_t stream_record_waits;      /* blocks freed while recorded streams used them, queued for their events */
+    uint64_t stream_recorded_blocks;   /* live blocks with recorded streams now */
 } fabpool_counters;
 FABPOOL_API fabpool_status fabpool_get_counters(fabpool_t *pool, fabpool_counters *out);
 

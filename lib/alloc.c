@@ -440,11 +440,67 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr, uin
     return FABPOOL_OK;
 }
 
-/* fabpool_free's work once the block's span s is looked up; fn names the call in messages. */
-static fabpool_status free_block(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn)
+/* The refusal of a free (or a use) of a slab block whose flag f says it is not given out. */
+static fabpool_status already_free(const char *fn, uint64_t addr, uint64_t obj, uint8_t f)
 {
-    if (s->kind != FP_SPAN_SLAB)
+    return fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this %llu-byte block is already free%s (double free)", fn,
+                    (void *)(uintptr_t)addr, (unsigned long long)obj,
+                    f == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for its work" : "");
+}
+
+static fabpool_status free_recorded(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn, int on_stream,
+                                    void *stream, int traced, int *queued);
+
+/* The frees off the hot path, apart so that it stays as it is: a large
+ * block while some block has recorded streams (with recorded streams of
+ * its own it waits for them) ... */
+static __attribute__((noinline)) fabpool_status free_large_used(fp_alloc *a, fp_span *s, uint64_t addr,
+                                                                const char *fn, int on_stream, void *stream,
+                                                                int *queued)
+{
+    int q = 0;
+    fabpool_status st;
+    if ((st = free_recorded(a, s, addr, fn, on_stream, stream, 1, &q)) != FABPOOL_OK || q) {
+        if (queued)
+            *queued = q;
+        return st;
+    }
+    return fp_large_free(a->heap, addr, fn);
+}
+
+/* ... and a slab block whose flag f is not FP_FREEFLAG_USED: a double free,
+ * or a block with recorded streams, which waits for them. */
+static __attribute__((noinline)) fabpool_status free_slab_flagged(fp_alloc *a, fp_span *s, uint64_t addr,
+                                                                  const char *fn, uint8_t f, int on_stream,
+                                                                  void *stream, int *queued)
+{
+    if (f != FP_FREEFLAG_RECORDED)
+        return already_free(fn, addr, (uint64_t)s->obj_q << FP_QUANTUM_SHIFT, f);
+    int q = 0;
+    fabpool_status st = free_recorded(a, s, addr, fn, on_stream, stream, 1, &q);
+    if (st != FABPOOL_OK || q) {
+        if (queued)
+            *queued = q;
+        return st;
+    }
+    uint32_t idx = 0;
+    fp_slab_index(s, addr, &idx);
+    return free_slab_slow(a, s, addr, idx);
+}
+
+/* fabpool_free's work once the block's span s is looked up, its free in the
+ * trace already; fn names the call in messages.  A block with recorded
+ * streams waits for them (and for `stream`, with on_stream): *queued (if
+ * not NULL) is set to 1 then, and left as it is otherwise. */
+static inline __attribute__((always_inline)) fabpool_status free_block(fp_alloc *a, fp_span *s, uint64_t addr,
+                                                                        const char *fn, int on_stream, void *stream,
+                                                                        int *queued)
+{
+    if (s->kind != FP_SPAN_SLAB) {
+        if (FP_UNLIKELY(fp_retire_any_used(a->retire)))
+            return free_large_used(a, s, addr, fn, on_stream, stream, queued);
         return fp_large_free(a->heap, addr, fn);
+    }
     uint32_t idx;
     if (FP_UNLIKELY(!fp_slab_index(s, addr, &idx)))
         return fp_error(FABPOOL_ERR_NOT_FOUND,
@@ -454,11 +510,9 @@ static fabpool_status free_block(fp_alloc *a, fp_span *s, uint64_t addr, const c
     /* A double free is caught by the block's flag.  Two threads freeing the
      * same block at the same instant may both pass: that race is the
      * caller's bug, and a locked exchange here would double the hot path. */
-    if (FP_UNLIKELY(atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed)))
-        return fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this %llu-byte block is already free%s (double free)", fn,
-                        (void *)(uintptr_t)addr, (unsigned long long)((uint64_t)s->obj_q << FP_QUANTUM_SHIFT),
-                        atomic_load(&s->freeflag[idx]) == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for "
-                        "its work" : "");
+    uint8_t f = atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed);
+    if (FP_UNLIKELY(f))
+        return free_slab_flagged(a, s, addr, fn, f, on_stream, stream, queued);
     fp_tcache *tc = tcache_hot(a);
     if (FP_LIKELY(tc && tcache_push(tc, s, addr))) {
         atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_FREE, memory_order_relaxed);
@@ -486,7 +540,7 @@ static inline fabpool_status free_any(fp_alloc *a, void *ptr, unsigned trace_fla
     fp_span *s = fp_map_get(&a->map, addr);
     if (FP_UNLIKELY(!s))
         return not_ours(a, "fabpool_free", ptr);
-    return free_block(a, s, addr, "fabpool_free");
+    return free_block(a, s, addr, "fabpool_free", 0, NULL, NULL);
 }
 
 fabpool_status fabpool_free(fabpool_t *p, void *ptr)
@@ -533,15 +587,57 @@ static void unpend(fp_alloc *a, uint64_t ptr)
     }
 }
 
-/* Gives a chain of blocks the queue handed back to the pool. */
+/* Gives a chain of blocks the queue handed back to the pool (one whose
+ * free is in the trace already is not traced again). */
 static void release_chain(fp_alloc *a, fp_rblock *chain)
 {
     for (fp_rblock *b = chain; b; b = b->fnext) {
         unpend(a, b->ptr);
-        if (free_any(a, (void *)(uintptr_t)b->ptr, 0) == FABPOOL_OK)
+        fp_span *s = b->traced ? fp_map_get(&a->map, b->ptr) : NULL;
+        if ((b->traced ? s && free_block(a, s, b->ptr, "fabpool_free", 0, NULL, NULL) == FABPOOL_OK
+                       : free_any(a, (void *)(uintptr_t)b->ptr, 0) == FABPOOL_OK))
             fp_retire_released(a->retire);
     }
     fp_retire_recycle(a->retire, chain);
+}
+
+/* A block with recorded streams (fabpool_record_stream), checked live by the
+ * caller, is freed: by fabpool_free (on_stream 0) or on `stream`, its free
+ * in the trace already (traced) or not.  If a stream other than `stream`
+ * was recorded, it waits in the queue for an event on each and on `stream`
+ * (*queued = 1); else its record goes and the caller frees it as any block
+ * (*queued = 0, the block as it was but for its slab flag, now
+ * FP_FREEFLAG_USED).  On failure nothing changed. */
+static fabpool_status free_recorded(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn, int on_stream,
+                                    void *stream, int traced, int *queued)
+{
+    *queued = 0;
+    uint64_t usable = 0;
+    uint32_t cls = FP_RETIRE_LARGE, idx = 0;
+    fabpool_status st = FABPOOL_OK;
+    if (s->kind == FP_SPAN_SLAB) {
+        fp_slab_index(s, addr, &idx);
+        usable = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
+        cls = s->cls;
+        uint8_t want = FP_FREEFLAG_RECORDED;
+        if (!atomic_compare_exchange_strong_explicit(&s->freeflag[idx], &want, FP_FREEFLAG_PENDING,
+                                                     memory_order_relaxed, memory_order_relaxed))
+            return want == FP_FREEFLAG_USED ? FABPOOL_OK : already_free(fn, addr, usable, want);
+    } else if (!fp_retire_used(a->retire, addr)) {
+        return FABPOOL_OK;
+    } else if ((st = fp_large_pend(a->heap, addr, fn, &usable)) != FABPOOL_OK) {
+        return st;
+    }
+    st = fp_retire_free_used(a->retire, addr, usable, cls, on_stream, stream, traced, queued);
+    if (st == FABPOOL_OK && *queued)
+        return FABPOOL_OK;
+    unpend(a, addr);
+    if (st != FABPOOL_OK) {
+        if (s->kind == FP_SPAN_SLAB) /* its streams are still recorded */
+            atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_RECORDED, memory_order_relaxed);
+        fp_error_append(" (%s(%p): the block is still the caller's, its streams recorded)", fn, (void *)(uintptr_t)addr);
+    }
+    return st;
 }
 
 void fp_alloc_drain(fp_alloc *a, int wait, int forget)
@@ -574,6 +670,14 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     if (size == 0)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_on_stream: size 0; ask for at least one byte");
     fabpool_status st = FABPOOL_OK;
+    /* before anything is taken: a block the stream freed, another stream's
+     * done block and the owner claim would each hand out (or change) what
+     * sleep unmapped */
+    if (FP_UNLIKELY(fp_chunks_asleep(a->sp->ch))) {
+        st = fp_chunk_asleep_error("fabpool_alloc_on_stream");
+        FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, 0, size, stream, st);
+        return st;
+    }
     if (fp_retire_owner_claim(a->retire, stream)) {
         /* the owner: what it freed went to the pool at once, and any block of the pool is safe for it */
         void *q = NULL;
@@ -603,7 +707,8 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
         /* a miss: what other streams freed and is done goes back, the first that fits to the caller */
         fp_rblock *chain = fp_retire_poll(a->retire, 0, 0), **at = &chain;
         for (fp_rblock *b = chain; b && size <= a->sp->va.size; at = &b->fnext, b = b->fnext)
-            if (cls == FP_RETIRE_LARGE ? b->cls == cls && b->usable >= need && b->usable <= max : b->cls == cls) {
+            if (!b->traced && /* one whose free is traced is the pool's free memory in the trace: it goes back */
+                (cls == FP_RETIRE_LARGE ? b->cls == cls && b->usable >= need && b->usable <= max : b->cls == cls)) {
                 ptr = b->ptr;
                 *at = b->fnext;
                 b->fnext = NULL;
@@ -629,56 +734,108 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     return st;
 }
 
+/* Whether the block at addr (span s) is live, given out and not freed: OK
+ * with its size, list (slab class or FP_RETIRE_LARGE) and *recorded (a slab
+ * block with recorded streams, or for a large block whether any block has
+ * them), or the status and message of a refusal (an interior pointer, a
+ * block already free or pending; fn names the call).  It changes nothing:
+ * the caller acts after. */
+static fabpool_status live_block(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn, uint64_t *usable,
+                                 uint32_t *cls, int *recorded)
+{
+    *recorded = s->kind == FP_SPAN_SLAB ? 0 : fp_retire_any_used(a->retire);
+    if (s->kind != FP_SPAN_SLAB) {
+        *cls = FP_RETIRE_LARGE;
+        /* a live block's piece does not change while it is live: read without the lock (as
+         * fabpool_usable_size does; the free checks again under it), which is taken for the refusal only */
+        if (addr == s->base && atomic_load_explicit(&s->in_use, memory_order_relaxed) == FP_LARGE_LIVE) {
+            *usable = s->size;
+            return FABPOOL_OK;
+        }
+        return fp_large_check(a->heap, addr, fn, usable);
+    }
+    uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
+    uint32_t idx = 0;
+    if (!fp_slab_index(s, addr, &idx))
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer into a slab of %llu-byte blocks; free "
+                        "the pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr, (unsigned long long)obj);
+    uint8_t f = atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed);
+    if (f != FP_FREEFLAG_USED && f != FP_FREEFLAG_RECORDED)
+        return already_free(fn, addr, obj, f);
+    *recorded = f == FP_FREEFLAG_RECORDED;
+    *usable = obj;
+    *cls = s->cls;
+    return FABPOOL_OK;
+}
+
+/* The span of the block ptr names, for fn: the refusal of a NULL pool or
+ * pointer, or of an address outside this pool's blocks. */
+static fabpool_status block_span(fp_alloc *a, void *ptr, const char *fn, fp_span **s)
+{
+    if (!a)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s(%p): the pool is NULL", fn, ptr);
+    if (!ptr)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: the pointer is NULL", fn);
+    *s = fp_map_get(&a->map, (uint64_t)(uintptr_t)ptr);
+    return *s ? FABPOOL_OK : not_ours(a, fn, ptr);
+}
+
 fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
 {
     fp_alloc *a = A(p);
-    if (!a)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free_on_stream(%p): the pool is NULL", ptr);
-    if (!ptr)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free_on_stream: the pointer is NULL");
+    fp_span *s = NULL;
+    fabpool_status st = block_span(a, ptr, "fabpool_free_on_stream", &s);
+    if (st != FABPOOL_OK)
+        return st;
     uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
-    fp_span *s = fp_map_get(&a->map, addr);
-    if (!s)
-        return not_ours(a, "fabpool_free_on_stream", ptr);
-    fabpool_status st;
-    if (fp_retire_owner_claim(a->retire, stream) && fp_retire_owner_free(a->retire)) {
-        /* the owner: freed into the pool at once (the next unmap or foreign allocation fences) */
+    uint32_t cls = 0;
+    int recorded = 0, queued = 0, checked = 0;
+    /* the owner's free checks the pointer as fabpool_free does; where the
+     * call may make the stream the owner, the pointer is checked first (a
+     * refused free changes nothing, and claims no owner) */
+    int owner = fp_retire_owner_is(a->retire, stream);
+    if (!owner) {
+        if ((st = live_block(a, s, addr, "fabpool_free_on_stream", &usable, &cls, &recorded)) != FABPOOL_OK)
+            return st;
+        checked = 1;
+        owner = fp_retire_owner_claim(a->retire, stream);
+    }
+    if (owner && fp_retire_owner_free(a->retire)) {
+        /* the owner: freed into the pool at once (the next unmap or foreign allocation fences); with streams
+         * recorded besides it, it waits for them */
         if (FP_UNLIKELY(a->trace)) {
             FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr,
                      s->kind == FP_SPAN_SLAB ? (uint64_t)s->obj_q << FP_QUANTUM_SHIFT : s->size, stream);
             FP_TRACE_POOL(a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
         }
-        if ((st = free_block(a, s, addr, "fabpool_free_on_stream")) == FABPOOL_OK)
+        if ((st = free_block(a, s, addr, "fabpool_free_on_stream", 1, stream, &queued)) == FABPOOL_OK && !queued)
             fp_retire_owner_freed(a->retire);
         return st;
     }
-    uint32_t cls, idx = 0;
-    if (s->kind == FP_SPAN_SLAB) {
-        uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
-        if (!fp_slab_index(s, addr, &idx))
-            return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_free_on_stream(%p): an interior pointer into a slab of "
-                            "%llu-byte blocks; free the pointer fabpool_alloc returned", ptr, (unsigned long long)obj);
-        uint8_t want = FP_FREEFLAG_USED;
-        if (!atomic_compare_exchange_strong_explicit(&s->freeflag[idx], &want, FP_FREEFLAG_PENDING,
-                                                     memory_order_relaxed, memory_order_relaxed))
-            return fp_error(FABPOOL_ERR_DOUBLE_FREE, "fabpool_free_on_stream(%p): this %llu-byte block is already "
-                            "free%s (double free)", ptr, (unsigned long long)obj,
-                            want == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for its work" : "");
-        usable = obj;
-        cls = s->cls;
-    } else {
-        if ((st = fp_large_pend(a->heap, addr, &usable)) != FABPOOL_OK)
-            return st;
-        cls = FP_RETIRE_LARGE;
-    }
+    if (!checked && (st = live_block(a, s, addr, "fabpool_free_on_stream", &usable, &cls, &recorded)) != FABPOOL_OK)
+        return st;
     /* another stream while the owner mode holds: it ends (after the checks above: bad input changes nothing) */
     if (fp_retire_owned(a->retire) && (st = fp_retire_disown(a->retire)) != FABPOOL_OK) {
-        unpend(a, addr);
         fp_error_append(" (fabpool_free_on_stream(%p), stream %p, waiting for the owner stream %p: the block is "
                         "still the caller's)", ptr, stream, a->retire->owner);
         return st;
     }
-    FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream);
+    FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream); /* before any reuse of ptr */
+    /* used on other streams too (fabpool_record_stream): it waits for them */
+    if (FP_UNLIKELY(recorded) &&
+        ((st = free_recorded(a, s, addr, "fabpool_free_on_stream", 1, stream, 0, &queued)) != FABPOOL_OK || queued))
+        return st;
+    /* marked pending, checked again where two threads could race: the flag's exchange, the large block's lock */
+    if (s->kind == FP_SPAN_SLAB) {
+        uint32_t idx = 0;
+        fp_slab_index(s, addr, &idx);
+        uint8_t want = FP_FREEFLAG_USED;
+        if (!atomic_compare_exchange_strong_explicit(&s->freeflag[idx], &want, FP_FREEFLAG_PENDING,
+                                                     memory_order_relaxed, memory_order_relaxed))
+            return already_free("fabpool_free_on_stream", addr, usable, want);
+    } else if ((st = fp_large_pend(a->heap, addr, "fabpool_free_on_stream", &usable)) != FABPOOL_OK) {
+        return st;
+    }
     int poll = 0;
     st = fp_retire_free(a->retire, stream, addr, usable, cls, &poll);
     if (st != FABPOOL_OK) {
@@ -688,5 +845,32 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
     }
     if (poll)
         fp_alloc_drain(a, 0, 0);
+    return FABPOOL_OK;
+}
+
+fabpool_status fabpool_record_stream(fabpool_t *p, void *ptr, void *stream)
+{
+    fp_alloc *a = A(p);
+    fp_span *s = NULL;
+    fabpool_status st = block_span(a, ptr, "fabpool_record_stream", &s);
+    if (st != FABPOOL_OK)
+        return st;
+    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
+    uint32_t cls = 0;
+    int recorded = 0;
+    st = live_block(a, s, addr, "fabpool_record_stream", &usable, &cls, &recorded);
+    if (st == FABPOOL_ERR_DOUBLE_FREE)
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_record_stream(%p, stream %p): the block is not live: it was "
+                        "freed (fabpool_free or fabpool_free_on_stream); record a stream on a block before its free",
+                        ptr, stream);
+    if (st != FABPOOL_OK)
+        return st;
+    if ((st = fp_retire_use(a->retire, addr, stream)) != FABPOOL_OK)
+        return st;
+    if (s->kind == FP_SPAN_SLAB) { /* its free goes to the slow path, which finds the streams */
+        uint32_t idx = 0;
+        fp_slab_index(s, addr, &idx);
+        atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_RECORDED, memory_order_relaxed);
+    }
     return FABPOOL_OK;
 }

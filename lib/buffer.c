@@ -66,9 +66,9 @@ static fabpool_status remove_chunk(fp_buffers *bs, struct fabpool_buffer *b, uin
     if (st != FABPOOL_OK)
         return st;
     fp_bchunk_forget_export(bs, c);
+    fp_retire_waits_drop(bs->retire, &c->uses);
     int was_live = !c->retiring;
     if (c->retiring) {
-        fp_retire_ticket_drop(bs->retire, &c->ticket);
         atomic_fetch_sub(&bs->retiring_bytes, c->size);
     } else {
         b->live -= c->size;
@@ -114,14 +114,15 @@ static void ghosts_release(fp_buffers *bs, struct fabpool_buffer *b, int all)
     b->n_ghosts = w;
 }
 
-/* Whether retired chunk c may be unmapped now: its GPU work is done (waited
- * for with wait != 0; the retirement queue knows, retire.h) and no peer may
- * still import it.  1 yes, 0 not yet, -1 the driver failed (*st says how). */
+/* Whether retired chunk c may be unmapped now: the GPU work of every stream
+ * that may use it is done (waited for with wait != 0; the retirement queue
+ * knows, retire.h) and no peer may still import it.  1 yes, 0 not yet, -1
+ * the driver failed (*st says how). */
 static int retired_done(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, int wait, fabpool_status *st)
 {
     if (peers_may_hold(b, c->named, c->drop_gen))
         return 0;
-    return fp_retire_ticket_done(bs->retire, &c->ticket, wait, st);
+    return fp_retire_waits_done(bs->retire, &c->uses, wait, st);
 }
 
 /* Unmaps retired chunks whose event has completed (all of them, waiting,
@@ -136,6 +137,15 @@ fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
     for (; b; b = next) {
         next = b->next;
         ghosts_release(bs, b, 0);
+        /* live chunks a grow took back while a stream's work may still use them: what is done is forgotten
+         * (with wait, after waiting), so that a later unmap finds only what still runs */
+        for (uint32_t i = 0; i < b->n; i++) {
+            fp_bchunk *c = &b->chunks[i];
+            fabpool_status st = FABPOOL_OK;
+            if (!c->retiring && c->uses.n && fp_retire_waits_done(bs->retire, &c->uses, wait, &st) < 0 &&
+                first == FABPOOL_OK)
+                first = st;
+        }
         for (uint32_t i = b->n; i-- > 0;) {
             fp_bchunk *c = &b->chunks[i];
             if (!c->retiring) {
@@ -195,14 +205,15 @@ static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t ta
 {
     fp_lock_assert_held(&bs->sp->lock);
     *mapped_from = b->n;
-    /* take back retired chunks first: they are still mapped, data and all */
+    /* take back retired chunks first: they are still mapped, data and all.  The
+     * work of the streams they were retired on may still use them: their
+     * tickets stay, and whatever unmaps or replaces them later waits for it */
     for (uint32_t i = 0; i < b->n && b->live < target; i++) {
         fp_bchunk *c = &b->chunks[i];
         if (!c->retiring)
             continue;
         if (c->off != b->live)
             break; /* not behind the live chunks (a chunk before it failed to unmap): it cannot come back */
-        fp_retire_ticket_drop(bs->retire, &c->ticket);
         c->retiring = 0;
         b->live += c->size;
         c->gen = ++b->generation; /* back among the live chunks: the next delta names it */
@@ -316,10 +327,11 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
     }
     if ((st = sync_stream(bs, stream, "before a shrunk buffer's chunk is replaced")) != FABPOOL_OK)
         goto unmap_tmp;
-    for (uint32_t i = j + 1; i < b->n; i++) {
-        fp_bchunk *t = &b->chunks[i];
-        if (t->retiring && fp_retire_ticket_done(bs->retire, &t->ticket, 1, &st) < 0) {
-            fp_error_append(" (a retired chunk of a buffer being shrunk)");
+    /* and the work of other streams that may use j or the chunks after it
+     * (retired on them, or retired and taken back since) */
+    for (uint32_t i = j; i < b->n; i++) {
+        if (fp_retire_waits_done(bs->retire, &b->chunks[i].uses, 1, &st) < 0) {
+            fp_error_append(" (a chunk of a buffer being shrunk, retired on another stream)");
             goto unmap_tmp;
         }
     }
@@ -365,7 +377,6 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
         if (t->retiring)
             continue;
         t->retiring = 1;
-        t->ticket = (fp_rticket){NULL, 0};
         t->drop_gen = drop_gen;
         b->live -= t->size;
         atomic_fetch_add(&bs->retiring_bytes, t->size);
@@ -432,8 +443,15 @@ static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t 
         fp_ctx_pop(bs->sp->ch, saved);
         return st;
     }
-    /* the event first (one for every chunk: the retirement queue's ticket), so
-     * that a failure retires nothing and the buffer keeps its size */
+    /* room for the ticket in every chunk, then the event (one for every
+     * chunk: the retirement queue's ticket), so that a failure retires
+     * nothing and the buffer keeps its size */
+    for (uint32_t i = first_retire; stream && i < last_live; i++)
+        if (fp_retire_waits_reserve(bs->retire, &b->chunks[i].uses) != 0) {
+            fp_ctx_pop(bs->sp->ch, saved);
+            return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the list of streams that use a buffer "
+                            "chunk; nothing was retired");
+        }
     fp_rticket ticket = {NULL, 0};
     if (stream && (st = fp_retire_mark(bs->retire, stream, last_live - first_retire, &ticket)) != FABPOOL_OK) {
         fp_ctx_pop(bs->sp->ch, saved);
@@ -443,7 +461,7 @@ static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t 
     for (uint32_t i = first_retire; i < last_live; i++) {
         fp_bchunk *c = &b->chunks[i];
         c->retiring = 1;
-        c->ticket = ticket;
+        fp_retire_waits_add(bs->retire, &c->uses, ticket);
         c->drop_gen = b->generation + 1;
         b->live -= c->size;
         atomic_fetch_add(&bs->retiring_bytes, c->size);

@@ -29,7 +29,9 @@ typedef struct fp_bchunk {
     uint64_t gen;                      /* the buffer's generation when it joined the live chunks */
     uint64_t named;                    /* the generation of the last descriptor that named it (0: none) */
     uint64_t drop_gen;                 /* retiring: the generation that dropped it */
-    fp_rticket ticket;                 /* while retiring: unmap once its work is done (retire.h) */
+    fp_rwaits uses;                    /* the GPU work that may still use it: a ticket of each stream a shrink
+                                          retired it on, kept when a grow takes it back; it is unmapped or
+                                          replaced only once all of that is done (retire.h) */
     uint8_t retiring;
     uint8_t has_fabric;                /* fabric handle exported and cached */
     int fd;                            /* exported POSIX fd cached, or -1 */

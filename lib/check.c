@@ -75,6 +75,7 @@ typedef struct walk {
     uint64_t map_granules;
     uint64_t n_chunks, chunk_bytes;   /* mappings the pool counts */
     uint64_t pending;         /* slab blocks and large blocks freed on a stream, not yet reusable */
+    uint64_t recorded;        /* live blocks with recorded streams (fabpool_record_stream) */
 } walk;
 
 static int iv_add(walk *w, uint64_t lo, uint64_t size, const char *what, const void *obj)
@@ -339,29 +340,33 @@ static fabpool_status check_slab_blocks(walk *w, const fp_span *s)
         mark[i] = 1;
     }
     w->tc_found += in_tc;
-    /* marks are bytes of 0 or 1, flags of 0, 1 or 2, taken eight at a time */
+    /* marks are bytes of 0 or 1, flags of 0 to 3, taken eight at a time */
     const uint64_t ones = 0x0101010101010101ull;
     uint32_t flags = 0, marks = 0, i = 0;
     uint64_t stray = 0;
     for (; i + 8 <= nobj; i += 8) {
         uint64_t x = flags8(s, i), m;
         memcpy(&m, mark + i, 8);
-        /* a flag is 0 (used), 1 (free) or 2 (pending on a stream: used until its event, retire.h) */
-        if ((x & ~(ones * 3)) | (x & (x >> 1) & ones))
-            return FAIL("[slab.flags] slab 0x%llx: a free flag among blocks %u..%u is not 0, 1 or 2", ULL(s->base), i,
-                        i + 7);
-        w->pending += (((x >> 1) & ones) * ones) >> 56;
-        x &= ones;
+        /* a flag is 0 (used), 1 (free), 2 (pending on a stream: used until its event, retire.h) or 3 (used,
+         * with recorded streams) */
+        if (x & ~(ones * 3))
+            return FAIL("[slab.flags] slab 0x%llx: a free flag among blocks %u..%u is not 0, 1, 2 or 3", ULL(s->base),
+                        i, i + 7);
+        uint64_t b0 = x & ones, b1 = (x >> 1) & ones;
+        w->pending += ((b1 & ~b0) * ones) >> 56;
+        w->recorded += ((b1 & b0) * ones) >> 56;
+        x = b0 & ~b1;
         stray |= m & ~x;
         flags += (uint32_t)((x * ones) >> 56);   /* the sum of the eight bytes */
         marks += (uint32_t)((m * ones) >> 56);
     }
     for (; i < nobj; i++) {
         uint8_t fl = flag_of(s, i);
-        if (fl > FP_FREEFLAG_PENDING)
-            return FAIL("[slab.flags] slab 0x%llx: the free flag of block %u is not 0, 1 or 2", ULL(s->base), i);
+        if (fl > FP_FREEFLAG_RECORDED)
+            return FAIL("[slab.flags] slab 0x%llx: the free flag of block %u is not 0, 1, 2 or 3", ULL(s->base), i);
         unsigned f = fl == FP_FREEFLAG_FREE;
         w->pending += fl == FP_FREEFLAG_PENDING;
+        w->recorded += fl == FP_FREEFLAG_RECORDED;
         stray |= (uint64_t)(mark[i] & ~f & 1);
         flags += f;
         marks += mark[i];
@@ -476,6 +481,8 @@ static fabpool_status check_large(walk *w, uint64_t *idle)
             if (l == 0 && state == FP_LARGE_PENDING) { /* freed on a stream: live until its event (retire.h) */
                 state = FP_LARGE_LIVE;
                 w->pending++;
+            } else if (l == 0 && fp_retire_any_used(&p->retire)) {
+                w->recorded += (uint64_t)fp_retire_used_locked(&p->retire, s->base);
             }
             if (s->kind != FP_SPAN_LARGE || state != want || s->prev != pv)
                 st = FAIL("[large.list] the %s list holds a piece at 0x%llx of kind %u, state %u (or its back link is "
@@ -599,9 +606,14 @@ static fabpool_status check_buffers(walk *w)
                 return FAIL("[buffer.contiguous] buffer 0x%llx: chunk %u starts at +%llu, the chunks before end at "
                             "+%llu (a live buffer's chunks follow each other from its base)", ULL(b->base), i,
                             ULL(c->off), ULL(end));
-            if (!c->retiring && c->ticket.rs)
-                return FAIL("[buffer.retire] buffer 0x%llx: chunk %u is live but has a retirement ticket", ULL(b->base),
-                            i);
+            int uses_ok = c->uses.n <= c->uses.cap && (c->uses.t != NULL) == (c->uses.cap != 0);
+            for (uint32_t k = 0; uses_ok && k < c->uses.n; k++)
+                for (uint32_t m = 0; m <= k && uses_ok; m++)
+                    uses_ok = c->uses.t[k].rs && (m == k || c->uses.t[m].rs != c->uses.t[k].rs);
+            if (!uses_ok)
+                return FAIL("[buffer.uses] buffer 0x%llx: chunk %u's list of streams that may use it holds %u tickets "
+                            "in room for %zu, one of no stream, or two of one stream", ULL(b->base), i, c->uses.n,
+                            c->uses.cap);
             if (!b->destroyed && !c->retiring && retired_seen)
                 return FAIL("[buffer.retire] buffer 0x%llx: live chunk %u lies after a retiring one (the live chunks "
                             "come first)", ULL(b->base), i);
@@ -694,6 +706,10 @@ static fabpool_status check_locked(walk *w)
     if (w->pending < queued || w->suspect)
         return FAIL("[retire.pending] %llu slab and large blocks are marked pending on a stream, the retirement queue "
                     "holds %llu", ULL(w->pending), ULL(queued));
+    /* a free of a recorded block drops its record before its flag: exact only while no other thread is in the pool */
+    if (w->exact && w->recorded != fp_retire_used_blocks(&p->retire))
+        return FAIL("[retire.uses] %llu live blocks are marked as used on recorded streams, the retirement queue "
+                    "records streams for %llu", ULL(w->recorded), ULL(fp_retire_used_blocks(&p->retire)));
     uint64_t slept_chunks, slept_bytes;   /* asleep: chunks the records keep, unmapped (sleep.h) */
     fp_sleep_unmapped(p, &slept_chunks, &slept_bytes);
     w->n_chunks -= slept_chunks;

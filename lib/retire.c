@@ -3,9 +3,9 @@
  * them and with retired buffer chunks. */
 #include <string.h>
 
+#include "array.h"
 #include "error.h"
 #include "retire.h"
-
 
 fabpool_status fp_retire_init(fp_retire *r, fp_meta *meta, fp_drv_counters *calls, CUcontext ctx, int device,
                               int owner)
@@ -48,6 +48,14 @@ void fp_retire_destroy(fp_retire *r)
         n = b->cnext;
         fp_meta_free(r->meta, b, sizeof *b);
     }
+    for (fp_rblock *b = r->used, *n; b; b = n) { /* a drain that failed: forget them */
+        n = b->fnext;
+        FP_ARRAY_FREE(r->meta, b->uses.t, b->uses.cap);
+        fp_meta_free(r->meta, b, sizeof *b);
+    }
+    for (size_t i = 0; i < r->uses_cap; i++) /* blocks still live with recorded streams */
+        FP_ARRAY_FREE(r->meta, r->uses[i].streams, r->uses[i].cap);
+    fp_meta_free(r->meta, r->uses, r->uses_cap * sizeof *r->uses);
     for (uint32_t i = 0; i < r->n_spare_evs; i++)
         FP_CU(r->calls, cuEventDestroy, r->spare_evs[i]);
     fp_meta_free(r->meta, r->spare_evs, r->cap_spare_evs * sizeof *r->spare_evs);
@@ -375,10 +383,52 @@ uint64_t fp_retire_take(fp_retire *r, void *stream, uint32_t cls, uint64_t need,
     return ptr;
 }
 
+/* A ticket no longer held (lock held). */
+static void ticket_release(fp_rticket *t)
+{
+    if (t->rs && t->rs->tickets)
+        t->rs->tickets--;
+    t->rs = NULL;
+    t->seq = 0;
+}
+
+/* Detaches every used block whose events have all completed (waiting, with
+ * wait) onto *tail.  Lock held, context current. */
+static void poll_used(fp_retire *r, int wait, fp_rblock ***tail)
+{
+    for (fp_rblock **at = &r->used; *at;) {
+        fp_rblock *b = *at;
+        while (b->uses.n) {
+            fp_rticket *t = &b->uses.t[b->uses.n - 1];
+            fabpool_status st = FABPOOL_OK;
+            int done = t->rs->done >= t->seq ? 1 : advance(r, t->rs, t->seq, wait, &st);
+            if (done < 0) {
+                sync_all(r);
+                done = 1;
+            }
+            if (!done)
+                break;
+            ticket_release(t);
+            b->uses.n--;
+        }
+        if (b->uses.n) {
+            at = &b->fnext;
+            continue;
+        }
+        FP_ARRAY_FREE(r->meta, b->uses.t, b->uses.cap);
+        *at = b->fnext;
+        b->fnext = NULL;
+        bump(&r->pending_blocks, -(int64_t)1);
+        bump(&r->pending_bytes, -(int64_t)b->usable);
+        **tail = b;
+        *tail = &b->fnext;
+    }
+}
+
 fp_rblock *fp_retire_poll(fp_retire *r, int wait, int forget)
 {
     fp_lock(&r->lock);
-    if (!r->n_streams) {
+    if (!r->n_streams && !r->used) {
         fp_unlock(&r->lock);
         return NULL;
     }
@@ -416,6 +466,7 @@ fp_rblock *fp_retire_poll(fp_retire *r, int wait, int forget)
             tail = &b->fnext;
         }
     }
+    poll_used(r, wait, &tail);
     if (forget)
         forget_idle(r);
     ctx_leave(r, saved);
@@ -555,9 +606,230 @@ void fp_retire_ticket_drop(fp_retire *r, fp_rticket *t)
     if (!t->rs)
         return;
     fp_lock(&r->lock);
-    if (t->rs->tickets)
-        t->rs->tickets--;
+    ticket_release(t);
     fp_unlock(&r->lock);
-    t->rs = NULL;
-    t->seq = 0;
+}
+
+/* ------------------------------------------------------------ tickets of several streams */
+
+int fp_retire_waits_reserve(fp_retire *r, fp_rwaits *w)
+{
+    return FP_ARRAY_RESERVE(r->meta, w->t, w->n, w->cap, w->n + 1, 2);
+}
+
+void fp_retire_waits_add(fp_retire *r, fp_rwaits *w, fp_rticket t)
+{
+    if (!t.rs)
+        return;
+    for (uint32_t i = 0; i < w->n; i++)
+        if (w->t[i].rs == t.rs) {
+            fp_retire_ticket_drop(r, &w->t[i]);
+            w->t[i] = t;
+            return;
+        }
+    w->t[w->n++] = t;
+}
+
+int fp_retire_waits_done(fp_retire *r, fp_rwaits *w, int wait, fabpool_status *st)
+{
+    for (uint32_t i = 0; i < w->n;) {
+        int done = fp_retire_ticket_done(r, &w->t[i], wait, st);
+        if (done < 0)
+            return -1;
+        if (!done) {
+            i++;
+            continue;
+        }
+        fp_retire_ticket_drop(r, &w->t[i]);
+        w->t[i] = w->t[--w->n];
+    }
+    if (w->n)
+        return 0;
+    FP_ARRAY_FREE(r->meta, w->t, w->cap);
+    return 1;
+}
+
+void fp_retire_waits_drop(fp_retire *r, fp_rwaits *w)
+{
+    for (uint32_t i = 0; i < w->n; i++)
+        fp_retire_ticket_drop(r, &w->t[i]);
+    w->n = 0;
+    FP_ARRAY_FREE(r->meta, w->t, w->cap);
+}
+
+/* ------------------------------------------------------------ streams that use a block */
+
+static size_t use_home(uint64_t ptr, size_t cap)
+{
+    return (size_t)(((ptr >> 6) * 0x9e3779b97f4a7c15ull) >> 32) & (cap - 1);
+}
+
+/* The slot of ptr, or the empty one where it would go (the table has one). */
+static size_t use_slot(const fp_retire *r, uint64_t ptr)
+{
+    size_t m = r->uses_cap - 1, i = use_home(ptr, r->uses_cap);
+    while (r->uses[i].ptr && r->uses[i].ptr != ptr)
+        i = (i + 1) & m;
+    return i;
+}
+
+static fp_ruse *use_find(fp_retire *r, uint64_t ptr)
+{
+    if (!r->uses_n)
+        return NULL;
+    fp_ruse *e = &r->uses[use_slot(r, ptr)];
+    return e->ptr ? e : NULL;
+}
+
+/* Room for one more slot, the table kept at most half full: 0, or -1 without host memory. */
+static int use_room(fp_retire *r)
+{
+    if ((r->uses_n + 1) * 2 <= r->uses_cap)
+        return 0;
+    size_t cap = r->uses_cap ? r->uses_cap * 2 : 16, old_cap = r->uses_cap;
+    fp_ruse *n = fp_meta_alloc(r->meta, cap * sizeof *n), *old = r->uses;
+    if (!n)
+        return -1;
+    memset(n, 0, cap * sizeof *n);
+    r->uses = n;
+    r->uses_cap = cap;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].ptr)
+            r->uses[use_slot(r, old[i].ptr)] = old[i];
+    fp_meta_free(r->meta, old, old_cap * sizeof *old);
+    return 0;
+}
+
+/* Empties slot i, moving back the slots after it that would no longer be
+ * found (so the table needs no tombstones). */
+static void use_remove(fp_retire *r, size_t i)
+{
+    FP_ARRAY_FREE(r->meta, r->uses[i].streams, r->uses[i].cap);
+    size_t m = r->uses_cap - 1;
+    for (size_t j = (i + 1) & m; r->uses[j].ptr; j = (j + 1) & m)
+        if (((j - use_home(r->uses[j].ptr, r->uses_cap)) & m) >= ((j - i) & m)) {
+            r->uses[i] = r->uses[j];
+            i = j;
+        }
+    memset(&r->uses[i], 0, sizeof r->uses[i]);
+    r->uses_n--;
+    atomic_store_explicit(&r->used_blocks, r->uses_n, memory_order_relaxed);
+}
+
+fabpool_status fp_retire_use(fp_retire *r, uint64_t ptr, void *stream)
+{
+    fp_lock(&r->lock);
+    fp_ruse *e = use_find(r, ptr);
+    for (uint32_t k = 0; e && k < e->n; k++)
+        if (e->streams[k] == stream) {
+            fp_unlock(&r->lock);
+            return FABPOOL_OK;
+        }
+    if (!e && use_room(r) == 0)
+        e = &r->uses[use_slot(r, ptr)]; /* an empty slot: it stays empty until the stream is in */
+    if (!e || FP_ARRAY_RESERVE(r->meta, e->streams, e->n, e->cap, e->n + 1, 2) != 0) {
+        fp_unlock(&r->lock);
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to record stream %p on the block at 0x%llx; nothing "
+                        "changed", stream, (unsigned long long)ptr);
+    }
+    e->streams[e->n++] = stream;
+    if (!e->ptr) {
+        e->ptr = ptr;
+        r->uses_n++;
+        atomic_store_explicit(&r->used_blocks, r->uses_n, memory_order_relaxed);
+    }
+    bump(&r->records, (int64_t)1);
+    fp_unlock(&r->lock);
+    return FABPOOL_OK;
+}
+
+int fp_retire_used_locked(fp_retire *r, uint64_t ptr)
+{
+    fp_lock_assert_held(&r->lock);
+    return use_find(r, ptr) != NULL;
+}
+
+int fp_retire_used(fp_retire *r, uint64_t ptr)
+{
+    fp_lock(&r->lock);
+    int used = fp_retire_used_locked(r, ptr);
+    fp_unlock(&r->lock);
+    return used;
+}
+
+fabpool_status fp_retire_free_used(fp_retire *r, uint64_t ptr, uint64_t usable, uint32_t cls, int on_stream,
+                                   void *stream, int traced, int *queued)
+{
+    *queued = 0;
+    fp_lock(&r->lock);
+    fp_ruse *e = use_find(r, ptr);
+    uint32_t others = 0;
+    for (uint32_t k = 0; e && k < e->n; k++)
+        others += !(on_stream && e->streams[k] == stream);
+    if (!others) { /* nothing but the stream of the free: an ordinary free */
+        if (e)
+            use_remove(r, (size_t)(e - r->uses));
+        fp_unlock(&r->lock);
+        return FABPOOL_OK;
+    }
+    uint32_t want = others + (on_stream != 0);
+    fp_rblock *b = r->spare;
+    if (b)
+        r->spare = b->cnext;
+    else
+        b = fp_meta_alloc(r->meta, sizeof *b);
+    if (b)
+        memset(b, 0, sizeof *b);
+    if (!b || FP_ARRAY_RESERVE(r->meta, b->uses.t, 0, b->uses.cap, want, want) != 0) {
+        if (b)
+            spare_block(r, b);
+        fp_unlock(&r->lock);
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to queue the block at 0x%llx, freed while %u other "
+                        "stream%s use it", (unsigned long long)ptr, others, others == 1 ? "" : "s");
+    }
+    CUcontext saved;
+    fabpool_status st = FABPOOL_OK;
+    if (ctx_enter(r, &saved, &st) != 0) {
+        FP_ARRAY_FREE(r->meta, b->uses.t, b->uses.cap);
+        spare_block(r, b);
+        fp_unlock(&r->lock);
+        return st;
+    }
+    /* an event now on every recorded stream, then on the stream of the free */
+    int synced = 0;
+    for (uint32_t k = 0; k <= e->n && !synced; k++) {
+        if (k < e->n ? on_stream && e->streams[k] == stream : !on_stream)
+            continue;
+        fp_rstream *rs = stream_get(r, k < e->n ? e->streams[k] : stream);
+        if (rs) {
+            rs->seq++;
+            if (event_record(r, rs) == FABPOOL_OK) {
+                rs->tickets++;
+                b->uses.t[b->uses.n++] = (fp_rticket){rs, rs->seq};
+                continue;
+            }
+            rs->seq--; /* nothing took the number */
+        }
+        sync_all(r); /* a stream the program destroyed, or no host memory: every stream's work is done now */
+        synced = 1;
+    }
+    while (synced && b->uses.n)
+        ticket_release(&b->uses.t[--b->uses.n]);
+    ctx_leave(r, saved);
+    b->ptr = ptr;
+    b->usable = usable;
+    b->cls = cls;
+    b->traced = (uint8_t)(traced != 0);
+    b->fnext = r->used;
+    r->used = b;
+    bump(&r->pending_blocks, (int64_t)1);
+    bump(&r->pending_bytes, (int64_t)usable);
+    bump(&r->used_frees, (int64_t)1);
+    if (on_stream)
+        bump(&r->frees, (int64_t)1);
+    use_remove(r, (size_t)(e - r->uses));
+    *queued = 1;
+    fp_unlock(&r->lock);
+    fp_error_clear();
+    return FABPOOL_OK;
 }

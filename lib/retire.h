@@ -79,14 +79,37 @@ typedef struct fp_rticket {
     uint64_t seq;
 } fp_rticket;
 
-/* A block freed on a stream. */
+/* The GPU work that may still use a piece of memory, on any number of
+ * streams: a ticket of each, at most one a stream (a later ticket of a
+ * stream covers an earlier one, its work completing in order).  The holder
+ * (a buffer chunk) keeps it under its own lock; the tickets' records are the
+ * queue's. */
+typedef struct fp_rwaits {
+    fp_rticket *t;
+    uint32_t n;
+    size_t cap;
+} fp_rwaits;
+
+/* A block freed on a stream, or freed while other streams use it. */
 typedef struct fp_rblock {
     uint64_t ptr, usable, seq;
     uint32_t cls;                       /* slab class, or FP_RETIRE_LARGE */
+    uint8_t traced;                     /* its free is in the trace already (fabpool_free, the owner's free) */
     struct fp_rblock *cnext, *cprev;    /* the stream's list of its class (LIFO) */
-    struct fp_rblock *fnext, *fprev;    /* the stream's FIFO; also the chain fp_retire_poll hands back */
-    fp_rstream *rs;
+    struct fp_rblock *fnext, *fprev;    /* the stream's FIFO, or the list of used blocks; also the chain
+                                           fp_retire_poll hands back */
+    fp_rstream *rs;                     /* NULL for a used block: it waits for `uses` instead */
+    fp_rwaits uses;                     /* a used block: an event of each stream that used it, recorded at its free */
 } fp_rblock;
+
+/* The streams a live block is used on besides its own (fabpool_record_stream):
+ * a slot of the queue's table, by address. */
+typedef struct fp_ruse {
+    uint64_t ptr;                       /* 0: an empty slot */
+    void **streams;
+    uint32_t n;
+    size_t cap;
+} fp_ruse;
 
 typedef struct fp_revent {
     CUevent ev;
@@ -123,6 +146,13 @@ typedef struct fp_retire {
     _Atomic uint64_t pending_blocks, pending_bytes, n_streams_now;
     _Atomic uint64_t frees, reuse_same, reuse_after_event, releases;
     _Atomic uint64_t events_recorded, event_queries, syncs;
+    /* streams that use live blocks (fabpool_record_stream): an open-addressing table by address, half full at
+     * most; the blocks freed while other streams used them, waiting for their events */
+    fp_ruse *uses;
+    size_t uses_cap, uses_n;
+    _Atomic uint64_t used_blocks;       /* uses_n, read without the lock */
+    fp_rblock *used;                    /* through fnext */
+    _Atomic uint64_t records, used_frees;
     /* the owner stream */
     _Atomic int owner_mode;             /* FP_OWNER_NONE, _ON or _OFF */
     void *owner;                        /* the owner (set once, before owner_mode becomes ON) */
@@ -169,6 +199,48 @@ static inline void fp_retire_reused_after_event(fp_retire *r)
     atomic_fetch_add_explicit(&r->reuse_after_event, 1, memory_order_relaxed);
 }
 
+/* ---- streams that use a block (fabpool_record_stream)
+ *
+ * A live block used on other streams than its own has a slot in the
+ * table: the streams, each once.  When it is freed, an event is recorded on
+ * each of them (and on the stream it is freed on), and the block waits
+ * among the used blocks, apart from every stream's lists (no stream may
+ * take it back at once), until all of them have completed; fp_retire_poll
+ * then hands it back as any pending block.  The caller marks the block (a
+ * slab flag) so that only its slow path looks here; the table is read by
+ * address otherwise (large blocks, while fp_retire_any_used says any block
+ * has a slot). */
+
+/* Records that `stream` uses the live block at ptr (a stream recorded
+ * already: nothing).  FABPOOL_ERR_HOST_MEMORY: nothing changed. */
+fabpool_status fp_retire_use(fp_retire *r, uint64_t ptr, void *stream);
+/* Whether any block has recorded streams (a cheap read). */
+static inline int fp_retire_any_used(fp_retire *r)
+{
+    return atomic_load_explicit(&r->used_blocks, memory_order_relaxed) != 0;
+}
+/* Whether the block at ptr has recorded streams. */
+int fp_retire_used(fp_retire *r, uint64_t ptr);
+/* The same with r's lock held (fabpool_check holds it over its whole walk). */
+int fp_retire_used_locked(fp_retire *r, uint64_t ptr);
+/* The block at ptr (already checked and marked pending by the caller) is
+ * freed: on `stream` (on_stream != 0) or by fabpool_free.  If a stream
+ * other than `stream` was recorded on it, an event is recorded now on each
+ * recorded stream and on `stream`, the block waits for them and *queued is
+ * 1; else (no slot, or `stream` alone) *queued is 0 and the caller frees it
+ * as any block.  The slot goes either way.  An event that cannot be made or
+ * recorded: the context is synchronized instead.  traced: the block's free
+ * is in the trace already (the block says so when it comes back).
+ * FABPOOL_ERR_HOST_MEMORY, or a driver error making the context current:
+ * nothing changed. */
+fabpool_status fp_retire_free_used(fp_retire *r, uint64_t ptr, uint64_t usable, uint32_t cls, int on_stream,
+                                   void *stream, int traced, int *queued);
+/* Slots in the table now (fabpool_check). */
+static inline uint64_t fp_retire_used_blocks(fp_retire *r)
+{
+    return atomic_load_explicit(&r->used_blocks, memory_order_relaxed);
+}
+
 /* Whether anything is pending (a cheap read). */
 static inline int fp_retire_pending(fp_retire *r)
 {
@@ -189,6 +261,11 @@ int fp_retire_owner_free(fp_retire *r);
 static inline void fp_retire_owner_freed(fp_retire *r)
 {
     atomic_fetch_add_explicit(&r->owner_frees, 1, memory_order_relaxed);
+}
+/* 1: `stream` is the owner and the owner mode holds (a read: it changes nothing). */
+static inline int fp_retire_owner_is(fp_retire *r, void *stream)
+{
+    return atomic_load_explicit(&r->owner_mode, memory_order_acquire) == FP_OWNER_ON && r->owner == stream;
 }
 /* Whether the owner mode holds (a cheap read, for fabpool_alloc's fast path). */
 static inline int fp_retire_owned(fp_retire *r)
@@ -213,7 +290,19 @@ fabpool_status fp_retire_mark(fp_retire *r, void *stream, uint32_t holders, fp_r
 /* 1: the work t waits for is done (waited for with wait != 0); 0: not yet;
  * -1: the driver failed, *st says how. */
 int fp_retire_ticket_done(fp_retire *r, const fp_rticket *t, int wait, fabpool_status *st);
-/* A chunk no longer waits on t (unmapped, or taken back by a grow). */
+/* A chunk no longer waits on t (unmapped, or its work waited for). */
 void fp_retire_ticket_drop(fp_retire *r, fp_rticket *t);
+
+/* Room for one more ticket in w: 0, or -1 without host memory (w as it was). */
+int fp_retire_waits_reserve(fp_retire *r, fp_rwaits *w);
+/* Adds t (w takes over its hold; room reserved): an older ticket of t's
+ * stream in w is dropped.  A ticket of no stream (work done) adds nothing. */
+void fp_retire_waits_add(fp_retire *r, fp_rwaits *w, fp_rticket t);
+/* 1: the work of every ticket in w is done (waited for with wait != 0), the
+ * tickets dropped and the array freed; 0: not yet (the tickets done are
+ * dropped); -1: the driver failed, *st says how. */
+int fp_retire_waits_done(fp_retire *r, fp_rwaits *w, int wait, fabpool_status *st);
+/* Drops every ticket of w and frees the array (the memory is unmapped). */
+void fp_retire_waits_drop(fp_retire *r, fp_rwaits *w);
 
 #endif

@@ -562,11 +562,22 @@ static fp_span *large_live_at(fp_heap *h, uint64_t addr, const char *fn, fabpool
     return NULL;
 }
 
-fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, uint64_t *usable)
+fabpool_status fp_large_check(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable)
 {
     fabpool_status st = FABPOOL_OK;
     fp_lock(&h->sp->lock);
-    fp_span *b = large_live_at(h, addr, "fabpool_free_on_stream", &st);
+    fp_span *b = large_live_at(h, addr, fn, &st);
+    if (b)
+        *usable = b->size;
+    fp_unlock(&h->sp->lock);
+    return st;
+}
+
+fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable)
+{
+    fabpool_status st = FABPOOL_OK;
+    fp_lock(&h->sp->lock);
+    fp_span *b = large_live_at(h, addr, fn, &st);
     if (b) {
         atomic_store_explicit(&b->in_use, FP_LARGE_PENDING, memory_order_relaxed);
         *usable = b->size;

@@ -32,8 +32,9 @@ enum { FP_SPAN_SLAB = 1, FP_SPAN_LARGE = 2 };
 /* in_use of a large piece: a free range, a block given out, a free range held by an allocation in progress,
  * a block freed on a stream whose work may still use it (retire.h: live for the rest of the pool) */
 enum { FP_LARGE_FREE = 0, FP_LARGE_LIVE = 1, FP_LARGE_HELD = 2, FP_LARGE_PENDING = 3 };
-/* a slab block's freeflag: given out, free, freed on a stream and still pending there (retire.h) */
-enum { FP_FREEFLAG_USED = 0, FP_FREEFLAG_FREE = 1, FP_FREEFLAG_PENDING = 2 };
+/* a slab block's freeflag: given out, free, freed on a stream and still pending there (retire.h), given out and
+ * used on other streams too (fabpool_record_stream: its free takes the slow path, which asks the retirement queue) */
+enum { FP_FREEFLAG_USED = 0, FP_FREEFLAG_FREE = 1, FP_FREEFLAG_PENDING = 2, FP_FREEFLAG_RECORDED = 3 };
 enum { FP_LIST_NONE = 0, FP_LIST_PARTIAL = 1, FP_LIST_EMPTY = 2, FP_LIST_FULL = 3 };
 
 typedef struct fp_span {
@@ -49,8 +50,9 @@ typedef struct fp_span {
     uint32_t nobj, nfree;              /* nfree: blocks on free_stack (held centrally) */
     uint32_t *free_stack;
     _Atomic uint8_t *freeflag;         /* per block, FP_FREEFLAG_*: 1 = free (central or in a thread cache), 2 =
-                                          pending on a stream (given out for the rest of the pool): a byte
-                                          each, so setting one is a plain store, not a locked RMW */
+                                          pending on a stream (given out for the rest of the pool), 3 = given
+                                          out with recorded streams: a byte each, so setting one is a plain
+                                          store, not a locked RMW */
 } fp_span;
 
 /* One slab class, central part. */
@@ -110,9 +112,12 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out);
 /* Frees the large block at addr (checked under the lock: interior and double frees are refused; fn names
  * the call in messages). */
 fabpool_status fp_large_free(fp_heap *h, uint64_t addr, const char *fn);
+/* FABPOOL_OK with *usable the block's size if addr is a live large block, else the errors of fp_large_free;
+ * changes nothing. */
+fabpool_status fp_large_check(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable);
 /* A live large block freed on a stream: FP_LARGE_PENDING (live for the rest
  * of the pool), *usable its size.  The errors of fp_large_free otherwise. */
-fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, uint64_t *usable);
+fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable);
 
 /* cuMemCreate / create + map of a chunk, with one trim and retry when the
  * device is out of memory.  Pool lock held. */

@@ -215,5 +215,8 @@ fabpool_status fabpool_get_counters(fabpool_t *p, fabpool_counters *c)
     c->streams = ld(&p->retire.n_streams_now);
     c->stream_owner_frees = ld(&p->retire.owner_frees);
     c->stream_fences = ld(&p->retire.fences);
+    c->stream_records = ld(&p->retire.records);
+    c->stream_record_waits = ld(&p->retire.used_frees);
+    c->stream_recorded_blocks = ld(&p->retire.used_blocks);
     return FABPOOL_OK;
 }

@@ -66,10 +66,12 @@ static void break_slabs(fabpool_t *p, void **live, fp_span *s)
     expect_broken(p, "[slab.flags]", "live block flagged free");
     atomic_store(&s->freeflag[idx], 0);
 
-    atomic_store(&s->freeflag[idx], 3);
-    expect_broken(p, "[slab.flags]", "flag not 0, 1 or 2");
+    atomic_store(&s->freeflag[idx], 4);
+    expect_broken(p, "[slab.flags]", "flag not 0, 1, 2 or 3");
     atomic_store(&s->freeflag[idx], 2); /* pending on a stream, but the retirement queue does not hold it */
     expect_broken(p, "[retire.pending]", "block pending without its queue record");
+    atomic_store(&s->freeflag[idx], 3); /* used on recorded streams, but the retirement queue has no record */
+    expect_broken(p, "[retire.uses]", "block recorded without its streams");
     atomic_store(&s->freeflag[idx], 0);
 
     uint32_t keep = s->free_stack[0];
@@ -258,9 +260,9 @@ static void break_buffer(fabpool_t *p, fabpool_buffer_t *b)
     expect_broken(p, "[buffer.size]", "size beyond live");
     b->size = sz;
 
-    b->chunks[0].ticket.rs = (fp_rstream *)(uintptr_t)64;
-    expect_broken(p, "[buffer.retire]", "live chunk with a retirement ticket");
-    b->chunks[0].ticket.rs = NULL;
+    b->chunks[0].uses.n++;
+    expect_broken(p, "[buffer.uses]", "a chunk with more tickets than room");
+    b->chunks[0].uses.n--;
 
     b->chunks[0].retiring = 1;
     expect_broken(p, "[buffer.retire]", "retiring chunk before live one");

@@ -536,6 +536,108 @@ static void owner_ends(CUstream s, CUstream s2)
     CHECK_OK(fabpool_destroy(p));
 }
 
+/* A free on a stream refused as bad input (an interior pointer of a slab
+ * block or a large one, a double free, a foreign pointer) claims no owner: a
+ * second stream that comes after it owns the pool, and its frees go back at
+ * once (no queue, no fence). */
+static void refused_free_claims_nothing(CUstream s, CUstream s2)
+{
+    fabpool_t *p = t_pool("handle_type:none");
+    if (!p)
+        return;
+    void *x = NULL, *big = NULL, *y = NULL, *z = NULL;
+    int local;
+    CHECK_OK(fabpool_alloc(p, 4096, &x));
+    CHECK_OK(fabpool_alloc(p, 24 * MB, &big));
+    CHECK_OK(fabpool_alloc(p, 4096, &y));
+    CHECK_OK(fabpool_free(p, y));
+    CHECK_STATUS(fabpool_free_on_stream(p, (char *)x + 256, s), FABPOOL_ERR_NOT_FOUND);
+    CHECK_STATUS(fabpool_free_on_stream(p, (char *)big + 2 * MB, s), FABPOOL_ERR_NOT_FOUND);
+    CHECK_STATUS(fabpool_free_on_stream(p, y, s), FABPOOL_ERR_DOUBLE_FREE);
+    CHECK_STATUS(fabpool_free_on_stream(p, &local, s), FABPOOL_ERR_NOT_FOUND);
+    fabpool_counters k0 = counters(p);
+    CHECK(k0.stream_frees == 0 && k0.stream_owner_frees == 0 && k0.streams == 0);
+    hold(s2); /* s2's work is queued: its frees go back at once all the same */
+    CHECK_OK(fabpool_alloc_on_stream(p, 4096, s2, &z));
+    CHECK_OK(fabpool_free_on_stream(p, z, s2));
+    CHECK_OK(fabpool_free_on_stream(p, x, s2));
+    CHECK_OK(fabpool_free_on_stream(p, big, s2));
+    fabpool_counters k1 = counters(p);
+    CHECK(k1.stream_owner_frees == 3 && k1.stream_pending_blocks == 0 && k1.stream_fences == 0);
+    release(s2);
+    CHECK_OK(fabpool_destroy(p));
+    CHECK(t_ledger().bytes_held == 0);
+}
+
+/* While the pool sleeps, fabpool_alloc_on_stream answers FABPOOL_ERR_ASLEEP
+ * and changes nothing, whatever the stream holds: blocks it freed while the
+ * pool slept (queued: with stream_owner:0, or once a second stream ended the
+ * owner mode), or the owner's memory; a pool with no owner yet does not get
+ * one from the refused call.  After the wake the blocks come back, their data
+ * restored. */
+static void asleep_refuses(CUstream s, CUstream s2)
+{
+    const size_t sizes[2] = {4096, 48 * MB};
+    for (int how = 0; how < 3; how++) { /* 0: stream_owner:0, 1: the owner mode ended by s2, 2: s owns the pool */
+        fabpool_t *p = t_pool(how == 0 ? "handle_type:none,stream_owner:0" : "handle_type:none");
+        if (!p)
+            return;
+        if (how == 1) {
+            void *x = NULL, *y = NULL;
+            CHECK_OK(fabpool_alloc_on_stream(p, 100, s, &x));
+            CHECK_OK(fabpool_alloc_on_stream(p, 100, s2, &y));
+            CHECK_OK(fabpool_free(p, x));
+            CHECK_OK(fabpool_free(p, y));
+        }
+        void *b[2] = {NULL, NULL};
+        for (int i = 0; i < 2; i++) {
+            CHECK_OK(fabpool_alloc_on_stream(p, sizes[i], s, &b[i]));
+            t_put_tag(b[i], sizes[i], 0x5100u + (unsigned)i);
+        }
+        CHECK_OK(fabpool_sleep(p, FABPOOL_SLEEP_OFFLOAD, NULL));
+        for (int i = 0; i < 2; i++)
+            CHECK_OK(fabpool_free_on_stream(p, b[i], s));
+        fabpool_counters k0 = counters(p);
+        CHECK(how == 2 ? k0.stream_owner_frees == 2 : k0.stream_pending_blocks == 2);
+        for (int i = 0; i < 2; i++) {
+            CUstream on[2] = {s, s2};
+            for (int k = 0; k < 2; k++) {
+                void *q = (void *)1;
+                CHECK_STATUS(fabpool_alloc_on_stream(p, sizes[i], on[k], &q), FABPOOL_ERR_ASLEEP);
+                CHECK(q == NULL && strstr(fabpool_last_error(), "fabpool_wake") != NULL);
+            }
+        }
+        fabpool_counters k1 = counters(p);
+        CHECK(k1.stream_pending_blocks == k0.stream_pending_blocks && k1.stream_pending_bytes == k0.stream_pending_bytes);
+        CHECK(k1.stream_reuse_same == k0.stream_reuse_same && k1.stream_reuse_after_event == k0.stream_reuse_after_event);
+        CHECK(k1.stream_releases == k0.stream_releases && k1.stream_fences == k0.stream_fences);
+        CHECK(k1.chunks_mapped_total == k0.chunks_mapped_total && t_ledger().bytes_held == 0);
+        CHECK_OK(fabpool_wake(p, NULL));
+        for (int i = 0; i < 2; i++) {
+            void *q = NULL;
+            CHECK_OK(fabpool_alloc_on_stream(p, sizes[i], s, &q));
+            if (how < 2) /* its own freed block, mapped again with its data */
+                CHECK(q == b[i] && t_tag_ok(q, sizes[i], 0x5100u + (unsigned)i));
+            t_put_tag(q, sizes[i], 0x5200u + (unsigned)i);
+            CHECK(t_tag_ok(q, sizes[i], 0x5200u + (unsigned)i));
+            CHECK_OK(fabpool_free_on_stream(p, q, s));
+        }
+        CHECK_OK(fabpool_destroy(p));
+        CHECK(t_ledger().bytes_held == 0 && t_ledger().mappings == 0);
+    }
+    fabpool_t *p = t_pool("handle_type:none");
+    if (!p)
+        return;
+    CHECK_OK(fabpool_sleep(p, FABPOOL_SLEEP_DISCARD, NULL));
+    void *q = NULL;
+    CHECK_STATUS(fabpool_alloc_on_stream(p, 4096, s, &q), FABPOOL_ERR_ASLEEP);
+    CHECK_OK(fabpool_wake(p, NULL));
+    CHECK_OK(fabpool_alloc_on_stream(p, 4096, s2, &q));
+    CHECK_OK(fabpool_free_on_stream(p, q, s2));
+    CHECK(counters(p).stream_owner_frees == 1); /* s2 owns the pool, not s */
+    CHECK_OK(fabpool_destroy(p));
+}
+
 int main(void)
 {
     int sim = t_driver_init();
@@ -566,6 +668,8 @@ int main(void)
     owner_fences(s1, s2);
     owner_fence_faults(s1);
     owner_ends(s1, s2);
+    asleep_refuses(s1, s2);
+    refused_free_claims_nothing(s1, s2);
     cuStreamDestroy(s1);
     cuStreamDestroy(s2);
     return t_done("test_stream");

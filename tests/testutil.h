@@ -185,12 +185,33 @@ static inline fabpool_stats t_stats(fabpool_t *p)
     return s;
 }
 
-/* The sim's fault injection and call counts, looked up at run time: every
- * member is NULL where the real driver is loaded. */
+/* The pool's counters (zeros, and a failed check, if the call fails). */
+static inline fabpool_counters t_counters(fabpool_t *p)
+{
+    fabpool_counters c;
+    memset(&c, 0, sizeof c);
+    CHECK_OK(fabpool_get_counters(p, &c));
+    return c;
+}
+
+/* An event recorded on s now: it completes once the work queued on s before it has. */
+static inline CUevent t_marker(CUstream s)
+{
+    CUevent ev = NULL;
+    CHECK_CU(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    CHECK_CU(cuEventRecord(ev, s));
+    return ev;
+}
+
+/* The sim's fault injection, call counts and stream holds (fabsim.h),
+ * looked up at run time: every member is NULL where the real driver is
+ * loaded. */
 typedef struct t_sim_hooks {
     int (*fault_set)(const char *entry, uint64_t nth, int every, int cuda_error);
     void (*fault_clear)(void);
     uint64_t (*calls)(const char *entry);
+    int (*hold)(void *stream);
+    int (*release)(void *stream);
 } t_sim_hooks;
 
 static inline t_sim_hooks t_sim_hooks_get(void)
@@ -199,6 +220,8 @@ static inline t_sim_hooks t_sim_hooks_get(void)
     *(void **)&h.fault_set = dlsym(RTLD_DEFAULT, "fabsim_fault_set");
     *(void **)&h.fault_clear = dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
     *(void **)&h.calls = dlsym(RTLD_DEFAULT, "fabsim_calls");
+    *(void **)&h.hold = dlsym(RTLD_DEFAULT, "fabsim_stream_hold");
+    *(void **)&h.release = dlsym(RTLD_DEFAULT, "fabsim_stream_release");
     return h;
 }
 

@@ -15,6 +15,7 @@
 
 typedef void *(*alloc_fn)(size_t, int, void *);
 typedef void (*free_fn)(void *, size_t, int, void *);
+static void *T_lib;
 static alloc_fn T_alloc;
 static free_fn T_free;
 static fabpool_status (*T_empty)(int);
@@ -112,6 +113,48 @@ static void check_cross_stream(void *from, void *to, size_t size, int by_sync)
     CHECK(counters().reuse_after_event == c1.reuse_after_event + 1);
     T_free(y, size, 0, to);
     T_free(w, size, 0, to);
+}
+
+/* While the default tag's pool sleeps, fabpool_torch_alloc answers NULL
+ * (the pool's FABPOOL_ERR_ASLEEP message) even for a size its stream has just
+ * freed, and counts nothing as allocated; after the wake the stream gets its
+ * blocks back, mapped. */
+static void check_asleep(void *s)
+{
+    int (*tag_sleep)(const char *, int, int, void *) = NULL;
+    int (*tag_wake)(const char *, int, void *) = NULL;
+    *(void **)&tag_sleep = dlsym(T_lib, "fabpool_torch_tag_sleep");
+    *(void **)&tag_wake = dlsym(T_lib, "fabpool_torch_tag_wake");
+    CHECK(tag_sleep && tag_wake);
+    if (!tag_sleep || !tag_wake)
+        return;
+    const size_t sizes[2] = {4096, 48u << 20};
+    void *b[2];
+    for (int i = 0; i < 2; i++) {
+        b[i] = T_alloc(sizes[i], 0, s);
+        CHECK(b[i] != NULL);
+    }
+    CHECK(tag_sleep("default", 0, 1, NULL) == FABPOOL_OK);
+    for (int i = 0; i < 2; i++)
+        T_free(b[i], sizes[i], 0, s);
+    fabpool_torch_counters c0 = counters();
+    int quiet = T_verbose(0);
+    for (int i = 0; i < 2; i++)
+        CHECK(T_alloc(sizes[i], 0, s) == NULL && strstr(T_err(), "the pool is asleep") != NULL);
+    T_verbose(quiet);
+    fabpool_torch_counters c1 = counters();
+    CHECK(c1.allocs == c0.allocs && c1.blocks_live == c0.blocks_live && c1.reuse_same_stream == c0.reuse_same_stream);
+    CHECK(c1.alloc_failures == c0.alloc_failures + 2);
+    CHECK(tag_wake("default", 0, NULL) == FABPOOL_OK);
+    for (int i = 0; i < 2; i++) {
+        void *q = T_alloc(sizes[i], 0, s);
+        CHECK(q == b[i]);
+        if (q) {
+            t_put_tag(q, sizes[i], 0x77u + (unsigned)i);
+            CHECK(t_tag_ok(q, sizes[i], 0x77u + (unsigned)i));
+            T_free(q, sizes[i], 0, s);
+        }
+    }
 }
 
 /* Lines of `f` (from its start) that contain `what`. */
@@ -480,6 +523,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "dlopen %s: %s\n", argv[1], dlerror());
         return 1;
     }
+    T_lib = h;
 #define SYM(var, name) do { *(void **)&var = dlsym(h, name); CHECK(var != NULL); } while (0)
     SYM(T_alloc, "fabpool_torch_alloc");
     SYM(T_free, "fabpool_torch_free");
@@ -594,6 +638,7 @@ int main(int argc, char **argv)
                (unsigned long long)c.events_recorded);
     }
 
+    check_asleep(s1);
     check_bad_frees(s1);
 
     /* threads, each on its own stream (and sometimes the default one) */
