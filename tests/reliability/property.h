@@ -21,7 +21,7 @@
 #define SANITIZED 0
 #endif
 
-static double now(void)
+static inline double now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -29,7 +29,7 @@ static double now(void)
 }
 
 /* The driver's granularity for device memory (2 MiB if it does not say). */
-static uint64_t granularity(void)
+static inline uint64_t granularity(void)
 {
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
@@ -44,18 +44,18 @@ static uint64_t granularity(void)
 /* ------------------------------------------------------------ random */
 
 static uint64_t rng_s;
-static uint64_t mix(uint64_t x)
+static inline uint64_t mix(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
 }
-static uint64_t rnd(void) { return mix(rng_s++); }
-static uint64_t below(uint64_t n) { return n ? rnd() % n : 0; }
-static int chance(unsigned pct) { return below(100) < pct; }
+static inline uint64_t rnd(void) { return mix(rng_s++); }
+static inline uint64_t below(uint64_t n) { return n ? rnd() % n : 0; }
+static inline int chance(unsigned pct) { return below(100) < pct; }
 /* log-uniform in [lo, hi] */
-static uint64_t logsize(uint64_t lo, uint64_t hi)
+static inline uint64_t logsize(uint64_t lo, uint64_t hi)
 {
     int b0 = 63 - __builtin_clzll(lo), b1 = 63 - __builtin_clzll(hi);
     int b = b0 + (int)below((uint64_t)(b1 - b0 + 1));
@@ -63,7 +63,7 @@ static uint64_t logsize(uint64_t lo, uint64_t hi)
     return v < lo ? lo : v > hi ? hi : v;
 }
 /* the pattern of object id at offset off */
-static uint64_t pat(uint64_t id, uint64_t off) { return mix(id * 0x100000001b3ull ^ off) | 1; }
+static inline uint64_t pat(uint64_t id, uint64_t off) { return mix(id * 0x100000001b3ull ^ off) | 1; }
 
 /* ------------------------------------------------------------ failures */
 
@@ -88,7 +88,7 @@ static fcount_t fcounts[MAXKINDS];
 static int nfcounts;
 static long printed;
 
-static int is_known(const char *key)
+static inline int is_known(const char *key)
 {
     for (const char *k = known_failures; k && *k;) {
         size_t n = strcspn(k, ",");
@@ -100,7 +100,7 @@ static int is_known(const char *key)
 }
 
 /* A failed check of kind `key`: counted, and printed (the first 3 of each kind, 100 in all). */
-static void fail_(const char *key, int line, const char *fmt, ...)
+static inline void fail_(const char *key, int line, const char *fmt, ...)
 {
     if (is_known(key))
         n_known++;
@@ -142,7 +142,7 @@ typedef struct {
 
 /* The failures by kind, each with the first seed and step, and what the kind means: the entry of
  * `meanings` whose key is the longest prefix of it (n of them; may be none). */
-static void print_kinds(const char *name, const meaning_t *meanings, size_t n)
+static inline void print_kinds(const char *name, const meaning_t *meanings, size_t n)
 {
     if (!nfcounts)
         return;
@@ -171,7 +171,7 @@ typedef struct {
 } blk_t;
 
 /* a size for a buffer of this window: small, large, or anywhere */
-static size_t buf_size(uint64_t window)
+static inline size_t buf_size(uint64_t window)
 {
     switch (below(4)) {
     case 0:
@@ -193,7 +193,7 @@ static int ndead;
 
 /* Every dead buffer of pool p (`pool`) acked as "no peer is left", as a caller does once its peers
  * closed their views; forgets them. */
-static void ack_dead(int p, fabpool_t *pool)
+static inline void ack_dead(int p, fabpool_t *pool)
 {
     int w = 0;
     for (int i = 0; i < ndead; i++) {
@@ -210,12 +210,12 @@ static void ack_dead(int p, fabpool_t *pool)
 
 /* ------------------------------------------------------------ memory */
 
-static int put(uint64_t at, uint64_t v)
+static inline int put(uint64_t at, uint64_t v)
 {
     return cuMemcpyHtoD((CUdeviceptr)at, &v, sizeof v) == CUDA_SUCCESS;
 }
 /* 1: reads back v; 0: another value; -1: unreadable (not mapped) */
-static int probe(uint64_t at, uint64_t v, uint64_t *got)
+static inline int probe(uint64_t at, uint64_t v, uint64_t *got)
 {
     *got = 0;
     if (cuMemcpyDtoH(got, (CUdeviceptr)at, sizeof *got) != CUDA_SUCCESS)
@@ -224,7 +224,7 @@ static int probe(uint64_t at, uint64_t v, uint64_t *got)
 }
 
 /* sample offsets of an object's window: the start, and five spread over it */
-static void gen_points(uint64_t id, uint64_t window, uint64_t *pts)
+static inline void gen_points(uint64_t id, uint64_t window, uint64_t *pts)
 {
     static const uint64_t spans[NPTS] = {8, 64 * KB, 2 * MB, 16 * MB, 1ull << 62, 1ull << 62};
     for (int i = 0; i < NPTS; i++) {
@@ -234,7 +234,7 @@ static void gen_points(uint64_t id, uint64_t window, uint64_t *pts)
 }
 
 /* The samples x with lo < x + 8 <= hi get their pattern. */
-static void write_points(uint64_t id, uint64_t base, const uint64_t *pts, uint64_t lo, uint64_t hi)
+static inline void write_points(uint64_t id, uint64_t base, const uint64_t *pts, uint64_t lo, uint64_t hi)
 {
     for (int i = 0; i < NPTS; i++)
         if (pts[i] + 8 > lo && pts[i] + 8 <= hi)
@@ -245,7 +245,7 @@ static void write_points(uint64_t id, uint64_t base, const uint64_t *pts, uint64
 
 /* The samples that a size of hi bytes holds and one of lo bytes does not (lo < x + 8 <= hi) read back:
  * all of them, or only sample `which` (mod NPTS).  1 if one did not. */
-static int check_points(const char *key, const char *what, uint64_t id, uint64_t base, const uint64_t *pts,
+static inline int check_points(const char *key, const char *what, uint64_t id, uint64_t base, const uint64_t *pts,
                         uint64_t lo, uint64_t hi, int which)
 {
     int bad = 0;
@@ -278,13 +278,13 @@ typedef struct {
     uint64_t id;
 } ival_t;
 
-static int ival_cmp(const void *a, const void *b)
+static inline int ival_cmp(const void *a, const void *b)
 {
     const ival_t *x = a, *y = b;
     return x->lo < y->lo ? -1 : x->lo > y->lo;
 }
 
-static void overlap_fail(const ival_t *a, const ival_t *b)
+static inline void overlap_fail(const ival_t *a, const ival_t *b)
 {
     fail_("overlap", __LINE__, "%s %llu [0x%llx, 0x%llx) overlaps %s %llu [0x%llx, 0x%llx)", a->what,
           (unsigned long long)a->id, (unsigned long long)a->lo, (unsigned long long)a->hi, b->what,
@@ -294,7 +294,7 @@ static void overlap_fail(const ival_t *a, const ival_t *b)
 /* No two of iv[0..n) overlap (ranges of one object may).  Ranges never change, so only an object made
  * in this step (numbered from first_new on) can overlap one that did not before: each step checks those
  * against all; full sorts them all. */
-static void check_overlaps(ival_t *iv, int n, uint64_t first_new, int full)
+static inline void check_overlaps(ival_t *iv, int n, uint64_t first_new, int full)
 {
     t_checks += n;
     if (full) {
