@@ -2139,7 +2139,7 @@ static void check_trace(int p)
     pool_t *q = &P[p];
     trace_data d;
     char err[512];
-    snprintf(cur_what, sizeof cur_what, "pool %d's trace %s (%s)", p, q->trace_path,
+    snprintf(cur_what, sizeof cur_what, "pool %d's trace %.200s (%s)", p, q->trace_path,
              q->c.trace == TRACE_MIXED ? "plain calls and the stream pair" : "the stream pair only");
     if (trace_load(q->trace_path, &d, err, sizeof err) != 0) {
         fail_("trace.load", __LINE__, "%s", err);
