@@ -6,8 +6,10 @@
 #ifndef FP_PROPERTY_H
 #define FP_PROPERTY_H
 
+#include <signal.h>
 #include <stdarg.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../testutil.h"
 
@@ -159,6 +161,24 @@ static inline void print_kinds(const char *name, const meaning_t *meanings, size
         fprintf(stderr, "  %-40s %8ld%s  first: seed %llu step %ld  %s\n", fcounts[i].key, fcounts[i].n,
                 is_known(fcounts[i].key) ? " known" : "      ", fcounts[i].seed, fcounts[i].step, means);
     }
+}
+
+/* A crash (an abort, a fault) says where it happened: the seed and step to run again with -v. */
+static inline void say_where(int sig)
+{
+    char msg[400];
+    int n = snprintf(msg, sizeof msg, "\nsignal %d at seed %llu step %ld op %s (%s)\n", sig, cur_seed, cur_step,
+                     cur_op, cur_what);
+    if (n > 0 && write(2, msg, (size_t)n) < 0)
+        n = 0;
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+static inline void say_where_on_crash(void)
+{
+    signal(SIGABRT, say_where);
+    signal(SIGSEGV, say_where);
+    signal(SIGBUS, say_where);
 }
 
 /* ------------------------------------------------------------ objects */

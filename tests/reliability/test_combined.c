@@ -48,6 +48,7 @@
  *   -v prints every step.  FABPOOL_TEST_REPLAY: the fabpool_replay program.
  *   FABPOOL_TEST_KNOWN_FAILURES=kind,kind...: failures of those kinds (or
  *   kinds beginning so) are listed as known and do not fail the run.
+ *   FABPOOL_TEST_SKIP_OPS=operation,...: those operations are never drawn.
  * Sanitizer builds run a tenth of the seeds.  Sim only: it needs the
  * ledger, stream holds and fabsim_range_mapped. */
 #include <errno.h>
@@ -2062,6 +2063,9 @@ static const op_def ops[] = {
 };
 #define NOPS ((int)(sizeof ops / sizeof ops[0]))
 static long op_count[NOPS];
+/* FABPOOL_TEST_SKIP_OPS=name,name...: operations never drawn (one that crashes the process on a branch
+ * without its fix, say) */
+static unsigned op_weight[NOPS];
 
 static int pick_pool(int (*ok)(int))
 {
@@ -2245,18 +2249,19 @@ static void run_seed(unsigned long long seed, long steps)
     }
     unsigned total_w = 0;
     for (int o = 0; o < NOPS; o++)
-        total_w += ops[o].weight;
+        total_w += op_weight[o];
     for (long s = 0; s < steps; s++) {
         cur_step = s;
         int o = 0, p = -1;
         for (int tries = 0; tries < 32 && p < 0; tries++) {
             uint64_t r = below(total_w);
-            for (o = 0; r >= ops[o].weight; o++)
-                r -= ops[o].weight;
+            for (o = 0; r >= op_weight[o]; o++)
+                r -= op_weight[o];
             p = pick_pool(ops[o].applies);
         }
         if (p < 0)
-            o = 7, p = (int)below(NPOOL); /* collect */
+            for (o = 0, p = (int)below(NPOOL); ops[o].run != op_collect; o++)
+                ; /* a collect */
         cur_op = ops[o].name;
         cur_what[0] = 0;
         step_first_id = next_id;
@@ -2291,6 +2296,8 @@ static void print_pairs(long steps_each)
         printf("\n");
     }
     int check = total_steps >= 20000 && steps_each >= 1000;
+    for (int o = 0; o < NOPS; o++)
+        check &= op_weight[o] > 0; /* (none skipped) */
     for (size_t k = 0; k < sizeof wanted_pairs / sizeof wanted_pairs[0]; k++) {
         enum feat a = wanted_pairs[k].a, b = wanted_pairs[k].b;
         uint64_t n = a < b ? pair_met[a][b] : pair_met[b][a];
@@ -2311,6 +2318,7 @@ int main(int argc, char **argv)
     long n_seeds = argc > a + 1 ? atol(argv[a + 1]) : 300;
     long steps = argc > a + 2 ? atol(argv[a + 2]) : 2000;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    say_where_on_crash();
     setenv("FABSIM_FABRIC", "1", 0); /* fabric pools beside the others (read at cuInit) */
     int is_sim = t_driver_init();
     *(void **)&stream_hold_fn = dlsym(RTLD_DEFAULT, "fabsim_stream_hold");
@@ -2326,6 +2334,15 @@ int main(int argc, char **argv)
     }
     replay_path = getenv("FABPOOL_TEST_REPLAY");
     known_failures = getenv("FABPOOL_TEST_KNOWN_FAILURES");
+    const char *skip = getenv("FABPOOL_TEST_SKIP_OPS");
+    for (int o = 0; o < NOPS; o++) {
+        size_t n = strlen(ops[o].name);
+        const char *at = skip ? strstr(skip, ops[o].name) : NULL;
+        int skipped = at && (at == skip || at[-1] == ',') && (at[n] == 0 || at[n] == ',');
+        op_weight[o] = skipped ? 0 : ops[o].weight;
+        if (skipped)
+            printf("test_combined: %s is not drawn (FABPOOL_TEST_SKIP_OPS)\n", ops[o].name);
+    }
     if (replay_path && !replay_path[0])
         replay_path = NULL;
     snprintf(tmpdir, sizeof tmpdir, "/tmp/fabpool_combined.XXXXXX");

@@ -1396,6 +1396,7 @@ int main(int argc, char **argv)
     long n_seeds = argc > a + 1 ? atol(argv[a + 1]) : 300;
     long steps = argc > a + 2 ? atol(argv[a + 2]) : 2000;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    say_where_on_crash();
     int sim = t_driver_init();
     fault_set = (fault_set_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_set");
     fault_clear = (fault_clear_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
