@@ -208,8 +208,10 @@ typedef struct {
     int fd;
 } dmabuf_t;
 
-/* Buffer memory that must stay mapped with its data: retired on a held
- * stream, or dropped from an exported buffer before its peers acked. */
+/* Buffer memory a shrink or destroy dropped while it must stay: retired on
+ * a held stream (mapped, with its data, until the stream's work is done),
+ * or dropped from an exported buffer before its peers acked (kept for them:
+ * the views' and late peers' checks cover it). */
 typedef struct {
     int pool;
     uint64_t id, base;
