@@ -83,6 +83,12 @@ void fabsim_calls_reset(void);
 int fabsim_stream_hold(void *stream);
 int fabsim_stream_release(void *stream);
 
+/* 1 if every byte of [va, va + n) is device memory this process has mapped
+ * (cuMemMap, or cuMemAlloc) with read-write access granted to some device,
+ * else 0: what a kernel writing the whole range would need.  n = 0 asks
+ * about nothing (1). */
+int fabsim_range_mapped(const void *va, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

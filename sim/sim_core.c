@@ -854,6 +854,14 @@ SIM_API CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b)
 
 /* ------------------------------------------------------------ ledger */
 
+SIM_API int fabsim_range_mapped(const void *va, size_t n)
+{
+    pthread_mutex_lock(&sim_lock);
+    int ok = sim_check_range((uint64_t)(uintptr_t)va, n, 1, -1) == 0;
+    pthread_mutex_unlock(&sim_lock);
+    return ok;
+}
+
 SIM_API int fabsim_get_ledger(fabsim_ledger *out)
 {
     if (!out)

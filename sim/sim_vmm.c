@@ -131,6 +131,35 @@ static void check_exports(phys *p)
     p->nexp = k;
 }
 
+/* The kernel just gave out fd again: an earlier export's fd of that number
+ * was closed since, whatever it now refers to (a record of a chunk exported
+ * twice would otherwise count the new fd twice). */
+static void forget_fd(int fd)
+{
+    for (phys *p = physs; p; p = p->next) {
+        int k = 0;
+        for (int i = 0; i < p->nexp; i++)
+            if (p->exp[i] != fd)
+                p->exp[k++] = p->exp[i];
+        p->nexp = k;
+    }
+}
+
+/* An fd the sim just got from the kernel: any export recorded under its
+ * number was closed since (the sim cannot see close()), whatever the number
+ * refers to now (the same memory again, say: then it would count twice). */
+static int fresh_fd(int fd)
+{
+    for (phys *p = physs; fd >= 0 && p; p = p->next) {
+        int k = 0;
+        for (int i = 0; i < p->nexp; i++)
+            if (p->exp[i] != fd)
+                p->exp[k++] = p->exp[i];
+        p->nexp = k;
+    }
+    return fd;
+}
+
 static void phys_unlink(phys *p)
 {
     for (phys **pp = &physs; *pp; pp = &(*pp)->next)
@@ -491,7 +520,7 @@ SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, con
         snprintf(name, sizeof name, "fabsim:%s:host%d", sim_machine, numa);
     else
         snprintf(name, sizeof name, "fabsim:%s:dev%d", sim_machine, dev);
-    int fd = (int)syscall(SYS_memfd_create, name, 1u /* MFD_CLOEXEC */);
+    int fd = fresh_fd((int)syscall(SYS_memfd_create, name, 1u /* MFD_CLOEXEC */));
     struct stat st;
     if (fd < 0 || ftruncate(fd, (off_t)size) != 0 || fstat(fd, &st) != 0) {
         if (fd >= 0)
@@ -818,7 +847,7 @@ SIM_API CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationH
         r = CUDA_ERROR_INVALID_VALUE;
     else if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
         phys *p = h->ph;
-        int fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0);
+        int fd = fresh_fd(fcntl(p->fd, F_DUPFD_CLOEXEC, 0));
         if (fd < 0)
             r = CUDA_ERROR_OUT_OF_MEMORY;
         else if (p->nexp == p->capexp) {
@@ -833,6 +862,7 @@ SIM_API CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationH
             }
         }
         if (r == CUDA_SUCCESS) {
+            forget_fd(fd);
             p->exp[p->nexp++] = fd;
             *(int *)out = fd;
         }
@@ -877,7 +907,7 @@ static CUresult import_fd(int fd, int dev, CUmemGenericAllocationHandle *out)
         p->next = physs;
         physs = p;
     }
-    if (p->fd < 0 && (p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+    if (p->fd < 0 && (p->fd = fresh_fd(fcntl(fd, F_DUPFD_CLOEXEC, 0))) < 0) {
         phys_settle(p);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -1011,7 +1041,7 @@ SIM_API CUresult cuMemGetHandleForAddressRange(void *out, CUdeviceptr dptr, size
         d->ph = d ? calloc(i - first, sizeof *d->ph) : NULL;
         char name[64];
         snprintf(name, sizeof name, "fabsim-dmabuf:%s", sim_machine);
-        fd = d && d->ph ? (int)syscall(SYS_memfd_create, name, 1u /* MFD_CLOEXEC */) : -1;
+        fd = d && d->ph ? fresh_fd((int)syscall(SYS_memfd_create, name, 1u /* MFD_CLOEXEC */)) : -1;
         struct stat st;
         /* the fd's size is the range's: lseek(fd, 0, SEEK_END) answers it, as for a real dma-buf */
         if (fd < 0 || ftruncate(fd, (off_t)size) != 0 || fstat(fd, &st) != 0) {

@@ -660,6 +660,52 @@ static void sparse_copies(void)
     EXPECT(cuMemAddressFree(base, 16 * MB), CUDA_SUCCESS);
 }
 
+/* The sim's own hooks (sim only): fabsim_range_mapped answers what a kernel writing the range would find;
+ * the ledger counts an exported fd while the fd the sim handed out is open, and forgets it once the
+ * kernel hands its number out again (here to the sim itself, for the same memory). */
+static void sim_hooks(void)
+{
+    int (*mapped)(const void *, size_t) = NULL;
+    *(void **)&mapped = dlsym(RTLD_DEFAULT, "fabsim_range_mapped");
+    CHECK(mapped != NULL);
+    if (!mapped)
+        return;
+    CUdeviceptr base = 0;
+    CUmemGenericAllocationHandle h = 0, hi = 0;
+    CHECK_CU(cuMemAddressReserve(&base, 8 * MB, 0, 0, 0));
+    CHECK_CU(mk(&h, 4 * MB, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    CHECK_CU(cuMemMap(base, 4 * MB, 0, h, 0));
+    CHECK(!mapped((void *)base, 4 * MB)); /* no access granted yet */
+    CHECK_CU(acc(base, 4 * MB));
+    CHECK(mapped((void *)base, 4 * MB) && mapped((void *)(base + MB), 10) && mapped((void *)(base + 8 * MB), 0));
+    CHECK(!mapped((void *)base, 4 * MB + 1) && !mapped((void *)(base + 4 * MB), 1));
+    int fd = -1;
+    CHECK_CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    int copy = dup(fd), fill[64], nfill = 0;
+    CHECK_CU(cuMemUnmap(base, 4 * MB));
+    CHECK_CU(cuMemRelease(h)); /* the sim closes its own fd; the exported one keeps the memory */
+    CHECK(!mapped((void *)base, 1));
+    close(fd); /* now the copy does */
+    /* every free number below fd taken, so that the import's own fd of the memory gets fd's number */
+    for (int x; nfill < 64 && (x = open("/dev/null", O_RDONLY)) >= 0;) {
+        if (x >= fd) {
+            close(x);
+            break;
+        }
+        fill[nfill++] = x;
+    }
+    CHECK_CU(cuMemImportFromShareableHandle(&hi, (void *)(long)copy, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    CHECK(t_ledger().exported_fds == 0);
+    if (hi)
+        CHECK_CU(cuMemRelease(hi));
+    close(copy);
+    while (nfill)
+        close(fill[--nfill]);
+    CHECK_CU(cuMemAddressFree(base, 8 * MB));
+    fabsim_ledger l = t_ledger();
+    CHECK(l.handles == 0 && l.mappings == 0 && l.reservations == 0 && l.exported_fds == 0 && l.bytes_held == 0);
+}
+
 int main(void)
 {
     /* VMM calls need no current context; cuMemGetInfo does */
@@ -686,6 +732,8 @@ int main(void)
     proc_address();
     rdma_dmabuf();
     sparse_copies();
+    if (sim)
+        sim_hooks();
     if (!sim)
         printf("RECORD: %d answer%s differ from the sim's: update sim/sim_vmm.c and make them EXPECTs\n", n_differ,
                n_differ == 1 ? "" : "s");

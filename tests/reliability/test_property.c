@@ -33,28 +33,18 @@
  *   test_property [first_seed [n_seeds [steps]]]     (default 1 300 2000)
  *   test_property -v SEED 1 STEPS                    prints every step of one seed
  * Sim only (the ledger, stream holds and fault injection are the sim's). */
-#include <stdarg.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "../testutil.h"
+#include "property.h"
 
-#define KB (1ull << 10)
-#define MB (1ull << 20)
 #define NPOOL 2
 #define MAXBLK 24
 #define MAXBUF 5
 #define MAXVIEW 4
 #define NSTREAM 2
-#define NPTS 6
 #define MAXREC 256
 #define MAXFD 256
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SANITIZED 1
-#else
-#define SANITIZED 0
-#endif
 
 /* ------------------------------------------------------------ the sim */
 
@@ -82,12 +72,6 @@ static const char *const op_names[OP_COUNT] = {
 static const unsigned op_weight[OP_COUNT] = {12, 10, 5, 12, 6, 4, 5, 4, 6, 5, 7, 3, 3, 5, 3, 5, 5, 6, 6, 3};
 
 /* ------------------------------------------------------------ the model */
-
-typedef struct {
-    void *p;
-    size_t size, usable;
-    uint64_t id;
-} blk_t;
 
 typedef struct {
     fabpool_buffer_t *h;
@@ -200,135 +184,7 @@ static long n_dup, n_bad_ack, n_fault_apply, n_rec_stream, n_rec_ack, n_quiet;
 static uint64_t peak_mapped;
 static fabpool_handle_type htype;
 
-/* ------------------------------------------------------------ random */
-
-static uint64_t rng_s;
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-static uint64_t rnd(void) { return mix(rng_s++); }
-static uint64_t below(uint64_t n) { return n ? rnd() % n : 0; }
-static int chance(unsigned pct) { return below(100) < pct; }
-/* log-uniform in [lo, hi] */
-static uint64_t logsize(uint64_t lo, uint64_t hi)
-{
-    int b0 = 63 - __builtin_clzll(lo), b1 = 63 - __builtin_clzll(hi);
-    int b = b0 + (int)below((uint64_t)(b1 - b0 + 1));
-    uint64_t v = (1ull << b) + below(1ull << b);
-    return v < lo ? lo : v > hi ? hi : v;
-}
-static uint64_t pat(uint64_t id, uint64_t off) { return mix(id * 0x100000001b3ull ^ off) | 1; }
-
-/* ------------------------------------------------------------ failures */
-
-static unsigned long long cur_seed;
-static long cur_step;
-static const char *cur_op = "setup";
-static char cur_what[256];
-
-typedef struct {
-    const char *key;
-    long n;
-} fcount_t;
-static fcount_t fcounts[64];
-static int nfcounts;
-static long printed;
-
-static void fail_(const char *key, int line, const char *fmt, ...)
-{
-    t_failures++;
-    int i;
-    for (i = 0; i < nfcounts; i++)
-        if (strcmp(fcounts[i].key, key) == 0)
-            break;
-    if (i == nfcounts && nfcounts < 64)
-        fcounts[nfcounts++] = (fcount_t){key, 0};
-    long n = i < 64 ? ++fcounts[i].n : 1;
-    if (n > 3 || printed >= 80)
-        return;
-    printed++;
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "FAIL [%s] seed %llu step %ld op %s (%s), line %d: %s\n", key, cur_seed, cur_step, cur_op,
-            cur_what, line, msg);
-}
-
-#define EXPECT(cond, key, ...)                                                                                   \
-    do {                                                                                                         \
-        t_checks++;                                                                                              \
-        if (!(cond))                                                                                             \
-            fail_(key, __LINE__, __VA_ARGS__);                                                                   \
-    } while (0)
-
-/* a call that must succeed; the status and message are reported otherwise */
-#define EXPECT_OK(st, key, call)                                                                                 \
-    EXPECT((st) == FABPOOL_OK, key, "%s -> %s: %s", call, fabpool_status_name(st), fabpool_last_error())
-
-/* ------------------------------------------------------------ memory */
-
-static int put(uint64_t at, uint64_t v)
-{
-    return cuMemcpyHtoD((CUdeviceptr)at, &v, sizeof v) == CUDA_SUCCESS;
-}
-/* 1: reads back v; 0: another value; -1: unreadable (not mapped) */
-static int probe(uint64_t at, uint64_t v, uint64_t *got)
-{
-    *got = 0;
-    if (cuMemcpyDtoH(got, (CUdeviceptr)at, sizeof *got) != CUDA_SUCCESS)
-        return -1;
-    return *got == v;
-}
-
-static void gen_points(uint64_t id, uint64_t window, uint64_t *pts)
-{
-    static const uint64_t spans[NPTS] = {8, 64 * KB, 2 * MB, 16 * MB, 1ull << 62, 1ull << 62};
-    for (int i = 0; i < NPTS; i++) {
-        uint64_t span = spans[i] < window - 8 ? spans[i] : window - 8;
-        pts[i] = i == 0 ? 0 : (mix(id * 31 + (uint64_t)i) % span) & ~7ull;
-    }
-}
-
-static void write_points(uint64_t id, uint64_t base, const uint64_t *pts, uint64_t lo, uint64_t hi)
-{
-    for (int i = 0; i < NPTS; i++)
-        if (pts[i] + 8 > lo && pts[i] + 8 <= hi)
-            EXPECT(put(base + pts[i], pat(id, pts[i])), "data.write", "cuMemcpyHtoD at offset %llu of object %llu "
-                   "(0x%llx) failed: not mapped", (unsigned long long)pts[i], (unsigned long long)id,
-                   (unsigned long long)(base + pts[i]));
-}
-
-/* The samples that a size of hi bytes holds and one of lo bytes does not (lo < x + 8 <= hi): all of
- * them, or only sample `which` (mod NPTS). */
-static int check_points(const char *key, const char *what, uint64_t id, uint64_t base, const uint64_t *pts,
-                        uint64_t lo, uint64_t hi, int which)
-{
-    int bad = 0;
-    for (int i = 0; i < NPTS; i++) {
-        if (which >= 0 && i != which % NPTS)
-            continue;
-        uint64_t x = pts[i];
-        if (x + 8 <= lo || x + 8 > hi)
-            continue;
-        uint64_t got;
-        int r = probe(base + x, pat(id, x), &got);
-        t_checks++;
-        if (r != 1) {
-            bad = 1;
-            fail_(key, __LINE__, "%s %llu: offset %llu (0x%llx) %s 0x%llx, wrote 0x%llx", what,
-                  (unsigned long long)id, (unsigned long long)x, (unsigned long long)(base + x),
-                  r < 0 ? "is not mapped (cuMemcpyDtoH fails); expected" : "reads", (unsigned long long)got,
-                  (unsigned long long)pat(id, x));
-        }
-    }
-    return bad;
-}
+/* ------------------------------------------------------------ patterns */
 
 static int check_blk(const blk_t *b, int which)
 {
@@ -365,31 +221,7 @@ static buf_t *find_buf(uint64_t id, int *pool)
     return NULL;
 }
 
-/* Exported buffers destroyed: acknowledged later by export id (fabpool_peers_ack). */
-#define MAXDEAD 256
-static struct {
-    int pool;
-    uint64_t id;
-} dead[MAXDEAD];
-static int ndead;
 static uint64_t n_dead_ack;
-
-/* Every dead buffer of pool p acked as "no peer is left", as a caller does
- * once its peers closed their views; forgets them. */
-static void ack_dead(int p)
-{
-    int w = 0;
-    for (int i = 0; i < ndead; i++) {
-        if (dead[i].pool != p) {
-            dead[w++] = dead[i];
-            continue;
-        }
-        fabpool_status st = fabpool_peers_ack(P[p].p, dead[i].id, UINT64_MAX);
-        EXPECT(st == FABPOOL_OK || st == FABPOOL_ERR_NOT_FOUND, "ack.dead", "fabpool_peers_ack of destroyed buffer "
-               "0x%llx -> %s: %s", (unsigned long long)dead[i].id, fabpool_status_name(st), fabpool_last_error());
-    }
-    ndead = w;
-}
 
 /* Synchronizing calls made so far: after one, the work it waited for is done
  * and what was retired on it may go, although the stream still reads held. */
@@ -496,26 +328,7 @@ static void check_invariants(void)
 
 /* ------------------------------------------------------------ the checks */
 
-typedef struct {
-    uint64_t lo, hi;
-    const char *what;
-    uint64_t id;
-} ival_t;
-
-static int ival_cmp(const void *a, const void *b)
-{
-    const ival_t *x = a, *y = b;
-    return x->lo < y->lo ? -1 : x->lo > y->lo;
-}
-
 static uint64_t step_first_id; /* objects numbered from here on were created by this step */
-
-static void overlap_fail(const ival_t *a, const ival_t *b)
-{
-    fail_("overlap", __LINE__, "%s %llu [0x%llx, 0x%llx) overlaps %s %llu [0x%llx, 0x%llx)", a->what,
-          (unsigned long long)a->id, (unsigned long long)a->lo, (unsigned long long)a->hi, b->what,
-          (unsigned long long)b->id, (unsigned long long)b->lo, (unsigned long long)b->hi);
-}
 
 static void refresh_streams(void)
 {
@@ -663,24 +476,8 @@ static void check_step(int full)
         if (!pend[i].owner)
             iv[n++] = (ival_t){(uint64_t)(uintptr_t)pend[i].b.p, (uint64_t)(uintptr_t)pend[i].b.p + pend[i].b.usable,
                            "block pending on a held stream", pend[i].b.id};
-    /* Ranges never change, so only an object created in this step (numbered from step_first_id on) can
-     * overlap one that did not before: each step checks those against all; every 64th sorts them all. */
-    t_checks += n;
-    if (full) {
-        qsort(iv, (size_t)n, sizeof iv[0], ival_cmp);
-        for (int i = 1; i < n; i++) /* (retirements of one destroyed buffer may repeat each other) */
-            if (!(iv[i].lo >= iv[i - 1].hi || (iv[i].id == iv[i - 1].id && iv[i].what == iv[i - 1].what)))
-                overlap_fail(&iv[i], &iv[i - 1]);
-    } else {
-        for (int i = 0; i < n; i++) {
-            if (iv[i].id < step_first_id)
-                continue;
-            for (int j = 0; j < n; j++)
-                if (j != i && iv[j].lo < iv[i].hi && iv[i].lo < iv[j].hi &&
-                    !(iv[i].id == iv[j].id && iv[i].what == iv[j].what))
-                    overlap_fail(&iv[i], &iv[j]);
-        }
-    }
+    /* (retirements of one destroyed buffer may repeat each other); every 64th step sorts them all */
+    check_overlaps(iv, n, step_first_id, full);
 
     /* data: one sample of each object (all of them when full) */
     int which = full ? -1 : (int)cur_step;
@@ -707,7 +504,7 @@ static void check_quiet(int p)
         if (pend[i].pool == p)
             return;
     n_quiet++;
-    ack_dead(p); /* the peers of destroyed buffers are gone too */
+    ack_dead(p, P[p].p); /* the peers of destroyed buffers are gone too */
     EXPECT_OK(fabpool_collect(P[p].p, 1), "collect", "fabpool_collect(wait) after the acks of destroyed buffers");
     fabpool_stats s;
     fabpool_get_stats(P[p].p, &s);
@@ -759,19 +556,6 @@ static int (*const applicable[OP_COUNT])(int) = {
 
 static int stream_choice(void) { return chance(30) ? -1 : (int)below(NSTREAM); }
 static const char *stream_name(int s) { return s < 0 ? "NULL" : held[s] ? "held" : "free"; }
-
-/* a size for a buffer of this window: small, large, or anywhere */
-static size_t buf_size(uint64_t window)
-{
-    switch (below(4)) {
-    case 0:
-        return (size_t)logsize(1, window);
-    case 1:
-        return (size_t)(window - below(window / 4 + 1));
-    default:
-        return (size_t)(1 + below(window));
-    }
-}
 
 /* A shrunk buffer that was never exported maps at most the hysteresis over its new size, rounded up to the
  * granularity (docs/design.md: a last chunk reaching beyond it is refitted). */
@@ -1348,7 +1132,7 @@ static void step(enum op op)
         for (i = 0; i < P[1 - p].nview; i++)
             viewed |= P[1 - p].view[i].src_pool == p;
         if (!viewed && chance(60)) { /* no view of its buffers is open: its peers say they are gone */
-            ack_dead(p);
+            ack_dead(p, P[p].p);
             for (i = 0; i < P[p].nbuf; i++)
                 if (P[p].buf[i].shared) {
                     fabpool_buffer_export_done(P[p].buf[i].h);
@@ -1518,7 +1302,7 @@ static void teardown(void)
         }
     }
     for (int p = 0; p < NPOOL; p++) {
-        ack_dead(p);
+        ack_dead(p, P[p].p);
         fabpool_status st = fabpool_collect(P[p].p, 1);
         EXPECT_OK(st, "teardown.collect", "fabpool_collect(wait)");
         st = fabpool_trim(P[p].p, 0);
@@ -1601,13 +1385,6 @@ static void run_seed(unsigned long long seed, long steps)
     teardown();
 }
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 int main(int argc, char **argv)
 {
     int a = 1;
@@ -1619,6 +1396,7 @@ int main(int argc, char **argv)
     long n_seeds = argc > a + 1 ? atol(argv[a + 1]) : 300;
     long steps = argc > a + 2 ? atol(argv[a + 2]) : 2000;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    say_where_on_crash();
     int sim = t_driver_init();
     fault_set = (fault_set_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_set");
     fault_clear = (fault_clear_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
@@ -1633,16 +1411,11 @@ int main(int argc, char **argv)
         printf("test_property: sanitizer build: %ld seeds instead of %ld\n", n_seeds / 10, n_seeds);
         n_seeds /= 10;
     }
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    size_t g = 0;
-    if (cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS && g)
-        gran = g;
+    gran = granularity();
     for (int s = 0; s < NSTREAM; s++)
         CHECK_CU(cuStreamCreate(&streams[s], 0));
     const char *conf = getenv("FABPOOL_CONF");
+    known_failures = getenv("FABPOOL_TEST_KNOWN_FAILURES");
     printf("test_property: seeds %llu..%llu, %ld steps each, FABPOOL_CONF=%s\n", first,
            first + (unsigned long long)n_seeds - 1, steps, conf ? conf : "");
     double t0 = now();
@@ -1670,11 +1443,7 @@ int main(int argc, char **argv)
         if (share < 1.0)
             fprintf(stderr, "test_property: %s ran in %.2f%% of the steps, less than 1%%\n", op_names[o], share);
     }
-    if (nfcounts) {
-        fprintf(stderr, "test_property: failed checks, by kind (the first 3 of each are printed above):\n");
-        for (int i = 0; i < nfcounts; i++)
-            fprintf(stderr, "  %-32s %ld\n", fcounts[i].key, fcounts[i].n);
-    }
+    print_kinds("test_property", NULL, 0);
     for (int s = 0; s < NSTREAM; s++)
         cuStreamDestroy(streams[s]);
     return t_done("test_property");

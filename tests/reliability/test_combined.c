@@ -1,0 +1,2388 @@
+/* test_combined: seeded random sequences in which any step may be any public
+ * operation of fabpool.h, on three pools of different options in one
+ * process, so that the features meet each other: the stream pair on the
+ * owner stream and on queued streams while their work pends, buffer resizes
+ * and exports, late peers, views, dma-bufs, sleep and wake, traces.
+ *
+ * Each seed takes a configuration (the seed modulo the table `configs`):
+ * three pools, each with its handle type (local, POSIX fd, fabric), owner
+ * stream on or off, thread cache on or off, a small reservation or not,
+ * sleep_keep_host, and a trace or not (one pool of each configuration is
+ * traced: with plain allocations and the stream pair, or the stream pair
+ * only).  Every step draws one operation of the table `ops` (one function
+ * each) and a pool it applies to; an operation that is refused by the rules
+ * (asleep, a local pool's export, bad pointers, a small reservation full)
+ * must answer the documented status and change nothing.  Three streams can
+ * be held (fabsim_stream_hold: their queued work does not complete) and
+ * released; a step may also run a short scenario of several calls (a shrink
+ * on one stream and a grow on another while the first pends; a refit of an
+ * exported buffer with a late peer).
+ *
+ * After every step:
+ *   - nothing handed out is unmapped: every live block, buffer and view of
+ *     an awake pool is mapped in full (fabsim_range_mapped), and every block
+ *     an allocation returns at the moment it returns it;
+ *   - nothing retired on a stream whose work pends is unmapped or reused:
+ *     blocks freed on a held stream and buffer memory retired on one stay
+ *     mapped with their data, no other stream gets them, and no new object
+ *     overlaps them (the owner stream may reuse its own);
+ *   - the sim's ledger equals what the pools count: bytes mapped, mappings,
+ *     handles, exported fds, host copies of sleeping pools, dma-buf fds;
+ *   - data is intact: each live object carries a pattern written through
+ *     cuMemcpyHtoD and read back (a sample each step, all every 64 steps);
+ *   - fabpool_check of the pools the step called (of all, every 16th step).
+ * One operation runs another thread that allocates and frees on a pool while
+ * this one calls fabpool_check and reads its stats (fabpool.h: every
+ * function is thread-safe unless its comment says otherwise).
+ * At the end of a seed everything is freed, every pool is destroyed (OK) and
+ * the ledger is zero; the traced pool's file is read back and compared with
+ * what the test did (allocations, live bytes at the end and at the peak,
+ * frees of pointers never given out), and fabpool_replay --check runs it
+ * (its path in FABPOOL_TEST_REPLAY; skipped if unset).
+ *
+ * The run prints how often each operation ran, how often each pair of
+ * features met (the step's operation and the state of the pool it touched),
+ * and the failed checks by kind, each kind with what it means.
+ *
+ *   test_combined [-v] [first_seed [n_seeds [steps]]]    (default 1 300 2000)
+ *   -v prints every step.  FABPOOL_TEST_REPLAY: the fabpool_replay program.
+ *   FABPOOL_TEST_KNOWN_FAILURES=kind,kind...: failures of those kinds (or
+ *   kinds beginning so) are listed as known and do not fail the run.
+ *   FABPOOL_TEST_SKIP_OPS=operation,...: those operations are never drawn.
+ * Sanitizer builds run a tenth of the seeds.  Sim only: it needs the
+ * ledger, stream holds and fabsim_range_mapped. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "property.h"
+#include "trace_file.h"
+
+#define GB (1ull << 30)
+#define NPOOL 3
+#define NSTREAM 3
+#define MAXBLK 32
+#define MAXBUF 5
+#define MAXVIEW 4
+#define MAXSTASH 4
+#define MAXDMABUF 4
+#define MAXREC 256
+#define MAXPEND 128
+#define MAXFD 256
+
+/* ------------------------------------------------------------ the sim */
+
+static int (*stream_hold_fn)(void *), (*stream_release_fn)(void *);
+static int (*range_mapped_fn)(const void *, size_t);
+
+static int mapped_now(uint64_t va, uint64_t n) { return range_mapped_fn((const void *)(uintptr_t)va, (size_t)n); }
+
+/* ------------------------------------------------------------ features
+ *
+ * A step's features: those of its operation, and the state of the pool it
+ * touched (computed before the operation).  Every pair of them counts as
+ * met once for the step. */
+enum feat {
+    F_PLAIN,   /* fabpool_alloc / fabpool_free */
+    F_OWNER,   /* the stream pair on the pool's owner stream; state: a stream owns the pool */
+    F_QUEUED,  /* the stream pair on a stream whose frees queue; state: blocks pending in the pool's queue */
+    F_PENDING, /* state: blocks freed on a stream whose work still pends */
+    F_RESIZE,  /* buffer create / resize / resize_set / destroy */
+    F_RETIRED, /* state: buffer memory retired on a stream whose work still pends */
+    F_EXPORT,  /* export, export_done, peers_ack; state: an exported buffer not acked for good */
+    F_LATE,    /* a late peer (a descriptor of an older generation); state: one holds a descriptor */
+    F_VIEW,    /* view open / apply / close; state: views of the pool's buffers, or views in the pool */
+    F_DMABUF,  /* dma-buf fds; state: one is open */
+    F_SLEEP,   /* sleep / wake / sleep_state; state: the pool is asleep */
+    F_TRACE,   /* state: the pool is traced */
+    F_CACHE,   /* trim, collect, thread_flush, stats, check */
+    F_THREAD,  /* another thread allocates meanwhile */
+    F_BAD,     /* a call refused by the rules */
+    F_COUNT
+};
+static const char *const feat_names[F_COUNT] = {"plain", "owner", "queued", "pending", "resize", "retired", "export",
+                                                "late", "view", "dmabuf", "sleep", "trace", "cache", "thread", "bad"};
+#define FB(f) (1u << (f))
+static uint64_t pair_met[F_COUNT][F_COUNT];
+static unsigned step_feats;
+/* The pools this step called (a bit each): fabpool_check, the dearest check (it walks every structure of
+ * a pool), runs on them after the step, and on every pool each 16th step. */
+static unsigned step_pools;
+
+/* The pairs this test exists for: a run of enough steps must meet each. */
+static const struct {
+    enum feat a, b;
+    const char *what;
+} wanted_pairs[] = {
+    {F_SLEEP, F_OWNER, "sleep / wake amid the owner stream's traffic"},
+    {F_SLEEP, F_QUEUED, "sleep / wake amid queued streams' traffic"},
+    {F_SLEEP, F_PENDING, "sleep / wake while blocks freed on a stream pend"},
+    {F_SLEEP, F_RESIZE, "sleep / wake amid buffer resizes"},
+    {F_SLEEP, F_EXPORT, "sleep / wake amid exports"},
+    {F_SLEEP, F_DMABUF, "sleep / wake with a dma-buf open"},
+    {F_SLEEP, F_VIEW, "sleep / wake with views"},
+    {F_RESIZE, F_RETIRED, "a resize while another retirement pends"},
+    {F_RESIZE, F_LATE, "a resize of an exported buffer with a late peer"},
+    {F_RESIZE, F_PENDING, "a resize while blocks freed on a stream pend"},
+    {F_VIEW, F_LATE, "a late peer opens a view"},
+    {F_TRACE, F_PLAIN, "fabpool_alloc / free traced"},
+    {F_TRACE, F_OWNER, "the owner stream traced"},
+    {F_TRACE, F_QUEUED, "queued streams traced"},
+    {F_TRACE, F_RESIZE, "buffers traced"},
+    {F_TRACE, F_SLEEP, "sleep / wake traced"},
+    {F_THREAD, F_CACHE, "fabpool_check beside an allocating thread"},
+    {F_BAD, F_OWNER, "refused calls of the stream pair"},
+};
+
+/* ------------------------------------------------------------ configurations */
+
+enum { TRACE_NONE, TRACE_MIXED, TRACE_STREAM_ONLY };
+typedef struct pool_conf {
+    fabpool_handle_type handle;
+    int stream_owner, thread_cache, small_reserve, keep_host, trace;
+} pool_conf;
+
+/* Each row: three pools; every handle type, owner mode on and off, thread caches on and off, a small
+ * reservation and a trace (mixed or stream pair only) appear in several rows, in different company. */
+static const pool_conf configs[][NPOOL] = {
+    {{FABPOOL_HANDLE_POSIX_FD, 1, 1, 0, 0, TRACE_NONE},
+     {FABPOOL_HANDLE_FABRIC, 0, 0, 0, 1, TRACE_NONE},
+     {FABPOOL_HANDLE_NONE, 1, 1, 1, 0, TRACE_MIXED}},
+    {{FABPOOL_HANDLE_FABRIC, 1, 0, 0, 0, TRACE_STREAM_ONLY},
+     {FABPOOL_HANDLE_POSIX_FD, 0, 1, 1, 0, TRACE_NONE},
+     {FABPOOL_HANDLE_NONE, 0, 0, 0, 1, TRACE_NONE}},
+    {{FABPOOL_HANDLE_POSIX_FD, 0, 0, 0, 1, TRACE_MIXED},
+     {FABPOOL_HANDLE_FABRIC, 1, 1, 1, 0, TRACE_NONE},
+     {FABPOOL_HANDLE_POSIX_FD, 1, 1, 0, 0, TRACE_NONE}},
+    {{FABPOOL_HANDLE_FABRIC, 0, 1, 0, 1, TRACE_NONE},
+     {FABPOOL_HANDLE_POSIX_FD, 1, 0, 0, 0, TRACE_STREAM_ONLY},
+     {FABPOOL_HANDLE_FABRIC, 1, 0, 1, 0, TRACE_NONE}},
+};
+#define NCONF ((int)(sizeof configs / sizeof configs[0]))
+
+static const char *htype_name(fabpool_handle_type h)
+{
+    return h == FABPOOL_HANDLE_FABRIC ? "fabric" : h == FABPOOL_HANDLE_POSIX_FD ? "posix_fd" : "local";
+}
+
+/* ------------------------------------------------------------ the model */
+
+typedef struct {
+    fabpool_buffer_t *h;
+    uint64_t id, base, window;
+    size_t size;
+    uint64_t pts[NPTS]; /* sample offsets in the window; those below size hold pat(id, x) */
+    int shared;         /* exported at least once */
+    uint64_t acked;     /* the highest generation acked */
+    uint64_t shrunk_gen; /* the generation its last shrink made */
+    int broken;         /* a check already failed on it: not checked again */
+} buf_t;
+
+typedef struct {
+    fabpool_view_t *h;
+    int src_pool;
+    uint64_t id, gen, live; /* id: the source buffer's */
+    uint64_t vid, base, window;
+    size_t src_size;        /* the source's size at the generation the view has: samples below it hold the pattern */
+    uint64_t pts[NPTS];
+    int broken;
+} view_t;
+
+/* A late peer: a full descriptor of generation `gen`, received, not yet opened.  The peers' acks take
+ * it into account, so its chunks must stay importable until it opens them. */
+typedef struct {
+    int pool;
+    uint64_t id, gen, live;
+    size_t src_size, len, nfds;
+    uint8_t *desc;
+    int fds[MAXFD];
+} stash_t;
+
+typedef struct {
+    int pool;
+    uint64_t id;
+    int fd;
+} dmabuf_t;
+
+/* Buffer memory a shrink or destroy dropped while it must stay: retired on
+ * a held stream (mapped, with its data, until the stream's work is done),
+ * or dropped from an exported buffer before its peers acked (kept for them:
+ * the views' and late peers' checks cover it). */
+typedef struct {
+    int pool;
+    uint64_t id, base;
+    size_t lo, hi;         /* offsets in the buffer's window whose samples must still read back */
+    uint64_t dropped;      /* bytes the buffer stopped counting as mapped */
+    uint64_t va_lo, va_hi; /* where they are */
+    int destroyed;
+    int stream;            /* -1: none */
+    uint64_t epoch;        /* the stream's hold when it was retired */
+    int ack_wait;          /* an exported buffer: until acked >= gen_after */
+    uint64_t gen_after;
+    uint64_t pts[NPTS];
+} rec_t;
+
+/* A block freed with fabpool_free_on_stream while its stream was held. */
+typedef struct {
+    int pool, stream;
+    uint64_t epoch;
+    blk_t b;
+    int owner;  /* freed on the owner stream: into the pool at once; only the owner may reuse it meanwhile */
+    int nodata; /* a discard sleep dropped its contents */
+} pend_t;
+
+enum { OWN_NONE = -3, OWN_OFF = -2 }; /* else the owner stream (-1: NULL) */
+
+typedef struct {
+    fabpool_t *p;
+    pool_conf c;
+    fabpool_handle_type htype;
+    blk_t blk[MAXBLK];
+    int nblk;
+    buf_t buf[MAXBUF];
+    int nbuf;
+    view_t view[MAXVIEW];
+    int nview;
+    int asleep;
+    fabpool_sleep_mode mode;
+    int own;                /* the owner stream as the library's rule makes it */
+    const char *refused;    /* a refused call that may have changed the owner since it was last seen: its key */
+    char trace_path[FABPOOL_TRACE_PATH_MAX];
+    uint64_t tr_allocs, tr_live, tr_peak; /* allocations that succeeded, live bytes asked, and their peak */
+    int tr_streams;         /* the stream pair was used */
+    uint64_t tr_bad_frees;  /* frees of bad pointers: a trace may record them (a free is recorded before it is
+                             * checked) */
+} pool_t;
+
+static pool_t P[NPOOL];
+static pend_t pend[MAXPEND];
+static int npend;
+static rec_t rec[MAXREC];
+static int nrec;
+static stash_t stash[MAXSTASH];
+static int nstash;
+static dmabuf_t dmabufs[MAXDMABUF];
+static int ndmabuf;
+
+static CUstream streams[NSTREAM];
+static int held[NSTREAM];
+static uint64_t epoch[NSTREAM];
+static uint64_t next_id = 1, step_first_id;
+static uint64_t gran = 2 * MB;
+static int verbose;
+static const char *replay_path;
+static char tmpdir[64];
+
+/* totals printed at the end */
+static long n_limit, n_slept, n_sleep_busy, n_woke_discard, n_asleep_refused, n_late_open[4], n_late_after_change[4],
+    n_cross_grow, n_refit_late, n_bad, n_threads, n_traces, n_replays, n_dmabuf, n_pool_checks;
+
+/* ------------------------------------------------------------ failures */
+
+/* What each kind of failure means, for the summary at the end. */
+static const meaning_t meanings[] = {
+    {"asleep.alloc_on_stream", "fabpool_alloc_on_stream on a sleeping pool answered OK, not FABPOOL_ERR_ASLEEP"},
+    {"asleep.alloc", "fabpool_alloc on a sleeping pool answered OK, not FABPOOL_ERR_ASLEEP"},
+    {"handout.unmapped", "an allocation handed out memory that is not mapped"},
+    {"live.unmapped", "a live block, buffer or view of an awake pool is not mapped in full"},
+    {"retired.unmapped", "memory retired on a stream whose work pends was unmapped"},
+    {"retired.unmapped_by_grow", "a grow on one stream unmapped memory retired on another whose work pends"},
+    {"retired.data", "memory retired on a stream whose work pends lost its data"},
+    {"pending.unmapped", "a block freed on a stream whose work pends was unmapped"},
+    {"pending.reused", "a block freed on a stream whose work pends went to another stream or to fabpool_alloc"},
+    {"late_peer.open.fabric", "a late peer (acked an older generation) could not open its descriptor: fabric"},
+    {"late_peer.open.posix_fd", "a late peer (acked an older generation) could not open its descriptor: POSIX fds"},
+    {"owner.claimed_by_refused_free_on_stream", "a refused fabpool_free_on_stream (a bad pointer) claimed the owner "
+     "stream"},
+    {"owner.claimed_by_refused_alloc_on_stream", "a refused fabpool_alloc_on_stream (asleep) claimed the owner stream "
+     "or ended the owner mode"},
+    {"owner.ended_by_refused_alloc", "a refused fabpool_alloc (asleep) ended the owner mode"},
+    {"sleep.retired_unfenced", "a sleep unmapped buffer memory retired on a stream whose work pends"},
+    {"sleep.owner_unfenced", "a sleep unmapped blocks the owner stream freed while its work pends"},
+    {"owner.model", "the owner stream differs from the rule (fabpool.h) with no refused call before"},
+    {"refused.changed", "a refused call changed the pool's counters"},
+    {"trace.allocs", "the trace's allocations at its level differ from the program's calls"},
+    {"trace.unknown_frees", "the trace frees pointers it never gave out"},
+    {"trace.live_end", "the trace leaves memory live that the program freed"},
+    {"trace.live_peak", "the trace's peak of live bytes differs from the program's"},
+    {"replay.stream_pair", "fabpool_replay --check failed on a trace of the stream pair alone"},
+    {"replay.mixed", "fabpool_replay --check failed on a trace of plain calls and the stream pair"},
+    {"check.beside_thread", "fabpool_check failed while another thread allocated"},
+    {"fabpool_check", "fabpool_check found a broken invariant"},
+};
+
+#define EXPECT_ST(st, want, key, call)                                                                           \
+    EXPECT((st) == (want), key, "%s -> %s, expected %s: %s", call, fabpool_status_name(st), #want,             \
+           fabpool_last_error())
+
+/* ------------------------------------------------------------ patterns */
+
+static void blk_points(const blk_t *b, uint64_t *pts)
+{
+    for (int i = 0; i < NPTS; i++)
+        pts[i] = i % 2 ? b->usable - 8 : 0;
+}
+
+static void write_blk(const blk_t *b)
+{
+    uint64_t pts[NPTS];
+    blk_points(b, pts);
+    write_points(b->id, (uint64_t)(uintptr_t)b->p, pts, 0, b->usable);
+}
+static int check_blk(const blk_t *b, int which)
+{
+    uint64_t pts[NPTS];
+    blk_points(b, pts);
+    return check_points("data.block", "block", b->id, (uint64_t)(uintptr_t)b->p, pts, 0, b->usable, which);
+}
+static void check_buf(buf_t *b, int which)
+{
+    if (!b->broken)
+        b->broken = check_points("data.buffer", "buffer", b->id, b->base, b->pts, 0, b->size, which);
+}
+static void check_view(view_t *v, int which)
+{
+    uint64_t hi = v->src_size < v->live ? v->src_size : v->live;
+    if (!v->broken)
+        v->broken = check_points("data.view", "view of buffer", v->id, v->base, v->pts, 0, hi, which);
+}
+
+/* ------------------------------------------------------------ streams */
+
+static void *sptr(int s) { return s < 0 ? NULL : (void *)streams[s]; }
+static int stream_choice(void) { return chance(25) ? -1 : (int)below(NSTREAM); }
+static const char *stream_name(int s)
+{
+    static const char *const n[] = {"NULL", "0", "1", "2", "3"};
+    return n[s + 1];
+}
+/* The sim's view: a synchronizing call (a fence, a sleep, a NULL-stream shrink) completes a stream. */
+static void refresh_streams(void)
+{
+    for (int s = 0; s < NSTREAM; s++)
+        held[s] = cuStreamQuery(streams[s]) == CUDA_ERROR_NOT_READY;
+}
+static void hold(int s)
+{
+    refresh_streams();
+    if (s < 0 || held[s])
+        return;
+    EXPECT(stream_hold_fn(streams[s]) == 0, "stream_hold", "fabsim_stream_hold failed");
+    held[s] = 1;
+    epoch[s]++;
+}
+static void release(int s)
+{
+    EXPECT(stream_release_fn(streams[s]) == 0, "stream_release", "fabsim_stream_release failed");
+    held[s] = 0;
+}
+static int pending_on(int s, uint64_t ep) { return s >= 0 && held[s] && epoch[s] == ep; }
+
+/* ------------------------------------------------------------ model helpers */
+
+static fabpool_buffer_info binfo(const buf_t *b)
+{
+    fabpool_buffer_info i;
+    memset(&i, 0, sizeof i);
+    fabpool_buffer_get_info(b->h, &i);
+    return i;
+}
+static fabpool_counters counters(int p)
+{
+    fabpool_counters c;
+    memset(&c, 0, sizeof c);
+    fabpool_get_counters(P[p].p, &c);
+    return c;
+}
+static buf_t *find_buf(uint64_t id, int *pool)
+{
+    for (int p = 0; p < NPOOL; p++)
+        for (int i = 0; i < P[p].nbuf; i++)
+            if (P[p].buf[i].id == id) {
+                if (pool)
+                    *pool = p;
+                return &P[p].buf[i];
+            }
+    return NULL;
+}
+static int shareable(int p) { return P[p].htype != FABPOOL_HANDLE_NONE; }
+/* A pool with the owner mode on is used mostly from one stream, as programs do (its "home"), so that the
+ * owner mode lasts; any other use ends it for good. */
+static int in_owner_mode(int p) { return P[p].c.stream_owner && P[p].own >= -1; }
+static int pool_stream(int p) { return in_owner_mode(p) && chance(90) ? p % NSTREAM : stream_choice(); }
+static int stream_only(int p) { return P[p].c.trace == TRACE_STREAM_ONLY; }
+
+/* the traced pool's live bytes as its trace counts them: blocks asked and buffer sizes */
+static void tr_live(int p, int64_t delta)
+{
+    P[p].tr_live += (uint64_t)delta;
+    if (P[p].tr_live > P[p].tr_peak)
+        P[p].tr_peak = P[p].tr_live;
+}
+
+/* A refused call.  Refused, it must change nothing; owner_key (NULL: none) names the failure if the owner
+ * stream turns out changed at the next free on a stream (the calls that claim or end the owner mode). */
+static void refused(int p, const char *owner_key)
+{
+    step_feats |= FB(F_BAD);
+    if (owner_key)
+        P[p].refused = owner_key;
+}
+
+/* A refusal of pool p's call answered st where `want` is due: a pool with a small reservation may find
+ * it full first (FABPOOL_ERR_LIMIT, as clear a refusal). */
+static int refusal_is(int p, fabpool_status st, fabpool_status want)
+{
+    return st == want || (P[p].c.small_reserve && st == FABPOOL_ERR_LIMIT);
+}
+
+/* The owner rule (fabpool.h): 1 if stream s is pool p's owner (it claims a pool without one). */
+static int own_would(int p, int s) { return P[p].own == OWN_NONE || P[p].own == s; }
+static int own_claim(int p, int s)
+{
+    int r = own_would(p, s);
+    P[p].own = r ? s : P[p].own == OWN_NONE ? s : OWN_OFF;
+    return r;
+}
+/* fabpool_alloc (or another thread's) ends the owner mode */
+static void own_end(int p)
+{
+    if (P[p].own >= -1)
+        P[p].own = OWN_OFF;
+}
+
+static void add_rec(int pool, const buf_t *b, size_t lo, size_t hi, uint64_t at, uint64_t dropped, int stream,
+                    int destroyed, uint64_t gen_after)
+{
+    int sw = stream >= 0 && held[stream];
+    int aw = b->shared && b->acked < gen_after;
+    if (!dropped || (!sw && !aw) || nrec == MAXREC)
+        return;
+    rec_t *r = &rec[nrec++];
+    memset(r, 0, sizeof *r);
+    *r = (rec_t){pool, b->id, b->base, lo, hi, dropped, b->base + at, b->base + at + dropped, destroyed,
+                 sw ? stream : -1, sw ? epoch[stream] : 0, aw, gen_after, {0}};
+    memcpy(r->pts, b->pts, sizeof r->pts);
+}
+
+static int rec_stream_pending(const rec_t *r) { return pending_on(r->stream, r->epoch); }
+static int rec_pending(rec_t *r)
+{
+    if (rec_stream_pending(r))
+        return 1;
+    if (r->ack_wait && !r->destroyed) {
+        buf_t *b = find_buf(r->id, NULL);
+        if (b && b->acked < r->gen_after)
+            return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ late peers, dma-bufs, views */
+
+static uint8_t desc[FABPOOL_DESC_HEADER_BYTES + MAXFD * FABPOOL_DESC_RECORD_BYTES];
+static int fds[MAXFD], mine[MAXFD];
+
+static fabpool_status do_export(int p, buf_t *b, uint64_t since, size_t *len, size_t *nfds)
+{
+    fabpool_status st = fabpool_buffer_export(b->h, since, desc, sizeof desc, len, fds, MAXFD, nfds);
+    if (st == FABPOOL_OK) {
+        b->shared = 1;
+        if (b->acked == UINT64_MAX) /* "no peer is left", then a new export: a new peer may import */
+            b->acked = binfo(b).generation - 1;
+        uint32_t nr;
+        memcpy(&nr, desc + 12, 4);
+        EXPECT(*len == fabpool_desc_size(nr) && (P[p].htype != FABPOOL_HANDLE_POSIX_FD || *nfds == nr),
+               "export.shape", "descriptor of %zu bytes, %zu fds for %u records", *len, *nfds, nr);
+        (void)t_ledger(); /* the sim forgets the exported fds closed so far, before a dup may take their numbers */
+        for (size_t i = 0; i < *nfds; i++)
+            mine[i] = dup(fds[i]); /* the peer's copies */
+    }
+    return st;
+}
+
+static void drop_stash(int i)
+{
+    for (size_t k = 0; k < stash[i].nfds; k++)
+        if (stash[i].fds[k] >= 0)
+            close(stash[i].fds[k]);
+    free(stash[i].desc);
+    stash[i] = stash[--nstash];
+}
+static void drop_stashes_of(uint64_t id, int pool)
+{
+    for (int i = 0; i < nstash;)
+        if (stash[i].id == id || (id == 0 && stash[i].pool == pool))
+            drop_stash(i);
+        else
+            i++;
+}
+static void drop_view(int p, int i) { P[p].view[i] = P[p].view[--P[p].nview]; }
+static void close_dmabuf(int i)
+{
+    close(dmabufs[i].fd);
+    dmabufs[i] = dmabufs[--ndmabuf];
+}
+
+/* The lowest generation any peer of buffer b (views and late peers) holds, at most its current one. */
+static uint64_t peers_gen(const buf_t *b, uint64_t current, int *peers)
+{
+    uint64_t g = current;
+    int n = 0;
+    for (int t = 0; t < NPOOL; t++)
+        for (int k = 0; k < P[t].nview; k++)
+            if (P[t].view[k].id == b->id) {
+                n++;
+                if (P[t].view[k].gen < g)
+                    g = P[t].view[k].gen;
+            }
+    for (int k = 0; k < nstash; k++)
+        if (stash[k].id == b->id) {
+            n++;
+            if (stash[k].gen < g)
+                g = stash[k].gen;
+        }
+    if (peers)
+        *peers = n;
+    return g;
+}
+
+/* Every peer of pool p's buffers goes: views closed, late peers dropped, acks of "no peer is left". */
+static void peers_leave(int p)
+{
+    for (int t = 0; t < NPOOL; t++)
+        for (int k = 0; k < P[t].nview;)
+            if (P[t].view[k].src_pool == p) {
+                step_pools |= 1u << t;
+                fabpool_status st = fabpool_view_close(P[t].view[k].h);
+                EXPECT_OK(st, "view_close", "fabpool_view_close");
+                drop_view(t, k);
+            } else {
+                k++;
+            }
+    drop_stashes_of(0, p);
+    ack_dead(p, P[p].p);
+    for (int i = 0; i < P[p].nbuf; i++)
+        if (P[p].buf[i].shared) {
+            fabpool_buffer_export_done(P[p].buf[i].h);
+            fabpool_status st = fabpool_buffer_peers_ack(P[p].buf[i].h, UINT64_MAX);
+            EXPECT_OK(st, "peers_ack", "fabpool_buffer_peers_ack(UINT64_MAX)");
+            if (st == FABPOOL_OK)
+                P[p].buf[i].acked = UINT64_MAX;
+        }
+}
+
+/* ------------------------------------------------------------ the checks after every step */
+
+static uint64_t host_held(uint64_t *copies)
+{
+    uint64_t b = 0, c = 0;
+    for (int k = 0; k < NPOOL; k++) {
+        fabpool_sleep_info si;
+        if (P[k].p && fabpool_sleep_state(P[k].p, &si) == FABPOOL_OK) {
+            b += si.host_bytes;
+            c += si.host_copies;
+        }
+    }
+    if (copies)
+        *copies = c;
+    return b;
+}
+
+/* The buffers this step grew: a retired range of theirs that is unmapped is the grow's doing. */
+static uint64_t grown[8];
+static int ngrown;
+static int grown_now(uint64_t id)
+{
+    for (int i = 0; i < ngrown; i++)
+        if (grown[i] == id)
+            return 1;
+    return 0;
+}
+
+/* Retired buffer memory and blocks freed on held streams: dropped once done; else mapped, with data. */
+static void check_retired(int full)
+{
+    int w = 0;
+    for (int i = 0; i < nrec; i++) {
+        rec_t *r = &rec[i];
+        if (!rec_pending(r))
+            continue;
+        rec[w++] = *r;
+        if (!rec_stream_pending(r) || P[r->pool].asleep)
+            continue;
+        uint64_t lo = r->lo;
+        if (r->va_lo - r->base > lo)
+            lo = r->va_lo - r->base;
+        if (!r->destroyed) {
+            buf_t *b = find_buf(r->id, NULL);
+            if (b && b->size > lo)
+                lo = b->size; /* below size: live again, checked as the buffer */
+            if (b && b->broken)
+                continue;
+        }
+        t_checks++;
+        if (!mapped_now(r->va_lo, r->va_hi - r->va_lo)) {
+            fail_(grown_now(r->id) ? "retired.unmapped_by_grow" : "retired.unmapped", __LINE__,
+                  "%s %llu: [0x%llx, 0x%llx), retired on stream %d whose work pends, is not mapped in full",
+                  r->destroyed ? "destroyed buffer" : "buffer", (unsigned long long)r->id,
+                  (unsigned long long)r->va_lo, (unsigned long long)r->va_hi, r->stream);
+            rec[w - 1].stream = -1; /* reported once */
+            continue;
+        }
+        check_points("retired.data", r->destroyed ? "retired memory of destroyed buffer" : "retired chunk of buffer",
+                     r->id, r->base, r->pts, lo, r->hi, full ? -1 : (int)cur_step);
+    }
+    nrec = w;
+    w = 0;
+    for (int i = 0; i < npend; i++) {
+        pend_t *q = &pend[i];
+        if (!pending_on(q->stream, q->epoch))
+            continue;
+        pend[w++] = *q;
+        if (P[q->pool].asleep)
+            continue;
+        t_checks++;
+        if (!mapped_now((uint64_t)(uintptr_t)q->b.p, q->owner ? 8 : q->b.usable)) {
+            fail_("pending.unmapped", __LINE__, "block %llu %p (%zu bytes), freed on stream %d%s whose work pends, is "
+                  "not mapped", (unsigned long long)q->b.id, q->b.p, q->b.usable, q->stream,
+                  q->owner ? " (the owner)" : "");
+            w--;
+            continue;
+        }
+        if (!q->owner && !q->nodata)
+            check_blk(&q->b, full ? -1 : (int)cur_step);
+    }
+    npend = w;
+}
+
+static void check_ledger(void)
+{
+    fabsim_ledger L = t_ledger();
+    fabpool_stats S[NPOOL];
+    uint64_t mapped = 0, handles = 0, efds = 0, chunks = 0;
+    for (int p = 0; p < NPOOL; p++) {
+        fabpool_get_stats(P[p].p, &S[p]);
+        mapped += S[p].mapped_bytes;
+        handles += S[p].handles_outstanding;
+        efds += S[p].exported_fds_open;
+        chunks += S[p].chunks_mapped;
+    }
+    uint64_t hcopies = 0, hbytes = host_held(&hcopies); /* host copies of sleeping pools are mappings too */
+    EXPECT(L.bytes_held_host == hbytes, "ledger.host", "the sim holds %llu host bytes, the pools' sleep state %llu",
+           (unsigned long long)L.bytes_held_host, (unsigned long long)hbytes);
+    EXPECT(L.bytes_mapped == mapped + hbytes, "ledger.bytes_mapped", "the sim maps %llu bytes, the pools say %llu + "
+           "%llu host", (unsigned long long)L.bytes_mapped, (unsigned long long)mapped, (unsigned long long)hbytes);
+    EXPECT(L.mappings == chunks + hcopies, "ledger.mappings", "the sim has %llu mappings, the pools' chunks %llu + "
+           "%llu host copies", (unsigned long long)L.mappings, (unsigned long long)chunks,
+           (unsigned long long)hcopies);
+    EXPECT(L.handles == handles, "ledger.handles", "the sim has %llu handles, the pools' handles_outstanding %llu",
+           (unsigned long long)L.handles, (unsigned long long)handles);
+    EXPECT(L.exported_fds == efds, "ledger.exported_fds", "the sim counts %llu exported fds open, the pools %llu",
+           (unsigned long long)L.exported_fds, (unsigned long long)efds);
+    EXPECT(L.dmabuf_fds == (uint64_t)ndmabuf, "ledger.dmabuf_fds", "the sim counts %llu dma-buf fds, the test holds %d",
+           (unsigned long long)L.dmabuf_fds, ndmabuf);
+    for (int p = 0; p < NPOOL; p++) {
+        EXPECT(S[p].blocks == (uint64_t)P[p].nblk + S[p].stream_pending_blocks, "stats.blocks", "pool %d says %llu "
+               "blocks live (%llu of them pending on streams), the test holds %d", p, (unsigned long long)S[p].blocks,
+               (unsigned long long)S[p].stream_pending_blocks, P[p].nblk);
+        EXPECT(S[p].buffers >= (uint64_t)P[p].nbuf, "stats.buffers", "pool %d says %llu buffers, the test holds %d", p,
+               (unsigned long long)S[p].buffers, P[p].nbuf);
+        if (P[p].asleep)
+            EXPECT(S[p].mapped_bytes == S[p].view_bytes, "asleep.mapped", "pool %d asleep maps %llu bytes, its views "
+                   "%llu", p, (unsigned long long)S[p].mapped_bytes, (unsigned long long)S[p].view_bytes);
+    }
+}
+
+/* Every live object of an awake pool (and every view) mapped in full; one sample of each read back. */
+static void check_live(int full)
+{
+    int which = full ? -1 : (int)cur_step;
+    for (int p = 0; p < NPOOL; p++) {
+        pool_t *q = &P[p];
+        for (int i = 0; i < q->nview; i++) {
+            view_t *v = &q->view[i];
+            if (v->broken)
+                continue;
+            t_checks++;
+            if (!mapped_now(v->base, v->live)) {
+                fail_("live.unmapped", __LINE__, "view %llu of buffer %llu: its %llu live bytes at 0x%llx are not "
+                      "mapped", (unsigned long long)v->vid, (unsigned long long)v->id, (unsigned long long)v->live,
+                      (unsigned long long)v->base);
+                v->broken = 1;
+                continue;
+            }
+            check_view(v, which);
+        }
+        if (q->asleep)
+            continue;
+        for (int i = 0; i < q->nblk; i++) {
+            blk_t *b = &q->blk[i];
+            t_checks++;
+            if (!mapped_now((uint64_t)(uintptr_t)b->p, b->usable))
+                fail_("live.unmapped", __LINE__, "block %llu %p (%zu bytes) of pool %d is not mapped in full",
+                      (unsigned long long)b->id, b->p, b->usable, p);
+            else
+                check_blk(b, which);
+        }
+        for (int i = 0; i < q->nbuf; i++) {
+            buf_t *b = &q->buf[i];
+            fabpool_buffer_info bi = binfo(b);
+            EXPECT(bi.size == b->size && bi.mapped >= bi.size && (uint64_t)(uintptr_t)bi.base == b->base,
+                   "buffer.info", "buffer %llu: info says size %zu, mapped %zu, base %p; the test has size %zu at "
+                   "0x%llx", (unsigned long long)b->id, bi.size, bi.mapped, bi.base, b->size,
+                   (unsigned long long)b->base);
+            if (b->broken)
+                continue;
+            t_checks++;
+            if (!mapped_now(b->base, bi.mapped)) {
+                fail_("live.unmapped", __LINE__, "buffer %llu of pool %d: its %zu mapped bytes at 0x%llx are not all "
+                      "mapped", (unsigned long long)b->id, p, bi.mapped, (unsigned long long)b->base);
+                b->broken = 1;
+                continue;
+            }
+            check_buf(b, which);
+        }
+    }
+}
+
+/* No two live objects overlap. */
+static void check_overlap(int full)
+{
+    static ival_t iv[NPOOL * (MAXBLK + MAXBUF + MAXVIEW) + MAXREC + MAXPEND];
+    int n = 0;
+    for (int p = 0; p < NPOOL; p++) {
+        pool_t *q = &P[p];
+        for (int i = 0; i < q->nblk; i++)
+            iv[n++] = (ival_t){(uint64_t)(uintptr_t)q->blk[i].p, (uint64_t)(uintptr_t)q->blk[i].p + q->blk[i].usable,
+                               "block", q->blk[i].id};
+        for (int i = 0; i < q->nbuf; i++)
+            iv[n++] = (ival_t){q->buf[i].base, q->buf[i].base + q->buf[i].window, "buffer window", q->buf[i].id};
+        for (int i = 0; i < q->nview; i++)
+            iv[n++] = (ival_t){q->view[i].base, q->view[i].base + q->view[i].window, "view window", q->view[i].vid};
+    }
+    for (int i = 0; i < nrec; i++)
+        if (rec[i].destroyed)
+            iv[n++] = (ival_t){rec[i].va_lo, rec[i].va_hi, "retired memory of destroyed buffer", rec[i].id};
+    for (int i = 0; i < npend; i++)
+        if (!pend[i].owner)
+            iv[n++] = (ival_t){(uint64_t)(uintptr_t)pend[i].b.p, (uint64_t)(uintptr_t)pend[i].b.p + pend[i].b.usable,
+                               "block pending on a held stream", pend[i].b.id};
+    check_overlaps(iv, n, step_first_id, full);
+}
+
+static void check_pools(int all)
+{
+    for (int p = 0; p < NPOOL; p++) {
+        if (!all && !(step_pools & (1u << p)))
+            continue;
+        n_pool_checks++;
+        fabpool_status st = fabpool_check(P[p].p);
+        EXPECT_OK(st, "fabpool_check", "fabpool_check");
+    }
+}
+
+static void check_step(int full)
+{
+    refresh_streams();
+    check_retired(full);
+    check_ledger();
+    check_live(full);
+    check_overlap(full);
+    check_pools(full || cur_step % 16 == 15);
+}
+
+/* ------------------------------------------------------------ operations: blocks */
+
+static size_t blk_size(void)
+{
+    return chance(75) ? (size_t)logsize(1, 256 * KB) : chance(70) ? (size_t)logsize(256 * KB, 4 * MB)
+                                                                   : (size_t)logsize(4 * MB, 48 * MB);
+}
+
+/* A block just handed out: mapped in full now, not a block whose stream's work pends (only that stream may
+ * have it back), not the owner's freed memory unless the owner asks; then its pattern. */
+static void took_block(int p, blk_t *b, int s, int owner_call, int on_stream)
+{
+    pool_t *q = &P[p];
+    fabpool_status st = fabpool_usable_size(q->p, b->p, &b->usable);
+    size_t align = b->usable & (~b->usable + 1);
+    if (align > 256 || !align)
+        align = 256;
+    EXPECT(st == FABPOOL_OK && b->usable >= b->size && ((uintptr_t)b->p & (align - 1)) == 0, "alloc.usable",
+           "block %p of %zu bytes: usable size %zu (%s)", b->p, b->size, b->usable, fabpool_status_name(st));
+    if (st != FABPOOL_OK || b->usable < b->size)
+        b->usable = b->size;
+    t_checks++;
+    if (!mapped_now((uint64_t)(uintptr_t)b->p, b->usable))
+        fail_("handout.unmapped", __LINE__, "pool %d handed out %p (%zu bytes, %s), not mapped in full", p, b->p,
+              b->usable, on_stream ? "fabpool_alloc_on_stream" : "fabpool_alloc");
+    refresh_streams();
+    for (int i = 0; i < npend; i++) {
+        pend_t *e = &pend[i];
+        uint64_t a = (uint64_t)(uintptr_t)b->p, e0 = (uint64_t)(uintptr_t)e->b.p;
+        if (e->pool != p || !pending_on(e->stream, e->epoch) || a >= e0 + e->b.usable || e0 >= a + b->usable)
+            continue;
+        if (e->owner) {
+            EXPECT(owner_call, "owner.reused", "block %p (%zu bytes) overlaps block %p, freed on the owner stream %d "
+                   "whose work pends, and went to %s", b->p, b->size, e->b.p, e->stream,
+                   on_stream ? "another stream" : "fabpool_alloc");
+        } else {
+            EXPECT(on_stream && s == e->stream && a == e0, "pending.reused", "block %p (%zu bytes) overlaps block %p, "
+                   "freed on stream %d whose work pends, and went to %s", b->p, b->size, e->b.p, e->stream,
+                   on_stream ? (s < 0 ? "the NULL stream" : "another stream") : "fabpool_alloc");
+        }
+        pend[i--] = pend[--npend];
+    }
+    write_blk(b);
+}
+
+static void alloc_common(int p, int on_stream)
+{
+    pool_t *q = &P[p];
+    size_t sz = blk_size();
+    int s = on_stream ? pool_stream(p) : -1;
+    if (on_stream)
+        step_feats |= own_would(p, s) && q->c.stream_owner ? FB(F_OWNER) : FB(F_QUEUED);
+    else
+        step_feats |= FB(F_PLAIN);
+    snprintf(cur_what, sizeof cur_what, "pool %d, %zu bytes%s%s%s", p, sz, on_stream ? ", stream " : "",
+             on_stream ? stream_name(s) : "", q->asleep ? ", asleep" : "");
+    blk_t b = {NULL, sz, 0, next_id++};
+    fabpool_counters c0 = counters(p);
+    fabpool_status st = on_stream ? fabpool_alloc_on_stream(q->p, sz, sptr(s), &b.p) : fabpool_alloc(q->p, sz, &b.p);
+    const char *call = on_stream ? "fabpool_alloc_on_stream" : "fabpool_alloc";
+    /* a refusal may not claim the owner stream (alloc_on_stream) nor end the owner mode (either call) */
+    const char *owner_key = !q->c.stream_owner || q->own == OWN_OFF || (on_stream && q->own == s) ? NULL
+                            : on_stream ? "owner.claimed_by_refused_alloc_on_stream"
+                            : q->own != OWN_NONE ? "owner.ended_by_refused_alloc" : NULL;
+    if (q->asleep) {
+        n_asleep_refused++;
+        EXPECT(st == FABPOOL_ERR_ASLEEP, on_stream ? "asleep.alloc_on_stream" : "asleep.alloc", "%s on a sleeping "
+               "pool -> %s (%p; %llu blocks pending on streams)", call, fabpool_status_name(st), b.p,
+               (unsigned long long)c0.stream_pending_blocks);
+        if (st == FABPOOL_OK) { /* the block is unmapped now (its check says so); given back at once */
+            t_checks++;
+            if (!mapped_now((uint64_t)(uintptr_t)b.p, sz))
+                fail_("handout.unmapped", __LINE__, "pool %d (asleep) handed out %p (%zu bytes), not mapped", p, b.p,
+                      sz);
+            q->tr_allocs++;
+            tr_live(p, (int64_t)sz);
+            tr_live(p, -(int64_t)sz);
+            st = on_stream ? fabpool_free_on_stream(q->p, b.p, sptr(s)) : fabpool_free(q->p, b.p);
+            EXPECT_OK(st, "free", "giving back a block handed out while asleep");
+        } else {
+            refused(p, owner_key);
+        }
+        return;
+    }
+    if (st == FABPOOL_ERR_LIMIT && q->c.small_reserve) {
+        n_limit++;
+        refused(p, owner_key);
+        return;
+    }
+    EXPECT_OK(st, "alloc", call);
+    if (st != FABPOOL_OK) {
+        refused(p, owner_key);
+        return;
+    }
+    int owner_call = 0;
+    if (on_stream) {
+        owner_call = q->c.stream_owner && own_claim(p, s);
+        q->tr_streams = 1;
+    } else {
+        own_end(p);
+    }
+    q->tr_allocs++;
+    tr_live(p, (int64_t)sz);
+    took_block(p, &b, s, owner_call, on_stream);
+    q->blk[q->nblk++] = b;
+}
+
+static void op_alloc(int p) { alloc_common(p, 0); }
+static void op_alloc_on_stream(int p) { alloc_common(p, 1); }
+
+static void op_free(int p)
+{
+    pool_t *q = &P[p];
+    int i = (int)below((uint64_t)q->nblk);
+    blk_t *b = &q->blk[i];
+    step_feats |= FB(F_PLAIN);
+    snprintf(cur_what, sizeof cur_what, "pool %d, block %llu (%zu bytes)%s", p, (unsigned long long)b->id, b->size,
+             q->asleep ? ", asleep" : "");
+    if (!q->asleep)
+        check_blk(b, -1);
+    fabpool_status st = fabpool_free(q->p, b->p);
+    EXPECT_OK(st, "free", "fabpool_free");
+    tr_live(p, -(int64_t)b->size);
+    q->blk[i] = q->blk[--q->nblk];
+}
+
+static void op_free_on_stream(int p)
+{
+    pool_t *q = &P[p];
+    int i = (int)below((uint64_t)q->nblk);
+    blk_t *b = &q->blk[i];
+    int s = pool_stream(p);
+    int expect_owner = q->c.stream_owner && own_would(p, s);
+    step_feats |= expect_owner ? FB(F_OWNER) : FB(F_QUEUED);
+    snprintf(cur_what, sizeof cur_what, "pool %d, block %llu (%zu bytes), stream %s (%s)%s", p,
+             (unsigned long long)b->id, b->size, stream_name(s), s >= 0 && held[s] ? "held" : "free",
+             q->asleep ? ", asleep" : "");
+    if (!q->asleep)
+        check_blk(b, -1);
+    fabpool_counters c0 = counters(p);
+    fabpool_status st = fabpool_free_on_stream(q->p, b->p, sptr(s));
+    EXPECT_OK(st, "free_on_stream", "fabpool_free_on_stream");
+    if (st != FABPOOL_OK)
+        return;
+    q->tr_streams = 1;
+    /* what the library did: an owner's free goes to the pool at once (stream_owner_frees) */
+    int was_owner = counters(p).stream_owner_frees == c0.stream_owner_frees + 1;
+    if (was_owner != expect_owner)
+        fail_(q->refused ? q->refused : "owner.model", __LINE__, "pool %d: a free on stream %s "
+              "%s, the owner rule says %s (the owner: %d%s%s)", p, stream_name(s),
+              was_owner ? "went to the pool at once (the owner's)" : "was queued", expect_owner ? "the owner's" :
+              "queued", q->own, q->refused ? "; refused since then: " : "", q->refused ? q->refused : "");
+    q->own = was_owner ? s : q->c.stream_owner ? OWN_OFF : q->own;
+    q->refused = NULL;
+    refresh_streams();
+    if (s >= 0 && held[s] && npend < MAXPEND && !q->asleep)
+        pend[npend++] = (pend_t){p, s, epoch[s], *b, was_owner, 0};
+    tr_live(p, -(int64_t)b->size);
+    q->blk[i] = q->blk[--q->nblk];
+}
+
+/* A bad pointer to the stream pair (or usable_size) on stream s: refused, and nothing changes (counters,
+ * the owner).  interior: always an interior pointer of a block of at least 1 KiB if there is one. */
+static void bad_free(int p, int s, int interior)
+{
+    pool_t *q = &P[p];
+    blk_t *b = &q->blk[below((uint64_t)q->nblk)];
+    for (int i = 0; interior && i < q->nblk && b->usable < 1024; i++)
+        b = &q->blk[i];
+    void *bad;
+    const char *kind;
+    if (b->usable >= 1024 && (interior || chance(60))) {
+        bad = (char *)b->p + 256 * (1 + below(b->usable / 256 - 1));
+        kind = "an interior pointer";
+    } else {
+        bad = (void *)(uintptr_t)(q->nbuf ? q->buf[0].base + 64 : 0x10000ull + 256 * below(1000));
+        kind = q->nbuf ? "a buffer's address" : "a pointer the pool never gave";
+    }
+    step_feats |= FB(F_BAD) | (q->c.stream_owner ? FB(F_OWNER) : FB(F_QUEUED));
+    snprintf(cur_what, sizeof cur_what, "pool %d, %s %p, stream %s", p, kind, bad, stream_name(s));
+    fabpool_counters c0 = counters(p);
+    size_t us = 0;
+    int freed = interior || chance(70);
+    fabpool_status st = freed ? fabpool_free_on_stream(q->p, bad, sptr(s)) : fabpool_usable_size(q->p, bad, &us);
+    q->tr_bad_frees += (uint64_t)freed;
+    n_bad++;
+    EXPECT(st == FABPOOL_ERR_NOT_FOUND, "bad_pointer", "%s -> %s", kind, fabpool_status_name(st));
+    fabpool_counters c1 = counters(p);
+    EXPECT(c1.stream_frees == c0.stream_frees && c1.stream_pending_blocks == c0.stream_pending_blocks &&
+               c1.stream_owner_frees == c0.stream_owner_frees && c1.streams == c0.streams &&
+               c1.stream_fences == c0.stream_fences, "refused.changed", "a refused call changed the counters: "
+           "stream_frees %llu -> %llu, pending %llu -> %llu, streams %llu -> %llu, fences %llu -> %llu",
+           (unsigned long long)c0.stream_frees, (unsigned long long)c1.stream_frees,
+           (unsigned long long)c0.stream_pending_blocks, (unsigned long long)c1.stream_pending_blocks,
+           (unsigned long long)c0.streams, (unsigned long long)c1.streams, (unsigned long long)c0.stream_fences,
+           (unsigned long long)c1.stream_fences);
+    refused(p, freed && q->c.stream_owner && q->own != OWN_OFF ? "owner.claimed_by_refused_free_on_stream" : NULL);
+}
+
+static void op_bad_free(int p) { bad_free(p, stream_choice(), 0); }
+
+static void op_usable_size(int p)
+{
+    pool_t *q = &P[p];
+    blk_t *b = &q->blk[below((uint64_t)q->nblk)];
+    size_t us = 0;
+    snprintf(cur_what, sizeof cur_what, "pool %d, block %llu", p, (unsigned long long)b->id);
+    fabpool_status st = fabpool_usable_size(q->p, b->p, &us);
+    EXPECT(st == FABPOOL_OK && us == b->usable, "usable_size", "-> %s, %zu (it was %zu)", fabpool_status_name(st), us,
+           b->usable);
+}
+
+/* ------------------------------------------------------------ operations: the pool */
+
+static void op_thread_flush(int p)
+{
+    step_feats |= FB(F_CACHE);
+    snprintf(cur_what, sizeof cur_what, "pool %d", p);
+    fabpool_status st = fabpool_thread_flush(P[p].p);
+    EXPECT_OK(st, "thread_flush", "fabpool_thread_flush");
+}
+
+static void op_collect(int p)
+{
+    int wait = chance(40);
+    step_feats |= FB(F_CACHE);
+    snprintf(cur_what, sizeof cur_what, "pool %d, wait %d", p, wait);
+    fabpool_status st = fabpool_collect(P[p].p, wait);
+    EXPECT_OK(st, "collect", "fabpool_collect");
+}
+
+static void op_trim(int p)
+{
+    static const size_t keeps[] = {0, 1 * MB, 256 * MB};
+    size_t keep = keeps[below(3)];
+    step_feats |= FB(F_CACHE);
+    snprintf(cur_what, sizeof cur_what, "pool %d, keep %zu", p, keep);
+    fabpool_status st = fabpool_trim(P[p].p, keep);
+    EXPECT_OK(st, "trim", "fabpool_trim");
+}
+
+static void op_stats(int p)
+{
+    static char json[1 << 16];
+    size_t need = 0;
+    fabpool_stats s;
+    fabpool_counters c;
+    step_feats |= FB(F_CACHE);
+    snprintf(cur_what, sizeof cur_what, "pool %d", p);
+    EXPECT_OK(fabpool_get_stats(P[p].p, &s), "stats", "fabpool_get_stats");
+    EXPECT_OK(fabpool_get_counters(P[p].p, &c), "stats", "fabpool_get_counters");
+    fabpool_status st = fabpool_stats_json(P[p].p, json, sizeof json, &need);
+    EXPECT(st == FABPOOL_OK || st == FABPOOL_ERR_LIMIT, "stats", "fabpool_stats_json -> %s", fabpool_status_name(st));
+    EXPECT(s.stream_pending_blocks == c.stream_pending_blocks, "stats.pending", "stats say %llu blocks pending, "
+           "counters %llu", (unsigned long long)s.stream_pending_blocks, (unsigned long long)c.stream_pending_blocks);
+}
+
+static void op_check(int p)
+{
+    step_feats |= FB(F_CACHE);
+    snprintf(cur_what, sizeof cur_what, "pool %d", p);
+    fabpool_status st = fabpool_check(P[p].p);
+    EXPECT_OK(st, "fabpool_check", "fabpool_check");
+}
+
+/* Another thread allocates and frees on the pool (its thread cache) while this one checks the pool and
+ * reads its stats: fabpool.h makes every function thread-safe unless its comment says otherwise. */
+typedef struct {
+    fabpool_t *p;
+    uint64_t seed;
+    int small;                 /* the pool's reservation is small: FABPOOL_ERR_LIMIT is a refusal */
+    int errors, allocs, limits;
+} thread_arg;
+
+static void *allocating_thread(void *argp)
+{
+    thread_arg *a = argp;
+    void *live[16] = {0};
+    for (int k = 0; k < 400; k++) {
+        int j = (int)(mix(a->seed + (uint64_t)k) % 16);
+        if (live[j]) {
+            a->errors += fabpool_free(a->p, live[j]) != FABPOOL_OK;
+            live[j] = NULL;
+        } else {
+            fabpool_status st = fabpool_alloc(a->p, 16 + mix(a->seed ^ (uint64_t)k) % (64 * KB), &live[j]);
+            a->allocs += st == FABPOOL_OK;
+            a->limits += st == FABPOOL_ERR_LIMIT && a->small;
+            a->errors += st != FABPOOL_OK && !(st == FABPOOL_ERR_LIMIT && a->small);
+        }
+    }
+    for (int j = 0; j < 16; j++)
+        if (live[j])
+            a->errors += fabpool_free(a->p, live[j]) != FABPOOL_OK;
+    return NULL;
+}
+
+static void op_thread(int p)
+{
+    step_feats |= FB(F_THREAD) | FB(F_CACHE) | FB(F_PLAIN);
+    snprintf(cur_what, sizeof cur_what, "pool %d: another thread allocates, this one checks", p);
+    thread_arg a = {P[p].p, rnd(), P[p].c.small_reserve, 0, 0, 0};
+    pthread_t t;
+    if (pthread_create(&t, NULL, allocating_thread, &a) != 0)
+        return;
+    n_threads++;
+    for (int k = 0; k < 6; k++) {
+        fabpool_status st = fabpool_check(P[p].p);
+        EXPECT_OK(st, "check.beside_thread", "fabpool_check beside an allocating thread");
+        fabpool_stats s;
+        fabpool_get_stats(P[p].p, &s);
+    }
+    pthread_join(t, NULL);
+    EXPECT(a.errors == 0, "thread.alloc", "the other thread's %d allocations and frees: %d failed", a.allocs,
+           a.errors);
+    own_end(p);
+}
+
+/* ------------------------------------------------------------ operations: buffers */
+
+/* 1 if buffer b changed since `before` although the call was refused (reported as `key`). */
+static int same_info(const char *key, const buf_t *b, const fabpool_buffer_info *before)
+{
+    fabpool_buffer_info bi = binfo(b);
+    int same = bi.size == before->size && bi.mapped == before->mapped && bi.generation == before->generation &&
+               bi.n_chunks == before->n_chunks;
+    EXPECT(same, key, "buffer %llu changed although the call was refused: size %zu -> %zu, "
+           "mapped %zu -> %zu, generation %llu -> %llu", (unsigned long long)b->id, before->size, bi.size,
+           before->mapped, bi.mapped, (unsigned long long)before->generation, (unsigned long long)bi.generation);
+    return !same;
+}
+
+/* The model after a resize of b from `old` on stream s. */
+static void after_resize(int p, buf_t *b, const fabpool_buffer_info *before, size_t old, int s)
+{
+    fabpool_buffer_info bi = binfo(b);
+    EXPECT(bi.size == b->size, "resize.size", "buffer %llu: size %zu after a resize to %zu", (unsigned long long)b->id,
+           bi.size, b->size);
+    tr_live(p, (int64_t)b->size - (int64_t)old);
+    refresh_streams();
+    if (b->size > old) {
+        int w = 0; /* retired ranges the grow took back (inside the live mapping now) are live again */
+        uint64_t live_end = b->base + bi.mapped;
+        for (int i = 0; i < nrec; i++) {
+            rec_t *r = &rec[i];
+            if (r->id == b->id && !r->destroyed && rec_stream_pending(r) && r->stream != s)
+                n_cross_grow++; /* a grow while a retirement of this buffer pends on another stream */
+            if (r->id == b->id && !r->destroyed && r->va_lo < live_end) {
+                if (r->va_hi <= live_end)
+                    continue;
+                r->dropped -= live_end - r->va_lo;
+                r->va_lo = live_end;
+            }
+            rec[w++] = *r;
+        }
+        nrec = w;
+        write_points(b->id, b->base, b->pts, old, b->size);
+        if (ngrown < 8)
+            grown[ngrown++] = b->id;
+    } else if (b->size < old) {
+        if (before->mapped > bi.mapped)
+            add_rec(p, b, b->size, old, bi.mapped, before->mapped - bi.mapped, s, 0, bi.generation);
+        b->shrunk_gen = bi.generation;
+    }
+    if (!P[p].asleep)
+        check_buf(b, -1);
+}
+
+static void op_buffer_create(int p)
+{
+    pool_t *q = &P[p];
+    buf_t b;
+    memset(&b, 0, sizeof b);
+    b.id = next_id++;
+    uint64_t max = logsize(4 * KB, 128 * MB);
+    b.window = (max + gran - 1) / gran * gran;
+    b.size = buf_size(max);
+    step_feats |= FB(F_RESIZE);
+    snprintf(cur_what, sizeof cur_what, "pool %d, max %llu, size %zu%s", p, (unsigned long long)max, b.size,
+             q->asleep ? ", asleep" : "");
+    fabpool_status st = fabpool_buffer_create(q->p, (size_t)max, b.size, &b.h);
+    if (q->asleep) {
+        n_asleep_refused++;
+        EXPECT(refusal_is(p, st, FABPOOL_ERR_ASLEEP), "asleep.buffer_create", "fabpool_buffer_create -> %s",
+               fabpool_status_name(st));
+        if (st == FABPOOL_OK)
+            fabpool_buffer_destroy(b.h, NULL);
+        refused(p, NULL);
+        return;
+    }
+    if (st == FABPOOL_ERR_LIMIT && q->c.small_reserve) {
+        n_limit++;
+        refused(p, NULL);
+        return;
+    }
+    EXPECT_OK(st, "buffer_create", "fabpool_buffer_create");
+    if (st != FABPOOL_OK)
+        return;
+    b.base = (uint64_t)(uintptr_t)fabpool_buffer_ptr(b.h);
+    fabpool_buffer_info bi = binfo(&b);
+    EXPECT(bi.max_size == b.window && bi.size == b.size && bi.mapped >= b.size, "buffer_create.info",
+           "max_size %zu (expected %llu), size %zu, mapped %zu", bi.max_size, (unsigned long long)b.window, bi.size,
+           bi.mapped);
+    t_checks++;
+    if (!mapped_now(b.base, bi.mapped))
+        fail_("handout.unmapped", __LINE__, "a new buffer's %zu mapped bytes at 0x%llx are not mapped", bi.mapped,
+              (unsigned long long)b.base);
+    gen_points(b.id, b.window, b.pts);
+    write_points(b.id, b.base, b.pts, 0, b.size);
+    tr_live(p, (int64_t)b.size);
+    q->buf[q->nbuf++] = b;
+}
+
+/* Resizes buffer b to sz on stream s, with the asleep and small-reservation refusals. */
+static void resize_one(int p, buf_t *b, size_t sz, int s)
+{
+    pool_t *q = &P[p];
+    size_t old = b->size;
+    fabpool_buffer_info before = binfo(b);
+    fabpool_status st = fabpool_buffer_resize(b->h, sz, sptr(s));
+    if (q->asleep || (st == FABPOOL_ERR_LIMIT && q->c.small_reserve)) {
+        if (q->asleep) {
+            n_asleep_refused++;
+            EXPECT(refusal_is(p, st, FABPOOL_ERR_ASLEEP), "asleep.buffer_resize", "fabpool_buffer_resize -> %s",
+                   fabpool_status_name(st));
+        } else {
+            n_limit++;
+        }
+        if (st == FABPOOL_OK) {
+            b->size = sz;
+            after_resize(p, b, &before, old, s);
+        } else {
+            same_info("resize.refused_changed", b, &before);
+            refused(p, NULL);
+        }
+        return;
+    }
+    EXPECT_OK(st, "buffer_resize", "fabpool_buffer_resize");
+    if (st != FABPOOL_OK) {
+        same_info("resize.failed_changed", b, &before);
+        return;
+    }
+    b->size = sz;
+    after_resize(p, b, &before, old, s);
+}
+
+static void op_buffer_resize(int p)
+{
+    buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+    size_t sz = buf_size(b->window);
+    int s = stream_choice();
+    step_feats |= FB(F_RESIZE);
+    snprintf(cur_what, sizeof cur_what, "pool %d, buffer %llu, %zu -> %zu, stream %s%s%s", p,
+             (unsigned long long)b->id, b->size, sz, stream_name(s), b->shared ? ", exported" : "",
+             P[p].asleep ? ", asleep" : "");
+    resize_one(p, b, sz, s);
+}
+
+static void op_buffer_resize_set(int p)
+{
+    pool_t *q = &P[p];
+    fabpool_buffer_t *hs[4];
+    size_t sizes[4], old[4];
+    fabpool_buffer_info before[4];
+    int idx[4], n = 0, dup = chance(15);
+    int want = 1 + (int)below((uint64_t)(q->nbuf < 3 ? q->nbuf : 3));
+    int start = (int)below((uint64_t)q->nbuf);
+    for (int k = 0; k < want; k++)
+        idx[n++] = (start + k) % q->nbuf;
+    if (dup)
+        idx[n] = idx[below((uint64_t)n)], n++;
+    int s = stream_choice();
+    step_feats |= FB(F_RESIZE) | (dup ? FB(F_BAD) : 0);
+    int len = snprintf(cur_what, sizeof cur_what, "pool %d, stream %s%s, ", p, stream_name(s),
+                       q->asleep ? ", asleep" : "");
+    for (int k = 0; k < n; k++) {
+        buf_t *b = &q->buf[idx[k]];
+        hs[k] = b->h;
+        sizes[k] = buf_size(b->window);
+        old[k] = b->size;
+        before[k] = binfo(b);
+        if (len < (int)sizeof cur_what - 48)
+            len += snprintf(cur_what + len, sizeof cur_what - (size_t)len, "%sbuffer %llu %zu -> %zu", k ? "; " : "",
+                            (unsigned long long)b->id, old[k], sizes[k]);
+    }
+    fabpool_status st = fabpool_buffer_resize_set(hs, sizes, (size_t)n, sptr(s));
+    int refusal = dup || q->asleep || (st == FABPOOL_ERR_LIMIT && q->c.small_reserve);
+    if (dup)
+        EXPECT(st != FABPOOL_OK, "resize_set.duplicate", "a buffer named twice was accepted");
+    else if (q->asleep)
+        EXPECT(refusal_is(p, st, FABPOOL_ERR_ASLEEP), "asleep.buffer_resize_set", "fabpool_buffer_resize_set -> %s",
+               fabpool_status_name(st));
+    else if (!refusal)
+        EXPECT_OK(st, "buffer_resize_set", "fabpool_buffer_resize_set");
+    if (st != FABPOOL_OK) {
+        for (int k = 0; k < n; k++) {
+            buf_t *b = &q->buf[idx[k]];
+            if (same_info("resize_set.refused_changed", b, &before[k]) && !(dup && k == n - 1)) {
+                b->size = binfo(b).size; /* the library's word from here on */
+                after_resize(p, b, &before[k], old[k], s);
+            }
+        }
+        if (refusal)
+            refused(p, NULL);
+        return;
+    }
+    for (int k = 0; k < n; k++) {
+        q->buf[idx[k]].size = sizes[k];
+        after_resize(p, &q->buf[idx[k]], &before[k], old[k], s);
+    }
+}
+
+static void op_buffer_destroy(int p)
+{
+    pool_t *q = &P[p];
+    int i = (int)below((uint64_t)q->nbuf);
+    for (int k = 0; k < q->nbuf; k++)
+        if (q->buf[k].broken)
+            i = k;
+    buf_t *b = &q->buf[i];
+    fabpool_buffer_info before = binfo(b);
+    int s = stream_choice();
+    step_feats |= FB(F_RESIZE);
+    snprintf(cur_what, sizeof cur_what, "pool %d, buffer %llu (size %zu, mapped %zu, gen %llu, %s), stream %s%s", p,
+             (unsigned long long)b->id, b->size, before.mapped, (unsigned long long)before.generation,
+             !b->shared ? "not exported" : b->acked >= before.generation ? "exported, acked" : "exported, un-acked",
+             stream_name(s), q->asleep ? ", asleep" : "");
+    if (!q->asleep)
+        check_buf(b, -1);
+    drop_stashes_of(b->id, p); /* its late peers give up */
+    fabpool_status st = fabpool_buffer_destroy(b->h, sptr(s));
+    EXPECT_OK(st, "buffer_destroy", "fabpool_buffer_destroy");
+    if (st != FABPOOL_OK)
+        return;
+    refresh_streams();
+    for (int k = 0; k < nrec; k++)
+        if (rec[k].id == b->id) {
+            if (b->acked >= rec[k].gen_after)
+                rec[k].ack_wait = 0;
+            rec[k].destroyed = 1;
+        }
+    if (!q->asleep)
+        add_rec(p, b, 0, b->size, 0, before.mapped, s, 1, before.generation);
+    if (b->shared && ndead < MAXDEAD)
+        dead[ndead].pool = p, dead[ndead++].id = before.export_id;
+    tr_live(p, -(int64_t)b->size);
+    q->buf[i] = q->buf[--q->nbuf];
+}
+
+/* A shrink on stream B, then, while B's work pends, a grow on another stream A. */
+static void op_shrink_grow(int p)
+{
+    pool_t *q = &P[p];
+    buf_t *b = &q->buf[below((uint64_t)q->nbuf)];
+    int sb = (int)below(NSTREAM), sa = (sb + 1 + (int)below(NSTREAM - 1)) % NSTREAM;
+    size_t small = (size_t)logsize(1, b->window / 8 > 1 ? b->window / 8 : 1);
+    size_t big = (size_t)(b->window / 2 + below(b->window / 2 + 1));
+    if (big == 0)
+        big = 1;
+    step_feats |= FB(F_RESIZE) | FB(F_RETIRED);
+    snprintf(cur_what, sizeof cur_what, "pool %d, buffer %llu: %zu -> %zu on stream %d (held), -> %zu on stream %d%s",
+             p, (unsigned long long)b->id, b->size, small, sb, big, sa, b->shared ? ", exported" : "");
+    if (b->size < 2 * small) /* grow first, so that the shrink retires something */
+        resize_one(p, b, b->window, sa);
+    hold(sb);
+    resize_one(p, b, small, sb);
+    resize_one(p, b, big, sa);
+}
+
+/* ------------------------------------------------------------ operations: sharing */
+
+static void op_export(int p)
+{
+    pool_t *q = &P[p];
+    buf_t *b = &q->buf[below((uint64_t)q->nbuf)];
+    fabpool_buffer_info bi = binfo(b);
+    uint64_t since = chance(50) ? 0 : below(bi.generation + 1);
+    step_feats |= FB(F_EXPORT);
+    snprintf(cur_what, sizeof cur_what, "pool %d (%s), buffer %llu since %llu (gen %llu)%s", p, htype_name(q->htype),
+             (unsigned long long)b->id, (unsigned long long)since, (unsigned long long)bi.generation,
+             q->asleep ? ", asleep" : "");
+    size_t len = 0, nfds = 0;
+    fabpool_status st = do_export(p, b, since, &len, &nfds);
+    if (!shareable(p) || q->asleep) {
+        EXPECT(st == (shareable(p) ? FABPOOL_ERR_ASLEEP : FABPOOL_ERR_NOT_SUPPORTED) ||
+                   (q->asleep && st == FABPOOL_ERR_ASLEEP), shareable(p) ? "asleep.export" : "export.local",
+               "fabpool_buffer_export -> %s", fabpool_status_name(st));
+        if (st != FABPOOL_OK)
+            refused(p, NULL);
+        n_asleep_refused += q->asleep;
+    } else {
+        EXPECT_OK(st, "export", "fabpool_buffer_export");
+    }
+    if (st != FABPOOL_OK)
+        return;
+    for (size_t k = 0; k < nfds; k++)
+        close(mine[k]);
+}
+
+static void op_export_done(int p)
+{
+    buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+    step_feats |= FB(F_EXPORT);
+    snprintf(cur_what, sizeof cur_what, "pool %d, buffer %llu", p, (unsigned long long)b->id);
+    fabpool_status st = fabpool_buffer_export_done(b->h);
+    EXPECT_OK(st, "export_done", "fabpool_buffer_export_done");
+}
+
+static void op_peers_ack(int p)
+{
+    pool_t *q = &P[p];
+    int any = 0;
+    for (int i = 0; i < q->nbuf; i++)
+        any |= q->buf[i].shared;
+    step_feats |= FB(F_EXPORT);
+    if (ndead && (chance(25) || !any)) { /* a destroyed buffer, by its export id */
+        int k = (int)below((uint64_t)ndead);
+        int dp = dead[k].pool;
+        step_pools |= 1u << dp;
+        uint64_t g = chance(50) ? UINT64_MAX : below(64);
+        snprintf(cur_what, sizeof cur_what, "pool %d, destroyed buffer 0x%llx by export id, ack %llu", dp,
+                 (unsigned long long)dead[k].id, (unsigned long long)g);
+        fabpool_status st = fabpool_peers_ack(P[dp].p, dead[k].id, g);
+        EXPECT(st == FABPOOL_OK || st == FABPOOL_ERR_NOT_FOUND || st == FABPOOL_ERR_INVALID_ARG, "ack.dead",
+               "fabpool_peers_ack by export id -> %s: %s", fabpool_status_name(st), fabpool_last_error());
+        if (st == FABPOOL_ERR_NOT_FOUND || g == UINT64_MAX)
+            dead[k] = dead[--ndead];
+        return;
+    }
+    buf_t *b;
+    do
+        b = &q->buf[below((uint64_t)q->nbuf)];
+    while (!b->shared);
+    fabpool_buffer_info before = binfo(b);
+    int peers;
+    uint64_t g = peers_gen(b, before.generation, &peers);
+    int bad = chance(15);
+    if (bad)
+        g = before.generation + 1 + below(1000);
+    else if (!peers && chance(25))
+        g = UINT64_MAX;
+    snprintf(cur_what, sizeof cur_what, "pool %d, buffer %llu, ack %llu (generation %llu, %d peers)%s%s", p,
+             (unsigned long long)b->id, (unsigned long long)g, (unsigned long long)before.generation, peers,
+             bad ? ", never issued" : "", q->asleep ? ", asleep" : "");
+    fabpool_status st = fabpool_buffer_peers_ack(b->h, g);
+    if (bad) {
+        step_feats |= FB(F_BAD);
+        EXPECT(st != FABPOOL_OK, "ack.never_issued", "an ack of generation %llu, past the buffer's %llu, was accepted",
+               (unsigned long long)g, (unsigned long long)before.generation);
+        if (st != FABPOOL_OK)
+            same_info("ack.never_issued_changed", b, &before);
+        return;
+    }
+    EXPECT_OK(st, "peers_ack", "fabpool_buffer_peers_ack");
+    if (st == FABPOOL_OK && (g > b->acked || g == UINT64_MAX))
+        b->acked = g;
+}
+
+/* A late peer of buffer b: receives a full descriptor of its generation now, and opens it later.
+ * 1 if it has one. */
+static int stash_buffer(int p, buf_t *b)
+{
+    fabpool_buffer_info bi = binfo(b);
+    size_t len = 0, nfds = 0;
+    fabpool_status st = do_export(p, b, 0, &len, &nfds);
+    EXPECT_OK(st, "export", "fabpool_buffer_export(since 0) for a late peer");
+    if (st != FABPOOL_OK)
+        return 0;
+    stash_t *z = &stash[nstash++];
+    *z = (stash_t){p, b->id, bi.generation, bi.mapped, b->size, len, nfds, malloc(len), {0}};
+    memcpy(z->desc, desc, len);
+    memcpy(z->fds, mine, nfds * sizeof(int));
+    if (chance(70))
+        fabpool_buffer_export_done(b->h);
+    return 1;
+}
+
+static void op_late_stash(int p)
+{
+    pool_t *q = &P[p];
+    buf_t *b = &q->buf[below((uint64_t)q->nbuf)];
+    step_feats |= FB(F_LATE) | FB(F_EXPORT);
+    snprintf(cur_what, sizeof cur_what, "pool %d (%s), buffer %llu at generation %llu", p, htype_name(q->htype),
+             (unsigned long long)b->id, (unsigned long long)binfo(b).generation);
+    stash_buffer(p, b);
+}
+
+/* Opens a view from an exported buffer's descriptor (fresh, or a late peer's) in pool t. */
+static void open_view(int t, int src, buf_t *b, const uint8_t *d, size_t len, int *vfds, size_t nfds, uint64_t gen,
+                      uint64_t live, size_t src_size, const char *key)
+{
+    pool_t *q = &P[t];
+    view_t v;
+    memset(&v, 0, sizeof v);
+    step_pools |= 1u << t;
+    fabpool_status st = fabpool_view_open(q->p, d, len, vfds, nfds, &v.h);
+    if (q->asleep) {
+        n_asleep_refused++;
+        EXPECT(refusal_is(t, st, FABPOOL_ERR_ASLEEP), "asleep.view_open", "fabpool_view_open -> %s",
+               fabpool_status_name(st));
+        if (st == FABPOOL_OK)
+            fabpool_view_close(v.h);
+        else
+            refused(t, NULL);
+        return;
+    }
+    if (st == FABPOOL_ERR_LIMIT && q->c.small_reserve) {
+        n_limit++;
+        refused(t, NULL);
+        return;
+    }
+    EXPECT(st == FABPOOL_OK, key, "fabpool_view_open in pool %d of buffer %llu (pool %d, %s) at generation %llu "
+           "(its generation now %llu, acked %llu) -> %s: %s", t, (unsigned long long)b->id, src,
+           htype_name(P[src].htype), (unsigned long long)gen, (unsigned long long)binfo(b).generation,
+           (unsigned long long)b->acked, fabpool_status_name(st), fabpool_last_error());
+    if (st != FABPOOL_OK)
+        return;
+    v.src_pool = src;
+    v.id = b->id;
+    v.vid = next_id++;
+    v.window = b->window;
+    v.base = (uint64_t)(uintptr_t)fabpool_view_ptr(v.h);
+    v.live = live;
+    v.gen = gen;
+    v.src_size = src_size;
+    memcpy(v.pts, b->pts, sizeof v.pts);
+    fabpool_buffer_info vi;
+    fabpool_view_get_info(v.h, &vi);
+    EXPECT(vi.generation == gen && vi.mapped == live && vi.max_size == b->window, "view_open.info", "view of buffer "
+           "%llu: generation %llu, mapped %zu, window %zu; expected %llu, %llu, %llu", (unsigned long long)b->id,
+           (unsigned long long)vi.generation, vi.mapped, vi.max_size, (unsigned long long)gen,
+           (unsigned long long)live, (unsigned long long)b->window);
+    t_checks++;
+    if (!mapped_now(v.base, v.live))
+        fail_("handout.unmapped", __LINE__, "a new view's %llu live bytes are not mapped", (unsigned long long)v.live);
+    check_view(&v, -1);
+    q->view[q->nview++] = v;
+}
+
+static int other_pool(int p, int (*ok)(int))
+{
+    int c[NPOOL], n = 0;
+    for (int t = 0; t < NPOOL; t++)
+        if (t != p && ok(t))
+            c[n++] = t;
+    return n ? c[below((uint64_t)n)] : -1;
+}
+static int has_view_room(int t) { return P[t].nview < MAXVIEW; }
+
+static void op_late_open(int p)
+{
+    int i;
+    do
+        i = (int)below((uint64_t)nstash);
+    while (stash[i].pool != p);
+    stash_t z = stash[i];
+    stash[i] = stash[--nstash]; /* the fds go to fabpool_view_open, whatever its answer */
+    int t = other_pool(p, has_view_room);
+    buf_t *b = find_buf(z.id, NULL);
+    if (!b) {
+        for (size_t k = 0; k < z.nfds; k++)
+            close(z.fds[k]);
+        free(z.desc);
+        return;
+    }
+    fabpool_buffer_info bi = binfo(b);
+    int changed = bi.generation > z.gen && b->shrunk_gen > z.gen;
+    step_feats |= FB(F_LATE) | FB(F_VIEW);
+    snprintf(cur_what, sizeof cur_what, "pool %d opens buffer %llu of pool %d (%s) at generation %llu, now %llu%s", t,
+             (unsigned long long)z.id, p, htype_name(P[p].htype), (unsigned long long)z.gen,
+             (unsigned long long)bi.generation, changed ? ", shrunk since" : "");
+    n_late_open[P[p].htype]++;
+    n_late_after_change[P[p].htype] += changed;
+    open_view(t, p, b, z.desc, z.len, z.fds, z.nfds, z.gen, z.live, z.src_size,
+              P[p].htype == FABPOOL_HANDLE_FABRIC ? "late_peer.open.fabric" : "late_peer.open.posix_fd");
+    free(z.desc);
+}
+
+/* An exported buffer shrunk while a late peer holds the generation before (a refit with a late peer),
+ * which then opens it in another pool. */
+static void op_refit_late(int p)
+{
+    pool_t *q = &P[p];
+    buf_t *b = &q->buf[below((uint64_t)q->nbuf)];
+    step_feats |= FB(F_LATE) | FB(F_RESIZE) | FB(F_EXPORT) | FB(F_VIEW);
+    if (b->size < 8 * MB)
+        resize_one(p, b, b->window >= 12 * MB ? 12 * MB : b->window, stream_choice());
+    if (!stash_buffer(p, b))
+        return;
+    int peers;
+    fabpool_buffer_info bi = binfo(b);
+    uint64_t g = peers_gen(b, bi.generation, &peers);
+    if (fabpool_buffer_peers_ack(b->h, g) == FABPOOL_OK && g > b->acked)
+        b->acked = g;
+    resize_one(p, b, (size_t)logsize(1, 2 * MB), stream_choice());
+    n_refit_late++;
+    int i = nstash - 1;
+    stash_t z = stash[i];
+    stash[i] = stash[--nstash];
+    int t = other_pool(p, has_view_room);
+    snprintf(cur_what, sizeof cur_what, "pool %d (%s), buffer %llu exported at generation %llu (acked), shrunk to "
+             "%zu; the late peer opens it in pool %d", p, htype_name(q->htype), (unsigned long long)b->id,
+             (unsigned long long)z.gen, b->size, t);
+    n_late_open[q->htype]++;
+    n_late_after_change[q->htype] += binfo(b).generation > z.gen;
+    if (t < 0) {
+        for (size_t k = 0; k < z.nfds; k++)
+            close(z.fds[k]);
+    } else {
+        open_view(t, p, b, z.desc, z.len, z.fds, z.nfds, z.gen, z.live, z.src_size,
+                  q->htype == FABPOOL_HANDLE_FABRIC ? "late_peer.open.fabric" : "late_peer.open.posix_fd");
+    }
+    free(z.desc);
+}
+
+static void op_view_open(int p)
+{
+    buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+    int t = other_pool(p, has_view_room);
+    fabpool_buffer_info bi = binfo(b);
+    step_feats |= FB(F_VIEW) | FB(F_EXPORT);
+    snprintf(cur_what, sizeof cur_what, "pool %d%s opens buffer %llu of pool %d (%s, size %zu, gen %llu)", t,
+             P[t].asleep ? " (asleep)" : "", (unsigned long long)b->id, p, htype_name(P[p].htype), b->size,
+             (unsigned long long)bi.generation);
+    size_t len = 0, nfds = 0;
+    fabpool_status st = do_export(p, b, 0, &len, &nfds);
+    EXPECT_OK(st, "view_open.export", "fabpool_buffer_export(since 0)");
+    if (st != FABPOOL_OK)
+        return;
+    open_view(t, p, b, desc, len, mine, nfds, bi.generation, bi.mapped, b->size, "view_open");
+    if (chance(75))
+        fabpool_buffer_export_done(b->h);
+}
+
+static void op_view_apply(int t)
+{
+    view_t *v;
+    buf_t *b;
+    int sp;
+    do {
+        v = &P[t].view[below((uint64_t)P[t].nview)];
+        b = find_buf(v->id, &sp);
+    } while (!b || v->broken || P[sp].asleep);
+    step_pools |= 1u << sp;
+    fabpool_buffer_info bi = binfo(b);
+    step_feats |= FB(F_VIEW) | FB(F_EXPORT);
+    size_t len = 0, nfds = 0;
+    fabpool_status st = do_export(sp, b, v->gen, &len, &nfds);
+    EXPECT_OK(st, "view_apply.export", "fabpool_buffer_export(since the view's generation)");
+    if (st != FABPOOL_OK)
+        return;
+    snprintf(cur_what, sizeof cur_what, "pool %d%s, view of buffer %llu: gen %llu -> %llu", t,
+             P[t].asleep ? " (asleep)" : "", (unsigned long long)b->id, (unsigned long long)v->gen,
+             (unsigned long long)bi.generation);
+    st = fabpool_view_apply(v->h, desc, len, mine, nfds);
+    if (chance(75))
+        fabpool_buffer_export_done(b->h);
+    if (P[t].asleep) {
+        n_asleep_refused++;
+        EXPECT(refusal_is(t, st, FABPOOL_ERR_ASLEEP), "asleep.view_apply", "fabpool_view_apply -> %s",
+               fabpool_status_name(st));
+        if (st != FABPOOL_OK) {
+            refused(t, NULL);
+            return;
+        }
+    } else if (st == FABPOOL_ERR_LIMIT && P[t].c.small_reserve) {
+        n_limit++;
+        refused(t, NULL);
+        return;
+    }
+    EXPECT_OK(st, "view_apply", "fabpool_view_apply");
+    if (st != FABPOOL_OK) {
+        v->broken = 1;
+        return;
+    }
+    v->gen = bi.generation;
+    v->live = bi.mapped;
+    v->src_size = b->size;
+    fabpool_buffer_info va;
+    fabpool_view_get_info(v->h, &va);
+    EXPECT(va.generation == v->gen && va.mapped == v->live, "view_apply.info", "view of buffer %llu: generation %llu, "
+           "mapped %zu after applying generation %llu of %llu bytes", (unsigned long long)b->id,
+           (unsigned long long)va.generation, va.mapped, (unsigned long long)v->gen, (unsigned long long)v->live);
+    check_view(v, -1);
+}
+
+static void op_view_close(int t)
+{
+    int i = (int)below((uint64_t)P[t].nview);
+    for (int k = 0; k < P[t].nview; k++)
+        if (P[t].view[k].broken)
+            i = k;
+    step_feats |= FB(F_VIEW);
+    snprintf(cur_what, sizeof cur_what, "pool %d%s, view of buffer %llu", t, P[t].asleep ? " (asleep)" : "",
+             (unsigned long long)P[t].view[i].id);
+    check_view(&P[t].view[i], -1);
+    fabpool_status st = fabpool_view_close(P[t].view[i].h);
+    EXPECT_OK(st, "view_close", "fabpool_view_close");
+    drop_view(t, i);
+}
+
+static void op_dmabuf_open(int p)
+{
+    pool_t *q = &P[p];
+    buf_t *b = &q->buf[below((uint64_t)q->nbuf)];
+    fabpool_buffer_info bi = binfo(b);
+    uint64_t pages = bi.mapped / 4096;
+    uint64_t off = below(pages) * 4096, size = (1 + below(pages - off / 4096)) * 4096;
+    step_feats |= FB(F_DMABUF);
+    snprintf(cur_what, sizeof cur_what, "pool %d, buffer %llu [%llu, +%llu) of %zu mapped%s", p,
+             (unsigned long long)b->id, (unsigned long long)off, (unsigned long long)size, bi.mapped,
+             q->asleep ? ", asleep" : "");
+    int fd = -1;
+    fabpool_status st = fabpool_buffer_dmabuf(b->h, (size_t)off, (size_t)size, &fd);
+    if (q->asleep) {
+        n_asleep_refused++;
+        EXPECT_ST(st, FABPOOL_ERR_ASLEEP, "asleep.dmabuf", "fabpool_buffer_dmabuf");
+        if (st != FABPOOL_OK)
+            refused(p, NULL);
+    } else {
+        EXPECT_OK(st, "dmabuf", "fabpool_buffer_dmabuf");
+    }
+    EXPECT((st == FABPOOL_OK) == (fd >= 0), "dmabuf.fd", "-> %s with fd %d", fabpool_status_name(st), fd);
+    if (fd >= 0) {
+        n_dmabuf++;
+        dmabufs[ndmabuf++] = (dmabuf_t){p, b->id, fd};
+    }
+}
+
+static void op_dmabuf_close(int p)
+{
+    int i;
+    do
+        i = (int)below((uint64_t)ndmabuf);
+    while (dmabufs[i].pool != p);
+    step_feats |= FB(F_DMABUF);
+    snprintf(cur_what, sizeof cur_what, "pool %d, the dma-buf of buffer %llu", p, (unsigned long long)dmabufs[i].id);
+    close_dmabuf(i);
+}
+
+/* ------------------------------------------------------------ operations: sleep and wake */
+
+static void op_sleep(int p)
+{
+    pool_t *q = &P[p];
+    if (chance(60))
+        peers_leave(p); /* the peers of its buffers are gone: a sleep may go ahead */
+    int must = 1;       /* no exported buffer still viewed, no destroyed one waiting for its peers */
+    for (int i = 0; i < q->nbuf; i++)
+        must &= !q->buf[i].shared || q->buf[i].acked == UINT64_MAX;
+    for (int i = 0; i < ndead; i++)
+        must &= dead[i].pool != p;
+    fabpool_sleep_mode mode = chance(60) ? FABPOOL_SLEEP_OFFLOAD : FABPOOL_SLEEP_DISCARD;
+    int s = stream_choice();
+    step_feats |= FB(F_SLEEP);
+    snprintf(cur_what, sizeof cur_what, "pool %d, %s, stream %s, %s", p,
+             mode == FABPOOL_SLEEP_OFFLOAD ? "offload" : "discard", stream_name(s),
+             must ? "no peer left" : "exported buffers");
+    fabpool_stats s0;
+    fabpool_get_stats(q->p, &s0);
+    fabpool_status st = fabpool_sleep(q->p, mode, sptr(s));
+    if (st == FABPOOL_ERR_BUSY && !must) {
+        n_sleep_busy++;
+        fabpool_stats s1;
+        fabpool_get_stats(q->p, &s1);
+        EXPECT(s1.mapped_bytes == s0.mapped_bytes && s1.blocks == s0.blocks, "sleep.busy_changed", "a refused sleep "
+               "changed the pool: %llu -> %llu bytes mapped", (unsigned long long)s0.mapped_bytes,
+               (unsigned long long)s1.mapped_bytes);
+        return;
+    }
+    EXPECT_OK(st, "sleep", "fabpool_sleep");
+    if (st != FABPOOL_OK)
+        return;
+    n_slept++;
+    q->asleep = 1;
+    q->mode = mode;
+    /* the sleep waited for what it unmaps: retirements and the owner's freed blocks are done (the sim
+     * completes a stream that is waited for); blocks pending in the queue stay live, asleep */
+    refresh_streams();
+    int w = 0;
+    for (int i = 0; i < nrec; i++) {
+        rec_t *r = &rec[i];
+        if (r->pool == p && rec_stream_pending(r))
+            fail_("sleep.retired_unfenced", __LINE__, "buffer %llu: memory retired on stream %d whose work pends was "
+                  "unmapped by the sleep", (unsigned long long)r->id, r->stream);
+        if (r->pool != p)
+            rec[w++] = *r;
+    }
+    nrec = w;
+    w = 0;
+    for (int i = 0; i < npend; i++) {
+        pend_t *e = &pend[i];
+        if (e->pool == p && e->owner && pending_on(e->stream, e->epoch))
+            fail_("sleep.owner_unfenced", __LINE__, "block %p freed on the owner stream %d whose work pends was "
+                  "unmapped by the sleep", e->b.p, e->stream);
+        if (e->pool != p || !e->owner)
+            pend[w++] = *e;
+    }
+    npend = w;
+    fabpool_sleep_info si;
+    fabpool_sleep_state(q->p, &si);
+    EXPECT(si.asleep && si.mode == mode, "sleep.state", "after a sleep: asleep %d, mode %d", si.asleep, (int)si.mode);
+}
+
+static void op_wake(int p)
+{
+    pool_t *q = &P[p];
+    int s = stream_choice();
+    step_feats |= FB(F_SLEEP);
+    snprintf(cur_what, sizeof cur_what, "pool %d, slept with %s, stream %s", p,
+             q->mode == FABPOOL_SLEEP_OFFLOAD ? "offload" : "discard", stream_name(s));
+    fabpool_status st = fabpool_wake(q->p, sptr(s));
+    EXPECT_OK(st, "wake", "fabpool_wake");
+    if (st != FABPOOL_OK)
+        return;
+    q->asleep = 0;
+    fabpool_sleep_info si;
+    fabpool_sleep_state(q->p, &si);
+    EXPECT(!si.asleep && (q->c.keep_host || si.host_bytes == 0), "wake.state", "after a wake: asleep %d, %llu host "
+           "bytes held (sleep_keep_host %d)", si.asleep, (unsigned long long)si.host_bytes, q->c.keep_host);
+    if (q->mode == FABPOOL_SLEEP_DISCARD) { /* contents unspecified: the program writes them again */
+        n_woke_discard++;
+        for (int i = 0; i < q->nblk; i++)
+            write_blk(&q->blk[i]);
+        for (int i = 0; i < q->nbuf; i++)
+            if (!q->buf[i].broken)
+                write_points(q->buf[i].id, q->buf[i].base, q->buf[i].pts, 0, q->buf[i].size);
+        for (int i = 0; i < npend; i++)
+            if (pend[i].pool == p)
+                pend[i].nodata = 1;
+        return;
+    }
+    for (int i = 0; i < q->nblk; i++) /* offload: every byte is back */
+        check_blk(&q->blk[i], -1);
+    for (int i = 0; i < q->nbuf; i++)
+        check_buf(&q->buf[i], -1);
+}
+
+static void op_sleep_state(int p)
+{
+    pool_t *q = &P[p];
+    fabpool_sleep_info si;
+    step_feats |= FB(F_SLEEP);
+    snprintf(cur_what, sizeof cur_what, "pool %d%s", p, q->asleep ? ", asleep: and a second sleep" : "");
+    fabpool_status st = fabpool_sleep_state(q->p, &si);
+    EXPECT(st == FABPOOL_OK && si.asleep == q->asleep, "sleep_state", "-> %s, asleep %d (the test: %d)",
+           fabpool_status_name(st), si.asleep, q->asleep);
+    if (q->asleep) {
+        st = fabpool_sleep(q->p, FABPOOL_SLEEP_OFFLOAD, NULL);
+        EXPECT_ST(st, FABPOOL_ERR_ASLEEP, "sleep.twice", "a second fabpool_sleep");
+        step_feats |= FB(F_BAD);
+    }
+}
+
+/* ------------------------------------------------------------ operations: streams */
+
+static void op_hold(int p)
+{
+    (void)p;
+    int s = (int)below(NSTREAM);
+    snprintf(cur_what, sizeof cur_what, "stream %d", s);
+    hold(s);
+}
+
+static void op_release(int p)
+{
+    (void)p;
+    refresh_streams();
+    int s = (int)below(NSTREAM);
+    for (int k = 0; k < NSTREAM && !held[s]; k++)
+        s = (s + 1) % NSTREAM;
+    snprintf(cur_what, sizeof cur_what, "stream %d (%s)", s, held[s] ? "held" : "not held");
+    release(s);
+}
+
+/* ------------------------------------------------------------ operations: pools */
+
+/* Creates pool p with the options of configuration c; the model holds nothing of it yet. */
+static int create_pool(int p, const pool_conf *c)
+{
+    pool_t *q = &P[p];
+    memset(q, 0, sizeof *q);
+    q->c = *c;
+    fabpool_options o;
+    fabpool_options_init(&o);
+    o.handle_type = c->handle;
+    o.reserve_bytes = c->small_reserve ? 512 * MB : 8 * GB;
+    o.cache_limit_bytes = 64 * MB;
+    o.max_chunk_bytes = 32 * MB;
+    o.stream_owner = (uint32_t)c->stream_owner;
+    o.thread_cache = (uint32_t)c->thread_cache;
+    o.sleep_keep_host = (uint32_t)c->keep_host;
+    if (c->trace != TRACE_NONE)
+        snprintf(q->trace_path, sizeof q->trace_path, "%s/seed%llu-pool%d.trace", tmpdir, cur_seed, p);
+    snprintf(o.trace_path, sizeof o.trace_path, "%s", q->trace_path);
+    q->own = c->stream_owner ? OWN_NONE : OWN_OFF;
+    fabpool_status st = fabpool_create(&o, &q->p);
+    EXPECT_OK(st, "pool_create", "fabpool_create");
+    if (st != FABPOOL_OK)
+        return -1;
+    q->htype = fabpool_handle_type_of(q->p);
+    EXPECT(q->htype == c->handle, "pool_create", "pool %d: handle type %s, asked %s", p, htype_name(q->htype),
+           htype_name(c->handle));
+    return 0;
+}
+
+/* Everything of pool p given back, as a program that is done with it: the peers of its buffers gone, its
+ * dma-bufs and views closed, its buffers destroyed, its blocks freed, their work waited for, the cache
+ * trimmed. */
+static void drain_pool(int p)
+{
+    pool_t *q = &P[p];
+    if (q->asleep)
+        op_wake(p);
+    for (int i = 0; i < ndmabuf;)
+        if (dmabufs[i].pool == p)
+            close_dmabuf(i);
+        else
+            i++;
+    peers_leave(p);
+    while (q->nview) {
+        EXPECT_OK(fabpool_view_close(q->view[0].h), "view_close", "fabpool_view_close");
+        drop_view(p, 0);
+    }
+    while (q->nbuf) {
+        EXPECT_OK(fabpool_buffer_destroy(q->buf[0].h, NULL), "buffer_destroy", "fabpool_buffer_destroy");
+        tr_live(p, -(int64_t)q->buf[0].size);
+        q->buf[0] = q->buf[--q->nbuf];
+    }
+    while (q->nblk) { /* (a trace of the stream pair only stays so) */
+        EXPECT_OK(stream_only(p) ? fabpool_free_on_stream(q->p, q->blk[0].p, NULL) : fabpool_free(q->p, q->blk[0].p),
+                  "free", "fabpool_free");
+        tr_live(p, -(int64_t)q->blk[0].size);
+        q->blk[0] = q->blk[--q->nblk];
+    }
+    EXPECT_OK(fabpool_collect(q->p, 1), "collect", "fabpool_collect(wait)");
+    EXPECT_OK(fabpool_trim(q->p, 0), "trim", "fabpool_trim(0)");
+    refresh_streams();
+    fabpool_stats st;
+    fabpool_get_stats(q->p, &st);
+    EXPECT(st.mapped_bytes == st.view_bytes && st.buffers == 0 && st.retiring_bytes == 0 &&
+               st.stream_pending_blocks == 0, "drain.leak", "pool %d: %llu bytes mapped (%llu of views), %llu "
+           "retiring, %llu buffers, %llu blocks pending left after everything was freed, collect(wait) and trim(0)", p,
+           (unsigned long long)st.mapped_bytes, (unsigned long long)st.view_bytes,
+           (unsigned long long)st.retiring_bytes, (unsigned long long)st.buffers,
+           (unsigned long long)st.stream_pending_blocks);
+}
+
+/* A pool ends and a new one of the same options takes its place (fabpool_destroy and fabpool_create
+ * amid the others' traffic).  Half the time the new pool then meets a bad pointer on a stream before its
+ * first stream call, and a good free on another stream, which the owner rule says goes to the pool at once. */
+static void op_pool_renew(int p)
+{
+    pool_t *q = &P[p];
+    pool_conf c = q->c;
+    snprintf(cur_what, sizeof cur_what, "pool %d (%s, owner %s)", p, htype_name(q->htype),
+             c.stream_owner ? "on" : "off");
+    drain_pool(p);
+    EXPECT_OK(fabpool_destroy(q->p), "pool_destroy", "fabpool_destroy");
+    q->p = NULL;
+    if (create_pool(p, &c) != 0)
+        return;
+    if (!c.stream_owner || chance(50))
+        return;
+    step_feats |= FB(F_OWNER) | FB(F_BAD);
+    op_alloc(p);
+    op_alloc(p);
+    int home = p % NSTREAM;
+    bad_free(p, (home + 1) % NSTREAM, 1);
+    op_free_on_stream(p);
+    snprintf(cur_what, sizeof cur_what, "pool %d (%s, owner on) renewed: a bad pointer on stream %d, then a free on "
+             "stream %d", p, htype_name(q->htype), (home + 1) % NSTREAM, home);
+}
+
+/* ------------------------------------------------------------ the table of operations */
+
+static int awake(int p) { return !P[p].asleep; }
+static int can_alloc(int p) { return P[p].nblk < MAXBLK; }
+static int can_plain_alloc(int p) { return can_alloc(p) && !stream_only(p) && (!in_owner_mode(p) || chance(5)); }
+static int has_blk(int p) { return P[p].nblk > 0; }
+static int has_plain_blk(int p) { return has_blk(p) && !stream_only(p); }
+static int can_create(int p) { return P[p].nbuf < MAXBUF; }
+static int has_buf(int p) { return P[p].nbuf > 0; }
+static int has_awake_buf(int p) { return has_buf(p) && awake(p); }
+static int has_shared(int p)
+{
+    for (int i = 0; i < P[p].nbuf; i++)
+        if (P[p].buf[i].shared)
+            return 1;
+    return ndead > 0 && p == dead[0].pool;
+}
+static int can_stash(int p) { return has_awake_buf(p) && shareable(p) && nstash < MAXSTASH; }
+static int has_stash(int p)
+{
+    for (int i = 0; i < nstash; i++)
+        if (stash[i].pool == p)
+            return other_pool(p, has_view_room) >= 0;
+    return 0;
+}
+static int can_refit_late(int p) { return can_stash(p) && other_pool(p, has_view_room) >= 0; }
+static int can_view(int p) { return has_awake_buf(p) && shareable(p) && other_pool(p, has_view_room) >= 0; }
+static int has_appliable(int t)
+{
+    for (int i = 0; i < P[t].nview; i++) {
+        int sp;
+        if (!P[t].view[i].broken && find_buf(P[t].view[i].id, &sp) && !P[sp].asleep)
+            return 1;
+    }
+    return 0;
+}
+static int has_view(int t) { return P[t].nview > 0; }
+static int can_dmabuf(int p) { return has_buf(p) && ndmabuf < MAXDMABUF; }
+static int has_dmabuf(int p)
+{
+    for (int i = 0; i < ndmabuf; i++)
+        if (dmabufs[i].pool == p)
+            return 1;
+    return 0;
+}
+static int asleep(int p) { return P[p].asleep; }
+static int can_thread(int p) { return awake(p) && P[p].c.trace == TRACE_NONE && !in_owner_mode(p); }
+static int always(int p) { return p >= 0; }
+static int can_renew(int p) { return awake(p) && P[p].c.trace == TRACE_NONE; }
+
+/* One entry per operation: adding one (fabpool_record_stream, say) is a function and a line here. */
+typedef struct op_def {
+    const char *name;
+    unsigned weight;
+    int (*applies)(int pool); /* whether the operation can run on this pool now */
+    void (*run)(int pool);
+} op_def;
+
+static const op_def ops[] = {
+    {"alloc", 8, can_plain_alloc, op_alloc},
+    {"free", 6, has_plain_blk, op_free},
+    {"alloc_on_stream", 10, can_alloc, op_alloc_on_stream},
+    {"free_on_stream", 9, has_blk, op_free_on_stream},
+    {"bad_pointer", 1, has_blk, op_bad_free},
+    {"usable_size", 1, has_blk, op_usable_size},
+    {"thread_flush", 1, always, op_thread_flush},
+    {"collect", 3, always, op_collect},
+    {"trim", 2, always, op_trim},
+    {"stats", 1, always, op_stats},
+    {"check", 1, always, op_check},
+    {"thread", 1, can_thread, op_thread},
+    {"buffer_create", 4, can_create, op_buffer_create},
+    {"buffer_resize", 9, has_buf, op_buffer_resize},
+    {"buffer_resize_set", 3, has_buf, op_buffer_resize_set},
+    {"buffer_destroy", 3, has_buf, op_buffer_destroy},
+    {"shrink_grow", 2, has_awake_buf, op_shrink_grow},
+    {"export", 3, has_buf, op_export},
+    {"export_done", 2, has_buf, op_export_done},
+    {"peers_ack", 5, has_shared, op_peers_ack},
+    {"late_peer", 2, can_stash, op_late_stash},
+    {"late_peer_open", 2, has_stash, op_late_open},
+    {"refit_late_peer", 2, can_refit_late, op_refit_late},
+    {"view_open", 4, can_view, op_view_open},
+    {"view_apply", 4, has_appliable, op_view_apply},
+    {"view_close", 3, has_view, op_view_close},
+    {"dmabuf_open", 2, can_dmabuf, op_dmabuf_open},
+    {"dmabuf_close", 2, has_dmabuf, op_dmabuf_close},
+    {"sleep", 3, awake, op_sleep},
+    {"wake", 5, asleep, op_wake},
+    {"sleep_state", 1, always, op_sleep_state},
+    {"stream_hold", 5, always, op_hold},
+    {"stream_release", 4, always, op_release},
+    {"pool_renew", 1, can_renew, op_pool_renew},
+};
+#define NOPS ((int)(sizeof ops / sizeof ops[0]))
+static long op_count[NOPS];
+/* FABPOOL_TEST_SKIP_OPS=name,name...: operations never drawn (one that crashes the process on a branch
+ * without its fix, say) */
+static unsigned op_weight[NOPS];
+
+static int pick_pool(int (*ok)(int))
+{
+    int c[NPOOL], n = 0;
+    for (int p = 0; p < NPOOL; p++)
+        if (ok(p))
+            c[n++] = p;
+    return n ? c[below((uint64_t)n)] : -1;
+}
+
+/* The state of pool p that a step meets. */
+static unsigned state_feats(int p)
+{
+    pool_t *q = &P[p];
+    unsigned f = 0;
+    refresh_streams();
+    for (int i = 0; i < npend; i++)
+        if (pend[i].pool == p && pending_on(pend[i].stream, pend[i].epoch))
+            f |= FB(F_PENDING);
+    for (int i = 0; i < nrec; i++)
+        if (rec[i].pool == p && rec_stream_pending(&rec[i]))
+            f |= FB(F_RETIRED);
+    for (int i = 0; i < q->nbuf; i++)
+        if (q->buf[i].shared && q->buf[i].acked != UINT64_MAX)
+            f |= FB(F_EXPORT);
+    for (int i = 0; i < nstash; i++)
+        if (stash[i].pool == p)
+            f |= FB(F_LATE);
+    for (int t = 0; t < NPOOL; t++)
+        for (int i = 0; i < P[t].nview; i++)
+            if (t == p || P[t].view[i].src_pool == p)
+                f |= FB(F_VIEW);
+    for (int i = 0; i < ndmabuf; i++)
+        if (dmabufs[i].pool == p)
+            f |= FB(F_DMABUF);
+    if (q->own >= -1)
+        f |= FB(F_OWNER);
+    if (counters(p).stream_pending_blocks)
+        f |= FB(F_QUEUED);
+    if (q->asleep)
+        f |= FB(F_SLEEP);
+    if (q->c.trace != TRACE_NONE)
+        f |= FB(F_TRACE);
+    return f;
+}
+
+static void count_pairs(unsigned f)
+{
+    for (int a = 0; a < F_COUNT; a++)
+        if (f & FB(a))
+            for (int b = a + 1; b < F_COUNT; b++)
+                if (f & FB(b))
+                    pair_met[a][b]++;
+}
+
+/* ------------------------------------------------------------ a seed */
+
+static long total_steps;
+
+static int setup_pools(int cfg)
+{
+    for (int p = 0; p < NPOOL; p++)
+        if (create_pool(p, &configs[cfg][p]) != 0)
+            return -1;
+    nrec = npend = nstash = ndmabuf = ndead = 0;
+    for (int s = 0; s < NSTREAM; s++)
+        release(s);
+    return 0;
+}
+
+/* The traced pool's file against what the test did: every allocation at the trace's level, nothing
+ * live at the end, the same peak of live bytes, no free of a pointer it never gave out; then the replay. */
+static void check_trace(int p)
+{
+    pool_t *q = &P[p];
+    trace_data d;
+    char err[512];
+    snprintf(cur_what, sizeof cur_what, "pool %d's trace %.200s (%s)", p, q->trace_path,
+             q->c.trace == TRACE_MIXED ? "plain calls and the stream pair" : "the stream pair only");
+    if (trace_load(q->trace_path, &d, err, sizeof err) != 0) {
+        fail_("trace.load", __LINE__, "%s", err);
+        return;
+    }
+    n_traces++;
+    trace_summary s;
+    trace_summarize(&d, &s);
+    trace_free(&d);
+    uint64_t allocs = 0;
+    for (int k = 0; k < TRACE_HIST; k++)
+        allocs += s.hist[k];
+    int mixed = q->c.trace == TRACE_MIXED;
+    EXPECT(allocs == q->tr_allocs, mixed ? "trace.allocs.mixed" : "trace.allocs.stream_pair", "the trace has %llu allocations at the %s level, the test made %llu",
+           (unsigned long long)allocs, s.level_app ? "app" : "pool", (unsigned long long)q->tr_allocs);
+    EXPECT(s.unknown_frees <= q->tr_bad_frees, mixed ? "trace.unknown_frees.mixed" : "trace.unknown_frees.stream_pair",
+           "%llu frees or buffer calls of pointers the trace never gave out; the test freed %llu bad pointers",
+           (unsigned long long)s.unknown_frees, (unsigned long long)q->tr_bad_frees);
+    EXPECT(s.live_end == 0 && s.objects_end == 0, mixed ? "trace.live_end.mixed" : "trace.live_end.stream_pair", "the trace ends with %llu bytes live in %llu "
+           "objects; the test freed everything", (unsigned long long)s.live_end, (unsigned long long)s.objects_end);
+    EXPECT(s.live_peak == q->tr_peak, mixed ? "trace.live_peak.mixed" : "trace.live_peak.stream_pair", "the trace's live peak is %llu bytes, the test's %llu",
+           (unsigned long long)s.live_peak, (unsigned long long)q->tr_peak);
+    if (!replay_path)
+        return;
+    char log[128];
+    snprintf(log, sizeof log, "%s/replay.log", tmpdir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        char machine[160];
+        snprintf(machine, sizeof machine, "%s-replay", getenv("FABSIM_MACHINE") ? getenv("FABSIM_MACHINE") : "combined");
+        setenv("FABSIM_MACHINE", machine, 1);
+        execl(replay_path, replay_path, q->trace_path, "--allocators", "fabpool", "--check", (char *)NULL);
+        _exit(127);
+    }
+    int ws = 0;
+    waitpid(pid, &ws, 0);
+    n_replays++;
+    if (WIFEXITED(ws) && WEXITSTATUS(ws) == 0)
+        return;
+    char said[600] = "";
+    FILE *f = fopen(log, "r");
+    char line[512];
+    size_t at = 0;
+    while (f && fgets(line, sizeof line, f))
+        if ((strstr(line, "CHECK FAILED:") || strstr(line, "not replayed") || strstr(line, "operations failed") ||
+             strstr(line, "error")) && at < sizeof said - 1)
+            at += (size_t)snprintf(said + at, sizeof said - at, "%s", line);
+    if (f)
+        fclose(f);
+    fail_(mixed ? "replay.mixed" : "replay.stream_pair", __LINE__, "fabpool_replay --check exit "
+          "status %d (%s): %s", WIFEXITED(ws) ? WEXITSTATUS(ws) : -1, q->tr_streams ? "the stream pair used" :
+          "no stream", said);
+}
+
+static void teardown(void)
+{
+    cur_op = "teardown";
+    cur_step = -1;
+    snprintf(cur_what, sizeof cur_what, "everything freed and every pool destroyed");
+    for (int s = 0; s < NSTREAM; s++)
+        release(s);
+    for (int p = 0; p < NPOOL; p++)
+        drain_pool(p);
+    check_step(1);
+    for (int p = 0; p < NPOOL; p++) {
+        EXPECT_OK(fabpool_destroy(P[p].p), "pool_destroy", "fabpool_destroy");
+        P[p].p = NULL;
+    }
+    fabsim_ledger l = t_ledger();
+    EXPECT(l.handles == 0 && l.allocations == 0 && l.mappings == 0 && l.reservations == 0 && l.exported_fds == 0 &&
+           l.bytes_held == 0 && l.bytes_mapped == 0 && l.bytes_held_host == 0 && l.dmabuf_fds == 0, "ledger.end",
+           "after every pool is destroyed the sim holds %llu handles, %llu allocations, %llu mappings, %llu "
+           "reservations, %llu exported fds, %llu bytes, %llu host bytes, %llu dma-bufs",
+           (unsigned long long)l.handles, (unsigned long long)l.allocations, (unsigned long long)l.mappings,
+           (unsigned long long)l.reservations, (unsigned long long)l.exported_fds, (unsigned long long)l.bytes_held,
+           (unsigned long long)l.bytes_held_host, (unsigned long long)l.dmabuf_fds);
+    cur_op = "trace";
+    for (int p = 0; p < NPOOL; p++)
+        if (P[p].c.trace != TRACE_NONE) {
+            check_trace(p);
+            unlink(P[p].trace_path);
+        }
+}
+
+static void run_seed(unsigned long long seed, long steps)
+{
+    cur_seed = seed;
+    cur_step = -1;
+    cur_op = "setup";
+    next_id = 1;
+    int cfg = (int)(seed % (unsigned long long)NCONF);
+    rng_s = mix(seed * 0x9e3779b97f4a7c15ull + 2024);
+    if (setup_pools(cfg) != 0) {
+        for (int p = 0; p < NPOOL; p++)
+            if (P[p].p)
+                fabpool_destroy(P[p].p);
+        return;
+    }
+    unsigned total_w = 0;
+    for (int o = 0; o < NOPS; o++)
+        total_w += op_weight[o];
+    for (long s = 0; s < steps; s++) {
+        cur_step = s;
+        int o = 0, p = -1;
+        for (int tries = 0; tries < 32 && p < 0; tries++) {
+            uint64_t r = below(total_w);
+            for (o = 0; r >= op_weight[o]; o++)
+                r -= op_weight[o];
+            p = pick_pool(ops[o].applies);
+        }
+        if (p < 0)
+            for (o = 0, p = (int)below(NPOOL); ops[o].run != op_collect; o++)
+                ; /* a collect */
+        cur_op = ops[o].name;
+        cur_what[0] = 0;
+        step_first_id = next_id;
+        ngrown = 0;
+        step_feats = state_feats(p);
+        step_pools = 1u << p;
+        ops[o].run(p);
+        count_pairs(step_feats);
+        op_count[o]++;
+        total_steps++;
+        if (verbose)
+            printf("seed %llu step %ld: %s (%s)\n", seed, s, cur_op, cur_what);
+        check_step(s % 64 == 63);
+    }
+    teardown();
+}
+
+static void print_pairs(long steps_each)
+{
+    printf("  features met, pairs (steps where both were present; the step's operation and its pool's state):\n  %-8s",
+           "");
+    for (int b = 1; b < F_COUNT; b++)
+        printf(" %8s", feat_names[b]);
+    printf("\n");
+    for (int a = 0; a < F_COUNT - 1; a++) {
+        printf("  %-8s", feat_names[a]);
+        for (int b = 1; b < F_COUNT; b++)
+            if (b <= a)
+                printf(" %8s", "");
+            else
+                printf(" %8llu", (unsigned long long)pair_met[a][b]);
+        printf("\n");
+    }
+    int check = total_steps >= 20000 && steps_each >= 1000;
+    for (int o = 0; o < NOPS; o++)
+        check &= op_weight[o] > 0; /* (none skipped) */
+    for (size_t k = 0; k < sizeof wanted_pairs / sizeof wanted_pairs[0]; k++) {
+        enum feat a = wanted_pairs[k].a, b = wanted_pairs[k].b;
+        uint64_t n = a < b ? pair_met[a][b] : pair_met[b][a];
+        if (check && n == 0) {
+            t_failures++;
+            fprintf(stderr, "test_combined: the pair %s + %s (%s) never met in %ld steps\n", feat_names[a],
+                    feat_names[b], wanted_pairs[k].what, total_steps);
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int a = 1;
+    if (argc > a && strcmp(argv[a], "-v") == 0)
+        verbose = 1, a++;
+    unsigned long long first = argc > a ? strtoull(argv[a], NULL, 0) : 1;
+    long n_seeds = argc > a + 1 ? atol(argv[a + 1]) : 300;
+    long steps = argc > a + 2 ? atol(argv[a + 2]) : 2000;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    say_where_on_crash();
+    setenv("FABSIM_FABRIC", "1", 0); /* fabric pools beside the others (read at cuInit) */
+    int is_sim = t_driver_init();
+    *(void **)&stream_hold_fn = dlsym(RTLD_DEFAULT, "fabsim_stream_hold");
+    *(void **)&stream_release_fn = dlsym(RTLD_DEFAULT, "fabsim_stream_release");
+    *(void **)&range_mapped_fn = dlsym(RTLD_DEFAULT, "fabsim_range_mapped");
+    if (!is_sim || !stream_hold_fn || !range_mapped_fn) {
+        printf("test_combined: needs the simulated driver (ledger, stream holds, fabsim_range_mapped); skipped\n");
+        return 0;
+    }
+    if (SANITIZED && n_seeds >= 20) {
+        printf("test_combined: sanitizer build: %ld seeds instead of %ld\n", n_seeds / 10, n_seeds);
+        n_seeds /= 10;
+    }
+    replay_path = getenv("FABPOOL_TEST_REPLAY");
+    known_failures = getenv("FABPOOL_TEST_KNOWN_FAILURES");
+    const char *skip = getenv("FABPOOL_TEST_SKIP_OPS");
+    for (int o = 0; o < NOPS; o++) {
+        size_t n = strlen(ops[o].name);
+        const char *at = skip ? strstr(skip, ops[o].name) : NULL;
+        int skipped = at && (at == skip || at[-1] == ',') && (at[n] == 0 || at[n] == ',');
+        op_weight[o] = skipped ? 0 : ops[o].weight;
+        if (skipped)
+            printf("test_combined: %s is not drawn (FABPOOL_TEST_SKIP_OPS)\n", ops[o].name);
+    }
+    if (replay_path && !replay_path[0])
+        replay_path = NULL;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/fabpool_combined.XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        fprintf(stderr, "test_combined: mkdtemp: %s\n", strerror(errno));
+        return 1;
+    }
+    gran = granularity();
+    for (int s = 0; s < NSTREAM; s++)
+        CHECK_CU(cuStreamCreate(&streams[s], 0));
+    printf("test_combined: seeds %llu..%llu, %ld steps each, %d configurations of %d pools, replay %s\n", first,
+           first + (unsigned long long)n_seeds - 1, steps, NCONF, NPOOL, replay_path ? replay_path : "(not set)");
+    double t0 = now();
+    for (long k = 0; k < n_seeds; k++)
+        run_seed(first + (unsigned long long)k, steps);
+    double dt = now() - t0;
+    printf("test_combined: %ld seeds x %ld steps = %ld steps in %.1f s (%.1f us a step), %d checks\n", n_seeds, steps,
+           total_steps, dt, total_steps ? dt * 1e6 / (double)total_steps : 0.0, t_checks);
+    printf("  slept %ld (%ld refused: exported buffers), woke %ld after a discard, %ld calls refused asleep; %ld "
+           "refused by a small reservation; %ld bad pointers\n", n_slept, n_sleep_busy, n_woke_discard,
+           n_asleep_refused, n_limit, n_bad);
+    printf("  late peers opened: fabric %ld (%ld after a shrink), posix_fd %ld (%ld); refits with a late peer %ld; "
+           "grows while a shrink pends on another stream %ld\n", n_late_open[FABPOOL_HANDLE_FABRIC],
+           n_late_after_change[FABPOOL_HANDLE_FABRIC], n_late_open[FABPOOL_HANDLE_POSIX_FD],
+           n_late_after_change[FABPOOL_HANDLE_POSIX_FD], n_refit_late, n_cross_grow);
+    printf("  dma-bufs %ld, threads beside fabpool_check %ld, traces compared %ld, replayed %ld, fabpool_check %ld\n",
+           n_dmabuf, n_threads, n_traces, n_replays, n_pool_checks);
+    printf("  %-20s %10s %7s\n", "operation", "ran", "share");
+    for (int o = 0; o < NOPS; o++)
+        printf("  %-20s %10ld %6.2f%%\n", ops[o].name, op_count[o],
+               total_steps ? 100.0 * (double)op_count[o] / (double)total_steps : 0.0);
+    print_pairs(steps);
+    print_kinds("test_combined", meanings, sizeof meanings / sizeof meanings[0]);
+    for (int s = 0; s < NSTREAM; s++)
+        cuStreamDestroy(streams[s]);
+    char log[128];
+    snprintf(log, sizeof log, "%s/replay.log", tmpdir);
+    unlink(log);
+    rmdir(tmpdir);
+    return t_done("test_combined");
+}
