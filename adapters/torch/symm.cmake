@@ -1,0 +1,14 @@
+# Symmetric memory over a group of processes (symm.c, python/fabpool_symm.py):
+# part of libfabpool_torch.so, with its tests.  Included by CMakeLists.txt here.
+target_sources(fabpool_torch PRIVATE ${CMAKE_CURRENT_LIST_DIR}/symm.c)
+configure_file(${CMAKE_CURRENT_LIST_DIR}/python/fabpool_symm.py ${CMAKE_BINARY_DIR}/adapters/torch/fabpool_symm.py
+               COPYONLY)
+
+if(BUILD_TESTING AND FABPOOL_PYTHON)
+  # 4 forked ranks on the simulated driver, an all-gather hub in the parent: random resizes with the data
+  # checked across ranks, the disagreement errors, a failed grow, a rank that leaves (no torch needed)
+  add_test(NAME test_symm_python
+           COMMAND ${FABPOOL_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_symm_python.py $<TARGET_FILE:fabpool_torch>)
+  fabpool_test_env(test_symm_python)
+  set_tests_properties(test_symm_python PROPERTIES LABELS "torch;share" TIMEOUT 120)
+endif()
