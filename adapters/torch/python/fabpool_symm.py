@@ -19,7 +19,7 @@ tables and CUDA graphs captured over the buffers stay valid across every growth.
 SymmetricMemory is the same without torch: the group is any all-gather of bytes (a callable), the
 addresses are integers.  The tests on the simulated driver use it from plain processes.
 
-Errors are SymmetricMemoryError (a FabpoolError) with .status (a fabpool_status); where the ranks
+Errors are SymmetricMemoryError (a RuntimeError) with .status (a fabpool_status); where the ranks
 disagree (max_bytes, handle types, hosts for POSIX fds, the fd transport) every rank raises the same
 error, which lists what each rank said.
 """
