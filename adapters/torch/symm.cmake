@@ -13,3 +13,10 @@ if(BUILD_TESTING AND FABPOOL_PYTHON AND FABPOOL_TEST_DRIVER STREQUAL "sim")
   fabpool_test_env(test_symm_python)
   set_tests_properties(test_symm_python PROPERTIES LABELS "torch;share" TIMEOUT 120)
 endif()
+
+if(BUILD_TESTING)
+  # the same in C (4 forked ranks, the parent as the all-gather), for the sanitizers and valgrind
+  fabpool_test(test_symm SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_symm.c ${CMAKE_CURRENT_LIST_DIR}/symm.c
+               LIBS ${FABPOOL_TEST_LIBS} LABELS "torch;share" TIMEOUT 120)
+  target_include_directories(test_symm PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_CURRENT_LIST_DIR})
+endif()
