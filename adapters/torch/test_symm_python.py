@@ -7,6 +7,7 @@ buffer and reads its peers' through plain pointers.
                 the largest); after each step every rank writes a pattern into its buffer and reads every
                 peer's, checks that its own bytes below the new size survived the resize, that no address
                 moved, and that only deltas moved (records exported <= chunks changed; imports = exports)
+  (fabric)      the same with fabric handles, in the descriptors' bytes
   (pidfd)       the same, fds copied with pidfd_getfd (where the kernel lets siblings do it)
   disagreements max_bytes, handle types, hosts for POSIX fds, a size past max_bytes: every rank gets the
                 same error naming what differs
@@ -109,9 +110,12 @@ def get(base, off):
     return ctypes.c_uint64.from_address(base + off).value
 
 
-def grow_shrink(me, transport="socket", steps=40):
+def grow_shrink(me, transport="socket", steps=40, conf=None):
     rank = me.rank
-    sm = fabpool_symm.SymmetricMemory(me.allgather, rank, NRANKS, 64 * MB, (rank + 1) * MB, fd_transport=transport)
+    sm = fabpool_symm.SymmetricMemory(me.allgather, rank, NRANKS, 64 * MB, (rank + 1) * MB, fd_transport=transport,
+                                      conf=conf)
+    me.check(sm.info()["handle_type"] == (conf or "handle_type:posix_fd").split(":")[1], "handle type %s" %
+             sm.info()["handle_type"])
     me.check(sm.size == NRANKS * MB, "created at %d bytes, expected the largest asked (%d)" % (sm.size, NRANKS * MB))
     first = sm.ptrs
     me.check(len(set(first)) == NRANKS and all(first), "every rank's buffer has an address here: %s" % first)
@@ -161,6 +165,12 @@ def grow_shrink(me, transport="socket", steps=40):
     me.check(info["exchanges"] == steps + 1, "exchanges: %s" % info)
     sm.close()
     me.check_nothing_held()
+
+
+def grow_shrink_fabric(me):
+    """Fabric handles (the sim permits them with FABSIM_FABRIC=1): the handles travel in the descriptors."""
+    os.environ["FABSIM_FABRIC"] = "1"  # read at this process's cuInit, which the pool's creation makes
+    grow_shrink(me, steps=12, conf="handle_type:fabric")
 
 
 def disagreements(me):
@@ -325,7 +335,8 @@ def _try_getfd(pid, fd):
 
 
 def main():
-    results = [run("grow_shrink", grow_shrink), run("disagreements", disagreements),
+    results = [run("grow_shrink", grow_shrink), run("grow_shrink_fabric", grow_shrink_fabric),
+               run("disagreements", disagreements),
                run("failed_grow", failed_grow), run("peer_gone", peer_gone)]
     if pidfd_works():
         results.append(run("grow_shrink_pidfd", lambda me: grow_shrink(me, "pidfd", steps=12)))
