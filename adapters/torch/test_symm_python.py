@@ -11,6 +11,8 @@ buffer and reads its peers' through plain pointers.
   (pidfd)       the same, fds copied with pidfd_getfd (where the kernel lets siblings do it)
   disagreements max_bytes, handle types, hosts for POSIX fds, a size past max_bytes: every rank gets the
                 same error naming what differs
+  unreachable   a rank in a network namespace of its own (where the process may make one): the others'
+                sockets cannot reach it, and every rank says so
   failed grow   a rank whose cuMemCreate fails: every rank keeps its size and data, the next resize works
   peer gone     a rank leaves mid-run: the others' resize fails, later calls are refused, close works
 Every rank ends holding nothing (the sim's ledger).  Usage: test_symm_python.py <libfabpool_torch.so>"""
@@ -206,6 +208,21 @@ def disagreements(me):
     me.check_nothing_held()
 
 
+def unreachable(me):
+    """Rank 3 in a network namespace of its own: the abstract sockets of the others cannot reach it."""
+    rank = me.rank
+    ok = 1
+    if rank == 3:
+        ok = int(ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0)  # CLONE_NEWNET
+    if not all(x[0] for x in me.gather("Q", ok)):
+        if rank == 0:
+            print("unreachable: skipped: this process may not make a network namespace", flush=True)
+        return
+    me.expect_error(lambda: fabpool_symm.SymmetricMemory(me.allgather, rank, NRANKS, 64 * MB, MB, timeout_s=0.5),
+                    IO, "rank 0", "cannot reach rank 3", "network namespace")
+    me.check_nothing_held()
+
+
 def failed_grow(me):
     rank = me.rank
     sm = fabpool_symm.SymmetricMemory(me.allgather, rank, NRANKS, 256 * MB, 8 * MB)
@@ -336,7 +353,7 @@ def _try_getfd(pid, fd):
 
 def main():
     results = [run("grow_shrink", grow_shrink), run("grow_shrink_fabric", grow_shrink_fabric),
-               run("disagreements", disagreements),
+               run("disagreements", disagreements), run("unreachable", unreachable),
                run("failed_grow", failed_grow), run("peer_gone", peer_gone)]
     if pidfd_works():
         results.append(run("grow_shrink_pidfd", lambda me: grow_shrink(me, "pidfd", steps=12)))
