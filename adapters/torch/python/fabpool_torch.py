@@ -762,3 +762,4 @@ def tag_stats(tag="default", device=None):
     _tag_check(lib.fabpool_torch_tag_stats_json(tag.encode(), _device_index(device), buf, len(buf),
                                                 ctypes.byref(need)), "fabpool_torch.tag_stats(%r)" % tag)
     return json.loads(buf.value.decode())
+from fabpool_symm import SymmetricBuffer, SymmetricMemory, SymmetricMemoryError  # noqa: E402,F401 (fabpool_symm.py)

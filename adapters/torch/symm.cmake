@@ -1,0 +1,22 @@
+# Symmetric memory over a group of processes (symm.c, python/fabpool_symm.py):
+# part of libfabpool_torch.so, with its tests.  Included by CMakeLists.txt here.
+target_sources(fabpool_torch PRIVATE ${CMAKE_CURRENT_LIST_DIR}/symm.c)
+configure_file(${CMAKE_CURRENT_LIST_DIR}/python/fabpool_symm.py ${CMAKE_BINARY_DIR}/adapters/torch/fabpool_symm.py
+               COPYONLY)
+
+if(BUILD_TESTING AND FABPOOL_PYTHON AND FABPOOL_TEST_DRIVER STREQUAL "sim")
+  # 4 forked ranks, an all-gather hub in the parent: random resizes with the data checked across ranks, the
+  # disagreement errors, a failed grow, a rank that leaves (no torch needed).  The simulated driver only: the
+  # ranks read and write device memory through host pointers.
+  add_test(NAME test_symm_python
+           COMMAND ${FABPOOL_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_symm_python.py $<TARGET_FILE:fabpool_torch>)
+  fabpool_test_env(test_symm_python)
+  set_tests_properties(test_symm_python PROPERTIES LABELS "torch;share" TIMEOUT 120)
+endif()
+
+if(BUILD_TESTING)
+  # the same in C (4 forked ranks, the parent as the all-gather), for the sanitizers and valgrind
+  fabpool_test(test_symm SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_symm.c ${CMAKE_CURRENT_LIST_DIR}/symm.c
+               LIBS ${FABPOOL_TEST_LIBS} LABELS "torch;share" TIMEOUT 120)
+  target_include_directories(test_symm PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_CURRENT_LIST_DIR})
+endif()
