@@ -1,6 +1,6 @@
 # Symmetric memory over a group of processes (symm.c, python/fabpool_symm.py):
 # part of libfabpool_torch.so, with its tests.  Included by CMakeLists.txt here.
-target_sources(fabpool_torch PRIVATE ${CMAKE_CURRENT_LIST_DIR}/symm.c)
+target_sources(fabpool_torch_shim PRIVATE ${CMAKE_CURRENT_LIST_DIR}/symm.c)
 configure_file(${CMAKE_CURRENT_LIST_DIR}/python/fabpool_symm.py ${CMAKE_BINARY_DIR}/adapters/torch/fabpool_symm.py
                COPYONLY)
 
