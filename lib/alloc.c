@@ -396,8 +396,9 @@ fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
     fp_alloc *a = A(p);
     /* Blocks the owner stream freed may still be in use by its queued work:
      * the first allocation that is not the owner's waits for that work and
-     * ends the owner mode (retire.h). */
-    if (FP_UNLIKELY(a && fp_retire_owned(a->retire))) {
+     * ends the owner mode (retire.h); a call that will be refused (asleep,
+     * bad arguments) ends nothing. */
+    if (FP_UNLIKELY(a && fp_retire_owned(a->retire)) && out && size && !fp_chunks_asleep(a->sp->ch)) {
         fabpool_status st = fp_retire_disown(a->retire);
         if (st != FABPOOL_OK) {
             if (out)
