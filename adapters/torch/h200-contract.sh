@@ -26,7 +26,7 @@ command -v ninja >/dev/null && GEN="-G Ninja"
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' 2>&1
   step configure 120 bash -c "cmake -S . -B '$B' $GEN -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release \
       > '$OUT/configure.txt' 2>&1; rc=\$?; grep -E 'fabpool_torch_cxx|Error' '$OUT/configure.txt'; exit \$rc"
-  step build 180 cmake --build "$B" -j16 --target fabpool_torch fabpool_torch_cxx test_torch_shim test_torch_core \
+  step build 180 cmake --build "$B" -j16 --target fabpool_torch fabpool_torch_cxx test_torch_shim test_torch_core test_symm test_torch_combined \
        test_torch_cxx_stub
   step ctest-torch 120 ctest --test-dir "$B" -L torch --output-on-failure
   step contract 330 python3 adapters/torch/test_torch_contract.py --lib "$B/adapters/torch/libfabpool_torch.so" \
