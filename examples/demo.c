@@ -130,7 +130,7 @@ int main(int argc, char **argv)
         if (live > peak_live)
             peak_live = live;
     }
-    fabpool_stats ps;
+    fabpool_stats ps = {.struct_size = sizeof ps};
     fabpool_get_stats(pool, &ps);
     unsigned long long calls = 0;
     for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS && ps.driver_call_names[i]; i++)

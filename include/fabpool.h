@@ -9,14 +9,24 @@
  * Every function that can fail returns a fabpool_status.  On anything but
  * FABPOOL_OK, fabpool_last_error() returns a message for the calling thread
  * that says what went wrong and what to do about it.  The few that cannot
- * fail return their answer instead: fabpool_status_name, fabpool_last_error,
- * fabpool_options_init, fabpool_handle_type_of, fabpool_buffer_ptr,
+ * fail return their answer instead: fabpool_version, fabpool_status_name,
+ * fabpool_last_error, fabpool_options_init, fabpool_handle_type_of, fabpool_buffer_ptr,
  * fabpool_view_ptr and fabpool_desc_size (each says what it returns for a
  * NULL argument, where it takes one).
  *
  * Device pointers are `void *` (as cudaMalloc gives them); streams and events
  * are `void *` holding a CUstream / CUevent, so this header needs no CUDA
  * header.  All functions are thread-safe unless a comment says otherwise.
+ *
+ * Structs the library fills (fabpool_options through fabpool_get_options,
+ * fabpool_buffer_info, fabpool_sleep_info, fabpool_stats, fabpool_counters,
+ * and fabpool_torch.h's) begin with `struct_size`: the caller sets it to the
+ * sizeof of the struct it was compiled with before the call
+ * (`fabpool_stats s = {.struct_size = sizeof s};`; fabpool_options_init does
+ * it for the options).  A size the library does not know is refused with
+ * FABPOOL_ERR_INVALID_ARG and the struct is left as it was.  A later version
+ * adds fields only at the end, and fills an older caller's struct up to the
+ * size it gives, so a program built against an older fabpool.h keeps working.
  */
 #ifndef FABPOOL_H
 #define FABPOOL_H
@@ -35,9 +45,22 @@ extern "C" {
 #define FABPOOL_API
 #endif
 
+/* ----------------------------------------------------------------- version
+ *
+ * The version of this header; fabpool_version() says the library's (the two
+ * differ when a program runs with another libfabpool.so than it was built
+ * against).  The project's CMake version is these three numbers (CMake
+ * refuses to configure otherwise); CHANGELOG.md says what each one brought. */
 #define FABPOOL_VERSION_MAJOR 0
-#define FABPOOL_VERSION_MINOR 1
+#define FABPOOL_VERSION_MINOR 2
 #define FABPOOL_VERSION_PATCH 0
+#define FABPOOL_VERSION_STRING "0.2.0"
+/* One number that orders versions: 10000 * major + 100 * minor + patch (0.2.0 is 200). */
+#define FABPOOL_VERSION (FABPOOL_VERSION_MAJOR * 10000 + FABPOOL_VERSION_MINOR * 100 + FABPOOL_VERSION_PATCH)
+
+/* The library's version, "MAJOR.MINOR.PATCH" (FABPOOL_VERSION_STRING of the
+ * fabpool.h it was built from). */
+FABPOOL_API const char *fabpool_version(void);
 
 /* ------------------------------------------------------------------ status */
 
@@ -90,7 +113,8 @@ typedef enum fabpool_rdma {
 #define FABPOOL_TRACE_PATH_MAX 512  /* bytes of fabpool_options.trace_path, its NUL included */
 
 typedef struct fabpool_options {
-    uint32_t struct_size;          /* set by fabpool_options_init: sizeof(fabpool_options) */
+    uint32_t struct_size;          /* set by fabpool_options_init: sizeof(fabpool_options); fabpool_create and
+                                      fabpool_get_options refuse any other */
     int device;                    /* CUDA device ordinal (conf key: device) */
     uint64_t reserve_bytes;        /* virtual address space reserved once; 0: 8x device memory (reserve) */
     fabpool_handle_type handle_type;   /* (handle_type: auto|none|posix_fd|fabric) */
@@ -147,7 +171,8 @@ FABPOOL_API fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t
 FABPOOL_API fabpool_status fabpool_destroy(fabpool_t *pool);
 
 /* The options in force (after FABPOOL_CONF), and the handle type chosen
- * (fabpool_handle_type_of returns it: FABPOOL_HANDLE_NONE for a NULL pool). */
+ * (fabpool_handle_type_of returns it: FABPOOL_HANDLE_NONE for a NULL pool).
+ * out->struct_size must be set (fabpool_options_init sets it). */
 FABPOOL_API fabpool_status fabpool_get_options(const fabpool_t *pool, fabpool_options *out);
 FABPOOL_API fabpool_handle_type fabpool_handle_type_of(const fabpool_t *pool);
 
@@ -241,6 +266,7 @@ FABPOOL_API fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bu
 FABPOOL_API fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *buf, void *stream);
 
 typedef struct fabpool_buffer_info {
+    size_t struct_size;   /* set by the caller: sizeof(fabpool_buffer_info) (see the top of this header) */
     void *base;           /* never changes */
     size_t size;          /* the size asked last */
     size_t mapped;        /* bytes mapped: >= size */
@@ -317,6 +343,7 @@ FABPOOL_API fabpool_status fabpool_sleep(fabpool_t *pool, fabpool_sleep_mode mod
 FABPOOL_API fabpool_status fabpool_wake(fabpool_t *pool, void *stream);
 
 typedef struct fabpool_sleep_info {
+    size_t struct_size;          /* set by the caller: sizeof(fabpool_sleep_info) */
     int asleep;                  /* 1 from a successful fabpool_sleep until fabpool_wake completes */
     fabpool_sleep_mode mode;     /* the last sleep's mode */
     uint64_t offloaded_bytes;    /* the last sleep: device bytes copied to host (restored at its wake) */
@@ -350,6 +377,7 @@ typedef struct fabpool_class_stats {
 } fabpool_class_stats;
 
 typedef struct fabpool_stats {
+    size_t struct_size;             /* set by the caller: sizeof(fabpool_stats) */
     uint64_t reserved_bytes;        /* virtual address space reserved */
     uint64_t mapped_bytes;          /* physical bytes mapped by this pool (what the driver holds for it) */
     uint64_t mapped_bytes_peak;
@@ -387,6 +415,7 @@ FABPOOL_API fabpool_status fabpool_get_stats(fabpool_t *pool, fabpool_stats *out
  * pool's lock).  Each field is exact when read; together they are not one
  * snapshot while other threads use the pool. */
 typedef struct fabpool_counters {
+    size_t struct_size;                           /* set by the caller: sizeof(fabpool_counters) */
     uint64_t mapped_bytes, mapped_bytes_peak;     /* as in fabpool_stats */
     uint64_t chunks_mapped, chunks_mapped_total, chunks_unmapped_total, oom_retries;
     uint64_t stream_pending_blocks;    /* freed on a stream, waiting for its work */

@@ -638,6 +638,10 @@ fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer
 {
     if (!b || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_get_info: the buffer or the output is NULL");
+    fabpool_status st = fp_struct_size_check("fabpool_buffer_get_info", "fabpool_buffer_info", out->struct_size,
+                                             sizeof *out);
+    if (st != FABPOOL_OK)
+        return st;
     fp_buffers *bs = b->owner;
     fp_lock(&bs->sp->lock);
     out->base = (void *)(uintptr_t)b->base;

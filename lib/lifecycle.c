@@ -319,7 +319,7 @@ fabpool_status fabpool_destroy(fabpool_t *p)
     fp_views_destroy(&p->views);
     fp_buffers_destroy(&p->bufs);
     fp_unlock(&p->sp.lock);
-    fabpool_stats s;
+    fabpool_stats s = {.struct_size = sizeof s};
     fabpool_get_stats(p, &s);
     uint64_t live_blocks = s.blocks;
     fabpool_status tst = teardown(p);
@@ -357,6 +357,9 @@ fabpool_status fabpool_get_options(const fabpool_t *p, fabpool_options *out)
 {
     if (!p || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_options: the pool or the output is NULL");
+    fabpool_status st = fp_struct_size_check("fabpool_get_options", "fabpool_options", out->struct_size, sizeof *out);
+    if (st != FABPOOL_OK)
+        return st;
     *out = p->opt;
     out->handle_type = p->ch.handle_type;
     out->rdma = p->ch.rdma ? FABPOOL_RDMA_ON : FABPOOL_RDMA_OFF;

@@ -18,7 +18,11 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
 {
     if (!p || !s)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_stats: the pool or the output is NULL");
+    fabpool_status st = fp_struct_size_check("fabpool_get_stats", "fabpool_stats", s->struct_size, sizeof *s);
+    if (st != FABPOOL_OK)
+        return st;
     memset(s, 0, sizeof *s);
+    s->struct_size = sizeof *s;
     uint64_t small_in_use = 0, blocks = 0;
     unsigned row = 0;
     fp_lock(&p->sp.lock);
@@ -107,7 +111,7 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
 {
     if (!f)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_print_stats: the FILE is NULL");
-    fabpool_stats s;
+    fabpool_stats s = {.struct_size = sizeof s};
     fabpool_status st = fabpool_get_stats(p, &s);
     if (st != FABPOOL_OK)
         return st;
@@ -196,7 +200,11 @@ fabpool_status fabpool_get_counters(fabpool_t *p, fabpool_counters *c)
 {
     if (!p || !c)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_counters: the pool or the output is NULL");
+    fabpool_status st = fp_struct_size_check("fabpool_get_counters", "fabpool_counters", c->struct_size, sizeof *c);
+    if (st != FABPOOL_OK)
+        return st;
     memset(c, 0, sizeof *c);
+    c->struct_size = sizeof *c;
     c->mapped_bytes = ld(&p->ch.mapped_bytes);
     c->mapped_bytes_peak = ld(&p->ch.mapped_peak);
     c->chunks_mapped = ld(&p->ch.chunks_mapped);

@@ -158,7 +158,7 @@ int main(int argc, char **argv)
         else
             printf("  %-58s %10.1f ns\n", cases[i].name, cases[i].ns);
     }
-    fabpool_counters k;
+    fabpool_counters k = {.struct_size = sizeof k};
     fabpool_get_counters(c.p, &k);
     printf("  pool: %llu frees on streams, %llu same-stream reuses, %llu after an event, %llu events recorded, "
            "%llu queries, %llu context syncs\n", (unsigned long long)k.stream_frees,

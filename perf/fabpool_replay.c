@@ -501,7 +501,7 @@ static int cmp_f(const void *a, const void *b)
 
 static uint64_t fab_calls(fabpool_t *pool, uint64_t *maps)
 {
-    static fabpool_stats st;
+    static fabpool_stats st = {.struct_size = sizeof st};
     if (fabpool_get_stats(pool, &st) != FABPOOL_OK)
         return UINT64_MAX;
     uint64_t n = 0;
@@ -534,7 +534,9 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
             snprintf(r->error, sizeof r->error, "fabpool_create: %s", fabpool_last_error());
             return;
         }
-        fst = malloc(sizeof *fst);
+        fst = calloc(1, sizeof *fst);
+        if (fst)
+            fst->struct_size = sizeof *fst;
         if (!fst) {
             snprintf(r->error, sizeof r->error, "no host memory");
             return;
@@ -604,6 +606,8 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
     int since = 0;
     /* FABPOOL_REPLAY_PEAK: fabpool's stats at its held peak [0] and at its in-use peak [2] ([1]: the last) */
     fabpool_stats *detail = getenv("FABPOOL_REPLAY_PEAK") && s.pool ? calloc(3, sizeof *detail) : NULL;
+    for (int k = 0; detail && k < 3; k++)
+        detail[k].struct_size = sizeof detail[k];
     size_t detail_at = 0, detail_live_at = 0;
     double t_all = now_ns();
     uint64_t maps_mid = UINT64_MAX;
