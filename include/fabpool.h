@@ -109,6 +109,17 @@ typedef enum fabpool_rdma {
     FABPOOL_RDMA_OFF = 2   /* never */
 } fabpool_rdma;
 
+/* The log (FABPOOL_DEBUG, option debug): off; warn: what went wrong that a caller may not see; info: pool
+ * creation (version, device, handle type and why, reservation, options other than the defaults), every chunk
+ * mapped and unmapped, trims, decay, out-of-memory retries, sleep and wake, peers' acknowledgements; trace:
+ * also every driver call, with its result and time. */
+typedef enum fabpool_log_level {
+    FABPOOL_LOG_NONE = 0,
+    FABPOOL_LOG_WARN = 1,
+    FABPOOL_LOG_INFO = 2,
+    FABPOOL_LOG_TRACE = 3
+} fabpool_log_level;
+
 #define FABPOOL_MAX_PEERS 16
 #define FABPOOL_TRACE_PATH_MAX 512  /* bytes of fabpool_options.trace_path, its NUL included */
 
@@ -130,7 +141,8 @@ typedef struct fabpool_options {
     int peer_devices[FABPOOL_MAX_PEERS];
     char trace_path[FABPOOL_TRACE_PATH_MAX]; /* "" (default): no trace; else the file every allocation, free
                                       and buffer change is recorded to (trace; FABPOOL_TRACE wins over all):
-                                      %p is replaced by the pid, %d by the device, %% by % (docs/config.md) */
+                                      %p is replaced by the pid, %h by the host name, %d by the device, %% by %
+                                      (docs/config.md) */
     fabpool_rdma rdma;             /* chunks made with allocFlags.gpuDirectRDMACapable (rdma: auto|on|off);
                                       fabpool_get_options answers on or off */
     const char *conf;              /* a FABPOOL_CONF-syntax string applied after these fields and
@@ -146,6 +158,9 @@ typedef struct fabpool_options {
     uint32_t stream_owner;         /* 1: the first stream of the stream pair owns the pool: its frees go to the
                                       pool at once (docs/design.md, "Stream-ordered free"); 0: every stream's
                                       frees wait in the queue (stream_owner) */
+    int debug;                     /* the log's level, a fabpool_log_level (debug: none|warn|info|trace);
+                                      FABPOOL_DEBUG wins over it.  The log is the process's: its level is the
+                                      highest any pool or FABPOOL_DEBUG asked for (docs/config.md, "Log") */
 } fabpool_options;
 
 /* Fills *o with the defaults (docs/config.md lists them). */

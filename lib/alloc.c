@@ -75,6 +75,44 @@ void fp_registry_remove(fp_alloc *a)
     fp_unlock(&registry_lock);
 }
 
+/* The log (info): what the heap gave back to the driver by itself during a call (begun: the tally at its
+ * start): its cache policy (decay_ms, cache_limit) runs on every slow path, and a large block's miss trades
+ * free chunks for its own (large_slack). */
+static void log_released(const fp_alloc *a, fp_chunk_tally begun, const char *why)
+{
+    fp_chunk_tally t = fp_chunk_tally_end(begun);
+    if (t.chunks)
+        FP_LOG_CH(FP_LOG_INFO, a->sp->ch, "%s: %llu bytes in %llu chunks back to the driver (decay_ms %llu, "
+                  "cache_limit %llu); the pool maps %llu", why, (unsigned long long)t.bytes,
+                  (unsigned long long)t.chunks, (unsigned long long)a->heap->decay_ms,
+                  (unsigned long long)a->heap->cache_limit, (unsigned long long)atomic_load(&a->sp->ch->mapped_bytes));
+}
+
+/* The heap's cache policy on a slow path. */
+static void trim_policy(fp_alloc *a)
+{
+    fp_chunk_tally t = fp_chunk_tally_begin();
+    fp_heap_trim_policy(a->heap);
+    log_released(a, t, "decay");
+}
+
+/* A large block: the heap's own calls, which end with its cache policy (and, for a miss, the trade). */
+static fabpool_status large_alloc(fp_alloc *a, size_t size, void **out)
+{
+    fp_chunk_tally t = fp_chunk_tally_begin();
+    fabpool_status st = fp_large_alloc(a->heap, size, out);
+    log_released(a, t, "decay or large_slack");
+    return st;
+}
+
+static fabpool_status large_free(fp_alloc *a, uint64_t addr, const char *fn)
+{
+    fp_chunk_tally t = fp_chunk_tally_begin();
+    fabpool_status st = fp_large_free(a->heap, addr, fn);
+    log_released(a, t, "decay");
+    return st;
+}
+
 /* ------------------------------------------------------------ thread caches */
 
 void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, int thread_cache)
@@ -129,7 +167,7 @@ static void tcache_retire(fp_alloc *a, fp_tcache *tc)
     FP_LIST_REMOVE(&a->tcaches, tc, next, prev);
     fp_unlock(&a->sp->lock);
     tcache_free(a, tc);
-    fp_heap_trim_policy(a->heap);
+    trim_policy(a);
 }
 
 static void thread_exit(void *arg)
@@ -317,7 +355,7 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
     if (FP_UNLIKELY(fp_chunks_asleep(a->sp->ch)))
         return fp_chunk_asleep_error("fabpool_alloc");
     if (size > a->slab_max)
-        return fp_large_alloc(a->heap, size, out);
+        return large_alloc(a, size, out);
 
     unsigned cls = fp_class_of(size);
     fabpool_status st = FABPOOL_OK;
@@ -329,7 +367,7 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
             b->n = fp_class_take(a->heap, cls, b->items, want, &st);
             if (!b->n)
                 return st;
-            fp_heap_trim_policy(a->heap);   /* the decay's clock, on a slow path */
+            trim_policy(a);   /* the decay's clock, on a slow path */
         }
         tcache_pop(tc, cls, out);   /* the fast path's pop, on a bin that now holds blocks */
         return FABPOOL_OK;
@@ -337,7 +375,7 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
     fp_item it;
     if (!fp_class_take(a->heap, cls, &it, 1, &st))
         return st;
-    fp_heap_trim_policy(a->heap);   /* the decay's clock, on a slow path */
+    trim_policy(a);   /* the decay's clock, on a slow path */
     mark_used(it.span, it.ptr);
     atomic_fetch_add_explicit(&a->counts[cls].allocs, 1, memory_order_relaxed);
     *out = (void *)(uintptr_t)it.ptr;
@@ -354,10 +392,14 @@ static fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
         fp_alloc_drain(a, 0, 0);
     fabpool_status st = alloc_slow_once(a, size, out);
     if (st == FABPOOL_ERR_OUT_OF_MEMORY && fp_retire_pending(a->retire)) {
+        FP_LOG_CH(FP_LOG_INFO, a->sp->ch, "out of memory for %zu bytes: waiting for the %llu bytes freed on streams, "
+                  "then one more try", size, (unsigned long long)atomic_load(&a->retire->pending_bytes));
         fp_heap_count_oom_retry(a->heap);
         fp_alloc_drain(a, 1, 0);
         st = alloc_slow_once(a, size, out);
     }
+    if (st == FABPOOL_ERR_OUT_OF_MEMORY)
+        FP_LOG_CH(FP_LOG_WARN, a->sp->ch, "an allocation of %zu bytes failed: %s", size, fabpool_last_error());
     return st;
 }
 
@@ -418,13 +460,13 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr)
             b->n -= half;
         }
         tcache_push(tc, s, addr);   /* the fast path's push, on a bin that now has room */
-        fp_heap_trim_policy(a->heap);
+        trim_policy(a);
         return FABPOOL_OK;
     }
     fp_item it = {addr, s};
     fp_class_give(a->heap, cls, &it, 1);
     atomic_fetch_add_explicit(&a->counts[cls].frees, 1, memory_order_relaxed);
-    fp_heap_trim_policy(a->heap);
+    trim_policy(a);
     return FABPOOL_OK;
 }
 
@@ -432,7 +474,7 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr)
 static fabpool_status free_block(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn)
 {
     if (s->kind != FP_SPAN_SLAB)
-        return fp_large_free(a->heap, addr, fn);
+        return large_free(a, addr, fn);
     uint32_t idx;
     if (FP_UNLIKELY(!fp_slab_index(s, addr, &idx)))
         return fp_error(FABPOOL_ERR_NOT_FOUND,

@@ -328,13 +328,13 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
         goto drop_ghosts;
     if ((st = fp_chunk_map_access(bs->sp->ch, at, rs, hn, "a shrunk buffer's smaller chunk")) != FABPOOL_OK) {
         if (fp_chunk_map_access(bs->sp->ch, at, old, ho, "a shrunk buffer's chunk, back") == FABPOOL_OK)
-            fp_chunk_count_mapped(bs->sp->ch, old);
+            fp_chunk_count_mapped(bs->sp->ch, at, old, "a shrunk buffer's chunk, back");
         else
             fp_error_append(" (the chunk could not be mapped back either: the buffer lost %llu bytes at offset %llu)",
                             (unsigned long long)old, (unsigned long long)c->off);
         goto drop_ghosts;
     }
-    fp_chunk_count_mapped(bs->sp->ch, rs);
+    fp_chunk_count_mapped(bs->sp->ch, at, rs, "a shrunk buffer's smaller chunk");
     if (!ghost_keep(bs, b, c, ho)) /* the old memory, for the peers that may still import it */
         fp_chunk_release(bs->sp->ch, ho);
     fp_bchunk_forget_export(bs, c);
