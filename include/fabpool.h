@@ -395,9 +395,20 @@ typedef struct fabpool_stats {
     size_t struct_size;             /* set by the caller: sizeof(fabpool_stats) */
     uint64_t reserved_bytes;        /* virtual address space reserved */
     uint64_t mapped_bytes;          /* physical bytes mapped by this pool (what the driver holds for it) */
-    uint64_t mapped_bytes_peak;
+    uint64_t mapped_bytes_peak;     /* the most mapped_bytes since creation or fabpool_reset_peak: exact (kept as
+                                       each chunk is mapped) */
     uint64_t in_use_bytes;          /* bytes of blocks given out (size classes) + buffer sizes asked */
-    uint64_t in_use_bytes_peak;
+    uint64_t in_use_bytes_peak;     /* the most bytes in use since creation or fabpool_reset_peak, kept as
+                                       allocations happen (never below the true high-water mark of in_use_bytes).
+                                       Large blocks and buffers are counted when they are given out or grow;
+                                       slab blocks when they leave their class: without a thread cache
+                                       (thread_cache:0, the PyTorch shim) that is when each is given out, so the
+                                       mark is exact; with one, a cache takes up to half a bin at a refill, so the
+                                       mark may exceed the true one by the free blocks thread caches held at its
+                                       moment: at most, per thread and slab class, a bin of min(64, max(2, 8 MiB /
+                                       class size)) blocks (about 8 MiB; 16 MiB for the 8 MiB class), no matter
+                                       how long the run.  The thread-cache hit of fabpool_alloc / fabpool_free
+                                       counts nothing. */
     uint64_t cached_bytes;          /* mapped but free: slabs, free large ranges, buffer hysteresis */
     uint64_t retiring_bytes;        /* buffer chunks waiting for GPU work before unmap */
     uint64_t stream_pending_bytes;  /* blocks freed on a stream, waiting for its work (fabpool_free_on_stream);
@@ -424,6 +435,10 @@ typedef struct fabpool_stats {
 } fabpool_stats;
 
 FABPOOL_API fabpool_status fabpool_get_stats(fabpool_t *pool, fabpool_stats *out);
+/* Starts both high-water marks again (torch.cuda.reset_peak_memory_stats): mapped_bytes_peak from the bytes
+ * mapped now, in_use_bytes_peak from the bytes in use now, after the calling thread's cached blocks went back
+ * to their classes (other threads' cached blocks still count, as in_use_bytes_peak says). */
+FABPOOL_API fabpool_status fabpool_reset_peak(fabpool_t *pool);
 
 /* The pool's running counters, read without a lock: cheap enough to call
  * after every allocation (fabpool_get_stats walks every class under the
@@ -450,7 +465,9 @@ FABPOOL_API fabpool_status fabpool_get_counters(fabpool_t *pool, fabpool_counter
 
 /* The number of CUDA devices the driver sees (loads the driver on first use). */
 FABPOOL_API fabpool_status fabpool_device_count(int *out);
-/* A readable report (json = 0) or one JSON object (json = 1). */
+/* A readable report (json = 0) or one JSON object (json = 1): the stats, and the options in force (as a
+ * FABPOOL_CONF string in the text, an object "options" in the JSON, with the handle type and rdma chosen and
+ * the reservation made). */
 FABPOOL_API fabpool_status fabpool_print_stats(fabpool_t *pool, FILE *out, int json);
 /* Walks the pool's structures under its locks and verifies their invariants
  * (slabs' free counts, flags and stacks; class lists; the page map; large

@@ -131,7 +131,8 @@ typedef struct fabpool_torch_mem_stats {
  * the shim looks), `allocated` / `freed` as the sum of the changes seen
  * between the shim's looks. */
 FABPOOL_API fabpool_status fabpool_torch_get_memory_stats(int device, fabpool_torch_mem_stats *out);
-/* Every `peak` to its `current` (torch.cuda.reset_peak_memory_stats); -1: every device. */
+/* Every `peak` to its `current` (torch.cuda.reset_peak_memory_stats), and the pool's own marks
+ * (fabpool_reset_peak); -1: every device. */
 FABPOOL_API fabpool_status fabpool_torch_reset_peak_stats(int device);
 /* Every `allocated` / `freed` and the num_* counts to 0 (torch.cuda.reset_accumulated_memory_stats). */
 FABPOOL_API fabpool_status fabpool_torch_reset_accumulated_stats(int device);
@@ -171,6 +172,13 @@ FABPOOL_API int fabpool_torch_set_verbose(int on);
  * used after it (make a new one).  No other thread may use the allocator
  * meanwhile. */
 FABPOOL_API fabpool_status fabpool_torch_shutdown(void);
+
+/* The report of every pool (the devices' and the tags') whose option
+ * stats_print asks for one (FABPOOL_CONF=stats_print:text or json), to
+ * stderr, as fabpool_destroy prints it: PyTorch never destroys its
+ * allocator, so the Python module calls this at exit (atexit).  A pool
+ * fabpool_torch_shutdown destroyed printed its report then. */
+FABPOOL_API void fabpool_torch_print_stats_at_exit(void);
 
 #ifdef __cplusplus
 }

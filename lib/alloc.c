@@ -80,6 +80,8 @@ void fp_registry_remove(fp_alloc *a)
  * free chunks for its own (large_slack). */
 static void log_released(const fp_alloc *a, fp_chunk_tally begun, const char *why)
 {
+    if (!begun.on)
+        return;
     fp_chunk_tally t = fp_chunk_tally_end(begun);
     if (t.chunks)
         FP_LOG_CH(FP_LOG_INFO, a->sp->ch, "%s: %llu bytes in %llu chunks back to the driver (decay_ms %llu, "
@@ -101,6 +103,8 @@ static fabpool_status large_alloc(fp_alloc *a, size_t size, void **out)
 {
     fp_chunk_tally t = fp_chunk_tally_begin();
     fabpool_status st = fp_large_alloc(a->heap, size, out);
+    if (st == FABPOOL_OK)
+        fp_usage_raise(a->use);
     log_released(a, t, "decay or large_slack");
     return st;
 }
@@ -143,6 +147,7 @@ static void tcache_flush(fp_alloc *a, fp_tcache *tc)
     for (unsigned c = 0; c < a->n_slab_classes; c++) {
         fp_bin *b = &tc->bins[c];
         if (b->n) {
+            fp_usage_slab_back(a->use, b->n * a->heap->classes[c].obj_size);
             fp_class_give(a->heap, c, b->items, b->n);
             b->n = 0;
         }
@@ -367,6 +372,7 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
             b->n = fp_class_take(a->heap, cls, b->items, want, &st);
             if (!b->n)
                 return st;
+            fp_usage_slab_out(a->use, b->n * a->heap->classes[cls].obj_size);
             trim_policy(a);   /* the decay's clock, on a slow path */
         }
         tcache_pop(tc, cls, out);   /* the fast path's pop, on a bin that now holds blocks */
@@ -375,6 +381,7 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
     fp_item it;
     if (!fp_class_take(a->heap, cls, &it, 1, &st))
         return st;
+    fp_usage_slab_out(a->use, a->heap->classes[cls].obj_size);
     trim_policy(a);   /* the decay's clock, on a slow path */
     mark_used(it.span, it.ptr);
     atomic_fetch_add_explicit(&a->counts[cls].allocs, 1, memory_order_relaxed);
@@ -455,6 +462,7 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr)
         if (b->n == b->cap) {
             /* give back the older half */
             unsigned half = b->n / 2 ? b->n / 2 : 1;
+            fp_usage_slab_back(a->use, half * a->heap->classes[cls].obj_size);
             fp_class_give(a->heap, cls, b->items, half);
             memmove(b->items, b->items + half, (b->n - half) * sizeof *b->items);
             b->n -= half;
@@ -464,6 +472,7 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr)
         return FABPOOL_OK;
     }
     fp_item it = {addr, s};
+    fp_usage_slab_back(a->use, a->heap->classes[cls].obj_size);
     fp_class_give(a->heap, cls, &it, 1);
     atomic_fetch_add_explicit(&a->counts[cls].frees, 1, memory_order_relaxed);
     trim_policy(a);

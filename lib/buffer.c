@@ -498,6 +498,7 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     }
     b->size = size;
     atomic_fetch_add(&bs->bytes, size);
+    fp_usage_raise(bs->use);
     FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_CREATE, b->base, size, max_size, FABPOOL_OK);
     fp_unlock(&bs->sp->lock);
     *out = b;
@@ -572,8 +573,12 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
                 st = s2;
             /* a shrink that failed before it changed anything: the buffer keeps its old size */
             if (s2 == FABPOOL_OK || bufs[i]->generation != gen0) {
-                atomic_fetch_add(&bs->bytes, sizes[i]);
-                atomic_fetch_sub(&bs->bytes, bufs[i]->size);
+                if (sizes[i] >= bufs[i]->size) { /* by the difference: the in-use mark never sees both sizes */
+                    atomic_fetch_add(&bs->bytes, sizes[i] - bufs[i]->size);
+                    fp_usage_raise(bs->use);
+                } else {
+                    atomic_fetch_sub(&bs->bytes, bufs[i]->size - sizes[i]);
+                }
                 bufs[i]->size = sizes[i];
                 FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_RESIZE, bufs[i]->base, sizes[i], stream, s2);
             }

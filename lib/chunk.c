@@ -123,6 +123,12 @@ void fp_chunk_count_mapped(fp_chunks *ch, uint64_t va, uint64_t size, const char
               (unsigned long long)va, what, (unsigned long long)m);
 }
 
+void fp_chunk_reset_peak(fp_chunks *ch)
+{
+    atomic_store(&ch->mapped_peak, atomic_load(&ch->mapped_bytes));
+    stat_max(&ch->mapped_peak, atomic_load(&ch->mapped_bytes)); /* a map in between */
+}
+
 CUresult fp_chunk_release(fp_chunks *ch, CUmemGenericAllocationHandle h)
 {
     fp_lock_assert_held(ch->lock);
@@ -216,11 +222,13 @@ fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
     return FABPOOL_OK;
 }
 
-fp_chunk_tally fp_chunk_tally_begin(void) { return unmapped_tl; }
+fp_chunk_tally fp_chunk_tally_now(void) { return (fp_chunk_tally){unmapped_tl.bytes, unmapped_tl.chunks, 1}; }
 
 fp_chunk_tally fp_chunk_tally_end(fp_chunk_tally begun)
 {
-    return (fp_chunk_tally){unmapped_tl.bytes - begun.bytes, unmapped_tl.chunks - begun.chunks};
+    if (!begun.on)
+        return (fp_chunk_tally){0, 0, 0};
+    return (fp_chunk_tally){unmapped_tl.bytes - begun.bytes, unmapped_tl.chunks - begun.chunks, 1};
 }
 
 fabpool_status fp_chunk_retain(fp_chunks *ch, uint64_t va, CUmemGenericAllocationHandle *out, const char *what)

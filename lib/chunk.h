@@ -100,17 +100,26 @@ fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CU
 /* Counts a mapping of size bytes at va that the pool now keeps (map_access does not); the log (info) says
  * what it is. */
 void fp_chunk_count_mapped(fp_chunks *ch, uint64_t va, uint64_t size, const char *what);
+/* mapped_peak starts again from what is mapped now (fabpool_reset_peak). */
+void fp_chunk_reset_peak(fp_chunks *ch);
 /* Releases h (counted in handles_outstanding), tried twice. */
 CUresult fp_chunk_release(fp_chunks *ch, CUmemGenericAllocationHandle h);
 /* Unmaps a chunk the pool counted as mapped (one that sleeps: forgets it,
  * so that wake does not map it again). */
 fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size);
 /* What the calling thread unmaps through fp_chunk_unmap during a step, for the log's lines (trim, decay, a
- * peer's ack): fp_chunk_tally_begin() before it, fp_chunk_tally_end() after it gives the bytes and chunks. */
+ * peer's ack): fp_chunk_tally_begin() before it, fp_chunk_tally_end() after it gives the bytes and chunks.
+ * With the log below info, begin costs one branch and end gives zeros (on: whether begin counted). */
 typedef struct fp_chunk_tally {
     uint64_t bytes, chunks;
+    int on;
 } fp_chunk_tally;
-fp_chunk_tally fp_chunk_tally_begin(void);
+fp_chunk_tally fp_chunk_tally_now(void);
+static inline fp_chunk_tally fp_chunk_tally_begin(void)
+{
+    fp_chunk_tally t = {0, 0, 0};
+    return FP_LOG_ON(FP_LOG_INFO) ? fp_chunk_tally_now() : t;
+}
 fp_chunk_tally fp_chunk_tally_end(fp_chunk_tally begun);
 
 /* A line of the log about the pool of ch (log.h). */

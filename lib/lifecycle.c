@@ -290,10 +290,14 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     fp_heap_init(&p->heap, &p->sp, &p->opt);
     p->opt.slab_max_bytes = p->heap.slab_max;
     fp_alloc_init(&p->alloc, &p->heap, &p->retire, p->opt.thread_cache);
+    p->use.large = &p->heap.large_in_use_bytes;
+    p->use.buffers = &p->bufs.bytes;
+    p->alloc.use = &p->use;
     p->ch.fence = &p->retire;
     p->alloc.trace = p->trace;
     fp_buffers_init(&p->bufs, &p->heap, &p->retire, &p->opt);
     p->bufs.trace = p->trace;
+    p->bufs.use = &p->use;
     fp_views_init(&p->views, &p->sp);
     if (fp_registry_add(&p->alloc) != 0) {
         st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the pool registry");
@@ -403,20 +407,6 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
               "pool maps %llu", keep, (unsigned long long)t.bytes, (unsigned long long)t.chunks,
               (unsigned long long)atomic_load(&p->ch.mapped_bytes));
     return st != FABPOOL_OK ? st : hst;
-}
-
-fabpool_status fabpool_get_options(const fabpool_t *p, fabpool_options *out)
-{
-    if (!p || !out)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_options: the pool or the output is NULL");
-    fabpool_status st = fp_struct_size_check("fabpool_get_options", "fabpool_options", out->struct_size, sizeof *out);
-    if (st != FABPOOL_OK)
-        return st;
-    *out = p->opt;
-    out->handle_type = p->ch.handle_type;
-    out->rdma = p->ch.rdma ? FABPOOL_RDMA_ON : FABPOOL_RDMA_OFF;
-    out->reserve_bytes = p->sp.va.size;
-    return FABPOOL_OK;
 }
 
 fabpool_status fabpool_device_count(int *out)

@@ -589,6 +589,8 @@ static fabpool_status reset_stats(int device, int what, const char *fn)
         pthread_mutex_lock(&d->lock);
         gauge_sample(d);
         void (*fn_reset)(fabpool_torch_stat *, size_t) = what ? reset_accumulated : reset_peak;
+        if (!what)
+            fabpool_reset_peak(d->pool); /* the pool's own marks (fabpool_torch_stats_json) too */
         fn_reset(d->st_count, 3);
         fn_reset(d->st_bytes, 3);
         fn_reset(d->st_req, 3);
@@ -724,6 +726,29 @@ fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_
     buf[(size_t)h + n + 1] = '\0';
     free(pj);
     return FABPOOL_OK;
+}
+
+void ft_report(fabpool_t *p)
+{
+    fabpool_options o;
+    fabpool_options_init(&o);
+    if (p && fabpool_get_options(p, &o) == FABPOOL_OK && o.stats_at_destroy)
+        fabpool_print_stats(p, stderr, o.stats_at_destroy == 2);
+}
+
+void fabpool_torch_print_stats_at_exit(void)
+{
+    pthread_mutex_lock(&ft_init_lock);
+    for (int i = 0; i < FT_MAX_DEVICES; i++) {
+        ft_dev *d = atomic_load_explicit(&ft_devs[i], memory_order_acquire);
+        if (d) {
+            pthread_mutex_lock(&d->lock);
+            ft_report(d->pool);
+            pthread_mutex_unlock(&d->lock);
+        }
+    }
+    pthread_mutex_unlock(&ft_init_lock);
+    ft_tags_report();
 }
 
 fabpool_status fabpool_torch_shutdown(void)

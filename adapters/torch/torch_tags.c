@@ -243,6 +243,14 @@ FP_EXPORT int fabpool_torch_tag_list(int device, char *buf, size_t cap)
     return n < cap ? FABPOOL_OK : FABPOOL_ERR_LIMIT;
 }
 
+void ft_tags_report(void)
+{
+    pthread_mutex_lock(&tags_lock);
+    for (int k = 0; k < FP_TORCH_TAG_SLOTS; k++)
+        ft_report(slots[k].pool);
+    pthread_mutex_unlock(&tags_lock);
+}
+
 fabpool_status ft_tags_shutdown(char *msg, size_t cap)
 {
     fabpool_status st = FABPOOL_OK;

@@ -25,6 +25,7 @@ libcuda.so.1.
 The functions other than install() use ctypes only, so they also work without
 torch (the tests of this package call the library that way).
 """
+import atexit
 import collections
 import ctypes
 import json
@@ -611,3 +612,15 @@ def tag_stats(tag="default", device=None):
     _tag_check(lib.fabpool_torch_tag_stats_json(tag.encode(), _device_index(device), buf, len(buf),
                                                 ctypes.byref(need)), "fabpool_torch.tag_stats(%r)" % tag)
     return json.loads(buf.value.decode())
+
+
+def _report_at_exit():
+    """The pools' reports on stderr at exit where FABPOOL_CONF=stats_print:text|json asks for them (as
+    fabpool_destroy prints them: PyTorch never destroys its allocator's pools)."""
+    if _lib is not None:
+        _lib.fabpool_torch_print_stats_at_exit.restype = None
+        _lib.fabpool_torch_print_stats_at_exit.argtypes = []
+        _lib.fabpool_torch_print_stats_at_exit()
+
+
+atexit.register(_report_at_exit)
