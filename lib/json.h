@@ -1,10 +1,10 @@
-/* json.h - the JSON writer that the library's report and every tool share
- * (fabpool_print_stats, fabpool_replay, fabpool_trace, fabpool_bench_stream,
- * fabpool_demo): strings escaped so that any text (a file name with '"',
- * '\' or bytes that are not UTF-8) stays valid JSON, numbers that JSON can
- * hold (NaN and infinities become null).  Header only, so that the tools,
- * which do not all link the library, use the same code.  Layer base: calls
- * nothing of lib/. */
+/* json.h - the JSON writer that the library's report (fabpool_print_stats)
+ * and the tools that write JSON (fabpool_replay, fabpool_trace,
+ * fabpool_bench_stream) share: strings escaped so that any text (a file name
+ * with '"', '\' or bytes that are not UTF-8) stays valid JSON, numbers that
+ * JSON can hold (NaN and infinities become null).  Header only, so that the
+ * tools, which do not all link the library, use the same code (a tools
+ * header in lib/LAYERS).  Layer base: calls nothing of lib/. */
 #ifndef FP_JSON_H
 #define FP_JSON_H
 
