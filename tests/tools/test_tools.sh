@@ -1,9 +1,9 @@
 #!/bin/sh
 # test_tools.sh BUILD PYTHON - every tool's command line (perf/cli.h): --help describes every option and exits
 # 0, an unknown option exits 2, a missing operand exits 2; the replay exits 1 when no allocator could run; and
-# the JSON of fabpool_trace, fabpool_replay and fabpool_bench_stream parses (python3 -m json.tool) for files
-# whose names hold '"' and '\', the trace recorded there by FABPOOL_TRACE (the demo's), its path read back
-# from the JSON as it is.  PYTHON empty: the JSON checks are skipped, and say so.
+# the JSON of fabpool_trace, fabpool_replay, fabpool_bench_stream and the library's report (stats_print:json)
+# parses (python3 -m json.tool) for files whose names hold '"' and '\', the trace recorded there by
+# FABPOOL_TRACE (the demo's), its path read back from the JSON as it is.  PYTHON empty: the JSON checks are skipped, and say so.
 set -u
 build=$1 python=${2:-}
 fails=0
@@ -49,6 +49,10 @@ FABPOOL_TRACE="$hostile.trace" "$build/fabpool_demo" --steps 40 >/dev/null || fa
 [ $rc = 0 ] || fail "fabpool_replay --check exits $rc"
 "$build/fabpool_bench_stream" --pairs 200 --json "$hostile-stream.json" >/dev/null; rc=$?
 [ $rc = 0 ] || fail "fabpool_bench_stream exits $rc"
+# the library's own report (stats_print:json, at destroy), whose options name the trace path
+FABPOOL_CONF=stats_print:json FABPOOL_TRACE="$hostile-2.trace" "$build/fabpool_demo" --steps 5 >/dev/null \
+  2>"$hostile-report.json"; rc=$?
+[ $rc = 0 ] || fail "the demo with stats_print:json exits $rc"
 # no allocator can run: 1
 FABPOOL_CUDA_LIBRARY=/nonexistent/libcuda.so.1 "$build/fabpool_replay" "$hostile.trace" --allocators fabpool \
   >/dev/null 2>&1; rc=$?
@@ -56,15 +60,17 @@ FABPOOL_CUDA_LIBRARY=/nonexistent/libcuda.so.1 "$build/fabpool_replay" "$hostile
 
 if [ -n "$python" ]; then
   before=$fails
-  for j in trace replay stream; do
+  for j in trace replay stream report; do
     "$python" -m json.tool "$hostile-$j.json" >/dev/null || fail "the $j JSON does not parse: $(cat "$hostile-$j.json")"
   done
   for j in trace replay; do
     "$python" -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(d["trace"] != sys.argv[2])' \
       "$hostile-$j.json" "$hostile.trace" || fail "the $j JSON does not give the trace's path back"
   done
+  "$python" -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(d["options"]["trace"] != sys.argv[2])' \
+    "$hostile-report.json" "$hostile-2.trace" || fail "the report's options do not give the trace's path back"
   [ $fails != "$before" ] ||
-    printf "the JSON of fabpool_trace, fabpool_replay and fabpool_bench_stream parses for %s\n" "$hostile"
+    printf "the JSON of fabpool_trace, fabpool_replay, fabpool_bench_stream and the report parses for %s\n" "$hostile"
 else
   echo "no python3: the JSON is not parsed"
 fi
