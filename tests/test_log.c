@@ -186,8 +186,8 @@ static void case_info(const char *self, int sim)
     HAS(log, " fabpool INFO pool ", version, "handle type ", "reservation ", "GiB at 0x",
         "options other than the defaults: ", "decay_ms:0", "max_waste:10");
     HAS(log, "handle type ", "auto: ");
-    HAS(log, "INFO", "grow: mapped ", " bytes at 0x", "(a chunk)", "the pool maps ");
-    HAS(log, "INFO", "grow: mapped 67108864 bytes at 0x", "(a chunk)");
+    HAS(log, "INFO", "grow: mapped ", " bytes at 0x", "the pool maps ");
+    HAS(log, "INFO", "grow: mapped 67108864 bytes at 0x");
     HAS(log, "INFO", "release: unmapped ", " bytes at 0x", "the pool maps ");
     HAS(log, "INFO", "decay: 67108864 bytes in ", " chunks back to the driver (decay_ms 0");
     HAS(log, "INFO", "trim (keep 0 bytes cached): ", "back to the driver");
