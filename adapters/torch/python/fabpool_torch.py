@@ -76,8 +76,8 @@ class _Stat(ctypes.Structure):
 
 class _MemStats(_Sized):
     # fabpool_torch_mem_stats in include/fabpool_torch.h; arrays: all, small_pool, large_pool
-    _fields_ = [("struct_size", ctypes.c_size_t), ("allocation", _Stat * 3), ("allocated_bytes", _Stat * 3), ("requested_bytes", _Stat * 3),
-                ("segment", _Stat), ("reserved_bytes", _Stat)] + \
+    _fields_ = [("struct_size", ctypes.c_size_t), ("allocation", _Stat * 3), ("allocated_bytes", _Stat * 3),
+                ("requested_bytes", _Stat * 3), ("segment", _Stat), ("reserved_bytes", _Stat)] + \
                [(n, ctypes.c_int64) for n in ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
                                               "num_device_alloc", "num_device_free")]
 
@@ -617,10 +617,11 @@ def tag_stats(tag="default", device=None):
 def _report_at_exit():
     """The pools' reports on stderr at exit where FABPOOL_CONF=stats_print:text|json asks for them (as
     fabpool_destroy prints them: PyTorch never destroys its allocator's pools)."""
-    if _lib is not None:
-        _lib.fabpool_torch_print_stats_at_exit.restype = None
-        _lib.fabpool_torch_print_stats_at_exit.argtypes = []
-        _lib.fabpool_torch_print_stats_at_exit()
+    report = getattr(_lib, "fabpool_torch_print_stats_at_exit", None) if _lib is not None else None
+    if report is not None:   # a library that lacks it (the C++ allocator's, another build) prints nothing
+        report.restype = None
+        report.argtypes = []
+        report()
 
 
 atexit.register(_report_at_exit)
