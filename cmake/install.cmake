@@ -2,7 +2,8 @@
 #   P/include/fabpool.h and the adapter headers beside it (fabpool_*.h, fabpool_*.hpp),
 #   P/lib/libfabpool.so* (with its SONAME) and P/lib/libfabpool.a,
 #   P/lib/cmake/fabpool/ (find_package(fabpool): fabpool::fabpool, fabpool::fabpool_static),
-#   P/lib/pkgconfig/fabpool.pc (pkg-config --cflags --libs fabpool).
+#   P/lib/pkgconfig/fabpool.pc (pkg-config --cflags --libs fabpool),
+#   P/share/doc/fabpool/LICENSE and CHANGELOG.md.
 # docs/integration.md, "Installing fabpool".
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -28,7 +29,7 @@ configure_package_config_file(${CMAKE_CURRENT_SOURCE_DIR}/cmake/fabpool-config.c
                               INSTALL_DESTINATION ${FABPOOL_CMAKE_DIR}
                               PATH_VARS CMAKE_INSTALL_INCLUDEDIR)
 write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/fabpool-config-version.cmake
-                                 VERSION ${PROJECT_VERSION} COMPATIBILITY SameMajorVersion)
+                                 VERSION ${PROJECT_VERSION} COMPATIBILITY ${FABPOOL_COMPATIBILITY})
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/fabpool-config.cmake ${CMAKE_CURRENT_BINARY_DIR}/fabpool-config-version.cmake
         DESTINATION ${FABPOOL_CMAKE_DIR} COMPONENT devel)
 
@@ -42,6 +43,10 @@ string(JOIN " " FABPOOL_PC_PRIVATE_LIBS -pthread ${fabpool_dl_flags})
 configure_file(${CMAKE_CURRENT_SOURCE_DIR}/cmake/fabpool.pc.in ${CMAKE_CURRENT_BINARY_DIR}/fabpool.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/fabpool.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT devel)
 
+# the license goes wherever the library goes
+install(FILES ${CMAKE_CURRENT_SOURCE_DIR}/LICENSE ${CMAKE_CURRENT_SOURCE_DIR}/CHANGELOG.md
+        DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT runtime)
+
 # ---------------------------------------------------------------- tests
 # install into a fresh prefix, then build and run two consumers against it:
 # one through find_package, one through pkg-config
@@ -52,7 +57,7 @@ if(BUILD_TESTING AND FABPOOL_TEST_DRIVER STREQUAL "sim")
   set(fabpool_inst_run sh ${CMAKE_CURRENT_SOURCE_DIR}/tests/install/run.sh)
   set(fabpool_inst_args ${CMAKE_COMMAND} ${CMAKE_BINARY_DIR} ${fabpool_inst_prefix}
       ${CMAKE_CURRENT_SOURCE_DIR}/tests/install ${CMAKE_C_COMPILER} ${CMAKE_INSTALL_LIBDIR})
-  set(fabpool_inst_env "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/sim"
+  set(fabpool_inst_env "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/sim" "FABPOOL_SONAME=libfabpool.so.${FABPOOL_SOVERSION}"
       "FABPOOL_CUDA_LIBRARY=${CMAKE_BINARY_DIR}/sim/libcuda.so.1")
   add_test(NAME test_install COMMAND ${fabpool_inst_run} install ${fabpool_inst_args})
   add_test(NAME test_install_find_package COMMAND ${fabpool_inst_run} find_package ${fabpool_inst_args})

@@ -2,7 +2,7 @@
  * what the pool did.  Runs on the real driver where a GPU is, else on the
  * simulated driver built beside it.
  *
- *   fabpool_demo [steps] [seed]
+ *   fabpool_demo [--steps N] [--seed N]   (--help says more; bare numbers are steps, then seed)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../perf/cli.h"
 #include "fabpool.h"
 
 #ifndef FABPOOL_SIM_PATH
@@ -74,12 +75,44 @@ static uint64_t next_rand(void)
 #define NBUF 6
 #define MiB (1024.0 * 1024.0)
 
+static const char usage_line[] = "usage: fabpool_demo [--steps N] [--seed N]\n";
+
+static void help(void)
+{
+    printf("%s\n"
+           "Replays a variable-length dispatch-buffer trace (six HybridEP-like buffers sized from a token count\n"
+           "that rises and falls) and prints what the pool did: chunks mapped and unmapped, driver calls, peak\n"
+           "mapped over live bytes, base-address changes, and what the driver holds at the end.  Uses the real\n"
+           "driver where a GPU is, else the simulated one built beside it (FABPOOL_CUDA_LIBRARY chooses).\n\n"
+           "  --steps N   resize steps, 1 to 100000000 (default 2000)\n"
+           "  --seed N    the token counts' random seed, 1 and up (default 42)\n"
+           "  --help      this text\n\n"
+           "Exit status: 0; 1 if the pool or a buffer fails; 2 for a wrong command line.\n",
+           usage_line);
+}
+
 int main(int argc, char **argv)
 {
-    long steps = argc > 1 ? atol(argv[1]) : 2000;
-    rng = argc > 2 ? strtoull(argv[2], NULL, 0) : 42;
-    if (!rng)
-        rng = 42;
+    uint64_t steps_arg = 2000, seed = 42;
+    static const struct option opts[] = {{"steps", required_argument, NULL, 's'}, {"seed", required_argument, NULL, 'r'},
+                                         {"help", no_argument, NULL, 'h'}, {0}};
+    for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
+        if (c == 's' && cli_u64("fabpool_demo", "--steps", optarg, 1, 100000000, &steps_arg) == 0)
+            continue;
+        if (c == 'r' && cli_u64("fabpool_demo", "--seed", optarg, 1, UINT64_MAX, &seed) == 0)
+            continue;
+        if (c == 'h') {
+            help();
+            return CLI_OK;
+        }
+        return cli_usage_error(usage_line);
+    }
+    if (argc - optind > 2 ||
+        (optind < argc && cli_u64("fabpool_demo", "steps", argv[optind], 1, 100000000, &steps_arg) != 0) ||
+        (optind + 1 < argc && cli_u64("fabpool_demo", "seed", argv[optind + 1], 1, UINT64_MAX, &seed) != 0))
+        return cli_usage_error(usage_line);
+    long steps = (long)steps_arg;
+    rng = seed;
     int real = 0;
     const char *path = pick_driver(&real);
     printf("fabpool demo: %s driver (%s)\n", real ? "the real" : "the simulated", path);
@@ -130,7 +163,7 @@ int main(int argc, char **argv)
         if (live > peak_live)
             peak_live = live;
     }
-    fabpool_stats ps;
+    fabpool_stats ps = {.struct_size = sizeof ps};
     fabpool_get_stats(pool, &ps);
     unsigned long long calls = 0;
     for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS && ps.driver_call_names[i]; i++)

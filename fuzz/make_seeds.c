@@ -31,7 +31,7 @@ int main(int argc, char **argv)
         return 1;
     fabpool_buffer_export(b, 0, d, sizeof d, &len, fds, 16, &nfds);
     save(argv[1], "full-1-chunk", d, len);
-    fabpool_buffer_info bi;
+    fabpool_buffer_info bi = {.struct_size = sizeof bi};
     fabpool_buffer_get_info(b, &bi);
     fabpool_buffer_resize(b, 40 * MB, NULL);
     fabpool_buffer_resize(b, 100 * MB, NULL);

@@ -9,14 +9,24 @@
  * Every function that can fail returns a fabpool_status.  On anything but
  * FABPOOL_OK, fabpool_last_error() returns a message for the calling thread
  * that says what went wrong and what to do about it.  The few that cannot
- * fail return their answer instead: fabpool_status_name, fabpool_last_error,
- * fabpool_options_init, fabpool_handle_type_of, fabpool_buffer_ptr,
+ * fail return their answer instead: fabpool_version, fabpool_status_name,
+ * fabpool_last_error, fabpool_options_init, fabpool_handle_type_of, fabpool_buffer_ptr,
  * fabpool_view_ptr and fabpool_desc_size (each says what it returns for a
  * NULL argument, where it takes one).
  *
  * Device pointers are `void *` (as cudaMalloc gives them); streams and events
  * are `void *` holding a CUstream / CUevent, so this header needs no CUDA
  * header.  All functions are thread-safe unless a comment says otherwise.
+ *
+ * Structs the library fills (fabpool_options through fabpool_get_options,
+ * fabpool_buffer_info, fabpool_sleep_info, fabpool_stats, fabpool_counters,
+ * and fabpool_torch.h's) begin with `struct_size`: the caller sets it to the
+ * sizeof of the struct it was compiled with before the call
+ * (`fabpool_stats s = {.struct_size = sizeof s};`; fabpool_options_init does
+ * it for the options).  A size the library does not know is refused with
+ * FABPOOL_ERR_INVALID_ARG and the struct is left as it was.  A later version
+ * adds fields only at the end, and fills an older caller's struct up to the
+ * size it gives, so a program built against an older fabpool.h keeps working.
  */
 #ifndef FABPOOL_H
 #define FABPOOL_H
@@ -35,9 +45,22 @@ extern "C" {
 #define FABPOOL_API
 #endif
 
+/* ----------------------------------------------------------------- version
+ *
+ * The version of this header; fabpool_version() says the library's (the two
+ * differ when a program runs with another libfabpool.so than it was built
+ * against).  The project's CMake version is these three numbers (CMake
+ * refuses to configure otherwise); CHANGELOG.md says what each one brought. */
 #define FABPOOL_VERSION_MAJOR 0
-#define FABPOOL_VERSION_MINOR 1
+#define FABPOOL_VERSION_MINOR 2
 #define FABPOOL_VERSION_PATCH 0
+#define FABPOOL_VERSION_STRING "0.2.0"
+/* One number that orders versions: 10000 * major + 100 * minor + patch (0.2.0 is 200). */
+#define FABPOOL_VERSION (FABPOOL_VERSION_MAJOR * 10000 + FABPOOL_VERSION_MINOR * 100 + FABPOOL_VERSION_PATCH)
+
+/* The library's version, "MAJOR.MINOR.PATCH" (FABPOOL_VERSION_STRING of the
+ * fabpool.h it was built from). */
+FABPOOL_API const char *fabpool_version(void);
 
 /* ------------------------------------------------------------------ status */
 
@@ -87,11 +110,23 @@ typedef enum fabpool_rdma {
     FABPOOL_RDMA_OFF = 2   /* never */
 } fabpool_rdma;
 
+/* The log (FABPOOL_DEBUG, option debug): off; warn: what went wrong that a caller may not see; info: pool
+ * creation (version, device, handle type and why, reservation, options other than the defaults), every chunk
+ * mapped and unmapped, trims, decay, out-of-memory retries, sleep and wake, peers' acknowledgements; trace:
+ * also every driver call, with its result and time. */
+typedef enum fabpool_log_level {
+    FABPOOL_LOG_NONE = 0,
+    FABPOOL_LOG_WARN = 1,
+    FABPOOL_LOG_INFO = 2,
+    FABPOOL_LOG_TRACE = 3
+} fabpool_log_level;
+
 #define FABPOOL_MAX_PEERS 16
 #define FABPOOL_TRACE_PATH_MAX 512  /* bytes of fabpool_options.trace_path, its NUL included */
 
 typedef struct fabpool_options {
-    uint32_t struct_size;          /* set by fabpool_options_init: sizeof(fabpool_options) */
+    uint32_t struct_size;          /* set by fabpool_options_init: sizeof(fabpool_options); fabpool_create and
+                                      fabpool_get_options refuse any other */
     int device;                    /* CUDA device ordinal (conf key: device) */
     uint64_t reserve_bytes;        /* virtual address space reserved once; 0: 8x device memory (reserve) */
     fabpool_handle_type handle_type;   /* (handle_type: auto|none|posix_fd|fabric) */
@@ -107,7 +142,8 @@ typedef struct fabpool_options {
     int peer_devices[FABPOOL_MAX_PEERS];
     char trace_path[FABPOOL_TRACE_PATH_MAX]; /* "" (default): no trace; else the file every allocation, free
                                       and buffer change is recorded to (trace; FABPOOL_TRACE wins over all):
-                                      %p is replaced by the pid, %d by the device, %% by % (docs/config.md) */
+                                      %p is replaced by the pid, %h by the host name, %d by the device, %% by %
+                                      (docs/config.md) */
     fabpool_rdma rdma;             /* chunks made with allocFlags.gpuDirectRDMACapable (rdma: auto|on|off);
                                       fabpool_get_options answers on or off */
     const char *conf;              /* a FABPOOL_CONF-syntax string applied after these fields and
@@ -123,6 +159,9 @@ typedef struct fabpool_options {
     uint32_t stream_owner;         /* 1: the first stream of the stream pair owns the pool: its frees go to the
                                       pool at once (docs/design.md, "Stream-ordered free"); 0: every stream's
                                       frees wait in the queue (stream_owner) */
+    int debug;                     /* the log's level, a fabpool_log_level (debug: none|warn|info|trace);
+                                      FABPOOL_DEBUG wins over it.  The log is the process's: its level is the
+                                      highest any pool or FABPOOL_DEBUG asked for (docs/config.md, "Log") */
 } fabpool_options;
 
 /* Fills *o with the defaults (docs/config.md lists them). */
@@ -148,7 +187,8 @@ FABPOOL_API fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t
 FABPOOL_API fabpool_status fabpool_destroy(fabpool_t *pool);
 
 /* The options in force (after FABPOOL_CONF), and the handle type chosen
- * (fabpool_handle_type_of returns it: FABPOOL_HANDLE_NONE for a NULL pool). */
+ * (fabpool_handle_type_of returns it: FABPOOL_HANDLE_NONE for a NULL pool).
+ * out->struct_size must be set (fabpool_options_init sets it). */
 FABPOOL_API fabpool_status fabpool_get_options(const fabpool_t *pool, fabpool_options *out);
 FABPOOL_API fabpool_handle_type fabpool_handle_type_of(const fabpool_t *pool);
 
@@ -272,6 +312,7 @@ FABPOOL_API fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bu
 FABPOOL_API fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *buf, void *stream);
 
 typedef struct fabpool_buffer_info {
+    size_t struct_size;   /* set by the caller: sizeof(fabpool_buffer_info) (see the top of this header) */
     void *base;           /* never changes */
     size_t size;          /* the size asked last */
     size_t mapped;        /* bytes mapped: >= size */
@@ -349,6 +390,7 @@ FABPOOL_API fabpool_status fabpool_sleep(fabpool_t *pool, fabpool_sleep_mode mod
 FABPOOL_API fabpool_status fabpool_wake(fabpool_t *pool, void *stream);
 
 typedef struct fabpool_sleep_info {
+    size_t struct_size;          /* set by the caller: sizeof(fabpool_sleep_info) */
     int asleep;                  /* 1 from a successful fabpool_sleep until fabpool_wake completes */
     fabpool_sleep_mode mode;     /* the last sleep's mode */
     uint64_t offloaded_bytes;    /* the last sleep: device bytes copied to host (restored at its wake) */
@@ -382,11 +424,23 @@ typedef struct fabpool_class_stats {
 } fabpool_class_stats;
 
 typedef struct fabpool_stats {
+    size_t struct_size;             /* set by the caller: sizeof(fabpool_stats) */
     uint64_t reserved_bytes;        /* virtual address space reserved */
     uint64_t mapped_bytes;          /* physical bytes mapped by this pool (what the driver holds for it) */
-    uint64_t mapped_bytes_peak;
+    uint64_t mapped_bytes_peak;     /* the most mapped_bytes since creation or fabpool_reset_peak: exact (kept as
+                                       each chunk is mapped) */
     uint64_t in_use_bytes;          /* bytes of blocks given out (size classes) + buffer sizes asked */
-    uint64_t in_use_bytes_peak;
+    uint64_t in_use_bytes_peak;     /* the most bytes in use since creation or fabpool_reset_peak, kept as
+                                       allocations happen (never below the true high-water mark of in_use_bytes).
+                                       Large blocks and buffers are counted when they are given out or grow;
+                                       slab blocks when they leave their class: without a thread cache
+                                       (thread_cache:0, the PyTorch shim) that is when each is given out, so the
+                                       mark is exact; with one, a cache takes up to half a bin at a refill, so the
+                                       mark may exceed the true one by the free blocks thread caches held at its
+                                       moment: at most, per thread and slab class, a bin of min(64, max(2, 8 MiB /
+                                       class size)) blocks (about 8 MiB; 16 MiB for the 8 MiB class), no matter
+                                       how long the run.  The thread-cache hit of fabpool_alloc / fabpool_free
+                                       counts nothing. */
     uint64_t cached_bytes;          /* mapped but free: slabs, free large ranges, buffer hysteresis */
     uint64_t retiring_bytes;        /* buffer chunks waiting for GPU work before unmap */
     uint64_t stream_pending_bytes;  /* blocks freed on a stream, waiting for its work (fabpool_free_on_stream);
@@ -414,12 +468,17 @@ typedef struct fabpool_stats {
 } fabpool_stats;
 
 FABPOOL_API fabpool_status fabpool_get_stats(fabpool_t *pool, fabpool_stats *out);
+/* Starts both high-water marks again (torch.cuda.reset_peak_memory_stats): mapped_bytes_peak from the bytes
+ * mapped now, in_use_bytes_peak from the bytes in use now, after the calling thread's cached blocks went back
+ * to their classes (other threads' cached blocks still count, as in_use_bytes_peak says). */
+FABPOOL_API fabpool_status fabpool_reset_peak(fabpool_t *pool);
 
 /* The pool's running counters, read without a lock: cheap enough to call
  * after every allocation (fabpool_get_stats walks every class under the
  * pool's lock).  Each field is exact when read; together they are not one
  * snapshot while other threads use the pool. */
 typedef struct fabpool_counters {
+    size_t struct_size;                           /* set by the caller: sizeof(fabpool_counters) */
     uint64_t mapped_bytes, mapped_bytes_peak;     /* as in fabpool_stats */
     uint64_t chunks_mapped, chunks_mapped_total, chunks_unmapped_total, oom_retries;
     uint64_t stream_pending_blocks;    /* freed on a stream, waiting for its work */
@@ -442,7 +501,9 @@ FABPOOL_API fabpool_status fabpool_get_counters(fabpool_t *pool, fabpool_counter
 
 /* The number of CUDA devices the driver sees (loads the driver on first use). */
 FABPOOL_API fabpool_status fabpool_device_count(int *out);
-/* A readable report (json = 0) or one JSON object (json = 1). */
+/* A readable report (json = 0) or one JSON object (json = 1): the stats, and the options in force (as a
+ * FABPOOL_CONF string in the text, an object "options" in the JSON, with the handle type and rdma chosen and
+ * the reservation made). */
 FABPOOL_API fabpool_status fabpool_print_stats(fabpool_t *pool, FILE *out, int json);
 /* Walks the pool's structures under its locks and verifies their invariants
  * (slabs' free counts, flags and stacks; class lists; the page map; large

@@ -246,6 +246,14 @@ inline std::string pidfd_advice(int e, int scope, int exporter_pid)
                    "pass the fds over a socket (fds_of + fabpool_fd_send, then the overload that takes fds)";
     }
 }
+/* A struct fabpool fills, its struct_size set (fabpool.h). */
+template <class T> T sized()
+{
+    T t{};
+    t.struct_size = sizeof t;
+    return t;
+}
+
 } // namespace detail
 
 class ExtendedMemoryAllocator {
@@ -329,7 +337,7 @@ class ExtendedMemoryAllocator {
     /* What fabpool says of a buffer of allocate() (base, size, mapped, window, chunks, generation). */
     fabpool_buffer_info info(void *ptr)
     {
-        fabpool_buffer_info in;
+        fabpool_buffer_info in = detail::sized<fabpool_buffer_info>();
         fabpool_buffer_get_info(find_buf(ptr, "info"), &in);
         return in;
     }
@@ -517,7 +525,7 @@ class ExtendedMemoryAllocator {
     bool resize(void *ptr, std::size_t size, void *stream = nullptr)
     {
         fabpool_buffer_t *b = find_buf(ptr, "resize");
-        fabpool_buffer_info before, after;
+        fabpool_buffer_info before = detail::sized<fabpool_buffer_info>(), after = before;
         fabpool_buffer_get_info(b, &before);
         std::uint64_t ns = 0;
         fabpool_status s;
@@ -691,11 +699,11 @@ class ExtendedMemoryAllocator {
      * apply that, their own mappings keep the chunks they still map. */
     fabpool_status compact(fabpool_buffer_t *b, bool sent, std::uint64_t sent_gen)
     {
-        fabpool_buffer_info in;
+        fabpool_buffer_info in = detail::sized<fabpool_buffer_info>();
         fabpool_buffer_get_info(b, &in);
         fabpool_status s = fabpool_buffer_resize(b, 1, nullptr);
         if (s == FABPOOL_OK && sent) {
-            fabpool_buffer_info sh;
+            fabpool_buffer_info sh = detail::sized<fabpool_buffer_info>();
             fabpool_buffer_get_info(b, &sh);
             MemHandle scratch;
             std::size_t len = 0, nfds = 0;
@@ -723,7 +731,7 @@ class ExtendedMemoryAllocator {
         }
         if (handle_type() == FABPOOL_HANDLE_POSIX_FD)
             allow_peers_once();
-        fabpool_buffer_info info;
+        fabpool_buffer_info info = detail::sized<fabpool_buffer_info>();
         fabpool_buffer_get_info(b, &info);
         std::memset(h->bytes, 0, kHandleBytes);
         HandleKind kind = full ? HandleKind::full : HandleKind::delta;

@@ -69,6 +69,7 @@ FABPOOL_API fabpool_status fabpool_torch_empty(int device);
 FABPOOL_API fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_t *needed);
 
 typedef struct fabpool_torch_counters {
+    size_t struct_size;         /* set by the caller: sizeof(fabpool_torch_counters) (fabpool.h) */
     uint64_t allocs;            /* allocations given out (non-NULL results) */
     uint64_t frees;             /* frees of non-NULL pointers taken */
     uint64_t alloc_failures;    /* NULL results for a size > 0 */
@@ -92,7 +93,7 @@ typedef struct fabpool_torch_counters {
     uint64_t fences;            /* waits for the owner stream's work before an unmap or another stream's use */
 } fabpool_torch_counters;
 
-/* Fills *out for one device (-1: the sum over every device). */
+/* Fills *out for one device (-1: the sum over every device); out->struct_size must be set. */
 FABPOOL_API fabpool_status fabpool_torch_get_counters(int device, fabpool_torch_counters *out);
 
 /* PyTorch's allocator statistics (torch.cuda.memory_stats), kept by the
@@ -110,6 +111,7 @@ enum { FABPOOL_TORCH_ALL = 0, FABPOOL_TORCH_SMALL_POOL = 1, FABPOOL_TORCH_LARGE_
 #define FABPOOL_TORCH_SMALL_SIZE (1u << 20)
 
 typedef struct fabpool_torch_mem_stats {
+    size_t struct_size;                    /* set by the caller: sizeof(fabpool_torch_mem_stats) (fabpool.h) */
     fabpool_torch_stat allocation[3];      /* blocks handed to PyTorch and not freed ("allocation", "active") */
     fabpool_torch_stat allocated_bytes[3]; /* their block sizes ("allocated_bytes", "active_bytes") */
     fabpool_torch_stat requested_bytes[3]; /* the sizes PyTorch asked for them ("requested_bytes") */
@@ -123,12 +125,14 @@ typedef struct fabpool_torch_mem_stats {
 } fabpool_torch_mem_stats;
 
 /* Fills *out for one device (0 to 63); zeros for a device without a pool.
+ * out->struct_size must be set.
  * reserved_bytes and segment are read from the pool: `current` exactly,
  * `peak` exactly (memory is mapped only inside an allocation, after which
  * the shim looks), `allocated` / `freed` as the sum of the changes seen
  * between the shim's looks. */
 FABPOOL_API fabpool_status fabpool_torch_get_memory_stats(int device, fabpool_torch_mem_stats *out);
-/* Every `peak` to its `current` (torch.cuda.reset_peak_memory_stats); -1: every device. */
+/* Every `peak` to its `current` (torch.cuda.reset_peak_memory_stats), and the pool's own marks
+ * (fabpool_reset_peak); -1: every device. */
 FABPOOL_API fabpool_status fabpool_torch_reset_peak_stats(int device);
 /* Every `allocated` / `freed` and the num_* counts to 0 (torch.cuda.reset_accumulated_memory_stats). */
 FABPOOL_API fabpool_status fabpool_torch_reset_accumulated_stats(int device);
@@ -138,6 +142,17 @@ FABPOOL_API fabpool_t *fabpool_torch_pool(int device);
 
 /* The calling thread's message for the last failure ("" if none). */
 FABPOOL_API const char *fabpool_torch_last_error(void);
+
+/* The version of fabpool inside this library (fabpool_version(), fabpool.h). */
+FABPOOL_API const char *fabpool_torch_version(void);
+
+/* The layout of every struct this library fills, as the compiler laid it out,
+ * for bindings that mirror them (the Python module's ctypes classes; its
+ * tests compare the two): one JSON object
+ * {"fabpool_sleep_info": {"size": N, "fields": {"struct_size": [offset, size],
+ * ...}}, ...} with every field of fabpool_sleep_info, fabpool_torch_counters,
+ * fabpool_torch_mem_stats and fabpool_torch_stat. */
+FABPOOL_API const char *fabpool_torch_struct_layout(void);
 
 /* 1 (default): print failures to stderr, since PyTorch drops them; 0: quiet.
  * FABPOOL_TORCH_QUIET=1 in the environment sets 0.  Returns the old value. */
@@ -157,6 +172,13 @@ FABPOOL_API int fabpool_torch_set_verbose(int on);
  * used after it (make a new one).  No other thread may use the allocator
  * meanwhile. */
 FABPOOL_API fabpool_status fabpool_torch_shutdown(void);
+
+/* The report of every pool (the devices' and the tags') whose option
+ * stats_print asks for one (FABPOOL_CONF=stats_print:text or json), to
+ * stderr, as fabpool_destroy prints it: PyTorch never destroys its
+ * allocator, so the Python module calls this at exit (atexit).  A pool
+ * fabpool_torch_shutdown destroyed printed its report then. */
+FABPOOL_API void fabpool_torch_print_stats_at_exit(void);
 
 #ifdef __cplusplus
 }

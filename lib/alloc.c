@@ -75,6 +75,48 @@ void fp_registry_remove(fp_alloc *a)
     fp_unlock(&registry_lock);
 }
 
+/* The log (info): what the heap gave back to the driver by itself during a call (begun: the tally at its
+ * start): its cache policy (decay_ms, cache_limit) runs on every slow path, and a large block's miss trades
+ * free chunks for its own (large_slack). */
+static void log_released(const fp_alloc *a, fp_chunk_tally begun, const char *why)
+{
+    if (!begun.on)
+        return;
+    fp_chunk_tally t = fp_chunk_tally_end(begun);
+    if (t.chunks)
+        FP_LOG_CH(FP_LOG_INFO, a->sp->ch, "%s: %llu bytes in %llu chunks back to the driver (decay_ms %llu, "
+                  "cache_limit %llu); the pool maps %llu", why, (unsigned long long)t.bytes,
+                  (unsigned long long)t.chunks, (unsigned long long)a->heap->decay_ms,
+                  (unsigned long long)a->heap->cache_limit, (unsigned long long)atomic_load(&a->sp->ch->mapped_bytes));
+}
+
+/* The heap's cache policy on a slow path. */
+static void trim_policy(fp_alloc *a)
+{
+    fp_chunk_tally t = fp_chunk_tally_begin();
+    fp_heap_trim_policy(a->heap);
+    log_released(a, t, "decay");
+}
+
+/* A large block: the heap's own calls, which end with its cache policy (and, for a miss, the trade). */
+static fabpool_status large_alloc(fp_alloc *a, size_t size, void **out)
+{
+    fp_chunk_tally t = fp_chunk_tally_begin();
+    fabpool_status st = fp_large_alloc(a->heap, size, out);
+    if (st == FABPOOL_OK)
+        fp_usage_raise(a->use);
+    log_released(a, t, "decay or large_slack");
+    return st;
+}
+
+static fabpool_status large_free(fp_alloc *a, uint64_t addr, const char *fn)
+{
+    fp_chunk_tally t = fp_chunk_tally_begin();
+    fabpool_status st = fp_large_free(a->heap, addr, fn);
+    log_released(a, t, "decay");
+    return st;
+}
+
 /* ------------------------------------------------------------ thread caches */
 
 void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, int thread_cache)
@@ -105,6 +147,7 @@ static void tcache_flush(fp_alloc *a, fp_tcache *tc)
     for (unsigned c = 0; c < a->n_slab_classes; c++) {
         fp_bin *b = &tc->bins[c];
         if (b->n) {
+            fp_usage_slab_back(a->use, b->n * a->heap->classes[c].obj_size);
             fp_class_give(a->heap, c, b->items, b->n, 0);
             b->n = 0;
         }
@@ -129,7 +172,7 @@ static void tcache_retire(fp_alloc *a, fp_tcache *tc)
     FP_LIST_REMOVE(&a->tcaches, tc, next, prev);
     fp_unlock(&a->sp->lock);
     tcache_free(a, tc);
-    fp_heap_trim_policy(a->heap);
+    trim_policy(a);
 }
 
 static void thread_exit(void *arg)
@@ -325,7 +368,7 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
     if (FP_UNLIKELY(fp_chunks_asleep(a->sp->ch)))
         return fp_chunk_asleep_error("fabpool_alloc");
     if (size > a->slab_max)
-        return fp_large_alloc(a->heap, size, out);
+        return large_alloc(a, size, out);
 
     unsigned cls = fp_class_of(size);
     fabpool_status st = FABPOOL_OK;
@@ -337,7 +380,8 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
             b->n = fp_class_take(a->heap, cls, b->items, want, 0, &st);
             if (!b->n)
                 return st;
-            fp_heap_trim_policy(a->heap);   /* the decay's clock, on a slow path */
+            fp_usage_slab_out(a->use, b->n * a->heap->classes[cls].obj_size);
+            trim_policy(a);   /* the decay's clock, on a slow path */
         }
         tcache_pop(tc, cls, out);   /* the fast path's pop, on a bin that now holds blocks */
         return FABPOOL_OK;
@@ -345,7 +389,8 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
     fp_item it;
     if (!fp_class_take(a->heap, cls, &it, 1, 1, &st))   /* its free flag cleared under the class lock */
         return st;
-    fp_heap_trim_policy(a->heap);   /* the decay's clock, on a slow path */
+    fp_usage_slab_out(a->use, a->heap->classes[cls].obj_size);
+    trim_policy(a);   /* the decay's clock, on a slow path */
     atomic_fetch_add_explicit(&a->counts[cls].allocs, 1, memory_order_relaxed);
     *out = (void *)(uintptr_t)it.ptr;
     return FABPOOL_OK;
@@ -361,10 +406,14 @@ static fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
         fp_alloc_drain(a, 0, 0);
     fabpool_status st = alloc_slow_once(a, size, out);
     if (st == FABPOOL_ERR_OUT_OF_MEMORY && fp_retire_pending(a->retire)) {
+        FP_LOG_CH(FP_LOG_INFO, a->sp->ch, "out of memory for %zu bytes: waiting for the %llu bytes freed on streams, "
+                  "then one more try", size, (unsigned long long)atomic_load(&a->retire->pending_bytes));
         fp_heap_count_oom_retry(a->heap);
         fp_alloc_drain(a, 1, 0);
         st = alloc_slow_once(a, size, out);
     }
+    if (st == FABPOOL_ERR_OUT_OF_MEMORY)
+        FP_LOG_CH(FP_LOG_WARN, a->sp->ch, "an allocation of %zu bytes failed: %s", size, fabpool_last_error());
     return st;
 }
 
@@ -425,19 +474,21 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr, uin
         if (b->n == b->cap) {
             /* give back the older half */
             unsigned half = b->n / 2 ? b->n / 2 : 1;
+            fp_usage_slab_back(a->use, half * a->heap->classes[cls].obj_size);
             fp_class_give(a->heap, cls, b->items, half, 0);
             memmove(b->items, b->items + half, (b->n - half) * sizeof *b->items);
             b->n -= half;
         }
         tcache_push(tc, s, addr);   /* the fast path's push, on a bin that now has room */
         atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_FREE, memory_order_relaxed);
-        fp_heap_trim_policy(a->heap);
+        trim_policy(a);
         return FABPOOL_OK;
     }
     fp_item it = {addr, s};
+    fp_usage_slab_back(a->use, a->heap->classes[cls].obj_size);
     fp_class_give(a->heap, cls, &it, 1, 1);
     atomic_fetch_add_explicit(&a->counts[cls].frees, 1, memory_order_relaxed);
-    fp_heap_trim_policy(a->heap);
+    trim_policy(a);
     return FABPOOL_OK;
 }
 
@@ -466,7 +517,7 @@ static __attribute__((noinline)) fabpool_status free_large_used(fp_alloc *a, fp_
             *queued = q;
         return st;
     }
-    return fp_large_free(a->heap, addr, fn);
+    return large_free(a, addr, fn);
 }
 
 /* ... and a slab block whose flag f is not FP_FREEFLAG_USED: a double free,
@@ -500,7 +551,7 @@ static inline __attribute__((always_inline)) fabpool_status free_block(fp_alloc 
     if (s->kind != FP_SPAN_SLAB) {
         if (FP_UNLIKELY(fp_retire_any_used(a->retire)))
             return free_large_used(a, s, addr, fn, on_stream, stream, queued);
-        return fp_large_free(a->heap, addr, fn);
+        return large_free(a, addr, fn);
     }
     uint32_t idx;
     if (FP_UNLIKELY(!fp_slab_index(s, addr, &idx)))

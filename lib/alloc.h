@@ -4,9 +4,11 @@
  *
  * Calls: slab (classes, large blocks, trim policy), retire (blocks freed
  * on streams: fabpool_alloc_on_stream / fabpool_free_on_stream are here too),
- * pagemap (the free's lookup), meta, array, list, sizeclass, trace, error.  Counters it owns:
- * blocks given out and taken back per class, with and without a thread
- * cache.
+ * pagemap (the free's lookup), chunk (the log's tally), meta, array, list,
+ * sizeclass, trace, log, usage, error.  Counters it owns: blocks given out
+ * and taken back per class, with and without a thread cache, and the bytes
+ * of slab blocks out of their classes in the pool's in-use mark (usage.h:
+ * counted when a cache is refilled or flushed, never on its hit).
  *
  * fabpool_t, to this layer, is its fp_alloc: struct fabpool begins with one
  * (lifecycle.c asserts it), so that the public entry points of this file reach
@@ -26,6 +28,7 @@
 #include "pagemap.h"
 #include "retire.h"
 #include "slab.h"
+#include "usage.h"
 
 struct fp_trace;
 
@@ -64,6 +67,7 @@ typedef struct fp_alloc {
     fp_heap *heap;
     fp_space *sp;                      /* the heap's */
     fp_retire *retire;                 /* blocks freed on streams (fabpool_free_on_stream) */
+    fp_usage *use;                     /* the pool's in-use mark: slab blocks out of their classes (usage.h) */
     int thread_cache;                  /* the option */
     unsigned n_slab_classes;
     uint32_t tc_cap[FP_NCLASS];        /* thread-cache bin capacity per class */

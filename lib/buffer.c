@@ -354,13 +354,13 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
         goto drop_ghosts;
     if ((st = fp_chunk_map_access(bs->sp->ch, at, rs, hn, "a shrunk buffer's smaller chunk")) != FABPOOL_OK) {
         if (fp_chunk_map_access(bs->sp->ch, at, old, ho, "a shrunk buffer's chunk, back") == FABPOOL_OK)
-            fp_chunk_count_mapped(bs->sp->ch, old);
+            fp_chunk_count_mapped(bs->sp->ch, at, old, "a shrunk buffer's chunk, back");
         else
             fp_error_append(" (the chunk could not be mapped back either: the buffer lost %llu bytes at offset %llu)",
                             (unsigned long long)old, (unsigned long long)c->off);
         goto drop_ghosts;
     }
-    fp_chunk_count_mapped(bs->sp->ch, rs);
+    fp_chunk_count_mapped(bs->sp->ch, at, rs, "a shrunk buffer's smaller chunk");
     if (!ghost_keep(bs, b, c, drop_gen, ho)) /* the old memory, for the peers that may still import it */
         fp_chunk_release(bs->sp->ch, ho);
     fp_bchunk_forget_export(bs, c);
@@ -530,6 +530,7 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     }
     b->size = size;
     atomic_fetch_add(&bs->bytes, size);
+    fp_usage_raise(bs->use);
     FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_CREATE, b->base, size, max_size, FABPOOL_OK);
     fp_unlock(&bs->sp->lock);
     *out = b;
@@ -604,8 +605,12 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
                 st = s2;
             /* a shrink that failed before it changed anything: the buffer keeps its old size */
             if (s2 == FABPOOL_OK || bufs[i]->generation != gen0) {
-                atomic_fetch_add(&bs->bytes, sizes[i]);
-                atomic_fetch_sub(&bs->bytes, bufs[i]->size);
+                if (sizes[i] >= bufs[i]->size) { /* by the difference: the in-use mark never sees both sizes */
+                    atomic_fetch_add(&bs->bytes, sizes[i] - bufs[i]->size);
+                    fp_usage_raise(bs->use);
+                } else {
+                    atomic_fetch_sub(&bs->bytes, bufs[i]->size - sizes[i]);
+                }
                 bufs[i]->size = sizes[i];
                 FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_RESIZE, bufs[i]->base, sizes[i], stream, s2);
             }
@@ -670,6 +675,10 @@ fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer
 {
     if (!b || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_get_info: the buffer or the output is NULL");
+    fabpool_status st = fp_struct_size_check("fabpool_buffer_get_info", "fabpool_buffer_info", out->struct_size,
+                                             sizeof *out);
+    if (st != FABPOOL_OK)
+        return st;
     fp_buffers *bs = b->owner;
     fp_lock(&bs->sp->lock);
     out->base = (void *)(uintptr_t)b->base;

@@ -3,7 +3,7 @@
  * gives up retire until the GPU work that may use them is done; chunks an
  * exported buffer drops stay alive (ghosts) until the peers acknowledge.
  *
- * Calls: slab (chunks with the OOM retry), retire (tickets of retired
+ * Calls: usage (the in-use mark), slab (chunks with the OOM retry), retire (tickets of retired
  * chunks), chunk, vaspace, meta, array,
  * list, sizeclass, trace, error.  Counters it owns (written only here):
  * buffer bytes, mapped, count, retiring and ghost bytes.  Export (export.c)
@@ -20,6 +20,7 @@
 #include "chunk.h"
 #include "retire.h"
 #include "slab.h"
+#include "usage.h"
 
 struct fp_trace;
 
@@ -54,6 +55,7 @@ typedef struct fp_buffers {
     fp_space *sp;                      /* the heap's */
     fp_retire *retire;                 /* the pool's retirement queue: retired chunks' tickets */
     struct fp_trace *trace;            /* NULL: none */
+    fp_usage *use;                     /* the pool's in-use mark, raised when bytes grows (usage.h) */
     uint64_t max_chunk;
     uint32_t max_waste_percent, shrink_hysteresis_percent;
     struct fabpool_buffer *list;

@@ -394,7 +394,7 @@ static fabpool_status check_slabs(walk *w, uint64_t *idle)
     if (!w->seen)
         return HOST_FAIL();
     const fp_span *prev = NULL;
-    uint64_t guard = 0;
+    uint64_t guard = 0, out = 0;
     for (const fp_span *s = p->heap.spans; s; prev = s, s = s->all_next) {
         if (++guard > (1u << 26))
             return FAIL("[slab.all] the list of every slab does not end");
@@ -416,6 +416,7 @@ static fabpool_status check_slabs(walk *w, uint64_t *idle)
         if (s->list != want)
             return FAIL("[slab.list] slab 0x%llx (class %u, %u of %u free) is marked as on list %u, its count says %d",
                         ULL(s->base), s->cls, s->nfree, s->nobj, s->list, want);
+        out += (uint64_t)(s->nobj - s->nfree) * c->obj_size;
         nslabs[s->cls]++;
         nempty[s->cls] += want == FP_LIST_EMPTY;
         npartial[s->cls] += want == FP_LIST_PARTIAL;
@@ -432,6 +433,10 @@ static fabpool_status check_slabs(walk *w, uint64_t *idle)
     if (w->tc_found != w->n_tc)
         return FAIL("[tcache.block] thread caches hold %llu blocks of spans that are not slabs of this pool",
                     ULL(w->n_tc - w->tc_found));
+    /* the in-use mark counts every block out of its class: given out, pending on a stream, in a cache */
+    if (out != atomic_load(&p->use.slab_out))
+        return FAIL("[usage.slab_out] %llu bytes of slab blocks are out of their classes, the in-use mark counts %llu",
+                    ULL(out), ULL(atomic_load(&p->use.slab_out)));
     /* the class lists hold the slabs their counts say */
     for (unsigned ci = 0; ci < FP_NCLASS; ci++) {
         const fp_class *c = &p->heap.classes[ci];

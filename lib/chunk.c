@@ -10,6 +10,9 @@
 #include "error.h"
 #include "retire.h"
 
+/* What this thread unmapped, all time (fp_chunk_tally_begin / _end). */
+static _Thread_local fp_chunk_tally unmapped_tl;
+
 static void stat_max(_Atomic uint64_t *peak, uint64_t v)
 {
     uint64_t old = atomic_load_explicit(peak, memory_order_relaxed);
@@ -68,6 +71,9 @@ fabpool_status fp_chunk_create(fp_chunks *ch, uint64_t size, CUmemGenericAllocat
     CUmemGenericAllocationHandle h = 0;
     CUmemAllocationProp prop = fp_chunk_prop(ch);
     CUresult r = FP_CU(&ch->calls, cuMemCreate, &h, size, &prop, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY)
+        FP_LOG_CH(FP_LOG_INFO, ch, "out of memory: cuMemCreate of %llu bytes failed while the pool maps %llu",
+                  (unsigned long long)size, (unsigned long long)atomic_load(&ch->mapped_bytes));
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemCreate", "creating a chunk of %llu bytes on device %d",
                             (unsigned long long)size, (int)ch->dev);
@@ -106,13 +112,21 @@ fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CU
     return FABPOOL_OK;
 }
 
-void fp_chunk_count_mapped(fp_chunks *ch, uint64_t size)
+void fp_chunk_count_mapped(fp_chunks *ch, uint64_t va, uint64_t size, const char *what)
 {
     fp_lock_assert_held(ch->lock);
     uint64_t m = atomic_fetch_add(&ch->mapped_bytes, size) + size;
     stat_max(&ch->mapped_peak, m);
     atomic_fetch_add(&ch->chunks_mapped, 1);
     atomic_fetch_add(&ch->chunks_mapped_total, 1);
+    FP_LOG_CH(FP_LOG_INFO, ch, "grow: mapped %llu bytes at 0x%llx (%s); the pool maps %llu", (unsigned long long)size,
+              (unsigned long long)va, what, (unsigned long long)m);
+}
+
+void fp_chunk_reset_peak(fp_chunks *ch)
+{
+    atomic_store(&ch->mapped_peak, atomic_load(&ch->mapped_bytes));
+    stat_max(&ch->mapped_peak, atomic_load(&ch->mapped_bytes)); /* a map in between */
 }
 
 CUresult fp_chunk_release(fp_chunks *ch, CUmemGenericAllocationHandle h)
@@ -142,7 +156,7 @@ fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CU
         FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
         return st;
     }
-    fp_chunk_count_mapped(ch, size);
+    fp_chunk_count_mapped(ch, va, size, what);
     return FABPOOL_OK;
 }
 
@@ -198,10 +212,23 @@ fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemUnmap", "unmapping a chunk of %llu bytes at 0x%llx",
                             (unsigned long long)size, (unsigned long long)va);
-    atomic_fetch_sub(&ch->mapped_bytes, size);
+    uint64_t m = atomic_fetch_sub(&ch->mapped_bytes, size) - size;
     atomic_fetch_sub(&ch->chunks_mapped, 1);
     atomic_fetch_add(&ch->chunks_unmapped_total, 1);
+    unmapped_tl.bytes += size;
+    unmapped_tl.chunks++;
+    FP_LOG_CH(FP_LOG_INFO, ch, "release: unmapped %llu bytes at 0x%llx; the pool maps %llu",
+              (unsigned long long)size, (unsigned long long)va, (unsigned long long)m);
     return FABPOOL_OK;
+}
+
+fp_chunk_tally fp_chunk_tally_now(void) { return (fp_chunk_tally){unmapped_tl.bytes, unmapped_tl.chunks, 1}; }
+
+fp_chunk_tally fp_chunk_tally_end(fp_chunk_tally begun)
+{
+    if (!begun.on)
+        return (fp_chunk_tally){0, 0, 0};
+    return (fp_chunk_tally){unmapped_tl.bytes - begun.bytes, unmapped_tl.chunks - begun.chunks, 1};
 }
 
 fabpool_status fp_chunk_retain(fp_chunks *ch, uint64_t va, CUmemGenericAllocationHandle *out, const char *what)

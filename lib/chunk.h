@@ -5,7 +5,7 @@
  * chunks are made as, and the counters of what the driver holds for it
  * (mapped bytes, chunks, handles, exported fds), which only chunk.c writes.
  *
- * Calls: driver, error.  No retry here: a cuMemCreate that fails with
+ * Calls: driver, log, error.  No retry here: a cuMemCreate that fails with
  * CUDA_ERROR_OUT_OF_MEMORY returns FABPOOL_ERR_OUT_OF_MEMORY, and the
  * callers that hold cached memory (slab.c) trim and try again.
  *
@@ -41,6 +41,7 @@ typedef struct fp_chunks {
     fp_drv_counters calls;             /* every driver call made for the pool */
     const fp_lock_t *lock;             /* held around every map, unmap, create and release (asserted) */
     int device;                        /* the ordinal, as the options give it */
+    unsigned log_pool;                 /* the pool's number in the log's lines (log.h) */
     CUdevice dev;
     uint64_t dev_total;                /* the device's memory (cuDeviceTotalMem): no block can be larger */
     CUcontext ctx;                     /* the device's primary context (retained) */
@@ -96,13 +97,34 @@ fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CU
  * released whatever the outcome, and on failure nothing stays mapped. */
 fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
                                    const char *what);
-/* Counts a mapping of size bytes that the pool now keeps (map_access does not). */
-void fp_chunk_count_mapped(fp_chunks *ch, uint64_t size);
+/* Counts a mapping of size bytes at va that the pool now keeps (map_access does not); the log (info) says
+ * what it is. */
+void fp_chunk_count_mapped(fp_chunks *ch, uint64_t va, uint64_t size, const char *what);
+/* mapped_peak starts again from what is mapped now (fabpool_reset_peak). */
+void fp_chunk_reset_peak(fp_chunks *ch);
 /* Releases h (counted in handles_outstanding), tried twice. */
 CUresult fp_chunk_release(fp_chunks *ch, CUmemGenericAllocationHandle h);
 /* Unmaps a chunk the pool counted as mapped (one that sleeps: forgets it,
  * so that wake does not map it again). */
 fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size);
+/* What the calling thread unmaps through fp_chunk_unmap during a step, for the log's lines (trim, decay, a
+ * peer's ack): fp_chunk_tally_begin() before it, fp_chunk_tally_end() after it gives the bytes and chunks.
+ * With the log below info, begin costs one branch and end gives zeros (on: whether begin counted). */
+typedef struct fp_chunk_tally {
+    uint64_t bytes, chunks;
+    int on;
+} fp_chunk_tally;
+fp_chunk_tally fp_chunk_tally_now(void);
+static inline fp_chunk_tally fp_chunk_tally_begin(void)
+{
+    fp_chunk_tally t = {0, 0, 0};
+    return FP_LOG_ON(FP_LOG_INFO) ? fp_chunk_tally_now() : t;
+}
+fp_chunk_tally fp_chunk_tally_end(fp_chunk_tally begun);
+
+/* A line of the log about the pool of ch (log.h). */
+#define FP_LOG_CH(lvl, ch, ...) FP_LOG_POOL(lvl, (ch)->log_pool, (ch)->device, __VA_ARGS__)
+
 /* A handle of the chunk mapped at va (cuMemRetainAllocationHandle), counted. */
 fabpool_status fp_chunk_retain(fp_chunks *ch, uint64_t va, CUmemGenericAllocationHandle *out, const char *what);
 

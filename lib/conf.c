@@ -14,6 +14,7 @@
 
 #include "conf.h"
 #include "error.h"
+#include "json.h"
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
@@ -81,6 +82,7 @@ static const char *const handle_words[] = {"auto", "none", "posix_fd", "fabric",
 static const char *const stats_words[] = {"none", "text", "json", NULL};
 static const char *const metadata_words[] = {"auto", "jemalloc", "libc", NULL};
 static const char *const rdma_words[] = {"auto", "on", "off", NULL};
+static const char *const debug_words[] = {"none", "warn", "info", "trace", NULL};
 
 #define FIELD(f) offsetof(fabpool_options, f), #f
 
@@ -112,10 +114,12 @@ static const struct key keys[] = {
      "none, or up to 16 distinct device ordinals 0..1023 separated by ';' or '+', e.g. 1;2;3"},
     {"trace", F_STRING, FIELD(trace_path), parse_path, 0, FABPOOL_TRACE_PATH_MAX - 1, 0, 0, NULL,
      "none, or the path of a file to record the trace to (at most 511 bytes, no ',' and no whitespace; %p: the "
-     "pid, %d: the device), e.g. /tmp/fabpool-%p.trace"},
+     "pid, %h: the host, %d: the device), e.g. /tmp/fabpool-%p.trace"},
     {"rdma", F_INT, FIELD(rdma), parse_word, 0, 2, 0, 0, rdma_words, "auto, on or off"},
     {"sleep_keep_host", F_U32, FIELD(sleep_keep_host), parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},
     {"stream_owner", F_U32, FIELD(stream_owner), parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},
+    {"debug", F_INT, FIELD(debug), parse_word_or_index, 0, 3, 0, 0, debug_words,
+     "none, warn, info or trace (or 0 to 3)"},
 };
 
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -651,6 +655,92 @@ fabpool_status fp_options_check(const fabpool_options *o)
             return bad_field(k, (long long)x, "is not a multiple of 2MiB");
     }
     return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------ printing */
+
+/* Whether key k's field differs between a and b. */
+static int field_differs(const fabpool_options *a, const fabpool_options *b, const struct key *k)
+{
+    if (k->field == F_STRING)
+        return strcmp((const char *)a + k->offset, (const char *)b + k->offset) != 0;
+    if (k->field == F_PEERS)
+        return a->n_peer_devices != b->n_peer_devices ||
+               memcmp(a->peer_devices, b->peer_devices, sizeof a->peer_devices) != 0;
+    if (k->field == F_U64)
+        return *(const uint64_t *)(const void *)((const char *)a + k->offset) !=
+               *(const uint64_t *)(const void *)((const char *)b + k->offset);
+    return field_value(a, k) != field_value(b, k);
+}
+
+/* Key k's value in o, as a conf string writes it (text) or as a JSON value. */
+static void print_value(FILE *f, const fabpool_options *o, const struct key *k, int json)
+{
+    const char *field = (const char *)o + k->offset;
+    if (k->field == F_STRING) {
+        if (json)
+            fp_json_str(f, field[0] ? field : NULL);
+        else
+            fputs(field[0] ? field : "none", f);
+        return;
+    }
+    if (k->field == F_PEERS) {
+        fputs(json ? "[" : o->n_peer_devices ? "" : "none", f);
+        for (int i = 0; i < o->n_peer_devices && i < FABPOOL_MAX_PEERS; i++)
+            fprintf(f, "%s%d", i ? (json ? "," : ";") : "", o->peer_devices[i]);
+        if (json)
+            fputs("]", f);
+        return;
+    }
+    uint64_t u = k->field == F_U64 ? *(const uint64_t *)(const void *)field : (uint64_t)field_value(o, k);
+    if (k->words && u < 8) {
+        size_t i = 0;
+        while (k->words[i] && i < u)
+            i++;
+        if (k->words[i]) {
+            if (json)
+                fp_json_str(f, k->words[i]);
+            else
+                fputs(k->words[i], f);
+            return;
+        }
+    }
+    if (k->parse == parse_bool) {
+        fputs(u ? "true" : "false", f);
+        return;
+    }
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+    int unit = -1;
+    for (int i = 4; !json && k->parse == parse_size && u && i >= 0 && unit < 0; i--)
+        if (u % (1ull << (10 * (i + 1))) == 0)
+            unit = i;
+    if (unit >= 0)
+        fprintf(f, "%llu%s", (unsigned long long)(u >> (10 * (unit + 1))), units[unit]);
+    else
+        fprintf(f, "%llu", (unsigned long long)u);
+}
+
+void fp_options_print(FILE *f, const fabpool_options *o, int changed_only, int json)
+{
+    fabpool_options d;
+    fabpool_options_init(&d);
+    int first = 1;
+    if (json)
+        fputc('{', f);
+    for (size_t i = 0; i < NKEYS; i++) {
+        const struct key *k = &keys[i];
+        if (changed_only && !field_differs(o, &d, k))
+            continue;
+        if (json) {
+            fp_json_key(f, &first, k->name);
+        } else {
+            fprintf(f, "%s%s:", first ? "" : ",", k->name);
+            first = 0;
+        }
+        print_value(f, o, k, json);
+    }
+    if (json)
+        fputc('}', f);
 }
 
 const char *fp_handle_type_name(fabpool_handle_type t)

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "error.h"
 
@@ -33,8 +34,24 @@ const char *fp_drv_name(int i) { return (i >= 0 && i < FP_DRV_COUNT) ? entry_nam
 typedef CUresult (*proc_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*proc_v1_fn)(const char *, void **, int, cuuint64_t);
 
+static _Thread_local struct timespec trace_t0;
+
+void fp_drv_trace_start(void) { clock_gettime(CLOCK_MONOTONIC, &trace_t0); }
+
+void fp_drv_trace_end(int i, const char *args, CUresult r)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double us = (double)(t1.tv_sec - trace_t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - trace_t0.tv_nsec) / 1e3;
+    fp_log(FP_LOG_TRACE, "%s(%s) -> %s, %.1f us", fp_drv_name(i), args,
+           r == CUDA_SUCCESS ? "CUDA_SUCCESS" : fp_drv_error_name(r), us);
+}
+
 static void load(void)
 {
+    int lvl;
+    if (fp_log_env(&lvl) == FABPOOL_OK && lvl > 0) /* a bad value: pool creation says so */
+        fp_log_raise(lvl);
     const char *path = getenv("FABPOOL_CUDA_LIBRARY");
     if (!path || !*path)
         path = "libcuda.so.1";
@@ -76,13 +93,15 @@ static void load(void)
         }
         slots[i] = fn;
     }
-    CUresult r = fp_drv.p_cuInit(0);
+    CUresult r = FP_CU(NULL, cuInit, 0);
     if (r != CUDA_SUCCESS) {
         load_status = fp_drv_error(r, "cuInit", "initializing the driver '%s' (is a GPU visible? check "
                                    "nvidia-smi and CUDA_VISIBLE_DEVICES)", path);
         return;
     }
-    fp_drv.p_cuDriverGetVersion(&fp_drv.version);
+    FP_CU(NULL, cuDriverGetVersion, &fp_drv.version);
+    FP_LOG(FP_LOG_INFO, "fabpool %s: driver '%s' loaded, CUDA driver %d.%d", fabpool_version(), path,
+           fp_drv.version / 1000, fp_drv.version % 1000 / 10);
     load_status = FABPOOL_OK;
 }
 

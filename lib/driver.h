@@ -4,7 +4,7 @@
  * dlopens libcuda.so.1 (or $FABPOOL_CUDA_LIBRARY), takes cuGetProcAddress
  * from it and asks for every entry point below at FP_DRIVER_API_VERSION.
  * The rest of lib/ calls the driver through FP_CU(), which counts the call
- * and hands back the CUresult.  Layer driver.  Calls: error. */
+ * and hands back the CUresult.  Layer driver.  Calls: error, log. */
 #ifndef FP_DRIVER_H
 #define FP_DRIVER_H
 
@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "fabpool.h"
+#include "log.h"
 
 /* Entry points are asked for at the ABI of CUDA 12.0, the oldest driver
  * fabpool supports; a newer driver still answers with these signatures. */
@@ -86,22 +87,33 @@ fabpool_status fp_drv_load(void);
 /* Base name of entry point i ("cuMemCreate"). */
 const char *fp_drv_name(int i);
 
-static inline CUresult fp_drv_count(fp_drv_counters *c, int i, CUresult r)
+/* The log at trace (log.h): a call's start, then a line with its
+ * arguments as written, its result and its time. */
+void fp_drv_trace_start(void);
+void fp_drv_trace_end(int i, const char *args, CUresult r);
+
+static inline CUresult fp_drv_count(fp_drv_counters *c, int i, const char *args, CUresult r)
 {
     if (c)
         atomic_fetch_add_explicit(&c->n[i], 1, memory_order_relaxed);
+    if (FP_LOG_ON(FP_LOG_TRACE))
+        fp_drv_trace_end(i, args, r);
     return r;
 }
 
-/* FP_CU(counters, cuMemCreate, &h, size, &prop, 0): the call, counted. */
-#define FP_CU(cnt, name, ...) fp_drv_count((cnt), FP_DRV_##name, fp_drv.p_##name(__VA_ARGS__))
+/* FP_CU(counters, cuMemCreate, &h, size, &prop, 0): the call, counted (and
+ * logged at trace: the one place every driver call goes through).  The name
+ * is pasted before anything expands it (cuda.h defines some as macros). */
+#define FP_CU(cnt, name, ...) FP_CU_CALL(cnt, FP_DRV_##name, fp_drv.p_##name, #__VA_ARGS__, __VA_ARGS__)
+#define FP_CU_CALL(cnt, idx, fn, args, ...)                                                                   \
+    (FP_LOG_ON(FP_LOG_TRACE) ? fp_drv_trace_start() : (void)0, fp_drv_count((cnt), idx, args, fn(__VA_ARGS__)))
 /* A call that gives something back (cuMemRelease, cuMemUnmap, cuMemAddressFree,
  * cuDevicePrimaryCtxRelease), tried once more when it fails: left undone, it
  * would keep device memory or address space alive for the life of the process. */
-#define FP_CU_UNDO(cnt, name, ...)                                                                          \
-    (fp_drv_count((cnt), FP_DRV_##name, fp_drv.p_##name(__VA_ARGS__)) == CUDA_SUCCESS                       \
-         ? CUDA_SUCCESS                                                                                     \
-         : fp_drv_count((cnt), FP_DRV_##name, fp_drv.p_##name(__VA_ARGS__)))
+#define FP_CU_UNDO(cnt, name, ...) FP_CU_TWICE(cnt, FP_DRV_##name, fp_drv.p_##name, #__VA_ARGS__, __VA_ARGS__)
+#define FP_CU_TWICE(cnt, idx, fn, args, ...)                                                                  \
+    (FP_CU_CALL(cnt, idx, fn, args, __VA_ARGS__) == CUDA_SUCCESS ? CUDA_SUCCESS                               \
+                                                                 : FP_CU_CALL(cnt, idx, fn, args, __VA_ARGS__))
 
 /* Turns a failed call into a status and a message:
  * "<call> failed with CUDA_ERROR_X (its description) while <what>".

@@ -1,4 +1,5 @@
-/* error.c - status names and the calling thread's last error message. */
+/* error.c - status names, the calling thread's last error message, the
+ * library's version and the check of a struct's size. */
 #include "error.h"
 
 #include <stdarg.h>
@@ -36,6 +37,18 @@ const char *fabpool_status_name(fabpool_status s)
 }
 
 const char *fabpool_last_error(void) { return fp_msg; }
+
+const char *fabpool_version(void) { return FABPOOL_VERSION_STRING; }
+
+fabpool_status fp_struct_size_check(const char *fn, const char *type, size_t got, size_t want)
+{
+    if (got == want)
+        return FABPOOL_OK;
+    return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: the %s's struct_size is %zu, but fabpool %s knows %s of %zu bytes "
+                    "only: set struct_size = sizeof(%s) before the call, and build against the fabpool.h of the "
+                    "library the program loads (fabpool_version() says which)", fn, type, got,
+                    FABPOOL_VERSION_STRING, type, want, type);
+}
 
 void fp_error_clear(void) { fp_msg[0] = '\0'; }
 

@@ -12,4 +12,9 @@ fabpool_status fp_error(fabpool_status s, const char *fmt, ...) __attribute__((f
 void fp_error_append(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void fp_error_clear(void);
 
+/* FABPOOL_OK if a struct the caller hands in to be filled says the size this
+ * library knows (fabpool.h, struct_size), else FABPOOL_ERR_INVALID_ARG with a
+ * message naming fn and the struct type. */
+fabpool_status fp_struct_size_check(const char *fn, const char *type, size_t got, size_t want);
+
 #endif

@@ -115,7 +115,17 @@ static fabpool_status ack_locked(fp_buffers *bs, struct fabpool_buffer *b, uint6
                         (unsigned long long)b->generation, (unsigned long long)b->exported_gen);
     if (generation > b->acked || generation == UINT64_MAX)
         b->acked = generation;
-    return fp_collect_locked(bs, 0);
+    uint64_t held = atomic_load(&bs->ghost_bytes);
+    fp_chunk_tally t = fp_chunk_tally_begin();
+    fabpool_status st = fp_collect_locked(bs, 0);
+    t = fp_chunk_tally_end(t);
+    FP_LOG_CH(FP_LOG_INFO, bs->sp->ch, "peer ack: buffer 0x%llx (export id 0x%llx%s) acknowledged at generation "
+              "%llu%s; %llu bytes in %llu chunks unmapped, held for peers %llu -> %llu bytes",
+              (unsigned long long)b->base, (unsigned long long)b->uid, b->destroyed ? ", destroyed" : "",
+              (unsigned long long)generation, generation == UINT64_MAX ? " (no peer left)" : "",
+              (unsigned long long)t.bytes, (unsigned long long)t.chunks,
+              (unsigned long long)held, (unsigned long long)atomic_load(&bs->ghost_bytes));
+    return st;
 }
 
 fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *b, uint64_t generation)

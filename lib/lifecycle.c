@@ -12,6 +12,7 @@
 #include "conf.h"
 #include "error.h"
 #include "export.h"
+#include "log.h"
 #include "sleep.h"
 #include "trace.h"
 
@@ -48,9 +49,11 @@ static CUresult probe_fabric(struct fabpool *p, const char **step)
     return r;
 }
 
-static fabpool_status choose_handle_type(struct fabpool *p)
+/* Chooses the pool's handle type; why[0..n) says why (for the log). */
+static fabpool_status choose_handle_type(struct fabpool *p, char *why, size_t n)
 {
     fabpool_handle_type want = p->opt.handle_type;
+    snprintf(why, n, "asked for");
     int posix = 0;
     FP_CU(&p->ch.calls, cuDeviceGetAttribute, &posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
           p->ch.dev);
@@ -62,8 +65,14 @@ static fabpool_status choose_handle_type(struct fabpool *p)
         if (r == CUDA_SUCCESS) {
             p->ch.handle_type = FABPOOL_HANDLE_FABRIC;
             p->ch.cu_handle_types = CU_MEM_HANDLE_TYPE_FABRIC;
+            if (want == FABPOOL_HANDLE_AUTO)
+                snprintf(why, n, "auto: a fabric handle was made, exported and imported");
             return FABPOOL_OK;
         }
+        if (want == FABPOOL_HANDLE_AUTO)
+            snprintf(why, n, "auto: no fabric handles (%s answered %s), POSIX fds %ssupported",
+                     fabric ? step : "the device attribute HANDLE_TYPE_FABRIC_SUPPORTED",
+                     fabric ? fp_drv_error_name(r) : "0", posix ? "" : "not ");
         if (want == FABPOOL_HANDLE_FABRIC)
             return fp_error(FABPOOL_ERR_NOT_SUPPORTED,
                             "handle_type:fabric was asked for, but device %d cannot share fabric handles: %s "
@@ -111,6 +120,12 @@ static fabpool_status apply_conf(fabpool_options *o)
             return fp_error(st, "FABPOOL_CONF='%s': %s", env, msg);
         }
     }
+    int lvl;
+    fabpool_status st = fp_log_env(&lvl); /* FABPOOL_DEBUG wins over the debug key */
+    if (st != FABPOOL_OK)
+        return st;
+    if (lvl >= 0)
+        o->debug = lvl;
     return fp_trace_env(o);
 }
 
@@ -186,6 +201,27 @@ static fabpool_status reserve(struct fabpool *p)
     return FABPOOL_OK;
 }
 
+/* The log's line for a new pool: version, device, handle type and why, reservation, the options asked for
+ * that differ from the defaults (o: before the pool rounded any). */
+static void log_created(struct fabpool *p, const fabpool_options *o, const char *why)
+{
+    char *opts = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&opts, &len);
+    if (f) {
+        fp_options_print(f, o, 1, 0);
+        fclose(f);
+    }
+    FP_LOG_POOL(FP_LOG_INFO, p->ch.log_pool, p->opt.device,
+                "fabpool %s: pool created on device %d (%.1f GiB, granularity %llu KiB), handle type %s (%s), rdma "
+                "%s, reservation %.1f GiB at 0x%llx, options %s%s", fabpool_version(), p->opt.device,
+                (double)p->ch.dev_total / (double)(1ull << 30), (unsigned long long)(p->sp.gran >> 10),
+                fp_handle_type_name(p->ch.handle_type), why, p->ch.rdma ? "on" : "off",
+                (double)p->sp.va.size / (double)(1ull << 30), (unsigned long long)p->sp.va.base,
+                opts && len ? "other than the defaults: " : "", opts && len ? opts : "the defaults");
+    free(opts);
+}
+
 static fabpool_status teardown(struct fabpool *p);
 
 fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
@@ -207,6 +243,7 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
         st = fp_options_check(&o);
     if (st != FABPOOL_OK)
         return st;
+    fp_log_raise(o.debug); /* before the driver loads: its calls are logged at trace */
     st = fp_drv_load();
     if (st != FABPOOL_OK)
         return st;
@@ -224,6 +261,7 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     p->opt = o;
     p->opt.conf = NULL;   /* not ours to keep */
     p->ch.device = o.device;
+    p->ch.log_pool = fp_log_pool_number();
     p->ch.n_peers = o.n_peer_devices;
     for (int i = 0; i < o.n_peer_devices && i < FABPOOL_MAX_PEERS; i++)
         p->ch.peers[i] = o.peer_devices[i];
@@ -232,11 +270,12 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     p->sp.ch = &p->ch;
     p->sp.meta = &p->meta;
 
+    char why[256];
     if ((st = setup_device(p)) != FABPOOL_OK ||
         (st = fp_retire_init(&p->retire, &p->meta, &p->ch.calls, p->ch.ctx, p->opt.device, (int)p->opt.stream_owner)) !=
             FABPOOL_OK ||
         (st = fp_chunk_choose_rdma(&p->ch, p->opt.rdma)) != FABPOOL_OK ||
-        (st = choose_handle_type(p)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
+        (st = choose_handle_type(p, why, sizeof why)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
         (st = fp_trace_open(&p->opt, p->sp.gran, &p->trace)) != FABPOOL_OK)
         goto fail;
     uint64_t va_base = p->sp.va.base, va_size = p->sp.va.size;
@@ -251,15 +290,21 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     fp_heap_init(&p->heap, &p->sp, &p->opt);
     p->opt.slab_max_bytes = p->heap.slab_max;
     fp_alloc_init(&p->alloc, &p->heap, &p->retire, p->opt.thread_cache);
+    p->use.large = &p->heap.large_in_use_bytes;
+    p->use.buffers = &p->bufs.bytes;
+    p->alloc.use = &p->use;
     p->ch.fence = &p->retire;
     p->alloc.trace = p->trace;
     fp_buffers_init(&p->bufs, &p->heap, &p->retire, &p->opt);
     p->bufs.trace = p->trace;
+    p->bufs.use = &p->use;
     fp_views_init(&p->views, &p->sp);
     if (fp_registry_add(&p->alloc) != 0) {
         st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the pool registry");
         goto fail;
     }
+    if (FP_LOG_ON(FP_LOG_INFO))
+        log_created(p, &o, why);
     fp_error_clear();
     *out = p;
     return FABPOOL_OK;
@@ -319,9 +364,11 @@ fabpool_status fabpool_destroy(fabpool_t *p)
     fp_views_destroy(&p->views);
     fp_buffers_destroy(&p->bufs);
     fp_unlock(&p->sp.lock);
-    fabpool_stats s;
+    fabpool_stats s = {.struct_size = sizeof s};
     fabpool_get_stats(p, &s);
     uint64_t live_blocks = s.blocks;
+    unsigned log_pool = p->ch.log_pool; /* for the log, once p is gone */
+    int device = p->opt.device;
     fabpool_status tst = teardown(p);
     if (st == FABPOOL_OK)
         st = tst;
@@ -330,6 +377,10 @@ fabpool_status fabpool_destroy(fabpool_t *p)
                       "memory was unmapped and the pool destroyed",
                       (unsigned long long)live_buffers, live_buffers == 1 ? "" : "s",
                       (unsigned long long)live_blocks, live_blocks == 1 ? "" : "s");
+    if (st != FABPOOL_OK)
+        FP_LOG_POOL(FP_LOG_WARN, log_pool, device, "%s", fabpool_last_error());
+    else
+        FP_LOG_POOL(FP_LOG_INFO, log_pool, device, "destroyed");
     return st;
 }
 
@@ -340,6 +391,7 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_trim: the pool is NULL");
     FP_TRACE(p->trace, FABPOOL_TR_TRIM, 0, keep, 0);
+    fp_chunk_tally t = fp_chunk_tally_begin();
     /* what was freed on streams and whose work is done can go too (an event
      * is recorded on every stream with uncovered frees); what the GPU may
      * still use stays: it is live for the pool until then */
@@ -350,18 +402,11 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
     fp_heap_trim_locked(&p->heap, keep);
     fabpool_status hst = fp_sleep_host_trim(p); /* and sleep's kept host copies (sleep_keep_host) */
     fp_unlock(&p->sp.lock);
+    t = fp_chunk_tally_end(t);
+    FP_LOG_CH(FP_LOG_INFO, &p->ch, "trim (keep %zu bytes cached): %llu bytes in %llu chunks back to the driver; the "
+              "pool maps %llu", keep, (unsigned long long)t.bytes, (unsigned long long)t.chunks,
+              (unsigned long long)atomic_load(&p->ch.mapped_bytes));
     return st != FABPOOL_OK ? st : hst;
-}
-
-fabpool_status fabpool_get_options(const fabpool_t *p, fabpool_options *out)
-{
-    if (!p || !out)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_options: the pool or the output is NULL");
-    *out = p->opt;
-    out->handle_type = p->ch.handle_type;
-    out->rdma = p->ch.rdma ? FABPOOL_RDMA_ON : FABPOOL_RDMA_OFF;
-    out->reserve_bytes = p->sp.va.size;
-    return FABPOOL_OK;
 }
 
 fabpool_status fabpool_device_count(int *out)

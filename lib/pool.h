@@ -17,6 +17,8 @@
  *           alloc and bufs hold a pointer to it
  *   sleep   the record of a sleep and its counters (sleep.c); the asleep
  *           state every layer reads is ch.asleep (and alloc's epoch bit)
+ *   use     the high-water mark of the bytes in use (usage.h): alloc counts
+ *           slab blocks into it, bufs raises it, stats reads and resets it
  *
  * Locking: the pool lock guards the address space, the page map's writers,
  * large pieces, buffers, views, the list of thread caches and the driver
@@ -55,7 +57,7 @@ struct fabpool {
     _Atomic int sleep_mode;            /* sleep.c's: written there only */
     struct fp_trace *trace;            /* NULL: no trace (trace.h); alloc and bufs hold copies */
     fabpool_options opt;
-    _Atomic uint64_t in_use_peak;      /* stats.c */
+    fp_usage use;                      /* the in-use mark (usage.h); alloc and bufs hold a pointer to it */
 };
 
 #endif

@@ -489,6 +489,10 @@ static fabpool_status wake_locked(struct fabpool *p, void *stream)
     record_free(p, r);
     set_asleep(p, 0);
     atomic_fetch_add(&p->wakes, 1);
+    FP_LOG_CH(FP_LOG_INFO, &p->ch, "wake: %zu chunks mapped again, %llu bytes restored from host memory; %llu bytes "
+              "of pinned host memory kept; the pool maps %llu", done,
+              (unsigned long long)atomic_load(&p->sleep_offloaded), (unsigned long long)atomic_load(&p->sleep_host_bytes),
+              (unsigned long long)atomic_load(&p->ch.mapped_bytes));
     return FABPOOL_OK;
 }
 
@@ -595,6 +599,11 @@ fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream
     atomic_store(&p->sleep_discarded, drop);
     atomic_store(&p->sleep_mode, (int)mode);
     atomic_fetch_add(&p->sleeps, 1);
+    FP_LOG_CH(FP_LOG_INFO, &p->ch, "sleep (%s): %llu bytes offloaded to host memory, %llu discarded; %llu bytes of "
+              "pinned host memory held (%llu of them reused from the last wake); the pool maps %llu",
+              mode == FABPOOL_SLEEP_OFFLOAD ? "offload" : "discard", (unsigned long long)off,
+              (unsigned long long)drop, (unsigned long long)atomic_load(&p->sleep_host_bytes),
+              (unsigned long long)atomic_load(&p->sleep_host_reused), (unsigned long long)atomic_load(&p->ch.mapped_bytes));
     fp_error_clear();
     goto out;
 awake:
@@ -633,7 +642,11 @@ fabpool_status fabpool_sleep_state(fabpool_t *p, fabpool_sleep_info *out)
 {
     if (!p || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_sleep_state: the pool or the output is NULL");
+    fabpool_status st = fp_struct_size_check("fabpool_sleep_state", "fabpool_sleep_info", out->struct_size, sizeof *out);
+    if (st != FABPOOL_OK)
+        return st;
     memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
     fp_lock(&p->sp.lock);
     out->asleep = p->sleep != NULL;
     fp_unlock(&p->sp.lock);

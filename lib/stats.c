@@ -1,7 +1,9 @@
 /* stats.c - what the pool holds, what it gave out, what it asked of the
- * driver; as a struct, as text and as JSON.  Layer pool: reads what every
- * layer counts (pool.h), writes only the in-use peak.  Calls: conf, driver,
- * error. */
+ * driver, and the options in force (fabpool_get_options); as a struct, as
+ * text and as JSON.
+ * Layer pool: reads what every layer counts (pool.h), resets the peaks.
+ * Calls: alloc (the caller's cache flushed at a reset), chunk, usage, conf,
+ * driver, error. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,11 +16,36 @@
 
 static uint64_t ld(_Atomic uint64_t *a) { return atomic_load_explicit(a, memory_order_relaxed); }
 
+/* The options in force: the pool's, with the handle type and rdma chosen and the reservation made. */
+static fabpool_options options_in_force(const struct fabpool *p)
+{
+    fabpool_options o = p->opt;
+    o.handle_type = p->ch.handle_type;
+    o.rdma = p->ch.rdma ? FABPOOL_RDMA_ON : FABPOOL_RDMA_OFF;
+    o.reserve_bytes = p->sp.va.size;
+    return o;
+}
+
+fabpool_status fabpool_get_options(const fabpool_t *p, fabpool_options *out)
+{
+    if (!p || !out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_options: the pool or the output is NULL");
+    fabpool_status st = fp_struct_size_check("fabpool_get_options", "fabpool_options", out->struct_size, sizeof *out);
+    if (st != FABPOOL_OK)
+        return st;
+    *out = options_in_force(p);
+    return FABPOOL_OK;
+}
+
 fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
 {
     if (!p || !s)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_stats: the pool or the output is NULL");
+    fabpool_status st = fp_struct_size_check("fabpool_get_stats", "fabpool_stats", s->struct_size, sizeof *s);
+    if (st != FABPOOL_OK)
+        return st;
     memset(s, 0, sizeof *s);
+    s->struct_size = sizeof *s;
     uint64_t small_in_use = 0, blocks = 0;
     unsigned row = 0;
     fp_lock(&p->sp.lock);
@@ -68,10 +95,8 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
     s->mapped_bytes = ld(&p->ch.mapped_bytes);
     s->mapped_bytes_peak = ld(&p->ch.mapped_peak);
     s->in_use_bytes = small_in_use + ld(&p->heap.large_in_use_bytes) + ld(&p->bufs.bytes);
-    uint64_t peak = ld(&p->in_use_peak);
-    if (s->in_use_bytes > peak)
-        atomic_store(&p->in_use_peak, peak = s->in_use_bytes);
-    s->in_use_bytes_peak = peak;
+    uint64_t peak = ld(&p->use.peak); /* never below in use now (usage.h: counted as blocks leave their classes) */
+    s->in_use_bytes_peak = peak > s->in_use_bytes ? peak : s->in_use_bytes;
     s->retiring_bytes = ld(&p->bufs.retiring_bytes);
     s->stream_pending_bytes = ld(&p->retire.pending_bytes);
     s->stream_pending_blocks = ld(&p->retire.pending_blocks);
@@ -107,7 +132,7 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
 {
     if (!f)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_print_stats: the FILE is NULL");
-    fabpool_stats s;
+    fabpool_stats s = {.struct_size = sizeof s};
     fabpool_status st = fabpool_get_stats(p, &s);
     if (st != FABPOOL_OK)
         return st;
@@ -139,7 +164,10 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
                        ",\"allocs\":%" PRIu64 "}",
                     i ? "," : "", s.classes[i].size, s.classes[i].in_use, s.classes[i].cached, s.classes[i].slabs,
                     s.classes[i].allocs);
-        fprintf(f, "]}\n");
+        fprintf(f, "],\"options\":");
+        fabpool_options o = options_in_force(p);
+        fp_options_print(f, &o, 0, 1);
+        fprintf(f, "}\n");
         return FABPOOL_OK;
     }
     fprintf(f, "fabpool: device %d, handle type %s, metadata in %s (%" PRIu64 " bytes)\n", p->opt.device,
@@ -163,6 +191,9 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
     for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS && s.driver_call_names[i]; i++)
         if (s.driver_calls[i])
             fprintf(f, " %s %" PRIu64, s.driver_call_names[i], s.driver_calls[i]);
+    fprintf(f, "\n  options: ");
+    fabpool_options o = options_in_force(p);
+    fp_options_print(f, &o, 0, 0);
     fprintf(f, "\n  %12s %10s %10s %8s %12s\n", "class", "in use", "cached", "slabs", "allocs");
     for (int i = 0; i < FABPOOL_NUM_CLASSES && s.classes[i].size; i++)
         fprintf(f, "  %12" PRIu64 " %10" PRIu64 " %10" PRIu64 " %8" PRIu64 " %12" PRIu64 "\n", s.classes[i].size,
@@ -192,11 +223,25 @@ fabpool_status fabpool_stats_json(fabpool_t *p, char *buf, size_t cap, size_t *n
     return st;
 }
 
+fabpool_status fabpool_reset_peak(fabpool_t *p)
+{
+    if (!p)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_reset_peak: the pool is NULL");
+    fabpool_thread_flush(p);
+    fp_usage_reset(&p->use);
+    fp_chunk_reset_peak(&p->ch);
+    return FABPOOL_OK;
+}
+
 fabpool_status fabpool_get_counters(fabpool_t *p, fabpool_counters *c)
 {
     if (!p || !c)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_counters: the pool or the output is NULL");
+    fabpool_status st = fp_struct_size_check("fabpool_get_counters", "fabpool_counters", c->struct_size, sizeof *c);
+    if (st != FABPOOL_OK)
+        return st;
     memset(c, 0, sizeof *c);
+    c->struct_size = sizeof *c;
     c->mapped_bytes = ld(&p->ch.mapped_bytes);
     c->mapped_bytes_peak = ld(&p->ch.mapped_peak);
     c->chunks_mapped = ld(&p->ch.chunks_mapped);

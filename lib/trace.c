@@ -22,6 +22,7 @@
 
 #include "error.h"
 #include "lock.h"
+#include "log.h"
 
 #define TRACE_BUF_RECORDS 4096u  /* 160 KiB a pool */
 #define TRACE_PATH_CAP (FABPOOL_TRACE_PATH_MAX + 64)
@@ -194,35 +195,6 @@ fabpool_status fp_trace_env(fabpool_options *o)
     return FABPOOL_OK;
 }
 
-/* The path with %p, %d and %% replaced; -1 if it does not fit. */
-static int expand(const char *in, int device, char *out, size_t cap)
-{
-    size_t len = 0;
-    for (const char *s = in; *s; s++) {
-        char piece[32];
-        const char *add = piece;
-        if (s[0] == '%' && (s[1] == 'p' || s[1] == 'd' || s[1] == '%')) {
-            if (s[1] == 'p')
-                snprintf(piece, sizeof piece, "%ld", (long)getpid());
-            else if (s[1] == 'd')
-                snprintf(piece, sizeof piece, "%d", device);
-            else
-                snprintf(piece, sizeof piece, "%%");
-            s++;
-        } else {
-            piece[0] = *s;
-            piece[1] = 0;
-        }
-        size_t l = strlen(add);
-        if (len + l + 1 > cap)
-            return -1;
-        memcpy(out + len, add, l);
-        len += l;
-    }
-    out[len] = 0;
-    return 0;
-}
-
 fabpool_status fp_trace_open(const fabpool_options *o, uint64_t gran, struct fp_trace **out)
 {
     *out = NULL;
@@ -233,9 +205,9 @@ fabpool_status fp_trace_open(const fabpool_options *o, uint64_t gran, struct fp_
     if (!t)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the trace buffer (%zu bytes)", sizeof *t);
     char base[TRACE_PATH_CAP];
-    if (expand(o->trace_path, o->device, base, sizeof base - 16) != 0) {
+    if (fp_path_expand(o->trace_path, o->device, base, sizeof base - 16) != 0) {
         free(t);
-        return fp_error(FABPOOL_ERR_CONFIG, "trace path '%s': too long once %%p and %%d are replaced (at most %d "
+        return fp_error(FABPOOL_ERR_CONFIG, "trace path '%s': too long once %%h, %%p and %%d are replaced (at most %d "
                         "bytes); choose a shorter path", o->trace_path, TRACE_PATH_CAP - 17);
     }
     /* a second pool of this process on the same path writes to path.2, ... */

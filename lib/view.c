@@ -349,6 +349,10 @@ fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_inf
 {
     if (!v || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_get_info: the view or the output is NULL");
+    fabpool_status st = fp_struct_size_check("fabpool_view_get_info", "fabpool_buffer_info", out->struct_size,
+                                             sizeof *out);
+    if (st != FABPOOL_OK)
+        return st;
     fp_lock(&v->owner->sp->lock);
     out->base = (void *)(uintptr_t)v->base;
     out->size = v->live;

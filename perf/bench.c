@@ -3,7 +3,7 @@
  * in the same run, in turns, with warm-up (docs/performance.md).
  *
  *   fabpool_bench [--quick] [--json FILE] [--workload latency|growth|trace|mixed|all]
- *                 [--no-torch] [--check]
+ *                 [--no-torch] [--check]        (--help says what each does)
  *
  * --check: exit 1 unless every case of every allocator ran, fabpool's
  * buffers never moved, its growth held at most 1.25x what was live, its
@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "cli.h"
 
 static FILE *js;
 static int js_first = 1;
@@ -444,36 +445,64 @@ static int sim_clean(void)
     return 1;
 }
 
+static const char usage_line[] =
+    "usage: fabpool_bench [--quick] [--json FILE] [--workload latency|growth|trace|mixed|all] [--no-torch] "
+    "[--check]\n";
+
+static void help(void)
+{
+    printf("%s\n"
+           "Measures fabpool beside cudaMalloc, cudaMallocAsync, PyTorch's caching allocator (default and\n"
+           "expandable_segments, where a PyTorch was found at configure time) and HybridEP's VMM pattern, every\n"
+           "allocator in the same run, in turns (docs/performance.md).  Times mean something only on a GPU.\n\n"
+           "  --quick          fewer samples and steps (a smoke run)\n"
+           "  --json FILE      every figure as one JSON object into FILE\n"
+           "  --workload W     latency (alloc + free, warm and cold, 256 B to 1 GiB, 1 to 16 threads), growth (a\n"
+           "                   dispatch buffer from 256 MiB to 4 GiB), trace (a HybridEP-like variable-length\n"
+           "                   trace, with and without sharing), mixed (RMM-style live sets), or all (default)\n"
+           "  --no-torch       leave out PyTorch's columns\n"
+           "  --check          exit 1 unless every case of every allocator ran, fabpool's buffers never moved, its\n"
+           "                   growth held at most 1.25x what was live, its deltas exported less than re-exporting,\n"
+           "                   and (simulated driver) nothing is held at the end\n"
+           "  --help           this text\n\n"
+           "Exit status: 0; 1 if the driver or an allocator could not be set up, or a --check failed; 2 for a\n"
+           "wrong command line.\n",
+           usage_line);
+}
+
 int main(int argc, char **argv)
 {
     const char *json_path = NULL, *workload = "all";
     int with_torch = 1, check = 0;
+    /* the PyTorch columns' child processes (bench_remote_case): internal, not for users */
     if (argc == 5 && !strcmp(argv[1], "--child"))
         return bench_child_main(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick"))
-            quick = 1;
-        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
-            json_path = argv[++i];
-        else if (!strcmp(argv[i], "--workload") && i + 1 < argc)
-            workload = argv[++i];
-        else if (!strcmp(argv[i], "--no-torch"))
-            with_torch = 0;
-        else if (!strcmp(argv[i], "--check"))
-            check = 1;
-        else {
-            fprintf(stderr, "usage: %s [--quick] [--json FILE] [--workload latency|growth|trace|mixed|all] "
-                            "[--no-torch] [--check]\n",
-                    argv[0]);
-            return 2;
+    enum { O_QUICK = 256, O_JSON, O_WORKLOAD, O_NO_TORCH, O_CHECK };
+    static const struct option opts[] = {
+        {"quick", no_argument, NULL, O_QUICK},   {"json", required_argument, NULL, O_JSON},
+        {"workload", required_argument, NULL, O_WORKLOAD}, {"no-torch", no_argument, NULL, O_NO_TORCH},
+        {"check", no_argument, NULL, O_CHECK},   {"help", no_argument, NULL, 'h'}, {0}};
+    for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
+        switch (c) {
+        case O_QUICK: quick = 1; break;
+        case O_JSON: json_path = optarg; break;
+        case O_WORKLOAD: workload = optarg; break;
+        case O_NO_TORCH: with_torch = 0; break;
+        case O_CHECK: check = 1; break;
+        case 'h': help(); return CLI_OK;
+        default: return cli_usage_error(usage_line);
         }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "fabpool_bench: '%s': no operand is taken\n", argv[optind]);
+        return cli_usage_error(usage_line);
     }
     int all = !strcmp(workload, "all");
     int w_lat = all || !strcmp(workload, "latency"), w_gro = all || !strcmp(workload, "growth");
     int w_tra = all || !strcmp(workload, "trace"), w_mix = all || !strcmp(workload, "mixed");
     if (!w_lat && !w_gro && !w_tra && !w_mix) {
         fprintf(stderr, "fabpool_bench: unknown workload '%s' (latency, growth, trace, mixed or all)\n", workload);
-        return 2;
+        return cli_usage_error(usage_line);
     }
     if (bench_load_driver()) {
         fprintf(stderr, "fabpool_bench: cannot load and initialize the driver %s\n", cu.path);

@@ -131,7 +131,7 @@ static void fab_cold(balloc *a)
 
 static uint64_t fab_calls(balloc *a)
 {
-    static fabpool_stats s; /* large; called from one thread at a time */
+    static fabpool_stats s = {.struct_size = sizeof s}; /* large; called from one thread at a time */
     if (fabpool_get_stats(a->pool, &s) != FABPOOL_OK)
         return UINT64_MAX;
     uint64_t n = 0;
@@ -145,7 +145,7 @@ static uint64_t fab_calls(balloc *a)
 
 static uint64_t fab_held(balloc *a)
 {
-    static fabpool_stats s;
+    static fabpool_stats s = {.struct_size = sizeof s};
     if (fabpool_get_stats(a->pool, &s) != FABPOOL_OK)
         return UINT64_MAX;
     return s.mapped_bytes;

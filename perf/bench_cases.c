@@ -268,7 +268,7 @@ static int fab_share_step(gstate *g, int i)
     fabpool_buffer_export_done(g->buf[i]);
     if (st != FABPOOL_OK)
         goto fail;
-    fabpool_buffer_info bi;
+    fabpool_buffer_info bi = {.struct_size = sizeof bi};
     fabpool_buffer_get_info(g->buf[i], &bi);
     g->exported += (double)(bi.mapped - g->mapped[i]);
     g->imported += (double)(bi.mapped - g->mapped[i]);
@@ -363,7 +363,7 @@ static void gclear(gstate *g)
 
 static uint64_t pool_calls(fabpool_t *p)
 {
-    static fabpool_stats s;
+    static fabpool_stats s = {.struct_size = sizeof s};
     uint64_t n = 0;
     if (p && fabpool_get_stats(p, &s) == FABPOOL_OK)
         for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS; i++)

@@ -3,7 +3,7 @@
  * hot path and the driver's stream-ordered allocator.  One thread, one
  * device; every figure is the median over 7 rounds of ns per alloc+free pair.
  *
- *   fabpool_bench_stream [pairs per round] [--json FILE]
+ *   fabpool_bench_stream [--pairs N] [--json FILE]   (--help says more; a bare N is --pairs N)
  *
  * Cases: fabpool_alloc + fabpool_free (256 B, the hot path); the pair on one
  * stream (256 B and 16 MiB: a block freed on a stream comes back to it, no
@@ -20,9 +20,28 @@
 #include <string.h>
 #include <time.h>
 
+#include "../lib/json.h"
+#include "cli.h"
 #include "fabpool.h"
 
 #define ROUNDS 7
+
+static const char usage_line[] = "usage: fabpool_bench_stream [--pairs N] [--json FILE]\n";
+
+static void help(void)
+{
+    printf("%s\n"
+           "The cost of the stream-ordered pair (fabpool_alloc_on_stream / fabpool_free_on_stream) beside\n"
+           "fabpool's hot path and cuMemAllocAsync: ns per alloc + free pair, the median of %d rounds.  The\n"
+           "driver is the one fabpool loads (FABPOOL_CUDA_LIBRARY or libcuda.so.1); times mean something only\n"
+           "on a GPU.\n\n"
+           "  --pairs N    pairs per round (default 200000; a bare number says the same)\n"
+           "  --json FILE  the figures as one JSON object into FILE\n"
+           "  --help       this text\n\n"
+           "Exit status: 0; 1 if the pool, the driver or the JSON file could not be had; 2 for a wrong command\n"
+           "line.\n",
+           usage_line, ROUNDS);
+}
 
 static double now(void)
 {
@@ -97,14 +116,27 @@ static int async_pair(void *c_)
 
 int main(int argc, char **argv)
 {
-    long n = 200000;
-    const char *json = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
-            json = argv[++i];
-        else
-            n = atol(argv[i]);
+    uint64_t pairs = 200000;
+    const char *json = NULL, *me = "fabpool_bench_stream";
+    static const struct option opts[] = {{"pairs", required_argument, NULL, 'n'},
+                                         {"json", required_argument, NULL, 'j'},
+                                         {"help", no_argument, NULL, 'h'}, {0}};
+    for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
+        if (c == 'n' && cli_u64(me, "--pairs", optarg, 10, UINT32_MAX, &pairs) == 0)
+            continue;
+        if (c == 'j') {
+            json = optarg;
+            continue;
+        }
+        if (c == 'h') {
+            help();
+            return CLI_OK;
+        }
+        return cli_usage_error(usage_line);
     }
+    if (optind < argc && (optind + 1 < argc || cli_u64(me, "pairs", argv[optind], 10, UINT32_MAX, &pairs) != 0))
+        return cli_usage_error(usage_line);
+    long n = (long)pairs;
     fabpool_options o;
     fabpool_options_init(&o);
     o.handle_type = FABPOOL_HANDLE_NONE;
@@ -158,21 +190,31 @@ int main(int argc, char **argv)
         else
             printf("  %-58s %10.1f ns\n", cases[i].name, cases[i].ns);
     }
-    fabpool_counters k;
+    fabpool_counters k = {.struct_size = sizeof k};
     fabpool_get_counters(c.p, &k);
     printf("  pool: %llu frees on streams, %llu same-stream reuses, %llu after an event, %llu events recorded, "
            "%llu queries, %llu context syncs\n", (unsigned long long)k.stream_frees,
            (unsigned long long)k.stream_reuse_same, (unsigned long long)k.stream_reuse_after_event,
            (unsigned long long)k.stream_events_recorded, (unsigned long long)k.stream_event_queries,
            (unsigned long long)k.stream_syncs);
+    int json_failed = 0;
     if (json) {
         FILE *f = fopen(json, "w");
         if (f) {
             fprintf(f, "{\"pairs_per_round\":%ld,\"cases\":[", n);
-            for (int i = 0; i < nc; i++)
-                fprintf(f, "%s{\"name\":\"%s\",\"ns\":%.1f}", i ? "," : "", cases[i].name, cases[i].ns);
+            for (int i = 0; i < nc; i++) {
+                fprintf(f, "%s{\"name\":", i ? "," : "");
+                fp_json_str(f, cases[i].name);
+                fprintf(f, ",\"ns\":");
+                fp_json_double(f, cases[i].ns < 0 ? NAN : cases[i].ns, 1); /* n/a: null */
+                fprintf(f, "}");
+            }
             fprintf(f, "]}\n");
-            fclose(f);
+            json_failed = fclose(f) != 0;
+        }
+        if (!f || json_failed) {
+            fprintf(stderr, "fabpool_bench_stream: cannot write %s\n", json);
+            json_failed = 1;
         }
     }
     fabpool_status st = fabpool_collect(c.p, 1);
@@ -180,5 +222,5 @@ int main(int argc, char **argv)
         st = fabpool_destroy(c.p);
     if (st != FABPOOL_OK)
         fprintf(stderr, "fabpool_bench_stream: %s\n", fabpool_last_error());
-    return st == FABPOOL_OK ? 0 : 1;
+    return st == FABPOOL_OK && !json_failed ? CLI_OK : CLI_FAILED;
 }

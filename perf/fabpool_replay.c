@@ -7,6 +7,9 @@
  *                  [--level auto|app|pool] [--sample N] [--fabpool-conf STR] [--device N]
  *                  [--json FILE] [--check [--max-held R]] [--pace] [--gpu-lag N]
  *
+ * (--help says what each option does; exit 1 when the trace is refused, no
+ * allocator could run or a --check failed, 2 for a wrong command line.)
+ *
  * What is replayed: by default (--level auto) the application's calls, as
  * it made them (trace_rec_app: in a trace that marks them, every public call
  * of the program, whatever the mix of fabpool_alloc / fabpool_free, the
@@ -78,6 +81,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../lib/json.h"
+#include "cli.h"
 #include "fabpool.h"
 #include "trace_file.h"
 #include "torch_load.h"
@@ -501,7 +506,7 @@ static int cmp_f(const void *a, const void *b)
 
 static uint64_t fab_calls(fabpool_t *pool, uint64_t *maps)
 {
-    static fabpool_stats st;
+    static fabpool_stats st = {.struct_size = sizeof st};
     if (fabpool_get_stats(pool, &st) != FABPOOL_OK)
         return UINT64_MAX;
     uint64_t n = 0;
@@ -534,7 +539,9 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
             snprintf(r->error, sizeof r->error, "fabpool_create: %s", fabpool_last_error());
             return;
         }
-        fst = malloc(sizeof *fst);
+        fst = calloc(1, sizeof *fst);
+        if (fst)
+            fst->struct_size = sizeof *fst;
         if (!fst) {
             snprintf(r->error, sizeof r->error, "no host memory");
             return;
@@ -604,6 +611,8 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
     int since = 0;
     /* FABPOOL_REPLAY_PEAK: fabpool's stats at its held peak [0] and at its in-use peak [2] ([1]: the last) */
     fabpool_stats *detail = getenv("FABPOOL_REPLAY_PEAK") && s.pool ? calloc(3, sizeof *detail) : NULL;
+    for (int k = 0; detail && k < 3; k++)
+        detail[k].struct_size = sizeof detail[k];
     size_t detail_at = 0, detail_live_at = 0;
     double t_all = now_ns();
     uint64_t maps_mid = UINT64_MAX;
@@ -832,69 +841,100 @@ static void num(uint64_t v, char *out, size_t cap)
         snprintf(out, cap, "%" PRIu64, v);
 }
 
-static void usage(FILE *f)
+static const char usage_line[] =
+    "usage: fabpool_replay [--allocators LIST] [--level auto|app|pool] [--sample N] [--fabpool-conf STR]\n"
+    "                      [--device N] [--json FILE] [--check [--max-held R]] [--pace] [--gpu-lag N] TRACE[.gz]\n";
+
+static void help(void)
 {
-    fprintf(f, "usage: fabpool_replay TRACE[.gz] [--allocators fabpool,cudaMallocAsync,torch_default,"
-               "torch_expandable]\n"
-               "                      [--level auto|app|pool] [--sample N] [--fabpool-conf STR] [--device N]\n"
-               "                      [--json FILE] [--check [--max-held R]] [--pace] [--gpu-lag N]\n");
+    printf("%s\n"
+           "Runs a trace that FABPOOL_TRACE recorded against each allocator, each in a process of its own, and\n"
+           "reports latency per operation, the peak the driver held and the driver calls (docs/performance.md,\n"
+           "\"Replay\").\n\n"
+           "  --allocators LIST   which, separated by commas, in this order: fabpool, cudaMallocAsync,\n"
+           "                      torch_default, torch_expandable (default: all four; PyTorch's where found)\n"
+           "  --level L           auto (default): the application's calls where the trace says which they are,\n"
+           "                      else the pool's; app: the application's; pool: every alloc and free that\n"
+           "                      reached the pool\n"
+           "  --sample N          the driver's holding read every N operations (default 16; 1 catches every peak)\n"
+           "  --fabpool-conf STR  a FABPOOL_CONF string for fabpool's pool\n"
+           "  --device N          the CUDA device (default 0)\n"
+           "  --json FILE         every figure as one JSON object into FILE\n"
+           "  --check             exit 1 unless every allocator asked for ran, every operation that succeeded\n"
+           "                      in the trace succeeded, and fabpool ends with nothing live (and, on the\n"
+           "                      simulated driver, nothing held)\n"
+           "  --max-held R        with --check: and fabpool's peak held at most R times the trace's live peak\n"
+           "  --pace              each operation waits for its time stamp, so time-based policies (decay_ms)\n"
+           "                      act as when it was recorded\n"
+           "  --gpu-lag N         simulated driver: every stream's work completes only every N operations\n"
+           "  --help              this text\n\n"
+           "Exit status: 0; 1 if the trace is refused, no allocator could run, or a --check failed; 2 for a\n"
+           "wrong command line.\n",
+           usage_line);
 }
 
 int main(int argc, char **argv)
 {
-    const char *path = NULL, *json = NULL, *fconf = NULL, *list = "fabpool,cudaMallocAsync,torch_default,"
-                                                                  "torch_expandable";
+    const char *json = NULL, *fconf = NULL, *list = "fabpool,cudaMallocAsync,torch_default,torch_expandable";
     int check = 0, sample = 16, device = 0, level = -1; /* -1 auto, 0 pool, 1 app */
     double max_held = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int more = i + 1 < argc;
-        if (!strcmp(a, "--check"))
-            check = 1;
-        else if (!strcmp(a, "--pace"))
-            pace = 1;
-        else if (!strcmp(a, "--max-held") && more)
-            max_held = strtod(argv[++i], NULL);
-        else if (!strcmp(a, "--gpu-lag") && more)
-            gpu_lag = (size_t)strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(a, "--allocators") && more)
-            list = argv[++i];
-        else if (!strcmp(a, "--json") && more)
-            json = argv[++i];
-        else if (!strcmp(a, "--fabpool-conf") && more)
-            fconf = argv[++i];
-        else if (!strcmp(a, "--sample") && more)
-            sample = atoi(argv[++i]);
-        else if (!strcmp(a, "--device") && more)
-            device = atoi(argv[++i]);
-        else if (!strcmp(a, "--level") && more) {
-            const char *v = argv[++i];
-            level = !strcmp(v, "app") ? 1 : !strcmp(v, "pool") ? 0 : !strcmp(v, "auto") ? -1 : -2;
+    enum { O_ALLOCATORS = 256, O_LEVEL, O_SAMPLE, O_CONF, O_DEVICE, O_JSON, O_CHECK, O_MAX_HELD, O_PACE, O_LAG };
+    static const struct option opts[] = {
+        {"allocators", required_argument, NULL, O_ALLOCATORS}, {"level", required_argument, NULL, O_LEVEL},
+        {"sample", required_argument, NULL, O_SAMPLE},         {"fabpool-conf", required_argument, NULL, O_CONF},
+        {"device", required_argument, NULL, O_DEVICE},         {"json", required_argument, NULL, O_JSON},
+        {"check", no_argument, NULL, O_CHECK},                 {"max-held", required_argument, NULL, O_MAX_HELD},
+        {"pace", no_argument, NULL, O_PACE},                   {"gpu-lag", required_argument, NULL, O_LAG},
+        {"help", no_argument, NULL, 'h'},                      {0}};
+    const char *me = "fabpool_replay";
+    for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
+        uint64_t v = 0;
+        switch (c) {
+        case O_ALLOCATORS: list = optarg; break;
+        case O_CONF: fconf = optarg; break;
+        case O_JSON: json = optarg; break;
+        case O_CHECK: check = 1; break;
+        case O_PACE: pace = 1; break;
+        case O_SAMPLE:
+            if (cli_u64(me, "--sample", optarg, 1, 1u << 30, &v) != 0)
+                return cli_usage_error(usage_line);
+            sample = (int)v;
+            break;
+        case O_DEVICE:
+            if (cli_u64(me, "--device", optarg, 0, 1023, &v) != 0)
+                return cli_usage_error(usage_line);
+            device = (int)v;
+            break;
+        case O_LAG:
+            if (cli_u64(me, "--gpu-lag", optarg, 1, UINT32_MAX, &v) != 0)
+                return cli_usage_error(usage_line);
+            gpu_lag = (size_t)v;
+            break;
+        case O_MAX_HELD:
+            if (cli_ratio(me, "--max-held", optarg, &max_held) != 0)
+                return cli_usage_error(usage_line);
+            break;
+        case O_LEVEL:
+            level = !strcmp(optarg, "app") ? 1 : !strcmp(optarg, "pool") ? 0 : !strcmp(optarg, "auto") ? -1 : -2;
             if (level == -2) {
-                fprintf(stderr, "fabpool_replay: --level %s: accepted: auto, app, pool\n", v);
-                return 2;
+                fprintf(stderr, "fabpool_replay: --level %s: accepted: auto, app, pool\n", optarg);
+                return cli_usage_error(usage_line);
             }
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "fabpool_replay: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        } else if (!path)
-            path = a;
-        else {
-            fprintf(stderr, "fabpool_replay: one trace at a time ('%s' is extra)\n", a);
-            return 2;
+            break;
+        case 'h': help(); return CLI_OK;
+        default: return cli_usage_error(usage_line);
         }
     }
-    if (!path) {
-        usage(stderr);
-        return 2;
+    if (optind != argc - 1) {
+        fprintf(stderr, "fabpool_replay: %s\n", optind == argc ? "no trace named" : "one trace at a time");
+        return cli_usage_error(usage_line);
     }
-    if (sample < 1)
-        sample = 1;
-    int want[A_N] = {0};
+    const char *path = argv[optind];
+    if (max_held > 0 && !check) {
+        fprintf(stderr, "fabpool_replay: --max-held is a bound of --check: give both\n");
+        return cli_usage_error(usage_line);
+    }
+    int want[A_N] = {0}, n_want = 0;
     for (const char *p = list; *p;) {
         const char *e = strchr(p, ',');
         size_t n = e ? (size_t)(e - p) : strlen(p);
@@ -905,9 +945,14 @@ int main(int argc, char **argv)
         if (!found) {
             fprintf(stderr, "fabpool_replay: unknown allocator '%.*s'; known: fabpool, cudaMallocAsync, "
                             "torch_default, torch_expandable\n", (int)n, p);
-            return 2;
+            return cli_usage_error(usage_line);
         }
+        n_want += found;
         p = e ? e + 1 : p + n;
+    }
+    if (!n_want) {
+        fprintf(stderr, "fabpool_replay: --allocators names none\n");
+        return cli_usage_error(usage_line);
     }
     unsetenv("FABPOOL_TRACE"); /* the replay is not itself traced */
 
@@ -915,20 +960,20 @@ int main(int argc, char **argv)
     char err[512];
     if (trace_load(path, &d, err, sizeof err) != 0) {
         fprintf(stderr, "fabpool_replay: refused: %s\n", err);
-        return 1;
+        return CLI_FAILED;
     }
     int app = level == -1 ? d.has_app : level;
     if (app && !d.has_app) {
         fprintf(stderr, "fabpool_replay: --level app: the trace does not say which calls the application made (no "
                 "marked records, no app_* records); use --level pool\n");
         trace_free(&d);
-        return 2;
+        return CLI_USAGE;
     }
     plan pl;
     if (build_plan(&d, app, &pl, err, sizeof err) != 0) {
         fprintf(stderr, "fabpool_replay: %s\n", err);
         trace_free(&d);
-        return 1;
+        return CLI_FAILED;
     }
     printf("replay of %s: %zu records (%s), %zu operations at the %s level, %u objects, %u streams + NULL, peak "
            "live %.1f MiB%s\n", path, d.n, d.h.flags & FABPOOL_TRACE_F_SYNTHETIC ? "SYNTHETIC" : "recorded", pl.n,
@@ -940,15 +985,19 @@ int main(int argc, char **argv)
     trace_free(&d);
 
     rres res[A_N];
-    int failed = 0;
+    int failed = 0, ran = 0;
     FILE *js = NULL;
     if (json && !(js = fopen(json, "w"))) {
         fprintf(stderr, "fabpool_replay: cannot write %s: %s\n", json, strerror(errno));
-        return 2;
+        free(pl.ops);
+        return CLI_FAILED;
     }
-    if (js)
-        fprintf(js, "{\"trace\":\"%s\",\"operations\":%zu,\"level\":\"%s\",\"live_peak\":%" PRIu64
-                    ",\"allocators\":[", path, pl.n, app ? "app" : "pool", pl.live_peak);
+    if (js) {
+        fprintf(js, "{\"trace\":");
+        fp_json_str(js, path);
+        fprintf(js, ",\"operations\":%zu,\"level\":\"%s\",\"live_peak\":%" PRIu64 ",\"allocators\":[", pl.n,
+                app ? "app" : "pool", pl.live_peak);
+    }
     printf("\n%-17s %9s %7s  %-19s %-19s %-19s %13s %13s %10s %8s %8s\n", "allocator", "ops", "failed",
            "alloc ns med/p99", "free ns med/p99", "resize ns med/p99", "peak held", "own peak", "drv calls",
            "maps", "time s");
@@ -958,6 +1007,7 @@ int main(int argc, char **argv)
             continue;
         rres *r = &res[k];
         run_forked(k, &pl, device, sample, fconf, r);
+        ran += r->ran;
         if (!r->ran) {
             printf("%-17s not run: %s\n", a_key[k], r->error);
             failed = 1;
@@ -986,17 +1036,18 @@ int main(int argc, char **argv)
             }
         }
         if (js) {
-            fprintf(js, "%s{\"allocator\":\"%s\",\"ran\":%d", first ? "" : ",", a_key[k], r->ran);
+            fprintf(js, "%s{\"allocator\":", first ? "" : ",");
+            fp_json_str(js, a_key[k]);
+            fprintf(js, ",\"ran\":%d", r->ran);
             first = 0;
             if (!r->ran || r->error[0]) {
-                fprintf(js, ",\"error\":\"");
-                for (const char *c = r->error; *c; c++)
-                    fprintf(js, (*c == '"' || *c == '\\') ? "\\%c" : ((unsigned char)*c < 32 ? " " : "%c"), *c);
-                fprintf(js, "\"");
+                fprintf(js, ",\"error\":");
+                fp_json_str(js, r->error);
             }
             if (r->ran) {
-                fprintf(js, ",\"ops\":%" PRIu64 ",\"failures\":%" PRIu64 ",\"seconds\":%.6f,\"held_peak\":%" PRIu64
-                            ",\"held_base\":%" PRIu64, r->ops, r->failures, r->seconds, r->held_peak, r->held_base);
+                fprintf(js, ",\"ops\":%" PRIu64 ",\"failures\":%" PRIu64 ",\"seconds\":", r->ops, r->failures);
+                fp_json_double(js, r->seconds, 6);
+                fprintf(js, ",\"held_peak\":%" PRIu64 ",\"held_base\":%" PRIu64, r->held_peak, r->held_base);
                 if (r->own_peak != UINT64_MAX)
                     fprintf(js, ",\"own_peak\":%" PRIu64, r->own_peak);
                 if (r->calls != UINT64_MAX)
@@ -1005,8 +1056,9 @@ int main(int argc, char **argv)
                     fprintf(js, ",\"maps\":%" PRIu64, r->maps);
                 if (r->maps_late != UINT64_MAX)
                     fprintf(js, ",\"maps_second_half\":%" PRIu64, r->maps_late);
-                fprintf(js, ",\"driver_calls_are\":\"%s\",\"left_live_by_trace\":%" PRIu64, r->calls_what,
-                        r->left_live);
+                fprintf(js, ",\"driver_calls_are\":");
+                fp_json_str(js, r->calls_what);
+                fprintf(js, ",\"left_live_by_trace\":%" PRIu64, r->left_live);
                 if (r->live_end != UINT64_MAX)
                     fprintf(js, ",\"live_end\":%" PRIu64 ",\"live_blocks_end\":%" PRIu64
                             ",\"live_buffers_end\":%" PRIu64, r->live_end, r->live_blocks_end, r->live_buffers_end);
@@ -1015,9 +1067,12 @@ int main(int argc, char **argv)
                 fprintf(js, ",\"latency_ns\":{");
                 for (int q = 0, f1 = 1; q < R_NKINDS; q++)
                     if (r->count[q]) {
-                        fprintf(js, "%s\"%s\":{\"n\":%" PRIu64 ",\"median\":%.1f,\"p99\":%.1f}", f1 ? "" : ",",
-                                kind_name[q], r->count[q], r->med[q], r->p99[q]);
-                        f1 = 0;
+                        fp_json_key(js, &f1, kind_name[q]);
+                        fprintf(js, "{\"n\":%" PRIu64 ",\"median\":", r->count[q]);
+                        fp_json_double(js, r->med[q], 1);
+                        fprintf(js, ",\"p99\":");
+                        fp_json_double(js, r->p99[q], 1);
+                        fprintf(js, "}");
                     }
                 fprintf(js, "}");
             }
@@ -1067,10 +1122,14 @@ int main(int argc, char **argv)
         }
     }
     free(pl.ops);
+    if (!ran) {
+        fprintf(stderr, "fabpool_replay: no allocator could run (each one's reason is above)\n");
+        return CLI_FAILED;
+    }
     if (check) {
         printf("%s\n", failed ? "CHECK FAILED" : "check passed: every operation succeeded, fabpool ends with 0 live "
                                                   "bytes");
-        return failed ? 1 : 0;
+        return failed ? CLI_FAILED : CLI_OK;
     }
-    return 0;
+    return CLI_OK;
 }

@@ -5,12 +5,30 @@
  * Prints the header (device, granularity, writer), the records by operation
  * (and how many failed), the allocation sizes by power of two, the peak and
  * final live bytes, the duration, the streams and threads seen.  Exit 1 if
- * the file is not a whole, valid trace (with the reason). */
+ * the file is not a whole, valid trace (with the reason), 2 for a wrong
+ * command line (cli.h). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "../lib/json.h"
+#include "cli.h"
 #include "trace_file.h"
+
+static const char usage_line[] = "usage: fabpool_trace [--json] TRACE[.gz]\n";
+
+static void help(void)
+{
+    printf("%s\n"
+           "Summarises a trace that FABPOOL_TRACE recorded (docs/config.md, \"Traces\"): its header, the records by\n"
+           "operation and how many failed, the allocation sizes by power of two, the peak and final live bytes,\n"
+           "the duration, the streams and threads.  A gzip-compressed trace is read as well.\n\n"
+           "  --json   one JSON object on stdout instead of the text (the trace's path is in \"trace\")\n"
+           "  --help   this text\n\n"
+           "Exit status: 0, 1 if the file is not a whole and valid trace (the reason on stderr), 2 for a wrong\n"
+           "command line.\n",
+           usage_line);
+}
 
 static void human(uint64_t b, char *out, size_t cap)
 {
@@ -27,47 +45,49 @@ static void human(uint64_t b, char *out, size_t cap)
 int main(int argc, char **argv)
 {
     int json = 0;
-    const char *path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json"))
+    static const struct option opts[] = {{"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {0}};
+    for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
+        if (c == 'j')
             json = 1;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: fabpool_trace [--json] TRACE[.gz]\n");
-            return 0;
-        } else if (!path)
-            path = argv[i];
-        else {
-            fprintf(stderr, "fabpool_trace: one trace at a time ('%s' is extra)\n", argv[i]);
-            return 2;
-        }
+        else if (c == 'h') {
+            help();
+            return CLI_OK;
+        } else
+            return cli_usage_error(usage_line);
     }
-    if (!path) {
-        fprintf(stderr, "usage: fabpool_trace [--json] TRACE[.gz]\n");
-        return 2;
+    if (optind != argc - 1) {
+        fprintf(stderr, "fabpool_trace: %s\n", optind == argc ? "no trace named" : "one trace at a time");
+        return cli_usage_error(usage_line);
     }
+    const char *path = argv[optind];
     trace_data d;
     char err[512];
     if (trace_load(path, &d, err, sizeof err) != 0) {
         fprintf(stderr, "fabpool_trace: %s\n", err);
-        return 1;
+        return CLI_FAILED;
     }
     trace_summary s;
     trace_summarize(&d, &s);
     if (json) {
-        printf("{\"version\":%u,\"device\":%d,\"granularity\":%" PRIu64 ",\"slab_max\":%" PRIu64
+        printf("{\"trace\":");
+        fp_json_str(stdout, path);
+        if (d.note[0]) {
+            printf(",\"note\":");
+            fp_json_str(stdout, d.note);
+        }
+        printf(",\"version\":%u,\"device\":%d,\"granularity\":%" PRIu64 ",\"slab_max\":%" PRIu64
                ",\"pid\":%u,\"synthetic\":%d,\"closed\":%d,\"records\":%zu,\"level\":\"%s\",\"ops\":{",
                d.h.version, d.h.device, d.h.granularity, d.h.slab_max, d.h.pid,
                !!(d.h.flags & FABPOOL_TRACE_F_SYNTHETIC), d.closed, d.n, s.level_app ? "app" : "pool");
-        for (unsigned op = 1, first = 1; op < FABPOOL_TR_NOPS; op++) {
-            printf("%s\"%s\":%" PRIu64, first ? "" : ",", fabpool_trace_op_name(op), s.ops[op]);
-            first = 0;
+        for (int k = 0; k < 2; k++) { /* the records by operation, then the failed ones */
+            int first = 1;
+            for (unsigned op = 1; op < FABPOOL_TR_NOPS; op++) {
+                fp_json_key(stdout, &first, fabpool_trace_op_name(op));
+                printf("%" PRIu64, k ? s.failed[op] : s.ops[op]);
+            }
+            printf(k ? "}" : "},\"failed\":{");
         }
-        printf("},\"failed\":{");
-        for (unsigned op = 1, first = 1; op < FABPOOL_TR_NOPS; op++) {
-            printf("%s\"%s\":%" PRIu64, first ? "" : ",", fabpool_trace_op_name(op), s.failed[op]);
-            first = 0;
-        }
-        printf("},\"size_hist_log2\":{");
+        printf(",\"size_hist_log2\":{");
         for (unsigned k = 0, first = 1; k < TRACE_HIST; k++)
             if (s.hist[k]) {
                 printf("%s\"%u\":%" PRIu64, first ? "" : ",", k, s.hist[k]);

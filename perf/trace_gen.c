@@ -8,6 +8,7 @@
  * is recorded on a GPU (perf/train/h200-trace.sh).
  *
  *   fabpool_trace_gen OUT [--steps N] [--layers N] [--d-model N] [--vocab N] [--tokens N] [--seed N]
+ *   (--help says what each option does)
  *
  * The model (defaults: perf/train/train_bench.py's): a pre-norm transformer
  * encoder, fp32 weights, bf16 autocast (each step casts the weights it uses
@@ -23,7 +24,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "fabpool_trace_format.h"
+
+static const char usage_line[] =
+    "usage: fabpool_trace_gen [--steps N] [--layers N] [--d-model N] [--vocab N] [--tokens N] [--seed N] OUT\n";
+
+static void help(void)
+{
+    printf("%s\n"
+           "Writes a SYNTHETIC fabpool trace to OUT: a PyTorch-like training loop of a transformer encoder\n"
+           "(fp32 weights, bf16 autocast, flash attention, AdamW) at the framework's level, beside HybridEP's\n"
+           "two dispatch buffers on a side stream.  Each step draws a sequence length from 64 to 2048 with a\n"
+           "fixed token count.  fabpool_trace and fabpool_replay read it (and say it is synthetic).\n\n"
+           "  --steps N     training steps (default 24)\n"
+           "  --layers N    encoder layers, 1 to 200 (default 8)\n"
+           "  --d-model N   the model width (default 1024)\n"
+           "  --vocab N     the vocabulary (default 32000)\n"
+           "  --tokens N    tokens a step, at least 64 (default 16384)\n"
+           "  --seed N      the random sequence lengths' seed (default 20261203)\n"
+           "  --help        this text\n\n"
+           "Exit status: 0; 1 if OUT cannot be written; 2 for a wrong command line.\n",
+           usage_line);
+}
 
 static uint64_t rng_state;
 static uint64_t rnd(void)
@@ -71,39 +94,32 @@ int main(int argc, char **argv)
 {
     const char *path = NULL;
     uint64_t steps = 24, layers = 8, d = 1024, vocab = 32000, tokens = 16384, seed = 20261203;
-    for (int i = 1; i < argc; i++) {
-        if (i + 1 < argc && argv[i][0] == '-' && argv[i][1] == '-') {
-            uint64_t v = strtoull(argv[i + 1], NULL, 10);
-            if (!strcmp(argv[i], "--steps"))
-                steps = v;
-            else if (!strcmp(argv[i], "--layers"))
-                layers = v;
-            else if (!strcmp(argv[i], "--d-model"))
-                d = v;
-            else if (!strcmp(argv[i], "--vocab"))
-                vocab = v;
-            else if (!strcmp(argv[i], "--tokens"))
-                tokens = v;
-            else if (!strcmp(argv[i], "--seed"))
-                seed = v;
-            else {
-                fprintf(stderr, "fabpool_trace_gen: unknown option %s\n", argv[i]);
-                return 2;
-            }
-            i++;
-        } else if (!path && argv[i][0] != '-') {
-            path = argv[i];
-        } else {
-            fprintf(stderr, "usage: fabpool_trace_gen OUT [--steps N] [--layers N] [--d-model N] [--vocab N] "
-                            "[--tokens N] [--seed N]\n");
-            return 2;
+    static const struct option opts[] = {
+        {"steps", required_argument, NULL, 's'},  {"layers", required_argument, NULL, 'l'},
+        {"d-model", required_argument, NULL, 'd'}, {"vocab", required_argument, NULL, 'v'},
+        {"tokens", required_argument, NULL, 't'}, {"seed", required_argument, NULL, 'r'},
+        {"help", no_argument, NULL, 'h'},         {0}};
+    const char *me = "fabpool_trace_gen";
+    for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
+        int bad = 0;
+        switch (c) {
+        case 's': bad = cli_u64(me, "--steps", optarg, 1, 1u << 20, &steps); break;
+        case 'l': bad = cli_u64(me, "--layers", optarg, 1, 200, &layers); break;
+        case 'd': bad = cli_u64(me, "--d-model", optarg, 1, 1u << 20, &d); break;
+        case 'v': bad = cli_u64(me, "--vocab", optarg, 1, 1u << 24, &vocab); break;
+        case 't': bad = cli_u64(me, "--tokens", optarg, 64, 1u << 24, &tokens); break;
+        case 'r': bad = cli_u64(me, "--seed", optarg, 0, UINT64_MAX, &seed); break;
+        case 'h': help(); return CLI_OK;
+        default: bad = 1;
         }
+        if (bad)
+            return cli_usage_error(usage_line);
     }
-    if (!path || !steps || !layers || layers > 200 || !d || !vocab || tokens < 64) {
-        fprintf(stderr, "usage: fabpool_trace_gen OUT [--steps N] [--layers N] [--d-model N] [--vocab N] "
-                        "[--tokens N (>= 64)] [--seed N]; layers 1..200\n");
-        return 2;
+    if (optind != argc - 1) {
+        fprintf(stderr, "fabpool_trace_gen: %s\n", optind == argc ? "no OUT file named" : "one OUT file only");
+        return cli_usage_error(usage_line);
     }
+    path = argv[optind];
     rng_state = seed ? seed : 1;
     out = fopen(path, "wb");
     if (!out) {

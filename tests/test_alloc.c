@@ -72,7 +72,7 @@ static void reuse_and_trim(void)
     CHECK(b == a[999]);
     CHECK(t_mapped(pool) == m1);
     fabpool_free(pool, b);
-    fabpool_stats s;
+    fabpool_stats s = {.struct_size = sizeof s};
     fabpool_get_stats(pool, &s);
     CHECK(s.cached_bytes >= 1000 * 4096);
     CHECK_OK(fabpool_trim(pool, 0));
@@ -187,7 +187,7 @@ static void threads(void)
         bad += (uintptr_t)r;
     }
     CHECK(bad == 0);
-    fabpool_stats s;
+    fabpool_stats s = {.struct_size = sizeof s};
     fabpool_get_stats(pool, &s);
     CHECK(s.blocks == 0);
     CHECK(s.in_use_bytes == 0);

@@ -33,16 +33,14 @@ static uint64_t ptr(fabpool_buffer_t *b) { return (uint64_t)(uintptr_t)fabpool_b
 
 static fabpool_buffer_info info(fabpool_buffer_t *b)
 {
-    fabpool_buffer_info i;
-    memset(&i, 0, sizeof i);
+    fabpool_buffer_info i = {.struct_size = sizeof i};
     CHECK_OK(fabpool_buffer_get_info(b, &i));
     return i;
 }
 
 static fabpool_buffer_info vinfo(fabpool_view_t *v)
 {
-    fabpool_buffer_info i;
-    memset(&i, 0, sizeof i);
+    fabpool_buffer_info i = {.struct_size = sizeof i};
     CHECK_OK(fabpool_view_get_info(v, &i));
     return i;
 }

@@ -79,7 +79,7 @@ int main(int argc, char **argv)
         }
         CHECK_OK(fabpool_buffer_resize_set(b, want, NBUF, NULL));
         for (int i = 0; i < NBUF; i++) {
-            fabpool_buffer_info in;
+            fabpool_buffer_info in = {.struct_size = sizeof in};
             fabpool_buffer_get_info(b[i], &in);
             CHECK(in.base == base[i]);
             CHECK(in.size == want[i] && in.mapped >= want[i]);
@@ -105,7 +105,7 @@ int main(int argc, char **argv)
                     (unsigned long long)t_mapped(p));
     }
     CHECK(mismatches == 0);
-    fabpool_stats s;
+    fabpool_stats s = {.struct_size = sizeof s};
     fabpool_get_stats(p, &s);
     printf("%ld steps (%s driver): %ld grows, %ld shrinks, %llu chunks mapped and %llu unmapped in all, "
            "peak mapped %.1f MiB, worst |held - mapped| %lld bytes, cuMemCreate %llu cuMemMap %llu cuMemUnmap %llu\n",

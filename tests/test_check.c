@@ -104,6 +104,10 @@ static void break_slabs(fabpool_t *p, void **live, fp_span *s)
     expect_broken(p, "[slab.shape]", "slab of another class");
     s->cls ^= 1;
 
+    atomic_fetch_add(&p->use.slab_out, c->obj_size); /* the in-use mark counts a block still in its class */
+    expect_broken(p, "[usage.slab_out]", "in-use mark's slab bytes");
+    atomic_fetch_sub(&p->use.slab_out, c->obj_size);
+
     /* the thread cache: a block twice in a bin, a block of another class */
     fp_tcache *tc = p->alloc.tcaches;
     CHECK(tc != NULL);

@@ -101,7 +101,7 @@ int main(int argc, char **argv)
             lens[b] = (uint32_t)len;
             off += len;
             nf += n;
-            fabpool_buffer_info in;
+            fabpool_buffer_info in = {.struct_size = sizeof in};
             fabpool_buffer_get_info(buf[b], &in);
             sent_gen[b] = in.generation;
         }
@@ -188,7 +188,7 @@ int main(int argc, char **argv)
             if (view[q][b])
                 CHECK_OK(fabpool_view_close(view[q][b]));
     MPI_Barrier(MPI_COMM_WORLD);
-    fabpool_stats s;
+    fabpool_stats s = {.struct_size = sizeof s};
     fabpool_get_stats(pool, &s);
     for (int b = 0; b < NBUF; b++) {
         CHECK_OK(fabpool_buffer_peers_ack(buf[b], UINT64_MAX));

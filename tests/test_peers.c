@@ -61,7 +61,7 @@ int main(void)
     CHECK_OK(fabpool_buffer_create(p, 2048 * MB, 100 * MB, &b));
     char *base = fabpool_buffer_ptr(b);
     CHECK_OK(fabpool_buffer_resize(b, 900 * MB, NULL));
-    fabpool_buffer_info bi;
+    fabpool_buffer_info bi = {.struct_size = sizeof bi};
     fabpool_buffer_get_info(b, &bi);
     CHECK(bi.n_chunks >= 2);
     for (size_t off = 0; off < bi.mapped; off += 2 * MB)

@@ -79,7 +79,7 @@ static void flag_for(const char *conf, int want)
     fabpool_t *p = make_pool(conf, FABPOOL_OK);
     if (!p)
         return;
-    fabpool_options got;
+    fabpool_options got = {.struct_size = sizeof got};
     CHECK_OK(fabpool_get_options(p, &got));
     CHECK(got.rdma == (want ? FABPOOL_RDMA_ON : FABPOOL_RDMA_OFF));
     fabpool_buffer_t *b = NULL;
@@ -134,7 +134,7 @@ static void dmabuf(void)
         return;
     }
     CHECK_OK(fabpool_buffer_resize(b, 8 * MB, NULL));
-    fabpool_buffer_info bi;
+    fabpool_buffer_info bi = {.struct_size = sizeof bi};
     CHECK_OK(fabpool_buffer_get_info(b, &bi));
     CHECK(bi.mapped == 8 * MB && bi.n_chunks == 4);
     fabsim_ledger l0 = t_ledger();
@@ -174,7 +174,7 @@ static void dmabuf(void)
         refused(b, 0, 2 * MB, FABPOOL_ERR_NOT_SUPPORTED, "DMA_BUF_SUPPORTED");
     } else {
         /* refusals: nothing asked of the driver */
-        fabpool_stats s0, s1;
+        fabpool_stats s0 = {.struct_size = sizeof s0}, s1 = {.struct_size = sizeof s1};
         fabpool_get_stats(p, &s0);
         refused(b, 100, 2 * MB, FABPOOL_ERR_INVALID_ARG, "host page size");
         refused(b, 0, 2 * MB + 100, FABPOOL_ERR_INVALID_ARG, "host page size");

@@ -113,13 +113,13 @@ static void same_process(void)
     CHECK(get(base + 8) == 21);
 
     /* grow: the delta carries only the new chunks */
-    fabpool_buffer_info bi, vi;
+    fabpool_buffer_info bi = {.struct_size = sizeof bi}, vi = {.struct_size = sizeof vi};
     fabpool_buffer_get_info(buf, &bi);
     uint64_t g1 = bi.generation;
     CHECK_OK(fabpool_buffer_resize(buf, 300 * MB, NULL));
     put(base + 300 * MB - 8, 13);
     CHECK_OK(fabpool_buffer_export(buf, g1, d, sizeof d, &len, fds, 64, &nfds));
-    fabpool_buffer_info b2;
+    fabpool_buffer_info b2 = {.struct_size = sizeof b2};
     fabpool_buffer_get_info(buf, &b2);
     CHECK(len == fabpool_desc_size(b2.n_chunks - bi.n_chunks));
     dup_all(fds, nfds, mine);
@@ -158,7 +158,7 @@ static void same_process(void)
     CHECK_OK(fabpool_buffer_export_done(buf));
     if (t_ledger_p) /* the view maps the same memory as the buffer: the old chunks are gone */
         CHECK(t_held() == (int64_t)t_mapped(a) && t_mapped(b) == t_mapped(a));
-    fabpool_stats s;
+    fabpool_stats s = {.struct_size = sizeof s};
     fabpool_get_stats(a, &s);
     CHECK(s.exported_fds_open == 0 && s.handles_outstanding == 0);
 
@@ -243,7 +243,7 @@ static void malformed(void)
     }
     /* a delta as a first view */
     CHECK_OK(fabpool_buffer_resize(buf, 200 * MB, NULL));
-    fabpool_buffer_info bi;
+    fabpool_buffer_info bi = {.struct_size = sizeof bi};
     fabpool_buffer_get_info(buf, &bi);
     CHECK_OK(fabpool_buffer_export(buf, bi.generation - 1, d, sizeof d, &len, fds, 64, &nfds));
     l0 = t_ledger();
@@ -484,7 +484,7 @@ static int grow_child(const char *sock_name)
         uint64_t y = m.step + 7777;
         cuMemcpyHtoD((CUdeviceptr)(uintptr_t)(vb + m.size - 16), &y, 8);
         cuCtxSynchronize(); /* the DMA lands before the exporter looks */
-        fabpool_buffer_info vi;
+        fabpool_buffer_info vi = {.struct_size = sizeof vi};
         fabpool_view_get_info(v, &vi);
         uint64_t reply[2] = {vi.generation, (uint64_t)bad};
         if (fabpool_fd_send(s, NULL, 0, reply, sizeof reply) != FABPOOL_OK)
@@ -556,7 +556,7 @@ static void peer_grows(const char *self)
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     CHECK_OK(fabpool_buffer_peers_ack(buf, UINT64_MAX));
     CHECK_OK(fabpool_buffer_destroy(buf, NULL));
-    fabpool_stats st;
+    fabpool_stats st = {.struct_size = sizeof st};
     fabpool_get_stats(a, &st);
     CHECK(st.exported_fds_open == 0 && st.handles_outstanding == 0 && st.mapped_bytes == 0);
     close(s);

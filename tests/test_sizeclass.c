@@ -124,7 +124,7 @@ static void test_slabmax(void)
         unsetenv("FABPOOL_CONF");
         if (!p)
             continue;
-        fabpool_options o;
+        fabpool_options o = {.struct_size = sizeof o};
         CHECK_OK(fabpool_get_options(p, &o));
         if (o.slab_max_bytes != cases[i].in_force)
             fprintf(stderr, "%s: slab_max in force %llu, expected %llu\n", cases[i].conf,
@@ -168,7 +168,7 @@ static void test_slabmax(void)
             CHECK(p == NULL && strstr(fabpool_last_error(), "slab_max") != NULL);
             continue;
         }
-        fabpool_options got;
+        fabpool_options got = {.struct_size = sizeof got};
         CHECK_OK(fabpool_get_options(p, &got));
         CHECK(got.slab_max_bytes >= (fields[i] < 256 ? 256 : fields[i] > 64 * MB ? 64 * MB : fields[i]));
         CHECK(got.slab_max_bytes <= 64 * MB);
@@ -202,7 +202,7 @@ static void test_waste(void)
     fabpool_t *p = t_pool("handle_type:none,reserve:32GiB");
     if (!p)
         return;
-    fabpool_options o;
+    fabpool_options o = {.struct_size = sizeof o};
     CHECK_OK(fabpool_get_options(p, &o));
     CHECK(o.slab_max_bytes >= 8 * MB);
     double worst = 0;
@@ -331,7 +331,7 @@ static void huge_buffers(void)
     fabpool_stats s1 = t_stats(p);
     CHECK(t_calls(&s1, "cuMemCreate") == t_calls(&s0, "cuMemCreate"));
     CHECK(s1.mapped_bytes == s0.mapped_bytes);
-    fabpool_buffer_info ia, ib;
+    fabpool_buffer_info ia = {.struct_size = sizeof ia}, ib = {.struct_size = sizeof ib};
     CHECK_OK(fabpool_buffer_get_info(a, &ia));
     CHECK_OK(fabpool_buffer_get_info(b, &ib));
     CHECK(ia.size == 16 * MB && ib.size == 16 * MB);
@@ -630,7 +630,7 @@ static void test_decay(void)
     fabpool_t *p = t_pool("handle_type:none,decay_ms:50,thread_cache:0");
     if (!p)
         return;
-    fabpool_options o;
+    fabpool_options o = {.struct_size = sizeof o};
     CHECK_OK(fabpool_get_options(p, &o));
     CHECK(o.decay_ms == 50);
     void *keep = NULL, *big = NULL, *again = NULL, *tick = NULL;

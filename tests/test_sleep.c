@@ -168,8 +168,7 @@ static void teardown(world *w)
 
 static fabpool_sleep_info state_of(fabpool_t *p)
 {
-    fabpool_sleep_info si;
-    memset(&si, 0, sizeof si);
+    fabpool_sleep_info si = {.struct_size = sizeof si};
     CHECK_OK(fabpool_sleep_state(p, &si));
     return si;
 }
@@ -200,7 +199,7 @@ static void offload_round_trip(void)
     CHECK(populate(&w, NULL, 11, 1) == 0);
     if (!w.p)
         return;
-    fabpool_stats s0;
+    fabpool_stats s0 = {.struct_size = sizeof s0};
     fabpool_get_stats(w.p, &s0);
     CHECK(s0.mapped_bytes > 90 * MB);
     if (sim)
@@ -211,7 +210,7 @@ static void offload_round_trip(void)
     CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
     fabpool_sleep_info si = state_of(w.p);
     CHECK(si.asleep == 1 && si.mode == FABPOOL_SLEEP_OFFLOAD && si.sleeps == 1 && si.wakes == 0);
-    fabpool_stats s1;
+    fabpool_stats s1 = {.struct_size = sizeof s1};
     fabpool_get_stats(w.p, &s1);
     CHECK(s1.mapped_bytes == 0 && s1.chunks_mapped == 0);
     /* what was offloaded: everything in use; the cache was trimmed, not copied */
@@ -259,7 +258,7 @@ static void offload_round_trip(void)
         fabsim_ledger lb = t_ledger();
         CHECK(ledger_is(&la, &lb));
     }
-    fabpool_buffer_info bi;
+    fabpool_buffer_info bi = {.struct_size = sizeof bi};
     CHECK_OK(fabpool_buffer_get_info(w.buf[0], &bi));
     CHECK(bi.size == w.buf_size[0]);
 
@@ -278,7 +277,7 @@ static void offload_round_trip(void)
     CHECK(si.asleep == 0 && si.wakes == 1 && si.host_bytes == 0);
     CHECK(si.offloaded_bytes > 0); /* the last sleep's report stays */
     CHECK(all_intact(&w));
-    fabpool_stats s2;
+    fabpool_stats s2 = {.struct_size = sizeof s2};
     fabpool_get_stats(w.p, &s2);
     CHECK(s2.mapped_bytes > 0 && s2.mapped_bytes <= s0.mapped_bytes);
     if (sim) {
@@ -389,7 +388,7 @@ static void refusals(void)
     fabsim_ledger l0 = t_ledger();
     CHECK_STATUS(fabpool_sleep(NULL, FABPOOL_SLEEP_OFFLOAD, NULL), FABPOOL_ERR_INVALID_ARG);
     CHECK_STATUS(fabpool_wake(NULL, NULL), FABPOOL_ERR_INVALID_ARG);
-    fabpool_sleep_info si;
+    fabpool_sleep_info si = {.struct_size = sizeof si};
     CHECK_STATUS(fabpool_sleep_state(NULL, &si), FABPOOL_ERR_INVALID_ARG);
     world w;
     CHECK(populate(&w, "handle_type:posix_fd,slab_max:1MiB", 61, 0) == 0);
@@ -415,7 +414,7 @@ static void refusals(void)
     CHECK_OK(fabpool_free(w.p, a));
     CHECK_OK(fabpool_buffer_export_done(w.buf[0]));
     CHECK_OK(fabpool_buffer_peers_ack(w.buf[0], UINT64_MAX)); /* no peer is left */
-    fabpool_buffer_info b0;
+    fabpool_buffer_info b0 = {.struct_size = sizeof b0};
     fabpool_buffer_get_info(w.buf[0], &b0);
     CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
     if (sim)
@@ -423,7 +422,7 @@ static void refusals(void)
     /* a buffer destroyed while asleep: nothing of it is mapped at wake */
     CHECK_OK(fabpool_buffer_destroy(w.buf[1], NULL));
     CHECK_OK(fabpool_wake(w.p, NULL));
-    fabpool_buffer_info b1;
+    fabpool_buffer_info b1 = {.struct_size = sizeof b1};
     fabpool_buffer_get_info(w.buf[0], &b1);
     CHECK(b1.generation > b0.generation); /* new memory behind the chunks: a new generation */
     CHECK(intact(w.buf_base[0], w.buf_size[0], w.seed + 200));

@@ -23,8 +23,7 @@ static uint64_t (*calls)(const char *);
 
 static fabpool_counters counters(fabpool_t *p)
 {
-    fabpool_counters c;
-    memset(&c, 0, sizeof c);
+    fabpool_counters c = {.struct_size = sizeof c};
     CHECK_OK(fabpool_get_counters(p, &c));
     return c;
 }
@@ -150,7 +149,7 @@ static void pending_stays_mapped(CUstream s, CUstream s2)
     CHECK(c != a);
     CHECK(t_ledger().bytes_held >= held0 + 96 * MB);
     CHECK(t_tag_ok(a, 64 * MB, 0xa) && t_tag_ok(b, 1 * MB, 0xb));
-    fabpool_stats st;
+    fabpool_stats st = {.struct_size = sizeof st};
     CHECK_OK(fabpool_get_stats(p, &st));
     CHECK(st.stream_pending_blocks == 2 && st.stream_pending_bytes == 65 * MB);
     CHECK(st.mapped_bytes == t_ledger().bytes_mapped);
@@ -335,7 +334,7 @@ static void threads(CUstream s, CUstream s2, const char *conf)
            "%llu events recorded\n", conf, (unsigned long long)k.stream_frees, (unsigned long long)k.stream_reuse_same,
            (unsigned long long)k.stream_reuse_after_event, (unsigned long long)k.stream_releases,
            (unsigned long long)k.stream_events_recorded);
-    fabpool_stats st;
+    fabpool_stats st = {.struct_size = sizeof st};
     CHECK_OK(fabpool_collect(p, 1));
     CHECK_OK(fabpool_get_stats(p, &st));
     CHECK(st.blocks == 0 && st.stream_pending_blocks == 0 && st.in_use_bytes == 0);
@@ -524,7 +523,7 @@ static void owner_ends(CUstream s, CUstream s2)
     fabpool_t *p = t_pool("handle_type:none,stream_owner:0");
     if (!p)
         return;
-    fabpool_options o;
+    fabpool_options o = {.struct_size = sizeof o};
     CHECK_OK(fabpool_get_options(p, &o));
     CHECK(o.stream_owner == 0);
     void *a = NULL;

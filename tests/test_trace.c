@@ -109,7 +109,7 @@ static void round_trip(void)
     w[n++] = (want){FABPOOL_TR_FREE, (uintptr_t)c, 0, 0, FABPOOL_TRACE_STATUS_UNKNOWN};
     CHECK_STATUS(fabpool_free(p, a), FABPOOL_ERR_DOUBLE_FREE); /* recorded before it is refused */
     w[n++] = (want){FABPOOL_TR_FREE, (uintptr_t)a, 0, 0, FABPOOL_TRACE_STATUS_UNKNOWN};
-    fabpool_options got;
+    fabpool_options got = {.struct_size = sizeof got};
     CHECK_OK(fabpool_get_options(p, &got));
     CHECK(strcmp(got.trace_path, path) == 0);
     CHECK_OK(fabpool_destroy(p));
@@ -287,7 +287,7 @@ static void off_is_same(void)
 {
     char path[300];
     snprintf(path, sizeof path, "%s/same.trace", dir);
-    static fabpool_stats a, b;
+    static fabpool_stats a = {.struct_size = sizeof a}, b = {.struct_size = sizeof b};
     fabpool_t *p = make(NULL, NULL);
     if (!p)
         return;
@@ -622,7 +622,7 @@ static void two_streams_replay(const char *replay)
         if (live[k])
             CHECK_OK(fabpool_free_on_stream(p, live[k], s[on[k]]));
     CHECK_OK(fabpool_collect(p, 1));
-    fabpool_stats st;
+    fabpool_stats st = {.struct_size = sizeof st};
     CHECK_OK(fabpool_get_stats(p, &st));
     CHECK(st.in_use_bytes == 0 && st.blocks == 0);
     CHECK_OK(fabpool_destroy(p));
@@ -712,7 +712,7 @@ static int mixed_child(void)
         MIX_OK(fabpool_buffer_destroy(buf[i], s[i]));
 #undef MIX_OK
     fabpool_collect(p, 1);
-    fabpool_stats st;
+    fabpool_stats st = {.struct_size = sizeof st};
     if (fabpool_get_stats(p, &st) != FABPOOL_OK || st.in_use_bytes || st.blocks || st.buffers)
         bad++;
     if (fabpool_destroy(p) != FABPOOL_OK)

@@ -127,6 +127,8 @@ static inline fabsim_ledger t_ledger(void)
 static inline uint64_t t_mapped(fabpool_t *p)
 {
     fabpool_stats s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
     fabpool_get_stats(p, &s);
     return s.mapped_bytes;
 }
@@ -181,6 +183,7 @@ static inline fabpool_stats t_stats(fabpool_t *p)
 {
     fabpool_stats s;
     memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
     CHECK_OK(fabpool_get_stats(p, &s));
     return s;
 }

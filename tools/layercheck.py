@@ -3,7 +3,8 @@
 
 Reads lib/LAYERS (one line per layer, bottom first: `name: stem stem ...`; a
 stem is a file name without .c/.h; `callback: function reason` lines name the
-function pointers that lib/ keeps on purpose) and builds the graph of lib/'s
+function pointers that lib/ keeps on purpose; `tools: stem reason` lines name
+the headers that adapters/ and perf/ may include too) and builds the graph of lib/'s
 includes and function references (calls, and addresses taken) from the
 sources, comments and strings stripped.  It fails when
   - a lib file is not listed, or listed twice, or LAYERS names a missing stem;
@@ -12,8 +13,11 @@ sources, comments and strings stripped.  It fails when
   - the files of one layer reach each other in a circle;
   - a lib function's address is taken (a function pointer) and LAYERS does not
     list it as a callback;
-  - a file under adapters/ or perf/ includes a header of lib/, or a
-    CMakeLists.txt there adds lib/ to an include path.
+  - a file under adapters/ or perf/ includes a header of lib/ that LAYERS
+    does not list as a tools header, or a CMakeLists.txt there adds lib/ to
+    an include path;
+  - a tools header has a .c file or includes a lib header (it must stand
+    alone: the tools do not link the library's internals).
 Usage: tools/layercheck.py [--root DIR] [--verbose] | --self-test
 Exit status 0 when the tree keeps the rules, 1 otherwise (each violation on a line).
 """
@@ -57,7 +61,7 @@ def strip_c(text):
     return "".join(out)
 
 
-def parse_layers(path):
+def parse_layers(path, tools=None):
     layers, callbacks, errors = [], {}, []
     with open(path) as f:
         for ln, line in enumerate(f, 1):
@@ -75,6 +79,13 @@ def parse_layers(path):
                     errors.append(f"{path}:{ln}: a callback needs a function name and the reason it exists")
                 else:
                     callbacks[parts[0]] = parts[1]
+                continue
+            if name == "tools":
+                parts = rest.split(None, 1)
+                if len(parts) < 2:
+                    errors.append(f"{path}:{ln}: a tools header needs a stem and what the tools take it for")
+                elif tools is not None:
+                    tools[parts[0]] = parts[1]
                 continue
             layers.append((name, rest.split()))
     return layers, callbacks, errors
@@ -116,7 +127,8 @@ def check(root, verbose=False):
     layers_path = os.path.join(lib, "LAYERS")
     if not os.path.exists(layers_path):
         return ["lib/LAYERS is missing: it lists lib/'s layers, bottom first"]
-    layers, callbacks, errs = parse_layers(layers_path)
+    tools = {}
+    layers, callbacks, errs = parse_layers(layers_path, tools)
     errors += errs
     level, layer_of = {}, {}
     for i, (name, stems) in enumerate(layers):
@@ -224,8 +236,18 @@ def check(root, verbose=False):
             if not color.get(u):
                 visit(u)
 
-    # adapters/ and perf/: the public headers only
-    libhdrs = {f for f in files if f.endswith(".h")}
+    # the tools headers stand alone: header only, no lib header included
+    for s in sorted(tools):
+        h = os.path.join(lib, s + ".h")
+        if not os.path.exists(h) or os.path.exists(os.path.join(lib, s + ".c")):
+            errors.append(f"lib/LAYERS: tools header '{s}' must be lib/{s}.h alone (no lib/{s}.c)")
+            continue
+        for m in re.finditer(r'^\s*#\s*include\s*"([^"]+)"', open(h).read(), re.M):
+            if os.path.exists(os.path.join(lib, os.path.basename(m.group(1)))):
+                errors.append(f"lib/{s}.h: a tools header includes lib/{os.path.basename(m.group(1))}; it must "
+                              "stand alone")
+    # adapters/ and perf/: the public headers only, and the tools headers
+    libhdrs = {f for f in files if f.endswith(".h") and stem(f) not in tools}
     inc_dir = os.path.join(root, "include")
     pub = set(os.listdir(inc_dir)) if os.path.isdir(inc_dir) else set()
     for top in ("adapters", "perf"):
@@ -246,7 +268,8 @@ def check(root, verbose=False):
                     line = text.count("\n", 0, m.start()) + 1
                     base = os.path.basename(inc)
                     here = os.path.normpath(os.path.join(dp, inc))
-                    if here.startswith(os.path.join(root, "lib") + os.sep) or (
+                    in_lib = here.startswith(os.path.join(root, "lib") + os.sep)
+                    if (in_lib and stem(base) not in tools) or (
                             base in libhdrs and base not in pub and not os.path.exists(here)):
                         errors.append(f"{rel}:{line}: includes lib/{base}; {top}/ may use include/ only")
     if verbose:
@@ -301,6 +324,13 @@ def self_test(root):
             "fp_planted_cb() is used as a function pointer")
     planted("perf/ includes a lib header",
             lambda t: append(t, "perf/planted.c", f'#include "{top}.h"\n'), "may use include/ only")
+    planted("perf/ includes a lib header through ../lib/",
+            lambda t: append(t, "perf/planted.c", f'#include "../lib/{top}.h"\n'), "may use include/ only")
+    tools = {}
+    parse_layers(os.path.join(root, "lib", "LAYERS"), tools)
+    for s in sorted(tools)[:1]:
+        planted(f"the tools header {s}.h includes {top}.h",
+                lambda t: append(t, f"lib/{s}.h", f'\n#include "{top}.h"\n'), "must stand alone")
     return ok
 
 

@@ -327,7 +327,8 @@ static void exporter(const char *self)
         CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         for (int b = 0; b < NB; b++)
             a.free(buf[b]);
-        fabpool_stats st;
+        fabpool_stats st{};
+        st.struct_size = sizeof st;
         fabpool_get_stats(a.pool(), &st);
         CHECK(st.mapped_bytes == 0 && st.exported_fds_open == 0 && st.handles_outstanding == 0);
         printf("test_hybridep: %s handles%s, %d steps, %ld deltas sent (%ld fds; the first handles %ld), peak held "

@@ -17,6 +17,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,6 +112,8 @@ int fabpool_torch_set_verbose(int on)
 }
 
 const char *fabpool_torch_last_error(void) { return ft_msg; }
+
+const char *fabpool_torch_version(void) { return fabpool_version(); }
 
 /* ------------------------------------------------------------- devices */
 
@@ -208,7 +211,7 @@ typedef struct ft_gauges {
 
 static ft_gauges pool_gauges(fabpool_t *p)
 {
-    fabpool_counters k;
+    fabpool_counters k = {.struct_size = sizeof k};
     ft_gauges g;
     memset(&g, 0, sizeof g);
     if (fabpool_get_counters(p, &k) == FABPOOL_OK) {
@@ -236,7 +239,7 @@ static void gauge_sample(ft_dev *d)
 static fabpool_torch_counters counters_of(ft_dev *d)
 {
     fabpool_torch_counters c = d->c;
-    fabpool_counters k;
+    fabpool_counters k = {.struct_size = sizeof k};
     if (fabpool_get_counters(d->pool, &k) != FABPOOL_OK)
         return c;
     c.reuse_same_stream = k.stream_reuse_same;
@@ -366,7 +369,7 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
     if (st == FABPOOL_ERR_OUT_OF_MEMORY) {
         /* the pool has waited for the blocks freed on streams already; what
          * other streams' work still holds after that, a full wait frees */
-        fabpool_counters k;
+        fabpool_counters k = {.struct_size = sizeof k};
         if (fabpool_get_counters(d->pool, &k) == FABPOOL_OK && k.stream_pending_blocks) {
             d->num_alloc_retries++;
             d->waits++;
@@ -484,22 +487,43 @@ fabpool_t *fabpool_torch_pool(int device)
     return d ? d->pool : NULL;
 }
 
+/* Every counter of fabpool_torch_counters (all but struct_size), in its order. */
+#define FT_COUNTER_FIELDS(X)                                                                                  \
+    X(allocs) X(frees) X(alloc_failures) X(blocks_live) X(bytes_live) X(usable_bytes_live) X(bytes_live_peak)  \
+    X(reuse_same_stream) X(reuse_after_event) X(pool_allocs) X(pool_frees) X(cached_blocks) X(cached_bytes)    \
+    X(events_recorded) X(event_queries) X(syncs) X(streams) X(empties) X(bad_frees) X(owner_frees) X(fences)
+
+/* A struct the caller hands in to be filled says the size this library knows (fabpool.h, struct_size). */
+static fabpool_status size_check(const char *fn, const char *type, size_t got, size_t want)
+{
+    if (got == want)
+        return FABPOOL_OK;
+    return ft_error(FABPOOL_ERR_INVALID_ARG, "%s: the %s's struct_size is %zu, but this libfabpool_torch.so (fabpool "
+                    "%s) knows %s of %zu bytes only: set struct_size = sizeof(%s) before the call, and build against "
+                    "the fabpool_torch.h of the library the program loads", fn, type, got, fabpool_version(), type,
+                    want, type);
+}
+
 fabpool_status fabpool_torch_get_counters(int device, fabpool_torch_counters *out)
 {
     if (!out || device < -1 || device >= FT_MAX_DEVICES)
         return ft_error(FABPOOL_ERR_INVALID_ARG,
                         "fabpool_torch_get_counters: out is NULL or device %d is out of range (-1 for all)", device);
+    fabpool_status st = size_check("fabpool_torch_get_counters", "fabpool_torch_counters", out->struct_size,
+                                   sizeof *out);
+    if (st != FABPOOL_OK)
+        return st;
     memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
     for (int i = device < 0 ? 0 : device; i < (device < 0 ? FT_MAX_DEVICES : device + 1); i++) {
         ft_dev *d = atomic_load_explicit(&ft_devs[i], memory_order_acquire);
         if (!d)
             continue;
         pthread_mutex_lock(&d->lock);
         fabpool_torch_counters c = counters_of(d);
-        const uint64_t *src = (const uint64_t *)&c;
-        uint64_t *dst = (uint64_t *)out;
-        for (size_t k = 0; k < sizeof *out / sizeof(uint64_t); k++)
-            dst[k] += src[k];
+#define FT_ADD_FIELD(f) out->f += c.f;
+        FT_COUNTER_FIELDS(FT_ADD_FIELD)
+#undef FT_ADD_FIELD
         pthread_mutex_unlock(&d->lock);
     }
     if (device < 0)
@@ -513,7 +537,12 @@ fabpool_status fabpool_torch_get_memory_stats(int device, fabpool_torch_mem_stat
         return ft_error(FABPOOL_ERR_INVALID_ARG,
                         "fabpool_torch_get_memory_stats: out is NULL or device %d is out of range (0 to %d)", device,
                         FT_MAX_DEVICES - 1);
+    fabpool_status st = size_check("fabpool_torch_get_memory_stats", "fabpool_torch_mem_stats", out->struct_size,
+                                   sizeof *out);
+    if (st != FABPOOL_OK)
+        return st;
     memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
     ft_dev *d = atomic_load_explicit(&ft_devs[device], memory_order_acquire);
     if (!d)
         return FABPOOL_OK;
@@ -560,6 +589,8 @@ static fabpool_status reset_stats(int device, int what, const char *fn)
         pthread_mutex_lock(&d->lock);
         gauge_sample(d);
         void (*fn_reset)(fabpool_torch_stat *, size_t) = what ? reset_accumulated : reset_peak;
+        if (!what)
+            fabpool_reset_peak(d->pool); /* the pool's own marks (fabpool_torch_stats_json) too */
         fn_reset(d->st_count, 3);
         fn_reset(d->st_bytes, 3);
         fn_reset(d->st_req, 3);
@@ -590,10 +621,64 @@ fabpool_status fabpool_torch_reset_accumulated_stats(int device)
     return reset_stats(device, 1, "fabpool_torch_reset_accumulated_stats");
 }
 
-#define FT_COUNTER_FIELDS(X)                                                                                  \
-    X(allocs) X(frees) X(alloc_failures) X(blocks_live) X(bytes_live) X(usable_bytes_live) X(bytes_live_peak)  \
-    X(reuse_same_stream) X(reuse_after_event) X(pool_allocs) X(pool_frees) X(cached_blocks) X(cached_bytes)    \
-    X(events_recorded) X(event_queries) X(syncs) X(streams) X(empties) X(bad_frees) X(owner_frees) X(fences)
+/* ----------------------------------------------------------- layout */
+
+/* Every field of the structs this library fills, for fabpool_torch_struct_layout. */
+typedef struct ft_field {
+    const char *type, *field;
+    size_t offset, size, type_size;
+} ft_field;
+
+#define FT_FIELD(T, f) {#T, #f, offsetof(T, f), sizeof(((T *)0)->f), sizeof(T)},
+#define FT_COUNTER_FIELD(f) FT_FIELD(fabpool_torch_counters, f)
+static const ft_field ft_fields[] = {
+    FT_FIELD(fabpool_sleep_info, struct_size) FT_FIELD(fabpool_sleep_info, asleep) FT_FIELD(fabpool_sleep_info, mode)
+    FT_FIELD(fabpool_sleep_info, offloaded_bytes) FT_FIELD(fabpool_sleep_info, discarded_bytes)
+    FT_FIELD(fabpool_sleep_info, host_bytes) FT_FIELD(fabpool_sleep_info, host_copies)
+    FT_FIELD(fabpool_sleep_info, sleeps) FT_FIELD(fabpool_sleep_info, wakes)
+    FT_FIELD(fabpool_sleep_info, host_reused_bytes)
+    FT_FIELD(fabpool_torch_counters, struct_size) FT_COUNTER_FIELDS(FT_COUNTER_FIELD)
+    FT_FIELD(fabpool_torch_stat, current) FT_FIELD(fabpool_torch_stat, peak) FT_FIELD(fabpool_torch_stat, allocated)
+    FT_FIELD(fabpool_torch_stat, freed)
+    FT_FIELD(fabpool_torch_mem_stats, struct_size) FT_FIELD(fabpool_torch_mem_stats, allocation)
+    FT_FIELD(fabpool_torch_mem_stats, allocated_bytes) FT_FIELD(fabpool_torch_mem_stats, requested_bytes)
+    FT_FIELD(fabpool_torch_mem_stats, segment) FT_FIELD(fabpool_torch_mem_stats, reserved_bytes)
+    FT_FIELD(fabpool_torch_mem_stats, num_alloc_retries) FT_FIELD(fabpool_torch_mem_stats, num_ooms)
+    FT_FIELD(fabpool_torch_mem_stats, num_sync_all_streams) FT_FIELD(fabpool_torch_mem_stats, num_device_alloc)
+    FT_FIELD(fabpool_torch_mem_stats, num_device_free)
+};
+#undef FT_COUNTER_FIELD
+#undef FT_FIELD
+
+static char ft_layout_json[8192];
+static pthread_once_t ft_layout_once = PTHREAD_ONCE_INIT;
+
+static void layout_build(void)
+{
+    size_t n = 0, cap = sizeof ft_layout_json;
+    const char *type = NULL;
+    n += (size_t)snprintf(ft_layout_json, cap, "{");
+    for (size_t i = 0; i < sizeof ft_fields / sizeof ft_fields[0] && n < cap; i++) {
+        const ft_field *f = &ft_fields[i];
+        if (!type || strcmp(type, f->type)) {
+            n += (size_t)snprintf(ft_layout_json + n, cap - n, "%s\"%s\":{\"size\":%zu,\"fields\":{",
+                                  type ? "}}," : "", f->type, f->type_size);
+            type = f->type;
+        } else if (n < cap) {
+            n += (size_t)snprintf(ft_layout_json + n, cap - n, ",");
+        }
+        if (n < cap)
+            n += (size_t)snprintf(ft_layout_json + n, cap - n, "\"%s\":[%zu,%zu]", f->field, f->offset, f->size);
+    }
+    if (n < cap)
+        snprintf(ft_layout_json + n, cap - n, "}}}");
+}
+
+const char *fabpool_torch_struct_layout(void)
+{
+    pthread_once(&ft_layout_once, layout_build);
+    return ft_layout_json;
+}
 
 fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_t *needed)
 {
@@ -616,7 +701,7 @@ fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_
     size_t n = strlen(pj);
     while (n && (pj[n - 1] == '\n' || pj[n - 1] == ' '))
         pj[--n] = '\0';
-    fabpool_torch_counters c;
+    fabpool_torch_counters c = {.struct_size = sizeof c};
     fabpool_torch_get_counters(device, &c);
     char head[2048];
     int h = snprintf(head, sizeof head, "{\"device\":%d,\"torch\":{", device);
@@ -641,6 +726,29 @@ fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_
     buf[(size_t)h + n + 1] = '\0';
     free(pj);
     return FABPOOL_OK;
+}
+
+void ft_report(fabpool_t *p)
+{
+    fabpool_options o;
+    fabpool_options_init(&o);
+    if (p && fabpool_get_options(p, &o) == FABPOOL_OK && o.stats_at_destroy)
+        fabpool_print_stats(p, stderr, o.stats_at_destroy == 2);
+}
+
+void fabpool_torch_print_stats_at_exit(void)
+{
+    pthread_mutex_lock(&ft_init_lock);
+    for (int i = 0; i < FT_MAX_DEVICES; i++) {
+        ft_dev *d = atomic_load_explicit(&ft_devs[i], memory_order_acquire);
+        if (d) {
+            pthread_mutex_lock(&d->lock);
+            ft_report(d->pool);
+            pthread_mutex_unlock(&d->lock);
+        }
+    }
+    pthread_mutex_unlock(&ft_init_lock);
+    ft_tags_report();
 }
 
 fabpool_status fabpool_torch_shutdown(void)

@@ -40,8 +40,7 @@ static void (*S_fault_clear)(void);
 
 static fabpool_torch_counters counters(void)
 {
-    fabpool_torch_counters c;
-    memset(&c, 0, sizeof c);
+    fabpool_torch_counters c = {.struct_size = sizeof c};
     CHECK(T_counters(0, &c) == FABPOOL_OK);
     return c;
 }
@@ -273,7 +272,8 @@ static void check_bad_frees(void *s)
 static fabpool_torch_mem_stats mstats(void)
 {
     fabpool_torch_mem_stats m;
-    memset(&m, 0xff, sizeof m);
+    memset(&m, 0xff, sizeof m); /* every field written by the call */
+    m.struct_size = sizeof m;
     CHECK(T_mstats(0, &m) == FABPOOL_OK);
     return m;
 }

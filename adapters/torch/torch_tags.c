@@ -176,7 +176,7 @@ FP_EXPORT int fabpool_torch_tag_sleep(const char *tag, int device, int offload, 
     fabpool_t *p = tag_pool(tag, device, &k);
     if (!p)
         return no_pool("fabpool_torch_tag_sleep", tag, device);
-    fabpool_sleep_info si;
+    fabpool_sleep_info si = {.struct_size = sizeof si};
     if (fabpool_sleep_state(p, &si) == FABPOOL_OK && si.asleep) {
         snprintf(tag_msg, sizeof tag_msg, "tag '%s' on device %d is asleep already; wake it first",
                  tag ? tag : "default", device);
@@ -243,6 +243,14 @@ FP_EXPORT int fabpool_torch_tag_list(int device, char *buf, size_t cap)
     return n < cap ? FABPOOL_OK : FABPOOL_ERR_LIMIT;
 }
 
+void ft_tags_report(void)
+{
+    pthread_mutex_lock(&tags_lock);
+    for (int k = 0; k < FP_TORCH_TAG_SLOTS; k++)
+        ft_report(slots[k].pool);
+    pthread_mutex_unlock(&tags_lock);
+}
+
 fabpool_status ft_tags_shutdown(char *msg, size_t cap)
 {
     fabpool_status st = FABPOOL_OK;
@@ -256,7 +264,7 @@ fabpool_status ft_tags_shutdown(char *msg, size_t cap)
         /* blocks freed on streams back to the pool first, so that only what
          * PyTorch still holds counts as live */
         fabpool_collect(s->pool, 1);
-        fabpool_stats ps;
+        fabpool_stats ps = {.struct_size = sizeof ps};
         uint64_t blocks = 0, bytes = 0;
         if (fabpool_get_stats(s->pool, &ps) == FABPOOL_OK) {
             blocks = ps.blocks - ps.stream_pending_blocks + ps.buffers;

@@ -13,4 +13,9 @@
  * (cap bytes) names it.  No other thread may use the tags meanwhile. */
 fabpool_status ft_tags_shutdown(char *msg, size_t cap);
 
+/* A pool's report to stderr where its option stats_print asks for one, as
+ * fabpool_destroy prints it (fabpool_torch.c); and every tag's. */
+void ft_report(fabpool_t *p);
+void ft_tags_report(void);
+
 #endif

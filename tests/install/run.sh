@@ -3,7 +3,8 @@
 #   install:      cmake --install BUILD --prefix PREFIX, and check what is there
 #   find_package: build consumer/ with find_package(fabpool), run its programs
 #   pkgconfig:    build consumer/consumer.c with `pkg-config --cflags --libs fabpool`, run it
-# The programs run against the driver named by FABPOOL_CUDA_LIBRARY (the simulated one in ctest).
+# The programs run against the driver named by FABPOOL_CUDA_LIBRARY (the simulated one in ctest);
+# FABPOOL_SONAME is the SONAME the library must carry (install.cmake sets it).
 set -u
 step=$1 cmake=$2 build=$3 prefix=$4 src=$5 cc=$6 libdir=$7
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -14,7 +15,8 @@ install)
   run "$cmake" --install "$build" --prefix "$prefix"
   for f in include/fabpool.h include/fabpool_hybridep.hpp "$libdir/libfabpool.a" "$libdir/libfabpool.so" \
            "$libdir/cmake/fabpool/fabpool-config.cmake" "$libdir/cmake/fabpool/fabpool-config-version.cmake" \
-           "$libdir/cmake/fabpool/fabpoolTargets.cmake" "$libdir/pkgconfig/fabpool.pc"; do
+           "$libdir/cmake/fabpool/fabpoolTargets.cmake" "$libdir/pkgconfig/fabpool.pc" share/doc/fabpool/LICENSE \
+           share/doc/fabpool/CHANGELOG.md; do
     [ -e "$prefix/$f" ] || fail "$prefix/$f was not installed"
     echo "installed: $f"
   done
@@ -25,7 +27,7 @@ install)
   # the shared library carries its SONAME, and the name it gives is installed as a link
   soname=$(objdump -p "$prefix/$libdir/libfabpool.so" 2>/dev/null | awk '/SONAME/ {print $2}')
   [ -n "$soname" ] || soname=$(readelf -d "$prefix/$libdir/libfabpool.so" | sed -n 's/.*SONAME.*\[\(.*\)\].*/\1/p')
-  [ "$soname" = libfabpool.so.0 ] || fail "SONAME is '$soname', expected libfabpool.so.0"
+  [ "$soname" = "$FABPOOL_SONAME" ] || fail "SONAME is '$soname', expected $FABPOOL_SONAME"
   [ -e "$prefix/$libdir/$soname" ] || fail "$soname is not installed"
   echo "SONAME $soname"
   ;;
@@ -40,7 +42,7 @@ find_package)
     case $out in OK*) ;; *) fail "$p did not print OK" ;; esac
   done
   # the shared one found the installed library
-  ldd "$b/consumer_shared" | grep -q "$prefix/$libdir/libfabpool.so.0" || fail "consumer_shared does not load $prefix's libfabpool"
+  ldd "$b/consumer_shared" | grep -q "$prefix/$libdir/$FABPOOL_SONAME" || fail "consumer_shared does not load $prefix's libfabpool"
   ;;
 pkgconfig)
   command -v pkg-config >/dev/null || fail "pkg-config is not installed (apt-get install pkg-config)"

@@ -82,7 +82,7 @@ static void one_way(fabpool_t *po, int o, fabpool_t *pw, int w)
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         size_t size = sizes[s];
         CHECK_OK(fabpool_buffer_resize(b, size, NULL));
-        fabpool_buffer_info bi;
+        fabpool_buffer_info bi = {.struct_size = sizeof bi};
         CHECK_OK(fabpool_buffer_get_info(b, &bi));
         CHECK(bi.base == base && bi.mapped >= size);
         CHECK(bi.n_chunks > prev_chunks); /* a grow maps new chunks behind the old ones */
@@ -202,7 +202,7 @@ int main(int argc, char **argv)
     if (p0 && p1) {
         one_way(p0, 0, p1, 1); /* GPU 1 writes into GPU 0's buffer */
         one_way(p1, 1, p0, 0); /* GPU 0 writes into GPU 1's buffer */
-        fabpool_stats s;
+        fabpool_stats s = {.struct_size = sizeof s};
         CHECK_OK(fabpool_get_stats(p0, &s));
         CHECK(s.mapped_bytes == 0 && s.handles_outstanding == 0);
     }

@@ -89,7 +89,7 @@ static int exchange(int role, int s, uint64_t *bad_out)
         size_t len, nfds;
         if (fabpool_buffer_export(buf, acked, d, sizeof d, &len, fds, 256, &nfds) != FABPOOL_OK)
             FAIL("step %llu: export since %llu", (unsigned long long)i, (unsigned long long)acked);
-        fabpool_buffer_info bi;
+        fabpool_buffer_info bi = {.struct_size = sizeof bi};
         fabpool_buffer_get_info(buf, &bi);
         sum_delta += len;
         sum_full += fabpool_desc_size(bi.n_chunks);
@@ -111,7 +111,7 @@ static int exchange(int role, int s, uint64_t *bad_out)
             FAIL("step %llu: %s the peer's descriptor (%zu bytes, %zu fds)", (unsigned long long)i,
                  v ? "applying" : "opening a view from", l, n);
         char *vb = fabpool_view_ptr(v);
-        fabpool_buffer_info vi;
+        fabpool_buffer_info vi = {.struct_size = sizeof vi};
         fabpool_view_get_info(v, &vi);
         if (vi.size < ph.size) {
             fprintf(stderr, "%s: step %llu: the view maps %zu bytes, the peer's buffer is %llu\n", who,
@@ -172,7 +172,7 @@ static int exchange(int role, int s, uint64_t *bad_out)
         FAIL("view close");
     if (fabpool_buffer_peers_ack(buf, UINT64_MAX) != FABPOOL_OK || fabpool_buffer_destroy(buf, NULL) != FABPOOL_OK)
         FAIL("buffer destroy");
-    fabpool_stats ps;
+    fabpool_stats ps = {.struct_size = sizeof ps};
     fabpool_get_stats(p, &ps);
     if (ps.mapped_bytes || ps.exported_fds_open || ps.handles_outstanding) {
         fprintf(stderr, "%s: the pool still holds %llu bytes, %llu fds, %llu handles\n", who,

@@ -119,7 +119,7 @@ int main(void)
     EXPECT(fabpool_buffer_resize(b, 0, NULL), FABPOOL_ERR_INVALID_ARG, "");
     EXPECT(fabpool_buffer_resize(b, 257 * MB, NULL), FABPOOL_ERR_LIMIT, "");
     EXPECT(fabpool_buffer_resize(b, SIZE_MAX, NULL), FABPOOL_ERR_LIMIT, "");
-    fabpool_buffer_info bi;
+    fabpool_buffer_info bi = {.struct_size = sizeof bi};
     CHECK_OK(fabpool_buffer_get_info(b, &bi));
     CHECK(bi.size == 32 * MB);
     EXPECT(fabpool_buffer_get_info(b, NULL), FABPOOL_ERR_INVALID_ARG, "");

@@ -95,8 +95,7 @@ static uint64_t get(uint64_t at)
 static uint64_t B(fabpool_buffer_t *b) { return (uint64_t)(uintptr_t)fabpool_buffer_ptr(b); }
 static size_t bsize(fabpool_buffer_t *b)
 {
-    fabpool_buffer_info i;
-    memset(&i, 0, sizeof i);
+    fabpool_buffer_info i = {.struct_size = sizeof i};
     fabpool_buffer_get_info(b, &i);
     return i.size;
 }
@@ -204,7 +203,7 @@ static int setup(state *t, enum op op)
             dup_fds(t->fds, t->nfds, mine);
             if (fabpool_view_open(t->q, t->desc, t->len, mine, t->nfds, &t->v) != FABPOOL_OK)
                 return -1;
-            fabpool_buffer_info bi;
+            fabpool_buffer_info bi = {.struct_size = sizeof bi};
             fabpool_buffer_get_info(t->b, &bi);
             fabpool_buffer_export_done(t->b);
             if (fabpool_buffer_resize(t->b, 64 * MB, NULL) != FABPOOL_OK)
@@ -322,7 +321,7 @@ static int result_ok(state *t, enum op op)
         return ok && t_ledger().dmabuf_fds == 0;
     }
     case OP_SLEEP: { /* nothing mapped, the driver holds no device byte of it; a wake brings the data back */
-        fabpool_sleep_info si;
+        fabpool_sleep_info si = {.struct_size = sizeof si};
         fabpool_sleep_state(t->p, &si);
         int ok = si.asleep && t_mapped(t->p) == 0 && t_ledger().bytes_held == 0 && si.host_bytes > 0 &&
                  t_ledger().bytes_held_host == si.host_bytes;
@@ -330,7 +329,7 @@ static int result_ok(state *t, enum op op)
                get((uint64_t)(uintptr_t)t->blk) == 0xb10c && t_ledger().bytes_held_host == 0;
     }
     case OP_WAKE: {
-        fabpool_sleep_info si;
+        fabpool_sleep_info si = {.struct_size = sizeof si};
         fabpool_sleep_state(t->p, &si);
         return !si.asleep && si.host_bytes == 0 && t_ledger().bytes_held_host == 0 && t_mapped(t->p) > 0 &&
                buf_ok(t->b, 0xbeef, t->mark_size);
@@ -385,8 +384,8 @@ static int ledger_matches(const state *t, const char *when)
     fabpool_t *pools[3] = {t->p_gone ? NULL : t->p, t->q, t->np};
     uint64_t mapped = 0, handles = 0, fds = 0, chunks = 0;
     for (int i = 0; i < 3; i++) {
-        fabpool_stats s;
-        fabpool_sleep_info si;
+        fabpool_stats s = {.struct_size = sizeof s};
+        fabpool_sleep_info si = {.struct_size = sizeof si};
         if (!pools[i] || fabpool_get_stats(pools[i], &s) != FABPOOL_OK ||
             fabpool_sleep_state(pools[i], &si) != FABPOOL_OK)
             continue;
@@ -468,9 +467,7 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
     }
     /* what is visible before: the pool's mapping, the buffer's, the view's */
     uint64_t mapped0 = t.p ? t_mapped(t.p) : 0;
-    fabpool_buffer_info bi0, vi0;
-    memset(&bi0, 0, sizeof bi0);
-    memset(&vi0, 0, sizeof vi0);
+    fabpool_buffer_info bi0 = {.struct_size = sizeof bi0}, vi0 = {.struct_size = sizeof vi0};
     if (t.b)
         fabpool_buffer_get_info(t.b, &bi0);
     if (t.v)
@@ -503,7 +500,7 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
         int oom = errors[k].err == CUDA_ERROR_OUT_OF_MEMORY;
         /* on failure a buffer keeps its old size and mapping */
         if (op == OP_GROW || op == OP_SHRINK || op == OP_SHRINK_STREAM) {
-            fabpool_buffer_info bi;
+            fabpool_buffer_info bi = {.struct_size = sizeof bi};
             fabpool_buffer_get_info(t.b, &bi);
             CHECK(bsize(t.b) == t.b_size && bi.mapped == bi0.mapped && bi.generation == bi0.generation);
         }
@@ -511,7 +508,7 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
          * trim that fails half-way has unmapped some of what it was asked to: that is their job */
         /* a wake that fails keeps what it mapped (the next goes on); a sleep that fails has trimmed the cache */
         if (op == OP_WAKE) {
-            fabpool_sleep_info si;
+            fabpool_sleep_info si = {.struct_size = sizeof si};
             fabpool_sleep_state(t.p, &si);
             CHECK(si.asleep && si.host_bytes > 0);
             CHECK_OK(fabpool_wake(t.p, NULL));
@@ -526,7 +523,7 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
         }
         /* a view keeps what it maps */
         if (op == OP_VIEW_APPLY) {
-            fabpool_buffer_info vi;
+            fabpool_buffer_info vi = {.struct_size = sizeof vi};
             fabpool_view_get_info(t.v, &vi);
             CHECK(vi.generation == vi0.generation && vi.mapped == vi0.mapped && vi.n_chunks == vi0.n_chunks);
             CHECK(get((uint64_t)(uintptr_t)fabpool_view_ptr(t.v)) == 0xbeef);
@@ -548,7 +545,7 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
                                     "which the buffer %llu\n", (unsigned long long)m, (unsigned long long)mapped0,
                             (unsigned long long)bi0.mapped);
             } else {
-                fabpool_stats s;
+                fabpool_stats s = {.struct_size = sizeof s};
                 fabpool_get_stats(t.p, &s);
                 fprintf(stderr, "  a second destroy of the buffer answered %s (%s); the pool maps %llu bytes, "
                                 "%llu retiring\n", fabpool_status_name(again), fabpool_last_error(),

@@ -73,7 +73,7 @@ static int importer(const char *name, int idx)
         y = m.round * 10 + (uint64_t)idx;
         cuMemcpyHtoD((CUdeviceptr)(vb + (uint64_t)idx * 8), &y, 8);
         cuCtxSynchronize(); /* a pageable copy's DMA lands after the call returns (H200) */
-        fabpool_buffer_info vi;
+        fabpool_buffer_info vi = {.struct_size = sizeof vi};
         fabpool_view_get_info(v, &vi);
         uint64_t reply[2] = {vi.generation, x == m.round ? 0u : 1u};
         if (fabpool_fd_send(s, NULL, 0, reply, sizeof reply) != FABPOOL_OK)
@@ -189,7 +189,7 @@ int main(int argc, char **argv)
     close(ls);
     CHECK_OK(fabpool_buffer_peers_ack(b, UINT64_MAX));
     CHECK_OK(fabpool_buffer_destroy(b, NULL));
-    fabpool_stats s;
+    fabpool_stats s = {.struct_size = sizeof s};
     fabpool_get_stats(p, &s);
     CHECK(s.mapped_bytes == 0 && s.exported_fds_open == 0 && s.handles_outstanding == 0);
     CHECK_OK(fabpool_destroy(p));

@@ -170,7 +170,7 @@ static uint64_t host_held(uint64_t *copies)
 {
     uint64_t b = 0, c = 0;
     for (int k = 0; k < NPOOL; k++) {
-        fabpool_sleep_info si;
+        fabpool_sleep_info si = {.struct_size = sizeof si};
         if (P[k].p && fabpool_sleep_state(P[k].p, &si) == FABPOOL_OK) {
             b += si.host_bytes;
             c += si.host_copies;
@@ -302,8 +302,7 @@ static uint64_t stuck_bytes(int pool)
 
 static fabpool_buffer_info binfo(const buf_t *b)
 {
-    fabpool_buffer_info i;
-    memset(&i, 0, sizeof i);
+    fabpool_buffer_info i = {.struct_size = sizeof i};
     fabpool_buffer_get_info(b->h, &i);
     return i;
 }
@@ -389,6 +388,7 @@ static void check_step(int full)
     fabpool_stats S[NPOOL];
     uint64_t mapped = 0, handles = 0, fds = 0, chunks = 0;
     for (int p = 0; p < NPOOL; p++) {
+        S[p].struct_size = sizeof S[p];
         fabpool_get_stats(P[p].p, &S[p]);
         mapped += S[p].mapped_bytes;
         handles += S[p].handles_outstanding;
@@ -506,7 +506,7 @@ static void check_quiet(int p)
     n_quiet++;
     ack_dead(p, P[p].p); /* the peers of destroyed buffers are gone too */
     EXPECT_OK(fabpool_collect(P[p].p, 1), "collect", "fabpool_collect(wait) after the acks of destroyed buffers");
-    fabpool_stats s;
+    fabpool_stats s = {.struct_size = sizeof s};
     fabpool_get_stats(P[p].p, &s);
     EXPECT(s.stream_pending_blocks == 0 && s.stream_pending_bytes == 0, "collect.stream_pending", "pool %c: %llu "
            "blocks (%llu bytes) still pending on streams after collect(wait)", 'A' + p,
@@ -1005,7 +1005,7 @@ static void step(enum op op)
         v.gen = bi.generation;
         v.src_size = b->size;
         memcpy(v.pts, b->pts, sizeof v.pts);
-        fabpool_buffer_info vi;
+        fabpool_buffer_info vi = {.struct_size = sizeof vi};
         fabpool_view_get_info(v.h, &vi);
         EXPECT(vi.generation == v.gen && vi.mapped == v.live && vi.max_size == b->window, "view_open.info",
                "view of buffer %llu: generation %llu, mapped %zu, window %zu; the buffer: %llu, %zu, %llu",
@@ -1036,7 +1036,7 @@ static void step(enum op op)
         snprintf(cur_what, sizeof cur_what, "pool %c, view of buffer %llu: gen %llu -> %llu, %u new chunk%s%s", 'A' + p,
                  (unsigned long long)b->id, (unsigned long long)v->gen, (unsigned long long)bi.generation, nr,
                  nr == 1 ? "" : "s", fault ? ", an import fails" : "");
-        fabpool_buffer_info vb;
+        fabpool_buffer_info vb = {.struct_size = sizeof vb};
         fabpool_view_get_info(v->h, &vb);
         uint64_t c0 = 0;
         uint64_t nth = 1 + below(nr);
@@ -1055,7 +1055,7 @@ static void step(enum op op)
         if (fault) {
             n_fault_apply++;
             EXPECT(st != FABPOOL_OK, "view_apply.fault_ignored", "an import failed and the apply answered OK");
-            fabpool_buffer_info va;
+            fabpool_buffer_info va = {.struct_size = sizeof va};
             fabpool_view_get_info(v->h, &va);
             EXPECT(va.generation == vb.generation && va.mapped == vb.mapped && va.n_chunks == vb.n_chunks,
                    "view_apply.failed_changed", "after a failed apply the view says generation %llu -> %llu, "
@@ -1075,7 +1075,7 @@ static void step(enum op op)
         v->gen = bi.generation;
         v->live = bi.mapped;
         v->src_size = b->size;
-        fabpool_buffer_info va;
+        fabpool_buffer_info va = {.struct_size = sizeof va};
         fabpool_view_get_info(v->h, &va);
         EXPECT(va.generation == v->gen && va.mapped == v->live, "view_apply.info", "view of buffer %llu: generation "
                "%llu, mapped %zu after applying generation %llu of %llu bytes", (unsigned long long)b->id,
@@ -1147,12 +1147,12 @@ static void step(enum op op)
             must &= !P[p].buf[i].shared || P[p].buf[i].acked == UINT64_MAX;
         for (i = 0; i < ndead; i++)
             must &= dead[i].pool != p;
-        fabpool_stats s0;
+        fabpool_stats s0 = {.struct_size = sizeof s0};
         fabpool_get_stats(P[p].p, &s0);
         snprintf(cur_what, sizeof cur_what, "pool %c, %s", 'A' + p, must ? "nothing exported" : "exported buffers");
         st = fabpool_sleep(P[p].p, FABPOOL_SLEEP_OFFLOAD, NULL);
         if (st == FABPOOL_ERR_BUSY && !must) {
-            fabpool_stats s1;
+            fabpool_stats s1 = {.struct_size = sizeof s1};
             fabpool_get_stats(P[p].p, &s1);
             EXPECT(s1.mapped_bytes == s0.mapped_bytes, "sleep.busy", "pool %c: a refused sleep changed the mapping "
                    "(%llu -> %llu bytes)", 'A' + p, (unsigned long long)s0.mapped_bytes,
@@ -1167,10 +1167,11 @@ static void step(enum op op)
         /* asleep: the pool maps nothing of its own (its views of the other pool's buffers stay), the driver
          * holds its host copies and nothing more */
         fabpool_stats S[NPOOL];
-        fabpool_sleep_info si;
+        fabpool_sleep_info si = {.struct_size = sizeof si};
         fabpool_sleep_state(P[p].p, &si);
         uint64_t mapped = 0, chunks = 0;
         for (int k = 0; k < NPOOL; k++) {
+            S[k].struct_size = sizeof S[k];
             fabpool_get_stats(P[k].p, &S[k]);
             mapped += S[k].mapped_bytes;
             chunks += S[k].chunks_mapped;
@@ -1251,7 +1252,7 @@ static int setup_pools(void)
         EXPECT_OK(st, "pool_create", "fabpool_create");
         if (st != FABPOOL_OK)
             return -1;
-        fabpool_options got;
+        fabpool_options got = {.struct_size = sizeof got};
         fabpool_get_options(P[p].p, &got);
         hysteresis = got.shrink_hysteresis_percent;
         htype = fabpool_handle_type_of(P[p].p);
@@ -1313,7 +1314,7 @@ static void teardown(void)
         int excused = 0; /* exported buffers destroyed un-acked keep their memory until pool destroy */
         for (int i = 0; i < nrec; i++)
             excused += rec[i].pool == p;
-        fabpool_stats s;
+        fabpool_stats s = {.struct_size = sizeof s};
         fabpool_get_stats(P[p].p, &s);
         EXPECT(s.stream_pending_blocks == 0, "teardown.stream_pending", "pool %c: %llu blocks still pending on "
                "streams after collect(wait)", 'A' + p, (unsigned long long)s.stream_pending_blocks);

@@ -100,7 +100,7 @@ int main(int argc, char **argv)
                 if (get((uint64_t)(uintptr_t)fabpool_buffer_ptr(bufs[i])) != 0x50a0 + (uint64_t)i)
                     errors++;
         /* held by the driver <= mapped + retiring (slack on a real GPU) */
-        fabpool_stats s;
+        fabpool_stats s = {.struct_size = sizeof s};
         fabpool_get_stats(p, &s);
         int64_t held = t_held();
         int64_t says = (int64_t)(s.mapped_bytes + s.retiring_bytes);
@@ -124,7 +124,7 @@ int main(int argc, char **argv)
         }
     for (int i = 0; i < NBUF; i++)
         CHECK_OK(fabpool_buffer_destroy(bufs[i], NULL));
-    fabpool_stats s;
+    fabpool_stats s = {.struct_size = sizeof s};
     fabpool_get_stats(p, &s);
     CHECK(s.blocks == 0 && s.buffers == 0);
     CHECK_OK(fabpool_destroy(p));

@@ -190,7 +190,7 @@ int main(int argc, char **argv)
             CHECK_OK(fabpool_free(pool, box[i].blk[j]));
         }
     CHECK(bad == 0);
-    fabpool_stats s;
+    fabpool_stats s = {.struct_size = sizeof s};
     CHECK_OK(fabpool_get_stats(pool, &s));
     CHECK(s.blocks == 0 && s.buffers == 0);
     CHECK_OK(fabpool_destroy(pool));

@@ -40,6 +40,7 @@ driver from $FABPOOL_CUDA_LIBRARY or libcuda.so.1.
 The functions other than install() use ctypes only, so they also work without
 torch (the tests of this package call the library that way).
 """
+import atexit
 import collections
 import ctypes
 import json
@@ -77,25 +78,35 @@ class FabpoolError(RuntimeError):
     """A fabpool call failed; the message says what went wrong and what to do."""
 
 
-class Counters(ctypes.Structure):
+class _Sized(ctypes.Structure):
+    """A struct the library fills: it begins with struct_size, set here to the
+    mirror's size, which the library checks against its own (fabpool.h).
+    fabpool_torch_struct_layout() says the C layout; the tests compare."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.struct_size = ctypes.sizeof(self)
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name, _ in self._fields_ if name != "struct_size"}
+
+
+class Counters(_Sized):
     # the order of fabpool_torch_counters in include/fabpool_torch.h
-    _fields_ = [(name, ctypes.c_uint64) for name in (
+    _fields_ = [("struct_size", ctypes.c_size_t)] + [(name, ctypes.c_uint64) for name in (
         "allocs", "frees", "alloc_failures", "blocks_live", "bytes_live", "usable_bytes_live", "bytes_live_peak",
         "reuse_same_stream", "reuse_after_event", "pool_allocs", "pool_frees", "cached_blocks", "cached_bytes",
         "events_recorded", "event_queries", "syncs", "streams", "empties", "bad_frees", "owner_frees", "fences")]
-
-    def as_dict(self):
-        return {name: getattr(self, name) for name, _ in self._fields_}
 
 
 class _Stat(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("current", "peak", "allocated", "freed")]
 
 
-class _MemStats(ctypes.Structure):
+class _MemStats(_Sized):
     # fabpool_torch_mem_stats in include/fabpool_torch.h; arrays: all, small_pool, large_pool
-    _fields_ = [("allocation", _Stat * 3), ("allocated_bytes", _Stat * 3), ("requested_bytes", _Stat * 3),
-                ("segment", _Stat), ("reserved_bytes", _Stat)] + \
+    _fields_ = [("struct_size", ctypes.c_size_t), ("allocation", _Stat * 3), ("allocated_bytes", _Stat * 3),
+                ("requested_bytes", _Stat * 3), ("segment", _Stat), ("reserved_bytes", _Stat)] + \
                [(n, ctypes.c_int64) for n in ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
                                               "num_device_alloc", "num_device_free")]
 
@@ -611,14 +622,14 @@ def unpatch_torch_stats():
 # out-of-memory error): do not run work that allocates from it.
 
 
-class SleepInfo(ctypes.Structure):
+class SleepInfo(_Sized):
     # fabpool_sleep_info in include/fabpool.h
-    _fields_ = [("asleep", ctypes.c_int), ("mode", ctypes.c_int)] + \
+    _fields_ = [("struct_size", ctypes.c_size_t), ("asleep", ctypes.c_int), ("mode", ctypes.c_int)] + \
                [(n, ctypes.c_uint64) for n in ("offloaded_bytes", "discarded_bytes", "host_bytes", "host_copies",
                                                "sleeps", "wakes", "host_reused_bytes")]
 
     def as_dict(self):
-        d = {name: getattr(self, name) for name, _ in self._fields_}
+        d = super().as_dict()
         d["asleep"] = bool(d["asleep"])
         d["mode"] = "offload" if self.mode == 1 else "discard"
         return d
@@ -762,4 +773,19 @@ def tag_stats(tag="default", device=None):
     _tag_check(lib.fabpool_torch_tag_stats_json(tag.encode(), _device_index(device), buf, len(buf),
                                                 ctypes.byref(need)), "fabpool_torch.tag_stats(%r)" % tag)
     return json.loads(buf.value.decode())
+
+
+def _report_at_exit():
+    """The pools' reports on stderr at exit where FABPOOL_CONF=stats_print:text|json asks for them (as
+    fabpool_destroy prints them: PyTorch never destroys its allocator's pools)."""
+    report = getattr(_lib, "fabpool_torch_print_stats_at_exit", None) if _lib is not None else None
+    if report is not None:   # a library that lacks it (the C++ allocator's, another build) prints nothing
+        report.restype = None
+        report.argtypes = []
+        report()
+
+
+atexit.register(_report_at_exit)
+
+
 from fabpool_symm import SymmetricBuffer, SymmetricMemory, SymmetricMemoryError  # noqa: E402,F401 (fabpool_symm.py)

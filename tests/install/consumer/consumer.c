@@ -2,6 +2,7 @@
  * block, its size class, free, destroy; prints OK. */
 #include <fabpool.h>
 #include <stdio.h>
+#include <string.h>
 
 int main(void)
 {
@@ -22,13 +23,17 @@ int main(void)
         fabpool_destroy(pool);
         return 1;
     }
-    fabpool_stats st;
+    fabpool_stats st = {.struct_size = sizeof st};
     fabpool_get_stats(pool, &st);
     if ((s = fabpool_destroy(pool)) != FABPOOL_OK) {
         fprintf(stderr, "fabpool_destroy: %s\n", fabpool_last_error());
         return 1;
     }
-    printf("OK fabpool %d.%d.%d: a block of %zu bytes, %llu bytes were mapped\n", FABPOOL_VERSION_MAJOR,
-           FABPOOL_VERSION_MINOR, FABPOOL_VERSION_PATCH, usable, (unsigned long long)st.mapped_bytes);
+    if (strcmp(fabpool_version(), FABPOOL_VERSION_STRING) != 0) {
+        fprintf(stderr, "the library is fabpool %s, the header %s\n", fabpool_version(), FABPOOL_VERSION_STRING);
+        return 1;
+    }
+    printf("OK fabpool %s: a block of %zu bytes, %llu bytes were mapped\n", fabpool_version(), usable,
+           (unsigned long long)st.mapped_bytes);
     return 0;
 }

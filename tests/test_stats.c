@@ -1,0 +1,164 @@
+/* test_stats.c - the stats as a user reads them: the in-use high-water
+ * mark kept as allocations happen (exact without thread caches, within the
+ * bound fabpool.h gives with them, never below the true mark), both marks
+ * reset by fabpool_reset_peak, and the options in force in the printed
+ * report, text and JSON (a trace path with '"' and '\' escaped; test_tools
+ * parses such a report with python3 -m json.tool). */
+#include "testutil.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MB (1ull << 20)
+
+static void peak_exact_without_caches(void)
+{
+    fabpool_t *p = t_pool("thread_cache:0,handle_type:none");
+    if (!p)
+        return;
+    void *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(fabpool_alloc(p, MB, &a)); /* a 1 MiB class: 1 MiB in use */
+    CHECK_OK(fabpool_free(p, a));
+    fabpool_stats s = t_stats(p);
+    CHECK(s.in_use_bytes == 0 && s.in_use_bytes_peak == MB);
+    if (s.in_use_bytes_peak != MB)
+        fprintf(stderr, "after a 1 MiB alloc and free: in use %llu, peak %llu\n",
+                (unsigned long long)s.in_use_bytes, (unsigned long long)s.in_use_bytes_peak);
+
+    CHECK_OK(fabpool_alloc(p, MB, &a));
+    CHECK_OK(fabpool_alloc(p, 64 * MB, &b)); /* a large block */
+    CHECK_OK(fabpool_free(p, b));
+    CHECK_OK(fabpool_free(p, a));
+    s = t_stats(p);
+    CHECK(s.in_use_bytes == 0 && s.in_use_bytes_peak == 65 * MB);
+
+    /* a buffer grows, shrinks and grows again: each size is counted alone */
+    fabpool_buffer_t *buf = NULL;
+    CHECK_OK(fabpool_buffer_create(p, 512 * MB, 100 * MB, &buf));
+    CHECK_OK(fabpool_buffer_resize(buf, 200 * MB, NULL));
+    CHECK_OK(fabpool_buffer_resize(buf, 50 * MB, NULL));
+    CHECK_OK(fabpool_buffer_resize(buf, 150 * MB, NULL));
+    s = t_stats(p);
+    CHECK(s.in_use_bytes == 150 * MB && s.in_use_bytes_peak == 200 * MB);
+
+    /* reset: both marks start from now */
+    CHECK_OK(fabpool_alloc(p, 3 * MB, &c)); /* a 3 MiB class */
+    CHECK_OK(fabpool_reset_peak(p));
+    s = t_stats(p);
+    CHECK(s.in_use_bytes == 153 * MB && s.in_use_bytes_peak == 153 * MB);
+    CHECK(s.mapped_bytes_peak == s.mapped_bytes);
+    CHECK_OK(fabpool_free(p, c));
+    CHECK_OK(fabpool_buffer_destroy(buf, NULL));
+    s = t_stats(p);
+    CHECK(s.in_use_bytes == 0 && s.in_use_bytes_peak == 153 * MB);
+    CHECK_STATUS(fabpool_reset_peak(NULL), FABPOOL_ERR_INVALID_ARG);
+    CHECK_OK(fabpool_check(p));
+    CHECK_OK(fabpool_destroy(p));
+}
+
+/* With thread caches: a random run whose true high-water mark the test keeps (usable sizes of the live
+ * blocks): the pool's mark is never below it, and above it by no more than the bound of fabpool.h. */
+static void peak_bound_with_caches(void)
+{
+    fabpool_t *p = t_pool("handle_type:none");
+    if (!p)
+        return;
+    enum { N = 64, STEPS = 3000 };
+    void *live[N] = {0};
+    size_t usable[N] = {0};
+    uint64_t now = 0, truth = 0, rng = 12345;
+    for (int i = 0; i < STEPS; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int k = (int)((rng >> 33) % N);
+        if (live[k]) {
+            CHECK_OK(fabpool_free(p, live[k]));
+            now -= usable[k];
+            live[k] = NULL;
+            continue;
+        }
+        size_t size = 1 + (size_t)((rng >> 17) % (rng & 1 ? 4 * MB : 64 * 1024));
+        if ((rng >> 40) % 50 == 0)
+            size = 16 * MB + (size_t)((rng >> 20) % (8 * MB)); /* now and then a large block */
+        CHECK_OK(fabpool_alloc(p, size, &live[k]));
+        CHECK_OK(fabpool_usable_size(p, live[k], &usable[k]));
+        now += usable[k];
+        truth = now > truth ? now : truth;
+    }
+    fabpool_stats s = t_stats(p);
+    fabpool_options o;
+    fabpool_options_init(&o);
+    CHECK_OK(fabpool_get_options(p, &o));
+    /* the bound: one thread's bins, each of min(64, max(2, 8 MiB / size)) blocks of its class */
+    uint64_t bound = 0;
+    for (int c = 0; c < FABPOOL_NUM_CLASSES && s.classes[c].size; c++)
+        if (s.classes[c].size <= o.slab_max_bytes) {
+            uint64_t cap = (8 * MB) / s.classes[c].size;
+            cap = cap > 64 ? 64 : cap < 2 ? 2 : cap;
+            bound += cap * s.classes[c].size;
+        }
+    CHECK(s.in_use_bytes == now);
+    CHECK(s.in_use_bytes_peak >= truth && s.in_use_bytes_peak <= truth + bound);
+    printf("test_stats: with thread caches, true mark %llu, the pool's %llu (bound +%llu)\n",
+           (unsigned long long)truth, (unsigned long long)s.in_use_bytes_peak, (unsigned long long)bound);
+    for (int k = 0; k < N; k++)
+        if (live[k])
+            CHECK_OK(fabpool_free(p, live[k]));
+    /* the caller's cached blocks go back at a reset: nothing in use, nothing counted */
+    CHECK_OK(fabpool_reset_peak(p));
+    s = t_stats(p);
+    CHECK(s.in_use_bytes == 0 && s.in_use_bytes_peak == 0);
+    CHECK_OK(fabpool_check(p));
+    CHECK_OK(fabpool_destroy(p));
+}
+
+static char *report(fabpool_t *p, int json)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return NULL;
+    CHECK_OK(fabpool_print_stats(p, f, json));
+    fclose(f);
+    return text;
+}
+
+/* The options in force, in both reports, the trace path escaped in the JSON. */
+static void options_in_report(void)
+{
+    char dir[128];
+    snprintf(dir, sizeof dir, "/tmp/fabpool-test-stats-%ld", (long)getpid());
+    char path[300];
+    snprintf(path, sizeof path, "%s/a\"b\\c.trace", dir);
+    CHECK(mkdir(dir, 0700) == 0);
+    fabpool_options o;
+    fabpool_options_init(&o);
+    o.conf = "decay_ms:250,cache_limit:1GiB,handle_type:none,peers:none";
+    snprintf(o.trace_path, sizeof o.trace_path, "%s", path);
+    fabpool_t *p = NULL;
+    CHECK_OK(fabpool_create(&o, &p));
+    if (!p)
+        return;
+    char *text = report(p, 0);
+    CHECK(text && strstr(text, "\n  options: device:0,reserve:") && strstr(text, ",handle_type:none,") &&
+          strstr(text, ",cache_limit:1GiB,decay_ms:250,") && strstr(text, ",stats_print:none,") &&
+          strstr(text, ",trace:/tmp/fabpool-test-stats-") && strstr(text, ",debug:none"));
+    char *json = report(p, 1);
+    CHECK(json && strstr(json, ",\"options\":{\"device\":0,\"reserve\":") &&
+          strstr(json, "\"handle_type\":\"none\",") && strstr(json, "\"cache_limit\":1073741824,\"decay_ms\":250,") &&
+          strstr(json, "\"thread_cache\":true,") && strstr(json, "\"peers\":[],") &&
+          strstr(json, "/a\\\"b\\\\c.trace\","));
+    free(text);
+    free(json);
+    CHECK_OK(fabpool_destroy(p));
+    CHECK(unlink(path) == 0 && rmdir(dir) == 0);
+}
+
+int main(void)
+{
+    t_driver_init();
+    peak_exact_without_caches();
+    peak_bound_with_caches();
+    options_in_report();
+    return t_done("test_stats");
+}
