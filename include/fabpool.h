@@ -500,8 +500,9 @@ FABPOOL_API fabpool_status fabpool_peers_ack(fabpool_t *pool, uint64_t export_id
  * kept while the chunk stays mapped, at least as long as the block is live,
  * so a later export of a block in the same chunks makes no export call.
  * Send them (fabpool_fd_send, which copies them into the peer) or let the
- * peer copy them (fabpool_fd_from_pid) while the block is live.  For fabric
- * the handles are in the descriptor and *nfds is 0.
+ * peer copy them (fabpool_fd_from_pid) while the block is live; a view in
+ * this process gets dup()s of them (fabpool_view_open closes the fds it is
+ * given).  For fabric the handles are in the descriptor and *nfds is 0.
  *
  * Lifetime.  With POSIX fds, a peer's view (and any fd it still holds) keeps
  * the chunks' memory alive by itself: the owner may free the block, and the

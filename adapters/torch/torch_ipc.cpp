@@ -245,7 +245,7 @@ bool by_socket(const Handle &h, std::vector<int> *out, std::string *why, bool *r
     if (!ok)
         *why = fabpool_last_error();
     close(s);
-    fds.resize(ok ? n : 0);
+    fds.resize(n); /* what came, also when the answer is refused or cut short: closed below */
     if (ok && (len < 4 || get<uint32_t>(reply) != 0)) {
         *refused = true;
         *why = len >= 4 ? std::string(reply + 4, std::min(len, sizeof reply) - 4) : "an empty answer";
