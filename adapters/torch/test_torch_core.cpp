@@ -15,12 +15,15 @@
 #include <thread>
 #include <vector>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 
 #undef _GNU_SOURCE /* testutil.h defines it; g++ predefines it */
 #include "../../tests/testutil.h"
 #include "fabpool_torch.h"
 #include "torch_core.hpp"
+#include "torch_ipc.hpp"
 
 using fabpool_torch::Core;
 using fabpool_torch::DeviceStats;
@@ -730,6 +733,55 @@ static void check_ipc(Core &core, int64_t held0, const char *self)
     all_back(core, held0, {s});
 }
 
+static int open_fds()
+{
+    int n = 0;
+    if (DIR *d = opendir("/proc/self/fd")) {
+        while (readdir(d))
+            n++;
+        closedir(d);
+    }
+    return n;
+}
+
+/* A sender whose answer is not what the handle says (more fds than its
+ * chunks): the receiver closes every fd that came, and says why. */
+static void check_ipc_answer_closed()
+{
+    fabpool_torch::ipc::Handle h;
+    h.type = FABPOOL_HANDLE_POSIX_FD;
+    h.pid = 0x7ffffff0; /* no such process: pidfd_getfd fails after the socket */
+    memcpy(h.token, "a wrong answer..", fabpool_torch::ipc::kTokenBytes);
+    h.key = 0x1000;
+    h.fds = {3};
+    h.desc = "d";
+    int ls = -1;
+    CHECK_OK(fabpool_fd_listen(fabpool_torch::ipc::socket_name(h.pid, h.token).c_str(), &ls));
+    int before = open_fds();
+    std::thread server([ls] {
+        int c = -1, fds[2] = {open("/dev/null", O_RDONLY), open("/dev/null", O_RDONLY)};
+        char req[64];
+        size_t n = 0, len = 0;
+        uint32_t ok = 0;
+        if (fabpool_fd_accept(ls, &c) == FABPOOL_OK && fabpool_fd_recv(c, nullptr, 0, &n, req, sizeof req, &len) == FABPOOL_OK)
+            fabpool_fd_send(c, fds, 2, &ok, sizeof ok);
+        for (int fd : {c, fds[0], fds[1]})
+            if (fd >= 0)
+                close(fd);
+    });
+    bool thrown = false;
+    try {
+        fabpool_torch::ipc::fetch(h);
+    } catch (const std::runtime_error &e) {
+        thrown = strstr(e.what(), "more fds came") != nullptr || strstr(e.what(), "fds came for") != nullptr;
+        if (!thrown)
+            fprintf(stderr, "check_ipc_answer_closed: %s\n", e.what());
+    }
+    server.join();
+    CHECK(thrown && open_fds() == before);
+    close(ls);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--ipc-child") == 0)
@@ -755,6 +807,7 @@ int main(int argc, char **argv)
         check_external_pool(core);
         check_threads(core, held0);
         check_ipc(core, held0, argv[0]);
+        check_ipc_answer_closed();
     }
     CHECK(t_held() == held0);
     CHECK(fabpool_torch_shutdown() == FABPOOL_OK);
