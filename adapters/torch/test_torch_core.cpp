@@ -733,6 +733,45 @@ static void check_ipc(Core &core, int64_t held0, const char *self)
     all_back(core, held0, {s});
 }
 
+/* share_ipc of a block in a private pool (a MemPool's, a graph's): opened
+ * here too, through this process's own fd server; refused, with what to
+ * change, for a pool made with handle_type:none and for a MemPool with an
+ * allocator of its own. */
+static void check_ipc_pools(Core &core, int64_t held0)
+{
+    const PoolId P{0, 21}, N{0, 22}, X{0, 23};
+    auto run = [&](PoolId id, std::shared_ptr<fabpool_torch::External> ext, size_t size, const char *refusal) {
+        core.create_or_incref(0, id, ext);
+        core.begin_pool(0, id, [](Stream) { return true; });
+        void *p = core.malloc(0, size, nullptr);
+        core.end_pool(0, id);
+        std::string why;
+        try {
+            fabpool_torch::IpcShare sh = core.share_ipc(p);
+            t_put_tag(p, size, 77);
+            CHECK_CU(cuCtxSynchronize());
+            std::shared_ptr<void> v = core.open_ipc(0, sh.handle);
+            CHECK(t_tag_ok(static_cast<char *>(v.get()) + sh.offset, size, 77));
+        } catch (const std::logic_error &e) {
+            why = e.what();
+        }
+        CHECK(refusal ? strstr(why.c_str(), refusal) != nullptr : why.empty());
+        if (!why.empty() && !refusal)
+            fprintf(stderr, "check_ipc_pools: %s\n", why.c_str());
+        core.free(p);
+        core.release_pool(0, id);
+        core.release_pool(0, id);
+        core.empty_cache(id);
+    };
+    run(P, nullptr, 5 * MiB, nullptr);
+    setenv("FABPOOL_CONF", "handle_type:none", 1); /* the pool made next has local memory */
+    run(N, nullptr, 5 * MiB, "handle_type:none");
+    unsetenv("FABPOOL_CONF");
+    run(X, std::make_shared<HostAllocator>(), 4096, "allocator of its own");
+    CHECK(core.ipc_views() == 0);
+    CHECK(t_held() == held0);
+}
+
 static int open_fds()
 {
     int n = 0;
@@ -808,6 +847,7 @@ int main(int argc, char **argv)
         check_threads(core, held0);
         check_ipc(core, held0, argv[0]);
         check_ipc_answer_closed();
+        check_ipc_pools(core, held0);
     }
     CHECK(t_held() == held0);
     CHECK(fabpool_torch_shutdown() == FABPOOL_OK);
