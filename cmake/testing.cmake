@@ -58,6 +58,16 @@ function(fabpool_test_env name)
   set_tests_properties(${name} PROPERTIES ENVIRONMENT "${env}")
 endfunction()
 
+# <test>_fabric: the test again with fabric handles, which the simulated driver permits on request (sim only);
+# its labels, then any other test properties, follow the name.
+function(fabpool_fabric_variant test label)
+  if(FABPOOL_TEST_DRIVER STREQUAL "sim")
+    add_test(NAME ${test}_fabric COMMAND ${test})
+    fabpool_test_env(${test}_fabric FABSIM_FABRIC=1 FABPOOL_CONF=handle_type:fabric)
+    set_tests_properties(${test}_fabric PROPERTIES LABELS ${label} ${ARGN})
+  endif()
+endfunction()
+
 # fabpool_test(name SOURCES src... [LIBS libs] [ARGS args] [ENV env] [LABELS l] [TIMEOUT s])
 function(fabpool_test name)
   cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;ARGS;ENV;LABELS" ${ARGN})

@@ -579,6 +579,51 @@ FABPOOL_API fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *buf, uint6
  * destroy.  FABPOOL_ERR_NOT_FOUND once nothing of the buffer is left. */
 FABPOOL_API fabpool_status fabpool_peers_ack(fabpool_t *pool, uint64_t export_id, uint64_t generation);
 
+/* A block of a pool with a shareable handle type (posix_fd or fabric), for
+ * another process: `ptr` is a live block that fabpool_alloc or
+ * fabpool_alloc_on_stream of this pool gave out (not freed, not freed on a
+ * stream).  Writes a full descriptor (since 0) of the chunks mapped under
+ * the block, the first at offset 0, which a peer opens with
+ * fabpool_view_open; the block is then at fabpool_view_ptr(view) + *offset
+ * in the peer, fabpool_usable_size bytes long.  The driver maps whole
+ * chunks only, so the view holds the whole chunks, with the other blocks
+ * that share them (a slab's neighbours, the ends of large neighbours): the
+ * peer uses the block's bytes alone.
+ *
+ * For posix_fd, fds[0..*nfds) get one fd per chunk, in the order the
+ * descriptor numbers them.  They stay the pool's (do not close them): each
+ * chunk is exported once (an fd export costs 622 us on the H200) and its fd
+ * kept while the chunk stays mapped, at least as long as the block is live,
+ * so a later export of a block in the same chunks makes no export call.
+ * Send them (fabpool_fd_send, which copies them into the peer) or let the
+ * peer copy them (fabpool_fd_from_pid) while the block is live; a view in
+ * this process gets dup()s of them (fabpool_view_open closes the fds it is
+ * given).  For fabric the handles are in the descriptor and *nfds is 0.
+ *
+ * Lifetime.  With POSIX fds, a peer's view (and any fd it still holds) keeps
+ * the chunks' memory alive by itself: the owner may free the block, and the
+ * pool may unmap its chunks (closing its fds), while the peer reads; the
+ * memory goes back to the driver once both have let go.  But a block freed
+ * here is reused by this pool's next allocations: the caller frees it only
+ * once no peer writes or reads it any more (PyTorch's IPC reference counts
+ * do this for fabpool's PyTorch allocator).  A fabric handle holds no
+ * reference: a peer can import a chunk only while this pool maps it, so
+ * keep the block live until every peer has opened its view.  A pool that
+ * sleeps (fabpool_sleep) gives back its own mappings only; a peer's view
+ * keeps the old memory while the block wakes up in new memory: peers close
+ * their views before a sleep and open them again after the wake.
+ *
+ * Refused with nothing changed: a NULL argument (FABPOOL_ERR_INVALID_ARG), a
+ * pool of handle type none (FABPOOL_ERR_NOT_SUPPORTED), a pointer that is
+ * not a live block of this pool: another pool's, an interior pointer, a
+ * block freed or freed on a stream, a buffer's memory
+ * (FABPOOL_ERR_NOT_FOUND; export buffers with fabpool_buffer_export), a pool
+ * asleep (FABPOOL_ERR_ASLEEP), cap or fd_cap too small (FABPOOL_ERR_LIMIT:
+ * *len and *nfds then say what is needed), a driver call (the fds this call
+ * made are closed again). */
+FABPOOL_API fabpool_status fabpool_block_export(fabpool_t *pool, const void *ptr, void *desc, size_t cap,
+                                               size_t *len, int *fds, size_t fd_cap, size_t *nfds, size_t *offset);
+
 typedef struct fabpool_view fabpool_view_t;
 
 /* Maps a peer's buffer from a full descriptor (since 0), in an address

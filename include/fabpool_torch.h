@@ -140,6 +140,15 @@ FABPOOL_API fabpool_status fabpool_torch_reset_accumulated_stats(int device);
 /* The pool of a device (NULL while it has none): for fabpool's own API. */
 FABPOOL_API fabpool_t *fabpool_torch_pool(int device);
 
+/* The handle type the devices' pools are made with from now on (a pool made
+ * already keeps its own); returns the old one.  FABPOOL_HANDLE_NONE by
+ * default: local tensors, the cheapest chunks.  FABPOOL_HANDLE_POSIX_FD
+ * makes their blocks shareable with other processes (fabpool_block_export;
+ * the C++ allocator sets it for torch.multiprocessing), and falls back to
+ * none on a device without POSIX fd handles.  FABPOOL_CONF=handle_type:...
+ * overrides either. */
+FABPOOL_API fabpool_handle_type fabpool_torch_set_handle_type(fabpool_handle_type type);
+
 /* The calling thread's message for the last failure ("" if none). */
 FABPOOL_API const char *fabpool_torch_last_error(void);
 

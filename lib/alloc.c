@@ -618,6 +618,29 @@ fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
     return FABPOOL_OK;
 }
 
+fabpool_status fp_alloc_live_block(fp_alloc *a, uint64_t addr, uint64_t *usable, const char *fn)
+{
+    fp_span *s = fp_map_get(&a->map, addr);
+    if (!s)
+        return not_ours(a, fn, (void *)(uintptr_t)addr);
+    uint32_t idx = 0;
+    int slab = s->kind == FP_SPAN_SLAB;
+    uint64_t size = slab ? (uint64_t)s->obj_q << FP_QUANTUM_SHIFT : s->size;
+    if (slab ? !fp_slab_index(s, addr, &idx) : addr != s->base)
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer into a block of %llu bytes; give the "
+                        "pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr,
+                        (unsigned long long)(slab ? size : s->size));
+    unsigned state = slab ? atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed)
+                          : atomic_load(&s->in_use);
+    int pending = slab ? state == FP_FREEFLAG_PENDING : state == FP_LARGE_PENDING;
+    if (slab ? state != FP_FREEFLAG_USED : state != FP_LARGE_LIVE)
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this %llu-byte block is free%s; only a live block can be "
+                        "used", fn, (void *)(uintptr_t)addr, (unsigned long long)size,
+                        pending ? " (freed on a stream and waiting for its work)" : "");
+    *usable = size;
+    return FABPOOL_OK;
+}
+
 /* ------------------------------------------------------------ stream-ordered blocks
  *
  * A block freed on a stream stays a live block of the pool (its slab flag

@@ -76,6 +76,14 @@ typedef struct fp_alloc {
     fp_class_counts counts[FP_NCLASS];
 } fp_alloc;
 
+/* FABPOOL_OK with *usable its size where addr is the start of a block given
+ * out and not freed (nor freed on a stream); else FABPOOL_ERR_NOT_FOUND with
+ * a message that says which (fn names the call).  The block may be freed
+ * meanwhile by another thread: callers hold the pool lock for what only it
+ * guards (large blocks) and rely on the caller of the public call for the
+ * rest. */
+fabpool_status fp_alloc_live_block(fp_alloc *a, uint64_t addr, uint64_t *usable, const char *fn);
+
 /* Sets up the caches' capacities from the heap's classes. */
 void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, int thread_cache);
 /* The retirement queue's blocks whose work is done go back to the pool

@@ -587,6 +587,26 @@ static fabpool_status check_large(walk *w, uint64_t *idle)
 
 /* ------------------------------------------------------------ buffers and views */
 
+/* The chunks exported for blocks (fabpool_block_export): sorted, apart, each
+ * under a slab or a large piece; *fds their fds. */
+static fabpool_status check_kept(walk *w, uint64_t *fds)
+{
+    struct fabpool *p = w->p;
+    uint64_t end = 0;
+    for (size_t i = 0; i < p->ch.n_kept; i++) {
+        const fp_xchunk *x = &p->ch.kept[i];
+        if (!x->size || x->va < end || !fp_map_get(&p->sp.map, x->va) || !fp_map_get(&p->sp.map, x->va + x->size - 1))
+            return FAIL("[chunk.kept] the chunk exported for a block at 0x%llx (%llu bytes) is empty, overlaps the one "
+                        "before, or lies outside every slab and large piece", ULL(x->va), ULL(x->size));
+        if ((x->fd >= 0) != (p->ch.handle_type == FABPOOL_HANDLE_POSIX_FD))
+            return FAIL("[chunk.kept] the chunk exported for a block at 0x%llx %s an fd in a pool of handle type %d",
+                        ULL(x->va), x->fd >= 0 ? "keeps" : "lacks", (int)p->ch.handle_type);
+        end = x->va + x->size;
+        *fds += x->fd >= 0;
+    }
+    return FABPOOL_OK;
+}
+
 static fabpool_status check_buffers(walk *w)
 {
     struct fabpool *p = w->p;
@@ -645,6 +665,9 @@ static fabpool_status check_buffers(walk *w)
         if (iv_add(w, b->base, b->window, "a buffer's window", b) != 0)
             return HOST_FAIL();
     }
+    fabpool_status kst = check_kept(w, &fds);
+    if (kst != FABPOOL_OK)
+        return kst;
     struct {
         const char *name;
         uint64_t walk, stat;

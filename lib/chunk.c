@@ -212,6 +212,9 @@ fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemUnmap", "unmapping a chunk of %llu bytes at 0x%llx",
                             (unsigned long long)size, (unsigned long long)va);
+    /* an fd kept for a block's export would keep the memory alive: it goes with the mapping */
+    for (size_t i = FP_ARRAY_LOWER(ch->kept, ch->n_kept, fp_xchunk, va, va); i < ch->n_kept && ch->kept[i].va < va + size;)
+        fp_chunk_export_drop(ch, ch->kept[i].va);
     uint64_t m = atomic_fetch_sub(&ch->mapped_bytes, size) - size;
     atomic_fetch_sub(&ch->chunks_mapped, 1);
     atomic_fetch_add(&ch->chunks_unmapped_total, 1);
@@ -264,6 +267,73 @@ fabpool_status fp_chunk_export(fp_chunks *ch, uint64_t va, uint64_t size, int *f
     /* the handle goes at once: the mapping (and the fd) keep the memory */
     fp_chunk_release(ch, h);
     return st;
+}
+
+fabpool_status fp_chunk_range(fp_chunks *ch, uint64_t va, uint64_t *base, uint64_t *size)
+{
+    fp_lock_assert_held(ch->lock);
+    CUdeviceptr b = 0;
+    size_t s = 0;
+    CUresult r = FP_CU(&ch->calls, cuMemGetAddressRange, &b, &s, (CUdeviceptr)va);
+    if (r == CUDA_ERROR_NOT_FOUND)
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "nothing is mapped at 0x%llx", (unsigned long long)va);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuMemGetAddressRange", "asking which chunk is mapped at 0x%llx",
+                            (unsigned long long)va);
+    *base = (uint64_t)b;
+    *size = (uint64_t)s;
+    return FABPOOL_OK;
+}
+
+fabpool_status fp_chunk_export_kept(fp_chunks *ch, uint64_t va, uint64_t size, int *fd, CUmemFabricHandle *fabric,
+                                    int *fresh)
+{
+    fp_lock_assert_held(ch->lock);
+    size_t i = FP_ARRAY_LOWER(ch->kept, ch->n_kept, fp_xchunk, va, va);
+    *fresh = 0;
+    if (i < ch->n_kept && ch->kept[i].va == va && ch->kept[i].size == size) {
+        *fd = ch->kept[i].fd;
+        if (fabric)
+            *fabric = ch->kept[i].fabric;
+        return FABPOOL_OK;
+    }
+    if (FP_ARRAY_RESERVE(ch->meta, ch->kept, ch->n_kept, ch->cap_kept, ch->n_kept + 1, 8) != 0)
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the list of exported chunks");
+    fp_xchunk x;
+    memset(&x, 0, sizeof x);
+    x.va = va;
+    x.size = size;
+    x.fd = -1;
+    fabpool_status st = fp_chunk_export(ch, va, size, &x.fd, fabric ? &x.fabric : NULL);
+    if (st != FABPOOL_OK)
+        return st;
+    memmove(ch->kept + i + 1, ch->kept + i, (ch->n_kept - i) * sizeof *ch->kept);
+    ch->kept[i] = x;
+    ch->n_kept++;
+    *fd = x.fd;
+    if (fabric)
+        *fabric = x.fabric;
+    *fresh = 1;
+    return FABPOOL_OK;
+}
+
+void fp_chunk_export_drop(fp_chunks *ch, uint64_t va)
+{
+    fp_lock_assert_held(ch->lock);
+    size_t i = FP_ARRAY_LOWER(ch->kept, ch->n_kept, fp_xchunk, va, va);
+    if (i == ch->n_kept || ch->kept[i].va != va)
+        return;
+    fp_chunk_close_fd(ch, &ch->kept[i].fd);
+    memmove(ch->kept + i, ch->kept + i + 1, (ch->n_kept - i - 1) * sizeof *ch->kept);
+    ch->n_kept--;
+}
+
+void fp_chunk_exports_free(fp_chunks *ch)
+{
+    fp_lock_assert_held(ch->lock);
+    while (ch->n_kept)
+        fp_chunk_export_drop(ch, ch->kept[ch->n_kept - 1].va);
+    FP_ARRAY_FREE(ch->meta, ch->kept, ch->cap_kept);
 }
 
 void fp_chunk_close_fd(fp_chunks *ch, int *fd)

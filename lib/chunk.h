@@ -5,7 +5,7 @@
  * chunks are made as, and the counters of what the driver holds for it
  * (mapped bytes, chunks, handles, exported fds), which only chunk.c writes.
  *
- * Calls: driver, log, error.  No retry here: a cuMemCreate that fails with
+ * Calls: driver, log, meta, array, error.  No retry here: a cuMemCreate that fails with
  * CUDA_ERROR_OUT_OF_MEMORY returns FABPOOL_ERR_OUT_OF_MEMORY, and the
  * callers that hold cached memory (slab.c) trim and try again.
  *
@@ -21,6 +21,7 @@
 #include "driver.h"
 #include "fabpool.h"
 #include "lock.h"
+#include "meta.h"
 
 struct fabpool_buffer;
 
@@ -36,6 +37,15 @@ typedef struct fp_slept {
 } fp_slept;
 
 struct fp_retire;
+
+/* A chunk exported for a block (fabpool_block_export): its shareable handle
+ * kept while the chunk stays mapped, so that each chunk is exported once;
+ * fp_chunk_unmap closes its fd. */
+typedef struct fp_xchunk {
+    uint64_t va, size;
+    int fd;                            /* posix_fd: the pool's copy (counted in exported_fds); else -1 */
+    CUmemFabricHandle fabric;          /* fabric: the handle's bytes */
+} fp_xchunk;
 
 typedef struct fp_chunks {
     fp_drv_counters calls;             /* every driver call made for the pool */
@@ -59,6 +69,9 @@ typedef struct fp_chunks {
     fp_slept *slept;                   /* the sleeping chunks, sorted by va (NULL: none); pool lock */
     size_t n_slept;
     struct fp_retire *fence;           /* waited for before every unmap (retire.h, the owner stream); may be NULL */
+    fp_meta *meta;                     /* for the list below */
+    fp_xchunk *kept;                   /* chunks exported for blocks, sorted by va (pool lock) */
+    size_t n_kept, cap_kept;
 } fp_chunks;
 
 /* Whether the pool is asleep (a cheap read: every layer refuses to map then). */
@@ -135,6 +148,23 @@ fabpool_status fp_chunk_retain(fp_chunks *ch, uint64_t va, CUmemGenericAllocatio
 fabpool_status fp_chunk_export(fp_chunks *ch, uint64_t va, uint64_t size, int *fd, CUmemFabricHandle *fabric);
 /* Closes an fd fp_chunk_export gave, if *fd >= 0, and sets it to -1. */
 void fp_chunk_close_fd(fp_chunks *ch, int *fd);
+/* The chunk mapped over va: its base and size.  The driver answers the one
+ * mapping there, not a run of neighbouring ones (cuMemGetAddressRange; the
+ * H200 and the sim alike, tests/test_conformance.c).  FABPOOL_ERR_NOT_FOUND
+ * where nothing is mapped.  Pool lock held, the context current. */
+fabpool_status fp_chunk_range(fp_chunks *ch, uint64_t va, uint64_t *base, uint64_t *size);
+/* The shareable handle of the chunk mapped at [va, va + size), exported once
+ * and kept with the chunk until fp_chunk_unmap (*fresh: 1 if this call
+ * exported it, 0 if it was kept from an earlier one).  The fd stays the
+ * pool's.  Pool lock held. */
+fabpool_status fp_chunk_export_kept(fp_chunks *ch, uint64_t va, uint64_t size, int *fd, CUmemFabricHandle *fabric,
+                                    int *fresh);
+/* Forgets what fp_chunk_export_kept kept for the chunk at va, its fd closed
+ * (a failed export undoes the ones it made).  Pool lock held. */
+void fp_chunk_export_drop(fp_chunks *ch, uint64_t va);
+/* Pool destroy: every kept export dropped and the list freed. */
+void fp_chunk_exports_free(fp_chunks *ch);
+
 /* Imports a peer's handle (an fd, or a fabric handle), counted. */
 CUresult fp_chunk_import(fp_chunks *ch, fabpool_handle_type type, int fd, const CUmemFabricHandle *fabric,
                          CUmemGenericAllocationHandle *out);

@@ -46,6 +46,7 @@
     X(cuMemUnmap, 10020)                          \
     X(cuMemSetAccess, 10020)                      \
     X(cuMemRetainAllocationHandle, 11000)         \
+    X(cuMemGetAddressRange, 3020)                 \
     X(cuMemGetAllocationPropertiesFromHandle, 10020) \
     X(cuMemExportToShareableHandle, 10020)        \
     X(cuMemImportFromShareableHandle, 10020)      \

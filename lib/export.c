@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "chunk.h"
 #include "conf.h"
 #include "desc.h"
@@ -157,3 +158,132 @@ fabpool_status fp_buffers_peers_ack(fp_buffers *bs, uint64_t export_id, uint64_t
     return st;
 }
 
+
+/* ------------------------------------------------------------ blocks */
+
+typedef struct run {
+    uint64_t *va, *size;               /* the chunks under the block, in address order */
+    uint8_t *fresh;                    /* exported by this call */
+    size_t n, cap;
+} run;
+
+static void run_free(fp_meta *m, run *r)
+{
+    if (r->cap)
+        fp_meta_free(m, r->va, r->cap * (2 * sizeof(uint64_t) + 1));
+}
+
+static int run_push(fp_meta *m, run *r, uint64_t va, uint64_t size)
+{
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 8;
+        uint64_t *a = fp_meta_alloc(m, cap * (2 * sizeof(uint64_t) + 1));
+        if (!a)
+            return -1;
+        if (r->n) {
+            memcpy(a, r->va, r->n * sizeof *a);
+            memcpy(a + cap, r->size, r->n * sizeof *a);
+        }
+        run_free(m, r);
+        r->va = a;
+        r->size = a + cap;
+        r->fresh = (uint8_t *)(a + 2 * cap);
+        r->cap = cap;
+    }
+    r->va[r->n] = va;
+    r->size[r->n] = size;
+    r->fresh[r->n] = 0;
+    r->n++;
+    return 0;
+}
+
+/* The chunks mapped under [addr, addr + usable), one after the other. */
+static fabpool_status block_chunks(fp_space *sp, uint64_t addr, uint64_t usable, run *r)
+{
+    uint64_t at = addr, end = addr + usable;
+    while (at < end) {
+        uint64_t b = 0, n = 0;
+        fabpool_status st = fp_chunk_range(sp->ch, at, &b, &n);
+        if (st != FABPOOL_OK)
+            return st;
+        if (b > at || b + n <= at || (r->n && b != r->va[r->n - 1] + r->size[r->n - 1]))
+            return fp_error(FABPOOL_ERR_CORRUPT, "fabpool_block_export: the driver maps 0x%llx + %llu bytes at "
+                            "0x%llx, not a chunk that follows the ones before it under the block at 0x%llx",
+                            (unsigned long long)b, (unsigned long long)n, (unsigned long long)at,
+                            (unsigned long long)addr);
+        if (run_push(sp->meta, r, b, n) != 0)
+            return fp_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_block_export: no host memory for the list of chunks");
+        at = b + n;
+    }
+    return FABPOOL_OK;
+}
+
+fabpool_status fp_block_export(fp_alloc *a, const void *ptr, void *desc, size_t cap, size_t *len, int *fds,
+                               size_t fd_cap, size_t *nfds, size_t *offset)
+{
+    static const char fn[] = "fabpool_block_export";
+    if (!a || !ptr || !len || !nfds || !offset)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: the pool, the pointer, len, nfds or offset is NULL", fn);
+    fp_space *sp = a->sp;
+    fp_chunks *ch = sp->ch;
+    int posix = ch->handle_type == FABPOOL_HANDLE_POSIX_FD;
+    if (!posix && ch->handle_type != FABPOOL_HANDLE_FABRIC)
+        return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "%s: the pool's handle type is %s: its memory cannot be shared "
+                        "with other processes; create the pool with handle_type:posix_fd, fabric or auto", fn,
+                        fp_handle_type_name(ch->handle_type));
+    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
+    run r;
+    memset(&r, 0, sizeof r);
+    CUcontext saved = NULL;
+    int pushed = 0;
+    fp_lock(&sp->lock);
+    fabpool_status st = fp_chunks_asleep(ch) ? fp_chunk_asleep_error(fn) : fp_alloc_live_block(a, addr, &usable, fn);
+    if (st == FABPOOL_OK && (st = fp_ctx_push(ch, &saved)) == FABPOOL_OK)
+        pushed = 1;
+    if (st == FABPOOL_OK)
+        st = block_chunks(sp, addr, usable, &r);
+    if (st != FABPOOL_OK)
+        goto out;
+    *len = fabpool_desc_size(r.n);
+    *nfds = posix ? r.n : 0;
+    if (!desc || cap < *len || (posix && (!fds || fd_cap < r.n))) {
+        st = fp_error(FABPOOL_ERR_LIMIT, "%s: the descriptor of the block at %p takes %zu bytes and %zu fds; the "
+                      "caller gave room for %zu and %zu", fn, ptr, *len, *nfds, cap, fd_cap);
+        goto out;
+    }
+    uint8_t *d = desc;
+    memset(d, 0, *len);
+    uint64_t base = r.va[0];
+    for (size_t k = 0; k < r.n; k++) {
+        int fd = -1, fresh = 0;
+        fp_desc_rec rec = {.off = r.va[k] - base, .size = r.size[k], .gen = 1, .fd_index = (uint32_t)k};
+        CUmemFabricHandle fh;
+        st = fp_chunk_export_kept(ch, r.va[k], r.size[k], &fd, posix ? NULL : &fh, &fresh);
+        if (st != FABPOOL_OK) {
+            for (size_t i = 0; i < k; i++) /* nothing changes on failure: the exports made here go */
+                if (r.fresh[i])
+                    fp_chunk_export_drop(ch, r.va[i]);
+            fp_error_append(" (exporting chunk %zu of %zu under the block at %p)", k + 1, r.n, ptr);
+            goto out;
+        }
+        r.fresh[k] = (uint8_t)fresh;
+        if (posix)
+            fds[k] = fd;
+        else
+            memcpy(rec.fabric, &fh, sizeof rec.fabric);
+        fp_desc_put_record(d, (uint32_t)k, &rec);
+    }
+    uint64_t window = r.va[r.n - 1] + r.size[r.n - 1] - base;
+    /* the export id: the exporter's address of the run, unique among what the process maps */
+    fp_desc h = {.n = (uint32_t)r.n, .handle_type = (uint32_t)ch->handle_type, .generation = 1, .since = 0,
+                 .window = window, .live = window, .uid = base, .pid = (int)getpid(), .device = ch->device,
+                 .gran = sp->gran};
+    fp_desc_put_header(d, &h);
+    *offset = (size_t)(addr - base);
+out:
+    if (pushed)
+        fp_ctx_pop(ch, saved);
+    fp_unlock(&sp->lock);
+    run_free(sp->meta, &r);
+    return st;
+}

@@ -267,6 +267,7 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
         p->ch.peers[i] = o.peer_devices[i];
     fp_lock_init(&p->sp.lock, FP_LOCK_POOL, 0, "pool");
     p->ch.lock = &p->sp.lock;
+    p->ch.meta = &p->meta;
     p->sp.ch = &p->ch;
     p->sp.meta = &p->meta;
 
@@ -329,6 +330,7 @@ static fabpool_status teardown(struct fabpool *p)
     fp_lock(&p->sp.lock); /* the unmaps assert it (lock.h); no other thread uses the pool any more */
     fp_heap_destroy(&p->heap);
     fp_sleep_free(p);
+    fp_chunk_exports_free(&p->ch); /* what an unmap the driver refused left */
     fp_unlock(&p->sp.lock);
     fp_tcaches_destroy(&p->alloc);
     fp_map_destroy(&p->sp.map);
@@ -442,6 +444,12 @@ fabpool_status fabpool_collect(fabpool_t *p, int wait)
 fabpool_status fabpool_peers_ack(fabpool_t *p, uint64_t export_id, uint64_t generation)
 {
     return fp_buffers_peers_ack(p ? &p->bufs : NULL, export_id, generation);
+}
+
+fabpool_status fabpool_block_export(fabpool_t *p, const void *ptr, void *desc, size_t cap, size_t *len, int *fds,
+                                    size_t fd_cap, size_t *nfds, size_t *offset)
+{
+    return fp_block_export(p ? &p->alloc : NULL, ptr, desc, cap, len, fds, fd_cap, nfds, offset);
 }
 
 fabpool_status fabpool_view_open(fabpool_t *p, const void *desc, size_t len, const int *fds, size_t nfds,

@@ -1,6 +1,6 @@
 /* test_check: fabpool_check (issue 12) passes on healthy pools of every kind
  * (slabs with thread caches, large blocks, buffers with retiring chunks, an
- * exported buffer and its view) and catches each invariant broken on
+ * exported buffer and its view, an exported block) and catches each invariant broken on
  * purpose, with FABPOOL_ERR_CORRUPT and a message that names it.
  *
  * White-box: it includes lib/pool.h to reach the structures it corrupts (the
@@ -308,6 +308,23 @@ static void break_view(fabpool_t *p, fabpool_view_t *v)
     expect_clean("after the view corruptions");
 }
 
+static void break_kept(fabpool_t *p)
+{
+    CHECK(p->ch.n_kept >= 1);
+    if (!p->ch.n_kept)
+        return;
+    fp_xchunk *x = &p->ch.kept[0];
+    uint64_t va = x->va;
+    x->va = p->sp.va.base + p->sp.va.size; /* past the reservation */
+    expect_broken(p, "[chunk.kept]", "exported chunk off the heap");
+    x->va = va;
+    int fd = x->fd;
+    x->fd = fd >= 0 ? -1 : 1;
+    expect_broken(p, "[chunk.kept]", "exported chunk's fd");
+    x->fd = fd;
+    expect_clean("after the exported-chunk corruptions");
+}
+
 /* ---------------------------------------------------------------- beside other threads */
 
 enum { NWORK = 4 };
@@ -496,6 +513,9 @@ int main(void)
     fabpool_view_t *v = NULL;
     CHECK_OK(fabpool_buffer_export(e, 0, d, sizeof d, &len, fds, 64, &nfds));
     CHECK_OK(fabpool_view_open(B, d, len, fds, nfds, &v));
+    /* a block exported: its chunks' handles kept by the chunk layer */
+    size_t off = 0;
+    CHECK_OK(fabpool_block_export(A, large[0], d, sizeof d, &len, fds, 64, &nfds, &off));
     if (!b || !e || !v)
         return t_done("test_check");
     expect_clean("healthy pools");
@@ -514,6 +534,7 @@ int main(void)
     else
         printf("test_check: no stream hold in this driver: the retiring-buffer corruptions are skipped\n");
     break_view(B, v);
+    break_kept(A);
 
     /* everything goes; the pools check clean at each stage */
     if (release)

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fabpool.h"
 #include "../sim/fabsim.h"
@@ -204,6 +205,27 @@ static inline CUevent t_marker(CUstream s)
     CHECK_CU(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
     CHECK_CU(cuEventRecord(ev, s));
     return ev;
+}
+
+/* A peer process: `self flag name` started, where name is an abstract socket
+ * named after prefix and this process, on which *ls listens and *s is the
+ * peer's connection.  The peer's pid, or -1 (a failed check). */
+static inline pid_t t_spawn_peer(const char *self, const char *flag, const char *prefix, int *ls, int *s)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s-%d", prefix, (int)getpid());
+    *ls = *s = -1;
+    if (fabpool_fd_listen(name, ls) != FABPOOL_OK) {
+        CHECK(!"fabpool_fd_listen");
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(self, self, flag, name, (char *)NULL);
+        _exit(127);
+    }
+    CHECK_OK(fabpool_fd_accept(*ls, s));
+    return pid;
 }
 
 /* The sim's fault injection, call counts and stream holds (fabsim.h),

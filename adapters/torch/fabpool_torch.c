@@ -55,6 +55,7 @@ typedef struct ft_dev {
 static _Atomic(ft_dev *) ft_devs[FT_MAX_DEVICES];
 static pthread_mutex_t ft_init_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int ft_verbose = -1;   /* -1: not read from the environment yet */
+static atomic_int ft_handle_type = FABPOOL_HANDLE_NONE; /* what the devices' pools are made with */
 static _Atomic uint64_t ft_failures_nodev; /* failures before a device had a pool */
 
 /* ----------------------------------------------------------- messages */
@@ -104,6 +105,11 @@ static void report(void)
         fprintf(stderr, "fabpool_torch: %s\n", ft_msg);
 }
 
+fabpool_handle_type fabpool_torch_set_handle_type(fabpool_handle_type type)
+{
+    return (fabpool_handle_type)atomic_exchange(&ft_handle_type, (int)type);
+}
+
 int fabpool_torch_set_verbose(int on)
 {
     int old = verbose();
@@ -145,9 +151,13 @@ static fabpool_status dev_create(int device, ft_dev **out)
     fabpool_options o;
     fabpool_options_init(&o);
     o.device = device;
-    o.handle_type = FABPOOL_HANDLE_NONE; /* local tensors; FABPOOL_CONF=handle_type:... overrides */
+    o.handle_type = (fabpool_handle_type)atomic_load(&ft_handle_type); /* FABPOOL_CONF=handle_type:... overrides */
     o.thread_cache = 0;
     st = fabpool_create(&o, &d->pool);
+    if (st == FABPOOL_ERR_NOT_SUPPORTED && o.handle_type == FABPOOL_HANDLE_POSIX_FD) {
+        o.handle_type = FABPOOL_HANDLE_NONE; /* a device without POSIX fd handles: local memory */
+        st = fabpool_create(&o, &d->pool);
+    }
     if (st != FABPOOL_OK) {
         ft_error_pool(st, " (creating device %d's pool for PyTorch)", device);
         d->pool = NULL;

@@ -8,7 +8,7 @@
 #   contract   adapters/torch/test_torch_contract.py: every case with PyTorch's allocator and with fabpool
 #              installed by a plain install() (the C++ allocator), each in a process of its own, compared
 # Writes under $OUT: contract.txt (this log), contract.json (every case's figures), configure.txt.  Never stops at
-# the first failure; the last line is SUMMARY name=rc ...
+# the first failure; the last line is SUMMARY name=rc ...  CONTRACT_CASES=a,b runs those cases only.
 set -u
 OUT=${OUT:-/tmp/fabpool-contract}
 mkdir -p "$OUT"
@@ -30,7 +30,7 @@ command -v ninja >/dev/null && GEN="-G Ninja"
        test_torch_cxx_stub
   step ctest-torch 120 ctest --test-dir "$B" -L torch --output-on-failure
   step contract 330 python3 adapters/torch/test_torch_contract.py --lib "$B/adapters/torch/libfabpool_torch.so" \
-       --out "$OUT"
+       --out "$OUT" ${CONTRACT_CASES:+--cases "$CONTRACT_CASES"}
   echo "SUMMARY ${status[*]}"
 } > "$LOG" 2>&1
 tail -n 30 "$LOG"

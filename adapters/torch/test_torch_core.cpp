@@ -10,12 +10,20 @@
 #include <mutex>
 #include <initializer_list>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/wait.h>
 
 #undef _GNU_SOURCE /* testutil.h defines it; g++ predefines it */
 #include "../../tests/testutil.h"
 #include "fabpool_torch.h"
 #include "torch_core.hpp"
+#include "torch_ipc.hpp"
 
 using fabpool_torch::Core;
 using fabpool_torch::DeviceStats;
@@ -546,8 +554,277 @@ static void check_threads(Core &core, int64_t held0)
     all_back(core, held0, {s[0], s[1], s[2], s[3]});
 }
 
-int main()
+/* ------------------------------------------------------------- IPC
+ *
+ * torch.multiprocessing's path: the parent shares blocks (share_ipc, as
+ * shareIpcHandle), a child process with a core of its own opens them
+ * (open_ipc, as getIpcDevPtr), reads what the parent wrote and writes back;
+ * the parent frees its blocks and empties its cache while the child still
+ * reads them, and once the child lets go the machine holds nothing. */
+
+enum { IPC_BLOCK = 1, IPC_STALE = 2, IPC_GO = 3 };
+
+struct IpcMsg {
+    uint64_t kind, offset, usable, tag;
+};
+
+static const size_t kIpcSizes[] = {1000, 3 * MiB, 100 * MiB}; /* a small and a medium slab block, a large one */
+static const int kIpcBlocks = 3;
+
+static uint64_t ipc_recv(int s, IpcMsg *m, std::string *handle)
 {
+    static std::vector<char> buf(1 << 20);
+    size_t n = 0, len = 0;
+    if (fabpool_fd_recv(s, nullptr, 0, &n, buf.data(), buf.size(), &len) != FABPOOL_OK || len < sizeof *m)
+        return 0;
+    memcpy(m, buf.data(), sizeof *m);
+    if (handle)
+        handle->assign(buf.data() + sizeof *m, len - sizeof *m);
+    return m->kind;
+}
+
+static void ipc_send(int s, const IpcMsg &m, const std::string &handle)
+{
+    std::string b(reinterpret_cast<const char *>(&m), sizeof m);
+    b += handle;
+    CHECK_OK(fabpool_fd_send(s, nullptr, 0, b.data(), b.size()));
+}
+
+static int ipc_child(const char *sock_name)
+{
+    t_driver_init();
+    fabpool_torch_set_verbose(0);
+    int s = -1;
+    if (fabpool_fd_connect(sock_name, &s, 5000) != FABPOOL_OK) {
+        fprintf(stderr, "ipc child: %s\n", fabpool_last_error());
+        return 2;
+    }
+    std::shared_ptr<void> late; /* held past the core's end: its deleter must do nothing then */
+    {
+        Core core(&rt);
+        std::vector<std::shared_ptr<void>> held;
+        std::vector<IpcMsg> got;
+        std::vector<std::string> handles;
+        uint64_t maps0 = t_ledger().mappings;
+        IpcMsg m;
+        std::string handle;
+        while (ipc_recv(s, &m, &handle) == IPC_BLOCK) {
+            handles.push_back(handle);
+            std::shared_ptr<void> p = core.open_ipc(0, handle);
+            CHECK(core.open_ipc(0, handle).get() == p.get()); /* a handle still open: the same mapping */
+            char *at = static_cast<char *>(p.get()) + m.offset;
+            uint64_t seen = t_tag_ok(at, m.usable, m.tag);
+            t_put_tag(at, m.usable, m.tag + 1);
+            CHECK_CU(cuCtxSynchronize()); /* the DMA lands before the parent looks */
+            held.push_back(p);
+            got.push_back(m);
+            ipc_send(s, IpcMsg{seen, 0, 0, 0}, "");
+        }
+        /* a handle whose block the sender has freed: refused by the sender */
+        CHECK(m.kind == IPC_STALE);
+        uint64_t refused = 0;
+        try {
+            core.open_ipc(0, handle);
+        } catch (const std::runtime_error &e) {
+            refused = strstr(e.what(), "no longer live") != nullptr;
+        }
+        try {
+            core.open_ipc(0, handle.substr(0, handle.size() - 1)); /* cut short */
+        } catch (const std::invalid_argument &e) {
+            refused += strstr(e.what(), "malformed") != nullptr;
+        }
+        /* the sender's socket out of reach (another network namespace; here a name that is not its): the fds
+         * copied by pidfd_getfd where ptrace permission allows, else a message that names both ways (before
+         * the answer below: the sender still holds its blocks) */
+        std::string far = handles[1];
+        far[16] ^= 0x5a; /* the token's first byte */
+        try {
+            std::shared_ptr<void> p = core.open_ipc(0, far);
+            CHECK(t_tag_ok(static_cast<char *>(p.get()) + got[1].offset, got[1].usable, got[1].tag + 1));
+            printf("test_torch_core: ipc: pidfd_getfd served a handle whose socket could not be reached\n");
+        } catch (const std::runtime_error &e) {
+            CHECK(strstr(e.what(), "fd server") && strstr(e.what(), "pidfd_getfd"));
+            printf("test_torch_core: ipc: no pidfd_getfd here: %s\n", e.what());
+        }
+        ipc_send(s, IpcMsg{refused, 0, 0, 0}, "");
+        CHECK(core.ipc_views() == size_t(kIpcBlocks));
+        CHECK(core.stats(0).reserved_bytes.current == 0); /* other processes' memory is not this one's */
+        /* the parent has freed its blocks and emptied its cache: the views still hold the data */
+        CHECK(ipc_recv(s, &m, nullptr) == IPC_GO);
+        uint64_t ok = 0;
+        for (size_t i = 0; i < got.size(); i++)
+            ok += t_tag_ok(static_cast<char *>(held[i].get()) + got[i].offset, got[i].usable, got[i].tag + 1);
+        late = held[0];
+        long syncs = rt.syncs;
+        held.clear();
+        CHECK(core.ipc_views() == 1 && rt.syncs == syncs + kIpcBlocks - 1); /* each deleter waited for the device */
+        CHECK(t_ledger().mappings == maps0 + 1);  /* and unmapped its view: the small block's slab is left */
+        ipc_send(s, IpcMsg{ok, 0, 0, 0}, "");
+    }
+    late.reset();
+    CHECK(t_ledger().mappings == 0);
+    close(s);
+    CHECK(fabpool_torch_shutdown() == FABPOOL_OK);
+    return t_failures ? 1 : 0;
+}
+
+static void check_ipc(Core &core, int64_t held0, const char *self)
+{
+    uint64_t (*machine_held)(int) = nullptr;
+    *(void **)&machine_held = dlsym(RTLD_DEFAULT, "fabsim_machine_held_bytes");
+    bool bad = false;
+    try {
+        core.share_ipc(reinterpret_cast<void *>(uintptr_t(0x1000)));
+    } catch (const std::invalid_argument &e) {
+        bad = strstr(e.what(), "not a live block") != nullptr;
+    }
+    CHECK(bad);
+    bad = false;
+    try {
+        core.open_ipc(0, std::string(64, 'x'));
+    } catch (const std::invalid_argument &e) {
+        bad = strstr(e.what(), "not a handle of fabpool's allocator") != nullptr;
+    }
+    CHECK(bad);
+    CUstream s = new_stream();
+    int ls = -1, sock = -1;
+    pid_t pid = t_spawn_peer(self, "--ipc-child", "fabpool-torch-ipc", &ls, &sock);
+    void *p[kIpcBlocks];
+    uint64_t bytes = 0;
+    for (int i = 0; i < kIpcBlocks; i++) {
+        p[i] = core.malloc(0, kIpcSizes[i], s);
+        size_t u = 0;
+        CHECK(core.usable_size(p[i], &u));
+        t_put_tag(p[i], u, 500 + uint64_t(i));
+        CHECK_CU(cuCtxSynchronize());
+        fabpool_torch::IpcShare sh = core.share_ipc(p[i]);
+        CHECK(sh.offset >= 0 && core.share_ipc(p[i]).handle == sh.handle); /* the same block: the same bytes */
+        ipc_send(sock, IpcMsg{IPC_BLOCK, uint64_t(sh.offset), u, 500 + uint64_t(i)}, sh.handle);
+        IpcMsg r;
+        CHECK(ipc_recv(sock, &r, nullptr) == 1);                 /* the child read what this process wrote */
+        CHECK(t_tag_ok(p[i], u, 501 + uint64_t(i)));              /* and this one reads what it wrote */
+        bytes += u;
+    }
+    /* a block shared and freed before the receiver opens it */
+    void *q = core.malloc(0, 2 * MiB, s);
+    std::string stale = core.share_ipc(q).handle;
+    core.free(q);
+    ipc_send(sock, IpcMsg{IPC_STALE, 0, 0, 0}, stale);
+    IpcMsg r;
+    CHECK(ipc_recv(sock, &r, nullptr) == 2); /* refused by this process's server, and the malformed one */
+    uint64_t refused = 0, served = core.ipc_served(&refused);
+    CHECK(served >= uint64_t(kIpcBlocks) && refused == 1);
+    /* this process lets go first: its memory goes back to the driver, the child's views keep theirs */
+    for (int i = 0; i < kIpcBlocks; i++)
+        core.free(p[i]);
+    core.empty_cache(PoolId{0, 0});
+    CHECK(t_held() == held0);
+    if (machine_held)
+        CHECK(machine_held(0) >= uint64_t(held0) + bytes);
+    ipc_send(sock, IpcMsg{IPC_GO, 0, 0, 0}, "");
+    CHECK(ipc_recv(sock, &r, nullptr) == uint64_t(kIpcBlocks)); /* the child still read its data */
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (machine_held)
+        CHECK(machine_held(0) == uint64_t(held0)); /* both let go: nothing more is held, in any process */
+    close(sock);
+    close(ls);
+    all_back(core, held0, {s});
+}
+
+/* share_ipc of a block in a private pool (a MemPool's, a graph's): opened
+ * here too, through this process's own fd server; refused, with what to
+ * change, for a pool made with handle_type:none and for a MemPool with an
+ * allocator of its own. */
+static void check_ipc_pools(Core &core, int64_t held0)
+{
+    const PoolId P{0, 21}, N{0, 22}, X{0, 23};
+    auto run = [&](PoolId id, std::shared_ptr<fabpool_torch::External> ext, size_t size, const char *refusal) {
+        core.create_or_incref(0, id, ext);
+        core.begin_pool(0, id, [](Stream) { return true; });
+        void *p = core.malloc(0, size, nullptr);
+        core.end_pool(0, id);
+        std::string why;
+        try {
+            fabpool_torch::IpcShare sh = core.share_ipc(p);
+            t_put_tag(p, size, 77);
+            CHECK_CU(cuCtxSynchronize());
+            std::shared_ptr<void> v = core.open_ipc(0, sh.handle);
+            CHECK(t_tag_ok(static_cast<char *>(v.get()) + sh.offset, size, 77));
+        } catch (const std::logic_error &e) {
+            why = e.what();
+        }
+        CHECK(refusal ? strstr(why.c_str(), refusal) != nullptr : why.empty());
+        if (!why.empty() && !refusal)
+            fprintf(stderr, "check_ipc_pools: %s\n", why.c_str());
+        core.free(p);
+        core.release_pool(0, id);
+        core.release_pool(0, id);
+        core.empty_cache(id);
+    };
+    run(P, nullptr, 5 * MiB, nullptr);
+    setenv("FABPOOL_CONF", "handle_type:none", 1); /* the pool made next has local memory */
+    run(N, nullptr, 5 * MiB, "handle_type:none");
+    unsetenv("FABPOOL_CONF");
+    run(X, std::make_shared<HostAllocator>(), 4096, "allocator of its own");
+    CHECK(core.ipc_views() == 0);
+    CHECK(t_held() == held0);
+}
+
+static int open_fds()
+{
+    int n = 0;
+    if (DIR *d = opendir("/proc/self/fd")) {
+        while (readdir(d))
+            n++;
+        closedir(d);
+    }
+    return n;
+}
+
+/* A sender whose answer is not what the handle says (more fds than its
+ * chunks): the receiver closes every fd that came, and says why. */
+static void check_ipc_answer_closed()
+{
+    fabpool_torch::ipc::Handle h;
+    h.type = FABPOOL_HANDLE_POSIX_FD;
+    h.pid = 0x7ffffff0; /* no such process: pidfd_getfd fails after the socket */
+    memcpy(h.token, "a wrong answer..", fabpool_torch::ipc::kTokenBytes);
+    h.key = 0x1000;
+    h.fds = {3};
+    h.desc = "d";
+    int ls = -1;
+    CHECK_OK(fabpool_fd_listen(fabpool_torch::ipc::socket_name(h.pid, h.token).c_str(), &ls));
+    int before = open_fds();
+    std::thread server([ls] {
+        int c = -1, fds[2] = {open("/dev/null", O_RDONLY), open("/dev/null", O_RDONLY)};
+        char req[64];
+        size_t n = 0, len = 0;
+        uint32_t ok = 0;
+        if (fabpool_fd_accept(ls, &c) == FABPOOL_OK && fabpool_fd_recv(c, nullptr, 0, &n, req, sizeof req, &len) == FABPOOL_OK)
+            fabpool_fd_send(c, fds, 2, &ok, sizeof ok);
+        for (int fd : {c, fds[0], fds[1]})
+            if (fd >= 0)
+                close(fd);
+    });
+    bool thrown = false;
+    try {
+        fabpool_torch::ipc::fetch(h);
+    } catch (const std::runtime_error &e) {
+        thrown = strstr(e.what(), "more fds came") != nullptr || strstr(e.what(), "fds came for") != nullptr;
+        if (!thrown)
+            fprintf(stderr, "check_ipc_answer_closed: %s\n", e.what());
+    }
+    server.join();
+    CHECK(thrown && open_fds() == before);
+    close(ls);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--ipc-child") == 0)
+        return ipc_child(argv[2]);
     t_driver_init();
     if (!t_ledger_p) {
         printf("test_torch_core: the simulated driver is not loaded; skipped\n");
@@ -568,6 +845,9 @@ int main()
         check_pool_record_stream(core, held0);
         check_external_pool(core);
         check_threads(core, held0);
+        check_ipc(core, held0, argv[0]);
+        check_ipc_answer_closed();
+        check_ipc_pools(core, held0);
     }
     CHECK(t_held() == held0);
     CHECK(fabpool_torch_shutdown() == FABPOOL_OK);

@@ -8,12 +8,16 @@
  * and never calls back. */
 #include "torch_core.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstring>
 
 #include "fabpool_torch.h"
+#include "torch_ipc.hpp"
 
 /* fabpool_record_stream (fabpool.h) where the library has it: a block used
  * on other streams is then freed through the pool's stream-ordered free.
@@ -123,15 +127,47 @@ private:
     int old_ = 0;
 };
 
-Core::Core(Runtime *rt) : rt_(rt)
+/* The receiver's side of IPC: a pool per device for the views of other
+ * processes' blocks (outside the statistics: PyTorch does not count them
+ * either), and the views open by handle. */
+struct Core::IpcState {
+    std::mutex mu;
+    bool dead = false;  /* the core is gone: a deleter has nothing left to do */
+    fabpool_t *pools[kMaxDevices] = {};
+    std::map<std::string, std::weak_ptr<void>> open;
+    size_t views = 0;
+};
+
+Core::Core(Runtime *rt) : rt_(rt), ipc_(std::make_shared<IpcState>())
 {
     for (auto &d : devs_)
         d.store(nullptr, std::memory_order_relaxed);
+    /* tensors may go to other processes: the devices' pools export their chunks */
+    fabpool_torch_set_handle_type(FABPOOL_HANDLE_POSIX_FD);
 }
 
 /* For tests and for the end of a program: every block and pool let go. */
 Core::~Core()
 {
+    {
+        std::lock_guard<std::mutex> lk(server_mu_);
+        if (server_ && server_->pid() == int(getpid()))
+            delete server_;
+        else if (server_)
+            server_->abandon(); /* a forked child's copy of its parent's */
+        server_ = nullptr;
+    }
+    {
+        std::lock_guard<std::mutex> lk(ipc_->mu);
+        ipc_->dead = true;
+        for (fabpool_t *&p : ipc_->pools)
+            if (p) {
+                fabpool_destroy(p); /* the views still open go with it */
+                p = nullptr;
+            }
+        ipc_->open.clear();
+        ipc_->views = 0;
+    }
     for (auto &slot : devs_) {
         Device *d = slot.load(std::memory_order_acquire);
         if (!d)
@@ -403,7 +439,7 @@ bool Core::make_fp(Device &d, Pool &p, std::string *why)
     fabpool_options o;
     fabpool_options_init(&o);
     o.device = d.index;
-    o.handle_type = FABPOOL_HANDLE_NONE;
+    o.handle_type = FABPOOL_HANDLE_POSIX_FD; /* its tensors may be shared with other processes */
     o.thread_cache = 0;
     o.decay_ms = UINT32_MAX;
     o.large_slack_percent = 1000;
@@ -413,6 +449,10 @@ bool Core::make_fp(Device &d, Pool &p, std::string *why)
      * has, and many pools fit in the process's address space */
     o.reserve_bytes = uint64_t(total) * 2;
     fabpool_status st = fabpool_create(&o, &p.fp);
+    if (st == FABPOOL_ERR_NOT_SUPPORTED) {
+        o.handle_type = FABPOOL_HANDLE_NONE; /* a device without POSIX fd handles */
+        st = fabpool_create(&o, &p.fp);
+    }
     if (st != FABPOOL_OK) {
         p.fp = nullptr;
         *why = std::string(fabpool_last_error()) + " (creating the fabpool pool of PyTorch's memory pool " +
@@ -1119,6 +1159,209 @@ std::vector<SegmentRecord> Core::segments(PoolId only)
         return a.device != b.device ? a.device < b.device : uintptr_t(a.ptr) < uintptr_t(b.ptr);
     });
     return out;
+}
+
+/* ------------------------------------------------------------- IPC */
+
+namespace {
+
+/* fabpool_block_export of ptr into h's descriptor and fd numbers (the
+ * pool's: valid while the block is live). */
+fabpool_status export_block(fabpool_t *fp, void *ptr, ipc::Handle *h, size_t *offset)
+{
+    size_t len = 0, nfds = 0;
+    std::string d(fabpool_desc_size(1), '\0');
+    std::vector<int> fds(1, -1);
+    fabpool_status st = fabpool_block_export(fp, ptr, &d[0], d.size(), &len, fds.data(), fds.size(), &nfds, offset);
+    if (st == FABPOOL_ERR_LIMIT) { /* it said what it needs */
+        d.resize(len);
+        fds.resize(nfds ? nfds : 1);
+        st = fabpool_block_export(fp, ptr, &d[0], d.size(), &len, fds.data(), fds.size(), &nfds, offset);
+    }
+    if (st != FABPOOL_OK)
+        return st;
+    d.resize(len);
+    fds.resize(nfds);
+    h->type = fabpool_handle_type_of(fp);
+    h->desc = std::move(d);
+    h->fds = std::move(fds);
+    return FABPOOL_OK;
+}
+
+std::string hex(const void *p)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%p", p);
+    return buf;
+}
+
+}  // namespace
+
+ipc::Server &Core::server()
+{
+    std::lock_guard<std::mutex> lk(server_mu_);
+    if (server_ && server_->pid() != int(getpid())) {
+        server_->abandon(); /* a forked child: its parent's server does not run here */
+        server_ = nullptr;
+    }
+    if (!server_)
+        server_ = new ipc::Server([this](uint64_t key, const std::string &desc, std::vector<int> *fds,
+                                         std::string *msg) { return serve_ipc(key, desc, fds, msg); });
+    return *server_;
+}
+
+IpcShare Core::share_ipc(void *ptr)
+{
+    int device = -1;
+    with_live(ptr, [&](Block &b) { device = b.device; });
+    ipc::Handle h;
+    size_t offset = 0;
+    if (device >= 0) {
+        Device &d = dev(device);
+        std::lock_guard<std::mutex> lk(d.mu); /* the block's pool stays while it is looked at */
+        fabpool_t *fp = nullptr;
+        bool ext = false;
+        auto pool_of = [&](Block &b) {
+            ext = b.pool && b.pool->ext;
+            fp = b.pool ? b.pool->fp : fabpool_torch_pool(b.device);
+        };
+        if (!with_live(ptr, pool_of))
+            device = -1;
+        else if (ext)
+            throw std::logic_error("fabpool: shareIpcHandle: the tensor at " + hex(ptr) + " comes from a "
+                                   "torch.cuda.MemPool with an allocator of its own, which fabpool cannot export");
+        else if (!fp || export_block(fp, ptr, &h, &offset) != FABPOOL_OK) {
+            std::string why = fp ? fabpool_last_error() : "the device has no pool";
+            if (fp && fabpool_handle_type_of(fp) == FABPOOL_HANDLE_NONE)
+                throw std::logic_error("fabpool: shareIpcHandle: " + why + " (the device's pools were made with "
+                                       "handle_type:none, by FABPOOL_CONF or for a device without POSIX fd handles)");
+            throw std::runtime_error("fabpool: shareIpcHandle: " + why);
+        }
+    }
+    if (device < 0)
+        throw std::invalid_argument("fabpool: shareIpcHandle: " + hex(ptr) +
+                                    " is not a live block of this allocator (never given out, or freed already)");
+    h.pid = int(getpid());
+    h.key = uint64_t(uintptr_t(ptr));
+    if (h.type == FABPOOL_HANDLE_POSIX_FD)
+        memcpy(h.token, server().token(), ipc::kTokenBytes);
+    return IpcShare{std::ptrdiff_t(offset), ipc::encode(h)};
+}
+
+/* The fd server's question: is the block at key still the one desc
+ * describes?  Then copies of its fds. */
+int Core::serve_ipc(uint64_t key, const std::string &desc, std::vector<int> *fds, std::string *msg)
+{
+    void *ptr = reinterpret_cast<void *>(uintptr_t(key));
+    int device = -1;
+    with_live(ptr, [&](Block &b) { device = b.device; });
+    ipc::Handle h;
+    size_t offset = 0;
+    fabpool_status st = FABPOOL_ERR_NOT_FOUND;
+    if (device >= 0) {
+        Device &d = dev(device);
+        std::lock_guard<std::mutex> lk(d.mu);
+        fabpool_t *fp = nullptr;
+        if (with_live(ptr, [&](Block &b) { fp = b.pool ? b.pool->fp : fabpool_torch_pool(b.device); }) && fp)
+            st = export_block(fp, ptr, &h, &offset);
+        for (size_t i = 0; st == FABPOOL_OK && h.desc == desc && i < h.fds.size(); i++)
+            fds->push_back(fcntl(h.fds[i], F_DUPFD_CLOEXEC, 0)); /* the pool's may close once the lock is let go */
+    }
+    if (st == FABPOOL_OK && h.desc == desc && std::find(fds->begin(), fds->end(), -1) == fds->end())
+        return 0;
+    for (int fd : *fds)
+        if (fd >= 0)
+            close(fd);
+    fds->clear();
+    *msg = "the block at " + hex(ptr) + " in process " + std::to_string(getpid()) +
+           (st != FABPOOL_OK ? " is no longer live" : " is no longer the one that was shared") +
+           ": the sender freed the tensor before this receiver opened it (PyTorch keeps a shared tensor alive "
+           "until its receivers let go: was it shared by other means?)";
+    return 1;
+}
+
+std::shared_ptr<void> Core::open_ipc(int device, const std::string &bytes)
+{
+    dev(device);
+    ipc::Handle h;
+    std::string why;
+    if (!ipc::decode(bytes, &h, &why))
+        throw std::invalid_argument("fabpool: getIpcDevPtr: " + why);
+    auto state = ipc_;
+    auto cached = [&]() -> std::shared_ptr<void> {
+        auto it = state->open.find(bytes);
+        return it == state->open.end() ? nullptr : it->second.lock();
+    };
+    {
+        std::lock_guard<std::mutex> lk(state->mu);
+        if (auto sp = cached())
+            return sp;
+    }
+    std::vector<int> fds;
+    if (h.type == FABPOOL_HANDLE_POSIX_FD)
+        fds = ipc::fetch(h); /* before the lock: a round trip to the sender */
+    std::lock_guard<std::mutex> lk(state->mu);
+    if (auto sp = cached()) {
+        for (int fd : fds)
+            close(fd);
+        return sp;
+    }
+    fabpool_t *&pool = state->pools[device];
+    if (!pool) {
+        fabpool_options o;
+        fabpool_options_init(&o);
+        o.device = device;
+        o.handle_type = FABPOOL_HANDLE_NONE; /* it only maps other processes' chunks */
+        o.thread_cache = 0;
+        size_t fr = 0, total = 0;
+        rt_->mem_info(device, &fr, &total);
+        o.reserve_bytes = uint64_t(total) * 2;
+        if (fabpool_create(&o, &pool) != FABPOOL_OK) {
+            pool = nullptr;
+            for (int fd : fds)
+                close(fd);
+            throw std::runtime_error("fabpool: getIpcDevPtr: " + std::string(fabpool_last_error()) +
+                                     " (making the pool that maps other processes' tensors on device " +
+                                     std::to_string(device) + ")");
+        }
+    }
+    fabpool_view_t *v = nullptr;
+    if (fabpool_view_open(pool, h.desc.data(), h.desc.size(), fds.data(), fds.size(), &v) != FABPOOL_OK)
+        throw std::runtime_error("fabpool: getIpcDevPtr: mapping the tensor of process " + std::to_string(h.pid) +
+                                 ": " + fabpool_last_error());
+    Runtime *rt = rt_;
+    std::shared_ptr<void> sp(fabpool_view_ptr(v), [state, rt, v, device, bytes](void *) {
+        {
+            std::lock_guard<std::mutex> l2(state->mu);
+            if (state->dead)
+                return;
+        }
+        rt->device_sync(device); /* no kernel may still read or write the view when it is unmapped */
+        std::lock_guard<std::mutex> l2(state->mu);
+        if (state->dead)
+            return;
+        auto it = state->open.find(bytes);
+        if (it != state->open.end() && it->second.expired())
+            state->open.erase(it);
+        fabpool_view_close(v);
+        state->views--;
+    });
+    state->open[bytes] = sp;
+    state->views++;
+    return sp;
+}
+
+size_t Core::ipc_views()
+{
+    std::lock_guard<std::mutex> lk(ipc_->mu);
+    return ipc_->views;
+}
+
+uint64_t Core::ipc_served(uint64_t *refused)
+{
+    std::lock_guard<std::mutex> lk(server_mu_);
+    *refused = server_ ? server_->refused() : 0;
+    return server_ ? server_->served() : 0;
 }
 
 }  // namespace fabpool_torch

@@ -20,6 +20,11 @@
  *   a CUDA graph may be capturing: the core then makes its calls in the
  *   thread's relaxed capture mode, and a free whose streams are capturing is
  *   deferred (no driver call) until the contexts close.
+ * - Every pool the core makes (the shim's default pools, through
+ *   fabpool_torch_set_handle_type, and the private ones) has POSIX fd
+ *   handles where the device has them, so that a tensor can be shared with
+ *   another process (share_ipc / open_ipc, torch_ipc.hpp): its block's chunks
+ *   are exported at the share and their fds passed over a socket.
  * - Failures throw: OutOfMemory for memory the pool cannot give (with
  *   fabpool's message), std::invalid_argument / std::logic_error for misuse.
  *
@@ -143,6 +148,16 @@ struct Freed {
     size_t usable;
 };
 
+/* A block shared with another process: PyTorch's ShareableHandle. */
+struct IpcShare {
+    std::ptrdiff_t offset;  /* the block's offset from what the receiver's open_ipc returns */
+    std::string handle;     /* the bytes PyTorch carries to the receiver (torch_ipc.hpp) */
+};
+
+namespace ipc {
+class Server;
+}
+
 class Core {
 public:
     explicit Core(Runtime *rt);
@@ -189,6 +204,25 @@ public:
     /* Devices with state (the highest index used + 1). */
     int devices();
 
+    /* Sharing with other processes (torch.multiprocessing).  share_ipc: the
+     * handle of a live block (its pool's chunks exported once; the process's
+     * fd server started on the first share); std::invalid_argument for a
+     * pointer that is not a live block, std::logic_error for memory that
+     * cannot be shared (a pool of handle type none, a MemPool's own
+     * allocator), std::runtime_error for a driver failure.  open_ipc: another
+     * process's block mapped on device (a view in a pool of the core's own,
+     * outside the statistics and the cap), the same pointer again for a
+     * handle still open; the receiver finds the block at the pointer +
+     * IpcShare::offset.  The pointer's deleter waits for the device's work
+     * and unmaps.  std::invalid_argument for bytes that are not a handle,
+     * std::runtime_error where the sender cannot be reached, refuses (its
+     * block is no longer live) or the mapping fails. */
+    IpcShare share_ipc(void *ptr);
+    std::shared_ptr<void> open_ipc(int device, const std::string &handle);
+    /* Views open now, and requests the fd server has answered (served) and refused. */
+    size_t ipc_views();
+    uint64_t ipc_served(uint64_t *refused);
+
 private:
     struct Block;
     struct Pool;
@@ -209,6 +243,7 @@ private:
         uint64_t mapped = 0, chunks = 0, maps = 0, unmaps = 0, retries = 0;
     };
     class Relaxed;
+    struct IpcState;
 
     Runtime *rt_;
     std::atomic<int> contexts_{0};  /* open pool contexts, every device */
@@ -216,6 +251,9 @@ private:
     std::atomic<Device *> devs_[kMaxDevices];
     static constexpr size_t kShards = 64;
     Shard shards_[kShards];
+    std::shared_ptr<IpcState> ipc_;  /* the receiver's side; the deleters of open_ipc's pointers hold it */
+    std::mutex server_mu_;
+    ipc::Server *server_ = nullptr;  /* the sender's side: started at the first share */
 
     Device &dev(int device);
     Device *dev_if(int device);
@@ -246,6 +284,8 @@ private:
     void sample(Device &d);
     uint64_t mapped(Device &d);
     [[noreturn]] void out_of_memory(Device &d, size_t size, Stream s, const std::string &why, bool capped);
+    int serve_ipc(uint64_t key, const std::string &desc, std::vector<int> *fds, std::string *msg);
+    ipc::Server &server();
 };
 
 }  // namespace fabpool_torch

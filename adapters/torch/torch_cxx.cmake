@@ -31,7 +31,7 @@ if(FABPOOL_TORCH_CXX)
     else()
       set(_torch_cudart CUDA::cudart)
     endif()
-    add_library(fabpool_torch_cxx SHARED torch_cxx.cpp torch_core.cpp $<TARGET_OBJECTS:fabpool_torch_shim>
+    add_library(fabpool_torch_cxx SHARED torch_cxx.cpp torch_core.cpp torch_ipc.cpp $<TARGET_OBJECTS:fabpool_torch_shim>
                 $<TARGET_OBJECTS:fabpool_objects>)
     target_include_directories(fabpool_torch_cxx PRIVATE ${CMAKE_SOURCE_DIR}/include)
     target_include_directories(fabpool_torch_cxx SYSTEM PRIVATE ${_torch_include} ${CUDAToolkit_INCLUDE_DIRS})

@@ -159,12 +159,6 @@ struct PoolCheckpoint final : CA::AllocatorState {
     std::shared_ptr<fabpool_torch::PoolState> state;
 };
 
-const char kIpcMessage[] =
-    "fabpool: sharing a CUDA tensor with another process (torch.multiprocessing, Storage._share_cuda_) is not "
-    "supported by fabpool's PyTorch allocator yet: its blocks live in chunks that fabpool does not export one "
-    "by one. Share a fabpool buffer instead (docs/integration.md, \"What fabpool's allocator does not keep\"), "
-    "or leave PyTorch's allocator in place and put the tensors that need fabpool in a fabpool_torch.mempool()";
-
 /* The core's standard exceptions as PyTorch's. */
 template <class F> auto translate(F &&f) -> decltype(f())
 {
@@ -453,9 +447,20 @@ public:
 
     /* ------------------------------------------------ other processes, other devices */
 
-    CA::ShareableHandle shareIpcHandle(void * /*ptr*/) override { TORCH_CHECK(false, kIpcMessage); }
+    /* torch.multiprocessing: the block's chunks exported (fabpool_block_export), their fds served to the
+     * receiver over a socket; PyTorch's IPC reference counts keep the block until every receiver lets go */
+    CA::ShareableHandle shareIpcHandle(void *ptr) override
+    {
+        fabpool_torch::IpcShare s = translate([&] { return core_.share_ipc(ptr); });
+        return CA::ShareableHandle{s.offset, std::move(s.handle)};
+    }
 
-    std::shared_ptr<void> getIpcDevPtr(std::string /*handle*/) override { TORCH_CHECK(false, kIpcMessage); }
+    /* the sender's block mapped here; PyTorch adds the offset.  The deleter waits for the device, then unmaps */
+    std::shared_ptr<void> getIpcDevPtr(std::string handle) override
+    {
+        c10::DeviceIndex device = c10::cuda::current_device();
+        return translate([&] { return core_.open_ipc(device, handle); });
+    }
 
     void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override
     {

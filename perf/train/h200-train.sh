@@ -13,7 +13,8 @@
 # Writes everything under $OUT: train-h200.txt (this log), train-bench.md / .json (the table and every run),
 # losses-<allocator>-<run>.txt, torch-stats.json, lightning/, moe-*.json.  Never stops at the first failure;
 # the last line says what passed (rc 0 each).  TRAIN_CHECKS=bench,stats,... picks some (default: all four);
-# TRAIN_ALLOCATORS the bench's allocators (default default,expandable,fabpool; fabpool-queue: stream_owner:0).
+# TRAIN_ALLOCATORS the bench's allocators (default default,expandable,fabpool; fabpool-queue: stream_owner:0;
+# fabpool-local: handle_type:none, the C++ allocator's pools without POSIX fd handles).
 set -u
 OUT=${OUT:-/tmp/fabpool-train-out}
 mkdir -p "$OUT"

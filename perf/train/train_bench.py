@@ -41,8 +41,9 @@ MIB = 1 << 20
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 ALLOCATORS = ("default", "expandable", "fabpool")
-# more that --allocators may name: fabpool with every stream's frees queued (the owner stream off)
-VARIANTS = {"fabpool-queue": "stream_owner:0"}
+# more that --allocators may name: fabpool with every stream's frees queued (the owner stream off); fabpool with
+# local chunks (handle_type:none: the C++ allocator's pools otherwise have POSIX fd handles, for IPC of tensors)
+VARIANTS = {"fabpool-queue": "stream_owner:0", "fabpool-local": "handle_type:none"}
 
 
 # ------------------------------------------------------------- the instrument

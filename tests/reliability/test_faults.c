@@ -63,13 +63,13 @@ static const struct {
 enum op {
     OP_CREATE, OP_ALLOC_SMALL, OP_ALLOC_LARGE, OP_FREE, OP_BUF_CREATE, OP_GROW, OP_SHRINK, OP_RESIZE_SET,
     OP_TRIM, OP_COLLECT, OP_EXPORT, OP_VIEW_OPEN, OP_VIEW_APPLY, OP_VIEW_CLOSE, OP_BUF_DESTROY, OP_DESTROY,
-    OP_SHRINK_STREAM, OP_BUF_DESTROY_STREAM, OP_DMABUF, OP_SLEEP, OP_WAKE, OP_COUNT
+    OP_SHRINK_STREAM, OP_BUF_DESTROY_STREAM, OP_DMABUF, OP_SLEEP, OP_WAKE, OP_BLOCK_EXPORT, OP_COUNT
 };
 static const char *const op_names[OP_COUNT] = {
     "pool create", "alloc 1000 B", "alloc 20 MiB", "free (cache_limit 0)", "buffer create", "buffer grow",
     "buffer shrink", "resize_set", "trim", "collect", "export", "view open", "view apply", "view close",
     "buffer destroy", "pool destroy", "shrink on a stream", "destroy on a stream", "dma-buf of 16 MiB",
-    "sleep (offload)", "wake",
+    "sleep (offload)", "wake", "block export (100 MiB)",
 };
 
 typedef struct {
@@ -156,6 +156,10 @@ static int setup(state *t, enum op op)
         break;
     case OP_FREE:
         if (fabpool_alloc(t->p, 20 * MB, &t->freed) != FABPOOL_OK)
+            return -1;
+        break;
+    case OP_BLOCK_EXPORT: /* a large block of several chunks (freed at cleanup) */
+        if (fabpool_alloc(t->p, 100 * MB, &t->freed) != FABPOOL_OK)
             return -1;
         break;
     case OP_DESTROY: /* nothing live: the memory is cached, and destroy gives it all back */
@@ -279,6 +283,10 @@ static fabpool_status run(state *t, enum op op)
         return fabpool_sleep(t->p, FABPOOL_SLEEP_OFFLOAD, NULL);
     case OP_WAKE:
         return fabpool_wake(t->p, NULL);
+    case OP_BLOCK_EXPORT: {
+        size_t off = 0;
+        return fabpool_block_export(t->p, t->freed, t->desc, sizeof t->desc, &t->len, t->fds, 64, &t->nfds, &off);
+    }
     default:
         return FABPOOL_ERR_INVALID_ARG;
     }
@@ -327,6 +335,14 @@ static int result_ok(state *t, enum op op)
                  t_ledger().bytes_held_host == si.host_bytes;
         return fabpool_wake(t->p, NULL) == FABPOOL_OK && ok && buf_ok(t->b, 0xbeef, t->mark_size) &&
                get((uint64_t)(uintptr_t)t->blk) == 0xb10c && t_ledger().bytes_held_host == 0;
+    }
+    case OP_BLOCK_EXPORT: { /* a record and an open fd per chunk, and the ledger's count of exported fds */
+        uint32_t n = 0;
+        memcpy(&n, t->desc + 12, sizeof n);
+        int ok = n >= 4 && t->nfds == n && t_ledger().exported_fds == n;
+        for (size_t i = 0; i < t->nfds; i++)
+            ok = ok && lseek(t->fds[i], 0, SEEK_END) >= 0;
+        return ok;
     }
     case OP_WAKE: {
         fabpool_sleep_info si = {.struct_size = sizeof si};
@@ -472,6 +488,7 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
         fabpool_buffer_get_info(t.b, &bi0);
     if (t.v)
         fabpool_view_get_info(t.v, &vi0);
+    uint64_t fds0 = t.p ? t_stats(t.p).exported_fds_open : 0;
     uint64_t c0 = calls(entries[e]);
     fault_set(entries[e], n, 0, errors[k].err);
     fabpool_status st = run(&t, op);
@@ -553,6 +570,9 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
                 t.b_gone = 1;
             }
         }
+        /* a block export that fails keeps no fd it made */
+        if (op == OP_BLOCK_EXPORT)
+            CHECK(t_stats(t.p).exported_fds_open == fds0);
         if (op == OP_RESIZE_SET)
             for (int i = 0; i < 3; i++)
                 CHECK(bsize(t.set[i]) == t.set_size[i]);
