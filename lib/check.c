@@ -433,8 +433,10 @@ static fabpool_status check_slabs(walk *w, uint64_t *idle)
     if (w->tc_found != w->n_tc)
         return FAIL("[tcache.block] thread caches hold %llu blocks of spans that are not slabs of this pool",
                     ULL(w->n_tc - w->tc_found));
-    /* the in-use mark counts every block out of its class: given out, pending on a stream, in a cache */
-    if (out != atomic_load(&p->use.slab_out))
+    /* the in-use mark counts every block out of its class: given out, pending on a stream, in a cache.  It is
+     * counted after the class lock is let go, so it is exact only while no other thread is in the pool: no
+     * other thread's cache listed, and caches on (a thread without one leaves no trace to see) */
+    if (w->exact && p->alloc.thread_cache && out != atomic_load(&p->use.slab_out))
         return FAIL("[usage.slab_out] %llu bytes of slab blocks are out of their classes, the in-use mark counts %llu",
                     ULL(out), ULL(atomic_load(&p->use.slab_out)));
     /* the class lists hold the slabs their counts say */

@@ -117,7 +117,7 @@ static void grow_on_a_while_b_pends(CUstream a, CUstream b, CUstream c)
     CHECK_OK(fabpool_buffer_resize(buf, 94008403, a));
     CHECK_OK(fabpool_buffer_resize(buf, 93759289, c));
     CHECK_CU(cuStreamSynchronize(c));
-    fabpool_buffer_info in;
+    fabpool_buffer_info in = {.struct_size = sizeof(fabpool_buffer_info)};
     CHECK_OK(fabpool_buffer_get_info(buf, &in));
     CHECK(in.mapped == 112 * MB && in.n_chunks == 3);
     char *base = fabpool_buffer_ptr(buf);
@@ -178,7 +178,7 @@ static fabpool_buffer_t *taken_back(CUstream a, CUstream b, fabpool_t **pp, char
         return NULL;
     }
     CHECK_OK(fabpool_buffer_resize(buf, 64 * MB, a));
-    fabpool_buffer_info in;
+    fabpool_buffer_info in = {.struct_size = sizeof(fabpool_buffer_info)};
     CHECK_OK(fabpool_buffer_get_info(buf, &in));
     CHECK(in.n_chunks == 2 && in.mapped >= 64 * MB);
     *tail = (char *)fabpool_buffer_ptr(buf) + 64 * MB - 4096;

@@ -275,7 +275,7 @@ static void late_peer_after_refit(void)
     fabpool_buffer_t *buf = exporter_importer(&a, &b, 64 * MB, 12 * MB);
     if (!buf)
         return;
-    fabpool_buffer_info g;
+    fabpool_buffer_info g = {.struct_size = sizeof(fabpool_buffer_info)};
     fabpool_buffer_get_info(buf, &g);
     uint64_t first = g.mapped; /* the first chunk */
     CHECK_OK(fabpool_buffer_resize(buf, 40 * MB, NULL));
@@ -307,7 +307,7 @@ static void late_peer_after_refit(void)
 
     /* the refit: the first chunk is replaced by a smaller one, both old chunks leave the window and are held */
     CHECK_OK(fabpool_buffer_resize(buf, 2 * MB, NULL));
-    fabpool_buffer_info g1;
+    fabpool_buffer_info g1 = {.struct_size = sizeof(fabpool_buffer_info)};
     fabpool_buffer_get_info(buf, &g1);
     CHECK(g1.n_chunks == 1 && g1.mapped <= 4 * MB && g1.generation > g.generation && get(base) == 51);
     s = t_stats(a);
@@ -327,7 +327,7 @@ static void late_peer_after_refit(void)
         CHECK_OK(fabpool_buffer_export_done(buf));
         put(base + 8, 53);
         CHECK(get(vb) == 51 && get(vb + 8) == 53);
-        fabpool_buffer_info vi;
+        fabpool_buffer_info vi = {.struct_size = sizeof(fabpool_buffer_info)};
         fabpool_view_get_info(v, &vi);
         CHECK(vi.generation == g1.generation && vi.size == g1.mapped);
         /* every peer is at the refit's generation: the old chunks go */

@@ -194,6 +194,7 @@ static inline fabpool_counters t_counters(fabpool_t *p)
 {
     fabpool_counters c;
     memset(&c, 0, sizeof c);
+    c.struct_size = sizeof c;
     CHECK_OK(fabpool_get_counters(p, &c));
     return c;
 }

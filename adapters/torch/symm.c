@@ -522,7 +522,7 @@ static fabpool_status sy_apply(fabpool_torch_symm_t *s, int q, const uint8_t *ms
     if (st != FABPOOL_OK)
         return sy_err_pool(st, "mapping rank %d's buffer (host '%s', device %d) here on device %d", q,
                            s->peers[q].host, s->peers[q].device, s->device);
-    fabpool_buffer_info vi;
+    fabpool_buffer_info vi = {.struct_size = sizeof(fabpool_buffer_info)};
     if (fabpool_view_get_info(s->views[q], &vi) == FABPOOL_OK)
         s->gens[q] = vi.generation;
     s->c.last_imported += len > SY_REC_HDR ? (len - SY_REC_HDR) / SY_REC : 0;
@@ -837,8 +837,7 @@ fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_options *o, fa
     if (st != FABPOOL_OK)
         sy_err_pool(st, "making its buffer of %llu bytes (max %llu)", (unsigned long long)target,
                     (unsigned long long)o->max_bytes);
-    fabpool_buffer_info bi;
-    memset(&bi, 0, sizeof bi);
+    fabpool_buffer_info bi = {.struct_size = sizeof(fabpool_buffer_info)};
     if (s->buf)
         fabpool_buffer_get_info(s->buf, &bi);
     head_fail(&h, st);
@@ -880,7 +879,7 @@ static void sy_roll_back(fabpool_torch_symm_t *s, uint64_t old, int exported)
     char keep[sizeof sy_msg];
     memcpy(keep, sy_msg, sizeof keep);
     fabpool_status st = fabpool_buffer_resize(s->buf, old, NULL);
-    fabpool_buffer_info bi;
+    fabpool_buffer_info bi = {.struct_size = sizeof(fabpool_buffer_info)};
     if (st == FABPOOL_OK && exported && fabpool_buffer_get_info(s->buf, &bi) == FABPOOL_OK)
         /* the peers map what they had before the step, and never what it mapped: that may go at once */
         st = fabpool_buffer_peers_ack(s->buf, bi.generation);
@@ -990,7 +989,7 @@ static fabpool_status sy_per_rank(fabpool_torch_symm_t *s, uint64_t *out, size_t
                       sizes ? "sizes" : "ptrs", n, s ? s->nranks : 0);
     pthread_mutex_lock(&s->lock);
     for (int q = 0; q < s->nranks; q++) {
-        fabpool_buffer_info vi;
+        fabpool_buffer_info vi = {.struct_size = sizeof(fabpool_buffer_info)};
         if (!sizes)
             out[q] = (uint64_t)(uintptr_t)(q == s->rank ? fabpool_buffer_ptr(s->buf) : fabpool_view_ptr(s->views[q]));
         else
@@ -1026,14 +1025,14 @@ fabpool_status fabpool_torch_symm_get_info(fabpool_torch_symm_t *s, fabpool_torc
     out->size = s->size;
     out->max_bytes = s->window;
     out->acked = s->acked;
-    fabpool_buffer_info bi;
+    fabpool_buffer_info bi = {.struct_size = sizeof(fabpool_buffer_info)};
     if (fabpool_buffer_get_info(s->buf, &bi) == FABPOOL_OK) {
         out->mapped = bi.mapped;
         out->generation = bi.generation;
     }
     uint64_t vb = 0;
     for (int q = 0; q < s->nranks; q++) {
-        fabpool_buffer_info vi;
+        fabpool_buffer_info vi = {.struct_size = sizeof(fabpool_buffer_info)};
         if (s->views[q] && fabpool_view_get_info(s->views[q], &vi) == FABPOOL_OK)
             vb += vi.mapped;
     }

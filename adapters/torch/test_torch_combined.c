@@ -211,7 +211,7 @@ static void op_state(void)
     int t = (int)below(NTAG);
     if (!has_pool(t))
         return;
-    fabpool_sleep_info si;
+    fabpool_sleep_info si = {.struct_size = sizeof(fabpool_sleep_info)};
     snprintf(cur_what, sizeof cur_what, "tag %s", tag_names[t]);
     int st = T_state(tag_names[t], 0, &si);
     EXPECT(st == FABPOOL_OK && si.asleep == tags[t].asleep, "torch.state", "-> %d, asleep %d (the test: %d)", st,
@@ -301,7 +301,7 @@ static void check_step(void)
             continue;
         const char *pool = t == 0 ? strstr(js, "\"pool\":") : js;
         mapped += pool ? json_num(pool, "mapped_bytes") : 0;
-        fabpool_sleep_info si;
+        fabpool_sleep_info si = {.struct_size = sizeof(fabpool_sleep_info)};
         if (T_state(tag_names[t], 0, &si) == FABPOOL_OK)
             host += si.host_bytes;
     }

@@ -104,8 +104,8 @@ static CUstream new_stream()
 
 static uint64_t shim_frees()
 {
-    fabpool_torch_counters c;
-    memset(&c, 0, sizeof c);
+    fabpool_torch_counters c{};
+    c.struct_size = sizeof c;
     fabpool_torch_get_counters(0, &c);
     return c.frees;
 }

@@ -310,7 +310,8 @@ Core::Gauge Core::gauge(Device &d)
 {
     Gauge g;
     auto add = [&g](fabpool_t *fp) {
-        fabpool_counters k;
+        fabpool_counters k{};
+        k.struct_size = sizeof k;
         if (fp && fabpool_get_counters(fp, &k) == FABPOOL_OK) {
             g.mapped += k.mapped_bytes;
             g.chunks += k.chunks_mapped;
@@ -343,7 +344,8 @@ void Core::sample(Device &d)
 
 static uint64_t shim_syncs(int device)
 {
-    fabpool_torch_counters c;
+    fabpool_torch_counters c{};
+    c.struct_size = sizeof c;
     return fabpool_torch_get_counters(device, &c) == FABPOOL_OK ? c.syncs : 0;
 }
 
@@ -1042,7 +1044,8 @@ void Core::destroy_pool(Device &d, Pool &p)
             drop(d, p, b);
     }
     if (p.fp) {
-        fabpool_counters k;
+        fabpool_counters k{};
+        k.struct_size = sizeof k;
         if (fabpool_get_counters(p.fp, &k) == FABPOOL_OK) {
             d.gone_maps += k.chunks_mapped_total;
             d.gone_unmaps += k.chunks_unmapped_total + k.chunks_mapped;

@@ -386,15 +386,13 @@ static int pending_on(int s, uint64_t ep) { return s >= 0 && held[s] && epoch[s]
 
 static fabpool_buffer_info binfo(const buf_t *b)
 {
-    fabpool_buffer_info i;
-    memset(&i, 0, sizeof i);
+    fabpool_buffer_info i = {.struct_size = sizeof(fabpool_buffer_info)};
     fabpool_buffer_get_info(b->h, &i);
     return i;
 }
 static fabpool_counters counters(int p)
 {
-    fabpool_counters c;
-    memset(&c, 0, sizeof c);
+    fabpool_counters c = {.struct_size = sizeof(fabpool_counters)};
     fabpool_get_counters(P[p].p, &c);
     return c;
 }
@@ -582,7 +580,7 @@ static uint64_t host_held(uint64_t *copies)
 {
     uint64_t b = 0, c = 0;
     for (int k = 0; k < NPOOL; k++) {
-        fabpool_sleep_info si;
+        fabpool_sleep_info si = {.struct_size = sizeof(fabpool_sleep_info)};
         if (P[k].p && fabpool_sleep_state(P[k].p, &si) == FABPOOL_OK) {
             b += si.host_bytes;
             c += si.host_copies;
@@ -666,6 +664,7 @@ static void check_ledger(void)
     fabpool_stats S[NPOOL];
     uint64_t mapped = 0, handles = 0, efds = 0, chunks = 0;
     for (int p = 0; p < NPOOL; p++) {
+        S[p] = (fabpool_stats){.struct_size = sizeof S[p]};
         fabpool_get_stats(P[p].p, &S[p]);
         mapped += S[p].mapped_bytes;
         handles += S[p].handles_outstanding;
@@ -1041,8 +1040,8 @@ static void op_stats(int p)
 {
     static char json[1 << 16];
     size_t need = 0;
-    fabpool_stats s;
-    fabpool_counters c;
+    fabpool_stats s = {.struct_size = sizeof(fabpool_stats)};
+    fabpool_counters c = {.struct_size = sizeof(fabpool_counters)};
     step_feats |= FB(F_CACHE);
     snprintf(cur_what, sizeof cur_what, "pool %d", p);
     EXPECT_OK(fabpool_get_stats(P[p].p, &s), "stats", "fabpool_get_stats");
@@ -1104,7 +1103,7 @@ static void op_thread(int p)
     for (int k = 0; k < 6; k++) {
         fabpool_status st = fabpool_check(P[p].p);
         EXPECT_OK(st, "check.beside_thread", "fabpool_check beside an allocating thread");
-        fabpool_stats s;
+        fabpool_stats s = {.struct_size = sizeof(fabpool_stats)};
         fabpool_get_stats(P[p].p, &s);
     }
     pthread_join(t, NULL);
@@ -1521,7 +1520,7 @@ static void open_view(int t, int src, buf_t *b, const uint8_t *d, size_t len, in
     v.gen = gen;
     v.src_size = src_size;
     memcpy(v.pts, b->pts, sizeof v.pts);
-    fabpool_buffer_info vi;
+    fabpool_buffer_info vi = {.struct_size = sizeof(fabpool_buffer_info)};
     fabpool_view_get_info(v.h, &vi);
     EXPECT(vi.generation == gen && vi.mapped == live && vi.max_size == b->window, "view_open.info", "view of buffer "
            "%llu: generation %llu, mapped %zu, window %zu; expected %llu, %llu, %llu", (unsigned long long)b->id,
@@ -1673,7 +1672,7 @@ static void op_view_apply(int t)
     v->gen = bi.generation;
     v->live = bi.mapped;
     v->src_size = b->size;
-    fabpool_buffer_info va;
+    fabpool_buffer_info va = {.struct_size = sizeof(fabpool_buffer_info)};
     fabpool_view_get_info(v->h, &va);
     EXPECT(va.generation == v->gen && va.mapped == v->live, "view_apply.info", "view of buffer %llu: generation %llu, "
            "mapped %zu after applying generation %llu of %llu bytes", (unsigned long long)b->id,
@@ -1753,12 +1752,12 @@ static void op_sleep(int p)
     snprintf(cur_what, sizeof cur_what, "pool %d, %s, stream %s, %s", p,
              mode == FABPOOL_SLEEP_OFFLOAD ? "offload" : "discard", stream_name(s),
              must ? "no peer left" : "exported buffers");
-    fabpool_stats s0;
+    fabpool_stats s0 = {.struct_size = sizeof(fabpool_stats)};
     fabpool_get_stats(q->p, &s0);
     fabpool_status st = fabpool_sleep(q->p, mode, sptr(s));
     if (st == FABPOOL_ERR_BUSY && !must) {
         n_sleep_busy++;
-        fabpool_stats s1;
+        fabpool_stats s1 = {.struct_size = sizeof(fabpool_stats)};
         fabpool_get_stats(q->p, &s1);
         EXPECT(s1.mapped_bytes == s0.mapped_bytes && s1.blocks == s0.blocks, "sleep.busy_changed", "a refused sleep "
                "changed the pool: %llu -> %llu bytes mapped", (unsigned long long)s0.mapped_bytes,
@@ -1794,7 +1793,7 @@ static void op_sleep(int p)
             pend[w++] = *e;
     }
     npend = w;
-    fabpool_sleep_info si;
+    fabpool_sleep_info si = {.struct_size = sizeof(fabpool_sleep_info)};
     fabpool_sleep_state(q->p, &si);
     EXPECT(si.asleep && si.mode == mode, "sleep.state", "after a sleep: asleep %d, mode %d", si.asleep, (int)si.mode);
 }
@@ -1811,7 +1810,7 @@ static void op_wake(int p)
     if (st != FABPOOL_OK)
         return;
     q->asleep = 0;
-    fabpool_sleep_info si;
+    fabpool_sleep_info si = {.struct_size = sizeof(fabpool_sleep_info)};
     fabpool_sleep_state(q->p, &si);
     EXPECT(!si.asleep && (q->c.keep_host || si.host_bytes == 0), "wake.state", "after a wake: asleep %d, %llu host "
            "bytes held (sleep_keep_host %d)", si.asleep, (unsigned long long)si.host_bytes, q->c.keep_host);
@@ -1836,7 +1835,7 @@ static void op_wake(int p)
 static void op_sleep_state(int p)
 {
     pool_t *q = &P[p];
-    fabpool_sleep_info si;
+    fabpool_sleep_info si = {.struct_size = sizeof(fabpool_sleep_info)};
     step_feats |= FB(F_SLEEP);
     snprintf(cur_what, sizeof cur_what, "pool %d%s", p, q->asleep ? ", asleep: and a second sleep" : "");
     fabpool_status st = fabpool_sleep_state(q->p, &si);
@@ -1933,7 +1932,7 @@ static void drain_pool(int p)
     EXPECT_OK(fabpool_collect(q->p, 1), "collect", "fabpool_collect(wait)");
     EXPECT_OK(fabpool_trim(q->p, 0), "trim", "fabpool_trim(0)");
     refresh_streams();
-    fabpool_stats st;
+    fabpool_stats st = {.struct_size = sizeof(fabpool_stats)};
     fabpool_get_stats(q->p, &st);
     EXPECT(st.mapped_bytes == st.view_bytes && st.buffers == 0 && st.retiring_bytes == 0 &&
                st.stream_pending_blocks == 0, "drain.leak", "pool %d: %llu bytes mapped (%llu of views), %llu "
