@@ -472,13 +472,17 @@ fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
     fp_alloc *a = A(p);
     if (!a || !ptr || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_usable_size: the pool, the pointer or the output is NULL");
-    uint64_t addr = (uint64_t)(uintptr_t)ptr;
+    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
     fp_span *s = fp_map_get(&a->map, addr);
     uint32_t idx;
-    if (!s || (s->kind == FP_SPAN_SLAB ? !fp_slab_index(s, addr, &idx)
-                                        : addr != s->base || atomic_load(&s->in_use) != FP_LARGE_LIVE))
+    if (s && s->kind != FP_SPAN_SLAB) {
+        fabpool_status st = fp_large_usable(a->heap, addr, &usable, "fabpool_usable_size");
+        *out = (size_t)usable;
+        return st;
+    }
+    if (!s || !fp_slab_index(s, addr, &idx))
         return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_usable_size(%p): not a block this pool gave out", ptr);
-    *out = s->kind == FP_SPAN_SLAB ? (size_t)s->obj_q << FP_QUANTUM_SHIFT : (size_t)s->size;
+    *out = (size_t)s->obj_q << FP_QUANTUM_SHIFT;
     return FABPOOL_OK;
 }
 
@@ -499,7 +503,7 @@ static void unpend(fp_alloc *a, uint64_t ptr)
         fp_slab_index(s, ptr, &idx);
         atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_USED, memory_order_relaxed);
     } else if (s) {
-        atomic_store_explicit(&s->in_use, FP_LARGE_LIVE, memory_order_relaxed);
+        fp_large_unpend(a->heap, ptr);
     }
 }
 
@@ -528,7 +532,7 @@ static uint32_t stream_class(const fp_alloc *a, size_t size, uint64_t *need, uin
         *need = *max = 0;
         return fp_class_of(size);
     }
-    *need = fp_round_up(size, a->sp->gran);
+    *need = fp_large_size(a->heap, size);
     *max = (uint64_t)size + size / 4;
     if (*max < *need)
         *max = *need;
@@ -614,8 +618,11 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
     if (fp_retire_owner_claim(a->retire, stream) && fp_retire_owner_free(a->retire)) {
         /* the owner: freed into the pool at once (the next unmap or foreign allocation fences) */
         if (FP_UNLIKELY(a->trace)) {
-            FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr,
-                     s->kind == FP_SPAN_SLAB ? (uint64_t)s->obj_q << FP_QUANTUM_SHIFT : s->size, stream);
+            if (s->kind == FP_SPAN_SLAB)
+                usable = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
+            else
+                (void)fp_large_usable(a->heap, addr, &usable, "fabpool_free_on_stream"); /* a bad pointer: refused below */
+            FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream);
             FP_TRACE(a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
         }
         if ((st = free_block(a, s, addr, "fabpool_free_on_stream")) == FABPOOL_OK)

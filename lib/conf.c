@@ -30,7 +30,7 @@ void fabpool_options_init(fabpool_options *o)
     o->handle_type = FABPOOL_HANDLE_AUTO;
     o->max_waste_percent = 25;
     o->max_chunk_bytes = 1 * GiB;
-    o->slab_max_bytes = 8 * MiB;
+    o->slab_max_bytes = 4096;
     o->cache_limit_bytes = UINT64_MAX; /* no limit: the decay and the OOM trim return memory */
     o->decay_ms = 10000;
     o->large_slack_percent = 4;

@@ -19,7 +19,7 @@
  *           state every layer reads is ch.asleep (and alloc's epoch bit)
  *
  * Locking: the pool lock guards the address space, the page map's writers,
- * large pieces, buffers, views, the list of thread caches and the driver
+ * the arenas, buffers, views, the list of thread caches and the driver
  * calls that change mappings.  Each slab class has its own lock.  lib/lock.h
  * has every lock's level and the one order (registry < pool < class <
  * retire < trace list < trace).  The hot path (a thread cache hit) takes
