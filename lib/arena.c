@@ -10,7 +10,7 @@
 
 /* The most records an arena keeps for reuse: splits and merges then make no
  * call to the metadata allocator in the steady state. */
-#define FP_ARENA_SPARE_MAX 256u
+#define FP_ARENA_SPARE_MAX 1024u
 
 /* ------------------------------------------------------------ records */
 
@@ -54,8 +54,8 @@ static void piece_drop(fp_arena *a, fp_piece *p)
 
 /* ------------------------------------------------------------ bins */
 
-/* The bin of a free range of u quanta: one bin per size below 16 quanta,
- * then sixteen per doubling. */
+/* The bin of a free range of u quanta: one bin per size below 64 quanta,
+ * then sixty-four per doubling. */
 static inline unsigned bin_of(uint64_t u)
 {
     if (u < FP_ARENA_SUB)
@@ -73,14 +73,15 @@ static void bin_insert(fp_arena *a, fp_piece *p)
     p->bin = b;
     FP_LIST_PUSH(&a->bins[b], p, next, prev);
     a->bitmap[b / 64] |= 1ull << (b % 64);
+    a->summary |= 1ull << (b / 64);
 }
 
 static void bin_remove(fp_arena *a, fp_piece *p)
 {
     unsigned b = p->bin;
     FP_LIST_REMOVE(&a->bins[b], p, next, prev);
-    if (!a->bins[b])
-        a->bitmap[b / 64] &= ~(1ull << (b % 64));
+    if (!a->bins[b] && !(a->bitmap[b / 64] &= ~(1ull << (b % 64))))
+        a->summary &= ~(1ull << (b / 64));
 }
 
 /* The first bin at or above b that holds a free range, or FP_ARENA_NBINS. */
@@ -90,12 +91,13 @@ static unsigned bin_next(const fp_arena *a, unsigned b)
         return FP_ARENA_NBINS;
     unsigned w = b / 64;
     uint64_t bits = a->bitmap[w] & (~0ull << (b % 64));
-    while (!bits) {
-        if (++w == FP_ARENA_NBINS / 64)
-            return FP_ARENA_NBINS;
-        bits = a->bitmap[w];
-    }
-    return w * 64 + (unsigned)__builtin_ctzll(bits);
+    if (bits)
+        return w * 64 + (unsigned)__builtin_ctzll(bits);
+    uint64_t words = w + 1 < 64 ? a->summary & (~0ull << (w + 1)) : 0;
+    if (!words)
+        return FP_ARENA_NBINS;
+    w = (unsigned)__builtin_ctzll(words);
+    return w * 64 + (unsigned)__builtin_ctzll(a->bitmap[w]);
 }
 
 /* ------------------------------------------------------------ runs */
@@ -232,7 +234,7 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
     fp_piece *best = NULL;
     /* the bin of n holds ranges on both sides of n: the smallest that fits (all of them are looked at, so that
      * a miss means no free range fits); past it every range is large enough, and the first bin that holds one
-     * that fits gives the smallest of its first 64 (bins are a sixteenth of a doubling wide), the lowest on a
+     * that fits gives the smallest of its first 64 (bins are a 64th of a doubling wide), the lowest on a
      * tie */
     for (unsigned b = bin_next(a, b0); b < FP_ARENA_NBINS && !best; b = bin_next(a, b + 1)) {
         unsigned look = 0;
@@ -608,4 +610,5 @@ void fp_arena_destroy(fp_arena *a)
     fp_addrmap_destroy(&a->blocks);
     memset(a->bins, 0, sizeof a->bins);
     memset(a->bitmap, 0, sizeof a->bitmap);
+    a->summary = 0;
 }

@@ -6,7 +6,7 @@
  * given out and free ranges, linked in address order (anext / aprev, NULL at
  * a run's ends), touching free ranges always merged.  Block sizes are
  * multiples of the arena's quantum, and every base is too.  Free ranges sit
- * in bins, sixteen per doubling (TLSF's two-level index, flat here): an
+ * in bins, 64 per doubling (TLSF's two-level index, a bitmap and its summary): an
  * allocation takes the smallest free range that fits among the bin of its
  * size and the next bin that holds any, and splits it, keeping the block at
  * its high end.  Where none fits (a miss) the arena grows a free range at
@@ -80,9 +80,9 @@ typedef struct fp_lchunk {
     uint64_t va, size;
 } fp_lchunk;
 
-#define FP_ARENA_SUB_SHIFT 4u                      /* 16 bins per doubling */
+#define FP_ARENA_SUB_SHIFT 6u                      /* 64 bins per doubling */
 #define FP_ARENA_SUB (1u << FP_ARENA_SUB_SHIFT)
-#define FP_ARENA_NBINS 1024u
+#define FP_ARENA_NBINS 4096u                       /* 64 x 64: a word of the bitmap's summary each */
 #define FP_ARENA_RATE 32u                          /* allocations the growth rate is taken over */
 
 /* How an arena grows and maps (fp_arena_ahead, fp_arena_grow_plan). */
@@ -103,7 +103,8 @@ typedef struct fp_arena {
     uint64_t home;                     /* new runs go below this address where the reservation has room */
     fp_arena_policy pol;
     fp_piece *bins[FP_ARENA_NBINS];
-    uint64_t bitmap[FP_ARENA_NBINS / 64];
+    uint64_t bitmap[FP_ARENA_NBINS / 64];  /* a bit per bin that holds a free range */
+    uint64_t summary;                      /* a bit per word of the bitmap that is not 0 */
     fp_addrmap blocks;                 /* base -> piece of every block given out (live or pending) */
     fp_run *runs;                      /* sorted by base, apart (touching runs are one) */
     size_t n_runs, cap_runs;

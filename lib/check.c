@@ -505,6 +505,10 @@ static fabpool_status check_arena_pieces(walk *w, const fp_arena *a, uint64_t *i
                     ULL(nblocks), a->blocks.n, ULL(a->n_blocks));
     /* every free range in the bin of its size, and nothing else in a bin */
     uint64_t binned = 0;
+    for (unsigned k = 0; k < FP_ARENA_NBINS / 64; k++)
+        if (((a->summary >> k) & 1) != (a->bitmap[k] != 0))
+            return FAIL("[arena.bin] %s: word %u of its bitmap is %s but its summary bit says %d", a->name, k,
+                        a->bitmap[k] ? "set" : "clear", (int)((a->summary >> k) & 1));
     for (unsigned b = 0; b < FP_ARENA_NBINS; b++) {
         int bit = (a->bitmap[b / 64] >> (b % 64)) & 1;
         if (bit != (a->bins[b] != NULL))
@@ -662,9 +666,9 @@ static fabpool_status check_locked(walk *w)
         (st = check_va_used(w)) != FABPOOL_OK || (st = check_map_spans(w)) != FABPOOL_OK ||
         (st = check_map_rest(w)) != FABPOOL_OK)
         return st;
-    if (idle != atomic_load(&p->heap.idle_bytes))
-        return FAIL("[pool.idle] empty slabs and the arenas' free ranges add up to %llu bytes, idle_bytes says %llu",
-                    ULL(idle), ULL(atomic_load(&p->heap.idle_bytes)));
+    if (idle != fp_heap_idle(&p->heap))
+        return FAIL("[pool.idle] empty slabs and the arenas' free ranges add up to %llu bytes, the heap counts %llu "
+                    "idle", ULL(idle), ULL(fp_heap_idle(&p->heap)));
     if (w->pending != atomic_load(&p->retire.pending_blocks))
         return FAIL("[retire.pending] %llu slab and large blocks are marked pending on a stream, the retirement queue "
                     "holds %llu", ULL(w->pending), ULL(atomic_load(&p->retire.pending_blocks)));

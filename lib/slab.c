@@ -11,7 +11,6 @@
 #include "error.h"
 #include "list.h"
 
-static void idle_sub(fp_heap *h, uint64_t n);
 
 /* A class keeps this many empty slabs; more go back to the medium arena,
  * where any class (or, once a chunk is all free, the driver) can have the
@@ -28,24 +27,38 @@ static const fp_arena_policy policies[FP_NARENAS] = {
     {.ahead_max = 64ull << 20, .ahead_below = 8ull << 20, .ahead_mult = 2, .ahead_frac = 0, .chunk_granules = 32},
 };
 
-/* ------------------------------------------------------------ idle bytes */
+/* ------------------------------------------------------------ idle bytes
+ *
+ * Idle memory is the empty slabs (written under class locks: atomics) and
+ * the arenas' free bytes (written under the pool lock: a plain sum kept in
+ * an atomic that the lock-free readers load).  The decay's low-water mark
+ * is kept for each part in the same way. */
 
-static uint64_t arenas_free(const fp_heap *h)
+uint64_t fp_heap_idle(const fp_heap *h)
+{
+    return atomic_load_explicit(&h->idle_slabs, memory_order_relaxed) +
+           atomic_load_explicit(&h->idle_arenas, memory_order_relaxed);
+}
+
+/* The arenas' free bytes changed: the sum and its low-water mark follow.  Pool lock held. */
+static void idle_follow(fp_heap *h)
 {
     uint64_t n = 0;
     for (int i = 0; i < FP_NARENAS; i++)
         n += h->arenas[i].free_bytes;
-    return n;
+    atomic_store_explicit(&h->idle_arenas, n, memory_order_relaxed);
+    if (n < h->idle_arenas_low)
+        h->idle_arenas_low = n;
 }
 
-/* The arenas' free bytes went from `before` to what they are now. */
-static void idle_follow(fp_heap *h, uint64_t before)
+/* Empty slabs went down by n bytes: the decay's low-water mark follows. */
+static void idle_slabs_sub(fp_heap *h, uint64_t n)
 {
-    uint64_t now = arenas_free(h);
-    if (now > before)
-        atomic_fetch_add(&h->idle_bytes, now - before);
-    else if (now < before)
-        idle_sub(h, before - now);
+    uint64_t now = atomic_fetch_sub(&h->idle_slabs, n) - n;
+    uint64_t low = atomic_load_explicit(&h->idle_slabs_low, memory_order_relaxed);
+    while (now < low && !atomic_compare_exchange_weak_explicit(&h->idle_slabs_low, &low, now, memory_order_relaxed,
+                                                               memory_order_relaxed))
+        ;
 }
 
 /* ------------------------------------------------------------ lists */
@@ -67,13 +80,13 @@ static void relist(fp_heap *h, fp_class *c, fp_span *s)
         FP_LIST_REMOVE(from, s, next, prev);
     if (s->list == FP_LIST_EMPTY) {
         c->nempty--;
-        idle_sub(h, s->size);
+        idle_slabs_sub(h, s->size);
     }
     if (to)
         FP_LIST_PUSH(to, s, next, prev);
     if (want == FP_LIST_EMPTY) {
         c->nempty++;
-        atomic_fetch_add(&h->idle_bytes, s->size);
+        atomic_fetch_add(&h->idle_slabs, s->size);
     }
     s->list = (uint8_t)want;
 }
@@ -204,7 +217,7 @@ fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAlloc
     if (st != FABPOOL_ERR_OUT_OF_MEMORY)
         return st;
     /* what the heap caches goes back to the driver, then one more try */
-    uint64_t idle = atomic_load(&h->idle_bytes);
+    uint64_t idle = fp_heap_idle(h);
     if (idle) {
         fp_heap_trim_locked(h, 0);
         atomic_fetch_add(&h->oom_retries, 1);
@@ -261,7 +274,7 @@ static fp_piece *grow(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpo
     *st = fp_arena_grow_map(a, &gr, n, align, &b);
     if (*st != FABPOOL_ERR_OUT_OF_MEMORY)
         return b;
-    uint64_t idle = atomic_load(&h->idle_bytes);
+    uint64_t idle = fp_heap_idle(h);
     if (idle) {
         fp_heap_trim_locked(h, 0);
         atomic_fetch_add(&h->oom_retries, 1);
@@ -279,11 +292,10 @@ static fp_piece *grow(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpo
 static fp_piece *take(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
 {
     fp_lock_assert_held(&h->sp->lock);
-    uint64_t before = arenas_free(h);
     fp_piece *b = fp_arena_fit(a, n, align, st);
     if (!b && *st == FABPOOL_OK)
         b = grow(h, a, n, align, st);
-    idle_follow(h, before);
+    idle_follow(h);
     return b;
 }
 
@@ -296,9 +308,8 @@ static void slab_release(fp_heap *h, fp_span *s)
     fp_arena *a = &h->arenas[FP_ARENA_MEDIUM];
     FP_LIST_REMOVE(&h->spans, s, all_next, all_prev);
     fp_map_set(&h->sp->map, s->base, s->size, a->sentinel); /* its pages have leaves: cannot fail */
-    uint64_t before = arenas_free(h);
     fp_arena_release(a, fp_arena_block(a, s->base));
-    idle_follow(h, before);
+    idle_follow(h);
     slab_free_record(h, s);
 }
 
@@ -382,7 +393,7 @@ static void class_shed(fp_heap *h, unsigned cls, uint32_t keep)
             c->nempty--;
             c->nslabs--;
             /* the arena counts it now (slab_release): no lower idle mark for the decay */
-            atomic_fetch_sub(&h->idle_bytes, s->size);
+            atomic_fetch_sub(&h->idle_slabs, s->size);
         }
         fp_unlock(&c->lock);
         if (!s)
@@ -410,6 +421,18 @@ void fp_class_give(fp_heap *h, unsigned cls, const fp_item *items, unsigned n)
 }
 
 /* ------------------------------------------------------------ blocks above slab_max */
+
+/* fp_heap_trim_policy after a block's allocation or free, but the decay's
+ * clock only at every 16th of a thread's: a medium block's path is a few
+ * tens of ns, the clock a good part of that.  What cannot wait (decay_ms:0,
+ * the cache limit, empty slabs to give back) is looked at every time. */
+static void policy_now_and_then(fp_heap *h)
+{
+    static _Thread_local unsigned tick;
+    if ((++tick & 15) == 0 || h->decay_ms == 0 || atomic_load_explicit(&h->shed, memory_order_relaxed) ||
+        fp_heap_idle(h) > h->cache_limit)
+        fp_heap_trim_policy(h);
+}
 
 static int arena_index(const fp_heap *h, uint64_t size)
 {
@@ -440,7 +463,7 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
         *out = (void *)(uintptr_t)b->base;
     }
     fp_unlock(&h->sp->lock);
-    fp_heap_trim_policy(h);
+    policy_now_and_then(h);
     return st;
 }
 
@@ -531,13 +554,12 @@ fabpool_status fp_large_free(fp_heap *h, uint64_t addr, const char *fn)
     if (b) {
         atomic_fetch_sub(&h->large_in_use_bytes, b->size);
         atomic_fetch_sub(&h->large_blocks, 1);
-        uint64_t before = arenas_free(h);
         fp_arena_release(a, b);
-        idle_follow(h, before);
+        idle_follow(h);
     }
     fp_unlock(&h->sp->lock);
     if (b)
-        fp_heap_trim_policy(h);
+        policy_now_and_then(h);
     return st;
 }
 
@@ -558,24 +580,14 @@ void fp_heap_count_large(const fp_heap *h, uint64_t *counts)
 
 /* ------------------------------------------------------------ trim */
 
-/* idle_bytes went down by n: the decay's low-water mark follows. */
-static void idle_sub(fp_heap *h, uint64_t n)
-{
-    uint64_t now = atomic_fetch_sub(&h->idle_bytes, n) - n;
-    uint64_t low = atomic_load_explicit(&h->idle_low, memory_order_relaxed);
-    while (now < low &&
-           !atomic_compare_exchange_weak_explicit(&h->idle_low, &low, now, memory_order_relaxed, memory_order_relaxed))
-        ;
-}
-
 /* Unmaps free chunks of arena i while more than keep bytes are idle. */
 static void trim_arena(fp_heap *h, int i, uint64_t keep)
 {
-    uint64_t idle = atomic_load(&h->idle_bytes), before = arenas_free(h);
+    uint64_t idle = fp_heap_idle(h);
     if (idle <= keep)
         return;
     fp_arena_unmap_free(&h->arenas[i], idle - keep);
-    idle_follow(h, before);
+    idle_follow(h);
 }
 
 void fp_heap_trim_locked(fp_heap *h, uint64_t keep)
@@ -584,7 +596,7 @@ void fp_heap_trim_locked(fp_heap *h, uint64_t keep)
     /* large chunks first: one driver call frees the most */
     for (int i = FP_NARENAS; i-- > 0;)
         trim_arena(h, i, keep);
-    if (atomic_load(&h->idle_bytes) <= keep)
+    if (fp_heap_idle(h) <= keep)
         return;
     /* then the empty slabs, through the medium arena */
     for (unsigned cls = 0; cls < h->n_slab_classes; cls++)
@@ -614,7 +626,7 @@ void fp_heap_trim_policy(fp_heap *h)
             class_shed(h, cls, FP_EMPTY_SLABS_KEPT);
         fp_unlock(&h->sp->lock);
     }
-    uint64_t idle = atomic_load_explicit(&h->idle_bytes, memory_order_relaxed);
+    uint64_t idle = fp_heap_idle(h);
     if (idle == 0)
         return;
     uint64_t limit = h->cache_limit, decay = h->decay_ms;
@@ -623,7 +635,7 @@ void fp_heap_trim_policy(fp_heap *h)
          * left some above the limit is not tried again until more is idle */
         fp_lock(&h->sp->lock);
         fp_heap_trim_locked(h, decay == 0 ? 0 : limit);
-        uint64_t left = atomic_load(&h->idle_bytes);
+        uint64_t left = fp_heap_idle(h);
         atomic_store_explicit(&h->trim_floor, left > limit ? left : 0, memory_order_relaxed);
         fp_unlock(&h->sp->lock);
         if (decay == 0)
@@ -636,11 +648,12 @@ void fp_heap_trim_policy(fp_heap *h)
                                                  memory_order_relaxed))
         return;
     fp_lock(&h->sp->lock);
-    uint64_t low = atomic_load(&h->idle_low);
-    idle = atomic_load(&h->idle_bytes);
+    uint64_t low = atomic_load(&h->idle_slabs_low) + h->idle_arenas_low;
+    idle = fp_heap_idle(h);
     if (low)
         fp_heap_trim_locked(h, idle > low ? idle - low : 0);
-    atomic_store(&h->idle_low, atomic_load(&h->idle_bytes));
+    atomic_store(&h->idle_slabs_low, atomic_load(&h->idle_slabs));
+    h->idle_arenas_low = atomic_load(&h->idle_arenas);
     fp_unlock(&h->sp->lock);
 }
 

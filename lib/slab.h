@@ -71,8 +71,11 @@ typedef struct fp_heap {
     fp_span sentinels[FP_NARENAS];     /* what the page map holds for each arena's pages */
     _Atomic uint64_t trim_floor;       /* idle bytes a trim to the cache limit could not go below */
     _Atomic int shed;                  /* some class holds more empty slabs than it keeps */
-    _Atomic uint64_t idle_bytes;       /* empty slabs + the arenas' free ranges */
-    _Atomic uint64_t idle_low, decay_epoch_ns; /* decay: the least idle_bytes seen since the period began */
+    _Atomic uint64_t idle_slabs;       /* empty slabs (class locks) */
+    _Atomic uint64_t idle_arenas;      /* the arenas' free ranges (written under the pool lock) */
+    _Atomic uint64_t idle_slabs_low;   /* decay: the least of each seen since the period began */
+    uint64_t idle_arenas_low;          /* (pool lock) */
+    _Atomic uint64_t decay_epoch_ns;
     _Atomic uint64_t large_in_use_bytes, large_blocks, large_allocs[FP_NCLASS], oom_retries;
     fp_class classes[FP_NCLASS];
 } fp_heap;
@@ -116,6 +119,8 @@ void fp_heap_count_oom_retry(fp_heap *h);
  * where that is needed) until at most keep bytes are idle, or nothing more
  * can go (a chunk that also holds part of a block stays).  Pool lock held. */
 void fp_heap_trim_locked(fp_heap *h, uint64_t keep);
+/* Idle memory: empty slabs and the arenas' free ranges.  No lock needed. */
+uint64_t fp_heap_idle(const fp_heap *h);
 /* Trims to the cache limit if idle memory is above it, and returns what
  * stayed idle for a whole decay period.  No lock held. */
 void fp_heap_trim_policy(fp_heap *h);

@@ -283,9 +283,9 @@ static void break_buffer(fabpool_t *p, fabpool_buffer_t *b)
         atomic_fetch_sub(stats[i], 1);
     }
 
-    atomic_fetch_add(&p->heap.idle_bytes, gran);
+    atomic_fetch_add(&p->heap.idle_slabs, gran);
     expect_broken(p, "[pool.idle]", "idle bytes");
-    atomic_fetch_sub(&p->heap.idle_bytes, gran);
+    atomic_fetch_sub(&p->heap.idle_slabs, gran);
 
     atomic_fetch_add(&p->ch.mapped_bytes, gran);
     expect_broken(p, "[pool.mapped]", "mapped bytes");
