@@ -472,10 +472,12 @@ static void run_growth(balloc *a, const bcase *c, bresult *r)
 /* ------------------------------------------------------------------ shapes */
 
 /* A shape (shapes.h) replayed: every allocator sees the same seeded
- * sequence.  Timed in batches of 32 operations; between batches, untimed,
- * the device's used memory and the live bytes are sampled for their peaks
- * (and their ratio after the first tenth of the operations, so that a run
- * ten times as long shows whether the ratio creeps), and the chunks the
+ * sequence.  Timed in batches of 32 operations; the live bytes' peak is
+ * followed at every allocation, and between batches, untimed, the device's
+ * used memory is sampled for its peak (memory is mapped at allocations, so
+ * the peak at a batch's end is the batch's unless the allocator unmapped
+ * in it), their ratio noted after the first tenth of the operations (so
+ * that a run ten times as long shows whether it creeps), and the chunks the
  * allocator mapped or unmapped in the batch are counted where it says. */
 static void run_shape(balloc *a, const bcase *c, bresult *r)
 {
@@ -505,6 +507,8 @@ static void run_shape(balloc *a, const bcase *c, bresult *r)
                 }
                 lsz[nlive++] = size;
                 live_bytes += size;
+                if (live_bytes > peak_live)
+                    peak_live = live_bytes;
             } else {
                 if (a->free(a, live[j])) {
                     failed = 1;
@@ -517,8 +521,6 @@ static void run_shape(balloc *a, const bcase *c, bresult *r)
         }
         if (k)
             v[nv++] = (bench_now_ns() - t0) / k;
-        if (live_bytes > peak_live)
-            peak_live = live_bytes;
         uint64_t u = bench_device_used(); /* between batches, untimed */
         if (u > base_used && u - base_used > peak_held)
             peak_held = u - base_used;
