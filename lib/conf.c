@@ -95,7 +95,7 @@ static const struct key keys[] = {
     {"max_chunk", F_U64, FIELD(max_chunk_bytes), parse_size, 2 * MiB, UINT64_MAX, 2 * MiB, 0, NULL,
      "a size that is a multiple of 2MiB, at least 2MiB, e.g. 1GiB"},
     {"slab_max", F_U64, FIELD(slab_max_bytes), parse_size, 256, 64 * MiB, 0, 0, NULL,
-     "a size from 256B to 64MiB, e.g. 8MiB (rounded up to a size class)"},
+     "a size from 256B to 64MiB, e.g. 4KiB (rounded up to a size class)"},
     {"cache_limit", F_U64, FIELD(cache_limit_bytes), parse_size, 0, UINT64_MAX, 0, 0, NULL,
      "a size, e.g. 1GiB (0: keep no free memory mapped)"},
     {"decay_ms", F_U32, FIELD(decay_ms), parse_uint, 0, UINT32_MAX, 0, 0, NULL,

@@ -39,7 +39,7 @@ typedef struct outcome {
 static outcome replay(const shape *s)
 {
     outcome o = {0, 0, 0};
-    fabpool_t *p = t_pool("");
+    fabpool_t *p = t_pool("reserve:32GiB"); /* valgrind cannot reserve 8x a 12 GiB device */
     if (!p)
         return o;
     int cap = shape_max_live(s);
@@ -145,9 +145,15 @@ int main(int argc, char **argv)
             st.factors[f] = (int)draw(1, 4);
             fmax = st.factors[f] > fmax ? st.factors[f] : fmax;
         }
+        int fsum = 0;
+        for (int f = 0; f < st.n_factors; f++)
+            fsum += st.factors[f];
+        uint64_t hi = 128 * MB / st.unit / (uint64_t)fmax, step_hi = 4096 * MB / st.unit / (uint64_t)(st.layers * fsum);
         st.len_lo = (int)(2 * MB / st.unit);
-        st.len_hi = (int)(128 * MB / st.unit / (uint64_t)fmax);
+        st.len_hi = (int)(hi < step_hi ? hi : step_hi); /* a step of at most 4 GiB: the test's device is 12 GiB */
         st.len_lo = (int)draw((uint64_t)st.len_lo, (uint64_t)st.len_lo * 4);
+        if (st.len_lo > st.len_hi)
+            st.len_lo = st.len_hi;
         one("steps", &st, 1.02, 64 * MB, creep);
     }
     printf("test_layout: worst peak held / peak live: uniform %.4f, normal %.4f, log-uniform %.4f, steps %.4f\n",
