@@ -94,6 +94,12 @@ static void break_slabs(fabpool_t *p, void **live, fp_span *s)
     expect_broken(p, "[slab.shape]", "slab of another class");
     s->cls ^= 1;
 
+    fp_arena *ma = &p->heap.arenas[FP_ARENA_MEDIUM];
+    fp_piece *run = fp_addrmap_del(&ma->blocks, s->base); /* the slab's run no longer a block of its arena */
+    expect_broken(p, "[slab.arena]", "slab not a block of the medium arena");
+    fp_addrmap_reserve(&ma->blocks, 1);
+    fp_addrmap_put(&ma->blocks, s->base, run);
+
     /* the thread cache: a block twice in a bin, a block of another class */
     fp_tcache *tc = p->alloc.tcaches;
     CHECK(tc != NULL);
@@ -206,6 +212,10 @@ static void break_arenas(fabpool_t *p)
     f->bin = bin ^ 1;
     expect_broken(p, "[arena.bin]", "free range in another bin");
     f->bin = bin;
+
+    a->summary ^= 1ull << (bin / 64);
+    expect_broken(p, "[arena.bin]", "bitmap summary bit");
+    a->summary ^= 1ull << (bin / 64);
 
     /* a free range split in two touching pieces */
     fp_piece *half = calloc(1, sizeof *half);
