@@ -132,7 +132,8 @@ typedef struct fabpool_options {
     fabpool_handle_type handle_type;   /* (handle_type: auto|none|posix_fd|fabric) */
     uint32_t max_waste_percent;    /* chunk rounding: at most this much over what was asked (max_waste) */
     uint64_t max_chunk_bytes;      /* largest physical chunk a growable buffer maps at once (max_chunk) */
-    uint64_t slab_max_bytes;       /* sizes up to this (rounded up to a class) come from slabs; above, large blocks (slab_max) */
+    uint64_t slab_max_bytes;       /* sizes up to this (rounded up to a class) come from slabs; above, blocks cut
+                                      by best fit, their size rounded up to 256 bytes (slab_max) */
     uint64_t cache_limit_bytes;    /* most free memory kept mapped for reuse (cache_limit); see decay_ms */
     uint32_t shrink_hysteresis_percent; /* a shrunk buffer keeps up to this much over its size mapped (shrink_hysteresis) */
     uint32_t thread_cache;         /* 1: per-thread caches of small blocks (thread_cache) */
@@ -150,8 +151,8 @@ typedef struct fabpool_options {
                                       before the FABPOOL_CONF environment variable (may be NULL) */
     uint32_t decay_ms;             /* free memory not reused for this long goes back to the driver;
                                       0: at once (decay_ms) */
-    uint32_t large_slack_percent;  /* free large-block memory that a miss leaves mapped, in percent of the
-                                      live large blocks; beyond it a miss trades free chunks for the new
+    uint32_t large_slack_percent;  /* free memory a miss leaves mapped in each arena, in percent of that
+                                      arena's live blocks; beyond it a miss trades free chunks for the new
                                       block's (large_slack) */
     uint32_t sleep_keep_host;      /* 1: wake keeps the pinned host copies for the next sleep with offload,
                                       which reuses them when every chunk finds a piece of its size
@@ -194,11 +195,22 @@ FABPOOL_API fabpool_handle_type fabpool_handle_type_of(const fabpool_t *pool);
 
 /* ------------------------------------------------------ size-class blocks */
 
-/* Allocates size bytes of device memory.  Sizes up to slab_max (8 MiB by
- * default) come from slabs of size classes spaced four per doubling; larger
- * ones are blocks of their own, their size rounded up to the granularity
- * (2 MiB).  For every size above 256 bytes, the block's usable size is at
- * most 1.25x the size asked.
+/* Allocates size bytes of device memory.  Sizes up to slab_max (4 KiB by
+ * default) come from slabs of size classes spaced four per doubling, cached
+ * per thread; larger ones are cut by best fit from an arena of blocks (up to
+ * 256 KiB, the medium arena; above, the large one), their size rounded up to
+ * 256 bytes, free neighbours merged.
+ * The worst case of this layout, per block: a block of size s gets at most
+ * 1.25 s for s from 257 to slab_max (its class: 2^k + 1 bytes get
+ * 1.25 x 2^k), and s rounded up to 256 bytes above slab_max (at most s +
+ * 255: at most 1.06 s).  A block alone in its pool maps at most s rounded up
+ * to the granularity (2 MiB) plus one granule.  Beyond the blocks, a pool
+ * maps the free ranges that best fit leaves between live blocks (on
+ * fabpool_bench's shapes 3-7 % of the live bytes, docs/performance.md), up
+ * to large_slack of free chunks per arena that no miss traded away, and,
+ * while an arena grows fast, what a miss maps ahead of it: at most 4 MiB
+ * in the medium arena, 64 MiB in the large one for blocks under 8 MiB
+ * (docs/design.md, "Blocks above slab_max").
  * Alignment: 256 bytes (what cudaMalloc promises) for every size up to 256,
  * every multiple of 256, and every size above 896; a size from 257 to 896
  * that is not a multiple of 256 gets the natural alignment of its class:
@@ -227,7 +239,7 @@ FABPOOL_API fabpool_status fabpool_free(fabpool_t *pool, void *ptr);
  * cudaFreeAsync.
  * fabpool_alloc_on_stream allocates for work on `stream`: a block freed on
  * `stream` of the same size class (above slab_max: of at least the size
- * rounded to the granularity and at most 1.25x the size) first, else as
+ * rounded up to 256 bytes and at most 1.25x the size) first, else as
  * fabpool_alloc does.  The same alignment and size rules as fabpool_alloc.
  * A foreign, interior or already freed pointer is refused
  * (FABPOOL_ERR_NOT_FOUND, FABPOOL_ERR_DOUBLE_FREE) and nothing changes;
@@ -270,15 +282,17 @@ FABPOOL_API fabpool_status fabpool_free_on_stream(fabpool_t *pool, void *ptr, vo
  * recorded block, a large block's free asks the records only while any
  * block has them). */
 FABPOOL_API fabpool_status fabpool_record_stream(fabpool_t *pool, void *ptr, void *stream);
-/* The size a block was given (>= the size asked; <= 1.25x it above 256 B). */
+/* The size a block was given (>= the size asked; <= 1.25x it above 256 B; the size rounded up to 256 B above
+ * slab_max, or up to 1.25x it for a block fabpool_alloc_on_stream took back from its stream). */
 FABPOOL_API fabpool_status fabpool_usable_size(fabpool_t *pool, const void *ptr, size_t *out);
 
 /* Returns free cached memory to the driver until at most keep_bytes of it stay
  * mapped (0: all).  Flushes the calling thread's cache first; other threads'
  * caches are flushed when they next call the pool or exit.  Memory is
  * unmapped by whole chunks: free memory that shares a slab with live blocks,
- * or a large chunk (32 MiB on a 2 MiB granularity) with a live large block,
- * stays mapped until they are freed.  Without a call, free memory goes back
+ * or a chunk with a live block (a chunk is up to 64 MiB where an arena grew
+ * fast, else a quarter of the block it was mapped for), stays mapped until
+ * they are freed.  Without a call, free memory goes back
  * by itself once unused for decay_ms (docs/config.md). */
 FABPOOL_API fabpool_status fabpool_trim(fabpool_t *pool, size_t keep_bytes);
 /* Returns the calling thread's cached blocks to the pool. */
@@ -355,8 +369,8 @@ FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
  *
  * fabpool_sleep waits for the GPU work on `stream` (a CUstream; NULL: the
  * whole context) to finish, returns the free cached memory to the driver (as
- * fabpool_trim(pool, 0)), and then, for every chunk still mapped (slabs, the
- * chunks of large blocks, the chunks of growable buffers), copies its bytes to
+ * fabpool_trim(pool, 0)), and then, for every chunk still mapped (the chunks
+ * of the arenas of slabs and blocks, the chunks of growable buffers), copies its bytes to
  * pinned host memory first (FABPOOL_SLEEP_OFFLOAD; VMM host NUMA memory of
  * the node next to the device), unmaps it and releases its physical memory.
  * Every address stays reserved, every block and buffer stays allocated.
@@ -407,19 +421,19 @@ FABPOOL_API fabpool_status fabpool_sleep_state(fabpool_t *pool, fabpool_sleep_in
 
 /* ------------------------------------------------------------------- stats */
 
-#define FABPOOL_NUM_CLASSES 128  /* slab and large size classes reported */
+#define FABPOOL_NUM_CLASSES 128  /* slab classes and classes of larger blocks reported */
 #define FABPOOL_NUM_DRIVER_CALLS 40
 
-/* One row per slab class in use, then one per class of the grid that large
- * blocks (above slab_max) fall in: a large row counts the blocks whose size
- * (a multiple of the granularity) is above the class below and at most
- * `size`; large blocks have no cached blocks or slabs of their own (their free
- * memory is merged into free ranges, counted in cached_bytes). */
+/* One row per slab class in use, then one per class of the grid that blocks
+ * above slab_max fall in: such a row counts the blocks whose size (a
+ * multiple of 256 bytes) is above the class below and at most `size`; they
+ * have no cached blocks or slabs of their own (their free memory is merged
+ * into free ranges, counted in cached_bytes). */
 typedef struct fabpool_class_stats {
     uint64_t size;        /* class size in bytes; 0 ends the list */
     uint64_t in_use;      /* blocks given out */
-    uint64_t cached;      /* slab classes: free blocks kept mapped (slabs, thread caches); large: 0 */
-    uint64_t slabs;       /* slab classes: slabs mapped; large: 0 */
+    uint64_t cached;      /* slab classes: free blocks kept mapped (slabs, thread caches); others: 0 */
+    uint64_t slabs;       /* slab classes: slabs mapped; others: 0 */
     uint64_t allocs;      /* allocations served, all time */
 } fabpool_class_stats;
 
@@ -432,16 +446,16 @@ typedef struct fabpool_stats {
     uint64_t in_use_bytes;          /* bytes of blocks given out (size classes) + buffer sizes asked */
     uint64_t in_use_bytes_peak;     /* the most bytes in use since creation or fabpool_reset_peak, kept as
                                        allocations happen (never below the true high-water mark of in_use_bytes).
-                                       Large blocks and buffers are counted when they are given out or grow;
+                                       Blocks above slab_max and buffers are counted when they are given out or grow;
                                        slab blocks when they leave their class: without a thread cache
                                        (thread_cache:0, the PyTorch shim) that is when each is given out, so the
                                        mark is exact; with one, a cache takes up to half a bin at a refill, so the
                                        mark may exceed the true one by the free blocks thread caches held at its
                                        moment: at most, per thread and slab class, a bin of min(64, max(2, 8 MiB /
-                                       class size)) blocks (about 8 MiB; 16 MiB for the 8 MiB class), no matter
-                                       how long the run.  The thread-cache hit of fabpool_alloc / fabpool_free
+                                       class size)) blocks (64 blocks, 256 KiB at most, for the default slab_max
+                                       of 4 KiB), no matter how long the run.  The thread-cache hit of fabpool_alloc / fabpool_free
                                        counts nothing. */
-    uint64_t cached_bytes;          /* mapped but free: slabs, free large ranges, buffer hysteresis */
+    uint64_t cached_bytes;          /* mapped but free: slabs, the arenas' free ranges, buffer hysteresis */
     uint64_t retiring_bytes;        /* buffer chunks waiting for GPU work before unmap */
     uint64_t stream_pending_bytes;  /* blocks freed on a stream, waiting for its work (fabpool_free_on_stream);
                                        part of in_use_bytes: the pool counts them live until then */
@@ -506,8 +520,8 @@ FABPOOL_API fabpool_status fabpool_device_count(int *out);
  * the reservation made). */
 FABPOOL_API fabpool_status fabpool_print_stats(fabpool_t *pool, FILE *out, int json);
 /* Walks the pool's structures under its locks and verifies their invariants
- * (slabs' free counts, flags and stacks; class lists; the page map; large
- * blocks and their chunks; buffers' chunks; the address space; the pool's
+ * (slabs' free counts, flags and stacks; class lists; the page map; the
+ * arenas' runs, bins, blocks and chunks; buffers' chunks; the address space; the pool's
  * counters against what the walk adds up), like TLSF's tlsf_check.
  * FABPOOL_OK, or FABPOOL_ERR_CORRUPT with a message that names the first
  * broken invariant in brackets ("[slab.flags] ...").  It takes time in

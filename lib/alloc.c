@@ -608,13 +608,17 @@ fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
     fp_alloc *a = A(p);
     if (!a || !ptr || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_usable_size: the pool, the pointer or the output is NULL");
-    uint64_t addr = (uint64_t)(uintptr_t)ptr;
+    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
     fp_span *s = fp_map_get(&a->map, addr);
     uint32_t idx;
-    if (!s || (s->kind == FP_SPAN_SLAB ? !fp_slab_index(s, addr, &idx)
-                                        : addr != s->base || atomic_load(&s->in_use) != FP_LARGE_LIVE))
+    if (s && s->kind != FP_SPAN_SLAB) {
+        fabpool_status st = fp_large_usable(a->heap, addr, &usable, "fabpool_usable_size");
+        *out = (size_t)usable;
+        return st;
+    }
+    if (!s || !fp_slab_index(s, addr, &idx))
         return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_usable_size(%p): not a block this pool gave out", ptr);
-    *out = s->kind == FP_SPAN_SLAB ? (size_t)s->obj_q << FP_QUANTUM_SHIFT : (size_t)s->size;
+    *out = (size_t)s->obj_q << FP_QUANTUM_SHIFT;
     return FABPOOL_OK;
 }
 
@@ -623,20 +627,18 @@ fabpool_status fp_alloc_live_block(fp_alloc *a, uint64_t addr, uint64_t *usable,
     fp_span *s = fp_map_get(&a->map, addr);
     if (!s)
         return not_ours(a, fn, (void *)(uintptr_t)addr);
+    if (s->kind != FP_SPAN_SLAB)
+        return fp_large_live_locked(a->heap, addr, usable, fn);
     uint32_t idx = 0;
-    int slab = s->kind == FP_SPAN_SLAB;
-    uint64_t size = slab ? (uint64_t)s->obj_q << FP_QUANTUM_SHIFT : s->size;
-    if (slab ? !fp_slab_index(s, addr, &idx) : addr != s->base)
+    uint64_t size = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
+    if (!fp_slab_index(s, addr, &idx))
         return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer into a block of %llu bytes; give the "
-                        "pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr,
-                        (unsigned long long)(slab ? size : s->size));
-    unsigned state = slab ? atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed)
-                          : atomic_load(&s->in_use);
-    int pending = slab ? state == FP_FREEFLAG_PENDING : state == FP_LARGE_PENDING;
-    if (slab ? state != FP_FREEFLAG_USED : state != FP_LARGE_LIVE)
+                        "pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr, (unsigned long long)size);
+    unsigned state = atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed);
+    if (state != FP_FREEFLAG_USED && state != FP_FREEFLAG_RECORDED)
         return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this %llu-byte block is free%s; only a live block can be "
                         "used", fn, (void *)(uintptr_t)addr, (unsigned long long)size,
-                        pending ? " (freed on a stream and waiting for its work)" : "");
+                        state == FP_FREEFLAG_PENDING ? " (freed on a stream and waiting for its work)" : "");
     *usable = size;
     return FABPOOL_OK;
 }
@@ -658,7 +660,7 @@ static void unpend(fp_alloc *a, uint64_t ptr)
         fp_slab_index(s, ptr, &idx);
         atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_USED, memory_order_relaxed);
     } else if (s) {
-        atomic_store_explicit(&s->in_use, FP_LARGE_LIVE, memory_order_relaxed);
+        fp_large_unpend(a->heap, ptr);
     }
 }
 
@@ -729,7 +731,7 @@ static uint32_t stream_class(const fp_alloc *a, size_t size, uint64_t *need, uin
         *need = *max = 0;
         return fp_class_of(size);
     }
-    *need = fp_round_up(size, a->sp->gran);
+    *need = fp_large_size(a->heap, size);
     *max = (uint64_t)size + size / 4;
     if (*max < *need)
         *max = *need;
@@ -821,12 +823,6 @@ static fabpool_status live_block(fp_alloc *a, fp_span *s, uint64_t addr, const c
     *recorded = s->kind == FP_SPAN_SLAB ? 0 : fp_retire_any_used(a->retire);
     if (s->kind != FP_SPAN_SLAB) {
         *cls = FP_RETIRE_LARGE;
-        /* a live block's piece does not change while it is live: read without the lock (as
-         * fabpool_usable_size does; the free checks again under it), which is taken for the refusal only */
-        if (addr == s->base && atomic_load_explicit(&s->in_use, memory_order_relaxed) == FP_LARGE_LIVE) {
-            *usable = s->size;
-            return FABPOOL_OK;
-        }
         return fp_large_check(a->heap, addr, fn, usable);
     }
     uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
@@ -879,8 +875,11 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
         /* the owner: freed into the pool at once (the next unmap or foreign allocation fences); with streams
          * recorded besides it, it waits for them */
         if (FP_UNLIKELY(a->trace)) {
-            FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr,
-                     s->kind == FP_SPAN_SLAB ? (uint64_t)s->obj_q << FP_QUANTUM_SHIFT : s->size, stream);
+            if (s->kind == FP_SPAN_SLAB)
+                usable = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
+            else if (!checked)
+                (void)fp_large_usable(a->heap, addr, &usable, "fabpool_free_on_stream"); /* a bad pointer: refused below */
+            FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream);
             FP_TRACE_POOL(a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
         }
         if ((st = free_block(a, s, addr, "fabpool_free_on_stream", 1, stream, &queued)) == FABPOOL_OK && !queued)

@@ -39,7 +39,7 @@ static inline size_t fp_array_lower(const void *items, size_t n, size_t elem, si
     }
     return lo;
 }
-/* FP_ARRAY_LOWER(h->lchunks, h->n_lchunks, fp_lchunk, va, addr) */
+/* FP_ARRAY_LOWER(a->chunks, a->n_chunks, fp_lchunk, va, addr) */
 #define FP_ARRAY_LOWER(arr, n, type, field, key) \
     fp_array_lower((arr), (n), sizeof(type), offsetof(type, field), (key))
 

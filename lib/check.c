@@ -64,15 +64,15 @@ static int tc_cmp(const void *a, const void *b)
 
 typedef struct walk {
     struct fabpool *p;
-    ival *iv;                 /* address space in use: slabs, large pieces, buffer and view windows */
+    ival *iv;                 /* address space in use: arena runs, buffer and view windows */
     size_t n_iv, cap_iv;
     tc_ref *tc;               /* blocks in the calling thread's caches, sorted by slab */
     size_t n_tc, tc_found;
     int exact;                /* no other thread's cache is listed: every free flag is accounted for */
     int suspect;              /* more blocks flagged pending than queued, with exact: confirmed by a new walk */
     unsigned char *seen;      /* a byte per block of the slab being checked */
-    uint64_t n_spans;         /* slabs and large pieces: granules they own in the page map */
-    uint64_t map_granules;
+    uint64_t map_pages;       /* pages of the arenas' chunks: what the page map holds */
+    uint64_t n_slabs, slab_bytes; /* slabs: blocks of the medium arena that are not the heap's blocks */
     uint64_t n_chunks, chunk_bytes;   /* mappings the pool counts */
     uint64_t pending;         /* slab blocks and large blocks freed on a stream, not yet reusable */
     uint64_t recorded;        /* live blocks with recorded streams (fabpool_record_stream) */
@@ -159,36 +159,34 @@ static fabpool_status check_va_used(walk *w)
 
 /* ------------------------------------------------------------ page map */
 
-/* Every granule of span s points at s. */
-static fabpool_status check_map_span(walk *w, const fp_span *s, const char *what)
-{
-    const struct fabpool *p = w->p;
-    for (uint64_t a = s->base; a < s->base + s->size; a += p->sp.gran) {
-        const fp_span *m = (const fp_span *)fp_map_get(&p->sp.map, a);
-        if (m != s)
-            return FAIL("[map.span] the page map sends 0x%llx, in %s [0x%llx, +%llu), to %s%p", ULL(a), what,
-                        ULL(s->base), ULL(s->size), m ? "another span " : "nothing ", (const void *)m);
-    }
-    w->map_granules += s->size >> p->sp.gran_shift;
-    return FABPOOL_OK;
-}
-
-/* Every slab and large piece owns its granules (run once the spans were
- * found apart: two spans over one granule are reported as an overlap). */
+/* Every page of every arena chunk points at the arena's sentinel, or at the
+ * slab that holds it; every page of a slab points at the slab. */
 static fabpool_status check_map_spans(walk *w)
 {
     const struct fabpool *p = w->p;
-    fabpool_status st = FABPOOL_OK;
-    for (const fp_span *s = p->heap.spans; s && st == FABPOOL_OK; s = s->all_next)
-        st = check_map_span(w, s, "a slab");
-    for (const fp_span *s = p->heap.large_live; s && st == FABPOOL_OK; s = s->next)
-        st = check_map_span(w, s, "a large block");
-    for (const fp_span *s = p->heap.large_free; s && st == FABPOOL_OK; s = s->next)
-        st = check_map_span(w, s, "a free large range");
-    return st;
+    uint64_t page = 1ull << p->sp.page_shift;
+    for (int i = 0; i < FP_NARENAS; i++) {
+        const fp_arena *a = &p->heap.arenas[i];
+        for (size_t k = 0; k < a->n_chunks; k++)
+            for (uint64_t at = a->chunks[k].va; at < a->chunks[k].va + a->chunks[k].size; at += page) {
+                const fp_span *m = (const fp_span *)fp_map_get(&p->sp.map, at);
+                if (m == a->sentinel)
+                    continue;
+                if (!(i == FP_ARENA_MEDIUM && m && m->kind == FP_SPAN_SLAB && at >= m->base && at < m->base + m->size))
+                    return FAIL("[map.span] the page map sends 0x%llx, in a chunk of %s, to %s%p", ULL(at), a->name,
+                                m ? "another span " : "nothing ", (const void *)m);
+            }
+        w->map_pages += a->mapped_bytes >> p->sp.page_shift;
+    }
+    for (const fp_span *s = p->heap.spans; s; s = s->all_next)
+        for (uint64_t at = s->base; at < s->base + s->size; at += page)
+            if ((const fp_span *)fp_map_get(&p->sp.map, at) != s)
+                return FAIL("[map.span] the page map sends 0x%llx, in the slab [0x%llx, +%llu), elsewhere", ULL(at),
+                            ULL(s->base), ULL(s->size));
+    return FABPOOL_OK;
 }
 
-/* Nothing else in the page map: it holds as many entries as the spans own. */
+/* Nothing else in the page map: it holds as many entries as the arenas' chunks have pages. */
 static fabpool_status check_map_rest(walk *w)
 {
     const struct fabpool *p = w->p;
@@ -200,9 +198,9 @@ static fabpool_status check_map_rest(walk *w)
         for (unsigned g = 0; g < FP_MAP_LEAF; g++)
             if (atomic_load_explicit(&leaf[g], memory_order_relaxed)) {
                 n++;
-                if (n > w->map_granules)
-                    return FAIL("[map.stray] the page map sends 0x%llx to a span, but no slab or large piece is "
-                                "there", ULL(p->sp.va.base + (((i << FP_MAP_LEAF_SHIFT) + g) << p->sp.gran_shift)));
+                if (n > w->map_pages)
+                    return FAIL("[map.stray] the page map sends 0x%llx to a span, but no chunk of the heap is there",
+                                ULL(p->sp.va.base + (((i << FP_MAP_LEAF_SHIFT) + g) << p->sp.page_shift)));
             }
     }
     return FABPOOL_OK;
@@ -394,7 +392,7 @@ static fabpool_status check_slabs(walk *w, uint64_t *idle)
     if (!w->seen)
         return HOST_FAIL();
     const fp_span *prev = NULL;
-    uint64_t guard = 0, out = 0;
+    uint64_t guard = 0, n_all = 0, out = 0;
     for (const fp_span *s = p->heap.spans; s; prev = s, s = s->all_next) {
         if (++guard > (1u << 26))
             return FAIL("[slab.all] the list of every slab does not end");
@@ -408,8 +406,10 @@ static fabpool_status check_slabs(walk *w, uint64_t *idle)
             return FAIL("[slab.shape] slab 0x%llx of class %u: %llu bytes, %u blocks of %llu; the class has %llu, %u "
                         "of %llu", ULL(s->base), s->cls, ULL(s->size), s->nobj, ULL((uint64_t)s->obj_q << FP_QUANTUM_SHIFT),
                         ULL(c->slab_size), c->nobj, ULL(c->obj_size));
-        if ((s->base - p->sp.va.base) & (p->sp.gran - 1))
-            return FAIL("[slab.align] slab 0x%llx is not on a granule", ULL(s->base));
+        const fp_piece *run = fp_arena_block(&p->heap.arenas[FP_ARENA_MEDIUM], s->base);
+        if (!run || run->state != FP_LARGE_LIVE || run->size != s->size || (s->base & ((1ull << p->sp.page_shift) - 1)))
+            return FAIL("[slab.arena] slab 0x%llx of %llu bytes is not a page-aligned block of the medium arena given "
+                        "out (%s)", ULL(s->base), ULL(s->size), run ? "one of another size or state" : "none starts there");
         if (s->nfree > s->nobj)
             return FAIL("[slab.count] slab 0x%llx: %u free of %u blocks", ULL(s->base), s->nfree, s->nobj);
         int want = s->nfree == 0 ? FP_LIST_FULL : s->nfree == s->nobj ? FP_LIST_EMPTY : FP_LIST_PARTIAL;
@@ -423,13 +423,12 @@ static fabpool_status check_slabs(walk *w, uint64_t *idle)
         if (want == FP_LIST_EMPTY)
             *idle += s->size;
         fabpool_status st = check_slab_blocks(w, s);
-        if (st == FABPOOL_OK && iv_add(w, s->base, s->size, "a slab", s) != 0)
-            st = HOST_FAIL();
         if (st != FABPOOL_OK)
             return st;
-        w->n_chunks++;
-        w->chunk_bytes += s->size;
+        n_all++;
+        w->slab_bytes += s->size;
     }
+    w->n_slabs = n_all;
     if (w->tc_found != w->n_tc)
         return FAIL("[tcache.block] thread caches hold %llu blocks of spans that are not slabs of this pool",
                     ULL(w->n_tc - w->tc_found));
@@ -470,127 +469,156 @@ static fabpool_status check_slabs(walk *w, uint64_t *idle)
     return FABPOOL_OK;
 }
 
-/* ------------------------------------------------------------ large blocks */
+/* ------------------------------------------------------------ arenas */
 
-static fabpool_status check_large(walk *w, uint64_t *idle)
+/* The chunks of arena a: sorted, apart, in whole granules, in the reservation. */
+static fabpool_status check_arena_chunks(walk *w, const fp_arena *a)
 {
-    struct fabpool *p = w->p;
-    uint64_t live = 0, nlive = 0, freeb = 0;
-    ival *pieces = NULL;
-    size_t n = 0, cap = 0;
-    fabpool_status st = FABPOOL_OK;
-    const fp_span *heads[2] = {p->heap.large_live, p->heap.large_free};
-    for (int l = 0; l < 2 && st == FABPOOL_OK; l++) {
-        const fp_span *pv = NULL;
-        for (const fp_span *s = heads[l]; s && st == FABPOOL_OK; pv = s, s = s->next) {
-            uint32_t want = l == 0 ? FP_LARGE_LIVE : FP_LARGE_FREE;
-            uint32_t state = atomic_load_explicit(&s->in_use, memory_order_relaxed);
-            if (l == 0 && state == FP_LARGE_PENDING) { /* freed on a stream: live until its event (retire.h) */
-                state = FP_LARGE_LIVE;
-                w->pending++;
-            } else if (l == 0 && fp_retire_any_used(&p->retire)) {
-                w->recorded += (uint64_t)fp_retire_used_locked(&p->retire, s->base);
-            }
-            if (s->kind != FP_SPAN_LARGE || state != want || s->prev != pv)
-                st = FAIL("[large.list] the %s list holds a piece at 0x%llx of kind %u, state %u (or its back link is "
-                          "wrong)", l ? "free" : "live", ULL(s->base), s->kind, state);
-            else if (!s->size || ((s->base - p->sp.va.base) | s->size) & (p->sp.gran - 1))
-                st = FAIL("[large.align] large piece [0x%llx, +%llu) is empty or not in whole granules", ULL(s->base),
-                          ULL(s->size));
-            if (st != FABPOOL_OK)
-                break;
-            if (n == cap) {
-                cap = cap ? cap * 2 : 64;
-                ival *q = realloc(pieces, cap * sizeof *q);
-                if (!q) {
-                    st = HOST_FAIL();
-                    break;
-                }
-                pieces = q;
-            }
-            pieces[n++] = (ival){s->base, s->base + s->size, l ? "a free large range" : "a large block", s};
-            if (n > (1u << 26)) {
-                st = FAIL("[large.list] the %s list does not end", l ? "free" : "live");
-                break;
-            }
-            if (l == 0) {
-                live += s->size;
-                nlive++;
-            } else {
-                freeb += s->size;
-            }
-            if (iv_add(w, s->base, s->size, pieces[n - 1].what, s) != 0)
-                st = HOST_FAIL();
-        }
-    }
-    if (st == FABPOOL_OK) {
-        if (n)
-            qsort(pieces, n, sizeof *pieces, ival_cmp);
-        for (size_t i = 1; i < n && st == FABPOOL_OK; i++) {
-            const fp_span *a = pieces[i - 1].obj, *b = pieces[i].obj;
-            if (pieces[i].lo < pieces[i - 1].hi)
-                st = FAIL("[large.overlap] %s [0x%llx, 0x%llx) overlaps %s [0x%llx, 0x%llx)", pieces[i - 1].what,
-                          ULL(pieces[i - 1].lo), ULL(pieces[i - 1].hi), pieces[i].what, ULL(pieces[i].lo),
-                          ULL(pieces[i].hi));
-            else if (pieces[i].lo == pieces[i - 1].hi && atomic_load(&a->in_use) == FP_LARGE_FREE &&
-                     atomic_load(&b->in_use) == FP_LARGE_FREE)
-                st = FAIL("[large.merge] free large ranges at 0x%llx and 0x%llx touch and were not merged",
-                          ULL(a->base), ULL(b->base));
-        }
-    }
-    if (st == FABPOOL_OK && live != atomic_load(&p->heap.large_in_use_bytes))
-        st = FAIL("[large.in_use] live large blocks add up to %llu bytes, large_in_use says %llu", ULL(live),
-                  ULL(atomic_load(&p->heap.large_in_use_bytes)));
-    if (st == FABPOOL_OK && nlive != atomic_load(&p->heap.large_blocks))
-        st = FAIL("[large.in_use] %llu live large blocks, large_blocks says %llu", ULL(nlive),
-                  ULL(atomic_load(&p->heap.large_blocks)));
-    if (st == FABPOOL_OK && freeb != p->heap.large_free_bytes)
-        st = FAIL("[large.free_bytes] free large ranges add up to %llu bytes, large_free_bytes says %llu", ULL(freeb),
-                  ULL(p->heap.large_free_bytes));
-    *idle += freeb;
-    /* the chunks: sorted, apart, and mapping exactly what the pieces cover */
-    for (size_t i = 0; i < p->heap.n_lchunks && st == FABPOOL_OK; i++) {
-        const fp_lchunk *c = &p->heap.lchunks[i];
+    const struct fabpool *p = w->p;
+    uint64_t sum = 0;
+    for (size_t i = 0; i < a->n_chunks; i++) {
+        const fp_lchunk *c = &a->chunks[i];
         if (!c->size || ((c->va - p->sp.va.base) | c->size) & (p->sp.gran - 1) || c->va < p->sp.va.base ||
             c->va + c->size > p->sp.va.base + p->sp.va.size)
-            st = FAIL("[lchunk.range] large chunk %zu [0x%llx, +%llu) is empty, not in whole granules or outside the "
-                      "reservation", i, ULL(c->va), ULL(c->size));
-        else if (i && c->va < p->heap.lchunks[i - 1].va + p->heap.lchunks[i - 1].size)
-            st = FAIL("[lchunk.sorted] large chunks %zu [0x%llx, +%llu) and %zu [0x%llx, +%llu) are not sorted or "
-                      "overlap", i - 1, ULL(p->heap.lchunks[i - 1].va), ULL(p->heap.lchunks[i - 1].size), i, ULL(c->va),
-                      ULL(c->size));
+            return FAIL("[arena.chunk] chunk %zu of %s [0x%llx, +%llu) is empty, not in whole granules or outside the "
+                        "reservation", i, a->name, ULL(c->va), ULL(c->size));
+        if (i && c->va < a->chunks[i - 1].va + a->chunks[i - 1].size)
+            return FAIL("[arena.chunk] chunks %zu [0x%llx, +%llu) and %zu [0x%llx, +%llu) of %s are not sorted or "
+                        "overlap", i - 1, ULL(a->chunks[i - 1].va), ULL(a->chunks[i - 1].size), i, ULL(c->va),
+                        ULL(c->size), a->name);
+        sum += c->size;
         w->n_chunks++;
         w->chunk_bytes += c->size;
     }
-    /* the union of the pieces equals the union of the chunks: walk both as runs */
-    size_t a = 0, b = 0;
-    while (st == FABPOOL_OK && (a < n || b < p->heap.n_lchunks)) {
-        uint64_t alo = 0, ahi = 0, blo = 0, bhi = 0;
-        if (a < n) {
-            alo = pieces[a].lo;
-            ahi = pieces[a++].hi;
-            while (a < n && pieces[a].lo == ahi)
-                ahi = pieces[a++].hi;
+    if (sum != a->mapped_bytes)
+        return FAIL("[arena.sums] the chunks of %s add up to %llu bytes, it counts %llu mapped", a->name, ULL(sum),
+                    ULL(a->mapped_bytes));
+    /* the runs are what the chunks map: both walked as maximal ranges */
+    size_t r = 0, k = 0;
+    while (r < a->n_runs || k < a->n_chunks) {
+        uint64_t rlo = 0, rhi = 0, clo = 0, chi = 0;
+        if (r < a->n_runs) {
+            rlo = a->runs[r].base;
+            rhi = rlo + a->runs[r++].size;
         }
-        if (b < p->heap.n_lchunks) {
-            blo = p->heap.lchunks[b].va;
-            bhi = blo + p->heap.lchunks[b++].size;
-            while (b < p->heap.n_lchunks && p->heap.lchunks[b].va == bhi)
-                bhi += p->heap.lchunks[b++].size;
+        if (k < a->n_chunks) {
+            clo = a->chunks[k].va;
+            chi = clo + a->chunks[k++].size;
+            while (k < a->n_chunks && a->chunks[k].va == chi)
+                chi += a->chunks[k++].size;
         }
-        if (alo != blo || ahi != bhi)
-            st = FAIL("[lchunk.cover] large pieces cover [0x%llx, 0x%llx) where the large chunks map [0x%llx, 0x%llx) "
-                      "(every piece is mapped by chunks, every chunk holds pieces)", ULL(alo), ULL(ahi), ULL(blo),
-                      ULL(bhi));
+        if (rlo != clo || rhi != chi)
+            return FAIL("[arena.cover] %s has a run [0x%llx, 0x%llx) where its chunks map [0x%llx, 0x%llx) (the "
+                        "runs are the mapped ranges, and runs that touch are one)", a->name, ULL(rlo), ULL(rhi),
+                        ULL(clo), ULL(chi));
     }
-    free(pieces);
-    return st;
+    return FABPOOL_OK;
+}
+
+/* The pieces of arena a's runs: linked in address order, covering each run,
+ * sizes and bases in quanta, free ones merged and in their bins, blocks in
+ * the table of blocks, the counters right. */
+static fabpool_status check_arena_pieces(walk *w, const fp_arena *a, uint64_t *idle)
+{
+    struct fabpool *p = w->p;
+    uint64_t freeb = 0, used = 0, nblocks = 0, nfree = 0;
+    for (size_t i = 0; i < a->n_runs; i++) {
+        const fp_run *r = &a->runs[i];
+        if (i && r->base <= a->runs[i - 1].base + a->runs[i - 1].size)
+            return FAIL("[arena.run] runs of %s at 0x%llx and 0x%llx are not sorted, overlap or touch", a->name,
+                        ULL(a->runs[i - 1].base), ULL(r->base));
+        if (iv_add(w, r->base, r->size, "an arena's run", r) != 0)
+            return HOST_FAIL();
+        uint64_t at = r->base, guard = 0;
+        const fp_piece *prev = NULL;
+        for (const fp_piece *q = r->head; q; prev = q, q = q->anext) {
+            if (++guard > (1ull << 32) || q->base != at || q->aprev != prev || !q->size ||
+                ((q->base | q->size) & (a->quantum - 1)) || q->base + q->size > r->base + r->size)
+                return FAIL("[arena.run] %s: the piece at 0x%llx (%llu bytes) does not follow the one before at "
+                            "0x%llx in its run [0x%llx, +%llu), or is not in whole quanta of %llu bytes", a->name,
+                            ULL(q->base), ULL(q->size), ULL(at), ULL(r->base), ULL(r->size), ULL(a->quantum));
+            at += q->size;
+            if (q->state == FP_LARGE_FREE) {
+                if (prev && prev->state == FP_LARGE_FREE)
+                    return FAIL("[arena.merge] %s: free ranges at 0x%llx and 0x%llx touch and were not merged",
+                                a->name, ULL(prev->base), ULL(q->base));
+                freeb += q->size;
+                nfree++;
+            } else if (q->state == FP_LARGE_LIVE || q->state == FP_LARGE_PENDING) {
+                if (fp_arena_block(a, q->base) != q)
+                    return FAIL("[arena.blocks] %s: the block at 0x%llx is not in its table of blocks", a->name,
+                                ULL(q->base));
+                used += q->size;
+                nblocks++;
+                w->pending += q->state == FP_LARGE_PENDING;
+                if (q->state == FP_LARGE_LIVE && fp_retire_any_used(&p->retire))
+                    w->recorded += (uint64_t)fp_retire_used_locked(&p->retire, q->base);
+            } else {
+                return FAIL("[arena.run] %s: the piece at 0x%llx is in state %u (held: only inside an allocation)",
+                            a->name, ULL(q->base), q->state);
+            }
+        }
+        if (at != r->base + r->size || prev != r->tail)
+            return FAIL("[arena.run] %s: the pieces of the run [0x%llx, +%llu) end at 0x%llx, or its last piece is not "
+                        "the one it names", a->name, ULL(r->base), ULL(r->size), ULL(at));
+    }
+    if (nblocks != a->blocks.n || nblocks != a->n_blocks)
+        return FAIL("[arena.blocks] %s: %llu blocks in its runs, %zu in its table, it counts %llu", a->name,
+                    ULL(nblocks), a->blocks.n, ULL(a->n_blocks));
+    /* every free range in the bin of its size, and nothing else in a bin */
+    uint64_t binned = 0;
+    for (unsigned k = 0; k < FP_ARENA_NBINS / 64; k++)
+        if (((a->summary >> k) & 1) != (a->bitmap[k] != 0))
+            return FAIL("[arena.bin] %s: word %u of its bitmap is %s but its summary bit says %d", a->name, k,
+                        a->bitmap[k] ? "set" : "clear", (int)((a->summary >> k) & 1));
+    for (unsigned b = 0; b < FP_ARENA_NBINS; b++) {
+        int bit = (a->bitmap[b / 64] >> (b % 64)) & 1;
+        if (bit != (a->bins[b] != NULL))
+            return FAIL("[arena.bin] %s: bin %u is %s but its bit says %d", a->name, b, a->bins[b] ? "full" : "empty",
+                        bit);
+        const fp_piece *pv = NULL;
+        for (const fp_piece *q = a->bins[b]; q; pv = q, q = q->next) {
+            if (++binned > nfree || q->state != FP_LARGE_FREE || q->bin != b || q->prev != pv ||
+                fp_arena_find(a, q->base) != q)
+                return FAIL("[arena.bin] %s: bin %u holds a piece at 0x%llx that is not one of its free ranges of "
+                            "that bin (or its back link is wrong)", a->name, b, ULL(q->base));
+        }
+    }
+    if (binned != nfree)
+        return FAIL("[arena.bin] %s: %llu free ranges in its runs, %llu in its bins", a->name, ULL(nfree),
+                    ULL(binned));
+    if (freeb != a->free_bytes || used != a->used_bytes)
+        return FAIL("[arena.sums] %s: its pieces add up to %llu free and %llu used bytes, it counts %llu and %llu",
+                    a->name, ULL(freeb), ULL(used), ULL(a->free_bytes), ULL(a->used_bytes));
+    *idle += freeb;
+    return FABPOOL_OK;
+}
+
+static fabpool_status check_arenas(walk *w, uint64_t *idle)
+{
+    struct fabpool *p = w->p;
+    uint64_t used = 0, blocks = 0;
+    for (int i = 0; i < FP_NARENAS; i++) {
+        const fp_arena *a = &p->heap.arenas[i];
+        fabpool_status st;
+        if ((st = check_arena_chunks(w, a)) != FABPOOL_OK || (st = check_arena_pieces(w, a, idle)) != FABPOOL_OK)
+            return st;
+        used += a->used_bytes;
+        blocks += a->n_blocks;
+    }
+    used -= w->slab_bytes;
+    blocks -= w->n_slabs;
+    if (used != atomic_load(&p->heap.large_in_use_bytes) || blocks != atomic_load(&p->heap.large_blocks))
+        return FAIL("[large.in_use] the arenas give out %llu blocks of %llu bytes besides the slabs, the heap counts "
+                    "%llu of %llu", ULL(blocks), ULL(used), ULL(atomic_load(&p->heap.large_blocks)),
+                    ULL(atomic_load(&p->heap.large_in_use_bytes)));
+    return FABPOOL_OK;
 }
 
 /* ------------------------------------------------------------ buffers and views */
 
 /* The chunks exported for blocks (fabpool_block_export): sorted, apart, each
- * under a slab or a large piece; *fds their fds. */
+ * under an arena's chunk; *fds their fds. */
 static fabpool_status check_kept(walk *w, uint64_t *fds)
 {
     struct fabpool *p = w->p;
@@ -599,7 +627,7 @@ static fabpool_status check_kept(walk *w, uint64_t *fds)
         const fp_xchunk *x = &p->ch.kept[i];
         if (!x->size || x->va < end || !fp_map_get(&p->sp.map, x->va) || !fp_map_get(&p->sp.map, x->va + x->size - 1))
             return FAIL("[chunk.kept] the chunk exported for a block at 0x%llx (%llu bytes) is empty, overlaps the one "
-                        "before, or lies outside every slab and large piece", ULL(x->va), ULL(x->size));
+                        "before, or lies outside every arena", ULL(x->va), ULL(x->size));
         if ((x->fd >= 0) != (p->ch.handle_type == FABPOOL_HANDLE_POSIX_FD))
             return FAIL("[chunk.kept] the chunk exported for a block at 0x%llx %s an fd in a pool of handle type %d",
                         ULL(x->va), x->fd >= 0 ? "keeps" : "lacks", (int)p->ch.handle_type);
@@ -723,14 +751,14 @@ static fabpool_status check_locked(walk *w)
     uint64_t idle = 0;
     fabpool_status st;
     if ((st = check_vaspace(w)) != FABPOOL_OK || (st = gather_tcaches(w)) != FABPOOL_OK ||
-        (st = check_slabs(w, &idle)) != FABPOOL_OK || (st = check_large(w, &idle)) != FABPOOL_OK ||
+        (st = check_slabs(w, &idle)) != FABPOOL_OK || (st = check_arenas(w, &idle)) != FABPOOL_OK ||
         (st = check_buffers(w)) != FABPOOL_OK || (st = check_views(w)) != FABPOOL_OK ||
         (st = check_va_used(w)) != FABPOOL_OK || (st = check_map_spans(w)) != FABPOOL_OK ||
         (st = check_map_rest(w)) != FABPOOL_OK)
         return st;
-    if (idle != atomic_load(&p->heap.idle_bytes))
-        return FAIL("[pool.idle] empty slabs and free large ranges add up to %llu bytes, idle_bytes says %llu",
-                    ULL(idle), ULL(atomic_load(&p->heap.idle_bytes)));
+    if (idle != fp_heap_idle(&p->heap))
+        return FAIL("[pool.idle] empty slabs and the arenas' free ranges add up to %llu bytes, the heap counts %llu "
+                    "idle", ULL(idle), ULL(fp_heap_idle(&p->heap)));
     uint64_t queued = atomic_load(&p->retire.pending_blocks);
     w->suspect = w->exact && w->pending > queued;
     if (w->pending < queued || w->suspect)
@@ -745,7 +773,7 @@ static fabpool_status check_locked(walk *w)
     w->n_chunks -= slept_chunks;
     w->chunk_bytes -= slept_bytes;
     if (w->chunk_bytes != atomic_load(&p->ch.mapped_bytes) || w->n_chunks != atomic_load(&p->ch.chunks_mapped))
-        return FAIL("[pool.mapped] slabs, large chunks, buffer and view chunks: %llu mappings of %llu bytes; the "
+        return FAIL("[pool.mapped] arena, buffer and view chunks: %llu mappings of %llu bytes; the "
                     "pool counts %llu of %llu bytes", ULL(w->n_chunks), ULL(w->chunk_bytes),
                     ULL(atomic_load(&p->ch.chunks_mapped)), ULL(atomic_load(&p->ch.mapped_bytes)));
     return FABPOOL_OK;

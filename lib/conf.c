@@ -31,7 +31,7 @@ void fabpool_options_init(fabpool_options *o)
     o->handle_type = FABPOOL_HANDLE_AUTO;
     o->max_waste_percent = 25;
     o->max_chunk_bytes = 1 * GiB;
-    o->slab_max_bytes = 8 * MiB;
+    o->slab_max_bytes = 4096;
     o->cache_limit_bytes = UINT64_MAX; /* no limit: the decay and the OOM trim return memory */
     o->decay_ms = 10000;
     o->large_slack_percent = 4;
@@ -97,7 +97,7 @@ static const struct key keys[] = {
     {"max_chunk", F_U64, FIELD(max_chunk_bytes), parse_size, 2 * MiB, UINT64_MAX, 2 * MiB, 0, NULL,
      "a size that is a multiple of 2MiB, at least 2MiB, e.g. 1GiB"},
     {"slab_max", F_U64, FIELD(slab_max_bytes), parse_size, 256, 64 * MiB, 0, 0, NULL,
-     "a size from 256B to 64MiB, e.g. 8MiB (rounded up to a size class)"},
+     "a size from 256B to 64MiB, e.g. 4KiB (rounded up to a size class)"},
     {"cache_limit", F_U64, FIELD(cache_limit_bytes), parse_size, 0, UINT64_MAX, 0, 0, NULL,
      "a size, e.g. 1GiB (0: keep no free memory mapped)"},
     {"decay_ms", F_U32, FIELD(decay_ms), parse_uint, 0, UINT32_MAX, 0, 0, NULL,

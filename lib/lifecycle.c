@@ -181,6 +181,7 @@ static fabpool_status reserve(struct fabpool *p)
         return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "the driver's granularity %zu is not a power of two", gran);
     p->sp.gran = gran;
     p->sp.gran_shift = fp_log2_floor(gran);
+    p->sp.page_shift = p->sp.gran_shift < FP_PAGE_SHIFT ? p->sp.gran_shift : FP_PAGE_SHIFT;
 
     size_t total = 0;
     r = FP_CU(&p->ch.calls, cuDeviceTotalMem, &total, p->ch.dev);
@@ -280,7 +281,7 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
         (st = fp_trace_open(&p->opt, p->sp.gran, &p->trace)) != FABPOOL_OK)
         goto fail;
     uint64_t va_base = p->sp.va.base, va_size = p->sp.va.size;
-    if (fp_map_init(&p->sp.map, &p->meta, &p->sp.lock, va_base, va_size, p->sp.gran_shift) != 0 ||
+    if (fp_map_init(&p->sp.map, &p->meta, &p->sp.lock, va_base, va_size, p->sp.page_shift) != 0 ||
         fp_va_init(&p->sp.va, &p->meta, va_base, va_size) != 0) {
         p->sp.va.base = va_base; /* teardown frees the reservation */
         p->sp.va.size = va_size;

@@ -6,7 +6,7 @@
  *
  *   level  lock                          where
  *   1      registry   (registry_lock)    alloc.c: the live pools, for exiting threads
- *   2      pool       (fp_space.lock)    space.h: address space, page-map writers, large heap, buffers,
+ *   2      pool       (fp_space.lock)    space.h: address space, page-map writers, the arenas, buffers,
  *                                        views, retirements, the driver calls that map and unmap
  *   3      class i    (fp_class.lock)    slab.h: one per size class; several at once in ascending
  *                                        class index (lock sub-level = the index)

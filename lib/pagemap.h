@@ -1,7 +1,8 @@
-/* pagemap.h - the page map: granule of the pool's reservation -> the span
- * (slab or large piece, slab.h) that covers it.  Two levels, leaves made on
- * first use; read without a lock (fabpool_free's lookup), written under the
- * pool lock.  It stores span pointers and never looks into them.
+/* pagemap.h - the page map: page of the pool's reservation (FP_PAGE_SHIFT,
+ * space.h) -> the span that covers it: a slab, or the sentinel of the arena
+ * whose chunk maps it (arena.h).  Two levels, leaves (of 2^14 pages: a GiB)
+ * made on first use; read without a lock (fabpool_free's lookup), written
+ * under the pool lock.  It stores span pointers and never looks into them.
  *
  * Calls: meta. */
 #ifndef FP_PAGEMAP_H
@@ -15,7 +16,7 @@
 
 struct fp_span;
 
-#define FP_MAP_LEAF_SHIFT 12
+#define FP_MAP_LEAF_SHIFT 14
 #define FP_MAP_LEAF (1u << FP_MAP_LEAF_SHIFT)
 
 typedef struct fp_pagemap {
@@ -27,11 +28,11 @@ typedef struct fp_pagemap {
     const fp_lock_t *lock;             /* held by every writer (asserted) */
 } fp_pagemap;
 
-/* The first level for [base, base + size) in granules of 1 << shift: 0, or -1 without host memory. */
+/* The first level for [base, base + size) in pages of 1 << shift: 0, or -1 without host memory. */
 int fp_map_init(fp_pagemap *m, fp_meta *meta, const fp_lock_t *lock, uint64_t base, uint64_t size, unsigned shift);
 void fp_map_destroy(fp_pagemap *m);
 
-/* Points every granule of [addr, addr + size) at s (NULL: clears).  -1 if a
+/* Points every page of [addr, addr + size) at s (NULL: clears).  -1 if a
  * leaf could not be made (what this call set is cleared again); a range
  * whose leaves exist (it was set before) cannot fail. */
 int fp_map_set(fp_pagemap *m, uint64_t addr, uint64_t size, struct fp_span *s);

@@ -21,7 +21,7 @@
  *           slab blocks into it, bufs raises it, stats reads and resets it
  *
  * Locking: the pool lock guards the address space, the page map's writers,
- * large pieces, buffers, views, the list of thread caches and the driver
+ * the arenas, buffers, views, the list of thread caches and the driver
  * calls that change mappings.  Each slab class has its own lock.  lib/lock.h
  * has every lock's level and the one order (registry < pool < class <
  * retire < trace list < trace).  The hot path (a thread cache hit) takes

@@ -1,59 +1,49 @@
-/* slab.h - the heap of blocks: slabs of size-class blocks, large blocks on
- * pieces of their own, and the trim that returns what they cache.
+/* slab.h - the heap of blocks: small blocks in slabs of size classes, every
+ * larger block carved from an arena, and the trim that returns what they
+ * cache.
  *
- * A slab is a run of address space mapped with one physical chunk, holding
- * blocks of one class.  A large piece is a run of address space mapped by
- * one or more chunks (fp_lchunk) that is one large block given out, or a
- * free range of them.  Both are spans, found by address in the page map.
+ * Two arenas (arena.h) hold the heap's memory, each in a home of its own in
+ * the reservation: the medium arena (blocks above slab_max up to
+ * FP_MEDIUM_MAX, and the slabs) and the large arena.  A slab is a run of
+ * pages (FP_PAGE_SHIFT, 64 KiB) cut from the medium arena on a page
+ * boundary, holding blocks of one class, its pages sent to it by the page
+ * map; other blocks are their size rounded up to FP_BLOCK_QUANTUM (256
+ * bytes), cut from their arena by best fit.  Keeping medium and large apart
+ * keeps small blocks from pinning granules among large free ranges.
  *
- * Calls: chunk, vaspace, pagemap (its space), meta, array, list, sizeclass, error.
- * Counters it owns (written only here): idle bytes and the decay's clock,
- * large blocks, OOM retries.  Out of device memory, a chunk it maps (and
- * one a buffer maps, through fp_heap_chunk_create / fp_heap_chunk_map) is
- * tried again after trimming what the heap caches.
+ * Calls: arena, chunk, vaspace, pagemap (its space), meta, array, list,
+ * sizeclass, error.  Counters it owns (written only here): idle bytes and
+ * the decay's clock, blocks above slab_max, OOM retries.  Out of device
+ * memory, an arena's miss (and a chunk a buffer maps, through
+ * fp_heap_chunk_create / fp_heap_chunk_map) is tried again after trimming
+ * what the heap caches.
  *
- * Locking: the pool lock (h->sp->lock) guards the address space, the page
- * map's writers, the large pieces and the list of every slab; each class
- * has its own lock.  The pool lock may be held while a class lock is
- * taken; never the reverse. */
+ * Locking: the pool lock (h->sp->lock) guards the arenas, the address
+ * space, the page map's writers and the list of every slab; each class has
+ * its own lock.  The pool lock may be held while a class lock is taken;
+ * never the reverse. */
 #ifndef FP_SLAB_H
 #define FP_SLAB_H
 
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "arena.h"
 #include "lock.h"
 #include "sizeclass.h"
 #include "space.h"
 
 #define FP_CACHELINE 64
 
-enum { FP_SPAN_SLAB = 1, FP_SPAN_LARGE = 2 };
-/* in_use of a large piece: a free range, a block given out, a free range held by an allocation in progress,
- * a block freed on a stream whose work may still use it (retire.h: live for the rest of the pool) */
-enum { FP_LARGE_FREE = 0, FP_LARGE_LIVE = 1, FP_LARGE_HELD = 2, FP_LARGE_PENDING = 3 };
-/* a slab block's freeflag: given out, free, freed on a stream and still pending there (retire.h), given out and
- * used on other streams too (fabpool_record_stream: its free takes the slow path, which asks the retirement queue) */
-enum { FP_FREEFLAG_USED = 0, FP_FREEFLAG_FREE = 1, FP_FREEFLAG_PENDING = 2, FP_FREEFLAG_RECORDED = 3 };
 enum { FP_LIST_NONE = 0, FP_LIST_PARTIAL = 1, FP_LIST_EMPTY = 2, FP_LIST_FULL = 3 };
 
-typedef struct fp_span {
-    uint64_t base, size;
-    uint8_t kind, list;
-    uint16_t cls;
-    _Atomic uint32_t in_use;           /* large: FP_LARGE_FREE / LIVE / HELD */
-    struct fp_span *next, *prev;       /* class list, or the large live / free list */
-    struct fp_span *all_next, *all_prev; /* every slab of the heap (pool lock) */
-    /* slabs */
-    uint32_t obj_q;                    /* block size / 64 (FP_QUANTUM_SHIFT) */
-    uint64_t magic;                    /* ceil(2^32 / obj_q): index = (off/64 * magic) >> 32 */
-    uint32_t nobj, nfree;              /* nfree: blocks on free_stack (held centrally) */
-    uint32_t *free_stack;
-    _Atomic uint8_t *freeflag;         /* per block, FP_FREEFLAG_*: 1 = free (central or in a thread cache), 2 =
-                                          pending on a stream (given out for the rest of the pool), 3 = given
-                                          out with recorded streams: a byte each, so setting one is a plain
-                                          store, not a locked RMW */
-} fp_span;
+/* Blocks above slab_max and up to FP_MEDIUM_MAX come from the medium arena, with the slabs; larger ones from
+ * the large arena. */
+#define FP_MEDIUM_MAX (256ull << 10)
+/* Medium and large blocks are their size rounded up to this (the alignment cudaMalloc promises). */
+#define FP_BLOCK_QUANTUM 256ull
+/* The arenas. */
+enum { FP_ARENA_MEDIUM = 0, FP_ARENA_LARGE = 1, FP_NARENAS = 2 };
 
 /* One slab class, central part. */
 typedef struct fp_class {
@@ -69,34 +59,30 @@ typedef struct fp_item {
     fp_span *span;
 } fp_item;
 
-/* One physical chunk mapped for large blocks (cuMemUnmap takes whole chunks). */
-typedef struct fp_lchunk {
-    uint64_t va, size;
-} fp_lchunk;
-
 typedef struct fp_heap {
     fp_space *sp;                      /* chunks, ranges, page map, metadata, the pool lock */
     uint64_t slab_max;                 /* rounded up to a class size; 0: no slabs */
+    uint64_t medium_max;               /* blocks above slab_max up to this come from the medium arena */
     uint64_t cache_limit, decay_ms;
-    uint32_t large_slack_percent;      /* free large memory a miss leaves mapped */
+    uint32_t large_slack_percent;      /* free memory a miss leaves mapped, in percent of what is in use */
     unsigned n_slab_classes;           /* classes [0, n_slab_classes) come from slabs */
     fp_span *spans;                    /* every slab, for destroy (pool lock) */
-    /* large blocks, under the pool lock: pieces of address space, each a live
-     * block or a free range (free neighbours are merged), and the chunks that
-     * map them, sorted by address */
-    fp_span *large_live, *large_free;
-    fp_lchunk *lchunks;
-    size_t n_lchunks, cap_lchunks;
-    uint64_t large_free_bytes;
-    _Atomic uint64_t idle_bytes;       /* empty slabs + free large ranges */
-    _Atomic uint64_t idle_low, decay_epoch_ns; /* decay: the least idle_bytes seen since the period began */
+    fp_arena arenas[FP_NARENAS];       /* under the pool lock */
+    fp_span sentinels[FP_NARENAS];     /* what the page map holds for each arena's pages */
+    _Atomic uint64_t trim_floor;       /* idle bytes a trim to the cache limit could not go below */
+    _Atomic int shed;                  /* some class holds more empty slabs than it keeps */
+    _Atomic uint64_t idle_slabs;       /* empty slabs (class locks) */
+    _Atomic uint64_t idle_arenas;      /* the arenas' free ranges (written under the pool lock) */
+    _Atomic uint64_t idle_slabs_low;   /* decay: the least of each seen since the period began */
+    uint64_t idle_arenas_low;          /* (pool lock) */
+    _Atomic uint64_t decay_epoch_ns;
     _Atomic uint64_t large_in_use_bytes, large_blocks, large_allocs[FP_NCLASS], oom_retries;
     fp_class classes[FP_NCLASS];
 } fp_heap;
 
-/* Sets up the classes (slab_max from o, rounded up to a class size). */
+/* Sets up the classes (slab_max from o, rounded up to a class size) and the arenas. */
 void fp_heap_init(fp_heap *h, fp_space *sp, const fabpool_options *o);
-/* Unmaps every span and frees the heap's metadata. */
+/* Unmaps everything and frees the heap's metadata. */
 void fp_heap_destroy(fp_heap *h);
 
 /* Takes up to n free blocks of class cls into out[]; returns how many (0 with an error set).  given != 0: the
@@ -108,16 +94,27 @@ unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, int g
  * freed without a thread cache), with 0 they are already set (a thread cache's blocks). */
 void fp_class_give(fp_heap *h, unsigned cls, const fp_item *items, unsigned n, int flag);
 
+/* The usable size of a block of `size` bytes above slab_max. */
+uint64_t fp_large_size(const fp_heap *h, uint64_t size);
 fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out);
-/* Frees the large block at addr (checked under the lock: interior and double frees are refused; fn names
- * the call in messages). */
+/* Frees the block above slab_max at addr (checked under the lock: interior and double frees are refused; fn
+ * names the call in messages). */
 fabpool_status fp_large_free(fp_heap *h, uint64_t addr, const char *fn);
-/* FABPOOL_OK with *usable the block's size if addr is a live large block, else the errors of fp_large_free;
- * changes nothing. */
+/* FABPOOL_OK with *usable the block's size if addr is a live block above slab_max, else the errors of
+ * fp_large_free; changes nothing. */
 fabpool_status fp_large_check(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable);
-/* A live large block freed on a stream: FP_LARGE_PENDING (live for the rest
- * of the pool), *usable its size.  The errors of fp_large_free otherwise. */
+/* A live block above slab_max freed on a stream: FP_LARGE_PENDING (live for the rest of the pool), *usable its
+ * size.  The errors of fp_large_free otherwise. */
 fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable);
+/* A pending block given out again (FP_LARGE_LIVE). */
+void fp_large_unpend(fp_heap *h, uint64_t addr);
+/* The usable size of the live block above slab_max at addr; FABPOOL_ERR_NOT_FOUND (fn in the message, which
+ * says whether addr is inside a block, in a block freed on a stream, or in free memory) if none starts there.
+ * The _locked form with the pool lock held. */
+fabpool_status fp_large_usable(fp_heap *h, uint64_t addr, uint64_t *usable, const char *fn);
+fabpool_status fp_large_live_locked(fp_heap *h, uint64_t addr, uint64_t *usable, const char *fn);
+/* Live blocks above slab_max by the class of the grid their size falls in (counts[FP_NCLASS]).  Pool lock held. */
+void fp_heap_count_large(const fp_heap *h, uint64_t *counts);
 
 /* cuMemCreate / create + map of a chunk, with one trim and retry when the
  * device is out of memory.  Pool lock held. */
@@ -127,9 +124,12 @@ fabpool_status fp_heap_chunk_map(fp_heap *h, uint64_t va, uint64_t size);
  * for blocks freed on streams): the heap owns the counter. */
 void fp_heap_count_oom_retry(fp_heap *h);
 
-/* Unmaps idle slabs and free large chunks until at most keep bytes are idle
- * (a chunk that also holds part of a live block stays).  Pool lock held. */
+/* Unmaps free chunks of the arenas (empty slabs go back to theirs first
+ * where that is needed) until at most keep bytes are idle, or nothing more
+ * can go (a chunk that also holds part of a block stays).  Pool lock held. */
 void fp_heap_trim_locked(fp_heap *h, uint64_t keep);
+/* Idle memory: empty slabs and the arenas' free ranges.  No lock needed. */
+uint64_t fp_heap_idle(const fp_heap *h);
 /* Trims to the cache limit if idle memory is above it, and returns what
  * stayed idle for a whole decay period.  No lock held. */
 void fp_heap_trim_policy(fp_heap *h);

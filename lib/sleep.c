@@ -8,7 +8,7 @@
  * while asleep: a trim or a buffer's unmap went through fp_chunk_unmap,
  * which marks it instead of calling the driver: chunk.c keeps a pointer to
  * the list for that).  Nothing else of the
- * pool changes: slabs, large pieces, buffers and the page map stay as they
+ * pool changes: slabs, arena blocks, buffers and the page map stay as they
  * are, so every pointer stays valid and wake needs no bookkeeping beyond
  * the list.
  *
@@ -106,12 +106,12 @@ static void set_record(struct fabpool *p, struct fp_sleep *r)
     fp_chunk_set_slept(&p->ch, r ? r->e : NULL, r ? r->n : 0);
 }
 
-/* Every chunk the pool maps: slabs, large chunks, buffer chunks.  Pool lock held. */
+/* Every chunk the pool maps: the arenas' chunks (slabs and blocks), buffer chunks.  Pool lock held. */
 static struct fp_sleep *record_new(struct fabpool *p, fabpool_sleep_mode mode, fabpool_status *st)
 {
-    size_t n = p->heap.n_lchunks;
-    for (fp_span *s = p->heap.spans; s; s = s->all_next)
-        n++;
+    size_t n = 0;
+    for (int i = 0; i < FP_NARENAS; i++)
+        n += p->heap.arenas[i].n_chunks;
     for (struct fabpool_buffer *b = p->bufs.list; b; b = b->next)
         n += b->n;
     struct fp_sleep *r = fp_meta_alloc(&p->meta, sizeof *r);
@@ -128,10 +128,10 @@ static struct fp_sleep *record_new(struct fabpool *p, fabpool_sleep_mode mode, f
         memset(e, 0, n * sizeof *e);
     int copy = mode == FABPOOL_SLEEP_OFFLOAD;
     size_t k = 0;
-    for (fp_span *s = p->heap.spans; s; s = s->all_next)
-        e[k++] = (fp_slept){.va = s->base, .size = s->size, .copy = (uint8_t)copy};
-    for (size_t i = 0; i < p->heap.n_lchunks; i++)
-        e[k++] = (fp_slept){.va = p->heap.lchunks[i].va, .size = p->heap.lchunks[i].size, .copy = (uint8_t)copy};
+    for (int i = 0; i < FP_NARENAS; i++)
+        for (size_t j = 0; j < p->heap.arenas[i].n_chunks; j++)
+            e[k++] = (fp_slept){.va = p->heap.arenas[i].chunks[j].va, .size = p->heap.arenas[i].chunks[j].size,
+                                .copy = (uint8_t)copy};
     for (struct fabpool_buffer *b = p->bufs.list; b; b = b->next)
         for (uint32_t i = 0; i < b->n; i++) /* a retired chunk (an unmap that failed before): no one reads it */
             e[k++] = (fp_slept){.va = b->base + b->chunks[i].off, .size = b->chunks[i].size, .buf = b,

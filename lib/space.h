@@ -14,6 +14,10 @@
 #include "pagemap.h"
 #include "vaspace.h"
 
+/* The page map's unit, 64 KiB: a slab is a run of pages, so that a few of
+ * them fit in a granule and a class holds a page or two, not a granule. */
+#define FP_PAGE_SHIFT 16u
+
 typedef struct fp_space {
     fp_chunks *ch;
     fp_meta *meta;
@@ -22,6 +26,7 @@ typedef struct fp_space {
     fp_pagemap map;                    /* written under the lock, read without */
     uint64_t gran;                     /* the granularity: chunks and ranges are multiples of it */
     unsigned gran_shift;
+    unsigned page_shift;               /* the page map's unit: FP_PAGE_SHIFT, or the granularity if smaller */
 } fp_space;
 
 #endif

@@ -52,10 +52,7 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
     /* live large blocks by the class of the grid their size falls in */
     uint64_t large_live[FP_NCLASS];
     memset(large_live, 0, sizeof large_live);
-    for (fp_span *sp = p->heap.large_live; sp; sp = sp->next) {
-        unsigned b = fp_class_of(sp->size);
-        large_live[b < FP_NCLASS ? b : FP_NCLASS - 1]++;
-    }
+    fp_heap_count_large(&p->heap, large_live);
     for (unsigned c = 0; c < FP_NCLASS && row < FABPOOL_NUM_CLASSES; c++) {
         fp_class *k = &p->heap.classes[c];
         if (c < p->heap.n_slab_classes) {

@@ -97,6 +97,21 @@ int fp_va_free(fp_vaspace *v, uint64_t start, uint64_t size)
     return 0;
 }
 
+uint64_t fp_va_alloc_top_below(fp_vaspace *v, uint64_t size, uint64_t align, uint64_t limit)
+{
+    for (size_t i = v->n; i-- > 0;) {
+        fp_range *r = &v->free[i];
+        uint64_t end = r->start + r->size < limit ? r->start + r->size : limit;
+        if (end < r->start || end - r->start < size)
+            continue;
+        uint64_t start = (end - size) & ~(align - 1);
+        if (start < r->start)
+            continue;
+        return fp_va_take(v, start, size) == 0 ? start : 0;
+    }
+    return fp_va_alloc_top(v, size, align);
+}
+
 uint64_t fp_va_alloc_top(fp_vaspace *v, uint64_t size, uint64_t align)
 {
     for (size_t i = v->n; i-- > 0;) {

@@ -29,6 +29,10 @@ uint64_t fp_va_alloc(fp_vaspace *v, uint64_t size, uint64_t align);
 /* The same, from the top of the reservation down (large blocks: they grow
  * into free address space next to them, away from slabs and buffers). */
 uint64_t fp_va_alloc_top(fp_vaspace *v, uint64_t size, uint64_t align);
+/* The same, below `limit` if a free range there holds it (the highest one),
+ * else as fp_va_alloc_top: a heap's home in the reservation, kept apart from
+ * the other heaps' so that each grows into free space beside its own. */
+uint64_t fp_va_alloc_top_below(fp_vaspace *v, uint64_t size, uint64_t align, uint64_t limit);
 /* Takes exactly [start, start + size) if it is free: 0, else -1. */
 int fp_va_take(fp_vaspace *v, uint64_t start, uint64_t size);
 /* Returns -1 if host memory for the list ran out (the range is then lost

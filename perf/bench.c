@@ -2,14 +2,13 @@
  * fabpool side by side with what users would pick instead, every allocator
  * in the same run, in turns, with warm-up (docs/performance.md).
  *
- *   fabpool_bench [--quick] [--json FILE] [--workload latency|growth|trace|mixed|all]
- *                 [--no-torch] [--check]        (--help says what each does)
+ *   fabpool_bench [--quick] [--long] [--json FILE] [--workload W,W,...]
+ *                 [--allocators A,A,...] [--no-torch] [--check]   (--help says what each does)
  *
- * --check: exit 1 unless every case of every allocator ran, fabpool's
- * buffers never moved, its growth held at most 1.25x what was live, its
- * deltas exported less than re-exporting, and (on the simulated driver) the
- * process holds no device memory, mapping or reservation at the end.
- * Times mean something only on a real GPU. */
+ * --check also holds fabpool's peak held / peak live on each shape to its
+ * bound on the simulated driver outside --quick (and, with --long, within
+ * SHAPE_CREEP of its ratio over the first tenth of the run).  Times mean
+ * something only on a real GPU. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -27,7 +26,8 @@ static int quick;
 
 static const char *wname(int w)
 {
-    return w == W_LATENCY ? "latency" : w == W_GROWTH ? "growth" : w == W_TRACE ? "trace" : "mixed";
+    return w == W_LATENCY ? "latency" : w == W_GROWTH ? "growth" : w == W_TRACE ? "trace" : w == W_MIXED ? "mixed"
+         : w == W_ACTIVATIONS ? "activations" : "loguniform";
 }
 
 static void run_any(balloc *a, const bcase *c, bresult *r)
@@ -292,69 +292,140 @@ static void growth(int trace)
     }
 }
 
-/* ------------------------------------------------------------------ mixed */
+/* ------------------------------------------------------------------ shapes */
 
-static void mixed(void)
+/* The bounds fabpool's peak held / peak live keeps on the simulated driver
+ * (--check), and how far a run ten times as long (--long) may move it from
+ * its value over the first tenth. */
+#define SHAPE_CREEP 0.02
+
+typedef struct shape_case {
+    const char *label;
+    shape sh;
+    double bound;
+} shape_case;
+
+static int long_run;     /* --long: ten times the operations */
+static unsigned only;    /* --allocators: a bit per allocator run (0: all) */
+
+static void shape_row(int w, shape_case *sc)
 {
-    struct {
-        int n_live, n_ops, dist;
-        uint64_t max;
-        const char *label;
-    } ms[] = {{quick ? 500 : 10000, quick ? 2000 : 40000, 0, 65536, "uniform 1 B..64 KiB"},
-              {quick ? 100 : 2000, quick ? 400 : 8000, 1, 4u << 20, "normal up to 4 MiB"}};
-    printf("\nmixed: RMM-style random allocations: up to N live, random frees interleaved, ns an operation "
-           "(batches of 32)\n");
-    printf("  %-22s %-28s %12s %12s %12s %9s %10s\n", "case", "allocator", "median", "p99", "p99.9", "peak/live",
-           "vs fabpool");
-    for (int m = 0; m < 2; m++) {
-        bcase c;
-        memset(&c, 0, sizeof c);
-        c.workload = W_MIXED;
-        c.n_live = ms[m].n_live;
-        c.n_ops = ms[m].n_ops;
-        c.dist = ms[m].dist;
-        c.max_size = ms[m].max;
-        c.seed = 7 + (uint64_t)m;
-        c.budget_s = quick ? 2 : 8;
-        double ref = 0;
-        for (int k = 0; k < A_MAX; k++) {
-            balloc *a = &allocs[k];
-            static bresult r;
-            memset(&r, 0, sizeof r);
-            if (a->unavailable)
-                r.ok = -1;
-            else
-                run_any(a, &c, &r);
-            if (k == A_FABPOOL && r.ok == 1)
-                ref = r.median;
-            if (r.ok == 1)
-                printf("  %-22s %-28s %12.1f %12.1f %12.1f %9.3f %9.2fx%s\n", ms[m].label, a->name, r.median, r.p99,
-                       r.p999, r.peak_ratio, ref > 0 ? r.median / ref : 0,
-                       r.ops_done < (uint64_t)c.n_ops ? " (time budget hit)" : "");
-            else if (r.ok == 0) {
-                printf("  %-22s %-28s failed: %s\n", ms[m].label, a->name, r.error);
-                if (!a->remote)
-                    check_failed = 1;
+    bcase c;
+    memset(&c, 0, sizeof c);
+    c.workload = w;
+    c.sh = sc->sh;
+    c.seed = sc->sh.seed;
+    c.budget_s = quick ? 2 : long_run ? 60 : 8;
+    double ref = 0;
+    for (int k = 0; k < A_MAX; k++) {
+        balloc *a = &allocs[k];
+        static bresult r;
+        memset(&r, 0, sizeof r);
+        if (only && !(only & (1u << k)))
+            continue;
+        if (a->unavailable)
+            r.ok = -1;
+        else
+            run_any(a, &c, &r);
+        if (k == A_FABPOOL && r.ok == 1)
+            ref = r.median;
+        if (r.ok == 1) {
+            char maps[48] = "-";
+            if (r.map_batches >= 0)
+                snprintf(maps, sizeof maps, "%5.1f %% %5.0f %7" PRIu64, 100 * r.map_batches, r.maps_p99, r.maps);
+            printf("  %-24s %-28s %10.1f %10.1f %10.1f %9.3f %9.3f %22s %9.2fx%s\n", sc->label, a->name, r.median,
+                   r.p99, r.p999, r.peak_ratio, r.ratio_tenth, maps, ref > 0 ? r.median / ref : 0,
+                   r.ops_done < (uint64_t)shape_ops(&c.sh) ? " (time budget hit)" : "");
+        } else if (r.ok == 0) {
+            printf("  %-24s %-28s failed: %s\n", sc->label, a->name, r.error);
+            if (!a->remote)
+                check_failed = 1;
+        }
+        /* the layout's bounds, on the simulated driver, for a whole run */
+        if (k == A_FABPOOL && r.ok == 1 && cu.sim && !quick && r.ops_done == (uint64_t)shape_ops(&c.sh)) {
+            if (!long_run && r.peak_ratio > sc->bound) {
+                printf("  %-24s fabpool holds %.3fx its live peak: above the bound %.2f\n", sc->label, r.peak_ratio,
+                       sc->bound);
+                check_failed = 1;
             }
-            if (js) {
-                js_case_head(a, &c, &r, ms[m].label);
-                fprintf(js, ",\"n_live\":%d,\"n_ops\":%d,\"dist\":\"%s\",\"max_size\":%" PRIu64, c.n_live, c.n_ops,
-                        c.dist ? "normal" : "uniform", c.max_size);
-                if (r.ok == 1) {
-                    fprintf(js, ",\"ops_done\":%" PRIu64, r.ops_done);
-                    js_num("median_ns", r.median);
-                    js_num("p99_ns", r.p99);
-                    js_num("p999_ns", r.p999);
-                    js_num("mean_ns", r.mean);
-                    fprintf(js, ",\"peak_held_bytes\":%" PRIu64 ",\"peak_live_bytes\":%" PRIu64, r.peak_held,
-                            r.peak_live);
-                    js_num("peak_held_over_live", r.peak_ratio);
-                    js_num("ratio_to_fabpool", ref > 0 ? r.median / ref : -1);
-                }
-                fprintf(js, "}");
+            if (long_run && (r.peak_ratio > r.ratio_tenth + SHAPE_CREEP || r.peak_ratio < r.ratio_tenth - SHAPE_CREEP)) {
+                printf("  %-24s fabpool's ratio moved from %.3f over the first tenth to %.3f: more than %.2f\n",
+                       sc->label, r.ratio_tenth, r.peak_ratio, SHAPE_CREEP);
+                check_failed = 1;
             }
         }
+        if (js) {
+            js_case_head(a, &c, &r, sc->label);
+            const shape *h = &c.sh;
+            fprintf(js, ",\"shape\":%d,\"n_live\":%d,\"n_ops\":%ld,\"min_size\":%" PRIu64 ",\"max_size\":%" PRIu64
+                        ",\"steps\":%d,\"layers\":%d,\"unit\":%" PRIu64 ",\"len\":[%d,%d],\"bound\":%.2f",
+                    h->kind, h->n_live, shape_ops(h), h->min_size, h->max_size, h->steps, h->layers, h->unit, h->len_lo,
+                    h->len_hi, sc->bound);
+            if (r.ok == 1) {
+                fprintf(js, ",\"ops_done\":%" PRIu64, r.ops_done);
+                js_num("median_ns", r.median);
+                js_num("p99_ns", r.p99);
+                js_num("p999_ns", r.p999);
+                js_num("mean_ns", r.mean);
+                fprintf(js, ",\"peak_held_bytes\":%" PRIu64 ",\"peak_live_bytes\":%" PRIu64, r.peak_held,
+                        r.peak_live);
+                js_num("peak_held_over_live", r.peak_ratio);
+                js_num("peak_held_over_live_first_tenth", r.ratio_tenth);
+                js_num("batches_with_maps", r.map_batches);
+                js_num("maps_per_batch_p99", r.map_batches >= 0 ? r.maps_p99 : -1);
+                js_num("ratio_to_fabpool", ref > 0 ? r.median / ref : -1);
+            }
+            fprintf(js, "}");
+        }
     }
+}
+
+static void shapes_head(const char *title)
+{
+    printf("\n%s\n", title);
+    printf("  %-24s %-28s %10s %10s %10s %9s %9s %22s %10s\n", "case", "allocator", "median", "p99", "p99.9",
+           "peak/live", "1st 10th", "maps: batches p99 all", "vs fabpool");
+}
+
+/* RMM-style random allocations: uniform small blocks, normal medium ones. */
+static void mixed(void)
+{
+    int x = long_run ? 10 : 1;
+    shape_case cs[] = {
+        {"uniform 1 B..64 KiB", {.kind = SHAPE_UNIFORM, .seed = 7, .n_live = quick ? 500 : 10000,
+                                 .n_ops = (quick ? 2000 : 40000) * x, .max_size = 65536}, 1.04},
+        {"normal up to 4 MiB", {.kind = SHAPE_NORMAL, .seed = 8, .n_live = quick ? 100 : 2000,
+                                .n_ops = (quick ? 400 : 8000) * x, .max_size = 4u << 20}, 1.05},
+    };
+    shapes_head("mixed: RMM-style random allocations: up to N live, random frees interleaved, ns an operation "
+                "(batches of 32)");
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        shape_row(W_MIXED, &cs[i]);
+}
+
+/* A training loop's activations: 24 layers, four activations each of 1, 4,
+ * 2 and 1 x the sequence length x 8 KiB (hidden 4096 in bf16), a length of
+ * 256..4096 drawn per step (2 to 128 MiB a block, up to 6 GiB a step), all
+ * freed in reverse at the end of the step. */
+static void activations(void)
+{
+    shape_case c = {"activation steps", {.kind = SHAPE_STEPS, .seed = 11, .steps = (quick ? 6 : 60) * (long_run ? 10 : 1),
+                                         .layers = 24, .n_factors = 4, .factors = {1, 4, 2, 1}, .unit = 8192,
+                                         .len_lo = quick ? 64 : 256, .len_hi = quick ? 512 : 4096}, 1.02};
+    shapes_head("activations: steps of 24 layers' activations (2..128 MiB) freed in reverse, each step at another "
+                "length, ns an operation (batches of 32)");
+    shape_row(W_ACTIVATIONS, &c);
+}
+
+/* Log-uniform sizes 4 KiB..16 MiB, up to 1,500 live, random frees. */
+static void loguniform(void)
+{
+    shape_case c = {"log-uniform 4 KiB..16 MiB", {.kind = SHAPE_LOGU, .seed = 9, .n_live = quick ? 150 : 1500,
+                                                  .n_ops = (quick ? 4000 : 60000) * (long_run ? 10 : 1),
+                                                  .min_size = 4096, .max_size = 16u << 20}, 1.10};
+    shapes_head("loguniform: sizes log-uniform in 4 KiB..16 MiB, up to 1,500 live, random frees, ns an operation "
+                "(batches of 32)");
+    shape_row(W_LOGUNIFORM, &c);
 }
 
 /* ------------------------------------------------------------------ goals */
@@ -446,8 +517,8 @@ static int sim_clean(void)
 }
 
 static const char usage_line[] =
-    "usage: fabpool_bench [--quick] [--json FILE] [--workload latency|growth|trace|mixed|all] [--no-torch] "
-    "[--check]\n";
+    "usage: fabpool_bench [--quick] [--long] [--json FILE] [--workload W,W,...] [--allocators A,A,...] "
+    "[--no-torch] [--check]\n";
 
 static void help(void)
 {
@@ -456,35 +527,58 @@ static void help(void)
            "expandable_segments, where a PyTorch was found at configure time) and HybridEP's VMM pattern, every\n"
            "allocator in the same run, in turns (docs/performance.md).  Times mean something only on a GPU.\n\n"
            "  --quick          fewer samples and steps (a smoke run)\n"
+           "  --long           the shapes (mixed, activations, loguniform) ten times as long, to show nothing creeps\n"
            "  --json FILE      every figure as one JSON object into FILE\n"
-           "  --workload W     latency (alloc + free, warm and cold, 256 B to 1 GiB, 1 to 16 threads), growth (a\n"
+           "  --workload W,... latency (alloc + free, warm and cold, 256 B to 1 GiB, 1 to 16 threads), growth (a\n"
            "                   dispatch buffer from 256 MiB to 4 GiB), trace (a HybridEP-like variable-length\n"
-           "                   trace, with and without sharing), mixed (RMM-style live sets), or all (default)\n"
+           "                   trace, with and without sharing), mixed (RMM-style live sets), activations (a\n"
+           "                   transformer-like step: activations sized by a sequence length, freed in reverse),\n"
+           "                   loguniform (log-uniform sizes, random frees), or all (default); a comma list\n"
+           "  --allocators A,...  only these allocators, by their JSON keys (fabpool, fabpool_notc, cuMemAllocAsync,\n"
+           "                   cuMemAlloc, hybridep, torch, torch_expandable)\n"
            "  --no-torch       leave out PyTorch's columns\n"
            "  --check          exit 1 unless every case of every allocator ran, fabpool's buffers never moved, its\n"
            "                   growth held at most 1.25x what was live, its deltas exported less than re-exporting,\n"
-           "                   and (simulated driver) nothing is held at the end\n"
+           "                   and (simulated driver) nothing is held at the end and each shape's peak held / peak\n"
+           "                   live stayed within its bound (with --long: within 0.02 of its first tenth's)\n"
            "  --help           this text\n\n"
            "Exit status: 0; 1 if the driver or an allocator could not be set up, or a --check failed; 2 for a\n"
            "wrong command line.\n",
            usage_line);
 }
 
+/* Whether the comma-separated list has the word w. */
+static int listed(const char *list, const char *w)
+{
+    size_t n = strlen(w);
+    for (const char *p = list; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, w, n))
+            return 1;
+        p = e ? e + 1 : NULL;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    const char *json_path = NULL, *workload = "all";
+    const char *json_path = NULL, *workload = "all", *allocators = NULL;
     int with_torch = 1, check = 0;
     /* the PyTorch columns' child processes (bench_remote_case): internal, not for users */
     if (argc == 5 && !strcmp(argv[1], "--child"))
         return bench_child_main(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-    enum { O_QUICK = 256, O_JSON, O_WORKLOAD, O_NO_TORCH, O_CHECK };
+    enum { O_QUICK = 256, O_LONG, O_JSON, O_WORKLOAD, O_ALLOCATORS, O_NO_TORCH, O_CHECK };
     static const struct option opts[] = {
         {"quick", no_argument, NULL, O_QUICK},   {"json", required_argument, NULL, O_JSON},
         {"workload", required_argument, NULL, O_WORKLOAD}, {"no-torch", no_argument, NULL, O_NO_TORCH},
-        {"check", no_argument, NULL, O_CHECK},   {"help", no_argument, NULL, 'h'}, {0}};
+        {"check", no_argument, NULL, O_CHECK},   {"long", no_argument, NULL, O_LONG},
+        {"allocators", required_argument, NULL, O_ALLOCATORS},   {"help", no_argument, NULL, 'h'}, {0}};
     for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
         switch (c) {
         case O_QUICK: quick = 1; break;
+        case O_LONG: long_run = 1; break;
+        case O_ALLOCATORS: allocators = optarg; break;
         case O_JSON: json_path = optarg; break;
         case O_WORKLOAD: workload = optarg; break;
         case O_NO_TORCH: with_torch = 0; break;
@@ -498,10 +592,12 @@ int main(int argc, char **argv)
         return cli_usage_error(usage_line);
     }
     int all = !strcmp(workload, "all");
-    int w_lat = all || !strcmp(workload, "latency"), w_gro = all || !strcmp(workload, "growth");
-    int w_tra = all || !strcmp(workload, "trace"), w_mix = all || !strcmp(workload, "mixed");
-    if (!w_lat && !w_gro && !w_tra && !w_mix) {
-        fprintf(stderr, "fabpool_bench: unknown workload '%s' (latency, growth, trace, mixed or all)\n", workload);
+    int w_lat = all || listed(workload, "latency"), w_gro = all || listed(workload, "growth");
+    int w_tra = all || listed(workload, "trace"), w_mix = all || listed(workload, "mixed");
+    int w_act = all || listed(workload, "activations"), w_log = all || listed(workload, "loguniform");
+    if (!w_lat && !w_gro && !w_tra && !w_mix && !w_act && !w_log) {
+        fprintf(stderr, "fabpool_bench: unknown workload '%s' (latency, growth, trace, mixed, activations, loguniform "
+                        "or all)\n", workload);
         return cli_usage_error(usage_line);
     }
     if (bench_load_driver()) {
@@ -516,6 +612,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "fabpool_bench: %s\n", fabpool_last_error());
         return 1;
     }
+    for (int k = 0; allocators && k < A_MAX; k++)
+        if (listed(allocators, allocs[k].key))
+            only |= 1u << k;
+    if (allocators && !only) {
+        fprintf(stderr, "fabpool_bench: --allocators %s names none of the allocators (see their keys in the JSON)\n",
+                allocators);
+        return cli_usage_error(usage_line);
+    }
     printf("fabpool_bench: driver %s (%s)%s\n", cu.path, cu.sim ? "simulated: times are not GPU times" : "real",
            quick ? ", quick run" : "");
     print_meta();
@@ -527,6 +631,10 @@ int main(int argc, char **argv)
         growth(1);
     if (w_mix)
         mixed();
+    if (w_act)
+        activations();
+    if (w_log)
+        loguniform();
     goals(w_lat, w_gro);
     if (js) {
         fprintf(js, "\n]}\n");

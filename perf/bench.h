@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "fabpool.h"
+#include "shapes.h"
 
 /* ---------------------------------------------------------------- driver */
 
@@ -68,6 +69,8 @@ struct balloc {
     void (*release)(balloc *);   /* give every cached byte back (between cases) */
     uint64_t (*calls)(balloc *); /* driver calls so far; UINT64_MAX: unknown */
     uint64_t (*held)(balloc *);  /* physical bytes the allocator holds by its own account; UINT64_MAX: none */
+    uint64_t (*maps)(balloc *);  /* chunks it mapped and unmapped so far (driver calls of about 100 us each on
+                                    the H200); UINT64_MAX: unknown */
     int grows_in_place;          /* 1: fabpool's growable buffers */
     int remote;                  /* 1: cases run in a child process */
     int child_in, child_out;     /* pipes to the child */
@@ -88,7 +91,7 @@ int bench_child_main(int kind, int fd_in, int fd_out);
 
 /* ---------------------------------------------------------------- cases */
 
-enum { W_LATENCY = 1, W_GROWTH, W_TRACE, W_MIXED };
+enum { W_LATENCY = 1, W_GROWTH, W_TRACE, W_MIXED, W_ACTIVATIONS, W_LOGUNIFORM };
 
 #define BQ 21           /* quantiles p0, p5, ..., p100 */
 #define BSERIES 512     /* at most this many steps recorded per growth case */
@@ -104,9 +107,8 @@ typedef struct bcase {
     int steps;
     uint64_t seed;
     int share;            /* export every change to a peer view and import it */
-    /* mixed */
-    int n_live, n_ops, dist;  /* dist 0 uniform, 1 normal */
-    uint64_t max_size;
+    /* mixed, activations, loguniform: the shape (shapes.h) */
+    shape sh;
 } bcase;
 
 typedef struct bresult {
@@ -127,8 +129,12 @@ typedef struct bresult {
     double exported_bytes_per_step, imported_bytes_per_step, desc_bytes_per_step, fds_per_step;
     int n_series;
     float series_live_mib[BSERIES], series_held_mib[BSERIES], series_us[BSERIES];
-    /* mixed */
+    /* mixed, activations, loguniform */
     uint64_t ops_done;
+    double ratio_tenth;         /* peak held / peak live over the first tenth of the operations */
+    double map_batches;         /* batches that mapped or unmapped a chunk, a fraction; < 0: unknown */
+    double maps_p99;            /* chunks mapped or unmapped by a batch, p99 of the batches */
+    uint64_t maps;              /* in all */
 } bresult;
 
 void bench_run_case(balloc *a, const bcase *c, bresult *r);

@@ -143,6 +143,14 @@ static uint64_t fab_calls(balloc *a)
     return n;
 }
 
+static uint64_t fab_maps(balloc *a)
+{
+    fabpool_counters k;
+    if (fabpool_get_counters(a->pool, &k) != FABPOOL_OK)
+        return UINT64_MAX;
+    return k.chunks_mapped_total + k.chunks_unmapped_total;
+}
+
 static uint64_t fab_held(balloc *a)
 {
     static fabpool_stats s = {.struct_size = sizeof s};
@@ -600,6 +608,7 @@ static balloc *fab_column(int k, const char *key, const char *name)
     a->cold_means = "fabpool_trim(pool, 0) before each alloc: the block's slab or span is mapped anew "
                     "(cuMemCreate + cuMemMap + cuMemSetAccess)";
     set_ops(a, fab_alloc, fab_free, fab_cold, fab_calls, fab_held);
+    a->maps = fab_maps;
     a->grows_in_place = 1;
     return a;
 }

@@ -37,27 +37,6 @@ static void summarize(double *v, int n, bresult *r)
         r->q[k] = at(v, n, (double)k / (BQ - 1));
 }
 
-static uint64_t rng_next(uint64_t *s)
-{ /* splitmix64 */
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double rng_unit(uint64_t *s)
-{
-    return (double)(rng_next(s) >> 11) / 9007199254740992.0;
-}
-
-static double rng_normal(uint64_t *s)
-{
-    double u = rng_unit(s), v = rng_unit(s);
-    if (u < 1e-300)
-        u = 1e-300;
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
 /* ---------------------------------------------------------------- latency */
 
 typedef struct lat_thread {
@@ -207,7 +186,7 @@ static void trace_sizes(uint64_t tokens_per_rank, uint64_t s[NBUF])
 static uint64_t trace_tokens(uint64_t *rng, int i, int n)
 {
     double mean = 1024.0 + (8192.0 - 1024.0) * (double)i / (double)(n > 1 ? n - 1 : 1);
-    double x = mean * (1.0 + 0.25 * rng_normal(rng));
+    double x = mean * (1.0 + 0.25 * shape_normal(rng));
     if (x < TR_MIN_TOKENS)
         x = TR_MIN_TOKENS;
     if (x > TR_MAX_TOKENS)
@@ -490,44 +469,47 @@ static void run_growth(balloc *a, const bcase *c, bresult *r)
     free(steps_us);
 }
 
-/* ------------------------------------------------------------------ mixed */
+/* ------------------------------------------------------------------ shapes */
 
-/* RMM's random_allocations: up to n_live allocations alive at once, sizes
- * drawn uniformly or normally up to max_size, allocations and frees of a
- * random live block interleaved (n_ops operations in all, seeded, so every
- * allocator sees the same sequence).  Timed in batches of 32 operations. */
-static void run_mixed(balloc *a, const bcase *c, bresult *r)
+/* A shape (shapes.h) replayed: every allocator sees the same seeded
+ * sequence.  Timed in batches of 32 operations; the live bytes' peak is
+ * followed at every allocation, and between batches, untimed, the device's
+ * used memory is sampled for its peak (memory is mapped at allocations, so
+ * the peak at a batch's end is the batch's unless the allocator unmapped
+ * in it), their ratio noted after the first tenth of the operations (so
+ * that a run ten times as long shows whether it creeps), and the chunks the
+ * allocator mapped or unmapped in the batch are counted where it says. */
+static void run_shape(balloc *a, const bcase *c, bresult *r)
 {
-    int cap = c->n_live;
+    int cap = shape_max_live(&c->sh);
     void **live = calloc((size_t)cap, sizeof *live);
     uint64_t *lsz = calloc((size_t)cap, sizeof *lsz);
-    int nops = c->n_ops, nb = nops / 32 + 1, nv = 0, nlive = 0;
-    double *v = malloc(sizeof(double) * (size_t)nb);
-    uint64_t rng = c->seed, live_bytes = 0, peak_live = 0, peak_held = 0;
-    uint64_t base_used = bench_device_used();
+    long nops = shape_ops(&c->sh), nb = nops / 32 + 1, tenth = nops / 10;
+    int nv = 0, nlive = 0, nm = 0, failed = 0;
+    double *v = malloc(sizeof(double) * (size_t)nb), *mv = malloc(sizeof(double) * (size_t)nb);
+    uint64_t live_bytes = 0, peak_live = 0, peak_held = 0, maps0 = a->maps ? a->maps(a) : UINT64_MAX;
+    uint64_t base_used = bench_device_used(), maps_at = maps0;
     double deadline = bench_now_ns() + c->budget_s * 1e9;
-    int failed = 0, done = 0;
+    long done = 0;
+    shape_run sr;
+    shape_start(&sr, &c->sh);
+    r->ratio_tenth = -1;
     while (done < nops && !failed) {
         double t0 = bench_now_ns();
         int k;
-        for (k = 0; k < 32 && done < nops; k++, done++) {
-            int do_alloc = nlive == 0 || (nlive < cap && rng_unit(&rng) < 0.5 + 0.5 * (1.0 - (double)nlive / cap));
-            if (do_alloc) {
-                uint64_t sz;
-                if (c->dist == 0)
-                    sz = 1 + (rng_next(&rng) % c->max_size);
-                else {
-                    double x = (double)c->max_size / 2 * (1.0 + rng_normal(&rng) / 3.0);
-                    sz = x < 1 ? 1 : x > (double)c->max_size ? c->max_size : (uint64_t)x;
-                }
-                if (a->alloc(a, (size_t)sz, &live[nlive])) {
+        uint64_t size;
+        int j;
+        for (k = 0; k < 32 && shape_next(&sr, &size, &j); k++, done++) {
+            if (size) {
+                if (a->alloc(a, (size_t)size, &live[nlive])) {
                     failed = 1;
                     break;
                 }
-                lsz[nlive++] = sz;
-                live_bytes += sz;
+                lsz[nlive++] = size;
+                live_bytes += size;
+                if (live_bytes > peak_live)
+                    peak_live = live_bytes;
             } else {
-                int j = (int)(rng_next(&rng) % (uint64_t)nlive);
                 if (a->free(a, live[j])) {
                     failed = 1;
                     break;
@@ -539,11 +521,16 @@ static void run_mixed(balloc *a, const bcase *c, bresult *r)
         }
         if (k)
             v[nv++] = (bench_now_ns() - t0) / k;
-        if (live_bytes > peak_live)
-            peak_live = live_bytes;
         uint64_t u = bench_device_used(); /* between batches, untimed */
         if (u > base_used && u - base_used > peak_held)
             peak_held = u - base_used;
+        if (maps0 != UINT64_MAX && k) {
+            uint64_t m = a->maps(a);
+            mv[nm++] = (double)(m - maps_at);
+            maps_at = m;
+        }
+        if (r->ratio_tenth < 0 && done >= tenth && peak_live)
+            r->ratio_tenth = (double)peak_held / (double)peak_live;
         if (bench_now_ns() > deadline)
             break;
     }
@@ -553,14 +540,26 @@ static void run_mixed(balloc *a, const bcase *c, bresult *r)
     r->peak_live = peak_live;
     r->peak_held = peak_held;
     r->peak_ratio = peak_live ? (double)peak_held / (double)peak_live : 0;
+    r->map_batches = -1;
+    if (nm) {
+        int with = 0;
+        for (int i = 0; i < nm; i++)
+            with += mv[i] > 0;
+        r->map_batches = (double)with / nm;
+        r->maps = maps_at - maps0;
+        bresult mr;
+        summarize(mv, nm, &mr);
+        r->maps_p99 = mr.p99;
+    }
     if (failed) {
         r->ok = 0;
-        snprintf(r->error, sizeof r->error, "operation %d failed with %d blocks live", done, nlive);
+        snprintf(r->error, sizeof r->error, "operation %ld failed with %d blocks live", done, nlive);
     } else
         r->ok = 1;
     if (nv)
         summarize(v, nv, r);
     free(v);
+    free(mv);
     free(live);
     free(lsz);
 }
@@ -572,8 +571,8 @@ void bench_run_case(balloc *a, const bcase *c, bresult *r)
         run_latency(a, c, r);
     else if (c->workload == W_GROWTH || c->workload == W_TRACE)
         run_growth(a, c, r);
-    else if (c->workload == W_MIXED)
-        run_mixed(a, c, r);
+    else if (c->workload == W_MIXED || c->workload == W_ACTIVATIONS || c->workload == W_LOGUNIFORM)
+        run_shape(a, c, r);
     else
         snprintf(r->error, sizeof r->error, "unknown workload %d", c->workload);
 }

@@ -173,13 +173,15 @@ static void exported_once(void)
     CHECK_OK(fabpool_alloc(a, 1000, &x));
     CHECK_OK(fabpool_alloc(a, 1000, &y)); /* the same slab */
     uint8_t d1[1024], d2[1024];
-    int f1[4] = {-1, -1, -1, -1}, f2[4] = {-1, -1, -1, -1};
+    int f1[16], f2[16];
+    memset(f1, 0xff, sizeof f1);
+    memset(f2, 0xff, sizeof f2);
     size_t l1, l2, n1, n2, o1, o2;
     fabpool_stats s0 = t_stats(a);
-    CHECK_OK(fabpool_block_export(a, x, d1, sizeof d1, &l1, f1, 4, &n1, &o1));
+    CHECK_OK(fabpool_block_export(a, x, d1, sizeof d1, &l1, f1, 16, &n1, &o1));
     fabpool_stats s1 = t_stats(a);
-    CHECK_OK(fabpool_block_export(a, y, d2, sizeof d2, &l2, f2, 4, &n2, &o2));
-    CHECK_OK(fabpool_block_export(a, x, d2, sizeof d2, &l2, f2, 4, &n2, &o2));
+    CHECK_OK(fabpool_block_export(a, y, d2, sizeof d2, &l2, f2, 16, &n2, &o2));
+    CHECK_OK(fabpool_block_export(a, x, d2, sizeof d2, &l2, f2, 16, &n2, &o2));
     fabpool_stats s2 = t_stats(a);
     CHECK(t_calls(&s1, "cuMemExportToShareableHandle") == t_calls(&s0, "cuMemExportToShareableHandle") + 1);
     CHECK(t_calls(&s2, "cuMemExportToShareableHandle") == t_calls(&s1, "cuMemExportToShareableHandle"));
@@ -189,7 +191,7 @@ static void exported_once(void)
     if (posix)
         CHECK(f1[0] >= 0 && f1[0] == f2[0]);
     /* a view in this process: fabpool_view_open takes its fds, so it gets copies */
-    int mine[4];
+    int mine[16];
     for (size_t i = 0; i < n1; i++)
         mine[i] = dup(f1[i]);
     fabpool_view_t *v = NULL;
@@ -211,13 +213,13 @@ static void exported_once(void)
         CHECK(!fd_open(f1[0]));
     /* a sleep unmaps a live block's chunks: their fds go too, and the export after the wake is new */
     CHECK_OK(fabpool_alloc(a, 20 * MB, &x));
-    CHECK_OK(fabpool_block_export(a, x, d1, sizeof d1, &l1, f1, 4, &n1, &o1));
+    CHECK_OK(fabpool_block_export(a, x, d1, sizeof d1, &l1, f1, 16, &n1, &o1));
     CHECK_OK(fabpool_sleep(a, FABPOOL_SLEEP_DISCARD, NULL));
     CHECK(t_stats(a).exported_fds_open == 0);
-    CHECK_STATUS(fabpool_block_export(a, x, d1, sizeof d1, &l1, f1, 4, &n1, &o1), FABPOOL_ERR_ASLEEP);
+    CHECK_STATUS(fabpool_block_export(a, x, d1, sizeof d1, &l1, f1, 16, &n1, &o1), FABPOOL_ERR_ASLEEP);
     CHECK_OK(fabpool_wake(a, NULL));
     s0 = t_stats(a);
-    CHECK_OK(fabpool_block_export(a, x, d1, sizeof d1, &l1, f1, 4, &n1, &o1));
+    CHECK_OK(fabpool_block_export(a, x, d1, sizeof d1, &l1, f1, 16, &n1, &o1));
     s1 = t_stats(a);
     CHECK(t_calls(&s1, "cuMemExportToShareableHandle") > t_calls(&s0, "cuMemExportToShareableHandle"));
     CHECK_OK(fabpool_check(a));

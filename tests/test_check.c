@@ -107,6 +107,11 @@ static void break_slabs(fabpool_t *p, void **live, fp_span *s)
     atomic_fetch_add(&p->use.slab_out, c->obj_size); /* the in-use mark counts a block still in its class */
     expect_broken(p, "[usage.slab_out]", "in-use mark's slab bytes");
     atomic_fetch_sub(&p->use.slab_out, c->obj_size);
+    fp_arena *ma = &p->heap.arenas[FP_ARENA_MEDIUM];
+    fp_piece *run = fp_addrmap_del(&ma->blocks, s->base); /* the slab's run no longer a block of its arena */
+    expect_broken(p, "[slab.arena]", "slab not a block of the medium arena");
+    fp_addrmap_reserve(&ma->blocks, 1);
+    fp_addrmap_put(&ma->blocks, s->base, run);
 
     /* the thread cache: a block twice in a bin, a block of another class */
     fp_tcache *tc = p->alloc.tcaches;
@@ -130,19 +135,20 @@ static void break_slabs(fabpool_t *p, void **live, fp_span *s)
 
 static void break_map(fabpool_t *p, fp_span *s)
 {
+    uint64_t page = 1ull << p->sp.page_shift;
     fp_lock(&p->sp.lock); /* fp_map_set asserts it in a FP_DEBUG_LOCKS build */
-    fp_map_set(&p->sp.map, s->base, gran, NULL);
+    fp_map_set(&p->sp.map, s->base, page, NULL);
     fp_unlock(&p->sp.lock);
-    expect_broken(p, "[map.span]", "slab granule unmapped in map");
+    expect_broken(p, "[map.span]", "slab page unmapped in map");
     fp_lock(&p->sp.lock);
-    fp_map_set(&p->sp.map, s->base, gran, s);
+    fp_map_set(&p->sp.map, s->base, page, s);
     uint64_t free_va = p->sp.va.free[0].start;
-    int set = fp_map_set(&p->sp.map, free_va, gran, s);
+    int set = fp_map_set(&p->sp.map, free_va, page, s);
     fp_unlock(&p->sp.lock);
     CHECK(set == 0);
     expect_broken(p, "[map.stray]", "free address in page map");
     fp_lock(&p->sp.lock);
-    fp_map_set(&p->sp.map, free_va, gran, NULL);
+    fp_map_set(&p->sp.map, free_va, page, NULL);
     fp_unlock(&p->sp.lock);
     expect_clean("after the page-map corruptions");
 }
@@ -175,71 +181,91 @@ static void break_va(fabpool_t *p, fp_span *s)
     expect_clean("after the address-space corruptions");
 }
 
-static void break_large(fabpool_t *p)
+/* The first free range of arena a in address order, of at least min bytes. */
+static fp_piece *free_range(fp_arena *a, uint64_t min)
 {
-    CHECK(p->heap.large_live && p->heap.large_free && p->heap.n_lchunks >= 2);
-    if (!p->heap.large_live || !p->heap.large_free || p->heap.n_lchunks < 2)
+    for (size_t i = 0; i < a->n_runs; i++)
+        for (fp_piece *q = a->runs[i].head; q; q = q->anext)
+            if (q->state == FP_LARGE_FREE && q->size >= min)
+                return q;
+    return NULL;
+}
+
+static void break_arenas(fabpool_t *p)
+{
+    fp_arena *a = &p->heap.arenas[FP_ARENA_LARGE];
+    fp_piece *f = free_range(a, 2 * gran);
+    CHECK(f && f->aprev && a->n_chunks >= 2);
+    if (!f || !f->aprev || a->n_chunks < 2)
         return;
     atomic_fetch_add(&p->heap.large_in_use_bytes, gran);
     expect_broken(p, "[large.in_use]", "large in-use counter");
     atomic_fetch_sub(&p->heap.large_in_use_bytes, gran);
 
-    p->heap.large_free_bytes += gran;
-    expect_broken(p, "[large.free_bytes]", "large free counter");
-    p->heap.large_free_bytes -= gran;
+    a->free_bytes += gran;
+    expect_broken(p, "[arena.sums]", "arena free counter");
+    a->free_bytes -= gran;
 
-    /* a live block grown over the piece after it */
-    fp_span *l = NULL;
-    for (fp_span *s = p->heap.large_live; s; s = s->next) {
-        fp_span *r = (fp_span *)fp_map_get(&p->sp.map, s->base + s->size);
-        if (r && r->kind == FP_SPAN_LARGE)
-            l = s;
-    }
-    CHECK(l != NULL);
-    if (l) {
-        l->size += gran;
-        expect_broken(p, "[large.overlap]", "large pieces overlap");
-        l->size -= gran;
-    }
+    /* a live block grown over the free range after it */
+    fp_piece *l = f->aprev;
+    CHECK(l->state == FP_LARGE_LIVE);
+    l->size += a->quantum;
+    expect_broken(p, "[arena.run]", "pieces overlap");
+    l->size -= a->quantum;
 
-    atomic_store(&p->heap.large_free->in_use, FP_LARGE_LIVE);
-    expect_broken(p, "[large.list]", "live piece on free list");
-    atomic_store(&p->heap.large_free->in_use, FP_LARGE_FREE);
+    f->state = FP_LARGE_LIVE;
+    expect_broken(p, "[arena.blocks]", "a block not in the table");
+    f->state = FP_LARGE_FREE;
+
+    fp_addrmap_del(&a->blocks, l->base);
+    expect_broken(p, "[arena.blocks]", "a block lost from the table");
+    fp_addrmap_put(&a->blocks, l->base, l);
+
+    unsigned bin = f->bin;
+    f->bin = bin ^ 1;
+    expect_broken(p, "[arena.bin]", "free range in another bin");
+    f->bin = bin;
+
+    a->summary ^= 1ull << (bin / 64);
+    expect_broken(p, "[arena.bin]", "bitmap summary bit");
+    a->summary ^= 1ull << (bin / 64);
 
     /* a free range split in two touching pieces */
-    fp_span *f = p->heap.large_free;
-    if (f->size >= 2 * gran) {
-        fp_span *half = calloc(1, sizeof *half);
-        half->kind = FP_SPAN_LARGE;
-        half->base = f->base + gran;
-        half->size = f->size - gran;
-        f->size = gran;
-        half->prev = f;
-        half->next = f->next;
-        f->next = half;
-        expect_broken(p, "[large.merge]", "touching free ranges");
-        f->next = half->next;
-        f->size += half->size;
-        free(half);
-    } else {
-        CHECK(!"a free large range of two granules expected");
-    }
+    fp_piece *half = calloc(1, sizeof *half);
+    half->base = f->base + gran;
+    half->size = f->size - gran;
+    half->state = FP_LARGE_FREE;
+    half->aprev = f;
+    half->anext = f->anext;
+    fp_piece *after = f->anext;
+    f->anext = half;
+    f->size = gran;
+    if (after)
+        after->aprev = half;
+    expect_broken(p, "[arena.merge]", "touching free ranges");
+    f->anext = after;
+    if (after)
+        after->aprev = f;
+    f->size += half->size;
+    free(half);
 
-    fp_lchunk c0 = p->heap.lchunks[0];
-    p->heap.lchunks[0] = p->heap.lchunks[1];
-    p->heap.lchunks[1] = c0;
-    expect_broken(p, "[lchunk.sorted]", "large chunks out of order");
-    p->heap.lchunks[1] = p->heap.lchunks[0];
-    p->heap.lchunks[0] = c0;
+    fp_lchunk c0 = a->chunks[0];
+    a->chunks[0] = a->chunks[1];
+    a->chunks[1] = c0;
+    expect_broken(p, "[arena.chunk]", "chunks out of order");
+    a->chunks[1] = a->chunks[0];
+    a->chunks[0] = c0;
 
     size_t k = 0;
-    while (k + 1 < p->heap.n_lchunks && p->heap.lchunks[k].size < 2 * gran)
+    while (k + 1 < a->n_chunks && a->chunks[k].size < 2 * gran)
         k++;
-    CHECK(p->heap.lchunks[k].size >= 2 * gran);
-    p->heap.lchunks[k].size -= gran;
-    expect_broken(p, "[lchunk.cover]", "piece not covered by chunk");
-    p->heap.lchunks[k].size += gran;
-    expect_clean("after the large-block corruptions");
+    CHECK(a->chunks[k].size >= 2 * gran);
+    a->chunks[k].size -= gran; /* the count follows: only the cover is wrong */
+    a->mapped_bytes -= gran;
+    expect_broken(p, "[arena.cover]", "run not covered by chunks");
+    a->chunks[k].size += gran;
+    a->mapped_bytes += gran;
+    expect_clean("after the arena corruptions");
 }
 
 static void break_buffer(fabpool_t *p, fabpool_buffer_t *b)
@@ -280,9 +306,9 @@ static void break_buffer(fabpool_t *p, fabpool_buffer_t *b)
         atomic_fetch_sub(stats[i], 1);
     }
 
-    atomic_fetch_add(&p->heap.idle_bytes, gran);
+    atomic_fetch_add(&p->heap.idle_slabs, gran);
     expect_broken(p, "[pool.idle]", "idle bytes");
-    atomic_fetch_sub(&p->heap.idle_bytes, gran);
+    atomic_fetch_sub(&p->heap.idle_slabs, gran);
 
     atomic_fetch_add(&p->ch.mapped_bytes, gran);
     expect_broken(p, "[pool.mapped]", "mapped bytes");
@@ -519,8 +545,9 @@ int main(void)
     if (!b || !e || !v)
         return t_done("test_check");
     expect_clean("healthy pools");
-    printf("test_check: healthy: %u slab classes, %llu slabs, %zu large chunks, buffer of %u chunks, view of %u\n",
-           A->heap.n_slab_classes, (unsigned long long)atomic_load(&A->ch.chunks_mapped), A->heap.n_lchunks, b->n, v->n);
+    printf("test_check: healthy: %u slab classes, %llu chunks, %zu large chunks, buffer of %u chunks, view of %u\n",
+           A->heap.n_slab_classes, (unsigned long long)atomic_load(&A->ch.chunks_mapped),
+           A->heap.arenas[FP_ARENA_LARGE].n_chunks, b->n, v->n);
 
     fp_span *s = slab_of(A, small[0]);
     if (s) {
@@ -528,7 +555,7 @@ int main(void)
         break_map(A, s);
         break_va(A, s);
     }
-    break_large(A);
+    break_arenas(A);
     if (hold)
         break_buffer(A, b);
     else

@@ -113,7 +113,7 @@ static void test_defaults(void)
     CHECK(o.handle_type == FABPOOL_HANDLE_AUTO);
     CHECK(o.max_waste_percent == 25);
     CHECK(o.max_chunk_bytes == 1 * GiB);
-    CHECK(o.slab_max_bytes == 8 * MiB);
+    CHECK(o.slab_max_bytes == 4096);
     CHECK(o.cache_limit_bytes == UINT64_MAX);
     CHECK(o.decay_ms == 10000);
     CHECK(o.large_slack_percent == 4);

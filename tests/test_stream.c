@@ -124,8 +124,8 @@ static void pending_stays_mapped(CUstream s, CUstream s2)
     if (!p)
         return;
     void *a = NULL, *b = NULL;
-    CHECK_OK(fabpool_alloc_on_stream(p, 64 * MB, s, &a)); /* large: two 32 MiB chunks */
-    CHECK_OK(fabpool_alloc_on_stream(p, 1 * MB, s, &b)); /* a slab of its own class */
+    CHECK_OK(fabpool_alloc_on_stream(p, 64 * MB, s, &a)); /* large blocks */
+    CHECK_OK(fabpool_alloc_on_stream(p, 1 * MB, s, &b));
     t_put_tag(a, 64 * MB, 0xa);
     t_put_tag(b, 1 * MB, 0xb);
     hold(s);
@@ -147,7 +147,7 @@ static void pending_stays_mapped(CUstream s, CUstream s2)
     void *c = NULL;
     CHECK_OK(fabpool_alloc_on_stream(p, 96 * MB, s2, &c));
     CHECK(c != a);
-    CHECK(t_ledger().bytes_held >= held0 + 96 * MB);
+    CHECK(t_ledger().bytes_held >= 65 * MB + 96 * MB); /* a and b stay mapped beside c */
     CHECK(t_tag_ok(a, 64 * MB, 0xa) && t_tag_ok(b, 1 * MB, 0xb));
     fabpool_stats st = {.struct_size = sizeof st};
     CHECK_OK(fabpool_get_stats(p, &st));
@@ -376,8 +376,8 @@ static void owner_reuse(CUstream s)
     /* a different size takes a's memory: with the queue it would map more (see same_stream's 1.25x rule) */
     CHECK_OK(fabpool_alloc_on_stream(p, 40 * MB, s, &b));
     CHECK((uintptr_t)b >= (uintptr_t)a && (uintptr_t)b + 40 * MB <= (uintptr_t)a + 64 * MB);
-    CHECK_OK(fabpool_alloc_on_stream(p, 300000, s, &d)); /* c's block */
-    CHECK(d == c);
+    CHECK_OK(fabpool_alloc_on_stream(p, 300000, s, &d)); /* the rest of the memory a and c left */
+    CHECK((uintptr_t)d >= (uintptr_t)c && (uintptr_t)d + 300000 <= (uintptr_t)a + 64 * MB);
     CHECK(calls(NULL) == c0); /* no driver call: no event, no map */
     CHECK(t_ledger().bytes_held == held0);
     fabpool_counters k2 = counters(p);

@@ -84,7 +84,7 @@ static void round_trip(void)
     w[n++] = (want){FABPOOL_TR_ALLOC, (uintptr_t)a, 1000, 0, 0};
     CHECK_OK(fabpool_alloc(p, 300000, &b));
     w[n++] = (want){FABPOOL_TR_ALLOC, (uintptr_t)b, 300000, 0, 0};
-    CHECK_OK(fabpool_alloc(p, 9u << 20, &c)); /* above slab_max: a large span */
+    CHECK_OK(fabpool_alloc(p, 9u << 20, &c)); /* above slab_max: a block of an arena */
     w[n++] = (want){FABPOOL_TR_ALLOC, (uintptr_t)c, 9u << 20, 0, 0};
     CHECK_STATUS(fabpool_alloc(p, 0, &bad), FABPOOL_ERR_INVALID_ARG);
     w[n++] = (want){FABPOOL_TR_ALLOC, 0, 0, 0, FABPOOL_ERR_INVALID_ARG};
@@ -125,7 +125,7 @@ static void round_trip(void)
     CHECK(d.h.version == FABPOOL_TRACE_VERSION);
     CHECK(d.h.device == 0);
     CHECK(d.h.granularity == 2u << 20);
-    CHECK(d.h.slab_max == 8u << 20); /* the default */
+    CHECK(d.h.slab_max == 4096); /* the default */
     CHECK(d.h.pid == (uint32_t)getpid());
     CHECK(d.n == (size_t)n);
     for (int i = 0; i < n && (size_t)i < d.n; i++) {
