@@ -7,6 +7,9 @@
 #                (issue 14), 10 GiB sleep + wake against pinned copies
 #   stream       fabpool_bench_stream: the stream-ordered pair against cuMemAllocAsync (issue 12)
 #   moe          adapters/torch/test_torch_moe.py in default, fabpool and mempool modes (losses compared)
+#   layout       fabpool_bench's shapes of changing sizes (mixed, activations, loguniform), every allocator
+#   shapes       perf/torch_shapes.py: the same kind of shapes through PyTorch, fabpool installed against PyTorch's
+#                default, expandable segments and cudaMallocAsync (peak used memory over peak live)
 # CHECKS=tests,sleep,... picks some.  Writes under $OUT: checks.txt (this log), ctest.txt, sleep.json,
 # stream-bench.json, moe-*.json; the last line is SUMMARY name=rc ...
 set -u
@@ -32,6 +35,9 @@ want() { [[ ",$CHECKS," == *",$1,"* ]]; }
   want stream && step stream 60 "$B/fabpool_bench_stream" 1000000 --json "$OUT/stream-bench.json"
   want moe && step moe 150 python3 adapters/torch/test_torch_moe.py --lib "$LIB" --steps 200 \
        --modes default,fabpool,mempool --workdir "$OUT"
+  want layout && step layout 300 bash -c "'$B/fabpool_bench' --workload mixed,activations,loguniform \
+       --json '$OUT/layout-bench.json' > '$OUT/layout-bench.txt' 2>&1; rc=\$?; tail -n 60 '$OUT/layout-bench.txt'; exit \$rc"
+  want shapes && step shapes 420 python3 perf/torch_shapes.py --lib "$LIB" --json "$OUT/torch-shapes.json"
   echo "SUMMARY ${status[*]}"
 } > "$LOG" 2>&1
 tail -n 60 "$LOG"
