@@ -315,7 +315,10 @@ FABPOOL_API fabpool_status fabpool_buffer_create(fabpool_t *pool, size_t max_siz
  * completed; with NULL, the pool synchronizes the context before it unmaps.
  * A grow on another stream that takes a retired chunk back keeps that
  * stream's event: a later shrink or replacement of the chunk unmaps it only
- * once the work of every stream it was retired on is done.
+ * once the work of every stream it was retired on is done.  A chunk only
+ * partly needed is replaced by a smaller one; where no device memory or
+ * address space is left for that, it stays mapped whole until a later shrink
+ * (the shrink succeeds: a set is never left half resized for want of it).
  * On failure the buffer keeps its old size, its mapping and its data. */
 FABPOOL_API fabpool_status fabpool_buffer_resize(fabpool_buffer_t *buf, size_t size, void *stream);
 /* Resizes n buffers of one pool at once (HybridEP grows its buffer set from

@@ -436,8 +436,21 @@ static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t 
     if (refit_j) {
         fp_bchunk *j = &b->chunks[first_retire - 1];
         st = refit(bs, b, first_retire - 1, keep - j->off, target, stream);
-        fp_ctx_pop(bs->sp->ch, saved);
-        return st;
+        /* no room or memory for the smaller chunk (refit changed nothing):
+         * the chunk stays whole, beyond the hysteresis, until a later
+         * shrink refits it, and the shrink goes on without it, so that it
+         * fails only where nothing can shrink (a set stays all or nothing) */
+        if (st != FABPOOL_ERR_LIMIT && st != FABPOOL_ERR_OUT_OF_MEMORY) {
+            fp_ctx_pop(bs->sp->ch, saved);
+            return st;
+        }
+        FP_LOG_CH(FP_LOG_INFO, bs->sp->ch, "a buffer shrunk to %llu bytes keeps a chunk of %llu bytes whole: %s",
+                  (unsigned long long)target, (unsigned long long)j->size, fabpool_last_error());
+        fp_error_clear();
+        if (first_retire == last_live) {
+            fp_ctx_pop(bs->sp->ch, saved);
+            return FABPOOL_OK;
+        }
     }
     if (!stream && (st = sync_stream(bs, NULL, "before unmapping a shrunk buffer's chunks")) != FABPOOL_OK) {
         fp_ctx_pop(bs->sp->ch, saved);
