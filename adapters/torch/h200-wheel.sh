@@ -30,6 +30,9 @@ want() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
   echo "fabpool wheel H200 check, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null), steps: $steps"
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
   python3 -c 'import sys, torch; print(sys.executable, "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
+  # what the build and the install can use (wheel.sh says which way it took)
+  python3 -c 'import importlib.util as u; print("modules:", {m: bool(u.find_spec(m)) for m in
+              ("build", "setuptools", "wheel", "pip", "ensurepip", "lightning", "pytorch_lightning")})' 2>&1
   step wheel 400 adapters/torch/wheel.sh python3 "$W"
   "$PY" -m zipfile -l "$W"/dist/fabpool_torch-*.whl
   unset FABPOOL_TORCH_LIBRARY FABPOOL_TORCH_CXX_LIBRARY   # FABPOOL_TORCH_MODE=shim runs moe and sleep on the shim

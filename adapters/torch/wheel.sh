@@ -5,8 +5,8 @@
 #              cannot install pip, Debian's or Ubuntu's python3 without python3-venv: a venv without pip, served
 #              by PYTHON's pip --python)
 #   DIR/dist   the wheel: PYTHON -m build --no-isolation --wheel from the repository root, or, where PYTHON has no
-#              `build`, pip wheel --no-index --no-build-isolation; either uses the installed setuptools and
-#              downloads nothing
+#              `build`, pip wheel --no-index --no-build-isolation, or without pip either, setuptools' build hook
+#              (PEP 517) called directly; each uses the installed setuptools and downloads nothing
 #   then pip install --no-index DIR/dist/fabpool_torch-*.whl into DIR/venv, and a check that DIR/venv imports it
 # Prints how long each step took.  Used by CI (.ci/run) and on the H200 (adapters/torch/h200-wheel.sh).
 set -eu
@@ -34,9 +34,13 @@ fi
 t1=$(date +%s)
 if "$py" -c 'import build' 2>/dev/null; then
   (cd "$root" && "$py" -m build --no-isolation --wheel --outdir "$dir/dist")
-else
+elif vpip --version >/dev/null 2>&1; then
   echo "wheel.sh: $py has no 'build' module: pip wheel --no-build-isolation instead"
   (cd "$root" && vpip wheel --no-index --no-build-isolation --no-deps -w "$dir/dist" .)
+else
+  echo "wheel.sh: neither 'build' nor pip: setuptools' PEP 517 hook, called directly"
+  mkdir -p "$dir/dist"
+  (cd "$root" && "$vpy" -c 'import sys, setuptools.build_meta as m; print(m.build_wheel(sys.argv[1]))' "$dir/dist")
 fi
 t2=$(date +%s)
 # --ignore-installed: into this venv, whatever fabpool-torch the visible site-packages may already have
