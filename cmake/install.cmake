@@ -3,7 +3,12 @@
 #   P/lib/libfabpool.so* (with its SONAME) and P/lib/libfabpool.a,
 #   P/lib/cmake/fabpool/ (find_package(fabpool): fabpool::fabpool, fabpool::fabpool_static),
 #   P/lib/pkgconfig/fabpool.pc (pkg-config --cflags --libs fabpool),
-#   P/share/doc/fabpool/LICENSE and CHANGELOG.md.
+#   P/share/doc/fabpool/LICENSE and CHANGELOG.md,
+#   P/bin/fabpool_trace, fabpool_replay and fabpool_bench (the tools for a trace and for measuring),
+#   P/lib/fabpool/python/ (FABPOOL_INSTALL_PYTHONDIR): the PyTorch adapter, the package fabpool_torch
+#   (the module with libfabpool_torch.so, and libfabpool_torch_cxx.so where it was built) and fabpool_symm.py;
+#   PYTHONPATH=P/lib/fabpool/python makes `import fabpool_torch` find it.  The wheel (pyproject.toml) is this
+#   component (python) alone.
 # docs/integration.md, "Installing fabpool".
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -47,6 +52,33 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/fabpool.pc DESTINATION ${CMAKE_INSTALL
 install(FILES ${CMAKE_CURRENT_SOURCE_DIR}/LICENSE ${CMAKE_CURRENT_SOURCE_DIR}/CHANGELOG.md
         DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT runtime)
 
+# the tools
+set(fabpool_tools)
+foreach(t fabpool_trace fabpool_replay fabpool_bench)
+  if(TARGET ${t})
+    list(APPEND fabpool_tools ${t})
+  endif()
+endforeach()
+if(fabpool_tools)
+  install(TARGETS ${fabpool_tools} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tools)
+endif()
+
+# the PyTorch adapter: module and libraries in one folder, the module configured by this build (its version and
+# build id, which it checks against the library's at load)
+set(FABPOOL_INSTALL_PYTHONDIR ${CMAKE_INSTALL_LIBDIR}/fabpool/python CACHE STRING
+    "Where cmake --install puts the Python modules (fabpool_torch, fabpool_symm), relative to the prefix")
+if(TARGET fabpool_torch)
+  set(fabpool_pkg ${FABPOOL_INSTALL_PYTHONDIR}/fabpool_torch)
+  install(TARGETS fabpool_torch LIBRARY DESTINATION ${fabpool_pkg} COMPONENT python)
+  if(TARGET fabpool_torch_cxx)
+    install(TARGETS fabpool_torch_cxx LIBRARY DESTINATION ${fabpool_pkg} COMPONENT python)
+  endif()
+  install(FILES ${CMAKE_BINARY_DIR}/adapters/torch/fabpool_torch.py DESTINATION ${fabpool_pkg} RENAME __init__.py
+          COMPONENT python)
+  install(FILES ${CMAKE_BINARY_DIR}/adapters/torch/fabpool_symm.py DESTINATION ${FABPOOL_INSTALL_PYTHONDIR}
+          COMPONENT python)
+endif()
+
 # ---------------------------------------------------------------- tests
 # install into a fresh prefix, then build and run two consumers against it:
 # one through find_package, one through pkg-config
@@ -58,14 +90,20 @@ if(BUILD_TESTING AND FABPOOL_TEST_DRIVER STREQUAL "sim")
   set(fabpool_inst_args ${CMAKE_COMMAND} ${CMAKE_BINARY_DIR} ${fabpool_inst_prefix}
       ${CMAKE_CURRENT_SOURCE_DIR}/tests/install ${CMAKE_C_COMPILER} ${CMAKE_INSTALL_LIBDIR})
   set(fabpool_inst_env "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/sim" "FABPOOL_SONAME=libfabpool.so.${FABPOOL_SOVERSION}"
-      "FABPOOL_CUDA_LIBRARY=${CMAKE_BINARY_DIR}/sim/libcuda.so.1")
+      "FABPOOL_CUDA_LIBRARY=${CMAKE_BINARY_DIR}/sim/libcuda.so.1" "FABPOOL_PYTHONDIR=${FABPOOL_INSTALL_PYTHONDIR}"
+      "FABPOOL_PYTHON=${FABPOOL_PYTHON}" "FABPOOL_VERSION=${PROJECT_VERSION}")
   add_test(NAME test_install COMMAND ${fabpool_inst_run} install ${fabpool_inst_args})
   add_test(NAME test_install_find_package COMMAND ${fabpool_inst_run} find_package ${fabpool_inst_args})
   add_test(NAME test_install_pkgconfig COMMAND ${fabpool_inst_run} pkgconfig ${fabpool_inst_args})
+  set(fabpool_inst_users test_install_find_package test_install_pkgconfig)
+  if(FABPOOL_PYTHON AND TARGET fabpool_torch)
+    # the installed fabpool_torch package on PYTHONPATH: the Python tests that need no GPU, from it
+    add_test(NAME test_install_python COMMAND ${fabpool_inst_run} python ${fabpool_inst_args})
+    list(APPEND fabpool_inst_users test_install_python)
+  endif()
   set_tests_properties(test_install PROPERTIES FIXTURES_SETUP fabpool_installed)
-  set_tests_properties(test_install_find_package test_install_pkgconfig PROPERTIES
-                       FIXTURES_REQUIRED fabpool_installed)
-  foreach(t test_install test_install_find_package test_install_pkgconfig)
+  set_tests_properties(${fabpool_inst_users} PROPERTIES FIXTURES_REQUIRED fabpool_installed)
+  foreach(t test_install ${fabpool_inst_users})
     set_tests_properties(${t} PROPERTIES LABELS install TIMEOUT 300
                          ENVIRONMENT "${fabpool_inst_env};FABSIM_MACHINE=${t}")
   endforeach()

@@ -155,6 +155,12 @@ FABPOOL_API const char *fabpool_torch_last_error(void);
 /* The version of fabpool inside this library (fabpool_version(), fabpool.h). */
 FABPOOL_API const char *fabpool_torch_version(void);
 
+/* The build this library comes from: an id made once per build folder
+ * (-DFABPOOL_TORCH_BUILD_ID= sets it), which the Python module configured by
+ * the same build also carries; the module refuses a library whose version or
+ * build id differs from its own. */
+FABPOOL_API const char *fabpool_torch_build_id(void);
+
 /* The layout of every struct this library fills, as the compiler laid it out,
  * for bindings that mirror them (the Python module's ctypes classes; its
  * tests compare the two): one JSON object

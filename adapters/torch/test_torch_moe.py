@@ -10,6 +10,8 @@ to the driver once the MemPool is deleted.
 
     python3 test_torch_moe.py --lib build/adapters/torch/libfabpool_torch.so [--steps 200]
 
+Without --lib (and FABPOOL_TORCH_LIBRARY) it tests the installed fabpool_torch package.
+
 Each step: a token count that rises and falls (a slow wave plus noise), tokens
 made on stream s1, routed to one of E experts (argmax of a gate), permuted by
 expert (a stable argsort), then on stream s2 every expert's tokens go through
@@ -38,7 +40,8 @@ def run_one(args):
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")   # deterministic cuBLAS
     report = {"allocator": args.allocator}
     if args.allocator in ("fabpool", "mempool"):
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python"))
+        if args.lib:   # a library of a build tree; without it, the installed package (the wheel)
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python"))
         import fabpool_torch
         if args.allocator == "fabpool":
             report["library"] = fabpool_torch.install(args.lib)   # before any CUDA allocation

@@ -4,6 +4,8 @@ what the driver holds for this process (held.py: NVML, else torch.cuda.mem_get_i
 
     python3 test_torch_stats.py --lib build/adapters/torch/libfabpool_torch.so [--out stats.json]
 
+Without --lib (and FABPOOL_TORCH_LIBRARY) it tests the installed fabpool_torch package.
+
 Prints one PASS/FAIL line per check, then ALL PASS or SOME FAILED (exit 0 only
 if all pass)."""
 import argparse
@@ -21,7 +23,8 @@ def main():
     ap.add_argument("--lib", default=os.environ.get("FABPOOL_TORCH_LIBRARY"))
     ap.add_argument("--out")
     args = ap.parse_args()
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python"))
+    if args.lib:   # a library of a build tree; without it, the installed package (the wheel)
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python"))
     import fabpool_torch
     fabpool_torch.install(args.lib, stats=True)   # before any CUDA allocation
     import torch

@@ -41,7 +41,7 @@ if(FABPOOL_TORCH_CXX)
                           ${_torch_cudart} Threads::Threads ${CMAKE_DL_LIBS})
     set_target_properties(fabpool_torch_cxx PROPERTIES C_VISIBILITY_PRESET hidden CXX_VISIBILITY_PRESET hidden
                           LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/adapters/torch
-                          BUILD_RPATH "${_torch_rpath}" LINK_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/fabpool_torch_cxx.map)
+                          BUILD_RPATH "${_torch_rpath}" INSTALL_RPATH "${_torch_rpath}" LINK_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/fabpool_torch_cxx.map)
     # -Bsymbolic: the library's calls of its own fabpool_torch_* stay inside it, even where the shim's
     # libfabpool_torch.so, which exports the same names, is loaded into the process too
     target_link_options(fabpool_torch_cxx PRIVATE

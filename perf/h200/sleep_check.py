@@ -15,7 +15,8 @@ state, activations), beside a KV-cache-like tensor in the tag "kv".  Then:
      pinned memory is cudaHostAlloc: the alternative to fabpool's VMM host
      memory), and the time to allocate that much pinned memory either way.
 One PASS/FAIL line per criterion; results also in --out (JSON).
-Usage: sleep_check.py --lib build/adapters/torch/libfabpool_torch.so --out OUT/sleep.json"""
+Usage: sleep_check.py [--lib build/adapters/torch/libfabpool_torch.so] --out OUT/sleep.json (without --lib: the
+installed fabpool_torch package)"""
 import argparse
 import json
 import os
@@ -25,7 +26,7 @@ import time
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, before torch loads
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--lib", required=True)
+ap.add_argument("--lib", help="a build tree's libfabpool_torch.so (default: the installed fabpool_torch package)")
 ap.add_argument("--out", default="sleep.json")
 ap.add_argument("--steps1", type=int, default=6)
 ap.add_argument("--steps2", type=int, default=6)
@@ -36,7 +37,8 @@ ap.add_argument("--keep-host", type=int, default=1,
 args = ap.parse_args()
 if args.keep_host:
     os.environ["FABPOOL_CONF"] = ",".join(x for x in (os.environ.get("FABPOOL_CONF", ""), "sleep_keep_host:1") if x)
-sys.path.insert(0, os.path.dirname(os.path.abspath(args.lib)))
+if args.lib:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args.lib)))
 import fabpool_torch  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402

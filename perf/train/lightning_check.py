@@ -28,7 +28,8 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
 
-    sys.path.insert(0, os.path.join(ROOT, "adapters", "torch", "python"))
+    if args.lib:   # a library of a build tree; without it, the installed package (the wheel)
+        sys.path.insert(0, os.path.join(ROOT, "adapters", "torch", "python"))
     import fabpool_torch
     fabpool_torch.install(args.lib, stats=True)      # the only line a user adds
 

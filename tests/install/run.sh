@@ -3,8 +3,10 @@
 #   install:      cmake --install BUILD --prefix PREFIX, and check what is there
 #   find_package: build consumer/ with find_package(fabpool), run its programs
 #   pkgconfig:    build consumer/consumer.c with `pkg-config --cflags --libs fabpool`, run it
+#   python:       the Python tests that need no GPU against the installed fabpool_torch package (python.sh)
 # The programs run against the driver named by FABPOOL_CUDA_LIBRARY (the simulated one in ctest);
-# FABPOOL_SONAME is the SONAME the library must carry (install.cmake sets it).
+# FABPOOL_SONAME is the SONAME the library must carry (install.cmake sets it); FABPOOL_PYTHONDIR the Python
+# folder under the prefix, FABPOOL_PYTHON the interpreter and FABPOOL_VERSION the project's version (the python step).
 set -u
 step=$1 cmake=$2 build=$3 prefix=$4 src=$5 cc=$6 libdir=$7
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -24,6 +26,13 @@ install)
     [ -e "$h" ] || continue
     [ -e "$prefix/include/$(basename "$h")" ] || fail "header $(basename "$h") was not installed"
   done
+  # the tools, and the PyTorch adapter: the package (module and library of this build) and fabpool_symm
+  for f in bin/fabpool_trace bin/fabpool_replay bin/fabpool_bench "$FABPOOL_PYTHONDIR/fabpool_torch/__init__.py" \
+           "$FABPOOL_PYTHONDIR/fabpool_torch/libfabpool_torch.so" "$FABPOOL_PYTHONDIR/fabpool_symm.py"; do
+    [ -e "$prefix/$f" ] || fail "$prefix/$f was not installed"
+    echo "installed: $f"
+  done
+  out=$("$prefix/bin/fabpool_trace" --help 2>&1) || fail "the installed fabpool_trace --help: $out"
   # the shared library carries its SONAME, and the name it gives is installed as a link
   soname=$(objdump -p "$prefix/$libdir/libfabpool.so" 2>/dev/null | awk '/SONAME/ {print $2}')
   [ -n "$soname" ] || soname=$(readelf -d "$prefix/$libdir/libfabpool.so" | sed -n 's/.*SONAME.*\[\(.*\)\].*/\1/p')
@@ -56,6 +65,11 @@ pkgconfig)
   out=$("$prefix/build-pkgconfig/consumer") || fail "consumer: $out"
   echo "consumer: $out"
   case $out in OK*) ;; *) fail "consumer did not print OK" ;; esac
+  ;;
+python)
+  [ -n "${FABPOOL_PYTHON:-}" ] || fail "no python3 (FABPOOL_PYTHON)"
+  PYTHONPATH="$prefix/$FABPOOL_PYTHONDIR" run sh "$src/python.sh" "$FABPOOL_PYTHON" "$prefix" "$src/../.." \
+    "$FABPOOL_VERSION" "$FABPOOL_CUDA_LIBRARY"
   ;;
 *) fail "unknown step $step" ;;
 esac

@@ -47,10 +47,19 @@ import json
 import os
 import sys
 
-__all__ = ["install", "installed", "cpp_view", "cxx_library_path", "SHIM_LIMITS", "load", "library_path", "stats", "counters", "empty", "shutdown", "last_error",
+__all__ = ["build_info", "install", "installed", "cpp_view", "cxx_library_path", "SHIM_LIMITS", "load", "library_path", "stats", "counters", "empty", "shutdown", "last_error",
            "memory_stats", "memory_stats_as_nested_dict", "reset_peak_memory_stats",
            "reset_accumulated_memory_stats", "patch_torch_stats", "unpatch_torch_stats", "mempool", "FabpoolError",
            "sleep", "wake", "sleep_state", "tags"]
+
+# The version and build id of the build that configured this file: CMake writes them into the copy it puts
+# beside the library (<build>/adapters/torch) and installs (cmake --install, the wheel), and load() refuses a
+# library that says another.  The file in the source tree is not filled in: it takes whatever library it loads.
+_BUILT_WITH = ("@PROJECT_VERSION@",
+               "@FABPOOL_TORCH_BUILD_ID@")
+_CONFIGURED = not _BUILT_WITH[1].startswith("@")
+if _CONFIGURED:
+    __version__ = _BUILT_WITH[0]
 
 _LIB_NAME = "libfabpool_torch.so"
 _CXX_LIB_NAME = "libfabpool_torch_cxx.so"
@@ -144,10 +153,55 @@ def load(path=None):
     return _use(lib, p)
 
 
+def _library_build(lib):
+    """(version, build id) that a loaded library says; "none" for a library without a build id."""
+    lib.fabpool_torch_version.restype = ctypes.c_char_p
+    lib.fabpool_torch_version.argtypes = []
+    try:
+        lib.fabpool_torch_build_id.restype = ctypes.c_char_p
+        lib.fabpool_torch_build_id.argtypes = []
+        build_id = lib.fabpool_torch_build_id().decode()
+    except AttributeError:
+        build_id = "none"
+    return lib.fabpool_torch_version().decode(), build_id
+
+
+def _check_build(lib, p):
+    """Refuses a library of another build than this module's (a configured module only)."""
+    if not _CONFIGURED:
+        return
+    have = _library_build(lib)
+    if have != _BUILT_WITH:
+        raise FabpoolError(
+            "fabpool_torch: %s is fabpool %s, build %s, but this module (%s) is fabpool %s, build %s: the module "
+            "and its library must come from one build. Use the library installed with the module (pass no path, "
+            "unset FABPOOL_TORCH_LIBRARY and FABPOOL_TORCH_CXX_LIBRARY), or import the fabpool_torch.py that lies "
+            "beside that library" % (p, have[0], have[1], os.path.abspath(__file__), _BUILT_WITH[0], _BUILT_WITH[1]))
+
+
+def build_info():
+    """{"version", "build_id"}: this module's build ("build_id" None for the
+    module of the source tree, which checks nothing), and once a library is
+    loaded, its "library" path, "library_version" and "library_build_id"."""
+    out = {"version": _BUILT_WITH[0] if _CONFIGURED else None, "build_id": _BUILT_WITH[1] if _CONFIGURED else None}
+    if _lib is not None:
+        out["library"] = _lib_path
+        out["library_version"], out["library_build_id"] = _library_build(_lib)
+    return out
+
+
+def __getattr__(name):
+    if name == "__version__":   # the module of the source tree: the version of the library it loads
+        return _library_build(load())[0]
+    raise AttributeError("module 'fabpool_torch' has no attribute %r" % name)
+
+
 def _use(lib, p):
     """lib (the shim's, or the C++ allocator's: both have the shim's C
-    functions) becomes the one this module's functions call."""
+    functions) becomes the one this module's functions call, once
+    _check_build has accepted it."""
     global _lib, _lib_path, _tags_ready
+    _check_build(lib, p)
     lib.fabpool_torch_alloc.restype = ctypes.c_void_p
     lib.fabpool_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
     lib.fabpool_torch_free.restype = None
@@ -229,6 +283,7 @@ def _load_cxx(torch, path):
     if built != torch.__version__:
         return None, ("%s was built against PyTorch %s, and this is PyTorch %s: rebuild fabpool against it" %
                       (p, built, torch.__version__))
+    _check_build(lib, p)   # before it becomes PyTorch's allocator
     lib.fabpool_torch_cxx_install.restype = ctypes.c_int
     lib.fabpool_torch_cxx_install.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.fabpool_torch_cxx_installed.restype = ctypes.c_int
