@@ -34,8 +34,11 @@ the README's build command finds that build and its test command runs
 would double CI's time.  Everything else runs in full.
 
 It also checks that the documents hold no dates, commit hashes or issue
-numbers: those belong to docs/results/ (and CHANGELOG.md, which dates
-versions).
+numbers (those belong to docs/results/, and to CHANGELOG.md, which dates
+versions; another project's issue or commit named with the project is a
+citation), that docs/config.md has a row for every FABPOOL_CONF key of lib/'s
+conf.c, and that docs/api.md describes every function the installed headers
+of include/ declare.
 
     doccmds.py --root SRC            run (the ctest `docs`)
     doccmds.py --root SRC --list     print every block and what would be done
@@ -147,10 +150,27 @@ def conf_keys(root):
     return []
 
 
+def public_functions(root):
+    """[(header, name)]: the functions the installed headers declare (FABPOOL_API, or static inline)."""
+    out = []
+    inc = os.path.join(root, "include")
+    for f in sorted(os.listdir(inc)) if os.path.isdir(inc) else []:
+        if f.startswith("fabpool") and f.endswith(".h"):
+            text = open(os.path.join(inc, f), encoding="utf-8").read()
+            names = re.findall(r"(?:FABPOOL_API|static inline)\b[^;{(]*?\b(fabpool_\w+)\s*\(", text)
+            out += [(f, n) for n in dict.fromkeys(names)]
+    return out
+
+
 def check(root):
-    """Problems of the convention and the stale marks, as printable lines; and every FABPOOL_CONF key must have its
-    row in docs/config.md."""
+    """Problems of the convention and the stale marks, as printable lines; every FABPOOL_CONF key must have its
+    row in docs/config.md, and every public function of include/ its entry in docs/api.md."""
     msgs = []
+    api = os.path.join(root, "docs", "api.md")
+    if os.path.isfile(api):
+        text = open(api, encoding="utf-8").read()
+        msgs += ["docs/api.md: %s's %s is not described" % (h, n) for h, n in public_functions(root)
+                 if not re.search(r"`[^`]*\b%s\b" % n, text)]
     config = os.path.join(root, "docs", "config.md")
     keys = conf_keys(root)
     if not keys:
