@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""doccmds.py - runs the shell commands of fabpool's user documentation, so
+that a command that is wrong in the docs fails CI.
+
+The convention (docs/README.md says it to writers):
+
+  ```sh              a command a reader can paste on CI's machine (Debian, the
+                     CUDA headers, no GPU): this tool runs it.
+  ```sh gpu          needs a GPU and its driver: listed, not run.
+  ```sh torch        needs PyTorch (and a GPU): listed, not run.
+  ```sh outside      writes outside the source tree (an install prefix such
+                     as /opt): listed, not run.
+  ```sh fragment     a pattern to adapt (./app, train.py stand for the reader's
+                     program): listed, not run.
+  ```sh slow         runs for minutes (a long property run, .ci/reliability):
+                     listed, not run.
+
+A ```sh block that installs into an absolute prefix outside /tmp (`--prefix
+/opt/...`) is listed, not run, as if tagged `outside` (the ctest test_install
+runs `cmake --install` into a fresh prefix).  Any other word after `sh` is an error, and so are fences that say `bash`,
+`shell` or `console`, so that every command block takes one side of the
+convention.  Blocks of other languages (c, cpp, python, text) are not run.
+
+How the commands run: in a scratch copy of the source tree (the files git
+tracks, or the tree less build folders where there is no .git), one block
+after another in the order of the files, each block as one `bash -e -o
+pipefail` script from the copy's root, so the blocks of one file may build on
+the blocks before them.  Before the first block the copy is configured and
+built once with -DBUILD_TESTING=OFF (the library, the simulated driver, the
+tools and examples: seconds, where the whole test suite takes minutes).  So
+the README's build command finds that build and its test command runs
+`ctest` over a build without tests: the test suite itself is what CI's
+`.ci/run` runs with that same command, and running it a second time here
+would double CI's time.  Everything else runs in full.
+
+It also checks that the documents hold no dates, commit hashes or issue
+numbers (those belong to docs/results/, and to CHANGELOG.md, which dates
+versions; another project's issue or commit named with the project is a
+citation), that docs/config.md has a row for every FABPOOL_CONF key of lib/'s
+conf.c, and that docs/api.md describes every function the installed headers
+of include/ declare.
+
+    doccmds.py --root SRC            run (the ctest `docs`)
+    doccmds.py --root SRC --list     print every block and what would be done
+    doccmds.py --root SRC --check    only the convention and the dates check (no build)
+    doccmds.py --selftest            the parser and the checks against made-up documents
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+SKIP_TAGS = {
+    "gpu": "needs a GPU and its driver",
+    "torch": "needs PyTorch and a GPU",
+    "outside": "writes outside the source tree",
+    "fragment": "a pattern to adapt to the reader's program",
+    "slow": "runs for minutes (CI runs such runs in .ci/reliability)",
+}
+# the first line of a fence without a language that is a command, not a listing: it must say ```sh
+COMMANDISH = re.compile(r"^\s*(cmake|ctest|bash|python3|export|for|cc|\./|\.ci/|build/|perf/|tests/|([A-Z_][A-Z0-9_]*=\S*\s))")
+WRONG_LANGS = ("bash", "shell", "console", "shell-session", "zsh")
+FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
+DATE = re.compile(r"\b(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])\b")
+HASH = re.compile(r"(?<![0-9A-Za-z_./-])[0-9a-f]{7,40}(?![0-9A-Za-z_])")
+# another project's issue or commit, named with the project: a citation, not this project's history
+UPSTREAM = re.compile(r"\b(DeepEP|PyTorch|NCCL|RMM|vLLM)('s)? (issue #?\d+|commit [0-9a-f]{7,40})\b")
+ISSUE = re.compile(r"\b(issue|Issue|PR|pull request) #?\d+\b|\(#\d+\)")
+OUTSIDE_PREFIX = re.compile(r"--prefix[= ]+/(?!tmp/)")
+BLOCK_TIMEOUT = 600
+
+
+def documents(root):
+    """The user documentation: README.md, docs/*.md (not docs/results/), examples/README.md."""
+    out = [os.path.join(root, "README.md")]
+    docs = os.path.join(root, "docs")
+    if os.path.isdir(docs):
+        out += sorted(os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md"))
+    ex = os.path.join(root, "examples", "README.md")
+    if os.path.isfile(ex):
+        out.append(ex)
+    return [p for p in out if os.path.isfile(p)]
+
+
+def blocks(text):
+    """[(line of the fence, language, [tags], body)] of a markdown text, and a list of problems."""
+    out, problems = [], []
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence, info = m.group(1), m.group(2), m.group(3).strip()
+        words = info.split()
+        lang = words[0].lower() if words else ""
+        start = i + 1
+        body = []
+        i += 1
+        while i < len(lines) and not (lines[i].strip().startswith(fence[0] * len(fence)) and
+                                      lines[i].strip().strip(fence[0]) == ""):
+            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
+            i += 1
+        if i >= len(lines):
+            problems.append((start, "a fence that is never closed"))
+        i += 1
+        first = next((b for b in body if b.strip()), "")
+        if lang == "" and COMMANDISH.match(first):
+            problems.append((start, "commands in a fence without a language: write ```sh (run in CI) or ```sh <%s>" %
+                             "|".join(SKIP_TAGS)))
+        elif lang in WRONG_LANGS:
+            problems.append((start, "a ```%s block: write ```sh (run in CI) or ```sh <%s>" %
+                             (lang, "|".join(SKIP_TAGS))))
+        elif lang == "sh":
+            bad = [w for w in words[1:] if w not in SKIP_TAGS]
+            if bad:
+                problems.append((start, "```sh %s: unknown tag %s; the tags are %s" %
+                                 (" ".join(words[1:]), bad[0], ", ".join(SKIP_TAGS))))
+        out.append((start, lang, words[1:], "\n".join(body)))
+    return out, problems
+
+
+def stale_marks(text):
+    """[(line, what)]: dates, commit hashes and issue numbers, outside fenced blocks too."""
+    out = []
+    for n, line in enumerate(text.split("\n"), 1):
+        line = UPSTREAM.sub("", line)
+        for rx, what in ((DATE, "a date"), (ISSUE, "an issue number")):
+            m = rx.search(line)
+            if m:
+                out.append((n, "%s (%s)" % (what, m.group(0))))
+        for m in HASH.finditer(line):
+            word = m.group(0)
+            if re.search(r"[a-f]", word) and re.search(r"\d", word):
+                out.append((n, "a commit hash (%s)" % word))
+    return out
+
+
+def conf_keys(root):
+    """The keys of FABPOOL_CONF: the first strings of the key table in lib/'s conf.c (wherever under lib/ it is)."""
+    for d, _, names in os.walk(os.path.join(root, "lib")):
+        if "conf.c" in names:
+            text = open(os.path.join(d, "conf.c"), encoding="utf-8").read()
+            return re.findall(r'^\s*\{"([a-z_]+)", F_[A-Z0-9]+,', text, re.M)
+    return []
+
+
+def public_functions(root):
+    """[(header, name)]: the functions the installed headers declare (FABPOOL_API, or static inline)."""
+    out = []
+    inc = os.path.join(root, "include")
+    for f in sorted(os.listdir(inc)) if os.path.isdir(inc) else []:
+        if f.startswith("fabpool") and f.endswith(".h"):
+            text = open(os.path.join(inc, f), encoding="utf-8").read()
+            names = re.findall(r"(?:FABPOOL_API|static inline)\b[^;{(]*?\b(fabpool_\w+)\s*\(", text)
+            out += [(f, n) for n in dict.fromkeys(names)]
+    return out
+
+
+def check(root):
+    """Problems of the convention and the stale marks, as printable lines; every FABPOOL_CONF key must have its
+    row in docs/config.md, and every public function of include/ its entry in docs/api.md."""
+    msgs = []
+    api = os.path.join(root, "docs", "api.md")
+    if os.path.isfile(api):
+        text = open(api, encoding="utf-8").read()
+        msgs += ["docs/api.md: %s's %s is not described" % (h, n) for h, n in public_functions(root)
+                 if not re.search(r"`[^`]*\b%s\b" % n, text)]
+    config = os.path.join(root, "docs", "config.md")
+    keys = conf_keys(root)
+    if not keys:
+        msgs.append("lib/: no conf.c with a key table found (tools/doccmds.py reads its keys)")
+    elif os.path.isfile(config):
+        text = open(config, encoding="utf-8").read()
+        msgs += ["docs/config.md: the key '%s' (lib/'s conf.c) has no row of its own" % k
+                 for k in keys if "\n| `%s` |" % k not in text]
+    for path in documents(root):
+        rel = os.path.relpath(path, root)
+        text = open(path, encoding="utf-8").read()
+        _, problems = blocks(text)
+        msgs += ["%s:%d: %s" % (rel, n, p) for n, p in problems]
+        msgs += ["%s:%d: %s: such marks belong to docs/results/" % (rel, n, w) for n, w in stale_marks(text)]
+    return msgs
+
+
+def scratch_copy(root, dest):
+    """The tracked files of root (or the tree less build folders and .git) under dest."""
+    files = None
+    if os.path.exists(os.path.join(root, ".git")):
+        r = subprocess.run(["git", "-C", root, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           capture_output=True)
+        if r.returncode == 0:
+            files = [f for f in r.stdout.decode().split("\0") if f]
+    if files is None:
+        def ignore(d, names):
+            return [n for n in names if n == ".git" or (d == root and n.startswith("build"))]
+        shutil.copytree(root, dest, ignore=ignore, symlinks=True, dirs_exist_ok=True)
+        return
+    for f in files:
+        src = os.path.join(root, f)
+        if not os.path.lexists(src):
+            continue   # deleted in the work tree, not yet in git's index
+        os.makedirs(os.path.dirname(os.path.join(dest, f)), exist_ok=True)
+        shutil.copy2(src, os.path.join(dest, f), follow_symlinks=False)
+
+
+def run(root, list_only):
+    msgs = check(root)
+    for m in msgs:
+        print("FAIL", m)
+    todo = []
+    for path in documents(root):
+        rel = os.path.relpath(path, root)
+        bl, _ = blocks(open(path, encoding="utf-8").read())
+        for line, lang, tags, body in bl:
+            if lang != "sh":
+                continue
+            reasons = [SKIP_TAGS[t] for t in tags if t in SKIP_TAGS]
+            if not reasons and OUTSIDE_PREFIX.search(body):
+                reasons = [SKIP_TAGS["outside"] + " (an install prefix; test_install checks cmake --install)"]
+            todo.append(("%s:%d" % (rel, line), body, "; ".join(reasons)))
+    if list_only:
+        for where, body, why in todo:
+            print("%s  %s" % (where, ("skip: " + why) if why else "run"))
+            print("    " + body.replace("\n", "\n    "))
+        return 1 if msgs else 0
+    failed = len(msgs)
+    scratch = tempfile.mkdtemp(prefix="fabpool-doccmds-")
+    try:
+        scratch_copy(root, scratch)
+        jobs = str(os.cpu_count() or 2)
+        t0 = time.time()
+        prep = "cmake -S . -B build -DBUILD_TESTING=OFF >/dev/null && cmake --build build -j%s >/dev/null" % jobs
+        r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", prep], cwd=scratch, capture_output=True,
+                           timeout=BLOCK_TIMEOUT)
+        if r.returncode != 0:
+            print("FAIL the scratch copy's build (%s):\n%s%s" % (prep, r.stdout.decode(), r.stderr.decode()))
+            return 1
+        print("built the scratch copy with -DBUILD_TESTING=OFF in %.0f s" % (time.time() - t0))
+        for where, body, why in todo:
+            if why:
+                print("SKIP %s: %s" % (where, why))
+                continue
+            t0 = time.time()
+            try:
+                r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", body], cwd=scratch,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=BLOCK_TIMEOUT)
+                rc, out = r.returncode, r.stdout.decode(errors="replace")
+            except subprocess.TimeoutExpired as e:
+                rc, out = "timeout", (e.stdout or b"").decode(errors="replace")
+            if rc == 0:
+                print("PASS %s (%.1f s)" % (where, time.time() - t0))
+            else:
+                failed += 1
+                tail = "\n".join(out.rstrip().split("\n")[-30:])
+                print("FAIL %s: exit %s\n  %s\n--- its last output:\n%s\n---" %
+                      (where, rc, body.replace("\n", "\n  "), tail))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print("%d problem(s)" % failed if failed else "every runnable command of the docs passed")
+    return 1 if failed else 0
+
+
+def selftest():
+    bad = 0
+
+    def expect(cond, what):
+        nonlocal bad
+        if not cond:
+            bad += 1
+            print("selftest FAIL:", what)
+    doc = "\n".join(["text", "```sh", "echo a", "```", "```sh gpu", "nvidia-smi", "```", "```bash", "x", "```",
+                     "```sh gpus", "y", "```", "```c", "int x;", "```", "```", "cmake -S . -B b", "```",
+                     "```", "a | listing", "```", "  ```sh", "  echo indented", "  ```",
+                     "```sh"])
+    bl, problems = blocks(doc)
+    expect([b[1] for b in bl] == ["sh", "sh", "bash", "sh", "c", "", "", "sh", "sh"],
+           "languages %r" % [b[1] for b in bl])
+    expect(bl[0][3] == "echo a" and bl[1][2] == ["gpu"], "bodies and tags")
+    expect(bl[7][3] == "echo indented", "an indented block's body: %r" % bl[7][3])
+    kinds = sorted(p for _, p in problems)
+    expect(len(problems) == 4, "four problems, not %r" % kinds)
+    expect(any("```bash" in p for p in kinds) and any("unknown tag gpus" in p for p in kinds) and
+           any("never closed" in p for p in kinds) and any("without a language" in p for p in kinds),
+           "the problems named: %r" % kinds)
+    marks = stale_marks("measured 2026-12-02 at a1b2c3d, see issue 22\n0x7f12ab34cd pointers and 12345678 and "
+                        "deadbeefcafe1 and build-abc1234 are fine\nfabpool_trace and fabcafe are words")
+    expect([w.split(" (")[0] for _, w in marks] == ["a date", "an issue number", "a commit hash", "a commit hash"],
+           "stale marks %r" % marks)
+    print("selftest: %s" % ("FAILED" if bad else "passed"))
+    return 1 if bad else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="See the module's text for the "
+                                 "fence convention.")
+    ap.add_argument("--root", help="the source tree")
+    ap.add_argument("--list", action="store_true", help="print each block and whether it would run")
+    ap.add_argument("--check", action="store_true", help="only the fence convention and the dates check")
+    ap.add_argument("--selftest", action="store_true", help="check this tool against made-up documents")
+    a = ap.parse_args()
+    if a.selftest:
+        return selftest()
+    if not a.root:
+        ap.error("--root is needed")
+    if a.check:
+        msgs = check(a.root)
+        for m in msgs:
+            print("FAIL", m)
+        return 1 if msgs else 0
+    return run(os.path.abspath(a.root), a.list)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
