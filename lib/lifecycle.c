@@ -296,7 +296,7 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     p->use.buffers = &p->bufs.bytes;
     p->alloc.use = &p->use;
     p->ch.fence = &p->retire;
-    p->alloc.trace = p->trace;
+    p->alloc.trace = p->ch.trace = p->trace;
     fp_buffers_init(&p->bufs, &p->heap, &p->retire, &p->opt);
     p->bufs.trace = p->trace;
     p->bufs.use = &p->use;
@@ -324,7 +324,7 @@ static fabpool_status teardown(struct fabpool *p)
 {
     fabpool_status st = FABPOOL_OK;
     fp_trace_close(p->trace);
-    p->trace = p->alloc.trace = p->bufs.trace = NULL;
+    p->trace = p->alloc.trace = p->bufs.trace = p->ch.trace = NULL;
     p->ch.fence = NULL;
     if (p->retire.meta)
         fp_retire_destroy(&p->retire);
