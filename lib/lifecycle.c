@@ -280,6 +280,7 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
         (st = choose_handle_type(p, why, sizeof why)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
         (st = fp_trace_open(&p->opt, p->sp.gran, &p->trace)) != FABPOOL_OK)
         goto fail;
+    p->ch.trace = p->trace; /* before anything is mapped, so that every unmap in the file follows its map */
     uint64_t va_base = p->sp.va.base, va_size = p->sp.va.size;
     if (fp_map_init(&p->sp.map, &p->meta, &p->sp.lock, va_base, va_size, p->sp.page_shift) != 0 ||
         fp_va_init(&p->sp.va, &p->meta, va_base, va_size) != 0) {
@@ -296,7 +297,7 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     p->use.buffers = &p->bufs.bytes;
     p->alloc.use = &p->use;
     p->ch.fence = &p->retire;
-    p->alloc.trace = p->ch.trace = p->trace;
+    p->alloc.trace = p->trace;
     fp_buffers_init(&p->bufs, &p->heap, &p->retire, &p->opt);
     p->bufs.trace = p->trace;
     p->bufs.use = &p->use;

@@ -26,7 +26,7 @@ tool() {
 tool fabpool_bench --quick --json --workload --no-torch --check
 tool fabpool_bench_stream --pairs --json
 tool fabpool_replay --allocators --level --sample --fabpool-conf --device --json --check --max-held --pace --gpu-lag
-tool fabpool_trace --json
+tool fabpool_trace --json --memory-snapshot --csv --plot
 tool fabpool_trace_gen --steps --layers --d-model --vocab --tokens --seed
 tool fabpool_demo --steps --seed
 
