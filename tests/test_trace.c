@@ -9,7 +9,8 @@
  * (argv[1]); fabpool_replay --check on a trace of the stream pair on two
  * streams: passed when everything was freed, failed on a block left live;
  * the application's calls marked as its own; the map and unmap records
- * adding up to the bytes the pool mapped.  test_trace --mixed REPLAY
+ * adding up to the bytes the pool mapped; fabpool_trace_flush while the
+ * pool records.  test_trace --mixed REPLAY
  * SUMMARY: a program mixing every kind of call, traced with FABPOOL_TRACE,
  * summarised and replayed as it ran. */
 #include <pthread.h>
@@ -596,6 +597,37 @@ static int exit_child(const char *path)
     exit(0);
 }
 
+/* fabpool_trace_flush: the file holds every record so far and reads as a trace still being written; the pool
+ * goes on recording, and destroy completes the file. */
+static void flush_while_running(void)
+{
+    char path[300];
+    fabpool_t *p = make_traced("flushed.trace", path, sizeof path);
+    if (!p)
+        return;
+    void *q[10];
+    for (int i = 0; i < 10; i++)
+        CHECK_OK(fabpool_alloc(p, 5000u * (unsigned)(i + 1), &q[i]));
+    trace_data d;
+    CHECK(load(path, &d) == 0 && d.n == 0); /* still in the buffer */
+    trace_free(&d);
+    CHECK_OK(fabpool_trace_flush());
+    if (load(path, &d) == 0) {
+        CHECK(!d.closed && d.n == 10 && strstr(d.note, "never completed") != NULL);
+        CHECK(maps_net == (int64_t)t_mapped(p));
+        for (size_t i = 0; i < d.n; i++)
+            CHECK(d.recs[i].op == FABPOOL_TR_ALLOC && d.recs[i].ptr == (uintptr_t)q[i]);
+        trace_free(&d);
+    }
+    for (int i = 0; i < 10; i++)
+        CHECK_OK(fabpool_free(p, q[i]));
+    CHECK_OK(fabpool_destroy(p));
+    if (load(path, &d) == 0) {
+        CHECK(d.closed && d.n == 20);
+        trace_free(&d);
+    }
+}
+
 /* An allocation refused while the pool sleeps is traced with its status, and the trace reads back (the reader
  * took FABPOOL_ERR_IO for the last status and called such a trace corrupt). */
 static void asleep_in_trace(void)
@@ -842,6 +874,7 @@ int main(int argc, char **argv)
     exit_flush_and_fork();
     refused(argc > 1 ? argv[1] : NULL);
     asleep_in_trace();
+    flush_while_running();
     two_streams_replay(argc > 1 ? argv[1] : NULL);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

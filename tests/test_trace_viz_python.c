@@ -1,7 +1,7 @@
-/* test_trace_viz: fabpool_trace --memory-snapshot / --csv / --plot of a
+/* test_trace_viz_python: fabpool_trace --memory-snapshot / --csv / --plot of a
  * traced program whose memory is known.
  *
- * test_trace_viz TRACE_TOOL PYTHON CHECKER: a pool traced to a file runs
+ * test_trace_viz_python TRACE_TOOL PYTHON CHECKER: a pool traced to a file runs
  * the stream pair on two streams, plain allocations, a block above
  * slab_max, a buffer that grows and shrinks, and a trim, and exits with
  * blocks and a buffer live (the trace is completed at exit); what it held (the live blocks, the peak of the
@@ -96,7 +96,7 @@ static int program(const char *trace, const char *want)
 int main(int argc, char **argv)
 {
     if (argc != 4) {
-        fprintf(stderr, "usage: test_trace_viz TRACE_TOOL PYTHON CHECKER\n");
+        fprintf(stderr, "usage: test_trace_viz_python TRACE_TOOL PYTHON CHECKER\n");
         return 2;
     }
     unsetenv("FABPOOL_TRACE");
@@ -127,5 +127,5 @@ int main(int argc, char **argv)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (!t_failures && system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
-    return t_done("test_trace_viz");
+    return t_done("test_trace_viz_python");
 }
