@@ -13,6 +13,7 @@
 #   segment_plot.html           python -m torch.cuda._memory_viz segment_plot (Allocator State History)
 #   viz-stats.txt, viz-trace.txt  _memory_viz stats (segsum) and the first lines of _memory_viz trace
 #   trace-summary.txt           fabpool_trace's summary
+#   shim.pickle, shim_trace_plot.html  fabpool_torch.record_memory_history / dump_snapshot with the pluggable shim
 # (The pages load PyTorch's MemoryViz.js from its CDN when opened; the flame graphs, `memory` and `segments`,
 # fetch flamegraph.pl from the network and are not made here.)
 set -u
@@ -60,7 +61,31 @@ for page in ("trace_plot.html", "segment_plot.html"):
     events = data["device_traces"][-1]
     print(page, len(html), "bytes,", len(events), "events,", len(data["segments"]), "segments")
 EOF
-  rm -f "$OUT/train.trace"
+  # the pluggable shim in a running program: fabpool_torch.record_memory_history / dump_snapshot, then the viewer
+  step shim 120 python3 - "$LIB" "$OUT" <<'PYEOF'
+import os, pickle, sys
+lib, out = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.dirname(lib))
+import fabpool_torch
+fabpool_torch.install(lib, mode="shim")
+fabpool_torch.record_memory_history(os.path.join(out, "shim.trace"))
+import torch
+from torch.cuda import _memory_viz
+x = [torch.randn(n, device="cuda") for n in (1000, 1 << 18, 1 << 22)]
+(x[2] * 2).sum().item()
+kept = x[1].data_ptr()
+del x[2], x[0]
+torch.cuda.synchronize()
+path = fabpool_torch.dump_snapshot(os.path.join(out, "shim.pickle"))
+snap = pickle.load(open(path, "rb"))
+live = {b["address"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"}
+events = snap["device_traces"][-1]
+print("shim snapshot:", len(events), "events,", len(snap["segments"]), "segments; the kept tensor live:", kept in live)
+open(os.path.join(out, "shim_trace_plot.html"), "w").write(_memory_viz.trace_plot(snap))
+print(_memory_viz.segsum(snap).splitlines()[-9:-6])
+sys.exit(0 if kept in live and events else 1)
+PYEOF
+  rm -f "$OUT/train.trace" "$OUT/shim.trace"
   echo "SUMMARY ${status[*]}"
 } > "$LOG" 2>&1
 tail -n 40 "$LOG"
