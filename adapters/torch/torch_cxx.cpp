@@ -16,11 +16,11 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <c10/util/ApproximateClock.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <mutex>
 
@@ -347,10 +347,12 @@ public:
             for (auto &e : core_.history()) {
                 if (e.device < 0 || size_t(e.device) >= info.device_traces.size())
                     info.device_traces.resize(size_t(e.device) + 1);
-                info.device_traces[size_t(e.device)].emplace_back(
-                    kTraceAction[e.action], static_cast<c10::DeviceIndex>(e.device), size_t(e.addr), e.size, e.stream,
-                    e.pool, static_cast<c10::approx_time_t>(e.time),
-                    std::static_pointer_cast<c10::GatheredContext>(e.context));
+                auto &t = info.device_traces[size_t(e.device)];
+                t.emplace_back(kTraceAction[e.action], static_cast<c10::DeviceIndex>(e.device), size_t(e.addr), e.size,
+                               e.stream, e.pool, c10::approx_time_t(0),
+                               std::static_pointer_cast<c10::GatheredContext>(e.context));
+                /* the time as PyTorch's snapshot() leaves it for its Python side: microseconds of the Unix epoch */
+                t.back().time_.t_ = static_cast<time_t>(e.time);
             }
         }
         auto &md = info.config_metadata;
@@ -368,7 +370,8 @@ public:
     bool isHistoryEnabled() override { return core_.history_on(); }
 
     /* torch.cuda.memory._record_memory_history: the core records each allocation, free and segment (a block,
-     * as snapshot() lists them) with PyTorch's clock and, as `when` asks, the stacks context_recorder gathers */
+     * as snapshot() lists them) with the time in microseconds of the Unix epoch (snapshot's time_us) and, as
+     * `when` asks, the stacks context_recorder gathers */
     void recordHistory(bool enabled, CA::CreateContextFn context_recorder, size_t alloc_trace_max_entries,
                        CA::RecordContext when, bool clearHistory,
                        const std::vector<std::string> &skip_actions) override
@@ -387,7 +390,11 @@ public:
             o.stacks_free = when == CA::RecordContext::ALL;
             o.gather = [context_recorder] { return std::shared_ptr<void>(context_recorder()); };
         }
-        o.clock = [] { return static_cast<uint64_t>(c10::getApproximateTime()); };
+        o.clock = [] {
+            return uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count());
+        };
         core_.record_history(enabled, std::move(o), clearHistory);
     }
 
