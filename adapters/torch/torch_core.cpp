@@ -1147,8 +1147,6 @@ size_t Core::largest_free(int device)
     return std::max(best, room);
 }
 
-/* ------------------------------------------------------------ snapshot */
-
 /* ------------------------------------------------------------ history */
 
 void Core::record_history(bool on, HistoryOptions opts, bool clear)
@@ -1213,6 +1211,8 @@ void Core::gone(Block *b)
         note_block(HistoryEvent::SegmentFree, *b);
     delete b;
 }
+
+/* ------------------------------------------------------------ snapshot */
 
 std::vector<SegmentRecord> Core::segments(PoolId only)
 {
