@@ -298,6 +298,11 @@ FABPOOL_API fabpool_status fabpool_trim(fabpool_t *pool, size_t keep_bytes);
 /* Returns the calling thread's cached blocks to the pool. */
 FABPOOL_API fabpool_status fabpool_thread_flush(fabpool_t *pool);
 
+/* Writes what every trace of the process (option trace, FABPOOL_TRACE) holds in its buffer to its file, so that
+ * fabpool_trace can read the run so far while it goes on (as a trace its writer has not completed yet).
+ * FABPOOL_ERR_IO if a write failed (the message names the file; that trace stops, as on any failed write). */
+FABPOOL_API fabpool_status fabpool_trace_flush(void);
+
 /* --------------------------------------------------------- growable buffers */
 
 typedef struct fabpool_buffer fabpool_buffer_t;

@@ -24,7 +24,7 @@
  *    0  u64      nanoseconds since the file was opened (CLOCK_MONOTONIC)
  *    8  u64      ptr: the block, or the buffer's base (its name in the trace)
  *   16  u64      size: asked (alloc, buffer create and resize, app alloc);
- *                trim: bytes to keep; 0 otherwise
+ *                trim: bytes to keep; map, unmap: the bytes; 0 otherwise
  *   24  u64      arg: the CUstream (buffer resize / destroy, app alloc / free:
  *                the stream given to the call); buffer create: max_size
  *   32  u8       op (FABPOOL_TR_*)
@@ -49,7 +49,12 @@
  * application made with FABPOOL_TRACE_R_APP; the records the pool makes of
  * itself under such a call (the stream pair's alloc and free) carry no mark.
  * In a trace without that header flag, the application's level is its app
- * records and its buffer records. */
+ * records and its buffer records.
+ *
+ * Map and unmap records say what the driver holds for the pool over time:
+ * each chunk of device memory mapped (its address and bytes) and each
+ * unmapped (every unmap names a range an earlier map gave).  A trace
+ * without any (written before they were recorded) says nothing of it. */
 #ifndef FABPOOL_TRACE_FORMAT_H
 #define FABPOOL_TRACE_FORMAT_H
 
@@ -73,7 +78,9 @@ enum fabpool_trace_op {
     FABPOOL_TR_APP_ALLOC = 7,    /* an adapter's allocation: ptr, size, arg = stream */
     FABPOOL_TR_APP_FREE = 8,     /* an adapter's free: ptr, arg = the stream it was allocated on */
     FABPOOL_TR_APP_EMPTY = 9,    /* an adapter's empty-cache (torch.cuda.empty_cache) */
-    FABPOOL_TR_NOPS = 10
+    FABPOOL_TR_MAP = 10,         /* device memory mapped for the pool: ptr = va, size (the pool's own record) */
+    FABPOOL_TR_UNMAP = 11,       /* device memory unmapped: ptr = va, size, as an earlier map gave them */
+    FABPOOL_TR_NOPS = 12
 };
 
 enum {
@@ -175,7 +182,7 @@ static inline const char *fabpool_trace_op_name(unsigned op)
 {
     static const char *const names[FABPOOL_TR_NOPS] = {"?",          "alloc",    "free",      "buffer_create",
                                                   "buffer_resize", "buffer_destroy", "trim", "app_alloc",
-                                                  "app_free",   "app_empty_cache"};
+                                                  "app_free",   "app_empty_cache", "map", "unmap"};
     return op < FABPOOL_TR_NOPS ? names[op] : "?";
 }
 

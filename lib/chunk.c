@@ -9,6 +9,7 @@
 #include "array.h"
 #include "error.h"
 #include "retire.h"
+#include "trace.h"
 
 /* What this thread unmapped, all time (fp_chunk_tally_begin / _end). */
 static _Thread_local fp_chunk_tally unmapped_tl;
@@ -119,6 +120,7 @@ void fp_chunk_count_mapped(fp_chunks *ch, uint64_t va, uint64_t size, const char
     stat_max(&ch->mapped_peak, m);
     atomic_fetch_add(&ch->chunks_mapped, 1);
     atomic_fetch_add(&ch->chunks_mapped_total, 1);
+    FP_TRACE_F(ch->trace, 0u, FABPOOL_TR_MAP, va, size, 0, FABPOOL_OK);
     FP_LOG_CH(FP_LOG_INFO, ch, "grow: mapped %llu bytes at 0x%llx (%s); the pool maps %llu", (unsigned long long)size,
               (unsigned long long)va, what, (unsigned long long)m);
 }
@@ -220,6 +222,7 @@ fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
     atomic_fetch_add(&ch->chunks_unmapped_total, 1);
     unmapped_tl.bytes += size;
     unmapped_tl.chunks++;
+    FP_TRACE_F(ch->trace, 0u, FABPOOL_TR_UNMAP, va, size, 0, FABPOOL_OK);
     FP_LOG_CH(FP_LOG_INFO, ch, "release: unmapped %llu bytes at 0x%llx; the pool maps %llu",
               (unsigned long long)size, (unsigned long long)va, (unsigned long long)m);
     return FABPOOL_OK;

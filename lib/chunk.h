@@ -5,7 +5,7 @@
  * chunks are made as, and the counters of what the driver holds for it
  * (mapped bytes, chunks, handles, exported fds), which only chunk.c writes.
  *
- * Calls: driver, log, meta, array, error.  No retry here: a cuMemCreate that fails with
+ * Calls: driver, log, trace (a map or unmap into the pool's trace), meta, array, error.  No retry here: a cuMemCreate that fails with
  * CUDA_ERROR_OUT_OF_MEMORY returns FABPOOL_ERR_OUT_OF_MEMORY, and the
  * callers that hold cached memory (slab.c) trim and try again.
  *
@@ -52,6 +52,7 @@ typedef struct fp_chunks {
     const fp_lock_t *lock;             /* held around every map, unmap, create and release (asserted) */
     int device;                        /* the ordinal, as the options give it */
     unsigned log_pool;                 /* the pool's number in the log's lines (log.h) */
+    struct fp_trace *trace;            /* the pool's trace (NULL: none): every map and unmap is recorded */
     CUdevice dev;
     uint64_t dev_total;                /* the device's memory (cuDeviceTotalMem): no block can be larger */
     CUcontext ctx;                     /* the device's primary context (retained) */

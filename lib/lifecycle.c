@@ -280,6 +280,7 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
         (st = choose_handle_type(p, why, sizeof why)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
         (st = fp_trace_open(&p->opt, p->sp.gran, &p->trace)) != FABPOOL_OK)
         goto fail;
+    p->ch.trace = p->trace; /* before anything is mapped, so that every unmap in the file follows its map */
     uint64_t va_base = p->sp.va.base, va_size = p->sp.va.size;
     if (fp_map_init(&p->sp.map, &p->meta, &p->sp.lock, va_base, va_size, p->sp.page_shift) != 0 ||
         fp_va_init(&p->sp.va, &p->meta, va_base, va_size) != 0) {
@@ -324,7 +325,7 @@ static fabpool_status teardown(struct fabpool *p)
 {
     fabpool_status st = FABPOOL_OK;
     fp_trace_close(p->trace);
-    p->trace = p->alloc.trace = p->bufs.trace = NULL;
+    p->trace = p->alloc.trace = p->bufs.trace = p->ch.trace = NULL;
     p->ch.fence = NULL;
     if (p->retire.meta)
         fp_retire_destroy(&p->retire);

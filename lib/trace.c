@@ -179,6 +179,27 @@ void fp_trace_record(struct fp_trace *t, unsigned op, unsigned flags, uint64_t p
     fp_unlock(&t->lock);
 }
 
+fabpool_status fabpool_trace_flush(void)
+{
+    char failed[TRACE_PATH_CAP] = "";
+    fp_lock(&traces_lock);
+    for (struct fp_trace *t = traces; t; t = t->next) {
+        fp_lock(&t->lock);
+        if (!atomic_load(&t->dead)) {
+            flush_locked(t);
+            if (atomic_load(&t->dead) && !failed[0])
+                snprintf(failed, sizeof failed, "%s", t->path);
+        }
+        fp_unlock(&t->lock);
+    }
+    fp_unlock(&traces_lock);
+    if (failed[0])
+        return fp_error(FABPOOL_ERR_IO, "fabpool_trace_flush: writing trace %s failed; that trace stops (see the "
+                        "line on stderr)", failed);
+    fp_error_clear();
+    return FABPOOL_OK;
+}
+
 /* ------------------------------------------------------------ open, close */
 
 fabpool_status fp_trace_env(fabpool_options *o)

@@ -1,12 +1,15 @@
 /* fabpool_trace: summarises a fabpool trace (FABPOOL_TRACE=path, docs/config.md).
  *
- *   fabpool_trace [--json] TRACE[.gz]
+ *   fabpool_trace [--json] [--memory-snapshot OUT.pickle] [--csv OUT.csv] [--plot OUT.svg] TRACE[.gz]
  *
  * Prints the header (device, granularity, writer), the records by operation
  * (and how many failed), the allocation sizes by power of two, the peak and
- * final live bytes, the duration, the streams and threads seen.  Exit 1 if
+ * final live bytes, the duration, the streams and threads seen; and writes
+ * the memory over time as asked (trace_viz.h): PyTorch's memory snapshot, a
+ * CSV, an SVG plot.  Exit 1 if
  * the file is not a whole, valid trace (with the reason), 2 for a wrong
  * command line (cli.h). */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,8 +17,10 @@
 #include "../lib/json.h"
 #include "cli.h"
 #include "trace_file.h"
+#include "trace_viz.h"
 
-static const char usage_line[] = "usage: fabpool_trace [--json] TRACE[.gz]\n";
+static const char usage_line[] =
+    "usage: fabpool_trace [--json] [--memory-snapshot OUT.pickle] [--csv OUT.csv] [--plot OUT.svg] TRACE[.gz]\n";
 
 static void help(void)
 {
@@ -23,8 +28,19 @@ static void help(void)
            "Summarises a trace that FABPOOL_TRACE recorded (docs/config.md, \"Traces\"): its header, the records by\n"
            "operation and how many failed, the allocation sizes by power of two, the peak and final live bytes,\n"
            "the duration, the streams and threads.  A gzip-compressed trace is read as well.\n\n"
-           "  --json   one JSON object on stdout instead of the text (the trace's path is in \"trace\")\n"
-           "  --help   this text\n\n"
+           "  --json                      one JSON object on stdout instead of the text (the trace's path is in\n"
+           "                              \"trace\")\n"
+           "  --memory-snapshot OUT       writes PyTorch's memory snapshot (a pickle, as torch.cuda.memory.\n"
+           "                              _snapshot() gives) of the run: every allocation and free of the\n"
+           "                              trace's level and each chunk mapped and unmapped, over time, and the\n"
+           "                              memory mapped at the end with its live blocks.  View it at\n"
+           "                              https://pytorch.org/memory_viz or with python3 -m torch.cuda._memory_viz\n"
+           "                              trace_plot OUT -o out.html (docs/memory-viz.md)\n"
+           "  --csv OUT                   writes one line an event: time_s (since the trace began), event, size,\n"
+           "                              in_use, mapped (bytes after it; mapped empty in a trace without map\n"
+           "                              records)\n"
+           "  --plot OUT                  writes an SVG plot of the bytes in use and mapped over time\n"
+           "  --help                      this text\n\n"
            "Exit status: 0, 1 if the file is not a whole and valid trace (the reason on stderr), 2 for a wrong\n"
            "command line.\n",
            usage_line);
@@ -42,13 +58,54 @@ static void human(uint64_t b, char *out, size_t cap)
     snprintf(out, cap, i ? "%.1f %s" : "%.0f %s", v, u[i]);
 }
 
+/* Writes each output asked for (NULL: not asked); -1 after a message if one could not be written. */
+static int write_outputs(const char *path, const trace_data *d, const char *snap, const char *csv, const char *plot)
+{
+    const char *outs[3] = {snap, csv, plot};
+    for (int k = 0; k < 3; k++) {
+        if (!outs[k])
+            continue;
+        FILE *f = fopen(outs[k], k == 0 ? "wb" : "w");
+        if (!f) {
+            fprintf(stderr, "fabpool_trace: cannot create '%s': %s\n", outs[k], strerror(errno));
+            return -1;
+        }
+        char err[512] = "";
+        int rc = k == 0 ? trace_write_snapshot(d, f, err, sizeof err)
+                 : k == 1 ? trace_write_csv(d, f, err, sizeof err)
+                          : trace_write_svg(d, path, f, err, sizeof err);
+        if (fclose(f) != 0 && rc == 0) {
+            snprintf(err, sizeof err, "%s", strerror(errno));
+            rc = -1;
+        }
+        if (rc != 0) {
+            fprintf(stderr, "fabpool_trace: writing '%s': %s\n", outs[k], err);
+            remove(outs[k]); /* no half file that a viewer would take for the run */
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int json = 0;
-    static const struct option opts[] = {{"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {0}};
+    const char *snap = NULL, *csv = NULL, *plot = NULL;
+    static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
+                                         {"memory-snapshot", required_argument, NULL, 's'},
+                                         {"csv", required_argument, NULL, 'c'},
+                                         {"plot", required_argument, NULL, 'p'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {0}};
     for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
         if (c == 'j')
             json = 1;
+        else if (c == 's')
+            snap = optarg;
+        else if (c == 'c')
+            csv = optarg;
+        else if (c == 'p')
+            plot = optarg;
         else if (c == 'h') {
             help();
             return CLI_OK;
@@ -64,6 +121,10 @@ int main(int argc, char **argv)
     char err[512];
     if (trace_load(path, &d, err, sizeof err) != 0) {
         fprintf(stderr, "fabpool_trace: %s\n", err);
+        return CLI_FAILED;
+    }
+    if (write_outputs(path, &d, snap, csv, plot) != 0) {
+        trace_free(&d);
         return CLI_FAILED;
     }
     trace_summary s;

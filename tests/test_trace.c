@@ -8,7 +8,9 @@
  * truncated or corrupt files refused by the reader and by fabpool_replay
  * (argv[1]); fabpool_replay --check on a trace of the stream pair on two
  * streams: passed when everything was freed, failed on a block left live;
- * the application's calls marked as its own.  test_trace --mixed REPLAY
+ * the application's calls marked as its own; the map and unmap records
+ * adding up to the bytes the pool mapped; fabpool_trace_flush while the
+ * pool records.  test_trace --mixed REPLAY
  * SUMMARY: a program mixing every kind of call, traced with FABPOOL_TRACE,
  * summarised and replayed as it ran. */
 #include <pthread.h>
@@ -40,6 +42,11 @@ static fabpool_t *make_traced(const char *name, char *path, size_t cap)
     return make(path, NULL);
 }
 
+/* Bytes mapped minus bytes unmapped by the map and unmap records of the trace load() read last. */
+static int64_t maps_net;
+
+/* Reads the trace at path and takes its map and unmap records out (into maps_net), leaving the calls the
+ * checks compare; each unmap must name a range an earlier map gave, and each record is the pool's own. */
 static int load(const char *path, trace_data *d)
 {
     char err[512];
@@ -47,6 +54,25 @@ static int load(const char *path, trace_data *d)
         fprintf(stderr, "trace_load(%s): %s\n", path, err);
         return -1;
     }
+    u64map mapped = {0};
+    size_t k = 0;
+    maps_net = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        const fabpool_trace_rec *r = &d->recs[i];
+        uint64_t size = 0;
+        if (r->op == FABPOOL_TR_MAP) {
+            CHECK(r->flags == 0 && r->size > 0 && !u64map_get(&mapped, r->ptr, NULL));
+            CHECK(u64map_put(&mapped, r->ptr, r->size) == 0);
+            maps_net += (int64_t)r->size;
+        } else if (r->op == FABPOOL_TR_UNMAP) {
+            CHECK(r->flags == 0 && u64map_del(&mapped, r->ptr, &size) && size == r->size);
+            maps_net -= (int64_t)r->size;
+        } else {
+            d->recs[k++] = *r;
+        }
+    }
+    d->n = k;
+    u64map_free(&mapped);
     return 0;
 }
 
@@ -112,7 +138,9 @@ static void round_trip(void)
     fabpool_options got = {.struct_size = sizeof got};
     CHECK_OK(fabpool_get_options(p, &got));
     CHECK(strcmp(got.trace_path, path) == 0);
-    CHECK_OK(fabpool_destroy(p));
+    uint64_t mapped = t_mapped(p);
+    CHECK(mapped > 0);
+    CHECK_OK(fabpool_destroy(p)); /* the trace closes first: what destroy unmaps is not in it */
     CHECK_CU(cuStreamDestroy(s1));
 
     trace_data d;
@@ -128,6 +156,7 @@ static void round_trip(void)
     CHECK(d.h.slab_max == 4096); /* the default */
     CHECK(d.h.pid == (uint32_t)getpid());
     CHECK(d.n == (size_t)n);
+    CHECK(maps_net == (int64_t)mapped); /* the map and unmap records add up to what the driver held */
     for (int i = 0; i < n && (size_t)i < d.n; i++) {
         const fabpool_trace_rec *r = &d.recs[i];
         int same = r->op == w[i].op && r->ptr == w[i].ptr && r->size == w[i].size && r->arg == w[i].arg &&
@@ -305,8 +334,15 @@ static void off_is_same(void)
     CHECK(a.chunks_mapped_total == b.chunks_mapped_total);
     for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS; i++)
         CHECK(a.driver_calls[i] == b.driver_calls[i]);
+    trace_data d; /* every call, and a map record for each chunk mapped */
+    if (load(path, &d) == 0) {
+        CHECK(d.n == 50 * 128);
+        trace_free(&d);
+    }
+    CHECK(maps_net == (int64_t)b.mapped_bytes);
     struct stat st;
-    CHECK(stat(path, &st) == 0 && st.st_size == FABPOOL_TRACE_HEADER_BYTES + 50 * 128 * FABPOOL_TRACE_RECORD_BYTES);
+    uint64_t recs = 50 * 128 + b.chunks_mapped_total + b.chunks_unmapped_total;
+    CHECK(stat(path, &st) == 0 && (uint64_t)st.st_size == FABPOOL_TRACE_HEADER_BYTES + recs * FABPOOL_TRACE_RECORD_BYTES);
 }
 
 /* ------------------------------------------------------------ options */
@@ -561,6 +597,37 @@ static int exit_child(const char *path)
     exit(0);
 }
 
+/* fabpool_trace_flush: the file holds every record so far and reads as a trace still being written; the pool
+ * goes on recording, and destroy completes the file. */
+static void flush_while_running(void)
+{
+    char path[300];
+    fabpool_t *p = make_traced("flushed.trace", path, sizeof path);
+    if (!p)
+        return;
+    void *q[10];
+    for (int i = 0; i < 10; i++)
+        CHECK_OK(fabpool_alloc(p, 5000u * (unsigned)(i + 1), &q[i]));
+    trace_data d;
+    CHECK(load(path, &d) == 0 && d.n == 0); /* still in the buffer */
+    trace_free(&d);
+    CHECK_OK(fabpool_trace_flush());
+    if (load(path, &d) == 0) {
+        CHECK(!d.closed && d.n == 10 && strstr(d.note, "never completed") != NULL);
+        CHECK(maps_net == (int64_t)t_mapped(p));
+        for (size_t i = 0; i < d.n; i++)
+            CHECK(d.recs[i].op == FABPOOL_TR_ALLOC && d.recs[i].ptr == (uintptr_t)q[i]);
+        trace_free(&d);
+    }
+    for (int i = 0; i < 10; i++)
+        CHECK_OK(fabpool_free(p, q[i]));
+    CHECK_OK(fabpool_destroy(p));
+    if (load(path, &d) == 0) {
+        CHECK(d.closed && d.n == 20);
+        trace_free(&d);
+    }
+}
+
 /* An allocation refused while the pool sleeps is traced with its status, and the trace reads back (the reader
  * took FABPOOL_ERR_IO for the last status and called such a trace corrupt). */
 static void asleep_in_trace(void)
@@ -807,6 +874,7 @@ int main(int argc, char **argv)
     exit_flush_and_fork();
     refused(argc > 1 ? argv[1] : NULL);
     asleep_in_trace();
+    flush_while_running();
     two_streams_replay(argc > 1 ? argv[1] : NULL);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 1 << 20
 GIB = 1 << 30
 CASES = ["prefetch_fixed", "prefetch_mixed", "oom_probe", "fraction_cap", "stats", "graphs_one_pool",
-         "reduce_overhead", "ipc_child"]
+         "reduce_overhead", "ipc_child", "memory_history"]
 TIMEOUT = {"reduce_overhead": 240, "oom_probe": 120, "ipc_child": 120}
 
 
@@ -363,6 +363,45 @@ def case_ipc_child(torch, alloc, lib):
     return res
 
 
+def case_memory_history(torch, alloc):
+    """torch.cuda.memory._record_memory_history, _snapshot and _memory_viz, as a user looks at a run's memory."""
+    from torch.cuda import _memory_viz
+    dev = torch.device("cuda", 0)
+    torch.cuda.init()
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    sizes = [1000, 4096, MIB, 3 * MIB, 40 * MIB]
+    ts = [torch.empty(n, dtype=torch.uint8, device=dev) for n in sizes]
+    addrs = [t.data_ptr() for t in ts]
+    keep = ts.pop(0)
+    del ts
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    r = {"backend": torch.cuda.memory.get_allocator_backend()}
+    events = snap["device_traces"][0] if snap["device_traces"] else []
+    allocs = {e["addr"] for e in events if e["action"] == "alloc"}
+    done = {e["addr"] for e in events if e["action"] == "free_completed"}
+    r["events"] = len(events)
+    r["allocs_recorded"] = all(a in allocs for a in addrs)
+    r["frees_recorded"] = all(a in done for a in addrs[1:]) and addrs[0] not in done
+    r["stacks"] = all(e["frames"] for e in events if e["action"] == "alloc" and e["addr"] in addrs)
+    times = [e["time_us"] for e in events]
+    r["time_ordered"] = bool(times) and times == sorted(times)
+    live = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    r["live_in_segments"] = any(b["address"] == addrs[0] and b["frames"] for b in live)
+    r["segsum"] = "total_reserved" in _memory_viz.segsum(snap)   # asserts that every segment adds up
+    r["trace_plot_bytes"] = len(_memory_viz.trace_plot(snap))
+    r["segment_plot_bytes"] = len(_memory_viz.segment_plot(snap))
+    r["trace_text"] = "TOTAL MEM" in _memory_viz.trace(snap)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    x = torch.empty(MIB, dtype=torch.uint8, device=dev)
+    after = torch.cuda.memory._snapshot()
+    r["off_records_nothing"] = not any(after["device_traces"])
+    del x, keep
+    r["ok"] = all(r[k] for k in ("allocs_recorded", "frees_recorded", "stacks", "time_ordered", "live_in_segments",
+                                 "segsum", "trace_text", "off_records_nothing")) and r["trace_plot_bytes"] > 1000
+    return r
+
+
 def child(case, alloc, lib):
     try:
         torch = setup(alloc, lib)
@@ -455,6 +494,12 @@ def verdict(case, py, fp):
                 fp["child"][0], ", ".join("%s %s" % (k, fp[k]) for k in keys), fp["held_while_child_holds_mib"],
                 py.get("held_while_child_holds_mib"), fp["held_after_both_mib"], py.get("held_after_both_mib"),
                 fp["held_source"])
+    if case == "memory_history":
+        keys = ["allocs_recorded", "frees_recorded", "stacks", "time_ordered", "live_in_segments", "segsum",
+                "trace_text", "off_records_nothing"]
+        return ("PASS" if fp["ok"] else "FAIL"), "backend %s, %d events (PyTorch %s); %s; HTML %d bytes" % (
+            fp["backend"], fp["events"], py.get("events"), ", ".join("%s %s" % (k, fp[k]) for k in keys),
+            fp["trace_plot_bytes"])
     return "FAIL", "unknown case"
 
 

@@ -6,6 +6,7 @@
  * given out again too early.  What the driver holds is read from the sim's
  * ledger. */
 #include <atomic>
+#include <memory>
 #include <cstdlib>
 #include <mutex>
 #include <initializer_list>
@@ -821,6 +822,123 @@ static void check_ipc_answer_closed()
     close(ls);
 }
 
+/* The allocation history (_record_memory_history): every allocation and free with its segment's life, the free
+ * of a block used on a busy stream completed only after that stream's work, a private pool's freed block kept as
+ * its segment, an OOM with what the driver had free, the stacks asked for, the newest max_entries kept, skipped
+ * actions, and nothing recorded once it is off. */
+static void check_history(Core &core, int64_t held0)
+{
+    using H = fabpool_torch::HistoryEvent;
+    CUstream a = new_stream(), m = new_stream();
+    std::atomic<uint64_t> tick{0};
+    fabpool_torch::HistoryOptions o;
+    o.max_entries = 1000;
+    o.stacks_alloc = o.stacks_trace = o.stacks_free = true;
+    o.gather = [] { return std::make_shared<int>(42); };
+    o.clock = [&tick] { return ++tick; };
+    CHECK(!core.history_on());
+    void *before = core.malloc(0, MiB, a); /* allocated before the history: its segment is not new */
+    core.record_history(true, o, true);
+    CHECK(core.history_on());
+    void *x = core.malloc(0, 3 * MiB, a);
+    void *y = core.malloc(0, 100000, a);
+    for (auto &r : core.segments(PoolId{0, 0})) /* a live block's stack, as PyTorch's segments give it */
+        CHECK(r.ptr == before ? !r.stack : (r.stack && *std::static_pointer_cast<int>(r.stack) == 42));
+    core.free(x);
+    core.free(y);
+    core.free(before);
+    size_t fr = 0, total = 0;
+    cuMemGetInfo(&fr, &total);
+    bool oom = false;
+    try {
+        core.malloc(0, total * 2, a);
+    } catch (const OutOfMemory &) {
+        oom = true;
+    }
+    CHECK(oom);
+    /* a private pool's block used on a busy stream: its free completes after that stream's work, and the pool
+     * keeps it (its segment stays until the pool gives it back) */
+    const PoolId P{0, 21};
+    core.create_or_incref(0, P, nullptr);
+    core.begin_pool(0, P, [](Stream) { return true; });
+    void *p1 = core.malloc(0, MiB, a);
+    core.end_pool(0, P);
+    CHECK(core.record_stream(p1, m));
+    S_hold(m);
+    core.free(p1);
+    bool pending_listed = false;
+    for (auto &r : core.segments(PoolId{0, 0}))
+        pending_listed |= r.ptr == p1 && r.pending && !r.live;
+    CHECK(pending_listed);
+    S_release(m);
+    void *z = core.malloc(0, 4096, a); /* polls: p1's free completes */
+    core.free(z);
+    core.begin_pool(0, P, [](Stream) { return true; });
+    void *p2 = core.malloc(0, MiB, a);
+    CHECK(p2 == p1);
+    core.free(p2);
+    core.end_pool(0, P);
+    while (core.use_count(0, P) > 0) /* create_or_incref and each begin_pool took one */
+        core.release_pool(0, P);
+    core.empty_cache(PoolId{0, 0});
+
+    std::vector<H> h = core.history();
+    struct Want {
+        H::Action a;
+        void *ptr;
+    };
+    const Want want[] = {
+        {H::SegmentAlloc, x},   {H::Alloc, x},          {H::SegmentAlloc, y},       {H::Alloc, y},
+        {H::FreeRequested, x},  {H::FreeCompleted, x},  {H::SegmentFree, x},        {H::FreeRequested, y},
+        {H::FreeCompleted, y},  {H::SegmentFree, y},    {H::FreeRequested, before}, {H::FreeCompleted, before},
+        {H::SegmentFree, before}, {H::Oom, nullptr},    {H::SegmentAlloc, p1},      {H::Alloc, p1},
+        {H::FreeRequested, p1}, {H::FreeCompleted, p1}, {H::SegmentAlloc, z},       {H::Alloc, z},
+        {H::FreeRequested, z},  {H::FreeCompleted, z},  {H::SegmentFree, z},        {H::Alloc, p1},
+        {H::FreeRequested, p1}, {H::FreeCompleted, p1}, {H::SegmentFree, p1}};
+    const size_t n = sizeof want / sizeof want[0];
+    CHECK(h.size() == n);
+    for (size_t i = n; i < h.size(); i++)
+        fprintf(stderr, "history %zu: action %d addr %p (more than expected)\n", i, int(h[i].action), (void *)h[i].addr);
+    for (size_t i = 0; i < h.size() && i < n; i++) {
+        bool same = h[i].action == want[i].a && (want[i].a == H::Oom || h[i].addr == uintptr_t(want[i].ptr));
+        if (!same)
+            fprintf(stderr, "history %zu: action %d addr %p, expected %d %p\n", i, int(h[i].action),
+                    (void *)h[i].addr, int(want[i].a), want[i].ptr);
+        CHECK(same);
+        CHECK(h[i].device == 0 && h[i].stream == (Stream)a && (i == 0 || h[i].time > h[i - 1].time));
+        if (h[i].action == H::Oom)
+            continue;
+        bool asked = h[i].action == H::Alloc || h[i].action == H::FreeRequested; /* the caller's stack */
+        CHECK(bool(h[i].context) == asked);
+        CHECK(h[i].pool == (h[i].addr == uintptr_t(p1) ? P : PoolId{0, 0}) || h[i].action == H::Oom);
+    }
+    if (h.size() == n) {
+        CHECK(h[1].size == 3 * MiB && h[3].size >= 100000);
+        CHECK(h[13].size == total * 2 && h[13].addr > 0 && h[13].addr <= fr); /* the driver's free bytes */
+    }
+
+    /* the newest max_entries, skipped actions, and off */
+    o.max_entries = 4;
+    o.skip = 1u << H::FreeRequested | 1u << H::SegmentAlloc | 1u << H::SegmentFree;
+    o.stacks_alloc = o.stacks_free = false;
+    core.record_history(true, o, true);
+    std::vector<void *> live;
+    for (int i = 0; i < 6; i++)
+        live.push_back(core.malloc(0, 4096, a));
+    h = core.history();
+    CHECK(h.size() == 4 && h[0].addr == uintptr_t(live[2]) && h[3].addr == uintptr_t(live[5]));
+    for (auto &e : h)
+        CHECK(e.action == H::Alloc && !e.context);
+    free_all(core, live);
+    h = core.history();
+    CHECK(h.size() == 4 && h[3].action == H::FreeCompleted && h[3].addr == uintptr_t(live[5]));
+    core.record_history(false, o, false);
+    CHECK(!core.history_on() && core.history().empty());
+    core.free(core.malloc(0, 4096, a));
+    CHECK(core.history().empty());
+    all_back(core, held0, {a, m});
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--ipc-child") == 0)
@@ -848,6 +966,7 @@ int main(int argc, char **argv)
         check_ipc(core, held0, argv[0]);
         check_ipc_answer_closed();
         check_ipc_pools(core, held0);
+        check_history(core, held0);
     }
     CHECK(t_held() == held0);
     CHECK(fabpool_torch_shutdown() == FABPOOL_OK);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -71,6 +72,8 @@ struct Core::Block {
     Pool *pool = nullptr;  /* nullptr: the device's default pool (the shim's) */
     BlockState state = BlockState::live;
     std::vector<Stream> uses;  /* other streams it was used on (record_stream) */
+    bool fresh = true;         /* never handed out yet: its segment is new (the history's SegmentAlloc) */
+    std::shared_ptr<void> stack;  /* where it was allocated, if the history gathered it */
 };
 
 struct Core::Pool {
@@ -767,6 +770,7 @@ void *Core::malloc(int device, size_t size, Stream stream)
     if (size == 0)
         return nullptr;
     Device &d = dev(device);
+    std::shared_ptr<void> stack = gather(true); /* before the lock: it may run Python */
     std::lock_guard<std::mutex> lk(d.mu);
     bool ctx = contexts_.load(std::memory_order_acquire) > 0;
     Relaxed relaxed(rt_, ctx);
@@ -817,6 +821,13 @@ void *Core::malloc(int device, size_t size, Stream stream)
         b->pool->live++;
     count(d, *b, 1);
     sample(d);
+    b->stack = std::move(stack);
+    if (history_on()) {
+        if (b->fresh)
+            note_block(HistoryEvent::SegmentAlloc, *b);
+        note_block(HistoryEvent::Alloc, *b, b->stack);
+    }
+    b->fresh = false;
     live_put(b);
     return b->ptr;
 }
@@ -841,6 +852,8 @@ void Core::out_of_memory(Device &d, size_t size, Stream s, const std::string &wh
     }
     msg += "; the driver reports " + human(fr) + " free of " + human(total) +
            ". Free tensors (del, gc.collect()) or use smaller batches, then allocate again.";
+    if (history_on())
+        note(HistoryEvent::Oom, d.index, fr, size, s, kDefaultPool);
     throw OutOfMemory(msg, d.index, size, d.capped ? size_t(d.cap) : total, fr);
 }
 
@@ -856,10 +869,13 @@ Freed Core::free(void *ptr)
                                     ": not a live block of this allocator (never given out, or freed already)");
     }
     Device &d = *devs_[b->device].load(std::memory_order_acquire);
+    std::shared_ptr<void> stack = gather(false);
     std::lock_guard<std::mutex> lk(d.mu);
     bool ctx = contexts_.load(std::memory_order_acquire) > 0;
     Relaxed relaxed(rt_, ctx);
     Freed f{b->device, b->usable};
+    if (history_on())
+        note_block(HistoryEvent::FreeRequested, *b, std::move(stack));
     if (b->pool)
         b->pool->live--;
     count(d, *b, -1);
@@ -919,13 +935,15 @@ void Core::release(Device &d, Block *b, bool ctx)
 
 void Core::finish(Device &d, Block *b)
 {
+    if (history_on())
+        note_block(HistoryEvent::FreeCompleted, *b);
     if (!b->pool) {
         fabpool_t *fp = fabpool_torch_pool(d.index);
         if (fp && have_record_stream())
             for (Stream u : b->uses)
                 fabpool_record_stream(fp, b->ptr, u);
         fabpool_torch_free(b->ptr, b->size, d.index, b->stream);
-        delete b;
+        gone(b);
         return;
     }
     Pool &p = *b->pool;
@@ -1024,7 +1042,7 @@ void Core::drop(Device &d, Pool &p, Block *b)
     p.held.erase(b->ptr);
     void *ptr = b->ptr;
     size_t usable = b->usable;
-    delete b;
+    gone(b);
     if (p.ext) {
         d.ext_bytes -= usable;
         d.ext_blocks--;
@@ -1055,7 +1073,7 @@ void Core::destroy_pool(Device &d, Pool &p)
         p.fp = nullptr;
     }
     for (auto &kv : p.held)
-        delete kv.second;
+        gone(kv.second);
     p.held.clear();
     p.cached.clear();
 }
@@ -1129,6 +1147,71 @@ size_t Core::largest_free(int device)
     return std::max(best, room);
 }
 
+/* ------------------------------------------------------------ history */
+
+void Core::record_history(bool on, HistoryOptions opts, bool clear)
+{
+    std::lock_guard<std::mutex> lk(hist_mu_);
+    if (!opts.clock)
+        opts.clock = [] {
+            return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch())
+                                .count());
+        };
+    if (on)
+        hist_ = std::move(opts);
+    if (clear || !on)
+        hist_events_.clear();
+    hist_on_.store(on, std::memory_order_relaxed);
+}
+
+std::vector<HistoryEvent> Core::history()
+{
+    std::lock_guard<std::mutex> lk(hist_mu_);
+    return std::vector<HistoryEvent>(hist_events_.begin(), hist_events_.end());
+}
+
+/* The stack of the calling allocation (alloc) or free, where the history asks for one. */
+std::shared_ptr<void> Core::gather(bool alloc)
+{
+    if (!history_on())
+        return nullptr;
+    std::function<std::shared_ptr<void>()> fn;
+    {
+        std::lock_guard<std::mutex> lk(hist_mu_);
+        if (!(alloc ? hist_.stacks_alloc : hist_.stacks_free) || !hist_.gather)
+            return nullptr;
+        fn = hist_.gather;
+    }
+    return fn();
+}
+
+void Core::note(HistoryEvent::Action a, int device, uintptr_t addr, size_t size, Stream s, PoolId pool,
+                std::shared_ptr<void> ctx)
+{
+    std::lock_guard<std::mutex> lk(hist_mu_);
+    if (!history_on() || (hist_.skip >> a & 1u) || !hist_.max_entries)
+        return;
+    if (a == HistoryEvent::Alloc && !hist_.stacks_trace)
+        ctx = nullptr;
+    if (hist_events_.size() >= hist_.max_entries)
+        hist_events_.pop_front();
+    hist_events_.push_back(HistoryEvent{a, device, addr, size, s, pool, hist_.clock(), std::move(ctx)});
+}
+
+void Core::note_block(HistoryEvent::Action a, const Block &b, std::shared_ptr<void> ctx)
+{
+    note(a, b.device, uintptr_t(b.ptr), b.usable, b.stream, b.pool ? b.pool->id : kDefaultPool, std::move(ctx));
+}
+
+/* A block's record deleted: its memory went back to fabpool (or the pool's own allocator). */
+void Core::gone(Block *b)
+{
+    if (!b->fresh && history_on())
+        note_block(HistoryEvent::SegmentFree, *b);
+    delete b;
+}
+
 /* ------------------------------------------------------------ snapshot */
 
 std::vector<SegmentRecord> Core::segments(PoolId only)
@@ -1146,7 +1229,7 @@ std::vector<SegmentRecord> Core::segments(PoolId only)
                 PoolId pid = b->pool ? b->pool->id : kDefaultPool;
                 if (b->device != i || (only != kDefaultPool && pid != only))
                     continue;
-                out.push_back(SegmentRecord{i, b->ptr, b->size, b->usable, b->stream, true, pid});
+                out.push_back(SegmentRecord{i, b->ptr, b->size, b->usable, b->stream, true, pid, false, b->stack});
             }
         }
         for (auto &kv : d->pools) {
@@ -1155,8 +1238,15 @@ std::vector<SegmentRecord> Core::segments(PoolId only)
             for (auto &h : kv.second->held)
                 if (h.second->state != BlockState::live)
                     out.push_back(SegmentRecord{i, h.first, h.second->size, h.second->usable, h.second->stream, false,
-                                                kv.first});
+                                                kv.first, h.second->state == BlockState::waiting, nullptr});
         }
+        /* the default pool's blocks freed and waiting for other streams' work (a private pool's are in held) */
+        std::vector<Block *> waiting(d->deferred);
+        for (auto &pe : d->pending)
+            waiting.push_back(pe.b);
+        for (Block *b : waiting)
+            if (!b->pool && only == kDefaultPool)
+                out.push_back(SegmentRecord{i, b->ptr, b->size, b->usable, b->stream, false, kDefaultPool, true, nullptr});
     }
     std::sort(out.begin(), out.end(), [](const SegmentRecord &a, const SegmentRecord &b) {
         return a.device != b.device ? a.device < b.device : uintptr_t(a.ptr) < uintptr_t(b.ptr);

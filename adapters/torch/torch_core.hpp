@@ -37,6 +37,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -141,6 +142,34 @@ struct SegmentRecord {
     Stream stream;
     bool live;
     PoolId pool;  /* {0, 0}: the default pool */
+    bool pending = false;  /* freed, waiting for the work of the streams it was used on (not live) */
+    std::shared_ptr<void> stack;  /* a live block's allocation stack, where the history gathered one */
+};
+
+/* One event of the allocation history (PyTorch's TraceEntry, what
+ * torch.cuda.memory._record_memory_history records).  A segment is a block
+ * as segments() lists it: made with the block's first allocation, gone when
+ * the block goes back to fabpool (a private pool keeps its freed blocks). */
+struct HistoryEvent {
+    enum Action { Alloc, FreeRequested, FreeCompleted, SegmentAlloc, SegmentFree, Oom, kActions };
+    Action action;
+    int device;
+    uintptr_t addr;  /* Oom: the bytes the driver said were free */
+    size_t size;
+    Stream stream;
+    PoolId pool;
+    uint64_t time;                  /* HistoryOptions::clock at the event */
+    std::shared_ptr<void> context;  /* HistoryOptions::gather's answer (the stack), or null */
+};
+
+struct HistoryOptions {
+    size_t max_entries = 0;      /* the newest this many are kept */
+    unsigned skip = 0;           /* 1u << Action: actions not recorded */
+    bool stacks_alloc = false;   /* gather a context for each allocation (kept with the block) */
+    bool stacks_trace = false;   /* and put it in the Alloc event */
+    bool stacks_free = false;    /* gather one for each free */
+    std::function<std::shared_ptr<void>()> gather;
+    std::function<uint64_t()> clock;  /* default: steady_clock nanoseconds */
 };
 
 struct Freed {
@@ -201,6 +230,12 @@ public:
      * memory it could map (free device memory within the cap). */
     size_t largest_free(int device);
     std::vector<SegmentRecord> segments(PoolId only);
+    /* The allocation history: on (with its options) or off; clear drops what was recorded.  Recording costs
+     * one relaxed load per allocation and free while off. */
+    void record_history(bool on, HistoryOptions opts, bool clear);
+    bool history_on() const { return hist_on_.load(std::memory_order_relaxed); }
+    /* What was recorded, oldest first. */
+    std::vector<HistoryEvent> history();
     /* Devices with state (the highest index used + 1). */
     int devices();
 
@@ -254,6 +289,10 @@ private:
     std::shared_ptr<IpcState> ipc_;  /* the receiver's side; the deleters of open_ipc's pointers hold it */
     std::mutex server_mu_;
     ipc::Server *server_ = nullptr;  /* the sender's side: started at the first share */
+    std::atomic<bool> hist_on_{false};
+    std::mutex hist_mu_;  /* a leaf: taken with a device's lock held */
+    HistoryOptions hist_;
+    std::deque<HistoryEvent> hist_events_;
 
     Device &dev(int device);
     Device *dev_if(int device);
@@ -281,6 +320,11 @@ private:
     void destroy_pool(Device &d, Pool &p);
     void count(Device &d, const Block &b, int sign);
     Gauge gauge(Device &d);
+    std::shared_ptr<void> gather(bool alloc);
+    void note(HistoryEvent::Action a, int device, uintptr_t addr, size_t size, Stream s, PoolId pool,
+              std::shared_ptr<void> ctx = nullptr);
+    void note_block(HistoryEvent::Action a, const Block &b, std::shared_ptr<void> ctx = nullptr);
+    void gone(Block *b);
     void sample(Device &d);
     uint64_t mapped(Device &d);
     [[noreturn]] void out_of_memory(Device &d, size_t size, Stream s, const std::string &why, bool capped);

@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <mutex>
 
@@ -28,6 +29,13 @@
 
 namespace CA = c10::cuda::CUDACachingAllocator;
 using fabpool_torch::Stream;
+
+namespace {
+/* The core's history actions as PyTorch's, in the order of fabpool_torch::HistoryEvent::Action. */
+const CA::TraceEntry::Action kTraceAction[fabpool_torch::HistoryEvent::kActions] = {
+    CA::TraceEntry::ALLOC,         CA::TraceEntry::FREE_REQUESTED, CA::TraceEntry::FREE_COMPLETED,
+    CA::TraceEntry::SEGMENT_ALLOC, CA::TraceEntry::SEGMENT_FREE,   CA::TraceEntry::OOM};
+}  // namespace
 
 namespace {
 
@@ -306,7 +314,7 @@ public:
         translate([&] { core_.reset_peak(device); });
     }
 
-    CA::SnapshotInfo snapshot(c10::MempoolId_t mempool_id = {0, 0}, bool /*include_traces*/ = true) override
+    CA::SnapshotInfo snapshot(c10::MempoolId_t mempool_id = {0, 0}, bool include_traces = true) override
     {
         CA::SnapshotInfo info;
         /* one segment per block: fabpool's blocks are not carved from
@@ -318,7 +326,7 @@ public:
             seg.total_size = r.usable;
             seg.requested_size = r.live ? r.size : 0;
             seg.allocated_size = r.live ? r.usable : 0;
-            seg.active_size = seg.allocated_size;
+            seg.active_size = r.live || r.pending ? r.usable : 0;
             seg.stream = r.stream;
             seg.is_large = r.size > fabpool_torch::kSmallSize;
             seg.is_expandable = false;
@@ -327,12 +335,26 @@ public:
             b.size = r.usable;
             b.requested_size = r.size;
             b.allocated = r.live;
-            b.active = r.live;
+            b.active = r.live || r.pending; /* freed, waiting for other streams: "active_pending_free" */
+            b.context_when_allocated = std::static_pointer_cast<c10::GatheredContext>(r.stack);
+            seg.context_when_allocated = b.context_when_allocated;
             seg.blocks.push_back(b);
             info.segments.push_back(std::move(seg));
         }
         int devices = std::max(core_.devices(), int(c10::cuda::device_count()));
-        info.device_traces.resize(size_t(devices));  /* no history is recorded */
+        info.device_traces.resize(size_t(devices));
+        if (include_traces) {
+            for (auto &e : core_.history()) {
+                if (e.device < 0 || size_t(e.device) >= info.device_traces.size())
+                    info.device_traces.resize(size_t(e.device) + 1);
+                auto &t = info.device_traces[size_t(e.device)];
+                t.emplace_back(kTraceAction[e.action], static_cast<c10::DeviceIndex>(e.device), size_t(e.addr), e.size,
+                               e.stream, e.pool, c10::approx_time_t(0),
+                               std::static_pointer_cast<c10::GatheredContext>(e.context));
+                /* the time as PyTorch's snapshot() leaves it for its Python side: microseconds of the Unix epoch */
+                t.back().time_.t_ = static_cast<time_t>(e.time);
+            }
+        }
         auto &md = info.config_metadata;
         md.garbage_collection_threshold = 0;
         md.max_split_size = SIZE_MAX;
@@ -345,17 +367,35 @@ public:
         return info;
     }
 
-    bool isHistoryEnabled() override { return history_; }
+    bool isHistoryEnabled() override { return core_.history_on(); }
 
-    void recordHistory(bool enabled, CA::CreateContextFn /*context_recorder*/, size_t /*alloc_trace_max_entries*/,
-                       CA::RecordContext /*when*/, bool /*clearHistory*/,
-                       const std::vector<std::string> & /*skip_actions*/) override
+    /* torch.cuda.memory._record_memory_history: the core records each allocation, free and segment (a block,
+     * as snapshot() lists them) with the time in microseconds of the Unix epoch (snapshot's time_us) and, as
+     * `when` asks, the stacks context_recorder gathers */
+    void recordHistory(bool enabled, CA::CreateContextFn context_recorder, size_t alloc_trace_max_entries,
+                       CA::RecordContext when, bool clearHistory,
+                       const std::vector<std::string> &skip_actions) override
     {
-        history_ = enabled;
-        if (enabled) {
-            TORCH_WARN_ONCE("fabpool's PyTorch allocator records no allocation history: memory_snapshot() lists "
-                            "the live and cached blocks, with no traces or stacks");
+        fabpool_torch::HistoryOptions o;
+        o.max_entries = alloc_trace_max_entries;
+        for (const auto &a : skip_actions) {
+            CA::TraceEntry::Action act = c10::CachingDeviceAllocator::parseTraceEntryAction(a);
+            for (unsigned k = 0; k < fabpool_torch::HistoryEvent::kActions; k++)
+                if (kTraceAction[k] == act)
+                    o.skip |= 1u << k;
         }
+        if (context_recorder && when != CA::RecordContext::NEVER) {
+            o.stacks_alloc = true;
+            o.stacks_trace = when >= CA::RecordContext::ALLOC;
+            o.stacks_free = when == CA::RecordContext::ALL;
+            o.gather = [context_recorder] { return std::shared_ptr<void>(context_recorder()); };
+        }
+        o.clock = [] {
+            return uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count());
+        };
+        core_.record_history(enabled, std::move(o), clearHistory);
     }
 
     void attachOutOfMemoryObserver(CA::OutOfMemoryObserver observer) override

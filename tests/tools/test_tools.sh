@@ -3,7 +3,9 @@
 # 0, an unknown option exits 2, a missing operand exits 2; the replay exits 1 when no allocator could run; and
 # the JSON of fabpool_trace, fabpool_replay, fabpool_bench_stream and the library's report (stats_print:json)
 # parses (python3 -m json.tool) for files whose names hold '"' and '\', the trace recorded there by
-# FABPOOL_TRACE (the demo's), its path read back from the JSON as it is.  PYTHON empty: the JSON checks are skipped, and say so.
+# FABPOOL_TRACE (the demo's), its path read back from the JSON as it is; that trace's memory snapshot, CSV and SVG
+# plot written (the snapshot read as PyTorch's viewer reads it, the plot's title the path).  PYTHON empty: the
+# JSON and file checks are skipped, and say so.
 set -u
 build=$1 python=${2:-}
 fails=0
@@ -26,7 +28,7 @@ tool() {
 tool fabpool_bench --quick --json --workload --no-torch --check
 tool fabpool_bench_stream --pairs --json
 tool fabpool_replay --allocators --level --sample --fabpool-conf --device --json --check --max-held --pace --gpu-lag
-tool fabpool_trace --json
+tool fabpool_trace --json --memory-snapshot --csv --plot
 tool fabpool_trace_gen --steps --layers --d-model --vocab --tokens --seed
 tool fabpool_demo --steps --seed
 
@@ -47,6 +49,13 @@ FABPOOL_TRACE="$hostile.trace" "$build/fabpool_demo" --steps 40 >/dev/null || fa
 [ $rc = 0 ] || fail "fabpool_trace --json exits $rc"
 "$build/fabpool_replay" "$hostile.trace" --allocators fabpool --check --json "$hostile-replay.json" >/dev/null; rc=$?
 [ $rc = 0 ] || fail "fabpool_replay --check exits $rc"
+# the memory over time of that trace: PyTorch's snapshot, the CSV, the plot (whose title is the path, escaped)
+"$build/fabpool_trace" --memory-snapshot "$hostile.pickle" --csv "$hostile.csv" --plot "$hostile.svg" \
+  "$hostile.trace" >/dev/null; rc=$?
+[ $rc = 0 ] && [ -s "$hostile.pickle" ] && [ -s "$hostile.csv" ] && [ -s "$hostile.svg" ] ||
+  fail "fabpool_trace --memory-snapshot --csv --plot exits $rc or leaves a file empty"
+"$build/fabpool_trace" --memory-snapshot "$dir/no/such/dir.pickle" "$hostile.trace" >/dev/null 2>&1; rc=$?
+[ $rc = 1 ] || fail "fabpool_trace --memory-snapshot into a folder that does not exist exits $rc, not 1"
 "$build/fabpool_bench_stream" --pairs 200 --json "$hostile-stream.json" >/dev/null; rc=$?
 [ $rc = 0 ] || fail "fabpool_bench_stream exits $rc"
 # the library's own report (stats_print:json, at destroy), whose options name the trace path
@@ -69,6 +78,11 @@ if [ -n "$python" ]; then
   done
   "$python" -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(d["options"]["trace"] != sys.argv[2])' \
     "$hostile-report.json" "$hostile-2.trace" || fail "the report's options do not give the trace's path back"
+  "$python" "$(dirname "$0")/check_memory_snapshot.py" "$hostile.pickle" >/dev/null ||
+    fail "the snapshot does not read as PyTorch's viewer reads it"
+  "$python" -c 'import sys, xml.etree.ElementTree as E; t = E.parse(sys.argv[1]).getroot()
+sys.exit(not any(e.text == sys.argv[2] for e in t.iter("{http://www.w3.org/2000/svg}text")))' \
+    "$hostile.svg" "$hostile.trace" || fail "the plot is not SVG with the trace's path as its title"
   [ $fails != "$before" ] ||
     printf "the JSON of fabpool_trace, fabpool_replay, fabpool_bench_stream and the report parses for %s\n" "$hostile"
 else

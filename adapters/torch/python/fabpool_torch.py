@@ -843,4 +843,96 @@ def _report_at_exit():
 atexit.register(_report_at_exit)
 
 
+# ------------------------------------------------------------------ memory over time (docs/memory-viz.md)
+
+_history_trace = None   # the trace record_memory_history() started for the shim's pools
+
+
+def _trace_path_now(path):
+    """A trace path as the pools write it: %p the process id, %h the host name up to its first dot, %d device 0
+    (the first pool's), %% a %."""
+    out, i = [], 0
+    while i < len(path):
+        c = path[i]
+        if c == "%" and i + 1 < len(path) and path[i + 1] in "phd%":
+            k = path[i + 1]
+            out.append(str(os.getpid()) if k == "p" else os.uname().nodename.split(".")[0] if k == "h" else
+                       "0" if k == "d" else "%")
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def record_memory_history(path=None, max_entries=100000):
+    """Starts recording every allocation and free of the process, for
+    dump_snapshot() and PyTorch's memory viewer (torch.cuda._memory_viz,
+    https://pytorch.org/memory_viz).
+
+    With the C++ allocator (install() in mode "auto" or "cxx") this is
+    torch.cuda.memory._record_memory_history(max_entries=max_entries), with
+    the Python stacks, at any time.  With the pluggable shim, whose interface
+    has no history, the shim's pools record a fabpool trace (FABPOOL_TRACE)
+    into path (default: fabpool-<pid>.trace in the temporary folder; a
+    FABPOOL_TRACE set already wins), which a pool opens when it is made: call
+    it before the first CUDA tensor.  Returns the trace's path (None with the
+    C++ allocator)."""
+    global _history_trace
+    if _allocator == "cxx":
+        import torch
+        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+        return None
+    env = os.environ.get("FABPOOL_TRACE")
+    if env:
+        _history_trace = _trace_path_now(env)
+        return _history_trace
+    lib = load()
+    lib.fabpool_torch_pool.restype = ctypes.c_void_p
+    lib.fabpool_torch_pool.argtypes = [ctypes.c_int]
+    made = [d for d in range(64) if lib.fabpool_torch_pool(d)]
+    if made:
+        raise FabpoolError("fabpool_torch.record_memory_history(): the pools of device(s) %s were made before it "
+                           "and record no trace; call it before the first CUDA tensor (or set FABPOOL_TRACE before "
+                           "the program starts)" % made)
+    if path is None:
+        import tempfile
+        path = os.path.join(tempfile.gettempdir(), "fabpool-%d.trace" % os.getpid())
+    os.environ["FABPOOL_TRACE"] = path.replace("%", "%%")
+    _history_trace = path
+    return path
+
+
+def dump_snapshot(path):
+    """Writes the memory snapshot of the run so far into path: a pickle, as
+    torch.cuda.memory._dump_snapshot writes, that
+    `python -m torch.cuda._memory_viz trace_plot PATH -o out.html` (or
+    https://pytorch.org/memory_viz) draws.  With the C++ allocator this is
+    torch.cuda.memory._dump_snapshot(path).  With the shim: the trace
+    record_memory_history() started (the first pool's: device 0 where it
+    allocates first), written out so far and converted as
+    `fabpool_trace --memory-snapshot` converts it (no stacks: a trace has
+    none).  Returns path."""
+    if _allocator == "cxx":
+        import torch
+        torch.cuda.memory._dump_snapshot(path)
+        return path
+    trace = _history_trace or (_trace_path_now(os.environ["FABPOOL_TRACE"]) if os.environ.get("FABPOOL_TRACE")
+                               else None)
+    if not trace:
+        raise FabpoolError("fabpool_torch.dump_snapshot(%r): nothing is recorded; call "
+                           "fabpool_torch.record_memory_history() before the first CUDA tensor" % (path,))
+    lib = load()
+    fn = getattr(lib, "fabpool_torch_memory_snapshot", None)
+    if fn is None:
+        raise FabpoolError("fabpool_torch.dump_snapshot(): %s has no fabpool_torch_memory_snapshot (an older "
+                           "build)" % _lib_path)
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    msg = ctypes.create_string_buffer(1024)
+    if fn(os.fsencode(trace), os.fsencode(path), msg, len(msg)) != 0:
+        raise FabpoolError("fabpool_torch.dump_snapshot(%r): %s" % (path, msg.value.decode(errors="replace")))
+    return path
+
+
 from fabpool_symm import SymmetricBuffer, SymmetricMemory, SymmetricMemoryError  # noqa: E402,F401 (fabpool_symm.py)
