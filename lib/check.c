@@ -551,7 +551,10 @@ static fabpool_status check_arena_pieces(walk *w, const fp_arena *a, uint64_t *i
                 used += q->size;
                 nblocks++;
                 w->pending += q->state == FP_LARGE_PENDING;
-                if (q->state == FP_LARGE_LIVE && fp_retire_any_used(&p->retire))
+                const fp_span *home = fp_map_get(&p->sp.map, q->base);
+                /* a slab's run starts where its first block does: that block's records are the slab walk's */
+                if (q->state == FP_LARGE_LIVE && (!home || home->kind != FP_SPAN_SLAB) &&
+                    fp_retire_any_used(&p->retire))
                     w->recorded += (uint64_t)fp_retire_used_locked(&p->retire, q->base);
             } else {
                 return FAIL("[arena.run] %s: the piece at 0x%llx is in state %u (held: only inside an allocation)",

@@ -145,6 +145,26 @@ static void same_stream_is_nothing(CUstream s)
     }
 }
 
+/* fabpool_check on a pool whose recorded blocks are the first of their slabs (a slab's run in its arena starts
+ * at its first block's address: the check counts that block's records once). */
+static void check_first_block_recorded(CUstream s)
+{
+    fabpool_t *p = t_pool("handle_type:none,thread_cache:0");
+    if (!p)
+        return;
+    void *x = NULL, *y = NULL;
+    CHECK_OK(fabpool_alloc(p, 2, &x));
+    CHECK_OK(fabpool_alloc(p, 3000, &y));
+    CHECK_OK(fabpool_record_stream(p, x, s));
+    CHECK_OK(fabpool_record_stream(p, y, s));
+    CHECK_OK(fabpool_check(p));
+    CHECK_OK(fabpool_free(p, x));
+    CHECK_OK(fabpool_free(p, y));
+    CHECK_OK(fabpool_collect(p, 1));
+    CHECK_OK(fabpool_check(p));
+    CHECK_OK(fabpool_destroy(p));
+}
+
 /* The prefetch pattern on the owner stream: a block made on the owner, read
  * on a side stream (recorded), freed on the owner while the side stream's
  * read is queued.  The owner's next allocations of that size get other
@@ -487,6 +507,7 @@ int main(void)
     reuse_after_recorded(NULL, s[1]); /* allocated on the legacy default stream */
     several_streams(s[0], s[1], s[2], s[3]);
     same_stream_is_nothing(s[0]);
+    check_first_block_recorded(s[1]);
     owner_prefetch(s[0], s[1]);
     bad_input(s[0]);
     with_sleep(s[0], s[1], s[2]);
