@@ -386,7 +386,7 @@ static CUresult dmabuf_of(CUdeviceptr a, size_t n, unsigned long long flags, lon
     return r;
 }
 
-/* issue 14: the RDMA flag, dma-buf export over one and several chunks, and
+/* the RDMA flag, dma-buf export over one and several chunks, and
  * host NUMA memory through VMM.  Every answer here was measured on the
  * H200, 2026-12-03 (driver 580.159.04; tests/probe/h200-rdma.sh). */
 static void rdma_dmabuf(void)
@@ -735,7 +735,7 @@ int main(void)
     if (sim)
         sim_hooks();
     if (!sim)
-        printf("RECORD: %d answer%s differ from the sim's: update sim/sim_vmm.c and make them EXPECTs\n", n_differ,
+        printf("RECORD: %d answer%s differ from the sim's: update sim/ and make them EXPECTs\n", n_differ,
                n_differ == 1 ? "" : "s");
     return t_done("test_conformance");
 }
