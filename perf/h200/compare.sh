@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# compare.sh - fabpool_bench's hot path and growth for two trees in one run (issue 12: a refactor must keep
+# compare.sh - fabpool_bench's hot path and growth for two trees in one run (a refactor must keep
 # both within 10 %).  Run from the repository root on the GPU machine:
 #   BASE_DIR=.deps/base OUT=/some/dir perf/h200/compare.sh
 # BASE_DIR holds the older tree (e.g. `git archive <rev> | tar -x -C .deps/base`); the current tree is the

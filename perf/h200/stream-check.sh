@@ -1,6 +1,6 @@
 #!/bin/bash
-# stream-check.sh - the stream-ordered pair and the PyTorch adapter on it, on one H200 (issue 12 item 2,
-# issue 13's shim without its own stream lists).  Run from the repository root; needs CUDA 13, cmake and
+# stream-check.sh - the stream-ordered pair and the PyTorch adapter on it (the shim without stream lists of
+# its own), on one H200.  Run from the repository root; needs CUDA 13, cmake and
 # PyTorch 2.11 in python3.  About 3 minutes: configure + build (~1.5 min), then
 #   tests     ctest against the real driver: test_stream (skips its sim-only checks), test_buffers,
 #             test_audit, test_alloc, test_torch_shim, test_torch_python

@@ -1,5 +1,5 @@
 /* test_property: seeded random sequences of every public operation on two
- * pools of one process, checked from outside after every step (issue 11).
+ * pools of one process, checked from outside after every step.
  *
  * Each seed creates two pools (A and B) and runs `steps` random operations:
  * fabpool_alloc / free, buffer create / resize / resize_set / destroy, export
@@ -24,7 +24,7 @@
  *     and, every 64 steps, every sample of everything;
  *   - a shrunk buffer that was never exported maps at most the hysteresis over
  *     its new size (docs/config.md: shrink_hysteresis);
- *   - check_invariants(): fabpool_check of each pool (issue 12): the pool's own
+ *   - check_invariants(): fabpool_check of each pool: the pool's own
  *     structures and counters agree with each other.
  * At the end of each seed everything is freed, both pools are destroyed (OK,
  * not BUSY) and the ledger is zero.  How often each operation ran is printed;
@@ -309,10 +309,10 @@ static fabpool_buffer_info binfo(const buf_t *b)
 
 static void *stream_ptr(int s) { return s < 0 ? NULL : (void *)streams[s]; }
 
-/* --------------------------------------------------- the hook for issue 12 */
+/* ------------------------------------------------ the pools' own check */
 
 /* check_invariants(): the library's own consistency check of each pool
- * (fabpool_check, issue 12), after every step. */
+ * (fabpool_check), after every step. */
 static uint64_t n_pool_checks;
 
 static void check_invariants(void)
@@ -792,7 +792,7 @@ static void step(enum op op)
         int start = (int)below((uint64_t)q->nbuf);
         for (int k = 0; k < want; k++)
             idx[n++] = (start + k) % q->nbuf;
-        if (dup) { /* the same buffer twice: refused, nothing changed (issue 11 item 11) */
+        if (dup) { /* the same buffer twice: refused, nothing changed */
             int again = idx[below((uint64_t)n)];
             idx[n++] = again;
         }

@@ -610,7 +610,7 @@ def unpatch_torch_stats():
     _patched.clear()
 
 
-# ---------------------------------------------------------------- tags: sleep and wake (issue 14)
+# ---------------------------------------------------------------- tags: sleep and wake
 #
 # A tag is a fabpool pool: "default" is the installed allocator's
 # (fabpool_torch_pool), every other tag the pool behind the MemPools made
