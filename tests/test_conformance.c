@@ -219,8 +219,8 @@ static void misuse(void)
         EXPECT(cuMemAddressFree(base, 64 * MB), CUDA_ERROR_INVALID_VALUE);
 }
 
-/* driver-facts.md, "Release semantics", and the seed bug: a handle never
- * released keeps its memory after the unmap; eager release frees it. */
+/* docs/driver-facts.md, "When memory goes back to the driver": a handle
+ * never released keeps its memory after the unmap; eager release frees it. */
 static void release_semantics(void)
 {
     CUdeviceptr base = 0;
