@@ -15,9 +15,13 @@ include(CMakePackageConfigHelpers)
 
 set(FABPOOL_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/fabpool)
 
-# the public headers: fabpool.h and whatever adapter headers exist
+# the public headers: fabpool.h and the headers beside it, and each adapter's header, which lives with the
+# adapter's code (adapters/<name>/) and installs beside fabpool.h
 file(GLOB fabpool_public_headers ${CMAKE_CURRENT_SOURCE_DIR}/include/fabpool*.h
                                  ${CMAKE_CURRENT_SOURCE_DIR}/include/fabpool*.hpp)
+set(FABPOOL_ADAPTER_HEADERS ${CMAKE_CURRENT_SOURCE_DIR}/adapters/hybridep/fabpool_hybridep.hpp
+                            ${CMAKE_CURRENT_SOURCE_DIR}/adapters/torch/fabpool_torch.h)
+list(APPEND fabpool_public_headers ${FABPOOL_ADAPTER_HEADERS})
 install(FILES ${fabpool_public_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT devel)
 
 # The targets' INSTALL_INTERFACE include dir is "include" (a path relative to the prefix).

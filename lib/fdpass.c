@@ -1,11 +1,13 @@
 /* fdpass.c - file descriptors between processes of one host: SCM_RIGHTS
- * over Unix stream sockets in the abstract namespace, or pidfd_getfd
- * (include/fabpool_fdpass.h).  Layer base.  Calls: error. */
+ * over Unix stream sockets in the abstract namespace, or pidfd_getfd with
+ * the ptrace permission it needs (include/fabpool_fdpass.h).  Layer base.  Calls: error. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -199,22 +201,84 @@ fabpool_status fabpool_fd_recv(int sock, int *fds, size_t cap, size_t *n, void *
     return st;
 }
 
+/* Yama's ptrace_scope (0..3), or -1 where Yama is absent. */
+static int ptrace_scope(void)
+{
+    int v = -1;
+    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
+    if (!f)
+        return -1;
+    if (fscanf(f, "%d", &v) != 1)
+        v = -1;
+    fclose(f);
+    return v;
+}
+
+/* What to change so that pidfd_open / pidfd_getfd on process pid works, for
+ * its errno e under Yama ptrace_scope `scope`. */
+static const char *pidfd_advice(int e, int scope)
+{
+    if (e == ENOSYS)
+        return "this kernel has no pidfd_getfd (Linux 5.6 or later is needed; see uname -r): pass the fds over a "
+               "socket instead (fabpool_fd_send / fabpool_fd_recv)";
+    if (e == ESRCH)
+        return "the process is gone: it must stay alive until its peers have copied its fds";
+    if (e != EPERM && e != EACCES)
+        return "the process does not have that fd open, or pass the fds over a socket instead "
+               "(fabpool_fd_send / fabpool_fd_recv)";
+    switch (scope) {
+    case 0:
+    case -1:
+        return "no ptrace permission over the process: both processes must run as the same user, and a seccomp "
+               "filter must allow pidfd_getfd (in Docker: --cap-add SYS_PTRACE, or a profile that allows "
+               "pidfd_open and pidfd_getfd); or pass the fds over a socket (fabpool_fd_send / fabpool_fd_recv)";
+    case 1:
+        return "no ptrace permission over the process: Yama ptrace_scope is 1 and the process did not allow its "
+               "peers (fabpool_fd_allow_peers; the HybridEP adapter calls it at its first export unless "
+               "FABPOOL_HYBRIDEP_PTRACER=0), or give the processes CAP_SYS_PTRACE, or run "
+               "sysctl -w kernel.yama.ptrace_scope=0; or pass the fds over a socket (fabpool_fd_send / "
+               "fabpool_fd_recv)";
+    case 2:
+        return "no ptrace permission over the process: Yama ptrace_scope is 2 (only CAP_SYS_PTRACE may): give the "
+               "processes CAP_SYS_PTRACE (Docker: --cap-add SYS_PTRACE), or run sysctl -w "
+               "kernel.yama.ptrace_scope=1; or pass the fds over a socket (fabpool_fd_send / fabpool_fd_recv)";
+    default:
+        return "no ptrace permission over the process: Yama ptrace_scope is 3 (no process may, until a reboot): "
+               "boot with ptrace_scope 0 or 1, or pass the fds over a socket (fabpool_fd_send / fabpool_fd_recv)";
+    }
+}
+
+fabpool_status fabpool_fd_allow_peers(void)
+{
+    int scope = ptrace_scope();
+    if (scope >= 2)
+        return fp_error(FABPOOL_ERR_NOT_SUPPORTED,
+                        "Yama ptrace_scope is %d: no process may consent to its peers; %s", scope,
+                        pidfd_advice(EPERM, scope));
+    if (scope == 1 && prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0)
+        return fp_error(FABPOOL_ERR_IO, "prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY): %s", strerror(errno));
+    return FABPOOL_OK;
+}
+
 fabpool_status fabpool_fd_from_pid(int pid, int fd, int *out)
 {
 #if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
     int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (pfd < 0)
-        return fp_error(FABPOOL_ERR_IO, "pidfd_open(%d): %s", pid, strerror(errno));
+    if (pfd < 0) {
+        int e = errno;
+        return fp_error(FABPOOL_ERR_IO, "pidfd_open(%d): %s: %s", pid, strerror(e), pidfd_advice(e, ptrace_scope()));
+    }
     int r = (int)syscall(SYS_pidfd_getfd, pfd, fd, 0);
     int e = errno;
     close(pfd);
     if (r < 0)
-        return fp_error(FABPOOL_ERR_IO, "pidfd_getfd(%d, %d): %s%s", pid, fd, strerror(e),
-                        e == EPERM ? " (needs ptrace permission over the process: use fabpool_fd_send instead)" : "");
+        return fp_error(FABPOOL_ERR_IO, "pidfd_getfd(%d, %d): %s: %s", pid, fd, strerror(e),
+                        pidfd_advice(e, ptrace_scope()));
     *out = r;
     return FABPOOL_OK;
 #else
     (void)pid, (void)fd, (void)out;
-    return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "pidfd_getfd is not available on this system");
+    return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "pidfd_getfd is not available on this system: %s",
+                    pidfd_advice(ENOSYS, -1));
 #endif
 }

@@ -86,7 +86,10 @@ enum { A_FABPOOL, A_FABPOOL_NOTC, A_ASYNC, A_CUMEM, A_HYBRIDEP, A_TORCH, A_TORCH
 extern balloc allocs[A_MAX];
 int bench_setup_allocators(const char *self, int child_kind);
 void bench_teardown_allocators(void);
-/* Runs a child process's loop (the --child mode of the bench). */
+/* Makes allocs[kind] PyTorch's allocator in this process (a child's): 0, or
+ * nonzero with msg saying why not. */
+int bench_torch_local(int kind, char *msg, size_t cap);
+/* Runs a child process's loop (the --child mode of the bench, bench_child.c). */
 int bench_child_main(int kind, int fd_in, int fd_out);
 
 /* ---------------------------------------------------------------- cases */

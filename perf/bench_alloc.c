@@ -525,62 +525,19 @@ static void spawn_child(balloc *a, const char *self, int kind)
     }
 }
 
-int bench_child_main(int kind, int fd_in, int fd_out)
+int bench_torch_local(int kind, char *msg, size_t cap)
 {
-    signal(SIGPIPE, SIG_IGN);
-    char msg[300];
-    memset(msg, 0, sizeof msg);
-    int st = bench_load_driver() ? -1 : 0;
+    if (bench_load_driver()) {
+        snprintf(msg, cap, "the PyTorch child cannot load the driver %s", cu.path);
+        return -1;
+    }
+    int st = load_torch(NULL, msg, cap);
     if (st)
-        snprintf(msg, sizeof msg, "the PyTorch child cannot load the driver %s", cu.path);
-    else
-        st = load_torch(NULL, msg, sizeof msg);
-    if (write(fd_out, &st, sizeof st) != (ssize_t)sizeof st || write(fd_out, msg, sizeof msg) != (ssize_t)sizeof msg)
-        return 1;
-    if (st)
-        return 1;
+        return st;
     balloc *a = &allocs[kind];
     set_ops(a, torch_alloc, torch_free, torch_cold, no_figure, torch_held);
     a->remote = 0;
-    bcase c;
-    static bresult r;
-    while (read(fd_in, &c, sizeof c) == (ssize_t)sizeof c) {
-        memset(&r, 0, sizeof r);
-        bench_run_case(a, &c, &r);
-        tb.empty_cache();
-        const char *p = (const char *)&r;
-        size_t left = sizeof r;
-        while (left) {
-            ssize_t w = write(fd_out, p, left);
-            if (w <= 0)
-                return 1;
-            p += w;
-            left -= (size_t)w;
-        }
-    }
     return 0;
-}
-
-/* Runs a case in the child and reads its result. */
-int bench_remote_case(balloc *a, const bcase *c, bresult *r)
-{
-    if (write(a->child_out, c, sizeof *c) != (ssize_t)sizeof *c)
-        goto dead;
-    char *p = (char *)r;
-    size_t left = sizeof *r;
-    while (left) {
-        ssize_t n = read(a->child_in, p, left);
-        if (n <= 0)
-            goto dead;
-        p += n;
-        left -= (size_t)n;
-    }
-    return 0;
-dead:
-    memset(r, 0, sizeof *r);
-    snprintf(r->error, sizeof r->error, "the PyTorch child process died (see stderr)");
-    a->unavailable = "the PyTorch child process died during the run";
-    return -1;
 }
 
 /* ------------------------------------------------------------------ setup */

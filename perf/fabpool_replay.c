@@ -517,135 +517,162 @@ static uint64_t fab_calls(fabpool_t *pool, uint64_t *maps)
     return n;
 }
 
-/* The child's whole run for one allocator. */
-static void run_child(int kind, const plan *pl, int device, int sample, const char *fconf, rres *r)
-{
-    memset(r, 0, sizeof *r);
-    r->own_peak = r->calls = r->maps = r->maps_late = r->live_end = r->held_after = UINT64_MAX;
-    if (load_driver(device, r->error, sizeof r->error))
-        return;
-    r->sim = cu.ledger != NULL;
+/* What one allocator's run keeps from one step to the next. */
+typedef struct run {
     replay_state s;
-    memset(&s, 0, sizeof s);
-    s.kind = kind;
-    fabpool_stats *fst = NULL;
-    uint64_t calls0 = 0, maps0 = 0, dallocs0 = 0, dfrees0 = 0;
-    if (kind == A_FABPOOL) {
-        fabpool_options o;
-        fabpool_options_init(&o);
-        o.device = device;
-        o.conf = fconf;
-        if (fabpool_create(&o, &s.pool) != FABPOOL_OK) {
-            snprintf(r->error, sizeof r->error, "fabpool_create: %s", fabpool_last_error());
-            return;
-        }
-        fst = calloc(1, sizeof *fst);
-        if (fst)
-            fst->struct_size = sizeof *fst;
-        if (!fst) {
-            snprintf(r->error, sizeof r->error, "no host memory");
-            return;
-        }
-        snprintf(r->calls_what, sizeof r->calls_what, "every driver call of the pool (its counters)");
-    } else if (kind == A_ASYNC) {
-        if (!cu.alloc_async || !cu.free_async || !cu.default_pool || !cu.pool_set || !cu.pool_trim ||
-            cu.default_pool(&s.mp, cu.dev) != CUDA_SUCCESS) {
-            snprintf(r->error, sizeof r->error, "the driver has no stream-ordered allocator");
-            return;
-        }
-        cuuint64_t thr = UINT64_MAX; /* keep freed memory: what a tuned cudaMallocAsync user does */
-        cu.pool_set(s.mp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr);
-        cuuint64_t zero = 0;
-        if (cu.pool_get)
-            cu.pool_set(s.mp, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero);
-        snprintf(r->calls_what, sizeof r->calls_what, "cuMemAllocAsync / cuMemFreeAsync / trim calls made");
-    } else {
-        const char *conf = kind == A_TORCH_EXP ? "expandable_segments:True" : NULL;
-        if (conf) {
-            setenv("PYTORCH_CUDA_ALLOC_CONF", conf, 1);
-            setenv("PYTORCH_ALLOC_CONF", conf, 1);
-        } else {
-            unsetenv("PYTORCH_CUDA_ALLOC_CONF");
-            unsetenv("PYTORCH_ALLOC_CONF");
-        }
-        if (load_torch(r->error, sizeof r->error))
-            return;
-        tb.device_calls(&dallocs0, &dfrees0);
-        snprintf(r->calls_what, sizeof r->calls_what, "num_device_alloc + num_device_free (%s)",
-                 kind == A_TORCH_EXP ? "maps and unmaps" : "cudaMalloc and cudaFree");
+    fabpool_stats *fst;                        /* fabpool: its stats, read after the timed part */
+    uint64_t calls0, maps0, dallocs0, dfrees0; /* the allocator's counts before the replay */
+    float *lat[R_NKINDS];                      /* ns of each operation, by kind */
+    uint64_t done[R_NKINDS];
+    uint64_t peak;                             /* driver held less its baseline, at the samples */
+    uint64_t maps_mid;                         /* maps at half of the operations (UINT64_MAX: not read) */
+    /* FABPOOL_REPLAY_PEAK: fabpool's stats at its held peak [0] and at its in-use peak [2] ([1]: the last) */
+    fabpool_stats *detail;
+    size_t detail_at, detail_live_at;
+    int lag;                                   /* --gpu-lag on a driver that can hold streams */
+} run;
+
+static int start_fabpool(run *x, int device, const char *fconf, rres *r)
+{
+    fabpool_options o;
+    fabpool_options_init(&o);
+    o.device = device;
+    o.conf = fconf;
+    if (fabpool_create(&o, &x->s.pool) != FABPOOL_OK) {
+        snprintf(r->error, sizeof r->error, "fabpool_create: %s", fabpool_last_error());
+        return -1;
     }
+    x->fst = calloc(1, sizeof *x->fst);
+    if (!x->fst) {
+        snprintf(r->error, sizeof r->error, "no host memory");
+        return -1;
+    }
+    x->fst->struct_size = sizeof *x->fst;
+    snprintf(r->calls_what, sizeof r->calls_what, "every driver call of the pool (its counters)");
+    return 0;
+}
+
+static int start_async(run *x, rres *r)
+{
+    if (!cu.alloc_async || !cu.free_async || !cu.default_pool || !cu.pool_set || !cu.pool_trim ||
+        cu.default_pool(&x->s.mp, cu.dev) != CUDA_SUCCESS) {
+        snprintf(r->error, sizeof r->error, "the driver has no stream-ordered allocator");
+        return -1;
+    }
+    cuuint64_t thr = UINT64_MAX; /* keep freed memory: what a tuned cudaMallocAsync user does */
+    cu.pool_set(x->s.mp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr);
+    cuuint64_t zero = 0;
+    if (cu.pool_get)
+        cu.pool_set(x->s.mp, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero);
+    snprintf(r->calls_what, sizeof r->calls_what, "cuMemAllocAsync / cuMemFreeAsync / trim calls made");
+    return 0;
+}
+
+static int start_torch(run *x, int kind, rres *r)
+{
+    const char *conf = kind == A_TORCH_EXP ? "expandable_segments:True" : NULL;
+    if (conf) {
+        setenv("PYTORCH_CUDA_ALLOC_CONF", conf, 1);
+        setenv("PYTORCH_ALLOC_CONF", conf, 1);
+    } else {
+        unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+        unsetenv("PYTORCH_ALLOC_CONF");
+    }
+    if (load_torch(r->error, sizeof r->error))
+        return -1;
+    tb.device_calls(&x->dallocs0, &x->dfrees0);
+    snprintf(r->calls_what, sizeof r->calls_what, "num_device_alloc + num_device_free (%s)",
+             kind == A_TORCH_EXP ? "maps and unmaps" : "cudaMalloc and cudaFree");
+    return 0;
+}
+
+/* The trace's streams, the objects' tables and room for every latency. */
+static int make_tables(run *x, const plan *pl, rres *r)
+{
     for (unsigned i = 1; i < pl->n_streams; i++)
-        if (cu.stream_create(&s.streams[i], 0) != CUDA_SUCCESS) {
+        if (cu.stream_create(&x->s.streams[i], 0) != CUDA_SUCCESS) {
             snprintf(r->error, sizeof r->error, "cuStreamCreate failed for stream %u of %u", i, pl->n_streams - 1);
-            return;
+            return -1;
         }
     size_t nobj = pl->n_objs ? pl->n_objs : 1;
-    s.ptr = calloc(nobj, sizeof *s.ptr);
-    s.buf = calloc(nobj, sizeof *s.buf);
-    s.obj_stream = calloc(nobj, sizeof *s.obj_stream);
-    float *lat[R_NKINDS];
+    x->s.ptr = calloc(nobj, sizeof *x->s.ptr);
+    x->s.buf = calloc(nobj, sizeof *x->s.buf);
+    x->s.obj_stream = calloc(nobj, sizeof *x->s.obj_stream);
     uint64_t cnt[R_NKINDS] = {0};
-    for (int k = 0; k < R_NKINDS; k++)
-        lat[k] = NULL;
     for (size_t i = 0; i < pl->n; i++)
         cnt[pl->ops[i].kind]++;
-    int nomem = !s.ptr || !s.buf || !s.obj_stream;
+    int nomem = !x->s.ptr || !x->s.buf || !x->s.obj_stream;
     for (int k = 0; k < R_NKINDS; k++)
-        if (!(lat[k] = malloc((cnt[k] ? cnt[k] : 1) * sizeof(float))))
+        if (!(x->lat[k] = malloc((cnt[k] ? cnt[k] : 1) * sizeof(float))))
             nomem = 1;
     if (nomem) {
         snprintf(r->error, sizeof r->error, "no host memory for the replay's tables");
-        return;
+        return -1;
     }
-    if (kind == A_FABPOOL)
-        calls0 = fab_calls(s.pool, &maps0);
-    s.stream_pair = kind == A_FABPOOL && pl->app;
-    const char *drop = getenv("FABPOOL_REPLAY_DROP_FREES");
-    if (kind == A_FABPOOL && drop)
-        s.drop_frees = strtoull(drop, NULL, 10);
-    int lag = gpu_lag && cu.hold && cu.release;
+    return 0;
+}
 
-    r->held_base = driver_held();
-    uint64_t peak = 0;
-    uint64_t done[R_NKINDS] = {0};
+/* --pace: waits for operation o's time stamp, counted from t_all */
+static void pace_to(double t_all, const rop *o, const plan *pl)
+{
+    double due = t_all + (double)(o->t - pl->ops[0].t);
+    double now;
+    while ((now = now_ns()) < due) {
+        double left = due - now;
+        struct timespec ts = {(time_t)(left / 1e9), (long)((uint64_t)left % 1000000000ull)};
+        if (left > 200e3)
+            nanosleep(&ts, NULL);
+    }
+}
+
+/* the steady state's maps: counted from half of the operations on */
+static void mark_half(run *x)
+{
+    if (x->s.kind == A_FABPOOL) {
+        fab_calls(x->s.pool, &x->maps_mid);
+    } else if (x->s.kind != A_ASYNC) {
+        uint64_t a = 0, f = 0;
+        tb.device_calls(&a, &f);
+        x->maps_mid = a;
+    }
+}
+
+/* what the driver holds now, after operation i; with FABPOOL_REPLAY_PEAK, fabpool's stats at the peaks */
+static void sample_held(run *x, size_t i, uint64_t base)
+{
+    uint64_t h = driver_held();
+    if (h > base && h - base > x->peak) {
+        x->peak = h - base;
+        if (x->detail && fabpool_get_stats(x->s.pool, x->detail) == FABPOOL_OK)
+            x->detail_at = i;
+    }
+    if (x->detail && fabpool_get_stats(x->s.pool, &x->detail[1]) == FABPOOL_OK &&
+        x->detail[1].in_use_bytes > x->detail[2].in_use_bytes) {
+        x->detail[2] = x->detail[1];
+        x->detail_live_at = i;
+    }
+}
+
+/* The timed part: every operation of the plan, in order. */
+static void replay_ops(run *x, const plan *pl, int sample, rres *r)
+{
     int since = 0;
-    /* FABPOOL_REPLAY_PEAK: fabpool's stats at its held peak [0] and at its in-use peak [2] ([1]: the last) */
-    fabpool_stats *detail = getenv("FABPOOL_REPLAY_PEAK") && s.pool ? calloc(3, sizeof *detail) : NULL;
-    for (int k = 0; detail && k < 3; k++)
-        detail[k].struct_size = sizeof detail[k];
-    size_t detail_at = 0, detail_live_at = 0;
     double t_all = now_ns();
-    uint64_t maps_mid = UINT64_MAX;
     for (size_t i = 0; i < pl->n; i++) {
         const rop *o = &pl->ops[i];
-        if (i == pl->n / 2) { /* the steady state's maps: from here on */
-            if (kind == A_FABPOOL) {
-                fab_calls(s.pool, &maps_mid);
-            } else if (kind != A_ASYNC) {
-                uint64_t a = 0, f = 0;
-                tb.device_calls(&a, &f);
-                maps_mid = a;
-            }
-        }
-        if (pace) { /* the trace's own timing: time-based policies (fabpool's decay) act as they did */
-            double due = t_all + (double)(o->t - pl->ops[0].t);
-            double now;
-            while ((now = now_ns()) < due) {
-                double left = due - now;
-                struct timespec ts = {(time_t)(left / 1e9), (long)((uint64_t)left % 1000000000ull)};
-                if (left > 200e3)
-                    nanosleep(&ts, NULL);
-            }
-        }
-        if (lag && i % gpu_lag == 0) /* the GPU catches up with what was queued so far, then lags again */
+        if (i == pl->n / 2)
+            mark_half(x);
+        if (pace) /* the trace's own timing: time-based policies (fabpool's decay) act as they did */
+            pace_to(t_all, o, pl);
+        if (x->lag && i % gpu_lag == 0) /* the GPU catches up with what was queued so far, then lags again */
             for (unsigned k = 0; k < pl->n_streams; k++) {
-                cu.release((void *)s.streams[k]);
-                cu.hold((void *)s.streams[k]);
+                cu.release((void *)x->s.streams[k]);
+                cu.hold((void *)x->s.streams[k]);
             }
         double t0 = now_ns();
-        int bad = do_op(&s, o);
+        int bad = do_op(&x->s, o);
         double t1 = now_ns();
-        lat[o->kind][done[o->kind]++] = (float)(t1 - t0);
+        x->lat[o->kind][x->done[o->kind]++] = (float)(t1 - t0);
         if (bad) {
             if (!r->failures)
                 r->first_failure = i;
@@ -653,22 +680,17 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
         }
         if (++since >= sample) {
             since = 0;
-            uint64_t h = driver_held();
-            if (h > r->held_base && h - r->held_base > peak) {
-                peak = h - r->held_base;
-                if (detail && fabpool_get_stats(s.pool, detail) == FABPOOL_OK)
-                    detail_at = i;
-            }
-            if (detail && fabpool_get_stats(s.pool, &detail[1]) == FABPOOL_OK &&
-                detail[1].in_use_bytes > detail[2].in_use_bytes) {
-                detail[2] = detail[1];
-                detail_live_at = i;
-            }
+            sample_held(x, i, r->held_base);
         }
     }
     r->seconds = (now_ns() - t_all) / 1e9;
-    for (int w = 0; detail && w < 2; w++) { /* what fabpool held at its held peak and at its in-use peak */
-        const fabpool_stats *d = &detail[w * 2];
+}
+
+/* FABPOOL_REPLAY_PEAK: what fabpool held at its held peak and at its in-use peak */
+static void print_peak_detail(const run *x)
+{
+    for (int w = 0; x->detail && w < 2; w++) {
+        const fabpool_stats *d = &x->detail[w * 2];
         uint64_t slab_free = 0, slab_used = 0;
         for (int c = 0; c < FABPOOL_NUM_CLASSES && d->classes[c].size; c++)
             if (d->classes[c].slabs) {
@@ -677,94 +699,152 @@ static void run_child(int kind, const plan *pl, int device, int sample, const ch
             }
         fprintf(stderr, "fabpool at its %s (operation %zu): mapped %.1f MiB = in use %.1f MiB (slab blocks %.1f) + "
                 "cached %.1f MiB (free slab blocks %.1f, free large ranges and the rest %.1f) + retiring %.1f MiB; "
-                "pending on streams %.1f MiB\n", w ? "in-use peak" : "held peak", w ? detail_live_at : detail_at,
+                "pending on streams %.1f MiB\n", w ? "in-use peak" : "held peak", w ? x->detail_live_at : x->detail_at,
                 d->mapped_bytes / 1048576.0, d->in_use_bytes / 1048576.0, slab_used / 1048576.0,
                 d->cached_bytes / 1048576.0, slab_free / 1048576.0, (d->cached_bytes - slab_free) / 1048576.0,
                 d->retiring_bytes / 1048576.0, d->stream_pending_bytes / 1048576.0);
     }
-    if (detail) {
-        free(detail);
-    }
-    if (lag)
-        for (unsigned k = 0; k < pl->n_streams; k++)
-            cu.release((void *)s.streams[k]);
-    uint64_t h = driver_held();
-    if (h > r->held_base && h - r->held_base > peak)
-        peak = h - r->held_base;
-    r->held_peak = peak;
-    r->ops = pl->n;
+}
+
+/* median and p99 of each kind's latencies */
+static void take_latencies(run *x, rres *r)
+{
     for (int k = 0; k < R_NKINDS; k++) {
-        r->count[k] = done[k];
-        if (done[k]) {
-            qsort(lat[k], done[k], sizeof(float), cmp_f);
-            r->med[k] = lat[k][done[k] / 2];
-            { size_t q = (size_t)((double)done[k] * 0.99 + 0.999999); r->p99[k] = lat[k][q ? q - 1 : 0]; }
+        uint64_t n = x->done[k];
+        r->count[k] = n;
+        if (n) {
+            qsort(x->lat[k], n, sizeof(float), cmp_f);
+            r->med[k] = x->lat[k][n / 2];
+            size_t q = (size_t)((double)n * 0.99 + 0.999999);
+            r->p99[k] = x->lat[k][q ? q - 1 : 0];
         }
-        free(lat[k]);
+        free(x->lat[k]);
     }
-    /* the allocator's own figures, then what the trace left live goes */
-    if (kind == A_FABPOOL) {
+}
+
+/* the allocator's own figures: its peak, its driver calls and maps over the replay */
+static void own_figures(run *x, rres *r)
+{
+    if (x->s.kind == A_FABPOOL) {
         uint64_t maps = 0;
-        r->calls = fab_calls(s.pool, &maps) - calls0;
-        r->maps = maps - maps0;
-        if (maps_mid != UINT64_MAX)
-            r->maps_late = maps - maps_mid;
-        if (fabpool_get_stats(s.pool, fst) == FABPOOL_OK)
-            r->own_peak = fst->mapped_bytes_peak;
-    } else if (kind == A_ASYNC) {
-        r->calls = s.own_calls;
+        r->calls = fab_calls(x->s.pool, &maps) - x->calls0;
+        r->maps = maps - x->maps0;
+        if (x->maps_mid != UINT64_MAX)
+            r->maps_late = maps - x->maps_mid;
+        if (fabpool_get_stats(x->s.pool, x->fst) == FABPOOL_OK)
+            r->own_peak = x->fst->mapped_bytes_peak;
+    } else if (x->s.kind == A_ASYNC) {
+        r->calls = x->s.own_calls;
         cuuint64_t high = 0;
-        if (cu.pool_get && cu.pool_get(s.mp, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &high) == CUDA_SUCCESS)
+        if (cu.pool_get && cu.pool_get(x->s.mp, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &high) == CUDA_SUCCESS)
             r->own_peak = high;
     } else {
         uint64_t cur = 0, pk = 0, a = 0, f = 0;
         tb.reserved(&cur, &pk);
         r->own_peak = pk;
         tb.device_calls(&a, &f);
-        r->calls = (a - dallocs0) + (f - dfrees0);
-        r->maps = a - dallocs0;
-        if (maps_mid != UINT64_MAX)
-            r->maps_late = a - maps_mid;
+        r->calls = (a - x->dallocs0) + (f - x->dfrees0);
+        r->maps = a - x->dallocs0;
+        if (x->maps_mid != UINT64_MAX)
+            r->maps_late = a - x->maps_mid;
     }
+}
+
+/* what the trace left live goes, after the timed part */
+static void free_left_live(run *x, const plan *pl, rres *r)
+{
+    replay_state *s = &x->s;
     for (uint32_t i = 0; i < pl->n_objs; i++) {
-        if (!s.ptr[i])
+        if (!s->ptr[i])
             continue;
         r->left_live++;
-        if (kind == A_FABPOOL && s.buf[i])
-            fabpool_buffer_destroy(s.buf[i], NULL);
+        if (s->kind == A_FABPOOL && s->buf[i])
+            fabpool_buffer_destroy(s->buf[i], NULL);
         else
-            x_free(&s, s.ptr[i], s.obj_stream[i], s.stream_pair);
-        s.ptr[i] = NULL;
+            x_free(s, s->ptr[i], s->obj_stream[i], s->stream_pair);
+        s->ptr[i] = NULL;
     }
     cu.ctx_sync();
-    if (kind == A_FABPOOL) {
+}
+
+/* fabpool: what stays live once everything is freed, then the pool goes; the others give their cache back */
+static void stop_allocator(run *x, const plan *pl, rres *r)
+{
+    if (x->s.kind == A_FABPOOL) {
         /* blocks freed on a stream that does not own the pool wait in its queue for the stream's work (no call
          * of the replay made the pool poll them, and the replay queues no work): they are not live, so they go
          * back to the pool first; what stays counted is what the replay did not free */
-        if (fabpool_collect(s.pool, 1) != FABPOOL_OK)
+        if (fabpool_collect(x->s.pool, 1) != FABPOOL_OK)
             snprintf(r->error, sizeof r->error, "fabpool_collect: %s", fabpool_last_error());
-        if (fabpool_get_stats(s.pool, fst) == FABPOOL_OK) {
-            r->live_end = fst->in_use_bytes;
-            r->live_blocks_end = fst->blocks;
-            r->live_buffers_end = fst->buffers;
+        if (fabpool_get_stats(x->s.pool, x->fst) == FABPOOL_OK) {
+            r->live_end = x->fst->in_use_bytes;
+            r->live_blocks_end = x->fst->blocks;
+            r->live_buffers_end = x->fst->buffers;
         }
-        fabpool_status st = fabpool_destroy(s.pool);
+        fabpool_status st = fabpool_destroy(x->s.pool);
         if (st != FABPOOL_OK)
             snprintf(r->error, sizeof r->error, "fabpool_destroy: %s", fabpool_last_error());
         if (cu.ledger)
             r->held_after = driver_held();
-        free(fst);
-    } else if (kind == A_ASYNC) {
-        cu.pool_trim(s.mp, 0);
+        free(x->fst);
+    } else if (x->s.kind == A_ASYNC) {
+        cu.pool_trim(x->s.mp, 0);
     } else {
         tb.empty_cache();
     }
     for (unsigned i = 1; i < pl->n_streams; i++)
         if (cu.stream_destroy)
-            cu.stream_destroy(s.streams[i]);
-    free(s.ptr);
-    free(s.buf);
-    free(s.obj_stream);
+            cu.stream_destroy(x->s.streams[i]);
+    free(x->s.ptr);
+    free(x->s.buf);
+    free(x->s.obj_stream);
+}
+
+/* The child's whole run for one allocator. */
+static void run_child(int kind, const plan *pl, int device, int sample, const char *fconf, rres *r)
+{
+    memset(r, 0, sizeof *r);
+    r->own_peak = r->calls = r->maps = r->maps_late = r->live_end = r->held_after = UINT64_MAX;
+    if (load_driver(device, r->error, sizeof r->error))
+        return;
+    r->sim = cu.ledger != NULL;
+    static run x;
+    memset(&x, 0, sizeof x);
+    x.s.kind = kind;
+    x.maps_mid = UINT64_MAX;
+    int bad = kind == A_FABPOOL ? start_fabpool(&x, device, fconf, r)
+              : kind == A_ASYNC ? start_async(&x, r)
+                                : start_torch(&x, kind, r);
+    if (bad || make_tables(&x, pl, r))
+        return;
+    if (kind == A_FABPOOL)
+        x.calls0 = fab_calls(x.s.pool, &x.maps0);
+    x.s.stream_pair = kind == A_FABPOOL && pl->app;
+    const char *drop = getenv("FABPOOL_REPLAY_DROP_FREES");
+    if (kind == A_FABPOOL && drop)
+        x.s.drop_frees = strtoull(drop, NULL, 10);
+    x.lag = gpu_lag && cu.hold && cu.release;
+    r->held_base = driver_held();
+    x.detail = getenv("FABPOOL_REPLAY_PEAK") && x.s.pool ? calloc(3, sizeof *x.detail) : NULL;
+    for (int k = 0; x.detail && k < 3; k++)
+        x.detail[k].struct_size = sizeof x.detail[k];
+
+    replay_ops(&x, pl, sample, r);
+
+    print_peak_detail(&x);
+    free(x.detail);
+    if (x.lag)
+        for (unsigned k = 0; k < pl->n_streams; k++)
+            cu.release((void *)x.s.streams[k]);
+    uint64_t h = driver_held();
+    if (h > r->held_base && h - r->held_base > x.peak)
+        x.peak = h - r->held_base;
+    r->held_peak = x.peak;
+    r->ops = pl->n;
+    take_latencies(&x, r);
+    own_figures(&x, r);
+    free_left_live(&x, pl, r);
+    stop_allocator(&x, pl, r);
     r->ran = 1;
 }
 
@@ -873,260 +953,328 @@ static void help(void)
            usage_line);
 }
 
-int main(int argc, char **argv)
+enum { O_ALLOCATORS = 256, O_LEVEL, O_SAMPLE, O_CONF, O_DEVICE, O_JSON, O_CHECK, O_MAX_HELD, O_PACE, O_LAG };
+
+/* The command line, read. */
+typedef struct opts {
+    const char *json, *fconf, *list, *path;
+    int check, sample, device, level; /* level: -1 auto, 0 pool, 1 app */
+    double max_held;
+    int want[A_N];
+} opts;
+
+/* --allocators: want[] from the list; -1 (said why) on a name not known or none */
+static int parse_allocators(opts *op)
 {
-    const char *json = NULL, *fconf = NULL, *list = "fabpool,cudaMallocAsync,torch_default,torch_expandable";
-    int check = 0, sample = 16, device = 0, level = -1; /* -1 auto, 0 pool, 1 app */
-    double max_held = 0;
-    enum { O_ALLOCATORS = 256, O_LEVEL, O_SAMPLE, O_CONF, O_DEVICE, O_JSON, O_CHECK, O_MAX_HELD, O_PACE, O_LAG };
-    static const struct option opts[] = {
-        {"allocators", required_argument, NULL, O_ALLOCATORS}, {"level", required_argument, NULL, O_LEVEL},
-        {"sample", required_argument, NULL, O_SAMPLE},         {"fabpool-conf", required_argument, NULL, O_CONF},
-        {"device", required_argument, NULL, O_DEVICE},         {"json", required_argument, NULL, O_JSON},
-        {"check", no_argument, NULL, O_CHECK},                 {"max-held", required_argument, NULL, O_MAX_HELD},
-        {"pace", no_argument, NULL, O_PACE},                   {"gpu-lag", required_argument, NULL, O_LAG},
-        {"help", no_argument, NULL, 'h'},                      {0}};
-    const char *me = "fabpool_replay";
-    for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
-        uint64_t v = 0;
-        switch (c) {
-        case O_ALLOCATORS: list = optarg; break;
-        case O_CONF: fconf = optarg; break;
-        case O_JSON: json = optarg; break;
-        case O_CHECK: check = 1; break;
-        case O_PACE: pace = 1; break;
-        case O_SAMPLE:
-            if (cli_u64(me, "--sample", optarg, 1, 1u << 30, &v) != 0)
-                return cli_usage_error(usage_line);
-            sample = (int)v;
-            break;
-        case O_DEVICE:
-            if (cli_u64(me, "--device", optarg, 0, 1023, &v) != 0)
-                return cli_usage_error(usage_line);
-            device = (int)v;
-            break;
-        case O_LAG:
-            if (cli_u64(me, "--gpu-lag", optarg, 1, UINT32_MAX, &v) != 0)
-                return cli_usage_error(usage_line);
-            gpu_lag = (size_t)v;
-            break;
-        case O_MAX_HELD:
-            if (cli_ratio(me, "--max-held", optarg, &max_held) != 0)
-                return cli_usage_error(usage_line);
-            break;
-        case O_LEVEL:
-            level = !strcmp(optarg, "app") ? 1 : !strcmp(optarg, "pool") ? 0 : !strcmp(optarg, "auto") ? -1 : -2;
-            if (level == -2) {
-                fprintf(stderr, "fabpool_replay: --level %s: accepted: auto, app, pool\n", optarg);
-                return cli_usage_error(usage_line);
-            }
-            break;
-        case 'h': help(); return CLI_OK;
-        default: return cli_usage_error(usage_line);
-        }
-    }
-    if (optind != argc - 1) {
-        fprintf(stderr, "fabpool_replay: %s\n", optind == argc ? "no trace named" : "one trace at a time");
-        return cli_usage_error(usage_line);
-    }
-    const char *path = argv[optind];
-    if (max_held > 0 && !check) {
-        fprintf(stderr, "fabpool_replay: --max-held is a bound of --check: give both\n");
-        return cli_usage_error(usage_line);
-    }
-    int want[A_N] = {0}, n_want = 0;
-    for (const char *p = list; *p;) {
+    int n_want = 0;
+    for (const char *p = op->list; *p;) {
         const char *e = strchr(p, ',');
         size_t n = e ? (size_t)(e - p) : strlen(p);
         int found = 0;
         for (int k = 0; k < A_N; k++)
             if (strlen(a_key[k]) == n && !strncmp(p, a_key[k], n))
-                want[k] = found = 1;
+                op->want[k] = found = 1;
         if (!found) {
             fprintf(stderr, "fabpool_replay: unknown allocator '%.*s'; known: fabpool, cudaMallocAsync, "
                             "torch_default, torch_expandable\n", (int)n, p);
-            return cli_usage_error(usage_line);
+            return -1;
         }
         n_want += found;
         p = e ? e + 1 : p + n;
     }
     if (!n_want) {
         fprintf(stderr, "fabpool_replay: --allocators names none\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* One option; CLI_OK to go on, else the exit status. */
+static int parse_option(opts *op, int c)
+{
+    const char *me = "fabpool_replay";
+    uint64_t v = 0;
+    switch (c) {
+    case O_ALLOCATORS: op->list = optarg; break;
+    case O_CONF: op->fconf = optarg; break;
+    case O_JSON: op->json = optarg; break;
+    case O_CHECK: op->check = 1; break;
+    case O_PACE: pace = 1; break;
+    case O_SAMPLE:
+        if (cli_u64(me, "--sample", optarg, 1, 1u << 30, &v) != 0)
+            return cli_usage_error(usage_line);
+        op->sample = (int)v;
+        break;
+    case O_DEVICE:
+        if (cli_u64(me, "--device", optarg, 0, 1023, &v) != 0)
+            return cli_usage_error(usage_line);
+        op->device = (int)v;
+        break;
+    case O_LAG:
+        if (cli_u64(me, "--gpu-lag", optarg, 1, UINT32_MAX, &v) != 0)
+            return cli_usage_error(usage_line);
+        gpu_lag = (size_t)v;
+        break;
+    case O_MAX_HELD:
+        if (cli_ratio(me, "--max-held", optarg, &op->max_held) != 0)
+            return cli_usage_error(usage_line);
+        break;
+    case O_LEVEL:
+        op->level = !strcmp(optarg, "app") ? 1 : !strcmp(optarg, "pool") ? 0 : !strcmp(optarg, "auto") ? -1 : -2;
+        if (op->level == -2) {
+            fprintf(stderr, "fabpool_replay: --level %s: accepted: auto, app, pool\n", optarg);
+            return cli_usage_error(usage_line);
+        }
+        break;
+    default: return cli_usage_error(usage_line);
+    }
+    return CLI_OK;
+}
+
+/* The command line into op: -1 to go on, else the exit status (--help, a wrong line). */
+static int parse_args(int argc, char **argv, opts *op)
+{
+    static const struct option longs[] = {
+        {"allocators", required_argument, NULL, O_ALLOCATORS}, {"level", required_argument, NULL, O_LEVEL},
+        {"sample", required_argument, NULL, O_SAMPLE},         {"fabpool-conf", required_argument, NULL, O_CONF},
+        {"device", required_argument, NULL, O_DEVICE},         {"json", required_argument, NULL, O_JSON},
+        {"check", no_argument, NULL, O_CHECK},                 {"max-held", required_argument, NULL, O_MAX_HELD},
+        {"pace", no_argument, NULL, O_PACE},                   {"gpu-lag", required_argument, NULL, O_LAG},
+        {"help", no_argument, NULL, 'h'},                      {0}};
+    for (int c; (c = getopt_long(argc, argv, "h", longs, NULL)) != -1;) {
+        if (c == 'h') {
+            help();
+            return CLI_OK;
+        }
+        int st = parse_option(op, c);
+        if (st != CLI_OK)
+            return st;
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "fabpool_replay: %s\n", optind == argc ? "no trace named" : "one trace at a time");
         return cli_usage_error(usage_line);
     }
-    unsetenv("FABPOOL_TRACE"); /* the replay is not itself traced */
+    op->path = argv[optind];
+    if (op->max_held > 0 && !op->check) {
+        fprintf(stderr, "fabpool_replay: --max-held is a bound of --check: give both\n");
+        return cli_usage_error(usage_line);
+    }
+    return parse_allocators(op) ? cli_usage_error(usage_line) : -1;
+}
 
+/* The trace, loaded and turned into the plan of operations (said on stdout): -1 to go on, else the exit status. */
+static int load_plan(const opts *op, plan *pl)
+{
     trace_data d;
     char err[512];
-    if (trace_load(path, &d, err, sizeof err) != 0) {
+    if (trace_load(op->path, &d, err, sizeof err) != 0) {
         fprintf(stderr, "fabpool_replay: refused: %s\n", err);
         return CLI_FAILED;
     }
-    int app = level == -1 ? d.has_app : level;
+    int app = op->level == -1 ? d.has_app : op->level;
     if (app && !d.has_app) {
         fprintf(stderr, "fabpool_replay: --level app: the trace does not say which calls the application made (no "
                 "marked records, no app_* records); use --level pool\n");
         trace_free(&d);
         return CLI_USAGE;
     }
-    plan pl;
-    if (build_plan(&d, app, &pl, err, sizeof err) != 0) {
+    if (build_plan(&d, app, pl, err, sizeof err) != 0) {
         fprintf(stderr, "fabpool_replay: %s\n", err);
         trace_free(&d);
         return CLI_FAILED;
     }
     printf("replay of %s: %zu records (%s), %zu operations at the %s level, %u objects, %u streams + NULL, peak "
-           "live %.1f MiB%s\n", path, d.n, d.h.flags & FABPOOL_TRACE_F_SYNTHETIC ? "SYNTHETIC" : "recorded", pl.n,
-           app ? "application's" : "pool's", pl.n_objs, pl.n_streams - 1, (double)pl.live_peak / (1 << 20),
-           d.note[0] ? " (trace not completed by its writer)" : "");
-    if (pl.skipped_failed || pl.skipped_unknown)
+           "live %.1f MiB%s\n", op->path, d.n, d.h.flags & FABPOOL_TRACE_F_SYNTHETIC ? "SYNTHETIC" : "recorded",
+           pl->n, app ? "application's" : "pool's", pl->n_objs, pl->n_streams - 1,
+           (double)pl->live_peak / (1 << 20), d.note[0] ? " (trace not completed by its writer)" : "");
+    if (pl->skipped_failed || pl->skipped_unknown)
         printf("not replayed: %" PRIu64 " allocations that failed in the trace, %" PRIu64
-               " frees/resizes of pointers it never gave out\n", pl.skipped_failed, pl.skipped_unknown);
+               " frees/resizes of pointers it never gave out\n", pl->skipped_failed, pl->skipped_unknown);
     trace_free(&d);
+    return -1;
+}
+
+/* One allocator's row of the table; 1 when it failed somehow. */
+static int print_row(int k, const rres *r, const plan *pl)
+{
+    if (!r->ran) {
+        printf("%-17s not run: %s\n", a_key[k], r->error);
+        return 1;
+    }
+    char c1[24], c2[24], c3[24], h[24], o[24], dc[24], mp[24];
+    snprintf(c1, sizeof c1, "%.0f/%.0f", r->med[R_ALLOC], r->p99[R_ALLOC]);
+    snprintf(c2, sizeof c2, "%.0f/%.0f", r->med[R_FREE], r->p99[R_FREE]);
+    if (r->count[R_BRESIZE])
+        snprintf(c3, sizeof c3, "%.0f/%.0f", r->med[R_BRESIZE], r->p99[R_BRESIZE]);
+    else
+        snprintf(c3, sizeof c3, "-");
+    mib(r->held_peak, h, sizeof h);
+    mib(r->own_peak, o, sizeof o);
+    num(r->calls, dc, sizeof dc);
+    num(r->maps, mp, sizeof mp);
+    printf("%-17s %9" PRIu64 " %7" PRIu64 "  %-19s %-19s %-19s %13s %13s %10s %8s %8.3f\n", a_key[k], r->ops,
+           r->failures, c1, c2, c3, h, o, dc, mp, r->seconds);
+    int failed = 0;
+    if (r->failures) {
+        printf("  %" PRIu64 " operations failed (the first: operation %" PRIu64 ", %s)\n", r->failures,
+               r->first_failure, kind_name[pl->ops[r->first_failure].kind]);
+        failed = 1;
+    }
+    if (r->error[0]) {
+        printf("  error: %s\n", r->error);
+        failed = 1;
+    }
+    return failed;
+}
+
+/* the figures of a run that ran, into its JSON object */
+static void json_figures(FILE *js, const rres *r)
+{
+    fprintf(js, ",\"ops\":%" PRIu64 ",\"failures\":%" PRIu64 ",\"seconds\":", r->ops, r->failures);
+    fp_json_double(js, r->seconds, 6);
+    fprintf(js, ",\"held_peak\":%" PRIu64 ",\"held_base\":%" PRIu64, r->held_peak, r->held_base);
+    if (r->own_peak != UINT64_MAX)
+        fprintf(js, ",\"own_peak\":%" PRIu64, r->own_peak);
+    if (r->calls != UINT64_MAX)
+        fprintf(js, ",\"driver_calls\":%" PRIu64, r->calls);
+    if (r->maps != UINT64_MAX)
+        fprintf(js, ",\"maps\":%" PRIu64, r->maps);
+    if (r->maps_late != UINT64_MAX)
+        fprintf(js, ",\"maps_second_half\":%" PRIu64, r->maps_late);
+    fprintf(js, ",\"driver_calls_are\":");
+    fp_json_str(js, r->calls_what);
+    fprintf(js, ",\"left_live_by_trace\":%" PRIu64, r->left_live);
+    if (r->live_end != UINT64_MAX)
+        fprintf(js, ",\"live_end\":%" PRIu64 ",\"live_blocks_end\":%" PRIu64 ",\"live_buffers_end\":%" PRIu64,
+                r->live_end, r->live_blocks_end, r->live_buffers_end);
+    if (r->held_after != UINT64_MAX)
+        fprintf(js, ",\"held_after\":%" PRIu64, r->held_after);
+    fprintf(js, ",\"latency_ns\":{");
+    for (int q = 0, f1 = 1; q < R_NKINDS; q++)
+        if (r->count[q]) {
+            fp_json_key(js, &f1, kind_name[q]);
+            fprintf(js, "{\"n\":%" PRIu64 ",\"median\":", r->count[q]);
+            fp_json_double(js, r->med[q], 1);
+            fprintf(js, ",\"p99\":");
+            fp_json_double(js, r->p99[q], 1);
+            fprintf(js, "}");
+        }
+    fprintf(js, "}");
+}
+
+/* One allocator's JSON object */
+static void json_row(FILE *js, int k, const rres *r, int first)
+{
+    fprintf(js, "%s{\"allocator\":", first ? "" : ",");
+    fp_json_str(js, a_key[k]);
+    fprintf(js, ",\"ran\":%d", r->ran);
+    if (!r->ran || r->error[0]) {
+        fprintf(js, ",\"error\":");
+        fp_json_str(js, r->error);
+    }
+    if (r->ran)
+        json_figures(js, r);
+    fprintf(js, "}");
+}
+
+/* What the table's columns mean, and the notes of each allocator that ran */
+static void print_notes(const opts *op, const rres *res, const plan *pl)
+{
+    int sim = 0;
+    for (int k = 0; k < A_N; k++)
+        sim |= op->want[k] && res[k].ran && res[k].sim;
+    printf("\npeak held: what the driver holds (%s) less its value when the allocator had started, sampled every "
+           "%d operations; own peak: the allocator's own count. Buffer ops for the others: allocate the new size, "
+           "free the old. Live peak of the trace: %.1f MiB.\n",
+           sim ? "the simulated driver's ledger" : "cuMemGetInfo", op->sample, (double)pl->live_peak / (1 << 20));
+    for (int k = 0; k < A_N; k++)
+        if (op->want[k] && res[k].ran && res[k].maps_late != UINT64_MAX)
+            printf("%s: %" PRIu64 " of its maps came in the second half of the operations (the steady state)%s\n",
+                   a_key[k], res[k].maps_late, pace ? ", paced by the trace's time stamps" : "");
+    for (int k = 0; k < A_N; k++)
+        if (op->want[k] && res[k].ran && res[k].left_live)
+            printf("%s: %" PRIu64 " objects the trace left live were freed after the timed part\n", a_key[k],
+                   res[k].left_live);
+}
+
+/* --check of fabpool's run: nothing live or held at the end, the peak within --max-held; 1 when it failed */
+static int check_fabpool(const rres *r, const plan *pl, double max_held)
+{
+    int failed = 0;
+    if (r->live_end != 0 || r->live_blocks_end != 0 || r->live_buffers_end != 0) {
+        printf("CHECK FAILED: fabpool holds %" PRIu64 " live bytes in %" PRIu64 " block%s and %" PRIu64
+               " buffer%s after the replay freed everything and the blocks freed on streams went back to the "
+               "pool\n", r->live_end, r->live_blocks_end, r->live_blocks_end == 1 ? "" : "s",
+               r->live_buffers_end, r->live_buffers_end == 1 ? "" : "s");
+        failed = 1;
+    }
+    if (r->held_after != UINT64_MAX && r->held_after != 0) {
+        printf("CHECK FAILED: the driver still holds %" PRIu64 " bytes after fabpool's pool was destroyed\n",
+               r->held_after);
+        failed = 1;
+    }
+    if (max_held > 0 && (double)r->held_peak > max_held * (double)pl->live_peak) {
+        printf("CHECK FAILED: fabpool's peak held %.1f MiB is %.3fx the live peak, above --max-held %.3f\n",
+               (double)r->held_peak / (1 << 20), (double)r->held_peak / (double)pl->live_peak, max_held);
+        failed = 1;
+    } else if (max_held > 0) {
+        printf("fabpool's peak held is %.3fx the live peak (--max-held %.3f)\n",
+               (double)r->held_peak / (double)pl->live_peak, max_held);
+    }
+    return failed;
+}
+
+int main(int argc, char **argv)
+{
+    opts op = {.list = "fabpool,cudaMallocAsync,torch_default,torch_expandable", .sample = 16, .level = -1};
+    int st = parse_args(argc, argv, &op);
+    if (st >= 0)
+        return st;
+    unsetenv("FABPOOL_TRACE"); /* the replay is not itself traced */
+    plan pl;
+    if ((st = load_plan(&op, &pl)) >= 0)
+        return st;
 
     rres res[A_N];
     int failed = 0, ran = 0;
     FILE *js = NULL;
-    if (json && !(js = fopen(json, "w"))) {
-        fprintf(stderr, "fabpool_replay: cannot write %s: %s\n", json, strerror(errno));
+    if (op.json && !(js = fopen(op.json, "w"))) {
+        fprintf(stderr, "fabpool_replay: cannot write %s: %s\n", op.json, strerror(errno));
         free(pl.ops);
         return CLI_FAILED;
     }
     if (js) {
         fprintf(js, "{\"trace\":");
-        fp_json_str(js, path);
+        fp_json_str(js, op.path);
         fprintf(js, ",\"operations\":%zu,\"level\":\"%s\",\"live_peak\":%" PRIu64 ",\"allocators\":[", pl.n,
-                app ? "app" : "pool", pl.live_peak);
+                pl.app ? "app" : "pool", pl.live_peak);
     }
     printf("\n%-17s %9s %7s  %-19s %-19s %-19s %13s %13s %10s %8s %8s\n", "allocator", "ops", "failed",
            "alloc ns med/p99", "free ns med/p99", "resize ns med/p99", "peak held", "own peak", "drv calls",
            "maps", "time s");
-    int first = 1;
-    for (int k = 0; k < A_N; k++) {
-        if (!want[k])
+    for (int k = 0, first = 1; k < A_N; k++) {
+        if (!op.want[k])
             continue;
-        rres *r = &res[k];
-        run_forked(k, &pl, device, sample, fconf, r);
-        ran += r->ran;
-        if (!r->ran) {
-            printf("%-17s not run: %s\n", a_key[k], r->error);
-            failed = 1;
-        } else {
-            char c1[24], c2[24], c3[24], h[24], o[24], dc[24], mp[24];
-            snprintf(c1, sizeof c1, "%.0f/%.0f", r->med[R_ALLOC], r->p99[R_ALLOC]);
-            snprintf(c2, sizeof c2, "%.0f/%.0f", r->med[R_FREE], r->p99[R_FREE]);
-            if (r->count[R_BRESIZE])
-                snprintf(c3, sizeof c3, "%.0f/%.0f", r->med[R_BRESIZE], r->p99[R_BRESIZE]);
-            else
-                snprintf(c3, sizeof c3, "-");
-            mib(r->held_peak, h, sizeof h);
-            mib(r->own_peak, o, sizeof o);
-            num(r->calls, dc, sizeof dc);
-            num(r->maps, mp, sizeof mp);
-            printf("%-17s %9" PRIu64 " %7" PRIu64 "  %-19s %-19s %-19s %13s %13s %10s %8s %8.3f\n", a_key[k], r->ops,
-                   r->failures, c1, c2, c3, h, o, dc, mp, r->seconds);
-            if (r->failures) {
-                printf("  %" PRIu64 " operations failed (the first: operation %" PRIu64 ", %s)\n", r->failures,
-                       r->first_failure, kind_name[pl.ops[r->first_failure].kind]);
-                failed = 1;
-            }
-            if (r->error[0]) {
-                printf("  error: %s\n", r->error);
-                failed = 1;
-            }
-        }
-        if (js) {
-            fprintf(js, "%s{\"allocator\":", first ? "" : ",");
-            fp_json_str(js, a_key[k]);
-            fprintf(js, ",\"ran\":%d", r->ran);
-            first = 0;
-            if (!r->ran || r->error[0]) {
-                fprintf(js, ",\"error\":");
-                fp_json_str(js, r->error);
-            }
-            if (r->ran) {
-                fprintf(js, ",\"ops\":%" PRIu64 ",\"failures\":%" PRIu64 ",\"seconds\":", r->ops, r->failures);
-                fp_json_double(js, r->seconds, 6);
-                fprintf(js, ",\"held_peak\":%" PRIu64 ",\"held_base\":%" PRIu64, r->held_peak, r->held_base);
-                if (r->own_peak != UINT64_MAX)
-                    fprintf(js, ",\"own_peak\":%" PRIu64, r->own_peak);
-                if (r->calls != UINT64_MAX)
-                    fprintf(js, ",\"driver_calls\":%" PRIu64, r->calls);
-                if (r->maps != UINT64_MAX)
-                    fprintf(js, ",\"maps\":%" PRIu64, r->maps);
-                if (r->maps_late != UINT64_MAX)
-                    fprintf(js, ",\"maps_second_half\":%" PRIu64, r->maps_late);
-                fprintf(js, ",\"driver_calls_are\":");
-                fp_json_str(js, r->calls_what);
-                fprintf(js, ",\"left_live_by_trace\":%" PRIu64, r->left_live);
-                if (r->live_end != UINT64_MAX)
-                    fprintf(js, ",\"live_end\":%" PRIu64 ",\"live_blocks_end\":%" PRIu64
-                            ",\"live_buffers_end\":%" PRIu64, r->live_end, r->live_blocks_end, r->live_buffers_end);
-                if (r->held_after != UINT64_MAX)
-                    fprintf(js, ",\"held_after\":%" PRIu64, r->held_after);
-                fprintf(js, ",\"latency_ns\":{");
-                for (int q = 0, f1 = 1; q < R_NKINDS; q++)
-                    if (r->count[q]) {
-                        fp_json_key(js, &f1, kind_name[q]);
-                        fprintf(js, "{\"n\":%" PRIu64 ",\"median\":", r->count[q]);
-                        fp_json_double(js, r->med[q], 1);
-                        fprintf(js, ",\"p99\":");
-                        fp_json_double(js, r->p99[q], 1);
-                        fprintf(js, "}");
-                    }
-                fprintf(js, "}");
-            }
-            fprintf(js, "}");
-        }
+        run_forked(k, &pl, op.device, op.sample, op.fconf, &res[k]);
+        ran += res[k].ran;
+        failed |= print_row(k, &res[k], &pl);
+        if (js)
+            json_row(js, k, &res[k], first);
+        first = 0;
     }
     if (js) {
         fprintf(js, "]}\n");
         fclose(js);
     }
-    int sim = 0;
-    for (int k = 0; k < A_N; k++)
-        sim |= want[k] && res[k].ran && res[k].sim;
-    printf("\npeak held: what the driver holds (%s) less its value when the allocator had started, sampled every "
-           "%d operations; own peak: the allocator's own count. Buffer ops for the others: allocate the new size, "
-           "free the old. Live peak of the trace: %.1f MiB.\n",
-           sim ? "the simulated driver's ledger" : "cuMemGetInfo", sample, (double)pl.live_peak / (1 << 20));
-    for (int k = 0; k < A_N; k++)
-        if (want[k] && res[k].ran && res[k].maps_late != UINT64_MAX)
-            printf("%s: %" PRIu64 " of its maps came in the second half of the operations (the steady state)%s\n",
-                   a_key[k], res[k].maps_late, pace ? ", paced by the trace's time stamps" : "");
-    for (int k = 0; k < A_N; k++)
-        if (want[k] && res[k].ran && res[k].left_live)
-            printf("%s: %" PRIu64 " objects the trace left live were freed after the timed part\n", a_key[k],
-                   res[k].left_live);
-    if (check && want[A_FABPOOL] && res[A_FABPOOL].ran) {
-        rres *r = &res[A_FABPOOL];
-        if (r->live_end != 0 || r->live_blocks_end != 0 || r->live_buffers_end != 0) {
-            printf("CHECK FAILED: fabpool holds %" PRIu64 " live bytes in %" PRIu64 " block%s and %" PRIu64
-                   " buffer%s after the replay freed everything and the blocks freed on streams went back to the "
-                   "pool\n", r->live_end, r->live_blocks_end, r->live_blocks_end == 1 ? "" : "s",
-                   r->live_buffers_end, r->live_buffers_end == 1 ? "" : "s");
-            failed = 1;
-        }
-        if (r->held_after != UINT64_MAX && r->held_after != 0) {
-            printf("CHECK FAILED: the driver still holds %" PRIu64 " bytes after fabpool's pool was destroyed\n",
-                   r->held_after);
-            failed = 1;
-        }
-        if (max_held > 0 && (double)r->held_peak > max_held * (double)pl.live_peak) {
-            printf("CHECK FAILED: fabpool's peak held %.1f MiB is %.3fx the live peak, above --max-held %.3f\n",
-                   (double)r->held_peak / (1 << 20), (double)r->held_peak / (double)pl.live_peak, max_held);
-            failed = 1;
-        } else if (max_held > 0) {
-            printf("fabpool's peak held is %.3fx the live peak (--max-held %.3f)\n",
-                   (double)r->held_peak / (double)pl.live_peak, max_held);
-        }
-    }
+    print_notes(&op, res, &pl);
+    if (op.check && op.want[A_FABPOOL] && res[A_FABPOOL].ran)
+        failed |= check_fabpool(&res[A_FABPOOL], &pl, op.max_held);
     free(pl.ops);
     if (!ran) {
         fprintf(stderr, "fabpool_replay: no allocator could run (each one's reason is above)\n");
         return CLI_FAILED;
     }
-    if (check) {
+    if (op.check) {
         printf("%s\n", failed ? "CHECK FAILED" : "check passed: every operation succeeded, fabpool ends with 0 live "
                                                   "bytes");
         return failed ? CLI_FAILED : CLI_OK;

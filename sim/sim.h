@@ -51,6 +51,7 @@ extern int sim_fabric;
 extern int sim_rdma;              /* FABSIM_RDMA: GPUDirect RDMA with VMM and dma-buf supported */
 extern uint64_t sim_host_capacity; /* FABSIM_HOST_MEMORY: host NUMA node 0, for cuMemCreate of host memory */
 extern char sim_machine[24];
+extern int sim_trace;              /* FABSIM_TRACE: every call on stderr */
 
 /* Checks initialization, counts the call, injects a fault. Returns
  * CUDA_SUCCESS to go on.  The caller holds no lock. */
@@ -63,6 +64,8 @@ CUresult sim_enter(int entry, int needs_init);
     } while (0)
 
 int sim_parse_error(const char *name, CUresult *out);
+/* arms the faults of FABSIM_FAULT=name:nth:ERROR[,...] */
+void sim_parse_faults(const char *spec);
 const char *sim_entry_name(int e);
 
 /* contexts (sim_core.c) */
@@ -75,9 +78,8 @@ sim_ctx *sim_current(void);          /* NULL if none */
 int sim_ctx_device(CUcontext c);    /* the device of a valid context, else -1 */
 int sim_valid_device(int dev);
 
-/* memory (sim_vmm.c) */
+/* memory records (sim_records.c, sim_mem.h) */
 void sim_vmm_init(void);
-void sim_vmm_ledger(fabsim_ledger *l);
 uint64_t sim_held_dev(int dev);       /* lock held */
 /* 0 if [va, va+n) is device memory this process may access from device dev
  * (write: with RW; dev < 0: from any device) */

@@ -1,4 +1,4 @@
-/* test_check: fabpool_check (issue 12) passes on healthy pools of every kind
+/* test_check: fabpool_check passes on healthy pools of every kind
  * (slabs with thread caches, large blocks, buffers with retiring chunks, an
  * exported buffer and its view, an exported block) and catches each invariant broken on
  * purpose, with FABPOOL_ERR_CORRUPT and a message that names it.

@@ -219,8 +219,8 @@ static void misuse(void)
         EXPECT(cuMemAddressFree(base, 64 * MB), CUDA_ERROR_INVALID_VALUE);
 }
 
-/* driver-facts.md, "Release semantics", and the seed bug: a handle never
- * released keeps its memory after the unmap; eager release frees it. */
+/* docs/driver-facts.md, "When memory goes back to the driver": a handle
+ * never released keeps its memory after the unmap; eager release frees it. */
 static void release_semantics(void)
 {
     CUdeviceptr base = 0;
@@ -386,7 +386,7 @@ static CUresult dmabuf_of(CUdeviceptr a, size_t n, unsigned long long flags, lon
     return r;
 }
 
-/* issue 14: the RDMA flag, dma-buf export over one and several chunks, and
+/* the RDMA flag, dma-buf export over one and several chunks, and
  * host NUMA memory through VMM.  Every answer here was measured on the
  * H200, 2026-12-03 (driver 580.159.04; tests/probe/h200-rdma.sh). */
 static void rdma_dmabuf(void)
@@ -735,7 +735,7 @@ int main(void)
     if (sim)
         sim_hooks();
     if (!sim)
-        printf("RECORD: %d answer%s differ from the sim's: update sim/sim_vmm.c and make them EXPECTs\n", n_differ,
+        printf("RECORD: %d answer%s differ from the sim's: update sim/ and make them EXPECTs\n", n_differ,
                n_differ == 1 ? "" : "s");
     return t_done("test_conformance");
 }

@@ -1,4 +1,4 @@
-/* test_locks: the lock checks of lib/lock.h fire (issue 12).
+/* test_locks: the lock checks of lib/lock.h fire.
  *
  * Built twice from this file:
  *   test_locks       (FP_TEST_LOCKS_STANDALONE) with lib/lock.c compiled in and FP_DEBUG_LOCKS on, whatever the

@@ -1,4 +1,4 @@
-/* test_rdma: RDMA-ready memory (issue 14 item 2).
+/* test_rdma: RDMA-ready memory.
  *   - the rdma option (auto, on, off): the driver's own properties of a chunk
  *     (cuMemRetainAllocationHandle + cuMemGetAllocationPropertiesFromHandle)
  *     say whether it was made GPUDirect RDMA capable;

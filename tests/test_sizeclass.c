@@ -1,15 +1,15 @@
 /* test_sizeclass: size classes, slab_max, large blocks and the cache.
  *
- *   test_sizeclass metadata   slab create/trim cycles leave metadata_bytes where it was (issue 11 item 10)
- *   test_sizeclass slabmax    slab_max values that are not class sizes (issue 11 item 1)
+ *   test_sizeclass metadata   slab create/trim cycles leave metadata_bytes where it was
+ *   test_sizeclass slabmax    slab_max values that are not class sizes
  *   test_sizeclass waste      the usable size fabpool.h promises (a class up to slab_max, the size
  *                             rounded up to 256 B above it) at every boundary of both grids, and the
  *                             alignment promise
  *   test_sizeclass lone       a block alone in its pool maps at most its size rounded up to the
  *                             granularity plus one granule
- *   test_sizeclass huge       a block larger than the device (2 TiB + 1 GiB) fails cleanly (issue 11 item 3)
- *   test_sizeclass large      a seeded mix of large blocks: fit, coalescing, data, trim (issue 13 item 1)
- *   test_sizeclass decay      free memory stays mapped, then decays back to the driver (issue 13 item 2)
+ *   test_sizeclass huge       a block larger than the device (2 TiB + 1 GiB) fails cleanly
+ *   test_sizeclass large      a seeded mix of large blocks: fit, coalescing, data, trim
+ *   test_sizeclass decay      free memory stays mapped, then decays back to the driver
  *
  * Each runs as its own ctest entry (tests/CMakeLists.txt), with the sim
  * machine it needs. */

@@ -1,4 +1,4 @@
-/* test_sleep: fabpool_sleep / fabpool_wake (issue 14).
+/* test_sleep: fabpool_sleep / fabpool_wake.
  *   - slabs, large blocks and buffers written with patterns; a sleep with
  *     offload gives every device byte of the pool back (the sim's ledger),
  *     keeps every address; wake brings every byte back at the same pointers;

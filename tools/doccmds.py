@@ -153,9 +153,11 @@ def conf_keys(root):
 def public_functions(root):
     """[(header, name)]: the functions the installed headers declare (FABPOOL_API, or static inline)."""
     out = []
-    inc = os.path.join(root, "include")
-    for f in sorted(os.listdir(inc)) if os.path.isdir(inc) else []:
-        if f.startswith("fabpool") and f.endswith(".h"):
+    for sub in ("include", "adapters/torch", "adapters/hybridep"):   # the adapters' headers install to include/ too
+        inc = os.path.join(root, sub)
+        for f in sorted(os.listdir(inc)) if os.path.isdir(inc) else []:
+            if not (f.startswith("fabpool") and f.endswith(".h")):
+                continue
             text = open(os.path.join(inc, f), encoding="utf-8").read()
             names = re.findall(r"(?:FABPOOL_API|static inline)\b[^;{(]*?\b(fabpool_\w+)\s*\(", text)
             out += [(f, n) for n in dict.fromkeys(names)]

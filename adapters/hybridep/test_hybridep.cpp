@@ -1,4 +1,4 @@
-/* test_hybridep: the HybridEP adapter (include/fabpool_hybridep.hpp) between
+/* test_hybridep: the HybridEP adapter (fabpool_hybridep.hpp) between
  * two processes, the second a fork+exec of this program.  The exporter
  * allocates HybridEP's two shared buffers (expert_input_token/_prob, sized by
  * HybridEP's formulas for a domain of two ranks), hands their handles and

@@ -118,7 +118,7 @@ static void op_alloc(void)
     size_t size = 8 + (size_t)(chance(80) ? logsize(8, 1 * MB) : logsize(1 * MB, 40 * MB)) / 8 * 8;
     snprintf(cur_what, sizeof cur_what, "tag %s, %zu bytes, stream %d%s", tag_names[t], size, s,
              tags[t].asleep ? ", asleep" : "");
-    tblk_t x = {{tag_alloc(t, size, s), size, size, next_id++}, t, s};
+    tblk_t x = {{tag_alloc(t, size, s), size, size, next_id++, 0}, t, s};
     if (tags[t].asleep) {
         n_asleep_refused++;
         EXPECT(x.b.p == NULL, "torch.asleep_alloc", "an allocation of tag %s while it sleeps returned %p%s", tag_names[t],

@@ -95,7 +95,7 @@ try:
 except fabpool_torch.FabpoolError as e:
     check("no pool" in str(e), "the error says the device has no pool")
 
-# ---- PyTorch's statistics from the shim (issue 13 item 4), without torch
+# ---- PyTorch's statistics from the shim, without torch
 import types  # noqa: E402
 
 fabpool_torch.reset_peak_memory_stats(0)

@@ -167,7 +167,7 @@ static int count_lines(FILE *f, const char *what)
     return n;
 }
 
-/* Issue 11 item 4: a double free and a free of a pointer the shim never gave
+/* A double free and a free of a pointer the shim never gave
  * out are refused, reported once each on stderr, and change nothing: no two
  * live blocks share memory afterwards, the counters do not move (the live
  * count does not wrap), and shutdown still succeeds at the end. */
@@ -289,7 +289,7 @@ static uint64_t pool_num(const char *key)
     return pool ? jnum(pool, key) : UINT64_MAX;
 }
 
-/* PyTorch's statistics (issue 13 item 4) against what is known: the sizes
+/* PyTorch's statistics against what is known: the sizes
  * asked, the counters, the pool's stats and what the driver holds. */
 static void check_memory_stats(void *s, fabsim_ledger l0)
 {

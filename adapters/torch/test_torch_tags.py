@@ -1,4 +1,4 @@
-"""Tags, sleep and wake through the fabpool_torch module (issue 14), on the
+"""Tags, sleep and wake through the fabpool_torch module, on the
 simulated driver: the allocator pairs are called the way PyTorch calls them
 (no torch needed); with torch and a GPU present, a MemPool of a tag is slept
 and woken too.  Usage: test_torch_tags.py <path of libfabpool_torch.so>"""

@@ -4,8 +4,8 @@
 #   tests        the whole ctest suite against the real driver (-j4: real-driver tests that need the device's
 #                memory take a CTest resource lock)
 #   sleep        perf/h200/sleep_check.py: PyTorch weights and optimizer state slept with offload and woken
-#                (issue 14), 10 GiB sleep + wake against pinned copies
-#   stream       fabpool_bench_stream: the stream-ordered pair against cuMemAllocAsync (issue 12)
+#               , 10 GiB sleep + wake against pinned copies
+#   stream       fabpool_bench_stream: the stream-ordered pair against cuMemAllocAsync
 #   moe          adapters/torch/test_torch_moe.py in default, fabpool and mempool modes (losses compared)
 #   layout       fabpool_bench's shapes of changing sizes (mixed, activations, loguniform), every allocator
 #   shapes       perf/torch_shapes.py: the same kind of shapes through PyTorch, fabpool installed against PyTorch's

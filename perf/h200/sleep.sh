@@ -1,5 +1,5 @@
 #!/bin/bash
-# sleep.sh - fabpool_sleep / fabpool_wake on one H200 (issue 14 item 1).
+# sleep.sh - fabpool_sleep / fabpool_wake on one H200.
 # Run from the repository root; needs CUDA 13, cmake and PyTorch 2.11 in python3; about 2 minutes.
 # Builds libfabpool_torch.so against the real driver, runs test_conformance (it has the copies between device and
 # host NUMA memory that sleep and wake make, not measured before) and test_sleep (the C test), then

@@ -1,4 +1,4 @@
-"""Sleep and wake of PyTorch memory on one GPU through fabpool tags (issue 14).
+"""Sleep and wake of PyTorch memory on one GPU through fabpool tags.
 
 A small transformer (about 170 M parameters) is trained with AdamW in a
 torch.cuda.MemPool of the tag "weights" (parameters, gradients, optimizer

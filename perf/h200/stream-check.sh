@@ -1,9 +1,9 @@
 #!/bin/bash
-# stream-check.sh - the stream-ordered pair and the PyTorch adapter on it, on one H200 (issue 12 item 2,
-# issue 13's shim without its own stream lists).  Run from the repository root; needs CUDA 13, cmake and
+# stream-check.sh - the stream-ordered pair and the PyTorch adapter on it (the shim without stream lists of
+# its own), on one H200.  Run from the repository root; needs CUDA 13, cmake and
 # PyTorch 2.11 in python3.  About 3 minutes: configure + build (~1.5 min), then
 #   tests     ctest against the real driver: test_stream (skips its sim-only checks), test_buffers,
-#             test_audit, test_alloc, test_torch_shim, test_torch_python
+#             test_buffer_contract, test_alloc, test_torch_shim, test_torch_python
 #   bench     fabpool_bench_stream: ns per alloc+free pair for fabpool_alloc/free (hot path), the pair on one
 #             stream (256 B, 16 MiB), cuMemAllocAsync/cuMemFreeAsync on one stream, and allocated on s2 /
 #             freed on s1 (one event recorded and queried per pair); JSON in stream-bench.json
@@ -27,7 +27,7 @@ LIB="$B/adapters/torch/libfabpool_torch.so"
   step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release
   step build 180 cmake --build "$B" -j16
   step tests 120 ctest --test-dir "$B" --output-on-failure \
-       -R '^(test_stream|test_buffers|test_audit|test_alloc|test_torch_shim|test_torch_python)$'
+       -R '^(test_stream|test_buffers|test_buffer_contract|test_alloc|test_torch_shim|test_torch_python)$'
   step bench 60 "$B/fabpool_bench_stream" 1000000 --json "$OUT/stream-bench.json"
   step hotpath 120 "$B/fabpool_bench" --quick --workload latency --no-torch
   step moe 150 python3 adapters/torch/test_torch_moe.py --lib "$LIB" --steps 200 --modes default,fabpool,mempool \

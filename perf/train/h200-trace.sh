@@ -1,6 +1,6 @@
 #!/bin/bash
 # h200-trace.sh - records the trace of the real training benchmark on one H200 and replays it against every
-# allocator (issue 13 item 5).  Run from the repository root; needs CUDA 13, cmake, PyTorch 2.11 in python3,
+# allocator.  Run from the repository root; needs CUDA 13, cmake, PyTorch 2.11 in python3,
 # gzip.  About 3 minutes: configure + build (~1.5 min), one fabpool run of perf/train/train_bench.py with
 # FABPOOL_TRACE set (60 steps, ~30 s), fabpool_trace on it, then fabpool_replay against fabpool,
 # cudaMallocAsync, PyTorch default and PyTorch expandable_segments (each in its own process), and the

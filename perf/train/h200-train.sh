@@ -1,5 +1,5 @@
 #!/bin/bash
-# h200-train.sh - PyTorch training with fabpool on one H200 (issue 13 items 3, 4, 6).
+# h200-train.sh - PyTorch training with fabpool on one H200.
 # Run from the repository root; needs CUDA 13, cmake, PyTorch 2.11 and Lightning in python3.
 # Builds the project against the real driver, then runs:
 #   bench      perf/train/train_bench.py: PyTorch default, expandable_segments and fabpool, 3 runs of each

@@ -1,4 +1,4 @@
-"""A real-training benchmark of PyTorch's CUDA allocators (issue 13 item 6).
+"""A real-training benchmark of PyTorch's CUDA allocators.
 
 A seeded transformer training loop (default: 8 encoder layers, d_model 1024,
 16 heads, vocabulary 32,000, bf16 autocast, AdamW; each step a random sequence

@@ -22,7 +22,8 @@ install)
     [ -e "$prefix/$f" ] || fail "$prefix/$f was not installed"
     echo "installed: $f"
   done
-  for h in "$src"/../../include/fabpool*.h "$src"/../../include/fabpool*.hpp; do
+  for h in "$src"/../../include/fabpool*.h "$src"/../../include/fabpool*.hpp \
+           "$src"/../../adapters/hybridep/fabpool_hybridep.hpp "$src"/../../adapters/torch/fabpool_torch.h; do
     [ -e "$h" ] || continue
     [ -e "$prefix/include/$(basename "$h")" ] || fail "header $(basename "$h") was not installed"
   done

@@ -1,6 +1,6 @@
 #!/bin/bash
 # h200-rdma.sh - RDMA-ready memory and NCCL registration on the real driver
-# (one H200; issue 14 items 2-4).  Run from the repository root; needs CUDA 13
+# (one H200).  Run from the repository root; needs CUDA 13
 # (gcc, /usr/local/cuda/include), cmake, PyTorch 2.11 in python3 (or in
 # /opt/torch/.venv), no network.  About 2 minutes.  Writes under $OUT:
 #   rdma-h200.txt          everything below, in order, with each step's exit status

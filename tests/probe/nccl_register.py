@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """nccl_register.py - can torch.distributed's NCCL backend register and use a
-fabpool-backed tensor?  One GPU, world size 1, no network (issue 14 item 3).
+fabpool-backed tensor?  One GPU, world size 1, no network.
 
     python3 tests/probe/nccl_register.py --lib <build>/adapters/torch/libfabpool_torch.so --out $OUT
 

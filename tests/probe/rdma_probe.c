@@ -1,6 +1,6 @@
 /* rdma_probe: what the CUDA driver answers for RDMA-ready VMM memory and host
- * NUMA memory (issue 14).  Prints one line per question; the simulated
- * driver (sim/sim_vmm.c) and tests/test_conformance.c (its RECORD lines)
+ * NUMA memory.  Prints one line per question; the simulated
+ * driver (sim/sim_share.c) and tests/test_conformance.c (its RECORD lines)
  * follow these answers.  Plain driver API:
  *     gcc -std=gnu11 -O1 -I/usr/local/cuda/include rdma_probe.c -o /tmp/rdma_probe -lcuda
  *     /tmp/rdma_probe

@@ -67,6 +67,44 @@ static inline uint64_t logsize(uint64_t lo, uint64_t hi)
 /* the pattern of object id at offset off */
 static inline uint64_t pat(uint64_t id, uint64_t off) { return mix(id * 0x100000001b3ull ^ off) | 1; }
 
+/* ------------------------------------------------------------ operations */
+
+/* One entry of a test's table of operations: adding an operation is a
+ * function and a line in the table. */
+typedef struct op_def {
+    const char *name;
+    unsigned weight;          /* its share of the draws */
+    int (*applies)(int pool); /* whether it can run on this pool now */
+    void (*run)(int pool);
+} op_def;
+
+/* One of the npool pools that ok accepts, at random; -1 if none. */
+static inline int pick_pool_of(int npool, int (*ok)(int))
+{
+    int c[8], n = 0;
+    for (int p = 0; p < npool && p < 8; p++)
+        if (ok(p))
+            c[n++] = p;
+    return n ? c[below((uint64_t)n)] : -1;
+}
+
+/* Draws an operation of ops by weight (w[o], whose sum is total) and a pool
+ * it applies to, up to `tries` times: the operation's index with *pool set,
+ * or -1 (and *pool -1) when no draw applied. */
+static inline int draw_op(const op_def *ops, const unsigned *w, unsigned total, int npool, int tries, int *pool)
+{
+    *pool = -1;
+    for (int t = 0; t < tries; t++) {
+        uint64_t r = below(total);
+        int o = 0;
+        while (r >= w[o])
+            r -= w[o++];
+        if ((*pool = pick_pool_of(npool, ops[o].applies)) >= 0)
+            return o;
+    }
+    return -1;
+}
+
 /* ------------------------------------------------------------ failures */
 
 static unsigned long long cur_seed;
@@ -188,6 +226,7 @@ typedef struct {
     void *p;
     size_t size, usable;
     uint64_t id;
+    int recorded; /* test_combined: 1 + the stream last recorded on it (fabpool_record_stream); 0: none */
 } blk_t;
 
 /* a size for a buffer of this window: small, large, or anywhere */

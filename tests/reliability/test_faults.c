@@ -423,7 +423,7 @@ static int ledger_matches(const state *t, const char *when)
     return ok;
 }
 
-/* fabpool_check of every pool alive in the trial (issue 12): the pool's own
+/* fabpool_check of every pool alive in the trial: the pool's own
  * structures are consistent after every operation, failed or not. */
 static void pools_check(const state *t, const char *when)
 {

@@ -1,5 +1,5 @@
 /* test_property: seeded random sequences of every public operation on two
- * pools of one process, checked from outside after every step (issue 11).
+ * pools of one process, checked from outside after every step.
  *
  * Each seed creates two pools (A and B) and runs `steps` random operations:
  * fabpool_alloc / free, buffer create / resize / resize_set / destroy, export
@@ -24,7 +24,7 @@
  *     and, every 64 steps, every sample of everything;
  *   - a shrunk buffer that was never exported maps at most the hysteresis over
  *     its new size (docs/config.md: shrink_hysteresis);
- *   - check_invariants(): fabpool_check of each pool (issue 12): the pool's own
+ *   - check_invariants(): fabpool_check of each pool: the pool's own
  *     structures and counters agree with each other.
  * At the end of each seed everything is freed, both pools are destroyed (OK,
  * not BUSY) and the ledger is zero.  How often each operation ran is printed;
@@ -56,20 +56,6 @@ static fault_set_fn fault_set;
 static fault_clear_fn fault_clear;
 static calls_fn sim_calls;
 static hold_fn stream_hold, stream_release;
-
-/* ------------------------------------------------------------ operations */
-
-enum op {
-    OP_ALLOC, OP_FREE, OP_BUF_CREATE, OP_RESIZE, OP_RESIZE_SET, OP_BUF_DESTROY, OP_EXPORT, OP_EXPORT_DONE,
-    OP_ACK, OP_VIEW_OPEN, OP_VIEW_APPLY, OP_VIEW_CLOSE, OP_TRIM, OP_COLLECT, OP_FLUSH, OP_HOLD, OP_RELEASE,
-    OP_SALLOC, OP_SFREE, OP_SLEEP, OP_COUNT
-};
-static const char *const op_names[OP_COUNT] = {
-    "alloc", "free", "buffer_create", "buffer_resize", "buffer_resize_set", "buffer_destroy", "buffer_export",
-    "buffer_export_done", "buffer_peers_ack", "view_open", "view_apply", "view_close", "trim", "collect",
-    "thread_flush", "stream_hold", "stream_release", "alloc_on_stream", "free_on_stream", "sleep_wake",
-};
-static const unsigned op_weight[OP_COUNT] = {12, 10, 5, 12, 6, 4, 5, 4, 6, 5, 7, 3, 3, 5, 3, 5, 5, 6, 6, 3};
 
 /* ------------------------------------------------------------ the model */
 
@@ -309,10 +295,10 @@ static fabpool_buffer_info binfo(const buf_t *b)
 
 static void *stream_ptr(int s) { return s < 0 ? NULL : (void *)streams[s]; }
 
-/* --------------------------------------------------- the hook for issue 12 */
+/* ------------------------------------------------ the pools' own check */
 
 /* check_invariants(): the library's own consistency check of each pool
- * (fabpool_check, issue 12), after every step. */
+ * (fabpool_check), after every step. */
 static uint64_t n_pool_checks;
 
 static void check_invariants(void)
@@ -519,14 +505,6 @@ static void check_quiet(int p)
 
 /* ------------------------------------------------------------ the steps */
 
-static int pick_pool(int (*ok)(int))
-{
-    int c[NPOOL], n = 0;
-    for (int p = 0; p < NPOOL; p++)
-        if (ok(p))
-            c[n++] = p;
-    return n ? c[below((uint64_t)n)] : -1;
-}
 static int has_room_blk(int p) { return P[p].nblk < MAXBLK; }
 static int has_blk(int p) { return P[p].nblk > 0; }
 static int has_room_buf(int p) { return P[p].nbuf < MAXBUF; }
@@ -548,11 +526,6 @@ static int has_appliable(int p)
     return 0;
 }
 static int always(int p) { return p >= 0; }
-
-static int (*const applicable[OP_COUNT])(int) = {
-    has_room_blk, has_blk, has_room_buf, has_buf, has_buf, has_buf, has_buf, has_buf, has_shared,
-    can_open, has_appliable, has_view, always, always, always, always, always, has_room_blk, has_blk, always,
-};
 
 static int stream_choice(void) { return chance(30) ? -1 : (int)below(NSTREAM); }
 static const char *stream_name(int s) { return s < 0 ? "NULL" : held[s] ? "held" : "free"; }
@@ -656,583 +629,630 @@ static void drop_view(int p, int i)
     P[p].view[i] = P[p].view[--P[p].nview];
 }
 
-static void step(enum op op)
+/* fabpool_alloc, or with on_stream fabpool_alloc_on_stream, on pool p */
+static void alloc_block(int p, int on_stream)
 {
     fabpool_status st;
-    int p, i;
-    cur_what[0] = 0;
-    switch (op) {
-    case OP_ALLOC:
-    case OP_SALLOC: {
-        p = pick_pool(has_room_blk);
-        size_t sz = chance(80) ? (size_t)logsize(1, 256 * KB) : chance(70) ? (size_t)logsize(256 * KB, 4 * MB)
-                                                                           : (size_t)logsize(4 * MB, 16 * MB);
-        int s = op == OP_SALLOC ? stream_choice() : -1;
-        int owner_call = op == OP_SALLOC ? own_claim(p, s) : (own[p] >= -1 ? (own[p] = OWN_OFF, 0) : 0);
-        snprintf(cur_what, sizeof cur_what, "pool %c, %zu bytes%s%s", 'A' + p, sz, op == OP_SALLOC ? ", stream " : "",
-                 op == OP_SALLOC ? stream_name(s) : "");
-        blk_t b = {NULL, sz, 0, next_id++};
-        st = op == OP_SALLOC ? fabpool_alloc_on_stream(P[p].p, sz, stream_ptr(s), &b.p) : fabpool_alloc(P[p].p, sz, &b.p);
-        EXPECT_OK(st, "alloc", op == OP_SALLOC ? "fabpool_alloc_on_stream" : "fabpool_alloc");
-        if (st != FABPOOL_OK)
-            break;
-        for (i = 0; i < npend; i++) {
-            pend_t *q = &pend[i];
-            if (q->owner && q->pool == p && (uintptr_t)b.p < (uintptr_t)q->b.p + q->b.usable &&
-                (uintptr_t)q->b.p < (uintptr_t)b.p + sz) {
-                /* the owner's freed memory: the owner may have it in any shape; anyone else only after a fence
-                 * (which completes the owner's work) */
-                EXPECT(owner_call || !stream_busy(q->stream), "stream.owner_reuse", "block %p (%zu bytes) overlaps "
-                       "block %p, freed on the owner stream %d whose work may still use it, and went to %s", b.p, sz,
-                       q->b.p, q->stream, op == OP_SALLOC ? "another stream" : "fabpool_alloc");
-                pend[i--] = pend[--npend];
-                continue;
-            }
-            if (q->owner || q->pool != p || q->b.p != b.p || !(held[q->stream] && epoch[q->stream] == q->epoch) ||
-                !stream_busy(q->stream)) /* (not busy: the pool waited for it, e.g. at an out-of-memory retry) */
-                continue;
-            /* a block still pending on a held stream: only that stream may have it back */
-            EXPECT(op == OP_SALLOC && s == q->stream, "stream.reuse", "block %p, freed on held stream %d, given to "
-                   "%s while that stream's work may still use it", b.p, q->stream,
-                   op == OP_SALLOC ? (s < 0 ? "the NULL stream" : "another stream") : "fabpool_alloc");
-            pend[i] = pend[--npend];
-            break;
+    int i;
+    size_t sz = chance(80) ? (size_t)logsize(1, 256 * KB) : chance(70) ? (size_t)logsize(256 * KB, 4 * MB)
+                                                                       : (size_t)logsize(4 * MB, 16 * MB);
+    int s = on_stream ? stream_choice() : -1;
+    int owner_call = on_stream ? own_claim(p, s) : (own[p] >= -1 ? (own[p] = OWN_OFF, 0) : 0);
+    snprintf(cur_what, sizeof cur_what, "pool %c, %zu bytes%s%s", 'A' + p, sz, on_stream ? ", stream " : "",
+             on_stream ? stream_name(s) : "");
+    blk_t b = {NULL, sz, 0, next_id++, 0};
+    st = on_stream ? fabpool_alloc_on_stream(P[p].p, sz, stream_ptr(s), &b.p) : fabpool_alloc(P[p].p, sz, &b.p);
+    EXPECT_OK(st, "alloc", on_stream ? "fabpool_alloc_on_stream" : "fabpool_alloc");
+    if (st != FABPOOL_OK)
+        return;
+    for (i = 0; i < npend; i++) {
+        pend_t *q = &pend[i];
+        if (q->owner && q->pool == p && (uintptr_t)b.p < (uintptr_t)q->b.p + q->b.usable &&
+            (uintptr_t)q->b.p < (uintptr_t)b.p + sz) {
+            /* the owner's freed memory: the owner may have it in any shape; anyone else only after a fence
+             * (which completes the owner's work) */
+            EXPECT(owner_call || !stream_busy(q->stream), "stream.owner_reuse", "block %p (%zu bytes) overlaps "
+                   "block %p, freed on the owner stream %d whose work may still use it, and went to %s", b.p, sz,
+                   q->b.p, q->stream, on_stream ? "another stream" : "fabpool_alloc");
+            pend[i--] = pend[--npend];
+            continue;
         }
-        st = fabpool_usable_size(P[p].p, b.p, &b.usable);
-        /* aligned to 256 B, or to its class's own alignment below 1 KiB (320 B: 64, 384 B: 128; fabpool.h) */
-        size_t align = b.usable & (~b.usable + 1);
-        if (align > 256 || !align)
-            align = 256;
-        EXPECT(st == FABPOOL_OK && b.usable >= sz && ((uintptr_t)b.p & (align - 1)) == 0, "alloc.usable",
-               "block %p of %zu bytes: usable size %zu (%s)", b.p, sz, b.usable, fabpool_status_name(st));
-        if (b.usable < 8)
-            b.usable = sz < 8 ? 8 : sz;
-        uint64_t pts[NPTS] = {0, b.usable - 8, 0, 0, 0, 0};
-        write_points(b.id, (uint64_t)(uintptr_t)b.p, pts, 0, b.usable);
-        P[p].blk[P[p].nblk++] = b;
+        if (q->owner || q->pool != p || q->b.p != b.p || !(held[q->stream] && epoch[q->stream] == q->epoch) ||
+            !stream_busy(q->stream)) /* (not busy: the pool waited for it, e.g. at an out-of-memory retry) */
+            continue;
+        /* a block still pending on a held stream: only that stream may have it back */
+        EXPECT(on_stream && s == q->stream, "stream.reuse", "block %p, freed on held stream %d, given to "
+               "%s while that stream's work may still use it", b.p, q->stream,
+               on_stream ? (s < 0 ? "the NULL stream" : "another stream") : "fabpool_alloc");
+        pend[i] = pend[--npend];
         break;
     }
-    case OP_FREE: {
-        p = pick_pool(has_blk);
-        i = (int)below((uint64_t)P[p].nblk);
-        blk_t *b = &P[p].blk[i];
-        snprintf(cur_what, sizeof cur_what, "pool %c, block %llu (%zu bytes)", 'A' + p, (unsigned long long)b->id,
-                 b->size);
-        check_blk(b, -1);
-        st = fabpool_free(P[p].p, b->p);
-        EXPECT_OK(st, "free", "fabpool_free");
-        P[p].blk[i] = P[p].blk[--P[p].nblk];
-        break;
+    st = fabpool_usable_size(P[p].p, b.p, &b.usable);
+    /* aligned to 256 B, or to its class's own alignment below 1 KiB (320 B: 64, 384 B: 128; fabpool.h) */
+    size_t align = b.usable & (~b.usable + 1);
+    if (align > 256 || !align)
+        align = 256;
+    EXPECT(st == FABPOOL_OK && b.usable >= sz && ((uintptr_t)b.p & (align - 1)) == 0, "alloc.usable",
+           "block %p of %zu bytes: usable size %zu (%s)", b.p, sz, b.usable, fabpool_status_name(st));
+    if (b.usable < 8)
+        b.usable = sz < 8 ? 8 : sz;
+    uint64_t pts[NPTS] = {0, b.usable - 8, 0, 0, 0, 0};
+    write_points(b.id, (uint64_t)(uintptr_t)b.p, pts, 0, b.usable);
+    P[p].blk[P[p].nblk++] = b;
+}
+
+static void op_alloc(int p) { alloc_block(p, 0); }
+static void op_alloc_on_stream(int p) { alloc_block(p, 1); }
+
+static void op_free(int p)
+{
+    fabpool_status st;
+    int i;
+    i = (int)below((uint64_t)P[p].nblk);
+    blk_t *b = &P[p].blk[i];
+    snprintf(cur_what, sizeof cur_what, "pool %c, block %llu (%zu bytes)", 'A' + p, (unsigned long long)b->id,
+             b->size);
+    check_blk(b, -1);
+    st = fabpool_free(P[p].p, b->p);
+    EXPECT_OK(st, "free", "fabpool_free");
+    P[p].blk[i] = P[p].blk[--P[p].nblk];
+}
+
+static void op_free_on_stream(int p)
+{
+    fabpool_status st;
+    int i;
+    i = (int)below((uint64_t)P[p].nblk);
+    blk_t *b = &P[p].blk[i];
+    int s = stream_choice();
+    snprintf(cur_what, sizeof cur_what, "pool %c, block %llu (%zu bytes), stream %s", 'A' + p,
+             (unsigned long long)b->id, b->size, stream_name(s));
+    check_blk(b, -1);
+    int owner_call = own_claim(p, s);
+    st = fabpool_free_on_stream(P[p].p, b->p, stream_ptr(s));
+    EXPECT_OK(st, "free_on_stream", "fabpool_free_on_stream");
+    if (st == FABPOOL_OK && s >= 0 && held[s] && npend < MAXPEND)
+        pend[npend++] = (pend_t){p, s, epoch[s], *b, owner_call};
+    P[p].blk[i] = P[p].blk[--P[p].nblk];
+}
+
+static void op_buffer_create(int p)
+{
+    fabpool_status st;
+    buf_t b;
+    memset(&b, 0, sizeof b);
+    b.id = next_id++;
+    uint64_t max = (uint64_t)logsize(4 * KB, 128 * MB);
+    b.window = (max + gran - 1) / gran * gran;
+    b.size = buf_size(max);
+    snprintf(cur_what, sizeof cur_what, "pool %c, max %llu, size %zu", 'A' + p, (unsigned long long)max, b.size);
+    st = fabpool_buffer_create(P[p].p, (size_t)max, b.size, &b.h);
+    EXPECT_OK(st, "buffer_create", "fabpool_buffer_create");
+    if (st != FABPOOL_OK)
+        return;
+    b.base = (uint64_t)(uintptr_t)fabpool_buffer_ptr(b.h);
+    b.hyst_stream = -1;
+    fabpool_buffer_info bi = binfo(&b);
+    EXPECT(bi.max_size == b.window && bi.size == b.size && bi.mapped >= b.size, "buffer_create.info",
+           "max_size %zu (expected %llu), size %zu, mapped %zu", bi.max_size, (unsigned long long)b.window,
+           bi.size, bi.mapped);
+    gen_points(b.id, b.window, b.pts);
+    write_points(b.id, b.base, b.pts, 0, b.size);
+    P[p].buf[P[p].nbuf++] = b;
+}
+
+static void op_buffer_resize(int p)
+{
+    fabpool_status st;
+    buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+    size_t old = b->size, sz = buf_size(b->window);
+    int s = stream_choice();
+    snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu, %zu -> %zu, stream %s%s", 'A' + p,
+             (unsigned long long)b->id, old, sz, stream_name(s), b->shared ? ", exported" : "");
+    fabpool_buffer_info before = binfo(b);
+    st = fabpool_buffer_resize(b->h, sz, stream_ptr(s));
+    EXPECT_OK(st, "buffer_resize", "fabpool_buffer_resize");
+    if (st != FABPOOL_OK) {
+        same_info("resize.failed_changed", b, &before);
+        return;
     }
-    case OP_SFREE: {
-        p = pick_pool(has_blk);
-        i = (int)below((uint64_t)P[p].nblk);
-        blk_t *b = &P[p].blk[i];
-        int s = stream_choice();
-        snprintf(cur_what, sizeof cur_what, "pool %c, block %llu (%zu bytes), stream %s", 'A' + p,
-                 (unsigned long long)b->id, b->size, stream_name(s));
-        check_blk(b, -1);
-        int owner_call = own_claim(p, s);
-        st = fabpool_free_on_stream(P[p].p, b->p, stream_ptr(s));
-        EXPECT_OK(st, "free_on_stream", "fabpool_free_on_stream");
-        if (st == FABPOOL_OK && s >= 0 && held[s] && npend < MAXPEND)
-            pend[npend++] = (pend_t){p, s, epoch[s], *b, owner_call};
-        P[p].blk[i] = P[p].blk[--P[p].nblk];
-        break;
+    b->size = sz;
+    after_resize(p, b, &before, old, s);
+}
+
+static void op_buffer_resize_set(int p)
+{
+    fabpool_status st;
+    pool_t *q = &P[p];
+    fabpool_buffer_t *hs[4];
+    size_t sizes[4];
+    int idx[4], n = 0, dup = chance(15);
+    int want = 1 + (int)below((uint64_t)(q->nbuf < 3 ? q->nbuf : 3));
+    int start = (int)below((uint64_t)q->nbuf);
+    for (int k = 0; k < want; k++)
+        idx[n++] = (start + k) % q->nbuf;
+    if (dup) { /* the same buffer twice: refused, nothing changed */
+        int again = idx[below((uint64_t)n)];
+        idx[n++] = again;
     }
-    case OP_BUF_CREATE: {
-        p = pick_pool(has_room_buf);
-        buf_t b;
-        memset(&b, 0, sizeof b);
-        b.id = next_id++;
-        uint64_t max = (uint64_t)logsize(4 * KB, 128 * MB);
-        b.window = (max + gran - 1) / gran * gran;
-        b.size = buf_size(max);
-        snprintf(cur_what, sizeof cur_what, "pool %c, max %llu, size %zu", 'A' + p, (unsigned long long)max, b.size);
-        st = fabpool_buffer_create(P[p].p, (size_t)max, b.size, &b.h);
-        EXPECT_OK(st, "buffer_create", "fabpool_buffer_create");
-        if (st != FABPOOL_OK)
-            break;
-        b.base = (uint64_t)(uintptr_t)fabpool_buffer_ptr(b.h);
-        b.hyst_stream = -1;
-        fabpool_buffer_info bi = binfo(&b);
-        EXPECT(bi.max_size == b.window && bi.size == b.size && bi.mapped >= b.size, "buffer_create.info",
-               "max_size %zu (expected %llu), size %zu, mapped %zu", bi.max_size, (unsigned long long)b.window,
-               bi.size, bi.mapped);
-        gen_points(b.id, b.window, b.pts);
-        write_points(b.id, b.base, b.pts, 0, b.size);
-        P[p].buf[P[p].nbuf++] = b;
-        break;
+    int s = stream_choice();
+    fabpool_buffer_info before[4];
+    size_t old[4];
+    int len = 0;
+    len += snprintf(cur_what, sizeof cur_what, "pool %c, stream %s, ", 'A' + p, stream_name(s));
+    for (int k = 0; k < n; k++) {
+        buf_t *b = &q->buf[idx[k]];
+        hs[k] = b->h;
+        sizes[k] = buf_size(b->window);
+        old[k] = b->size;
+        before[k] = binfo(b);
+        if (len < (int)sizeof cur_what - 40)
+            len += snprintf(cur_what + len, sizeof cur_what - (size_t)len, "%sbuffer %llu %zu -> %zu", k ? "; " : "",
+                            (unsigned long long)b->id, old[k], sizes[k]);
     }
-    case OP_RESIZE: {
-        p = pick_pool(has_buf);
-        buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
-        size_t old = b->size, sz = buf_size(b->window);
-        int s = stream_choice();
-        snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu, %zu -> %zu, stream %s%s", 'A' + p,
-                 (unsigned long long)b->id, old, sz, stream_name(s), b->shared ? ", exported" : "");
-        fabpool_buffer_info before = binfo(b);
-        st = fabpool_buffer_resize(b->h, sz, stream_ptr(s));
-        EXPECT_OK(st, "buffer_resize", "fabpool_buffer_resize");
-        if (st != FABPOOL_OK) {
-            same_info("resize.failed_changed", b, &before);
-            break;
-        }
-        b->size = sz;
-        after_resize(p, b, &before, old, s);
-        break;
-    }
-    case OP_RESIZE_SET: {
-        p = pick_pool(has_buf);
-        pool_t *q = &P[p];
-        fabpool_buffer_t *hs[4];
-        size_t sizes[4];
-        int idx[4], n = 0, dup = chance(15);
-        int want = 1 + (int)below((uint64_t)(q->nbuf < 3 ? q->nbuf : 3));
-        int start = (int)below((uint64_t)q->nbuf);
-        for (int k = 0; k < want; k++)
-            idx[n++] = (start + k) % q->nbuf;
-        if (dup) { /* the same buffer twice: refused, nothing changed (issue 11 item 11) */
-            int again = idx[below((uint64_t)n)];
-            idx[n++] = again;
-        }
-        int s = stream_choice();
-        fabpool_buffer_info before[4];
-        size_t old[4];
-        int len = 0;
-        len += snprintf(cur_what, sizeof cur_what, "pool %c, stream %s, ", 'A' + p, stream_name(s));
-        for (int k = 0; k < n; k++) {
-            buf_t *b = &q->buf[idx[k]];
-            hs[k] = b->h;
-            sizes[k] = buf_size(b->window);
-            old[k] = b->size;
-            before[k] = binfo(b);
-            if (len < (int)sizeof cur_what - 40)
-                len += snprintf(cur_what + len, sizeof cur_what - (size_t)len, "%sbuffer %llu %zu -> %zu", k ? "; " : "",
-                                (unsigned long long)b->id, old[k], sizes[k]);
-        }
-        st = fabpool_buffer_resize_set(hs, sizes, (size_t)n, stream_ptr(s));
-        if (dup) {
-            n_dup++;
-            EXPECT(st != FABPOOL_OK, "resize_set.duplicate", "a buffer named twice was accepted (%s); sizes after: %zu",
-                   fabpool_status_name(st), binfo(&q->buf[idx[n - 1]]).size);
-            if (st != FABPOOL_OK) {
-                for (int k = 0; k < n; k++)
-                    same_info("resize_set.duplicate_changed", &q->buf[idx[k]], &before[k]);
-            } else {
-                for (int k = 0; k < n; k++)
-                    resync_buf(&q->buf[idx[k]]);
-            }
-            break;
-        }
-        EXPECT_OK(st, "buffer_resize_set", "fabpool_buffer_resize_set");
+    st = fabpool_buffer_resize_set(hs, sizes, (size_t)n, stream_ptr(s));
+    if (dup) {
+        n_dup++;
+        EXPECT(st != FABPOOL_OK, "resize_set.duplicate", "a buffer named twice was accepted (%s); sizes after: %zu",
+               fabpool_status_name(st), binfo(&q->buf[idx[n - 1]]).size);
         if (st != FABPOOL_OK) {
             for (int k = 0; k < n; k++)
-                same_info("resize_set.failed_changed", &q->buf[idx[k]], &before[k]);
-            break;
-        }
-        for (int k = 0; k < n; k++) {
-            q->buf[idx[k]].size = sizes[k];
-            after_resize(p, &q->buf[idx[k]], &before[k], old[k], s);
-        }
-        break;
-    }
-    case OP_BUF_DESTROY: {
-        p = pick_pool(has_buf);
-        i = (int)below((uint64_t)P[p].nbuf);
-        if (chance(80)) /* mostly a buffer whose peers are all acked: what an un-acked destroy pins stays
-                           until pool destroy, and a collect(wait) checks for leftovers only with none */
-            for (int k = 0, o = (int)below((uint64_t)P[p].nbuf); k < P[p].nbuf; k++) {
-                buf_t *c = &P[p].buf[(k + o) % P[p].nbuf];
-                if (!c->shared || c->acked >= binfo(c).generation) {
-                    i = (k + o) % P[p].nbuf;
-                    break;
-                }
-            }
-        for (int k = 0; k < P[p].nbuf; k++)
-            if (P[p].buf[k].broken)
-                i = k;
-        buf_t *b = &P[p].buf[i];
-        fabpool_buffer_info before = binfo(b);
-        if (b->shared && b->acked < before.generation && stuck_bytes(p) > 512 * MB && !b->broken) {
-            /* keep what un-acked destroys pin until pool destroy bounded: ack first (the views' generation) */
-            uint64_t g = before.generation;
-            for (int k = 0; k < P[1 - p].nview; k++)
-                if (P[1 - p].view[k].id == b->id && P[1 - p].view[k].gen < g)
-                    g = P[1 - p].view[k].gen;
-            if (fabpool_buffer_peers_ack(b->h, g) == FABPOOL_OK && g > b->acked)
-                b->acked = g;
-        }
-        int s = stream_choice();
-        snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu (size %zu, mapped %zu, gen %llu, %s), stream %s",
-                 'A' + p, (unsigned long long)b->id, b->size, before.mapped, (unsigned long long)before.generation,
-                 !b->shared ? "not exported" : b->acked >= before.generation ? "exported, acked" : "exported, un-acked",
-                 stream_name(s));
-        check_buf(b, -1);
-        st = fabpool_buffer_destroy(b->h, stream_ptr(s));
-        EXPECT_OK(st, "buffer_destroy", "fabpool_buffer_destroy");
-        if (st != FABPOOL_OK)
-            break; /* the buffer is still the pool's: destroyed at the end */
-        for (int k = 0; k < nrec; k++)
-            if (rec[k].id == b->id) {
-                if (b->acked >= rec[k].gen_after)
-                    rec[k].ack_wait = 0; /* acked before the destroy */
-                rec[k].destroyed = 1;
-            }
-        add_rec(p, b, 0, b->size, 0, before.mapped, s, 1, before.generation);
-        if (b->shared && ndead < MAXDEAD) {
-            dead[ndead].pool = p;
-            dead[ndead++].id = before.export_id;
-        }
-        P[p].buf[i] = P[p].buf[--P[p].nbuf];
-        break;
-    }
-    case OP_EXPORT: {
-        p = pick_pool(has_buf);
-        buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
-        fabpool_buffer_info bi = binfo(b);
-        uint64_t since = chance(50) ? 0 : below(bi.generation + 1);
-        snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu since %llu (gen %llu)", 'A' + p,
-                 (unsigned long long)b->id, (unsigned long long)since, (unsigned long long)bi.generation);
-        size_t len, nfds;
-        st = do_export(b, since, &len, &nfds);
-        EXPECT_OK(st, "export", "fabpool_buffer_export");
-        if (st == FABPOOL_OK) {
-            for (size_t k = 0; k < nfds; k++)
-                close(mine[k]);
-            if (since == 0) { /* a full descriptor covers what is mapped */
-                uint64_t sum = 0;
-                uint32_t nr;
-                memcpy(&nr, desc + 12, 4);
-                for (uint32_t k = 0; k < nr; k++) {
-                    uint64_t sz;
-                    memcpy(&sz, desc + FABPOOL_DESC_HEADER_BYTES + (size_t)k * FABPOOL_DESC_RECORD_BYTES + 8, 8);
-                    sum += sz;
-                }
-                EXPECT(sum == bi.mapped, "export.full", "a full descriptor of buffer %llu covers %llu bytes, it maps "
-                       "%zu", (unsigned long long)b->id, (unsigned long long)sum, bi.mapped);
-            }
-        }
-        break;
-    }
-    case OP_EXPORT_DONE: {
-        p = pick_pool(has_buf);
-        buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
-        snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu", 'A' + p, (unsigned long long)b->id);
-        st = fabpool_buffer_export_done(b->h);
-        EXPECT_OK(st, "export_done", "fabpool_buffer_export_done");
-        break;
-    }
-    case OP_ACK: {
-        if (ndead && chance(30)) { /* a destroyed buffer, by its export id */
-            int k = (int)below((uint64_t)ndead);
-            p = dead[k].pool;
-            uint64_t g = chance(50) ? UINT64_MAX : below(64);
-            snprintf(cur_what, sizeof cur_what, "pool %c, destroyed buffer 0x%llx by export id, ack %llu", 'A' + p,
-                     (unsigned long long)dead[k].id, (unsigned long long)g);
-            st = fabpool_peers_ack(P[p].p, dead[k].id, g);
-            n_dead_ack++;
-            EXPECT(st == FABPOOL_OK || st == FABPOOL_ERR_NOT_FOUND || st == FABPOOL_ERR_INVALID_ARG, "ack.dead",
-                   "fabpool_peers_ack by export id -> %s: %s", fabpool_status_name(st), fabpool_last_error());
-            if (st == FABPOOL_ERR_NOT_FOUND || g == UINT64_MAX)
-                dead[k] = dead[--ndead];
-            break;
-        }
-        p = pick_pool(has_shared);
-        buf_t *b;
-        do
-            b = &P[p].buf[below((uint64_t)P[p].nbuf)];
-        while (!b->shared);
-        fabpool_buffer_info before = binfo(b);
-        uint64_t g = before.generation;
-        int views = 0;
-        for (int k = 0; k < P[1 - p].nview; k++)
-            if (P[1 - p].view[k].id == b->id) {
-                views++;
-                if (P[1 - p].view[k].gen < g)
-                    g = P[1 - p].view[k].gen;
-            }
-        int bad = chance(20);
-        if (bad)
-            g = before.generation + 1 + below(1000);
-        else if (!views && chance(25))
-            g = UINT64_MAX; /* no peer is left */
-        snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu, ack %llu (generation %llu, %d view%s)%s", 'A' + p,
-                 (unsigned long long)b->id, (unsigned long long)g, (unsigned long long)before.generation, views,
-                 views == 1 ? "" : "s", bad ? ", never issued" : "");
-        st = fabpool_buffer_peers_ack(b->h, g);
-        if (bad) {
-            n_bad_ack++;
-            EXPECT(st != FABPOOL_OK, "ack.never_issued", "an ack of generation %llu, past the buffer's %llu, was "
-                   "accepted", (unsigned long long)g, (unsigned long long)before.generation);
-            if (st == FABPOOL_OK && g > b->acked)
-                b->acked = g; /* the lib took it: follow it, so that one defect is reported once */
-            if (st != FABPOOL_OK)
-                same_info("ack.never_issued_changed", b, &before);
+                same_info("resize_set.duplicate_changed", &q->buf[idx[k]], &before[k]);
         } else {
-            EXPECT_OK(st, "peers_ack", "fabpool_buffer_peers_ack");
-            if (st == FABPOOL_OK && g > b->acked)
-                b->acked = g;
+            for (int k = 0; k < n; k++)
+                resync_buf(&q->buf[idx[k]]);
         }
-        break;
+        return;
     }
-    case OP_VIEW_OPEN: {
-        p = pick_pool(can_open);
-        int t = 1 - p;
-        buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
-        fabpool_buffer_info bi = binfo(b);
-        snprintf(cur_what, sizeof cur_what, "pool %c opens buffer %llu of pool %c (size %zu, gen %llu)", 'A' + t,
-                 (unsigned long long)b->id, 'A' + p, b->size, (unsigned long long)bi.generation);
-        size_t len, nfds;
-        st = do_export(b, 0, &len, &nfds);
-        EXPECT_OK(st, "view_open.export", "fabpool_buffer_export(since 0)");
-        if (st != FABPOOL_OK)
-            break;
-        view_t v;
-        memset(&v, 0, sizeof v);
-        st = fabpool_view_open(P[t].p, desc, len, mine, nfds, &v.h);
-        EXPECT_OK(st, "view_open", "fabpool_view_open");
-        if (chance(75)) /* the fds reached the peer (the sim checks every open one at each ledger) */
-            fabpool_buffer_export_done(b->h);
-        if (st != FABPOOL_OK)
-            break;
-        v.src_pool = p;
-        v.id = b->id;
-        v.vid = next_id++;
-        v.window = b->window;
-        v.base = (uint64_t)(uintptr_t)fabpool_view_ptr(v.h);
-        v.live = bi.mapped;
-        v.gen = bi.generation;
-        v.src_size = b->size;
-        memcpy(v.pts, b->pts, sizeof v.pts);
-        fabpool_buffer_info vi = {.struct_size = sizeof vi};
-        fabpool_view_get_info(v.h, &vi);
-        EXPECT(vi.generation == v.gen && vi.mapped == v.live && vi.max_size == b->window, "view_open.info",
-               "view of buffer %llu: generation %llu, mapped %zu, window %zu; the buffer: %llu, %zu, %llu",
-               (unsigned long long)b->id, (unsigned long long)vi.generation, vi.mapped, vi.max_size,
-               (unsigned long long)v.gen, (size_t)v.live, (unsigned long long)b->window);
-        check_view(&v, -1);
-        P[t].view[P[t].nview++] = v;
-        break;
+    EXPECT_OK(st, "buffer_resize_set", "fabpool_buffer_resize_set");
+    if (st != FABPOOL_OK) {
+        for (int k = 0; k < n; k++)
+            same_info("resize_set.failed_changed", &q->buf[idx[k]], &before[k]);
+        return;
     }
-    case OP_VIEW_APPLY: {
-        p = pick_pool(has_appliable);
-        view_t *v;
-        buf_t *b;
-        int sp;
-        do {
-            v = &P[p].view[below((uint64_t)P[p].nview)];
-            b = find_buf(v->id, &sp);
-        } while (!b || v->broken);
-        fabpool_buffer_info bi = binfo(b);
-        size_t len, nfds;
-        st = do_export(b, v->gen, &len, &nfds);
-        EXPECT_OK(st, "view_apply.export", "fabpool_buffer_export(since the view's generation)");
-        if (st != FABPOOL_OK)
-            break;
-        uint32_t nr;
-        memcpy(&nr, desc + 12, 4);
-        int fault = nr > 0 && fault_set && chance(15);
-        snprintf(cur_what, sizeof cur_what, "pool %c, view of buffer %llu: gen %llu -> %llu, %u new chunk%s%s", 'A' + p,
-                 (unsigned long long)b->id, (unsigned long long)v->gen, (unsigned long long)bi.generation, nr,
-                 nr == 1 ? "" : "s", fault ? ", an import fails" : "");
-        fabpool_buffer_info vb = {.struct_size = sizeof vb};
-        fabpool_view_get_info(v->h, &vb);
-        uint64_t c0 = 0;
-        uint64_t nth = 1 + below(nr);
-        if (fault) {
-            c0 = sim_calls("cuMemImportFromShareableHandle");
-            fault_set("cuMemImportFromShareableHandle", nth, 0, CUDA_ERROR_INVALID_VALUE);
-        }
-        st = fabpool_view_apply(v->h, desc, len, mine, nfds);
-        if (fault) {
-            fault_clear();
-            if (sim_calls("cuMemImportFromShareableHandle") - c0 < nth)
-                fault = 0; /* not reached */
-        }
-        if (chance(75)) /* the fds reached the peer (the sim checks every open one at each ledger) */
-            fabpool_buffer_export_done(b->h);
-        if (fault) {
-            n_fault_apply++;
-            EXPECT(st != FABPOOL_OK, "view_apply.fault_ignored", "an import failed and the apply answered OK");
-            fabpool_buffer_info va = {.struct_size = sizeof va};
-            fabpool_view_get_info(v->h, &va);
-            EXPECT(va.generation == vb.generation && va.mapped == vb.mapped && va.n_chunks == vb.n_chunks,
-                   "view_apply.failed_changed", "after a failed apply the view says generation %llu -> %llu, "
-                   "mapped %zu -> %zu, chunks %u -> %u", (unsigned long long)vb.generation,
-                   (unsigned long long)va.generation, vb.mapped, va.mapped, vb.n_chunks, va.n_chunks);
-            int changed = va.n_chunks != vb.n_chunks || va.generation != vb.generation;
-            if (check_points("view_apply.failed_hole", "view (after a failed apply) of buffer", v->id, v->base,
-                             v->pts, 0, v->src_size < v->live ? v->src_size : v->live, -1) || changed)
-                v->broken = 1;
-            break;
-        }
-        EXPECT_OK(st, "view_apply", "fabpool_view_apply");
-        if (st != FABPOOL_OK) {
-            v->broken = 1;
-            break;
-        }
-        v->gen = bi.generation;
-        v->live = bi.mapped;
-        v->src_size = b->size;
-        fabpool_buffer_info va = {.struct_size = sizeof va};
-        fabpool_view_get_info(v->h, &va);
-        EXPECT(va.generation == v->gen && va.mapped == v->live, "view_apply.info", "view of buffer %llu: generation "
-               "%llu, mapped %zu after applying generation %llu of %llu bytes", (unsigned long long)b->id,
-               (unsigned long long)va.generation, va.mapped, (unsigned long long)v->gen, (unsigned long long)v->live);
-        check_view(v, -1);
-        break;
-    }
-    case OP_VIEW_CLOSE: {
-        p = pick_pool(has_view);
-        i = (int)below((uint64_t)P[p].nview);
-        for (int k = 0; k < P[p].nview; k++)
-            if (P[p].view[k].broken)
-                i = k;
-        snprintf(cur_what, sizeof cur_what, "pool %c, view of buffer %llu%s", 'A' + p,
-                 (unsigned long long)P[p].view[i].id, find_buf(P[p].view[i].id, NULL) ? "" : " (destroyed)");
-        check_view(&P[p].view[i], -1);
-        st = fabpool_view_close(P[p].view[i].h);
-        EXPECT_OK(st, "view_close", "fabpool_view_close");
-        drop_view(p, i);
-        break;
-    }
-    case OP_TRIM: {
-        p = (int)below(NPOOL);
-        static const size_t keeps[] = {0, 1 * MB, 256 * MB};
-        size_t keep = keeps[below(3)];
-        snprintf(cur_what, sizeof cur_what, "pool %c, keep %zu", 'A' + p, keep);
-        st = fabpool_trim(P[p].p, keep);
-        EXPECT_OK(st, "trim", "fabpool_trim");
-        break;
-    }
-    case OP_COLLECT: {
-        p = (int)below(NPOOL);
-        int wait = chance(50);
-        snprintf(cur_what, sizeof cur_what, "pool %c, wait %d", 'A' + p, wait);
-        st = fabpool_collect(P[p].p, wait);
-        EXPECT_OK(st, "collect", "fabpool_collect");
-        if (wait) {
-            check_step(0);
-            check_quiet(p);
-            for (int k = 0; k < P[p].nbuf; k++) {
-                buf_t *b = &P[p].buf[k];
-                if (b->hyst_stream >= 0 && !held[b->hyst_stream]) {
-                    check_hysteresis(b, b->hyst_stream);
-                    b->hyst_stream = -1;
-                }
-            }
-        }
-        break;
-    }
-    case OP_SLEEP: {
-        /* sleep with offload, checked asleep, then wake: the data is kept (check_step reads it back) */
-        p = (int)below(NPOOL);
-        int viewed = 0;
-        for (i = 0; i < P[1 - p].nview; i++)
-            viewed |= P[1 - p].view[i].src_pool == p;
-        if (!viewed && chance(60)) { /* no view of its buffers is open: its peers say they are gone */
-            ack_dead(p, P[p].p);
-            for (i = 0; i < P[p].nbuf; i++)
-                if (P[p].buf[i].shared) {
-                    fabpool_buffer_export_done(P[p].buf[i].h);
-                    st = fabpool_buffer_peers_ack(P[p].buf[i].h, UINT64_MAX);
-                    EXPECT_OK(st, "peers_ack", "fabpool_buffer_peers_ack(UINT64_MAX) before a sleep");
-                    if (st == FABPOOL_OK)
-                        P[p].buf[i].acked = UINT64_MAX;
-                }
-        }
-        int must = 1; /* no exported buffer, no destroyed one waiting for its peers: sleep must work */
-        for (i = 0; i < P[p].nbuf; i++)
-            must &= !P[p].buf[i].shared || P[p].buf[i].acked == UINT64_MAX;
-        for (i = 0; i < ndead; i++)
-            must &= dead[i].pool != p;
-        fabpool_stats s0 = {.struct_size = sizeof s0};
-        fabpool_get_stats(P[p].p, &s0);
-        snprintf(cur_what, sizeof cur_what, "pool %c, %s", 'A' + p, must ? "nothing exported" : "exported buffers");
-        st = fabpool_sleep(P[p].p, FABPOOL_SLEEP_OFFLOAD, NULL);
-        if (st == FABPOOL_ERR_BUSY && !must) {
-            fabpool_stats s1 = {.struct_size = sizeof s1};
-            fabpool_get_stats(P[p].p, &s1);
-            EXPECT(s1.mapped_bytes == s0.mapped_bytes, "sleep.busy", "pool %c: a refused sleep changed the mapping "
-                   "(%llu -> %llu bytes)", 'A' + p, (unsigned long long)s0.mapped_bytes,
-                   (unsigned long long)s1.mapped_bytes);
-            n_sleep_busy++;
-            break;
-        }
-        EXPECT_OK(st, "sleep", "fabpool_sleep(offload)");
-        if (st != FABPOOL_OK)
-            break;
-        n_slept++;
-        /* asleep: the pool maps nothing of its own (its views of the other pool's buffers stay), the driver
-         * holds its host copies and nothing more */
-        fabpool_stats S[NPOOL];
-        fabpool_sleep_info si = {.struct_size = sizeof si};
-        fabpool_sleep_state(P[p].p, &si);
-        uint64_t mapped = 0, chunks = 0;
-        for (int k = 0; k < NPOOL; k++) {
-            S[k].struct_size = sizeof S[k];
-            fabpool_get_stats(P[k].p, &S[k]);
-            mapped += S[k].mapped_bytes;
-            chunks += S[k].chunks_mapped;
-        }
-        fabsim_ledger L = t_ledger();
-        EXPECT(si.asleep && S[p].mapped_bytes == S[p].view_bytes, "sleep.mapped", "pool %c asleep maps %llu bytes, "
-               "its views %llu", 'A' + p, (unsigned long long)S[p].mapped_bytes, (unsigned long long)S[p].view_bytes);
-        uint64_t hcopies = 0, hbytes = host_held(&hcopies);
-        EXPECT(L.bytes_mapped == mapped + hbytes && L.mappings == chunks + hcopies && L.bytes_held_host == hbytes &&
-                   (si.host_reused_bytes == 0 || p == 1), "sleep.ledger",
-               "the sim maps %llu bytes in %llu mappings and holds %llu host bytes; the pools say %llu bytes in %llu "
-               "chunks, the sleeping one %llu host bytes in %llu copies (both %llu in %llu), %llu reused",
-               (unsigned long long)L.bytes_mapped, (unsigned long long)L.mappings,
-               (unsigned long long)L.bytes_held_host, (unsigned long long)mapped, (unsigned long long)chunks,
-               (unsigned long long)si.host_bytes, (unsigned long long)si.host_copies, (unsigned long long)hbytes,
-               (unsigned long long)hcopies, (unsigned long long)si.host_reused_bytes);
-        n_host_reused += si.host_reused_bytes > 0;
-        void *x = NULL;
-        fabpool_status ast = fabpool_alloc(P[p].p, 1 + below(20 * MB), &x);
-        EXPECT(ast == FABPOOL_ERR_ASLEEP, "sleep.alloc", "fabpool_alloc while asleep -> %s",
-               fabpool_status_name(ast));
-        st = fabpool_wake(P[p].p, chance(50) ? NULL : (void *)streams[below(NSTREAM)]);
-        EXPECT_OK(st, "wake", "fabpool_wake");
-        fabpool_sleep_state(P[p].p, &si);
-        /* awake: pool A (no sleep_keep_host) holds no host memory, pool B keeps its copies */
-        EXPECT(!si.asleep && (p == 1 || si.host_bytes == 0) && t_ledger().bytes_held_host == host_held(NULL),
-               "wake.host", "pool %c awake holds %llu host bytes, the sim %llu", 'A' + p,
-               (unsigned long long)si.host_bytes, (unsigned long long)t_ledger().bytes_held_host);
-        break;
-    }
-    case OP_FLUSH:
-        p = (int)below(NPOOL);
-        snprintf(cur_what, sizeof cur_what, "pool %c", 'A' + p);
-        st = fabpool_thread_flush(P[p].p);
-        EXPECT_OK(st, "thread_flush", "fabpool_thread_flush");
-        break;
-    case OP_HOLD: {
-        int s = (int)below(NSTREAM);
-        snprintf(cur_what, sizeof cur_what, "stream %d", s);
-        EXPECT(stream_hold(streams[s]) == 0, "stream_hold", "fabsim_stream_hold failed");
-        held[s] = 1;
-        epoch[s]++;
-        break;
-    }
-    case OP_RELEASE: {
-        int s = (int)below(NSTREAM);
-        if (!held[s])
-            s = 1 - s;
-        snprintf(cur_what, sizeof cur_what, "stream %d (%s)", s, held[s] ? "held" : "not held");
-        EXPECT(stream_release(streams[s]) == 0, "stream_release", "fabsim_stream_release failed");
-        held[s] = 0;
-        break;
-    }
-    default:
-        break;
+    for (int k = 0; k < n; k++) {
+        q->buf[idx[k]].size = sizes[k];
+        after_resize(p, &q->buf[idx[k]], &before[k], old[k], s);
     }
 }
 
+static void op_buffer_destroy(int p)
+{
+    fabpool_status st;
+    int i;
+    i = (int)below((uint64_t)P[p].nbuf);
+    if (chance(80)) /* mostly a buffer whose peers are all acked: what an un-acked destroy pins stays
+                       until pool destroy, and a collect(wait) checks for leftovers only with none */
+        for (int k = 0, o = (int)below((uint64_t)P[p].nbuf); k < P[p].nbuf; k++) {
+            buf_t *c = &P[p].buf[(k + o) % P[p].nbuf];
+            if (!c->shared || c->acked >= binfo(c).generation) {
+                i = (k + o) % P[p].nbuf;
+                break;
+            }
+        }
+    for (int k = 0; k < P[p].nbuf; k++)
+        if (P[p].buf[k].broken)
+            i = k;
+    buf_t *b = &P[p].buf[i];
+    fabpool_buffer_info before = binfo(b);
+    if (b->shared && b->acked < before.generation && stuck_bytes(p) > 512 * MB && !b->broken) {
+        /* keep what un-acked destroys pin until pool destroy bounded: ack first (the views' generation) */
+        uint64_t g = before.generation;
+        for (int k = 0; k < P[1 - p].nview; k++)
+            if (P[1 - p].view[k].id == b->id && P[1 - p].view[k].gen < g)
+                g = P[1 - p].view[k].gen;
+        if (fabpool_buffer_peers_ack(b->h, g) == FABPOOL_OK && g > b->acked)
+            b->acked = g;
+    }
+    int s = stream_choice();
+    snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu (size %zu, mapped %zu, gen %llu, %s), stream %s",
+             'A' + p, (unsigned long long)b->id, b->size, before.mapped, (unsigned long long)before.generation,
+             !b->shared ? "not exported" : b->acked >= before.generation ? "exported, acked" : "exported, un-acked",
+             stream_name(s));
+    check_buf(b, -1);
+    st = fabpool_buffer_destroy(b->h, stream_ptr(s));
+    EXPECT_OK(st, "buffer_destroy", "fabpool_buffer_destroy");
+    if (st != FABPOOL_OK)
+        return; /* the buffer is still the pool's: destroyed at the end */
+    for (int k = 0; k < nrec; k++)
+        if (rec[k].id == b->id) {
+            if (b->acked >= rec[k].gen_after)
+                rec[k].ack_wait = 0; /* acked before the destroy */
+            rec[k].destroyed = 1;
+        }
+    add_rec(p, b, 0, b->size, 0, before.mapped, s, 1, before.generation);
+    if (b->shared && ndead < MAXDEAD) {
+        dead[ndead].pool = p;
+        dead[ndead++].id = before.export_id;
+    }
+    P[p].buf[i] = P[p].buf[--P[p].nbuf];
+}
+
+static void op_export(int p)
+{
+    fabpool_status st;
+    buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+    fabpool_buffer_info bi = binfo(b);
+    uint64_t since = chance(50) ? 0 : below(bi.generation + 1);
+    snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu since %llu (gen %llu)", 'A' + p,
+             (unsigned long long)b->id, (unsigned long long)since, (unsigned long long)bi.generation);
+    size_t len, nfds;
+    st = do_export(b, since, &len, &nfds);
+    EXPECT_OK(st, "export", "fabpool_buffer_export");
+    if (st == FABPOOL_OK) {
+        for (size_t k = 0; k < nfds; k++)
+            close(mine[k]);
+        if (since == 0) { /* a full descriptor covers what is mapped */
+            uint64_t sum = 0;
+            uint32_t nr;
+            memcpy(&nr, desc + 12, 4);
+            for (uint32_t k = 0; k < nr; k++) {
+                uint64_t sz;
+                memcpy(&sz, desc + FABPOOL_DESC_HEADER_BYTES + (size_t)k * FABPOOL_DESC_RECORD_BYTES + 8, 8);
+                sum += sz;
+            }
+            EXPECT(sum == bi.mapped, "export.full", "a full descriptor of buffer %llu covers %llu bytes, it maps "
+                   "%zu", (unsigned long long)b->id, (unsigned long long)sum, bi.mapped);
+        }
+    }
+}
+
+static void op_export_done(int p)
+{
+    fabpool_status st;
+    buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+    snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu", 'A' + p, (unsigned long long)b->id);
+    st = fabpool_buffer_export_done(b->h);
+    EXPECT_OK(st, "export_done", "fabpool_buffer_export_done");
+}
+
+static void op_peers_ack(int p)
+{
+    fabpool_status st;
+    if (ndead && chance(30)) { /* a destroyed buffer, by its export id */
+        int k = (int)below((uint64_t)ndead);
+        p = dead[k].pool;
+        uint64_t g = chance(50) ? UINT64_MAX : below(64);
+        snprintf(cur_what, sizeof cur_what, "pool %c, destroyed buffer 0x%llx by export id, ack %llu", 'A' + p,
+                 (unsigned long long)dead[k].id, (unsigned long long)g);
+        st = fabpool_peers_ack(P[p].p, dead[k].id, g);
+        n_dead_ack++;
+        EXPECT(st == FABPOOL_OK || st == FABPOOL_ERR_NOT_FOUND || st == FABPOOL_ERR_INVALID_ARG, "ack.dead",
+               "fabpool_peers_ack by export id -> %s: %s", fabpool_status_name(st), fabpool_last_error());
+        if (st == FABPOOL_ERR_NOT_FOUND || g == UINT64_MAX)
+            dead[k] = dead[--ndead];
+        return;
+    }
+    buf_t *b;
+    do
+        b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+    while (!b->shared);
+    fabpool_buffer_info before = binfo(b);
+    uint64_t g = before.generation;
+    int views = 0;
+    for (int k = 0; k < P[1 - p].nview; k++)
+        if (P[1 - p].view[k].id == b->id) {
+            views++;
+            if (P[1 - p].view[k].gen < g)
+                g = P[1 - p].view[k].gen;
+        }
+    int bad = chance(20);
+    if (bad)
+        g = before.generation + 1 + below(1000);
+    else if (!views && chance(25))
+        g = UINT64_MAX; /* no peer is left */
+    snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu, ack %llu (generation %llu, %d view%s)%s", 'A' + p,
+             (unsigned long long)b->id, (unsigned long long)g, (unsigned long long)before.generation, views,
+             views == 1 ? "" : "s", bad ? ", never issued" : "");
+    st = fabpool_buffer_peers_ack(b->h, g);
+    if (bad) {
+        n_bad_ack++;
+        EXPECT(st != FABPOOL_OK, "ack.never_issued", "an ack of generation %llu, past the buffer's %llu, was "
+               "accepted", (unsigned long long)g, (unsigned long long)before.generation);
+        if (st == FABPOOL_OK && g > b->acked)
+            b->acked = g; /* the lib took it: follow it, so that one defect is reported once */
+        if (st != FABPOOL_OK)
+            same_info("ack.never_issued_changed", b, &before);
+    } else {
+        EXPECT_OK(st, "peers_ack", "fabpool_buffer_peers_ack");
+        if (st == FABPOOL_OK && g > b->acked)
+            b->acked = g;
+    }
+}
+
+static void op_view_open(int p)
+{
+    fabpool_status st;
+    int t = 1 - p;
+    buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+    fabpool_buffer_info bi = binfo(b);
+    snprintf(cur_what, sizeof cur_what, "pool %c opens buffer %llu of pool %c (size %zu, gen %llu)", 'A' + t,
+             (unsigned long long)b->id, 'A' + p, b->size, (unsigned long long)bi.generation);
+    size_t len, nfds;
+    st = do_export(b, 0, &len, &nfds);
+    EXPECT_OK(st, "view_open.export", "fabpool_buffer_export(since 0)");
+    if (st != FABPOOL_OK)
+        return;
+    view_t v;
+    memset(&v, 0, sizeof v);
+    st = fabpool_view_open(P[t].p, desc, len, mine, nfds, &v.h);
+    EXPECT_OK(st, "view_open", "fabpool_view_open");
+    if (chance(75)) /* the fds reached the peer (the sim checks every open one at each ledger) */
+        fabpool_buffer_export_done(b->h);
+    if (st != FABPOOL_OK)
+        return;
+    v.src_pool = p;
+    v.id = b->id;
+    v.vid = next_id++;
+    v.window = b->window;
+    v.base = (uint64_t)(uintptr_t)fabpool_view_ptr(v.h);
+    v.live = bi.mapped;
+    v.gen = bi.generation;
+    v.src_size = b->size;
+    memcpy(v.pts, b->pts, sizeof v.pts);
+    fabpool_buffer_info vi = {.struct_size = sizeof vi};
+    fabpool_view_get_info(v.h, &vi);
+    EXPECT(vi.generation == v.gen && vi.mapped == v.live && vi.max_size == b->window, "view_open.info",
+           "view of buffer %llu: generation %llu, mapped %zu, window %zu; the buffer: %llu, %zu, %llu",
+           (unsigned long long)b->id, (unsigned long long)vi.generation, vi.mapped, vi.max_size,
+           (unsigned long long)v.gen, (size_t)v.live, (unsigned long long)b->window);
+    check_view(&v, -1);
+    P[t].view[P[t].nview++] = v;
+}
+
+static void op_view_apply(int p)
+{
+    fabpool_status st;
+    view_t *v;
+    buf_t *b;
+    int sp;
+    do {
+        v = &P[p].view[below((uint64_t)P[p].nview)];
+        b = find_buf(v->id, &sp);
+    } while (!b || v->broken);
+    fabpool_buffer_info bi = binfo(b);
+    size_t len, nfds;
+    st = do_export(b, v->gen, &len, &nfds);
+    EXPECT_OK(st, "view_apply.export", "fabpool_buffer_export(since the view's generation)");
+    if (st != FABPOOL_OK)
+        return;
+    uint32_t nr;
+    memcpy(&nr, desc + 12, 4);
+    int fault = nr > 0 && fault_set && chance(15);
+    snprintf(cur_what, sizeof cur_what, "pool %c, view of buffer %llu: gen %llu -> %llu, %u new chunk%s%s", 'A' + p,
+             (unsigned long long)b->id, (unsigned long long)v->gen, (unsigned long long)bi.generation, nr,
+             nr == 1 ? "" : "s", fault ? ", an import fails" : "");
+    fabpool_buffer_info vb = {.struct_size = sizeof vb};
+    fabpool_view_get_info(v->h, &vb);
+    uint64_t c0 = 0;
+    uint64_t nth = 1 + below(nr);
+    if (fault) {
+        c0 = sim_calls("cuMemImportFromShareableHandle");
+        fault_set("cuMemImportFromShareableHandle", nth, 0, CUDA_ERROR_INVALID_VALUE);
+    }
+    st = fabpool_view_apply(v->h, desc, len, mine, nfds);
+    if (fault) {
+        fault_clear();
+        if (sim_calls("cuMemImportFromShareableHandle") - c0 < nth)
+            fault = 0; /* not reached */
+    }
+    if (chance(75)) /* the fds reached the peer (the sim checks every open one at each ledger) */
+        fabpool_buffer_export_done(b->h);
+    if (fault) {
+        n_fault_apply++;
+        EXPECT(st != FABPOOL_OK, "view_apply.fault_ignored", "an import failed and the apply answered OK");
+        fabpool_buffer_info va = {.struct_size = sizeof va};
+        fabpool_view_get_info(v->h, &va);
+        EXPECT(va.generation == vb.generation && va.mapped == vb.mapped && va.n_chunks == vb.n_chunks,
+               "view_apply.failed_changed", "after a failed apply the view says generation %llu -> %llu, "
+               "mapped %zu -> %zu, chunks %u -> %u", (unsigned long long)vb.generation,
+               (unsigned long long)va.generation, vb.mapped, va.mapped, vb.n_chunks, va.n_chunks);
+        int changed = va.n_chunks != vb.n_chunks || va.generation != vb.generation;
+        if (check_points("view_apply.failed_hole", "view (after a failed apply) of buffer", v->id, v->base,
+                         v->pts, 0, v->src_size < v->live ? v->src_size : v->live, -1) || changed)
+            v->broken = 1;
+        return;
+    }
+    EXPECT_OK(st, "view_apply", "fabpool_view_apply");
+    if (st != FABPOOL_OK) {
+        v->broken = 1;
+        return;
+    }
+    v->gen = bi.generation;
+    v->live = bi.mapped;
+    v->src_size = b->size;
+    fabpool_buffer_info va = {.struct_size = sizeof va};
+    fabpool_view_get_info(v->h, &va);
+    EXPECT(va.generation == v->gen && va.mapped == v->live, "view_apply.info", "view of buffer %llu: generation "
+           "%llu, mapped %zu after applying generation %llu of %llu bytes", (unsigned long long)b->id,
+           (unsigned long long)va.generation, va.mapped, (unsigned long long)v->gen, (unsigned long long)v->live);
+    check_view(v, -1);
+}
+
+static void op_view_close(int p)
+{
+    fabpool_status st;
+    int i;
+    i = (int)below((uint64_t)P[p].nview);
+    for (int k = 0; k < P[p].nview; k++)
+        if (P[p].view[k].broken)
+            i = k;
+    snprintf(cur_what, sizeof cur_what, "pool %c, view of buffer %llu%s", 'A' + p,
+             (unsigned long long)P[p].view[i].id, find_buf(P[p].view[i].id, NULL) ? "" : " (destroyed)");
+    check_view(&P[p].view[i], -1);
+    st = fabpool_view_close(P[p].view[i].h);
+    EXPECT_OK(st, "view_close", "fabpool_view_close");
+    drop_view(p, i);
+}
+
+static void op_trim(int p)
+{
+    fabpool_status st;
+    static const size_t keeps[] = {0, 1 * MB, 256 * MB};
+    size_t keep = keeps[below(3)];
+    snprintf(cur_what, sizeof cur_what, "pool %c, keep %zu", 'A' + p, keep);
+    st = fabpool_trim(P[p].p, keep);
+    EXPECT_OK(st, "trim", "fabpool_trim");
+}
+
+static void op_collect(int p)
+{
+    fabpool_status st;
+    int wait = chance(50);
+    snprintf(cur_what, sizeof cur_what, "pool %c, wait %d", 'A' + p, wait);
+    st = fabpool_collect(P[p].p, wait);
+    EXPECT_OK(st, "collect", "fabpool_collect");
+    if (wait) {
+        check_step(0);
+        check_quiet(p);
+        for (int k = 0; k < P[p].nbuf; k++) {
+            buf_t *b = &P[p].buf[k];
+            if (b->hyst_stream >= 0 && !held[b->hyst_stream]) {
+                check_hysteresis(b, b->hyst_stream);
+                b->hyst_stream = -1;
+            }
+        }
+    }
+}
+
+static void op_sleep_wake(int p)
+{
+    fabpool_status st;
+    int i;
+    /* sleep with offload, checked asleep, then wake: the data is kept (check_step reads it back) */
+    int viewed = 0;
+    for (i = 0; i < P[1 - p].nview; i++)
+        viewed |= P[1 - p].view[i].src_pool == p;
+    if (!viewed && chance(60)) { /* no view of its buffers is open: its peers say they are gone */
+        ack_dead(p, P[p].p);
+        for (i = 0; i < P[p].nbuf; i++)
+            if (P[p].buf[i].shared) {
+                fabpool_buffer_export_done(P[p].buf[i].h);
+                st = fabpool_buffer_peers_ack(P[p].buf[i].h, UINT64_MAX);
+                EXPECT_OK(st, "peers_ack", "fabpool_buffer_peers_ack(UINT64_MAX) before a sleep");
+                if (st == FABPOOL_OK)
+                    P[p].buf[i].acked = UINT64_MAX;
+            }
+    }
+    int must = 1; /* no exported buffer, no destroyed one waiting for its peers: sleep must work */
+    for (i = 0; i < P[p].nbuf; i++)
+        must &= !P[p].buf[i].shared || P[p].buf[i].acked == UINT64_MAX;
+    for (i = 0; i < ndead; i++)
+        must &= dead[i].pool != p;
+    fabpool_stats s0 = {.struct_size = sizeof s0};
+    fabpool_get_stats(P[p].p, &s0);
+    snprintf(cur_what, sizeof cur_what, "pool %c, %s", 'A' + p, must ? "nothing exported" : "exported buffers");
+    st = fabpool_sleep(P[p].p, FABPOOL_SLEEP_OFFLOAD, NULL);
+    if (st == FABPOOL_ERR_BUSY && !must) {
+        fabpool_stats s1 = {.struct_size = sizeof s1};
+        fabpool_get_stats(P[p].p, &s1);
+        EXPECT(s1.mapped_bytes == s0.mapped_bytes, "sleep.busy", "pool %c: a refused sleep changed the mapping "
+               "(%llu -> %llu bytes)", 'A' + p, (unsigned long long)s0.mapped_bytes,
+               (unsigned long long)s1.mapped_bytes);
+        n_sleep_busy++;
+        return;
+    }
+    EXPECT_OK(st, "sleep", "fabpool_sleep(offload)");
+    if (st != FABPOOL_OK)
+        return;
+    n_slept++;
+    /* asleep: the pool maps nothing of its own (its views of the other pool's buffers stay), the driver
+     * holds its host copies and nothing more */
+    fabpool_stats S[NPOOL];
+    fabpool_sleep_info si = {.struct_size = sizeof si};
+    fabpool_sleep_state(P[p].p, &si);
+    uint64_t mapped = 0, chunks = 0;
+    for (int k = 0; k < NPOOL; k++) {
+        S[k].struct_size = sizeof S[k];
+        fabpool_get_stats(P[k].p, &S[k]);
+        mapped += S[k].mapped_bytes;
+        chunks += S[k].chunks_mapped;
+    }
+    fabsim_ledger L = t_ledger();
+    EXPECT(si.asleep && S[p].mapped_bytes == S[p].view_bytes, "sleep.mapped", "pool %c asleep maps %llu bytes, "
+           "its views %llu", 'A' + p, (unsigned long long)S[p].mapped_bytes, (unsigned long long)S[p].view_bytes);
+    uint64_t hcopies = 0, hbytes = host_held(&hcopies);
+    EXPECT(L.bytes_mapped == mapped + hbytes && L.mappings == chunks + hcopies && L.bytes_held_host == hbytes &&
+               (si.host_reused_bytes == 0 || p == 1), "sleep.ledger",
+           "the sim maps %llu bytes in %llu mappings and holds %llu host bytes; the pools say %llu bytes in %llu "
+           "chunks, the sleeping one %llu host bytes in %llu copies (both %llu in %llu), %llu reused",
+           (unsigned long long)L.bytes_mapped, (unsigned long long)L.mappings,
+           (unsigned long long)L.bytes_held_host, (unsigned long long)mapped, (unsigned long long)chunks,
+           (unsigned long long)si.host_bytes, (unsigned long long)si.host_copies, (unsigned long long)hbytes,
+           (unsigned long long)hcopies, (unsigned long long)si.host_reused_bytes);
+    n_host_reused += si.host_reused_bytes > 0;
+    void *x = NULL;
+    fabpool_status ast = fabpool_alloc(P[p].p, 1 + below(20 * MB), &x);
+    EXPECT(ast == FABPOOL_ERR_ASLEEP, "sleep.alloc", "fabpool_alloc while asleep -> %s",
+           fabpool_status_name(ast));
+    st = fabpool_wake(P[p].p, chance(50) ? NULL : (void *)streams[below(NSTREAM)]);
+    EXPECT_OK(st, "wake", "fabpool_wake");
+    fabpool_sleep_state(P[p].p, &si);
+    /* awake: pool A (no sleep_keep_host) holds no host memory, pool B keeps its copies */
+    EXPECT(!si.asleep && (p == 1 || si.host_bytes == 0) && t_ledger().bytes_held_host == host_held(NULL),
+           "wake.host", "pool %c awake holds %llu host bytes, the sim %llu", 'A' + p,
+           (unsigned long long)si.host_bytes, (unsigned long long)t_ledger().bytes_held_host);
+}
+
+static void op_thread_flush(int p)
+{
+    fabpool_status st;
+    snprintf(cur_what, sizeof cur_what, "pool %c", 'A' + p);
+    st = fabpool_thread_flush(P[p].p);
+    EXPECT_OK(st, "thread_flush", "fabpool_thread_flush");
+}
+
+static void op_hold(int p)
+{
+    (void)p; /* streams are the process's, not a pool's */
+    int s = (int)below(NSTREAM);
+    snprintf(cur_what, sizeof cur_what, "stream %d", s);
+    EXPECT(stream_hold(streams[s]) == 0, "stream_hold", "fabsim_stream_hold failed");
+    held[s] = 1;
+    epoch[s]++;
+}
+
+static void op_release(int p)
+{
+    (void)p; /* streams are the process's, not a pool's */
+    int s = (int)below(NSTREAM);
+    if (!held[s])
+        s = 1 - s;
+    snprintf(cur_what, sizeof cur_what, "stream %d (%s)", s, held[s] ? "held" : "not held");
+    EXPECT(stream_release(streams[s]) == 0, "stream_release", "fabsim_stream_release failed");
+    held[s] = 0;
+}
+
+/* ------------------------------------------------------------ the table of operations */
+
+static const op_def ops[] = {
+    {"alloc", 12, has_room_blk, op_alloc},
+    {"free", 10, has_blk, op_free},
+    {"buffer_create", 5, has_room_buf, op_buffer_create},
+    {"buffer_resize", 12, has_buf, op_buffer_resize},
+    {"buffer_resize_set", 6, has_buf, op_buffer_resize_set},
+    {"buffer_destroy", 4, has_buf, op_buffer_destroy},
+    {"buffer_export", 5, has_buf, op_export},
+    {"buffer_export_done", 4, has_buf, op_export_done},
+    {"buffer_peers_ack", 6, has_shared, op_peers_ack},
+    {"view_open", 5, can_open, op_view_open},
+    {"view_apply", 7, has_appliable, op_view_apply},
+    {"view_close", 3, has_view, op_view_close},
+    {"trim", 3, always, op_trim},
+    {"collect", 5, always, op_collect},
+    {"thread_flush", 3, always, op_thread_flush},
+    {"stream_hold", 5, always, op_hold},
+    {"stream_release", 5, always, op_release},
+    {"alloc_on_stream", 6, has_room_blk, op_alloc_on_stream},
+    {"free_on_stream", 6, has_blk, op_free_on_stream},
+    {"sleep_wake", 3, always, op_sleep_wake},
+};
+#define NOPS ((int)(sizeof ops / sizeof ops[0]))
+static unsigned op_weight[NOPS];
+
 /* ------------------------------------------------------------ one seed */
 
-static long op_count[OP_COUNT];
+static long op_count[NOPS];
 static long total_steps;
 
 static int setup_pools(void)
@@ -1353,25 +1373,19 @@ static void run_seed(unsigned long long seed, long steps)
     /* the handle type takes part: the posix_fd and fabric runs of one seed are different sequences */
     rng_s = mix(seed * 0x9e3779b97f4a7c15ull + 12345 + (uint64_t)htype);
     unsigned total_w = 0;
-    for (int o = 0; o < OP_COUNT; o++)
-        total_w += op_weight[o];
+    for (int o = 0; o < NOPS; o++)
+        total_w += (op_weight[o] = ops[o].weight);
     for (long s = 0; s < steps; s++) {
         cur_step = s;
-        enum op op = OP_COLLECT;
-        for (int tries = 0; tries < 16; tries++) {
-            uint64_t r = below(total_w);
-            int o = 0;
-            while (r >= op_weight[o])
-                r -= op_weight[o++];
-            if (pick_pool(applicable[o]) >= 0) {
-                op = (enum op)o;
-                break;
-            }
-        }
-        cur_op = op_names[op];
+        int p, op = draw_op(ops, op_weight, total_w, NPOOL, 16, &p);
+        if (op < 0) /* nothing drawn applies: a collect, which always does */
+            for (op = 0, p = (int)below(NPOOL); ops[op].run != op_collect; op++)
+                ;
+        cur_op = ops[op].name;
+        cur_what[0] = 0;
         step_first_id = next_id;
         uint64_t syncs0 = sync_calls();
-        step(op);
+        ops[op].run(p);
         if (sync_calls() != syncs0) { /* the pool waited for the GPU (a refit, a NULL stream): that work is done */
             for (int i = 0; i < nrec; i++)
                 rec[i].stream = -1;
@@ -1437,12 +1451,12 @@ int main(int argc, char **argv)
            "refused (exported buffers)\n", n_slept, n_host_reused, n_sleep_busy);
     CHECK(n_slept > 0);
     printf("  %-20s %10s %7s\n", "operation", "ran", "share");
-    for (int o = 0; o < OP_COUNT; o++) {
+    for (int o = 0; o < NOPS; o++) {
         double share = total_steps ? 100.0 * (double)op_count[o] / (double)total_steps : 0;
-        printf("  %-20s %10ld %6.2f%%\n", op_names[o], op_count[o], share);
+        printf("  %-20s %10ld %6.2f%%\n", ops[o].name, op_count[o], share);
         CHECK(share >= 1.0);
         if (share < 1.0)
-            fprintf(stderr, "test_property: %s ran in %.2f%% of the steps, less than 1%%\n", op_names[o], share);
+            fprintf(stderr, "test_property: %s ran in %.2f%% of the steps, less than 1%%\n", ops[o].name, share);
     }
     print_kinds("test_property", NULL, 0);
     for (int s = 0; s < NSTREAM; s++)

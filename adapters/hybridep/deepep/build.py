@@ -47,7 +47,7 @@ def main():
     if a.fabpool:
         sources = [s for s in sources if not s.endswith("allocator/allocator.cu")]
         inc, lib = (os.path.abspath(p) for p in a.fabpool)
-        incs.append(inc)
+        incs += [inc, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # + fabpool_hybridep.hpp
         ld += ["-L" + lib, "-lfabpool", "-Wl,-rpath," + lib]
     t0 = time.time()
     load(name="hybrid_ep_cpp", sources=sources, extra_include_paths=incs, extra_cflags=["-O3", "-std=c++17"],

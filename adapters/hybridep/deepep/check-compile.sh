@@ -17,7 +17,7 @@ cp -r "$DEEPEP/csrc" "$T/"
 python3 "$HERE/patch.py" "$T" || exit 1
 cd "$T/csrc/hybrid_ep" || exit 1
 flags=(-std=c++17 --expt-relaxed-constexpr -arch=sm_90 -DSM_ARCH='"9.0"' -I"$HERE/mock" -I. -Ibackend
-       -I"$ROOT/include" -I"$PYINC")
+       -I"$ROOT/include" -I"$ROOT/adapters/hybridep" -I"$PYINC")
 rc=0
 for f in buffer/intranode.cu extension/allgather.cu; do
   if "$NVCC" "${flags[@]}" -c "$f" -o "$T/x.o" > "$T/log" 2>&1; then echo "check-compile: $f: ok"

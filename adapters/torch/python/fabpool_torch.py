@@ -101,7 +101,7 @@ class _Sized(ctypes.Structure):
 
 
 class Counters(_Sized):
-    # the order of fabpool_torch_counters in include/fabpool_torch.h
+    # the order of fabpool_torch_counters in adapters/torch/fabpool_torch.h
     _fields_ = [("struct_size", ctypes.c_size_t)] + [(name, ctypes.c_uint64) for name in (
         "allocs", "frees", "alloc_failures", "blocks_live", "bytes_live", "usable_bytes_live", "bytes_live_peak",
         "reuse_same_stream", "reuse_after_event", "pool_allocs", "pool_frees", "cached_blocks", "cached_bytes",
@@ -113,7 +113,7 @@ class _Stat(ctypes.Structure):
 
 
 class _MemStats(_Sized):
-    # fabpool_torch_mem_stats in include/fabpool_torch.h; arrays: all, small_pool, large_pool
+    # fabpool_torch_mem_stats in adapters/torch/fabpool_torch.h; arrays: all, small_pool, large_pool
     _fields_ = [("struct_size", ctypes.c_size_t), ("allocation", _Stat * 3), ("allocated_bytes", _Stat * 3),
                 ("requested_bytes", _Stat * 3), ("segment", _Stat), ("reserved_bytes", _Stat)] + \
                [(n, ctypes.c_int64) for n in ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
@@ -665,7 +665,7 @@ def unpatch_torch_stats():
     _patched.clear()
 
 
-# ---------------------------------------------------------------- tags: sleep and wake (issue 14)
+# ---------------------------------------------------------------- tags: sleep and wake
 #
 # A tag is a fabpool pool: "default" is the installed allocator's
 # (fabpool_torch_pool), every other tag the pool behind the MemPools made

@@ -1,7 +1,10 @@
-/* test_audit: one check for each defect of the outside audit (issue "Defects
- * found by an outside audit") that lives in buffers, sharing and options.
- * Each failed on f8e0a8d.  Runs against the simulated driver (fault
- * injection, the ledger) and, where the check needs neither, the real one.
+/* test_buffer_contract: what buffers, sharing and options promise where it is
+ * easy to get wrong: option fields checked as their conf keys are, a failed
+ * destroy or import that changes nothing, a shrink that gives its memory
+ * back, refused duplicates, acks and fds, views counted apart from the cache,
+ * an exported buffer's memory freed at destroy.  Runs against the simulated
+ * driver (fault injection, the ledger) and, where the check needs neither,
+ * the real one.
  * Size classes, large blocks and the PyTorch shim have tests of their own
  * (test_sizeclass, test_torch_shim). */
 #include <fcntl.h>
@@ -58,10 +61,10 @@ static void dup_fds(const int *fds, size_t n, int *out)
         out[i] = dup(fds[i]);
 }
 
-/* Item 2: every field of fabpool_options is checked at fabpool_create with
- * its conf key's rules (f8e0a8d: n_peer_devices 18 overflowed a stack array,
- * slab_max_bytes 100 read out of bounds). */
-static void item2_options(void)
+/* Every field of fabpool_options is checked at fabpool_create with
+ * its conf key's rules (unchecked, n_peer_devices 18 would overflow a stack
+ * array and slab_max_bytes 100 read out of bounds). */
+static void option_fields_follow_conf_rules(void)
 {
     fabsim_ledger l0 = t_ledger();
     fabpool_options o;
@@ -104,10 +107,10 @@ static void item2_options(void)
         CHECK_OK(fabpool_destroy(p));
 }
 
-/* Item 5: a failed fabpool_buffer_destroy leaves the buffer alive and
- * destroyable again (f8e0a8d marked it destroyed: a retry answered
- * INVALID_ARG and 80 MiB stayed mapped); a failed cuEventCreate is named. */
-static void item5_destroy(void)
+/* A failed fabpool_buffer_destroy leaves the buffer alive and destroyable
+ * again (not marked destroyed, so that a retry does not answer INVALID_ARG
+ * with 80 MiB left mapped); a failed cuEventCreate is named. */
+static void failed_destroy_keeps_buffer(void)
 {
     if (!fault_set)
         return;
@@ -141,9 +144,10 @@ static void item5_destroy(void)
     CHECK_OK(fabpool_destroy(p));
 }
 
-/* Item 6: a shrink keeps at most the hysteresis over the new size (f8e0a8d:
- * 1 GiB -> 16 MiB kept 1 GiB mapped; 256 MiB -> 4 GiB -> 64 MiB kept 320 MiB). */
-static void item6_shrink(void)
+/* A shrink keeps at most the hysteresis over the new size (a first chunk
+ * kept whole would leave 1 GiB mapped for 1 GiB -> 16 MiB, and 320 MiB for
+ * 256 MiB -> 4 GiB -> 64 MiB). */
+static void shrink_gives_memory_back(void)
 {
     fabpool_t *p = t_pool("handle_type:none");
     if (!p)
@@ -195,7 +199,7 @@ static void item6_shrink(void)
         CHECK(t_stats(p).mapped_bytes == info(c).mapped);
         CHECK_OK(fabpool_buffer_destroy(c, NULL));
     }
-    /* 256 MiB -> 4 GiB -> 64 MiB, as the audit measured */
+    /* 256 MiB -> 4 GiB -> 64 MiB: the first chunk straddles the new end */
     fabpool_buffer_t *b = NULL;
     CHECK_OK(fabpool_buffer_create(p, 4096 * MB, 256 * MB, &b));
     if (b) {
@@ -210,9 +214,9 @@ static void item6_shrink(void)
     CHECK_OK(fabpool_destroy(p));
 }
 
-/* Item 11a: resize_set with one buffer twice is refused and changes nothing
- * (f8e0a8d answered OK and left size 20 MiB with 2 MiB mapped). */
-static void item11_resize_set_duplicate(void)
+/* resize_set with one buffer twice is refused and changes nothing (an OK
+ * would leave size 20 MiB with 2 MiB mapped). */
+static void resize_set_refuses_duplicate(void)
 {
     fabpool_t *p = t_pool("handle_type:none");
     if (!p)
@@ -274,9 +278,9 @@ static void pair_close(pair *x)
         CHECK_OK(fabpool_destroy(x->v));
 }
 
-/* Item 8: an ack of a generation never issued is refused (f8e0a8d: gen + 1000
- * answered OK, and a later shrink unmapped at once under a late peer). */
-static void item8_ack(void)
+/* An ack of a generation never issued is refused (accepted, gen + 1000 would
+ * let a later shrink unmap at once under a late peer). */
+static void ack_of_unissued_generation_refused(void)
 {
     pair x;
     if (pair_open(&x, 256 * MB, 64 * MB)) {
@@ -300,9 +304,9 @@ static void item8_ack(void)
     pair_close(&x);
 }
 
-/* Item 9: a failed import leaves the view as it was (f8e0a8d had already
- * unmapped the chunks the descriptor replaced: 4 MiB said, 2 MiB mapped). */
-static void item9_apply_fault(void)
+/* A failed import leaves the view as it was (not already unmapped the
+ * chunks the descriptor replaces: 4 MiB said, 2 MiB mapped). */
+static void failed_apply_keeps_view(void)
 {
     if (!fault_set)
         return;
@@ -334,9 +338,9 @@ static void item9_apply_fault(void)
     pair_close(&x);
 }
 
-/* Item 11b: a view's mappings are a figure of their own, not cached memory
- * (f8e0a8d: 40 MiB "cached" after trim(0)). */
-static void item11_view_stats(void)
+/* A view's mappings are a figure of their own, not cached memory (not
+ * 40 MiB "cached" after trim(0)). */
+static void views_counted_apart_from_cache(void)
 {
     pair x;
     if (pair_open(&x, 64 * MB, 40 * MB)) {
@@ -349,9 +353,9 @@ static void item11_view_stats(void)
     pair_close(&x);
 }
 
-/* Item 11c: POSIX fds that do not fit their records are refused, nothing
- * mapped, every fd closed (f8e0a8d accepted a duplicated fd, swapped fds). */
-static void item11_fds(void)
+/* POSIX fds that do not fit their records are refused, nothing mapped,
+ * every fd closed: a duplicated fd, fds swapped. */
+static void fds_must_fit_records(void)
 {
     pair x;
     if (!pair_open(&x, 1024 * MB, 64 * MB) || !x.posix) {
@@ -390,11 +394,11 @@ static void item11_fds(void)
     pair_close(&x);
 }
 
-/* Item 12: destroying an exported buffer unmaps at once what no
- * unacknowledged generation names; the rest goes on an ack by export id or at
- * pool destroy, which answers OK (f8e0a8d kept it until peers_ack on the
- * freed handle, and pool destroy answered BUSY). */
-static void item12_destroy_exported(void)
+/* Destroying an exported buffer unmaps at once what no unacknowledged
+ * generation names; the rest goes on an ack by export id or at pool destroy,
+ * which answers OK (not kept until a peers_ack on the freed handle, with
+ * pool destroy answering BUSY). */
+static void destroy_frees_exported_buffer(void)
 {
     pair x;
     if (pair_open(&x, 1024 * MB, 64 * MB)) {
@@ -451,14 +455,14 @@ int main(void)
     t_driver_init();
     fault_set = (fault_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_set");
     fault_clear = (clear_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
-    item2_options();
-    item5_destroy();
-    item6_shrink();
-    item11_resize_set_duplicate();
-    item8_ack();
-    item9_apply_fault();
-    item11_view_stats();
-    item11_fds();
-    item12_destroy_exported();
-    return t_done("test_audit");
+    option_fields_follow_conf_rules();
+    failed_destroy_keeps_buffer();
+    shrink_gives_memory_back();
+    resize_set_refuses_duplicate();
+    ack_of_unissued_generation_refused();
+    failed_apply_keeps_view();
+    views_counted_apart_from_cache();
+    fds_must_fit_records();
+    destroy_frees_exported_buffer();
+    return t_done("test_buffer_contract");
 }

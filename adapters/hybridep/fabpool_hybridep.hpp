@@ -37,8 +37,8 @@
  * pid and its fd numbers, and open_handle(ptr, h) copies the fds out of the
  * exporter with pidfd_getfd (Linux 5.6+).  That needs ptrace permission over
  * the exporter: the same user, and under Yama ptrace_scope 1 the exporter's
- * consent, which the exporter gives with prctl(PR_SET_PTRACER,
- * PR_SET_PTRACER_ANY) at its first POSIX-fd export (FABPOOL_HYBRIDEP_PTRACER=0
+ * consent, which the exporter gives with fabpool_fd_allow_peers
+ * (fabpool_fdpass.h) at its first POSIX-fd export (FABPOOL_HYBRIDEP_PTRACER=0
  * turns that off).  Where it cannot work (ptrace_scope 2 or 3, a seccomp
  * filter, an old kernel) open_handle throws a message that says what to
  * change; the overloads taking fds (received over a socket with
@@ -67,7 +67,6 @@
 #include <type_traits>
 #include <dlfcn.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "fabpool.h"
@@ -201,51 +200,6 @@ inline bool mnnvl_off()
     return s == "0" || s == "false";
 }
 
-/* Yama's ptrace_scope (0..3), or -1 where Yama is absent. */
-inline int ptrace_scope()
-{
-    FILE *f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
-    if (!f)
-        return -1;
-    int v = -1;
-    if (std::fscanf(f, "%d", &v) != 1)
-        v = -1;
-    std::fclose(f);
-    return v;
-}
-
-/* What to change so that a peer can copy fds out of an exporter, for an
- * error of pidfd_getfd (errno e) under Yama ptrace_scope `scope`. */
-inline std::string pidfd_advice(int e, int scope, int exporter_pid)
-{
-    std::string pid = std::to_string(exporter_pid);
-    if (e == ENOSYS)
-        return "this kernel has no pidfd_getfd (Linux 5.6 or later is needed; see uname -r): pass the fds over a "
-               "socket instead (fds_of + fabpool_fd_send, then the open_handle overload that takes fds)";
-    if (e == ESRCH)
-        return "the exporting process " + pid + " is gone: it must stay alive until its peers have opened its "
-               "handles";
-    if (e != EPERM && e != EACCES)
-        return "pass the fds over a socket instead (fds_of + fabpool_fd_send, then the overload that takes fds)";
-    std::string s = "no ptrace permission over the exporting process " + pid + ": ";
-    switch (scope) {
-    case 0:
-    case -1:
-        return s + "both processes must run as the same user, and a seccomp filter must allow pidfd_getfd (in "
-                   "Docker: --cap-add SYS_PTRACE, or a profile that allows pidfd_open and pidfd_getfd)";
-    case 1:
-        return s + "Yama ptrace_scope is 1 and the exporter did not allow its peers (it calls "
-                   "prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) at its first export unless "
-                   "FABPOOL_HYBRIDEP_PTRACER=0; unset that), or give the ranks CAP_SYS_PTRACE, or run "
-                   "sysctl -w kernel.yama.ptrace_scope=0";
-    case 2:
-        return s + "Yama ptrace_scope is 2 (only CAP_SYS_PTRACE may): give the ranks CAP_SYS_PTRACE (Docker: "
-                   "--cap-add SYS_PTRACE), or run sysctl -w kernel.yama.ptrace_scope=1";
-    default:
-        return s + "Yama ptrace_scope is 3 (no process may, until a reboot): boot with ptrace_scope 0 or 1, or "
-                   "pass the fds over a socket (fds_of + fabpool_fd_send, then the overload that takes fds)";
-    }
-}
 /* A struct fabpool fills, its struct_size set (fabpool.h). */
 template <class T> T sized()
 {
@@ -680,8 +634,8 @@ class ExtendedMemoryAllocator {
     {
         std::call_once(ptracer_once_, [] {
             const char *v = std::getenv("FABPOOL_HYBRIDEP_PTRACER");
-            if ((!v || std::strcmp(v, "0") != 0) && detail::ptrace_scope() == 1)
-                prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+            if (!v || std::strcmp(v, "0") != 0)
+                (void)fabpool_fd_allow_peers(); /* refused under ptrace_scope 2 or 3: a peer's open_handle says why */
         });
     }
 
@@ -870,14 +824,13 @@ class ExtendedMemoryAllocator {
                         std::memcpy(&their, h->bytes + kFdsAt + 4 * nfds, 4);
                         s = fabpool_fd_from_pid(in.pid, their, &fds[nfds]);
                         if (s != FABPOOL_OK) {
-                            int e = errno;
                             std::string m = detail::last();
                             for (std::size_t i = 0; i < nfds; i++)
                                 ::close(fds[i]);
                             throw Error(s, std::string("fabpool hybridep: ") + call + ": copying the exporter's fd " +
                                                std::to_string(their) + " out of process " + std::to_string(in.pid) +
-                                               ": " + m + ": " +
-                                               detail::pidfd_advice(fd_errno(m, e), detail::ptrace_scope(), in.pid));
+                                               ": " + m + " (here: fds_of + fabpool_fd_send on the exporter, "
+                                               "then the open_handle overload that takes fds)");
                         }
                     }
                 }
@@ -898,16 +851,6 @@ class ExtendedMemoryAllocator {
         } else
             stats_.updates++;
         stats_.ns_import += ns;
-    }
-
-    /* pidfd_getfd's errno, from fabpool's message (which names it) or errno. */
-    static int fd_errno(const std::string &m, int e)
-    {
-        const int cands[] = {EPERM, EACCES, ENOSYS, ESRCH, EBADF};
-        for (int c : cands)
-            if (m.find(std::strerror(c)) != std::string::npos)
-                return c;
-        return e;
     }
 
     fabpool_t *pool_ = nullptr;
