@@ -2,10 +2,7 @@
  * caches, the slow path to the heap's classes and large blocks, and the
  * thread caches' life.
  *
- * Calls: slab (classes, large blocks, trim policy), retire (blocks freed
- * on streams: fabpool_alloc_on_stream / fabpool_free_on_stream are here too),
- * pagemap (the free's lookup), chunk (the log's tally), meta, array, list,
- * sizeclass, trace, log, usage, error.  Counters it owns: blocks given out
+ * fabpool_alloc_on_stream / fabpool_free_on_stream are here too.  Counters it owns: blocks given out
  * and taken back per class, with and without a thread cache, and the bytes
  * of slab blocks out of their classes in the pool's in-use mark (usage.h:
  * counted when a cache is refilled or flushed, never on its hit).

@@ -1,8 +1,7 @@
 /* dmabuf.c - dma-buf file descriptors for ranges of growable buffers, which
  * a NIC driver registers (ibv_reg_dmabuf_mr) without peer-memory kernel
  * modules.  (Whether chunks are made GPUDirect RDMA capable is chunk.c's.)
- *
- * Calls: buffer (its structures), chunk (the context), driver, error. */
+ */
 #include <stdint.h>
 #include <unistd.h>
 

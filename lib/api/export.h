@@ -4,8 +4,7 @@
  * a descriptor of the chunks mapped under it (fabpool_block_export), their
  * handles kept by the chunk layer while they stay mapped.
  *
- * Calls: buffer (fp_collect_locked), alloc (whether a block is live), chunk
- * (ranges, export, close fd), desc, meta, error.  The fabpool_buffer_export*
+ * The fabpool_buffer_export*
  * and fabpool_buffer_peers_ack entry points are here; fabpool_peers_ack (by
  * export id) and fabpool_block_export reach here from lifecycle.c. */
 #ifndef FP_EXPORT_H

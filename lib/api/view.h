@@ -1,8 +1,7 @@
 /* view.h - a peer's buffer in this process: mapped from its descriptors, in
  * an address window of the pool's reservation, followed by deltas.
  *
- * Calls: chunk (import, map, unmap), vaspace, desc, meta, array, list,
- * error.  Counter it owns: view bytes.  Pool lock (vs->sp->lock) held for every
+ * Counter it owns: view bytes.  Pool lock (vs->sp->lock) held for every
  * change. */
 #ifndef FP_VIEW_H
 #define FP_VIEW_H

@@ -2,7 +2,7 @@
  * addressing with linear probing, at most half full, deletion by backward
  * shift (no tombstones, so a lookup never walks a long chain of them).  Keys
  * are nonzero addresses; 0 marks an empty slot.  No lock: the caller holds
- * the one that guards the table.  Layer base.  Calls: meta. */
+ * the one that guards the table. */
 #ifndef FP_ADDRMAP_H
 #define FP_ADDRMAP_H
 

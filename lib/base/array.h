@@ -2,7 +2,7 @@
  * and a capacity, grown by doubling into fp_meta memory (or libc's, with
  * no arena).  The one growth rule for every array of lib/: the address
  * space's free ranges, the large chunks, a buffer's chunks and ghosts, a
- * view's chunks and the registry of live pools.  Layer base.  Calls: meta. */
+ * view's chunks and the registry of live pools. */
 #ifndef FP_ARRAY_H
 #define FP_ARRAY_H
 

@@ -1,7 +1,6 @@
 /* conf.h - the rules of fabpool_options: the FABPOOL_CONF parser is public
  * (fabpool_options_parse); this is the check of a whole options struct, and
- * the options written back as a conf string or JSON.  Layer base.  Calls:
- * error, json. */
+ * the options written back as a conf string or JSON. */
 #ifndef FP_CONF_H
 #define FP_CONF_H
 

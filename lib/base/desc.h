@@ -12,7 +12,7 @@
  *   records, FABPOOL_DESC_RECORD_BYTES each, sorted by offset:
  *     0 u64 offset  8 u64 size  16 u64 generation  24 u32 fd index  28 u32 reserved  32 u8[64] fabric handle
  *
- * The offsets are named once, in desc.c.  Layer base.  Calls: error. */
+ * The offsets are named once, in desc.c. */
 #ifndef FP_DESC_H
 #define FP_DESC_H
 

@@ -1,5 +1,4 @@
-/* error.h - status codes and the thread-local error message.  Layer base, the
- * bottom: calls nothing of lib/. */
+/* error.h - status codes and the thread-local error message. */
 #ifndef FP_ERROR_H
 #define FP_ERROR_H
 

@@ -4,7 +4,7 @@
  * with '"', '\' or bytes that are not UTF-8) stays valid JSON, numbers that
  * JSON can hold (NaN and infinities become null).  Header only, so that the
  * tools, which do not all link the library, use the same code (a tools
- * header in lib/LAYERS).  Layer base: calls nothing of lib/. */
+ * header in lib/LAYERS). */
 #ifndef FP_JSON_H
 #define FP_JSON_H
 

@@ -4,7 +4,7 @@
  * class's list through next/prev and on the pool's list of every slab
  * through all_next/all_prev).  Macros, so that they work for any element
  * type and cost what the open-coded lines cost.  No locking: the caller
- * holds whatever lock guards the list.  Layer base: calls nothing. */
+ * holds whatever lock guards the list. */
 #ifndef FP_LIST_H
 #define FP_LIST_H
 

@@ -2,7 +2,7 @@
  *
  * The order (a thread takes locks only in ascending level; it may skip
  * levels, and it never takes a lock while it holds one of an equal or
- * higher level).  Layer base: calls nothing of lib/ but itself.
+ * higher level).
  *
  *   level  lock                          where
  *   1      registry   (registry_lock)    alloc.c: the live pools, for exiting threads

@@ -8,7 +8,7 @@
  * debug option asked for (a pool never lowers it).  Each line goes out in
  * one write(2), to stderr or the file:
  *   "<host>:<pid>:<tid> fabpool INFO pool 1 dev 0: <message>"
- * Layer base.  Calls: error. */
+ */
 #ifndef FP_LOG_H
 #define FP_LOG_H
 

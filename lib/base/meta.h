@@ -4,7 +4,7 @@
  * to load it), else from libc.  fabpool never links jemalloc: Debian's uses
  * initial-exec TLS, and a library linked against it cannot be dlopen'ed into
  * a running process (Python, PyTorch's pluggable allocator).  So jemalloc's
- * entry points are found at run time.  Layer base.  Calls: error. */
+ * entry points are found at run time. */
 #ifndef FP_META_H
 #define FP_META_H
 

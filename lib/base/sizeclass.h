@@ -12,8 +12,7 @@
  * that divides the class size, capped at 256: every class that is a multiple
  * of 256 (256, 512, 768 and every class from 1024 on) gives 256-aligned
  * blocks; 384, 640 and 896 give 128; 320 and 448 give 64.  Block offsets in a
- * slab are therefore counted in 64-byte quanta (FP_QUANTUM).  Layer base:
- * calls nothing. */
+ * slab are therefore counted in 64-byte quanta (FP_QUANTUM). */
 #ifndef FP_SIZECLASS_H
 #define FP_SIZECLASS_H
 

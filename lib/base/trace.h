@@ -3,7 +3,7 @@
  *
  * A pool with no trace has no struct fp_trace (NULL), and each hook below
  * costs one predictable branch on that pointer, which the layers that record
- * (alloc, buffer, pool) keep a copy of.  Calls: error, log (file names).  With a trace, every record goes into a
+ * (alloc, buffer, pool) keep a copy of.  With a trace, every record goes into a
  * per-pool buffer under the trace's own lock (a leaf lock: it may be taken
  * with the pool lock or a class lock held), written out when full, at pool
  * destroy, and at process exit (the PyTorch shim never destroys its pools). */

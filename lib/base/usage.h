@@ -7,8 +7,7 @@
  * thread cache's refill, or one block without a cache) and come back (a
  * flush), never on the thread-cache hit; large blocks and buffers are the
  * heap's and the buffers' own counters, read through the pointers below.
- * Each of those raises the mark after its count went up.  Header only.
- * Layer base: calls nothing of lib/. */
+ * Each of those raises the mark after its count went up.  Header only. */
 #ifndef FP_USAGE_H
 #define FP_USAGE_H
 

@@ -3,9 +3,7 @@
  * gives up retire until the GPU work that may use them is done; chunks an
  * exported buffer drops stay alive (ghosts) until the peers acknowledge.
  *
- * Calls: usage (the in-use mark), slab (chunks with the OOM retry), retire (tickets of retired
- * chunks), chunk, vaspace, meta, array,
- * list, sizeclass, trace, error.  Counters it owns (written only here):
+ * Its chunks come from slab (with the OOM retry).  Counters it owns (written only here):
  * buffer bytes, mapped, count, retiring and ghost bytes.  Export (export.c)
  * and dma-bufs (dmabuf.c) sit above it and read its structures.
  *

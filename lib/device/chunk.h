@@ -5,7 +5,7 @@
  * chunks are made as, and the counters of what the driver holds for it
  * (mapped bytes, chunks, handles, exported fds), which only chunk.c writes.
  *
- * Calls: driver, log, meta, array, error.  No retry here: a cuMemCreate that fails with
+ * No retry here: a cuMemCreate that fails with
  * CUDA_ERROR_OUT_OF_MEMORY returns FABPOOL_ERR_OUT_OF_MEMORY, and the
  * callers that hold cached memory (slab.c) trim and try again.
  *

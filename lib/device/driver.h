@@ -4,7 +4,7 @@
  * dlopens libcuda.so.1 (or $FABPOOL_CUDA_LIBRARY), takes cuGetProcAddress
  * from it and asks for every entry point below at FP_DRIVER_API_VERSION.
  * The rest of lib/ calls the driver through FP_CU(), which counts the call
- * and hands back the CUresult.  Layer driver.  Calls: error, log. */
+ * and hands back the CUresult. */
 #ifndef FP_DRIVER_H
 #define FP_DRIVER_H
 

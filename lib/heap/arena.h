@@ -22,8 +22,7 @@
  * point to the slab.  A block's own record is found by its base in the
  * arena's table of blocks given out.
  *
- * Calls: chunk (create, map, unmap), vaspace, pagemap (its space), meta,
- * array, addrmap, list, error.  Counters it owns: its mapped, free and used
+ * Counters it owns: its mapped, free and used
  * bytes.  Locking: every call under the pool lock (h->sp->lock). */
 #ifndef FP_ARENA_H
 #define FP_ARENA_H

@@ -11,8 +11,7 @@
  * bytes), cut from their arena by best fit.  Keeping medium and large apart
  * keeps small blocks from pinning granules among large free ranges.
  *
- * Calls: arena, chunk, vaspace, pagemap (its space), meta, array, list,
- * sizeclass, error.  Counters it owns (written only here): idle bytes and
+ * Counters it owns (written only here): idle bytes and
  * the decay's clock, blocks above slab_max, OOM retries.  Out of device
  * memory, an arena's miss (and a chunk a buffer maps, through
  * fp_heap_chunk_create / fp_heap_chunk_map) is tried again after trimming

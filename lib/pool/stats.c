@@ -1,9 +1,7 @@
 /* stats.c - what the pool holds, what it gave out, what it asked of the
  * driver, and the options in force (fabpool_get_options); as a struct, as
  * text and as JSON.
- * Layer pool: reads what every layer counts (pool.h), resets the peaks.
- * Calls: alloc (the caller's cache flushed at a reset), chunk, usage, conf,
- * driver, error. */
+ * It reads what every layer counts and resets the peaks. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

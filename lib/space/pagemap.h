@@ -3,8 +3,7 @@
  * whose chunk maps it (arena.h).  Two levels, leaves (of 2^14 pages: a GiB)
  * made on first use; read without a lock (fabpool_free's lookup), written
  * under the pool lock.  It stores span pointers and never looks into them.
- *
- * Calls: meta. */
+ */
 #ifndef FP_PAGEMAP_H
 #define FP_PAGEMAP_H
 

@@ -1,7 +1,6 @@
 /* vaspace.h - carving address ranges out of the pool's one reservation.
  * First fit over a sorted list of free ranges, merged on free.  Called on
- * cold paths only (a new slab, span or buffer window), under the pool lock.
- * Layer space.  Calls: array, meta. */
+ * cold paths only (a new slab, span or buffer window), under the pool lock. */
 #ifndef FP_VASPACE_H
 #define FP_VASPACE_H
 
