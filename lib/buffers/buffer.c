@@ -11,6 +11,7 @@
 #include "error.h"
 #include "list.h"
 #include "trace.h"
+#include "vmm.h"
 
 static int reserve_chunks(fp_buffers *bs, struct fabpool_buffer *b, uint32_t n)
 {
@@ -394,7 +395,7 @@ drop_ghosts:
     }
     fp_chunk_release(bs->sp->ch, ho);
 unmap_tmp:
-    if (FP_CU_UNDO(&bs->sp->ch->calls, cuMemUnmap, (CUdeviceptr)tmp, rs) != CUDA_SUCCESS) {
+    if (fp_vmm_unmap(bs->sp->ch, tmp, rs) != CUDA_SUCCESS) {
         fp_chunk_release(bs->sp->ch, hn);
         return st != FABPOOL_OK ? st : fp_error(FABPOOL_ERR_DRIVER, "cuMemUnmap of the copy of a shrunk buffer's "
                                                 "chunk failed twice; %llu bytes of address space stay used",

@@ -1,8 +1,7 @@
 /* lifecycle.c - a pool per device: creation (options, driver, handle type, the
  * one address reservation, every layer's part set up), trim and destroy,
  * and the public entry points that take a pool and belong to a layer below
- * (buffers, views, acknowledgements by export id).  Layer pool: calls every
- * layer below (lib/LAYERS). */
+ * (buffers, views, acknowledgements by export id). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,39 +14,11 @@
 #include "log.h"
 #include "sleep.h"
 #include "trace.h"
+#include "vmm.h"
 
 _Static_assert(offsetof(struct fabpool, alloc) == 0, "alloc.c reaches its state by a cast of the pool (alloc.h)");
 
 /* ------------------------------------------------------------ handle type */
-
-/* A real create, export and import of a fabric handle: the device attribute
- * alone says nothing about the IMEX channel (driver-facts.md). */
-static CUresult probe_fabric(struct fabpool *p, const char **step)
-{
-    CUmemAllocationProp prop = fp_chunk_prop(&p->ch);
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
-    size_t gran = 0;
-    CUresult r = FP_CU(&p->ch.calls, cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-    *step = "cuMemGetAllocationGranularity";
-    if (r != CUDA_SUCCESS)
-        return r;
-    CUmemGenericAllocationHandle h = 0, h2 = 0;
-    *step = "cuMemCreate";
-    r = FP_CU(&p->ch.calls, cuMemCreate, &h, gran, &prop, 0);
-    if (r != CUDA_SUCCESS)
-        return r;
-    CUmemFabricHandle fh;
-    *step = "cuMemExportToShareableHandle";
-    r = FP_CU(&p->ch.calls, cuMemExportToShareableHandle, &fh, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
-    if (r == CUDA_SUCCESS) {
-        *step = "cuMemImportFromShareableHandle";
-        r = FP_CU(&p->ch.calls, cuMemImportFromShareableHandle, &h2, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
-        if (r == CUDA_SUCCESS)
-            FP_CU_UNDO(&p->ch.calls, cuMemRelease, h2);
-    }
-    FP_CU_UNDO(&p->ch.calls, cuMemRelease, h);
-    return r;
-}
 
 /* Chooses the pool's handle type; why[0..n) says why (for the log). */
 static fabpool_status choose_handle_type(struct fabpool *p, char *why, size_t n)
@@ -61,7 +32,7 @@ static fabpool_status choose_handle_type(struct fabpool *p, char *why, size_t n)
         int fabric = 0;
         FP_CU(&p->ch.calls, cuDeviceGetAttribute, &fabric, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, p->ch.dev);
         const char *step = "cuDeviceGetAttribute";
-        CUresult r = fabric ? probe_fabric(p, &step) : CUDA_ERROR_NOT_SUPPORTED;
+        CUresult r = fabric ? fp_vmm_probe_fabric(&p->ch, &step) : CUDA_ERROR_NOT_SUPPORTED;
         if (r == CUDA_SUCCESS) {
             p->ch.handle_type = FABPOOL_HANDLE_FABRIC;
             p->ch.cu_handle_types = CU_MEM_HANDLE_TYPE_FABRIC;
@@ -192,8 +163,8 @@ static fabpool_status reserve(struct fabpool *p)
     if (!size)
         size = 8ull * total;
     size = fp_round_up(size, gran);
-    CUdeviceptr base = 0;
-    r = FP_CU(&p->ch.calls, cuMemAddressReserve, &base, size, 0, 0, 0);
+    uint64_t base = 0;
+    r = fp_vmm_reserve(&p->ch, size, 0, &base);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemAddressReserve", "reserving %llu bytes of address space (lower it with "
                             "FABPOOL_CONF=reserve:...)", (unsigned long long)size);
@@ -339,7 +310,7 @@ static fabpool_status teardown(struct fabpool *p)
     if (p->sp.va.free)
         fp_va_destroy(&p->sp.va);
     CUresult r;
-    if (va_base && (r = FP_CU_UNDO(&p->ch.calls, cuMemAddressFree, (CUdeviceptr)va_base, va_size)) != CUDA_SUCCESS)
+    if (va_base && (r = fp_vmm_unreserve(&p->ch, va_base, va_size)) != CUDA_SUCCESS)
         st = fp_drv_error(r, "cuMemAddressFree", "freeing the pool's reservation of %llu bytes (tried twice; the "
                           "address range stays reserved)", (unsigned long long)va_size);
     if (p->ch.ctx && (r = FP_CU_UNDO(&p->ch.calls, cuDevicePrimaryCtxRelease, p->ch.dev)) != CUDA_SUCCESS && st == FABPOOL_OK)

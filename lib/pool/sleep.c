@@ -39,6 +39,7 @@
 #include "error.h"
 #include "pool.h"
 #include "sleep.h"
+#include "vmm.h"
 
 struct fp_sleep {
     fp_slept *e;
@@ -150,7 +151,7 @@ static void host_piece_free(struct fabpool *p, uint64_t *va, uint64_t size, cons
 {
     if (!*va)
         return;
-    CUresult cr = FP_CU_UNDO(&p->ch.calls, cuMemUnmap, (CUdeviceptr)*va, size);
+    CUresult cr = fp_vmm_unmap(&p->ch, *va, size);
     if (cr != CUDA_SUCCESS) {
         if (*st == FABPOOL_OK)
             *st = fp_drv_error(cr, "cuMemUnmap", "freeing %s (%llu bytes at 0x%llx) (tried twice)", what,
@@ -168,7 +169,7 @@ static fabpool_status host_range_free(struct fabpool *p, uint64_t *va, uint64_t 
 {
     if (!*va)
         return FABPOOL_OK;
-    CUresult cr = FP_CU_UNDO(&p->ch.calls, cuMemAddressFree, (CUdeviceptr)*va, size);
+    CUresult cr = fp_vmm_unreserve(&p->ch, *va, size);
     if (cr != CUDA_SUCCESS)
         return fp_drv_error(cr, "cuMemAddressFree", "freeing the address range of %s (%llu bytes) (tried twice)",
                             what, (unsigned long long)size);
@@ -358,27 +359,22 @@ static fabpool_status offload(struct fabpool *p, struct fp_sleep *r, void *strea
         fp_error_append(" (fabpool_sleep: the pool stays awake)");
         return cst;
     }
-    CUdeviceptr va = 0;
-    cr = FP_CU(&p->ch.calls, cuMemAddressReserve, &va, total, hg, 0, 0);
+    uint64_t va = 0;
+    cr = fp_vmm_reserve(&p->ch, total, hg, &va);
     if (cr != CUDA_SUCCESS)
         return fp_drv_error(cr, "cuMemAddressReserve", "reserving %llu bytes of address space for the host copies; "
                             "the pool stays awake", (unsigned long long)total);
     r->stage_va = va;
     r->stage_size = total;
-    CUmemAccessDesc acc;
-    memset(&acc, 0, sizeof acc);
-    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    acc.location.id = p->ch.dev;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     uint64_t at = va;
     for (size_t i = 0; i < r->n; i++) {
         fp_slept *e = &r->e[i];
         if (!e->copy)
             continue;
         uint64_t hs = fp_round_up(e->size, hg);
-        CUmemGenericAllocationHandle h = 0;
-        cr = FP_CU(&p->ch.calls, cuMemCreate, &h, hs, &hp, 0);
-        if (cr != CUDA_SUCCESS) {
+        const char *call = NULL;
+        cr = fp_vmm_map_new(&p->ch, at, hs, &hp, &call);
+        if (cr != CUDA_SUCCESS && !strcmp(call, "cuMemCreate")) {
             char a[32], t[32];
             human(a, sizeof a, hs);
             human(t, sizeof t, total);
@@ -390,26 +386,9 @@ static fabpool_status offload(struct fabpool *p, struct fp_sleep *r, void *strea
             return fp_drv_error(cr, "cuMemCreate", "creating %s of pinned host memory (NUMA node %d) for the "
                                 "offload; the pool stays awake", a, hp.location.id);
         }
-        const char *call = "cuMemMap";
-        cr = FP_CU(&p->ch.calls, cuMemMap, (CUdeviceptr)at, hs, 0, h, 0);
-        if (cr == CUDA_SUCCESS) {
-            call = "cuMemSetAccess";
-            cr = FP_CU(&p->ch.calls, cuMemSetAccess, (CUdeviceptr)at, hs, &acc, 1);
-            if (cr == CUDA_SUCCESS) {
-                call = "cuMemRelease";
-                cr = FP_CU_UNDO(&p->ch.calls, cuMemRelease, h);
-                if (cr == CUDA_SUCCESS)
-                    h = 0;
-            }
-            if (cr != CUDA_SUCCESS)
-                FP_CU_UNDO(&p->ch.calls, cuMemUnmap, (CUdeviceptr)at, hs);
-        }
-        if (cr != CUDA_SUCCESS) {
-            if (h)
-                FP_CU_UNDO(&p->ch.calls, cuMemRelease, h);
+        if (cr != CUDA_SUCCESS)
             return fp_drv_error(cr, call, "mapping a host copy of %llu bytes for the offload; the pool stays awake",
                                 (unsigned long long)hs);
-        }
         e->host_va = at;
         e->host_size = hs;
         atomic_fetch_add(&p->sleep_host_bytes, hs);
