@@ -24,7 +24,7 @@
 
 #include "pagemap.h"
 #include "retire.h"
-#include "slab.h"
+#include "large.h"
 #include "usage.h"
 
 struct fp_trace;

@@ -93,28 +93,6 @@ unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, int g
  * freed without a thread cache), with 0 they are already set (a thread cache's blocks). */
 void fp_class_give(fp_heap *h, unsigned cls, const fp_item *items, unsigned n, int flag);
 
-/* The usable size of a block of `size` bytes above slab_max. */
-uint64_t fp_large_size(const fp_heap *h, uint64_t size);
-fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out);
-/* Frees the block above slab_max at addr (checked under the lock: interior and double frees are refused; fn
- * names the call in messages). */
-fabpool_status fp_large_free(fp_heap *h, uint64_t addr, const char *fn);
-/* FABPOOL_OK with *usable the block's size if addr is a live block above slab_max, else the errors of
- * fp_large_free; changes nothing. */
-fabpool_status fp_large_check(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable);
-/* A live block above slab_max freed on a stream: FP_LARGE_PENDING (live for the rest of the pool), *usable its
- * size.  The errors of fp_large_free otherwise. */
-fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable);
-/* A pending block given out again (FP_LARGE_LIVE). */
-void fp_large_unpend(fp_heap *h, uint64_t addr);
-/* The usable size of the live block above slab_max at addr; FABPOOL_ERR_NOT_FOUND (fn in the message, which
- * says whether addr is inside a block, in a block freed on a stream, or in free memory) if none starts there.
- * The _locked form with the pool lock held. */
-fabpool_status fp_large_usable(fp_heap *h, uint64_t addr, uint64_t *usable, const char *fn);
-fabpool_status fp_large_live_locked(fp_heap *h, uint64_t addr, uint64_t *usable, const char *fn);
-/* Live blocks above slab_max by the class of the grid their size falls in (counts[FP_NCLASS]).  Pool lock held. */
-void fp_heap_count_large(const fp_heap *h, uint64_t *counts);
-
 /* cuMemCreate / create + map of a chunk, with one trim and retry when the
  * device is out of memory.  Pool lock held. */
 fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAllocationHandle *out);
@@ -127,6 +105,11 @@ void fp_heap_count_oom_retry(fp_heap *h);
  * where that is needed) until at most keep bytes are idle, or nothing more
  * can go (a chunk that also holds part of a block stays).  Pool lock held. */
 void fp_heap_trim_locked(fp_heap *h, uint64_t keep);
+/* A block of n bytes (a multiple of the arena's quantum), its base a multiple of align, from arena a of the
+ * heap: the best fit, or a miss that grows the arena.  Pool lock held. */
+fp_piece *fp_heap_take(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st);
+/* The arenas' free bytes changed: the idle sum and its low-water mark follow.  Pool lock held. */
+void fp_heap_idle_follow(fp_heap *h);
 /* Idle memory: empty slabs and the arenas' free ranges.  No lock needed. */
 uint64_t fp_heap_idle(const fp_heap *h);
 /* Trims to the cache limit if idle memory is above it, and returns what
