@@ -45,13 +45,6 @@ static inline uint64_t fp_class_size(unsigned idx)
     return (1ull << (8 + g)) + (uint64_t)(k + 1) * (1ull << (6 + g));
 }
 
-/* Index of the largest class <= size (size >= 256). */
-static inline unsigned fp_class_floor(uint64_t size)
-{
-    unsigned i = fp_class_of(size);
-    return fp_class_size(i) > size ? i - 1 : i;
-}
-
 static inline uint64_t fp_round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
 /* Largest class <= x that is a multiple of `gran` (0 if none). */
