@@ -116,7 +116,7 @@ static fabpool_status ack_locked(fp_buffers *bs, struct fabpool_buffer *b, uint6
                         (unsigned long long)b->generation, (unsigned long long)b->exported_gen);
     if (generation > b->acked || generation == UINT64_MAX)
         b->acked = generation;
-    uint64_t held = atomic_load(&bs->ghost_bytes);
+    uint64_t held = atomic_load(&bs->held_for_peers_bytes);
     fp_chunk_tally t = fp_chunk_tally_begin();
     fabpool_status st = fp_collect_locked(bs, 0);
     t = fp_chunk_tally_end(t);
@@ -125,7 +125,7 @@ static fabpool_status ack_locked(fp_buffers *bs, struct fabpool_buffer *b, uint6
               (unsigned long long)b->base, (unsigned long long)b->uid, b->destroyed ? ", destroyed" : "",
               (unsigned long long)generation, generation == UINT64_MAX ? " (no peer left)" : "",
               (unsigned long long)t.bytes, (unsigned long long)t.chunks,
-              (unsigned long long)held, (unsigned long long)atomic_load(&bs->ghost_bytes));
+              (unsigned long long)held, (unsigned long long)atomic_load(&bs->held_for_peers_bytes));
     return st;
 }
 

@@ -1,7 +1,7 @@
 /* array.h - growable arrays of host metadata: an element pointer, a count
  * and a capacity, grown by doubling into fp_meta memory (or libc's, with
  * no arena).  The one growth rule for every array of lib/: the address
- * space's free ranges, the large chunks, a buffer's chunks and ghosts, a
+ * space's free ranges, the large chunks, a buffer's chunks and peer holds, a
  * view's chunks and the registry of live pools. */
 #ifndef FP_ARRAY_H
 #define FP_ARRAY_H

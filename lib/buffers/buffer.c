@@ -24,7 +24,7 @@ static void free_buffer(fp_buffers *bs, struct fabpool_buffer *b)
     FP_LIST_REMOVE(&bs->list, b, next, prev);
     fp_va_free(&bs->sp->va, b->base, b->window);
     FP_ARRAY_FREE(bs->sp->meta, b->chunks, b->cap);
-    FP_ARRAY_FREE(bs->sp->meta, b->ghosts, b->cap_ghosts);
+    FP_ARRAY_FREE(bs->sp->meta, b->peer_holds, b->cap_peer_holds);
     fp_meta_free(bs->sp->meta, b, sizeof *b);
 }
 
@@ -90,29 +90,29 @@ static fabpool_status pop_chunk(fp_buffers *bs, struct fabpool_buffer *b)
     return remove_chunk(bs, b, b->n - 1);
 }
 
-static fabpool_status ghost_add(fp_buffers *bs, struct fabpool_buffer *b, fp_ghost g)
+static fabpool_status peer_hold_add(fp_buffers *bs, struct fabpool_buffer *b, fp_peer_hold g)
 {
     fp_lock_assert_held(&bs->sp->lock);
-    if (FP_ARRAY_RESERVE(bs->sp->meta, b->ghosts, b->n_ghosts, b->cap_ghosts, b->n_ghosts + 1, 4) != 0)
+    if (FP_ARRAY_RESERVE(bs->sp->meta, b->peer_holds, b->n_peer_holds, b->cap_peer_holds, b->n_peer_holds + 1, 4) != 0)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's list of chunks its peers hold");
-    b->ghosts[b->n_ghosts++] = g;
-    atomic_fetch_add(&bs->ghost_bytes, g.size);
+    b->peer_holds[b->n_peer_holds++] = g;
+    atomic_fetch_add(&bs->held_for_peers_bytes, g.size);
     return FABPOOL_OK;
 }
 
-/* Releases the ghosts no peer can still import (all of them with all != 0). */
-static void ghosts_release(fp_buffers *bs, struct fabpool_buffer *b, int all)
+/* Releases the peer holds no peer can still import (all of them with all != 0). */
+static void peer_holds_release(fp_buffers *bs, struct fabpool_buffer *b, int all)
 {
     uint32_t w = 0;
-    for (uint32_t i = 0; i < b->n_ghosts; i++) {
-        fp_ghost *g = &b->ghosts[i];
+    for (uint32_t i = 0; i < b->n_peer_holds; i++) {
+        fp_peer_hold *g = &b->peer_holds[i];
         if ((all || !peers_may_hold(b, g->named, g->dropped)) && fp_chunk_release(bs->sp->ch, g->h) == CUDA_SUCCESS) {
-            atomic_fetch_sub(&bs->ghost_bytes, g->size);
+            atomic_fetch_sub(&bs->held_for_peers_bytes, g->size);
             continue;
         }
-        b->ghosts[w++] = *g;
+        b->peer_holds[w++] = *g;
     }
-    b->n_ghosts = w;
+    b->n_peer_holds = w;
 }
 
 /* Whether retired chunk c may be unmapped now: the GPU work of every stream
@@ -137,7 +137,7 @@ fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
     struct fabpool_buffer *b = bs->list, *next;
     for (; b; b = next) {
         next = b->next;
-        ghosts_release(bs, b, 0);
+        peer_holds_release(bs, b, 0);
         /* live chunks a grow took back while a stream's work may still use them: what is done is forgotten
          * (with wait, after waiting), so that a later unmap finds only what still runs */
         for (uint32_t i = 0; i < b->n; i++) {
@@ -165,7 +165,7 @@ fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
                     break;
             }
         }
-        if (b->destroyed && b->n == 0 && b->n_ghosts == 0)
+        if (b->destroyed && b->n == 0 && b->n_peer_holds == 0)
             free_buffer(bs, b);
     }
     return first;
@@ -269,15 +269,15 @@ static fabpool_status sync_stream(fp_buffers *bs, void *stream, const char *why)
  * 0 if no peer may (the caller releases h).  Its exported fd, if the pool
  * still holds one, is closed when the chunk is unmapped, as for any chunk
  * (fabpool.h). */
-static int ghost_keep(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, uint64_t dropped,
+static int peer_hold_keep(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, uint64_t dropped,
                       CUmemGenericAllocationHandle h)
 {
     fp_lock_assert_held(&bs->sp->lock);
     return peers_may_hold(b, c->named, dropped) &&
-           ghost_add(bs, b, (fp_ghost){h, c->size, c->named, dropped}) == FABPOOL_OK;
+           peer_hold_add(bs, b, (fp_peer_hold){h, c->size, c->named, dropped}) == FABPOOL_OK;
 }
 
-/* Moves chunk c's memory, dropped at generation `dropped`, to the ghosts
+/* Moves chunk c's memory, dropped at generation `dropped`, to the peer holds
  * when a peer may still import it, so that unmapping it here does not free
  * it. */
 static fabpool_status keep_for_peers(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, uint64_t dropped)
@@ -289,7 +289,7 @@ static fabpool_status keep_for_peers(fp_buffers *bs, struct fabpool_buffer *b, f
     fabpool_status st = fp_chunk_retain(bs->sp->ch, b->base + c->off, &h, "keeping a chunk its peers may import");
     if (st != FABPOOL_OK)
         return st;
-    if (!ghost_keep(bs, b, c, dropped, h)) {
+    if (!peer_hold_keep(bs, b, c, dropped, h)) {
         fp_chunk_release(bs->sp->ch, h);
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's list of chunks its peers hold");
     }
@@ -342,27 +342,27 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
 
     /* the chunks after j go: their memory first kept for the peers that may
      * still import it, so that a failure before the swap undoes everything */
-    uint32_t n0 = b->n_ghosts;
+    uint32_t n0 = b->n_peer_holds;
     for (uint32_t i = j + 1; i < b->n && st == FABPOOL_OK; i++)
         st = keep_for_peers(bs, b, &b->chunks[i], b->chunks[i].retiring ? b->chunks[i].drop_gen : drop_gen);
     if (st != FABPOOL_OK)
-        goto drop_ghosts;
+        goto drop_peer_holds;
 
     /* the swap */
     c = &b->chunks[j];
     uint64_t old = c->size;
     if ((st = fp_chunk_unmap(bs->sp->ch, at, old)) != FABPOOL_OK)
-        goto drop_ghosts;
+        goto drop_peer_holds;
     if ((st = fp_chunk_map_access(bs->sp->ch, at, rs, hn, "a shrunk buffer's smaller chunk")) != FABPOOL_OK) {
         if (fp_chunk_map_access(bs->sp->ch, at, old, ho, "a shrunk buffer's chunk, back") == FABPOOL_OK)
             fp_chunk_count_mapped(bs->sp->ch, at, old, "a shrunk buffer's chunk, back");
         else
             fp_error_append(" (the chunk could not be mapped back either: the buffer lost %llu bytes at offset %llu)",
                             (unsigned long long)old, (unsigned long long)c->off);
-        goto drop_ghosts;
+        goto drop_peer_holds;
     }
     fp_chunk_count_mapped(bs->sp->ch, at, rs, "a shrunk buffer's smaller chunk");
-    if (!ghost_keep(bs, b, c, drop_gen, ho)) /* the old memory, for the peers that may still import it */
+    if (!peer_hold_keep(bs, b, c, drop_gen, ho)) /* the old memory, for the peers that may still import it */
         fp_chunk_release(bs->sp->ch, ho);
     fp_bchunk_forget_export(bs, c);
     b->live -= old - rs;
@@ -387,11 +387,11 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
     /* a chunk that failed to unmap stays retired: fabpool_collect retries it */
     goto unmap_tmp;
 
-drop_ghosts:
-    while (b->n_ghosts > n0) {
-        fp_ghost *g = &b->ghosts[--b->n_ghosts];
+drop_peer_holds:
+    while (b->n_peer_holds > n0) {
+        fp_peer_hold *g = &b->peer_holds[--b->n_peer_holds];
         fp_chunk_release(bs->sp->ch, g->h);
-        atomic_fetch_sub(&bs->ghost_bytes, g->size);
+        atomic_fetch_sub(&bs->held_for_peers_bytes, g->size);
     }
     fp_chunk_release(bs->sp->ch, ho);
 unmap_tmp:
@@ -667,7 +667,7 @@ void fp_buffers_destroy(fp_buffers *bs)
             if (pop_chunk(bs, b) != FABPOOL_OK) {
                 b->n--; /* the driver refused: forget the chunk, the reservation goes next */
             }
-        ghosts_release(bs, b, 1);
+        peer_holds_release(bs, b, 1);
         free_buffer(bs, b);
     }
 }

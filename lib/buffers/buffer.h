@@ -1,10 +1,10 @@
 /* buffer.h - growable buffers: an address window of their own, chunks mapped
  * one behind the other, so the base address never changes.  Chunks a shrink
  * gives up retire until the GPU work that may use them is done; chunks an
- * exported buffer drops stay alive (ghosts) until the peers acknowledge.
+ * exported buffer drops stay alive (held for peers) until the peers acknowledge.
  *
  * Its chunks come from slab (with the OOM retry).  Counters it owns (written only here):
- * buffer bytes, mapped, count, retiring and ghost bytes.  Export (export.c)
+ * buffer bytes, mapped, count, retiring and held-for-peers bytes.  Export (export.c)
  * and dma-bufs (dmabuf.c) sit above it and read its structures.
  *
  * Locking: the pool lock (bs->sp->lock) guards every buffer and the list. */
@@ -41,11 +41,11 @@ typedef struct fp_bchunk {
  * window while peers may still import it: a retained handle keeps it alive
  * until the peers acknowledge the generation that dropped it (or a later
  * one). */
-typedef struct fp_ghost {
+typedef struct fp_peer_hold {
     CUmemGenericAllocationHandle h;
     uint64_t size, named;
     uint64_t dropped;                  /* the generation that took it out of the live chunks */
-} fp_ghost;
+} fp_peer_hold;
 
 /* The pool's buffers. */
 typedef struct fp_buffers {
@@ -57,7 +57,7 @@ typedef struct fp_buffers {
     uint64_t max_chunk;
     uint32_t max_waste_percent, shrink_hysteresis_percent;
     struct fabpool_buffer *list;
-    _Atomic uint64_t bytes, mapped, count, retiring_bytes, ghost_bytes;
+    _Atomic uint64_t bytes, mapped, count, retiring_bytes, held_for_peers_bytes;
 } fp_buffers;
 
 struct fabpool_buffer {
@@ -75,14 +75,14 @@ struct fabpool_buffer {
     int shared;                        /* exported at least once: dropped chunks wait for the peers */
     uint64_t acked;                    /* every peer has applied this generation */
     uint64_t exported_gen;             /* the generation of the last descriptor written */
-    fp_ghost *ghosts;
-    uint32_t n_ghosts;
-    size_t cap_ghosts;
+    fp_peer_hold *peer_holds;
+    uint32_t n_peer_holds;
+    size_t cap_peer_holds;
     uint64_t uid;                      /* names the buffer in descriptors */
 };
 
 void fp_buffers_init(fp_buffers *bs, fp_heap *heap, fp_retire *retire, const fabpool_options *o);
-/* Pool destroy: unmaps and frees every buffer, ghosts released.  Pool lock
+/* Pool destroy: unmaps and frees every buffer, peer holds released.  Pool lock
  * held (each function that needs it asserts it: lock.h). */
 void fp_buffers_destroy(fp_buffers *bs);
 

@@ -640,13 +640,13 @@ static fabpool_status check_kept(walk *w, uint64_t *fds)
 static fabpool_status check_buffers(walk *w)
 {
     struct fabpool *p = w->p;
-    uint64_t bytes = 0, mapped = 0, retiring = 0, count = 0, ghosts = 0, fds = 0;
+    uint64_t bytes = 0, mapped = 0, retiring = 0, count = 0, held = 0, fds = 0;
     const struct fabpool_buffer *pv = NULL;
     for (const struct fabpool_buffer *b = p->bufs.list; b; pv = b, b = b->next) {
         if (b->prev != pv || b->owner != &p->bufs)
             return FAIL("[buffer.list] buffer 0x%llx: its back link or its pool is wrong", ULL(b->base));
         if (!b->window || ((b->base - p->sp.va.base) | b->window) & (p->sp.gran - 1) || b->n > b->cap ||
-            b->n_ghosts > b->cap_ghosts)
+            b->n_peer_holds > b->cap_peer_holds)
             return FAIL("[buffer.window] buffer 0x%llx: window of %llu bytes not in whole granules, or %u chunks in a "
                         "list of %zu", ULL(b->base), ULL(b->window), b->n, b->cap);
         uint64_t live = 0, all = 0, end = 0;
@@ -686,8 +686,8 @@ static fabpool_status check_buffers(walk *w)
         if (b->destroyed ? b->size != 0 || b->live != 0 : b->size > b->live)
             return FAIL("[buffer.size] buffer 0x%llx%s: size %llu with %llu bytes live", ULL(b->base),
                         b->destroyed ? " (destroyed)" : "", ULL(b->size), ULL(b->live));
-        for (uint32_t i = 0; i < b->n_ghosts; i++)
-            ghosts += b->ghosts[i].size;
+        for (uint32_t i = 0; i < b->n_peer_holds; i++)
+            held += b->peer_holds[i].size;
         bytes += b->size;
         mapped += b->mapped;
         retiring += b->mapped - b->live;
@@ -704,7 +704,7 @@ static fabpool_status check_buffers(walk *w)
     } sums[] = {
         {"buffer_bytes", bytes, atomic_load(&p->bufs.bytes)},   {"buffer_mapped", mapped, atomic_load(&p->bufs.mapped)},
         {"retiring_bytes", retiring, atomic_load(&p->bufs.retiring_bytes)}, {"buffer_count", count, atomic_load(&p->bufs.count)},
-        {"ghost_bytes", ghosts, atomic_load(&p->bufs.ghost_bytes)},   {"exported_fds", fds, atomic_load(&p->ch.exported_fds)},
+        {"held_for_peers_bytes", held, atomic_load(&p->bufs.held_for_peers_bytes)},   {"exported_fds", fds, atomic_load(&p->ch.exported_fds)},
     };
     for (size_t i = 0; i < sizeof sums / sizeof *sums; i++)
         if (sums[i].walk != sums[i].stat)

@@ -482,7 +482,7 @@ static fabpool_status sleep_refused_locked(struct fabpool *p)
     if (fp_chunks_asleep(&p->ch))
         return fp_error(FABPOOL_ERR_ASLEEP, "fabpool_sleep: the pool is already asleep; call fabpool_wake first");
     for (struct fabpool_buffer *b = p->bufs.list; b; b = b->next)
-        if (b->n_ghosts || (b->shared && b->acked != UINT64_MAX))
+        if (b->n_peer_holds || (b->shared && b->acked != UINT64_MAX))
             return fp_error(FABPOOL_ERR_BUSY, "fabpool_sleep: the buffer at 0x%llx (export id 0x%llx%s) was exported "
                             "and its peers may still map it: their views would read memory that sleep takes away. "
                             "Close the views, call fabpool_buffer_peers_ack (or fabpool_peers_ack) with UINT64_MAX, "

@@ -96,7 +96,7 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
     s->stream_pending_bytes = ld(&p->retire.pending_bytes);
     s->stream_pending_blocks = ld(&p->retire.pending_blocks);
     s->view_bytes = ld(&p->views.bytes);
-    s->held_for_peers_bytes = ld(&p->bufs.ghost_bytes);
+    s->held_for_peers_bytes = ld(&p->bufs.held_for_peers_bytes);
     uint64_t held = s->in_use_bytes + s->retiring_bytes + s->view_bytes;
     s->cached_bytes = s->mapped_bytes > held ? s->mapped_bytes - held : 0;
     s->buffers = ld(&p->bufs.count);
