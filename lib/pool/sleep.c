@@ -38,44 +38,8 @@
 
 #include "error.h"
 #include "pool.h"
+#include "host_copy.h"
 #include "sleep.h"
-#include "vmm.h"
-
-struct fp_sleep {
-    fp_slept *e;
-    size_t n;
-    uint64_t stage_va, stage_size;   /* the reservation the host copies are mapped in (0: none) */
-    int retry;                       /* a wake failed part way: copies may be queued on another stream */
-};
-
-/* Host copies kept from the last wake: pieces mapped in one reservation. */
-typedef struct fp_hpiece {
-    uint64_t va, size;
-    int used;
-} fp_hpiece;
-
-struct fp_host_cache {
-    uint64_t stage_va, stage_size;
-    fp_hpiece *pc;
-    size_t n;
-};
-
-static void human(char *buf, size_t n, uint64_t b)
-{
-    if (b >= (1ull << 30))
-        snprintf(buf, n, "%.2f GiB", (double)b / (double)(1ull << 30));
-    else
-        snprintf(buf, n, "%.2f MiB", (double)b / (double)(1ull << 20));
-}
-
-/* Waits for the GPU work on `stream` (NULL: the whole context). */
-static fabpool_status sync_on(struct fabpool *p, void *stream, const char *why)
-{
-    CUresult r = stream ? FP_CU(&p->ch.calls, cuStreamSynchronize, (CUstream)stream) : FP_CU(&p->ch.calls, cuCtxSynchronize);
-    if (r != CUDA_SUCCESS)
-        return fp_drv_error(r, stream ? "cuStreamSynchronize" : "cuCtxSynchronize", "waiting for GPU work %s", why);
-    return FABPOOL_OK;
-}
 
 static int by_va(const void *a, const void *b)
 {
@@ -144,262 +108,10 @@ static struct fp_sleep *record_new(struct fabpool *p, fabpool_sleep_mode mode, f
     return r;
 }
 
-/* Unmaps one host copy (*va becomes 0) and counts it out.  A refusal of the
- * driver (tried twice) leaves it, and the first one goes into *st.  `what`
- * names it in the message. */
-static void host_piece_free(struct fabpool *p, uint64_t *va, uint64_t size, const char *what, fabpool_status *st)
-{
-    if (!*va)
-        return;
-    CUresult cr = fp_vmm_unmap(&p->ch, *va, size);
-    if (cr != CUDA_SUCCESS) {
-        if (*st == FABPOOL_OK)
-            *st = fp_drv_error(cr, "cuMemUnmap", "freeing %s (%llu bytes at 0x%llx) (tried twice)", what,
-                               (unsigned long long)size, (unsigned long long)*va);
-        return;
-    }
-    atomic_fetch_sub(&p->sleep_host_bytes, size);
-    atomic_fetch_sub(&p->sleep_host_copies, 1);
-    *va = 0;
-}
-
-/* Frees the reservation the host copies were mapped in (*va becomes 0), once
- * none is left in it. */
-static fabpool_status host_range_free(struct fabpool *p, uint64_t *va, uint64_t size, const char *what)
-{
-    if (!*va)
-        return FABPOOL_OK;
-    CUresult cr = fp_vmm_unreserve(&p->ch, *va, size);
-    if (cr != CUDA_SUCCESS)
-        return fp_drv_error(cr, "cuMemAddressFree", "freeing the address range of %s (%llu bytes) (tried twice)",
-                            what, (unsigned long long)size);
-    *va = 0;
-    return FABPOOL_OK;
-}
-
-/* Unmaps the host copies and frees their reservation; idempotent, so that a
- * failure can be retried.  Pool lock held. */
-static fabpool_status host_release(struct fabpool *p, struct fp_sleep *r)
-{
-    fabpool_status st = FABPOOL_OK;
-    for (size_t i = 0; i < r->n; i++)
-        host_piece_free(p, &r->e[i].host_va, r->e[i].host_size, "the host copy of a chunk", &st);
-    return st != FABPOOL_OK ? st : host_range_free(p, &r->stage_va, r->stage_size, "the host copies");
-}
-
 static void record_free(struct fabpool *p, struct fp_sleep *r)
 {
     fp_meta_free(&p->meta, r->e, r->n * sizeof *r->e);
     fp_meta_free(&p->meta, r, sizeof *r);
-}
-
-static void cache_free_meta(struct fabpool *p, struct fp_host_cache *c)
-{
-    fp_meta_free(&p->meta, c->pc, c->n * sizeof *c->pc);
-    fp_meta_free(&p->meta, c, sizeof *c);
-}
-
-/* Frees the kept host copies: unmaps every piece, frees the reservation.
- * What the driver refuses to unmap (twice) stays in the cache, and the
- * status says so.  Pool lock held. */
-static fabpool_status cache_release(struct fabpool *p)
-{
-    struct fp_host_cache *c = p->host_cache;
-    if (!c)
-        return FABPOOL_OK;
-    fabpool_status st = FABPOOL_OK;
-    for (size_t i = 0; i < c->n; i++)
-        host_piece_free(p, &c->pc[i].va, c->pc[i].size, "a kept host copy", &st);
-    /* where a piece stays, the reservation stays for it; a later call tries again */
-    if (st != FABPOOL_OK ||
-        (st = host_range_free(p, &c->stage_va, c->stage_size, "the kept host copies")) != FABPOOL_OK)
-        return st;
-    cache_free_meta(p, c);
-    p->host_cache = NULL;
-    return FABPOOL_OK;
-}
-
-/* The kept host copies for the chunks of r marked `copy`, if every one finds
- * an unused piece of its size (rounded to hg) and none is left over: then
- * each such chunk gets its piece (host_va), r takes the reservation, and the
- * cache is gone (1).  0: they do not fit, nothing changed.  Pool lock held. */
-static int cache_take(struct fabpool *p, struct fp_sleep *r, size_t hg)
-{
-    struct fp_host_cache *c = p->host_cache;
-    size_t need = 0;
-    for (size_t i = 0; i < r->n; i++)
-        need += r->e[i].copy;
-    if (!c || need != c->n || !need)
-        return 0;
-    for (size_t k = 0; k < c->n; k++) {
-        if (!c->pc[k].va)
-            return 0; /* a piece an earlier release could not free: made anew */
-        c->pc[k].used = 0;
-    }
-    size_t k0 = 0; /* pieces are kept in the order of the chunks that used them: a repeat finds them in turn */
-    for (size_t i = 0; i < r->n; i++) {
-        fp_slept *e = &r->e[i];
-        if (!e->copy)
-            continue;
-        uint64_t hs = fp_round_up(e->size, hg);
-        size_t k = k0 < c->n && !c->pc[k0].used && c->pc[k0].size == hs ? k0 : c->n;
-        for (size_t j = 0; k == c->n && j < c->n; j++)
-            if (!c->pc[j].used && c->pc[j].size == hs)
-                k = j;
-        if (k == c->n) {
-            for (size_t j = 0; j < r->n; j++)
-                r->e[j].host_va = r->e[j].host_size = 0;
-            return 0;
-        }
-        c->pc[k].used = 1;
-        e->host_va = c->pc[k].va;
-        e->host_size = hs;
-        k0 = k + 1;
-    }
-    r->stage_va = c->stage_va;
-    r->stage_size = c->stage_size;
-    cache_free_meta(p, c);
-    p->host_cache = NULL;
-    return 1;
-}
-
-/* Wake with sleep_keep_host: the host copies of r become the cache instead
- * of being freed (a cache from an earlier sleep, which a sleep with offload
- * has used or freed already, is freed first).  Where r has no copies (a
- * discard) an earlier cache stays; where there is no host memory for the
- * list, r's copies are freed as without the option.  Pool lock held. */
-static fabpool_status host_keep(struct fabpool *p, struct fp_sleep *r)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < r->n; i++)
-        n += r->e[i].host_va != 0;
-    if (!n || !r->stage_va) /* nothing to keep (a discard): a cache from before stays as it is */
-        return host_release(p, r);
-    fabpool_status st = cache_release(p);
-    if (st != FABPOOL_OK)
-        return st;
-    struct fp_host_cache *c = fp_meta_alloc(&p->meta, sizeof *c);
-    fp_hpiece *pc = c ? fp_meta_alloc(&p->meta, n * sizeof *pc) : NULL;
-    if (!pc) {
-        if (c)
-            fp_meta_free(&p->meta, c, sizeof *c);
-        return host_release(p, r);
-    }
-    size_t k = 0;
-    for (size_t i = 0; i < r->n; i++) {
-        fp_slept *e = &r->e[i];
-        if (!e->host_va)
-            continue;
-        pc[k++] = (fp_hpiece){e->host_va, e->host_size, 0};
-        e->host_va = e->host_size = 0;
-    }
-    c->pc = pc;
-    c->n = n;
-    c->stage_va = r->stage_va;
-    c->stage_size = r->stage_size;
-    r->stage_va = r->stage_size = 0;
-    p->host_cache = c;
-    return FABPOOL_OK;
-}
-
-/* Pinned host memory next to the pool's device, as VMM memory. */
-static CUmemAllocationProp host_prop(struct fabpool *p)
-{
-    int numa = -1;
-    if (FP_CU(&p->ch.calls, cuDeviceGetAttribute, &numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, p->ch.dev) != CUDA_SUCCESS ||
-        numa < 0)
-        numa = 0;
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-    prop.location.id = numa;
-    return prop;
-}
-
-/* Copies every chunk marked `copy` into host memory of its own, on stream,
- * and waits for the copies.  On failure the caller frees what was made
- * (host_release).  Pool lock held, context current. */
-static fabpool_status offload(struct fabpool *p, struct fp_sleep *r, void *stream)
-{
-    CUmemAllocationProp hp = host_prop(p);
-    size_t hg = 0;
-    CUresult cr = FP_CU(&p->ch.calls, cuMemGetAllocationGranularity, &hg, &hp, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-    if (cr != CUDA_SUCCESS)
-        return fp_drv_error(cr, "cuMemGetAllocationGranularity", "asking the granularity of host NUMA memory (node "
-                            "%d) for the offload; the pool stays awake", hp.location.id);
-    if (hg == 0 || (hg & (hg - 1)))
-        return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "fabpool_sleep: the driver's host memory granularity %zu is not a "
-                        "power of two; sleep with FABPOOL_SLEEP_DISCARD", hg);
-    uint64_t total = 0;
-    for (size_t i = 0; i < r->n; i++)
-        if (r->e[i].copy)
-            total += fp_round_up(r->e[i].size, hg);
-    if (!total)
-        return FABPOOL_OK;
-    if (cache_take(p, r, hg)) { /* the copies kept from the last wake: no host memory to make */
-        for (size_t i = 0; i < r->n; i++) {
-            fp_slept *e = &r->e[i];
-            if (!e->copy)
-                continue;
-            cr = FP_CU(&p->ch.calls, cuMemcpyDtoDAsync, (CUdeviceptr)e->host_va, (CUdeviceptr)e->va, e->size,
-                       (CUstream)stream);
-            if (cr != CUDA_SUCCESS)
-                return fp_drv_error(cr, "cuMemcpyDtoDAsync", "copying a chunk of %llu bytes at 0x%llx to host memory "
-                                    "kept from the last wake; the pool stays awake", (unsigned long long)e->size,
-                                    (unsigned long long)e->va);
-        }
-        fabpool_status sst = sync_on(p, stream, "copying the pool's memory to host memory (the pool stays awake)");
-        if (sst == FABPOOL_OK)
-            atomic_store(&p->sleep_host_reused, total);
-        return sst;
-    }
-    fabpool_status cst = cache_release(p); /* they do not fit: made anew */
-    if (cst != FABPOOL_OK) {
-        fp_error_append(" (fabpool_sleep: the pool stays awake)");
-        return cst;
-    }
-    uint64_t va = 0;
-    cr = fp_vmm_reserve(&p->ch, total, hg, &va);
-    if (cr != CUDA_SUCCESS)
-        return fp_drv_error(cr, "cuMemAddressReserve", "reserving %llu bytes of address space for the host copies; "
-                            "the pool stays awake", (unsigned long long)total);
-    r->stage_va = va;
-    r->stage_size = total;
-    uint64_t at = va;
-    for (size_t i = 0; i < r->n; i++) {
-        fp_slept *e = &r->e[i];
-        if (!e->copy)
-            continue;
-        uint64_t hs = fp_round_up(e->size, hg);
-        const char *call = NULL;
-        cr = fp_vmm_map_new(&p->ch, at, hs, &hp, &call);
-        if (cr != CUDA_SUCCESS && !strcmp(call, "cuMemCreate")) {
-            char a[32], t[32];
-            human(a, sizeof a, hs);
-            human(t, sizeof t, total);
-            if (cr == CUDA_ERROR_OUT_OF_MEMORY)
-                return fp_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_sleep: cuMemCreate of %s of pinned host memory "
-                                "(NUMA node %d) failed with CUDA_ERROR_OUT_OF_MEMORY, %s in all were needed for the "
-                                "offload; the pool stays awake and nothing changed. Free host memory, or sleep "
-                                "with FABPOOL_SLEEP_DISCARD", a, hp.location.id, t);
-            return fp_drv_error(cr, "cuMemCreate", "creating %s of pinned host memory (NUMA node %d) for the "
-                                "offload; the pool stays awake", a, hp.location.id);
-        }
-        if (cr != CUDA_SUCCESS)
-            return fp_drv_error(cr, call, "mapping a host copy of %llu bytes for the offload; the pool stays awake",
-                                (unsigned long long)hs);
-        e->host_va = at;
-        e->host_size = hs;
-        atomic_fetch_add(&p->sleep_host_bytes, hs);
-        atomic_fetch_add(&p->sleep_host_copies, 1);
-        cr = FP_CU(&p->ch.calls, cuMemcpyDtoDAsync, (CUdeviceptr)at, (CUdeviceptr)e->va, e->size, (CUstream)stream);
-        if (cr != CUDA_SUCCESS)
-            return fp_drv_error(cr, "cuMemcpyDtoDAsync", "copying a chunk of %llu bytes at 0x%llx to host memory; "
-                                "the pool stays awake", (unsigned long long)e->size, (unsigned long long)e->va);
-        at += hs;
-    }
-    return sync_on(p, stream, "copying the pool's memory to host memory (the pool stays awake)");
 }
 
 /* Maps every sleeping chunk again, restores its copy, and frees the copies
@@ -454,10 +166,10 @@ static fabpool_status wake_locked(struct fabpool *p, void *stream)
         done++;
     }
     if (st == FABPOOL_OK)
-        st = r->retry ? sync_on(p, NULL, "restoring the offloaded contents")
-                      : sync_on(p, stream, "restoring the offloaded contents");
+        st = r->retry ? fp_sleep_sync(p, NULL, "restoring the offloaded contents")
+                      : fp_sleep_sync(p, stream, "restoring the offloaded contents");
     if (st == FABPOOL_OK)
-        st = p->opt.sleep_keep_host ? host_keep(p, r) : host_release(p, r);
+        st = p->opt.sleep_keep_host ? fp_host_keep(p, r) : fp_host_release(p, r);
     if (st != FABPOOL_OK) {
         r->retry = 1;
         fp_error_append(" (fabpool_wake: %zu of %zu chunks were mapped again; the pool stays asleep and keeps the "
@@ -488,6 +200,54 @@ static fabpool_status sleep_refused_locked(struct fabpool *p)
                             "Close the views, call fabpool_buffer_peers_ack (or fabpool_peers_ack) with UINT64_MAX, "
                             "then sleep; nothing changed", (unsigned long long)b->base, (unsigned long long)b->uid,
                             b->destroyed ? ", destroyed" : "");
+    return FABPOOL_OK;
+}
+
+/* Unmaps every chunk of record r (set as the pool's), counting what was
+ * offloaded and what discarded; a chunk the driver refuses to unmap wakes
+ * the pool again (a rollback, not a wake).  Pool lock held, context
+ * current. */
+static fabpool_status unmap_recorded(struct fabpool *p, struct fp_sleep *r, fabpool_sleep_mode mode, void *stream)
+{
+    fabpool_status st = FABPOOL_OK;
+    uint64_t off = 0, drop = 0;
+    set_record(p, r);
+    for (size_t i = 0; i < r->n; i++) {
+        fp_slept *e = &r->e[i];
+        if (e->buf) {
+            fp_bchunk *c = buffer_chunk(e->buf, e->va);
+            if (c) /* an exported fd the pool holds would keep the memory */
+                fp_bchunk_forget_export(&p->bufs, c);
+        }
+        if ((st = fp_chunk_unmap(&p->ch, e->va, e->size)) != FABPOOL_OK) {
+            fp_error_append(" to put it to sleep (tried twice)");
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", fabpool_last_error());
+            fabpool_status wst = wake_locked(p, stream);
+            if (wst == FABPOOL_OK) {
+                atomic_fetch_sub(&p->wakes, 1); /* a rollback, not a wake */
+                st = fp_error(st, "%s; the chunks already unmapped were mapped again%s: the pool is awake", msg,
+                              mode == FABPOOL_SLEEP_OFFLOAD ? " with their contents" : "");
+            } else
+                fp_error_append(" (after: %s)", msg);
+            return st;
+        }
+        e->state = FP_SL_ASLEEP; /* fp_chunk_unmap counted it */
+        if (e->host_va)
+            off += e->size;
+        else
+            drop += e->size;
+    }
+    atomic_store(&p->sleep_offloaded, off);
+    atomic_store(&p->sleep_discarded, drop);
+    atomic_store(&p->sleep_mode, (int)mode);
+    atomic_fetch_add(&p->sleeps, 1);
+    FP_LOG_CH(FP_LOG_INFO, &p->ch, "sleep (%s): %llu bytes offloaded to host memory, %llu discarded; %llu bytes of "
+              "pinned host memory held (%llu of them reused from the last wake); the pool maps %llu",
+              mode == FABPOOL_SLEEP_OFFLOAD ? "offload" : "discard", (unsigned long long)off,
+              (unsigned long long)drop, (unsigned long long)atomic_load(&p->sleep_host_bytes),
+              (unsigned long long)atomic_load(&p->sleep_host_reused), (unsigned long long)atomic_load(&p->ch.mapped_bytes));
+    fp_error_clear();
     return FABPOOL_OK;
 }
 
@@ -522,7 +282,7 @@ fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream
         fp_unlock(&p->sp.lock);
         return st;
     }
-    if ((st = sync_on(p, stream, "before the pool goes to sleep (nothing changed)")) != FABPOOL_OK)
+    if ((st = fp_sleep_sync(p, stream, "before the pool goes to sleep (nothing changed)")) != FABPOOL_OK)
         goto out;
     /* from here on every thread cache misses, allocation fails */
     set_asleep(p, 1);
@@ -536,54 +296,17 @@ fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream
     if (!(r = record_new(p, mode, &st)))
         goto awake;
     atomic_store(&p->sleep_host_reused, 0);
-    if (mode == FABPOOL_SLEEP_OFFLOAD && (st = offload(p, r, stream)) != FABPOOL_OK) {
+    if (mode == FABPOOL_SLEEP_OFFLOAD && (st = fp_host_offload(p, r, stream)) != FABPOOL_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", fabpool_last_error());
-        if (host_release(p, r) == FABPOOL_OK)
+        if (fp_host_release(p, r) == FABPOOL_OK)
             record_free(p, r);
         /* else: the host copies that could not be unmapped stay mapped, in a record no one frees (the
          * driver refused twice: nothing better to do) */
         st = fp_error(st, "%s", msg);
         goto awake;
     }
-    uint64_t off = 0, drop = 0;
-    set_record(p, r);
-    for (size_t i = 0; i < r->n; i++) {
-        fp_slept *e = &r->e[i];
-        if (e->buf) {
-            fp_bchunk *c = buffer_chunk(e->buf, e->va);
-            if (c) /* an exported fd the pool holds would keep the memory */
-                fp_bchunk_forget_export(&p->bufs, c);
-        }
-        if ((st = fp_chunk_unmap(&p->ch, e->va, e->size)) != FABPOOL_OK) {
-            fp_error_append(" to put it to sleep (tried twice)");
-            char msg[1024];
-            snprintf(msg, sizeof msg, "%s", fabpool_last_error());
-            fabpool_status wst = wake_locked(p, stream);
-            if (wst == FABPOOL_OK) {
-                atomic_fetch_sub(&p->wakes, 1); /* a rollback, not a wake */
-                st = fp_error(st, "%s; the chunks already unmapped were mapped again%s: the pool is awake", msg,
-                              mode == FABPOOL_SLEEP_OFFLOAD ? " with their contents" : "");
-            } else
-                fp_error_append(" (after: %s)", msg);
-            goto out;
-        }
-        e->state = FP_SL_ASLEEP; /* fp_chunk_unmap counted it */
-        if (e->host_va)
-            off += e->size;
-        else
-            drop += e->size;
-    }
-    atomic_store(&p->sleep_offloaded, off);
-    atomic_store(&p->sleep_discarded, drop);
-    atomic_store(&p->sleep_mode, (int)mode);
-    atomic_fetch_add(&p->sleeps, 1);
-    FP_LOG_CH(FP_LOG_INFO, &p->ch, "sleep (%s): %llu bytes offloaded to host memory, %llu discarded; %llu bytes of "
-              "pinned host memory held (%llu of them reused from the last wake); the pool maps %llu",
-              mode == FABPOOL_SLEEP_OFFLOAD ? "offload" : "discard", (unsigned long long)off,
-              (unsigned long long)drop, (unsigned long long)atomic_load(&p->sleep_host_bytes),
-              (unsigned long long)atomic_load(&p->sleep_host_reused), (unsigned long long)atomic_load(&p->ch.mapped_bytes));
-    fp_error_clear();
+    st = unmap_recorded(p, r, mode, stream);
     goto out;
 awake:
     set_asleep(p, 0);
@@ -643,17 +366,17 @@ fabpool_status fabpool_sleep_state(fabpool_t *p, fabpool_sleep_info *out)
 fabpool_status fp_sleep_host_trim(struct fabpool *p)
 {
     fp_lock_assert_held(&p->sp.lock);
-    return cache_release(p);
+    return fp_host_cache_release(p);
 }
 
 void fp_sleep_free(struct fabpool *p)
 {
-    cache_release(p);
+    fp_host_cache_release(p);
     struct fp_sleep *r = p->sleep;
     if (!r)
         return;
     set_record(p, NULL);
-    if (host_release(p, r) == FABPOOL_OK)
+    if (fp_host_release(p, r) == FABPOOL_OK)
         record_free(p, r);
 }
 
