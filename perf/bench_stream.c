@@ -20,7 +20,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../lib/json.h"
+#include "../lib/base/json.h"
 #include "cli.h"
 #include "fabpool.h"
 

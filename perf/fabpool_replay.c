@@ -81,7 +81,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../lib/json.h"
+#include "../lib/base/json.h"
 #include "cli.h"
 #include "fabpool.h"
 #include "trace_file.h"

@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../lib/json.h"
+#include "../lib/base/json.h"
 #include "cli.h"
 #include "trace_file.h"
 #include "trace_viz.h"

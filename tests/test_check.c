@@ -299,7 +299,7 @@ static void break_buffer(fabpool_t *p, fabpool_buffer_t *b)
     b->chunks[0].retiring = 0;
 
     _Atomic uint64_t *stats[] = {&p->bufs.bytes, &p->bufs.mapped, &p->bufs.retiring_bytes, &p->bufs.count,
-                                 &p->bufs.ghost_bytes, &p->ch.exported_fds};
+                                 &p->bufs.held_for_peers_bytes, &p->ch.exported_fds};
     for (size_t i = 0; i < sizeof stats / sizeof *stats; i++) {
         atomic_fetch_add(stats[i], 1);
         expect_broken(p, "[buffer.stats]", "a buffer counter");

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """layercheck: lib/ as a stack of layers, checked.
 
-Reads lib/LAYERS (one line per layer, bottom first: `name: stem stem ...`; a
-stem is a file name without .c/.h; `callback: function reason` lines name the
+Each folder of lib/ is a layer; lib/LAYERS gives their order, bottom first
+(`order: folder folder ...`; `callback: function reason` lines name the
 function pointers that lib/ keeps on purpose; `tools: stem reason` lines name
-the headers that adapters/ and perf/ may include too) and builds the graph of lib/'s
-includes and function references (calls, and addresses taken) from the
-sources, comments and strings stripped.  It fails when
-  - a lib file is not listed, or listed twice, or LAYERS names a missing stem;
+the headers that adapters/ and perf/ may include too).  A file's layer is its
+folder.  It builds the graph of lib/'s includes and function references
+(calls, and addresses taken) from the sources, comments and strings
+stripped, and fails when
+  - a lib file lies outside a layer folder, a folder is not in the order (or
+    the order names a missing folder), or two files share a name (lib files
+    include each other by bare name);
   - a file includes a lib header, or references a function defined in a lib
     file, of a higher layer;
   - the files of one layer reach each other in a circle;
@@ -62,6 +65,7 @@ def strip_c(text):
 
 
 def parse_layers(path, tools=None):
+    """The layers' names bottom first, the callbacks, errors."""
     layers, callbacks, errors = [], {}, []
     with open(path) as f:
         for ln, line in enumerate(f, 1):
@@ -87,12 +91,52 @@ def parse_layers(path, tools=None):
                 elif tools is not None:
                     tools[parts[0]] = parts[1]
                 continue
-            layers.append((name, rest.split()))
+            if name == "order":
+                layers += rest.split()
+                continue
+            errors.append(f"{path}:{ln}: '{name}:' is not a line of LAYERS (a layer is a folder of lib/; "
+                          "'order:' lists them)")
     return layers, callbacks, errors
 
 
-def lib_files(lib):
-    return sorted(f for f in os.listdir(lib) if f.endswith((".c", ".h")))
+def layout(lib, order):
+    """[(layer, [stem ...])] bottom first, {file name: path under lib}, errors."""
+    errors, layers, where = [], [], {}
+    for e in sorted(os.listdir(lib)):
+        if e == "LAYERS":
+            continue
+        if not os.path.isdir(os.path.join(lib, e)):
+            errors.append(f"lib/{e} lies outside a layer folder: move it into the folder of its layer")
+        elif e not in order:
+            errors.append(f"lib/{e}/ is not in lib/LAYERS' order: add it where its layer stands")
+    for name in order:
+        d = os.path.join(lib, name)
+        if not os.path.isdir(d):
+            errors.append(f"lib/LAYERS names the layer '{name}', which has no folder lib/{name}/")
+            layers.append((name, []))
+            continue
+        stems = []
+        for f in sorted(os.listdir(d)):
+            if not f.endswith((".c", ".h")):
+                continue
+            if f in where:
+                errors.append(f"lib/{name}/{f} and lib/{where[f]} share a name: lib files include each "
+                              "other by name, so each name is one file")
+                continue
+            where[f] = f"{name}/{f}"
+            if stem(f) not in stems:
+                stems.append(stem(f))
+        layers.append((name, stems))
+    return layers, where, errors
+
+
+def lib_path(root, s, ext):
+    """lib/<layer>/<s><ext> under root, or None."""
+    lib = os.path.join(root, "lib")
+    for d in sorted(os.listdir(lib)):
+        if os.path.exists(os.path.join(lib, d, s + ext)):
+            return f"lib/{d}/{s}{ext}"
+    return None
 
 
 def stem(f):
@@ -128,20 +172,17 @@ def check(root, verbose=False):
     if not os.path.exists(layers_path):
         return ["lib/LAYERS is missing: it lists lib/'s layers, bottom first"]
     tools = {}
-    layers, callbacks, errs = parse_layers(layers_path, tools)
+    order, callbacks, errs = parse_layers(layers_path, tools)
+    errors += errs
+    if not order:
+        errors.append("lib/LAYERS has no 'order:' line: it lists the layer folders, bottom first")
+    layers, where, errs = layout(lib, order)
     errors += errs
     level, layer_of = {}, {}
     for i, (name, stems) in enumerate(layers):
         for s in stems:
-            if s in level:
-                errors.append(f"lib/LAYERS: '{s}' is listed twice (layers {layer_of[s]} and {name})")
             level[s], layer_of[s] = i, name
-    files = lib_files(lib)
-    stems_present = {stem(f) for f in files}
-    for s in sorted(stems_present - set(level)):
-        errors.append(f"lib/{s}.c/.h is in no layer of lib/LAYERS: add it to the layer it belongs to")
-    for s in sorted(set(level) - stems_present):
-        errors.append(f"lib/LAYERS names '{s}', which has no file in lib/")
+    files = sorted(where.values())
 
     raw = {f: open(os.path.join(lib, f), encoding="utf-8", errors="replace").read() for f in files}
     src = {f: strip_c(t) for f, t in raw.items()}
@@ -171,7 +212,7 @@ def check(root, verbose=False):
         a = stem(f)
         for m in re.finditer(r'^\s*#\s*include\s+"([^"]+)"', raw[f], re.M):
             inc = os.path.basename(m.group(1))
-            if inc in raw and stem(inc) in level:
+            if inc in where and stem(inc) in level:
                 add_edge(a, stem(inc), f"#include \"{inc}\"")
         s = src[f]
         # a function's own definitions and declarations name it without calling
@@ -238,16 +279,16 @@ def check(root, verbose=False):
 
     # the tools headers stand alone: header only, no lib header included
     for s in sorted(tools):
-        h = os.path.join(lib, s + ".h")
-        if not os.path.exists(h) or os.path.exists(os.path.join(lib, s + ".c")):
-            errors.append(f"lib/LAYERS: tools header '{s}' must be lib/{s}.h alone (no lib/{s}.c)")
+        if s + ".h" not in where or s + ".c" in where:
+            errors.append(f"lib/LAYERS: tools header '{s}' must be a lib {s}.h alone (no {s}.c)")
             continue
+        h = os.path.join(lib, where[s + ".h"])
         for m in re.finditer(r'^\s*#\s*include\s*"([^"]+)"', open(h).read(), re.M):
-            if os.path.exists(os.path.join(lib, os.path.basename(m.group(1)))):
-                errors.append(f"lib/{s}.h: a tools header includes lib/{os.path.basename(m.group(1))}; it must "
+            if os.path.basename(m.group(1)) in where:
+                errors.append(f"lib/{where[s + '.h']}: a tools header includes {os.path.basename(m.group(1))}; it must "
                               "stand alone")
     # adapters/ and perf/: the public headers only, and the tools headers
-    libhdrs = {f for f in files if f.endswith(".h") and stem(f) not in tools}
+    libhdrs = {os.path.basename(f) for f in files if f.endswith(".h") and stem(f) not in tools}
     inc_dir = os.path.join(root, "include")
     pub = set(os.listdir(inc_dir)) if os.path.isdir(inc_dir) else set()
     for top in ("adapters", "perf"):
@@ -287,10 +328,13 @@ def self_test(root):
     if base_errors:
         print("self-test: the tree itself fails the check:\n  " + "\n  ".join(base_errors))
         return False
-    layers, _, _ = parse_layers(os.path.join(root, "lib", "LAYERS"))
-    bottom = next(s for _, ss in layers for s in ss if os.path.exists(os.path.join(root, "lib", s + ".c")))
-    top = next(s for _, ss in reversed(layers) for s in ss if os.path.exists(os.path.join(root, "lib", s + ".h")))
-    multi = next(((n, ss) for n, ss in layers if sum(os.path.exists(os.path.join(root, "lib", s + ".c")) for s in ss) >= 2), None)
+    order, _, _ = parse_layers(os.path.join(root, "lib", "LAYERS"))
+    layers, _, _ = layout(os.path.join(root, "lib"), order)
+    bottom = next(s for _, ss in layers for s in ss if lib_path(root, s, ".c"))
+    top = next(s for _, ss in reversed(layers) for s in ss if lib_path(root, s, ".h"))
+    multi = next(((n, ss) for n, ss in layers if sum(bool(lib_path(root, s, ".c")) for s in ss) >= 2), None)
+    bottom_c, top_h = lib_path(root, bottom, ".c"), lib_path(root, top, ".h")
+    top_c = next(lib_path(root, s, ".c") for _, ss in reversed(layers) for s in ss if lib_path(root, s, ".c"))
 
     def planted(what, edit, expect):
         nonlocal ok
@@ -308,29 +352,38 @@ def self_test(root):
         with open(os.path.join(tmp, rel), "a") as f:
             f.write(text)
 
-    planted(f"lib/{bottom}.c includes {top}.h (upward)",
-            lambda t: append(t, f"lib/{bottom}.c", f'\n#include "{top}.h"\n'), "upward")
+    planted(f"{bottom_c} includes {top}.h (upward)",
+            lambda t: append(t, bottom_c, f'\n#include "{top}.h"\n'), "upward")
+    planted(f"{top_c} moved into the bottom layer's folder (it now includes upward)",
+            lambda t: shutil.move(os.path.join(t, top_c),
+                                  os.path.join(t, os.path.dirname(bottom_c), os.path.basename(top_c))), "upward")
+    planted("a file in lib/ outside a layer folder",
+            lambda t: append(t, "lib/planted.c", "int fp_planted;\n"), "outside a layer folder")
+    planted("a folder of lib/ that the order does not name",
+            lambda t: (os.mkdir(os.path.join(t, "lib", "planted")),
+                       append(t, "lib/planted/planted.c", "int fp_planted;\n")), "not in lib/LAYERS' order")
     if multi:
-        a, b = [s for s in multi[1] if os.path.exists(os.path.join(root, "lib", s + ".c"))][:2]
+        a, b = [s for s in multi[1] if lib_path(root, s, ".c")][:2]
+        a_c, b_c = lib_path(root, a, ".c"), lib_path(root, b, ".c")
         planted(f"{a}.c and {b}.c call each other (layer {multi[0]})",
-                lambda t: (append(t, f"lib/{a}.c", f"\nvoid fp_planted_{a}(void);\nvoid fp_planted_{b}(void);\n"
-                                                      f"void fp_planted_{a}(void) {{ fp_planted_{b}(); }}\n"),
-                           append(t, f"lib/{b}.c", f"\nvoid fp_planted_{a}(void);\nvoid fp_planted_{b}(void);\n"
-                                                      f"void fp_planted_{b}(void) {{ fp_planted_{a}(); }}\n")),
+                lambda t: (append(t, a_c, f"\nvoid fp_planted_{a}(void);\nvoid fp_planted_{b}(void);\n"
+                                          f"void fp_planted_{a}(void) {{ fp_planted_{b}(); }}\n"),
+                           append(t, b_c, f"\nvoid fp_planted_{a}(void);\nvoid fp_planted_{b}(void);\n"
+                                          f"void fp_planted_{b}(void) {{ fp_planted_{a}(); }}\n")),
                 "circle")
-    planted(f"lib/{top}.c's function stored as a pointer by lib/{bottom}.c",
-            lambda t: (append(t, f"lib/{top}.c", "\nint fp_planted_cb(void);\nint fp_planted_cb(void) { return 1; }\n"),
-                       append(t, f"lib/{bottom}.c", "\nint fp_planted_cb(void);\nint (*fp_planted_ptr)(void) = fp_planted_cb;\n")),
+    planted(f"{top_c}'s function stored as a pointer by {bottom_c}",
+            lambda t: (append(t, top_c, "\nint fp_planted_cb(void);\nint fp_planted_cb(void) { return 1; }\n"),
+                       append(t, bottom_c, "\nint fp_planted_cb(void);\nint (*fp_planted_ptr)(void) = fp_planted_cb;\n")),
             "fp_planted_cb() is used as a function pointer")
     planted("perf/ includes a lib header",
             lambda t: append(t, "perf/planted.c", f'#include "{top}.h"\n'), "may use include/ only")
     planted("perf/ includes a lib header through ../lib/",
-            lambda t: append(t, "perf/planted.c", f'#include "../lib/{top}.h"\n'), "may use include/ only")
+            lambda t: append(t, "perf/planted.c", f'#include "../{top_h}"\n'), "may use include/ only")
     tools = {}
     parse_layers(os.path.join(root, "lib", "LAYERS"), tools)
     for s in sorted(tools)[:1]:
         planted(f"the tools header {s}.h includes {top}.h",
-                lambda t: append(t, f"lib/{s}.h", f'\n#include "{top}.h"\n'), "must stand alone")
+                lambda t: append(t, lib_path(root, s, ".h"), f'\n#include "{top}.h"\n'), "must stand alone")
     return ok
 
 

@@ -1,0 +1,44 @@
+/* view.h - a peer's buffer in this process: mapped from its descriptors, in
+ * an address window of the pool's reservation, followed by deltas.
+ *
+ * Counter it owns: view bytes.  Pool lock (vs->sp->lock) held for every
+ * change. */
+#ifndef FP_VIEW_H
+#define FP_VIEW_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "space.h"
+
+/* A chunk of a view. */
+typedef struct fp_vchunk {
+    uint64_t off, size, gen;
+} fp_vchunk;
+
+/* The pool's views. */
+typedef struct fp_views {
+    fp_space *sp;                      /* chunks, ranges, metadata, the pool lock */
+    struct fabpool_view *list;
+    _Atomic uint64_t bytes;
+} fp_views;
+
+struct fabpool_view {
+    fp_views *owner;
+    struct fabpool_view *next, *prev;
+    uint64_t base, window, live, generation, uid;
+    uint32_t handle_type, n;
+    size_t cap;
+    int peer_pid, peer_device;
+    fp_vchunk *chunks;
+};
+
+void fp_views_init(fp_views *vs, fp_space *sp);
+/* fabpool_view_open on the pool whose views vs are (vs NULL: the pool was NULL). */
+fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const int *fds, size_t nfds,
+                            fabpool_view_t **out);
+/* Pool destroy: unmaps and frees every view.  Pool lock held. */
+void fp_views_destroy(fp_views *vs);
+
+#endif

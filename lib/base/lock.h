@@ -1,0 +1,98 @@
+/* lock.h - every mutex of lib/, its level, and the one lock order.
+ *
+ * The order (a thread takes locks only in ascending level; it may skip
+ * levels, and it never takes a lock while it holds one of an equal or
+ * higher level).
+ *
+ *   level  lock                          where
+ *   1      registry   (registry_lock)    alloc.c: the live pools, for exiting threads
+ *   2      pool       (fp_space.lock)    space.h: address space, page-map writers, the arenas, buffers,
+ *                                        views, retirements, the driver calls that map and unmap
+ *   3      class i    (fp_class.lock)    slab.h: one per size class; several at once in ascending
+ *                                        class index (lock sub-level = the index)
+ *   4      retire     (fp_retire.lock)   retire.h: blocks freed on streams and their events
+ *   5      trace list (traces_lock)      trace.c: every open trace of the process
+ *   6      trace      (fp_trace.lock)    trace.c: one trace's buffer and file
+ *
+ * Why this order:
+ * - registry first: a thread that exits (thread_exit) or that evicts a
+ *   cache of another pool from its slots (tcache_get) holds the
+ *   registry while it flushes that cache (class locks) and unlinks it (pool
+ *   lock), so that the pool cannot be destroyed under it; nothing takes the
+ *   registry with a pool or class lock held.
+ * - pool before class: a trim and an out-of-memory retry run under the pool
+ *   lock and take each class's lock to unlink its empty slabs, and a new
+ *   slab joins its class under both; a class lock holder never needs the
+ *   pool lock (a new slab is mapped after the class lock is dropped).
+ * - class locks in ascending index: fabpool_check and stats hold several
+ *   (fabpool_check then the retirement queue's too).
+ * - retire is a leaf of the pool's locks: taken with the pool or a class lock
+ *   held (or none); nothing of the pool is taken under it (the blocks it
+ *   hands back go to the pool after it is released).
+ * - traces last: a record may be written with any pool or class lock held;
+ *   the trace list is taken before a trace's lock (close, exit).
+ * Two pools' locks are never held at once (same level).  The hot path (a
+ * thread-cache hit) takes no lock.
+ *
+ * In a build with FP_DEBUG_LOCKS (cmake -DFABPOOL_DEBUG_LOCKS=ON, on by
+ * default with CMAKE_BUILD_TYPE=Debug) each thread keeps the list of locks
+ * it holds: fp_lock() aborts with a message naming both locks when the
+ * order is broken, and fp_lock_assert_held() aborts when a function that
+ * needs a lock is called without it.  Otherwise fp_lock_t is a bare
+ * pthread_mutex_t and the calls below are the pthread calls, nothing more. */
+#ifndef FP_LOCK_H
+#define FP_LOCK_H
+
+#include <pthread.h>
+
+enum {
+    FP_LOCK_REGISTRY = 1,
+    FP_LOCK_POOL = 2,
+    FP_LOCK_CLASS = 3,
+    FP_LOCK_RETIRE = 4,
+    FP_LOCK_TRACE_LIST = 5,
+    FP_LOCK_TRACE = 6,
+};
+
+typedef struct fp_lock {
+    pthread_mutex_t m;
+#ifdef FP_DEBUG_LOCKS
+    unsigned level, sub;   /* sub: the class index of a class lock, else 0 */
+    const char *name;
+#endif
+} fp_lock_t;
+
+/* Whether this library was built with the checks (tests skip otherwise). */
+int fp_lock_debug_enabled(void);
+
+#ifdef FP_DEBUG_LOCKS
+#define FP_LOCK_INITIALIZER(level, name) {PTHREAD_MUTEX_INITIALIZER, (level), 0, (name)}
+void fp_lock_debug_init(fp_lock_t *l, unsigned level, unsigned sub, const char *name);
+void fp_lock_debug_lock(fp_lock_t *l, const char *fn);
+void fp_lock_debug_unlock(fp_lock_t *l, const char *fn);
+void fp_lock_debug_assert_held(const fp_lock_t *l, const char *fn);
+
+static inline void fp_lock_init(fp_lock_t *l, unsigned level, unsigned sub, const char *name)
+{
+    pthread_mutex_init(&l->m, NULL);
+    fp_lock_debug_init(l, level, sub, name);
+}
+#define fp_lock(l) fp_lock_debug_lock((l), __func__)
+#define fp_unlock(l) fp_lock_debug_unlock((l), __func__)
+/* Aborts unless the calling thread holds l. */
+#define fp_lock_assert_held(l) fp_lock_debug_assert_held((l), __func__)
+#else
+#define FP_LOCK_INITIALIZER(level, name) {PTHREAD_MUTEX_INITIALIZER}
+static inline void fp_lock_init(fp_lock_t *l, unsigned level, unsigned sub, const char *name)
+{
+    (void)level, (void)sub, (void)name;
+    pthread_mutex_init(&l->m, NULL);
+}
+static inline void fp_lock(fp_lock_t *l) { pthread_mutex_lock(&l->m); }
+static inline void fp_unlock(fp_lock_t *l) { pthread_mutex_unlock(&l->m); }
+#define fp_lock_assert_held(l) ((void)0)
+#endif
+
+static inline void fp_lock_destroy(fp_lock_t *l) { pthread_mutex_destroy(&l->m); }
+
+#endif

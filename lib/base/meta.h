@@ -1,0 +1,34 @@
+/* meta.h - host memory for the pool's own metadata.
+ *
+ * In a private jemalloc arena when the process has jemalloc (or when asked
+ * to load it), else from libc.  fabpool never links jemalloc: Debian's uses
+ * initial-exec TLS, and a library linked against it cannot be dlopen'ed into
+ * a running process (Python, PyTorch's pluggable allocator).  So jemalloc's
+ * entry points are found at run time. */
+#ifndef FP_META_H
+#define FP_META_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fabpool.h"
+
+typedef struct fp_meta {
+    int jemalloc;         /* 1: a private jemalloc arena */
+    unsigned arena;
+    void *(*mallocx)(size_t, int);
+    void (*sdallocx)(void *, size_t, int);
+    int (*mallctl)(const char *, void *, size_t *, void *, size_t);
+    int flags;            /* MALLOCX_ARENA(arena) | MALLOCX_TCACHE_NONE | MALLOCX_ZERO */
+    _Atomic uint64_t bytes;
+} fp_meta;
+
+fabpool_status fp_meta_init(fp_meta *m, fabpool_metadata mode);
+/* Zeroed memory, or NULL. */
+void *fp_meta_alloc(fp_meta *m, size_t size);
+void fp_meta_free(fp_meta *m, void *p, size_t size);
+/* Destroys the arena: every block must have been freed. */
+void fp_meta_destroy(fp_meta *m);
+
+#endif

@@ -1,0 +1,711 @@
+/* buffer.c - growable buffers: an address window of their own, chunks mapped
+ * one behind the other, so the base address never changes.  Chunks a shrink
+ * gives up retire: they are unmapped once the GPU work that may use them is
+ * done, and a grow that comes first takes them back as they are. */
+#include "buffer.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#include "array.h"
+#include "error.h"
+#include "list.h"
+#include "trace.h"
+#include "vmm.h"
+
+static int reserve_chunks(fp_buffers *bs, struct fabpool_buffer *b, uint32_t n)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    return FP_ARRAY_RESERVE(bs->sp->meta, b->chunks, b->n, b->cap, n, 8);
+}
+
+static void free_buffer(fp_buffers *bs, struct fabpool_buffer *b)
+{
+    FP_LIST_REMOVE(&bs->list, b, next, prev);
+    fp_va_free(&bs->sp->va, b->base, b->window);
+    FP_ARRAY_FREE(bs->sp->meta, b->chunks, b->cap);
+    FP_ARRAY_FREE(bs->sp->meta, b->peer_holds, b->cap_peer_holds);
+    fp_meta_free(bs->sp->meta, b, sizeof *b);
+}
+
+/* Whether a peer may still import a chunk that a descriptor named (named:
+ * the last one's generation, 0: none did) and that generation `dropped`
+ * took out of the live chunks: the peers have not acknowledged `dropped` or
+ * a later generation.  A peer at the acknowledged generation may still open
+ * that generation's descriptor (a view opened again, or a late peer handed
+ * it), so what was live then stays importable until the peers acknowledge a
+ * generation without it.  A destroy ends that: no descriptor of a destroyed
+ * buffer may be opened any more, so only what a descriptor the peers have
+ * not applied yet names stays (a peer that applied one maps the chunk
+ * itself, and its mapping keeps the memory).  A fabric handle holds no
+ * reference, so only this hold keeps a chunk importable; a POSIX fd would
+ * keep it too, and it is held the same, so that the rule and the accounting
+ * are one for both handle types. */
+static int peers_may_hold(const struct fabpool_buffer *b, uint64_t named, uint64_t dropped)
+{
+    if (!b->shared || !named || b->acked == UINT64_MAX)
+        return 0;
+    return b->acked < (b->destroyed ? named : dropped);
+}
+
+/* Closes the pool's copy of chunk c's exported fd, if it holds one (an open
+ * fd keeps the memory alive), and forgets its fabric handle: the chunk is
+ * unmapped or replaced. */
+void fp_bchunk_forget_export(fp_buffers *bs, fp_bchunk *c)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    fp_chunk_close_fd(bs->sp->ch, &c->fd);
+    c->has_fabric = 0;
+}
+
+/* Unmaps chunk i. */
+static fabpool_status remove_chunk(fp_buffers *bs, struct fabpool_buffer *b, uint32_t i)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    fp_bchunk *c = &b->chunks[i];
+    fabpool_status st = fp_chunk_unmap(bs->sp->ch, b->base + c->off, c->size);
+    if (st != FABPOOL_OK)
+        return st;
+    fp_bchunk_forget_export(bs, c);
+    fp_retire_waits_drop(bs->retire, &c->uses);
+    int was_live = !c->retiring;
+    if (c->retiring) {
+        atomic_fetch_sub(&bs->retiring_bytes, c->size);
+    } else {
+        b->live -= c->size;
+    }
+    b->mapped -= c->size;
+    atomic_fetch_sub(&bs->mapped, c->size);
+    memmove(c, c + 1, (size_t)(b->n - i - 1) * sizeof *c);
+    b->n--;
+    if (was_live)
+        b->generation++; /* a live chunk went (undo of a grow): peers must hear of it */
+    return FABPOOL_OK;
+}
+
+/* Unmaps the last chunk. */
+static fabpool_status pop_chunk(fp_buffers *bs, struct fabpool_buffer *b)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    return remove_chunk(bs, b, b->n - 1);
+}
+
+static fabpool_status peer_hold_add(fp_buffers *bs, struct fabpool_buffer *b, fp_peer_hold g)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    if (FP_ARRAY_RESERVE(bs->sp->meta, b->peer_holds, b->n_peer_holds, b->cap_peer_holds, b->n_peer_holds + 1, 4) != 0)
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's list of chunks its peers hold");
+    b->peer_holds[b->n_peer_holds++] = g;
+    atomic_fetch_add(&bs->held_for_peers_bytes, g.size);
+    return FABPOOL_OK;
+}
+
+/* Releases the peer holds no peer can still import (all of them with all != 0). */
+static void peer_holds_release(fp_buffers *bs, struct fabpool_buffer *b, int all)
+{
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < b->n_peer_holds; i++) {
+        fp_peer_hold *g = &b->peer_holds[i];
+        if ((all || !peers_may_hold(b, g->named, g->dropped)) && fp_chunk_release(bs->sp->ch, g->h) == CUDA_SUCCESS) {
+            atomic_fetch_sub(&bs->held_for_peers_bytes, g->size);
+            continue;
+        }
+        b->peer_holds[w++] = *g;
+    }
+    b->n_peer_holds = w;
+}
+
+/* Whether retired chunk c may be unmapped now: the GPU work of every stream
+ * that may use it is done (waited for with wait != 0; the retirement queue
+ * knows, retire.h) and no peer may still import it.  1 yes, 0 not yet, -1
+ * the driver failed (*st says how). */
+static int retired_done(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, int wait, fabpool_status *st)
+{
+    if (peers_may_hold(b, c->named, c->drop_gen))
+        return 0;
+    return fp_retire_waits_done(bs->retire, &c->uses, wait, st);
+}
+
+/* Unmaps retired chunks whose event has completed (all of them, waiting,
+ * with wait != 0) and that no peer may still import: from each live
+ * buffer's end down (a grow maps behind the live chunks), anywhere in a
+ * destroyed one.  Frees destroyed buffers that hold nothing any more. */
+fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    fabpool_status first = FABPOOL_OK;
+    struct fabpool_buffer *b = bs->list, *next;
+    for (; b; b = next) {
+        next = b->next;
+        peer_holds_release(bs, b, 0);
+        /* live chunks a grow took back while a stream's work may still use them: what is done is forgotten
+         * (with wait, after waiting), so that a later unmap finds only what still runs */
+        for (uint32_t i = 0; i < b->n; i++) {
+            fp_bchunk *c = &b->chunks[i];
+            fabpool_status st = FABPOOL_OK;
+            if (!c->retiring && c->uses.n && fp_retire_waits_done(bs->retire, &c->uses, wait, &st) < 0 &&
+                first == FABPOOL_OK)
+                first = st;
+        }
+        for (uint32_t i = b->n; i-- > 0;) {
+            fp_bchunk *c = &b->chunks[i];
+            if (!c->retiring) {
+                if (b->destroyed)
+                    continue;
+                break;
+            }
+            fabpool_status st = FABPOOL_OK;
+            int done = retired_done(bs, b, c, wait, &st);
+            if (done == 1)
+                st = remove_chunk(bs, b, i);
+            if (st != FABPOOL_OK && first == FABPOOL_OK)
+                first = st;
+            if (done != 1 || st != FABPOOL_OK) {
+                if (!b->destroyed)
+                    break;
+            }
+        }
+        if (b->destroyed && b->n == 0 && b->n_peer_holds == 0)
+            free_buffer(bs, b);
+    }
+    return first;
+}
+
+fabpool_status fp_buffers_collect(fp_buffers *bs, int wait)
+{
+    if (!bs)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_collect: the pool is NULL");
+    fp_lock(&bs->sp->lock);
+    fabpool_status st = fp_collect_locked(bs, wait);
+    fp_unlock(&bs->sp->lock);
+    return st;
+}
+
+/* Size of the next chunk when `live` bytes are mapped and `target` wanted:
+ * as large as the waste bound allows (so a growing buffer maps few chunks:
+ * each is about a quarter of what is there), never more than max_chunk. */
+static uint64_t next_chunk(const fp_buffers *bs, const struct fabpool_buffer *b, uint64_t live, uint64_t target)
+{
+    uint64_t need = fp_round_up(target - live, bs->sp->gran);
+    uint64_t allow = fp_round_up(target + target / 100 * bs->max_waste_percent +
+                                 target % 100 * bs->max_waste_percent / 100, bs->sp->gran);
+    if (allow > b->window)
+        allow = b->window;
+    uint64_t room = allow - live, cap = bs->max_chunk;
+    if (room > cap)
+        room = cap;
+    if (need >= cap)
+        return cap;
+    uint64_t c = fp_class_round_down_gran(room, bs->sp->gran);
+    return c >= need ? c : need;
+}
+
+/* Grows b's mapping to cover `target`.  On failure everything this call
+ * mapped is unmapped again (taken-back retired chunks stay live). */
+static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t target, uint32_t *mapped_from)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    *mapped_from = b->n;
+    /* take back retired chunks first: they are still mapped, data and all.  The
+     * work of the streams they were retired on may still use them: their
+     * tickets stay, and whatever unmaps or replaces them later waits for it */
+    for (uint32_t i = 0; i < b->n && b->live < target; i++) {
+        fp_bchunk *c = &b->chunks[i];
+        if (!c->retiring)
+            continue;
+        if (c->off != b->live)
+            break; /* not behind the live chunks (a chunk before it failed to unmap): it cannot come back */
+        c->retiring = 0;
+        b->live += c->size;
+        c->gen = ++b->generation; /* back among the live chunks: the next delta names it */
+        atomic_fetch_sub(&bs->retiring_bytes, c->size);
+    }
+    *mapped_from = b->n;
+    while (b->live < target) {
+        if (b->n && b->chunks[b->n - 1].retiring)
+            return fp_error(FABPOOL_ERR_DRIVER, "a retired chunk of the buffer could not be unmapped earlier and "
+                            "is in the way of growing it; fabpool_collect retries the unmap");
+        uint64_t c = next_chunk(bs, b, b->live, target);
+        if (reserve_chunks(bs, b, b->n + 1) != 0)
+            return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's chunk list");
+        fabpool_status st = fp_heap_chunk_map(bs->heap, b->base + b->live, c);
+        if (st != FABPOOL_OK) {
+            fp_error_append(" (growing a buffer from %llu to %llu bytes; it keeps its size and data)",
+                            (unsigned long long)b->size, (unsigned long long)target);
+            return st;
+        }
+        b->generation++;
+        fp_bchunk *nc = &b->chunks[b->n++];
+        memset(nc, 0, sizeof *nc);
+        nc->off = b->live;
+        nc->size = c;
+        nc->gen = b->generation;
+        nc->fd = -1;
+        b->live += c;
+        b->mapped += c;
+        atomic_fetch_add(&bs->mapped, c);
+    }
+    return FABPOOL_OK;
+}
+
+static void undo_grow(fp_buffers *bs, struct fabpool_buffer *b, uint32_t mapped_from)
+{
+    while (b->n > mapped_from)
+        if (pop_chunk(bs, b) != FABPOOL_OK)
+            break;
+}
+
+/* Waits for the GPU work on `stream` (NULL: the whole context). */
+static fabpool_status sync_stream(fp_buffers *bs, void *stream, const char *why)
+{
+    CUresult r = stream ? FP_CU(&bs->sp->ch->calls, cuStreamSynchronize, (CUstream)stream) : FP_CU(&bs->sp->ch->calls, cuCtxSynchronize);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, stream ? "cuStreamSynchronize" : "cuCtxSynchronize", "waiting for GPU work %s", why);
+    return FABPOOL_OK;
+}
+
+/* Keeps the memory of chunk c, dropped at generation `dropped` (handle h,
+ * retained by the caller), for the peers that may still import it; returns
+ * 0 if no peer may (the caller releases h).  Its exported fd, if the pool
+ * still holds one, is closed when the chunk is unmapped, as for any chunk
+ * (fabpool.h). */
+static int peer_hold_keep(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, uint64_t dropped,
+                      CUmemGenericAllocationHandle h)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    return peers_may_hold(b, c->named, dropped) &&
+           peer_hold_add(bs, b, (fp_peer_hold){h, c->size, c->named, dropped}) == FABPOOL_OK;
+}
+
+/* Moves chunk c's memory, dropped at generation `dropped`, to the peer holds
+ * when a peer may still import it, so that unmapping it here does not free
+ * it. */
+static fabpool_status keep_for_peers(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, uint64_t dropped)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    if (!peers_may_hold(b, c->named, dropped))
+        return FABPOOL_OK;
+    CUmemGenericAllocationHandle h = 0;
+    fabpool_status st = fp_chunk_retain(bs->sp->ch, b->base + c->off, &h, "keeping a chunk its peers may import");
+    if (st != FABPOOL_OK)
+        return st;
+    if (!peer_hold_keep(bs, b, c, dropped, h)) {
+        fp_chunk_release(bs->sp->ch, h);
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's list of chunks its peers hold");
+    }
+    return FABPOOL_OK;
+}
+
+/* A shrink to `target` whose last needed chunk (index j) holds more than the
+ * hysteresis allows: every chunk after j goes, and j is replaced by a chunk
+ * of rs bytes at the same address, the data below target copied on `stream`.
+ * The copy and the swap wait for the GPU work on `stream` (NULL: the
+ * context) and for the retired chunks' events.  On failure before the swap
+ * the buffer is as it was.  The pool's context is current. */
+static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j, uint64_t rs, uint64_t target,
+                            void *stream)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    fp_bchunk *c = &b->chunks[j];
+    uint64_t at = b->base + c->off, drop_gen = b->generation + 1;
+    uint64_t tmp = fp_va_alloc(&bs->sp->va, rs, bs->sp->gran);
+    if (!tmp)
+        return fp_error(FABPOOL_ERR_LIMIT, "shrinking a buffer to %llu bytes: no free address range of %llu bytes "
+                        "left in the pool's reservation for the copy; raise reserve", (unsigned long long)target,
+                        (unsigned long long)rs);
+    CUmemGenericAllocationHandle hn = 0, ho = 0;
+    fabpool_status st = fp_heap_chunk_create(bs->heap, rs, &hn);
+    if (st != FABPOOL_OK)
+        goto free_va;
+    if ((st = fp_chunk_map_access(bs->sp->ch, tmp, rs, hn, "a smaller chunk for a shrunk buffer")) != FABPOOL_OK)
+        goto release_new;
+    CUresult r = FP_CU(&bs->sp->ch->calls, cuMemcpyDtoDAsync, (CUdeviceptr)tmp, (CUdeviceptr)at, target - c->off,
+                       (CUstream)stream);
+    if (r != CUDA_SUCCESS) {
+        st = fp_drv_error(r, "cuMemcpyDtoDAsync", "copying %llu bytes of a shrunk buffer into its smaller chunk",
+                          (unsigned long long)(target - c->off));
+        goto unmap_tmp;
+    }
+    if ((st = sync_stream(bs, stream, "before a shrunk buffer's chunk is replaced")) != FABPOOL_OK)
+        goto unmap_tmp;
+    /* and the work of other streams that may use j or the chunks after it
+     * (retired on them, or retired and taken back since) */
+    for (uint32_t i = j; i < b->n; i++) {
+        if (fp_retire_waits_done(bs->retire, &b->chunks[i].uses, 1, &st) < 0) {
+            fp_error_append(" (a chunk of a buffer being shrunk, retired on another stream)");
+            goto unmap_tmp;
+        }
+    }
+    /* the old chunk's memory: a handle of our own, to map it back if the swap fails */
+    if ((st = fp_chunk_retain(bs->sp->ch, at, &ho, "keeping a shrunk buffer's chunk while it is replaced")) != FABPOOL_OK)
+        goto unmap_tmp;
+
+    /* the chunks after j go: their memory first kept for the peers that may
+     * still import it, so that a failure before the swap undoes everything */
+    uint32_t n0 = b->n_peer_holds;
+    for (uint32_t i = j + 1; i < b->n && st == FABPOOL_OK; i++)
+        st = keep_for_peers(bs, b, &b->chunks[i], b->chunks[i].retiring ? b->chunks[i].drop_gen : drop_gen);
+    if (st != FABPOOL_OK)
+        goto drop_peer_holds;
+
+    /* the swap */
+    c = &b->chunks[j];
+    uint64_t old = c->size;
+    if ((st = fp_chunk_unmap(bs->sp->ch, at, old)) != FABPOOL_OK)
+        goto drop_peer_holds;
+    if ((st = fp_chunk_map_access(bs->sp->ch, at, rs, hn, "a shrunk buffer's smaller chunk")) != FABPOOL_OK) {
+        if (fp_chunk_map_access(bs->sp->ch, at, old, ho, "a shrunk buffer's chunk, back") == FABPOOL_OK)
+            fp_chunk_count_mapped(bs->sp->ch, at, old, "a shrunk buffer's chunk, back");
+        else
+            fp_error_append(" (the chunk could not be mapped back either: the buffer lost %llu bytes at offset %llu)",
+                            (unsigned long long)old, (unsigned long long)c->off);
+        goto drop_peer_holds;
+    }
+    fp_chunk_count_mapped(bs->sp->ch, at, rs, "a shrunk buffer's smaller chunk");
+    if (!peer_hold_keep(bs, b, c, drop_gen, ho)) /* the old memory, for the peers that may still import it */
+        fp_chunk_release(bs->sp->ch, ho);
+    fp_bchunk_forget_export(bs, c);
+    b->live -= old - rs;
+    b->mapped -= old - rs;
+    atomic_fetch_sub(&bs->mapped, old - rs);
+    c->size = rs;
+    c->gen = drop_gen; /* a new chunk: the next delta names it */
+    c->named = 0;
+    b->generation = drop_gen;
+    /* then the chunks after it, from the end (their GPU work is done) */
+    for (uint32_t i = j + 1; i < b->n; i++) {
+        fp_bchunk *t = &b->chunks[i];
+        if (t->retiring)
+            continue;
+        t->retiring = 1;
+        t->drop_gen = drop_gen;
+        b->live -= t->size;
+        atomic_fetch_add(&bs->retiring_bytes, t->size);
+    }
+    while (b->n > j + 1 && (st = pop_chunk(bs, b)) == FABPOOL_OK)
+        ;
+    /* a chunk that failed to unmap stays retired: fabpool_collect retries it */
+    goto unmap_tmp;
+
+drop_peer_holds:
+    while (b->n_peer_holds > n0) {
+        fp_peer_hold *g = &b->peer_holds[--b->n_peer_holds];
+        fp_chunk_release(bs->sp->ch, g->h);
+        atomic_fetch_sub(&bs->held_for_peers_bytes, g->size);
+    }
+    fp_chunk_release(bs->sp->ch, ho);
+unmap_tmp:
+    if (fp_vmm_unmap(bs->sp->ch, tmp, rs) != CUDA_SUCCESS) {
+        fp_chunk_release(bs->sp->ch, hn);
+        return st != FABPOOL_OK ? st : fp_error(FABPOOL_ERR_DRIVER, "cuMemUnmap of the copy of a shrunk buffer's "
+                                                "chunk failed twice; %llu bytes of address space stay used",
+                                                (unsigned long long)rs);
+    }
+release_new:
+    fp_chunk_release(bs->sp->ch, hn);
+free_va:
+    fp_va_free(&bs->sp->va, tmp, rs);
+    return st;
+}
+
+/* Retires the chunks a buffer of `target` bytes no longer needs, keeping the
+ * hysteresis; a last chunk that would leave more than that mapped is replaced
+ * by a smaller one (refit).  stream NULL: synchronize and unmap at once.  On
+ * failure nothing is retired.  The caller collects afterwards. */
+static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t target, void *stream)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    uint64_t keep = fp_round_up(target + target / 100 * bs->shrink_hysteresis_percent +
+                                target % 100 * bs->shrink_hysteresis_percent / 100, bs->sp->gran);
+    uint32_t last_live = b->n;
+    while (last_live && b->chunks[last_live - 1].retiring)
+        last_live--;
+    uint32_t first_retire = last_live;
+    uint64_t live = b->live;
+    while (first_retire && live > keep && live - b->chunks[first_retire - 1].size >= target) {
+        first_retire--;
+        live -= b->chunks[first_retire].size;
+    }
+    /* the last chunk still needed reaches beyond the hysteresis: refit it */
+    int refit_j = target && live > keep && first_retire > 0;
+    if (first_retire == last_live && !refit_j)
+        return FABPOOL_OK;
+    CUcontext saved;
+    fabpool_status st = fp_ctx_push(bs->sp->ch, &saved);
+    if (st != FABPOOL_OK)
+        return st;
+    if (refit_j) {
+        fp_bchunk *j = &b->chunks[first_retire - 1];
+        st = refit(bs, b, first_retire - 1, keep - j->off, target, stream);
+        /* no room or memory for the smaller chunk (refit changed nothing):
+         * the chunk stays whole, beyond the hysteresis, until a later
+         * shrink refits it, and the shrink goes on without it, so that it
+         * fails only where nothing can shrink (a set stays all or nothing) */
+        if (st != FABPOOL_ERR_LIMIT && st != FABPOOL_ERR_OUT_OF_MEMORY) {
+            fp_ctx_pop(bs->sp->ch, saved);
+            return st;
+        }
+        FP_LOG_CH(FP_LOG_INFO, bs->sp->ch, "a buffer shrunk to %llu bytes keeps a chunk of %llu bytes whole: %s",
+                  (unsigned long long)target, (unsigned long long)j->size, fabpool_last_error());
+        fp_error_clear();
+        if (first_retire == last_live) {
+            fp_ctx_pop(bs->sp->ch, saved);
+            return FABPOOL_OK;
+        }
+    }
+    if (!stream && (st = sync_stream(bs, NULL, "before unmapping a shrunk buffer's chunks")) != FABPOOL_OK) {
+        fp_ctx_pop(bs->sp->ch, saved);
+        return st;
+    }
+    /* room for the ticket in every chunk, then the event (one for every
+     * chunk: the retirement queue's ticket), so that a failure retires
+     * nothing and the buffer keeps its size */
+    for (uint32_t i = first_retire; stream && i < last_live; i++)
+        if (fp_retire_waits_reserve(bs->retire, &b->chunks[i].uses) != 0) {
+            fp_ctx_pop(bs->sp->ch, saved);
+            return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the list of streams that use a buffer "
+                            "chunk; nothing was retired");
+        }
+    fp_rticket ticket = {NULL, 0};
+    if (stream && (st = fp_retire_mark(bs->retire, stream, last_live - first_retire, &ticket)) != FABPOOL_OK) {
+        fp_ctx_pop(bs->sp->ch, saved);
+        fp_error_append(" (before retiring a buffer chunk; nothing was retired)");
+        return st;
+    }
+    for (uint32_t i = first_retire; i < last_live; i++) {
+        fp_bchunk *c = &b->chunks[i];
+        c->retiring = 1;
+        fp_retire_waits_add(bs->retire, &c->uses, ticket);
+        c->drop_gen = b->generation + 1;
+        b->live -= c->size;
+        atomic_fetch_add(&bs->retiring_bytes, c->size);
+    }
+    fp_ctx_pop(bs->sp->ch, saved);
+    b->generation++; /* the live chunks changed */
+    return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------ API */
+
+void fp_buffers_init(fp_buffers *bs, fp_heap *heap, fp_retire *retire, const fabpool_options *o)
+{
+    bs->heap = heap;
+    bs->retire = retire;
+    bs->sp = heap->sp;
+    bs->max_chunk = o->max_chunk_bytes;
+    bs->max_waste_percent = o->max_waste_percent;
+    bs->shrink_hysteresis_percent = o->shrink_hysteresis_percent;
+}
+
+fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fabpool_buffer_t **out)
+{
+    if (!bs || !out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_create: the pool or the output pointer is NULL");
+    *out = NULL;
+    if (max_size == 0 || size == 0 || size > max_size)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_create: max_size %zu and size %zu: both must be "
+                        "at least 1 and size <= max_size", max_size, size);
+    if (max_size > bs->sp->va.size - bs->sp->gran)
+        return fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_create: max_size %zu is larger than the pool's "
+                        "reserved address space (%llu bytes); raise reserve", max_size,
+                        (unsigned long long)bs->sp->va.size);
+    struct fabpool_buffer *b = fp_meta_alloc(bs->sp->meta, sizeof *b);
+    if (!b)
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer");
+    b->owner = bs;
+    b->window = fp_round_up(max_size, bs->sp->gran);
+    static _Atomic uint64_t uids;
+    b->uid = ((uint64_t)getpid() << 32) ^ (atomic_fetch_add(&uids, 1) + 1) ^ ((uint64_t)(uintptr_t)b << 12);
+    fp_lock(&bs->sp->lock);
+    b->base = fp_va_alloc(&bs->sp->va, b->window, bs->sp->gran);
+    if (!b->base) {
+        fp_unlock(&bs->sp->lock);
+        fp_meta_free(bs->sp->meta, b, sizeof *b);
+        return fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_create: no free address range of %llu bytes left in the "
+                        "pool's reservation of %llu bytes; raise reserve", (unsigned long long)b->window,
+                        (unsigned long long)bs->sp->va.size);
+    }
+    if (fp_chunks_asleep(bs->sp->ch)) {
+        fp_va_free(&bs->sp->va, b->base, b->window);
+        fp_unlock(&bs->sp->lock);
+        fp_meta_free(bs->sp->meta, b, sizeof *b);
+        return fp_chunk_asleep_error("fabpool_buffer_create");
+    }
+    FP_LIST_PUSH(&bs->list, b, next, prev);
+    atomic_fetch_add(&bs->count, 1);
+    uint32_t from;
+    fabpool_status st = grow(bs, b, size, &from);
+    if (st != FABPOOL_OK) {
+        undo_grow(bs, b, from);
+        free_buffer(bs, b);
+        atomic_fetch_sub(&bs->count, 1);
+        fp_unlock(&bs->sp->lock);
+        return st;
+    }
+    b->size = size;
+    atomic_fetch_add(&bs->bytes, size);
+    fp_usage_raise(bs->use);
+    FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_CREATE, b->base, size, max_size, FABPOOL_OK);
+    fp_unlock(&bs->sp->lock);
+    *out = b;
+    return FABPOOL_OK;
+}
+
+static fabpool_status check_size(const struct fabpool_buffer *b, size_t size, const char *fn)
+{
+    if (size == 0)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: size 0; a buffer keeps at least one byte (destroy it instead)", fn);
+    if (size > b->window)
+        return fp_error(FABPOOL_ERR_LIMIT, "%s: %zu bytes is past the buffer's maximum of %llu bytes, fixed at "
+                        "creation", fn, size, (unsigned long long)b->window);
+    return FABPOOL_OK;
+}
+
+fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const size_t *sizes, size_t n, void *stream)
+{
+    if (!bufs || !sizes || n == 0)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize_set: no buffers given");
+    fp_buffers *bs = bufs[0] ? bufs[0]->owner : NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!bufs[i] || bufs[i]->destroyed)
+            return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize: buffer %zu is NULL or destroyed", i);
+        if (bufs[i]->owner != bs)
+            return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize_set: buffer %zu is of another pool", i);
+        for (size_t k = 0; k < i; k++)
+            if (bufs[k] == bufs[i])
+                return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize_set: buffers %zu and %zu are the same "
+                                "buffer; give each buffer once, with its one size", k, i);
+        fabpool_status st = check_size(bufs[i], sizes[i], "fabpool_buffer_resize");
+        if (st != FABPOOL_OK)
+            return st;
+    }
+    /* sizes that add up to more than the whole device can never be mapped (the sum saturates: no wrap) */
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum = sizes[i] > UINT64_MAX - sum ? UINT64_MAX : sum + sizes[i];
+    fabpool_status fits = fp_chunk_fits_device(bs->sp->ch, sum, n > 1 ? "fabpool_buffer_resize_set: sizes adding up to"
+                                                                      : "fabpool_buffer_resize: a size of");
+    if (fits != FABPOOL_OK) {
+        fp_error_append(", and every buffer keeps its size");
+        return fits;
+    }
+    enum { STACK = 16 };
+    uint32_t from_stack[STACK], *from = from_stack;
+    if (n > STACK && !(from = fp_meta_alloc(bs->sp->meta, n * sizeof *from)))
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to resize %zu buffers", n);
+    fp_lock(&bs->sp->lock);
+    if (fp_chunks_asleep(bs->sp->ch)) {
+        fp_unlock(&bs->sp->lock);
+        if (from != from_stack)
+            fp_meta_free(bs->sp->meta, from, n * sizeof *from);
+        return fp_chunk_asleep_error("fabpool_buffer_resize");
+    }
+    fp_collect_locked(bs, 0);
+    fabpool_status st = FABPOOL_OK;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        from[i] = bufs[i]->n;
+        if (sizes[i] > bufs[i]->live && (st = grow(bs, bufs[i], sizes[i], &from[i])) != FABPOOL_OK)
+            break;
+    }
+    if (st != FABPOOL_OK) {
+        for (size_t j = 0; j <= i && j < n; j++)
+            undo_grow(bs, bufs[j], from[j]);
+    } else {
+        for (i = 0; i < n; i++) {
+            uint64_t gen0 = bufs[i]->generation;
+            fabpool_status s2 = shrink(bs, bufs[i], sizes[i], stream);
+            if (s2 != FABPOOL_OK && st == FABPOOL_OK)
+                st = s2;
+            /* a shrink that failed before it changed anything: the buffer keeps its old size */
+            if (s2 == FABPOOL_OK || bufs[i]->generation != gen0) {
+                if (sizes[i] >= bufs[i]->size) { /* by the difference: the in-use mark never sees both sizes */
+                    atomic_fetch_add(&bs->bytes, sizes[i] - bufs[i]->size);
+                    fp_usage_raise(bs->use);
+                } else {
+                    atomic_fetch_sub(&bs->bytes, bufs[i]->size - sizes[i]);
+                }
+                bufs[i]->size = sizes[i];
+                FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_RESIZE, bufs[i]->base, sizes[i], stream, s2);
+            }
+        }
+        /* a collect that fails here is retried by the next one: the resize happened */
+        if (fp_collect_locked(bs, 0) != FABPOOL_OK && st == FABPOOL_OK)
+            fp_error_clear();
+    }
+    fp_unlock(&bs->sp->lock);
+    if (from != from_stack)
+        fp_meta_free(bs->sp->meta, from, n * sizeof *from);
+    return st;
+}
+
+fabpool_status fabpool_buffer_resize(fabpool_buffer_t *b, size_t size, void *stream)
+{
+    return fabpool_buffer_resize_set(&b, &size, 1, stream);
+}
+
+fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
+{
+    if (!b || b->destroyed)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_destroy: the buffer is NULL or already destroyed");
+    fp_buffers *bs = b->owner;
+    fp_lock(&bs->sp->lock);
+    fabpool_status st = shrink(bs, b, 0, stream);
+    if (st != FABPOOL_OK) {
+        /* nothing was retired: the buffer is as it was, and can be destroyed again */
+        fp_error_append(" (fabpool_buffer_destroy: the buffer is still alive; destroy it again)");
+        fp_unlock(&bs->sp->lock);
+        return st;
+    }
+    atomic_fetch_sub(&bs->bytes, b->size);
+    atomic_fetch_sub(&bs->count, 1);
+    b->size = 0;
+    b->destroyed = 1;
+    FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_DESTROY, b->base, 0, stream, FABPOOL_OK);
+    /* what no peer can still import goes now (once its GPU work is done);
+     * the rest when the peers acknowledge (fabpool_peers_ack) or at pool
+     * destroy.  A collect that fails here is retried by the next one. */
+    (void)fp_collect_locked(bs, 0);
+    fp_unlock(&bs->sp->lock);
+    fp_error_clear();
+    return FABPOOL_OK;
+}
+
+void fp_buffers_destroy(fp_buffers *bs)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    while (bs->list) {
+        struct fabpool_buffer *b = bs->list;
+        while (b->n)
+            if (pop_chunk(bs, b) != FABPOOL_OK) {
+                b->n--; /* the driver refused: forget the chunk, the reservation goes next */
+            }
+        peer_holds_release(bs, b, 1);
+        free_buffer(bs, b);
+    }
+}
+
+fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer_info *out)
+{
+    if (!b || !out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_get_info: the buffer or the output is NULL");
+    fabpool_status st = fp_struct_size_check("fabpool_buffer_get_info", "fabpool_buffer_info", out->struct_size,
+                                             sizeof *out);
+    if (st != FABPOOL_OK)
+        return st;
+    fp_buffers *bs = b->owner;
+    fp_lock(&bs->sp->lock);
+    out->base = (void *)(uintptr_t)b->base;
+    out->size = b->size;
+    out->mapped = b->live;
+    out->max_size = b->window;
+    out->n_chunks = 0;
+    for (uint32_t i = 0; i < b->n; i++)
+        out->n_chunks += !b->chunks[i].retiring;
+    out->generation = b->generation;
+    out->export_id = b->uid;
+    fp_unlock(&bs->sp->lock);
+    return FABPOOL_OK;
+}
+
+void *fabpool_buffer_ptr(const fabpool_buffer_t *b) { return b ? (void *)(uintptr_t)b->base : NULL; }

@@ -1,0 +1,82 @@
+/* vmm.c - reservations, the fabric probe, host mappings and uncounted
+ * unmaps (vmm.h). */
+#include <string.h>
+
+#include "vmm.h"
+
+CUresult fp_vmm_reserve(fp_chunks *ch, uint64_t size, uint64_t align, uint64_t *va)
+{
+    CUdeviceptr base = 0;
+    CUresult r = FP_CU(&ch->calls, cuMemAddressReserve, &base, size, align, 0, 0);
+    *va = r == CUDA_SUCCESS ? (uint64_t)base : 0;
+    return r;
+}
+
+CUresult fp_vmm_unreserve(fp_chunks *ch, uint64_t va, uint64_t size)
+{
+    return FP_CU_UNDO(&ch->calls, cuMemAddressFree, (CUdeviceptr)va, size);
+}
+
+CUresult fp_vmm_probe_fabric(fp_chunks *ch, const char **step)
+{
+    CUmemAllocationProp prop = fp_chunk_prop(ch);
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+    size_t gran = 0;
+    CUresult r = FP_CU(&ch->calls, cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    *step = "cuMemGetAllocationGranularity";
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUmemGenericAllocationHandle h = 0, h2 = 0;
+    *step = "cuMemCreate";
+    r = FP_CU(&ch->calls, cuMemCreate, &h, gran, &prop, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUmemFabricHandle fh;
+    *step = "cuMemExportToShareableHandle";
+    r = FP_CU(&ch->calls, cuMemExportToShareableHandle, &fh, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+    if (r == CUDA_SUCCESS) {
+        *step = "cuMemImportFromShareableHandle";
+        r = FP_CU(&ch->calls, cuMemImportFromShareableHandle, &h2, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
+        if (r == CUDA_SUCCESS)
+            FP_CU_UNDO(&ch->calls, cuMemRelease, h2);
+    }
+    FP_CU_UNDO(&ch->calls, cuMemRelease, h);
+    return r;
+}
+
+CUresult fp_vmm_map_new(fp_chunks *ch, uint64_t va, uint64_t size, const CUmemAllocationProp *prop,
+                        const char **call)
+{
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = ch->dev;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUmemGenericAllocationHandle h = 0;
+    *call = "cuMemCreate";
+    CUresult cr = FP_CU(&ch->calls, cuMemCreate, &h, size, prop, 0);
+    if (cr != CUDA_SUCCESS)
+        return cr;
+    *call = "cuMemMap";
+    cr = FP_CU(&ch->calls, cuMemMap, (CUdeviceptr)va, size, 0, h, 0);
+    if (cr == CUDA_SUCCESS) {
+        *call = "cuMemSetAccess";
+        cr = FP_CU(&ch->calls, cuMemSetAccess, (CUdeviceptr)va, size, &acc, 1);
+        if (cr == CUDA_SUCCESS) {
+            *call = "cuMemRelease";
+            cr = FP_CU_UNDO(&ch->calls, cuMemRelease, h);
+            if (cr == CUDA_SUCCESS)
+                h = 0;
+        }
+        if (cr != CUDA_SUCCESS)
+            FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
+    }
+    if (cr != CUDA_SUCCESS && h)
+        FP_CU_UNDO(&ch->calls, cuMemRelease, h);
+    return cr;
+}
+
+CUresult fp_vmm_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
+{
+    return FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
+}

@@ -1,0 +1,30 @@
+/* vmm.h - the driver's address-space and mapping calls that are not a pool
+ * chunk: reservations, the fabric handle probe, host memory mapped for
+ * sleep's copies, and unmaps of mappings the pool does not count.  With
+ * chunk.c, the only place in lib/ that reserves, creates, maps, sets
+ * access, unmaps or releases.  Each returns the driver's CUresult, so that
+ * the caller's message says what the memory was for. */
+#ifndef FP_VMM_H
+#define FP_VMM_H
+
+#include "chunk.h"
+
+/* Reserves size bytes of address space aligned to align (0: the driver's choice) at *va. */
+CUresult fp_vmm_reserve(fp_chunks *ch, uint64_t size, uint64_t align, uint64_t *va);
+/* Frees a reservation (tried twice). */
+CUresult fp_vmm_unreserve(fp_chunks *ch, uint64_t va, uint64_t size);
+/* A real create, export and import of a fabric handle of one granule: the
+ * device attribute alone says nothing about the IMEX channel
+ * (driver-facts.md).  *step names the call that answered. */
+CUresult fp_vmm_probe_fabric(fp_chunks *ch, const char **step);
+/* Creates size bytes of memory as prop, maps them at va with read-write
+ * access for the pool's device alone, and releases the handle (the mapping
+ * keeps the memory).  On failure nothing stays mapped or created, and *call
+ * names the call that failed. */
+CUresult fp_vmm_map_new(fp_chunks *ch, uint64_t va, uint64_t size, const CUmemAllocationProp *prop,
+                        const char **call);
+/* Unmaps a mapping that the pool does not count as mapped (a host copy, a
+ * buffer's copy while it shrinks), tried twice. */
+CUresult fp_vmm_unmap(fp_chunks *ch, uint64_t va, uint64_t size);
+
+#endif

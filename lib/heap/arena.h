@@ -1,0 +1,180 @@
+/* arena.h - a heap of blocks of any size over chunks mapped for it: best
+ * fit, neighbours coalesced, chunks mapped only where no free range fits.
+ *
+ * An arena owns runs of the reservation, each a contiguous range mapped by
+ * its chunks (fp_lchunk, sorted by address) and cut into pieces: blocks
+ * given out and free ranges, linked in address order (anext / aprev, NULL at
+ * a run's ends), touching free ranges always merged.  Block sizes are
+ * multiples of the arena's quantum, and every base is too.  Free ranges sit
+ * in bins, 64 per doubling (TLSF's two-level index, a bitmap and its summary): an
+ * allocation takes the smallest free range that fits among the bin of its
+ * size and the next bin that holds any, and splits it, keeping the block at
+ * its high end.  Where none fits (a miss) the arena grows a free range at
+ * the low (or high) end of a run into the free address space beside it, or
+ * starts a run of its own below its home address, mapping only what is
+ * missing plus what the recent growth of the arena says the next
+ * allocations will take (fp_arena_ahead).  A chunk is unmapped only when
+ * all of it lies in one free range (cuMemUnmap takes whole mappings).
+ *
+ * fp_span, the page map's record (slab.h serves slabs with it), is declared
+ * here: every page of an arena's chunks points to the arena's sentinel span
+ * (kind FP_SPAN_LARGE), except the pages of a slab carved from it, which
+ * point to the slab.  A block's own record is found by its base in the
+ * arena's table of blocks given out.
+ *
+ * Counters it owns: its mapped, free and used
+ * bytes.  Locking: every call under the pool lock (h->sp->lock). */
+#ifndef FP_ARENA_H
+#define FP_ARENA_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "addrmap.h"
+#include "space.h"
+
+enum { FP_SPAN_SLAB = 1, FP_SPAN_LARGE = 2 };
+/* a piece's state: a free range, a block given out, a free range held by an allocation in progress (no trim
+ * unmaps it), a block freed on a stream whose work may still use it (retire.h: given out for the rest of the
+ * pool) */
+enum { FP_LARGE_FREE = 0, FP_LARGE_LIVE = 1, FP_LARGE_HELD = 2, FP_LARGE_PENDING = 3 };
+/* a slab block's freeflag: given out, free, freed on a stream and still pending there (retire.h), given out and
+ * used on other streams too (fabpool_record_stream: its free takes the slow path, which asks the retirement queue) */
+enum { FP_FREEFLAG_USED = 0, FP_FREEFLAG_FREE = 1, FP_FREEFLAG_PENDING = 2, FP_FREEFLAG_RECORDED = 3 };
+
+/* What the page map points to: a slab (slab.h), or an arena's sentinel. */
+typedef struct fp_span {
+    uint64_t base, size;
+    uint8_t kind, list;
+    uint16_t cls;
+    _Atomic uint32_t in_use;           /* unused (a sentinel: FP_LARGE_FREE) */
+    struct fp_span *next, *prev;       /* a slab's class list */
+    struct fp_span *all_next, *all_prev; /* every slab of the heap (pool lock) */
+    /* slabs */
+    uint32_t obj_q;                    /* block size / 64 (FP_QUANTUM_SHIFT) */
+    uint64_t magic;                    /* ceil(2^32 / obj_q): index = (off/64 * magic) >> 32 */
+    uint32_t nobj, nfree;              /* nfree: blocks on free_stack (held centrally) */
+    uint32_t *free_stack;
+    _Atomic uint8_t *freeflag;         /* per block, FP_FREEFLAG_*: 1 = free (central or in a thread cache), 2 =
+                                          pending on a stream (given out for the rest of the pool), 3 = given
+                                          out with recorded streams: a byte each, so setting one is a plain
+                                          store, not a locked RMW */
+} fp_span;
+
+/* A block or a free range of an arena. */
+typedef struct fp_piece {
+    uint64_t base, size;
+    struct fp_piece *anext, *aprev;    /* the pieces touching it, in address order (NULL: the run ends) */
+    struct fp_piece *next, *prev;      /* a free range: its bin's list */
+    uint32_t state;                    /* FP_LARGE_* */
+    uint32_t bin;
+} fp_piece;
+
+/* A contiguous range of the arena's mapped memory: its first and last piece. */
+typedef struct fp_run {
+    uint64_t base, size;
+    fp_piece *head, *tail;
+} fp_run;
+
+/* One physical chunk mapped for an arena (cuMemUnmap takes whole chunks). */
+typedef struct fp_lchunk {
+    uint64_t va, size;
+} fp_lchunk;
+
+#define FP_ARENA_SUB_SHIFT 6u                      /* 64 bins per doubling */
+#define FP_ARENA_SUB (1u << FP_ARENA_SUB_SHIFT)
+#define FP_ARENA_NBINS 4096u                       /* 64 x 64: a word of the bitmap's summary each */
+#define FP_ARENA_RATE 32u                          /* allocations the growth rate is taken over */
+
+/* How an arena grows and maps (fp_arena_ahead, fp_arena_grow_plan). */
+typedef struct fp_arena_policy {
+    uint64_t ahead_max;                /* the most a miss maps beyond what it needs (0: only what it needs) */
+    uint64_t ahead_below;              /* a block of this size or more maps only what it needs */
+    unsigned ahead_mult;               /* the growth of the last FP_ARENA_RATE allocations, times this */
+    unsigned ahead_frac;               /* and at most the used bytes / this (0: no such cap) */
+    unsigned chunk_granules;           /* the largest chunk */
+} fp_arena_policy;
+
+typedef struct fp_arena {
+    fp_space *sp;
+    fp_span *sentinel;                 /* the page map's entry for the arena's pages */
+    const char *name;                  /* in messages */
+    uint64_t quantum;                  /* a power of two: sizes and bases are multiples of it */
+    unsigned qshift;
+    uint64_t home;                     /* new runs go below this address where the reservation has room */
+    fp_arena_policy pol;
+    fp_piece *bins[FP_ARENA_NBINS];
+    uint64_t bitmap[FP_ARENA_NBINS / 64];  /* a bit per bin that holds a free range */
+    uint64_t summary;                      /* a bit per word of the bitmap that is not 0 */
+    fp_addrmap blocks;                 /* base -> piece of every block given out (live or pending) */
+    fp_run *runs;                      /* sorted by base, apart (touching runs are one) */
+    size_t n_runs, cap_runs;
+    fp_lchunk *chunks;                 /* sorted by va */
+    size_t n_chunks, cap_chunks;
+    fp_piece *spare;                   /* records kept for reuse (linked through next) */
+    size_t n_spare;
+    uint64_t mapped_bytes, free_bytes, used_bytes, n_blocks;
+    uint64_t ring_n[FP_ARENA_RATE];    /* blocks given out after each of the last allocations */
+    uint64_t ring_size[FP_ARENA_RATE]; /* and the size of each */
+    unsigned ring_at;
+} fp_arena;
+
+/* A miss being served: the free range grown (held) and the range to map. */
+typedef struct fp_arena_grow {
+    fp_piece *g;                       /* NULL: a new run */
+    uint64_t va, size;
+    int low;                           /* g grows at its low end */
+    int ahead;                         /* mostly mapped ahead of need: one chunk */
+} fp_arena_grow;
+
+/* An empty arena of blocks of `quantum` bytes (a power of two, at most the
+ * granularity) whose pages the page map sends to `sentinel`. */
+void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *name, uint64_t quantum, uint64_t home,
+                   const fp_arena_policy *pol);
+/* Unmaps every chunk and frees every record (destroy: blocks still given out go too). */
+void fp_arena_destroy(fp_arena *a);
+
+static inline uint64_t fp_arena_round(const fp_arena *a, uint64_t size)
+{
+    return (size + a->quantum - 1) & ~(a->quantum - 1);
+}
+
+/* The block of n bytes (a multiple of the quantum), its base a multiple of
+ * align (a power of two; the quantum or less: no more than the quantum),
+ * cut from the best-fitting free range, no driver call; NULL when none fits
+ * (*st FABPOOL_OK) or without host memory (*st says so). */
+fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st);
+/* What a miss for a block of n bytes maps beyond what it needs: the blocks
+ * the arena's last FP_ARENA_RATE allocations added (net of frees) at their
+ * mean size, times ahead_mult, at most ahead_max (and a share of the used
+ * bytes where the policy says); nothing for a block of ahead_below or more,
+ * which pays for its own map.  A program that allocates fast meets a miss
+ * every ahead_max bytes, not at every block; one that has reached its size
+ * maps what it asks. */
+uint64_t fp_arena_ahead(const fp_arena *a, uint64_t n);
+/* A miss of n bytes aligned to align: chooses the range to map for them
+ * (and, with ahead_ok, fp_arena_ahead more), rounded up to the
+ * granularity, holds the free range it grows and takes the address space.
+ * FABPOOL_ERR_LIMIT when the reservation has no room. */
+fabpool_status fp_arena_grow_plan(fp_arena *a, uint64_t n, uint64_t align, int ahead_ok, fp_arena_grow *gr);
+/* Maps the plan and cuts the block of n bytes (aligned as planned) from it:
+ * *out.  On failure the arena is as before the plan (its range back in the
+ * reservation). */
+fabpool_status fp_arena_grow_map(fp_arena *a, fp_arena_grow *gr, uint64_t n, uint64_t align, fp_piece **out);
+/* Gives a plan up (the range held goes back). */
+void fp_arena_grow_cancel(fp_arena *a, fp_arena_grow *gr);
+
+/* The block given out (live or pending) at addr, or NULL. */
+static inline fp_piece *fp_arena_block(const fp_arena *a, uint64_t addr)
+{
+    return (fp_piece *)fp_addrmap_get(&a->blocks, addr);
+}
+/* Frees block b: merged with the free ranges touching it. */
+void fp_arena_release(fp_arena *a, fp_piece *b);
+/* Unmaps chunks that lie wholly in free ranges (not held ones) until goal
+ * bytes went back or none is left; returns the bytes unmapped. */
+uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal);
+/* The piece that holds addr, or NULL (a walk of the run: for messages). */
+const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr);
+
+#endif

@@ -1,0 +1,191 @@
+/* large.c - blocks above slab_max, each cut from the medium or the large
+ * arena by best fit (large.h). */
+#include "large.h"
+
+#include "error.h"
+
+/* fp_heap_trim_policy after a block's allocation or free, but the decay's
+ * clock only at every 16th of a thread's: a medium block's path is a few
+ * tens of ns, the clock a good part of that.  What cannot wait (decay_ms:0,
+ * the cache limit, empty slabs to give back) is looked at every time. */
+static void policy_now_and_then(fp_heap *h)
+{
+    static _Thread_local unsigned tick;
+    if ((++tick & 15) == 0 || h->decay_ms == 0 || atomic_load_explicit(&h->shed, memory_order_relaxed) ||
+        fp_heap_idle(h) > h->cache_limit)
+        fp_heap_trim_policy(h);
+}
+
+static int arena_index(const fp_heap *h, uint64_t size)
+{
+    return size <= h->medium_max ? FP_ARENA_MEDIUM : FP_ARENA_LARGE;
+}
+
+static fp_arena *arena_for(fp_heap *h, uint64_t size) { return &h->arenas[arena_index(h, size)]; }
+
+uint64_t fp_large_size(const fp_heap *h, uint64_t size) { return fp_arena_round(&h->arenas[arena_index(h, size)], size); }
+
+fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
+{
+    if (size > h->sp->va.size)
+        return fp_error(FABPOOL_ERR_LIMIT, "fabpool_alloc of %llu bytes: larger than the pool's reserved address "
+                        "space (%llu bytes)", (unsigned long long)size, (unsigned long long)h->sp->va.size);
+    fp_arena *a = arena_for(h, size);
+    uint64_t n = fp_arena_round(a, size);
+    fabpool_status st = fp_chunk_fits_device(h->sp->ch, n, "fabpool_alloc: a block of");
+    if (st != FABPOOL_OK)
+        return st;
+    fp_lock(&h->sp->lock);
+    fp_piece *b = fp_heap_take(h, a, n, FP_BLOCK_QUANTUM, &st);
+    if (b) {
+        atomic_fetch_add(&h->large_in_use_bytes, n);
+        atomic_fetch_add(&h->large_blocks, 1);
+        unsigned bucket = fp_class_of(n);
+        atomic_fetch_add(&h->large_allocs[bucket < FP_NCLASS ? bucket : FP_NCLASS - 1], 1);
+        *out = (void *)(uintptr_t)b->base;
+    }
+    fp_unlock(&h->sp->lock);
+    policy_now_and_then(h);
+    return st;
+}
+
+/* The arena of blocks above slab_max whose page holds addr, or NULL. */
+static fp_arena *arena_at(fp_heap *h, uint64_t addr)
+{
+    const fp_span *s = fp_map_get(&h->sp->map, addr);
+    for (int i = 0; i < FP_NARENAS; i++)
+        if (s == &h->sentinels[i])
+            return &h->arenas[i];
+    return NULL;
+}
+
+/* The live block at addr, or NULL with a message (fn names the call). */
+static fp_piece *live_at(fp_heap *h, uint64_t addr, fp_arena **ap, const char *fn, fabpool_status *st)
+{
+    fp_lock_assert_held(&h->sp->lock);
+    fp_arena *a = arena_at(h, addr);
+    fp_piece *b = a ? fp_arena_block(a, addr) : NULL;
+    *ap = a;
+    if (b && b->state == FP_LARGE_LIVE)
+        return b;
+    if (b) {
+        *st = fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this block was already freed on a stream and waits there "
+                       "for the stream's work (a double free)", fn, (void *)(uintptr_t)addr);
+        return NULL;
+    }
+    const fp_piece *p = a ? fp_arena_find(a, addr) : NULL;
+    if (p && (p->state == FP_LARGE_LIVE || p->state == FP_LARGE_PENDING))
+        *st = fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer, %llu bytes into a block of %llu bytes at "
+                       "0x%llx; free the pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr,
+                       (unsigned long long)(addr - p->base), (unsigned long long)p->size,
+                       (unsigned long long)p->base);
+    else if (p)
+        *st = fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this address is in free memory of %s (a double free, or a "
+                       "pointer this pool never gave out)", fn, (void *)(uintptr_t)addr, a->name);
+    else
+        *st = fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this pool did not give out that pointer, or it was freed and "
+                       "its memory returned to the driver", fn, (void *)(uintptr_t)addr);
+    return NULL;
+}
+
+fabpool_status fp_large_check(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable)
+{
+    fabpool_status st = FABPOOL_OK;
+    fp_arena *a = NULL;
+    fp_lock(&h->sp->lock);
+    fp_piece *b = live_at(h, addr, &a, fn, &st);
+    if (b)
+        *usable = b->size;
+    fp_unlock(&h->sp->lock);
+    return st;
+}
+
+fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable)
+{
+    fabpool_status st = FABPOOL_OK;
+    fp_arena *a = NULL;
+    fp_lock(&h->sp->lock);
+    fp_piece *b = live_at(h, addr, &a, fn, &st);
+    if (b) {
+        b->state = FP_LARGE_PENDING;
+        *usable = b->size;
+    }
+    fp_unlock(&h->sp->lock);
+    return st;
+}
+
+void fp_large_unpend(fp_heap *h, uint64_t addr)
+{
+    fp_lock(&h->sp->lock);
+    fp_arena *a = arena_at(h, addr);
+    fp_piece *b = a ? fp_arena_block(a, addr) : NULL;
+    if (b)
+        b->state = FP_LARGE_LIVE;
+    fp_unlock(&h->sp->lock);
+}
+
+fabpool_status fp_large_live_locked(fp_heap *h, uint64_t addr, uint64_t *usable, const char *fn)
+{
+    fp_lock_assert_held(&h->sp->lock);
+    fp_arena *a = arena_at(h, addr);
+    fp_piece *b = a ? fp_arena_block(a, addr) : NULL;
+    if (b && b->state == FP_LARGE_LIVE) {
+        *usable = b->size;
+        return FABPOOL_OK;
+    }
+    if (b)
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this %llu-byte block is free (freed on a stream and waiting "
+                        "for its work); only a live block can be used", fn, (void *)(uintptr_t)addr,
+                        (unsigned long long)b->size);
+    const fp_piece *p = a ? fp_arena_find(a, addr) : NULL;
+    if (p && (p->state == FP_LARGE_LIVE || p->state == FP_LARGE_PENDING))
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer, %llu bytes into a block of %llu bytes at "
+                        "0x%llx; give the pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr,
+                        (unsigned long long)(addr - p->base), (unsigned long long)p->size,
+                        (unsigned long long)p->base);
+    return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this address is free memory of %s, not a block given out; only a "
+                    "live block can be used", fn, (void *)(uintptr_t)addr, a ? a->name : "the pool");
+}
+
+fabpool_status fp_large_usable(fp_heap *h, uint64_t addr, uint64_t *usable, const char *fn)
+{
+    fp_lock(&h->sp->lock);
+    fabpool_status st = fp_large_live_locked(h, addr, usable, fn);
+    fp_unlock(&h->sp->lock);
+    return st;
+}
+
+fabpool_status fp_large_free(fp_heap *h, uint64_t addr, const char *fn)
+{
+    /* the block is looked up under the lock: pieces merge and split under it */
+    fabpool_status st = FABPOOL_OK;
+    fp_arena *a = NULL;
+    fp_lock(&h->sp->lock);
+    fp_piece *b = live_at(h, addr, &a, fn, &st);
+    if (b) {
+        atomic_fetch_sub(&h->large_in_use_bytes, b->size);
+        atomic_fetch_sub(&h->large_blocks, 1);
+        fp_arena_release(a, b);
+        fp_heap_idle_follow(h);
+    }
+    fp_unlock(&h->sp->lock);
+    if (b)
+        policy_now_and_then(h);
+    return st;
+}
+
+void fp_heap_count_large(const fp_heap *h, uint64_t *counts)
+{
+    for (int i = 0; i < FP_NARENAS; i++) {
+        const fp_addrmap *m = &h->arenas[i].blocks;
+        for (size_t k = 0; k < m->cap; k++)
+            if (m->slots[k].key) {
+                const fp_span *s = fp_map_get(&h->sp->map, m->slots[k].key);
+                if (s && s->kind == FP_SPAN_SLAB)
+                    continue; /* a slab of the medium arena */
+                unsigned c = fp_class_of(((const fp_piece *)m->slots[k].val)->size);
+                counts[c < FP_NCLASS ? c : FP_NCLASS - 1]++;
+            }
+    }
+}
+

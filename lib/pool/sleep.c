@@ -1,0 +1,393 @@
+/* sleep.c - fabpool_sleep / fabpool_wake: every chunk of a pool unmapped
+ * and its physical memory released, its bytes copied to pinned host memory
+ * first (offload) or dropped (discard); wake maps fresh memory at the same
+ * addresses, in the same chunks, and copies the bytes back.
+ *
+ * The record of a sleep is a list of the chunks, sorted by address, each
+ * MAPPED (awake), ASLEEP (unmapped, maybe with a host copy) or GONE (freed
+ * while asleep: a trim or a buffer's unmap went through fp_chunk_unmap,
+ * which marks it instead of calling the driver: chunk.c keeps a pointer to
+ * the list for that).  Nothing else of the
+ * pool changes: slabs, arena blocks, buffers and the page map stay as they
+ * are, so every pointer stays valid and wake needs no bookkeeping beyond
+ * the list.
+ *
+ * Host copies are VMM host NUMA memory (cuMemCreate with
+ * CU_MEM_LOCATION_TYPE_HOST_NUMA, the node next to the device), one per
+ * chunk, mapped in a reservation of their own and given device access, so
+ * that the copies both ways are device-to-device copies on the caller's
+ * stream and every piece is released like any chunk: unmapped, it is gone.
+ *
+ * With sleep_keep_host, wake keeps the host copies (their pieces and their
+ * reservation: struct fp_host_cache) instead of freeing them, and the next
+ * offload uses them again when every chunk to copy finds an unused piece of
+ * its size and no piece is left over (what a loop that sleeps the same
+ * memory again sees); else they are freed and made anew.  Pinning host
+ * memory is most of an offload's time on the H200 (docs/integration.md), as
+ * PyTorch's cached pinned memory spares vLLM's later sleeps.  fabpool_trim
+ * and destroy free them.
+ *
+ * Failures: a sleep that fails before it unmaps anything undoes its host
+ * copies (the pool is as before, the trimmed cache excepted); a failure
+ * while unmapping wakes the chunks already unmapped (their copies are
+ * there).  A wake that fails (device memory) stops where it is: the chunks
+ * mapped stay mapped, the rest stay asleep with their copies, and the next
+ * fabpool_wake goes on from there. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "pool.h"
+#include "host_copy.h"
+#include "sleep.h"
+
+static int by_va(const void *a, const void *b)
+{
+    uint64_t x = ((const fp_slept *)a)->va, y = ((const fp_slept *)b)->va;
+    return x < y ? -1 : x > y;
+}
+
+static fp_bchunk *buffer_chunk(struct fabpool_buffer *b, uint64_t va)
+{
+    for (uint32_t i = 0; i < b->n; i++)
+        if (b->base + b->chunks[i].off == va)
+            return &b->chunks[i];
+    return NULL;
+}
+
+/* The asleep state every layer reads (chunk.h), and the thread caches'
+ * epoch bit that makes every fast path miss (alloc.h). */
+static void set_asleep(struct fabpool *p, int asleep)
+{
+    fp_chunk_set_asleep(&p->ch, asleep);
+    fp_alloc_set_asleep(&p->alloc, asleep);
+}
+
+/* The record in force (NULL: none), here and in chunk.c, which consults it on
+ * every unmap.  Pool lock held. */
+static void set_record(struct fabpool *p, struct fp_sleep *r)
+{
+    p->sleep = r;
+    fp_chunk_set_slept(&p->ch, r ? r->e : NULL, r ? r->n : 0);
+}
+
+/* Every chunk the pool maps: the arenas' chunks (slabs and blocks), buffer chunks.  Pool lock held. */
+static struct fp_sleep *record_new(struct fabpool *p, fabpool_sleep_mode mode, fabpool_status *st)
+{
+    size_t n = 0;
+    for (int i = 0; i < FP_NARENAS; i++)
+        n += p->heap.arenas[i].n_chunks;
+    for (struct fabpool_buffer *b = p->bufs.list; b; b = b->next)
+        n += b->n;
+    struct fp_sleep *r = fp_meta_alloc(&p->meta, sizeof *r);
+    fp_slept *e = n ? fp_meta_alloc(&p->meta, n * sizeof *e) : NULL;
+    if (!r || (n && !e)) {
+        fp_meta_free(&p->meta, r, sizeof *r);
+        fp_meta_free(&p->meta, e, n * sizeof *e);
+        *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_sleep: no host memory for the list of %zu chunks to put to "
+                       "sleep; the pool stays awake", n);
+        return NULL;
+    }
+    memset(r, 0, sizeof *r);
+    if (n)
+        memset(e, 0, n * sizeof *e);
+    int copy = mode == FABPOOL_SLEEP_OFFLOAD;
+    size_t k = 0;
+    for (int i = 0; i < FP_NARENAS; i++)
+        for (size_t j = 0; j < p->heap.arenas[i].n_chunks; j++)
+            e[k++] = (fp_slept){.va = p->heap.arenas[i].chunks[j].va, .size = p->heap.arenas[i].chunks[j].size,
+                                .copy = (uint8_t)copy};
+    for (struct fabpool_buffer *b = p->bufs.list; b; b = b->next)
+        for (uint32_t i = 0; i < b->n; i++) /* a retired chunk (an unmap that failed before): no one reads it */
+            e[k++] = (fp_slept){.va = b->base + b->chunks[i].off, .size = b->chunks[i].size, .buf = b,
+                                .copy = (uint8_t)(copy && !b->chunks[i].retiring && !b->destroyed)};
+    if (n)
+        qsort(e, n, sizeof *e, by_va);
+    r->e = e;
+    r->n = n;
+    return r;
+}
+
+static void record_free(struct fabpool *p, struct fp_sleep *r)
+{
+    fp_meta_free(&p->meta, r->e, r->n * sizeof *r->e);
+    fp_meta_free(&p->meta, r, sizeof *r);
+}
+
+/* Maps every sleeping chunk again, restores its copy, and frees the copies
+ * and the record.  Stops at the first failure (the pool stays asleep; a
+ * retry goes on).  Pool lock held, context current. */
+static fabpool_status wake_locked(struct fabpool *p, void *stream)
+{
+    struct fp_sleep *r = p->sleep;
+    /* memory freed while asleep is not mapped again: a buffer's retired
+     * chunks and the cache go (chunk.c marks them GONE); a failure here only leaves
+     * more to map */
+    if (fp_collect_locked(&p->bufs, 1) != FABPOOL_OK)
+        fp_error_clear();
+    fp_heap_trim_locked(&p->heap, 0);
+    fabpool_status st = FABPOOL_OK;
+    size_t done = 0, todo = 0;
+    for (size_t i = 0; i < r->n; i++)
+        todo += r->e[i].state == FP_SL_ASLEEP;
+    for (size_t i = 0; i < r->n && st == FABPOOL_OK; i++) {
+        fp_slept *e = &r->e[i];
+        if (e->state != FP_SL_ASLEEP)
+            continue;
+        CUmemGenericAllocationHandle h = 0;
+        if ((st = fp_heap_chunk_create(&p->heap, e->size, &h)) != FABPOOL_OK)
+            break;
+        if (e->state != FP_SL_ASLEEP) { /* the create's trim on OOM gave it up: it was free */
+            fp_chunk_release(&p->ch, h);
+            continue;
+        }
+        if ((st = fp_chunk_map_handle(&p->ch, e->va, e->size, h, "a chunk of a pool waking up")) != FABPOOL_OK)
+            break;
+        e->state = FP_SL_MAPPED;
+        if (e->host_va) {
+            CUresult cr = FP_CU(&p->ch.calls, cuMemcpyDtoDAsync, (CUdeviceptr)e->va, (CUdeviceptr)e->host_va, e->size,
+                                (CUstream)stream);
+            if (cr != CUDA_SUCCESS) {
+                st = fp_drv_error(cr, "cuMemcpyDtoDAsync", "copying a chunk of %llu bytes back from host memory",
+                                  (unsigned long long)e->size);
+                if (fp_chunk_unmap(&p->ch, e->va, e->size) == FABPOOL_OK)
+                    e->state = FP_SL_ASLEEP;
+                break;
+            }
+        }
+        if (e->buf) {
+            /* new memory behind the chunk: an export names it anew */
+            fp_bchunk *c = buffer_chunk(e->buf, e->va);
+            if (c) {
+                c->gen = ++e->buf->generation;
+                c->named = 0;
+            }
+        }
+        done++;
+    }
+    if (st == FABPOOL_OK)
+        st = r->retry ? fp_sleep_sync(p, NULL, "restoring the offloaded contents")
+                      : fp_sleep_sync(p, stream, "restoring the offloaded contents");
+    if (st == FABPOOL_OK)
+        st = p->opt.sleep_keep_host ? fp_host_keep(p, r) : fp_host_release(p, r);
+    if (st != FABPOOL_OK) {
+        r->retry = 1;
+        fp_error_append(" (fabpool_wake: %zu of %zu chunks were mapped again; the pool stays asleep and keeps the "
+                        "host copies: call fabpool_wake again to go on)", done, todo);
+        return st;
+    }
+    set_record(p, NULL);
+    record_free(p, r);
+    set_asleep(p, 0);
+    atomic_fetch_add(&p->wakes, 1);
+    FP_LOG_CH(FP_LOG_INFO, &p->ch, "wake: %zu chunks mapped again, %llu bytes restored from host memory; %llu bytes "
+              "of pinned host memory kept; the pool maps %llu", done,
+              (unsigned long long)atomic_load(&p->sleep_offloaded), (unsigned long long)atomic_load(&p->sleep_host_bytes),
+              (unsigned long long)atomic_load(&p->ch.mapped_bytes));
+    return FABPOOL_OK;
+}
+
+/* Why the pool may not sleep now (a status with its message), or OK. */
+static fabpool_status sleep_refused_locked(struct fabpool *p)
+{
+    fp_lock_assert_held(&p->sp.lock);
+    if (fp_chunks_asleep(&p->ch))
+        return fp_error(FABPOOL_ERR_ASLEEP, "fabpool_sleep: the pool is already asleep; call fabpool_wake first");
+    for (struct fabpool_buffer *b = p->bufs.list; b; b = b->next)
+        if (b->n_peer_holds || (b->shared && b->acked != UINT64_MAX))
+            return fp_error(FABPOOL_ERR_BUSY, "fabpool_sleep: the buffer at 0x%llx (export id 0x%llx%s) was exported "
+                            "and its peers may still map it: their views would read memory that sleep takes away. "
+                            "Close the views, call fabpool_buffer_peers_ack (or fabpool_peers_ack) with UINT64_MAX, "
+                            "then sleep; nothing changed", (unsigned long long)b->base, (unsigned long long)b->uid,
+                            b->destroyed ? ", destroyed" : "");
+    return FABPOOL_OK;
+}
+
+/* Unmaps every chunk of record r (set as the pool's), counting what was
+ * offloaded and what discarded; a chunk the driver refuses to unmap wakes
+ * the pool again (a rollback, not a wake).  Pool lock held, context
+ * current. */
+static fabpool_status unmap_recorded(struct fabpool *p, struct fp_sleep *r, fabpool_sleep_mode mode, void *stream)
+{
+    fabpool_status st = FABPOOL_OK;
+    uint64_t off = 0, drop = 0;
+    set_record(p, r);
+    for (size_t i = 0; i < r->n; i++) {
+        fp_slept *e = &r->e[i];
+        if (e->buf) {
+            fp_bchunk *c = buffer_chunk(e->buf, e->va);
+            if (c) /* an exported fd the pool holds would keep the memory */
+                fp_bchunk_forget_export(&p->bufs, c);
+        }
+        if ((st = fp_chunk_unmap(&p->ch, e->va, e->size)) != FABPOOL_OK) {
+            fp_error_append(" to put it to sleep (tried twice)");
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", fabpool_last_error());
+            fabpool_status wst = wake_locked(p, stream);
+            if (wst == FABPOOL_OK) {
+                atomic_fetch_sub(&p->wakes, 1); /* a rollback, not a wake */
+                st = fp_error(st, "%s; the chunks already unmapped were mapped again%s: the pool is awake", msg,
+                              mode == FABPOOL_SLEEP_OFFLOAD ? " with their contents" : "");
+            } else
+                fp_error_append(" (after: %s)", msg);
+            return st;
+        }
+        e->state = FP_SL_ASLEEP; /* fp_chunk_unmap counted it */
+        if (e->host_va)
+            off += e->size;
+        else
+            drop += e->size;
+    }
+    atomic_store(&p->sleep_offloaded, off);
+    atomic_store(&p->sleep_discarded, drop);
+    atomic_store(&p->sleep_mode, (int)mode);
+    atomic_fetch_add(&p->sleeps, 1);
+    FP_LOG_CH(FP_LOG_INFO, &p->ch, "sleep (%s): %llu bytes offloaded to host memory, %llu discarded; %llu bytes of "
+              "pinned host memory held (%llu of them reused from the last wake); the pool maps %llu",
+              mode == FABPOOL_SLEEP_OFFLOAD ? "offload" : "discard", (unsigned long long)off,
+              (unsigned long long)drop, (unsigned long long)atomic_load(&p->sleep_host_bytes),
+              (unsigned long long)atomic_load(&p->sleep_host_reused), (unsigned long long)atomic_load(&p->ch.mapped_bytes));
+    fp_error_clear();
+    return FABPOOL_OK;
+}
+
+fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream)
+{
+    if (!p)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_sleep: the pool is NULL");
+    if (mode != FABPOOL_SLEEP_DISCARD && mode != FABPOOL_SLEEP_OFFLOAD)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_sleep: mode %d is neither FABPOOL_SLEEP_DISCARD (0) nor "
+                        "FABPOOL_SLEEP_OFFLOAD (1)", (int)mode);
+    /* the refusals first (nothing changes), then the blocks freed on streams
+     * (retire.h): their streams' work is waited for and they go back to the
+     * pool, so that they are free memory (trimmed below, not offloaded) and no
+     * queued kernel reads memory that sleep unmaps; the drain takes the pool
+     * lock itself, so the refusals are checked again after it */
+    for (int pass = 0; pass < 2; pass++) {
+        fp_lock(&p->sp.lock);
+        fabpool_status rst = sleep_refused_locked(p);
+        if (rst != FABPOOL_OK || pass == 1) {
+            if (rst != FABPOOL_OK) {
+                fp_unlock(&p->sp.lock);
+                return rst;
+            }
+            break;
+        }
+        fp_unlock(&p->sp.lock);
+        fp_alloc_drain(&p->alloc, 1, 0);
+    }
+    CUcontext saved;
+    fabpool_status st = fp_ctx_push(&p->ch, &saved);
+    if (st != FABPOOL_OK) {
+        fp_unlock(&p->sp.lock);
+        return st;
+    }
+    if ((st = fp_sleep_sync(p, stream, "before the pool goes to sleep (nothing changed)")) != FABPOOL_OK)
+        goto out;
+    /* from here on every thread cache misses, allocation fails */
+    set_asleep(p, 1);
+    fabpool_thread_flush(p);
+    struct fp_sleep *r = NULL;
+    if ((st = fp_collect_locked(&p->bufs, 1)) != FABPOOL_OK) {
+        fp_error_append(" (fabpool_sleep: collecting retired buffer chunks; the pool stays awake)");
+        goto awake;
+    }
+    fp_heap_trim_locked(&p->heap, 0);
+    if (!(r = record_new(p, mode, &st)))
+        goto awake;
+    atomic_store(&p->sleep_host_reused, 0);
+    if (mode == FABPOOL_SLEEP_OFFLOAD && (st = fp_host_offload(p, r, stream)) != FABPOOL_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", fabpool_last_error());
+        if (fp_host_release(p, r) == FABPOOL_OK)
+            record_free(p, r);
+        /* else: the host copies that could not be unmapped stay mapped, in a record no one frees (the
+         * driver refused twice: nothing better to do) */
+        st = fp_error(st, "%s", msg);
+        goto awake;
+    }
+    st = unmap_recorded(p, r, mode, stream);
+    goto out;
+awake:
+    set_asleep(p, 0);
+out:
+    fp_ctx_pop(&p->ch, saved);
+    fp_unlock(&p->sp.lock);
+    return st;
+}
+
+fabpool_status fabpool_wake(fabpool_t *p, void *stream)
+{
+    if (!p)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_wake: the pool is NULL");
+    fp_lock(&p->sp.lock);
+    if (!p->sleep) {
+        fp_unlock(&p->sp.lock);
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_wake: the pool is not asleep (fabpool_sleep first); "
+                        "nothing changed");
+    }
+    CUcontext saved;
+    fabpool_status st = fp_ctx_push(&p->ch, &saved);
+    if (st == FABPOOL_OK) {
+        st = wake_locked(p, stream);
+        fp_ctx_pop(&p->ch, saved);
+    }
+    fp_unlock(&p->sp.lock);
+    if (st == FABPOOL_OK) {
+        fp_error_clear();
+        fp_heap_trim_policy(&p->heap);
+    }
+    return st;
+}
+
+fabpool_status fabpool_sleep_state(fabpool_t *p, fabpool_sleep_info *out)
+{
+    if (!p || !out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_sleep_state: the pool or the output is NULL");
+    fabpool_status st = fp_struct_size_check("fabpool_sleep_state", "fabpool_sleep_info", out->struct_size, sizeof *out);
+    if (st != FABPOOL_OK)
+        return st;
+    memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    fp_lock(&p->sp.lock);
+    out->asleep = p->sleep != NULL;
+    fp_unlock(&p->sp.lock);
+    out->mode = (fabpool_sleep_mode)atomic_load(&p->sleep_mode);
+    out->offloaded_bytes = atomic_load(&p->sleep_offloaded);
+    out->discarded_bytes = atomic_load(&p->sleep_discarded);
+    out->host_bytes = atomic_load(&p->sleep_host_bytes);
+    out->host_copies = atomic_load(&p->sleep_host_copies);
+    out->sleeps = atomic_load(&p->sleeps);
+    out->wakes = atomic_load(&p->wakes);
+    out->host_reused_bytes = atomic_load(&p->sleep_host_reused);
+    return FABPOOL_OK;
+}
+
+fabpool_status fp_sleep_host_trim(struct fabpool *p)
+{
+    fp_lock_assert_held(&p->sp.lock);
+    return fp_host_cache_release(p);
+}
+
+void fp_sleep_free(struct fabpool *p)
+{
+    fp_host_cache_release(p);
+    struct fp_sleep *r = p->sleep;
+    if (!r)
+        return;
+    set_record(p, NULL);
+    if (fp_host_release(p, r) == FABPOOL_OK)
+        record_free(p, r);
+}
+
+void fp_sleep_unmapped(const struct fabpool *p, uint64_t *chunks, uint64_t *bytes)
+{
+    *chunks = *bytes = 0;
+    if (!p->sleep)
+        return;
+    for (size_t i = 0; i < p->sleep->n; i++)
+        if (p->sleep->e[i].state == FP_SL_ASLEEP) {
+            (*chunks)++;
+            *bytes += p->sleep->e[i].size;
+        }
+}
