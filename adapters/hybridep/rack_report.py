@@ -7,10 +7,10 @@ from hybridep_rack's JSON lines, one file per rank count.
     the last step and the regrows; per rank and regrow (the median over the
     regrows after the first allocation): creates, exports, imports, handle
     bytes sent and gathered, and the modelled time;
-  - the extrapolation: each of those per-rank figures fitted as a + b R + c R^2
-    over the runs with fewer ranks than the largest (three or more rank
-    counts), evaluated at 72 and at the largest run's rank count, beside what
-    that run gave;
+  - the extrapolation: each of those per-rank figures fitted over all the runs
+    (least squares; BASIS_* say which functions of the ranks R), evaluated at
+    72 ranks and at each run's rank count, beside what a partial run (fewer
+    ways, e.g. 72 ranks stopped after the first way) gave;
   - the plot (SVG, written here: no plotting library needed): device memory per
     GPU over the steps, the four ways, at the largest rank count, plus
     --baseline-gib less the first step's buffer set (the rest of the rank's
@@ -52,19 +52,29 @@ def per_regrow(rows, key):
     return statistics.median(v) if v else 0.0
 
 
-def fit3(xs, ys):
-    """least squares a + b x + c x^2 (normal equations, 3x3)"""
-    s = [sum(x ** k for x in xs) for k in range(5)]
-    t = [sum(y * x ** k for x, y in zip(xs, ys)) for k in range(3)]
-    m = [[s[i + j] for j in range(3)] + [t[i]] for i in range(3)]
-    for i in range(3):
-        p = max(range(i, 3), key=lambda r: abs(m[r][i]))
+def fit(basis, xs, ys):
+    """least squares over the basis functions (normal equations, Gauss-Jordan); returns the fitted function"""
+    n = len(basis)
+    m = [[sum(basis[i](x) * basis[j](x) for x in xs) for j in range(n)] +
+         [sum(basis[i](x) * y for x, y in zip(xs, ys))] for i in range(n)]
+    for i in range(n):
+        p = max(range(i, n), key=lambda r: abs(m[r][i]))
         m[i], m[p] = m[p], m[i]
-        for r in range(3):
+        for r in range(n):
             if r != i and m[i][i]:
                 f = m[r][i] / m[i][i]
                 m[r] = [a - f * b for a, b in zip(m[r], m[i])]
-    return [m[i][3] / m[i][i] if m[i][i] else 0.0 for i in range(3)]
+    c = [m[i][n] / m[i][i] if m[i][i] else 0.0 for i in range(n)]
+    return lambda x: sum(ci * b(x) for ci, b in zip(c, basis))
+
+
+# What each figure is, per rank, as a function of the ranks R: counts and handle bytes are per-buffer constants,
+# one per peer, and rank 0's two completion flags shared out (a + b R + c / R); memory per GPU is the buffer set
+# (the token buffer grows with R, the prob and all-gather ones with R^2); the time prices calls (~R) and the
+# bytes they map and unmap: every view of every peer's set (~R^2 and R^3).
+BASIS_COUNT = [lambda r: 1.0, lambda r: float(r), lambda r: 1.0 / r]
+BASIS_MEMORY = [lambda r: 1.0, lambda r: float(r), lambda r: float(r * r)]
+BASIS_TIME = [lambda r: 1.0, lambda r: float(r), lambda r: float(r * r), lambda r: float(r ** 3)]
 
 
 def svg(path, ranks, by, base):
@@ -73,7 +83,7 @@ def svg(path, ranks, by, base):
     lines = [(w, LABEL[w], STYLE[w], [(r["step"], r["held_per_gpu"]) for r in by[w]]) for w in ways]
     if len(ways) < len(WAYS):
         ref = by[ways[0]]
-        lines.append(("live", "the live set (what the other three hold)", ("#7f8c8d", "4,4", 3),
+        lines.append(("live", "the live set", ("#7f8c8d", "4,4", 3),
                       [(r["step"], r["live_per_gpu"]) for r in ref]))
     W, H, L, R, T, B = 900, 480, 80, 330, 40, 60
     steps = max(len(pts) for *_, pts in lines)
@@ -144,26 +154,27 @@ def main():
     for key, name in FIGS:
         fmt = (lambda v: f"{v:,.0f}") if "us" in key or "bytes" in name else (lambda v: f"{v:.1f}")
         row(f"{name} per regrow", lambda w, k=key, f=fmt: f(per_regrow(by[w], k)))
-    small = [(n, b) for n, b in runs if n < ranks]
-    if len(small) >= 3:
-        xs = [n for n, _ in small]
-        print(f"\nExtrapolation (fitted a + b R + c R^2 over {', '.join(map(str, xs))} ranks; per rank and regrow, "
-              f"the median over the regrows after the first):\n")
+    if len(runs) >= 3:
+        xs = [n for n, _ in runs]
         pn = part[0] if part else None
-        extra = f" at {pn} ranks: run |" if part else ""
-        print("| figure | way | at 72 ranks: fitted | at %d ranks: fitted | at %d ranks: run |" % (ranks, ranks)
-              + extra)
-        print("| --- | --- | --- | --- | --- |" + (" --- |" if part else ""))
+        print(f"\nExtrapolation (least squares over the runs at {', '.join(map(str, xs))} ranks; per rank and "
+              f"regrow, the median over the regrows after the first):\n")
+        head = "| figure | way | " + " | ".join(f"{n} ranks: run / fit" for n in xs) + " | 72 ranks: fit |"
+        if part:
+            head += f" {pn} ranks: run |"
+        print(head)
+        print("| --- | --- |" + " --- |" * (len(xs) + 1 + (1 if part else 0)))
         for key, name in FIGS + [("held_last", "device memory per GPU, last step (GiB)")]:
+            basis = BASIS_MEMORY if key == "held_last" else BASIS_TIME if "us" in key else BASIS_COUNT
             for w in WAYS:
                 get = (lambda b, ww=w: b[ww][-1]["held_per_gpu"] / GiB) if key == "held_last" else \
                     (lambda b, ww=w, k=key: per_regrow(b[ww], k))
-                c = fit3(xs, [get(b) for _, b in small])
-                f = lambda x: c[0] + c[1] * x + c[2] * x * x
+                f = fit(basis, xs, [get(b) for _, b in runs])
+                cells = " | ".join(f"{get(b):,.1f} / {f(n):,.1f}" for n, b in runs)
                 tail = ""
                 if part:
                     tail = f" {get(part[1]):,.1f} |" if part[1][w] else " - |"
-                print(f"| {name} | {w} | {f(72):,.1f} | {f(ranks):,.1f} | {get(by):,.1f} |" + tail)
+                print(f"| {name} | {w} | {cells} | {f(72):,.1f} |" + tail)
     if a.svg:
         svg(a.svg, ranks, by, base)
         print(f"\n(plot: {a.svg})")
