@@ -9,7 +9,8 @@
 #   upstream/  DeepEP as it is;
 #   fabpool/   the drop-in (allocator.cuh: an include and two aliases,
 #              allocator.cu not built) and growth in place in update_buffer
-#              (on with FABPOOL_HYBRIDEP_INPLACE=1): deepep/patch.py.
+#              (on with FABPOOL_HYBRIDEP_INPLACE=1), and the agreement
+#              before a regrow (FABPOOL_HYBRIDEP_AGREE=1): deepep/patch.py.
 # Stages (each logged with set -x, each runs whatever failed before it, each
 # bounded by a timeout and by what is left of $DEEPEP_RUN_BUDGET seconds):
 #   1. build: libfabpool + test_hybridep (cmake, real driver), and both
@@ -18,7 +19,9 @@
 #   2. regrowth in DeepEP (deepep/regrow.py): update_template_config for
 #      T = 1,024..16,384 step 1,024, 3 times: upstream, fabpool (DeepEP's
 #      release + allocate unchanged), fabpool in place; held vs live
-#      (cuMemGetInfo), 0 at the end, regrow time and its breakdown;
+#      (cuMemGetInfo), 0 at the end, regrow time and its breakdown; then
+#      the agreement's cost per call (2,000 calls that do not grow, with
+#      FABPOOL_HYBRIDEP_AGREE=0 and 1) and the in-place regrowth with it on;
 #   3. the two-process POSIX-fd test on one GPU: handles as bytes only
 #      (pidfd_getfd), then with the fds over a socket (test_hybridep);
 #   4. DeepEP's tests/test_hybrid_ep.py test_main at world size 1, upstream
@@ -110,11 +113,14 @@ pyenv() {
   [ -f "$W/upstream/build/hybrid_ep_cpp.so" ] && status+=(build-upstream-ext=0) || status+=(build-upstream-ext=FAILED)
 
   # ------------------------------------------------------------ 2. regrowth in DeepEP
-  regrow() {  # regrow LABEL VARIANT [ENV...]
+  regrow() {  # regrow LABEL VARIANT [ENV...] [-- regrow.py args]
     local label=$1 v=$2; shift 2
+    local envs=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
     pushd "$W/$v/tests" >/dev/null || return 1
-    step "regrow-$label" 120 env $(pyenv "$v") MASTER_PORT="$(port "regrow-$label")" "$@" \
-        python3 "$HERE/regrow.py" --label "$label" --world "$GPUS" --json "$OUT/regrow-$label.json"
+    step "regrow-$label" 120 env $(pyenv "$v") MASTER_PORT="$(port "regrow-$label")" "${envs[@]}" \
+        python3 "$HERE/regrow.py" --label "$label" --world "$GPUS" --json "$OUT/regrow-$label.json" "$@"
     local rc=$?
     popd >/dev/null
     return $rc
@@ -122,6 +128,12 @@ pyenv() {
   regrow upstream upstream
   regrow fabpool fabpool FABPOOL_HYBRIDEP_TIMING="$W/timing-fabpool.txt"
   regrow fabpool-inplace fabpool FABPOOL_HYBRIDEP_INPLACE=1 FABPOOL_HYBRIDEP_TIMING="$W/timing-inplace.txt"
+  # the agreement's cost: 2,000 calls that do not grow, without and with FABPOOL_HYBRIDEP_AGREE (one all-reduce
+  # of the needed sizes per call); then the regrowth with it on
+  regrow agree-off fabpool FABPOOL_HYBRIDEP_INPLACE=1 FABPOOL_HYBRIDEP_AGREE=0 -- --reps 0 --calls 2000
+  regrow agree-on fabpool FABPOOL_HYBRIDEP_INPLACE=1 FABPOOL_HYBRIDEP_AGREE=1 -- --reps 0 --calls 2000
+  regrow fabpool-inplace-agree fabpool FABPOOL_HYBRIDEP_INPLACE=1 FABPOOL_HYBRIDEP_AGREE=1 \
+      FABPOOL_HYBRIDEP_TIMING="$W/timing-inplace-agree.txt"
   cp "$W"/timing-*.txt* "$OUT/" 2>/dev/null
 
   # ------------------------------------------------------------ 3. two processes, one GPU, POSIX fds
@@ -180,7 +192,7 @@ pyenv() {
 {
   echo "deepep-run summary ($((SECONDS - T0)) s of a ${BUDGET} s budget; $GPUS GPU(s); log $LOG)"
   echo "stages: ${status[*]}"
-  grep -h "^REGROW" "$LOG" | sed 's/^/  /'
+  grep -h "^REGROW\|^CALLS" "$LOG" | sed 's/^/  /'
   for l in test-upstream test-fabpool grow-upstream grow-fabpool-inplace graphed-upstream graphed-fabpool; do
     [ -f "$OUT/$l.log" ] || continue
     printf '  %-22s %s PASS lines, %s FAIL, %s\n' "$l" "$(grep -c ': PASS' "$OUT/$l.log")" \

@@ -24,7 +24,11 @@
  *     the size (window_for()), and resize() + get_delta() + update_handle()
  *     grow it in place: its address and its peers' view addresses stay;
  *   - a MemHandle is 328 bytes, as upstream's: a header, up to two exporter
- *     fd numbers, and fabpool's descriptor of up to two chunks.
+ *     fd numbers, and fabpool's descriptor of up to two chunks;
+ *   - agree_max() (with agree_enabled(), FABPOOL_HYBRIDEP_AGREE=1) lets
+ *     update_buffer take the group's largest need before it decides to
+ *     regrow, so that ranks with different token counts all regrow or none
+ *     does (at the end of this file).
  *
  * Device and handle type (the default constructor): the device of the
  * current context (cuCtxGetDevice; device 0 where no context is current, as
@@ -65,6 +69,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 #include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
@@ -189,14 +194,19 @@ inline int current_device()
     return d;
 }
 
+/* An environment variable in lower case ("" where unset). */
+inline std::string env_lower(const char *name)
+{
+    const char *v = std::getenv(name);
+    std::string s(v ? v : "");
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return (char)std::tolower(c); });
+    return s;
+}
+
 /* USE_MNNVL=0|false (any case) turns fabric off, as upstream. */
 inline bool mnnvl_off()
 {
-    const char *v = std::getenv("USE_MNNVL");
-    if (!v)
-        return false;
-    std::string s(v);
-    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return (char)std::tolower(c); });
+    std::string s = env_lower("USE_MNNVL");
     return s == "0" || s == "false";
 }
 
@@ -865,6 +875,51 @@ class ExtendedMemoryAllocator {
     std::map<void *, fabpool_view_t *> views_;
     Stats stats_;
 };
+
+/* ------------------------------------------- every rank grows, or none does
+
+HybridEP's update_buffer grows when this rank's call needs more than its
+buffers hold, and a growth all-gathers handles.  Ranks whose token counts
+differ disagree about growing, and the ranks that grow wait in the all-gather
+for peers that never enter it (DeepEP issue #604).  The agreement: before
+deciding, every rank takes the largest need of the group for each size
+(one small all-reduce), so every rank grows or none does.  It costs a
+collective on every call, growing or not: turn it on (FABPOOL_HYBRIDEP_AGREE=1,
+read by agree_enabled()) where the ranks' token counts can differ. */
+
+/* FABPOOL_HYBRIDEP_AGREE=1 (or true, any case). */
+inline bool agree_enabled()
+{
+    std::string s = detail::env_lower("FABPOOL_HYBRIDEP_AGREE");
+    return s == "1" || s == "true";
+}
+
+#ifdef PYBIND11_VERSION_MAJOR
+/* The largest of each value over the ranks of process_group: one
+ * torch.distributed.all_reduce (op MAX) of an int64 CUDA tensor, as
+ * HybridEP all-gathers its handles.  Collective: every rank of the group
+ * calls it with as many values. */
+inline std::vector<std::int64_t> agree_max(pybind11::object process_group, const std::vector<std::int64_t> &needed)
+{
+    namespace py = pybind11;
+    py::module_ torch = py::module_::import("torch");
+    py::module_ dist = py::module_::import("torch.distributed");
+    py::list l;
+    for (std::int64_t v : needed)
+        l.append(v);
+    py::object t = torch.attr("tensor")(l, py::arg("dtype") = torch.attr("int64")).attr("cuda")();
+    dist.attr("all_reduce")(t, py::arg("op") = dist.attr("ReduceOp").attr("MAX"), py::arg("group") = process_group);
+    py::list all = t.attr("cpu")().attr("tolist")();
+    std::vector<std::int64_t> out;
+    for (py::handle v : all)
+        out.push_back(v.cast<std::int64_t>());
+    if (out.size() != needed.size())
+        throw Error(FABPOOL_ERR_INVALID_ARG, "fabpool hybridep: agree_max: the all-reduce returned " +
+                                                 std::to_string(out.size()) + " values for " +
+                                                 std::to_string(needed.size()));
+    return out;
+}
+#endif
 
 } // namespace fabpool_hybridep
 #endif

@@ -20,7 +20,20 @@
  * It checks: the handle type the environment asks for (EXPECT_HANDLE: fabric,
  * or posix_fd where USE_MNNVL=0 or where fabric does not work), the device of
  * the current context, every peer's data through the views, the bytes the
- * driver holds (the live set only, and 0 at the end), and is_accessible. */
+ * driver holds (the live set only, and 0 at the end), and is_accessible.
+ *
+ * Ranks with different token counts (HYBRIDEP_UNEVEN=1): at each step one
+ * rank has a new high and the others fewer tokens than their buffers hold.
+ * Each step is update_buffer, then a stand-in of the dispatch kernel (every
+ * rank stamps its flags and spins on every peer's, as HybridEP's kernels
+ * spin on flags), then the data check.  Without the agreement the rank that
+ * grows waits in the regrow's first collective for peers that never enter it,
+ * and the peers spin on its flags: HYBRIDEP_EXPECT_HANG=SECONDS expects
+ * exactly that (each wait bounded by SECONDS, then the ranks drain the
+ * collective and free everything).  With FABPOOL_HYBRIDEP_AGREE=1
+ * update_buffer first takes the group's largest need (agree_max, through the
+ * stand-in torch.distributed.all_reduce), every rank grows at every step,
+ * and nothing waits. */
 #include <mpi.h>
 #include <pybind11/embed.h>
 
@@ -33,12 +46,24 @@ using MemHandle = fabpool_hybridep::MemHandle;
 using ExtendedMemoryAllocator = fabpool_hybridep::ExtendedMemoryAllocator;
 /* ---- */
 
+#include <chrono>
 #include <string>
 #include <vector>
 
 namespace py = pybind11;
 
 static int rank, nranks;
+static double wait_limit_s = 60; /* a wait longer than this is a hang */
+
+/* A rank waited wait_limit_s for peers that did not come. */
+struct Hang {
+    const char *where;
+    double waited_s;
+};
+static double now_s()
+{
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 /* pybind_hybrid_ep.cu's binding, verbatim in shape */
 PYBIND11_EMBEDDED_MODULE(hybrid_ep_cpp, m)
@@ -51,6 +76,16 @@ PYBIND11_EMBEDDED_MODULE(hybrid_ep_cpp, m)
 /* the transport of the stand-in torch.distributed.all_gather */
 PYBIND11_EMBEDDED_MODULE(fabpool_test_mpi, m)
 {
+    m.def("allreduce_max", [](py::list l) {
+        std::vector<int64_t> v, out(l.size());
+        for (py::handle x : l)
+            v.push_back(x.cast<int64_t>());
+        MPI_Allreduce(v.data(), out.data(), (int)v.size(), MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+        py::list r;
+        for (int64_t x : out)
+            r.append(x);
+        return r;
+    });
     m.def("allgather", [](py::bytes b) {
         std::string s = b;
         std::vector<char> all(s.size() * (size_t)nranks);
@@ -83,6 +118,23 @@ def all_gather(out, t, group=None):
     assert len(out) == group.size()
     for o, g in zip(out, fabpool_test_mpi.allgather(t.b)):
         o.b = g
+class IntTensor:
+    def __init__(self, v, device='cpu'):
+        self.v, self.device = [int(x) for x in v], device
+    def cuda(self): return IntTensor(self.v, 'cuda')
+    def cpu(self): return IntTensor(self.v, 'cpu')
+    def tolist(self): return list(self.v)
+torch.int64 = 'int64'
+def tensor(v, dtype=None):
+    assert dtype == 'int64'
+    return IntTensor(v)
+class ReduceOp:
+    MAX = 'max'
+def all_reduce(t, op=None, group=None):
+    assert t.device == 'cuda', 'NCCL all-reduces CUDA tensors'
+    assert op == ReduceOp.MAX and group is not None
+    t.v = fabpool_test_mpi.allreduce_max(t.v)
+torch.tensor, dist.all_reduce, dist.ReduceOp = tensor, all_reduce, ReduceOp
 torch.frombuffer, torch.empty_like, dist.all_gather, torch.distributed = frombuffer, empty_like, all_gather, dist
 sys.modules['torch'], sys.modules['torch.distributed'] = torch, dist
 class Group:
@@ -184,9 +236,11 @@ struct Coordinator {
 struct Buffer {
     ExtendedMemoryAllocator remote_allocator;
     Coordinator nvl;
+    py::object group; /* the process group update_buffer agrees over */
     int64_t hidden = 7168, experts = 8, tokens_per_chunk = 128, max_tokens_per_rank = 0;
+    MPI_Request pending = MPI_REQUEST_NULL; /* a collective a hang left behind */
 
-    explicit Buffer(int64_t tokens)
+    Buffer(int64_t tokens, py::object g) : group(std::move(g))
     {
         nvl.remote_allocator = &remote_allocator;
         nvl.local_rank = rank;
@@ -209,9 +263,19 @@ struct Buffer {
     /* update_buffer: a larger config releases the whole set and allocates it again */
     bool update_buffer(int64_t tokens)
     {
+        if (fabpool_hybridep::agree_enabled())
+            tokens = fabpool_hybridep::agree_max(group, {tokens})[0];
         if (tokens <= max_tokens_per_rank)
             return false;
-        MPI_Barrier(MPI_COMM_WORLD); /* (HybridEP: cudaDeviceSynchronize, and peers done with the buffers) */
+        /* (HybridEP: cudaDeviceSynchronize, and peers done with the buffers) the regrow's first collective,
+         * its wait bounded: a peer that does not regrow never enters it */
+        MPI_Ibarrier(MPI_COMM_WORLD, &pending);
+        double t0 = now_s();
+        for (int done = 0; !done;) {
+            MPI_Test(&pending, &done, MPI_STATUS_IGNORE);
+            if (!done && now_s() - t0 > wait_limit_s)
+                throw Hang{"update_buffer, in the regrow's collective", now_s() - t0};
+        }
         nvl.destroy();
         nvl = Coordinator{&remote_allocator, rank, nranks};
         allocate_buffer(tokens);
@@ -220,6 +284,32 @@ struct Buffer {
 };
 
 static uint64_t pat(int r, int step, int k) { return ((uint64_t)r << 48) ^ ((uint64_t)step << 8) ^ (uint64_t)k; }
+
+/* The dispatch kernel, stood in for: stamp this rank's chunk flags with the step, then spin on every peer's
+ * (stamps only rise), each spin bounded by wait_limit_s. */
+static void dispatch(Buffer &b, uint32_t stamp)
+{
+    const size_t at = sizeof(uint32_t); /* (check_data writes the first flag) */
+    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)b.nvl.intra_node_expert_input_chunk_flags + at, &stamp, 4));
+    CHECK_CU(cuCtxSynchronize());
+    double t0 = now_s();
+    for (int q = 0; q < nranks; q++) {
+        if (q == rank)
+            continue;
+        for (uint32_t got = 0;;) {
+            CHECK_CU(cuMemcpyDtoH(&got, (CUdeviceptr)(uintptr_t)b.nvl.chunk_flags_all_ranks[q] + at, 4));
+            if (got >= stamp)
+                break;
+            if (now_s() - t0 > wait_limit_s)
+                throw Hang{"dispatch, spinning on a peer's flags", now_s() - t0};
+            usleep(200);
+        }
+    }
+}
+
+/* Step t's token count of rank r: rank (t-1) % ranks has a new high (1,024 t), the others fewer tokens than
+ * their buffers hold. */
+static int64_t uneven_tokens(int r, int t) { return r == (t - 1) % nranks ? 1024 * t : 512 - 16 * r; }
 
 /* each rank writes into its buffers, then reads every peer's through its views */
 static void check_data(Buffer &b, int step)
@@ -260,6 +350,15 @@ int main(int argc, char **argv)
     int64_t held0 = t_held(), peak = 0, live_top = 0;
     long regrows = 0, opened = 0, accessible = 0;
     int detected = -1;
+    const bool uneven = getenv("HYBRIDEP_UNEVEN") && atoi(getenv("HYBRIDEP_UNEVEN"));
+    const char *expect_hang = getenv("HYBRIDEP_EXPECT_HANG");
+    if (expect_hang)
+        wait_limit_s = atof(expect_hang);
+    /* where each rank waited in vain: 0 nowhere, 1 in update_buffer, 2 in the dispatch (rank 0 gathers) */
+    int hung_at = 0;
+    double waited = 0;
+    std::vector<int> hung_all((size_t)nranks);
+    py::scoped_interpreter python; /* (outlives the try: a Python error's what() needs it) */
     try {
         /* the current context's device, not device 0 (FABSIM_DEVICES=2: device 1 current) */
         int ndev = 0;
@@ -278,24 +377,41 @@ int main(int argc, char **argv)
             CHECK_CU(cuCtxSetCurrent(c0));
             CHECK_CU(cuDevicePrimaryCtxRelease(d1));
         }
-        {
-            py::scoped_interpreter python;
-            py::dict scope = py::module_::import("__main__").attr("__dict__");
-            py::exec(kTorchStandIn, scope);
-            scope["group"] = scope["Group"](rank, nranks);
-            py::exec(kDetect, scope);
-            detected = scope["detected_ranks"].cast<int>();
-        }
+        py::dict scope = py::module_::import("__main__").attr("__dict__");
+        py::exec(kTorchStandIn, scope);
+        scope["group"] = scope["Group"](rank, nranks);
+        py::exec(kDetect, scope);
+        detected = scope["detected_ranks"].cast<int>();
         CHECK(detected == nranks);
 
         {
-            Buffer b(512);
+            Buffer b(512, scope["group"]);
             CHECK(b.remote_allocator.handle_type() == want);
             CHECK(b.remote_allocator.device() == 0);
             check_data(b, 0);
-            for (int64_t t = 1024; t <= 4096; t += 1024) {
-                regrows += b.update_buffer(t);
-                check_data(b, (int)t);
+            for (int t = 1; t <= 4; t++) {
+                bool grew = false;
+                try {
+                    grew = b.update_buffer(uneven ? uneven_tokens(rank, t) : 1024 * t);
+                    dispatch(b, (uint32_t)t);
+                } catch (const Hang &h) {
+                    hung_at = b.pending != MPI_REQUEST_NULL ? 1 : 2;
+                    waited = h.waited_s;
+                    fprintf(stderr, "rank %d, step %d: waited %.1f s in %s\n", rank, t, h.waited_s, h.where);
+                    /* the ranks that did not regrow enter its collective now, and every rank says where it
+                     * waited; then the buffers of before the step are freed */
+                    if (b.pending == MPI_REQUEST_NULL)
+                        MPI_Ibarrier(MPI_COMM_WORLD, &b.pending); /* (only a nonblocking one matches it) */
+                    MPI_Wait(&b.pending, MPI_STATUS_IGNORE);
+                }
+                int any = hung_at, hung_any = 0;
+                MPI_Allreduce(&any, &hung_any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+                if (hung_any) {
+                    MPI_Gather(&hung_at, 1, MPI_INT, hung_all.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+                    break;
+                }
+                regrows += grew;
+                check_data(b, t);
                 int64_t h = t_held() - held0;
                 peak = h > peak ? h : peak;
                 /* the live set: own buffers and a view of each peer's, each rounded up to 2 MiB (what
@@ -317,7 +433,16 @@ int main(int argc, char **argv)
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    CHECK(regrows == 4 && opened == 3L * (nranks - 1) && accessible == nranks - 1);
+    if (expect_hang) {
+        /* the regrowing rank waited in its collective, every other rank in the dispatch */
+        if (!rank)
+            for (int q = 0; q < nranks; q++)
+                CHECK(hung_all[(size_t)q] == (q == 0 ? 1 : 2));
+        CHECK(hung_at && waited >= wait_limit_s && regrows == 0);
+    } else {
+        CHECK(!hung_at);
+        CHECK(regrows == 4 && opened == 3L * (nranks - 1) && accessible == nranks - 1);
+    }
     CHECK(t_near(t_held(), held0));
     if (sim) {
         fabsim_ledger l = t_ledger();
@@ -325,6 +450,10 @@ int main(int argc, char **argv)
     }
     int fails = t_failures, total = 0;
     MPI_Allreduce(&fails, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (!rank && expect_hang)
+        printf("test_hybridep_deepep: ranks with different token counts, no agreement: rank 0 (a new high) waited "
+               "%.1f s in the regrow's collective, ranks 1-%d waited in the dispatch for its flags: the hang of "
+               "ranks that disagree about regrowing\n", waited, nranks - 1);
     if (!rank)
         printf("test_hybridep_deepep: %d ranks, %s handles (%zu bytes each), %d ranks detected, %ld regrows, rank 0 "
                "held at most %lld MiB (live set %lld MiB), %d failed checks over all ranks\n",

@@ -152,6 +152,23 @@ bool NVLCoordinator::fabpool_grow_in_place(const BufferConfig& before, double* g
 }
 '''
 
+AGREE = """  if (fabpool_hybridep::agree_enabled()) {
+    // fabpool: every rank sizes for the group's largest need, so every rank regrows or none does
+    std::vector<std::int64_t> need = {config.max_num_of_tokens_per_rank, config.hidden_dim,
+        config.num_of_experts_per_rank, config.num_of_ranks_per_node, config.num_of_nodes,
+        config.num_of_blocks_preprocessing_api, (std::int64_t)get_token_data_type_size(config.token_data_type)};
+    need = fabpool_hybridep::agree_max(process_group, need);
+    config.max_num_of_tokens_per_rank = (int)need[0];
+    config.hidden_dim = (int)need[1];
+    config.num_of_experts_per_rank = (int)need[2];
+    config.num_of_ranks_per_node = (int)need[3];
+    config.num_of_nodes = (int)need[4];
+    config.num_of_blocks_preprocessing_api = (int)need[5];
+    if ((std::int64_t)get_token_data_type_size(config.token_data_type) < need[6])
+      config.token_data_type = APP_TOKEN_DATA_TYPE::UINT16;
+  }
+"""
+
 UPDATE_OLD = """  if(need_reallocate) {
     nvl_coordinator.update_config(buffer_config);
 #ifdef HYBRID_EP_BUILD_MULTINODE_ENABLE
@@ -247,11 +264,11 @@ def main():
     edit(hcu, UPDATE_OLD, UPDATE_NEW, "update_buffer's reallocation")
     edit(hcu, "  bool need_reallocate = false;\n",
          "  const BufferConfig fabpool_before = buffer_config;  // fabpool: what the buffers were sized for\n"
-         "  bool need_reallocate = false;\n", "update_buffer's first line")
+         + AGREE + "  bool need_reallocate = false;\n", "update_buffer's first line")
     edit(hcu, '#include <functional>\n', '#include <functional>\n#include <chrono>\n#include <cstdlib>\n',
          "hybrid_ep.cu includes")
     print(f"patch.py: {root}: allocator.cuh aliased to fabpool_hybridep; update_buffer grows in place "
-          f"with FABPOOL_HYBRIDEP_INPLACE=1")
+          f"with FABPOOL_HYBRIDEP_INPLACE=1 and agrees first with FABPOOL_HYBRIDEP_AGREE=1")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,10 @@ with its allocator at that size, each rounded up to 2 MiB.  After each
 repetition the buffer is deleted and the held bytes must be back to 0.
 $FABPOOL_HYBRIDEP_TIMING (set by deepep-run.sh, written by the fabpool
 build's update_buffer) gives each regrow's breakdown: map, export, import,
-unmap, handle all-gather.  Run from the copy's tests/ (for utils.init_dist)."""
+unmap, handle all-gather.  --calls N then times N calls that do not grow
+(update_template_config at --first tokens on a fresh buffer): what every
+dispatch pays, and with FABPOOL_HYBRIDEP_AGREE=1 the agreement's all-reduce
+on top.  Run from the copy's tests/ (for utils.init_dist)."""
 import argparse
 import gc
 import json
@@ -61,6 +64,7 @@ def main():
     ap.add_argument("--first", type=int, default=1024)
     ap.add_argument("--last", type=int, default=16384)
     ap.add_argument("--step", type=int, default=1024)
+    ap.add_argument("--calls", type=int, default=0, help="then time this many calls that do not grow")
     a = ap.parse_args()
     if a.world > 1:
         import torch.multiprocessing
@@ -112,6 +116,18 @@ def run(local_rank, a):
         del buf, cfg
         gc.collect()
         ends.append(held(free0))
+    calls = []
+    if a.calls:
+        buf = deep_ep.HybridEPBuffer(group=group, hidden_dim=hidden, max_num_of_tokens_per_rank=a.first,
+                                     num_local_experts=experts, use_fp8=False)
+        for i in range(a.calls):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            buf.update_template_config(num_of_tokens_per_rank=a.first)
+            torch.cuda.synchronize()
+            calls.append((time.perf_counter() - t0) * 1e6)
+        del buf
+        gc.collect()
     br = {}
     if timing and os.path.exists(timing):
         recs = []
@@ -147,6 +163,15 @@ def run(local_rank, a):
         "rows": rows,
     }
     res["world"] = a.world
+    res["agree"] = os.environ.get("FABPOOL_HYBRIDEP_AGREE", "0")
+    if calls:
+        calls.sort()
+        res["calls"] = len(calls)
+        res["call_us_median"] = round(statistics.median(calls), 2)
+        res["call_us_p99"] = round(calls[min(len(calls) - 1, len(calls) * 99 // 100)], 2)
+        print(f"CALLS {a.label} (rank {local_rank} of {a.world}, FABPOOL_HYBRIDEP_AGREE={res['agree']}): "
+              f"{len(calls)} calls of update_template_config that do not grow: median {res['call_us_median']} us, "
+              f"p99 {res['call_us_p99']} us", flush=True)
     if local_rank == 0:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
