@@ -128,7 +128,8 @@ typedef enum stat_kind { STAT_BYTES, STAT_COUNT } stat_kind;
     X(handles_outstanding, STAT_COUNT, "handles held", ld(&p->ch.handles_outstanding))                         \
     X(exported_fds_open, STAT_COUNT, "exported fds open", ld(&p->ch.exported_fds))                             \
     X(oom_retries, STAT_COUNT, "OOM retries", ld(&p->heap.oom_retries))                                        \
-    X(metadata_bytes, STAT_BYTES, "host metadata", ld(&p->meta.bytes))
+    X(metadata_bytes, STAT_BYTES, "host metadata", ld(&p->meta.bytes))                                         \
+    X(traded_bytes, STAT_BYTES, "traded", ld(&p->heap.traded_bytes))
 
 typedef struct stat_row {
     const char *name, *label;
