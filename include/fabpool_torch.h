@@ -169,8 +169,8 @@ FABPOOL_API const char *fabpool_torch_version(void);
  * classes are made from it at load): one JSON object
  * {"fabpool_sleep_info": {"size": N, "fields": {"struct_size": [offset, size,
  * type], ...}}, ...} with every field of fabpool_sleep_info,
- * fabpool_torch_counters, fabpool_torch_mem_stats and fabpool_torch_stat, in
- * their order.  A type is "i32", "u32", "i64" or "u64" (size_t is "u64"),
+ * fabpool_torch_counters, fabpool_torch_mem_stats, fabpool_torch_stat and
+ * fabpool_torch_symm_info (symm.h), in their order.  A type is "i32", "u32", "i64" or "u64" (size_t is "u64"),
  * the name of another struct of the list, or that name followed by "[]" for
  * an array of them (size / its size elements). */
 FABPOOL_API const char *fabpool_torch_struct_layout(void);

@@ -15,6 +15,7 @@ CLASSES = {   # the C struct -> the module's class made from its layout
     "fabpool_torch_counters": "Counters",
     "fabpool_torch_mem_stats": "_MemStats",
     "fabpool_torch_stat": "_Stat",
+    "fabpool_torch_symm_info": "SymmInfo",
 }
 
 

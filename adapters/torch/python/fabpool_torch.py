@@ -106,9 +106,10 @@ _STRUCTS = {
     "fabpool_torch_counters": ("Counters", _Sized),
     "fabpool_torch_stat": ("_Stat", ctypes.Structure),
     "fabpool_torch_mem_stats": ("_MemStats", _Sized),
+    "fabpool_torch_symm_info": ("SymmInfo", ctypes.Structure),   # fabpool_symm.py's
 }
 _SCALARS = {"i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64}
-Counters = SleepInfo = _Stat = _MemStats = None   # made by load()
+Counters = SleepInfo = _Stat = _MemStats = SymmInfo = None   # made by load()
 _layout = None      # the description they were made from
 
 
