@@ -456,6 +456,9 @@ typedef struct fabpool_stats {
     uint64_t driver_calls[FABPOOL_NUM_DRIVER_CALLS];  /* per entry point, indexed as names[] */
     const char *driver_call_names[FABPOOL_NUM_DRIVER_CALLS];  /* NULL ends */
     fabpool_class_stats classes[FABPOOL_NUM_CLASSES];
+    uint64_t traded_bytes;          /* free memory unmapped by misses of blocks above slab_max, to map the new
+                                       block's instead (beyond large_slack), all time: a figure that grows
+                                       with every step says the slack is too small for the workload's shapes */
 } fabpool_stats;
 
 FABPOOL_API fabpool_status fabpool_get_stats(fabpool_t *pool, fabpool_stats *out);

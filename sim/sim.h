@@ -11,32 +11,59 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "driver_entries.h"
 #include "fabsim.h"
 
 #define SIM_API __attribute__((visibility("default")))
 #define SIM_GRAN (2ull << 20)
 
+/* X(name, version, symbol), as in driver_entries.h: the entry points the
+ * simulator has beside the library's, which the tests call (their newest
+ * variant; older ones: sim_procaddr.c) */
+#define SIM_TEST_ENTRIES(X)                                                                                   \
+    X(cuGetProcAddress, 12000, cuGetProcAddress_v2)                                                           \
+    X(cuDeviceGetName, 2000, cuDeviceGetName)                                                                 \
+    X(cuDeviceGetUuid, 11040, cuDeviceGetUuid_v2)                                                             \
+    X(cuDevicePrimaryCtxReset, 11000, cuDevicePrimaryCtxReset_v2)                                             \
+    X(cuCtxGetDevice, 2000, cuCtxGetDevice)                                                                   \
+    X(cuCtxPushCurrent, 4000, cuCtxPushCurrent_v2)                                                            \
+    X(cuCtxPopCurrent, 4000, cuCtxPopCurrent_v2)                                                              \
+    X(cuCtxEnablePeerAccess, 4000, cuCtxEnablePeerAccess)                                                     \
+    X(cuMemGetAccess, 10020, cuMemGetAccess)                                                                  \
+    X(cuMemAlloc, 3020, cuMemAlloc_v2)                                                                        \
+    X(cuMemFree, 3020, cuMemFree_v2)                                                                          \
+    X(cuMemAllocAsync, 11020, cuMemAllocAsync)                                                                \
+    X(cuMemFreeAsync, 11020, cuMemFreeAsync)                                                                  \
+    X(cuDeviceGetDefaultMemPool, 11020, cuDeviceGetDefaultMemPool)                                            \
+    X(cuDeviceGetMemPool, 11020, cuDeviceGetMemPool)                                                          \
+    X(cuMemPoolSetAttribute, 11020, cuMemPoolSetAttribute)                                                    \
+    X(cuMemPoolGetAttribute, 11020, cuMemPoolGetAttribute)                                                    \
+    X(cuMemPoolTrimTo, 11020, cuMemPoolTrimTo)                                                                \
+    X(cuMemcpy, 4000, cuMemcpy)                                                                               \
+    X(cuMemcpyHtoD, 3020, cuMemcpyHtoD_v2)                                                                    \
+    X(cuMemcpyDtoH, 3020, cuMemcpyDtoH_v2)                                                                    \
+    X(cuMemcpyDtoD, 3020, cuMemcpyDtoD_v2)                                                                    \
+    X(cuMemcpyPeer, 4000, cuMemcpyPeer)                                                                       \
+    X(cuMemcpyAsync, 4000, cuMemcpyAsync)                                                                     \
+    X(cuMemcpyHtoDAsync, 3020, cuMemcpyHtoDAsync_v2)                                                          \
+    X(cuMemcpyDtoHAsync, 3020, cuMemcpyDtoHAsync_v2)                                                          \
+    X(cuMemcpyPeerAsync, 4000, cuMemcpyPeerAsync)                                                             \
+    X(cuMemsetD8, 3020, cuMemsetD8_v2)                                                                        \
+    X(cuMemsetD32, 3020, cuMemsetD32_v2)                                                                      \
+    X(cuMemsetD8Async, 3020, cuMemsetD8Async)                                                                 \
+    X(cuMemsetD32Async, 3020, cuMemsetD32Async)                                                               \
+    X(cuStreamCreate, 2000, cuStreamCreate)                                                                   \
+    X(cuStreamCreateWithPriority, 5050, cuStreamCreateWithPriority)                                           \
+    X(cuStreamDestroy, 4000, cuStreamDestroy_v2)                                                              \
+    X(cuStreamQuery, 2000, cuStreamQuery)                                                                     \
+    X(cuStreamWaitEvent, 3020, cuStreamWaitEvent)                                                             \
+    X(cuEventElapsedTime, 12080, cuEventElapsedTime_v2)
+
 /* every entry point, by base name: calls are counted and faults injected by it */
-#define SIM_ENTRIES(X)                                                                                       \
-    X(cuInit) X(cuDriverGetVersion) X(cuGetProcAddress) X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGet)  \
-    X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceGetAttribute) X(cuDeviceTotalMem)    \
-    X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)                        \
-    X(cuDevicePrimaryCtxReset) X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize)   \
-    X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuCtxEnablePeerAccess) X(cuMemGetAllocationGranularity)         \
-    X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap)      \
-    X(cuMemSetAccess) X(cuMemGetAccess) X(cuMemRetainAllocationHandle) X(cuMemGetAddressRange)               \
-    X(cuMemGetAllocationPropertiesFromHandle) X(cuMemGetInfo) X(cuMemExportToShareableHandle)                \
-    X(cuMemImportFromShareableHandle) X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuMemFreeAsync)        \
-    X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute)     \
-    X(cuMemPoolTrimTo) X(cuMemcpy) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemcpyPeer)           \
-    X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpyPeerAsync)     \
-    X(cuMemsetD8) X(cuMemsetD32) X(cuMemsetD8Async) X(cuMemsetD32Async) X(cuStreamCreate)                    \
-    X(cuStreamCreateWithPriority) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)                 \
-    X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)                 \
-    X(cuEventSynchronize) X(cuEventElapsedTime) X(cuMemGetHandleForAddressRange)
+#define SIM_ENTRIES(X) FP_DRIVER_ENTRIES(X) SIM_TEST_ENTRIES(X)
 
 enum sim_entry {
-#define SIM_ENUM(n) E_##n,
+#define SIM_ENUM(n, ver, sym) E_##n,
     SIM_ENTRIES(SIM_ENUM)
 #undef SIM_ENUM
     E_COUNT

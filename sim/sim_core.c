@@ -70,7 +70,7 @@ int sim_parse_error(const char *name, CUresult *out)
 /* ------------------------------------------------------------ calls and faults */
 
 static const char *const entry_names[] = {
-#define SIM_NAME(n) #n,
+#define SIM_NAME(n, ver, sym) #n,
     SIM_ENTRIES(SIM_NAME)
 #undef SIM_NAME
 };

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "fabpool.h"
+#include "conf.h"
 
 #define KiB (1ull << 10)
 #define MiB (1ull << 20)
@@ -127,6 +128,11 @@ static void test_defaults(void)
     for (int i = 0; i < FABPOOL_MAX_PEERS; i++)
         CHECK(o.peer_devices[i] == 0);
     CHECK(o.conf == NULL);
+    CHECK(o.trace_path[0] == '\0');
+    CHECK(o.rdma == FABPOOL_RDMA_AUTO);
+    CHECK(o.debug == FABPOOL_LOG_NONE);
+    /* every default is within its key's range */
+    CHECK(fp_options_check(&o) == FABPOOL_OK);
 
     /* NULL and "" change nothing */
     fabpool_options a, b;

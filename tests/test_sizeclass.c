@@ -606,8 +606,9 @@ static void test_large(void)
     /* large_slack: a miss trades free chunks for the new block's only beyond the slack.  Four 64 MiB
      * blocks, the first and third freed, then 128 MiB: no free range fits or can grow (live blocks
      * border both), so 128 MiB are mapped anew.  With large_slack:0 the 128 MiB free are traded
-     * (unmapped) for them, with large_slack:100 (100 % of the 256 MiB live) they stay mapped. */
-    uint64_t after[2] = {0, 0};
+     * (unmapped) for them, with large_slack:100 (100 % of the 256 MiB live) they stay mapped; the stats'
+     * traded_bytes says what was traded. */
+    uint64_t after[2] = {0, 0}, traded[2] = {1, 1};
     for (int k = 0; k < 2; k++) {
         p = t_pool(k ? "handle_type:none,decay_ms:600000,large_slack:100" : "handle_type:none,decay_ms:600000,large_slack:0");
         if (!p)
@@ -618,8 +619,10 @@ static void test_large(void)
         CHECK(t_stats(p).mapped_bytes == 256 * MB);
         CHECK_OK(fabpool_free(p, blk[0]));
         CHECK_OK(fabpool_free(p, blk[2]));
+        CHECK(t_stats(p).traded_bytes == 0);
         CHECK_OK(fabpool_alloc(p, 128 * MB, &e));
         after[k] = t_stats(p).mapped_bytes;
+        traded[k] = t_stats(p).traded_bytes;
         if (t_ledger_p)
             CHECK(t_ledger().bytes_held == after[k]);
         CHECK_OK(fabpool_free(p, e));
@@ -630,6 +633,7 @@ static void test_large(void)
     printf("large_slack: mapped after the miss %llu MiB with large_slack:0, %llu MiB with large_slack:100\n",
            (unsigned long long)(after[0] >> 20), (unsigned long long)(after[1] >> 20));
     CHECK(after[0] == 256 * MB && after[1] == 384 * MB);
+    CHECK(traded[0] == 128 * MB && traded[1] == 0);
 }
 
 /* ------------------------------------------------------------ lone */

@@ -25,6 +25,7 @@
 
 #include "fabpool.h"
 #include "fabpool_torch.h"
+#include "symm.h"
 #include "torch_tags.h"
 
 #define FT_MAX_DEVICES 64
@@ -497,12 +498,6 @@ fabpool_t *fabpool_torch_pool(int device)
     return d ? d->pool : NULL;
 }
 
-/* Every counter of fabpool_torch_counters (all but struct_size), in its order. */
-#define FT_COUNTER_FIELDS(X)                                                                                  \
-    X(allocs) X(frees) X(alloc_failures) X(blocks_live) X(bytes_live) X(usable_bytes_live) X(bytes_live_peak)  \
-    X(reuse_same_stream) X(reuse_after_event) X(pool_allocs) X(pool_frees) X(cached_blocks) X(cached_bytes)    \
-    X(events_recorded) X(event_queries) X(syncs) X(streams) X(empties) X(bad_frees) X(owner_frees) X(fences)
-
 /* A struct the caller hands in to be filled says the size this library knows (fabpool.h, struct_size). */
 static fabpool_status size_check(const char *fn, const char *type, size_t got, size_t want)
 {
@@ -532,7 +527,7 @@ fabpool_status fabpool_torch_get_counters(int device, fabpool_torch_counters *ou
         pthread_mutex_lock(&d->lock);
         fabpool_torch_counters c = counters_of(d);
 #define FT_ADD_FIELD(f) out->f += c.f;
-        FT_COUNTER_FIELDS(FT_ADD_FIELD)
+        FABPOOL_TORCH_COUNTERS(FT_ADD_FIELD)
 #undef FT_ADD_FIELD
         pthread_mutex_unlock(&d->lock);
     }
@@ -633,31 +628,64 @@ fabpool_status fabpool_torch_reset_accumulated_stats(int device)
 
 /* ----------------------------------------------------------- layout */
 
-/* Every field of the structs this library fills, for fabpool_torch_struct_layout. */
+/* Every field of the structs this library fills, for fabpool_torch_struct_layout: X(struct, field), each
+ * struct's fields in their order; the counters come from their list (X##_COUNTER(field)). */
+#define FT_LAYOUT_SLEEP_INFO(X)                                                                               \
+    X(fabpool_sleep_info, struct_size) X(fabpool_sleep_info, asleep) X(fabpool_sleep_info, mode)              \
+    X(fabpool_sleep_info, offloaded_bytes) X(fabpool_sleep_info, discarded_bytes)                             \
+    X(fabpool_sleep_info, host_bytes) X(fabpool_sleep_info, host_copies) X(fabpool_sleep_info, sleeps)        \
+    X(fabpool_sleep_info, wakes) X(fabpool_sleep_info, host_reused_bytes)
+#define FT_LAYOUT_COUNTERS(X) X(fabpool_torch_counters, struct_size) FABPOOL_TORCH_COUNTERS(X##_COUNTER)
+#define FT_LAYOUT_STAT(X)                                                                                     \
+    X(fabpool_torch_stat, current) X(fabpool_torch_stat, peak) X(fabpool_torch_stat, allocated)               \
+    X(fabpool_torch_stat, freed)
+#define FT_LAYOUT_MEM_STATS(X)                                                                                \
+    X(fabpool_torch_mem_stats, struct_size) X(fabpool_torch_mem_stats, allocation)                            \
+    X(fabpool_torch_mem_stats, allocated_bytes) X(fabpool_torch_mem_stats, requested_bytes)                   \
+    X(fabpool_torch_mem_stats, segment) X(fabpool_torch_mem_stats, reserved_bytes)                            \
+    X(fabpool_torch_mem_stats, num_alloc_retries) X(fabpool_torch_mem_stats, num_ooms)                        \
+    X(fabpool_torch_mem_stats, num_sync_all_streams) X(fabpool_torch_mem_stats, num_device_alloc)             \
+    X(fabpool_torch_mem_stats, num_device_free)
+#define FT_LAYOUT_SYMM_INFO(X)                                                                                \
+    X(fabpool_torch_symm_info, rank) X(fabpool_torch_symm_info, nranks) X(fabpool_torch_symm_info, device)    \
+    X(fabpool_torch_symm_info, handle_type) X(fabpool_torch_symm_info, fd_transport)                          \
+    X(fabpool_torch_symm_info, size) X(fabpool_torch_symm_info, max_bytes) X(fabpool_torch_symm_info, mapped) \
+    X(fabpool_torch_symm_info, generation) X(fabpool_torch_symm_info, acked)                                  \
+    X(fabpool_torch_symm_info, exchanges) X(fabpool_torch_symm_info, records_exported)                        \
+    X(fabpool_torch_symm_info, records_imported) X(fabpool_torch_symm_info, last_exported)                    \
+    X(fabpool_torch_symm_info, last_imported) X(fabpool_torch_symm_info, desc_bytes)                          \
+    X(fabpool_torch_symm_info, fds_sent) X(fabpool_torch_symm_info, view_bytes)                               \
+    X(fabpool_torch_symm_info, last_ns)
+/* a struct before the structs that hold it */
+#define FT_LAYOUT(X)                                                                                          \
+    FT_LAYOUT_SLEEP_INFO(X) FT_LAYOUT_COUNTERS(X) FT_LAYOUT_STAT(X) FT_LAYOUT_MEM_STATS(X) FT_LAYOUT_SYMM_INFO(X)
+
+/* A field left out of its list would leave a hole in the layout the Python module builds from: each list's
+ * fields fill their struct (none of these has padding; fabpool_torch_symm_info has, after its ints, and the
+ * Python module's check of every offset at load finds a hole there). */
+#define FT_FIELD_SIZE(T, f) +sizeof(((T *)0)->f)
+#define FT_FIELD_SIZE_COUNTER(f) FT_FIELD_SIZE(fabpool_torch_counters, f)
+_Static_assert(0 FT_LAYOUT_SLEEP_INFO(FT_FIELD_SIZE) == sizeof(fabpool_sleep_info), "every field listed");
+_Static_assert(0 FT_LAYOUT_COUNTERS(FT_FIELD_SIZE) == sizeof(fabpool_torch_counters), "every field listed");
+_Static_assert(0 FT_LAYOUT_STAT(FT_FIELD_SIZE) == sizeof(fabpool_torch_stat), "every field listed");
+_Static_assert(0 FT_LAYOUT_MEM_STATS(FT_FIELD_SIZE) == sizeof(fabpool_torch_mem_stats), "every field listed");
+#undef FT_FIELD_SIZE_COUNTER
+#undef FT_FIELD_SIZE
+
+/* The type of a field, as the layout names it; an array of structs has decayed to a pointer. */
+#define FT_TYPE(e)                                                                                            \
+    _Generic((e), int: "i32", unsigned: "u32", int64_t: "i64", uint64_t: "u64",                              \
+             fabpool_torch_stat: "fabpool_torch_stat", fabpool_torch_stat *: "fabpool_torch_stat[]")
+
 typedef struct ft_field {
-    const char *type, *field;
+    const char *type, *field, *field_type;
     size_t offset, size, type_size;
 } ft_field;
 
-#define FT_FIELD(T, f) {#T, #f, offsetof(T, f), sizeof(((T *)0)->f), sizeof(T)},
-#define FT_COUNTER_FIELD(f) FT_FIELD(fabpool_torch_counters, f)
-static const ft_field ft_fields[] = {
-    FT_FIELD(fabpool_sleep_info, struct_size) FT_FIELD(fabpool_sleep_info, asleep) FT_FIELD(fabpool_sleep_info, mode)
-    FT_FIELD(fabpool_sleep_info, offloaded_bytes) FT_FIELD(fabpool_sleep_info, discarded_bytes)
-    FT_FIELD(fabpool_sleep_info, host_bytes) FT_FIELD(fabpool_sleep_info, host_copies)
-    FT_FIELD(fabpool_sleep_info, sleeps) FT_FIELD(fabpool_sleep_info, wakes)
-    FT_FIELD(fabpool_sleep_info, host_reused_bytes)
-    FT_FIELD(fabpool_torch_counters, struct_size) FT_COUNTER_FIELDS(FT_COUNTER_FIELD)
-    FT_FIELD(fabpool_torch_stat, current) FT_FIELD(fabpool_torch_stat, peak) FT_FIELD(fabpool_torch_stat, allocated)
-    FT_FIELD(fabpool_torch_stat, freed)
-    FT_FIELD(fabpool_torch_mem_stats, struct_size) FT_FIELD(fabpool_torch_mem_stats, allocation)
-    FT_FIELD(fabpool_torch_mem_stats, allocated_bytes) FT_FIELD(fabpool_torch_mem_stats, requested_bytes)
-    FT_FIELD(fabpool_torch_mem_stats, segment) FT_FIELD(fabpool_torch_mem_stats, reserved_bytes)
-    FT_FIELD(fabpool_torch_mem_stats, num_alloc_retries) FT_FIELD(fabpool_torch_mem_stats, num_ooms)
-    FT_FIELD(fabpool_torch_mem_stats, num_sync_all_streams) FT_FIELD(fabpool_torch_mem_stats, num_device_alloc)
-    FT_FIELD(fabpool_torch_mem_stats, num_device_free)
-};
-#undef FT_COUNTER_FIELD
+#define FT_FIELD(T, f) {#T, #f, FT_TYPE(((T *)0)->f), offsetof(T, f), sizeof(((T *)0)->f), sizeof(T)},
+#define FT_FIELD_COUNTER(f) FT_FIELD(fabpool_torch_counters, f)
+static const ft_field ft_fields[] = {FT_LAYOUT(FT_FIELD)};
+#undef FT_FIELD_COUNTER
 #undef FT_FIELD
 
 static char ft_layout_json[8192];
@@ -678,7 +706,8 @@ static void layout_build(void)
             n += (size_t)snprintf(ft_layout_json + n, cap - n, ",");
         }
         if (n < cap)
-            n += (size_t)snprintf(ft_layout_json + n, cap - n, "\"%s\":[%zu,%zu]", f->field, f->offset, f->size);
+            n += (size_t)snprintf(ft_layout_json + n, cap - n, "\"%s\":[%zu,%zu,\"%s\"]", f->field, f->offset,
+                                  f->size, f->field_type);
     }
     if (n < cap)
         snprintf(ft_layout_json + n, cap - n, "}}}");
@@ -719,7 +748,7 @@ fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_
 #define FT_JSON_FIELD(f)                                                                                      \
     h += snprintf(head + h, sizeof head - (size_t)h, "%s\"" #f "\":%llu", sep, (unsigned long long)c.f);       \
     sep = ",";
-    FT_COUNTER_FIELDS(FT_JSON_FIELD)
+    FABPOOL_TORCH_COUNTERS(FT_JSON_FIELD)
 #undef FT_JSON_FIELD
     h += snprintf(head + h, sizeof head - (size_t)h, "},\"pool\":");
     size_t total = (size_t)h + n + 2; /* "}" and NUL */

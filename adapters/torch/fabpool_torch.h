@@ -68,30 +68,39 @@ FABPOOL_API fabpool_status fabpool_torch_empty(int device);
  * FABPOOL_ERR_NOT_FOUND while the device has no pool yet. */
 FABPOOL_API fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_t *needed);
 
+/* Every counter of fabpool_torch_counters, in its order: X(name).  The shim
+ * sums, reports (fabpool_torch_stats_json) and describes
+ * (fabpool_torch_struct_layout) them from this list, and the Python module
+ * builds its structure from that description. */
+#define FABPOOL_TORCH_COUNTERS(X)                                                                             \
+    X(allocs)            /* allocations given out (non-NULL results) */                                      \
+    X(frees)             /* frees of non-NULL pointers taken */                                               \
+    X(alloc_failures)    /* NULL results for a size > 0 */                                                    \
+    X(blocks_live)       /* given to the caller and not freed */                                              \
+    X(bytes_live)        /* sizes asked of those */                                                           \
+    X(usable_bytes_live) /* their block sizes (the pool's size classes) */                                    \
+    X(bytes_live_peak)                                                                                        \
+    X(reuse_same_stream) /* served from the stream's own freed blocks, no driver call */                      \
+    X(reuse_after_event) /* a block of another stream, once its event completed */                            \
+    X(pool_allocs)       /* fabpool_alloc calls that succeeded */                                             \
+    X(pool_frees)        /* blocks given back to the pool (after their event, or at once on the owner) */      \
+    X(cached_blocks)     /* freed blocks the pool holds for their stream (pending, fabpool_counters) */       \
+    X(cached_bytes)      /* their block sizes */                                                              \
+    X(events_recorded)   /* one per stream per batch of frees */                                              \
+    X(event_queries)                                                                                          \
+    X(syncs)             /* waits: empty, out of memory, a context sync for a failed event */                 \
+    X(streams)           /* streams the pool keeps records for */                                             \
+    X(empties)                                                                                                \
+    X(bad_frees)         /* frees refused: a pointer not live (never given out, or freed already) */          \
+    X(owner_frees)       /* frees on the pool's owner stream: to the pool at once (fabpool.h) */              \
+    X(fences)            /* waits for the owner stream's work before an unmap or another stream's use */
+
+#define FABPOOL_TORCH_COUNTER_FIELD(name) uint64_t name;
 typedef struct fabpool_torch_counters {
-    size_t struct_size;         /* set by the caller: sizeof(fabpool_torch_counters) (fabpool.h) */
-    uint64_t allocs;            /* allocations given out (non-NULL results) */
-    uint64_t frees;             /* frees of non-NULL pointers taken */
-    uint64_t alloc_failures;    /* NULL results for a size > 0 */
-    uint64_t blocks_live;       /* given to the caller and not freed */
-    uint64_t bytes_live;        /* sizes asked of those */
-    uint64_t usable_bytes_live; /* their block sizes (the pool's size classes) */
-    uint64_t bytes_live_peak;
-    uint64_t reuse_same_stream; /* served from the stream's own freed blocks, no driver call */
-    uint64_t reuse_after_event; /* a block of another stream, once its event completed */
-    uint64_t pool_allocs;       /* fabpool_alloc calls that succeeded */
-    uint64_t pool_frees;        /* blocks given back to the pool (after their event, or at once on the owner) */
-    uint64_t cached_blocks;     /* freed blocks the pool holds for their stream (pending, fabpool_counters) */
-    uint64_t cached_bytes;      /* their block sizes */
-    uint64_t events_recorded;   /* one per stream per batch of frees */
-    uint64_t event_queries;
-    uint64_t syncs;             /* waits: empty, out of memory, a context sync for a failed event */
-    uint64_t streams;           /* streams the pool keeps records for */
-    uint64_t empties;
-    uint64_t bad_frees;         /* frees refused: a pointer not live (never given out, or freed already) */
-    uint64_t owner_frees;       /* frees on the pool's owner stream: to the pool at once (fabpool.h) */
-    uint64_t fences;            /* waits for the owner stream's work before an unmap or another stream's use */
+    size_t struct_size; /* set by the caller: sizeof(fabpool_torch_counters) (fabpool.h) */
+    FABPOOL_TORCH_COUNTERS(FABPOOL_TORCH_COUNTER_FIELD)
 } fabpool_torch_counters;
+#undef FABPOOL_TORCH_COUNTER_FIELD
 
 /* Fills *out for one device (-1: the sum over every device); out->struct_size must be set. */
 FABPOOL_API fabpool_status fabpool_torch_get_counters(int device, fabpool_torch_counters *out);
@@ -162,11 +171,14 @@ FABPOOL_API const char *fabpool_torch_version(void);
 FABPOOL_API const char *fabpool_torch_build_id(void);
 
 /* The layout of every struct this library fills, as the compiler laid it out,
- * for bindings that mirror them (the Python module's ctypes classes; its
- * tests compare the two): one JSON object
- * {"fabpool_sleep_info": {"size": N, "fields": {"struct_size": [offset, size],
- * ...}}, ...} with every field of fabpool_sleep_info, fabpool_torch_counters,
- * fabpool_torch_mem_stats and fabpool_torch_stat. */
+ * for bindings that build their own from it (the Python module's ctypes
+ * classes are made from it at load): one JSON object
+ * {"fabpool_sleep_info": {"size": N, "fields": {"struct_size": [offset, size,
+ * type], ...}}, ...} with every field of fabpool_sleep_info,
+ * fabpool_torch_counters, fabpool_torch_mem_stats, fabpool_torch_stat and
+ * fabpool_torch_symm_info (symm.h), in their order.  A type is "i32", "u32", "i64" or "u64" (size_t is "u64"),
+ * the name of another struct of the list, or that name followed by "[]" for
+ * an array of them (size / its size elements). */
 FABPOOL_API const char *fabpool_torch_struct_layout(void);
 
 /* 1 (default): print failures to stderr, since PyTorch drops them; 0: quiet.

@@ -1,28 +1,30 @@
-"""The fabpool_torch module's ctypes mirrors of the C structs against the
-layout the compiler gave them (fabpool_torch_struct_layout(), exported by
-libfabpool_torch.so): the same size, the same fields in the same order, each
-at the same offset with the same size.  Then the library's check of
-struct_size: a mirror that says another size is refused and left as it was.
+"""The fabpool_torch module's ctypes classes of the C structs, which it makes
+at load from the layout the compiler gave them (fabpool_torch_struct_layout(),
+exported by libfabpool_torch.so), against that layout: the same size, the
+same fields in the same order, each at the same offset with the same size and
+a ctypes type of the kind the layout names.  Then the library's check of
+struct_size: a struct that says another size is refused and left as it was.
 Usage: test_torch_layout.py <path of libfabpool_torch.so> <the project's version>"""
 import ctypes
 import json
 import os
 import sys
 
-MIRRORS = {   # the C struct -> the module's class that mirrors it
+CLASSES = {   # the C struct -> the module's class made from its layout
     "fabpool_sleep_info": "SleepInfo",
     "fabpool_torch_counters": "Counters",
     "fabpool_torch_mem_stats": "_MemStats",
     "fabpool_torch_stat": "_Stat",
+    "fabpool_torch_symm_info": "SymmInfo",
 }
 
 
 def layout_problems(ft, layout):
-    """What differs between the C layout and the module's mirrors."""
+    """What differs between the C layout and the module's classes."""
     out = []
-    if sorted(layout) != sorted(MIRRORS):
-        out.append("the C side lists %s, the module mirrors %s" % (sorted(layout), sorted(MIRRORS)))
-    for cname, pyname in MIRRORS.items():
+    if sorted(layout) != sorted(CLASSES):
+        out.append("the C side lists %s, the module makes %s" % (sorted(layout), sorted(CLASSES)))
+    for cname, pyname in CLASSES.items():
         c, py = layout.get(cname), getattr(ft, pyname)
         if c is None:
             continue
@@ -32,22 +34,35 @@ def layout_problems(ft, layout):
         c_names, py_names = [n for n, _ in c_fields], [n for n, _ in py._fields_]
         if c_names != py_names:
             out.append("%s: fields in C %s, in the module %s" % (cname, c_names, py_names))
-        for name, (off, size) in c_fields:
+        py_types = dict(py._fields_)
+        for name, (off, size, ftype) in c_fields:
             d = getattr(py, name, None)
             if d is not None and (d.offset, d.size) != (off, size):
                 out.append("%s.%s: offset %d size %d in C, offset %d size %d in the module" %
                            (cname, name, off, size, d.offset, d.size))
+            if name in py_types and kind(py_types[name]) != ftype:
+                out.append("%s.%s: %s in C, %s in the module" % (cname, name, ftype, kind(py_types[name])))
     return out
 
 
+def kind(t):
+    """A ctypes type as the C layout names its kind."""
+    if issubclass(t, ctypes.Array):
+        return kind(t._type_) + "[]"
+    if issubclass(t, ctypes.Structure):
+        return next(c for c, py in CLASSES.items() if py == t.__name__)
+    sign = "i" if t(-1).value < 0 else "u"
+    return "%s%d" % (sign, 8 * ctypes.sizeof(t))
+
+
 def size_check_problems(ft, lib):
-    """The library's answers to the mirrors' struct_size: theirs accepted, another refused with nothing written."""
+    """The library's answers to the classes' struct_size: theirs accepted, another refused with nothing written."""
     out = []
     c = ft.Counters()
     if c.struct_size != ctypes.sizeof(c):
-        out.append("a mirror does not set its own struct_size (%d, not %d)" % (c.struct_size, ctypes.sizeof(c)))
+        out.append("a class does not set its own struct_size (%d, not %d)" % (c.struct_size, ctypes.sizeof(c)))
     if lib.fabpool_torch_get_counters(-1, ctypes.byref(c)) != 0:
-        out.append("the counters' mirror is refused: %s" % ft.last_error())
+        out.append("the counters' class is refused: %s" % ft.last_error())
     bad = ft.Counters()
     bad.struct_size = ctypes.sizeof(bad) - 8
     bad.allocs = 12345
@@ -86,8 +101,8 @@ def main():
     if problems:
         print("test_torch_layout: %d FAILED" % len(problems))
         return 1
-    print("test_torch_layout: the module's mirrors match the C layout of %d structs (fabpool %s)" %
-          (len(MIRRORS), have))
+    print("test_torch_layout: the module's classes match the C layout of %d structs (fabpool %s)" %
+          (len(CLASSES), have))
     return 0
 
 

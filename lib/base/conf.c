@@ -2,8 +2,9 @@
  * strings: "key:value,key:value", the syntax of jemalloc's MALLOC_CONF and
  * PyTorch's PYTORCH_ALLOC_CONF (docs/config.md).
  *
- * One table of keys drives everything: which keys exist, how each value is
- * read, its range, the field it lands in, and the words the messages use.
+ * One table of keys drives everything: which keys exist, their defaults
+ * (fabpool_options_init), how each value is read, its range, the field it
+ * lands in, and the words the messages use.
  * The parser works on a copy of the options and copies it back only when
  * every pair was good, so a failure leaves the caller's options as they were.
  * Messages name the key, the value and what is accepted; where the string
@@ -19,30 +20,6 @@
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
 #define PiB (1ull << 50)
-
-void fabpool_options_init(fabpool_options *o)
-{
-    if (!o)
-        return;
-    memset(o, 0, sizeof *o);
-    o->struct_size = (uint32_t)sizeof *o;
-    o->device = 0;
-    o->reserve_bytes = 0; /* 8x the device memory, decided at pool creation */
-    o->handle_type = FABPOOL_HANDLE_AUTO;
-    o->max_waste_percent = 25;
-    o->max_chunk_bytes = 1 * GiB;
-    o->slab_max_bytes = 4096;
-    o->cache_limit_bytes = UINT64_MAX; /* no limit: the decay and the OOM trim return memory */
-    o->decay_ms = 10000;
-    o->large_slack_percent = 4;
-    o->stream_owner = 1;
-    o->shrink_hysteresis_percent = 25;
-    o->thread_cache = 1;
-    o->stats_at_destroy = 0;
-    o->metadata = FABPOOL_METADATA_AUTO;
-    o->n_peer_devices = 0;
-    o->conf = NULL;
-}
 
 /* ------------------------------------------------------------ the table */
 
@@ -61,6 +38,7 @@ struct key {
     field_kind field;
     size_t offset;             /* of the field in fabpool_options */
     const char *field_name;    /* its name there, for messages about fabpool_options */
+    uint64_t def;              /* the default (fabpool_options_init); F_PEERS and F_STRING: none, "" */
     parse_fn parse;
     uint64_t lo, hi;           /* the range of the number read */
     uint64_t multiple;         /* 0, or: the number must be a multiple of this */
@@ -87,42 +65,57 @@ static const char *const debug_words[] = {"none", "warn", "info", "trace", NULL}
 #define FIELD(f) offsetof(fabpool_options, f), #f
 
 static const struct key keys[] = {
-    {"device", F_INT, FIELD(device), parse_uint, 0, 1023, 0, 0, NULL, "a device ordinal 0..1023"},
-    {"reserve", F_U64, FIELD(reserve_bytes), parse_size, 2 * MiB, PiB, 0, 1, NULL,
+    {"device", F_INT, FIELD(device), 0, parse_uint, 0, 1023, 0, 0, NULL, "a device ordinal 0..1023"},
+    /* reserve: 0 by default, 8x the device memory, decided at pool creation */
+    {"reserve", F_U64, FIELD(reserve_bytes), 0, parse_size, 2 * MiB, PiB, 0, 1, NULL,
      "0 (8x the device memory) or a size from 2MiB to 1PiB, e.g. 2TiB"},
-    {"handle_type", F_HANDLE, FIELD(handle_type), parse_word, 0, 3, 0, 0, handle_words,
+    {"handle_type", F_HANDLE, FIELD(handle_type), FABPOOL_HANDLE_AUTO, parse_word, 0, 3, 0, 0, handle_words,
      "auto, none, posix_fd or fabric"},
-    {"max_waste", F_U32, FIELD(max_waste_percent), parse_percent, 0, 100, 0, 0, NULL,
+    {"max_waste", F_U32, FIELD(max_waste_percent), 25, parse_percent, 0, 100, 0, 0, NULL,
      "a whole percent 0..100, e.g. 25 or 25%"},
-    {"max_chunk", F_U64, FIELD(max_chunk_bytes), parse_size, 2 * MiB, UINT64_MAX, 2 * MiB, 0, NULL,
+    {"max_chunk", F_U64, FIELD(max_chunk_bytes), 1 * GiB, parse_size, 2 * MiB, UINT64_MAX, 2 * MiB, 0, NULL,
      "a size that is a multiple of 2MiB, at least 2MiB, e.g. 1GiB"},
-    {"slab_max", F_U64, FIELD(slab_max_bytes), parse_size, 256, 64 * MiB, 0, 0, NULL,
+    {"slab_max", F_U64, FIELD(slab_max_bytes), 4096, parse_size, 256, 64 * MiB, 0, 0, NULL,
      "a size from 256B to 64MiB, e.g. 4KiB (rounded up to a size class)"},
-    {"cache_limit", F_U64, FIELD(cache_limit_bytes), parse_size, 0, UINT64_MAX, 0, 0, NULL,
+    /* cache_limit: no limit by default, the decay and the OOM trim return memory */
+    {"cache_limit", F_U64, FIELD(cache_limit_bytes), UINT64_MAX, parse_size, 0, UINT64_MAX, 0, 0, NULL,
      "a size, e.g. 1GiB (0: keep no free memory mapped)"},
-    {"decay_ms", F_U32, FIELD(decay_ms), parse_uint, 0, UINT32_MAX, 0, 0, NULL,
+    {"decay_ms", F_U32, FIELD(decay_ms), 10000, parse_uint, 0, UINT32_MAX, 0, 0, NULL,
      "milliseconds 0..4294967295, e.g. 1000 (0: return free memory at once)"},
-    {"large_slack", F_U32, FIELD(large_slack_percent), parse_percent, 0, 1000, 0, 0, NULL,
+    {"large_slack", F_U32, FIELD(large_slack_percent), 4, parse_percent, 0, 1000, 0, 0, NULL,
      "a whole percent 0..1000, e.g. 4 or 4%"},
-    {"shrink_hysteresis", F_U32, FIELD(shrink_hysteresis_percent), parse_percent, 0, 1000, 0, 0, NULL,
+    {"shrink_hysteresis", F_U32, FIELD(shrink_hysteresis_percent), 25, parse_percent, 0, 1000, 0, 0, NULL,
      "a whole percent 0..1000, e.g. 25 or 25%"},
-    {"thread_cache", F_U32, FIELD(thread_cache), parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},
-    {"stats_print", F_INT, FIELD(stats_at_destroy), parse_word_or_index, 0, 2, 0, 0, stats_words,
+    {"thread_cache", F_U32, FIELD(thread_cache), 1, parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},
+    {"stats_print", F_INT, FIELD(stats_at_destroy), 0, parse_word_or_index, 0, 2, 0, 0, stats_words,
      "none, text or json (or 0, 1, 2)"},
-    {"metadata", F_METADATA, FIELD(metadata), parse_word, 0, 2, 0, 0, metadata_words, "auto, jemalloc or libc"},
-    {"peers", F_PEERS, FIELD(n_peer_devices), parse_peers, 0, 1023, 0, 0, NULL,
+    {"metadata", F_METADATA, FIELD(metadata), FABPOOL_METADATA_AUTO, parse_word, 0, 2, 0, 0, metadata_words,
+     "auto, jemalloc or libc"},
+    {"peers", F_PEERS, FIELD(n_peer_devices), 0, parse_peers, 0, 1023, 0, 0, NULL,
      "none, or up to 16 distinct device ordinals 0..1023 separated by ';' or '+', e.g. 1;2;3"},
-    {"trace", F_STRING, FIELD(trace_path), parse_path, 0, FABPOOL_TRACE_PATH_MAX - 1, 0, 0, NULL,
+    {"trace", F_STRING, FIELD(trace_path), 0, parse_path, 0, FABPOOL_TRACE_PATH_MAX - 1, 0, 0, NULL,
      "none, or the path of a file to record the trace to (at most 511 bytes, no ',' and no whitespace; %p: the "
      "pid, %h: the host, %d: the device), e.g. /tmp/fabpool-%p.trace"},
-    {"rdma", F_INT, FIELD(rdma), parse_word, 0, 2, 0, 0, rdma_words, "auto, on or off"},
-    {"sleep_keep_host", F_U32, FIELD(sleep_keep_host), parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},
-    {"stream_owner", F_U32, FIELD(stream_owner), parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},
-    {"debug", F_INT, FIELD(debug), parse_word_or_index, 0, 3, 0, 0, debug_words,
+    {"rdma", F_INT, FIELD(rdma), FABPOOL_RDMA_AUTO, parse_word, 0, 2, 0, 0, rdma_words, "auto, on or off"},
+    {"sleep_keep_host", F_U32, FIELD(sleep_keep_host), 0, parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},
+    {"stream_owner", F_U32, FIELD(stream_owner), 1, parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},
+    {"debug", F_INT, FIELD(debug), FABPOOL_LOG_NONE, parse_word_or_index, 0, 3, 0, 0, debug_words,
      "none, warn, info or trace (or 0 to 3)"},
 };
 
 #define NKEYS (sizeof keys / sizeof keys[0])
+
+static void store(fabpool_options *o, const struct key *k, uint64_t x);
+
+void fabpool_options_init(fabpool_options *o)
+{
+    if (!o)
+        return;
+    memset(o, 0, sizeof *o); /* conf NULL, no peers, no trace */
+    o->struct_size = (uint32_t)sizeof *o;
+    for (size_t i = 0; i < NKEYS; i++)
+        store(o, &keys[i], keys[i].def);
+}
 
 /* ------------------------------------------------------------- helpers */
 

@@ -19,7 +19,7 @@ fp_driver fp_drv;
 _Static_assert(offsetof(fp_driver, version) == FP_DRV_COUNT * sizeof(void *), "fp_driver starts with the entry points");
 
 static const char *const entry_names[] = {
-#define FP_DRV_NAME(name, ver) #name,
+#define FP_DRV_NAME(name, ver, sym) #name,
     FP_DRIVER_ENTRIES(FP_DRV_NAME)
 #undef FP_DRV_NAME
 };

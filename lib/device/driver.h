@@ -2,7 +2,8 @@
  *
  * This module is the only one that knows how the driver was found: it
  * dlopens libcuda.so.1 (or $FABPOOL_CUDA_LIBRARY), takes cuGetProcAddress
- * from it and asks for every entry point below at FP_DRIVER_API_VERSION.
+ * from it and asks for every entry point of driver_entries.h at
+ * FP_DRIVER_API_VERSION.
  * The rest of lib/ calls the driver through FP_CU(), which counts the call
  * and hands back the CUresult. */
 #ifndef FP_DRIVER_H
@@ -13,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "driver_entries.h"
 #include "fabpool.h"
 #include "log.h"
 
@@ -20,54 +22,18 @@
  * fabpool supports; a newer driver still answers with these signatures. */
 #define FP_DRIVER_API_VERSION 12000
 
-/* X(name, PFN version suffix): every entry point the library uses. */
-#define FP_DRIVER_ENTRIES(X)                      \
-    X(cuInit, 2000)                               \
-    X(cuDriverGetVersion, 2020)                   \
-    X(cuGetErrorName, 6000)                       \
-    X(cuGetErrorString, 6000)                     \
-    X(cuDeviceGet, 2000)                          \
-    X(cuDeviceGetCount, 2000)                     \
-    X(cuDeviceGetAttribute, 2000)                 \
-    X(cuDeviceTotalMem, 3020)                     \
-    X(cuDeviceCanAccessPeer, 4000)                \
-    X(cuDevicePrimaryCtxRetain, 7000)             \
-    X(cuDevicePrimaryCtxRelease, 11000)           \
-    X(cuCtxGetCurrent, 4000)                      \
-    X(cuCtxSetCurrent, 4000)                      \
-    X(cuCtxSynchronize, 2000)                     \
-    X(cuMemGetInfo, 3020)                         \
-    X(cuMemGetAllocationGranularity, 10020)       \
-    X(cuMemAddressReserve, 10020)                 \
-    X(cuMemAddressFree, 10020)                    \
-    X(cuMemCreate, 10020)                         \
-    X(cuMemRelease, 10020)                        \
-    X(cuMemMap, 10020)                            \
-    X(cuMemUnmap, 10020)                          \
-    X(cuMemSetAccess, 10020)                      \
-    X(cuMemRetainAllocationHandle, 11000)         \
-    X(cuMemGetAddressRange, 3020)                 \
-    X(cuMemGetAllocationPropertiesFromHandle, 10020) \
-    X(cuMemExportToShareableHandle, 10020)        \
-    X(cuMemImportFromShareableHandle, 10020)      \
-    X(cuEventCreate, 2000)                        \
-    X(cuEventDestroy, 4000)                       \
-    X(cuEventRecord, 2000)                        \
-    X(cuEventQuery, 2000)                         \
-    X(cuEventSynchronize, 2000)                   \
-    X(cuStreamSynchronize, 2000)                  \
-    X(cuMemcpyDtoDAsync, 3020)                    \
-    X(cuMemGetHandleForAddressRange, 11070)
-
 enum fp_drv_index {
-#define FP_DRV_ENUM(name, ver) FP_DRV_##name,
+#define FP_DRV_ENUM(name, ver, sym) FP_DRV_##name,
     FP_DRIVER_ENTRIES(FP_DRV_ENUM)
 #undef FP_DRV_ENUM
     FP_DRV_COUNT
 };
+/* fabpool_stats has a call count and a name for every entry point */
+_Static_assert(FP_DRV_COUNT <= FABPOOL_NUM_DRIVER_CALLS,
+               "FABPOOL_NUM_DRIVER_CALLS (fabpool.h) must cover every entry point of driver_entries.h");
 
 typedef struct fp_driver {
-#define FP_DRV_FIELD(name, ver) PFN_##name##_v##ver p_##name;
+#define FP_DRV_FIELD(name, ver, sym) PFN_##name##_v##ver p_##name;
     FP_DRIVER_ENTRIES(FP_DRV_FIELD)
 #undef FP_DRV_FIELD
     int version;        /* cuDriverGetVersion */

@@ -260,6 +260,7 @@ static void trade(fp_heap *h, const fp_arena *grown, uint64_t need, uint64_t hel
         if (idle > slack)
             done += fp_arena_unmap_free(a, idle - slack < need - done ? idle - slack : need - done);
     }
+    atomic_fetch_add_explicit(&h->traded_bytes, done, memory_order_relaxed);
 }
 
 /* A miss of arena a: maps what a block of n bytes needs (and what the

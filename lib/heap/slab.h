@@ -76,6 +76,7 @@ typedef struct fp_heap {
     uint64_t idle_arenas_low;          /* (pool lock) */
     _Atomic uint64_t decay_epoch_ns;
     _Atomic uint64_t large_in_use_bytes, large_blocks, large_allocs[FP_NCLASS], oom_retries;
+    _Atomic uint64_t traded_bytes;     /* free chunks unmapped by trades (slab.c, trade), all time */
     fp_class classes[FP_NCLASS];
 } fp_heap;
 

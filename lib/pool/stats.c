@@ -1,8 +1,9 @@
 /* stats.c - what the pool holds, what it gave out, what it asked of the
  * driver, and the options in force (fabpool_get_options); as a struct, as
- * text and as JSON.
+ * text and as JSON, all three from one table of its fields (STATS_FIELDS).
  * It reads what every layer counts and resets the peaks. */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,18 +36,17 @@ fabpool_status fabpool_get_options(const fabpool_t *p, fabpool_options *out)
     return FABPOOL_OK;
 }
 
-fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
+/* What the walk of the classes adds up. */
+typedef struct class_sums {
+    uint64_t small_in_use; /* bytes of slab blocks given out */
+    uint64_t blocks;       /* blocks given out, slab and larger */
+} class_sums;
+
+/* One row of s->classes per slab class, then per class of larger blocks, that has been used.  Pool lock held. */
+static class_sums class_rows(fabpool_t *p, fabpool_stats *s)
 {
-    if (!p || !s)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_stats: the pool or the output is NULL");
-    fabpool_status st = fp_struct_size_check("fabpool_get_stats", "fabpool_stats", s->struct_size, sizeof *s);
-    if (st != FABPOOL_OK)
-        return st;
-    memset(s, 0, sizeof *s);
-    s->struct_size = sizeof *s;
-    uint64_t small_in_use = 0, blocks = 0;
+    class_sums w = {0, 0};
     unsigned row = 0;
-    fp_lock(&p->sp.lock);
     /* live large blocks by the class of the grid their size falls in */
     uint64_t large_live[FP_NCLASS];
     memset(large_live, 0, sizeof large_live);
@@ -72,8 +72,8 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
             cs->cached = slabs * k->nobj - in_use;
             cs->slabs = slabs;
             cs->allocs = allocs;
-            small_in_use += in_use * k->obj_size;
-            blocks += in_use;
+            w.small_in_use += in_use * k->obj_size;
+            w.blocks += in_use;
         } else {
             /* large blocks: no class, their free memory is in cached_bytes */
             uint64_t allocs = ld(&p->heap.large_allocs[c]);
@@ -83,31 +83,95 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
             cs->size = fp_class_size(c);
             cs->in_use = large_live[c];
             cs->allocs = allocs;
-            blocks += large_live[c];
+            w.blocks += large_live[c];
         }
     }
-    s->reserved_bytes = p->sp.va.size;
-    s->mapped_bytes = ld(&p->ch.mapped_bytes);
-    s->mapped_bytes_peak = ld(&p->ch.mapped_peak);
-    s->in_use_bytes = small_in_use + ld(&p->heap.large_in_use_bytes) + ld(&p->bufs.bytes);
-    uint64_t peak = ld(&p->use.peak); /* never below in use now (usage.h: counted as blocks leave their classes) */
-    s->in_use_bytes_peak = peak > s->in_use_bytes ? peak : s->in_use_bytes;
-    s->retiring_bytes = ld(&p->bufs.retiring_bytes);
-    s->stream_pending_bytes = ld(&p->retire.pending_bytes);
-    s->stream_pending_blocks = ld(&p->retire.pending_blocks);
-    s->view_bytes = ld(&p->views.bytes);
-    s->held_for_peers_bytes = ld(&p->bufs.held_for_peers_bytes);
+    return w;
+}
+
+static uint64_t at_least(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+/* Mapped but neither in use, retiring nor a view: free memory kept mapped. */
+static uint64_t free_mapped(const fabpool_stats *s)
+{
     uint64_t held = s->in_use_bytes + s->retiring_bytes + s->view_bytes;
-    s->cached_bytes = s->mapped_bytes > held ? s->mapped_bytes - held : 0;
-    s->buffers = ld(&p->bufs.count);
-    s->blocks = blocks;
-    s->chunks_mapped = ld(&p->ch.chunks_mapped);
-    s->chunks_mapped_total = ld(&p->ch.chunks_mapped_total);
-    s->chunks_unmapped_total = ld(&p->ch.chunks_unmapped_total);
-    s->handles_outstanding = ld(&p->ch.handles_outstanding);
-    s->exported_fds_open = ld(&p->ch.exported_fds);
-    s->oom_retries = ld(&p->heap.oom_retries);
-    s->metadata_bytes = ld(&p->meta.bytes);
+    return s->mapped_bytes > held ? s->mapped_bytes - held : 0;
+}
+
+/* How the text and the JSON write a field. */
+typedef enum stat_kind { STAT_BYTES, STAT_COUNT } stat_kind;
+
+/* Every uint64_t scalar of fabpool_stats: X(field, kind, label in the text, value).  One row is all a field
+ * needs: fabpool_get_stats fills the rows in this order under the pool's lock (a value may use the rows above
+ * it, through s, and the walk of the classes, through w), and the text and the JSON report them in it, so the
+ * JSON keys, which the Python module reads, are the field names. */
+#define STATS_FIELDS(X)                                                                                        \
+    X(reserved_bytes, STAT_BYTES, "reserved", p->sp.va.size)                                                   \
+    X(mapped_bytes, STAT_BYTES, "mapped", ld(&p->ch.mapped_bytes))                                             \
+    X(mapped_bytes_peak, STAT_BYTES, "mapped, peak", ld(&p->ch.mapped_peak))                                   \
+    X(in_use_bytes, STAT_BYTES, "in use", w.small_in_use + ld(&p->heap.large_in_use_bytes) + ld(&p->bufs.bytes)) \
+    /* the peak is never below in use now (usage.h: counted as blocks leave their classes) */                 \
+    X(in_use_bytes_peak, STAT_BYTES, "in use, peak", at_least(ld(&p->use.peak), s->in_use_bytes))              \
+    X(retiring_bytes, STAT_BYTES, "retiring", ld(&p->bufs.retiring_bytes))                                     \
+    X(view_bytes, STAT_BYTES, "views of peers", ld(&p->views.bytes))                                           \
+    X(cached_bytes, STAT_BYTES, "cached", free_mapped(s))                                                      \
+    X(stream_pending_bytes, STAT_BYTES, "pending on streams", ld(&p->retire.pending_bytes))                    \
+    X(stream_pending_blocks, STAT_COUNT, "pending blocks", ld(&p->retire.pending_blocks))                      \
+    X(held_for_peers_bytes, STAT_BYTES, "held for peers", ld(&p->bufs.held_for_peers_bytes))                            \
+    X(buffers, STAT_COUNT, "buffers", ld(&p->bufs.count))                                                      \
+    X(blocks, STAT_COUNT, "blocks", w.blocks)                                                                  \
+    X(chunks_mapped, STAT_COUNT, "chunks mapped", ld(&p->ch.chunks_mapped))                                    \
+    X(chunks_mapped_total, STAT_COUNT, "chunks mapped, all", ld(&p->ch.chunks_mapped_total))                   \
+    X(chunks_unmapped_total, STAT_COUNT, "chunks unmapped, all", ld(&p->ch.chunks_unmapped_total))             \
+    X(handles_outstanding, STAT_COUNT, "handles held", ld(&p->ch.handles_outstanding))                         \
+    X(exported_fds_open, STAT_COUNT, "exported fds open", ld(&p->ch.exported_fds))                             \
+    X(oom_retries, STAT_COUNT, "OOM retries", ld(&p->heap.oom_retries))                                        \
+    X(metadata_bytes, STAT_BYTES, "host metadata", ld(&p->meta.bytes))                                         \
+    X(traded_bytes, STAT_BYTES, "traded", ld(&p->heap.traded_bytes))
+
+typedef struct stat_row {
+    const char *name, *label;
+    size_t offset;
+    stat_kind kind;
+} stat_row;
+
+static const stat_row stat_rows[] = {
+#define STAT_ROW(f, kind, label, value) {#f, label, offsetof(fabpool_stats, f), kind},
+    STATS_FIELDS(STAT_ROW)
+#undef STAT_ROW
+};
+#define N_STAT_ROWS (sizeof stat_rows / sizeof stat_rows[0])
+/* A field added to fabpool_stats without its row would stay 0 and be missing from the reports: the rows, the
+ * metadata pair and the arrays make up the whole struct. */
+_Static_assert(sizeof(size_t) + N_STAT_ROWS * sizeof(uint64_t) + sizeof(int) + sizeof(unsigned) +
+                       sizeof(((fabpool_stats *)0)->driver_calls) + sizeof(((fabpool_stats *)0)->driver_call_names) +
+                       sizeof(((fabpool_stats *)0)->classes) ==
+                   sizeof(fabpool_stats),
+               "every uint64_t field of fabpool_stats has its row in STATS_FIELDS");
+
+static uint64_t stat_value(const fabpool_stats *s, const stat_row *r)
+{
+    uint64_t v;
+    memcpy(&v, (const char *)s + r->offset, sizeof v);
+    return v;
+}
+
+fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
+{
+    if (!p || !s)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_stats: the pool or the output is NULL");
+    fabpool_status st = fp_struct_size_check("fabpool_get_stats", "fabpool_stats", s->struct_size, sizeof *s);
+    if (st != FABPOOL_OK)
+        return st;
+    memset(s, 0, sizeof *s);
+    s->struct_size = sizeof *s;
+    fp_lock(&p->sp.lock);
+    class_sums w = class_rows(p, s);
+#define STAT_FILL(f, kind, label, value)                                                                       \
+    _Static_assert(sizeof s->f == sizeof(uint64_t), #f " is a uint64_t");                                     \
+    s->f = (value);
+    STATS_FIELDS(STAT_FILL)
+#undef STAT_FILL
     s->metadata_jemalloc = p->meta.jemalloc;
     s->metadata_arena = p->meta.arena;
     fp_unlock(&p->sp.lock);
@@ -118,9 +182,54 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
     return FABPOOL_OK;
 }
 
-static void mib(FILE *f, const char *label, uint64_t b)
+static void stats_json(fabpool_t *p, FILE *f, const fabpool_stats *s)
 {
-    fprintf(f, "  %-22s %14" PRIu64 " bytes  (%.1f MiB)\n", label, b, (double)b / 1048576.0);
+    fprintf(f, "{\"device\":%d,\"handle_type\":\"%s\"", p->opt.device, fp_handle_type_name(p->ch.handle_type));
+    for (size_t i = 0; i < N_STAT_ROWS; i++)
+        fprintf(f, ",\"%s\":%" PRIu64, stat_rows[i].name, stat_value(s, &stat_rows[i]));
+    fprintf(f, ",\"metadata_allocator\":\"%s\",\"driver_calls\":{", s->metadata_jemalloc ? "jemalloc" : "libc");
+    int first = 1;
+    for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS && s->driver_call_names[i]; i++) {
+        if (!s->driver_calls[i])
+            continue;
+        fprintf(f, "%s\"%s\":%" PRIu64, first ? "" : ",", s->driver_call_names[i], s->driver_calls[i]);
+        first = 0;
+    }
+    fprintf(f, "},\"classes\":[");
+    for (int i = 0; i < FABPOOL_NUM_CLASSES && s->classes[i].size; i++)
+        fprintf(f, "%s{\"size\":%" PRIu64 ",\"in_use\":%" PRIu64 ",\"cached\":%" PRIu64 ",\"slabs\":%" PRIu64
+                   ",\"allocs\":%" PRIu64 "}",
+                i ? "," : "", s->classes[i].size, s->classes[i].in_use, s->classes[i].cached, s->classes[i].slabs,
+                s->classes[i].allocs);
+    fprintf(f, "],\"options\":");
+    fabpool_options o = options_in_force(p);
+    fp_options_print(f, &o, 0, 1);
+    fprintf(f, "}\n");
+}
+
+static void stats_text(fabpool_t *p, FILE *f, const fabpool_stats *s)
+{
+    fprintf(f, "fabpool: device %d, handle type %s, metadata in %s\n", p->opt.device,
+            fp_handle_type_name(p->ch.handle_type), s->metadata_jemalloc ? "a private jemalloc arena" : "libc");
+    for (size_t i = 0; i < N_STAT_ROWS; i++) {
+        const stat_row *r = &stat_rows[i];
+        uint64_t v = stat_value(s, r);
+        if (r->kind == STAT_BYTES)
+            fprintf(f, "  %-22s %14" PRIu64 " bytes  (%.1f MiB)\n", r->label, v, (double)v / 1048576.0);
+        else
+            fprintf(f, "  %-22s %14" PRIu64 "\n", r->label, v);
+    }
+    fprintf(f, "  driver calls:");
+    for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS && s->driver_call_names[i]; i++)
+        if (s->driver_calls[i])
+            fprintf(f, " %s %" PRIu64, s->driver_call_names[i], s->driver_calls[i]);
+    fprintf(f, "\n  options: ");
+    fabpool_options o = options_in_force(p);
+    fp_options_print(f, &o, 0, 0);
+    fprintf(f, "\n  %12s %10s %10s %8s %12s\n", "class", "in use", "cached", "slabs", "allocs");
+    for (int i = 0; i < FABPOOL_NUM_CLASSES && s->classes[i].size; i++)
+        fprintf(f, "  %12" PRIu64 " %10" PRIu64 " %10" PRIu64 " %8" PRIu64 " %12" PRIu64 "\n", s->classes[i].size,
+                s->classes[i].in_use, s->classes[i].cached, s->classes[i].slabs, s->classes[i].allocs);
 }
 
 fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
@@ -131,68 +240,10 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
     fabpool_status st = fabpool_get_stats(p, &s);
     if (st != FABPOOL_OK)
         return st;
-    if (json) {
-        fprintf(f, "{\"device\":%d,\"handle_type\":\"%s\",\"reserved_bytes\":%" PRIu64 ",\"mapped_bytes\":%" PRIu64
-                   ",\"mapped_bytes_peak\":%" PRIu64 ",\"in_use_bytes\":%" PRIu64 ",\"in_use_bytes_peak\":%" PRIu64
-                   ",\"cached_bytes\":%" PRIu64 ",\"retiring_bytes\":%" PRIu64 ",\"stream_pending_bytes\":%" PRIu64
-                   ",\"stream_pending_blocks\":%" PRIu64 ",\"view_bytes\":%" PRIu64
-                   ",\"held_for_peers_bytes\":%" PRIu64 ",\"buffers\":%" PRIu64
-                   ",\"blocks\":%" PRIu64 ",\"chunks_mapped\":%" PRIu64 ",\"chunks_mapped_total\":%" PRIu64
-                   ",\"chunks_unmapped_total\":%" PRIu64 ",\"handles_outstanding\":%" PRIu64
-                   ",\"exported_fds_open\":%" PRIu64 ",\"oom_retries\":%" PRIu64 ",\"metadata_bytes\":%" PRIu64
-                   ",\"metadata_allocator\":\"%s\",\"driver_calls\":{",
-                p->opt.device, fp_handle_type_name(p->ch.handle_type), s.reserved_bytes, s.mapped_bytes,
-                s.mapped_bytes_peak, s.in_use_bytes, s.in_use_bytes_peak, s.cached_bytes, s.retiring_bytes,
-                s.stream_pending_bytes, s.stream_pending_blocks, s.view_bytes, s.held_for_peers_bytes, s.buffers, s.blocks, s.chunks_mapped, s.chunks_mapped_total, s.chunks_unmapped_total,
-                s.handles_outstanding, s.exported_fds_open, s.oom_retries, s.metadata_bytes,
-                s.metadata_jemalloc ? "jemalloc" : "libc");
-        int first = 1;
-        for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS && s.driver_call_names[i]; i++) {
-            if (!s.driver_calls[i])
-                continue;
-            fprintf(f, "%s\"%s\":%" PRIu64, first ? "" : ",", s.driver_call_names[i], s.driver_calls[i]);
-            first = 0;
-        }
-        fprintf(f, "},\"classes\":[");
-        for (int i = 0; i < FABPOOL_NUM_CLASSES && s.classes[i].size; i++)
-            fprintf(f, "%s{\"size\":%" PRIu64 ",\"in_use\":%" PRIu64 ",\"cached\":%" PRIu64 ",\"slabs\":%" PRIu64
-                       ",\"allocs\":%" PRIu64 "}",
-                    i ? "," : "", s.classes[i].size, s.classes[i].in_use, s.classes[i].cached, s.classes[i].slabs,
-                    s.classes[i].allocs);
-        fprintf(f, "],\"options\":");
-        fabpool_options o = options_in_force(p);
-        fp_options_print(f, &o, 0, 1);
-        fprintf(f, "}\n");
-        return FABPOOL_OK;
-    }
-    fprintf(f, "fabpool: device %d, handle type %s, metadata in %s (%" PRIu64 " bytes)\n", p->opt.device,
-            fp_handle_type_name(p->ch.handle_type), s.metadata_jemalloc ? "a private jemalloc arena" : "libc",
-            s.metadata_bytes);
-    mib(f, "reserved", s.reserved_bytes);
-    mib(f, "mapped", s.mapped_bytes);
-    mib(f, "mapped, peak", s.mapped_bytes_peak);
-    mib(f, "in use", s.in_use_bytes);
-    mib(f, "in use, peak", s.in_use_bytes_peak);
-    mib(f, "cached", s.cached_bytes);
-    mib(f, "retiring", s.retiring_bytes);
-    mib(f, "pending on streams", s.stream_pending_bytes);
-    mib(f, "views of peers", s.view_bytes);
-    mib(f, "held for peers", s.held_for_peers_bytes);
-    fprintf(f, "  buffers %" PRIu64 ", blocks %" PRIu64 ", chunks mapped %" PRIu64 " (%" PRIu64 " mapped, %" PRIu64
-               " unmapped all time), handles held %" PRIu64 ", exported fds open %" PRIu64 ", OOM retries %" PRIu64 "\n",
-            s.buffers, s.blocks, s.chunks_mapped, s.chunks_mapped_total, s.chunks_unmapped_total,
-            s.handles_outstanding, s.exported_fds_open, s.oom_retries);
-    fprintf(f, "  driver calls:");
-    for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS && s.driver_call_names[i]; i++)
-        if (s.driver_calls[i])
-            fprintf(f, " %s %" PRIu64, s.driver_call_names[i], s.driver_calls[i]);
-    fprintf(f, "\n  options: ");
-    fabpool_options o = options_in_force(p);
-    fp_options_print(f, &o, 0, 0);
-    fprintf(f, "\n  %12s %10s %10s %8s %12s\n", "class", "in use", "cached", "slabs", "allocs");
-    for (int i = 0; i < FABPOOL_NUM_CLASSES && s.classes[i].size; i++)
-        fprintf(f, "  %12" PRIu64 " %10" PRIu64 " %10" PRIu64 " %8" PRIu64 " %12" PRIu64 "\n", s.classes[i].size,
-                s.classes[i].in_use, s.classes[i].cached, s.classes[i].slabs, s.classes[i].allocs);
+    if (json)
+        stats_json(p, f, &s);
+    else
+        stats_text(p, f, &s);
     return FABPOOL_OK;
 }
 

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "../testutil.h"
+#include "driver_entries.h"
 
 #define MB (1ull << 20)
 
@@ -35,18 +36,11 @@ static fault_clear_fn fault_clear;
 static calls_fn calls;
 static hold_fn stream_hold, stream_release;
 
+/* the entry points the library calls */
 static const char *const entries[] = {
-    "cuInit", "cuDriverGetVersion", "cuGetProcAddress", "cuGetErrorName", "cuGetErrorString", "cuDeviceGet",
-    "cuDeviceGetCount", "cuDeviceGetName", "cuDeviceGetUuid", "cuDeviceGetAttribute", "cuDeviceTotalMem",
-    "cuDeviceCanAccessPeer", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",
-    "cuCtxSetCurrent", "cuCtxGetCurrent", "cuCtxGetDevice", "cuCtxSynchronize", "cuCtxPushCurrent",
-    "cuCtxPopCurrent", "cuCtxEnablePeerAccess", "cuMemGetAllocationGranularity", "cuMemAddressReserve",
-    "cuMemAddressFree", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemSetAccess",
-    "cuMemGetAccess", "cuMemRetainAllocationHandle", "cuMemGetAddressRange",
-    "cuMemGetAllocationPropertiesFromHandle", "cuMemGetInfo", "cuMemExportToShareableHandle",
-    "cuMemImportFromShareableHandle", "cuStreamSynchronize", "cuStreamQuery", "cuStreamWaitEvent",
-    "cuEventCreate", "cuEventDestroy", "cuEventRecord", "cuEventQuery", "cuEventSynchronize",
-    "cuMemGetHandleForAddressRange", "cuMemcpyDtoDAsync",
+#define ENTRY_NAME(name, ver, sym) #name,
+    FP_DRIVER_ENTRIES(ENTRY_NAME)
+#undef ENTRY_NAME
 };
 #define N_ENTRIES (sizeof entries / sizeof entries[0])
 

@@ -42,15 +42,6 @@ class _Options(ctypes.Structure):
                 ("host", ctypes.c_char_p), ("allgather", _ALLGATHER), ("allgather_ctx", ctypes.c_void_p)]
 
 
-class _Info(ctypes.Structure):
-    # fabpool_torch_symm_info in adapters/torch/symm.h
-    _fields_ = [(n, ctypes.c_int) for n in ("rank", "nranks", "device", "handle_type", "fd_transport")] + \
-               [(n, ctypes.c_uint64) for n in (
-                   "size", "max_bytes", "mapped", "generation", "acked", "exchanges", "records_exported",
-                   "records_imported", "last_exported", "last_imported", "desc_bytes", "fds_sent", "view_bytes",
-                   "last_ns")]
-
-
 def _fabpool_torch():
     import fabpool_torch  # the library's loader; imported here, not at the top: fabpool_torch imports this module
     return fabpool_torch
@@ -75,7 +66,8 @@ def _lib(path=None):
         "fabpool_torch_symm_resize": (ctypes.c_int, [vp, ctypes.c_uint64]),
         "fabpool_torch_symm_ptrs": (ctypes.c_int, [vp, u64p, ctypes.c_size_t]),
         "fabpool_torch_symm_sizes": (ctypes.c_int, [vp, u64p, ctypes.c_size_t]),
-        "fabpool_torch_symm_get_info": (ctypes.c_int, [vp, ctypes.POINTER(_Info)]),
+        # fabpool_torch_symm_info: fabpool_torch makes it from the library's layout at load
+        "fabpool_torch_symm_get_info": (ctypes.c_int, [vp, ctypes.POINTER(_fabpool_torch().SymmInfo)]),
         "fabpool_torch_symm_dmabuf": (ctypes.c_int, [vp, ctypes.c_uint64, ctypes.c_uint64,
                                                      ctypes.POINTER(ctypes.c_int)]),
         "fabpool_torch_symm_close": (ctypes.c_int, [vp]),
@@ -172,9 +164,9 @@ class SymmetricMemory:
 
     def info(self):
         """The counters of symm.h's fabpool_torch_symm_info, as a dict."""
-        i = _Info()
+        i = _fabpool_torch().SymmInfo()
         self._check(self._lib.fabpool_torch_symm_get_info(self._live(), ctypes.byref(i)))
-        d = {name: getattr(i, name) for name, _ in _Info._fields_}
+        d = {name: getattr(i, name) for name, _ in i._fields_}
         d["handle_type"] = HANDLE_TYPES.get(d["handle_type"], str(d["handle_type"]))
         d["fd_transport"] = "pidfd" if d["fd_transport"] == 1 else "socket"
         return d

@@ -89,8 +89,7 @@ class FabpoolError(RuntimeError):
 
 class _Sized(ctypes.Structure):
     """A struct the library fills: it begins with struct_size, set here to the
-    mirror's size, which the library checks against its own (fabpool.h).
-    fabpool_torch_struct_layout() says the C layout; the tests compare."""
+    structure's size, which the library checks against its own (fabpool.h)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -100,24 +99,62 @@ class _Sized(ctypes.Structure):
         return {name: getattr(self, name) for name, _ in self._fields_ if name != "struct_size"}
 
 
-class Counters(_Sized):
-    # the order of fabpool_torch_counters in adapters/torch/fabpool_torch.h
-    _fields_ = [("struct_size", ctypes.c_size_t)] + [(name, ctypes.c_uint64) for name in (
-        "allocs", "frees", "alloc_failures", "blocks_live", "bytes_live", "usable_bytes_live", "bytes_live_peak",
-        "reuse_same_stream", "reuse_after_event", "pool_allocs", "pool_frees", "cached_blocks", "cached_bytes",
-        "events_recorded", "event_queries", "syncs", "streams", "empties", "bad_frees", "owner_frees", "fences")]
+class _SleepInfoBase(_Sized):
+    def as_dict(self):
+        d = super().as_dict()
+        d["asleep"] = bool(d["asleep"])
+        d["mode"] = "offload" if self.mode == 1 else "discard"
+        return d
 
 
-class _Stat(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int64) for n in ("current", "peak", "allocated", "freed")]
+# The structs the library fills, as ctypes classes made at load from the
+# library's own description of them (fabpool_torch_struct_layout): the C
+# struct -> this module's name for it and the class it is made from.
+_STRUCTS = {
+    "fabpool_sleep_info": ("SleepInfo", _SleepInfoBase),
+    "fabpool_torch_counters": ("Counters", _Sized),
+    "fabpool_torch_stat": ("_Stat", ctypes.Structure),
+    "fabpool_torch_mem_stats": ("_MemStats", _Sized),
+    "fabpool_torch_symm_info": ("SymmInfo", ctypes.Structure),   # fabpool_symm.py's
+}
+_SCALARS = {"i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64}
+Counters = SleepInfo = _Stat = _MemStats = SymmInfo = None   # made by load()
+_layout = None      # the description they were made from
 
 
-class _MemStats(_Sized):
-    # fabpool_torch_mem_stats in adapters/torch/fabpool_torch.h; arrays: all, small_pool, large_pool
-    _fields_ = [("struct_size", ctypes.c_size_t), ("allocation", _Stat * 3), ("allocated_bytes", _Stat * 3),
-                ("requested_bytes", _Stat * 3), ("segment", _Stat), ("reserved_bytes", _Stat)] + \
-               [(n, ctypes.c_int64) for n in ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
-                                              "num_device_alloc", "num_device_free")]
+def _field_type(ftype, size, made):
+    if ftype.endswith("[]"):
+        elem = made[ftype[:-2]]
+        return elem * (size // ctypes.sizeof(elem))
+    return made[ftype] if ftype in made else _SCALARS[ftype]
+
+
+def _make_structs(lib, p):
+    """The ctypes classes of the structs lib fills, from its description of
+    them (once: a second library must describe the same layout)."""
+    global _layout
+    lib.fabpool_torch_struct_layout.restype = ctypes.c_char_p
+    lib.fabpool_torch_struct_layout.argtypes = []
+    text = lib.fabpool_torch_struct_layout().decode()
+    if _layout is not None:
+        if text != _layout:
+            raise FabpoolError("fabpool_torch: %s lays its structs out unlike the library loaded first" % p)
+        return
+    made = {}
+    for cname, desc in json.loads(text).items():   # a struct comes before the structs that hold it
+        fields = sorted(desc["fields"].items(), key=lambda kv: kv[1][0])
+        pyname, base = _STRUCTS.get(cname, (cname, _Sized if fields[0][0] == "struct_size" else ctypes.Structure))
+        cls = type(pyname, (base,), {"_fields_": [(name, _field_type(t, size, made))
+                                                  for name, (_, size, t) in fields]})
+        wrong = [name for name, (off, size, _) in fields
+                 if (getattr(cls, name).offset, getattr(cls, name).size) != (off, size)]
+        if ctypes.sizeof(cls) != desc["size"] or wrong:
+            raise FabpoolError("fabpool_torch: %s describes %s (%d bytes) in a layout ctypes does not give "
+                               "(%d bytes; fields %s)" % (p, cname, desc["size"], ctypes.sizeof(cls), wrong))
+        made[cname] = cls
+    for cname, cls in made.items():
+        globals()[cls.__name__] = cls
+    _layout = text
 
 
 def library_path(path=None):
@@ -202,6 +239,7 @@ def _use(lib, p):
     _check_build has accepted it."""
     global _lib, _lib_path, _tags_ready
     _check_build(lib, p)
+    _make_structs(lib, p)
     lib.fabpool_torch_alloc.restype = ctypes.c_void_p
     lib.fabpool_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
     lib.fabpool_torch_free.restype = None
@@ -430,8 +468,9 @@ def stats(device=0):
 
 def counters(device=-1):
     """The allocator's counters (allocs, frees, bytes live, reuse, cached...) as a dict; -1: all devices."""
+    lib = load()
     c = Counters()
-    _check(load().fabpool_torch_get_counters(device, ctypes.byref(c)), "fabpool_torch_get_counters")
+    _check(lib.fabpool_torch_get_counters(device, ctypes.byref(c)), "fabpool_torch_get_counters")
     return c.as_dict()
 
 
@@ -493,9 +532,10 @@ def _device_index(device):
 
 
 def _raw_memory_stats(device):
+    lib = load()
     m = _MemStats()
     idx = _device_index(device)
-    _check(load().fabpool_torch_get_memory_stats(idx, ctypes.byref(m)), "fabpool_torch_get_memory_stats(%d)" % idx)
+    _check(lib.fabpool_torch_get_memory_stats(idx, ctypes.byref(m)), "fabpool_torch_get_memory_stats(%d)" % idx)
     return m
 
 
@@ -677,19 +717,6 @@ def unpatch_torch_stats():
 # out-of-memory error): do not run work that allocates from it.
 
 
-class SleepInfo(_Sized):
-    # fabpool_sleep_info in include/fabpool.h
-    _fields_ = [("struct_size", ctypes.c_size_t), ("asleep", ctypes.c_int), ("mode", ctypes.c_int)] + \
-               [(n, ctypes.c_uint64) for n in ("offloaded_bytes", "discarded_bytes", "host_bytes", "host_copies",
-                                               "sleeps", "wakes", "host_reused_bytes")]
-
-    def as_dict(self):
-        d = super().as_dict()
-        d["asleep"] = bool(d["asleep"])
-        d["mode"] = "offload" if self.mode == 1 else "discard"
-        return d
-
-
 _tags_ready = False
 _tag_allocators = {}   # (tag, device) -> CUDAPluggableAllocator, kept alive with its MemPools
 
@@ -770,8 +797,9 @@ def sleep_state(tag="default", device=None):
     of its last sleep, host_bytes held now, sleeps, wakes, host_reused_bytes
     (the last sleep's host copies kept from the wake before: FABPOOL_CONF=
     sleep_keep_host:1)."""
+    lib = _tags_lib()
     info = SleepInfo()
-    _tag_check(_tags_lib().fabpool_torch_tag_state(tag.encode(), _device_index(device), ctypes.byref(info)),
+    _tag_check(lib.fabpool_torch_tag_state(tag.encode(), _device_index(device), ctypes.byref(info)),
                "fabpool_torch.sleep_state(%r)" % tag)
     return info.as_dict()
 
