@@ -5,7 +5,8 @@
 #   BASE_DIRS=".deps/a .deps/b" OUT=/some/dir perf/h200/compare.sh     (several older trees)
 # Each base dir holds an older tree (e.g. `git archive <rev> | tar -x -C .deps/base`, its rev in .rev).
 # All are built Release against the real driver; then the benches run in turns, ROUNDS times
-# (A B C A B C ...), so that clocks and other tenants weigh on all alike.  Printed, and written to
+# (A B C A B C ...), so that clocks and other tenants weigh on all alike.  DEADLINE=S starts no round after S
+# seconds of rounds (the figures are medians over the rounds that ran).  Printed, and written to
 # $OUT/compare.txt: per round and side the median of alloc+free of a cached 256 B block (1 and 16 threads) and the
 # growth workload's us a step; at the end the median over rounds of each and the ratio current / base.
 set -u
@@ -23,12 +24,21 @@ mkdir -p "$OUT"
   for i in "${!bases[@]}"; do echo "compare: base$i ${bases[$i]} ($(cat "${bases[$i]}/.rev" 2>/dev/null))"; done
   echo "compare: current $(cat .rev 2>/dev/null || echo .)"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1
+  # the trees build side by side (the bench alone: about half a minute each)
+  t0=$(date +%s)
   for side in "${sides[@]}"; do
     src=$(src_of "$side")
-    step "build-$side" 240 bash -c "cmake -S '$src' -B /tmp/cmp-$side -DFABPOOL_TEST_DRIVER=real -DBUILD_TESTING=OFF \
-      -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build /tmp/cmp-$side -j16 --target fabpool_bench >/dev/null"
+    (cmake -S "$src" -B /tmp/cmp-$side -DFABPOOL_TEST_DRIVER=real -DBUILD_TESTING=OFF -DCMAKE_BUILD_TYPE=Release \
+       >/dev/null && cmake --build /tmp/cmp-$side -j8 --target fabpool_bench >/dev/null; echo "build-$side: rc $?") &
   done
+  wait
+  echo "builds: $(( $(date +%s) - t0 )) s"
+  # DEADLINE (seconds from the start of the rounds): no round starts after it, so that the run ends in time
+  t0=$(date +%s)
   for r in $(seq 1 "$ROUNDS"); do
+    if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) - t0 )) -ge "$DEADLINE" ]; then
+      echo "round $r and later: not started (DEADLINE $DEADLINE s)"; break
+    fi
     for side in "${sides[@]}"; do
       for w in latency growth; do
         timeout 120 /tmp/cmp-$side/fabpool_bench --no-torch --workload $w --json "$OUT/$side-$w-$r.json" \
