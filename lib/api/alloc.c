@@ -80,10 +80,10 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
  * tries once more. */
 static fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
 {
-    if (a && !tls_polled && fp_retire_pending(a->retire))
+    if (a && !tls_polled && fp_pending_any(a->retire))
         fp_alloc_drain(a, 0, 0);
     fabpool_status st = alloc_slow_once(a, size, out);
-    if (st == FABPOOL_ERR_OUT_OF_MEMORY && fp_retire_pending(a->retire)) {
+    if (st == FABPOOL_ERR_OUT_OF_MEMORY && fp_pending_any(a->retire)) {
         FP_LOG_CH(FP_LOG_INFO, a->sp->ch, "out of memory for %zu bytes: waiting for the %llu bytes freed on streams, "
                   "then one more try", size, (unsigned long long)atomic_load(&a->retire->pending_bytes));
         fp_heap_count_oom_retry(a->heap);
@@ -203,7 +203,7 @@ fabpool_status fp_alloc_free_recorded(fp_alloc *a, fp_span *s, uint64_t addr, co
 {
     *queued = 0;
     uint64_t usable = 0;
-    uint32_t cls = FP_RETIRE_LARGE, idx = 0;
+    uint32_t cls = FP_PENDING_LARGE, idx = 0;
     fabpool_status st = FABPOOL_OK;
     if (s->kind == FP_SPAN_SLAB) {
         fp_slab_index(s, addr, &idx);
@@ -218,7 +218,7 @@ fabpool_status fp_alloc_free_recorded(fp_alloc *a, fp_span *s, uint64_t addr, co
     } else if ((st = fp_large_pend(a->heap, addr, fn, &usable)) != FABPOOL_OK) {
         return st;
     }
-    st = fp_retire_free_used(a->retire, addr, usable, cls, on_stream, stream, traced, queued);
+    st = fp_pending_free_used(a->retire, addr, usable, cls, on_stream, stream, traced, queued);
     if (st == FABPOOL_OK && *queued)
         return FABPOOL_OK;
     fp_alloc_unpend(a, addr);
@@ -339,14 +339,14 @@ void fp_alloc_release_chain(fp_alloc *a, fp_rblock *chain)
         fp_span *s = b->traced ? fp_map_get(&a->map, b->ptr) : NULL;
         if ((b->traced ? s && free_block(a, s, b->ptr, "fabpool_free", 0, NULL, NULL) == FABPOOL_OK
                        : free_any(a, (void *)(uintptr_t)b->ptr, 0) == FABPOOL_OK))
-            fp_retire_released(a->retire);
+            fp_pending_released(a->retire);
     }
-    fp_retire_recycle(a->retire, chain);
+    fp_pending_recycle(a->retire, chain);
 }
 
 void fp_alloc_drain(fp_alloc *a, int wait, int forget)
 {
-    fp_alloc_release_chain(a, fp_retire_poll(a->retire, wait, forget));
+    fp_alloc_release_chain(a, fp_pending_poll(a->retire, wait, forget));
     if (wait) /* and what the owner stream freed at once (its status: the next unmap fences again) */
         fp_retire_fence(a->retire);
 }

@@ -1,6 +1,6 @@
 /* stream.c - the stream-ordered pair: fabpool_alloc_on_stream,
  * fabpool_free_on_stream and fabpool_record_stream, over the stream-pending
- * queue (retire.h) and the block paths of alloc.c (alloc.h). */
+ * queue (pending.h) and the block paths of alloc.c (alloc.h). */
 #include "alloc.h"
 
 #include "error.h"
@@ -8,7 +8,7 @@
 
 /* A block freed on a stream stays a live block of the pool (its slab flag
  * FP_FREEFLAG_PENDING, a large block FP_LARGE_PENDING) in the retirement
- * queue (retire.h) until an allocation on the same stream takes it back or
+ * queue (pending.h) until an allocation on the same stream takes it back or
  * an event recorded on its stream after the free has completed; then it is
  * freed into the pool like any other block. */
 
@@ -23,7 +23,7 @@ static uint32_t stream_class(const fp_alloc *a, size_t size, uint64_t *need, uin
     *max = (uint64_t)size + size / 4;
     if (*max < *need)
         *max = *need;
-    return FP_RETIRE_LARGE;
+    return FP_PENDING_LARGE;
 }
 
 fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, void **out)
@@ -60,26 +60,26 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
         return st;
     }
     uint64_t need, max, usable = 0;
-    uint32_t cls = size <= a->sp->va.size ? stream_class(a, size, &need, &max) : FP_RETIRE_LARGE;
+    uint32_t cls = size <= a->sp->va.size ? stream_class(a, size, &need, &max) : FP_PENDING_LARGE;
     if (size > a->sp->va.size)
         need = max = 0;
     /* the stream's own freed blocks: stream order makes them safe at once */
-    uint64_t ptr = fp_retire_pending(a->retire) && need <= max ?
-                   fp_retire_take(a->retire, stream, cls, need, max, &usable) : 0;
+    uint64_t ptr = fp_pending_any(a->retire) && need <= max ?
+                   fp_pending_take(a->retire, stream, cls, need, max, &usable) : 0;
     if (ptr) {
         fp_alloc_unpend(a, ptr);
-    } else if (fp_retire_pending(a->retire)) {
+    } else if (fp_pending_any(a->retire)) {
         /* a miss: what other streams freed and is done goes back, the first that fits to the caller */
-        fp_rblock *chain = fp_retire_poll(a->retire, 0, 0), **at = &chain;
+        fp_rblock *chain = fp_pending_poll(a->retire, 0, 0), **at = &chain;
         for (fp_rblock *b = chain; b && size <= a->sp->va.size; at = &b->fnext, b = b->fnext)
             if (!b->traced && /* one whose free is traced is the pool's free memory in the trace: it goes back */
-                (cls == FP_RETIRE_LARGE ? b->cls == cls && b->usable >= need && b->usable <= max : b->cls == cls)) {
+                (cls == FP_PENDING_LARGE ? b->cls == cls && b->usable >= need && b->usable <= max : b->cls == cls)) {
                 ptr = b->ptr;
                 *at = b->fnext;
                 b->fnext = NULL;
                 fp_alloc_unpend(a, ptr);
-                fp_retire_recycle(a->retire, b);
-                fp_retire_reused_after_event(a->retire);
+                fp_pending_recycle(a->retire, b);
+                fp_pending_reused_after_event(a->retire);
                 break;
             }
         fp_alloc_release_chain(a, chain);
@@ -98,7 +98,7 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
 }
 
 /* Whether the block at addr (span s) is live, given out and not freed: OK
- * with its size, list (slab class or FP_RETIRE_LARGE) and *recorded (a slab
+ * with its size, list (slab class or FP_PENDING_LARGE) and *recorded (a slab
  * block with recorded streams, or for a large block whether any block has
  * them), or the status and message of a refusal (an interior pointer, a
  * block already free or pending; fn names the call).  It changes nothing:
@@ -108,7 +108,7 @@ static fabpool_status live_block(fp_alloc *a, fp_span *s, uint64_t addr, const c
 {
     *recorded = s->kind == FP_SPAN_SLAB ? 0 : fp_retire_any_used(a->retire);
     if (s->kind != FP_SPAN_SLAB) {
-        *cls = FP_RETIRE_LARGE;
+        *cls = FP_PENDING_LARGE;
         return fp_large_check(a->heap, addr, fn, usable);
     }
     uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
@@ -197,7 +197,7 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
         return st;
     }
     int poll = 0;
-    st = fp_retire_free(a->retire, stream, addr, usable, cls, &poll);
+    st = fp_pending_free(a->retire, stream, addr, usable, cls, &poll);
     if (st != FABPOOL_OK) {
         fp_alloc_unpend(a, addr); /* nothing changed: the block is still the caller's */
         fp_error_append(" (fabpool_free_on_stream(%p): the block is still the caller's)", ptr);

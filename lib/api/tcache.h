@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "pagemap.h"
-#include "retire.h"
+#include "pending.h"
 #include "large.h"
 #include "usage.h"
 
