@@ -81,7 +81,10 @@ typedef struct fabpool_torch_counters {
     uint64_t reuse_after_event; /* a block of another stream, once its event completed */
     uint64_t pool_allocs;       /* fabpool_alloc calls that succeeded */
     uint64_t pool_frees;        /* blocks given back to the pool (after their event, or at once on the owner) */
-    uint64_t cached_blocks;     /* freed blocks the pool holds for their stream (pending, fabpool_counters) */
+    /* cached_*: PyTorch's word for blocks freed and held for their stream:
+     * fabpool_counters' stream_pending_*, not fabpool_stats' cached (memory
+     * mapped but free) */
+    uint64_t cached_blocks;     /* freed blocks the pool holds for their stream (stream-pending) */
     uint64_t cached_bytes;      /* their block sizes */
     uint64_t events_recorded;   /* one per stream per batch of frees */
     uint64_t event_queries;
