@@ -329,8 +329,8 @@ FABPOOL_API void *fabpool_buffer_ptr(const fabpool_buffer_t *buf);
  * device has no dma-buf support.  On failure *fd is -1. */
 FABPOOL_API fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *buf, size_t offset, size_t size, int *fd);
 
-/* The retirement queue: unmaps the retired buffer chunks whose GPU work has
- * completed and gives back to the pool the blocks freed on a stream whose
+/* The stream queue: unmaps the retired buffer chunks whose GPU work has
+ * completed and gives back to the pool the stream-pending blocks (freed on a stream) whose
  * event has completed (recording one event on each stream with frees no
  * event covers yet); with wait != 0, waits for all of it first.  Resize,
  * trim and destroy also do this (destroy waits). */

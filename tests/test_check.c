@@ -68,9 +68,9 @@ static void break_slabs(fabpool_t *p, void **live, fp_span *s)
 
     atomic_store(&s->freeflag[idx], 4);
     expect_broken(p, "[slab.flags]", "flag not 0, 1, 2 or 3");
-    atomic_store(&s->freeflag[idx], 2); /* pending on a stream, but the retirement queue does not hold it */
+    atomic_store(&s->freeflag[idx], 2); /* pending on a stream, but the stream queue does not hold it */
     expect_broken(p, "[retire.pending]", "block pending without its queue record");
-    atomic_store(&s->freeflag[idx], 3); /* used on recorded streams, but the retirement queue has no record */
+    atomic_store(&s->freeflag[idx], 3); /* used on recorded streams, but the stream queue has no record */
     expect_broken(p, "[retire.uses]", "block recorded without its streams");
     atomic_store(&s->freeflag[idx], 0);
 

@@ -1,4 +1,4 @@
-/* test_retire_queue.c - the retirement queue (lib/device/retire.c) on its
+/* test_retire_queue.c - the stream queue (lib/device/retire.c, pending.c) on its
  * own, built with the device layer's files and the base files they use (no
  * chunk, no pool): a block freed on a stream is taken back on that stream at
  * once and never on another; behind unfinished work (a held stream of the
@@ -9,18 +9,18 @@
 
 #include "testutil.h"
 
-#include "retire.h"
+#include "pending.h"
 
 static void check_same_stream(fp_retire *r, CUstream s1, CUstream s2)
 {
     unsigned cls = fp_class_of(512);
     int poll = 0;
     uint64_t usable = 0;
-    CHECK_OK(fp_retire_free(r, s1, 0x10000, 512, cls, &poll));
+    CHECK_OK(fp_pending_free(r, s1, 0x10000, 512, cls, &poll));
     CHECK(atomic_load(&r->pending_blocks) == 1 && atomic_load(&r->pending_bytes) == 512);
-    CHECK(fp_retire_take(r, s2, cls, 0, 0, &usable) == 0);
-    CHECK(fp_retire_take(r, s1, cls + 1, 0, 0, &usable) == 0);
-    CHECK(fp_retire_take(r, s1, cls, 0, 0, &usable) == 0x10000 && usable == 512);
+    CHECK(fp_pending_take(r, s2, cls, 0, 0, &usable) == 0);
+    CHECK(fp_pending_take(r, s1, cls + 1, 0, 0, &usable) == 0);
+    CHECK(fp_pending_take(r, s1, cls, 0, 0, &usable) == 0x10000 && usable == 512);
     CHECK(atomic_load(&r->pending_blocks) == 0 && atomic_load(&r->pending_bytes) == 0);
 }
 
@@ -30,26 +30,26 @@ static void check_poll(fp_retire *r, CUstream s1, t_sim_hooks h)
     int poll = 0;
     if (h.hold)
         h.hold(s1);
-    CHECK_OK(fp_retire_free(r, s1, 0x20000, 512, cls, &poll));
+    CHECK_OK(fp_pending_free(r, s1, 0x20000, 512, cls, &poll));
     if (h.hold) {
-        CHECK(fp_retire_poll(r, 0, 0) == NULL); /* its stream's work is not done */
+        CHECK(fp_pending_poll(r, 0, 0) == NULL); /* its stream's work is not done */
         CHECK(atomic_load(&r->pending_blocks) == 1);
         h.release(s1);
     }
-    fp_rblock *c = fp_retire_poll(r, 1, 1);
+    fp_rblock *c = fp_pending_poll(r, 1, 1);
     CHECK(c != NULL && c->ptr == 0x20000 && c->usable == 512 && c->fnext == NULL);
     CHECK(atomic_load(&r->pending_blocks) == 0);
-    fp_retire_recycle(r, c);
+    fp_pending_recycle(r, c);
 }
 
 static void check_large(fp_retire *r, CUstream s1)
 {
     int poll = 0;
     uint64_t usable = 0;
-    CHECK_OK(fp_retire_free(r, s1, 0x40000000, 4u << 20, FP_RETIRE_LARGE, &poll));
-    CHECK(fp_retire_take(r, s1, FP_RETIRE_LARGE, 5u << 20, 6u << 20, &usable) == 0); /* too small for it */
-    CHECK(fp_retire_take(r, s1, FP_RETIRE_LARGE, 2u << 20, 3u << 20, &usable) == 0); /* too large for it */
-    CHECK(fp_retire_take(r, s1, FP_RETIRE_LARGE, 3u << 20, 5u << 20, &usable) == 0x40000000);
+    CHECK_OK(fp_pending_free(r, s1, 0x40000000, 4u << 20, FP_PENDING_LARGE, &poll));
+    CHECK(fp_pending_take(r, s1, FP_PENDING_LARGE, 5u << 20, 6u << 20, &usable) == 0); /* too small for it */
+    CHECK(fp_pending_take(r, s1, FP_PENDING_LARGE, 2u << 20, 3u << 20, &usable) == 0); /* too large for it */
+    CHECK(fp_pending_take(r, s1, FP_PENDING_LARGE, 3u << 20, 5u << 20, &usable) == 0x40000000);
     CHECK(usable == 4u << 20);
 }
 
@@ -69,7 +69,7 @@ int main(void)
     check_same_stream(&r, s1, s2);
     check_poll(&r, s1, t_sim_hooks_get());
     check_large(&r, s1);
-    fp_retire_recycle(&r, fp_retire_poll(&r, 1, 1));
+    fp_pending_recycle(&r, fp_pending_poll(&r, 1, 1));
     fp_retire_destroy(&r);
     fp_meta_destroy(&meta);
     cuStreamDestroy(s1);

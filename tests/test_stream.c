@@ -1,5 +1,5 @@
 /* test_stream: the stream-ordered pair fabpool_alloc_on_stream /
- * fabpool_free_on_stream and the retirement queue behind it (lib/retire.c).
+ * fabpool_free_on_stream and the stream-pending queue behind it (lib/device/pending.c).
  * A block freed on a stream comes back at once to the same stream; another
  * stream and fabpool_alloc get it only once the stream's work is done (the
  * simulated driver holds a stream so that its events do not complete); no

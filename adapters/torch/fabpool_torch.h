@@ -84,6 +84,8 @@ FABPOOL_API fabpool_status fabpool_torch_stats_json(int device, char *buf, size_
     X(reuse_after_event) /* a block of another stream, once its event completed */                            \
     X(pool_allocs)       /* fabpool_alloc calls that succeeded */                                             \
     X(pool_frees)        /* blocks given back to the pool (after their event, or at once on the owner) */      \
+    /* cached_*: PyTorch's word for blocks freed and held for their stream: fabpool_counters' stream_pending_*,  \
+     * not fabpool_stats' cached (memory mapped but free) */                                                 \
     X(cached_blocks)     /* freed blocks the pool holds for their stream (pending, fabpool_counters) */       \
     X(cached_bytes)      /* their block sizes */                                                              \
     X(events_recorded)   /* one per stream per batch of frees */                                              \

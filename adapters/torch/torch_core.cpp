@@ -61,7 +61,11 @@ const PoolId kDefaultPool{0, 0};
 
 }  // namespace
 
-enum class BlockState { live, cached, waiting };
+/* live: given out; stream_free: freed, kept for its stream's next
+ * allocation (PyTorch calls it cached; it is not fabpool_stats' cached,
+ * memory mapped but free); waiting: freed after use on other streams,
+ * waiting for their events. */
+enum class BlockState { live, stream_free, waiting };
 
 struct Core::Block {
     void *ptr = nullptr;
@@ -83,7 +87,7 @@ struct Core::Pool {
     std::shared_ptr<External> ext;  /* the pool's own allocator, if any */
     fabpool_t *fp = nullptr;        /* else fabpool's pool behind it (made before its first capture) */
     std::unordered_map<void *, Block *> held;                 /* every block of the pool, in any state */
-    std::map<Stream, std::multimap<size_t, Block *>> cached;  /* free blocks by stream and size */
+    std::map<Stream, std::multimap<size_t, Block *>> stream_free;  /* free blocks by stream and size */
     size_t live = 0;
     size_t waiting = 0;  /* in the device's pending or deferred lists */
 };
@@ -613,14 +617,14 @@ void Core::restore(const PoolState &state, std::vector<void *> *freed, std::vect
         count(d, *b, -1);
         p->live--;
         b->uses.clear();
-        b->state = BlockState::cached;
-        p->cached[b->stream].emplace(b->usable, b);
+        b->state = BlockState::stream_free;
+        p->stream_free[b->stream].emplace(b->usable, b);
         freed->push_back(b->ptr);
     }
     for (auto &r : state.live) {
         Block *b = p->held[r.ptr];
-        auto fl = p->cached.find(b->stream);
-        if (fl != p->cached.end()) {
+        auto fl = p->stream_free.find(b->stream);
+        if (fl != p->stream_free.end()) {
             auto range = fl->second.equal_range(b->usable);
             for (auto it = range.first; it != range.second; ++it)
                 if (it->second == b) {
@@ -628,7 +632,7 @@ void Core::restore(const PoolState &state, std::vector<void *> *freed, std::vect
                     break;
                 }
             if (fl->second.empty())
-                p->cached.erase(fl);
+                p->stream_free.erase(fl);
         }
         b->size = r.size;
         b->stream = r.stream;
@@ -682,14 +686,14 @@ Core::Block *Core::alloc_in(Device &d, Pool &p, size_t size, Stream s, bool ctx,
     nb->pool = &p;
     /* a free block of this stream that fits: blocks are reused by the stream
      * that freed them only, as PyTorch's private pools do */
-    auto fl = p.cached.find(s);
-    if (fl != p.cached.end()) {
+    auto fl = p.stream_free.find(s);
+    if (fl != p.stream_free.end()) {
         auto it = fl->second.lower_bound(size);
         if (it != fl->second.end() && it->first <= fit_limit(size)) {
             Block *b = it->second;
             fl->second.erase(it);
             if (fl->second.empty())
-                p.cached.erase(fl);
+                p.stream_free.erase(fl);
             b->size = size;
             b->state = BlockState::live;
             return b;
@@ -757,7 +761,8 @@ void Core::undo(Device &d, Block *b)
     drop(d, *b->pool, b);
 }
 
-/* Everything cached on the device back to the driver (outside a capture). */
+/* Everything the device holds free (blocks kept for their streams, the
+ * pools' free memory) back to the driver (outside a capture). */
 void Core::shrink(Device &d)
 {
     poll(d, true);
@@ -948,8 +953,8 @@ void Core::finish(Device &d, Block *b)
     }
     Pool &p = *b->pool;
     b->uses.clear();
-    b->state = BlockState::cached;
-    p.cached[b->stream].emplace(b->usable, b);
+    b->state = BlockState::stream_free;
+    p.stream_free[b->stream].emplace(b->usable, b);
 }
 
 /* Blocks whose events have completed (wait: all of them, once completed)
@@ -1014,7 +1019,7 @@ void Core::free_pool_memory(Device &d, Pool *only)
             ++it;
             continue;
         }
-        if (!synced && (p.live == 0 || !p.cached.empty())) {
+        if (!synced && (p.live == 0 || !p.stream_free.empty())) {
             /* a graph's replay may still run in that memory */
             rt_->device_sync(d.index);
             d.syncs++;
@@ -1025,18 +1030,18 @@ void Core::free_pool_memory(Device &d, Pool *only)
             it = d.pools.erase(it);
             continue;
         }
-        for (auto &kv : p.cached)
+        for (auto &kv : p.stream_free)
             for (auto &e : kv.second)
                 drop(d, p, e.second);
-        p.cached.clear();
+        p.stream_free.clear();
         if (p.fp)
             fabpool_trim(p.fp, 0);
         ++it;
     }
 }
 
-/* A cached block of a pool back to fabpool's pool, or to the pool's own
- * allocator. */
+/* A block kept free for its stream back to fabpool's pool, or to the
+ * pool's own allocator. */
 void Core::drop(Device &d, Pool &p, Block *b)
 {
     p.held.erase(b->ptr);
@@ -1075,7 +1080,7 @@ void Core::destroy_pool(Device &d, Pool &p)
     for (auto &kv : p.held)
         gone(kv.second);
     p.held.clear();
-    p.cached.clear();
+    p.stream_free.clear();
 }
 
 void Core::empty_cache(PoolId id)
@@ -1136,7 +1141,7 @@ size_t Core::largest_free(int device)
     std::lock_guard<std::mutex> lk(d.mu);
     size_t best = 0;
     for (auto &kv : d.pools)
-        for (auto &fl : kv.second->cached)
+        for (auto &fl : kv.second->stream_free)
             if (!fl.second.empty())
                 best = std::max(best, fl.second.rbegin()->first);
     size_t room = fr;
@@ -1381,20 +1386,20 @@ std::shared_ptr<void> Core::open_ipc(int device, const std::string &bytes)
     if (!ipc::decode(bytes, &h, &why))
         throw std::invalid_argument("fabpool: getIpcDevPtr: " + why);
     auto state = ipc_;
-    auto cached = [&]() -> std::shared_ptr<void> {
+    auto already_open = [&]() -> std::shared_ptr<void> {
         auto it = state->open.find(bytes);
         return it == state->open.end() ? nullptr : it->second.lock();
     };
     {
         std::lock_guard<std::mutex> lk(state->mu);
-        if (auto sp = cached())
+        if (auto sp = already_open())
             return sp;
     }
     std::vector<int> fds;
     if (h.type == FABPOOL_HANDLE_POSIX_FD)
         fds = ipc::fetch(h); /* before the lock: a round trip to the sender */
     std::lock_guard<std::mutex> lk(state->mu);
-    if (auto sp = cached()) {
+    if (auto sp = already_open()) {
         for (int fd : fds)
             close(fd);
         return sp;

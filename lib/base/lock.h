@@ -10,7 +10,7 @@
  *                                        views, retirements, the driver calls that map and unmap
  *   3      class i    (fp_class.lock)    slab.h: one per size class; several at once in ascending
  *                                        class index (lock sub-level = the index)
- *   4      retire     (fp_retire.lock)   retire.h: blocks freed on streams and their events
+ *   4      retire     (fp_retire.lock)   the stream queue: stream-pending blocks, retired chunks, events
  *   5      trace list (traces_lock)      trace.c: every open trace of the process
  *   6      trace      (fp_trace.lock)    trace.c: one trace's buffer and file
  *
@@ -25,7 +25,7 @@
  *   slab joins its class under both; a class lock holder never needs the
  *   pool lock (a new slab is mapped after the class lock is dropped).
  * - class locks in ascending index: fabpool_check and stats hold several
- *   (fabpool_check then the retirement queue's too).
+ *   (fabpool_check then the stream queue's too).
  * - retire is a leaf of the pool's locks: taken with the pool or a class lock
  *   held (or none); nothing of the pool is taken under it (the blocks it
  *   hands back go to the pool after it is released).

@@ -51,7 +51,7 @@ typedef struct fp_peer_hold {
 typedef struct fp_buffers {
     fp_heap *heap;                     /* chunks are made through it (OOM: trim and retry) */
     fp_space *sp;                      /* the heap's */
-    fp_retire *retire;                 /* the pool's retirement queue: retired chunks' tickets */
+    fp_retire *retire;                 /* the pool's stream queue: retired chunks' tickets */
     struct fp_trace *trace;            /* NULL: none */
     fp_usage *use;                     /* the pool's in-use mark, raised when bytes grows (usage.h) */
     uint64_t max_chunk;

@@ -1,13 +1,16 @@
-/* retire.h - the retirement queue: memory that waits for GPU work.
+/* retire.h - the stream queue: memory that waits for GPU work.
  *
- * Two kinds of memory wait here, on the same per-stream records:
- *  - blocks freed with fabpool_free_on_stream: each stream has lists of the
+ * Two kinds of memory wait here, on the same per-stream records, under two
+ * names so that neither is taken for the other:
+ *  - stream-pending blocks ("pending", pending.h / pending.c): blocks freed
+ *    with fabpool_free_on_stream: each stream has lists of the
  *    blocks freed on it (by size class, and in free order).  An allocation
  *    on the same stream takes one back at once; the rest of the pool gets a
  *    block only once an event recorded on its stream after its free has
- *    completed (fp_retire_poll hands those back to the caller, who gives
+ *    completed (fp_pending_poll hands those back to the caller, who gives
  *    them to the pool);
- *  - chunks of growable buffers that a shrink on a stream retired: the
+ *  - retired buffer chunks ("retire", here and retire.c): chunks of
+ *    growable buffers that a shrink on a stream retired: the
  *    shrink takes a ticket (fp_retire_mark: an event recorded now), the
  *    buffer's collect asks whether the ticket is done.
  *
@@ -17,7 +20,7 @@
  * event per stream is enough for any number of frees, and it is recorded
  * lazily: when the pool needs memory (a miss of another stream, a trim, the
  * decay, an out-of-memory retry, collect, destroy) or after
- * FP_RETIRE_BATCH_BLOCKS frees / FP_RETIRE_BATCH_BYTES bytes on S.  Where an
+ * FP_PENDING_BATCH_BLOCKS frees / FP_PENDING_BATCH_BYTES bytes on S.  Where an
  * event cannot be made or recorded (a stream the program destroyed), the
  * context is synchronized instead, which completes every stream.
  *
@@ -62,13 +65,13 @@
 #include "sizeclass.h"
 
 /* an event after this many frees / bytes freed on one stream without one */
-#define FP_RETIRE_BATCH_BLOCKS 256u
-#define FP_RETIRE_BATCH_BYTES (256ull << 20)
+#define FP_PENDING_BATCH_BLOCKS 256u
+#define FP_PENDING_BATCH_BYTES (256ull << 20)
 /* a poll of every stream on free, once this much is pending in all */
-#define FP_RETIRE_POLL_BLOCKS 4096u
-#define FP_RETIRE_POLL_BYTES (2ull << 30)
+#define FP_PENDING_POLL_BLOCKS 4096u
+#define FP_PENDING_POLL_BYTES (2ull << 30)
 /* the list index of large blocks (above the slab classes) */
-#define FP_RETIRE_LARGE FP_NCLASS
+#define FP_PENDING_LARGE FP_NCLASS
 
 typedef struct fp_rstream fp_rstream;
 
@@ -93,11 +96,11 @@ typedef struct fp_rwaits {
 /* A block freed on a stream, or freed while other streams use it. */
 typedef struct fp_rblock {
     uint64_t ptr, usable, seq;
-    uint32_t cls;                       /* slab class, or FP_RETIRE_LARGE */
+    uint32_t cls;                       /* slab class, or FP_PENDING_LARGE */
     uint8_t traced;                     /* its free is in the trace already (fabpool_free, the owner's free) */
     struct fp_rblock *cnext, *cprev;    /* the stream's list of its class (LIFO) */
     struct fp_rblock *fnext, *fprev;    /* the stream's FIFO, or the list of used blocks; also the chain
-                                           fp_retire_poll hands back */
+                                           fp_pending_poll hands back */
     fp_rstream *rs;                     /* NULL for a used block: it waits for `uses` instead */
     fp_rwaits uses;                     /* a used block: an event of each stream that used it, recorded at its free */
 } fp_rblock;
@@ -168,84 +171,8 @@ enum { FP_OWNER_NONE = 0, FP_OWNER_ON = 1, FP_OWNER_OFF = 2 };
 fabpool_status fp_retire_init(fp_retire *r, fp_meta *meta, fp_drv_counters *calls, CUcontext ctx, int device,
                               int owner);
 /* Frees every record, node and event.  Nothing may be pending: drain first
- * (fp_retire_poll with wait, and the buffers' tickets dropped). */
+ * (fp_pending_poll with wait, and the buffers' tickets dropped). */
 void fp_retire_destroy(fp_retire *r);
-
-/* ---- blocks freed on a stream */
-
-/* Queues a block (already checked and marked pending by the caller) on
- * `stream`.  *poll is set to 1 when so much is pending that the caller
- * should poll.  FABPOOL_ERR_HOST_MEMORY (nothing queued) without host
- * memory for the record; the caller then waits and frees it itself. */
-fabpool_status fp_retire_free(fp_retire *r, void *stream, uint64_t ptr, uint64_t usable, uint32_t cls, int *poll);
-/* A block freed on `stream` that fits: of class cls, or for cls ==
- * FP_RETIRE_LARGE one of at least need and at most max bytes.  0: none.
- * *usable gets its size. */
-uint64_t fp_retire_take(fp_retire *r, void *stream, uint32_t cls, uint64_t need, uint64_t max, uint64_t *usable);
-/* Records an event on every stream with frees not covered by one, then
- * detaches every block whose event has completed (wait != 0: every block,
- * waiting for the GPU) and returns them as a chain through fnext; the
- * caller gives them to the pool and hands the nodes back with
- * fp_retire_recycle.  forget != 0 also drops the records of streams that
- * hold nothing any more (trim, collect with wait, destroy). */
-fp_rblock *fp_retire_poll(fp_retire *r, int wait, int forget);
-void fp_retire_recycle(fp_retire *r, fp_rblock *chain);
-/* A block fp_retire_poll handed back went to the pool (released) or
- * straight to an allocation of another stream (reused after its event): the
- * caller says so, and the queue counts it (its counters are its own). */
-static inline void fp_retire_released(fp_retire *r) { atomic_fetch_add_explicit(&r->releases, 1, memory_order_relaxed); }
-static inline void fp_retire_reused_after_event(fp_retire *r)
-{
-    atomic_fetch_add_explicit(&r->reuse_after_event, 1, memory_order_relaxed);
-}
-
-/* ---- streams that use a block (fabpool_record_stream)
- *
- * A live block used on other streams than its own has a slot in the
- * table: the streams, each once.  When it is freed, an event is recorded on
- * each of them (and on the stream it is freed on), and the block waits
- * among the used blocks, apart from every stream's lists (no stream may
- * take it back at once), until all of them have completed; fp_retire_poll
- * then hands it back as any pending block.  The caller marks the block (a
- * slab flag) so that only its slow path looks here; the table is read by
- * address otherwise (large blocks, while fp_retire_any_used says any block
- * has a slot). */
-
-/* Records that `stream` uses the live block at ptr (a stream recorded
- * already: nothing).  FABPOOL_ERR_HOST_MEMORY: nothing changed. */
-fabpool_status fp_retire_use(fp_retire *r, uint64_t ptr, void *stream);
-/* Whether any block has recorded streams (a cheap read). */
-static inline int fp_retire_any_used(fp_retire *r)
-{
-    return atomic_load_explicit(&r->used_blocks, memory_order_relaxed) != 0;
-}
-/* Whether the block at ptr has recorded streams. */
-int fp_retire_used(fp_retire *r, uint64_t ptr);
-/* The same with r's lock held (fabpool_check holds it over its whole walk). */
-int fp_retire_used_locked(fp_retire *r, uint64_t ptr);
-/* The block at ptr (already checked and marked pending by the caller) is
- * freed: on `stream` (on_stream != 0) or by fabpool_free.  If a stream
- * other than `stream` was recorded on it, an event is recorded now on each
- * recorded stream and on `stream`, the block waits for them and *queued is
- * 1; else (no slot, or `stream` alone) *queued is 0 and the caller frees it
- * as any block.  The slot goes either way.  An event that cannot be made or
- * recorded: the context is synchronized instead.  traced: the block's free
- * is in the trace already (the block says so when it comes back).
- * FABPOOL_ERR_HOST_MEMORY, or a driver error making the context current:
- * nothing changed. */
-fabpool_status fp_retire_free_used(fp_retire *r, uint64_t ptr, uint64_t usable, uint32_t cls, int on_stream,
-                                   void *stream, int traced, int *queued);
-/* Slots in the table now (fabpool_check). */
-static inline uint64_t fp_retire_used_blocks(fp_retire *r)
-{
-    return atomic_load_explicit(&r->used_blocks, memory_order_relaxed);
-}
-
-/* Whether anything is pending (a cheap read). */
-static inline int fp_retire_pending(fp_retire *r)
-{
-    return atomic_load_explicit(&r->pending_blocks, memory_order_relaxed) != 0;
-}
 
 /* ---- the owner stream */
 
@@ -304,5 +231,36 @@ void fp_retire_waits_add(fp_retire *r, fp_rwaits *w, fp_rticket t);
 int fp_retire_waits_done(fp_retire *r, fp_rwaits *w, int wait, fabpool_status *st);
 /* Drops every ticket of w and frees the array (the memory is unmapped). */
 void fp_retire_waits_drop(fp_retire *r, fp_rwaits *w);
+
+/* ------------------------------------------------------------ the queue's own
+ * What retire.c's records and events give pending.c (the queue's lock held
+ * unless said; a context current where an event is made or queried). */
+/* The counters are written under the queue's lock only: a plain store (no
+ * locked read-modify-write) is enough; readers load them without the lock. */
+static inline uint64_t fp_rq_bump(_Atomic uint64_t *c, int64_t d)
+{
+    uint64_t v = atomic_load_explicit(c, memory_order_relaxed) + (uint64_t)d;
+    atomic_store_explicit(c, v, memory_order_relaxed);
+    return v;
+}
+/* The record of stream, or NULL / made on first use (NULL without host memory). */
+fp_rstream *fp_rq_stream_find(fp_retire *r, void *stream);
+fp_rstream *fp_rq_stream_get(fp_retire *r, void *stream);
+/* Drops the records of streams that hold nothing. */
+void fp_rq_forget_idle(fp_retire *r);
+/* Block b out of its stream's lists; its record spared for reuse. */
+void fp_rq_unlink_block(fp_rstream *rs, fp_rblock *b);
+void fp_rq_spare_block(fp_retire *r, fp_rblock *b);
+/* Makes the pool's context current (1), or 0 with *st; and back. */
+int fp_rq_ctx_enter(fp_retire *r, CUcontext *saved, fabpool_status *st);
+void fp_rq_ctx_leave(fp_retire *r, CUcontext saved);
+/* An event on rs now, covering its frees and marks so far. */
+fabpool_status fp_rq_event_record(fp_retire *r, fp_rstream *rs);
+/* The context synchronized: every stream's work done. */
+void fp_rq_sync_all(fp_retire *r);
+/* Whether rs's work up to seq `until` is done (waiting, with wait). */
+int fp_rq_advance(fp_retire *r, fp_rstream *rs, uint64_t until, int wait, fabpool_status *st);
+/* A ticket no longer held. */
+void fp_rq_ticket_release(fp_rticket *t);
 
 #endif

@@ -35,11 +35,11 @@
 
 enum { FP_SPAN_SLAB = 1, FP_SPAN_LARGE = 2 };
 /* a piece's state: a free range, a block given out, a free range held by an allocation in progress (no trim
- * unmaps it), a block freed on a stream whose work may still use it (retire.h: given out for the rest of the
+ * unmaps it), a block freed on a stream whose work may still use it (pending.h: given out for the rest of the
  * pool) */
 enum { FP_LARGE_FREE = 0, FP_LARGE_LIVE = 1, FP_LARGE_HELD = 2, FP_LARGE_PENDING = 3 };
-/* a slab block's freeflag: given out, free, freed on a stream and still pending there (retire.h), given out and
- * used on other streams too (fabpool_record_stream: its free takes the slow path, which asks the retirement queue) */
+/* a slab block's freeflag: given out, free, freed on a stream and still pending there (pending.h), given out and
+ * used on other streams too (fabpool_record_stream: its free takes the slow path, which asks the stream queue) */
 enum { FP_FREEFLAG_USED = 0, FP_FREEFLAG_FREE = 1, FP_FREEFLAG_PENDING = 2, FP_FREEFLAG_RECORDED = 3 };
 
 /* What the page map points to: a slab (slab.h), or an arena's sentinel. */

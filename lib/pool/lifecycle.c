@@ -196,32 +196,30 @@ static void log_created(struct fabpool *p, const fabpool_options *o, const char 
 
 static fabpool_status teardown(struct fabpool *p);
 
-fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
+/* The options a pool is made with: opts (or the defaults), then the
+ * configuration string over them, checked. */
+static fabpool_status resolve_options(const fabpool_options *opts, fabpool_options *o)
 {
-    if (!out)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_create: the output pointer is NULL");
-    *out = NULL;
-    fabpool_options o;
-    fabpool_options_init(&o);
+    fabpool_options_init(o);
     if (opts) {
         if (opts->struct_size != sizeof(fabpool_options))
             return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_create: options.struct_size is %u, this library "
                             "expects %zu: call fabpool_options_init() first, and build against this fabpool.h",
                             opts->struct_size, sizeof(fabpool_options));
-        o = *opts;
+        *o = *opts;
     }
-    fabpool_status st = apply_conf(&o);
+    fabpool_status st = apply_conf(o);
     if (st == FABPOOL_OK)
-        st = fp_options_check(&o);
-    if (st != FABPOOL_OK)
-        return st;
-    fp_log_raise(o.debug); /* before the driver loads: its calls are logged at trace */
-    st = fp_drv_load();
-    if (st != FABPOOL_OK)
-        return st;
+        st = fp_options_check(o);
+    return st;
+}
 
+/* The pool's struct, in its own metadata arena, with its options and the
+ * device fields that the layers below read; nothing of the driver yet. */
+static fabpool_status pool_new(const fabpool_options *o, struct fabpool **out)
+{
     fp_meta meta;
-    st = fp_meta_init(&meta, o.metadata);
+    fabpool_status st = fp_meta_init(&meta, o->metadata);
     if (st != FABPOOL_OK)
         return st;
     struct fabpool *p = fp_meta_alloc(&meta, sizeof *p);
@@ -230,37 +228,39 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a pool (%zu bytes)", sizeof(struct fabpool));
     }
     p->meta = meta;
-    p->opt = o;
+    p->opt = *o;
     p->opt.conf = NULL;   /* not ours to keep */
-    p->ch.device = o.device;
+    p->ch.device = o->device;
     p->ch.log_pool = fp_log_pool_number();
-    p->ch.n_peers = o.n_peer_devices;
-    for (int i = 0; i < o.n_peer_devices && i < FABPOOL_MAX_PEERS; i++)
-        p->ch.peers[i] = o.peer_devices[i];
+    p->ch.n_peers = o->n_peer_devices;
+    for (int i = 0; i < o->n_peer_devices && i < FABPOOL_MAX_PEERS; i++)
+        p->ch.peers[i] = o->peer_devices[i];
     fp_lock_init(&p->sp.lock, FP_LOCK_POOL, 0, "pool");
     p->ch.lock = &p->sp.lock;
     p->ch.meta = &p->meta;
     p->sp.ch = &p->ch;
     p->sp.meta = &p->meta;
+    *out = p;
+    return FABPOOL_OK;
+}
 
-    char why[256];
-    if ((st = setup_device(p)) != FABPOOL_OK ||
-        (st = fp_retire_init(&p->retire, &p->meta, &p->ch.calls, p->ch.ctx, p->opt.device, (int)p->opt.stream_owner)) !=
-            FABPOOL_OK ||
-        (st = fp_chunk_choose_rdma(&p->ch, p->opt.rdma)) != FABPOOL_OK ||
-        (st = choose_handle_type(p, why, sizeof why)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
-        (st = fp_trace_open(&p->opt, p->sp.gran, &p->trace)) != FABPOOL_OK)
-        goto fail;
-    p->ch.trace = p->trace; /* before anything is mapped, so that every unmap in the file follows its map */
+/* The address space's page map and range allocator over the reservation. */
+static fabpool_status space_init(struct fabpool *p)
+{
     uint64_t va_base = p->sp.va.base, va_size = p->sp.va.size;
     if (fp_map_init(&p->sp.map, &p->meta, &p->sp.lock, va_base, va_size, p->sp.page_shift) != 0 ||
         fp_va_init(&p->sp.va, &p->meta, va_base, va_size) != 0) {
         p->sp.va.base = va_base; /* teardown frees the reservation */
         p->sp.va.size = va_size;
-        st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the page map of %llu bytes of address space",
-                      (unsigned long long)va_size);
-        goto fail;
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the page map of %llu bytes of address space",
+                        (unsigned long long)va_size);
     }
+    return FABPOOL_OK;
+}
+
+/* The layers above the space, each given what it shares with the others. */
+static void layers_init(struct fabpool *p)
+{
     fp_heap_init(&p->heap, &p->sp, &p->opt);
     p->opt.slab_max_bytes = p->heap.slab_max;
     fp_alloc_init(&p->alloc, &p->heap, &p->retire, p->opt.thread_cache);
@@ -273,6 +273,34 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     p->bufs.trace = p->trace;
     p->bufs.use = &p->use;
     fp_views_init(&p->views, &p->sp);
+}
+
+fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
+{
+    if (!out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_create: the output pointer is NULL");
+    *out = NULL;
+    fabpool_options o;
+    fabpool_status st = resolve_options(opts, &o);
+    if (st != FABPOOL_OK)
+        return st;
+    fp_log_raise(o.debug); /* before the driver loads: its calls are logged at trace */
+    struct fabpool *p = NULL;
+    if ((st = fp_drv_load()) != FABPOOL_OK || (st = pool_new(&o, &p)) != FABPOOL_OK)
+        return st;
+
+    char why[256];
+    if ((st = setup_device(p)) != FABPOOL_OK ||
+        (st = fp_retire_init(&p->retire, &p->meta, &p->ch.calls, p->ch.ctx, p->opt.device, (int)p->opt.stream_owner)) !=
+            FABPOOL_OK ||
+        (st = fp_chunk_choose_rdma(&p->ch, p->opt.rdma)) != FABPOOL_OK ||
+        (st = choose_handle_type(p, why, sizeof why)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
+        (st = fp_trace_open(&p->opt, p->sp.gran, &p->trace)) != FABPOOL_OK)
+        goto fail;
+    p->ch.trace = p->trace; /* before anything is mapped, so that every unmap in the file follows its map */
+    if ((st = space_init(p)) != FABPOOL_OK)
+        goto fail;
+    layers_init(p);
     if (fp_registry_add(&p->alloc) != 0) {
         st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the pool registry");
         goto fail;

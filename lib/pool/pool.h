@@ -13,7 +13,7 @@
  *   heap    slabs, large blocks, trim and decay (slab.c)
  *   bufs    growable buffers (buffer.c, export.c)
  *   views   peers' buffers (view.c)
- *   retire  blocks freed on streams and retired chunks' events (retire.c);
+ *   retire  the stream queue: stream-pending blocks (pending.c) and retired chunks' events (retire.c);
  *           alloc and bufs hold a pointer to it
  *   sleep   the record of a sleep and its counters (sleep.c); the asleep
  *           state every layer reads is ch.asleep (and alloc's epoch bit)
@@ -36,7 +36,7 @@
 #include "chunk.h"
 #include "fabpool.h"
 #include "meta.h"
-#include "retire.h"
+#include "pending.h"
 #include "slab.h"
 #include "space.h"
 #include "view.h"
@@ -49,7 +49,7 @@ struct fabpool {
     fp_heap heap;
     fp_buffers bufs;
     fp_views views;
-    fp_retire retire;                  /* blocks freed on streams, events of retired chunks (retire.h) */
+    fp_retire retire;                  /* the stream queue: stream-pending blocks (pending.h), retired chunks' events (retire.h) */
     struct fp_sleep *sleep;            /* sleep.c: the chunks put to sleep, non-NULL while asleep (pool lock) */
     struct fp_host_cache *host_cache;  /* sleep.c: host copies kept from the last wake (sleep_keep_host; pool lock) */
     _Atomic uint64_t sleep_offloaded, sleep_discarded, sleep_host_bytes, sleep_host_copies, sleeps, wakes;

@@ -259,7 +259,7 @@ fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_sleep: mode %d is neither FABPOOL_SLEEP_DISCARD (0) nor "
                         "FABPOOL_SLEEP_OFFLOAD (1)", (int)mode);
     /* the refusals first (nothing changes), then the blocks freed on streams
-     * (retire.h): their streams' work is waited for and they go back to the
+     * (pending.h): their streams' work is waited for and they go back to the
      * pool, so that they are free memory (trimmed below, not offloaded) and no
      * queued kernel reads memory that sleep unmaps; the drain takes the pool
      * lock itself, so the refusals are checked again after it */

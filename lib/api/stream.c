@@ -1,0 +1,236 @@
+/* stream.c - the stream-ordered pair: fabpool_alloc_on_stream,
+ * fabpool_free_on_stream and fabpool_record_stream, over the stream-pending
+ * queue (pending.h) and the block paths of alloc.c (alloc.h). */
+#include "alloc.h"
+
+#include "error.h"
+#include "trace.h"
+
+/* A block freed on a stream stays a live block of the pool (its slab flag
+ * FP_FREEFLAG_PENDING, a large block FP_LARGE_PENDING) in the retirement
+ * queue (pending.h) until an allocation on the same stream takes it back or
+ * an event recorded on its stream after the free has completed; then it is
+ * freed into the pool like any other block. */
+
+/* Which list a request of size bytes looks in, and for a large one the sizes that fit it (at most 1.25x). */
+static uint32_t stream_class(const fp_alloc *a, size_t size, uint64_t *need, uint64_t *max)
+{
+    if (size <= a->slab_max) {
+        *need = *max = 0;
+        return fp_class_of(size);
+    }
+    *need = fp_large_size(a->heap, size);
+    *max = (uint64_t)size + size / 4;
+    if (*max < *need)
+        *max = *need;
+    return FP_PENDING_LARGE;
+}
+
+fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, void **out)
+{
+    fp_alloc *a = fp_alloc_of(p);
+    if (!a || !out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_on_stream: the pool or the output pointer is NULL");
+    *out = NULL;
+    if (size == 0)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_on_stream: size 0; ask for at least one byte");
+    fabpool_status st = FABPOOL_OK;
+    /* before anything is taken: a block the stream freed, another stream's
+     * done block and the owner claim would each hand out (or change) what
+     * sleep unmapped */
+    if (FP_UNLIKELY(fp_chunks_asleep(a->sp->ch))) {
+        st = fp_chunk_asleep_error("fabpool_alloc_on_stream");
+        FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, 0, size, stream, st);
+        return st;
+    }
+    if (fp_retire_owner_claim(a->retire, stream)) {
+        /* the owner: what it freed went to the pool at once, and any block of the pool is safe for it */
+        void *q = NULL;
+        st = fp_alloc_block(a, size, &q);
+        if (st != FABPOOL_OK)
+            fp_error_append(" (fabpool_alloc_on_stream, stream %p)", stream);
+        FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, (uint64_t)(uintptr_t)q, size, stream, st);
+        *out = q;
+        return st;
+    }
+    if (fp_retire_owned(a->retire) && (st = fp_retire_disown(a->retire)) != FABPOOL_OK) {
+        fp_error_append(" (fabpool_alloc_on_stream, stream %p, waiting for the owner stream %p)", stream,
+                        a->retire->owner);
+        FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, 0, size, stream, st);
+        return st;
+    }
+    uint64_t need, max, usable = 0;
+    uint32_t cls = size <= a->sp->va.size ? stream_class(a, size, &need, &max) : FP_PENDING_LARGE;
+    if (size > a->sp->va.size)
+        need = max = 0;
+    /* the stream's own freed blocks: stream order makes them safe at once */
+    uint64_t ptr = fp_pending_any(a->retire) && need <= max ?
+                   fp_pending_take(a->retire, stream, cls, need, max, &usable) : 0;
+    if (ptr) {
+        fp_alloc_unpend(a, ptr);
+    } else if (fp_pending_any(a->retire)) {
+        /* a miss: what other streams freed and is done goes back, the first that fits to the caller */
+        fp_rblock *chain = fp_pending_poll(a->retire, 0, 0), **at = &chain;
+        for (fp_rblock *b = chain; b && size <= a->sp->va.size; at = &b->fnext, b = b->fnext)
+            if (!b->traced && /* one whose free is traced is the pool's free memory in the trace: it goes back */
+                (cls == FP_PENDING_LARGE ? b->cls == cls && b->usable >= need && b->usable <= max : b->cls == cls)) {
+                ptr = b->ptr;
+                *at = b->fnext;
+                b->fnext = NULL;
+                fp_alloc_unpend(a, ptr);
+                fp_pending_recycle(a->retire, b);
+                fp_pending_reused_after_event(a->retire);
+                break;
+            }
+        fp_alloc_release_chain(a, chain);
+    }
+    if (!ptr) {
+        void *q = NULL;
+        st = fp_alloc_polled(a, size, &q);
+        if (st == FABPOOL_OK)
+            ptr = (uint64_t)(uintptr_t)q;
+        else
+            fp_error_append(" (fabpool_alloc_on_stream, stream %p)", stream);
+    }
+    FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, ptr, size, stream, st);
+    *out = (void *)(uintptr_t)ptr;
+    return st;
+}
+
+/* Whether the block at addr (span s) is live, given out and not freed: OK
+ * with its size, list (slab class or FP_PENDING_LARGE) and *recorded (a slab
+ * block with recorded streams, or for a large block whether any block has
+ * them), or the status and message of a refusal (an interior pointer, a
+ * block already free or pending; fn names the call).  It changes nothing:
+ * the caller acts after. */
+static fabpool_status live_block(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn, uint64_t *usable,
+                                 uint32_t *cls, int *recorded)
+{
+    *recorded = s->kind == FP_SPAN_SLAB ? 0 : fp_retire_any_used(a->retire);
+    if (s->kind != FP_SPAN_SLAB) {
+        *cls = FP_PENDING_LARGE;
+        return fp_large_check(a->heap, addr, fn, usable);
+    }
+    uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
+    uint32_t idx = 0;
+    if (!fp_slab_index(s, addr, &idx))
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer into a slab of %llu-byte blocks; free "
+                        "the pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr, (unsigned long long)obj);
+    uint8_t f = atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed);
+    if (f != FP_FREEFLAG_USED && f != FP_FREEFLAG_RECORDED)
+        return fp_alloc_already_free(fn, addr, obj, f);
+    *recorded = f == FP_FREEFLAG_RECORDED;
+    *usable = obj;
+    *cls = s->cls;
+    return FABPOOL_OK;
+}
+
+/* The span of the block ptr names, for fn: the refusal of a NULL pool or
+ * pointer, or of an address outside this pool's blocks. */
+static fabpool_status block_span(fp_alloc *a, void *ptr, const char *fn, fp_span **s)
+{
+    if (!a)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s(%p): the pool is NULL", fn, ptr);
+    if (!ptr)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: the pointer is NULL", fn);
+    *s = fp_map_get(&a->map, (uint64_t)(uintptr_t)ptr);
+    return *s ? FABPOOL_OK : fp_alloc_not_ours(a, fn, ptr);
+}
+
+fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
+{
+    fp_alloc *a = fp_alloc_of(p);
+    fp_span *s = NULL;
+    fabpool_status st = block_span(a, ptr, "fabpool_free_on_stream", &s);
+    if (st != FABPOOL_OK)
+        return st;
+    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
+    uint32_t cls = 0;
+    int recorded = 0, queued = 0, checked = 0;
+    /* the owner's free checks the pointer as fabpool_free does; where the
+     * call may make the stream the owner, the pointer is checked first (a
+     * refused free changes nothing, and claims no owner) */
+    int owner = fp_retire_owner_is(a->retire, stream);
+    if (!owner) {
+        if ((st = live_block(a, s, addr, "fabpool_free_on_stream", &usable, &cls, &recorded)) != FABPOOL_OK)
+            return st;
+        checked = 1;
+        owner = fp_retire_owner_claim(a->retire, stream);
+    }
+    if (owner && fp_retire_owner_free(a->retire)) {
+        /* the owner: freed into the pool at once (the next unmap or foreign allocation fences); with streams
+         * recorded besides it, it waits for them */
+        if (FP_UNLIKELY(a->trace)) {
+            if (s->kind == FP_SPAN_SLAB)
+                usable = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
+            else if (!checked)
+                (void)fp_large_usable(a->heap, addr, &usable, "fabpool_free_on_stream"); /* a bad pointer: refused below */
+            FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream);
+            FP_TRACE_POOL(a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
+        }
+        if ((st = fp_alloc_free_block(a, s, addr, "fabpool_free_on_stream", 1, stream, &queued)) == FABPOOL_OK && !queued)
+            fp_retire_owner_freed(a->retire);
+        return st;
+    }
+    if (!checked && (st = live_block(a, s, addr, "fabpool_free_on_stream", &usable, &cls, &recorded)) != FABPOOL_OK)
+        return st;
+    /* another stream while the owner mode holds: it ends (after the checks above: bad input changes nothing) */
+    if (fp_retire_owned(a->retire) && (st = fp_retire_disown(a->retire)) != FABPOOL_OK) {
+        fp_error_append(" (fabpool_free_on_stream(%p), stream %p, waiting for the owner stream %p: the block is "
+                        "still the caller's)", ptr, stream, a->retire->owner);
+        return st;
+    }
+    FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream); /* before any reuse of ptr */
+    /* used on other streams too (fabpool_record_stream): it waits for them */
+    if (FP_UNLIKELY(recorded) &&
+        ((st = fp_alloc_free_recorded(a, s, addr, "fabpool_free_on_stream", 1, stream, 0, &queued)) != FABPOOL_OK || queued))
+        return st;
+    /* marked pending, checked again where two threads could race: the flag's exchange, the large block's lock */
+    if (s->kind == FP_SPAN_SLAB) {
+        uint32_t idx = 0;
+        fp_slab_index(s, addr, &idx);
+        uint8_t want = FP_FREEFLAG_USED;
+        if (!atomic_compare_exchange_strong_explicit(&s->freeflag[idx], &want, FP_FREEFLAG_PENDING,
+                                                     memory_order_relaxed, memory_order_relaxed))
+            return fp_alloc_already_free("fabpool_free_on_stream", addr, usable, want);
+    } else if ((st = fp_large_pend(a->heap, addr, "fabpool_free_on_stream", &usable)) != FABPOOL_OK) {
+        return st;
+    }
+    int poll = 0;
+    st = fp_pending_free(a->retire, stream, addr, usable, cls, &poll);
+    if (st != FABPOOL_OK) {
+        fp_alloc_unpend(a, addr); /* nothing changed: the block is still the caller's */
+        fp_error_append(" (fabpool_free_on_stream(%p): the block is still the caller's)", ptr);
+        return st;
+    }
+    if (poll)
+        fp_alloc_drain(a, 0, 0);
+    return FABPOOL_OK;
+}
+
+fabpool_status fabpool_record_stream(fabpool_t *p, void *ptr, void *stream)
+{
+    fp_alloc *a = fp_alloc_of(p);
+    fp_span *s = NULL;
+    fabpool_status st = block_span(a, ptr, "fabpool_record_stream", &s);
+    if (st != FABPOOL_OK)
+        return st;
+    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
+    uint32_t cls = 0;
+    int recorded = 0;
+    st = live_block(a, s, addr, "fabpool_record_stream", &usable, &cls, &recorded);
+    if (st == FABPOOL_ERR_DOUBLE_FREE)
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_record_stream(%p, stream %p): the block is not live: it was "
+                        "freed (fabpool_free or fabpool_free_on_stream); record a stream on a block before its free",
+                        ptr, stream);
+    if (st != FABPOOL_OK)
+        return st;
+    if ((st = fp_retire_use(a->retire, addr, stream)) != FABPOOL_OK)
+        return st;
+    if (s->kind == FP_SPAN_SLAB) { /* its free goes to the slow path, which finds the streams */
+        uint32_t idx = 0;
+        fp_slab_index(s, addr, &idx);
+        atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_RECORDED, memory_order_relaxed);
+    }
+    return FABPOOL_OK;
+}
