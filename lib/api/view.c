@@ -366,3 +366,36 @@ fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_inf
 }
 
 void *fabpool_view_ptr(const fabpool_view_t *v) { return v ? (void *)(uintptr_t)v->base : NULL; }
+
+/* ---- fabpool_check (walk.h) */
+
+#define FAIL FP_WALK_FAIL
+#define ULL FP_ULL
+
+fabpool_status fp_views_check(const fp_views *vs, fp_walk *w)
+{
+    uint64_t bytes = 0;
+    const struct fabpool_view *pv = NULL;
+    for (const struct fabpool_view *v = vs->list; v; pv = v, v = v->next) {
+        if (v->prev != pv || v->owner != vs || v->n > v->cap)
+            return FAIL("[view.list] view 0x%llx: its back link, its pool or its chunk count is wrong", ULL(v->base));
+        uint64_t end = 0;
+        for (uint32_t i = 0; i < v->n; i++) {
+            const fp_vchunk *c = &v->chunks[i];
+            if (!c->size || c->off < end || c->off + c->size > v->window)
+                return FAIL("[view.chunks] view 0x%llx: chunk %u (%llu bytes at +%llu) is empty, overlaps the one before "
+                            "or leaves the window of %llu bytes", ULL(v->base), i, ULL(c->size), ULL(c->off),
+                            ULL(v->window));
+            end = c->off + c->size;
+            bytes += c->size;
+            w->n_chunks++;
+            w->chunk_bytes += c->size;
+        }
+        if (fp_walk_use(w, v->base, v->window, "a view's window", v) != 0)
+            return FP_WALK_HOST_FAIL();
+    }
+    if (bytes != atomic_load(&vs->bytes))
+        return FAIL("[view.stats] the views' chunks add up to %llu bytes, view_bytes says %llu", ULL(bytes),
+                    ULL(atomic_load(&vs->bytes)));
+    return FABPOOL_OK;
+}
