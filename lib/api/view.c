@@ -139,15 +139,11 @@ static void view_add(fabpool_view_t *v, const fp_desc *ds, uint32_t k)
     v->chunks[i] = c;
 }
 
-/* Applies a parsed descriptor.  Every step that can fail on the peer's side
- * comes first: every import, then the mapping of each new chunk whose range
- * is free; only then are the dropped chunks unmapped and the chunks that
- * replace them mapped.  A failed import or first mapping leaves the view
- * exactly as it was. */
-static fabpool_status apply_locked(fabpool_view_t *v, const fp_desc *ds, const int *fds)
+/* Whether descriptor ds applies to view v: the same buffer, a delta from
+ * the view's generation or earlier, not older, and the chunks after it
+ * cover [0, live) exactly. */
+static fabpool_status apply_admit(const fabpool_view_t *v, const fp_desc *ds)
 {
-    fp_lock_assert_held(&v->owner->sp->lock);
-    fp_views *vs = v->owner;
     if (ds->uid != v->uid || ds->window != v->window || ds->handle_type != v->handle_type)
         return fp_desc_refuse("it describes another buffer (uid %llx, the view's is %llx)", ds->uid, v->uid);
     if (ds->since > v->generation)
@@ -155,7 +151,6 @@ static fabpool_status apply_locked(fabpool_view_t *v, const fp_desc *ds, const i
                         "delta since the view's generation", ds->since, v->generation);
     if (ds->generation < v->generation)
         return fp_desc_refuse("it is older (generation %llu) than the view (%llu)", ds->generation, v->generation);
-    /* the chunks after the apply must cover [0, live) exactly: check first */
     uint64_t covered = 0;
     for (uint32_t i = 0; i < v->n; i++)
         if (kept(v, i, ds))
@@ -168,51 +163,71 @@ static fabpool_status apply_locked(fabpool_view_t *v, const fp_desc *ds, const i
     if (covered != ds->live)
         return fp_desc_refuse("after it the view would map %llu of the buffer's %llu live bytes: a delta is missing; "
                         "apply a full descriptor (since 0)", covered, ds->live);
-    fabpool_status st = view_reserve(vs, v, v->n + ds->n);
-    if (st != FABPOOL_OK)
-        return st;
-    /* per record: its handle, and what became of it */
-    enum { HELD = 0, MAPPED = 1, GONE = 2, STACK = 64 };
-    CUmemGenericAllocationHandle hs[STACK], *h = hs;
-    uint8_t states[STACK], *state = states;
-    if (ds->n > STACK) {
-        h = fp_meta_alloc(vs->sp->meta, ds->n * (sizeof *h + 1));
-        if (!h)
-            return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to import %u chunks", ds->n);
-        state = (uint8_t *)(h + ds->n);
-    }
-    memset(state, GONE, ds->n);
-    uint32_t k;
-    for (k = 0; k < ds->n; k++) {
+    return FABPOOL_OK;
+}
+
+/* What became of each record of a descriptor being applied. */
+enum { REC_HELD = 0, REC_MAPPED = 1, REC_GONE = 2 };
+
+/* The steps that can fail on the peer's side, before the view changes:
+ * every import, then the mapping of each new chunk whose range is free. */
+static fabpool_status apply_prepare(fp_views *vs, fabpool_view_t *v, const fp_desc *ds, const int *fds,
+                                    CUmemGenericAllocationHandle *h, uint8_t *state)
+{
+    fabpool_status st;
+    memset(state, REC_GONE, ds->n);
+    for (uint32_t k = 0; k < ds->n; k++) {
         if ((st = import_one(vs, ds, k, fds, &h[k])) != FABPOOL_OK)
-            goto undo;
-        state[k] = HELD;
+            return st;
+        state[k] = REC_HELD;
     }
-    for (k = 0; k < ds->n; k++) {
+    for (uint32_t k = 0; k < ds->n; k++) {
         if (!range_free(v, ds, k))
             continue;
         st = map_one(vs, v, ds, k, h[k]);
-        state[k] = st == FABPOOL_OK ? MAPPED : GONE;
+        state[k] = st == FABPOOL_OK ? REC_MAPPED : REC_GONE;
         if (st != FABPOOL_OK)
-            goto undo;
+            return st;
     }
-    /* from here on the view changes: drop what goes, then map what replaces it */
+    return FABPOOL_OK;
+}
+
+/* A failed prepare: the view is untouched but for its first mappings, taken back. */
+static void apply_undo(fp_views *vs, fabpool_view_t *v, const fp_desc *ds, const CUmemGenericAllocationHandle *h,
+                       const uint8_t *state)
+{
+    for (uint32_t k = 0; k < ds->n; k++) {
+        if (state[k] == REC_HELD)
+            fp_chunk_release(vs->sp->ch, h[k]);
+        else if (state[k] == REC_MAPPED) {
+            fp_desc_rec r;
+            fp_desc_record(ds, k, &r);
+            (void)view_unmap_at(vs, v, r.off, r.size);
+        }
+    }
+}
+
+/* From here on the view changes: drop what goes, then map what replaces it. */
+static fabpool_status apply_commit(fp_views *vs, fabpool_view_t *v, const fp_desc *ds,
+                                   const CUmemGenericAllocationHandle *h, uint8_t *state)
+{
+    fabpool_status st = FABPOOL_OK;
     uint32_t w = 0;
     for (uint32_t i = 0; i < v->n; i++) {
         if (kept(v, i, ds) || st != FABPOOL_OK || (st = view_unmap(vs, v, i)) != FABPOOL_OK)
             v->chunks[w++] = v->chunks[i];
     }
     v->n = w;
-    for (k = 0; k < ds->n; k++) {
-        if (state[k] == HELD) {
+    for (uint32_t k = 0; k < ds->n; k++) {
+        if (state[k] == REC_HELD) {
             fabpool_status s2 = st == FABPOOL_OK ? map_one(vs, v, ds, k, h[k]) : FABPOOL_ERR_DRIVER;
             if (st != FABPOOL_OK)
                 fp_chunk_release(vs->sp->ch, h[k]);
             else if (s2 != FABPOOL_OK)
                 st = s2;
-            state[k] = s2 == FABPOOL_OK ? MAPPED : GONE;
+            state[k] = s2 == FABPOOL_OK ? REC_MAPPED : REC_GONE;
         }
-        if (state[k] == MAPPED)
+        if (state[k] == REC_MAPPED)
             view_add(v, ds, k);
     }
     if (st == FABPOOL_OK) {
@@ -221,20 +236,36 @@ static fabpool_status apply_locked(fabpool_view_t *v, const fp_desc *ds, const i
     } else {
         fp_error_append(" (the view lost the chunks this descriptor replaces: apply a full descriptor)");
     }
-    goto out;
+    return st;
+}
 
-undo:
-    /* the view is untouched but for this apply's first mappings: take them back */
-    for (k = 0; k < ds->n; k++) {
-        if (state[k] == HELD)
-            fp_chunk_release(vs->sp->ch, h[k]);
-        else if (state[k] == MAPPED) {
-            fp_desc_rec r;
-            fp_desc_record(ds, k, &r);
-            (void)view_unmap_at(vs, v, r.off, r.size);
-        }
+/* Applies a parsed descriptor.  Every step that can fail on the peer's side
+ * comes first: every import, then the mapping of each new chunk whose range
+ * is free; only then are the dropped chunks unmapped and the chunks that
+ * replace them mapped.  A failed import or first mapping leaves the view
+ * exactly as it was. */
+static fabpool_status apply_locked(fabpool_view_t *v, const fp_desc *ds, const int *fds)
+{
+    fp_lock_assert_held(&v->owner->sp->lock);
+    fp_views *vs = v->owner;
+    fabpool_status st = apply_admit(v, ds);
+    if (st != FABPOOL_OK || (st = view_reserve(vs, v, v->n + ds->n)) != FABPOOL_OK)
+        return st;
+    /* per record: its handle, and what became of it */
+    enum { STACK = 64 };
+    CUmemGenericAllocationHandle hs[STACK], *h = hs;
+    uint8_t states[STACK], *state = states;
+    if (ds->n > STACK) {
+        h = fp_meta_alloc(vs->sp->meta, ds->n * (sizeof *h + 1));
+        if (!h)
+            return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to import %u chunks", ds->n);
+        state = (uint8_t *)(h + ds->n);
     }
-out:
+    st = apply_prepare(vs, v, ds, fds, h, state);
+    if (st != FABPOOL_OK)
+        apply_undo(vs, v, ds, h, state);
+    else
+        st = apply_commit(vs, v, ds, h, state);
     if (h != hs)
         fp_meta_free(vs->sp->meta, h, ds->n * (sizeof *h + 1));
     return st;
@@ -366,3 +397,36 @@ fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_inf
 }
 
 void *fabpool_view_ptr(const fabpool_view_t *v) { return v ? (void *)(uintptr_t)v->base : NULL; }
+
+/* ---- fabpool_check (walk.h) */
+
+#define FAIL FP_WALK_FAIL
+#define ULL FP_ULL
+
+fabpool_status fp_views_check(const fp_views *vs, fp_walk *w)
+{
+    uint64_t bytes = 0;
+    const struct fabpool_view *pv = NULL;
+    for (const struct fabpool_view *v = vs->list; v; pv = v, v = v->next) {
+        if (v->prev != pv || v->owner != vs || v->n > v->cap)
+            return FAIL("[view.list] view 0x%llx: its back link, its pool or its chunk count is wrong", ULL(v->base));
+        uint64_t end = 0;
+        for (uint32_t i = 0; i < v->n; i++) {
+            const fp_vchunk *c = &v->chunks[i];
+            if (!c->size || c->off < end || c->off + c->size > v->window)
+                return FAIL("[view.chunks] view 0x%llx: chunk %u (%llu bytes at +%llu) is empty, overlaps the one before "
+                            "or leaves the window of %llu bytes", ULL(v->base), i, ULL(c->size), ULL(c->off),
+                            ULL(v->window));
+            end = c->off + c->size;
+            bytes += c->size;
+            w->n_chunks++;
+            w->chunk_bytes += c->size;
+        }
+        if (fp_walk_use(w, v->base, v->window, "a view's window", v) != 0)
+            return FP_WALK_HOST_FAIL();
+    }
+    if (bytes != atomic_load(&vs->bytes))
+        return FAIL("[view.stats] the views' chunks add up to %llu bytes, view_bytes says %llu", ULL(bytes),
+                    ULL(atomic_load(&vs->bytes)));
+    return FABPOOL_OK;
+}

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "space.h"
+#include "walk.h"
 
 /* A chunk of a view. */
 typedef struct fp_vchunk {
@@ -40,5 +41,9 @@ fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const in
                             fabpool_view_t **out);
 /* Pool destroy: unmaps and frees every view.  Pool lock held. */
 void fp_views_destroy(fp_views *vs);
+
+/* fabpool_check's walk of the views (walk.h), pool lock held: each adds its
+ * window to w's address space in use and its chunks to w's mappings. */
+fabpool_status fp_views_check(const fp_views *vs, fp_walk *w);
 
 #endif

@@ -1,7 +1,10 @@
 /* buffer.c - growable buffers: an address window of their own, chunks mapped
  * one behind the other, so the base address never changes.  Chunks a shrink
  * gives up retire: they are unmapped once the GPU work that may use them is
- * done, and a grow that comes first takes them back as they are. */
+ * done, and a grow that comes first takes them back as they are.  Here:
+ * growing, refitting and shrinking a buffer, and the buffer API (create,
+ * resize, destroy, info); taking chunks out, peer holds and collecting
+ * retired chunks are in bchunk.c. */
 #include "buffer.h"
 
 #include <string.h>
@@ -12,174 +15,6 @@
 #include "list.h"
 #include "trace.h"
 #include "vmm.h"
-
-static int reserve_chunks(fp_buffers *bs, struct fabpool_buffer *b, uint32_t n)
-{
-    fp_lock_assert_held(&bs->sp->lock);
-    return FP_ARRAY_RESERVE(bs->sp->meta, b->chunks, b->n, b->cap, n, 8);
-}
-
-static void free_buffer(fp_buffers *bs, struct fabpool_buffer *b)
-{
-    FP_LIST_REMOVE(&bs->list, b, next, prev);
-    fp_va_free(&bs->sp->va, b->base, b->window);
-    FP_ARRAY_FREE(bs->sp->meta, b->chunks, b->cap);
-    FP_ARRAY_FREE(bs->sp->meta, b->peer_holds, b->cap_peer_holds);
-    fp_meta_free(bs->sp->meta, b, sizeof *b);
-}
-
-/* Whether a peer may still import a chunk that a descriptor named (named:
- * the last one's generation, 0: none did) and that generation `dropped`
- * took out of the live chunks: the peers have not acknowledged `dropped` or
- * a later generation.  A peer at the acknowledged generation may still open
- * that generation's descriptor (a view opened again, or a late peer handed
- * it), so what was live then stays importable until the peers acknowledge a
- * generation without it.  A destroy ends that: no descriptor of a destroyed
- * buffer may be opened any more, so only what a descriptor the peers have
- * not applied yet names stays (a peer that applied one maps the chunk
- * itself, and its mapping keeps the memory).  A fabric handle holds no
- * reference, so only this hold keeps a chunk importable; a POSIX fd would
- * keep it too, and it is held the same, so that the rule and the accounting
- * are one for both handle types. */
-static int peers_may_hold(const struct fabpool_buffer *b, uint64_t named, uint64_t dropped)
-{
-    if (!b->shared || !named || b->acked == UINT64_MAX)
-        return 0;
-    return b->acked < (b->destroyed ? named : dropped);
-}
-
-/* Closes the pool's copy of chunk c's exported fd, if it holds one (an open
- * fd keeps the memory alive), and forgets its fabric handle: the chunk is
- * unmapped or replaced. */
-void fp_bchunk_forget_export(fp_buffers *bs, fp_bchunk *c)
-{
-    fp_lock_assert_held(&bs->sp->lock);
-    fp_chunk_close_fd(bs->sp->ch, &c->fd);
-    c->has_fabric = 0;
-}
-
-/* Unmaps chunk i. */
-static fabpool_status remove_chunk(fp_buffers *bs, struct fabpool_buffer *b, uint32_t i)
-{
-    fp_lock_assert_held(&bs->sp->lock);
-    fp_bchunk *c = &b->chunks[i];
-    fabpool_status st = fp_chunk_unmap(bs->sp->ch, b->base + c->off, c->size);
-    if (st != FABPOOL_OK)
-        return st;
-    fp_bchunk_forget_export(bs, c);
-    fp_retire_waits_drop(bs->retire, &c->uses);
-    int was_live = !c->retiring;
-    if (c->retiring) {
-        atomic_fetch_sub(&bs->retiring_bytes, c->size);
-    } else {
-        b->live -= c->size;
-    }
-    b->mapped -= c->size;
-    atomic_fetch_sub(&bs->mapped, c->size);
-    memmove(c, c + 1, (size_t)(b->n - i - 1) * sizeof *c);
-    b->n--;
-    if (was_live)
-        b->generation++; /* a live chunk went (undo of a grow): peers must hear of it */
-    return FABPOOL_OK;
-}
-
-/* Unmaps the last chunk. */
-static fabpool_status pop_chunk(fp_buffers *bs, struct fabpool_buffer *b)
-{
-    fp_lock_assert_held(&bs->sp->lock);
-    return remove_chunk(bs, b, b->n - 1);
-}
-
-static fabpool_status peer_hold_add(fp_buffers *bs, struct fabpool_buffer *b, fp_peer_hold g)
-{
-    fp_lock_assert_held(&bs->sp->lock);
-    if (FP_ARRAY_RESERVE(bs->sp->meta, b->peer_holds, b->n_peer_holds, b->cap_peer_holds, b->n_peer_holds + 1, 4) != 0)
-        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's list of chunks its peers hold");
-    b->peer_holds[b->n_peer_holds++] = g;
-    atomic_fetch_add(&bs->held_for_peers_bytes, g.size);
-    return FABPOOL_OK;
-}
-
-/* Releases the peer holds no peer can still import (all of them with all != 0). */
-static void peer_holds_release(fp_buffers *bs, struct fabpool_buffer *b, int all)
-{
-    uint32_t w = 0;
-    for (uint32_t i = 0; i < b->n_peer_holds; i++) {
-        fp_peer_hold *g = &b->peer_holds[i];
-        if ((all || !peers_may_hold(b, g->named, g->dropped)) && fp_chunk_release(bs->sp->ch, g->h) == CUDA_SUCCESS) {
-            atomic_fetch_sub(&bs->held_for_peers_bytes, g->size);
-            continue;
-        }
-        b->peer_holds[w++] = *g;
-    }
-    b->n_peer_holds = w;
-}
-
-/* Whether retired chunk c may be unmapped now: the GPU work of every stream
- * that may use it is done (waited for with wait != 0; the retirement queue
- * knows, retire.h) and no peer may still import it.  1 yes, 0 not yet, -1
- * the driver failed (*st says how). */
-static int retired_done(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, int wait, fabpool_status *st)
-{
-    if (peers_may_hold(b, c->named, c->drop_gen))
-        return 0;
-    return fp_retire_waits_done(bs->retire, &c->uses, wait, st);
-}
-
-/* Unmaps retired chunks whose event has completed (all of them, waiting,
- * with wait != 0) and that no peer may still import: from each live
- * buffer's end down (a grow maps behind the live chunks), anywhere in a
- * destroyed one.  Frees destroyed buffers that hold nothing any more. */
-fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
-{
-    fp_lock_assert_held(&bs->sp->lock);
-    fabpool_status first = FABPOOL_OK;
-    struct fabpool_buffer *b = bs->list, *next;
-    for (; b; b = next) {
-        next = b->next;
-        peer_holds_release(bs, b, 0);
-        /* live chunks a grow took back while a stream's work may still use them: what is done is forgotten
-         * (with wait, after waiting), so that a later unmap finds only what still runs */
-        for (uint32_t i = 0; i < b->n; i++) {
-            fp_bchunk *c = &b->chunks[i];
-            fabpool_status st = FABPOOL_OK;
-            if (!c->retiring && c->uses.n && fp_retire_waits_done(bs->retire, &c->uses, wait, &st) < 0 &&
-                first == FABPOOL_OK)
-                first = st;
-        }
-        for (uint32_t i = b->n; i-- > 0;) {
-            fp_bchunk *c = &b->chunks[i];
-            if (!c->retiring) {
-                if (b->destroyed)
-                    continue;
-                break;
-            }
-            fabpool_status st = FABPOOL_OK;
-            int done = retired_done(bs, b, c, wait, &st);
-            if (done == 1)
-                st = remove_chunk(bs, b, i);
-            if (st != FABPOOL_OK && first == FABPOOL_OK)
-                first = st;
-            if (done != 1 || st != FABPOOL_OK) {
-                if (!b->destroyed)
-                    break;
-            }
-        }
-        if (b->destroyed && b->n == 0 && b->n_peer_holds == 0)
-            free_buffer(bs, b);
-    }
-    return first;
-}
-
-fabpool_status fp_buffers_collect(fp_buffers *bs, int wait)
-{
-    if (!bs)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_collect: the pool is NULL");
-    fp_lock(&bs->sp->lock);
-    fabpool_status st = fp_collect_locked(bs, wait);
-    fp_unlock(&bs->sp->lock);
-    return st;
-}
 
 /* Size of the next chunk when `live` bytes are mapped and `target` wanted:
  * as large as the waste bound allows (so a growing buffer maps few chunks:
@@ -226,7 +61,7 @@ static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t ta
             return fp_error(FABPOOL_ERR_DRIVER, "a retired chunk of the buffer could not be unmapped earlier and "
                             "is in the way of growing it; fabpool_collect retries the unmap");
         uint64_t c = next_chunk(bs, b, b->live, target);
-        if (reserve_chunks(bs, b, b->n + 1) != 0)
+        if (fp_buffer_reserve_chunks(bs, b, b->n + 1) != 0)
             return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's chunk list");
         fabpool_status st = fp_heap_chunk_map(bs->heap, b->base + b->live, c);
         if (st != FABPOOL_OK) {
@@ -251,7 +86,7 @@ static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t ta
 static void undo_grow(fp_buffers *bs, struct fabpool_buffer *b, uint32_t mapped_from)
 {
     while (b->n > mapped_from)
-        if (pop_chunk(bs, b) != FABPOOL_OK)
+        if (fp_buffer_pop_chunk(bs, b) != FABPOOL_OK)
             break;
 }
 
@@ -273,8 +108,8 @@ static int peer_hold_keep(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c
                       CUmemGenericAllocationHandle h)
 {
     fp_lock_assert_held(&bs->sp->lock);
-    return peers_may_hold(b, c->named, dropped) &&
-           peer_hold_add(bs, b, (fp_peer_hold){h, c->size, c->named, dropped}) == FABPOOL_OK;
+    return fp_buffer_peers_may_hold(b, c->named, dropped) &&
+           fp_buffer_peer_hold_add(bs, b, (fp_peer_hold){h, c->size, c->named, dropped}) == FABPOOL_OK;
 }
 
 /* Moves chunk c's memory, dropped at generation `dropped`, to the peer holds
@@ -283,7 +118,7 @@ static int peer_hold_keep(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c
 static fabpool_status keep_for_peers(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, uint64_t dropped)
 {
     fp_lock_assert_held(&bs->sp->lock);
-    if (!peers_may_hold(b, c->named, dropped))
+    if (!fp_buffer_peers_may_hold(b, c->named, dropped))
         return FABPOOL_OK;
     CUmemGenericAllocationHandle h = 0;
     fabpool_status st = fp_chunk_retain(bs->sp->ch, b->base + c->off, &h, "keeping a chunk its peers may import");
@@ -382,7 +217,7 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
         b->live -= t->size;
         atomic_fetch_add(&bs->retiring_bytes, t->size);
     }
-    while (b->n > j + 1 && (st = pop_chunk(bs, b)) == FABPOOL_OK)
+    while (b->n > j + 1 && (st = fp_buffer_pop_chunk(bs, b)) == FABPOOL_OK)
         ;
     /* a chunk that failed to unmap stays retired: fabpool_collect retries it */
     goto unmap_tmp;
@@ -537,7 +372,7 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     fabpool_status st = grow(bs, b, size, &from);
     if (st != FABPOOL_OK) {
         undo_grow(bs, b, from);
-        free_buffer(bs, b);
+        fp_buffer_free(bs, b);
         atomic_fetch_sub(&bs->count, 1);
         fp_unlock(&bs->sp->lock);
         return st;
@@ -677,11 +512,11 @@ void fp_buffers_destroy(fp_buffers *bs)
     while (bs->list) {
         struct fabpool_buffer *b = bs->list;
         while (b->n)
-            if (pop_chunk(bs, b) != FABPOOL_OK) {
+            if (fp_buffer_pop_chunk(bs, b) != FABPOOL_OK) {
                 b->n--; /* the driver refused: forget the chunk, the reservation goes next */
             }
-        peer_holds_release(bs, b, 1);
-        free_buffer(bs, b);
+        fp_buffer_peer_holds_release(bs, b, 1);
+        fp_buffer_free(bs, b);
     }
 }
 

@@ -7,98 +7,20 @@
  * buffer bytes, mapped, count, retiring and held-for-peers bytes.  Export (export.c)
  * and dma-bufs (dmabuf.c) sit above it and read its structures.
  *
- * Locking: the pool lock (bs->sp->lock) guards every buffer and the list. */
+ * Locking: the pool lock (bs->sp->lock) guards every buffer and the list.
+ * The structures are in bchunk.h. */
 #ifndef FP_BUFFER_H
 #define FP_BUFFER_H
 
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stdint.h>
-
-#include "chunk.h"
-#include "retire.h"
-#include "slab.h"
-#include "usage.h"
-
-struct fp_trace;
-
-/* A chunk of a growable buffer. */
-typedef struct fp_bchunk {
-    uint64_t off, size;
-    uint64_t gen;                      /* the buffer's generation when it joined the live chunks */
-    uint64_t named;                    /* the generation of the last descriptor that named it (0: none) */
-    uint64_t drop_gen;                 /* retiring: the generation that dropped it */
-    fp_rwaits uses;                    /* the GPU work that may still use it: a ticket of each stream a shrink
-                                          retired it on, kept when a grow takes it back; it is unmapped or
-                                          replaced only once all of that is done (retire.h) */
-    uint8_t retiring;
-    uint8_t has_fabric;                /* fabric handle exported and cached */
-    int fd;                            /* exported POSIX fd cached, or -1 */
-    CUmemFabricHandle fabric;
-} fp_bchunk;
-
-/* The physical memory of a chunk that left an exported buffer's address
- * window while peers may still import it: a retained handle keeps it alive
- * until the peers acknowledge the generation that dropped it (or a later
- * one). */
-typedef struct fp_peer_hold {
-    CUmemGenericAllocationHandle h;
-    uint64_t size, named;
-    uint64_t dropped;                  /* the generation that took it out of the live chunks */
-} fp_peer_hold;
-
-/* The pool's buffers. */
-typedef struct fp_buffers {
-    fp_heap *heap;                     /* chunks are made through it (OOM: trim and retry) */
-    fp_space *sp;                      /* the heap's */
-    fp_retire *retire;                 /* the pool's stream queue: retired chunks' tickets */
-    struct fp_trace *trace;            /* NULL: none */
-    fp_usage *use;                     /* the pool's in-use mark, raised when bytes grows (usage.h) */
-    uint64_t max_chunk;
-    uint32_t max_waste_percent, shrink_hysteresis_percent;
-    struct fabpool_buffer *list;
-    _Atomic uint64_t bytes, mapped, count, retiring_bytes, held_for_peers_bytes;
-} fp_buffers;
-
-struct fabpool_buffer {
-    fp_buffers *owner;
-    struct fabpool_buffer *next, *prev;
-    uint64_t base, window;
-    uint64_t size;                     /* asked */
-    uint64_t mapped;                   /* all chunks, retiring included */
-    uint64_t live;                     /* chunks not retiring */
-    uint64_t generation;
-    uint32_t n;
-    size_t cap;
-    fp_bchunk *chunks;
-    int destroyed;                     /* waiting for its retirements, then freed */
-    int shared;                        /* exported at least once: dropped chunks wait for the peers */
-    uint64_t acked;                    /* every peer has applied this generation */
-    uint64_t exported_gen;             /* the generation of the last descriptor written */
-    fp_peer_hold *peer_holds;
-    uint32_t n_peer_holds;
-    size_t cap_peer_holds;
-    uint64_t uid;                      /* names the buffer in descriptors */
-};
+#include "bchunk.h"
 
 void fp_buffers_init(fp_buffers *bs, fp_heap *heap, fp_retire *retire, const fabpool_options *o);
 /* Pool destroy: unmaps and frees every buffer, peer holds released.  Pool lock
  * held (each function that needs it asserts it: lock.h). */
 void fp_buffers_destroy(fp_buffers *bs);
 
-/* fabpool_buffer_create and fabpool_collect of the pool whose buffers bs are
- * (bs NULL: the pool was NULL). */
+/* fabpool_buffer_create of the pool whose buffers bs are (bs NULL: the pool
+ * was NULL). */
 fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fabpool_buffer_t **out);
-fabpool_status fp_buffers_collect(fp_buffers *bs, int wait);
-
-/* Closes the pool's copy of chunk c's exported fd, if it holds one (an open
- * fd keeps the memory alive), and forgets its fabric handle: the chunk is
- * unmapped, replaced, or put to sleep (sleep.c).  Pool lock held. */
-void fp_bchunk_forget_export(fp_buffers *bs, fp_bchunk *c);
-
-/* Unmaps retired chunks whose event has completed (all of them, waiting,
- * with wait != 0) and that no peer may still import; frees destroyed
- * buffers that hold nothing any more.  Pool lock held. */
-fabpool_status fp_collect_locked(fp_buffers *bs, int wait);
 
 #endif

@@ -381,3 +381,50 @@ void fp_ctx_pop(fp_chunks *ch, CUcontext saved)
     if (saved != ch->ctx)
         FP_CU(&ch->calls, cuCtxSetCurrent, saved);
 }
+
+/* ---- fabpool_check (walk.h) */
+
+#define FAIL FP_WALK_FAIL
+#define ULL FP_ULL
+
+/* The chunks exported for blocks (fabpool_block_export): sorted, apart, an
+ * fd each in a pool of fds; each added to w->kept (the caller checks that
+ * it lies under an arena's chunk) and its fd to w->fds. */
+static fabpool_status check_kept(const fp_chunks *ch, fp_walk *w)
+{
+    uint64_t end = 0;
+    for (size_t i = 0; i < ch->n_kept; i++) {
+        const fp_xchunk *x = &ch->kept[i];
+        if (!x->size || x->va < end)
+            return FAIL("[chunk.kept] the chunk exported for a block at 0x%llx (%llu bytes) is empty, overlaps the one "
+                        "before, or lies outside every arena", ULL(x->va), ULL(x->size));
+        if ((x->fd >= 0) != (ch->handle_type == FABPOOL_HANDLE_POSIX_FD))
+            return FAIL("[chunk.kept] the chunk exported for a block at 0x%llx %s an fd in a pool of handle type %d",
+                        ULL(x->va), x->fd >= 0 ? "keeps" : "lacks", (int)ch->handle_type);
+        if (fp_walk_keep(w, x->va, x->size, "the chunk exported for a block", x) != 0)
+            return FP_WALK_HOST_FAIL();
+        end = x->va + x->size;
+        w->fds += x->fd >= 0;
+    }
+    return FABPOOL_OK;
+}
+
+fabpool_status fp_chunks_kept_check(const fp_chunks *ch, fp_walk *w)
+{
+    fabpool_status st = check_kept(ch, w);
+    if (st != FABPOOL_OK)
+        return st;
+    if (w->fds != atomic_load(&ch->exported_fds))
+        return FAIL("[buffer.stats] the buffers add up to %llu for %s, the pool's counter says %llu", ULL(w->fds),
+                    "exported_fds", ULL(atomic_load(&ch->exported_fds)));
+    return FABPOOL_OK;
+}
+
+fabpool_status fp_chunks_mapped_check(const fp_chunks *ch, const fp_walk *w)
+{
+    if (w->chunk_bytes != atomic_load(&ch->mapped_bytes) || w->n_chunks != atomic_load(&ch->chunks_mapped))
+        return FAIL("[pool.mapped] arena, buffer and view chunks: %llu mappings of %llu bytes; the "
+                    "pool counts %llu of %llu bytes", ULL(w->n_chunks), ULL(w->chunk_bytes),
+                    ULL(atomic_load(&ch->chunks_mapped)), ULL(atomic_load(&ch->mapped_bytes)));
+    return FABPOOL_OK;
+}

@@ -22,6 +22,7 @@
 #include "fabpool.h"
 #include "lock.h"
 #include "meta.h"
+#include "walk.h"
 
 struct fabpool_buffer;
 
@@ -173,5 +174,12 @@ CUresult fp_chunk_import(fp_chunks *ch, fabpool_handle_type type, int fd, const 
 /* Makes the device's primary context current; *saved to give back to fp_ctx_pop. */
 fabpool_status fp_ctx_push(fp_chunks *ch, CUcontext *saved);
 void fp_ctx_pop(fp_chunks *ch, CUcontext saved);
+
+/* fabpool_check's walks (walk.h), pool lock held: the chunks exported for
+ * blocks (each added to w->kept, its fd to w->fds), then the fds of the
+ * buffers and exports against exported_fds; and the mappings the layers
+ * above counted into w against the pool's counts. */
+fabpool_status fp_chunks_kept_check(const fp_chunks *ch, fp_walk *w);
+fabpool_status fp_chunks_mapped_check(const fp_chunks *ch, const fp_walk *w);
 
 #endif

@@ -82,4 +82,18 @@ static inline int fp_pending_any(fp_retire *r)
     return atomic_load_explicit(&r->pending_blocks, memory_order_relaxed) != 0;
 }
 
+/* Blocks in the queue now (fabpool_check). */
+static inline uint64_t fp_retire_queued(fp_retire *r)
+{
+    return atomic_load(&r->pending_blocks);
+}
+
+/* What the queue has done, all time: blocks queued, taken back, given back
+ * to the pool (fabpool_check: a count that moved means work in flight). */
+static inline uint64_t fp_retire_activity(fp_retire *r)
+{
+    return atomic_load(&r->frees) + atomic_load(&r->reuse_same) + atomic_load(&r->reuse_after_event) +
+           atomic_load(&r->releases);
+}
+
 #endif

@@ -1,5 +1,6 @@
 /* arena.c - a best-fit heap of blocks over the chunks mapped for it
- * (arena.h). */
+ * (arena.h): records, bins, runs, blocks, chunks and trim; its growth on a
+ * miss is in arena_grow.c. */
 #include "arena.h"
 
 #include <string.h>
@@ -15,7 +16,7 @@
 /* ------------------------------------------------------------ records */
 
 /* Makes sure n records are spare, so that what follows cannot fail for host memory: 0, or -1. */
-static int spare_reserve(fp_arena *a, size_t n)
+int fp_arena_spare_reserve(fp_arena *a, size_t n)
 {
     while (a->n_spare < n) {
         fp_piece *p = fp_meta_alloc(a->sp->meta, sizeof *p);
@@ -29,7 +30,7 @@ static int spare_reserve(fp_arena *a, size_t n)
 }
 
 /* A record from the spares (spare_reserve made sure there is one). */
-static fp_piece *piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state)
+fp_piece *fp_arena_piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state)
 {
     fp_piece *p = a->spare;
     a->spare = p->next;
@@ -66,7 +67,7 @@ static inline unsigned bin_of(uint64_t u)
     return b < FP_ARENA_NBINS ? b : FP_ARENA_NBINS - 1;
 }
 
-static void bin_insert(fp_arena *a, fp_piece *p)
+void fp_arena_bin_insert(fp_arena *a, fp_piece *p)
 {
     unsigned b = bin_of(p->size >> a->qshift);
     p->state = FP_LARGE_FREE;
@@ -76,7 +77,7 @@ static void bin_insert(fp_arena *a, fp_piece *p)
     a->summary |= 1ull << (b / 64);
 }
 
-static void bin_remove(fp_arena *a, fp_piece *p)
+void fp_arena_bin_remove(fp_arena *a, fp_piece *p)
 {
     unsigned b = p->bin;
     FP_LIST_REMOVE(&a->bins[b], p, next, prev);
@@ -103,7 +104,7 @@ static unsigned bin_next(const fp_arena *a, unsigned b)
 /* ------------------------------------------------------------ runs */
 
 /* The run that holds addr: its index, or n_runs. */
-static size_t run_of(const fp_arena *a, uint64_t addr)
+size_t fp_arena_run_of(const fp_arena *a, uint64_t addr)
 {
     size_t i = FP_ARRAY_LOWER(a->runs, a->n_runs, fp_run, base, addr + 1);
     if (i == 0 || addr >= a->runs[i - 1].base + a->runs[i - 1].size)
@@ -114,18 +115,18 @@ static size_t run_of(const fp_arena *a, uint64_t addr)
 /* Piece p (in a run) is now the last of it. */
 static void set_tail(fp_arena *a, fp_piece *p)
 {
-    size_t r = run_of(a, p->base);
+    size_t r = fp_arena_run_of(a, p->base);
     a->runs[r].tail = p;
 }
 
-static void run_remove(fp_arena *a, size_t i)
+void fp_arena_run_remove(fp_arena *a, size_t i)
 {
     memmove(&a->runs[i], &a->runs[i + 1], (a->n_runs - i - 1) * sizeof *a->runs);
     a->n_runs--;
 }
 
 /* Room was reserved: inserts run r in order and returns its index. */
-static size_t run_insert(fp_arena *a, fp_run r)
+size_t fp_arena_run_insert(fp_arena *a, fp_run r)
 {
     size_t i = FP_ARRAY_LOWER(a->runs, a->n_runs, fp_run, base, r.base);
     memmove(&a->runs[i + 1], &a->runs[i], (a->n_runs - i) * sizeof *a->runs);
@@ -189,21 +190,21 @@ static void link_after(fp_arena *a, fp_piece *p, fp_piece *q)
 
 /* Cuts the block [x, x + n) out of free range f (out of its bin): what is
  * left of f below and above it stays free.  Two spare records are there. */
-static fp_piece *carve_at(fp_arena *a, fp_piece *f, uint64_t x, uint64_t n)
+fp_piece *fp_arena_carve_at(fp_arena *a, fp_piece *f, uint64_t x, uint64_t n)
 {
     uint64_t end = f->base + f->size;
     fp_piece *b = f;
     if (x > f->base) { /* f keeps [base, x); the block follows it */
-        b = piece_new(a, x, n, FP_LARGE_LIVE);
+        b = fp_arena_piece_new(a, x, n, FP_LARGE_LIVE);
         f->size = x - f->base;
         link_after(a, f, b);
-        bin_insert(a, f);
+        fp_arena_bin_insert(a, f);
     }
     if (x + n < end) { /* the rest above the block */
-        fp_piece *r = piece_new(a, x + n, end - x - n, FP_LARGE_FREE);
+        fp_piece *r = fp_arena_piece_new(a, x + n, end - x - n, FP_LARGE_FREE);
         b->size = n;
         link_after(a, b, r);
-        bin_insert(a, r);
+        fp_arena_bin_insert(a, r);
     }
     b->state = FP_LARGE_LIVE;
     fp_addrmap_put(&a->blocks, b->base, b);
@@ -217,7 +218,7 @@ static fp_piece *carve_at(fp_arena *a, fp_piece *f, uint64_t x, uint64_t n)
 /* Where a block of n bytes aligned to `align` goes in free range f: at its
  * high end (what is left of f stays free at the low end, where runs grow)
  * or, for a run that grows upwards, its low end; 0 if it does not fit. */
-static uint64_t place(const fp_piece *f, uint64_t n, uint64_t align, int high)
+uint64_t fp_arena_place(const fp_piece *f, uint64_t n, uint64_t align, int high)
 {
     if (f->size < n)
         return 0;
@@ -239,7 +240,7 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
     for (unsigned b = bin_next(a, b0); b < FP_ARENA_NBINS && !best; b = bin_next(a, b + 1)) {
         unsigned look = 0;
         for (fp_piece *f = a->bins[b]; f && (b == b0 || look < 64); f = f->next, look++) {
-            if (!place(f, n, align, 1) ||
+            if (!fp_arena_place(f, n, align, 1) ||
                 (best && (f->size > best->size || (f->size == best->size && f->base > best->base))))
                 continue;
             best = f;
@@ -249,22 +250,22 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
     }
     if (!best)
         return NULL;
-    if (fp_addrmap_reserve(&a->blocks, 1) != 0 || spare_reserve(a, 2) != 0) {
+    if (fp_addrmap_reserve(&a->blocks, 1) != 0 || fp_arena_spare_reserve(a, 2) != 0) {
         *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the record of a block of %llu bytes",
                        (unsigned long long)n);
         return NULL;
     }
-    bin_remove(a, best);
-    return carve_at(a, best, place(best, n, align, 1), n);
+    fp_arena_bin_remove(a, best);
+    return fp_arena_carve_at(a, best, fp_arena_place(best, n, align, 1), n);
 }
 
 /* Merges free range p (out of its bin) with the free ranges touching it; the
  * result is out of its bin too. */
-static fp_piece *coalesce(fp_arena *a, fp_piece *p)
+fp_piece *fp_arena_coalesce(fp_arena *a, fp_piece *p)
 {
     fp_piece *l = p->aprev, *r = p->anext;
     if (l && l->state == FP_LARGE_FREE) {
-        bin_remove(a, l);
+        fp_arena_bin_remove(a, l);
         l->size += p->size;
         l->anext = r;
         if (r)
@@ -275,7 +276,7 @@ static fp_piece *coalesce(fp_arena *a, fp_piece *p)
         p = l;
     }
     if (r && r->state == FP_LARGE_FREE) {
-        bin_remove(a, r);
+        fp_arena_bin_remove(a, r);
         p->size += r->size;
         p->anext = r->anext;
         if (r->anext)
@@ -297,12 +298,12 @@ void fp_arena_release(fp_arena *a, fp_piece *b)
     a->free_bytes += b->size;
     a->n_blocks--;
     b->state = FP_LARGE_FREE;
-    bin_insert(a, coalesce(a, b));
+    fp_arena_bin_insert(a, fp_arena_coalesce(a, b));
 }
 
 const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr)
 {
-    size_t r = run_of(a, addr);
+    size_t r = fp_arena_run_of(a, addr);
     if (r == a->n_runs)
         return NULL;
     for (const fp_piece *p = a->runs[r].head; p; p = p->anext)
@@ -313,7 +314,7 @@ const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr)
 
 /* ------------------------------------------------------------ chunks */
 
-static size_t chunk_lower(const fp_arena *a, uint64_t addr)
+size_t fp_arena_chunk_lower(const fp_arena *a, uint64_t addr)
 {
     return FP_ARRAY_LOWER(a->chunks, a->n_chunks, fp_lchunk, va, addr);
 }
@@ -329,182 +330,11 @@ static void chunk_unmap_at(fp_arena *a, size_t i)
 }
 
 /* Unmaps the chunks of [va, va + size) (all mapped by map_range). */
-static void unmap_range(fp_arena *a, uint64_t va, uint64_t size)
+void fp_arena_unmap_range(fp_arena *a, uint64_t va, uint64_t size)
 {
-    size_t i = chunk_lower(a, va);
+    size_t i = fp_arena_chunk_lower(a, va);
     while (i < a->n_chunks && a->chunks[i].va < va + size)
         chunk_unmap_at(a, i);
-}
-
-/* Maps [va, va + size) as chunks, their pages sent to the sentinel.  A
- * growth mapped mostly ahead of need (a fast-growing arena) is one chunk of
- * up to chunk_granules: one driver call, about 100 us on the H200, whatever
- * its size.  A growth for one block is cut on a grid of a quarter of it (one
- * granule to sixteen): when the block goes, the chunks wholly inside it can
- * be unmapped and traded for another block's, which a single chunk shared
- * with its neighbours could not.  All or nothing. */
-static fabpool_status map_range(fp_arena *a, uint64_t va, uint64_t size, int ahead)
-{
-    fp_lock_assert_held(&a->sp->lock);
-    uint64_t gran = a->sp->gran, cells = size / gran / 4;
-    cells = cells < 1 ? 1 : cells > 16 ? 16 : cells;
-    uint64_t cap = gran * (ahead ? a->pol.chunk_granules : cells), at = va, end = va + size;
-    while (at < end) {
-        uint64_t n = end - at < cap ? end - at : cap;
-        if (!ahead) {
-            uint64_t next = (at - a->sp->va.base) / cap * cap + cap + a->sp->va.base;
-            n = (next < end ? next : end) - at;
-        }
-        fabpool_status st = FABPOOL_OK;
-        CUmemGenericAllocationHandle h = 0;
-        if (FP_ARRAY_RESERVE(a->sp->meta, a->chunks, a->n_chunks, a->cap_chunks, a->n_chunks + 1, 16) != 0)
-            st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the list of %s chunks", a->name);
-        else if ((st = fp_chunk_create(a->sp->ch, n, &h)) == FABPOOL_OK &&
-                 (st = fp_chunk_map_handle(a->sp->ch, at, n, h, "a chunk")) == FABPOOL_OK &&
-                 fp_map_set(&a->sp->map, at, n, a->sentinel) != 0) {
-            fp_chunk_unmap(a->sp->ch, at, n);
-            st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the page map of %s chunks", a->name);
-        }
-        if (st != FABPOOL_OK) {
-            unmap_range(a, va, at - va);
-            return st;
-        }
-        size_t i = chunk_lower(a, at);
-        memmove(&a->chunks[i + 1], &a->chunks[i], (a->n_chunks - i) * sizeof *a->chunks);
-        a->chunks[i] = (fp_lchunk){at, n};
-        a->n_chunks++;
-        a->mapped_bytes += n;
-        at += n;
-    }
-    return FABPOOL_OK;
-}
-
-/* ------------------------------------------------------------ growth */
-
-/* Whether [start, start + size) is free address space. */
-static int va_free_at(fp_arena *a, uint64_t start, uint64_t size)
-{
-    const fp_vaspace *v = &a->sp->va;
-    if (start < v->base || start + size > v->base + v->size || start + size < start)
-        return 0;
-    size_t i = FP_ARRAY_LOWER(v->free, v->n, fp_range, start, start + 1);
-    return i > 0 && start + size <= v->free[i - 1].start + v->free[i - 1].size;
-}
-
-fabpool_status fp_arena_grow_plan(fp_arena *a, uint64_t n, uint64_t align, int ahead_ok, fp_arena_grow *gr)
-{
-    uint64_t ahead = ahead_ok ? fp_arena_ahead(a, n) : 0;
-    n += align > a->quantum ? align - a->quantum : 0; /* room to place the block aligned */
-    fp_lock_assert_held(&a->sp->lock);
-    memset(gr, 0, sizeof *gr);
-    uint64_t gran = a->sp->gran;
-    /* the largest free range at a run's end with free address space beyond it: low ends first (runs are
-     * placed downwards and blocks cut from the high end, so what is free gathers low) */
-    for (size_t i = 0; i < a->n_runs; i++) {
-        const fp_run *r = &a->runs[i];
-        fp_piece *ends[2] = {r->head, r->tail};
-        for (int k = 0; k < 2; k++) {
-            fp_piece *f = ends[k];
-            if (f->state != FP_LARGE_FREE || (gr->g && f->size <= gr->g->size))
-                continue;
-            uint64_t need = n - f->size > ahead ? n - f->size : ahead;
-            int mostly = ahead >= 2 * (n - f->size);
-            need = (need + gran - 1) & ~(gran - 1);
-            if (k == 0 ? r->base - a->sp->va.base >= need && va_free_at(a, r->base - need, need)
-                       : va_free_at(a, r->base + r->size, need)) {
-                gr->g = f;
-                gr->ahead = mostly;
-                gr->low = k == 0;
-                gr->size = need;
-                gr->va = k == 0 ? r->base - need : r->base + r->size;
-            }
-        }
-    }
-    if (!gr->g) {
-        uint64_t need = n > ahead ? n : ahead;
-        gr->ahead = ahead >= 2 * n;
-        gr->size = (need + gran - 1) & ~(gran - 1);
-        gr->va = fp_va_alloc_top_below(&a->sp->va, gr->size, gran, a->home);
-        if (!gr->va)
-            return fp_error(FABPOOL_ERR_LIMIT,
-                            "the pool's reserved address space (%llu bytes) has no free range of %llu bytes left; "
-                            "create the pool with a larger reserve (FABPOOL_CONF=reserve:...)",
-                            (unsigned long long)a->sp->va.size, (unsigned long long)gr->size);
-        return FABPOOL_OK;
-    }
-    if (fp_va_take(&a->sp->va, gr->va, gr->size) != 0)
-        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the pool's list of free address ranges");
-    bin_remove(a, gr->g);
-    gr->g->state = FP_LARGE_HELD; /* neither a trade nor an out-of-memory trim unmaps it */
-    return FABPOOL_OK;
-}
-
-void fp_arena_grow_cancel(fp_arena *a, fp_arena_grow *gr)
-{
-    fp_va_free(&a->sp->va, gr->va, gr->size);
-    if (gr->g)
-        bin_insert(a, gr->g);
-    memset(gr, 0, sizeof *gr);
-}
-
-/* Run i and the run that touches its low end, if any, become one: the
- * pieces linked, two free ones merged.  Returns the index of the run. */
-static size_t join_below(fp_arena *a, size_t i)
-{
-    if (i == 0 || a->runs[i - 1].base + a->runs[i - 1].size != a->runs[i].base)
-        return i;
-    fp_run *lo = &a->runs[i - 1], *hi = &a->runs[i];
-    lo->tail->anext = hi->head;
-    hi->head->aprev = lo->tail;
-    lo->size += hi->size;
-    lo->tail = hi->tail;
-    fp_piece *t = hi->head;
-    run_remove(a, i);
-    if (t->state == FP_LARGE_FREE && t->aprev->state == FP_LARGE_FREE) {
-        bin_remove(a, t);
-        bin_insert(a, coalesce(a, t));
-    }
-    return i - 1;
-}
-
-fabpool_status fp_arena_grow_map(fp_arena *a, fp_arena_grow *gr, uint64_t n, uint64_t align, fp_piece **out)
-{
-    fp_lock_assert_held(&a->sp->lock);
-    *out = NULL;
-    fabpool_status st = FABPOOL_OK;
-    /* what cannot fail once the chunks are mapped: three records, a run and a block's slot */
-    if (spare_reserve(a, 3) != 0 || fp_addrmap_reserve(&a->blocks, 1) != 0 ||
-        FP_ARRAY_RESERVE(a->sp->meta, a->runs, a->n_runs, a->cap_runs, a->n_runs + 1, 8) != 0)
-        st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the records of %s", a->name);
-    if (st == FABPOOL_OK)
-        st = map_range(a, gr->va, gr->size, gr->ahead);
-    if (st != FABPOOL_OK) {
-        fp_arena_grow_cancel(a, gr);
-        return st;
-    }
-    fp_piece *g = gr->g;
-    int high = !g || gr->low; /* a run that grows upwards keeps its free memory at its top */
-    size_t r;
-    if (g) {
-        r = run_of(a, g->base);
-        if (gr->low) {
-            g->base = gr->va;
-            a->runs[r].base = gr->va;
-        }
-        g->size += gr->size;
-        a->runs[r].size += gr->size;
-    } else {
-        g = piece_new(a, gr->va, gr->size, FP_LARGE_HELD);
-        r = run_insert(a, (fp_run){gr->va, gr->size, g, g});
-    }
-    a->free_bytes += gr->size;
-    memset(gr, 0, sizeof *gr);
-    *out = carve_at(a, g, place(g, n, align, high), n);
-    /* a run that grew (or was placed) against another becomes one with it */
-    if (r + 1 < a->n_runs)
-        join_below(a, r + 1);
-    join_below(a, r);
-    return FABPOOL_OK;
 }
 
 /* ------------------------------------------------------------ trim */
@@ -523,37 +353,37 @@ static int unmap_in(fp_arena *a, fp_piece *f, size_t ci)
     a->mapped_bytes -= c.size;
     a->free_bytes -= c.size;
     fp_va_free(&a->sp->va, c.va, c.size);
-    size_t ri = run_of(a, f->base);
+    size_t ri = fp_arena_run_of(a, f->base);
     fp_run run = a->runs[ri];
-    bin_remove(a, f);
+    fp_arena_bin_remove(a, f);
     fp_piece *before = f->aprev, *after = f->anext;
     /* the low part of the run: [run.base, c.va) */
     fp_piece *ltail = lsize ? f : before;
     if (lsize) {
         f->size = lsize;
         f->anext = NULL;
-        bin_insert(a, f);
+        fp_arena_bin_insert(a, f);
     } else if (before) {
         before->anext = NULL;
     }
     /* the high part: [c.va + c.size, run end) */
     fp_piece *rhead = after;
     if (rsize) {
-        rhead = piece_new(a, c.va + c.size, rsize, FP_LARGE_FREE);
+        rhead = fp_arena_piece_new(a, c.va + c.size, rsize, FP_LARGE_FREE);
         rhead->anext = after;
         if (after)
             after->aprev = rhead;
-        bin_insert(a, rhead);
+        fp_arena_bin_insert(a, rhead);
     } else if (after) {
         after->aprev = NULL;
     }
     if (!lsize)
         piece_drop(a, f);
-    run_remove(a, ri);
+    fp_arena_run_remove(a, ri);
     if (ltail)
-        run_insert(a, (fp_run){run.base, c.va - run.base, run.head, ltail});
+        fp_arena_run_insert(a, (fp_run){run.base, c.va - run.base, run.head, ltail});
     if (rhead)
-        run_insert(a, (fp_run){c.va + c.size, run.base + run.size - (c.va + c.size), rhead,
+        fp_arena_run_insert(a, (fp_run){c.va + c.size, run.base + run.size - (c.va + c.size), rhead,
                                run.tail == f ? rhead : run.tail});
     return 0;
 }
@@ -569,14 +399,14 @@ uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal)
         size_t ci = 0;
         for (unsigned b = bin_next(a, b0); b < FP_ARENA_NBINS && !f; b = bin_next(a, b + 1))
             for (fp_piece *p = a->bins[b]; p && !f; p = p->next) {
-                size_t i = chunk_lower(a, p->base);
+                size_t i = fp_arena_chunk_lower(a, p->base);
                 if (i < a->n_chunks && a->chunks[i].va + a->chunks[i].size <= p->base + p->size) {
                     f = p;
                     ci = i;
                 }
             }
         /* two runs where there was one, and a record for the high part of f */
-        if (!f || spare_reserve(a, 1) != 0 ||
+        if (!f || fp_arena_spare_reserve(a, 1) != 0 ||
             FP_ARRAY_RESERVE(a->sp->meta, a->runs, a->n_runs, a->cap_runs, a->n_runs + 1, 8) != 0)
             break;
         uint64_t size = a->chunks[ci].size;

@@ -152,17 +152,6 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
  * every ahead_max bytes, not at every block; one that has reached its size
  * maps what it asks. */
 uint64_t fp_arena_ahead(const fp_arena *a, uint64_t n);
-/* A miss of n bytes aligned to align: chooses the range to map for them
- * (and, with ahead_ok, fp_arena_ahead more), rounded up to the
- * granularity, holds the free range it grows and takes the address space.
- * FABPOOL_ERR_LIMIT when the reservation has no room. */
-fabpool_status fp_arena_grow_plan(fp_arena *a, uint64_t n, uint64_t align, int ahead_ok, fp_arena_grow *gr);
-/* Maps the plan and cuts the block of n bytes (aligned as planned) from it:
- * *out.  On failure the arena is as before the plan (its range back in the
- * reservation). */
-fabpool_status fp_arena_grow_map(fp_arena *a, fp_arena_grow *gr, uint64_t n, uint64_t align, fp_piece **out);
-/* Gives a plan up (the range held goes back). */
-void fp_arena_grow_cancel(fp_arena *a, fp_arena_grow *gr);
 
 /* The block given out (live or pending) at addr, or NULL. */
 static inline fp_piece *fp_arena_block(const fp_arena *a, uint64_t addr)
@@ -176,5 +165,28 @@ void fp_arena_release(fp_arena *a, fp_piece *b);
 uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal);
 /* The piece that holds addr, or NULL (a walk of the run: for messages). */
 const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr);
+
+/* ---- shared by arena.c and arena_grow.c (pool lock held) */
+
+/* Makes sure n records are spare: 0, or -1 without host memory. */
+int fp_arena_spare_reserve(fp_arena *a, size_t n);
+fp_piece *fp_arena_piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state);
+/* A free range into, and out of, the bin of its size. */
+void fp_arena_bin_insert(fp_arena *a, fp_piece *p);
+void fp_arena_bin_remove(fp_arena *a, fp_piece *p);
+/* The run that holds addr (its index), and the runs' sorted list kept. */
+size_t fp_arena_run_of(const fp_arena *a, uint64_t addr);
+void fp_arena_run_remove(fp_arena *a, size_t i);
+size_t fp_arena_run_insert(fp_arena *a, fp_run r);
+/* Cuts n bytes at x out of free range f: the block given out. */
+fp_piece *fp_arena_carve_at(fp_arena *a, fp_piece *f, uint64_t x, uint64_t n);
+/* Where a block of n bytes aligned to align goes in free range f (high: at its top). */
+uint64_t fp_arena_place(const fp_piece *f, uint64_t n, uint64_t align, int high);
+/* Merges free range p with the free ranges touching it: the merged one. */
+fp_piece *fp_arena_coalesce(fp_arena *a, fp_piece *p);
+/* The first chunk at or above addr (its index). */
+size_t fp_arena_chunk_lower(const fp_arena *a, uint64_t addr);
+/* Unmaps the chunks in [va, va + size). */
+void fp_arena_unmap_range(fp_arena *a, uint64_t va, uint64_t size);
 
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "arena_grow.h"
 #include "array.h"
 #include "error.h"
 #include "list.h"

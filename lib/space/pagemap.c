@@ -47,3 +47,26 @@ void fp_map_destroy(fp_pagemap *m)
     fp_meta_free(m->meta, (void *)m->l1, m->l1_n * sizeof *m->l1);
     m->l1 = NULL;
 }
+
+#define FAIL FP_WALK_FAIL
+#define ULL FP_ULL
+
+/* Nothing else in the page map: it holds as many entries as the arenas'
+ * chunks have pages (w->map_pages). */
+fabpool_status fp_map_check_count(const fp_pagemap *m, const fp_walk *w)
+{
+    uint64_t n = 0;
+    for (uint64_t i = 0; i < m->l1_n; i++) {
+        _Atomic(struct fp_span *) *leaf = atomic_load_explicit(&m->l1[i], memory_order_acquire);
+        if (!leaf)
+            continue;
+        for (unsigned g = 0; g < FP_MAP_LEAF; g++)
+            if (atomic_load_explicit(&leaf[g], memory_order_relaxed)) {
+                n++;
+                if (n > w->map_pages)
+                    return FAIL("[map.stray] the page map sends 0x%llx to a span, but no chunk of the heap is there",
+                                ULL(w->va_base + (((i << FP_MAP_LEAF_SHIFT) + g) << w->page_shift)));
+            }
+    }
+    return FABPOOL_OK;
+}

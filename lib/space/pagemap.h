@@ -12,6 +12,7 @@
 
 #include "lock.h"
 #include "meta.h"
+#include "walk.h"
 
 struct fp_span;
 
@@ -45,5 +46,9 @@ static inline struct fp_span *fp_map_get(const fp_pagemap *m, uint64_t addr)
     _Atomic(struct fp_span *) *leaf = atomic_load_explicit(&m->l1[g >> FP_MAP_LEAF_SHIFT], memory_order_acquire);
     return leaf ? atomic_load_explicit(&leaf[g & (FP_MAP_LEAF - 1)], memory_order_acquire) : NULL;
 }
+
+/* fabpool_check's walk (walk.h): the map holds no more entries than the
+ * w->map_pages that the heap's walk counted. */
+fabpool_status fp_map_check_count(const fp_pagemap *m, const fp_walk *w);
 
 #endif

@@ -2,7 +2,7 @@
  * chunks, the reservation's free ranges, the page map, the metadata arena
  * and the pool lock that guards the ranges and the page map's writers.
  * Every layer above (heap, buffers, views, thread caches) works in one
- * fp_space; pool.h owns it.  Header only: nothing to call. */
+ * fp_space; pool.h owns it.  Header only: nothing to call but an inline. */
 #ifndef FP_SPACE_H
 #define FP_SPACE_H
 
@@ -28,5 +28,15 @@ typedef struct fp_space {
     unsigned gran_shift;
     unsigned page_shift;               /* the page map's unit: FP_PAGE_SHIFT, or the granularity if smaller */
 } fp_space;
+
+/* The reservation that fabpool_check's walks (walk.h) check against: the
+ * range the page map covers, its granularity and page. */
+static inline void fp_space_walk_init(const fp_space *sp, fp_walk *w)
+{
+    w->va_base = sp->map.base;
+    w->va_size = sp->map.size;
+    w->gran = sp->gran;
+    w->page_shift = sp->page_shift;
+}
 
 #endif

@@ -141,3 +141,65 @@ int fp_va_take(fp_vaspace *v, uint64_t start, uint64_t size)
         return -1;
     return cut(v, i, start, size);
 }
+
+/* ---- fabpool_check (walk.h) */
+
+#define FAIL FP_WALK_FAIL
+#define ULL FP_ULL
+
+fabpool_status fp_va_check(const fp_vaspace *v, const fp_walk *w)
+{
+    if (v->base != w->va_base || v->size != w->va_size)
+        return FAIL("[va.bounds] the address space allocator covers [0x%llx, +%llu), the reservation is "
+                    "[0x%llx, +%llu)", ULL(v->base), ULL(v->size), ULL(w->va_base), ULL(w->va_size));
+    if (v->n > v->cap)
+        return FAIL("[va.list] %zu free ranges in a list of %zu", v->n, v->cap);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        const fp_range *r = &v->free[i];
+        if (r->size == 0 || r->start < v->base || r->start + r->size > v->base + v->size ||
+            r->start + r->size < r->start)
+            return FAIL("[va.range] free range %zu [0x%llx, +%llu) is empty or outside the reservation", i,
+                        ULL(r->start), ULL(r->size));
+        if (i && r->start <= v->free[i - 1].start + v->free[i - 1].size)
+            return FAIL("[va.sorted] free ranges %zu [0x%llx, +%llu) and %zu [0x%llx, +%llu) are not sorted, "
+                        "overlap or touch (touching ones are merged)", i - 1, ULL(v->free[i - 1].start),
+                        ULL(v->free[i - 1].size), i, ULL(r->start), ULL(r->size));
+        sum += r->size;
+    }
+    if (sum != v->free_bytes)
+        return FAIL("[va.free_bytes] the free ranges add up to %llu bytes, free_bytes says %llu", ULL(sum),
+                    ULL(v->free_bytes));
+    return FABPOOL_OK;
+}
+
+/* The used ranges do not overlap each other nor a free range, and together
+ * with the free ones they are the whole reservation. */
+fabpool_status fp_va_check_used(const fp_vaspace *v, fp_walk *w)
+{
+    fp_walk_sort(w);
+    uint64_t used = 0;
+    for (size_t i = 0; i < w->n_iv; i++) {
+        const fp_ival *a = &w->iv[i];
+        if (a->lo < v->base || a->hi > v->base + v->size || a->hi <= a->lo)
+            return FAIL("[va.outside] %s [0x%llx, 0x%llx) is empty or outside the reservation [0x%llx, 0x%llx)",
+                        a->what, ULL(a->lo), ULL(a->hi), ULL(v->base), ULL(v->base + v->size));
+        if (i && a->lo < w->iv[i - 1].hi)
+            return FAIL("[va.overlap] %s [0x%llx, 0x%llx) overlaps %s [0x%llx, 0x%llx)", w->iv[i - 1].what,
+                        ULL(w->iv[i - 1].lo), ULL(w->iv[i - 1].hi), a->what, ULL(a->lo), ULL(a->hi));
+        used += a->hi - a->lo;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        const fp_range *r = &v->free[i];
+        while (k < w->n_iv && w->iv[k].hi <= r->start)
+            k++;
+        if (k < w->n_iv && w->iv[k].lo < r->start + r->size)
+            return FAIL("[va.free_used] free range [0x%llx, +%llu) overlaps %s [0x%llx, 0x%llx), which is in use",
+                        ULL(r->start), ULL(r->size), w->iv[k].what, ULL(w->iv[k].lo), ULL(w->iv[k].hi));
+    }
+    if (used + v->free_bytes != v->size)
+        return FAIL("[va.sum] %llu bytes in use and %llu free, the reservation is %llu bytes (address space was "
+                    "lost or counted twice)", ULL(used), ULL(v->free_bytes), ULL(v->size));
+    return FABPOOL_OK;
+}

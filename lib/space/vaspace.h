@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "meta.h"
+#include "walk.h"
 
 typedef struct fp_range {
     uint64_t start, size;
@@ -37,5 +38,11 @@ int fp_va_take(fp_vaspace *v, uint64_t start, uint64_t size);
 /* Returns -1 if host memory for the list ran out (the range is then lost
  * to reuse, which is harmless: the reservation is freed whole at destroy). */
 int fp_va_free(fp_vaspace *v, uint64_t start, uint64_t size);
+
+/* fabpool_check's walks (walk.h): the free list against itself and the
+ * reservation w names; then the ranges in use that the layers above added
+ * to w against the free ones (sorts them). */
+fabpool_status fp_va_check(const fp_vaspace *v, const fp_walk *w);
+fabpool_status fp_va_check_used(const fp_vaspace *v, fp_walk *w);
 
 #endif

@@ -1,0 +1,113 @@
+/* buffer_check.c - fabpool_check's walk of the buffers (walk.h): the list,
+ * each buffer's window and chunks, and the buffers' counters.  Pool lock
+ * held (pool/check.c takes it). */
+#include "buffer_check.h"
+
+#define FAIL FP_WALK_FAIL
+#define ULL FP_ULL
+
+/* A buffer's list of streams that may use a chunk: within its room, and one ticket per stream. */
+static int uses_ok(const fp_bchunk *c)
+{
+    int ok = c->uses.n <= c->uses.cap && (c->uses.t != NULL) == (c->uses.cap != 0);
+    for (uint32_t k = 0; ok && k < c->uses.n; k++)
+        for (uint32_t m = 0; m <= k && ok; m++)
+            ok = c->uses.t[k].rs && (m == k || c->uses.t[m].rs != c->uses.t[k].rs);
+    return ok;
+}
+
+/* Buffer b's chunks: apart, in whole granules, in its window, a live
+ * buffer's following each other from its base with the retiring ones last;
+ * *live and *all their sums. */
+static fabpool_status check_buffer_chunks(fp_walk *w, const struct fabpool_buffer *b, uint64_t *live, uint64_t *all)
+{
+    uint64_t end = 0;
+    int retired_seen = 0;
+    for (uint32_t i = 0; i < b->n; i++) {
+        const fp_bchunk *c = &b->chunks[i];
+        if (!c->size || c->off < end || c->off + c->size > b->window || (c->off | c->size) & (w->gran - 1))
+            return FAIL("[buffer.chunks] buffer 0x%llx: chunk %u (%llu bytes at +%llu) is empty, overlaps the one "
+                        "before, is not in whole granules or leaves the window of %llu bytes", ULL(b->base), i,
+                        ULL(c->size), ULL(c->off), ULL(b->window));
+        if (!b->destroyed && c->off != end)
+            return FAIL("[buffer.contiguous] buffer 0x%llx: chunk %u starts at +%llu, the chunks before end at "
+                        "+%llu (a live buffer's chunks follow each other from its base)", ULL(b->base), i,
+                        ULL(c->off), ULL(end));
+        if (!uses_ok(c))
+            return FAIL("[buffer.uses] buffer 0x%llx: chunk %u's list of streams that may use it holds %u tickets "
+                        "in room for %zu, one of no stream, or two of one stream", ULL(b->base), i, c->uses.n,
+                        c->uses.cap);
+        if (!b->destroyed && !c->retiring && retired_seen)
+            return FAIL("[buffer.retire] buffer 0x%llx: live chunk %u lies after a retiring one (the live chunks "
+                        "come first)", ULL(b->base), i);
+        retired_seen |= c->retiring;
+        end = c->off + c->size;
+        *all += c->size;
+        *live += c->retiring ? 0 : c->size;
+        w->fds += c->fd >= 0;
+        w->n_chunks++;
+        w->chunk_bytes += c->size;
+    }
+    return FABPOOL_OK;
+}
+
+/* What the walk adds up, for the buffers' counters. */
+typedef struct buffer_sums {
+    uint64_t bytes, mapped, retiring, count, held;
+} buffer_sums;
+
+static fabpool_status check_buffer(fp_walk *w, const fp_buffers *bs, const struct fabpool_buffer *b,
+                                   const struct fabpool_buffer *pv, buffer_sums *sum)
+{
+    if (b->prev != pv || b->owner != bs)
+        return FAIL("[buffer.list] buffer 0x%llx: its back link or its pool is wrong", ULL(b->base));
+    if (!b->window || ((b->base - w->va_base) | b->window) & (w->gran - 1) || b->n > b->cap ||
+        b->n_peer_holds > b->cap_peer_holds)
+        return FAIL("[buffer.window] buffer 0x%llx: window of %llu bytes not in whole granules, or %u chunks in a "
+                    "list of %zu", ULL(b->base), ULL(b->window), b->n, b->cap);
+    uint64_t live = 0, all = 0;
+    fabpool_status st = check_buffer_chunks(w, b, &live, &all);
+    if (st != FABPOOL_OK)
+        return st;
+    if (live != b->live || all != b->mapped)
+        return FAIL("[buffer.sums] buffer 0x%llx: its chunks add up to %llu live and %llu mapped bytes, it says "
+                    "%llu and %llu", ULL(b->base), ULL(live), ULL(all), ULL(b->live), ULL(b->mapped));
+    if (b->destroyed ? b->size != 0 || b->live != 0 : b->size > b->live)
+        return FAIL("[buffer.size] buffer 0x%llx%s: size %llu with %llu bytes live", ULL(b->base),
+                    b->destroyed ? " (destroyed)" : "", ULL(b->size), ULL(b->live));
+    for (uint32_t i = 0; i < b->n_peer_holds; i++)
+        sum->held += b->peer_holds[i].size;
+    sum->bytes += b->size;
+    sum->mapped += b->mapped;
+    sum->retiring += b->mapped - b->live;
+    sum->count += !b->destroyed;
+    if (fp_walk_use(w, b->base, b->window, "a buffer's window", b) != 0)
+        return FP_WALK_HOST_FAIL();
+    return FABPOOL_OK;
+}
+
+fabpool_status fp_buffers_check(const fp_buffers *bs, fp_walk *w)
+{
+    buffer_sums sum = {0, 0, 0, 0, 0};
+    const struct fabpool_buffer *pv = NULL;
+    for (const struct fabpool_buffer *b = bs->list; b; pv = b, b = b->next) {
+        fabpool_status st = check_buffer(w, bs, b, pv, &sum);
+        if (st != FABPOOL_OK)
+            return st;
+    }
+    struct {
+        const char *name;
+        uint64_t walk, stat;
+    } sums[] = {
+        {"buffer_bytes", sum.bytes, atomic_load(&bs->bytes)},
+        {"buffer_mapped", sum.mapped, atomic_load(&bs->mapped)},
+        {"retiring_bytes", sum.retiring, atomic_load(&bs->retiring_bytes)},
+        {"buffer_count", sum.count, atomic_load(&bs->count)},
+        {"held_for_peers_bytes", sum.held, atomic_load(&bs->held_for_peers_bytes)},
+    };
+    for (size_t i = 0; i < sizeof sums / sizeof *sums; i++)
+        if (sums[i].walk != sums[i].stat)
+            return FAIL("[buffer.stats] the buffers add up to %llu for %s, the pool's counter says %llu",
+                        ULL(sums[i].walk), sums[i].name, ULL(sums[i].stat));
+    return FABPOOL_OK;
+}

@@ -1,0 +1,154 @@
+/* arena_check.c - fabpool_check's walk of the arenas (walk.h): each
+ * arena's chunks against its runs, the pieces of its runs, its bins and its
+ * table of blocks, its counters, and the heap's count of large blocks.
+ * Runs under the pool lock (pool/check.c takes it). */
+#include "arena_check.h"
+#include "pending.h"
+
+#define FAIL FP_WALK_FAIL
+#define ULL FP_ULL
+
+/* The chunks of arena a: sorted, apart, in whole granules, in the reservation. */
+static fabpool_status check_arena_chunks(fp_walk *w, const fp_arena *a)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < a->n_chunks; i++) {
+        const fp_lchunk *c = &a->chunks[i];
+        if (!c->size || ((c->va - w->va_base) | c->size) & (w->gran - 1) || c->va < w->va_base ||
+            c->va + c->size > w->va_base + w->va_size)
+            return FAIL("[arena.chunk] chunk %zu of %s [0x%llx, +%llu) is empty, not in whole granules or outside the "
+                        "reservation", i, a->name, ULL(c->va), ULL(c->size));
+        if (i && c->va < a->chunks[i - 1].va + a->chunks[i - 1].size)
+            return FAIL("[arena.chunk] chunks %zu [0x%llx, +%llu) and %zu [0x%llx, +%llu) of %s are not sorted or "
+                        "overlap", i - 1, ULL(a->chunks[i - 1].va), ULL(a->chunks[i - 1].size), i, ULL(c->va),
+                        ULL(c->size), a->name);
+        sum += c->size;
+        w->n_chunks++;
+        w->chunk_bytes += c->size;
+    }
+    if (sum != a->mapped_bytes)
+        return FAIL("[arena.sums] the chunks of %s add up to %llu bytes, it counts %llu mapped", a->name, ULL(sum),
+                    ULL(a->mapped_bytes));
+    /* the runs are what the chunks map: both walked as maximal ranges */
+    size_t r = 0, k = 0;
+    while (r < a->n_runs || k < a->n_chunks) {
+        uint64_t rlo = 0, rhi = 0, clo = 0, chi = 0;
+        if (r < a->n_runs) {
+            rlo = a->runs[r].base;
+            rhi = rlo + a->runs[r++].size;
+        }
+        if (k < a->n_chunks) {
+            clo = a->chunks[k].va;
+            chi = clo + a->chunks[k++].size;
+            while (k < a->n_chunks && a->chunks[k].va == chi)
+                chi += a->chunks[k++].size;
+        }
+        if (rlo != clo || rhi != chi)
+            return FAIL("[arena.cover] %s has a run [0x%llx, 0x%llx) where its chunks map [0x%llx, 0x%llx) (the "
+                        "runs are the mapped ranges, and runs that touch are one)", a->name, ULL(rlo), ULL(rhi),
+                        ULL(clo), ULL(chi));
+    }
+    return FABPOOL_OK;
+}
+
+/* The pieces of arena a's runs: linked in address order, covering each run,
+ * sizes and bases in quanta, free ones merged and in their bins, blocks in
+ * the table of blocks, the counters right. */
+static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_arena *a, fp_retire *rt)
+{
+    uint64_t freeb = 0, used = 0, nblocks = 0, nfree = 0;
+    for (size_t i = 0; i < a->n_runs; i++) {
+        const fp_run *r = &a->runs[i];
+        if (i && r->base <= a->runs[i - 1].base + a->runs[i - 1].size)
+            return FAIL("[arena.run] runs of %s at 0x%llx and 0x%llx are not sorted, overlap or touch", a->name,
+                        ULL(a->runs[i - 1].base), ULL(r->base));
+        if (fp_walk_use(w, r->base, r->size, "an arena's run", r) != 0)
+            return FP_WALK_HOST_FAIL();
+        uint64_t at = r->base, guard = 0;
+        const fp_piece *prev = NULL;
+        for (const fp_piece *q = r->head; q; prev = q, q = q->anext) {
+            if (++guard > (1ull << 32) || q->base != at || q->aprev != prev || !q->size ||
+                ((q->base | q->size) & (a->quantum - 1)) || q->base + q->size > r->base + r->size)
+                return FAIL("[arena.run] %s: the piece at 0x%llx (%llu bytes) does not follow the one before at "
+                            "0x%llx in its run [0x%llx, +%llu), or is not in whole quanta of %llu bytes", a->name,
+                            ULL(q->base), ULL(q->size), ULL(at), ULL(r->base), ULL(r->size), ULL(a->quantum));
+            at += q->size;
+            if (q->state == FP_LARGE_FREE) {
+                if (prev && prev->state == FP_LARGE_FREE)
+                    return FAIL("[arena.merge] %s: free ranges at 0x%llx and 0x%llx touch and were not merged",
+                                a->name, ULL(prev->base), ULL(q->base));
+                freeb += q->size;
+                nfree++;
+            } else if (q->state == FP_LARGE_LIVE || q->state == FP_LARGE_PENDING) {
+                if (fp_arena_block(a, q->base) != q)
+                    return FAIL("[arena.blocks] %s: the block at 0x%llx is not in its table of blocks", a->name,
+                                ULL(q->base));
+                used += q->size;
+                nblocks++;
+                w->pending += q->state == FP_LARGE_PENDING;
+                const fp_span *home = fp_map_get(&h->sp->map, q->base);
+                /* a slab's run starts where its first block does: that block's records are the slab walk's */
+                if (q->state == FP_LARGE_LIVE && (!home || home->kind != FP_SPAN_SLAB) &&
+                    fp_retire_any_used(rt))
+                    w->recorded += (uint64_t)fp_retire_used_locked(rt, q->base);
+            } else {
+                return FAIL("[arena.run] %s: the piece at 0x%llx is in state %u (held: only inside an allocation)",
+                            a->name, ULL(q->base), q->state);
+            }
+        }
+        if (at != r->base + r->size || prev != r->tail)
+            return FAIL("[arena.run] %s: the pieces of the run [0x%llx, +%llu) end at 0x%llx, or its last piece is not "
+                        "the one it names", a->name, ULL(r->base), ULL(r->size), ULL(at));
+    }
+    if (nblocks != a->blocks.n || nblocks != a->n_blocks)
+        return FAIL("[arena.blocks] %s: %llu blocks in its runs, %zu in its table, it counts %llu", a->name,
+                    ULL(nblocks), a->blocks.n, ULL(a->n_blocks));
+    /* every free range in the bin of its size, and nothing else in a bin */
+    uint64_t binned = 0;
+    for (unsigned k = 0; k < FP_ARENA_NBINS / 64; k++)
+        if (((a->summary >> k) & 1) != (a->bitmap[k] != 0))
+            return FAIL("[arena.bin] %s: word %u of its bitmap is %s but its summary bit says %d", a->name, k,
+                        a->bitmap[k] ? "set" : "clear", (int)((a->summary >> k) & 1));
+    for (unsigned b = 0; b < FP_ARENA_NBINS; b++) {
+        int bit = (a->bitmap[b / 64] >> (b % 64)) & 1;
+        if (bit != (a->bins[b] != NULL))
+            return FAIL("[arena.bin] %s: bin %u is %s but its bit says %d", a->name, b, a->bins[b] ? "full" : "empty",
+                        bit);
+        const fp_piece *pv = NULL;
+        for (const fp_piece *q = a->bins[b]; q; pv = q, q = q->next) {
+            if (++binned > nfree || q->state != FP_LARGE_FREE || q->bin != b || q->prev != pv ||
+                fp_arena_find(a, q->base) != q)
+                return FAIL("[arena.bin] %s: bin %u holds a piece at 0x%llx that is not one of its free ranges of "
+                            "that bin (or its back link is wrong)", a->name, b, ULL(q->base));
+        }
+    }
+    if (binned != nfree)
+        return FAIL("[arena.bin] %s: %llu free ranges in its runs, %llu in its bins", a->name, ULL(nfree),
+                    ULL(binned));
+    if (freeb != a->free_bytes || used != a->used_bytes)
+        return FAIL("[arena.sums] %s: its pieces add up to %llu free and %llu used bytes, it counts %llu and %llu",
+                    a->name, ULL(freeb), ULL(used), ULL(a->free_bytes), ULL(a->used_bytes));
+    w->idle += freeb;
+    return FABPOOL_OK;
+}
+
+fabpool_status fp_arenas_check(const fp_heap *h, fp_walk *w, fp_retire *rt)
+{
+    uint64_t used = 0, blocks = 0;
+    for (int i = 0; i < FP_NARENAS; i++) {
+        const fp_arena *a = &h->arenas[i];
+        fabpool_status st;
+        if ((st = check_arena_chunks(w, a)) != FABPOOL_OK || (st = check_arena_pieces(w, h, a, rt)) != FABPOOL_OK)
+            return st;
+        used += a->used_bytes;
+        blocks += a->n_blocks;
+    }
+    used -= w->slab_bytes;
+    blocks -= w->n_slabs;
+    if (used != atomic_load(&h->large_in_use_bytes) || blocks != atomic_load(&h->large_blocks))
+        return FAIL("[large.in_use] the arenas give out %llu blocks of %llu bytes besides the slabs, the heap counts "
+                    "%llu of %llu", ULL(blocks), ULL(used), ULL(atomic_load(&h->large_blocks)),
+                    ULL(atomic_load(&h->large_in_use_bytes)));
+    return FABPOOL_OK;
+}
+

@@ -1,0 +1,180 @@
+/* arena_grow.c - an arena's growth on a miss: the plan (the range to map,
+ * held in the reservation), the chunks mapped for it, and the block cut
+ * from the new free range (arena_grow.h). */
+#include "arena_grow.h"
+
+#include <string.h>
+
+#include "array.h"
+#include "error.h"
+
+/* Maps [va, va + size) as chunks, their pages sent to the sentinel.  A
+ * growth mapped mostly ahead of need (a fast-growing arena) is one chunk of
+ * up to chunk_granules: one driver call, about 100 us on the H200, whatever
+ * its size.  A growth for one block is cut on a grid of a quarter of it (one
+ * granule to sixteen): when the block goes, the chunks wholly inside it can
+ * be unmapped and traded for another block's, which a single chunk shared
+ * with its neighbours could not.  All or nothing. */
+static fabpool_status map_range(fp_arena *a, uint64_t va, uint64_t size, int ahead)
+{
+    fp_lock_assert_held(&a->sp->lock);
+    uint64_t gran = a->sp->gran, cells = size / gran / 4;
+    cells = cells < 1 ? 1 : cells > 16 ? 16 : cells;
+    uint64_t cap = gran * (ahead ? a->pol.chunk_granules : cells), at = va, end = va + size;
+    while (at < end) {
+        uint64_t n = end - at < cap ? end - at : cap;
+        if (!ahead) {
+            uint64_t next = (at - a->sp->va.base) / cap * cap + cap + a->sp->va.base;
+            n = (next < end ? next : end) - at;
+        }
+        fabpool_status st = FABPOOL_OK;
+        CUmemGenericAllocationHandle h = 0;
+        if (FP_ARRAY_RESERVE(a->sp->meta, a->chunks, a->n_chunks, a->cap_chunks, a->n_chunks + 1, 16) != 0)
+            st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the list of %s chunks", a->name);
+        else if ((st = fp_chunk_create(a->sp->ch, n, &h)) == FABPOOL_OK &&
+                 (st = fp_chunk_map_handle(a->sp->ch, at, n, h, "a chunk")) == FABPOOL_OK &&
+                 fp_map_set(&a->sp->map, at, n, a->sentinel) != 0) {
+            fp_chunk_unmap(a->sp->ch, at, n);
+            st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the page map of %s chunks", a->name);
+        }
+        if (st != FABPOOL_OK) {
+            fp_arena_unmap_range(a, va, at - va);
+            return st;
+        }
+        size_t i = fp_arena_chunk_lower(a, at);
+        memmove(&a->chunks[i + 1], &a->chunks[i], (a->n_chunks - i) * sizeof *a->chunks);
+        a->chunks[i] = (fp_lchunk){at, n};
+        a->n_chunks++;
+        a->mapped_bytes += n;
+        at += n;
+    }
+    return FABPOOL_OK;
+}
+
+/* ------------------------------------------------------------ growth */
+
+/* Whether [start, start + size) is free address space. */
+static int va_free_at(fp_arena *a, uint64_t start, uint64_t size)
+{
+    const fp_vaspace *v = &a->sp->va;
+    if (start < v->base || start + size > v->base + v->size || start + size < start)
+        return 0;
+    size_t i = FP_ARRAY_LOWER(v->free, v->n, fp_range, start, start + 1);
+    return i > 0 && start + size <= v->free[i - 1].start + v->free[i - 1].size;
+}
+
+fabpool_status fp_arena_grow_plan(fp_arena *a, uint64_t n, uint64_t align, int ahead_ok, fp_arena_grow *gr)
+{
+    uint64_t ahead = ahead_ok ? fp_arena_ahead(a, n) : 0;
+    n += align > a->quantum ? align - a->quantum : 0; /* room to place the block aligned */
+    fp_lock_assert_held(&a->sp->lock);
+    memset(gr, 0, sizeof *gr);
+    uint64_t gran = a->sp->gran;
+    /* the largest free range at a run's end with free address space beyond it: low ends first (runs are
+     * placed downwards and blocks cut from the high end, so what is free gathers low) */
+    for (size_t i = 0; i < a->n_runs; i++) {
+        const fp_run *r = &a->runs[i];
+        fp_piece *ends[2] = {r->head, r->tail};
+        for (int k = 0; k < 2; k++) {
+            fp_piece *f = ends[k];
+            if (f->state != FP_LARGE_FREE || (gr->g && f->size <= gr->g->size))
+                continue;
+            uint64_t need = n - f->size > ahead ? n - f->size : ahead;
+            int mostly = ahead >= 2 * (n - f->size);
+            need = (need + gran - 1) & ~(gran - 1);
+            if (k == 0 ? r->base - a->sp->va.base >= need && va_free_at(a, r->base - need, need)
+                       : va_free_at(a, r->base + r->size, need)) {
+                gr->g = f;
+                gr->ahead = mostly;
+                gr->low = k == 0;
+                gr->size = need;
+                gr->va = k == 0 ? r->base - need : r->base + r->size;
+            }
+        }
+    }
+    if (!gr->g) {
+        uint64_t need = n > ahead ? n : ahead;
+        gr->ahead = ahead >= 2 * n;
+        gr->size = (need + gran - 1) & ~(gran - 1);
+        gr->va = fp_va_alloc_top_below(&a->sp->va, gr->size, gran, a->home);
+        if (!gr->va)
+            return fp_error(FABPOOL_ERR_LIMIT,
+                            "the pool's reserved address space (%llu bytes) has no free range of %llu bytes left; "
+                            "create the pool with a larger reserve (FABPOOL_CONF=reserve:...)",
+                            (unsigned long long)a->sp->va.size, (unsigned long long)gr->size);
+        return FABPOOL_OK;
+    }
+    if (fp_va_take(&a->sp->va, gr->va, gr->size) != 0)
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the pool's list of free address ranges");
+    fp_arena_bin_remove(a, gr->g);
+    gr->g->state = FP_LARGE_HELD; /* neither a trade nor an out-of-memory trim unmaps it */
+    return FABPOOL_OK;
+}
+
+void fp_arena_grow_cancel(fp_arena *a, fp_arena_grow *gr)
+{
+    fp_va_free(&a->sp->va, gr->va, gr->size);
+    if (gr->g)
+        fp_arena_bin_insert(a, gr->g);
+    memset(gr, 0, sizeof *gr);
+}
+
+/* Run i and the run that touches its low end, if any, become one: the
+ * pieces linked, two free ones merged.  Returns the index of the run. */
+static size_t join_below(fp_arena *a, size_t i)
+{
+    if (i == 0 || a->runs[i - 1].base + a->runs[i - 1].size != a->runs[i].base)
+        return i;
+    fp_run *lo = &a->runs[i - 1], *hi = &a->runs[i];
+    lo->tail->anext = hi->head;
+    hi->head->aprev = lo->tail;
+    lo->size += hi->size;
+    lo->tail = hi->tail;
+    fp_piece *t = hi->head;
+    fp_arena_run_remove(a, i);
+    if (t->state == FP_LARGE_FREE && t->aprev->state == FP_LARGE_FREE) {
+        fp_arena_bin_remove(a, t);
+        fp_arena_bin_insert(a, fp_arena_coalesce(a, t));
+    }
+    return i - 1;
+}
+
+fabpool_status fp_arena_grow_map(fp_arena *a, fp_arena_grow *gr, uint64_t n, uint64_t align, fp_piece **out)
+{
+    fp_lock_assert_held(&a->sp->lock);
+    *out = NULL;
+    fabpool_status st = FABPOOL_OK;
+    /* what cannot fail once the chunks are mapped: three records, a run and a block's slot */
+    if (fp_arena_spare_reserve(a, 3) != 0 || fp_addrmap_reserve(&a->blocks, 1) != 0 ||
+        FP_ARRAY_RESERVE(a->sp->meta, a->runs, a->n_runs, a->cap_runs, a->n_runs + 1, 8) != 0)
+        st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the records of %s", a->name);
+    if (st == FABPOOL_OK)
+        st = map_range(a, gr->va, gr->size, gr->ahead);
+    if (st != FABPOOL_OK) {
+        fp_arena_grow_cancel(a, gr);
+        return st;
+    }
+    fp_piece *g = gr->g;
+    int high = !g || gr->low; /* a run that grows upwards keeps its free memory at its top */
+    size_t r;
+    if (g) {
+        r = fp_arena_run_of(a, g->base);
+        if (gr->low) {
+            g->base = gr->va;
+            a->runs[r].base = gr->va;
+        }
+        g->size += gr->size;
+        a->runs[r].size += gr->size;
+    } else {
+        g = fp_arena_piece_new(a, gr->va, gr->size, FP_LARGE_HELD);
+        r = fp_arena_run_insert(a, (fp_run){gr->va, gr->size, g, g});
+    }
+    a->free_bytes += gr->size;
+    memset(gr, 0, sizeof *gr);
+    *out = fp_arena_carve_at(a, g, fp_arena_place(g, n, align, high), n);
+    /* a run that grew (or was placed) against another becomes one with it */
+    if (r + 1 < a->n_runs)
+        join_below(a, r + 1);
+    join_below(a, r);
+    return FABPOOL_OK;
+}
