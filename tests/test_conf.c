@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "fabpool.h"
-#include "conf.h"
+#include "conf_options.h"
 
 #define KiB (1ull << 10)
 #define MiB (1ull << 20)

@@ -7,7 +7,7 @@
 
 #include "alloc.h"
 #include "chunk.h"
-#include "conf.h"
+#include "conf_options.h"
 #include "desc.h"
 #include "error.h"
 

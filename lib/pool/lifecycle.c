@@ -8,7 +8,7 @@
 
 #include "pool.h"
 
-#include "conf.h"
+#include "conf_options.h"
 #include "error.h"
 #include "export.h"
 #include "log.h"

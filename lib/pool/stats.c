@@ -10,7 +10,7 @@
 
 #include "pool.h"
 
-#include "conf.h"
+#include "conf_options.h"
 #include "error.h"
 
 static uint64_t ld(_Atomic uint64_t *a) { return atomic_load_explicit(a, memory_order_relaxed); }
