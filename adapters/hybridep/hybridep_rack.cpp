@@ -476,6 +476,23 @@ int main(int argc, char **argv)
             o.base = (uint64_t)atoll(argv[++i]);
         else if (a == "--json" && i + 1 < argc)
             json = argv[++i];
+        else if (a == "--help") {
+            if (!rank)
+                printf("usage: hybridep_rack [--steps S] [--base TOKENS] [--json FILE] [--check] [--no-scan] "
+                       "[--ways leaky,fixed,unchanged,inplace]\n"
+                       "The seed's run over this MPI world's ranks on the simulated driver, the ways asked for\n"
+                       "(docs/performance.md, \"The seed's run at rack scale\"):\n"
+                       "  --steps S      steps of the trace (default 40)\n"
+                       "  --base TOKENS  the tokens per rank the trace starts from\n"
+                       "  --json FILE    every rank's figures, per step, into FILE\n"
+                       "  --check        exit 1 unless the leak shows, the other ways hold the live set and\n"
+                       "                 give everything back, and in place costs less than release + allocate\n"
+                       "  --no-scan      leave out the machine's memory scan (faster; no per-GPU memory)\n"
+                       "  --ways LIST    some of leaky, fixed, unchanged, inplace (default all)\n"
+                       "Exit status: 0; 1 if a check failed; 2 for a wrong command line.\n");
+            MPI_Finalize();
+            return 0;
+        }
         else if (a == "--check")
             o.check = true;
         else if (a == "--no-scan")

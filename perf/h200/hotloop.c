@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "fabpool.h"
@@ -20,7 +21,14 @@ static double now_ns(void)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
+    if (argc == 2 && !strcmp(argv[1], "--help")) {
+        printf("usage: hotloop LIBFABPOOL.so [SIZE [PAIRS [REPS]]]\n"
+               "ns an alloc + free of SIZE bytes (256) from that library's thread cache: the least over REPS (5)\n"
+               "runs of PAIRS (10,000,000) pairs.  Exit status: 0; 1 if the library or a call failed; 2 for a\n"
+               "wrong command line.\n");
+        return 0;
+    }
+    if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: hotloop LIBFABPOOL.so [SIZE [PAIRS [REPS]]]\n");
         return 2;
     }
