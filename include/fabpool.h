@@ -132,6 +132,10 @@ typedef struct fabpool_options {
     int debug;                     /* the log's level, a fabpool_log_level (debug: none|warn|info|trace);
                                       FABPOOL_DEBUG wins over it.  The log is the process's: its level is the
                                       highest any pool or FABPOOL_DEBUG asked for (docs/config.md, "Log") */
+    uint32_t keep_ms;              /* a buffer or view given up with fabpool_buffer_release or
+                                      fabpool_view_release keeps its window and chunks this long for the next
+                                      fabpool_buffer_reuse or fabpool_view_open of it; 0: given back at once
+                                      (keep_ms) */
 } fabpool_options;
 
 /* Fills *o with the defaults (docs/config.md lists them). */
@@ -301,6 +305,29 @@ FABPOOL_API fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bu
                                                     size_t n, void *stream);
 /* Unmaps everything (after the work on `stream`, as for resize) and frees the window. */
 FABPOOL_API fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *buf, void *stream);
+/* Gives the buffer up but keeps its window, its chunks and their exported
+ * handles for keep_ms (an option, 1000 ms by default), so that the next
+ * fabpool_buffer_reuse maps only what it lacks: code that frees a buffer set
+ * and allocates it again larger (HybridEP's update_buffer) pays for the
+ * growth alone, and its peers import only the new chunks.  As with
+ * fabpool_free, no GPU work may still use the buffer, nor any peer (POSIX fds:
+ * a peer's view keeps its own mapping; fabric: acknowledge the peers first,
+ * fabpool_buffer_peers_ack).  A kept buffer is destroyed when keep_ms has
+ * passed (at the pool's next release, reuse or collect), by a reuse that
+ * finds none that fits, by fabpool_trim, by an out-of-memory retry, by sleep
+ * and at pool destroy; fabpool_stats.kept_bytes counts what they map.  With
+ * keep_ms 0 this is fabpool_buffer_destroy(buf, NULL).  After it, buf is not
+ * the caller's any more. */
+FABPOOL_API fabpool_status fabpool_buffer_release(fabpool_buffer_t *buf);
+/* A buffer of `size` bytes made from a released one: the kept buffer whose
+ * window holds size and whose mapped bytes are nearest to it, resized to size
+ * (growing maps only the missing chunks; shrinking retires after the work on
+ * `stream`, as fabpool_buffer_resize).  Its base address and export id are
+ * the released buffer's, its bytes whatever it held.  FABPOOL_ERR_NOT_FOUND
+ * when no kept buffer's window holds size: every kept buffer is then given
+ * back (a miss ends the reuse, so that kept memory never adds to new
+ * memory), and the caller creates one. */
+FABPOOL_API fabpool_status fabpool_buffer_reuse(fabpool_t *pool, size_t size, void *stream, fabpool_buffer_t **out);
 
 typedef struct fabpool_buffer_info {
     size_t struct_size;   /* set by the caller: sizeof(fabpool_buffer_info) (see the top of this header) */
@@ -459,6 +486,8 @@ typedef struct fabpool_stats {
     uint64_t traded_bytes;          /* free memory unmapped by misses of blocks above slab_max, to map the new
                                        block's instead (beyond large_slack), all time: a figure that grows
                                        with every step says the slack is too small for the workload's shapes */
+    uint64_t kept_bytes;            /* mapped by buffers and views released and kept for reuse (keep_ms); part
+                                       of mapped_bytes (and of view_bytes for views) */
 } fabpool_stats;
 
 FABPOOL_API fabpool_status fabpool_get_stats(fabpool_t *pool, fabpool_stats *out);
@@ -638,6 +667,16 @@ FABPOOL_API void *fabpool_view_ptr(const fabpool_view_t *view);
 /* Unmaps everything and frees the view's window.  The caller makes sure no
  * GPU work still reads the view. */
 FABPOOL_API fabpool_status fabpool_view_close(fabpool_view_t *view);
+/* Closes the view but keeps its mappings for keep_ms: a fabpool_view_open of
+ * a descriptor of the same buffer (its export id, from the same process)
+ * within that time takes the kept view, at the same address, and imports and
+ * maps only the chunks it does not map yet (a chunk is the same when its
+ * offset, size and generation are).  A kept view holds its exporter's
+ * memory (POSIX fds) until then: it is closed when keep_ms has passed (at the
+ * pool's next view open or release), by fabpool_trim, by sleep and at pool
+ * destroy.  With keep_ms 0 this is fabpool_view_close.  After it, view is not
+ * the caller's any more. */
+FABPOOL_API fabpool_status fabpool_view_release(fabpool_view_t *view);
 
 #ifdef __cplusplus
 }

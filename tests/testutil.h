@@ -179,6 +179,22 @@ static inline int t_tag_ok(void *at, size_t size, uint64_t tag)
     return a == tag && b == ~tag;
 }
 
+/* One word written at a device address and synchronized (a copy from
+ * pageable memory returns before its DMA has landed; another process sees
+ * the data only after a synchronize), and one word read back. */
+static inline void t_put_word(void *at, uint64_t v)
+{
+    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)at, &v, sizeof v));
+    CHECK_CU(cuCtxSynchronize());
+}
+
+static inline uint64_t t_get_word(void *at)
+{
+    uint64_t v = 0;
+    CHECK_CU(cuMemcpyDtoH(&v, (CUdeviceptr)(uintptr_t)at, sizeof v));
+    return v;
+}
+
 /* The pool's stats (zeros, and a failed check, if the call fails). */
 static inline fabpool_stats t_stats(fabpool_t *p)
 {

@@ -23,8 +23,14 @@
  *   - allocate() makes a growable buffer in an address window larger than
  *     the size (window_for()), and resize() + get_delta() + update_handle()
  *     grow it in place: its address and its peers' view addresses stay;
- *   - a MemHandle is 328 bytes, as upstream's: a header, up to two exporter
- *     fd numbers, and fabpool's descriptor of up to two chunks;
+ *   - free() keeps a buffer's window and chunks for a while (keep_ms) and
+ *     allocate() takes the kept buffer that fits best, growing it in place:
+ *     DeepEP's unchanged update_buffer (free every buffer, allocate them
+ *     again larger, export, open the peers') then maps, exports and imports
+ *     only the growth, and close_handle() keeps a peer's view likewise for
+ *     the open_handle() of the same buffer that follows;
+ *   - a MemHandle is 1,024 bytes (upstream's is 328): a header, up to nine
+ *     exporter fd numbers, and fabpool's descriptor of up to nine chunks;
  *   - agree_max() (with agree_enabled(), FABPOOL_HYBRIDEP_AGREE=1) lets
  *     update_buffer take the group's largest need before it decides to
  *     regrow, so that ranks with different token counts all regrow or none
@@ -79,19 +85,26 @@
 /* (the namespace cannot be fabpool::, which C++ sees as the pool's struct tag) */
 namespace fabpool_hybridep {
 
-/* Bytes of one handle, what each rank all-gathers per buffer: upstream's
- * sizeof(MemHandle) (a 64-byte union, a size_t and a 256-byte host name). */
-constexpr std::size_t kHandleBytes = 328;
+/* Bytes of one handle, what each rank all-gathers per buffer.  Upstream's
+ * MemHandle is 328 bytes; HybridEP sizes every handle array and all-gather by
+ * sizeof(MemHandle), so a larger one costs only the all-gather's bytes.  A
+ * kilobyte describes nine chunks: a buffer that DeepEP frees and allocates
+ * again larger is reused in place (free + allocate keep the chunks it had,
+ * each regrow maps one more), and nine chunks let eight regrows in a row
+ * export only their new chunk before allocate() compacts the buffer. */
+constexpr std::size_t kHandleBytes = 1024;
 constexpr std::size_t kHandleHeaderBytes = 24;
-constexpr std::size_t kMaxHandleFds = 2;
+/* as many fd numbers as the descriptor has records */
+constexpr std::size_t kMaxHandleFds =
+    (kHandleBytes - kHandleHeaderBytes - FABPOOL_DESC_HEADER_BYTES) / (FABPOOL_DESC_RECORD_BYTES + 4);
 constexpr std::size_t kFdsAt = kHandleHeaderBytes;
 constexpr std::size_t kDescAt = kHandleHeaderBytes + 4 * kMaxHandleFds;
 constexpr std::size_t kMaxDescBytes = kHandleBytes - kDescAt;
 /* Chunks one handle describes: a full handle of a buffer of at most this many
- * chunks, or a delta naming at most this many (one growth maps one chunk). */
+ * chunks, or a delta naming at most this many. */
 constexpr std::size_t kMaxHandleChunks = (kMaxDescBytes - FABPOOL_DESC_HEADER_BYTES) / FABPOOL_DESC_RECORD_BYTES;
-static_assert(kMaxHandleChunks >= 2 && kMaxHandleChunks <= kMaxHandleFds,
-              "a handle holds two chunks and their fds: fabpool's descriptor layout changed");
+static_assert(kMaxHandleChunks >= 2 && kMaxHandleChunks == kMaxHandleFds,
+              "a handle holds as many chunks as fds: fabpool's descriptor layout changed");
 
 /* The pool's own settings (FABPOOL_CONF applies after them): address space for
  * every peer's window (reserving costs no memory); chunks large enough that a
@@ -138,6 +151,7 @@ struct HandleInfo {
 /* Time and bytes of this allocator's calls (for benchmarks: what a regrow spends where). */
 struct Stats {
     std::uint64_t allocs = 0, frees = 0, resizes = 0, exports = 0, full_reexports = 0, compactions = 0;
+    std::uint64_t reuses = 0;    /* allocate() that took a buffer free() kept */
     std::uint64_t opens = 0, updates = 0, closes = 0;
     std::uint64_t ns_map = 0;    /* allocate + resize: create, map, set access */
     std::uint64_t ns_export = 0; /* get_handle + get_delta: export (fds, fabric bytes) */
@@ -150,9 +164,10 @@ namespace detail {
 /* Header (host byte order; peers share one architecture):
  *   0 char[4] "FPH2"   4 u8 version   5 u8 kind   6 u8 handle type   7 u8 fd count
  *   8 i32 pid         12 u32 descriptor length    16 u64 host id
- *  24 i32 fds[2] (the exporter's numbers)          32 descriptor (fabpool_buffer_export) */
+ *  24 i32 fds[kMaxHandleFds] (the exporter's numbers)
+ *  kDescAt descriptor (fabpool_buffer_export) */
 constexpr char kMagic[4] = {'F', 'P', 'H', '2'};
-constexpr std::uint8_t kVersion = 2;
+constexpr std::uint8_t kVersion = 3;
 
 inline std::uint64_t host_id()
 {
@@ -317,9 +332,12 @@ class ExtendedMemoryAllocator {
     /* ------------------------------------------------ HybridEP's six calls */
 
     /* size bytes of shareable device memory at *ptr, in a window of
-     * window_for(size) bytes that resize() grows into without moving it. */
+     * window_for(size) bytes that resize() grows into without moving it: a
+     * buffer that free() kept, where one's window holds size (it keeps its
+     * address and maps only what it lacks), else a new one. */
     void allocate(void **ptr, std::size_t size) { allocate(ptr, size, 0); }
-    /* The same in a window of max(max_size, size) bytes (0: window_for(size)). */
+    /* The same in a window of max(max_size, size) bytes (0: window_for(size)),
+     * always a new buffer when max_size is given. */
     void allocate(void **ptr, std::size_t size, std::size_t max_size)
     {
         if (!ptr)
@@ -329,10 +347,23 @@ class ExtendedMemoryAllocator {
         std::size_t win = max_size ? std::max(max_size, size) : window_for(size);
         fabpool_buffer_t *b = nullptr;
         std::uint64_t ns = 0;
-        fabpool_status s;
+        fabpool_status s = FABPOOL_ERR_NOT_FOUND;
+        bool reused = false, compacted = false;
         {
             detail::Timer t(ns);
-            s = fabpool_buffer_create(pool_, win, size, &b);
+            if (!max_size)
+                reused = (s = fabpool_buffer_reuse(pool_, size, nullptr, &b)) == FABPOOL_OK;
+            if (s == FABPOOL_ERR_NOT_FOUND)
+                s = fabpool_buffer_create(pool_, win, size, &b);
+            if (s == FABPOOL_OK && reused && chunks_of(b) > kMaxHandleChunks) {
+                /* its full handle would not fit: a new buffer of one chunk instead (DeepEP opens
+                 * every handle again after a regrow: the address may change) */
+                compacted = true;
+                reused = false;
+                s = fabpool_buffer_destroy(b, nullptr);
+                if (s == FABPOOL_OK)
+                    s = fabpool_buffer_create(pool_, win, size, &b);
+            }
         }
         if (s != FABPOOL_OK)
             throw Error(s, "fabpool hybridep: allocate(" + std::to_string(size) + " bytes, window " +
@@ -341,12 +372,16 @@ class ExtendedMemoryAllocator {
         *ptr = fabpool_buffer_ptr(b);
         bufs_[*ptr] = Buf{b, 0, 0, false};
         stats_.allocs++;
+        stats_.reuses += reused;
+        stats_.compactions += compacted;
         stats_.ns_map += ns;
     }
 
-    /* Frees a buffer of allocate().  Peers' views keep their own mappings
-     * (POSIX fd) or must have been closed first (fabric, as in HybridEP,
-     * whose release_buffer closes the peers' handles on every rank). */
+    /* Frees a buffer of allocate(): fabpool keeps its window and chunks for
+     * the next allocate() a while (keep_ms; FABPOOL_CONF=keep_ms:0 gives
+     * them back at once).  Peers' views keep their own mappings (POSIX fd)
+     * or must have been closed first (fabric, as in HybridEP, whose
+     * release_buffer closes the peers' handles on every rank). */
     void free(void *ptr)
     {
         if (!ptr)
@@ -357,7 +392,7 @@ class ExtendedMemoryAllocator {
             fabpool_buffer_t *b = take_buf(ptr, "free");
             detail::Timer t(ns);
             fabpool_buffer_peers_ack(b, UINT64_MAX);
-            s = fabpool_buffer_destroy(b, nullptr);
+            s = fabpool_buffer_release(b);
         }
         {
             std::lock_guard<std::mutex> g(mu_);
@@ -381,7 +416,8 @@ class ExtendedMemoryAllocator {
         open_or_update(ptr, nullptr, mem_handle, fds, nfds, true);
     }
 
-    /* Unmaps a peer's buffer opened by open_handle. */
+    /* Unmaps a peer's buffer opened by open_handle (fabpool keeps the view
+     * for the next open_handle of the same buffer a while: keep_ms). */
     void close_handle(void *ptr)
     {
         if (!ptr)
@@ -400,7 +436,7 @@ class ExtendedMemoryAllocator {
         fabpool_status s;
         {
             detail::Timer t(ns);
-            s = fabpool_view_close(v);
+            s = fabpool_view_release(v); /* kept for an open_handle of the same buffer (keep_ms) */
         }
         {
             std::lock_guard<std::mutex> g(mu_);
@@ -596,6 +632,13 @@ class ExtendedMemoryAllocator {
         char s[32];
         std::snprintf(s, sizeof s, "%p", p);
         return s;
+    }
+
+    static std::size_t chunks_of(fabpool_buffer_t *b)
+    {
+        fabpool_buffer_info in = detail::sized<fabpool_buffer_info>();
+        fabpool_buffer_get_info(b, &in);
+        return in.n_chunks;
     }
 
     fabpool_buffer_t *find_buf(void *ptr, const char *call)

@@ -19,6 +19,15 @@
 #include <unistd.h>
 
 #include <string>
+/* Bytes the pool keeps for reuse after free() and close_handle() (keep_ms). */
+static std::uint64_t kept_bytes(ExtendedMemoryAllocator &a)
+{
+    fabpool_stats st{};
+    st.struct_size = sizeof st;
+    fabpool_get_stats(a.pool(), &st);
+    return st.kept_bytes;
+}
+
 static const uint64_t kTrace[] = {100, 600, 1024, 1031, 3000, 700, 2048, 4096, 512, 3333};
 static const int kSteps = (int)(sizeof kTrace / sizeof kTrace[0]);
 static const uint64_t kMaxTokens = 4096;
@@ -271,6 +280,7 @@ static void exporter(const char *self)
         }
         a.peers_done(probe);
         a.free(probe);
+        CHECK_OK(fabpool_trim(a.pool(), 0)); /* what free() kept goes: the ledger below starts from nothing kept */
 
         /* wrong uses: each refused with its status, nothing mapped */
         fabsim_ledger l0 = t_ledger();
@@ -302,11 +312,13 @@ static void exporter(const char *self)
         else
             close(few[0]);
         a.peers_done(two);
-        /* a third chunk: its full handle no longer fits in 328 bytes; get_handle says so (get_delta
-         * would compact: test_hybridep_mpi) */
-        CHECK(a.resize(two, 48 << 20));
+        /* more chunks than a full handle describes; get_handle says so (get_delta would compact:
+         * test_hybridep_mpi) */
+        while (a.info(two).n_chunks <= fabpool_hybridep::kMaxHandleChunks)
+            CHECK(a.resize(two, a.info(two).mapped + (2u << 20)));
         MemHandle big;
-        expect_error("full handle of three chunks", FABPOOL_ERR_LIMIT, "max_chunk", [&] { a.get_handle(&big, two); });
+        expect_error("full handle of too many chunks", FABPOOL_ERR_LIMIT, "max_chunk",
+                     [&] { a.get_handle(&big, two); });
         a.free(two);
         expect_error("free of a pointer not allocated", FABPOOL_ERR_NOT_FOUND, "not the base",
                      [&] { a.free((char *)buf[0] + 256); });
@@ -315,6 +327,10 @@ static void exporter(const char *self)
         expect_error("update of a pointer not opened", FABPOOL_ERR_NOT_FOUND, "not a view",
                      [&] { a.update_handle(buf[0], &full); });
         expect_error("resize past the window", FABPOOL_ERR_LIMIT, "resize", [&] { a.resize(buf[0], maxs[0] * 4); });
+        /* free() kept what it freed for a reuse (keep_ms): a trim gives it back */
+        CHECK(kept_bytes(a) > 0);
+        CHECK_OK(fabpool_trim(a.pool(), 0));
+        CHECK(kept_bytes(a) == 0);
         fabsim_ledger l1 = t_ledger();
         CHECK(l1.mappings == l0.mappings && l1.handles == l0.handles && l1.exported_fds == l0.exported_fds);
         CHECK(t_near(t_held(), h0));
@@ -329,6 +345,9 @@ static void exporter(const char *self)
             a.free(buf[b]);
         fabpool_stats st{};
         st.struct_size = sizeof st;
+        fabpool_get_stats(a.pool(), &st);
+        CHECK(st.kept_bytes == st.mapped_bytes); /* what is left is kept for reuse, and goes with a trim */
+        CHECK_OK(fabpool_trim(a.pool(), 0));
         fabpool_get_stats(a.pool(), &st);
         CHECK(st.mapped_bytes == 0 && st.exported_fds_open == 0 && st.handles_outstanding == 0);
         printf("test_hybridep: %s handles%s, %d steps, %ld deltas sent (%ld fds; the first handles %ld), peak held "

@@ -338,6 +338,29 @@ static void check_data(Buffer &b, int step)
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/* The driver calls a regrow costs: chunks created, exported and imported. */
+struct Calls {
+    uint64_t create = 0, exp = 0, imp = 0;
+};
+static Calls calls(ExtendedMemoryAllocator &a)
+{
+    fabpool_stats st{};
+    st.struct_size = sizeof st;
+    fabpool_get_stats(a.pool(), &st);
+    Calls c;
+    for (int i = 0; i < FABPOOL_NUM_DRIVER_CALLS && st.driver_call_names[i]; i++) {
+        const char *n = st.driver_call_names[i];
+        uint64_t v = st.driver_calls[i];
+        if (!strcmp(n, "cuMemCreate"))
+            c.create = v;
+        else if (!strcmp(n, "cuMemExportToShareableHandle"))
+            c.exp = v;
+        else if (!strcmp(n, "cuMemImportFromShareableHandle"))
+            c.imp = v;
+    }
+    return c;
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -346,9 +369,11 @@ int main(int argc, char **argv)
     int sim = t_driver_init();
     const char *expect = getenv("EXPECT_HANDLE");
     fabpool_handle_type want = expect && strcmp(expect, "fabric") == 0 ? FABPOOL_HANDLE_FABRIC : FABPOOL_HANDLE_POSIX_FD;
-    CHECK(sizeof(MemHandle) <= 512); /* a handle of a few hundred bytes, all-gathered per buffer */
+    CHECK(sizeof(MemHandle) <= 1024); /* a handle of a kilobyte at most, all-gathered per buffer */
     int64_t held0 = t_held(), peak = 0, live_top = 0;
     long regrows = 0, opened = 0, accessible = 0;
+    uint64_t regrow_imports = 0;
+    const bool keep_on = !getenv("FABPOOL_CONF") || !strstr(getenv("FABPOOL_CONF"), "keep_ms:0");
     int detected = -1;
     const bool uneven = getenv("HYBRIDEP_UNEVEN") && atoi(getenv("HYBRIDEP_UNEVEN"));
     const char *expect_hang = getenv("HYBRIDEP_EXPECT_HANG");
@@ -391,6 +416,7 @@ int main(int argc, char **argv)
             check_data(b, 0);
             for (int t = 1; t <= 4; t++) {
                 bool grew = false;
+                Calls c0 = calls(b.remote_allocator);
                 try {
                     grew = b.update_buffer(uneven ? uneven_tokens(rank, t) : 1024 * t);
                     dispatch(b, (uint32_t)t);
@@ -412,6 +438,24 @@ int main(int argc, char **argv)
                 }
                 regrows += grew;
                 check_data(b, t);
+                if (grew && !uneven) {
+                    /* DeepEP's regrow frees and allocates every buffer and opens every peer's handle again;
+                     * kept (keep_ms, the default) only the two buffers that grow (token, prob) map, export
+                     * and import anything, one chunk each; given back at once, all of them */
+                    Calls c1 = calls(b.remote_allocator);
+                    uint64_t created = c1.create - c0.create, exported = c1.exp - c0.exp,
+                             imported = c1.imp - c0.imp;
+                    if (keep_on)
+                        CHECK(created >= 1 && created <= 2 && exported == created &&
+                              imported == created * (uint64_t)(nranks - 1));
+                    else
+                        CHECK(created >= 3 && imported >= 3 * (uint64_t)(nranks - 1));
+                    if (getenv("HYBRIDEP_VERBOSE"))
+                        fprintf(stderr, "rank %d step %d: created %llu exported %llu imported %llu\n", rank, t,
+                                (unsigned long long)created, (unsigned long long)exported,
+                                (unsigned long long)imported);
+                    regrow_imports += imported;
+                }
                 int64_t h = t_held() - held0;
                 peak = h > peak ? h : peak;
                 /* the live set: own buffers and a view of each peer's, each rounded up to 2 MiB (what
@@ -455,9 +499,11 @@ int main(int argc, char **argv)
                "%.1f s in the regrow's collective, ranks 1-%d waited in the dispatch for its flags: the hang of "
                "ranks that disagree about regrowing\n", waited, nranks - 1);
     if (!rank)
-        printf("test_hybridep_deepep: %d ranks, %s handles (%zu bytes each), %d ranks detected, %ld regrows, rank 0 "
-               "held at most %lld MiB (live set %lld MiB), %d failed checks over all ranks\n",
+        printf("test_hybridep_deepep: %d ranks, %s handles (%zu bytes each), %d ranks detected, %ld regrows "
+               "(%s: rank 0 imported %llu chunks in them), rank 0 held at most %lld MiB (live set %lld MiB), %d "
+               "failed checks over all ranks\n",
                nranks, want == FABPOOL_HANDLE_FABRIC ? "fabric" : "POSIX fd", sizeof(MemHandle), detected, regrows,
+               keep_on ? "freed buffers and closed views kept" : "keep_ms:0", (unsigned long long)regrow_imports,
                (long long)(peak >> 20), (long long)(live_top >> 20), total);
     MPI_Finalize();
     return total ? 1 : 0;

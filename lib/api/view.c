@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "array.h"
+#include "clock.h"
 #include "desc.h"
 #include "error.h"
 #include "list.h"
@@ -104,7 +105,16 @@ static fabpool_status view_unmap(fp_views *vs, fabpool_view_t *v, uint32_t i)
     return view_unmap_at(vs, v, v->chunks[i].off, v->chunks[i].size);
 }
 
-/* The chunks the view keeps: those below `live` that no record replaces. */
+/* A record that names a chunk the view maps already: the same offset, size
+ * and generation are the same memory of the same buffer (a chunk that is new
+ * memory gets a new generation). */
+static int same_chunk(const fp_vchunk *c, const fp_desc_rec *r)
+{
+    return r->off == c->off && r->size == c->size && r->gen == c->gen;
+}
+
+/* The chunks the view keeps: those below `live` that no record replaces (a
+ * record of the same chunk keeps it). */
 static int kept(const fabpool_view_t *v, uint32_t i, const fp_desc *ds)
 {
     const fp_vchunk *c = &v->chunks[i];
@@ -113,11 +123,21 @@ static int kept(const fabpool_view_t *v, uint32_t i, const fp_desc *ds)
     for (uint32_t k = 0; k < ds->n; k++) {
         fp_desc_rec r;
         fp_desc_record(ds, k, &r);
-        uint64_t off = r.off, size = r.size;
-        if (off < c->off + c->size && c->off < off + size)
-            return 0;
+        if (r.off < c->off + c->size && c->off < r.off + r.size)
+            return same_chunk(c, &r);
     }
     return 1;
+}
+
+/* Whether record k names a chunk the view maps already (nothing to import). */
+static int mapped_already(const fabpool_view_t *v, const fp_desc *ds, uint32_t k)
+{
+    fp_desc_rec r;
+    fp_desc_record(ds, k, &r);
+    for (uint32_t i = 0; i < v->n; i++)
+        if (same_chunk(&v->chunks[i], &r))
+            return r.off + r.size <= ds->live;
+    return 0;
 }
 
 /* Grows the view's chunk list to hold `need`. */
@@ -158,7 +178,7 @@ static fabpool_status apply_admit(const fabpool_view_t *v, const fp_desc *ds)
     for (uint32_t k = 0; k < ds->n; k++) {
         fp_desc_rec r;
         fp_desc_record(ds, k, &r);
-        covered += r.size;
+        covered += mapped_already(v, ds, k) ? 0 : r.size;
     }
     if (covered != ds->live)
         return fp_desc_refuse("after it the view would map %llu of the buffer's %llu live bytes: a delta is missing; "
@@ -166,8 +186,9 @@ static fabpool_status apply_admit(const fabpool_view_t *v, const fp_desc *ds)
     return FABPOOL_OK;
 }
 
-/* What became of each record of a descriptor being applied. */
-enum { REC_HELD = 0, REC_MAPPED = 1, REC_GONE = 2 };
+/* What became of each record of a descriptor being applied (REC_SAME: the
+ * view maps its chunk already). */
+enum { REC_HELD = 0, REC_MAPPED = 1, REC_GONE = 2, REC_SAME = 3 };
 
 /* The steps that can fail on the peer's side, before the view changes:
  * every import, then the mapping of each new chunk whose range is free. */
@@ -177,12 +198,16 @@ static fabpool_status apply_prepare(fp_views *vs, fabpool_view_t *v, const fp_de
     fabpool_status st;
     memset(state, REC_GONE, ds->n);
     for (uint32_t k = 0; k < ds->n; k++) {
+        if (mapped_already(v, ds, k)) {
+            state[k] = REC_SAME;
+            continue;
+        }
         if ((st = import_one(vs, ds, k, fds, &h[k])) != FABPOOL_OK)
             return st;
         state[k] = REC_HELD;
     }
     for (uint32_t k = 0; k < ds->n; k++) {
-        if (!range_free(v, ds, k))
+        if (state[k] == REC_SAME || !range_free(v, ds, k))
             continue;
         st = map_one(vs, v, ds, k, h[k]);
         state[k] = st == FABPOOL_OK ? REC_MAPPED : REC_GONE;
@@ -271,7 +296,50 @@ static fabpool_status apply_locked(fabpool_view_t *v, const fp_desc *ds, const i
     return st;
 }
 
-void fp_views_init(fp_views *vs, fp_space *sp) { vs->sp = sp; }
+void fp_views_init(fp_views *vs, fp_space *sp, uint32_t keep_ms)
+{
+    vs->sp = sp;
+    vs->keep_ms = keep_ms;
+}
+
+static fabpool_status view_free(fp_views *vs, fabpool_view_t *v);
+
+void fp_views_drop_kept(fp_views *vs, int all)
+{
+    fp_lock_assert_held(&vs->sp->lock);
+    if (!atomic_load(&vs->kept_bytes))
+        return;
+    uint64_t now = fp_coarse_ns(), keep = (uint64_t)vs->keep_ms * 1000000u;
+    for (fabpool_view_t *v = vs->list, *next; v; v = next) {
+        next = v->next;
+        if (v->kept && (all || now - v->kept_ns >= keep))
+            (void)view_free(vs, v); /* a refusal: the range goes with the reservation at destroy */
+    }
+}
+
+/* The kept view of the buffer ds describes, taken back and brought to ds
+ * (importing and mapping only the chunks it lacks); NULL if none is kept, or
+ * if the one kept could not take ds (it is closed: the caller opens a view
+ * afresh).  Pool lock held. */
+static fabpool_view_t *reopen_kept(fp_views *vs, const fp_desc *ds, const int *fds)
+{
+    fp_views_drop_kept(vs, 0);
+    fabpool_view_t *v = vs->list;
+    while (v && !(v->kept && v->uid == ds->uid && v->peer_pid == ds->pid && v->window == ds->window &&
+                  v->handle_type == ds->handle_type))
+        v = v->next;
+    if (!v)
+        return NULL;
+    uint64_t live = v->live;
+    if (apply_locked(v, ds, fds) != FABPOOL_OK) {
+        fp_error_clear();
+        (void)view_free(vs, v);
+        return NULL;
+    }
+    atomic_fetch_sub(&vs->kept_bytes, live);
+    v->kept = 0;
+    return v;
+}
 
 fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const int *fds, size_t nfds,
                             fabpool_view_t **out)
@@ -289,6 +357,16 @@ fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const in
     if (st == FABPOOL_OK && ds.gran != vs->sp->gran && ds.gran % vs->sp->gran)
         st = fp_desc_refuse("its granularity %llu does not fit this pool's %llu", ds.gran, vs->sp->gran);
     fabpool_view_t *v = NULL;
+    if (st == FABPOOL_OK && atomic_load(&vs->kept_bytes)) {
+        fp_lock(&vs->sp->lock);
+        v = fp_chunks_asleep(vs->sp->ch) ? NULL : reopen_kept(vs, &ds, fds);
+        fp_unlock(&vs->sp->lock);
+        if (v) {
+            close_fds(fds, nfds);
+            *out = v;
+            return FABPOOL_OK;
+        }
+    }
     if (st == FABPOOL_OK && !(v = fp_meta_alloc(vs->sp->meta, sizeof *v)))
         st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a view");
     if (st != FABPOOL_OK) {
@@ -345,6 +423,8 @@ fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t le
 static fabpool_status view_free(fp_views *vs, fabpool_view_t *v)
 {
     fp_lock_assert_held(&vs->sp->lock);
+    if (v->kept)
+        atomic_fetch_sub(&vs->kept_bytes, v->live);
     fabpool_status st = FABPOOL_OK;
     while (v->n) {
         fabpool_status s = view_unmap(vs, v, --v->n); /* a refusal: the range goes with the reservation at destroy */
@@ -360,13 +440,29 @@ static fabpool_status view_free(fp_views *vs, fabpool_view_t *v)
 
 fabpool_status fabpool_view_close(fabpool_view_t *v)
 {
-    if (!v)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_close: the view is NULL");
+    if (!v || v->kept)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_close: the view is NULL or released");
     fp_views *vs = v->owner;
     fp_lock(&vs->sp->lock);
     fabpool_status st = view_free(vs, v);
     fp_unlock(&vs->sp->lock);
     return st;
+}
+
+fabpool_status fabpool_view_release(fabpool_view_t *v)
+{
+    if (!v || v->kept)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_release: the view is NULL or already released");
+    fp_views *vs = v->owner;
+    if (vs->keep_ms == 0)
+        return fabpool_view_close(v);
+    fp_lock(&vs->sp->lock);
+    fp_views_drop_kept(vs, 0);
+    v->kept = 1;
+    v->kept_ns = fp_coarse_ns();
+    atomic_fetch_add(&vs->kept_bytes, v->live);
+    fp_unlock(&vs->sp->lock);
+    return FABPOOL_OK;
 }
 
 void fp_views_destroy(fp_views *vs)
@@ -405,7 +501,7 @@ void *fabpool_view_ptr(const fabpool_view_t *v) { return v ? (void *)(uintptr_t)
 
 fabpool_status fp_views_check(const fp_views *vs, fp_walk *w)
 {
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, kept = 0;
     const struct fabpool_view *pv = NULL;
     for (const struct fabpool_view *v = vs->list; v; pv = v, v = v->next) {
         if (v->prev != pv || v->owner != vs || v->n > v->cap)
@@ -419,14 +515,16 @@ fabpool_status fp_views_check(const fp_views *vs, fp_walk *w)
                             ULL(v->window));
             end = c->off + c->size;
             bytes += c->size;
+            kept += v->kept ? c->size : 0;
             w->n_chunks++;
             w->chunk_bytes += c->size;
         }
         if (fp_walk_use(w, v->base, v->window, "a view's window", v) != 0)
             return FP_WALK_HOST_FAIL();
     }
-    if (bytes != atomic_load(&vs->bytes))
-        return FAIL("[view.stats] the views' chunks add up to %llu bytes, view_bytes says %llu", ULL(bytes),
-                    ULL(atomic_load(&vs->bytes)));
+    if (bytes != atomic_load(&vs->bytes) || kept != atomic_load(&vs->kept_bytes))
+        return FAIL("[view.stats] the views' chunks add up to %llu bytes, %llu of them kept; view_bytes says %llu, "
+                    "kept_bytes %llu", ULL(bytes), ULL(kept), ULL(atomic_load(&vs->bytes)),
+                    ULL(atomic_load(&vs->kept_bytes)));
     return FABPOOL_OK;
 }

@@ -21,8 +21,10 @@ typedef struct fp_vchunk {
 /* The pool's views. */
 typedef struct fp_views {
     fp_space *sp;                      /* chunks, ranges, metadata, the pool lock */
+    uint32_t keep_ms;                  /* how long a released view is kept for the next open of its buffer */
     struct fabpool_view *list;
     _Atomic uint64_t bytes;
+    _Atomic uint64_t kept_bytes;       /* mapped by the kept views (part of bytes) */
 } fp_views;
 
 struct fabpool_view {
@@ -32,15 +34,20 @@ struct fabpool_view {
     uint32_t handle_type, n;
     size_t cap;
     int peer_pid, peer_device;
+    int kept;                          /* released, kept since kept_ns for an open of the same buffer */
+    uint64_t kept_ns;
     fp_vchunk *chunks;
 };
 
-void fp_views_init(fp_views *vs, fp_space *sp);
+void fp_views_init(fp_views *vs, fp_space *sp, uint32_t keep_ms);
 /* fabpool_view_open on the pool whose views vs are (vs NULL: the pool was NULL). */
 fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const int *fds, size_t nfds,
                             fabpool_view_t **out);
 /* Pool destroy: unmaps and frees every view.  Pool lock held. */
 void fp_views_destroy(fp_views *vs);
+/* Closes the kept views: every one (all != 0), or those kept for keep_ms or
+ * longer.  Pool lock held. */
+void fp_views_drop_kept(fp_views *vs, int all);
 
 /* fabpool_check's walk of the views (walk.h), pool lock held: each adds its
  * window to w's address space in use and its chunks to w's mappings. */

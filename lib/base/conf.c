@@ -78,6 +78,8 @@ const struct key fp_conf_keys[] = {
     {"stream_owner", F_U32, FIELD(stream_owner), 1, parse_bool, 0, 1, 0, 0, NULL, "true, false, 1 or 0"},
     {"debug", F_INT, FIELD(debug), FABPOOL_LOG_NONE, parse_word_or_index, 0, 3, 0, 0, debug_words,
      "none, warn, info or trace (or 0 to 3)"},
+    {"keep_ms", F_U32, FIELD(keep_ms), 1000, parse_uint, 0, UINT32_MAX, 0, 0, NULL,
+     "milliseconds 0..4294967295, e.g. 1000 (0: a released buffer or view is given back at once)"},
 };
 
 const size_t fp_conf_nkeys = sizeof fp_conf_keys / sizeof fp_conf_keys[0];

@@ -49,8 +49,10 @@ typedef struct fp_buffers {
     fp_usage *use;                     /* the pool's in-use mark, raised when bytes grows (usage.h) */
     uint64_t max_chunk;
     uint32_t max_waste_percent, shrink_hysteresis_percent;
+    uint32_t keep_ms;                  /* how long a released buffer is kept for reuse (release.c) */
     struct fabpool_buffer *list;
     _Atomic uint64_t bytes, mapped, count, retiring_bytes, held_for_peers_bytes;
+    _Atomic uint64_t kept_bytes;       /* live bytes of the kept buffers */
 } fp_buffers;
 
 struct fabpool_buffer {
@@ -65,6 +67,9 @@ struct fabpool_buffer {
     size_t cap;
     fp_bchunk *chunks;
     int destroyed;                     /* waiting for its retirements, then freed */
+    int kept;                          /* released, kept for reuse since kept_ns (release.c): size 0, not counted
+                                          in the buffers */
+    uint64_t kept_ns;
     int shared;                        /* exported at least once: dropped chunks wait for the peers */
     uint64_t acked;                    /* every peer has applied this generation */
     uint64_t exported_gen;             /* the generation of the last descriptor written */

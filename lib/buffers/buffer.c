@@ -11,8 +11,10 @@
 #include <unistd.h>
 
 #include "array.h"
+#include "clock.h"
 #include "error.h"
 #include "list.h"
+#include "log.h"
 #include "trace.h"
 #include "vmm.h"
 
@@ -64,6 +66,12 @@ static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t ta
         if (fp_buffer_reserve_chunks(bs, b, b->n + 1) != 0)
             return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's chunk list");
         fabpool_status st = fp_heap_chunk_map(bs->heap, b->base + b->live, c);
+        if (st == FABPOOL_ERR_OUT_OF_MEMORY && atomic_load(&bs->kept_bytes)) {
+            fp_buffers_drop_kept(bs, 1); /* the heap's retry could not see the kept buffers */
+            (void)fp_collect_locked(bs, 0);
+            fp_error_clear();
+            st = fp_heap_chunk_map(bs->heap, b->base + b->live, c);
+        }
         if (st != FABPOOL_OK) {
             fp_error_append(" (growing a buffer from %llu to %llu bytes; it keeps its size and data)",
                             (unsigned long long)b->size, (unsigned long long)target);
@@ -330,6 +338,7 @@ void fp_buffers_init(fp_buffers *bs, fp_heap *heap, fp_retire *retire, const fab
     bs->max_chunk = o->max_chunk_bytes;
     bs->max_waste_percent = o->max_waste_percent;
     bs->shrink_hysteresis_percent = o->shrink_hysteresis_percent;
+    bs->keep_ms = o->keep_ms;
 }
 
 fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fabpool_buffer_t **out)
@@ -402,8 +411,9 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize_set: no buffers given");
     fp_buffers *bs = bufs[0] ? bufs[0]->owner : NULL;
     for (size_t i = 0; i < n; i++) {
-        if (!bufs[i] || bufs[i]->destroyed)
-            return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize: buffer %zu is NULL or destroyed", i);
+        if (!bufs[i] || bufs[i]->destroyed || bufs[i]->kept)
+            return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize: buffer %zu is NULL, destroyed or "
+                            "released", i);
         if (bufs[i]->owner != bs)
             return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize_set: buffer %zu is of another pool", i);
         for (size_t k = 0; k < i; k++)
@@ -435,6 +445,7 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
             fp_meta_free(bs->sp->meta, from, n * sizeof *from);
         return fp_chunk_asleep_error("fabpool_buffer_resize");
     }
+    fp_buffers_drop_kept(bs, 0); /* those kept for keep_ms go before anything maps */
     fp_collect_locked(bs, 0);
     fabpool_status st = FABPOOL_OK;
     size_t i;
@@ -479,45 +490,47 @@ fabpool_status fabpool_buffer_resize(fabpool_buffer_t *b, size_t size, void *str
     return fabpool_buffer_resize_set(&b, &size, 1, stream);
 }
 
-fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
+fabpool_status fp_buffer_destroy_locked(fp_buffers *bs, struct fabpool_buffer *b, void *stream)
 {
-    if (!b || b->destroyed)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_destroy: the buffer is NULL or already destroyed");
-    fp_buffers *bs = b->owner;
-    fp_lock(&bs->sp->lock);
+    fp_lock_assert_held(&bs->sp->lock);
+    uint64_t live = b->live; /* what a kept buffer counts in kept_bytes */
     fabpool_status st = shrink(bs, b, 0, stream);
-    if (st != FABPOOL_OK) {
-        /* nothing was retired: the buffer is as it was, and can be destroyed again */
-        fp_error_append(" (fabpool_buffer_destroy: the buffer is still alive; destroy it again)");
-        fp_unlock(&bs->sp->lock);
-        return st;
+    if (st != FABPOOL_OK)
+        return st; /* nothing was retired: the buffer is as it was */
+    if (b->kept) {
+        atomic_fetch_sub(&bs->kept_bytes, live);
+        b->kept = 0;
+    } else {
+        atomic_fetch_sub(&bs->bytes, b->size);
+        atomic_fetch_sub(&bs->count, 1);
     }
-    atomic_fetch_sub(&bs->bytes, b->size);
-    atomic_fetch_sub(&bs->count, 1);
     b->size = 0;
     b->destroyed = 1;
-    FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_DESTROY, b->base, 0, stream, FABPOOL_OK);
-    /* what no peer can still import goes now (once its GPU work is done);
-     * the rest when the peers acknowledge (fabpool_peers_ack) or at pool
-     * destroy.  A collect that fails here is retried by the next one. */
-    (void)fp_collect_locked(bs, 0);
-    fp_unlock(&bs->sp->lock);
-    fp_error_clear();
     return FABPOOL_OK;
 }
 
-void fp_buffers_destroy(fp_buffers *bs)
+/* ------------------------------------------------------------ kept buffers (release.c) */
+
+static void drop(fp_buffers *bs, struct fabpool_buffer *b)
+{
+    /* no GPU work uses a released buffer (fabpool.h): no stream to wait for */
+    if (fp_buffer_destroy_locked(bs, b, NULL) == FABPOOL_OK) {
+        FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_DESTROY, b->base, 0, NULL, FABPOOL_OK);
+    } else { /* the driver refused the context sync: the buffer stays kept, a later drop retries */
+        FP_LOG_CH(FP_LOG_WARN, bs->sp->ch, "a kept buffer could not be given back yet: %s", fabpool_last_error());
+        fp_error_clear();
+    }
+}
+
+void fp_buffers_drop_kept(fp_buffers *bs, int all)
 {
     fp_lock_assert_held(&bs->sp->lock);
-    while (bs->list) {
-        struct fabpool_buffer *b = bs->list;
-        while (b->n)
-            if (fp_buffer_pop_chunk(bs, b) != FABPOOL_OK) {
-                b->n--; /* the driver refused: forget the chunk, the reservation goes next */
-            }
-        fp_buffer_peer_holds_release(bs, b, 1);
-        fp_buffer_free(bs, b);
-    }
+    if (!atomic_load(&bs->kept_bytes) && !all)
+        return;
+    uint64_t now = fp_coarse_ns(), keep = (uint64_t)bs->keep_ms * 1000000u;
+    for (struct fabpool_buffer *b = bs->list; b; b = b->next)
+        if (b->kept && (all || now - b->kept_ns >= keep))
+            drop(bs, b);
 }
 
 fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer_info *out)

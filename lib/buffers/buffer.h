@@ -15,12 +15,19 @@
 #include "bchunk.h"
 
 void fp_buffers_init(fp_buffers *bs, fp_heap *heap, fp_retire *retire, const fabpool_options *o);
-/* Pool destroy: unmaps and frees every buffer, peer holds released.  Pool lock
- * held (each function that needs it asserts it: lock.h). */
-void fp_buffers_destroy(fp_buffers *bs);
 
 /* fabpool_buffer_create of the pool whose buffers bs are (bs NULL: the pool
  * was NULL). */
 fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fabpool_buffer_t **out);
+
+/* fabpool_buffer_destroy's work, pool lock held: retires every chunk (after
+ * the work on `stream`) and marks b destroyed; the caller collects.  On
+ * failure b is as it was. */
+fabpool_status fp_buffer_destroy_locked(fp_buffers *bs, struct fabpool_buffer *b, void *stream);
+/* Destroys the buffers kept after a release (release.h): every one (all !=
+ * 0), or those kept for keep_ms or longer.  Pool lock held; the caller
+ * collects. */
+void fp_buffers_drop_kept(fp_buffers *bs, int all);
+
 
 #endif

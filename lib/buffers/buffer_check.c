@@ -53,7 +53,7 @@ static fabpool_status check_buffer_chunks(fp_walk *w, const struct fabpool_buffe
 
 /* What the walk adds up, for the buffers' counters. */
 typedef struct buffer_sums {
-    uint64_t bytes, mapped, retiring, count, held;
+    uint64_t bytes, mapped, retiring, count, held, kept;
 } buffer_sums;
 
 static fabpool_status check_buffer(fp_walk *w, const fp_buffers *bs, const struct fabpool_buffer *b,
@@ -80,7 +80,8 @@ static fabpool_status check_buffer(fp_walk *w, const fp_buffers *bs, const struc
     sum->bytes += b->size;
     sum->mapped += b->mapped;
     sum->retiring += b->mapped - b->live;
-    sum->count += !b->destroyed;
+    sum->count += !b->destroyed && !b->kept;
+    sum->kept += b->kept ? b->live : 0;
     if (fp_walk_use(w, b->base, b->window, "a buffer's window", b) != 0)
         return FP_WALK_HOST_FAIL();
     return FABPOOL_OK;
@@ -88,7 +89,7 @@ static fabpool_status check_buffer(fp_walk *w, const fp_buffers *bs, const struc
 
 fabpool_status fp_buffers_check(const fp_buffers *bs, fp_walk *w)
 {
-    buffer_sums sum = {0, 0, 0, 0, 0};
+    buffer_sums sum = {0, 0, 0, 0, 0, 0};
     const struct fabpool_buffer *pv = NULL;
     for (const struct fabpool_buffer *b = bs->list; b; pv = b, b = b->next) {
         fabpool_status st = check_buffer(w, bs, b, pv, &sum);
@@ -104,6 +105,7 @@ fabpool_status fp_buffers_check(const fp_buffers *bs, fp_walk *w)
         {"retiring_bytes", sum.retiring, atomic_load(&bs->retiring_bytes)},
         {"buffer_count", sum.count, atomic_load(&bs->count)},
         {"held_for_peers_bytes", sum.held, atomic_load(&bs->held_for_peers_bytes)},
+        {"kept_bytes (buffers)", sum.kept, atomic_load(&bs->kept_bytes)},
     };
     for (size_t i = 0; i < sizeof sums / sizeof *sums; i++)
         if (sums[i].walk != sums[i].stat)

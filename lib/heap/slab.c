@@ -10,6 +10,7 @@
 
 #include "arena_grow.h"
 #include "array.h"
+#include "clock.h"
 #include "error.h"
 #include "list.h"
 
@@ -457,20 +458,6 @@ void fp_heap_trim_locked(fp_heap *h, uint64_t keep)
     trim_arena(h, FP_ARENA_MEDIUM, keep);
 }
 
-/* The decay's clock: the coarse monotonic clock (a few ms of resolution,
- * read from the vDSO without a syscall) is plenty for periods of tens of ms
- * and up, and costs a few ns on the slow paths that read it. */
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-#ifdef CLOCK_MONOTONIC_COARSE
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-#else
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-#endif
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 void fp_heap_trim_policy(fp_heap *h)
 {
     if (atomic_load_explicit(&h->shed, memory_order_relaxed) && atomic_exchange(&h->shed, 0)) {
@@ -495,7 +482,7 @@ void fp_heap_trim_policy(fp_heap *h)
             return;
     }
     /* decay: what stayed idle through a whole period goes back to the driver */
-    uint64_t t = now_ns(), epoch = atomic_load_explicit(&h->decay_epoch_ns, memory_order_relaxed);
+    uint64_t t = fp_coarse_ns(), epoch = atomic_load_explicit(&h->decay_epoch_ns, memory_order_relaxed);
     if (t - epoch < decay * 1000000ull ||
         !atomic_compare_exchange_strong_explicit(&h->decay_epoch_ns, &epoch, t, memory_order_relaxed,
                                                  memory_order_relaxed))

@@ -272,7 +272,7 @@ static void layers_init(struct fabpool *p)
     fp_buffers_init(&p->bufs, &p->heap, &p->retire, &p->opt);
     p->bufs.trace = p->trace;
     p->bufs.use = &p->use;
-    fp_views_init(&p->views, &p->sp);
+    fp_views_init(&p->views, &p->sp, p->opt.keep_ms);
 }
 
 fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
@@ -401,6 +401,8 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
     fp_alloc_drain(&p->alloc, 0, 1);
     fp_alloc_flush_all(&p->alloc);
     fp_lock(&p->sp.lock);
+    fp_buffers_drop_kept(&p->bufs, 1); /* released buffers and views kept for reuse go too */
+    fp_views_drop_kept(&p->views, 1);
     fabpool_status st = fp_collect_locked(&p->bufs, 0);
     fp_heap_trim_locked(&p->heap, keep);
     fabpool_status hst = fp_sleep_host_trim(p); /* and sleep's kept host copies (sleep_keep_host) */
@@ -435,10 +437,20 @@ fabpool_status fabpool_buffer_create(fabpool_t *p, size_t max_size, size_t size,
     return fp_buffer_create(p ? &p->bufs : NULL, max_size, size, out);
 }
 
+fabpool_status fabpool_buffer_reuse(fabpool_t *p, size_t size, void *stream, fabpool_buffer_t **out)
+{
+    return fp_buffer_reuse(p ? &p->bufs : NULL, size, stream, out);
+}
+
 fabpool_status fabpool_collect(fabpool_t *p, int wait)
 {
-    if (p)
+    if (p) {
         fp_alloc_drain(&p->alloc, wait, wait); /* blocks freed on streams whose work is done go back to the pool */
+        fp_lock(&p->sp.lock);
+        fp_buffers_drop_kept(&p->bufs, 0); /* and what was released and kept for keep_ms */
+        fp_views_drop_kept(&p->views, 0);
+        fp_unlock(&p->sp.lock);
+    }
     return fp_buffers_collect(p ? &p->bufs : NULL, wait);
 }
 

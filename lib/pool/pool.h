@@ -32,7 +32,7 @@
 #include <pthread.h>
 
 #include "alloc.h"
-#include "buffer.h"
+#include "release.h"
 #include "chunk.h"
 #include "fabpool.h"
 #include "meta.h"

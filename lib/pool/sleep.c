@@ -288,6 +288,9 @@ fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream
     set_asleep(p, 1);
     fabpool_thread_flush(p);
     struct fp_sleep *r = NULL;
+    fp_buffers_drop_kept(&p->bufs, 1); /* what was kept for reuse goes, not to the host */
+    fp_views_drop_kept(&p->views, 1);
+    fp_buffers_new_memory(&p->bufs);
     if ((st = fp_collect_locked(&p->bufs, 1)) != FABPOOL_OK) {
         fp_error_append(" (fabpool_sleep: collecting retired buffer chunks; the pool stays awake)");
         goto awake;

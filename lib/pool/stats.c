@@ -127,7 +127,8 @@ typedef enum stat_kind { STAT_BYTES, STAT_COUNT } stat_kind;
     X(exported_fds_open, STAT_COUNT, "exported fds open", ld(&p->ch.exported_fds))                             \
     X(oom_retries, STAT_COUNT, "OOM retries", ld(&p->heap.oom_retries))                                        \
     X(metadata_bytes, STAT_BYTES, "host metadata", ld(&p->meta.bytes))                                         \
-    X(traded_bytes, STAT_BYTES, "traded", ld(&p->heap.traded_bytes))
+    X(traded_bytes, STAT_BYTES, "traded", ld(&p->heap.traded_bytes))                                          \
+    X(kept_bytes, STAT_BYTES, "kept for reuse", ld(&p->bufs.kept_bytes) + ld(&p->views.kept_bytes))
 
 typedef struct stat_row {
     const char *name, *label;

@@ -212,7 +212,7 @@ UPDATE_NEW = """  if(need_reallocate) {
       fabpool_hybridep::Stats s1 = remote_allocator.stats();
       if (FILE* f = fopen(path, "a")) {
         fprintf(f, "%s handle=%s tokens=%d total_us=%.1f map_us=%.1f export_us=%.1f import_us=%.1f unmap_us=%.1f "
-                   "gather_us=%.1f gathered_bytes=%ld exports=%llu full_reexports=%llu compactions=%llu\\n",
+                   "gather_us=%.1f gathered_bytes=%ld exports=%llu full_reexports=%llu compactions=%llu reuses=%llu\\n",
                 inplace ? "inplace" : "realloc",
                 remote_allocator.handle_type() == FABPOOL_HANDLE_FABRIC ? "fabric" : "posix_fd",
                 (int)buffer_config.max_num_of_tokens_per_rank, total,
@@ -220,7 +220,8 @@ UPDATE_NEW = """  if(need_reallocate) {
                 (s1.ns_import - s0.ns_import) / 1e3, (s1.ns_unmap - s0.ns_unmap) / 1e3, gather_us, gathered,
                 (unsigned long long)(s1.exports - s0.exports),
                 (unsigned long long)(s1.full_reexports - s0.full_reexports),
-                (unsigned long long)(s1.compactions - s0.compactions));
+                (unsigned long long)(s1.compactions - s0.compactions),
+                (unsigned long long)(s1.reuses - s0.reuses));
         fclose(f);
       }
     }

@@ -146,7 +146,7 @@ def run(local_rank, a):
             br["path"] = sorted({r["path"] for r in recs})
             br["handle"] = sorted({r.get("handle", "?") for r in recs})
             for k in ("total_us", "map_us", "export_us", "import_us", "unmap_us", "gather_us", "gathered_bytes",
-                      "exports", "full_reexports", "compactions"):
+                      "exports", "full_reexports", "compactions", "reuses"):
                 br[k + "_median"] = statistics.median(r[k] for r in recs)
             br["regrows_logged"] = len(recs)
     res = {

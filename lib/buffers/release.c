@@ -1,0 +1,146 @@
+/* release.c - a buffer's end: destroyed, or released and kept for reuse.  A buffer given up with
+ * fabpool_buffer_release keeps its window, its chunks and their exported
+ * handles for keep_ms; fabpool_buffer_reuse hands the kept buffer that fits
+ * best to the next caller, resized: growing maps only the missing chunks, at
+ * the same base address, and a later export names the chunks it had with
+ * the handles cached then.  So code that frees a buffer set and allocates it
+ * again larger (HybridEP's update_buffer) pays only for the growth.
+ *
+ * What bounds the kept memory: its age (keep_ms, checked at the pool's next
+ * release, reuse or collect), a reuse that finds nothing that fits (every
+ * kept buffer goes then: a miss means the frees were not a regrow, and kept
+ * memory must not add to new memory), an out-of-memory retry (buffer.c),
+ * fabpool_trim, sleep and pool destroy.  A kept buffer stays on the pool's
+ * list (check walks it, destroy frees it) with size 0, counted in kept_bytes
+ * and not in the buffers' bytes or count. */
+#include "release.h"
+
+#include "clock.h"
+#include "error.h"
+#include "trace.h"
+
+fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
+{
+    if (!b || b->destroyed || b->kept)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_destroy: the buffer is NULL, already destroyed or "
+                        "released");
+    fp_buffers *bs = b->owner;
+    fp_lock(&bs->sp->lock);
+    fabpool_status st = fp_buffer_destroy_locked(bs, b, stream);
+    if (st != FABPOOL_OK) {
+        fp_error_append(" (fabpool_buffer_destroy: the buffer is still alive; destroy it again)");
+        fp_unlock(&bs->sp->lock);
+        return st;
+    }
+    FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_DESTROY, b->base, 0, stream, FABPOOL_OK);
+    /* what no peer can still import goes now (once its GPU work is done);
+     * the rest when the peers acknowledge (fabpool_peers_ack) or at pool
+     * destroy.  A collect that fails here is retried by the next one. */
+    (void)fp_collect_locked(bs, 0);
+    fp_unlock(&bs->sp->lock);
+    fp_error_clear();
+    return FABPOOL_OK;
+}
+
+void fp_buffers_destroy(fp_buffers *bs)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    while (bs->list) {
+        struct fabpool_buffer *b = bs->list;
+        while (b->n)
+            if (fp_buffer_pop_chunk(bs, b) != FABPOOL_OK) {
+                b->n--; /* the driver refused: forget the chunk, the reservation goes next */
+            }
+        fp_buffer_peer_holds_release(bs, b, 1);
+        fp_buffer_free(bs, b);
+    }
+}
+
+fabpool_status fabpool_buffer_release(fabpool_buffer_t *b)
+{
+    if (!b || b->destroyed || b->kept)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_release: the buffer is NULL, destroyed or already "
+                        "released");
+    fp_buffers *bs = b->owner;
+    if (bs->keep_ms == 0)
+        return fabpool_buffer_destroy(b, NULL);
+    fp_lock(&bs->sp->lock);
+    fp_buffers_drop_kept(bs, 0);
+    atomic_fetch_sub(&bs->bytes, b->size);
+    atomic_fetch_sub(&bs->count, 1);
+    atomic_fetch_add(&bs->kept_bytes, b->live);
+    b->size = 0;
+    b->kept = 1;
+    b->kept_ns = fp_coarse_ns();
+    FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_DESTROY, b->base, 0, NULL, FABPOOL_OK);
+    (void)fp_collect_locked(bs, 0);
+    fp_unlock(&bs->sp->lock);
+    fp_error_clear();
+    return FABPOOL_OK;
+}
+
+/* The kept buffer for `size` bytes: its window holds size, and its live bytes
+ * are the nearest to size (the least to map or to give up); among equals one
+ * that maps nothing, then the one kept first. */
+static struct fabpool_buffer *best_fit(fp_buffers *bs, uint64_t size)
+{
+    struct fabpool_buffer *best = NULL;
+    uint64_t best_d = UINT64_MAX;
+    for (struct fabpool_buffer *b = bs->list; b; b = b->next) {
+        if (!b->kept || b->window < size)
+            continue;
+        uint64_t d = b->live > size ? b->live - size : size - b->live;
+        int better_tie = best && d == best_d &&
+                         ((b->live >= size) != (best->live >= size) ? b->live >= size : b->kept_ns <= best->kept_ns);
+        if (d < best_d || better_tie) {
+            best = b;
+            best_d = d;
+        }
+    }
+    return best;
+}
+
+fabpool_status fp_buffer_reuse(fp_buffers *bs, size_t size, void *stream, fabpool_buffer_t **out)
+{
+    if (!bs || !out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_reuse: the pool or the output pointer is NULL");
+    *out = NULL;
+    if (size == 0)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_reuse: size 0; a buffer holds at least one byte");
+    fp_lock(&bs->sp->lock);
+    fp_buffers_drop_kept(bs, 0);
+    struct fabpool_buffer *b = best_fit(bs, size);
+    if (!b) {
+        fp_buffers_drop_kept(bs, 1);
+        (void)fp_collect_locked(bs, 0);
+        fp_unlock(&bs->sp->lock);
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_buffer_reuse: no released buffer's window holds %zu bytes "
+                        "(the kept ones were given back): create one", size);
+    }
+    atomic_fetch_sub(&bs->kept_bytes, b->live);
+    atomic_fetch_add(&bs->count, 1);
+    b->kept = 0;
+    FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_CREATE, b->base, size, b->window, FABPOOL_OK);
+    fp_unlock(&bs->sp->lock);
+    /* from size 0: the resize counts its bytes and raises the in-use mark */
+    fabpool_status st = fabpool_buffer_resize(b, size, stream);
+    if (st != FABPOOL_OK) {
+        fp_lock(&bs->sp->lock);
+        if (fp_buffer_destroy_locked(bs, b, stream) == FABPOOL_OK)
+            (void)fp_collect_locked(bs, 0);
+        fp_unlock(&bs->sp->lock);
+        fp_error_append(" (fabpool_buffer_reuse: the released buffer was given back)");
+        return st;
+    }
+    *out = b;
+    return FABPOOL_OK;
+}
+
+void fp_buffers_new_memory(fp_buffers *bs)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    for (struct fabpool_buffer *b = bs->list; b; b = b->next)
+        for (uint32_t i = 0; i < b->n; i++)
+            if (!b->chunks[i].retiring)
+                b->chunks[i].gen = ++b->generation;
+}

@@ -1,0 +1,19 @@
+/* release.h - a buffer's end: destroyed, or released and kept for reuse
+ * (fabpool_buffer_release, fabpool_buffer_reuse; release.c says what bounds
+ * the kept memory). */
+#ifndef FP_RELEASE_H
+#define FP_RELEASE_H
+
+#include "buffer.h"
+
+/* fabpool_buffer_reuse of the pool whose buffers bs are (bs NULL: the pool was NULL). */
+fabpool_status fp_buffer_reuse(fp_buffers *bs, size_t size, void *stream, fabpool_buffer_t **out);
+/* Pool destroy: unmaps and frees every buffer, kept ones too, peer holds
+ * released.  Pool lock held (each function that needs it asserts it: lock.h). */
+void fp_buffers_destroy(fp_buffers *bs);
+/* Every live chunk will be new memory (sleep): each gets a new generation,
+ * so that a peer's kept view (fabpool_view_release) never takes a chunk it
+ * mapped before for it.  Pool lock held. */
+void fp_buffers_new_memory(fp_buffers *bs);
+
+#endif

@@ -1,0 +1,275 @@
+/* test_buffer_reuse: buffers released and reused (fabpool_buffer_release,
+ * fabpool_buffer_reuse) and views released and opened again
+ * (fabpool_view_release): a reuse keeps the base address and the data, maps
+ * and exports only the chunks it lacks, takes the kept buffer nearest in
+ * size, and everything kept goes back on a miss, after keep_ms, on trim,
+ * sleep, out of memory and destroy; a view opened again imports only the new
+ * chunks, and none of the memory it mapped before the exporter slept.  Runs
+ * against the simulated driver (the ledger, call counts) with
+ * FABSIM_MEMORY=1GiB. */
+#include <time.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define MB (1ull << 20)
+
+#define put t_put_word
+#define get t_get_word
+
+static fabpool_buffer_info info(fabpool_buffer_t *b)
+{
+    fabpool_buffer_info i = {.struct_size = sizeof i};
+    CHECK_OK(fabpool_buffer_get_info(b, &i));
+    return i;
+}
+
+static uint64_t calls(fabpool_t *p, const char *name)
+{
+    fabpool_stats s = t_stats(p);
+    return t_calls(&s, name);
+}
+
+static fabpool_buffer_t *make(fabpool_t *p, size_t window, size_t size)
+{
+    fabpool_buffer_t *b = NULL;
+    CHECK_OK(fabpool_buffer_create(p, window, size, &b));
+    return b;
+}
+
+/* A descriptor of the whole buffer; its fds stay the pool's (fabpool.h). */
+typedef struct desc {
+    unsigned char d[4096];
+    size_t len, nfds;
+    int fds[64];
+} desc;
+
+static void export_full(fabpool_buffer_t *b, desc *x)
+{
+    CHECK_OK(fabpool_buffer_export(b, 0, x->d, sizeof x->d, &x->len, x->fds, 64, &x->nfds));
+}
+
+/* A view from x in pool v (the fds dup'ed: the view takes its own). */
+static fabpool_view_t *open_view(fabpool_t *v, const desc *x)
+{
+    int mine[64];
+    for (size_t i = 0; i < x->nfds; i++)
+        mine[i] = dup(x->fds[i]);
+    fabpool_view_t *view = NULL;
+    CHECK_OK(fabpool_view_open(v, x->d, x->len, mine, x->nfds, &view));
+    return view;
+}
+
+/* Released, the buffer keeps its chunks; reused larger, it keeps its base and
+ * data, maps one chunk more, and its export makes one export call. */
+static void reuse_grows_in_place(void)
+{
+    fabsim_ledger l0 = t_ledger();
+    fabpool_t *p = t_pool("handle_type:auto,max_waste:0,keep_ms:60000");
+    int shared = fabpool_handle_type_of(p) != FABPOOL_HANDLE_NONE;
+    fabpool_buffer_t *b = make(p, 256 * MB, 8 * MB);
+    void *base = fabpool_buffer_ptr(b);
+    put(base, 0x1111);
+    desc x;
+    if (shared)
+        export_full(b, &x);
+    uint64_t ex0 = calls(p, "cuMemExportToShareableHandle");
+    fabsim_ledger l1 = t_ledger();
+    CHECK_OK(fabpool_buffer_release(b));
+    fabpool_stats s = t_stats(p);
+    CHECK(s.kept_bytes == 8 * MB && s.buffers == 0 && s.in_use_bytes == 0 && s.mapped_bytes >= 8 * MB);
+    CHECK(t_ledger().mappings == l1.mappings && t_ledger().bytes_held == l1.bytes_held);
+    CHECK_OK(fabpool_check(p));
+
+    fabpool_buffer_t *r = NULL;
+    CHECK_OK(fabpool_buffer_reuse(p, 24 * MB, NULL, &r));
+    CHECK(r == b && fabpool_buffer_ptr(r) == base && get(base) == 0x1111);
+    fabpool_buffer_info in = info(r);
+    CHECK(in.size == 24 * MB && in.mapped == 24 * MB && in.n_chunks == 2);
+    CHECK(t_ledger().mappings == l1.mappings + 1 && t_ledger().bytes_held == l1.bytes_held + 16 * MB);
+    s = t_stats(p);
+    CHECK(s.kept_bytes == 0 && s.buffers == 1 && s.in_use_bytes == 24 * MB);
+    if (shared) {
+        export_full(r, &x);
+        CHECK(x.len == fabpool_desc_size(2));
+        CHECK(calls(p, "cuMemExportToShareableHandle") == ex0 + 1); /* the new chunk only */
+    }
+    CHECK_OK(fabpool_check(p));
+    CHECK_OK(fabpool_buffer_destroy(r, NULL));
+    fabpool_destroy(p);
+    CHECK(t_ledger().bytes_held == l0.bytes_held && t_ledger().mappings == l0.mappings);
+}
+
+/* The kept buffer nearest in size whose window holds the size; a miss gives
+ * every kept buffer back. */
+static void reuse_takes_nearest_and_miss_gives_back(void)
+{
+    fabsim_ledger l0 = t_ledger();
+    fabpool_t *p = t_pool("max_waste:0,keep_ms:60000");
+    fabpool_buffer_t *a = make(p, 64 * MB, 4 * MB), *b = make(p, 64 * MB, 16 * MB), *small = make(p, 8 * MB, 2 * MB);
+    void *pa = fabpool_buffer_ptr(a), *pb = fabpool_buffer_ptr(b);
+    CHECK_OK(fabpool_buffer_release(a));
+    CHECK_OK(fabpool_buffer_release(b));
+    CHECK_OK(fabpool_buffer_release(small));
+    CHECK(t_stats(p).kept_bytes == 22 * MB);
+    fabpool_buffer_t *r1 = NULL, *r2 = NULL, *r3 = NULL;
+    CHECK_OK(fabpool_buffer_reuse(p, 15 * MB, NULL, &r1));
+    CHECK(r1 && fabpool_buffer_ptr(r1) == pb);
+    CHECK_OK(fabpool_buffer_reuse(p, 3 * MB, NULL, &r2));
+    CHECK(r2 && fabpool_buffer_ptr(r2) == pa);
+    /* 40 MiB: the small buffer's window is 8 MiB: a miss, and it goes */
+    CHECK_STATUS(fabpool_buffer_reuse(p, 40 * MB, NULL, &r3), FABPOOL_ERR_NOT_FOUND);
+    CHECK(r3 == NULL && strstr(fabpool_last_error(), "create one"));
+    fabpool_stats s = t_stats(p);
+    CHECK(s.kept_bytes == 0 && s.buffers == 2);
+    CHECK(t_ledger().bytes_held == l0.bytes_held + (16 + 4) * MB);
+    CHECK_OK(fabpool_check(p));
+    CHECK_OK(fabpool_buffer_destroy(r1, NULL));
+    CHECK_OK(fabpool_buffer_destroy(r2, NULL));
+    fabpool_destroy(p);
+    CHECK(t_ledger().bytes_held == l0.bytes_held);
+}
+
+/* Kept memory goes back after keep_ms (at the next collect), on trim, at
+ * destroy, and at once with keep_ms 0. */
+static void kept_memory_goes_back(void)
+{
+    fabsim_ledger l0 = t_ledger();
+    fabpool_t *p = t_pool("keep_ms:30,max_waste:0");
+    CHECK_OK(fabpool_buffer_release(make(p, 64 * MB, 8 * MB)));
+    CHECK(t_ledger().bytes_held == l0.bytes_held + 8 * MB);
+    CHECK_OK(fabpool_collect(p, 0));
+    CHECK(t_stats(p).kept_bytes == 8 * MB); /* not yet */
+    nanosleep(&(struct timespec){0, 80 * 1000 * 1000}, NULL);
+    CHECK_OK(fabpool_collect(p, 0));
+    CHECK(t_stats(p).kept_bytes == 0 && t_ledger().bytes_held == l0.bytes_held);
+    fabpool_destroy(p);
+
+    p = t_pool("keep_ms:60000,max_waste:0");
+    CHECK_OK(fabpool_buffer_release(make(p, 64 * MB, 8 * MB)));
+    CHECK_OK(fabpool_trim(p, 0));
+    CHECK(t_stats(p).kept_bytes == 0 && t_ledger().bytes_held == l0.bytes_held);
+    CHECK_OK(fabpool_buffer_release(make(p, 64 * MB, 8 * MB)));
+    fabpool_destroy(p); /* with a kept buffer: nothing leaks */
+    CHECK(t_ledger().bytes_held == l0.bytes_held && t_ledger().mappings == l0.mappings &&
+          t_ledger().reservations == l0.reservations);
+
+    p = t_pool("keep_ms:0");
+    CHECK_OK(fabpool_buffer_release(make(p, 64 * MB, 8 * MB)));
+    CHECK(t_stats(p).kept_bytes == 0 && t_ledger().bytes_held == l0.bytes_held);
+    fabpool_buffer_t *r = NULL;
+    CHECK_STATUS(fabpool_buffer_reuse(p, 8 * MB, NULL, &r), FABPOOL_ERR_NOT_FOUND);
+    fabpool_destroy(p);
+}
+
+/* Out of device memory (1 GiB here), a grow gives the kept buffers back and
+ * tries again. */
+static void out_of_memory_takes_kept_back(void)
+{
+    fabsim_ledger l0 = t_ledger();
+    fabpool_t *p = t_pool("keep_ms:60000,max_waste:0");
+    CHECK_OK(fabpool_buffer_release(make(p, 1024 * MB, 600 * MB)));
+    fabpool_buffer_t *b = NULL;
+    CHECK_OK(fabpool_buffer_create(p, 1024 * MB, 700 * MB, &b)); /* 1,300 MiB with the kept one */
+    fabpool_stats s = t_stats(p);
+    CHECK(b && s.kept_bytes == 0 && s.buffers == 1);
+    CHECK(t_ledger().bytes_held == l0.bytes_held + 700 * MB);
+    if (b)
+        CHECK_OK(fabpool_buffer_destroy(b, NULL));
+    fabpool_destroy(p);
+}
+
+/* Wrong uses, refused with nothing changed. */
+static void refusals(void)
+{
+    fabpool_t *p = t_pool("keep_ms:60000,max_waste:0");
+    fabpool_buffer_t *b = make(p, 64 * MB, 8 * MB), *r = (fabpool_buffer_t *)1;
+    CHECK_STATUS(fabpool_buffer_release(NULL), FABPOOL_ERR_INVALID_ARG);
+    CHECK_STATUS(fabpool_buffer_reuse(NULL, 8, NULL, &r), FABPOOL_ERR_INVALID_ARG);
+    CHECK_STATUS(fabpool_buffer_reuse(p, 8, NULL, NULL), FABPOOL_ERR_INVALID_ARG);
+    CHECK_STATUS(fabpool_buffer_reuse(p, 0, NULL, &r), FABPOOL_ERR_INVALID_ARG);
+    CHECK(r == NULL);
+    CHECK_OK(fabpool_buffer_release(b));
+    CHECK_STATUS(fabpool_buffer_release(b), FABPOOL_ERR_INVALID_ARG);
+    CHECK_STATUS(fabpool_buffer_destroy(b, NULL), FABPOOL_ERR_INVALID_ARG);
+    CHECK_STATUS(fabpool_buffer_resize(b, 16 * MB, NULL), FABPOOL_ERR_INVALID_ARG);
+    CHECK(t_stats(p).kept_bytes == 8 * MB);
+    CHECK_OK(fabpool_check(p));
+    fabpool_destroy(p);
+}
+
+/* A released view opened again from the next full descriptor of its buffer:
+ * the same address, the new chunk alone imported, the old data there; after
+ * the exporter slept and woke, every chunk is new memory and is imported. */
+static void view_reopens_kept(void)
+{
+    fabsim_ledger l0 = t_ledger();
+    fabpool_t *a = t_pool("handle_type:auto,max_waste:0,keep_ms:60000");
+    fabpool_t *v = t_pool("handle_type:auto,keep_ms:60000");
+    if (fabpool_handle_type_of(a) == FABPOOL_HANDLE_NONE) {
+        fabpool_destroy(a);
+        fabpool_destroy(v);
+        return;
+    }
+    fabpool_buffer_t *b = make(a, 256 * MB, 8 * MB);
+    put(fabpool_buffer_ptr(b), 0x2222);
+    desc x;
+    export_full(b, &x);
+    fabpool_view_t *view = open_view(v, &x);
+    void *at = fabpool_view_ptr(view);
+    CHECK(get(at) == 0x2222);
+    CHECK_OK(fabpool_view_release(view));
+    CHECK(t_stats(v).kept_bytes == 8 * MB && t_stats(v).view_bytes == 8 * MB);
+    CHECK_STATUS(fabpool_view_close(view), FABPOOL_ERR_INVALID_ARG);
+    CHECK_STATUS(fabpool_view_release(view), FABPOOL_ERR_INVALID_ARG);
+    CHECK_OK(fabpool_check(v));
+
+    CHECK_OK(fabpool_buffer_resize(b, 40 * MB, NULL));
+    put((char *)fabpool_buffer_ptr(b) + 39 * MB, 0x3333);
+    export_full(b, &x);
+    uint64_t im0 = calls(v, "cuMemImportFromShareableHandle");
+    fabpool_view_t *again = open_view(v, &x);
+    CHECK(again == view && fabpool_view_ptr(again) == at);
+    CHECK(calls(v, "cuMemImportFromShareableHandle") == im0 + 1);
+    CHECK(get(at) == 0x2222 && get((char *)at + 39 * MB) == 0x3333);
+    CHECK(t_stats(v).kept_bytes == 0 && t_stats(v).view_bytes == 40 * MB);
+    CHECK_OK(fabpool_check(v));
+
+    /* the exporter sleeps and wakes: its chunks are new memory, named by new generations */
+    CHECK_OK(fabpool_view_release(again));
+    CHECK_OK(fabpool_buffer_peers_ack(b, UINT64_MAX)); /* (sleep refuses a buffer peers may map) */
+    CHECK_OK(fabpool_sleep(a, FABPOOL_SLEEP_OFFLOAD, NULL));
+    CHECK_OK(fabpool_wake(a, NULL));
+    export_full(b, &x);
+    im0 = calls(v, "cuMemImportFromShareableHandle");
+    fabpool_view_t *woken = open_view(v, &x);
+    CHECK(calls(v, "cuMemImportFromShareableHandle") == im0 + 2);
+    CHECK(woken && get(fabpool_view_ptr(woken)) == 0x2222 && get((char *)fabpool_view_ptr(woken) + 39 * MB) == 0x3333);
+    put(fabpool_buffer_ptr(b), 0x4444);
+    CHECK(woken && get(fabpool_view_ptr(woken)) == 0x4444); /* the exporter's memory, not the old */
+
+    /* a trim closes kept views */
+    CHECK_OK(fabpool_view_release(woken));
+    CHECK_OK(fabpool_trim(v, 0));
+    CHECK(t_stats(v).kept_bytes == 0 && t_stats(v).view_bytes == 0);
+    fabpool_buffer_peers_ack(b, UINT64_MAX);
+    CHECK_OK(fabpool_buffer_destroy(b, NULL));
+    fabpool_destroy(v);
+    fabpool_destroy(a);
+    CHECK(t_ledger().bytes_held == l0.bytes_held && t_ledger().mappings == l0.mappings);
+}
+
+int main(void)
+{
+    if (!t_driver_init()) {
+        printf("test_buffer_reuse: needs the simulated driver (ledger, call counts); skipped\n");
+        return 77;
+    }
+    reuse_grows_in_place();
+    reuse_takes_nearest_and_miss_gives_back();
+    kept_memory_goes_back();
+    out_of_memory_takes_kept_back();
+    refusals();
+    view_reopens_kept();
+    return t_done("test_buffer_reuse");
+}
