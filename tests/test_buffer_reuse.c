@@ -135,12 +135,16 @@ static void reuse_takes_nearest_and_miss_gives_back(void)
 static void kept_memory_goes_back(void)
 {
     fabsim_ledger l0 = t_ledger();
-    fabpool_t *p = t_pool("keep_ms:30,max_waste:0");
+    fabpool_t *p = t_pool("keep_ms:200,max_waste:0");
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     CHECK_OK(fabpool_buffer_release(make(p, 64 * MB, 8 * MB)));
     CHECK(t_ledger().bytes_held == l0.bytes_held + 8 * MB);
     CHECK_OK(fabpool_collect(p, 0));
-    CHECK(t_stats(p).kept_bytes == 8 * MB); /* not yet */
-    nanosleep(&(struct timespec){0, 80 * 1000 * 1000}, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if ((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000 < 150) /* (a loaded machine: no claim) */
+        CHECK(t_stats(p).kept_bytes == 8 * MB); /* not yet */
+    nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
     CHECK_OK(fabpool_collect(p, 0));
     CHECK(t_stats(p).kept_bytes == 0 && t_ledger().bytes_held == l0.bytes_held);
     fabpool_destroy(p);
