@@ -158,6 +158,21 @@ static void kept_memory_goes_back(void)
     CHECK(t_ledger().bytes_held == l0.bytes_held && t_ledger().mappings == l0.mappings &&
           t_ledger().reservations == l0.reservations);
 
+    /* sleep gives the kept buffers back (nothing of theirs is copied), and the pool wakes without them */
+    p = t_pool("keep_ms:60000,max_waste:0");
+    fabpool_buffer_t *live = make(p, 64 * MB, 4 * MB);
+    t_put_word(fabpool_buffer_ptr(live), 0x5555);
+    CHECK_OK(fabpool_buffer_release(make(p, 64 * MB, 8 * MB)));
+    CHECK_OK(fabpool_sleep(p, FABPOOL_SLEEP_OFFLOAD, NULL));
+    CHECK(t_stats(p).kept_bytes == 0 && t_ledger().bytes_held == l0.bytes_held);
+    CHECK_OK(fabpool_wake(p, NULL));
+    CHECK(t_get_word(fabpool_buffer_ptr(live)) == 0x5555);
+    fabpool_buffer_t *none = NULL;
+    CHECK_STATUS(fabpool_buffer_reuse(p, 8 * MB, NULL, &none), FABPOOL_ERR_NOT_FOUND);
+    CHECK_OK(fabpool_check(p));
+    CHECK_OK(fabpool_buffer_destroy(live, NULL));
+    fabpool_destroy(p);
+
     p = t_pool("keep_ms:0");
     CHECK_OK(fabpool_buffer_release(make(p, 64 * MB, 8 * MB)));
     CHECK(t_stats(p).kept_bytes == 0 && t_ledger().bytes_held == l0.bytes_held);

@@ -716,6 +716,42 @@ static void two_streams_replay(const char *replay)
         fprintf(stderr, "%s:\n%s\n", cmd, out);
 }
 
+/* Buffers released and reused (fabpool_buffer_release, fabpool_buffer_reuse): the trace reads as destroys and
+ * creates at the same base, nothing left at the end, and fabpool_replay --check passes on it. */
+static void released_buffers_replay(const char *replay)
+{
+    char path[300], cmd[1200], out[8192];
+    fabpool_t *p = make_traced("released.trace", path, sizeof path);
+    if (!p)
+        return;
+    fabpool_buffer_t *b[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(fabpool_buffer_create(p, (size_t)64 << 20, (size_t)(2 + 2 * i) << 20, &b[i]));
+    for (int round = 0; round < 4; round++) {
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(fabpool_buffer_release(b[i]));
+        for (int i = 0; i < 3; i++) {
+            b[i] = NULL;
+            CHECK_OK(fabpool_buffer_reuse(p, (size_t)(4 + 2 * i + 2 * round) << 20, NULL, &b[i]));
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        if (b[i])
+            CHECK_OK(fabpool_buffer_release(b[i]));
+    CHECK_OK(fabpool_destroy(p));
+    trace_summary sum;
+    if (summary_of(path, &sum) != 0)
+        return;
+    CHECK(sum.live_end == 0 && sum.objects_end == 0 && sum.unknown_frees == 0);
+    if (!replay)
+        return;
+    snprintf(cmd, sizeof cmd, "'%s' '%s' --allocators fabpool --check 2>&1", replay, path);
+    int rc = run_cmd(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "check passed") != NULL);
+    if (rc != 0)
+        fprintf(stderr, "%s:\n%s\n", cmd, out);
+}
+
 /* The program of mixed_program_replay, run with FABPOOL_TRACE set: every kind of public call on one pool
  * (fabpool_alloc / fabpool_free, the stream pair on two streams, first as the owner stream then not, a block
  * of one freed by the other, buffers resized on streams, trims), everything freed at the end.  Prints the
@@ -876,6 +912,7 @@ int main(int argc, char **argv)
     asleep_in_trace();
     flush_while_running();
     two_streams_replay(argc > 1 ? argv[1] : NULL);
+    released_buffers_replay(argc > 1 ? argv[1] : NULL);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (!t_failures && system(cmd) != 0)

@@ -10,7 +10,9 @@
  *   fixed     the same with the releases added (after the map, the export and
  *             the import: the fix proposed upstream);
  *   unchanged fabpool's adapter under DeepEP's unchanged update_buffer, which
- *             frees every buffer and allocates it again larger;
+ *             frees every buffer and allocates it again larger (the adapter
+ *             keeps the freed buffers and closed views and takes them back:
+ *             only the growth is created, exported and imported);
  *   inplace   fabpool's adapter under the patched update_buffer: every shared
  *             buffer grows where it is (resize + get_delta + update_handle).
  *
@@ -393,7 +395,10 @@ static WaySummary run_way(int way, const Opts &o)
                 for (int q = 0; q < nranks; q++)
                     views[b] += opens(b, q);
             }
-            rack_bytes(way == INPLACE && old[C_TOKEN], old, sz, NBUF, own, views, rec.bytes);
+            /* fabpool's unchanged way reuses the buffers and views it kept at the release (fabpool_buffer_reuse,
+             * fabpool_view_release): like in place it creates, maps and exports only the growth (the calls
+             * counted above say so) */
+            rack_bytes((way == INPLACE || way == UNCHANGED) && old[C_TOKEN], old, sz, NBUF, own, views, rec.bytes);
             rec.model_us = rack_model_us(rec.calls, rec.bytes);
             memcpy(old, sz, sizeof sz);
             if (o.check) {
@@ -565,8 +570,10 @@ int main(int argc, char **argv)
             CHECK(s[w].held_gpu.back() < s[LEAKY].held_gpu.back() / 2);
             CHECK(s[w].end_gpu == 0);
         }
-        /* in place: cheaper than release + allocate */
-        CHECK(s[INPLACE].model_us_sum < s[UNCHANGED].model_us_sum);
+        /* in place no dearer than release + allocate, which with the kept buffers and views makes the same driver
+         * calls (what DeepEP's release_buffer and allocate_buffer do besides, its own cudaMalloc'ed buffers,
+         * the model does not price) */
+        CHECK(s[INPLACE].model_us_sum <= s[UNCHANGED].model_us_sum);
         for (int w = 0; w < NWAYS; w++)
             CHECK(s[w].bad == 0);
     }
