@@ -653,6 +653,17 @@ static void asleep_in_trace(void)
     trace_free(&d);
 }
 
+/* fabpool_replay --check passes on the trace at path. */
+static void replay_passes(const char *replay, const char *path)
+{
+    char cmd[1200], out[8192];
+    snprintf(cmd, sizeof cmd, "'%s' '%s' --allocators fabpool --check 2>&1", replay, path);
+    int rc = run_cmd(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "check passed") != NULL);
+    if (rc != 0)
+        fprintf(stderr, "%s:\n%s\n", cmd, out);
+}
+
 /* A program's trace of the stream pair on two streams, everything freed: fabpool_replay --check passes on it.
  * At the end of the replay the blocks freed on the stream that does not own the pool still wait in its queue
  * (the replay runs no GPU work, so nothing polled them): they are not live.  A block the replay really leaves
@@ -704,13 +715,9 @@ static void two_streams_replay(const char *replay)
     CHECK(sum.n_streams == 2 && sum.live_end == 0 && sum.objects_end == 0 && sum.unknown_frees == 0);
     if (!replay)
         return;
-    snprintf(cmd, sizeof cmd, "'%s' '%s' --allocators fabpool --check 2>&1", replay, path);
-    int rc = run_cmd(cmd, out, sizeof out);
-    CHECK(rc == 0 && strstr(out, "check passed") != NULL);
-    if (rc != 0)
-        fprintf(stderr, "%s:\n%s\n", cmd, out);
+    replay_passes(replay, path);
     snprintf(cmd, sizeof cmd, "FABPOOL_REPLAY_DROP_FREES=1 '%s' '%s' --allocators fabpool --check 2>&1", replay, path);
-    rc = run_cmd(cmd, out, sizeof out);
+    int rc = run_cmd(cmd, out, sizeof out);
     CHECK(rc == 1 && strstr(out, "CHECK FAILED: fabpool holds") != NULL && strstr(out, "live bytes in 1 block and 0 buffers") != NULL);
     if (rc != 1)
         fprintf(stderr, "%s:\n%s\n", cmd, out);
@@ -720,7 +727,7 @@ static void two_streams_replay(const char *replay)
  * creates at the same base, nothing left at the end, and fabpool_replay --check passes on it. */
 static void released_buffers_replay(const char *replay)
 {
-    char path[300], cmd[1200], out[8192];
+    char path[300];
     fabpool_t *p = make_traced("released.trace", path, sizeof path);
     if (!p)
         return;
@@ -743,13 +750,8 @@ static void released_buffers_replay(const char *replay)
     if (summary_of(path, &sum) != 0)
         return;
     CHECK(sum.live_end == 0 && sum.objects_end == 0 && sum.unknown_frees == 0);
-    if (!replay)
-        return;
-    snprintf(cmd, sizeof cmd, "'%s' '%s' --allocators fabpool --check 2>&1", replay, path);
-    int rc = run_cmd(cmd, out, sizeof out);
-    CHECK(rc == 0 && strstr(out, "check passed") != NULL);
-    if (rc != 0)
-        fprintf(stderr, "%s:\n%s\n", cmd, out);
+    if (replay)
+        replay_passes(replay, path);
 }
 
 /* The program of mixed_program_replay, run with FABPOOL_TRACE set: every kind of public call on one pool
