@@ -108,11 +108,14 @@ static_assert(kMaxHandleChunks >= 2 && kMaxHandleChunks == kMaxHandleFds,
 
 /* The pool's own settings (FABPOOL_CONF applies after them): address space for
  * every peer's window (reserving costs no memory); chunks large enough that a
- * fresh buffer is one chunk and a growth maps one chunk; and no rounding past
- * the granularity (max_waste:0), so that a buffer holds what upstream's would
- * (its size rounded up to 2 MiB).  FABPOOL_CONF=max_waste:25 maps up to a
+ * fresh buffer is one chunk and a growth maps one chunk; no rounding past the
+ * granularity (max_waste:0), so that a buffer holds what upstream's would (its
+ * size rounded up to 2 MiB); and freed buffers and closed views kept 10 s
+ * (keep_ms), long enough for a regrow whose collectives are slow (a loaded or
+ * oversubscribed machine), while a regrow that reuses nothing, or the
+ * allocator's end, gives them back at once.  FABPOOL_CONF=max_waste:25 maps up to a
  * quarter more at a growth, so that some later growths map nothing. */
-constexpr const char *kPoolConf = "reserve:16TiB,max_chunk:64GiB,max_waste:0";
+constexpr const char *kPoolConf = "reserve:16TiB,max_chunk:64GiB,max_waste:0,keep_ms:10000";
 /* The window of allocate(ptr, size): kWindowFactor x size, at least 2 MiB, at
  * most kMaxWindow (but never less than size).  An NVL72 token buffer at 16k
  * tokens per rank (72 x 16384 x 7168 x 2 B = 17 GB) fits in the window of one
