@@ -67,7 +67,7 @@ void fp_alloc_log_released(const fp_alloc *a, fp_chunk_tally begun, const char *
         FP_LOG_CH(FP_LOG_INFO, a->sp->ch, "%s: %llu bytes in %llu chunks back to the driver (decay_ms %llu, "
                   "cache_limit %llu); the pool maps %llu", why, (unsigned long long)t.bytes,
                   (unsigned long long)t.chunks, (unsigned long long)a->heap->decay_ms,
-                  (unsigned long long)a->heap->cache_limit, (unsigned long long)atomic_load(&a->sp->ch->mapped_bytes));
+                  (unsigned long long)a->heap->cache_limit, (unsigned long long)fp_chunks_mapped(a->sp->ch, NULL));
 }
 
 /* The heap's cache policy on a slow path. */

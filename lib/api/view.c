@@ -71,7 +71,7 @@ static fabpool_status map_one(fp_views *vs, fabpool_view_t *v, const fp_desc *ds
     fp_desc_rec r;
     fp_desc_record(ds, k, &r);
     uint64_t off = r.off, size = r.size;
-    fabpool_status st = fp_chunk_map_handle(vs->sp->ch, v->base + off, size, h, "an imported chunk");
+    fabpool_status st = fp_chunk_map_handle(vs->sp->ch, v->base + off, size, h, FP_MAP_VIEW, NULL, "an imported chunk");
     if (st == FABPOOL_OK)
         atomic_fetch_add(&vs->bytes, size);
     if (st != FABPOOL_OK && ds->handle_type == FABPOOL_HANDLE_POSIX_FD && strstr(fabpool_last_error(), "NOT_SUPPORTED"))

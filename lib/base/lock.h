@@ -8,6 +8,7 @@
  *   1      registry   (registry_lock)    alloc.c: the live pools, for exiting threads
  *   2      pool       (fp_space.lock)    space.h: address space, page-map writers, the arenas, buffers,
  *                                        views, retirements, the driver calls that map and unmap
+ *                                        and the registry of mappings they keep (mapreg.h)
  *   3      class i    (fp_class.lock)    slab.h: one per size class; several at once in ascending
  *                                        class index (lock sub-level = the index)
  *   4      retire     (fp_retire.lock)   the stream queue: stream-pending blocks, retired chunks, events

@@ -53,6 +53,7 @@ static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t ta
         if (c->off != b->live)
             break; /* not behind the live chunks (a chunk before it failed to unmap): it cannot come back */
         c->retiring = 0;
+        fp_chunk_set_copy(bs->sp->ch, b->base + c->off, 1); /* its bytes matter again */
         b->live += c->size;
         c->gen = ++b->generation; /* back among the live chunks: the next delta names it */
         atomic_fetch_sub(&bs->retiring_bytes, c->size);
@@ -65,12 +66,12 @@ static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t ta
         uint64_t c = next_chunk(bs, b, b->live, target);
         if (fp_buffer_reserve_chunks(bs, b, b->n + 1) != 0)
             return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's chunk list");
-        fabpool_status st = fp_heap_chunk_map(bs->heap, b->base + b->live, c);
+        fabpool_status st = fp_heap_chunk_map(bs->heap, b->base + b->live, c, FP_MAP_BUFFER, b);
         if (st == FABPOOL_ERR_OUT_OF_MEMORY && atomic_load(&bs->kept_bytes)) {
             fp_buffers_drop_kept(bs, 1); /* the heap's retry could not see the kept buffers */
             (void)fp_collect_locked(bs, 0);
             fp_error_clear();
-            st = fp_heap_chunk_map(bs->heap, b->base + b->live, c);
+            st = fp_heap_chunk_map(bs->heap, b->base + b->live, c, FP_MAP_BUFFER, b);
         }
         if (st != FABPOOL_OK) {
             fp_error_append(" (growing a buffer from %llu to %llu bytes; it keeps its size and data)",
@@ -160,7 +161,7 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
     fabpool_status st = fp_heap_chunk_create(bs->heap, rs, &hn);
     if (st != FABPOOL_OK)
         goto free_va;
-    if ((st = fp_chunk_map_access(bs->sp->ch, tmp, rs, hn, "a smaller chunk for a shrunk buffer")) != FABPOOL_OK)
+    if ((st = fp_chunk_map_access(bs->sp->ch, tmp, rs, hn, FP_MAP_STAGING, NULL, "a smaller chunk for a shrunk buffer")) != FABPOOL_OK)
         goto release_new;
     CUresult r = FP_CU(&bs->sp->ch->calls, cuMemcpyDtoDAsync, (CUdeviceptr)tmp, (CUdeviceptr)at, target - c->off,
                        (CUstream)stream);
@@ -196,8 +197,8 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
     uint64_t old = c->size;
     if ((st = fp_chunk_unmap(bs->sp->ch, at, old)) != FABPOOL_OK)
         goto drop_peer_holds;
-    if ((st = fp_chunk_map_access(bs->sp->ch, at, rs, hn, "a shrunk buffer's smaller chunk")) != FABPOOL_OK) {
-        if (fp_chunk_map_access(bs->sp->ch, at, old, ho, "a shrunk buffer's chunk, back") == FABPOOL_OK)
+    if ((st = fp_chunk_map_access(bs->sp->ch, at, rs, hn, FP_MAP_BUFFER, b, "a shrunk buffer's smaller chunk")) != FABPOOL_OK) {
+        if (fp_chunk_map_access(bs->sp->ch, at, old, ho, FP_MAP_BUFFER, b, "a shrunk buffer's chunk, back") == FABPOOL_OK)
             fp_chunk_count_mapped(bs->sp->ch, at, old, "a shrunk buffer's chunk, back");
         else
             fp_error_append(" (the chunk could not be mapped back either: the buffer lost %llu bytes at offset %llu)",
@@ -221,6 +222,7 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
         if (t->retiring)
             continue;
         t->retiring = 1;
+        fp_chunk_set_copy(bs->sp->ch, b->base + t->off, 0);
         t->drop_gen = drop_gen;
         b->live -= t->size;
         atomic_fetch_add(&bs->retiring_bytes, t->size);
@@ -318,6 +320,7 @@ static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t 
     for (uint32_t i = first_retire; i < last_live; i++) {
         fp_bchunk *c = &b->chunks[i];
         c->retiring = 1;
+        fp_chunk_set_copy(bs->sp->ch, b->base + c->off, 0); /* nothing in it to keep through a sleep */
         fp_retire_waits_add(bs->retire, &c->uses, ticket);
         c->drop_gen = b->generation + 1;
         b->live -= c->size;

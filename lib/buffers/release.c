@@ -135,12 +135,3 @@ fabpool_status fp_buffer_reuse(fp_buffers *bs, size_t size, void *stream, fabpoo
     *out = b;
     return FABPOOL_OK;
 }
-
-void fp_buffers_new_memory(fp_buffers *bs)
-{
-    fp_lock_assert_held(&bs->sp->lock);
-    for (struct fabpool_buffer *b = bs->list; b; b = b->next)
-        for (uint32_t i = 0; i < b->n; i++)
-            if (!b->chunks[i].retiring)
-                b->chunks[i].gen = ++b->generation;
-}

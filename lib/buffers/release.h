@@ -11,9 +11,5 @@ fabpool_status fp_buffer_reuse(fp_buffers *bs, size_t size, void *stream, fabpoo
 /* Pool destroy: unmaps and frees every buffer, kept ones too, peer holds
  * released.  Pool lock held (each function that needs it asserts it: lock.h). */
 void fp_buffers_destroy(fp_buffers *bs);
-/* Every live chunk will be new memory (sleep): each gets a new generation,
- * so that a peer's kept view (fabpool_view_release) never takes a chunk it
- * mapped before for it.  Pool lock held. */
-void fp_buffers_new_memory(fp_buffers *bs);
 
 #endif

@@ -14,13 +14,6 @@
 /* What this thread unmapped, all time (fp_chunk_tally_begin / _end). */
 static _Thread_local fp_chunk_tally unmapped_tl;
 
-static void stat_max(_Atomic uint64_t *peak, uint64_t v)
-{
-    uint64_t old = atomic_load_explicit(peak, memory_order_relaxed);
-    while (v > old && !atomic_compare_exchange_weak_explicit(peak, &old, v, memory_order_relaxed, memory_order_relaxed))
-        ;
-}
-
 CUmemAllocationProp fp_chunk_prop(const fp_chunks *ch)
 {
     CUmemAllocationProp prop;
@@ -74,7 +67,7 @@ fabpool_status fp_chunk_create(fp_chunks *ch, uint64_t size, CUmemGenericAllocat
     CUresult r = FP_CU(&ch->calls, cuMemCreate, &h, size, &prop, 0);
     if (r == CUDA_ERROR_OUT_OF_MEMORY)
         FP_LOG_CH(FP_LOG_INFO, ch, "out of memory: cuMemCreate of %llu bytes failed while the pool maps %llu",
-                  (unsigned long long)size, (unsigned long long)atomic_load(&ch->mapped_bytes));
+                  (unsigned long long)size, (unsigned long long)fp_chunks_mapped(ch, NULL));
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemCreate", "creating a chunk of %llu bytes on device %d",
                             (unsigned long long)size, (int)ch->dev);
@@ -84,9 +77,12 @@ fabpool_status fp_chunk_create(fp_chunks *ch, uint64_t size, CUmemGenericAllocat
 }
 
 fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
-                                   const char *what)
+                                   fp_map_kind kind, void *owner, const char *what)
 {
     fp_lock_assert_held(ch->lock);
+    if (fp_mapreg_reserve(&ch->reg) != 0)
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the registry of mappings (mapping %s of %llu "
+                        "bytes); nothing was mapped", what, (unsigned long long)size);
     CUresult r = FP_CU(&ch->calls, cuMemMap, (CUdeviceptr)va, size, 0, h, 0);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemMap", "mapping %s of %llu bytes at 0x%llx", what, (unsigned long long)size,
@@ -110,25 +106,52 @@ fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CU
         FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
         return st;
     }
+    fp_mapreg_add(&ch->reg, va, size, kind, owner);
     return FABPOOL_OK;
+}
+
+/* Unmaps a mapping of the registry that no one got to use (tried twice) and removes it there. */
+static void unmap_unused(fp_chunks *ch, uint64_t va, uint64_t size)
+{
+    if (FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size) == CUDA_SUCCESS)
+        fp_mapreg_remove(&ch->reg, va, size, NULL);
 }
 
 void fp_chunk_count_mapped(fp_chunks *ch, uint64_t va, uint64_t size, const char *what)
 {
     fp_lock_assert_held(ch->lock);
-    uint64_t m = atomic_fetch_add(&ch->mapped_bytes, size) + size;
-    stat_max(&ch->mapped_peak, m);
-    atomic_fetch_add(&ch->chunks_mapped, 1);
+    uint64_t m = fp_chunks_mapped(ch, NULL);
     atomic_fetch_add(&ch->chunks_mapped_total, 1);
     FP_TRACE_F(ch->trace, 0u, FABPOOL_TR_MAP, va, size, 0, FABPOOL_OK);
     FP_LOG_CH(FP_LOG_INFO, ch, "grow: mapped %llu bytes at 0x%llx (%s); the pool maps %llu", (unsigned long long)size,
               (unsigned long long)va, what, (unsigned long long)m);
 }
 
-void fp_chunk_reset_peak(fp_chunks *ch)
+void fp_chunk_reset_peak(fp_chunks *ch) { fp_mapreg_reset_peak(&ch->reg); }
+
+void fp_chunk_set_copy(fp_chunks *ch, uint64_t va, int copy)
 {
-    atomic_store(&ch->mapped_peak, atomic_load(&ch->mapped_bytes));
-    stat_max(&ch->mapped_peak, atomic_load(&ch->mapped_bytes)); /* a map in between */
+    fp_lock_assert_held(ch->lock);
+    if (fp_mapreg_set_copy(&ch->reg, va, copy) == 0 || !ch->slept)
+        return;
+    size_t i = FP_ARRAY_LOWER(ch->slept, ch->n_slept, fp_slept, va, va);
+    if (i < ch->n_slept && ch->slept[i].va == va)
+        ch->slept[i].m.copy = copy != 0;
+}
+
+const fp_mapping *fp_chunk_mappings(const fp_chunks *ch, size_t *n)
+{
+    fp_lock_assert_held(ch->lock);
+    *n = ch->reg.n;
+    return ch->reg.m;
+}
+
+void fp_chunk_map_sums(const fp_chunks *ch, uint64_t *count, uint64_t *bytes)
+{
+    for (int k = 0; k < FP_MAP_KINDS; k++) {
+        count[k] = atomic_load(&ch->reg.count[k]);
+        bytes[k] = atomic_load(&ch->reg.bytes[k]);
+    }
 }
 
 CUresult fp_chunk_release(fp_chunks *ch, CUmemGenericAllocationHandle h)
@@ -141,10 +164,10 @@ CUresult fp_chunk_release(fp_chunks *ch, CUmemGenericAllocationHandle h)
 }
 
 fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
-                                   const char *what)
+                                   fp_map_kind kind, void *owner, const char *what)
 {
     fp_lock_assert_held(ch->lock);
-    fabpool_status st = fp_chunk_map_access(ch, va, size, h, what);
+    fabpool_status st = fp_chunk_map_access(ch, va, size, h, kind, owner, what);
     if (st != FABPOOL_OK) {
         fp_chunk_release(ch, h);
         return st;
@@ -155,7 +178,7 @@ fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CU
         st = fp_drv_error(r, "cuMemRelease", "releasing the handle of %s just mapped at 0x%llx (tried twice; "
                           "it was unmapped, its handle may still hold %llu bytes)",
                           what, (unsigned long long)va, (unsigned long long)size);
-        FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
+        unmap_unused(ch, va, size);
         return st;
     }
     fp_chunk_count_mapped(ch, va, size, what);
@@ -217,8 +240,8 @@ fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
     /* an fd kept for a block's export would keep the memory alive: it goes with the mapping */
     for (size_t i = FP_ARRAY_LOWER(ch->kept, ch->n_kept, fp_xchunk, va, va); i < ch->n_kept && ch->kept[i].va < va + size;)
         fp_chunk_export_drop(ch, ch->kept[i].va);
-    uint64_t m = atomic_fetch_sub(&ch->mapped_bytes, size) - size;
-    atomic_fetch_sub(&ch->chunks_mapped, 1);
+    fp_mapreg_remove(&ch->reg, va, size, NULL);
+    uint64_t m = fp_chunks_mapped(ch, NULL);
     atomic_fetch_add(&ch->chunks_unmapped_total, 1);
     unmapped_tl.bytes += size;
     unmapped_tl.chunks++;
@@ -420,11 +443,4 @@ fabpool_status fp_chunks_kept_check(const fp_chunks *ch, fp_walk *w)
     return FABPOOL_OK;
 }
 
-fabpool_status fp_chunks_mapped_check(const fp_chunks *ch, const fp_walk *w)
-{
-    if (w->chunk_bytes != atomic_load(&ch->mapped_bytes) || w->n_chunks != atomic_load(&ch->chunks_mapped))
-        return FAIL("[pool.mapped] arena, buffer and view chunks: %llu mappings of %llu bytes; the "
-                    "pool counts %llu of %llu bytes", ULL(w->n_chunks), ULL(w->chunk_bytes),
-                    ULL(atomic_load(&ch->chunks_mapped)), ULL(atomic_load(&ch->mapped_bytes)));
-    return FABPOOL_OK;
-}
+fabpool_status fp_chunks_registry_check(const fp_chunks *ch) { return fp_mapreg_check(&ch->reg); }

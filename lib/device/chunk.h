@@ -2,8 +2,10 @@
  * released at once (so that the mapping alone keeps the memory and an unmap
  * frees it), exported and imported as shareable handles.  The layer that
  * owns a pool's device: its context, its driver-call counters, what its
- * chunks are made as, and the counters of what the driver holds for it
- * (mapped bytes, chunks, handles, exported fds), which only chunk.c writes.
+ * chunks are made as, the registry of every mapping it made (mapreg.h:
+ * the mapped bytes and chunks are its sums) and the counters of what else
+ * the driver holds for it (handles, exported fds), which only chunk.c and
+ * vmm.c write.
  *
  * No retry here: a cuMemCreate that fails with
  * CUDA_ERROR_OUT_OF_MEMORY returns FABPOOL_ERR_OUT_OF_MEMORY, and the
@@ -22,18 +24,21 @@
 #include "fabpool.h"
 #include "lock.h"
 #include "meta.h"
+#include "mapreg.h"
 #include "walk.h"
 
 struct fabpool_buffer;
 
-/* A chunk put to sleep (fabpool_sleep, sleep.c): MAPPED (awake), ASLEEP
- * (unmapped, its memory released, maybe with a host copy) or GONE (freed
- * while asleep: fp_chunk_unmap forgets it instead of calling the driver). */
+/* A mapping of the registry put to sleep (fabpool_sleep, sleep.c): MAPPED
+ * (awake), ASLEEP (unmapped, its memory released, maybe with a host copy;
+ * out of the registry) or GONE (freed while asleep: fp_chunk_unmap forgets
+ * it instead of calling the driver).  m is its registry entry, which wake
+ * adds again. */
 enum { FP_SL_MAPPED = 0, FP_SL_ASLEEP = 1, FP_SL_GONE = 2 };
 typedef struct fp_slept {
     uint64_t va, size;
     uint64_t host_va, host_size;       /* its host copy (host_va 0: none) */
-    struct fabpool_buffer *buf;        /* a buffer's chunk: the buffer (valid while the chunk is not GONE) */
+    fp_mapping m;                      /* m.owner, a buffer's, is valid while the chunk is not GONE */
     uint8_t state, copy;               /* copy: offload its bytes */
 } fp_slept;
 
@@ -63,8 +68,9 @@ typedef struct fp_chunks {
     int dmabuf_supported;              /* CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED */
     int n_peers;                       /* devices given access too */
     int peers[FABPOOL_MAX_PEERS];
-    /* what the driver holds for the pool */
-    _Atomic uint64_t mapped_bytes, mapped_peak, chunks_mapped, chunks_mapped_total, chunks_unmapped_total;
+    /* what the driver holds for the pool: every mapping (pool lock), and the counters of what else it holds */
+    fp_mapreg reg;
+    _Atomic uint64_t chunks_mapped_total, chunks_unmapped_total;
     _Atomic uint64_t handles_outstanding, exported_fds;
     /* sleep (sleep.c sets these through fp_chunk_set_asleep / fp_chunk_set_slept) */
     _Atomic int asleep;                /* no chunk may be made or exported: every layer refuses */
@@ -75,6 +81,13 @@ typedef struct fp_chunks {
     fp_xchunk *kept;                   /* chunks exported for blocks, sorted by va (pool lock) */
     size_t n_kept, cap_kept;
 } fp_chunks;
+
+/* Bytes (and, into *count if not NULL, chunks) the pool maps: the registry's counted kinds.  No lock needed. */
+static inline uint64_t fp_chunks_mapped(const fp_chunks *ch, uint64_t *count)
+{
+    return fp_mapreg_mapped(&ch->reg, count);
+}
+static inline uint64_t fp_chunks_mapped_peak(const fp_chunks *ch) { return fp_mapreg_peak(&ch->reg); }
 
 /* Whether the pool is asleep (a cheap read: every layer refuses to map then). */
 static inline int fp_chunks_asleep(const fp_chunks *ch)
@@ -104,17 +117,26 @@ fabpool_status fp_chunk_choose_rdma(fp_chunks *ch, fabpool_rdma want);
 /* cuMemCreate of a chunk; the handle is counted in handles_outstanding.
  * FABPOOL_ERR_OUT_OF_MEMORY when the device has no memory left: no retry. */
 fabpool_status fp_chunk_create(fp_chunks *ch, uint64_t size, CUmemGenericAllocationHandle *out);
-/* Maps handle h at va and gives the device and its peers access; on failure
+/* Maps handle h at va and gives the device and its peers access, and adds
+ * the mapping to the registry as kind's, owner's (mapreg.h); on failure
  * nothing stays mapped.  h is left as it was (not released). */
 fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
-                                   const char *what);
+                                   fp_map_kind kind, void *owner, const char *what);
 /* Maps handle h (counted) at va with access and releases it at once; h is
  * released whatever the outcome, and on failure nothing stays mapped. */
 fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
-                                   const char *what);
-/* Counts a mapping of size bytes at va that the pool now keeps (map_access does not); the log (info) says
- * what it is. */
+                                   fp_map_kind kind, void *owner, const char *what);
+/* Counts a mapping of size bytes at va that the pool now keeps in its totals and trace (map_access does not);
+ * the log (info) says what it is. */
 void fp_chunk_count_mapped(fp_chunks *ch, uint64_t va, uint64_t size, const char *what);
+/* Whether a sleep with offload copies the bytes of the mapping at va (its
+ * owner's say: a buffer's retired chunk holds nothing to keep); asleep, the
+ * one wake adds again.  Pool lock held. */
+void fp_chunk_set_copy(fp_chunks *ch, uint64_t va, int copy);
+/* The registry's mappings, sorted by address (read-only; pool lock held). */
+const fp_mapping *fp_chunk_mappings(const fp_chunks *ch, size_t *n);
+/* The registry's sums per kind (count and bytes, FP_MAP_KINDS each). */
+void fp_chunk_map_sums(const fp_chunks *ch, uint64_t *count, uint64_t *bytes);
 /* mapped_peak starts again from what is mapped now (fabpool_reset_peak). */
 void fp_chunk_reset_peak(fp_chunks *ch);
 /* Releases h (counted in handles_outstanding), tried twice. */
@@ -177,9 +199,9 @@ void fp_ctx_pop(fp_chunks *ch, CUcontext saved);
 
 /* fabpool_check's walks (walk.h), pool lock held: the chunks exported for
  * blocks (each added to w->kept, its fd to w->fds), then the fds of the
- * buffers and exports against exported_fds; and the mappings the layers
- * above counted into w against the pool's counts. */
+ * buffers and exports against exported_fds; and the registry's own list
+ * against its sums (the layers' walks are compared with the sums above). */
 fabpool_status fp_chunks_kept_check(const fp_chunks *ch, fp_walk *w);
-fabpool_status fp_chunks_mapped_check(const fp_chunks *ch, const fp_walk *w);
+fabpool_status fp_chunks_registry_check(const fp_chunks *ch);
 
 #endif

@@ -45,8 +45,12 @@ CUresult fp_vmm_probe_fabric(fp_chunks *ch, const char **step)
 }
 
 CUresult fp_vmm_map_new(fp_chunks *ch, uint64_t va, uint64_t size, const CUmemAllocationProp *prop,
-                        const char **call)
+                        fp_map_kind kind, const char **call)
 {
+    fp_lock_assert_held(ch->lock);
+    *call = "the registry of mappings (no host memory for one more)";
+    if (fp_mapreg_reserve(&ch->reg) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUmemAccessDesc acc;
     memset(&acc, 0, sizeof acc);
     acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -73,10 +77,16 @@ CUresult fp_vmm_map_new(fp_chunks *ch, uint64_t va, uint64_t size, const CUmemAl
     }
     if (cr != CUDA_SUCCESS && h)
         FP_CU_UNDO(&ch->calls, cuMemRelease, h);
+    if (cr == CUDA_SUCCESS)
+        fp_mapreg_add(&ch->reg, va, size, kind, NULL);
     return cr;
 }
 
 CUresult fp_vmm_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
 {
-    return FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
+    fp_lock_assert_held(ch->lock);
+    CUresult r = FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
+    if (r == CUDA_SUCCESS)
+        fp_mapreg_remove(&ch->reg, va, size, NULL);
+    return r;
 }

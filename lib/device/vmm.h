@@ -19,12 +19,14 @@ CUresult fp_vmm_unreserve(fp_chunks *ch, uint64_t va, uint64_t size);
 CUresult fp_vmm_probe_fabric(fp_chunks *ch, const char **step);
 /* Creates size bytes of memory as prop, maps them at va with read-write
  * access for the pool's device alone, and releases the handle (the mapping
- * keeps the memory).  On failure nothing stays mapped or created, and *call
- * names the call that failed. */
+ * keeps the memory); the registry lists it as kind's.  On failure nothing
+ * stays mapped or created, and *call names the call that failed.  Pool
+ * lock held. */
 CUresult fp_vmm_map_new(fp_chunks *ch, uint64_t va, uint64_t size, const CUmemAllocationProp *prop,
-                        const char **call);
+                        fp_map_kind kind, const char **call);
 /* Unmaps a mapping that the pool does not count as mapped (a host copy, a
- * buffer's copy while it shrinks), tried twice. */
+ * buffer's copy while it shrinks), tried twice, and removes it from the
+ * registry.  Pool lock held. */
 CUresult fp_vmm_unmap(fp_chunks *ch, uint64_t va, uint64_t size);
 
 #endif

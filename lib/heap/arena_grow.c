@@ -32,7 +32,7 @@ static fabpool_status map_range(fp_arena *a, uint64_t va, uint64_t size, int ahe
         if (FP_ARRAY_RESERVE(a->sp->meta, a->chunks, a->n_chunks, a->cap_chunks, a->n_chunks + 1, 16) != 0)
             st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the list of %s chunks", a->name);
         else if ((st = fp_chunk_create(a->sp->ch, n, &h)) == FABPOOL_OK &&
-                 (st = fp_chunk_map_handle(a->sp->ch, at, n, h, "a chunk")) == FABPOOL_OK &&
+                 (st = fp_chunk_map_handle(a->sp->ch, at, n, h, FP_MAP_ARENA, NULL, "a chunk")) == FABPOOL_OK &&
                  fp_map_set(&a->sp->map, at, n, a->sentinel) != 0) {
             fp_chunk_unmap(a->sp->ch, at, n);
             st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the page map of %s chunks", a->name);

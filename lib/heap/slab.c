@@ -203,7 +203,7 @@ static fabpool_status oom_error(fp_heap *h, uint64_t size, uint64_t idle)
 {
     char a[32], m[32], c[32];
     human(a, sizeof a, size);
-    human(m, sizeof m, atomic_load(&h->sp->ch->mapped_bytes));
+    human(m, sizeof m, fp_chunks_mapped(h->sp->ch, NULL));
     human(c, sizeof c, idle);
     return fp_error(FABPOOL_ERR_OUT_OF_MEMORY,
                     "device %d is out of memory: cuMemCreate of a %s chunk failed with "
@@ -231,13 +231,13 @@ fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAlloc
 
 void fp_heap_count_oom_retry(fp_heap *h) { atomic_fetch_add(&h->oom_retries, 1); }
 
-fabpool_status fp_heap_chunk_map(fp_heap *h, uint64_t va, uint64_t size)
+fabpool_status fp_heap_chunk_map(fp_heap *h, uint64_t va, uint64_t size, fp_map_kind kind, void *owner)
 {
     CUmemGenericAllocationHandle hdl = 0;
     fabpool_status st = fp_heap_chunk_create(h, size, &hdl);
     if (st != FABPOOL_OK)
         return st;
-    return fp_chunk_map_handle(h->sp->ch, va, size, hdl, "a chunk");
+    return fp_chunk_map_handle(h->sp->ch, va, size, hdl, kind, owner, "a chunk");
 }
 
 /* ------------------------------------------------------------ arenas */

@@ -94,10 +94,11 @@ unsigned fp_class_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n, int g
  * freed without a thread cache), with 0 they are already set (a thread cache's blocks). */
 void fp_class_give(fp_heap *h, unsigned cls, const fp_item *items, unsigned n, int flag);
 
-/* cuMemCreate / create + map of a chunk, with one trim and retry when the
- * device is out of memory.  Pool lock held. */
+/* cuMemCreate / create + map of a chunk (registered as kind's, owner's:
+ * mapreg.h), with one trim and retry when the device is out of memory.
+ * Pool lock held. */
 fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAllocationHandle *out);
-fabpool_status fp_heap_chunk_map(fp_heap *h, uint64_t va, uint64_t size);
+fabpool_status fp_heap_chunk_map(fp_heap *h, uint64_t va, uint64_t size, fp_map_kind kind, void *owner);
 /* Counts an out-of-memory retry made above the heap (alloc.c, after waiting
  * for blocks freed on streams): the heap owns the counter. */
 void fp_heap_count_oom_retry(fp_heap *h);

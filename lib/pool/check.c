@@ -4,7 +4,9 @@
  * a broken invariant is named); this file takes the locks, orders the walks
  * and compares what they add up across the layers: the kept exports against
  * the page map, the address space against what every layer holds, the
- * retirement queue and the pool's counters against the sums.
+ * retirement queue and the pool's counters against the sums, and what each
+ * layer maps (the arenas', the buffers', the views' walks, sleep's host
+ * copies) against the device layer's registry of mappings, kind by kind.
  *
  * The walk takes the pool lock, every class lock in ascending index and
  * the retirement queue's (lock.h), so the structures hold still.  Other
@@ -44,8 +46,24 @@ static fabpool_status check_kept_mapped(struct fabpool *p, const fp_walk *w)
     return FABPOOL_OK;
 }
 
+/* What each layer's walk found mapped, per registry kind (mapreg.h), and
+ * w's count of mappings when the last walk began. */
+typedef struct map_sums {
+    uint64_t count[FP_MAP_KINDS], bytes[FP_MAP_KINDS];
+    uint64_t n0, b0;
+} map_sums;
+
+/* Books the mappings the walk just done added to w as kind's. */
+static void book(map_sums *s, fp_map_kind kind, const fp_walk *w)
+{
+    s->count[kind] += w->n_chunks - s->n0;
+    s->bytes[kind] += w->chunk_bytes - s->b0;
+    s->n0 = w->n_chunks;
+    s->b0 = w->chunk_bytes;
+}
+
 /* Each layer's own walk, bottom up where one needs what another counted. */
-static fabpool_status check_walks(struct fabpool *p, fp_walk *w)
+static fabpool_status check_walks(struct fabpool *p, fp_walk *w, map_sums *maps)
 {
     fabpool_status st;
     if ((st = fp_va_check(&p->sp.va, w)) != FABPOOL_OK ||
@@ -58,19 +76,53 @@ static fabpool_status check_walks(struct fabpool *p, fp_walk *w)
     if (w->exact && p->alloc.thread_cache && w->slab_out != atomic_load(&p->use.slab_out))
         return FAIL("[usage.slab_out] %llu bytes of slab blocks are out of their classes, the in-use mark counts %llu",
                     ULL(w->slab_out), ULL(atomic_load(&p->use.slab_out)));
-    if ((st = fp_arenas_check(&p->heap, w, &p->retire)) != FABPOOL_OK ||
-        (st = fp_buffers_check(&p->bufs, w)) != FABPOOL_OK || (st = fp_chunks_kept_check(&p->ch, w)) != FABPOOL_OK ||
-        (st = check_kept_mapped(p, w)) != FABPOOL_OK || (st = fp_views_check(&p->views, w)) != FABPOOL_OK ||
-        (st = fp_va_check_used(&p->sp.va, w)) != FABPOOL_OK || (st = fp_heap_map_check(&p->heap, w)) != FABPOOL_OK ||
-        (st = fp_map_check_count(&p->sp.map, w)) != FABPOOL_OK)
+    maps->n0 = w->n_chunks;
+    maps->b0 = w->chunk_bytes;
+    if ((st = fp_arenas_check(&p->heap, w, &p->retire)) != FABPOOL_OK)
         return st;
+    book(maps, FP_MAP_ARENA, w);
+    if ((st = fp_buffers_check(&p->bufs, w)) != FABPOOL_OK)
+        return st;
+    book(maps, FP_MAP_BUFFER, w);
+    if ((st = fp_chunks_kept_check(&p->ch, w)) != FABPOOL_OK || (st = check_kept_mapped(p, w)) != FABPOOL_OK ||
+        (st = fp_views_check(&p->views, w)) != FABPOOL_OK)
+        return st;
+    book(maps, FP_MAP_VIEW, w);
+    if ((st = fp_va_check_used(&p->sp.va, w)) != FABPOOL_OK || (st = fp_heap_map_check(&p->heap, w)) != FABPOOL_OK)
+        return st;
+    return fp_map_check_count(&p->sp.map, w);
+}
+
+/* Each layer's mappings (those asleep apart: sleep took them out of the
+ * registry, their owners keep them) against the registry's sum of their
+ * kind; a shrink's copy lives inside one hold of the pool lock, so none is
+ * left at a check.  Pool lock held. */
+static fabpool_status check_registry(struct fabpool *p, map_sums *maps)
+{
+    fabpool_status st = fp_chunks_registry_check(&p->ch);
+    if (st != FABPOOL_OK)
+        return st;
+    uint64_t slept_n[FP_MAP_KINDS], slept_b[FP_MAP_KINDS], reg_n[FP_MAP_KINDS], reg_b[FP_MAP_KINDS];
+    fp_sleep_unmapped(p, slept_n, slept_b);
+    fp_chunk_map_sums(&p->ch, reg_n, reg_b);
+    maps->count[FP_MAP_HOST] = atomic_load(&p->sleep_host_copies);
+    maps->bytes[FP_MAP_HOST] = atomic_load(&p->sleep_host_bytes);
+    for (int k = 0; k < FP_MAP_KINDS; k++) {
+        uint64_t n = maps->count[k] - slept_n[k], b = maps->bytes[k] - slept_b[k];
+        if (n != reg_n[k] || b != reg_b[k])
+            return FAIL("[pool.mapped] %s: the layer that owns them maps %llu of %llu bytes (%llu more asleep), the "
+                        "device layer's registry lists %llu of %llu bytes", fp_map_kind_name((fp_map_kind)k), ULL(n),
+                        ULL(b), ULL(slept_n[k]), ULL(reg_n[k]), ULL(reg_b[k]));
+    }
     return FABPOOL_OK;
 }
 
 static fabpool_status check_locked(struct fabpool *p, fp_walk *w)
 {
     fp_lock_assert_held(&p->sp.lock);
-    fabpool_status st = check_walks(p, w);
+    map_sums maps;
+    memset(&maps, 0, sizeof maps);
+    fabpool_status st = check_walks(p, w, &maps);
     if (st != FABPOOL_OK)
         return st;
     if (w->idle != fp_heap_idle(&p->heap))
@@ -85,11 +137,7 @@ static fabpool_status check_locked(struct fabpool *p, fp_walk *w)
     if (w->exact && w->recorded != fp_retire_used_blocks(&p->retire))
         return FAIL("[retire.uses] %llu live blocks are marked as used on recorded streams, the retirement queue "
                     "records streams for %llu", ULL(w->recorded), ULL(fp_retire_used_blocks(&p->retire)));
-    uint64_t slept_chunks, slept_bytes;   /* asleep: chunks the records keep, unmapped (sleep.h) */
-    fp_sleep_unmapped(p, &slept_chunks, &slept_bytes);
-    w->n_chunks -= slept_chunks;
-    w->chunk_bytes -= slept_bytes;
-    return fp_chunks_mapped_check(&p->ch, w);
+    return check_registry(p, &maps);
 }
 
 /* One walk under the pool lock, the slab classes' locks (ascending; the

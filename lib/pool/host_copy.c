@@ -284,7 +284,7 @@ fabpool_status fp_host_offload(struct fabpool *p, struct fp_sleep *r, void *stre
             continue;
         uint64_t hs = fp_round_up(e->size, hg);
         const char *call = NULL;
-        cr = fp_vmm_map_new(&p->ch, at, hs, &hp, &call);
+        cr = fp_vmm_map_new(&p->ch, at, hs, &hp, FP_MAP_HOST, &call);
         if (cr != CUDA_SUCCESS)
             return host_map_error(cr, call, hs, total, hp.location.id);
         e->host_va = at;

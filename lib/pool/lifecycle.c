@@ -238,6 +238,7 @@ static fabpool_status pool_new(const fabpool_options *o, struct fabpool **out)
     fp_lock_init(&p->sp.lock, FP_LOCK_POOL, 0, "pool");
     p->ch.lock = &p->sp.lock;
     p->ch.meta = &p->meta;
+    fp_mapreg_init(&p->ch.reg, &p->meta);
     p->sp.ch = &p->ch;
     p->sp.meta = &p->meta;
     *out = p;
@@ -332,6 +333,7 @@ static fabpool_status teardown(struct fabpool *p)
     fp_heap_destroy(&p->heap);
     fp_sleep_free(p);
     fp_chunk_exports_free(&p->ch); /* what an unmap the driver refused left */
+    fp_mapreg_free(&p->ch.reg);
     fp_unlock(&p->sp.lock);
     fp_tcaches_destroy(&p->alloc);
     fp_map_destroy(&p->sp.map);
@@ -410,7 +412,7 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
     t = fp_chunk_tally_end(t);
     FP_LOG_CH(FP_LOG_INFO, &p->ch, "trim (keep %zu bytes cached): %llu bytes in %llu chunks back to the driver; the "
               "pool maps %llu", keep, (unsigned long long)t.bytes, (unsigned long long)t.chunks,
-              (unsigned long long)atomic_load(&p->ch.mapped_bytes));
+              (unsigned long long)fp_chunks_mapped(&p->ch, NULL));
     return st != FABPOOL_OK ? st : hst;
 }
 

@@ -7,7 +7,8 @@
  *   alloc   thread caches and the hot path (alloc.c); first, see alloc.h
  *   meta    the host metadata arena every layer allocates from (meta.c)
  *   ch      the device, its context, driver-call counters and what the
- *           driver holds for the pool (chunk.c)
+ *           driver holds for the pool: the registry of every mapping
+ *           (mapreg.h; mapped bytes are its sums), handles, fds (chunk.c)
  *   sp      the reservation's free ranges and the page map (vaspace.c,
  *           pagemap.c), written under the pool lock, which is here too
  *   heap    slabs, large blocks, trim and decay (slab.c)

@@ -1,16 +1,21 @@
-/* sleep.c - fabpool_sleep / fabpool_wake: every chunk of a pool unmapped
- * and its physical memory released, its bytes copied to pinned host memory
- * first (offload) or dropped (discard); wake maps fresh memory at the same
- * addresses, in the same chunks, and copies the bytes back.
+/* sleep.c - fabpool_sleep / fabpool_wake: every mapping of the device
+ * layer's registry that sleeps (mapreg.h: the arenas' chunks and the
+ * buffers' chunks; views of peers' memory stay) unmapped and its physical
+ * memory released, its bytes copied to pinned host memory first (offload,
+ * the mappings the registry marks copy) or dropped (discard, and the
+ * buffers' retired chunks); wake maps fresh memory at the same addresses,
+ * in the same chunks, and copies the bytes back.  Sleep walks the registry
+ * only, never the heap's or the buffers' lists.
  *
- * The record of a sleep is a list of the chunks, sorted by address, each
- * MAPPED (awake), ASLEEP (unmapped, maybe with a host copy) or GONE (freed
- * while asleep: a trim or a buffer's unmap went through fp_chunk_unmap,
- * which marks it instead of calling the driver: chunk.c keeps a pointer to
- * the list for that).  Nothing else of the
- * pool changes: slabs, arena blocks, buffers and the page map stay as they
- * are, so every pointer stays valid and wake needs no bookkeeping beyond
- * the list.
+ * The record of a sleep is a list of those mappings, sorted by address,
+ * each MAPPED (awake), ASLEEP (unmapped, out of the registry, maybe with a
+ * host copy) or GONE (freed while asleep: a trim or a buffer's unmap went
+ * through fp_chunk_unmap, which marks it instead of calling the driver:
+ * chunk.c keeps a pointer to the list for that).  Each keeps its registry
+ * entry, which wake adds again.  Nothing else of the pool changes: slabs,
+ * arena blocks, buffers and the page map stay as they are, so every
+ * pointer stays valid; a buffer's chunk only closes the fd it exported at
+ * sleep and is named anew at wake (buffer_sleep.h).
  *
  * Host copies are VMM host NUMA memory (cuMemCreate with
  * CU_MEM_LOCATION_TYPE_HOST_NUMA, the node next to the device), one per
@@ -36,24 +41,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buffer_sleep.h"
 #include "error.h"
 #include "pool.h"
 #include "host_copy.h"
 #include "sleep.h"
-
-static int by_va(const void *a, const void *b)
-{
-    uint64_t x = ((const fp_slept *)a)->va, y = ((const fp_slept *)b)->va;
-    return x < y ? -1 : x > y;
-}
-
-static fp_bchunk *buffer_chunk(struct fabpool_buffer *b, uint64_t va)
-{
-    for (uint32_t i = 0; i < b->n; i++)
-        if (b->base + b->chunks[i].off == va)
-            return &b->chunks[i];
-    return NULL;
-}
 
 /* The asleep state every layer reads (chunk.h), and the thread caches'
  * epoch bit that makes every fast path miss (alloc.h). */
@@ -71,14 +63,13 @@ static void set_record(struct fabpool *p, struct fp_sleep *r)
     fp_chunk_set_slept(&p->ch, r ? r->e : NULL, r ? r->n : 0);
 }
 
-/* Every chunk the pool maps: the arenas' chunks (slabs and blocks), buffer chunks.  Pool lock held. */
+/* Every mapping of the registry that sleeps, in its (address) order.  Pool lock held. */
 static struct fp_sleep *record_new(struct fabpool *p, fabpool_sleep_mode mode, fabpool_status *st)
 {
-    size_t n = 0;
-    for (int i = 0; i < FP_NARENAS; i++)
-        n += p->heap.arenas[i].n_chunks;
-    for (struct fabpool_buffer *b = p->bufs.list; b; b = b->next)
-        n += b->n;
+    size_t n = 0, n_maps = 0;
+    const fp_mapping *m = fp_chunk_mappings(&p->ch, &n_maps);
+    for (size_t i = 0; i < n_maps; i++)
+        n += FP_MAP_SLEEPS(m[i].kind);
     struct fp_sleep *r = fp_meta_alloc(&p->meta, sizeof *r);
     fp_slept *e = n ? fp_meta_alloc(&p->meta, n * sizeof *e) : NULL;
     if (!r || (n && !e)) {
@@ -93,16 +84,9 @@ static struct fp_sleep *record_new(struct fabpool *p, fabpool_sleep_mode mode, f
         memset(e, 0, n * sizeof *e);
     int copy = mode == FABPOOL_SLEEP_OFFLOAD;
     size_t k = 0;
-    for (int i = 0; i < FP_NARENAS; i++)
-        for (size_t j = 0; j < p->heap.arenas[i].n_chunks; j++)
-            e[k++] = (fp_slept){.va = p->heap.arenas[i].chunks[j].va, .size = p->heap.arenas[i].chunks[j].size,
-                                .copy = (uint8_t)copy};
-    for (struct fabpool_buffer *b = p->bufs.list; b; b = b->next)
-        for (uint32_t i = 0; i < b->n; i++) /* a retired chunk (an unmap that failed before): no one reads it */
-            e[k++] = (fp_slept){.va = b->base + b->chunks[i].off, .size = b->chunks[i].size, .buf = b,
-                                .copy = (uint8_t)(copy && !b->chunks[i].retiring && !b->destroyed)};
-    if (n)
-        qsort(e, n, sizeof *e, by_va);
+    for (size_t i = 0; i < n_maps; i++)
+        if (FP_MAP_SLEEPS(m[i].kind))
+            e[k++] = (fp_slept){.va = m[i].va, .size = m[i].size, .m = m[i], .copy = (uint8_t)(copy && m[i].copy)};
     r->e = e;
     r->n = n;
     return r;
@@ -141,8 +125,10 @@ static fabpool_status wake_locked(struct fabpool *p, void *stream)
             fp_chunk_release(&p->ch, h);
             continue;
         }
-        if ((st = fp_chunk_map_handle(&p->ch, e->va, e->size, h, "a chunk of a pool waking up")) != FABPOOL_OK)
+        if ((st = fp_chunk_map_handle(&p->ch, e->va, e->size, h, (fp_map_kind)e->m.kind, e->m.owner,
+                                      "a chunk of a pool waking up")) != FABPOOL_OK)
             break;
+        fp_chunk_set_copy(&p->ch, e->va, e->m.copy);
         e->state = FP_SL_MAPPED;
         if (e->host_va) {
             CUresult cr = FP_CU(&p->ch.calls, cuMemcpyDtoDAsync, (CUdeviceptr)e->va, (CUdeviceptr)e->host_va, e->size,
@@ -155,14 +141,8 @@ static fabpool_status wake_locked(struct fabpool *p, void *stream)
                 break;
             }
         }
-        if (e->buf) {
-            /* new memory behind the chunk: an export names it anew */
-            fp_bchunk *c = buffer_chunk(e->buf, e->va);
-            if (c) {
-                c->gen = ++e->buf->generation;
-                c->named = 0;
-            }
-        }
+        if (e->m.kind == FP_MAP_BUFFER)
+            fp_buffer_chunk_renewed(e->m.owner, e->va);
         done++;
     }
     if (st == FABPOOL_OK)
@@ -183,7 +163,7 @@ static fabpool_status wake_locked(struct fabpool *p, void *stream)
     FP_LOG_CH(FP_LOG_INFO, &p->ch, "wake: %zu chunks mapped again, %llu bytes restored from host memory; %llu bytes "
               "of pinned host memory kept; the pool maps %llu", done,
               (unsigned long long)atomic_load(&p->sleep_offloaded), (unsigned long long)atomic_load(&p->sleep_host_bytes),
-              (unsigned long long)atomic_load(&p->ch.mapped_bytes));
+              (unsigned long long)fp_chunks_mapped(&p->ch, NULL));
     return FABPOOL_OK;
 }
 
@@ -193,14 +173,7 @@ static fabpool_status sleep_refused_locked(struct fabpool *p)
     fp_lock_assert_held(&p->sp.lock);
     if (fp_chunks_asleep(&p->ch))
         return fp_error(FABPOOL_ERR_ASLEEP, "fabpool_sleep: the pool is already asleep; call fabpool_wake first");
-    for (struct fabpool_buffer *b = p->bufs.list; b; b = b->next)
-        if (b->n_peer_holds || (b->shared && b->acked != UINT64_MAX))
-            return fp_error(FABPOOL_ERR_BUSY, "fabpool_sleep: the buffer at 0x%llx (export id 0x%llx%s) was exported "
-                            "and its peers may still map it: their views would read memory that sleep takes away. "
-                            "Close the views, call fabpool_buffer_peers_ack (or fabpool_peers_ack) with UINT64_MAX, "
-                            "then sleep; nothing changed", (unsigned long long)b->base, (unsigned long long)b->uid,
-                            b->destroyed ? ", destroyed" : "");
-    return FABPOOL_OK;
+    return fp_buffers_sleep_refused(&p->bufs);
 }
 
 /* Unmaps every chunk of record r (set as the pool's), counting what was
@@ -214,11 +187,8 @@ static fabpool_status unmap_recorded(struct fabpool *p, struct fp_sleep *r, fabp
     set_record(p, r);
     for (size_t i = 0; i < r->n; i++) {
         fp_slept *e = &r->e[i];
-        if (e->buf) {
-            fp_bchunk *c = buffer_chunk(e->buf, e->va);
-            if (c) /* an exported fd the pool holds would keep the memory */
-                fp_bchunk_forget_export(&p->bufs, c);
-        }
+        if (e->m.kind == FP_MAP_BUFFER) /* an exported fd the pool holds would keep the memory */
+            fp_buffer_chunk_slept(e->m.owner, e->va);
         if ((st = fp_chunk_unmap(&p->ch, e->va, e->size)) != FABPOOL_OK) {
             fp_error_append(" to put it to sleep (tried twice)");
             char msg[1024];
@@ -246,7 +216,7 @@ static fabpool_status unmap_recorded(struct fabpool *p, struct fp_sleep *r, fabp
               "pinned host memory held (%llu of them reused from the last wake); the pool maps %llu",
               mode == FABPOOL_SLEEP_OFFLOAD ? "offload" : "discard", (unsigned long long)off,
               (unsigned long long)drop, (unsigned long long)atomic_load(&p->sleep_host_bytes),
-              (unsigned long long)atomic_load(&p->sleep_host_reused), (unsigned long long)atomic_load(&p->ch.mapped_bytes));
+              (unsigned long long)atomic_load(&p->sleep_host_reused), (unsigned long long)fp_chunks_mapped(&p->ch, NULL));
     fp_error_clear();
     return FABPOOL_OK;
 }
@@ -290,7 +260,6 @@ fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream
     struct fp_sleep *r = NULL;
     fp_buffers_drop_kept(&p->bufs, 1); /* what was kept for reuse goes, not to the host */
     fp_views_drop_kept(&p->views, 1);
-    fp_buffers_new_memory(&p->bufs);
     if ((st = fp_collect_locked(&p->bufs, 1)) != FABPOOL_OK) {
         fp_error_append(" (fabpool_sleep: collecting retired buffer chunks; the pool stays awake)");
         goto awake;
@@ -383,14 +352,15 @@ void fp_sleep_free(struct fabpool *p)
         record_free(p, r);
 }
 
-void fp_sleep_unmapped(const struct fabpool *p, uint64_t *chunks, uint64_t *bytes)
+void fp_sleep_unmapped(const struct fabpool *p, uint64_t *count, uint64_t *bytes)
 {
-    *chunks = *bytes = 0;
+    for (int k = 0; k < FP_MAP_KINDS; k++)
+        count[k] = bytes[k] = 0;
     if (!p->sleep)
         return;
     for (size_t i = 0; i < p->sleep->n; i++)
         if (p->sleep->e[i].state == FP_SL_ASLEEP) {
-            (*chunks)++;
-            *bytes += p->sleep->e[i].size;
+            count[p->sleep->e[i].m.kind]++;
+            bytes[p->sleep->e[i].m.kind] += p->sleep->e[i].size;
         }
 }

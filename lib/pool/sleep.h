@@ -15,9 +15,9 @@ void fp_sleep_free(struct fabpool *p);
 /* fabpool_trim: frees the host copies kept from the last wake
  * (sleep_keep_host).  Pool lock held. */
 fabpool_status fp_sleep_host_trim(struct fabpool *p);
-/* The chunks of the pool's records that sleep unmapped and wake has not
- * mapped again (fabpool_check: they are not counted in mapped_bytes).
- * Pool lock held. */
-void fp_sleep_unmapped(const struct fabpool *p, uint64_t *chunks, uint64_t *bytes);
+/* The mappings of the pool's record that sleep unmapped and wake has not
+ * mapped again, per kind (FP_MAP_KINDS each): their owners still hold them,
+ * the registry does not (fabpool_check).  Pool lock held. */
+void fp_sleep_unmapped(const struct fabpool *p, uint64_t *count, uint64_t *bytes);
 
 #endif

@@ -15,6 +15,14 @@
 
 static uint64_t ld(_Atomic uint64_t *a) { return atomic_load_explicit(a, memory_order_relaxed); }
 
+/* Chunks the pool maps, from the device layer's registry. */
+static uint64_t mapped_chunks(const struct fabpool *p)
+{
+    uint64_t n = 0;
+    fp_chunks_mapped(&p->ch, &n);
+    return n;
+}
+
 /* The options in force: the pool's, with the handle type and rdma chosen and the reservation made. */
 static fabpool_options options_in_force(const struct fabpool *p)
 {
@@ -107,8 +115,8 @@ typedef enum stat_kind { STAT_BYTES, STAT_COUNT } stat_kind;
  * JSON keys, which the Python module reads, are the field names. */
 #define STATS_FIELDS(X)                                                                                        \
     X(reserved_bytes, STAT_BYTES, "reserved", p->sp.va.size)                                                   \
-    X(mapped_bytes, STAT_BYTES, "mapped", ld(&p->ch.mapped_bytes))                                             \
-    X(mapped_bytes_peak, STAT_BYTES, "mapped, peak", ld(&p->ch.mapped_peak))                                   \
+    X(mapped_bytes, STAT_BYTES, "mapped", fp_chunks_mapped(&p->ch, NULL))                                      \
+    X(mapped_bytes_peak, STAT_BYTES, "mapped, peak", fp_chunks_mapped_peak(&p->ch))                            \
     X(in_use_bytes, STAT_BYTES, "in use", w.small_in_use + ld(&p->heap.large_in_use_bytes) + ld(&p->bufs.bytes)) \
     /* the peak is never below in use now (usage.h: counted as blocks leave their classes) */                 \
     X(in_use_bytes_peak, STAT_BYTES, "in use, peak", at_least(ld(&p->use.peak), s->in_use_bytes))              \
@@ -120,7 +128,7 @@ typedef enum stat_kind { STAT_BYTES, STAT_COUNT } stat_kind;
     X(held_for_peers_bytes, STAT_BYTES, "held for peers", ld(&p->bufs.held_for_peers_bytes))                            \
     X(buffers, STAT_COUNT, "buffers", ld(&p->bufs.count))                                                      \
     X(blocks, STAT_COUNT, "blocks", w.blocks)                                                                  \
-    X(chunks_mapped, STAT_COUNT, "chunks mapped", ld(&p->ch.chunks_mapped))                                    \
+    X(chunks_mapped, STAT_COUNT, "chunks mapped", mapped_chunks(p))                                            \
     X(chunks_mapped_total, STAT_COUNT, "chunks mapped, all", ld(&p->ch.chunks_mapped_total))                   \
     X(chunks_unmapped_total, STAT_COUNT, "chunks unmapped, all", ld(&p->ch.chunks_unmapped_total))             \
     X(handles_outstanding, STAT_COUNT, "handles held", ld(&p->ch.handles_outstanding))                         \
@@ -289,9 +297,8 @@ fabpool_status fabpool_get_counters(fabpool_t *p, fabpool_counters *c)
         return st;
     memset(c, 0, sizeof *c);
     c->struct_size = sizeof *c;
-    c->mapped_bytes = ld(&p->ch.mapped_bytes);
-    c->mapped_bytes_peak = ld(&p->ch.mapped_peak);
-    c->chunks_mapped = ld(&p->ch.chunks_mapped);
+    c->mapped_bytes = fp_chunks_mapped(&p->ch, &c->chunks_mapped);
+    c->mapped_bytes_peak = fp_chunks_mapped_peak(&p->ch);
     c->chunks_mapped_total = ld(&p->ch.chunks_mapped_total);
     c->chunks_unmapped_total = ld(&p->ch.chunks_unmapped_total);
     c->oom_retries = ld(&p->heap.oom_retries);
