@@ -423,91 +423,78 @@ static int glued_pair(const char *v, size_t n, size_t *at)
     return j > 0 ? (unsigned char)v[j - 1] : 0;
 }
 
-static fabpool_status parse_pair(fabpool_options *t, const char *conf, const char *p, size_t len, int comma_follows,
-                                 const char *seen[NKEYS], size_t seen_len[NKEYS])
+/* A pair without ':': which mistake it is (a key alone, key=value, other separators). */
+static fabpool_status refuse_no_colon(const char *p, size_t len)
 {
-    size_t pos = (size_t)(p - conf);
     char kk[KNOWN_KEYS_MAX];
-    if (len == 0)
-        return fp_error(FABPOOL_ERR_CONFIG, "%s at offset %zu: write key:value pairs separated by single commas, "
-                        "with none before the first pair or after the last",
-                        pos == 0 ? "a leading comma" : !comma_follows ? "a trailing comma" : "a doubled comma ',,'",
-                        pos == 0 ? pos : pos - 1);
+    for (size_t i = 0; i < NKEYS; i++)
+        if (same_key(p, len, keys[i].name))
+            return fp_error(FABPOOL_ERR_CONFIG, "key '%s' has no ':' and no value: write %s:<value>; accepted: %s",
+                            keys[i].name, keys[i].name, keys[i].doc);
+    const char *eq = memchr(p, '=', len);
+    char other = 0;
+    for (size_t i = 0; i < len && !other; i++)
+        if (p[i] == ';' || p[i] == '&' || p[i] == '|')
+            other = p[i];
+    if (eq && other)
+        return fp_error(FABPOOL_ERR_CONFIG, "'%.*s%s' has no ':': pairs are written key:value (not key=value) and "
+                        "separated by ',' (not '%c')", SHOW(p, len), other);
+    if (eq)
+        return fp_error(FABPOOL_ERR_CONFIG, "'%.*s%s' has no ':': write key:value (%.*s%s:%.*s%s), not "
+                        "key=value", SHOW(p, len), SHOW(p, (size_t)(eq - p)), SHOW(eq + 1, len - (size_t)(eq - p) - 1));
+    return fp_error(FABPOOL_ERR_CONFIG, "'%.*s%s' has no ':': write key:value pairs separated by ',' "
+                    "(e.g. thread_cache:false,max_chunk:512MiB); known keys: %s", SHOW(p, len), known_keys(kk));
+}
 
-    const char *colon = memchr(p, ':', len);
-    if (!colon) {
-        for (size_t i = 0; i < NKEYS; i++)
-            if (same_key(p, len, keys[i].name))
-                return fp_error(FABPOOL_ERR_CONFIG, "key '%s' has no ':' and no value: write %s:<value>; accepted: %s",
-                                keys[i].name, keys[i].name, keys[i].doc);
-        const char *eq = memchr(p, '=', len);
-        char other = 0;
-        for (size_t i = 0; i < len && !other; i++)
-            if (p[i] == ';' || p[i] == '&' || p[i] == '|')
-                other = p[i];
-        if (eq && other)
-            return fp_error(FABPOOL_ERR_CONFIG, "'%.*s%s' has no ':': pairs are written key:value (not key=value) and "
-                            "separated by ',' (not '%c')", SHOW(p, len), other);
-        if (eq)
-            return fp_error(FABPOOL_ERR_CONFIG, "'%.*s%s' has no ':': write key:value (%.*s%s:%.*s%s), not "
-                            "key=value", SHOW(p, len), SHOW(p, (size_t)(eq - p)), SHOW(eq + 1, len - (size_t)(eq - p) - 1));
-        return fp_error(FABPOOL_ERR_CONFIG, "'%.*s%s' has no ':': write key:value pairs separated by ',' "
-                        "(e.g. thread_cache:false,max_chunk:512MiB); known keys: %s", SHOW(p, len), known_keys(kk));
-    }
-
-    const char *kname = p, *v = colon + 1;
-    size_t klen = (size_t)(colon - p), vlen = len - klen - 1;
-    if (klen == 0)
-        return fp_error(FABPOOL_ERR_CONFIG, "an empty key before ':%.*s%s' at offset %zu: write key:value; "
-                        "known keys: %s", SHOW(v, vlen), pos, known_keys(kk));
-    const char *ws = find_space(kname, klen);
-    if (ws)
-        return fp_error(FABPOOL_ERR_CONFIG, "key '%.*s%s' holds whitespace %s: no spaces or tabs are accepted around "
-                        "or in keys and values (write key:value,key:value)", SHOW(kname, klen), space_name(*ws));
-
-    /* a second pair glued on with a wrong separator: say so before anything
-     * else, as it explains an unknown key or a bad value too */
-    size_t at = 0;
-    int sep = glued_pair(v, vlen, &at);
+/* A value that holds a second pair glued on with a wrong separator: said
+ * before anything else, as it explains an unknown key or a bad value too.
+ * *sep and *at: what glued_pair found (a path may hold ':' and '=': none). */
+static fabpool_status refuse_glued(const char *kname, size_t klen, const char *v, size_t vlen, int *sep, size_t *at)
+{
+    *at = 0;
+    *sep = glued_pair(v, vlen, at);
     for (size_t i = 0; i < NKEYS; i++)
         if (keys[i].field == F_STRING && same_key(kname, klen, keys[i].name))
-            sep = -1; /* a path may hold ':' and '=' */
-    if (sep > 0 && is_space((char)sep))
+            *sep = -1;
+    if (*sep > 0 && is_space((char)*sep))
         return fp_error(FABPOOL_ERR_CONFIG, "key '%.*s%s': value '%.*s%s' holds a second pair after whitespace %s: "
                         "pairs are separated by ',', and no spaces or tabs are accepted", SHOW(kname, klen),
-                        SHOW(v, vlen), space_name((char)sep));
-    if (sep > 0)
+                        SHOW(v, vlen), space_name((char)*sep));
+    if (*sep > 0)
         return fp_error(FABPOOL_ERR_CONFIG, "key '%.*s%s': value '%.*s%s' holds a second pair after '%c': '%c' is not "
                         "a separator; pairs are separated by ',', each written key:value", SHOW(kname, klen),
-                        SHOW(v, vlen), (char)sep, (char)sep);
+                        SHOW(v, vlen), (char)*sep, (char)*sep);
+    return FABPOOL_OK;
+}
 
-    size_t ki = NKEYS;
-    for (size_t i = 0; i < NKEYS && ki == NKEYS; i++)
-        if (same_key(kname, klen, keys[i].name))
-            ki = i;
-    if (ki == NKEYS) {
-        for (size_t i = 0; i < klen; i++)
-            if (kname[i] == ';' || kname[i] == '=' || kname[i] == '&' || kname[i] == '|')
-                return fp_error(FABPOOL_ERR_CONFIG, "unknown key '%.*s%s': '%c' is not a separator; pairs are "
-                                "separated by ',', each written key:value; known keys: %s", SHOW(kname, klen),
-                                kname[i], known_keys(kk));
-        for (size_t i = 0; i < NKEYS; i++)
-            if (same_word(kname, klen, keys[i].name))
-                return fp_error(FABPOOL_ERR_CONFIG, "unknown key '%.*s%s': keys are lower-case (did you mean '%s'?); "
-                                "known keys: %s", SHOW(kname, klen), keys[i].name, known_keys(kk));
-        return fp_error(FABPOOL_ERR_CONFIG, "unknown key '%.*s%s'; known keys: %s", SHOW(kname, klen), known_keys(kk));
-    }
-    const struct key *k = &keys[ki];
+/* The key's row in *ki, or why the key is not one (a wrong separator in it, the wrong case, unknown). */
+static fabpool_status find_key(const char *kname, size_t klen, size_t *ki)
+{
+    char kk[KNOWN_KEYS_MAX];
+    for (size_t i = 0; i < NKEYS; i++)
+        if (same_key(kname, klen, keys[i].name)) {
+            *ki = i;
+            return FABPOOL_OK;
+        }
+    for (size_t i = 0; i < klen; i++)
+        if (kname[i] == ';' || kname[i] == '=' || kname[i] == '&' || kname[i] == '|')
+            return fp_error(FABPOOL_ERR_CONFIG, "unknown key '%.*s%s': '%c' is not a separator; pairs are "
+                            "separated by ',', each written key:value; known keys: %s", SHOW(kname, klen),
+                            kname[i], known_keys(kk));
+    for (size_t i = 0; i < NKEYS; i++)
+        if (same_word(kname, klen, keys[i].name))
+            return fp_error(FABPOOL_ERR_CONFIG, "unknown key '%.*s%s': keys are lower-case (did you mean '%s'?); "
+                            "known keys: %s", SHOW(kname, klen), keys[i].name, known_keys(kk));
+    return fp_error(FABPOOL_ERR_CONFIG, "unknown key '%.*s%s'; known keys: %s", SHOW(kname, klen), known_keys(kk));
+}
 
-    if (seen[ki])
-        return fp_error(FABPOOL_ERR_CONFIG, "key '%s' is given twice ('%s:%.*s%s', then '%s:%.*s%s'): give each key "
-                        "once", k->name, k->name, SHOW(seen[ki], seen_len[ki]), k->name, SHOW(v, vlen));
-    seen[ki] = v;
-    seen_len[ki] = vlen;
-
+/* Key k's value v: checked (not empty, no glued pair, no whitespace), parsed, range-checked and stored in *t. */
+static fabpool_status take_value(fabpool_options *t, const struct key *k, const char *v, size_t vlen, int sep,
+                                 size_t at)
+{
+    const char *ws;
     if (vlen == 0)
         return fp_error(FABPOOL_ERR_CONFIG, "key '%s' has an empty value; accepted: %s", k->name, k->doc);
-
     if (sep == 0)
         return fp_error(FABPOOL_ERR_CONFIG, "key '%s': value '%.*s%s' holds '%c': write one key:value per pair, pairs "
                         "separated by ','; accepted: %s", k->name, SHOW(v, vlen), v[at], k->doc);
@@ -515,7 +502,6 @@ static fabpool_status parse_pair(fabpool_options *t, const char *conf, const cha
         return fp_error(FABPOOL_ERR_CONFIG, "key '%s': value '%.*s%s' holds whitespace %s: no spaces or tabs are "
                         "accepted around or in keys and values; accepted: %s", k->name, SHOW(v, vlen), space_name(*ws),
                         k->doc);
-
     uint64_t x = 0;
     fabpool_status st = k->parse(k, v, vlen, &x, t);
     if (st != FABPOOL_OK)
@@ -526,6 +512,44 @@ static fabpool_status parse_pair(fabpool_options *t, const char *conf, const cha
         store(t, k, x);
     }
     return FABPOOL_OK;
+}
+
+/* One key:value pair at p (len bytes, at offset p - conf of the whole string): each way it can be wrong is
+ * refused with what to write instead, in the order that explains the most. */
+static fabpool_status parse_pair(fabpool_options *t, const char *conf, const char *p, size_t len, int comma_follows,
+                                 const char *seen[NKEYS], size_t seen_len[NKEYS])
+{
+    size_t pos = (size_t)(p - conf);
+    char kk[KNOWN_KEYS_MAX];
+    if (len == 0)
+        return fp_error(FABPOOL_ERR_CONFIG, "%s at offset %zu: write key:value pairs separated by single commas, "
+                        "with none before the first pair or after the last",
+                        pos == 0 ? "a leading comma" : !comma_follows ? "a trailing comma" : "a doubled comma ',,'",
+                        pos == 0 ? pos : pos - 1);
+    const char *colon = memchr(p, ':', len);
+    if (!colon)
+        return refuse_no_colon(p, len);
+    const char *kname = p, *v = colon + 1;
+    size_t klen = (size_t)(colon - p), vlen = len - klen - 1;
+    if (klen == 0)
+        return fp_error(FABPOOL_ERR_CONFIG, "an empty key before ':%.*s%s' at offset %zu: write key:value; "
+                        "known keys: %s", SHOW(v, vlen), pos, known_keys(kk));
+    const char *ws = find_space(kname, klen);
+    if (ws)
+        return fp_error(FABPOOL_ERR_CONFIG, "key '%.*s%s' holds whitespace %s: no spaces or tabs are accepted around "
+                        "or in keys and values (write key:value,key:value)", SHOW(kname, klen), space_name(*ws));
+    int sep;
+    size_t at, ki = NKEYS;
+    fabpool_status st = refuse_glued(kname, klen, v, vlen, &sep, &at);
+    if (st != FABPOOL_OK || (st = find_key(kname, klen, &ki)) != FABPOOL_OK)
+        return st;
+    const struct key *k = &keys[ki];
+    if (seen[ki])
+        return fp_error(FABPOOL_ERR_CONFIG, "key '%s' is given twice ('%s:%.*s%s', then '%s:%.*s%s'): give each key "
+                        "once", k->name, k->name, SHOW(seen[ki], seen_len[ki]), k->name, SHOW(v, vlen));
+    seen[ki] = v;
+    seen_len[ki] = vlen;
+    return take_value(t, k, v, vlen, sep, at);
 }
 
 /* ------------------------------------------------------------ the string */

@@ -140,6 +140,85 @@ static fabpool_status keep_for_peers(fp_buffers *bs, struct fabpool_buffer *b, f
     return FABPOOL_OK;
 }
 
+/* Refit's copy: the bytes of chunk j below target into the new chunk mapped at
+ * tmp, on `stream`; then waits for that stream (NULL: the context) and for the
+ * work of the other streams that may use j or the chunks after it (retired on
+ * them, or retired and taken back since). */
+static fabpool_status refit_copy(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j, uint64_t tmp, uint64_t target,
+                                 void *stream)
+{
+    const fp_bchunk *c = &b->chunks[j];
+    CUresult r = FP_CU(&bs->sp->ch->calls, cuMemcpyDtoDAsync, (CUdeviceptr)tmp, (CUdeviceptr)(b->base + c->off),
+                       target - c->off, (CUstream)stream);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuMemcpyDtoDAsync", "copying %llu bytes of a shrunk buffer into its smaller chunk",
+                            (unsigned long long)(target - c->off));
+    fabpool_status st = sync_stream(bs, stream, "before a shrunk buffer's chunk is replaced");
+    for (uint32_t i = j; i < b->n && st == FABPOOL_OK; i++)
+        if (fp_retire_waits_done(bs->retire, &b->chunks[i].uses, 1, &st) < 0)
+            fp_error_append(" (a chunk of a buffer being shrunk, retired on another stream)");
+    return st;
+}
+
+/* Refit's swap: chunk j's old memory (held by ho as well) unmapped and the
+ * new chunk hn of rs bytes mapped at its address; a failed map maps the old
+ * one back. */
+static fabpool_status refit_swap(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j, uint64_t rs,
+                                 CUmemGenericAllocationHandle hn, CUmemGenericAllocationHandle ho)
+{
+    fp_bchunk *c = &b->chunks[j];
+    uint64_t at = b->base + c->off, old = c->size;
+    fabpool_status st = fp_chunk_unmap(bs->sp->ch, at, old);
+    if (st != FABPOOL_OK)
+        return st;
+    if ((st = fp_chunk_map_access(bs->sp->ch, at, rs, hn, FP_MAP_BUFFER, b, "a shrunk buffer's smaller chunk")) != FABPOOL_OK) {
+        if (fp_chunk_map_access(bs->sp->ch, at, old, ho, FP_MAP_BUFFER, b, "a shrunk buffer's chunk, back") == FABPOOL_OK)
+            fp_chunk_count_mapped(bs->sp->ch, at, old, "a shrunk buffer's chunk, back");
+        else
+            fp_error_append(" (the chunk could not be mapped back either: the buffer lost %llu bytes at offset %llu)",
+                            (unsigned long long)old, (unsigned long long)c->off);
+        return st;
+    }
+    fp_chunk_count_mapped(bs->sp->ch, at, rs, "a shrunk buffer's smaller chunk");
+    return FABPOOL_OK;
+}
+
+/* After refit's swap: chunk j is new (size rs, generation drop_gen; its old
+ * memory ho kept for the peers that may still import it, or released), and
+ * the chunks after it retire and are unmapped, from the end (their GPU work
+ * is done).  A chunk that fails to unmap stays retired: fabpool_collect
+ * retries it. */
+static fabpool_status refit_finish(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j, uint64_t rs,
+                                   uint64_t drop_gen, CUmemGenericAllocationHandle ho)
+{
+    fp_bchunk *c = &b->chunks[j];
+    uint64_t old = c->size;
+    if (!peer_hold_keep(bs, b, c, drop_gen, ho))
+        fp_chunk_release(bs->sp->ch, ho);
+    fp_bchunk_forget_export(bs, c);
+    b->live -= old - rs;
+    b->mapped -= old - rs;
+    atomic_fetch_sub(&bs->mapped, old - rs);
+    c->size = rs;
+    c->gen = drop_gen; /* a new chunk: the next delta names it */
+    c->named = 0;
+    b->generation = drop_gen;
+    for (uint32_t i = j + 1; i < b->n; i++) {
+        fp_bchunk *t = &b->chunks[i];
+        if (t->retiring)
+            continue;
+        t->retiring = 1;
+        fp_chunk_set_copy(bs->sp->ch, b->base + t->off, 0);
+        t->drop_gen = drop_gen;
+        b->live -= t->size;
+        atomic_fetch_add(&bs->retiring_bytes, t->size);
+    }
+    fabpool_status st = FABPOOL_OK;
+    while (b->n > j + 1 && (st = fp_buffer_pop_chunk(bs, b)) == FABPOOL_OK)
+        ;
+    return st;
+}
+
 /* A shrink to `target` whose last needed chunk (index j) holds more than the
  * hysteresis allows: every chunk after j goes, and j is replaced by a chunk
  * of rs bytes at the same address, the data below target copied on `stream`.
@@ -163,23 +242,8 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
         goto free_va;
     if ((st = fp_chunk_map_access(bs->sp->ch, tmp, rs, hn, FP_MAP_STAGING, NULL, "a smaller chunk for a shrunk buffer")) != FABPOOL_OK)
         goto release_new;
-    CUresult r = FP_CU(&bs->sp->ch->calls, cuMemcpyDtoDAsync, (CUdeviceptr)tmp, (CUdeviceptr)at, target - c->off,
-                       (CUstream)stream);
-    if (r != CUDA_SUCCESS) {
-        st = fp_drv_error(r, "cuMemcpyDtoDAsync", "copying %llu bytes of a shrunk buffer into its smaller chunk",
-                          (unsigned long long)(target - c->off));
+    if ((st = refit_copy(bs, b, j, tmp, target, stream)) != FABPOOL_OK)
         goto unmap_tmp;
-    }
-    if ((st = sync_stream(bs, stream, "before a shrunk buffer's chunk is replaced")) != FABPOOL_OK)
-        goto unmap_tmp;
-    /* and the work of other streams that may use j or the chunks after it
-     * (retired on them, or retired and taken back since) */
-    for (uint32_t i = j; i < b->n; i++) {
-        if (fp_retire_waits_done(bs->retire, &b->chunks[i].uses, 1, &st) < 0) {
-            fp_error_append(" (a chunk of a buffer being shrunk, retired on another stream)");
-            goto unmap_tmp;
-        }
-    }
     /* the old chunk's memory: a handle of our own, to map it back if the swap fails */
     if ((st = fp_chunk_retain(bs->sp->ch, at, &ho, "keeping a shrunk buffer's chunk while it is replaced")) != FABPOOL_OK)
         goto unmap_tmp;
@@ -192,44 +256,9 @@ static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j
     if (st != FABPOOL_OK)
         goto drop_peer_holds;
 
-    /* the swap */
-    c = &b->chunks[j];
-    uint64_t old = c->size;
-    if ((st = fp_chunk_unmap(bs->sp->ch, at, old)) != FABPOOL_OK)
+    if ((st = refit_swap(bs, b, j, rs, hn, ho)) != FABPOOL_OK)
         goto drop_peer_holds;
-    if ((st = fp_chunk_map_access(bs->sp->ch, at, rs, hn, FP_MAP_BUFFER, b, "a shrunk buffer's smaller chunk")) != FABPOOL_OK) {
-        if (fp_chunk_map_access(bs->sp->ch, at, old, ho, FP_MAP_BUFFER, b, "a shrunk buffer's chunk, back") == FABPOOL_OK)
-            fp_chunk_count_mapped(bs->sp->ch, at, old, "a shrunk buffer's chunk, back");
-        else
-            fp_error_append(" (the chunk could not be mapped back either: the buffer lost %llu bytes at offset %llu)",
-                            (unsigned long long)old, (unsigned long long)c->off);
-        goto drop_peer_holds;
-    }
-    fp_chunk_count_mapped(bs->sp->ch, at, rs, "a shrunk buffer's smaller chunk");
-    if (!peer_hold_keep(bs, b, c, drop_gen, ho)) /* the old memory, for the peers that may still import it */
-        fp_chunk_release(bs->sp->ch, ho);
-    fp_bchunk_forget_export(bs, c);
-    b->live -= old - rs;
-    b->mapped -= old - rs;
-    atomic_fetch_sub(&bs->mapped, old - rs);
-    c->size = rs;
-    c->gen = drop_gen; /* a new chunk: the next delta names it */
-    c->named = 0;
-    b->generation = drop_gen;
-    /* then the chunks after it, from the end (their GPU work is done) */
-    for (uint32_t i = j + 1; i < b->n; i++) {
-        fp_bchunk *t = &b->chunks[i];
-        if (t->retiring)
-            continue;
-        t->retiring = 1;
-        fp_chunk_set_copy(bs->sp->ch, b->base + t->off, 0);
-        t->drop_gen = drop_gen;
-        b->live -= t->size;
-        atomic_fetch_add(&bs->retiring_bytes, t->size);
-    }
-    while (b->n > j + 1 && (st = fp_buffer_pop_chunk(bs, b)) == FABPOOL_OK)
-        ;
-    /* a chunk that failed to unmap stays retired: fabpool_collect retries it */
+    st = refit_finish(bs, b, j, rs, drop_gen, ho);
     goto unmap_tmp;
 
 drop_peer_holds:
