@@ -278,6 +278,47 @@ static void view_reopens_kept(void)
     CHECK(t_ledger().bytes_held == l0.bytes_held && t_ledger().mappings == l0.mappings);
 }
 
+/* A chunk dropped and mapped again at the same offset and size is new memory: a view opened again maps it, not
+ * the chunk it kept (the generation tells them apart). */
+static void view_takes_new_chunk_at_same_offset(void)
+{
+    fabsim_ledger l0 = t_ledger();
+    fabpool_t *a = t_pool("handle_type:auto,max_waste:0,shrink_hysteresis:0,keep_ms:60000");
+    fabpool_t *v = t_pool("handle_type:auto,keep_ms:60000");
+    if (fabpool_handle_type_of(a) == FABPOOL_HANDLE_NONE) {
+        fabpool_destroy(a);
+        fabpool_destroy(v);
+        return;
+    }
+    fabpool_buffer_t *b = make(a, 64 * MB, 4 * MB);
+    CHECK_OK(fabpool_buffer_resize(b, 8 * MB, NULL)); /* a second chunk of 4 MiB at +4 MiB */
+    char *top = (char *)fabpool_buffer_ptr(b) + 6 * MB;
+    put(top, 0x6666);
+    desc x;
+    export_full(b, &x);
+    fabpool_view_t *view = open_view(v, &x);
+    CHECK(view && get((char *)fabpool_view_ptr(view) + 6 * MB) == 0x6666);
+    CHECK_OK(fabpool_view_release(view));
+    /* the second chunk goes (the peer acknowledged) and a new one of the same size comes at the same offset */
+    CHECK_OK(fabpool_buffer_resize(b, 4 * MB, NULL));
+    CHECK_OK(fabpool_buffer_peers_ack(b, info(b).generation));
+    CHECK_OK(fabpool_collect(a, 1));
+    CHECK(info(b).mapped == 4 * MB && t_stats(a).retiring_bytes == 0);
+    uint64_t gen_dropped = info(b).generation;
+    CHECK_OK(fabpool_buffer_resize(b, 8 * MB, NULL));
+    CHECK(info(b).n_chunks == 2 && info(b).generation > gen_dropped);
+    put(top, 0x7777);
+    export_full(b, &x);
+    fabpool_view_t *again = open_view(v, &x);
+    CHECK(again == view && get((char *)fabpool_view_ptr(again) + 6 * MB) == 0x7777);
+    CHECK_OK(fabpool_view_close(again));
+    fabpool_buffer_peers_ack(b, UINT64_MAX);
+    CHECK_OK(fabpool_buffer_destroy(b, NULL));
+    fabpool_destroy(v);
+    fabpool_destroy(a);
+    CHECK(t_ledger().bytes_held == l0.bytes_held && t_ledger().mappings == l0.mappings);
+}
+
 int main(void)
 {
     if (!t_driver_init()) {
@@ -290,5 +331,6 @@ int main(void)
     out_of_memory_takes_kept_back();
     refusals();
     view_reopens_kept();
+    view_takes_new_chunk_at_same_offset();
     return t_done("test_buffer_reuse");
 }

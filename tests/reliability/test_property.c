@@ -1085,6 +1085,91 @@ static void op_view_close(int p)
     drop_view(p, i);
 }
 
+/* HybridEP's free + allocate of a buffer: released and reused at once, the same buffer at the same base comes
+ * back, resized as fabpool_buffer_resize would (its data below the smaller size stays).  Its peers, if any, are
+ * acknowledged first (fabric: no peer may still import a released buffer). */
+static void op_buffer_release_reuse(int p)
+{
+    fabpool_status st;
+    buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+    if (b->broken)
+        return;
+    fabpool_buffer_info before = binfo(b);
+    if (b->shared && b->acked < before.generation)
+        return;
+    size_t old = b->size, sz = buf_size(b->window);
+    snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu released, reused %zu -> %zu%s", 'A' + p,
+             (unsigned long long)b->id, old, sz, b->shared ? ", exported and acked" : "");
+    st = fabpool_buffer_release(b->h);
+    EXPECT_OK(st, "buffer_release", "fabpool_buffer_release");
+    if (st != FABPOOL_OK)
+        return;
+    fabpool_buffer_t *r = NULL;
+    st = fabpool_buffer_reuse(P[p].p, sz, NULL, &r);
+    EXPECT_OK(st, "buffer_reuse", "fabpool_buffer_reuse");
+    EXPECT(st != FABPOOL_OK || (r == b->h && (uint64_t)(uintptr_t)fabpool_buffer_ptr(r) == b->base),
+           "buffer_reuse.same", "the reuse gave buffer %p at %p, the released one was %p at 0x%llx", (void *)r,
+           r ? fabpool_buffer_ptr(r) : NULL, (void *)b->h, (unsigned long long)b->base);
+    if (st != FABPOOL_OK || r != b->h) {
+        b->broken = 1; /* the model no longer knows it */
+        return;
+    }
+    b->size = sz;
+    after_resize(p, b, &before, old, -1);
+}
+
+/* A view released and opened again from its buffer's full descriptor: the same view at the same address, which
+ * imports only the chunks it lacks. */
+static void op_view_release_reopen(int p)
+{
+    fabpool_status st;
+    int i = (int)below((uint64_t)P[p].nview), sp;
+    view_t *v = &P[p].view[i];
+    buf_t *b = find_buf(v->id, &sp);
+    if (!b || v->broken || b->broken)
+        return;
+    fabpool_buffer_info bi = binfo(b);
+    snprintf(cur_what, sizeof cur_what, "pool %c, view of buffer %llu released and opened again (gen %llu -> %llu)",
+             'A' + p, (unsigned long long)b->id, (unsigned long long)v->gen, (unsigned long long)bi.generation);
+    size_t len, nfds;
+    st = do_export(b, 0, &len, &nfds);
+    EXPECT_OK(st, "view_reopen.export", "fabpool_buffer_export(since 0)");
+    if (st != FABPOOL_OK)
+        return;
+    st = fabpool_view_release(v->h);
+    EXPECT_OK(st, "view_release", "fabpool_view_release");
+    fabpool_view_t *h = NULL;
+    st = fabpool_view_open(P[p].p, desc, len, mine, nfds, &h);
+    EXPECT_OK(st, "view_reopen", "fabpool_view_open");
+    if (chance(75))
+        fabpool_buffer_export_done(b->h);
+    EXPECT(st != FABPOOL_OK || (h == v->h && (uint64_t)(uintptr_t)fabpool_view_ptr(h) == v->base),
+           "view_reopen.same", "the open gave view %p at %p, the released one was %p at 0x%llx", (void *)h,
+           h ? fabpool_view_ptr(h) : NULL, (void *)v->h, (unsigned long long)v->base);
+    if (st != FABPOOL_OK || h != v->h) {
+        if (st == FABPOOL_OK)
+            (void)fabpool_view_close(h);
+        drop_view(p, i); /* the released view goes with the pool's next trim or its destroy */
+        return;
+    }
+    v->gen = bi.generation;
+    v->live = bi.mapped;
+    v->src_size = b->size;
+    check_view(v, -1);
+    /* the view maps the buffer's memory now, not memory it mapped before at the same offsets (the points hold the
+     * same values in both): a word written through the buffer reads back through the view */
+    uint64_t at = (b->size - 8) & ~(uint64_t)7, was = 0, token = 0x5eedull << 32 | (uint32_t)next_id++, seen = 0;
+    if (b->size >= 8 && cuMemcpyDtoH(&was, (CUdeviceptr)(b->base + at), 8) == CUDA_SUCCESS &&
+        cuMemcpyHtoD((CUdeviceptr)(b->base + at), &token, 8) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS) {
+        cuMemcpyDtoH(&seen, (CUdeviceptr)(v->base + at), 8);
+        EXPECT(seen == token, "view_reopen.stale", "view of buffer %llu reads %llx at +%llu where the buffer holds %llx "
+               "(it kept a chunk the buffer no longer maps)", (unsigned long long)b->id, (unsigned long long)seen,
+               (unsigned long long)at, (unsigned long long)token);
+        cuMemcpyHtoD((CUdeviceptr)(b->base + at), &was, 8);
+        cuCtxSynchronize();
+    }
+}
+
 static void op_trim(int p)
 {
     fabpool_status st;
@@ -1238,6 +1323,8 @@ static const op_def ops[] = {
     {"view_open", 5, can_open, op_view_open},
     {"view_apply", 7, has_appliable, op_view_apply},
     {"view_close", 3, has_view, op_view_close},
+    {"buffer_release_reuse", 4, has_buf, op_buffer_release_reuse},
+    {"view_release_reopen", 3, has_appliable, op_view_release_reopen},
     {"trim", 3, always, op_trim},
     {"collect", 5, always, op_collect},
     {"thread_flush", 3, always, op_thread_flush},
@@ -1267,6 +1354,7 @@ static int setup_pools(void)
         o.max_chunk_bytes = 32 * MB;   /* buffers of several chunks */
         o.stream_owner = p == 0;       /* A: the owner stream; B: every stream queues */
         o.sleep_keep_host = p == 1;    /* B: wake keeps the host copies for the next sleep */
+        o.keep_ms = 600000;            /* a release is reused at once, however slow the run (valgrind) */
         own[p] = p == 0 ? OWN_NONE : OWN_OFF;
         fabpool_status st = fabpool_create(&o, &P[p].p);
         EXPECT_OK(st, "pool_create", "fabpool_create");
