@@ -16,15 +16,17 @@ static fabpool_status large_alloc(fp_alloc *a, size_t size, void **out)
     fabpool_status st = fp_large_alloc(a->heap, size, out);
     if (st == FABPOOL_OK)
         fp_usage_raise(a->use);
-    fp_alloc_log_released(a, t, "decay or large_slack");
+    if (FP_UNLIKELY(t.on))
+        fp_alloc_log_released(a, t, "decay or large_slack");
     return st;
 }
 
-static fabpool_status large_free(fp_alloc *a, uint64_t addr, const char *fn)
+static fabpool_status large_free(fp_alloc *a, const fp_span *s, uint64_t addr, const char *fn)
 {
     fp_chunk_tally t = fp_chunk_tally_begin();
-    fabpool_status st = fp_large_free(a->heap, addr, fn);
-    fp_alloc_log_released(a, t, "decay");
+    fabpool_status st = fp_large_free(a->heap, s, addr, fn);
+    if (FP_UNLIKELY(t.on))
+        fp_alloc_log_released(a, t, "decay");
     return st;
 }
 
@@ -80,7 +82,7 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
  * tries once more. */
 static fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
 {
-    if (a && !tls_polled && fp_pending_any(a->retire))
+    if (a && fp_pending_any(a->retire) && !tls_polled)
         fp_alloc_drain(a, 0, 0);
     fabpool_status st = alloc_slow_once(a, size, out);
     if (st == FABPOOL_ERR_OUT_OF_MEMORY && fp_pending_any(a->retire)) {
@@ -244,7 +246,7 @@ static __attribute__((noinline)) fabpool_status free_large_used(fp_alloc *a, fp_
             *queued = q;
         return st;
     }
-    return large_free(a, addr, fn);
+    return large_free(a, s, addr, fn);
 }
 
 /* ... and a slab block whose flag f is not FP_FREEFLAG_USED: a double free,
@@ -278,7 +280,7 @@ static inline __attribute__((always_inline)) fabpool_status free_block(fp_alloc 
     if (s->kind != FP_SPAN_SLAB) {
         if (FP_UNLIKELY(fp_retire_any_used(a->retire)))
             return free_large_used(a, s, addr, fn, on_stream, stream, queued);
-        return large_free(a, addr, fn);
+        return large_free(a, s, addr, fn);
     }
     uint32_t idx;
     if (FP_UNLIKELY(!fp_slab_index(s, addr, &idx)))
