@@ -52,6 +52,13 @@ static fabpool_status check_arena_chunks(fp_walk *w, const fp_arena *a)
     return FABPOOL_OK;
 }
 
+/* Whether q is one of page pg's records (compared as addresses: q may be anything). */
+static int in_page(const fp_piece_page *pg, const fp_piece *q)
+{
+    uintptr_t lo = (uintptr_t)pg->recs, at = (uintptr_t)q;
+    return at >= lo && at < lo + sizeof pg->recs && (at - lo) % sizeof *q == 0;
+}
+
 /* The pages of arena a's records: each page's spare records on its own
  * list and counted, the pages with spares (and only those) on the list of
  * pages to take from, the spares counted in all, and every other record a
@@ -62,7 +69,7 @@ static fabpool_status check_arena_records(const fp_arena *a, uint64_t in_runs)
     for (const fp_piece_page *pg = a->pages, *pv = NULL; pg; pv = pg, pg = pg->all_next) {
         uint64_t n = 0;
         for (const fp_piece *q = pg->spare; q; q = q->next)
-            if (++n > FP_PIECE_PAGE || q < pg->recs || q >= pg->recs + FP_PIECE_PAGE)
+            if (++n > FP_PIECE_PAGE || !in_page(pg, q))
                 break;
         if (++pages > ((uint64_t)1 << 40) || pg->all_prev != pv || n != pg->n_spare)
             return FAIL("[arena.records] %s: a page of records holds %llu spare records on its list and counts %u "
@@ -126,7 +133,7 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
                 return FAIL("[arena.run] %s: the piece at 0x%llx is in state %u (held: only inside an allocation)",
                             a->name, ULL(q->base), q->state);
             }
-            if (!q->page || q < q->page->recs || q >= q->page->recs + FP_PIECE_PAGE)
+            if (!q->page || !in_page(q->page, q))
                 return FAIL("[arena.records] %s: the piece at 0x%llx is not a record of the page it names", a->name,
                             ULL(q->base));
         }
