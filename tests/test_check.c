@@ -249,6 +249,17 @@ static void break_arenas(fabpool_t *p)
     f->size += half->size;
     free(half);
 
+    /* a page of records that counts a spare record more than its list holds, and a piece that names another
+     * page than its own */
+    fp_piece_page *pg = f->page;
+    pg->n_spare++;
+    expect_broken(p, "[arena.records]", "spare records miscounted");
+    pg->n_spare--;
+    fp_piece_page other;
+    f->page = &other;
+    expect_broken(p, "[arena.records]", "a record of another page");
+    f->page = pg;
+
     fp_lchunk c0 = a->chunks[0];
     a->chunks[0] = a->chunks[1];
     a->chunks[1] = c0;

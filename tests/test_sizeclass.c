@@ -1,6 +1,7 @@
 /* test_sizeclass: size classes, slab_max, large blocks and the cache.
  *
- *   test_sizeclass metadata   slab create/trim cycles leave metadata_bytes where it was
+ *   test_sizeclass metadata   slab create/trim cycles leave metadata_bytes where it was; the
+ *                             records of many medium blocks go back once they are free
  *   test_sizeclass slabmax    slab_max values that are not class sizes
  *   test_sizeclass waste      the usable size fabpool.h promises (a class up to slab_max, the size
  *                             rounded up to 256 B above it) at every boundary of both grids, and the
@@ -33,6 +34,44 @@ static void destroy_clean(fabpool_t *p)
 }
 
 /* ------------------------------------------------------------ metadata */
+
+/* Records of many medium blocks: made as the blocks are, and given back
+ * once they are free (but for a bounded spare); a second round of the same
+ * blocks holds no more than the first. */
+static void test_metadata_medium(void)
+{
+    enum { N = 6000 };
+    fabpool_t *p = t_pool("handle_type:none");
+    static void *live[N];
+    if (!p)
+        return;
+    uint64_t rng = 11, m_peak[2] = {0, 0}, m_after[2] = {0, 0};
+    for (int round = 0; round < 2; round++) {
+        uint64_t seed = rng;
+        for (int i = 0; i < N; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            CHECK_OK(fabpool_alloc(p, 5 * KB + (seed >> 33) % (200 * KB), &live[i]));
+        }
+        CHECK_OK(fabpool_check(p));
+        m_peak[round] = t_stats(p).metadata_bytes;
+        for (int i = 0; i < N; i++) { /* every other block first: free ranges between live blocks */
+            int k = i < N / 2 ? 2 * i : 2 * (i - N / 2) + 1;
+            CHECK_OK(fabpool_free(p, live[k]));
+        }
+        CHECK_OK(fabpool_check(p));
+        CHECK_OK(fabpool_trim(p, 0));
+        m_after[round] = t_stats(p).metadata_bytes;
+    }
+    /* a block's record is at least 48 bytes (its range, two pairs of links); the arena keeps at most a few
+     * thousand spare */
+    if (m_peak[0] < m_after[0] + (uint64_t)(N - 3000) * 48 || m_peak[1] > m_peak[0] || m_after[1] > m_after[0])
+        fprintf(stderr, "metadata_bytes with %d medium blocks live: %llu, %llu; after their free: %llu, %llu\n", N,
+                (unsigned long long)m_peak[0], (unsigned long long)m_peak[1], (unsigned long long)m_after[0],
+                (unsigned long long)m_after[1]);
+    CHECK(m_peak[0] >= m_after[0] + (uint64_t)(N - 3000) * 48);
+    CHECK(m_peak[1] <= m_peak[0] && m_after[1] <= m_after[0]);
+    destroy_clean(p);
+}
 
 static void test_metadata(void)
 {
@@ -67,6 +106,7 @@ static void test_metadata(void)
     CHECK(s.mapped_bytes == 0);
     CHECK(s.chunks_mapped_total >= 1000);
     destroy_clean(p);
+    test_metadata_medium();
 }
 
 

@@ -16,15 +16,17 @@ static fabpool_status large_alloc(fp_alloc *a, size_t size, void **out)
     fabpool_status st = fp_large_alloc(a->heap, size, out);
     if (st == FABPOOL_OK)
         fp_usage_raise(a->use);
-    fp_alloc_log_released(a, t, "decay or large_slack");
+    if (FP_UNLIKELY(t.on))
+        fp_alloc_log_released(a, t, "decay or large_slack");
     return st;
 }
 
-static fabpool_status large_free(fp_alloc *a, uint64_t addr, const char *fn)
+static fabpool_status large_free(fp_alloc *a, const fp_span *s, uint64_t addr, const char *fn)
 {
     fp_chunk_tally t = fp_chunk_tally_begin();
-    fabpool_status st = fp_large_free(a->heap, addr, fn);
-    fp_alloc_log_released(a, t, "decay");
+    fabpool_status st = fp_large_free(a->heap, s, addr, fn);
+    if (FP_UNLIKELY(t.on))
+        fp_alloc_log_released(a, t, "decay");
     return st;
 }
 
@@ -74,15 +76,11 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
     return FABPOOL_OK;
 }
 
-/* The slow path: blocks freed on streams whose work is done go back to the
- * pool first (an event query per stream, only while some are pending), and
- * an allocation that finds the device out of memory waits for the rest and
- * tries once more. */
-static fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
+/* What follows an attempt that found the device out of memory (st): a wait
+ * for the blocks freed on streams and one more try while some are pending,
+ * and the log's warning if it failed still. */
+static __attribute__((noinline)) fabpool_status alloc_oom(fp_alloc *a, size_t size, void **out, fabpool_status st)
 {
-    if (a && !tls_polled && fp_pending_any(a->retire))
-        fp_alloc_drain(a, 0, 0);
-    fabpool_status st = alloc_slow_once(a, size, out);
     if (st == FABPOOL_ERR_OUT_OF_MEMORY && fp_pending_any(a->retire)) {
         FP_LOG_CH(FP_LOG_INFO, a->sp->ch, "out of memory for %zu bytes: waiting for the %llu bytes freed on streams, "
                   "then one more try", size, (unsigned long long)atomic_load(&a->retire->pending_bytes));
@@ -93,6 +91,27 @@ static fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
     if (st == FABPOOL_ERR_OUT_OF_MEMORY)
         FP_LOG_CH(FP_LOG_WARN, a->sp->ch, "an allocation of %zu bytes failed: %s", size, fabpool_last_error());
     return st;
+}
+
+/* The slow path: blocks freed on streams whose work is done go back to the
+ * pool first (an event query per stream, only while some are pending), and
+ * an allocation that finds the device out of memory waits for the rest and
+ * tries once more. */
+static __attribute__((noinline)) fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
+{
+    fabpool_status st;
+    if (a && out && size > a->slab_max && !fp_pending_any(a->retire) && !fp_chunks_asleep(a->sp->ch)) {
+        /* a block above slab_max while nothing waits on a stream and the pool is awake (the common case):
+         * alloc_slow_once's work without its checks, so that a medium block pays for the arena and little
+         * else */
+        *out = NULL;
+        st = large_alloc(a, size, out);
+    } else {
+        if (a && fp_pending_any(a->retire) && !tls_polled)
+            fp_alloc_drain(a, 0, 0);
+        st = alloc_slow_once(a, size, out);
+    }
+    return FP_UNLIKELY(st == FABPOOL_ERR_OUT_OF_MEMORY) ? alloc_oom(a, size, out, st) : st;
 }
 
 /* An allocation with a trace: recorded with its status and trace_flags (FABPOOL_TRACE_R_APP for the
@@ -244,7 +263,7 @@ static __attribute__((noinline)) fabpool_status free_large_used(fp_alloc *a, fp_
             *queued = q;
         return st;
     }
-    return large_free(a, addr, fn);
+    return large_free(a, s, addr, fn);
 }
 
 /* ... and a slab block whose flag f is not FP_FREEFLAG_USED: a double free,
@@ -278,7 +297,7 @@ static inline __attribute__((always_inline)) fabpool_status free_block(fp_alloc 
     if (s->kind != FP_SPAN_SLAB) {
         if (FP_UNLIKELY(fp_retire_any_used(a->retire)))
             return free_large_used(a, s, addr, fn, on_stream, stream, queued);
-        return large_free(a, addr, fn);
+        return large_free(a, s, addr, fn);
     }
     uint32_t idx;
     if (FP_UNLIKELY(!fp_slab_index(s, addr, &idx)))

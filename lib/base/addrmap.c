@@ -3,11 +3,6 @@
 
 #include <string.h>
 
-/* Blocks are at least 256-byte aligned: the low bits carry nothing. */
-static inline size_t slot_of(const fp_addrmap *m, uint64_t key)
-{
-    return (size_t)(((key >> 8) * 0x9E3779B97F4A7C15ull) >> m->shift);
-}
 
 void fp_addrmap_init(fp_addrmap *m, fp_meta *meta)
 {
@@ -24,7 +19,7 @@ void fp_addrmap_destroy(fp_addrmap *m)
 
 static void put(fp_addrmap *m, uint64_t key, void *val)
 {
-    size_t mask = m->cap - 1, i = slot_of(m, key);
+    size_t mask = m->cap - 1, i = fp_addrmap_slot_of(m, key);
     while (m->slots[i].key)
         i = (i + 1) & mask;
     m->slots[i].key = key;
@@ -32,10 +27,8 @@ static void put(fp_addrmap *m, uint64_t key, void *val)
     m->n++;
 }
 
-int fp_addrmap_reserve(fp_addrmap *m, size_t more)
+int fp_addrmap_grow(fp_addrmap *m, size_t more)
 {
-    if (2 * (m->n + more) <= m->cap)
-        return 0;
     size_t cap = m->cap ? m->cap : 64;
     while (2 * (m->n + more) > cap)
         cap *= 2;
@@ -57,26 +50,15 @@ int fp_addrmap_reserve(fp_addrmap *m, size_t more)
 
 void fp_addrmap_put(fp_addrmap *m, uint64_t key, void *val) { put(m, key, val); }
 
-void *fp_addrmap_get(const fp_addrmap *m, uint64_t key)
-{
-    if (!m->n)
-        return NULL;
-    size_t mask = m->cap - 1;
-    for (size_t i = slot_of(m, key); m->slots[i].key; i = (i + 1) & mask)
-        if (m->slots[i].key == key)
-            return m->slots[i].val;
-    return NULL;
-}
-
 void *fp_addrmap_del(fp_addrmap *m, uint64_t key)
 {
-    size_t mask = m->cap - 1, i = slot_of(m, key);
+    size_t mask = m->cap - 1, i = fp_addrmap_slot_of(m, key);
     while (m->slots[i].key != key)
         i = (i + 1) & mask;
     void *val = m->slots[i].val;
     /* backward shift: every key after the hole that may sit in it moves up */
     for (size_t j = (i + 1) & mask; m->slots[j].key; j = (j + 1) & mask) {
-        size_t home = slot_of(m, m->slots[j].key);
+        size_t home = fp_addrmap_slot_of(m, m->slots[j].key);
         /* j's key may fill i unless its home lies cyclically in (i, j] */
         if (((j - home) & mask) >= ((j - i) & mask)) {
             m->slots[i] = m->slots[j];

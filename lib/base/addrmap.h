@@ -25,13 +25,33 @@ typedef struct fp_addrmap {
 
 void fp_addrmap_init(fp_addrmap *m, fp_meta *meta);
 void fp_addrmap_destroy(fp_addrmap *m);
+/* Blocks are at least 256-byte aligned: the low bits carry nothing. */
+static inline size_t fp_addrmap_slot_of(const fp_addrmap *m, uint64_t key)
+{
+    return (size_t)(((key >> 8) * 0x9E3779B97F4A7C15ull) >> m->shift);
+}
+
+/* The table grown for `more` keys beyond those held (fp_addrmap_reserve's slow side). */
+int fp_addrmap_grow(fp_addrmap *m, size_t more);
 /* Room for `more` keys beyond those held, so that as many fp_addrmap_put
  * calls cannot fail: 0, or -1 without host memory (the table as it was). */
-int fp_addrmap_reserve(fp_addrmap *m, size_t more);
+static inline int fp_addrmap_reserve(fp_addrmap *m, size_t more)
+{
+    return 2 * (m->n + more) <= m->cap ? 0 : fp_addrmap_grow(m, more);
+}
 /* Adds key -> val (key not held; room reserved). */
 void fp_addrmap_put(fp_addrmap *m, uint64_t key, void *val);
 /* The value of key, or NULL. */
-void *fp_addrmap_get(const fp_addrmap *m, uint64_t key);
+static inline void *fp_addrmap_get(const fp_addrmap *m, uint64_t key)
+{
+    if (!m->n)
+        return NULL;
+    size_t mask = m->cap - 1;
+    for (size_t i = fp_addrmap_slot_of(m, key); m->slots[i].key; i = (i + 1) & mask)
+        if (m->slots[i].key == key)
+            return m->slots[i].val;
+    return NULL;
+}
 /* Removes key (held) and returns its value. */
 void *fp_addrmap_del(fp_addrmap *m, uint64_t key);
 

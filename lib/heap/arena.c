@@ -9,8 +9,9 @@
 #include "error.h"
 #include "list.h"
 
-/* The most records an arena keeps for reuse: splits and merges then make no
- * call to the metadata allocator in the steady state. */
+/* The most spare records an arena keeps beyond a page that is all spare:
+ * splits and merges then make no call to the metadata allocator in the
+ * steady state. */
 #define FP_ARENA_SPARE_MAX 1024u
 
 /* ------------------------------------------------------------ records */
@@ -19,12 +20,17 @@
 int fp_arena_spare_reserve(fp_arena *a, size_t n)
 {
     while (a->n_spare < n) {
-        fp_piece *p = fp_meta_alloc(a->sp->meta, sizeof *p);
-        if (!p)
+        fp_piece_page *pg = fp_meta_alloc(a->sp->meta, sizeof *pg);
+        if (!pg)
             return -1;
-        p->next = a->spare;
-        a->spare = p;
-        a->n_spare++;
+        for (unsigned i = FP_PIECE_PAGE; i-- > 0;) {
+            pg->recs[i].next = pg->spare;
+            pg->spare = &pg->recs[i];
+        }
+        pg->n_spare = FP_PIECE_PAGE;
+        FP_LIST_PUSH(&a->pages, pg, all_next, all_prev);
+        FP_LIST_PUSH(&a->avail, pg, next, prev);
+        a->n_spare += FP_PIECE_PAGE;
     }
     return 0;
 }
@@ -32,25 +38,35 @@ int fp_arena_spare_reserve(fp_arena *a, size_t n)
 /* A record from the spares (spare_reserve made sure there is one). */
 fp_piece *fp_arena_piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state)
 {
-    fp_piece *p = a->spare;
-    a->spare = p->next;
+    fp_piece_page *pg = a->avail;
+    fp_piece *p = pg->spare;
+    pg->spare = p->next;
+    if (!--pg->n_spare)
+        FP_LIST_REMOVE(&a->avail, pg, next, prev);
     a->n_spare--;
-    memset(p, 0, sizeof *p);
-    p->base = base;
-    p->size = size;
-    p->state = state;
+    *p = (fp_piece){.base = base, .size = size, .state = state, .page = pg};
     return p;
+}
+
+static void page_free(fp_arena *a, fp_piece_page *pg)
+{
+    FP_LIST_REMOVE(&a->pages, pg, all_next, all_prev);
+    fp_meta_free(a->sp->meta, pg, sizeof *pg);
 }
 
 static void piece_drop(fp_arena *a, fp_piece *p)
 {
-    if (a->n_spare >= FP_ARENA_SPARE_MAX) {
-        fp_meta_free(a->sp->meta, p, sizeof *p);
-        return;
-    }
-    p->next = a->spare;
-    a->spare = p;
+    fp_piece_page *pg = p->page;
+    p->next = pg->spare;
+    pg->spare = p;
+    if (!pg->n_spare++)
+        FP_LIST_PUSH(&a->avail, pg, next, prev);
     a->n_spare++;
+    if (pg->n_spare == FP_PIECE_PAGE && a->n_spare > FP_ARENA_SPARE_MAX + FP_PIECE_PAGE) {
+        FP_LIST_REMOVE(&a->avail, pg, next, prev);
+        a->n_spare -= FP_PIECE_PAGE;
+        page_free(a, pg);
+    }
 }
 
 /* ------------------------------------------------------------ bins */
@@ -423,16 +439,9 @@ void fp_arena_destroy(fp_arena *a)
         return; /* never set up */
     while (a->n_chunks)
         chunk_unmap_at(a, a->n_chunks - 1);
-    for (size_t i = 0; i < a->n_runs; i++)
-        for (fp_piece *p = a->runs[i].head, *nx; p; p = nx) {
-            nx = p->anext;
-            fp_meta_free(a->sp->meta, p, sizeof *p);
-        }
-    while (a->spare) {
-        fp_piece *p = a->spare;
-        a->spare = p->next;
-        fp_meta_free(a->sp->meta, p, sizeof *p);
-    }
+    while (a->pages)
+        page_free(a, a->pages);
+    a->avail = NULL;
     a->n_spare = 0;
     FP_ARRAY_FREE(a->sp->meta, a->runs, a->cap_runs);
     FP_ARRAY_FREE(a->sp->meta, a->chunks, a->cap_chunks);

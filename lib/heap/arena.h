@@ -65,10 +65,25 @@ typedef struct fp_span {
 typedef struct fp_piece {
     uint64_t base, size;
     struct fp_piece *anext, *aprev;    /* the pieces touching it, in address order (NULL: the run ends) */
-    struct fp_piece *next, *prev;      /* a free range: its bin's list */
+    struct fp_piece *next, *prev;      /* a free range: its bin's list (a spare record: its page's spares) */
     uint32_t state;                    /* FP_LARGE_* */
     uint32_t bin;
+    struct fp_piece_page *page;        /* the page of records it was cut from */
 } fp_piece;
+
+/* Records come in pages of FP_PIECE_PAGE, so that a split or a merge takes
+ * or gives one without a call to the metadata allocator (a call each cost
+ * about as much as the rest of a medium block's allocation); a page goes
+ * back when all of it is spare and more than FP_ARENA_SPARE_MAX records are
+ * spare besides. */
+#define FP_PIECE_PAGE 63u
+typedef struct fp_piece_page {
+    struct fp_piece_page *next, *prev;         /* the arena's pages that have spare records */
+    struct fp_piece_page *all_next, *all_prev; /* every page of the arena */
+    fp_piece *spare;                           /* its spare records (through next) */
+    uint32_t n_spare;
+    fp_piece recs[FP_PIECE_PAGE];
+} fp_piece_page;
 
 /* A contiguous range of the arena's mapped memory: its first and last piece. */
 typedef struct fp_run {
@@ -111,8 +126,9 @@ typedef struct fp_arena {
     size_t n_runs, cap_runs;
     fp_lchunk *chunks;                 /* sorted by va */
     size_t n_chunks, cap_chunks;
-    fp_piece *spare;                   /* records kept for reuse (linked through next) */
-    size_t n_spare;
+    fp_piece_page *pages;              /* every page of records */
+    fp_piece_page *avail;              /* the pages that have spare records */
+    size_t n_spare;                    /* spare records in all */
     uint64_t mapped_bytes, free_bytes, used_bytes, n_blocks;
     uint64_t ring_n[FP_ARENA_RATE];    /* blocks given out after each of the last allocations */
     uint64_t ring_size[FP_ARENA_RATE]; /* and the size of each */

@@ -1,6 +1,7 @@
 /* arena_check.c - fabpool_check's walk of the arenas (walk.h): each
- * arena's chunks against its runs, the pieces of its runs, its bins and its
- * table of blocks, its counters, and the heap's count of large blocks.
+ * arena's chunks against its runs, the pieces of its runs, its bins, its
+ * table of blocks and its pages of records, its counters, and the heap's
+ * count of large blocks.
  * Runs under the pool lock (pool/check.c takes it). */
 #include "arena_check.h"
 #include "pending.h"
@@ -51,6 +52,43 @@ static fabpool_status check_arena_chunks(fp_walk *w, const fp_arena *a)
     return FABPOOL_OK;
 }
 
+/* Whether q is one of page pg's records (compared as addresses: q may be anything). */
+static int in_page(const fp_piece_page *pg, const fp_piece *q)
+{
+    uintptr_t lo = (uintptr_t)pg->recs, at = (uintptr_t)q;
+    return at >= lo && at < lo + sizeof pg->recs && (at - lo) % sizeof *q == 0;
+}
+
+/* The pages of arena a's records: each page's spare records on its own
+ * list and counted, the pages with spares (and only those) on the list of
+ * pages to take from, the spares counted in all, and every other record a
+ * piece of a run (in_runs of them). */
+static fabpool_status check_arena_records(const fp_arena *a, uint64_t in_runs)
+{
+    uint64_t pages = 0, spare = 0, with_spare = 0, avail = 0;
+    for (const fp_piece_page *pg = a->pages, *pv = NULL; pg; pv = pg, pg = pg->all_next) {
+        uint64_t n = 0;
+        for (const fp_piece *q = pg->spare; q; q = q->next)
+            if (++n > FP_PIECE_PAGE || !in_page(pg, q))
+                break;
+        if (++pages > ((uint64_t)1 << 40) || pg->all_prev != pv || n != pg->n_spare)
+            return FAIL("[arena.records] %s: a page of records holds %llu spare records on its list and counts %u "
+                        "(or its list runs out of the page, or its back link is wrong)", a->name, ULL(n),
+                        pg->n_spare);
+        spare += n;
+        with_spare += n != 0;
+    }
+    for (const fp_piece_page *pg = a->avail, *pv = NULL; pg; pv = pg, pg = pg->next)
+        if (++avail > pages || !pg->n_spare || pg->prev != pv)
+            return FAIL("[arena.records] %s: the list of pages with spare records holds one without any, or more "
+                        "pages than the arena has (or a back link is wrong)", a->name);
+    if (avail != with_spare || spare != a->n_spare || pages * FP_PIECE_PAGE - spare != in_runs)
+        return FAIL("[arena.records] %s: %llu pages of %u records, %llu of them with spares (%llu listed), %llu "
+                    "spare (it counts %zu), %llu pieces in its runs", a->name, ULL(pages), FP_PIECE_PAGE,
+                    ULL(with_spare), ULL(avail), ULL(spare), a->n_spare, ULL(in_runs));
+    return FABPOOL_OK;
+}
+
 /* The pieces of arena a's runs: linked in address order, covering each run,
  * sizes and bases in quanta, free ones merged and in their bins, blocks in
  * the table of blocks, the counters right. */
@@ -95,6 +133,9 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
                 return FAIL("[arena.run] %s: the piece at 0x%llx is in state %u (held: only inside an allocation)",
                             a->name, ULL(q->base), q->state);
             }
+            if (!q->page || !in_page(q->page, q))
+                return FAIL("[arena.records] %s: the piece at 0x%llx is not a record of the page it names", a->name,
+                            ULL(q->base));
         }
         if (at != r->base + r->size || prev != r->tail)
             return FAIL("[arena.run] %s: the pieces of the run [0x%llx, +%llu) end at 0x%llx, or its last piece is not "
@@ -129,7 +170,7 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
         return FAIL("[arena.sums] %s: its pieces add up to %llu free and %llu used bytes, it counts %llu and %llu",
                     a->name, ULL(freeb), ULL(used), ULL(a->free_bytes), ULL(a->used_bytes));
     w->idle += freeb;
-    return FABPOOL_OK;
+    return check_arena_records(a, nfree + nblocks);
 }
 
 fabpool_status fp_arenas_check(const fp_heap *h, fp_walk *w, fp_retire *rt)

@@ -4,16 +4,22 @@
 
 #include "error.h"
 
-/* fp_heap_trim_policy after a block's allocation or free, but the decay's
- * clock only at every 16th of a thread's: a medium block's path is a few
- * tens of ns, the clock a good part of that.  What cannot wait (decay_ms:0,
- * the cache limit, empty slabs to give back) is looked at every time. */
-static void policy_now_and_then(fp_heap *h)
+/* Whether fp_heap_trim_policy is due after a block's allocation or free:
+ * the decay's clock only at every 16th of the pool's (a medium block's path
+ * is a few tens of ns, the clock a good part of that); what cannot wait
+ * (decay_ms:0, the cache limit, empty slabs to give back) every time.  Pool
+ * lock held (the tick is the lock's); the policy runs after it is let go. */
+static int policy_due(fp_heap *h)
 {
-    static _Thread_local unsigned tick;
-    if ((++tick & 15) == 0 || h->decay_ms == 0 || atomic_load_explicit(&h->shed, memory_order_relaxed) ||
-        fp_heap_idle(h) > h->cache_limit)
-        fp_heap_trim_policy(h);
+    return (++h->policy_tick & 15) == 0 || h->decay_ms == 0 || atomic_load_explicit(&h->shed, memory_order_relaxed) ||
+           fp_heap_idle(h) > h->cache_limit;
+}
+
+/* counter += d, for a counter that only the pool lock's holder writes (stats read it without the lock): a
+ * plain load and store, not a locked read-modify-write */
+static inline void count_locked(_Atomic uint64_t *counter, uint64_t d)
+{
+    atomic_store_explicit(counter, atomic_load_explicit(counter, memory_order_relaxed) + d, memory_order_relaxed);
 }
 
 static int arena_index(const fp_heap *h, uint64_t size)
@@ -38,34 +44,35 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
     fp_lock(&h->sp->lock);
     fp_piece *b = fp_heap_take(h, a, n, FP_BLOCK_QUANTUM, &st);
     if (b) {
-        atomic_fetch_add(&h->large_in_use_bytes, n);
-        atomic_fetch_add(&h->large_blocks, 1);
+        count_locked(&h->large_in_use_bytes, n);
+        count_locked(&h->large_blocks, 1);
         unsigned bucket = fp_class_of(n);
-        atomic_fetch_add(&h->large_allocs[bucket < FP_NCLASS ? bucket : FP_NCLASS - 1], 1);
+        count_locked(&h->large_allocs[bucket < FP_NCLASS ? bucket : FP_NCLASS - 1], 1);
         *out = (void *)(uintptr_t)b->base;
     }
+    int due = policy_due(h);
     fp_unlock(&h->sp->lock);
-    policy_now_and_then(h);
+    if (due)
+        fp_heap_trim_policy(h);
     return st;
 }
 
-/* The arena of blocks above slab_max whose page holds addr, or NULL. */
-static fp_arena *arena_at(fp_heap *h, uint64_t addr)
+/* The arena whose sentinel s is, or NULL. */
+static fp_arena *arena_of(fp_heap *h, const fp_span *s)
 {
-    const fp_span *s = fp_map_get(&h->sp->map, addr);
     for (int i = 0; i < FP_NARENAS; i++)
         if (s == &h->sentinels[i])
             return &h->arenas[i];
     return NULL;
 }
 
-/* The live block at addr, or NULL with a message (fn names the call). */
-static fp_piece *live_at(fp_heap *h, uint64_t addr, fp_arena **ap, const char *fn, fabpool_status *st)
+/* The arena of blocks above slab_max whose page holds addr, or NULL. */
+static fp_arena *arena_at(fp_heap *h, uint64_t addr) { return arena_of(h, fp_map_get(&h->sp->map, addr)); }
+
+/* The live block at addr, or NULL with a message (fn names the call); a: the arena whose page holds it. */
+static fp_piece *live_in(fp_arena *a, uint64_t addr, const char *fn, fabpool_status *st)
 {
-    fp_lock_assert_held(&h->sp->lock);
-    fp_arena *a = arena_at(h, addr);
     fp_piece *b = a ? fp_arena_block(a, addr) : NULL;
-    *ap = a;
     if (b && b->state == FP_LARGE_LIVE)
         return b;
     if (b) {
@@ -86,6 +93,14 @@ static fp_piece *live_at(fp_heap *h, uint64_t addr, fp_arena **ap, const char *f
         *st = fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this pool did not give out that pointer, or it was freed and "
                        "its memory returned to the driver", fn, (void *)(uintptr_t)addr);
     return NULL;
+}
+
+/* live_in, the arena looked up; *ap: the arena (or NULL). */
+static fp_piece *live_at(fp_heap *h, uint64_t addr, fp_arena **ap, const char *fn, fabpool_status *st)
+{
+    fp_lock_assert_held(&h->sp->lock);
+    *ap = arena_at(h, addr);
+    return live_in(*ap, addr, fn, st);
 }
 
 fabpool_status fp_large_check(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable)
@@ -155,22 +170,25 @@ fabpool_status fp_large_usable(fp_heap *h, uint64_t addr, uint64_t *usable, cons
     return st;
 }
 
-fabpool_status fp_large_free(fp_heap *h, uint64_t addr, const char *fn)
+fabpool_status fp_large_free(fp_heap *h, const fp_span *s, uint64_t addr, const char *fn)
 {
-    /* the block is looked up under the lock: pieces merge and split under it */
+    /* the block is looked up under the lock: pieces merge and split under it (and a chunk is unmapped under
+     * it only when all of it is free: the span the caller read stays the page's while a block is there) */
     fabpool_status st = FABPOOL_OK;
-    fp_arena *a = NULL;
+    fp_arena *a = arena_of(h, s);
     fp_lock(&h->sp->lock);
-    fp_piece *b = live_at(h, addr, &a, fn, &st);
+    fp_piece *b = live_in(a, addr, fn, &st);
+    int due = 0;
     if (b) {
-        atomic_fetch_sub(&h->large_in_use_bytes, b->size);
-        atomic_fetch_sub(&h->large_blocks, 1);
+        count_locked(&h->large_in_use_bytes, -b->size);
+        count_locked(&h->large_blocks, (uint64_t)-1);
         fp_arena_release(a, b);
         fp_heap_idle_follow(h);
+        due = policy_due(h);
     }
     fp_unlock(&h->sp->lock);
-    if (b)
-        policy_now_and_then(h);
+    if (due)
+        fp_heap_trim_policy(h);
     return st;
 }
 

@@ -9,9 +9,9 @@
 /* The usable size of a block of `size` bytes above slab_max. */
 uint64_t fp_large_size(const fp_heap *h, uint64_t size);
 fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out);
-/* Frees the block above slab_max at addr (checked under the lock: interior and double frees are refused; fn
- * names the call in messages). */
-fabpool_status fp_large_free(fp_heap *h, uint64_t addr, const char *fn);
+/* Frees the block above slab_max at addr, whose page the page map sends to s (checked under the lock:
+ * interior and double frees are refused; fn names the call in messages). */
+fabpool_status fp_large_free(fp_heap *h, const fp_span *s, uint64_t addr, const char *fn);
 /* FABPOOL_OK with *usable the block's size if addr is a live block above slab_max, else the errors of
  * fp_large_free; changes nothing. */
 fabpool_status fp_large_check(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable);

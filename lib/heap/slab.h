@@ -77,6 +77,7 @@ typedef struct fp_heap {
     _Atomic uint64_t decay_epoch_ns;
     _Atomic uint64_t large_in_use_bytes, large_blocks, large_allocs[FP_NCLASS], oom_retries;
     _Atomic uint64_t traded_bytes;     /* free chunks unmapped by trades (slab.c, trade), all time */
+    unsigned policy_tick;              /* blocks above slab_max given out and freed (pool lock; large.c) */
     fp_class classes[FP_NCLASS];
 } fp_heap;
 
