@@ -1324,7 +1324,7 @@ static const op_def ops[] = {
     {"view_apply", 7, has_appliable, op_view_apply},
     {"view_close", 3, has_view, op_view_close},
     {"buffer_release_reuse", 4, has_buf, op_buffer_release_reuse},
-    {"view_release_reopen", 3, has_appliable, op_view_release_reopen},
+    {"view_release_reopen", 6, has_appliable, op_view_release_reopen},
     {"trim", 3, always, op_trim},
     {"collect", 5, always, op_collect},
     {"thread_flush", 3, always, op_thread_flush},
