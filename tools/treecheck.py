@@ -12,10 +12,15 @@
       brought it (an upstream project's issue, "DeepEP issue #799", is a
       reference and stays).
   --lib-limits fails when a file of lib/ (any folder below it) has more than
-    600 lines, or a function of lib/ more than 80.
+    600 lines, or a function of lib/ more than 80.  Lines are counted by one
+    rule: a file has as many lines as an editor numbers (its newlines, and one
+    more when the last line has none); a function's lines run from the line
+    that holds its name to the line of its closing brace, both counted, blank
+    and comment lines inside counted too (a return type on the line above the
+    name is not).
   --self-test plants each violation into a copy of the tree and checks that
     it is caught (and that the tree as it is passes --tree).
-Usage: tools/treecheck.py [--root DIR] [--tree | --lib-limits | --self-test]
+Usage: tools/treecheck.py [--root DIR] [--tree | --lib-limits | --self-test | --help]
 Exit status 0 when the tree keeps the rules, 1 otherwise (each violation on a line).
 """
 import os
@@ -36,6 +41,8 @@ CITE_FILES = ("README.md", "CMakeLists.txt")
 TEXT_EXT = (".c", ".h", ".cpp", ".hpp", ".cc", ".cu", ".py", ".sh", ".md", ".txt", ".cmake", ".in", ".map", "")
 CITE_RE = re.compile(r"\b[Ii]ssues?\s+[0-9]")
 FILE_MAX, FUNC_MAX = 600, 80
+# a function definition: layercheck's DEF_RE, and also a name that starts its line (its type on the line above)
+FUNC_RE = re.compile(r"^(?:[A-Za-z_][\w \t\*]*?[ \t\*])?([A-Za-z_]\w*)\s*\(([^;{]|\n)*?\)\s*\{", re.M)
 SOURCE_EXT = (".c", ".h", ".cpp", ".hpp", ".cc")
 
 
@@ -147,11 +154,16 @@ def citations(root):
     return errors
 
 
+def file_lines(text):
+    """The lines of a file as an editor numbers them (see the module's help)."""
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
 def function_lengths(text):
-    """(name, first line, lines) of each function defined in C text (comments stripped)."""
+    """(name, first line, lines) of each function defined in C text, counted by the rule in the module's help."""
     s = strip_c(text)
     out = []
-    for m in DEF_RE.finditer(s):
+    for m in FUNC_RE.finditer(s):
         if m.group(1) in C_KEYWORDS:
             continue
         depth, i = 0, m.end() - 1
@@ -173,7 +185,7 @@ def lib_limits(root):
     for p in sources(root, "lib", (".c", ".h")):
         text = read(p)
         rel = os.path.relpath(p, root)
-        n = text.count("\n")
+        n = file_lines(text)
         if n > FILE_MAX:
             errors.append(f"{rel}: {n} lines, more than {FILE_MAX}: split it where its parts hold different things")
         for name, first, lines in function_lengths(text):
@@ -223,9 +235,15 @@ def self_test(root):
             lambda t: write(t, "tests/planted.c", f"/* the fix of issue {7} item 2 */\n", "w"), "cites an issue")
     planted("a lib file of 601 lines", lambda t: write(t, "lib/planted.c", "int planted;\n" * 601, "w"),
             "lib/planted.c: 601 lines", lib_limits)
+    planted("a lib file of 601 lines, the last without a newline",
+            lambda t: write(t, "lib/planted.c", "int planted;\n" * 600 + "int planted_last;", "w"),
+            "lib/planted.c: 601 lines", lib_limits)
     planted("a lib function of 81 lines",
             lambda t: write(t, "lib/planted.c", "int planted(void)\n{\n" + "    planted_x();\n" * 78 + "}\n", "w"),
             "planted() has 81 lines", lib_limits)
+    planted("a lib function of 81 lines, its parameters on two lines and its type above its name",
+            lambda t: write(t, "lib/planted.c", "static int\nplanted(int a,\n        int b)\n{\n" +
+                            "    planted_x(a, b);\n" * 77 + "}\n", "w"), "planted() has 81 lines", lib_limits)
     with tempfile.TemporaryDirectory() as tmp:  # an upstream project's issue is a reference, not a citation
         os.makedirs(os.path.join(tmp, "tests"))
         write(tmp, "tests/ref.c", "/* the leak of DeepEP issue #799 */\n", "w")
@@ -238,6 +256,9 @@ def self_test(root):
 def main():
     modes = {"--tree": check_tree, "--lib-limits": lib_limits}
     args = sys.argv[1:]
+    if "--help" in args or "-h" in args:
+        print(__doc__.strip())
+        return 0
     root = args[args.index("--root") + 1] if "--root" in args else \
         os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if "--self-test" in args:
