@@ -97,140 +97,149 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     return st;
 }
 
-/* Whether the block at addr (span s) is live, given out and not freed: OK
- * with its size, list (slab class or FP_PENDING_LARGE) and *recorded (a slab
- * block with recorded streams, or for a large block whether any block has
- * them), or the status and message of a refusal (an interior pointer, a
- * block already free or pending; fn names the call).  It changes nothing:
- * the caller acts after. */
-static fabpool_status live_block(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn, uint64_t *usable,
-                                 uint32_t *cls, int *recorded)
+/* A block a stream call names: its pool's allocator, its span and address,
+ * and, once live_block says so, its size, list and recorded streams. */
+typedef struct stream_block {
+    fp_alloc *a;
+    fp_span *s;
+    uint64_t addr, usable;
+    uint32_t cls;
+    int recorded;
+} stream_block;
+
+/* Whether block b is live, given out and not freed: OK with its usable size,
+ * list (slab class or FP_PENDING_LARGE) and recorded (a slab block with
+ * recorded streams, or for a large block whether any block has them), or the
+ * status and message of a refusal (an interior pointer, a block already free
+ * or pending; fn names the call).  It changes nothing: the caller acts
+ * after. */
+static fabpool_status live_block(stream_block *b, const char *fn)
 {
-    *recorded = s->kind == FP_SPAN_SLAB ? 0 : fp_retire_any_used(a->retire);
+    fp_span *s = b->s;
+    b->recorded = s->kind == FP_SPAN_SLAB ? 0 : fp_retire_any_used(b->a->retire);
     if (s->kind != FP_SPAN_SLAB) {
-        *cls = FP_PENDING_LARGE;
-        return fp_large_check(a->heap, addr, fn, usable);
+        b->cls = FP_PENDING_LARGE;
+        return fp_large_check(b->a->heap, b->addr, fn, &b->usable);
     }
     uint64_t obj = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
     uint32_t idx = 0;
-    if (!fp_slab_index(s, addr, &idx))
+    if (!fp_slab_index(s, b->addr, &idx))
         return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer into a slab of %llu-byte blocks; free "
-                        "the pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr, (unsigned long long)obj);
+                        "the pointer fabpool_alloc returned", fn, (void *)(uintptr_t)b->addr, (unsigned long long)obj);
     uint8_t f = atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed);
     if (f != FP_FREEFLAG_USED && f != FP_FREEFLAG_RECORDED)
-        return fp_alloc_already_free(fn, addr, obj, f);
-    *recorded = f == FP_FREEFLAG_RECORDED;
-    *usable = obj;
-    *cls = s->cls;
+        return fp_alloc_already_free(fn, b->addr, obj, f);
+    b->recorded = f == FP_FREEFLAG_RECORDED;
+    b->usable = obj;
+    b->cls = s->cls;
     return FABPOOL_OK;
 }
 
-/* The span of the block ptr names, for fn: the refusal of a NULL pool or
+/* The opening of a stream call fn on the block ptr of pool p: b filled with
+ * the block's allocator, span and address, or the refusal of a NULL pool or
  * pointer, or of an address outside this pool's blocks. */
-static fabpool_status block_span(fp_alloc *a, void *ptr, const char *fn, fp_span **s)
+static fabpool_status stream_block_open(fabpool_t *p, void *ptr, const char *fn, stream_block *b)
 {
-    if (!a)
+    memset(b, 0, sizeof *b);
+    b->a = fp_alloc_of(p);
+    b->addr = (uint64_t)(uintptr_t)ptr;
+    if (!b->a)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "%s(%p): the pool is NULL", fn, ptr);
     if (!ptr)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: the pointer is NULL", fn);
-    *s = fp_map_get(&a->map, (uint64_t)(uintptr_t)ptr);
-    return *s ? FABPOOL_OK : fp_alloc_not_ours(a, fn, ptr);
+    b->s = fp_map_get(&b->a->map, b->addr);
+    return b->s ? FABPOOL_OK : fp_alloc_not_ours(b->a, fn, ptr);
 }
 
 fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
 {
-    fp_alloc *a = fp_alloc_of(p);
-    fp_span *s = NULL;
-    fabpool_status st = block_span(a, ptr, "fabpool_free_on_stream", &s);
+    stream_block b;
+    fabpool_status st = stream_block_open(p, ptr, "fabpool_free_on_stream", &b);
     if (st != FABPOOL_OK)
         return st;
-    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
-    uint32_t cls = 0;
-    int recorded = 0, queued = 0, checked = 0;
+    int queued = 0, checked = 0;
     /* the owner's free checks the pointer as fabpool_free does; where the
      * call may make the stream the owner, the pointer is checked first (a
      * refused free changes nothing, and claims no owner) */
-    int owner = fp_retire_owner_is(a->retire, stream);
+    int owner = fp_retire_owner_is(b.a->retire, stream);
     if (!owner) {
-        if ((st = live_block(a, s, addr, "fabpool_free_on_stream", &usable, &cls, &recorded)) != FABPOOL_OK)
+        if ((st = live_block(&b, "fabpool_free_on_stream")) != FABPOOL_OK)
             return st;
         checked = 1;
-        owner = fp_retire_owner_claim(a->retire, stream);
+        owner = fp_retire_owner_claim(b.a->retire, stream);
     }
-    if (owner && fp_retire_owner_free(a->retire)) {
+    if (owner && fp_retire_owner_free(b.a->retire)) {
         /* the owner: freed into the pool at once (the next unmap or foreign allocation fences); with streams
          * recorded besides it, it waits for them */
-        if (FP_UNLIKELY(a->trace)) {
-            if (s->kind == FP_SPAN_SLAB)
-                usable = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
-            else if (!checked)
-                (void)fp_large_usable(a->heap, addr, &usable, "fabpool_free_on_stream"); /* a bad pointer: refused below */
-            FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream);
-            FP_TRACE_POOL(a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
+        if (FP_UNLIKELY(b.a->trace)) {
+            if (b.s->kind == FP_SPAN_SLAB)
+                b.usable = (uint64_t)b.s->obj_q << FP_QUANTUM_SHIFT;
+            else if (!checked) /* a bad pointer: refused below */
+                (void)fp_large_usable(b.a->heap, b.addr, &b.usable, "fabpool_free_on_stream");
+            FP_TRACE(b.a->trace, FABPOOL_TR_APP_FREE, ptr, b.usable, stream);
+            FP_TRACE_POOL(b.a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
         }
-        if ((st = fp_alloc_free_block(a, s, addr, "fabpool_free_on_stream", 1, stream, &queued)) == FABPOOL_OK && !queued)
-            fp_retire_owner_freed(a->retire);
+        st = fp_alloc_free_block(b.a, b.s, b.addr, "fabpool_free_on_stream", 1, stream, &queued);
+        if (st == FABPOOL_OK && !queued)
+            fp_retire_owner_freed(b.a->retire);
         return st;
     }
-    if (!checked && (st = live_block(a, s, addr, "fabpool_free_on_stream", &usable, &cls, &recorded)) != FABPOOL_OK)
+    if (!checked && (st = live_block(&b, "fabpool_free_on_stream")) != FABPOOL_OK)
         return st;
     /* another stream while the owner mode holds: it ends (after the checks above: bad input changes nothing) */
-    if (fp_retire_owned(a->retire) && (st = fp_retire_disown(a->retire)) != FABPOOL_OK) {
+    if (fp_retire_owned(b.a->retire) && (st = fp_retire_disown(b.a->retire)) != FABPOOL_OK) {
         fp_error_append(" (fabpool_free_on_stream(%p), stream %p, waiting for the owner stream %p: the block is "
-                        "still the caller's)", ptr, stream, a->retire->owner);
+                        "still the caller's)", ptr, stream, b.a->retire->owner);
         return st;
     }
-    FP_TRACE(a->trace, FABPOOL_TR_APP_FREE, ptr, usable, stream); /* before any reuse of ptr */
+    FP_TRACE(b.a->trace, FABPOOL_TR_APP_FREE, ptr, b.usable, stream); /* before any reuse of ptr */
     /* used on other streams too (fabpool_record_stream): it waits for them */
-    if (FP_UNLIKELY(recorded) &&
-        ((st = fp_alloc_free_recorded(a, s, addr, "fabpool_free_on_stream", 1, stream, 0, &queued)) != FABPOOL_OK || queued))
+    if (FP_UNLIKELY(b.recorded) &&
+        ((st = fp_alloc_free_recorded(b.a, b.s, b.addr, "fabpool_free_on_stream", 1, stream, 0, &queued)) != FABPOOL_OK ||
+         queued))
         return st;
     /* marked pending, checked again where two threads could race: the flag's exchange, the large block's lock */
-    if (s->kind == FP_SPAN_SLAB) {
+    if (b.s->kind == FP_SPAN_SLAB) {
         uint32_t idx = 0;
-        fp_slab_index(s, addr, &idx);
+        fp_slab_index(b.s, b.addr, &idx);
         uint8_t want = FP_FREEFLAG_USED;
-        if (!atomic_compare_exchange_strong_explicit(&s->freeflag[idx], &want, FP_FREEFLAG_PENDING,
+        if (!atomic_compare_exchange_strong_explicit(&b.s->freeflag[idx], &want, FP_FREEFLAG_PENDING,
                                                      memory_order_relaxed, memory_order_relaxed))
-            return fp_alloc_already_free("fabpool_free_on_stream", addr, usable, want);
-    } else if ((st = fp_large_pend(a->heap, addr, "fabpool_free_on_stream", &usable)) != FABPOOL_OK) {
+            return fp_alloc_already_free("fabpool_free_on_stream", b.addr, b.usable, want);
+    } else if ((st = fp_large_pend(b.a->heap, b.addr, "fabpool_free_on_stream", &b.usable)) != FABPOOL_OK) {
         return st;
     }
     int poll = 0;
-    st = fp_pending_free(a->retire, stream, addr, usable, cls, &poll);
+    st = fp_pending_free(b.a->retire, stream, b.addr, b.usable, b.cls, &poll);
     if (st != FABPOOL_OK) {
-        fp_alloc_unpend(a, addr); /* nothing changed: the block is still the caller's */
+        fp_alloc_unpend(b.a, b.addr); /* nothing changed: the block is still the caller's */
         fp_error_append(" (fabpool_free_on_stream(%p): the block is still the caller's)", ptr);
         return st;
     }
     if (poll)
-        fp_alloc_drain(a, 0, 0);
+        fp_alloc_drain(b.a, 0, 0);
     return FABPOOL_OK;
 }
 
 fabpool_status fabpool_record_stream(fabpool_t *p, void *ptr, void *stream)
 {
-    fp_alloc *a = fp_alloc_of(p);
-    fp_span *s = NULL;
-    fabpool_status st = block_span(a, ptr, "fabpool_record_stream", &s);
+    stream_block b;
+    fabpool_status st = stream_block_open(p, ptr, "fabpool_record_stream", &b);
     if (st != FABPOOL_OK)
         return st;
-    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
-    uint32_t cls = 0;
-    int recorded = 0;
-    st = live_block(a, s, addr, "fabpool_record_stream", &usable, &cls, &recorded);
+    st = live_block(&b, "fabpool_record_stream");
     if (st == FABPOOL_ERR_DOUBLE_FREE)
         return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_record_stream(%p, stream %p): the block is not live: it was "
                         "freed (fabpool_free or fabpool_free_on_stream); record a stream on a block before its free",
                         ptr, stream);
     if (st != FABPOOL_OK)
         return st;
-    if ((st = fp_retire_use(a->retire, addr, stream)) != FABPOOL_OK)
+    if ((st = fp_retire_use(b.a->retire, b.addr, stream)) != FABPOOL_OK)
         return st;
-    if (s->kind == FP_SPAN_SLAB) { /* its free goes to the slow path, which finds the streams */
+    if (b.s->kind == FP_SPAN_SLAB) { /* its free goes to the slow path, which finds the streams */
         uint32_t idx = 0;
-        fp_slab_index(s, addr, &idx);
-        atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_RECORDED, memory_order_relaxed);
+        fp_slab_index(b.s, b.addr, &idx);
+        atomic_store_explicit(&b.s->freeflag[idx], FP_FREEFLAG_RECORDED, memory_order_relaxed);
     }
     return FABPOOL_OK;
 }

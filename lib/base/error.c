@@ -1,8 +1,9 @@
 /* error.c - status names, the calling thread's last error message, the
- * library's version and the check of a struct's size. */
+ * library's version, the check of a struct's size and a getter's opening. */
 #include "error.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -70,4 +71,22 @@ void fp_error_append(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(fp_msg + len, sizeof fp_msg - len, fmt, ap);
     va_end(ap);
+}
+
+_Static_assert(offsetof(fabpool_stats, struct_size) == 0 && offsetof(fabpool_counters, struct_size) == 0 &&
+                   offsetof(fabpool_sleep_info, struct_size) == 0,
+               "fp_getter_begin reads and sets struct_size as the struct's first member");
+
+fabpool_status fp_getter_begin(const char *fn, const char *type, const void *pool, void *out, size_t size)
+{
+    if (!pool || !out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: the pool or the output is NULL", fn);
+    size_t got = 0;
+    memcpy(&got, out, sizeof got);
+    fabpool_status st = fp_struct_size_check(fn, type, got, size);
+    if (st != FABPOOL_OK)
+        return st;
+    memset(out, 0, size);
+    memcpy(out, &size, sizeof size);
+    return FABPOOL_OK;
 }

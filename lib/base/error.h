@@ -16,4 +16,12 @@ void fp_error_clear(void);
  * message naming fn and the struct type. */
 fabpool_status fp_struct_size_check(const char *fn, const char *type, size_t got, size_t want);
 
+/* The opening of a getter that fills `out`, a caller's struct of `size`
+ * bytes whose first member is its size_t struct_size (fabpool_stats,
+ * fabpool_counters, fabpool_sleep_info): FABPOOL_ERR_INVALID_ARG when the
+ * pool or out is NULL or struct_size is not `size` (fn and type name the call
+ * and the struct in the message); else FABPOOL_OK with out zeroed and its
+ * struct_size set. */
+fabpool_status fp_getter_begin(const char *fn, const char *type, const void *pool, void *out, size_t size);
+
 #endif

@@ -314,13 +314,9 @@ fabpool_status fabpool_wake(fabpool_t *p, void *stream)
 
 fabpool_status fabpool_sleep_state(fabpool_t *p, fabpool_sleep_info *out)
 {
-    if (!p || !out)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_sleep_state: the pool or the output is NULL");
-    fabpool_status st = fp_struct_size_check("fabpool_sleep_state", "fabpool_sleep_info", out->struct_size, sizeof *out);
+    fabpool_status st = fp_getter_begin("fabpool_sleep_state", "fabpool_sleep_info", p, out, sizeof *out);
     if (st != FABPOOL_OK)
         return st;
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
     fp_lock(&p->sp.lock);
     out->asleep = p->sleep != NULL;
     fp_unlock(&p->sp.lock);

@@ -167,13 +167,9 @@ static uint64_t stat_value(const fabpool_stats *s, const stat_row *r)
 
 fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
 {
-    if (!p || !s)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_stats: the pool or the output is NULL");
-    fabpool_status st = fp_struct_size_check("fabpool_get_stats", "fabpool_stats", s->struct_size, sizeof *s);
+    fabpool_status st = fp_getter_begin("fabpool_get_stats", "fabpool_stats", p, s, sizeof *s);
     if (st != FABPOOL_OK)
         return st;
-    memset(s, 0, sizeof *s);
-    s->struct_size = sizeof *s;
     fp_lock(&p->sp.lock);
     class_sums w = class_rows(p, s);
 #define STAT_FILL(f, kind, label, value)                                                                       \
@@ -290,13 +286,9 @@ fabpool_status fabpool_reset_peak(fabpool_t *p)
 
 fabpool_status fabpool_get_counters(fabpool_t *p, fabpool_counters *c)
 {
-    if (!p || !c)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_counters: the pool or the output is NULL");
-    fabpool_status st = fp_struct_size_check("fabpool_get_counters", "fabpool_counters", c->struct_size, sizeof *c);
+    fabpool_status st = fp_getter_begin("fabpool_get_counters", "fabpool_counters", p, c, sizeof *c);
     if (st != FABPOOL_OK)
         return st;
-    memset(c, 0, sizeof *c);
-    c->struct_size = sizeof *c;
     c->mapped_bytes = fp_chunks_mapped(&p->ch, &c->chunks_mapped);
     c->mapped_bytes_peak = fp_chunks_mapped_peak(&p->ch);
     c->chunks_mapped_total = ld(&p->ch.chunks_mapped_total);
