@@ -6,13 +6,12 @@
 # Everything goes to $OUT/hybridep-h200.txt.  Never stops at a failure.
 #   OUT=/some/dir bash adapters/hybridep/h200-check.sh
 cd "$(dirname "$0")/../.." || exit 1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-log="$OUT/hybridep-h200.txt"
+. perf/h200/common.sh   # h200_out (this script logs its steps its own way)
+h200_out /tmp/out hybridep-h200.txt
+log=$LOG
 : >"$log"
 say() { echo "$*" | tee -a "$log"; }
 step() { say "+ $*"; timeout 150 "$@" >>"$log" 2>&1; local rc=$?; say "  -> exit $rc"; return $rc; }
-export PATH=/opt/torch/.venv/bin:$PATH
 say "hybridep-h200: $(date -u +%FT%TZ) on $(hostname)"
 step nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 b=/tmp/b-hybridep

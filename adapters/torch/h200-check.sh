@@ -7,16 +7,12 @@
 # to $OUT/torch-h200.txt (and the two runs' JSON reports to $OUT).  Never stops
 # at the first failure; the last line says what passed.
 set -u
-OUT=${OUT:-/tmp/fabpool-torch-out}
-mkdir -p "$OUT"
-LOG="$OUT/torch-h200.txt"
-export PATH=/opt/torch/.venv/bin:$PATH
+. perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
+h200_out /tmp/fabpool-torch-out torch-h200.txt
 B=${FABPOOL_TORCH_BUILD:-/tmp/b-torch}
-. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
 {
-  echo "fabpool torch H200 check, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' 2>&1
+  h200_head "fabpool torch H200 check"
+  h200_torch
   step configure 60 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFABPOOL_WERROR=ON
   step build 120 cmake --build "$B" -j16 --target fabpool_torch test_torch_shim
   step ctest-torch 60 ctest --test-dir "$B" -L torch --output-on-failure

@@ -10,20 +10,16 @@
 # Writes under $OUT: contract.txt (this log), contract.json (every case's figures), configure.txt.  Never stops at
 # the first failure; the last line is SUMMARY name=rc ...  CONTRACT_CASES=a,b runs those cases only.
 set -u
-OUT=${OUT:-/tmp/fabpool-contract}
-mkdir -p "$OUT"
-LOG="$OUT/contract.txt"
-[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+. perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
+h200_out /tmp/fabpool-contract contract.txt
 B=${FABPOOL_TORCH_BUILD:-/tmp/b-contract}
 # torch.compile's cache outside $OUT (what is under $OUT comes back); the second run of a case reuses the first's
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/fabpool-contract-inductor}
 GEN=""
 command -v ninja >/dev/null && GEN="-G Ninja"
-. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
 {
-  echo "fabpool PyTorch contract, $(date -u), commit $(cat .rev 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' 2>&1
+  h200_head "fabpool PyTorch contract"
+  h200_torch
   step configure 120 bash -c "cmake -S . -B '$B' $GEN -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release \
       > '$OUT/configure.txt' 2>&1; rc=\$?; grep -E 'fabpool_torch_cxx|Error' '$OUT/configure.txt'; exit \$rc"
   step build 180 cmake --build "$B" -j16 --target fabpool_torch fabpool_torch_cxx test_torch_shim test_torch_core test_symm test_torch_combined \

@@ -7,18 +7,14 @@
 # (adapters/torch/test_symm_gpu.py says what each phase checks).  Run from the repository root; about
 # 2 minutes.  Writes $OUT/symm-h200.txt and $OUT/symm-h200.json; the last lines say what passed.
 set -u
-OUT=${OUT:-/tmp/fabpool-symm-out}
-mkdir -p "$OUT"
-LOG="$OUT/symm-h200.txt"
-export PATH=/opt/torch/.venv/bin:$PATH
+. perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
+h200_out /tmp/fabpool-symm-out symm-h200.txt
 # PyTorch's symmetric memory: several ranks on one device, NVLink multicast off
 export TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 B=${FABPOOL_TORCH_BUILD:-/tmp/b-symm}
-. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
 {
-  echo "fabpool symmetric memory H200 check, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' 2>&1
+  h200_head "fabpool symmetric memory H200 check"
+  h200_torch
   step configure 60 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFABPOOL_WERROR=ON
   step build 120 cmake --build "$B" -j16 --target fabpool_torch
   step symm 210 python3 adapters/torch/test_symm_gpu.py --lib "$B/adapters/torch/libfabpool_torch.so" --ranks 4 \

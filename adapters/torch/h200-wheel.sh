@@ -15,20 +15,17 @@
 # Writes $OUT/wheel-h200.txt (this log) and the tests' JSON reports to $OUT; the last line is SUMMARY with each
 # step's rc.
 set -u
-OUT=${OUT:-/tmp/fabpool-wheel-out}
-mkdir -p "$OUT"
+. perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
+h200_out /tmp/fabpool-wheel-out
 OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/wheel-h200.txt"
-[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
 W=${FABPOOL_WHEEL_DIR:-/tmp/fabpool-wheel}
 ROOT=$(pwd)
 PY="$W/venv/bin/python"
 steps=${*:-installed moe stats-shim stats-cxx sleep lightning}
-. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
 want() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
 {
-  echo "fabpool wheel H200 check, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null), steps: $steps"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+  h200_head "fabpool wheel H200 check" "steps: $steps"
   python3 -c 'import sys, torch; print(sys.executable, "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
   # what the build and the install can use (wheel.sh says which way it took)
   python3 -c 'import importlib.util as u; print("modules:", {m: bool(u.find_spec(m)) for m in

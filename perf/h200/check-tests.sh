@@ -3,15 +3,10 @@
 # test suite, and look at what the machine offers the later runs (PyTorch's
 # C++ side, MPI).  Everything it prints goes to $OUT/h200-tests.txt too.
 set -uo pipefail
-export PATH=/opt/torch/.venv/bin:$PATH
-exec > >(tee "${OUT:-/tmp}/h200-tests.txt") 2>&1
-# build what is committed (helpers may be editing the tree) when git is here
-if git rev-parse HEAD >/dev/null 2>&1; then
-  rm -rf /tmp/src && mkdir -p /tmp/src && git archive HEAD | tar -x -C /tmp/src && cd /tmp/src
-  echo "source: commit $(git -C "$OLDPWD" rev-parse --short HEAD)"
-else
-  echo "source: working tree (no git)"
-fi
+. perf/h200/common.sh   # h200_out, h200_committed_source
+h200_out /tmp
+exec > >(tee "$OUT/h200-tests.txt") 2>&1
+h200_committed_source /tmp/src
 date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 cmake -S . -B /tmp/br -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release >/tmp/cmake.log 2>&1 || { cat /tmp/cmake.log; exit 1; }
 cmake --build /tmp/br -j16 2>&1 | grep -E "error|warning" ; echo "build rc=${PIPESTATUS[0]}"

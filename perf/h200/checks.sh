@@ -13,18 +13,14 @@
 # CHECKS=tests,sleep,... picks some.  Writes under $OUT: checks.txt (this log), ctest.txt, sleep.json,
 # stream-bench.json, moe-*.json; the last line is SUMMARY name=rc ...
 set -u
-OUT=${OUT:-/tmp/fabpool-checks}
-mkdir -p "$OUT"
-LOG="$OUT/checks.txt"
-[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+. perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
+h200_out /tmp/fabpool-checks checks.txt
 B=build-h200
 LIB="$B/adapters/torch/libfabpool_torch.so"
 CHECKS=${CHECKS:-tests,sleep,stream,moe}
 want() { [[ ",$CHECKS," == *",$1,"* ]]; }
-. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
 {
-  echo "fabpool checks, $(date -u), commit $(cat .rev 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+  h200_head "fabpool checks"
   step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release
   step build 240 cmake --build "$B" -j16
   if want tests; then

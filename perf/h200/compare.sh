@@ -19,7 +19,7 @@ sides+=(cur)
 src_of() { if [ "$1" = cur ]; then echo .; else echo "${bases[${1#base}]}"; fi; }
 ROUNDS=${ROUNDS:-5}
 mkdir -p "$OUT"
-. perf/h200/step.sh
+. perf/h200/common.sh   # step NAME TIMEOUT COMMAND... and `status`
 {
   for i in "${!bases[@]}"; do echo "compare: base$i ${bases[$i]} ($(cat "${bases[$i]}/.rev" 2>/dev/null))"; done
   echo "compare: current $(cat .rev 2>/dev/null || echo .)"

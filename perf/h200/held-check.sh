@@ -11,14 +11,11 @@
 #   moe       adapters/torch/test_torch_moe.py beside the hog (held.py: this process's use, through pynvml)
 # Writes under $OUT: held.txt (this log), probe.txt, hog.txt, ctest.txt, ctest-nonvml.txt, moe-*.json.
 set -u
-OUT=${OUT:-/tmp/fabpool-held}
-mkdir -p "$OUT"
-[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+. perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
+h200_out /tmp/fabpool-held
 B=build-held
-. perf/h200/step.sh
 {
-  echo "held check, $(date -u), commit $(cat .rev 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+  h200_head "held check"
   step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release
   step build 240 cmake --build "$B" -j16
   step probe-build 60 gcc -std=c11 -D_GNU_SOURCE -O1 -I/usr/local/cuda/include tests/probe/nvml_probe.c \

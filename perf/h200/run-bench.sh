@@ -10,9 +10,8 @@
 # Usage (from the repository root): OUT=/some/dir perf/h200/run-bench.sh
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/fabpool-bench-out}
-mkdir -p "$OUT"
-export PATH=/opt/torch/.venv/bin:$PATH
+. perf/h200/common.sh   # h200_out
+h200_out /tmp/fabpool-bench-out
 B=${B:-/tmp/b-bench}
 run() { echo "+ $*"; "$@"; echo "  (exit $?)"; }
 {

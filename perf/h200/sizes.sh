@@ -9,11 +9,9 @@
 # Prints: the ctest lines and the test's own "waste:", "large seed N: ...", "decay_ms:..." lines, then
 # the bench tables.  About 2 minutes.
 set -uo pipefail
+. perf/h200/common.sh   # h200_committed_source
 exec > >(tee "${OUT:-/tmp}/h200-sizes.txt") 2>&1
-if git rev-parse HEAD >/dev/null 2>&1; then
-  rm -rf /tmp/src-sizes && mkdir -p /tmp/src-sizes && git archive HEAD | tar -x -C /tmp/src-sizes && cd /tmp/src-sizes
-  echo "source: commit $(git -C "$OLDPWD" rev-parse --short HEAD)"
-fi
+h200_committed_source /tmp/src-sizes
 date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 cmake -S . -B /tmp/bs -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release >/tmp/cmake-sizes.log 2>&1 || { cat /tmp/cmake-sizes.log; exit 1; }
 cmake --build /tmp/bs -j16 2>&1 | grep -E "error|warning"; echo "build rc=${PIPESTATUS[0]}"

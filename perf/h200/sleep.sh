@@ -16,17 +16,13 @@
 # Writes $OUT/sleep-h200.txt (this log) and $OUT/sleep.json.  The last lines: one PASS/FAIL per criterion,
 # SLEEP-CHECK PASS|FAIL, and SUMMARY with each step's rc.
 set -u
-OUT=${OUT:-/tmp/fabpool-sleep-out}
-mkdir -p "$OUT"
-LOG="$OUT/sleep-h200.txt"
-[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+. perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
+h200_out /tmp/fabpool-sleep-out sleep-h200.txt
 B=build-h200
 LIB="$B/adapters/torch/libfabpool_torch.so"
-. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
 {
-  echo "fabpool sleep/wake check, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' 2>&1
+  h200_head "fabpool sleep/wake check"
+  h200_torch
   step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real
   step build 150 cmake --build "$B" -j16 --target fabpool_torch test_sleep test_conformance
   # the driver's answers, among them the copies between device and host NUMA memory that sleep and wake make

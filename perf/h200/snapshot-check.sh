@@ -17,18 +17,14 @@
 # (The pages load PyTorch's MemoryViz.js from its CDN when opened; the flame graphs, `memory` and `segments`,
 # fetch flamegraph.pl from the network and are not made here.)
 set -u
-OUT=${OUT:-/tmp/fabpool-snapshot-out}
-mkdir -p "$OUT"
-LOG="$OUT/snapshot-check.txt"
-[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+. perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
+h200_out /tmp/fabpool-snapshot-out snapshot-check.txt
 B=build-h200
 LIB="$B/adapters/torch/libfabpool_torch.so"
 STEPS=${SNAPSHOT_STEPS:-20}
-. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
 {
-  echo "fabpool memory snapshot in torch.cuda._memory_viz, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
+  h200_head "fabpool memory snapshot in torch.cuda._memory_viz"
+  h200_torch
   step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real
   step build 180 cmake --build "$B" -j16 --target fabpool_torch fabpool_trace
   rm -f "$OUT/train.trace"

@@ -14,16 +14,12 @@
 # Writes under $OUT: stream-h200.txt (this log), stream-bench.json, moe-*.json.  The last line says what
 # passed (rc 0 each).
 set -u
-OUT=${OUT:-/tmp/fabpool-stream-out}
-mkdir -p "$OUT"
-LOG="$OUT/stream-h200.txt"
-[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+. perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
+h200_out /tmp/fabpool-stream-out stream-h200.txt
 B=build-h200-stream
 LIB="$B/adapters/torch/libfabpool_torch.so"
-. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
 {
-  echo "fabpool stream check, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+  h200_head "fabpool stream check"
   step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release
   step build 180 cmake --build "$B" -j16
   step tests 120 ctest --test-dir "$B" --output-on-failure \

@@ -11,7 +11,7 @@ OUT=${OUT:-/tmp/fabpool-two-trees}
 BASE_DIR=${BASE_DIR:-.deps/before}
 TESTS=${TESTS:?name the tests, a ctest -R pattern}
 mkdir -p "$OUT"
-. perf/h200/step.sh
+. perf/h200/common.sh   # step NAME TIMEOUT COMMAND... and `status`
 {
   echo "tests-on-two-trees: before $BASE_DIR ($(cat "$BASE_DIR/.rev" 2>/dev/null)), after $(cat .rev 2>/dev/null || echo .)"
   nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader 2>&1

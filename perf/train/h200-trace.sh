@@ -16,18 +16,14 @@
 #   train-bench.md / .json      train_bench.py's own report of the traced run
 # The last line says what passed (rc 0 each).
 set -u
-OUT=${OUT:-/tmp/fabpool-trace-out}
-mkdir -p "$OUT"
-LOG="$OUT/h200-trace.txt"
-[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+. perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
+h200_out /tmp/fabpool-trace-out h200-trace.txt
 B=build-h200
 LIB="$B/adapters/torch/libfabpool_torch.so"
 STEPS=${TRACE_STEPS:-60}
-. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
 {
-  echo "fabpool trace capture and replay, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
+  h200_head "fabpool trace capture and replay"
+  h200_torch
   step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real
   step build 180 cmake --build "$B" -j16 --target fabpool_torch fabpool_trace fabpool_replay fabpool_bench_torch
   ls -la "$B"/libfabpool_bench_torch.so "$LIB" 2>&1

@@ -16,21 +16,17 @@
 # TRAIN_ALLOCATORS the bench's allocators (default default,expandable,fabpool; fabpool-queue: stream_owner:0;
 # fabpool-local: handle_type:none, the C++ allocator's pools without POSIX fd handles).
 set -u
-OUT=${OUT:-/tmp/fabpool-train-out}
-mkdir -p "$OUT"
-LOG="$OUT/train-h200.txt"
-[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+. perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
+h200_out /tmp/fabpool-train-out train-h200.txt
 B=build-h200
 LIB="$B/adapters/torch/libfabpool_torch.so"
 STEPS=${TRAIN_STEPS:-50}
 RUNS=${TRAIN_RUNS:-3}
 CHECKS=${TRAIN_CHECKS:-bench,stats,lightning,moe}
 want() { [[ ",$CHECKS," == *",$1,"* ]]; }
-. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
 {
-  echo "fabpool training check, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' 2>&1
+  h200_head "fabpool training check"
+  h200_torch
   python3 -c 'import pynvml; print("pynvml", getattr(pynvml, "__version__", "present"))' 2>&1 | tail -1
   step configure 90 cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real
   step build 180 cmake --build "$B" -j16

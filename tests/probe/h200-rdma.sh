@@ -13,23 +13,19 @@
 #   nccl_register-none.json, nccl-debug-none.txt           the same with a pool of handle type none
 # Never stops at the first failure; the last line says what passed.
 set -u
-OUT=${OUT:-/tmp/fabpool-rdma-out}
-mkdir -p "$OUT"
-LOG="$OUT/rdma-h200.txt"
-[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+. perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
+h200_out /tmp/fabpool-rdma-out rdma-h200.txt
 B=${FABPOOL_RDMA_BUILD:-/tmp/b-rdma}
 CUDA_INC=${CUDA_INC:-/usr/local/cuda/include}
 mkdir -p "$B"
 export B CUDA_INC
-. perf/h200/step.sh   # step NAME TIMEOUT COMMAND..., and the status array
 build_probe() {
   gcc -std=gnu11 -O1 -I"$CUDA_INC" tests/probe/rdma_probe.c -o "$B/rdma_probe" -lcuda 2>/dev/null ||
     gcc -std=gnu11 -O1 -I"$CUDA_INC" tests/probe/rdma_probe.c -o "$B/rdma_probe" \
         -L"$(dirname "$CUDA_INC")/lib64/stubs" -lcuda
 }
 {
-  echo "fabpool RDMA H200 check, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+  h200_head "fabpool RDMA H200 check"
   uname -r
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' 2>&1
   # timeout runs programs, not shell functions: hand the function to a child bash (B and CUDA_INC are exported)

@@ -4,15 +4,14 @@
 # program runs whatever the others did; everything goes to $OUT/reliability-h200.txt.
 # Run from the repository root: bash tests/reliability/h200-soak.sh   (about 3 minutes)
 set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-log="$OUT/reliability-h200.txt"
-export PATH=/opt/torch/.venv/bin:$PATH
+. perf/h200/common.sh   # h200_out, h200_gpu
+h200_out /tmp/out reliability-h200.txt
+log=$LOG
 B=${B:-/tmp/b-rel}
 SOAK_SECONDS=${SOAK_SECONDS:-150}
 {
   echo "# fabpool reliability on the real driver, $(date -u +%FT%TZ)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+  h200_gpu
   echo "+ cmake -S . -B $B -DFABPOOL_TEST_DRIVER=real"
   cmake -S . -B "$B" -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=RelWithDebInfo 2>&1 | tail -3
   echo "+ cmake --build $B --target test_badinput test_threads test_peer_crash test_soak"
