@@ -2,7 +2,8 @@
  * the seeded random numbers, failures counted by kind with the step that
  * made them, the patterns each live object carries (written with
  * cuMemcpyHtoD at sample offsets and read back), and the overlap check of
- * live address ranges.  One test program includes it once. */
+ * live address ranges.  One test program includes it once, through
+ * property_model.h (the model both keep and the step loop). */
 #ifndef FP_PROPERTY_H
 #define FP_PROPERTY_H
 

@@ -59,7 +59,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "property.h"
 #include "trace_file.h"
 
 #define GB (1ull << 30)
@@ -73,6 +72,8 @@
 #define MAXREC 256
 #define MAXPEND 128
 #define MAXFD 256
+
+#include "property_model.h"
 
 /* ------------------------------------------------------------ the sim */
 
@@ -140,12 +141,6 @@ static const struct {
 
 /* ------------------------------------------------------------ configurations */
 
-enum { TRACE_NONE, TRACE_MIXED, TRACE_STREAM_ONLY };
-typedef struct pool_conf {
-    fabpool_handle_type handle;
-    int stream_owner, thread_cache, small_reserve, keep_host, trace;
-} pool_conf;
-
 /* Each row: three pools; every handle type, owner mode on and off, thread caches on and off, a small
  * reservation and a trace (mixed or stream pair only) appear in several rows, in different company. */
 static const pool_conf configs[][NPOOL] = {
@@ -171,27 +166,6 @@ static const char *htype_name(fabpool_handle_type h)
 
 /* ------------------------------------------------------------ the model */
 
-typedef struct {
-    fabpool_buffer_t *h;
-    uint64_t id, base, window;
-    size_t size;
-    uint64_t pts[NPTS]; /* sample offsets in the window; those below size hold pat(id, x) */
-    int shared;         /* exported at least once */
-    uint64_t acked;     /* the highest generation acked */
-    uint64_t shrunk_gen; /* the generation its last shrink made */
-    int broken;         /* a check already failed on it: not checked again */
-} buf_t;
-
-typedef struct {
-    fabpool_view_t *h;
-    int src_pool;
-    uint64_t id, gen, live; /* id: the source buffer's */
-    uint64_t vid, base, window;
-    size_t src_size;        /* the source's size at the generation the view has: samples below it hold the pattern */
-    uint64_t pts[NPTS];
-    int broken;
-} view_t;
-
 /* A late peer: a full descriptor of generation `gen`, received, not yet opened.  The peers' acks take
  * it into account, so its chunks must stay importable until it opens them. */
 typedef struct {
@@ -208,78 +182,17 @@ typedef struct {
     int fd;
 } dmabuf_t;
 
-/* Buffer memory a shrink or destroy dropped while it must stay: retired on
- * a held stream (mapped, with its data, until the stream's work is done),
- * or dropped from an exported buffer before its peers acked (kept for them:
- * the views' and late peers' checks cover it). */
-typedef struct {
-    int pool;
-    uint64_t id, base;
-    size_t lo, hi;         /* offsets in the buffer's window whose samples must still read back */
-    uint64_t dropped;      /* bytes the buffer stopped counting as mapped */
-    uint64_t va_lo, va_hi; /* where they are */
-    int destroyed;
-    int stream;            /* -1: none */
-    uint64_t epoch;        /* the stream's hold when it was retired */
-    int ack_wait;          /* an exported buffer: until acked >= gen_after */
-    uint64_t gen_after;
-    uint64_t pts[NPTS];
-} rec_t;
-
-/* A block freed with fabpool_free_on_stream while its stream was held. */
-typedef struct {
-    int pool, stream;
-    uint64_t epoch;
-    blk_t b;
-    int owner;  /* freed on the owner stream: into the pool at once; only the owner may reuse it meanwhile */
-    int nodata; /* a discard sleep dropped its contents */
-} pend_t;
-
-enum { OWN_NONE = -3, OWN_OFF = -2 }; /* else the owner stream (-1: NULL) */
-
-typedef struct {
-    fabpool_t *p;
-    pool_conf c;
-    fabpool_handle_type htype;
-    blk_t blk[MAXBLK];
-    int nblk;
-    buf_t buf[MAXBUF];
-    int nbuf;
-    view_t view[MAXVIEW];
-    int nview;
-    int asleep;
-    fabpool_sleep_mode mode;
-    int own;                /* the owner stream as the library's rule makes it */
-    const char *refused;    /* a refused call that may have changed the owner since it was last seen: its key */
-    char trace_path[FABPOOL_TRACE_PATH_MAX];
-    uint64_t tr_allocs, tr_live, tr_peak; /* allocations that succeeded, live bytes asked, and their peak */
-    int tr_streams;         /* the stream pair was used */
-    uint64_t tr_bad_frees;  /* frees of bad pointers: a trace may record them (a free is recorded before it is
-                             * checked) */
-} pool_t;
-
-static pool_t P[NPOOL];
-static pend_t pend[MAXPEND];
-static int npend;
-static rec_t rec[MAXREC];
-static int nrec;
 static stash_t stash[MAXSTASH];
 static int nstash;
 static dmabuf_t dmabufs[MAXDMABUF];
 static int ndmabuf;
 
-static CUstream streams[NSTREAM];
-static int held[NSTREAM];
-static uint64_t epoch[NSTREAM];
-static uint64_t next_id = 1, step_first_id;
-static uint64_t gran = 2 * MB;
-static int verbose;
 static const char *replay_path;
 static char tmpdir[64];
 
 /* totals printed at the end */
 static long n_limit, n_slept, n_sleep_busy, n_woke_discard, n_asleep_refused, n_late_open[4], n_late_after_change[4],
-    n_cross_grow, n_refit_late, n_bad, n_threads, n_traces, n_replays, n_dmabuf, n_pool_checks;
+    n_refit_late, n_bad, n_threads, n_traces, n_replays, n_dmabuf, n_pool_checks;
 
 /* ------------------------------------------------------------ failures */
 
@@ -322,36 +235,6 @@ static const meaning_t meanings[] = {
 
 /* ------------------------------------------------------------ patterns */
 
-static void blk_points(const blk_t *b, uint64_t *pts)
-{
-    for (int i = 0; i < NPTS; i++)
-        pts[i] = i % 2 ? b->usable - 8 : 0;
-}
-
-static void write_blk(const blk_t *b)
-{
-    uint64_t pts[NPTS];
-    blk_points(b, pts);
-    write_points(b->id, (uint64_t)(uintptr_t)b->p, pts, 0, b->usable);
-}
-static int check_blk(const blk_t *b, int which)
-{
-    uint64_t pts[NPTS];
-    blk_points(b, pts);
-    return check_points("data.block", "block", b->id, (uint64_t)(uintptr_t)b->p, pts, 0, b->usable, which);
-}
-static void check_buf(buf_t *b, int which)
-{
-    if (!b->broken)
-        b->broken = check_points("data.buffer", "buffer", b->id, b->base, b->pts, 0, b->size, which);
-}
-static void check_view(view_t *v, int which)
-{
-    uint64_t hi = v->src_size < v->live ? v->src_size : v->live;
-    if (!v->broken)
-        v->broken = check_points("data.view", "view of buffer", v->id, v->base, v->pts, 0, hi, which);
-}
-
 /* ------------------------------------------------------------ streams */
 
 static void *sptr(int s) { return s < 0 ? NULL : (void *)streams[s]; }
@@ -360,12 +243,6 @@ static const char *stream_name(int s)
 {
     static const char *const n[] = {"NULL", "0", "1", "2", "3"};
     return n[s + 1];
-}
-/* The sim's view: a synchronizing call (a fence, a sleep, a NULL-stream shrink) completes a stream. */
-static void refresh_streams(void)
-{
-    for (int s = 0; s < NSTREAM; s++)
-        held[s] = cuStreamQuery(streams[s]) == CUDA_ERROR_NOT_READY;
 }
 static void hold(int s)
 {
@@ -381,32 +258,14 @@ static void release(int s)
     EXPECT(stream_release_fn(streams[s]) == 0, "stream_release", "fabsim_stream_release failed");
     held[s] = 0;
 }
-static int pending_on(int s, uint64_t ep) { return s >= 0 && held[s] && epoch[s] == ep; }
 
 /* ------------------------------------------------------------ model helpers */
 
-static fabpool_buffer_info binfo(const buf_t *b)
-{
-    fabpool_buffer_info i = {.struct_size = sizeof(fabpool_buffer_info)};
-    fabpool_buffer_get_info(b->h, &i);
-    return i;
-}
 static fabpool_counters counters(int p)
 {
     fabpool_counters c = {.struct_size = sizeof(fabpool_counters)};
     fabpool_get_counters(P[p].p, &c);
     return c;
-}
-static buf_t *find_buf(uint64_t id, int *pool)
-{
-    for (int p = 0; p < NPOOL; p++)
-        for (int i = 0; i < P[p].nbuf; i++)
-            if (P[p].buf[i].id == id) {
-                if (pool)
-                    *pool = p;
-                return &P[p].buf[i];
-            }
-    return NULL;
 }
 static int shareable(int p) { return P[p].htype != FABPOOL_HANDLE_NONE; }
 /* A pool with the owner mode on is used mostly from one stream, as programs do (its "home"), so that the
@@ -439,14 +298,6 @@ static int refusal_is(int p, fabpool_status st, fabpool_status want)
     return st == want || (P[p].c.small_reserve && st == FABPOOL_ERR_LIMIT);
 }
 
-/* The owner rule (fabpool.h): 1 if stream s is pool p's owner (it claims a pool without one). */
-static int own_would(int p, int s) { return P[p].own == OWN_NONE || P[p].own == s; }
-static int own_claim(int p, int s)
-{
-    int r = own_would(p, s);
-    P[p].own = r ? s : P[p].own == OWN_NONE ? s : OWN_OFF;
-    return r;
-}
 /* fabpool_alloc (or another thread's) ends the owner mode */
 static void own_end(int p)
 {
@@ -454,55 +305,7 @@ static void own_end(int p)
         P[p].own = OWN_OFF;
 }
 
-static void add_rec(int pool, const buf_t *b, size_t lo, size_t hi, uint64_t at, uint64_t dropped, int stream,
-                    int destroyed, uint64_t gen_after)
-{
-    int sw = stream >= 0 && held[stream];
-    int aw = b->shared && b->acked < gen_after;
-    if (!dropped || (!sw && !aw) || nrec == MAXREC)
-        return;
-    rec_t *r = &rec[nrec++];
-    memset(r, 0, sizeof *r);
-    *r = (rec_t){pool, b->id, b->base, lo, hi, dropped, b->base + at, b->base + at + dropped, destroyed,
-                 sw ? stream : -1, sw ? epoch[stream] : 0, aw, gen_after, {0}};
-    memcpy(r->pts, b->pts, sizeof r->pts);
-}
-
-static int rec_stream_pending(const rec_t *r) { return pending_on(r->stream, r->epoch); }
-static int rec_pending(rec_t *r)
-{
-    if (rec_stream_pending(r))
-        return 1;
-    if (r->ack_wait && !r->destroyed) {
-        buf_t *b = find_buf(r->id, NULL);
-        if (b && b->acked < r->gen_after)
-            return 1;
-    }
-    return 0;
-}
-
 /* ------------------------------------------------------------ late peers, dma-bufs, views */
-
-static uint8_t desc[FABPOOL_DESC_HEADER_BYTES + MAXFD * FABPOOL_DESC_RECORD_BYTES];
-static int fds[MAXFD], mine[MAXFD];
-
-static fabpool_status do_export(int p, buf_t *b, uint64_t since, size_t *len, size_t *nfds)
-{
-    fabpool_status st = fabpool_buffer_export(b->h, since, desc, sizeof desc, len, fds, MAXFD, nfds);
-    if (st == FABPOOL_OK) {
-        b->shared = 1;
-        if (b->acked == UINT64_MAX) /* "no peer is left", then a new export: a new peer may import */
-            b->acked = binfo(b).generation - 1;
-        uint32_t nr;
-        memcpy(&nr, desc + 12, 4);
-        EXPECT(*len == fabpool_desc_size(nr) && (P[p].htype != FABPOOL_HANDLE_POSIX_FD || *nfds == nr),
-               "export.shape", "descriptor of %zu bytes, %zu fds for %u records", *len, *nfds, nr);
-        (void)t_ledger(); /* the sim forgets the exported fds closed so far, before a dup may take their numbers */
-        for (size_t i = 0; i < *nfds; i++)
-            mine[i] = dup(fds[i]); /* the peer's copies */
-    }
-    return st;
-}
 
 static void drop_stash(int i)
 {
@@ -520,7 +323,6 @@ static void drop_stashes_of(uint64_t id, int pool)
         else
             i++;
 }
-static void drop_view(int p, int i) { P[p].view[i] = P[p].view[--P[p].nview]; }
 static void close_dmabuf(int i)
 {
     close(dmabufs[i].fd);
@@ -576,21 +378,6 @@ static void peers_leave(int p)
 }
 
 /* ------------------------------------------------------------ the checks after every step */
-
-static uint64_t host_held(uint64_t *copies)
-{
-    uint64_t b = 0, c = 0;
-    for (int k = 0; k < NPOOL; k++) {
-        fabpool_sleep_info si = {.struct_size = sizeof(fabpool_sleep_info)};
-        if (P[k].p && fabpool_sleep_state(P[k].p, &si) == FABPOOL_OK) {
-            b += si.host_bytes;
-            c += si.host_copies;
-        }
-    }
-    if (copies)
-        *copies = c;
-    return b;
-}
 
 /* The buffers this step grew: a retired range of theirs that is unmapped is the grow's doing. */
 static uint64_t grown[8];
@@ -659,45 +446,6 @@ static void check_retired(int full)
     npend = w;
 }
 
-static void check_ledger(void)
-{
-    fabsim_ledger L = t_ledger();
-    fabpool_stats S[NPOOL];
-    uint64_t mapped = 0, handles = 0, efds = 0, chunks = 0;
-    for (int p = 0; p < NPOOL; p++) {
-        S[p] = (fabpool_stats){.struct_size = sizeof S[p]};
-        fabpool_get_stats(P[p].p, &S[p]);
-        mapped += S[p].mapped_bytes;
-        handles += S[p].handles_outstanding;
-        efds += S[p].exported_fds_open;
-        chunks += S[p].chunks_mapped;
-    }
-    uint64_t hcopies = 0, hbytes = host_held(&hcopies); /* host copies of sleeping pools are mappings too */
-    EXPECT(L.bytes_held_host == hbytes, "ledger.host", "the sim holds %llu host bytes, the pools' sleep state %llu",
-           (unsigned long long)L.bytes_held_host, (unsigned long long)hbytes);
-    EXPECT(L.bytes_mapped == mapped + hbytes, "ledger.bytes_mapped", "the sim maps %llu bytes, the pools say %llu + "
-           "%llu host", (unsigned long long)L.bytes_mapped, (unsigned long long)mapped, (unsigned long long)hbytes);
-    EXPECT(L.mappings == chunks + hcopies, "ledger.mappings", "the sim has %llu mappings, the pools' chunks %llu + "
-           "%llu host copies", (unsigned long long)L.mappings, (unsigned long long)chunks,
-           (unsigned long long)hcopies);
-    EXPECT(L.handles == handles, "ledger.handles", "the sim has %llu handles, the pools' handles_outstanding %llu",
-           (unsigned long long)L.handles, (unsigned long long)handles);
-    EXPECT(L.exported_fds == efds, "ledger.exported_fds", "the sim counts %llu exported fds open, the pools %llu",
-           (unsigned long long)L.exported_fds, (unsigned long long)efds);
-    EXPECT(L.dmabuf_fds == (uint64_t)ndmabuf, "ledger.dmabuf_fds", "the sim counts %llu dma-buf fds, the test holds %d",
-           (unsigned long long)L.dmabuf_fds, ndmabuf);
-    for (int p = 0; p < NPOOL; p++) {
-        EXPECT(S[p].blocks == (uint64_t)P[p].nblk + S[p].stream_pending_blocks, "stats.blocks", "pool %d says %llu "
-               "blocks live (%llu of them pending on streams), the test holds %d", p, (unsigned long long)S[p].blocks,
-               (unsigned long long)S[p].stream_pending_blocks, P[p].nblk);
-        EXPECT(S[p].buffers >= (uint64_t)P[p].nbuf, "stats.buffers", "pool %d says %llu buffers, the test holds %d", p,
-               (unsigned long long)S[p].buffers, P[p].nbuf);
-        if (P[p].asleep)
-            EXPECT(S[p].mapped_bytes == S[p].view_bytes, "asleep.mapped", "pool %d asleep maps %llu bytes, its views "
-                   "%llu", p, (unsigned long long)S[p].mapped_bytes, (unsigned long long)S[p].view_bytes);
-    }
-}
-
 /* Every live object of an awake pool (and every view) mapped in full; one sample of each read back. */
 static void check_live(int full)
 {
@@ -750,31 +498,6 @@ static void check_live(int full)
     }
 }
 
-/* No two live objects overlap. */
-static void check_overlap(int full)
-{
-    static ival_t iv[NPOOL * (MAXBLK + MAXBUF + MAXVIEW) + MAXREC + MAXPEND];
-    int n = 0;
-    for (int p = 0; p < NPOOL; p++) {
-        pool_t *q = &P[p];
-        for (int i = 0; i < q->nblk; i++)
-            iv[n++] = (ival_t){(uint64_t)(uintptr_t)q->blk[i].p, (uint64_t)(uintptr_t)q->blk[i].p + q->blk[i].usable,
-                               "block", q->blk[i].id};
-        for (int i = 0; i < q->nbuf; i++)
-            iv[n++] = (ival_t){q->buf[i].base, q->buf[i].base + q->buf[i].window, "buffer window", q->buf[i].id};
-        for (int i = 0; i < q->nview; i++)
-            iv[n++] = (ival_t){q->view[i].base, q->view[i].base + q->view[i].window, "view window", q->view[i].vid};
-    }
-    for (int i = 0; i < nrec; i++)
-        if (rec[i].destroyed)
-            iv[n++] = (ival_t){rec[i].va_lo, rec[i].va_hi, "retired memory of destroyed buffer", rec[i].id};
-    for (int i = 0; i < npend; i++)
-        if (!pend[i].owner)
-            iv[n++] = (ival_t){(uint64_t)(uintptr_t)pend[i].b.p, (uint64_t)(uintptr_t)pend[i].b.p + pend[i].b.usable,
-                               "block pending on a held stream", pend[i].b.id};
-    check_overlaps(iv, n, step_first_id, full);
-}
-
 static void check_pools(int all)
 {
     for (int p = 0; p < NPOOL; p++) {
@@ -790,7 +513,8 @@ static void check_step(int full)
 {
     refresh_streams();
     check_retired(full);
-    check_ledger();
+    fabpool_stats S[NPOOL];
+    check_ledger(S, (uint64_t)ndmabuf);
     check_live(full);
     check_overlap(full);
     check_pools(full || cur_step % 16 == 15);
@@ -1152,18 +876,6 @@ static void op_thread(int p)
 
 /* ------------------------------------------------------------ operations: buffers */
 
-/* 1 if buffer b changed since `before` although the call was refused (reported as `key`). */
-static int same_info(const char *key, const buf_t *b, const fabpool_buffer_info *before)
-{
-    fabpool_buffer_info bi = binfo(b);
-    int same = bi.size == before->size && bi.mapped == before->mapped && bi.generation == before->generation &&
-               bi.n_chunks == before->n_chunks;
-    EXPECT(same, key, "buffer %llu changed although the call was refused: size %zu -> %zu, "
-           "mapped %zu -> %zu, generation %llu -> %llu", (unsigned long long)b->id, before->size, bi.size,
-           before->mapped, bi.mapped, (unsigned long long)before->generation, (unsigned long long)bi.generation);
-    return !same;
-}
-
 /* The model after a resize of b from `old` on stream s. */
 static void after_resize(int p, buf_t *b, const fabpool_buffer_info *before, size_t old, int s)
 {
@@ -1173,21 +885,7 @@ static void after_resize(int p, buf_t *b, const fabpool_buffer_info *before, siz
     tr_live(p, (int64_t)b->size - (int64_t)old);
     refresh_streams();
     if (b->size > old) {
-        int w = 0; /* retired ranges the grow took back (inside the live mapping now) are live again */
-        uint64_t live_end = b->base + bi.mapped;
-        for (int i = 0; i < nrec; i++) {
-            rec_t *r = &rec[i];
-            if (r->id == b->id && !r->destroyed && rec_stream_pending(r) && r->stream != s)
-                n_cross_grow++; /* a grow while a retirement of this buffer pends on another stream */
-            if (r->id == b->id && !r->destroyed && r->va_lo < live_end) {
-                if (r->va_hi <= live_end)
-                    continue;
-                r->dropped -= live_end - r->va_lo;
-                r->va_lo = live_end;
-            }
-            rec[w++] = *r;
-        }
-        nrec = w;
+        grow_took_back(b, b->base + bi.mapped, s);
         write_points(b->id, b->base, b->pts, old, b->size);
         if (ngrown < 8)
             grown[ngrown++] = b->id;
@@ -2102,10 +1800,7 @@ static const op_def ops[] = {
 };
 #define NOPS ((int)(sizeof ops / sizeof ops[0]))
 static long op_count[NOPS];
-/* FABPOOL_TEST_SKIP_OPS=name,name...: operations never drawn (one that crashes the process on a branch
- * without its fix, say) */
-static unsigned op_weight[NOPS];
-
+static unsigned op_weight[NOPS]; /* 0: not drawn (FABPOOL_TEST_SKIP_OPS) */
 
 /* The state of pool p that a step meets. */
 static unsigned state_feats(int p)
@@ -2152,9 +1847,24 @@ static void count_pairs(unsigned f)
                     pair_met[a][b]++;
 }
 
-/* ------------------------------------------------------------ a seed */
+/* before a step's operation: the state of its pool, and the pool fabpool_check visits after it */
+static void before_step(int p)
+{
+    ngrown = 0;
+    step_feats = state_feats(p);
+    step_pools = 1u << p;
+}
+/* after it: the pairs of features it met */
+static void after_step(int p)
+{
+    (void)p;
+    count_pairs(step_feats);
+}
 
-static long total_steps;
+/* nothing drawn applies: a collect, which always does */
+static const op_run steps_of = {ops, NOPS, op_weight, op_count, 32, op_collect, before_step, after_step, check_step};
+
+/* ------------------------------------------------------------ a seed */
 
 static int setup_pools(int cfg)
 {
@@ -2278,29 +1988,7 @@ static void run_seed(unsigned long long seed, long steps)
                 fabpool_destroy(P[p].p);
         return;
     }
-    unsigned total_w = 0;
-    for (int o = 0; o < NOPS; o++)
-        total_w += op_weight[o];
-    for (long s = 0; s < steps; s++) {
-        cur_step = s;
-        int p, o = draw_op(ops, op_weight, total_w, NPOOL, 32, &p);
-        if (o < 0) /* nothing drawn applies: a collect, which always does */
-            for (o = 0, p = (int)below(NPOOL); ops[o].run != op_collect; o++)
-                ;
-        cur_op = ops[o].name;
-        cur_what[0] = 0;
-        step_first_id = next_id;
-        ngrown = 0;
-        step_feats = state_feats(p);
-        step_pools = 1u << p;
-        ops[o].run(p);
-        count_pairs(step_feats);
-        op_count[o]++;
-        total_steps++;
-        if (verbose)
-            printf("seed %llu step %ld: %s (%s)\n", seed, s, cur_op, cur_what);
-        check_step(s % 64 == 63);
-    }
+    run_steps(&steps_of, seed, steps);
     teardown();
 }
 
@@ -2359,15 +2047,7 @@ int main(int argc, char **argv)
     }
     replay_path = getenv("FABPOOL_TEST_REPLAY");
     known_failures = getenv("FABPOOL_TEST_KNOWN_FAILURES");
-    const char *skip = getenv("FABPOOL_TEST_SKIP_OPS");
-    for (int o = 0; o < NOPS; o++) {
-        size_t n = strlen(ops[o].name);
-        const char *at = skip ? strstr(skip, ops[o].name) : NULL;
-        int skipped = at && (at == skip || at[-1] == ',') && (at[n] == 0 || at[n] == ',');
-        op_weight[o] = skipped ? 0 : ops[o].weight;
-        if (skipped)
-            printf("test_combined: %s is not drawn (FABPOOL_TEST_SKIP_OPS)\n", ops[o].name);
-    }
+    op_weights(&steps_of, "test_combined");
     if (replay_path && !replay_path[0])
         replay_path = NULL;
     snprintf(tmpdir, sizeof tmpdir, "/tmp/fabpool_combined.XXXXXX");
@@ -2395,10 +2075,7 @@ int main(int argc, char **argv)
            n_late_after_change[FABPOOL_HANDLE_POSIX_FD], n_refit_late, n_cross_grow);
     printf("  dma-bufs %ld, threads beside fabpool_check %ld, traces compared %ld, replayed %ld, fabpool_check %ld\n",
            n_dmabuf, n_threads, n_traces, n_replays, n_pool_checks);
-    printf("  %-20s %10s %7s\n", "operation", "ran", "share");
-    for (int o = 0; o < NOPS; o++)
-        printf("  %-20s %10ld %6.2f%%\n", ops[o].name, op_count[o],
-               total_steps ? 100.0 * (double)op_count[o] / (double)total_steps : 0.0);
+    print_op_shares(&steps_of, 0, "test_combined");
     print_pairs(steps);
     print_kinds("test_combined", meanings, sizeof meanings / sizeof meanings[0]);
     for (int s = 0; s < NSTREAM; s++)

@@ -32,11 +32,10 @@
  *
  *   test_property [first_seed [n_seeds [steps]]]     (default 1 300 2000)
  *   test_property -v SEED 1 STEPS                    prints every step of one seed
+ * FABPOOL_TEST_SKIP_OPS=operation,... leaves operations out (property_model.h).
  * Sim only (the ledger, stream holds and fault injection are the sim's). */
 #include <time.h>
 #include <unistd.h>
-
-#include "property.h"
 
 #define NPOOL 2
 #define MAXBLK 24
@@ -44,7 +43,10 @@
 #define MAXVIEW 4
 #define NSTREAM 2
 #define MAXREC 256
+#define MAXPEND 64
 #define MAXFD 256
+
+#include "property_model.h"
 
 /* ------------------------------------------------------------ the sim */
 
@@ -59,153 +61,15 @@ static hold_fn stream_hold, stream_release;
 
 /* ------------------------------------------------------------ the model */
 
-typedef struct {
-    fabpool_buffer_t *h;
-    uint64_t id, base, window;
-    size_t size;
-    uint64_t pts[NPTS]; /* sample offsets in the window; those below size hold pat(id, x) */
-    int shared;         /* exported at least once */
-    uint64_t acked;     /* the highest generation acked */
-    int broken;         /* a check already failed on it: not checked again, destroyed next */
-    int hyst_stream;    /* shrunk on this stream: the hysteresis bound is checked at a collect(wait) after it */
-    size_t hyst_from;   /* (the size before that shrink; hyst_stream -1: nothing due) */
-} buf_t;
-
-typedef struct {
-    fabpool_view_t *h;
-    int src_pool;
-    uint64_t id, base, live, gen; /* id: the source buffer's */
-    uint64_t vid, window;         /* the view's own number, its window */
-    size_t src_size;              /* the source's size at the export: samples below it hold the pattern */
-    uint64_t pts[NPTS];
-    int broken;
-} view_t;
-
-/* Memory that must stay mapped with its data: chunks a shrink or a destroy
- * retired while their stream was held, or dropped from an exported buffer
- * before its peers acked. */
-typedef struct {
-    int pool;
-    uint64_t id, base;
-    size_t lo, hi;          /* offsets in the buffer's window whose samples must still read back */
-    uint64_t dropped;       /* bytes the buffer stopped counting as mapped */
-    uint64_t va_lo, va_hi;  /* where they are: no other object may be given this range meanwhile */
-    int destroyed;          /* the buffer is gone */
-    int stream;             /* -1: none */
-    uint64_t epoch;         /* the stream's hold when it was retired */
-    int ack_wait;           /* an exported buffer: until acked >= gen_after */
-    uint64_t gen_after;
-    uint64_t pts[NPTS];
-} rec_t;
-
-typedef struct {
-    fabpool_t *p;
-    blk_t blk[MAXBLK];
-    int nblk;
-    buf_t buf[MAXBUF];
-    int nbuf;
-    view_t view[MAXVIEW];
-    int nview;
-} pool_t;
-
-static pool_t P[NPOOL];
-/* Blocks freed with fabpool_free_on_stream while their stream was held: the
- * GPU may still use them, so until the stream's work is done they stay
- * mapped with their data, no other object may overlap them, and only an
- * allocation on the same stream may get them back. */
-#define MAXPEND 64
-typedef struct {
-    int pool, stream;
-    uint64_t epoch;
-    blk_t b;
-    int owner; /* freed on the pool's owner stream: freed into the pool at once (retire.h); the owner may
-                * reuse its memory in any shape, nobody else may while the stream is held, and nothing may
-                * unmap it until then */
-} pend_t;
-static pend_t pend[MAXPEND];
-static int npend;
-/* The owner stream of each pool, as the library's rule makes it (retire.h): pool A has stream_owner on,
- * pool B off.  OWN_NONE: no stream yet; OWN_OFF: none, for good; else the stream (-1: NULL). */
-enum { OWN_NONE = -3, OWN_OFF = -2 };
-static int own[NPOOL];
-/* 1 if s is pool p's owner (it claims the pool if it has none); else the owner mode ends. */
-static int own_claim(int p, int s)
-{
-    if (own[p] == OWN_NONE)
-        own[p] = s;
-    if (own[p] == s)
-        return 1;
-    own[p] = OWN_OFF;
-    return 0;
-}
-static rec_t rec[MAXREC];
-static int nrec;
-static CUstream streams[NSTREAM];
-static int held[NSTREAM];
-static uint64_t epoch[NSTREAM];
-static uint64_t next_id = 1;
-static uint64_t gran = 2 * MB;
 static uint32_t hysteresis = 25;
-static int verbose;
 /* totals */
 static long n_slept, n_sleep_busy, n_host_reused;
 
-/* The host memory both pools hold for sleep: copies of a sleeping pool, and
- * pool B's copies kept from its last wake (sleep_keep_host). */
-static uint64_t host_held(uint64_t *copies)
-{
-    uint64_t b = 0, c = 0;
-    for (int k = 0; k < NPOOL; k++) {
-        fabpool_sleep_info si = {.struct_size = sizeof si};
-        if (P[k].p && fabpool_sleep_state(P[k].p, &si) == FABPOOL_OK) {
-            b += si.host_bytes;
-            c += si.host_copies;
-        }
-    }
-    if (copies)
-        *copies = c;
-    return b;
-}
-static long n_dup, n_bad_ack, n_fault_apply, n_rec_stream, n_rec_ack, n_quiet;
+static long n_dup, n_bad_ack, n_fault_apply, n_quiet;
 static uint64_t peak_mapped;
 static fabpool_handle_type htype;
 
-/* ------------------------------------------------------------ patterns */
-
-static int check_blk(const blk_t *b, int which)
-{
-    uint64_t pts[NPTS] = {0, b->usable - 8, 0, b->usable - 8, 0, b->usable - 8};
-    return check_points("data.block", "block", b->id, (uint64_t)(uintptr_t)b->p, pts, 0, b->usable, which);
-}
-static int check_buf(buf_t *b, int which)
-{
-    if (b->broken)
-        return 0;
-    b->broken = check_points("data.buffer", "buffer", b->id, b->base, b->pts, 0, b->size, which);
-    return b->broken;
-}
-static int check_view(view_t *v, int which)
-{
-    if (v->broken)
-        return 0;
-    uint64_t hi = v->src_size < v->live ? v->src_size : v->live;
-    v->broken = check_points("data.view", "view of buffer", v->id, v->base, v->pts, 0, hi, which);
-    return v->broken;
-}
-
 /* ------------------------------------------------------------ model helpers */
-
-static buf_t *find_buf(uint64_t id, int *pool)
-{
-    for (int p = 0; p < NPOOL; p++)
-        for (int i = 0; i < P[p].nbuf; i++)
-            if (P[p].buf[i].id == id) {
-                if (pool)
-                    *pool = p;
-                return &P[p].buf[i];
-            }
-    return NULL;
-}
 
 static uint64_t n_dead_ack;
 
@@ -223,60 +87,6 @@ static uint64_t sync_calls(void)
  * stays mapped at its address with its data. */
 static int stream_busy(int s) { return s >= 0 && cuStreamQuery(streams[s]) == CUDA_ERROR_NOT_READY; }
 
-static int rec_stream_pending(const rec_t *r)
-{
-    return r->stream >= 0 && held[r->stream] && epoch[r->stream] == r->epoch;
-}
-
-/* Pending: on a held stream, or awaiting the peers' ack.  Memory awaiting an
- * ack only must stay held for the peers (a late import must work, and the
- * views read it), not mapped in the exporter's window: a shrink that refits
- * a buffer moves it out and keeps it by a handle (held_for_peers_bytes), and
- * the pool may unmap what no unacknowledged generation names
- * (docs/design.md, Lifetime rules); the views' data checks cover it. */
-static int rec_pending(rec_t *r)
-{
-    if (r->stream >= 0 && held[r->stream] && epoch[r->stream] == r->epoch)
-        return 1;
-    if (r->ack_wait) {
-        if (r->destroyed)
-            return 0; /* the pool unmaps what no unacknowledged generation names; the rest waits for
-                       * fabpool_peers_ack by export id (dead[] below) or pool destroy */
-        buf_t *b = find_buf(r->id, NULL);
-        if (b && b->acked < r->gen_after)
-            return 1;
-        r->ack_wait = 0;
-    }
-    return 0;
-}
-
-static void add_rec(int pool, const buf_t *b, size_t lo, size_t hi, uint64_t at, uint64_t dropped, int stream,
-                    int destroyed, uint64_t gen_after)
-{
-    int sw = stream >= 0 && held[stream];
-    int aw = b->shared && b->acked < gen_after;
-    if (!dropped || (!sw && !aw) || nrec == MAXREC)
-        return;
-    rec_t *r = &rec[nrec++];
-    memset(r, 0, sizeof *r);
-    n_rec_stream += sw;
-    n_rec_ack += aw;
-    r->pool = pool;
-    r->id = b->id;
-    r->base = b->base;
-    r->lo = lo;
-    r->hi = hi;
-    r->dropped = dropped;
-    r->va_lo = b->base + at;
-    r->va_hi = b->base + at + dropped;
-    r->destroyed = destroyed;
-    r->stream = sw ? stream : -1;
-    r->epoch = sw ? epoch[stream] : 0;
-    r->ack_wait = aw;
-    r->gen_after = gen_after;
-    memcpy(r->pts, b->pts, sizeof r->pts);
-}
-
 static uint64_t stuck_bytes(int pool)
 {
     uint64_t s = 0;
@@ -284,13 +94,6 @@ static uint64_t stuck_bytes(int pool)
         if (rec[i].pool == pool && rec[i].ack_wait)
             s += rec[i].dropped;
     return s;
-}
-
-static fabpool_buffer_info binfo(const buf_t *b)
-{
-    fabpool_buffer_info i = {.struct_size = sizeof i};
-    fabpool_buffer_get_info(b->h, &i);
-    return i;
 }
 
 static void *stream_ptr(int s) { return s < 0 ? NULL : (void *)streams[s]; }
@@ -312,14 +115,6 @@ static void check_invariants(void)
 }
 
 /* ------------------------------------------------------------ the checks */
-
-static uint64_t step_first_id; /* objects numbered from here on were created by this step */
-
-static void refresh_streams(void)
-{
-    for (int s = 0; s < NSTREAM; s++)
-        held[s] = cuStreamQuery(streams[s]) == CUDA_ERROR_NOT_READY;
-}
 
 /* After every step.  full: every sample of everything. */
 static void check_step(int full)
@@ -368,35 +163,10 @@ static void check_step(int full)
     npend = w;
 
     /* the ledger against the pools' stats */
-    fabsim_ledger L = t_ledger();
+    fabpool_stats S[NPOOL];
+    fabsim_ledger L = check_ledger(S, 0);
     if (L.bytes_mapped > peak_mapped)
         peak_mapped = L.bytes_mapped;
-    fabpool_stats S[NPOOL];
-    uint64_t mapped = 0, handles = 0, fds = 0, chunks = 0;
-    for (int p = 0; p < NPOOL; p++) {
-        S[p].struct_size = sizeof S[p];
-        fabpool_get_stats(P[p].p, &S[p]);
-        mapped += S[p].mapped_bytes;
-        handles += S[p].handles_outstanding;
-        fds += S[p].exported_fds_open;
-        chunks += S[p].chunks_mapped;
-    }
-    uint64_t hcopies = 0, hbytes = host_held(&hcopies); /* host copies are mappings too */
-    mapped += hbytes;
-    chunks += hcopies;
-    EXPECT(L.bytes_held_host == hbytes, "ledger.host", "the sim holds %llu host bytes, the pools' sleep state %llu",
-           (unsigned long long)L.bytes_held_host, (unsigned long long)hbytes);
-    EXPECT(L.bytes_mapped == mapped, "ledger.bytes_mapped", "the sim maps %llu bytes, the pools say %llu + %llu",
-           (unsigned long long)L.bytes_mapped, (unsigned long long)S[0].mapped_bytes,
-           (unsigned long long)S[1].mapped_bytes);
-    EXPECT(L.mappings == chunks, "ledger.mappings", "the sim has %llu mappings, the pools' chunks_mapped %llu + %llu",
-           (unsigned long long)L.mappings, (unsigned long long)S[0].chunks_mapped,
-           (unsigned long long)S[1].chunks_mapped);
-    EXPECT(L.handles == handles, "ledger.handles", "the sim has %llu handles, the pools' handles_outstanding %llu",
-           (unsigned long long)L.handles, (unsigned long long)handles);
-    EXPECT(L.exported_fds == fds, "ledger.exported_fds", "the sim counts %llu exported fds open, the pools' "
-           "exported_fds_open %llu + %llu", (unsigned long long)L.exported_fds,
-           (unsigned long long)S[0].exported_fds_open, (unsigned long long)S[1].exported_fds_open);
 
     /* what must be mapped: live objects and pending retirements */
     for (int p = 0; p < NPOOL; p++) {
@@ -435,35 +205,10 @@ static void check_step(int full)
         EXPECT(S[p].retiring_bytes >= retiring, "retiring.lower_bound", "pool %c: retiring_bytes %llu, but chunks of "
                "%llu bytes retired on a held stream or awaiting an ack are pending", 'A' + p,
                (unsigned long long)S[p].retiring_bytes, (unsigned long long)retiring);
-        EXPECT(S[p].blocks == (uint64_t)q->nblk + S[p].stream_pending_blocks, "stats.blocks", "pool %c says %llu "
-               "blocks live (%llu of them pending on streams), the model has %d", 'A' + p,
-               (unsigned long long)S[p].blocks, (unsigned long long)S[p].stream_pending_blocks, q->nblk);
-        EXPECT(S[p].buffers >= (uint64_t)q->nbuf, "stats.buffers", "pool %c says %llu buffers live, the model has %d",
-               'A' + p, (unsigned long long)S[p].buffers, q->nbuf);
     }
 
-    /* no two live objects overlap */
-    ival_t iv[NPOOL * (MAXBLK + MAXBUF + MAXVIEW) + MAXREC + MAXPEND];
-    int n = 0;
-    for (int p = 0; p < NPOOL; p++) {
-        pool_t *q = &P[p];
-        for (int i = 0; i < q->nblk; i++)
-            iv[n++] = (ival_t){(uint64_t)(uintptr_t)q->blk[i].p, (uint64_t)(uintptr_t)q->blk[i].p + q->blk[i].usable,
-                               "block", q->blk[i].id};
-        for (int i = 0; i < q->nbuf; i++)
-            iv[n++] = (ival_t){q->buf[i].base, q->buf[i].base + q->buf[i].window, "buffer window", q->buf[i].id};
-        for (int i = 0; i < q->nview; i++)
-            iv[n++] = (ival_t){q->view[i].base, q->view[i].base + q->view[i].window, "view window", q->view[i].vid};
-    }
-    for (int i = 0; i < nrec; i++)
-        if (rec[i].destroyed)
-            iv[n++] = (ival_t){rec[i].va_lo, rec[i].va_hi, "retired memory of destroyed buffer", rec[i].id};
-    for (int i = 0; i < npend; i++)
-        if (!pend[i].owner)
-            iv[n++] = (ival_t){(uint64_t)(uintptr_t)pend[i].b.p, (uint64_t)(uintptr_t)pend[i].b.p + pend[i].b.usable,
-                           "block pending on a held stream", pend[i].b.id};
-    /* (retirements of one destroyed buffer may repeat each other); every 64th step sorts them all */
-    check_overlaps(iv, n, step_first_id, full);
+    /* no two live objects overlap; every 64th step sorts them all */
+    check_overlap(full);
 
     /* data: one sample of each object (all of them when full) */
     int which = full ? -1 : (int)cur_step;
@@ -551,19 +296,7 @@ static void after_resize(int p, buf_t *b, const fabpool_buffer_info *before, siz
     EXPECT(bi.size == b->size, "resize.size", "buffer %llu: size %zu after a resize to %zu", (unsigned long long)b->id,
            bi.size, b->size);
     if (b->size > old) {
-        int w = 0; /* retired chunks the grow took back (now inside the live mapping): live again, rewritten */
-        uint64_t live_end = b->base + bi.mapped;
-        for (int i = 0; i < nrec; i++) {
-            rec_t *r = &rec[i];
-            if (r->id == b->id && !r->destroyed && r->va_lo < live_end) {
-                if (r->va_hi <= live_end)
-                    continue; /* all of it came back */
-                r->dropped -= live_end - r->va_lo; /* the chunks behind those that came back stay retired */
-                r->va_lo = live_end;
-            }
-            rec[w++] = *r;
-        }
-        nrec = w;
+        grow_took_back(b, b->base + bi.mapped, s); /* live again: rewritten */
         write_points(b->id, b->base, b->pts, old, b->size);
     } else if (b->size < old) {
         if (before->mapped > bi.mapped)
@@ -578,15 +311,6 @@ static void after_resize(int p, buf_t *b, const fabpool_buffer_info *before, siz
         b->hyst_stream = -1;
     }
     check_buf(b, -1);
-}
-
-static void same_info(const char *key, const buf_t *b, const fabpool_buffer_info *before)
-{
-    fabpool_buffer_info bi = binfo(b);
-    EXPECT(bi.size == before->size && bi.mapped == before->mapped && bi.generation == before->generation &&
-           bi.n_chunks == before->n_chunks, key, "buffer %llu changed although the call failed: size %zu -> %zu, "
-           "mapped %zu -> %zu, generation %llu -> %llu", (unsigned long long)b->id, before->size, bi.size,
-           before->mapped, bi.mapped, (unsigned long long)before->generation, (unsigned long long)bi.generation);
 }
 
 /* a buffer the lib changed against the rules: make the model agree again */
@@ -604,31 +328,6 @@ static void resync_buf(buf_t *b)
     write_points(b->id, b->base, b->pts, 0, b->size);
 }
 
-static uint8_t desc[FABPOOL_DESC_HEADER_BYTES + MAXFD * FABPOOL_DESC_RECORD_BYTES];
-static int fds[MAXFD], mine[MAXFD];
-
-static fabpool_status do_export(buf_t *b, uint64_t since, size_t *len, size_t *nfds)
-{
-    fabpool_status st = fabpool_buffer_export(b->h, since, desc, sizeof desc, len, fds, MAXFD, nfds);
-    if (st == FABPOOL_OK) {
-        b->shared = 1;
-        if (b->acked == UINT64_MAX) /* "no peer is left", then a new export: a new peer may import (fabpool.h) */
-            b->acked = binfo(b).generation - 1;
-        uint32_t nrecs;
-        memcpy(&nrecs, desc + 12, 4);
-        EXPECT(*len == fabpool_desc_size(nrecs) && (htype != FABPOOL_HANDLE_POSIX_FD || *nfds == nrecs),
-               "export.shape", "descriptor of %zu bytes, %zu fds for %u records", *len, *nfds, nrecs);
-        for (size_t i = 0; i < *nfds; i++)
-            mine[i] = dup(fds[i]); /* the peer's copies: the view takes them */
-    }
-    return st;
-}
-
-static void drop_view(int p, int i)
-{
-    P[p].view[i] = P[p].view[--P[p].nview];
-}
-
 /* fabpool_alloc, or with on_stream fabpool_alloc_on_stream, on pool p */
 static void alloc_block(int p, int on_stream)
 {
@@ -637,7 +336,7 @@ static void alloc_block(int p, int on_stream)
     size_t sz = chance(80) ? (size_t)logsize(1, 256 * KB) : chance(70) ? (size_t)logsize(256 * KB, 4 * MB)
                                                                        : (size_t)logsize(4 * MB, 16 * MB);
     int s = on_stream ? stream_choice() : -1;
-    int owner_call = on_stream ? own_claim(p, s) : (own[p] >= -1 ? (own[p] = OWN_OFF, 0) : 0);
+    int owner_call = on_stream ? own_claim(p, s) : (P[p].own >= -1 ? (P[p].own = OWN_OFF, 0) : 0);
     snprintf(cur_what, sizeof cur_what, "pool %c, %zu bytes%s%s", 'A' + p, sz, on_stream ? ", stream " : "",
              on_stream ? stream_name(s) : "");
     blk_t b = {NULL, sz, 0, next_id++, 0};
@@ -712,7 +411,7 @@ static void op_free_on_stream(int p)
     st = fabpool_free_on_stream(P[p].p, b->p, stream_ptr(s));
     EXPECT_OK(st, "free_on_stream", "fabpool_free_on_stream");
     if (st == FABPOOL_OK && s >= 0 && held[s] && npend < MAXPEND)
-        pend[npend++] = (pend_t){p, s, epoch[s], *b, owner_call};
+        pend[npend++] = (pend_t){p, s, epoch[s], *b, owner_call, 0};
     P[p].blk[i] = P[p].blk[--P[p].nblk];
 }
 
@@ -877,7 +576,7 @@ static void op_export(int p)
     snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu since %llu (gen %llu)", 'A' + p,
              (unsigned long long)b->id, (unsigned long long)since, (unsigned long long)bi.generation);
     size_t len, nfds;
-    st = do_export(b, since, &len, &nfds);
+    st = do_export(p, b, since, &len, &nfds);
     EXPECT_OK(st, "export", "fabpool_buffer_export");
     if (st == FABPOOL_OK) {
         for (size_t k = 0; k < nfds; k++)
@@ -969,7 +668,7 @@ static void op_view_open(int p)
     snprintf(cur_what, sizeof cur_what, "pool %c opens buffer %llu of pool %c (size %zu, gen %llu)", 'A' + t,
              (unsigned long long)b->id, 'A' + p, b->size, (unsigned long long)bi.generation);
     size_t len, nfds;
-    st = do_export(b, 0, &len, &nfds);
+    st = do_export(p, b, 0, &len, &nfds);
     EXPECT_OK(st, "view_open.export", "fabpool_buffer_export(since 0)");
     if (st != FABPOOL_OK)
         return;
@@ -1012,7 +711,7 @@ static void op_view_apply(int p)
     } while (!b || v->broken);
     fabpool_buffer_info bi = binfo(b);
     size_t len, nfds;
-    st = do_export(b, v->gen, &len, &nfds);
+    st = do_export(sp, b, v->gen, &len, &nfds);
     EXPECT_OK(st, "view_apply.export", "fabpool_buffer_export(since the view's generation)");
     if (st != FABPOOL_OK)
         return;
@@ -1132,7 +831,7 @@ static void op_view_release_reopen(int p)
     snprintf(cur_what, sizeof cur_what, "pool %c, view of buffer %llu released and opened again (gen %llu -> %llu)",
              'A' + p, (unsigned long long)b->id, (unsigned long long)v->gen, (unsigned long long)bi.generation);
     size_t len, nfds;
-    st = do_export(b, 0, &len, &nfds);
+    st = do_export(sp, b, 0, &len, &nfds);
     EXPECT_OK(st, "view_reopen.export", "fabpool_buffer_export(since 0)");
     if (st != FABPOOL_OK)
         return;
@@ -1336,11 +1035,30 @@ static const op_def ops[] = {
 };
 #define NOPS ((int)(sizeof ops / sizeof ops[0]))
 static unsigned op_weight[NOPS];
+static long op_count[NOPS];
+
+/* Synchronizing calls before the step's operation: when it made one, the pool waited for the GPU (a refit,
+ * a NULL stream) and that work is done. */
+static uint64_t step_syncs;
+static void before_step(int p)
+{
+    (void)p;
+    step_syncs = sync_calls();
+}
+static void after_step(int p)
+{
+    (void)p;
+    if (sync_calls() == step_syncs)
+        return;
+    for (int i = 0; i < nrec; i++)
+        rec[i].stream = -1;
+    npend = 0;
+}
+
+/* nothing drawn applies: a collect, which always does */
+static const op_run steps_of = {ops, NOPS, op_weight, op_count, 16, op_collect, before_step, after_step, check_step};
 
 /* ------------------------------------------------------------ one seed */
-
-static long op_count[NOPS];
-static long total_steps;
 
 static int setup_pools(void)
 {
@@ -1355,7 +1073,7 @@ static int setup_pools(void)
         o.stream_owner = p == 0;       /* A: the owner stream; B: every stream queues */
         o.sleep_keep_host = p == 1;    /* B: wake keeps the host copies for the next sleep */
         o.keep_ms = 600000;            /* a release is reused at once, however slow the run (valgrind) */
-        own[p] = p == 0 ? OWN_NONE : OWN_OFF;
+        P[p].own = p == 0 ? OWN_NONE : OWN_OFF;
         fabpool_status st = fabpool_create(&o, &P[p].p);
         EXPECT_OK(st, "pool_create", "fabpool_create");
         if (st != FABPOOL_OK)
@@ -1363,7 +1081,7 @@ static int setup_pools(void)
         fabpool_options got = {.struct_size = sizeof got};
         fabpool_get_options(P[p].p, &got);
         hysteresis = got.shrink_hysteresis_percent;
-        htype = fabpool_handle_type_of(P[p].p);
+        htype = P[p].htype = fabpool_handle_type_of(P[p].p);
     }
     nrec = 0;
     npend = 0;
@@ -1460,31 +1178,7 @@ static void run_seed(unsigned long long seed, long steps)
     }
     /* the handle type takes part: the posix_fd and fabric runs of one seed are different sequences */
     rng_s = mix(seed * 0x9e3779b97f4a7c15ull + 12345 + (uint64_t)htype);
-    unsigned total_w = 0;
-    for (int o = 0; o < NOPS; o++)
-        total_w += (op_weight[o] = ops[o].weight);
-    for (long s = 0; s < steps; s++) {
-        cur_step = s;
-        int p, op = draw_op(ops, op_weight, total_w, NPOOL, 16, &p);
-        if (op < 0) /* nothing drawn applies: a collect, which always does */
-            for (op = 0, p = (int)below(NPOOL); ops[op].run != op_collect; op++)
-                ;
-        cur_op = ops[op].name;
-        cur_what[0] = 0;
-        step_first_id = next_id;
-        uint64_t syncs0 = sync_calls();
-        ops[op].run(p);
-        if (sync_calls() != syncs0) { /* the pool waited for the GPU (a refit, a NULL stream): that work is done */
-            for (int i = 0; i < nrec; i++)
-                rec[i].stream = -1;
-            npend = 0;
-        }
-        op_count[op]++;
-        total_steps++;
-        if (verbose)
-            printf("seed %llu step %ld: %s (%s)\n", seed, s, cur_op, cur_what);
-        check_step(s % 64 == 63);
-    }
+    run_steps(&steps_of, seed, steps);
     teardown();
 }
 
@@ -1519,6 +1213,7 @@ int main(int argc, char **argv)
         CHECK_CU(cuStreamCreate(&streams[s], 0));
     const char *conf = getenv("FABPOOL_CONF");
     known_failures = getenv("FABPOOL_TEST_KNOWN_FAILURES");
+    op_weights(&steps_of, "test_property");
     printf("test_property: seeds %llu..%llu, %ld steps each, FABPOOL_CONF=%s\n", first,
            first + (unsigned long long)n_seeds - 1, steps, conf ? conf : "");
     double t0 = now();
@@ -1538,14 +1233,7 @@ int main(int argc, char **argv)
     printf("  sleep_wake: %ld slept and woke with their data (%ld into host copies kept from the last wake), %ld "
            "refused (exported buffers)\n", n_slept, n_host_reused, n_sleep_busy);
     CHECK(n_slept > 0);
-    printf("  %-20s %10s %7s\n", "operation", "ran", "share");
-    for (int o = 0; o < NOPS; o++) {
-        double share = total_steps ? 100.0 * (double)op_count[o] / (double)total_steps : 0;
-        printf("  %-20s %10ld %6.2f%%\n", ops[o].name, op_count[o], share);
-        CHECK(share >= 1.0);
-        if (share < 1.0)
-            fprintf(stderr, "test_property: %s ran in %.2f%% of the steps, less than 1%%\n", ops[o].name, share);
-    }
+    print_op_shares(&steps_of, 1.0, "test_property");
     print_kinds("test_property", NULL, 0);
     for (int s = 0; s < NSTREAM; s++)
         cuStreamDestroy(streams[s]);
