@@ -383,6 +383,54 @@ static inline void check_overlap(int full)
 }
 
 
+/* ------------------------------------------------------------ operations both tables hold */
+
+static inline int has_blk(int p) { return P[p].nblk > 0; }
+static inline int has_buf(int p) { return P[p].nbuf > 0; }
+static inline int has_view(int t) { return P[t].nview > 0; }
+static inline int always(int p) { return p >= 0; }
+
+/* fabpool_trim of pool p, keeping 0, 1 MiB or 256 MiB */
+static inline void trim_pool(int p)
+{
+    static const size_t keeps[] = {0, 1 * MB, 256 * MB};
+    size_t keep = keeps[below(3)];
+    snprintf(cur_what, sizeof cur_what, "pool %d, keep %zu", p, keep);
+    fabpool_status st = fabpool_trim(P[p].p, keep);
+    EXPECT_OK(st, "trim", "fabpool_trim");
+}
+
+static inline void flush_thread_cache(int p)
+{
+    snprintf(cur_what, sizeof cur_what, "pool %d", p);
+    fabpool_status st = fabpool_thread_flush(P[p].p);
+    EXPECT_OK(st, "thread_flush", "fabpool_thread_flush");
+}
+
+/* fabpool_buffer_export_done of one of pool p's buffers */
+static inline void export_done(int p)
+{
+    buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+    snprintf(cur_what, sizeof cur_what, "pool %d, buffer %llu", p, (unsigned long long)b->id);
+    fabpool_status st = fabpool_buffer_export_done(b->h);
+    EXPECT_OK(st, "export_done", "fabpool_buffer_export_done");
+}
+
+/* fabpool_view_close of one of pool t's views (a broken one first), its data checked before */
+static inline void close_view(int t)
+{
+    int i = (int)below((uint64_t)P[t].nview);
+    for (int k = 0; k < P[t].nview; k++)
+        if (P[t].view[k].broken)
+            i = k;
+    snprintf(cur_what, sizeof cur_what, "pool %d%s, view of buffer %llu%s", t, P[t].asleep ? " (asleep)" : "",
+             (unsigned long long)P[t].view[i].id, find_buf(P[t].view[i].id, NULL) ? "" : " (destroyed)");
+    check_view(&P[t].view[i], -1);
+    fabpool_status st = fabpool_view_close(P[t].view[i].h);
+    EXPECT_OK(st, "view_close", "fabpool_view_close");
+    drop_view(t, i);
+}
+
 /* ------------------------------------------------------------ the steps */
 
 /* A program's table of operations and what its steps do around them. */

@@ -774,9 +774,7 @@ static void op_usable_size(int p)
 static void op_thread_flush(int p)
 {
     step_feats |= FB(F_CACHE);
-    snprintf(cur_what, sizeof cur_what, "pool %d", p);
-    fabpool_status st = fabpool_thread_flush(P[p].p);
-    EXPECT_OK(st, "thread_flush", "fabpool_thread_flush");
+    flush_thread_cache(p);
 }
 
 static void op_collect(int p)
@@ -790,12 +788,8 @@ static void op_collect(int p)
 
 static void op_trim(int p)
 {
-    static const size_t keeps[] = {0, 1 * MB, 256 * MB};
-    size_t keep = keeps[below(3)];
     step_feats |= FB(F_CACHE);
-    snprintf(cur_what, sizeof cur_what, "pool %d, keep %zu", p, keep);
-    fabpool_status st = fabpool_trim(P[p].p, keep);
-    EXPECT_OK(st, "trim", "fabpool_trim");
+    trim_pool(p);
 }
 
 static void op_stats(int p)
@@ -1131,11 +1125,8 @@ static void op_export(int p)
 
 static void op_export_done(int p)
 {
-    buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
     step_feats |= FB(F_EXPORT);
-    snprintf(cur_what, sizeof cur_what, "pool %d, buffer %llu", p, (unsigned long long)b->id);
-    fabpool_status st = fabpool_buffer_export_done(b->h);
-    EXPECT_OK(st, "export_done", "fabpool_buffer_export_done");
+    export_done(p);
 }
 
 static void op_peers_ack(int p)
@@ -1418,17 +1409,8 @@ static void op_view_apply(int t)
 
 static void op_view_close(int t)
 {
-    int i = (int)below((uint64_t)P[t].nview);
-    for (int k = 0; k < P[t].nview; k++)
-        if (P[t].view[k].broken)
-            i = k;
     step_feats |= FB(F_VIEW);
-    snprintf(cur_what, sizeof cur_what, "pool %d%s, view of buffer %llu", t, P[t].asleep ? " (asleep)" : "",
-             (unsigned long long)P[t].view[i].id);
-    check_view(&P[t].view[i], -1);
-    fabpool_status st = fabpool_view_close(P[t].view[i].h);
-    EXPECT_OK(st, "view_close", "fabpool_view_close");
-    drop_view(t, i);
+    close_view(t);
 }
 
 static void op_dmabuf_open(int p)
@@ -1709,10 +1691,8 @@ static void op_pool_renew(int p)
 static int awake(int p) { return !P[p].asleep; }
 static int can_alloc(int p) { return P[p].nblk < MAXBLK; }
 static int can_plain_alloc(int p) { return can_alloc(p) && !stream_only(p) && (!in_owner_mode(p) || chance(5)); }
-static int has_blk(int p) { return P[p].nblk > 0; }
 static int has_plain_blk(int p) { return has_blk(p) && !stream_only(p); }
 static int can_create(int p) { return P[p].nbuf < MAXBUF; }
-static int has_buf(int p) { return P[p].nbuf > 0; }
 static int has_awake_buf(int p) { return has_buf(p) && awake(p); }
 static int has_shared(int p)
 {
@@ -1740,7 +1720,6 @@ static int has_appliable(int t)
     }
     return 0;
 }
-static int has_view(int t) { return P[t].nview > 0; }
 static int can_dmabuf(int p) { return has_buf(p) && ndmabuf < MAXDMABUF; }
 static int has_dmabuf(int p)
 {
@@ -1751,7 +1730,6 @@ static int has_dmabuf(int p)
 }
 static int asleep(int p) { return P[p].asleep; }
 static int can_thread(int p) { return awake(p) && P[p].c.trace == TRACE_NONE && !in_owner_mode(p); }
-static int always(int p) { return p >= 0; }
 static int can_renew(int p) { return awake(p) && P[p].c.trace == TRACE_NONE; }
 static int can_record(int p)
 {

@@ -251,9 +251,7 @@ static void check_quiet(int p)
 /* ------------------------------------------------------------ the steps */
 
 static int has_room_blk(int p) { return P[p].nblk < MAXBLK; }
-static int has_blk(int p) { return P[p].nblk > 0; }
 static int has_room_buf(int p) { return P[p].nbuf < MAXBUF; }
-static int has_buf(int p) { return P[p].nbuf > 0; }
 static int has_shared(int p)
 {
     for (int i = 0; i < P[p].nbuf; i++)
@@ -262,7 +260,6 @@ static int has_shared(int p)
     return 0;
 }
 static int can_open(int p) { return P[p].nbuf > 0 && P[1 - p].nview < MAXVIEW; }
-static int has_view(int p) { return P[p].nview > 0; }
 static int has_appliable(int p)
 {
     for (int i = 0; i < P[p].nview; i++)
@@ -270,7 +267,6 @@ static int has_appliable(int p)
             return 1;
     return 0;
 }
-static int always(int p) { return p >= 0; }
 
 static int stream_choice(void) { return chance(30) ? -1 : (int)below(NSTREAM); }
 static const char *stream_name(int s) { return s < 0 ? "NULL" : held[s] ? "held" : "free"; }
@@ -596,15 +592,6 @@ static void op_export(int p)
     }
 }
 
-static void op_export_done(int p)
-{
-    fabpool_status st;
-    buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
-    snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu", 'A' + p, (unsigned long long)b->id);
-    st = fabpool_buffer_export_done(b->h);
-    EXPECT_OK(st, "export_done", "fabpool_buffer_export_done");
-}
-
 static void op_peers_ack(int p)
 {
     fabpool_status st;
@@ -768,22 +755,6 @@ static void op_view_apply(int p)
     check_view(v, -1);
 }
 
-static void op_view_close(int p)
-{
-    fabpool_status st;
-    int i;
-    i = (int)below((uint64_t)P[p].nview);
-    for (int k = 0; k < P[p].nview; k++)
-        if (P[p].view[k].broken)
-            i = k;
-    snprintf(cur_what, sizeof cur_what, "pool %c, view of buffer %llu%s", 'A' + p,
-             (unsigned long long)P[p].view[i].id, find_buf(P[p].view[i].id, NULL) ? "" : " (destroyed)");
-    check_view(&P[p].view[i], -1);
-    st = fabpool_view_close(P[p].view[i].h);
-    EXPECT_OK(st, "view_close", "fabpool_view_close");
-    drop_view(p, i);
-}
-
 /* HybridEP's free + allocate of a buffer: released and reused at once, the same buffer at the same base comes
  * back, resized as fabpool_buffer_resize would (its data below the smaller size stays).  Its peers, if any, are
  * acknowledged first (fabric: no peer may still import a released buffer). */
@@ -867,16 +838,6 @@ static void op_view_release_reopen(int p)
         cuMemcpyHtoD((CUdeviceptr)(b->base + at), &was, 8);
         cuCtxSynchronize();
     }
-}
-
-static void op_trim(int p)
-{
-    fabpool_status st;
-    static const size_t keeps[] = {0, 1 * MB, 256 * MB};
-    size_t keep = keeps[below(3)];
-    snprintf(cur_what, sizeof cur_what, "pool %c, keep %zu", 'A' + p, keep);
-    st = fabpool_trim(P[p].p, keep);
-    EXPECT_OK(st, "trim", "fabpool_trim");
 }
 
 static void op_collect(int p)
@@ -978,14 +939,6 @@ static void op_sleep_wake(int p)
            (unsigned long long)si.host_bytes, (unsigned long long)t_ledger().bytes_held_host);
 }
 
-static void op_thread_flush(int p)
-{
-    fabpool_status st;
-    snprintf(cur_what, sizeof cur_what, "pool %c", 'A' + p);
-    st = fabpool_thread_flush(P[p].p);
-    EXPECT_OK(st, "thread_flush", "fabpool_thread_flush");
-}
-
 static void op_hold(int p)
 {
     (void)p; /* streams are the process's, not a pool's */
@@ -1017,16 +970,16 @@ static const op_def ops[] = {
     {"buffer_resize_set", 6, has_buf, op_buffer_resize_set},
     {"buffer_destroy", 4, has_buf, op_buffer_destroy},
     {"buffer_export", 5, has_buf, op_export},
-    {"buffer_export_done", 4, has_buf, op_export_done},
+    {"buffer_export_done", 4, has_buf, export_done},
     {"buffer_peers_ack", 6, has_shared, op_peers_ack},
     {"view_open", 5, can_open, op_view_open},
     {"view_apply", 7, has_appliable, op_view_apply},
-    {"view_close", 3, has_view, op_view_close},
+    {"view_close", 3, has_view, close_view},
     {"buffer_release_reuse", 4, has_buf, op_buffer_release_reuse},
     {"view_release_reopen", 6, has_appliable, op_view_release_reopen},
-    {"trim", 3, always, op_trim},
+    {"trim", 3, always, trim_pool},
     {"collect", 5, always, op_collect},
-    {"thread_flush", 3, always, op_thread_flush},
+    {"thread_flush", 3, always, flush_thread_cache},
     {"stream_hold", 5, always, op_hold},
     {"stream_release", 5, always, op_release},
     {"alloc_on_stream", 6, has_room_blk, op_alloc_on_stream},
