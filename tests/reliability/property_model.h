@@ -356,6 +356,32 @@ static inline fabsim_ledger check_ledger(fabpool_stats S[NPOOL], uint64_t dmabuf
     return L;
 }
 
+/* fabpool_check, the library's own consistency check, of the pools in `mask` (a bit each) that exist. */
+static uint64_t n_pool_checks;
+static inline void check_pools(unsigned mask)
+{
+    for (int p = 0; p < NPOOL; p++) {
+        if (!(mask & (1u << p)) || !P[p].p)
+            continue;
+        n_pool_checks++;
+        fabpool_status st = fabpool_check(P[p].p);
+        EXPECT_OK(st, "fabpool_check", "fabpool_check");
+    }
+}
+
+/* After every pool is destroyed the sim holds nothing. */
+static inline void check_ledger_empty(void)
+{
+    fabsim_ledger l = t_ledger();
+    EXPECT(l.handles == 0 && l.allocations == 0 && l.mappings == 0 && l.reservations == 0 && l.exported_fds == 0 &&
+           l.bytes_held == 0 && l.bytes_mapped == 0 && l.bytes_held_host == 0 && l.dmabuf_fds == 0, "ledger.end",
+           "after every pool is destroyed the sim holds %llu handles, %llu allocations, %llu mappings, %llu "
+           "reservations, %llu exported fds, %llu bytes, %llu host bytes, %llu dma-bufs",
+           (unsigned long long)l.handles, (unsigned long long)l.allocations, (unsigned long long)l.mappings,
+           (unsigned long long)l.reservations, (unsigned long long)l.exported_fds, (unsigned long long)l.bytes_held,
+           (unsigned long long)l.bytes_held_host, (unsigned long long)l.dmabuf_fds);
+}
+
 /* No two live objects overlap: blocks, buffer and view windows, memory of destroyed buffers that must stay
  * and blocks pending on a held stream (the owner's freed blocks may hold the owner's new ones). */
 static inline void check_overlap(int full)

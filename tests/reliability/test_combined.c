@@ -192,7 +192,7 @@ static char tmpdir[64];
 
 /* totals printed at the end */
 static long n_limit, n_slept, n_sleep_busy, n_woke_discard, n_asleep_refused, n_late_open[4], n_late_after_change[4],
-    n_refit_late, n_bad, n_threads, n_traces, n_replays, n_dmabuf, n_pool_checks;
+    n_refit_late, n_bad, n_threads, n_traces, n_replays, n_dmabuf;
 
 /* ------------------------------------------------------------ failures */
 
@@ -498,17 +498,6 @@ static void check_live(int full)
     }
 }
 
-static void check_pools(int all)
-{
-    for (int p = 0; p < NPOOL; p++) {
-        if (!all && !(step_pools & (1u << p)))
-            continue;
-        n_pool_checks++;
-        fabpool_status st = fabpool_check(P[p].p);
-        EXPECT_OK(st, "fabpool_check", "fabpool_check");
-    }
-}
-
 static void check_step(int full)
 {
     refresh_streams();
@@ -517,7 +506,7 @@ static void check_step(int full)
     check_ledger(S, (uint64_t)ndmabuf);
     check_live(full);
     check_overlap(full);
-    check_pools(full || cur_step % 16 == 15);
+    check_pools(full || cur_step % 16 == 15 ? ~0u : step_pools);
 }
 
 /* ------------------------------------------------------------ operations: blocks */
@@ -1936,14 +1925,7 @@ static void teardown(void)
         EXPECT_OK(fabpool_destroy(P[p].p), "pool_destroy", "fabpool_destroy");
         P[p].p = NULL;
     }
-    fabsim_ledger l = t_ledger();
-    EXPECT(l.handles == 0 && l.allocations == 0 && l.mappings == 0 && l.reservations == 0 && l.exported_fds == 0 &&
-           l.bytes_held == 0 && l.bytes_mapped == 0 && l.bytes_held_host == 0 && l.dmabuf_fds == 0, "ledger.end",
-           "after every pool is destroyed the sim holds %llu handles, %llu allocations, %llu mappings, %llu "
-           "reservations, %llu exported fds, %llu bytes, %llu host bytes, %llu dma-bufs",
-           (unsigned long long)l.handles, (unsigned long long)l.allocations, (unsigned long long)l.mappings,
-           (unsigned long long)l.reservations, (unsigned long long)l.exported_fds, (unsigned long long)l.bytes_held,
-           (unsigned long long)l.bytes_held_host, (unsigned long long)l.dmabuf_fds);
+    check_ledger_empty();
     cur_op = "trace";
     for (int p = 0; p < NPOOL; p++)
         if (P[p].c.trace != TRACE_NONE) {
@@ -2051,8 +2033,8 @@ int main(int argc, char **argv)
            "grows while a shrink pends on another stream %ld\n", n_late_open[FABPOOL_HANDLE_FABRIC],
            n_late_after_change[FABPOOL_HANDLE_FABRIC], n_late_open[FABPOOL_HANDLE_POSIX_FD],
            n_late_after_change[FABPOOL_HANDLE_POSIX_FD], n_refit_late, n_cross_grow);
-    printf("  dma-bufs %ld, threads beside fabpool_check %ld, traces compared %ld, replayed %ld, fabpool_check %ld\n",
-           n_dmabuf, n_threads, n_traces, n_replays, n_pool_checks);
+    printf("  dma-bufs %ld, threads beside fabpool_check %ld, traces compared %ld, replayed %ld, fabpool_check %llu\n",
+           n_dmabuf, n_threads, n_traces, n_replays, (unsigned long long)n_pool_checks);
     print_op_shares(&steps_of, 0, "test_combined");
     print_pairs(steps);
     print_kinds("test_combined", meanings, sizeof meanings / sizeof meanings[0]);

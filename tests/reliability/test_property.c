@@ -24,7 +24,7 @@
  *     and, every 64 steps, every sample of everything;
  *   - a shrunk buffer that was never exported maps at most the hysteresis over
  *     its new size (docs/config.md: shrink_hysteresis);
- *   - check_invariants(): fabpool_check of each pool: the pool's own
+ *   - check_pools(): fabpool_check of each pool: the pool's own
  *     structures and counters agree with each other.
  * At the end of each seed everything is freed, both pools are destroyed (OK,
  * not BUSY) and the ledger is zero.  How often each operation ran is printed;
@@ -99,20 +99,6 @@ static uint64_t stuck_bytes(int pool)
 static void *stream_ptr(int s) { return s < 0 ? NULL : (void *)streams[s]; }
 
 /* ------------------------------------------------ the pools' own check */
-
-/* check_invariants(): the library's own consistency check of each pool
- * (fabpool_check), after every step. */
-static uint64_t n_pool_checks;
-
-static void check_invariants(void)
-{
-    for (int p = 0; p < NPOOL; p++)
-        if (P[p].p) {
-            n_pool_checks++;
-            fabpool_status st = fabpool_check(P[p].p);
-            EXPECT_OK(st, "fabpool_check", "fabpool_check(pool)");
-        }
-}
 
 /* ------------------------------------------------------------ the checks */
 
@@ -221,7 +207,7 @@ static void check_step(int full)
         for (int i = 0; i < q->nview; i++)
             check_view(&q->view[i], which);
     }
-    check_invariants();
+    check_pools(~0u); /* every pool after every step */
 }
 
 /* collect(wait) with nothing pending in the pool: nothing stays retiring and
@@ -1109,12 +1095,7 @@ static void teardown(void)
     }
     nrec = 0;
     ndead = 0;
-    fabsim_ledger l = t_ledger();
-    EXPECT(l.handles == 0 && l.allocations == 0 && l.mappings == 0 && l.reservations == 0 && l.exported_fds == 0 &&
-           l.bytes_held == 0 && l.bytes_mapped == 0, "ledger.end", "after both pools are destroyed the sim holds %llu "
-           "handles, %llu allocations, %llu mappings, %llu reservations, %llu exported fds, %llu bytes",
-           (unsigned long long)l.handles, (unsigned long long)l.allocations, (unsigned long long)l.mappings,
-           (unsigned long long)l.reservations, (unsigned long long)l.exported_fds, (unsigned long long)l.bytes_held);
+    check_ledger_empty();
 }
 
 static void run_seed(unsigned long long seed, long steps)
