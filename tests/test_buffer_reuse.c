@@ -14,6 +14,11 @@
 
 #define MB (1ull << 20)
 
+typedef int (*fault_fn)(const char *, uint64_t, int, int);
+typedef void (*clear_fn)(void);
+static fault_fn fault_set;
+static clear_fn fault_clear;
+
 #define put t_put_word
 #define get t_get_word
 
@@ -319,12 +324,40 @@ static void view_takes_new_chunk_at_same_offset(void)
     CHECK(t_ledger().bytes_held == l0.bytes_held && t_ledger().mappings == l0.mappings);
 }
 
+/* A reuse whose growth the driver refuses gives the released buffer back: nothing stays mapped, reserved or
+ * counted, and the pool goes on. */
+static void failed_reuse_gives_buffer_back(void)
+{
+    if (!fault_set)
+        return;
+    fabsim_ledger l0 = t_ledger();
+    fabpool_t *p = t_pool("keep_ms:60000,max_waste:0");
+    CHECK_OK(fabpool_buffer_release(make(p, 64 * MB, 4 * MB)));
+    fault_set("cuMemCreate", 1, 1, CUDA_ERROR_UNKNOWN);
+    fabpool_buffer_t *r = NULL;
+    fabpool_status st = fabpool_buffer_reuse(p, 32 * MB, NULL, &r);
+    fault_clear();
+    CHECK(st != FABPOOL_OK && r == NULL && strstr(fabpool_last_error(), "given back"));
+    fabpool_stats s = t_stats(p);
+    CHECK(s.kept_bytes == 0 && s.buffers == 0 && s.in_use_bytes == 0);
+    CHECK(t_ledger().bytes_held == l0.bytes_held && t_ledger().mappings == l0.mappings);
+    CHECK_OK(fabpool_check(p));
+    fabpool_buffer_t *b = NULL;
+    CHECK_OK(fabpool_buffer_create(p, 64 * MB, 8 * MB, &b));
+    if (b)
+        CHECK_OK(fabpool_buffer_destroy(b, NULL));
+    fabpool_destroy(p);
+    CHECK(t_ledger().bytes_held == l0.bytes_held && t_ledger().reservations == l0.reservations);
+}
+
 int main(void)
 {
     if (!t_driver_init()) {
         printf("test_buffer_reuse: needs the simulated driver (ledger, call counts); skipped\n");
         return 77;
     }
+    fault_set = (fault_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_set");
+    fault_clear = (clear_fn)dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
     reuse_grows_in_place();
     reuse_takes_nearest_and_miss_gives_back();
     kept_memory_goes_back();
@@ -332,5 +365,6 @@ int main(void)
     refusals();
     view_reopens_kept();
     view_takes_new_chunk_at_same_offset();
+    failed_reuse_gives_buffer_back();
     return t_done("test_buffer_reuse");
 }

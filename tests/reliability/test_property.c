@@ -754,14 +754,15 @@ static void op_buffer_release_reuse(int p)
     if (b->shared && b->acked < before.generation)
         return;
     size_t old = b->size, sz = buf_size(b->window);
-    snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu released, reused %zu -> %zu%s", 'A' + p,
-             (unsigned long long)b->id, old, sz, b->shared ? ", exported and acked" : "");
+    int s = stream_choice();
+    snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu released, reused %zu -> %zu, stream %s%s", 'A' + p,
+             (unsigned long long)b->id, old, sz, stream_name(s), b->shared ? ", exported and acked" : "");
     st = fabpool_buffer_release(b->h);
     EXPECT_OK(st, "buffer_release", "fabpool_buffer_release");
     if (st != FABPOOL_OK)
         return;
     fabpool_buffer_t *r = NULL;
-    st = fabpool_buffer_reuse(P[p].p, sz, NULL, &r);
+    st = fabpool_buffer_reuse(P[p].p, sz, stream_ptr(s), &r);
     EXPECT_OK(st, "buffer_reuse", "fabpool_buffer_reuse");
     EXPECT(st != FABPOOL_OK || (r == b->h && (uint64_t)(uintptr_t)fabpool_buffer_ptr(r) == b->base),
            "buffer_reuse.same", "the reuse gave buffer %p at %p, the released one was %p at 0x%llx", (void *)r,
@@ -771,7 +772,7 @@ static void op_buffer_release_reuse(int p)
         return;
     }
     b->size = sz;
-    after_resize(p, b, &before, old, -1);
+    after_resize(p, b, &before, old, s);
 }
 
 /* A view released and opened again from its buffer's full descriptor: the same view at the same address, which
