@@ -6,7 +6,8 @@
 # Each base dir holds an older tree (e.g. `git archive <rev> | tar -x -C .deps/base`, its rev in .rev).
 # All are built Release against the real driver; then the benches run in turns, ROUNDS times
 # (A B C A B C ...), so that clocks and other tenants weigh on all alike.  DEADLINE=S starts no round after S
-# seconds of rounds (the figures are medians over the rounds that ran).  Printed, and written to
+# seconds of rounds (the figures are medians over the rounds that ran).  WORKLOADS="growth" runs one of the two;
+# PIN="taskset -c 5" runs each bench on one core (the machine's rounds are bimodal by core and clock).  Printed, and written to
 # $OUT/compare.txt: per round and side the median of alloc+free of a cached 256 B block (1 and 16 threads) and the
 # growth workload's us a step; at the end the median over rounds of each and the ratio current / base.
 set -u
@@ -40,8 +41,8 @@ mkdir -p "$OUT"
       echo "round $r and later: not started (DEADLINE $DEADLINE s)"; break
     fi
     for side in "${sides[@]}"; do
-      for w in latency growth; do
-        timeout 120 /tmp/cmp-$side/fabpool_bench --no-torch --workload $w --json "$OUT/$side-$w-$r.json" \
+      for w in ${WORKLOADS:-latency growth}; do
+        timeout 120 ${PIN:-} /tmp/cmp-$side/fabpool_bench --no-torch --workload $w --json "$OUT/$side-$w-$r.json" \
           > "$OUT/$side-$w-$r.txt" 2>&1 || echo "round $r $side $w: rc $?"
       done
     done
@@ -51,18 +52,20 @@ import json, statistics, sys
 out, rounds, sides = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def figs(side, r):
     hot = grow = hot16 = None
-    try:
-        for x in json.load(open(f"{out}/{side}-latency-{r}.json"))["results"]:
-            if x.get("allocator") == "fabpool" and x.get("size") == 256 and not x.get("cold") and x.get("ok"):
-                if x.get("threads") == 1:
-                    hot = x["median_ns"]
-                elif x.get("threads") == 16:
-                    hot16 = x["median_ns"]
-        for x in json.load(open(f"{out}/{side}-growth-{r}.json"))["results"]:
-            if x.get("allocator") == "fabpool" and x.get("label") == "plain" and x.get("ok"):
-                grow = x["us_per_step"]
-    except Exception as e:
-        print(f"round {r} {side}: {e}")
+    def load(w):
+        try:
+            return json.load(open(f"{out}/{side}-{w}-{r}.json"))["results"]
+        except (OSError, ValueError, KeyError):
+            return []
+    for x in load("latency"):
+        if x.get("allocator") == "fabpool" and x.get("size") == 256 and not x.get("cold") and x.get("ok"):
+            if x.get("threads") == 1:
+                hot = x["median_ns"]
+            elif x.get("threads") == 16:
+                hot16 = x["median_ns"]
+    for x in load("growth"):
+        if x.get("allocator") == "fabpool" and x.get("label") == "plain" and x.get("ok"):
+            grow = x["us_per_step"]
     return hot, grow, hot16
 rows = {s: [figs(s, r) for r in range(1, rounds + 1)] for s in sides}
 names = ("hot path 256 B", "growth", "hot path 256 B, 16 threads")
@@ -75,6 +78,8 @@ for i, what, unit in ((0, "hot path 256 B alloc+free", "ns"), (1, "growth", "us/
     c = [x[i] for x in rows["cur"] if x[i] is not None]
     for base in sides[:-1]:
         b = [x[i] for x in rows[base] if x[i] is not None]
+        if not b and not c:
+            continue  # a workload not run (WORKLOADS)
         if not b or not c:
             print(f"{what}: missing figures for {base} or current"); ok = False; continue
         mb, mc = statistics.median(b), statistics.median(c)
