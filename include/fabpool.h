@@ -474,7 +474,9 @@ typedef struct fabpool_stats {
     uint64_t chunks_unmapped_total;
     uint64_t handles_outstanding;   /* physical handles the pool holds now (0 except mid-export, and one per
                                        chunk held for peers: held_for_peers_bytes) */
-    uint64_t exported_fds_open;     /* exported fds the pool still holds */
+    uint64_t exported_fds_open;     /* exported fds the pool still holds, its export anchor among them (one fd
+                                       kept open while a chunk of the pool's is mapped, so that fd exports stay
+                                       cheap: docs/design.md) */
     uint64_t oom_retries;           /* out of memory answered by a trim (or a wait for the blocks pending on
                                        streams) and a retry */
     uint64_t metadata_bytes;        /* host metadata in use */

@@ -338,6 +338,10 @@ static void gclear(gstate *g)
                 a->free(a, g->ptr[i]);
         }
     }
+    /* the sharing pool's export anchor (an fd kept open) goes with its last chunk, so that another allocator's
+     * fd exports pay their own price */
+    if (g->share && a->grows_in_place)
+        fabpool_trim(g->pool, 0);
 }
 
 static uint64_t pool_calls(fabpool_t *p)

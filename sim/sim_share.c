@@ -22,6 +22,28 @@ static phys *phys_by_inode(dev_t d, ino_t ino)
     return NULL;
 }
 
+/* POSIX-fd exports made while no fd this process exported was open (fabsim.h). */
+static uint64_t cold_exports;
+
+SIM_API uint64_t fabsim_cold_exports(void)
+{
+    pthread_mutex_lock(&sim_lock);
+    uint64_t n = cold_exports;
+    pthread_mutex_unlock(&sim_lock);
+    return n;
+}
+
+/* Whether an fd this process exported is still open.  Lock held. */
+static int an_export_open(void)
+{
+    for (phys *p = physs; p; p = p->next) {
+        check_exports(p);
+        if (p->nexp)
+            return 1;
+    }
+    return 0;
+}
+
 SIM_API CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle v,
                                               CUmemAllocationHandleType type, unsigned long long flags)
 {
@@ -37,6 +59,7 @@ SIM_API CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationH
         r = CUDA_ERROR_INVALID_VALUE;
     else if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
         phys *p = h->ph;
+        cold_exports += !an_export_open();
         int fd = fresh_fd(fcntl(p->fd, F_DUPFD_CLOEXEC, 0));
         if (fd < 0)
             r = CUDA_ERROR_OUT_OF_MEMORY;

@@ -17,6 +17,8 @@
  * does not hide a broken free stack. */
 #include <pthread.h>
 
+#include <unistd.h>
+
 #include "testutil.h"
 
 #include "pool.h"
@@ -42,10 +44,13 @@ static void expect_broken(fabpool_t *p, const char *tag, const char *what)
 
 static void expect_clean(const char *when)
 {
-    fabpool_status sa = fabpool_check(A), sb = fabpool_check(B);
+    fabpool_status sa = fabpool_check(A);
+    char ma[1024];
+    snprintf(ma, sizeof ma, "%s", fabpool_last_error());
+    fabpool_status sb = fabpool_check(B);
     CHECK(sa == FABPOOL_OK && sb == FABPOOL_OK);
     if (sa != FABPOOL_OK || sb != FABPOOL_OK)
-        fprintf(stderr, "  %s: fabpool_check: %s\n", when, fabpool_last_error());
+        fprintf(stderr, "  %s: fabpool_check: %s%s\n", when, sa != FABPOOL_OK ? ma : "", sb != FABPOOL_OK ? fabpool_last_error() : "");
 }
 
 static fp_span *slab_of(fabpool_t *p, void *ptr)
@@ -374,6 +379,26 @@ static void break_view(fabpool_t *p, fabpool_view_t *v)
     expect_clean("after the view corruptions");
 }
 
+/* The export anchor (one exported fd kept open) names a chunk the pool does not map, or its fd is closed. */
+static void break_anchor(fabpool_t *p)
+{
+    if (fabpool_handle_type_of(p) != FABPOOL_HANDLE_POSIX_FD)
+        return;
+    CHECK(p->ch.anchor_size != 0);
+    if (!p->ch.anchor_size)
+        return;
+    uint64_t va = p->ch.anchor_va;
+    p->ch.anchor_va = va + gran;
+    expect_broken(p, "[chunk.anchor]", "anchor off its chunk");
+    p->ch.anchor_va = va;
+    int fd = p->ch.anchor_fd, spare = dup(fd);
+    close(fd);
+    expect_broken(p, "[chunk.anchor]", "anchor's fd closed");
+    CHECK(dup2(spare, fd) == fd);
+    close(spare);
+    expect_clean("after the anchor's corruptions");
+}
+
 static void break_kept(fabpool_t *p)
 {
     CHECK(p->ch.n_kept >= 1);
@@ -578,6 +603,8 @@ int main(void)
     size_t len = 0, nfds = 0;
     fabpool_view_t *v = NULL;
     CHECK_OK(fabpool_buffer_export(e, 0, d, sizeof d, &len, fds, 64, &nfds));
+    for (size_t i = 0; i < nfds; i++)
+        fds[i] = dup(fds[i]); /* the exported fds stay the pool's: the view takes copies, as a socket would give */
     CHECK_OK(fabpool_view_open(B, d, len, fds, nfds, &v));
     /* a block exported: its chunks' handles kept by the chunk layer */
     size_t off = 0;
@@ -610,6 +637,7 @@ int main(void)
         release(stream);
     CHECK_OK(fabpool_view_close(v));
     CHECK_OK(fabpool_buffer_export_done(e));
+    break_anchor(A);
     CHECK_OK(fabpool_buffer_destroy(e, NULL));
     CHECK_OK(fabpool_buffer_destroy(b, NULL));
     CHECK_OK(fabpool_collect(A, 1));

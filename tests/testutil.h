@@ -245,7 +245,7 @@ static inline pid_t t_spawn_peer(const char *self, const char *flag, const char 
     return pid;
 }
 
-/* The sim's fault injection, call counts and stream holds (fabsim.h),
+/* The sim's fault injection, call counts, stream holds and cold exports (fabsim.h),
  * looked up at run time: every member is NULL where the real driver is
  * loaded. */
 typedef struct t_sim_hooks {
@@ -254,6 +254,7 @@ typedef struct t_sim_hooks {
     uint64_t (*calls)(const char *entry);
     int (*hold)(void *stream);
     int (*release)(void *stream);
+    uint64_t (*cold_exports)(void);
 } t_sim_hooks;
 
 static inline t_sim_hooks t_sim_hooks_get(void)
@@ -264,6 +265,7 @@ static inline t_sim_hooks t_sim_hooks_get(void)
     *(void **)&h.calls = dlsym(RTLD_DEFAULT, "fabsim_calls");
     *(void **)&h.hold = dlsym(RTLD_DEFAULT, "fabsim_stream_hold");
     *(void **)&h.release = dlsym(RTLD_DEFAULT, "fabsim_stream_release");
+    *(void **)&h.cold_exports = dlsym(RTLD_DEFAULT, "fabsim_cold_exports");
     return h;
 }
 

@@ -99,7 +99,7 @@ fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *b)
     fp_space *sp = b->owner->sp;
     fp_lock(&sp->lock);
     for (fp_bchunk *c = b->chunks; c < b->chunks + b->n; c++)
-        fp_chunk_close_fd(sp->ch, &c->fd); /* the peers have theirs: the pool's copies go */
+        fp_chunk_close_export(sp->ch, b->base + c->off, c->size, &c->fd); /* the peers have theirs */
     fp_unlock(&sp->lock);
     return FABPOOL_OK;
 }

@@ -3,6 +3,7 @@
  * an unmap frees it; exported and imported; the pool's context. */
 #include "chunk.h"
 
+#include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -185,7 +186,12 @@ fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CU
     return FABPOOL_OK;
 }
 
-void fp_chunk_set_asleep(fp_chunks *ch, int asleep) { atomic_store(&ch->asleep, asleep); }
+void fp_chunk_set_asleep(fp_chunks *ch, int asleep)
+{
+    if (asleep)
+        fp_chunk_anchor_close(ch); /* a sleeping pool exports nothing, and its chunks go */
+    atomic_store(&ch->asleep, asleep);
+}
 
 void fp_chunk_set_slept(fp_chunks *ch, fp_slept *e, size_t n)
 {
@@ -233,6 +239,7 @@ fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
             return st;
         }
     }
+    fp_chunk_anchor_leave(ch, va, size);
     CUresult r = FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemUnmap", "unmapping a chunk of %llu bytes at 0x%llx",
@@ -269,8 +276,92 @@ fabpool_status fp_chunk_retain(fp_chunks *ch, uint64_t va, CUmemGenericAllocatio
     return FABPOOL_OK;
 }
 
+/* ------------------------------------------------------------ the export anchor */
+
+/* On the H200 a POSIX-fd export costs about 0.55 ms, and so does the close of
+ * the process's last open exported fd; while another exported fd stays open
+ * an export costs about 35 us and a close 11 us (docs/driver-facts.md).  So
+ * the pool keeps one open: the first fd it would close of a chunk it still
+ * maps (fp_chunk_close_export) stays open instead.  Before that chunk is
+ * unmapped the anchor moves to another chunk the pool maps (one cheap export,
+ * then the old fd closed), or is closed when none is left: it never keeps
+ * alive memory the pool gave back.  Still counted in exported_fds (the driver
+ * holds it as any other). */
+
+/* The anchor moved to the chunk mapped at [va, va + size): an fd exported for it (a dup of an fd would do on
+ * the driver, but the sim counts only the fds it handed out).  0 if taken. */
+static int anchor_take(fp_chunks *ch, uint64_t va, uint64_t size)
+{
+    CUmemGenericAllocationHandle h = 0;
+    int fd = -1;
+    if (FP_CU(&ch->calls, cuMemRetainAllocationHandle, &h, (void *)(uintptr_t)va) != CUDA_SUCCESS)
+        return -1;
+    CUresult r = FP_CU(&ch->calls, cuMemExportToShareableHandle, &fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    FP_CU_UNDO(&ch->calls, cuMemRelease, h); /* the mapping keeps the memory */
+    if (r != CUDA_SUCCESS)
+        return -1;
+    int old = ch->anchor_size ? ch->anchor_fd : -1; /* closed after the new one is open, so that its close is cheap */
+    atomic_fetch_add(&ch->exported_fds, 1);
+    ch->anchor_fd = fd;
+    ch->anchor_va = va;
+    ch->anchor_size = size;
+    fp_chunk_close_fd(ch, &old);
+    return 0;
+}
+
+void fp_chunk_close_export(fp_chunks *ch, uint64_t va, uint64_t size, int *fd)
+{
+    fp_lock_assert_held(ch->lock);
+    if (*fd < 0 || ch->anchor_size) {
+        fp_chunk_close_fd(ch, fd);
+        return;
+    }
+    ch->anchor_fd = *fd; /* still counted in exported_fds */
+    ch->anchor_va = va;
+    ch->anchor_size = size;
+    *fd = -1;
+}
+
+void fp_chunk_anchor_close(fp_chunks *ch)
+{
+    fp_lock_assert_held(ch->lock);
+    if (!ch->anchor_size)
+        return;
+    fp_chunk_close_fd(ch, &ch->anchor_fd);
+    ch->anchor_va = ch->anchor_size = 0;
+}
+
+/* Where the anchor moves when [va, va + size) goes: a chunk of the pool's own
+ * outside it, a buffer's before an arena's (buffers live longest), the
+ * highest first (a teardown in address order meets it last). */
+static const fp_mapping *anchor_successor(const fp_chunks *ch, uint64_t va, uint64_t size)
+{
+    const fp_mapping *arena = NULL;
+    for (size_t i = ch->reg.n; i-- > 0;) {
+        const fp_mapping *m = &ch->reg.m[i];
+        if (!FP_MAP_SLEEPS(m->kind) || (m->va < va + size && va < m->va + m->size))
+            continue;
+        if (m->kind == FP_MAP_BUFFER)
+            return m;
+        if (!arena)
+            arena = m;
+    }
+    return arena;
+}
+
+void fp_chunk_anchor_leave(fp_chunks *ch, uint64_t va, uint64_t size)
+{
+    fp_lock_assert_held(ch->lock);
+    if (!ch->anchor_size || ch->anchor_va < va || ch->anchor_va >= va + size)
+        return;
+    const fp_mapping *m = anchor_successor(ch, va, size);
+    if (!m || anchor_take(ch, m->va, m->size) != 0)
+        fp_chunk_anchor_close(ch); /* nowhere to go: later exports cost their full price, the unmap goes on */
+}
+
 fabpool_status fp_chunk_export(fp_chunks *ch, uint64_t va, uint64_t size, int *fd, CUmemFabricHandle *fabric)
 {
+    fp_lock_assert_held(ch->lock);
     CUmemGenericAllocationHandle h = 0;
     CUresult r = FP_CU(&ch->calls, cuMemRetainAllocationHandle, &h, (void *)(uintptr_t)va);
     if (r != CUDA_SUCCESS)
@@ -432,15 +523,32 @@ static fabpool_status check_kept(const fp_chunks *ch, fp_walk *w)
     return FABPOOL_OK;
 }
 
+/* The export anchor, if held, is an open fd of a chunk of the pool's own, mapped whole where it says. */
+static fabpool_status check_anchor(const fp_chunks *ch)
+{
+    if (!ch->anchor_size)
+        return FABPOOL_OK;
+    size_t i = FP_ARRAY_LOWER(ch->reg.m, ch->reg.n, fp_mapping, va, ch->anchor_va);
+    const fp_mapping *m = i < ch->reg.n ? &ch->reg.m[i] : NULL;
+    if (!m || m->va != ch->anchor_va || m->size != ch->anchor_size || !FP_MAP_SLEEPS(m->kind))
+        return FAIL("[chunk.anchor] the export anchor names a chunk at 0x%llx (%llu bytes) that the pool does not map "
+                    "as its own: its fd would keep memory the pool gave back", ULL(ch->anchor_va),
+                    ULL(ch->anchor_size));
+    if (ch->anchor_fd < 0 || fcntl(ch->anchor_fd, F_GETFD) == -1)
+        return FAIL("[chunk.anchor] the export anchor's fd %d is not open", ch->anchor_fd);
+    return FABPOOL_OK;
+}
+
 fabpool_status fp_chunks_kept_check(const fp_chunks *ch, fp_walk *w)
 {
     fabpool_status st = check_kept(ch, w);
     if (st != FABPOOL_OK)
         return st;
-    if (w->fds != atomic_load(&ch->exported_fds))
-        return FAIL("[buffer.stats] the buffers add up to %llu for %s, the pool's counter says %llu", ULL(w->fds),
-                    "exported_fds", ULL(atomic_load(&ch->exported_fds)));
-    return FABPOOL_OK;
+    if (w->fds + (ch->anchor_size != 0) != atomic_load(&ch->exported_fds))
+        return FAIL("[buffer.stats] the buffers add up to %llu for %s (and %d for the export anchor), the pool's "
+                    "counter says %llu", ULL(w->fds), "exported_fds", ch->anchor_size != 0,
+                    ULL(atomic_load(&ch->exported_fds)));
+    return check_anchor(ch);
 }
 
 fabpool_status fp_chunks_registry_check(const fp_chunks *ch) { return fp_mapreg_check(&ch->reg); }

@@ -80,6 +80,10 @@ typedef struct fp_chunks {
     fp_meta *meta;                     /* for the list below */
     fp_xchunk *kept;                   /* chunks exported for blocks, sorted by va (pool lock) */
     size_t n_kept, cap_kept;
+    /* the export anchor (chunk.c): an exported fd of a chunk mapped at [anchor_va, +anchor_size), kept open so
+     * that the pool's other fd exports and closes are cheap; anchor_size 0: none.  Pool lock. */
+    int anchor_fd;
+    uint64_t anchor_va, anchor_size;
 } fp_chunks;
 
 /* Bytes (and, into *count if not NULL, chunks) the pool maps: the registry's counted kinds.  No lock needed. */
@@ -172,6 +176,16 @@ fabpool_status fp_chunk_retain(fp_chunks *ch, uint64_t va, CUmemGenericAllocatio
 fabpool_status fp_chunk_export(fp_chunks *ch, uint64_t va, uint64_t size, int *fd, CUmemFabricHandle *fabric);
 /* Closes an fd fp_chunk_export gave, if *fd >= 0, and sets it to -1. */
 void fp_chunk_close_fd(fp_chunks *ch, int *fd);
+/* Closes *fd, an fd fp_chunk_export gave for the chunk mapped at [va, va + size) that stays mapped, if
+ * *fd >= 0, and sets it to -1; but when the pool holds no export anchor the fd becomes it instead of closing
+ * (chunk.c says why).  Pool lock held. */
+void fp_chunk_close_export(fp_chunks *ch, uint64_t va, uint64_t size, int *fd);
+/* Closes the export anchor, if held (sleep, destroy: nothing is exported until the next export takes one; a
+ * teardown that unmaps chunk after chunk would otherwise move it from each to the next).  Pool lock held. */
+void fp_chunk_anchor_close(fp_chunks *ch);
+/* [va, va + size) is about to be unmapped: if the export anchor lies there, it moves to another chunk of the
+ * pool's own, or is closed.  Pool lock held. */
+void fp_chunk_anchor_leave(fp_chunks *ch, uint64_t va, uint64_t size);
 /* The chunk mapped over va: its base and size.  The driver answers the one
  * mapping there, not a run of neighbouring ones (cuMemGetAddressRange; the
  * H200 and the sim alike, tests/test_conformance.c).  FABPOOL_ERR_NOT_FOUND

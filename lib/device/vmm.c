@@ -85,6 +85,7 @@ CUresult fp_vmm_map_new(fp_chunks *ch, uint64_t va, uint64_t size, const CUmemAl
 CUresult fp_vmm_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
 {
     fp_lock_assert_held(ch->lock);
+    fp_chunk_anchor_leave(ch, va, size);
     CUresult r = FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
     if (r == CUDA_SUCCESS)
         fp_mapreg_remove(&ch->reg, va, size, NULL);

@@ -364,6 +364,7 @@ fabpool_status fabpool_destroy(fabpool_t *p)
      * that they count neither as live nor as leaked */
     fp_alloc_drain(&p->alloc, 1, 1);
     fp_lock(&p->sp.lock);
+    fp_chunk_anchor_close(&p->ch); /* before the chunks go one by one */
     fabpool_status st = fp_collect_locked(&p->bufs, 1);
     uint64_t live_buffers = atomic_load(&p->bufs.count);
     fp_views_destroy(&p->views);

@@ -5,11 +5,13 @@
  *            pieces of one chunk in several windows, written through each, read back through a whole mapping;
  *   export   what one POSIX-fd export costs in different sequences: chunks exported one after another (fd
  *            closed, or kept), with pauses between, the same chunk twice, right after create+map+set-access,
- *            and after an import; every call timed.
+ *            and after an import; every call timed;
+ *   anchor   the same exports while one exported fd (or a plain open of /dev/nvidiactl) stays open.
  * Build and run on the GPU machine:
  *   gcc -O2 -I/usr/local/cuda/include perf/h200/vmm_probe.c -o /tmp/vmm_probe -lcuda && /tmp/vmm_probe */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,6 +243,64 @@ static void probe_export(void)
         CK(cuMemRelease(h[i]));
 }
 
+
+/* Exports and closes each chunk while an anchor is held open: an exported fd of another chunk (whose handle is
+ * released), or a plain open of /dev/nvidiactl; prints each export's and each close's time. */
+static void anchored_run(const char *name, CUmemGenericAllocationHandle *h, int n, int anchor_fd)
+{
+    double te[N], tcl[N];
+    for (int i = 0; i < n; i++) {
+        int fd;
+        double t0 = now_us();
+        CK(cuMemExportToShareableHandle(&fd, h[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        double t1 = now_us();
+        close(fd);
+        te[i] = t1 - t0;
+        tcl[i] = now_us() - t1;
+    }
+    printf("anchor: %-34s export", name);
+    for (int i = 0; i < n; i++)
+        printf(" %5.0f", te[i]);
+    printf("  | close");
+    for (int i = 0; i < n; i++)
+        printf(" %5.0f", tcl[i]);
+    double t0 = now_us();
+    if (anchor_fd >= 0)
+        close(anchor_fd);
+    printf("  | anchor's close %.0f us\n", now_us() - t0);
+}
+
+static void probe_anchor(void)
+{
+    CUmemGenericAllocationHandle h[N];
+    for (int i = 0; i < N; i++)
+        h[i] = create(gran);
+    anchored_run("none", h, N, -1);
+    CUmemGenericAllocationHandle a = create(gran);
+    int afd;
+    double t0 = now_us();
+    CK(cuMemExportToShareableHandle(&afd, a, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    printf("anchor: exported fd of a 2 MiB chunk: export %.0f us\n", now_us() - t0);
+    CK(cuMemRelease(a));
+    anchored_run("exported fd, its handle released", h, N, afd);
+    anchored_run("none, after the anchor closed", h, 4, -1);
+    int cfd = open("/dev/nvidiactl", O_RDWR | O_CLOEXEC);
+    printf("anchor: open /dev/nvidiactl -> %d\n", cfd);
+    anchored_run("a plain open of /dev/nvidiactl", h, N, cfd);
+    a = create(gran);
+    CK(cuMemExportToShareableHandle(&afd, a, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    int dfd = dup(afd);
+    close(afd);
+    CK(cuMemRelease(a));
+    anchored_run("a dup of an exported fd", h, N, dfd);
+    /* the anchor is one of the chunks' own fds, kept while that chunk lives */
+    int own;
+    CK(cuMemExportToShareableHandle(&own, h[0], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    anchored_run("the first chunk's own fd kept", h + 1, N - 1, own);
+    for (int i = 0; i < N; i++)
+        CK(cuMemRelease(h[i]));
+}
+
 int main(void)
 {
     CK(cuInit(0));
@@ -262,6 +322,7 @@ int main(void)
     printf("vmm_probe: driver API %d, granularity %zu KiB\n", drv, gran >> 10);
     probe_offset();
     probe_export();
+    probe_anchor();
     printf("vmm_probe: done\n");
     return 0;
 }
