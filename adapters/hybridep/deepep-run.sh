@@ -17,8 +17,9 @@
 #      hybrid_ep_cpp extensions with cpp_extension.load (deepep/build.py), in
 #      parallel; CC=/usr/bin/gcc CXX=/usr/bin/g++ TORCH_CUDA_ARCH_LIST=9.0;
 #   2. regrowth in DeepEP (deepep/regrow.py): update_template_config for
-#      T = 1,024..16,384 step 1,024, 3 times: upstream, fabpool (DeepEP's
-#      release + allocate unchanged), fabpool in place; held vs live
+#      T = 1,024..16,384 step 1,024, upstream, fabpool (DeepEP's release +
+#      allocate unchanged), fabpool in place, in DEEPEP_REGROW_ROUNDS (3)
+#      rounds in turns (deepep/rounds.py: the medians); held vs live
 #      (cuMemGetInfo), 0 at the end, regrow time and its breakdown; then
 #      the agreement's cost per call (2,000 calls that do not grow, with
 #      FABPOOL_HYBRIDEP_AGREE=0 and 1) and the in-place regrowth with it on;
@@ -125,9 +126,16 @@ pyenv() {
     popd >/dev/null
     return $rc
   }
-  regrow upstream upstream
-  regrow fabpool fabpool FABPOOL_HYBRIDEP_TIMING="$W/timing-fabpool.txt"
-  regrow fabpool-inplace fabpool FABPOOL_HYBRIDEP_INPLACE=1 FABPOOL_HYBRIDEP_TIMING="$W/timing-inplace.txt"
+  # upstream, fabpool unchanged and fabpool in place in rounds in turns (one pass of 15 regrows each a round),
+  # so that the machine's drift over the minutes weighs on the three alike
+  ROUNDS=${DEEPEP_REGROW_ROUNDS:-3}
+  for r in $(seq 1 "$ROUNDS"); do
+    regrow upstream.r$r upstream -- --reps 1
+    regrow fabpool.r$r fabpool FABPOOL_HYBRIDEP_TIMING="$W/timing-fabpool.txt.r$r" -- --reps 1
+    regrow fabpool-inplace.r$r fabpool FABPOOL_HYBRIDEP_INPLACE=1 FABPOOL_HYBRIDEP_TIMING="$W/timing-inplace.txt.r$r" \
+        -- --reps 1
+  done
+  python3 "$HERE/rounds.py" "$OUT" "$ROUNDS" upstream fabpool fabpool-inplace
   # the agreement's cost: 2,000 calls that do not grow, without and with FABPOOL_HYBRIDEP_AGREE (one all-reduce
   # of the needed sizes per call); then the regrowth with it on
   regrow agree-off fabpool FABPOOL_HYBRIDEP_INPLACE=1 FABPOOL_HYBRIDEP_AGREE=0 -- --reps 0 --calls 2000
@@ -192,7 +200,7 @@ pyenv() {
 {
   echo "deepep-run summary ($((SECONDS - T0)) s of a ${BUDGET} s budget; $GPUS GPU(s); log $LOG)"
   echo "stages: ${status[*]}"
-  grep -h "^REGROW\|^CALLS" "$LOG" | sed 's/^/  /'
+  grep -h "^ROUNDS\|^REGROW\|^CALLS" "$LOG" | sed 's/^/  /'
   for l in test-upstream test-fabpool grow-upstream grow-fabpool-inplace graphed-upstream graphed-fabpool; do
     [ -f "$OUT/$l.log" ] || continue
     printf '  %-22s %s PASS lines, %s FAIL, %s\n' "$l" "$(grep -c ': PASS' "$OUT/$l.log")" \

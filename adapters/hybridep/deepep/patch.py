@@ -94,6 +94,13 @@ bool NVLCoordinator::fabpool_grow_in_place(const BufferConfig& before, double* g
     CUDA_CHECK(cudaDeviceSynchronize());
     }
 
+    // A group of one has no peer to send handles to or to agree with: no export, no collective.
+    if (process_group.attr("size")().cast<int>() == 1) {
+        for (int i = 0; ok && i < n; i++)
+            if (s[i].own)
+                remote_allocator->peers_done(s[i].own);
+        return ok != 0;
+    }
     // The handles: every rank all-gathers one per shared buffer, collectively (a rank that
     // skipped this would hang the others: DeepEP issue #604); unchanged buffers send "unchanged".
     std::vector<int> idx;  // the buffers this configuration shares (the same on every rank)
