@@ -1,0 +1,15 @@
+realloc handle=posix_fd tokens=2048 total_us=836.6 map_us=59.7 export_us=57.9 import_us=0.0 unmap_us=3.6 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=3072 total_us=1689.0 map_us=64.3 export_us=45.1 import_us=0.0 unmap_us=3.6 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=4096 total_us=816.6 map_us=62.5 export_us=45.8 import_us=0.0 unmap_us=3.5 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=5120 total_us=811.1 map_us=68.9 export_us=44.6 import_us=0.0 unmap_us=3.4 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=6144 total_us=766.2 map_us=60.3 export_us=44.1 import_us=0.0 unmap_us=3.3 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=7168 total_us=787.8 map_us=65.4 export_us=45.9 import_us=0.0 unmap_us=3.5 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=8192 total_us=776.5 map_us=61.1 export_us=45.4 import_us=0.0 unmap_us=3.4 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=9216 total_us=821.4 map_us=86.3 export_us=49.6 import_us=0.0 unmap_us=3.4 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=10240 total_us=1569.1 map_us=699.4 export_us=77.5 import_us=0.0 unmap_us=4.0 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=1 reuses=8
+realloc handle=posix_fd tokens=11264 total_us=831.2 map_us=60.7 export_us=41.4 import_us=0.0 unmap_us=3.4 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=12288 total_us=803.8 map_us=61.1 export_us=43.1 import_us=0.0 unmap_us=3.1 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=13312 total_us=833.7 map_us=62.0 export_us=44.3 import_us=0.0 unmap_us=3.5 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=14336 total_us=808.0 map_us=59.6 export_us=43.6 import_us=0.0 unmap_us=3.3 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=15360 total_us=811.2 map_us=59.9 export_us=44.3 import_us=0.0 unmap_us=3.1 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=16384 total_us=848.1 map_us=60.3 export_us=44.4 import_us=0.0 unmap_us=3.1 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9

@@ -1,0 +1,15 @@
+realloc handle=posix_fd tokens=2048 total_us=838.9 map_us=61.2 export_us=42.7 import_us=0.0 unmap_us=3.7 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=3072 total_us=901.3 map_us=64.5 export_us=44.3 import_us=0.0 unmap_us=3.6 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=4096 total_us=791.6 map_us=61.1 export_us=47.1 import_us=0.0 unmap_us=3.4 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=5120 total_us=787.9 map_us=63.9 export_us=47.7 import_us=0.0 unmap_us=3.4 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=6144 total_us=786.0 map_us=81.0 export_us=44.3 import_us=0.0 unmap_us=3.6 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=7168 total_us=765.5 map_us=64.2 export_us=61.3 import_us=0.0 unmap_us=3.7 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=8192 total_us=843.0 map_us=66.7 export_us=45.3 import_us=0.0 unmap_us=3.9 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=9216 total_us=789.0 map_us=66.0 export_us=44.7 import_us=0.0 unmap_us=3.3 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=10240 total_us=1553.2 map_us=715.7 export_us=66.3 import_us=0.0 unmap_us=3.4 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=1 reuses=8
+realloc handle=posix_fd tokens=11264 total_us=907.9 map_us=62.4 export_us=61.9 import_us=0.0 unmap_us=3.5 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=12288 total_us=869.6 map_us=62.4 export_us=45.9 import_us=0.0 unmap_us=3.5 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=13312 total_us=800.0 map_us=62.4 export_us=47.8 import_us=0.0 unmap_us=3.5 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=14336 total_us=864.6 map_us=63.1 export_us=46.6 import_us=0.0 unmap_us=3.5 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=15360 total_us=841.2 map_us=83.4 export_us=48.1 import_us=0.0 unmap_us=3.5 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9
+realloc handle=posix_fd tokens=16384 total_us=851.3 map_us=62.1 export_us=46.5 import_us=0.0 unmap_us=3.3 gather_us=0.0 gathered_bytes=11264 exports=11 full_reexports=0 compactions=0 reuses=9

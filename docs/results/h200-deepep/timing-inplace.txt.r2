@@ -1,0 +1,15 @@
+inplace handle=posix_fd tokens=2048 total_us=465.7 map_us=87.6 export_us=1.8 import_us=0.0 unmap_us=1.0 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=3072 total_us=413.3 map_us=93.1 export_us=1.7 import_us=0.0 unmap_us=1.0 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=4096 total_us=371.6 map_us=104.1 export_us=1.6 import_us=0.0 unmap_us=0.8 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=5120 total_us=356.1 map_us=83.5 export_us=1.5 import_us=0.0 unmap_us=0.9 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=6144 total_us=312.2 map_us=80.2 export_us=1.5 import_us=0.0 unmap_us=0.9 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=7168 total_us=337.8 map_us=82.8 export_us=1.5 import_us=0.0 unmap_us=0.8 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=8192 total_us=321.2 map_us=79.8 export_us=1.5 import_us=0.0 unmap_us=1.0 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=9216 total_us=327.6 map_us=92.2 export_us=1.5 import_us=0.0 unmap_us=0.9 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=10240 total_us=424.5 map_us=159.8 export_us=1.5 import_us=0.0 unmap_us=1.1 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=11264 total_us=312.4 map_us=79.3 export_us=1.5 import_us=0.0 unmap_us=0.9 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=12288 total_us=353.7 map_us=90.0 export_us=1.6 import_us=0.0 unmap_us=1.0 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=13312 total_us=336.7 map_us=86.4 export_us=1.7 import_us=0.0 unmap_us=1.0 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=14336 total_us=359.5 map_us=99.2 export_us=1.6 import_us=0.0 unmap_us=1.0 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=15360 total_us=327.3 map_us=80.4 export_us=1.5 import_us=0.0 unmap_us=1.0 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=16384 total_us=392.7 map_us=107.1 export_us=1.6 import_us=0.0 unmap_us=1.1 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2

@@ -1,0 +1,15 @@
+inplace handle=posix_fd tokens=2048 total_us=637.3 map_us=125.2 export_us=2.1 import_us=0.0 unmap_us=1.3 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=3072 total_us=503.9 map_us=114.0 export_us=1.9 import_us=0.0 unmap_us=1.1 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=4096 total_us=418.4 map_us=117.8 export_us=1.7 import_us=0.0 unmap_us=0.9 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=5120 total_us=348.3 map_us=90.5 export_us=1.5 import_us=0.0 unmap_us=0.8 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=6144 total_us=384.4 map_us=104.8 export_us=1.6 import_us=0.0 unmap_us=0.8 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=7168 total_us=336.7 map_us=86.3 export_us=1.5 import_us=0.0 unmap_us=0.7 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=8192 total_us=375.2 map_us=106.9 export_us=1.5 import_us=0.0 unmap_us=0.9 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=9216 total_us=418.6 map_us=118.3 export_us=1.7 import_us=0.0 unmap_us=1.0 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=10240 total_us=421.4 map_us=154.7 export_us=1.6 import_us=0.0 unmap_us=0.8 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=11264 total_us=313.6 map_us=74.6 export_us=1.5 import_us=0.0 unmap_us=0.7 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=12288 total_us=374.4 map_us=102.7 export_us=1.7 import_us=0.0 unmap_us=0.8 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=13312 total_us=319.5 map_us=82.3 export_us=1.5 import_us=0.0 unmap_us=0.8 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=14336 total_us=350.3 map_us=81.7 export_us=1.4 import_us=0.0 unmap_us=0.8 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=15360 total_us=311.4 map_us=81.5 export_us=1.4 import_us=0.0 unmap_us=0.8 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
+inplace handle=posix_fd tokens=16384 total_us=361.2 map_us=91.1 export_us=1.4 import_us=0.0 unmap_us=0.8 gather_us=0.0 gathered_bytes=2048 exports=2 full_reexports=0 compactions=0 reuses=2
