@@ -34,7 +34,7 @@
 
 #include "alloc.h"
 #include "release.h"
-#include "chunk.h"
+#include "device.h"
 #include "fabpool.h"
 #include "meta.h"
 #include "pending.h"
