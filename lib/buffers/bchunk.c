@@ -167,8 +167,8 @@ fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
         for (uint32_t i = 0; i < b->n; i++) {
             fp_bchunk *c = &b->chunks[i];
             fabpool_status st = FABPOOL_OK;
-            if (!c->retiring && c->uses.n && fp_retire_waits_done(bs->retire, &c->uses, wait, &st) < 0 &&
-                first == FABPOOL_OK)
+            if (!c->retiring && fp_retire_waits_count(&c->uses) &&
+                fp_retire_waits_done(bs->retire, &c->uses, wait, &st) < 0 && first == FABPOOL_OK)
                 first = st;
         }
         for (uint32_t i = b->n; i-- > 0;) {

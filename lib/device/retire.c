@@ -469,6 +469,17 @@ void fp_retire_waits_add(fp_retire *r, fp_rwaits *w, fp_rticket t)
     w->t[w->n++] = t;
 }
 
+int fp_retire_waits_ok(const fp_rwaits *w, uint32_t *n, size_t *room)
+{
+    *n = w->n;
+    *room = w->cap;
+    int ok = w->n <= w->cap && (w->t != NULL) == (w->cap != 0);
+    for (uint32_t k = 0; ok && k < w->n; k++)
+        for (uint32_t m = 0; m <= k && ok; m++)
+            ok = w->t[k].rs && (m == k || w->t[m].rs != w->t[k].rs);
+    return ok;
+}
+
 int fp_retire_waits_done(fp_retire *r, fp_rwaits *w, int wait, fabpool_status *st)
 {
     for (uint32_t i = 0; i < w->n;) {

@@ -249,6 +249,11 @@ void fp_retire_waits_add(fp_retire *r, fp_rwaits *w, fp_rticket t);
 int fp_retire_waits_done(fp_retire *r, fp_rwaits *w, int wait, fabpool_status *st);
 /* Drops every ticket of w and frees the array (the memory is unmapped). */
 void fp_retire_waits_drop(fp_retire *r, fp_rwaits *w);
+/* The tickets w holds. */
+static inline uint32_t fp_retire_waits_count(const fp_rwaits *w) { return w->n; }
+/* fabpool_check: w's tickets within its room, none of no stream, at most one
+ * a stream (1), or not (0); *n and *room (for the message) its count and room. */
+int fp_retire_waits_ok(const fp_rwaits *w, uint32_t *n, size_t *room);
 
 /* ------------------------------------------------------------ the queue's own
  * What retire.c's records and events give pending.c (the queue's lock held
