@@ -127,7 +127,7 @@ static void tcache_flush(fp_alloc *a, fp_tcache *tc)
     for (unsigned c = 0; c < a->n_slab_classes; c++) {
         fp_bin *b = &tc->bins[c];
         if (b->n) {
-            fp_usage_slab_back(a->use, b->n * a->heap->classes[c].obj_size);
+            fp_usage_slab_back(a->use, b->n * fp_heap_block_size(a->heap, c));
             fp_class_give(a->heap, c, b->items, b->n, 0);
             b->n = 0;
         }

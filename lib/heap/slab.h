@@ -85,6 +85,8 @@ typedef struct fp_heap {
 /* Sets up the classes (slab_max from o, rounded up to a class size) and the arenas, and points the pool's
  * in-use mark at the heap's bytes of large blocks (usage.h). */
 void fp_heap_init(fp_heap *h, fp_space *sp, fp_usage *use, const fabpool_options *o);
+/* The block size of slab class cls. */
+static inline uint64_t fp_heap_block_size(const fp_heap *h, unsigned cls) { return h->classes[cls].obj_size; }
 /* slab_max as fp_heap_init rounded it (0: no slabs). */
 static inline uint64_t fp_heap_slab_max(const fp_heap *h) { return h->slab_max; }
 
