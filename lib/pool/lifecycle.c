@@ -1,7 +1,7 @@
-/* lifecycle.c - a pool per device: creation (options, driver, handle type, the
- * one address reservation, every layer's part set up), trim and destroy,
- * and the public entry points that take a pool and belong to a layer below
- * (buffers, views, acknowledgements by export id). */
+/* lifecycle.c - a pool per device: creation (options, the driver, the device
+ * opened, the one address reservation, every layer's part set up), trim and
+ * destroy, and the public entry points that take a pool and belong to a
+ * layer below (buffers, views, acknowledgements by export id). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
