@@ -16,6 +16,17 @@ stripped, and fails when
   - the files of one layer reach each other in a circle;
   - a lib function's address is taken (a function pointer) and LAYERS does not
     list it as a callback;
+  - a file reads or writes inside a struct of another layer that a lib struct
+    holds by value: `x->f.m`, `x.f.m` or `x->f[i].m`, where f is a member
+    that a struct of a lib header declares (not as a pointer) with a struct
+    type defined in a header of a layer other than the file's.  A layer may
+    hold another layer's struct (struct fabpool holds every layer's part) and
+    hand it to that layer's functions (`&p->heap`); what is inside, it reads
+    and writes only through them (a getter in that layer's header).  Names
+    decide, not types: a member name that some lib struct gives to another
+    layer's struct is that struct's everywhere in lib/, except a name that a
+    struct of include/ also gives to a struct (fabpool_stats' classes), which
+    cannot be told apart by name and is left out;
   - a file under adapters/ or perf/ includes a header of lib/ that LAYERS
     does not list as a tools header, or a CMakeLists.txt there adds lib/ to
     an include path;
@@ -165,6 +176,95 @@ def enclosing_callee(s, pos):
     return None
 
 
+def struct_bodies(text):
+    """(names, body) of every struct defined in a header's (stripped) text: names are 'struct tag' and the
+    typedef name, if any."""
+    out = []
+    for m in re.finditer(r"\b(typedef\s+)?struct\s+(\w+)?\s*\{", text):
+        i, depth = m.end(), 1
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        names = [f"struct {m.group(2)}"] if m.group(2) else []
+        tail = re.match(r"\s*(__attribute__\s*\(\(.*?\)\)\s*)?(\w+)", text[i:])
+        if m.group(1) and tail:
+            names.append(tail.group(2))
+        out.append((names, text[m.end():i - 1]))
+    return out
+
+
+def struct_members(body):
+    """[(type, member)] of a struct's body, by value only (no pointer, no function pointer), at its own level."""
+    body = re.sub(r"^\s*#.*$", "", body, flags=re.M)
+    out, depth, decl = [], 0, ""
+    for c in body:
+        depth += {"{": 1, "}": -1}.get(c, 0)
+        if c == ";" and depth == 0:
+            d = re.sub(r"\b(const|volatile|_Atomic)\b(?!\s*\()", " ", decl)
+            m = re.match(r"\s*(struct\s+\w+|\w+)\s+(.*)$", d, re.S)
+            if m:
+                for part in m.group(2).split(","):
+                    name = re.match(r"\s*([A-Za-z_]\w*)", part)
+                    if name and "*" not in part and "(" not in part:
+                        out.append((re.sub(r"\s+", " ", m.group(1)), name.group(1)))
+            decl = ""
+        elif depth == 0 and c != "}":
+            decl += c
+    return out
+
+
+def held_structs(headers):
+    """headers: {path: (layer, stripped text)}.  ({member: {(type, layer of the type)}} for every member that
+    a struct of these headers holds by value with a struct type they define, {type: [its members]})."""
+    types, fields = {}, {}
+    for layer, text in headers.values():
+        for names, body in struct_bodies(text):
+            for n in names:
+                types[n] = layer
+                fields[n] = [m for _, m in struct_members(body)]
+    held = {}
+    for layer, text in headers.values():
+        for names, body in struct_bodies(text):
+            for t, m in struct_members(body):
+                if t in types:
+                    held.setdefault(m, set()).add((t, types[t]))
+    return held, fields
+
+
+def lib_held_structs(root, src, layer_of):
+    """held_structs of lib/'s headers, less the member names that a struct of include/ also holds as a
+    struct (fabpool_stats' classes): by name the two cannot be told apart."""
+    held, fields = held_structs({f: (layer_of[stem(f)], s) for f, s in src.items() if f.endswith(".h")})
+    inc = os.path.join(root, "include")
+    pub = {}
+    if os.path.isdir(inc):
+        pub = {f: ("include", strip_c(open(os.path.join(inc, f), encoding="utf-8", errors="replace").read()))
+               for f in sorted(os.listdir(inc)) if f.endswith(".h")}
+    for name in held_structs(pub)[0]:
+        held.pop(name, None)
+    return held, fields
+
+
+REACH_RE = re.compile(r"(->|\.)\s*([A-Za-z_]\w*)\s*(\[[^\]]*\]\s*)?\.\s*([A-Za-z_]\w*)")
+
+
+def reach_inside(root, src, layer_of):
+    """The places where a file reads or writes inside another layer's struct held by value (x->f.m)."""
+    errors = []
+    held, _ = lib_held_structs(root, src, layer_of)
+    for f, s in sorted(src.items()):
+        here = layer_of[stem(f)]
+        for m in REACH_RE.finditer(s):
+            other = sorted({f"{t} (layer {layer})" for t, layer in held.get(m.group(2), ()) if layer != here})
+            if other:
+                line = s.count("\n", 0, m.start()) + 1
+                what = re.sub(r"\s+", "", m.group(0))
+                errors.append(f"lib/{f}:{line}: {what} reads inside '{m.group(2)}', {' or '.join(other)} held by "
+                              f"value; a file of layer {here} hands it to that layer's functions "
+                              f"(&x{m.group(1)}{m.group(2)}) and reads it through a getter of its header")
+    return errors
+
+
 def check(root, verbose=False):
     lib = os.path.join(root, "lib")
     errors = []
@@ -246,6 +346,8 @@ def check(root, verbose=False):
             if target is not None:
                 add_edge(a, target, f"{f}:{line}: &{name}")
 
+    errors += reach_inside(root, src, layer_of)
+
     # upward edges
     for a, outs in sorted(edges.items()):
         for b, why in sorted(outs.items()):
@@ -321,8 +423,9 @@ def check(root, verbose=False):
 
 
 def self_test(root):
-    """Plants an upward include, a circular call, an unlisted callback and a lib include in
-    perf/ into copies of the tree, and checks that each is caught (and the tree as it is passes)."""
+    """Plants an upward include, a circular call, an unlisted callback, a read inside another layer's struct
+    held by value and a lib include in perf/ into copies of the tree, and checks that each is caught (and the
+    tree as it is passes)."""
     ok = True
     base_errors = check(root)
     if base_errors:
@@ -375,6 +478,17 @@ def self_test(root):
             lambda t: (append(t, top_c, "\nint fp_planted_cb(void);\nint fp_planted_cb(void) { return 1; }\n"),
                        append(t, bottom_c, "\nint fp_planted_cb(void);\nint (*fp_planted_ptr)(void) = fp_planted_cb;\n")),
             "fp_planted_cb() is used as a function pointer")
+    reach = reach_plant(root, layers)
+    if not reach:
+        print("self-test: no struct of the top layer holds another layer's struct: nothing to plant a read into")
+        ok = False
+    for form in ("x->", "(*x).") if reach else ():
+        holder, member, sub = reach
+        fn = f"fp_planted_reach{len(form)}"
+        planted(f"{top_c} reads inside '{member}' ({form}{member}.{sub})",
+                lambda t: append(t, top_c, f"\nunsigned long {fn}({holder} *x);\nunsigned long {fn}({holder} *x) "
+                                           f"{{ return sizeof {form}{member}.{sub}; }}\n"),
+                f"reads inside '{member}'")
     planted("perf/ includes a lib header",
             lambda t: append(t, "perf/planted.c", f'#include "{top}.h"\n'), "may use include/ only")
     planted("perf/ includes a lib header through ../lib/",
@@ -385,6 +499,28 @@ def self_test(root):
         planted(f"the tools header {s}.h includes {top}.h",
                 lambda t: append(t, lib_path(root, s, ".h"), f'\n#include "{top}.h"\n'), "must stand alone")
     return ok
+
+
+def reach_plant(root, layers):
+    """(holder, member, member of the member) for a struct of the top layer's headers that holds a struct of a
+    lower layer by value, or None."""
+    layer_of = {s: n for n, ss in layers for s in ss}
+    src = {}
+    for _, ss in layers:
+        for s in ss:
+            for ext in (".h", ".c"):
+                p = lib_path(root, s, ext)
+                if p:
+                    src[p[len("lib/"):]] = strip_c(open(os.path.join(root, p)).read())
+    held, fields = lib_held_structs(root, src, layer_of)
+    top = layers[-1][0]
+    for f, text in sorted(src.items()):
+        if f.endswith(".h") and layer_of[stem(f)] == top:
+            for names, body in struct_bodies(text):
+                for t, m in struct_members(body):
+                    if names and fields.get(t) and any(layer != top for _, layer in held.get(m, ())):
+                        return names[0], m, fields[t][0]
+    return None
 
 
 def main():

@@ -60,7 +60,7 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
             b->n = fp_class_take(a->heap, cls, b->items, want, 0, &st);
             if (!b->n)
                 return st;
-            fp_usage_slab_out(a->use, b->n * a->heap->classes[cls].obj_size);
+            fp_usage_slab_out(a->use, b->n * fp_heap_block_size(a->heap, cls));
             fp_alloc_trim_policy(a);   /* the decay's clock, on a slow path */
         }
         tcache_pop(tc, cls, out);   /* the fast path's pop, on a bin that now holds blocks */
@@ -69,7 +69,7 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
     fp_item it;
     if (!fp_class_take(a->heap, cls, &it, 1, 1, &st))   /* its free flag cleared under the class lock */
         return st;
-    fp_usage_slab_out(a->use, a->heap->classes[cls].obj_size);
+    fp_usage_slab_out(a->use, fp_heap_block_size(a->heap, cls));
     fp_alloc_trim_policy(a);   /* the decay's clock, on a slow path */
     atomic_fetch_add_explicit(&a->counts[cls].allocs, 1, memory_order_relaxed);
     *out = (void *)(uintptr_t)it.ptr;
@@ -171,7 +171,7 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr, uin
         if (b->n == b->cap) {
             /* give back the older half */
             unsigned half = b->n / 2 ? b->n / 2 : 1;
-            fp_usage_slab_back(a->use, half * a->heap->classes[cls].obj_size);
+            fp_usage_slab_back(a->use, half * fp_heap_block_size(a->heap, cls));
             fp_class_give(a->heap, cls, b->items, half, 0);
             memmove(b->items, b->items + half, (b->n - half) * sizeof *b->items);
             b->n -= half;
@@ -182,7 +182,7 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr, uin
         return FABPOOL_OK;
     }
     fp_item it = {addr, s};
-    fp_usage_slab_back(a->use, a->heap->classes[cls].obj_size);
+    fp_usage_slab_back(a->use, fp_heap_block_size(a->heap, cls));
     fp_class_give(a->heap, cls, &it, 1, 1);
     atomic_fetch_add_explicit(&a->counts[cls].frees, 1, memory_order_relaxed);
     fp_alloc_trim_policy(a);

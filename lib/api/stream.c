@@ -60,8 +60,8 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
         return st;
     }
     uint64_t need, max, usable = 0;
-    uint32_t cls = size <= a->sp->va.size ? stream_class(a, size, &need, &max) : FP_PENDING_LARGE;
-    if (size > a->sp->va.size)
+    uint32_t cls = size <= fp_space_size(a->sp) ? stream_class(a, size, &need, &max) : FP_PENDING_LARGE;
+    if (size > fp_space_size(a->sp))
         need = max = 0;
     /* the stream's own freed blocks: stream order makes them safe at once */
     uint64_t ptr = fp_pending_any(a->retire) && need <= max ?
@@ -71,7 +71,7 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     } else if (fp_pending_any(a->retire)) {
         /* a miss: what other streams freed and is done goes back, the first that fits to the caller */
         fp_rblock *chain = fp_pending_poll(a->retire, 0, 0), **at = &chain;
-        for (fp_rblock *b = chain; b && size <= a->sp->va.size; at = &b->fnext, b = b->fnext)
+        for (fp_rblock *b = chain; b && size <= fp_space_size(a->sp); at = &b->fnext, b = b->fnext)
             if (!b->traced && /* one whose free is traced is the pool's free memory in the trace: it goes back */
                 (cls == FP_PENDING_LARGE ? b->cls == cls && b->usable >= need && b->usable <= max : b->cls == cls)) {
                 ptr = b->ptr;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "array.h"
+#include "counter.h"
 #include "error.h"
 #include "list.h"
 #include "lock.h"
@@ -80,10 +81,11 @@ void fp_alloc_trim_policy(fp_alloc *a)
 
 /* ------------------------------------------------------------ thread caches */
 
-void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, int thread_cache)
+void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, fp_usage *use, int thread_cache)
 {
     a->heap = heap;
     a->retire = retire;
+    a->use = use;
     a->sp = heap->sp;
     a->map = heap->sp->map; /* set up before: see alloc.h */
     a->slab_max = heap->slab_max;
@@ -103,12 +105,29 @@ void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, int thread_cac
     a->tcache_bytes = bytes;
 }
 
+void fp_alloc_set_trace(fp_alloc *a, struct fp_trace *trace) { a->trace = trace; }
+
+
+void fp_alloc_class_counts(const fp_alloc *a, unsigned cls, uint64_t *allocs, uint64_t *frees)
+{
+    fp_space_assert_locked(a->sp);
+    const fp_class_counts *n = &a->counts[cls];
+    uint64_t al = fp_counter(&n->allocs) + fp_counter(&n->tc_allocs);
+    uint64_t fr = fp_counter(&n->frees) + fp_counter(&n->tc_frees);
+    for (const fp_tcache *tc = a->tcaches; tc; tc = tc->next) {
+        al += fp_counter(&tc->allocs[cls]);
+        fr += fp_counter(&tc->frees[cls]);
+    }
+    *allocs = al;
+    *frees = fr;
+}
+
 static void tcache_flush(fp_alloc *a, fp_tcache *tc)
 {
     for (unsigned c = 0; c < a->n_slab_classes; c++) {
         fp_bin *b = &tc->bins[c];
         if (b->n) {
-            fp_usage_slab_back(a->use, b->n * a->heap->classes[c].obj_size);
+            fp_usage_slab_back(a->use, b->n * fp_heap_block_size(a->heap, c));
             fp_class_give(a->heap, c, b->items, b->n, 0);
             b->n = 0;
         }

@@ -61,8 +61,16 @@ typedef struct fp_alloc {
     fp_class_counts counts[FP_NCLASS];
 } fp_alloc;
 
-/* Sets up the caches' capacities from the heap's classes. */
-void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, int thread_cache);
+/* Sets up the caches' capacities from the heap's classes; use is the pool's in-use mark. */
+void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, fp_usage *use, int thread_cache);
+/* The trace the blocks' calls are recorded in (NULL: none). */
+void fp_alloc_set_trace(fp_alloc *a, struct fp_trace *trace);
+/* Whether thread caches are on (the option). */
+static inline int fp_alloc_thread_cache(const fp_alloc *a) { return a->thread_cache; }
+/* Blocks of slab class cls given out and taken back, all time: without a
+ * thread cache, through the caches freed, and through every cache on the
+ * list.  Pool lock held, so that the list holds still. */
+void fp_alloc_class_counts(const fp_alloc *a, unsigned cls, uint64_t *allocs, uint64_t *frees);
 /* A unique id and a place in the registry of live pools: 0, or -1 without host memory. */
 int fp_registry_add(fp_alloc *a);
 /* Out of the registry first at destroy: exiting threads no longer touch it. */

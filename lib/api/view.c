@@ -8,6 +8,7 @@
 
 #include "array.h"
 #include "clock.h"
+#include "counter.h"
 #include "desc.h"
 #include "error.h"
 #include "list.h"
@@ -300,6 +301,12 @@ void fp_views_init(fp_views *vs, fp_space *sp, uint32_t keep_ms)
 {
     vs->sp = sp;
     vs->keep_ms = keep_ms;
+}
+
+void fp_views_read_counters(const fp_views *vs, fp_view_counters *c)
+{
+    c->bytes = fp_counter(&vs->bytes);
+    c->kept_bytes = fp_counter(&vs->kept_bytes);
 }
 
 static fabpool_status view_free(fp_views *vs, fabpool_view_t *v);

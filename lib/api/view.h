@@ -40,6 +40,13 @@ struct fabpool_view {
 };
 
 void fp_views_init(fp_views *vs, fp_space *sp, uint32_t keep_ms);
+/* What the views count (fabpool_stats): atomics, read without a lock, exact
+ * under the pool lock. */
+typedef struct fp_view_counters {
+    uint64_t bytes;                    /* mapped by the views */
+    uint64_t kept_bytes;               /* of those, by the views kept for reuse */
+} fp_view_counters;
+void fp_views_read_counters(const fp_views *vs, fp_view_counters *c);
 /* fabpool_view_open on the pool whose views vs are (vs NULL: the pool was NULL). */
 fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const int *fds, size_t nfds,
                             fabpool_view_t **out);

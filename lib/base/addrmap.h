@@ -25,6 +25,8 @@ typedef struct fp_addrmap {
 
 void fp_addrmap_init(fp_addrmap *m, fp_meta *meta);
 void fp_addrmap_destroy(fp_addrmap *m);
+/* The keys it holds. */
+static inline size_t fp_addrmap_count(const fp_addrmap *m) { return m->n; }
 /* Blocks are at least 256-byte aligned: the low bits carry nothing. */
 static inline size_t fp_addrmap_slot_of(const fp_addrmap *m, uint64_t key)
 {

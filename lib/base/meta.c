@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "counter.h"
 #include "error.h"
 
 /* jemalloc's flag encoding (jemalloc/jemalloc.h, stable since 4.0). */
@@ -90,4 +91,11 @@ void fp_meta_destroy(fp_meta *m)
         m->mallctl(cmd, NULL, NULL, NULL, 0);
     }
     m->jemalloc = 0;
+}
+
+void fp_meta_read_counters(const fp_meta *m, fp_meta_counters *c)
+{
+    c->bytes = fp_counter(&m->bytes);
+    c->jemalloc = m->jemalloc;
+    c->arena = m->arena;
 }

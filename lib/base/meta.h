@@ -31,4 +31,13 @@ void fp_meta_free(fp_meta *m, void *p, size_t size);
 /* Destroys the arena: every block must have been freed. */
 void fp_meta_destroy(fp_meta *m);
 
+/* What the stats read of the arena: where it is and the bytes it holds
+ * (an atomic, read without a lock). */
+typedef struct fp_meta_counters {
+    uint64_t bytes;
+    int jemalloc;         /* 1: a private jemalloc arena, else libc */
+    unsigned arena;
+} fp_meta_counters;
+void fp_meta_read_counters(const fp_meta *m, fp_meta_counters *c);
+
 #endif

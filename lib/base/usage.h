@@ -49,6 +49,16 @@ static inline void fp_usage_slab_back(fp_usage *u, uint64_t bytes)
     atomic_fetch_sub_explicit(&u->slab_out, bytes, memory_order_relaxed);
 }
 
+/* What fabpool_stats and fabpool_check read of the mark. */
+typedef struct fp_usage_counters {
+    uint64_t slab_out, peak;
+} fp_usage_counters;
+static inline void fp_usage_read(const fp_usage *u, fp_usage_counters *c)
+{
+    c->slab_out = atomic_load(&u->slab_out);
+    c->peak = atomic_load(&u->peak);
+}
+
 /* fabpool_reset_peak: the mark starts again from what is counted now. */
 static inline void fp_usage_reset(fp_usage *u) { atomic_store(&u->peak, fp_usage_now(u)); }
 

@@ -1,14 +1,41 @@
-/* bchunk.c - the chunks of growable buffers once mapped: taking one out
- * (unmapped), the holds that keep dropped chunks importable for the peers,
- * and the collection of retired chunks and destroyed buffers.  Growing,
- * refitting and shrinking, which add and retire chunks, are in buffer.c. */
+/* bchunk.c - the pool's buffers set up and their counters read; the
+ * chunks of growable buffers once mapped: taking one out (unmapped), the
+ * holds that keep dropped chunks importable for the peers, and the
+ * collection of retired chunks and destroyed buffers.  Growing, refitting
+ * and shrinking, which add and retire chunks, are in buffer.c. */
 #include "bchunk.h"
 
 #include <string.h>
 
 #include "array.h"
+#include "counter.h"
 #include "error.h"
 #include "list.h"
+
+void fp_buffers_init(fp_buffers *bs, fp_heap *heap, fp_retire *retire, fp_usage *use, const fabpool_options *o)
+{
+    bs->heap = heap;
+    bs->retire = retire;
+    bs->use = use;
+    use->buffers = &bs->bytes;
+    bs->sp = heap->sp;
+    bs->max_chunk = o->max_chunk_bytes;
+    bs->max_waste_percent = o->max_waste_percent;
+    bs->shrink_hysteresis_percent = o->shrink_hysteresis_percent;
+    bs->keep_ms = o->keep_ms;
+}
+
+void fp_buffers_set_trace(fp_buffers *bs, struct fp_trace *trace) { bs->trace = trace; }
+
+
+void fp_buffers_read_counters(const fp_buffers *bs, fp_buffer_counters *c)
+{
+    c->bytes = fp_counter(&bs->bytes);
+    c->count = fp_counter(&bs->count);
+    c->retiring_bytes = fp_counter(&bs->retiring_bytes);
+    c->held_for_peers_bytes = fp_counter(&bs->held_for_peers_bytes);
+    c->kept_bytes = fp_counter(&bs->kept_bytes);
+}
 
 int fp_buffer_reserve_chunks(fp_buffers *bs, struct fabpool_buffer *b, uint32_t n)
 {
@@ -140,8 +167,8 @@ fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
         for (uint32_t i = 0; i < b->n; i++) {
             fp_bchunk *c = &b->chunks[i];
             fabpool_status st = FABPOOL_OK;
-            if (!c->retiring && c->uses.n && fp_retire_waits_done(bs->retire, &c->uses, wait, &st) < 0 &&
-                first == FABPOOL_OK)
+            if (!c->retiring && fp_retire_waits_count(&c->uses) &&
+                fp_retire_waits_done(bs->retire, &c->uses, wait, &st) < 0 && first == FABPOOL_OK)
                 first = st;
         }
         for (uint32_t i = b->n; i-- > 0;) {

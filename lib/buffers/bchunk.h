@@ -79,6 +79,19 @@ struct fabpool_buffer {
     uint64_t uid;                      /* names the buffer in descriptors */
 };
 
+/* Sets up the pool's buffers; use is the pool's in-use mark, which is pointed at their bytes (usage.h). */
+void fp_buffers_init(fp_buffers *bs, fp_heap *heap, fp_retire *retire, fp_usage *use, const fabpool_options *o);
+/* The trace the buffers' calls are recorded in (NULL: none). */
+void fp_buffers_set_trace(fp_buffers *bs, struct fp_trace *trace);
+/* What the buffers count (fabpool_stats): atomics, read without a lock,
+ * exact under the pool lock. */
+typedef struct fp_buffer_counters {
+    uint64_t bytes;                    /* the sizes asked of the live buffers */
+    uint64_t count, retiring_bytes, held_for_peers_bytes;
+    uint64_t kept_bytes;               /* live bytes of the buffers kept for reuse */
+} fp_buffer_counters;
+void fp_buffers_read_counters(const fp_buffers *bs, fp_buffer_counters *c);
+
 /* fabpool_collect of the pool whose buffers bs are (bs NULL: the pool was NULL). */
 fabpool_status fp_buffers_collect(fp_buffers *bs, int wait);
 

@@ -362,17 +362,6 @@ static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t 
 
 /* ------------------------------------------------------------ API */
 
-void fp_buffers_init(fp_buffers *bs, fp_heap *heap, fp_retire *retire, const fabpool_options *o)
-{
-    bs->heap = heap;
-    bs->retire = retire;
-    bs->sp = heap->sp;
-    bs->max_chunk = o->max_chunk_bytes;
-    bs->max_waste_percent = o->max_waste_percent;
-    bs->shrink_hysteresis_percent = o->shrink_hysteresis_percent;
-    bs->keep_ms = o->keep_ms;
-}
-
 fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fabpool_buffer_t **out)
 {
     if (!bs || !out)
@@ -381,10 +370,10 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     if (max_size == 0 || size == 0 || size > max_size)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_create: max_size %zu and size %zu: both must be "
                         "at least 1 and size <= max_size", max_size, size);
-    if (max_size > bs->sp->va.size - bs->sp->gran)
+    if (max_size > fp_space_size(bs->sp) - bs->sp->gran)
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_create: max_size %zu is larger than the pool's "
                         "reserved address space (%llu bytes); raise reserve", max_size,
-                        (unsigned long long)bs->sp->va.size);
+                        (unsigned long long)fp_space_size(bs->sp));
     struct fabpool_buffer *b = fp_meta_alloc(bs->sp->meta, sizeof *b);
     if (!b)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer");
@@ -399,7 +388,7 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
         fp_meta_free(bs->sp->meta, b, sizeof *b);
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_create: no free address range of %llu bytes left in the "
                         "pool's reservation of %llu bytes; raise reserve", (unsigned long long)b->window,
-                        (unsigned long long)bs->sp->va.size);
+                        (unsigned long long)fp_space_size(bs->sp));
     }
     if (fp_chunks_asleep(bs->sp->ch)) {
         fp_va_free(&bs->sp->va, b->base, b->window);

@@ -14,8 +14,6 @@
 
 #include "bchunk.h"
 
-void fp_buffers_init(fp_buffers *bs, fp_heap *heap, fp_retire *retire, const fabpool_options *o);
-
 /* fabpool_buffer_create of the pool whose buffers bs are (bs NULL: the pool
  * was NULL). */
 fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fabpool_buffer_t **out);

@@ -6,16 +6,6 @@
 #define FAIL FP_WALK_FAIL
 #define ULL FP_ULL
 
-/* A buffer's list of streams that may use a chunk: within its room, and one ticket per stream. */
-static int uses_ok(const fp_bchunk *c)
-{
-    int ok = c->uses.n <= c->uses.cap && (c->uses.t != NULL) == (c->uses.cap != 0);
-    for (uint32_t k = 0; ok && k < c->uses.n; k++)
-        for (uint32_t m = 0; m <= k && ok; m++)
-            ok = c->uses.t[k].rs && (m == k || c->uses.t[m].rs != c->uses.t[k].rs);
-    return ok;
-}
-
 /* Buffer b's chunks: apart, in whole granules, in its window, a live
  * buffer's following each other from its base with the retiring ones last;
  * *live and *all their sums. */
@@ -33,10 +23,11 @@ static fabpool_status check_buffer_chunks(fp_walk *w, const struct fabpool_buffe
             return FAIL("[buffer.contiguous] buffer 0x%llx: chunk %u starts at +%llu, the chunks before end at "
                         "+%llu (a live buffer's chunks follow each other from its base)", ULL(b->base), i,
                         ULL(c->off), ULL(end));
-        if (!uses_ok(c))
+        uint32_t tickets;
+        size_t room;
+        if (!fp_retire_waits_ok(&c->uses, &tickets, &room))
             return FAIL("[buffer.uses] buffer 0x%llx: chunk %u's list of streams that may use it holds %u tickets "
-                        "in room for %zu, one of no stream, or two of one stream", ULL(b->base), i, c->uses.n,
-                        c->uses.cap);
+                        "in room for %zu, one of no stream, or two of one stream", ULL(b->base), i, tickets, room);
         if (!b->destroyed && !c->retiring && retired_seen)
             return FAIL("[buffer.retire] buffer 0x%llx: live chunk %u lies after a retiring one (the live chunks "
                         "come first)", ULL(b->base), i);

@@ -445,12 +445,13 @@ void fp_chunk_export_drop(fp_chunks *ch, uint64_t va)
     ch->n_kept--;
 }
 
-void fp_chunk_exports_free(fp_chunks *ch)
+void fp_chunks_destroy(fp_chunks *ch)
 {
     fp_lock_assert_held(ch->lock);
     while (ch->n_kept)
         fp_chunk_export_drop(ch, ch->kept[ch->n_kept - 1].va);
     FP_ARRAY_FREE(ch->meta, ch->kept, ch->cap_kept);
+    fp_mapreg_free(&ch->reg);
 }
 
 void fp_chunk_close_fd(fp_chunks *ch, int *fd)

@@ -11,7 +11,7 @@
  * CUDA_ERROR_OUT_OF_MEMORY returns FABPOOL_ERR_OUT_OF_MEMORY, and the
  * callers that hold cached memory (slab.c) trim and try again.
  *
- * Callers hold the pool lock (ch->lock, which the pool sets) to create,
+ * Callers hold the pool lock (ch->lock, given at fp_chunks_init) to create,
  * map, unmap and release (the page map and address space they go with are
  * under it); each of those asserts it (lock.h).  The counters are atomics. */
 #ifndef FP_CHUNK_H
@@ -33,7 +33,7 @@ struct fabpool_buffer;
  * (awake), ASLEEP (unmapped, its memory released, maybe with a host copy;
  * out of the registry) or GONE (freed while asleep: fp_chunk_unmap forgets
  * it instead of calling the driver).  m is its registry entry, which wake
- * adds again. */
+ * adds again; above this layer it is read through the inlines below. */
 enum { FP_SL_MAPPED = 0, FP_SL_ASLEEP = 1, FP_SL_GONE = 2 };
 typedef struct fp_slept {
     uint64_t va, size;
@@ -41,6 +41,10 @@ typedef struct fp_slept {
     fp_mapping m;                      /* m.owner, a buffer's, is valid while the chunk is not GONE */
     uint8_t state, copy;               /* copy: offload its bytes */
 } fp_slept;
+/* Its registry entry's kind, owner, and say whether a sleep with offload copies its bytes. */
+static inline fp_map_kind fp_slept_kind(const fp_slept *e) { return (fp_map_kind)e->m.kind; }
+static inline void *fp_slept_owner(const fp_slept *e) { return e->m.owner; }
+static inline int fp_slept_copies(const fp_slept *e) { return e->m.copy; }
 
 struct fp_retire;
 
@@ -200,8 +204,10 @@ fabpool_status fp_chunk_export_kept(fp_chunks *ch, uint64_t va, uint64_t size, i
 /* Forgets what fp_chunk_export_kept kept for the chunk at va, its fd closed
  * (a failed export undoes the ones it made).  Pool lock held. */
 void fp_chunk_export_drop(fp_chunks *ch, uint64_t va);
-/* Pool destroy: every kept export dropped and the list freed. */
-void fp_chunk_exports_free(fp_chunks *ch);
+/* Pool destroy: every kept export dropped (what an unmap the driver
+ * refused left) and the list freed, and the registry freed.  Pool lock
+ * held. */
+void fp_chunks_destroy(fp_chunks *ch);
 
 /* Imports a peer's handle (an fd, or a fabric handle), counted. */
 CUresult fp_chunk_import(fp_chunks *ch, fabpool_handle_type type, int fd, const CUmemFabricHandle *fabric,

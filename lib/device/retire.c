@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "array.h"
+#include "counter.h"
 #include "error.h"
 #include "retire.h"
 
@@ -31,6 +32,8 @@ static void stream_free(fp_retire *r, fp_rstream *rs)
 
 void fp_retire_destroy(fp_retire *r)
 {
+    if (!r->meta)
+        return;
     CUcontext saved = NULL;
     int switched = r->n_streams || r->n_spare_evs;
     if (switched && FP_CU(r->calls, cuCtxGetCurrent, &saved) == CUDA_SUCCESS && saved != r->ctx)
@@ -64,6 +67,26 @@ void fp_retire_destroy(fp_retire *r)
         FP_CU(r->calls, cuCtxSetCurrent, saved);
     fp_lock_destroy(&r->lock);
     memset(r, 0, sizeof *r);
+}
+
+
+void fp_retire_read_counters(const fp_retire *r, fp_retire_counters *c)
+{
+    c->pending_blocks = fp_counter(&r->pending_blocks);
+    c->pending_bytes = fp_counter(&r->pending_bytes);
+    c->streams = fp_counter(&r->n_streams_now);
+    c->frees = fp_counter(&r->frees);
+    c->owner_frees = fp_counter(&r->owner_frees);
+    c->reuse_same = fp_counter(&r->reuse_same);
+    c->reuse_after_event = fp_counter(&r->reuse_after_event);
+    c->releases = fp_counter(&r->releases);
+    c->events_recorded = fp_counter(&r->events_recorded);
+    c->event_queries = fp_counter(&r->event_queries);
+    c->syncs = fp_counter(&r->syncs);
+    c->fences = fp_counter(&r->fences);
+    c->records = fp_counter(&r->records);
+    c->used_frees = fp_counter(&r->used_frees);
+    c->used_blocks = fp_counter(&r->used_blocks);
 }
 
 /* ------------------------------------------------------------ records */
@@ -444,6 +467,17 @@ void fp_retire_waits_add(fp_retire *r, fp_rwaits *w, fp_rticket t)
             return;
         }
     w->t[w->n++] = t;
+}
+
+int fp_retire_waits_ok(const fp_rwaits *w, uint32_t *n, size_t *room)
+{
+    *n = w->n;
+    *room = w->cap;
+    int ok = w->n <= w->cap && (w->t != NULL) == (w->cap != 0);
+    for (uint32_t k = 0; ok && k < w->n; k++)
+        for (uint32_t m = 0; m <= k && ok; m++)
+            ok = w->t[k].rs && (m == k || w->t[m].rs != w->t[k].rs);
+    return ok;
 }
 
 int fp_retire_waits_done(fp_retire *r, fp_rwaits *w, int wait, fabpool_status *st)

@@ -171,8 +171,26 @@ enum { FP_OWNER_NONE = 0, FP_OWNER_ON = 1, FP_OWNER_OFF = 2 };
 fabpool_status fp_retire_init(fp_retire *r, fp_meta *meta, fp_drv_counters *calls, CUcontext ctx, int device,
                               int owner);
 /* Frees every record, node and event.  Nothing may be pending: drain first
- * (fp_pending_poll with wait, and the buffers' tickets dropped). */
+ * (fp_pending_poll with wait, and the buffers' tickets dropped).  A queue
+ * never set up (zeroed: a pool whose creation stopped before) is left as
+ * it is. */
 void fp_retire_destroy(fp_retire *r);
+
+/* The queue's lock (a leaf: lock.h), taken and let go from above, where a
+ * walk must see the queue hold still (fabpool_check): macros, so that a
+ * lock-checked build names the caller. */
+#define fp_retire_lock(r) fp_lock(&(r)->lock)
+#define fp_retire_unlock(r) fp_unlock(&(r)->lock)
+
+/* What the queue counts (fabpool_counters, fabpool_stats): atomics, read
+ * without the lock. */
+typedef struct fp_retire_counters {
+    uint64_t pending_blocks, pending_bytes, streams;
+    uint64_t frees, owner_frees, reuse_same, reuse_after_event, releases;
+    uint64_t events_recorded, event_queries, syncs, fences;
+    uint64_t records, used_frees, used_blocks;
+} fp_retire_counters;
+void fp_retire_read_counters(const fp_retire *r, fp_retire_counters *c);
 
 /* ---- the owner stream */
 
@@ -231,6 +249,11 @@ void fp_retire_waits_add(fp_retire *r, fp_rwaits *w, fp_rticket t);
 int fp_retire_waits_done(fp_retire *r, fp_rwaits *w, int wait, fabpool_status *st);
 /* Drops every ticket of w and frees the array (the memory is unmapped). */
 void fp_retire_waits_drop(fp_retire *r, fp_rwaits *w);
+/* The tickets w holds. */
+static inline uint32_t fp_retire_waits_count(const fp_rwaits *w) { return w->n; }
+/* fabpool_check: w's tickets within its room, none of no stream, at most one
+ * a stream (1), or not (0); *n and *room (for the message) its count and room. */
+int fp_retire_waits_ok(const fp_rwaits *w, uint32_t *n, size_t *room);
 
 /* ------------------------------------------------------------ the queue's own
  * What retire.c's records and events give pending.c (the queue's lock held

@@ -44,6 +44,20 @@ CUresult fp_vmm_probe_fabric(fp_chunks *ch, const char **step)
     return r;
 }
 
+CUresult fp_vmm_host_prop(fp_chunks *ch, CUmemAllocationProp *prop, size_t *gran)
+{
+    int numa = -1;
+    if (FP_CU(&ch->calls, cuDeviceGetAttribute, &numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, ch->dev) != CUDA_SUCCESS ||
+        numa < 0)
+        numa = 0;
+    memset(prop, 0, sizeof *prop);
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    prop->location.id = numa;
+    *gran = 0;
+    return FP_CU(&ch->calls, cuMemGetAllocationGranularity, gran, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+}
+
 CUresult fp_vmm_map_new(fp_chunks *ch, uint64_t va, uint64_t size, const CUmemAllocationProp *prop,
                         fp_map_kind kind, const char **call)
 {

@@ -17,6 +17,11 @@ CUresult fp_vmm_unreserve(fp_chunks *ch, uint64_t va, uint64_t size);
  * device attribute alone says nothing about the IMEX channel
  * (driver-facts.md).  *step names the call that answered. */
 CUresult fp_vmm_probe_fabric(fp_chunks *ch, const char **step);
+/* Pinned host memory on the NUMA node next to ch's device (node 0 where
+ * the driver does not say), as VMM memory (*prop, filled whatever the
+ * outcome), and its minimum granularity (*gran): the answer of
+ * cuMemGetAllocationGranularity. */
+CUresult fp_vmm_host_prop(fp_chunks *ch, CUmemAllocationProp *prop, size_t *gran);
 /* Creates size bytes of memory as prop, maps them at va with read-write
  * access for the pool's device alone, and releases the handle (the mapping
  * keeps the memory); the registry lists it as kind's.  On failure nothing

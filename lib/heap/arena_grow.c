@@ -24,7 +24,7 @@ static fabpool_status map_range(fp_arena *a, uint64_t va, uint64_t size, int ahe
     while (at < end) {
         uint64_t n = end - at < cap ? end - at : cap;
         if (!ahead) {
-            uint64_t next = (at - a->sp->va.base) / cap * cap + cap + a->sp->va.base;
+            uint64_t next = (at - fp_space_base(a->sp)) / cap * cap + cap + fp_space_base(a->sp);
             n = (next < end ? next : end) - at;
         }
         fabpool_status st = FABPOOL_OK;
@@ -82,7 +82,7 @@ fabpool_status fp_arena_grow_plan(fp_arena *a, uint64_t n, uint64_t align, int a
             uint64_t need = n - f->size > ahead ? n - f->size : ahead;
             int mostly = ahead >= 2 * (n - f->size);
             need = (need + gran - 1) & ~(gran - 1);
-            if (k == 0 ? r->base - a->sp->va.base >= need && va_free_at(a, r->base - need, need)
+            if (k == 0 ? r->base - fp_space_base(a->sp) >= need && va_free_at(a, r->base - need, need)
                        : va_free_at(a, r->base + r->size, need)) {
                 gr->g = f;
                 gr->ahead = mostly;
@@ -101,7 +101,7 @@ fabpool_status fp_arena_grow_plan(fp_arena *a, uint64_t n, uint64_t align, int a
             return fp_error(FABPOOL_ERR_LIMIT,
                             "the pool's reserved address space (%llu bytes) has no free range of %llu bytes left; "
                             "create the pool with a larger reserve (FABPOOL_CONF=reserve:...)",
-                            (unsigned long long)a->sp->va.size, (unsigned long long)gr->size);
+                            (unsigned long long)fp_space_size(a->sp), (unsigned long long)gr->size);
         return FABPOOL_OK;
     }
     if (fp_va_take(&a->sp->va, gr->va, gr->size) != 0)

@@ -33,9 +33,9 @@ uint64_t fp_large_size(const fp_heap *h, uint64_t size) { return fp_arena_round(
 
 fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
 {
-    if (size > h->sp->va.size)
+    if (size > fp_space_size(h->sp))
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_alloc of %llu bytes: larger than the pool's reserved address "
-                        "space (%llu bytes)", (unsigned long long)size, (unsigned long long)h->sp->va.size);
+                        "space (%llu bytes)", (unsigned long long)size, (unsigned long long)fp_space_size(h->sp));
     fp_arena *a = arena_for(h, size);
     uint64_t n = fp_arena_round(a, size);
     fabpool_status st = fp_chunk_fits_device(h->sp->ch, n, "fabpool_alloc: a block of");

@@ -11,6 +11,7 @@
 #include "arena_grow.h"
 #include "array.h"
 #include "clock.h"
+#include "counter.h"
 #include "error.h"
 #include "list.h"
 
@@ -117,9 +118,10 @@ static uint64_t slab_size_for(uint64_t obj, uint64_t page)
     return best;
 }
 
-void fp_heap_init(fp_heap *h, fp_space *sp, const fabpool_options *o)
+void fp_heap_init(fp_heap *h, fp_space *sp, fp_usage *use, const fabpool_options *o)
 {
     h->sp = sp;
+    use->large = &h->large_in_use_bytes;
     h->cache_limit = o->cache_limit_bytes;
     h->decay_ms = o->decay_ms;
     h->large_slack_percent = o->large_slack_percent;
@@ -146,7 +148,7 @@ void fp_heap_init(fp_heap *h, fp_space *sp, const fabpool_options *o)
     /* homes in the reservation, apart: large blocks from the top down, the
      * medium arena below three quarters; buffer windows come from the bottom
      * up */
-    uint64_t base = sp->va.base, size = sp->va.size;
+    uint64_t base = fp_space_base(sp), size = fp_space_size(sp);
     const char *names[FP_NARENAS] = {"the medium-block arena", "the large-block arena"};
     uint64_t homes[FP_NARENAS] = {base + size / 4 * 3, base + size};
     for (int i = 0; i < FP_NARENAS; i++) {
@@ -230,6 +232,27 @@ fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAlloc
 }
 
 void fp_heap_count_oom_retry(fp_heap *h) { atomic_fetch_add(&h->oom_retries, 1); }
+
+
+void fp_heap_read_counters(const fp_heap *h, fp_heap_counters *c)
+{
+    c->n_slab_classes = h->n_slab_classes;
+    c->large_in_use_bytes = fp_counter(&h->large_in_use_bytes);
+    c->oom_retries = fp_counter(&h->oom_retries);
+    c->traded_bytes = fp_counter(&h->traded_bytes);
+    for (unsigned i = 0; i < FP_NCLASS; i++)
+        c->large_allocs[i] = fp_counter(&h->large_allocs[i]);
+}
+
+void fp_heap_read_class(fp_heap *h, unsigned cls, fp_class_counters *c)
+{
+    fp_class *k = &h->classes[cls];
+    c->size = k->obj_size;
+    c->nobj = k->nobj;
+    fp_lock(&k->lock);
+    c->slabs = k->nslabs;
+    fp_unlock(&k->lock);
+}
 
 fabpool_status fp_heap_chunk_map(fp_heap *h, uint64_t va, uint64_t size, fp_map_kind kind, void *owner)
 {

@@ -31,6 +31,7 @@
 #include "lock.h"
 #include "sizeclass.h"
 #include "space.h"
+#include "usage.h"
 
 #define FP_CACHELINE 64
 
@@ -81,8 +82,27 @@ typedef struct fp_heap {
     fp_class classes[FP_NCLASS];
 } fp_heap;
 
-/* Sets up the classes (slab_max from o, rounded up to a class size) and the arenas. */
-void fp_heap_init(fp_heap *h, fp_space *sp, const fabpool_options *o);
+/* Sets up the classes (slab_max from o, rounded up to a class size) and the arenas, and points the pool's
+ * in-use mark at the heap's bytes of large blocks (usage.h). */
+void fp_heap_init(fp_heap *h, fp_space *sp, fp_usage *use, const fabpool_options *o);
+/* The block size of slab class cls. */
+static inline uint64_t fp_heap_block_size(const fp_heap *h, unsigned cls) { return h->classes[cls].obj_size; }
+/* slab_max as fp_heap_init rounded it (0: no slabs). */
+static inline uint64_t fp_heap_slab_max(const fp_heap *h) { return h->slab_max; }
+
+/* What the heap counts (fabpool_stats, fabpool_counters): atomics, read without a lock; the bytes of large
+ * blocks are exact under the pool lock. */
+typedef struct fp_heap_counters {
+    unsigned n_slab_classes;           /* classes [0, n_slab_classes) come from slabs */
+    uint64_t large_in_use_bytes, oom_retries, traded_bytes;
+    uint64_t large_allocs[FP_NCLASS];  /* blocks above slab_max given out, by the class their size falls in */
+} fp_heap_counters;
+void fp_heap_read_counters(const fp_heap *h, fp_heap_counters *c);
+/* Slab class cls: its block size, blocks per slab, and slabs (read under the class's lock). */
+typedef struct fp_class_counters {
+    uint64_t size, nobj, slabs;
+} fp_class_counters;
+void fp_heap_read_class(fp_heap *h, unsigned cls, fp_class_counters *c);
 /* Unmaps everything and frees the heap's metadata. */
 void fp_heap_destroy(fp_heap *h);
 

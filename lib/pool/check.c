@@ -34,18 +34,6 @@
 #define FAIL FP_WALK_FAIL
 #define ULL FP_ULL
 
-/* The chunks exported for blocks each lie under an arena's chunk: both ends in the page map. */
-static fabpool_status check_kept_mapped(struct fabpool *p, const fp_walk *w)
-{
-    for (size_t i = 0; i < w->n_kept; i++) {
-        const fp_ival *x = &w->kept[i];
-        if (!fp_map_get(&p->sp.map, x->lo) || !fp_map_get(&p->sp.map, x->hi - 1))
-            return FAIL("[chunk.kept] the chunk exported for a block at 0x%llx (%llu bytes) is empty, overlaps the one "
-                        "before, or lies outside every arena", ULL(x->lo), ULL(x->hi - x->lo));
-    }
-    return FABPOOL_OK;
-}
-
 /* What each layer's walk found mapped, per registry kind (mapreg.h), and
  * w's count of mappings when the last walk began. */
 typedef struct map_sums {
@@ -66,16 +54,18 @@ static void book(map_sums *s, fp_map_kind kind, const fp_walk *w)
 static fabpool_status check_walks(struct fabpool *p, fp_walk *w, map_sums *maps)
 {
     fabpool_status st;
-    if ((st = fp_va_check(&p->sp.va, w)) != FABPOOL_OK ||
+    if ((st = fp_space_check_ranges(&p->sp, w)) != FABPOOL_OK ||
         (st = fp_tcaches_check(&p->alloc, &p->heap, w)) != FABPOOL_OK ||
         (st = fp_slabs_check(&p->heap, w)) != FABPOOL_OK)
         return st;
     /* the in-use mark counts every block out of its class: given out, pending on a stream, in a cache.  It is
      * counted after the class lock is let go, so it is exact only while no other thread is in the pool: no
      * other thread's cache listed, and caches on (a thread without one leaves no trace to see) */
-    if (w->exact && p->alloc.thread_cache && w->slab_out != atomic_load(&p->use.slab_out))
+    fp_usage_counters u;
+    fp_usage_read(&p->use, &u);
+    if (w->exact && fp_alloc_thread_cache(&p->alloc) && w->slab_out != u.slab_out)
         return FAIL("[usage.slab_out] %llu bytes of slab blocks are out of their classes, the in-use mark counts %llu",
-                    ULL(w->slab_out), ULL(atomic_load(&p->use.slab_out)));
+                    ULL(w->slab_out), ULL(u.slab_out));
     maps->n0 = w->n_chunks;
     maps->b0 = w->chunk_bytes;
     if ((st = fp_arenas_check(&p->heap, w, &p->retire)) != FABPOOL_OK)
@@ -84,13 +74,13 @@ static fabpool_status check_walks(struct fabpool *p, fp_walk *w, map_sums *maps)
     if ((st = fp_buffers_check(&p->bufs, w)) != FABPOOL_OK)
         return st;
     book(maps, FP_MAP_BUFFER, w);
-    if ((st = fp_chunks_kept_check(&p->ch, w)) != FABPOOL_OK || (st = check_kept_mapped(p, w)) != FABPOOL_OK ||
+    if ((st = fp_chunks_kept_check(&p->ch, w)) != FABPOOL_OK || (st = fp_space_check_kept(&p->sp, w)) != FABPOOL_OK ||
         (st = fp_views_check(&p->views, w)) != FABPOOL_OK)
         return st;
     book(maps, FP_MAP_VIEW, w);
-    if ((st = fp_va_check_used(&p->sp.va, w)) != FABPOOL_OK || (st = fp_heap_map_check(&p->heap, w)) != FABPOOL_OK)
+    if ((st = fp_space_check_used(&p->sp, w)) != FABPOOL_OK || (st = fp_heap_map_check(&p->heap, w)) != FABPOOL_OK)
         return st;
-    return fp_map_check_count(&p->sp.map, w);
+    return fp_space_check_pages(&p->sp, w);
 }
 
 /* Each layer's mappings (those asleep apart: sleep took them out of the
@@ -119,7 +109,7 @@ static fabpool_status check_registry(struct fabpool *p, map_sums *maps)
 
 static fabpool_status check_locked(struct fabpool *p, fp_walk *w)
 {
-    fp_lock_assert_held(&p->sp.lock);
+    fp_space_assert_locked(&p->sp);
     map_sums maps;
     memset(&maps, 0, sizeof maps);
     fabpool_status st = check_walks(p, w, &maps);
@@ -147,13 +137,13 @@ static fabpool_status check_once(struct fabpool *p, int *suspect)
     fp_walk w;
     memset(&w, 0, sizeof w);
     fp_space_walk_init(&p->sp, &w);
-    fp_lock(&p->sp.lock);
+    fp_space_lock(&p->sp);
     fp_heap_lock_classes(&p->heap);
-    fp_lock(&p->retire.lock);
+    fp_retire_lock(&p->retire);
     fabpool_status st = check_locked(p, &w);
-    fp_unlock(&p->retire.lock);
+    fp_retire_unlock(&p->retire);
     fp_heap_unlock_classes(&p->heap);
-    fp_unlock(&p->sp.lock);
+    fp_space_unlock(&p->sp);
     fp_walk_free(&w);
     *suspect = w.suspect;
     return st;

@@ -30,7 +30,7 @@ static void human(char *buf, size_t n, uint64_t b)
 /* Waits for the GPU work on `stream` (NULL: the whole context). */
 fabpool_status fp_sleep_sync(struct fabpool *p, void *stream, const char *why)
 {
-    CUresult r = stream ? FP_CU(&p->ch.calls, cuStreamSynchronize, (CUstream)stream) : FP_CU(&p->ch.calls, cuCtxSynchronize);
+    CUresult r = fp_device_sync(&p->ch, stream);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, stream ? "cuStreamSynchronize" : "cuCtxSynchronize", "waiting for GPU work %s", why);
     return FABPOOL_OK;
@@ -188,21 +188,6 @@ fabpool_status fp_host_keep(struct fabpool *p, struct fp_sleep *r)
     return FABPOOL_OK;
 }
 
-/* Pinned host memory next to the pool's device, as VMM memory. */
-static CUmemAllocationProp host_prop(struct fabpool *p)
-{
-    int numa = -1;
-    if (FP_CU(&p->ch.calls, cuDeviceGetAttribute, &numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, p->ch.dev) != CUDA_SUCCESS ||
-        numa < 0)
-        numa = 0;
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-    prop.location.id = numa;
-    return prop;
-}
-
 /* Copies every chunk marked `copy` into the host copies kept from the last
  * wake (cache_take gave them), on stream, and waits for the copies. */
 static fabpool_status offload_to_kept(struct fabpool *p, struct fp_sleep *r, void *stream, uint64_t total)
@@ -211,8 +196,7 @@ static fabpool_status offload_to_kept(struct fabpool *p, struct fp_sleep *r, voi
         fp_slept *e = &r->e[i];
         if (!e->copy)
             continue;
-        CUresult cr = FP_CU(&p->ch.calls, cuMemcpyDtoDAsync, (CUdeviceptr)e->host_va, (CUdeviceptr)e->va, e->size,
-                            (CUstream)stream);
+        CUresult cr = fp_device_copy(&p->ch, e->host_va, e->va, e->size, stream);
         if (cr != CUDA_SUCCESS)
             return fp_drv_error(cr, "cuMemcpyDtoDAsync", "copying a chunk of %llu bytes at 0x%llx to host memory "
                                 "kept from the last wake; the pool stays awake", (unsigned long long)e->size,
@@ -248,9 +232,9 @@ static fabpool_status host_map_error(CUresult cr, const char *call, uint64_t hs,
  * (host_release).  Pool lock held, context current. */
 fabpool_status fp_host_offload(struct fabpool *p, struct fp_sleep *r, void *stream)
 {
-    CUmemAllocationProp hp = host_prop(p);
+    CUmemAllocationProp hp;
     size_t hg = 0;
-    CUresult cr = FP_CU(&p->ch.calls, cuMemGetAllocationGranularity, &hg, &hp, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    CUresult cr = fp_vmm_host_prop(&p->ch, &hp, &hg);
     if (cr != CUDA_SUCCESS)
         return fp_drv_error(cr, "cuMemGetAllocationGranularity", "asking the granularity of host NUMA memory (node "
                             "%d) for the offload; the pool stays awake", hp.location.id);
@@ -291,7 +275,7 @@ fabpool_status fp_host_offload(struct fabpool *p, struct fp_sleep *r, void *stre
         e->host_size = hs;
         atomic_fetch_add(&p->sleep_host_bytes, hs);
         atomic_fetch_add(&p->sleep_host_copies, 1);
-        cr = FP_CU(&p->ch.calls, cuMemcpyDtoDAsync, (CUdeviceptr)at, (CUdeviceptr)e->va, e->size, (CUstream)stream);
+        cr = fp_device_copy(&p->ch, at, e->va, e->size, stream);
         if (cr != CUDA_SUCCESS)
             return fp_drv_error(cr, "cuMemcpyDtoDAsync", "copying a chunk of %llu bytes at 0x%llx to host memory; "
                                 "the pool stays awake", (unsigned long long)e->size, (unsigned long long)e->va);

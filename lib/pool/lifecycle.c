@@ -1,7 +1,7 @@
-/* lifecycle.c - a pool per device: creation (options, driver, handle type, the
- * one address reservation, every layer's part set up), trim and destroy,
- * and the public entry points that take a pool and belong to a layer below
- * (buffers, views, acknowledgements by export id). */
+/* lifecycle.c - a pool per device: creation (options, the driver, the device
+ * opened, the one address reservation, every layer's part set up), trim and
+ * destroy, and the public entry points that take a pool and belong to a
+ * layer below (buffers, views, acknowledgements by export id). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,66 +9,14 @@
 #include "pool.h"
 
 #include "conf_options.h"
+#include "device.h"
 #include "error.h"
 #include "export.h"
 #include "log.h"
 #include "sleep.h"
 #include "trace.h"
-#include "vmm.h"
 
 _Static_assert(offsetof(struct fabpool, alloc) == 0, "alloc.c reaches its state by a cast of the pool (alloc.h)");
-
-/* ------------------------------------------------------------ handle type */
-
-/* Chooses the pool's handle type; why[0..n) says why (for the log). */
-static fabpool_status choose_handle_type(struct fabpool *p, char *why, size_t n)
-{
-    fabpool_handle_type want = p->opt.handle_type;
-    snprintf(why, n, "asked for");
-    int posix = 0;
-    FP_CU(&p->ch.calls, cuDeviceGetAttribute, &posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-          p->ch.dev);
-    if (want == FABPOOL_HANDLE_AUTO || want == FABPOOL_HANDLE_FABRIC) {
-        int fabric = 0;
-        FP_CU(&p->ch.calls, cuDeviceGetAttribute, &fabric, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, p->ch.dev);
-        const char *step = "cuDeviceGetAttribute";
-        CUresult r = fabric ? fp_vmm_probe_fabric(&p->ch, &step) : CUDA_ERROR_NOT_SUPPORTED;
-        if (r == CUDA_SUCCESS) {
-            p->ch.handle_type = FABPOOL_HANDLE_FABRIC;
-            p->ch.cu_handle_types = CU_MEM_HANDLE_TYPE_FABRIC;
-            if (want == FABPOOL_HANDLE_AUTO)
-                snprintf(why, n, "auto: a fabric handle was made, exported and imported");
-            return FABPOOL_OK;
-        }
-        if (want == FABPOOL_HANDLE_AUTO)
-            snprintf(why, n, "auto: no fabric handles (%s answered %s), POSIX fds %ssupported",
-                     fabric ? step : "the device attribute HANDLE_TYPE_FABRIC_SUPPORTED",
-                     fabric ? fp_drv_error_name(r) : "0", posix ? "" : "not ");
-        if (want == FABPOOL_HANDLE_FABRIC)
-            return fp_error(FABPOOL_ERR_NOT_SUPPORTED,
-                            "handle_type:fabric was asked for, but device %d cannot share fabric handles: %s "
-                            "answered %s%s. Fabric handles need an IMEX channel (/dev/nvidia-caps-imex-channels/"
-                            "channelN, made by the nvidia-imex service on an NVLink-fabric system such as GB200 "
-                            "NVL72); without one, use handle_type:posix_fd (shareable between processes of one "
-                            "host) or handle_type:auto, which falls back by itself",
-                            (int)p->ch.dev, fabric ? step : "the device attribute HANDLE_TYPE_FABRIC_SUPPORTED",
-                            fabric ? fp_drv_error_name(r) : "0", r == CUDA_ERROR_NOT_PERMITTED ?
-                            " (the process has no IMEX channel)" : "");
-    }
-    if (want == FABPOOL_HANDLE_AUTO || want == FABPOOL_HANDLE_POSIX_FD) {
-        if (posix) {
-            p->ch.handle_type = FABPOOL_HANDLE_POSIX_FD;
-            p->ch.cu_handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-            return FABPOOL_OK;
-        }
-        if (want == FABPOOL_HANDLE_POSIX_FD)
-            return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "handle_type:posix_fd was asked for, but device %d does not "
-                            "support POSIX file descriptor handles; use handle_type:none", (int)p->ch.dev);
-    }
-    p->ch.handle_type = FABPOOL_HANDLE_NONE;
-    p->ch.cu_handle_types = CU_MEM_HANDLE_TYPE_NONE;
-    return FABPOOL_OK;
-}
 
 /* ------------------------------------------------------------ create */
 
@@ -100,77 +48,13 @@ static fabpool_status apply_conf(fabpool_options *o)
     return fp_trace_env(o);
 }
 
-static fabpool_status setup_device(struct fabpool *p)
+/* The pool's reservation: the size asked for (0: eight times the device's memory), in whole granules. */
+static fabpool_status reserve(struct fabpool *p, uint64_t gran)
 {
-    int n = 0;
-    CUresult r = FP_CU(&p->ch.calls, cuDeviceGetCount, &n);
-    if (r != CUDA_SUCCESS)
-        return fp_drv_error(r, "cuDeviceGetCount", "counting devices");
-    if (p->opt.device < 0 || p->opt.device >= n)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "device %d does not exist: the driver sees %d device%s (check "
-                        "CUDA_VISIBLE_DEVICES)", p->opt.device, n, n == 1 ? "" : "s");
-    for (int i = 0; i < p->opt.n_peer_devices; i++) {
-        int d = p->opt.peer_devices[i];
-        if (d < 0 || d >= n || d == p->opt.device)
-            return fp_error(FABPOOL_ERR_INVALID_ARG, "peer device %d: not a device other than the pool's own "
-                            "(%d) among the %d the driver sees", d, p->opt.device, n);
-    }
-    r = FP_CU(&p->ch.calls, cuDeviceGet, &p->ch.dev, p->opt.device);
-    if (r != CUDA_SUCCESS)
-        return fp_drv_error(r, "cuDeviceGet", "opening device %d", p->opt.device);
-    int vmm = 0;
-    r = FP_CU(&p->ch.calls, cuDeviceGetAttribute, &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, p->ch.dev);
-    if (r != CUDA_SUCCESS)
-        return fp_drv_error(r, "cuDeviceGetAttribute", "asking whether device %d supports virtual memory management",
-                            p->opt.device);
-    if (!vmm)
-        return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "device %d does not support the virtual memory management API "
-                        "(cuMemCreate / cuMemMap), which fabpool is built on", p->opt.device);
-    for (int i = 0; i < p->opt.n_peer_devices; i++) {
-        int ok = 0;
-        CUdevice peer;
-        FP_CU(&p->ch.calls, cuDeviceGet, &peer, p->opt.peer_devices[i]);
-        FP_CU(&p->ch.calls, cuDeviceCanAccessPeer, &ok, peer, p->ch.dev);
-        if (!ok)
-            return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "peer device %d cannot access device %d's memory "
-                            "(cuDeviceCanAccessPeer answered 0)", p->opt.peer_devices[i], p->opt.device);
-    }
-    r = FP_CU(&p->ch.calls, cuDevicePrimaryCtxRetain, &p->ch.ctx, p->ch.dev);
-    if (r != CUDA_SUCCESS)
-        return fp_drv_error(r, "cuDevicePrimaryCtxRetain", "retaining device %d's primary context", p->opt.device);
-    return FABPOOL_OK;
-}
-
-static fabpool_status reserve(struct fabpool *p)
-{
-    CUmemAllocationProp prop = fp_chunk_prop(&p->ch);
-    size_t gran = 0;
-    CUresult r = FP_CU(&p->ch.calls, cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-    if (r != CUDA_SUCCESS)
-        return fp_drv_error(r, "cuMemGetAllocationGranularity", "asking device %d's granularity", p->opt.device);
-    if (gran == 0 || (gran & (gran - 1)))
-        return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "the driver's granularity %zu is not a power of two", gran);
-    p->sp.gran = gran;
-    p->sp.gran_shift = fp_log2_floor(gran);
-    p->sp.page_shift = p->sp.gran_shift < FP_PAGE_SHIFT ? p->sp.gran_shift : FP_PAGE_SHIFT;
-
-    size_t total = 0;
-    r = FP_CU(&p->ch.calls, cuDeviceTotalMem, &total, p->ch.dev);
-    if (r != CUDA_SUCCESS)
-        return fp_drv_error(r, "cuDeviceTotalMem", "asking device %d's memory size", p->opt.device);
-    p->ch.dev_total = total;
     uint64_t size = p->opt.reserve_bytes;
     if (!size)
-        size = 8ull * total;
-    size = fp_round_up(size, gran);
-    uint64_t base = 0;
-    r = fp_vmm_reserve(&p->ch, size, 0, &base);
-    if (r != CUDA_SUCCESS)
-        return fp_drv_error(r, "cuMemAddressReserve", "reserving %llu bytes of address space (lower it with "
-                            "FABPOOL_CONF=reserve:...)", (unsigned long long)size);
-    p->sp.va.base = base;
-    p->sp.va.size = size;
-    return FABPOOL_OK;
+        size = 8ull * fp_chunks_get_info(&p->ch).dev_total;
+    return fp_space_reserve(&p->sp, gran, fp_round_up(size, gran));
 }
 
 /* The log's line for a new pool: version, device, handle type and why, reservation, the options asked for
@@ -184,12 +68,13 @@ static void log_created(struct fabpool *p, const fabpool_options *o, const char 
         fp_options_print(f, o, 1, 0);
         fclose(f);
     }
-    FP_LOG_POOL(FP_LOG_INFO, p->ch.log_pool, p->opt.device,
+    fp_chunks_info d = fp_chunks_get_info(&p->ch);
+    FP_LOG_POOL(FP_LOG_INFO, d.log_pool, p->opt.device,
                 "fabpool %s: pool created on device %d (%.1f GiB, granularity %llu KiB), handle type %s (%s), rdma "
                 "%s, reservation %.1f GiB at 0x%llx, options %s%s", fabpool_version(), p->opt.device,
-                (double)p->ch.dev_total / (double)(1ull << 30), (unsigned long long)(p->sp.gran >> 10),
-                fp_handle_type_name(p->ch.handle_type), why, p->ch.rdma ? "on" : "off",
-                (double)p->sp.va.size / (double)(1ull << 30), (unsigned long long)p->sp.va.base,
+                (double)d.dev_total / (double)(1ull << 30), (unsigned long long)(fp_space_gran(&p->sp) >> 10),
+                fp_handle_type_name(d.handle_type), why, d.rdma ? "on" : "off",
+                (double)fp_space_size(&p->sp) / (double)(1ull << 30), (unsigned long long)fp_space_base(&p->sp),
                 opts && len ? "other than the defaults: " : "", opts && len ? opts : "the defaults");
     free(opts);
 }
@@ -230,49 +115,21 @@ static fabpool_status pool_new(const fabpool_options *o, struct fabpool **out)
     p->meta = meta;
     p->opt = *o;
     p->opt.conf = NULL;   /* not ours to keep */
-    p->ch.device = o->device;
-    p->ch.log_pool = fp_log_pool_number();
-    p->ch.n_peers = o->n_peer_devices;
-    for (int i = 0; i < o->n_peer_devices && i < FABPOOL_MAX_PEERS; i++)
-        p->ch.peers[i] = o->peer_devices[i];
-    fp_lock_init(&p->sp.lock, FP_LOCK_POOL, 0, "pool");
-    p->ch.lock = &p->sp.lock;
-    p->ch.meta = &p->meta;
-    fp_mapreg_init(&p->ch.reg, &p->meta);
-    p->sp.ch = &p->ch;
-    p->sp.meta = &p->meta;
+    fp_space_init(&p->sp, &p->ch, &p->meta);
+    fp_chunks_init(&p->ch, o, &p->meta, fp_space_pool_lock(&p->sp));
     *out = p;
-    return FABPOOL_OK;
-}
-
-/* The address space's page map and range allocator over the reservation. */
-static fabpool_status space_init(struct fabpool *p)
-{
-    uint64_t va_base = p->sp.va.base, va_size = p->sp.va.size;
-    if (fp_map_init(&p->sp.map, &p->meta, &p->sp.lock, va_base, va_size, p->sp.page_shift) != 0 ||
-        fp_va_init(&p->sp.va, &p->meta, va_base, va_size) != 0) {
-        p->sp.va.base = va_base; /* teardown frees the reservation */
-        p->sp.va.size = va_size;
-        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the page map of %llu bytes of address space",
-                        (unsigned long long)va_size);
-    }
     return FABPOOL_OK;
 }
 
 /* The layers above the space, each given what it shares with the others. */
 static void layers_init(struct fabpool *p)
 {
-    fp_heap_init(&p->heap, &p->sp, &p->opt);
-    p->opt.slab_max_bytes = p->heap.slab_max;
-    fp_alloc_init(&p->alloc, &p->heap, &p->retire, p->opt.thread_cache);
-    p->use.large = &p->heap.large_in_use_bytes;
-    p->use.buffers = &p->bufs.bytes;
-    p->alloc.use = &p->use;
-    p->ch.fence = &p->retire;
-    p->alloc.trace = p->trace;
-    fp_buffers_init(&p->bufs, &p->heap, &p->retire, &p->opt);
-    p->bufs.trace = p->trace;
-    p->bufs.use = &p->use;
+    fp_heap_init(&p->heap, &p->sp, &p->use, &p->opt);
+    p->opt.slab_max_bytes = fp_heap_slab_max(&p->heap);
+    fp_alloc_init(&p->alloc, &p->heap, &p->retire, &p->use, p->opt.thread_cache);
+    fp_alloc_set_trace(&p->alloc, p->trace);
+    fp_buffers_init(&p->bufs, &p->heap, &p->retire, &p->use, &p->opt);
+    fp_buffers_set_trace(&p->bufs, p->trace);
     fp_views_init(&p->views, &p->sp, p->opt.keep_ms);
 }
 
@@ -291,15 +148,13 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
         return st;
 
     char why[256];
-    if ((st = setup_device(p)) != FABPOOL_OK ||
-        (st = fp_retire_init(&p->retire, &p->meta, &p->ch.calls, p->ch.ctx, p->opt.device, (int)p->opt.stream_owner)) !=
-            FABPOOL_OK ||
-        (st = fp_chunk_choose_rdma(&p->ch, p->opt.rdma)) != FABPOOL_OK ||
-        (st = choose_handle_type(p, why, sizeof why)) != FABPOOL_OK || (st = reserve(p)) != FABPOOL_OK ||
-        (st = fp_trace_open(&p->opt, p->sp.gran, &p->trace)) != FABPOOL_OK)
+    uint64_t gran = 0;
+    if ((st = fp_device_open(&p->ch, &p->retire, &p->opt, why, sizeof why, &gran)) != FABPOOL_OK ||
+        (st = reserve(p, gran)) != FABPOOL_OK || (st = fp_trace_open(&p->opt, gran, &p->trace)) != FABPOOL_OK)
         goto fail;
-    p->ch.trace = p->trace; /* before anything is mapped, so that every unmap in the file follows its map */
-    if ((st = space_init(p)) != FABPOOL_OK)
+    /* before anything is mapped, so that every unmap in the trace follows its map */
+    fp_chunks_attach(&p->ch, p->trace, &p->retire);
+    if ((st = fp_space_map_init(&p->sp)) != FABPOOL_OK)
         goto fail;
     layers_init(p);
     if (fp_registry_add(&p->alloc) != 0) {
@@ -323,30 +178,21 @@ fail: {
 /* Frees whatever creation got to; also the end of destroy. */
 static fabpool_status teardown(struct fabpool *p)
 {
-    fabpool_status st = FABPOOL_OK;
     fp_trace_close(p->trace);
-    p->trace = p->alloc.trace = p->bufs.trace = p->ch.trace = NULL;
-    p->ch.fence = NULL;
-    if (p->retire.meta)
-        fp_retire_destroy(&p->retire);
-    fp_lock(&p->sp.lock); /* the unmaps assert it (lock.h); no other thread uses the pool any more */
+    p->trace = NULL;
+    fp_alloc_set_trace(&p->alloc, NULL);
+    fp_buffers_set_trace(&p->bufs, NULL);
+    fp_chunks_attach(&p->ch, NULL, NULL);
+    fp_retire_destroy(&p->retire);
+    fp_space_lock(&p->sp); /* the unmaps assert it (lock.h); no other thread uses the pool any more */
     fp_heap_destroy(&p->heap);
     fp_sleep_free(p);
-    fp_chunk_exports_free(&p->ch); /* what an unmap the driver refused left */
-    fp_mapreg_free(&p->ch.reg);
-    fp_unlock(&p->sp.lock);
+    fp_chunks_destroy(&p->ch);
+    fp_space_unlock(&p->sp);
     fp_tcaches_destroy(&p->alloc);
-    fp_map_destroy(&p->sp.map);
-    uint64_t va_base = p->sp.va.base, va_size = p->sp.va.size;
-    if (p->sp.va.free)
-        fp_va_destroy(&p->sp.va);
-    CUresult r;
-    if (va_base && (r = fp_vmm_unreserve(&p->ch, va_base, va_size)) != CUDA_SUCCESS)
-        st = fp_drv_error(r, "cuMemAddressFree", "freeing the pool's reservation of %llu bytes (tried twice; the "
-                          "address range stays reserved)", (unsigned long long)va_size);
-    if (p->ch.ctx && (r = FP_CU_UNDO(&p->ch.calls, cuDevicePrimaryCtxRelease, p->ch.dev)) != CUDA_SUCCESS && st == FABPOOL_OK)
-        st = fp_drv_error(r, "cuDevicePrimaryCtxRelease", "releasing the primary context of the pool's device");
-    fp_lock_destroy(&p->sp.lock);
+    fabpool_status st = fp_space_destroy(&p->sp), cst = fp_device_close(&p->ch);
+    if (st == FABPOOL_OK)
+        st = cst;
     fp_meta meta = p->meta;
     fp_meta_free(&meta, p, sizeof *p);
     fp_meta_destroy(&meta);
@@ -363,17 +209,19 @@ fabpool_status fabpool_destroy(fabpool_t *p)
     /* blocks freed on streams: waited for and given back to the pool, so
      * that they count neither as live nor as leaked */
     fp_alloc_drain(&p->alloc, 1, 1);
-    fp_lock(&p->sp.lock);
+    fp_space_lock(&p->sp);
     fp_chunk_anchor_close(&p->ch); /* before the chunks go one by one */
     fabpool_status st = fp_collect_locked(&p->bufs, 1);
-    uint64_t live_buffers = atomic_load(&p->bufs.count);
+    fp_buffer_counters bc;
+    fp_buffers_read_counters(&p->bufs, &bc);
+    uint64_t live_buffers = bc.count;
     fp_views_destroy(&p->views);
     fp_buffers_destroy(&p->bufs);
-    fp_unlock(&p->sp.lock);
+    fp_space_unlock(&p->sp);
     fabpool_stats s = {.struct_size = sizeof s};
     fabpool_get_stats(p, &s);
     uint64_t live_blocks = s.blocks;
-    unsigned log_pool = p->ch.log_pool; /* for the log, once p is gone */
+    unsigned log_pool = fp_chunks_get_info(&p->ch).log_pool; /* for the log, once p is gone */
     int device = p->opt.device;
     fabpool_status tst = teardown(p);
     if (st == FABPOOL_OK)
@@ -403,13 +251,13 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
      * still use stays: it is live for the pool until then */
     fp_alloc_drain(&p->alloc, 0, 1);
     fp_alloc_flush_all(&p->alloc);
-    fp_lock(&p->sp.lock);
+    fp_space_lock(&p->sp);
     fp_buffers_drop_kept(&p->bufs, 1); /* released buffers and views kept for reuse go too */
     fp_views_drop_kept(&p->views, 1);
     fabpool_status st = fp_collect_locked(&p->bufs, 0);
     fp_heap_trim_locked(&p->heap, keep);
     fabpool_status hst = fp_sleep_host_trim(p); /* and sleep's kept host copies (sleep_keep_host) */
-    fp_unlock(&p->sp.lock);
+    fp_space_unlock(&p->sp);
     t = fp_chunk_tally_end(t);
     FP_LOG_CH(FP_LOG_INFO, &p->ch, "trim (keep %zu bytes cached): %llu bytes in %llu chunks back to the driver; the "
               "pool maps %llu", keep, (unsigned long long)t.bytes, (unsigned long long)t.chunks,
@@ -431,7 +279,10 @@ fabpool_status fabpool_device_count(int *out)
     return FABPOOL_OK;
 }
 
-fabpool_handle_type fabpool_handle_type_of(const fabpool_t *p) { return p ? p->ch.handle_type : FABPOOL_HANDLE_NONE; }
+fabpool_handle_type fabpool_handle_type_of(const fabpool_t *p)
+{
+    return p ? fp_chunks_get_info(&p->ch).handle_type : FABPOOL_HANDLE_NONE;
+}
 
 /* ------------------------------------------------------------ entry points of the layers below */
 
@@ -449,10 +300,10 @@ fabpool_status fabpool_collect(fabpool_t *p, int wait)
 {
     if (p) {
         fp_alloc_drain(&p->alloc, wait, wait); /* blocks freed on streams whose work is done go back to the pool */
-        fp_lock(&p->sp.lock);
+        fp_space_lock(&p->sp);
         fp_buffers_drop_kept(&p->bufs, 0); /* and what was released and kept for keep_ms */
         fp_views_drop_kept(&p->views, 0);
-        fp_unlock(&p->sp.lock);
+        fp_space_unlock(&p->sp);
     }
     return fp_buffers_collect(p ? &p->bufs : NULL, wait);
 }

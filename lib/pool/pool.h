@@ -1,16 +1,21 @@
 /* pool.h - the pool: the top layer of lib/ (lib/LAYERS).  Only the files of
- * the top layer (lifecycle.c, stats.c) include this header; every layer below
- * has its own header and its own part of the pool, and never sees this
- * struct (alloc.c reaches its part by the cast alloc.h describes).
+ * the top layer include this header; every layer below has its own header
+ * and its own part of the pool, and never sees this struct (alloc.c reaches
+ * its part by the cast alloc.h describes).  The top layer hands each part to
+ * its layer's functions (&p->heap) and reads and writes inside it only
+ * through them: getters of the layer's header (lib/LAYERS;
+ * tools/layercheck.py fails on p->heap.field).
  *
  * What each member is, and who writes it:
  *   alloc   thread caches and the hot path (alloc.c); first, see alloc.h
  *   meta    the host metadata arena every layer allocates from (meta.c)
  *   ch      the device, its context, driver-call counters and what the
  *           driver holds for the pool: the registry of every mapping
- *           (mapreg.h; mapped bytes are its sums), handles, fds (chunk.c)
- *   sp      the reservation's free ranges and the page map (vaspace.c,
- *           pagemap.c), written under the pool lock, which is here too
+ *           (mapreg.h; mapped bytes are its sums), handles, fds (chunk.c;
+ *           opened, closed and read through device.h)
+ *   sp      the reservation (space.c), its free ranges and the page map
+ *           (vaspace.c, pagemap.c), written under the pool lock, which is
+ *           here too (fp_space_lock)
  *   heap    slabs, large blocks, trim and decay (slab.c)
  *   bufs    growable buffers (buffer.c, export.c)
  *   views   peers' buffers (view.c)
@@ -34,7 +39,7 @@
 
 #include "alloc.h"
 #include "release.h"
-#include "chunk.h"
+#include "device.h"
 #include "fabpool.h"
 #include "meta.h"
 #include "pending.h"

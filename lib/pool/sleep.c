@@ -125,14 +125,13 @@ static fabpool_status wake_locked(struct fabpool *p, void *stream)
             fp_chunk_release(&p->ch, h);
             continue;
         }
-        if ((st = fp_chunk_map_handle(&p->ch, e->va, e->size, h, (fp_map_kind)e->m.kind, e->m.owner,
+        if ((st = fp_chunk_map_handle(&p->ch, e->va, e->size, h, fp_slept_kind(e), fp_slept_owner(e),
                                       "a chunk of a pool waking up")) != FABPOOL_OK)
             break;
-        fp_chunk_set_copy(&p->ch, e->va, e->m.copy);
+        fp_chunk_set_copy(&p->ch, e->va, fp_slept_copies(e));
         e->state = FP_SL_MAPPED;
         if (e->host_va) {
-            CUresult cr = FP_CU(&p->ch.calls, cuMemcpyDtoDAsync, (CUdeviceptr)e->va, (CUdeviceptr)e->host_va, e->size,
-                                (CUstream)stream);
+            CUresult cr = fp_device_copy(&p->ch, e->va, e->host_va, e->size, stream);
             if (cr != CUDA_SUCCESS) {
                 st = fp_drv_error(cr, "cuMemcpyDtoDAsync", "copying a chunk of %llu bytes back from host memory",
                                   (unsigned long long)e->size);
@@ -141,8 +140,8 @@ static fabpool_status wake_locked(struct fabpool *p, void *stream)
                 break;
             }
         }
-        if (e->m.kind == FP_MAP_BUFFER)
-            fp_buffer_chunk_renewed(e->m.owner, e->va);
+        if (fp_slept_kind(e) == FP_MAP_BUFFER)
+            fp_buffer_chunk_renewed(fp_slept_owner(e), e->va);
         done++;
     }
     if (st == FABPOOL_OK)
@@ -170,7 +169,7 @@ static fabpool_status wake_locked(struct fabpool *p, void *stream)
 /* Why the pool may not sleep now (a status with its message), or OK. */
 static fabpool_status sleep_refused_locked(struct fabpool *p)
 {
-    fp_lock_assert_held(&p->sp.lock);
+    fp_space_assert_locked(&p->sp);
     if (fp_chunks_asleep(&p->ch))
         return fp_error(FABPOOL_ERR_ASLEEP, "fabpool_sleep: the pool is already asleep; call fabpool_wake first");
     return fp_buffers_sleep_refused(&p->bufs);
@@ -187,8 +186,8 @@ static fabpool_status unmap_recorded(struct fabpool *p, struct fp_sleep *r, fabp
     set_record(p, r);
     for (size_t i = 0; i < r->n; i++) {
         fp_slept *e = &r->e[i];
-        if (e->m.kind == FP_MAP_BUFFER) /* an exported fd the pool holds would keep the memory */
-            fp_buffer_chunk_slept(e->m.owner, e->va);
+        if (fp_slept_kind(e) == FP_MAP_BUFFER) /* an exported fd the pool holds would keep the memory */
+            fp_buffer_chunk_slept(fp_slept_owner(e), e->va);
         if ((st = fp_chunk_unmap(&p->ch, e->va, e->size)) != FABPOOL_OK) {
             fp_error_append(" to put it to sleep (tried twice)");
             char msg[1024];
@@ -234,22 +233,22 @@ fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream
      * queued kernel reads memory that sleep unmaps; the drain takes the pool
      * lock itself, so the refusals are checked again after it */
     for (int pass = 0; pass < 2; pass++) {
-        fp_lock(&p->sp.lock);
+        fp_space_lock(&p->sp);
         fabpool_status rst = sleep_refused_locked(p);
         if (rst != FABPOOL_OK || pass == 1) {
             if (rst != FABPOOL_OK) {
-                fp_unlock(&p->sp.lock);
+                fp_space_unlock(&p->sp);
                 return rst;
             }
             break;
         }
-        fp_unlock(&p->sp.lock);
+        fp_space_unlock(&p->sp);
         fp_alloc_drain(&p->alloc, 1, 0);
     }
     CUcontext saved;
     fabpool_status st = fp_ctx_push(&p->ch, &saved);
     if (st != FABPOOL_OK) {
-        fp_unlock(&p->sp.lock);
+        fp_space_unlock(&p->sp);
         return st;
     }
     if ((st = fp_sleep_sync(p, stream, "before the pool goes to sleep (nothing changed)")) != FABPOOL_OK)
@@ -284,7 +283,7 @@ awake:
     set_asleep(p, 0);
 out:
     fp_ctx_pop(&p->ch, saved);
-    fp_unlock(&p->sp.lock);
+    fp_space_unlock(&p->sp);
     return st;
 }
 
@@ -292,9 +291,9 @@ fabpool_status fabpool_wake(fabpool_t *p, void *stream)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_wake: the pool is NULL");
-    fp_lock(&p->sp.lock);
+    fp_space_lock(&p->sp);
     if (!p->sleep) {
-        fp_unlock(&p->sp.lock);
+        fp_space_unlock(&p->sp);
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_wake: the pool is not asleep (fabpool_sleep first); "
                         "nothing changed");
     }
@@ -304,7 +303,7 @@ fabpool_status fabpool_wake(fabpool_t *p, void *stream)
         st = wake_locked(p, stream);
         fp_ctx_pop(&p->ch, saved);
     }
-    fp_unlock(&p->sp.lock);
+    fp_space_unlock(&p->sp);
     if (st == FABPOOL_OK) {
         fp_error_clear();
         fp_heap_trim_policy(&p->heap);
@@ -317,9 +316,9 @@ fabpool_status fabpool_sleep_state(fabpool_t *p, fabpool_sleep_info *out)
     fabpool_status st = fp_getter_begin("fabpool_sleep_state", "fabpool_sleep_info", p, out, sizeof *out);
     if (st != FABPOOL_OK)
         return st;
-    fp_lock(&p->sp.lock);
+    fp_space_lock(&p->sp);
     out->asleep = p->sleep != NULL;
-    fp_unlock(&p->sp.lock);
+    fp_space_unlock(&p->sp);
     out->mode = (fabpool_sleep_mode)atomic_load(&p->sleep_mode);
     out->offloaded_bytes = atomic_load(&p->sleep_offloaded);
     out->discarded_bytes = atomic_load(&p->sleep_discarded);
@@ -333,7 +332,7 @@ fabpool_status fabpool_sleep_state(fabpool_t *p, fabpool_sleep_info *out)
 
 fabpool_status fp_sleep_host_trim(struct fabpool *p)
 {
-    fp_lock_assert_held(&p->sp.lock);
+    fp_space_assert_locked(&p->sp);
     return fp_host_cache_release(p);
 }
 
@@ -356,7 +355,7 @@ void fp_sleep_unmapped(const struct fabpool *p, uint64_t *count, uint64_t *bytes
         return;
     for (size_t i = 0; i < p->sleep->n; i++)
         if (p->sleep->e[i].state == FP_SL_ASLEEP) {
-            count[p->sleep->e[i].m.kind]++;
-            bytes[p->sleep->e[i].m.kind] += p->sleep->e[i].size;
+            count[fp_slept_kind(&p->sleep->e[i])]++;
+            bytes[fp_slept_kind(&p->sleep->e[i])] += p->sleep->e[i].size;
         }
 }

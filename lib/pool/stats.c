@@ -13,23 +13,14 @@
 #include "conf_options.h"
 #include "error.h"
 
-static uint64_t ld(_Atomic uint64_t *a) { return atomic_load_explicit(a, memory_order_relaxed); }
-
-/* Chunks the pool maps, from the device layer's registry. */
-static uint64_t mapped_chunks(const struct fabpool *p)
-{
-    uint64_t n = 0;
-    fp_chunks_mapped(&p->ch, &n);
-    return n;
-}
-
 /* The options in force: the pool's, with the handle type and rdma chosen and the reservation made. */
 static fabpool_options options_in_force(const struct fabpool *p)
 {
     fabpool_options o = p->opt;
-    o.handle_type = p->ch.handle_type;
-    o.rdma = p->ch.rdma ? FABPOOL_RDMA_ON : FABPOOL_RDMA_OFF;
-    o.reserve_bytes = p->sp.va.size;
+    fp_chunks_info d = fp_chunks_get_info(&p->ch);
+    o.handle_type = d.handle_type;
+    o.rdma = d.rdma ? FABPOOL_RDMA_ON : FABPOOL_RDMA_OFF;
+    o.reserve_bytes = fp_space_size(&p->sp);
     return o;
 }
 
@@ -50,8 +41,9 @@ typedef struct class_sums {
     uint64_t blocks;       /* blocks given out, slab and larger */
 } class_sums;
 
-/* One row of s->classes per slab class, then per class of larger blocks, that has been used.  Pool lock held. */
-static class_sums class_rows(fabpool_t *p, fabpool_stats *s)
+/* One row of s->classes per slab class, then per class of larger blocks, that has been used (hc: the heap's
+ * counters).  Pool lock held. */
+static class_sums class_rows(fabpool_t *p, const fp_heap_counters *hc, fabpool_stats *s)
 {
     class_sums w = {0, 0};
     unsigned row = 0;
@@ -60,31 +52,25 @@ static class_sums class_rows(fabpool_t *p, fabpool_stats *s)
     memset(large_live, 0, sizeof large_live);
     fp_heap_count_large(&p->heap, large_live);
     for (unsigned c = 0; c < FP_NCLASS && row < FABPOOL_NUM_CLASSES; c++) {
-        fp_class *k = &p->heap.classes[c];
-        if (c < p->heap.n_slab_classes) {
-            fp_class_counts *n = &p->alloc.counts[c];
-            uint64_t allocs = ld(&n->allocs) + ld(&n->tc_allocs), frees = ld(&n->frees) + ld(&n->tc_frees);
-            for (fp_tcache *tc = p->alloc.tcaches; tc; tc = tc->next) {
-                allocs += ld(&tc->allocs[c]);
-                frees += ld(&tc->frees[c]);
-            }
-            fp_lock(&k->lock);
-            uint64_t slabs = k->nslabs;
-            fp_unlock(&k->lock);
-            if (!allocs && !slabs)
+        if (c < hc->n_slab_classes) {
+            uint64_t allocs, frees;
+            fp_alloc_class_counts(&p->alloc, c, &allocs, &frees);
+            fp_class_counters k;
+            fp_heap_read_class(&p->heap, c, &k);
+            if (!allocs && !k.slabs)
                 continue;
             uint64_t in_use = allocs - frees;
             fabpool_class_stats *cs = &s->classes[row++];
-            cs->size = k->obj_size;
+            cs->size = k.size;
             cs->in_use = in_use;
-            cs->cached = slabs * k->nobj - in_use;
-            cs->slabs = slabs;
+            cs->cached = k.slabs * k.nobj - in_use;
+            cs->slabs = k.slabs;
             cs->allocs = allocs;
-            w.small_in_use += in_use * k->obj_size;
+            w.small_in_use += in_use * k.size;
             w.blocks += in_use;
         } else {
             /* large blocks: no class, their free memory is in cached_bytes */
-            uint64_t allocs = ld(&p->heap.large_allocs[c]);
+            uint64_t allocs = hc->large_allocs[c];
             if (!allocs && !large_live[c])
                 continue;
             fabpool_class_stats *cs = &s->classes[row++];
@@ -112,31 +98,33 @@ typedef enum stat_kind { STAT_BYTES, STAT_COUNT } stat_kind;
 /* Every uint64_t scalar of fabpool_stats: X(field, kind, label in the text, value).  One row is all a field
  * needs: fabpool_get_stats fills the rows in this order under the pool's lock (a value may use the rows above
  * it, through s, and the walk of the classes, through w), and the text and the JSON report them in it, so the
- * JSON keys, which the Python module reads, are the field names. */
+ * JSON keys, which the Python module reads, are the field names.  The values read what the layers count through
+ * their headers' getters, once under the lock: dev (device.h), hc (slab.h), bc (bchunk.h), vc (view.h), rc
+ * (retire.h), mc (meta.h) and uc (usage.h). */
 #define STATS_FIELDS(X)                                                                                        \
-    X(reserved_bytes, STAT_BYTES, "reserved", p->sp.va.size)                                                   \
-    X(mapped_bytes, STAT_BYTES, "mapped", fp_chunks_mapped(&p->ch, NULL))                                      \
-    X(mapped_bytes_peak, STAT_BYTES, "mapped, peak", fp_chunks_mapped_peak(&p->ch))                            \
-    X(in_use_bytes, STAT_BYTES, "in use", w.small_in_use + ld(&p->heap.large_in_use_bytes) + ld(&p->bufs.bytes)) \
+    X(reserved_bytes, STAT_BYTES, "reserved", fp_space_size(&p->sp))                                           \
+    X(mapped_bytes, STAT_BYTES, "mapped", dev.mapped_bytes)                                                    \
+    X(mapped_bytes_peak, STAT_BYTES, "mapped, peak", dev.mapped_bytes_peak)                                    \
+    X(in_use_bytes, STAT_BYTES, "in use", w.small_in_use + hc.large_in_use_bytes + bc.bytes)                   \
     /* the peak is never below in use now (usage.h: counted as blocks leave their classes) */                 \
-    X(in_use_bytes_peak, STAT_BYTES, "in use, peak", at_least(ld(&p->use.peak), s->in_use_bytes))              \
-    X(retiring_bytes, STAT_BYTES, "retiring", ld(&p->bufs.retiring_bytes))                                     \
-    X(view_bytes, STAT_BYTES, "views of peers", ld(&p->views.bytes))                                           \
+    X(in_use_bytes_peak, STAT_BYTES, "in use, peak", at_least(uc.peak, s->in_use_bytes))                       \
+    X(retiring_bytes, STAT_BYTES, "retiring", bc.retiring_bytes)                                               \
+    X(view_bytes, STAT_BYTES, "views of peers", vc.bytes)                                                      \
     X(cached_bytes, STAT_BYTES, "cached", free_mapped(s))                                                      \
-    X(stream_pending_bytes, STAT_BYTES, "pending on streams", ld(&p->retire.pending_bytes))                    \
-    X(stream_pending_blocks, STAT_COUNT, "pending blocks", ld(&p->retire.pending_blocks))                      \
-    X(held_for_peers_bytes, STAT_BYTES, "held for peers", ld(&p->bufs.held_for_peers_bytes))                            \
-    X(buffers, STAT_COUNT, "buffers", ld(&p->bufs.count))                                                      \
+    X(stream_pending_bytes, STAT_BYTES, "pending on streams", rc.pending_bytes)                                \
+    X(stream_pending_blocks, STAT_COUNT, "pending blocks", rc.pending_blocks)                                  \
+    X(held_for_peers_bytes, STAT_BYTES, "held for peers", bc.held_for_peers_bytes)                             \
+    X(buffers, STAT_COUNT, "buffers", bc.count)                                                                \
     X(blocks, STAT_COUNT, "blocks", w.blocks)                                                                  \
-    X(chunks_mapped, STAT_COUNT, "chunks mapped", mapped_chunks(p))                                            \
-    X(chunks_mapped_total, STAT_COUNT, "chunks mapped, all", ld(&p->ch.chunks_mapped_total))                   \
-    X(chunks_unmapped_total, STAT_COUNT, "chunks unmapped, all", ld(&p->ch.chunks_unmapped_total))             \
-    X(handles_outstanding, STAT_COUNT, "handles held", ld(&p->ch.handles_outstanding))                         \
-    X(exported_fds_open, STAT_COUNT, "exported fds open", ld(&p->ch.exported_fds))                             \
-    X(oom_retries, STAT_COUNT, "OOM retries", ld(&p->heap.oom_retries))                                        \
-    X(metadata_bytes, STAT_BYTES, "host metadata", ld(&p->meta.bytes))                                         \
-    X(traded_bytes, STAT_BYTES, "traded", ld(&p->heap.traded_bytes))                                          \
-    X(kept_bytes, STAT_BYTES, "kept for reuse", ld(&p->bufs.kept_bytes) + ld(&p->views.kept_bytes))
+    X(chunks_mapped, STAT_COUNT, "chunks mapped", dev.chunks_mapped)                                           \
+    X(chunks_mapped_total, STAT_COUNT, "chunks mapped, all", dev.chunks_mapped_total)                          \
+    X(chunks_unmapped_total, STAT_COUNT, "chunks unmapped, all", dev.chunks_unmapped_total)                    \
+    X(handles_outstanding, STAT_COUNT, "handles held", dev.handles_outstanding)                                \
+    X(exported_fds_open, STAT_COUNT, "exported fds open", dev.exported_fds)                                    \
+    X(oom_retries, STAT_COUNT, "OOM retries", hc.oom_retries)                                                  \
+    X(metadata_bytes, STAT_BYTES, "host metadata", mc.bytes)                                                   \
+    X(traded_bytes, STAT_BYTES, "traded", hc.traded_bytes)                                                     \
+    X(kept_bytes, STAT_BYTES, "kept for reuse", bc.kept_bytes + vc.kept_bytes)
 
 typedef struct stat_row {
     const char *name, *label;
@@ -170,18 +158,32 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
     fabpool_status st = fp_getter_begin("fabpool_get_stats", "fabpool_stats", p, s, sizeof *s);
     if (st != FABPOOL_OK)
         return st;
-    fp_lock(&p->sp.lock);
-    class_sums w = class_rows(p, s);
+    fp_heap_counters hc;
+    fp_chunk_counters dev;
+    fp_buffer_counters bc;
+    fp_view_counters vc;
+    fp_retire_counters rc;
+    fp_meta_counters mc;
+    fp_usage_counters uc;
+    fp_space_lock(&p->sp);
+    fp_heap_read_counters(&p->heap, &hc);
+    class_sums w = class_rows(p, &hc, s);
+    fp_chunks_read_counters(&p->ch, &dev);
+    fp_buffers_read_counters(&p->bufs, &bc);
+    fp_views_read_counters(&p->views, &vc);
+    fp_retire_read_counters(&p->retire, &rc);
+    fp_meta_read_counters(&p->meta, &mc);
+    fp_usage_read(&p->use, &uc);
 #define STAT_FILL(f, kind, label, value)                                                                       \
     _Static_assert(sizeof s->f == sizeof(uint64_t), #f " is a uint64_t");                                     \
     s->f = (value);
     STATS_FIELDS(STAT_FILL)
 #undef STAT_FILL
-    s->metadata_jemalloc = p->meta.jemalloc;
-    s->metadata_arena = p->meta.arena;
-    fp_unlock(&p->sp.lock);
+    s->metadata_jemalloc = mc.jemalloc;
+    s->metadata_arena = mc.arena;
+    fp_space_unlock(&p->sp);
     for (int i = 0; i < FP_DRV_COUNT && i < FABPOOL_NUM_DRIVER_CALLS; i++) {
-        s->driver_calls[i] = ld(&p->ch.calls.n[i]);
+        s->driver_calls[i] = dev.calls[i];
         s->driver_call_names[i] = fp_drv_name(i);
     }
     return FABPOOL_OK;
@@ -189,7 +191,7 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
 
 static void stats_json(fabpool_t *p, FILE *f, const fabpool_stats *s)
 {
-    fprintf(f, "{\"device\":%d,\"handle_type\":\"%s\"", p->opt.device, fp_handle_type_name(p->ch.handle_type));
+    fprintf(f, "{\"device\":%d,\"handle_type\":\"%s\"", p->opt.device, fp_handle_type_name(fp_chunks_get_info(&p->ch).handle_type));
     for (size_t i = 0; i < N_STAT_ROWS; i++)
         fprintf(f, ",\"%s\":%" PRIu64, stat_rows[i].name, stat_value(s, &stat_rows[i]));
     fprintf(f, ",\"metadata_allocator\":\"%s\",\"driver_calls\":{", s->metadata_jemalloc ? "jemalloc" : "libc");
@@ -215,7 +217,7 @@ static void stats_json(fabpool_t *p, FILE *f, const fabpool_stats *s)
 static void stats_text(fabpool_t *p, FILE *f, const fabpool_stats *s)
 {
     fprintf(f, "fabpool: device %d, handle type %s, metadata in %s\n", p->opt.device,
-            fp_handle_type_name(p->ch.handle_type), s->metadata_jemalloc ? "a private jemalloc arena" : "libc");
+            fp_handle_type_name(fp_chunks_get_info(&p->ch).handle_type), s->metadata_jemalloc ? "a private jemalloc arena" : "libc");
     for (size_t i = 0; i < N_STAT_ROWS; i++) {
         const stat_row *r = &stat_rows[i];
         uint64_t v = stat_value(s, r);
@@ -289,25 +291,32 @@ fabpool_status fabpool_get_counters(fabpool_t *p, fabpool_counters *c)
     fabpool_status st = fp_getter_begin("fabpool_get_counters", "fabpool_counters", p, c, sizeof *c);
     if (st != FABPOOL_OK)
         return st;
-    c->mapped_bytes = fp_chunks_mapped(&p->ch, &c->chunks_mapped);
-    c->mapped_bytes_peak = fp_chunks_mapped_peak(&p->ch);
-    c->chunks_mapped_total = ld(&p->ch.chunks_mapped_total);
-    c->chunks_unmapped_total = ld(&p->ch.chunks_unmapped_total);
-    c->oom_retries = ld(&p->heap.oom_retries);
-    c->stream_pending_blocks = ld(&p->retire.pending_blocks);
-    c->stream_pending_bytes = ld(&p->retire.pending_bytes);
-    c->stream_frees = ld(&p->retire.frees) + ld(&p->retire.owner_frees);
-    c->stream_reuse_same = ld(&p->retire.reuse_same);
-    c->stream_reuse_after_event = ld(&p->retire.reuse_after_event);
-    c->stream_releases = ld(&p->retire.releases);
-    c->stream_events_recorded = ld(&p->retire.events_recorded);
-    c->stream_event_queries = ld(&p->retire.event_queries);
-    c->stream_syncs = ld(&p->retire.syncs);
-    c->streams = ld(&p->retire.n_streams_now);
-    c->stream_owner_frees = ld(&p->retire.owner_frees);
-    c->stream_fences = ld(&p->retire.fences);
-    c->stream_records = ld(&p->retire.records);
-    c->stream_record_waits = ld(&p->retire.used_frees);
-    c->stream_recorded_blocks = ld(&p->retire.used_blocks);
+    fp_chunk_counters dev;
+    fp_heap_counters hc;
+    fp_retire_counters rc;
+    fp_chunks_read_counters(&p->ch, &dev);
+    fp_heap_read_counters(&p->heap, &hc);
+    fp_retire_read_counters(&p->retire, &rc);
+    c->mapped_bytes = dev.mapped_bytes;
+    c->chunks_mapped = dev.chunks_mapped;
+    c->mapped_bytes_peak = dev.mapped_bytes_peak;
+    c->chunks_mapped_total = dev.chunks_mapped_total;
+    c->chunks_unmapped_total = dev.chunks_unmapped_total;
+    c->oom_retries = hc.oom_retries;
+    c->stream_pending_blocks = rc.pending_blocks;
+    c->stream_pending_bytes = rc.pending_bytes;
+    c->stream_frees = rc.frees + rc.owner_frees;
+    c->stream_reuse_same = rc.reuse_same;
+    c->stream_reuse_after_event = rc.reuse_after_event;
+    c->stream_releases = rc.releases;
+    c->stream_events_recorded = rc.events_recorded;
+    c->stream_event_queries = rc.event_queries;
+    c->stream_syncs = rc.syncs;
+    c->streams = rc.streams;
+    c->stream_owner_frees = rc.owner_frees;
+    c->stream_fences = rc.fences;
+    c->stream_records = rc.records;
+    c->stream_record_waits = rc.used_frees;
+    c->stream_recorded_blocks = rc.used_blocks;
     return FABPOOL_OK;
 }
