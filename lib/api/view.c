@@ -303,10 +303,9 @@ void fp_views_init(fp_views *vs, fp_space *sp, uint32_t keep_ms)
     vs->keep_ms = keep_ms;
 }
 
-void fp_views_read_counters(const fp_views *vs, fp_view_counters *c)
+void fp_views_read_counters(const fp_views *src, fp_view_counters *c)
 {
-    c->bytes = fp_counter(&vs->bytes);
-    c->kept_bytes = fp_counter(&vs->kept_bytes);
+    FP_VIEWS_COUNTERS(FP_COUNTER_COPY)
 }
 
 static fabpool_status view_free(fp_views *vs, fabpool_view_t *v);

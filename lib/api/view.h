@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "counter.h"
 #include "space.h"
 #include "walk.h"
 
@@ -18,13 +19,16 @@ typedef struct fp_vchunk {
     uint64_t off, size, gen;
 } fp_vchunk;
 
+/* The views' counters that fp_views_read_counters copies (counter.h): the bytes mapped by the views, and of
+ * those, by the views kept for reuse. */
+#define FP_VIEWS_COUNTERS(X) X(bytes) X(kept_bytes)
+
 /* The pool's views. */
 typedef struct fp_views {
     fp_space *sp;                      /* chunks, ranges, metadata, the pool lock */
     uint32_t keep_ms;                  /* how long a released view is kept for the next open of its buffer */
     struct fabpool_view *list;
-    _Atomic uint64_t bytes;
-    _Atomic uint64_t kept_bytes;       /* mapped by the kept views (part of bytes) */
+    FP_VIEWS_COUNTERS(FP_COUNTER_ATOMIC)
 } fp_views;
 
 struct fabpool_view {
@@ -43,8 +47,7 @@ void fp_views_init(fp_views *vs, fp_space *sp, uint32_t keep_ms);
 /* What the views count (fabpool_stats): atomics, read without a lock, exact
  * under the pool lock. */
 typedef struct fp_view_counters {
-    uint64_t bytes;                    /* mapped by the views */
-    uint64_t kept_bytes;               /* of those, by the views kept for reuse */
+    FP_VIEWS_COUNTERS(FP_COUNTER_PLAIN)
 } fp_view_counters;
 void fp_views_read_counters(const fp_views *vs, fp_view_counters *c);
 /* fabpool_view_open on the pool whose views vs are (vs NULL: the pool was NULL). */

@@ -93,9 +93,9 @@ void fp_meta_destroy(fp_meta *m)
     m->jemalloc = 0;
 }
 
-void fp_meta_read_counters(const fp_meta *m, fp_meta_counters *c)
+void fp_meta_read_counters(const fp_meta *src, fp_meta_counters *c)
 {
-    c->bytes = fp_counter(&m->bytes);
-    c->jemalloc = m->jemalloc;
-    c->arena = m->arena;
+    FP_META_COUNTERS(FP_COUNTER_COPY)
+    c->jemalloc = src->jemalloc;
+    c->arena = src->arena;
 }

@@ -12,7 +12,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "counter.h"
 #include "fabpool.h"
+
+/* The arena's counter that fp_meta_read_counters copies (counter.h): the bytes it holds. */
+#define FP_META_COUNTERS(X) X(bytes)
 
 typedef struct fp_meta {
     int jemalloc;         /* 1: a private jemalloc arena */
@@ -21,7 +25,7 @@ typedef struct fp_meta {
     void (*sdallocx)(void *, size_t, int);
     int (*mallctl)(const char *, void *, size_t *, void *, size_t);
     int flags;            /* MALLOCX_ARENA(arena) | MALLOCX_TCACHE_NONE | MALLOCX_ZERO */
-    _Atomic uint64_t bytes;
+    FP_META_COUNTERS(FP_COUNTER_ATOMIC)
 } fp_meta;
 
 fabpool_status fp_meta_init(fp_meta *m, fabpool_metadata mode);
@@ -34,7 +38,7 @@ void fp_meta_destroy(fp_meta *m);
 /* What the stats read of the arena: where it is and the bytes it holds
  * (an atomic, read without a lock). */
 typedef struct fp_meta_counters {
-    uint64_t bytes;
+    FP_META_COUNTERS(FP_COUNTER_PLAIN)
     int jemalloc;         /* 1: a private jemalloc arena, else libc */
     unsigned arena;
 } fp_meta_counters;

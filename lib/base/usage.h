@@ -14,9 +14,14 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "counter.h"
+
+/* The counters fp_usage_read copies (counter.h): the bytes of slab blocks out of their classes (given out or
+ * in a cache), and the mark: the most slab_out + *large + *buffers seen. */
+#define FP_USAGE_COUNTERS(X) X(slab_out) X(peak)
+
 typedef struct fp_usage {
-    _Atomic uint64_t slab_out;          /* bytes of slab blocks out of their classes: given out or in a cache */
-    _Atomic uint64_t peak;              /* the mark: the most slab_out + *large + *buffers seen */
+    FP_USAGE_COUNTERS(FP_COUNTER_ATOMIC)
     const _Atomic uint64_t *large;      /* the heap's large_in_use_bytes */
     const _Atomic uint64_t *buffers;    /* the buffers' bytes (sizes asked) */
 } fp_usage;
@@ -51,12 +56,11 @@ static inline void fp_usage_slab_back(fp_usage *u, uint64_t bytes)
 
 /* What fabpool_stats and fabpool_check read of the mark. */
 typedef struct fp_usage_counters {
-    uint64_t slab_out, peak;
+    FP_USAGE_COUNTERS(FP_COUNTER_PLAIN)
 } fp_usage_counters;
-static inline void fp_usage_read(const fp_usage *u, fp_usage_counters *c)
+static inline void fp_usage_read(const fp_usage *src, fp_usage_counters *c)
 {
-    c->slab_out = atomic_load(&u->slab_out);
-    c->peak = atomic_load(&u->peak);
+    FP_USAGE_COUNTERS(FP_COUNTER_COPY)
 }
 
 /* fabpool_reset_peak: the mark starts again from what is counted now. */

@@ -28,13 +28,9 @@ void fp_buffers_init(fp_buffers *bs, fp_heap *heap, fp_retire *retire, fp_usage 
 void fp_buffers_set_trace(fp_buffers *bs, struct fp_trace *trace) { bs->trace = trace; }
 
 
-void fp_buffers_read_counters(const fp_buffers *bs, fp_buffer_counters *c)
+void fp_buffers_read_counters(const fp_buffers *src, fp_buffer_counters *c)
 {
-    c->bytes = fp_counter(&bs->bytes);
-    c->count = fp_counter(&bs->count);
-    c->retiring_bytes = fp_counter(&bs->retiring_bytes);
-    c->held_for_peers_bytes = fp_counter(&bs->held_for_peers_bytes);
-    c->kept_bytes = fp_counter(&bs->kept_bytes);
+    FP_BUFFERS_COUNTERS(FP_COUNTER_COPY)
 }
 
 int fp_buffer_reserve_chunks(fp_buffers *bs, struct fabpool_buffer *b, uint32_t n)

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "chunk.h"
+#include "counter.h"
 #include "retire.h"
 #include "slab.h"
 #include "usage.h"
@@ -40,6 +41,11 @@ typedef struct fp_peer_hold {
     uint64_t dropped;                  /* the generation that took it out of the live chunks */
 } fp_peer_hold;
 
+/* The buffers' counters that fp_buffers_read_counters copies (counter.h): the sizes asked of the live buffers,
+ * their number, their retiring chunks' bytes, the bytes held for the peers, and the live bytes of the buffers
+ * kept for reuse. */
+#define FP_BUFFERS_COUNTERS(X) X(bytes) X(count) X(retiring_bytes) X(held_for_peers_bytes) X(kept_bytes)
+
 /* The pool's buffers. */
 typedef struct fp_buffers {
     fp_heap *heap;                     /* chunks are made through it (OOM: trim and retry) */
@@ -51,8 +57,8 @@ typedef struct fp_buffers {
     uint32_t max_waste_percent, shrink_hysteresis_percent;
     uint32_t keep_ms;                  /* how long a released buffer is kept for reuse (release.c) */
     struct fabpool_buffer *list;
-    _Atomic uint64_t bytes, mapped, count, retiring_bytes, held_for_peers_bytes;
-    _Atomic uint64_t kept_bytes;       /* live bytes of the kept buffers */
+    FP_BUFFERS_COUNTERS(FP_COUNTER_ATOMIC)
+    _Atomic uint64_t mapped;           /* by the buffers' chunks, retiring included */
 } fp_buffers;
 
 struct fabpool_buffer {
@@ -86,9 +92,7 @@ void fp_buffers_set_trace(fp_buffers *bs, struct fp_trace *trace);
 /* What the buffers count (fabpool_stats): atomics, read without a lock,
  * exact under the pool lock. */
 typedef struct fp_buffer_counters {
-    uint64_t bytes;                    /* the sizes asked of the live buffers */
-    uint64_t count, retiring_bytes, held_for_peers_bytes;
-    uint64_t kept_bytes;               /* live bytes of the buffers kept for reuse */
+    FP_BUFFERS_COUNTERS(FP_COUNTER_PLAIN)
 } fp_buffer_counters;
 void fp_buffers_read_counters(const fp_buffers *bs, fp_buffer_counters *c);
 

@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "counter.h"
 #include "driver.h"
 #include "fabpool.h"
 #include "lock.h"
@@ -57,6 +58,10 @@ typedef struct fp_xchunk {
     CUmemFabricHandle fabric;          /* fabric: the handle's bytes */
 } fp_xchunk;
 
+/* The counters of what else the driver holds and did for the pool that fp_chunks_read_counters copies
+ * (counter.h): chunks mapped and unmapped, all time; the handles the pool holds; the exported fds open. */
+#define FP_CHUNKS_COUNTERS(X) X(chunks_mapped_total) X(chunks_unmapped_total) X(handles_outstanding) X(exported_fds)
+
 typedef struct fp_chunks {
     fp_drv_counters calls;             /* every driver call made for the pool */
     const fp_lock_t *lock;             /* held around every map, unmap, create and release (asserted) */
@@ -74,8 +79,7 @@ typedef struct fp_chunks {
     int peers[FABPOOL_MAX_PEERS];
     /* what the driver holds for the pool: every mapping (pool lock), and the counters of what else it holds */
     fp_mapreg reg;
-    _Atomic uint64_t chunks_mapped_total, chunks_unmapped_total;
-    _Atomic uint64_t handles_outstanding, exported_fds;
+    FP_CHUNKS_COUNTERS(FP_COUNTER_ATOMIC)
     /* sleep (sleep.c sets these through fp_chunk_set_asleep / fp_chunk_set_slept) */
     _Atomic int asleep;                /* no chunk may be made or exported: every layer refuses */
     fp_slept *slept;                   /* the sleeping chunks, sorted by va (NULL: none); pool lock */

@@ -163,16 +163,13 @@ fp_chunks_info fp_chunks_get_info(const fp_chunks *ch)
 }
 
 
-void fp_chunks_read_counters(const fp_chunks *ch, fp_chunk_counters *c)
+void fp_chunks_read_counters(const fp_chunks *src, fp_chunk_counters *c)
 {
-    c->mapped_bytes = fp_chunks_mapped(ch, &c->chunks_mapped);
-    c->mapped_bytes_peak = fp_chunks_mapped_peak(ch);
-    c->chunks_mapped_total = fp_counter(&ch->chunks_mapped_total);
-    c->chunks_unmapped_total = fp_counter(&ch->chunks_unmapped_total);
-    c->handles_outstanding = fp_counter(&ch->handles_outstanding);
-    c->exported_fds = fp_counter(&ch->exported_fds);
+    c->mapped_bytes = fp_chunks_mapped(src, &c->chunks_mapped);
+    c->mapped_bytes_peak = fp_chunks_mapped_peak(src);
+    FP_CHUNKS_COUNTERS(FP_COUNTER_COPY)
     for (int i = 0; i < FP_DRV_COUNT; i++)
-        c->calls[i] = fp_counter(&ch->calls.n[i]);
+        c->calls[i] = fp_counter(&src->calls.n[i]);
 }
 
 CUresult fp_device_copy(fp_chunks *ch, uint64_t dst, uint64_t src, uint64_t size, void *stream)

@@ -48,7 +48,7 @@ fp_chunks_info fp_chunks_get_info(const fp_chunks *ch);
  * it.  Atomics: no lock needed. */
 typedef struct fp_chunk_counters {
     uint64_t mapped_bytes, mapped_bytes_peak, chunks_mapped;
-    uint64_t chunks_mapped_total, chunks_unmapped_total, handles_outstanding, exported_fds;
+    FP_CHUNKS_COUNTERS(FP_COUNTER_PLAIN)
     uint64_t calls[FP_DRV_COUNT];
 } fp_chunk_counters;
 void fp_chunks_read_counters(const fp_chunks *ch, fp_chunk_counters *c);

@@ -70,23 +70,9 @@ void fp_retire_destroy(fp_retire *r)
 }
 
 
-void fp_retire_read_counters(const fp_retire *r, fp_retire_counters *c)
+void fp_retire_read_counters(const fp_retire *src, fp_retire_counters *c)
 {
-    c->pending_blocks = fp_counter(&r->pending_blocks);
-    c->pending_bytes = fp_counter(&r->pending_bytes);
-    c->streams = fp_counter(&r->n_streams_now);
-    c->frees = fp_counter(&r->frees);
-    c->owner_frees = fp_counter(&r->owner_frees);
-    c->reuse_same = fp_counter(&r->reuse_same);
-    c->reuse_after_event = fp_counter(&r->reuse_after_event);
-    c->releases = fp_counter(&r->releases);
-    c->events_recorded = fp_counter(&r->events_recorded);
-    c->event_queries = fp_counter(&r->event_queries);
-    c->syncs = fp_counter(&r->syncs);
-    c->fences = fp_counter(&r->fences);
-    c->records = fp_counter(&r->records);
-    c->used_frees = fp_counter(&r->used_frees);
-    c->used_blocks = fp_counter(&r->used_blocks);
+    FP_RETIRE_COUNTERS(FP_COUNTER_COPY)
 }
 
 /* ------------------------------------------------------------ records */

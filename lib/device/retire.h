@@ -58,6 +58,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "counter.h"
 #include "driver.h"
 #include "lock.h"
 #include "fabpool.h"
@@ -133,6 +134,17 @@ struct fp_rstream {
     fp_rblock *cls[FP_NCLASS + 1];
 };
 
+/* The queue's counters that fp_retire_read_counters copies (counter.h; fabpool_counters, fabpool_stats),
+ * read without the lock: blocks and bytes pending, the streams known now; frees,
+ * those made at once on the owner (counted after the free), reuses on the same stream and after an event,
+ * releases; events recorded and queried, syncs, fences that waited; fabpool_record_stream's records, the frees
+ * of blocks other streams used, and the blocks in use by other streams (uses_n). */
+#define FP_RETIRE_COUNTERS(X)                                                                                  \
+    X(pending_blocks) X(pending_bytes) X(n_streams_now)                                                        \
+    X(frees) X(owner_frees) X(reuse_same) X(reuse_after_event) X(releases)                                     \
+    X(events_recorded) X(event_queries) X(syncs) X(fences)                                                     \
+    X(records) X(used_frees) X(used_blocks)
+
 typedef struct fp_retire {
     fp_lock_t lock;                     /* level FP_LOCK_RETIRE (lock.h): a leaf */
     fp_meta *meta;
@@ -145,24 +157,17 @@ typedef struct fp_retire {
     fp_rblock *spare;                   /* node free list (through cnext) */
     CUevent *spare_evs;
     uint32_t n_spare_evs, cap_spare_evs;
-    /* counters (fabpool_counters), atomics: read without the lock */
-    _Atomic uint64_t pending_blocks, pending_bytes, n_streams_now;
-    _Atomic uint64_t frees, reuse_same, reuse_after_event, releases;
-    _Atomic uint64_t events_recorded, event_queries, syncs;
+    FP_RETIRE_COUNTERS(FP_COUNTER_ATOMIC)
     /* streams that use live blocks (fabpool_record_stream): an open-addressing table by address, half full at
      * most; the blocks freed while other streams used them, waiting for their events */
     fp_ruse *uses;
     size_t uses_cap, uses_n;
-    _Atomic uint64_t used_blocks;       /* uses_n, read without the lock */
     fp_rblock *used;                    /* through fnext */
-    _Atomic uint64_t records, used_frees;
     /* the owner stream */
     _Atomic int owner_mode;             /* FP_OWNER_NONE, _ON or _OFF */
     void *owner;                        /* the owner (set once, before owner_mode becomes ON) */
     _Atomic uint64_t owner_seq;         /* frees of the owner announced (fp_retire_owner_free), all time */
     _Atomic uint64_t owner_fenced;      /* owner_seq the last fence covered */
-    _Atomic uint64_t owner_frees;       /* blocks freed at once on the owner (counted after the free) */
-    _Atomic uint64_t fences;            /* fences that waited */
 } fp_retire;
 
 enum { FP_OWNER_NONE = 0, FP_OWNER_ON = 1, FP_OWNER_OFF = 2 };
@@ -185,10 +190,7 @@ void fp_retire_destroy(fp_retire *r);
 /* What the queue counts (fabpool_counters, fabpool_stats): atomics, read
  * without the lock. */
 typedef struct fp_retire_counters {
-    uint64_t pending_blocks, pending_bytes, streams;
-    uint64_t frees, owner_frees, reuse_same, reuse_after_event, releases;
-    uint64_t events_recorded, event_queries, syncs, fences;
-    uint64_t records, used_frees, used_blocks;
+    FP_RETIRE_COUNTERS(FP_COUNTER_PLAIN)
 } fp_retire_counters;
 void fp_retire_read_counters(const fp_retire *r, fp_retire_counters *c);
 

@@ -234,14 +234,12 @@ fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAlloc
 void fp_heap_count_oom_retry(fp_heap *h) { atomic_fetch_add(&h->oom_retries, 1); }
 
 
-void fp_heap_read_counters(const fp_heap *h, fp_heap_counters *c)
+void fp_heap_read_counters(const fp_heap *src, fp_heap_counters *c)
 {
-    c->n_slab_classes = h->n_slab_classes;
-    c->large_in_use_bytes = fp_counter(&h->large_in_use_bytes);
-    c->oom_retries = fp_counter(&h->oom_retries);
-    c->traded_bytes = fp_counter(&h->traded_bytes);
+    c->n_slab_classes = src->n_slab_classes;
+    FP_HEAP_COUNTERS(FP_COUNTER_COPY)
     for (unsigned i = 0; i < FP_NCLASS; i++)
-        c->large_allocs[i] = fp_counter(&h->large_allocs[i]);
+        c->large_allocs[i] = fp_counter(&src->large_allocs[i]);
 }
 
 void fp_heap_read_class(fp_heap *h, unsigned cls, fp_class_counters *c)

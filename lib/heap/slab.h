@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "arena.h"
+#include "counter.h"
 #include "lock.h"
 #include "sizeclass.h"
 #include "space.h"
@@ -44,6 +45,11 @@ enum { FP_LIST_NONE = 0, FP_LIST_PARTIAL = 1, FP_LIST_EMPTY = 2, FP_LIST_FULL = 
 #define FP_BLOCK_QUANTUM 256ull
 /* The arenas. */
 enum { FP_ARENA_MEDIUM = 0, FP_ARENA_LARGE = 1, FP_NARENAS = 2 };
+
+/* The heap's counters that fp_heap_read_counters copies (counter.h): the bytes of large blocks given out (exact
+ * under the pool lock), out-of-memory misses tried again after a trim, and the free chunks unmapped by trades
+ * (slab.c, trade), all time. */
+#define FP_HEAP_COUNTERS(X) X(large_in_use_bytes) X(oom_retries) X(traded_bytes)
 
 /* One slab class, central part. */
 typedef struct fp_class {
@@ -76,8 +82,8 @@ typedef struct fp_heap {
     _Atomic uint64_t idle_slabs_low;   /* decay: the least of each seen since the period began */
     uint64_t idle_arenas_low;          /* (pool lock) */
     _Atomic uint64_t decay_epoch_ns;
-    _Atomic uint64_t large_in_use_bytes, large_blocks, large_allocs[FP_NCLASS], oom_retries;
-    _Atomic uint64_t traded_bytes;     /* free chunks unmapped by trades (slab.c, trade), all time */
+    FP_HEAP_COUNTERS(FP_COUNTER_ATOMIC)
+    _Atomic uint64_t large_blocks, large_allocs[FP_NCLASS];
     unsigned policy_tick;              /* blocks above slab_max given out and freed (pool lock; large.c) */
     fp_class classes[FP_NCLASS];
 } fp_heap;
@@ -94,7 +100,7 @@ static inline uint64_t fp_heap_slab_max(const fp_heap *h) { return h->slab_max; 
  * blocks are exact under the pool lock. */
 typedef struct fp_heap_counters {
     unsigned n_slab_classes;           /* classes [0, n_slab_classes) come from slabs */
-    uint64_t large_in_use_bytes, oom_retries, traded_bytes;
+    FP_HEAP_COUNTERS(FP_COUNTER_PLAIN)
     uint64_t large_allocs[FP_NCLASS];  /* blocks above slab_max given out, by the class their size falls in */
 } fp_heap_counters;
 void fp_heap_read_counters(const fp_heap *h, fp_heap_counters *c);

@@ -312,7 +312,7 @@ fabpool_status fabpool_get_counters(fabpool_t *p, fabpool_counters *c)
     c->stream_events_recorded = rc.events_recorded;
     c->stream_event_queries = rc.event_queries;
     c->stream_syncs = rc.syncs;
-    c->streams = rc.streams;
+    c->streams = rc.n_streams_now;
     c->stream_owner_frees = rc.owner_frees;
     c->stream_fences = rc.fences;
     c->stream_records = rc.records;
