@@ -490,6 +490,9 @@ typedef struct fabpool_stats {
                                        with every step says the slack is too small for the workload's shapes */
     uint64_t kept_bytes;            /* mapped by buffers and views released and kept for reuse (keep_ms); part
                                        of mapped_bytes (and of view_bytes for views) */
+    uint64_t export_anchor_moves;   /* times the export anchor (exported_fds_open) moved to another chunk of
+                                       the pool's (one export) or closed, none being left, because its chunk
+                                       was unmapped, all time; its closes at sleep and destroy are not counted */
 } fabpool_stats;
 
 FABPOOL_API fabpool_status fabpool_get_stats(fabpool_t *pool, fabpool_stats *out);

@@ -4,8 +4,9 @@
  * exported fd was open: about 0.55 ms each on the H200, against 35 us), and
  * the anchor never keeps memory the pool gave back: before its chunk is
  * unmapped it moves to another chunk the pool maps, or closes when none is
- * left; sleep and destroy close it.  The sim's ledger says what the driver
- * holds at every step. */
+ * left; sleep and destroy close it.  fabpool_stats.export_anchor_moves
+ * counts the moves and closes that an unmap forced.  The sim's ledger says
+ * what the driver holds at every step. */
 #include <unistd.h>
 
 #include "testutil.h"
@@ -13,6 +14,19 @@
 #define MB (1ull << 20)
 
 static t_sim_hooks sim;
+
+/* The times the export anchor moved or closed because its chunk went, as fabpool_stats gives it; the JSON
+ * report, whose keys the Python module reads (fabpool_torch.stats), names the same figure. */
+static uint64_t anchor_moves(fabpool_t *p)
+{
+    static char json[1 << 14];
+    char key[64];
+    uint64_t n = t_stats(p).export_anchor_moves;
+    CHECK_OK(fabpool_stats_json(p, json, sizeof json, NULL));
+    snprintf(key, sizeof key, "\"export_anchor_moves\":%llu,", (unsigned long long)n);
+    CHECK(strstr(json, key) != NULL);
+    return n;
+}
 
 /* What the driver holds is what the pool maps and what its views map: no fd keeps anything else alive. */
 static void expect_nothing_beside(fabpool_t *p, fabpool_t *peer, const char *when)
@@ -56,6 +70,7 @@ static void growth_exports_are_warm_after_the_first(fabpool_t *p, fabpool_t *pee
     uint64_t gen = 0, cold0 = sim.cold_exports ? sim.cold_exports() : 0;
     fabpool_stats s0 = t_stats(p);
     uint64_t calls0 = t_calls(&s0, "cuMemExportToShareableHandle");
+    uint64_t moves0 = anchor_moves(p);
     CHECK_OK(fabpool_buffer_create(p, 64 * MB, 2 * MB, &b));
     for (int i = 1; i <= 12; i++) {
         if (i > 1)
@@ -82,8 +97,11 @@ static void growth_exports_are_warm_after_the_first(fabpool_t *p, fabpool_t *pee
     }
     CHECK_OK(fabpool_view_close(v));
     CHECK_OK(fabpool_buffer_peers_ack(b, UINT64_MAX));
+    CHECK(anchor_moves(p) == moves0); /* growths unmap nothing */
     CHECK_OK(fabpool_buffer_destroy(b, NULL));
     CHECK(t_stats(p).exported_fds_open == 0); /* no chunk of the pool's own is left to hold it */
+    /* its chunks go from the end down: the anchor, on the first, closes once, when that one goes */
+    CHECK(anchor_moves(p) == moves0 + 1);
     expect_nothing_beside(p, peer, "after the buffer went");
 }
 
@@ -99,10 +117,12 @@ static void anchor_moves_before_its_chunk_goes(fabpool_t *p, fabpool_t *peer)
     share_step(x, peer, &vx, &gx); /* x's chunk holds the anchor */
     share_step(y, peer, &vy, &gy);
     CHECK(t_stats(p).exported_fds_open == 1);
+    uint64_t moves0 = anchor_moves(p);
     CHECK_OK(fabpool_view_close(vx));
     CHECK_OK(fabpool_buffer_peers_ack(x, UINT64_MAX));
     CHECK_OK(fabpool_buffer_destroy(x, NULL));
     CHECK(t_stats(p).exported_fds_open == 1); /* moved to y's chunk */
+    CHECK(anchor_moves(p) == moves0 + 1);
     expect_nothing_beside(p, peer, "x destroyed");
     uint64_t cold0 = sim.cold_exports ? sim.cold_exports() : 0;
     CHECK_OK(fabpool_buffer_resize(y, 16 * MB, NULL));
@@ -117,13 +137,16 @@ static void anchor_moves_before_its_chunk_goes(fabpool_t *p, fabpool_t *peer)
     share_step(z, peer, &vz, &gz);
     CHECK_OK(fabpool_view_close(vy));
     CHECK_OK(fabpool_buffer_peers_ack(y, UINT64_MAX));
+    CHECK(anchor_moves(p) == moves0 + 1); /* y's growth and z's chunk unmapped nothing */
     CHECK_OK(fabpool_buffer_destroy(y, NULL));
     CHECK(t_stats(p).exported_fds_open == 1);
+    CHECK(anchor_moves(p) == moves0 + 2); /* once more, to z's chunk, as y's chunk that held it went */
     expect_nothing_beside(p, peer, "y destroyed");
     CHECK_OK(fabpool_view_close(vz));
     CHECK_OK(fabpool_buffer_peers_ack(z, UINT64_MAX));
     CHECK_OK(fabpool_buffer_destroy(z, NULL));
     CHECK(t_stats(p).exported_fds_open == 0);
+    CHECK(anchor_moves(p) == moves0 + 3); /* closed with z's chunk: nowhere left to go */
     expect_nothing_beside(p, peer, "z destroyed");
 }
 
@@ -147,9 +170,10 @@ static void sleep_closes_the_anchor(fabpool_t *p, fabpool_t *peer)
 {
     fabpool_buffer_t *b = shared_once(p, peer);
     fabpool_view_t *v = NULL;
-    uint64_t gen = 0;
+    uint64_t gen = 0, moves0 = anchor_moves(p);
     CHECK_OK(fabpool_sleep(p, FABPOOL_SLEEP_DISCARD, NULL));
     CHECK(t_stats(p).exported_fds_open == 0);
+    CHECK(anchor_moves(p) == moves0); /* closed by the sleep before any chunk went: no move */
     if (t_ledger_p)
         CHECK(t_ledger().exported_fds == 0 && t_held() == 0);
     CHECK_OK(fabpool_wake(p, NULL));
@@ -161,6 +185,7 @@ static void sleep_closes_the_anchor(fabpool_t *p, fabpool_t *peer)
     CHECK_OK(fabpool_view_close(v));
     CHECK_OK(fabpool_buffer_peers_ack(b, UINT64_MAX));
     CHECK_OK(fabpool_buffer_destroy(b, NULL));
+    CHECK(anchor_moves(p) == moves0 + 1); /* the anchor taken after the wake closed with b's chunk */
     expect_nothing_beside(p, peer, "after sleep");
 }
 

@@ -354,6 +354,7 @@ void fp_chunk_anchor_leave(fp_chunks *ch, uint64_t va, uint64_t size)
     fp_lock_assert_held(ch->lock);
     if (!ch->anchor_size || ch->anchor_va < va || ch->anchor_va >= va + size)
         return;
+    atomic_fetch_add(&ch->export_anchor_moves, 1);
     const fp_mapping *m = anchor_successor(ch, va, size);
     if (!m || anchor_take(ch, m->va, m->size) != 0)
         fp_chunk_anchor_close(ch); /* nowhere to go: later exports cost their full price, the unmap goes on */

@@ -59,8 +59,10 @@ typedef struct fp_xchunk {
 } fp_xchunk;
 
 /* The counters of what else the driver holds and did for the pool that fp_chunks_read_counters copies
- * (counter.h): chunks mapped and unmapped, all time; the handles the pool holds; the exported fds open. */
-#define FP_CHUNKS_COUNTERS(X) X(chunks_mapped_total) X(chunks_unmapped_total) X(handles_outstanding) X(exported_fds)
+ * (counter.h): chunks mapped and unmapped, all time; the handles the pool holds; the exported fds open; the
+ * export anchor's moves or closes because its chunk was unmapped (chunk.c), all time. */
+#define FP_CHUNKS_COUNTERS(X)                                                                                  \
+    X(chunks_mapped_total) X(chunks_unmapped_total) X(handles_outstanding) X(exported_fds) X(export_anchor_moves)
 
 typedef struct fp_chunks {
     fp_drv_counters calls;             /* every driver call made for the pool */

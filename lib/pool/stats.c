@@ -124,7 +124,8 @@ typedef enum stat_kind { STAT_BYTES, STAT_COUNT } stat_kind;
     X(oom_retries, STAT_COUNT, "OOM retries", hc.oom_retries)                                                  \
     X(metadata_bytes, STAT_BYTES, "host metadata", mc.bytes)                                                   \
     X(traded_bytes, STAT_BYTES, "traded", hc.traded_bytes)                                                     \
-    X(kept_bytes, STAT_BYTES, "kept for reuse", bc.kept_bytes + vc.kept_bytes)
+    X(kept_bytes, STAT_BYTES, "kept for reuse", bc.kept_bytes + vc.kept_bytes)                                 \
+    X(export_anchor_moves, STAT_COUNT, "export anchor moves", dev.export_anchor_moves)
 
 typedef struct stat_row {
     const char *name, *label;
