@@ -16,6 +16,13 @@
  * allocations will take (fp_arena_ahead).  A chunk is unmapped only when
  * all of it lies in one free range (cuMemUnmap takes whole mappings).
  *
+ * An arena whose policy says so keeps the blocks freed into it on quick
+ * lists, one per size, unmerged, and gives them out again whole to the next
+ * allocation of that size: a free then touches neither the block's
+ * neighbours nor the bins, and such an allocation no free range.  They are
+ * merged as other free ranges when no free range fits (before the arena
+ * grows), at a trim, and beyond a share of the arena's used bytes.
+ *
  * fp_span, the page map's record (slab.h serves slabs with it), is declared
  * here: every page of an arena's chunks points to the arena's sentinel span
  * (kind FP_SPAN_LARGE), except the pages of a slab carved from it, which
@@ -36,8 +43,8 @@
 enum { FP_SPAN_SLAB = 1, FP_SPAN_LARGE = 2 };
 /* a piece's state: a free range, a block given out, a free range held by an allocation in progress (no trim
  * unmaps it), a block freed on a stream whose work may still use it (pending.h: given out for the rest of the
- * pool) */
-enum { FP_LARGE_FREE = 0, FP_LARGE_LIVE = 1, FP_LARGE_HELD = 2, FP_LARGE_PENDING = 3 };
+ * pool), a block freed onto its size's quick list (free, not yet merged with its neighbours) */
+enum { FP_LARGE_FREE = 0, FP_LARGE_LIVE = 1, FP_LARGE_HELD = 2, FP_LARGE_PENDING = 3, FP_LARGE_QUICK = 4 };
 /* a slab block's freeflag: given out, free, freed on a stream and still pending there (pending.h), given out and
  * used on other streams too (fabpool_record_stream: its free takes the slow path, which asks the stream queue) */
 enum { FP_FREEFLAG_USED = 0, FP_FREEFLAG_FREE = 1, FP_FREEFLAG_PENDING = 2, FP_FREEFLAG_RECORDED = 3 };
@@ -100,6 +107,7 @@ typedef struct fp_lchunk {
 #define FP_ARENA_SUB (1u << FP_ARENA_SUB_SHIFT)
 #define FP_ARENA_NBINS 4096u                       /* 64 x 64: a word of the bitmap's summary each */
 #define FP_ARENA_RATE 32u                          /* allocations the growth rate is taken over */
+#define FP_ARENA_QUICK 1024u                       /* quick lists: one per size up to 1,023 quanta */
 
 /* How an arena grows and maps (fp_arena_ahead, fp_arena_grow_plan). */
 typedef struct fp_arena_policy {
@@ -108,6 +116,8 @@ typedef struct fp_arena_policy {
     unsigned ahead_mult;               /* the growth of the last FP_ARENA_RATE allocations, times this */
     unsigned ahead_frac;               /* and at most the used bytes / this (0: no such cap) */
     unsigned chunk_granules;           /* the largest chunk */
+    unsigned quick_frac;               /* quick lists hold at most the used bytes / this (0: no quick lists) */
+    unsigned quick_max;                /* and at most this many blocks */
 } fp_arena_policy;
 
 typedef struct fp_arena {
@@ -129,7 +139,10 @@ typedef struct fp_arena {
     fp_piece_page *pages;              /* every page of records */
     fp_piece_page *avail;              /* the pages that have spare records */
     size_t n_spare;                    /* spare records in all */
-    uint64_t mapped_bytes, free_bytes, used_bytes, n_blocks;
+    uint64_t mapped_bytes, free_bytes, used_bytes, n_blocks; /* used, blocks: given out (live or pending) */
+    fp_piece *quick[FP_ARENA_QUICK];   /* the blocks freed of each size in quanta, latest first (through next) */
+    uint64_t quick_bits[FP_ARENA_QUICK / 64]; /* a bit per quick list that holds any */
+    uint64_t quick_bytes, n_quick;     /* on the quick lists */
     uint64_t ring_n[FP_ARENA_RATE];    /* blocks given out after each of the last allocations */
     uint64_t ring_size[FP_ARENA_RATE]; /* and the size of each */
     unsigned ring_at;
@@ -157,8 +170,9 @@ static inline uint64_t fp_arena_round(const fp_arena *a, uint64_t size)
 
 /* The block of n bytes (a multiple of the quantum), its base a multiple of
  * align (a power of two; the quantum or less: no more than the quantum),
- * cut from the best-fitting free range, no driver call; NULL when none fits
- * (*st FABPOOL_OK) or without host memory (*st says so). */
+ * the latest of its quick list or cut from the best-fitting free range
+ * (the quick lists merged first where none fits), no driver call; NULL
+ * when none fits (*st FABPOOL_OK) or without host memory (*st says so). */
 fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st);
 /* What a miss for a block of n bytes maps beyond what it needs: the blocks
  * the arena's last FP_ARENA_RATE allocations added (net of frees) at their
@@ -174,8 +188,11 @@ static inline fp_piece *fp_arena_block(const fp_arena *a, uint64_t addr)
 {
     return (fp_piece *)fp_addrmap_get(&a->blocks, addr);
 }
-/* Frees block b: merged with the free ranges touching it. */
+/* Frees block b: onto its quick list where the policy has room, else
+ * merged with the free ranges touching it. */
 void fp_arena_release(fp_arena *a, fp_piece *b);
+/* The quick lists' blocks merged into the free ranges (a trim's first step). */
+void fp_arena_quick_flush(fp_arena *a);
 /* Unmaps chunks that lie wholly in free ranges (not held ones) until goal
  * bytes went back or none is left; returns the bytes unmapped. */
 uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal);
