@@ -30,7 +30,7 @@ static void put(fp_addrmap *m, uint64_t key, void *val)
 int fp_addrmap_grow(fp_addrmap *m, size_t more)
 {
     size_t cap = m->cap ? m->cap : 64;
-    while (2 * (m->n + more) > cap)
+    while (4 * (m->n + more) > 3 * cap)
         cap *= 2;
     fp_addrmap_slot *s = fp_meta_alloc(m->meta, cap * sizeof *s); /* zeroed: every slot empty */
     if (!s)

@@ -1,5 +1,7 @@
 /* addrmap.h - a hash table from a block's address to its record: open
- * addressing with linear probing, at most half full, deletion by backward
+ * addressing with linear probing, at most three quarters full (a smaller
+ * table stays in the cache: the table of blocks is read at every free of a
+ * medium block, docs/performance.md), deletion by backward
  * shift (no tombstones, so a lookup never walks a long chain of them).  Keys
  * are nonzero addresses; 0 marks an empty slot.  No lock: the caller holds
  * the one that guards the table. */
@@ -37,7 +39,7 @@ int fp_addrmap_grow(fp_addrmap *m, size_t more);
  * calls cannot fail: 0, or -1 without host memory (the table as it was). */
 static inline int fp_addrmap_reserve(fp_addrmap *m, size_t more)
 {
-    return 2 * (m->n + more) <= m->cap ? 0 : fp_addrmap_grow(m, more);
+    return 4 * (m->n + more) <= 3 * m->cap ? 0 : fp_addrmap_grow(m, more);
 }
 /* Adds key -> val (key not held; room reserved). */
 void fp_addrmap_put(fp_addrmap *m, uint64_t key, void *val);
