@@ -366,7 +366,7 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
     fp_lock_assert_held(&a->sp->lock);
     *st = FABPOOL_OK;
     uint64_t q = n >> a->qshift;
-    if (q < FP_ARENA_QUICK && a->quick[q] && align <= a->quantum) {
+    if (q < FP_ARENA_QUICK && (a->quick_bits[q / 64] >> (q % 64) & 1) && align <= a->quantum) {
         fp_piece *b = quick_pop(a, (unsigned)q);
         b->state = FP_LARGE_LIVE;
         a->used_bytes += n;
