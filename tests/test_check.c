@@ -108,7 +108,7 @@ static void break_slabs(fabpool_t *p, void **live, fp_span *s)
     expect_broken(p, "[usage.slab_out]", "in-use mark's slab bytes");
     atomic_fetch_sub(&p->use.slab_out, c->obj_size);
     fp_arena *ma = &p->heap.arenas[FP_ARENA_MEDIUM];
-    fp_piece *run = fp_addrmap_del(&ma->blocks, s->base); /* the slab's run no longer a block of its arena */
+    void *run = fp_addrmap_del(&ma->blocks, s->base); /* the slab's run no longer a block of its arena */
     expect_broken(p, "[slab.arena]", "slab not a block of the medium arena");
     fp_addrmap_reserve(&ma->blocks, 1);
     fp_addrmap_put(&ma->blocks, s->base, run);
@@ -185,8 +185,8 @@ static void break_va(fabpool_t *p, fp_span *s)
 static fp_piece *free_range(fp_arena *a, uint64_t min)
 {
     for (size_t i = 0; i < a->n_runs; i++)
-        for (fp_piece *q = a->runs[i].head; q; q = q->anext)
-            if (q->state == FP_LARGE_FREE && q->size >= min)
+        for (fp_piece *q = a->runs[i].head; q; q = fp_piece_at(a, q->anext))
+            if (q->state == FP_LARGE_FREE && fp_piece_size(a, q) >= min)
                 return q;
     return NULL;
 }
@@ -198,6 +198,7 @@ static void break_arenas(fabpool_t *p)
     CHECK(f && f->aprev && a->n_chunks >= 2);
     if (!f || !f->aprev || a->n_chunks < 2)
         return;
+    fp_rid fr = fp_piece_rid(f);
     atomic_fetch_add(&p->heap.large_in_use_bytes, gran);
     expect_broken(p, "[large.in_use]", "large in-use counter");
     atomic_fetch_sub(&p->heap.large_in_use_bytes, gran);
@@ -207,11 +208,11 @@ static void break_arenas(fabpool_t *p)
     a->free_bytes -= gran;
 
     /* a live block grown over the free range after it */
-    fp_piece *l = f->aprev;
+    fp_piece *l = fp_piece_at(a, f->aprev);
     CHECK(l->state == FP_LARGE_LIVE);
-    l->size += a->quantum;
+    l->size_q++;
     expect_broken(p, "[arena.run]", "pieces overlap");
-    l->size -= a->quantum;
+    l->size_q--;
 
     f->state = FP_LARGE_LIVE;
     expect_broken(p, "[arena.blocks]", "a block not in the table");
@@ -219,7 +220,7 @@ static void break_arenas(fabpool_t *p)
 
     fp_addrmap_del(&a->blocks, l->base);
     expect_broken(p, "[arena.blocks]", "a block lost from the table");
-    fp_addrmap_put(&a->blocks, l->base, l);
+    fp_addrmap_put(&a->blocks, l->base, (void *)(uintptr_t)fp_piece_rid(l));
 
     unsigned bin = f->bin;
     f->bin = bin ^ 1;
@@ -230,35 +231,33 @@ static void break_arenas(fabpool_t *p)
     expect_broken(p, "[arena.bin]", "bitmap summary bit");
     a->summary ^= 1ull << (bin / 64);
 
-    /* a free range split in two touching pieces */
-    fp_piece *half = calloc(1, sizeof *half);
-    half->base = f->base + gran;
-    half->size = f->size - gran;
-    half->state = FP_LARGE_FREE;
-    half->aprev = f;
-    half->anext = f->anext;
-    fp_piece *after = f->anext;
-    f->anext = half;
-    f->size = gran;
+    /* a free range split in two touching pieces (a spare record for its high part) */
+    CHECK(fp_arena_spare_reserve(a, 1) == 0);
+    fp_rid hr, after = f->anext;
+    fp_piece *half = fp_arena_piece_new(a, f->base + gran, fp_piece_size(a, f) - gran, FP_LARGE_FREE, &hr);
+    half->aprev = fr;
+    half->anext = after;
+    f->anext = hr;
+    fp_piece_resize(a, f, gran);
     if (after)
-        after->aprev = half;
+        fp_piece_at(a, after)->aprev = hr;
     expect_broken(p, "[arena.merge]", "touching free ranges");
     f->anext = after;
     if (after)
-        after->aprev = f;
-    f->size += half->size;
-    free(half);
+        fp_piece_at(a, after)->aprev = fr;
+    f->size_q += half->size_q;
+    fp_arena_piece_drop(a, half);
 
-    /* a page of records that counts a spare record more than its list holds, and a piece that names another
-     * page than its own */
-    fp_piece_page *pg = f->page;
+    /* a page of records that counts a spare record more than its list holds, and a piece that links to an id
+     * that names no record */
+    fp_piece_page *pg = a->recs.pages[fr >> FP_PIECE_PAGE_SHIFT];
     pg->n_spare++;
     expect_broken(p, "[arena.records]", "spare records miscounted");
     pg->n_spare--;
-    fp_piece_page other;
-    f->page = &other;
-    expect_broken(p, "[arena.records]", "a record of another page");
-    f->page = pg;
+    fp_rid next = f->anext;
+    f->anext = (fp_rid)(a->recs.n_pages << FP_PIECE_PAGE_SHIFT | 1);
+    expect_broken(p, "[arena.records]", "a link to no record");
+    f->anext = next;
 
     fp_lchunk c0 = a->chunks[0];
     a->chunks[0] = a->chunks[1];
@@ -289,7 +288,8 @@ static void break_quick(fabpool_t *p)
         CHECK_OK(fabpool_alloc(p, 30000, &m[i]));
     CHECK_OK(fabpool_free(p, m[0]));
     unsigned k = (unsigned)(fp_large_size(&p->heap, 30000) >> a->qshift);
-    fp_piece *b = a->quick[k];
+    fp_rid br = a->quick[k];
+    fp_piece *b = fp_piece_at(a, br);
     CHECK(b && b->base == (uint64_t)(uintptr_t)m[0] && k + 1 < FP_ARENA_QUICK);
     if (!b || k + 1 >= FP_ARENA_QUICK)
         return;
@@ -299,16 +299,16 @@ static void break_quick(fabpool_t *p)
 
     fp_addrmap_del(&a->blocks, b->base);
     expect_broken(p, "[arena.quick]", "quick block not in the table");
-    fp_addrmap_put(&a->blocks, b->base, b);
+    fp_addrmap_put(&a->blocks, b->base, (void *)(uintptr_t)br);
 
     a->quick[k] = b->next; /* off its list, still a block on a quick list in its run */
     if (!a->quick[k])
         a->quick_bits[k / 64] ^= 1ull << (k % 64);
     expect_broken(p, "[arena.quick]", "quick block on no list");
 
-    fp_piece *other = a->quick[k + 1]; /* onto the list of the next size */
+    fp_rid other = a->quick[k + 1]; /* onto the list of the next size */
     b->next = other;
-    a->quick[k + 1] = b;
+    a->quick[k + 1] = br;
     if (!other)
         a->quick_bits[(k + 1) / 64] ^= 1ull << ((k + 1) % 64);
     expect_broken(p, "[arena.quick]", "quick block of another size");
@@ -318,7 +318,7 @@ static void break_quick(fabpool_t *p)
     b->next = a->quick[k];
     if (!a->quick[k])
         a->quick_bits[k / 64] ^= 1ull << (k % 64);
-    a->quick[k] = b;
+    a->quick[k] = br;
 
     a->quick_bytes += a->quantum;
     expect_broken(p, "[arena.quick]", "quick bytes miscounted");

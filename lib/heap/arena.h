@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #include "addrmap.h"
+#include "arena_rec.h"
 #include "space.h"
 
 enum { FP_SPAN_SLAB = 1, FP_SPAN_LARGE = 2 };
@@ -67,30 +68,6 @@ typedef struct fp_span {
                                           out with recorded streams: a byte each, so setting one is a plain
                                           store, not a locked RMW */
 } fp_span;
-
-/* A block or a free range of an arena. */
-typedef struct fp_piece {
-    uint64_t base, size;
-    struct fp_piece *anext, *aprev;    /* the pieces touching it, in address order (NULL: the run ends) */
-    struct fp_piece *next, *prev;      /* a free range: its bin's list (a spare record: its page's spares) */
-    uint32_t state;                    /* FP_LARGE_* */
-    uint32_t bin;
-    struct fp_piece_page *page;        /* the page of records it was cut from */
-} fp_piece;
-
-/* Records come in pages of FP_PIECE_PAGE, so that a split or a merge takes
- * or gives one without a call to the metadata allocator (a call each cost
- * about as much as the rest of a medium block's allocation); a page goes
- * back when all of it is spare and more than FP_ARENA_SPARE_MAX records are
- * spare besides. */
-#define FP_PIECE_PAGE 63u
-typedef struct fp_piece_page {
-    struct fp_piece_page *next, *prev;         /* the arena's pages that have spare records */
-    struct fp_piece_page *all_next, *all_prev; /* every page of the arena */
-    fp_piece *spare;                           /* its spare records (through next) */
-    uint32_t n_spare;
-    fp_piece recs[FP_PIECE_PAGE];
-} fp_piece_page;
 
 /* A contiguous range of the arena's mapped memory: its first and last piece. */
 typedef struct fp_run {
@@ -128,25 +105,33 @@ typedef struct fp_arena {
     unsigned qshift;
     uint64_t home;                     /* new runs go below this address where the reservation has room */
     fp_arena_policy pol;
-    fp_piece *bins[FP_ARENA_NBINS];
+    fp_rid bins[FP_ARENA_NBINS];
     uint64_t bitmap[FP_ARENA_NBINS / 64];  /* a bit per bin that holds a free range */
     uint64_t summary;                      /* a bit per word of the bitmap that is not 0 */
-    fp_addrmap blocks;                 /* base -> piece of every block given out (live or pending) */
+    fp_addrmap blocks;                 /* base -> record id of every block given out (live or pending) or
+                                          on a quick list */
     fp_run *runs;                      /* sorted by base, apart (touching runs are one) */
     size_t n_runs, cap_runs;
     fp_lchunk *chunks;                 /* sorted by va */
     size_t n_chunks, cap_chunks;
-    fp_piece_page *pages;              /* every page of records */
-    fp_piece_page *avail;              /* the pages that have spare records */
-    size_t n_spare;                    /* spare records in all */
+    fp_recs recs;                      /* its pieces' records */
     uint64_t mapped_bytes, free_bytes, used_bytes, n_blocks; /* used, blocks: given out (live or pending) */
-    fp_piece *quick[FP_ARENA_QUICK];   /* the blocks freed of each size in quanta, latest first (through next) */
+    fp_rid quick[FP_ARENA_QUICK];      /* the blocks freed of each size in quanta, latest first (through next) */
     uint64_t quick_bits[FP_ARENA_QUICK / 64]; /* a bit per quick list that holds any */
     uint64_t quick_bytes, n_quick;     /* on the quick lists */
     uint64_t ring_n[FP_ARENA_RATE];    /* blocks given out after each of the last allocations */
     uint64_t ring_size[FP_ARENA_RATE]; /* and the size of each */
     unsigned ring_at;
 } fp_arena;
+
+/* The bytes of piece p, and p set to n bytes (a multiple of the quantum). */
+static inline uint64_t fp_piece_size(const fp_arena *a, const fp_piece *p) { return (uint64_t)p->size_q << a->qshift; }
+static inline void fp_piece_resize(const fp_arena *a, fp_piece *p, uint64_t n) { p->size_q = (uint32_t)(n >> a->qshift); }
+
+/* The record of id r (NULL for 0), of an id that is not 0, and the id of record p. */
+static inline fp_piece *fp_piece_at(const fp_arena *a, fp_rid r) { return fp_rec_at(&a->recs, r); }
+static inline fp_piece *fp_piece_of(const fp_arena *a, fp_rid r) { return fp_rec_of(&a->recs, r); }
+static inline fp_rid fp_piece_rid(const fp_piece *p) { return fp_rec_id(p); }
 
 /* A miss being served: the free range grown (held) and the range to map. */
 typedef struct fp_arena_grow {
@@ -183,14 +168,19 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
  * maps what it asks. */
 uint64_t fp_arena_ahead(const fp_arena *a, uint64_t n);
 
-/* The block given out (live or pending) at addr, or NULL. */
+/* The record id of the block given out (live, pending or on a quick list)
+ * at addr, or 0; and the block's record, or NULL. */
+static inline fp_rid fp_arena_block_id(const fp_arena *a, uint64_t addr)
+{
+    return (fp_rid)(uintptr_t)fp_addrmap_get(&a->blocks, addr);
+}
 static inline fp_piece *fp_arena_block(const fp_arena *a, uint64_t addr)
 {
-    return (fp_piece *)fp_addrmap_get(&a->blocks, addr);
+    return fp_piece_at(a, fp_arena_block_id(a, addr));
 }
-/* Frees block b: onto its quick list where the policy has room, else
- * merged with the free ranges touching it. */
-void fp_arena_release(fp_arena *a, fp_piece *b);
+/* Frees block b (its record id): onto its quick list where the policy has
+ * room, else merged with the free ranges touching it. */
+void fp_arena_release(fp_arena *a, fp_rid b);
 /* The quick lists' blocks merged into the free ranges (a trim's first step). */
 void fp_arena_quick_flush(fp_arena *a);
 /* Unmaps chunks that lie wholly in free ranges (not held ones) until goal
@@ -202,8 +192,10 @@ const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr);
 /* ---- shared by arena.c and arena_grow.c (pool lock held) */
 
 /* Makes sure n records are spare: 0, or -1 without host memory. */
-int fp_arena_spare_reserve(fp_arena *a, size_t n);
-fp_piece *fp_arena_piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state);
+static inline int fp_arena_spare_reserve(fp_arena *a, size_t n) { return fp_recs_reserve(&a->recs, n); }
+/* A piece of a spare record (*rid its id), and a record back to the spares. */
+fp_piece *fp_arena_piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state, fp_rid *rid);
+void fp_arena_piece_drop(fp_arena *a, fp_piece *p);
 /* A free range into, and out of, the bin of its size. */
 void fp_arena_bin_insert(fp_arena *a, fp_piece *p);
 void fp_arena_bin_remove(fp_arena *a, fp_piece *p);
@@ -214,7 +206,7 @@ size_t fp_arena_run_insert(fp_arena *a, fp_run r);
 /* Cuts n bytes at x out of free range f: the block given out. */
 fp_piece *fp_arena_carve_at(fp_arena *a, fp_piece *f, uint64_t x, uint64_t n);
 /* Where a block of n bytes aligned to align goes in free range f (high: at its top). */
-uint64_t fp_arena_place(const fp_piece *f, uint64_t n, uint64_t align, int high);
+uint64_t fp_arena_place(const fp_arena *a, const fp_piece *f, uint64_t n, uint64_t align, int high);
 /* Merges free range p with the free ranges touching it: the merged one. */
 fp_piece *fp_arena_coalesce(fp_arena *a, fp_piece *p);
 /* The first chunk at or above addr (its index). */
