@@ -108,7 +108,8 @@ static void break_slabs(fabpool_t *p, void **live, fp_span *s)
     expect_broken(p, "[usage.slab_out]", "in-use mark's slab bytes");
     atomic_fetch_sub(&p->use.slab_out, c->obj_size);
     fp_arena *ma = &p->heap.arenas[FP_ARENA_MEDIUM];
-    void *run = fp_addrmap_del(&ma->blocks, s->base); /* the slab's run no longer a block of its arena */
+    /* the slab's run no longer a block of its arena */
+    uint32_t run = fp_addrmap_del_at(&ma->blocks, fp_arena_block_slot(ma, s->base));
     expect_broken(p, "[slab.arena]", "slab not a block of the medium arena");
     fp_addrmap_reserve(&ma->blocks, 1);
     fp_addrmap_put(&ma->blocks, s->base, run);
@@ -218,9 +219,9 @@ static void break_arenas(fabpool_t *p)
     expect_broken(p, "[arena.blocks]", "a block not in the table");
     f->state = FP_LARGE_FREE;
 
-    fp_addrmap_del(&a->blocks, l->base);
+    fp_addrmap_del_at(&a->blocks, fp_arena_block_slot(a, l->base));
     expect_broken(p, "[arena.blocks]", "a block lost from the table");
-    fp_addrmap_put(&a->blocks, l->base, (void *)(uintptr_t)fp_piece_rid(l));
+    fp_addrmap_put(&a->blocks, l->base, fp_piece_rid(l));
 
     unsigned bin = f->bin;
     f->bin = bin ^ 1;
@@ -297,9 +298,9 @@ static void break_quick(fabpool_t *p)
     expect_broken(p, "[arena.quick]", "quick list's bit");
     a->quick_bits[k / 64] ^= 1ull << (k % 64);
 
-    fp_addrmap_del(&a->blocks, b->base);
+    fp_addrmap_del_at(&a->blocks, fp_arena_block_slot(a, b->base));
     expect_broken(p, "[arena.quick]", "quick block not in the table");
-    fp_addrmap_put(&a->blocks, b->base, (void *)(uintptr_t)br);
+    fp_addrmap_put(&a->blocks, b->base, br);
 
     a->quick[k] = b->next; /* off its list, still a block on a quick list in its run */
     if (!a->quick[k])

@@ -201,7 +201,7 @@ static fp_piece *carve(fp_arena *a, fp_piece *f, fp_rid fr, uint64_t x, uint64_t
         bin_push(a, r, rr);
     }
     b->state = FP_LARGE_LIVE;
-    fp_addrmap_put(&a->blocks, b->base, (void *)(uintptr_t)br);
+    fp_addrmap_put(&a->blocks, b->base, br);
     a->free_bytes -= n;
     a->used_bytes += n;
     a->n_blocks++;
@@ -300,7 +300,7 @@ fp_piece *fp_arena_coalesce(fp_arena *a, fp_piece *p)
  * or quick, becomes a free range merged with its neighbours. */
 static void merge_free(fp_arena *a, fp_piece *b, fp_rid br)
 {
-    fp_addrmap_del(&a->blocks, b->base);
+    fp_addrmap_del_at(&a->blocks, fp_arena_block_slot(a, b->base));
     a->free_bytes += SZ(b);
     b->state = FP_LARGE_FREE;
     b = coalesce(a, b, &br);

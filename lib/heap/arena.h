@@ -168,11 +168,22 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
  * maps what it asks. */
 uint64_t fp_arena_ahead(const fp_arena *a, uint64_t n);
 
-/* The record id of the block given out (live, pending or on a quick list)
- * at addr, or 0; and the block's record, or NULL. */
+/* The slot of the table of blocks that holds the block given out (live,
+ * pending or on a quick list) at addr, or FP_ADDRMAP_END; its record id, or
+ * 0; and its record, or NULL. */
+static inline size_t fp_arena_block_slot(const fp_arena *a, uint64_t addr)
+{
+    uint32_t h = fp_addrmap_hash(addr);
+    size_t i = FP_ADDRMAP_END;
+    while ((i = fp_addrmap_next(&a->blocks, h, i)) != FP_ADDRMAP_END &&
+           fp_piece_of(a, a->blocks.slots[i].val)->base != addr)
+        ;
+    return i;
+}
 static inline fp_rid fp_arena_block_id(const fp_arena *a, uint64_t addr)
 {
-    return (fp_rid)(uintptr_t)fp_addrmap_get(&a->blocks, addr);
+    size_t i = fp_arena_block_slot(a, addr);
+    return i == FP_ADDRMAP_END ? 0 : a->blocks.slots[i].val;
 }
 static inline fp_piece *fp_arena_block(const fp_arena *a, uint64_t addr)
 {

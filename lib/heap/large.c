@@ -202,9 +202,9 @@ void fp_heap_count_large(const fp_heap *h, uint64_t *counts)
     for (int i = 0; i < FP_NARENAS; i++) {
         const fp_addrmap *m = &h->arenas[i].blocks;
         for (size_t k = 0; k < m->cap; k++)
-            if (m->slots[k].key) {
-                const fp_span *s = fp_map_get(&h->sp->map, m->slots[k].key);
-                const fp_piece *b = fp_piece_at(&h->arenas[i], (fp_rid)(uintptr_t)m->slots[k].val);
+            if (m->slots[k].val) {
+                const fp_piece *b = fp_piece_of(&h->arenas[i], m->slots[k].val);
+                const fp_span *s = fp_map_get(&h->sp->map, b->base);
                 if ((s && s->kind == FP_SPAN_SLAB) || b->state == FP_LARGE_QUICK)
                     continue; /* a slab of the medium arena, or a block freed onto a quick list */
                 unsigned c = fp_class_of(fp_piece_size(&h->arenas[i], b));
