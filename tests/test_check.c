@@ -187,7 +187,7 @@ static fp_piece *free_range(fp_arena *a, uint64_t min)
 {
     for (size_t i = 0; i < a->n_runs; i++)
         for (fp_piece *q = a->runs[i].head; q; q = fp_piece_at(a, q->anext))
-            if (q->state == FP_LARGE_FREE && fp_piece_size(a, q) >= min)
+            if (q->state == FP_LARGE_FREE && fp_piece_size(q) >= min)
                 return q;
     return NULL;
 }
@@ -235,11 +235,11 @@ static void break_arenas(fabpool_t *p)
     /* a free range split in two touching pieces (a spare record for its high part) */
     CHECK(fp_arena_spare_reserve(a, 1) == 0);
     fp_rid hr, after = f->anext;
-    fp_piece *half = fp_arena_piece_new(a, f->base + gran, fp_piece_size(a, f) - gran, FP_LARGE_FREE, &hr);
+    fp_piece *half = fp_arena_piece_new(a, f->base + gran, fp_piece_size(f) - gran, FP_LARGE_FREE, &hr);
     half->aprev = fr;
     half->anext = after;
     f->anext = hr;
-    fp_piece_resize(a, f, gran);
+    fp_piece_resize(f, gran);
     if (after)
         fp_piece_at(a, after)->aprev = hr;
     expect_broken(p, "[arena.merge]", "touching free ranges");

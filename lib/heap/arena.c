@@ -11,7 +11,7 @@
 #define P(r) fp_piece_at(a, (r))
 #define N(r) fp_piece_of(a, (r))
 #define R(p) fp_piece_rid(p)
-#define SZ(p) fp_piece_size(a, (p))
+#define SZ(p) fp_piece_size((p))
 
 /* ------------------------------------------------------------ records */
 
@@ -19,7 +19,7 @@
 static inline fp_piece *piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state, fp_rid *rid)
 {
     fp_piece *p = fp_rec_take(&a->recs, rid);
-    *p = (fp_piece){.base = base, .size_q = (uint32_t)(size >> a->qshift), .state = (uint16_t)state};
+    *p = (fp_piece){.base = base, .size_q = (uint32_t)(size >> FP_PIECE_UNIT_SHIFT), .state = (uint16_t)state};
     return p;
 }
 
@@ -129,15 +129,15 @@ size_t fp_arena_run_insert(fp_arena *a, fp_run r)
 
 /* ------------------------------------------------------------ blocks */
 
-void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *name, uint64_t quantum, uint64_t home,
+void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *name, uint64_t home,
                    const fp_arena_policy *pol)
 {
     memset(a, 0, sizeof *a);
     a->sp = sp;
     a->sentinel = sentinel;
     a->name = name;
-    a->quantum = quantum;
-    a->qshift = (unsigned)__builtin_ctzll(quantum);
+    a->quantum = 1ull << FP_PIECE_UNIT_SHIFT;
+    a->qshift = FP_PIECE_UNIT_SHIFT;
     a->home = home;
     a->pol = *pol;
     fp_addrmap_init(&a->blocks, sp->meta);
@@ -190,13 +190,13 @@ static fp_piece *carve(fp_arena *a, fp_piece *f, fp_rid fr, uint64_t x, uint64_t
     fp_rid br = fr, rr;
     if (x > f->base) { /* f keeps [base, x); the block follows it */
         b = piece_new(a, x, n, FP_LARGE_LIVE, &br);
-        fp_piece_resize(a, f, x - f->base);
+        fp_piece_resize(f, x - f->base);
         link_after(a, f, fr, b, br);
         bin_push(a, f, fr);
     }
     if (x + n < end) { /* the rest above the block */
         fp_piece *r = piece_new(a, x + n, end - x - n, FP_LARGE_FREE, &rr);
-        fp_piece_resize(a, b, n);
+        fp_piece_resize(b, n);
         link_after(a, b, br, r, rr);
         bin_push(a, r, rr);
     }
@@ -216,7 +216,7 @@ fp_piece *fp_arena_carve_at(fp_arena *a, fp_piece *f, uint64_t x, uint64_t n) { 
 /* Where a block of n bytes aligned to `align` goes in free range f: at its
  * high end (what is left of f stays free at the low end, where runs grow)
  * or, for a run that grows upwards, its low end; 0 if it does not fit. */
-uint64_t fp_arena_place(const fp_arena *a, const fp_piece *f, uint64_t n, uint64_t align, int high)
+uint64_t fp_arena_place(const fp_piece *f, uint64_t n, uint64_t align, int high)
 {
     if (SZ(f) < n)
         return 0;
@@ -239,7 +239,7 @@ static fp_piece *best_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_statu
         unsigned look = 0;
         for (fp_rid fr = a->bins[b]; fr && (b == b0 || look < 64); fr = N(fr)->next, look++) {
             fp_piece *f = N(fr);
-            if (!fp_arena_place(a, f, n, align, 1) ||
+            if (!fp_arena_place(f, n, align, 1) ||
                 (best && (SZ(f) > SZ(best) || (SZ(f) == SZ(best) && f->base > best->base))))
                 continue;
             best = f;
@@ -256,7 +256,7 @@ static fp_piece *best_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_statu
         return NULL;
     }
     bin_pull(a, best);
-    return carve(a, best, best_r, fp_arena_place(a, best, n, align, 1), n);
+    return carve(a, best, best_r, fp_arena_place(best, n, align, 1), n);
 }
 
 /* Merges free range p (out of its bin), of id *pr, with the free ranges
@@ -296,11 +296,12 @@ fp_piece *fp_arena_coalesce(fp_arena *a, fp_piece *p)
     return coalesce(a, p, &r);
 }
 
-/* Block b, out of the table of blocks and no longer counted as given out
- * or quick, becomes a free range merged with its neighbours. */
-static void merge_free(fp_arena *a, fp_piece *b, fp_rid br)
+/* Block b (id br, in slot `slot` of the table of blocks: FP_ADDRMAP_END
+ * where not known), out of the table and no longer counted as given out or
+ * quick, becomes a free range merged with its neighbours. */
+static void merge_free(fp_arena *a, fp_piece *b, fp_rid br, size_t slot)
 {
-    fp_addrmap_del_at(&a->blocks, fp_arena_block_slot(a, b->base));
+    fp_addrmap_del_at(&a->blocks, slot != FP_ADDRMAP_END ? slot : fp_arena_block_slot(a, b->base));
     a->free_bytes += SZ(b);
     b->state = FP_LARGE_FREE;
     b = coalesce(a, b, &br);
@@ -355,7 +356,7 @@ void fp_arena_quick_flush(fp_arena *a)
     fp_rid br;
     for (unsigned q = quick_next(a, 0); q < FP_ARENA_QUICK; q = quick_next(a, q)) {
         fp_piece *b = quick_pop(a, q, &br);
-        merge_free(a, b, br);
+        merge_free(a, b, br, FP_ADDRMAP_END);
     }
 }
 
@@ -377,7 +378,7 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
     /* no free range fits: the quick lists are merged (the smallest block large enough first) before a miss */
     for (unsigned k; !b && *st == FABPOOL_OK && (k = quick_next(a, q)) < FP_ARENA_QUICK;) {
         fp_piece *c = quick_pop(a, k, &br);
-        merge_free(a, c, br);
+        merge_free(a, c, br, FP_ADDRMAP_END);
         b = best_fit(a, n, align, st);
     }
     if (!b && *st == FABPOOL_OK && a->n_quick) {
@@ -387,16 +388,17 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
     return b;
 }
 
-void fp_arena_release(fp_arena *a, fp_rid br)
+void fp_arena_release(fp_arena *a, size_t slot)
 {
     fp_lock_assert_held(&a->sp->lock);
+    fp_rid br = a->blocks.slots[slot].val;
     fp_piece *b = N(br);
     a->used_bytes -= SZ(b);
     if (!a->used_bytes) /* empty: the growth that brought it here says nothing of what comes next */
         a->ring_at = 0;
     a->n_blocks--;
     if (!quick_has_room(a, SZ(b))) {
-        merge_free(a, b, br);
+        merge_free(a, b, br, slot);
         return;
     }
     unsigned q = b->size_q;
@@ -468,7 +470,7 @@ static int unmap_in(fp_arena *a, fp_piece *f, size_t ci)
     /* the low part of the run: [run.base, c.va) */
     fp_piece *ltail = lsize ? f : before;
     if (lsize) {
-        fp_piece_resize(a, f, lsize);
+        fp_piece_resize(f, lsize);
         f->anext = 0;
         fp_arena_bin_insert(a, f);
     } else if (before) {

@@ -101,7 +101,7 @@ typedef struct fp_arena {
     fp_space *sp;
     fp_span *sentinel;                 /* the page map's entry for the arena's pages */
     const char *name;                  /* in messages */
-    uint64_t quantum;                  /* a power of two: sizes and bases are multiples of it */
+    uint64_t quantum;                  /* sizes and bases are multiples of it (1 << FP_PIECE_UNIT_SHIFT) */
     unsigned qshift;
     uint64_t home;                     /* new runs go below this address where the reservation has room */
     fp_arena_policy pol;
@@ -125,8 +125,8 @@ typedef struct fp_arena {
 } fp_arena;
 
 /* The bytes of piece p, and p set to n bytes (a multiple of the quantum). */
-static inline uint64_t fp_piece_size(const fp_arena *a, const fp_piece *p) { return (uint64_t)p->size_q << a->qshift; }
-static inline void fp_piece_resize(const fp_arena *a, fp_piece *p, uint64_t n) { p->size_q = (uint32_t)(n >> a->qshift); }
+static inline uint64_t fp_piece_size(const fp_piece *p) { return (uint64_t)p->size_q << FP_PIECE_UNIT_SHIFT; }
+static inline void fp_piece_resize(fp_piece *p, uint64_t n) { p->size_q = (uint32_t)(n >> FP_PIECE_UNIT_SHIFT); }
 
 /* The record of id r (NULL for 0), of an id that is not 0, and the id of record p. */
 static inline fp_piece *fp_piece_at(const fp_arena *a, fp_rid r) { return fp_rec_at(&a->recs, r); }
@@ -141,9 +141,9 @@ typedef struct fp_arena_grow {
     int ahead;                         /* mostly mapped ahead of need: one chunk */
 } fp_arena_grow;
 
-/* An empty arena of blocks of `quantum` bytes (a power of two, at most the
- * granularity) whose pages the page map sends to `sentinel`. */
-void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *name, uint64_t quantum, uint64_t home,
+/* An empty arena of blocks of whole quanta of 256 bytes (FP_PIECE_UNIT_SHIFT)
+ * whose pages the page map sends to `sentinel`. */
+void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *name, uint64_t home,
                    const fp_arena_policy *pol);
 /* Unmaps every chunk and frees every record (destroy: blocks still given out go too). */
 void fp_arena_destroy(fp_arena *a);
@@ -189,9 +189,10 @@ static inline fp_piece *fp_arena_block(const fp_arena *a, uint64_t addr)
 {
     return fp_piece_at(a, fp_arena_block_id(a, addr));
 }
-/* Frees block b (its record id): onto its quick list where the policy has
- * room, else merged with the free ranges touching it. */
-void fp_arena_release(fp_arena *a, fp_rid b);
+/* Frees the block in slot `slot` of the table of blocks (fp_arena_block_slot):
+ * onto its quick list where the policy has room, else merged with the free
+ * ranges touching it. */
+void fp_arena_release(fp_arena *a, size_t slot);
 /* The quick lists' blocks merged into the free ranges (a trim's first step). */
 void fp_arena_quick_flush(fp_arena *a);
 /* Unmaps chunks that lie wholly in free ranges (not held ones) until goal
@@ -217,7 +218,7 @@ size_t fp_arena_run_insert(fp_arena *a, fp_run r);
 /* Cuts n bytes at x out of free range f: the block given out. */
 fp_piece *fp_arena_carve_at(fp_arena *a, fp_piece *f, uint64_t x, uint64_t n);
 /* Where a block of n bytes aligned to align goes in free range f (high: at its top). */
-uint64_t fp_arena_place(const fp_arena *a, const fp_piece *f, uint64_t n, uint64_t align, int high);
+uint64_t fp_arena_place(const fp_piece *f, uint64_t n, uint64_t align, int high);
 /* Merges free range p with the free ranges touching it: the merged one. */
 fp_piece *fp_arena_coalesce(fp_arena *a, fp_piece *p);
 /* The first chunk at or above addr (its index). */

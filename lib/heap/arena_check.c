@@ -161,7 +161,7 @@ static fabpool_status check_arena_quick(const fp_arena *a, uint64_t nquick, uint
                 return FAIL("[arena.quick] %s: quick list %u (blocks of %llu bytes) holds a piece at 0x%llx that is not "
                             "one of its blocks on a quick list of that size", a->name, k,
                             ULL((uint64_t)k << a->qshift), ULL(q ? q->base : 0));
-            bytes += fp_piece_size(a, q);
+            bytes += fp_piece_size(q);
         }
     }
     if (n != nquick || bytes != quickb || nquick != a->n_quick || quickb != a->quick_bytes)
@@ -192,22 +192,22 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
                         a->name, ULL(r->base));
         for (const fp_piece *q = r->head; q; prev = q, q = rec(a, q->anext, &bad)) {
             if (++guard > (1ull << 32) || q->base != at || q->aprev != (prev ? fp_piece_rid(prev) : 0) || !q->size_q ||
-                (q->base & (a->quantum - 1)) || q->base + fp_piece_size(a, q) > r->base + r->size)
+                (q->base & (a->quantum - 1)) || q->base + fp_piece_size(q) > r->base + r->size)
                 return FAIL("[arena.run] %s: the piece at 0x%llx (%llu bytes) does not follow the one before at "
                             "0x%llx in its run [0x%llx, +%llu), or is not in whole quanta of %llu bytes", a->name,
-                            ULL(q->base), ULL(fp_piece_size(a, q)), ULL(at), ULL(r->base), ULL(r->size), ULL(a->quantum));
-            at += fp_piece_size(a, q);
+                            ULL(q->base), ULL(fp_piece_size(q)), ULL(at), ULL(r->base), ULL(r->size), ULL(a->quantum));
+            at += fp_piece_size(q);
             if (q->state == FP_LARGE_FREE) {
                 if (prev && prev->state == FP_LARGE_FREE)
                     return FAIL("[arena.merge] %s: free ranges at 0x%llx and 0x%llx touch and were not merged",
                                 a->name, ULL(prev->base), ULL(q->base));
-                freeb += fp_piece_size(a, q);
+                freeb += fp_piece_size(q);
                 nfree++;
             } else if (q->state == FP_LARGE_LIVE || q->state == FP_LARGE_PENDING) {
                 if (fp_arena_block(a, q->base) != q)
                     return FAIL("[arena.blocks] %s: the block at 0x%llx is not in its table of blocks", a->name,
                                 ULL(q->base));
-                used += fp_piece_size(a, q);
+                used += fp_piece_size(q);
                 nblocks++;
                 w->pending += q->state == FP_LARGE_PENDING;
                 const fp_span *home = fp_map_get(&h->sp->map, q->base);
@@ -219,7 +219,7 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
                 if (fp_arena_block(a, q->base) != q)
                     return FAIL("[arena.quick] %s: the block at 0x%llx on a quick list is not in its table of blocks",
                                 a->name, ULL(q->base));
-                quickb += fp_piece_size(a, q);
+                quickb += fp_piece_size(q);
                 nquick++;
             } else {
                 return FAIL("[arena.run] %s: the piece at 0x%llx is in state %u (held: only inside an allocation)",

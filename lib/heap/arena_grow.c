@@ -79,8 +79,8 @@ fabpool_status fp_arena_grow_plan(fp_arena *a, uint64_t n, uint64_t align, int a
             fp_piece *f = ends[k];
             if (f->state != FP_LARGE_FREE || (gr->g && f->size_q <= gr->g->size_q))
                 continue;
-            uint64_t need = n - fp_piece_size(a, f) > ahead ? n - fp_piece_size(a, f) : ahead;
-            int mostly = ahead >= 2 * (n - fp_piece_size(a, f));
+            uint64_t need = n - fp_piece_size(f) > ahead ? n - fp_piece_size(f) : ahead;
+            int mostly = ahead >= 2 * (n - fp_piece_size(f));
             need = (need + gran - 1) & ~(gran - 1);
             if (k == 0 ? r->base - a->sp->va.base >= need && va_free_at(a, r->base - need, need)
                        : va_free_at(a, r->base + r->size, need)) {
@@ -163,7 +163,7 @@ fabpool_status fp_arena_grow_map(fp_arena *a, fp_arena_grow *gr, uint64_t n, uin
             g->base = gr->va;
             a->runs[r].base = gr->va;
         }
-        fp_piece_resize(a, g, fp_piece_size(a, g) + gr->size);
+        fp_piece_resize(g, fp_piece_size(g) + gr->size);
         a->runs[r].size += gr->size;
     } else {
         fp_rid gid;
@@ -172,7 +172,7 @@ fabpool_status fp_arena_grow_map(fp_arena *a, fp_arena_grow *gr, uint64_t n, uin
     }
     a->free_bytes += gr->size;
     memset(gr, 0, sizeof *gr);
-    *out = fp_arena_carve_at(a, g, fp_arena_place(a, g, n, align, high), n);
+    *out = fp_arena_carve_at(a, g, fp_arena_place(g, n, align, high), n);
     /* a run that grew (or was placed) against another becomes one with it */
     if (r + 1 < a->n_runs)
         join_below(a, r + 1);

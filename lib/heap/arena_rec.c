@@ -4,26 +4,6 @@
 
 #include "array.h"
 
-void fp_recs_avail_push(fp_recs *rs, fp_piece_page *pg)
-{
-    pg->avail_prev = 0;
-    pg->avail_next = rs->avail;
-    if (rs->avail)
-        rs->pages[rs->avail - 1]->avail_prev = pg->idx + 1;
-    rs->avail = pg->idx + 1;
-}
-
-void fp_recs_avail_remove(fp_recs *rs, fp_piece_page *pg)
-{
-    if (pg->avail_prev)
-        rs->pages[pg->avail_prev - 1]->avail_next = pg->avail_next;
-    else
-        rs->avail = pg->avail_next;
-    if (pg->avail_next)
-        rs->pages[pg->avail_next - 1]->avail_prev = pg->avail_prev;
-    pg->avail_next = pg->avail_prev = 0;
-}
-
 /* A new page of spare records in a free index of the directory: 0, or -1. */
 static int page_new(fp_recs *rs)
 {
@@ -51,7 +31,7 @@ static int page_new(fp_recs *rs)
     return 0;
 }
 
-int fp_recs_reserve(fp_recs *rs, size_t n)
+int fp_recs_grow(fp_recs *rs, size_t n)
 {
     while (rs->n_spare < n)
         if (page_new(rs) != 0)

@@ -16,6 +16,11 @@
 
 #include "meta.h"
 
+/* A piece's size is counted in units of 256 bytes (the arenas' quantum, the
+ * alignment cudaMalloc promises): a constant shift, where the arena's own
+ * would be read again after every store to a record. */
+#define FP_PIECE_UNIT_SHIFT 8u
+
 /* A record's id: its page's index in the directory times FP_PIECE_PAGE,
  * plus its slot (1..FP_PIECE_PAGE - 1: slot 0 is the page's header, so that
  * 0 names no record). */
@@ -74,11 +79,31 @@ static inline fp_rid fp_rec_id(const fp_piece *p)
     return pg->idx << FP_PIECE_PAGE_SHIFT | (fp_rid)((at & (FP_PIECE_PAGE_BYTES - 1)) / sizeof *p);
 }
 
+/* New pages until n records are spare (fp_recs_reserve's slow side): 0, or -1. */
+int fp_recs_grow(fp_recs *rs, size_t n);
 /* Makes sure n records are spare, so that what follows cannot fail for host memory: 0, or -1. */
-int fp_recs_reserve(fp_recs *rs, size_t n);
+static inline int fp_recs_reserve(fp_recs *rs, size_t n) { return rs->n_spare >= n ? 0 : fp_recs_grow(rs, n); }
+
 /* Page pg onto, and off, the list of pages with spares. */
-void fp_recs_avail_push(fp_recs *rs, fp_piece_page *pg);
-void fp_recs_avail_remove(fp_recs *rs, fp_piece_page *pg);
+static inline void fp_recs_avail_push(fp_recs *rs, fp_piece_page *pg)
+{
+    pg->avail_prev = 0;
+    pg->avail_next = rs->avail;
+    if (rs->avail)
+        rs->pages[rs->avail - 1]->avail_prev = pg->idx + 1;
+    rs->avail = pg->idx + 1;
+}
+
+static inline void fp_recs_avail_remove(fp_recs *rs, fp_piece_page *pg)
+{
+    if (pg->avail_prev)
+        rs->pages[pg->avail_prev - 1]->avail_next = pg->avail_next;
+    else
+        rs->avail = pg->avail_next;
+    if (pg->avail_next)
+        rs->pages[pg->avail_next - 1]->avail_prev = pg->avail_prev;
+    pg->avail_next = pg->avail_prev = 0;
+}
 /* Page pg, all spare, back to the metadata allocator. */
 void fp_recs_page_free(fp_recs *rs, fp_piece_page *pg);
 /* Every page freed and the directory emptied. */

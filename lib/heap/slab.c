@@ -153,7 +153,7 @@ void fp_heap_init(fp_heap *h, fp_space *sp, const fabpool_options *o)
     for (int i = 0; i < FP_NARENAS; i++) {
         h->sentinels[i].kind = FP_SPAN_LARGE;
         h->sentinels[i].cls = (uint16_t)i;
-        fp_arena_init(&h->arenas[i], sp, &h->sentinels[i], names[i], FP_BLOCK_QUANTUM, homes[i], &policies[i]);
+        fp_arena_init(&h->arenas[i], sp, &h->sentinels[i], names[i], homes[i], &policies[i]);
     }
 }
 
@@ -276,7 +276,7 @@ static fp_piece *grow(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpo
     fp_piece *b = NULL;
     if ((*st = fp_arena_grow_plan(a, n, align, 1, &gr)) != FABPOOL_OK)
         return NULL;
-    trade(h, a, gr.size, gr.g ? fp_piece_size(a, gr.g) : 0);
+    trade(h, a, gr.size, gr.g ? fp_piece_size(gr.g) : 0);
     *st = fp_arena_grow_map(a, &gr, n, align, &b);
     if (*st != FABPOOL_ERR_OUT_OF_MEMORY)
         return b;
@@ -314,7 +314,7 @@ static void slab_release(fp_heap *h, fp_span *s)
     fp_arena *a = &h->arenas[FP_ARENA_MEDIUM];
     FP_LIST_REMOVE(&h->spans, s, all_next, all_prev);
     fp_map_set(&h->sp->map, s->base, s->size, a->sentinel); /* its pages have leaves: cannot fail */
-    fp_arena_release(a, fp_arena_block_id(a, s->base));
+    fp_arena_release(a, fp_arena_block_slot(a, s->base));
     fp_heap_idle_follow(h);
     slab_free_record(h, s);
 }

@@ -39,8 +39,10 @@ enum { FP_LIST_NONE = 0, FP_LIST_PARTIAL = 1, FP_LIST_EMPTY = 2, FP_LIST_FULL = 
 /* Blocks above slab_max and up to FP_MEDIUM_MAX come from the medium arena, with the slabs; larger ones from
  * the large arena. */
 #define FP_MEDIUM_MAX (256ull << 10)
-/* Medium and large blocks are their size rounded up to this (the alignment cudaMalloc promises). */
+/* Medium and large blocks are their size rounded up to this (the alignment cudaMalloc promises): the arenas'
+ * quantum. */
 #define FP_BLOCK_QUANTUM 256ull
+_Static_assert(FP_BLOCK_QUANTUM == 1ull << FP_PIECE_UNIT_SHIFT, "the arenas count sizes in quanta");
 /* The arenas. */
 enum { FP_ARENA_MEDIUM = 0, FP_ARENA_LARGE = 1, FP_NARENAS = 2 };
 
