@@ -38,23 +38,6 @@ static const fp_arena_policy policies[FP_NARENAS] = {
  * an atomic that the lock-free readers load).  The decay's low-water mark
  * is kept for each part in the same way. */
 
-uint64_t fp_heap_idle(const fp_heap *h)
-{
-    return atomic_load_explicit(&h->idle_slabs, memory_order_relaxed) +
-           atomic_load_explicit(&h->idle_arenas, memory_order_relaxed);
-}
-
-/* The arenas' free bytes changed: the sum and its low-water mark follow.  Pool lock held. */
-void fp_heap_idle_follow(fp_heap *h)
-{
-    uint64_t n = 0;
-    for (int i = 0; i < FP_NARENAS; i++)
-        n += h->arenas[i].free_bytes + h->arenas[i].quick_bytes;
-    atomic_store_explicit(&h->idle_arenas, n, memory_order_relaxed);
-    if (n < h->idle_arenas_low)
-        h->idle_arenas_low = n;
-}
-
 /* Empty slabs went down by n bytes: the decay's low-water mark follows. */
 static void idle_slabs_sub(fp_heap *h, uint64_t n)
 {
@@ -293,16 +276,10 @@ static fp_piece *grow(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpo
     return NULL;
 }
 
-/* A block of n bytes (a multiple of the arena's quantum), its base a
- * multiple of align, from arena a: the best fit, or a miss.  Pool lock held. */
-fp_piece *fp_heap_take(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
+fp_piece *fp_heap_miss(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
 {
     fp_lock_assert_held(&h->sp->lock);
-    fp_piece *b = fp_arena_fit(a, n, align, st);
-    if (!b && *st == FABPOOL_OK)
-        b = grow(h, a, n, align, st);
-    fp_heap_idle_follow(h);
-    return b;
+    return grow(h, a, n, align, st);
 }
 
 /* ------------------------------------------------------------ slabs */
