@@ -432,8 +432,7 @@ FABPOOL_API fabpool_status fabpool_sleep_state(fabpool_t *pool, fabpool_sleep_in
  * above slab_max fall in: such a row counts the blocks whose size (a
  * multiple of 256 bytes) is above the class below and at most `size`; they
  * have no cached blocks or slabs of their own (their free memory is merged
- * into free ranges, a freed medium block first kept whole on a quick list
- * of its size; both counted in cached_bytes). */
+ * into free ranges, counted in cached_bytes). */
 typedef struct fabpool_class_stats {
     uint64_t size;        /* class size in bytes; 0 ends the list */
     uint64_t in_use;      /* blocks given out */

@@ -279,55 +279,6 @@ static void break_arenas(fabpool_t *p)
     expect_clean("after the arena corruptions");
 }
 
-/* The medium arena's quick lists (blocks freed, not yet merged): a list's bit that says otherwise, a block
- * out of the table, a block on no list, a block on the list of another size, their bytes miscounted. */
-static void break_quick(fabpool_t *p)
-{
-    fp_arena *a = &p->heap.arenas[FP_ARENA_MEDIUM];
-    void *m[2];
-    for (int i = 0; i < 2; i++)
-        CHECK_OK(fabpool_alloc(p, 30000, &m[i]));
-    CHECK_OK(fabpool_free(p, m[0]));
-    unsigned k = (unsigned)(fp_large_size(&p->heap, 30000) >> a->qshift);
-    fp_rid br = a->quick[k];
-    fp_piece *b = fp_piece_at(a, br);
-    CHECK(b && b->base == (uint64_t)(uintptr_t)m[0] && k + 1 < FP_ARENA_QUICK);
-    if (!b || k + 1 >= FP_ARENA_QUICK)
-        return;
-    a->quick_bits[k / 64] ^= 1ull << (k % 64);
-    expect_broken(p, "[arena.quick]", "quick list's bit");
-    a->quick_bits[k / 64] ^= 1ull << (k % 64);
-
-    fp_addrmap_del_at(&a->blocks, fp_arena_block_slot(a, b->base));
-    expect_broken(p, "[arena.quick]", "quick block not in the table");
-    fp_addrmap_put(&a->blocks, b->base, br);
-
-    a->quick[k] = b->next; /* off its list, still a block on a quick list in its run */
-    if (!a->quick[k])
-        a->quick_bits[k / 64] ^= 1ull << (k % 64);
-    expect_broken(p, "[arena.quick]", "quick block on no list");
-
-    fp_rid other = a->quick[k + 1]; /* onto the list of the next size */
-    b->next = other;
-    a->quick[k + 1] = br;
-    if (!other)
-        a->quick_bits[(k + 1) / 64] ^= 1ull << ((k + 1) % 64);
-    expect_broken(p, "[arena.quick]", "quick block of another size");
-    a->quick[k + 1] = other;
-    if (!other)
-        a->quick_bits[(k + 1) / 64] ^= 1ull << ((k + 1) % 64);
-    b->next = a->quick[k];
-    if (!a->quick[k])
-        a->quick_bits[k / 64] ^= 1ull << (k % 64);
-    a->quick[k] = br;
-
-    a->quick_bytes += a->quantum;
-    expect_broken(p, "[arena.quick]", "quick bytes miscounted");
-    a->quick_bytes -= a->quantum;
-    expect_clean("after the quick-list corruptions");
-    CHECK_OK(fabpool_free(p, m[1]));
-}
-
 /* The device layer's registry of mappings against the layers' own walks: a buffer chunk it forgets, a view
  * chunk no view holds, sums that disagree with its list, a list out of order. */
 static void break_registry(fabpool_t *p, fabpool_buffer_t *b)
@@ -647,7 +598,6 @@ int main(void)
         break_va(A, s);
     }
     break_arenas(A);
-    break_quick(A);
     if (hold)
         break_buffer(A, b);
     else

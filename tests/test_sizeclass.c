@@ -11,8 +11,6 @@
  *   test_sizeclass huge       a block larger than the device (2 TiB + 1 GiB) fails cleanly
  *   test_sizeclass large      a seeded mix of large blocks: fit, coalescing, data, trim
  *   test_sizeclass decay      free memory stays mapped, then decays back to the driver
- *   test_sizeclass quick      a medium block freed is given out whole to the next allocation of its
- *                             size, merged with its neighbours before the arena maps more, and trimmed
  *
  * Each runs as its own ctest entry (tests/CMakeLists.txt), with the sim
  * machine it needs. */
@@ -678,76 +676,6 @@ static void test_large(void)
     CHECK(traded[0] == 128 * MB && traded[1] == 0);
 }
 
-/* ------------------------------------------------------------ quick lists */
-
-/* Medium blocks freed go onto the quick list of their size (arena.h): the
- * next allocation of that size takes the latest whole; a miss merges them
- * before it maps; a trim unmaps their memory; the stats count them free.
- * One granule filled exactly (the first miss maps no more than the block
- * asks, rounded up to the granularity), so that the blocks freed are the
- * arena's only free memory. */
-static void test_quick(void)
-{
-    fabpool_t *p = t_pool("handle_type:none,decay_ms:600000");
-    if (!p)
-        return;
-    enum { BIG = 256 * KB, SMALL = 8 * KB, NS = 32 };
-    void *big[64], *x[NS];
-    CHECK_OK(fabpool_alloc(p, BIG, &big[0]));
-    uint64_t g = t_stats(p).mapped_bytes;
-    int nbig = (int)((g - NS * SMALL) / BIG);
-    CHECK(g >= 2 * MB && g % BIG == 0 && nbig >= 1 && nbig <= 64);
-    for (int i = 1; i < nbig; i++)
-        CHECK_OK(fabpool_alloc(p, BIG, &big[i]));
-    for (int i = 0; i < NS; i++)
-        CHECK_OK(fabpool_alloc(p, SMALL, &x[i]));
-    uint64_t maps = t_stats(p).chunks_mapped_total;
-    CHECK(t_stats(p).mapped_bytes == g && t_stats(p).cached_bytes == 0);
-    CHECK((char *)x[4] + SMALL == (char *)x[3] && (char *)x[5] + SMALL == (char *)x[4]); /* cut downwards */
-
-    /* two neighbours freed: free memory, not in use, freed once only */
-    CHECK_OK(fabpool_free(p, x[3]));
-    CHECK_OK(fabpool_free(p, x[4]));
-    fabpool_stats s = t_stats(p);
-    CHECK(s.cached_bytes == 2 * SMALL && s.in_use_bytes == g - 2 * SMALL);
-    CHECK_STATUS(fabpool_free(p, x[3]), FABPOOL_ERR_DOUBLE_FREE);
-    size_t usable = 0;
-    CHECK_STATUS(fabpool_usable_size(p, x[4], &usable), FABPOOL_ERR_NOT_FOUND);
-    CHECK_OK(fabpool_check(p));
-
-    /* a block of both sizes: no free range fits, so the two merge and take it, without a map */
-    void *both = NULL;
-    CHECK_OK(fabpool_alloc(p, 2 * SMALL, &both));
-    CHECK(both == x[4] && t_stats(p).mapped_bytes == g && t_stats(p).chunks_mapped_total == maps);
-    CHECK_OK(fabpool_check(p));
-
-    /* the next block of a size freed is that block, though a free range beside it would fit too */
-    CHECK_OK(fabpool_free(p, both));
-    CHECK_OK(fabpool_free(p, x[5]));
-    void *again = NULL;
-    CHECK_OK(fabpool_alloc(p, SMALL, &again));
-    CHECK(again == x[5] && t_stats(p).chunks_mapped_total == maps);
-    t_put_tag(again, SMALL, 0x5151);
-    CHECK(t_tag_ok(again, SMALL, 0x5151));
-    x[5] = again;
-    CHECK_OK(fabpool_check(p));
-
-    /* everything freed: a trim unmaps it all, the blocks on quick lists too */
-    for (int i = 0; i < NS; i++)
-        if (i != 3 && i != 4)
-            CHECK_OK(fabpool_free(p, x[i]));
-    for (int i = 0; i < nbig; i++)
-        CHECK_OK(fabpool_free(p, big[i]));
-    CHECK(t_stats(p).cached_bytes == g && t_stats(p).in_use_bytes == 0);
-    CHECK_OK(fabpool_check(p));
-    CHECK_OK(fabpool_trim(p, 0));
-    CHECK(t_stats(p).mapped_bytes == 0 && t_stats(p).cached_bytes == 0);
-    if (t_ledger_p)
-        CHECK(t_ledger().bytes_held == 0);
-    CHECK_OK(fabpool_check(p));
-    destroy_clean(p);
-}
-
 /* ------------------------------------------------------------ lone */
 
 /* A block alone in its pool maps at most its size rounded up to the
@@ -935,7 +863,6 @@ int main(int argc, char **argv)
         {"huge", test_huge},
         {"large", test_large},
         {"decay", test_decay},
-        {"quick", test_quick},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (all || !strcmp(what, tests[i].name)) {

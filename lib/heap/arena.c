@@ -1,5 +1,5 @@
 /* arena.c - a best-fit heap of blocks over the chunks mapped for it
- * (arena.h): bins, runs, blocks, quick lists, chunks and trim; its records
+ * (arena.h): bins, runs, blocks, chunks and trim; its records
  * are arena_rec.c's, its growth on a miss arena_grow.c's. */
 #include "arena.h"
 
@@ -296,96 +296,11 @@ fp_piece *fp_arena_coalesce(fp_arena *a, fp_piece *p)
     return coalesce(a, p, &r);
 }
 
-/* Block b (id br, in slot `slot` of the table of blocks: FP_ADDRMAP_END
- * where not known), out of the table and no longer counted as given out or
- * quick, becomes a free range merged with its neighbours. */
-static void merge_free(fp_arena *a, fp_piece *b, fp_rid br, size_t slot)
-{
-    fp_addrmap_del_at(&a->blocks, slot != FP_ADDRMAP_END ? slot : fp_arena_block_slot(a, b->base));
-    a->free_bytes += SZ(b);
-    b->state = FP_LARGE_FREE;
-    b = coalesce(a, b, &br);
-    bin_push(a, b, br);
-}
-
-/* ------------------------------------------------------------ quick lists
- *
- * A block freed goes onto the list of its size (in quanta), where it stays
- * a block of the table, state FP_LARGE_QUICK, until an allocation of that
- * size takes it whole or it is merged: at a miss (the smallest one large
- * enough first, then all), at a trim (fp_arena_unmap_free), or, beyond the
- * policy's share, the block freed is merged at once.  The free ranges'
- * best fit then sees what it would have seen without the lists wherever it
- * matters: before the arena grows. */
-
-static int quick_has_room(const fp_arena *a, uint64_t size)
-{
-    const fp_arena_policy *p = &a->pol;
-    return p->quick_frac && (size >> a->qshift) < FP_ARENA_QUICK && a->n_quick < p->quick_max &&
-           a->quick_bytes + size <= a->used_bytes / p->quick_frac;
-}
-
-/* The latest block of list q, off it (*br its id). */
-static fp_piece *quick_pop(fp_arena *a, unsigned q, fp_rid *br)
-{
-    *br = a->quick[q];
-    fp_piece *b = N(*br);
-    if (!(a->quick[q] = b->next))
-        a->quick_bits[q / 64] &= ~(1ull << (q % 64));
-    b->next = 0;
-    a->quick_bytes -= SZ(b);
-    a->n_quick--;
-    return b;
-}
-
-/* The smallest quick list at or above q that holds a block, or FP_ARENA_QUICK. */
-static unsigned quick_next(const fp_arena *a, uint64_t q)
-{
-    if (q >= FP_ARENA_QUICK)
-        return FP_ARENA_QUICK;
-    unsigned w = (unsigned)(q / 64);
-    uint64_t bits = a->quick_bits[w] & (~0ull << (q % 64));
-    while (!bits && ++w < FP_ARENA_QUICK / 64)
-        bits = a->quick_bits[w];
-    return bits ? w * 64 + (unsigned)__builtin_ctzll(bits) : FP_ARENA_QUICK;
-}
-
-void fp_arena_quick_flush(fp_arena *a)
-{
-    fp_lock_assert_held(&a->sp->lock);
-    fp_rid br;
-    for (unsigned q = quick_next(a, 0); q < FP_ARENA_QUICK; q = quick_next(a, q)) {
-        fp_piece *b = quick_pop(a, q, &br);
-        merge_free(a, b, br, FP_ADDRMAP_END);
-    }
-}
-
 fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
 {
     fp_lock_assert_held(&a->sp->lock);
     *st = FABPOOL_OK;
-    uint64_t q = n >> a->qshift;
-    fp_rid br;
-    if (q < FP_ARENA_QUICK && (a->quick_bits[q / 64] >> (q % 64) & 1) && align <= a->quantum) {
-        fp_piece *b = quick_pop(a, (unsigned)q, &br);
-        b->state = FP_LARGE_LIVE;
-        a->used_bytes += n;
-        a->n_blocks++;
-        note_alloc(a, n);
-        return b;
-    }
-    fp_piece *b = best_fit(a, n, align, st);
-    /* no free range fits: the quick lists are merged (the smallest block large enough first) before a miss */
-    for (unsigned k; !b && *st == FABPOOL_OK && (k = quick_next(a, q)) < FP_ARENA_QUICK;) {
-        fp_piece *c = quick_pop(a, k, &br);
-        merge_free(a, c, br, FP_ADDRMAP_END);
-        b = best_fit(a, n, align, st);
-    }
-    if (!b && *st == FABPOOL_OK && a->n_quick) {
-        fp_arena_quick_flush(a);
-        b = best_fit(a, n, align, st);
-    }
-    return b;
+    return best_fit(a, n, align, st);
 }
 
 void fp_arena_release(fp_arena *a, size_t slot)
@@ -393,21 +308,15 @@ void fp_arena_release(fp_arena *a, size_t slot)
     fp_lock_assert_held(&a->sp->lock);
     fp_rid br = a->blocks.slots[slot].val;
     fp_piece *b = N(br);
+    fp_addrmap_del_at(&a->blocks, slot);
     a->used_bytes -= SZ(b);
     if (!a->used_bytes) /* empty: the growth that brought it here says nothing of what comes next */
         a->ring_at = 0;
+    a->free_bytes += SZ(b);
     a->n_blocks--;
-    if (!quick_has_room(a, SZ(b))) {
-        merge_free(a, b, br, slot);
-        return;
-    }
-    unsigned q = b->size_q;
-    b->state = FP_LARGE_QUICK;
-    b->next = a->quick[q];
-    a->quick[q] = br;
-    a->quick_bits[q / 64] |= 1ull << (q % 64);
-    a->quick_bytes += SZ(b);
-    a->n_quick++;
+    b->state = FP_LARGE_FREE;
+    b = coalesce(a, b, &br);
+    bin_push(a, b, br);
 }
 
 const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr)
@@ -503,7 +412,6 @@ uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal)
 {
     fp_lock_assert_held(&a->sp->lock);
     uint64_t done = 0;
-    fp_arena_quick_flush(a);
     /* only a free range of a granule or more can hold a chunk: bins from there up */
     unsigned b0 = bin_of(a->sp->gran >> a->qshift);
     while (done < goal) {
@@ -543,7 +451,4 @@ void fp_arena_destroy(fp_arena *a)
     memset(a->bins, 0, sizeof a->bins);
     memset(a->bitmap, 0, sizeof a->bitmap);
     a->summary = 0;
-    memset(a->quick, 0, sizeof a->quick);
-    memset(a->quick_bits, 0, sizeof a->quick_bits);
-    a->quick_bytes = a->n_quick = 0;
 }

@@ -16,13 +16,6 @@
  * allocations will take (fp_arena_ahead).  A chunk is unmapped only when
  * all of it lies in one free range (cuMemUnmap takes whole mappings).
  *
- * An arena whose policy says so keeps the blocks freed into it on quick
- * lists, one per size, unmerged, and gives them out again whole to the next
- * allocation of that size: a free then touches neither the block's
- * neighbours nor the bins, and such an allocation no free range.  They are
- * merged as other free ranges when no free range fits (before the arena
- * grows), at a trim, and beyond a share of the arena's used bytes.
- *
  * fp_span, the page map's record (slab.h serves slabs with it), is declared
  * here: every page of an arena's chunks points to the arena's sentinel span
  * (kind FP_SPAN_LARGE), except the pages of a slab carved from it, which
@@ -44,8 +37,8 @@
 enum { FP_SPAN_SLAB = 1, FP_SPAN_LARGE = 2 };
 /* a piece's state: a free range, a block given out, a free range held by an allocation in progress (no trim
  * unmaps it), a block freed on a stream whose work may still use it (pending.h: given out for the rest of the
- * pool), a block freed onto its size's quick list (free, not yet merged with its neighbours) */
-enum { FP_LARGE_FREE = 0, FP_LARGE_LIVE = 1, FP_LARGE_HELD = 2, FP_LARGE_PENDING = 3, FP_LARGE_QUICK = 4 };
+ * pool) */
+enum { FP_LARGE_FREE = 0, FP_LARGE_LIVE = 1, FP_LARGE_HELD = 2, FP_LARGE_PENDING = 3 };
 /* a slab block's freeflag: given out, free, freed on a stream and still pending there (pending.h), given out and
  * used on other streams too (fabpool_record_stream: its free takes the slow path, which asks the stream queue) */
 enum { FP_FREEFLAG_USED = 0, FP_FREEFLAG_FREE = 1, FP_FREEFLAG_PENDING = 2, FP_FREEFLAG_RECORDED = 3 };
@@ -84,7 +77,6 @@ typedef struct fp_lchunk {
 #define FP_ARENA_SUB (1u << FP_ARENA_SUB_SHIFT)
 #define FP_ARENA_NBINS 4096u                       /* 64 x 64: a word of the bitmap's summary each */
 #define FP_ARENA_RATE 32u                          /* allocations the growth rate is taken over */
-#define FP_ARENA_QUICK 1024u                       /* quick lists: one per size up to 1,023 quanta */
 
 /* How an arena grows and maps (fp_arena_ahead, fp_arena_grow_plan). */
 typedef struct fp_arena_policy {
@@ -93,8 +85,6 @@ typedef struct fp_arena_policy {
     unsigned ahead_mult;               /* the growth of the last FP_ARENA_RATE allocations, times this */
     unsigned ahead_frac;               /* and at most the used bytes / this (0: no such cap) */
     unsigned chunk_granules;           /* the largest chunk */
-    unsigned quick_frac;               /* quick lists hold at most the used bytes / this (0: no quick lists) */
-    unsigned quick_max;                /* and at most this many blocks */
 } fp_arena_policy;
 
 typedef struct fp_arena {
@@ -108,17 +98,13 @@ typedef struct fp_arena {
     fp_rid bins[FP_ARENA_NBINS];
     uint64_t bitmap[FP_ARENA_NBINS / 64];  /* a bit per bin that holds a free range */
     uint64_t summary;                      /* a bit per word of the bitmap that is not 0 */
-    fp_addrmap blocks;                 /* base -> record id of every block given out (live or pending) or
-                                          on a quick list */
+    fp_addrmap blocks;                 /* base -> record id of every block given out (live or pending) */
     fp_run *runs;                      /* sorted by base, apart (touching runs are one) */
     size_t n_runs, cap_runs;
     fp_lchunk *chunks;                 /* sorted by va */
     size_t n_chunks, cap_chunks;
     fp_recs recs;                      /* its pieces' records */
     uint64_t mapped_bytes, free_bytes, used_bytes, n_blocks; /* used, blocks: given out (live or pending) */
-    fp_rid quick[FP_ARENA_QUICK];      /* the blocks freed of each size in quanta, latest first (through next) */
-    uint64_t quick_bits[FP_ARENA_QUICK / 64]; /* a bit per quick list that holds any */
-    uint64_t quick_bytes, n_quick;     /* on the quick lists */
     uint64_t ring_n[FP_ARENA_RATE];    /* blocks given out after each of the last allocations */
     uint64_t ring_size[FP_ARENA_RATE]; /* and the size of each */
     unsigned ring_at;
@@ -155,9 +141,8 @@ static inline uint64_t fp_arena_round(const fp_arena *a, uint64_t size)
 
 /* The block of n bytes (a multiple of the quantum), its base a multiple of
  * align (a power of two; the quantum or less: no more than the quantum),
- * the latest of its quick list or cut from the best-fitting free range
- * (the quick lists merged first where none fits), no driver call; NULL
- * when none fits (*st FABPOOL_OK) or without host memory (*st says so). */
+ * cut from the best-fitting free range, no driver call; NULL when none
+ * fits (*st FABPOOL_OK) or without host memory (*st says so). */
 fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st);
 /* What a miss for a block of n bytes maps beyond what it needs: the blocks
  * the arena's last FP_ARENA_RATE allocations added (net of frees) at their
@@ -168,9 +153,9 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
  * maps what it asks. */
 uint64_t fp_arena_ahead(const fp_arena *a, uint64_t n);
 
-/* The slot of the table of blocks that holds the block given out (live,
- * pending or on a quick list) at addr, or FP_ADDRMAP_END; its record id, or
- * 0; and its record, or NULL. */
+/* The slot of the table of blocks that holds the block given out (live or
+ * pending) at addr, or FP_ADDRMAP_END; its record id, or 0; and its
+ * record, or NULL. */
 static inline size_t fp_arena_block_slot(const fp_arena *a, uint64_t addr)
 {
     uint32_t h = fp_addrmap_hash(addr);
@@ -190,11 +175,8 @@ static inline fp_piece *fp_arena_block(const fp_arena *a, uint64_t addr)
     return fp_piece_at(a, fp_arena_block_id(a, addr));
 }
 /* Frees the block in slot `slot` of the table of blocks (fp_arena_block_slot):
- * onto its quick list where the policy has room, else merged with the free
- * ranges touching it. */
+ * merged with the free ranges touching it. */
 void fp_arena_release(fp_arena *a, size_t slot);
-/* The quick lists' blocks merged into the free ranges (a trim's first step). */
-void fp_arena_quick_flush(fp_arena *a);
 /* Unmaps chunks that lie wholly in free ranges (not held ones) until goal
  * bytes went back or none is left; returns the bytes unmapped. */
 uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal);

@@ -142,41 +142,12 @@ static fabpool_status check_arena_bins(const fp_arena *a, uint64_t nfree)
     return FABPOOL_OK;
 }
 
-/* The quick lists of arena a: each block on the list of its size, in state
- * FP_LARGE_QUICK and one of its pieces, each list's bit set exactly when it
- * holds any, and nquick blocks of quickb bytes in all (what its runs hold in
- * that state) where the arena counts as many. */
-static fabpool_status check_arena_quick(const fp_arena *a, uint64_t nquick, uint64_t quickb)
-{
-    uint64_t n = 0, bytes = 0;
-    for (unsigned k = 0; k < FP_ARENA_QUICK; k++) {
-        int bit = (a->quick_bits[k / 64] >> (k % 64)) & 1, bad = 0;
-        if (bit != (a->quick[k] != 0))
-            return FAIL("[arena.quick] %s: quick list %u is %s but its bit says %d", a->name, k,
-                        a->quick[k] ? "full" : "empty", bit);
-        for (fp_rid r = a->quick[k]; r; r = fp_piece_at(a, r)->next) {
-            const fp_piece *q = rec(a, r, &bad);
-            if (!q || ++n > nquick || q->state != FP_LARGE_QUICK || q->size_q != k ||
-                fp_arena_find(a, q->base) != q)
-                return FAIL("[arena.quick] %s: quick list %u (blocks of %llu bytes) holds a piece at 0x%llx that is not "
-                            "one of its blocks on a quick list of that size", a->name, k,
-                            ULL((uint64_t)k << a->qshift), ULL(q ? q->base : 0));
-            bytes += fp_piece_size(q);
-        }
-    }
-    if (n != nquick || bytes != quickb || nquick != a->n_quick || quickb != a->quick_bytes)
-        return FAIL("[arena.quick] %s: %llu blocks of %llu bytes on its quick lists, %llu of %llu in its runs, it "
-                    "counts %llu of %llu", a->name, ULL(n), ULL(bytes), ULL(nquick), ULL(quickb), ULL(a->n_quick),
-                    ULL(a->quick_bytes));
-    return FABPOOL_OK;
-}
-
 /* The pieces of arena a's runs: linked in address order, covering each run,
  * sizes and bases in quanta, free ones merged and in their bins, blocks in
  * the table of blocks, the counters right. */
 static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_arena *a, fp_retire *rt)
 {
-    uint64_t freeb = 0, used = 0, nblocks = 0, nfree = 0, quickb = 0, nquick = 0;
+    uint64_t freeb = 0, used = 0, nblocks = 0, nfree = 0;
     for (size_t i = 0; i < a->n_runs; i++) {
         const fp_run *r = &a->runs[i];
         if (i && r->base <= a->runs[i - 1].base + a->runs[i - 1].size)
@@ -215,12 +186,6 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
                 if (q->state == FP_LARGE_LIVE && (!home || home->kind != FP_SPAN_SLAB) &&
                     fp_retire_any_used(rt))
                     w->recorded += (uint64_t)fp_retire_used_locked(rt, q->base);
-            } else if (q->state == FP_LARGE_QUICK) {
-                if (fp_arena_block(a, q->base) != q)
-                    return FAIL("[arena.quick] %s: the block at 0x%llx on a quick list is not in its table of blocks",
-                                a->name, ULL(q->base));
-                quickb += fp_piece_size(q);
-                nquick++;
             } else {
                 return FAIL("[arena.run] %s: the piece at 0x%llx is in state %u (held: only inside an allocation)",
                             a->name, ULL(q->base), q->state);
@@ -233,19 +198,17 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
             return FAIL("[arena.run] %s: the pieces of the run [0x%llx, +%llu) end at 0x%llx, or its last piece is not "
                         "the one it names", a->name, ULL(r->base), ULL(r->size), ULL(at));
     }
-    if (nblocks + nquick != a->blocks.n || nblocks != a->n_blocks)
-        return FAIL("[arena.blocks] %s: %llu blocks and %llu on quick lists in its runs, %zu in its table, it counts "
-                    "%llu", a->name, ULL(nblocks), ULL(nquick), a->blocks.n, ULL(a->n_blocks));
-    fabpool_status st = check_arena_quick(a, nquick, quickb);
+    if (nblocks != a->blocks.n || nblocks != a->n_blocks)
+        return FAIL("[arena.blocks] %s: %llu blocks in its runs, %zu in its table, it counts %llu", a->name,
+                    ULL(nblocks), a->blocks.n, ULL(a->n_blocks));
+    fabpool_status st = check_arena_bins(a, nfree);
     if (st != FABPOOL_OK)
-        return st;
-    if ((st = check_arena_bins(a, nfree)) != FABPOOL_OK)
         return st;
     if (freeb != a->free_bytes || used != a->used_bytes)
         return FAIL("[arena.sums] %s: its pieces add up to %llu free and %llu used bytes, it counts %llu and %llu",
                     a->name, ULL(freeb), ULL(used), ULL(a->free_bytes), ULL(a->used_bytes));
-    w->idle += freeb + quickb;
-    return check_arena_records(a, nfree + nblocks + nquick);
+    w->idle += freeb;
+    return check_arena_records(a, nfree + nblocks);
 }
 
 fabpool_status fp_arenas_check(const fp_heap *h, fp_walk *w, fp_retire *rt)

@@ -37,8 +37,7 @@ typedef struct fp_piece {
     uint16_t bin;                      /* a free range's */
     uint16_t state;                    /* FP_LARGE_* (not a char: a store to it would alias every pointer) */
     fp_rid anext, aprev;               /* the pieces touching it, in address order (0: the run ends) */
-    fp_rid next, prev;                 /* a free range: its bin's list; a quick block: its quick list (next); a
-                                          spare record: its page's spares (next) */
+    fp_rid next, prev;                 /* a free range: its bin's list (a spare record: its page's spares) */
 } fp_piece;
 
 _Static_assert(sizeof(fp_piece) == 32, "a record is 32 bytes");

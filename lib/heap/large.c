@@ -78,9 +78,8 @@ static fp_piece *live_in(fp_arena *a, uint64_t addr, const char *fn, fabpool_sta
     if (b && b->state == FP_LARGE_LIVE)
         return b;
     if (b) {
-        *st = fp_error(FABPOOL_ERR_DOUBLE_FREE, b->state == FP_LARGE_QUICK ? "%s(%p): this block was already freed "
-                       "(a double free)" : "%s(%p): this block was already freed on a stream and waits there for the "
-                       "stream's work (a double free)", fn, (void *)(uintptr_t)addr);
+        *st = fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this block was already freed on a stream and waits there "
+                       "for the stream's work (a double free)", fn, (void *)(uintptr_t)addr);
         return NULL;
     }
     const fp_piece *p = a ? fp_arena_find(a, addr) : NULL;
@@ -153,9 +152,9 @@ fabpool_status fp_large_live_locked(fp_heap *h, uint64_t addr, uint64_t *usable,
         return FABPOOL_OK;
     }
     if (b)
-        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this %llu-byte block is free%s; only a live block can be used",
-                        fn, (void *)(uintptr_t)addr, (unsigned long long)fp_piece_size(b),
-                        b->state == FP_LARGE_QUICK ? "" : " (freed on a stream and waiting for its work)");
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this %llu-byte block is free (freed on a stream and waiting "
+                        "for its work); only a live block can be used", fn, (void *)(uintptr_t)addr,
+                        (unsigned long long)fp_piece_size(b));
     const fp_piece *p = a ? fp_arena_find(a, addr) : NULL;
     if (p && (p->state == FP_LARGE_LIVE || p->state == FP_LARGE_PENDING))
         return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer, %llu bytes into a block of %llu bytes at "
@@ -205,8 +204,8 @@ void fp_heap_count_large(const fp_heap *h, uint64_t *counts)
             if (m->slots[k].val) {
                 const fp_piece *b = fp_piece_of(&h->arenas[i], m->slots[k].val);
                 const fp_span *s = fp_map_get(&h->sp->map, b->base);
-                if ((s && s->kind == FP_SPAN_SLAB) || b->state == FP_LARGE_QUICK)
-                    continue; /* a slab of the medium arena, or a block freed onto a quick list */
+                if (s && s->kind == FP_SPAN_SLAB)
+                    continue; /* a slab of the medium arena */
                 unsigned c = fp_class_of(fp_piece_size(b));
                 counts[c < FP_NCLASS ? c : FP_NCLASS - 1]++;
             }

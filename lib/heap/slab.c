@@ -26,8 +26,7 @@
  * 64 MiB in one chunk, for blocks under 8 MiB (docs/design.md, "Blocks above
  * slab_max", has the measurements). */
 static const fp_arena_policy policies[FP_NARENAS] = {
-    {.ahead_max = 4ull << 20, .ahead_below = UINT64_MAX, .ahead_mult = 1, .ahead_frac = 4, .chunk_granules = 32,
-     .quick_frac = 16, .quick_max = 256},
+    {.ahead_max = 4ull << 20, .ahead_below = UINT64_MAX, .ahead_mult = 1, .ahead_frac = 4, .chunk_granules = 32},
     {.ahead_max = 64ull << 20, .ahead_below = 8ull << 20, .ahead_mult = 2, .ahead_frac = 0, .chunk_granules = 32},
 };
 
@@ -241,8 +240,7 @@ static void trade(fp_heap *h, const fp_arena *grown, uint64_t need, uint64_t hel
     uint64_t done = 0;
     for (int i = FP_NARENAS; i-- > 0 && done < need;) {
         fp_arena *a = &h->arenas[i];
-        uint64_t live = a->used_bytes + (a == grown ? need : 0);
-        uint64_t idle = a->free_bytes + a->quick_bytes - (a == grown ? held : 0);
+        uint64_t live = a->used_bytes + (a == grown ? need : 0), idle = a->free_bytes - (a == grown ? held : 0);
         uint64_t slack = live / 100 * h->large_slack_percent + live % 100 * h->large_slack_percent / 100;
         if (idle > slack)
             done += fp_arena_unmap_free(a, idle - slack < need - done ? idle - slack : need - done);

@@ -110,7 +110,7 @@ void fp_heap_count_oom_retry(fp_heap *h);
  * where that is needed) until at most keep bytes are idle, or nothing more
  * can go (a chunk that also holds part of a block stays).  Pool lock held. */
 void fp_heap_trim_locked(fp_heap *h, uint64_t keep);
-/* Idle memory: empty slabs and the arenas' free ranges and quick lists.  No lock needed. */
+/* Idle memory: empty slabs and the arenas' free ranges.  No lock needed. */
 static inline uint64_t fp_heap_idle(const fp_heap *h)
 {
     return atomic_load_explicit(&h->idle_slabs, memory_order_relaxed) +
@@ -121,7 +121,7 @@ static inline void fp_heap_idle_follow(fp_heap *h)
 {
     uint64_t n = 0;
     for (int i = 0; i < FP_NARENAS; i++)
-        n += h->arenas[i].free_bytes + h->arenas[i].quick_bytes;
+        n += h->arenas[i].free_bytes;
     atomic_store_explicit(&h->idle_arenas, n, memory_order_relaxed);
     if (n < h->idle_arenas_low)
         h->idle_arenas_low = n;
