@@ -30,7 +30,7 @@ static void put(fp_addrmap *m, uint32_t h, uint32_t val)
 int fp_addrmap_grow(fp_addrmap *m, size_t more)
 {
     size_t cap = m->cap ? m->cap : 64;
-    while (4 * (m->n + more) > 3 * cap)
+    while (2 * (m->n + more) > cap)
         cap *= 2;
     if (cap > (size_t)1 << 32)
         return -1; /* the hash's bits name a slot */

@@ -1,14 +1,15 @@
 /* addrmap.h - a hash table from a block's address to a 32-bit value (the
  * arena's record id), in slots of 8 bytes: the key's 32-bit hash and the
- * value, not the key, so that the table of 10,000 blocks is 128 KiB and
+ * value, not the key, so that the table of 10,000 blocks is 256 KiB and
  * stays in the cache (the table is read at every free of a medium block,
  * docs/performance.md).  The caller tells a slot of its key from one of
  * another key with the same hash by what the value names (fp_addrmap_next
  * gives the candidates in probe order).  Open addressing with linear
- * probing, at most three quarters full, deletion by backward shift (no
- * tombstones, so a lookup never walks a long chain of them).  Values are
- * nonzero; 0 marks an empty slot.  No lock: the caller holds the one that
- * guards the table. */
+ * probing, at most half full (three quarters made the probes and the
+ * deletes' shifts longer for less than they saved in cache), deletion by
+ * backward shift (no tombstones, so a lookup never walks a long chain of
+ * them).  Values are nonzero; 0 marks an empty slot.  No lock: the caller
+ * holds the one that guards the table. */
 #ifndef FP_ADDRMAP_H
 #define FP_ADDRMAP_H
 
@@ -41,7 +42,7 @@ int fp_addrmap_grow(fp_addrmap *m, size_t more);
  * calls cannot fail: 0, or -1 without host memory (the table as it was). */
 static inline int fp_addrmap_reserve(fp_addrmap *m, size_t more)
 {
-    return 4 * (m->n + more) <= 3 * m->cap ? 0 : fp_addrmap_grow(m, more);
+    return 2 * (m->n + more) <= m->cap ? 0 : fp_addrmap_grow(m, more);
 }
 /* Adds key -> val (val nonzero; key not held; room reserved). */
 void fp_addrmap_put(fp_addrmap *m, uint64_t key, uint32_t val);
