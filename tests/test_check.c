@@ -113,7 +113,8 @@ static void break_slabs(fabpool_t *p, void **live, fp_span *s)
     expect_broken(p, "[usage.slab_out]", "in-use mark's slab bytes");
     atomic_fetch_sub(&p->use.slab_out, c->obj_size);
     fp_arena *ma = &p->heap.arenas[FP_ARENA_MEDIUM];
-    fp_piece *run = fp_addrmap_del(&ma->blocks, s->base); /* the slab's run no longer a block of its arena */
+    /* the slab's run no longer a block of its arena */
+    uint32_t run = fp_addrmap_del_at(&ma->blocks, fp_arena_block_slot(ma, s->base));
     expect_broken(p, "[slab.arena]", "slab not a block of the medium arena");
     fp_addrmap_reserve(&ma->blocks, 1);
     fp_addrmap_put(&ma->blocks, s->base, run);
@@ -190,8 +191,8 @@ static void break_va(fabpool_t *p, fp_span *s)
 static fp_piece *free_range(fp_arena *a, uint64_t min)
 {
     for (size_t i = 0; i < a->n_runs; i++)
-        for (fp_piece *q = a->runs[i].head; q; q = q->anext)
-            if (q->state == FP_LARGE_FREE && q->size >= min)
+        for (fp_piece *q = a->runs[i].head; q; q = fp_piece_at(a, q->anext))
+            if (q->state == FP_LARGE_FREE && fp_piece_size(q) >= min)
                 return q;
     return NULL;
 }
@@ -203,6 +204,7 @@ static void break_arenas(fabpool_t *p)
     CHECK(f && f->aprev && a->n_chunks >= 2);
     if (!f || !f->aprev || a->n_chunks < 2)
         return;
+    fp_rid fr = fp_piece_rid(f);
     atomic_fetch_add(&p->heap.large_in_use_bytes, gran);
     expect_broken(p, "[large.in_use]", "large in-use counter");
     atomic_fetch_sub(&p->heap.large_in_use_bytes, gran);
@@ -212,19 +214,19 @@ static void break_arenas(fabpool_t *p)
     a->free_bytes -= gran;
 
     /* a live block grown over the free range after it */
-    fp_piece *l = f->aprev;
+    fp_piece *l = fp_piece_at(a, f->aprev);
     CHECK(l->state == FP_LARGE_LIVE);
-    l->size += a->quantum;
+    l->size_q++;
     expect_broken(p, "[arena.run]", "pieces overlap");
-    l->size -= a->quantum;
+    l->size_q--;
 
     f->state = FP_LARGE_LIVE;
     expect_broken(p, "[arena.blocks]", "a block not in the table");
     f->state = FP_LARGE_FREE;
 
-    fp_addrmap_del(&a->blocks, l->base);
+    fp_addrmap_del_at(&a->blocks, fp_arena_block_slot(a, l->base));
     expect_broken(p, "[arena.blocks]", "a block lost from the table");
-    fp_addrmap_put(&a->blocks, l->base, l);
+    fp_addrmap_put(&a->blocks, l->base, fp_piece_rid(l));
 
     unsigned bin = f->bin;
     f->bin = bin ^ 1;
@@ -235,35 +237,33 @@ static void break_arenas(fabpool_t *p)
     expect_broken(p, "[arena.bin]", "bitmap summary bit");
     a->summary ^= 1ull << (bin / 64);
 
-    /* a free range split in two touching pieces */
-    fp_piece *half = calloc(1, sizeof *half);
-    half->base = f->base + gran;
-    half->size = f->size - gran;
-    half->state = FP_LARGE_FREE;
-    half->aprev = f;
-    half->anext = f->anext;
-    fp_piece *after = f->anext;
-    f->anext = half;
-    f->size = gran;
+    /* a free range split in two touching pieces (a spare record for its high part) */
+    CHECK(fp_arena_spare_reserve(a, 1) == 0);
+    fp_rid hr, after = f->anext;
+    fp_piece *half = fp_arena_piece_new(a, f->base + gran, fp_piece_size(f) - gran, FP_LARGE_FREE, &hr);
+    half->aprev = fr;
+    half->anext = after;
+    f->anext = hr;
+    fp_piece_resize(f, gran);
     if (after)
-        after->aprev = half;
+        fp_piece_at(a, after)->aprev = hr;
     expect_broken(p, "[arena.merge]", "touching free ranges");
     f->anext = after;
     if (after)
-        after->aprev = f;
-    f->size += half->size;
-    free(half);
+        fp_piece_at(a, after)->aprev = fr;
+    f->size_q += half->size_q;
+    fp_arena_piece_drop(a, half);
 
-    /* a page of records that counts a spare record more than its list holds, and a piece that names another
-     * page than its own */
-    fp_piece_page *pg = f->page;
+    /* a page of records that counts a spare record more than its list holds, and a piece that links to an id
+     * that names no record */
+    fp_piece_page *pg = a->recs.pages[fr >> FP_PIECE_PAGE_SHIFT];
     pg->n_spare++;
     expect_broken(p, "[arena.records]", "spare records miscounted");
     pg->n_spare--;
-    fp_piece_page other;
-    f->page = &other;
-    expect_broken(p, "[arena.records]", "a record of another page");
-    f->page = pg;
+    fp_rid next = f->anext;
+    f->anext = (fp_rid)(a->recs.n_pages << FP_PIECE_PAGE_SHIFT | 1);
+    expect_broken(p, "[arena.records]", "a link to no record");
+    f->anext = next;
 
     fp_lchunk c0 = a->chunks[0];
     a->chunks[0] = a->chunks[1];

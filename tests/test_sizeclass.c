@@ -62,13 +62,13 @@ static void test_metadata_medium(void)
         CHECK_OK(fabpool_trim(p, 0));
         m_after[round] = t_stats(p).metadata_bytes;
     }
-    /* a block's record is at least 48 bytes (its range, two pairs of links); the arena keeps at most a few
+    /* a block's record is 32 bytes (its range, two pairs of 32-bit links); the arena keeps at most a few
      * thousand spare */
-    if (m_peak[0] < m_after[0] + (uint64_t)(N - 3000) * 48 || m_peak[1] > m_peak[0] || m_after[1] > m_after[0])
+    if (m_peak[0] < m_after[0] + (uint64_t)(N - 3000) * 32 || m_peak[1] > m_peak[0] || m_after[1] > m_after[0])
         fprintf(stderr, "metadata_bytes with %d medium blocks live: %llu, %llu; after their free: %llu, %llu\n", N,
                 (unsigned long long)m_peak[0], (unsigned long long)m_peak[1], (unsigned long long)m_after[0],
                 (unsigned long long)m_after[1]);
-    CHECK(m_peak[0] >= m_after[0] + (uint64_t)(N - 3000) * 48);
+    CHECK(m_peak[0] >= m_after[0] + (uint64_t)(N - 3000) * 32);
     CHECK(m_peak[1] <= m_peak[0] && m_after[1] <= m_after[0]);
     destroy_clean(p);
 }

@@ -14,6 +14,7 @@
 #define FP_MALLOCX_ZERO 0x40
 #define FP_MALLOCX_TCACHE_NONE (((unsigned)(-1 + 2)) << 8)
 #define FP_MALLOCX_ARENA(a) ((int)(((unsigned)(a) + 1) << 20))
+#define FP_MALLOCX_LG_ALIGN(la) ((int)(la))
 
 static int find_jemalloc(fp_meta *m, void *where)
 {
@@ -79,6 +80,30 @@ void fp_meta_free(fp_meta *m, void *p, size_t size)
     atomic_fetch_sub_explicit(&m->bytes, size, memory_order_relaxed);
     if (m->jemalloc)
         m->sdallocx(p, size, m->flags);
+    else
+        free(p);
+}
+
+void *fp_meta_alloc_aligned(fp_meta *m, size_t size)
+{
+    int lg = __builtin_ctzll(size);
+    void *p = m->jemalloc ? m->mallocx(size, m->flags | FP_MALLOCX_ZERO | FP_MALLOCX_LG_ALIGN(lg))
+                          : aligned_alloc(size, size);
+    if (!p)
+        return NULL;
+    if (!m->jemalloc)
+        memset(p, 0, size);
+    atomic_fetch_add_explicit(&m->bytes, size, memory_order_relaxed);
+    return p;
+}
+
+void fp_meta_free_aligned(fp_meta *m, void *p, size_t size)
+{
+    if (!p)
+        return;
+    atomic_fetch_sub_explicit(&m->bytes, size, memory_order_relaxed);
+    if (m->jemalloc)
+        m->sdallocx(p, size, m->flags | FP_MALLOCX_LG_ALIGN(__builtin_ctzll(size)));
     else
         free(p);
 }

@@ -32,6 +32,10 @@ fabpool_status fp_meta_init(fp_meta *m, fabpool_metadata mode);
 /* Zeroed memory, or NULL. */
 void *fp_meta_alloc(fp_meta *m, size_t size);
 void fp_meta_free(fp_meta *m, void *p, size_t size);
+/* Zeroed memory of size bytes (a power of two) aligned to its size, or
+ * NULL; freed with fp_meta_free_aligned. */
+void *fp_meta_alloc_aligned(fp_meta *m, size_t size);
+void fp_meta_free_aligned(fp_meta *m, void *p, size_t size);
 /* Destroys the arena: every block must have been freed. */
 void fp_meta_destroy(fp_meta *m);
 

@@ -206,10 +206,8 @@ fabpool_status fp_chunk_asleep_error(const char *fn)
                     "driver; call fabpool_wake first", fn);
 }
 
-fabpool_status fp_chunk_fits_device(const fp_chunks *ch, uint64_t bytes, const char *what)
+fabpool_status fp_chunk_too_large(const fp_chunks *ch, uint64_t bytes, const char *what)
 {
-    if (!ch->dev_total || bytes <= ch->dev_total)
-        return FABPOOL_OK;
     return fp_error(FABPOOL_ERR_OUT_OF_MEMORY, "%s %llu bytes: more than device %d has in all (%llu bytes); nothing "
                     "was mapped", what, (unsigned long long)bytes, ch->device, (unsigned long long)ch->dev_total);
 }

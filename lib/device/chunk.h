@@ -117,7 +117,11 @@ fabpool_status fp_chunk_asleep_error(const char *fn);
 /* FABPOOL_OK, or FABPOOL_ERR_OUT_OF_MEMORY when bytes are more than the whole device has (they can never be
  * mapped: a caller says so before mapping any of it, rather than take every free byte of the device from its
  * other users until the driver refuses).  `what` begins the message. */
-fabpool_status fp_chunk_fits_device(const fp_chunks *ch, uint64_t bytes, const char *what);
+fabpool_status fp_chunk_too_large(const fp_chunks *ch, uint64_t bytes, const char *what);
+static inline fabpool_status fp_chunk_fits_device(const fp_chunks *ch, uint64_t bytes, const char *what)
+{
+    return !ch->dev_total || bytes <= ch->dev_total ? FABPOOL_OK : fp_chunk_too_large(ch, bytes, what);
+}
 
 /* What every chunk is made as: pinned device memory of the device, with its
  * shareable handle types, GPUDirect RDMA capable if rdma chose it. */

@@ -1,73 +1,34 @@
 /* arena.c - a best-fit heap of blocks over the chunks mapped for it
- * (arena.h): records, bins, runs, blocks, chunks and trim; its growth on a
- * miss is in arena_grow.c. */
+ * (arena.h): bins, runs, blocks, chunks and trim; its records
+ * are arena_rec.c's, its growth on a miss arena_grow.c's. */
 #include "arena.h"
 
 #include <string.h>
 
 #include "array.h"
 #include "error.h"
-#include "list.h"
 
-/* The most spare records an arena keeps beyond a page that is all spare:
- * splits and merges then make no call to the metadata allocator in the
- * steady state. */
-#define FP_ARENA_SPARE_MAX 1024u
+#define P(r) fp_piece_at(a, (r))
+#define N(r) fp_piece_of(a, (r))
+#define R(p) fp_piece_rid(p)
+#define SZ(p) fp_piece_size((p))
 
 /* ------------------------------------------------------------ records */
 
-/* Makes sure n records are spare, so that what follows cannot fail for host memory: 0, or -1. */
-int fp_arena_spare_reserve(fp_arena *a, size_t n)
+/* A piece of a spare record (fp_arena_spare_reserve made sure there is one): *rid its id. */
+static inline fp_piece *piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state, fp_rid *rid)
 {
-    while (a->n_spare < n) {
-        fp_piece_page *pg = fp_meta_alloc(a->sp->meta, sizeof *pg);
-        if (!pg)
-            return -1;
-        for (unsigned i = FP_PIECE_PAGE; i-- > 0;) {
-            pg->recs[i].next = pg->spare;
-            pg->spare = &pg->recs[i];
-        }
-        pg->n_spare = FP_PIECE_PAGE;
-        FP_LIST_PUSH(&a->pages, pg, all_next, all_prev);
-        FP_LIST_PUSH(&a->avail, pg, next, prev);
-        a->n_spare += FP_PIECE_PAGE;
-    }
-    return 0;
-}
-
-/* A record from the spares (spare_reserve made sure there is one). */
-fp_piece *fp_arena_piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state)
-{
-    fp_piece_page *pg = a->avail;
-    fp_piece *p = pg->spare;
-    pg->spare = p->next;
-    if (!--pg->n_spare)
-        FP_LIST_REMOVE(&a->avail, pg, next, prev);
-    a->n_spare--;
-    *p = (fp_piece){.base = base, .size = size, .state = state, .page = pg};
+    fp_piece *p = fp_rec_take(&a->recs, rid);
+    *p = (fp_piece){.base = base, .size_q = (uint32_t)(size >> FP_PIECE_UNIT_SHIFT), .state = (uint16_t)state};
     return p;
 }
 
-static void page_free(fp_arena *a, fp_piece_page *pg)
+fp_piece *fp_arena_piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state, fp_rid *rid)
 {
-    FP_LIST_REMOVE(&a->pages, pg, all_next, all_prev);
-    fp_meta_free(a->sp->meta, pg, sizeof *pg);
+    return piece_new(a, base, size, state, rid);
 }
 
-static void piece_drop(fp_arena *a, fp_piece *p)
-{
-    fp_piece_page *pg = p->page;
-    p->next = pg->spare;
-    pg->spare = p;
-    if (!pg->n_spare++)
-        FP_LIST_PUSH(&a->avail, pg, next, prev);
-    a->n_spare++;
-    if (pg->n_spare == FP_PIECE_PAGE && a->n_spare > FP_ARENA_SPARE_MAX + FP_PIECE_PAGE) {
-        FP_LIST_REMOVE(&a->avail, pg, next, prev);
-        a->n_spare -= FP_PIECE_PAGE;
-        page_free(a, pg);
-    }
-}
+void fp_arena_piece_drop(fp_arena *a, fp_piece *p) { fp_rec_give(&a->recs, p, R(p)); }
 
 /* ------------------------------------------------------------ bins */
 
@@ -83,23 +44,38 @@ static inline unsigned bin_of(uint64_t u)
     return b < FP_ARENA_NBINS ? b : FP_ARENA_NBINS - 1;
 }
 
-void fp_arena_bin_insert(fp_arena *a, fp_piece *p)
+/* Free range p, of id r, into the bin of its size. */
+static inline void bin_push(fp_arena *a, fp_piece *p, fp_rid r)
 {
-    unsigned b = bin_of(p->size >> a->qshift);
+    unsigned b = bin_of(p->size_q);
     p->state = FP_LARGE_FREE;
     p->bin = b;
-    FP_LIST_PUSH(&a->bins[b], p, next, prev);
+    p->prev = 0;
+    p->next = a->bins[b];
+    if (p->next)
+        N(p->next)->prev = r;
+    a->bins[b] = r;
     a->bitmap[b / 64] |= 1ull << (b % 64);
     a->summary |= 1ull << (b / 64);
 }
 
-void fp_arena_bin_remove(fp_arena *a, fp_piece *p)
+void fp_arena_bin_insert(fp_arena *a, fp_piece *p) { bin_push(a, p, R(p)); }
+
+static inline void bin_pull(fp_arena *a, fp_piece *p)
 {
     unsigned b = p->bin;
-    FP_LIST_REMOVE(&a->bins[b], p, next, prev);
+    if (p->prev)
+        N(p->prev)->next = p->next;
+    else
+        a->bins[b] = p->next;
+    if (p->next)
+        N(p->next)->prev = p->prev;
+    p->next = p->prev = 0;
     if (!a->bins[b] && !(a->bitmap[b / 64] &= ~(1ull << (b % 64))))
         a->summary &= ~(1ull << (b / 64));
 }
+
+void fp_arena_bin_remove(fp_arena *a, fp_piece *p) { bin_pull(a, p); }
 
 /* The first bin at or above b that holds a free range, or FP_ARENA_NBINS. */
 static unsigned bin_next(const fp_arena *a, unsigned b)
@@ -153,18 +129,19 @@ size_t fp_arena_run_insert(fp_arena *a, fp_run r)
 
 /* ------------------------------------------------------------ blocks */
 
-void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *name, uint64_t quantum, uint64_t home,
+void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *name, uint64_t home,
                    const fp_arena_policy *pol)
 {
     memset(a, 0, sizeof *a);
     a->sp = sp;
     a->sentinel = sentinel;
     a->name = name;
-    a->quantum = quantum;
-    a->qshift = (unsigned)__builtin_ctzll(quantum);
+    a->quantum = 1ull << FP_PIECE_UNIT_SHIFT;
+    a->qshift = FP_PIECE_UNIT_SHIFT;
     a->home = home;
     a->pol = *pol;
     fp_addrmap_init(&a->blocks, sp->meta);
+    a->recs.meta = sp->meta;
 }
 
 /* An allocation of n bytes, for the growth rate. */
@@ -192,38 +169,39 @@ uint64_t fp_arena_ahead(const fp_arena *a, uint64_t n)
     return grew < cap ? grew : cap;
 }
 
-/* Puts piece q right after piece p, in p's run. */
-static void link_after(fp_arena *a, fp_piece *p, fp_piece *q)
+/* Puts piece q (id rq) right after piece p (id rp), in p's run. */
+static void link_after(fp_arena *a, fp_piece *p, fp_rid rp, fp_piece *q, fp_rid rq)
 {
-    q->aprev = p;
+    q->aprev = rp;
     q->anext = p->anext;
     if (p->anext)
-        p->anext->aprev = q;
+        N(p->anext)->aprev = rq;
     else
         set_tail(a, q);
-    p->anext = q;
+    p->anext = rq;
 }
 
 /* Cuts the block [x, x + n) out of free range f (out of its bin): what is
  * left of f below and above it stays free.  Two spare records are there. */
-fp_piece *fp_arena_carve_at(fp_arena *a, fp_piece *f, uint64_t x, uint64_t n)
+static fp_piece *carve(fp_arena *a, fp_piece *f, fp_rid fr, uint64_t x, uint64_t n)
 {
-    uint64_t end = f->base + f->size;
+    uint64_t end = f->base + SZ(f);
     fp_piece *b = f;
+    fp_rid br = fr, rr;
     if (x > f->base) { /* f keeps [base, x); the block follows it */
-        b = fp_arena_piece_new(a, x, n, FP_LARGE_LIVE);
-        f->size = x - f->base;
-        link_after(a, f, b);
-        fp_arena_bin_insert(a, f);
+        b = piece_new(a, x, n, FP_LARGE_LIVE, &br);
+        fp_piece_resize(f, x - f->base);
+        link_after(a, f, fr, b, br);
+        bin_push(a, f, fr);
     }
     if (x + n < end) { /* the rest above the block */
-        fp_piece *r = fp_arena_piece_new(a, x + n, end - x - n, FP_LARGE_FREE);
-        b->size = n;
-        link_after(a, b, r);
-        fp_arena_bin_insert(a, r);
+        fp_piece *r = piece_new(a, x + n, end - x - n, FP_LARGE_FREE, &rr);
+        fp_piece_resize(b, n);
+        link_after(a, b, br, r, rr);
+        bin_push(a, r, rr);
     }
     b->state = FP_LARGE_LIVE;
-    fp_addrmap_put(&a->blocks, b->base, b);
+    fp_addrmap_put(&a->blocks, b->base, br);
     a->free_bytes -= n;
     a->used_bytes += n;
     a->n_blocks++;
@@ -231,35 +209,41 @@ fp_piece *fp_arena_carve_at(fp_arena *a, fp_piece *f, uint64_t x, uint64_t n)
     return b;
 }
 
+fp_piece *fp_arena_carve_at(fp_arena *a, fp_piece *f, uint64_t x, uint64_t n) { return carve(a, f, R(f), x, n); }
+
+
+
 /* Where a block of n bytes aligned to `align` goes in free range f: at its
  * high end (what is left of f stays free at the low end, where runs grow)
  * or, for a run that grows upwards, its low end; 0 if it does not fit. */
 uint64_t fp_arena_place(const fp_piece *f, uint64_t n, uint64_t align, int high)
 {
-    if (f->size < n)
+    if (SZ(f) < n)
         return 0;
-    uint64_t end = f->base + f->size;
+    uint64_t end = f->base + SZ(f);
     uint64_t x = high ? (end - n) & ~(align - 1) : (f->base + align - 1) & ~(align - 1);
     return x >= f->base && x + n <= end ? x : 0;
 }
 
-fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
+/* The best fit of n bytes aligned to align among the free ranges, cut; NULL if none fits. */
+static fp_piece *best_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
 {
-    fp_lock_assert_held(&a->sp->lock);
-    *st = FABPOOL_OK;
     unsigned b0 = bin_of(n >> a->qshift);
     fp_piece *best = NULL;
+    fp_rid best_r = 0;
     /* the bin of n holds ranges on both sides of n: the smallest that fits (all of them are looked at, so that
      * a miss means no free range fits); past it every range is large enough, and the first bin that holds one
      * that fits gives the smallest of its first 64 (bins are a 64th of a doubling wide), the lowest on a
      * tie */
     for (unsigned b = bin_next(a, b0); b < FP_ARENA_NBINS && !best; b = bin_next(a, b + 1)) {
         unsigned look = 0;
-        for (fp_piece *f = a->bins[b]; f && (b == b0 || look < 64); f = f->next, look++) {
+        for (fp_rid fr = a->bins[b]; fr && (b == b0 || look < 64); fr = N(fr)->next, look++) {
+            fp_piece *f = N(fr);
             if (!fp_arena_place(f, n, align, 1) ||
-                (best && (f->size > best->size || (f->size == best->size && f->base > best->base))))
+                (best && (SZ(f) > SZ(best) || (SZ(f) == SZ(best) && f->base > best->base))))
                 continue;
             best = f;
+            best_r = fr;
             if (b < FP_ARENA_SUB && align <= a->quantum)
                 break; /* one size in these bins */
         }
@@ -271,50 +255,68 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
                        (unsigned long long)n);
         return NULL;
     }
-    fp_arena_bin_remove(a, best);
-    return fp_arena_carve_at(a, best, fp_arena_place(best, n, align, 1), n);
+    bin_pull(a, best);
+    return carve(a, best, best_r, fp_arena_place(best, n, align, 1), n);
 }
 
-/* Merges free range p (out of its bin) with the free ranges touching it; the
- * result is out of its bin too. */
-fp_piece *fp_arena_coalesce(fp_arena *a, fp_piece *p)
+/* Merges free range p (out of its bin), of id *pr, with the free ranges
+ * touching it; the result (*pr its id) is out of its bin too. */
+static inline fp_piece *coalesce(fp_arena *a, fp_piece *p, fp_rid *pr)
 {
-    fp_piece *l = p->aprev, *r = p->anext;
+    fp_rid lr = p->aprev, rr = p->anext;
+    fp_piece *l = P(lr), *r = P(rr);
     if (l && l->state == FP_LARGE_FREE) {
-        fp_arena_bin_remove(a, l);
-        l->size += p->size;
-        l->anext = r;
+        bin_pull(a, l);
+        l->size_q += p->size_q;
+        l->anext = rr;
         if (r)
-            r->aprev = l;
+            r->aprev = lr;
         else
             set_tail(a, l);
-        piece_drop(a, p);
+        fp_rec_give(&a->recs, p, *pr);
         p = l;
+        *pr = lr;
     }
     if (r && r->state == FP_LARGE_FREE) {
-        fp_arena_bin_remove(a, r);
-        p->size += r->size;
+        bin_pull(a, r);
+        p->size_q += r->size_q;
         p->anext = r->anext;
         if (r->anext)
-            r->anext->aprev = p;
+            N(r->anext)->aprev = *pr;
         else
             set_tail(a, p);
-        piece_drop(a, r);
+        fp_rec_give(&a->recs, r, rr);
     }
     return p;
 }
 
-void fp_arena_release(fp_arena *a, fp_piece *b)
+fp_piece *fp_arena_coalesce(fp_arena *a, fp_piece *p)
+{
+    fp_rid r = R(p);
+    return coalesce(a, p, &r);
+}
+
+fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
 {
     fp_lock_assert_held(&a->sp->lock);
-    fp_addrmap_del(&a->blocks, b->base);
-    a->used_bytes -= b->size;
+    *st = FABPOOL_OK;
+    return best_fit(a, n, align, st);
+}
+
+void fp_arena_release(fp_arena *a, size_t slot)
+{
+    fp_lock_assert_held(&a->sp->lock);
+    fp_rid br = fp_addrmap_val(&a->blocks, slot);
+    fp_piece *b = N(br);
+    fp_addrmap_del_at(&a->blocks, slot);
+    a->used_bytes -= SZ(b);
     if (!a->used_bytes) /* empty: the growth that brought it here says nothing of what comes next */
         a->ring_at = 0;
-    a->free_bytes += b->size;
+    a->free_bytes += SZ(b);
     a->n_blocks--;
     b->state = FP_LARGE_FREE;
-    fp_arena_bin_insert(a, fp_arena_coalesce(a, b));
+    b = coalesce(a, b, &br);
+    bin_push(a, b, br);
 }
 
 const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr)
@@ -322,8 +324,8 @@ const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr)
     size_t r = fp_arena_run_of(a, addr);
     if (r == a->n_runs)
         return NULL;
-    for (const fp_piece *p = a->runs[r].head; p; p = p->anext)
-        if (addr < p->base + p->size)
+    for (const fp_piece *p = a->runs[r].head; p; p = P(p->anext))
+        if (addr < p->base + SZ(p))
             return addr >= p->base ? p : NULL;
     return NULL;
 }
@@ -360,7 +362,7 @@ void fp_arena_unmap_range(fp_arena *a, uint64_t va, uint64_t size)
 static int unmap_in(fp_arena *a, fp_piece *f, size_t ci)
 {
     fp_lchunk c = a->chunks[ci];
-    uint64_t lsize = c.va - f->base, rsize = f->base + f->size - (c.va + c.size);
+    uint64_t lsize = c.va - f->base, rsize = f->base + SZ(f) - (c.va + c.size);
     if (fp_chunk_unmap(a->sp->ch, c.va, c.size) != FABPOOL_OK)
         return -1;
     fp_map_set(&a->sp->map, c.va, c.size, NULL);
@@ -371,30 +373,32 @@ static int unmap_in(fp_arena *a, fp_piece *f, size_t ci)
     fp_va_free(&a->sp->va, c.va, c.size);
     size_t ri = fp_arena_run_of(a, f->base);
     fp_run run = a->runs[ri];
-    fp_arena_bin_remove(a, f);
-    fp_piece *before = f->aprev, *after = f->anext;
+    bin_pull(a, f);
+    fp_rid after_r = f->anext;
+    fp_piece *before = P(f->aprev), *after = P(after_r);
     /* the low part of the run: [run.base, c.va) */
     fp_piece *ltail = lsize ? f : before;
     if (lsize) {
-        f->size = lsize;
-        f->anext = NULL;
+        fp_piece_resize(f, lsize);
+        f->anext = 0;
         fp_arena_bin_insert(a, f);
     } else if (before) {
-        before->anext = NULL;
+        before->anext = 0;
     }
     /* the high part: [c.va + c.size, run end) */
     fp_piece *rhead = after;
     if (rsize) {
-        rhead = fp_arena_piece_new(a, c.va + c.size, rsize, FP_LARGE_FREE);
-        rhead->anext = after;
+        fp_rid hr;
+        rhead = fp_arena_piece_new(a, c.va + c.size, rsize, FP_LARGE_FREE, &hr);
+        rhead->anext = after_r;
         if (after)
-            after->aprev = rhead;
-        fp_arena_bin_insert(a, rhead);
+            after->aprev = hr;
+        bin_push(a, rhead, hr);
     } else if (after) {
-        after->aprev = NULL;
+        after->aprev = 0;
     }
     if (!lsize)
-        piece_drop(a, f);
+        fp_arena_piece_drop(a, f);
     fp_arena_run_remove(a, ri);
     if (ltail)
         fp_arena_run_insert(a, (fp_run){run.base, c.va - run.base, run.head, ltail});
@@ -414,9 +418,9 @@ uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal)
         fp_piece *f = NULL;
         size_t ci = 0;
         for (unsigned b = bin_next(a, b0); b < FP_ARENA_NBINS && !f; b = bin_next(a, b + 1))
-            for (fp_piece *p = a->bins[b]; p && !f; p = p->next) {
+            for (fp_piece *p = P(a->bins[b]); p && !f; p = P(p->next)) {
                 size_t i = fp_arena_chunk_lower(a, p->base);
-                if (i < a->n_chunks && a->chunks[i].va + a->chunks[i].size <= p->base + p->size) {
+                if (i < a->n_chunks && a->chunks[i].va + a->chunks[i].size <= p->base + SZ(p)) {
                     f = p;
                     ci = i;
                 }
@@ -439,10 +443,7 @@ void fp_arena_destroy(fp_arena *a)
         return; /* never set up */
     while (a->n_chunks)
         chunk_unmap_at(a, a->n_chunks - 1);
-    while (a->pages)
-        page_free(a, a->pages);
-    a->avail = NULL;
-    a->n_spare = 0;
+    fp_recs_free(&a->recs);
     FP_ARRAY_FREE(a->sp->meta, a->runs, a->cap_runs);
     FP_ARRAY_FREE(a->sp->meta, a->chunks, a->cap_chunks);
     a->n_runs = a->n_chunks = 0;

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "addrmap.h"
+#include "arena_rec.h"
 #include "space.h"
 
 enum { FP_SPAN_SLAB = 1, FP_SPAN_LARGE = 2 };
@@ -61,30 +62,6 @@ typedef struct fp_span {
                                           store, not a locked RMW */
 } fp_span;
 
-/* A block or a free range of an arena. */
-typedef struct fp_piece {
-    uint64_t base, size;
-    struct fp_piece *anext, *aprev;    /* the pieces touching it, in address order (NULL: the run ends) */
-    struct fp_piece *next, *prev;      /* a free range: its bin's list (a spare record: its page's spares) */
-    uint32_t state;                    /* FP_LARGE_* */
-    uint32_t bin;
-    struct fp_piece_page *page;        /* the page of records it was cut from */
-} fp_piece;
-
-/* Records come in pages of FP_PIECE_PAGE, so that a split or a merge takes
- * or gives one without a call to the metadata allocator (a call each cost
- * about as much as the rest of a medium block's allocation); a page goes
- * back when all of it is spare and more than FP_ARENA_SPARE_MAX records are
- * spare besides. */
-#define FP_PIECE_PAGE 63u
-typedef struct fp_piece_page {
-    struct fp_piece_page *next, *prev;         /* the arena's pages that have spare records */
-    struct fp_piece_page *all_next, *all_prev; /* every page of the arena */
-    fp_piece *spare;                           /* its spare records (through next) */
-    uint32_t n_spare;
-    fp_piece recs[FP_PIECE_PAGE];
-} fp_piece_page;
-
 /* A contiguous range of the arena's mapped memory: its first and last piece. */
 typedef struct fp_run {
     uint64_t base, size;
@@ -114,26 +91,33 @@ typedef struct fp_arena {
     fp_space *sp;
     fp_span *sentinel;                 /* the page map's entry for the arena's pages */
     const char *name;                  /* in messages */
-    uint64_t quantum;                  /* a power of two: sizes and bases are multiples of it */
+    uint64_t quantum;                  /* sizes and bases are multiples of it (1 << FP_PIECE_UNIT_SHIFT) */
     unsigned qshift;
     uint64_t home;                     /* new runs go below this address where the reservation has room */
     fp_arena_policy pol;
-    fp_piece *bins[FP_ARENA_NBINS];
+    fp_rid bins[FP_ARENA_NBINS];
     uint64_t bitmap[FP_ARENA_NBINS / 64];  /* a bit per bin that holds a free range */
     uint64_t summary;                      /* a bit per word of the bitmap that is not 0 */
-    fp_addrmap blocks;                 /* base -> piece of every block given out (live or pending) */
+    fp_addrmap blocks;                 /* base -> record id of every block given out (live or pending) */
     fp_run *runs;                      /* sorted by base, apart (touching runs are one) */
     size_t n_runs, cap_runs;
     fp_lchunk *chunks;                 /* sorted by va */
     size_t n_chunks, cap_chunks;
-    fp_piece_page *pages;              /* every page of records */
-    fp_piece_page *avail;              /* the pages that have spare records */
-    size_t n_spare;                    /* spare records in all */
-    uint64_t mapped_bytes, free_bytes, used_bytes, n_blocks;
+    fp_recs recs;                      /* its pieces' records */
+    uint64_t mapped_bytes, free_bytes, used_bytes, n_blocks; /* used, blocks: given out (live or pending) */
     uint64_t ring_n[FP_ARENA_RATE];    /* blocks given out after each of the last allocations */
     uint64_t ring_size[FP_ARENA_RATE]; /* and the size of each */
     unsigned ring_at;
 } fp_arena;
+
+/* The bytes of piece p, and p set to n bytes (a multiple of the quantum). */
+static inline uint64_t fp_piece_size(const fp_piece *p) { return (uint64_t)p->size_q << FP_PIECE_UNIT_SHIFT; }
+static inline void fp_piece_resize(fp_piece *p, uint64_t n) { p->size_q = (uint32_t)(n >> FP_PIECE_UNIT_SHIFT); }
+
+/* The record of id r (NULL for 0), of an id that is not 0, and the id of record p. */
+static inline fp_piece *fp_piece_at(const fp_arena *a, fp_rid r) { return fp_rec_at(&a->recs, r); }
+static inline fp_piece *fp_piece_of(const fp_arena *a, fp_rid r) { return fp_rec_of(&a->recs, r); }
+static inline fp_rid fp_piece_rid(const fp_piece *p) { return fp_rec_id(p); }
 
 /* A miss being served: the free range grown (held) and the range to map. */
 typedef struct fp_arena_grow {
@@ -143,9 +127,9 @@ typedef struct fp_arena_grow {
     int ahead;                         /* mostly mapped ahead of need: one chunk */
 } fp_arena_grow;
 
-/* An empty arena of blocks of `quantum` bytes (a power of two, at most the
- * granularity) whose pages the page map sends to `sentinel`. */
-void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *name, uint64_t quantum, uint64_t home,
+/* An empty arena of blocks of whole quanta of 256 bytes (FP_PIECE_UNIT_SHIFT)
+ * whose pages the page map sends to `sentinel`. */
+void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *name, uint64_t home,
                    const fp_arena_policy *pol);
 /* Unmaps every chunk and frees every record (destroy: blocks still given out go too). */
 void fp_arena_destroy(fp_arena *a);
@@ -157,8 +141,8 @@ static inline uint64_t fp_arena_round(const fp_arena *a, uint64_t size)
 
 /* The block of n bytes (a multiple of the quantum), its base a multiple of
  * align (a power of two; the quantum or less: no more than the quantum),
- * cut from the best-fitting free range, no driver call; NULL when none fits
- * (*st FABPOOL_OK) or without host memory (*st says so). */
+ * cut from the best-fitting free range, no driver call; NULL when none
+ * fits (*st FABPOOL_OK) or without host memory (*st says so). */
 fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st);
 /* What a miss for a block of n bytes maps beyond what it needs: the blocks
  * the arena's last FP_ARENA_RATE allocations added (net of frees) at their
@@ -169,13 +153,30 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
  * maps what it asks. */
 uint64_t fp_arena_ahead(const fp_arena *a, uint64_t n);
 
-/* The block given out (live or pending) at addr, or NULL. */
+/* The slot of the table of blocks that holds the block given out (live or
+ * pending) at addr, or FP_ADDRMAP_END; its record id, or 0; and its
+ * record, or NULL. */
+static inline size_t fp_arena_block_slot(const fp_arena *a, uint64_t addr)
+{
+    uint32_t h = fp_addrmap_hash(addr);
+    size_t i = FP_ADDRMAP_END;
+    while ((i = fp_addrmap_next(&a->blocks, h, i)) != FP_ADDRMAP_END &&
+           fp_piece_of(a, fp_addrmap_val(&a->blocks, i))->base != addr)
+        ;
+    return i;
+}
+static inline fp_rid fp_arena_block_id(const fp_arena *a, uint64_t addr)
+{
+    size_t i = fp_arena_block_slot(a, addr);
+    return i == FP_ADDRMAP_END ? 0 : fp_addrmap_val(&a->blocks, i);
+}
 static inline fp_piece *fp_arena_block(const fp_arena *a, uint64_t addr)
 {
-    return (fp_piece *)fp_addrmap_get(&a->blocks, addr);
+    return fp_piece_at(a, fp_arena_block_id(a, addr));
 }
-/* Frees block b: merged with the free ranges touching it. */
-void fp_arena_release(fp_arena *a, fp_piece *b);
+/* Frees the block in slot `slot` of the table of blocks (fp_arena_block_slot):
+ * merged with the free ranges touching it. */
+void fp_arena_release(fp_arena *a, size_t slot);
 /* Unmaps chunks that lie wholly in free ranges (not held ones) until goal
  * bytes went back or none is left; returns the bytes unmapped. */
 uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal);
@@ -185,8 +186,10 @@ const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr);
 /* ---- shared by arena.c and arena_grow.c (pool lock held) */
 
 /* Makes sure n records are spare: 0, or -1 without host memory. */
-int fp_arena_spare_reserve(fp_arena *a, size_t n);
-fp_piece *fp_arena_piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state);
+static inline int fp_arena_spare_reserve(fp_arena *a, size_t n) { return fp_recs_reserve(&a->recs, n); }
+/* A piece of a spare record (*rid its id), and a record back to the spares. */
+fp_piece *fp_arena_piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state, fp_rid *rid);
+void fp_arena_piece_drop(fp_arena *a, fp_piece *p);
 /* A free range into, and out of, the bin of its size. */
 void fp_arena_bin_insert(fp_arena *a, fp_piece *p);
 void fp_arena_bin_remove(fp_arena *a, fp_piece *p);

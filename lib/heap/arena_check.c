@@ -52,40 +52,93 @@ static fabpool_status check_arena_chunks(fp_walk *w, const fp_arena *a)
     return FABPOOL_OK;
 }
 
-/* Whether q is one of page pg's records (compared as addresses: q may be anything). */
-static int in_page(const fp_piece_page *pg, const fp_piece *q)
+/* The record of id r, or NULL: for 0, and (with *bad set) where r names no
+ * record of a page of the arena. */
+static const fp_piece *rec(const fp_arena *a, fp_rid r, int *bad)
 {
-    uintptr_t lo = (uintptr_t)pg->recs, at = (uintptr_t)q;
-    return at >= lo && at < lo + sizeof pg->recs && (at - lo) % sizeof *q == 0;
+    size_t i = r >> FP_PIECE_PAGE_SHIFT;
+    if (!r)
+        return NULL;
+    if (i >= a->recs.n_pages || !a->recs.pages[i] || !(r & (FP_PIECE_PAGE - 1))) {
+        *bad = 1;
+        return NULL;
+    }
+    return fp_piece_at(a, r);
 }
 
-/* The pages of arena a's records: each page's spare records on its own
- * list and counted, the pages with spares (and only those) on the list of
- * pages to take from, the spares counted in all, and every other record a
- * piece of a run (in_runs of them). */
+/* Whether q is a record of a page of the arena (compared as addresses: q may be anything). */
+static int is_rec(const fp_arena *a, const fp_piece *q)
+{
+    uintptr_t at = (uintptr_t)q, pg = at & ~(uintptr_t)(FP_PIECE_PAGE_BYTES - 1);
+    for (size_t i = 0; i < a->recs.n_pages; i++)
+        if ((uintptr_t)a->recs.pages[i] == pg)
+            return at != pg && (at - pg) % sizeof *q == 0;
+    return 0;
+}
+
+/* The pages of arena a's records: each in the directory at the index it
+ * names, aligned to its size, its spare records (its own) on its list and
+ * counted, the pages with spares (and only those) on the list of pages to
+ * take from, the spares counted in all, and every other record a piece of a
+ * run (in_runs of them). */
 static fabpool_status check_arena_records(const fp_arena *a, uint64_t in_runs)
 {
     uint64_t pages = 0, spare = 0, with_spare = 0, avail = 0;
-    for (const fp_piece_page *pg = a->pages, *pv = NULL; pg; pv = pg, pg = pg->all_next) {
+    for (size_t i = 0; i < a->recs.n_pages; i++) {
+        const fp_piece_page *pg = a->recs.pages[i];
+        if (!pg)
+            continue;
         uint64_t n = 0;
-        for (const fp_piece *q = pg->spare; q; q = q->next)
-            if (++n > FP_PIECE_PAGE || !in_page(pg, q))
+        int bad = 0;
+        for (fp_rid r = pg->spare; r; r = rec(a, r, &bad)->next)
+            if (++n > FP_PIECE_PAGE || r >> FP_PIECE_PAGE_SHIFT != i || !rec(a, r, &bad))
                 break;
-        if (++pages > ((uint64_t)1 << 40) || pg->all_prev != pv || n != pg->n_spare)
-            return FAIL("[arena.records] %s: a page of records holds %llu spare records on its list and counts %u "
-                        "(or its list runs out of the page, or its back link is wrong)", a->name, ULL(n),
-                        pg->n_spare);
+        pages++;
+        if (pg->idx != i || ((uintptr_t)pg & (FP_PIECE_PAGE_BYTES - 1)) || n != pg->n_spare)
+            return FAIL("[arena.records] %s: page %zu of records holds %llu spare records on its list and counts %u "
+                        "(or its list runs out of the page, or it names another index, %u, or is not aligned)",
+                        a->name, i, ULL(n), pg->n_spare, pg->idx);
         spare += n;
         with_spare += n != 0;
     }
-    for (const fp_piece_page *pg = a->avail, *pv = NULL; pg; pv = pg, pg = pg->next)
-        if (++avail > pages || !pg->n_spare || pg->prev != pv)
+    for (uint32_t k = a->recs.avail, pv = 0; k; pv = k, k = a->recs.pages[k - 1]->avail_next)
+        if (++avail > pages || k > a->recs.n_pages || !a->recs.pages[k - 1] || !a->recs.pages[k - 1]->n_spare ||
+            a->recs.pages[k - 1]->avail_prev != pv)
             return FAIL("[arena.records] %s: the list of pages with spare records holds one without any, or more "
                         "pages than the arena has (or a back link is wrong)", a->name);
-    if (avail != with_spare || spare != a->n_spare || pages * FP_PIECE_PAGE - spare != in_runs)
+    if (avail != with_spare || spare != a->recs.n_spare || pages * (FP_PIECE_PAGE - 1) - spare != in_runs)
         return FAIL("[arena.records] %s: %llu pages of %u records, %llu of them with spares (%llu listed), %llu "
-                    "spare (it counts %zu), %llu pieces in its runs", a->name, ULL(pages), FP_PIECE_PAGE,
-                    ULL(with_spare), ULL(avail), ULL(spare), a->n_spare, ULL(in_runs));
+                    "spare (it counts %zu), %llu pieces in its runs", a->name, ULL(pages), FP_PIECE_PAGE - 1,
+                    ULL(with_spare), ULL(avail), ULL(spare), a->recs.n_spare, ULL(in_runs));
+    return FABPOOL_OK;
+}
+
+/* Every free range of arena a (nfree of them) in the bin of its size, and
+ * nothing else in a bin; the bitmap and its summary say which bins hold any. */
+static fabpool_status check_arena_bins(const fp_arena *a, uint64_t nfree)
+{
+    uint64_t binned = 0;
+    for (unsigned k = 0; k < FP_ARENA_NBINS / 64; k++)
+        if (((a->summary >> k) & 1) != (a->bitmap[k] != 0))
+            return FAIL("[arena.bin] %s: word %u of its bitmap is %s but its summary bit says %d", a->name, k,
+                        a->bitmap[k] ? "set" : "clear", (int)((a->summary >> k) & 1));
+    for (unsigned b = 0; b < FP_ARENA_NBINS; b++) {
+        int bit = (a->bitmap[b / 64] >> (b % 64)) & 1, bad = 0;
+        if (bit != (a->bins[b] != 0))
+            return FAIL("[arena.bin] %s: bin %u is %s but its bit says %d", a->name, b, a->bins[b] ? "full" : "empty",
+                        bit);
+        fp_rid pv = 0;
+        for (fp_rid r = a->bins[b]; r; pv = r, r = fp_piece_at(a, r)->next) {
+            const fp_piece *q = rec(a, r, &bad);
+            if (!q || ++binned > nfree || q->state != FP_LARGE_FREE || q->bin != b || q->prev != pv ||
+                fp_arena_find(a, q->base) != q)
+                return FAIL("[arena.bin] %s: bin %u holds a piece at 0x%llx that is not one of its free ranges of "
+                            "that bin (or its back link is wrong)", a->name, b, ULL(q ? q->base : 0));
+        }
+    }
+    if (binned != nfree)
+        return FAIL("[arena.bin] %s: %llu free ranges in its runs, %llu in its bins", a->name, ULL(nfree),
+                    ULL(binned));
     return FABPOOL_OK;
 }
 
@@ -104,24 +157,28 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
             return FP_WALK_HOST_FAIL();
         uint64_t at = r->base, guard = 0;
         const fp_piece *prev = NULL;
-        for (const fp_piece *q = r->head; q; prev = q, q = q->anext) {
-            if (++guard > (1ull << 32) || q->base != at || q->aprev != prev || !q->size ||
-                ((q->base | q->size) & (a->quantum - 1)) || q->base + q->size > r->base + r->size)
+        int bad = 0;
+        if (r->head && !is_rec(a, r->head))
+            return FAIL("[arena.records] %s: the first piece of the run at 0x%llx is not a record of its pages",
+                        a->name, ULL(r->base));
+        for (const fp_piece *q = r->head; q; prev = q, q = rec(a, q->anext, &bad)) {
+            if (++guard > (1ull << 32) || q->base != at || q->aprev != (prev ? fp_piece_rid(prev) : 0) || !q->size_q ||
+                (q->base & (a->quantum - 1)) || q->base + fp_piece_size(q) > r->base + r->size)
                 return FAIL("[arena.run] %s: the piece at 0x%llx (%llu bytes) does not follow the one before at "
                             "0x%llx in its run [0x%llx, +%llu), or is not in whole quanta of %llu bytes", a->name,
-                            ULL(q->base), ULL(q->size), ULL(at), ULL(r->base), ULL(r->size), ULL(a->quantum));
-            at += q->size;
+                            ULL(q->base), ULL(fp_piece_size(q)), ULL(at), ULL(r->base), ULL(r->size), ULL(a->quantum));
+            at += fp_piece_size(q);
             if (q->state == FP_LARGE_FREE) {
                 if (prev && prev->state == FP_LARGE_FREE)
                     return FAIL("[arena.merge] %s: free ranges at 0x%llx and 0x%llx touch and were not merged",
                                 a->name, ULL(prev->base), ULL(q->base));
-                freeb += q->size;
+                freeb += fp_piece_size(q);
                 nfree++;
             } else if (q->state == FP_LARGE_LIVE || q->state == FP_LARGE_PENDING) {
                 if (fp_arena_block(a, q->base) != q)
                     return FAIL("[arena.blocks] %s: the block at 0x%llx is not in its table of blocks", a->name,
                                 ULL(q->base));
-                used += q->size;
+                used += fp_piece_size(q);
                 nblocks++;
                 w->pending += q->state == FP_LARGE_PENDING;
                 const fp_span *home = fp_map_get(&h->sp->map, q->base);
@@ -133,10 +190,10 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
                 return FAIL("[arena.run] %s: the piece at 0x%llx is in state %u (held: only inside an allocation)",
                             a->name, ULL(q->base), q->state);
             }
-            if (!q->page || !in_page(q->page, q))
-                return FAIL("[arena.records] %s: the piece at 0x%llx is not a record of the page it names", a->name,
-                            ULL(q->base));
         }
+        if (bad)
+            return FAIL("[arena.records] %s: a piece of the run at 0x%llx links to an id that names no record of its "
+                        "pages", a->name, ULL(r->base));
         if (at != r->base + r->size || prev != r->tail)
             return FAIL("[arena.run] %s: the pieces of the run [0x%llx, +%llu) end at 0x%llx, or its last piece is not "
                         "the one it names", a->name, ULL(r->base), ULL(r->size), ULL(at));
@@ -144,28 +201,9 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
     if (nblocks != fp_addrmap_count(&a->blocks) || nblocks != a->n_blocks)
         return FAIL("[arena.blocks] %s: %llu blocks in its runs, %zu in its table, it counts %llu", a->name,
                     ULL(nblocks), fp_addrmap_count(&a->blocks), ULL(a->n_blocks));
-    /* every free range in the bin of its size, and nothing else in a bin */
-    uint64_t binned = 0;
-    for (unsigned k = 0; k < FP_ARENA_NBINS / 64; k++)
-        if (((a->summary >> k) & 1) != (a->bitmap[k] != 0))
-            return FAIL("[arena.bin] %s: word %u of its bitmap is %s but its summary bit says %d", a->name, k,
-                        a->bitmap[k] ? "set" : "clear", (int)((a->summary >> k) & 1));
-    for (unsigned b = 0; b < FP_ARENA_NBINS; b++) {
-        int bit = (a->bitmap[b / 64] >> (b % 64)) & 1;
-        if (bit != (a->bins[b] != NULL))
-            return FAIL("[arena.bin] %s: bin %u is %s but its bit says %d", a->name, b, a->bins[b] ? "full" : "empty",
-                        bit);
-        const fp_piece *pv = NULL;
-        for (const fp_piece *q = a->bins[b]; q; pv = q, q = q->next) {
-            if (++binned > nfree || q->state != FP_LARGE_FREE || q->bin != b || q->prev != pv ||
-                fp_arena_find(a, q->base) != q)
-                return FAIL("[arena.bin] %s: bin %u holds a piece at 0x%llx that is not one of its free ranges of "
-                            "that bin (or its back link is wrong)", a->name, b, ULL(q->base));
-        }
-    }
-    if (binned != nfree)
-        return FAIL("[arena.bin] %s: %llu free ranges in its runs, %llu in its bins", a->name, ULL(nfree),
-                    ULL(binned));
+    fabpool_status st = check_arena_bins(a, nfree);
+    if (st != FABPOOL_OK)
+        return st;
     if (freeb != a->free_bytes || used != a->used_bytes)
         return FAIL("[arena.sums] %s: its pieces add up to %llu free and %llu used bytes, it counts %llu and %llu",
                     a->name, ULL(freeb), ULL(used), ULL(a->free_bytes), ULL(a->used_bytes));

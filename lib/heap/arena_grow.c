@@ -77,10 +77,10 @@ fabpool_status fp_arena_grow_plan(fp_arena *a, uint64_t n, uint64_t align, int a
         fp_piece *ends[2] = {r->head, r->tail};
         for (int k = 0; k < 2; k++) {
             fp_piece *f = ends[k];
-            if (f->state != FP_LARGE_FREE || (gr->g && f->size <= gr->g->size))
+            if (f->state != FP_LARGE_FREE || (gr->g && f->size_q <= gr->g->size_q))
                 continue;
-            uint64_t need = n - f->size > ahead ? n - f->size : ahead;
-            int mostly = ahead >= 2 * (n - f->size);
+            uint64_t need = n - fp_piece_size(f) > ahead ? n - fp_piece_size(f) : ahead;
+            int mostly = ahead >= 2 * (n - fp_piece_size(f));
             need = (need + gran - 1) & ~(gran - 1);
             if (k == 0 ? r->base - fp_space_base(a->sp) >= need && va_free_at(a, r->base - need, need)
                        : va_free_at(a, r->base + r->size, need)) {
@@ -126,13 +126,13 @@ static size_t join_below(fp_arena *a, size_t i)
     if (i == 0 || a->runs[i - 1].base + a->runs[i - 1].size != a->runs[i].base)
         return i;
     fp_run *lo = &a->runs[i - 1], *hi = &a->runs[i];
-    lo->tail->anext = hi->head;
-    hi->head->aprev = lo->tail;
+    lo->tail->anext = fp_piece_rid(hi->head);
+    hi->head->aprev = fp_piece_rid(lo->tail);
+    fp_piece *t = hi->head, *before = lo->tail;
     lo->size += hi->size;
     lo->tail = hi->tail;
-    fp_piece *t = hi->head;
     fp_arena_run_remove(a, i);
-    if (t->state == FP_LARGE_FREE && t->aprev->state == FP_LARGE_FREE) {
+    if (t->state == FP_LARGE_FREE && before->state == FP_LARGE_FREE) {
         fp_arena_bin_remove(a, t);
         fp_arena_bin_insert(a, fp_arena_coalesce(a, t));
     }
@@ -163,10 +163,11 @@ fabpool_status fp_arena_grow_map(fp_arena *a, fp_arena_grow *gr, uint64_t n, uin
             g->base = gr->va;
             a->runs[r].base = gr->va;
         }
-        g->size += gr->size;
+        fp_piece_resize(g, fp_piece_size(g) + gr->size);
         a->runs[r].size += gr->size;
     } else {
-        g = fp_arena_piece_new(a, gr->va, gr->size, FP_LARGE_HELD);
+        fp_rid gid;
+        g = fp_arena_piece_new(a, gr->va, gr->size, FP_LARGE_HELD, &gid);
         r = fp_arena_run_insert(a, (fp_run){gr->va, gr->size, g, g});
     }
     a->free_bytes += gr->size;

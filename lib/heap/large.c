@@ -69,10 +69,12 @@ static fp_arena *arena_of(fp_heap *h, const fp_span *s)
 /* The arena of blocks above slab_max whose page holds addr, or NULL. */
 static fp_arena *arena_at(fp_heap *h, uint64_t addr) { return arena_of(h, fp_map_get(&h->sp->map, addr)); }
 
-/* The live block at addr, or NULL with a message (fn names the call); a: the arena whose page holds it. */
-static fp_piece *live_in(fp_arena *a, uint64_t addr, const char *fn, fabpool_status *st)
+/* The live block at addr (*slot its slot in the table of blocks), or NULL with a message (fn names the call);
+ * a: the arena whose page holds it. */
+static fp_piece *live_in(fp_arena *a, uint64_t addr, const char *fn, fabpool_status *st, size_t *slot)
 {
-    fp_piece *b = a ? fp_arena_block(a, addr) : NULL;
+    *slot = a ? fp_arena_block_slot(a, addr) : FP_ADDRMAP_END;
+    fp_piece *b = *slot != FP_ADDRMAP_END ? fp_piece_of(a, fp_addrmap_val(&a->blocks, *slot)) : NULL;
     if (b && b->state == FP_LARGE_LIVE)
         return b;
     if (b) {
@@ -84,7 +86,7 @@ static fp_piece *live_in(fp_arena *a, uint64_t addr, const char *fn, fabpool_sta
     if (p && (p->state == FP_LARGE_LIVE || p->state == FP_LARGE_PENDING))
         *st = fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer, %llu bytes into a block of %llu bytes at "
                        "0x%llx; free the pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr,
-                       (unsigned long long)(addr - p->base), (unsigned long long)p->size,
+                       (unsigned long long)(addr - p->base), (unsigned long long)fp_piece_size(p),
                        (unsigned long long)p->base);
     else if (p)
         *st = fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this address is in free memory of %s (a double free, or a "
@@ -100,7 +102,8 @@ static fp_piece *live_at(fp_heap *h, uint64_t addr, fp_arena **ap, const char *f
 {
     fp_lock_assert_held(&h->sp->lock);
     *ap = arena_at(h, addr);
-    return live_in(*ap, addr, fn, st);
+    size_t slot;
+    return live_in(*ap, addr, fn, st, &slot);
 }
 
 fabpool_status fp_large_check(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable)
@@ -110,7 +113,7 @@ fabpool_status fp_large_check(fp_heap *h, uint64_t addr, const char *fn, uint64_
     fp_lock(&h->sp->lock);
     fp_piece *b = live_at(h, addr, &a, fn, &st);
     if (b)
-        *usable = b->size;
+        *usable = fp_piece_size(b);
     fp_unlock(&h->sp->lock);
     return st;
 }
@@ -123,7 +126,7 @@ fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, const char *fn, uint64_t
     fp_piece *b = live_at(h, addr, &a, fn, &st);
     if (b) {
         b->state = FP_LARGE_PENDING;
-        *usable = b->size;
+        *usable = fp_piece_size(b);
     }
     fp_unlock(&h->sp->lock);
     return st;
@@ -145,18 +148,18 @@ fabpool_status fp_large_live_locked(fp_heap *h, uint64_t addr, uint64_t *usable,
     fp_arena *a = arena_at(h, addr);
     fp_piece *b = a ? fp_arena_block(a, addr) : NULL;
     if (b && b->state == FP_LARGE_LIVE) {
-        *usable = b->size;
+        *usable = fp_piece_size(b);
         return FABPOOL_OK;
     }
     if (b)
         return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this %llu-byte block is free (freed on a stream and waiting "
                         "for its work); only a live block can be used", fn, (void *)(uintptr_t)addr,
-                        (unsigned long long)b->size);
+                        (unsigned long long)fp_piece_size(b));
     const fp_piece *p = a ? fp_arena_find(a, addr) : NULL;
     if (p && (p->state == FP_LARGE_LIVE || p->state == FP_LARGE_PENDING))
         return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer, %llu bytes into a block of %llu bytes at "
                         "0x%llx; give the pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr,
-                        (unsigned long long)(addr - p->base), (unsigned long long)p->size,
+                        (unsigned long long)(addr - p->base), (unsigned long long)fp_piece_size(p),
                         (unsigned long long)p->base);
     return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this address is free memory of %s, not a block given out; only a "
                     "live block can be used", fn, (void *)(uintptr_t)addr, a ? a->name : "the pool");
@@ -177,12 +180,13 @@ fabpool_status fp_large_free(fp_heap *h, const fp_span *s, uint64_t addr, const 
     fabpool_status st = FABPOOL_OK;
     fp_arena *a = arena_of(h, s);
     fp_lock(&h->sp->lock);
-    fp_piece *b = live_in(a, addr, fn, &st);
+    size_t slot;
+    fp_piece *b = live_in(a, addr, fn, &st, &slot);
     int due = 0;
     if (b) {
-        count_locked(&h->large_in_use_bytes, -b->size);
+        count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
         count_locked(&h->large_blocks, (uint64_t)-1);
-        fp_arena_release(a, b);
+        fp_arena_release(a, slot);
         fp_heap_idle_follow(h);
         due = policy_due(h);
     }
@@ -197,11 +201,12 @@ void fp_heap_count_large(const fp_heap *h, uint64_t *counts)
     for (int i = 0; i < FP_NARENAS; i++) {
         const fp_addrmap *m = &h->arenas[i].blocks;
         for (size_t k = 0; k < m->cap; k++)
-            if (m->slots[k].key) {
-                const fp_span *s = fp_map_get(&h->sp->map, m->slots[k].key);
+            if (m->slots[k].val) {
+                const fp_piece *b = fp_piece_of(&h->arenas[i], m->slots[k].val);
+                const fp_span *s = fp_map_get(&h->sp->map, b->base);
                 if (s && s->kind == FP_SPAN_SLAB)
                     continue; /* a slab of the medium arena */
-                unsigned c = fp_class_of(((const fp_piece *)m->slots[k].val)->size);
+                unsigned c = fp_class_of(fp_piece_size(b));
                 counts[c < FP_NCLASS ? c : FP_NCLASS - 1]++;
             }
     }

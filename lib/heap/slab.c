@@ -38,23 +38,6 @@ static const fp_arena_policy policies[FP_NARENAS] = {
  * an atomic that the lock-free readers load).  The decay's low-water mark
  * is kept for each part in the same way. */
 
-uint64_t fp_heap_idle(const fp_heap *h)
-{
-    return atomic_load_explicit(&h->idle_slabs, memory_order_relaxed) +
-           atomic_load_explicit(&h->idle_arenas, memory_order_relaxed);
-}
-
-/* The arenas' free bytes changed: the sum and its low-water mark follow.  Pool lock held. */
-void fp_heap_idle_follow(fp_heap *h)
-{
-    uint64_t n = 0;
-    for (int i = 0; i < FP_NARENAS; i++)
-        n += h->arenas[i].free_bytes;
-    atomic_store_explicit(&h->idle_arenas, n, memory_order_relaxed);
-    if (n < h->idle_arenas_low)
-        h->idle_arenas_low = n;
-}
-
 /* Empty slabs went down by n bytes: the decay's low-water mark follows. */
 static void idle_slabs_sub(fp_heap *h, uint64_t n)
 {
@@ -154,7 +137,7 @@ void fp_heap_init(fp_heap *h, fp_space *sp, fp_usage *use, const fabpool_options
     for (int i = 0; i < FP_NARENAS; i++) {
         h->sentinels[i].kind = FP_SPAN_LARGE;
         h->sentinels[i].cls = (uint16_t)i;
-        fp_arena_init(&h->arenas[i], sp, &h->sentinels[i], names[i], FP_BLOCK_QUANTUM, homes[i], &policies[i]);
+        fp_arena_init(&h->arenas[i], sp, &h->sentinels[i], names[i], homes[i], &policies[i]);
     }
 }
 
@@ -295,7 +278,7 @@ static fp_piece *grow(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpo
     fp_piece *b = NULL;
     if ((*st = fp_arena_grow_plan(a, n, align, 1, &gr)) != FABPOOL_OK)
         return NULL;
-    trade(h, a, gr.size, gr.g ? gr.g->size : 0);
+    trade(h, a, gr.size, gr.g ? fp_piece_size(gr.g) : 0);
     *st = fp_arena_grow_map(a, &gr, n, align, &b);
     if (*st != FABPOOL_ERR_OUT_OF_MEMORY)
         return b;
@@ -312,16 +295,10 @@ static fp_piece *grow(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpo
     return NULL;
 }
 
-/* A block of n bytes (a multiple of the arena's quantum), its base a
- * multiple of align, from arena a: the best fit, or a miss.  Pool lock held. */
-fp_piece *fp_heap_take(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
+fp_piece *fp_heap_miss(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
 {
     fp_lock_assert_held(&h->sp->lock);
-    fp_piece *b = fp_arena_fit(a, n, align, st);
-    if (!b && *st == FABPOOL_OK)
-        b = grow(h, a, n, align, st);
-    fp_heap_idle_follow(h);
-    return b;
+    return grow(h, a, n, align, st);
 }
 
 /* ------------------------------------------------------------ slabs */
@@ -333,7 +310,7 @@ static void slab_release(fp_heap *h, fp_span *s)
     fp_arena *a = &h->arenas[FP_ARENA_MEDIUM];
     FP_LIST_REMOVE(&h->spans, s, all_next, all_prev);
     fp_map_set(&h->sp->map, s->base, s->size, a->sentinel); /* its pages have leaves: cannot fail */
-    fp_arena_release(a, fp_arena_block(a, s->base));
+    fp_arena_release(a, fp_arena_block_slot(a, s->base));
     fp_heap_idle_follow(h);
     slab_free_record(h, s);
 }

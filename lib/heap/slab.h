@@ -41,8 +41,10 @@ enum { FP_LIST_NONE = 0, FP_LIST_PARTIAL = 1, FP_LIST_EMPTY = 2, FP_LIST_FULL = 
 /* Blocks above slab_max and up to FP_MEDIUM_MAX come from the medium arena, with the slabs; larger ones from
  * the large arena. */
 #define FP_MEDIUM_MAX (256ull << 10)
-/* Medium and large blocks are their size rounded up to this (the alignment cudaMalloc promises). */
+/* Medium and large blocks are their size rounded up to this (the alignment cudaMalloc promises): the arenas'
+ * quantum. */
 #define FP_BLOCK_QUANTUM 256ull
+_Static_assert(FP_BLOCK_QUANTUM == 1ull << FP_PIECE_UNIT_SHIFT, "the arenas count sizes in quanta");
 /* The arenas. */
 enum { FP_ARENA_MEDIUM = 0, FP_ARENA_LARGE = 1, FP_NARENAS = 2 };
 
@@ -134,13 +136,34 @@ void fp_heap_count_oom_retry(fp_heap *h);
  * where that is needed) until at most keep bytes are idle, or nothing more
  * can go (a chunk that also holds part of a block stays).  Pool lock held. */
 void fp_heap_trim_locked(fp_heap *h, uint64_t keep);
+/* Idle memory: empty slabs and the arenas' free ranges.  No lock needed. */
+static inline uint64_t fp_heap_idle(const fp_heap *h)
+{
+    return atomic_load_explicit(&h->idle_slabs, memory_order_relaxed) +
+           atomic_load_explicit(&h->idle_arenas, memory_order_relaxed);
+}
+/* The arenas' free bytes changed: the idle sum and its low-water mark follow.  Pool lock held. */
+static inline void fp_heap_idle_follow(fp_heap *h)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < FP_NARENAS; i++)
+        n += h->arenas[i].free_bytes;
+    atomic_store_explicit(&h->idle_arenas, n, memory_order_relaxed);
+    if (n < h->idle_arenas_low)
+        h->idle_arenas_low = n;
+}
+/* A miss of arena a for a block of n bytes aligned to align: the arena grows (fp_heap_take's slow side). */
+fp_piece *fp_heap_miss(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st);
 /* A block of n bytes (a multiple of the arena's quantum), its base a multiple of align, from arena a of the
  * heap: the best fit, or a miss that grows the arena.  Pool lock held. */
-fp_piece *fp_heap_take(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st);
-/* The arenas' free bytes changed: the idle sum and its low-water mark follow.  Pool lock held. */
-void fp_heap_idle_follow(fp_heap *h);
-/* Idle memory: empty slabs and the arenas' free ranges.  No lock needed. */
-uint64_t fp_heap_idle(const fp_heap *h);
+static inline fp_piece *fp_heap_take(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
+{
+    fp_piece *b = fp_arena_fit(a, n, align, st);
+    if (!b && *st == FABPOOL_OK)
+        b = fp_heap_miss(h, a, n, align, st);
+    fp_heap_idle_follow(h);
+    return b;
+}
 /* Trims to the cache limit if idle memory is above it, and returns what
  * stayed idle for a whole decay period.  No lock held. */
 void fp_heap_trim_policy(fp_heap *h);

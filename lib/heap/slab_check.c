@@ -166,7 +166,7 @@ static fabpool_status check_slab(fp_walk *w, const fp_heap *h, const fp_span *s,
                     "of %llu", ULL(s->base), s->cls, ULL(s->size), s->nobj, ULL((uint64_t)s->obj_q << FP_QUANTUM_SHIFT),
                     ULL(c->slab_size), c->nobj, ULL(c->obj_size));
     const fp_piece *run = fp_arena_block(&h->arenas[FP_ARENA_MEDIUM], s->base);
-    if (!run || run->state != FP_LARGE_LIVE || run->size != s->size || (s->base & ((1ull << w->page_shift) - 1)))
+    if (!run || run->state != FP_LARGE_LIVE || fp_piece_size(run) != s->size || (s->base & ((1ull << w->page_shift) - 1)))
         return FAIL("[slab.arena] slab 0x%llx of %llu bytes is not a page-aligned block of the medium arena given "
                     "out (%s)", ULL(s->base), ULL(s->size), run ? "one of another size or state" : "none starts there");
     if (s->nfree > s->nobj)
