@@ -164,6 +164,30 @@ static fabpool_buffer_t *shared_once(fabpool_t *p, fabpool_t *peer)
     return b;
 }
 
+/* The driver refuses the export that would move the anchor: the anchor closes, the unmap goes on, nothing is
+ * held beside the pool's mappings, and the next export_done takes a new anchor. */
+static void a_failed_move_closes_the_anchor(fabpool_t *p, fabpool_t *peer)
+{
+    if (!sim.fault_set)
+        return;
+    fabpool_buffer_t *x = shared_once(p, peer), *y = shared_once(p, peer); /* x's chunk holds the anchor */
+    CHECK(t_stats(p).exported_fds_open == 1);
+    sim.fault_set("cuMemExportToShareableHandle", 1, 0, CUDA_ERROR_UNKNOWN);
+    CHECK_OK(fabpool_buffer_destroy(x, NULL));
+    sim.fault_clear();
+    CHECK(t_stats(p).exported_fds_open == 0);
+    expect_nothing_beside(p, peer, "a failed move");
+    fabpool_view_t *v = NULL;
+    uint64_t gen = 0;
+    share_step(y, peer, &v, &gen); /* exports y again (its fds went at export_done) and keeps one */
+    CHECK(t_stats(p).exported_fds_open == 1);
+    CHECK_OK(fabpool_view_close(v));
+    CHECK_OK(fabpool_buffer_peers_ack(y, UINT64_MAX));
+    CHECK_OK(fabpool_buffer_destroy(y, NULL));
+    CHECK(t_stats(p).exported_fds_open == 0);
+    expect_nothing_beside(p, peer, "after a failed move");
+}
+
 /* Sleep closes the anchor (nothing of the pool is mapped, nothing is exported); after wake the first export
  * is cold again and takes a new one. */
 static void sleep_closes_the_anchor(fabpool_t *p, fabpool_t *peer)
@@ -198,6 +222,7 @@ int main(void)
         return t_done("test_export_anchor");
     growth_exports_are_warm_after_the_first(p, peer);
     anchor_moves_before_its_chunk_goes(p, peer);
+    a_failed_move_closes_the_anchor(p, peer);
     sleep_closes_the_anchor(p, peer);
     /* an anchor held at destroy goes with the pool */
     CHECK(shared_once(p, peer) != NULL);
