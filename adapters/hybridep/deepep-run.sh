@@ -8,7 +8,9 @@
 # (/tmp/deepep-work):
 #   upstream/  DeepEP as it is;
 #   fabpool/   the drop-in (allocator.cuh: an include and two aliases,
-#              allocator.cu not built) and growth in place in update_buffer
+#              allocator.cu not built; DeepEP's own cudaMalloc and cudaFree
+#              after it served by the adapter's private blocks, off with
+#              FABPOOL_HYBRIDEP_PRIVATE=0) and growth in place in update_buffer
 #              (on with FABPOOL_HYBRIDEP_INPLACE=1), and the agreement
 #              before a regrow (FABPOOL_HYBRIDEP_AGREE=1): deepep/patch.py.
 # Stages (each logged with set -x, each runs whatever failed before it, each
@@ -18,18 +20,24 @@
 #      parallel; CC=/usr/bin/gcc CXX=/usr/bin/g++ TORCH_CUDA_ARCH_LIST=9.0;
 #   2. regrowth in DeepEP (deepep/regrow.py): update_template_config for
 #      T = 1,024..16,384 step 1,024, upstream, fabpool (DeepEP's release +
-#      allocate unchanged), fabpool in place, in DEEPEP_REGROW_ROUNDS (3)
-#      rounds in turns (deepep/rounds.py: the medians); held vs live
+#      allocate unchanged), fabpool in place, and fabpool unchanged with
+#      FABPOOL_HYBRIDEP_PRIVATE=0 (DeepEP's own blocks from the driver, as
+#      upstream's), in DEEPEP_REGROW_ROUNDS (3) rounds in turns
+#      (deepep/rounds.py: the medians); held vs live
 #      (cuMemGetInfo), 0 at the end, regrow time and its breakdown; then
 #      the agreement's cost per call (2,000 calls that do not grow, with
 #      FABPOOL_HYBRIDEP_AGREE=0 and 1) and the in-place regrowth with it on;
-#   3. the two-process POSIX-fd test on one GPU: handles as bytes only
+#   3. test_hybridep_private (DeepEP's own blocks through the drop-in), then
+#      the two-process POSIX-fd test on one GPU: handles as bytes only
 #      (pidfd_getfd), then with the fds over a socket (test_hybridep);
 #   4. DeepEP's tests/test_hybrid_ep.py test_main at world size 1, upstream
 #      and fabpool (1,024 tokens; the two in parallel on the one GPU);
 #   5. the same test growing inside it (MAX_NUM_OF_TOKENS_PER_RANK 512,
 #      NUM_TOKENS_PER_RANK 1,024; no benchmark): upstream, fabpool in place;
 #   6. tests/test_graphed_hybrid_ep.py (upstream, fabpool), if time is left.
+# DEEPEP_RUN_SKIP: stages to leave out, any of "agree" (the agreement's
+# cost, stage 2's end), "posix" (3), "grow" (5), "graphed" (6); stage 6
+# needs about 150 s of the budget left.
 # Results: $OUT/deepep-run.log (everything), $OUT/regrow-*.json,
 # $OUT/summary.txt (printed at the end).
 #
@@ -54,6 +62,8 @@ LOG=$OUT/deepep-run.log
 SUM=$OUT/summary.txt
 T0=$SECONDS
 status=()
+SKIP=" ${DEEPEP_RUN_SKIP:-} "
+skip() { case "$SKIP" in *" $1 "*) status+=("$1=skipped"); return 0 ;; *) return 1 ;; esac; }
 
 left() { echo $((BUDGET - (SECONDS - T0))); }
 # step NAME LIMIT CMD...: runs CMD with at most LIMIT seconds (less if the budget is short)
@@ -105,7 +115,7 @@ pyenv() {
   ( step build-upstream-ext 300 python3 "$HERE/build.py" --src "$W/upstream" --build "$W/upstream/build" \
       > "$OUT/build-upstream.log" 2>&1; echo "build-upstream-ext rc $?" ) &
   up_pid=$!
-  step build-fabpool-lib 120 bash -c "cmake -S . -B '$B' -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build '$B' -j8 --target fabpool test_hybridep"
+  step build-fabpool-lib 120 bash -c "cmake -S . -B '$B' -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build '$B' -j8 --target fabpool test_hybridep test_hybridep_private"
   step build-fabpool-ext 300 python3 "$HERE/build.py" --src "$W/fabpool" --build "$W/fabpool/build" \
       --fabpool "$ROOT/include" "$B" > "$OUT/build-fabpool.log" 2>&1
   wait "$up_pid"
@@ -134,21 +144,29 @@ pyenv() {
     regrow fabpool.r$r fabpool FABPOOL_HYBRIDEP_TIMING="$W/timing-fabpool.txt.r$r" -- --reps 1
     regrow fabpool-inplace.r$r fabpool FABPOOL_HYBRIDEP_INPLACE=1 FABPOOL_HYBRIDEP_TIMING="$W/timing-inplace.txt.r$r" \
         -- --reps 1
+    regrow fabpool-noprivate.r$r fabpool FABPOOL_HYBRIDEP_PRIVATE=0 \
+        FABPOOL_HYBRIDEP_TIMING="$W/timing-noprivate.txt.r$r" -- --reps 1
   done
-  python3 "$HERE/rounds.py" "$OUT" "$ROUNDS" upstream fabpool fabpool-inplace
+  python3 "$HERE/rounds.py" "$OUT" "$ROUNDS" upstream fabpool fabpool-inplace fabpool-noprivate
   # the agreement's cost: 2,000 calls that do not grow, without and with FABPOOL_HYBRIDEP_AGREE (one all-reduce
   # of the needed sizes per call); then the regrowth with it on
+  if ! skip agree; then
   regrow agree-off fabpool FABPOOL_HYBRIDEP_INPLACE=1 FABPOOL_HYBRIDEP_AGREE=0 -- --reps 0 --calls 2000
   regrow agree-on fabpool FABPOOL_HYBRIDEP_INPLACE=1 FABPOOL_HYBRIDEP_AGREE=1 -- --reps 0 --calls 2000
   regrow fabpool-inplace-agree fabpool FABPOOL_HYBRIDEP_INPLACE=1 FABPOOL_HYBRIDEP_AGREE=1 \
       FABPOOL_HYBRIDEP_TIMING="$W/timing-inplace-agree.txt"
+  fi
   cp "$W"/timing-*.txt* "$OUT/" 2>/dev/null
 
   # ------------------------------------------------------------ 3. two processes, one GPU, POSIX fds
+  # (and first, DeepEP's own cudaMalloc / cudaFree through the drop-in's private blocks, on the real driver)
+  step private-blocks 60 env FABPOOL_TEST_REAL_DRIVER=1 "$B/adapters/hybridep/test_hybridep_private"
+  if ! skip posix; then
   step posix-bytes-only 60 env FABPOOL_CONF=handle_type:posix_fd FABPOOL_TEST_REAL_DRIVER=1 \
       FABPOOL_HYBRIDEP_BYTES_ONLY=1 "$B/adapters/hybridep/test_hybridep"
   step posix-socket 60 env FABPOOL_CONF=handle_type:posix_fd FABPOOL_TEST_REAL_DRIVER=1 \
       "$B/adapters/hybridep/test_hybridep"
+  fi
 
   # ------------------------------------------------------------ 4. DeepEP's own test, both allocators
   deeptest() {  # deeptest LABEL VARIANT MAX NUM [ENV...] -- [run_test.py args]
@@ -177,15 +195,18 @@ pyenv() {
   status+=("test-upstream=$r1" "test-fabpool=$r2")
 
   # ------------------------------------------------------------ 5. growing inside DeepEP's test
+  if ! skip grow; then
   deeptest grow-upstream upstream 512 1024 -- --no-bench & p1=$!
   deeptest grow-fabpool-inplace fabpool 512 1024 FABPOOL_HYBRIDEP_INPLACE=1 \
       FABPOOL_HYBRIDEP_TIMING="$W/timing-grow-inplace.txt" -- --no-bench & p2=$!
   wait $p1; r1=$?; wait $p2; r2=$?
   status+=("grow-upstream=$r1" "grow-fabpool-inplace=$r2")
   cat "$W/timing-grow-inplace.txt" 2>/dev/null
+  fi
 
   # ------------------------------------------------------------ 6. the graphed test, if time is left
-  if [ "$(left)" -gt 150 ] && [ "$GPUS" -eq 1 ]; then
+  if skip graphed; then :
+  elif [ "$(left)" -gt 150 ] && [ "$GPUS" -eq 1 ]; then
     deeptest graphed-upstream upstream 1024 1024 -- --graphed & p1=$!
     deeptest graphed-fabpool fabpool 1024 1024 -- --graphed & p2=$!
     wait $p1; r1=$?; wait $p2; r2=$?
@@ -206,6 +227,6 @@ pyenv() {
     printf '  %-22s %s PASS lines, %s FAIL, %s\n' "$l" "$(grep -c ': PASS' "$OUT/$l.log")" \
       "$(grep -c FAIL "$OUT/$l.log")" "$(grep -h -o 'DEEPEP_TEST_PASSED.*' "$OUT/$l.log" | head -n 1)"
   done
-  grep -h "^test_hybridep:" "$LOG" | sed 's/^/  /'
+  grep -h "^test_hybridep:\|^test_hybridep_private:" "$LOG" | sed 's/^/  /'
 } > "$SUM"
 cat "$SUM"

@@ -236,6 +236,229 @@ template <class T> T sized()
     return t;
 }
 
+/* DeepEP's own device memory.  Besides the shared buffers, HybridEP's
+ * NVLCoordinator and CustomAllgather cudaMalloc about a dozen small blocks
+ * of their own (flags, preprocessing scratch, the all-gather's table of
+ * pointers) and cudaFree them at every regrow: two driver calls a block, and
+ * a cudaFree of a block the driver sub-allocated costs tens of microseconds.
+ * Where this header follows cuda_runtime_api.h (DeepEP's allocator.cuh), the
+ * cudaMalloc and cudaFree written after it come here (the macros at the end
+ * of this file): blocks of a pool of local memory per device, kept mapped
+ * while an ExtendedMemoryAllocator lives, so that a regrow's frees and
+ * allocations make no driver call.  The pool goes, and its memory with it,
+ * when the last ExtendedMemoryAllocator and the last of its blocks are gone.
+ * free() keeps cudaFree's promise that the device is idle first (one
+ * cuCtxSynchronize: HybridEP frees flags that a kernel may still poll).
+ * FABPOOL_HYBRIDEP_PRIVATE=0 sends both calls to the driver (cuMemAlloc,
+ * cuCtxSynchronize + cuMemFree), as upstream's cudaMalloc and cudaFree do. */
+class PrivateBlocks {
+  public:
+    /* The one instance, never destroyed: a static destructor of DeepEP's may
+     * free a block after this header's statics are gone. */
+    static PrivateBlocks &get()
+    {
+        static PrivateBlocks *p = new PrivateBlocks();
+        return *p;
+    }
+
+    /* size bytes (cudaMalloc's 256-byte alignment) on the current context's
+     * device.  Returns 0 (CUDA_SUCCESS) or the driver's error code; the
+     * runtime's codes are the same numbers for the errors this can meet
+     * (out of memory 2, invalid value 1, no context 201). */
+    int alloc(void **ptr, std::size_t size)
+    {
+        if (!ptr)
+            return kInvalidValue;
+        *ptr = nullptr;
+        int dev = -1;
+        int r = current_device(&dev);
+        if (r != 0)
+            return r;
+        if (!enabled())
+            return legacy_alloc(ptr, size);
+        /* cudaMalloc(0) succeeds with NULL; a multiple of 256 keeps cudaMalloc's alignment */
+        if (size == 0)
+            return 0;
+        std::size_t n = (size + 255) & ~std::size_t(255);
+        if (n < size)
+            return kOutOfMemory;
+        std::lock_guard<std::mutex> g(mu_);
+        Dev &d = devs_[dev];
+        if (!d.pool) {
+            fabpool_options o;
+            fabpool_options_init(&o);
+            o.device = dev;
+            o.conf = "handle_type:none";
+            if (fabpool_create(&o, &d.pool) != FABPOOL_OK) {
+                d.pool = nullptr;
+                return legacy_alloc(ptr, size); /* (fabpool's message is in fabpool_last_error) */
+            }
+        }
+        fabpool_status s = fabpool_alloc(d.pool, n, ptr);
+        if (s == FABPOOL_ERR_OUT_OF_MEMORY)
+            return kOutOfMemory;
+        if (s != FABPOOL_OK)
+            return legacy_alloc(ptr, size);
+        d.live++;
+        allocs_++;
+        return 0;
+    }
+
+    /* Waits for the device to be idle, then frees a block of alloc() (or of
+     * the driver: one fabpool does not know).  NULL: nothing, as cudaFree. */
+    int free(void *ptr)
+    {
+        if (!ptr)
+            return 0;
+        int dev = -1;
+        int r = current_device(&dev);
+        if (r != 0)
+            return r;
+        int sync = ctx_sync_();
+        std::lock_guard<std::mutex> g(mu_);
+        for (auto &e : devs_) {
+            Dev &d = e.second;
+            std::size_t usable = 0;
+            if (!d.pool || fabpool_usable_size(d.pool, ptr, &usable) != FABPOOL_OK)
+                continue;
+            fabpool_status s = fabpool_free(d.pool, ptr);
+            if (s != FABPOOL_OK)
+                return kInvalidValue;
+            d.live--;
+            frees_++;
+            drop_if_unused(d);
+            return sync;
+        }
+        r = mem_free_((std::uintptr_t)ptr);
+        return sync != 0 ? sync : r;
+    }
+
+    /* An ExtendedMemoryAllocator begins or ends: while one lives, the pools
+     * stay between a free of every block and the next allocation. */
+    void allocator_begins()
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        allocators_++;
+    }
+    void allocator_ends()
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        allocators_--;
+        for (auto &e : devs_)
+            drop_if_unused(e.second);
+    }
+
+    /* For tests: device's pool (NULL while it has none), its live blocks,
+     * and the blocks alloc() and free() served from pools so far. */
+    fabpool_t *pool(int device)
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = devs_.find(device);
+        return it == devs_.end() ? nullptr : it->second.pool;
+    }
+    std::size_t live(int device)
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = devs_.find(device);
+        return it == devs_.end() ? 0 : it->second.live;
+    }
+    std::uint64_t pool_allocs()
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        return allocs_;
+    }
+    std::uint64_t pool_frees()
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        return frees_;
+    }
+    static bool enabled()
+    {
+        std::string s = env_lower("FABPOOL_HYBRIDEP_PRIVATE");
+        return !(s == "0" || s == "false");
+    }
+
+  private:
+    static constexpr int kInvalidValue = 1, kOutOfMemory = 2, kNotInitialized = 3;
+    struct Dev {
+        fabpool_t *pool = nullptr;
+        std::size_t live = 0;
+    };
+    PrivateBlocks() = default;
+
+    /* the driver fabpool loads (FABPOOL_CUDA_LIBRARY, else libcuda.so.1), kept loaded */
+    int load()
+    {
+        std::call_once(load_once_, [this] {
+            const char *lib = std::getenv("FABPOOL_CUDA_LIBRARY");
+            void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+            if (!h)
+                return;
+            *(void **)&ctx_get_device_ = dlsym(h, "cuCtxGetDevice");
+            *(void **)&ctx_sync_ = dlsym(h, "cuCtxSynchronize");
+            *(void **)&mem_alloc_ = dlsym(h, "cuMemAlloc_v2");
+            *(void **)&mem_free_ = dlsym(h, "cuMemFree_v2");
+            *(void **)&primary_retain_ = dlsym(h, "cuDevicePrimaryCtxRetain");
+            *(void **)&release_primary_ = dlsym(h, "cuDevicePrimaryCtxRelease_v2");
+            *(void **)&ctx_set_current_ = dlsym(h, "cuCtxSetCurrent");
+        });
+        return ctx_get_device_ && ctx_sync_ && mem_alloc_ && mem_free_ && primary_retain_ && release_primary_ &&
+                       ctx_set_current_
+                   ? 0
+                   : kNotInitialized;
+    }
+    /* The current context's device; in a thread without one, the primary
+     * context of device 0 made current, as the runtime does. */
+    int current_device(int *dev)
+    {
+        int r = load();
+        if (r != 0)
+            return r;
+        if (ctx_get_device_(dev) == 0)
+            return 0;
+        void *ctx = nullptr;
+        r = primary_retain_(&ctx, 0);
+        if (r == 0) {
+            std::lock_guard<std::mutex> g(mu_);
+            if (primary_)
+                release_primary_(0); /* this process holds one reference, however many threads */
+            primary_ = true;
+        }
+        if (r == 0)
+            r = ctx_set_current_(ctx);
+        return r == 0 ? ctx_get_device_(dev) : r;
+    }
+    int legacy_alloc(void **ptr, std::size_t size)
+    {
+        std::uintptr_t p = 0;
+        int r = size ? mem_alloc_(&p, size) : 0;
+        *ptr = r == 0 ? (void *)p : nullptr;
+        return r;
+    }
+    /* (mu_ held) */
+    void drop_if_unused(Dev &d)
+    {
+        if (d.pool && d.live == 0 && allocators_ == 0) {
+            fabpool_destroy(d.pool);
+            d.pool = nullptr;
+        }
+    }
+
+    std::once_flag load_once_;
+    int (*ctx_get_device_)(int *) = nullptr;
+    int (*ctx_sync_)(void) = nullptr;
+    int (*mem_alloc_)(std::uintptr_t *, std::size_t) = nullptr;
+    int (*mem_free_)(std::uintptr_t) = nullptr;
+    int (*primary_retain_)(void **, int) = nullptr;
+    int (*release_primary_)(int) = nullptr;
+    int (*ctx_set_current_)(void *) = nullptr;
+    bool primary_ = false;
+    std::mutex mu_;
+    std::map<int, Dev> devs_;
+    int allocators_ = 0;
+    std::uint64_t allocs_ = 0, frees_ = 0;
+};
+
 } // namespace detail
 
 class ExtendedMemoryAllocator {
@@ -277,6 +500,7 @@ class ExtendedMemoryAllocator {
             throw Error(s, "fabpool hybridep: creating the pool on device " + std::to_string(device) + ": " +
                                detail::last());
         owned_ = true;
+        detail::PrivateBlocks::get().allocator_begins();
     }
     /* Uses a pool the caller owns (it must outlive this object). */
     explicit ExtendedMemoryAllocator(fabpool_t *pool, std::size_t default_window = 0)
@@ -284,6 +508,7 @@ class ExtendedMemoryAllocator {
     {
         if (!pool)
             throw Error(FABPOOL_ERR_INVALID_ARG, "fabpool hybridep: a NULL pool was given");
+        detail::PrivateBlocks::get().allocator_begins();
     }
     ExtendedMemoryAllocator(const ExtendedMemoryAllocator &) = delete;
     ExtendedMemoryAllocator &operator=(const ExtendedMemoryAllocator &) = delete;
@@ -301,6 +526,7 @@ class ExtendedMemoryAllocator {
         }
         if (owned_)
             fabpool_destroy(pool_);
+        detail::PrivateBlocks::get().allocator_ends();
     }
 
     fabpool_t *pool() const noexcept { return pool_; }
@@ -968,4 +1194,26 @@ inline std::vector<std::int64_t> agree_max(pybind11::object process_group, const
 #endif
 
 } // namespace fabpool_hybridep
+#endif
+
+/* DeepEP's cudaMalloc and cudaFree served by detail::PrivateBlocks (above):
+ * the code after this header (DeepEP's allocator.cuh, after cuda_runtime.h)
+ * calls these instead.  Define FABPOOL_HYBRIDEP_KEEP_CUDA_MALLOC before the
+ * include to keep the runtime's. */
+#if defined(__CUDA_RUNTIME_API_H__) && !defined(FABPOOL_HYBRIDEP_KEEP_CUDA_MALLOC) && \
+    !defined(FABPOOL_HYBRIDEP_PRIVATE_MACROS)
+#define FABPOOL_HYBRIDEP_PRIVATE_MACROS
+namespace fabpool_hybridep {
+inline cudaError_t private_malloc(void **ptr, std::size_t size)
+{
+    return static_cast<cudaError_t>(detail::PrivateBlocks::get().alloc(ptr, size));
+}
+template <class T> inline cudaError_t private_malloc(T **ptr, std::size_t size)
+{
+    return private_malloc(reinterpret_cast<void **>(ptr), size);
+}
+inline cudaError_t private_free(void *ptr) { return static_cast<cudaError_t>(detail::PrivateBlocks::get().free(ptr)); }
+} // namespace fabpool_hybridep
+#define cudaMalloc(ptr, size) ::fabpool_hybridep::private_malloc(ptr, size)
+#define cudaFree(ptr) ::fabpool_hybridep::private_free(ptr)
 #endif
