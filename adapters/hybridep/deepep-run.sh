@@ -35,6 +35,8 @@
 #   5. the same test growing inside it (MAX_NUM_OF_TOKENS_PER_RANK 512,
 #      NUM_TOKENS_PER_RANK 1,024; no benchmark): upstream, fabpool in place;
 #   6. tests/test_graphed_hybrid_ep.py (upstream, fabpool), if time is left.
+# DEEPEP_PRIVATE_CONF: a fifth variant in the rounds, fabpool unchanged with
+# FABPOOL_HYBRIDEP_PRIVATE_CONF set to it.
 # DEEPEP_RUN_SKIP: stages to leave out, any of "agree" (the agreement's
 # cost, stage 2's end), "posix" (3), "grow" (5), "graphed" (6); stage 6
 # needs about 150 s of the budget left.
@@ -146,8 +148,12 @@ pyenv() {
         -- --reps 1
     regrow fabpool-noprivate.r$r fabpool FABPOOL_HYBRIDEP_PRIVATE=0 \
         FABPOOL_HYBRIDEP_TIMING="$W/timing-noprivate.txt.r$r" -- --reps 1
+    [ -n "${DEEPEP_PRIVATE_CONF:-}" ] && regrow fabpool-privconf.r$r fabpool \
+        FABPOOL_HYBRIDEP_PRIVATE_CONF="$DEEPEP_PRIVATE_CONF" FABPOOL_HYBRIDEP_TIMING="$W/timing-privconf.txt.r$r" \
+        -- --reps 1
   done
-  python3 "$HERE/rounds.py" "$OUT" "$ROUNDS" upstream fabpool fabpool-inplace fabpool-noprivate
+  python3 "$HERE/rounds.py" "$OUT" "$ROUNDS" upstream fabpool fabpool-inplace fabpool-noprivate \
+      ${DEEPEP_PRIVATE_CONF:+fabpool-privconf}
   # the agreement's cost: 2,000 calls that do not grow, without and with FABPOOL_HYBRIDEP_AGREE (one all-reduce
   # of the needed sizes per call); then the regrowth with it on
   if ! skip agree; then

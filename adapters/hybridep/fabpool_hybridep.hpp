@@ -62,6 +62,7 @@
 #define FABPOOL_HYBRIDEP_HPP
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -250,7 +251,10 @@ template <class T> T sized()
  * free() keeps cudaFree's promise that the device is idle first (one
  * cuCtxSynchronize: HybridEP frees flags that a kernel may still poll).
  * FABPOOL_HYBRIDEP_PRIVATE=0 sends both calls to the driver (cuMemAlloc,
- * cuCtxSynchronize + cuMemFree), as upstream's cudaMalloc and cudaFree do. */
+ * cuCtxSynchronize + cuMemFree), as upstream's cudaMalloc and cudaFree do;
+ * FABPOOL_HYBRIDEP_PRIVATE_CONF is FABPOOL_CONF syntax for the pools (after
+ * handle_type:none; FABPOOL_CONF applies on top).  A block the pool cannot
+ * give (its address space used up, say) comes from the driver. */
 class PrivateBlocks {
   public:
     /* The one instance, never destroyed: a static destructor of DeepEP's may
@@ -274,6 +278,7 @@ class PrivateBlocks {
         int r = current_device(&dev);
         if (r != 0)
             return r;
+        Clock c(ns_alloc_);
         if (!enabled())
             return legacy_alloc(ptr, size);
         /* cudaMalloc(0) succeeds with NULL; a multiple of 256 keeps cudaMalloc's alignment */
@@ -285,10 +290,14 @@ class PrivateBlocks {
         std::lock_guard<std::mutex> g(mu_);
         Dev &d = devs_[dev];
         if (!d.pool) {
+            std::string conf = "handle_type:none";
+            const char *more = std::getenv("FABPOOL_HYBRIDEP_PRIVATE_CONF");
+            if (more && *more)
+                conf += std::string(",") + more;
             fabpool_options o;
             fabpool_options_init(&o);
             o.device = dev;
-            o.conf = "handle_type:none";
+            o.conf = conf.c_str();
             if (fabpool_create(&o, &d.pool) != FABPOOL_OK) {
                 d.pool = nullptr;
                 return legacy_alloc(ptr, size); /* (fabpool's message is in fabpool_last_error) */
@@ -298,7 +307,7 @@ class PrivateBlocks {
         if (s == FABPOOL_ERR_OUT_OF_MEMORY)
             return kOutOfMemory;
         if (s != FABPOOL_OK)
-            return legacy_alloc(ptr, size);
+            return legacy_alloc(ptr, size); /* the pool's address space used up, say */
         d.live++;
         allocs_++;
         return 0;
@@ -310,11 +319,16 @@ class PrivateBlocks {
     {
         if (!ptr)
             return 0;
+        Clock c(ns_free_);
         int dev = -1;
         int r = current_device(&dev);
         if (r != 0)
             return r;
-        int sync = ctx_sync_();
+        int sync;
+        {
+            Clock cs(ns_sync_);
+            sync = ctx_sync_();
+        }
         std::lock_guard<std::mutex> g(mu_);
         for (auto &e : devs_) {
             Dev &d = e.second;
@@ -372,6 +386,12 @@ class PrivateBlocks {
         std::lock_guard<std::mutex> g(mu_);
         return frees_;
     }
+    /* Time in alloc() and free() so far, and the part of free() spent in
+     * its synchronization (for benchmarks: what a regrow spends where). */
+    struct Times {
+        std::uint64_t ns_alloc, ns_free, ns_sync;
+    };
+    Times times() const { return Times{ns_alloc_.load(), ns_free_.load(), ns_sync_.load()}; }
     static bool enabled()
     {
         std::string s = env_lower("FABPOOL_HYBRIDEP_PRIVATE");
@@ -383,6 +403,13 @@ class PrivateBlocks {
     struct Dev {
         fabpool_t *pool = nullptr;
         std::size_t live = 0;
+    };
+    /* adds the time of its scope to a counter */
+    struct Clock {
+        std::atomic<std::uint64_t> &acc;
+        std::uint64_t t0 = now_ns();
+        explicit Clock(std::atomic<std::uint64_t> &a) : acc(a) {}
+        ~Clock() { acc += now_ns() - t0; }
     };
     PrivateBlocks() = default;
 
@@ -457,6 +484,7 @@ class PrivateBlocks {
     std::map<int, Dev> devs_;
     int allocators_ = 0;
     std::uint64_t allocs_ = 0, frees_ = 0;
+    std::atomic<std::uint64_t> ns_alloc_{0}, ns_free_{0}, ns_sync_{0};
 };
 
 } // namespace detail

@@ -10,7 +10,7 @@
  * not give goes back to the driver; FABPOOL_HYBRIDEP_PRIVATE=0 uses the
  * driver; a refused map answers cudaErrorMemoryAllocation and holds nothing;
  * the memory goes back when the last allocator and the last block are gone;
- * threads at once. */
+ * threads at once; a block the pool cannot place comes from the driver. */
 #include <cuda_runtime_api.h>
 
 #undef _GNU_SOURCE
@@ -178,5 +178,26 @@ int main()
     CHECK(pb.pool(0) == nullptr);
     if (sim)
         CHECK(t_ledger().bytes_held == 0);
+
+    /* a block the pool cannot place (FABPOOL_HYBRIDEP_PRIVATE_CONF: 2 MiB of address space) comes from the driver */
+    setenv("FABPOOL_HYBRIDEP_PRIVATE_CONF", "reserve:2MiB", 1);
+    void *small = nullptr, *large = nullptr;
+    std::uint64_t served = pb.pool_allocs();
+    CHECK(cudaMalloc(&small, 512) == cudaSuccess && pb.pool_allocs() == served + 1);
+    CHECK(cudaMalloc(&large, std::size_t(8) << 20) == cudaSuccess && large != nullptr);
+    CHECK(pb.pool_allocs() == served + 1);
+    if (sim)
+        CHECK(t_ledger().legacy_allocs == 1);
+    t_put_tag(large, std::size_t(8) << 20, 11);
+    CHECK(t_tag_ok(large, std::size_t(8) << 20, 11));
+    CHECK(cudaFree(large) == cudaSuccess && cudaFree(small) == cudaSuccess);
+    unsetenv("FABPOOL_HYBRIDEP_PRIVATE_CONF");
+    CHECK(pb.pool(0) == nullptr);
+    if (sim)
+        CHECK(t_ledger().legacy_allocs == 0 && t_ledger().bytes_held == 0);
+
+    /* the time spent, for benchmarks */
+    PrivateBlocks::Times tm = pb.times();
+    CHECK(tm.ns_alloc > 0 && tm.ns_free >= tm.ns_sync && tm.ns_sync > 0);
     return t_done("test_hybridep_private");
 }

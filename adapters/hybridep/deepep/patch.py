@@ -191,7 +191,8 @@ UPDATE_NEW = """  if(need_reallocate) {
     // fabpool: the allocator's counters and a clock around either path
     auto t0 = std::chrono::steady_clock::now();
     fabpool_hybridep::Stats s0 = remote_allocator.stats();
-    double gather_us = 0;
+    auto p0 = fabpool_hybridep::detail::PrivateBlocks::get().times();
+    double gather_us = 0, release_us = 0;
     long gathered = 0;
     nvl_coordinator.update_config(buffer_config);
 #ifdef HYBRID_EP_BUILD_MULTINODE_ENABLE
@@ -209,7 +210,9 @@ UPDATE_NEW = """  if(need_reallocate) {
       executor.set_intra_node_buffers(&nvl_coordinator.dispatch_buffers, &nvl_coordinator.combine_buffers);
       CUDA_CHECK(cudaDeviceSynchronize());
     } else {
+      auto r0 = std::chrono::steady_clock::now();
       release_buffer();
+      release_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - r0).count();
       allocate_buffer();
       // upstream all-gathers 9 handles (dispatch 5, combine 4) and the custom all-gather's 2
       gathered = 11 * (long)sizeof(MemHandle);
@@ -217,9 +220,11 @@ UPDATE_NEW = """  if(need_reallocate) {
     if (const char* path = std::getenv("FABPOOL_HYBRIDEP_TIMING")) {
       double total = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       fabpool_hybridep::Stats s1 = remote_allocator.stats();
+      auto p1 = fabpool_hybridep::detail::PrivateBlocks::get().times();
       if (FILE* f = fopen(path, "a")) {
         fprintf(f, "%s handle=%s tokens=%d total_us=%.1f map_us=%.1f export_us=%.1f import_us=%.1f unmap_us=%.1f "
-                   "gather_us=%.1f gathered_bytes=%ld exports=%llu full_reexports=%llu compactions=%llu reuses=%llu\\n",
+                   "gather_us=%.1f gathered_bytes=%ld exports=%llu full_reexports=%llu compactions=%llu reuses=%llu "
+                   "release_us=%.1f private_us=%.1f private_sync_us=%.1f\\n",
                 inplace ? "inplace" : "realloc",
                 remote_allocator.handle_type() == FABPOOL_HANDLE_FABRIC ? "fabric" : "posix_fd",
                 (int)buffer_config.max_num_of_tokens_per_rank, total,
@@ -228,7 +233,8 @@ UPDATE_NEW = """  if(need_reallocate) {
                 (unsigned long long)(s1.exports - s0.exports),
                 (unsigned long long)(s1.full_reexports - s0.full_reexports),
                 (unsigned long long)(s1.compactions - s0.compactions),
-                (unsigned long long)(s1.reuses - s0.reuses));
+                (unsigned long long)(s1.reuses - s0.reuses), release_us,
+                (p1.ns_alloc - p0.ns_alloc + p1.ns_free - p0.ns_free) / 1e3, (p1.ns_sync - p0.ns_sync) / 1e3);
         fclose(f);
       }
     }
