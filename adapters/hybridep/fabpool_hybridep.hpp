@@ -29,6 +29,11 @@
  *     again larger, export, open the peers') then maps, exports and imports
  *     only the growth, and close_handle() keeps a peer's view likewise for
  *     the open_handle() of the same buffer that follows;
+ *   - where cuda_runtime_api.h comes first (DeepEP's allocator.cuh), the
+ *     cudaMalloc and cudaFree after this header serve DeepEP's own small
+ *     blocks from a private pool (detail::PrivateBlocks, and the macros at
+ *     the end of this file), so that a regrow's frees and allocations of
+ *     them make no driver call;
  *   - a MemHandle is 1,024 bytes (upstream's is 328): a header, up to nine
  *     exporter fd numbers, and fabpool's descriptor of up to nine chunks;
  *   - agree_max() (with agree_enabled(), FABPOOL_HYBRIDEP_AGREE=1) lets
