@@ -18,6 +18,7 @@
 
 #include "fabpool_hybridep.hpp"
 
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -142,19 +143,29 @@ int main()
         }
 
         /* threads at once (HybridEP's are one; the calls are thread-safe anyway) */
+        /* (CHECK counts in plain globals: the threads count their own failures) */
+        std::atomic<int> bad{0};
         std::vector<std::thread> th;
         for (int t = 0; t < 4; t++)
-            th.emplace_back([t] {
+            th.emplace_back([t, &bad] {
                 for (int r = 0; r < 50; r++) {
                     void *b[4];
+                    for (int i = 0; i < 4; i++) {
+                        std::uint64_t v = ((std::uint64_t)t << 32) | (std::uint64_t)(r * 4 + i), got = 0;
+                        if (cudaMalloc(&b[i], 256 * (std::size_t)(t + i + 1)) != cudaSuccess ||
+                            cuMemcpyHtoD((CUdeviceptr)(std::uintptr_t)b[i], &v, sizeof v) != CUDA_SUCCESS ||
+                            cuMemcpyDtoH(&got, (CUdeviceptr)(std::uintptr_t)b[i], sizeof got) != CUDA_SUCCESS ||
+                            got != v)
+                            bad++;
+                    }
                     for (int i = 0; i < 4; i++)
-                        CHECK(cudaMalloc(&b[i], 256 * (std::size_t)(t + i + 1)) == cudaSuccess);
-                    for (int i = 0; i < 4; i++)
-                        CHECK(cudaFree(b[i]) == cudaSuccess);
+                        if (cudaFree(b[i]) != cudaSuccess)
+                            bad++;
                 }
             });
         for (auto &x : th)
             x.join();
+        CHECK(bad.load() == 0);
         CHECK(pb.live(0) == 0);
 
         /* blocks still live when the allocator goes */
