@@ -181,6 +181,19 @@ int main()
     if (sim)
         CHECK(t_ledger().bytes_held == 0 && t_ledger().reservations == 0);
 
+    /* two allocators (two HybridEP buffers): the pool stays until both are gone */
+    {
+        ExtendedMemoryAllocator a1;
+        {
+            ExtendedMemoryAllocator a2;
+            void *b = nullptr;
+            CHECK(cudaMalloc(&b, 4096) == cudaSuccess && cudaFree(b) == cudaSuccess);
+            CHECK(pb.pool(0) != nullptr);
+        }
+        CHECK(pb.pool(0) != nullptr && pb.live(0) == 0);
+    }
+    CHECK(pb.pool(0) == nullptr);
+
     /* no allocator: each block's pool goes with it */
     void *q = nullptr;
     CHECK(cudaMalloc(&q, 512) == cudaSuccess);
