@@ -286,20 +286,39 @@ fabpool_status fp_chunk_retain(fp_chunks *ch, uint64_t va, CUmemGenericAllocatio
  * alive memory the pool gave back.  Still counted in exported_fds (the driver
  * holds it as any other). */
 
+/* Retain, export and release the handle of the chunk mapped at va: the driver's result, and in *call the call
+ * that failed.  Silent: the callers say what failed, or (the anchor's move) that it does not matter. */
+static CUresult export_raw(fp_chunks *ch, uint64_t va, int *fd, CUmemFabricHandle *fabric, const char **call)
+{
+    CUmemGenericAllocationHandle h = 0;
+    *call = "cuMemRetainAllocationHandle";
+    CUresult r = FP_CU(&ch->calls, cuMemRetainAllocationHandle, &h, (void *)(uintptr_t)va);
+    if (r != CUDA_SUCCESS)
+        return r;
+    atomic_fetch_add(&ch->handles_outstanding, 1);
+    *call = "cuMemExportToShareableHandle";
+    if (fabric)
+        r = FP_CU(&ch->calls, cuMemExportToShareableHandle, fabric, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+    else
+        r = FP_CU(&ch->calls, cuMemExportToShareableHandle, fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r == CUDA_SUCCESS && !fabric)
+        atomic_fetch_add(&ch->exported_fds, 1);
+    else if (r != CUDA_SUCCESS && !fabric)
+        *fd = -1;
+    /* the handle goes at once: the mapping (and the fd) keep the memory */
+    fp_chunk_release(ch, h);
+    return r;
+}
+
 /* The anchor moved to the chunk mapped at [va, va + size): an fd exported for it (a dup of an fd would do on
  * the driver, but the sim counts only the fds it handed out).  0 if taken. */
 static int anchor_take(fp_chunks *ch, uint64_t va, uint64_t size)
 {
-    CUmemGenericAllocationHandle h = 0;
     int fd = -1;
-    if (FP_CU(&ch->calls, cuMemRetainAllocationHandle, &h, (void *)(uintptr_t)va) != CUDA_SUCCESS)
-        return -1;
-    CUresult r = FP_CU(&ch->calls, cuMemExportToShareableHandle, &fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-    FP_CU_UNDO(&ch->calls, cuMemRelease, h); /* the mapping keeps the memory */
-    if (r != CUDA_SUCCESS)
+    const char *call;
+    if (export_raw(ch, va, &fd, NULL, &call) != CUDA_SUCCESS)
         return -1;
     int old = ch->anchor_size ? ch->anchor_fd : -1; /* closed after the new one is open, so that its close is cheap */
-    atomic_fetch_add(&ch->exported_fds, 1);
     ch->anchor_fd = fd;
     ch->anchor_va = va;
     ch->anchor_size = size;
@@ -361,28 +380,14 @@ void fp_chunk_anchor_leave(fp_chunks *ch, uint64_t va, uint64_t size)
 fabpool_status fp_chunk_export(fp_chunks *ch, uint64_t va, uint64_t size, int *fd, CUmemFabricHandle *fabric)
 {
     fp_lock_assert_held(ch->lock);
-    CUmemGenericAllocationHandle h = 0;
-    CUresult r = FP_CU(&ch->calls, cuMemRetainAllocationHandle, &h, (void *)(uintptr_t)va);
-    if (r != CUDA_SUCCESS)
-        return fp_drv_error(r, "cuMemRetainAllocationHandle", "taking the handle of a chunk at 0x%llx to export it",
-                            (unsigned long long)va);
-    atomic_fetch_add(&ch->handles_outstanding, 1);
-    if (fabric)
-        r = FP_CU(&ch->calls, cuMemExportToShareableHandle, fabric, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
-    else
-        r = FP_CU(&ch->calls, cuMemExportToShareableHandle, fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-    fabpool_status st = FABPOOL_OK;
-    if (r != CUDA_SUCCESS) {
-        if (!fabric)
-            *fd = -1;
-        st = fp_drv_error(r, "cuMemExportToShareableHandle", "exporting a chunk of %llu bytes as a %s handle",
-                          (unsigned long long)size, fabric ? "fabric" : "POSIX fd");
-    } else if (!fabric) {
-        atomic_fetch_add(&ch->exported_fds, 1);
-    }
-    /* the handle goes at once: the mapping (and the fd) keep the memory */
-    fp_chunk_release(ch, h);
-    return st;
+    const char *call;
+    CUresult r = export_raw(ch, va, fd, fabric, &call);
+    if (r == CUDA_SUCCESS)
+        return FABPOOL_OK;
+    if (strcmp(call, "cuMemRetainAllocationHandle") == 0)
+        return fp_drv_error(r, call, "taking the handle of a chunk at 0x%llx to export it", (unsigned long long)va);
+    return fp_drv_error(r, call, "exporting a chunk of %llu bytes as a %s handle", (unsigned long long)size,
+                        fabric ? "fabric" : "POSIX fd");
 }
 
 fabpool_status fp_chunk_range(fp_chunks *ch, uint64_t va, uint64_t *base, uint64_t *size)
