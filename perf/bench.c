@@ -2,7 +2,7 @@
  * fabpool side by side with what users would pick instead, every allocator
  * in the same run, in turns, with warm-up (docs/performance.md).
  *
- *   fabpool_bench [--quick] [--long] [--json FILE] [--workload W,W,...]
+ *   fabpool_bench [--quick] [--long] [--seed N] [--json FILE] [--workload W,W,...]
  *                 [--allocators A,A,...] [--no-torch] [--check]   (--help says what each does)
  *
  * --check also holds fabpool's peak held / peak live on each shape to its
@@ -306,6 +306,7 @@ typedef struct shape_case {
 } shape_case;
 
 static int long_run;     /* --long: ten times the operations */
+static uint64_t seed_opt; /* --seed: every shape's sequence from this seed (0: each its own) */
 static unsigned only;    /* --allocators: a bit per allocator run (0: all) */
 
 static void shape_row(int w, shape_case *sc)
@@ -314,7 +315,9 @@ static void shape_row(int w, shape_case *sc)
     memset(&c, 0, sizeof c);
     c.workload = w;
     c.sh = sc->sh;
-    c.seed = sc->sh.seed;
+    if (seed_opt)
+        c.sh.seed = seed_opt;
+    c.seed = c.sh.seed;
     c.budget_s = quick ? 2 : long_run ? 60 : 8;
     double ref = 0;
     for (int k = 0; k < A_MAX; k++) {
@@ -517,7 +520,7 @@ static int sim_clean(void)
 }
 
 static const char usage_line[] =
-    "usage: fabpool_bench [--quick] [--long] [--json FILE] [--workload W,W,...] [--allocators A,A,...] "
+    "usage: fabpool_bench [--quick] [--long] [--seed N] [--json FILE] [--workload W,W,...] [--allocators A,A,...] "
     "[--no-torch] [--check]\n";
 
 static void help(void)
@@ -528,6 +531,8 @@ static void help(void)
            "allocator in the same run, in turns (docs/performance.md).  Times mean something only on a GPU.\n\n"
            "  --quick          fewer samples and steps (a smoke run)\n"
            "  --long           the shapes (mixed, activations, loguniform) ten times as long, to show nothing creeps\n"
+           "  --seed N         the shapes' random sequences from seed N (1 or more) instead of their own (7, 8,\n"
+           "                   11, 9): the same shape over other draws, for the spread of its peak held / live\n"
            "  --json FILE      every figure as one JSON object into FILE\n"
            "  --workload W,... latency (alloc + free, warm and cold, 256 B to 1 GiB, 1 to 16 threads), growth (a\n"
            "                   dispatch buffer from 256 MiB to 4 GiB), trace (a HybridEP-like variable-length\n"
@@ -568,16 +573,21 @@ int main(int argc, char **argv)
     /* the PyTorch columns' child processes (bench_remote_case): internal, not for users */
     if (argc == 5 && !strcmp(argv[1], "--child"))
         return bench_child_main(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-    enum { O_QUICK = 256, O_LONG, O_JSON, O_WORKLOAD, O_ALLOCATORS, O_NO_TORCH, O_CHECK };
+    enum { O_QUICK = 256, O_LONG, O_JSON, O_WORKLOAD, O_ALLOCATORS, O_NO_TORCH, O_CHECK, O_SEED };
     static const struct option opts[] = {
         {"quick", no_argument, NULL, O_QUICK},   {"json", required_argument, NULL, O_JSON},
         {"workload", required_argument, NULL, O_WORKLOAD}, {"no-torch", no_argument, NULL, O_NO_TORCH},
         {"check", no_argument, NULL, O_CHECK},   {"long", no_argument, NULL, O_LONG},
+        {"seed", required_argument, NULL, O_SEED},
         {"allocators", required_argument, NULL, O_ALLOCATORS},   {"help", no_argument, NULL, 'h'}, {0}};
     for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
         switch (c) {
         case O_QUICK: quick = 1; break;
         case O_LONG: long_run = 1; break;
+        case O_SEED:
+            if (cli_u64("fabpool_bench", "--seed", optarg, 1, UINT64_MAX, &seed_opt) != CLI_OK)
+                return cli_usage_error(usage_line);
+            break;
         case O_ALLOCATORS: allocators = optarg; break;
         case O_JSON: json_path = optarg; break;
         case O_WORKLOAD: workload = optarg; break;

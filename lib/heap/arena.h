@@ -7,9 +7,10 @@
  * a run's ends), touching free ranges always merged.  Block sizes are
  * multiples of the arena's quantum, and every base is too.  Free ranges sit
  * in bins, 64 per doubling (TLSF's two-level index, a bitmap and its summary): an
- * allocation takes the smallest free range that fits among the bin of its
- * size and the next bin that holds any, and splits it, keeping the block at
- * its high end.  Where none fits (a miss) the arena grows a free range at
+ * allocation takes the first free range that fits among the first
+ * FP_ARENA_LOOK of the bin of its size, else the first of the next bin that
+ * holds any (a slab: the smallest that fits in those two bins), and splits
+ * it, keeping the block at its high end.  Where none fits (a miss) the arena grows a free range at
  * the low (or high) end of a run into the free address space beside it, or
  * starts a run of its own below its home address, mapping only what is
  * missing plus what the recent growth of the arena says the next
@@ -76,6 +77,7 @@ typedef struct fp_lchunk {
 #define FP_ARENA_SUB_SHIFT 6u                      /* 64 bins per doubling */
 #define FP_ARENA_SUB (1u << FP_ARENA_SUB_SHIFT)
 #define FP_ARENA_NBINS 4096u                       /* 64 x 64: a word of the bitmap's summary each */
+#define FP_ARENA_LOOK 8u                           /* ranges of its own bin a block looks at (fp_arena_fit) */
 #define FP_ARENA_RATE 32u                          /* allocations the growth rate is taken over */
 
 /* How an arena grows and maps (fp_arena_ahead, fp_arena_grow_plan). */
@@ -140,8 +142,8 @@ static inline uint64_t fp_arena_round(const fp_arena *a, uint64_t size)
 }
 
 /* The block of n bytes (a multiple of the quantum), its base a multiple of
- * align (a power of two; the quantum or less: no more than the quantum),
- * cut from the best-fitting free range, no driver call; NULL when none
+ * align (a power of two), cut from a free range that fits (arena.c's
+ * best_fit says which), no driver call; NULL when none
  * fits (*st FABPOOL_OK) or without host memory (*st says so). */
 fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st);
 /* What a miss for a block of n bytes maps beyond what it needs: the blocks
