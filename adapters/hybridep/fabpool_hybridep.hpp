@@ -234,6 +234,16 @@ inline bool mnnvl_off()
     return s == "0" || s == "false";
 }
 
+/* A pool on device with conf (FABPOOL_CONF syntax; the environment's applies on top). */
+inline fabpool_status create_pool(int device, const std::string &conf, fabpool_t **out)
+{
+    fabpool_options o;
+    fabpool_options_init(&o);
+    o.device = device;
+    o.conf = conf.c_str();
+    return fabpool_create(&o, out);
+}
+
 /* A struct fabpool fills, its struct_size set (fabpool.h). */
 template <class T> T sized()
 {
@@ -299,11 +309,7 @@ class PrivateBlocks {
             const char *more = std::getenv("FABPOOL_HYBRIDEP_PRIVATE_CONF");
             if (more && *more)
                 conf += std::string(",") + more;
-            fabpool_options o;
-            fabpool_options_init(&o);
-            o.device = dev;
-            o.conf = conf.c_str();
-            if (fabpool_create(&o, &d.pool) != FABPOOL_OK) {
+            if (create_pool(dev, conf, &d.pool) != FABPOOL_OK) {
                 d.pool = nullptr;
                 return legacy_alloc(ptr, size); /* (fabpool's message is in fabpool_last_error) */
             }
@@ -515,17 +521,12 @@ class ExtendedMemoryAllocator {
             c += ",handle_type:posix_fd";
         if (conf && *conf)
             c += std::string(",") + conf;
-        fabpool_options o;
-        fabpool_options_init(&o);
-        o.device = device;
-        o.conf = c.c_str();
-        fabpool_status s = fabpool_create(&o, &pool_);
+        fabpool_status s = detail::create_pool(device, c, &pool_);
         if (s == FABPOOL_ERR_DRIVER || s == FABPOOL_ERR_LIMIT || s == FABPOOL_ERR_OUT_OF_MEMORY) {
             /* a machine that refuses the large reservation: the pool's default one */
             std::string first = detail::last();
             c.replace(0, std::strlen("reserve:16TiB"), "reserve:0");
-            o.conf = c.c_str();
-            s = fabpool_create(&o, &pool_);
+            s = detail::create_pool(device, c, &pool_);
             if (s != FABPOOL_OK)
                 throw Error(s, "fabpool hybridep: creating the pool on device " + std::to_string(device) + ": " +
                                    first + "; with the default reservation: " + detail::last());
