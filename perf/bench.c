@@ -27,7 +27,7 @@ static int quick;
 static const char *wname(int w)
 {
     return w == W_LATENCY ? "latency" : w == W_GROWTH ? "growth" : w == W_TRACE ? "trace" : w == W_MIXED ? "mixed"
-         : w == W_ACTIVATIONS ? "activations" : "loguniform";
+         : w == W_ACTIVATIONS ? "activations" : w == W_LOGUNIFORM ? "loguniform" : "families";
 }
 
 static void run_any(balloc *a, const bcase *c, bresult *r)
@@ -346,12 +346,12 @@ static void shape_row(int w, shape_case *sc)
         }
         /* the layout's bounds, on the simulated driver, for a whole run */
         if (k == A_FABPOOL && r.ok == 1 && cu.sim && !quick && r.ops_done == (uint64_t)shape_ops(&c.sh)) {
-            if (!long_run && r.peak_ratio > sc->bound) {
+            if (!long_run && sc->bound > 0 && r.peak_ratio > sc->bound) {
                 printf("  %-24s fabpool holds %.3fx its live peak: above the bound %.2f\n", sc->label, r.peak_ratio,
                        sc->bound);
                 check_failed = 1;
             }
-            if (long_run && (r.peak_ratio > r.ratio_tenth + SHAPE_CREEP || r.peak_ratio < r.ratio_tenth - SHAPE_CREEP)) {
+            if (long_run && sc->bound > 0 && (r.peak_ratio > r.ratio_tenth + SHAPE_CREEP || r.peak_ratio < r.ratio_tenth - SHAPE_CREEP)) {
                 printf("  %-24s fabpool's ratio moved from %.3f over the first tenth to %.3f: more than %.2f\n",
                        sc->label, r.ratio_tenth, r.peak_ratio, SHAPE_CREEP);
                 check_failed = 1;
@@ -429,6 +429,29 @@ static void loguniform(void)
     shapes_head("loguniform: sizes log-uniform in 4 KiB..16 MiB, up to 1,500 live, random frees, ns an operation "
                 "(batches of 32)");
     shape_row(W_LOGUNIFORM, &c);
+}
+
+/* Shapes fabpool's layout was not tuned to (shapes.h): peak held / peak live against the other allocators, no
+ * bound of fabpool's own. */
+static void families(void)
+{
+    int x = long_run ? 10 : 1;
+    shape_case cs[] = {
+        {"FIFO 64 KiB..8 MiB", {.kind = SHAPE_FIFO, .seed = 21, .n_live = quick ? 150 : 1500,
+                                .n_ops = (quick ? 4000 : 60000) * x, .min_size = 64u << 10, .max_size = 8u << 20}, 0},
+        {"realloc x1.25 to 512 MiB", {.kind = SHAPE_REALLOC, .seed = 22, .n_live = 200, .layers = 8,
+                                      .n_ops = (quick ? 2000 : 20000) * x, .min_size = 1u << 20,
+                                      .max_size = (quick ? 64u : 512u) << 20}, 0},
+        {"Pareto 4 KiB.. (a 0.8)", {.kind = SHAPE_PARETO, .seed = 23, .n_live = quick ? 400 : 4000,
+                                    .n_ops = (quick ? 4000 : 60000) * x, .min_size = 4096,
+                                    .max_size = (quick ? 64ull : 1024ull) << 20}, 0},
+        {"drift 1 -> 16 MiB", {.kind = SHAPE_DRIFT, .seed = 24, .n_live = quick ? 100 : 1000,
+                               .n_ops = (quick ? 4000 : 60000) * x, .min_size = 1u << 20, .max_size = 16u << 20}, 0},
+    };
+    shapes_head("families: shapes the layout was not tuned to (FIFO, growth by copying, heavy-tailed sizes, sizes "
+                "that drift), ns an operation (batches of 32)");
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        shape_row(W_FAMILIES, &cs[i]);
 }
 
 /* ------------------------------------------------------------------ goals */
@@ -530,15 +553,19 @@ static void help(void)
            "expandable_segments, where a PyTorch was found at configure time) and HybridEP's VMM pattern, every\n"
            "allocator in the same run, in turns (docs/performance.md).  Times mean something only on a GPU.\n\n"
            "  --quick          fewer samples and steps (a smoke run)\n"
-           "  --long           the shapes (mixed, activations, loguniform) ten times as long, to show nothing creeps\n"
+           "  --long           the shapes (mixed, activations, loguniform, families) ten times as long, to show\n"
+           "                   nothing creeps\n"
            "  --seed N         the shapes' random sequences from seed N (1 or more) instead of their own (7, 8,\n"
-           "                   11, 9): the same shape over other draws, for the spread of its peak held / live\n"
+           "                   11, 9; 21 to 24): the same shape over other draws, for the spread of its peak held /\n"
+           "                   live\n"
            "  --json FILE      every figure as one JSON object into FILE\n"
            "  --workload W,... latency (alloc + free, warm and cold, 256 B to 1 GiB, 1 to 16 threads), growth (a\n"
            "                   dispatch buffer from 256 MiB to 4 GiB), trace (a HybridEP-like variable-length\n"
            "                   trace, with and without sharing), mixed (RMM-style live sets), activations (a\n"
            "                   transformer-like step: activations sized by a sequence length, freed in reverse),\n"
-           "                   loguniform (log-uniform sizes, random frees), or all (default); a comma list\n"
+           "                   loguniform (log-uniform sizes, random frees), families (shapes the layout was\n"
+           "                   not tuned to: FIFO, growth by copying, heavy-tailed sizes, drifting sizes), or\n"
+           "                   all (default); a comma list\n"
            "  --allocators A,...  only these allocators, by their JSON keys (fabpool, fabpool_notc, cuMemAllocAsync,\n"
            "                   cuMemAlloc, hybridep, torch, torch_expandable)\n"
            "  --no-torch       leave out PyTorch's columns\n"
@@ -605,9 +632,10 @@ int main(int argc, char **argv)
     int w_lat = all || listed(workload, "latency"), w_gro = all || listed(workload, "growth");
     int w_tra = all || listed(workload, "trace"), w_mix = all || listed(workload, "mixed");
     int w_act = all || listed(workload, "activations"), w_log = all || listed(workload, "loguniform");
-    if (!w_lat && !w_gro && !w_tra && !w_mix && !w_act && !w_log) {
-        fprintf(stderr, "fabpool_bench: unknown workload '%s' (latency, growth, trace, mixed, activations, loguniform "
-                        "or all)\n", workload);
+    int w_fam = all || listed(workload, "families");
+    if (!w_lat && !w_gro && !w_tra && !w_mix && !w_act && !w_log && !w_fam) {
+        fprintf(stderr, "fabpool_bench: unknown workload '%s' (latency, growth, trace, mixed, activations, loguniform, "
+                        "families or all)\n", workload);
         return cli_usage_error(usage_line);
     }
     if (bench_load_driver()) {
@@ -645,6 +673,8 @@ int main(int argc, char **argv)
         activations();
     if (w_log)
         loguniform();
+    if (w_fam)
+        families();
     goals(w_lat, w_gro);
     if (js) {
         fprintf(js, "\n]}\n");

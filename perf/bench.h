@@ -94,7 +94,7 @@ int bench_child_main(int kind, int fd_in, int fd_out);
 
 /* ---------------------------------------------------------------- cases */
 
-enum { W_LATENCY = 1, W_GROWTH, W_TRACE, W_MIXED, W_ACTIVATIONS, W_LOGUNIFORM };
+enum { W_LATENCY = 1, W_GROWTH, W_TRACE, W_MIXED, W_ACTIVATIONS, W_LOGUNIFORM, W_FAMILIES };
 
 #define BQ 21           /* quantiles p0, p5, ..., p100 */
 #define BSERIES 512     /* at most this many steps recorded per growth case */

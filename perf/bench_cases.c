@@ -496,7 +496,14 @@ static void run_shape(balloc *a, const bcase *c, bresult *r)
     double deadline = bench_now_ns() + c->budget_s * 1e9;
     long done = 0;
     shape_run sr;
-    shape_start(&sr, &c->sh);
+    if (!live || !lsz || !v || !mv || shape_start(&sr, &c->sh) != 0) {
+        snprintf(r->error, sizeof r->error, "no host memory for the shape's %d live blocks", cap);
+        free(v);
+        free(mv);
+        free(live);
+        free(lsz);
+        return;
+    }
     r->ratio_tenth = -1;
     while (done < nops && !failed) {
         double t0 = bench_now_ns();
@@ -538,6 +545,7 @@ static void run_shape(balloc *a, const bcase *c, bresult *r)
         if (bench_now_ns() > deadline)
             break;
     }
+    shape_end(&sr);
     for (int i = 0; i < nlive; i++)
         a->free(a, live[i]);
     r->ops_done = (uint64_t)done;
@@ -575,7 +583,8 @@ void bench_run_case(balloc *a, const bcase *c, bresult *r)
         run_latency(a, c, r);
     else if (c->workload == W_GROWTH || c->workload == W_TRACE)
         run_growth(a, c, r);
-    else if (c->workload == W_MIXED || c->workload == W_ACTIVATIONS || c->workload == W_LOGUNIFORM)
+    else if (c->workload == W_MIXED || c->workload == W_ACTIVATIONS || c->workload == W_LOGUNIFORM ||
+             c->workload == W_FAMILIES)
         run_shape(a, c, r);
     else
         snprintf(r->error, sizeof r->error, "unknown workload %d", c->workload);

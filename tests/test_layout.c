@@ -49,7 +49,7 @@ static outcome replay(const shape *s)
     long done = 0, half = shape_ops(s) / 2;
     int n = 0, j;
     shape_run r;
-    shape_start(&r, s);
+    CHECK(shape_start(&r, s) == 0);
     while (shape_next(&r, &sz, &j)) {
         if (sz) {
             fabpool_status st = fabpool_alloc(p, sz, &live[n]);
@@ -72,6 +72,7 @@ static outcome replay(const shape *s)
                 o.half = (double)peak_held / (double)peak_live;
         }
     }
+    shape_end(&r);
     for (int i = 0; i < n; i++)
         CHECK_OK(fabpool_free(p, live[i]));
     CHECK_OK(fabpool_destroy(p));

@@ -8,10 +8,12 @@
 #   stream       fabpool_bench_stream: the stream-ordered pair against cuMemAllocAsync
 #   moe          adapters/torch/test_torch_moe.py in default, fabpool and mempool modes (losses compared)
 #   layout       fabpool_bench's shapes of changing sizes (mixed, activations, loguniform), every allocator
+#   families     fabpool_bench's shapes the layout was not tuned to (FIFO, growth by copying, Pareto sizes, drift),
+#                every allocator
 #   shapes       perf/torch_shapes.py: the same kind of shapes through PyTorch, fabpool installed against PyTorch's
 #                default, expandable segments and cudaMallocAsync (peak used memory over peak live)
 # CHECKS=tests,sleep,... picks some.  Writes under $OUT: checks.txt (this log), ctest.txt, sleep.json,
-# stream-bench.json, moe-*.json; the last line is SUMMARY name=rc ...
+# stream-bench.json, moe-*.json, layout-bench.*, families-bench.*; the last line is SUMMARY name=rc ...
 set -u
 . perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
 h200_out /tmp/fabpool-checks checks.txt
@@ -33,6 +35,8 @@ want() { [[ ",$CHECKS," == *",$1,"* ]]; }
        --modes default,fabpool,mempool --workdir "$OUT"
   want layout && step layout 300 bash -c "'$B/fabpool_bench' --workload mixed,activations,loguniform \
        --json '$OUT/layout-bench.json' > '$OUT/layout-bench.txt' 2>&1; rc=\$?; tail -n 60 '$OUT/layout-bench.txt'; exit \$rc"
+  want families && step families 420 bash -c "'$B/fabpool_bench' --workload families \
+       --json '$OUT/families-bench.json' > '$OUT/families-bench.txt' 2>&1; rc=\$?; tail -n 40 '$OUT/families-bench.txt'; exit \$rc"
   want shapes && step shapes 420 python3 perf/torch_shapes.py --lib "$LIB" --json "$OUT/torch-shapes.json"
   echo "SUMMARY ${status[*]}"
 } > "$LOG" 2>&1

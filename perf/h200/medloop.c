@@ -79,7 +79,8 @@ int main(int argc, char **argv)
             return 1;
         }
         shape_run sr;
-        shape_start(&sr, &s);
+        if (shape_start(&sr, &s) != 0)
+            return 1;
         int nlive = 0, nv = 0, j = 0, k;
         long done = 0;
         uint64_t size = 0;
