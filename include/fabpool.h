@@ -264,7 +264,9 @@ FABPOOL_API fabpool_status fabpool_usable_size(fabpool_t *pool, const void *ptr,
  * caches are flushed when they next call the pool or exit.  Memory is
  * unmapped by whole chunks: free memory that shares a slab with live blocks,
  * or a chunk with a live block (a chunk is up to 64 MiB where an arena grew
- * fast, else a quarter of the block it was mapped for), stays mapped until
+ * fast, else a quarter of the block it was mapped for, capped at the
+ * largest of four granules, a 64th of what its arena held and a 64th of the
+ * block), stays mapped until
  * they are freed.  Without a call, free memory goes back
  * by itself once unused for decay_ms (docs/config.md). */
 FABPOOL_API fabpool_status fabpool_trim(fabpool_t *pool, size_t keep_bytes);

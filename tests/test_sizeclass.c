@@ -609,10 +609,11 @@ static void test_large(void)
     CHECK_OK(fabpool_free(p, d));
     CHECK_OK(fabpool_free(p, c));
     /* and a free range grows into the address space beside it: only the
-     * difference (40 MiB) is mapped, in chunks of a quarter of it on their
-     * grid (arena.c): at most five */
+     * difference (40 MiB) is mapped, in chunks of a quarter of it and at
+     * most four granules beside an arena this small, on their grid
+     * (arena_grow.c): at most six */
     CHECK_OK(fabpool_alloc(p, 100 * MB, &d));
-    CHECK(t_stats(p).mapped_bytes == 100 * MB && t_stats(p).chunks_mapped_total - n <= 5);
+    CHECK(t_stats(p).mapped_bytes == 100 * MB && t_stats(p).chunks_mapped_total - n <= 6);
     CHECK_OK(fabpool_free(p, d));
     destroy_clean(p);
 
@@ -674,6 +675,40 @@ static void test_large(void)
            (unsigned long long)(after[0] >> 20), (unsigned long long)(after[1] >> 20));
     CHECK(after[0] == 256 * MB && after[1] == 384 * MB);
     CHECK(traded[0] == 128 * MB && traded[1] == 0);
+
+    /* A block cut from a freed large block's range keeps only the chunk it lands in mapped, and a large
+     * block's chunks are small beside what its arena holds: at most four granules, a 64th of the arena or a
+     * 64th of the block (arena_grow.c).  64, 256 and 64 MiB, the middle one freed, 512 KiB cut from its
+     * range (the only free one), then 320 MiB, which no range fits: the miss (large_slack:0) unmaps every
+     * chunk of the 256 MiB but the one under the 512 KiB block, 8 MiB, where chunks of a quarter of the
+     * block (up to 32 MiB) kept 32 MiB. */
+    p = t_pool("handle_type:none,decay_ms:600000,large_slack:0");
+    if (!p)
+        return;
+    void *hi = NULL, *mid = NULL, *lo = NULL, *small = NULL, *big = NULL;
+    CHECK_OK(fabpool_alloc(p, 64 * MB, &hi));
+    CHECK_OK(fabpool_alloc(p, 256 * MB, &mid));
+    CHECK_OK(fabpool_alloc(p, 64 * MB, &lo));
+    CHECK(t_stats(p).chunks_mapped_total >= 32 + 2); /* the 256 MiB in chunks of at most 8 MiB */
+    CHECK_OK(fabpool_free(p, mid));
+    CHECK_OK(fabpool_alloc(p, 512 << 10, &small));
+    CHECK((char *)small >= (char *)mid && (char *)small < (char *)mid + 256 * MB);
+    CHECK_OK(fabpool_alloc(p, 320 * MB, &big));
+    uint64_t held = t_stats(p).mapped_bytes;
+    printf("pinned: 64 + 64 + 320 MiB live and 512 KiB in a freed 256 MiB range: %llu MiB mapped\n",
+           (unsigned long long)(held >> 20));
+    CHECK(held <= (64 + 64 + 320 + 8) * MB);
+    if (t_ledger_p)
+        CHECK(t_ledger().bytes_held == held);
+    t_put_tag(small, 512 << 10, 0x51);
+    t_put_tag(big, 320 * MB, 0xb1);
+    CHECK(t_tag_ok(small, 512 << 10, 0x51) && t_tag_ok(big, 320 * MB, 0xb1));
+    CHECK_OK(fabpool_check(p));
+    CHECK_OK(fabpool_free(p, small));
+    CHECK_OK(fabpool_free(p, big));
+    CHECK_OK(fabpool_free(p, hi));
+    CHECK_OK(fabpool_free(p, lo));
+    destroy_clean(p);
 }
 
 /* ------------------------------------------------------------ lone */
