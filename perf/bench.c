@@ -302,7 +302,7 @@ static void growth(int trace)
 typedef struct shape_case {
     const char *label;
     shape sh;
-    double bound;
+    double bound;      /* 0: none (a shape there to compare allocators, not to hold fabpool to) */
 } shape_case;
 
 static int long_run;     /* --long: ten times the operations */

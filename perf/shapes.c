@@ -86,6 +86,7 @@ static int take(shape_run *r, int j, uint64_t *size, int *index)
     return 1;
 }
 
+/* A size log-uniform in lo..hi. */
 static uint64_t logu_in(uint64_t *rng, uint64_t lo, uint64_t hi)
 {
     double l = log((double)lo), h = log((double)hi);
@@ -93,8 +94,8 @@ static uint64_t logu_in(uint64_t *rng, uint64_t lo, uint64_t hi)
     return x < lo ? lo : x > hi ? hi : x;
 }
 
-/* The families the layout was not tuned to (shapes.h). */
-static int family_next(shape_run *r, uint64_t *size, int *index)
+/* FIFO and realloc: the shapes that free particular blocks (shapes.h). */
+static int tracked_next(shape_run *r, uint64_t *size, int *index)
 {
     const shape *s = &r->s;
     if (s->kind == SHAPE_FIFO) {
@@ -102,64 +103,58 @@ static int family_next(shape_run *r, uint64_t *size, int *index)
             return give(r, logu_in(&r->rng, s->min_size, s->max_size), size);
         return take(r, (int)r->id_slot[r->oldest++], size, index);
     }
-    if (s->kind == SHAPE_REALLOC) {
-        for (;;) {
-            if (r->left > 0) {
-                r->left--;
-                return give(r, logu_in(&r->rng, 4096, 2u << 20), size);
-            }
-            if (r->phase == 0) { /* the next size, allocated before the old buffer goes */
-                uint64_t next = r->big_size + r->big_size / 4;
-                r->big_size = !r->big_size || next > s->max_size ? s->min_size : next;
-                r->phase = 1;
-                r->len = (int)r->next_id;
-                return give(r, r->big_size, size);
-            }
-            if (r->phase == 1) {
-                r->phase = 2;
-                long old = r->big;
-                r->big = r->len;
-                if (old >= 0)
-                    return take(r, (int)r->id_slot[old], size, index);
-            }
-            if (r->nlive > s->n_live) { /* a random small block */
-                int j = (int)(shape_rng(&r->rng) % (uint64_t)r->nlive);
-                if (r->slot_id[j] == r->big)
-                    j = (j + 1) % r->nlive;
-                return take(r, j, size, index);
-            }
-            r->phase = 0;
-            r->left = s->layers;
+    for (;;) {
+        if (r->left > 0) {
+            r->left--;
+            return give(r, logu_in(&r->rng, 4096, 2u << 20), size);
         }
-    }
-    int cap = s->n_live;
-    if (r->nlive == 0 || (r->nlive < cap && shape_unit(&r->rng) < 0.5 + 0.5 * (1.0 - (double)r->nlive / cap))) {
-        double x;
-        if (s->kind == SHAPE_PARETO)
-            x = (double)s->min_size * pow(1.0 - shape_unit(&r->rng) * 0.999999, -1.0 / 0.8);
-        else { /* drift */
-            double mean = (double)s->min_size + (double)(s->max_size - s->min_size) * (double)r->done / (double)r->total;
-            x = mean * (1.0 + shape_normal(&r->rng) / 4.0);
-            x = x < 4096 ? 4096 : x;
+        if (r->phase == 0) { /* the next size, allocated before the old buffer goes */
+            uint64_t next = r->big_size + r->big_size / 4;
+            r->big_size = !r->big_size || next > s->max_size ? s->min_size : next;
+            r->phase = 1;
+            r->fresh = r->next_id;
+            return give(r, r->big_size, size);
         }
-        return give(r, x > (double)s->max_size * (s->kind == SHAPE_DRIFT ? 2 : 1)
-                           ? s->max_size * (s->kind == SHAPE_DRIFT ? 2 : 1) : (uint64_t)x, size);
+        if (r->phase == 1) {
+            r->phase = 2;
+            long old = r->big;
+            r->big = r->fresh;
+            if (old >= 0)
+                return take(r, (int)r->id_slot[old], size, index);
+        }
+        if (r->nlive > s->n_live) { /* a random small block */
+            int j = (int)(shape_rng(&r->rng) % (uint64_t)r->nlive);
+            if (r->slot_id[j] == r->big)
+                j = (j + 1) % r->nlive;
+            return take(r, j, size, index);
+        }
+        r->phase = 0;
+        r->left = s->layers;
     }
-    return take(r, (int)(shape_rng(&r->rng) % (uint64_t)r->nlive), size, index);
 }
 
+/* The size of a random live set's next block. */
 static uint64_t mixed_size(shape_run *r)
 {
     const shape *s = &r->s;
-    if (s->kind == SHAPE_UNIFORM)
+    double x;
+    switch (s->kind) {
+    case SHAPE_UNIFORM:
         return 1 + shape_rng(&r->rng) % s->max_size;
-    if (s->kind == SHAPE_NORMAL) {
-        double x = (double)s->max_size / 2 * (1.0 + shape_normal(&r->rng) / 3.0);
+    case SHAPE_NORMAL:
+        x = (double)s->max_size / 2 * (1.0 + shape_normal(&r->rng) / 3.0);
         return x < 1 ? 1 : x > (double)s->max_size ? s->max_size : (uint64_t)x;
+    case SHAPE_PARETO:
+        x = (double)s->min_size * pow(1.0 - shape_unit(&r->rng) * 0.999999, -1.0 / 0.8);
+        return x > (double)s->max_size ? s->max_size : (uint64_t)x;
+    case SHAPE_DRIFT: { /* up to twice the last mean */
+        double mean = (double)s->min_size + (double)(s->max_size - s->min_size) * (double)r->done / (double)r->total;
+        x = mean * (1.0 + shape_normal(&r->rng) / 4.0);
+        return x < 4096 ? 4096 : x > 2.0 * (double)s->max_size ? 2 * s->max_size : (uint64_t)x;
     }
-    double lo = log((double)s->min_size), hi = log((double)s->max_size);
-    uint64_t x = (uint64_t)exp(lo + shape_unit(&r->rng) * (hi - lo));
-    return x < s->min_size ? s->min_size : x > s->max_size ? s->max_size : x;
+    default:
+        return logu_in(&r->rng, s->min_size, s->max_size);
+    }
 }
 
 int shape_next(shape_run *r, uint64_t *size, int *index)
@@ -168,8 +163,8 @@ int shape_next(shape_run *r, uint64_t *size, int *index)
     if (r->done >= r->total)
         return 0;
     r->done++;
-    if (s->kind >= SHAPE_FIFO)
-        return family_next(r, size, index);
+    if (tracked(s))
+        return tracked_next(r, size, index);
     if (s->kind == SHAPE_STEPS) {
         if (r->nlive == 0 && r->left == 0) { /* a new step */
             r->len = s->len_lo + (int)(shape_rng(&r->rng) % (uint64_t)(s->len_hi - s->len_lo + 1));

@@ -56,7 +56,8 @@ typedef struct shape_run {
     /* FIFO and realloc free particular blocks: each block's id (the count of allocations before it) and the
      * caller's slot of each, kept as the caller moves its last live block into a freed slot */
     long *slot_id, *id_slot;
-    long next_id, oldest, big;         /* the next id; FIFO: the oldest live; realloc: the buffer's (-1: none) */
+    long next_id, oldest;              /* the next id; FIFO: the oldest live */
+    long big, fresh;                   /* realloc: the buffer's id (-1: none), and its successor's */
     int phase;                         /* realloc: 0 allocate the next size, 1 free the old one, 2 free small blocks */
     uint64_t big_size;
 } shape_run;

@@ -79,8 +79,10 @@ int main(int argc, char **argv)
             return 1;
         }
         shape_run sr;
-        if (shape_start(&sr, &s) != 0)
+        if (shape_start(&sr, &s) != 0) {
+            fprintf(stderr, "medloop: no host memory for the shape\n");
             return 1;
+        }
         int nlive = 0, nv = 0, j = 0, k;
         long done = 0;
         uint64_t size = 0;
