@@ -315,8 +315,11 @@ static void alloc_block(int p, int on_stream)
 {
     fabpool_status st;
     int i;
-    size_t sz = chance(80) ? (size_t)logsize(1, 256 * KB) : chance(70) ? (size_t)logsize(256 * KB, 4 * MB)
-                                                                       : (size_t)logsize(4 * MB, 16 * MB);
+    /* up to 96 MiB: a growth that large is cut into chunks capped beside what the arena holds */
+    size_t sz = chance(80)   ? (size_t)logsize(1, 256 * KB)
+                : chance(70) ? (size_t)logsize(256 * KB, 4 * MB)
+                : chance(85) ? (size_t)logsize(4 * MB, 16 * MB)
+                             : (size_t)logsize(32 * MB, 96 * MB);
     int s = on_stream ? stream_choice() : -1;
     int owner_call = on_stream ? own_claim(p, s) : (P[p].own >= -1 ? (P[p].own = OWN_OFF, 0) : 0);
     snprintf(cur_what, sizeof cur_what, "pool %c, %zu bytes%s%s", 'A' + p, sz, on_stream ? ", stream " : "",
