@@ -359,8 +359,10 @@ SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
     if (!sim_valid_device(d))
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&sim_lock);
-    primary[d].dev = d;
-    primary[d].magic = CTX_MAGIC;
+    if (primary[d].magic != CTX_MAGIC) { /* set once: threads holding the context read them without the lock */
+        primary[d].dev = d;
+        primary[d].magic = CTX_MAGIC;
+    }
     primary[d].retains++;
     pthread_mutex_unlock(&sim_lock);
     *c = (CUcontext)&primary[d];
