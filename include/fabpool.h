@@ -121,8 +121,9 @@ typedef struct fabpool_options {
     uint32_t decay_ms;             /* free memory not reused for this long goes back to the driver;
                                       0: at once (decay_ms) */
     uint32_t large_slack_percent;  /* free memory a miss leaves mapped in each arena, in percent of that
-                                      arena's live blocks; beyond it a miss trades free chunks for the new
-                                      block's (large_slack) */
+                                      arena's live blocks, counted in free ranges that recent blocks would
+                                      fit; beyond it a miss trades free chunks for the new block's
+                                      (large_slack) */
     uint32_t sleep_keep_host;      /* 1: wake keeps the pinned host copies for the next sleep with offload,
                                       which reuses them when every chunk finds a piece of its size
                                       (sleep_keep_host); fabpool_trim frees them */
@@ -263,12 +264,11 @@ FABPOOL_API fabpool_status fabpool_usable_size(fabpool_t *pool, const void *ptr,
  * mapped (0: all).  Flushes the calling thread's cache first; other threads'
  * caches are flushed when they next call the pool or exit.  Memory is
  * unmapped by whole chunks: free memory that shares a slab with live blocks,
- * or a chunk with a live block (a chunk is up to 64 MiB where an arena grew
- * fast, else a quarter of the block it was mapped for, capped at the
- * largest of four granules, a 64th of what its arena held and a 64th of the
- * block), stays mapped until
- * they are freed.  Without a call, free memory goes back
- * by itself once unused for decay_ms (docs/config.md). */
+ * or a chunk with a live block, stays mapped until they are freed (a chunk
+ * is up to 64 MiB where an arena grew fast, else a quarter of the block it
+ * was mapped for, capped at the largest of four granules, a 64th of what
+ * its arena held and a 64th of the block).  Without a call, free memory
+ * goes back by itself once unused for decay_ms (docs/config.md). */
 FABPOOL_API fabpool_status fabpool_trim(fabpool_t *pool, size_t keep_bytes);
 /* Returns the calling thread's cached blocks to the pool. */
 FABPOOL_API fabpool_status fabpool_thread_flush(fabpool_t *pool);

@@ -145,7 +145,7 @@ static uint64_t fab_calls(balloc *a)
 
 static uint64_t fab_maps(balloc *a)
 {
-    fabpool_counters k;
+    fabpool_counters k = {.struct_size = sizeof k};
     if (fabpool_get_counters(a->pool, &k) != FABPOOL_OK)
         return UINT64_MAX;
     return k.chunks_mapped_total + k.chunks_unmapped_total;

@@ -711,6 +711,64 @@ static void test_large(void)
     destroy_clean(p);
 }
 
+/* A miss's trade keeps the slack in free ranges that recent blocks would
+ * fit.  One-MiB holes between live blocks (inside the chunks mapped ahead
+ * for them: no whole chunk to unmap) are free bytes that none of the 4 MiB
+ * blocks asked for since would fit; a freed 24 MiB block's range would.  A
+ * miss for 96 MiB (large_slack:10, about 33 MiB) may trade free chunks, but
+ * not that range while it is within the slack: the 4 MiB blocks that
+ * follow are cut from it, with no chunk mapped.  Counted among the slack,
+ * the holes let the trade unmap the range, and those blocks mapped eight
+ * chunks again. */
+static void test_trade_keeps_fitting_ranges(void)
+{
+    fabpool_t *p = t_pool("handle_type:none,decay_ms:600000,large_slack:10");
+    if (!p)
+        return;
+    enum { NH = 48, NF = 40, NG = 4 };
+    void *hole[NH], *fence[NH], *f[NF], *g[NG], *u = NULL, *w = NULL, *x = NULL;
+    CHECK_OK(fabpool_alloc(p, 24 * MB, &w)); /* above the range u leaves, so that no growth extends it */
+    CHECK_OK(fabpool_alloc(p, 24 * MB, &u));
+    for (int i = 0; i < NH; i++) {
+        CHECK_OK(fabpool_alloc(p, 1 * MB, &fence[i]));
+        CHECK_OK(fabpool_alloc(p, 1 * MB, &hole[i]));
+    }
+    for (int i = 0; i < NF; i++)
+        CHECK_OK(fabpool_alloc(p, 4 * MB, &f[i]));
+    for (int i = 0; i < NH; i++)
+        CHECK_OK(fabpool_free(p, hole[i]));
+    CHECK_OK(fabpool_free(p, u));
+    uint64_t before = t_stats(p).mapped_bytes;
+    CHECK_OK(fabpool_alloc(p, 96 * MB, &x));
+    fabpool_stats s1 = t_stats(p);
+    CHECK(s1.mapped_bytes <= before + 96 * MB);
+    for (int i = 0; i < NG; i++)
+        CHECK_OK(fabpool_alloc(p, 4 * MB, &g[i]));
+    fabpool_stats s2 = t_stats(p);
+    printf("trade: %llu MiB traded for the 96 MiB miss; %llu chunks mapped for the 4 MiB blocks after it\n",
+           (unsigned long long)(s1.traded_bytes >> 20),
+           (unsigned long long)(s2.chunks_mapped_total - s1.chunks_mapped_total));
+    CHECK(s2.chunks_mapped_total == s1.chunks_mapped_total && s2.mapped_bytes == s1.mapped_bytes);
+    for (int i = 0; i < NG; i++)
+        CHECK((char *)g[i] >= (char *)u && (char *)g[i] + 4 * MB <= (char *)u + 24 * MB);
+    if (t_ledger_p)
+        CHECK(t_ledger().bytes_held == s2.mapped_bytes);
+    for (int i = 0; i < NG; i++)
+        t_put_tag(g[i], 4 * MB, 0x60 + (unsigned)i);
+    for (int i = 0; i < NG; i++)
+        CHECK(t_tag_ok(g[i], 4 * MB, 0x60 + (unsigned)i));
+    CHECK_OK(fabpool_check(p));
+    for (int i = 0; i < NG; i++)
+        CHECK_OK(fabpool_free(p, g[i]));
+    CHECK_OK(fabpool_free(p, x));
+    CHECK_OK(fabpool_free(p, w));
+    for (int i = 0; i < NF; i++)
+        CHECK_OK(fabpool_free(p, f[i]));
+    for (int i = 0; i < NH; i++)
+        CHECK_OK(fabpool_free(p, fence[i]));
+    destroy_clean(p);
+}
+
 /* ------------------------------------------------------------ lone */
 
 /* A block alone in its pool maps at most its size rounded up to the
@@ -897,6 +955,7 @@ int main(int argc, char **argv)
         {"lone", test_lone},
         {"huge", test_huge},
         {"large", test_large},
+        {"trade", test_trade_keeps_fitting_ranges},
         {"decay", test_decay},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)

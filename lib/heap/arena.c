@@ -430,19 +430,24 @@ static int unmap_in(fp_arena *a, fp_piece *f, size_t ci)
     return 0;
 }
 
-uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal)
+uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal, uint64_t fit, uint64_t keep)
 {
     fp_lock_assert_held(&a->sp->lock);
-    uint64_t done = 0;
+    uint64_t done = 0, useful = 0;
     /* only a free range of a granule or more can hold a chunk: bins from there up */
     unsigned b0 = bin_of(a->sp->gran >> a->qshift);
+    if (fit)
+        for (unsigned b = bin_next(a, bin_of(fit >> a->qshift)); b < FP_ARENA_NBINS; b = bin_next(a, b + 1))
+            for (fp_piece *p = P(a->bins[b]); p; p = P(p->next))
+                useful += SZ(p) >= fit ? SZ(p) : 0;
     while (done < goal) {
         fp_piece *f = NULL;
         size_t ci = 0;
         for (unsigned b = bin_next(a, b0); b < FP_ARENA_NBINS && !f; b = bin_next(a, b + 1))
             for (fp_piece *p = P(a->bins[b]); p && !f; p = P(p->next)) {
                 size_t i = fp_arena_chunk_lower(a, p->base);
-                if (i < a->n_chunks && a->chunks[i].va + a->chunks[i].size <= p->base + SZ(p)) {
+                if (i < a->n_chunks && a->chunks[i].va + a->chunks[i].size <= p->base + SZ(p) &&
+                    (!fit || SZ(p) < fit || useful >= keep + a->chunks[i].size)) {
                     f = p;
                     ci = i;
                 }
@@ -451,12 +456,32 @@ uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal)
         if (!f || fp_arena_spare_reserve(a, 1) != 0 ||
             FP_ARRAY_RESERVE(a->sp->meta, a->runs, a->n_runs, a->cap_runs, a->n_runs + 1, 8) != 0)
             break;
-        uint64_t size = a->chunks[ci].size;
+        uint64_t size = a->chunks[ci].size, low = a->chunks[ci].va - f->base, high = SZ(f) - low - size;
+        if (fit && SZ(f) >= fit) /* the chunk goes, and what is left of f on either side if it fits no more */
+            useful -= size + (low < fit ? low : 0) + (high < fit ? high : 0);
         if (unmap_in(a, f, ci) != 0)
             break;
         done += size;
     }
     return done;
+}
+
+uint64_t fp_arena_recent_size(const fp_arena *a, unsigned rank)
+{
+    unsigned k = a->ring_at < FP_ARENA_RATE ? a->ring_at : FP_ARENA_RATE;
+    if (!k)
+        return 0;
+    uint64_t s[FP_ARENA_RATE];
+    memcpy(s, a->ring_size, k * sizeof *s);
+    unsigned want = rank * k / FP_ARENA_RATE;
+    for (unsigned i = 0; i <= want; i++) /* a partial selection sort: rank is small */
+        for (unsigned j = i + 1; j < k; j++)
+            if (s[j] < s[i]) {
+                uint64_t t = s[i];
+                s[i] = s[j];
+                s[j] = t;
+            }
+    return s[want];
 }
 
 void fp_arena_destroy(fp_arena *a)

@@ -179,9 +179,14 @@ static inline fp_piece *fp_arena_block(const fp_arena *a, uint64_t addr)
 /* Frees the block in slot `slot` of the table of blocks (fp_arena_block_slot):
  * merged with the free ranges touching it. */
 void fp_arena_release(fp_arena *a, size_t slot);
-/* Unmaps chunks that lie wholly in free ranges (not held ones) until goal
- * bytes went back or none is left; returns the bytes unmapped. */
-uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal);
+/* Unmaps chunks that lie wholly in free ranges (not held ones), those in
+ * the smallest ranges first, until goal bytes went back or none is left;
+ * returns the bytes unmapped.  fit != 0: free ranges of fit bytes or more
+ * keep at least `keep` bytes among them (fit == 0: no range is kept). */
+uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal, uint64_t fit, uint64_t keep);
+/* The size of the rank-th smallest (from 0) of the arena's last
+ * FP_ARENA_RATE blocks (rank scaled down while fewer were cut); 0 if none. */
+uint64_t fp_arena_recent_size(const fp_arena *a, unsigned rank);
 /* The piece that holds addr, or NULL (a walk of the run: for messages). */
 const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr);
 
