@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""snapshot_trace.py - a PyTorch memory snapshot as a fabpool trace, to replay a PyTorch run against fabpool.
+
+    python3 perf/snapshot_trace.py [--device N] SNAPSHOT.pickle OUT.trace[.gz]
+
+SNAPSHOT is what torch.cuda.memory._dump_snapshot writes after _record_memory_history: a pickle of plain dicts and
+lists, read here without PyTorch. Its history of one device becomes a fabpool trace (include/fabpool_trace_format.h)
+that fabpool_trace summarises and fabpool_replay replays against fabpool, cudaMallocAsync and PyTorch's allocators:
+
+  alloc                      an application allocation (app_alloc) of the block's size on its stream
+  free_completed             its free (app_free): when PyTorch could reuse the memory, after the work of every
+                             stream the block was recorded on; a free requested and never completed stays live
+  segment_alloc, _free       what PyTorch held (map and unmap records): cudaMalloc'd segments, and
+  segment_map, _unmap        expandable segments' ranges, in 2 MiB pages so that every unmap names a map
+
+The sizes are those PyTorch's allocator gave (rounded up to 512 bytes, or more with roundup_power2_divisions),
+a little above what the program asked. The history is a ring of max_entries events: frees, unmaps and ends of
+blocks allocated before it began are left out, and counted. The times are `time_us` where the snapshot has it.
+Prints the peak live bytes, the peak PyTorch held and their ratio.
+"""
+import argparse
+import gzip
+import pickle
+import struct
+import sys
+
+MAGIC = b"FPTRACE\0"
+VERSION, HEADER_BYTES, RECORD_BYTES = 1, 64, 40
+OP_MAP, OP_UNMAP, OP_APP_ALLOC, OP_APP_FREE = 10, 11, 7, 8
+PAGE = 2 << 20  # PyTorch's expandable segments map whole pages of 2 MiB or multiples of it
+FNV_OFFSET, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
+
+
+def fnv1a(h, data):
+    for b in data:
+        h = ((h ^ b) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def pages(addr, size):
+    """A mapped range as the pages it is made of, where it is made of whole pages."""
+    if addr % PAGE or size % PAGE:
+        return [(addr, size)]
+    return [(addr + k, PAGE) for k in range(0, size, PAGE)]
+
+
+def convert(events):
+    """fabpool trace records (t_ns, ptr, size, arg, op) from one device's events, and what was left out."""
+    recs, live, mapped = [], {}, {}
+    left = {"frees of blocks from before the history": 0, "unmaps of ranges from before it": 0, "oom events": 0}
+    t0 = next((e["time_us"] for e in events if e.get("time_us") is not None), None)
+    last = 0
+    bytes_live = peak_live = bytes_held = peak_held = 0
+    for i, e in enumerate(events):
+        action, addr, size = e.get("action"), int(e.get("addr", 0)), int(e.get("size", 0))
+        t = (int(e["time_us"]) - t0) * 1000 if t0 is not None and e.get("time_us") is not None else i * 1000
+        t = last = max(last, t)  # time never goes back in a trace
+        stream = int(e.get("stream", 0)) & 0xFFFFFFFFFFFFFFFF
+        if action == "alloc":
+            if addr in live:  # a second alloc of a live address: the history lost its free
+                recs.append((t, addr, 0, live[addr][1], OP_APP_FREE))
+                bytes_live -= live.pop(addr)[0]
+            live[addr] = (size, stream)
+            bytes_live += size
+            peak_live = max(peak_live, bytes_live)
+            recs.append((t, addr, size, stream, OP_APP_ALLOC))
+        elif action == "free_completed":
+            if addr not in live:
+                left["frees of blocks from before the history"] += 1
+                continue
+            size, stream = live.pop(addr)
+            bytes_live -= size
+            recs.append((t, addr, 0, stream, OP_APP_FREE))
+        elif action in ("segment_alloc", "segment_map"):
+            for a, n in pages(addr, size) if action == "segment_map" else [(addr, size)]:
+                if a in mapped:
+                    continue
+                mapped[a] = n
+                bytes_held += n
+                recs.append((t, a, n, 0, OP_MAP))
+            peak_held = max(peak_held, bytes_held)
+        elif action in ("segment_free", "segment_unmap"):
+            for a, n in pages(addr, size) if action == "segment_unmap" else [(addr, size)]:
+                if mapped.get(a) != n:
+                    left["unmaps of ranges from before it"] += 1
+                    continue
+                del mapped[a]
+                bytes_held -= n
+                recs.append((t, a, n, 0, OP_UNMAP))
+        elif action == "oom":
+            left["oom events"] += 1
+    return recs, left, peak_live, peak_held
+
+
+def write_trace(path, recs, device):
+    body = bytearray()
+    for t, ptr, size, arg, op in recs:
+        body += struct.pack("<QQQQBBHI", t, ptr, size, arg, op, 0, 0, 1)
+    header = MAGIC + struct.pack("<IIIiQQQQII", VERSION, HEADER_BYTES, RECORD_BYTES, device, PAGE, 0, len(recs),
+                                 fnv1a(FNV_OFFSET, body), 0, 0)
+    assert len(header) == HEADER_BYTES and len(body) == RECORD_BYTES * len(recs)
+    with (gzip.open if path.endswith(".gz") else open)(path, "wb") as f:
+        f.write(header)
+        f.write(body)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("--device", type=int, default=None,
+                    help="the device whose history to take (default: the first that has one)")
+    ap.add_argument("snapshot")
+    ap.add_argument("out")
+    a = ap.parse_args()
+    try:
+        with open(a.snapshot, "rb") as f:
+            snap = pickle.load(f)
+    except (OSError, pickle.UnpicklingError, EOFError) as e:
+        sys.exit(f"snapshot_trace: cannot read '{a.snapshot}' as a PyTorch memory snapshot: {e}")
+    traces = snap.get("device_traces") if isinstance(snap, dict) else None
+    if not isinstance(traces, list):
+        sys.exit(f"snapshot_trace: '{a.snapshot}' has no device_traces: record the history first "
+                 "(torch.cuda.memory._record_memory_history) and dump it with _dump_snapshot")
+    device = a.device if a.device is not None else next((d for d, t in enumerate(traces) if t), None)
+    if device is None or not 0 <= device < len(traces) or not traces[device]:
+        sys.exit(f"snapshot_trace: no history for device {device} in '{a.snapshot}' "
+                 f"(devices with one: {[d for d, t in enumerate(traces) if t]})")
+    recs, left, peak_live, peak_held = convert(traces[device])
+    try:
+        write_trace(a.out, recs, device)
+    except OSError as e:
+        sys.exit(f"snapshot_trace: cannot write '{a.out}': {e}")
+    mib = 1 << 20
+    print(f"{a.out}: device {device}, {len(recs)} records from {len(traces[device])} events")
+    print(f"peak live {peak_live / mib:.1f} MiB; PyTorch held {peak_held / mib:.1f} MiB at its peak"
+          + (f" ({peak_held / peak_live:.3f}x)" if peak_live and peak_held else ""))
+    for what, n in left.items():
+        if n:
+            print(f"left out: {n} {what}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""test_snapshot_trace: a PyTorch memory snapshot, written as torch.cuda.memory._dump_snapshot writes it, becomes a
+fabpool trace (perf/snapshot_trace.py) that fabpool_trace reads and fabpool_replay replays against fabpool.
+
+    python3 test_snapshot_trace.py SNAPSHOT_TRACE_PY FABPOOL_TRACE FABPOOL_REPLAY
+
+The snapshot's history has what a real one has: a cudaMalloc'd segment and an expandable segment's maps and
+unmaps, allocations on two streams, frees requested and completed, one requested and never completed (still live
+at the end), one of a block from before the history began, an oom event, a time stamp that goes back, and
+PyTorch's per-event fields the converter ignores (frames, compile context). Every record of the trace is checked,
+then what fabpool_trace and fabpool_replay make of it, and a file that is no snapshot is refused.
+"""
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import tempfile
+
+MIB = 1 << 20
+failed = 0
+
+
+def check(cond, what):
+    global failed
+    if not cond:
+        failed += 1
+        print(f"CHECK failed: {what}")
+
+
+def ev(action, addr, size, stream=0, t=None):
+    e = {"action": action, "addr": addr, "size": size, "stream": stream,
+         "frames": [{"filename": "train.py", "line": 7, "name": "forward"}], "compile_context": None}
+    if t is not None:
+        e["time_us"] = t
+    return e
+
+
+def main():
+    script, fabpool_trace, fabpool_replay = sys.argv[1:4]
+    seg, seg2, xs = 0x7F0000000000, 0x7F0800000000, 0x7F1000000000  # two cudaMalloc'd segments; an expandable one
+    s1, s2 = 0x5A5A00, 0x6B6B00
+    trace = [
+        ev("free_completed", seg + 64 * MIB, 512, s1, 1000),       # a block from before the history
+        ev("segment_alloc", seg, 20 * MIB, s1, 1001),
+        ev("segment_alloc", seg2, 2 * MIB, s2, 1001),
+        ev("alloc", seg, 4 * MIB, s1, 1002),
+        ev("alloc", seg + 4 * MIB, 6 * MIB + 512, s2, 1003),
+        ev("segment_map", xs, 6 * MIB, s1, 1004),
+        ev("alloc", xs, 5 * MIB, s1, 1005),                       # live: 4 + 6 + 5 MiB + 512
+        ev("free_requested", seg, 4 * MIB, s1, 1006),
+        ev("free_completed", seg, 4 * MIB, s1, 1007),
+        ev("free_requested", seg + 4 * MIB, 6 * MIB + 512, s2, 1003),  # time goes back: taken as 1007
+        ev("oom", 0, 64 * MIB, s1, 1008),
+        ev("segment_unmap", xs + 4 * MIB, 2 * MIB, s1, 1009),      # unmaps a page of the 6 MiB map
+        ev("alloc", seg, 1 * MIB, s1, 1010),
+        ev("free_completed", seg, 1 * MIB, s1, 1011),
+        ev("free_completed", xs, 5 * MIB, s1, 1012),
+        ev("segment_unmap", xs, 4 * MIB, s1, 1013),
+        ev("segment_free", seg2, 2 * MIB, s2, 1014),
+    ]
+    snap = {"segments": [], "device_traces": [[], trace], "allocator_settings": {"expandable_segments": True}}
+    with tempfile.TemporaryDirectory() as d:
+        sp, tp = os.path.join(d, "snap.pickle"), os.path.join(d, "run.trace.gz")
+        with open(sp, "wb") as f:
+            pickle.dump(snap, f)
+        out = subprocess.run([sys.executable, script, sp, tp], capture_output=True, text=True)
+        print(out.stdout + out.stderr)
+        check(out.returncode == 0, "the converter ran")
+        check("device 1" in out.stdout, "the first device with a history taken")
+        check("peak live 15.0 MiB; PyTorch held 28.0 MiB" in out.stdout, "peaks printed")
+        check("left out: 1 frees of blocks from before the history" in out.stdout, "the early free counted")
+        check("left out: 1 oom events" in out.stdout, "the oom event counted")
+
+        import gzip
+        with gzip.open(tp, "rb") as f:
+            raw = f.read()
+        check(raw[:8] == b"FPTRACE\0", "the magic")
+        version, hb, rb, device, gran, slab_max, n, _ = struct.unpack_from("<IIIiQQQQ", raw, 8)
+        check((version, hb, rb, device, gran) == (1, 64, 40, 1, 2 * MIB), "the header")
+        recs = [struct.unpack_from("<QQQQBBHI", raw, 64 + 40 * i) for i in range(n)]
+        check(len(raw) == 64 + 40 * n, "the record count")
+        got = [(op, ptr, size, arg) for _, ptr, size, arg, op, _, _, _ in recs]
+        want = [(10, seg, 20 * MIB, 0), (10, seg2, 2 * MIB, 0), (7, seg, 4 * MIB, s1),
+                (7, seg + 4 * MIB, 6 * MIB + 512, s2)]
+        want += [(10, xs + k * MIB, 2 * MIB, 0) for k in (0, 2, 4)]
+        want += [(7, xs, 5 * MIB, s1), (8, seg, 0, s1), (11, xs + 4 * MIB, 2 * MIB, 0), (7, seg, MIB, s1),
+                 (8, seg, 0, s1), (8, xs, 0, s1), (11, xs, 2 * MIB, 0), (11, xs + 2 * MIB, 2 * MIB, 0),
+                 (11, seg2, 2 * MIB, 0)]
+        check(got == want, f"the records: {got}")
+        times = [r[0] for r in recs]
+        check(times == sorted(times) and times[0] == 1000, f"time never goes back: {times}")
+
+        out = subprocess.run([fabpool_trace, "--json", tp], capture_output=True, text=True)
+        check(out.returncode == 0, f"fabpool_trace read it: {out.stderr}")
+        s = json.loads(out.stdout) if out.returncode == 0 else {}
+        check(s.get("live_peak") == 15 * MIB + 512, f"fabpool_trace's live peak: {s.get('live_peak')}")
+        check(s.get("live_end") == 6 * MIB + 512, f"what stays live: {s.get('live_end')}")
+
+        out = subprocess.run([fabpool_replay, "--allocators", "fabpool", "--sample", "1", "--check", tp],
+                             capture_output=True, text=True)
+        print(out.stdout + out.stderr)
+        check(out.returncode == 0, "fabpool_replay --check replayed it against fabpool")
+
+        check(subprocess.run([sys.executable, script, sp + ".none", tp], capture_output=True).returncode != 0,
+              "a missing snapshot refused")
+        with open(sp, "wb") as f:
+            pickle.dump({"segments": []}, f)
+        out = subprocess.run([sys.executable, script, sp, tp], capture_output=True, text=True)
+        check(out.returncode != 0 and "_record_memory_history" in out.stderr, "a snapshot without history refused")
+    print(f"test_snapshot_trace: {'ok' if not failed else f'{failed} failed'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
