@@ -12,8 +12,11 @@
 #                every allocator
 #   shapes       perf/torch_shapes.py: the same kind of shapes through PyTorch, fabpool installed against PyTorch's
 #                default, expandable segments and cudaMallocAsync (peak used memory over peak live)
+#   replay       the training benchmark on PyTorch's own allocator with its memory history recorded (40 steps),
+#                made a trace by perf/snapshot_trace.py and replayed against every allocator by fabpool_replay
 # CHECKS=tests,sleep,... picks some.  Writes under $OUT: checks.txt (this log), ctest.txt, sleep.json,
-# stream-bench.json, moe-*.json, layout-bench.*, families-bench.*; the last line is SUMMARY name=rc ...
+# stream-bench.json, moe-*.json, layout-bench.*, families-bench.*, replay.txt, replay.json; the last line is
+# SUMMARY name=rc ...
 set -u
 . perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
 h200_out /tmp/fabpool-checks checks.txt
@@ -38,6 +41,12 @@ want() { [[ ",$CHECKS," == *",$1,"* ]]; }
   want families && step families 420 bash -c "'$B/fabpool_bench' --workload families \
        --json '$OUT/families-bench.json' > '$OUT/families-bench.txt' 2>&1; rc=\$?; tail -n 40 '$OUT/families-bench.txt'; exit \$rc"
   want shapes && step shapes 420 python3 perf/torch_shapes.py --lib "$LIB" --json "$OUT/torch-shapes.json"
+  # the snapshot and the trace are tens of MB: beside $OUT, not in it
+  want replay && step replay 420 bash -c "R=/tmp/fabpool-replay; rm -rf \$R; mkdir -p \$R; \
+       { python3 perf/train/train_bench.py --allocators default --runs 1 --steps 40 --memory-history 5000000 \
+           --out-dir \$R && python3 perf/snapshot_trace.py \$R/snapshot-default-0.pickle \$R/train.trace.gz && \
+         '$B/fabpool_replay' --sample 1 --json '$OUT/replay.json' \$R/train.trace.gz; } > '$OUT/replay.txt' 2>&1; \
+       rc=\$?; tail -n 30 '$OUT/replay.txt'; exit \$rc"
   echo "SUMMARY ${status[*]}"
 } > "$LOG" 2>&1
 tail -n 60 "$LOG"

@@ -255,6 +255,9 @@ def run_one(args):
         def forward(self, x):
             return self.head(self.enc(self.emb(x)))
 
+    if args.memory_history:
+        # PyTorch's history of every allocation and free, no stacks (perf/snapshot_trace.py replays it)
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=args.memory_history)
     model = LM().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     rng = random.Random(args.seed)
@@ -296,6 +299,10 @@ def run_one(args):
             allocs_at_10 = torch.cuda.memory_stats()["num_device_alloc"]
     torch.cuda.synchronize()
     held = sampler.finish()
+    if args.memory_history:
+        torch.cuda.memory._dump_snapshot(os.path.join(args.out_dir, "snapshot-%s-%d.pickle" % (args.allocator,
+                                                                                             args.run)))
+        torch.cuda.memory._record_memory_history(enabled=None)
     # PyTorch's whole allocation path, the allocator's part of every tensor made in the loop: torch.empty + del
     pair_ns = {}
     for nbytes in (4096, 1 << 20, 64 << 20):
@@ -462,6 +469,9 @@ def main():
     ap.add_argument("--sampler-lib", default=os.environ.get("FABPOOL_SAMPLER_LIBRARY"),
                     help="libfabpool_sampler.so (a C sampling thread); default: beside --lib's build; none: the "
                          "Python thread")
+    ap.add_argument("--memory-history", type=int, default=0, metavar="N",
+                    help="record PyTorch's memory history (up to N events) over the steps and dump it to "
+                         "snapshot-ALLOCATOR-RUN.pickle in --out-dir (perf/snapshot_trace.py makes a trace of it)")
     ap.add_argument("--timeout", type=int, default=0, help="seconds per run (default: 60 + 2 s a step)")
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--allocator", choices=ALLOCATORS + tuple(VARIANTS), help="(internal) one run in this process")
@@ -479,6 +489,7 @@ def main():
                    "--max-seq", str(args.max_seq), "--layers", str(args.layers), "--d-model", str(args.d_model),
                    "--heads", str(args.heads), "--vocab", str(args.vocab), "--seed", str(args.seed),
                    "--sample-ms", str(args.sample_ms), "--profile-step", str(args.profile_step), "--sdpa", args.sdpa,
+                   "--memory-history", str(args.memory_history),
                    "--out-dir", args.out_dir] + \
                   (["--lib", args.lib] if args.lib else []) + \
                   (["--sampler-lib", sampler_path(args) or "none"])
