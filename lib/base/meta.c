@@ -3,6 +3,7 @@
 #include "meta.h"
 
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,9 +17,61 @@
 #define FP_MALLOCX_ARENA(a) ((int)(((unsigned)(a) + 1) << 20))
 #define FP_MALLOCX_LG_ALIGN(la) ((int)(la))
 
+/* Arenas of destroyed pools, reset and kept for the next pools of the
+ * process.  jemalloc keeps an arena's own metadata mapped after
+ * arena.<i>.destroy (with opt.retain, its default on 64-bit Linux): 2 MiB of
+ * address space each, so a process that made and destroyed 2,000 pools held
+ * 4 GiB more of it, and a long test sweep under valgrind ran out.  A reset
+ * arena keeps its address space for its next pool.  Slots hold an arena
+ * index + 1 (0: empty) of the jemalloc whose mallctl spare_mallctl names
+ * (the first one seen; a process seldom has two); beyond FP_META_SPARE
+ * spare arenas, an arena is destroyed.  Lock-free: pools are made and
+ * destroyed under no lock of the library's. */
+#define FP_META_SPARE 64
+typedef int (*fp_mallctl_fn)(const char *, void *, size_t *, void *, size_t);
+static _Atomic unsigned spare[FP_META_SPARE];
+static _Atomic(fp_mallctl_fn) spare_mallctl;
+
+static int take_spare(fp_meta *m)
+{
+    if (atomic_load_explicit(&spare_mallctl, memory_order_acquire) != m->mallctl)
+        return 0;
+    for (unsigned i = 0; i < FP_META_SPARE; i++) {
+        unsigned v = atomic_load_explicit(&spare[i], memory_order_relaxed);
+        if (v && atomic_compare_exchange_strong_explicit(&spare[i], &v, 0, memory_order_acquire,
+                                                         memory_order_relaxed)) {
+            m->arena = v - 1;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int put_spare(fp_meta *m)
+{
+    fp_mallctl_fn none = NULL;
+    atomic_compare_exchange_strong_explicit(&spare_mallctl, &none, m->mallctl, memory_order_acq_rel,
+                                            memory_order_acquire);
+    if (atomic_load_explicit(&spare_mallctl, memory_order_acquire) != m->mallctl)
+        return 0;
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "arena.%u.reset", m->arena);
+    if (m->mallctl(cmd, NULL, NULL, NULL, 0) != 0)
+        return 0;
+    snprintf(cmd, sizeof cmd, "arena.%u.purge", m->arena); /* its pages back to the system, its addresses kept */
+    m->mallctl(cmd, NULL, NULL, NULL, 0);
+    for (unsigned i = 0; i < FP_META_SPARE; i++) {
+        unsigned none_v = 0;
+        if (atomic_compare_exchange_strong_explicit(&spare[i], &none_v, m->arena + 1, memory_order_release,
+                                                    memory_order_relaxed))
+            return 1;
+    }
+    return 0;
+}
+
 static int find_jemalloc(fp_meta *m, void *where)
 {
-    m->mallctl = (int (*)(const char *, void *, size_t *, void *, size_t))dlsym(where, "mallctl");
+    m->mallctl = (fp_mallctl_fn)dlsym(where, "mallctl");
     m->mallocx = (void *(*)(size_t, int))dlsym(where, "mallocx");
     m->sdallocx = (void (*)(void *, size_t, int))dlsym(where, "sdallocx");
     return m->mallctl && m->mallocx && m->sdallocx;
@@ -50,7 +103,7 @@ fabpool_status fp_meta_init(fp_meta *m, fabpool_metadata mode)
         return FABPOOL_OK;
     }
     size_t sz = sizeof m->arena;
-    if (m->mallctl("arenas.create", &m->arena, &sz, NULL, 0) != 0) {
+    if (!take_spare(m) && m->mallctl("arenas.create", &m->arena, &sz, NULL, 0) != 0) {
         if (mode == FABPOOL_METADATA_JEMALLOC)
             return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "jemalloc refused arenas.create; use metadata:libc");
         memset(m, 0, sizeof *m);
@@ -110,7 +163,7 @@ void fp_meta_free_aligned(fp_meta *m, void *p, size_t size)
 
 void fp_meta_destroy(fp_meta *m)
 {
-    if (m->jemalloc) {
+    if (m->jemalloc && !put_spare(m)) {
         char cmd[64];
         snprintf(cmd, sizeof cmd, "arena.%u.destroy", m->arena);
         m->mallctl(cmd, NULL, NULL, NULL, 0);
