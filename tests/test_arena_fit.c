@@ -4,9 +4,12 @@
  * miss (no chunk mapped) while any free range fits, however many ranges of
  * its bin too small for it are listed before it.
  *
+ * And what a trade keeps: the bytes in free ranges that fit the arena's
+ * recent blocks, whatever the chunks it unmaps leave beside them.
+ *
  * White-box: it includes lib/pool.h to read the medium arena's free ranges
  * and where its blocks lie (the same build's headers); it changes nothing
- * there, and every pool is checked (fabpool_check) and destroyed, the
+ * there but by the trade it calls, and every pool is checked (fabpool_check) and destroyed, the
  * driver holding nothing at the end. */
 #include "testutil.h"
 
@@ -122,10 +125,87 @@ static void fit_behind_small_ranges(void)
     CHECK_OK(fabpool_destroy(p));
 }
 
+/* Bytes in free ranges of arena a of at least fit bytes. */
+static uint64_t fitting_free(const fp_arena *a, uint64_t fit)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < a->n_runs; i++)
+        for (const fp_piece *q = a->runs[i].head; q; q = fp_piece_at(a, q->anext))
+            if (q->state == FP_LARGE_FREE && fp_piece_size(q) >= fit)
+                n += fp_piece_size(q);
+    return n;
+}
+
+static uint64_t lcg(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+/* A trade (fp_arena_unmap_free with fit and keep, as a miss calls it)
+ * unmaps free chunks but leaves at least keep bytes in free ranges of fit
+ * bytes or more, counting what an unmapped chunk leaves beside it: a piece
+ * of a chunk with a live block in its other part, too small to fit, is lost
+ * to the slack too.  Large-arena blocks of random sizes, half freed, then
+ * one trade for every byte with keep swept over what fits; the layout is
+ * built again for each keep. */
+static void trade_keeps_fitting_bytes(void)
+{
+    enum { NB = 48 };
+    const uint64_t fit = 12ull << 20;
+    int worst_short = 0, trials = 0, unmapped_any = 0;
+    for (uint64_t kept = 0; kept <= 384ull << 20; kept += 8ull << 20) {
+        fabpool_options o;
+        fabpool_options_init(&o);
+        o.decay_ms = 1000000;
+        fabpool_t *p = NULL;
+        CHECK_OK(fabpool_create(&o, &p));
+        if (!p)
+            return;
+        fp_arena *a = &p->heap.arenas[FP_ARENA_LARGE];
+        void *b[NB];
+        uint64_t s = 0x7eade;
+        for (int i = 0; i < NB; i++)
+            CHECK_OK(fabpool_alloc(p, (8ull << 20) + lcg(&s) % (16ull << 20), &b[i]));
+        for (int i = 0; i < NB;) { /* runs of up to 5 freed, then 1 to 3 kept */
+            for (int n = (int)(lcg(&s) % 6); n-- > 0 && i < NB; i++) {
+                CHECK_OK(fabpool_free(p, b[i]));
+                b[i] = NULL;
+            }
+            i += 1 + (int)(lcg(&s) % 3);
+        }
+        uint64_t mapped = t_mapped(p);
+        fp_lock(&p->heap.sp->lock);
+        uint64_t before = fitting_free(a, fit);
+        uint64_t done = fp_arena_unmap_free(a, UINT64_MAX, fit, kept);
+        uint64_t after = fitting_free(a, fit);
+        fp_heap_idle_follow(&p->heap);
+        fp_unlock(&p->heap.sp->lock);
+        uint64_t floor = kept < before ? kept : before;
+        if (after < floor) {
+            fprintf(stderr, "  keep %llu: %llu bytes in fitting ranges after the trade (%llu before)\n",
+                    (unsigned long long)kept, (unsigned long long)after, (unsigned long long)before);
+            worst_short = 1;
+        }
+        CHECK(after >= floor);
+        CHECK(t_mapped(p) == mapped - done);
+        unmapped_any |= done > 0;
+        trials++;
+        CHECK_OK(fabpool_check(p));
+        for (int i = 0; i < NB; i++)
+            if (b[i])
+                CHECK_OK(fabpool_free(p, b[i]));
+        CHECK_OK(fabpool_destroy(p));
+    }
+    printf("trade: %d values of keep, %s\n", trials, worst_short ? "some kept less" : "each kept");
+    CHECK(unmapped_any);
+}
+
 int main(void)
 {
     t_driver_init();
     fit_behind_small_ranges();
+    trade_keeps_fitting_bytes();
     CHECK(t_near(t_held(), 0));
     return t_done("test_arena_fit");
 }

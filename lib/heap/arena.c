@@ -430,6 +430,15 @@ static int unmap_in(fp_arena *a, fp_piece *f, size_t ci)
     return 0;
 }
 
+/* What unmapping chunk c takes from the bytes in free ranges of fit bytes or
+ * more, c lying in such a range [base, base + size): the chunk, and what is
+ * left on either side of it if that fits no more. */
+static uint64_t fitting_loss(uint64_t base, uint64_t size, fp_lchunk c, uint64_t fit)
+{
+    uint64_t low = c.va - base, high = size - low - c.size;
+    return c.size + (low < fit ? low : 0) + (high < fit ? high : 0);
+}
+
 uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal, uint64_t fit, uint64_t keep)
 {
     fp_lock_assert_held(&a->sp->lock);
@@ -443,24 +452,27 @@ uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal, uint64_t fit, uint64_t 
     while (done < goal) {
         fp_piece *f = NULL;
         size_t ci = 0;
+        uint64_t lost = 0;
         for (unsigned b = bin_next(a, b0); b < FP_ARENA_NBINS && !f; b = bin_next(a, b + 1))
             for (fp_piece *p = P(a->bins[b]); p && !f; p = P(p->next)) {
                 size_t i = fp_arena_chunk_lower(a, p->base);
-                if (i < a->n_chunks && a->chunks[i].va + a->chunks[i].size <= p->base + SZ(p) &&
-                    (!fit || SZ(p) < fit || useful >= keep + a->chunks[i].size)) {
+                if (i >= a->n_chunks || a->chunks[i].va + a->chunks[i].size > p->base + SZ(p))
+                    continue;
+                uint64_t c = fit && SZ(p) >= fit ? fitting_loss(p->base, SZ(p), a->chunks[i], fit) : 0;
+                if (!c || useful >= keep + c) {
                     f = p;
                     ci = i;
+                    lost = c;
                 }
             }
         /* two runs where there was one, and a record for the high part of f */
         if (!f || fp_arena_spare_reserve(a, 1) != 0 ||
             FP_ARRAY_RESERVE(a->sp->meta, a->runs, a->n_runs, a->cap_runs, a->n_runs + 1, 8) != 0)
             break;
-        uint64_t size = a->chunks[ci].size, low = a->chunks[ci].va - f->base, high = SZ(f) - low - size;
-        if (fit && SZ(f) >= fit) /* the chunk goes, and what is left of f on either side if it fits no more */
-            useful -= size + (low < fit ? low : 0) + (high < fit ? high : 0);
+        uint64_t size = a->chunks[ci].size;
         if (unmap_in(a, f, ci) != 0)
             break;
+        useful -= lost;
         done += size;
     }
     return done;
