@@ -819,7 +819,8 @@ static void test_trade_keeps_fitting_ranges(void)
 
 /* A block alone in its pool maps at most its size rounded up to the
  * granularity, plus one granule (fabpool.h): no slab of several blocks, no
- * growth ahead of it.  The pool is trimmed empty between sizes. */
+ * growth ahead of it; and one chunk where that is two granules or less.
+ * The pool is trimmed empty between sizes. */
 static void test_lone(void)
 {
     /* a reservation of its own size: the default (8x the device's 12 GiB) is more than valgrind lets a process
@@ -837,8 +838,11 @@ static void test_lone(void)
     uint64_t worst_over = 0, worst_at = 0;
     for (size_t i = 0; i < n; i++) {
         void *a = NULL;
+        uint64_t chunks0 = t_stats(p).chunks_mapped_total;
         CHECK_OK(fabpool_alloc(p, sizes[i], &a));
         uint64_t mapped = t_stats(p).mapped_bytes, bound = (sizes[i] + g - 1) / g * g + g;
+        if (sizes[i] <= 2 * g) /* a growth of two granules or less: one chunk, one driver call */
+            CHECK(t_stats(p).chunks_mapped_total - chunks0 == 1);
         if (t_ledger_p)
             CHECK(t_ledger().bytes_held == mapped);
         if (mapped > bound)
