@@ -11,10 +11,14 @@
 /* Maps [va, va + size) as chunks, their pages sent to the sentinel.  A
  * growth mapped mostly ahead of need (a fast-growing arena) is one chunk of
  * up to chunk_granules: one driver call, about 100 us on the H200, whatever
- * its size.  A growth for one block is cut on a grid of a quarter of it (one
- * granule to sixteen): when the block goes, the chunks wholly inside it can
- * be unmapped and traded for another block's, which a single chunk shared
- * with its neighbours could not.  And no larger than FP_PIN_GRANULES, a 64th
+ * its size.  A growth for one block is cut on a grid of a quarter of it,
+ * rounded up to granules (one granule to sixteen): when the block goes, the
+ * chunks wholly inside it can be unmapped and traded for another block's,
+ * which a single chunk shared with its neighbours could not.  Rounded down,
+ * a growth of 10-14 MiB was five to seven chunks: sizes that drift upwards
+ * mapped 34 chunks in the p99 batch of 32 calls, 24 rounded up, at 1.053x
+ * the live peak instead of 1.050x (log-uniform sizes 1.076x and 1.074x;
+ * 40 seeds).  And no larger than FP_PIN_GRANULES, a 64th
  * of what the arena holds or a 64th of the growth, whichever is largest:
  * once the block is freed, best fit cuts smaller blocks from its range, and
  * each keeps the chunk it lands in mapped.  A buffer grown by copying among
@@ -32,7 +36,7 @@
 static fabpool_status map_range(fp_arena *a, uint64_t va, uint64_t size, int ahead)
 {
     fp_lock_assert_held(&a->sp->lock);
-    uint64_t gran = a->sp->gran, cells = size / gran / 4, pin = FP_PIN_GRANULES;
+    uint64_t gran = a->sp->gran, cells = (size / gran + 3) / 4, pin = FP_PIN_GRANULES;
     cells = cells < 1 ? 1 : cells > 16 ? 16 : cells;
     pin = a->used_bytes / 64 / gran > pin ? a->used_bytes / 64 / gran : pin;
     pin = size / 64 / gran > pin ? size / 64 / gran : pin;
