@@ -9,8 +9,8 @@
  *
  * White-box: it includes lib/pool.h to read the medium arena's free ranges
  * and where its blocks lie (the same build's headers); it changes nothing
- * there but by the trade it calls, and every pool is checked (fabpool_check) and destroyed, the
- * driver holding nothing at the end. */
+ * there but by the trade it calls, and every pool is checked
+ * (fabpool_check) and destroyed, the driver holding nothing at the end. */
 #include "testutil.h"
 
 #include "pool.h"
@@ -146,9 +146,9 @@ static uint64_t lcg(uint64_t *s)
  * unmaps free chunks but leaves at least keep bytes in free ranges of fit
  * bytes or more, counting what an unmapped chunk leaves beside it: a piece
  * of a chunk with a live block in its other part, too small to fit, is lost
- * to the slack too.  Large-arena blocks of random sizes, half freed, then
- * one trade for every byte with keep swept over what fits; the layout is
- * built again for each keep. */
+ * to the slack too.  Large-arena blocks of random sizes, freed in runs of
+ * up to five between blocks kept, then one trade for every byte with keep
+ * swept over what fits; the layout is built again for each keep. */
 static void trade_keeps_fitting_bytes(void)
 {
     enum { NB = 48 };

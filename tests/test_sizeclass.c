@@ -820,8 +820,8 @@ static void test_trade_keeps_fitting_ranges(void)
 /* A block alone in its pool maps at most its size rounded up to the
  * granularity, plus one granule (fabpool.h): no slab of several blocks, no
  * growth ahead of it; one chunk where that is two granules or less, and
- * at most four up to sixteen granules.
- * The pool is trimmed empty between sizes. */
+ * at most four up to sixteen granules.  The pool is trimmed empty between
+ * sizes. */
 static void test_lone(void)
 {
     /* a reservation of its own size: the default (8x the device's 12 GiB) is more than valgrind lets a process

@@ -9,6 +9,8 @@
 #                            editing the tree: what is built is what is committed); says which source it took
 #   step NAME TIMEOUT COMMAND...  COMMAND under a timeout, its rc and time logged, NAME=rc appended to the array
 #                            `status` (the scripts' SUMMARY line)
+#   h200_build NAME TIMEOUT SRC DIR [TARGET]  a step: SRC configured in DIR (Release, the real driver) and built
+#                            (TARGET alone if given); its log in DIR.log, whose tail is printed if it fails
 h200_out() {
   OUT=${OUT:-$1}
   mkdir -p "$OUT"
@@ -41,4 +43,10 @@ step() {
   local rc=$?
   echo "== $name: rc $rc in $(( $(date +%s) - t0 )) s"
   status+=("$name=$rc")
+}
+h200_build() {
+  local name=$1 limit=$2 src=$3 dir=$4 target=${5:-}
+  step "$name" "$limit" bash -c "cmake -S '$src' -B '$dir' -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release \
+    > '$dir.log' 2>&1 && cmake --build '$dir' -j16 ${target:+--target $target} >> '$dir.log' 2>&1 || \
+    { tail -n 20 '$dir.log'; exit 1; }"
 }

@@ -14,15 +14,13 @@ BASE_DIR=${BASE_DIR:-.deps/base}
 ROUNDS=${ROUNDS:-5}
 WORKLOADS=${WORKLOADS:-mixed,loguniform}
 mkdir -p "$OUT"
-. perf/h200/common.sh   # step NAME TIMEOUT COMMAND... and `status`
+. perf/h200/common.sh   # step NAME TIMEOUT COMMAND..., `status` and h200_build
 {
   echo "shapes-turns: base $BASE_DIR ($(cat "$BASE_DIR/.rev" 2>/dev/null)), current $(cat .rev 2>/dev/null || echo .)"
   nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader 2>&1
   for side in base cur; do
     src=.; [ $side = base ] && src=$BASE_DIR
-    step "build-$side" 240 bash -c "cmake -S '$src' -B /tmp/st-$side -DFABPOOL_TEST_DRIVER=real \
-      -DCMAKE_BUILD_TYPE=Release > /tmp/st-$side.log 2>&1 && cmake --build /tmp/st-$side -j16 --target fabpool_bench \
-      >> /tmp/st-$side.log 2>&1 || { tail -n 20 /tmp/st-$side.log; exit 1; }"
+    h200_build "build-$side" 240 "$src" /tmp/st-$side fabpool_bench
   done
   for r in $(seq 1 "$ROUNDS"); do
     for side in base cur; do

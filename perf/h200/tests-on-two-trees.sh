@@ -11,14 +11,13 @@ OUT=${OUT:-/tmp/fabpool-two-trees}
 BASE_DIR=${BASE_DIR:-.deps/before}
 TESTS=${TESTS:?name the tests, a ctest -R pattern}
 mkdir -p "$OUT"
-. perf/h200/common.sh   # step NAME TIMEOUT COMMAND... and `status`
+. perf/h200/common.sh   # step NAME TIMEOUT COMMAND..., `status` and h200_build
 {
   echo "tests-on-two-trees: before $BASE_DIR ($(cat "$BASE_DIR/.rev" 2>/dev/null)), after $(cat .rev 2>/dev/null || echo .)"
   nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader 2>&1
   for side in before after; do
     src=.; [ $side = before ] && src=$BASE_DIR
-    step "build-$side" 300 bash -c "cmake -S '$src' -B /tmp/ba-$side -DFABPOOL_TEST_DRIVER=real \
-      -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build /tmp/ba-$side -j16 >/dev/null"
+    h200_build "build-$side" 300 "$src" /tmp/ba-$side
     step "$side" 300 ctest --test-dir /tmp/ba-$side -R "$TESTS" --output-on-failure --timeout 120
   done
   echo "SUMMARY ${status[*]}"
