@@ -13,9 +13,8 @@ OUT=${OUT:-/tmp/fabpool-seeds}
 SEEDS=${SEEDS:-1 2 3 4 5 6}
 WORKLOADS=${WORKLOADS:-mixed,loguniform}
 DEADLINE=${DEADLINE:-100000}
-mkdir -p "$OUT"
-. perf/h200/common.sh   # h200_out, h200_head, step, `status` and h200_build
-h200_out "$OUT"
+. perf/h200/common.sh   # h200_out, h200_head, h200_torch, step, `status` and h200_build
+h200_out "$OUT"   # OUT made; PyTorch's venv first on PATH
 {
   h200_head "seeds: fabpool_bench --workload $WORKLOADS over seeds $SEEDS"
   h200_torch
