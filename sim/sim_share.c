@@ -203,7 +203,7 @@ SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ou
 
 /* cuMemGetHandleForAddressRange(DMA_BUF_FD).  The docs: dptr and size
  * aligned to the host page size, the range fully mapped, every allocation
- * of it on one device with identical properties.  H200, 2026-12-03
+ * of it on one device with identical properties.  H200 (driver 580.159.04)
  * (test_conformance): one fd over one chunk, two chunks, a range inside two
  * chunks or one 4 KiB page inside a chunk, its lseek size the range's; an
  * address or size off the page, size 0, a hole or unmapped space:
@@ -222,7 +222,7 @@ SIM_API CUresult cuMemGetHandleForAddressRange(void *out, CUdeviceptr dptr, size
     if (!sim_rdma)
         return CUDA_ERROR_NOT_SUPPORTED; /* a device without DMA_BUF_SUPPORTED */
     if (flags & CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE)
-        return CUDA_ERROR_NOT_SUPPORTED; /* H200, 2026-12-03: over a mapped chunk, NOT_SUPPORTED */
+        return CUDA_ERROR_NOT_SUPPORTED; /* H200 (driver 580.159.04): over a mapped chunk, NOT_SUPPORTED */
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     if (size == 0 || dptr % page || size % page || dptr + size < dptr) /* docs: host page size */
         return CUDA_ERROR_INVALID_VALUE;
@@ -241,12 +241,12 @@ SIM_API CUresult cuMemGetHandleForAddressRange(void *out, CUdeviceptr dptr, size
         if (!p0)
             p0 = p;
         else if (p->dev != p0->dev || p->host != p0->host || maps[i].h->types != maps[first].h->types)
-            r = CUDA_ERROR_INVALID_VALUE; /* sim: mixed devices or handle types (H200, 2026-12-03: chunks with
-                                           * and without the RDMA flag in one range: SUCCESS) */
+            r = CUDA_ERROR_INVALID_VALUE; /* sim: mixed devices or handle types (the H200, driver 580.159.04:
+                                           * chunks with and without the RDMA flag in one range: SUCCESS) */
         cur = maps[i].va + maps[i].size;
     }
     if (r == CUDA_SUCCESS && p0->host)
-        r = CUDA_ERROR_INVALID_VALUE; /* H200, 2026-12-03: host NUMA memory through VMM, INVALID_VALUE */
+        r = CUDA_ERROR_INVALID_VALUE; /* H200 (driver 580.159.04): host NUMA memory through VMM, INVALID_VALUE */
     dmabuf *d = NULL;
     int fd = -1;
     if (r == CUDA_SUCCESS) {

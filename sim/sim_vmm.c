@@ -134,7 +134,7 @@ static CUresult check_prop(const CUmemAllocationProp *prop)
         if (prop->location.id != 0 || prop->allocFlags.gpuDirectRDMACapable)
             return CUDA_ERROR_INVALID_VALUE;
     } else if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST) {
-        /* H200, 2026-12-03: HOST (no NUMA node) works.  sim: the id is
+        /* H200 (driver 580.159.04): HOST (no NUMA node) works.  sim: the id is
          * ignored (docs), it is host memory of node 0, and the RDMA flag is
          * refused as for HOST_NUMA (not measured for HOST) */
         if (prop->allocFlags.gpuDirectRDMACapable)
@@ -375,7 +375,7 @@ SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
         pthread_mutex_unlock(&sim_lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (host_desc && dev_mem) { /* H200, 2026-12-03: HOST_NUMA access to device memory, NOT_SUPPORTED */
+    if (host_desc && dev_mem) { /* H200 (driver 580.159.04): HOST_NUMA access to device memory, NOT_SUPPORTED */
         pthread_mutex_unlock(&sim_lock);
         return CUDA_ERROR_NOT_SUPPORTED;
     }

@@ -186,7 +186,7 @@ static void shrink_gives_memory_back(void)
         CHECK_OK(fabpool_buffer_destroy(b, stream));
     }
     /* one chunk of 64 MiB shrunk to 40 MiB: the hysteresis keeps 50 MiB, so the chunk is refitted
-     * (a bound of twice the hysteresis, as stop 16 had it, kept all 64 MiB) */
+     * (a bound of twice the hysteresis would keep all 64 MiB) */
     fabpool_buffer_t *c = NULL;
     CHECK_OK(fabpool_buffer_create(p, 1024 * MB, 64 * MB, &c));
     if (c) {

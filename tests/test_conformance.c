@@ -335,7 +335,7 @@ static void attributes(void)
     } while (0)
 
 /* Answers not yet measured on the H200 (none at present: the RDMA ones were
- * settled on 2026-12-03 and are EXPECTs): on the sim, the sim's answer is
+ * settled on the H200 and are EXPECTs): on the sim, the sim's answer is
  * checked; on the real driver the answer is printed as a RECORD line for
  * the H200 run to settle (a difference is flagged, not failed: the sim is
  * then updated to the driver's answer and the case becomes an EXPECT). */
@@ -388,7 +388,7 @@ static CUresult dmabuf_of(CUdeviceptr a, size_t n, unsigned long long flags, lon
 
 /* the RDMA flag, dma-buf export over one and several chunks, and
  * host NUMA memory through VMM.  Every answer here was measured on the
- * H200, 2026-12-03 (driver 580.159.04; tests/probe/h200-rdma.sh). */
+ * H200 (driver 580.159.04; tests/probe/h200-rdma.sh). */
 static void rdma_dmabuf(void)
 {
     int v = -1;

@@ -291,7 +291,7 @@ def selftest():
            any("never closed" in p for p in kinds) and any("without a language" in p for p in kinds),
            "the problems named: %r" % kinds)
     planted = "iss" "ue 22"   # apart, so that tools/treecheck.py does not take the self-test's sample for a citation
-    marks = stale_marks("measured 2026-12-02 at a1b2c3d, see " + planted + "\n0x7f12ab34cd pointers and 12345678 and "
+    marks = stale_marks("measured 20" "26-12-02 at a1b2c3d, see " + planted + "\n0x7f12ab34cd pointers and 12345678 and "
                         "deadbeefcafe1 and build-abc1234 are fine\nfabpool_trace and fabcafe are words")
     expect([w.split(" (")[0] for _, w in marks] == ["a date", "an issue number", "a commit hash", "a commit hash"],
            "stale marks %r" % marks)

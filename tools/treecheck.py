@@ -10,7 +10,10 @@
     - a file cites an issue of a tracker by number (the word issue, a space
       and a number): code, tests and docs say what is, and why, not which ticket
       brought it (an upstream project's issue, "DeepEP issue #799", is a
-      reference and stays).
+      reference and stays);
+    - a file names a stop of the project's work (the word stop, a space and
+      a number) or carries a date (year-month-day): a measurement is named by what was measured (the
+      device, the driver's version), its history goes to docs/results/.
   --lib-limits fails when a file of lib/ (any folder below it) has more than
     600 lines, or a function of lib/ more than 80.  Lines are counted by one
     rule: a file has as many lines as an editor numbers (its newlines, and one
@@ -40,6 +43,8 @@ CITE_DIRS = ("lib", "include", "sim", "perf", "tests", "adapters", "docs", "tool
 CITE_FILES = ("README.md", "CMakeLists.txt")
 TEXT_EXT = (".c", ".h", ".cpp", ".hpp", ".cc", ".cu", ".py", ".sh", ".md", ".txt", ".cmake", ".in", ".map", "")
 CITE_RE = re.compile(r"\b[Ii]ssues?\s+[0-9]")
+STOP_RE = re.compile(r"\b[Ss]tops?\s+[0-9]+\b")
+DATE_RE = re.compile(r"\b20[0-9]{2}-[01][0-9]-[0-3][0-9]\b")
 FILE_MAX, FUNC_MAX = 600, 80
 # a function definition: layercheck's DEF_RE, and also a name that starts its line (its type on the line above)
 FUNC_RE = re.compile(r"^(?:[A-Za-z_][\w \t\*]*?[ \t\*])?([A-Za-z_]\w*)\s*\(([^;{]|\n)*?\)\s*\{", re.M)
@@ -146,11 +151,13 @@ def citations(root):
             text = read(p)
         except OSError:
             continue
-        for m in CITE_RE.finditer(text):
-            line = text.count("\n", 0, m.start()) + 1
-            ctx = text[m.start():text.find("\n", m.start())][:60]
-            errors.append(f"{os.path.relpath(p, root)}:{line}: cites an issue by number ('{ctx}'): say what the code "
-                          "or test does and why, without the tracker")
+        for rx, what in ((CITE_RE, "cites an issue by number"), (STOP_RE, "names a stop of the work"),
+                         (DATE_RE, "carries a date")):
+            for m in rx.finditer(text):
+                line = text.count("\n", 0, m.start()) + 1
+                ctx = text[m.start():text.find("\n", m.start())][:60]
+                errors.append(f"{os.path.relpath(p, root)}:{line}: {what} ('{ctx}'): say what the code or test does "
+                              "and why; name a measurement by what was measured")
     return errors
 
 
@@ -233,6 +240,11 @@ def self_test(root):
             "call circle in perf/")
     planted("a test cites an issue",
             lambda t: write(t, "tests/planted.c", f"/* the fix of issue {7} item 2 */\n", "w"), "cites an issue")
+    planted("a test names a stop of the work",
+            lambda t: write(t, "tests/planted.c", f"/* as stop {16} had it */\n", "w"), "names a stop of the work")
+    planted("a test carries a date",
+            lambda t: write(t, "tests/planted.c", f"/* measured on the H200, {2026}-12-03 */\n", "w"),
+            "carries a date")
     planted("a lib file of 601 lines", lambda t: write(t, "lib/planted.c", "int planted;\n" * 601, "w"),
             "lib/planted.c: 601 lines", lib_limits)
     planted("a lib file of 601 lines, the last without a newline",

@@ -497,7 +497,7 @@ def main():
     t_all = time.time()
     for run in range(args.runs):
         # interleaved, the order rotated each round (A B C, B C A, C A B, ...): no allocator always runs in the
-        # same place of a round (in stop 18's two calls the second place was the fastest of the first three)
+        # same place of a round (in two H200 calls the second place was the fastest of the first three)
         k = run % len(args.allocators)
         for a in args.allocators[k:] + args.allocators[:k]:
             out = os.path.join(args.out_dir, "train-%s-%d.json" % (a, run))
