@@ -12,8 +12,9 @@
       brought it (an upstream project's issue, "DeepEP issue #799", is a
       reference and stays);
     - a file names a stop of the project's work (the word stop, a space and
-      a number) or carries a date (year-month-day): a measurement is named by what was measured (the
-      device, the driver's version), its history goes to docs/results/.
+      a number) or carries a date (year-month-day, doccmds' pattern): a
+      measurement is named by what was measured (the device, the driver's
+      version), its history goes to docs/results/.
   --lib-limits fails when a file of lib/ (any folder below it) has more than
     600 lines, or a function of lib/ more than 80.  Lines are counted by one
     rule: a file has as many lines as an editor numbers (its newlines, and one
@@ -35,6 +36,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from layercheck import C_KEYWORDS, DEF_RE, strip_c  # noqa: E402
+from doccmds import DATE as DATE_RE  # noqa: E402  (the date doccmds keeps out of the docs)
 
 INCLUDE_DIRS = ("include", "perf", "sim")
 CALL_DIRS = ("sim", "perf")
@@ -44,7 +46,6 @@ CITE_FILES = ("README.md", "CMakeLists.txt")
 TEXT_EXT = (".c", ".h", ".cpp", ".hpp", ".cc", ".cu", ".py", ".sh", ".md", ".txt", ".cmake", ".in", ".map", "")
 CITE_RE = re.compile(r"\b[Ii]ssues?\s+[0-9]")
 STOP_RE = re.compile(r"\b[Ss]tops?\s+[0-9]+\b")
-DATE_RE = re.compile(r"\b20[0-9]{2}-[01][0-9]-[0-3][0-9]\b")
 FILE_MAX, FUNC_MAX = 600, 80
 # a function definition: layercheck's DEF_RE, and also a name that starts its line (its type on the line above)
 FUNC_RE = re.compile(r"^(?:[A-Za-z_][\w \t\*]*?[ \t\*])?([A-Za-z_]\w*)\s*\(([^;{]|\n)*?\)\s*\{", re.M)
