@@ -30,6 +30,7 @@ h200_out "$OUT"   # OUT made; PyTorch's venv first on PATH
 import glob, json, statistics, sys
 out = sys.argv[1]
 ratio = {}   # (label, allocator) -> {seed: peak held / peak live}
+median = {}  # (label, allocator) -> {seed: median ns an operation}
 for f in sorted(glob.glob(out + "/seed-*.json")):
     seed = int(f.rsplit("-", 1)[1].split(".")[0])
     try:
@@ -39,7 +40,12 @@ for f in sorted(glob.glob(out + "/seed-*.json")):
     for x in d["results"]:
         if x.get("ok") and "peak_held_over_live" in x:
             ratio.setdefault((x["label"], x["allocator"]), {})[seed] = x["peak_held_over_live"]
+            median.setdefault((x["label"], x["allocator"]), {})[seed] = x["median_ns"]
 labels = sorted({l for l, _ in ratio})
+if not any(a in ("torch", "torch_expandable") for _, a in ratio):
+    print("seeds.sh: no PyTorch columns in the runs (the bench's libfabpool_bench_torch.so was not built or did "
+          "not load: see seed-*.txt)")
+    sys.exit(1)
 print("%-28s %-18s %6s %8s %8s" % ("shape", "allocator", "seeds", "mean", "most"))
 for label in labels:
     for alloc in ("fabpool", "torch", "torch_expandable", "cuMemAllocAsync"):
@@ -53,5 +59,12 @@ for label in labels:
     print("%-28s fabpool within the best of PyTorch's + 0.02 on %d of %d draws%s" % (
         label, len(within), len(ok), "" if len(within) == len(ok) else
         " (not on seeds %s)" % ", ".join(str(s) for s in sorted(set(ok) - set(within)))))
+    # speed on the same draws: each allocator's median over fabpool's, per seed
+    for alloc in ("torch", "torch_expandable", "cuMemAllocAsync"):
+        v = median.get((label, alloc), {})
+        r = sorted(v[s] / fm for s, fm in median.get((label, "fabpool"), {}).items() if s in v and fm > 0)
+        if r:
+            print("%-28s %-18s median / fabpool's: least %.1fx, median %.1fx over %d draws" % (
+                label, alloc, r[0], statistics.median(r), len(r)))
 EOF
 } 2>&1 | tee "$OUT/seeds.txt"
