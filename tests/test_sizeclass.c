@@ -3,6 +3,8 @@
  *   test_sizeclass metadata   slab create/trim cycles leave metadata_bytes where it was; the
  *                             records of many medium blocks go back once they are free
  *   test_sizeclass slabmax    slab_max values that are not class sizes
+ *   test_sizeclass slabblocks a slab of a class above 4 KiB holds sixteen blocks (up to 1 MiB), at
+ *                             least four
  *   test_sizeclass waste      the usable size fabpool.h promises (a class up to slab_max, the size
  *                             rounded up to 256 B above it) at every boundary of both grids, and the
  *                             alignment promise
@@ -266,6 +268,44 @@ static void test_slabmax(void)
             alloc_write_free(p, sizes[k], NULL);
         destroy_clean(p);
     }
+}
+
+/* A slab of a class above 4 KiB (slab_max raised) holds sixteen blocks,
+ * eight or four where sixteen would pass 1 MiB, and at most twice that
+ * many pages: counted from the class's row of the stats after one block,
+ * and held by the driver. */
+static void test_slab_blocks(void)
+{
+    setenv("FABPOOL_CONF", "slab_max:1MiB,thread_cache:0,handle_type:none", 1);
+    fabpool_t *p = NULL;
+    CHECK_OK(fabpool_create(NULL, &p));
+    unsetenv("FABPOOL_CONF");
+    if (!p)
+        return;
+    for (uint64_t k = 12; k < 20; k++)
+        for (uint64_t q = 5; q <= 8; q++) {
+            uint64_t size = (1ull << k) / 4 * q; /* the classes above 4 KiB: four per doubling */
+            uint64_t want = 16;
+            while (want > 4 && size * want > MB)
+                want /= 2;
+            void *ptr = NULL;
+            CHECK_OK(fabpool_alloc(p, size, &ptr));
+            fabpool_stats s = t_stats(p);
+            uint64_t nobj = 0;
+            for (int r = 0; r < FABPOOL_NUM_CLASSES && s.classes[r].size; r++)
+                if (s.classes[r].size == size && s.classes[r].slabs == 1 && s.classes[r].in_use == 1)
+                    nobj = s.classes[r].cached + 1;
+            uint64_t most = 2 * ((size * want + 64 * KB - 1) / (64 * KB) * 64 * KB);
+            if (nobj < want || nobj * size > most)
+                fprintf(stderr, "slab of %llu-byte blocks: %llu blocks, expected %llu to %llu\n",
+                        (unsigned long long)size, (unsigned long long)nobj, (unsigned long long)want,
+                        (unsigned long long)(most / size));
+            CHECK(nobj >= want && nobj * size <= most);
+            if (t_ledger_p)
+                CHECK(t_ledger().bytes_held >= nobj * size);
+            CHECK_OK(fabpool_free(p, ptr));
+        }
+    destroy_clean(p);
 }
 
 /* ------------------------------------------------------------ waste */
@@ -1005,6 +1045,7 @@ int main(int argc, char **argv)
     } tests[] = {
         {"metadata", test_metadata},
         {"slabmax", test_slabmax},
+        {"slabblocks", test_slab_blocks},
         {"waste", test_waste},
         {"lone", test_lone},
         {"huge", test_huge},
