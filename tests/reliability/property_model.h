@@ -20,6 +20,7 @@ enum { TRACE_NONE, TRACE_MIXED, TRACE_STREAM_ONLY };
 typedef struct pool_conf {
     fabpool_handle_type handle;
     int stream_owner, thread_cache, small_reserve, keep_host, trace;
+    int slab_max_kib; /* 0: the default slab_max */
 } pool_conf;
 
 /* ------------------------------------------------------------ the model */

@@ -142,20 +142,21 @@ static const struct {
 /* ------------------------------------------------------------ configurations */
 
 /* Each row: three pools; every handle type, owner mode on and off, thread caches on and off, a small
- * reservation and a trace (mixed or stream pair only) appear in several rows, in different company. */
+ * reservation, a trace (mixed or stream pair only) and a raised slab_max (classes above 4 KiB, with their
+ * slabs of sixteen blocks) appear in several rows, in different company. */
 static const pool_conf configs[][NPOOL] = {
-    {{FABPOOL_HANDLE_POSIX_FD, 1, 1, 0, 0, TRACE_NONE},
-     {FABPOOL_HANDLE_FABRIC, 0, 0, 0, 1, TRACE_NONE},
-     {FABPOOL_HANDLE_NONE, 1, 1, 1, 0, TRACE_MIXED}},
-    {{FABPOOL_HANDLE_FABRIC, 1, 0, 0, 0, TRACE_STREAM_ONLY},
-     {FABPOOL_HANDLE_POSIX_FD, 0, 1, 1, 0, TRACE_NONE},
-     {FABPOOL_HANDLE_NONE, 0, 0, 0, 1, TRACE_NONE}},
-    {{FABPOOL_HANDLE_POSIX_FD, 0, 0, 0, 1, TRACE_MIXED},
-     {FABPOOL_HANDLE_FABRIC, 1, 1, 1, 0, TRACE_NONE},
-     {FABPOOL_HANDLE_POSIX_FD, 1, 1, 0, 0, TRACE_NONE}},
-    {{FABPOOL_HANDLE_FABRIC, 0, 1, 0, 1, TRACE_NONE},
-     {FABPOOL_HANDLE_POSIX_FD, 1, 0, 0, 0, TRACE_STREAM_ONLY},
-     {FABPOOL_HANDLE_FABRIC, 1, 0, 1, 0, TRACE_NONE}},
+    {{FABPOOL_HANDLE_POSIX_FD, 1, 1, 0, 0, TRACE_NONE, 0},
+     {FABPOOL_HANDLE_FABRIC, 0, 0, 0, 1, TRACE_NONE, 64},
+     {FABPOOL_HANDLE_NONE, 1, 1, 1, 0, TRACE_MIXED, 0}},
+    {{FABPOOL_HANDLE_FABRIC, 1, 0, 0, 0, TRACE_STREAM_ONLY, 0},
+     {FABPOOL_HANDLE_POSIX_FD, 0, 1, 1, 0, TRACE_NONE, 256},
+     {FABPOOL_HANDLE_NONE, 0, 0, 0, 1, TRACE_NONE, 0}},
+    {{FABPOOL_HANDLE_POSIX_FD, 0, 0, 0, 1, TRACE_MIXED, 0},
+     {FABPOOL_HANDLE_FABRIC, 1, 1, 1, 0, TRACE_NONE, 0},
+     {FABPOOL_HANDLE_POSIX_FD, 1, 1, 0, 0, TRACE_NONE, 64}},
+    {{FABPOOL_HANDLE_FABRIC, 0, 1, 0, 1, TRACE_NONE, 1024},
+     {FABPOOL_HANDLE_POSIX_FD, 1, 0, 0, 0, TRACE_STREAM_ONLY, 0},
+     {FABPOOL_HANDLE_FABRIC, 1, 0, 1, 0, TRACE_NONE, 0}},
 };
 #define NCONF ((int)(sizeof configs / sizeof configs[0]))
 
@@ -1593,6 +1594,8 @@ static int create_pool(int p, const pool_conf *c)
     o.stream_owner = (uint32_t)c->stream_owner;
     o.thread_cache = (uint32_t)c->thread_cache;
     o.sleep_keep_host = (uint32_t)c->keep_host;
+    if (c->slab_max_kib)
+        o.slab_max_bytes = (uint64_t)c->slab_max_kib * KB;
     if (c->trace != TRACE_NONE)
         snprintf(q->trace_path, sizeof q->trace_path, "%s/seed%llu-pool%d.trace", tmpdir, cur_seed, p);
     snprintf(o.trace_path, sizeof o.trace_path, "%s", q->trace_path);
