@@ -6,6 +6,22 @@
  *
  * Every function returns a fabpool_status; on anything but FABPOOL_OK,
  * fabpool_last_error() says what went wrong.
+ *
+ * Who is on the other side (docs/security.md).  Abstract socket names are
+ * listed to every user in /proc/net/unix: a name is never a secret, and any
+ * process may connect to a listener or bind a name its owner let go.  So
+ * every socket end checks the credentials of its peer (SO_PEERCRED): by
+ * default only a process of this process's effective user is accepted, and
+ * where the caller names the pid it expects (from a channel it trusts: an
+ * all-gather, a tensor handle), only that process.  A refused peer is closed
+ * at once, never waited on, and the call answers FABPOOL_ERR_PERMISSION.
+ * FABPOOL_PEERS (environment, read once) loosens the default for jobs that
+ * span users or pid namespaces: a comma-separated list of
+ *   any_user  accept processes of any user (the uid is not compared)
+ *   any_pid   do not compare pids (peers in other pid namespaces, where
+ *             SO_PEERCRED reads 0 or a pid of this namespace)
+ * ("" or "same_user": the default).  The flags of the *_peer functions
+ * add to it.
  */
 #ifndef FABPOOL_FDPASS_H
 #define FABPOOL_FDPASS_H
@@ -18,26 +34,75 @@
 extern "C" {
 #endif
 
+/* Flags of the *_peer functions (and the words of FABPOOL_PEERS). */
+#define FABPOOL_FD_ANY_USER 0x1u /* any user's process may be the peer */
+#define FABPOOL_FD_ANY_PID 0x2u  /* the expected pid is not compared */
+
+/* The flags that FABPOOL_PEERS sets (0 where unset); FABPOOL_ERR_CONFIG for a
+ * word it does not know, and then *flags is 0. */
+FABPOOL_API fabpool_status fabpool_fd_peers_env(unsigned *flags);
+
 /* fd passing between processes of one host, over Unix stream sockets
  * (SCM_RIGHTS), with an optional payload of bytes. */
 FABPOOL_API fabpool_status fabpool_fd_listen(const char *name, int *listener);   /* abstract socket name */
+/* One connection from a process of this user (FABPOOL_PEERS may widen it);
+ * anyone else's is closed: FABPOOL_ERR_PERMISSION, and the caller may accept
+ * again.  Blocks as accept(2) does on the listener. */
 FABPOOL_API fabpool_status fabpool_fd_accept(int listener, int *sock);
+/* The same, and only from process pid (0: any process); *peer_pid (may be
+ * NULL) gets the peer's pid as SO_PEERCRED reads it, also when refused. */
+FABPOOL_API fabpool_status fabpool_fd_accept_peer(int listener, int *sock, int pid, unsigned flags, int *peer_pid);
+/* Connects to the listener of that name, retrying until timeout_ms while
+ * none listens; a listener of another user is refused
+ * (FABPOOL_ERR_PERMISSION), the socket closed. */
 FABPOOL_API fabpool_status fabpool_fd_connect(const char *name, int *sock, int timeout_ms);
+/* The same, and the listener must be process pid (0: any process). */
+FABPOOL_API fabpool_status fabpool_fd_connect_peer(const char *name, int *sock, int timeout_ms, int pid,
+                                                  unsigned flags);
+/* The credentials of the process at the other end of a connected Unix
+ * socket (SO_PEERCRED: as of its connect, or of its listen for a listener);
+ * pid or uid may be NULL. */
+FABPOOL_API fabpool_status fabpool_fd_peer(int sock, int *pid, unsigned *uid);
 FABPOOL_API fabpool_status fabpool_fd_send(int sock, const int *fds, size_t n, const void *data, size_t len);
-/* Receives one message sent by fabpool_fd_send: *n fds, *len bytes. */
+/* Receives one message sent by fabpool_fd_send: *n fds, *len bytes.  Blocks
+ * until the whole message is in.  On any failure every fd that arrived is
+ * closed and *n is 0: a peer that closes mid-message, fds the kernel dropped
+ * (MSG_CTRUNC: this process is out of fds), more fds than cap, a payload
+ * longer than data_cap (*len still says how long). */
 FABPOOL_API fabpool_status fabpool_fd_recv(int sock, int *fds, size_t cap, size_t *n, void *data, size_t data_cap,
                                           size_t *len);
+/* The same within timeout_ms for the whole message, however the peer
+ * trickles it (-1: no limit); past it FABPOOL_ERR_IO, nothing kept. */
+FABPOOL_API fabpool_status fabpool_fd_recv_timed(int sock, int *fds, size_t cap, size_t *n, void *data,
+                                                size_t data_cap, size_t *len, int timeout_ms);
 /* A copy of process pid's descriptor fd, by pidfd_getfd (Linux 5.6+, needs
  * ptrace permission over pid): an alternative to a socket.  Where it is
  * refused, the message names the case (the errno, Yama's ptrace_scope) and
- * what to change. */
+ * what to change.  The pid must come from a channel the caller trusts; a
+ * pidfd (below) pins the process so that a reused pid cannot stand in. */
 FABPOOL_API fabpool_status fabpool_fd_from_pid(int pid, int fd, int *out);
-/* Lets every process of this user copy this process's fds with
- * fabpool_fd_from_pid where Yama's ptrace_scope 1 would stop them (ranks are
- * siblings, not ancestors): prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY), which
- * lets them ptrace this process as ptrace_scope 0 would.  Does nothing where
- * Yama is absent or at 0.  FABPOOL_ERR_NOT_SUPPORTED under ptrace_scope 2 or 3,
- * where no consent helps (the message says what does). */
+/* A pidfd of process pid (pidfd_open), and a copy of its fd through it. */
+FABPOOL_API fabpool_status fabpool_fd_pidfd_open(int pid, int *pidfd);
+FABPOOL_API fabpool_status fabpool_fd_from_pidfd(int pidfd, int fd, int *out);
+/* A process's proof that it knows a token, for peers that copy its fds by
+ * pidfd: a sealed memfd holding the token's bytes (1 to 64 of them).  A peer
+ * given the token through a trusted channel checks with
+ * fabpool_fd_token_check that the process it copies from holds it: a pid
+ * named by a hostile or buggy peer that is not the group's process is
+ * refused (FABPOOL_ERR_PERMISSION).  The caller closes *fd when no peer
+ * needs it any more. */
+FABPOOL_API fabpool_status fabpool_fd_token_make(const void *token, size_t len, int *fd);
+FABPOOL_API fabpool_status fabpool_fd_token_check(int pidfd, int fd, const void *token, size_t len);
+/* Under Yama ptrace_scope 1, lets process pid copy this process's fds with
+ * pidfd_getfd (prctl PR_SET_PTRACER: that process and its descendants, one
+ * pid at a time: a later call replaces it); pid 0 withdraws the consent.
+ * Does nothing where Yama is absent or at 0; FABPOOL_ERR_NOT_SUPPORTED under
+ * ptrace_scope 2 or 3, where no consent helps (the message says what does). */
+FABPOOL_API fabpool_status fabpool_fd_allow_peer(int pid);
+/* Lets every process of this user copy this process's fds under ptrace_scope
+ * 1, for the life of the process (PR_SET_PTRACER_ANY), as ptrace_scope 0
+ * would: wider than fabpool_fd_allow_peer; docs/security.md says when it is
+ * needed.  Otherwise as fabpool_fd_allow_peer. */
 FABPOOL_API fabpool_status fabpool_fd_allow_peers(void);
 
 #ifdef __cplusplus
