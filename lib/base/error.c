@@ -28,6 +28,7 @@ static const char *const status_names[] = {
     [FABPOOL_ERR_IO] = "FABPOOL_ERR_IO",
     [FABPOOL_ERR_CORRUPT] = "FABPOOL_ERR_CORRUPT",
     [FABPOOL_ERR_ASLEEP] = "FABPOOL_ERR_ASLEEP",
+    [FABPOOL_ERR_PERMISSION] = "FABPOOL_ERR_PERMISSION",
 };
 
 const char *fabpool_status_name(fabpool_status s)
