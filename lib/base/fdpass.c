@@ -98,8 +98,9 @@ static void peers_read(void)
     }
     if (same && (flags & FABPOOL_FD_ANY_USER)) {
         peers_status = FABPOOL_ERR_CONFIG;
-        snprintf(peers_msg, sizeof peers_msg, "FABPOOL_PEERS names both same_user and any_user: keep the one meant; "
-                 "fd sockets refuse every peer until it is fixed");
+        snprintf(peers_msg, sizeof peers_msg, "FABPOOL_PEERS names both same_user and any_user: keep the one meant "
+                 "(accepted: any_user, any_pid, same_user, comma-separated, or empty); fd sockets refuse every peer "
+                 "until it is fixed");
         return;
     }
     peers_flags = flags;
