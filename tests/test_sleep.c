@@ -438,6 +438,35 @@ static void refusals(void)
     teardown_to(&w, &l0);
 }
 
+/* While asleep, a buffer create or a reuse answers FABPOOL_ERR_ASLEEP (not a lack of room or of a kept
+ * buffer), and changes nothing; after the wake both work. */
+static void buffers_refused_asleep(void)
+{
+    fabpool_t *p = t_pool("keep_ms:60000");
+    if (!p)
+        return;
+    fabpool_buffer_t *b = NULL, *r = (fabpool_buffer_t *)1;
+    CHECK_OK(fabpool_buffer_create(p, 64 << 20, 8 << 20, &b));
+    CHECK_OK(fabpool_buffer_release(b));
+    CHECK_OK(fabpool_sleep(p, FABPOOL_SLEEP_OFFLOAD, NULL));
+    fabpool_stats s0 = t_stats(p);
+    CHECK_STATUS(fabpool_buffer_create(p, 64 << 20, 8 << 20, &r), FABPOOL_ERR_ASLEEP);
+    CHECK(r == NULL);
+    r = (fabpool_buffer_t *)1;
+    CHECK_STATUS(fabpool_buffer_create(p, (size_t)1 << 50, 8 << 20, &r), FABPOOL_ERR_ASLEEP);
+    r = (fabpool_buffer_t *)1;
+    CHECK_STATUS(fabpool_buffer_reuse(p, 8 << 20, NULL, &r), FABPOOL_ERR_ASLEEP);
+    CHECK(r == NULL);
+    fabpool_stats s1 = t_stats(p);
+    CHECK(s1.buffers == s0.buffers && s1.kept_bytes == s0.kept_bytes && s1.mapped_bytes == s0.mapped_bytes);
+    CHECK(state_of(p).asleep);
+    CHECK_OK(fabpool_wake(p, NULL));
+    CHECK_OK(fabpool_buffer_create(p, 64 << 20, 8 << 20, &r));
+    if (r)
+        CHECK_OK(fabpool_buffer_destroy(r, NULL));
+    CHECK_OK(fabpool_destroy(p));
+}
+
 /* ------------------------------------------------------------ other threads' caches */
 
 typedef struct tstate {
@@ -764,6 +793,7 @@ int main(void)
     PART(discard_round_trip);
     PART(two_tags);
     PART(refusals);
+    PART(buffers_refused_asleep);
     PART(thread_caches);
     PART(destroy_asleep);
     PART(keep_host);

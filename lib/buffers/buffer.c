@@ -2,9 +2,20 @@
  * one behind the other, so the base address never changes.  Chunks a shrink
  * gives up retire: they are unmapped once the GPU work that may use them is
  * done, and a grow that comes first takes them back as they are.  Here:
- * growing, refitting and shrinking a buffer, and the buffer API (create,
- * resize, destroy, info); taking chunks out, peer holds and collecting
- * retired chunks are in bchunk.c. */
+ * growing and shrinking buffers, a set of them all or nothing, and the
+ * buffer API (create, resize, destroy, info); the refit of a shrink is in
+ * refit.c; taking chunks out, peer holds and collecting retired chunks are in
+ * bchunk.c.
+ *
+ * All or nothing (fabpool.h, docs/design.md): a resize first does every step
+ * that can fail, for every buffer of the set, in a form that can be undone
+ * (grows map their chunks and take retired ones back; shrinks reserve their
+ * tickets, then one context synchronize or one event covers every chunk they
+ * retire), and only then commits, which cannot fail: generations, live and
+ * retiring chunks, sizes.  A refit, which replaces a shrunk buffer's last
+ * chunk by a smaller one to give memory back, comes after the commit and
+ * is an economy: when the driver refuses it the chunk stays whole (logged)
+ * and a later shrink refits it. */
 #include "buffer.h"
 
 #include <string.h>
@@ -15,8 +26,8 @@
 #include "error.h"
 #include "list.h"
 #include "log.h"
+#include "refit.h"
 #include "trace.h"
-#include "vmm.h"
 
 /* Size of the next chunk when `live` bytes are mapped and `target` wanted:
  * as large as the waste bound allows (so a growing buffer maps few chunks:
@@ -37,28 +48,38 @@ static uint64_t next_chunk(const fp_buffers *bs, const struct fabpool_buffer *b,
     return c >= need ? c : need;
 }
 
-/* Grows b's mapping to cover `target`.  On failure everything this call
- * mapped is unmapped again (taken-back retired chunks stay live). */
-static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t target, uint32_t *mapped_from)
+/* What a grow did, for its commit or its undo: the retired chunks it took
+ * back (from index back, n_back of them) and the chunks it mapped (from
+ * index n0). */
+typedef struct grown {
+    uint32_t back, n_back, n0;
+} grown;
+
+/* Grows b's mapping to cover `target`: retired chunks behind the live ones
+ * taken back first (still mapped, data and all), then new chunks mapped.
+ * Nothing a caller sees is committed: the generations are grow_commit's,
+ * and grow_undo takes everything back (also after a failure here). */
+static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t target, grown *g)
 {
     fp_lock_assert_held(&bs->sp->lock);
-    *mapped_from = b->n;
-    /* take back retired chunks first: they are still mapped, data and all.  The
-     * work of the streams they were retired on may still use them: their
-     * tickets stay, and whatever unmaps or replaces them later waits for it */
+    g->back = g->n0 = b->n;
+    g->n_back = 0;
+    /* the work of the streams the retired chunks were retired on may still use them: their tickets stay, and
+     * whatever unmaps or replaces them later waits for it */
     for (uint32_t i = 0; i < b->n && b->live < target; i++) {
         fp_bchunk *c = &b->chunks[i];
         if (!c->retiring)
             continue;
         if (c->off != b->live)
             break; /* not behind the live chunks (a chunk before it failed to unmap): it cannot come back */
+        if (!g->n_back)
+            g->back = i;
+        g->n_back++;
         c->retiring = 0;
         fp_chunk_set_copy(bs->sp->ch, b->base + c->off, 1); /* its bytes matter again */
         b->live += c->size;
-        c->gen = ++b->generation; /* back among the live chunks: the next delta names it */
         atomic_fetch_sub(&bs->retiring_bytes, c->size);
     }
-    *mapped_from = b->n;
     while (b->live < target) {
         if (b->n && b->chunks[b->n - 1].retiring)
             return fp_error(FABPOOL_ERR_DRIVER, "a retired chunk of the buffer could not be unmapped earlier and "
@@ -78,12 +99,10 @@ static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t ta
                             (unsigned long long)b->size, (unsigned long long)target);
             return st;
         }
-        b->generation++;
         fp_bchunk *nc = &b->chunks[b->n++];
         memset(nc, 0, sizeof *nc);
         nc->off = b->live;
         nc->size = c;
-        nc->gen = b->generation;
         nc->fd = -1;
         b->live += c;
         b->mapped += c;
@@ -92,261 +111,122 @@ static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t ta
     return FABPOOL_OK;
 }
 
-static void undo_grow(fp_buffers *bs, struct fabpool_buffer *b, uint32_t mapped_from)
+/* Puts chunk c back among the retiring ones (a grow undone). */
+static void unlive(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c)
 {
-    while (b->n > mapped_from)
-        if (fp_buffer_pop_chunk(bs, b) != FABPOOL_OK)
-            break;
+    c->retiring = 1;
+    fp_chunk_set_copy(bs->sp->ch, b->base + c->off, 0);
+    b->live -= c->size;
+    atomic_fetch_add(&bs->retiring_bytes, c->size);
 }
 
-/* Waits for the GPU work on `stream` (NULL: the whole context). */
-static fabpool_status sync_stream(fp_buffers *bs, void *stream, const char *why)
+/* Takes a grow back: its chunks unmapped, the retired chunks it took back
+ * retired again, the generation as it was.  A chunk whose unmap the driver
+ * refuses is retired instead (no descriptor names it): fabpool_collect
+ * unmaps it, and the buffer shows what it showed. */
+static void grow_undo(fp_buffers *bs, struct fabpool_buffer *b, const grown *g)
 {
-    CUresult r = stream ? FP_CU(&bs->sp->ch->calls, cuStreamSynchronize, (CUstream)stream) : FP_CU(&bs->sp->ch->calls, cuCtxSynchronize);
-    if (r != CUDA_SUCCESS)
-        return fp_drv_error(r, stream ? "cuStreamSynchronize" : "cuCtxSynchronize", "waiting for GPU work %s", why);
-    return FABPOOL_OK;
-}
-
-/* Keeps the memory of chunk c, dropped at generation `dropped` (handle h,
- * retained by the caller), for the peers that may still import it; returns
- * 0 if no peer may (the caller releases h).  Its exported fd, if the pool
- * still holds one, is closed when the chunk is unmapped, as for any chunk
- * (fabpool.h). */
-static int peer_hold_keep(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, uint64_t dropped,
-                      CUmemGenericAllocationHandle h)
-{
-    fp_lock_assert_held(&bs->sp->lock);
-    return fp_buffer_peers_may_hold(b, c->named, dropped) &&
-           fp_buffer_peer_hold_add(bs, b, (fp_peer_hold){h, c->size, c->named, dropped}) == FABPOOL_OK;
-}
-
-/* Moves chunk c's memory, dropped at generation `dropped`, to the peer holds
- * when a peer may still import it, so that unmapping it here does not free
- * it. */
-static fabpool_status keep_for_peers(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, uint64_t dropped)
-{
-    fp_lock_assert_held(&bs->sp->lock);
-    if (!fp_buffer_peers_may_hold(b, c->named, dropped))
-        return FABPOOL_OK;
-    CUmemGenericAllocationHandle h = 0;
-    fabpool_status st = fp_chunk_retain(bs->sp->ch, b->base + c->off, &h, "keeping a chunk its peers may import");
-    if (st != FABPOOL_OK)
-        return st;
-    if (!peer_hold_keep(bs, b, c, dropped, h)) {
-        fp_chunk_release(bs->sp->ch, h);
-        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's list of chunks its peers hold");
-    }
-    return FABPOOL_OK;
-}
-
-/* Refit's copy: the bytes of chunk j below target into the new chunk mapped at
- * tmp, on `stream`; then waits for that stream (NULL: the context) and for the
- * work of the other streams that may use j or the chunks after it (retired on
- * them, or retired and taken back since). */
-static fabpool_status refit_copy(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j, uint64_t tmp, uint64_t target,
-                                 void *stream)
-{
-    const fp_bchunk *c = &b->chunks[j];
-    CUresult r = FP_CU(&bs->sp->ch->calls, cuMemcpyDtoDAsync, (CUdeviceptr)tmp, (CUdeviceptr)(b->base + c->off),
-                       target - c->off, (CUstream)stream);
-    if (r != CUDA_SUCCESS)
-        return fp_drv_error(r, "cuMemcpyDtoDAsync", "copying %llu bytes of a shrunk buffer into its smaller chunk",
-                            (unsigned long long)(target - c->off));
-    fabpool_status st = sync_stream(bs, stream, "before a shrunk buffer's chunk is replaced");
-    for (uint32_t i = j; i < b->n && st == FABPOOL_OK; i++)
-        if (fp_retire_waits_done(bs->retire, &b->chunks[i].uses, 1, &st) < 0)
-            fp_error_append(" (a chunk of a buffer being shrunk, retired on another stream)");
-    return st;
-}
-
-/* Refit's swap: chunk j's old memory (held by ho as well) unmapped and the
- * new chunk hn of rs bytes mapped at its address; a failed map maps the old
- * one back. */
-static fabpool_status refit_swap(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j, uint64_t rs,
-                                 CUmemGenericAllocationHandle hn, CUmemGenericAllocationHandle ho)
-{
-    fp_bchunk *c = &b->chunks[j];
-    uint64_t at = b->base + c->off, old = c->size;
-    fabpool_status st = fp_chunk_unmap(bs->sp->ch, at, old);
-    if (st != FABPOOL_OK)
-        return st;
-    if ((st = fp_chunk_map_access(bs->sp->ch, at, rs, hn, FP_MAP_BUFFER, b, "a shrunk buffer's smaller chunk")) != FABPOOL_OK) {
-        if (fp_chunk_map_access(bs->sp->ch, at, old, ho, FP_MAP_BUFFER, b, "a shrunk buffer's chunk, back") == FABPOOL_OK)
-            fp_chunk_count_mapped(bs->sp->ch, at, old, "a shrunk buffer's chunk, back");
-        else
-            fp_error_append(" (the chunk could not be mapped back either: the buffer lost %llu bytes at offset %llu)",
-                            (unsigned long long)old, (unsigned long long)c->off);
-        return st;
-    }
-    fp_chunk_count_mapped(bs->sp->ch, at, rs, "a shrunk buffer's smaller chunk");
-    return FABPOOL_OK;
-}
-
-/* After refit's swap: chunk j is new (size rs, generation drop_gen; its old
- * memory ho kept for the peers that may still import it, or released), and
- * the chunks after it retire and are unmapped, from the end (their GPU work
- * is done).  A chunk that fails to unmap stays retired: fabpool_collect
- * retries it. */
-static fabpool_status refit_finish(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j, uint64_t rs,
-                                   uint64_t drop_gen, CUmemGenericAllocationHandle ho)
-{
-    fp_bchunk *c = &b->chunks[j];
-    uint64_t old = c->size;
-    if (!peer_hold_keep(bs, b, c, drop_gen, ho))
-        fp_chunk_release(bs->sp->ch, ho);
-    fp_bchunk_forget_export(bs, c);
-    b->live -= old - rs;
-    b->mapped -= old - rs;
-    atomic_fetch_sub(&bs->mapped, old - rs);
-    c->size = rs;
-    c->gen = drop_gen; /* a new chunk: the next delta names it */
-    c->named = 0;
-    b->generation = drop_gen;
-    for (uint32_t i = j + 1; i < b->n; i++) {
-        fp_bchunk *t = &b->chunks[i];
-        if (t->retiring)
-            continue;
-        t->retiring = 1;
-        fp_chunk_set_copy(bs->sp->ch, b->base + t->off, 0);
-        t->drop_gen = drop_gen;
-        b->live -= t->size;
-        atomic_fetch_add(&bs->retiring_bytes, t->size);
-    }
-    fabpool_status st = FABPOOL_OK;
-    while (b->n > j + 1 && (st = fp_buffer_pop_chunk(bs, b)) == FABPOOL_OK)
+    uint64_t gen = b->generation;
+    while (b->n > g->n0 && fp_buffer_pop_chunk(bs, b) == FABPOOL_OK)
         ;
-    return st;
+    for (uint32_t i = b->n; i-- > g->back;) {
+        fp_bchunk *c = &b->chunks[i];
+        if (i >= g->n0) {
+            c->drop_gen = gen;
+            unlive(bs, b, c);
+        } else if (i < g->back + g->n_back) {
+            unlive(bs, b, c);
+        }
+    }
+    b->generation = gen; /* the chunks it mapped were never seen */
 }
 
-/* A shrink to `target` whose last needed chunk (index j) holds more than the
- * hysteresis allows: every chunk after j goes, and j is replaced by a chunk
- * of rs bytes at the same address, the data below target copied on `stream`.
- * The copy and the swap wait for the GPU work on `stream` (NULL: the
- * context) and for the retired chunks' events.  On failure before the swap
- * the buffer is as it was.  The pool's context is current. */
-static fabpool_status refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j, uint64_t rs, uint64_t target,
-                            void *stream)
+/* Commits a grow: one new generation names every chunk it took back or
+ * mapped (the next delta carries them). */
+static void grow_commit(struct fabpool_buffer *b, const grown *g)
 {
-    fp_lock_assert_held(&bs->sp->lock);
-    fp_bchunk *c = &b->chunks[j];
-    uint64_t at = b->base + c->off, drop_gen = b->generation + 1;
-    uint64_t tmp = fp_va_alloc(&bs->sp->va, rs, bs->sp->gran);
-    if (!tmp)
-        return fp_error(FABPOOL_ERR_LIMIT, "shrinking a buffer to %llu bytes: no free address range of %llu bytes "
-                        "left in the pool's reservation for the copy; raise reserve", (unsigned long long)target,
-                        (unsigned long long)rs);
-    CUmemGenericAllocationHandle hn = 0, ho = 0;
-    fabpool_status st = fp_heap_chunk_create(bs->heap, rs, &hn);
-    if (st != FABPOOL_OK)
-        goto free_va;
-    if ((st = fp_chunk_map_access(bs->sp->ch, tmp, rs, hn, FP_MAP_STAGING, NULL, "a smaller chunk for a shrunk buffer")) != FABPOOL_OK)
-        goto release_new;
-    if ((st = refit_copy(bs, b, j, tmp, target, stream)) != FABPOOL_OK)
-        goto unmap_tmp;
-    /* the old chunk's memory: a handle of our own, to map it back if the swap fails */
-    if ((st = fp_chunk_retain(bs->sp->ch, at, &ho, "keeping a shrunk buffer's chunk while it is replaced")) != FABPOOL_OK)
-        goto unmap_tmp;
-
-    /* the chunks after j go: their memory first kept for the peers that may
-     * still import it, so that a failure before the swap undoes everything */
-    uint32_t n0 = b->n_peer_holds;
-    for (uint32_t i = j + 1; i < b->n && st == FABPOOL_OK; i++)
-        st = keep_for_peers(bs, b, &b->chunks[i], b->chunks[i].retiring ? b->chunks[i].drop_gen : drop_gen);
-    if (st != FABPOOL_OK)
-        goto drop_peer_holds;
-
-    if ((st = refit_swap(bs, b, j, rs, hn, ho)) != FABPOOL_OK)
-        goto drop_peer_holds;
-    st = refit_finish(bs, b, j, rs, drop_gen, ho);
-    goto unmap_tmp;
-
-drop_peer_holds:
-    while (b->n_peer_holds > n0) {
-        fp_peer_hold *g = &b->peer_holds[--b->n_peer_holds];
-        fp_chunk_release(bs->sp->ch, g->h);
-        atomic_fetch_sub(&bs->held_for_peers_bytes, g->size);
-    }
-    fp_chunk_release(bs->sp->ch, ho);
-unmap_tmp:
-    if (fp_vmm_unmap(bs->sp->ch, tmp, rs) != CUDA_SUCCESS) {
-        fp_chunk_release(bs->sp->ch, hn);
-        return st != FABPOOL_OK ? st : fp_error(FABPOOL_ERR_DRIVER, "cuMemUnmap of the copy of a shrunk buffer's "
-                                                "chunk failed twice; %llu bytes of address space stay used",
-                                                (unsigned long long)rs);
-    }
-release_new:
-    fp_chunk_release(bs->sp->ch, hn);
-free_va:
-    fp_va_free(&bs->sp->va, tmp, rs);
-    return st;
+    if (!g->n_back && b->n == g->n0)
+        return;
+    b->generation++;
+    for (uint32_t i = g->back; i < g->back + g->n_back; i++)
+        b->chunks[i].gen = b->generation;
+    for (uint32_t i = g->n0; i < b->n; i++)
+        b->chunks[i].gen = b->generation;
 }
 
-/* Retires the chunks a buffer of `target` bytes no longer needs, keeping the
- * hysteresis; a last chunk that would leave more than that mapped is replaced
- * by a smaller one (refit).  stream NULL: synchronize and unmap at once.  On
- * failure nothing is retired.  The caller collects afterwards. */
-static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t target, void *stream)
+/* A shrink's plan: chunks [first, last) retire; refit: the chunk before
+ * first reaches beyond the hysteresis, and is refit to end at `keep`. */
+typedef struct shrunk {
+    uint32_t first, last;
+    int refit;
+    uint64_t keep;
+} shrunk;
+
+/* Plans the shrink of b to `target` (nothing changes). */
+static void shrink_plan(const fp_buffers *bs, const struct fabpool_buffer *b, uint64_t target, shrunk *s)
 {
-    fp_lock_assert_held(&bs->sp->lock);
-    uint64_t keep = fp_round_up(target + target / 100 * bs->shrink_hysteresis_percent +
-                                target % 100 * bs->shrink_hysteresis_percent / 100, bs->sp->gran);
-    uint32_t last_live = b->n;
-    while (last_live && b->chunks[last_live - 1].retiring)
-        last_live--;
-    uint32_t first_retire = last_live;
+    s->keep = fp_round_up(target + target / 100 * bs->shrink_hysteresis_percent +
+                          target % 100 * bs->shrink_hysteresis_percent / 100, bs->sp->gran);
+    uint32_t last = b->n;
+    while (last && b->chunks[last - 1].retiring)
+        last--;
+    uint32_t first = last;
     uint64_t live = b->live;
-    while (first_retire && live > keep && live - b->chunks[first_retire - 1].size >= target) {
-        first_retire--;
-        live -= b->chunks[first_retire].size;
+    while (first && live > s->keep && live - b->chunks[first - 1].size >= target) {
+        first--;
+        live -= b->chunks[first].size;
     }
-    /* the last chunk still needed reaches beyond the hysteresis: refit it */
-    int refit_j = target && live > keep && first_retire > 0;
-    if (first_retire == last_live && !refit_j)
+    s->first = first;
+    s->last = last;
+    s->refit = target && live > s->keep && first > 0;
+}
+
+/* The steps of n shrinks that can fail, none of which changes a buffer:
+ * room for a ticket in every chunk that retires, the pool's context made
+ * current (*pushed: pop it with *saved), then one wait for the GPU work
+ * (stream NULL: the context synchronized, so the chunks can go at once) or
+ * one event on `stream` for every chunk (*ticket).  On failure nothing is
+ * left to undo. */
+static fabpool_status shrink_prepare(fp_buffers *bs, struct fabpool_buffer *const *bufs, const shrunk *s, size_t n,
+                                     void *stream, fp_rticket *ticket, CUcontext *saved, int *pushed)
+{
+    uint32_t holders = 0;
+    int refits = 0;
+    ticket->rs = NULL;
+    ticket->seq = 0;
+    *pushed = 0;
+    for (size_t k = 0; k < n; k++) {
+        holders += s[k].last - s[k].first;
+        refits |= s[k].refit;
+        for (uint32_t i = s[k].first; stream && i < s[k].last; i++)
+            if (fp_retire_waits_reserve(bs->retire, &bufs[k]->chunks[i].uses) != 0)
+                return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the list of streams that use a "
+                                "buffer chunk; nothing changed");
+    }
+    if (!holders && !refits)
         return FABPOOL_OK;
-    CUcontext saved;
-    fabpool_status st = fp_ctx_push(bs->sp->ch, &saved);
+    fabpool_status st = fp_ctx_push(bs->sp->ch, saved);
     if (st != FABPOOL_OK)
         return st;
-    if (refit_j) {
-        fp_bchunk *j = &b->chunks[first_retire - 1];
-        st = refit(bs, b, first_retire - 1, keep - j->off, target, stream);
-        /* no room or memory for the smaller chunk (refit changed nothing):
-         * the chunk stays whole, beyond the hysteresis, until a later
-         * shrink refits it, and the shrink goes on without it, so that it
-         * fails only where nothing can shrink (a set stays all or nothing) */
-        if (st != FABPOOL_ERR_LIMIT && st != FABPOOL_ERR_OUT_OF_MEMORY) {
-            fp_ctx_pop(bs->sp->ch, saved);
-            return st;
-        }
-        FP_LOG_CH(FP_LOG_INFO, bs->sp->ch, "a buffer shrunk to %llu bytes keeps a chunk of %llu bytes whole: %s",
-                  (unsigned long long)target, (unsigned long long)j->size, fabpool_last_error());
-        fp_error_clear();
-        if (first_retire == last_live) {
-            fp_ctx_pop(bs->sp->ch, saved);
-            return FABPOOL_OK;
-        }
+    *pushed = 1;
+    if (holders && !stream)
+        st = fp_buffers_sync(bs, NULL, "before unmapping a shrunk buffer's chunks; nothing changed");
+    else if (holders && (st = fp_retire_mark(bs->retire, stream, holders, ticket)) != FABPOOL_OK)
+        fp_error_append(" (before retiring a buffer chunk; nothing changed)");
+    if (st != FABPOOL_OK) {
+        fp_ctx_pop(bs->sp->ch, *saved);
+        *pushed = 0;
     }
-    if (!stream && (st = sync_stream(bs, NULL, "before unmapping a shrunk buffer's chunks")) != FABPOOL_OK) {
-        fp_ctx_pop(bs->sp->ch, saved);
-        return st;
-    }
-    /* room for the ticket in every chunk, then the event (one for every
-     * chunk: the retirement queue's ticket), so that a failure retires
-     * nothing and the buffer keeps its size */
-    for (uint32_t i = first_retire; stream && i < last_live; i++)
-        if (fp_retire_waits_reserve(bs->retire, &b->chunks[i].uses) != 0) {
-            fp_ctx_pop(bs->sp->ch, saved);
-            return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the list of streams that use a buffer "
-                            "chunk; nothing was retired");
-        }
-    fp_rticket ticket = {NULL, 0};
-    if (stream && (st = fp_retire_mark(bs->retire, stream, last_live - first_retire, &ticket)) != FABPOOL_OK) {
-        fp_ctx_pop(bs->sp->ch, saved);
-        fp_error_append(" (before retiring a buffer chunk; nothing was retired)");
-        return st;
-    }
-    for (uint32_t i = first_retire; i < last_live; i++) {
+    return st;
+}
+
+/* Commits a shrink: its chunks retire, each waiting for the ticket (with
+ * none, collect unmaps them at once). */
+static void shrink_commit(fp_buffers *bs, struct fabpool_buffer *b, const shrunk *s, fp_rticket ticket)
+{
+    if (s->first == s->last)
+        return;
+    for (uint32_t i = s->first; i < s->last; i++) {
         fp_bchunk *c = &b->chunks[i];
         c->retiring = 1;
         fp_chunk_set_copy(bs->sp->ch, b->base + c->off, 0); /* nothing in it to keep through a sleep */
@@ -355,9 +235,79 @@ static fabpool_status shrink(fp_buffers *bs, struct fabpool_buffer *b, uint64_t 
         b->live -= c->size;
         atomic_fetch_add(&bs->retiring_bytes, c->size);
     }
-    fp_ctx_pop(bs->sp->ch, saved);
     b->generation++; /* the live chunks changed */
+}
+
+/* After the commit: the refit a shrink planned, its last live chunk
+ * replaced by a smaller one.  The driver or the device refusing it leaves
+ * the chunk whole (logged; a later shrink refits it): FABPOOL_OK.  An error
+ * only where the refit lost bytes of the buffer (the driver refused to map
+ * the old chunk back: a second fault). */
+static fabpool_status shrink_refit(fp_buffers *bs, struct fabpool_buffer *b, const shrunk *s, uint64_t target,
+                                   void *stream)
+{
+    if (!s->refit)
+        return FABPOOL_OK;
+    uint32_t j = s->first - 1;
+    int lost = 0;
+    uint64_t whole = b->chunks[j].size;
+    fabpool_status st = fp_buffer_refit(bs, b, j, s->keep - b->chunks[j].off, target, stream, &lost);
+    if (st == FABPOOL_OK || lost)
+        return st;
+    FP_LOG_CH(FP_LOG_INFO, bs->sp->ch, "a buffer shrunk to %llu bytes keeps a chunk of %llu bytes whole: %s",
+              (unsigned long long)target, (unsigned long long)whole, fabpool_last_error());
+    fp_error_clear();
     return FABPOOL_OK;
+}
+
+/* Resizes n buffers of the pool all or nothing (fabpool.h): every grow and
+ * every shrink's steps that can fail first, undone on a failure; then the
+ * commits, which cannot fail; then the refits.  g and s: room for n. */
+static fabpool_status resize_locked(fp_buffers *bs, struct fabpool_buffer *const *bufs, const size_t *sizes,
+                                    size_t n, void *stream, grown *g, shrunk *s)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    fabpool_status st = FABPOOL_OK;
+    size_t grew = 0;
+    for (; grew < n && st == FABPOOL_OK; grew++) {
+        g[grew].back = g[grew].n0 = bufs[grew]->n;
+        g[grew].n_back = 0;
+        if (sizes[grew] > bufs[grew]->live)
+            st = grow(bs, bufs[grew], sizes[grew], &g[grew]);
+    }
+    for (size_t i = 0; i < n && st == FABPOOL_OK; i++)
+        shrink_plan(bs, bufs[i], sizes[i], &s[i]);
+    fp_rticket ticket;
+    CUcontext saved = NULL;
+    int pushed = 0;
+    if (st == FABPOOL_OK)
+        st = shrink_prepare(bs, bufs, s, n, stream, &ticket, &saved, &pushed);
+    if (st != FABPOOL_OK) {
+        for (size_t i = grew; i-- > 0;)
+            grow_undo(bs, bufs[i], &g[i]);
+        return st;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct fabpool_buffer *b = bufs[i];
+        grow_commit(b, &g[i]);
+        shrink_commit(bs, b, &s[i], ticket);
+        if (sizes[i] >= b->size) { /* by the difference: the in-use mark never sees both sizes */
+            atomic_fetch_add(&bs->bytes, sizes[i] - b->size);
+            fp_usage_raise(bs->use);
+        } else {
+            atomic_fetch_sub(&bs->bytes, b->size - sizes[i]);
+        }
+        b->size = sizes[i];
+        FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_RESIZE, b->base, sizes[i], stream, FABPOOL_OK);
+    }
+    for (size_t i = 0; i < n; i++) {
+        fabpool_status s2 = shrink_refit(bs, bufs[i], &s[i], sizes[i], stream);
+        if (st == FABPOOL_OK)
+            st = s2;
+    }
+    if (pushed)
+        fp_ctx_pop(bs->sp->ch, saved);
+    return st;
 }
 
 /* ------------------------------------------------------------ API */
@@ -370,6 +320,8 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     if (max_size == 0 || size == 0 || size > max_size)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_create: max_size %zu and size %zu: both must be "
                         "at least 1 and size <= max_size", max_size, size);
+    if (fp_chunks_asleep(bs->sp->ch)) /* before the room: an asleep pool says so, whatever the size */
+        return fp_chunk_asleep_error("fabpool_buffer_create");
     if (max_size > fp_space_size(bs->sp) - bs->sp->gran)
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_create: max_size %zu is larger than the pool's "
                         "reserved address space (%llu bytes); raise reserve", max_size,
@@ -377,17 +329,21 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     struct fabpool_buffer *b = fp_meta_alloc(bs->sp->meta, sizeof *b);
     if (!b)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer");
+    uint64_t window = fp_round_up(max_size, bs->sp->gran);
     b->owner = bs;
-    b->window = fp_round_up(max_size, bs->sp->gran);
+    b->window = window;
     static _Atomic uint64_t uids;
     b->uid = ((uint64_t)getpid() << 32) ^ (atomic_fetch_add(&uids, 1) + 1) ^ ((uint64_t)(uintptr_t)b << 12);
     fp_lock(&bs->sp->lock);
-    b->base = fp_va_alloc(&bs->sp->va, b->window, bs->sp->gran);
+    b->base = fp_va_alloc(&bs->sp->va, window, bs->sp->gran);
     if (!b->base) {
+        int asleep = fp_chunks_asleep(bs->sp->ch);
         fp_unlock(&bs->sp->lock);
         fp_meta_free(bs->sp->meta, b, sizeof *b);
+        if (asleep)
+            return fp_chunk_asleep_error("fabpool_buffer_create");
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_create: no free address range of %llu bytes left in the "
-                        "pool's reservation of %llu bytes; raise reserve", (unsigned long long)b->window,
+                        "pool's reservation of %llu bytes; raise reserve", (unsigned long long)window,
                         (unsigned long long)fp_space_size(bs->sp));
     }
     if (fp_chunks_asleep(bs->sp->ch)) {
@@ -398,15 +354,18 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     }
     FP_LIST_PUSH(&bs->list, b, next, prev);
     atomic_fetch_add(&bs->count, 1);
-    uint32_t from;
-    fabpool_status st = grow(bs, b, size, &from);
+    grown g;
+    fabpool_status st = grow(bs, b, size, &g);
     if (st != FABPOOL_OK) {
-        undo_grow(bs, b, from);
-        fp_buffer_free(bs, b);
+        grow_undo(bs, b, &g);
+        b->destroyed = 1;
+        if (!b->n)
+            fp_buffer_free(bs, b); /* else the collect that unmaps the chunk the driver kept frees it */
         atomic_fetch_sub(&bs->count, 1);
         fp_unlock(&bs->sp->lock);
         return st;
     }
+    grow_commit(b, &g);
     b->size = size;
     atomic_fetch_add(&bs->bytes, size);
     fp_usage_raise(bs->use);
@@ -456,53 +415,30 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
         return fits;
     }
     enum { STACK = 16 };
-    uint32_t from_stack[STACK], *from = from_stack;
-    if (n > STACK && !(from = fp_meta_alloc(bs->sp->meta, n * sizeof *from)))
-        return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to resize %zu buffers", n);
+    grown g_stack[STACK], *g = g_stack;
+    shrunk s_stack[STACK] = {{0, 0, 0, 0}}, *sh = s_stack;
+    size_t bytes = n * (sizeof *g + sizeof *sh);
+    if (n > STACK) {
+        if (!(g = fp_meta_alloc(bs->sp->meta, bytes)))
+            return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to resize %zu buffers", n);
+        sh = (shrunk *)(g + n);
+    }
     fp_lock(&bs->sp->lock);
-    if (fp_chunks_asleep(bs->sp->ch)) {
-        fp_unlock(&bs->sp->lock);
-        if (from != from_stack)
-            fp_meta_free(bs->sp->meta, from, n * sizeof *from);
-        return fp_chunk_asleep_error("fabpool_buffer_resize");
-    }
-    fp_buffers_drop_kept(bs, 0); /* those kept for keep_ms go before anything maps */
-    fp_collect_locked(bs, 0);
     fabpool_status st = FABPOOL_OK;
-    size_t i;
-    for (i = 0; i < n; i++) {
-        from[i] = bufs[i]->n;
-        if (sizes[i] > bufs[i]->live && (st = grow(bs, bufs[i], sizes[i], &from[i])) != FABPOOL_OK)
-            break;
-    }
-    if (st != FABPOOL_OK) {
-        for (size_t j = 0; j <= i && j < n; j++)
-            undo_grow(bs, bufs[j], from[j]);
+    if (fp_chunks_asleep(bs->sp->ch)) {
+        st = fp_chunk_asleep_error("fabpool_buffer_resize");
     } else {
-        for (i = 0; i < n; i++) {
-            uint64_t gen0 = bufs[i]->generation;
-            fabpool_status s2 = shrink(bs, bufs[i], sizes[i], stream);
-            if (s2 != FABPOOL_OK && st == FABPOOL_OK)
-                st = s2;
-            /* a shrink that failed before it changed anything: the buffer keeps its old size */
-            if (s2 == FABPOOL_OK || bufs[i]->generation != gen0) {
-                if (sizes[i] >= bufs[i]->size) { /* by the difference: the in-use mark never sees both sizes */
-                    atomic_fetch_add(&bs->bytes, sizes[i] - bufs[i]->size);
-                    fp_usage_raise(bs->use);
-                } else {
-                    atomic_fetch_sub(&bs->bytes, bufs[i]->size - sizes[i]);
-                }
-                bufs[i]->size = sizes[i];
-                FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_RESIZE, bufs[i]->base, sizes[i], stream, s2);
-            }
-        }
+        fp_buffers_drop_kept(bs, 0); /* those kept for keep_ms go before anything maps */
+        (void)fp_collect_locked(bs, 0);
+        fp_error_clear();
+        st = resize_locked(bs, bufs, sizes, n, stream, g, sh);
         /* a collect that fails here is retried by the next one: the resize happened */
-        if (fp_collect_locked(bs, 0) != FABPOOL_OK && st == FABPOOL_OK)
+        if (st == FABPOOL_OK && fp_collect_locked(bs, 0) != FABPOOL_OK)
             fp_error_clear();
     }
     fp_unlock(&bs->sp->lock);
-    if (from != from_stack)
-        fp_meta_free(bs->sp->meta, from, n * sizeof *from);
+    if (g != g_stack)
+        fp_meta_free(bs->sp->meta, g, bytes);
     return st;
 }
 
@@ -515,9 +451,17 @@ fabpool_status fp_buffer_destroy_locked(fp_buffers *bs, struct fabpool_buffer *b
 {
     fp_lock_assert_held(&bs->sp->lock);
     uint64_t live = b->live; /* what a kept buffer counts in kept_bytes */
-    fabpool_status st = shrink(bs, b, 0, stream);
+    shrunk s;
+    fp_rticket ticket;
+    CUcontext saved;
+    int pushed;
+    shrink_plan(bs, b, 0, &s);
+    fabpool_status st = shrink_prepare(bs, &b, &s, 1, stream, &ticket, &saved, &pushed);
     if (st != FABPOOL_OK)
         return st; /* nothing was retired: the buffer is as it was */
+    shrink_commit(bs, b, &s, ticket);
+    if (pushed)
+        fp_ctx_pop(bs->sp->ch, saved);
     if (b->kept) {
         atomic_fetch_sub(&bs->kept_bytes, live);
         b->kept = 0;

@@ -108,6 +108,10 @@ fabpool_status fp_buffer_reuse(fp_buffers *bs, size_t size, void *stream, fabpoo
     if (size == 0)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_reuse: size 0; a buffer holds at least one byte");
     fp_lock(&bs->sp->lock);
+    if (fp_chunks_asleep(bs->sp->ch)) { /* the kept buffers went with the sleep: say why, not "none fits" */
+        fp_unlock(&bs->sp->lock);
+        return fp_chunk_asleep_error("fabpool_buffer_reuse");
+    }
     fp_buffers_drop_kept(bs, 0);
     struct fabpool_buffer *b = best_fit(bs, size);
     if (!b) {
