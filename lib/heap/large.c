@@ -168,7 +168,14 @@ fabpool_status fp_large_live_locked(fp_heap *h, uint64_t addr, uint64_t *usable,
 fabpool_status fp_large_usable(fp_heap *h, uint64_t addr, uint64_t *usable, const char *fn)
 {
     fp_lock(&h->sp->lock);
-    fabpool_status st = fp_large_live_locked(h, addr, usable, fn);
+    /* a block freed on a stream is still given out until its work is done: it keeps its size, as a slab's */
+    fp_arena *a = arena_at(h, addr);
+    fp_piece *b = a ? fp_arena_block(a, addr) : NULL;
+    fabpool_status st = FABPOOL_OK;
+    if (b && b->state == FP_LARGE_PENDING)
+        *usable = fp_piece_size(b);
+    else
+        st = fp_large_live_locked(h, addr, usable, fn);
     fp_unlock(&h->sp->lock);
     return st;
 }

@@ -20,9 +20,10 @@ fabpool_status fp_large_check(fp_heap *h, uint64_t addr, const char *fn, uint64_
 fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable);
 /* A pending block given out again (FP_LARGE_LIVE). */
 void fp_large_unpend(fp_heap *h, uint64_t addr);
-/* The usable size of the live block above slab_max at addr; FABPOOL_ERR_NOT_FOUND (fn in the message, which
- * says whether addr is inside a block, in a block freed on a stream, or in free memory) if none starts there.
- * The _locked form with the pool lock held. */
+/* The usable size of the live block above slab_max at addr (fp_large_usable: or of one freed on a stream and
+ * still waiting for its work); FABPOOL_ERR_NOT_FOUND (fn in the message, which says whether addr is inside a
+ * block, in a block freed on a stream, or in free memory) if none starts there.  The _locked form with the pool
+ * lock held. */
 fabpool_status fp_large_usable(fp_heap *h, uint64_t addr, uint64_t *usable, const char *fn);
 fabpool_status fp_large_live_locked(fp_heap *h, uint64_t addr, uint64_t *usable, const char *fn);
 /* Live blocks above slab_max by the class of the grid their size falls in (counts[FP_NCLASS]).  Pool lock held. */
