@@ -18,10 +18,16 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #undef _GNU_SOURCE /* testutil.h defines it; g++ predefines it */
 #include "../../tests/testutil.h"
+#include "../../tests/other_user.h"
 #include "fabpool_torch.h"
 #include "torch_core.hpp"
 #include "torch_ipc.hpp"
@@ -634,11 +640,24 @@ static int ipc_child(const char *sock_name)
         } catch (const std::invalid_argument &e) {
             refused += strstr(e.what(), "malformed") != nullptr;
         }
-        /* the sender's socket out of reach (another network namespace; here a name that is not its): the fds
-         * copied by pidfd_getfd where ptrace permission allows, else a message that names both ways (before
-         * the answer below: the sender still holds its blocks) */
-        std::string far = handles[1];
-        far[16] ^= 0x5a; /* the token's first byte */
+        /* a handle with another token: the sender's server refuses it, and nothing is mapped */
+        fabpool_torch::ipc::Handle h;
+        std::string why;
+        CHECK(fabpool_torch::ipc::decode(handles[1], &h, &why));
+        h.token[0] ^= 0x5a;
+        size_t views = core.ipc_views();
+        try {
+            core.open_ipc(0, fabpool_torch::ipc::encode(h));
+        } catch (const fabpool_torch::ipc::Error &e) {
+            refused += e.status() == FABPOOL_ERR_PERMISSION && strstr(e.what(), "token") != nullptr;
+        }
+        CHECK(core.ipc_views() == views);
+        /* the sender's socket out of reach (another network namespace; here a server id that is not its): the
+         * fds copied by pidfd_getfd once the sender has shown the token, where ptrace permission allows, else a
+         * message that names both ways (before the answer below: the sender still holds its blocks) */
+        h.token[0] ^= 0x5a;
+        h.server_id ^= 0x5a;
+        std::string far = fabpool_torch::ipc::encode(h);
         try {
             std::shared_ptr<void> p = core.open_ipc(0, far);
             CHECK(t_tag_ok(static_cast<char *>(p.get()) + got[1].offset, got[1].usable, got[1].tag + 1));
@@ -712,9 +731,10 @@ static void check_ipc(Core &core, int64_t held0, const char *self)
     core.free(q);
     ipc_send(sock, IpcMsg{IPC_STALE, 0, 0, 0}, stale);
     IpcMsg r;
-    CHECK(ipc_recv(sock, &r, nullptr) == 2); /* refused by this process's server, and the malformed one */
+    /* refused by this process's server (freed, a wrong token), and the malformed one */
+    CHECK(ipc_recv(sock, &r, nullptr) == 3);
     uint64_t refused = 0, served = core.ipc_served(&refused);
-    CHECK(served >= uint64_t(kIpcBlocks) && refused == 1);
+    CHECK(served >= uint64_t(kIpcBlocks) && refused == 2);
     /* this process lets go first: its memory goes back to the driver, the child's views keep theirs */
     for (int i = 0; i < kIpcBlocks; i++)
         core.free(p[i]);
@@ -790,13 +810,15 @@ static void check_ipc_answer_closed()
 {
     fabpool_torch::ipc::Handle h;
     h.type = FABPOOL_HANDLE_POSIX_FD;
-    h.pid = 0x7ffffff0; /* no such process: pidfd_getfd fails after the socket */
+    h.pid = int(getpid()); /* the server below is this process's: the receiver's peer check lets it answer */
     memcpy(h.token, "a wrong answer..", fabpool_torch::ipc::kTokenBytes);
+    h.token_fd = 3;
+    h.server_id = 0xa11;
     h.key = 0x1000;
     h.fds = {3};
     h.desc = "d";
     int ls = -1;
-    CHECK_OK(fabpool_fd_listen(fabpool_torch::ipc::socket_name(h.pid, h.token).c_str(), &ls));
+    CHECK_OK(fabpool_fd_listen(fabpool_torch::ipc::socket_name(h.pid, h.server_id).c_str(), &ls));
     int before = open_fds();
     std::thread server([ls] {
         int c = -1, fds[2] = {open("/dev/null", O_RDONLY), open("/dev/null", O_RDONLY)};
@@ -812,14 +834,223 @@ static void check_ipc_answer_closed()
     bool thrown = false;
     try {
         fabpool_torch::ipc::fetch(h);
-    } catch (const std::runtime_error &e) {
-        thrown = strstr(e.what(), "more fds came") != nullptr || strstr(e.what(), "fds came for") != nullptr;
+    } catch (const fabpool_torch::ipc::Error &e) {
+        thrown = e.status() == FABPOOL_ERR_LIMIT && strstr(e.what(), "its answer") != nullptr;
         if (!thrown)
             fprintf(stderr, "check_ipc_answer_closed: %s\n", e.what());
     }
     server.join();
     CHECK(thrown && open_fds() == before);
     close(ls);
+}
+
+/* Another process posing as a tensor's sender: under the sender's socket
+ * name once the sender's server is gone, or named by a handle on the pidfd
+ * path.  It offers memory of its own (bytes of 0x66); the receiver must
+ * refuse it with nothing mapped and no fd left open. */
+struct Impostor {
+    std::string name;          /* the socket name it takes */
+    std::vector<off_t> sizes;  /* the sender's chunk sizes: what it offers */
+    const fabpool_torch::ipc::Handle *h = nullptr;
+    bool no_token = false;     /* the third process: no fd at the token's number (else a token of other bytes) */
+    int ready[2] = {-1, -1};   /* it writes one byte once it listens (or holds its fds) */
+};
+
+/* fds that the sim imports as device memory, sizes[i] bytes of 0x66 each */
+static std::vector<int> impostor_memory(const std::vector<off_t> &sizes)
+{
+    std::vector<int> fds;
+    std::vector<char> b(1 << 16, 0x66);
+    for (off_t sz : sizes) {
+        int fd = memfd_create("fabsim:impostor:dev0", MFD_CLOEXEC);
+        if (fd < 0)
+            break;
+        fds.push_back(fd);
+        if (ftruncate(fd, sz) != 0)
+            break;
+        for (off_t at = 0; at < sz; at += off_t(b.size()))
+            if (pwrite(fd, b.data(), b.size(), at) < 0)
+                break;
+    }
+    return fds;
+}
+
+static std::vector<off_t> chunk_sizes(const fabpool_torch::ipc::Handle &h)
+{
+    std::vector<off_t> v;
+    for (int fd : h.fds) { /* the sender is this process: the numbers are its own fds */
+        struct stat st;
+        v.push_back(fstat(fd, &st) == 0 ? st.st_size : off_t(0));
+    }
+    return v;
+}
+
+/* The impostor server: answers the first connection with its memory, as a sender would.  Exit status 0: nothing
+ * came from the receiver (it hung up before a byte was sent); 1: a request came; 2: it could not set up. */
+static int impostor_serve(void *arg)
+{
+    Impostor *im = static_cast<Impostor *>(arg);
+    std::vector<int> mem = impostor_memory(im->sizes);
+    int ls = -1;
+    if (mem.size() != im->sizes.size() || fabpool_fd_listen(im->name.c_str(), &ls) != FABPOOL_OK)
+        return 2;
+    char c = 1;
+    if (write(im->ready[1], &c, 1) != 1)
+        return 2;
+    struct pollfd pf = {ls, POLLIN, 0};
+    int conn = poll(&pf, 1, 10000) == 1 ? accept(ls, nullptr, nullptr) : -1;
+    if (conn < 0)
+        return 2;
+    pf = {conn, POLLIN, 0};
+    char req[256];
+    ssize_t got = poll(&pf, 1, 5000) == 1 ? read(conn, req, sizeof req) : 0;
+    uint32_t ok = 0;
+    (void)fabpool_fd_send(conn, mem.data(), mem.size(), &ok, sizeof ok); /* "here are the fds" */
+    close(conn);
+    close(ls);
+    return got > 0 ? 1 : 0;
+}
+
+/* The third process: memory of its own at the handle's fd numbers, and at its token fd number a token memfd of
+ * other bytes, or nothing; it waits to be killed. */
+static int third_process(void *arg)
+{
+    Impostor *im = static_cast<Impostor *>(arg);
+    std::vector<int> mem = impostor_memory(im->sizes);
+    int tok = -1;
+    bool ok = mem.size() == im->sizes.size() && fabpool_fd_token_make("not the sender..", 16, &tok) == FABPOOL_OK;
+    for (size_t i = 0; ok && i < mem.size(); i++)
+        ok = dup2(mem[i], im->h->fds[i]) == im->h->fds[i];
+    if (ok)
+        ok = im->no_token ? close(im->h->token_fd) == 0 : dup2(tok, im->h->token_fd) == im->h->token_fd;
+    char c = ok;
+    if (write(im->ready[1], &c, 1) != 1 || !ok)
+        return 2;
+    for (;;)
+        pause();
+}
+
+/* Starts fn in a child (of another user where other) and waits until it is ready; false if it is not. */
+static bool impostor_start(Impostor *im, int (*fn)(void *), bool other, pid_t *pid)
+{
+    *pid = -1;
+    if (pipe2(im->ready, O_CLOEXEC) != 0)
+        return false;
+    if (other) {
+        if (other_user_fork(fn, im, pid) != 0)
+            *pid = -1;
+    } else {
+        fflush(stdout);
+        fflush(stderr);
+        *pid = fork();
+        if (*pid == 0) {
+            (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+            _exit(fn(im));
+        }
+    }
+    close(im->ready[1]);
+    char c = 0;
+    bool up = *pid > 0 && read(im->ready[0], &c, 1) == 1 && c == 1;
+    close(im->ready[0]);
+    return up;
+}
+
+/* open_ipc of bytes is refused with FABPOOL_ERR_PERMISSION and a message with `word`, and maps nothing, keeps
+ * no fd. */
+static void check_refused(Core &core, const std::string &bytes, const char *word, const char *what)
+{
+    fabsim_ledger l0 = t_ledger();
+    size_t v0 = core.ipc_views();
+    int fds0 = open_fds();
+    fabpool_status st = FABPOOL_OK;
+    std::string msg = "it was opened";
+    try {
+        std::shared_ptr<void> v = core.open_ipc(0, bytes);
+        msg += t_tag_ok(v.get(), 4096, 901) ? " (the sender's bytes)" : " (bytes that are not the sender's)";
+    } catch (const fabpool_torch::ipc::Error &e) {
+        st = e.status();
+        msg = e.what();
+    }
+    bool ok = st == FABPOOL_ERR_PERMISSION && strstr(msg.c_str(), word) != nullptr;
+    CHECK(ok);
+    if (!ok)
+        fprintf(stderr, "check_refused: %s: %s (%s)\n", what, msg.c_str(), fabpool_status_name(st));
+    fabsim_ledger l1 = t_ledger();
+    CHECK(core.ipc_views() == v0 && l1.mappings == l0.mappings && l1.handles == l0.handles);
+    CHECK(open_fds() == fds0);
+}
+
+/* The sender's fd server is gone (the sender exited; here its server ended) and another process binds the same
+ * socket name, of this user or of another one: the receiver refuses it before sending a byte. */
+static void check_ipc_impostor(Core &core)
+{
+    void *p = core.malloc(0, 3 * MiB, nullptr);
+    size_t u = 0;
+    CHECK(core.usable_size(p, &u));
+    t_put_tag(p, u, 901);
+    CHECK_CU(cuCtxSynchronize());
+    fabpool_torch::ipc::Handle h;
+    std::string why;
+    CHECK(fabpool_torch::ipc::decode(core.share_ipc(p).handle, &h, &why));
+    {
+        fabpool_torch::ipc::Server gone([](uint64_t, const std::string &, std::vector<int> *, std::string *m) {
+            *m = "no block";
+            return int(FABPOOL_ERR_NOT_FOUND);
+        });
+        h.server_id = gone.id();
+        memcpy(h.token, gone.token(), fabpool_torch::ipc::kTokenBytes);
+        h.token_fd = gone.token_fd();
+    }
+    std::string bytes = fabpool_torch::ipc::encode(h);
+    Impostor im;
+    im.name = fabpool_torch::ipc::socket_name(h.pid, h.server_id);
+    im.sizes = chunk_sizes(h);
+    for (bool other : {false, true}) {
+        if (other && !other_user_can()) {
+            printf("test_torch_core: ipc: not root, no process of another user to pose as the sender; skipped\n");
+            continue;
+        }
+        pid_t pid = -1;
+        bool up = impostor_start(&im, impostor_serve, other, &pid);
+        CHECK(up);
+        if (up)
+            check_refused(core, bytes, "refused the listener", other ? "another user's listener" : "another pid's");
+        if (pid > 0)
+            CHECK(other_user_wait(pid) == 0); /* it got no byte of the request */
+    }
+    core.free(p);
+    core.empty_cache(PoolId{0, 0});
+}
+
+/* A handle naming a third process on the pidfd path (no server reached): that process does not hold the sender's
+ * token, so no fd of it is copied. */
+static void check_ipc_third_process(Core &core)
+{
+    void *p = core.malloc(0, 3 * MiB, nullptr);
+    fabpool_torch::ipc::Handle h;
+    std::string why;
+    CHECK(fabpool_torch::ipc::decode(core.share_ipc(p).handle, &h, &why));
+    Impostor im;
+    im.h = &h;
+    im.sizes = chunk_sizes(h);
+    for (bool no_token : {false, true}) {
+        im.no_token = no_token;
+        pid_t pid = -1;
+        bool up = impostor_start(&im, third_process, false, &pid);
+        CHECK(up);
+        fabpool_torch::ipc::Handle t = h;
+        t.pid = pid;
+        t.server_id ^= 1; /* no server of that name: the pidfd path */
+        if (up)
+            check_refused(core, fabpool_torch::ipc::encode(t), "does not hold this group's token",
+                          no_token ? "a third process without the token fd" : "a third process with another token");
+        if (pid > 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, nullptr, 0);
+        }
+    }
+    core.free(p);
+    core.empty_cache(PoolId{0, 0});
 }
 
 /* The allocation history (_record_memory_history): every allocation and free with its segment's life, the free
@@ -965,6 +1196,8 @@ int main(int argc, char **argv)
         check_threads(core, held0);
         check_ipc(core, held0, argv[0]);
         check_ipc_answer_closed();
+        check_ipc_impostor(core);
+        check_ipc_third_process(core);
         check_ipc_pools(core, held0);
         check_history(core, held0);
     }

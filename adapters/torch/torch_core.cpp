@@ -1341,8 +1341,12 @@ IpcShare Core::share_ipc(void *ptr)
                                     " is not a live block of this allocator (never given out, or freed already)");
     h.pid = int(getpid());
     h.key = uint64_t(uintptr_t(ptr));
-    if (h.type == FABPOOL_HANDLE_POSIX_FD)
-        memcpy(h.token, server().token(), ipc::kTokenBytes);
+    if (h.type == FABPOOL_HANDLE_POSIX_FD) {
+        ipc::Server &srv = server();
+        memcpy(h.token, srv.token(), ipc::kTokenBytes);
+        h.token_fd = srv.token_fd();
+        h.server_id = srv.id();
+    }
     return IpcShare{std::ptrdiff_t(offset), ipc::encode(h)};
 }
 
@@ -1375,7 +1379,7 @@ int Core::serve_ipc(uint64_t key, const std::string &desc, std::vector<int> *fds
            (st != FABPOOL_OK ? " is no longer live" : " is no longer the one that was shared") +
            ": the sender freed the tensor before this receiver opened it (PyTorch keeps a shared tensor alive "
            "until its receivers let go: was it shared by other means?)";
-    return 1;
+    return FABPOOL_ERR_NOT_FOUND;
 }
 
 std::shared_ptr<void> Core::open_ipc(int device, const std::string &bytes)

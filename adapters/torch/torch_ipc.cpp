@@ -21,14 +21,17 @@ namespace ipc {
 
 namespace {
 
-/* handle: "FPIH" u16 version, u16 type, u32 pid, u32 fds, token, u64 key, u32 descriptor bytes, u32 0,
- * then the fd numbers (i32 each) and the descriptor; little-endian, as the descriptor */
+/* handle: "FPIH" u16 version, u16 type, u32 pid, u32 fds, token, u64 key, u32 descriptor bytes, i32 token fd,
+ * u64 server id, then the fd numbers (i32 each) and the descriptor; little-endian, as the descriptor */
 const char kHandleMagic[4] = {'F', 'P', 'I', 'H'};
-constexpr uint16_t kVersion = 1;
-constexpr size_t kHeader = 4 + 2 + 2 + 4 + 4 + kTokenBytes + 8 + 4 + 4;
-/* request: "FPRQ" u64 key, then the descriptor; reply: u32 status, then the message */
+constexpr uint16_t kVersion = 2;
+constexpr size_t kTokenAt = 16, kKeyAt = kTokenAt + kTokenBytes, kDescLenAt = kKeyAt + 8, kTokenFdAt = kDescLenAt + 4,
+                 kServerIdAt = kTokenFdAt + 4, kHeader = kServerIdAt + 8;
+/* request: "FPRQ" token, u64 key, then the descriptor; reply: u32 status (a fabpool_status), then the message */
 const char kRequestMagic[4] = {'F', 'P', 'R', 'Q'};
-constexpr int kTimeoutS = 10;  /* a peer that stops talking mid-request */
+constexpr size_t kRequestHeader = 4 + kTokenBytes + 8;
+constexpr int kTimeoutMs = 10000; /* a peer that stops talking mid-message */
+constexpr int kConnectMs = 200;   /* a server that is not there (another network namespace) */
 
 void put(std::string &s, const void *p, size_t n) { s.append(static_cast<const char *>(p), n); }
 template <class T> void put(std::string &s, T v) { put(s, &v, sizeof v); }
@@ -39,13 +42,6 @@ template <class T> T get(const char *p)
     return v;
 }
 
-void timeouts(int fd)
-{
-    struct timeval tv = {kTimeoutS, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
 void close_all(const std::vector<int> &fds)
 {
     for (int fd : fds)
@@ -53,18 +49,29 @@ void close_all(const std::vector<int> &fds)
             close(fd);
 }
 
-void random_token(uint8_t *t)
+void random_bytes(void *out, size_t n)
 {
+    uint8_t *t = static_cast<uint8_t *>(out);
     size_t got = 0;
-    while (got < kTokenBytes) {
-        ssize_t r = getrandom(t + got, kTokenBytes - got, 0);
+    while (got < n) {
+        ssize_t r = getrandom(t + got, n - got, 0);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
-            throw std::runtime_error(std::string("fabpool: no random bytes for the IPC socket's name: ") +
+            throw std::runtime_error(std::string("fabpool: no random bytes for the IPC fd server's token: ") +
                                      strerror(errno));
         got += size_t(r);
     }
+}
+
+/* Whether a and b hold the same token, in a time that does not depend on where they differ. */
+bool same_token(const uint8_t *a, const void *b)
+{
+    const uint8_t *q = static_cast<const uint8_t *>(b);
+    volatile uint8_t diff = 0;
+    for (size_t i = 0; i < kTokenBytes; i++)
+        diff |= a[i] ^ q[i];
+    return diff == 0;
 }
 
 }  // namespace
@@ -81,7 +88,8 @@ std::string encode(const Handle &h)
     put(s, h.token, kTokenBytes);
     put(s, h.key);
     put(s, uint32_t(h.desc.size()));
-    put(s, uint32_t(0));
+    put(s, int32_t(h.token_fd));
+    put(s, h.server_id);
     for (int fd : h.fds)
         put(s, int32_t(fd));
     s += h.desc;
@@ -91,7 +99,7 @@ std::string encode(const Handle &h)
 bool decode(const std::string &bytes, Handle *h, std::string *why)
 {
     const char *p = bytes.data();
-    if (bytes.size() < kHeader || memcmp(p, kHandleMagic, 4) != 0) {
+    if (bytes.size() < 6 || memcmp(p, kHandleMagic, 4) != 0) {
         *why = "not a handle of fabpool's allocator (" + std::to_string(bytes.size()) +
                " bytes): the process that shared the tensor uses another CUDA allocator (PyTorch's own?); install "
                "fabpool in both processes (fabpool_torch.install() before CUDA is used) or in neither";
@@ -103,45 +111,80 @@ bool decode(const std::string &bytes, Handle *h, std::string *why)
                std::to_string(kVersion) + ": both processes must load the same fabpool";
         return false;
     }
-    h->type = get<uint16_t>(p + 6);
-    h->pid = int(get<uint32_t>(p + 8));
-    uint32_t nfds = get<uint32_t>(p + 12);
-    memcpy(h->token, p + 16, kTokenBytes);
-    h->key = get<uint64_t>(p + 16 + kTokenBytes);
-    uint32_t dlen = get<uint32_t>(p + 24 + kTokenBytes);
-    if (dlen > kMaxDesc || nfds > kMaxDesc || bytes.size() != kHeader + 4 * uint64_t(nfds) + dlen ||
-        (h->type != FABPOOL_HANDLE_POSIX_FD && h->type != FABPOOL_HANDLE_FABRIC) ||
-        (h->type == FABPOOL_HANDLE_FABRIC) != (nfds == 0)) {
-        *why = "a malformed handle (" + std::to_string(bytes.size()) + " bytes for " + std::to_string(nfds) +
-               " fds and a descriptor of " + std::to_string(dlen) + ", handle type " + std::to_string(h->type) + ")";
+    if (bytes.size() < kHeader) {
+        *why = "a malformed handle (" + std::to_string(bytes.size()) + " bytes, shorter than its " +
+               std::to_string(kHeader) + "-byte header)";
         return false;
     }
-    h->fds.resize(nfds);
-    for (uint32_t i = 0; i < nfds; i++)
-        h->fds[i] = get<int32_t>(p + kHeader + 4 * size_t(i));
-    h->desc.assign(p + kHeader + 4 * size_t(nfds), dlen);
+    Handle d;
+    d.type = get<uint16_t>(p + 6);
+    uint32_t pid = get<uint32_t>(p + 8);
+    uint32_t nfds = get<uint32_t>(p + 12);
+    memcpy(d.token, p + kTokenAt, kTokenBytes);
+    d.key = get<uint64_t>(p + kKeyAt);
+    uint32_t dlen = get<uint32_t>(p + kDescLenAt);
+    d.token_fd = get<int32_t>(p + kTokenFdAt);
+    d.server_id = get<uint64_t>(p + kServerIdAt);
+    bool posix = d.type == FABPOOL_HANDLE_POSIX_FD;
+    const char *bad = nullptr;
+    if (dlen > kMaxDesc || nfds > kMaxDesc || bytes.size() != kHeader + 4 * uint64_t(nfds) + dlen)
+        bad = "its length is not what its counts say";
+    else if (!posix && d.type != FABPOOL_HANDLE_FABRIC)
+        bad = "an unknown handle type";
+    else if (posix == (nfds == 0))
+        bad = posix ? "a POSIX fd handle without fds" : "a fabric handle with fds";
+    else if (pid == 0 || pid > uint32_t(INT32_MAX))
+        bad = "no valid sender pid";
+    else if (posix && d.token_fd < 0)
+        bad = "no token fd";
+    else if (!posix && d.token_fd != -1)
+        bad = "a fabric handle with a token fd";
+    if (!bad)
+        for (uint32_t i = 0; i < nfds; i++) {
+            int32_t fd = get<int32_t>(p + kHeader + 4 * size_t(i));
+            if (fd < 0) {
+                bad = "a negative fd number";
+                break;
+            }
+            d.fds.push_back(fd);
+        }
+    if (bad) {
+        *why = std::string("a malformed handle (") + bad + ": " + std::to_string(bytes.size()) + " bytes for " +
+               std::to_string(nfds) + " fds and a descriptor of " + std::to_string(dlen) + ", handle type " +
+               std::to_string(d.type) + ")";
+        return false;
+    }
+    d.pid = int(pid);
+    d.desc.assign(p + kHeader + 4 * size_t(nfds), dlen);
+    *h = std::move(d);
     return true;
 }
 
-std::string socket_name(int pid, const uint8_t *token)
+std::string socket_name(int pid, uint64_t server_id)
 {
-    char hex[2 * kTokenBytes + 1];
-    for (size_t i = 0; i < kTokenBytes; i++)
-        snprintf(hex + 2 * i, 3, "%02x", token[i]);
-    return "fabpool-ipc-" + std::to_string(pid) + "-" + hex;
+    char id[17];
+    snprintf(id, sizeof id, "%016llx", static_cast<unsigned long long>(server_id));
+    return "fabpool-ipc-" + std::to_string(pid) + "-" + id;
 }
 
 /* ----------------------------------------------------------- the server */
 
 Server::Server(Serve serve) : serve_(std::move(serve)), pid_(int(getpid()))
 {
-    random_token(token_);
-    std::string name = socket_name(pid_, token_);
-    if (fabpool_fd_listen(name.c_str(), &listener_) != FABPOOL_OK)
-        throw std::runtime_error(std::string("fabpool: the IPC fd server cannot listen: ") + fabpool_last_error());
+    random_bytes(token_, kTokenBytes);
+    random_bytes(&id_, sizeof id_);
+    if (fabpool_fd_token_make(token_, kTokenBytes, &token_fd_) != FABPOOL_OK)
+        throw std::runtime_error(std::string("fabpool: the IPC fd server's token: ") + fabpool_last_error());
+    std::string name = socket_name(pid_, id_);
+    if (fabpool_fd_listen(name.c_str(), &listener_) != FABPOOL_OK) {
+        std::string m = fabpool_last_error();
+        close(token_fd_);
+        throw std::runtime_error("fabpool: the IPC fd server cannot listen: " + m);
+    }
     if (pipe2(wake_, O_CLOEXEC) != 0) {
         int e = errno;
         close(listener_);
+        close(token_fd_);
         throw std::runtime_error(std::string("fabpool: the IPC fd server: pipe: ") + strerror(e));
     }
     thread_ = std::thread(&Server::run, this);
@@ -158,14 +201,14 @@ Server::~Server()
     }
     if (thread_.joinable())
         thread_.join();
-    for (int fd : {listener_, wake_[0], wake_[1]})
+    for (int fd : {listener_, wake_[0], wake_[1], token_fd_})
         if (fd >= 0)
             close(fd);
 }
 
 void Server::abandon()
 {
-    for (int *fd : {&listener_, &wake_[0], &wake_[1]})
+    for (int *fd : {&listener_, &wake_[0], &wake_[1], &token_fd_})
         if (*fd >= 0) {
             close(*fd);
             *fd = -1;
@@ -183,8 +226,12 @@ void Server::run()
             return;
         if (!(pf[0].revents & POLLIN))
             continue;
-        int conn = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (conn < 0)
+        /* a process of another user is closed at once, unanswered (FABPOOL_PEERS=any_user lets it in) */
+        int conn = -1;
+        fabpool_status st = fabpool_fd_accept(listener_, &conn);
+        if (st == FABPOOL_ERR_PERMISSION)
+            refused_++;
+        if (st != FABPOOL_OK)
             continue;
         one(conn);
         close(conn);
@@ -193,28 +240,31 @@ void Server::run()
 
 void Server::one(int conn)
 {
-    timeouts(conn);
     std::string msg;
     std::vector<int> fds;
-    int status = 1;
-    struct ucred cred;
-    socklen_t cl = sizeof cred;
+    int status = FABPOOL_ERR_DESCRIPTOR;
     std::vector<char> &req = buf_;
-    req.resize(12 + kMaxDesc);
+    req.resize(kRequestHeader + kMaxDesc);
     size_t n = 0, len = 0;
-    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != geteuid()) {
-        msg = "the process asking runs as another user";
-    } else if (fabpool_fd_recv(conn, nullptr, 0, &n, req.data(), req.size(), &len) != FABPOOL_OK || len < 12 ||
-               memcmp(req.data(), kRequestMagic, 4) != 0) {
+    /* a request that brings fds, or takes longer than the deadline, is refused: nothing is kept */
+    if (fabpool_fd_recv_timed(conn, nullptr, 0, &n, req.data(), req.size(), &len, kTimeoutMs) != FABPOOL_OK ||
+        len < kRequestHeader || memcmp(req.data(), kRequestMagic, 4) != 0) {
         msg = "a malformed request";
+    } else if (!same_token(token_, req.data() + 4)) {
+        status = FABPOOL_ERR_PERMISSION;
+        msg = "a request without this process's token (a handle of another process, or a forged one)";
     } else {
-        std::string desc(req.data() + 12, len - 12);
-        status = serve_(get<uint64_t>(req.data() + 4), desc, &fds, &msg);
+        std::string desc(req.data() + kRequestHeader, len - kRequestHeader);
+        status = serve_(get<uint64_t>(req.data() + 4 + kTokenBytes), desc, &fds, &msg);
+        if (status < 0 || status > FABPOOL_ERR_PERMISSION)
+            status = FABPOOL_ERR_IO;
     }
     (status == 0 ? served_ : refused_)++;
     std::string reply;
     put(reply, uint32_t(status));
     reply += msg;
+    struct timeval tv = {kTimeoutMs / 1000, 0}; /* a reader that never reads does not hold the thread */
+    setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     fabpool_fd_send(conn, status == 0 ? fds.data() : nullptr, status == 0 ? fds.size() : 0, reply.data(),
                     reply.size());
     close_all(fds);
@@ -224,37 +274,69 @@ void Server::one(int conn)
 
 namespace {
 
-/* Over the socket: the fds, or false with why (refused: the server said no). */
-bool by_socket(const Handle &h, std::vector<int> *out, std::string *why, bool *refused)
+enum class Reach { ok, unreachable, refused };
+
+/* Over the socket: the fds, else why (unreachable: no server listens; refused: the listener is not the sender,
+ * or the sender said no, *st says how). */
+Reach by_socket(const Handle &h, std::vector<int> *out, std::string *why, fabpool_status *st)
 {
     int s = -1;
-    std::string name = socket_name(h.pid, h.token);
-    if (fabpool_fd_connect(name.c_str(), &s, 200) != FABPOOL_OK) {
+    std::string name = socket_name(h.pid, h.server_id);
+    *st = fabpool_fd_connect_peer(name.c_str(), &s, kConnectMs, h.pid, 0);
+    if (*st != FABPOOL_OK) {
         *why = fabpool_last_error();
-        return false;
+        /* a listener that is not the sender (it exited and someone took the name): nothing else is tried */
+        return *st == FABPOOL_ERR_PERMISSION ? Reach::refused : Reach::unreachable;
     }
-    timeouts(s);
     std::string req(kRequestMagic, 4);
+    put(req, h.token, kTokenBytes);
     put(req, h.key);
     req += h.desc;
     std::vector<int> fds(h.fds.size(), -1);
     char reply[1024];
     size_t n = 0, len = 0;
-    bool ok = fabpool_fd_send(s, nullptr, 0, req.data(), req.size()) == FABPOOL_OK &&
-              fabpool_fd_recv(s, fds.data(), fds.size(), &n, reply, sizeof reply, &len) == FABPOOL_OK;
-    if (!ok)
-        *why = fabpool_last_error();
+    *st = fabpool_fd_send(s, nullptr, 0, req.data(), req.size());
+    if (*st == FABPOOL_OK) /* every fd that came is closed on failure (n is then 0) */
+        *st = fabpool_fd_recv_timed(s, fds.data(), fds.size(), &n, reply, sizeof reply, &len, kTimeoutMs);
+    if (*st != FABPOOL_OK)
+        *why = std::string("its answer: ") + fabpool_last_error();
     close(s);
-    fds.resize(n); /* what came, also when the answer is refused or cut short: closed below */
-    if (ok && (len < 4 || get<uint32_t>(reply) != 0)) {
-        *refused = true;
-        *why = len >= 4 ? std::string(reply + 4, std::min(len, sizeof reply) - 4) : "an empty answer";
-        ok = false;
-    } else if (ok && n != h.fds.size()) {
+    fds.resize(n);
+    if (*st == FABPOOL_OK && (len < 4 || get<uint32_t>(reply) != 0)) {
+        uint32_t code = len >= 4 ? get<uint32_t>(reply) : 0;
+        *st = code > 0 && code <= FABPOOL_ERR_PERMISSION ? fabpool_status(code) : FABPOOL_ERR_IO;
+        *why = len >= 4 ? std::string(reply + 4, len - 4) : "an empty answer";
+    } else if (*st == FABPOOL_OK && n != h.fds.size()) {
+        *st = FABPOOL_ERR_IO;
         *why = std::to_string(n) + " fds came for " + std::to_string(h.fds.size()) + " chunks";
-        ok = false;
     }
-    if (!ok) {
+    if (*st != FABPOOL_OK) {
+        close_all(fds);
+        return Reach::refused;
+    }
+    *out = std::move(fds);
+    return Reach::ok;
+}
+
+/* Through a pidfd of the sender, once it has shown the handle's token: the fds, else false with *st and why. */
+bool by_pidfd(const Handle &h, std::vector<int> *out, std::string *why, fabpool_status *st)
+{
+    int pidfd = -1;
+    *st = fabpool_fd_pidfd_open(h.pid, &pidfd);
+    if (*st == FABPOOL_OK)
+        *st = fabpool_fd_token_check(pidfd, h.token_fd, h.token, kTokenBytes);
+    std::vector<int> fds;
+    for (size_t i = 0; *st == FABPOOL_OK && i < h.fds.size(); i++) {
+        int got = -1;
+        *st = fabpool_fd_from_pidfd(pidfd, h.fds[i], &got);
+        if (*st == FABPOOL_OK)
+            fds.push_back(got);
+    }
+    if (*st != FABPOOL_OK)
+        *why = fabpool_last_error();
+    if (pidfd >= 0)
+        close(pidfd);
+    if (*st != FABPOOL_OK) {
         close_all(fds);
         return false;
     }
@@ -268,23 +350,19 @@ std::vector<int> fetch(const Handle &h)
 {
     std::vector<int> fds;
     std::string why;
-    bool refused = false;
-    if (by_socket(h, &fds, &why, &refused))
+    fabpool_status st = FABPOOL_OK;
+    Reach r = by_socket(h, &fds, &why, &st);
+    if (r == Reach::ok)
         return fds;
     std::string head = "fabpool: cannot map a CUDA tensor shared by process " + std::to_string(h.pid) + ": ";
-    if (refused)
-        throw std::runtime_error(head + "it refused: " + why);
-    /* no socket (another network namespace): a copy of each fd, where ptrace permission allows */
-    for (int fd : h.fds) {
-        int got = -1;
-        if (fabpool_fd_from_pid(h.pid, fd, &got) != FABPOOL_OK) {
-            std::string pidfd = fabpool_last_error();
-            close_all(fds);
-            throw std::runtime_error(head + "its fd server: " + why + "; pidfd_getfd: " + pidfd +
-                                     " (the sender must still be alive and hold the tensor)");
-        }
-        fds.push_back(got);
-    }
+    if (r == Reach::refused)
+        throw Error(st, head + "its fd server: " + why);
+    /* no socket (another network namespace): a copy of each fd, where ptrace permission allows, once the process
+     * has shown it holds the handle's token */
+    std::string sock = why;
+    if (!by_pidfd(h, &fds, &why, &st))
+        throw Error(st, head + "its fd server: " + sock + "; pidfd_getfd: " + why +
+                            " (the sender must still be alive and hold the tensor)");
     return fds;
 }
 

@@ -5,17 +5,27 @@
  * - The handle: the bytes PyTorch carries from the sender to the receiver
  *   (a std::string, pickled with the tensor): fabpool_block_export's
  *   descriptor of the chunks under the block, the sender's pid and the fd
- *   numbers of those chunks there, and the name of the sender's fd server.
+ *   numbers of those chunks there, the id of the sender's fd server, the
+ *   sender's secret token and the fd number of its token memfd.  The handle
+ *   is the one channel both sides trust: it reaches only the receiver the
+ *   sender pickled it for.
  * - The fd server: one per process, started at the first share, a thread on
- *   an abstract Unix socket named after the pid and 16 random bytes (the
- *   bytes travel only in handles, so only a receiver of one can connect;
- *   the server also refuses other users' processes).  A receiver sends the
+ *   an abstract Unix socket named after the pid and a random id.  The name
+ *   is no secret (/proc/net/unix lists it to every user), and once the
+ *   sender is gone anyone may bind it, so neither side trusts the name: the
+ *   server accepts processes of its own user only (FABPOOL_PEERS may widen
+ *   that) and serves a request only with the token in it (compared in
+ *   constant time); the receiver connects only to a listener that is the
+ *   handle's pid of its own user (fabpool_fd_connect_peer), so an impostor
+ *   is refused before a byte is sent.  A request carries the token, the
  *   block's key and descriptor; the server asks its callback, which checks
  *   that the block is still the one described, and answers with copies of
- *   the fds (SCM_RIGHTS).
- * - fetch: the receiver's side, over the socket, else by pidfd_getfd of the
- *   fd numbers in the handle (where the socket cannot be reached: another
- *   network namespace; it needs ptrace permission over the sender).
+ *   the fds (SCM_RIGHTS), received whole within a deadline or not at all.
+ * - fetch: the receiver's side, over the socket, else (no listener: another
+ *   network namespace) through a pidfd of the sender: the sender proves it
+ *   is the handle's process by the token memfd (fabpool_fd_token_check)
+ *   before any chunk fd is copied, and the pidfd pins it while they are
+ *   (needs ptrace permission over the sender).
  *
  * Fabric handles travel in the descriptor itself: no fd, no server. */
 #ifndef FABPOOL_TORCH_IPC_HPP
@@ -27,7 +37,10 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <stdexcept>
 #include <vector>
+
+#include "fabpool_status.h"
 
 namespace fabpool_torch {
 namespace ipc {
@@ -38,7 +51,9 @@ constexpr size_t kMaxDesc = size_t(4) << 20;  /* a descriptor of 43,000 chunks: 
 struct Handle {
     int type = 0;                  /* fabpool_handle_type: posix_fd or fabric */
     int pid = 0;                   /* the sender */
-    uint8_t token[kTokenBytes] = {};
+    uint8_t token[kTokenBytes] = {}; /* the sender's secret (posix_fd) */
+    int token_fd = -1;             /* the sender's token memfd (posix_fd; -1 for fabric) */
+    uint64_t server_id = 0;        /* names the sender's fd server with pid; no secret */
     uint64_t key = 0;              /* the block's address in the sender */
     std::vector<int> fds;          /* the sender's fd numbers, one per chunk (posix_fd) */
     std::string desc;              /* fabpool_block_export's descriptor */
@@ -50,14 +65,26 @@ std::string encode(const Handle &h);
  * handle of this version. */
 bool decode(const std::string &bytes, Handle *h, std::string *why);
 
-/* The server's abstract socket name for a pid and a token. */
-std::string socket_name(int pid, const uint8_t *token);
+/* The server's abstract socket name for a pid and a server id. */
+std::string socket_name(int pid, uint64_t server_id);
+
+/* What fetch throws: the fabpool_status of the refusal (FABPOOL_ERR_PERMISSION:
+ * a peer that is not the handle's sender, or a wrong token; FABPOOL_ERR_NOT_FOUND:
+ * the sender no longer has the block; FABPOOL_ERR_IO: no way to reach it). */
+class Error : public std::runtime_error {
+public:
+    Error(fabpool_status s, const std::string &what) : std::runtime_error(what), status_(s) {}
+    fabpool_status status() const noexcept { return status_; }
+
+private:
+    fabpool_status status_;
+};
 
 /* A sender's fd server: a thread serving requests until destroyed. */
 class Server {
 public:
     /* status 0: *fds are the fds to send (closed by the server afterwards);
-     * else *msg says why not. */
+     * else a fabpool_status, and *msg says why not. */
     using Serve = std::function<int(uint64_t key, const std::string &desc, std::vector<int> *fds, std::string *msg)>;
 
     /* Listens and starts the thread; throws std::runtime_error. */
@@ -69,7 +96,10 @@ public:
 
     int pid() const { return pid_; }
     const uint8_t *token() const { return token_; }
-    /* Connections served, refused (another user, a malformed request). */
+    int token_fd() const { return token_fd_; }
+    uint64_t id() const { return id_; }
+    /* Connections served, refused (another user, a wrong token, a malformed
+     * request, a block no longer live). */
     uint64_t served() const { return served_.load(); }
     uint64_t refused() const { return refused_.load(); }
 
@@ -82,6 +112,8 @@ private:
     Serve serve_;
     int pid_ = 0;
     uint8_t token_[kTokenBytes] = {};
+    uint64_t id_ = 0;
+    int token_fd_ = -1;  /* a sealed memfd of token_: the proof for the pidfd path */
     int listener_ = -1, wake_[2] = {-1, -1};
     std::thread thread_;
     std::vector<char> buf_;  /* a request (the thread's) */
@@ -92,8 +124,8 @@ private:
 };
 
 /* The fds of h's chunks, fetched from its sender (the caller owns them):
- * over the sender's socket, else by pidfd_getfd.  Throws
- * std::runtime_error with what was tried. */
+ * over the sender's socket, else by pidfd_getfd.  Throws Error with what
+ * was tried; on any failure no fd that arrived stays open. */
 std::vector<int> fetch(const Handle &h);
 
 }  // namespace ipc
