@@ -36,6 +36,8 @@
  *     them make no driver call;
  *   - a MemHandle is 1,024 bytes (upstream's is 328): a header, up to nine
  *     exporter fd numbers, and fabpool's descriptor of up to nine chunks;
+ *   - a POSIX-fd handle carries the exporter's proof of identity (below), and
+ *     open_handle copies fds only out of the process that shows it;
  *   - agree_max() (with agree_enabled(), FABPOOL_HYBRIDEP_AGREE=1) lets
  *     update_buffer take the group's largest need before it decides to
  *     regrow, so that ranks with different token counts all regrow or none
@@ -50,14 +52,43 @@
  *
  * POSIX fds cannot travel in bytes.  A POSIX-fd handle names the exporter's
  * pid and its fd numbers, and open_handle(ptr, h) copies the fds out of the
- * exporter with pidfd_getfd (Linux 5.6+).  That needs ptrace permission over
- * the exporter: the same user, and under Yama ptrace_scope 1 the exporter's
- * consent, which the exporter gives with fabpool_fd_allow_peers
- * (fabpool_fdpass.h) at its first POSIX-fd export (FABPOOL_HYBRIDEP_PTRACER=0
- * turns that off).  Where it cannot work (ptrace_scope 2 or 3, a seccomp
- * filter, an old kernel) open_handle throws a message that says what to
- * change; the overloads taking fds (received over a socket with
- * fabpool_fd_recv) need no permission at all.
+ * exporter with pidfd_getfd (Linux 5.6+).  The handle's bytes are trusted
+ * as far as the all-gather that brought them, not further: a pid in them may
+ * name a process that is not the exporter (a bug, a hostile rank, or a pid
+ * reused once the exporter exited), and the importer would map that
+ * process's memory as the peer's.  So every exporting process holds a
+ * random token of its own in a sealed memfd (fabpool_fd_token_make) and
+ * writes the token and the memfd's fd number into its handles; open_handle
+ * pins the named process with a pidfd and copies nothing before that
+ * process has shown the token (fabpool_fd_token_check: a process that does
+ * not hold it is refused with FABPOOL_ERR_PERMISSION), then copies the fds
+ * through that pidfd, which a reused pid cannot stand in for.  One pidfd is
+ * kept per exporter and dropped once that process is gone.
+ *
+ * pidfd_getfd needs ptrace permission over the exporter: the same user, and
+ * under Yama ptrace_scope 1 the exporter's consent (PR_SET_PTRACER), which
+ * the exporter gives at its first POSIX-fd export, as narrowly as DeepEP's
+ * unchanged code allows.  Its peers are the other ranks, which one launcher
+ * started (torch.multiprocessing.spawn, torchrun, mpirun's daemon): the
+ * exporter's parent.  Yama lets a consented process and its descendants
+ * attach, so naming the parent admits the launcher and the ranks it
+ * started, and no other process of the user (a browser, an editor's
+ * plugins, a job started elsewhere).  No narrower consent works:
+ * Yama keeps one ptracer a process, and a rank cannot name each peer
+ * before the all-gather that tells their pids has run.  Where the parent is
+ * the pid namespace's init (the launcher is a container's entrypoint), that
+ * is every process of the container, which is what the container holds
+ * anyway.  FABPOOL_HYBRIDEP_PTRACER changes it: unset or "parent" (the
+ * default), a pid (the launcher's, where each rank runs under a wrapper of
+ * its own: sh -c, srun), "any" (every process of the user for the life of
+ * the process, as ptrace_scope 0 would: what the adapter did before), or
+ * "0" (no consent: the peers need CAP_SYS_PTRACE, or use the socket
+ * overloads).  The consent is withdrawn when the last allocator that gave
+ * it is destroyed.  Where pidfd_getfd cannot work (ptrace_scope 2 or 3, a
+ * seccomp filter, an old kernel) open_handle throws a message that says
+ * what to change; the overloads taking fds (received over a socket with
+ * fabpool_fd_recv, whose peer checks are fabpool_fdpass.h's) need no
+ * permission at all.
  *
  * Errors are thrown as fabpool_hybridep::Error (a std::runtime_error) whose
  * what() names the call and carries fabpool_last_error(), and whose status()
@@ -83,7 +114,9 @@
 #include <type_traits>
 #include <vector>
 #include <dlfcn.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "fabpool.h"
@@ -99,7 +132,7 @@ namespace fabpool_hybridep {
  * each regrow maps one more), and nine chunks let eight regrows in a row
  * export only their new chunk before allocate() compacts the buffer. */
 constexpr std::size_t kHandleBytes = 1024;
-constexpr std::size_t kHandleHeaderBytes = 24;
+constexpr std::size_t kHandleHeaderBytes = 28;
 /* as many fd numbers as the descriptor has records */
 constexpr std::size_t kMaxHandleFds =
     (kHandleBytes - kHandleHeaderBytes - FABPOOL_DESC_HEADER_BYTES) / (FABPOOL_DESC_RECORD_BYTES + 4);
@@ -154,7 +187,8 @@ struct HandleInfo {
     int pid;                   /* the exporter's process */
     std::uint32_t desc_len;
     std::uint32_t nfds;
-    std::uint64_t host;        /* FNV-1a of the exporter's host name */
+    std::uint64_t host;        /* FNV-1a of the exporter's host name, folded to 32 bits */
+    int token_fd;              /* POSIX fd: the exporter's token memfd (its fd number there); fabric: -1 */
 };
 
 /* Time and bytes of this allocator's calls (for benchmarks: what a regrow spends where). */
@@ -171,12 +205,21 @@ struct Stats {
 
 namespace detail {
 /* Header (host byte order; peers share one architecture):
- *   0 char[4] "FPH2"   4 u8 version   5 u8 kind   6 u8 handle type   7 u8 fd count
- *   8 i32 pid         12 u32 descriptor length    16 u64 host id
- *  24 i32 fds[kMaxHandleFds] (the exporter's numbers)
- *  kDescAt descriptor (fabpool_buffer_export) */
+ *   0 char[4] "FPH2"   4 u8 version   5 u8 kind   6 u8 handle type   7 u8 records
+ *   8 i32 pid         12 i32 token fd (POSIX fd; -1 for fabric)       16 u32 host id
+ *  20 u8[8] token (POSIX fd; zero for fabric)
+ *  28 i32 fds[kMaxHandleFds] (the exporter's numbers, one per record for POSIX fd)
+ *  kDescAt descriptor (fabpool_buffer_export): fabpool_desc_size(records) bytes, none for "unchanged".
+ * The header has 28 bytes so that nine records and nine fds fit in 1,024: the
+ * descriptor's length follows from its record count, and the token has 8
+ * bytes.  The token is no password: it proves only that the process a pid
+ * names is the one that made the handle, and a process that is not holds no
+ * memfd of those bytes unless it guesses 64 random bits. */
 constexpr char kMagic[4] = {'F', 'P', 'H', '2'};
-constexpr std::uint8_t kVersion = 3;
+constexpr std::uint8_t kVersion = 4;
+constexpr std::size_t kTokenBytes = 8;
+constexpr std::size_t kTokenFdAt = 12, kHostAt = 16, kTokenAt = 20;
+static_assert(kTokenAt + kTokenBytes == kHandleHeaderBytes, "the header's fields fill it");
 
 inline std::uint64_t host_id()
 {
@@ -186,8 +229,77 @@ inline std::uint64_t host_id()
     std::uint64_t x = 1469598103934665603ull;
     for (const char *c = h; *c; c++)
         x = (x ^ (unsigned char)*c) * 1099511628211ull;
-    return x;
+    return (x ^ (x >> 32)) & 0xffffffffull;
 }
+
+/* This process's proof for its POSIX-fd handles: a random token and the
+ * sealed memfd that holds it, made once (a forked child inherits both, and
+ * is then as much the exporter as its parent).  Never closed: a peer may
+ * open a handle as long as the process lives. */
+struct Proof {
+    fabpool_status status = FABPOOL_OK;
+    std::string msg;
+    unsigned char token[kTokenBytes] = {};
+    int fd = -1;
+};
+inline const Proof &proof()
+{
+    static Proof p;
+    static std::once_flag once;
+    std::call_once(once, [] {
+        std::size_t got = 0;
+        while (got < kTokenBytes) {
+            ssize_t r = getrandom(p.token + got, kTokenBytes - got, 0);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                p.status = FABPOOL_ERR_IO;
+                p.msg = std::string("no random bytes for the exporter's token: ") + std::strerror(errno);
+                return;
+            }
+            got += (std::size_t)r;
+        }
+        p.status = fabpool_fd_token_make(p.token, kTokenBytes, &p.fd);
+        if (p.status != FABPOOL_OK)
+            p.msg = fabpool_last_error();
+    });
+    return p;
+}
+
+/* Whom this process lets copy its fds under Yama ptrace_scope 1
+ * (PR_SET_PTRACER), from FABPOOL_HYBRIDEP_PTRACER (NULL: unset) and the
+ * parent's pid: the launcher of the ranks by default (the file's comment
+ * says why).  bad: a value it does not know (why says which are). */
+struct Ptracer {
+    enum Kind { none, one, any, bad } kind;
+    int pid; /* one: the process named */
+};
+inline Ptracer ptracer_choice(const char *env, int parent)
+{
+    std::string v = env ? env : "";
+    std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return (char)std::tolower(c); });
+    if (v.empty() || v == "parent")
+        return parent > 0 ? Ptracer{Ptracer::one, parent} : Ptracer{Ptracer::none, 0};
+    if (v == "any")
+        return {Ptracer::any, 0};
+    if (v == "0" || v == "none")
+        return {Ptracer::none, 0};
+    long pid = 0;
+    for (char c : v) {
+        if (c < '0' || c > '9' || pid > 99999999)
+            return {Ptracer::bad, 0};
+        pid = pid * 10 + (c - '0');
+    }
+    return pid > 0 && pid <= 0x3fffffff ? Ptracer{Ptracer::one, (int)pid} : Ptracer{Ptracer::bad, 0};
+}
+
+/* The allocators of this process that gave the consent (Ptracer::one or
+ * any): the last to go withdraws it. */
+struct Consent {
+    std::mutex mu;
+    int holders = 0;
+};
+inline Consent &consent() { static Consent c; return c; }
 inline std::string last() { return fabpool_last_error(); }
 inline std::uint64_t now_ns()
 {
@@ -560,6 +672,9 @@ class ExtendedMemoryAllocator {
         }
         if (owned_)
             fabpool_destroy(pool_);
+        for (auto &e : pidfds_)
+            ::close(e.second.pidfd);
+        withdraw_consent();
         detail::PrivateBlocks::get().allocator_ends();
     }
 
@@ -863,22 +978,36 @@ class ExtendedMemoryAllocator {
         return in.nfds;
     }
 
-    /* Reads a handle's header; false if it is not a handle of this adapter. */
+    /* Reads a handle's header; false if it is not a handle of this adapter
+     * (every field is bounded: the descriptor and the fds it names lie
+     * inside the handle). */
     static bool read_header(const MemHandle &h, HandleInfo *out) noexcept
     {
         const unsigned char *b = h.bytes;
-        std::uint32_t dl;
-        std::memcpy(&dl, b + 12, 4);
+        std::int32_t pid, token_fd;
+        std::uint32_t host;
+        std::memcpy(&pid, b + 8, 4);
+        std::memcpy(&token_fd, b + detail::kTokenFdAt, 4);
+        std::memcpy(&host, b + detail::kHostAt, 4);
+        const bool posix = b[6] == FABPOOL_HANDLE_POSIX_FD, unchanged = b[5] == (std::uint8_t)HandleKind::unchanged;
+        const std::size_t records = b[7];
         if (std::memcmp(b, detail::kMagic, 4) != 0 || b[4] != detail::kVersion || b[5] > 2 ||
-            (b[6] != FABPOOL_HANDLE_POSIX_FD && b[6] != FABPOOL_HANDLE_FABRIC) || dl > kMaxDescBytes ||
-            b[7] > kMaxHandleFds || (b[5] == (std::uint8_t)HandleKind::unchanged && (dl || b[7])))
+            (!posix && b[6] != FABPOOL_HANDLE_FABRIC) || records > kMaxHandleChunks || (unchanged && records) ||
+            pid <= 0 || (posix ? token_fd < 0 : token_fd != -1))
             return false;
+        for (std::size_t i = 0; posix && i < records; i++) {
+            std::int32_t fd;
+            std::memcpy(&fd, b + kFdsAt + 4 * i, 4);
+            if (fd < 0)
+                return false;
+        }
         out->kind = (HandleKind)b[5];
         out->type = (fabpool_handle_type)b[6];
-        out->nfds = b[7];
-        std::memcpy(&out->pid, b + 8, 4);
-        out->desc_len = dl;
-        std::memcpy(&out->host, b + 16, 8);
+        out->nfds = posix ? (std::uint32_t)records : 0;
+        out->pid = pid;
+        out->desc_len = unchanged ? 0 : (std::uint32_t)fabpool_desc_size(records);
+        out->host = host;
+        out->token_fd = token_fd;
         return true;
     }
 
@@ -944,15 +1073,84 @@ class ExtendedMemoryAllocator {
         return h;
     }
 
-    /* Under Yama ptrace_scope 1, lets peers copy this process's exported fds
-     * with pidfd_getfd (they need ptrace permission over it), once. */
-    void allow_peers_once()
+    /* Under Yama ptrace_scope 1, lets the peers copy this process's exported
+     * fds with pidfd_getfd (they need ptrace permission over it), once per
+     * allocator: the launcher and its descendants by default
+     * (FABPOOL_HYBRIDEP_PTRACER, the file's comment). */
+    void consent_once()
     {
-        std::call_once(ptracer_once_, [] {
+        std::call_once(ptracer_once_, [this] {
             const char *v = std::getenv("FABPOOL_HYBRIDEP_PTRACER");
-            if (!v || std::strcmp(v, "0") != 0)
-                (void)fabpool_fd_allow_peers(); /* refused under ptrace_scope 2 or 3: a peer's open_handle says why */
+            detail::Ptracer c = detail::ptracer_choice(v, (int)getppid());
+            if (c.kind == detail::Ptracer::bad)
+                throw Error(FABPOOL_ERR_CONFIG, std::string("fabpool hybridep: FABPOOL_HYBRIDEP_PTRACER=") + v +
+                                                    ": \"parent\" (the default: the launcher of the ranks), a "
+                                                    "launcher's pid, \"any\" or \"0\"");
+            if (c.kind == detail::Ptracer::none)
+                return;
+            detail::Consent &k = detail::consent();
+            std::lock_guard<std::mutex> g(k.mu);
+            /* refused under ptrace_scope 2 or 3: a peer's open_handle says why */
+            fabpool_status s = c.kind == detail::Ptracer::any ? fabpool_fd_allow_peers() : fabpool_fd_allow_peer(c.pid);
+            if (s == FABPOOL_OK) {
+                k.holders++;
+                consented_ = true;
+            }
         });
+    }
+    /* The last allocator that gave the consent withdraws it. */
+    void withdraw_consent() noexcept
+    {
+        if (!consented_)
+            return;
+        detail::Consent &k = detail::consent();
+        std::lock_guard<std::mutex> g(k.mu);
+        if (--k.holders == 0)
+            (void)fabpool_fd_allow_peer(0);
+        consented_ = false;
+    }
+
+    /* A pidfd of the exporter a POSIX-fd handle names, once that process has
+     * shown the handle's token; kept per pid until the process is gone.  The
+     * caller holds pidfds_mu_ while it copies through it.  Throws Error. */
+    int exporter_pidfd(const MemHandle &h, const HandleInfo &in, const char *call)
+    {
+        for (auto it = pidfds_.begin(); it != pidfds_.end();) { /* an exporter that exited: its pid may come back */
+            struct pollfd pf = {it->second.pidfd, POLLIN, 0};
+            if (poll(&pf, 1, 0) != 0) {
+                ::close(it->second.pidfd);
+                it = pidfds_.erase(it);
+            } else
+                ++it;
+        }
+        const unsigned char *token = h.bytes + detail::kTokenAt;
+        auto it = pidfds_.find(in.pid);
+        if (it != pidfds_.end() && it->second.token_fd == in.token_fd &&
+            std::memcmp(it->second.token, token, detail::kTokenBytes) == 0)
+            return it->second.pidfd;
+        int pidfd = -1;
+        fabpool_status s = it != pidfds_.end() ? FABPOOL_OK : fabpool_fd_pidfd_open(in.pid, &pidfd);
+        if (it != pidfds_.end())
+            pidfd = it->second.pidfd;
+        if (s == FABPOOL_OK)
+            s = fabpool_fd_token_check(pidfd, in.token_fd, token, detail::kTokenBytes);
+        if (s != FABPOOL_OK) {
+            std::string m = detail::last();
+            if (it == pidfds_.end() && pidfd >= 0)
+                ::close(pidfd);
+            throw Error(s, std::string("fabpool hybridep: ") + call + ": process " + std::to_string(in.pid) +
+                               " named by the handle: " + m +
+                               (s == FABPOOL_ERR_PERMISSION
+                                    ? " (nothing was copied or mapped; was the handle all-gathered whole, from "
+                                      "the rank that exported it, while that rank still runs?)"
+                                    : " (here: fds_of + fabpool_fd_send on the exporter, then the open_handle "
+                                      "overload that takes fds)"));
+        }
+        PidfdOf &e = pidfds_[in.pid];
+        e.pidfd = pidfd;
+        e.token_fd = in.token_fd;
+        std::memcpy(e.token, token, detail::kTokenBytes);
+        return pidfd;
     }
 
     /* fabpool_buffer_export into the handle's descriptor area. */
@@ -999,8 +1197,14 @@ class ExtendedMemoryAllocator {
             std::lock_guard<std::mutex> g(mu_);
             state = bufs_[ptr];
         }
-        if (handle_type() == FABPOOL_HANDLE_POSIX_FD)
-            allow_peers_once();
+        const bool posix = handle_type() == FABPOOL_HANDLE_POSIX_FD;
+        if (posix) {
+            consent_once();
+            const detail::Proof &pr = detail::proof();
+            if (pr.status != FABPOOL_OK)
+                throw Error(pr.status, std::string("fabpool hybridep: ") + call + ": the exporter's token, which "
+                                       "peers check before they copy its fds: " + pr.msg);
+        }
         fabpool_buffer_info info = detail::sized<fabpool_buffer_info>();
         fabpool_buffer_get_info(b, &info);
         std::memset(h->bytes, 0, kHandleBytes);
@@ -1045,18 +1249,30 @@ class ExtendedMemoryAllocator {
                                " (" + detail::last() + ")");
         if (s != FABPOOL_OK)
             throw Error(s, std::string("fabpool hybridep: ") + call + ": " + detail::last());
+        /* the descriptor's length is its record count's, and POSIX fd has one fd a record: what the header keeps */
+        const std::size_t records =
+            len >= FABPOOL_DESC_HEADER_BYTES ? (len - FABPOOL_DESC_HEADER_BYTES) / FABPOOL_DESC_RECORD_BYTES : 0;
+        if (kind != HandleKind::unchanged &&
+            (records > kMaxHandleChunks || fabpool_desc_size(records) != len || (posix && nfds != records)))
+            throw Error(FABPOOL_ERR_DESCRIPTOR, std::string("fabpool hybridep: ") + call + ": a descriptor of " +
+                                                    std::to_string(len) + " bytes and " + std::to_string(nfds) +
+                                                    " fds, not the layout this adapter was built for (fabpool.h): "
+                                                    "rebuild it against the fabpool it loads");
         fabpool_buffer_get_info(b, &info);
         unsigned char *o = h->bytes;
-        std::uint32_t dl = (std::uint32_t)len;
-        std::int32_t pid = (std::int32_t)getpid();
+        const std::int32_t pid = (std::int32_t)getpid();
+        const std::int32_t token_fd = posix ? detail::proof().fd : -1;
+        const std::uint32_t host = (std::uint32_t)host_;
         std::memcpy(o, detail::kMagic, 4);
         o[4] = detail::kVersion;
         o[5] = (std::uint8_t)kind;
         o[6] = (std::uint8_t)handle_type();
-        o[7] = (std::uint8_t)nfds;
+        o[7] = (std::uint8_t)(kind == HandleKind::unchanged ? 0 : records);
         std::memcpy(o + 8, &pid, 4);
-        std::memcpy(o + 12, &dl, 4);
-        std::memcpy(o + 16, &host_, 8);
+        std::memcpy(o + detail::kTokenFdAt, &token_fd, 4);
+        std::memcpy(o + detail::kHostAt, &host, 4);
+        if (posix)
+            std::memcpy(o + detail::kTokenAt, detail::proof().token, detail::kTokenBytes);
         std::memcpy(o + kFdsAt, fds, 4 * nfds);
         std::lock_guard<std::mutex> g(mu_);
         Buf &st = bufs_[ptr];
@@ -1135,10 +1351,12 @@ class ExtendedMemoryAllocator {
                         std::memcpy(fds, given, 4 * ngiven);
                     nfds = ngiven;
                 } else {
+                    std::lock_guard<std::mutex> g(pidfds_mu_);
+                    int pidfd = exporter_pidfd(*h, in, call);
                     for (; nfds < in.nfds; nfds++) {
                         int their;
                         std::memcpy(&their, h->bytes + kFdsAt + 4 * nfds, 4);
-                        s = fabpool_fd_from_pid(in.pid, their, &fds[nfds]);
+                        s = fabpool_fd_from_pidfd(pidfd, their, &fds[nfds]);
                         if (s != FABPOOL_OK) {
                             std::string m = detail::last();
                             for (std::size_t i = 0; i < nfds; i++)
@@ -1174,6 +1392,14 @@ class ExtendedMemoryAllocator {
     std::size_t window_;
     std::uint64_t host_;
     std::once_flag ptracer_once_;
+    bool consented_ = false;
+    struct PidfdOf {
+        int pidfd;
+        int token_fd;
+        unsigned char token[detail::kTokenBytes];
+    };
+    std::mutex pidfds_mu_;
+    std::map<int, PidfdOf> pidfds_; /* exporters shown to hold their handles' tokens, by pid */
     void *test_ptr_ = nullptr;
     MemHandle test_handle_ = {};
     mutable std::mutex mu_;

@@ -14,7 +14,11 @@
 #define HYBRIDEP_TEST
 #include "hybridep_sizes.h"
 
+#include <dirent.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -172,6 +176,116 @@ template <class F> static void expect_error(const char *what, fabpool_status wan
     }
 }
 
+static int open_fds()
+{
+    int n = 0;
+    if (DIR *d = opendir("/proc/self/fd")) {
+        while (readdir(d))
+            n++;
+        closedir(d);
+    }
+    return n;
+}
+
+/* A handle rewritten to name a third process (a bug or a hostile rank in the all-gather, or the exporter's pid
+ * reused): that process holds memory of its own at the handle's fd numbers, but not the exporter's token (a
+ * token memfd of other bytes there, or no fd), so open_handle copies nothing, maps nothing and keeps no fd.  The
+ * handle as it was opens (the exporter, this process, shows its token). */
+static void check_third_process(ExtendedMemoryAllocator &a)
+{
+    void *b = nullptr;
+    a.allocate(&b, 4 << 20);
+    put((char *)b + 4096, 0x7e57);
+    MemHandle h;
+    a.get_handle(&h, b);
+    HandleInfo in = {};
+    CHECK(ExtendedMemoryAllocator::read_header(h, &in) && in.nfds > 0 && in.token_fd >= 0 && in.pid == getpid());
+    int theirs[fabpool_hybridep::kMaxHandleFds];
+    size_t n = ExtendedMemoryAllocator::fds_of(h, theirs, fabpool_hybridep::kMaxHandleFds);
+    for (int no_token = 0; no_token < 2; no_token++) {
+        int ready[2];
+        CHECK(pipe(ready) == 0);
+        fflush(stdout);
+        fflush(stderr);
+        pid_t c = fork();
+        if (c == 0) {
+            (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+            bool ok = true;
+            for (size_t i = 0; ok && i < n; i++) {
+                int m = memfd_create("fabsim:third:dev0", MFD_CLOEXEC);
+                struct stat st;
+                ok = m >= 0 && fstat(theirs[i], &st) == 0 && ftruncate(m, st.st_size) == 0 &&
+                     dup2(m, theirs[i]) == theirs[i];
+            }
+            int tok = -1;
+            if (ok)
+                ok = no_token ? close(in.token_fd) == 0
+                              : fabpool_fd_token_make("another", 8, &tok) == FABPOOL_OK &&
+                                    dup2(tok, in.token_fd) == in.token_fd;
+            char x = ok;
+            if (write(ready[1], &x, 1) != 1 || !ok)
+                _exit(2);
+            for (;;)
+                pause();
+        }
+        close(ready[1]);
+        char x = 0;
+        CHECK(c > 0 && read(ready[0], &x, 1) == 1 && x == 1);
+        close(ready[0]);
+        MemHandle t = h;
+        std::int32_t pid = c;
+        memcpy(t.bytes + 8, &pid, 4); /* the header's pid (fabpool_hybridep.hpp) */
+        fabsim_ledger l0 = t_ledger();
+        int fds0 = open_fds();
+        void *p = nullptr;
+        expect_error(no_token ? "a handle naming a third process without the token fd"
+                              : "a handle naming a third process with another token",
+                     FABPOOL_ERR_PERMISSION, "does not hold this group's token", [&] { a.open_handle(&p, &t); });
+        fabsim_ledger l1 = t_ledger();
+        CHECK(p == nullptr && l1.mappings == l0.mappings && l1.handles == l0.handles && open_fds() == fds0);
+        kill(c, SIGKILL);
+        waitpid(c, nullptr, 0);
+    }
+    void *v = nullptr;
+    a.open_handle(&v, &h);
+    CHECK(v != nullptr && get((char *)v + 4096) == 0x7e57);
+    a.close_handle(v);
+    a.peers_done(b);
+    a.free(b);
+}
+
+/* Whom the exporter lets copy its fds under Yama ptrace_scope 1 (FABPOOL_HYBRIDEP_PTRACER): its parent, the
+ * launcher of the ranks, unless told otherwise; never every process of the user unless "any" says so. */
+static void check_ptracer_choice()
+{
+    using fabpool_hybridep::detail::Ptracer;
+    using fabpool_hybridep::detail::ptracer_choice;
+    Ptracer c = ptracer_choice(nullptr, 4242);
+    CHECK(c.kind == Ptracer::one && c.pid == 4242);
+    c = ptracer_choice("", 4242);
+    CHECK(c.kind == Ptracer::one && c.pid == 4242);
+    c = ptracer_choice("Parent", 4242);
+    CHECK(c.kind == Ptracer::one && c.pid == 4242);
+    c = ptracer_choice(nullptr, 0); /* no parent to name (another pid namespace's): no consent, not everyone's */
+    CHECK(c.kind == Ptracer::none);
+    c = ptracer_choice("31337", 4242);
+    CHECK(c.kind == Ptracer::one && c.pid == 31337);
+    CHECK(ptracer_choice("any", 4242).kind == Ptracer::any && ptracer_choice("ANY", 1).kind == Ptracer::any);
+    CHECK(ptracer_choice("0", 4242).kind == Ptracer::none && ptracer_choice("none", 4242).kind == Ptracer::none);
+    for (const char *bad : {"-1", "12x", "yes", "99999999999", "1073741824", " 5"})
+        CHECK(ptracer_choice(bad, 4242).kind == Ptracer::bad);
+    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+    int scope = -1;
+    if (f) {
+        if (fscanf(f, "%d", &scope) != 1)
+            scope = -1;
+        fclose(f);
+    }
+    printf("test_hybridep: Yama ptrace_scope %d%s\n", scope,
+           scope == 1 ? ": the bytes-only run's peer copies by the parent's consent"
+                      : " (no consent needed here: the bytes-only run does not exercise it)");
+}
+
 static void exporter(const char *self)
 {
     int sim = t_driver_init();
@@ -327,6 +441,8 @@ static void exporter(const char *self)
         expect_error("update of a pointer not opened", FABPOOL_ERR_NOT_FOUND, "not a view",
                      [&] { a.update_handle(buf[0], &full); });
         expect_error("resize past the window", FABPOOL_ERR_LIMIT, "resize", [&] { a.resize(buf[0], maxs[0] * 4); });
+        if (posix)
+            check_third_process(a);
         /* free() kept what it freed for a reuse (keep_ms): a trim gives it back */
         CHECK(kept_bytes(a) > 0);
         CHECK_OK(fabpool_trim(a.pool(), 0));
@@ -375,6 +491,7 @@ int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--peer") == 0)
         return peer(argv[2]);
+    check_ptracer_choice();
     exporter(argv[0]);
     return t_done("test_hybridep");
 }
