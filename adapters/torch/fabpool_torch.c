@@ -647,7 +647,8 @@ fabpool_status fabpool_torch_reset_accumulated_stats(int device)
     X(fabpool_torch_mem_stats, num_sync_all_streams) X(fabpool_torch_mem_stats, num_device_alloc)             \
     X(fabpool_torch_mem_stats, num_device_free)
 #define FT_LAYOUT_SYMM_INFO(X)                                                                                \
-    X(fabpool_torch_symm_info, rank) X(fabpool_torch_symm_info, nranks) X(fabpool_torch_symm_info, device)    \
+    X(fabpool_torch_symm_info, struct_size) X(fabpool_torch_symm_info, rank)                                  \
+    X(fabpool_torch_symm_info, nranks) X(fabpool_torch_symm_info, device)                                     \
     X(fabpool_torch_symm_info, handle_type) X(fabpool_torch_symm_info, fd_transport)                          \
     X(fabpool_torch_symm_info, size) X(fabpool_torch_symm_info, max_bytes) X(fabpool_torch_symm_info, mapped) \
     X(fabpool_torch_symm_info, generation) X(fabpool_torch_symm_info, acked)                                  \
@@ -661,8 +662,8 @@ fabpool_status fabpool_torch_reset_accumulated_stats(int device)
     FT_LAYOUT_SLEEP_INFO(X) FT_LAYOUT_COUNTERS(X) FT_LAYOUT_STAT(X) FT_LAYOUT_MEM_STATS(X) FT_LAYOUT_SYMM_INFO(X)
 
 /* A field left out of its list would leave a hole in the layout the Python module builds from: each list's
- * fields fill their struct (none of these has padding; fabpool_torch_symm_info has, after its ints, and the
- * Python module's check of every offset at load finds a hole there). */
+ * fields fill their struct (none of these has padding; fabpool_torch_symm_info is left to the Python module's
+ * check of every offset at load). */
 #define FT_FIELD_SIZE(T, f) +sizeof(((T *)0)->f)
 #define FT_FIELD_SIZE_COUNTER(f) FT_FIELD_SIZE(fabpool_torch_counters, f)
 _Static_assert(0 FT_LAYOUT_SLEEP_INFO(FT_FIELD_SIZE) == sizeof(fabpool_sleep_info), "every field listed");

@@ -10,9 +10,11 @@
  * step failed.
  *
  *   create: HELLO  (each rank's pool made; max_bytes, size asked, device,
- *                   handle type, fd transport, host, pid, socket nonce)
+ *                   handle type, fd transport, host, pid, socket nonce,
+ *                   Yama's ptrace_scope; rank 0's: the group secret)
  *           MESH   (its buffer made, the sockets to its host's peers
- *                   connected; the buffer's address window)
+ *                   connected and checked; the buffer's address window;
+ *                   for pidfd the fd number of its token)
  *           then the exchange below, with full descriptors.
  *   resize: ASK    (the size asked; every rank takes the largest)
  *           GROWN  (its buffer resized: all or none stay resized)
@@ -20,21 +22,35 @@
  *   exchange: EXPORTED (its descriptor exported since the generation every
  *                   peer has; its length and fd count)
  *           DESC   (the descriptors, and for pidfd the exporter's fd numbers;
- *                   the fds go over the sockets after this round)
+ *                   the fds go over the sockets after this round, or are
+ *                   copied by pidfd, in TURN rounds under Yama ptrace_scope 1)
  *           APPLIED (each peer's descriptor applied here: the generation of
  *                   every view; each exporter acknowledges the smallest).
+ *
+ * Trust.  The all-gather is the group's own channel: what it carries is
+ * the group's word.  Nothing else is: socket names are public
+ * (/proc/net/unix), any process may connect to a listener or bind a name
+ * let go, and a rank's message may be corrupt.  So the secret that
+ * authenticates a rank (random, from rank 0) travels only in HELLO; the
+ * socket names carry a separate random that is no secret; both ends of a
+ * socket check SO_PEERCRED against the pid HELLO declared (sy_mesh); a pidfd
+ * is opened only on a declared pid, and its process proves it holds the
+ * group's token before any fd is copied out of it (sy_pidfd_copy); every
+ * length and count a rank states is bounded by what its window can hold
+ * before anything is sized from it (sy_exchange); and every wait on a peer
+ * has a deadline (one for the mesh, one for the fds of an exchange).
  *
  * Built on fabpool's public API only (fabpool.h, fabpool_fdpass.h); no
  * driver call of its own. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,15 +59,17 @@
 #include "symm.h"
 
 #define SY_MAGIC 0x59535046u /* "FPSY" */
-#define SY_VERSION 1u
+#define SY_VERSION 2u
 #define SY_ERR 240           /* bytes of a rank's message carried in its head */
 #define SY_HOST 64
 #define SY_TIMEOUT_MS 30000
+#define SY_SECRET 32         /* bytes of the group secret */
+#define SY_TOKEN 32          /* bytes of a rank's pidfd token */
 #define SY_REC_HDR FABPOOL_DESC_HEADER_BYTES
 #define SY_REC FABPOOL_DESC_RECORD_BYTES
 
 enum { SY_CREATE = 1, SY_RESIZE = 2 };
-enum { SY_HELLO = 1, SY_MESH, SY_ASK, SY_GROWN, SY_EXPORTED, SY_DESC, SY_APPLIED };
+enum { SY_HELLO = 1, SY_MESH, SY_ASK, SY_GROWN, SY_EXPORTED, SY_DESC, SY_APPLIED, SY_TURN };
 enum { SY_STAGE_EXPORT = 1, SY_STAGE_APPLY = 2 };
 
 /* Every message of every round begins with this (host byte order: the
@@ -63,20 +81,23 @@ typedef struct sy_head {
     int32_t rank, nranks;
     int32_t status;          /* this rank's step (fabpool_status) */
     uint64_t seq;            /* the object's collective calls, counted from 1 (create) */
-    uint64_t group;          /* rank 0's nonce (0 in HELLO): which object */
+    uint64_t group;          /* rank 0's socket nonce (0 in HELLO): which object; no secret */
     uint64_t v[2];           /* the round's values */
     char err[SY_ERR];        /* this rank's message where status is not FABPOOL_OK */
 } sy_head;
 
 typedef struct sy_hello {
-    uint64_t max_bytes, bytes, nonce;
+    uint64_t max_bytes, bytes;
+    uint64_t nonce;                /* of this rank's socket name: public, no secret */
     int32_t device, handle_type, transport, pid;
+    int32_t yama, pad;             /* Yama's ptrace_scope here (-1: no Yama) */
+    uint8_t secret[SY_SECRET];     /* rank 0's: the group secret; zeros from every other rank */
     char host[SY_HOST];
 } sy_hello;
 
 /* What a connecting rank says first over a socket. */
 typedef struct sy_ident {
-    uint64_t group;
+    uint8_t secret[SY_SECRET];
     int32_t rank, pad;
 } sy_ident;
 
@@ -89,7 +110,16 @@ struct fabpool_torch_symm {
     fabpool_buffer_t *buf;
     fabpool_view_t **views;  /* [nranks], NULL for this rank */
     int *sock;               /* [nranks], -1 where none */
+    int *pidfd;              /* [nranks]: pidfd transport, a pidfd of each peer's declared pid, -1 where none */
+    int32_t *token_fd;       /* [nranks]: pidfd transport, the fd number of each peer's token (MESH) */
+    uint8_t *proved;         /* [nranks]: the peer's token was checked through its pidfd */
+    int **pfds;              /* [nranks]: pidfd transport, the fds copied from each peer in an exchange */
+    int token;               /* this rank's token (a sealed memfd), -1 where none */
     int listener;
+    unsigned peer_flags;     /* FABPOOL_FD_ANY_*: options.peers and FABPOOL_PEERS */
+    int turns;               /* pidfd copies in turns (some rank runs under Yama ptrace_scope 1) */
+    int refused;             /* connections refused by the last mesh */
+    uint8_t secret[SY_SECRET];
     sy_hello *peers;         /* [nranks]: every rank's HELLO */
     uint64_t *gens;          /* [nranks]: scratch, the generation of each view here */
     uint8_t *desc;
@@ -169,8 +199,8 @@ static const char *op_name(int op) { return op == SY_CREATE ? "create" : "resize
 
 static const char *phase_name(int p)
 {
-    static const char *names[] = {"?", "hello", "mesh", "ask", "grown", "exported", "desc", "applied"};
-    return p >= 1 && p <= SY_APPLIED ? names[p] : names[0];
+    static const char *names[] = {"?", "hello", "mesh", "ask", "grown", "exported", "desc", "applied", "turn"};
+    return p >= 1 && p <= SY_TURN ? names[p] : names[0];
 }
 
 static const char *handle_name(int t)
@@ -226,6 +256,9 @@ static fabpool_status sy_round(fabpool_torch_symm_t *s, int phase, void *mine, s
     h->nranks = s->nranks;
     h->seq = s->seq;
     h->group = s->group;
+    if (msg > SIZE_MAX / (size_t)s->nranks)
+        return sy_break(s, sy_err(FABPOOL_ERR_LIMIT, "the %s round of %s needs %d messages of %zu bytes: past the "
+                                  "address space", phase_name(phase), op_name(s->op), s->nranks, msg));
     uint8_t *all = malloc(msg * (size_t)s->nranks);
     if (!all)
         return sy_break(s, sy_err(FABPOOL_ERR_HOST_MEMORY, "no host memory for the %s round of %s (%zu bytes)",
@@ -308,6 +341,18 @@ static int same_host(const fabpool_torch_symm_t *s, int q)
     return strncmp(s->peers[q].host, s->host, SY_HOST) == 0;
 }
 
+/* Milliseconds left until deadline (ns of now_ns), at least 1 while any is left, 0 past it. */
+static int sy_left_ms(uint64_t deadline)
+{
+    uint64_t t = now_ns();
+    if (t >= deadline)
+        return 0;
+    uint64_t ms = (deadline - t + 999999) / 1000000;
+    return ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
+static uint64_t sy_deadline(const fabpool_torch_symm_t *s) { return now_ns() + (uint64_t)s->timeout_ms * 1000000ull; }
+
 /* Waits up to the timeout for sock to be readable. */
 static int sy_wait_readable(int sock, int timeout_ms)
 {
@@ -319,31 +364,74 @@ static int sy_wait_readable(int sock, int timeout_ms)
     return r > 0;
 }
 
+/* a and b, n bytes, compared in a time that does not depend on where they differ. */
+static int sy_same_secret(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    volatile uint8_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d |= a[i] ^ b[i];
+    return d == 0;
+}
+
+/* The lower rank of this host with no socket yet that declared pid, or -1. */
+static int sy_rank_of_pid(const fabpool_torch_symm_t *s, int pid)
+{
+    for (int q = 0; q < s->rank; q++)
+        if (same_host(s, q) && s->sock[q] < 0 && s->peers[q].pid == pid)
+            return q;
+    return -1;
+}
+
 /* Connects to every peer of this host above this rank, and accepts every
- * one below (each says who it is and which object).  Every connection is
- * tried even after one failed. */
+ * one below, all within one deadline.  A connecting rank sends its ident
+ * (the group secret and its rank) only once the listener is the process its
+ * peer declared in HELLO, of this user.  The accepting rank refuses at once
+ * a connection of another user (fabpool_fd_accept_peer) or of a pid that no
+ * lower rank of its host declared, so that no one can stall it by
+ * connecting; it waits for the ident of a declared pid only until the
+ * deadline, and takes the connection only with the group's secret and that
+ * rank.  Every connection is tried even after one failed. */
 static fabpool_status sy_mesh(fabpool_torch_symm_t *s)
 {
+    uint64_t deadline = sy_deadline(s);
     fabpool_status st = FABPOOL_OK;
     char name[96];
     for (int q = s->rank + 1; q < s->nranks; q++) {
         if (!same_host(s, q))
             continue;
         sy_sock_name(name, sizeof name, s->peers[q].pid, s->peers[q].nonce);
-        sy_ident id = {s->group, s->rank, 0};
-        fabpool_status sq = fabpool_fd_connect(name, &s->sock[q], s->timeout_ms);
+        sy_ident id;
+        memset(&id, 0, sizeof id);
+        memcpy(id.secret, s->secret, sizeof id.secret);
+        id.rank = s->rank;
+        int left = sy_left_ms(deadline), c = -1;
+        fabpool_status sq = left > 0 ? fabpool_fd_connect_peer(name, &c, left, s->peers[q].pid, s->peer_flags)
+                                     : FABPOOL_ERR_IO;
+        if (sq == FABPOOL_OK && (sq = fabpool_fd_send(c, NULL, 0, &id, sizeof id)) != FABPOOL_OK) {
+            close(c);
+            c = -1;
+        }
         if (sq == FABPOOL_OK)
-            sq = fabpool_fd_send(s->sock[q], NULL, 0, &id, sizeof id);
-        if (sq != FABPOOL_OK && st == FABPOOL_OK)
-            st = sy_err_pool(FABPOOL_ERR_IO, "cannot reach rank %d (pid %d, host '%s') over its Unix socket '@%s' "
-                             "(the ranks of a host must share a network namespace for abstract sockets; else use the "
-                             "pidfd transport)", q, s->peers[q].pid, s->peers[q].host, name);
+            s->sock[q] = c;
+        else if (st == FABPOOL_OK && left == 0)
+            st = sy_err(FABPOOL_ERR_IO, "no time left (%d ms for the mesh) to reach rank %d (pid %d) over its Unix "
+                        "socket '@%s'", s->timeout_ms, q, s->peers[q].pid, name);
+        else if (st == FABPOOL_OK && sq == FABPOOL_ERR_PERMISSION)
+            st = sy_err_pool(sq, "refused to send anything to the listener of rank %d's socket '@%s': it is not "
+                             "rank %d's process (pid %d, declared in the group's all-gather)", q, name, q,
+                             s->peers[q].pid);
+        else if (st == FABPOOL_OK)
+            st = sy_err_pool(sq == FABPOOL_ERR_CONFIG ? sq : FABPOOL_ERR_IO, "cannot reach rank %d (pid %d, host "
+                             "'%.64s') over its Unix socket '@%s' (the ranks of a host must share a network namespace "
+                             "for abstract sockets; else use the pidfd transport)", q, s->peers[q].pid,
+                             s->peers[q].host, name);
     }
     int need = 0;
     for (int q = 0; q < s->rank; q++)
         need += same_host(s, q);
     while (need > 0 && s->listener >= 0) {
-        if (!sy_wait_readable(s->listener, s->timeout_ms)) {
+        int left = sy_left_ms(deadline);
+        if (left == 0 || !sy_wait_readable(s->listener, left)) {
             char missing[256] = "";
             for (int q = 0; q < s->rank; q++)
                 if (same_host(s, q) && s->sock[q] < 0)
@@ -351,21 +439,34 @@ static fabpool_status sy_mesh(fabpool_torch_symm_t *s)
                              q);
             if (st == FABPOOL_OK)
                 st = sy_err(FABPOOL_ERR_IO, "rank(s) %s of this host did not connect within %d ms to this rank's Unix "
-                            "socket (another network namespace? then use the pidfd transport)", missing,
-                            s->timeout_ms);
+                            "socket, and %d connection(s) of other processes were refused (another network "
+                            "namespace? then use the pidfd transport; another user or pid namespace? then see the "
+                            "peers option)", missing, s->timeout_ms, s->refused);
             break;
         }
-        int c = -1;
-        if (fabpool_fd_accept(s->listener, &c) != FABPOOL_OK)
+        int c = -1, ppid = 0;
+        if (fabpool_fd_accept_peer(s->listener, &c, 0, s->peer_flags, &ppid) != FABPOOL_OK) {
+            s->refused++; /* another user's process: closed already */
             continue;
-        sy_ident id = {0, -1, 0};
+        }
+        int want = -1;
+        if (!(s->peer_flags & FABPOOL_FD_ANY_PID) && (want = sy_rank_of_pid(s, ppid)) < 0) {
+            close(c); /* a process of this user that no rank of the group declared */
+            s->refused++;
+            continue;
+        }
+        sy_ident id;
+        memset(&id, 0, sizeof id);
         size_t n = 0, len = 0;
-        int ok = sy_wait_readable(c, s->timeout_ms) &&
-                 fabpool_fd_recv(c, NULL, 0, &n, &id, sizeof id, &len) == FABPOOL_OK && len == sizeof id &&
-                 id.group == s->group && id.rank >= 0 && id.rank < s->rank && same_host(s, id.rank) &&
-                 s->sock[id.rank] < 0;
+        left = sy_left_ms(deadline);
+        int ok = left > 0 && fabpool_fd_recv_timed(c, NULL, 0, &n, &id, sizeof id, &len, left) == FABPOOL_OK &&
+                 len == sizeof id;
+        ok = ok && sy_same_secret(id.secret, s->secret, sizeof id.secret); /* every byte compared, whatever else */
+        ok = ok && id.rank >= 0 && id.rank < s->rank && same_host(s, id.rank) && s->sock[id.rank] < 0 &&
+             (want < 0 || want == id.rank);
         if (!ok) {
-            close(c); /* not a peer of this object */
+            close(c); /* not a rank of this group */
+            s->refused++;
             continue;
         }
         s->sock[id.rank] = c;
@@ -410,10 +511,20 @@ static fabpool_status sy_free(fabpool_torch_symm_t *s)
     for (int q = 0; s->sock && q < s->nranks; q++)
         if (s->sock[q] >= 0)
             close(s->sock[q]);
+    for (int q = 0; s->pidfd && q < s->nranks; q++)
+        if (s->pidfd[q] >= 0)
+            close(s->pidfd[q]);
     if (s->listener >= 0)
         close(s->listener);
+    if (s->token >= 0)
+        close(s->token);
+    explicit_bzero(s->secret, sizeof s->secret);
     free(s->views);
     free(s->sock);
+    free(s->pidfd);
+    free(s->token_fd);
+    free(s->proved);
+    free(s->pfds);
     free(s->peers);
     free(s->gens);
     free(s->desc);
@@ -469,58 +580,193 @@ static fabpool_status sy_export(fabpool_torch_symm_t *s, size_t *len, size_t *nf
     }
 }
 
-/* The fds of rank q's descriptor (nfds of them) into s->rfds: received over
- * its socket, or copied out of it by pidfd_getfd. */
-static fabpool_status sy_peer_fds(fabpool_torch_symm_t *s, int q, const uint8_t *fdnums, size_t nfds)
+/* The first failure of a step that goes on after it: its status in *mine
+ * and its message in keep (sy_msg is overwritten by later failures). */
+static void sy_note(fabpool_status *mine, char *keep, size_t cap, fabpool_status t)
+{
+    if (t == FABPOOL_OK || *mine != FABPOOL_OK)
+        return;
+    *mine = t;
+    copy_cut(keep, cap, sy_msg);
+}
+
+static uint64_t sy_mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Rank q's token for the pidfd transport: derived from the group secret and
+ * the rank, so that only a process given the secret by the all-gather makes
+ * it, and one rank's token is not another's.  It proves no more than the
+ * secret does: that the process behind a declared pid is the group's. */
+static void sy_token_of(const fabpool_torch_symm_t *s, int q, uint8_t out[SY_TOKEN])
+{
+    uint64_t w[SY_SECRET / 8], t[SY_TOKEN / 8];
+    memcpy(w, s->secret, sizeof w);
+    for (size_t i = 0; i < SY_TOKEN / 8; i++)
+        t[i] = sy_mix(w[i] ^ sy_mix(w[(i + 1) % (SY_SECRET / 8)] + (uint64_t)(uint32_t)q * 0x100000001b3ull + i));
+    memcpy(out, t, SY_TOKEN);
+    explicit_bzero(w, sizeof w);
+    explicit_bzero(t, sizeof t);
+}
+
+/* The fds of rank q's descriptor (nfds of them) into s->rfds, received over
+ * its socket by the deadline.  On failure none stays open. */
+static fabpool_status sy_sock_fds(fabpool_torch_symm_t *s, int q, size_t nfds, uint64_t deadline)
 {
     fabpool_status st = sy_reserve((void **)&s->rfds, &s->rfd_cap, nfds, sizeof(int));
     if (st != FABPOOL_OK || nfds == 0)
         return st;
-    if (s->transport == FABPOOL_TORCH_SYMM_FD_PIDFD) {
-        for (size_t i = 0; i < nfds; i++) {
-            int32_t theirs;
-            memcpy(&theirs, fdnums + 4 * i, 4);
-            if ((st = fabpool_fd_from_pid(s->peers[q].pid, theirs, &s->rfds[i])) != FABPOOL_OK) {
-                for (size_t k = 0; k < i; k++)
-                    close(s->rfds[k]);
-                return sy_err_pool(FABPOOL_ERR_IO, "cannot copy rank %d's fds (pid %d) by pidfd_getfd: it needs ptrace "
-                                   "permission (same user; Yama ptrace_scope 0 or 1; a seccomp filter that allows "
-                                   "pidfd_getfd); else use the socket transport", q, s->peers[q].pid);
-            }
-        }
-        return FABPOOL_OK;
-    }
     size_t got = 0, len = 0;
     uint64_t their_seq = 0;
-    if (!sy_wait_readable(s->sock[q], s->timeout_ms))
+    int left = sy_left_ms(deadline);
+    if (left == 0)
         return sy_err(FABPOOL_ERR_IO, "rank %d's fds did not come within %d ms over its socket", q, s->timeout_ms);
-    st = fabpool_fd_recv(s->sock[q], s->rfds, nfds, &got, &their_seq, sizeof their_seq, &len);
-    if (st == FABPOOL_OK && (got != nfds || len != sizeof their_seq || their_seq != s->seq))
-        st = sy_err(FABPOOL_ERR_IO, "rank %d sent %zu fds for call #%llu, this rank expected %zu for call #%llu", q, got,
-                    (unsigned long long)their_seq, nfds, (unsigned long long)s->seq);
-    else if (st != FABPOOL_OK)
-        sy_err_pool(FABPOOL_ERR_IO, "receiving rank %d's fds over its socket", q);
+    st = fabpool_fd_recv_timed(s->sock[q], s->rfds, nfds, &got, &their_seq, sizeof their_seq, &len, left);
     if (st != FABPOOL_OK)
+        sy_err_pool(FABPOOL_ERR_IO, "receiving rank %d's fds over its socket (%d ms for every fd of the exchange)",
+                    q, s->timeout_ms); /* what arrived is closed already */
+    else if (got != nfds || len != sizeof their_seq || their_seq != s->seq) {
         for (size_t k = 0; k < got && k < nfds; k++)
             close(s->rfds[k]);
-    return st == FABPOOL_OK ? st : FABPOOL_ERR_IO;
+        st = sy_err(FABPOOL_ERR_IO, "rank %d sent %zu fds for call #%llu, this rank expected %zu for call #%llu", q,
+                    got, (unsigned long long)their_seq, nfds, (unsigned long long)s->seq);
+    }
+    if (st != FABPOOL_OK) {
+        /* where its next message starts is lost: no later exchange reads this socket */
+        close(s->sock[q]);
+        s->sock[q] = -1;
+        return FABPOOL_ERR_IO;
+    }
+    return FABPOOL_OK;
 }
 
-/* Applies rank q's message of the DESC round here; the generation of the
- * view after it (0 if it failed: the next exchange sends a full one). */
-static fabpool_status sy_apply(fabpool_torch_symm_t *s, int q, const uint8_t *msg, size_t len, size_t nfds)
+/* Copies rank q's nfds fds (their numbers in fdnums, from its DESC message)
+ * out of its process into s->pfds[q]: only through the pidfd opened at
+ * create on the pid that the all-gather declared, and only once that
+ * process has shown that it holds rank q's token.  On failure nothing
+ * copied stays open. */
+static fabpool_status sy_pidfd_copy(fabpool_torch_symm_t *s, int q, const uint8_t *fdnums, size_t nfds)
+{
+    if (s->pidfd[q] < 0)
+        return sy_err(FABPOOL_ERR_IO, "no pidfd of rank %d's process (pid %d)", q, s->peers[q].pid);
+    if (!s->proved[q]) {
+        uint8_t tok[SY_TOKEN];
+        sy_token_of(s, q, tok);
+        fabpool_status st = s->token_fd[q] < 0 ? FABPOOL_ERR_PERMISSION
+                                               : fabpool_fd_token_check(s->pidfd[q], s->token_fd[q], tok, sizeof tok);
+        explicit_bzero(tok, sizeof tok);
+        if (st != FABPOOL_OK && s->token_fd[q] < 0)
+            return sy_err(st, "rank %d declared no token (fd %d): nothing is copied from pid %d", q, s->token_fd[q],
+                          s->peers[q].pid);
+        if (st != FABPOOL_OK)
+            return sy_err_pool(st == FABPOOL_ERR_PERMISSION ? st : FABPOOL_ERR_IO, "pid %d, declared as rank %d's, "
+                               "did not prove to be rank %d's process: nothing is copied from it", s->peers[q].pid,
+                               q, q);
+        s->proved[q] = 1;
+    }
+    int *f = malloc(nfds * sizeof *f);
+    if (!f)
+        return sy_err(FABPOOL_ERR_HOST_MEMORY, "no host memory for %zu fds of rank %d", nfds, q);
+    for (size_t i = 0; i < nfds; i++) {
+        int32_t theirs;
+        memcpy(&theirs, fdnums + 4 * i, 4);
+        fabpool_status st = theirs < 0 ? FABPOOL_ERR_DESCRIPTOR : fabpool_fd_from_pidfd(s->pidfd[q], theirs, &f[i]);
+        if (st != FABPOOL_OK) {
+            for (size_t k = 0; k < i; k++)
+                close(f[k]);
+            free(f);
+            if (theirs < 0)
+                return sy_err(st, "rank %d named fd %d for its chunk %zu", q, (int)theirs, i);
+            return sy_err_pool(FABPOOL_ERR_IO, "cannot copy rank %d's fds (pid %d) by pidfd_getfd: it needs ptrace "
+                               "permission (same user; Yama ptrace_scope 0 or 1; a seccomp filter that allows "
+                               "pidfd_getfd); else use the socket transport", q, s->peers[q].pid);
+        }
+    }
+    s->pfds[q] = f;
+    return FABPOOL_OK;
+}
+
+/* Closes the fds copied from peers that no view took. */
+static void sy_pfds_drop(fabpool_torch_symm_t *s, const uint64_t *nfds_of)
+{
+    for (int q = 0; q < s->nranks; q++) {
+        for (uint64_t i = 0; s->pfds[q] && i < nfds_of[q]; i++)
+            close(s->pfds[q][i]);
+        free(s->pfds[q]);
+        s->pfds[q] = NULL;
+    }
+}
+
+/* A barrier of the pidfd turns: an all-gather of heads. */
+static fabpool_status sy_turn_round(fabpool_torch_symm_t *s, int k)
+{
+    sy_head h;
+    memset(&h, 0, sizeof h);
+    h.v[0] = (uint64_t)k;
+    uint8_t *all = NULL;
+    fabpool_status st = sy_round(s, SY_TURN, &h, sizeof h, &all);
+    free(all);
+    return st;
+}
+
+/* The pidfd copies of an exchange, from every peer that has fds.  Where no
+ * rank runs under Yama ptrace_scope 1, every rank copies from every peer at
+ * once (ptrace permission is the uid's).  Under ptrace_scope 1 a process
+ * may be copied from only by the one process it names with PR_SET_PTRACER
+ * (fabpool_fd_allow_peer), and never by all of them (PR_SET_PTRACER_ANY
+ * would let in every process of the user for the life of the process): so
+ * the copies go in nranks - 1 turns.  In turn k every rank r names rank
+ * r + k (mod nranks), a pid of the group, and copies from rank r - k, which
+ * names r; one all-gather round after the consents and one after the copies
+ * keep each consent in place until its copies are done, and no consent
+ * outlives the turns (fabpool_fd_allow_peer(0) after them, failed or not).
+ * A copy that fails is this rank's failure (*mine, keep); a round that
+ * fails breaks the object and ends the turns. */
+static fabpool_status sy_pidfd_turns(fabpool_torch_symm_t *s, const uint8_t *all, size_t msg, const uint64_t *lens,
+                                     const uint64_t *nfds_of, fabpool_status *mine, char *keep, size_t cap)
+{
+    size_t hs = sizeof(sy_head);
+    int n = s->nranks;
+#define SY_COPY(q)                                                                                                  \
+    do {                                                                                                            \
+        if ((q) != s->rank && nfds_of[q] > 0)                                                                       \
+            sy_note(mine, keep, cap, sy_pidfd_copy(s, q, all + (size_t)(q) * msg + hs + lens[q], nfds_of[q]));      \
+    } while (0)
+    if (!s->turns) {
+        for (int q = 0; q < n; q++)
+            SY_COPY(q);
+        return FABPOOL_OK;
+    }
+    fabpool_status st = FABPOOL_OK;
+    for (int k = 1; k < n && st == FABPOOL_OK; k++) {
+        int to = (s->rank + k) % n, from = (s->rank - k + n) % n;
+        fabpool_status t = fabpool_fd_allow_peer(s->peers[to].pid);
+        if (t != FABPOOL_OK)
+            sy_note(mine, keep, cap, sy_err_pool(t, "letting rank %d (pid %d) copy its fds", to, s->peers[to].pid));
+        if ((st = sy_turn_round(s, 2 * k)) != FABPOOL_OK)
+            break;
+        SY_COPY(from);
+        st = sy_turn_round(s, 2 * k + 1);
+    }
+#undef SY_COPY
+    (void)fabpool_fd_allow_peer(0);
+    return st;
+}
+
+/* Applies rank q's message of the DESC round here, with its fds (taken by
+ * fabpool whatever the outcome); the generation of the view after it (0 if
+ * it failed: the next exchange sends a full one). */
+static fabpool_status sy_apply(fabpool_torch_symm_t *s, int q, const uint8_t *msg, size_t len, int *fds, size_t nf)
 {
     const uint8_t *desc = msg + sizeof(sy_head);
-    size_t nf = s->handle_type == FABPOOL_HANDLE_POSIX_FD ? nfds : 0;
-    s->gens[q] = 0;
-    fabpool_status st = nf ? sy_peer_fds(s, q, desc + len, nf) : FABPOOL_OK;
+    fabpool_status st = s->views[q] ? fabpool_view_apply(s->views[q], desc, len, fds, nf)
+                                    : fabpool_view_open(s->pool, desc, len, fds, nf, &s->views[q]);
     if (st != FABPOOL_OK)
-        return st;
-    const int *fds = nf ? s->rfds : NULL;
-    st = s->views[q] ? fabpool_view_apply(s->views[q], desc, len, fds, nf)
-                     : fabpool_view_open(s->pool, desc, len, fds, nf, &s->views[q]);
-    if (st != FABPOOL_OK)
-        return sy_err_pool(st, "mapping rank %d's buffer (host '%s', device %d) here on device %d", q,
+        return sy_err_pool(st, "mapping rank %d's buffer (host '%.64s', device %d) here on device %d", q,
                            s->peers[q].host, s->peers[q].device, s->device);
     fabpool_buffer_info vi = {.struct_size = sizeof(fabpool_buffer_info)};
     if (fabpool_view_get_info(s->views[q], &vi) == FABPOOL_OK)
@@ -529,11 +775,32 @@ static fabpool_status sy_apply(fabpool_torch_symm_t *s, int q, const uint8_t *ms
     return FABPOOL_OK;
 }
 
+/* Whether rank q's stated descriptor (len bytes, nfds fds) fits what a
+ * buffer of this window can hold: a header and a record per chunk, a chunk
+ * at least a page (no granularity is finer), an fd per record at most (none
+ * for fabric handles).  Every rank decides from the same all-gathered
+ * values, so every rank reaches the same answer. */
+static fabpool_status sy_bounded(const fabpool_torch_symm_t *s, int q, uint64_t len, uint64_t nfds, const char *what)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t max_rec = s->window / (uint64_t)(page > 0 ? page : 4096);
+    uint64_t max_len = SY_REC_HDR + SY_REC * max_rec; /* window / page * 96: no overflow */
+    uint64_t recs = len >= SY_REC_HDR ? (len - SY_REC_HDR) / SY_REC : 0;
+    uint64_t max_fds = s->handle_type == FABPOOL_HANDLE_POSIX_FD ? recs : 0;
+    if (len <= max_len && (len == 0 || len >= SY_REC_HDR) && nfds <= max_fds)
+        return FABPOOL_OK;
+    return sy_err(FABPOOL_ERR_DESCRIPTOR, "%s: rank %d states a descriptor of %llu bytes with %llu fds, which a "
+                  "buffer of its window (%llu bytes) cannot have (at most %llu bytes; an fd per record of it at most, "
+                  "none for fabric handles): its message is corrupt, or not of this library", what, q,
+                  (unsigned long long)len, (unsigned long long)nfds, (unsigned long long)s->window,
+                  (unsigned long long)max_len);
+}
+
 /* Exports, all-gathers the descriptors, passes the fds, applies every
  * peer's and acknowledges.  On failure *stage says where: SY_STAGE_EXPORT
- * (some rank could not export: nothing was applied anywhere) or
- * SY_STAGE_APPLY (some rank could not apply a peer's: its view of that
- * peer stays as it was); 0 for a broken exchange. */
+ * (some rank could not export, or stated what cannot be: nothing was
+ * applied anywhere) or SY_STAGE_APPLY (some rank could not apply a peer's:
+ * its view of that peer stays as it was); 0 for a broken exchange. */
 static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int *stage)
 {
     *stage = 0;
@@ -541,7 +808,8 @@ static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int
     if (s->nranks == 1)
         return FABPOOL_OK;
     size_t hs = sizeof(sy_head);
-    int pidfd = s->transport == FABPOOL_TORCH_SYMM_FD_PIDFD && s->handle_type == FABPOOL_HANDLE_POSIX_FD;
+    int posix = s->handle_type == FABPOOL_HANDLE_POSIX_FD;
+    int pidfd = s->transport == FABPOOL_TORCH_SYMM_FD_PIDFD && posix;
     size_t len = 0, nfds = 0;
     uint8_t *all = NULL;
 
@@ -554,22 +822,30 @@ static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int
     fabpool_status st = sy_round(s, SY_EXPORTED, &h, hs, &all);
     if (st != FABPOOL_OK)
         return st;
-    /* every rank's descriptor length and fd count */
+    st = sy_outcome(s, all, hs, what);
+    /* every rank's descriptor length and fd count, bounded before anything is sized from them */
     size_t payload = 0;
     uint64_t *lens = malloc(2 * sizeof(uint64_t) * (size_t)s->nranks), *nfds_of = lens ? lens + s->nranks : NULL;
     for (int q = 0; lens && q < s->nranks; q++) {
         lens[q] = head_v(all, hs, q, 0);
         nfds_of[q] = head_v(all, hs, q, 1);
-        size_t p = lens[q] + (pidfd ? 4 * nfds_of[q] : 0);
-        payload = p > payload ? p : payload;
+        if (st == FABPOOL_OK)
+            st = sy_bounded(s, q, lens[q], nfds_of[q], what);
+        if (st == FABPOOL_OK) {
+            size_t p = (size_t)lens[q] + (pidfd ? 4 * (size_t)nfds_of[q] : 0); /* bounded: no overflow */
+            payload = p > payload ? p : payload;
+        }
     }
-    st = sy_outcome(s, all, hs, what);
     free(all);
     if (st != FABPOOL_OK || !lens) {
         free(lens);
         (void)fabpool_buffer_export_done(s->buf);
         *stage = SY_STAGE_EXPORT;
         return st != FABPOOL_OK ? st : sy_break(s, sy_err(FABPOOL_ERR_HOST_MEMORY, "no host memory for the exchange"));
+    }
+    if (payload > SIZE_MAX - hs) {
+        free(lens);
+        return sy_break(s, sy_err(FABPOOL_ERR_LIMIT, "%s: descriptors of %zu bytes", what, payload));
     }
 
     /* DESC: the descriptors (and the exporter's fd numbers for pidfd) */
@@ -594,31 +870,50 @@ static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int
     s->c.last_exported = len > SY_REC_HDR ? (len - SY_REC_HDR) / SY_REC : 0;
     s->c.records_exported += s->c.last_exported;
 
-    /* the fds: to every peer of this host first, then from each */
+    /* the fds: to every peer of this host first, then from each, all by one deadline */
     fabpool_status mine_st = FABPOOL_OK;
-    if (s->handle_type == FABPOOL_HANDLE_POSIX_FD && !pidfd && nfds > 0)
+    char keep[SY_ERR];
+    keep[0] = 0;
+    if (posix && !pidfd && nfds > 0)
         for (int q = 0; q < s->nranks; q++) {
             if (q == s->rank || s->sock[q] < 0)
                 continue;
             fabpool_status t = fabpool_fd_send(s->sock[q], s->fds, nfds, &s->seq, sizeof s->seq);
             if (t == FABPOOL_OK)
                 s->c.fds_sent += nfds;
-            else if (mine_st == FABPOOL_OK)
-                mine_st = sy_err_pool(FABPOOL_ERR_IO, "sending its fds to rank %d", q);
+            else
+                sy_note(&mine_st, keep, sizeof keep, sy_err_pool(FABPOOL_ERR_IO, "sending its fds to rank %d", q));
         }
+    if (pidfd && (st = sy_pidfd_turns(s, all, msg, lens, nfds_of, &mine_st, keep, sizeof keep)) != FABPOOL_OK) {
+        sy_pfds_drop(s, nfds_of);
+        free(all);
+        free(lens);
+        return st;
+    }
+    uint64_t deadline = sy_deadline(s);
     for (int q = 0; q < s->nranks; q++) {
         if (q == s->rank)
             continue;
-        size_t qlen = lens[q];
-        if (s->handle_type == FABPOOL_HANDLE_POSIX_FD && !pidfd && s->sock[q] < 0 && nfds_of[q] > 0) {
-            if (mine_st == FABPOOL_OK)
-                mine_st = sy_err(FABPOOL_ERR_IO, "no socket to rank %d for its fds", q);
-            s->gens[q] = 0;
-            continue;
+        s->gens[q] = 0;
+        size_t nf = posix ? (size_t)nfds_of[q] : 0;
+        int *fds = NULL;
+        fabpool_status t = FABPOOL_OK;
+        if (nf > 0 && pidfd) {
+            if (!(fds = s->pfds[q]))
+                continue; /* its copy failed: noted */
+        } else if (nf > 0 && s->sock[q] < 0) {
+            t = sy_err(FABPOOL_ERR_IO, "no socket to rank %d for its fds", q);
+        } else if (nf > 0) {
+            if ((t = sy_sock_fds(s, q, nf, deadline)) == FABPOOL_OK)
+                fds = s->rfds;
         }
-        fabpool_status t = sy_apply(s, q, all + (size_t)q * msg, qlen, nfds_of[q]);
-        if (t != FABPOOL_OK && mine_st == FABPOOL_OK)
-            mine_st = t;
+        if (t == FABPOOL_OK)
+            t = sy_apply(s, q, all + (size_t)q * msg, (size_t)lens[q], fds, nf);
+        if (pidfd) {
+            free(s->pfds[q]); /* its fds are fabpool's now */
+            s->pfds[q] = NULL;
+        }
+        sy_note(&mine_st, keep, sizeof keep, t);
     }
     s->c.records_imported += s->c.last_imported;
     free(all);
@@ -629,6 +924,8 @@ static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int
     mine = calloc(1, amsg);
     if (!mine)
         return sy_break(s, sy_err(FABPOOL_ERR_HOST_MEMORY, "no host memory for the exchange"));
+    if (mine_st != FABPOOL_OK)
+        copy_cut(sy_msg, sizeof sy_msg, keep);
     head_fail((sy_head *)mine, mine_st);
     memcpy(mine + hs, s->gens, sizeof(uint64_t) * (size_t)s->nranks);
     st = sy_round(s, SY_APPLIED, mine, amsg, &all);
@@ -658,6 +955,32 @@ static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int
     return st;
 }
 
+/* The pidfd transport: a pidfd of every peer's declared pid, pinned now so
+ * that a pid reused later cannot stand in, and this rank's token (a sealed
+ * memfd) for its peers to check before they copy from it. */
+static fabpool_status sy_pidfd_open(fabpool_torch_symm_t *s)
+{
+    fabpool_status st = FABPOOL_OK;
+    uint8_t tok[SY_TOKEN];
+    sy_token_of(s, s->rank, tok);
+    st = fabpool_fd_token_make(tok, sizeof tok, &s->token);
+    explicit_bzero(tok, sizeof tok);
+    if (st != FABPOOL_OK)
+        return sy_err_pool(st, "making its token for the pidfd transport");
+    for (int q = 0; q < s->nranks; q++) {
+        if (q == s->rank)
+            continue;
+        fabpool_status t = fabpool_fd_pidfd_open(s->peers[q].pid, &s->pidfd[q]);
+        if (t != FABPOOL_OK) {
+            s->pidfd[q] = -1;
+            if (st == FABPOOL_OK)
+                st = sy_err_pool(t == FABPOOL_ERR_NOT_SUPPORTED ? t : FABPOOL_ERR_IO, "opening a pidfd of rank %d "
+                                 "(pid %d, declared in the group's all-gather)", q, s->peers[q].pid);
+        }
+    }
+    return st;
+}
+
 /* --------------------------------------------------------------- create */
 
 static uint64_t sy_nonce(void)
@@ -667,6 +990,22 @@ static uint64_t sy_nonce(void)
         x = now_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ull;
     return x;
 }
+
+/* Yama's ptrace_scope (-1: no Yama).  A test build may stand in for it. */
+__attribute__((unused)) static int sy_yama_scope_read(void)
+{
+    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
+    int v = -1;
+    if (f) {
+        if (fscanf(f, "%d", &v) != 1)
+            v = -1;
+        fclose(f);
+    }
+    return v;
+}
+#ifndef SY_YAMA_SCOPE
+#define SY_YAMA_SCOPE sy_yama_scope_read
+#endif
 
 /* Whether every rank's HELLO agrees; else FABPOOL_ERR_CONFIG (or _LIMIT
  * for a size past max_bytes) with a message that says what differs.
@@ -704,6 +1043,16 @@ static fabpool_status sy_check_hello(fabpool_torch_symm_t *s, uint64_t *target)
             SY_LIST("%s", p[k].transport == FABPOOL_TORCH_SYMM_FD_PIDFD ? "pidfd" : "socket");
             return sy_err(FABPOOL_ERR_CONFIG, "the ranks use different fd transports (%s)", list);
         }
+    if (p[0].handle_type == FABPOOL_HANDLE_POSIX_FD && n > 1)
+        for (int q = 0; q < n; q++)
+            if (p[q].pid <= 0)
+                return sy_err(FABPOOL_ERR_CONFIG, "rank %d declared pid %d: every rank must declare its own pid for "
+                              "POSIX-fd handles", q, (int)p[q].pid);
+    if (p[0].handle_type == FABPOOL_HANDLE_POSIX_FD && n > 1 && p[0].transport == FABPOOL_TORCH_SYMM_FD_PIDFD)
+        for (int q = 0; q < n; q++)
+            if (p[q].yama >= 2)
+                return sy_err(FABPOOL_ERR_NOT_SUPPORTED, "rank %d runs under Yama ptrace_scope %d, where no process "
+                              "may copy another's fds by pidfd_getfd: use the socket transport", q, (int)p[q].yama);
     if (p[0].handle_type == FABPOOL_HANDLE_POSIX_FD)
         for (int q = 1; q < n; q++)
             if (strncmp(p[q].host, p[0].host, SY_HOST) != 0)
@@ -747,13 +1096,18 @@ fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_options *o, fa
         return sy_err(FABPOOL_ERR_HOST_MEMORY, "fabpool_torch_symm_create: no host memory");
     pthread_mutex_init(&s->lock, NULL);
     s->listener = -1;
+    s->token = -1;
     s->views = calloc(n, sizeof *s->views);
     s->sock = malloc(n * sizeof *s->sock);
+    s->pidfd = malloc(n * sizeof *s->pidfd);
+    s->token_fd = malloc(n * sizeof *s->token_fd);
+    s->proved = calloc(n, sizeof *s->proved);
+    s->pfds = calloc(n, sizeof *s->pfds);
     s->peers = calloc(n, sizeof *s->peers);
     s->gens = calloc(n, sizeof *s->gens);
-    for (size_t q = 0; s->sock && q < n; q++)
-        s->sock[q] = -1;
-    if (!s->views || !s->sock || !s->peers || !s->gens)
+    for (size_t q = 0; s->sock && s->pidfd && s->token_fd && q < n; q++)
+        s->sock[q] = s->pidfd[q] = s->token_fd[q] = -1;
+    if (!s->views || !s->sock || !s->pidfd || !s->token_fd || !s->proved || !s->pfds || !s->peers || !s->gens)
         return sy_fail_create(s, sy_err(FABPOOL_ERR_HOST_MEMORY, "fabpool_torch_symm_create: no host memory"));
     s->rank = o->rank;
     s->nranks = o->nranks;
@@ -774,9 +1128,19 @@ fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_options *o, fa
 
     /* this rank's pool, and its socket for the peers of its host */
     fabpool_status st = FABPOOL_OK;
-    if (o->max_bytes == 0)
+    unsigned env_peers = 0;
+    if (o->peers & ~(FABPOOL_FD_ANY_USER | FABPOOL_FD_ANY_PID))
+        st = sy_err(FABPOOL_ERR_INVALID_ARG, "options.peers is 0x%x: only FABPOOL_FD_ANY_USER (0x%x) and "
+                    "FABPOOL_FD_ANY_PID (0x%x) are known", o->peers, FABPOOL_FD_ANY_USER, FABPOOL_FD_ANY_PID);
+    else if ((st = fabpool_fd_peers_env(&env_peers)) != FABPOOL_OK)
+        sy_err_pool(st, "reading FABPOOL_PEERS");
+    s->peer_flags = o->peers | env_peers;
+    /* the group secret (rank 0's is the group's): from the kernel's generator only, never a weaker one */
+    if (st == FABPOOL_OK && o->rank == 0 && getrandom(s->secret, sizeof s->secret, 0) != (ssize_t)sizeof s->secret)
+        st = sy_err(FABPOOL_ERR_IO, "getrandom for the group secret: %s", strerror(errno));
+    if (st == FABPOOL_OK && o->max_bytes == 0)
         st = sy_err(FABPOOL_ERR_INVALID_ARG, "max_bytes is 0");
-    else if (o->bytes > o->max_bytes)
+    else if (st == FABPOOL_OK && o->bytes > o->max_bytes)
         st = sy_err(FABPOOL_ERR_LIMIT, "it asked for %llu bytes, past its max_bytes %llu",
                     (unsigned long long)o->bytes, (unsigned long long)o->max_bytes);
     if (st == FABPOOL_OK) {
@@ -795,8 +1159,6 @@ fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_options *o, fa
         if ((st = fabpool_fd_listen(name, &s->listener)) != FABPOOL_OK)
             sy_err_pool(st, "listening for its peers");
     }
-    if (st == FABPOOL_OK && posix && s->transport == FABPOOL_TORCH_SYMM_FD_PIDFD)
-        (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); /* Yama ptrace_scope 1: the peers may copy fds */
 
     /* HELLO */
     struct {
@@ -811,14 +1173,25 @@ fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_options *o, fa
     hello.m.handle_type = s->handle_type;
     hello.m.transport = s->transport;
     hello.m.pid = (int32_t)getpid();
+    hello.m.yama = SY_YAMA_SCOPE();
+    if (s->rank == 0)
+        memcpy(hello.m.secret, s->secret, sizeof s->secret);
     memcpy(hello.m.host, s->host, sizeof hello.m.host);
     head_fail(&hello.h, st);
     uint8_t *all = NULL;
-    if ((st = sy_round(s, SY_HELLO, &hello, sizeof hello, &all)) != FABPOOL_OK)
+    st = sy_round(s, SY_HELLO, &hello, sizeof hello, &all);
+    explicit_bzero(hello.m.secret, sizeof hello.m.secret);
+    if (st != FABPOOL_OK)
         return sy_fail_create(s, st);
     for (size_t q = 0; q < n; q++)
         memcpy(&s->peers[q], all + q * sizeof hello + sizeof(sy_head), sizeof(sy_hello));
+    memcpy(s->secret, s->peers[0].secret, sizeof s->secret);
+    for (size_t q = 0; q < n; q++) {
+        s->turns |= s->peers[q].yama == 1;
+        explicit_bzero(s->peers[q].secret, sizeof s->peers[q].secret); /* kept once, in s->secret */
+    }
     st = sy_outcome(s, all, sizeof hello, "fabpool_torch_symm_create");
+    explicit_bzero(all, n * sizeof hello);
     free(all);
     uint64_t target = 0;
     if (st == FABPOOL_OK && (st = sy_check_hello(s, &target)) != FABPOOL_OK) {
@@ -843,7 +1216,10 @@ fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_options *o, fa
     head_fail(&h, st);
     if (posix && s->transport == FABPOOL_TORCH_SYMM_FD_SOCKET)
         head_fail(&h, sy_mesh(s));
+    if (posix && s->transport == FABPOOL_TORCH_SYMM_FD_PIDFD)
+        head_fail(&h, sy_pidfd_open(s));
     h.v[0] = bi.max_size;
+    h.v[1] = (uint64_t)(int64_t)s->token;
     if ((st = sy_round(s, SY_MESH, &h, sizeof h, &all)) != FABPOOL_OK)
         return sy_fail_create(s, st);
     st = sy_outcome(s, all, sizeof h, "fabpool_torch_symm_create");
@@ -853,6 +1229,10 @@ fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_options *o, fa
                         "%llu bytes on device %d, rank %d: %llu bytes on device %d): the devices have different "
                         "granularities", (unsigned long long)head_v(all, sizeof h, 0, 0), s->peers[0].device, q,
                         (unsigned long long)head_v(all, sizeof h, q, 0), s->peers[q].device);
+    for (int q = 0; q < s->nranks; q++) {
+        int64_t t = (int64_t)head_v(all, sizeof h, q, 1);
+        s->token_fd[q] = t >= 0 && t <= INT32_MAX ? (int32_t)t : -1;
+    }
     free(all);
     if (st != FABPOOL_OK)
         return sy_fail_create(s, st);
@@ -1015,8 +1395,12 @@ fabpool_status fabpool_torch_symm_get_info(fabpool_torch_symm_t *s, fabpool_torc
 {
     if (!s || !out)
         return sy_err(FABPOOL_ERR_INVALID_ARG, "fabpool_torch_symm_get_info: NULL");
+    if (out->struct_size != sizeof *out)
+        return sy_err(FABPOOL_ERR_INVALID_ARG, "fabpool_torch_symm_get_info: info.struct_size is %u, not %zu: set it "
+                      "to sizeof(fabpool_torch_symm_info) of this library's symm.h", out->struct_size, sizeof *out);
     pthread_mutex_lock(&s->lock);
     *out = s->c;
+    out->struct_size = sizeof *out;
     out->rank = s->rank;
     out->nranks = s->nranks;
     out->device = s->device;

@@ -59,9 +59,32 @@ typedef int (*fabpool_torch_symm_allgather_fn)(void *ctx, const void *send, void
 
 enum {
     FABPOOL_TORCH_SYMM_FD_SOCKET = 0, /* SCM_RIGHTS over a Unix socket between every two ranks of a host */
-    FABPOOL_TORCH_SYMM_FD_PIDFD = 1   /* pidfd_getfd out of the exporter (Linux 5.6+, ptrace permission:
-                                         the exporter allows any peer with PR_SET_PTRACER at create) */
+    FABPOOL_TORCH_SYMM_FD_PIDFD = 1   /* pidfd_getfd out of the exporter (Linux 5.6+, ptrace permission; under
+                                         Yama ptrace_scope 1 the copies go in turns, each exporter consenting
+                                         to one peer of the group at a time: see below) */
 };
+
+/* Who may be on the other side (docs/security.md).  The all-gather is the
+ * group's trusted channel; nothing else is trusted.  Rank 0 makes a random
+ * group secret and sends it only through the all-gather (create's first
+ * round); every rank declares its pid there.  Socket transport: a rank
+ * accepts a connection only from a process of its own user whose pid a
+ * lower rank of its host declared, refuses anyone else at once (closed,
+ * never waited on), and takes the connection only once it has said the
+ * group's secret and its rank; a connecting rank sends nothing until the
+ * listener is the pid the peer declared, of its user.  Pidfd transport:
+ * each rank holds a sealed memfd with a proof derived from the secret and
+ * its rank, and its peers check it through a pidfd of the declared pid
+ * before they copy any fd.  `peers` loosens this, like FABPOOL_PEERS (which
+ * adds to it), for jobs whose ranks run as other users or in other pid
+ * namespaces; it is not the default:
+ *   FABPOOL_FD_ANY_USER  the peer's uid is not compared;
+ *   FABPOOL_FD_ANY_PID   the peer's pid is not compared (the secret still
+ *                        authenticates a connecting rank, but a connecting
+ *                        rank then tells the secret to whoever listens at
+ *                        the peer's name).
+ * Each call waits at most timeout_ms for all its connections and idents
+ * (create), and at most timeout_ms for all the fds of an exchange. */
 
 typedef struct fabpool_torch_symm_options {
     uint32_t struct_size;         /* set by fabpool_torch_symm_options_init */
@@ -74,11 +97,13 @@ typedef struct fabpool_torch_symm_options {
     int fd_transport;             /* FABPOOL_TORCH_SYMM_FD_* (POSIX fds only) */
     int timeout_ms;               /* connecting to and hearing from peers over the sockets (0: 30 s) */
     const char *host;             /* the name ranks compare to find who shares a host (NULL: gethostname) */
+    unsigned peers;               /* FABPOOL_FD_ANY_USER | FABPOOL_FD_ANY_PID (fabpool_fdpass.h), added to
+                                     FABPOOL_PEERS's; 0 (the default): same user, the declared pids only */
     fabpool_torch_symm_allgather_fn allgather;
     void *allgather_ctx;
 } fabpool_torch_symm_options;
 
-/* Fills *o with the defaults: device 0, socket transport, 30 s, the rest 0 / NULL. */
+/* Fills *o with the defaults: device 0, socket transport, 30 s, peers 0, the rest 0 / NULL. */
 FABPOOL_API void fabpool_torch_symm_options_init(fabpool_torch_symm_options *o);
 
 /* Collective.  Makes this rank's pool and buffer, checks that the ranks
@@ -87,7 +112,8 @@ FABPOOL_API void fabpool_torch_symm_options_init(fabpool_torch_symm_options *o);
  * maps every peer's buffer here.  On failure nothing is left on any rank
  * and every rank returns the same status: FABPOOL_ERR_CONFIG where the
  * ranks disagree, FABPOOL_ERR_IO where a peer cannot be reached, else the
- * failing rank's. */
+ * failing rank's; FABPOOL_ERR_PERMISSION where a process that is not the
+ * rank it must be stood in (the message names the pid and uid). */
 FABPOOL_API fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_options *o, fabpool_torch_symm_t **out);
 
 /* Collective.  Every rank asks for `bytes` (0: the others'); every buffer
@@ -109,6 +135,7 @@ FABPOOL_API fabpool_status fabpool_torch_symm_ptrs(fabpool_torch_symm_t *s, uint
 FABPOOL_API fabpool_status fabpool_torch_symm_sizes(fabpool_torch_symm_t *s, uint64_t *sizes, size_t n);
 
 typedef struct fabpool_torch_symm_info {
+    uint32_t struct_size;         /* set by the caller: sizeof(fabpool_torch_symm_info) */
     int rank, nranks, device;
     int handle_type;              /* fabpool_handle_type of every rank's pool */
     int fd_transport;
@@ -127,6 +154,7 @@ typedef struct fabpool_torch_symm_info {
     uint64_t view_bytes;          /* peers' bytes mapped here now */
     uint64_t last_ns;             /* the last collective call's time, nanoseconds */
 } fabpool_torch_symm_info;
+/* out->struct_size must be sizeof(fabpool_torch_symm_info) (FABPOOL_ERR_INVALID_ARG otherwise, *out untouched). */
 FABPOOL_API fabpool_status fabpool_torch_symm_get_info(fabpool_torch_symm_t *s, fabpool_torch_symm_info *out);
 
 /* A dma-buf fd of bytes [offset, offset + size) of this rank's buffer

@@ -7,14 +7,55 @@
  *     data stay, the next resize works;
  *   - with different max_bytes: every rank's create fails, naming each rank's;
  *   - ends holding nothing (the sim's ledger).
+ * Then what a process that is not a rank, or a rank's corrupt message, can do (the all-gather of the test
+ * stands in for a hostile one where a case needs it; symm.c is compiled into this file for its message
+ * layout and so that the fd sends can be cut short):
+ *   - a process of another user (uid 65534, as root) connects to rank 3's listener during create, silent or
+ *     saying "rank 0" with a wrong secret: refused at once, no fd, create works well within timeout_ms;
+ *   - the same from a process of this user that no rank declared;
+ *   - another user's process listens at the name the ranks are told for rank 3: no rank sends it a byte,
+ *     every create fails with FABPOOL_ERR_PERMISSION;
+ *   - rank 2 states a descriptor of 2^64-1 bytes, an fd count that wraps, an fd count past its records:
+ *     every rank fails naming rank 2, no fd left open, no crash;
+ *   - pidfd transport, in turns as under Yama ptrace_scope 1: rank 0's pid replaced by a process holding
+ *     memfds: refused by the token check, nothing mapped;
+ *   - rank 1 sends part of its fd message and stays connected: create and resize answer within
+ *     timeout_ms and a margin.
  * Usage: test_symm [steps] */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "testutil.h"
+#include "other_user.h"
 #include "symm.h"
+
+/* rank 1 cuts its next fd message short (4 bytes of its 8-byte head, no fd) when set */
+static int t_cut_send;
+static fabpool_status t_fd_send(int sock, const int *fds, size_t n, const void *data, size_t len)
+{
+    if (t_cut_send && n > 0) {
+        t_cut_send = 0;
+        uint32_t head = (uint32_t)n;
+        return send(sock, &head, sizeof head, MSG_NOSIGNAL) == (ssize_t)sizeof head ? FABPOOL_OK : FABPOOL_ERR_IO;
+    }
+    return fabpool_fd_send(sock, fds, n, data, len);
+}
+/* the copies of the pidfd transport in turns, as under Yama ptrace_scope 1, when set */
+static int t_yama = -1;
+static int t_yama_scope(void) { return t_yama; }
+#define fabpool_fd_send t_fd_send
+#define SY_YAMA_SCOPE t_yama_scope
+#include "symm.c"
+#undef fabpool_fd_send
 
 #define NR 4
 #define MB (1ull << 20)
@@ -40,7 +81,279 @@ static int allgather(void *ctx, const void *send, void *recv, size_t bytes)
     return io_all(fd, recv, len, 0);
 }
 
-static fabpool_torch_symm_t *make(int rank, int *fd, uint64_t max, uint64_t bytes, fabpool_status want)
+/* ---------------------------------------------------------------- what the all-gather does to a round */
+
+enum {
+    A_NONE,
+    A_SILENT,     /* another user's process connects to rank 3 and says nothing */
+    A_IDENT,      /* ... and says "rank 0" with a wrong secret */
+    A_SAME_USER,  /* a process of this user, of no rank's pid, says "rank 0" */
+    A_SQUAT,      /* another user's process listens at the name the ranks are told for rank 3 */
+    A_LEN,        /* rank 2 states a descriptor of 2^64-1 bytes */
+    A_FD_WRAP,    /* rank 2 states 2^62 fds (4 bytes each: 2^64, 0 in a size_t) */
+    A_FD_RECORDS, /* rank 2 states one fd more than its records */
+    A_PID,        /* rank 0's pid is another process's (pidfd transport) */
+    A_CUT         /* rank 1 sends part of its fd message (see t_fd_send) */
+};
+static const char *attack_name[] = {"none",  "silent",     "ident", "same_user", "squat",
+                                    "len",   "fd_wrap",    "fd_records", "pid", "cut"};
+#define SQUAT_NONCE 0x5351554154544552ull
+
+static int t_attack, t_rank;
+static pid_t t_child = -1; /* a process this rank started for the attack */
+static int t_child_other;  /* it runs as another user (other_user_wait) */
+
+static long ms_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        n += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return n - 1; /* the directory's own */
+}
+
+/* The abstract name that process pid listens at, from /proc/net/unix as any user reads it. */
+static int listener_name(int pid, char *name, size_t cap)
+{
+    char prefix[64], line[512];
+    snprintf(prefix, sizeof prefix, "@fabpool-symm-%d-", pid);
+    FILE *f = fopen("/proc/net/unix", "re");
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        char *at = strstr(line, prefix);
+        if (at) {
+            at[strcspn(at, " \n")] = 0;
+            snprintf(name, cap, "%s", at + 1);
+            found = 1;
+        }
+    }
+    if (f)
+        fclose(f);
+    return found;
+}
+
+static int abstract_addr(const char *name, struct sockaddr_un *a, socklen_t *len)
+{
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    size_t n = strlen(name);
+    if (n + 1 > sizeof a->sun_path)
+        return -1;
+    memcpy(a->sun_path + 1, name, n);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+    return 0;
+}
+
+typedef struct intruder {
+    int pid;       /* the rank whose listener it connects to, or whose name it takes */
+    int attack;
+    int ready;     /* pipe: a byte once connected (or listening) */
+    int window_ms; /* A_SQUAT: how long it listens */
+} intruder;
+
+/* Connects to the rank's listener, says nothing or an ident of "rank 0" with a wrong secret, and waits for
+ * the listener to close the connection.  0: closed within 2 s with no byte and no fd sent to it. */
+static int intruder_connect(void *arg)
+{
+    intruder *in = arg;
+    char name[108];
+    struct sockaddr_un a;
+    socklen_t alen;
+    int c = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (!listener_name(in->pid, name, sizeof name) || abstract_addr(name, &a, &alen) != 0 ||
+        connect(c, (struct sockaddr *)&a, alen) != 0)
+        return 10;
+    if (in->attack != A_SILENT) {
+        sy_ident id;
+        memset(&id, 0, sizeof id);
+        id.rank = 0;
+        if (fabpool_fd_send(c, NULL, 0, &id, sizeof id) != FABPOOL_OK)
+            return 11;
+    }
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (write(in->ready, "c", 1) != 1)
+        return 12;
+    for (;;) {
+        struct pollfd p = {c, POLLIN, 0};
+        if (poll(&p, 1, 2000) != 1)
+            return 13; /* still open after 2 s: it was waited on */
+        char b[64];
+        union {
+            struct cmsghdr h;
+            char space[CMSG_SPACE(sizeof(int) * 8)];
+        } u;
+        struct iovec iov = {b, sizeof b};
+        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.space, .msg_controllen = sizeof u};
+        ssize_t r = recvmsg(c, &m, 0);
+        if (r > 0 && CMSG_FIRSTHDR(&m))
+            return 14; /* an fd came */
+        if (r > 0)
+            return 15; /* a byte came */
+        if (r == 0 || errno == ECONNRESET)
+            return ms_since(&t0) < 2000 ? 0 : 16;
+        if (errno != EINTR)
+            return 17;
+    }
+}
+
+/* Listens at the name the ranks are told for rank pid; accepts whoever connects for window_ms.  0: at least
+ * one connection came and none sent a byte or an fd. */
+static int intruder_squat(void *arg)
+{
+    intruder *in = arg;
+    char name[108];
+    snprintf(name, sizeof name, "fabpool-symm-%d-%016llx", in->pid, (unsigned long long)SQUAT_NONCE);
+    struct sockaddr_un a;
+    socklen_t alen;
+    int l = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (abstract_addr(name, &a, &alen) != 0 || bind(l, (struct sockaddr *)&a, alen) != 0 || listen(l, 16) != 0)
+        return 20;
+    if (write(in->ready, "l", 1) != 1)
+        return 21;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int conns = 0;
+    long left;
+    while ((left = in->window_ms - ms_since(&t0)) > 0) {
+        struct pollfd p = {l, POLLIN, 0};
+        if (poll(&p, 1, (int)left) != 1)
+            continue;
+        int c = accept(l, NULL, NULL);
+        if (c < 0)
+            continue;
+        conns++;
+        struct pollfd q = {c, POLLIN, 0};
+        char b[64];
+        /* a rank that refused closed at once: EOF; a byte here is what the rank must never send */
+        if (poll(&q, 1, 500) == 1 && recv(c, b, sizeof b, 0) > 0)
+            return 22;
+        close(c);
+    }
+    return conns > 0 ? 0 : 23;
+}
+
+/* A process of this user that holds memory fds at every number from 3 to 127 (and is no rank). */
+static pid_t holder_start(void)
+{
+    pid_t c = fork();
+    if (c == 0) {
+        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int m = memfd_create("not-a-rank", 0);
+        if (m < 0 || ftruncate(m, 1 << 16) != 0)
+            _exit(1);
+        for (int fd = 3; fd < 128; fd++)
+            if (fd != m)
+                (void)dup2(m, fd);
+        for (;;)
+            pause();
+    }
+    return c;
+}
+
+/* Starts an intruder for this rank's attack (before the HELLO round, while the listeners are up). */
+static void attack_before_hello(void)
+{
+    int needs = (t_rank == 3 && (t_attack == A_SILENT || t_attack == A_IDENT || t_attack == A_SAME_USER ||
+                                 t_attack == A_SQUAT));
+    if (t_rank == 0 && t_attack == A_PID) {
+        t_child = holder_start();
+        t_child_other = 0;
+        return;
+    }
+    if (!needs)
+        return;
+    int p[2];
+    CHECK(pipe(p) == 0);
+    intruder in = {getpid(), t_attack, p[1], 3000};
+    if (t_attack == A_SAME_USER) {
+        fflush(stdout);
+        t_child = fork();
+        if (t_child == 0)
+            _exit(intruder_connect(&in));
+        t_child_other = 0;
+    } else {
+        CHECK(other_user_fork(t_attack == A_SQUAT ? intruder_squat : intruder_connect, &in, &t_child) == 0);
+        t_child_other = 1;
+    }
+    close(p[1]);
+    char b;
+    CHECK(read(p[0], &b, 1) == 1); /* connected, or listening */
+    close(p[0]);
+}
+
+/* The exit status of the intruder (0: it saw what it must); -1 for none. */
+static int attack_child_status(void)
+{
+    if (t_child < 0)
+        return -1;
+    int st;
+    if (t_attack == A_PID) {
+        kill(t_child, SIGKILL);
+        waitpid(t_child, NULL, 0);
+        st = 0;
+    } else if (t_child_other) {
+        st = other_user_wait(t_child);
+    } else {
+        int ws = 0;
+        waitpid(t_child, &ws, 0);
+        st = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+    }
+    t_child = -1;
+    return st;
+}
+
+/* The group's all-gather as the case has it: rank 0's HELLO with another pid, rank 3's socket name
+ * replaced, rank 2's EXPORTED values replaced (for every rank alike, as one hostile hub would). */
+static int t_allgather(void *ctx, const void *send, void *recv, size_t bytes)
+{
+    sy_head h;
+    memcpy(&h, send, sizeof h);
+    uint8_t *out = NULL;
+    if (h.phase == SY_HELLO) {
+        attack_before_hello();
+        if (t_rank == 0 && t_attack == A_PID) {
+            out = malloc(bytes);
+            memcpy(out, send, bytes);
+            int32_t pid = (int32_t)t_child;
+            memcpy(out + sizeof(sy_head) + offsetof(sy_hello, pid), &pid, sizeof pid);
+        }
+    }
+    int rc = allgather(ctx, out ? out : send, recv, bytes);
+    free(out);
+    if (rc != 0)
+        return rc;
+    uint8_t *all = recv;
+    if (h.phase == SY_HELLO && t_attack == A_SQUAT) {
+        uint64_t nonce = SQUAT_NONCE;
+        memcpy(all + 3 * bytes + sizeof(sy_head) + offsetof(sy_hello, nonce), &nonce, sizeof nonce);
+    }
+    if (h.phase == SY_EXPORTED && (t_attack == A_LEN || t_attack == A_FD_WRAP || t_attack == A_FD_RECORDS)) {
+        sy_head r2;
+        memcpy(&r2, all + 2 * bytes, sizeof r2);
+        if (t_attack == A_LEN)
+            r2.v[0] = UINT64_MAX;
+        else if (t_attack == A_FD_WRAP)
+            r2.v[1] = 1ull << 62;
+        else
+            r2.v[1] = (r2.v[0] - FABPOOL_DESC_HEADER_BYTES) / FABPOOL_DESC_RECORD_BYTES + 1;
+        memcpy(all + 2 * bytes, &r2, sizeof r2);
+    }
+    return 0;
+}
+
+static fabpool_torch_symm_t *make_o(int rank, int *fd, uint64_t max, uint64_t bytes, int transport, int timeout_ms,
+                                    fabpool_status want, long *ms)
 {
     fabpool_torch_symm_options o;
     fabpool_torch_symm_options_init(&o);
@@ -48,14 +361,27 @@ static fabpool_torch_symm_t *make(int rank, int *fd, uint64_t max, uint64_t byte
     o.nranks = NR;
     o.max_bytes = max;
     o.bytes = bytes;
-    o.allgather = allgather;
+    o.fd_transport = transport;
+    if (timeout_ms)
+        o.timeout_ms = timeout_ms;
+    o.allgather = t_allgather;
     o.allgather_ctx = fd;
     fabpool_torch_symm_t *s = NULL;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     fabpool_status st = fabpool_torch_symm_create(&o, &s);
+    if (ms)
+        *ms = ms_since(&t0);
     if (st != want)
-        fprintf(stderr, "rank %d: create -> %s: %s\n", rank, fabpool_status_name(st), fabpool_torch_symm_last_error());
+        fprintf(stderr, "rank %d (%s): create -> %s: %s\n", rank, attack_name[t_attack], fabpool_status_name(st),
+                fabpool_torch_symm_last_error());
     CHECK(st == want);
     return s;
+}
+
+static fabpool_torch_symm_t *make(int rank, int *fd, uint64_t max, uint64_t bytes, fabpool_status want)
+{
+    return make_o(rank, fd, max, bytes, FABPOOL_TORCH_SYMM_FD_SOCKET, 0, want, NULL);
 }
 
 static uint64_t word(int rank, long step, int k) { return ((uint64_t)(rank + 1) << 56) ^ ((uint64_t)step << 20) ^ (uint64_t)k; }
@@ -93,6 +419,139 @@ static void barrier(int *fd)
     CHECK(allgather(fd, &b, all, 1) == 0);
 }
 
+/* Every rank writes its words and reads every peer's (the mesh formed with the real ranks). */
+static void data_ok(fabpool_torch_symm_t *s, int rank, int *fd, long step)
+{
+    uint64_t ptrs[NR], size = MB;
+    CHECK_OK(fabpool_torch_symm_ptrs(s, ptrs, NR));
+    write_words(ptrs[rank], size, rank, step);
+    barrier(fd);
+    for (int q = 0; q < NR; q++)
+        CHECK(words_ok(ptrs[q], size, q, step));
+    barrier(fd);
+}
+
+static void attacks(int rank, int *fd)
+{
+    t_rank = rank;
+    int other = other_user_can();
+    if (!other && rank == 0)
+        printf("test_symm: not root: the cases of another user's process are skipped (they need to drop to uid %d)\n",
+               OTHER_USER_UID);
+    int fds0 = count_fds();
+    long ms = 0;
+    fabpool_torch_symm_t *s;
+
+    /* at rank 3's listener during create: refused at once, no fd; the ranks' mesh forms well within the 10 s */
+    for (int a = A_SILENT; a <= A_SAME_USER; a++) {
+        if (a != A_SAME_USER && !other)
+            continue;
+        t_attack = a;
+        s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 10000, FABPOOL_OK, &ms);
+        if (ms >= 3000)
+            fprintf(stderr, "rank %d (%s): create took %ld ms\n", rank, attack_name[a], ms);
+        CHECK(ms < 3000);
+        if (rank == 3) {
+            int cs = attack_child_status();
+            if (cs != 0)
+                fprintf(stderr, "rank 3 (%s): the intruder says %d\n", attack_name[a], cs);
+            CHECK(cs == 0);
+        }
+        t_attack = A_NONE;
+        if (s)
+            data_ok(s, rank, fd, 100 + a);
+        CHECK_OK(fabpool_torch_symm_close(s));
+        CHECK(count_fds() == fds0);
+    }
+
+    /* another user's process listens at the name given for rank 3: no rank sends it anything */
+    if (other) {
+        t_attack = A_SQUAT;
+        s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 2000, FABPOOL_ERR_PERMISSION, &ms);
+        CHECK(s == NULL && strstr(fabpool_torch_symm_last_error(), "rank 3's socket") != NULL);
+        CHECK(ms < 2000 + 2500);
+        if (rank == 3) {
+            int cs = attack_child_status();
+            if (cs != 0)
+                fprintf(stderr, "rank 3 (squat): the squatter says %d\n", cs);
+            CHECK(cs == 0);
+        }
+        t_attack = A_NONE;
+        CHECK(count_fds() == fds0);
+        barrier(fd);
+    }
+
+    /* rank 2 states what no window holds: every rank fails naming it, nothing open */
+    for (int a = A_LEN; a <= A_FD_RECORDS; a++) {
+        t_attack = a;
+        s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 5000, FABPOOL_ERR_DESCRIPTOR, NULL);
+        CHECK(s == NULL && strstr(fabpool_torch_symm_last_error(), "rank 2 states a descriptor") != NULL);
+        t_attack = A_NONE;
+        CHECK(count_fds() == fds0);
+        barrier(fd);
+    }
+
+    /* pidfd transport, in turns as under Yama ptrace_scope 1: grows, shrinks, the data seen everywhere */
+    t_yama = 1;
+    s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_PIDFD, 5000, FABPOOL_OK, NULL);
+    if (s) {
+        data_ok(s, rank, fd, 200);
+        CHECK_OK(fabpool_torch_symm_resize(s, 24 * MB));
+        CHECK_OK(fabpool_torch_symm_resize(s, 2 * MB));
+        data_ok(s, rank, fd, 201);
+        fabpool_torch_symm_info in = {.struct_size = sizeof in};
+        CHECK_OK(fabpool_torch_symm_get_info(s, &in));
+        CHECK(in.records_imported > 0 && in.fds_sent == 0);
+    }
+    CHECK_OK(fabpool_torch_symm_close(s));
+    CHECK(count_fds() == fds0);
+    /* ... and rank 0's pid replaced by a process that holds memory fds: refused, nothing mapped */
+    t_attack = A_PID;
+    s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_PIDFD, 5000, FABPOOL_ERR_PERMISSION, NULL);
+    CHECK(s == NULL && strstr(fabpool_torch_symm_last_error(), "did not prove") != NULL);
+    if (rank == 0)
+        CHECK(attack_child_status() == 0);
+    t_attack = A_NONE;
+    t_yama = -1;
+    CHECK(count_fds() == fds0);
+    if (t_ledger_p) {
+        fabsim_ledger l = t_ledger();
+        CHECK(l.mappings == 0 && l.handles == 0);
+    }
+    barrier(fd);
+
+    /* rank 1 sends 4 bytes of its fd message to rank 0 and stays: create, then a resize, answer in time */
+    t_attack = A_CUT;
+    t_cut_send = rank == 1;
+    s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 1500, FABPOOL_ERR_IO, &ms);
+    CHECK(s == NULL && ms < 1500 + 2500);
+    CHECK(count_fds() == fds0);
+    t_cut_send = 0;
+    s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 1500, FABPOOL_OK, NULL);
+    if (s) {
+        int fds1 = count_fds();
+        t_cut_send = rank == 1;
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        CHECK_STATUS(fabpool_torch_symm_resize(s, 32 * MB), FABPOOL_ERR_IO);
+        ms = ms_since(&t0);
+        CHECK(ms < 1500 + 2500);
+        if (rank == 0) /* nothing of what rank 1 sent stays open (the others hold the new chunks' fds) */
+            CHECK(count_fds() == fds1);
+        t_cut_send = 0;
+        /* rank 0 no longer reads the socket that held the cut message: the next grow fails cleanly too, on
+         * every rank, naming it (and rank 0 holds one socket less) */
+        CHECK_STATUS(fabpool_torch_symm_resize(s, 48 * MB), FABPOOL_ERR_IO);
+        CHECK(strstr(fabpool_torch_symm_last_error(), "no socket to rank 1") != NULL);
+        if (rank == 0)
+            CHECK(count_fds() == fds1 - 1);
+    }
+    CHECK_OK(fabpool_torch_symm_close(s));
+    t_attack = A_NONE;
+    CHECK(count_fds() == fds0);
+    barrier(fd);
+}
+
 static void rank_main(int rank, int fd, long steps)
 {
     t_driver_init();
@@ -102,7 +561,7 @@ static void rank_main(int rank, int fd, long steps)
         return;
     uint64_t ptrs0[NR], ptrs[NR], sizes[NR];
     CHECK_OK(fabpool_torch_symm_ptrs(s, ptrs0, NR));
-    fabpool_torch_symm_info in;
+    fabpool_torch_symm_info in = {.struct_size = sizeof in};
     CHECK_OK(fabpool_torch_symm_get_info(s, &in));
     CHECK(in.size == NR * MB);
     uint64_t seed = 99, size = in.size;
@@ -155,6 +614,8 @@ static void rank_main(int rank, int fd, long steps)
     CHECK(make(rank, &fd, (64 + (uint64_t)(rank == 2)) * MB, MB, FABPOOL_ERR_CONFIG) == NULL);
     CHECK(strstr(fabpool_torch_symm_last_error(), "max_bytes differs") != NULL);
     CHECK(strstr(fabpool_torch_symm_last_error(), "rank 2: 68157440") != NULL);
+
+    attacks(rank, &fd);
 
     if (t_ledger_p) {
         fabsim_ledger l = t_ledger();

@@ -28,6 +28,7 @@ import ctypes
 __all__ = ["SymmetricMemory", "SymmetricBuffer", "SymmetricMemoryError"]
 
 FD_TRANSPORTS = {"socket": 0, "pidfd": 1}
+PEERS = {"any_user": 0x1, "any_pid": 0x2}   # FABPOOL_FD_ANY_USER, FABPOOL_FD_ANY_PID (fabpool_fdpass.h)
 HANDLE_TYPES = {0: "auto", 1: "none", 2: "posix_fd", 3: "fabric"}
 STATUS_CONFIG = 7
 _ALLGATHER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
@@ -39,7 +40,8 @@ class _Options(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("rank", ctypes.c_int), ("nranks", ctypes.c_int),
                 ("device", ctypes.c_int), ("max_bytes", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
                 ("conf", ctypes.c_char_p), ("fd_transport", ctypes.c_int), ("timeout_ms", ctypes.c_int),
-                ("host", ctypes.c_char_p), ("allgather", _ALLGATHER), ("allgather_ctx", ctypes.c_void_p)]
+                ("host", ctypes.c_char_p), ("peers", ctypes.c_uint), ("allgather", _ALLGATHER),
+                ("allgather_ctx", ctypes.c_void_p)]
 
 
 def _fabpool_torch():
@@ -92,10 +94,13 @@ class SymmetricMemory:
     "handle_type:posix_fd").  fd_transport: "socket" (SCM_RIGHTS between the ranks of a host) or
     "pidfd" (pidfd_getfd).  timeout_s: for the sockets.  host: the name ranks compare to find who
     shares a host (default: the host name).  library: path of libfabpool_torch.so.
+    peers: who else may be a rank's process, beyond the default (the same user, the pids the ranks
+    declared in the all-gather): "any_user" and/or "any_pid", comma-separated or a list, for jobs
+    whose ranks run as other users or in other pid namespaces (symm.h; FABPOOL_PEERS adds to it).
     """
 
     def __init__(self, allgather, rank, nranks, max_bytes, size=0, device=0, conf=None, fd_transport="socket",
-                 timeout_s=30.0, host=None, library=None):
+                 timeout_s=30.0, host=None, library=None, peers=()):
         self._h = None
         self._lib = _lib(library)
         self._allgather = allgather
@@ -103,6 +108,9 @@ class SymmetricMemory:
         self._cb = _ALLGATHER(self._call_allgather)  # kept: the library calls it at every resize
         if fd_transport not in FD_TRANSPORTS:
             raise ValueError("fd_transport must be one of %s" % ", ".join(FD_TRANSPORTS))
+        words = [w.strip() for w in (peers.split(",") if isinstance(peers, str) else peers) if w.strip()]
+        if any(w not in PEERS for w in words):
+            raise ValueError("peers: %r; the words are %s" % (peers, ", ".join(PEERS)))
         o = _Options()
         self._lib.fabpool_torch_symm_options_init(ctypes.byref(o))
         o.rank, o.nranks, o.device = int(rank), int(nranks), int(device)
@@ -111,6 +119,7 @@ class SymmetricMemory:
         o.host = host.encode() if host else None
         o.fd_transport = FD_TRANSPORTS[fd_transport]
         o.timeout_ms = int(timeout_s * 1000)
+        o.peers = sum(PEERS[w] for w in set(words))
         o.allgather = self._cb
         self.rank, self.nranks = int(rank), int(nranks)
         h = ctypes.c_void_p()
@@ -165,8 +174,9 @@ class SymmetricMemory:
     def info(self):
         """The counters of symm.h's fabpool_torch_symm_info, as a dict."""
         i = _fabpool_torch().SymmInfo()
+        i.struct_size = ctypes.sizeof(i)
         self._check(self._lib.fabpool_torch_symm_get_info(self._live(), ctypes.byref(i)))
-        d = {name: getattr(i, name) for name, _ in i._fields_}
+        d = {name: getattr(i, name) for name, _ in i._fields_ if name != "struct_size"}
         d["handle_type"] = HANDLE_TYPES.get(d["handle_type"], str(d["handle_type"]))
         d["fd_transport"] = "pidfd" if d["fd_transport"] == 1 else "socket"
         return d
@@ -272,7 +282,7 @@ class SymmetricBuffer(SymmetricMemory):
     """SymmetricMemory over a torch.distributed group, with tensors over the buffers.
 
     group: a process group (None: the default one); its all-gather moves the descriptors (CPU tensors
-    on gloo, CUDA tensors on NCCL).  max_bytes, size, conf, fd_transport, timeout_s, host: as
+    on gloo, CUDA tensors on NCCL).  max_bytes, size, conf, fd_transport, timeout_s, host, peers: as
     SymmetricMemory.  device: a CUDA device (None: the current one).
 
     .local(dtype, shape, offset=0) and .peer(rank, dtype, shape, offset=0) are tensors over this
@@ -283,7 +293,7 @@ class SymmetricBuffer(SymmetricMemory):
     """
 
     def __init__(self, group, max_bytes, size=0, device=None, conf=None, fd_transport="socket", timeout_s=30.0,
-                 host=None, library=None):
+                 host=None, library=None, peers=()):
         import torch
         import torch.distributed as dist
         if group is None:
@@ -298,7 +308,7 @@ class SymmetricBuffer(SymmetricMemory):
         self.group = group
         super().__init__(_torch_allgather(group, dev), dist.get_rank(group), dist.get_world_size(group), max_bytes,
                          size, device=dev.index, conf=conf, fd_transport=fd_transport, timeout_s=timeout_s,
-                         host=host, library=library)
+                         host=host, library=library, peers=peers)
         self.ptrs_tensor = torch.tensor(self._ptrs, dtype=torch.int64, device=dev)
 
     def _tensor(self, rank, dtype, shape, offset, allow_unmapped):
