@@ -11,10 +11,18 @@
  *   off:    FABPOOL_DEBUG_FILE alone writes nothing.
  *   conf:   debug:info in FABPOOL_CONF logs too; FABPOOL_DEBUG wins over it.
  *   bad:    FABPOOL_DEBUG=loud makes pool creation fail, naming it.
+ *   files:  FABPOOL_DEBUG_FILE in a folder others may write: a symbolic
+ *           link planted by another user, a FIFO, a file of another user
+ *           refuse pool creation (FABPOOL_ERR_CONFIG, naming the path and
+ *           why) and change nothing; a file of ours is truncated and
+ *           written, a new one made with mode 0600; %d stays as written.
  * Usage: test_log (the cases run as test_log child <case>). */
 #include "testutil.h"
 
+#include "planted.h"
+
 #include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -83,6 +91,18 @@ static int child(const char *c)
         CHECK_OK(fabpool_free(p, a));
         CHECK_OK(fabpool_destroy(p));
         return t_failures ? 1 : 0;
+    }
+    if (!strcmp(c, "refused")) { /* TEST_LOG_WANT: a word the message must hold; a FIFO must not hang the open */
+        alarm(30);
+        const char *want = getenv("TEST_LOG_WANT"), *file = getenv("FABPOOL_DEBUG_FILE");
+        fabpool_t *p = NULL;
+        fabpool_status st = fabpool_create(NULL, &p);
+        alarm(0);
+        printf("%s: %s\n", fabpool_status_name(st), fabpool_last_error());
+        return st == FABPOOL_ERR_CONFIG && p == NULL && want && file && strstr(fabpool_last_error(), want) &&
+                       strstr(fabpool_last_error(), file)
+                   ? 0
+                   : 1;
     }
     if (!strcmp(c, "bad")) {
         fabpool_t *p = NULL;
@@ -256,12 +276,72 @@ static void case_off_conf_bad(const char *self)
     CHECK(run(self, "bad", bad) > 0);
 }
 
+/* Runs the refused case with FABPOOL_DEBUG_FILE=path and the message word want; 1 if it was refused so. */
+static int refused(const char *self, const char *path, const char *want)
+{
+    char file[400], w[120];
+    snprintf(file, sizeof file, "FABPOOL_DEBUG_FILE=%s", path);
+    snprintf(w, sizeof w, "TEST_LOG_WANT=%s", want);
+    const char *env[] = {"FABPOOL_DEBUG=info", file, w, NULL};
+    return run(self, "refused", env) > 0;
+}
+
+static void case_files(const char *self)
+{
+    char shared[256], link[320], theirs[320], fifo[320], target[320], path[400], file[420];
+    if (planted_dir_make(shared, sizeof shared) != 0) {
+        CHECK(0);
+        return;
+    }
+    snprintf(link, sizeof link, "%s/fabpool.log", shared);
+    snprintf(theirs, sizeof theirs, "%s/theirs.log", shared);
+    snprintf(fifo, sizeof fifo, "%s/fifo.log", shared);
+    snprintf(target, sizeof target, "%s/precious", dir);
+    static const char precious[] = "a file of root's that no log may cut\n", their_text[] = "uid 65534's own\n";
+    CHECK(planted_write(target, precious, 0644) == 0);
+    int other = planted_by_other(link, target, theirs, their_text);
+    CHECK(other >= 0);
+
+    /* a link: refused, and the file it names keeps its bytes */
+    CHECK(refused(self, link, "symbolic link"));
+    CHECK(planted_holds(target, precious));
+    /* a FIFO with no reader: refused at once, not an open that waits for a reader (the child's alarm) */
+    CHECK(mkfifo(fifo, 0666) == 0);
+    CHECK(refused(self, fifo, "FIFO"));
+    /* another user's file: refused, unchanged */
+    if (other > 0) {
+        CHECK(refused(self, theirs, "owned by uid 65534"));
+        CHECK(planted_holds(theirs, their_text));
+    }
+
+    /* a file of ours: truncated, then the log in it */
+    snprintf(path, sizeof path, "%s/own.log", dir);
+    CHECK(planted_write(path, "old lines that must not stay\n", 0644) == 0);
+    snprintf(file, sizeof file, "FABPOOL_DEBUG_FILE=%s", path);
+    const char *own[] = {file, "FABPOOL_DEBUG=info", NULL};
+    CHECK(run(self, "conf", own) > 0);
+    const char *log = slurp(path);
+    CHECK(log && strstr(log, "pool created") && !strstr(log, "old lines"));
+    /* a new one: mode 0600 whatever the umask lets through; %d (no device's in the log) stays as written */
+    snprintf(file, sizeof file, "FABPOOL_DEBUG_FILE=%s/new-%%d-%%p.log", dir);
+    const char *fresh[] = {file, "FABPOOL_DEBUG=info", NULL};
+    mode_t um = umask(0);
+    pid_t pid = run(self, "conf", fresh);
+    umask(um);
+    CHECK(pid > 0);
+    snprintf(path, sizeof path, "%s/new-%%d-%ld.log", dir, (long)pid);
+    struct stat sb;
+    CHECK(stat(path, &sb) == 0 && (sb.st_mode & 07777) == 0600 && sb.st_size > 0);
+
+    CHECK(unlink(link) == 0 && unlink(fifo) == 0 && (other <= 0 || unlink(theirs) == 0) && rmdir(shared) == 0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "child"))
         return child(argv[2]);
-    snprintf(dir, sizeof dir, "/tmp/fabpool-test-log-%ld", (long)getpid());
-    if (mkdir(dir, 0700) != 0) {
+    snprintf(dir, sizeof dir, "/tmp/fabpool-test-log-XXXXXX");
+    if (!mkdtemp(dir)) {
         perror(dir);
         return 1;
     }
@@ -274,6 +354,7 @@ int main(int argc, char **argv)
     case_info(self, sim);
     case_trace(self);
     case_off_conf_bad(self);
+    case_files(self);
     if (!t_failures) { /* the logs go; a failure leaves them to read */
         DIR *d = opendir(dir);
         for (struct dirent *e; d && (e = readdir(d));) {

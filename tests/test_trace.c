@@ -10,15 +10,22 @@
  * streams: passed when everything was freed, failed on a block left live;
  * the application's calls marked as its own; the map and unmap records
  * adding up to the bytes the pool mapped; fabpool_trace_flush while the
- * pool records.  test_trace --mixed REPLAY
+ * pool records; a trace path in a folder others may write: a symbolic
+ * link planted by another user, a FIFO (with and without a reader), a file
+ * of another user or with two names refuse pool creation (FABPOOL_ERR_IO,
+ * naming the path and why) and change nothing, through the options,
+ * FABPOOL_TRACE and FABPOOL_CONF; a file of ours is truncated, a new one is
+ * made with mode 0600.  test_trace --mixed REPLAY
  * SUMMARY: a program mixing every kind of call, traced with FABPOOL_TRACE,
  * summarised and replayed as it ran. */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "testutil.h"
+#include "planted.h"
 #include "trace_file.h"
 
 static char dir[256];
@@ -395,6 +402,112 @@ static void bad_path(void)
     CHECK_STATUS(fabpool_create(&o, &p), FABPOOL_ERR_IO);
     CHECK(strstr(fabpool_last_error(), "env.trace") != NULL);
     unsetenv("FABPOOL_TRACE");
+}
+
+/* A pool tracing to path is refused (FABPOOL_ERR_IO, the message naming the path and holding word), holding
+ * nothing; how: 0 the options, 1 FABPOOL_TRACE, 2 FABPOOL_CONF. */
+static void refused_path(const char *path, const char *word, int how)
+{
+    fabsim_ledger before = t_ledger();
+    fabpool_options o;
+    fabpool_options_init(&o);
+    char conf[600];
+    if (how == 0)
+        snprintf(o.trace_path, sizeof o.trace_path, "%s", path);
+    else if (how == 1)
+        setenv("FABPOOL_TRACE", path, 1);
+    else {
+        snprintf(conf, sizeof conf, "trace:%s", path);
+        setenv("FABPOOL_CONF", conf, 1);
+    }
+    fabpool_t *p = NULL;
+    alarm(30); /* a FIFO must not hold the open */
+    CHECK_STATUS(fabpool_create(&o, &p), FABPOOL_ERR_IO);
+    alarm(0);
+    unsetenv("FABPOOL_TRACE");
+    unsetenv("FABPOOL_CONF");
+    CHECK(p == NULL);
+    CHECK(strstr(fabpool_last_error(), path) && strstr(fabpool_last_error(), word));
+    if (!strstr(fabpool_last_error(), word))
+        fprintf(stderr, "  (wanted '%s' in: %s)\n", word, fabpool_last_error());
+    fabsim_ledger after = t_ledger();
+    CHECK(after.reservations == before.reservations && after.bytes_held == before.bytes_held);
+    if (p)
+        fabpool_destroy(p);
+}
+
+static void unsafe_paths(void)
+{
+    char shared[256], lnk[320], theirs[320], fifo[320], target[320], path[320], name2[330];
+    if (planted_dir_make(shared, sizeof shared) != 0) {
+        CHECK(0);
+        return;
+    }
+    snprintf(lnk, sizeof lnk, "%s/run.trace", shared);
+    snprintf(theirs, sizeof theirs, "%s/theirs.trace", shared);
+    snprintf(fifo, sizeof fifo, "%s/fifo.trace", shared);
+    snprintf(target, sizeof target, "%s/precious", dir);
+    static const char precious[] = "a file of root's that no trace may cut\n", their_text[] = "uid 65534's own\n";
+    CHECK(planted_write(target, precious, 0644) == 0);
+    int other = planted_by_other(lnk, target, theirs, their_text);
+    CHECK(other >= 0);
+    for (int how = 0; how < 3; how++)
+        refused_path(lnk, "symbolic link", how);
+    CHECK(planted_holds(target, precious));
+
+    CHECK(mkfifo(fifo, 0666) == 0);
+    refused_path(fifo, "FIFO", 0); /* no reader: at once */
+    int rd = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    CHECK(rd >= 0);
+    refused_path(fifo, "a FIFO, not a regular file", 1); /* a reader: opened, then refused */
+    if (rd >= 0) {
+        char b[64];
+        CHECK(read(rd, b, sizeof b) == 0); /* nothing was written into it */
+        close(rd);
+    }
+    if (other > 0) {
+        refused_path(theirs, "owned by uid 65534", 0);
+        CHECK(planted_holds(theirs, their_text));
+    }
+
+    /* a file of ours with a second name (the other may be anywhere): refused */
+    snprintf(path, sizeof path, "%s/two-names.trace", dir);
+    snprintf(name2, sizeof name2, "%s.other", path);
+    CHECK(planted_write(path, precious, 0600) == 0 && link(path, name2) == 0);
+    refused_path(path, "hard links", 0);
+    CHECK(planted_holds(name2, precious));
+
+    /* ours: truncated (the reader takes the file only if it holds the records and nothing more) */
+    snprintf(path, sizeof path, "%s/own.trace", dir);
+    char junk[8192];
+    memset(junk, 'j', sizeof junk - 1);
+    junk[sizeof junk - 1] = '\0';
+    CHECK(planted_write(path, junk, 0644) == 0);
+    fabpool_t *p = make(path, NULL);
+    void *x = NULL;
+    if (p) {
+        CHECK_OK(fabpool_alloc(p, 4096, &x));
+        CHECK_OK(fabpool_free(p, x));
+        CHECK_OK(fabpool_destroy(p));
+    }
+    trace_data d;
+    if (load(path, &d) == 0) {
+        CHECK(d.closed && d.n == 2);
+        trace_free(&d);
+    } else {
+        CHECK(0);
+    }
+    /* new: 0600, whatever the umask lets through */
+    snprintf(path, sizeof path, "%s/new.trace", dir);
+    mode_t um = umask(0);
+    p = make(path, NULL);
+    umask(um);
+    if (p)
+        CHECK_OK(fabpool_destroy(p));
+    struct stat sb;
+    CHECK(stat(path, &sb) == 0 && (sb.st_mode & 07777) == 0600);
+
+    CHECK(unlink(lnk) == 0 && unlink(fifo) == 0 && (other <= 0 || unlink(theirs) == 0) && rmdir(shared) == 0);
 }
 
 static void env_and_names(void)
@@ -887,8 +1000,11 @@ int main(int argc, char **argv)
     if (argc >= 2 && !strcmp(argv[1], "--mixed")) {
         /* test_trace --mixed REPLAY SUMMARY: the mixed program's trace alone (its own ctest entry) */
         t_driver_init();
-        snprintf(dir, sizeof dir, "/tmp/fabpool-test-trace-mixed-%ld", (long)getpid());
-        mkdir(dir, 0700);
+        snprintf(dir, sizeof dir, "/tmp/fabpool-test-trace-mixed-XXXXXX");
+        if (!mkdtemp(dir)) {
+            perror(dir);
+            return 1;
+        }
         unsetenv("FABPOOL_TRACE");
         mixed_program_replay(argc > 2 ? argv[2] : NULL, argc > 3 ? argv[3] : NULL);
         char cmd[400];
@@ -899,8 +1015,11 @@ int main(int argc, char **argv)
     }
     int sim = t_driver_init();
     (void)sim;
-    snprintf(dir, sizeof dir, "/tmp/fabpool-test-trace-%ld", (long)getpid());
-    mkdir(dir, 0700);
+    snprintf(dir, sizeof dir, "/tmp/fabpool-test-trace-XXXXXX");
+    if (!mkdtemp(dir)) {
+        perror(dir);
+        return 1;
+    }
     unsetenv("FABPOOL_TRACE");
     round_trip();
     app_marks();
@@ -908,6 +1027,7 @@ int main(int argc, char **argv)
     off_is_same();
     options();
     bad_path();
+    unsafe_paths();
     env_and_names();
     exit_flush_and_fork();
     refused(argc > 1 ? argv[1] : NULL);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -64,7 +65,8 @@ int fp_path_expand(const char *in, int device, char *out, size_t cap)
     size_t len = 0;
     for (const char *s = in; *s; s++) {
         char piece[80];
-        if (s[0] == '%' && (s[1] == 'p' || s[1] == 'd' || s[1] == 'h' || s[1] == '%')) {
+        /* %d names a pool's device: in a path that belongs to no device (the log's) it stays as written */
+        if (s[0] == '%' && (s[1] == 'p' || (s[1] == 'd' && device >= 0) || s[1] == 'h' || s[1] == '%')) {
             if (s[1] == 'p')
                 snprintf(piece, sizeof piece, "%ld", (long)getpid());
             else if (s[1] == 'd')
@@ -89,39 +91,92 @@ int fp_path_expand(const char *in, int device, char *out, size_t cap)
     return 0;
 }
 
-/* FABPOOL_DEBUG_FILE opened, or stderr (and a line saying why). */
-static void open_file(void)
+int fp_open_private(const char *path, int append, char *why, size_t cap)
+{
+    /* O_NOFOLLOW: a link that another user planted in a shared folder is never followed to a file of ours;
+     * O_NONBLOCK: a FIFO without a reader fails at once (ENXIO) instead of blocking the open for good */
+    int flags = O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (append ? O_APPEND : 0);
+    int fd = -1, created = 0;
+    /* a file removed between the two opens is created on the next turn; a few turns bound a racing peer */
+    for (int turn = 0; turn < 4 && fd < 0; turn++) {
+        fd = open(path, flags | O_CREAT | O_EXCL, 0600);
+        created = fd >= 0;
+        if (fd < 0 && errno == EEXIST) {
+            fd = open(path, flags);
+            if (fd < 0 && errno == ENOENT)
+                continue;
+        }
+        if (fd < 0)
+            break;
+    }
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP)
+            snprintf(why, cap, "it is a symbolic link (refused: in a shared folder it may point at any file); name a "
+                     "file of your own in a folder only you can write (mktemp -d, $XDG_RUNTIME_DIR)");
+        else if (e == ENXIO)
+            snprintf(why, cap, "it is a FIFO or socket with no reader, not a regular file (refused)");
+        else
+            snprintf(why, cap, "cannot open it: %s (its folder must exist and be writable)", strerror(e));
+        return -1;
+    }
+    struct stat sb;
+    char bad[160] = "";
+    int fl;
+    if (fstat(fd, &sb) != 0)
+        snprintf(bad, sizeof bad, "fstat failed: %s", strerror(errno));
+    else if (!S_ISREG(sb.st_mode))
+        snprintf(bad, sizeof bad, "it is %s, not a regular file (refused)", S_ISFIFO(sb.st_mode) ? "a FIFO"
+                 : S_ISDIR(sb.st_mode) ? "a directory" : S_ISSOCK(sb.st_mode) ? "a socket" : "a device");
+    else if (sb.st_uid != geteuid())
+        snprintf(bad, sizeof bad, "it is owned by uid %ld, not by this process's uid %ld (refused)", (long)sb.st_uid,
+                 (long)geteuid());
+    else if (sb.st_nlink > 1) /* another name of it may be in a folder we do not know */
+        snprintf(bad, sizeof bad, "it has %lu hard links (refused)", (unsigned long)sb.st_nlink);
+    else if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        snprintf(bad, sizeof bad, "clearing O_NONBLOCK failed: %s", strerror(errno));
+    /* only now, a regular file known to be ours, is it cut (O_TRUNC at open would cut whatever the name held) */
+    else if (!created && ftruncate(fd, 0) != 0)
+        snprintf(bad, sizeof bad, "truncating it failed: %s", strerror(errno));
+    if (bad[0]) {
+        snprintf(why, cap, "%s; name a file of your own in a folder only you can write (mktemp -d, "
+                 "$XDG_RUNTIME_DIR)", bad);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* FABPOOL_DEBUG_FILE opened (if set): FABPOOL_ERR_CONFIG if it cannot be, or is refused. */
+static fabpool_status open_file(void)
 {
     const char *f = getenv("FABPOOL_DEBUG_FILE");
     if (!f || !*f)
-        return;
-    char path[4096];
-    int fd = -1;
-    if (fp_path_expand(f, -1, path, sizeof path) == 0)
-        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-        atomic_store(&log_fd, fd);
-        return;
-    }
-    int e = errno;
-    char line[4400];
-    int n = snprintf(line, sizeof line, "%s:%ld fabpool WARN FABPOOL_DEBUG_FILE='%s': cannot open it (%s); the log "
-                     "goes to stderr\n", host, (long)getpid(), f, strerror(e));
-    if (n > 0 && write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0)
-        return;
+        return FABPOOL_OK;
+    char path[4096], why[256];
+    if (fp_path_expand(f, -1, path, sizeof path) != 0)
+        return fp_error(FABPOOL_ERR_CONFIG, "FABPOOL_DEBUG_FILE is longer than %zu bytes once %%h and %%p are "
+                        "replaced: choose a shorter path", sizeof path - 1);
+    int fd = fp_open_private(path, 1, why, sizeof why);
+    if (fd < 0)
+        return fp_error(FABPOOL_ERR_CONFIG, "FABPOOL_DEBUG_FILE='%.512s': %s", path, why);
+    atomic_store(&log_fd, fd);
+    return FABPOOL_OK;
 }
 
-void fp_log_raise(int lvl)
+fabpool_status fp_log_raise(int lvl)
 {
     if (lvl <= atomic_load(&fp_log_level))
-        return;
+        return FABPOOL_OK;
     pthread_mutex_lock(&raise_lock);
     pthread_once(&host_once, host_name);
+    fabpool_status st = FABPOOL_OK;
     if (atomic_load(&fp_log_level) == FP_LOG_OFF)
-        open_file();
-    if (lvl > atomic_load(&fp_log_level))
+        st = open_file();
+    if (st == FABPOOL_OK && lvl > atomic_load(&fp_log_level)) /* a refused file: the log stays off */
         atomic_store(&fp_log_level, lvl);
     pthread_mutex_unlock(&raise_lock);
+    return st;
 }
 
 unsigned fp_log_pool_number(void) { return atomic_fetch_add(&pools, 1) + 1; }

@@ -6,7 +6,7 @@
  * branch on a global int, and none is on the cached alloc/free path.  The
  * level is the process's: the highest that FABPOOL_DEBUG or any pool's
  * debug option asked for (a pool never lowers it).  Each line goes out in
- * one write(2), to stderr or the file:
+ * one write(2), to stderr or the file (opened as fp_open_private says):
  *   "<host>:<pid>:<tid> fabpool INFO pool 1 dev 0: <message>"
  */
 #ifndef FP_LOG_H
@@ -48,13 +48,24 @@ const char *fp_log_level_name(int lvl);
  * FABPOOL_ERR_CONFIG naming the value when it is not a level. */
 fabpool_status fp_log_env(int *lvl);
 /* Raises the process's level to lvl (never lowers it); the first time it
- * leaves 0, opens FABPOOL_DEBUG_FILE (%h, %p expanded), else stderr. */
-void fp_log_raise(int lvl);
+ * leaves 0, opens FABPOOL_DEBUG_FILE (%h, %p expanded; fp_open_private),
+ * else the log goes to stderr.  FABPOOL_ERR_CONFIG naming the path and why
+ * when that file cannot be opened or is refused: the level then stays off. */
+fabpool_status fp_log_raise(int lvl);
 /* A number for a new pool in the log's lines: 1, 2, ... */
 unsigned fp_log_pool_number(void);
 
-/* The path `in` with %h (host name), %p (pid), %d (device) and %% (%)
- * replaced, into out; -1 if it does not fit in cap bytes. */
+/* The path `in` with %h (host name), %p (pid), %d (device; left as written
+ * when device is -1, a path of no device's) and %% (%) replaced, into out;
+ * -1 if it does not fit in cap bytes. */
 int fp_path_expand(const char *in, int device, char *out, size_t cap);
+
+/* Opens path to write a log or trace into (O_APPEND if append), where the
+ * folder may be shared with other users: never through a symbolic link,
+ * never blocking on a FIFO, only a regular file with one name owned by this
+ * process's effective uid; a new file is created with mode 0600, an existing
+ * one is truncated only once it passed those checks.  The fd (close-on-exec),
+ * or -1 with why it was refused or failed (a sentence) in why. */
+int fp_open_private(const char *path, int append, char *why, size_t cap);
 
 #endif

@@ -9,7 +9,6 @@
  * parent's. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -246,13 +245,12 @@ fabpool_status fp_trace_open(const fabpool_options *o, uint64_t gran, struct fp_
         memcpy(t->path, base, bl);
         memcpy(t->path + bl, sfx, strlen(sfx) + 1);
     }
-    t->fd = open(t->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    char why[320];
+    t->fd = fp_open_private(t->path, 0, why, sizeof why);
     if (t->fd < 0) {
-        int e = errno;
         fp_unlock(&traces_lock);
-        fabpool_status st = fp_error(FABPOOL_ERR_IO, "trace: cannot create '%s' for writing: %s (the path comes from "
-                                     "FABPOOL_TRACE, the conf key trace or fabpool_options.trace_path; its "
-                                     "directory must exist and be writable)", t->path, strerror(e));
+        fabpool_status st = fp_error(FABPOOL_ERR_IO, "trace '%s': %s (the path comes from FABPOOL_TRACE, the conf key "
+                                     "trace or fabpool_options.trace_path)", t->path, why);
         free(t);
         return st;
     }

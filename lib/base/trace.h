@@ -22,8 +22,10 @@ struct fp_trace;
  * options and FABPOOL_CONF).  FABPOOL_ERR_CONFIG if it is too long. */
 fabpool_status fp_trace_env(fabpool_options *o);
 /* Opens o->trace_path (if not empty; *out stays NULL if it is) once the
- * pool knows its granularity: FABPOOL_ERR_IO if the file cannot be created
- * or written. */
+ * pool knows its granularity, as fp_open_private (log.h) opens a file:
+ * FABPOOL_ERR_IO, naming the path and why, if the file cannot be created or
+ * written, or is refused (a symbolic link, not a regular file, another
+ * user's). */
 fabpool_status fp_trace_open(const fabpool_options *o, uint64_t gran, struct fp_trace **out);
 /* Writes what is buffered, completes the header, closes the file (t may be NULL). */
 void fp_trace_close(struct fp_trace *t);

@@ -142,7 +142,9 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     fabpool_status st = resolve_options(opts, &o);
     if (st != FABPOOL_OK)
         return st;
-    fp_log_raise(o.debug); /* before the driver loads: its calls are logged at trace */
+    /* before the driver loads: its calls are logged at trace */
+    if ((st = fp_log_raise(o.debug)) != FABPOOL_OK)
+        return st;
     struct fabpool *p = NULL;
     if ((st = fp_drv_load()) != FABPOOL_OK || (st = pool_new(&o, &p)) != FABPOOL_OK)
         return st;
