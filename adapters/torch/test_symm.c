@@ -21,7 +21,8 @@
  *     memfds: refused by the token check, nothing mapped;
  *   - rank 1 sends part of its fd message and stays connected: create and resize answer within
  *     timeout_ms and a margin.
- * Usage: test_symm [steps] */
+ * Usage: test_symm [steps [case]]: case (silent, ident, same_user, squat, len, fd_wrap, fd_records, pid, cut)
+ * runs that case alone after the steps. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <fcntl.h>
@@ -100,6 +101,9 @@ static const char *attack_name[] = {"none",  "silent",     "ident", "same_user",
 #define SQUAT_NONCE 0x5351554154544552ull
 
 static int t_attack, t_rank;
+static const char *t_only; /* the one case to run (NULL: all) */
+
+static int run_case(int a) { return !t_only || strcmp(t_only, attack_name[a]) == 0; }
 static pid_t t_child = -1; /* a process this rank started for the attack */
 static int t_child_other;  /* it runs as another user (other_user_wait) */
 
@@ -431,6 +435,9 @@ static void data_ok(fabpool_torch_symm_t *s, int rank, int *fd, long step)
     barrier(fd);
 }
 
+static void attack_pid(int rank, int *fd, int fds0);
+static void attack_cut(int rank, int *fd, int fds0);
+
 static void attacks(int rank, int *fd)
 {
     t_rank = rank;
@@ -444,7 +451,7 @@ static void attacks(int rank, int *fd)
 
     /* at rank 3's listener during create: refused at once, no fd; the ranks' mesh forms well within the 10 s */
     for (int a = A_SILENT; a <= A_SAME_USER; a++) {
-        if (a != A_SAME_USER && !other)
+        if ((a != A_SAME_USER && !other) || !run_case(a))
             continue;
         t_attack = a;
         s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 10000, FABPOOL_OK, &ms);
@@ -465,7 +472,7 @@ static void attacks(int rank, int *fd)
     }
 
     /* another user's process listens at the name given for rank 3: no rank sends it anything */
-    if (other) {
+    if (other && run_case(A_SQUAT)) {
         t_attack = A_SQUAT;
         s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 2000, FABPOOL_ERR_PERMISSION, &ms);
         CHECK(s == NULL && strstr(fabpool_torch_symm_last_error(), "rank 3's socket") != NULL);
@@ -483,6 +490,8 @@ static void attacks(int rank, int *fd)
 
     /* rank 2 states what no window holds: every rank fails naming it, nothing open */
     for (int a = A_LEN; a <= A_FD_RECORDS; a++) {
+        if (!run_case(a))
+            continue;
         t_attack = a;
         s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 5000, FABPOOL_ERR_DESCRIPTOR, NULL);
         CHECK(s == NULL && strstr(fabpool_torch_symm_last_error(), "rank 2 states a descriptor") != NULL);
@@ -492,6 +501,15 @@ static void attacks(int rank, int *fd)
     }
 
     /* pidfd transport, in turns as under Yama ptrace_scope 1: grows, shrinks, the data seen everywhere */
+    if (run_case(A_PID))
+        attack_pid(rank, fd, fds0);
+    if (run_case(A_CUT))
+        attack_cut(rank, fd, fds0);
+}
+
+static void attack_pid(int rank, int *fd, int fds0)
+{
+    fabpool_torch_symm_t *s;
     t_yama = 1;
     s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_PIDFD, 5000, FABPOOL_OK, NULL);
     if (s) {
@@ -519,7 +537,12 @@ static void attacks(int rank, int *fd)
         CHECK(l.mappings == 0 && l.handles == 0);
     }
     barrier(fd);
+}
 
+static void attack_cut(int rank, int *fd, int fds0)
+{
+    long ms = 0;
+    fabpool_torch_symm_t *s;
     /* rank 1 sends 4 bytes of its fd message to rank 0 and stays: create, then a resize, answer in time */
     t_attack = A_CUT;
     t_cut_send = rank == 1;
@@ -626,6 +649,7 @@ static void rank_main(int rank, int fd, long steps)
 int main(int argc, char **argv)
 {
     long steps = argc > 1 ? atol(argv[1]) : 12;
+    t_only = argc > 2 ? argv[2] : NULL;
     int sv[NR][2];
     pid_t pid[NR];
     for (int r = 0; r < NR; r++)
