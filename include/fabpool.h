@@ -283,7 +283,10 @@ FABPOOL_API fabpool_status fabpool_trace_flush(void);
 typedef struct fabpool_buffer fabpool_buffer_t;
 
 /* A buffer with its own address window of max_size bytes (rounded up to the
- * granularity) and size bytes mapped at its start.  Its address never changes. */
+ * granularity) and size bytes mapped at its start.  Its address never changes.
+ * While the pool sleeps: FABPOOL_ERR_ASLEEP (whatever the sizes).  No free
+ * range of max_size in the pool's reservation: FABPOOL_ERR_LIMIT.  On any
+ * failure nothing of the buffer is left. */
 FABPOOL_API fabpool_status fabpool_buffer_create(fabpool_t *pool, size_t max_size, size_t size,
                                                 fabpool_buffer_t **out);
 /* Grows or shrinks the buffer to `size` bytes (0 < size <= max_size).
@@ -297,12 +300,22 @@ FABPOOL_API fabpool_status fabpool_buffer_create(fabpool_t *pool, size_t max_siz
  * stream's event: a later shrink or replacement of the chunk unmaps it only
  * once the work of every stream it was retired on is done.  A chunk only
  * partly needed is replaced by a smaller one; where no device memory or
- * address space is left for that, it stays mapped whole until a later shrink
- * (the shrink succeeds: a set is never left half resized for want of it).
- * On failure the buffer keeps its old size, its mapping and its data. */
+ * address space is left for that, or the driver refuses a step of it, it
+ * stays mapped whole until a later shrink (the shrink succeeds: the
+ * replacement comes after the resize and only saves memory).
+ * All or nothing, as fabpool_buffer_resize_set. */
 FABPOOL_API fabpool_status fabpool_buffer_resize(fabpool_buffer_t *buf, size_t size, void *stream);
 /* Resizes n buffers of one pool at once (HybridEP grows its buffer set from
- * one token count).  All or nothing: on failure every buffer keeps its old size. */
+ * one token count).  All or nothing: whatever fails (host memory, a driver
+ * call of any step: a grow's create or map, the context synchronize or the
+ * event of a shrink), the call answers an error and changes nothing a
+ * caller can see: every buffer keeps its size, its data, its mapped bytes,
+ * its chunk count and its generation (so its peers get no delta), and the
+ * chunks retired earlier stay retired.  Every step that can fail is done for
+ * every buffer first, in a form that can be undone, and only then does any
+ * buffer change.  Only a driver that refuses the undo itself as well (a
+ * second fault) can leave something behind: a chunk it would not unmap
+ * stays retired, unseen, until fabpool_collect unmaps it. */
 FABPOOL_API fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const size_t *sizes,
                                                     size_t n, void *stream);
 /* Unmaps everything (after the work on `stream`, as for resize) and frees the window. */
@@ -328,7 +341,8 @@ FABPOOL_API fabpool_status fabpool_buffer_release(fabpool_buffer_t *buf);
  * the released buffer's, its bytes whatever it held.  FABPOOL_ERR_NOT_FOUND
  * when no kept buffer's window holds size: every kept buffer is then given
  * back (a miss ends the reuse, so that kept memory never adds to new
- * memory), and the caller creates one. */
+ * memory), and the caller creates one.  While the pool sleeps (which gave
+ * the kept buffers back): FABPOOL_ERR_ASLEEP. */
 FABPOOL_API fabpool_status fabpool_buffer_reuse(fabpool_t *pool, size_t size, void *stream, fabpool_buffer_t **out);
 
 typedef struct fabpool_buffer_info {
@@ -381,7 +395,7 @@ FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
  * the node next to the device), unmaps it and releases its physical memory.
  * Every address stays reserved, every block and buffer stays allocated.
  * While asleep, fabpool_alloc, fabpool_alloc_on_stream (whatever its
- * stream freed meanwhile), buffer create and resize, export,
+ * stream freed meanwhile), buffer create, resize and reuse, export,
  * fabpool_buffer_dmabuf and view open/apply answer FABPOOL_ERR_ASLEEP;
  * frees (fabpool_free, fabpool_buffer_destroy) work and only change the
  * pool's records.  Views of other processes' buffers stay mapped (their
@@ -642,6 +656,14 @@ FABPOOL_API fabpool_status fabpool_peers_ack(fabpool_t *pool, uint64_t export_id
  * sleeps (fabpool_sleep) gives back its own mappings only; a peer's view
  * keeps the old memory while the block wakes up in new memory: peers close
  * their views before a sleep and open them again after the wake.
+ *
+ * Identity.  Each record names its chunk's memory (its generation is the
+ * chunk's identity, new whenever new memory is mapped at that address: the
+ * block freed, trimmed and allocated again, or the pool woken), and the
+ * header's generation is the newest of them.  So a peer's view released and
+ * kept (fabpool_view_release) is taken back for a later export of the same
+ * addresses only for the chunks that are the same memory; the others are
+ * imported anew.
  *
  * Refused with nothing changed: a NULL argument (FABPOOL_ERR_INVALID_ARG), a
  * pool of handle type none (FABPOOL_ERR_NOT_SUPPORTED), a pointer that is

@@ -5,6 +5,9 @@
  *    them the machine holds nothing
  *  - each chunk is exported once: blocks of one slab get the same fd, a second export makes no export call;
  *    the pool closes its fds when it unmaps the chunks (a trim, a sleep)
+ *  - a released view is never taken back for other memory at the same address: the exporter frees the block,
+ *    trims and allocates again at the same address, or sleeps with offload and wakes; the next export is a new
+ *    descriptor, and the view opened from it reads the exporter's new bytes and writes into its block
  *  - refused with nothing changed: NULLs, a pool of handle type none, another pool's pointer, interior, freed
  *    and buffer pointers, too small a descriptor, the pool asleep, an export call that fails on a middle chunk
  * Run with FABPOOL_CONF=handle_type:fabric FABSIM_FABRIC=1 for fabric handles (no fds). */
@@ -313,6 +316,85 @@ static void refused(void)
     CHECK_OK(fabpool_destroy(a));
 }
 
+/* How the exporter puts new memory at the block's old address. */
+enum renew { RENEW_REALLOC, RENEW_SLEEP };
+
+/* A view released and kept by the peer pool, then the exporter's block at the same address is new memory: the
+ * next export names it as such, and the peer's view maps the new memory, not the kept one. */
+static void kept_view_of_new_memory(size_t size, enum renew how)
+{
+    fabpool_t *p = t_pool("handle_type:auto"), *q = t_pool("handle_type:auto,keep_ms:60000");
+    if (!p || !q || fabpool_handle_type_of(p) == FABPOOL_HANDLE_NONE) {
+        fabpool_destroy(p);
+        fabpool_destroy(q);
+        return;
+    }
+    static uint8_t d1[1 << 14], d2[1 << 14];
+    int f1[64], f2[64], mine[64];
+    size_t l1 = 0, l2 = 0, n1 = 0, n2 = 0, o1 = 0, o2 = 0;
+    void *x = NULL, *y = NULL;
+    CHECK_OK(fabpool_alloc(p, size, &x));
+    if (!x)
+        goto out;
+    t_put_tag(x, size, 0x1111);
+    CHECK_OK(fabpool_block_export(p, x, d1, sizeof d1, &l1, f1, 64, &n1, &o1));
+    for (size_t i = 0; i < n1; i++)
+        mine[i] = dup(f1[i]);
+    fabpool_view_t *v = NULL;
+    CHECK_OK(fabpool_view_open(q, d1, l1, mine, n1, &v));
+    if (!v)
+        goto out;
+    CHECK(t_tag_ok((char *)fabpool_view_ptr(v) + o1, size, 0x1111));
+    CHECK_OK(fabpool_view_release(v));
+
+    if (how == RENEW_REALLOC) {
+        CHECK_OK(fabpool_free(p, x));
+        CHECK_OK(fabpool_trim(p, 0));
+        CHECK_OK(fabpool_alloc(p, size, &y));
+        if (y != x) { /* the case needs the same address */
+            printf("test_block_export: a block of %zu bytes came back at another address; case skipped\n", size);
+            CHECK_OK(fabpool_free(p, y));
+            goto out;
+        }
+    } else {
+        CHECK_OK(fabpool_sleep(p, FABPOOL_SLEEP_OFFLOAD, NULL));
+        CHECK_OK(fabpool_wake(p, NULL));
+        y = x;
+    }
+    t_put_tag(y, size, 0x2222);
+    CHECK_OK(fabpool_block_export(p, y, d2, sizeof d2, &l2, f2, 64, &n2, &o2));
+    CHECK(l2 != l1 || memcmp(d1, d2, l1) != 0); /* new memory: a new descriptor */
+    for (size_t i = 0; i < n2; i++)
+        mine[i] = dup(f2[i]);
+    fabpool_view_t *w = NULL;
+    CHECK_OK(fabpool_view_open(q, d2, l2, mine, n2, &w));
+    if (w) {
+        char *at = (char *)fabpool_view_ptr(w) + o2;
+        CHECK(t_tag_ok(at, size, 0x2222)); /* the exporter's bytes, not the old memory's */
+        t_put_tag(at, size, 0x3333);
+        CHECK_CU(cuCtxSynchronize());
+        CHECK(t_tag_ok(y, size, 0x3333)); /* writes through the view reach the block */
+        CHECK_OK(fabpool_view_close(w));
+    }
+    CHECK_OK(fabpool_check(q));
+    CHECK_OK(fabpool_free(p, y));
+    x = NULL;
+out:
+    if (x)
+        CHECK_OK(fabpool_free(p, x));
+    CHECK_OK(fabpool_destroy(q));
+    CHECK_OK(fabpool_destroy(p));
+}
+
+static void kept_views_of_new_memory(void)
+{
+    const size_t sizes[] = {1 * MB, 8 * MB, 100 * MB};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        kept_view_of_new_memory(sizes[i], RENEW_REALLOC);
+        kept_view_of_new_memory(sizes[i], RENEW_SLEEP);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--peer") == 0)
@@ -321,6 +403,7 @@ int main(int argc, char **argv)
     machine_held = (uint64_t(*)(int))dlsym(RTLD_DEFAULT, "fabsim_machine_held_bytes");
     refused();
     exported_once();
+    kept_views_of_new_memory();
     to_peer(argv[0]);
     CHECK(t_near(t_held(), 0));
     if (sim) {

@@ -253,10 +253,22 @@ fabpool_status fp_block_export(fp_alloc *a, const void *ptr, void *desc, size_t 
     }
     uint8_t *d = desc;
     memset(d, 0, *len);
-    uint64_t base = r.va[0];
+    uint64_t base = r.va[0], newest = 0;
+    /* a record's generation is its chunk's identity: memory mapped anew at the same address (freed, trimmed and
+     * allocated again, or woken) has a new one, so a peer's kept view never takes it for the memory it maps */
+    for (size_t k = 0; k < r.n; k++) {
+        uint64_t ident = fp_chunk_ident(ch, r.va[k]);
+        if (!ident) {
+            st = fp_error(FABPOOL_ERR_CORRUPT, "%s: the driver maps a chunk at 0x%llx under the block at %p that "
+                          "the pool's registry does not hold", fn, (unsigned long long)r.va[k], ptr);
+            goto out;
+        }
+        newest = ident > newest ? ident : newest;
+    }
     for (size_t k = 0; k < r.n; k++) {
         int fd = -1, fresh = 0;
-        fp_desc_rec rec = {.off = r.va[k] - base, .size = r.size[k], .gen = 1, .fd_index = (uint32_t)k};
+        fp_desc_rec rec = {.off = r.va[k] - base, .size = r.size[k], .gen = fp_chunk_ident(ch, r.va[k]),
+                           .fd_index = (uint32_t)k};
         CUmemFabricHandle fh;
         st = fp_chunk_export_kept(ch, r.va[k], r.size[k], &fd, posix ? NULL : &fh, &fresh);
         if (st != FABPOOL_OK) {
@@ -274,8 +286,9 @@ fabpool_status fp_block_export(fp_alloc *a, const void *ptr, void *desc, size_t 
         fp_desc_put_record(d, (uint32_t)k, &rec);
     }
     uint64_t window = r.va[r.n - 1] + r.size[r.n - 1] - base;
-    /* the export id: the exporter's address of the run, unique among what the process maps */
-    fp_desc h = {.n = (uint32_t)r.n, .handle_type = (uint32_t)ch->handle_type, .generation = 1, .since = 0,
+    /* the export id: the exporter's address of the run, unique among what the process maps; the generation:
+     * the newest chunk's identity, so that a descriptor of new memory is never older than one of the old */
+    fp_desc h = {.n = (uint32_t)r.n, .handle_type = (uint32_t)ch->handle_type, .generation = newest, .since = 0,
                  .window = window, .live = window, .uid = base, .pid = (int)getpid(), .device = ch->device,
                  .gran = sp->gran};
     fp_desc_put_header(d, &h);

@@ -130,6 +130,13 @@ void fp_chunk_count_mapped(fp_chunks *ch, uint64_t va, uint64_t size, const char
 
 void fp_chunk_reset_peak(fp_chunks *ch) { fp_mapreg_reset_peak(&ch->reg); }
 
+uint64_t fp_chunk_ident(const fp_chunks *ch, uint64_t va)
+{
+    fp_lock_assert_held(ch->lock);
+    const fp_mapping *m = fp_mapreg_find((fp_mapreg *)&ch->reg, va);
+    return m ? m->ident : 0;
+}
+
 void fp_chunk_set_copy(fp_chunks *ch, uint64_t va, int copy)
 {
     fp_lock_assert_held(ch->lock);

@@ -151,6 +151,9 @@ void fp_chunk_count_mapped(fp_chunks *ch, uint64_t va, uint64_t size, const char
  * owner's say: a buffer's retired chunk holds nothing to keep); asleep, the
  * one wake adds again.  Pool lock held. */
 void fp_chunk_set_copy(fp_chunks *ch, uint64_t va, int copy);
+/* The identity of the memory mapped at va (mapreg.h: new for every mapping, so new memory at an old address
+ * has a new one), or 0 where no mapping starts there.  Pool lock held. */
+uint64_t fp_chunk_ident(const fp_chunks *ch, uint64_t va);
 /* The registry's mappings, sorted by address (read-only; pool lock held). */
 const fp_mapping *fp_chunk_mappings(const fp_chunks *ch, size_t *n);
 /* The registry's sums per kind (count and bytes, FP_MAP_KINDS each). */

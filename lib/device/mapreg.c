@@ -2,6 +2,8 @@
  * (mapreg.h). */
 #include "mapreg.h"
 
+#include <time.h>
+
 #include "array.h"
 #include "walk.h"
 
@@ -41,11 +43,27 @@ static void peak_follow(fp_mapreg *r)
         ;
 }
 
+/* A new mapping's identity: one counter for the process (every pool's mappings, so that a pool made again at
+ * the same addresses never repeats one), started at the wall clock's nanoseconds, so that a later process of
+ * the same pid starts past every identity an earlier one gave. */
+static uint64_t next_ident(void)
+{
+    static _Atomic uint64_t last;
+    uint64_t v = atomic_load_explicit(&last, memory_order_relaxed);
+    if (!v) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t seed = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+        atomic_compare_exchange_strong(&last, &v, seed ? seed : 1); /* lost to another thread: theirs stands */
+    }
+    return atomic_fetch_add_explicit(&last, 1, memory_order_relaxed) + 1;
+}
+
 void fp_mapreg_add(fp_mapreg *r, uint64_t va, uint64_t size, fp_map_kind kind, void *owner)
 {
     size_t i = FP_ARRAY_LOWER(r->m, r->n, fp_mapping, va, va);
     memmove(r->m + i + 1, r->m + i, (r->n - i) * sizeof *r->m);
-    r->m[i] = (fp_mapping){va, size, owner, (uint8_t)kind, (uint8_t)FP_MAP_SLEEPS(kind)};
+    r->m[i] = (fp_mapping){va, size, next_ident(), owner, (uint8_t)kind, (uint8_t)FP_MAP_SLEEPS(kind)};
     r->n++;
     atomic_fetch_add(&r->count[kind], 1);
     atomic_fetch_add(&r->bytes[kind], size);

@@ -43,6 +43,9 @@ typedef enum fp_map_kind {
 
 typedef struct fp_mapping {
     uint64_t va, size;
+    uint64_t ident;    /* the memory's identity: new for every mapping (fp_mapreg_add), never reused by the
+                          process, nor by a later one of the same pid (its first one is the wall clock's
+                          nanoseconds): memory mapped again at an address, or woken, is never taken for the old */
     void *owner;       /* FP_MAP_BUFFER: the buffer (opaque here); else NULL */
     uint8_t kind;      /* fp_map_kind */
     uint8_t copy;      /* a sleep with offload copies its bytes (a kind that sleeps: 1 until its owner says not) */
@@ -63,7 +66,7 @@ void fp_mapreg_free(fp_mapreg *r);
  * 0, or -1 without host memory (nothing changed).  Called before the
  * driver maps anything. */
 int fp_mapreg_reserve(fp_mapreg *r);
-/* Adds a mapping (room reserved; [va, va + size) overlaps none held). */
+/* Adds a mapping (room reserved; [va, va + size) overlaps none held), with a new identity. */
 void fp_mapreg_add(fp_mapreg *r, uint64_t va, uint64_t size, fp_map_kind kind, void *owner);
 /* Removes the mapping at va of size bytes and gives it in *out (out may be
  * NULL): 0, or -1 when none is held there (nothing changed). */
