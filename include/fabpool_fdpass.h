@@ -38,23 +38,33 @@ extern "C" {
 #define FABPOOL_FD_ANY_USER 0x1u /* any user's process may be the peer */
 #define FABPOOL_FD_ANY_PID 0x2u  /* the expected pid is not compared */
 
-/* The flags that FABPOOL_PEERS sets (0 where unset); FABPOOL_ERR_CONFIG for a
- * word it does not know, and then *flags is 0. */
+/* The flags that FABPOOL_PEERS sets (0 where unset), read once in the
+ * process's life, at the first call of this or of an accept or connect;
+ * FABPOOL_ERR_CONFIG for a word it does not know (the message names it and
+ * the words it takes), for same_user beside any_user, or for a value over 256
+ * characters, and then *flags is 0 and every accept and connect answers the
+ * same FABPOOL_ERR_CONFIG rather than run loosened or not as asked. */
 FABPOOL_API fabpool_status fabpool_fd_peers_env(unsigned *flags);
 
 /* fd passing between processes of one host, over Unix stream sockets
  * (SCM_RIGHTS), with an optional payload of bytes. */
 FABPOOL_API fabpool_status fabpool_fd_listen(const char *name, int *listener);   /* abstract socket name */
 /* One connection from a process of this user (FABPOOL_PEERS may widen it);
- * anyone else's is closed: FABPOOL_ERR_PERMISSION, and the caller may accept
- * again.  Blocks as accept(2) does on the listener. */
+ * anyone else's is closed at once, before a byte is read or sent:
+ * FABPOOL_ERR_PERMISSION, with the peer's pid and uid and what was expected in
+ * the message (and a line in the FABPOOL_DEBUG log at warn), and the caller
+ * may accept again.  Blocks as accept(2) does on the listener.  *sock is
+ * set only on FABPOOL_OK. */
 FABPOOL_API fabpool_status fabpool_fd_accept(int listener, int *sock);
 /* The same, and only from process pid (0: any process); *peer_pid (may be
- * NULL) gets the peer's pid as SO_PEERCRED reads it, also when refused. */
+ * NULL) gets the peer's pid as SO_PEERCRED reads it, also when refused.
+ * flags: FABPOOL_FD_ANY_USER, FABPOOL_FD_ANY_PID (another bit:
+ * FABPOOL_ERR_INVALID_ARG). */
 FABPOOL_API fabpool_status fabpool_fd_accept_peer(int listener, int *sock, int pid, unsigned flags, int *peer_pid);
 /* Connects to the listener of that name, retrying until timeout_ms while
- * none listens; a listener of another user is refused
- * (FABPOOL_ERR_PERMISSION), the socket closed. */
+ * none listens; a listener of another user is refused at once, not retried
+ * (FABPOOL_ERR_PERMISSION: someone else holds the name), the socket closed
+ * before a byte goes out. */
 FABPOOL_API fabpool_status fabpool_fd_connect(const char *name, int *sock, int timeout_ms);
 /* The same, and the listener must be process pid (0: any process). */
 FABPOOL_API fabpool_status fabpool_fd_connect_peer(const char *name, int *sock, int timeout_ms, int pid,
@@ -63,16 +73,29 @@ FABPOOL_API fabpool_status fabpool_fd_connect_peer(const char *name, int *sock, 
  * socket (SO_PEERCRED: as of its connect, or of its listen for a listener);
  * pid or uid may be NULL. */
 FABPOOL_API fabpool_status fabpool_fd_peer(int sock, int *pid, unsigned *uid);
+/* Sends n fds and len bytes as one message (at most 2^20 fds and 2^30
+ * bytes: FABPOOL_ERR_INVALID_ARG past them). */
 FABPOOL_API fabpool_status fabpool_fd_send(int sock, const int *fds, size_t n, const void *data, size_t len);
 /* Receives one message sent by fabpool_fd_send: *n fds, *len bytes.  Blocks
  * until the whole message is in.  On any failure every fd that arrived is
- * closed and *n is 0: a peer that closes mid-message, fds the kernel dropped
- * (MSG_CTRUNC: this process is out of fds), more fds than cap, a payload
- * longer than data_cap (*len still says how long). */
+ * closed and *n is 0:
+ *   FABPOOL_ERR_LIMIT       more fds than cap, or a payload longer than
+ *                           data_cap (*len still says how long): the message
+ *                           was read to its end, the socket may carry on;
+ *   FABPOOL_ERR_IO          the peer closed the socket (mid-message or
+ *                           before it), fds the kernel dropped (MSG_CTRUNC:
+ *                           this process is out of fds), a socket error, the
+ *                           deadline of fabpool_fd_recv_timed;
+ *   FABPOOL_ERR_DESCRIPTOR  a head that announces more than 2^20 fds or 2^30
+ *                           bytes, more fds than it announced, a malformed
+ *                           control message: no sender of this protocol.
+ * After FABPOOL_ERR_IO or FABPOOL_ERR_DESCRIPTOR the socket is out of step
+ * (a message part read): close it.  *len is 0 but after OK and LIMIT. */
 FABPOOL_API fabpool_status fabpool_fd_recv(int sock, int *fds, size_t cap, size_t *n, void *data, size_t data_cap,
                                           size_t *len);
 /* The same within timeout_ms for the whole message, however the peer
- * trickles it (-1: no limit); past it FABPOOL_ERR_IO, nothing kept. */
+ * trickles it (one deadline on CLOCK_MONOTONIC; below 0: no limit); past it
+ * FABPOOL_ERR_IO, nothing kept, the socket out of step. */
 FABPOOL_API fabpool_status fabpool_fd_recv_timed(int sock, int *fds, size_t cap, size_t *n, void *data,
                                                 size_t data_cap, size_t *len, int timeout_ms);
 /* A copy of process pid's descriptor fd, by pidfd_getfd (Linux 5.6+, needs
@@ -81,16 +104,26 @@ FABPOOL_API fabpool_status fabpool_fd_recv_timed(int sock, int *fds, size_t cap,
  * what to change.  The pid must come from a channel the caller trusts; a
  * pidfd (below) pins the process so that a reused pid cannot stand in. */
 FABPOOL_API fabpool_status fabpool_fd_from_pid(int pid, int fd, int *out);
-/* A pidfd of process pid (pidfd_open), and a copy of its fd through it. */
+/* A pidfd of process pid (pidfd_open; close-on-exec), and a copy of its fd
+ * through it: a pidfd names the process it was opened for, also once a new
+ * process takes its pid (the copy then answers FABPOOL_ERR_IO, "is gone").
+ * Refusals as fabpool_fd_from_pid's; FABPOOL_ERR_NOT_SUPPORTED where the
+ * kernel has no pidfd_open. */
 FABPOOL_API fabpool_status fabpool_fd_pidfd_open(int pid, int *pidfd);
 FABPOOL_API fabpool_status fabpool_fd_from_pidfd(int pidfd, int fd, int *out);
 /* A process's proof that it knows a token, for peers that copy its fds by
- * pidfd: a sealed memfd holding the token's bytes (1 to 64 of them).  A peer
- * given the token through a trusted channel checks with
- * fabpool_fd_token_check that the process it copies from holds it: a pid
- * named by a hostile or buggy peer that is not the group's process is
- * refused (FABPOOL_ERR_PERMISSION).  The caller closes *fd when no peer
- * needs it any more. */
+ * pidfd: a memfd holding the token's bytes (1 to 64 of them), sealed
+ * (F_SEAL_SHRINK, GROW, WRITE and SEAL: nobody changes it).  A peer given the
+ * token through a trusted channel checks with fabpool_fd_token_check that
+ * the process it copies from holds it at fd: a copy of that fd (pidfd_getfd,
+ * closed again) must be a memfd with exactly those seals (and F_SEAL_EXEC,
+ * which the kernel adds where vm.memfd_noexec asks), the token's size and
+ * its bytes (compared in constant time).  A pid named by a hostile or buggy
+ * peer that is not the group's process, with no fd there, another file or
+ * other bytes, is refused: FABPOOL_ERR_PERMISSION ("process N does not hold
+ * this group's token at fd F").  No ptrace permission over the process:
+ * FABPOOL_ERR_IO as fabpool_fd_from_pidfd.  The caller closes *fd when no
+ * peer needs it any more. */
 FABPOOL_API fabpool_status fabpool_fd_token_make(const void *token, size_t len, int *fd);
 FABPOOL_API fabpool_status fabpool_fd_token_check(int pidfd, int fd, const void *token, size_t len);
 /* Under Yama ptrace_scope 1, lets process pid copy this process's fds with

@@ -1,11 +1,9 @@
 /* fdpass.c - file descriptors between processes of one host: SCM_RIGHTS
  * over Unix stream sockets in the abstract namespace, with the credentials of
- * the peer checked at both ends, or pidfd_getfd with the ptrace permission it
- * needs and a sealed memfd as the proof that the process copied from is the
- * one meant (include/fabpool_fdpass.h).  Layer base.  Calls: error, log. */
+ * the peer checked at both ends (include/fabpool_fdpass.h; pidfd.c has the
+ * copies by pidfd).  Layer base.  Calls: error, log. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
@@ -13,11 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,12 +24,6 @@
 #define FP_MSG_FDS_MAX (1u << 20)   /* fds one message may announce: no process holds more */
 #define FP_MSG_BYTES_MAX (1u << 30) /* payload bytes one message may announce */
 #define FP_PEERS_ENV_MAX 256        /* characters of FABPOOL_PEERS read */
-#define FP_TOKEN_MAX 64
-
-#ifndef F_SEAL_EXEC
-#define F_SEAL_EXEC 0x0020 /* Linux 6.3: added by the kernel to memfds where vm.memfd_noexec asks it */
-#endif
-#define FP_TOKEN_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)
 
 /* ---- who may be the peer ---- */
 
@@ -404,387 +392,163 @@ static int64_t now_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* One message coming in: its head, how far its bytes are, its fds. */
+typedef struct msg_in {
+    const char *fn;
+    int sock, timeout_ms; /* below 0: no deadline */
+    int64_t deadline;     /* CLOCK_MONOTONIC ns */
+    uint32_t head[2];     /* fd count, payload length */
+    size_t off, want;     /* bytes of head and payload in, and their sum once the head is in */
+    uint8_t *data;
+    size_t data_cap;
+    fd_in in;
+} msg_in;
+
+/* "(x of y bytes, i of j fds in)" for a message cut short */
+static void msg_progress(const msg_in *m, char *out, size_t cap)
+{
+    int head_in = m->off >= sizeof m->head;
+    snprintf(out, cap, "%zu of %zu bytes, %zu of %u fds in", m->off, head_in ? m->want : (size_t)0, m->in.got,
+             head_in ? m->head[0] : 0u);
+}
+
+/* Waits until the socket has something to read, no later than the deadline:
+ * FABPOOL_ERR_IO past it. */
+static fabpool_status msg_wait(msg_in *m)
+{
+    if (m->timeout_ms < 0)
+        return FABPOOL_OK; /* recvmsg blocks */
+    for (;;) {
+        int64_t left = m->deadline - now_ns();
+        int pr = 0;
+        if (left > 0) {
+            int64_t ms = (left + 999999) / 1000000;
+            struct pollfd p = {.fd = m->sock, .events = POLLIN};
+            pr = poll(&p, 1, ms > INT_MAX ? INT_MAX : (int)ms);
+            if (pr < 0 && errno == EINTR)
+                continue;
+            if (pr < 0)
+                return fp_error(FABPOOL_ERR_IO, "%s: poll: %s", m->fn, strerror(errno));
+        }
+        if (pr > 0)
+            return FABPOOL_OK;
+        char pg[96];
+        msg_progress(m, pg, sizeof pg);
+        return fp_error(FABPOOL_ERR_IO, "%s: the message did not come whole within %d ms (%s): the peer stalls or "
+                        "does not speak this protocol; what came was closed and the socket is out of step: close it",
+                        m->fn, m->timeout_ms, pg);
+    }
+}
+
+/* Counts r bytes just read (into chunk while the head is not whole); the
+ * head is bounded before it is trusted. */
+static fabpool_status msg_bytes(msg_in *m, const uint8_t *chunk, size_t r)
+{
+    if (m->off < sizeof m->head) {
+        memcpy((uint8_t *)m->head + m->off, chunk, r);
+        m->off += r;
+        if (m->off < sizeof m->head)
+            return FABPOOL_OK;
+        if (m->head[0] > FP_MSG_FDS_MAX || m->head[1] > FP_MSG_BYTES_MAX)
+            return fp_error(FABPOOL_ERR_DESCRIPTOR, "%s: the message's head announces %u fds and %u bytes, above the "
+                            "%u fds and %u bytes of any message fabpool_fd_send makes: the peer does not speak this "
+                            "protocol; nothing kept, and the socket is out of step: close it", m->fn, m->head[0],
+                            m->head[1], FP_MSG_FDS_MAX, FP_MSG_BYTES_MAX);
+        m->want = sizeof m->head + m->head[1];
+    } else if (m->off < m->want)
+        m->off += r; /* payload bytes past data_cap went to chunk: dropped */
+    /* else: the padding byte that carried fds */
+    if (m->off >= sizeof m->head && m->in.got > m->head[0])
+        return fp_error(FABPOOL_ERR_DESCRIPTOR, "%s: %zu fds came with a message that announces %u: the peer does not "
+                        "speak this protocol; they were closed and the socket is out of step: close it", m->fn,
+                        m->in.got, m->head[0]);
+    return FABPOOL_OK;
+}
+
+/* One recvmsg of the message, no further than its end (the next one may
+ * follow at once): its bytes counted, its fds taken. */
+static fabpool_status msg_piece(msg_in *m)
+{
+    uint8_t chunk[4096];
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int) * FP_FDS_RECV_MAX)];
+    } ctl;
+    struct iovec iov = {chunk, 1}; /* past the payload: the padding byte that carries the last fds */
+    if (m->off < m->want) {
+        size_t room = m->want - m->off, at = m->off - sizeof m->head;
+        if (m->off >= sizeof m->head && at < m->data_cap) { /* straight into the caller's buffer */
+            iov.iov_base = m->data + at;
+            iov.iov_len = room < m->data_cap - at ? room : m->data_cap - at;
+        } else
+            iov.iov_len = room < sizeof chunk ? room : sizeof chunk;
+    }
+    struct msghdr h;
+    memset(&h, 0, sizeof h);
+    h.msg_iov = &iov;
+    h.msg_iovlen = 1;
+    h.msg_control = ctl.buf;
+    h.msg_controllen = sizeof ctl.buf;
+    ssize_t r = recvmsg(m->sock, &h, MSG_CMSG_CLOEXEC | (m->timeout_ms >= 0 ? MSG_DONTWAIT : 0));
+    if (r < 0 && (errno == EINTR || (m->timeout_ms >= 0 && (errno == EAGAIN || errno == EWOULDBLOCK))))
+        return FABPOOL_OK; /* nothing came: wait again */
+    if (r < 0)
+        return fp_error(FABPOOL_ERR_IO, "%s: %s", m->fn, strerror(errno));
+    int cmsg_bad = fd_in_cmsgs(&m->in, &h);
+    if (h.msg_flags & MSG_CTRUNC)
+        return fp_error(FABPOOL_ERR_IO, "%s: the kernel dropped fds of the message (MSG_CTRUNC): this process is out "
+                        "of file descriptors (RLIMIT_NOFILE: raise it with ulimit -n, or close fds); what came was "
+                        "closed and the socket is out of step: close it", m->fn);
+    if (cmsg_bad)
+        return fp_error(FABPOOL_ERR_DESCRIPTOR, "%s: a malformed control message; what came was closed and the "
+                        "socket is out of step: close it", m->fn);
+    if (r == 0) {
+        if (m->off == 0 && m->in.got == 0)
+            return fp_error(FABPOOL_ERR_IO, "%s: the peer closed the socket", m->fn);
+        char pg[96];
+        msg_progress(m, pg, sizeof pg);
+        return fp_error(FABPOOL_ERR_IO, "%s: the peer closed the socket mid-message (%s): what came was closed",
+                        m->fn, pg);
+    }
+    return msg_bytes(m, chunk, (size_t)r);
+}
+
 fabpool_status fabpool_fd_recv_timed(int sock, int *fds, size_t cap, size_t *n, void *data, size_t data_cap,
                                      size_t *len, int timeout_ms)
 {
-    const char *fn = timeout_ms < 0 ? "fabpool_fd_recv" : "fabpool_fd_recv_timed";
     if (n)
         *n = 0;
     if (len)
         *len = 0;
-    fd_in in = {fds, fds ? cap : 0, 0, 0};
-    if (!data)
-        data_cap = 0;
-    int64_t deadline = timeout_ms < 0 ? 0 : now_ns() + (int64_t)timeout_ms * 1000000;
-    uint32_t head[2] = {0, 0};
-    size_t off = 0, want = sizeof head; /* bytes of the message in, and its length once the head is in */
+    msg_in m = {.fn = timeout_ms < 0 ? "fabpool_fd_recv" : "fabpool_fd_recv_timed", .sock = sock,
+                .timeout_ms = timeout_ms, .want = sizeof m.head, .data = data, .data_cap = data ? data_cap : 0,
+                .in = {fds, fds ? cap : 0, 0, 0}};
+    if (timeout_ms >= 0)
+        m.deadline = now_ns() + (int64_t)timeout_ms * 1000000;
     fabpool_status st = FABPOOL_OK;
-    while (off < want || in.got < head[0]) {
-        if (timeout_ms >= 0) { /* wait for the next piece no later than the deadline */
-            int64_t left = deadline - now_ns();
-            int pr = 0;
-            if (left > 0) {
-                int64_t ms = (left + 999999) / 1000000;
-                struct pollfd p = {.fd = sock, .events = POLLIN};
-                pr = poll(&p, 1, ms > INT_MAX ? INT_MAX : (int)ms);
-                if (pr < 0 && errno == EINTR)
-                    continue;
-                if (pr < 0) {
-                    st = fp_error(FABPOOL_ERR_IO, "%s: poll: %s", fn, strerror(errno));
-                    break;
-                }
-            }
-            if (pr == 0) {
-                st = fp_error(FABPOOL_ERR_IO, "%s: the message did not come whole within %d ms (%zu of %zu bytes, "
-                              "%zu of %u fds): the peer stalls or does not speak this protocol; what came was "
-                              "closed and the socket is out of step: close it", fn, timeout_ms, off,
-                              off < sizeof head ? (size_t)0 : want, in.got, off < sizeof head ? 0u : head[0]);
-                break;
-            }
-        }
-        uint8_t chunk[4096];
-        union {
-            struct cmsghdr h;
-            char buf[CMSG_SPACE(sizeof(int) * FP_FDS_RECV_MAX)];
-        } ctl;
-        /* read no further than this message: the next one may follow at once */
-        struct iovec iov;
-        if (off >= want) { /* the padding byte that carries the last fds */
-            iov.iov_base = chunk;
-            iov.iov_len = 1;
-        } else if (off >= sizeof head && off - sizeof head < data_cap) { /* straight into the caller's buffer */
-            size_t at = off - sizeof head, room = want - off;
-            iov.iov_base = (uint8_t *)data + at;
-            iov.iov_len = room < data_cap - at ? room : data_cap - at;
-        } else {
-            size_t room = want - off;
-            iov.iov_base = chunk;
-            iov.iov_len = room < sizeof chunk ? room : sizeof chunk;
-        }
-        struct msghdr m;
-        memset(&m, 0, sizeof m);
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        m.msg_control = ctl.buf;
-        m.msg_controllen = sizeof ctl.buf;
-        ssize_t r = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | (timeout_ms >= 0 ? MSG_DONTWAIT : 0));
-        if (r < 0 && (errno == EINTR || (timeout_ms >= 0 && (errno == EAGAIN || errno == EWOULDBLOCK))))
-            continue;
-        if (r < 0) {
-            st = fp_error(FABPOOL_ERR_IO, "%s: %s", fn, strerror(errno));
-            break;
-        }
-        int cmsg_bad = fd_in_cmsgs(&in, &m);
-        if (m.msg_flags & MSG_CTRUNC) {
-            st = fp_error(FABPOOL_ERR_IO, "%s: the kernel dropped fds of the message (MSG_CTRUNC): this process is "
-                          "out of file descriptors (RLIMIT_NOFILE: raise it with ulimit -n, or close fds); what came "
-                          "was closed and the socket is out of step: close it", fn);
-            break;
-        }
-        if (cmsg_bad) {
-            st = fp_error(FABPOOL_ERR_DESCRIPTOR, "%s: a malformed control message; what came was closed and the "
-                          "socket is out of step: close it", fn);
-            break;
-        }
-        if (r == 0) {
-            if (off == 0 && in.got == 0)
-                st = fp_error(FABPOOL_ERR_IO, "%s: the peer closed the socket", fn);
-            else
-                st = fp_error(FABPOOL_ERR_IO, "%s: the peer closed the socket mid-message (%zu of %zu bytes, %zu of "
-                              "%u fds in): what came was closed", fn, off, off < sizeof head ? (size_t)0 : want,
-                              in.got, off < sizeof head ? 0u : head[0]);
-            break;
-        }
-        if (off < sizeof head) {
-            memcpy((uint8_t *)head + off, chunk, (size_t)r);
-            off += (size_t)r;
-            if (off == sizeof head) {
-                if (head[0] > FP_MSG_FDS_MAX || head[1] > FP_MSG_BYTES_MAX) {
-                    st = fp_error(FABPOOL_ERR_DESCRIPTOR, "%s: the message's head announces %u fds and %u bytes, "
-                                  "above the %u fds and %u bytes of any message fabpool_fd_send makes: the peer does "
-                                  "not speak this protocol; nothing kept, and the socket is out of step: close it",
-                                  fn, head[0], head[1], FP_MSG_FDS_MAX, FP_MSG_BYTES_MAX);
-                    break;
-                }
-                want = sizeof head + head[1];
-            }
-        } else if (off < want) {
-            off += (size_t)r; /* bytes past data_cap went to chunk: dropped */
-        }
-        /* else: a padding byte */
-        if (off >= sizeof head && in.got > head[0]) {
-            st = fp_error(FABPOOL_ERR_DESCRIPTOR, "%s: %zu fds came with a message that announces %u: the peer does "
-                          "not speak this protocol; they were closed and the socket is out of step: close it", fn,
-                          in.got, head[0]);
-            break;
-        }
-    }
-    if (st == FABPOOL_OK && (in.over || head[1] > data_cap)) {
-        if (in.over)
-            st = fp_error(FABPOOL_ERR_LIMIT, "%s: a message of %u fds, room for %zu: they were closed (the message "
-                          "was read whole: the socket may carry on)", fn, head[0], in.cap);
-        else
-            st = fp_error(FABPOOL_ERR_LIMIT, "%s: a payload of %u bytes, room for %zu: its fds were closed (the "
-                          "message was read whole: the socket may carry on)", fn, head[1], data_cap);
-        if (len)
-            *len = head[1];
-    }
+    while (st == FABPOOL_OK && (m.off < m.want || m.in.got < m.head[0]))
+        if ((st = msg_wait(&m)) == FABPOOL_OK)
+            st = msg_piece(&m);
+    if (st == FABPOOL_OK && m.in.over)
+        st = fp_error(FABPOOL_ERR_LIMIT, "%s: a message of %u fds, room for %zu: they were closed (the message was "
+                      "read whole: the socket may carry on)", m.fn, m.head[0], m.in.cap);
+    else if (st == FABPOOL_OK && m.head[1] > m.data_cap)
+        st = fp_error(FABPOOL_ERR_LIMIT, "%s: a payload of %u bytes, room for %zu: its fds were closed (the message "
+                      "was read whole: the socket may carry on)", m.fn, m.head[1], m.data_cap);
     if (st != FABPOOL_OK) {
-        fd_in_close(&in);
+        fd_in_close(&m.in);
+        if (st == FABPOOL_ERR_LIMIT && len)
+            *len = m.head[1];
         return st;
     }
     if (n)
-        *n = in.got;
+        *n = m.in.got;
     if (len)
-        *len = head[1];
+        *len = m.head[1];
     return FABPOOL_OK;
 }
 
 fabpool_status fabpool_fd_recv(int sock, int *fds, size_t cap, size_t *n, void *data, size_t data_cap, size_t *len)
 {
     return fabpool_fd_recv_timed(sock, fds, cap, n, data, data_cap, len, -1);
-}
-
-/* ---- pidfds and ptrace consent ---- */
-
-/* Yama's ptrace_scope (0..3), or -1 where Yama is absent. */
-static int ptrace_scope(void)
-{
-    int v = -1;
-    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
-    if (!f)
-        return -1;
-    if (fscanf(f, "%d", &v) != 1)
-        v = -1;
-    fclose(f);
-    return v;
-}
-
-/* What to change so that pidfd_open / pidfd_getfd on process pid works, for
- * its errno e under Yama ptrace_scope `scope`. */
-static const char *pidfd_advice(int e, int scope)
-{
-    if (e == ENOSYS)
-        return "this kernel has no pidfd_getfd (Linux 5.6 or later is needed; see uname -r): pass the fds over a "
-               "socket instead (fabpool_fd_send / fabpool_fd_recv)";
-    if (e == ESRCH)
-        return "the process is gone: it must stay alive until its peers have copied its fds";
-    if (e != EPERM && e != EACCES)
-        return "the process does not have that fd open, or pass the fds over a socket instead "
-               "(fabpool_fd_send / fabpool_fd_recv)";
-    switch (scope) {
-    case 0:
-    case -1:
-        return "no ptrace permission over the process: both processes must run as the same user, and a seccomp "
-               "filter must allow pidfd_getfd (in Docker: --cap-add SYS_PTRACE, or a profile that allows "
-               "pidfd_open and pidfd_getfd); or pass the fds over a socket (fabpool_fd_send / fabpool_fd_recv)";
-    case 1:
-        return "no ptrace permission over the process: Yama ptrace_scope is 1 and the process did not allow this "
-               "one (fabpool_fd_allow_peer with this process's pid, or fabpool_fd_allow_peers for every process of "
-               "the user; the HybridEP adapter calls it at its first export unless FABPOOL_HYBRIDEP_PTRACER=0), or "
-               "give the processes CAP_SYS_PTRACE, or run sysctl -w kernel.yama.ptrace_scope=0; or pass the fds "
-               "over a socket (fabpool_fd_send / fabpool_fd_recv)";
-    case 2:
-        return "no ptrace permission over the process: Yama ptrace_scope is 2 (only CAP_SYS_PTRACE may): give the "
-               "processes CAP_SYS_PTRACE (Docker: --cap-add SYS_PTRACE), or run sysctl -w "
-               "kernel.yama.ptrace_scope=1; or pass the fds over a socket (fabpool_fd_send / fabpool_fd_recv)";
-    default:
-        return "no ptrace permission over the process: Yama ptrace_scope is 3 (no process may, until a reboot): "
-               "boot with ptrace_scope 0 or 1, or pass the fds over a socket (fabpool_fd_send / fabpool_fd_recv)";
-    }
-}
-
-static fabpool_status allow(const char *fn, unsigned long who)
-{
-    int scope = ptrace_scope();
-    if (scope >= 2)
-        return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "%s: Yama ptrace_scope is %d: no process may consent to its "
-                        "peers; %s", fn, scope, pidfd_advice(EPERM, scope));
-    if (scope == 1 && prctl(PR_SET_PTRACER, who, 0, 0, 0) != 0) {
-        int e = errno;
-        if (who == PR_SET_PTRACER_ANY)
-            return fp_error(FABPOOL_ERR_IO, "%s: prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY): %s", fn, strerror(e));
-        return fp_error(FABPOOL_ERR_IO, "%s: prctl(PR_SET_PTRACER, %lu): %s%s", fn, who, strerror(e),
-                        e == EINVAL ? " (no process of that pid)" : "");
-    }
-    return FABPOOL_OK;
-}
-
-fabpool_status fabpool_fd_allow_peer(int pid)
-{
-    if (pid < 0)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_fd_allow_peer(%d): a pid, or 0 to withdraw the consent",
-                        pid);
-    return allow("fabpool_fd_allow_peer", (unsigned long)pid);
-}
-
-fabpool_status fabpool_fd_allow_peers(void) { return allow("fabpool_fd_allow_peers", PR_SET_PTRACER_ANY); }
-
-/* The pid a pidfd stands for (its fdinfo's Pid: line), or -1. */
-static int pid_of_pidfd(int pidfd)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/self/fdinfo/%d", pidfd);
-    int f = open(path, O_RDONLY | O_CLOEXEC);
-    if (f < 0)
-        return -1;
-    ssize_t r = read(f, buf, sizeof buf - 1);
-    close(f);
-    if (r <= 0)
-        return -1;
-    buf[r] = '\0';
-    const char *p = strstr(buf, "\nPid:");
-    if (!p)
-        return -1;
-    long v = strtol(p + 5, NULL, 10);
-    return v > 0 && v <= INT_MAX ? (int)v : -1;
-}
-
-fabpool_status fabpool_fd_pidfd_open(int pid, int *pidfd)
-{
-    if (pid <= 0 || !pidfd)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_fd_pidfd_open(%d): %s", pid,
-                        pid <= 0 ? "a pid above 0 is needed" : "pidfd is NULL");
-#ifdef SYS_pidfd_open
-    int pfd = (int)syscall(SYS_pidfd_open, pid, 0); /* close-on-exec, always */
-    if (pfd < 0) {
-        int e = errno;
-        return fp_error(e == ENOSYS ? FABPOOL_ERR_NOT_SUPPORTED : FABPOOL_ERR_IO, "pidfd_open(%d): %s: %s", pid,
-                        strerror(e), pidfd_advice(e, ptrace_scope()));
-    }
-    *pidfd = pfd;
-    return FABPOOL_OK;
-#else
-    return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "pidfd_open is not available on this system: %s",
-                    pidfd_advice(ENOSYS, -1));
-#endif
-}
-
-/* pidfd_getfd of fd out of pidfd's process into *out; -1 with errno. */
-static int getfd(int pidfd, int fd)
-{
-#ifdef SYS_pidfd_getfd
-    return (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0); /* close-on-exec, always */
-#else
-    (void)pidfd, (void)fd;
-    errno = ENOSYS;
-    return -1;
-#endif
-}
-
-static fabpool_status getfd_error(int pid, int fd, int e)
-{
-    return fp_error(e == ENOSYS ? FABPOOL_ERR_NOT_SUPPORTED : FABPOOL_ERR_IO, "pidfd_getfd(%d, %d): %s: %s", pid, fd,
-                    strerror(e), pidfd_advice(e, ptrace_scope()));
-}
-
-fabpool_status fabpool_fd_from_pidfd(int pidfd, int fd, int *out)
-{
-    if (!out || fd < 0)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_fd_from_pidfd: %s", !out ? "out is NULL" : "fd < 0");
-    int r = getfd(pidfd, fd);
-    if (r < 0)
-        return getfd_error(pid_of_pidfd(pidfd), fd, errno);
-    *out = r;
-    return FABPOOL_OK;
-}
-
-fabpool_status fabpool_fd_from_pid(int pid, int fd, int *out)
-{
-    if (!out)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_fd_from_pid: out is NULL");
-    int pfd = -1;
-    fabpool_status st = fabpool_fd_pidfd_open(pid, &pfd);
-    if (st != FABPOOL_OK)
-        return st;
-    int r = getfd(pfd, fd);
-    int e = errno;
-    close(pfd);
-    if (r < 0)
-        return getfd_error(pid, fd, e);
-    *out = r;
-    return FABPOOL_OK;
-}
-
-/* ---- the token ---- */
-
-fabpool_status fabpool_fd_token_make(const void *token, size_t len, int *out)
-{
-    if (!token || !out || len == 0 || len > FP_TOKEN_MAX)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_fd_token_make: a token of 1 to %d bytes and an out fd "
-                        "are needed (%zu bytes given)", FP_TOKEN_MAX, len);
-    int fd = memfd_create("fabpool-token", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0)
-        return fp_error(errno == ENOSYS ? FABPOOL_ERR_NOT_SUPPORTED : FABPOOL_ERR_IO,
-                        "fabpool_fd_token_make: memfd_create: %s", strerror(errno));
-    size_t put = 0;
-    while (put < len) {
-        ssize_t w = pwrite(fd, (const uint8_t *)token + put, len - put, (off_t)put);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            int e = w < 0 ? errno : EIO;
-            close(fd);
-            return fp_error(FABPOOL_ERR_IO, "fabpool_fd_token_make: writing the memfd: %s", strerror(e));
-        }
-        put += (size_t)w;
-    }
-    if (fcntl(fd, F_ADD_SEALS, FP_TOKEN_SEALS) != 0) {
-        int e = errno;
-        close(fd);
-        return fp_error(FABPOOL_ERR_IO, "fabpool_fd_token_make: sealing the memfd: %s", strerror(e));
-    }
-    *out = fd;
-    return FABPOOL_OK;
-}
-
-fabpool_status fabpool_fd_token_check(int pidfd, int fd, const void *token, size_t len)
-{
-    if (!token || len == 0 || len > FP_TOKEN_MAX || fd < 0)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_fd_token_check: a token of 1 to %d bytes and an fd >= 0 "
-                        "are needed (%zu bytes, fd %d given)", FP_TOKEN_MAX, len, fd);
-    int pid = pid_of_pidfd(pidfd);
-    int c = getfd(pidfd, fd);
-    if (c < 0) {
-        int e = errno;
-        if (e != EBADF)
-            return getfd_error(pid, fd, e);
-        return fp_error(FABPOOL_ERR_PERMISSION, "process %d does not hold this group's token at fd %d: it is not "
-                        "the process the peer claims (it has no fd %d)", pid, fd, fd);
-    }
-    const char *why = NULL;
-    struct stat sb;
-    uint8_t buf[FP_TOKEN_MAX];
-    int seals = fcntl(c, F_GET_SEALS);
-    if (seals < 0)
-        why = "the fd is not a memfd";
-    else if ((seals & ~F_SEAL_EXEC) != FP_TOKEN_SEALS)
-        why = "the memfd is not sealed as a token is";
-    else if (fstat(c, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size != (off_t)len)
-        why = "the memfd's size is not the token's";
-    else {
-        size_t got = 0;
-        while (got < len) {
-            ssize_t r = pread(c, buf + got, len - got, (off_t)got);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0)
-                break;
-            got += (size_t)r;
-        }
-        if (got != len)
-            why = "the memfd could not be read";
-        else {
-            volatile uint8_t diff = 0; /* every byte compared, whatever differs */
-            for (size_t i = 0; i < len; i++)
-                diff |= buf[i] ^ ((const uint8_t *)token)[i];
-            if (diff != 0)
-                why = "the memfd holds other bytes";
-        }
-    }
-    close(c);
-    if (why)
-        return fp_error(FABPOOL_ERR_PERMISSION, "process %d does not hold this group's token at fd %d: it is not the "
-                        "process the peer claims (%s)", pid, fd, why);
-    return FABPOOL_OK;
 }
