@@ -523,6 +523,49 @@ static void check_external_pool(Core &core)
     CHECK(core.use_count(0, Q) == 0 && core.stats(0).reserved_bytes.current == reserved0);
 }
 
+/* An allocator that frees only what it gave and counts the frees of anything else (a double free with
+ * malloc would abort the test instead of failing a check). */
+struct CountingAllocator final : fabpool_torch::External {
+    std::set<void *> given;
+    int allocs = 0, frees = 0, bad_frees = 0;
+    void *alloc(size_t size, Stream) override
+    {
+        void *p = std::malloc(size);
+        allocs++;
+        given.insert(p);
+        return p;
+    }
+    void free(void *p) override
+    {
+        if (!given.erase(p)) {
+            bad_frees++;
+            return;
+        }
+        frees++;
+        std::free(p);
+    }
+};
+
+/* A core destroyed while a pool of its own allocator still has a live block and a cached one: the
+ * allocator gets each back once. */
+static void check_external_pool_teardown()
+{
+    auto ext = std::make_shared<CountingAllocator>();
+    {
+        Core core(&rt);
+        const PoolId Q{0, 11};
+        core.create_or_incref(0, Q, ext);
+        core.begin_pool(0, Q, [](Stream) { return true; });
+        void *live = core.malloc(0, 4096, nullptr);
+        void *cached = core.malloc(0, 8192, nullptr);
+        core.end_pool(0, Q);
+        core.free(cached);
+        CHECK(live && cached && ext->allocs == 2 && ext->frees == 0);
+    }
+    CHECK(ext->bad_frees == 0);
+    CHECK(ext->frees == 2 && ext->given.empty());
+}
+
 /* Threads on streams of their own, using each other's streams. */
 static void check_threads(Core &core, int64_t held0)
 {
@@ -1201,6 +1244,7 @@ int main(int argc, char **argv)
         check_ipc_pools(core, held0);
         check_history(core, held0);
     }
+    check_external_pool_teardown();
     CHECK(t_held() == held0);
     CHECK(fabpool_torch_shutdown() == FABPOOL_OK);
     return t_done("test_torch_core");

@@ -195,9 +195,9 @@ Core::~Core()
             if (!b->pool) {
                 fabpool_torch_free(b->ptr, b->size, b->device, b->stream);
                 delete b;
-            } else if (b->pool->ext) {
-                b->pool->ext->free(b->ptr);
             }
+            /* a pool's block, live or not, is in its pool's held list: destroy_pool gives it back once (to the
+             * pool's own allocator, or with the pool's fabpool pool) */
         }
         sh.live.clear();
     }
