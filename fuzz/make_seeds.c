@@ -1,5 +1,7 @@
 /* make_seeds: writes the descriptor seed corpus (fuzz/corpus/desc): full
- * descriptors of buffers of 1, 3 and 0 chunks beyond the first, and a delta. */
+ * descriptors of buffers of 1, 3 and 0 chunks beyond the first, and a delta;
+ * and a block's descriptor of several chunks (each record's generation its
+ * chunk's identity). */
 #include <stdio.h>
 
 #include "../tests/testutil.h"
@@ -46,6 +48,12 @@ int main(int argc, char **argv)
     fabpool_buffer_export_done(b);
     fabpool_buffer_peers_ack(b, UINT64_MAX);
     fabpool_buffer_destroy(b, NULL);
+    void *blk = NULL;
+    size_t off = 0;
+    if (fabpool_alloc(p, 100 * MB, &blk) == FABPOOL_OK &&
+        fabpool_block_export(p, blk, d, sizeof d, &len, fds, 16, &nfds, &off) == FABPOOL_OK)
+        save(argv[1], "block-chunks", d, len);
+    fabpool_free(p, blk);
     fabpool_destroy(p);
     return 0;
 }
