@@ -11,7 +11,8 @@
  * stands in for a hostile one where a case needs it; symm.c is compiled into this file for its message
  * layout and so that the fd sends can be cut short):
  *   - a process of another user (uid 65534, as root) connects to rank 3's listener during create, silent or
- *     saying "rank 0" with a wrong secret: refused at once, no fd, create works well within timeout_ms;
+ *     saying "rank 0" of the group's public name: refused at once, no fd, create works well within
+ *     timeout_ms;
  *   - the same from a process of this user that no rank declared;
  *   - another user's process listens at the name the ranks are told for rank 3: no rank sends it a byte,
  *     every create fails with FABPOOL_ERR_PERMISSION;
@@ -87,7 +88,7 @@ static int allgather(void *ctx, const void *send, void *recv, size_t bytes)
 enum {
     A_NONE,
     A_SILENT,     /* another user's process connects to rank 3 and says nothing */
-    A_IDENT,      /* ... and says "rank 0" with a wrong secret */
+    A_IDENT,      /* ... and says "rank 0" of the group's public name, without the secret */
     A_SAME_USER,  /* a process of this user, of no rank's pid, says "rank 0" */
     A_SQUAT,      /* another user's process listens at the name the ranks are told for rank 3 */
     A_LEN,        /* rank 2 states a descriptor of 2^64-1 bytes */
@@ -158,6 +159,37 @@ static int abstract_addr(const char *name, struct sockaddr_un *a, socklen_t *len
     return 0;
 }
 
+/* The group's public name: rank 0's socket nonce, as /proc/net/unix shows every user (the listener of the
+ * lowest pid of the ranks', forked one after the other up to rank 3's pid).  0 if not all NR are listening
+ * within 2 s. */
+static uint64_t public_group(int pid3)
+{
+    for (int tries = 0; tries < 200; tries++) {
+        FILE *f = fopen("/proc/net/unix", "re");
+        char line[512];
+        int n = 0, low = 0;
+        unsigned long long nonce = 0;
+        while (f && fgets(line, sizeof line, f)) {
+            char *at = strstr(line, "@fabpool-symm-");
+            int pid;
+            unsigned long long x;
+            if (at && sscanf(at, "@fabpool-symm-%d-%llx", &pid, &x) == 2 && pid <= pid3 && pid > pid3 - 64) {
+                n++;
+                if (!low || pid < low) {
+                    low = pid;
+                    nonce = x;
+                }
+            }
+        }
+        if (f)
+            fclose(f);
+        if (n >= NR)
+            return nonce;
+        usleep(10000);
+    }
+    return 0;
+}
+
 typedef struct intruder {
     int pid;       /* the rank whose listener it connects to, or whose name it takes */
     int attack;
@@ -178,10 +210,12 @@ static int intruder_connect(void *arg)
         connect(c, (struct sockaddr *)&a, alen) != 0)
         return 10;
     if (in->attack != A_SILENT) {
-        sy_ident id;
-        memset(&id, 0, sizeof id);
-        id.rank = 0;
-        if (fabpool_fd_send(c, NULL, 0, &id, sizeof id) != FABPOOL_OK)
+        /* "rank 0 of group <the public nonce>": the nonce where a secret would be, rank 0 */
+        uint8_t id[sizeof(sy_ident)];
+        memset(id, 0, sizeof id);
+        uint64_t group = public_group(in->pid);
+        memcpy(id, &group, sizeof group);
+        if (group == 0 || fabpool_fd_send(c, NULL, 0, id, sizeof id) != FABPOOL_OK)
             return 11;
     }
     struct timespec t0;
