@@ -232,37 +232,52 @@ inline std::uint64_t host_id()
     return (x ^ (x >> 32)) & 0xffffffffull;
 }
 
+/* What a token memfd holds: the token, then the pid of the process that
+ * made it, so that a child forked from the exporter, which inherits the
+ * memfd, does not pass for the exporter. */
+inline std::string proof_bytes(const unsigned char *token, std::int32_t pid)
+{
+    std::string b(reinterpret_cast<const char *>(token), kTokenBytes);
+    b.append(reinterpret_cast<const char *>(&pid), 4);
+    return b;
+}
+
 /* This process's proof for its POSIX-fd handles: a random token and the
- * sealed memfd that holds it, made once (a forked child inherits both, and
- * is then as much the exporter as its parent).  Never closed: a peer may
- * open a handle as long as the process lives. */
+ * sealed memfd that holds it with this pid, made at the first export (a
+ * forked child makes its own at its first).  Never closed: a peer may open
+ * a handle as long as the process lives. */
 struct Proof {
     fabpool_status status = FABPOOL_OK;
     std::string msg;
     unsigned char token[kTokenBytes] = {};
     int fd = -1;
+    int pid = 0; /* the process it was made in */
 };
 inline const Proof &proof()
 {
     static Proof p;
-    static std::once_flag once;
-    std::call_once(once, [] {
-        std::size_t got = 0;
-        while (got < kTokenBytes) {
-            ssize_t r = getrandom(p.token + got, kTokenBytes - got, 0);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0) {
-                p.status = FABPOOL_ERR_IO;
-                p.msg = std::string("no random bytes for the exporter's token: ") + std::strerror(errno);
-                return;
-            }
-            got += (std::size_t)r;
+    static std::mutex mu;
+    std::lock_guard<std::mutex> g(mu);
+    if (p.pid == (int)getpid())
+        return p;
+    p = Proof(); /* (a parent's memfd stays open in a forked child: it proves nothing for the child's pid) */
+    p.pid = (int)getpid();
+    std::size_t got = 0;
+    while (got < kTokenBytes) {
+        ssize_t r = getrandom(p.token + got, kTokenBytes - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            p.status = FABPOOL_ERR_IO;
+            p.msg = std::string("no random bytes for the exporter's token: ") + std::strerror(errno);
+            return p;
         }
-        p.status = fabpool_fd_token_make(p.token, kTokenBytes, &p.fd);
-        if (p.status != FABPOOL_OK)
-            p.msg = fabpool_last_error();
-    });
+        got += (std::size_t)r;
+    }
+    std::string b = proof_bytes(p.token, p.pid);
+    p.status = fabpool_fd_token_make(b.data(), b.size(), &p.fd);
+    if (p.status != FABPOOL_OK)
+        p.msg = fabpool_last_error();
     return p;
 }
 
@@ -1132,8 +1147,10 @@ class ExtendedMemoryAllocator {
         fabpool_status s = it != pidfds_.end() ? FABPOOL_OK : fabpool_fd_pidfd_open(in.pid, &pidfd);
         if (it != pidfds_.end())
             pidfd = it->second.pidfd;
-        if (s == FABPOOL_OK)
-            s = fabpool_fd_token_check(pidfd, in.token_fd, token, detail::kTokenBytes);
+        if (s == FABPOOL_OK) {
+            std::string proof = detail::proof_bytes(token, in.pid);
+            s = fabpool_fd_token_check(pidfd, in.token_fd, proof.data(), proof.size());
+        }
         if (s != FABPOOL_OK) {
             std::string m = detail::last();
             if (it == pidfds_.end() && pidfd >= 0)

@@ -189,8 +189,9 @@ static int open_fds()
 
 /* A handle rewritten to name a third process (a bug or a hostile rank in the all-gather, or the exporter's pid
  * reused): that process holds memory of its own at the handle's fd numbers, but not the exporter's token (a
- * token memfd of other bytes there, or no fd), so open_handle copies nothing, maps nothing and keeps no fd.  The
- * handle as it was opens (the exporter, this process, shows its token). */
+ * token memfd of other bytes there, no fd, or the exporter's own memfd inherited by fork, which names the
+ * exporter's pid), so open_handle copies nothing, maps nothing and keeps no fd.  The handle as it was opens (the
+ * exporter, this process, shows its token). */
 static void check_third_process(ExtendedMemoryAllocator &a)
 {
     void *b = nullptr;
@@ -202,7 +203,7 @@ static void check_third_process(ExtendedMemoryAllocator &a)
     CHECK(ExtendedMemoryAllocator::read_header(h, &in) && in.nfds > 0 && in.token_fd >= 0 && in.pid == getpid());
     int theirs[fabpool_hybridep::kMaxHandleFds];
     size_t n = ExtendedMemoryAllocator::fds_of(h, theirs, fabpool_hybridep::kMaxHandleFds);
-    for (int no_token = 0; no_token < 2; no_token++) {
+    for (int mode = 0; mode < 3; mode++) { /* the token fd: other bytes, none, the exporter's inherited */
         int ready[2];
         CHECK(pipe(ready) == 0);
         fflush(stdout);
@@ -219,9 +220,10 @@ static void check_third_process(ExtendedMemoryAllocator &a)
             }
             int tok = -1;
             if (ok)
-                ok = no_token ? close(in.token_fd) == 0
-                              : fabpool_fd_token_make("another", 8, &tok) == FABPOOL_OK &&
-                                    dup2(tok, in.token_fd) == in.token_fd;
+                ok = mode == 2   ? true
+                     : mode == 1 ? close(in.token_fd) == 0
+                                 : fabpool_fd_token_make("another", 8, &tok) == FABPOOL_OK &&
+                                       dup2(tok, in.token_fd) == in.token_fd;
             char x = ok;
             if (write(ready[1], &x, 1) != 1 || !ok)
                 _exit(2);
@@ -238,8 +240,9 @@ static void check_third_process(ExtendedMemoryAllocator &a)
         fabsim_ledger l0 = t_ledger();
         int fds0 = open_fds();
         void *p = nullptr;
-        expect_error(no_token ? "a handle naming a third process without the token fd"
-                              : "a handle naming a third process with another token",
+        expect_error(mode == 2   ? "a handle naming a child forked from the exporter"
+                     : mode == 1 ? "a handle naming a third process without the token fd"
+                                 : "a handle naming a third process with another token",
                      FABPOOL_ERR_PERMISSION, "does not hold this group's token", [&] { a.open_handle(&p, &t); });
         fabsim_ledger l1 = t_ledger();
         CHECK(p == nullptr && l1.mappings == l0.mappings && l1.handles == l0.handles && open_fds() == fds0);

@@ -895,7 +895,7 @@ struct Impostor {
     std::string name;          /* the socket name it takes */
     std::vector<off_t> sizes;  /* the sender's chunk sizes: what it offers */
     const fabpool_torch::ipc::Handle *h = nullptr;
-    bool no_token = false;     /* the third process: no fd at the token's number (else a token of other bytes) */
+    int token_mode = 0;        /* the third process's token fd: 0 other bytes, 1 none, 2 the sender's, inherited */
     int ready[2] = {-1, -1};   /* it writes one byte once it listens (or holds its fds) */
 };
 
@@ -955,7 +955,8 @@ static int impostor_serve(void *arg)
 }
 
 /* The third process: memory of its own at the handle's fd numbers, and at its token fd number a token memfd of
- * other bytes, or nothing; it waits to be killed. */
+ * other bytes, nothing, or the sender's own (inherited by fork: it names the sender's pid); it waits to be
+ * killed. */
 static int third_process(void *arg)
 {
     Impostor *im = static_cast<Impostor *>(arg);
@@ -964,8 +965,8 @@ static int third_process(void *arg)
     bool ok = mem.size() == im->sizes.size() && fabpool_fd_token_make("not the sender..", 16, &tok) == FABPOOL_OK;
     for (size_t i = 0; ok && i < mem.size(); i++)
         ok = dup2(mem[i], im->h->fds[i]) == im->h->fds[i];
-    if (ok)
-        ok = im->no_token ? close(im->h->token_fd) == 0 : dup2(tok, im->h->token_fd) == im->h->token_fd;
+    if (ok && im->token_mode != 2)
+        ok = im->token_mode == 1 ? close(im->h->token_fd) == 0 : dup2(tok, im->h->token_fd) == im->h->token_fd;
     char c = ok;
     if (write(im->ready[1], &c, 1) != 1 || !ok)
         return 2;
@@ -1066,7 +1067,7 @@ static void check_ipc_impostor(Core &core)
 }
 
 /* A handle naming a third process on the pidfd path (no server reached): that process does not hold the sender's
- * token, so no fd of it is copied. */
+ * token (a forked child holds the sender's memfd, which names the sender's pid), so no fd of it is copied. */
 static void check_ipc_third_process(Core &core)
 {
     void *p = core.malloc(0, 3 * MiB, nullptr);
@@ -1076,8 +1077,8 @@ static void check_ipc_third_process(Core &core)
     Impostor im;
     im.h = &h;
     im.sizes = chunk_sizes(h);
-    for (bool no_token : {false, true}) {
-        im.no_token = no_token;
+    for (int mode : {0, 1, 2}) {
+        im.token_mode = mode;
         pid_t pid = -1;
         bool up = impostor_start(&im, third_process, false, &pid);
         CHECK(up);
@@ -1086,7 +1087,9 @@ static void check_ipc_third_process(Core &core)
         t.server_id ^= 1; /* no server of that name: the pidfd path */
         if (up)
             check_refused(core, fabpool_torch::ipc::encode(t), "does not hold this group's token",
-                          no_token ? "a third process without the token fd" : "a third process with another token");
+                          mode == 2   ? "a child forked from the sender"
+                          : mode == 1 ? "a third process without the token fd"
+                                      : "a third process with another token");
         if (pid > 0) {
             kill(pid, SIGKILL);
             waitpid(pid, nullptr, 0);

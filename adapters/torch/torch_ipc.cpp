@@ -64,6 +64,15 @@ void random_bytes(void *out, size_t n)
     }
 }
 
+/* What the token memfd holds: the token, then the pid of the process that made it, so that a child forked from
+ * the sender, which inherits the memfd, does not pass for the sender (a handle naming it is refused). */
+std::string proof_bytes(const uint8_t *token, int pid)
+{
+    std::string b(reinterpret_cast<const char *>(token), kTokenBytes);
+    put(b, int32_t(pid));
+    return b;
+}
+
 /* Whether a and b hold the same token, in a time that does not depend on where they differ. */
 bool same_token(const uint8_t *a, const void *b)
 {
@@ -173,7 +182,8 @@ Server::Server(Serve serve) : serve_(std::move(serve)), pid_(int(getpid()))
 {
     random_bytes(token_, kTokenBytes);
     random_bytes(&id_, sizeof id_);
-    if (fabpool_fd_token_make(token_, kTokenBytes, &token_fd_) != FABPOOL_OK)
+    std::string proof = proof_bytes(token_, pid_);
+    if (fabpool_fd_token_make(proof.data(), proof.size(), &token_fd_) != FABPOOL_OK)
         throw std::runtime_error(std::string("fabpool: the IPC fd server's token: ") + fabpool_last_error());
     std::string name = socket_name(pid_, id_);
     if (fabpool_fd_listen(name.c_str(), &listener_) != FABPOOL_OK) {
@@ -323,8 +333,9 @@ bool by_pidfd(const Handle &h, std::vector<int> *out, std::string *why, fabpool_
 {
     int pidfd = -1;
     *st = fabpool_fd_pidfd_open(h.pid, &pidfd);
+    std::string proof = proof_bytes(h.token, h.pid);
     if (*st == FABPOOL_OK)
-        *st = fabpool_fd_token_check(pidfd, h.token_fd, h.token, kTokenBytes);
+        *st = fabpool_fd_token_check(pidfd, h.token_fd, proof.data(), proof.size());
     std::vector<int> fds;
     for (size_t i = 0; *st == FABPOOL_OK && i < h.fds.size(); i++) {
         int got = -1;
