@@ -15,7 +15,10 @@
  * socketpair.  The fork comes first: a process must not fork once it has
  * used the CUDA driver.  (Processes that do not share a parent use
  * fabpool_fd_listen / fabpool_fd_accept / fabpool_fd_connect, abstract Unix
- * socket names, instead of the socketpair.)
+ * socket names, instead of the socketpair.  Anyone may connect to such a
+ * name, so both ends check the other's credentials: a process of this user
+ * by default, and with fabpool_fd_accept_peer / fabpool_fd_connect_peer only
+ * the pid the bootstrap named.)
  *
  *   cc share_fd.c -lfabpool -o share_fd && ./share_fd
  *   (no GPU: FABPOOL_CUDA_LIBRARY=build/sim/libcuda.so.1 ./share_fd)
