@@ -107,8 +107,8 @@ FABPOOL_API fabpool_status fabpool_fd_from_pid(int pid, int fd, int *out);
 /* A pidfd of process pid (pidfd_open; close-on-exec), and a copy of its fd
  * through it: a pidfd names the process it was opened for, also once a new
  * process takes its pid (the copy then answers FABPOOL_ERR_IO, "is gone").
- * Refusals as fabpool_fd_from_pid's; FABPOOL_ERR_NOT_SUPPORTED where the
- * kernel has no pidfd_open. */
+ * Refusals as fabpool_fd_from_pid's (FABPOOL_ERR_IO, also where the kernel
+ * has no pidfd_open: the message says so). */
 FABPOOL_API fabpool_status fabpool_fd_pidfd_open(int pid, int *pidfd);
 FABPOOL_API fabpool_status fabpool_fd_from_pidfd(int pidfd, int fd, int *out);
 /* A process's proof that it knows a token, for peers that copy its fds by

@@ -513,6 +513,21 @@ static void recv_closes_fds_when_the_peer_dies_mid_message(void)
     CHECK(count_fds() == before); /* the 2 that came are closed */
 }
 
+/* the soft RLIMIT_NOFILE the kernel holds (/proc/self/limits), -1 if unknown:
+ * valgrind answers setrlimit itself and leaves the kernel's as it was */
+static long kernel_nofile(void)
+{
+    FILE *f = fopen("/proc/self/limits", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "Max open files", 14) == 0)
+            v = strtol(line + 14, NULL, 10);
+    if (f)
+        fclose(f);
+    return v;
+}
+
 static void recv_fails_at_once_when_the_kernel_drops_fds(void)
 {
     struct rlimit rl0;
@@ -530,6 +545,12 @@ static void recv_fails_at_once_when_the_kernel_drops_fds(void)
     struct rlimit rl = rl0;
     rl.rlim_cur = (rlim_t)low + 1;
     CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+    if (kernel_nofile() != (long)rl.rlim_cur) {
+        CHECK(setrlimit(RLIMIT_NOFILE, &rl0) == 0);
+        printf("  the kernel's RLIMIT_NOFILE did not change (valgrind answers setrlimit): not checked here\n");
+        close(sp[0]), close(sp[1]);
+        return;
+    }
     int fds[4];
     size_t n = 77, len = 0;
     char buf[8];
@@ -763,14 +784,19 @@ static void token_proves_the_process_holds_it(void)
                  {"a plain file with the bytes", file, FABPOOL_ERR_PERMISSION},
                  {"no fd there", -1, FABPOOL_ERR_PERMISSION}};
     pid_t kids[5];
-    int pfd[5];
+    int pfd[5], skip = 0;
     for (int i = 0; i < 5; i++) {
         kids[i] = holder(cases[i].fd, at, go[0], ready[1]);
         pfd[i] = -1;
-        CHECK_OK(fabpool_fd_pidfd_open((int)kids[i], &pfd[i]));
+        fabpool_status ps = fabpool_fd_pidfd_open((int)kids[i], &pfd[i]);
+        if (ps != FABPOOL_OK && strstr(fabpool_last_error(), "Linux 5.6")) /* valgrind 3.19 knows no pidfd_open */
+            skip = 1;
+        else
+            CHECK(ps == FABPOOL_OK);
         CHECK(wait_byte(ready[0], 5000) == 0);
     }
-    int skip = 0;
+    if (skip)
+        printf("  pidfd_open is not implemented here: the token checks are not run\n");
     for (int i = 0; i < 5 && !skip; i++) {
         fabpool_status st = fabpool_fd_token_check(pfd[i], at, tok, 16);
         if (st == FABPOOL_ERR_IO && strstr(fabpool_last_error(), strerror(EPERM))) {
@@ -817,12 +843,13 @@ static int scope(void)
     return v;
 }
 
-/* the child: copies the parent's fd; 0 when it got it, 1 when refused */
+/* the child: copies the parent's fd; 0 when it got it, 1 when refused, 4
+ * where the system has no pidfd_getfd (valgrind 3.19) */
 static int child_copy(int parent, int fd)
 {
     int got = -1;
     if (fabpool_fd_from_pid(parent, fd, &got) != FABPOOL_OK)
-        return 1;
+        return strstr(fabpool_last_error(), "Linux 5.6") ? 4 : 1;
     close(got);
     return 0;
 }
@@ -843,12 +870,12 @@ static void allow_peer_names_one_pid_then_withdraws(void)
     pid_t c = fork();
     if (c == 0) { /* copies once allowed, and again once the consent is withdrawn */
         if (wait_byte(go[0], 10000) != 0)
-            _exit(4);
+            _exit(16);
         int first = child_copy(parent, fd);
         if (write(done[1], "c", 1) != 1 || wait_byte(go[0], 10000) != 0)
-            _exit(4);
+            _exit(16);
         int second = child_copy(parent, fd);
-        _exit(first | second << 1);
+        _exit(first == 4 ? 4 : first | (second & 1) << 1);
     }
     CHECK_OK(fabpool_fd_allow_peer((int)c));
     CHECK(write(go[1], "g", 1) == 1);
@@ -858,6 +885,11 @@ static void allow_peer_names_one_pid_then_withdraws(void)
     int ws = 0;
     CHECK(waitpid(c, &ws, 0) == c && WIFEXITED(ws));
     int r = WEXITSTATUS(ws);
+    if (r == 4) {
+        printf("  pidfd_getfd is not implemented here: only the calls' answers checked\n");
+        close(fd), close(go[0]), close(go[1]), close(done[0]), close(done[1]);
+        return;
+    }
     CHECK(r < 4);
     CHECK((r & 1) == 0); /* allowed: copied */
     if (sc == 1)

@@ -126,8 +126,8 @@ fabpool_status fabpool_fd_pidfd_open(int pid, int *pidfd)
     int pfd = (int)syscall(SYS_pidfd_open, pid, 0); /* close-on-exec, always */
     if (pfd < 0) {
         int e = errno;
-        return fp_error(e == ENOSYS ? FABPOOL_ERR_NOT_SUPPORTED : FABPOOL_ERR_IO, "pidfd_open(%d): %s: %s", pid,
-                        strerror(e), pidfd_advice(e, ptrace_scope()));
+        /* FABPOOL_ERR_IO for ENOSYS too (a kernel or valgrind without pidfd_open): the message says which */
+        return fp_error(FABPOOL_ERR_IO, "pidfd_open(%d): %s: %s", pid, strerror(e), pidfd_advice(e, ptrace_scope()));
     }
     *pidfd = pfd;
     return FABPOOL_OK;
@@ -151,7 +151,7 @@ static int getfd(int pidfd, int fd)
 
 static fabpool_status getfd_error(int pid, int fd, int e)
 {
-    return fp_error(e == ENOSYS ? FABPOOL_ERR_NOT_SUPPORTED : FABPOOL_ERR_IO, "pidfd_getfd(%d, %d): %s: %s", pid, fd,
+    return fp_error(FABPOOL_ERR_IO, "pidfd_getfd(%d, %d): %s: %s", pid, fd,
                     strerror(e), pidfd_advice(e, ptrace_scope()));
 }
 
