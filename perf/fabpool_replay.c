@@ -164,6 +164,10 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
                 pl->skipped_failed++;
                 continue;
             }
+            if (pl->n_objs == UINT32_MAX) { /* an object's index is 32 bits (rop.obj) */
+                snprintf(err, cap, "the trace gives out more than %u blocks and buffers", UINT32_MAX - 1);
+                goto fail;
+            }
             if (pl->n_objs == obj_cap) {
                 obj_cap = obj_cap ? obj_cap * 2 : 4096;
                 uint64_t *ns = realloc(obj_size, obj_cap * sizeof *ns);
@@ -178,6 +182,8 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
             o.kind = is_alloc ? R_ALLOC : R_BCREATE;
             o.size = r->size;
             o.max = r->op == FABPOOL_TR_BUF_CREATE ? (r->arg ? r->arg : r->size) : 0;
+            if (r->size > UINT64_MAX - bytes)
+                goto too_many;
             bytes += r->size;
         } else if (is_free || r->op == FABPOOL_TR_BUF_DESTROY) {
             uint64_t v = 0;
@@ -197,7 +203,10 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
             obj = v - 1;
             o.kind = R_BRESIZE;
             o.size = r->size;
-            bytes = bytes - obj_size[obj] + r->size;
+            bytes -= obj_size[obj]; /* obj_size[] of the live objects adds up to bytes */
+            if (r->size > UINT64_MAX - bytes)
+                goto too_many;
+            bytes += r->size;
             obj_size[obj] = r->size;
         } else {
             o.kind = is_trim ? R_TRIM : R_EMPTY;
@@ -212,6 +221,9 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
     u64map_free(&live);
     u64map_free(&streams);
     return 0;
+too_many:
+    snprintf(err, cap, "the trace's live blocks and buffers add up to more bytes than 64 bits count");
+    goto fail;
 nomem:
     snprintf(err, cap, "no host memory to plan the replay");
 fail:

@@ -18,6 +18,8 @@ static size_t slot_of(uint64_t k, size_t cap) { return (size_t)((k * 0x9E3779B97
 
 int u64map_put(u64map *m, uint64_t key, uint64_t val)
 {
+    if (!key)
+        return 0; /* 0 marks an empty slot: never a key (no record names memory at address 0) */
     if ((m->n + 1) * 2 > m->cap) {
         size_t nc = m->cap ? m->cap * 2 : 1024;
         uint64_t *nk = calloc(nc, sizeof *nk), *nv = calloc(nc, sizeof *nv);
@@ -244,6 +246,14 @@ int trace_load(const char *path, trace_data *d, char *err, size_t cap)
     size_t len = 0;
     if (slurp(path, &b, &len, err, cap) != 0)
         return -1;
+    int rc = trace_parse(b, len, path, d, err, cap);
+    free(b);
+    return rc;
+}
+
+int trace_parse(const unsigned char *b, size_t len, const char *path, trace_data *d, char *err, size_t cap)
+{
+    memset(d, 0, sizeof *d);
     int rc = -1;
     if (len < FABPOOL_TRACE_HEADER_BYTES) {
         snprintf(err, cap, "trace '%s' is truncated: %zu bytes, shorter than the %u-byte header", path, len,
@@ -267,6 +277,11 @@ int trace_load(const char *path, trace_data *d, char *err, size_t cap)
         goto out;
     }
     d->h.device = (int32_t)fabpool_le_get32(b + 20);
+    if (d->h.device < 0 || d->h.device > TRACE_MAX_DEVICE) {
+        snprintf(err, cap, "trace '%s' is corrupt: its header names device %d; a device ordinal is 0 to %d", path,
+                 d->h.device, TRACE_MAX_DEVICE);
+        goto out;
+    }
     d->h.granularity = fabpool_le_get64(b + 24);
     d->h.slab_max = fabpool_le_get64(b + 32);
     d->h.n_records = fabpool_le_get64(b + 40);
@@ -310,19 +325,14 @@ int trace_load(const char *path, trace_data *d, char *err, size_t cap)
     for (size_t i = 0; i < whole; i++) {
         fabpool_trace_rec *r = &d->recs[i];
         fabpool_trace_decode_rec(b + FABPOOL_TRACE_HEADER_BYTES + i * FABPOOL_TRACE_RECORD_BYTES, r);
-        const char *bad = NULL;
-        if (r->op == 0 || r->op >= FABPOOL_TR_NOPS)
-            bad = "an unknown op";
-        else if (r->status != FABPOOL_TRACE_STATUS_UNKNOWN && r->status > FABPOOL_ERR_ASLEEP)
-            bad = "an unknown status";
-        else if (r->t_ns < last_t)
+        const char *bad = trace_rec_bad(r);
+        if (!bad && r->t_ns < last_t)
             bad = "a time stamp earlier than the record before it";
-        else if (r->thread == 0)
-            bad = "thread 0";
         if (bad) {
             snprintf(err, cap, "trace '%s' is corrupt: record %zu (of %zu, at byte %zu) has %s (op %u, status %u, "
-                     "t %llu ns)", path, i, whole, FABPOOL_TRACE_HEADER_BYTES + i * FABPOOL_TRACE_RECORD_BYTES, bad, r->op,
-                     r->status, (unsigned long long)r->t_ns);
+                     "t %llu ns, ptr 0x%llx, size %llu)", path, i, whole,
+                     FABPOOL_TRACE_HEADER_BYTES + i * FABPOOL_TRACE_RECORD_BYTES, bad, r->op, r->status,
+                     (unsigned long long)r->t_ns, (unsigned long long)r->ptr, (unsigned long long)r->size);
             free(d->recs);
             d->recs = NULL;
             goto out;
@@ -335,8 +345,29 @@ int trace_load(const char *path, trace_data *d, char *err, size_t cap)
         d->has_app = 1;
     rc = 0;
 out:
-    free(b);
     return rc;
+}
+
+const char *trace_rec_bad(const fabpool_trace_rec *r)
+{
+    if (r->op == 0 || r->op >= FABPOOL_TR_NOPS)
+        return "an unknown op";
+    if (r->status != FABPOOL_TRACE_STATUS_UNKNOWN && r->status > FABPOOL_ERR_ASLEEP)
+        return "an unknown status";
+    if (r->thread == 0)
+        return "thread 0";
+    int ok = r->status == FABPOOL_TRACE_STATUS_UNKNOWN || r->status == FABPOOL_OK;
+    int ranged = r->op == FABPOOL_TR_ALLOC || r->op == FABPOOL_TR_APP_ALLOC || r->op == FABPOOL_TR_BUF_CREATE ||
+                 r->op == FABPOOL_TR_BUF_RESIZE || r->op == FABPOOL_TR_MAP || r->op == FABPOOL_TR_UNMAP;
+    if (!ranged || !ok)
+        return NULL;
+    if (r->ptr == 0)
+        return "memory at address 0";
+    if (r->size > UINT64_MAX - r->ptr)
+        return "a range that runs past the end of the address space";
+    if ((r->op == FABPOOL_TR_MAP || r->op == FABPOOL_TR_UNMAP) && r->size == 0)
+        return "a map or unmap of 0 bytes";
+    return NULL;
 }
 
 void trace_free(trace_data *d)
@@ -354,6 +385,10 @@ static unsigned log2_floor(uint64_t x)
         k++;
     return k;
 }
+
+/* The summary's byte counts: a hostile trace may claim more than 2^64 bytes live; they stop at the top. */
+static uint64_t sat_add(uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UINT64_MAX : a + b; }
+static uint64_t sat_sub(uint64_t a, uint64_t b) { return b > a ? 0 : a - b; }
 
 static void stream_seen(trace_summary *s, uint64_t st)
 {
@@ -398,12 +433,12 @@ void trace_summarize(const trace_data *d, trace_summary *s)
                 break;
             if (r->op == FABPOOL_TR_ALLOC) {
                 u64map_put(&pool_live, r->ptr, r->size);
-                pool_bytes += r->size;
+                pool_bytes = sat_add(pool_bytes, r->size);
             }
             if (counted_level) {
                 s->hist[r->size ? log2_floor(r->size) : 0]++;
                 u64map_put(&live, r->ptr, r->size);
-                bytes += r->size;
+                bytes = sat_add(bytes, r->size);
             }
             break;
         case FABPOOL_TR_FREE:
@@ -411,10 +446,10 @@ void trace_summarize(const trace_data *d, trace_summary *s)
             if (r->op == FABPOOL_TR_APP_FREE)
                 stream_seen(s, r->arg);
             if (r->op == FABPOOL_TR_FREE && u64map_del(&pool_live, r->ptr, &v))
-                pool_bytes -= v;
+                pool_bytes = sat_sub(pool_bytes, v);
             if (counted_level) {
                 if (u64map_del(&live, r->ptr, &v))
-                    bytes -= v;
+                    bytes = sat_sub(bytes, v);
                 else
                     s->unknown_frees++;
             }
@@ -423,15 +458,15 @@ void trace_summarize(const trace_data *d, trace_summary *s)
             s->buf_hist[r->size ? log2_floor(r->size) : 0]++;
             u64map_put(&live, r->ptr, r->size);
             u64map_put(&pool_live, r->ptr, r->size);
-            bytes += r->size;
-            pool_bytes += r->size;
+            bytes = sat_add(bytes, r->size);
+            pool_bytes = sat_add(pool_bytes, r->size);
             break;
         case FABPOOL_TR_BUF_RESIZE:
             stream_seen(s, r->arg);
             s->buf_hist[r->size ? log2_floor(r->size) : 0]++;
             if (u64map_get(&live, r->ptr, &v)) {
-                bytes = bytes - v + r->size;
-                pool_bytes = pool_bytes - v + r->size;
+                bytes = sat_add(sat_sub(bytes, v), r->size);
+                pool_bytes = sat_add(sat_sub(pool_bytes, v), r->size);
                 u64map_put(&live, r->ptr, r->size);
                 u64map_put(&pool_live, r->ptr, r->size);
             } else {
@@ -441,9 +476,9 @@ void trace_summarize(const trace_data *d, trace_summary *s)
         case FABPOOL_TR_BUF_DESTROY:
             stream_seen(s, r->arg);
             if (u64map_del(&live, r->ptr, &v)) {
-                bytes -= v;
+                bytes = sat_sub(bytes, v);
                 u64map_del(&pool_live, r->ptr, NULL);
-                pool_bytes -= v;
+                pool_bytes = sat_sub(pool_bytes, v);
             } else {
                 s->unknown_frees++;
             }

@@ -18,14 +18,25 @@ typedef struct trace_data {
     char note[256];      /* what the reader accepted with a warning ("" if nothing) */
 } trace_data;
 
+/* The highest device ordinal a trace may name (the tools' --device takes 0 to this). */
+#define TRACE_MAX_DEVICE 1023
+
 /* Reads a whole trace (gzip-compressed if it starts with gzip's magic: through
  * zlib where built with it, else `gzip -dc`).  Refuses a file that is not a
- * trace, of another version, truncated, or corrupt (checksum, an unknown op or
- * status, time going back): -1 with the reason in err.  A trace whose writer
- * never completed it (the process died) is read up to its last whole record,
- * with a note. */
+ * trace, of another version, truncated, or corrupt (checksum, a device
+ * outside 0..TRACE_MAX_DEVICE, a record trace_rec_bad refuses, time going
+ * back): -1 with the reason in err.  A trace whose writer never completed it
+ * (the process died) is read up to its last whole record, with a note. */
 int trace_load(const char *path, trace_data *d, char *err, size_t cap);
+/* The same, of the len bytes at b (already decompressed); path only names the trace in messages. */
+int trace_parse(const unsigned char *b, size_t len, const char *path, trace_data *d, char *err, size_t cap);
 void trace_free(trace_data *d);
+
+/* Why r cannot be a record the pool wrote, or NULL: an unknown op or status, thread 0, or memory given out,
+ * resized, mapped or unmapped (a successful alloc, app_alloc, buffer record, map, unmap) at address 0 or over a
+ * range that runs past the end of the 64-bit address space, or a map or unmap of 0 bytes.  Every reader takes
+ * only records that pass, so that each range [ptr, ptr + size) it computes is a true one. */
+const char *trace_rec_bad(const fabpool_trace_rec *r);
 
 /* 1 if r is one of the application's calls (its level): in a trace whose header has
  * FABPOOL_TRACE_F_APP_MARKED, a record marked FABPOOL_TRACE_R_APP; in one without, an app_* record or a

@@ -40,7 +40,8 @@ static int walk_emit(viz_fn fn, void *ctx, viz_ev *e, int kind, const char *name
     return fn(ctx, e);
 }
 
-/* Calls fn for each event of d's level in order: 0, -1 (no host memory, in err) or what fn returned (not 0). */
+/* Calls fn for each event of d's level in order: 0, -1 (no host memory, a record the reader would refuse, or
+ * more bytes than 64 bits count; in err) or what fn returned (not 0). */
 static int walk(const trace_data *d, viz_fn fn, void *ctx, char *err, size_t cap)
 {
     u64map live = {0}, chunks = {0};
@@ -48,6 +49,18 @@ static int walk(const trace_data *d, viz_fn fn, void *ctx, char *err, size_t cap
     int rc = 0;
     for (size_t i = 0; i < d->n && rc == 0; i++) {
         const fabpool_trace_rec *r = &d->recs[i];
+        /* every range below is a true one (trace_rec_bad), and every sum of them fits in 64 bits */
+        const char *bad = trace_rec_bad(r);
+        if (!bad && i && r->t_ns < d->recs[i - 1].t_ns)
+            bad = "a time stamp earlier than the record before it";
+        if (!bad && (r->size > UINT64_MAX - e.in_use || r->size > UINT64_MAX - e.mapped))
+            bad = "more bytes live or mapped than 64 bits count";
+        if (bad) {
+            snprintf(err, cap, "record %zu (op %u, ptr 0x%llx, size %llu) has %s", i, r->op,
+                     (unsigned long long)r->ptr, (unsigned long long)r->size, bad);
+            rc = -1;
+            break;
+        }
         int ok = r->status == FABPOOL_TRACE_STATUS_UNKNOWN || r->status == FABPOOL_OK;
         int level = d->has_app ? trace_rec_app(d, r) : r->op <= FABPOOL_TR_FREE;
         uint64_t v = 0;
@@ -289,8 +302,13 @@ typedef struct iset {
 /* s with [a, a + n) added (add) or taken out (!add): 0, or -1 (no memory; s unchanged). */
 static int iset_apply(iset *s, uint64_t a, uint64_t n, int add)
 {
+    if (n > UINT64_MAX - a) /* walk() passes none */
+        return -1;
     uint64_t e = a + n;
-    range *out = malloc((s->n + 2) * sizeof *out);
+    /* each range gives at most two (the parts of it left either side of [a, e)), and [a, e) one more */
+    if (s->n > (SIZE_MAX / sizeof(range) - 1) / 2)
+        return -1;
+    range *out = malloc((2 * s->n + 1) * sizeof *out);
     if (!out)
         return -1;
     size_t k = 0, i = 0;
@@ -316,7 +334,7 @@ static int iset_apply(iset *s, uint64_t a, uint64_t n, int add)
     free(s->r);
     s->r = out;
     s->n = k;
-    s->cap = s->n + 2;
+    s->cap = 2 * s->n + 1;
     return 0;
 }
 
@@ -468,13 +486,12 @@ static void pk_block(pk *p, uint64_t addr, uint64_t size, int live)
     pk_item(p);
 }
 
-/* One segment [a, a + n) holding the live blocks blk[*bi...] that start in it, gaps as inactive blocks. */
-static void pk_segment(pk *p, int device, uint64_t a, uint64_t n, const range *blk, size_t nblk, size_t *bi)
+/* One segment [a, a + n) holding the live blocks blk[from, to), gaps as inactive blocks. */
+static void pk_segment(pk *p, int device, uint64_t a, uint64_t n, const range *blk, size_t from, size_t to)
 {
     uint64_t used = 0;
-    size_t j = *bi;
-    for (; j < nblk && blk[j].a < a + n; j++)
-        used += blk[j].n;
+    for (size_t j = from; j < to; j++)
+        used = blk[j].n > UINT64_MAX - used ? UINT64_MAX : used + blk[j].n;
     pk_op(p, PK_EMPTY_DICT);
     pk_op(p, PK_MARK);
     pk_kv_u64(p, K_DEVICE, (uint64_t)device);
@@ -498,11 +515,12 @@ static void pk_segment(pk *p, int device, uint64_t a, uint64_t n, const range *b
     size_t outer = p->in_batch;
     pk_list_begin(p);
     uint64_t at = a;
-    for (; *bi < j; (*bi)++) {
-        if (blk[*bi].a > at)
-            pk_block(p, at, blk[*bi].a - at, 0);
-        pk_block(p, blk[*bi].a, blk[*bi].n, 1);
-        at = blk[*bi].a + blk[*bi].n;
+    for (size_t j = from; j < to; j++) { /* the ranges are true ones (walk), so no end below wraps */
+        if (blk[j].a > at)
+            pk_block(p, at, blk[j].a - at, 0);
+        pk_block(p, blk[j].a, blk[j].n, 1);
+        if (blk[j].a + blk[j].n > at)
+            at = blk[j].a + blk[j].n;
     }
     if (at < a + n)
         pk_block(p, at, a + n - at, 0);
@@ -512,8 +530,9 @@ static void pk_segment(pk *p, int device, uint64_t a, uint64_t n, const range *b
     pk_item(p);
 }
 
-/* The segments at the end: each contiguous range shown mapped, with the live blocks in it.  A live block
- * outside every range (a trace without map records) is a segment of its own. */
+/* The segments at the end: each contiguous range shown mapped, with the live blocks that lie in it.  A live
+ * block outside every range (a trace without map records) is a segment of its own.  Each turn takes a range
+ * or at least one block, so the list ends. */
 static int pk_segments(snap_ctx *s, int device)
 {
     range *blk = NULL;
@@ -533,9 +552,11 @@ static int pk_segments(snap_ctx *s, int device)
             size_t j = bi;
             while (j < nblk && blk[j].a < end && blk[j].a + blk[j].n <= end)
                 j++;
-            pk_segment(p, device, a, end - a, blk, j, &bi);
+            pk_segment(p, device, a, end - a, blk, bi, j);
+            bi = j;
         } else {
-            pk_segment(p, device, blk[bi].a, blk[bi].n, blk, bi + 1, &bi);
+            pk_segment(p, device, blk[bi].a, blk[bi].n, blk, bi, bi + 1);
+            bi++;
         }
     }
     pk_list_end(p);
@@ -548,7 +569,11 @@ int trace_write_snapshot(const trace_data *d, FILE *f, char *err, size_t cap)
     snap_ctx s;
     memset(&s, 0, sizeof s);
     s.p.f = f;
-    int device = d->h.device > 0 ? d->h.device : 0;
+    if (d->h.device < 0 || d->h.device > TRACE_MAX_DEVICE) { /* one empty list a device before it */
+        snprintf(err, cap, "the trace names device %d; a device ordinal is 0 to %d", d->h.device, TRACE_MAX_DEVICE);
+        return -1;
+    }
+    int device = d->h.device;
     pk *p = &s.p;
     fputs("\x80\x02", f); /* PROTO 2 */
     pk_op(p, PK_EMPTY_DICT);
@@ -620,8 +645,10 @@ static void col_put(col *c, uint64_t v)
 static int svg_point(void *p, const viz_ev *e)
 {
     svg_ctx *c = p;
-    uint64_t t = e->r->t_ns - c->t0;
+    uint64_t t = e->r->t_ns - c->t0; /* walk() passes only time stamps in order: t0 <= t_ns <= t0 + span */
     size_t x = c->span ? (size_t)((double)t / (double)c->span * (SVG_COLS - 1)) : 0;
+    if (x >= SVG_COLS)
+        x = SVG_COLS - 1;
     col_put(&c->use[x], e->in_use);
     col_put(&c->map[x], e->mapped);
     if (e->in_use > c->peak)

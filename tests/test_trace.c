@@ -27,6 +27,7 @@
 #include "testutil.h"
 #include "planted.h"
 #include "trace_file.h"
+#include "trace_viz.h"
 
 static char dir[256];
 
@@ -602,6 +603,139 @@ static void exit_flush_and_fork(void)
     }
 }
 
+/* Runs a shell command, its output (stdout and stderr) into out: its exit status, or -1. */
+static int run_cmd(const char *cmd, char *out, size_t cap)
+{
+    FILE *pp = popen(cmd, "r");
+    size_t got = pp ? fread(out, 1, cap - 1, pp) : 0;
+    out[got] = 0;
+    int rc = pp ? pclose(pp) : -1;
+    return rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* ------------------------------------------------------------ hostile traces */
+
+/* A closed trace of the n records (with their checksum) on device dev into path: 0 or -1. */
+static int write_trace(const char *path, int32_t dev, const fabpool_trace_rec *r, size_t n)
+{
+    fabpool_trace_header h = {dev, FABPOOL_TRACE_VERSION, FABPOOL_TRACE_F_APP_MARKED, 1, 2u << 20, 1u << 20, n,
+                              FABPOOL_FNV_OFFSET};
+    unsigned char b[FABPOOL_TRACE_RECORD_BYTES];
+    for (size_t i = 0; i < n; i++) {
+        fabpool_trace_encode_rec(b, &r[i]);
+        h.checksum = fabpool_fnv1a(h.checksum, b, sizeof b);
+    }
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    unsigned char hb[FABPOOL_TRACE_HEADER_BYTES];
+    fabpool_trace_encode_header(hb, &h);
+    int ok = fwrite(hb, 1, sizeof hb, f) == sizeof hb;
+    for (size_t i = 0; i < n && ok; i++) {
+        fabpool_trace_encode_rec(b, &r[i]);
+        ok = fwrite(b, 1, sizeof b, f) == sizeof b;
+    }
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+#define REC(t, op, ptr, size) {(t), (ptr), (size), 0, (op), FABPOOL_OK, 1, FABPOOL_TRACE_R_APP}
+#define TOP(k) (UINT64_MAX - (k) + 1) /* the last k bytes of the address space */
+
+/* Traces that claim what no pool writes: each is an error with a message from the reader, fabpool_trace (no
+ * snapshot file left), fabpool_replay, and from the snapshot writer itself given the records without the reader;
+ * never a write out of bounds (ASan) or a write without end (the tools' timeout, this process's alarm). */
+static void hostile_traces(const char *replay, const char *tool)
+{
+    static const fabpool_trace_rec four_maps[] = {
+        /* maps whose ranges run past the end of the address space: the snapshot's sets of mapped ranges came
+         * out of order, and one more range than their buffer held was written */
+        REC(1, FABPOOL_TR_MAP, 0xa7ull << 56, (0x64ull << 56) + 0x200000),
+        REC(2, FABPOOL_TR_MAP, 0x20f1ull << 48, 0xf7ull << 56),
+        REC(3, FABPOOL_TR_MAP, 0x20007eull << 40, 0x4ull << 48),
+        REC(4, FABPOOL_TR_MAP, 0x0a0aull << 48, 0xef0aull << 48),
+    }, three[] = {
+        /* a map that wraps past the top, an allocation, its unmap: the unmap never took the range away, and the
+         * writer went on writing segment_unmap events */
+        REC(1, FABPOOL_TR_MAP, TOP(2u << 20), 4u << 20),
+        REC(2, FABPOOL_TR_APP_ALLOC, 0x100000, 4096),
+        REC(3, FABPOOL_TR_UNMAP, TOP(2u << 20), 4u << 20),
+    }, one_alloc[] = {
+        REC(1, FABPOOL_TR_APP_ALLOC, 0x100000, 4096), /* with device 2^31-1: 104 bytes, one empty list a device */
+    }, too_many[] = {
+        REC(1, FABPOOL_TR_APP_ALLOC, 0x1000, 1ull << 63), /* live bytes past 2^64 */
+        REC(2, FABPOOL_TR_APP_ALLOC, 0x2000, 1ull << 63),
+    };
+    struct {
+        const char *name;
+        const fabpool_trace_rec *r;
+        size_t n;
+        int32_t dev;
+        const char *reader, *writer; /* what their messages say; reader NULL: the reader takes it */
+    } cases[] = {
+        {"four-maps", four_maps, 4, 0, "runs past the end of the address space", "past the end"},
+        {"three", three, 3, 0, "runs past the end of the address space", "past the end"},
+        {"device", one_alloc, 1, INT32_MAX, "names device 2147483647", "device 2147483647"},
+        {"too-many", too_many, 2, 0, NULL, "more bytes live or mapped than 64 bits count"},
+    };
+    char path[300], snap[320], cmd[1400], out[4096], err[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(path, sizeof path, "%s/hostile-%s.trace", dir, cases[i].name);
+        snprintf(snap, sizeof snap, "%s.pickle", path);
+        CHECK(write_trace(path, cases[i].dev, cases[i].r, cases[i].n) == 0);
+        trace_data d;
+        int rc = trace_load(path, &d, err, sizeof err);
+        CHECK(cases[i].reader ? rc == -1 && strstr(err, cases[i].reader) : rc == 0);
+        if (rc == 0)
+            trace_free(&d);
+        else if (!cases[i].reader || !strstr(err, cases[i].reader))
+            fprintf(stderr, "%s: the reader says: %s\n", cases[i].name, err);
+        if (tool) {
+            snprintf(cmd, sizeof cmd, "timeout 20 '%s' --memory-snapshot '%s' '%s' 2>&1", tool, snap, path);
+            CHECK(run_cmd(cmd, out, sizeof out) == 1);
+            CHECK(strstr(out, cases[i].reader ? cases[i].reader : cases[i].writer) != NULL);
+            struct stat sb;
+            CHECK(stat(snap, &sb) != 0); /* no half snapshot left */
+        }
+        if (replay) {
+            snprintf(cmd, sizeof cmd, "timeout 60 '%s' '%s' --allocators fabpool 2>&1", replay, path);
+            CHECK(run_cmd(cmd, out, sizeof out) == 1);
+            CHECK(strstr(out, cases[i].reader ? cases[i].reader : "more bytes than 64 bits count") != NULL);
+        }
+        /* the writer on its own, given the records as they are */
+        trace_data raw = {.recs = (fabpool_trace_rec *)cases[i].r, .n = cases[i].n, .has_app = 1};
+        raw.h.device = cases[i].dev;
+        raw.h.flags = FABPOOL_TRACE_F_APP_MARKED;
+        FILE *f = fopen(snap, "wb");
+        CHECK(f != NULL);
+        if (!f)
+            continue;
+        err[0] = 0;
+        alarm(20);
+        CHECK(trace_write_snapshot(&raw, f, err, sizeof err) == -1 && strstr(err, cases[i].writer));
+        long size = ftell(f);
+        CHECK(size >= 0 && size < 4096);
+        if (cases[i].dev == 0) { /* the CSV and the plot walk the same records (they name no device) */
+            CHECK(trace_write_csv(&raw, f, err, sizeof err) == -1 && strstr(err, cases[i].writer));
+            CHECK(trace_write_svg(&raw, "hostile", f, err, sizeof err) == -1 && strstr(err, cases[i].writer));
+        }
+        alarm(0);
+        fclose(f);
+        unlink(snap);
+    }
+    /* a live buffer of 0 bytes outside any map (no pool writes one, the reader takes it): a snapshot of one
+     * segment, where the writer used to take the same block again without end */
+    static const fabpool_trace_rec empty[] = {REC(1, FABPOOL_TR_BUF_CREATE, 0x100000, 0)};
+    snprintf(path, sizeof path, "%s/empty-buffer.trace", dir);
+    snprintf(snap, sizeof snap, "%s.pickle", path);
+    CHECK(write_trace(path, 0, empty, 1) == 0);
+    if (tool) {
+        snprintf(cmd, sizeof cmd, "timeout 20 '%s' --memory-snapshot '%s' '%s' 2>&1", tool, snap, path);
+        CHECK(run_cmd(cmd, out, sizeof out) == 0);
+        struct stat sb;
+        CHECK(stat(snap, &sb) == 0 && sb.st_size > 0 && sb.st_size < 4096);
+    }
+}
+
 /* ------------------------------------------------------------ bad files */
 
 static int copy_cut(const char *from, const char *to, long cut, long flip)
@@ -622,16 +756,6 @@ static int copy_cut(const char *from, const char *to, long cut, long flip)
     fwrite(b, 1, n, f);
     fclose(f);
     return 0;
-}
-
-/* Runs a shell command, its output (stdout and stderr) into out: its exit status, or -1. */
-static int run_cmd(const char *cmd, char *out, size_t cap)
-{
-    FILE *pp = popen(cmd, "r");
-    size_t got = pp ? fread(out, 1, cap - 1, pp) : 0;
-    out[got] = 0;
-    int rc = pp ? pclose(pp) : -1;
-    return rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 static void refused(const char *replay)
@@ -1031,6 +1155,7 @@ int main(int argc, char **argv)
     env_and_names();
     exit_flush_and_fork();
     refused(argc > 1 ? argv[1] : NULL);
+    hostile_traces(argc > 1 ? argv[1] : NULL, argc > 2 ? argv[2] : NULL);
     asleep_in_trace();
     flush_while_running();
     two_streams_replay(argc > 1 ? argv[1] : NULL);
