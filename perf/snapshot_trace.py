@@ -17,9 +17,15 @@ The sizes are those PyTorch's allocator gave (rounded up to 512 bytes, or more w
 a little above what the program asked. The history is a ring of max_entries events: frees, unmaps and ends of
 blocks allocated before it began are left out, and counted. The times are `time_us` where the snapshot has it.
 Prints the peak live bytes, the peak PyTorch held and their ratio.
+
+The snapshot is read by a restricted unpickler: a pickle can name any function to call while it is read, and a
+snapshot is plain data (dicts, lists, tuples, strings, numbers, booleans, None), so one that names anything else
+is refused, never run. Every value taken from it is checked (addresses and sizes in 64 bits, ranges that do not
+run past the end of the address space, device 0 to 1023).
 """
 import argparse
 import gzip
+import math
 import pickle
 import struct
 import sys
@@ -29,6 +35,46 @@ VERSION, HEADER_BYTES, RECORD_BYTES = 1, 64, 40
 OP_MAP, OP_UNMAP, OP_APP_ALLOC, OP_APP_FREE = 10, 11, 7, 8
 PAGE = 2 << 20  # PyTorch's expandable segments map whole pages of 2 MiB or multiples of it
 FNV_OFFSET, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
+U64 = (1 << 64) - 1
+MAX_DEVICE = 1023  # what the trace's readers take (perf/trace_file.h, TRACE_MAX_DEVICE)
+
+# What a snapshot may name: the plain types PyTorch's _dump_snapshot writes need no name at all (the pickle has
+# opcodes of its own for them); these few are what other writers of plain data name, and constructing them runs
+# nothing else.
+SAFE_GLOBALS = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset", "str", "int", "float",
+                                          "bool", "bytes", "complex")} | {("collections", "OrderedDict")}
+
+
+class SnapshotError(Exception):
+    """A snapshot that cannot be converted: the message says which value and why."""
+
+
+class PlainUnpickler(pickle.Unpickler):
+    """An unpickler of plain data: a name outside SAFE_GLOBALS (a class, os.system, ...) is refused."""
+
+    def find_class(self, module, name):
+        if (module, name) in SAFE_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which a memory snapshot never holds; refused, "
+                                     "not run (a pickle can call what it names while it is read)")
+
+
+def load_snapshot(path):
+    """The snapshot at path, read by PlainUnpickler."""
+    with open(path, "rb") as f:
+        return PlainUnpickler(f).load()
+
+
+def u64(e, key, i, default=0):
+    """Event i's field key as an unsigned 64-bit number (an int or a whole float), else SnapshotError."""
+    v = e.get(key, default)
+    if v is None:
+        v = default
+    if isinstance(v, float) and math.isfinite(v):
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= U64:
+        raise SnapshotError(f"event {i} ({e.get('action')!r}): {key} is {v!r:.64}, not a number of 0 to 2^64-1")
+    return v
 
 
 def fnv1a(h, data):
@@ -37,10 +83,15 @@ def fnv1a(h, data):
     return h
 
 
+MAX_PAGES = 1 << 24  # 32 TiB in one map: more than any device holds
+
+
 def pages(addr, size):
     """A mapped range as the pages it is made of, where it is made of whole pages."""
     if addr % PAGE or size % PAGE:
         return [(addr, size)]
+    if size // PAGE > MAX_PAGES:
+        raise SnapshotError(f"a map of {size} bytes at 0x{addr:x}: more than {MAX_PAGES} pages of 2 MiB")
     return [(addr + k, PAGE) for k in range(0, size, PAGE)]
 
 
@@ -48,14 +99,21 @@ def convert(events):
     """fabpool trace records (t_ns, ptr, size, arg, op) from one device's events, and what was left out."""
     recs, live, mapped = [], {}, {}
     left = {"frees of blocks from before the history": 0, "unmaps of ranges from before it": 0, "oom events": 0}
-    t0 = next((e["time_us"] for e in events if e.get("time_us") is not None), None)
+    if not isinstance(events, list):
+        raise SnapshotError(f"the device's history is a {type(events).__name__}, not a list of events")
+    for i, e in enumerate(events):
+        if not isinstance(e, dict):
+            raise SnapshotError(f"event {i} is a {type(e).__name__}, not a dict")
+    t0 = next((u64(e, "time_us", i) for i, e in enumerate(events) if e.get("time_us") is not None), None)
     last = 0
     bytes_live = peak_live = bytes_held = peak_held = 0
     for i, e in enumerate(events):
-        action, addr, size = e.get("action"), int(e.get("addr", 0)), int(e.get("size", 0))
-        t = (int(e["time_us"]) - t0) * 1000 if t0 is not None and e.get("time_us") is not None else i * 1000
-        t = last = max(last, t)  # time never goes back in a trace
-        stream = int(e.get("stream", 0)) & 0xFFFFFFFFFFFFFFFF
+        action, addr, size = e.get("action"), u64(e, "addr", i), u64(e, "size", i)
+        if action in ("alloc", "segment_alloc", "segment_map", "segment_free", "segment_unmap") and size > U64 - addr:
+            raise SnapshotError(f"event {i} ({action}): [0x{addr:x}, +{size}) runs past the end of the address space")
+        t = (u64(e, "time_us", i) - t0) * 1000 if t0 is not None and e.get("time_us") is not None else i * 1000
+        t = last = min(max(last, t), U64)  # time never goes back in a trace
+        stream = u64(e, "stream", i)
         if action == "alloc":
             if addr in live:  # a second alloc of a live address: the history lost its free
                 recs.append((t, addr, 0, live[addr][1], OP_APP_FREE))
@@ -114,9 +172,9 @@ def main():
     ap.add_argument("out")
     a = ap.parse_args()
     try:
-        with open(a.snapshot, "rb") as f:
-            snap = pickle.load(f)
-    except (OSError, pickle.UnpicklingError, EOFError) as e:
+        snap = load_snapshot(a.snapshot)
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+            MemoryError, RecursionError) as e:
         sys.exit(f"snapshot_trace: cannot read '{a.snapshot}' as a PyTorch memory snapshot: {e}")
     traces = snap.get("device_traces") if isinstance(snap, dict) else None
     if not isinstance(traces, list):
@@ -125,8 +183,13 @@ def main():
     device = a.device if a.device is not None else next((d for d, t in enumerate(traces) if t), None)
     if device is None or not 0 <= device < len(traces) or not traces[device]:
         sys.exit(f"snapshot_trace: no history for device {device} in '{a.snapshot}' "
-                 f"(devices with one: {[d for d, t in enumerate(traces) if t]})")
-    recs, left, peak_live, peak_held = convert(traces[device])
+                 f"(devices with one: {[d for d, t in enumerate(traces) if t][:16]})")
+    if device > MAX_DEVICE:
+        sys.exit(f"snapshot_trace: device {device} in '{a.snapshot}': a trace's device is 0 to {MAX_DEVICE}")
+    try:
+        recs, left, peak_live, peak_held = convert(traces[device])
+    except SnapshotError as e:
+        sys.exit(f"snapshot_trace: '{a.snapshot}' is not a snapshot this converter takes: {e}")
     try:
         write_trace(a.out, recs, device)
     except OSError as e:

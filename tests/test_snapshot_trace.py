@@ -8,6 +8,10 @@ unmaps, allocations on two streams, frees requested and completed, one requested
 at the end), one of a block from before the history began, an oom event, a time stamp that goes back, and
 PyTorch's per-event fields the converter ignores (frames, compile context). Every record of the trace is checked,
 then what fabpool_trace and fabpool_replay make of it, and a file that is no snapshot is refused.
+
+A snapshot is read without running anything it carries: a pickle whose reading would call os.system (a
+__reduce__) is refused by name and the command never runs (its marker file never appears); values that are not
+addresses, ranges past the end of the address space, and a device beyond 1023 are refused with a message.
 """
 import json
 import os
@@ -34,6 +38,47 @@ def ev(action, addr, size, stream=0, t=None):
     if t is not None:
         e["time_us"] = t
     return e
+
+
+class RunsCode:
+    """What a hostile snapshot carries: unpickling it calls os.system(command)."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def refused_snapshots(script, d):
+    """Snapshots the converter must refuse, each with its reason, running nothing."""
+    sp, tp, marker = os.path.join(d, "hostile.pickle"), os.path.join(d, "hostile.trace"), os.path.join(d, "ran")
+    hist = [ev("segment_alloc", 0x7F0000000000, 2 * MIB, 0, 1), ev("alloc", 0x7F0000000000, 4096, 0, 2)]
+    cases = [
+        ({"device_traces": [hist], "segments": [RunsCode(f"touch '{marker}'")]}, "posix.system"),
+        ({"device_traces": [hist + [{"action": "alloc", "addr": RunsCode(f"touch '{marker}'"), "size": 1}]]},
+         "posix.system"),
+        ({"device_traces": [hist + [ev("alloc", "0x7f00", 512, 0, 3)]]}, "addr is '0x7f00'"),
+        ({"device_traces": [hist + [ev("alloc", -512, 512, 0, 3)]]}, "addr is -512"),
+        ({"device_traces": [hist + [ev("segment_map", (1 << 64) - 2 * MIB, 4 * MIB, 0, 3)]]},
+         "runs past the end of the address space"),
+        ({"device_traces": [hist + [ev("alloc", 0x7F0000001000, 1 << 64, 0, 3)]]}, "not a number of 0 to 2^64-1"),
+        ({"device_traces": [hist + ["not an event"]]}, "event 2 is a str"),
+        ({"device_traces": [[] for _ in range(1024)] + [hist]}, "a trace's device is 0 to 1023"),
+    ]
+    for snap, says in cases:
+        with open(sp, "wb") as f:
+            pickle.dump(snap, f, protocol=2)
+        out = subprocess.run([sys.executable, script, sp, tp], capture_output=True, text=True)
+        check(out.returncode != 0 and says in out.stderr, f"refused, saying '{says}': {out.stderr.strip()}")
+        check(not os.path.exists(marker), "nothing the snapshot carries ran")
+    # what PyTorch's snapshots hold besides dicts and lists: tuples, floats, None, booleans, nested dicts
+    snap = {"device_traces": [hist], "segments": [{"segment_pool_id": (0, 0), "is_expandable": False,
+                                                  "frames": [{"line": 1.0, "name": None}]}]}
+    with open(sp, "wb") as f:
+        pickle.dump(snap, f)
+    out = subprocess.run([sys.executable, script, sp, tp], capture_output=True, text=True)
+    check(out.returncode == 0, f"a snapshot of plain data read: {out.stderr.strip()}")
 
 
 def main():
@@ -108,6 +153,7 @@ def main():
             pickle.dump({"segments": []}, f)
         out = subprocess.run([sys.executable, script, sp, tp], capture_output=True, text=True)
         check(out.returncode != 0 and "_record_memory_history" in out.stderr, "a snapshot without history refused")
+        refused_snapshots(script, d)
     print(f"test_snapshot_trace: {'ok' if not failed else f'{failed} failed'}")
     return 1 if failed else 0
 
