@@ -902,7 +902,8 @@ def record_memory_history(path=None, max_entries=100000):
     torch.cuda.memory._record_memory_history(max_entries=max_entries), with
     the Python stacks, at any time.  With the pluggable shim, whose interface
     has no history, the shim's pools record a fabpool trace (FABPOOL_TRACE)
-    into path (default: fabpool-<pid>.trace in the temporary folder; a
+    into path (default: fabpool-<pid>.trace in a new private folder under
+    the temporary folder, a name no other user can take first; a
     FABPOOL_TRACE set already wins), which a pool opens when it is made: call
     it before the first CUDA tensor.  Returns the trace's path (None with the
     C++ allocator)."""
@@ -925,7 +926,7 @@ def record_memory_history(path=None, max_entries=100000):
                            "the program starts)" % made)
     if path is None:
         import tempfile
-        path = os.path.join(tempfile.gettempdir(), "fabpool-%d.trace" % os.getpid())
+        path = os.path.join(tempfile.mkdtemp(prefix="fabpool-trace-"), "fabpool-%d.trace" % os.getpid())
     os.environ["FABPOOL_TRACE"] = path.replace("%", "%%")
     _history_trace = path
     return path
