@@ -339,6 +339,28 @@ def _sibling(r, w):
     os._exit(0)
 
 
+def peers_option(me):
+    """The peers option through the ctypes mirror of the options: any_user and any_pid widen who may connect
+    (the ranks still form the group: the data crosses), an unknown word is refused before the library is
+    called; info() fills a struct whose struct_size the library checks."""
+    rank = me.rank
+    sm = fabpool_symm.SymmetricMemory(me.allgather, rank, NRANKS, 64 * MB, 2 * MB, peers="any_user,any_pid")
+    put(sm.ptrs[rank], 8, pattern(rank, 7, 8))
+    me.gather("Q", 0)  # every rank has written
+    for q in range(NRANKS):
+        me.check(get(sm.ptrs[q], 8) == pattern(q, 7, 8), "rank %d's word read through the view" % q)
+    me.gather("Q", 0)
+    sm.resize(6 * MB)
+    me.check(sm.info()["size"] == 6 * MB and "struct_size" not in sm.info(), "info after a resize: %s" % sm.info())
+    sm.close()
+    try:
+        fabpool_symm.SymmetricMemory(me.allgather, rank, NRANKS, 64 * MB, MB, peers=["everyone"])
+        me.check(False, "peers=['everyone'] was accepted")
+    except ValueError as e:
+        me.check("any_user" in str(e), "the refusal names the words: %s" % e)
+    me.check_nothing_held()
+
+
 def _try_getfd(pid, fd):
     libc = ctypes.CDLL(None, use_errno=True)
     pfd = libc.syscall(434, pid, 0)  # pidfd_open
@@ -354,7 +376,7 @@ def _try_getfd(pid, fd):
 def main():
     results = [run("grow_shrink", grow_shrink), run("grow_shrink_fabric", grow_shrink_fabric),
                run("disagreements", disagreements), run("unreachable", unreachable),
-               run("failed_grow", failed_grow), run("peer_gone", peer_gone)]
+               run("failed_grow", failed_grow), run("peers_option", peers_option), run("peer_gone", peer_gone)]
     if pidfd_works():
         results.append(run("grow_shrink_pidfd", lambda me: grow_shrink(me, "pidfd", steps=12)))
     else:
