@@ -12,6 +12,7 @@
 #include "desc.h"
 #include "error.h"
 #include "list.h"
+#include "retire.h"
 
 _Static_assert(sizeof(CUmemFabricHandle) == FP_DESC_FABRIC_BYTES, "a record holds one fabric handle");
 
@@ -106,6 +107,19 @@ static fabpool_status view_unmap(fp_views *vs, fabpool_view_t *v, uint32_t i)
     return view_unmap_at(vs, v, v->chunks[i].off, v->chunks[i].size);
 }
 
+/* The wait that every unmap of the pool makes first (chunk.h: the owner stream's fence), made before a view
+ * changes, so that its refusal leaves the view as it was; the unmaps after it then find it done. */
+static fabpool_status view_fence(fp_views *vs, const fabpool_view_t *v)
+{
+    fp_chunks *ch = vs->sp->ch;
+    if (!v->n || !ch->fence)
+        return FABPOOL_OK;
+    fabpool_status st = fp_retire_fence(ch->fence);
+    if (st != FABPOOL_OK)
+        fp_error_append(" (before unmapping a view's chunks; the view is as it was)");
+    return st;
+}
+
 /* A record that names a chunk the view maps already: the same offset, size
  * and generation are the same memory of the same buffer (a chunk that is new
  * memory gets a new generation). */
@@ -196,8 +210,10 @@ enum { REC_HELD = 0, REC_MAPPED = 1, REC_GONE = 2, REC_SAME = 3 };
 static fabpool_status apply_prepare(fp_views *vs, fabpool_view_t *v, const fp_desc *ds, const int *fds,
                                     CUmemGenericAllocationHandle *h, uint8_t *state)
 {
-    fabpool_status st;
     memset(state, REC_GONE, ds->n);
+    fabpool_status st = view_fence(vs, v);
+    if (st != FABPOOL_OK)
+        return st;
     for (uint32_t k = 0; k < ds->n; k++) {
         if (mapped_already(v, ds, k)) {
             state[k] = REC_SAME;
@@ -308,7 +324,7 @@ void fp_views_read_counters(const fp_views *src, fp_view_counters *c)
     FP_VIEWS_COUNTERS(FP_COUNTER_COPY)
 }
 
-static fabpool_status view_free(fp_views *vs, fabpool_view_t *v);
+static fabpool_status view_free(fp_views *vs, fabpool_view_t *v, int force);
 
 void fp_views_drop_kept(fp_views *vs, int all)
 {
@@ -319,7 +335,7 @@ void fp_views_drop_kept(fp_views *vs, int all)
     for (fabpool_view_t *v = vs->list, *next; v; v = next) {
         next = v->next;
         if (v->kept && (all || now - v->kept_ns >= keep))
-            (void)view_free(vs, v); /* a refusal: the range goes with the reservation at destroy */
+            (void)view_free(vs, v, 0); /* a refusal: it stays kept, the next drop closes it */
     }
 }
 
@@ -338,8 +354,8 @@ static fabpool_view_t *reopen_kept(fp_views *vs, const fp_desc *ds, const int *f
         return NULL;
     uint64_t live = v->live;
     if (apply_locked(v, ds, fds) != FABPOOL_OK) {
+        (void)view_free(vs, v, 0); /* a refusal: it stays kept, the next drop closes it */
         fp_error_clear();
-        (void)view_free(vs, v);
         return NULL;
     }
     atomic_fetch_sub(&vs->kept_bytes, live);
@@ -426,17 +442,26 @@ fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t le
     return st;
 }
 
-static fabpool_status view_free(fp_views *vs, fabpool_view_t *v)
+/* Unmaps v's chunks and frees it.  A refusal of the driver stops it: the
+ * view stays, with the chunks it still maps (unmapping a range and then
+ * handing it out again while a chunk is still mapped there would break the
+ * next mapping, and the reservation's release at destroy); with force (pool
+ * destroy) those are forgotten instead. */
+static fabpool_status view_free(fp_views *vs, fabpool_view_t *v, int force)
 {
     fp_lock_assert_held(&vs->sp->lock);
-    if (v->kept)
-        atomic_fetch_sub(&vs->kept_bytes, v->live);
-    fabpool_status st = FABPOOL_OK;
-    while (v->n) {
-        fabpool_status s = view_unmap(vs, v, --v->n); /* a refusal: the range goes with the reservation at destroy */
-        if (st == FABPOOL_OK)
-            st = s;
+    fabpool_status st = view_fence(vs, v);
+    while (v->n && st == FABPOOL_OK) {
+        uint64_t size = v->chunks[v->n - 1].size;
+        if ((st = view_unmap(vs, v, v->n - 1)) != FABPOOL_OK)
+            break;
+        v->n--;
+        if (v->kept)
+            atomic_fetch_sub(&vs->kept_bytes, size);
+        v->live = v->live > size ? v->live - size : 0;
     }
+    if (st != FABPOOL_OK && !force)
+        return st;
     FP_LIST_REMOVE(&vs->list, v, next, prev);
     fp_va_free(&vs->sp->va, v->base, v->window);
     FP_ARRAY_FREE(vs->sp->meta, v->chunks, v->cap);
@@ -450,7 +475,10 @@ fabpool_status fabpool_view_close(fabpool_view_t *v)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_close: the view is NULL or released");
     fp_views *vs = v->owner;
     fp_lock(&vs->sp->lock);
-    fabpool_status st = view_free(vs, v);
+    fabpool_status st = view_free(vs, v, 0);
+    if (st != FABPOOL_OK)
+        fp_error_append(" (fabpool_view_close: the view is still open, with the chunks it still maps; close it "
+                        "again)");
     fp_unlock(&vs->sp->lock);
     return st;
 }
@@ -475,7 +503,7 @@ void fp_views_destroy(fp_views *vs)
 {
     fp_lock_assert_held(&vs->sp->lock);
     while (vs->list)
-        (void)view_free(vs, vs->list);
+        (void)view_free(vs, vs->list, 1);
 }
 
 fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_info *out)
