@@ -31,12 +31,14 @@ static inline int other_user_fork(int (*fn)(void *), void *arg, pid_t *pid)
     if (c < 0)
         return -1;
     if (c == 0) {
-        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (setgroups(0, NULL) != 0 || setgid(OTHER_USER_UID) != 0 || setuid(OTHER_USER_UID) != 0 ||
             geteuid() != OTHER_USER_UID) {
             perror("other_user_fork: dropping to uid 65534");
             _exit(120);
         }
+        (void)prctl(PR_SET_PDEATHSIG, SIGKILL); /* after the uid change, which clears it */
+        if (getppid() == 1)
+            _exit(121); /* the parent is already gone */
         _exit(fn(arg) & 0xff);
     }
     *pid = c;
