@@ -23,7 +23,10 @@
 #include "trace_file.h"
 
 /* Each writes d to f: 0, or -1 with the reason in err (no host memory, a
- * write that failed).  title (the plot's) may hold any bytes. */
+ * write that failed, a record that trace_rec_bad refuses or out of time
+ * order, live or mapped bytes past 64 bits, a device outside
+ * 0..TRACE_MAX_DEVICE): each checks the records it uses itself, whoever
+ * read them.  title (the plot's) may hold any bytes. */
 int trace_write_snapshot(const trace_data *d, FILE *f, char *err, size_t cap);
 int trace_write_csv(const trace_data *d, FILE *f, char *err, size_t cap);
 int trace_write_svg(const trace_data *d, const char *title, FILE *f, char *err, size_t cap);
