@@ -611,7 +611,8 @@ FABPOOL_API fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *buf);
 /* Every peer has applied a descriptor of `generation` or later: chunks
  * dropped at `generation` or before may now be unmapped (those live at
  * `generation` stay: a peer may still open its descriptor).  UINT64_MAX: no
- * peer is left.
+ * peer is left.  The acknowledgement always takes effect: a chunk whose
+ * unmap the driver refuses now is unmapped by a later collect.
  * A generation above the buffer's current one is refused (FABPOOL_ERR_INVALID_ARG).
  * Not for a destroyed buffer: use fabpool_peers_ack. */
 FABPOOL_API fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *buf, uint64_t generation);

@@ -118,7 +118,13 @@ static fabpool_status ack_locked(fp_buffers *bs, struct fabpool_buffer *b, uint6
         b->acked = generation;
     uint64_t held = atomic_load(&bs->held_for_peers_bytes);
     fp_chunk_tally t = fp_chunk_tally_begin();
-    fabpool_status st = fp_collect_locked(bs, 0);
+    /* the acknowledgement stands whatever the unmaps do: what the driver refuses to unmap now, the next
+     * collect unmaps (answering the refusal would tell the caller the ack was not taken) */
+    if (fp_collect_locked(bs, 0) != FABPOOL_OK) {
+        FP_LOG_CH(FP_LOG_WARN, bs->sp->ch, "peer ack: an unmap is left for the next collect: %s",
+                  fabpool_last_error());
+        fp_error_clear();
+    }
     t = fp_chunk_tally_end(t);
     FP_LOG_CH(FP_LOG_INFO, bs->sp->ch, "peer ack: buffer 0x%llx (export id 0x%llx%s) acknowledged at generation "
               "%llu%s; %llu bytes in %llu chunks unmapped, held for peers %llu -> %llu bytes",
@@ -126,7 +132,7 @@ static fabpool_status ack_locked(fp_buffers *bs, struct fabpool_buffer *b, uint6
               (unsigned long long)generation, generation == UINT64_MAX ? " (no peer left)" : "",
               (unsigned long long)t.bytes, (unsigned long long)t.chunks,
               (unsigned long long)held, (unsigned long long)atomic_load(&bs->held_for_peers_bytes));
-    return st;
+    return FABPOOL_OK;
 }
 
 fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *b, uint64_t generation)
