@@ -58,7 +58,8 @@ static const char *pidfd_advice(int e, int scope)
     case 1:
         return "no ptrace permission over the process: Yama ptrace_scope is 1 and the process did not allow this "
                "one (fabpool_fd_allow_peer with this process's pid, or fabpool_fd_allow_peers for every process of "
-               "the user; the HybridEP adapter calls it at its first export unless FABPOOL_HYBRIDEP_PTRACER=0), or "
+               "the user; the HybridEP adapter names its parent, the launcher, unless FABPOOL_HYBRIDEP_PTRACER says "
+               "otherwise: docs/security.md), or "
                "give the processes CAP_SYS_PTRACE, or run sysctl -w kernel.yama.ptrace_scope=0; or pass the fds "
                "over a socket (fabpool_fd_send / fabpool_fd_recv)";
     case 2:
