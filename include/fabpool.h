@@ -27,6 +27,15 @@
  * FABPOOL_ERR_INVALID_ARG and the struct is left as it was.  A later version
  * adds fields only at the end, and fills an older caller's struct up to the
  * size it gives, so a program built against an older fabpool.h keeps working.
+ *
+ * Sizes of 0 and NULL, as cudaMalloc, cudaMallocAsync, cudaFree and free()
+ * answer them: fabpool_alloc and fabpool_alloc_on_stream of size 0 return
+ * FABPOOL_OK and set *out to NULL (nothing is mapped, counted or traced, even
+ * while the pool sleeps); fabpool_free, fabpool_free_on_stream and
+ * fabpool_record_stream of a NULL pointer do nothing and return FABPOOL_OK;
+ * fabpool_destroy(NULL) does nothing and returns FABPOOL_OK.  A NULL pool
+ * (other than fabpool_destroy's) or a NULL output pointer is a caller's bug
+ * and is refused with FABPOOL_ERR_INVALID_ARG, as are NULL buffers and views.
  */
 #ifndef FABPOOL_H
 #define FABPOOL_H
@@ -158,7 +167,8 @@ FABPOOL_API fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t
 /* Destroys a pool: waits for pending retirements, unmaps everything, frees the
  * reservation.  Buffers and allocations still live are unmapped too (their
  * count is reported in the message, and the status is FABPOOL_ERR_BUSY, but
- * the pool is gone either way).  No other thread may use the pool meanwhile. */
+ * the pool is gone either way).  No other thread may use the pool meanwhile.
+ * A NULL pool: nothing is done and the answer is FABPOOL_OK. */
 FABPOOL_API fabpool_status fabpool_destroy(fabpool_t *pool);
 
 /* The options in force (after FABPOOL_CONF), and the handle type chosen

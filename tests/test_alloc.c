@@ -101,12 +101,12 @@ static void bad_input(void)
     CHECK_STATUS(fabpool_alloc(NULL, 16, &a), FABPOOL_ERR_INVALID_ARG);
     CHECK(strstr(fabpool_last_error(), "NULL") != NULL);
     CHECK_STATUS(fabpool_alloc(pool, 16, NULL), FABPOOL_ERR_INVALID_ARG);
-    CHECK_STATUS(fabpool_alloc(pool, 0, &a), FABPOOL_ERR_INVALID_ARG);
-    CHECK(strstr(fabpool_last_error(), "size 0") != NULL);
+    CHECK_OK(fabpool_alloc(pool, 0, &a)); /* cudaMalloc's answer: test_cuda_conventions */
+    CHECK(a == NULL);
     CHECK_STATUS(fabpool_alloc(pool, SIZE_MAX, &a), FABPOOL_ERR_LIMIT);
     CHECK(a == NULL);
     CHECK_STATUS(fabpool_alloc(pool, SIZE_MAX - 4096, &a), FABPOOL_ERR_LIMIT);
-    CHECK_STATUS(fabpool_free(pool, NULL), FABPOOL_ERR_INVALID_ARG);
+    CHECK_OK(fabpool_free(pool, NULL));
     CHECK_STATUS(fabpool_free(NULL, &a), FABPOOL_ERR_INVALID_ARG);
     int host;
     CHECK_STATUS(fabpool_free(pool, &host), FABPOOL_ERR_NOT_FOUND);

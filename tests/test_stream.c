@@ -225,7 +225,7 @@ static void bad_input(CUstream s)
     hold(s); /* what is freed on s below stays pending */
     CHECK_STATUS(fabpool_free_on_stream(NULL, x, s), FABPOOL_ERR_INVALID_ARG);
     CHECK(strstr(fabpool_last_error(), "pool is NULL") != NULL);
-    CHECK_STATUS(fabpool_free_on_stream(p, NULL, s), FABPOOL_ERR_INVALID_ARG);
+    CHECK_OK(fabpool_free_on_stream(p, NULL, s)); /* nothing to free: test_cuda_conventions */
     CHECK_STATUS(fabpool_free_on_stream(p, other, s), FABPOOL_ERR_NOT_FOUND); /* another pool's */
     CHECK(strstr(fabpool_last_error(), "did not give out") != NULL);
     int local;
@@ -253,8 +253,8 @@ static void bad_input(CUstream s)
     void *z = (void *)1;
     CHECK_STATUS(fabpool_alloc_on_stream(NULL, 10, s, &z), FABPOOL_ERR_INVALID_ARG);
     CHECK_STATUS(fabpool_alloc_on_stream(p, 10, s, NULL), FABPOOL_ERR_INVALID_ARG);
-    CHECK_STATUS(fabpool_alloc_on_stream(p, 0, s, &z), FABPOOL_ERR_INVALID_ARG);
-    CHECK(z == NULL && strstr(fabpool_last_error(), "size 0") != NULL);
+    CHECK_OK(fabpool_alloc_on_stream(p, 0, s, &z)); /* cudaMallocAsync's answer: NULL */
+    CHECK(z == NULL);
     CHECK(fabpool_alloc_on_stream(p, (size_t)1 << 62, s, &z) != FABPOOL_OK && z == NULL);
     CHECK_STATUS(fabpool_get_counters(NULL, &k1), FABPOOL_ERR_INVALID_ARG);
     release(s);

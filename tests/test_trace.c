@@ -120,8 +120,10 @@ static void round_trip(void)
     w[n++] = (want){FABPOOL_TR_ALLOC, (uintptr_t)b, 300000, 0, 0};
     CHECK_OK(fabpool_alloc(p, 9u << 20, &c)); /* above slab_max: a block of an arena */
     w[n++] = (want){FABPOOL_TR_ALLOC, (uintptr_t)c, 9u << 20, 0, 0};
-    CHECK_STATUS(fabpool_alloc(p, 0, &bad), FABPOOL_ERR_INVALID_ARG);
-    w[n++] = (want){FABPOOL_TR_ALLOC, 0, 0, 0, FABPOOL_ERR_INVALID_ARG};
+    CHECK_STATUS(fabpool_alloc(p, SIZE_MAX, &bad), FABPOOL_ERR_LIMIT); /* a refusal is recorded with its status */
+    w[n++] = (want){FABPOOL_TR_ALLOC, 0, SIZE_MAX, 0, FABPOOL_ERR_LIMIT};
+    CHECK_OK(fabpool_alloc(p, 0, &bad)); /* nothing allocated (NULL): nothing recorded */
+    CHECK_OK(fabpool_free(p, NULL));
     CHECK_OK(fabpool_free(p, b));
     w[n++] = (want){FABPOOL_TR_FREE, (uintptr_t)b, 0, 0, FABPOOL_TRACE_STATUS_UNKNOWN};
     fabpool_buffer_t *buf = NULL;

@@ -43,8 +43,8 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
     if (!out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc: the output pointer is NULL");
     *out = NULL;
-    if (size == 0)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc: size 0; ask for at least one byte");
+    if (size == 0)   /* cudaMalloc's answer: success and NULL, which fabpool_free takes back */
+        return FABPOOL_OK;
     if (FP_UNLIKELY(fp_chunks_asleep(a->sp->ch)))
         return fp_chunk_asleep_error("fabpool_alloc");
     if (size > a->slab_max)
@@ -119,6 +119,8 @@ static __attribute__((noinline)) fabpool_status alloc_slow(fp_alloc *a, size_t s
 static fabpool_status alloc_traced(fp_alloc *a, size_t size, void **out, unsigned trace_flags)
 {
     fabpool_status st = alloc_slow(a, size, out);
+    if (size == 0 && st == FABPOOL_OK)   /* nothing was allocated: nothing for a replay to do */
+        return st;
     fp_trace_record(a->trace, FABPOOL_TR_ALLOC, trace_flags, st == FABPOOL_OK && out ? (uint64_t)(uintptr_t)*out : 0,
                     size, 0, (unsigned)st);
     return st;
@@ -330,8 +332,8 @@ fabpool_status fp_alloc_not_ours(const fp_alloc *a, const char *fn, const void *
  * (a block freed on a stream, given back once its work is done). */
 static inline fabpool_status free_any(fp_alloc *a, void *ptr, unsigned trace_flags)
 {
-    if (FP_UNLIKELY(!ptr))
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free: the pointer is NULL");
+    if (FP_UNLIKELY(!ptr))   /* what fabpool_alloc gives for size 0: free(NULL) and cudaFree(NULL) do nothing */
+        return FABPOOL_OK;
     /* before the free: no reuse of ptr can precede it in the trace */
     FP_TRACE_F(a->trace, trace_flags, FABPOOL_TR_FREE, ptr, 0, 0, FABPOOL_TRACE_STATUS_UNKNOWN);
     uint64_t addr = (uint64_t)(uintptr_t)ptr;

@@ -32,8 +32,8 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     if (!a || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_on_stream: the pool or the output pointer is NULL");
     *out = NULL;
-    if (size == 0)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_on_stream: size 0; ask for at least one byte");
+    if (size == 0)   /* as fabpool_alloc: success and NULL */
+        return FABPOOL_OK;
     fabpool_status st = FABPOOL_OK;
     /* before anything is taken: a block the stream freed, another stream's
      * done block and the owner claim would each hand out (or change) what
@@ -137,7 +137,8 @@ static fabpool_status live_block(stream_block *b, const char *fn)
 
 /* The opening of a stream call fn on the block ptr of pool p: b filled with
  * the block's allocator, span and address, or the refusal of a NULL pool or
- * pointer, or of an address outside this pool's blocks. */
+ * of an address outside this pool's blocks.  A NULL ptr opens with b->s NULL:
+ * the call has nothing to do. */
 static fabpool_status stream_block_open(fabpool_t *p, void *ptr, const char *fn, stream_block *b)
 {
     memset(b, 0, sizeof *b);
@@ -145,8 +146,8 @@ static fabpool_status stream_block_open(fabpool_t *p, void *ptr, const char *fn,
     b->addr = (uint64_t)(uintptr_t)ptr;
     if (!b->a)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "%s(%p): the pool is NULL", fn, ptr);
-    if (!ptr)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: the pointer is NULL", fn);
+    if (!ptr)   /* the block of size 0: the caller does nothing */
+        return FABPOOL_OK;
     b->s = fp_map_get(&b->a->map, b->addr);
     return b->s ? FABPOOL_OK : fp_alloc_not_ours(b->a, fn, ptr);
 }
@@ -155,7 +156,7 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
 {
     stream_block b;
     fabpool_status st = stream_block_open(p, ptr, "fabpool_free_on_stream", &b);
-    if (st != FABPOOL_OK)
+    if (st != FABPOOL_OK || !b.s)
         return st;
     int queued = 0, checked = 0;
     /* the owner's free checks the pointer as fabpool_free does; where the
@@ -225,7 +226,7 @@ fabpool_status fabpool_record_stream(fabpool_t *p, void *ptr, void *stream)
 {
     stream_block b;
     fabpool_status st = stream_block_open(p, ptr, "fabpool_record_stream", &b);
-    if (st != FABPOOL_OK)
+    if (st != FABPOOL_OK || !b.s)
         return st;
     st = live_block(&b, "fabpool_record_stream");
     if (st == FABPOOL_ERR_DOUBLE_FREE)
