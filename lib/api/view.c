@@ -326,6 +326,20 @@ void fp_views_read_counters(const fp_views *src, fp_view_counters *c)
 
 static fabpool_status view_free(fp_views *vs, fabpool_view_t *v, int force);
 
+/* Marks v kept (on) or not, kept_bytes following the bytes its chunks map (what fabpool_check adds up: a view
+ * that lost chunks to a refused apply counts what it still maps). */
+static void view_keep(fp_views *vs, fabpool_view_t *v, int on)
+{
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < v->n; i++)
+        bytes += v->chunks[i].size;
+    if (on && !v->kept)
+        atomic_fetch_add(&vs->kept_bytes, bytes);
+    else if (!on && v->kept)
+        atomic_fetch_sub(&vs->kept_bytes, bytes);
+    v->kept = on;
+}
+
 void fp_views_drop_kept(fp_views *vs, int all)
 {
     fp_lock_assert_held(&vs->sp->lock);
@@ -352,14 +366,13 @@ static fabpool_view_t *reopen_kept(fp_views *vs, const fp_desc *ds, const int *f
         v = v->next;
     if (!v)
         return NULL;
-    uint64_t live = v->live;
+    view_keep(vs, v, 0); /* taken back: what the apply unmaps or maps is an open view's */
     if (apply_locked(v, ds, fds) != FABPOOL_OK) {
-        (void)view_free(vs, v, 0); /* a refusal: it stays kept, the next drop closes it */
+        if (view_free(vs, v, 0) != FABPOOL_OK)
+            view_keep(vs, v, 1); /* a refusal: it stays kept, the next drop closes it */
         fp_error_clear();
         return NULL;
     }
-    atomic_fetch_sub(&vs->kept_bytes, live);
-    v->kept = 0;
     return v;
 }
 
@@ -462,6 +475,7 @@ static fabpool_status view_free(fp_views *vs, fabpool_view_t *v, int force)
     }
     if (st != FABPOOL_OK && !force)
         return st;
+    view_keep(vs, v, 0); /* what a forced free leaves mapped is forgotten with it */
     FP_LIST_REMOVE(&vs->list, v, next, prev);
     fp_va_free(&vs->sp->va, v->base, v->window);
     FP_ARRAY_FREE(vs->sp->meta, v->chunks, v->cap);
@@ -492,9 +506,8 @@ fabpool_status fabpool_view_release(fabpool_view_t *v)
         return fabpool_view_close(v);
     fp_lock(&vs->sp->lock);
     fp_views_drop_kept(vs, 0);
-    v->kept = 1;
+    view_keep(vs, v, 1);
     v->kept_ns = fp_coarse_ns();
-    atomic_fetch_add(&vs->kept_bytes, v->live);
     fp_unlock(&vs->sp->lock);
     return FABPOOL_OK;
 }
