@@ -9,7 +9,7 @@
  * Every function that can fail returns a fabpool_status.  On anything but
  * FABPOOL_OK, fabpool_last_error() returns a message for the calling thread
  * that says what went wrong and what to do about it.  The few that cannot
- * fail return their answer instead: fabpool_version, fabpool_status_name,
+ * fail return their answer instead: fabpool_version, fabpool_build_info, fabpool_status_name,
  * fabpool_last_error, fabpool_options_init, fabpool_handle_type_of, fabpool_buffer_ptr,
  * fabpool_view_ptr and fabpool_desc_size (each says what it returns for a
  * NULL argument, where it takes one).
@@ -57,15 +57,25 @@ extern "C" {
  * against).  The project's CMake version is these three numbers (CMake
  * refuses to configure otherwise); CHANGELOG.md says what each one brought. */
 #define FABPOOL_VERSION_MAJOR 0
-#define FABPOOL_VERSION_MINOR 2
+#define FABPOOL_VERSION_MINOR 3
 #define FABPOOL_VERSION_PATCH 0
-#define FABPOOL_VERSION_STRING "0.2.0"
+#define FABPOOL_VERSION_STRING "0.3.0"
 /* One number that orders versions: 10000 * major + 100 * minor + patch (0.2.0 is 200). */
 #define FABPOOL_VERSION (FABPOOL_VERSION_MAJOR * 10000 + FABPOOL_VERSION_MINOR * 100 + FABPOOL_VERSION_PATCH)
 
 /* The library's version, "MAJOR.MINOR.PATCH" (FABPOOL_VERSION_STRING of the
  * fabpool.h it was built from). */
 FABPOOL_API const char *fabpool_version(void);
+
+/* The build the library comes from, one line made when it was built:
+ * "fabpool <version> commit <commit> build <type> driver <sim|real>", the
+ * commit being the source tree's git commit (12 hex digits, "-dirty" after it
+ * when the tree had changes; "unknown" outside a git clone), the type CMake's
+ * build type (Release, RelWithDebInfo, Debug, ...; "none" if unset) and the
+ * driver the build's tests run against (FABPOOL_TEST_DRIVER; the library
+ * itself loads whichever driver FABPOOL_CUDA_LIBRARY names).  For bug
+ * reports; never NULL. */
+FABPOOL_API const char *fabpool_build_info(void);
 
 /* ----------------------------------------------------------------- options */
 

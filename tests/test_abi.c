@@ -3,8 +3,9 @@
  * and the project's CMake version agree), and the size every struct the
  * library fills begins with: the right size is filled, any other is refused
  * with FABPOOL_ERR_INVALID_ARG, a message naming the struct, and the struct
- * left byte for byte as it was.
- * Usage: test_abi <the project's version, from CMake> */
+ * left byte for byte as it was; and fabpool_build_info(), which names the
+ * build: its version, commit, build type and driver.
+ * Usage: test_abi <the project's version> <build type> <test driver> <source tree> (from CMake) */
 #include <unistd.h>
 
 #include "testutil.h"
@@ -85,14 +86,45 @@ static void sized_structs(void)
     CHECK_OK(fabpool_destroy(v));
 }
 
+/* "fabpool <version> commit <commit> build <type> driver <driver>", the commit being one of the source tree's
+ * git commits (12 hex digits, maybe "-dirty": the tree's HEAD at the build, which may have moved since) or, where
+ * the tree is no git clone, "unknown". */
+static void build_info(const char *version, const char *type, const char *driver, const char *src)
+{
+    const char *info = fabpool_build_info();
+    CHECK(info != NULL);
+    if (!info)
+        return;
+    printf("test_abi: fabpool_build_info(): %s\n", info);
+    char want[512], commit[64] = "";
+    snprintf(want, sizeof want, "fabpool %s commit ", version);
+    CHECK(strncmp(info, want, strlen(want)) == 0);
+    if (strncmp(info, want, strlen(want)) == 0)
+        sscanf(info + strlen(want), "%63s", commit);
+    size_t hex = strspn(commit, "0123456789abcdef");
+    snprintf(want, sizeof want, "%s/.git", src);
+    if (access(want, F_OK) != 0 || system("git --version >/dev/null 2>&1") != 0) {
+        CHECK(strcmp(commit, "unknown") == 0);
+    } else {
+        CHECK(hex == 12 && (commit[12] == 0 || strcmp(commit + 12, "-dirty") == 0));
+        commit[hex] = 0;
+        snprintf(want, sizeof want, "git -C '%s' cat-file -e '%s^{commit}'", src, commit);
+        CHECK(hex == 12 && system(want) == 0);
+    }
+    snprintf(want, sizeof want, " build %s driver %s", type[0] ? type : "none", driver);
+    CHECK(strlen(info) >= strlen(want) && strcmp(info + strlen(info) - strlen(want), want) == 0);
+    CHECK(info == fabpool_build_info()); /* one static string */
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: test_abi <the project's version>\n");
+    if (argc != 5) {
+        fprintf(stderr, "usage: test_abi <the project's version> <build type> <test driver> <source tree>\n");
         return 2;
     }
     t_driver_init();
     version(argv[1]);
+    build_info(argv[1], argv[2], argv[3], argv[4]);
     sized_structs();
     return t_done("test_abi");
 }
