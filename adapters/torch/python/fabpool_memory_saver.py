@@ -1,0 +1,489 @@
+"""torch_memory_saver's API on fabpool's tags.
+
+A program written for torch_memory_saver changes its import and nothing else:
+
+    from fabpool_memory_saver import torch_memory_saver     # was: from torch_memory_saver import torch_memory_saver
+
+    with torch_memory_saver.region(tag="weights", enable_cpu_backup=True):
+        model = Model().cuda()
+    with torch_memory_saver.region(tag="kv_cache"):
+        kv = torch.empty(...)
+    torch_memory_saver.pause("kv_cache")    # its device memory back to the driver, contents dropped
+    torch_memory_saver.pause()              # every tag; "weights" copied to pinned host memory first
+    torch_memory_saver.resume()             # fresh memory at the same addresses, "weights" restored
+
+Each (tag, enable_cpu_backup, device) of a region is a fabpool tag of its own
+(fabpool_torch.mempool(tag=...)), made the first time a region names it, and
+the region routes PyTorch's allocations into it with torch.cuda.use_mem_pool.
+pause() sleeps the tag's fabpool pools (fabpool_torch.sleep: the device
+memory is unmapped and released, every address stays reserved) and resume()
+wakes them (fabpool_torch.wake).  The allocations of a region with
+enable_cpu_backup=True are copied first into pinned host memory that this
+module holds, one block per pause for all the allocations that have none yet,
+so that get_cpu_backup() can hand it out as a CPU tensor and
+retain_cpu_backup can keep it (and its address) across resumes.
+
+What the original offers and how this module answers it:
+- region(tag, enable_cpu_backup, cpu_backup_backend): as the original;
+  "pinned" and "mmap" both give pinned host memory (copies at the link's
+  speed; the memory counts in the process's resident set while it is held).
+  enable_disk_backup=True is not offered (NotImplementedError).
+- nested regions: the innermost region's tag and backup apply; leaving it
+  returns to the enclosing one's.
+- pause(tag=None) / resume(tag=None): as the original; a tag already paused
+  (or already resumed) is left as it is.  While a tag is paused, allocating
+  from it (a region of that tag) raises PyTorch's out-of-memory error.
+- cuda_graph(graph, pool, stream, capture_error_mode, tag, enable_cpu_backup):
+  torch.cuda.graph captured into the tag's pool, so that the graph's memory
+  pauses with the tag (the original offers this with hook_mode "preload" only).
+  Graphs captured under one tag share its pool; a `pool` argument is not
+  needed for that and is refused (ValueError) unless it is the tag's own.
+- disable(): allocations inside go to a plain PyTorch MemPool, deleted when it
+  ends.
+- get_cpu_backup(t, zero_copy=False): the host copy of a paused tensor (or of
+  a retained one), None where there is none.
+- retain_cpu_backup (or TMS_RETAIN_CPU_BACKUP=1): resume keeps the host copies,
+  at the same addresses; the next pause refreshes them.  A copy whose
+  allocation PyTorch has given back is freed at the next pause, resume or
+  get_cpu_backup.
+- memory_margin_bytes: resume() refuses (RuntimeError, nothing mapped) where
+  the memory to map plus the margin exceeds the device's free memory.
+  Allocations inside a region are not checked against it (they are fabpool's,
+  made in C).
+- hook_mode: "torch" only; "preload" (LD_PRELOAD of cudaMalloc) is refused
+  with a ValueError, as is configure_subprocess().
+
+Without torch the module imports and its logic runs on any backend object
+with the methods of _TorchBackend (the tests use a fake one).
+"""
+import contextlib
+import os
+import threading
+
+__all__ = ["TorchMemorySaver", "torch_memory_saver", "configure_subprocess", "region", "pause", "resume",
+           "cuda_graph", "disable", "get_cpu_backup", "HOOK_MODES"]
+
+HOOK_MODES = ("torch",)
+_TAG_DEFAULT = "default"
+_BACKENDS = (None, "pinned", "mmap")
+
+
+def _env_bool(name):
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class _TorchBackend:
+    """What the saver asks of PyTorch, fabpool_torch and the CUDA driver."""
+
+    def __init__(self):
+        import ctypes
+        import torch
+        import fabpool_torch
+        self.torch, self.ft, self.ctypes = torch, fabpool_torch, ctypes
+        cuda = ctypes.CDLL(os.environ.get("FABPOOL_CUDA_LIBRARY", "libcuda.so.1"))
+        vp, sz = ctypes.c_void_p, ctypes.c_size_t
+        for name, args in (("cuMemHostAlloc", [ctypes.POINTER(vp), sz, ctypes.c_uint]),
+                           ("cuMemFreeHost", [vp]),
+                           ("cuMemcpyDtoHAsync_v2", [vp, ctypes.c_uint64, sz, vp]),
+                           ("cuMemcpyHtoDAsync_v2", [ctypes.c_uint64, vp, sz, vp])):
+            fn = getattr(cuda, name)
+            fn.argtypes, fn.restype = args, ctypes.c_int
+        self.cuda = cuda
+        self._streams = {}
+
+    # devices and pools
+    def current_device(self):
+        return self.torch.cuda.current_device()
+
+    def mempool(self, ftag, device):
+        return self.ft.mempool(device=device, tag=ftag)
+
+    def native_mempool(self):
+        return self.torch.cuda.MemPool()
+
+    def use_mem_pool(self, pool, device):
+        return self.torch.cuda.use_mem_pool(pool, device=device)
+
+    def graph(self, graph, pool, stream, capture_error_mode):
+        return self.torch.cuda.graph(graph, pool=pool.id, stream=stream, capture_error_mode=capture_error_mode)
+
+    def pool_id(self, pool):
+        return pool.id
+
+    def segments(self, pool):
+        """{address: (size, allocated bytes)} of the pool's segments."""
+        return {s["address"]: (s["total_size"], s["allocated_size"]) for s in pool.snapshot()}
+
+    def synchronize(self, device):
+        self.torch.cuda.synchronize(device)
+
+    def sleep(self, ftag, device):
+        self.ft.sleep(tags=[ftag], offload=False, device=device)
+
+    def wake(self, ftag, device):
+        self.ft.wake(tags=[ftag], device=device)
+
+    def asleep(self, ftag, device):
+        return self.ft.sleep_state(ftag, device)["asleep"]
+
+    def free_bytes(self, device):
+        return self.torch.cuda.mem_get_info(device)[0]
+
+    # pinned host memory and copies
+    def host_alloc(self, nbytes):
+        p = self.ctypes.c_void_p()
+        # CU_MEMHOSTALLOC_PORTABLE: pinned for every context, whichever device it backs up
+        st = self.cuda.cuMemHostAlloc(self.ctypes.byref(p), nbytes, 1)
+        if st != 0:
+            raise MemoryError("fabpool_memory_saver: cuMemHostAlloc of %d bytes of pinned host memory failed (CUDA "
+                              "error %d); free host memory or pause without enable_cpu_backup" % (nbytes, st))
+        return p.value
+
+    def host_free(self, ptr):
+        st = self.cuda.cuMemFreeHost(ptr)
+        if st != 0:
+            raise RuntimeError("fabpool_memory_saver: cuMemFreeHost(0x%x) failed (CUDA error %d)" % (ptr, st))
+
+    def _stream(self, device):
+        if device not in self._streams:
+            self._streams[device] = self.torch.cuda.Stream(device=device)
+        return self._streams[device]
+
+    def copy(self, device, pairs, to_host):
+        """Copies each (host address, device address, bytes) one way on the
+        device's copy stream, after the device's work, and waits for them."""
+        s = self._stream(device)
+        with self.torch.cuda.device(device):
+            s.wait_stream(self.torch.cuda.current_stream(device))
+            handle = self.ctypes.c_void_p(s.cuda_stream)
+            for host, dev, n in pairs:
+                if to_host:
+                    st = self.cuda.cuMemcpyDtoHAsync_v2(host, dev, n, handle)
+                else:
+                    st = self.cuda.cuMemcpyHtoDAsync_v2(dev, host, n, handle)
+                if st != 0:
+                    raise RuntimeError("fabpool_memory_saver: copying %d bytes %s device address 0x%x failed (CUDA "
+                                       "error %d)" % (n, "from" if to_host else "to", dev, st))
+            s.synchronize()
+
+    # tensors
+    def tensor_span(self, t):
+        if not t.is_cuda:
+            raise ValueError("get_cpu_backup: %s is not a CUDA tensor" % (t.device,))
+        if not t.is_contiguous():
+            raise ValueError("get_cpu_backup: the tensor is not contiguous (shape %s, stride %s)" %
+                             (tuple(t.shape), t.stride()))
+        return t.data_ptr(), t.nbytes
+
+    def cpu_tensor(self, host_ptr, like, zero_copy):
+        torch = self.torch
+        n = like.nbytes
+        if n == 0:
+            out = torch.empty(like.shape, dtype=like.dtype)
+            return out
+        raw = (self.ctypes.c_uint8 * n).from_address(host_ptr)
+        out = torch.frombuffer(raw, dtype=torch.uint8).view(like.dtype).view(like.shape)
+        return out if zero_copy else out.clone()
+
+
+class _Pool:
+    """One fabpool tag: the allocations of regions of one (tag, backup, device)."""
+
+    def __init__(self, tag, backup, device, ftag, mempool):
+        self.tag, self.backup, self.device, self.ftag, self.mempool = tag, backup, device, ftag, mempool
+        self.paused = False
+        self.copies = {}   # device address -> [host address, bytes, block]: the host copy of a segment
+
+
+class _Block:
+    """A pinned host block that holds the copies of several segments."""
+
+    def __init__(self, ptr, size):
+        self.ptr, self.size, self.users = ptr, size, 0
+
+
+class TorchMemorySaver:
+    """torch_memory_saver.TorchMemorySaver on fabpool (the module's docstring says what differs)."""
+
+    def __init__(self, backend=None):
+        self._backend = backend
+        self._pools = {}            # (tag, backup, device) -> _Pool
+        self._local = threading.local()
+        self._hook_mode = "torch"
+        self._retain = _env_bool("TMS_RETAIN_CPU_BACKUP")
+        self._margin = 0
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------ configuration
+    @property
+    def enabled(self):
+        return True
+
+    @property
+    def hook_mode(self):
+        return self._hook_mode
+
+    @hook_mode.setter
+    def hook_mode(self, mode):
+        if mode not in HOOK_MODES:
+            raise ValueError("fabpool_memory_saver: hook_mode %r is not offered; fabpool routes a region's "
+                             "allocations through PyTorch's MemPool, which is hook_mode 'torch' (no LD_PRELOAD). "
+                             "Set hook_mode = 'torch' or leave it unset" % (mode,))
+        self._hook_mode = mode
+
+    @property
+    def memory_margin_bytes(self):
+        return self._margin
+
+    @memory_margin_bytes.setter
+    def memory_margin_bytes(self, value):
+        value = int(value)
+        if value < 0:
+            raise ValueError("memory_margin_bytes must be >= 0, not %d" % value)
+        self._margin = value
+
+    @property
+    def retain_cpu_backup(self):
+        return self._retain
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, value):
+        self._retain = bool(value)
+
+    def set_disk_backup_dir(self, path):
+        raise NotImplementedError("fabpool_memory_saver: disk backup is not offered; use enable_cpu_backup=True "
+                                  "(pinned host memory)")
+
+    def _be(self):
+        if self._backend is None:
+            self._backend = _TorchBackend()
+        return self._backend
+
+    def _stack(self):
+        st = getattr(self._local, "stack", None)
+        if st is None:
+            st = self._local.stack = []
+        return st
+
+    @property
+    def current_region(self):
+        """(tag, enable_cpu_backup) of the innermost region of this thread, or None."""
+        st = self._stack()
+        return st[-1] if st else None
+
+    # ------------------------------------------------------------ regions
+    @staticmethod
+    def _check_region_args(tag, enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
+        if not isinstance(tag, str) or not tag:
+            raise ValueError("region: tag must be a non-empty string, not %r" % (tag,))
+        if cpu_backup_backend not in _BACKENDS:
+            raise ValueError("region: cpu_backup_backend must be one of %s, not %r" % (_BACKENDS[1:],
+                                                                                       cpu_backup_backend))
+        if cpu_backup_backend is not None and not enable_cpu_backup:
+            raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+        if enable_disk_backup:
+            if enable_cpu_backup:
+                raise AssertionError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
+            raise NotImplementedError("fabpool_memory_saver: enable_disk_backup is not offered; use "
+                                      "enable_cpu_backup=True (pinned host memory)")
+
+    def _pool(self, tag, backup, device):
+        key = (tag, bool(backup), device)
+        with self._lock:
+            p = self._pools.get(key)
+            if p is None:
+                ftag = ("tms.b." if backup else "tms.n.") + tag
+                p = self._pools[key] = _Pool(tag, bool(backup), device, ftag, self._be().mempool(ftag, device))
+            return p
+
+    @contextlib.contextmanager
+    def region(self, tag=_TAG_DEFAULT, enable_cpu_backup=False, enable_disk_backup=False, cpu_backup_backend=None):
+        """Allocations inside go to the tag's pool (with or without CPU backup)."""
+        self._check_region_args(tag, enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        be = self._be()
+        dev = be.current_device()
+        pool = self._pool(tag, enable_cpu_backup, dev)
+        st = self._stack()
+        st.append((tag, bool(enable_cpu_backup)))
+        try:
+            with be.use_mem_pool(pool.mempool, dev):
+                yield
+        finally:
+            st.pop()
+
+    @contextlib.contextmanager
+    def cuda_graph(self, cuda_graph, pool=None, stream=None, capture_error_mode="global", tag=_TAG_DEFAULT,
+                   enable_cpu_backup=False, cpu_backup_backend=None):
+        """torch.cuda.graph captured into the tag's pool: the graph's memory pauses with the tag."""
+        self._check_region_args(tag, enable_cpu_backup, False, cpu_backup_backend)
+        be = self._be()
+        dev = be.current_device()
+        p = self._pool(tag, enable_cpu_backup, dev)
+        if pool is not None and tuple(pool) != tuple(be.pool_id(p.mempool)):
+            raise ValueError("cuda_graph: the graph's memory comes from the pool of tag %r, which every graph "
+                             "captured under that tag shares; pass pool=None" % (tag,))
+        st = self._stack()
+        st.append((tag, bool(enable_cpu_backup)))
+        try:
+            with be.graph(cuda_graph, p.mempool, stream, capture_error_mode):
+                yield
+        finally:
+            st.pop()
+
+    @contextlib.contextmanager
+    def disable(self, dispose_mem_pool_after_use=True):
+        """Allocations inside are PyTorch's own (a MemPool of its allocator, deleted at the end)."""
+        if not dispose_mem_pool_after_use:
+            raise AssertionError("Only dispose_mem_pool_after_use=true is supported now")
+        be = self._be()
+        dev = be.current_device()
+        st = self._stack()
+        st.append(None)
+        try:
+            native = be.native_mempool()
+            with be.use_mem_pool(native, dev):
+                yield
+            del native
+        finally:
+            st.pop()
+
+    # ------------------------------------------------------------ pause and resume
+    def _selected(self, tag):
+        with self._lock:
+            return [p for p in self._pools.values() if tag is None or p.tag == tag]
+
+    def _live_segments(self, p):
+        """The pool's segments now, and its host copies pruned to them."""
+        segs = self._be().segments(p.mempool)
+        for addr in [a for a, c in p.copies.items() if a not in segs or segs[a][0] != c[1]]:
+            self._drop_copy(p, addr)
+        return segs
+
+    def _drop_copy(self, p, addr):
+        c = p.copies.pop(addr)
+        blk = c[2]
+        blk.users -= 1
+        if blk.users == 0:
+            self._be().host_free(blk.ptr)
+
+    def _drop_copies(self, p):
+        for addr in list(p.copies):
+            self._drop_copy(p, addr)
+
+    def _backup(self, p):
+        """Copies the pool's allocated segments into pinned host memory: the
+        copies kept from the last resume where they are, one new block for the
+        rest."""
+        be = self._be()
+        segs = self._live_segments(p)
+        want = {a: n for a, (n, used) in segs.items() if used > 0 or a in p.copies}
+        new = sorted(a for a in want if a not in p.copies)
+        if new:
+            total = sum(want[a] for a in new)
+            blk = _Block(be.host_alloc(total), total)
+            at = blk.ptr
+            for a in new:
+                p.copies[a] = [at, want[a], blk]
+                blk.users += 1
+                at += want[a]
+        be.copy(p.device, [(p.copies[a][0], a, want[a]) for a in sorted(want)], to_host=True)
+
+    def pause(self, tag=None):
+        """Gives the device memory of the tag (None: every tag) back to the driver."""
+        be = self._be()
+        todo = [p for p in self._selected(tag) if not p.paused]
+        for dev in sorted({p.device for p in todo}):
+            be.synchronize(dev)
+        for p in todo:
+            if p.backup:
+                self._backup(p)
+            be.sleep(p.ftag, p.device)
+            p.paused = True
+
+    def resume(self, tag=None):
+        """Maps fresh memory at the same addresses for the tag (None: every tag),
+        the copies of regions with enable_cpu_backup restored."""
+        be = self._be()
+        todo = [p for p in self._selected(tag) if p.paused]
+        if self._margin:
+            for dev in sorted({p.device for p in todo}):
+                need = sum(n for p in todo if p.device == dev for n, _ in be.segments(p.mempool).values())
+                free = be.free_bytes(dev)
+                if need + self._margin > free:
+                    raise RuntimeError("fabpool_memory_saver.resume(%r): %d bytes to map on device %d with "
+                                       "memory_margin_bytes %d, but %d bytes are free; nothing was resumed" %
+                                       (tag, need, dev, self._margin, free))
+        for p in todo:
+            be.wake(p.ftag, p.device)
+            p.paused = False
+            if p.backup:
+                segs = self._live_segments(p)
+                be.copy(p.device, [(c[0], a, c[1]) for a, c in sorted(p.copies.items()) if a in segs],
+                        to_host=False)
+                if not self._retain:
+                    self._drop_copies(p)
+
+    def get_cpu_backup(self, x, zero_copy=False):
+        """The host copy of tensor x (paused, or resumed with retain_cpu_backup) as a CPU tensor of
+        x's dtype and shape; None where x has none."""
+        be = self._be()
+        ptr, n = be.tensor_span(x)
+        for p in self._selected(None):
+            if not p.copies:
+                continue
+            self._live_segments(p)
+            for a, (host, size, _) in p.copies.items():
+                if a <= ptr and ptr + n <= a + size:
+                    return be.cpu_tensor(host + (ptr - a), x, zero_copy)
+        return None
+
+    # ------------------------------------------------------------ what it holds
+    def host_bytes(self):
+        """Pinned host memory held for copies now."""
+        blocks = {id(c[2]): c[2].size for p in self._selected(None) for c in p.copies.values()}
+        return sum(blocks.values())
+
+    def tags(self):
+        """{tag: {"paused", "devices", "backup"}} of the tags regions have named."""
+        out = {}
+        for p in self._selected(None):
+            d = out.setdefault(p.tag, {"paused": True, "devices": set(), "backup": set()})
+            d["paused"] = d["paused"] and p.paused
+            d["devices"].add(p.device)
+            d["backup"].add(p.backup)
+        return out
+
+
+torch_memory_saver = TorchMemorySaver()
+
+
+def configure_subprocess():
+    """The original's LD_PRELOAD set-up for hook_mode 'preload', which fabpool does not offer."""
+    raise ValueError("fabpool_memory_saver: configure_subprocess() prepares hook_mode 'preload' (LD_PRELOAD), "
+                     "which fabpool does not offer; a subprocess imports this module and uses hook_mode 'torch'")
+
+
+def region(tag=_TAG_DEFAULT, enable_cpu_backup=False, enable_disk_backup=False, cpu_backup_backend=None):
+    return torch_memory_saver.region(tag, enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+
+
+def cuda_graph(cuda_graph, pool=None, stream=None, capture_error_mode="global", tag=_TAG_DEFAULT,
+               enable_cpu_backup=False, cpu_backup_backend=None):
+    return torch_memory_saver.cuda_graph(cuda_graph, pool, stream, capture_error_mode, tag, enable_cpu_backup,
+                                         cpu_backup_backend)
+
+
+def disable():
+    return torch_memory_saver.disable()
+
+
+def pause(tag=None):
+    torch_memory_saver.pause(tag)
+
+
+def resume(tag=None):
+    torch_memory_saver.resume(tag)
+
+
+def get_cpu_backup(x, zero_copy=False):
+    return torch_memory_saver.get_cpu_backup(x, zero_copy)
