@@ -342,7 +342,15 @@ fabpool_status fp_retire_disown(fp_retire *r)
     int m = FP_OWNER_ON;
     if (!atomic_compare_exchange_strong(&r->owner_mode, &m, FP_OWNER_OFF) && m != FP_OWNER_OFF)
         return FABPOOL_OK; /* no owner yet: nothing to wait for */
-    return fp_retire_fence(r);
+    fabpool_status st = fp_retire_fence(r);
+    if (st != FABPOOL_OK && m == FP_OWNER_ON) {
+        /* the owner's blocks freed at once are not known safe yet: the owner mode stays, so that the caller's
+         * refusal changes nothing and the next caller that ends it waits again (with the mode off, nothing
+         * else would) */
+        int off = FP_OWNER_OFF;
+        atomic_compare_exchange_strong(&r->owner_mode, &off, FP_OWNER_ON);
+    }
+    return st;
 }
 
 fabpool_status fp_retire_fence(fp_retire *r)

@@ -220,7 +220,9 @@ static inline int fp_retire_owned(fp_retire *r)
     return atomic_load_explicit(&r->owner_mode, memory_order_relaxed) == FP_OWNER_ON;
 }
 /* Ends the owner mode for good, then fences: every block the owner freed
- * is safe for anyone afterwards. */
+ * is safe for anyone afterwards.  A fence the driver refuses leaves the
+ * owner mode on (the caller's refusal changes nothing), so that the next
+ * caller fences again. */
 fabpool_status fp_retire_disown(fp_retire *r);
 /* Waits for the owner's work queued so far if the owner freed a block since
  * the last fence (an event recorded and synchronized; the whole context
