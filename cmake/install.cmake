@@ -6,7 +6,7 @@
 #   P/share/doc/fabpool/LICENSE and CHANGELOG.md,
 #   P/bin/fabpool_trace, fabpool_replay and fabpool_bench (the tools for a trace and for measuring),
 #   P/lib/fabpool/python/ (FABPOOL_INSTALL_PYTHONDIR): the PyTorch adapter, the package fabpool_torch
-#   (the module with libfabpool_torch.so, and libfabpool_torch_cxx.so where it was built) fabpool_symm.py,
+#   (the module with libfabpool_torch.so, and libfabpool_torch_cxx.so where it was built), fabpool_symm.py,
 #   fabpool_memory_saver.py and fabpool_cumem.py (torch_memory_saver's and vLLM's APIs, docs/rl-serving.md);
 #   PYTHONPATH=P/lib/fabpool/python makes `import fabpool_torch` find it.  The wheel (pyproject.toml) is this
 #   component (python) alone.

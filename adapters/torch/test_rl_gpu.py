@@ -1,0 +1,167 @@
+"""fabpool_memory_saver and fabpool_cumem on PyTorch and a GPU (the real
+driver): device memory given back by a pause and taken again by a resume,
+bytes restored bitwise, host copies as CPU tensors and retained at one
+address, pinned host memory back to its level, a CUDA graph captured into a
+tag and replayed after a pause, vLLM's sleep / wake_up with offload and
+discard.  Exits 77 (skipped) without torch or a GPU.
+Usage: test_rl_gpu.py <directory of libfabpool_torch.so and the modules>"""
+import gc
+import os
+import sys
+
+sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "python"))
+try:
+    import torch
+except ImportError:
+    print("test_rl_gpu: no torch here: skipped")
+    sys.exit(77)
+if not torch.cuda.is_available():
+    print("test_rl_gpu: no GPU: skipped")
+    sys.exit(77)
+import fabpool_cumem  # noqa: E402
+import fabpool_memory_saver  # noqa: E402
+
+failures = []
+MiB = 1 << 20
+
+
+def check(cond, what):
+    print(("ok: " if cond else "FAILED: ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def used():
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def pattern(n, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=g)
+
+
+tms = fabpool_memory_saver.torch_memory_saver
+tms.hook_mode = "torch"
+dev = "cuda"
+
+# weights with backup (many sizes), a cache without
+sizes = [4096, 100_000, 3 * MiB + 5, 64 * MiB, 512 * MiB]
+with tms.region(tag="weights", enable_cpu_backup=True):
+    weights = [pattern(n, i) for i, n in enumerate(sizes)]
+with tms.region(tag="kv_cache"):
+    kv = torch.full((1 << 30,), 20, dtype=torch.uint8, device=dev)
+expect = [w.cpu() for w in weights]
+ptrs = [w.data_ptr() for w in weights] + [kv.data_ptr()]
+torch.cuda.synchronize()
+rss0 = rss()
+
+for cycle in range(3):
+    u0 = used()
+    tms.pause("kv_cache")
+    u1 = used()
+    check(u0 - u1 >= 1 << 30, "cycle %d: pause(kv_cache) gives back its GiB (%d MiB)" % (cycle, (u0 - u1) // MiB))
+    tms.pause()
+    u2 = used()
+    check(u1 - u2 >= sum(sizes), "cycle %d: pause() gives back the weights (%d MiB)" % (cycle, (u1 - u2) // MiB))
+    b = tms.get_cpu_backup(weights[3])
+    check(b is not None and b.device.type == "cpu" and torch.equal(b, expect[3]),
+          "cycle %d: get_cpu_backup: the weight's bytes on the CPU" % cycle)
+    check(tms.get_cpu_backup(kv) is None, "cycle %d: no backup of the cache" % cycle)
+    unrelated = torch.full((256 * MiB,), 30, dtype=torch.uint8, device=dev)   # takes some of the freed memory
+    tms.resume()
+    check(used() - u2 >= sum(sizes) + (1 << 30), "cycle %d: resume maps both again" % cycle)
+    check(all(torch.equal(w.cpu(), e) for w, e in zip(weights, expect)), "cycle %d: weights bitwise" % cycle)
+    check([w.data_ptr() for w in weights] + [kv.data_ptr()] == ptrs, "cycle %d: addresses unchanged" % cycle)
+    check(tms.get_cpu_backup(weights[3]) is None, "cycle %d: no backup after resume" % cycle)
+    check(tms.host_bytes() == 0, "cycle %d: no host copy held" % cycle)
+    kv.fill_(cycle)
+    check(int(kv[123].item()) == cycle, "cycle %d: the cache usable after resume" % cycle)
+    del unrelated
+gc.collect()
+torch.cuda.synchronize()
+check(rss() - rss0 < 256 * MiB, "host memory back to its level (RSS %+d MiB)" % ((rss() - rss0) // MiB))
+
+# retained copies: one address across resumes, refreshed by the next pause
+tms.pause("weights")
+first = tms.get_cpu_backup(weights[2], zero_copy=True)
+p0 = first.data_ptr()
+tms.retain_cpu_backup = True
+del first
+tms.resume("weights")
+kept = tms.get_cpu_backup(weights[2], zero_copy=True)
+check(kept is not None and kept.data_ptr() == p0 and torch.equal(kept, expect[2]), "retained: same address, bytes")
+del kept
+weights[2].fill_(7)
+tms.pause("weights")
+again = tms.get_cpu_backup(weights[2], zero_copy=True)
+check(again.data_ptr() == p0 and bool((again == 7).all()), "the next pause refreshed the retained copy in place")
+del again
+tms.retain_cpu_backup = False
+tms.resume("weights")
+check(bool((weights[2] == 7).all()) and tms.get_cpu_backup(weights[2]) is None and tms.host_bytes() == 0,
+      "resume without retain: restored, copies freed")
+
+# a CUDA graph captured into a tag: its memory pauses with it, and it replays after the resume
+with tms.region(tag="model", enable_cpu_backup=True):
+    w = torch.eye(1024, device=dev)
+static_in = torch.ones(256, 1024, device=dev)
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    (static_in @ w).sum()
+torch.cuda.current_stream().wait_stream(s)
+g = torch.cuda.CUDAGraph()
+with tms.cuda_graph(g, tag="graph"):
+    big = torch.ones(256 * MiB, device=dev)
+    out = (static_in @ w).sum() + big[:10].sum()
+torch.cuda.synchronize()
+del big
+u0 = used()
+tms.pause("graph")
+tms.pause("model")
+check(u0 - used() >= 256 * MiB * 4, "the graph's memory paused with its tag (%d MiB)" % ((u0 - used()) // MiB))
+tms.resume("model")
+tms.resume("graph")
+static_in.fill_(2)
+g.replay()
+torch.cuda.synchronize()
+check(float(out.item()) == 2.0 * 256 * 1024 + 10, "the graph replays after the resume (%s)" % out.item())
+
+# disable(): PyTorch's own memory, untouched by a pause
+with tms.region(tag="kv_cache"):
+    with tms.disable():
+        plain = torch.full((MiB,), 5, dtype=torch.uint8, device=dev)
+tms.pause()
+check(bool((plain == 5).all()), "a tensor of disable() is not paused")
+tms.resume()
+
+# vLLM's CuMemAllocator: offload the default tag, discard the others
+alloc = fabpool_cumem.CuMemAllocator.get_instance()
+with alloc.use_memory_pool():
+    vw = pattern(300 * MiB, 11)
+with alloc.use_memory_pool(tag="kv_cache"):
+    vkv = torch.full((512 * MiB,), 3, dtype=torch.uint8, device=dev)
+vexp = vw.cpu()
+check(alloc.get_current_usage() >= 812 * MiB, "get_current_usage counts both tags")
+free0 = torch.cuda.mem_get_info()[0]
+alloc.sleep()
+check(torch.cuda.mem_get_info()[0] - free0 >= 800 * MiB, "sleep() gives the memory back")
+alloc.wake_up(tags=["default"])
+check(torch.equal(vw.cpu(), vexp), "wake_up(default): offloaded bytes restored")
+alloc.wake_up()
+vkv.fill_(4)
+check(int(vkv.sum().item()) == 4 * 512 * MiB, "wake_up(): the discarded tag usable again")
+alloc.sleep(offload_tags=("kv_cache",))
+alloc.wake_up()
+check(int(vkv.sum().item()) == 4 * 512 * MiB, "offload_tags=('kv_cache',): its bytes restored")
+
+if failures:
+    print("test_rl_gpu: %d check(s) failed" % len(failures))
+    sys.exit(1)
+print("test_rl_gpu: all checks passed")
