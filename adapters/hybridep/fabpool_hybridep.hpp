@@ -81,7 +81,7 @@
  * anyway.  FABPOOL_HYBRIDEP_PTRACER changes it: unset or "parent" (the
  * default), a pid (the launcher's, where each rank runs under a wrapper of
  * its own: sh -c, srun), "any" (every process of the user for the life of
- * the process, as ptrace_scope 0 would: what the adapter did before), or
+ * the process, as ptrace_scope 0 would), or
  * "0" (no consent: the peers need CAP_SYS_PTRACE, or use the socket
  * overloads).  The consent is withdrawn when the last allocator that gave
  * it is destroyed.  Where pidfd_getfd cannot work (ptrace_scope 2 or 3, a
