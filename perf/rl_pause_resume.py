@@ -1,0 +1,229 @@
+"""Pause and resume of an RL workload: torch_memory_saver (the original, hook
+mode "torch") against fabpool_memory_saver, each in a process of its own on
+the same GPU, then their medians side by side.
+
+The workload: weights with CPU backup (tensors of many sizes, --weights-gib
+in all) and a KV cache without (--kv-gib, a few tensors), allocated inside
+regions; then --cycles rounds of pause() and resume().  Measured in each
+process:
+  alloc_s          allocating the workload inside the regions (each
+                   allocator's segments made from nothing)
+  alloc_p50_us     the median time of one torch.empty inside a region
+  held_overhead    device memory taken by the allocations over the bytes
+                   asked for (mem_get_info), as a fraction
+  pause_s, resume_s  per cycle; medians printed
+  offload_GBps     the weights' bytes / pause_s, against
+  memcpy_d2h_GBps, memcpy_h2d_GBps  a plain copy of the same bytes between a
+                   device tensor and a pinned host tensor in the same process
+  given_back_GiB   device memory given back by a pause
+  bitwise          every weight equal to its reference after every cycle
+  rss_delta_MiB    the process's resident memory after the cycles against
+                   before them (the host copies must be gone)
+
+Usage: rl_pause_resume.py --lib DIR [--tms DIR] [--weights-gib 3] [--kv-gib 2]
+                          [--cycles 5] [--json OUT]
+  DIR of --lib holds libfabpool_torch.so and fabpool_memory_saver.py (a
+  build's adapters/torch); --tms is a torch_memory_saver checkout whose
+  torch-mode library is built (left out: fabpool alone).
+"""
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def weight_sizes(total, seed=1):
+    """Sizes from 4 KiB to 256 MiB, log-uniform, odd ones among them, up to total bytes."""
+    rng = random.Random(seed)
+    out, acc = [], 0
+    while acc < total:
+        n = int(2 ** rng.uniform(12, 28)) + rng.choice((0, 0, 1, 100, 4095))
+        n = min(n, total - acc) if total - acc > 4096 else total - acc
+        out.append(n)
+        acc += n
+    return out
+
+
+def child(args):
+    import torch
+    if args.impl == "fabpool":
+        sys.path.insert(0, args.lib)
+        from fabpool_memory_saver import torch_memory_saver as tms
+    else:
+        sys.path.insert(0, args.tms)
+        from torch_memory_saver import torch_memory_saver as tms
+    tms.hook_mode = "torch"
+    dev = torch.device("cuda")
+    torch.cuda.init()
+    torch.empty(1, device=dev)
+
+    def used():
+        f, t = torch.cuda.mem_get_info()
+        return t - f
+
+    sizes = weight_sizes(int(args.weights_gib * GiB))
+    kv_sizes = [int(args.kv_gib * GiB) // 4] * 4
+    wbytes = sum(sizes)
+
+    # the plain copy of the same bytes, pinned, in this process
+    src = torch.empty(wbytes, dtype=torch.uint8, device=dev)
+    host = torch.empty(wbytes, dtype=torch.uint8, pin_memory=True)
+    d2h, h2d = [], []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        host.copy_(src)
+        torch.cuda.synchronize()
+        d2h.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        src.copy_(host)
+        torch.cuda.synchronize()
+        h2d.append(time.perf_counter() - t)
+    del src, host
+    torch.cuda.empty_cache()
+    if hasattr(torch._C, "_host_emptyCache"):
+        torch._C._host_emptyCache()
+
+    # references (outside every region) and the workload (inside)
+    g = torch.Generator(device=dev).manual_seed(7)
+    refs = [torch.randint(0, 256, (n,), dtype=torch.uint8, device=dev, generator=g) for n in sizes]
+    torch.cuda.synchronize()
+    u0 = used()
+    lat = []
+    t0 = time.perf_counter()
+    weights, kv = [], []
+    with tms.region(tag="weights", enable_cpu_backup=True):
+        for n in sizes:
+            t = time.perf_counter()
+            weights.append(torch.empty(n, dtype=torch.uint8, device=dev))
+            lat.append(time.perf_counter() - t)
+    with tms.region(tag="kv_cache"):
+        for n in kv_sizes:
+            t = time.perf_counter()
+            kv.append(torch.empty(n, dtype=torch.uint8, device=dev))
+            lat.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    alloc_s = time.perf_counter() - t0
+    held = used() - u0
+    asked = wbytes + sum(kv_sizes)
+    for w, r in zip(weights, refs):
+        w.copy_(r)
+    torch.cuda.synchronize()
+    rss0 = rss()
+
+    pause_s, resume_s, given, bitwise = [], [], [], True
+    for c in range(args.cycles):
+        for k in kv:
+            k.fill_(c)   # the cache is written between phases, as a serving engine would
+        torch.cuda.synchronize()
+        before = used()
+        t = time.perf_counter()
+        tms.pause()
+        torch.cuda.synchronize()
+        pause_s.append(time.perf_counter() - t)
+        given.append(before - used())
+        t = time.perf_counter()
+        tms.resume()
+        torch.cuda.synchronize()
+        resume_s.append(time.perf_counter() - t)
+        ok = all(torch.equal(w, r) for w, r in zip(weights, refs))
+        bitwise = bitwise and ok
+        if not ok:
+            print("%s: cycle %d: weights differ after resume" % (args.impl, c), file=sys.stderr)
+    torch.cuda.synchronize()
+    rss1 = rss()
+    out = {
+        "impl": args.impl, "weights": len(sizes), "weights_bytes": wbytes, "kv_bytes": sum(kv_sizes),
+        "alloc_s": alloc_s, "alloc_p50_us": statistics.median(lat) * 1e6,
+        "held_overhead": (held - asked) / asked,
+        "pause_s": statistics.median(pause_s), "resume_s": statistics.median(resume_s),
+        "pause_all_s": pause_s, "resume_all_s": resume_s,
+        "offload_GBps": wbytes / statistics.median(pause_s) / 1e9,
+        "restore_GBps": wbytes / statistics.median(resume_s) / 1e9,
+        "memcpy_d2h_GBps": wbytes / statistics.median(d2h) / 1e9,
+        "memcpy_h2d_GBps": wbytes / statistics.median(h2d) / 1e9,
+        "given_back_GiB": statistics.median(given) / GiB,
+        "bitwise": bitwise, "rss_delta_MiB": (rss1 - rss0) / MiB,
+        "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
+    }
+    print(json.dumps(out))
+    return 0 if bitwise else 1
+
+
+ROWS = [("alloc_s", "allocating the workload in regions (s)", "lower"),
+        ("alloc_p50_us", "one allocation, median (us)", "lower"),
+        ("held_overhead", "device memory over the bytes asked for", None),
+        ("pause_s", "pause, median (s)", "lower"),
+        ("resume_s", "resume, median (s)", "lower"),
+        ("offload_GBps", "weights / pause (GB/s)", "higher"),
+        ("restore_GBps", "weights / resume (GB/s)", "higher"),
+        ("memcpy_d2h_GBps", "plain pinned copy D2H (GB/s)", None),
+        ("memcpy_h2d_GBps", "plain pinned copy H2D (GB/s)", None),
+        ("given_back_GiB", "device memory given back by a pause (GiB)", None),
+        ("rss_delta_MiB", "host memory after the cycles, against before (MiB)", None),
+        ("bitwise", "weights bitwise after every cycle", None)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--tms")
+    ap.add_argument("--impl", choices=("fabpool", "upstream"))
+    ap.add_argument("--weights-gib", type=float, default=3.0)
+    ap.add_argument("--kv-gib", type=float, default=2.0)
+    ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if args.impl:
+        return child(args)
+    results, rc = {}, 0
+    impls = ["fabpool"] + (["upstream"] if args.tms else [])
+    for impl in impls:
+        cmd = [sys.executable, os.path.abspath(__file__), "--impl", impl, "--lib", args.lib,
+               "--weights-gib", str(args.weights_gib), "--kv-gib", str(args.kv_gib), "--cycles", str(args.cycles)]
+        if args.tms:
+            cmd += ["--tms", args.tms]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+        if p.returncode != 0 or not lines:
+            print("rl_pause_resume: %s failed (rc %d): %s" % (impl, p.returncode, p.stdout[-2000:]))
+            rc = 1
+            if not lines:
+                continue
+        results[impl] = json.loads(lines[-1])
+    if not results:
+        return 1
+    first = next(iter(results.values()))
+    print("rl_pause_resume: %s, torch %s; weights %d tensors, %.2f GiB (CPU backup); KV cache %.2f GiB; %d cycles"
+          % (first["gpu"], first["torch"], first["weights"], first["weights_bytes"] / GiB, first["kv_bytes"] / GiB,
+             args.cycles))
+    have = [i for i in impls if i in results]
+    print("%-52s %14s %14s %s" % ("", *(have + [""] * (2 - len(have))), "ratio (fabpool's gain)"))
+    for key, label, better in ROWS:
+        vals = [results[i][key] for i in have]
+        ratio = ""
+        if len(vals) == 2 and better and vals[0] and vals[1]:
+            r = vals[1] / vals[0] if better == "lower" else vals[0] / vals[1]
+            ratio = "%.2fx" % r
+        fmt = lambda v: str(v) if isinstance(v, bool) else "%.4g" % v   # noqa: E731
+        print("%-52s %14s %14s %s" % (label, *([fmt(v) for v in vals] + [""] * (2 - len(vals))), ratio))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
