@@ -12,7 +12,12 @@
  * only).  Every step draws one operation of the table `ops` (one function
  * each) and a pool it applies to; an operation that is refused by the rules
  * (asleep, a local pool's export, bad pointers, a small reservation full)
- * must answer the documented status and change nothing.  Three streams can
+ * must answer the documented status and change nothing; so must one that a
+ * driver fault refuses (FABPOOL_TEST_FAULTS).  Block exports are viewed,
+ * released (kept by the viewing pool) and exported again after the block's
+ * memory was renewed at the same address (freed, trimmed and allocated
+ * again, or slept and woken): the view reads the new bytes, and a write
+ * through it reaches the block.  Three streams can
  * be held (fabsim_stream_hold: their queued work does not complete) and
  * released; a step may also run a short scenario of several calls (a shrink
  * on one stream and a grow on another while the first pends; a refit of an
@@ -49,6 +54,7 @@
  *   FABPOOL_TEST_KNOWN_FAILURES=kind,kind...: failures of those kinds (or
  *   kinds beginning so) are listed as known and do not fail the run.
  *   FABPOOL_TEST_SKIP_OPS=operation,...: those operations are never drawn.
+ *   FABPOOL_TEST_FAULTS=N: N steps in 100 make a driver call of their operation fail (below: "driver faults").
  * Sanitizer builds run a tenth of the seeds.  Sim only: it needs the
  * ledger, stream holds and fabsim_range_mapped. */
 #include <errno.h>
@@ -73,7 +79,86 @@
 #define MAXPEND 128
 #define MAXFD 256
 
+#include "property.h"
+
+/* ------------------------------------------------------------ driver faults
+ *
+ * With FABPOOL_TEST_FAULTS=N (a percentage), N steps in 100 make one driver call of their operation fail: call
+ * 1 to 4, from the step's start, of an entry point the pools call and the test does not, with an error drawn
+ * from four.  Whatever call of the library the fault hits must either absorb it or be refused and change
+ * nothing a caller can see: the operation's checks take such a refusal for the step's result (EXPECT_OK below)
+ * and the model keeps what it had; after the operation every buffer and view of every pool has the size,
+ * mapped bytes, chunk count and generation it had before the step (for the operations that make one call of
+ * the library that changes anything), and the checks after every step (everything handed out is mapped, the
+ * data is intact, the ledger equals the pools' counts, fabpool_check) run as always. */
+static int fault_pct;
+static int (*fault_set_fn)(const char *, uint64_t, int, int);
+static void (*fault_clear_fn)(void);
+static uint64_t (*fault_calls_fn)(const char *);
+static const char *const fault_entries[] = {
+    "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease", "cuMemRetainAllocationHandle",
+    "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle", "cuMemGetAddressRange", "cuEventCreate",
+    "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuStreamSynchronize", "cuCtxSynchronize",
+    "cuCtxGetCurrent", "cuMemcpyDtoDAsync", "cuMemGetHandleForAddressRange",
+};
+static const int fault_errors[] = {CUDA_ERROR_UNKNOWN, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_INVALID_VALUE,
+                                   CUDA_ERROR_NOT_PERMITTED};
+static struct {
+    int armed, refused;
+    const char *entry;
+    uint64_t c0, nth;
+    int err;
+} flt;
+static long n_fault_steps, n_fault_fired, n_fault_refused, n_fault_compared;
+/* a call that may claim or end a pool's owner stream was refused for a fault: whether it did is known at the
+ * pool's next free on a stream; meanwhile the owner rule is not checked against it */
+static int own_unknown[NPOOL];
+#define NFAULT_ENTRIES (sizeof fault_entries / sizeof fault_entries[0])
+#define MAXOPS 64
+/* per operation (by its index in ops), the most calls of each entry point one step of it has made: a fault is
+ * armed on an entry point the operation calls, at a call it reaches */
+static uint32_t fault_seen[MAXOPS][NFAULT_ENTRIES];
+static uint64_t fault_calls0[NFAULT_ENTRIES];
+
+static const char *err_name(int e)
+{
+    return e == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY" : e == CUDA_ERROR_INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE"
+           : e == CUDA_ERROR_NOT_PERMITTED ? "CUDA_ERROR_NOT_PERMITTED" : "CUDA_ERROR_UNKNOWN";
+}
+
+/* Whether the fault armed for this step has fired. */
+static int fault_fired(void) { return flt.armed && fault_calls_fn(flt.entry) - flt.c0 >= flt.nth; }
+
+/* 1 when st is the library's refusal of the step's fault (noted: the model stays as it was). */
+static int fault_refusal(fabpool_status st)
+{
+    if (st == FABPOOL_OK || !fault_fired())
+        return 0;
+    flt.refused = 1;
+    return 1;
+}
+
+/* The step's fault fired and was answered: cleared, so that the operation goes on with the driver well. */
+static void fault_spend(void)
+{
+    if (!flt.armed)
+        return;
+    fault_clear_fn();
+    n_fault_fired += fault_fired();
+    n_fault_refused += flt.refused;
+    flt.armed = flt.refused = 0;
+}
+
+#undef EXPECT_OK
+#define EXPECT_OK(st, key, call)                                                                                 \
+    do {                                                                                                         \
+        fabpool_status st_ = (st);                                                                               \
+        if (!fault_refusal(st_))                                                                                 \
+            EXPECT(st_ == FABPOOL_OK, key, "%s -> %s: %s", call, fabpool_status_name(st_), fabpool_last_error()); \
+    } while (0)
+
 #include "property_model.h"
+
 
 /* ------------------------------------------------------------ the sim */
 
@@ -202,6 +287,12 @@ static const meaning_t meanings[] = {
     {"asleep.alloc_on_stream", "fabpool_alloc_on_stream on a sleeping pool answered OK, not FABPOOL_ERR_ASLEEP"},
     {"asleep.alloc", "fabpool_alloc on a sleeping pool answered OK, not FABPOOL_ERR_ASLEEP"},
     {"handout.unmapped", "an allocation handed out memory that is not mapped"},
+    {"fault.refused_changed", "a call refused for a driver fault changed a buffer or a view (size, mapped bytes, "
+     "chunk count or generation)"},
+    {"fault.wake_state", "a wake refused for a driver fault left the pool awake"},
+    {"block_view.data", "a view of a block's export read other bytes than the block's (a kept view of old memory "
+     "taken for new memory at the same address?)"},
+    {"block_view.write", "a write through a view of a block's export did not reach the block"},
     {"live.unmapped", "a live block, buffer or view of an awake pool is not mapped in full"},
     {"retired.unmapped", "memory retired on a stream whose work pends was unmapped"},
     {"retired.unmapped_by_grow", "a grow on one stream unmapped memory retired on another whose work pends"},
@@ -362,7 +453,10 @@ static void peers_leave(int p)
                 step_pools |= 1u << t;
                 fabpool_status st = fabpool_view_close(P[t].view[k].h);
                 EXPECT_OK(st, "view_close", "fabpool_view_close");
-                drop_view(t, k);
+                if (st == FABPOOL_OK)
+                    drop_view(t, k);
+                else
+                    k++; /* refused for the step's fault: still open, whole */
             } else {
                 k++;
             }
@@ -601,12 +695,15 @@ static void alloc_common(int p, int on_stream)
     }
     EXPECT_OK(st, "alloc", call);
     if (st != FABPOOL_OK) {
-        refused(p, owner_key);
+        if (flt.refused && q->c.stream_owner && q->own != OWN_OFF)
+            own_unknown[p] = 1; /* the claim, or the end, may or may not have come before the refused part */
+        else
+            refused(p, owner_key);
         return;
     }
     int owner_call = 0;
     if (on_stream) {
-        owner_call = q->c.stream_owner && own_claim(p, s);
+        owner_call = q->c.stream_owner && (own_claim(p, s) || own_unknown[p]);
         q->tr_streams = 1;
     } else {
         own_end(p);
@@ -664,18 +761,22 @@ static void op_free_on_stream(int p)
     fabpool_counters c0 = counters(p);
     fabpool_status st = fabpool_free_on_stream(q->p, b->p, sptr(s));
     EXPECT_OK(st, "free_on_stream", "fabpool_free_on_stream");
-    if (st != FABPOOL_OK)
+    if (st != FABPOOL_OK) {
+        if (flt.refused && q->c.stream_owner && q->own != OWN_OFF)
+            own_unknown[p] = 1; /* as in alloc_common */
         return;
+    }
     q->tr_streams = 1;
     /* what the library did: an owner's free goes to the pool at once (stream_owner_frees) */
     int was_owner = counters(p).stream_owner_frees == c0.stream_owner_frees + 1;
-    if (was_owner != expect_owner)
+    if (was_owner != expect_owner && !own_unknown[p])
         fail_(q->refused ? q->refused : "owner.model", __LINE__, "pool %d: a free on stream %s "
               "%s, the owner rule says %s (the owner: %d%s%s)", p, stream_name(s),
               was_owner ? "went to the pool at once (the owner's)" : "was queued", expect_owner ? "the owner's" :
               "queued", q->own, q->refused ? "; refused since then: " : "", q->refused ? q->refused : "");
     q->own = was_owner ? s : q->c.stream_owner ? OWN_OFF : q->own;
     q->refused = NULL;
+    own_unknown[p] = 0; /* this free said who owns the pool */
     refresh_streams();
     if (s >= 0 && held[s] && npend < MAXPEND && !q->asleep)
         pend[npend++] = (pend_t){p, s, epoch[s], *b, was_owner, 0};
@@ -1134,6 +1235,7 @@ static void op_peers_ack(int p)
         snprintf(cur_what, sizeof cur_what, "pool %d, destroyed buffer 0x%llx by export id, ack %llu", dp,
                  (unsigned long long)dead[k].id, (unsigned long long)g);
         fabpool_status st = fabpool_peers_ack(P[dp].p, dead[k].id, g);
+        if (!fault_refusal(st))
         EXPECT(st == FABPOOL_OK || st == FABPOOL_ERR_NOT_FOUND || st == FABPOOL_ERR_INVALID_ARG, "ack.dead",
                "fabpool_peers_ack by export id -> %s: %s", fabpool_status_name(st), fabpool_last_error());
         if (st == FABPOOL_ERR_NOT_FOUND || g == UINT64_MAX)
@@ -1222,6 +1324,7 @@ static void open_view(int t, int src, buf_t *b, const uint8_t *d, size_t len, in
         refused(t, NULL);
         return;
     }
+    if (!fault_refusal(st))
     EXPECT(st == FABPOOL_OK, key, "fabpool_view_open in pool %d of buffer %llu (pool %d, %s) at generation %llu "
            "(its generation now %llu, acked %llu) -> %s: %s", t, (unsigned long long)b->id, src,
            htype_name(P[src].htype), (unsigned long long)gen, (unsigned long long)binfo(b).generation,
@@ -1345,6 +1448,117 @@ static void op_view_open(int p)
         fabpool_buffer_export_done(b->h);
 }
 
+/* ---- block exports viewed across new memory at the same address */
+
+static long n_block_views, n_block_same_addr, n_block_renewed_sleep;
+static void op_sleep(int p);
+static void op_wake(int p);
+
+/* Block b of pool p exported and opened in pool t (*v); the block's bytes read through the view at *at.  -1 when
+ * a call was refused (the step's fault): nothing is left open. */
+static int block_view_open(int p, int t, const blk_t *b, fabpool_view_t **v, uint64_t *at)
+{
+    size_t len = 0, nfds = 0, off = 0;
+    *v = NULL;
+    fabpool_status st = fabpool_block_export(P[p].p, b->p, desc, sizeof desc, &len, fds, MAXFD, &nfds, &off);
+    EXPECT_OK(st, "block_view.export", "fabpool_block_export");
+    if (st != FABPOOL_OK)
+        return -1;
+    (void)t_ledger(); /* the sim forgets the exported fds closed so far, before a dup may take their numbers */
+    for (size_t i = 0; i < nfds; i++)
+        mine[i] = dup(fds[i]);
+    st = fabpool_view_open(P[t].p, desc, len, mine, nfds, v);
+    EXPECT_OK(st, "block_view.open", "fabpool_view_open of a block's descriptor");
+    if (st != FABPOOL_OK)
+        return -1;
+    step_pools |= 1u << t;
+    *at = (uint64_t)(uintptr_t)fabpool_view_ptr(*v) + off;
+    uint64_t pts[NPTS];
+    blk_points(b, pts);
+    check_points("block_view.data", "block (read through a view of its export)", b->id, *at, pts, 0, b->usable, -1);
+    return 0;
+}
+
+/* A view of a block, released (kept by its pool) or closed. */
+static void block_view_let_go(fabpool_view_t *v)
+{
+    fabpool_status st = chance(70) ? fabpool_view_release(v) : fabpool_view_close(v);
+    EXPECT_OK(st, "block_view.release", "fabpool_view_release / fabpool_view_close of a block's view");
+}
+
+/* A block of pool p exported and viewed in pool t, the view released (pool t keeps it for keep_ms); then new
+ * memory at the block's address: the block freed, the pool trimmed and the same size allocated again (mostly
+ * at the same address), or the pool put to sleep and woken; new bytes written; exported and viewed again.  The
+ * view must read the new bytes (a kept view of the old memory would read the old ones), and a write through it
+ * must reach the block. */
+static void op_block_view(int p)
+{
+    pool_t *q = &P[p];
+    int t = other_pool(p, has_view_room), i = -1;
+    for (int k = 0; k < q->nblk && i < 0; k++)
+        if (!q->blk[(k + p) % q->nblk].recorded)
+            i = (k + p) % q->nblk;
+    if (i < 0 || t < 0 || P[t].asleep)
+        return;
+    int by_sleep = chance(35);
+    step_feats |= FB(F_VIEW) | FB(F_EXPORT) | FB(F_PLAIN) | (by_sleep ? FB(F_SLEEP) : 0);
+    blk_t b = q->blk[i];
+    snprintf(cur_what, sizeof cur_what, "pool %d (%s), block %llu (%zu bytes at %p), viewed in pool %d; renewed by %s",
+             p, htype_name(q->htype), (unsigned long long)b.id, b.size, b.p, t, by_sleep ? "sleep and wake" :
+             "free, trim and alloc");
+    check_blk(&b, -1);
+    fabpool_view_t *v = NULL;
+    uint64_t at = 0;
+    if (block_view_open(p, t, &b, &v, &at) != 0)
+        return;
+    block_view_let_go(v);
+    n_block_views++;
+    void *old = b.p;
+    if (by_sleep) {
+        op_sleep(p);
+        if (P[p].asleep) {
+            op_wake(p);
+            n_block_renewed_sleep += !P[p].asleep;
+        }
+        if (P[p].asleep || P[t].asleep)
+            return;
+        q->blk[i].id = next_id++; /* new bytes: a view of the old memory would read the old ones */
+        write_blk(&q->blk[i]);
+        b = q->blk[i];
+    } else {
+        fabpool_status st = fabpool_free(q->p, b.p);
+        EXPECT_OK(st, "block_view.free", "fabpool_free");
+        if (st != FABPOOL_OK)
+            return;
+        tr_live(p, -(int64_t)b.size);
+        q->blk[i] = q->blk[--q->nblk];
+        st = fabpool_trim(q->p, 0);
+        EXPECT_OK(st, "block_view.trim", "fabpool_trim(0)");
+        blk_t nb = {NULL, b.size, 0, next_id++, 0};
+        st = fabpool_alloc(q->p, nb.size, &nb.p);
+        EXPECT_OK(st, "block_view.alloc", "fabpool_alloc");
+        if (st != FABPOOL_OK)
+            return;
+        own_end(p);
+        q->tr_allocs++;
+        tr_live(p, (int64_t)nb.size);
+        took_block(p, &nb, -1, 0, 0);
+        q->blk[q->nblk++] = nb;
+        b = nb;
+        n_block_same_addr += b.p == old;
+    }
+    if (block_view_open(p, t, &b, &v, &at) != 0)
+        return;
+    uint64_t tag = pat(next_id++, 0), got = 0;
+    t_checks++;
+    if (!put(at, tag) || probe((uint64_t)(uintptr_t)b.p, tag, &got) != 1)
+        fail_("block_view.write", __LINE__, "a write through the view of block %llu at %p did not reach it (reads "
+              "0x%llx, wrote 0x%llx)", (unsigned long long)b.id, b.p, (unsigned long long)got,
+              (unsigned long long)tag);
+    write_blk(&b);
+    block_view_let_go(v);
+}
+
 static void op_view_apply(int t)
 {
     view_t *v;
@@ -1400,7 +1614,23 @@ static void op_view_apply(int t)
 static void op_view_close(int t)
 {
     step_feats |= FB(F_VIEW);
-    close_view(t);
+    if (!fault_pct) {
+        close_view(t);
+        return;
+    }
+    /* close_view, but a close refused for the step's fault leaves the view open and whole (it is checked as
+     * one after the step), and the next close frees it */
+    int i = (int)below((uint64_t)P[t].nview);
+    for (int k = 0; k < P[t].nview; k++)
+        if (P[t].view[k].broken)
+            i = k;
+    snprintf(cur_what, sizeof cur_what, "pool %d%s, view of buffer %llu%s", t, P[t].asleep ? " (asleep)" : "",
+             (unsigned long long)P[t].view[i].id, find_buf(P[t].view[i].id, NULL) ? "" : " (destroyed)");
+    check_view(&P[t].view[i], -1);
+    fabpool_status st = fabpool_view_close(P[t].view[i].h);
+    EXPECT_OK(st, "view_close", "fabpool_view_close");
+    if (st == FABPOOL_OK)
+        drop_view(t, i);
 }
 
 static void op_dmabuf_open(int p)
@@ -1514,6 +1744,13 @@ static void op_wake(int p)
     snprintf(cur_what, sizeof cur_what, "pool %d, slept with %s, stream %s", p,
              q->mode == FABPOOL_SLEEP_OFFLOAD ? "offload" : "discard", stream_name(s));
     fabpool_status st = fabpool_wake(q->p, sptr(s));
+    if (fault_refusal(st)) { /* refused: still asleep, with what it restored kept; the next wake completes it */
+        fabpool_sleep_info si = {.struct_size = sizeof(fabpool_sleep_info)};
+        fabpool_sleep_state(q->p, &si);
+        EXPECT(si.asleep, "fault.wake_state", "a wake refused for a driver fault left pool %d awake", p);
+        fault_spend();
+        st = fabpool_wake(q->p, sptr(s));
+    }
     EXPECT_OK(st, "wake", "fabpool_wake");
     if (st != FABPOOL_OK)
         return;
@@ -1600,6 +1837,7 @@ static int create_pool(int p, const pool_conf *c)
         snprintf(q->trace_path, sizeof q->trace_path, "%s/seed%llu-pool%d.trace", tmpdir, cur_seed, p);
     snprintf(o.trace_path, sizeof o.trace_path, "%s", q->trace_path);
     q->own = c->stream_owner ? OWN_NONE : OWN_OFF;
+    own_unknown[p] = 0;
     fabpool_status st = fabpool_create(&o, &q->p);
     EXPECT_OK(st, "pool_create", "fabpool_create");
     if (st != FABPOOL_OK)
@@ -1721,6 +1959,11 @@ static int has_dmabuf(int p)
     return 0;
 }
 static int asleep(int p) { return P[p].asleep; }
+static int awake_view_room(int t) { return awake(t) && has_view_room(t); }
+static int can_block_view(int p)
+{
+    return awake(p) && shareable(p) && has_plain_blk(p) && !in_owner_mode(p) && other_pool(p, awake_view_room) >= 0;
+}
 static int can_thread(int p) { return awake(p) && P[p].c.trace == TRACE_NONE && !in_owner_mode(p); }
 static int can_renew(int p) { return awake(p) && P[p].c.trace == TRACE_NONE; }
 static int can_record(int p)
@@ -1759,6 +2002,7 @@ static const op_def ops[] = {
     {"view_open", 4, can_view, op_view_open},
     {"view_apply", 4, has_appliable, op_view_apply},
     {"view_close", 3, has_view, op_view_close},
+    {"block_view", 2, can_block_view, op_block_view},
     {"dmabuf_open", 2, can_dmabuf, op_dmabuf_open},
     {"dmabuf_close", 2, has_dmabuf, op_dmabuf_close},
     {"sleep", 3, awake, op_sleep},
@@ -1769,6 +2013,15 @@ static const op_def ops[] = {
     {"pool_renew", 1, can_renew, op_pool_renew},
 };
 #define NOPS ((int)(sizeof ops / sizeof ops[0]))
+_Static_assert(NOPS <= MAXOPS, "fault_seen has a row for every operation");
+
+static int op_index(const char *name)
+{
+    for (int o = 0; o < NOPS; o++)
+        if (strcmp(ops[o].name, name) == 0)
+            return o;
+    return -1;
+}
 static long op_count[NOPS];
 static unsigned op_weight[NOPS]; /* 0: not drawn (FABPOOL_TEST_SKIP_OPS) */
 
@@ -1817,17 +2070,138 @@ static void count_pairs(unsigned f)
                     pair_met[a][b]++;
 }
 
+/* ---- driver faults at random steps (FABPOOL_TEST_FAULTS) */
+
+/* What every pool's buffers and views show before a faulted step. */
+static fabpool_buffer_info fsnap_buf[NPOOL][MAXBUF], fsnap_view[NPOOL][MAXVIEW];
+static uint64_t fsnap_buf_id[NPOOL][MAXBUF], fsnap_view_id[NPOOL][MAXVIEW];
+static int fsnap_nbuf[NPOOL], fsnap_nview[NPOOL];
+
+/* The operations that make one call of the library that may change something, whose refusal must leave every
+ * buffer and view as it was (sleep, wake, trim and collect have their own rules: fabpool.h). */
+static int fault_compares(const char *op)
+{
+    static const char *const one_call[] = {"alloc", "free", "alloc_on_stream", "free_on_stream", "buffer_create",
+                                           "buffer_resize", "buffer_resize_set", "buffer_destroy", "export",
+                                           "export_done", "peers_ack", "view_apply", "view_close", "dmabuf_open",
+                                           "dmabuf_close", "usable_size", "bad_pointer", "thread_flush"};
+    for (size_t i = 0; i < sizeof one_call / sizeof one_call[0]; i++)
+        if (strcmp(op, one_call[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static fabpool_buffer_info vinfo(const view_t *v)
+{
+    fabpool_buffer_info vi = {.struct_size = sizeof vi};
+    fabpool_view_get_info(v->h, &vi);
+    return vi;
+}
+
+static int op_index(const char *name);
+
+static void fault_arm(void)
+{
+    flt.refused = 0;
+    if (!fault_pct)
+        return;
+    for (size_t e = 0; e < NFAULT_ENTRIES; e++)
+        fault_calls0[e] = fault_calls_fn(fault_entries[e]);
+    int o = op_index(cur_op);
+    size_t cand[NFAULT_ENTRIES], nc = 0;
+    for (size_t e = 0; o >= 0 && e < NFAULT_ENTRIES; e++)
+        if (fault_seen[o][e])
+            cand[nc++] = e;
+    if (!nc || strcmp(cur_op, "thread") == 0 || strcmp(cur_op, "pool_renew") == 0 || !chance(fault_pct))
+        return;
+    for (int t = 0; t < NPOOL; t++) {
+        fsnap_nbuf[t] = P[t].nbuf;
+        fsnap_nview[t] = P[t].nview;
+        for (int i = 0; i < P[t].nbuf; i++) {
+            fsnap_buf[t][i] = binfo(&P[t].buf[i]);
+            fsnap_buf_id[t][i] = P[t].buf[i].id;
+        }
+        for (int i = 0; i < P[t].nview; i++) {
+            fsnap_view[t][i] = vinfo(&P[t].view[i]);
+            fsnap_view_id[t][i] = P[t].view[i].vid;
+        }
+    }
+    size_t e = cand[below(nc)];
+    flt.entry = fault_entries[e];
+    flt.nth = 1 + below(fault_seen[o][e] < 4 ? fault_seen[o][e] : 4);
+    flt.err = fault_errors[below(sizeof fault_errors / sizeof fault_errors[0])];
+    flt.c0 = fault_calls_fn(flt.entry);
+    flt.armed = 1;
+    n_fault_steps++;
+    fault_set_fn(flt.entry, flt.nth, 0, flt.err);
+}
+
+static int same_shown(const fabpool_buffer_info *a, const fabpool_buffer_info *b)
+{
+    return a->size == b->size && a->mapped == b->mapped && a->n_chunks == b->n_chunks && a->generation == b->generation;
+}
+
+/* After a faulted step: a refusal changed no buffer or view of any pool. */
+static void fault_disarm(void)
+{
+    if (!fault_pct)
+        return;
+    int o = op_index(cur_op);
+    for (size_t e = 0; o >= 0 && e < NFAULT_ENTRIES; e++) {
+        uint64_t d = fault_calls_fn(fault_entries[e]) - fault_calls0[e];
+        if (d > fault_seen[o][e])
+            fault_seen[o][e] = (uint32_t)d;
+    }
+    if (!flt.armed)
+        return;
+    fault_clear_fn();
+    int fired = fault_fired();
+    flt.armed = 0;
+    n_fault_fired += fired;
+    if (!flt.refused)
+        return;
+    n_fault_refused++;
+    if (!fault_compares(cur_op))
+        return;
+    n_fault_compared++;
+    for (int t = 0; t < NPOOL; t++) {
+        for (int i = 0; i < fsnap_nbuf[t]; i++)
+            for (int k = 0; k < P[t].nbuf; k++)
+                if (P[t].buf[k].id == fsnap_buf_id[t][i] && !P[t].buf[k].broken) {
+                    fabpool_buffer_info now = binfo(&P[t].buf[k]), *was = &fsnap_buf[t][i];
+                    EXPECT(same_shown(&now, was), "fault.refused_changed", "call %llu of %s failed (%s) and the "
+                           "operation was refused, but pool %d's buffer %llu changed: size %zu -> %zu, mapped %zu -> "
+                           "%zu, chunks %u -> %u, generation %llu -> %llu", (unsigned long long)flt.nth, flt.entry,
+                           err_name(flt.err), t, (unsigned long long)fsnap_buf_id[t][i], was->size, now.size,
+                           was->mapped, now.mapped, was->n_chunks, now.n_chunks,
+                           (unsigned long long)was->generation, (unsigned long long)now.generation);
+                }
+        for (int i = 0; i < fsnap_nview[t]; i++)
+            for (int k = 0; k < P[t].nview; k++)
+                if (P[t].view[k].vid == fsnap_view_id[t][i] && !P[t].view[k].broken) {
+                    fabpool_buffer_info now = vinfo(&P[t].view[k]), *was = &fsnap_view[t][i];
+                    EXPECT(same_shown(&now, was), "fault.refused_changed", "call %llu of %s failed (%s) and the "
+                           "operation was refused, but pool %d's view %llu changed: mapped %zu -> %zu, chunks %u -> "
+                           "%u, generation %llu -> %llu", (unsigned long long)flt.nth, flt.entry, err_name(flt.err),
+                           t, (unsigned long long)fsnap_view_id[t][i], was->mapped, now.mapped, was->n_chunks,
+                           now.n_chunks, (unsigned long long)was->generation, (unsigned long long)now.generation);
+                }
+    }
+}
+
 /* before a step's operation: the state of its pool, and the pool fabpool_check visits after it */
 static void before_step(int p)
 {
     ngrown = 0;
     step_feats = state_feats(p);
     step_pools = 1u << p;
+    fault_arm();
 }
-/* after it: the pairs of features it met */
+/* after it: the pairs of features it met, and the rule of a faulted step */
 static void after_step(int p)
 {
     (void)p;
+    fault_disarm();
     count_pairs(step_feats);
 }
 
@@ -1945,6 +2319,8 @@ static void run_seed(unsigned long long seed, long steps)
     next_id = 1;
     int cfg = (int)(seed % (unsigned long long)NCONF);
     rng_s = mix(seed * 0x9e3779b97f4a7c15ull + 2024);
+    memset(fault_seen, 0, sizeof fault_seen); /* each seed learns its own: a seed run alone does what it did */
+    memset(own_unknown, 0, sizeof own_unknown);
     if (setup_pools(cfg) != 0) {
         for (int p = 0; p < NPOOL; p++)
             if (P[p].p)
@@ -2010,6 +2386,11 @@ int main(int argc, char **argv)
     }
     replay_path = getenv("FABPOOL_TEST_REPLAY");
     known_failures = getenv("FABPOOL_TEST_KNOWN_FAILURES");
+    const char *faults = getenv("FABPOOL_TEST_FAULTS");
+    *(void **)&fault_set_fn = dlsym(RTLD_DEFAULT, "fabsim_fault_set");
+    *(void **)&fault_clear_fn = dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
+    *(void **)&fault_calls_fn = dlsym(RTLD_DEFAULT, "fabsim_calls");
+    fault_pct = faults && fault_set_fn && fault_clear_fn && fault_calls_fn ? atoi(faults) : 0;
     op_weights(&steps_of, "test_combined");
     if (replay_path && !replay_path[0])
         replay_path = NULL;
@@ -2038,6 +2419,12 @@ int main(int argc, char **argv)
            n_late_after_change[FABPOOL_HANDLE_POSIX_FD], n_refit_late, n_cross_grow);
     printf("  dma-bufs %ld, threads beside fabpool_check %ld, traces compared %ld, replayed %ld, fabpool_check %llu\n",
            n_dmabuf, n_threads, n_traces, n_replays, (unsigned long long)n_pool_checks);
+    printf("  block views kept across new memory %ld (%ld at the same address after free, trim and alloc; %ld after a "
+           "sleep and wake)\n", n_block_views, n_block_same_addr, n_block_renewed_sleep);
+    if (fault_pct)
+        printf("  driver faults (FABPOOL_TEST_FAULTS=%d): %ld steps armed one, %ld fired, %ld refused the step's call "
+               "(%ld compared buffer by buffer and view by view)\n", fault_pct, n_fault_steps, n_fault_fired,
+               n_fault_refused, n_fault_compared);
     print_op_shares(&steps_of, 0, "test_combined");
     print_pairs(steps);
     print_kinds("test_combined", meanings, sizeof meanings / sizeof meanings[0]);
