@@ -33,9 +33,10 @@ TMS_TESTS="test_examples.py::test_simple[torch] test_examples.py::test_cuda_grap
   test_examples.py::test_rl_example[torch] test_examples.py::test_cpu_backup_retain_from_env[torch]
   test_examples.py::test_cpu_backup_rss test_examples.py::test_multi_device[torch]
   test_examples.py::test_multi_device_torch_mode"
-# vLLM's tests without a model; test_end_to_end, test_deep_sleep, test_deep_sleep_async and
-# test_deep_sleep_fp8_kvcache need vLLM's engine and a model download
-VLLM_TESTS="test_python_error or test_basic_cumem or test_cumem_with_cudagraph"
+# vLLM's tests without a model (test_python_error in a step of its own, last: it offloads 70% of the GPU's
+# memory to host memory); test_end_to_end, test_deep_sleep, test_deep_sleep_async and test_deep_sleep_fp8_kvcache
+# need vLLM's engine and a model download
+VLLM_TESTS="test_basic_cumem or test_cumem_with_cudagraph"
 PYTEST="python3 -m pytest -q -p no:cacheprovider -rs"
 build_tms() {
   local nvcc cuda major d=$SH/tms-orig
@@ -66,6 +67,8 @@ export SH TMS
     tests/basic_correctness/test_cumem.py -k '$VLLM_TESTS'"
   step tms-build 120 bash -c build_tms
   step bench 300 python3 perf/rl_pause_resume.py --lib "$LIBDIR" --tms "$SH/tms-orig" --json "$OUT/rl-bench.json"
+  step vllm-python-error 240 bash -c "cd '$SH/vllm' && PYTHONPATH='$SH/vllm:$LIBDIR' $PYTEST \
+    tests/basic_correctness/test_cumem.py -k test_python_error"
   echo "SUMMARY ${status[*]}"
 } > "$LOG" 2>&1
 tail -n 40 "$LOG"
