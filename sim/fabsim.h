@@ -45,7 +45,9 @@ typedef struct fabsim_ledger {
     uint64_t mappings;      /* live cuMemMap mappings */
     uint64_t reservations;  /* live cuMemAddressReserve ranges */
     uint64_t exported_fds;  /* exported POSIX fds still open in this process */
-    uint64_t bytes_held;    /* physical bytes this process keeps alive, all devices */
+    uint64_t bytes_held;    /* physical device bytes this process keeps alive, all devices: cuMemCreate's,
+                               cuMemAlloc's and what cuMemAllocAsync's pools reserve (sim_mem.h's
+                               sim_mempool), as cuMemGetInfo counts them */
     uint64_t bytes_mapped;  /* bytes mapped by cuMemMap in this process */
     uint64_t bytes_held_dev[FABSIM_MAX_DEVICES];
     uint64_t legacy_allocs; /* live cuMemAlloc / cuMemAllocAsync blocks */

@@ -62,11 +62,19 @@ static void ledger(fabsim_ledger *l)
     l->reservations = nresv;
     for (dmabuf *d = dmabufs; d; d = d->next)
         l->dmabuf_fds++;
-    for (legacy *x = legacies; x; x = x->next)
+    /* cuMemAlloc's blocks and cuMemAllocAsync's pools (what each reserves, its live blocks and the bytes it
+     * keeps) are held as cuMemCreate's are: cuMemGetInfo counts them, and so does a real device's used memory */
+    for (legacy *x = legacies; x; x = x->next) {
         l->legacy_allocs++;
-    for (int d = 0; d < FABSIM_MAX_DEVICES; d++)
-        for (legacy *x = mempools[d].cache; x; x = x->next)
-            l->legacy_allocs++;
+        if (!x->pooled && x->dev >= 0 && x->dev < FABSIM_MAX_DEVICES) {
+            l->bytes_held += x->size;
+            l->bytes_held_dev[x->dev] += x->size;
+        }
+    }
+    for (int d = 0; d < FABSIM_MAX_DEVICES; d++) {
+        l->bytes_held += mempools[d].reserved_bytes;
+        l->bytes_held_dev[d] += mempools[d].reserved_bytes;
+    }
 }
 
 SIM_API uint64_t fabsim_machine_held_bytes(int dev)

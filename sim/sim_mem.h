@@ -62,9 +62,12 @@ typedef struct range {
     uint64_t va, size;
 } range;
 
+/* A block of cuMemAlloc, or of cuMemAllocAsync (pooled): an anonymous mapping of its own, its bytes held by
+ * itself, or for a pooled block counted in its device's pool (sim_mempool.reserved_bytes). */
 typedef struct legacy {
     uint64_t va, size;
     int dev;
+    int pooled;
     struct legacy *next;
 } legacy;
 
@@ -78,11 +81,17 @@ _Static_assert(sizeof(fabric_blob) <= sizeof(CUmemFabricHandle), "fabric handle 
 #define FABRIC_MAGIC 0xfab51b0bu
 
 /* memory pools for cuMemAllocAsync: one default pool per device */
+/* A device's default pool of cuMemAllocAsync.  A real pool cuts blocks from segments it reserves and reuses
+ * freed bytes for any size; the sim keeps only the count: reserved_bytes grows in 2 MiB segments when the live
+ * blocks (used_bytes) outgrow it and shrinks to the release threshold at a free (and at cuMemPoolTrimTo), never
+ * below the live blocks.  So what it holds is what a pool without fragmentation would hold. */
 typedef struct sim_mempool {
     int dev;
-    uint64_t threshold, cached_bytes, used_bytes;
-    legacy *cache;
+    uint64_t threshold, reserved_bytes, used_bytes;
+    uint64_t reserved_high, used_high; /* RESERVED_MEM_HIGH, USED_MEM_HIGH: since the pool began or a reset */
 } sim_mempool;
+
+#define SIM_POOL_SEGMENT ((uint64_t)2 << 20)
 
 /* the records (sim_records.c) */
 extern phys *physs;

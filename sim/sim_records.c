@@ -160,11 +160,9 @@ uint64_t sim_held_dev(int dev)
         if (p->dev == dev)
             s += p->size;
     for (legacy *l = legacies; l; l = l->next)
-        if (l->dev == dev)
+        if (l->dev == dev && !l->pooled)
             s += l->size;
-    for (legacy *l = mempools[dev].cache; l; l = l->next)
-        s += l->size;
-    return s;
+    return s + mempools[dev].reserved_bytes;
 }
 
 uint64_t held_host(void)
@@ -312,4 +310,5 @@ void sim_vmm_after_fork(void)
     }
     legacies = NULL;
     memset(mempools, 0, sizeof mempools);
+    sim_vmm_init();
 }
