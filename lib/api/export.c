@@ -224,6 +224,22 @@ static fabpool_status block_chunks(fp_space *sp, uint64_t addr, uint64_t usable,
     return FABPOOL_OK;
 }
 
+/* The newest identity of the run's chunks (*newest).  A record's generation is its chunk's identity: memory
+ * mapped anew at the same address (freed, trimmed and allocated again, or woken) has a new one, so a peer's kept
+ * view never takes it for the memory it maps. */
+static fabpool_status run_newest(const fp_chunks *ch, const run *r, const void *ptr, uint64_t *newest)
+{
+    for (size_t k = 0; k < r->n; k++) {
+        uint64_t ident = fp_chunk_ident(ch, r->va[k]);
+        if (!ident)
+            return fp_error(FABPOOL_ERR_CORRUPT, "fabpool_block_export: the driver maps a chunk at 0x%llx under "
+                            "the block at %p that the pool's registry does not hold", (unsigned long long)r->va[k],
+                            ptr);
+        *newest = ident > *newest ? ident : *newest;
+    }
+    return FABPOOL_OK;
+}
+
 fabpool_status fp_block_export(fp_alloc *a, const void *ptr, void *desc, size_t cap, size_t *len, int *fds,
                                size_t fd_cap, size_t *nfds, size_t *offset)
 {
@@ -260,17 +276,8 @@ fabpool_status fp_block_export(fp_alloc *a, const void *ptr, void *desc, size_t 
     uint8_t *d = desc;
     memset(d, 0, *len);
     uint64_t base = r.va[0], newest = 0;
-    /* a record's generation is its chunk's identity: memory mapped anew at the same address (freed, trimmed and
-     * allocated again, or woken) has a new one, so a peer's kept view never takes it for the memory it maps */
-    for (size_t k = 0; k < r.n; k++) {
-        uint64_t ident = fp_chunk_ident(ch, r.va[k]);
-        if (!ident) {
-            st = fp_error(FABPOOL_ERR_CORRUPT, "%s: the driver maps a chunk at 0x%llx under the block at %p that "
-                          "the pool's registry does not hold", fn, (unsigned long long)r.va[k], ptr);
-            goto out;
-        }
-        newest = ident > newest ? ident : newest;
-    }
+    if ((st = run_newest(ch, &r, ptr, &newest)) != FABPOOL_OK)
+        goto out;
     for (size_t k = 0; k < r.n; k++) {
         int fd = -1, fresh = 0;
         fp_desc_rec rec = {.off = r.va[k] - base, .size = r.size[k], .gen = fp_chunk_ident(ch, r.va[k]),
