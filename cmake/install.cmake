@@ -5,6 +5,7 @@
 #   P/lib/pkgconfig/fabpool.pc (pkg-config --cflags --libs fabpool),
 #   P/share/doc/fabpool/LICENSE and CHANGELOG.md,
 #   P/bin/fabpool_trace, fabpool_replay and fabpool_bench (the tools for a trace and for measuring),
+#   P/lib/fabpool/sim/libcuda.so.1, the simulated driver, with --component sim or -DFABPOOL_INSTALL_SIM=ON,
 #   P/lib/fabpool/python/ (FABPOOL_INSTALL_PYTHONDIR): the PyTorch adapter, the package fabpool_torch
 #   (the module with libfabpool_torch.so, and libfabpool_torch_cxx.so where it was built), fabpool_symm.py,
 #   fabpool_memory_saver.py and fabpool_cumem.py (torch_memory_saver's and vLLM's APIs, docs/rl-serving.md);
@@ -68,6 +69,17 @@ if(fabpool_tools)
   install(TARGETS ${fabpool_tools} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tools)
 endif()
 
+# the simulated driver, to try fabpool and its tools without a GPU (FABPOOL_CUDA_LIBRARY=<that path>): only
+# with `cmake --install <build> --component sim`, or in every install with -DFABPOOL_INSTALL_SIM=ON; in a folder
+# of its own, where no program finds it as its libcuda.so.1 unless told
+option(FABPOOL_INSTALL_SIM "cmake --install puts the simulated driver in <libdir>/fabpool/sim (else: --component sim)" OFF)
+set(fabpool_sim_all EXCLUDE_FROM_ALL)
+if(FABPOOL_INSTALL_SIM)
+  set(fabpool_sim_all)
+endif()
+install(TARGETS fabsim LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/fabpool/sim COMPONENT sim NAMELINK_SKIP
+        ${fabpool_sim_all})
+
 # the PyTorch adapter: module and libraries in one folder, the module configured by this build (its version and
 # build id, which it checks against the library's at load)
 set(FABPOOL_INSTALL_PYTHONDIR ${CMAKE_INSTALL_LIBDIR}/fabpool/python CACHE STRING
@@ -96,7 +108,8 @@ if(BUILD_TESTING AND FABPOOL_TEST_DRIVER STREQUAL "sim")
       ${CMAKE_CURRENT_SOURCE_DIR}/tests/install ${CMAKE_C_COMPILER} ${CMAKE_INSTALL_LIBDIR})
   set(fabpool_inst_env "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/sim" "FABPOOL_SONAME=libfabpool.so.${FABPOOL_SOVERSION}"
       "FABPOOL_CUDA_LIBRARY=${CMAKE_BINARY_DIR}/sim/libcuda.so.1" "FABPOOL_PYTHONDIR=${FABPOOL_INSTALL_PYTHONDIR}"
-      "FABPOOL_PYTHON=${FABPOOL_PYTHON}" "FABPOOL_VERSION=${PROJECT_VERSION}")
+      "FABPOOL_PYTHON=${FABPOOL_PYTHON}" "FABPOOL_VERSION=${PROJECT_VERSION}"
+      "FABPOOL_INSTALL_SIM=${FABPOOL_INSTALL_SIM}")
   add_test(NAME test_install COMMAND ${fabpool_inst_run} install ${fabpool_inst_args})
   add_test(NAME test_install_find_package COMMAND ${fabpool_inst_run} find_package ${fabpool_inst_args})
   add_test(NAME test_install_pkgconfig COMMAND ${fabpool_inst_run} pkgconfig ${fabpool_inst_args})

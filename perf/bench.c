@@ -639,7 +639,7 @@ int main(int argc, char **argv)
         return cli_usage_error(usage_line);
     }
     if (bench_load_driver()) {
-        fprintf(stderr, "fabpool_bench: cannot load and initialize the driver %s\n", cu.path);
+        fprintf(stderr, "fabpool_bench: cannot load and initialize the driver %s%s\n", cu.path, cli_sim_hint());
         return 1;
     }
     if (json_path && !(js = fopen(json_path, "w"))) {

@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 enum { CLI_OK = 0, CLI_FAILED = 1, CLI_USAGE = 2 };
 
@@ -51,6 +53,37 @@ static inline int cli_usage_error(const char *usage)
 {
     fprintf(stderr, "%s(--help says what each option does)\n", usage);
     return CLI_USAGE;
+}
+
+/* The libdir of an install, relative to its prefix (CMake's CMAKE_INSTALL_LIBDIR, perf/CMakeLists.txt). */
+#ifndef FABPOOL_CLI_LIBDIR
+#define FABPOOL_CLI_LIBDIR "lib"
+#endif
+
+/* What a tool that cannot load the driver adds to its message: how to run it on the simulated driver, with the
+ * path of the one beside the tool where there is one (an install's <prefix>/<libdir>/fabpool/sim/libcuda.so.1,
+ * from `cmake --install <build> --component sim`; a build folder's sim/libcuda.so.1), else how to install it. */
+static inline const char *cli_sim_hint(void)
+{
+    static char hint[4096 + 512];
+    char exe[4096], sim[4096 + 64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash = n > 0 ? (exe[n] = 0, strrchr(exe, '/')) : NULL;
+    const char *tail[] = {"/../" FABPOOL_CLI_LIBDIR "/fabpool/sim/libcuda.so.1", "/sim/libcuda.so.1"};
+    for (int i = 0; slash && i < 2; i++) {
+        *slash = 0;
+        snprintf(sim, sizeof sim, "%s%s", exe, tail[i]);
+        char *real = realpath(sim, NULL);
+        if (real) {
+            snprintf(hint, sizeof hint, "; without a GPU, run it on the simulated driver: FABPOOL_CUDA_LIBRARY=%s",
+                     real);
+            free(real);
+            return hint;
+        }
+    }
+    return "; without a GPU, run it on the simulated driver: `cmake --install <build> --component sim` puts it in "
+           "<prefix>/" FABPOOL_CLI_LIBDIR "/fabpool/sim/, then FABPOOL_CUDA_LIBRARY=<prefix>/" FABPOOL_CLI_LIBDIR
+           "/fabpool/sim/libcuda.so.1";
 }
 
 #endif

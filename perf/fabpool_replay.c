@@ -272,7 +272,7 @@ static int load_driver(int device, char *err, size_t cap)
         path = "libcuda.so.1";
     void *l = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!l) {
-        snprintf(err, cap, "cannot load the driver %s: %s", path, dlerror());
+        snprintf(err, cap, "cannot load the driver %s: %s%s", path, dlerror(), cli_sim_hint());
         return -1;
     }
 #define SYM(f, n) *(void **)&cu.f = dlsym(l, n)
@@ -303,7 +303,8 @@ static int load_driver(int device, char *err, size_t cap)
     CUresult r;
     if ((r = cu.init(0)) || (r = cu.dev_get(&cu.dev, device)) || (r = cu.ctx_retain(&cu.ctx, cu.dev)) ||
         (r = cu.ctx_set(cu.ctx))) {
-        snprintf(err, cap, "the driver %s does not start on device %d (CUresult %d)", path, device, (int)r);
+        snprintf(err, cap, "the driver %s does not start on device %d (CUresult %d)%s", path, device, (int)r,
+                 cli_sim_hint());
         return -1;
     }
     return 0;
@@ -341,7 +342,7 @@ static const char *const a_key[A_N] = {"fabpool", "cudaMallocAsync", "torch_defa
 
 typedef struct rres {
     int ran;                     /* 1: ran; 0: could not (error says why) */
-    char error[400];
+    char error[1024];
     uint64_t ops, failures, first_failure;
     uint64_t count[R_NKINDS];
     double med[R_NKINDS], p99[R_NKINDS];

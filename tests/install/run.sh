@@ -1,6 +1,7 @@
 #!/bin/sh
 # run.sh STEP CMAKE BUILD PREFIX SRC CC LIBDIR - fabpool's install tests (cmake/install.cmake)
-#   install:      cmake --install BUILD --prefix PREFIX, and check what is there
+#   install:      cmake --install BUILD --prefix PREFIX, and check what is there; then --component sim (the
+#                 simulated driver), which the installed fabpool_replay names when no driver loads and runs on
 #   find_package: build consumer/ with find_package(fabpool), run its programs
 #   pkgconfig:    build consumer/consumer.c with `pkg-config --cflags --libs fabpool`, run it
 #   python:       the Python tests that need no GPU against the installed fabpool_torch package (python.sh)
@@ -34,6 +35,22 @@ install)
     echo "installed: $f"
   done
   out=$("$prefix/bin/fabpool_trace" --help 2>&1) || fail "the installed fabpool_trace --help: $out"
+  # the simulated driver: in no install but one that asks for it; the installed replay, when no driver loads,
+  # names its path, and runs on it
+  sim="$prefix/$libdir/fabpool/sim/libcuda.so.1"
+  [ ! -e "$sim" ] || [ "${FABPOOL_INSTALL_SIM:-OFF}" = ON ] || fail "$sim was installed without --component sim"
+  run "$cmake" --install "$build" --prefix "$prefix" --component sim
+  [ -e "$sim" ] || fail "$sim was not installed by --component sim"
+  echo "installed: $libdir/fabpool/sim/libcuda.so.1"
+  trace="$src/../../perf/traces/synthetic-train.trace.gz"
+  out=$(FABPOOL_CUDA_LIBRARY=/nonexistent/libcuda.so.1 "$prefix/bin/fabpool_replay" --allocators cudaMallocAsync \
+        "$trace" 2>&1) && fail "the installed fabpool_replay ran without a driver: $out"
+  case $out in *"FABPOOL_CUDA_LIBRARY=$(cd "$prefix/$libdir/fabpool/sim" && pwd -P)/libcuda.so.1"*) ;;
+    *) fail "without a driver, the installed fabpool_replay does not name the installed sim: $out" ;; esac
+  echo "without a driver: $(printf '%s\n' "$out" | grep "not run")"
+  out=$(FABPOOL_CUDA_LIBRARY="$sim" FABSIM_MEMORY=64GiB "$prefix/bin/fabpool_replay" --allocators cudaMallocAsync \
+        --check "$trace" 2>&1) || fail "the installed fabpool_replay on the installed sim: $out"
+  echo "on the installed sim: $(printf '%s\n' "$out" | grep "^cudaMallocAsync")"
   # the shared library carries its SONAME, and the name it gives is installed as a link
   soname=$(objdump -p "$prefix/$libdir/libfabpool.so" 2>/dev/null | awk '/SONAME/ {print $2}')
   [ -n "$soname" ] || soname=$(readelf -d "$prefix/$libdir/libfabpool.so" | sed -n 's/.*SONAME.*\[\(.*\)\].*/\1/p')
