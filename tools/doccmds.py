@@ -33,7 +33,13 @@ the README's build command finds that build and its test command runs
 `.ci/run` runs with that same command, and running it a second time here
 would double CI's time.  Everything else runs in full.
 
-It also checks that the documents hold no dates, commit hashes or issue
+It also checks that every path of the source tree a document names in
+backticks (`lib/base/conf.c`, `tests/install/`, `perf/*.sh`: a span that
+starts with one of the tree's top folders) exists, but for the paths of an
+install (`lib/cmake/fabpool/`, `lib/pkgconfig/`, `lib/fabpool/...`,
+`lib/libfabpool*`, an adapter's header as `include/` has it) and another
+project's files (a span after "DeepEP's", "PyTorch's", ... on its line); that
+the documents hold no dates, commit hashes or issue
 numbers (those belong to docs/results/, and to CHANGELOG.md, which dates
 versions; another project's issue or commit named with the project is a
 citation), that docs/config.md has a row for every FABPOOL_CONF key of lib/'s
@@ -46,6 +52,7 @@ of include/ declare.
     doccmds.py --selftest            the parser and the checks against made-up documents
 """
 import argparse
+import glob
 import os
 import re
 import shutil
@@ -71,6 +78,14 @@ HASH = re.compile(r"(?<![0-9A-Za-z_./-])[0-9a-f]{7,40}(?![0-9A-Za-z_])")
 UPSTREAM = re.compile(r"\b(DeepEP|PyTorch|NCCL|RMM|vLLM)('s)? (issue #?\d+|commit [0-9a-f]{7,40})\b")
 ISSUE = re.compile(r"\b(issue|Issue|PR|pull request) #?\d+\b|\(#\d+\)")
 OUTSIDE_PREFIX = re.compile(r"--prefix[= ]+/(?!tmp/)")
+# a backticked path of the source tree: its first word, starting with one of the tree's top folders
+TREE_PATH = re.compile(r"^(lib|perf|tests|adapters|docs|sim|include|examples|tools|fuzz|cmake|\.ci)/[^\s:,;()]*$")
+SPAN = re.compile(r"`([^`\n]+)`")
+# what cmake --install makes under a prefix (cmake/install.cmake), named as the prefix has it
+INSTALL_PATH = re.compile(r"^(lib/(cmake/fabpool|pkgconfig|fabpool)(/|$)|lib/libfabpool\b|"
+                          r"include/fabpool_(hybridep\.hpp|torch\.h)$)")
+# another project's file: a span after that project's name, on the same line
+OTHER_PROJECT = re.compile(r"\b(DeepEP|PyTorch|NCCL|RMM|vLLM|Megatron-LM|HybridEP|jemalloc)'s\b")
 BLOCK_TIMEOUT = 600
 
 
@@ -141,6 +156,20 @@ def stale_marks(text):
     return out
 
 
+def dead_paths(root, text):
+    """[(line, path)]: backticked paths of the source tree that do not exist under root (a glob must match)."""
+    out = []
+    for n, line in enumerate(text.split("\n"), 1):
+        for m in SPAN.finditer(line):
+            words = m.group(1).split()
+            path = words[0].rstrip(".") if words else ""
+            if not TREE_PATH.match(path) or INSTALL_PATH.match(path) or OTHER_PROJECT.search(line[:m.start()]):
+                continue
+            if not glob.glob(os.path.join(root, path)):
+                out.append((n, path))
+    return out
+
+
 def conf_keys(root):
     """The keys of FABPOOL_CONF: the first strings of the key table in lib/'s conf.c (wherever under lib/ it is)."""
     for d, _, names in os.walk(os.path.join(root, "lib")):
@@ -187,6 +216,8 @@ def check(root):
         _, problems = blocks(text)
         msgs += ["%s:%d: %s" % (rel, n, p) for n, p in problems]
         msgs += ["%s:%d: %s: such marks belong to docs/results/" % (rel, n, w) for n, w in stale_marks(text)]
+        msgs += ["%s:%d: `%s` is no path of the source tree: name the file where it is now" % (rel, n, p)
+                 for n, p in dead_paths(root, text)]
     return msgs
 
 
@@ -295,6 +326,18 @@ def selftest():
                         "deadbeefcafe1 and build-abc1234 are fine\nfabpool_trace and fabcafe are words")
     expect([w.split(" (")[0] for _, w in marks] == ["a date", "an issue number", "a commit hash", "a commit hash"],
            "stale marks %r" % marks)
+    tree = tempfile.mkdtemp(prefix="fabpool-doccmds-selftest-")
+    try:
+        os.makedirs(os.path.join(tree, "lib", "base"))
+        open(os.path.join(tree, "lib", "base", "conf.c"), "w").close()
+        dead = dead_paths(tree, "\n".join([
+            "`lib/base/conf.c` and `lib/base/` and `lib/*/conf.c` and `lib/base/conf.c:12` are there",
+            "`lib/conf.c` moved; `perf/gone.sh --flag` is gone",
+            "installed: `lib/pkgconfig/fabpool.pc`, `lib/fabpool/sim/libcuda.so.1`, `include/fabpool_torch.h`",
+            "DeepEP's own `tests/test_hybrid_ep.py`; `build/x` and `results/y` are no tree paths"]))
+        expect(dead == [(2, "lib/conf.c"), (2, "perf/gone.sh")], "dead paths %r" % dead)
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
     print("selftest: %s" % ("FAILED" if bad else "passed"))
     return 1 if bad else 0
 
