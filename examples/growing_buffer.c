@@ -28,7 +28,8 @@ int main(void)
     fabpool_t *pool;
     TRY(fabpool_create(NULL, &pool)); /* NULL: the default options, device 0 */
 
-    /* Up to 4 GiB of address space, 256 MiB mapped now. */
+    /* Up to 4 GiB of address space, 256 MiB of it now (mapped in a chunk of 320 MiB: max_waste lets a chunk
+     * map up to a quarter more than asked, room for the buffer to grow). */
     fabpool_buffer_t *buf;
     TRY(fabpool_buffer_create(pool, 4096 * MiB, 256 * MiB, &buf));
     void *base = fabpool_buffer_ptr(buf);

@@ -9,7 +9,8 @@
  *           driver call; the file named with %p and %h.
  *   trace:  every driver call, cuInit first, with its result.
  *   off:    FABPOOL_DEBUG_FILE alone writes nothing.
- *   conf:   debug:info in FABPOOL_CONF logs too; FABPOOL_DEBUG wins over it.
+ *   conf:   debug:info in FABPOOL_CONF logs too; FABPOOL_DEBUG wins over it;
+ *           FABPOOL_DEBUG=2 is info, as debug:2 is.
  *   bad:    FABPOOL_DEBUG=loud makes pool creation fail, naming it.
  *   files:  FABPOOL_DEBUG_FILE in a folder others may write: a symbolic
  *           link planted by another user, a FIFO, a file of another user
@@ -271,6 +272,18 @@ static void case_off_conf_bad(const char *self)
     const char *wins[] = {file, "FABPOOL_CONF=debug:info", "FABPOOL_DEBUG=warn", NULL};
     CHECK(run(self, "conf", wins) > 0);
     CHECK(stat(path, &sb) == 0 && sb.st_size == 0); /* warn: the file, and no line (nothing went wrong) */
+
+    /* the level's number, as the conf key takes it (debug:2): FABPOOL_DEBUG=2 is info */
+    snprintf(file, sizeof file, "FABPOOL_DEBUG_FILE=%s/number.txt", dir);
+    snprintf(path, sizeof path, "%s/number.txt", dir);
+    const char *number[] = {file, "FABPOOL_DEBUG=2", NULL};
+    CHECK(run(self, "conf", number) > 0);
+    log = slurp(path);
+    CHECK(log != NULL);
+    if (log) {
+        HAS(log, " fabpool INFO pool ", "pool created");
+        CHECK(strstr(log, " TRACE ") == NULL);
+    }
 
     const char *bad[] = {"FABPOOL_DEBUG=loud", NULL};
     CHECK(run(self, "bad", bad) > 0);

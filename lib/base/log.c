@@ -42,10 +42,11 @@ fabpool_status fp_log_env(int *lvl)
     const char *e = getenv("FABPOOL_DEBUG");
     if (!e || !*e)
         return FABPOOL_OK;
-    int l = fp_log_level_of(e, strlen(e));
+    /* the words, or their numbers as the conf key debug takes them (debug:1 and FABPOOL_DEBUG=1 agree) */
+    int l = e[0] >= '0' && e[0] <= '3' && !e[1] ? e[0] - '0' : fp_log_level_of(e, strlen(e));
     if (l < 0)
         return fp_error(FABPOOL_ERR_CONFIG, "FABPOOL_DEBUG='%.64s': not a level; accepted: warn, info, trace (or "
-                        "none)", e);
+                        "none), or their numbers 1, 2, 3 (0)", e);
     *lvl = l;
     return FABPOOL_OK;
 }
