@@ -394,6 +394,17 @@ static void test_syntax_errors(void)
     BAD3("foo:1", "'foo'", "shrink_hysteresis", "peers");
     BAD("Device:1", "'Device'", "'device'");
     BAD("device:1,colour:blue", "'colour'", "known keys");
+    /* a key misspelt: the nearest key named (a letter missing, extra, changed, two swapped), none for a far one */
+    BAD3("reserv:1GiB", "unknown key 'reserv'", "(did you mean 'reserve'?)", "known keys");
+    BAD3("max_wast:10", "'max_wast'", "did you mean 'max_waste'?", "known keys");
+    BAD3("thraed_cache:false", "'thraed_cache'", "did you mean 'thread_cache'?", "known keys");
+    BAD3("decay_mss:5", "'decay_mss'", "did you mean 'decay_ms'?", "known keys");
+    BAD3("devise:1", "'devise'", "did you mean 'device'?", "known keys");
+    fabpool_options far;
+    fabpool_options_init(&far);
+    CHECK(fabpool_options_parse(&far, "expandable_segments:True") == FABPOOL_ERR_CONFIG &&
+          strstr(fabpool_last_error(), "did you mean") == NULL);
+    CHECK(fabpool_options_parse(&far, "foo:1") == FABPOOL_ERR_CONFIG && strstr(fabpool_last_error(), "did you") == NULL);
     /* whitespace */
     BAD(" device:1", "' device'", "whitespace");
     BAD("device :1", "'device '", "whitespace");

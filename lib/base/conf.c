@@ -15,6 +15,7 @@
 
 #include "error.h"
 #include "json.h"
+#include "nearest.h"
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
@@ -467,7 +468,8 @@ static fabpool_status refuse_glued(const char *kname, size_t klen, const char *v
     return FABPOOL_OK;
 }
 
-/* The key's row in *ki, or why the key is not one (a wrong separator in it, the wrong case, unknown). */
+/* The key's row in *ki, or why the key is not one (a wrong separator in it, the wrong case, a misspelling,
+ * unknown). */
 static fabpool_status find_key(const char *kname, size_t klen, size_t *ki)
 {
     char kk[KNOWN_KEYS_MAX];
@@ -485,6 +487,13 @@ static fabpool_status find_key(const char *kname, size_t klen, size_t *ki)
         if (same_word(kname, klen, keys[i].name))
             return fp_error(FABPOOL_ERR_CONFIG, "unknown key '%.*s%s': keys are lower-case (did you mean '%s'?); "
                             "known keys: %s", SHOW(kname, klen), keys[i].name, known_keys(kk));
+    const char *names[NKEYS];
+    for (size_t i = 0; i < NKEYS; i++)
+        names[i] = keys[i].name;
+    const char *near = fp_nearest_name(kname, klen, names, NKEYS);
+    if (near)
+        return fp_error(FABPOOL_ERR_CONFIG, "unknown key '%.*s%s' (did you mean '%s'?); known keys: %s",
+                        SHOW(kname, klen), near, known_keys(kk));
     return fp_error(FABPOOL_ERR_CONFIG, "unknown key '%.*s%s'; known keys: %s", SHOW(kname, klen), known_keys(kk));
 }
 
