@@ -197,6 +197,25 @@ static void threads(void)
     CHECK(t_near(t_held(), 0));
 }
 
+/* A block the device cannot hold: the message gives what the device has free and in all (cuMemGetInfo). */
+static void out_of_memory_says_device_memory(void)
+{
+    size_t free_b = 0, total = 0;
+    CHECK_CU(cuMemGetInfo(&free_b, &total));
+    void *a = NULL, *b = NULL;
+    size_t big = total / 10 * 6; /* two do not fit */
+    CHECK_OK(fabpool_alloc(pool, big, &a));
+    CHECK_STATUS(fabpool_alloc(pool, big, &b), FABPOOL_ERR_OUT_OF_MEMORY);
+    char want[64];
+    snprintf(want, sizeof want, " free of %.2f GiB", (double)total / (double)(1ull << 30));
+    CHECK(strstr(fabpool_last_error(), "the device has ") && strstr(fabpool_last_error(), want));
+    if (!strstr(fabpool_last_error(), want))
+        fprintf(stderr, "  out of memory, without '%s': %s\n", want, fabpool_last_error());
+    CHECK(b == NULL);
+    CHECK_OK(fabpool_free(pool, a));
+    CHECK_OK(fabpool_trim(pool, 0));
+}
+
 int main(void)
 {
     int sim = t_driver_init();
@@ -206,6 +225,7 @@ int main(void)
     boundaries();
     reuse_and_trim();
     bad_input();
+    out_of_memory_says_device_memory();
     threads();
     if (getenv("FABPOOL_TEST_STATS"))
         fabpool_print_stats(pool, stdout, 0);

@@ -196,19 +196,39 @@ static void human(char *buf, size_t n, uint64_t b)
         snprintf(buf, n, "%.2f MiB", (double)b / (double)(1ull << 20));
 }
 
+/* The device's memory as the driver sees it now (cuMemGetInfo), for an out-of-memory message: "; the device
+ * has F free of T", or "" where the driver cannot say. */
+static void device_memory(fp_heap *h, char *buf, size_t n)
+{
+    fp_chunks *ch = h->sp->ch;
+    size_t free_b = 0, total = 0;
+    CUcontext saved = NULL;
+    buf[0] = '\0';
+    if (fp_ctx_push(ch, &saved) != FABPOOL_OK)
+        return;
+    CUresult r = FP_CU(&ch->calls, cuMemGetInfo, &free_b, &total);
+    fp_ctx_pop(ch, saved);
+    char f[32], t[32];
+    human(f, sizeof f, free_b);
+    human(t, sizeof t, total);
+    if (r == CUDA_SUCCESS && total)
+        snprintf(buf, n, "; the device has %s free of %s", f, t);
+}
+
 /* The message of an out-of-memory failure after the trim and retry. */
 static fabpool_status oom_error(fp_heap *h, uint64_t size, uint64_t idle)
 {
-    char a[32], m[32], c[32];
+    char a[32], m[32], c[32], dev[96];
     human(a, sizeof a, size);
     human(m, sizeof m, fp_chunks_mapped(h->sp->ch, NULL));
     human(c, sizeof c, idle);
+    device_memory(h, dev, sizeof dev);
     return fp_error(FABPOOL_ERR_OUT_OF_MEMORY,
                     "device %d is out of memory: cuMemCreate of a %s chunk failed with "
                     "CUDA_ERROR_OUT_OF_MEMORY; this pool maps %s, of which %s were cached and %s "
-                    "returned to the driver before one more try. Free or shrink buffers, or lower "
+                    "returned to the driver before one more try%s. Free or shrink buffers, or lower "
                     "other users of the device",
-                    (int)h->sp->ch->dev, a, m, c, idle ? "were" : "none could be");
+                    (int)h->sp->ch->dev, a, m, c, idle ? "were" : "none could be", dev);
 }
 
 fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAllocationHandle *out)
