@@ -33,6 +33,12 @@ the README's build command finds that build and its test command runs
 `.ci/run` runs with that same command, and running it a second time here
 would double CI's time.  Everything else runs in full.
 
+A block that builds a folder whole (`cmake --build build` without
+`--target`, its configure not leaving the tests out) only to run one program
+of it (`./build/fabpool_demo`, `build/examples/...`), with no `ctest` in the
+block, is an error: a reader's first run should build what it runs (the test
+suite takes minutes), with `--target`.
+
 It also checks that every path of the source tree a document names in
 backticks (`lib/base/conf.c`, `tests/install/`, `perf/*.sh`: a span that
 starts with one of the tree's top folders) exists, but for the paths of an
@@ -140,6 +146,26 @@ def blocks(text):
     return out, problems
 
 
+BUILD_ALL = re.compile(r"cmake --build (\S+)(?![^&;\n]*--target)")
+CONFIGURE = re.compile(r"cmake -S \S+ -B (\S+)([^&;\n]*)")
+
+
+def builds_more_than_it_runs(body):
+    """The build folder of the tree (build, build-real: no '/') that a block builds whole only to run one program of
+    it (no ctest, tests not left out), or None."""
+    if re.search(r"\bctest\b", body):
+        return None
+    for m in BUILD_ALL.finditer(body):
+        d = m.group(1).rstrip("/")
+        if "/" in d:   # a folder inside one: the reader's own project's build, which is theirs to build whole
+            continue
+        if any(c.group(1).rstrip("/") == d and "-DBUILD_TESTING=OFF" in c.group(2) for c in CONFIGURE.finditer(body)):
+            continue
+        if re.search(r"(^|[\s;&|])(\./)?%s/[\w./-]+" % re.escape(d), body[m.end():]):
+            return d
+    return None
+
+
 def stale_marks(text):
     """[(line, what)]: dates, commit hashes and issue numbers, outside fenced blocks too."""
     out = []
@@ -213,8 +239,13 @@ def check(root):
     for path in documents(root):
         rel = os.path.relpath(path, root)
         text = open(path, encoding="utf-8").read()
-        _, problems = blocks(text)
+        bl, problems = blocks(text)
         msgs += ["%s:%d: %s" % (rel, n, p) for n, p in problems]
+        for line, lang, _, body in bl:
+            d = builds_more_than_it_runs(body) if lang == "sh" else None
+            if d:
+                msgs.append("%s:%d: builds all of %s (the test suite too) to run one program of it: build what it "
+                            "runs with --target" % (rel, line, d))
         msgs += ["%s:%d: %s: such marks belong to docs/results/" % (rel, n, w) for n, w in stale_marks(text)]
         msgs += ["%s:%d: `%s` is no path of the source tree: name the file where it is now" % (rel, n, p)
                  for n, p in dead_paths(root, text)]
@@ -326,6 +357,15 @@ def selftest():
                         "deadbeefcafe1 and build-abc1234 are fine\nfabpool_trace and fabcafe are words")
     expect([w.split(" (")[0] for _, w in marks] == ["a date", "an issue number", "a commit hash", "a commit hash"],
            "stale marks %r" % marks)
+    expect(builds_more_than_it_runs("cmake -S . -B build && cmake --build build -j && ./build/fabpool_demo") ==
+           "build", "a whole build to run the demo is found")
+    expect(builds_more_than_it_runs("cmake -S . -B build && cmake --build build -j --target fabpool_demo && "
+                                    "./build/fabpool_demo") is None, "a build of the demo's target is fine")
+    expect(builds_more_than_it_runs("cmake -S . -B b -DBUILD_TESTING=OFF && cmake --build b -j && b/fabpool_trace -h")
+           is None, "a build without tests is fine")
+    expect(builds_more_than_it_runs("cmake --build build -j && ctest --test-dir build") is None, "a test run is fine")
+    expect(builds_more_than_it_runs("cmake --build build/myapp/out && build/myapp/out/app") is None,
+           "the reader's own project is theirs")
     tree = tempfile.mkdtemp(prefix="fabpool-doccmds-selftest-")
     try:
         os.makedirs(os.path.join(tree, "lib", "base"))
