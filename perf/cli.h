@@ -67,17 +67,23 @@ static inline const char *cli_sim_hint(void)
 {
     static char hint[4096 + 512];
     char exe[4096], sim[4096 + 64];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    char *slash = n > 0 ? (exe[n] = 0, strrchr(exe, '/')) : NULL;
-    const char *tail[] = {"/../" FABPOOL_CLI_LIBDIR "/fabpool/sim/libcuda.so.1", "/sim/libcuda.so.1"};
-    for (int i = 0; slash && i < 2; i++) {
-        *slash = 0;
-        snprintf(sim, sizeof sim, "%s%s", exe, tail[i]);
-        char *real = realpath(sim, NULL);
-        if (real) {
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1); /* a path without links: the tool's own */
+    char *bin = n > 0 ? (exe[n] = 0, strrchr(exe, '/')) : NULL;
+    if (bin) {
+        *bin = 0; /* exe: the tool's folder */
+        char *up = strrchr(exe, '/');
+        const char *found = NULL;
+        if (up) { /* an install: <prefix>/bin/tool and <prefix>/<libdir>/fabpool/sim */
+            snprintf(sim, sizeof sim, "%.*s/" FABPOOL_CLI_LIBDIR "/fabpool/sim/libcuda.so.1", (int)(up - exe), exe);
+            found = access(sim, F_OK) == 0 ? sim : NULL;
+        }
+        if (!found) { /* a build folder: <build>/tool and <build>/sim */
+            snprintf(sim, sizeof sim, "%s/sim/libcuda.so.1", exe);
+            found = access(sim, F_OK) == 0 ? sim : NULL;
+        }
+        if (found) {
             snprintf(hint, sizeof hint, "; without a GPU, run it on the simulated driver: FABPOOL_CUDA_LIBRARY=%s",
-                     real);
-            free(real);
+                     found);
             return hint;
         }
     }
