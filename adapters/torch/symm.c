@@ -59,7 +59,7 @@
 #include "symm.h"
 
 #define SY_MAGIC 0x59535046u /* "FPSY" */
-#define SY_VERSION 2u
+#define SY_VERSION 3u
 #define SY_ERR 240           /* bytes of a rank's message carried in its head */
 #define SY_HOST 64
 #define SY_TIMEOUT_MS 30000
@@ -796,39 +796,177 @@ static fabpool_status sy_bounded(const fabpool_torch_symm_t *s, int q, uint64_t 
                   (unsigned long long)max_len);
 }
 
+/* ------------------------------------------------- views that fell behind
+ *
+ * The rule (symm.h): after any call, failed or not, no view maps memory that
+ * its peer's buffer no longer has.  A view that could not take its peer's
+ * descriptor keeps what it maps, which is still the peer's memory only where
+ * the peer just grew since (new chunks behind the ones the view maps).  A
+ * shrink may refit a chunk (new, smaller memory at the same offset), and a
+ * rollback may grow new memory behind a refit: a view that missed that maps
+ * memory the peer gave up, and is emptied, keeping its window and address,
+ * until a later exchange maps it again from a full descriptor.
+ *
+ * fabpool's API has no call that unmaps a view's chunks but keeps its window,
+ * so the emptying is a descriptor of no chunk and no live bytes, of the view's
+ * own buffer and generation, which fabpool_view_apply takes like any other:
+ * it drops every chunk.  It is written, and a failed peer's descriptor read,
+ * in the descriptor's layout of version 1 (docs/design.md, "Descriptors"). */
+#if FABPOOL_DESC_VERSION != 1
+#error "symm.c reads and writes descriptors of version 1: follow the layout of the new version"
+#endif
+enum {
+    SY_D_RECORDS = 12, SY_D_HANDLE = 16, SY_D_GEN = 24, SY_D_SINCE = 32, SY_D_WINDOW = 40, SY_D_LIVE = 48,
+    SY_D_UID = 56, SY_D_PID = 64, SY_D_DEVICE = 68, SY_D_GRAN = 72, SY_D_SUM = 80,
+    SY_R_OFF = 0, SY_R_SIZE = 8, SY_R_GEN = 16
+};
+
+static uint64_t sy_get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* Whether a view at generation vgen that maps vlive bytes still maps only
+ * its peer's memory although it did not take the peer's descriptor
+ * desc[0..len): the descriptor keeps every byte the view maps (live no
+ * smaller) and names no chunk newer than the view below vlive (a chunk the
+ * view has not seen there is memory that replaced what the view maps).
+ * Anything this cannot read as a whole descriptor says no. */
+static int sy_view_still_true(const uint8_t *desc, size_t len, uint64_t vlive, uint64_t vgen)
+{
+    if (!desc || len < SY_REC_HDR || (len - SY_REC_HDR) % SY_REC)
+        return 0;
+    uint64_t n = (len - SY_REC_HDR) / SY_REC;
+    uint32_t stated;
+    memcpy(&stated, desc + SY_D_RECORDS, 4);
+    if (stated != n || sy_get64(desc + SY_D_LIVE) < vlive)
+        return 0;
+    for (uint64_t k = 0; k < n; k++) {
+        const uint8_t *r = desc + SY_REC_HDR + k * SY_REC;
+        if (sy_get64(r + SY_R_OFF) < vlive && sy_get64(r + SY_R_GEN) > vgen)
+            return 0;
+    }
+    return 1;
+}
+
+/* Empties this rank's view of rank q (see above): no chunk mapped, its window
+ * and address kept.  FABPOOL_OK, or fabpool's failure (an unmap refused: the
+ * view keeps what it could not unmap). */
+static fabpool_status sy_view_empty(fabpool_torch_symm_t *s, int q)
+{
+    fabpool_buffer_info vi = {.struct_size = sizeof(fabpool_buffer_info)};
+    fabpool_status st = fabpool_view_get_info(s->views[q], &vi);
+    if (st != FABPOOL_OK)
+        return sy_err_pool(st, "emptying its view of rank %d", q);
+    uint8_t d[SY_REC_HDR];
+    memset(d, 0, sizeof d);
+    uint32_t magic = 0x53445046u, rec = SY_REC, handle = (uint32_t)s->handle_type;
+    uint16_t version = FABPOOL_DESC_VERSION, hdr = SY_REC_HDR;
+    uint64_t window = vi.max_size, gran = window & (~window + 1), zero = 0;
+    uint32_t pid = (uint32_t)s->peers[q].pid, dev = (uint32_t)s->peers[q].device;
+    memcpy(d, &magic, 4);
+    memcpy(d + 4, &version, 2);
+    memcpy(d + 6, &hdr, 2);
+    memcpy(d + 8, &rec, 4);
+    memcpy(d + SY_D_HANDLE, &handle, 4);
+    memcpy(d + SY_D_GEN, &vi.generation, 8);
+    memcpy(d + SY_D_SINCE, &vi.generation, 8);
+    memcpy(d + SY_D_WINDOW, &window, 8);
+    memcpy(d + SY_D_LIVE, &zero, 8);
+    memcpy(d + SY_D_UID, &vi.export_id, 8);
+    memcpy(d + SY_D_PID, &pid, 4);
+    memcpy(d + SY_D_DEVICE, &dev, 4);
+    memcpy(d + SY_D_GRAN, &gran, 8);
+    uint64_t h = 1469598103934665603ull; /* FNV-1a, the checksum's own 8 bytes read as zeros */
+    for (size_t i = 0; i < sizeof d; i++)
+        h = (h ^ d[i]) * 1099511628211ull;
+    memcpy(d + SY_D_SUM, &h, 8);
+    st = fabpool_view_apply(s->views[q], d, sizeof d, NULL, 0);
+    if (st != FABPOOL_OK)
+        return sy_err_pool(st, "unmapping its view of rank %d, whose memory changed under it", q);
+    return FABPOOL_OK;
+}
+
+/* What a rank says in its APPLIED round beside the views' generations
+ * (head v[0]): the call cannot be left in a state every rank agrees on, so
+ * every rank breaks the object. */
+enum {
+    SY_LOST_SIZE = 1, /* its buffer could not go back to the size every other rank has */
+    SY_LOST_VIEW = 2  /* a view of it still maps memory its peer gave up (the emptying failed) */
+};
+
+/* After a peer's step failed (rank q's descriptor not taken: not received,
+ * not copied or not applied), this rank's view of q as it was before, at
+ * vlive bytes and generation vgen, stays if it still maps only q's memory,
+ * else is emptied.  *emptied counts the views emptied; *lost gets
+ * SY_LOST_VIEW where emptying failed.  The message is left alone. */
+static void sy_view_settle(fabpool_torch_symm_t *s, int q, const uint8_t *desc, size_t len, uint64_t vlive,
+                           uint64_t vgen, uint64_t *emptied, uint64_t *lost)
+{
+    if (!s->views[q] || vlive == 0 || sy_view_still_true(desc, len, vlive, vgen))
+        return;
+    char keep[sizeof sy_msg];
+    memcpy(keep, sy_msg, sizeof keep);
+    if (sy_view_empty(s, q) == FABPOOL_OK)
+        (*emptied)++;
+    else
+        *lost |= SY_LOST_VIEW;
+    memcpy(sy_msg, keep, sizeof sy_msg);
+}
+
 /* Exports, all-gathers the descriptors, passes the fds, applies every
  * peer's and acknowledges.  On failure *stage says where: SY_STAGE_EXPORT
  * (some rank could not export, or stated what cannot be: nothing was
- * applied anywhere) or SY_STAGE_APPLY (some rank could not apply a peer's:
- * its view of that peer stays as it was); 0 for a broken exchange. */
-static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int *stage)
+ * applied anywhere) or SY_STAGE_APPLY (some rank could not take a peer's:
+ * its view of that peer stays as it was where it still maps only the peer's
+ * memory, and is emptied where not); 0 for a broken exchange.  `lost`: this
+ * rank's SY_LOST_* before the exchange.  `last`: no exchange follows in this
+ * call, so after an export that failed the views that may have missed a
+ * change are emptied (a full descriptor maps them again).  Whatever failed,
+ * every rank that reaches the APPLIED round learns every rank's
+ * SY_LOST_*, and all of them break the object if any is set. */
+static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int *stage, uint64_t lost, int last)
 {
     *stage = 0;
     s->c.last_exported = s->c.last_imported = 0;
     if (s->nranks == 1)
-        return FABPOOL_OK;
+        return lost ? sy_break(s, sy_err(FABPOOL_ERR_DRIVER, "%s: its buffer could not go back to its size", what))
+                    : FABPOOL_OK;
     size_t hs = sizeof(sy_head);
+    int n = s->nranks;
     int posix = s->handle_type == FABPOOL_HANDLE_POSIX_FD;
     int pidfd = s->transport == FABPOOL_TORCH_SYMM_FD_PIDFD && posix;
     size_t len = 0, nfds = 0;
     uint8_t *all = NULL;
+    uint64_t emptied = 0;
+    fabpool_buffer_info bi = {.struct_size = sizeof(fabpool_buffer_info)};
+    (void)fabpool_buffer_get_info(s->buf, &bi);
 
-    /* EXPORTED */
-    sy_head h;
-    memset(&h, 0, sizeof h);
-    head_fail(&h, sy_export(s, &len, &nfds));
-    h.v[0] = len;
-    h.v[1] = nfds;
-    fabpool_status st = sy_round(s, SY_EXPORTED, &h, hs, &all);
+    /* EXPORTED: the descriptor's length and fd count, and the buffer's generation now */
+    struct {
+        sy_head h;
+        uint64_t gen;
+    } ex;
+    size_t emsg = sizeof ex;
+    memset(&ex, 0, sizeof ex);
+    head_fail(&ex.h, sy_export(s, &len, &nfds));
+    ex.h.v[0] = len;
+    ex.h.v[1] = nfds;
+    ex.gen = bi.generation;
+    fabpool_status st = sy_round(s, SY_EXPORTED, &ex, emsg, &all);
     if (st != FABPOOL_OK)
         return st;
-    st = sy_outcome(s, all, hs, what);
+    st = sy_outcome(s, all, emsg, what);
     /* every rank's descriptor length and fd count, bounded before anything is sized from them */
     size_t payload = 0;
-    uint64_t *lens = malloc(2 * sizeof(uint64_t) * (size_t)s->nranks), *nfds_of = lens ? lens + s->nranks : NULL;
-    for (int q = 0; lens && q < s->nranks; q++) {
-        lens[q] = head_v(all, hs, q, 0);
-        nfds_of[q] = head_v(all, hs, q, 1);
+    uint64_t *lens = malloc(3 * sizeof(uint64_t) * (size_t)n), *nfds_of = lens ? lens + n : NULL;
+    uint64_t *pgen = lens ? lens + 2 * n : NULL;
+    for (int q = 0; lens && q < n; q++) {
+        lens[q] = head_v(all, emsg, q, 0);
+        nfds_of[q] = head_v(all, emsg, q, 1);
+        pgen[q] = sy_get64(all + (size_t)q * emsg + hs);
         if (st == FABPOOL_OK)
             st = sy_bounded(s, q, lens[q], nfds_of[q], what);
         if (st == FABPOOL_OK) {
@@ -837,15 +975,35 @@ static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int
         }
     }
     free(all);
-    if (st != FABPOOL_OK || !lens) {
-        free(lens);
+    all = NULL;
+    if (!lens) {
         (void)fabpool_buffer_export_done(s->buf);
-        *stage = SY_STAGE_EXPORT;
-        return st != FABPOOL_OK ? st : sy_break(s, sy_err(FABPOOL_ERR_HOST_MEMORY, "no host memory for the exchange"));
+        return sy_break(s, sy_err(FABPOOL_ERR_HOST_MEMORY, "no host memory for the exchange"));
     }
-    if (payload > SIZE_MAX - hs) {
+    if (st == FABPOOL_OK && payload > SIZE_MAX - hs) {
         free(lens);
         return sy_break(s, sy_err(FABPOOL_ERR_LIMIT, "%s: descriptors of %zu bytes", what, payload));
+    }
+    /* an export that failed (nothing is applied anywhere): its status and message are the call's */
+    fabpool_status xst = st;
+    char xmsg[sizeof sy_msg];
+    xmsg[0] = 0;
+    fabpool_status mine_st = FABPOOL_OK;
+    char keep[SY_ERR];
+    keep[0] = 0;
+    if (xst != FABPOOL_OK) {
+        memcpy(xmsg, sy_msg, sizeof xmsg);
+        /* the last exchange of the call: a view whose peer's buffer is at another generation may have missed
+         * a change of memory under it */
+        for (int q = 0; last && q < n; q++) {
+            fabpool_buffer_info vi = {.struct_size = sizeof(fabpool_buffer_info)};
+            if (q == s->rank || !s->views[q] || fabpool_view_get_info(s->views[q], &vi) != FABPOOL_OK ||
+                vi.size == 0 || vi.generation == pgen[q])
+                continue;
+            s->gens[q] = 0;
+            sy_view_settle(s, q, NULL, 0, vi.size, vi.generation, &emptied, &lost);
+        }
+        goto applied;
     }
 
     /* DESC: the descriptors (and the exporter's fd numbers for pidfd) */
@@ -871,11 +1029,8 @@ static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int
     s->c.records_exported += s->c.last_exported;
 
     /* the fds: to every peer of this host first, then from each, all by one deadline */
-    fabpool_status mine_st = FABPOOL_OK;
-    char keep[SY_ERR];
-    keep[0] = 0;
     if (posix && !pidfd && nfds > 0)
-        for (int q = 0; q < s->nranks; q++) {
+        for (int q = 0; q < n; q++) {
             if (q == s->rank || s->sock[q] < 0)
                 continue;
             fabpool_status t = fabpool_fd_send(s->sock[q], s->fds, nfds, &s->seq, sizeof s->seq);
@@ -891,16 +1046,22 @@ static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int
         return st;
     }
     uint64_t deadline = sy_deadline(s);
-    for (int q = 0; q < s->nranks; q++) {
+    for (int q = 0; q < n; q++) {
         if (q == s->rank)
             continue;
+        /* the view as it was, for the case that it cannot take the descriptor */
+        fabpool_buffer_info vi = {.struct_size = sizeof(fabpool_buffer_info)};
+        if (s->views[q] && fabpool_view_get_info(s->views[q], &vi) != FABPOOL_OK)
+            vi.size = UINT64_MAX; /* unknown: emptied if it fails */
         s->gens[q] = 0;
         size_t nf = posix ? (size_t)nfds_of[q] : 0;
-        int *fds = NULL;
+        int *fds = NULL, noted = 0;
         fabpool_status t = FABPOOL_OK;
         if (nf > 0 && pidfd) {
-            if (!(fds = s->pfds[q]))
-                continue; /* its copy failed: noted */
+            if (!(fds = s->pfds[q])) {
+                t = FABPOOL_ERR_IO; /* its copy failed: noted */
+                noted = 1;
+            }
         } else if (nf > 0 && s->sock[q] < 0) {
             t = sy_err(FABPOOL_ERR_IO, "no socket to rank %d for its fds", q);
         } else if (nf > 0) {
@@ -913,44 +1074,78 @@ static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int
             free(s->pfds[q]); /* its fds are fabpool's now */
             s->pfds[q] = NULL;
         }
-        sy_note(&mine_st, keep, sizeof keep, t);
+        if (t != FABPOOL_OK)
+            sy_view_settle(s, q, all + (size_t)q * msg + hs, (size_t)lens[q], vi.size, vi.generation, &emptied,
+                           &lost);
+        if (!noted)
+            sy_note(&mine_st, keep, sizeof keep, t);
     }
     s->c.records_imported += s->c.last_imported;
     free(all);
-    free(lens);
+    all = NULL;
 
-    /* APPLIED: the generation of every view, so that each exporter learns what all its peers hold */
-    size_t amsg = hs + sizeof(uint64_t) * (size_t)s->nranks;
-    mine = calloc(1, amsg);
-    if (!mine)
-        return sy_break(s, sy_err(FABPOOL_ERR_HOST_MEMORY, "no host memory for the exchange"));
-    if (mine_st != FABPOOL_OK)
-        copy_cut(sy_msg, sizeof sy_msg, keep);
-    head_fail((sy_head *)mine, mine_st);
-    memcpy(mine + hs, s->gens, sizeof(uint64_t) * (size_t)s->nranks);
-    st = sy_round(s, SY_APPLIED, mine, amsg, &all);
-    free(mine);
-    if (st != FABPOOL_OK)
-        return st;
-    uint64_t least = UINT64_MAX;
-    for (int q = 0; q < s->nranks; q++) {
-        if (q == s->rank)
-            continue;
-        uint64_t g;
-        memcpy(&g, all + (size_t)q * amsg + hs + sizeof(uint64_t) * (size_t)s->rank, sizeof g);
-        least = g < least ? g : least;
+applied:
+    free(lens);
+    /* APPLIED: the generation of every view, so that each exporter learns what all its peers hold; the views
+     * emptied (v[1]) and what no rank can mend (v[0], SY_LOST_*) */
+    {
+        size_t amsg = hs + sizeof(uint64_t) * (size_t)n;
+        uint8_t *am = calloc(1, amsg);
+        if (!am)
+            return sy_break(s, sy_err(FABPOOL_ERR_HOST_MEMORY, "no host memory for the exchange"));
+        if (mine_st != FABPOOL_OK)
+            copy_cut(sy_msg, sizeof sy_msg, keep);
+        head_fail((sy_head *)am, mine_st);
+        ((sy_head *)am)->v[0] = lost;
+        ((sy_head *)am)->v[1] = emptied;
+        memcpy(am + hs, s->gens, sizeof(uint64_t) * (size_t)n);
+        st = sy_round(s, SY_APPLIED, am, amsg, &all);
+        free(am);
+        if (st != FABPOOL_OK)
+            return st;
+        uint64_t least = UINT64_MAX;
+        for (int q = 0; q < n; q++) {
+            if (q == s->rank)
+                continue;
+            uint64_t g = sy_get64(all + (size_t)q * amsg + hs + sizeof(uint64_t) * (size_t)s->rank);
+            least = g < least ? g : least;
+        }
+        st = xst != FABPOOL_OK ? xst : sy_outcome(s, all, amsg, what);
+        if (xst != FABPOOL_OK)
+            memcpy(sy_msg, xmsg, sizeof sy_msg);
+        int lost_by = -1;
+        uint64_t lost_how = 0;
+        for (int q = 0; q < n; q++) {
+            uint64_t how = head_v(all, amsg, q, 0), em = head_v(all, amsg, q, 1);
+            if (em)
+                sy_append("; rank %d emptied %llu of its views, whose peers' memory changed under them, until a "
+                          "later resize maps them again (their size is 0 there)", q, (unsigned long long)em);
+            if (how && lost_by < 0) {
+                lost_by = q;
+                lost_how = how;
+            }
+        }
+        free(all);
+        s->acked = least;
+        (void)fabpool_buffer_export_done(s->buf); /* every peer has imported its copies (or failed to) */
+        if (least > s->acked_told) {
+            fabpool_status t = fabpool_buffer_peers_ack(s->buf, least);
+            if (t != FABPOOL_OK && st == FABPOOL_OK && lost_by < 0)
+                return sy_break(s, sy_err_pool(t, "%s: acknowledging generation %llu", what,
+                                               (unsigned long long)least));
+            s->acked_told = least;
+        }
+        if (lost_by >= 0) {
+            sy_append("; %s rank %d%s, so the ranks cannot agree on the buffers any more: only close is left",
+                      lost_how & SY_LOST_SIZE ? "the buffer could not go back to the size of the others on"
+                                              : "a view still maps memory its peer gave up (emptying it failed) on",
+                      lost_by, lost_by == s->rank ? " (this rank)" : "");
+            return sy_break(s, st != FABPOOL_OK ? st : FABPOOL_ERR_DRIVER);
+        }
     }
-    st = sy_outcome(s, all, amsg, what);
-    free(all);
-    s->acked = least;
-    (void)fabpool_buffer_export_done(s->buf); /* every peer has imported its copies (or failed to) */
-    if (least > s->acked_told) {
-        fabpool_status t = fabpool_buffer_peers_ack(s->buf, least);
-        if (t != FABPOOL_OK && st == FABPOOL_OK)
-            return sy_break(s, sy_err_pool(t, "%s: acknowledging generation %llu", what, (unsigned long long)least));
-        s->acked_told = least;
-    }
-    if (st != FABPOOL_OK)
+    if (xst != FABPOOL_OK)
+        *stage = SY_STAGE_EXPORT;
+    else if (st != FABPOOL_OK)
         *stage = SY_STAGE_APPLY;
     return st;
 }
@@ -1241,7 +1436,7 @@ fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_options *o, fa
 
     /* every peer's buffer mapped here */
     int stage;
-    if ((st = sy_exchange(s, "fabpool_torch_symm_create", &stage)) != FABPOOL_OK)
+    if ((st = sy_exchange(s, "fabpool_torch_symm_create", &stage, 0, 1)) != FABPOOL_OK)
         return sy_fail_create(s, st);
     s->c.exchanges = 1;
     s->c.last_ns = now_ns() - t0;
@@ -1251,10 +1446,12 @@ fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_options *o, fa
 
 /* --------------------------------------------------------------- resize */
 
-/* After a failed step, this rank's buffer back to `old`, as every rank's;
- * the object breaks if that fails (its size would differ from the others').
- * `exported`: the step exported what it mapped, which no peer applied. */
-static void sy_roll_back(fabpool_torch_symm_t *s, uint64_t old, int exported)
+/* After a failed step, this rank's buffer back to `old`, as every rank's.
+ * `exported`: the step exported what it mapped, which no peer applied.
+ * SY_LOST_SIZE where that fails (its size would differ from the others':
+ * the exchange that follows breaks the object on every rank), else 0; the
+ * message says so. */
+static uint64_t sy_roll_back(fabpool_torch_symm_t *s, uint64_t old, int exported)
 {
     char keep[sizeof sy_msg];
     memcpy(keep, sy_msg, sizeof keep);
@@ -1265,11 +1462,36 @@ static void sy_roll_back(fabpool_torch_symm_t *s, uint64_t old, int exported)
         st = fabpool_buffer_peers_ack(s->buf, bi.generation);
     if (st != FABPOOL_OK) {
         sy_err_pool(st, "%s; then going back to %llu bytes failed too", keep, (unsigned long long)old);
-        (void)sy_break(s, st);
-        return;
+        return SY_LOST_SIZE;
     }
     memcpy(sy_msg, keep, sizeof sy_msg);
     sy_append("; every rank keeps its old size (%llu bytes)", (unsigned long long)old);
+    return 0;
+}
+
+/* After a step that some rank took and then rolled back: a shrink may have
+ * refit a chunk and its rollback grown new memory behind it, which no view
+ * maps yet, while the views still map the chunks given up.  One more
+ * exchange brings every view to its peer's buffer as it is now (or empties
+ * the views that cannot follow).  The call's message stays, with what this
+ * exchange adds. */
+static void sy_resettle(fabpool_torch_symm_t *s, const char *what, uint64_t lost)
+{
+    char keep[sizeof sy_msg];
+    memcpy(keep, sy_msg, sizeof keep);
+    int stage;
+    fabpool_status st = sy_exchange(s, what, &stage, lost, 1);
+    if (st == FABPOOL_OK) {
+        memcpy(sy_msg, keep, sizeof sy_msg);
+        sy_append(", and every view maps its peer's buffer as it is now");
+        s->behind = 0;
+        return;
+    }
+    char again[sizeof sy_msg];
+    memcpy(again, sy_msg, sizeof again);
+    memcpy(sy_msg, keep, sizeof sy_msg);
+    sy_append("; then mapping the views again failed: %s", again);
+    s->behind = 1;
 }
 
 fabpool_status fabpool_torch_symm_resize(fabpool_torch_symm_t *s, uint64_t bytes)
@@ -1323,25 +1545,38 @@ fabpool_status fabpool_torch_symm_resize(fabpool_torch_symm_t *s, uint64_t bytes
 
     /* GROWN: all ranks resized, or none stays so */
     memset(&h, 0, sizeof h);
+    fabpool_buffer_info b0 = {.struct_size = sizeof(fabpool_buffer_info)}, b1 = b0;
+    (void)fabpool_buffer_get_info(s->buf, &b0);
     fabpool_status mine = fabpool_buffer_resize(s->buf, target, NULL);
     if (mine != FABPOOL_OK)
         head_fail(&h, sy_err_pool(mine, "resizing its buffer to %llu bytes", (unsigned long long)target));
+    (void)fabpool_buffer_get_info(s->buf, &b1);
+    h.v[0] = b1.generation != b0.generation; /* its chunks changed, even where the resize failed */
     if ((st = sy_round(s, SY_GROWN, &h, sizeof h, &all)) != FABPOOL_OK)
         goto out;
     st = sy_outcome(s, all, sizeof h, what);
+    int took = 0; /* ranks whose resize went through, or changed their chunks */
+    for (int q = 0; q < s->nranks; q++) {
+        sy_head hq;
+        memcpy(&hq, all + (size_t)q * sizeof h, sizeof hq);
+        took += hq.status == FABPOOL_OK || hq.v[0] != 0;
+    }
     free(all);
     if (st != FABPOOL_OK) {
+        uint64_t lost = 0;
         if (mine == FABPOOL_OK)
-            sy_roll_back(s, old, 0);
+            lost = sy_roll_back(s, old, 0);
         else
             sy_append("; every rank keeps its old size (%llu bytes)", (unsigned long long)old);
+        if (took > 0) /* every rank knows it: all of them exchange again */
+            sy_resettle(s, what, lost);
         goto out;
     }
 
     int stage;
-    st = sy_exchange(s, what, &stage);
+    st = sy_exchange(s, what, &stage, 0, 0);
     if (st != FABPOOL_OK && stage == SY_STAGE_EXPORT) {
-        sy_roll_back(s, old, 1);
+        sy_resettle(s, what, sy_roll_back(s, old, 1));
         goto out;
     }
     if (st == FABPOOL_OK || stage == SY_STAGE_APPLY)

@@ -21,3 +21,15 @@ if(BUILD_TESTING)
                LABELS "torch;share" TIMEOUT 120)
   target_include_directories(test_symm PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_CURRENT_LIST_DIR})
 endif()
+
+if(BUILD_TESTING AND FABPOOL_TEST_DRIVER STREQUAL "sim")
+  # driver faults (the sim's hooks) in a resize and its exchange, 2 to 4 forked ranks: after every call, failed
+  # or not, every view reads its peer's bytes.  The cases, then the seeded property run (prop first seeds steps)
+  fabpool_test(test_symm_faults SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_symm_faults.c ${CMAKE_CURRENT_LIST_DIR}/symm.c
+               LIBS ${FABPOOL_TEST_LIBS} LABELS "torch;share" TIMEOUT 120)
+  target_include_directories(test_symm_faults PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_CURRENT_LIST_DIR})
+  fabpool_fabric_variant(test_symm_faults share TIMEOUT 120)
+  add_test(NAME test_symm_faults_prop COMMAND test_symm_faults prop 1 800 60)
+  fabpool_test_env(test_symm_faults_prop)
+  set_tests_properties(test_symm_faults_prop PROPERTIES LABELS "torch;share;reliability" TIMEOUT 300)
+endif()

@@ -119,19 +119,36 @@ FABPOOL_API fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_op
 /* Collective.  Every rank asks for `bytes` (0: the others'); every buffer
  * becomes the largest size asked, in place, and every view follows by a
  * delta.  Past max_bytes: FABPOOL_ERR_LIMIT on every rank, nothing changed.
- * A rank that cannot grow or export: every rank keeps its old size and
- * views.  A rank that cannot map a peer's new chunks: the buffers have the
- * new size, that rank's view of the peer stays as it was (its size in
- * fabpool_torch_symm_sizes), and the next resize brings it up to date (it
- * sends that view a full descriptor). */
+ *
+ * After any resize, failed or not, no rank's view maps memory that its
+ * peer's buffer does not have: within the bytes fabpool_torch_symm_sizes
+ * gives for it, a view reads and writes the peer's buffer as it is now.
+ *   - A rank that cannot resize or export: every rank keeps its old size.
+ *     The ranks whose resize went through go back, which may leave new
+ *     memory where they had refit a chunk (a shrink replaces a chunk it
+ *     only partly needs by a smaller one; going back grows new chunks behind
+ *     it), so one more exchange maps every view to its peer's chunks as they
+ *     are now.  The bytes past the size asked may then be lost on those
+ *     ranks (a shrink gives them up).
+ *   - A rank that cannot map a peer's new chunks (in either exchange): the
+ *     buffers have the size of the call, and that rank's view of the peer
+ *     keeps what is still the peer's memory: after a grow it stays as it
+ *     was, shorter; where the peer's memory changed under it (a refit) it
+ *     is emptied: its size is 0 and it maps nothing, at the same address.
+ *     The next resize (even to the same size) brings it up to date (it
+ *     sends that view a full descriptor).
+ *   - Where a rank cannot keep the rule (going back or emptying a view
+ *     failed too: a second fault), every rank fails the call and the
+ *     object, as after a broken exchange: only close is left.
+ * Every rank returns the same status. */
 FABPOOL_API fabpool_status fabpool_torch_symm_resize(fabpool_torch_symm_t *s, uint64_t bytes);
 
 /* Every rank's base address in this process: ptrs[rank] this rank's
  * buffer, ptrs[q] the view of rank q's.  n >= nranks.  They never change. */
 FABPOOL_API fabpool_status fabpool_torch_symm_ptrs(fabpool_torch_symm_t *s, uint64_t *ptrs, size_t n);
 /* The bytes of every rank's buffer mapped here (this rank's: the agreed
- * size; a peer's: what its view covers, the agreed size unless an apply
- * failed). */
+ * size; a peer's: what its view covers, at least the agreed size unless the
+ * view could not follow its peer: then less, or 0 where it was emptied). */
 FABPOOL_API fabpool_status fabpool_torch_symm_sizes(fabpool_torch_symm_t *s, uint64_t *sizes, size_t n);
 
 typedef struct fabpool_torch_symm_info {
