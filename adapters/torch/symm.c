@@ -18,14 +18,18 @@
  *           then the exchange below, with full descriptors.
  *   resize: ASK    (the size asked; every rank takes the largest)
  *           GROWN  (its buffer resized: all or none stay resized)
- *           then the exchange.
+ *           then the exchange; where some rank's resize or export failed
+ *           after others had resized, those go back and one more exchange
+ *           maps every view to its peer's chunks as they are now.
  *   exchange: EXPORTED (its descriptor exported since the generation every
  *                   peer has; its length and fd count)
  *           DESC   (the descriptors, and for pidfd the exporter's fd numbers;
  *                   the fds go over the sockets after this round, or are
  *                   copied by pidfd, in TURN rounds under Yama ptrace_scope 1)
  *           APPLIED (each peer's descriptor applied here: the generation of
- *                   every view; each exporter acknowledges the smallest).
+ *                   every view; each exporter acknowledges the smallest; the
+ *                   views emptied, and whether this rank broke the rule of
+ *                   symm.h beyond mending: then every rank breaks).
  *
  * Trust.  The all-gather is the group's own channel: what it carries is
  * the group's word.  Nothing else is: socket names are public
