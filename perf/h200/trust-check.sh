@@ -5,7 +5,7 @@
 #   build-*     both trees, Release, the real driver (the older one: the PyTorch module only)
 #   suite       this tree's real-driver suite at ctest -j4
 #   symm-*      adapters/torch/test_symm_gpu.py, 4 ranks of a gloo group on the one GPU mapping each other's
-#               buffers through POSIX fds over the checked socket mesh, each tree in turns (SYMM_ROUNDS, 2): the
+#               buffers through POSIX fds over the checked socket mesh, each tree in turns (SYMM_ROUNDS, 1): the
 #               resize times side by side
 #   ipc         a tensor sent to a child process through torch.multiprocessing (test_torch_contract.py ipc_child):
 #               the fd server, the peer checks and the token, on the C++ allocator
@@ -19,7 +19,7 @@ set -u
 . perf/h200/common.sh   # h200_out, h200_head, h200_torch, h200_build, step NAME TIMEOUT COMMAND... and `status`
 h200_out /tmp/fabpool-trust trust.txt
 BASE_DIR=${BASE_DIR:-.deps/base}
-ROUNDS=${SYMM_ROUNDS:-2}
+ROUNDS=${SYMM_ROUNDS:-1}
 STAGES=" ${TRUST_STAGES:-build suite symm ipc deepep} "
 on() { [[ $STAGES == *" $1 "* ]]; }
 export TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
