@@ -39,6 +39,7 @@
 #include "testutil.h"
 #include "other_user.h"
 #include "symm.h"
+#include "symm_group.h"
 
 /* rank 1 cuts its next fd message short (4 bytes of its 8-byte head, no fd) when set */
 static int t_cut_send;
@@ -61,27 +62,6 @@ static int t_yama_scope(void) { return t_yama; }
 
 #define NR 4
 #define MB (1ull << 20)
-
-static int io_all(int fd, void *p, size_t n, int out)
-{
-    for (size_t k = 0; k < n;) {
-        ssize_t r = out ? write(fd, (char *)p + k, n - k) : read(fd, (char *)p + k, n - k);
-        if (r <= 0)
-            return -1;
-        k += (size_t)r;
-    }
-    return 0;
-}
-
-/* The rank's side of the hub: its bytes out, everyone's back (length 0: a rank has left). */
-static int allgather(void *ctx, const void *send, void *recv, size_t bytes)
-{
-    int fd = *(int *)ctx;
-    uint64_t len = bytes;
-    if (io_all(fd, &len, 8, 1) || io_all(fd, (void *)send, bytes, 1) || io_all(fd, &len, 8, 0) || len != NR * bytes)
-        return 1;
-    return io_all(fd, recv, len, 0);
-}
 
 /* ---------------------------------------------------------------- what the all-gather does to a round */
 
@@ -390,7 +370,7 @@ static int t_allgather(void *ctx, const void *send, void *recv, size_t bytes)
     return 0;
 }
 
-static fabpool_torch_symm_t *make_o(int rank, int *fd, uint64_t max, uint64_t bytes, int transport, int timeout_ms,
+static fabpool_torch_symm_t *make_o(int rank, grp *g, uint64_t max, uint64_t bytes, int transport, int timeout_ms,
                                     fabpool_status want, long *ms)
 {
     fabpool_torch_symm_options o;
@@ -403,7 +383,7 @@ static fabpool_torch_symm_t *make_o(int rank, int *fd, uint64_t max, uint64_t by
     if (timeout_ms)
         o.timeout_ms = timeout_ms;
     o.allgather = t_allgather;
-    o.allgather_ctx = fd;
+    o.allgather_ctx = g;
     fabpool_torch_symm_t *s = NULL;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -417,9 +397,9 @@ static fabpool_torch_symm_t *make_o(int rank, int *fd, uint64_t max, uint64_t by
     return s;
 }
 
-static fabpool_torch_symm_t *make(int rank, int *fd, uint64_t max, uint64_t bytes, fabpool_status want)
+static fabpool_torch_symm_t *make(int rank, grp *g, uint64_t max, uint64_t bytes, fabpool_status want)
 {
-    return make_o(rank, fd, max, bytes, FABPOOL_TORCH_SYMM_FD_SOCKET, 0, want, NULL);
+    return make_o(rank, g, max, bytes, FABPOOL_TORCH_SYMM_FD_SOCKET, 0, want, NULL);
 }
 
 static uint64_t word(int rank, long step, int k) { return ((uint64_t)(rank + 1) << 56) ^ ((uint64_t)step << 20) ^ (uint64_t)k; }
@@ -451,28 +431,28 @@ static int words_ok(uint64_t base, uint64_t size, int rank, long step)
     return 1;
 }
 
-static void barrier(int *fd)
+static void barrier(grp *g)
 {
     uint8_t b = 0, all[NR];
-    CHECK(allgather(fd, &b, all, 1) == 0);
+    CHECK(allgather(g, &b, all, 1) == 0);
 }
 
 /* Every rank writes its words and reads every peer's (the mesh formed with the real ranks). */
-static void data_ok(fabpool_torch_symm_t *s, int rank, int *fd, long step)
+static void data_ok(fabpool_torch_symm_t *s, int rank, grp *g, long step)
 {
     uint64_t ptrs[NR], size = MB;
     CHECK_OK(fabpool_torch_symm_ptrs(s, ptrs, NR));
     write_words(ptrs[rank], size, rank, step);
-    barrier(fd);
+    barrier(g);
     for (int q = 0; q < NR; q++)
         CHECK(words_ok(ptrs[q], size, q, step));
-    barrier(fd);
+    barrier(g);
 }
 
-static void attack_pid(int rank, int *fd, int fds0);
-static void attack_cut(int rank, int *fd, int fds0);
+static void attack_pid(int rank, grp *g, int fds0);
+static void attack_cut(int rank, grp *g, int fds0);
 
-static void attacks(int rank, int *fd)
+static void attacks(int rank, grp *g)
 {
     t_rank = rank;
     int other = other_user_can();
@@ -488,7 +468,7 @@ static void attacks(int rank, int *fd)
         if ((a != A_SAME_USER && !other) || !run_case(a))
             continue;
         t_attack = a;
-        s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 10000, FABPOOL_OK, &ms);
+        s = make_o(rank, g, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 10000, FABPOOL_OK, &ms);
         if (ms >= 3000)
             fprintf(stderr, "rank %d (%s): create took %ld ms\n", rank, attack_name[a], ms);
         CHECK(ms < 3000);
@@ -500,7 +480,7 @@ static void attacks(int rank, int *fd)
         }
         t_attack = A_NONE;
         if (s)
-            data_ok(s, rank, fd, 100 + a);
+            data_ok(s, rank, g, 100 + a);
         CHECK_OK(fabpool_torch_symm_close(s));
         CHECK(count_fds() == fds0);
     }
@@ -508,7 +488,7 @@ static void attacks(int rank, int *fd)
     /* another user's process listens at the name given for rank 3: no rank sends it anything */
     if (other && run_case(A_SQUAT)) {
         t_attack = A_SQUAT;
-        s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 2000, FABPOOL_ERR_PERMISSION, &ms);
+        s = make_o(rank, g, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 2000, FABPOOL_ERR_PERMISSION, &ms);
         CHECK(s == NULL && strstr(fabpool_torch_symm_last_error(), "rank 3's socket") != NULL);
         CHECK(ms < 2000 + 2500);
         if (rank == 3) {
@@ -519,7 +499,7 @@ static void attacks(int rank, int *fd)
         }
         t_attack = A_NONE;
         CHECK(count_fds() == fds0);
-        barrier(fd);
+        barrier(g);
     }
 
     /* rank 2 states what no window holds: every rank fails naming it, nothing open */
@@ -527,21 +507,21 @@ static void attacks(int rank, int *fd)
         if (!run_case(a))
             continue;
         t_attack = a;
-        s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 5000, FABPOOL_ERR_DESCRIPTOR, NULL);
+        s = make_o(rank, g, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 5000, FABPOOL_ERR_DESCRIPTOR, NULL);
         CHECK(s == NULL && strstr(fabpool_torch_symm_last_error(), "rank 2 states a descriptor") != NULL);
         t_attack = A_NONE;
         CHECK(count_fds() == fds0);
-        barrier(fd);
+        barrier(g);
     }
 
     /* pidfd transport, in turns as under Yama ptrace_scope 1: grows, shrinks, the data seen everywhere */
     if (run_case(A_PID))
-        attack_pid(rank, fd, fds0);
+        attack_pid(rank, g, fds0);
     if (run_case(A_CUT))
-        attack_cut(rank, fd, fds0);
+        attack_cut(rank, g, fds0);
 }
 
-static void attack_pid(int rank, int *fd, int fds0)
+static void attack_pid(int rank, grp *g, int fds0)
 {
     fabpool_torch_symm_t *s;
     int pfd = -1;
@@ -552,12 +532,12 @@ static void attack_pid(int rank, int *fd, int fds0)
     }
     close(pfd);
     t_yama = 1;
-    s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_PIDFD, 5000, FABPOOL_OK, NULL);
+    s = make_o(rank, g, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_PIDFD, 5000, FABPOOL_OK, NULL);
     if (s) {
-        data_ok(s, rank, fd, 200);
+        data_ok(s, rank, g, 200);
         CHECK_OK(fabpool_torch_symm_resize(s, 24 * MB));
         CHECK_OK(fabpool_torch_symm_resize(s, 2 * MB));
-        data_ok(s, rank, fd, 201);
+        data_ok(s, rank, g, 201);
         fabpool_torch_symm_info in = {.struct_size = sizeof in};
         CHECK_OK(fabpool_torch_symm_get_info(s, &in));
         CHECK(in.records_imported > 0 && in.fds_sent == 0);
@@ -566,7 +546,7 @@ static void attack_pid(int rank, int *fd, int fds0)
     CHECK(count_fds() == fds0);
     /* ... and rank 0's pid replaced by a process that holds memory fds: refused, nothing mapped */
     t_attack = A_PID;
-    s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_PIDFD, 5000, FABPOOL_ERR_PERMISSION, NULL);
+    s = make_o(rank, g, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_PIDFD, 5000, FABPOOL_ERR_PERMISSION, NULL);
     CHECK(s == NULL && strstr(fabpool_torch_symm_last_error(), "did not prove") != NULL);
     if (rank == 0)
         CHECK(attack_child_status() == 0);
@@ -577,21 +557,21 @@ static void attack_pid(int rank, int *fd, int fds0)
         fabsim_ledger l = t_ledger();
         CHECK(l.mappings == 0 && l.handles == 0);
     }
-    barrier(fd);
+    barrier(g);
 }
 
-static void attack_cut(int rank, int *fd, int fds0)
+static void attack_cut(int rank, grp *g, int fds0)
 {
     long ms = 0;
     fabpool_torch_symm_t *s;
     /* rank 1 sends 4 bytes of its fd message to rank 0 and stays: create, then a resize, answer in time */
     t_attack = A_CUT;
     t_cut_send = rank == 1;
-    s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 1500, FABPOOL_ERR_IO, &ms);
+    s = make_o(rank, g, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 1500, FABPOOL_ERR_IO, &ms);
     CHECK(s == NULL && ms < 1500 + 2500);
     CHECK(count_fds() == fds0);
     t_cut_send = 0;
-    s = make_o(rank, fd, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 1500, FABPOOL_OK, NULL);
+    s = make_o(rank, g, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 1500, FABPOOL_OK, NULL);
     if (s) {
         int fds1 = count_fds();
         t_cut_send = rank == 1;
@@ -613,14 +593,14 @@ static void attack_cut(int rank, int *fd, int fds0)
     CHECK_OK(fabpool_torch_symm_close(s));
     t_attack = A_NONE;
     CHECK(count_fds() == fds0);
-    barrier(fd);
+    barrier(g);
 }
 
-static void rank_main(int rank, int fd, long steps)
+static void rank_main(grp *g, long steps)
 {
-    t_driver_init();
+    int rank = g->rank;
     /* the largest size asked wins */
-    fabpool_torch_symm_t *s = make(rank, &fd, 64 * MB, (uint64_t)(rank + 1) * MB, FABPOOL_OK);
+    fabpool_torch_symm_t *s = make(rank, g, 64 * MB, (uint64_t)(rank + 1) * MB, FABPOOL_OK);
     if (!s)
         return;
     uint64_t ptrs0[NR], ptrs[NR], sizes[NR];
@@ -641,10 +621,10 @@ static void rank_main(int rank, int fd, long steps)
             CHECK(words_ok(ptrs[rank], size, rank, step - 1));
         size = want;
         write_words(ptrs[rank], size, rank, step);
-        barrier(&fd);
+        barrier(g);
         for (int q = 0; q < NR; q++)
             CHECK(words_ok(ptrs[q], size, q, step));
-        barrier(&fd);
+        barrier(g);
     }
 
     /* down to 1 MiB (its chunk and no more, once the peers have acknowledged), then rank 1 cannot grow:
@@ -652,7 +632,7 @@ static void rank_main(int rank, int fd, long steps)
     CHECK_OK(fabpool_torch_symm_resize(s, MB));
     size = MB;
     write_words(ptrs[rank], size, rank, ++steps);
-    barrier(&fd);
+    barrier(g);
     t_sim_hooks h = t_sim_hooks_get();
     if (h.fault_set && rank == 1)
         h.fault_set("cuMemCreate", 0, 1, CUDA_ERROR_OUT_OF_MEMORY);
@@ -668,18 +648,18 @@ static void rank_main(int rank, int fd, long steps)
     }
     CHECK_OK(fabpool_torch_symm_resize(s, 64 * MB));
     write_words(ptrs[rank], 64 * MB, rank, steps + 1);
-    barrier(&fd);
+    barrier(g);
     for (int q = 0; q < NR; q++)
         CHECK(words_ok(ptrs[q], 64 * MB, q, steps + 1));
-    barrier(&fd);
+    barrier(g);
     CHECK_OK(fabpool_torch_symm_close(s));
 
     /* max_bytes differs: every rank refuses, naming each rank's */
-    CHECK(make(rank, &fd, (64 + (uint64_t)(rank == 2)) * MB, MB, FABPOOL_ERR_CONFIG) == NULL);
+    CHECK(make(rank, g, (64 + (uint64_t)(rank == 2)) * MB, MB, FABPOOL_ERR_CONFIG) == NULL);
     CHECK(strstr(fabpool_torch_symm_last_error(), "max_bytes differs") != NULL);
     CHECK(strstr(fabpool_torch_symm_last_error(), "rank 2: 68157440") != NULL);
 
-    attacks(rank, &fd);
+    attacks(rank, g);
 
     if (t_ledger_p) {
         fabsim_ledger l = t_ledger();
@@ -687,58 +667,17 @@ static void rank_main(int rank, int fd, long steps)
     }
 }
 
+static void rank_fn(grp *g, void *steps)
+{
+    rank_main(g, *(long *)steps);
+    printf("rank %d: %d checks, %d failed\n", g->rank, t_checks, t_failures);
+}
+
 int main(int argc, char **argv)
 {
     long steps = argc > 1 ? atol(argv[1]) : 12;
     t_only = argc > 2 ? argv[2] : NULL;
-    int sv[NR][2];
-    pid_t pid[NR];
-    for (int r = 0; r < NR; r++)
-        if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv[r]) != 0)
-            return 2;
-    for (int r = 0; r < NR; r++) {
-        pid[r] = fork();
-        if (pid[r] == 0) {
-            for (int q = 0; q < NR; q++) {
-                close(sv[q][0]);
-                if (q != r)
-                    close(sv[q][1]);
-            }
-            rank_main(r, sv[r][1], steps);
-            close(sv[r][1]);
-            printf("rank %d: %d checks, %d failed\n", r, t_checks, t_failures);
-            exit(t_failures ? 1 : 0); /* exit, not _exit: the leak checkers look at the end */
-        }
-    }
-    for (int r = 0; r < NR; r++)
-        close(sv[r][1]);
-    signal(SIGPIPE, SIG_IGN); /* the last round's answer goes to ranks that have left */
-    /* the hub: one message from every rank, then all of them to every rank; a rank gone ends the group */
-    static uint8_t in[NR][1 << 16], all[NR << 16];
-    int live = 1;
-    while (live) {
-        uint64_t len[NR];
-        for (int r = 0; r < NR && live; r++)
-            if (io_all(sv[r][0], &len[r], 8, 0) || len[r] > sizeof in[r] || io_all(sv[r][0], in[r], len[r], 0))
-                live = 0;
-        uint64_t total = 0;
-        for (int r = 0; live && r < NR; r++) {
-            memcpy(all + total, in[r], len[r]);
-            total += len[r];
-        }
-        for (int r = 0; r < NR; r++) {
-            uint64_t t = live ? total : 0;
-            if (io_all(sv[r][0], &t, 8, 1) == 0 && live)
-                io_all(sv[r][0], all, total, 1);
-        }
-    }
-    int failed = 0;
-    for (int r = 0; r < NR; r++) {
-        int status = 0;
-        waitpid(pid[r], &status, 0);
-        failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        close(sv[r][0]);
-    }
+    int failed = run_group(NR, rank_fn, &steps);
     printf("test_symm: %d ranks, %ld steps, %d ranks failed\n", NR, steps, failed);
     return failed ? 1 : 0;
 }
