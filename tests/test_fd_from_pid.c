@@ -7,24 +7,12 @@
  * process that is gone, an fd the process does not have), and leaves *out as
  * it was.  No pool and no driver: fd passing needs neither. */
 #include "testutil.h"
+#include "procfs.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
-
-/* Yama's ptrace_scope, or -1 where Yama is absent */
-static int scope(void)
-{
-    int v = -1;
-    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
-    if (f) {
-        if (fscanf(f, "%d", &v) != 1)
-            v = -1;
-        fclose(f);
-    }
-    return v;
-}
 
 /* the child: copies the parent's fd and reads what the parent wrote; exit 0
  * when the bytes match, 2 when the system refuses pidfd_getfd (seccomp) */
@@ -48,7 +36,7 @@ static void copy_from_parent(void)
     int fd = memfd_create("test_fd_from_pid", MFD_CLOEXEC);
     CHECK(fd >= 0);
     CHECK(write(fd, msg, strlen(msg)) == (ssize_t)strlen(msg));
-    int sc = scope();
+    int sc = yama_ptrace_scope();
     if (sc >= 2) {
         CHECK_STATUS(fabpool_fd_allow_peers(), FABPOOL_ERR_NOT_SUPPORTED);
         CHECK(strstr(fabpool_last_error(), "ptrace_scope") != NULL);

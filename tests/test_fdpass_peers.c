@@ -20,7 +20,6 @@
  * No pool and no driver: fd passing needs neither. */
 #include "testutil.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -33,6 +32,7 @@
 #include <time.h>
 
 #include "other_user.h"
+#include "procfs.h"
 
 #define CASE_ALARM_S 20
 
@@ -41,19 +41,6 @@ static double now_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-/* the fds this process has open */
-static int count_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return -1;
-    for (struct dirent *e; (e = readdir(d));)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
 }
 
 static int memfd_with(const char *bytes)
@@ -298,7 +285,7 @@ static void connect_refuses_another_users_listener(void)
     pid_t pid = -1;
     CHECK(other_user_fork(attacker_listens, &a, &pid) == 0);
     CHECK(wait_byte(a.ready[0], 5000) == 0);
-    int s = -1, before = count_fds();
+    int s = -1, before = fd_count();
     double t0 = now_s();
     fabpool_status st = fabpool_fd_connect(a.name, &s, 3000);
     double dt = now_s() - t0;
@@ -311,7 +298,7 @@ static void connect_refuses_another_users_listener(void)
         close(fd);
         close(s);
     } else
-        CHECK(count_fds() == before); /* the refused socket is closed */
+        CHECK(fd_count() == before); /* the refused socket is closed */
     CHECK(other_user_wait(pid) == 0); /* it read 0 bytes and no fd */
     close(a.ready[0]), close(a.ready[1]), close(a.go[0]), close(a.go[1]);
 }
@@ -496,7 +483,7 @@ static void peers_env_words(void)
 
 static void recv_closes_fds_when_the_peer_dies_mid_message(void)
 {
-    int before = count_fds();
+    int before = fd_count();
     int sp[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
     int two[2] = {memfd_with("a"), memfd_with("b")};
@@ -510,7 +497,7 @@ static void recv_closes_fds_when_the_peer_dies_mid_message(void)
     CHECK(n == 0);
     CHECK(strstr(fabpool_last_error(), "mid-message") != NULL);
     close(sp[0]);
-    CHECK(count_fds() == before); /* the 2 that came are closed */
+    CHECK(fd_count() == before); /* the 2 that came are closed */
 }
 
 /* the soft RLIMIT_NOFILE the kernel holds (/proc/self/limits), -1 if unknown:
@@ -532,7 +519,7 @@ static void recv_fails_at_once_when_the_kernel_drops_fds(void)
 {
     struct rlimit rl0;
     CHECK(getrlimit(RLIMIT_NOFILE, &rl0) == 0);
-    int before = count_fds();
+    int before = fd_count();
     int sp[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
     int three[3] = {memfd_with("a"), memfd_with("b"), memfd_with("c")};
@@ -563,12 +550,12 @@ static void recv_fails_at_once_when_the_kernel_drops_fds(void)
     CHECK(strstr(fabpool_last_error(), "MSG_CTRUNC") != NULL);
     CHECK(strstr(fabpool_last_error(), "RLIMIT_NOFILE") != NULL);
     close(sp[0]), close(sp[1]);
-    CHECK(count_fds() == before); /* the one installed is closed too */
+    CHECK(fd_count() == before); /* the one installed is closed too */
 }
 
 static void recv_timed_ends_at_its_deadline_for_half_a_message(void)
 {
-    int before = count_fds();
+    int before = fd_count();
     int sp[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
     int two[2] = {memfd_with("a"), memfd_with("b")};
@@ -584,7 +571,7 @@ static void recv_timed_ends_at_its_deadline_for_half_a_message(void)
     CHECK(n == 0);
     CHECK(strstr(fabpool_last_error(), "300 ms") != NULL);
     close(sp[0]), close(sp[1]);
-    CHECK(count_fds() == before);
+    CHECK(fd_count() == before);
 }
 
 /* a peer that trickles a message a byte at a time: one deadline for the whole
@@ -640,7 +627,7 @@ static void recv_refuses_hostile_heads_without_waiting(void)
         int fd = memfd_with("h");
         CHECK(send_raw(sp[1], heads[i][0], heads[i][1], NULL, 0, &fd, 1) == 0);
         close(fd);
-        int before = count_fds();
+        int before = fd_count();
         int fds[4];
         size_t n = 77, len = 77;
         char buf[16];
@@ -648,7 +635,7 @@ static void recv_refuses_hostile_heads_without_waiting(void)
         CHECK_STATUS(fabpool_fd_recv(sp[0], fds, 4, &n, buf, sizeof buf, &len), FABPOOL_ERR_DESCRIPTOR);
         CHECK(now_s() - t0 < 1.0);
         CHECK(n == 0 && len == 0);
-        CHECK(count_fds() == before); /* the fd that came with the head is closed */
+        CHECK(fd_count() == before); /* the fd that came with the head is closed */
         close(sp[0]), close(sp[1]);
     }
     /* more fds than the head announces */
@@ -657,12 +644,12 @@ static void recv_refuses_hostile_heads_without_waiting(void)
     int three[3] = {memfd_with("a"), memfd_with("b"), memfd_with("c")};
     CHECK(send_raw(sp[1], 1, 4, "abcd", 4, three, 3) == 0);
     close(three[0]), close(three[1]), close(three[2]);
-    int before = count_fds();
+    int before = fd_count();
     int fds[8];
     size_t n = 77, len = 0;
     char buf[8];
     CHECK_STATUS(fabpool_fd_recv(sp[0], fds, 8, &n, buf, sizeof buf, &len), FABPOOL_ERR_DESCRIPTOR);
-    CHECK(n == 0 && count_fds() == before);
+    CHECK(n == 0 && fd_count() == before);
     close(sp[0]), close(sp[1]);
 }
 
@@ -670,7 +657,7 @@ static void recv_reads_a_message_too_big_whole_and_stays_in_step(void)
 {
     int sp[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
-    int before = count_fds();
+    int before = fd_count();
     int three[3] = {memfd_with("a"), memfd_with("b"), memfd_with("c")};
     char big[100];
     memset(big, 'q', sizeof big);
@@ -686,7 +673,7 @@ static void recv_reads_a_message_too_big_whole_and_stays_in_step(void)
     n = 77;
     CHECK_STATUS(fabpool_fd_recv(sp[0], fds, 1, &n, buf, sizeof buf, &len), FABPOOL_ERR_LIMIT);
     CHECK(n == 0 && len == 2);
-    CHECK(count_fds() == before); /* the fds of both are closed; the third message's fd is still in flight */
+    CHECK(fd_count() == before); /* the fds of both are closed; the third message's fd is still in flight */
     CHECK_OK(fabpool_fd_recv(sp[0], fds, 8, &n, buf, sizeof buf, &len));
     char w[2] = {0};
     CHECK(n == 1 && len == 4 && memcmp(buf, "next", 4) == 0 && pread(fds[0], w, 1, 0) == 1 && w[0] == 'a');
@@ -830,19 +817,6 @@ static void token_proves_the_process_holds_it(void)
     close(fd), close(other), close(plain), close(file);
 }
 
-/* Yama's ptrace_scope, or -1 where Yama is absent */
-static int scope(void)
-{
-    int v = -1;
-    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
-    if (f) {
-        if (fscanf(f, "%d", &v) != 1)
-            v = -1;
-        fclose(f);
-    }
-    return v;
-}
-
 /* the child: copies the parent's fd; 0 when it got it, 1 when refused, 4
  * where the system has no pidfd_getfd (valgrind 3.19) */
 static int child_copy(int parent, int fd)
@@ -856,7 +830,7 @@ static int child_copy(int parent, int fd)
 
 static void allow_peer_names_one_pid_then_withdraws(void)
 {
-    int sc = scope();
+    int sc = yama_ptrace_scope();
     CHECK_STATUS(fabpool_fd_allow_peer(-1), FABPOOL_ERR_INVALID_ARG);
     if (sc >= 2) {
         CHECK_STATUS(fabpool_fd_allow_peer((int)getppid()), FABPOOL_ERR_NOT_SUPPORTED);

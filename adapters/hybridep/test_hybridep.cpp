@@ -13,8 +13,8 @@
  * FABPOOL_CONF=handle_type:fabric on the sim). */
 #define HYBRIDEP_TEST
 #include "hybridep_sizes.h"
+#include "../../tests/procfs.h"
 
-#include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -176,17 +176,6 @@ template <class F> static void expect_error(const char *what, fabpool_status wan
     }
 }
 
-static int open_fds()
-{
-    int n = 0;
-    if (DIR *d = opendir("/proc/self/fd")) {
-        while (readdir(d))
-            n++;
-        closedir(d);
-    }
-    return n;
-}
-
 /* A handle rewritten to name a third process (a bug or a hostile rank in the all-gather, or the exporter's pid
  * reused): that process holds memory of its own at the handle's fd numbers, but not the exporter's token (a
  * token memfd of other bytes there, no fd, or the exporter's own memfd inherited by fork, which names the
@@ -238,14 +227,14 @@ static void check_third_process(ExtendedMemoryAllocator &a)
         std::int32_t pid = c;
         memcpy(t.bytes + 8, &pid, 4); /* the header's pid (fabpool_hybridep.hpp) */
         fabsim_ledger l0 = t_ledger();
-        int fds0 = open_fds();
+        int fds0 = fd_count();
         void *p = nullptr;
         expect_error(mode == 2   ? "a handle naming a child forked from the exporter"
                      : mode == 1 ? "a handle naming a third process without the token fd"
                                  : "a handle naming a third process with another token",
                      FABPOOL_ERR_PERMISSION, "does not hold this group's token", [&] { a.open_handle(&p, &t); });
         fabsim_ledger l1 = t_ledger();
-        CHECK(p == nullptr && l1.mappings == l0.mappings && l1.handles == l0.handles && open_fds() == fds0);
+        CHECK(p == nullptr && l1.mappings == l0.mappings && l1.handles == l0.handles && fd_count() == fds0);
         kill(c, SIGKILL);
         waitpid(c, nullptr, 0);
     }

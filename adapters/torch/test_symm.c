@@ -25,7 +25,6 @@
  * Usage: test_symm [steps [case]]: case (silent, ident, same_user, squat, len, fd_wrap, fd_records, pid, cut)
  * runs that case alone after the steps. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -38,6 +37,7 @@
 
 #include "testutil.h"
 #include "other_user.h"
+#include "procfs.h"
 #include "symm.h"
 #include "symm_group.h"
 
@@ -93,18 +93,6 @@ static long ms_since(const struct timespec *t0)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
-}
-
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        n += e->d_name[0] != '.';
-    if (d)
-        closedir(d);
-    return n - 1; /* the directory's own */
 }
 
 /* The abstract name that process pid listens at, from /proc/net/unix as any user reads it. */
@@ -459,7 +447,7 @@ static void attacks(int rank, grp *g)
     if (!other && rank == 0)
         printf("test_symm: not root: the cases of another user's process are skipped (they need to drop to uid %d)\n",
                OTHER_USER_UID);
-    int fds0 = count_fds();
+    int fds0 = fd_count();
     long ms = 0;
     fabpool_torch_symm_t *s;
 
@@ -482,7 +470,7 @@ static void attacks(int rank, grp *g)
         if (s)
             data_ok(s, rank, g, 100 + a);
         CHECK_OK(fabpool_torch_symm_close(s));
-        CHECK(count_fds() == fds0);
+        CHECK(fd_count() == fds0);
     }
 
     /* another user's process listens at the name given for rank 3: no rank sends it anything */
@@ -498,7 +486,7 @@ static void attacks(int rank, grp *g)
             CHECK(cs == 0);
         }
         t_attack = A_NONE;
-        CHECK(count_fds() == fds0);
+        CHECK(fd_count() == fds0);
         barrier(g);
     }
 
@@ -510,7 +498,7 @@ static void attacks(int rank, grp *g)
         s = make_o(rank, g, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 5000, FABPOOL_ERR_DESCRIPTOR, NULL);
         CHECK(s == NULL && strstr(fabpool_torch_symm_last_error(), "rank 2 states a descriptor") != NULL);
         t_attack = A_NONE;
-        CHECK(count_fds() == fds0);
+        CHECK(fd_count() == fds0);
         barrier(g);
     }
 
@@ -543,7 +531,7 @@ static void attack_pid(int rank, grp *g, int fds0)
         CHECK(in.records_imported > 0 && in.fds_sent == 0);
     }
     CHECK_OK(fabpool_torch_symm_close(s));
-    CHECK(count_fds() == fds0);
+    CHECK(fd_count() == fds0);
     /* ... and rank 0's pid replaced by a process that holds memory fds: refused, nothing mapped */
     t_attack = A_PID;
     s = make_o(rank, g, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_PIDFD, 5000, FABPOOL_ERR_PERMISSION, NULL);
@@ -552,7 +540,7 @@ static void attack_pid(int rank, grp *g, int fds0)
         CHECK(attack_child_status() == 0);
     t_attack = A_NONE;
     t_yama = -1;
-    CHECK(count_fds() == fds0);
+    CHECK(fd_count() == fds0);
     if (t_ledger_p) {
         fabsim_ledger l = t_ledger();
         CHECK(l.mappings == 0 && l.handles == 0);
@@ -569,11 +557,11 @@ static void attack_cut(int rank, grp *g, int fds0)
     t_cut_send = rank == 1;
     s = make_o(rank, g, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 1500, FABPOOL_ERR_IO, &ms);
     CHECK(s == NULL && ms < 1500 + 2500);
-    CHECK(count_fds() == fds0);
+    CHECK(fd_count() == fds0);
     t_cut_send = 0;
     s = make_o(rank, g, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 1500, FABPOOL_OK, NULL);
     if (s) {
-        int fds1 = count_fds();
+        int fds1 = fd_count();
         t_cut_send = rank == 1;
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -581,18 +569,18 @@ static void attack_cut(int rank, grp *g, int fds0)
         ms = ms_since(&t0);
         CHECK(ms < 1500 + 2500);
         if (rank == 0) /* nothing of what rank 1 sent stays open (the others hold the new chunks' fds) */
-            CHECK(count_fds() == fds1);
+            CHECK(fd_count() == fds1);
         t_cut_send = 0;
         /* rank 0 no longer reads the socket that held the cut message: the next grow fails cleanly too, on
          * every rank, naming it (and rank 0 holds one socket less) */
         CHECK_STATUS(fabpool_torch_symm_resize(s, 48 * MB), FABPOOL_ERR_IO);
         CHECK(strstr(fabpool_torch_symm_last_error(), "no socket to rank 1") != NULL);
         if (rank == 0)
-            CHECK(count_fds() == fds1 - 1);
+            CHECK(fd_count() == fds1 - 1);
     }
     CHECK_OK(fabpool_torch_symm_close(s));
     t_attack = A_NONE;
-    CHECK(count_fds() == fds0);
+    CHECK(fd_count() == fds0);
     barrier(g);
 }
 

@@ -16,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -27,6 +26,7 @@
 
 #undef _GNU_SOURCE /* testutil.h defines it; g++ predefines it */
 #include "../../tests/testutil.h"
+#include "../../tests/procfs.h"
 #include "../../tests/other_user.h"
 #include "fabpool_torch.h"
 #include "torch_core.hpp"
@@ -836,17 +836,6 @@ static void check_ipc_pools(Core &core, int64_t held0)
     CHECK(t_held() == held0);
 }
 
-static int open_fds()
-{
-    int n = 0;
-    if (DIR *d = opendir("/proc/self/fd")) {
-        while (readdir(d))
-            n++;
-        closedir(d);
-    }
-    return n;
-}
-
 /* A sender whose answer is not what the handle says (more fds than its
  * chunks): the receiver closes every fd that came, and says why. */
 static void check_ipc_answer_closed()
@@ -862,7 +851,7 @@ static void check_ipc_answer_closed()
     h.desc = "d";
     int ls = -1;
     CHECK_OK(fabpool_fd_listen(fabpool_torch::ipc::socket_name(h.pid, h.server_id).c_str(), &ls));
-    int before = open_fds();
+    int before = fd_count();
     std::thread server([ls] {
         int c = -1, fds[2] = {open("/dev/null", O_RDONLY), open("/dev/null", O_RDONLY)};
         char req[64];
@@ -883,7 +872,7 @@ static void check_ipc_answer_closed()
             fprintf(stderr, "check_ipc_answer_closed: %s\n", e.what());
     }
     server.join();
-    CHECK(thrown && open_fds() == before);
+    CHECK(thrown && fd_count() == before);
     close(ls);
 }
 
@@ -1005,7 +994,7 @@ static void check_refused(Core &core, const std::string &bytes, const char *word
 {
     fabsim_ledger l0 = t_ledger();
     size_t v0 = core.ipc_views();
-    int fds0 = open_fds();
+    int fds0 = fd_count();
     fabpool_status st = FABPOOL_OK;
     std::string msg = "it was opened";
     try {
@@ -1021,7 +1010,7 @@ static void check_refused(Core &core, const std::string &bytes, const char *word
         fprintf(stderr, "check_refused: %s: %s (%s)\n", what, msg.c_str(), fabpool_status_name(st));
     fabsim_ledger l1 = t_ledger();
     CHECK(core.ipc_views() == v0 && l1.mappings == l0.mappings && l1.handles == l0.handles);
-    CHECK(open_fds() == fds0);
+    CHECK(fd_count() == fds0);
 }
 
 /* The sender's fd server is gone (the sender exited; here its server ended) and another process binds the same
