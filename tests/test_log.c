@@ -301,30 +301,24 @@ static int refused(const char *self, const char *path, const char *want)
 
 static void case_files(const char *self)
 {
-    char shared[256], link[320], theirs[320], fifo[320], target[320], path[400], file[420];
-    if (planted_dir_make(shared, sizeof shared) != 0) {
+    char path[400], file[420];
+    static const char precious[] = "a file of root's that no log may cut\n", their_text[] = "uid 65534's own\n";
+    planted pl;
+    if (planted_setup(&pl, dir, "fabpool.log", "log", precious, their_text) != 0) {
         CHECK(0);
         return;
     }
-    snprintf(link, sizeof link, "%s/fabpool.log", shared);
-    snprintf(theirs, sizeof theirs, "%s/theirs.log", shared);
-    snprintf(fifo, sizeof fifo, "%s/fifo.log", shared);
-    snprintf(target, sizeof target, "%s/precious", dir);
-    static const char precious[] = "a file of root's that no log may cut\n", their_text[] = "uid 65534's own\n";
-    CHECK(planted_write(target, precious, 0644) == 0);
-    int other = planted_by_other(link, target, theirs, their_text);
-    CHECK(other >= 0);
 
     /* a link: refused, and the file it names keeps its bytes */
-    CHECK(refused(self, link, "symbolic link"));
-    CHECK(planted_holds(target, precious));
+    CHECK(refused(self, pl.link, "symbolic link"));
+    CHECK(planted_holds(pl.target, precious));
     /* a FIFO with no reader: refused at once, not an open that waits for a reader (the child's alarm) */
-    CHECK(mkfifo(fifo, 0666) == 0);
-    CHECK(refused(self, fifo, "FIFO"));
+    CHECK(mkfifo(pl.fifo, 0666) == 0);
+    CHECK(refused(self, pl.fifo, "FIFO"));
     /* another user's file: refused, unchanged */
-    if (other > 0) {
-        CHECK(refused(self, theirs, "owned by uid 65534"));
-        CHECK(planted_holds(theirs, their_text));
+    if (pl.other > 0) {
+        CHECK(refused(self, pl.theirs, "owned by uid 65534"));
+        CHECK(planted_holds(pl.theirs, their_text));
     }
 
     /* a file of ours: truncated, then the log in it */
@@ -346,7 +340,7 @@ static void case_files(const char *self)
     struct stat sb;
     CHECK(stat(path, &sb) == 0 && (sb.st_mode & 07777) == 0600 && sb.st_size > 0);
 
-    CHECK(unlink(link) == 0 && unlink(fifo) == 0 && (other <= 0 || unlink(theirs) == 0) && rmdir(shared) == 0);
+    CHECK(planted_remove(&pl) == 0);
 }
 
 int main(int argc, char **argv)

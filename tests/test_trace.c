@@ -441,36 +441,30 @@ static void refused_path(const char *path, const char *word, int how)
 
 static void unsafe_paths(void)
 {
-    char shared[256], lnk[320], theirs[320], fifo[320], target[320], path[320], name2[330];
-    if (planted_dir_make(shared, sizeof shared) != 0) {
+    char path[320], name2[330];
+    static const char precious[] = "a file of root's that no trace may cut\n", their_text[] = "uid 65534's own\n";
+    planted pl;
+    if (planted_setup(&pl, dir, "run.trace", "trace", precious, their_text) != 0) {
         CHECK(0);
         return;
     }
-    snprintf(lnk, sizeof lnk, "%s/run.trace", shared);
-    snprintf(theirs, sizeof theirs, "%s/theirs.trace", shared);
-    snprintf(fifo, sizeof fifo, "%s/fifo.trace", shared);
-    snprintf(target, sizeof target, "%s/precious", dir);
-    static const char precious[] = "a file of root's that no trace may cut\n", their_text[] = "uid 65534's own\n";
-    CHECK(planted_write(target, precious, 0644) == 0);
-    int other = planted_by_other(lnk, target, theirs, their_text);
-    CHECK(other >= 0);
     for (int how = 0; how < 3; how++)
-        refused_path(lnk, "symbolic link", how);
-    CHECK(planted_holds(target, precious));
+        refused_path(pl.link, "symbolic link", how);
+    CHECK(planted_holds(pl.target, precious));
 
-    CHECK(mkfifo(fifo, 0666) == 0);
-    refused_path(fifo, "FIFO", 0); /* no reader: at once */
-    int rd = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    CHECK(mkfifo(pl.fifo, 0666) == 0);
+    refused_path(pl.fifo, "FIFO", 0); /* no reader: at once */
+    int rd = open(pl.fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     CHECK(rd >= 0);
-    refused_path(fifo, "a FIFO, not a regular file", 1); /* a reader: opened, then refused */
+    refused_path(pl.fifo, "a FIFO, not a regular file", 1); /* a reader: opened, then refused */
     if (rd >= 0) {
         char b[64];
         CHECK(read(rd, b, sizeof b) == 0); /* nothing was written into it */
         close(rd);
     }
-    if (other > 0) {
-        refused_path(theirs, "owned by uid 65534", 0);
-        CHECK(planted_holds(theirs, their_text));
+    if (pl.other > 0) {
+        refused_path(pl.theirs, "owned by uid 65534", 0);
+        CHECK(planted_holds(pl.theirs, their_text));
     }
 
     /* a file of ours with a second name (the other may be anywhere): refused */
@@ -510,7 +504,7 @@ static void unsafe_paths(void)
     struct stat sb;
     CHECK(stat(path, &sb) == 0 && (sb.st_mode & 07777) == 0600);
 
-    CHECK(unlink(lnk) == 0 && unlink(fifo) == 0 && (other <= 0 || unlink(theirs) == 0) && rmdir(shared) == 0);
+    CHECK(planted_remove(&pl) == 0);
 }
 
 static void env_and_names(void)
