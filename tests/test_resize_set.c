@@ -10,7 +10,7 @@
  *    buffer's size, mapped bytes, chunk count and generation, the pool's
  *    retiring bytes, the data). */
 #include "testutil.h"
-#include "driver_entries.h"
+#include "driver_calls.h"
 
 #define MB (1ull << 20)
 
@@ -94,13 +94,6 @@ static const scenario scenarios[] = {
     {"a refit and a grow", {26 * MB, 32 * MB}, {26 * MB, 1 * MB}, {1 * MB, 16 * MB}, 0, 0},
     {"a refit and a shrink, on a stream", {26 * MB, 16 * MB}, {26 * MB, 16 * MB}, {1 * MB, 8 * MB}, 1, 0},
 };
-
-static const char *const entries[] = {
-#define ENTRY_NAME(name, ver, sym) #name,
-    FP_DRIVER_ENTRIES(ENTRY_NAME)
-#undef ENTRY_NAME
-};
-#define N_ENTRIES (sizeof entries / sizeof entries[0])
 
 typedef struct world {
     fabpool_t *p;
@@ -222,11 +215,9 @@ static void set_is_all_or_nothing_under_faults(void)
             unbuild(&w, &h);
             continue;
         }
-        for (size_t e = 0; e < N_ENTRIES; e++)
-            made[e] = h.calls(entries[e]);
+        t_calls_mark(&h, made);
         CHECK_OK(run_set(&w, sc));
-        for (size_t e = 0; e < N_ENTRIES; e++)
-            made[e] = h.calls(entries[e]) - made[e];
+        t_calls_since(&h, made);
         unbuild(&w, &h);
         for (size_t e = 0; e < N_ENTRIES; e++)
             for (uint64_t n = 1; n <= made[e]; n++)

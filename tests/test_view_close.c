@@ -7,16 +7,9 @@
  * frees it; a new view opens at once; when everything is destroyed the
  * driver holds nothing. */
 #include "testutil.h"
-#include "driver_entries.h"
+#include "driver_calls.h"
 
 #define MB (1ull << 20)
-
-static const char *const entries[] = {
-#define ENTRY_NAME(name, ver, sym) #name,
-    FP_DRIVER_ENTRIES(ENTRY_NAME)
-#undef ENTRY_NAME
-};
-#define N_ENTRIES (sizeof entries / sizeof entries[0])
 
 typedef struct world {
     fabpool_t *p, *q;
@@ -136,12 +129,10 @@ int main(void)
         return t_done("test_view_close");
     }
     uint64_t made[N_ENTRIES];
-    for (size_t e = 0; e < N_ENTRIES; e++)
-        made[e] = h.calls(entries[e]);
+    t_calls_mark(&h, made);
     CHECK_OK(fabpool_view_close(w.v));
     w.v = NULL;
-    for (size_t e = 0; e < N_ENTRIES; e++)
-        made[e] = h.calls(entries[e]) - made[e];
+    t_calls_since(&h, made);
     unbuild(&w);
     for (size_t e = 0; e < N_ENTRIES; e++)
         for (uint64_t n = 1; n <= made[e]; n++)

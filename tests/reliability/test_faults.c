@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "../testutil.h"
-#include "driver_entries.h"
+#include "../driver_calls.h"
 
 #define MB (1ull << 20)
 
@@ -35,14 +35,6 @@ static fault_set_fn fault_set;
 static fault_clear_fn fault_clear;
 static calls_fn calls;
 static hold_fn stream_hold, stream_release;
-
-/* the entry points the library calls */
-static const char *const entries[] = {
-#define ENTRY_NAME(name, ver, sym) #name,
-    FP_DRIVER_ENTRIES(ENTRY_NAME)
-#undef ENTRY_NAME
-};
-#define N_ENTRIES (sizeof entries / sizeof entries[0])
 
 static const struct {
     int err;
