@@ -48,11 +48,7 @@ static void ack_with_fault(t_sim_hooks *h, const char *entry, uint64_t nth, int 
 
 int main(void)
 {
-    if (!t_driver_init()) {
-        printf("test_ack_faults: needs the simulated driver (faults, stream holds); skipped\n");
-        return 77;
-    }
-    t_sim_hooks h = t_sim_hooks_get();
+    t_sim_hooks h = t_sim_required("test_ack_faults", "faults, stream holds");
     fabsim_ledger l0 = t_ledger();
     static const char *const entries[] = {"cuEventQuery", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuMemUnmap"};
     for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++)

@@ -49,11 +49,7 @@ static void fence_refused(t_sim_hooks *h, const char *entry, uint64_t nth, size_
 
 int main(void)
 {
-    if (!t_driver_init()) {
-        printf("test_owner_fence_fault: needs the simulated driver (faults, stream holds); skipped\n");
-        return 77;
-    }
-    t_sim_hooks h = t_sim_hooks_get();
+    t_sim_hooks h = t_sim_required("test_owner_fence_fault", "faults, stream holds");
     static const char *const entries[] = {"cuCtxGetCurrent", "cuCtxSetCurrent", "cuEventCreate", "cuEventRecord",
                                           "cuEventSynchronize", "cuCtxSynchronize"};
     static const size_t sizes[] = {1000, 4 * MB};

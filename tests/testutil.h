@@ -269,4 +269,15 @@ static inline t_sim_hooks t_sim_hooks_get(void)
     return h;
 }
 
+/* The driver, and the sim's hooks, for a test that runs only on the simulated driver: where the driver does
+ * not start, says what the test needs and exits 77 (the code for a skipped test). */
+static inline t_sim_hooks t_sim_required(const char *test, const char *needs)
+{
+    if (!t_driver_init()) {
+        printf("%s: needs the simulated driver (%s); skipped\n", test, needs);
+        exit(77);
+    }
+    return t_sim_hooks_get();
+}
+
 #endif
