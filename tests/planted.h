@@ -95,17 +95,18 @@ static inline int planted_by_other(const char *link, const char *target, const c
 }
 
 /* What a test of a file fabpool writes plants in a new shared folder: a link to a file of ours (target, in a
- * folder of the test's own, holding the precious text), a file of uid 65534 (theirs) and the name of a FIFO,
- * not yet made, each named <link_name>, theirs.<ext>, fifo.<ext>. */
+ * folder of the test's own, holding PLANTED_PRECIOUS), a file of uid 65534 (theirs, holding PLANTED_THEIRS)
+ * and the name of a FIFO, not yet made, each named <link_name>, theirs.<ext>, fifo.<ext>. */
+#define PLANTED_PRECIOUS "a file of root's that nothing fabpool writes may cut\n"
+#define PLANTED_THEIRS "uid 65534's own\n"
+
 typedef struct planted {
     char shared[256], link[320], theirs[320], fifo[320], target[320];
     int other; /* what planted_by_other answered: 1 with the file of uid 65534, 0 without */
 } planted;
 
-/* Makes the folder, the target in dir holding precious, the link and (as root) their file. 0, or -1 after a
- * message. */
-static inline int planted_setup(planted *p, const char *dir, const char *link_name, const char *ext,
-                                const char *precious, const char *theirs_text)
+/* Makes the folder, the target in dir, the link and (as root) their file. 0, or -1 after a message. */
+static inline int planted_setup(planted *p, const char *dir, const char *link_name, const char *ext)
 {
     if (planted_dir_make(p->shared, sizeof p->shared) != 0)
         return -1;
@@ -113,11 +114,11 @@ static inline int planted_setup(planted *p, const char *dir, const char *link_na
     snprintf(p->theirs, sizeof p->theirs, "%s/theirs.%s", p->shared, ext);
     snprintf(p->fifo, sizeof p->fifo, "%s/fifo.%s", p->shared, ext);
     snprintf(p->target, sizeof p->target, "%s/precious", dir);
-    if (planted_write(p->target, precious, 0644) != 0) {
+    if (planted_write(p->target, PLANTED_PRECIOUS, 0644) != 0) {
         perror("planted_setup: the target");
         return -1;
     }
-    p->other = planted_by_other(p->link, p->target, p->theirs, theirs_text);
+    p->other = planted_by_other(p->link, p->target, p->theirs, PLANTED_THEIRS);
     return p->other >= 0 ? 0 : -1;
 }
 

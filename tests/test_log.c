@@ -301,27 +301,26 @@ static int refused(const char *self, const char *path, const char *want)
 
 static void case_files(const char *self)
 {
-    char path[400], file[420];
-    static const char precious[] = "a file of root's that no log may cut\n", their_text[] = "uid 65534's own\n";
     planted pl;
-    if (planted_setup(&pl, dir, "fabpool.log", "log", precious, their_text) != 0) {
+    if (planted_setup(&pl, dir, "fabpool.log", "log") != 0) {
         CHECK(0);
         return;
     }
 
     /* a link: refused, and the file it names keeps its bytes */
     CHECK(refused(self, pl.link, "symbolic link"));
-    CHECK(planted_holds(pl.target, precious));
+    CHECK(planted_holds(pl.target, PLANTED_PRECIOUS));
     /* a FIFO with no reader: refused at once, not an open that waits for a reader (the child's alarm) */
     CHECK(mkfifo(pl.fifo, 0666) == 0);
     CHECK(refused(self, pl.fifo, "FIFO"));
     /* another user's file: refused, unchanged */
     if (pl.other > 0) {
         CHECK(refused(self, pl.theirs, "owned by uid 65534"));
-        CHECK(planted_holds(pl.theirs, their_text));
+        CHECK(planted_holds(pl.theirs, PLANTED_THEIRS));
     }
 
     /* a file of ours: truncated, then the log in it */
+    char path[400], file[420];
     snprintf(path, sizeof path, "%s/own.log", dir);
     CHECK(planted_write(path, "old lines that must not stay\n", 0644) == 0);
     snprintf(file, sizeof file, "FABPOOL_DEBUG_FILE=%s", path);

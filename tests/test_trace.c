@@ -441,16 +441,14 @@ static void refused_path(const char *path, const char *word, int how)
 
 static void unsafe_paths(void)
 {
-    char path[320], name2[330];
-    static const char precious[] = "a file of root's that no trace may cut\n", their_text[] = "uid 65534's own\n";
     planted pl;
-    if (planted_setup(&pl, dir, "run.trace", "trace", precious, their_text) != 0) {
+    if (planted_setup(&pl, dir, "run.trace", "trace") != 0) {
         CHECK(0);
         return;
     }
     for (int how = 0; how < 3; how++)
         refused_path(pl.link, "symbolic link", how);
-    CHECK(planted_holds(pl.target, precious));
+    CHECK(planted_holds(pl.target, PLANTED_PRECIOUS));
 
     CHECK(mkfifo(pl.fifo, 0666) == 0);
     refused_path(pl.fifo, "FIFO", 0); /* no reader: at once */
@@ -464,15 +462,16 @@ static void unsafe_paths(void)
     }
     if (pl.other > 0) {
         refused_path(pl.theirs, "owned by uid 65534", 0);
-        CHECK(planted_holds(pl.theirs, their_text));
+        CHECK(planted_holds(pl.theirs, PLANTED_THEIRS));
     }
 
     /* a file of ours with a second name (the other may be anywhere): refused */
+    char path[320], name2[330];
     snprintf(path, sizeof path, "%s/two-names.trace", dir);
     snprintf(name2, sizeof name2, "%s.other", path);
-    CHECK(planted_write(path, precious, 0600) == 0 && link(path, name2) == 0);
+    CHECK(planted_write(path, PLANTED_PRECIOUS, 0600) == 0 && link(path, name2) == 0);
     refused_path(path, "hard links", 0);
-    CHECK(planted_holds(name2, precious));
+    CHECK(planted_holds(name2, PLANTED_PRECIOUS));
 
     /* ours: truncated (the reader takes the file only if it holds the records and nothing more) */
     snprintf(path, sizeof path, "%s/own.trace", dir);
