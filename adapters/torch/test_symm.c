@@ -568,14 +568,17 @@ static void attack_cut(int rank, grp *g, int fds0)
         CHECK_STATUS(fabpool_torch_symm_resize(s, 32 * MB), FABPOOL_ERR_IO);
         ms = ms_since(&t0);
         CHECK(ms < 1500 + 2500);
-        if (rank == 0) /* nothing of what rank 1 sent stays open (the others hold the new chunks' fds) */
+        /* nothing of what rank 1 sent stays open (the others hold the new chunks' fds).  On the sim only: the
+         * real driver's exports are opens of /dev/nvidiactl that the shrink's own export changes too, so a
+         * count there cannot tell rank 1's fds from this rank's */
+        if (rank == 0 && t_ledger_p)
             CHECK(fd_count() == fds1);
         t_cut_send = 0;
         /* rank 0 no longer reads the socket that held the cut message: the next grow fails cleanly too, on
          * every rank, naming it (and rank 0 holds one socket less) */
         CHECK_STATUS(fabpool_torch_symm_resize(s, 48 * MB), FABPOOL_ERR_IO);
         CHECK(strstr(fabpool_torch_symm_last_error(), "no socket to rank 1") != NULL);
-        if (rank == 0)
+        if (rank == 0 && t_ledger_p)
             CHECK(fd_count() == fds1 - 1);
     }
     CHECK_OK(fabpool_torch_symm_close(s));

@@ -43,7 +43,8 @@ export TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 TORCH_SYMM_MEM_DISABLE_MULTICA
   done
   on ipc && step ipc 200 python3 "$SRC_DIR/adapters/torch/test_torch_contract.py" --lib /tmp/t-after/adapters/torch/libfabpool_torch.so \
        --out "$OUT" --cases ipc_child
-  on deepep && step deepep 540 env OUT="$OUT/deepep" DEEPEP_RUN_SKIP="agree grow graphed" DEEPEP_RUN_BUDGET=520 \
+  DB=${DEEPEP_RUN_BUDGET:-520}
+  on deepep && step deepep $((DB + 20)) env OUT="$OUT/deepep" DEEPEP_RUN_SKIP="agree grow graphed" DEEPEP_RUN_BUDGET=$DB \
        "$SRC_DIR/adapters/hybridep/deepep-run.sh" "$(cd "${DEEPEP_DIR:-.deps/DeepEP}" && pwd)"
   echo "SUMMARY ${status[*]}"
 } >> "$LOG" 2>&1
