@@ -26,7 +26,7 @@ STAGES=" ${TRUST_STAGES:-build suite symm ipc deepep} "
 on() { [[ $STAGES == *" $1 "* ]]; }
 export TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 {
-  h200_head "fabpool sharing trust check" "before: $BASE_DIR ($(cat "$BASE_DIR/.rev" 2>/dev/null))"
+  h200_head "fabpool sharing trust check" "checked: $SRC_DIR ($(cat "$SRC_DIR/.rev" 2>/dev/null)), before: $BASE_DIR ($(cat "$BASE_DIR/.rev" 2>/dev/null))"
   h200_torch
   if on build; then
     h200_build build-after 420 "$SRC_DIR" /tmp/t-after
