@@ -135,7 +135,7 @@ int main(int argc, char **argv)
     const uint64_t lw[] = {4 * d, 4 * d, 3 * d * d * 4, 3 * d * 4, d * d * 4, d * 4, 4 * d, 4 * d,
                            4 * d * d * 4, 4 * d * 4, d * 4 * d * 4, d * 4};
     const size_t nlw = sizeof lw / sizeof lw[0];
-    size_t nparams = 2 + layers * nlw + 2;
+    size_t nparams = 1 + layers * nlw + 4; /* the embedding, the layers, the final norm's two and the head's two */
     uint64_t *psize = calloc(nparams, sizeof *psize), *pw = calloc(nparams, sizeof *pw);
     uint64_t *grad = calloc(nparams, sizeof *grad), *m1 = calloc(nparams, sizeof *m1),
              *m2 = calloc(nparams, sizeof *m2);
