@@ -454,7 +454,7 @@ static void test_value_errors(void)
     BAD("reserve:1MiB", "'reserve'", "'1MiB'");
     BAD("reserve:1", "'reserve'", "'1'");
     BAD3("reserve:2097151", "'reserve'", "'2097151'", "2MiB");
-    /* audit 12: 1PiB is the documented maximum and PiB a unit (f8e0a8d refused it as an unknown unit) */
+    /* 1PiB is the documented maximum, and PiB a unit */
     BAD3("reserve:2PiB", "'reserve'", "'2PiB'", "maximum");
     BAD("reserve:4096TiB", "'reserve'", "'4096TiB'");
     BAD3("reserve:1.5GiB", "'reserve'", "'1.5GiB'", "fraction");
