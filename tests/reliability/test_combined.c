@@ -1614,23 +1614,7 @@ static void op_view_apply(int t)
 static void op_view_close(int t)
 {
     step_feats |= FB(F_VIEW);
-    if (!fault_pct) {
-        close_view(t);
-        return;
-    }
-    /* close_view, but a close refused for the step's fault leaves the view open and whole (it is checked as
-     * one after the step), and the next close frees it */
-    int i = (int)below((uint64_t)P[t].nview);
-    for (int k = 0; k < P[t].nview; k++)
-        if (P[t].view[k].broken)
-            i = k;
-    snprintf(cur_what, sizeof cur_what, "pool %d%s, view of buffer %llu%s", t, P[t].asleep ? " (asleep)" : "",
-             (unsigned long long)P[t].view[i].id, find_buf(P[t].view[i].id, NULL) ? "" : " (destroyed)");
-    check_view(&P[t].view[i], -1);
-    fabpool_status st = fabpool_view_close(P[t].view[i].h);
-    EXPECT_OK(st, "view_close", "fabpool_view_close");
-    if (st == FABPOOL_OK)
-        drop_view(t, i);
+    close_view(t);
 }
 
 static void op_dmabuf_open(int p)
