@@ -51,6 +51,18 @@ class Tensor:
         seg[self.addr - base:self.addr - base + len(data)] = data
 
 
+class NativePool(Pool):
+    """A MemPool of PyTorch's own allocator: deleting one while a pool context is open is what
+    PyTorch asserts against (captures_underway.empty())."""
+
+    def __init__(self, be, device):
+        super().__init__("native-scoped", device, native=True)
+        self.be = be
+
+    def __del__(self):
+        self.be.native_deleted.append(list(self.be.active))
+
+
 class FakeBackend:
     """Device memory as bytes per segment; a pool that sleeps loses them (discard) or has them
     copied by fabpool (offload); host memory as bytes per block."""
@@ -65,6 +77,7 @@ class FakeBackend:
         self.calls = []
         self.free = free
         self.native = Pool("native", 0, native=True)
+        self.native_deleted = []   # the contexts open when each disable() pool was deleted
 
     # what the savers call
     def current_device(self):
@@ -75,7 +88,7 @@ class FakeBackend:
         return p
 
     def native_mempool(self):
-        return Pool("native-scoped", self.device, native=True)
+        return NativePool(self, self.device)
 
     @contextlib.contextmanager
     def use_mem_pool(self, pool, device):
@@ -218,9 +231,14 @@ def test_regions_route_and_nest():
             with tms.disable():
                 n = be.alloc(4096, b"n")
                 check(tms.current_region is None, "disable(): no tag")
+            check(be.native_deleted == [], "disable() inside a region keeps its pool while the region is open")
         check(tms.current_region == ("weights", True), "after the nested region: the outer one again")
         w2 = be.alloc(4096, b"x")
     check(tms.current_region is None, "none after the outer region")
+    check(be.native_deleted == [[]], "the disable() pool deleted when the outermost region ended, no context open")
+    with tms.disable():
+        be.alloc(4096, b"d")
+    check(be.native_deleted == [[], []], "disable() outside a region deletes its pool at its end")
     check(be.pool_of(w.addr).name == "tms.b.weights" and be.pool_of(w2.addr).name == "tms.b.weights",
           "weights in the backup pool of its tag")
     check(be.pool_of(g.addr).name == "tms.n.grad", "grad in the pool without backup")

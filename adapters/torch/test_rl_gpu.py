@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
     print("test_rl_gpu: no GPU: skipped")
     sys.exit(77)
 import fabpool_cumem  # noqa: E402
+import held  # noqa: E402  (beside this script)
 import fabpool_memory_saver  # noqa: E402
 
 failures = []
@@ -32,8 +33,8 @@ def check(cond, what):
 
 
 def used():
-    free, total = torch.cuda.mem_get_info()
-    return total - free
+    """What this process uses of the device (NVML where it can say: other processes on the GPU do not move it)."""
+    return torch.cuda.get_device_properties(0).total_memory - held.own_free(0)
 
 
 def rss():
@@ -149,9 +150,9 @@ with alloc.use_memory_pool(tag="kv_cache"):
     vkv = torch.full((512 * MiB,), 3, dtype=torch.uint8, device=dev)
 vexp = vw.cpu()
 check(alloc.get_current_usage() >= 812 * MiB, "get_current_usage counts both tags")
-free0 = torch.cuda.mem_get_info()[0]
+u0 = used()
 alloc.sleep()
-check(torch.cuda.mem_get_info()[0] - free0 >= 800 * MiB, "sleep() gives the memory back")
+check(u0 - used() >= 800 * MiB, "sleep() gives the memory back (%d MiB)" % ((u0 - used()) // MiB))
 alloc.wake_up(tags=["default"])
 check(torch.equal(vw.cpu(), vexp), "wake_up(default): offloaded bytes restored")
 alloc.wake_up()
@@ -161,6 +162,7 @@ alloc.sleep(offload_tags=("kv_cache",))
 alloc.wake_up()
 check(int(vkv.sum().item()) == 4 * 512 * MiB, "offload_tags=('kv_cache',): its bytes restored")
 
+print("test_rl_gpu: device memory measured by %s" % held.source)
 if failures:
     print("test_rl_gpu: %d check(s) failed" % len(failures))
     sys.exit(1)

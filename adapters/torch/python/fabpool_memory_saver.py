@@ -265,6 +265,18 @@ class TorchMemorySaver:
             st = self._local.stack = []
         return st
 
+    def _deferred(self):
+        d = getattr(self._local, "deferred", None)
+        if d is None:
+            d = self._local.deferred = []
+        return d
+
+    def _leave(self, st):
+        """Ends this thread's innermost context; the outermost one deletes the pools disable() kept."""
+        st.pop()
+        if not st:
+            self._local.deferred = []
+
     @property
     def current_region(self):
         """(tag, enable_cpu_backup) of the innermost region of this thread, or None."""
@@ -309,7 +321,7 @@ class TorchMemorySaver:
             with be.use_mem_pool(pool.mempool, dev):
                 yield
         finally:
-            st.pop()
+            self._leave(st)
 
     @contextlib.contextmanager
     def cuda_graph(self, cuda_graph, pool=None, stream=None, capture_error_mode="global", tag=_TAG_DEFAULT,
@@ -328,7 +340,7 @@ class TorchMemorySaver:
             with be.graph(cuda_graph, p.mempool, stream, capture_error_mode):
                 yield
         finally:
-            st.pop()
+            self._leave(st)
 
     @contextlib.contextmanager
     def disable(self, dispose_mem_pool_after_use=True):
@@ -343,9 +355,14 @@ class TorchMemorySaver:
             native = be.native_mempool()
             with be.use_mem_pool(native, dev):
                 yield
+            if len(st) > 1:
+                # PyTorch asserts that no pool context is open when a MemPool is deleted (its destructor
+                # empties the cache, which must not run under a capture): inside a region the pool is
+                # deleted when this thread's outermost context ends
+                self._deferred().append(native)
             del native
         finally:
-            st.pop()
+            self._leave(st)
 
     # ------------------------------------------------------------ pause and resume
     def _selected(self, tag):
