@@ -7,6 +7,8 @@
 option(FABPOOL_TORCH_CXX "Build libfabpool_torch_cxx.so against the installed PyTorch (skipped where torch is not importable)" ON)
 set(FABPOOL_TORCH_INCLUDE "" CACHE PATH "A PyTorch include folder to compile torch_cxx.cpp against, without linking")
 
+# what the configured module says of the C++ allocator (build_info()): the PyTorch it is built for, or nothing
+set(FABPOOL_TORCH_CXX_BUILT_FOR "")
 if(FABPOOL_TORCH_CXX)
   find_program(FABPOOL_TORCH_PYTHON NAMES python3)
   set(_probe_rc 1)
@@ -24,6 +26,7 @@ if(FABPOOL_TORCH_CXX)
     endforeach()
     string(REPLACE "," ";" _torch_include "${_torch_include}")
     message(STATUS "fabpool_torch_cxx: PyTorch ${_torch_version} (CUDA ${_torch_cuda}, C++11 ABI ${_torch_abi}) in ${_torch_lib}")
+    set(FABPOOL_TORCH_CXX_BUILT_FOR "${_torch_version}")
     set(_torch_rpath "${_torch_lib}")
     if(_torch_cudart)
       get_filename_component(_cudart_dir "${_torch_cudart}" DIRECTORY)

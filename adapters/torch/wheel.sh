@@ -4,9 +4,11 @@
 #              where PYTHON is itself a virtual environment, a .pth file adds its site-packages too (where venv
 #              cannot install pip, Debian's or Ubuntu's python3 without python3-venv: a venv without pip, served
 #              by PYTHON's pip --python)
-#   DIR/dist   the wheel: PYTHON -m build --no-isolation --wheel from the repository root, or, where PYTHON has no
-#              `build`, pip wheel --no-index --no-build-isolation, or without pip either, setuptools' build hook
-#              (PEP 517) called directly; each uses the installed setuptools and downloads nothing
+#   DIR/dist   the wheel: the documented command, DIR/venv/bin/python -m pip wheel . --no-build-isolation
+#              --no-index --no-deps from the repository root (docs/pytorch.md), or, where the venv has no pip of
+#              its own, PYTHON -m build --no-isolation --wheel, or without `build` either, setuptools' build hook
+#              (PEP 517) called directly; each uses the installed setuptools and downloads nothing.  The venv sees
+#              PYTHON's torch, so the wheel holds the C++ allocator where PYTHON imports torch
 #   then pip install --no-index DIR/dist/fabpool_torch-*.whl into DIR/venv, and a check that DIR/venv imports it
 # Prints how long each step took.  Used by CI (.ci/run) and on the H200 (adapters/torch/h200-wheel.sh).
 set -eu
@@ -32,11 +34,11 @@ if [ -n "$parent" ]; then
   echo "wheel.sh: $py is a virtual environment: its site-packages ($parent) are visible in $dir/venv"
 fi
 t1=$(date +%s)
-if "$py" -c 'import build' 2>/dev/null; then
+if "$vpy" -m pip --version >/dev/null 2>&1; then
+  (cd "$root" && "$vpy" -m pip wheel . --no-build-isolation --no-index --no-deps -w "$dir/dist")
+elif "$py" -c 'import build' 2>/dev/null; then
+  echo "wheel.sh: $dir/venv has no pip of its own: $py -m build --no-isolation instead"
   (cd "$root" && "$py" -m build --no-isolation --wheel --outdir "$dir/dist")
-elif vpip --version >/dev/null 2>&1; then
-  echo "wheel.sh: $py has no 'build' module: pip wheel --no-build-isolation instead"
-  (cd "$root" && vpip wheel --no-index --no-build-isolation --no-deps -w "$dir/dist" .)
 else
   echo "wheel.sh: neither 'build' nor pip: setuptools' PEP 517 hook, called directly"
   mkdir -p "$dir/dist"

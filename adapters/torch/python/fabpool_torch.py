@@ -58,6 +58,8 @@ __all__ = ["build_info", "install", "installed", "cpp_view", "cxx_library_path",
 _BUILT_WITH = ("@PROJECT_VERSION@",
                "@FABPOOL_TORCH_BUILD_ID@")
 _CONFIGURED = not _BUILT_WITH[1].startswith("@")
+# The PyTorch version the same build made libfabpool_torch_cxx.so for ("" where it made none: the shim only)
+_CXX_BUILT_FOR = "@FABPOOL_TORCH_CXX_BUILT_FOR@"
 if _CONFIGURED:
     __version__ = _BUILT_WITH[0]
 
@@ -216,11 +218,35 @@ def _check_build(lib, p):
             "beside that library" % (p, have[0], have[1], os.path.abspath(__file__), _BUILT_WITH[0], _BUILT_WITH[1]))
 
 
+def _sim_driver():
+    """The simulated driver shipped with this module, or None: the wheel's fabpool_torch/sim/libcuda.so.1, an
+    install's <libdir>/fabpool/sim/libcuda.so.1 (cmake --install --component sim), a build folder's sim/."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for p in (os.path.join(here, "sim", "libcuda.so.1"), os.path.join(here, "..", "..", "sim", "libcuda.so.1")):
+        if os.path.isfile(p):
+            return os.path.normpath(p)
+    return None
+
+
 def build_info():
     """{"version", "build_id"}: this module's build ("build_id" None for the
-    module of the source tree, which checks nothing), and once a library is
-    loaded, its "library" path, "library_version" and "library_build_id"."""
+    module of the source tree, which checks nothing); "cxx_allocator": whether
+    this build made the C++ allocator and it lies beside the module (None for
+    the module of the source tree, which cannot say), "cxx_built_for": the
+    PyTorch version it was built for (None without it: a build or wheel of the
+    pluggable shim only); "sim_driver": the simulated driver that came with the
+    module (the wheel's, an install's, a build's), for FABPOOL_CUDA_LIBRARY
+    where there is no GPU, or None; and once a library is loaded, its "library"
+    path, "library_version" and "library_build_id"."""
     out = {"version": _BUILT_WITH[0] if _CONFIGURED else None, "build_id": _BUILT_WITH[1] if _CONFIGURED else None}
+    if _CONFIGURED:
+        here = os.path.dirname(os.path.abspath(__file__))
+        built = bool(_CXX_BUILT_FOR)
+        out["cxx_allocator"] = built and os.path.isfile(os.path.join(here, _CXX_LIB_NAME))
+        out["cxx_built_for"] = _CXX_BUILT_FOR if built else None
+    else:
+        out["cxx_allocator"] = out["cxx_built_for"] = None
+    out["sim_driver"] = _sim_driver()
     if _lib is not None:
         out["library"] = _lib_path
         out["library_version"], out["library_build_id"] = _library_build(_lib)
