@@ -86,6 +86,8 @@ typedef struct fp_arena_policy {
     uint64_t ahead_below;              /* a block of this size or more maps only what it needs */
     unsigned ahead_mult;               /* the growth of the last FP_ARENA_RATE allocations, times this */
     unsigned ahead_frac;               /* and at most the used bytes / this (0: no such cap) */
+    unsigned mapped_frac;              /* and no more than leaves the arena mapping its used bytes (the block's
+                                          included) and a this-th of them (0: no such cap) */
     unsigned chunk_granules;           /* the largest chunk */
 } fp_arena_policy;
 

@@ -85,9 +85,33 @@ static int va_free_at(fp_arena *a, uint64_t start, uint64_t size)
     return i > 0 && start + size <= v->free[i - 1].start + v->free[i - 1].size;
 }
 
+/* The ahead a miss for n bytes may map (fp_arena_ahead's wish: what the
+ * block needs included): no more than leaves the arena mapping its used
+ * bytes, the block's included, and a mapped_frac-th of them, its free
+ * ranges counted against that room, rounded down to granules.  A live set
+ * that grows fast from nothing then meets a miss each time it has grown by
+ * that fraction, a geometric schedule, until the room passes ahead_max; the
+ * wish alone (twice the recent growth, up to 64 MiB) mapped 20 blocks of
+ * 1 MiB as 54 MiB, 2.7x.  At 5: at most 1.20x the live peak for 20 to 100
+ * blocks of 0.5-4 MiB, where 4 came to 1.244x (free ranges left by frees
+ * and a granule's rounding on top), for about 5 * ln(320 MiB / 2 MiB), some
+ * 25, more chunk maps in all on the way up from an empty arena.  A workload
+ * that has reached its size grows rarely and mostly within the room; over
+ * twenty seeds of fabpool_bench's shapes the peaks held stayed or fell,
+ * and the chunk maps rose 0-16 % (docs/performance.md, "A small live set
+ * that grows fast"). */
+static uint64_t ahead_room(const fp_arena *a, uint64_t n, uint64_t ahead)
+{
+    if (!a->pol.mapped_frac)
+        return ahead;
+    uint64_t live = a->used_bytes + n, most = live + live / a->pol.mapped_frac;
+    uint64_t room = most > a->mapped_bytes ? (most - a->mapped_bytes) & ~(a->sp->gran - 1) : 0;
+    return ahead < room ? ahead : room;
+}
+
 fabpool_status fp_arena_grow_plan(fp_arena *a, uint64_t n, uint64_t align, int ahead_ok, fp_arena_grow *gr)
 {
-    uint64_t ahead = ahead_ok ? fp_arena_ahead(a, n) : 0;
+    uint64_t ahead = ahead_ok ? ahead_room(a, n, fp_arena_ahead(a, n)) : 0;
     n += align > a->quantum ? align - a->quantum : 0; /* room to place the block aligned */
     fp_lock_assert_held(&a->sp->lock);
     memset(gr, 0, sizeof *gr);

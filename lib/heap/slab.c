@@ -24,11 +24,14 @@
 /* How each arena grows (arena.h, fp_arena_policy): the medium one maps
  * ahead at most 4 MiB and a quarter of what it holds (its blocks are small:
  * a granule serves many); the large one twice its recent growth, up to
- * 64 MiB in one chunk, for blocks under 8 MiB (docs/design.md, "Blocks above
- * slab_max", has the measurements). */
+ * 64 MiB in one chunk, for blocks under 8 MiB, and no more than leaves it
+ * mapping a fifth over its used bytes: a live set of a few blocks that grows
+ * fast is mapped at most about 1.2x, not 2.7x (arena_grow.c, ahead_room;
+ * docs/design.md, "Blocks above slab_max", has the measurements). */
 static const fp_arena_policy policies[FP_NARENAS] = {
     {.ahead_max = 4ull << 20, .ahead_below = UINT64_MAX, .ahead_mult = 1, .ahead_frac = 4, .chunk_granules = 32},
-    {.ahead_max = 64ull << 20, .ahead_below = 8ull << 20, .ahead_mult = 2, .ahead_frac = 0, .chunk_granules = 32},
+    {.ahead_max = 64ull << 20, .ahead_below = 8ull << 20, .ahead_mult = 2, .ahead_frac = 0, .mapped_frac = 5,
+     .chunk_granules = 32},
 };
 
 /* ------------------------------------------------------------ idle bytes
