@@ -58,7 +58,7 @@ def run_case(case, shim):
         check(all(limit in text for limit in fabpool_torch.SHIM_LIMITS) and "record_stream" in text and
               "OutOfMemoryError" in text and "reduce-overhead" in text and "multiprocessing" in text,
               "the warning names what does not work with the shim")
-        check(torch.calls == [("pluggable", "libfabpool_torch.so", "fabpool_torch_alloc", "fabpool_torch_free"),
+        check(torch.calls == [("pluggable", "libfabpool_torch.so", "fabpool_torch_alloc_raising", "fabpool_torch_free"),
                               ("change_current_allocator",)], "the shim went in through the pluggable allocator")
         check(fabpool_torch.installed() == "shim", "installed() says shim")
     elif case == "cxx_required":

@@ -75,8 +75,8 @@ _fallback_warned = False
 # what the pluggable shim cannot do, said when install() falls back to it
 SHIM_LIMITS = (
     "record_stream is ignored: a tensor freed while another stream still reads it can be given out again",
-    "an allocation fabpool cannot serve returns NULL, which PyTorch does not check, instead of raising "
-    "torch.OutOfMemoryError: the next kernel faults",
+    "an allocation fabpool cannot serve raises a RuntimeError that begins 'CUDA out of memory.', not "
+    "torch.OutOfMemoryError: an except clause for that class alone misses it",
     "torch.cuda.set_per_process_memory_fraction is ignored",
     "torch.cuda.memory_stats() and the functions built on it raise unless install(stats=True), and then only "
     "from Python; empty_cache() does nothing without it",
@@ -311,7 +311,10 @@ def _pluggable_allocator(path=None):
     if _pluggable is None:
         # CUDAPluggableAllocator opens the same file with ctypes (the same
         # handle) and hands PyTorch the two function pointers.
-        _pluggable = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "fabpool_torch_alloc", "fabpool_torch_free")
+        # fabpool_torch_alloc_raising: an allocation that fails raises (RuntimeError, "CUDA out of memory. ...")
+        # where PyTorch would take fabpool_torch_alloc's NULL as memory
+        _pluggable = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "fabpool_torch_alloc_raising",
+                                                              "fabpool_torch_free")
     return _pluggable
 
 
