@@ -40,6 +40,8 @@ here = os.path.dirname(fabpool_torch.__file__)
 print("module", fabpool_torch.__file__, fabpool_torch.__version__, fabpool_torch.build_info())
 assert here.startswith(sys.prefix), "the module is not the venv'"'"'s"
 assert fabpool_torch.cxx_library_path() == os.path.join(here, "libfabpool_torch_cxx.so"), "no C++ allocator beside it"
+info = fabpool_torch.build_info()
+assert info["cxx_allocator"] and info["cxx_built_for"] == torch.__version__, "build_info() says no C++ allocator for this torch"
 print("install():", fabpool_torch.install(), fabpool_torch.installed())
 assert fabpool_torch.installed() == "cxx", "install() did not put in the C++ allocator"
 x = torch.empty(1 << 20, device="cuda")
