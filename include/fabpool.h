@@ -335,7 +335,13 @@ FABPOOL_API fabpool_status fabpool_buffer_resize(fabpool_buffer_t *buf, size_t s
  * every buffer first, in a form that can be undone, and only then does any
  * buffer change.  Only a driver that refuses the undo itself as well (a
  * second fault) can leave something behind: a chunk it would not unmap
- * stays retired, unseen, until fabpool_collect unmaps it. */
+ * stays retired, unseen, until fabpool_collect unmaps it.  One second fault
+ * is not all or nothing: a shrink's replacement chunk (above) and then its
+ * old chunk mapped back both refused lose that chunk.  The call answers
+ * FABPOOL_ERR_PARTIAL: every other buffer has its new size, and that buffer
+ * ends where the lost chunk began (its size and mapped bytes, possibly 0:
+ * it never counts bytes it does not map), its data below kept, its
+ * generation new; resize it to use more. */
 FABPOOL_API fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const size_t *sizes,
                                                     size_t n, void *stream);
 /* Unmaps everything (after the work on `stream`, as for resize) and frees the window. */

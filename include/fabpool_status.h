@@ -36,8 +36,11 @@ typedef enum fabpool_status {
     FABPOOL_ERR_IO = 13,           /* a socket or file operation failed (fd passing) */
     FABPOOL_ERR_CORRUPT = 14,      /* fabpool_check found a broken invariant of the pool's structures */
     FABPOOL_ERR_ASLEEP = 15,       /* the pool is asleep (fabpool_sleep): call fabpool_wake first */
-    FABPOOL_ERR_PERMISSION = 16    /* a peer that is not who it must be (another user, another process, no
+    FABPOOL_ERR_PERMISSION = 16,   /* a peer that is not who it must be (another user, another process, no
                                       proof of the group's token): refused, its connection closed */
+    FABPOOL_ERR_PARTIAL = 17       /* a driver call failed and so did the undo of what the call had done: it
+                                      is not all or nothing this time; the message says what changed, and
+                                      the objects say what they are now (e.g. a buffer's size: what it maps) */
 } fabpool_status;
 
 /* The enumerator's name, e.g. "FABPOOL_ERR_OUT_OF_MEMORY". */

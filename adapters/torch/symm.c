@@ -1568,7 +1568,8 @@ fabpool_status fabpool_torch_symm_resize(fabpool_torch_symm_t *s, uint64_t bytes
     free(all);
     if (st != FABPOOL_OK) {
         uint64_t lost = 0;
-        if (mine == FABPOOL_OK)
+        /* a resize that lost a chunk (FABPOOL_ERR_PARTIAL) left its buffer at a size of its own: back too */
+        if (mine == FABPOOL_OK || mine == FABPOOL_ERR_PARTIAL)
             lost = sy_roll_back(s, old, 0);
         else
             sy_append("; every rank keeps its old size (%llu bytes)", (unsigned long long)old);

@@ -12,7 +12,9 @@
  *                 rank 1's view of rank 0 maps nothing (size 0) instead of the chunk rank 0 gave up, and the
  *                 next resize maps it again;
  *   grow_fails    the controls: a grow that fails on rank 1 (cuMemCreate), and a grow whose new chunk rank 1
- *                 cannot import (its view stays as it was, shorter, and reads rank 0's bytes).
+ *                 cannot import (its view stays as it was, shorter, and reads rank 0's bytes);
+ *   refit_lost    rank 1's shrink loses the chunk it refits (the smaller chunk and then the old one refused):
+ *                 every rank answers FABPOOL_ERR_PARTIAL, keeps 64 MiB and reads what its peer writes.
  * prop [first seeds steps [twice]]: seeded random resizes (grow, shrink, the same size; each rank asks its own share)
  * with a fault injected on one rank at random steps (a driver entry the resize or the exchange calls, failing
  * at its nth call); after every call: every rank answers the same status, the sizes every rank reports are
@@ -175,6 +177,41 @@ static void case_shrink_fails(grp *g, void *arg)
     CHECK(views_check(s, g, 64 * MB, 2, "after the failed shrink") == 0);
     CHECK_OK(fabpool_torch_symm_resize(s, 8 * MB));
     CHECK(views_check(s, g, 8 * MB, 3, "after the next shrink") == 0);
+    CHECK_OK(fabpool_torch_symm_close(s));
+    ledger_empty(g->rank, "after close");
+}
+
+/* Rank 1's shrink refits its last chunk, and the driver refuses to map the smaller chunk (cuMemSetAccess) and
+ * then the old one back (cuMemMap): its buffer loses the chunk (FABPOOL_ERR_PARTIAL, its size where the chunk
+ * began).  Every rank answers that, goes back to 64 MiB and exchanges again: every view reads its peer. */
+static void case_refit_lost(grp *g, void *arg)
+{
+    (void)arg;
+    fabpool_torch_symm_t *s = make(g, 64 * MB);
+    if (!s)
+        return;
+    CHECK(views_check(s, g, 64 * MB, 1, "before the shrink") == 0);
+    t_sim_hooks h = t_sim_hooks_get();
+    if (g->rank == 1) {
+        CHECK(h.fault_set("cuMemSetAccess", 2, 0, CUDA_ERROR_UNKNOWN) == 0);
+        CHECK(h.fault_set("cuMemMap", 3, 0, CUDA_ERROR_UNKNOWN) == 0);
+    }
+    fabpool_status st = fabpool_torch_symm_resize(s, 30 * MB);
+    if (g->rank == 1)
+        h.fault_clear();
+    if (st != FABPOOL_ERR_PARTIAL)
+        fprintf(stderr, "rank %d: the shrink answered %s: %s\n", g->rank, fabpool_status_name(st),
+                fabpool_torch_symm_last_error());
+    CHECK(st == FABPOOL_ERR_PARTIAL);
+    CHECK(strstr(fabpool_torch_symm_last_error(), "rank 1") != NULL);
+    CHECK(strstr(fabpool_torch_symm_last_error(), "every rank keeps its old size") != NULL);
+    CHECK(info_size(s) == 64 * MB);
+    uint64_t sizes[MAXR];
+    CHECK_OK(fabpool_torch_symm_sizes(s, sizes, MAXR));
+    CHECK(sizes[0] == 64 * MB && sizes[1] == 64 * MB);
+    CHECK(views_check(s, g, 64 * MB, 2, "after the lost chunk") == 0);
+    CHECK_OK(fabpool_torch_symm_resize(s, 30 * MB));
+    CHECK(views_check(s, g, 30 * MB, 3, "after the next shrink") == 0);
     CHECK_OK(fabpool_torch_symm_close(s));
     ledger_empty(g->rank, "after close");
 }
@@ -366,7 +403,7 @@ int main(int argc, char **argv)
         const char *name;
         void (*fn)(grp *, void *);
     } cases[] = {{"shrink_fails", case_shrink_fails}, {"apply_fails", case_apply_fails},
-                 {"grow_fails", case_grow_fails}};
+                 {"grow_fails", case_grow_fails}, {"refit_lost", case_refit_lost}};
     if (!only || strcmp(only, "prop") != 0) {
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
             if (only && strcmp(only, cases[c].name) != 0)

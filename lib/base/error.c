@@ -29,6 +29,7 @@ static const char *const status_names[] = {
     [FABPOOL_ERR_CORRUPT] = "FABPOOL_ERR_CORRUPT",
     [FABPOOL_ERR_ASLEEP] = "FABPOOL_ERR_ASLEEP",
     [FABPOOL_ERR_PERMISSION] = "FABPOOL_ERR_PERMISSION",
+    [FABPOOL_ERR_PARTIAL] = "FABPOOL_ERR_PARTIAL",
 };
 
 const char *fabpool_status_name(fabpool_status s)

@@ -18,6 +18,7 @@
  * and a later shrink refits it. */
 #include "buffer.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -240,11 +241,13 @@ static void shrink_commit(fp_buffers *bs, struct fabpool_buffer *b, const shrunk
 
 /* After the commit: the refit a shrink planned, its last live chunk
  * replaced by a smaller one.  The driver or the device refusing it leaves
- * the chunk whole (logged; a later shrink refits it): FABPOOL_OK.  An error
- * only where the refit lost bytes of the buffer (the driver refused to map
- * the old chunk back: a second fault). */
+ * the chunk whole (logged; a later shrink refits it): FABPOOL_OK.  Where
+ * the refit lost the chunk (the driver refused to map the old chunk back: a
+ * second fault), the buffer ends where that chunk began, its size too (it
+ * never counts bytes it does not map): FABPOOL_ERR_PARTIAL, the message
+ * says what was lost.  k: the buffer's place in the set. */
 static fabpool_status shrink_refit(fp_buffers *bs, struct fabpool_buffer *b, const shrunk *s, uint64_t target,
-                                   void *stream)
+                                   void *stream, size_t k)
 {
     if (!s->refit)
         return FABPOOL_OK;
@@ -252,7 +255,18 @@ static fabpool_status shrink_refit(fp_buffers *bs, struct fabpool_buffer *b, con
     int lost = 0;
     uint64_t whole = b->chunks[j].size;
     fabpool_status st = fp_buffer_refit(bs, b, j, s->keep - b->chunks[j].off, target, stream, &lost);
-    if (st == FABPOOL_OK || lost)
+    if (lost) {
+        atomic_fetch_sub(&bs->bytes, b->size - b->live);
+        b->size = b->live;
+        FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_RESIZE, b->base, b->size, stream, FABPOOL_ERR_PARTIAL);
+        char why[1024];
+        snprintf(why, sizeof why, "%s", fabpool_last_error());
+        return fp_error(FABPOOL_ERR_PARTIAL, "%s; so buffer %zu of the set, shrunk to %llu bytes, now has %llu "
+                        "bytes, all of them mapped, its data below that kept and the rest lost (every other buffer "
+                        "has its new size); resize it to use more", why, k, (unsigned long long)target,
+                        (unsigned long long)b->size);
+    }
+    if (st == FABPOOL_OK)
         return st;
     FP_LOG_CH(FP_LOG_INFO, bs->sp->ch, "a buffer shrunk to %llu bytes keeps a chunk of %llu bytes whole: %s",
               (unsigned long long)target, (unsigned long long)whole, fabpool_last_error());
@@ -300,11 +314,16 @@ static fabpool_status resize_locked(fp_buffers *bs, struct fabpool_buffer *const
         b->size = sizes[i];
         FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_RESIZE, b->base, sizes[i], stream, FABPOOL_OK);
     }
+    char first[1024] = ""; /* the first refit that lost a chunk: a later one clears or writes the message */
     for (size_t i = 0; i < n; i++) {
-        fabpool_status s2 = shrink_refit(bs, bufs[i], &s[i], sizes[i], stream);
-        if (st == FABPOOL_OK)
+        fabpool_status s2 = shrink_refit(bs, bufs[i], &s[i], sizes[i], stream, i);
+        if (s2 != FABPOOL_OK && st == FABPOOL_OK) {
             st = s2;
+            snprintf(first, sizeof first, "%s", fabpool_last_error());
+        }
     }
+    if (st != FABPOOL_OK)
+        fp_error(st, "%s", first);
     if (pushed)
         fp_ctx_pop(bs->sp->ch, saved);
     return st;

@@ -4,6 +4,7 @@
  * it unmapped.  The memory a peer may still import is kept for it first. */
 #include "refit.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "error.h"
@@ -130,6 +131,35 @@ static fabpool_status refit_finish(fp_buffers *bs, struct fabpool_buffer *b, uin
     return st;
 }
 
+/* After a swap that lost chunk j (its old memory unmapped, and the driver
+ * refused to map the new chunk there and then the old one back): the buffer
+ * ends where chunk j began, so that it never counts bytes it does not map.
+ * Chunk j's old memory ho is kept for the peers that may still import it (or
+ * released), its record goes (its mapping is gone already), and the chunks
+ * after it, retiring, their GPU work done and their memory kept for the
+ * peers, are unmapped from the end.  One that fails to unmap stays retired
+ * for fabpool_collect.  The new generation names the change for the peers. */
+static void refit_lose(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j, uint64_t drop_gen,
+                       CUmemGenericAllocationHandle ho)
+{
+    fp_bchunk *c = &b->chunks[j];
+    if (!peer_hold_keep(bs, b, c, drop_gen, ho))
+        fp_chunk_release(bs->sp->ch, ho);
+    fp_bchunk_forget_export(bs, c);
+    fp_retire_waits_drop(bs->retire, &c->uses);
+    b->live -= c->size;
+    b->mapped -= c->size;
+    atomic_fetch_sub(&bs->mapped, c->size);
+    memmove(c, c + 1, (size_t)(b->n - j - 1) * sizeof *c);
+    b->n--;
+    b->generation = drop_gen;
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", fabpool_last_error());
+    while (b->n > j && fp_buffer_pop_chunk(bs, b) == FABPOOL_OK)
+        ;
+    fp_error(FABPOOL_ERR_DRIVER, "%s", keep); /* what lost the chunk, not a later unmap's refusal */
+}
+
 fabpool_status fp_buffer_refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j, uint64_t rs, uint64_t target,
                                void *stream, int *lost)
 {
@@ -162,8 +192,12 @@ fabpool_status fp_buffer_refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_
     if (st != FABPOOL_OK)
         goto drop_peer_holds;
 
-    if ((st = refit_swap(bs, b, j, rs, hn, ho, lost)) != FABPOOL_OK)
-        goto drop_peer_holds;
+    if ((st = refit_swap(bs, b, j, rs, hn, ho, lost)) != FABPOOL_OK) {
+        if (!*lost)
+            goto drop_peer_holds;
+        refit_lose(bs, b, j, drop_gen, ho);
+        goto unmap_tmp;
+    }
     st = refit_finish(bs, b, j, rs, drop_gen, ho);
     goto unmap_tmp;
 

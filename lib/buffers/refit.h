@@ -17,9 +17,11 @@ fabpool_status fp_buffers_sync(fp_buffers *bs, void *stream, const char *why);
  * retired chunks' tickets.  The memory of a chunk that a peer may still
  * import is kept for it.  On failure the buffer keeps its chunks as they
  * were (its data too), unless the driver refused to map the old chunk back
- * after unmapping it (*lost = 1: the message says which bytes went); chunks
- * after j that failed to unmap stay retired for fabpool_collect.  The
- * pool's context is current. */
+ * after unmapping it (*lost = 1: the message says which bytes went): then
+ * chunk j and the chunks after it are gone, the buffer's live bytes end at
+ * chunk j's offset (its size is the caller's to set), and its generation is
+ * new; chunks after j that failed to unmap stay retired for
+ * fabpool_collect.  The pool's context is current. */
 fabpool_status fp_buffer_refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_t j, uint64_t rs, uint64_t target,
                                void *stream, int *lost);
 
