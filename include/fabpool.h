@@ -36,6 +36,13 @@
  * fabpool_destroy(NULL) does nothing and returns FABPOOL_OK.  A NULL pool
  * (other than fabpool_destroy's) or a NULL output pointer is a caller's bug
  * and is refused with FABPOOL_ERR_INVALID_ARG, as are NULL buffers and views.
+ *
+ * Alignment, as cudaMalloc and RMM promise it (CUDA_ALLOCATION_ALIGNMENT): a
+ * block of 256 bytes or more (fabpool_alloc, fabpool_alloc_on_stream) starts
+ * on a multiple of 256 bytes; a smaller one on a multiple of its size rounded
+ * up to a power of two, at least 64 (a 48-byte block is 64-byte aligned, a
+ * 200-byte one 256-byte aligned).  fabpool_alloc_aligned gives any larger
+ * power of two up to the pool's allocation granularity.
  */
 #ifndef FABPOOL_H
 #define FABPOOL_H
@@ -190,31 +197,45 @@ FABPOOL_API fabpool_handle_type fabpool_handle_type_of(const fabpool_t *pool);
 /* ------------------------------------------------------ size-class blocks */
 
 /* Allocates size bytes of device memory.  Sizes up to slab_max (4 KiB by
- * default) come from slabs of size classes spaced four per doubling, cached
- * per thread; larger ones are cut by best fit from an arena of blocks (up to
- * 256 KiB, the medium arena; above, the large one), their size rounded up to
- * 256 bytes, free neighbours merged.
- * The worst case of this layout, per block: a block of size s gets at most
- * 1.25 s for s from 257 to slab_max (its class: 2^k + 1 bytes get
- * 1.25 x 2^k), and s rounded up to 256 bytes above slab_max (at most s +
- * 255: at most 1.06 s).  A block alone in its pool maps at most s rounded up
- * to the granularity (2 MiB) plus one granule.  Beyond the blocks, a pool
+ * default) come from slabs of size classes (64 and 128 bytes, the multiples
+ * of 256 up to 1024, then four per doubling), cached per thread; larger ones
+ * are cut by best fit from an arena of blocks (up to 256 KiB, the medium
+ * arena; above, the large one), their size rounded up to 256 bytes, free
+ * neighbours merged.
+ * The worst case of this layout, per block: a block of size s gets s rounded
+ * up to a power of two (at least 64) up to 256 bytes, s rounded up to 256
+ * bytes from 257 to 1024 (at most 2 s: 257 bytes get 512), at most 1.25 s
+ * from 1025 to slab_max (its class: 2^k + 1 bytes get 1.25 x 2^k), and s
+ * rounded up to 256 bytes above slab_max (at most s + 255: at most 1.06 s).
+ * A block alone in its pool maps at most s rounded up to the granularity
+ * (2 MiB) plus one granule.  Beyond the blocks, a pool
  * maps the free ranges that best fit leaves between live blocks (on
  * fabpool_bench's shapes 3-7 % of the live bytes, docs/performance.md), up
  * to large_slack of free chunks per arena that no miss traded away, and,
  * while an arena grows fast, what a miss maps ahead of it: at most 4 MiB
  * in the medium arena, 64 MiB in the large one for blocks under 8 MiB
  * (docs/design.md, "Blocks above slab_max").
- * Alignment: 256 bytes (what cudaMalloc promises) for every size up to 256,
- * every multiple of 256, and every size above 896; a size from 257 to 896
- * that is not a multiple of 256 gets the natural alignment of its class:
- * 64 bytes (classes 320 and 448: sizes 257-320, 385-448) or 128 bytes
- * (384, 640, 896: sizes 321-384, 513-640, 769-896).  Ask for a multiple of
- * 256 when 256-byte alignment is needed.
+ * Alignment: 256 bytes (what cudaMalloc promises) for every size of 256 or
+ * more; a smaller size gets its size rounded up to a power of two, at least
+ * 64 (the conventions at the top of this file).
  * The block is for use at once: freeing it makes it reusable at once, so the
  * caller must not free a block that GPU work may still touch (see
  * fabpool_free_on_stream). */
 FABPOOL_API fabpool_status fabpool_alloc(fabpool_t *pool, size_t size, void **out);
+/* fabpool_alloc with the block's base a multiple of `alignment`, a power of
+ * two from 1 to the pool's allocation granularity (the driver's, 2 MiB on
+ * the GPUs fabpool targets): any other alignment is refused with
+ * FABPOOL_ERR_INVALID_ARG, the message giving the granularity.  An alignment
+ * the block gets anyway (fabpool_alloc's, above) is fabpool_alloc's block; a
+ * larger one up to slab_max is a size class that is a multiple of it (a
+ * 100-byte block aligned to 4 KiB is a 4 KiB block), and above slab_max (or
+ * above the 64 KiB of a slab's page) a block of the arenas placed on a
+ * multiple of it.  Size 0 returns FABPOOL_OK with *out NULL.  The block is a
+ * block as fabpool_alloc's: fabpool_free, fabpool_free_on_stream,
+ * fabpool_record_stream, fabpool_usable_size (>= size) and the export calls
+ * take it.  A trace records the fabpool_alloc it makes: of that class, or of
+ * slab_max + 1 bytes for a size up to slab_max placed in the arenas. */
+FABPOOL_API fabpool_status fabpool_alloc_aligned(fabpool_t *pool, size_t size, size_t alignment, void **out);
 FABPOOL_API fabpool_status fabpool_free(fabpool_t *pool, void *ptr);
 
 /* Stream-ordered blocks (docs/design.md, "Stream-ordered free").  `stream`
@@ -276,8 +297,9 @@ FABPOOL_API fabpool_status fabpool_free_on_stream(fabpool_t *pool, void *ptr, vo
  * recorded block, a large block's free asks the records only while any
  * block has them). */
 FABPOOL_API fabpool_status fabpool_record_stream(fabpool_t *pool, void *ptr, void *stream);
-/* The size a block was given (>= the size asked; <= 1.25x it above 256 B; the size rounded up to 256 B above
- * slab_max, or up to 1.25x it for a block fabpool_alloc_on_stream took back from its stream). */
+/* The size a block was given (>= the size asked; its class up to slab_max, <= 1.25x it above 1 KiB; the size
+ * rounded up to 256 B above slab_max, or up to 1.25x it for a block fabpool_alloc_on_stream took back from its
+ * stream; more for fabpool_alloc_aligned's larger alignments). */
 FABPOOL_API fabpool_status fabpool_usable_size(fabpool_t *pool, const void *ptr, size_t *out);
 
 /* Returns free cached memory to the driver until at most keep_bytes of it stay

@@ -1,48 +1,69 @@
-/* sizeclass.h - the size-class grid: one class of 256 bytes for every size up
- * to 256, then four classes per doubling (320, 384, 448, 512, 640, 768, 896,
- * 1024, 1280, ...), so that for every size above 256 bytes the class is at
- * most 1.25x the size asked (the worst case is 2^k + 1, which gets 1.25 * 2^k).
+/* sizeclass.h - the size-class grid: 64 and 128 bytes, every multiple of
+ * 256 up to 1024 (256, 512, 768, 1024), then four classes per doubling
+ * (1280, 1536, 1792, 2048, 2560, ...).  Above 1024 bytes the class is at
+ * most 1.25x the size asked (the worst case is 2^k + 1, which gets
+ * 1.25 * 2^k); from 257 to 1024 bytes the class is the size rounded up to
+ * 256 (at most 2x: 257 gets 512), the price of the alignment below, since a
+ * class of that range that is not a multiple of 256 (320, 384, 448, 640,
+ * 896) cannot give 256-aligned blocks; up to 256 bytes the class is the size
+ * rounded up to a power of two, at least 64.
  *
  * Slabs serve the classes up to slab_max.  Above it a block is its size
- * rounded up to the granularity, with no class (lib/slab.c); the grid then
- * only buckets those blocks in the statistics.
+ * rounded up to 256 bytes (the arenas' quantum), with no class (lib/heap/
+ * large.c); the grid then only buckets those blocks in the statistics.
  *
- * Alignment: a block of a slab lies at a multiple of its class size from the
- * slab's granule-aligned base, so it is aligned to the largest power of two
- * that divides the class size, capped at 256: every class that is a multiple
- * of 256 (256, 512, 768 and every class from 1024 on) gives 256-aligned
- * blocks; 384, 640 and 896 give 128; 320 and 448 give 64.  Block offsets in a
- * slab are therefore counted in 64-byte quanta (FP_QUANTUM). */
+ * Alignment, as cudaMalloc and RMM (CUDA_ALLOCATION_ALIGNMENT, 256 bytes): a
+ * block of a slab lies at a multiple of its class size from the slab's
+ * page-aligned base, so a block of a class of 256 bytes or more is aligned to
+ * 256, and one of class 64 or 128 to its class: every block to its size
+ * rounded up to a power of two, at most 256.  A class that is a multiple of
+ * a larger power of two up to the page (1024, 2048, 4096, ...) gives blocks
+ * aligned to it, which fabpool_alloc_aligned uses (lib/api/aligned.c).
+ * Block offsets in a slab are counted in 64-byte quanta (FP_QUANTUM_SHIFT). */
 #ifndef FP_SIZECLASS_H
 #define FP_SIZECLASS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define FP_MIN_ALIGN 64u               /* every block is at least this aligned */
+#define FP_MIN_ALIGN 64u               /* every block is at least this aligned (the smallest class) */
 #define FP_QUANTUM_SHIFT 6u            /* block offsets in a slab, in 64-byte units */
-#define FP_NCLASS 176                  /* the grid up to 2^51 bytes: more than any reservation (1 PiB) */
+#define FP_NCLASS 173                  /* the grid up to 2^51 bytes: more than any reservation (1 PiB) */
+#define FP_CLASS_STEP_MAX 1024u        /* classes up to this: 64, 128, then the multiples of 256 */
+#define FP_BLOCK_ALIGN 256u            /* a block of at least this size is aligned to it (cudaMalloc's) */
 #define FP_SLAB_MAX_LIMIT (64ull << 20)  /* the largest slab_max */
 
 static inline unsigned fp_log2_floor(uint64_t x) { return 63u - (unsigned)__builtin_clzll(x); }
 
-/* Index of the smallest class >= size (size >= 1). */
+/* Index of the smallest class >= size (size >= 1; 0 lands in a class too, though no caller asks).  Up to
+ * 1024 without a branch: 64 -> 0, 128 -> 1, 256 -> 2, 512 -> 3, 768 -> 4, 1024 -> 5. */
 static inline unsigned fp_class_of(uint64_t size)
 {
-    if (size <= 256)
-        return 0;
+    if (size <= FP_CLASS_STEP_MAX)
+        return 2u + ((unsigned)((size - 1) >> 8) & 3u) - (size <= 128) - (size <= 64);
     uint64_t s = size - 1;
     unsigned lg = fp_log2_floor(s);
-    return 1u + (lg - 8u) * 4u + (unsigned)((s - (1ull << lg)) >> (lg - 2u));
+    return 6u + (lg - 10u) * 4u + (unsigned)((s - (1ull << lg)) >> (lg - 2u));
 }
 
 /* Size of class idx. */
 static inline uint64_t fp_class_size(unsigned idx)
 {
-    if (idx == 0)
-        return 256;
-    unsigned g = (idx - 1) / 4, k = (idx - 1) % 4;
-    return (1ull << (8 + g)) + (uint64_t)(k + 1) * (1ull << (6 + g));
+    if (idx < 2)
+        return 64ull << idx;
+    if (idx < 6)
+        return (uint64_t)(idx - 1) << 8;
+    unsigned g = (idx - 6) / 4, k = (idx - 6) % 4;
+    return (1ull << (10 + g)) + (uint64_t)(k + 1) * (1ull << (8 + g));
+}
+
+/* The alignment every block of a request of `size` bytes gets (size >= 1): the size rounded up to a power of
+ * two, at most FP_BLOCK_ALIGN. */
+static inline uint64_t fp_block_align(uint64_t size)
+{
+    if (size >= FP_BLOCK_ALIGN)
+        return FP_BLOCK_ALIGN;
+    return size <= FP_MIN_ALIGN ? FP_MIN_ALIGN : 2ull << fp_log2_floor(size - 1);
 }
 
 static inline uint64_t fp_round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }

@@ -31,6 +31,25 @@ static fp_arena *arena_for(fp_heap *h, uint64_t size) { return &h->arenas[arena_
 
 uint64_t fp_large_size(const fp_heap *h, uint64_t size) { return fp_arena_round(&h->arenas[arena_index(h, size)], size); }
 
+/* The alignment this thread's next blocks above slab_max ask for beyond the arenas' quantum (0: none).  Set
+ * only around the fabpool_alloc call that fabpool_alloc_aligned makes, so that an aligned block takes
+ * fabpool_alloc's whole path (its wait for the owner stream's work, its out-of-memory retry after the
+ * streams' frees, its trace) without a parameter on it.  Initial-exec where the library's thread-local
+ * block allows it (as the thread caches' key, api/tcache.h): one load, no call, on a medium block's path. */
+#ifdef FP_DEBUG_LOCKS
+#define FP_LARGE_TLS_MODEL "global-dynamic"
+#else
+#define FP_LARGE_TLS_MODEL "initial-exec"
+#endif
+static _Thread_local uint64_t tls_align __attribute__((tls_model(FP_LARGE_TLS_MODEL)));
+
+uint64_t fp_large_align_next(uint64_t align)
+{
+    uint64_t was = tls_align;
+    tls_align = align > FP_BLOCK_QUANTUM ? align : 0;
+    return was;
+}
+
 fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
 {
     if (size > fp_space_size(h->sp))
@@ -42,7 +61,8 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
     if (st != FABPOOL_OK)
         return st;
     fp_lock(&h->sp->lock);
-    fp_piece *b = fp_heap_take(h, a, n, FP_BLOCK_QUANTUM, &st);
+    uint64_t align = __builtin_expect(tls_align != 0, 0) ? tls_align : FP_BLOCK_QUANTUM;
+    fp_piece *b = fp_heap_take(h, a, n, align, &st);
     if (b) {
         count_locked(&h->large_in_use_bytes, n);
         count_locked(&h->large_blocks, 1);

@@ -96,6 +96,7 @@ static void relist(fp_heap *h, fp_class *c, fp_span *s)
  * sixteen (618 cuts), at 1.1166x the live peak against 1.1179x (ten seeds;
  * slab_max:16KiB 1.0562x against 1.0534x). */
 #define FP_SLAB_BLOCKS 16u
+_Static_assert((1u << FP_PAGE_SHIFT) % FP_BLOCK_ALIGN == 0, "a slab's page keeps its blocks 256-aligned");
 #define FP_SLAB_BLOCKS_MIN 4u
 #define FP_SLAB_BYTES (1ull << 20)
 static uint64_t slab_size_for(uint64_t obj, uint64_t page)
@@ -131,6 +132,8 @@ void fp_heap_init(fp_heap *h, fp_space *sp, fp_usage *use, const fabpool_options
     uint64_t slab_max = o->slab_max_bytes;
     if (slab_max > FP_SLAB_MAX_LIMIT)
         slab_max = FP_SLAB_MAX_LIMIT;
+    if (slab_max && slab_max < FP_BLOCK_ALIGN)   /* the parser's least (256 B), for a field set by hand */
+        slab_max = FP_BLOCK_ALIGN;
     h->n_slab_classes = slab_max ? fp_class_of(slab_max) + 1 : 0;
     h->slab_max = slab_max ? fp_class_size(h->n_slab_classes - 1) : 0;
     h->medium_max = h->slab_max > FP_MEDIUM_MAX ? h->slab_max : FP_MEDIUM_MAX;
@@ -396,7 +399,9 @@ static unsigned slab_new_take(fp_heap *h, unsigned cls, fp_item *out, unsigned n
     }
     unsigned k = 0;
     fp_lock(&h->sp->lock);
-    fp_piece *run = fp_heap_take(h, &h->arenas[FP_ARENA_MEDIUM], s->size, 1ull << h->sp->page_shift, st);
+    /* on a page boundary: a block lies at a multiple of its class from there, so that every block is aligned
+     * as sizeclass.h says (fp_heap_slab_align) */
+    fp_piece *run = fp_heap_take(h, &h->arenas[FP_ARENA_MEDIUM], s->size, fp_heap_slab_align(h), st);
     if (run) {
         s->base = run->base;
         fp_map_set(&h->sp->map, s->base, s->size, s); /* the arena's pages have leaves: cannot fail */

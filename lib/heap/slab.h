@@ -97,6 +97,9 @@ void fp_heap_init(fp_heap *h, fp_space *sp, fp_usage *use, const fabpool_options
 static inline uint64_t fp_heap_block_size(const fp_heap *h, unsigned cls) { return h->classes[cls].obj_size; }
 /* slab_max as fp_heap_init rounded it (0: no slabs). */
 static inline uint64_t fp_heap_slab_max(const fp_heap *h) { return h->slab_max; }
+/* The alignment of every slab's base (its page): a block of a class that is a multiple of a power of two up
+ * to this is aligned to that power (sizeclass.h), which fabpool_alloc_aligned relies on. */
+static inline uint64_t fp_heap_slab_align(const fp_heap *h) { return 1ull << h->sp->page_shift; }
 
 /* What the heap counts (fabpool_stats, fabpool_counters): atomics, read without a lock; the bytes of large
  * blocks are exact under the pool lock. */
