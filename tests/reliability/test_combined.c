@@ -287,6 +287,8 @@ static const meaning_t meanings[] = {
     {"asleep.alloc_on_stream", "fabpool_alloc_on_stream on a sleeping pool answered OK, not FABPOOL_ERR_ASLEEP"},
     {"asleep.alloc", "fabpool_alloc on a sleeping pool answered OK, not FABPOOL_ERR_ASLEEP"},
     {"handout.unmapped", "an allocation handed out memory that is not mapped"},
+    {"align.base", "a block's base is not a multiple of the alignment fabpool.h promises (256 from 256 bytes, the "
+     "size rounded up to a power of two below, or what fabpool_alloc_aligned was asked)"},
     {"fault.refused_changed", "a call refused for a driver fault changed a buffer or a view (size, mapped bytes, "
      "chunk count or generation)"},
     {"fault.wake_state", "a wake refused for a driver fault left the pool awake"},
@@ -649,7 +651,17 @@ static void took_block(int p, blk_t *b, int s, int owner_call, int on_stream)
     write_blk(b);
 }
 
-static void alloc_common(int p, int on_stream)
+/* The base a block of sz bytes has at least (fabpool.h, "Alignment"), al asked of fabpool_alloc_aligned or 0. */
+static uint64_t want_align(size_t sz, uint64_t al)
+{
+    uint64_t w = 64;
+    while (w < sz && w < 256)
+        w *= 2;
+    return al > w ? al : w;
+}
+
+/* al: 0, or the alignment asked of fabpool_alloc_aligned (not on a stream) */
+static void alloc_common(int p, int on_stream, uint64_t al)
 {
     pool_t *q = &P[p];
     size_t sz = blk_size();
@@ -662,8 +674,9 @@ static void alloc_common(int p, int on_stream)
              on_stream ? stream_name(s) : "", q->asleep ? ", asleep" : "");
     blk_t b = {NULL, sz, 0, next_id++, 0};
     fabpool_counters c0 = counters(p);
-    fabpool_status st = on_stream ? fabpool_alloc_on_stream(q->p, sz, sptr(s), &b.p) : fabpool_alloc(q->p, sz, &b.p);
-    const char *call = on_stream ? "fabpool_alloc_on_stream" : "fabpool_alloc";
+    fabpool_status st = on_stream ? fabpool_alloc_on_stream(q->p, sz, sptr(s), &b.p)
+                        : al ? fabpool_alloc_aligned(q->p, sz, al, &b.p) : fabpool_alloc(q->p, sz, &b.p);
+    const char *call = on_stream ? "fabpool_alloc_on_stream" : al ? "fabpool_alloc_aligned" : "fabpool_alloc";
     /* a refusal may not claim the owner stream (alloc_on_stream) nor end the owner mode (either call) */
     const char *owner_key = !q->c.stream_owner || q->own == OWN_OFF || (on_stream && q->own == s) ? NULL
                             : on_stream ? "owner.claimed_by_refused_alloc_on_stream"
@@ -701,6 +714,18 @@ static void alloc_common(int p, int on_stream)
             refused(p, owner_key);
         return;
     }
+    EXPECT((uintptr_t)b.p % want_align(sz, al) == 0, "align.base", "%s of %zu bytes (alignment %llu) gave %p",
+           call, sz, (unsigned long long)al, b.p);
+    if (al > want_align(sz, 0)) {
+        /* the block is fabpool_alloc's of the size fabpool.h says (a class that is a multiple of al up to
+         * slab_max, else slab_max + 1), which the trace records and the test keeps */
+        fabpool_options o = {.struct_size = sizeof o};
+        size_t u = 0;
+        EXPECT_OK(fabpool_get_options(q->p, &o), "alloc", "fabpool_get_options");
+        EXPECT_OK(fabpool_usable_size(q->p, b.p, &u), "alloc", "fabpool_usable_size");
+        if (sz <= o.slab_max_bytes)
+            b.size = sz = u <= o.slab_max_bytes ? u : (size_t)o.slab_max_bytes + 1;
+    }
     int owner_call = 0;
     if (on_stream) {
         owner_call = q->c.stream_owner && (own_claim(p, s) || own_unknown[p]);
@@ -714,8 +739,10 @@ static void alloc_common(int p, int on_stream)
     q->blk[q->nblk++] = b;
 }
 
-static void op_alloc(int p) { alloc_common(p, 0); }
-static void op_alloc_on_stream(int p) { alloc_common(p, 1); }
+static void op_alloc(int p) { alloc_common(p, 0, 0); }
+static void op_alloc_on_stream(int p) { alloc_common(p, 1, 0); }
+/* a power of two from 1 B to 2 MiB (the sim's granularity) */
+static void op_alloc_aligned(int p) { alloc_common(p, 0, 1ull << below(22)); }
 
 /* A block freed (on stream s; -2: by fabpool_free) with a stream recorded on it whose work pends waits for that
  * work, as a block freed on that stream does: only that stream may have it back meanwhile. */
@@ -1957,6 +1984,7 @@ static int can_record(int p)
 
 static const op_def ops[] = {
     {"alloc", 8, can_plain_alloc, op_alloc},
+    {"alloc_aligned", 3, can_plain_alloc, op_alloc_aligned},
     {"free", 6, has_plain_blk, op_free},
     {"alloc_on_stream", 10, can_alloc, op_alloc_on_stream},
     {"free_on_stream", 9, has_blk, op_free_on_stream},
@@ -2065,7 +2093,8 @@ static int fsnap_nbuf[NPOOL], fsnap_nview[NPOOL];
  * buffer and view as it was (sleep, wake, trim and collect have their own rules: fabpool.h). */
 static int fault_compares(const char *op)
 {
-    static const char *const one_call[] = {"alloc", "free", "alloc_on_stream", "free_on_stream", "buffer_create",
+    static const char *const one_call[] = {"alloc", "alloc_aligned", "free", "alloc_on_stream", "free_on_stream",
+                                           "buffer_create",
                                            "buffer_resize", "buffer_resize_set", "buffer_destroy", "export",
                                            "export_done", "peers_ack", "view_apply", "view_close", "dmabuf_open",
                                            "dmabuf_close", "usable_size", "bad_pointer", "thread_flush"};
