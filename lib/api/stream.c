@@ -26,6 +26,18 @@ static uint32_t stream_class(const fp_alloc *a, size_t size, uint64_t *need, uin
     return FP_PENDING_LARGE;
 }
 
+/* A refused call of the stream pair leaves the owner stream as it was
+ * (retire.h): a claim it made (`fresh`: the pool had no owner; seq:
+ * owner_seq as the call leaves it) is taken back, and an owner mode it ended
+ * (`disowned`, of `was`) is on again; its fence stays done. */
+static void owner_restore(fp_alloc *a, void *stream, int fresh, uint64_t seq, int disowned, void *was)
+{
+    if (fresh)
+        (void)fp_retire_owner_unclaim(a->retire, stream, seq);
+    if (disowned)
+        fp_retire_owner_reown(a->retire, was);
+}
+
 fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, void **out)
 {
     fp_alloc *a = fp_alloc_of(p);
@@ -43,17 +55,24 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
         FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, 0, size, stream, st);
         return st;
     }
-    if (fp_retire_owner_claim(a->retire, stream)) {
+    fp_retire *r = a->retire;
+    int fresh = atomic_load(&r->owner_mode) == FP_OWNER_NONE; /* the claim below would be this call's */
+    uint64_t seq = atomic_load(&r->owner_seq);
+    if (fp_retire_owner_claim(r, stream)) {
         /* the owner: what it freed went to the pool at once, and any block of the pool is safe for it */
         void *q = NULL;
         st = fp_alloc_block(a, size, &q);
-        if (st != FABPOOL_OK)
+        if (st != FABPOOL_OK) {
+            owner_restore(a, stream, fresh, seq, 0, NULL);
             fp_error_append(" (fabpool_alloc_on_stream, stream %p)", stream);
+        }
         FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, (uint64_t)(uintptr_t)q, size, stream, st);
         *out = q;
         return st;
     }
-    if (fp_retire_owned(a->retire) && (st = fp_retire_disown(a->retire)) != FABPOOL_OK) {
+    void *was = r->owner;
+    int disowned = fp_retire_owned(r);
+    if (disowned && (st = fp_retire_disown(r)) != FABPOOL_OK) {
         fp_error_append(" (fabpool_alloc_on_stream, stream %p, waiting for the owner stream %p)", stream,
                         a->retire->owner);
         FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, 0, size, stream, st);
@@ -87,10 +106,12 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     if (!ptr) {
         void *q = NULL;
         st = fp_alloc_polled(a, size, &q);
-        if (st == FABPOOL_OK)
+        if (st == FABPOOL_OK) {
             ptr = (uint64_t)(uintptr_t)q;
-        else
+        } else {
+            owner_restore(a, stream, 0, 0, disowned, was);
             fp_error_append(" (fabpool_alloc_on_stream, stream %p)", stream);
+        }
     }
     FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, ptr, size, stream, st);
     *out = (void *)(uintptr_t)ptr;
@@ -158,16 +179,21 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
     fabpool_status st = stream_block_open(p, ptr, "fabpool_free_on_stream", &b);
     if (st != FABPOOL_OK || !b.s)
         return st;
-    int queued = 0, checked = 0;
+    int queued = 0, checked = 0, fresh = 0;
+    fp_retire *r = b.a->retire;
+    uint64_t seq = 0;
     /* the owner's free checks the pointer as fabpool_free does; where the
      * call may make the stream the owner, the pointer is checked first (a
-     * refused free changes nothing, and claims no owner) */
-    int owner = fp_retire_owner_is(b.a->retire, stream);
+     * refused free changes nothing, and claims no owner: a claim of a call
+     * the driver refuses later is taken back) */
+    int owner = fp_retire_owner_is(r, stream);
     if (!owner) {
         if ((st = live_block(&b, "fabpool_free_on_stream")) != FABPOOL_OK)
             return st;
         checked = 1;
-        owner = fp_retire_owner_claim(b.a->retire, stream);
+        fresh = atomic_load(&r->owner_mode) == FP_OWNER_NONE;
+        seq = atomic_load(&r->owner_seq) + 1; /* with this call's announced free below */
+        owner = fp_retire_owner_claim(r, stream);
     }
     if (owner && fp_retire_owner_free(b.a->retire)) {
         /* the owner: freed into the pool at once (the next unmap or foreign allocation fences); with streams
@@ -183,12 +209,17 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
         st = fp_alloc_free_block(b.a, b.s, b.addr, "fabpool_free_on_stream", 1, stream, &queued);
         if (st == FABPOOL_OK && !queued)
             fp_retire_owner_freed(b.a->retire);
+        else if (st != FABPOOL_OK)
+            owner_restore(b.a, stream, fresh, seq, 0, NULL);
         return st;
     }
     if (!checked && (st = live_block(&b, "fabpool_free_on_stream")) != FABPOOL_OK)
         return st;
-    /* another stream while the owner mode holds: it ends (after the checks above: bad input changes nothing) */
-    if (fp_retire_owned(b.a->retire) && (st = fp_retire_disown(b.a->retire)) != FABPOOL_OK) {
+    /* another stream while the owner mode holds: it ends (after the checks above: bad input changes nothing;
+     * a refusal after it puts it back) */
+    void *was = r->owner;
+    int disowned = fp_retire_owned(r);
+    if (disowned && (st = fp_retire_disown(r)) != FABPOOL_OK) {
         fp_error_append(" (fabpool_free_on_stream(%p), stream %p, waiting for the owner stream %p: the block is "
                         "still the caller's)", ptr, stream, b.a->retire->owner);
         return st;
@@ -197,8 +228,11 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
     /* used on other streams too (fabpool_record_stream): it waits for them */
     if (FP_UNLIKELY(b.recorded) &&
         ((st = fp_alloc_free_recorded(b.a, b.s, b.addr, "fabpool_free_on_stream", 1, stream, 0, &queued)) != FABPOOL_OK ||
-         queued))
+         queued)) {
+        if (st != FABPOOL_OK)
+            owner_restore(b.a, stream, 0, 0, disowned, was);
         return st;
+    }
     /* marked pending, checked again where two threads could race: the flag's exchange, the large block's lock */
     if (b.s->kind == FP_SPAN_SLAB) {
         uint32_t idx = 0;
@@ -208,12 +242,14 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
                                                      memory_order_relaxed, memory_order_relaxed))
             return fp_alloc_already_free("fabpool_free_on_stream", b.addr, b.usable, want);
     } else if ((st = fp_large_pend(b.a->heap, b.addr, "fabpool_free_on_stream", &b.usable)) != FABPOOL_OK) {
+        owner_restore(b.a, stream, 0, 0, disowned, was);
         return st;
     }
     int poll = 0;
     st = fp_pending_free(b.a->retire, stream, b.addr, b.usable, b.cls, &poll);
     if (st != FABPOOL_OK) {
         fp_alloc_unpend(b.a, b.addr); /* nothing changed: the block is still the caller's */
+        owner_restore(b.a, stream, 0, 0, disowned, was);
         fp_error_append(" (fabpool_free_on_stream(%p): the block is still the caller's)", ptr);
         return st;
     }

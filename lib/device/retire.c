@@ -337,6 +337,32 @@ int fp_retire_owner_free(fp_retire *r)
     return atomic_load(&r->owner_mode) == FP_OWNER_ON;
 }
 
+int fp_retire_owner_unclaim(fp_retire *r, void *stream, uint64_t seq)
+{
+    int undone = 0, on = FP_OWNER_ON;
+    fp_lock(&r->lock); /* no claim comes between: a claim takes the lock to leave FP_OWNER_NONE */
+    if (r->owner == stream && atomic_compare_exchange_strong(&r->owner_mode, &on, FP_OWNER_NONE)) {
+        /* an owner's free counted after the store reads the mode off and queues its block; one counted before
+         * it may have been freed at once: then the mode goes back on.  owner_seq stays (a fence it asks for
+         * waits for nothing more) */
+        if (atomic_load(&r->owner_seq) == seq)
+            undone = 1;
+        else
+            atomic_store(&r->owner_mode, FP_OWNER_ON);
+    }
+    fp_unlock(&r->lock);
+    return undone;
+}
+
+void fp_retire_owner_reown(fp_retire *r, void *owner)
+{
+    int off = FP_OWNER_OFF;
+    fp_lock(&r->lock);
+    if (r->owner == owner)
+        atomic_compare_exchange_strong(&r->owner_mode, &off, FP_OWNER_ON);
+    fp_unlock(&r->lock);
+}
+
 fabpool_status fp_retire_disown(fp_retire *r)
 {
     int m = FP_OWNER_ON;

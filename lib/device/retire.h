@@ -219,6 +219,17 @@ static inline int fp_retire_owned(fp_retire *r)
 {
     return atomic_load_explicit(&r->owner_mode, memory_order_relaxed) == FP_OWNER_ON;
 }
+/* Takes back the claim of a refused call of the stream pair that made
+ * `stream` the owner (the mode was FP_OWNER_NONE before it): the pool has no
+ * owner again, unless the owner announced a free since owner_seq read `seq`
+ * (as the refused call leaves it: its own announced free counted), which
+ * may be at once: then the claim stays.  1 if taken back.  The caller
+ * tells what follows the owner mode (the allocator's fast path). */
+int fp_retire_owner_unclaim(fp_retire *r, void *stream, uint64_t seq);
+/* Takes back a refused call's fp_retire_disown of the owner mode of `owner`
+ * (which held before it): the mode is on again for the same owner, its fence
+ * done.  The caller tells what follows the owner mode. */
+void fp_retire_owner_reown(fp_retire *r, void *owner);
 /* Ends the owner mode for good, then fences: every block the owner freed
  * is safe for anyone afterwards.  A fence the driver refuses leaves the
  * owner mode on (the caller's refusal changes nothing), so that the next
