@@ -309,6 +309,8 @@ static const meaning_t meanings[] = {
     {"owner.claimed_by_refused_alloc_on_stream", "a refused fabpool_alloc_on_stream (asleep) claimed the owner stream "
      "or ended the owner mode"},
     {"owner.ended_by_refused_alloc", "a refused fabpool_alloc (asleep) ended the owner mode"},
+    {"owner.changed_by_faulted_stream_call", "a fabpool_alloc_on_stream or fabpool_free_on_stream refused for a "
+     "driver fault claimed the owner stream or ended the owner mode"},
     {"sleep.retired_unfenced", "a sleep unmapped buffer memory retired on a stream whose work pends"},
     {"sleep.owner_unfenced", "a sleep unmapped blocks the owner stream freed while its work pends"},
     {"owner.model", "the owner stream differs from the rule (fabpool.h) with no refused call before"},
@@ -707,11 +709,8 @@ static void alloc_common(int p, int on_stream, uint64_t al)
         return;
     }
     EXPECT_OK(st, "alloc", call);
-    if (st != FABPOOL_OK) {
-        if (flt.refused && q->c.stream_owner && q->own != OWN_OFF)
-            own_unknown[p] = 1; /* the claim, or the end, may or may not have come before the refused part */
-        else
-            refused(p, owner_key);
+    if (st != FABPOOL_OK) { /* a driver fault's refusal too leaves the owner stream as it was */
+        refused(p, flt.refused && q->c.stream_owner ? "owner.changed_by_faulted_stream_call" : owner_key);
         return;
     }
     EXPECT((uintptr_t)b.p % want_align(sz, al) == 0, "align.base", "%s of %zu bytes (alignment %llu) gave %p",
@@ -788,9 +787,9 @@ static void op_free_on_stream(int p)
     fabpool_counters c0 = counters(p);
     fabpool_status st = fabpool_free_on_stream(q->p, b->p, sptr(s));
     EXPECT_OK(st, "free_on_stream", "fabpool_free_on_stream");
-    if (st != FABPOOL_OK) {
-        if (flt.refused && q->c.stream_owner && q->own != OWN_OFF)
-            own_unknown[p] = 1; /* as in alloc_common */
+    if (st != FABPOOL_OK) { /* a driver fault's: the block stays live, the owner stream as it was */
+        if (flt.refused && q->c.stream_owner)
+            refused(p, "owner.changed_by_faulted_stream_call");
         return;
     }
     q->tr_streams = 1;
