@@ -124,16 +124,17 @@ static void break_slabs(fabpool_t *p, void **live, fp_span *s)
     CHECK(tc != NULL);
     if (tc) {
         fp_bin *b = &tc->bins[s->cls];
-        CHECK(b->n >= 2);
-        if (b->n >= 2) {
-            fp_item keep0 = b->items[0];
+        uint32_t n = fp_bin_n(b);
+        CHECK(n >= 2);
+        if (n >= 2) {
+            fp_titem keep0 = b->items[0];
             b->items[0] = b->items[1];
             expect_broken(p, "[tcache.block]", "block twice in a thread cache");
             b->items[0] = keep0;
-            uint64_t ptr = b->items[b->n - 1].ptr;
-            b->items[b->n - 1].ptr = ptr + 8; /* not a block start */
+            uint64_t ptr = b->items[n - 1].ptr;
+            b->items[n - 1].ptr = ptr + 8; /* not a block start */
             expect_broken(p, "[tcache.block]", "interior pointer in a bin");
-            b->items[b->n - 1].ptr = ptr;
+            b->items[n - 1].ptr = ptr;
         }
     }
     expect_clean("after the slab corruptions");

@@ -53,14 +53,13 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
     unsigned cls = fp_class_of(size);
     fabpool_status st = FABPOOL_OK;
     fp_tcache *tc = fp_tcache_get(a);
-    if (tc && tc->bins[cls].cap) {
+    if (tc && fp_bin_cap(&tc->bins[cls])) {
         fp_bin *b = &tc->bins[cls];
-        if (!b->n) {
-            unsigned want = b->cap / 2 ? b->cap / 2 : 1;
-            b->n = fp_class_take(a->heap, cls, b->items, want, 0, &st);
-            if (!b->n)
+        if (b->top == b->items) {
+            unsigned want = fp_bin_cap(b) / 2 ? fp_bin_cap(b) / 2 : 1;
+            if (!fp_tcache_refill(a, b, cls, want, &st))
                 return st;
-            fp_usage_slab_out(a->use, b->n * fp_heap_block_size(a->heap, cls));
+            fp_usage_slab_out(a->use, fp_bin_n(b) * fp_heap_block_size(a->heap, cls));
             fp_alloc_trim_policy(a);   /* the decay's clock, on a slow path */
         }
         tcache_pop(tc, cls, out);   /* the fast path's pop, on a bin that now holds blocks */
@@ -139,15 +138,18 @@ static inline fabpool_status alloc_any(fp_alloc *a, size_t size, void **out)
     return alloc_slow(a, size, out);
 }
 
-fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
+/* fabpool_alloc past its fast path. */
+static __attribute__((noinline)) fabpool_status alloc_entry(fp_alloc *a, size_t size, void **out)
 {
-    fp_alloc *a = fp_alloc_of(p);
+    if (a)   /* the owner mode may have ended elsewhere (stream.c): the fast path's key follows */
+        fp_alloc_owner_sync(a);
     /* Blocks the owner stream freed may still be in use by its queued work:
      * the first allocation that is not the owner's waits for that work and
      * ends the owner mode (retire.h); a call that will be refused (asleep,
      * bad arguments) ends nothing. */
     if (FP_UNLIKELY(a && fp_retire_owned(a->retire)) && out && size && !fp_chunks_asleep(a->sp->ch)) {
         fabpool_status st = fp_retire_disown(a->retire);
+        fp_alloc_owner_sync(a);
         if (st != FABPOOL_OK) {
             if (out)
                 *out = NULL;
@@ -160,6 +162,37 @@ fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
     return alloc_any(a, size, out);
 }
 
+/* The fast path: a block of a slab class from the calling thread's cache,
+ * with one access to the thread's storage, the class and a pop inline, and
+ * nothing else.  The hot slot holds the pool's key only while the pool has
+ * no trace, is awake and asked no flush since the thread checked its cache
+ * (tcache.h), and its hot_key only while the stream pair's owner mode does
+ * not hold.  size - 1 < cls_table_max: 1..cls_table_max, at most slab_max
+ * (size 0, a pool without the table and sizes above 4 KiB go to the slow
+ * path, whose alloc_any pops from the cache all the same). */
+fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
+{
+    fp_alloc *a = fp_alloc_of(p);
+    if (FP_LIKELY(a && out && size - 1 < a->cls_table_max)) {
+        const fp_tls_hot *h = &fp_hot;
+        if (FP_LIKELY(h->key == atomic_load_explicit(&a->hot_key, memory_order_relaxed))) {
+            unsigned cls = a->cls_of_q[(size - 1) >> 6];
+            fp_tcache *tc = h->tc;
+            fp_bin *b = &tc->bins[cls];
+            fp_titem *top = b->top;
+            if (FP_LIKELY(top != b->items)) {
+                fp_titem it = *--top;
+                b->top = top;
+                atomic_store_explicit(it.flag, 0, memory_order_relaxed);
+                tcache_count(&tc->allocs[cls]);
+                *out = (void *)(uintptr_t)it.ptr;
+                return FABPOOL_OK;
+            }
+        }
+    }
+    return alloc_entry(a, size, out);
+}
+
 /* Block addr of slab s (index idx) is free: into the thread's cache, made
  * or flushed as needed, or without one to its slab, its free flag set under
  * the class lock (a flag is set outside a lock only by a thread whose cache
@@ -168,15 +201,15 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr, uin
 {
     unsigned cls = s->cls;
     fp_tcache *tc = fp_tcache_get(a);
-    if (tc && tc->bins[cls].cap) {
+    if (tc && fp_bin_cap(&tc->bins[cls])) {
         fp_bin *b = &tc->bins[cls];
-        if (b->n == b->cap) {
+        if (b->top == b->end) {
             /* give back the older half */
-            unsigned half = b->n / 2 ? b->n / 2 : 1;
+            unsigned n = fp_bin_n(b), half = n / 2 ? n / 2 : 1;
             fp_usage_slab_back(a->use, half * fp_heap_block_size(a->heap, cls));
-            fp_class_give(a->heap, cls, b->items, half, 0);
-            memmove(b->items, b->items + half, (b->n - half) * sizeof *b->items);
-            b->n -= half;
+            fp_tcache_give(a, cls, b->items, half);
+            memmove(b->items, b->items + half, (n - half) * sizeof *b->items);
+            b->top -= half;
         }
         tcache_push(tc, s, addr);   /* the fast path's push, on a bin that now has room */
         atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_FREE, memory_order_relaxed);
@@ -343,12 +376,57 @@ static inline fabpool_status free_any(fp_alloc *a, void *ptr, unsigned trace_fla
     return free_block(a, s, addr, "fabpool_free", 0, NULL, NULL);
 }
 
-fabpool_status fabpool_free(fabpool_t *p, void *ptr)
+/* fp_map_get with one comparison for the range (an address below the base
+ * wraps above the size). */
+static inline fp_span *map_get(const fp_pagemap *m, uint64_t addr)
 {
-    fp_alloc *a = fp_alloc_of(p);
+    uint64_t off = addr - m->base;
+    if (FP_UNLIKELY(off >= m->size))
+        return NULL;
+    uint64_t g = off >> m->shift;
+    _Atomic(struct fp_span *) *leaf = atomic_load_explicit(&m->l1[g >> FP_MAP_LEAF_SHIFT], memory_order_acquire);
+    return leaf ? atomic_load_explicit(&leaf[g & (FP_MAP_LEAF - 1)], memory_order_acquire) : NULL;
+}
+
+/* fabpool_free past its fast path. */
+static __attribute__((noinline)) fabpool_status free_entry(fp_alloc *a, void *ptr)
+{
     if (FP_UNLIKELY(!a))
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free(%p): the pool is NULL", ptr);
     return free_any(a, ptr, FABPOOL_TRACE_R_APP);
+}
+
+/* The fast path: a slab block given out and not freed (its flag 0: not
+ * free, not pending, no recorded streams), into the calling thread's cache
+ * with a bin that has room; the hot slot holds the pool's key only while it
+ * has no trace (so nothing is recorded here).  Everything else, the checks'
+ * refusals included, is free_entry's. */
+fabpool_status fabpool_free(fabpool_t *p, void *ptr)
+{
+    fp_alloc *a = fp_alloc_of(p);
+    if (FP_LIKELY(a != NULL)) {
+        const fp_tls_hot *h = &fp_hot;
+        uint64_t addr = (uint64_t)(uintptr_t)ptr;
+        fp_span *s = map_get(&a->map, addr);
+        uint32_t idx;
+        /* an arena's sentinel span holds no blocks (nobj 0): fp_slab_index refuses every address of it */
+        if (FP_LIKELY(s && h->key == atomic_load_explicit(&a->cache_key, memory_order_relaxed) &&
+                      fp_slab_index(s, addr, &idx))) {
+            _Atomic uint8_t *flag = s->freeflag + idx;
+            fp_tcache *tc = h->tc;
+            unsigned cls = s->cls;
+            fp_bin *b = &tc->bins[cls];
+            fp_titem *top = b->top;
+            if (FP_LIKELY(!atomic_load_explicit(flag, memory_order_relaxed) && top != b->end)) {
+                *top = (fp_titem){addr, flag};
+                b->top = top + 1;
+                tcache_count(&tc->frees[cls]);
+                atomic_store_explicit(flag, FP_FREEFLAG_FREE, memory_order_relaxed);
+                return FABPOOL_OK;
+            }
+        }
+    }
+    return free_entry(a, ptr);
 }
 
 /* Gives a chain of blocks the queue handed back to the pool (one whose
@@ -374,7 +452,11 @@ void fp_alloc_drain(fp_alloc *a, int wait, int forget)
 
 /* The stream pair's ways in (alloc.h): the work of fabpool_alloc and
  * fabpool_free, out of line here so that theirs stays inline. */
-fabpool_status fp_alloc_block(fp_alloc *a, size_t size, void **out) { return alloc_any(a, size, out); }
+fabpool_status fp_alloc_block(fp_alloc *a, size_t size, void **out)
+{
+    fp_alloc_owner_sync(a);   /* the owner stream's call: its claim may have begun the owner mode */
+    return alloc_any(a, size, out);
+}
 
 fabpool_status fp_alloc_polled(fp_alloc *a, size_t size, void **out)
 {
@@ -387,6 +469,7 @@ fabpool_status fp_alloc_polled(fp_alloc *a, size_t size, void **out)
 fabpool_status fp_alloc_free_block(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn, int on_stream,
                                    void *stream, int *queued)
 {
+    fp_alloc_owner_sync(a);   /* the stream pair's free: its claim may have begun the owner mode */
     return free_block(a, s, addr, fn, on_stream, stream, queued);
 }
 

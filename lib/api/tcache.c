@@ -13,8 +13,7 @@
 #include "list.h"
 #include "lock.h"
 
-_Thread_local fp_tls_slot fp_tls_slots[FP_TLS_SLOTS];
-static _Thread_local int tls_key_set;
+_Thread_local fp_tls_hot fp_hot;
 static pthread_key_t tls_key;
 static pthread_once_t tls_key_once = PTHREAD_ONCE_INIT;
 
@@ -24,6 +23,39 @@ static fp_lock_t registry_lock = FP_LOCK_INITIALIZER(FP_LOCK_REGISTRY, "registry
 static fp_tls_slot *registry;   /* .tc unused */
 static size_t registry_n, registry_cap;
 static _Atomic uint64_t next_pool_id = 1;
+/* Hot keys (tcache.h): never 0 (a thread without one) nor FP_HOT_OFF. */
+static _Atomic uint64_t next_hot_key = 1;
+
+void fp_alloc_hot_rekey(fp_alloc *a)
+{
+    uint64_t k = FP_HOT_OFF;
+    if (a->thread_cache && a->id && !a->trace && !(atomic_load(&a->flush_epoch) & FP_EPOCH_ASLEEP))
+        k = atomic_fetch_add(&next_hot_key, 1);
+    /* after the epoch it follows: a thread that reads this key reads that epoch or a later one */
+    atomic_store_explicit(&a->cache_key, k, memory_order_release);
+    fp_alloc_owner_sync(a);
+}
+
+static uint64_t hot_key_want(fp_alloc *a)
+{
+    return fp_retire_owned(a->retire) ? FP_HOT_OFF : atomic_load(&a->cache_key);
+}
+
+void fp_alloc_owner_sync(fp_alloc *a)
+{
+    /* Stored, then checked against the state again: a change of either
+     * source made after the check is followed by its own call, so the last
+     * store is what the last state says, whoever made it. */
+    uint64_t want = hot_key_want(a);
+    if (atomic_load(&a->hot_key) == want)
+        return;
+    do
+        atomic_store(&a->hot_key, want);
+    while ((want = hot_key_want(a)) != atomic_load(&a->hot_key));
+}
+
+/* The calling thread's slots (NULL before its first cache). */
+static fp_tls_slot *my_slots(void) { return fp_hot.th ? fp_hot.th->caches : NULL; }
 
 int fp_registry_add(fp_alloc *a)
 {
@@ -35,6 +67,7 @@ int fp_registry_add(fp_alloc *a)
     a->id = atomic_fetch_add(&next_pool_id, 1);
     registry[registry_n++] = (fp_tls_slot){a, a->id, NULL};
     fp_unlock(&registry_lock);
+    fp_alloc_hot_rekey(a);
     return 0;
 }
 
@@ -71,6 +104,31 @@ void fp_alloc_log_released(const fp_alloc *a, fp_chunk_tally begun, const char *
                   (unsigned long long)a->heap->cache_limit, (unsigned long long)fp_chunks_mapped(a->sp->ch, NULL));
 }
 
+unsigned fp_tcache_refill(fp_alloc *a, fp_bin *b, unsigned cls, unsigned want, fabpool_status *st)
+{
+    fp_item got[FP_TC_CAP_MAX];
+    if (want > FP_TC_CAP_MAX)
+        want = FP_TC_CAP_MAX;
+    unsigned n = fp_class_take(a->heap, cls, got, want, 0, st);
+    for (unsigned i = 0; i < n; i++)
+        b->top[i] = (fp_titem){got[i].ptr, slab_flag(got[i].span, got[i].ptr)};
+    b->top += n;
+    return n;
+}
+
+void fp_tcache_give(fp_alloc *a, unsigned cls, const fp_titem *t, unsigned n)
+{
+    fp_item out[FP_TC_CAP_MAX];
+    while (n) {
+        unsigned k = n < FP_TC_CAP_MAX ? n : FP_TC_CAP_MAX;
+        for (unsigned i = 0; i < k; i++)
+            out[i] = (fp_item){t[i].ptr, fp_map_get(&a->map, t[i].ptr)};
+        fp_class_give(a->heap, cls, out, k, 0);
+        t += k;
+        n -= k;
+    }
+}
+
 /* The heap's cache policy on a slow path. */
 void fp_alloc_trim_policy(fp_alloc *a)
 {
@@ -86,6 +144,8 @@ void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, fp_usage *use,
     a->heap = heap;
     a->retire = retire;
     a->use = use;
+    a->cache_key = FP_HOT_OFF;   /* until the registry gives the pool its id */
+    a->hot_key = FP_HOT_OFF;
     a->sp = heap->sp;
     a->map = heap->sp->map; /* set up before: see alloc.h */
     a->slab_max = heap->slab_max;
@@ -99,13 +159,29 @@ void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, fp_usage *use,
          * takes no lock either (8 threads on one 4 MiB class contended on its
          * lock at 5.6 us a pair on the H200 without this) */
         uint64_t cap = (8ull << 20) / sz;
-        a->tc_cap[c] = (uint32_t)(cap > 64 ? 64 : cap < 2 ? 2 : cap);
-        bytes += a->tc_cap[c] * sizeof(fp_item);
+        a->tc_cap[c] = (uint32_t)(cap > FP_TC_CAP_MAX ? FP_TC_CAP_MAX : cap < 2 ? 2 : cap);
+        bytes += a->tc_cap[c] * sizeof(fp_titem);
     }
     a->tcache_bytes = bytes;
+    /* the table holds while every class boundary up to its end is a multiple of 64 bytes */
+    uint64_t end = a->slab_max < FP_CLS_TABLE * 64 ? a->slab_max / 64 * 64 : FP_CLS_TABLE * 64;
+    _Static_assert(FP_CLS_TABLE * 64 <= UINT32_MAX, "the table's reach");
+    a->cls_table_max = end;
+    for (uint64_t q = 0; q < end / 64; q++) {
+        unsigned c = fp_class_of(q * 64 + 1);
+        if (c != fp_class_of(q * 64 + 64) || c > UINT8_MAX) {
+            a->cls_table_max = 0;
+            break;
+        }
+        a->cls_of_q[q] = (uint8_t)c;
+    }
 }
 
-void fp_alloc_set_trace(fp_alloc *a, struct fp_trace *trace) { a->trace = trace; }
+void fp_alloc_set_trace(fp_alloc *a, struct fp_trace *trace)
+{
+    a->trace = trace;
+    fp_alloc_hot_rekey(a);
+}
 
 
 void fp_alloc_class_counts(const fp_alloc *a, unsigned cls, uint64_t *allocs, uint64_t *frees)
@@ -126,10 +202,10 @@ static void tcache_flush(fp_alloc *a, fp_tcache *tc)
 {
     for (unsigned c = 0; c < a->n_slab_classes; c++) {
         fp_bin *b = &tc->bins[c];
-        if (b->n) {
-            fp_usage_slab_back(a->use, b->n * fp_heap_block_size(a->heap, c));
-            fp_class_give(a->heap, c, b->items, b->n, 0);
-            b->n = 0;
+        if (b->top != b->items) {
+            fp_usage_slab_back(a->use, fp_bin_n(b) * fp_heap_block_size(a->heap, c));
+            fp_tcache_give(a, c, b->items, fp_bin_n(b));
+            b->top = b->items;
         }
     }
     tc->epoch = atomic_load(&a->flush_epoch) & ~FP_EPOCH_ASLEEP;
@@ -158,14 +234,18 @@ static void tcache_close(fp_alloc *a, fp_tcache *tc)
 static void thread_exit(void *arg)
 {
     (void)arg;
+    fp_thread *th = fp_hot.th;
+    fp_hot = (fp_tls_hot){0, NULL, NULL};
+    if (!th)
+        return;
     fp_lock(&registry_lock);
     for (int i = 0; i < FP_TLS_SLOTS; i++) {
-        fp_tls_slot *s = &fp_tls_slots[i];
+        fp_tls_slot *s = &th->caches[i];
         if (s->owner && registry_has(s))
             tcache_close(s->owner, s->tc);
-        memset(s, 0, sizeof *s);
     }
     fp_unlock(&registry_lock);
+    free(th);
 }
 
 static void make_key(void) { pthread_key_create(&tls_key, thread_exit); }
@@ -178,9 +258,10 @@ void fp_tcaches_destroy(fp_alloc *a)
         a->tcaches = tc->next;
         tcache_free(a, tc);
     }
-    for (int i = 0; i < FP_TLS_SLOTS; i++)
-        if (slot_is(&fp_tls_slots[i], a))
-            memset(&fp_tls_slots[i], 0, sizeof fp_tls_slots[i]);
+    fp_tls_slot *sl = my_slots();
+    for (int i = 0; sl && i < FP_TLS_SLOTS; i++)
+        if (slot_is(&sl[i], a))
+            memset(&sl[i], 0, sizeof sl[i]);
 }
 
 static fp_tcache *tcache_new(fp_alloc *a)
@@ -191,10 +272,9 @@ static fp_tcache *tcache_new(fp_alloc *a)
         return NULL;
     tc->owner = a;
     tc->bytes = bytes;
-    fp_item *items = (fp_item *)(tc->bins + a->n_slab_classes);
+    fp_titem *items = (fp_titem *)(tc->bins + a->n_slab_classes);
     for (unsigned c = 0; c < a->n_slab_classes; c++) {
-        tc->bins[c].cap = a->tc_cap[c];
-        tc->bins[c].items = items;
+        tc->bins[c] = (fp_bin){items, items, items + a->tc_cap[c]};
         items += a->tc_cap[c];
     }
     tc->epoch = atomic_load(&a->flush_epoch) & ~FP_EPOCH_ASLEEP;
@@ -204,37 +284,63 @@ static fp_tcache *tcache_new(fp_alloc *a)
     return tc;
 }
 
+/* tc, checked against a's epoch now, becomes the hot slot's with the key a held before the check (tcache.h). */
+static void hot_install(fp_tcache *tc, uint64_t key)
+{
+    fp_hot.tc = tc;
+    fp_hot.key = key == FP_HOT_OFF ? 0 : key;
+}
+
+/* The thread's record of its caches, made with its first cache (NULL without host memory). */
+static fp_thread *my_thread(void)
+{
+    if (fp_hot.th)
+        return fp_hot.th;
+    pthread_once(&tls_key_once, make_key);
+    fp_thread *th = calloc(1, sizeof *th);
+    if (!th)
+        return NULL;
+    if (pthread_setspecific(tls_key, th) != 0) {   /* without it the thread's exit would never close them */
+        free(th);
+        return NULL;
+    }
+    fp_hot.th = th;
+    return th;
+}
+
 fp_tcache *fp_tcache_get(fp_alloc *a)
 {
     if (!a->thread_cache)
         return NULL;
+    uint64_t key = atomic_load_explicit(&a->cache_key, memory_order_acquire);   /* before the epoch */
+    fp_thread *th = my_thread();
+    if (!th)
+        return NULL;
+    fp_tls_slot *sl = th->caches;
     for (int i = 0; i < FP_TLS_SLOTS; i++) {
-        if (slot_is(&fp_tls_slots[i], a)) {
-            fp_tls_slot s = fp_tls_slots[i];
-            memmove(&fp_tls_slots[1], &fp_tls_slots[0], (size_t)i * sizeof s);
-            fp_tls_slots[0] = s;
+        if (slot_is(&sl[i], a)) {
+            fp_tls_slot s = sl[i];
+            memmove(&sl[1], &sl[0], (size_t)i * sizeof s);
+            sl[0] = s;
             if (s.tc->epoch != atomic_load(&a->flush_epoch))
                 tcache_flush(a, s.tc);
+            hot_install(s.tc, key);
             return s.tc;
         }
-    }
-    if (!tls_key_set) {
-        pthread_once(&tls_key_once, make_key);
-        pthread_setspecific(tls_key, (void *)1);
-        tls_key_set = 1;
     }
     fp_tcache *tc = tcache_new(a);
     if (!tc)
         return NULL;
-    fp_tls_slot *last = &fp_tls_slots[FP_TLS_SLOTS - 1];
+    fp_tls_slot *last = &sl[FP_TLS_SLOTS - 1];
     if (last->owner) {
         fp_lock(&registry_lock);
         if (registry_has(last))
             tcache_close(last->owner, last->tc);
         fp_unlock(&registry_lock);
     }
-    memmove(&fp_tls_slots[1], &fp_tls_slots[0], (FP_TLS_SLOTS - 1) * sizeof fp_tls_slots[0]);
-    fp_tls_slots[0] = (fp_tls_slot){a, a->id, tc};
+    memmove(&sl[1], &sl[0], (FP_TLS_SLOTS - 1) * sizeof sl[0]);
+    sl[0] = (fp_tls_slot){a, a->id, tc};
+    hot_install(tc, key);
     return tc;
 }
 
@@ -242,25 +348,29 @@ void fp_alloc_set_asleep(fp_alloc *a, int asleep)
 {
     if (asleep) {
         atomic_fetch_or(&a->flush_epoch, FP_EPOCH_ASLEEP);
-        return;
+    } else {
+        atomic_fetch_and(&a->flush_epoch, ~FP_EPOCH_ASLEEP);
+        atomic_fetch_add(&a->flush_epoch, 1);
     }
-    atomic_fetch_and(&a->flush_epoch, ~FP_EPOCH_ASLEEP);
-    atomic_fetch_add(&a->flush_epoch, 1);
+    fp_alloc_hot_rekey(a);
 }
 
 void fp_alloc_flush_all(fp_alloc *a)
 {
     /* other threads flush their caches at their next call */
     atomic_fetch_add(&a->flush_epoch, 1);
-    for (int i = 0; i < FP_TLS_SLOTS; i++)
-        if (slot_is(&fp_tls_slots[i], a))
-            tcache_flush(a, fp_tls_slots[i].tc);
+    fp_alloc_hot_rekey(a);
+    fp_tls_slot *sl = my_slots();
+    for (int i = 0; sl && i < FP_TLS_SLOTS; i++)
+        if (slot_is(&sl[i], a))
+            tcache_flush(a, sl[i].tc);
 }
 
 int fp_tcache_mine(const fp_alloc *a, const fp_tcache *tc)
 {
-    for (int i = 0; i < FP_TLS_SLOTS; i++)
-        if (slot_is(&fp_tls_slots[i], a) && fp_tls_slots[i].tc == tc)
+    const fp_tls_slot *sl = my_slots();
+    for (int i = 0; sl && i < FP_TLS_SLOTS; i++)
+        if (slot_is(&sl[i], a) && sl[i].tc == tc)
             return 1;
     return 0;
 }
@@ -270,8 +380,9 @@ fabpool_status fabpool_thread_flush(fabpool_t *p)
     fp_alloc *a = fp_alloc_of(p);
     if (!a)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_thread_flush: the pool is NULL");
-    for (int i = 0; i < FP_TLS_SLOTS; i++)
-        if (slot_is(&fp_tls_slots[i], a))
-            tcache_flush(a, fp_tls_slots[i].tc);
+    fp_tls_slot *sl = my_slots();
+    for (int i = 0; sl && i < FP_TLS_SLOTS; i++)
+        if (slot_is(&sl[i], a))
+            tcache_flush(a, sl[i].tc);
     return FABPOOL_OK;
 }

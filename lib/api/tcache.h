@@ -17,10 +17,24 @@
 
 struct fp_trace;
 
+/* A block in a thread cache: its address and its slab's free flag, so that
+ * a hit clears the flag with one store (the slab itself is found again
+ * through the page map on the slow paths that give blocks back). */
+typedef struct fp_titem {
+    uint64_t ptr;
+    _Atomic uint8_t *flag;
+} fp_titem;
+
+/* A bin: blocks [items, top), room up to end (top and end, not a count
+ * and a cap, so that a pop or a push moves one pointer). */
 typedef struct fp_bin {
-    uint32_t n, cap;
-    fp_item *items;
+    fp_titem *items, *top, *end;
 } fp_bin;
+static inline uint32_t fp_bin_n(const fp_bin *b) { return (uint32_t)(b->top - b->items); }
+static inline uint32_t fp_bin_cap(const fp_bin *b) { return (uint32_t)(b->end - b->items); }
+
+/* The most blocks a bin holds (fp_alloc_init). */
+#define FP_TC_CAP_MAX 64u
 
 /* A thread's cache for one pool.  Only its thread writes it (counters are
  * atomics so that stats can read them). */
@@ -39,11 +53,24 @@ typedef struct fp_class_counts {
     _Atomic uint64_t allocs, frees, tc_allocs, tc_frees;
 } __attribute__((aligned(FP_CACHELINE))) fp_class_counts;
 
+/* The fast path's table of classes covers sizes up to 64 times this. */
+#define FP_CLS_TABLE 64u
+
 typedef struct fp_alloc {
     /* what the hot path reads, in its first cache line */
+    _Atomic uint64_t cache_key;        /* the key a thread's hot slot must hold for its cache to be hit
+                                          (fp_tls_hot); FP_HOT_OFF while none may be */
+    _Atomic uint64_t hot_key;          /* fabpool_alloc's: cache_key, or FP_HOT_OFF while the stream pair's
+                                          owner mode holds (the first allocation of another caller ends it) */
+    uint64_t cls_table_max;            /* fabpool_alloc's fast path: sizes up to this (0: none) */
+    uint8_t cls_of_q[FP_CLS_TABLE];    /* the class of sizes ((q - 1) * 64, q * 64], for q up to cls_table_max
+                                          / 64: one load where fp_class_of takes a dozen instructions; 0
+                                          where a class boundary up to slab_max or 4 KiB is not a multiple
+                                          of 64 bytes */
+    uint64_t slab_max;
+    struct fp_retire *retire;          /* blocks freed on streams (fabpool_free_on_stream) */
     uint64_t id;                       /* unique for the life of the process: a thread's slot must match it */
     struct fp_trace *trace;            /* NULL: none */
-    uint64_t slab_max;
     _Atomic uint64_t flush_epoch;      /* a trim asks every cache to flush at its next call */
     fp_pagemap map;                    /* a copy of the space's page map handle (its first level never
                                           moves; leaves are shared), so the free's lookup follows no
@@ -51,7 +78,6 @@ typedef struct fp_alloc {
     /* the rest */
     fp_heap *heap;
     fp_space *sp;                      /* the heap's */
-    fp_retire *retire;                 /* blocks freed on streams (fabpool_free_on_stream) */
     fp_usage *use;                     /* the pool's in-use mark: slab blocks out of their classes (usage.h) */
     int thread_cache;                  /* the option */
     unsigned n_slab_classes;
@@ -81,6 +107,11 @@ void fp_registry_remove(fp_alloc *a);
 #define FP_EPOCH_ASLEEP (1ull << 63)
 /* Sets or clears the bit (clearing also asks every cache to flush). */
 void fp_alloc_set_asleep(fp_alloc *a, int asleep);
+/* The pool's keys follow its state: a new one (caches on, awake, no trace), or FP_HOT_OFF. */
+void fp_alloc_hot_rekey(fp_alloc *a);
+/* The stream pair's owner mode (retire.h) or cache_key may have changed:
+ * fabpool_alloc's key follows both (called after every change of either). */
+void fp_alloc_owner_sync(fp_alloc *a);
 
 /* A trim: the calling thread's caches flushed now, every other thread's at
  * its next call. */
@@ -102,41 +133,79 @@ static inline fabpool_t *fp_alloc_pool(fp_alloc *a) { return (fabpool_t *)(void 
 
 /* The thread's caches, by pool.  A slot matches only if both the pool's
  * address and its unique id match, so a slot of a destroyed pool is never
- * used again (its cache was freed with the pool). */
+ * used again (its cache was freed with the pool).  They live on the heap
+ * (fp_thread), reached from the hot slot; the thread-local block of the
+ * library holds the hot slot alone. */
 typedef struct fp_tls_slot {
     fp_alloc *owner;
     uint64_t id;
     fp_tcache *tc;
 } fp_tls_slot;
 
-/* Defined in tcache.c; hidden, so that the hot path reaches it as it
- * would a static of its own file. */
-extern _Thread_local fp_tls_slot fp_tls_slots[FP_TLS_SLOTS]
-    __attribute__((visibility("hidden"), tls_model("local-dynamic")));
+typedef struct fp_thread {
+    fp_tls_slot caches[FP_TLS_SLOTS];  /* the most recently used pool first */
+} fp_thread;
+
+/* The hot slot: the cache of the pool the thread used last, and the key
+ * that pool held when the thread last checked it (fp_tcache_get).  A pool
+ * draws a new key, unique for the life of the process, whenever its
+ * caches must take the slow path (a trim asks them to flush, it falls
+ * asleep or wakes, a trace starts), and holds FP_HOT_OFF while no cache
+ * may be hit; a thread installs a key only after checking its cache
+ * against the pool.  So the fast paths compare one word of the pool with
+ * one of the thread.  24 bytes, reached through a TLS descriptor
+ * (-mtls-dialect=gnu2 for alloc.c and tcache.c, CMakeLists.txt): where the
+ * loader placed the library's thread-local block in static TLS (a program
+ * that links it, or a dlopen with room left) an access is one indirect
+ * call of two instructions and no __tls_get_addr; where it had no room
+ * (a dlopen after others took it) the same code reaches a dynamic block.
+ * initial-exec would save the call, but makes the loader refuse the
+ * library where that room is short: the torch adapter, which holds the
+ * library and its own 7 KiB of message buffers, could not be dlopen'ed.
+ * The library's own block stays small all the same (docs/design.md, "The
+ * hot path"). */
+typedef struct fp_tls_hot {
+    uint64_t key;                      /* 0: none (no pool's key is 0) */
+    fp_tcache *tc;
+    fp_thread *th;                     /* NULL until the thread's first cache */
+} fp_tls_hot;
+
+#define FP_HOT_OFF UINT64_MAX
+
+/* Defined in tcache.c. */
+extern _Thread_local fp_tls_hot fp_hot __attribute__((visibility("hidden")));
 
 /* The one test of whether a slot (or a registry entry) is pool a's. */
 static inline int slot_is(const fp_tls_slot *s, const fp_alloc *a) { return s->owner == a && s->id == a->id; }
 
+/* A counter of the calling thread's cache: only its thread writes it,
+ * others read it with atomic loads.  On x86-64 one unlocked add to memory
+ * (an aligned quadword: a reader sees the old or the new value), where the
+ * relaxed load and store take three instructions and a register; a
+ * ThreadSanitizer build keeps the atomics, which it sees. */
 static inline void tcache_count(_Atomic uint64_t *c)
 {
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+    __asm__("addq $1, %0" : "+m"(*(uint64_t *)c));
+#else
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
+#endif
 }
 
-/* Block ptr of slab s is given out: its free flag goes down. */
-static inline void mark_used(fp_span *s, uint64_t ptr)
+/* The free flag of block ptr of slab s (a block start). */
+static inline _Atomic uint8_t *slab_flag(fp_span *s, uint64_t ptr)
 {
     uint32_t idx = 0;
     fp_slab_index(s, ptr, &idx);
-    atomic_store_explicit(&s->freeflag[idx], 0, memory_order_relaxed);
+    return &s->freeflag[idx];
 }
 
-/* The calling thread's cache for a when it is the thread's most recent one
- * and no trim has asked it to flush: the only one the fast path uses. */
+/* The calling thread's cache for a when the hot slot holds a's key: the only one the fast path uses. */
 static inline fp_tcache *tcache_hot(fp_alloc *a)
 {
-    const fp_tls_slot *sl = &fp_tls_slots[0];
-    if (FP_LIKELY(slot_is(sl, a) && sl->tc->epoch == atomic_load_explicit(&a->flush_epoch, memory_order_relaxed)))
-        return sl->tc;
+    fp_tls_hot *h = &fp_hot;
+    if (FP_LIKELY(h->key == atomic_load_explicit(&a->cache_key, memory_order_relaxed)))
+        return h->tc;
     return NULL;
 }
 
@@ -144,10 +213,10 @@ static inline fp_tcache *tcache_hot(fp_alloc *a)
 static inline int tcache_pop(fp_tcache *tc, unsigned cls, void **out)
 {
     fp_bin *b = &tc->bins[cls];
-    if (FP_UNLIKELY(!b->n))
+    if (FP_UNLIKELY(b->top == b->items))
         return 0;
-    fp_item it = b->items[--b->n];
-    mark_used(it.span, it.ptr);
+    fp_titem it = *--b->top;
+    atomic_store_explicit(it.flag, 0, memory_order_relaxed);
     tcache_count(&tc->allocs[cls]);
     *out = (void *)(uintptr_t)it.ptr;
     return 1;
@@ -157,11 +226,9 @@ static inline int tcache_pop(fp_tcache *tc, unsigned cls, void **out)
 static inline int tcache_push(fp_tcache *tc, fp_span *s, uint64_t addr)
 {
     fp_bin *b = &tc->bins[s->cls];
-    if (FP_UNLIKELY(b->n == b->cap))
+    if (FP_UNLIKELY(b->top == b->end))
         return 0;
-    b->items[b->n].ptr = addr;
-    b->items[b->n].span = s;
-    b->n++;
+    *b->top++ = (fp_titem){addr, slab_flag(s, addr)};
     tcache_count(&tc->frees[s->cls]);
     return 1;
 }
@@ -170,6 +237,11 @@ static inline int tcache_push(fp_tcache *tc, fp_span *s, uint64_t addr)
  * asked; NULL if caches are off or no host memory is left (the caller then
  * uses the classes directly). */
 fp_tcache *fp_tcache_get(fp_alloc *a);
+/* Up to want blocks of class cls from the heap onto bin b (want + b->n at
+ * most its cap); how many (0 with st set). */
+unsigned fp_tcache_refill(fp_alloc *a, fp_bin *b, unsigned cls, unsigned want, fabpool_status *st);
+/* Gives the n cached blocks t of class cls back to the heap (their flags set). */
+void fp_tcache_give(fp_alloc *a, unsigned cls, const fp_titem *t, unsigned n);
 /* The heap's cache policy on a slow path, its releases logged. */
 void fp_alloc_trim_policy(fp_alloc *a);
 /* The log (info): what the heap gave back to the driver by itself during a

@@ -2,14 +2,50 @@
  * library's version, the check of a struct's size and a getter's opening. */
 #include "error.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define FP_MSG_MAX 1024
 
-static _Thread_local char fp_msg[FP_MSG_MAX];
+/* The calling thread's message lives on the heap, made at its first error
+ * and freed when the thread exits: not in the library's thread-local block,
+ * which must stay a few dozen bytes so that the thread caches' slot can be
+ * initial-exec (tcache.h) in a library that a program dlopens.  Only the
+ * pointer is thread-local, and only error paths read it. */
+static _Thread_local char *fp_msg;
+/* Set while the thread's last message could not be kept (no host memory). */
+static _Thread_local unsigned char fp_msg_lost;
+static pthread_key_t msg_key;
+static pthread_once_t msg_once = PTHREAD_ONCE_INIT;
+static int msg_key_ok;
+
+static void msg_free(void *m)
+{
+    if (m == fp_msg)
+        fp_msg = NULL;
+    free(m);
+}
+
+static void msg_make_key(void) { msg_key_ok = pthread_key_create(&msg_key, msg_free) == 0; }
+
+/* The thread's buffer, made on first use (NULL without host memory). */
+static char *msg_buf(void)
+{
+    if (fp_msg)
+        return fp_msg;
+    pthread_once(&msg_once, msg_make_key);
+    char *m = msg_key_ok ? calloc(1, FP_MSG_MAX) : NULL;
+    if (m && pthread_setspecific(msg_key, m) != 0) {
+        free(m);
+        m = NULL;
+    }
+    fp_msg = m;
+    return m;
+}
 
 static const char *const status_names[] = {
     [FABPOOL_OK] = "FABPOOL_OK",
@@ -39,7 +75,12 @@ const char *fabpool_status_name(fabpool_status s)
     return "FABPOOL_ERR_UNKNOWN_STATUS";
 }
 
-const char *fabpool_last_error(void) { return fp_msg; }
+const char *fabpool_last_error(void)
+{
+    if (fp_msg_lost)
+        return "fabpool: a call failed, and there was no host memory left to keep its message";
+    return fp_msg ? fp_msg : "";
+}
 
 const char *fabpool_version(void) { return FABPOOL_VERSION_STRING; }
 
@@ -53,25 +94,37 @@ fabpool_status fp_struct_size_check(const char *fn, const char *type, size_t got
                     FABPOOL_VERSION_STRING, type, want, type);
 }
 
-void fp_error_clear(void) { fp_msg[0] = '\0'; }
+void fp_error_clear(void)
+{
+    fp_msg_lost = 0;
+    if (fp_msg)
+        fp_msg[0] = '\0';
+}
 
 fabpool_status fp_error(fabpool_status s, const char *fmt, ...)
 {
+    char *m = msg_buf();
+    fp_msg_lost = !m;
+    if (!m)
+        return s;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(fp_msg, sizeof fp_msg, fmt, ap);
+    vsnprintf(m, FP_MSG_MAX, fmt, ap);
     va_end(ap);
     return s;
 }
 
 void fp_error_append(const char *fmt, ...)
 {
-    size_t len = strlen(fp_msg);
-    if (len + 1 >= sizeof fp_msg)
+    char *m = fp_msg_lost ? NULL : msg_buf();
+    if (!m)
+        return;
+    size_t len = strlen(m);
+    if (len + 1 >= FP_MSG_MAX)
         return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(fp_msg + len, sizeof fp_msg - len, fmt, ap);
+    vsnprintf(m + len, FP_MSG_MAX - len, fmt, ap);
     va_end(ap);
 }
 

@@ -34,14 +34,9 @@ uint64_t fp_large_size(const fp_heap *h, uint64_t size) { return fp_arena_round(
 /* The alignment this thread's next blocks above slab_max ask for beyond the arenas' quantum (0: none).  Set
  * only around the fabpool_alloc call that fabpool_alloc_aligned makes, so that an aligned block takes
  * fabpool_alloc's whole path (its wait for the owner stream's work, its out-of-memory retry after the
- * streams' frees, its trace) without a parameter on it.  Initial-exec where the library's thread-local
- * block allows it (as the thread caches' key, api/tcache.h): one load, no call, on a medium block's path. */
-#ifdef FP_DEBUG_LOCKS
-#define FP_LARGE_TLS_MODEL "global-dynamic"
-#else
-#define FP_LARGE_TLS_MODEL "initial-exec"
-#endif
-static _Thread_local uint64_t tls_align __attribute__((tls_model(FP_LARGE_TLS_MODEL)));
+ * streams' frees, its trace) without a parameter on it. */
+static _Thread_local uint64_t tls_align;   /* a TLS descriptor (CMakeLists.txt), never initial-exec: that
+                                            would make the loader refuse the torch adapter's dlopen */
 
 uint64_t fp_large_align_next(uint64_t align)
 {
