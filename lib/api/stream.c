@@ -32,10 +32,12 @@ static uint32_t stream_class(const fp_alloc *a, size_t size, uint64_t *need, uin
  * (`disowned`, of `was`) is on again; its fence stays done. */
 static void owner_restore(fp_alloc *a, void *stream, int fresh, uint64_t seq, int disowned, void *was)
 {
-    if (fresh)
-        (void)fp_retire_owner_unclaim(a->retire, stream, seq);
-    if (disowned)
+    if (fresh && fp_retire_owner_unclaim(a->retire, stream, seq))
+        fp_alloc_owner_sync(a);
+    if (disowned) {
         fp_retire_owner_reown(a->retire, was);
+        fp_alloc_owner_sync(a);
+    }
 }
 
 fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, void **out)
@@ -173,6 +175,28 @@ static fabpool_status stream_block_open(fabpool_t *p, void *ptr, const char *fn,
     return b->s ? FABPOOL_OK : fp_alloc_not_ours(b->a, fn, ptr);
 }
 
+/* The owner stream's free: into the pool at once (the next unmap or foreign allocation fences); with streams
+ * recorded besides it, it waits for them.  `checked`: the pointer was checked already; `fresh`, `seq`: this
+ * call's claim, taken back if the free is refused. */
+static fabpool_status free_as_owner(stream_block *b, void *ptr, void *stream, int checked, int fresh, uint64_t seq)
+{
+    int queued = 0;
+    if (FP_UNLIKELY(b->a->trace)) {
+        if (b->s->kind == FP_SPAN_SLAB)
+            b->usable = (uint64_t)b->s->obj_q << FP_QUANTUM_SHIFT;
+        else if (!checked) /* a bad pointer: refused below */
+            (void)fp_large_usable(b->a->heap, b->addr, &b->usable, "fabpool_free_on_stream");
+        FP_TRACE(b->a->trace, FABPOOL_TR_APP_FREE, ptr, b->usable, stream);
+        FP_TRACE_POOL(b->a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
+    }
+    fabpool_status st = fp_alloc_free_block(b->a, b->s, b->addr, "fabpool_free_on_stream", 1, stream, &queued);
+    if (st == FABPOOL_OK && !queued)
+        fp_retire_owner_freed(b->a->retire);
+    else if (st != FABPOOL_OK)
+        owner_restore(b->a, stream, fresh, seq, 0, NULL);
+    return st;
+}
+
 fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
 {
     stream_block b;
@@ -195,24 +219,8 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
         seq = atomic_load(&r->owner_seq) + 1; /* with this call's announced free below */
         owner = fp_retire_owner_claim(r, stream);
     }
-    if (owner && fp_retire_owner_free(b.a->retire)) {
-        /* the owner: freed into the pool at once (the next unmap or foreign allocation fences); with streams
-         * recorded besides it, it waits for them */
-        if (FP_UNLIKELY(b.a->trace)) {
-            if (b.s->kind == FP_SPAN_SLAB)
-                b.usable = (uint64_t)b.s->obj_q << FP_QUANTUM_SHIFT;
-            else if (!checked) /* a bad pointer: refused below */
-                (void)fp_large_usable(b.a->heap, b.addr, &b.usable, "fabpool_free_on_stream");
-            FP_TRACE(b.a->trace, FABPOOL_TR_APP_FREE, ptr, b.usable, stream);
-            FP_TRACE_POOL(b.a->trace, FABPOOL_TR_FREE, ptr, 0, 0);
-        }
-        st = fp_alloc_free_block(b.a, b.s, b.addr, "fabpool_free_on_stream", 1, stream, &queued);
-        if (st == FABPOOL_OK && !queued)
-            fp_retire_owner_freed(b.a->retire);
-        else if (st != FABPOOL_OK)
-            owner_restore(b.a, stream, fresh, seq, 0, NULL);
-        return st;
-    }
+    if (owner && fp_retire_owner_free(b.a->retire))
+        return free_as_owner(&b, ptr, stream, checked, fresh, seq);
     if (!checked && (st = live_block(&b, "fabpool_free_on_stream")) != FABPOOL_OK)
         return st;
     /* another stream while the owner mode holds: it ends (after the checks above: bad input changes nothing;
