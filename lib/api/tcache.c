@@ -38,7 +38,8 @@ void fp_alloc_hot_rekey(fp_alloc *a)
 
 static uint64_t hot_key_want(fp_alloc *a)
 {
-    return fp_retire_owned(a->retire) ? FP_HOT_OFF : atomic_load(&a->cache_key);
+    /* a pool torn down before its retire queue was made has no owner stream */
+    return a->retire && fp_retire_owned(a->retire) ? FP_HOT_OFF : atomic_load(&a->cache_key);
 }
 
 void fp_alloc_owner_sync(fp_alloc *a)
