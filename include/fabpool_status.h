@@ -43,6 +43,12 @@ typedef enum fabpool_status {
                                       the objects say what they are now (e.g. a buffer's size: what it maps) */
 } fabpool_status;
 
+/* The highest status code: every code from FABPOOL_OK to it is one of the
+ * above and has a name (fabpool_status_name).  A reader of a code from
+ * elsewhere (a peer's answer, a trace file) takes 0..FABPOOL_STATUS_LAST and
+ * nothing else; a later fabpool that adds a status raises it. */
+#define FABPOOL_STATUS_LAST FABPOOL_ERR_PARTIAL
+
 /* The enumerator's name, e.g. "FABPOOL_ERR_OUT_OF_MEMORY". */
 FABPOOL_API const char *fabpool_status_name(fabpool_status s);
 /* The calling thread's message for its last failed call ("" if none). */

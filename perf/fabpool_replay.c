@@ -208,6 +208,9 @@ static int build_plan(const trace_data *d, int level_app, plan *pl, char *err, s
                 goto too_many;
             bytes += r->size;
             obj_size[obj] = r->size;
+            if (r->size == 0) /* a buffer left without a byte by a lost chunk (FABPOOL_ERR_PARTIAL): no resize asks
+                               * 0, and the next one grows it from the size the replay has */
+                continue;
         } else {
             o.kind = is_trim ? R_TRIM : R_EMPTY;
             o.size = is_trim ? r->size : 0;

@@ -352,7 +352,7 @@ const char *trace_rec_bad(const fabpool_trace_rec *r)
 {
     if (r->op == 0 || r->op >= FABPOOL_TR_NOPS)
         return "an unknown op";
-    if (r->status != FABPOOL_TRACE_STATUS_UNKNOWN && r->status > FABPOOL_ERR_ASLEEP)
+    if (r->status != FABPOOL_TRACE_STATUS_UNKNOWN && r->status > FABPOOL_STATUS_LAST)
         return "an unknown status";
     if (r->thread == 0)
         return "thread 0";

@@ -15,7 +15,8 @@
  * of another user or with two names refuse pool creation (FABPOOL_ERR_IO,
  * naming the path and why) and change nothing, through the options,
  * FABPOOL_TRACE and FABPOOL_CONF; a file of ours is truncated, a new one is
- * made with mode 0600.  test_trace --mixed REPLAY
+ * made with mode 0600; a buffer that lost its chunk to two driver faults (FABPOOL_ERR_PARTIAL) read and
+ * replayed.  test_trace --mixed REPLAY
  * SUMMARY: a program mixing every kind of call, traced with FABPOOL_TRACE,
  * summarised and replayed as it ran. */
 #define _GNU_SOURCE
@@ -896,6 +897,18 @@ static void replay_passes(const char *replay, const char *path)
         fprintf(stderr, "%s:\n%s\n", cmd, out);
 }
 
+/* The trace at path ends with nothing live and no free of a pointer it never gave out, and fabpool_replay --check
+ * passes on it (replay NULL: not run). */
+static void ends_empty_and_replays(const char *replay, const char *path)
+{
+    trace_summary sum;
+    if (summary_of(path, &sum) != 0)
+        return;
+    CHECK(sum.live_end == 0 && sum.objects_end == 0 && sum.unknown_frees == 0);
+    if (replay)
+        replay_passes(replay, path);
+}
+
 /* A program's trace of the stream pair on two streams, everything freed: fabpool_replay --check passes on it.
  * At the end of the replay the blocks freed on the stream that does not own the pool still wait in its queue
  * (the replay runs no GPU work, so nothing polled them): they are not live.  A block the replay really leaves
@@ -978,12 +991,45 @@ static void released_buffers_replay(const char *replay)
         if (b[i])
             CHECK_OK(fabpool_buffer_release(b[i]));
     CHECK_OK(fabpool_destroy(p));
-    trace_summary sum;
-    if (summary_of(path, &sum) != 0)
+    ends_empty_and_replays(replay, path);
+}
+
+/* A buffer that loses its only chunk to two driver faults in a shrink (FABPOOL_ERR_PARTIAL, fabpool.h): its trace
+ * records the resize with that status and 0 bytes, the buffer grows again and goes; the reader takes the trace
+ * (every status up to FABPOOL_STATUS_LAST), it ends with nothing live, and fabpool_replay --check passes on it
+ * (no resize to 0 bytes replayed). */
+static void lost_chunk_replay(const char *replay)
+{
+    t_sim_hooks h = t_sim_hooks_get();
+    if (!h.fault_set || !h.fault_clear) {
+        printf("lost_chunk_replay: needs the simulated driver's faults; skipped\n");
         return;
-    CHECK(sum.live_end == 0 && sum.objects_end == 0 && sum.unknown_frees == 0);
-    if (replay)
-        replay_passes(replay, path);
+    }
+    char path[300];
+    snprintf(path, sizeof path, "%s/lost-chunk.trace", dir);
+    fabpool_t *p = make(path, "max_chunk:8MiB,handle_type:none");
+    if (!p)
+        return;
+    fabpool_buffer_t *b = NULL;
+    CHECK_OK(fabpool_buffer_create(p, (size_t)8 << 20, (size_t)6 << 20, &b));
+    fabpool_status st = FABPOOL_OK;
+    /* the refit's maps: the staging chunk, the smaller chunk in place, the old chunk back; from the second on
+     * every one refused loses the chunk */
+    for (uint64_t n = 1; n <= 4 && st != FABPOOL_ERR_PARTIAL; n++) {
+        h.fault_set("cuMemMap", n, 1, CUDA_ERROR_UNKNOWN);
+        st = fabpool_buffer_resize(b, (size_t)1 << 20, NULL);
+        h.fault_clear();
+        if (st != FABPOOL_ERR_PARTIAL)
+            CHECK_OK(fabpool_buffer_resize(b, (size_t)6 << 20, NULL));
+    }
+    CHECK_STATUS(st, FABPOOL_ERR_PARTIAL);
+    fabpool_buffer_info bi = {.struct_size = sizeof bi};
+    CHECK_OK(fabpool_buffer_get_info(b, &bi));
+    CHECK(bi.size == 0 && bi.mapped == 0);
+    CHECK_OK(fabpool_buffer_resize(b, (size_t)3 << 20, NULL));
+    CHECK_OK(fabpool_buffer_destroy(b, NULL));
+    CHECK_OK(fabpool_destroy(p));
+    ends_empty_and_replays(replay, path);
 }
 
 /* The program of mixed_program_replay, run with FABPOOL_TRACE set: every kind of public call on one pool
@@ -1155,6 +1201,7 @@ int main(int argc, char **argv)
     flush_while_running();
     two_streams_replay(argc > 1 ? argv[1] : NULL);
     released_buffers_replay(argc > 1 ? argv[1] : NULL);
+    lost_chunk_replay(argc > 1 ? argv[1] : NULL);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (!t_failures && system(cmd) != 0)
