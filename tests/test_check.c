@@ -60,6 +60,36 @@ static fp_span *slab_of(fabpool_t *p, void *ptr)
     return s;
 }
 
+/* fabpool_free's hit finds a block's index without comparing it with the slab's count: the address one block
+ * past the last, in the slab's tail, must still be refused (its flag there is not a block's) and change
+ * nothing.  A size whose slab has such a tail is looked for among the slab classes. */
+static void tail_free_refused(fabpool_t *p)
+{
+    int tried = 0;
+    for (size_t size = 320; size <= 4096 && !tried; size += 64) {
+        void *blk = NULL;
+        CHECK_OK(fabpool_alloc(p, size, &blk));
+        fp_span *s = blk ? slab_of(p, blk) : NULL;
+        uint64_t tail = s ? s->base + (uint64_t)s->nobj * s->obj_bytes : 0;
+        if (s && tail < s->base + s->size) {
+            tried = 1;
+            CHECK_STATUS(fabpool_free(p, (void *)(uintptr_t)tail), FABPOOL_ERR_NOT_FOUND);
+            CHECK(strstr(fabpool_last_error(), "interior") != NULL);
+            CHECK(atomic_load(&s->freeflag[s->nobj]) == FP_FREEFLAG_FREE);
+            void *again = NULL;
+            for (int i = 0; i < 3 * (int)s->nobj; i++) {   /* nothing of the slab hands out the tail */
+                CHECK_OK(fabpool_alloc(p, size, &again));
+                CHECK((uint64_t)(uintptr_t)again != tail);
+                CHECK_OK(fabpool_free(p, again));
+            }
+            printf("test_check: a free of %zu-byte blocks' slab tail (block %u of %u) refused\n", size, s->nobj, s->nobj);
+        }
+        CHECK_OK(fabpool_free(p, blk));
+    }
+    CHECK(tried);
+    expect_clean("after a free of a slab's tail");
+}
+
 static void break_slabs(fabpool_t *p, void **live, fp_span *s)
 {
     fp_class *c = &p->heap.classes[s->cls];
@@ -123,18 +153,18 @@ static void break_slabs(fabpool_t *p, void **live, fp_span *s)
     fp_tcache *tc = p->alloc.tcaches;
     CHECK(tc != NULL);
     if (tc) {
-        fp_bin *b = &tc->bins[s->cls];
-        uint32_t n = fp_bin_n(b);
+        fp_titem *items = tc->lo[s->cls];
+        uint32_t n = fp_bin_n(tc, s->cls);
         CHECK(n >= 2);
         if (n >= 2) {
-            fp_titem keep0 = b->items[0];
-            b->items[0] = b->items[1];
+            fp_titem keep0 = items[0];
+            items[0] = items[1];
             expect_broken(p, "[tcache.block]", "block twice in a thread cache");
-            b->items[0] = keep0;
-            uint64_t ptr = b->items[n - 1].ptr;
-            b->items[n - 1].ptr = ptr + 8; /* not a block start */
+            items[0] = keep0;
+            uint64_t ptr = items[n - 1].ptr;
+            items[n - 1].ptr = ptr + 8; /* not a block start */
             expect_broken(p, "[tcache.block]", "interior pointer in a bin");
-            b->items[n - 1].ptr = ptr;
+            items[n - 1].ptr = ptr;
         }
     }
     expect_clean("after the slab corruptions");
@@ -619,6 +649,7 @@ int main(void)
            A->heap.n_slab_classes, (unsigned long long)n_mapped,
            A->heap.arenas[FP_ARENA_LARGE].n_chunks, b->n, v->n);
 
+    tail_free_refused(A);
     fp_span *s = slab_of(A, small[0]);
     if (s) {
         break_slabs(A, small, s);

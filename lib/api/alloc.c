@@ -53,13 +53,12 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
     unsigned cls = fp_class_of(size);
     fabpool_status st = FABPOOL_OK;
     fp_tcache *tc = fp_tcache_get(a);
-    if (tc && fp_bin_cap(&tc->bins[cls])) {
-        fp_bin *b = &tc->bins[cls];
-        if (b->top == b->items) {
-            unsigned want = fp_bin_cap(b) / 2 ? fp_bin_cap(b) / 2 : 1;
-            if (!fp_tcache_refill(a, b, cls, want, &st))
+    if (tc && fp_bin_cap(tc, cls)) {
+        if (tc->top[cls] == tc->lo[cls]) {
+            unsigned want = fp_bin_cap(tc, cls) / 2 ? fp_bin_cap(tc, cls) / 2 : 1;
+            if (!fp_tcache_refill(a, tc, cls, want, &st))
                 return st;
-            fp_usage_slab_out(a->use, fp_bin_n(b) * fp_heap_block_size(a->heap, cls));
+            fp_usage_slab_out(a->use, fp_bin_n(tc, cls) * fp_heap_block_size(a->heap, cls));
             fp_alloc_trim_policy(a);   /* the decay's clock, on a slow path */
         }
         tcache_pop(tc, cls, out);   /* the fast path's pop, on a bin that now holds blocks */
@@ -176,13 +175,12 @@ fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
     if (FP_LIKELY(a && out && size - 1 < a->cls_table_max)) {
         const fp_tls_hot *h = &fp_hot;
         if (FP_LIKELY(h->key == atomic_load_explicit(&a->hot_key, memory_order_relaxed))) {
-            unsigned cls = a->cls_of_q[(size - 1) >> 6];
+            size_t cls = a->cls_of_q[(size - 1) >> 6];
             fp_tcache *tc = h->tc;
-            fp_bin *b = &tc->bins[cls];
-            fp_titem *top = b->top;
-            if (FP_LIKELY(top != b->items)) {
+            fp_titem *top = tc->top[cls];
+            if (FP_LIKELY(top != tc->lo[cls])) {
                 fp_titem it = *--top;
-                b->top = top;
+                tc->top[cls] = top;
                 atomic_store_explicit(it.flag, 0, memory_order_relaxed);
                 tcache_count(&tc->allocs[cls]);
                 *out = (void *)(uintptr_t)it.ptr;
@@ -201,15 +199,14 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr, uin
 {
     unsigned cls = s->cls;
     fp_tcache *tc = fp_tcache_get(a);
-    if (tc && fp_bin_cap(&tc->bins[cls])) {
-        fp_bin *b = &tc->bins[cls];
-        if (b->top == b->end) {
+    if (tc && fp_bin_cap(tc, cls)) {
+        if (tc->top[cls] == tc->hi[cls]) {
             /* give back the older half */
-            unsigned n = fp_bin_n(b), half = n / 2 ? n / 2 : 1;
+            unsigned n = fp_bin_n(tc, cls), half = n / 2 ? n / 2 : 1;
             fp_usage_slab_back(a->use, half * fp_heap_block_size(a->heap, cls));
-            fp_tcache_give(a, cls, b->items, half);
-            memmove(b->items, b->items + half, (n - half) * sizeof *b->items);
-            b->top -= half;
+            fp_tcache_give(a, cls, tc->lo[cls], half);
+            memmove(tc->lo[cls], tc->lo[cls] + half, (n - half) * sizeof *tc->lo[cls]);
+            tc->top[cls] -= half;
         }
         tcache_push(tc, s, addr);   /* the fast path's push, on a bin that now has room */
         atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_FREE, memory_order_relaxed);
@@ -388,6 +385,21 @@ static inline fp_span *map_get(const fp_pagemap *m, uint64_t addr)
     return leaf ? atomic_load_explicit(&leaf[g & (FP_MAP_LEAF - 1)], memory_order_acquire) : NULL;
 }
 
+/* Whether a free flag is 0 (FP_FREEFLAG_USED): on x86-64 one compare with
+ * memory, where an atomic load takes a load and a test (the flag is a byte
+ * and only this thread's free writes it while the block is given out); a
+ * ThreadSanitizer build keeps the atomic, which it sees. */
+static inline int flag_clear(const _Atomic uint8_t *f)
+{
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+    int zero;
+    __asm__("cmpb $0, %1" : "=@ccz"(zero) : "m"(*(const uint8_t *)f));
+    return zero;
+#else
+    return atomic_load_explicit(f, memory_order_relaxed) == 0;
+#endif
+}
+
 /* fabpool_free past its fast path. */
 static __attribute__((noinline)) fabpool_status free_entry(fp_alloc *a, void *ptr)
 {
@@ -408,21 +420,26 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
         const fp_tls_hot *h = &fp_hot;
         uint64_t addr = (uint64_t)(uintptr_t)ptr;
         fp_span *s = map_get(&a->map, addr);
-        uint32_t idx;
-        /* an arena's sentinel span holds no blocks (nobj 0): fp_slab_index refuses every address of it */
-        if (FP_LIKELY(s && h->key == atomic_load_explicit(&a->cache_key, memory_order_relaxed) &&
-                      fp_slab_index(s, addr, &idx))) {
-            _Atomic uint8_t *flag = s->freeflag + idx;
-            fp_tcache *tc = h->tc;
-            unsigned cls = s->cls;
-            fp_bin *b = &tc->bins[cls];
-            fp_titem *top = b->top;
-            if (FP_LIKELY(!atomic_load_explicit(flag, memory_order_relaxed) && top != b->end)) {
-                *top = (fp_titem){addr, flag};
-                b->top = top + 1;
-                tcache_count(&tc->frees[cls]);
-                atomic_store_explicit(flag, FP_FREEFLAG_FREE, memory_order_relaxed);
-                return FABPOOL_OK;
+        if (FP_LIKELY(s && h->key == atomic_load_explicit(&a->cache_key, memory_order_relaxed))) {
+            /* fp_slab_index on the offset itself: slab.h's magic scaled by the 64-byte quantum is exact for
+             * every block start, and the product says whether off is one.  No test of idx against nobj:
+             * the pages the map sends here are the slab's, so a block start lies in its blocks or is the
+             * one index past them, in the tail, whose flag is not 0.  An arena's sentinel span (every
+             * field 0) passes only off 0, the address 0, which the map never sends to it. */
+            uint64_t off = addr - s->base;
+            uint64_t idx = (off * s->magic) >> (32 + FP_QUANTUM_SHIFT);
+            if (FP_LIKELY(idx * s->obj_bytes == off)) {
+                _Atomic uint8_t *flag = s->freeflag + idx;
+                fp_tcache *tc = h->tc;
+                size_t cls = s->cls;
+                fp_titem *top = tc->top[cls];
+                if (FP_LIKELY(flag_clear(flag) && top != tc->hi[cls])) {
+                    *top = (fp_titem){addr, flag};
+                    tc->top[cls] = top + 1;
+                    tcache_count(&tc->frees[cls]);
+                    atomic_store_explicit(flag, FP_FREEFLAG_FREE, memory_order_relaxed);
+                    return FABPOOL_OK;
+                }
             }
         }
     }

@@ -105,15 +105,15 @@ void fp_alloc_log_released(const fp_alloc *a, fp_chunk_tally begun, const char *
                   (unsigned long long)a->heap->cache_limit, (unsigned long long)fp_chunks_mapped(a->sp->ch, NULL));
 }
 
-unsigned fp_tcache_refill(fp_alloc *a, fp_bin *b, unsigned cls, unsigned want, fabpool_status *st)
+unsigned fp_tcache_refill(fp_alloc *a, fp_tcache *tc, unsigned cls, unsigned want, fabpool_status *st)
 {
     fp_item got[FP_TC_CAP_MAX];
     if (want > FP_TC_CAP_MAX)
         want = FP_TC_CAP_MAX;
     unsigned n = fp_class_take(a->heap, cls, got, want, 0, st);
     for (unsigned i = 0; i < n; i++)
-        b->top[i] = (fp_titem){got[i].ptr, slab_flag(got[i].span, got[i].ptr)};
-    b->top += n;
+        tc->top[cls][i] = (fp_titem){got[i].ptr, slab_flag(got[i].span, got[i].ptr)};
+    tc->top[cls] += n;
     return n;
 }
 
@@ -202,11 +202,10 @@ void fp_alloc_class_counts(const fp_alloc *a, unsigned cls, uint64_t *allocs, ui
 static void tcache_flush(fp_alloc *a, fp_tcache *tc)
 {
     for (unsigned c = 0; c < a->n_slab_classes; c++) {
-        fp_bin *b = &tc->bins[c];
-        if (b->top != b->items) {
-            fp_usage_slab_back(a->use, fp_bin_n(b) * fp_heap_block_size(a->heap, c));
-            fp_tcache_give(a, c, b->items, fp_bin_n(b));
-            b->top = b->items;
+        if (tc->top[c] != tc->lo[c]) {
+            fp_usage_slab_back(a->use, fp_bin_n(tc, c) * fp_heap_block_size(a->heap, c));
+            fp_tcache_give(a, c, tc->lo[c], fp_bin_n(tc, c));
+            tc->top[c] = tc->lo[c];
         }
     }
     tc->epoch = atomic_load(&a->flush_epoch) & ~FP_EPOCH_ASLEEP;
@@ -267,16 +266,16 @@ void fp_tcaches_destroy(fp_alloc *a)
 
 static fp_tcache *tcache_new(fp_alloc *a)
 {
-    size_t bytes = sizeof(fp_tcache) + a->n_slab_classes * sizeof(fp_bin) + a->tcache_bytes;
+    size_t bytes = sizeof(fp_tcache) + a->tcache_bytes;
     fp_tcache *tc = fp_meta_alloc(a->sp->meta, bytes);
     if (!tc)
         return NULL;
     tc->owner = a;
     tc->bytes = bytes;
-    fp_titem *items = (fp_titem *)(tc->bins + a->n_slab_classes);
+    fp_titem *items = (fp_titem *)(tc + 1);
     for (unsigned c = 0; c < a->n_slab_classes; c++) {
-        tc->bins[c] = (fp_bin){items, items, items + a->tc_cap[c]};
-        items += a->tc_cap[c];
+        tc->top[c] = tc->lo[c] = items;
+        tc->hi[c] = items += a->tc_cap[c];
     }
     tc->epoch = atomic_load(&a->flush_epoch) & ~FP_EPOCH_ASLEEP;
     fp_lock(&a->sp->lock);

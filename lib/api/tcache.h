@@ -25,27 +25,28 @@ typedef struct fp_titem {
     _Atomic uint8_t *flag;
 } fp_titem;
 
-/* A bin: blocks [items, top), room up to end (top and end, not a count
- * and a cap, so that a pop or a push moves one pointer). */
-typedef struct fp_bin {
-    fp_titem *items, *top, *end;
-} fp_bin;
-static inline uint32_t fp_bin_n(const fp_bin *b) { return (uint32_t)(b->top - b->items); }
-static inline uint32_t fp_bin_cap(const fp_bin *b) { return (uint32_t)(b->end - b->items); }
-
 /* The most blocks a bin holds (fp_alloc_init). */
 #define FP_TC_CAP_MAX 64u
 
 /* A thread's cache for one pool.  Only its thread writes it (counters are
- * atomics so that stats can read them). */
+ * atomics so that stats can read them).  The bin of class c holds the
+ * blocks [lo[c], top[c]), room up to hi[c]: three arrays indexed by the
+ * class, not an array of bins, so that the hit addresses each word as
+ * base + class * 8 with no multiply; top and hi, not a count and a cap, so
+ * that a pop or a push moves one pointer.  The arrays lead the struct: the
+ * hit reads them at small offsets of the cache's address. */
 typedef struct fp_tcache {
+    fp_titem *top[FP_NCLASS], *lo[FP_NCLASS], *hi[FP_NCLASS];
+    _Atomic uint64_t allocs[FP_NCLASS], frees[FP_NCLASS];
     struct fp_alloc *owner;
     struct fp_tcache *next, *prev;     /* the pool's list */
     uint64_t epoch;
     size_t bytes;                      /* its own allocation size */
-    _Atomic uint64_t allocs[FP_NCLASS], frees[FP_NCLASS];
-    fp_bin bins[];                     /* one per slab class */
 } fp_tcache;
+
+/* Blocks in the bin of class c, and its room. */
+static inline uint32_t fp_bin_n(const fp_tcache *tc, unsigned c) { return (uint32_t)(tc->top[c] - tc->lo[c]); }
+static inline uint32_t fp_bin_cap(const fp_tcache *tc, unsigned c) { return (uint32_t)(tc->hi[c] - tc->lo[c]); }
 
 /* Blocks of one class given out and taken back without a thread cache, and
  * folded in from thread caches that were freed. */
@@ -212,10 +213,11 @@ static inline fp_tcache *tcache_hot(fp_alloc *a)
 /* A block of class cls out of the cache: 1, or 0 if its bin is empty. */
 static inline int tcache_pop(fp_tcache *tc, unsigned cls, void **out)
 {
-    fp_bin *b = &tc->bins[cls];
-    if (FP_UNLIKELY(b->top == b->items))
+    fp_titem *top = tc->top[cls];
+    if (FP_UNLIKELY(top == tc->lo[cls]))
         return 0;
-    fp_titem it = *--b->top;
+    fp_titem it = *--top;
+    tc->top[cls] = top;
     atomic_store_explicit(it.flag, 0, memory_order_relaxed);
     tcache_count(&tc->allocs[cls]);
     *out = (void *)(uintptr_t)it.ptr;
@@ -225,10 +227,11 @@ static inline int tcache_pop(fp_tcache *tc, unsigned cls, void **out)
 /* Block addr of slab s into the cache: 1, or 0 if its bin is full. */
 static inline int tcache_push(fp_tcache *tc, fp_span *s, uint64_t addr)
 {
-    fp_bin *b = &tc->bins[s->cls];
-    if (FP_UNLIKELY(b->top == b->end))
+    fp_titem *top = tc->top[s->cls];
+    if (FP_UNLIKELY(top == tc->hi[s->cls]))
         return 0;
-    *b->top++ = (fp_titem){addr, slab_flag(s, addr)};
+    *top = (fp_titem){addr, slab_flag(s, addr)};
+    tc->top[s->cls] = top + 1;
     tcache_count(&tc->frees[s->cls]);
     return 1;
 }
@@ -237,9 +240,9 @@ static inline int tcache_push(fp_tcache *tc, fp_span *s, uint64_t addr)
  * asked; NULL if caches are off or no host memory is left (the caller then
  * uses the classes directly). */
 fp_tcache *fp_tcache_get(fp_alloc *a);
-/* Up to want blocks of class cls from the heap onto bin b (want + b->n at
- * most its cap); how many (0 with st set). */
-unsigned fp_tcache_refill(fp_alloc *a, fp_bin *b, unsigned cls, unsigned want, fabpool_status *st);
+/* Up to want blocks of class cls from the heap onto its bin of tc (want
+ * plus the blocks there at most its room); how many (0 with st set). */
+unsigned fp_tcache_refill(fp_alloc *a, fp_tcache *tc, unsigned cls, unsigned want, fabpool_status *st);
 /* Gives the n cached blocks t of class cls back to the heap (their flags set). */
 void fp_tcache_give(fp_alloc *a, unsigned cls, const fp_titem *t, unsigned n);
 /* The heap's cache policy on a slow path, its releases logged. */

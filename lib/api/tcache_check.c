@@ -30,11 +30,10 @@ static fabpool_status count_tcaches(const fp_alloc *a, unsigned n_classes, fp_wa
             continue;
         }
         for (unsigned c = 0; c < n_classes; c++) {
-            const fp_bin *b = &tc->bins[c];
-            if (b->top < b->items || b->top > b->end)
+            if (tc->top[c] < tc->lo[c] || tc->top[c] > tc->hi[c])
                 return FAIL("[tcache.bin] a thread cache's bin of class %u holds %td blocks in a bin of %u", c,
-                            b->top - b->items, fp_bin_cap(b));
-            *n += fp_bin_n(b);
+                            tc->top[c] - tc->lo[c], fp_bin_cap(tc, c));
+            *n += fp_bin_n(tc, c);
         }
     }
     w->exact = others == 0;
@@ -55,9 +54,8 @@ fabpool_status fp_tcaches_check(const fp_alloc *a, const fp_heap *h, fp_walk *w)
         if (!fp_tcache_mine(a, tc))
             continue;
         for (unsigned c = 0; c < n_classes; c++)
-            for (uint32_t i = 0; i < fp_bin_n(&tc->bins[c]); i++)
-                w->tc[w->n_tc++] = (fp_tc_ref){fp_map_get(&a->map, tc->bins[c].items[i].ptr),
-                                               tc->bins[c].items[i].ptr, c};
+            for (uint32_t i = 0; i < fp_bin_n(tc, c); i++)
+                w->tc[w->n_tc++] = (fp_tc_ref){fp_map_get(&a->map, tc->lo[c][i].ptr), tc->lo[c][i].ptr, c};
     }
     if (w->n_tc)
         qsort(w->tc, w->n_tc, sizeof *w->tc, tc_cmp);

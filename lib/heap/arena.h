@@ -50,17 +50,20 @@ typedef struct fp_span {
     uint8_t kind, list;
     uint16_t cls;
     _Atomic uint32_t in_use;           /* unused (a sentinel: FP_LARGE_FREE) */
-    struct fp_span *next, *prev;       /* a slab's class list */
-    struct fp_span *all_next, *all_prev; /* every slab of the heap (pool lock) */
-    /* slabs */
-    uint32_t obj_q;                    /* block size / 64 (FP_QUANTUM_SHIFT) */
+    /* slabs: what fabpool_free's hit reads, in the record's first cache line (a sentinel's are 0: no address
+     * of the reservation passes its test, alloc.c) */
     uint64_t magic;                    /* ceil(2^32 / obj_q): index = (off/64 * magic) >> 32 */
-    uint32_t nobj, nfree;              /* nfree: blocks on free_stack (held centrally) */
-    uint32_t *free_stack;
+    uint64_t obj_bytes;                /* the block size */
     _Atomic uint8_t *freeflag;         /* per block, FP_FREEFLAG_*: 1 = free (central or in a thread cache), 2 =
                                           pending on a stream (given out for the rest of the pool), 3 = given
                                           out with recorded streams: a byte each, so setting one is a plain
-                                          store, not a locked RMW */
+                                          store, not a locked RMW; and one more, FP_FREEFLAG_FREE, for the
+                                          slab's tail, where an index one past the blocks may land */
+    uint32_t obj_q;                    /* block size / 64 (FP_QUANTUM_SHIFT) */
+    uint32_t nobj, nfree;              /* nfree: blocks on free_stack (held centrally) */
+    uint32_t *free_stack;
+    struct fp_span *next, *prev;       /* a slab's class list */
+    struct fp_span *all_next, *all_prev; /* every slab of the heap (pool lock) */
 } fp_span;
 
 /* A contiguous range of the arena's mapped memory: its first and last piece. */

@@ -164,7 +164,7 @@ void fp_heap_init(fp_heap *h, fp_space *sp, fp_usage *use, const fabpool_options
  * per block.  The one formula for its allocation and its free. */
 static size_t slab_meta_bytes(uint32_t nobj)
 {
-    return sizeof(fp_span) + (size_t)nobj * (sizeof(uint32_t) + sizeof(uint8_t));
+    return sizeof(fp_span) + (size_t)nobj * (sizeof(uint32_t) + sizeof(uint8_t)) + 1;
 }
 
 /* An empty slab's record for class cls (placed later); NULL without host memory. */
@@ -180,12 +180,14 @@ static fp_span *slab_record(fp_heap *h, unsigned cls)
     s->nobj = nobj;
     s->obj_q = (uint32_t)(h->classes[cls].obj_size >> FP_QUANTUM_SHIFT);
     s->magic = ((1ull << 32) + s->obj_q - 1) / s->obj_q;
+    s->obj_bytes = h->classes[cls].obj_size;
     s->free_stack = (uint32_t *)(s + 1);
     s->freeflag = (_Atomic uint8_t *)(s->free_stack + s->nobj);
     for (uint32_t i = 0; i < s->nobj; i++) {
         s->free_stack[i] = s->nobj - 1 - i;   /* pop order: low addresses first */
         atomic_store_explicit(&s->freeflag[i], 1, memory_order_relaxed);
     }
+    atomic_store_explicit(&s->freeflag[s->nobj], FP_FREEFLAG_FREE, memory_order_relaxed);   /* the tail's */
     s->nfree = s->nobj;
     return s;
 }
