@@ -876,6 +876,52 @@ static void check_ipc_answer_closed()
     close(ls);
 }
 
+/* A sender that refuses with a status of its own: the receiver throws that status for every code up to
+ * FABPOOL_STATUS_LAST (FABPOOL_ERR_PARTIAL the last), with the sender's words; a code past it reads as
+ * FABPOOL_ERR_IO. */
+static void check_ipc_answer_status()
+{
+    for (uint32_t code : {uint32_t(FABPOOL_ERR_PARTIAL), uint32_t(FABPOOL_STATUS_LAST) + 1}) {
+        fabpool_torch::ipc::Handle h;
+        h.type = FABPOOL_HANDLE_POSIX_FD;
+        h.pid = int(getpid());
+        memcpy(h.token, "a refused fetch.", fabpool_torch::ipc::kTokenBytes);
+        h.token_fd = 3;
+        h.server_id = 0xa12;
+        h.key = 0x1000;
+        h.fds = {3};
+        h.desc = "d";
+        int ls = -1;
+        CHECK_OK(fabpool_fd_listen(fabpool_torch::ipc::socket_name(h.pid, h.server_id).c_str(), &ls));
+        std::thread server([ls, code] {
+            int c = -1;
+            char req[64];
+            size_t n = 0, len = 0;
+            char reply[4 + 16];
+            memcpy(reply, &code, 4);
+            memcpy(reply + 4, "the sender's why", 16);
+            if (fabpool_fd_accept(ls, &c) == FABPOOL_OK && fabpool_fd_recv(c, nullptr, 0, &n, req, sizeof req, &len) == FABPOOL_OK)
+                fabpool_fd_send(c, nullptr, 0, reply, sizeof reply);
+            if (c >= 0)
+                close(c);
+        });
+        fabpool_status got = FABPOOL_OK;
+        std::string why;
+        try {
+            fabpool_torch::ipc::fetch(h);
+        } catch (const fabpool_torch::ipc::Error &e) {
+            got = e.status();
+            why = e.what();
+        }
+        server.join();
+        close(ls);
+        fabpool_status want = code <= uint32_t(FABPOOL_STATUS_LAST) ? fabpool_status(code) : FABPOOL_ERR_IO;
+        CHECK(got == want && strstr(why.c_str(), "the sender's why") != nullptr);
+        if (got != want)
+            fprintf(stderr, "check_ipc_answer_status: code %u: %s (%s)\n", code, fabpool_status_name(got), why.c_str());
+    }
+}
+
 /* Another process posing as a tensor's sender: under the sender's socket
  * name once the sender's server is gone, or named by a handle on the pidfd
  * path.  It offers memory of its own (bytes of 0x66); the receiver must
@@ -1237,6 +1283,7 @@ int main(int argc, char **argv)
         check_threads(core, held0);
         check_ipc(core, held0, argv[0]);
         check_ipc_answer_closed();
+        check_ipc_answer_status();
         check_ipc_impostor(core);
         check_ipc_third_process(core);
         check_ipc_pools(core, held0);

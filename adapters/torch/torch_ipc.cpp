@@ -266,7 +266,7 @@ void Server::one(int conn)
     } else {
         std::string desc(req.data() + kRequestHeader, len - kRequestHeader);
         status = serve_(get<uint64_t>(req.data() + 4 + kTokenBytes), desc, &fds, &msg);
-        if (status < 0 || status > FABPOOL_ERR_PERMISSION)
+        if (status < 0 || status > FABPOOL_STATUS_LAST)
             status = FABPOOL_ERR_IO;
     }
     (status == 0 ? served_ : refused_)++;
@@ -314,7 +314,7 @@ Reach by_socket(const Handle &h, std::vector<int> *out, std::string *why, fabpoo
     fds.resize(n);
     if (*st == FABPOOL_OK && (len < 4 || get<uint32_t>(reply) != 0)) {
         uint32_t code = len >= 4 ? get<uint32_t>(reply) : 0;
-        *st = code > 0 && code <= FABPOOL_ERR_PERMISSION ? fabpool_status(code) : FABPOOL_ERR_IO;
+        *st = code > 0 && code <= FABPOOL_STATUS_LAST ? fabpool_status(code) : FABPOOL_ERR_IO;
         *why = len >= 4 ? std::string(reply + 4, len - 4) : "an empty answer";
     } else if (*st == FABPOOL_OK && n != h.fds.size()) {
         *st = FABPOOL_ERR_IO;
