@@ -90,7 +90,17 @@
  * and the model keeps what it had; after the operation every buffer and view of every pool has the size,
  * mapped bytes, chunk count and generation it had before the step (for the operations that make one call of
  * the library that changes anything), and the checks after every step (everything handed out is mapped, the
- * data is intact, the ledger equals the pools' counts, fabpool_check) run as always. */
+ * data is intact, the ledger equals the pools' counts, fabpool_check) run as always.
+ *
+ * One faulted step in four has a second fault, so that what mends the first failure (an undo, a map back)
+ * meets one: either the same entry point keeps failing from that call on (not cuMemUnmap or cuMemRelease: where
+ * every call that gives memory back fails, the driver keeps that memory by definition), or another entry point
+ * the operation calls fails too, at one of its first eight calls of the step.  The rule stays, with the one exception
+ * fabpool.h documents: a buffer resize (single or set) may answer FABPOOL_ERR_PARTIAL, only after two faults;
+ * then every buffer of the call has its new size but those that lost a chunk, which end where it began (at
+ * most the new size, mapped bytes equal to the size, a new generation, every byte mapped and the data below
+ * kept, the last byte written and read back), and the model goes on with that size.  Every other call stays
+ * all or nothing under two faults (only resize_locked in lib/buffers/buffer.c answers FABPOOL_ERR_PARTIAL). */
 static int fault_pct;
 static int (*fault_set_fn)(const char *, uint64_t, int, int);
 static void (*fault_clear_fn)(void);
@@ -108,8 +118,13 @@ static struct {
     const char *entry;
     uint64_t c0, nth;
     int err;
+    int every;           /* the second fault: the entry keeps failing from call nth on */
+    const char *entry2;  /* or the second fault: this entry fails at its call nth2 of the step (NULL: none) */
+    uint64_t c02, nth2;
+    int err2;
 } flt;
-static long n_fault_steps, n_fault_fired, n_fault_refused, n_fault_compared;
+static long n_fault_steps, n_fault_fired, n_fault_refused, n_fault_compared, n_fault_double, n_fault_double_fired,
+    n_partial, n_partial_bufs;
 /* a call that may claim or end a pool's owner stream was refused for a fault: whether it did is known at the
  * pool's next free on a stream; meanwhile the owner rule is not checked against it */
 static int own_unknown[NPOOL];
@@ -126,13 +141,38 @@ static const char *err_name(int e)
            : e == CUDA_ERROR_NOT_PERMITTED ? "CUDA_ERROR_NOT_PERMITTED" : "CUDA_ERROR_UNKNOWN";
 }
 
-/* Whether the fault armed for this step has fired. */
-static int fault_fired(void) { return flt.armed && fault_calls_fn(flt.entry) - flt.c0 >= flt.nth; }
+/* How many of the faults armed for this step have fired (an entry that keeps failing: each failed call). */
+static int faults_fired(void)
+{
+    if (!flt.armed)
+        return 0;
+    uint64_t d = fault_calls_fn(flt.entry) - flt.c0;
+    int n = d < flt.nth ? 0 : flt.every ? (int)(d - flt.nth + 1 < 8 ? d - flt.nth + 1 : 8) : 1;
+    if (flt.entry2 && fault_calls_fn(flt.entry2) - flt.c02 >= flt.nth2)
+        n++;
+    return n;
+}
+/* Whether a fault armed for this step has fired. */
+static int fault_fired(void) { return faults_fired() > 0; }
+
+/* The step's faults, for a message. */
+static const char *fault_said(void)
+{
+    static char said[160];
+    int n = snprintf(said, sizeof said, "call %llu%s of %s (%s)", (unsigned long long)flt.nth,
+                     flt.every ? " and on" : "", flt.entry, err_name(flt.err));
+    if (flt.entry2 && n > 0 && (size_t)n < sizeof said)
+        snprintf(said + n, sizeof said - (size_t)n, " and call %llu of %s (%s)", (unsigned long long)flt.nth2,
+                 flt.entry2, err_name(flt.err2));
+    return said;
+}
 
 /* 1 when st is the library's refusal of the step's fault (noted: the model stays as it was). */
 static int fault_refusal(fabpool_status st)
 {
     if (st == FABPOOL_OK || !fault_fired())
+        return 0;
+    if (st == FABPOOL_ERR_PARTIAL) /* a resize's answer, which resize_one and op_buffer_resize_set take */
         return 0;
     flt.refused = 1;
     return 1;
@@ -145,6 +185,7 @@ static void fault_spend(void)
         return;
     fault_clear_fn();
     n_fault_fired += fault_fired();
+    n_fault_double_fired += faults_fired() > 1;
     n_fault_refused += flt.refused;
     flt.armed = flt.refused = 0;
 }
@@ -292,6 +333,13 @@ static const meaning_t meanings[] = {
     {"fault.refused_changed", "a call refused for a driver fault changed a buffer or a view (size, mapped bytes, "
      "chunk count or generation)"},
     {"fault.wake_state", "a wake refused for a driver fault left the pool awake"},
+    {"partial.one_fault", "a resize answered FABPOOL_ERR_PARTIAL after a single driver fault (one fault must leave "
+     "it all or nothing)"},
+    {"partial.buffer", "a buffer that lost a chunk (FABPOOL_ERR_PARTIAL) does not end where it began: size not "
+     "below the size asked, mapped bytes other than its size, not at a chunk's start, or the same generation"},
+    {"partial.unmapped", "a buffer that lost a chunk (FABPOOL_ERR_PARTIAL) does not map every byte of its new size"},
+    {"partial.nothing_lost", "FABPOOL_ERR_PARTIAL with every buffer at the size asked"},
+    {"partial.resize_again", "a buffer left with 0 bytes by a lost chunk could not be resized again"},
     {"block_view.data", "a view of a block's export read other bytes than the block's (a kept view of old memory "
      "taken for new memory at the same address?)"},
     {"block_view.write", "a write through a view of a block's export did not reach the block"},
@@ -1009,6 +1057,52 @@ static void after_resize(int p, buf_t *b, const fabpool_buffer_info *before, siz
         check_buf(b, -1);
 }
 
+/* A resize that answered FABPOOL_ERR_PARTIAL (fabpool.h), which only two faults of the step may cause: buffer b,
+ * resized from `old` to `sz`, has either the size asked (0: the caller's after_resize follows) or lost a chunk
+ * (1): then it ends where that chunk began, below the size asked, with mapped bytes equal to its size, a new
+ * generation, all of it mapped (the ledger after the step says that the pool counts no more) and its data below
+ * kept; its last byte is written and read back, and the model goes on with that size.  A buffer left with 0
+ * bytes is resized to sz at once, the faults cleared ("resize it to use more"). */
+static int partial_lost(int p, buf_t *b, const fabpool_buffer_info *before, size_t old, size_t sz, int s)
+{
+    fabpool_buffer_info bi = binfo(b);
+    if (bi.size == sz)
+        return 0;
+    n_partial_bufs++;
+    EXPECT(faults_fired() >= 2, "partial.one_fault", "buffer %llu: FABPOOL_ERR_PARTIAL after %s, of which %d fired: "
+           "one fault must leave the call all or nothing (%s)", (unsigned long long)b->id, fault_said(),
+           faults_fired(), fabpool_last_error());
+    EXPECT(bi.size < sz && bi.size < old && bi.mapped == bi.size && bi.size % gran == 0 &&
+               bi.generation > before->generation && bi.base == before->base,
+           "partial.buffer", "buffer %llu lost a chunk resizing %zu -> %zu: size %zu, mapped %zu, generation %llu -> "
+           "%llu (expected below both sizes, at a chunk's start, mapped == size, a new generation)",
+           (unsigned long long)b->id, old, sz, bi.size, bi.mapped, (unsigned long long)before->generation,
+           (unsigned long long)bi.generation);
+    b->size = bi.size;
+    if (bi.size) {
+        t_checks++;
+        uint64_t last = b->base + bi.size - 8, v = pat(b->id, bi.size) ^ 0x5a5a, got;
+        if (!mapped_now(b->base, bi.size) || !put(last, v) || probe(last, v, &got) != 1) {
+            fail_("partial.unmapped", __LINE__, "buffer %llu lost a chunk and says %zu bytes, but [0x%llx, +%zu) is "
+                  "not all mapped, or its last 8 bytes do not read back what was written", (unsigned long long)b->id,
+                  bi.size, (unsigned long long)b->base, bi.size);
+            b->broken = 1;
+        }
+    }
+    after_resize(p, b, before, old, s);
+    if (bi.size == 0) {
+        fault_spend();
+        fabpool_buffer_info zero = binfo(b);
+        fabpool_status st = fabpool_buffer_resize(b->h, sz, sptr(s));
+        EXPECT_OK(st, "partial.resize_again", "fabpool_buffer_resize of a buffer left with 0 bytes");
+        if (st == FABPOOL_OK) {
+            b->size = sz;
+            after_resize(p, b, &zero, 0, s);
+        }
+    }
+    return 1;
+}
+
 static void op_buffer_create(int p)
 {
     pool_t *q = &P[p];
@@ -1061,6 +1155,12 @@ static void resize_one(int p, buf_t *b, size_t sz, int s)
     size_t old = b->size;
     fabpool_buffer_info before = binfo(b);
     fabpool_status st = fabpool_buffer_resize(b->h, sz, sptr(s));
+    if (verbose) {
+        fabpool_buffer_info bi = binfo(b);
+        printf("  (buffer %llu: %zu -> %zu: %s %s; size %zu -> %zu, mapped %zu -> %zu, chunks %u -> %u)\n",
+               (unsigned long long)b->id, old, sz, fabpool_status_name(st), st ? fabpool_last_error() : "",
+               before.size, bi.size, before.mapped, bi.mapped, before.n_chunks, bi.n_chunks);
+    }
     if (q->asleep || (st == FABPOOL_ERR_LIMIT && q->c.small_reserve)) {
         if (q->asleep) {
             n_asleep_refused++;
@@ -1076,6 +1176,12 @@ static void resize_one(int p, buf_t *b, size_t sz, int s)
             same_info("resize.refused_changed", b, &before);
             refused(p, NULL);
         }
+        return;
+    }
+    if (st == FABPOOL_ERR_PARTIAL) {
+        n_partial++;
+        EXPECT(partial_lost(p, b, &before, old, sz, s), "partial.nothing_lost", "fabpool_buffer_resize %zu -> %zu "
+               "answered FABPOOL_ERR_PARTIAL with the buffer at the size asked: %s", old, sz, fabpool_last_error());
         return;
     }
     EXPECT_OK(st, "buffer_resize", "fabpool_buffer_resize");
@@ -1133,7 +1239,22 @@ static void op_buffer_resize_set(int p)
     else if (q->asleep)
         EXPECT(refusal_is(p, st, FABPOOL_ERR_ASLEEP), "asleep.buffer_resize_set", "fabpool_buffer_resize_set -> %s",
                fabpool_status_name(st));
-    else if (!refusal)
+    else if (!refusal && st == FABPOOL_ERR_PARTIAL) { /* every buffer has its new size but those that lost a chunk */
+        n_partial++;
+        int lost = 0;
+        for (int k = 0; k < n; k++) {
+            buf_t *b = &q->buf[idx[k]];
+            if (!partial_lost(p, b, &before[k], old[k], sizes[k], s)) {
+                b->size = sizes[k];
+                after_resize(p, b, &before[k], old[k], s);
+            } else {
+                lost++;
+            }
+        }
+        EXPECT(lost, "partial.nothing_lost", "fabpool_buffer_resize_set answered FABPOOL_ERR_PARTIAL with every "
+               "buffer at the size asked: %s", fabpool_last_error());
+        return;
+    } else if (!refusal)
         EXPECT_OK(st, "buffer_resize_set", "fabpool_buffer_resize_set");
     if (st != FABPOOL_OK) {
         for (int k = 0; k < n; k++) {
@@ -2144,8 +2265,28 @@ static void fault_arm(void)
     flt.err = fault_errors[below(sizeof fault_errors / sizeof fault_errors[0])];
     flt.c0 = fault_calls_fn(flt.entry);
     flt.armed = 1;
+    flt.every = 0;
+    flt.entry2 = NULL;
     n_fault_steps++;
-    fault_set_fn(flt.entry, flt.nth, 0, flt.err);
+    if (chance(25)) { /* a second fault: what mends the first failure meets one */
+        n_fault_double++;
+        /* a call that gives memory back failing every time keeps that memory by definition (the driver holds
+         * it, the ledger cannot agree): those fail twice only as one of two entry points */
+        int gives_back = strcmp(flt.entry, "cuMemUnmap") == 0 || strcmp(flt.entry, "cuMemRelease") == 0;
+        if (nc < 2 || (!gives_back && chance(50))) {
+            flt.every = !gives_back;
+        } else {
+            size_t e2 = cand[below(nc)];
+            while (e2 == e)
+                e2 = cand[below(nc)];
+            flt.entry2 = fault_entries[e2];
+            flt.nth2 = 1 + below(fault_seen[o][e2] < 8 ? fault_seen[o][e2] : 8);
+            flt.err2 = fault_errors[below(sizeof fault_errors / sizeof fault_errors[0])];
+            flt.c02 = fault_calls_fn(flt.entry2);
+            fault_set_fn(flt.entry2, flt.nth2, 0, flt.err2);
+        }
+    }
+    fault_set_fn(flt.entry, flt.nth, flt.every, flt.err);
 }
 
 static int same_shown(const fabpool_buffer_info *a, const fabpool_buffer_info *b)
@@ -2166,8 +2307,11 @@ static void fault_disarm(void)
     }
     if (!flt.armed)
         return;
+    if (verbose)
+        printf("  (the next step's faults: %s; %d fired)\n", fault_said(), faults_fired());
     fault_clear_fn();
     int fired = fault_fired();
+    n_fault_double_fired += faults_fired() > 1;
     flt.armed = 0;
     n_fault_fired += fired;
     if (!flt.refused)
@@ -2181,22 +2325,21 @@ static void fault_disarm(void)
             for (int k = 0; k < P[t].nbuf; k++)
                 if (P[t].buf[k].id == fsnap_buf_id[t][i] && !P[t].buf[k].broken) {
                     fabpool_buffer_info now = binfo(&P[t].buf[k]), *was = &fsnap_buf[t][i];
-                    EXPECT(same_shown(&now, was), "fault.refused_changed", "call %llu of %s failed (%s) and the "
-                           "operation was refused, but pool %d's buffer %llu changed: size %zu -> %zu, mapped %zu -> "
-                           "%zu, chunks %u -> %u, generation %llu -> %llu", (unsigned long long)flt.nth, flt.entry,
-                           err_name(flt.err), t, (unsigned long long)fsnap_buf_id[t][i], was->size, now.size,
-                           was->mapped, now.mapped, was->n_chunks, now.n_chunks,
+                    EXPECT(same_shown(&now, was), "fault.refused_changed", "%s failed and the operation was "
+                           "refused, but pool %d's buffer %llu changed: size %zu -> %zu, mapped %zu -> %zu, chunks %u "
+                           "-> %u, generation %llu -> %llu", fault_said(), t, (unsigned long long)fsnap_buf_id[t][i],
+                           was->size, now.size, was->mapped, now.mapped, was->n_chunks, now.n_chunks,
                            (unsigned long long)was->generation, (unsigned long long)now.generation);
                 }
         for (int i = 0; i < fsnap_nview[t]; i++)
             for (int k = 0; k < P[t].nview; k++)
                 if (P[t].view[k].vid == fsnap_view_id[t][i] && !P[t].view[k].broken) {
                     fabpool_buffer_info now = vinfo(&P[t].view[k]), *was = &fsnap_view[t][i];
-                    EXPECT(same_shown(&now, was), "fault.refused_changed", "call %llu of %s failed (%s) and the "
-                           "operation was refused, but pool %d's view %llu changed: mapped %zu -> %zu, chunks %u -> "
-                           "%u, generation %llu -> %llu", (unsigned long long)flt.nth, flt.entry, err_name(flt.err),
-                           t, (unsigned long long)fsnap_view_id[t][i], was->mapped, now.mapped, was->n_chunks,
-                           now.n_chunks, (unsigned long long)was->generation, (unsigned long long)now.generation);
+                    EXPECT(same_shown(&now, was), "fault.refused_changed", "%s failed and the operation was "
+                           "refused, but pool %d's view %llu changed: mapped %zu -> %zu, chunks %u -> %u, generation "
+                           "%llu -> %llu", fault_said(), t, (unsigned long long)fsnap_view_id[t][i], was->mapped,
+                           now.mapped, was->n_chunks, now.n_chunks, (unsigned long long)was->generation,
+                           (unsigned long long)now.generation);
                 }
     }
 }
@@ -2437,6 +2580,9 @@ int main(int argc, char **argv)
         printf("  driver faults (FABPOOL_TEST_FAULTS=%d): %ld steps armed one, %ld fired, %ld refused the step's call "
                "(%ld compared buffer by buffer and view by view)\n", fault_pct, n_fault_steps, n_fault_fired,
                n_fault_refused, n_fault_compared);
+    if (fault_pct)
+        printf("  double faults: %ld steps armed a second, %ld of them fired both; FABPOOL_ERR_PARTIAL %ld times (%ld "
+               "buffers lost a chunk)\n", n_fault_double, n_fault_double_fired, n_partial, n_partial_bufs);
     print_op_shares(&steps_of, 0, "test_combined");
     print_pairs(steps);
     print_kinds("test_combined", meanings, sizeof meanings / sizeof meanings[0]);
