@@ -53,7 +53,7 @@ fabpool_status fp_pending_free(fp_retire *r, void *stream, uint64_t ptr, uint64_
         CUcontext saved;
         if (fp_rq_ctx_enter(r, &saved, NULL) == 0) {
             if (fp_rq_event_record(r, rs) != FABPOOL_OK)
-                fp_rq_sync_all(r);
+                (void)fp_rq_sync_all(r); /* where that fails too, the batch waits for the next poll's event */
             fp_rq_ctx_leave(r, saved);
         }
         fp_error_clear();
@@ -100,10 +100,8 @@ static void poll_used(fp_retire *r, int wait, fp_rblock ***tail)
             fp_rticket *t = &b->uses.t[b->uses.n - 1];
             fabpool_status st = FABPOOL_OK;
             int done = t->rs->done >= t->seq ? 1 : fp_rq_advance(r, t->rs, t->seq, wait, &st);
-            if (done < 0) {
-                fp_rq_sync_all(r);
-                done = 1;
-            }
+            if (done < 0) /* the whole context instead; where that fails too, the block waits on */
+                done = fp_rq_sync_all(r) == FABPOOL_OK;
             if (!done)
                 break;
             fp_rq_ticket_release(t);
@@ -139,10 +137,11 @@ fp_rblock *fp_pending_poll(fp_retire *r, int wait, int forget)
     /* one event on every stream whose frees no event covers */
     for (uint32_t i = 0; i < r->n_streams; i++) {
         fp_rstream *rs = r->streams[i];
-        if (rs->blocks && rs->seq > rs->recorded && rs->seq > rs->done && fp_rq_event_record(r, rs) != FABPOOL_OK) {
-            fp_rq_sync_all(r);
+        /* where it cannot be recorded, the whole context instead (which covers the rest); where that fails
+         * too, the stream's frees wait on, and the next stream is tried */
+        if (rs->blocks && rs->seq > rs->recorded && rs->seq > rs->done && fp_rq_event_record(r, rs) != FABPOOL_OK &&
+            fp_rq_sync_all(r) == FABPOOL_OK)
             break;
-        }
     }
     for (uint32_t i = 0; i < r->n_streams; i++) {
         fp_rstream *rs = r->streams[i];
@@ -151,9 +150,11 @@ fp_rblock *fp_pending_poll(fp_retire *r, int wait, int forget)
         fabpool_status st = FABPOOL_OK;
         uint64_t until = wait ? rs->recorded : rs->tail ? rs->tail->seq : 0;
         if (fp_rq_advance(r, rs, until, wait, &st) < 0) {
-            fp_rq_sync_all(r);
-            i = (uint32_t)-1; /* every stream is done now: walk them again */
-            continue;
+            if (fp_rq_sync_all(r) == FABPOOL_OK) {
+                i = (uint32_t)-1; /* every stream is done now: walk them again */
+                continue;
+            }
+            /* nothing is known done past rs->done: only the blocks it covers go back */
         }
         while (rs->head && rs->head->seq <= rs->done) {
             fp_rblock *b = rs->head;
@@ -339,12 +340,20 @@ fabpool_status fp_pending_free_used(fp_retire *r, uint64_t ptr, uint64_t usable,
             }
             rs->seq--; /* nothing took the number */
         }
-        fp_rq_sync_all(r); /* a stream the program destroyed, or no host memory: every stream's work is done now */
+        /* a stream the program destroyed, or no host memory: every stream's work is done now */
+        if ((st = fp_rq_sync_all(r)) != FABPOOL_OK)
+            break; /* nothing is known done: the free is refused, the block still the caller's */
         synced = 1;
     }
-    while (synced && b->uses.n)
+    while ((synced || st != FABPOOL_OK) && b->uses.n)
         fp_rq_ticket_release(&b->uses.t[--b->uses.n]);
     fp_rq_ctx_leave(r, saved);
+    if (st != FABPOOL_OK) {
+        FP_ARRAY_FREE(r->meta, b->uses.t, b->uses.cap);
+        fp_rq_spare_block(r, b);
+        fp_unlock(&r->lock);
+        return st;
+    }
     b->ptr = ptr;
     b->usable = usable;
     b->cls = cls;

@@ -66,8 +66,8 @@ int fp_retire_used_locked(fp_retire *r, uint64_t ptr);
  * as any block.  The slot goes either way.  An event that cannot be made or
  * recorded: the context is synchronized instead.  traced: the block's free
  * is in the trace already (the block says so when it comes back).
- * FABPOOL_ERR_HOST_MEMORY, or a driver error making the context current:
- * nothing changed. */
+ * FABPOOL_ERR_HOST_MEMORY, or a driver error making the context current or
+ * synchronizing it where an event failed: nothing changed. */
 fabpool_status fp_pending_free_used(fp_retire *r, uint64_t ptr, uint64_t usable, uint32_t cls, int on_stream,
                                     void *stream, int traced, int *queued);
 /* Slots in the table now (fabpool_check). */

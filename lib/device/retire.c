@@ -259,14 +259,16 @@ fabpool_status fp_rq_event_record(fp_retire *r, fp_rstream *rs)
 
 /* Waits for the whole context: every stream's work so far is done.  Used
  * where an event cannot be made, recorded or asked about (a stream the
- * program destroyed).  Context current. */
-void fp_rq_sync_all(fp_retire *r)
+ * program destroyed).  Context current.  Where cuCtxSynchronize fails too,
+ * nothing is known done: every stream's records stay as they were (its
+ * blocks pending, its tickets held), and the status says why. */
+fabpool_status fp_rq_sync_all(fp_retire *r)
 {
     fp_rq_bump(&r->syncs, (int64_t)1);
     CUresult res = FP_CU(r->calls, cuCtxSynchronize);
-    if (res != CUDA_SUCCESS) /* a broken context: nothing more can be waited for */
-        fp_drv_error(res, "cuCtxSynchronize", "waiting for device %d's work before reusing blocks freed on a stream",
-                     r->device);
+    if (res != CUDA_SUCCESS)
+        return fp_drv_error(res, "cuCtxSynchronize", "waiting for device %d's work before reusing or unmapping "
+                            "memory freed on a stream (it stays pending)", r->device);
     for (uint32_t i = 0; i < r->n_streams; i++) {
         fp_rstream *rs = r->streams[i];
         for (uint32_t k = rs->ev_head; k < rs->n_evs; k++)
@@ -275,6 +277,7 @@ void fp_rq_sync_all(fp_retire *r)
         rs->done = rs->recorded = rs->seq;
         rs->fresh_blocks = rs->fresh_bytes = 0;
     }
+    return FABPOOL_OK;
 }
 
 /* Moves rs->done on past the events that have completed (wait: up to seq
@@ -397,11 +400,15 @@ fabpool_status fp_retire_fence(fp_retire *r)
                 if (es == FABPOOL_OK)
                     done = fp_rq_advance(r, rs, rs->seq, 1, &es) == 1;
             }
-            if (!done) /* no record, no event, or its wait failed: the whole context, as for a destroyed stream */
-                fp_rq_sync_all(r);
+            /* no record, no event, or its wait failed: the whole context, as for a destroyed stream; where that
+             * fails too, the fence is not done (the owner's frees are not known safe: the next caller fences) */
+            if (!done)
+                st = fp_rq_sync_all(r);
             fp_rq_ctx_leave(r, saved);
-            atomic_store(&r->owner_fenced, n);
-            fp_rq_bump(&r->fences, (int64_t)1);
+            if (st == FABPOOL_OK) {
+                atomic_store(&r->owner_fenced, n);
+                fp_rq_bump(&r->fences, (int64_t)1);
+            }
         }
     }
     fp_unlock(&r->lock);

@@ -22,7 +22,9 @@
  * decay, an out-of-memory retry, collect, destroy) or after
  * FP_PENDING_BATCH_BLOCKS frees / FP_PENDING_BATCH_BYTES bytes on S.  Where an
  * event cannot be made or recorded (a stream the program destroyed), the
- * context is synchronized instead, which completes every stream.
+ * context is synchronized instead, which completes every stream; where the
+ * driver refuses that too, nothing is taken for done (blocks stay pending,
+ * buffer chunks retired, a fence undone) until a later call can tell.
  *
  * A pending block stays a live block for the rest of the pool (its slab
  * flag says FP_FREEFLAG_PENDING, a large block FP_LARGE_PENDING), so no trim,
@@ -294,8 +296,9 @@ int fp_rq_ctx_enter(fp_retire *r, CUcontext *saved, fabpool_status *st);
 void fp_rq_ctx_leave(fp_retire *r, CUcontext saved);
 /* An event on rs now, covering its frees and marks so far. */
 fabpool_status fp_rq_event_record(fp_retire *r, fp_rstream *rs);
-/* The context synchronized: every stream's work done. */
-void fp_rq_sync_all(fp_retire *r);
+/* The context synchronized: every stream's work done; where the driver
+ * refuses, nothing is marked done and the status says why. */
+fabpool_status fp_rq_sync_all(fp_retire *r);
 /* Whether rs's work up to seq `until` is done (waiting, with wait). */
 int fp_rq_advance(fp_retire *r, fp_rstream *rs, uint64_t until, int wait, fabpool_status *st);
 /* A ticket no longer held. */
