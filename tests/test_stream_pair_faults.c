@@ -1,11 +1,15 @@
 /* test_stream_pair_faults: fabpool_alloc_on_stream and fabpool_free_on_stream refused by the driver change
- * nothing of the owner stream (white-box: the pool's owner mode and owner are read from retire.h's record).
+ * nothing of the owner stream, nor does a fabpool_alloc (or fabpool_alloc_aligned) of another user, which ends
+ * the owner mode only when it succeeds (white-box: the pool's owner mode and owner are read from retire.h's
+ * record).
  * Every driver call each makes, in each state the pool can be in (no owner yet, the stream the owner, another
  * stream the owner, a block with a recorded stream), is made to fail in turn.  After a refusal:
- *  - alloc: *out is NULL, the owner mode and owner are as before, the pool's in-use bytes too;
+ *  - alloc (either): *out is NULL, the owner mode and owner are as before, the pool's in-use bytes too;
  *  - free: the block is live (fabpool_usable_size as before, its bytes read back), the owner mode and owner
  *    are as before, the in-use bytes too, and a second free of it on the same stream succeeds.
- * Then the pool passes fabpool_check, everything is freed, and after destroy the driver holds nothing. */
+ * Then the pool passes fabpool_check, everything is freed, and after destroy the driver holds nothing.  Also,
+ * with no fault: a fabpool_alloc that the thread cache could serve (the fast path), of the class of a block the
+ * owner freed at once while its work pends, first waits for that work (stream_fences) and ends the owner mode. */
 #include "testutil.h"
 #include "driver_calls.h"
 #include "retire.h"
@@ -22,10 +26,13 @@ typedef struct world {
 
 typedef struct scenario {
     const char *name;
-    int is_free;                       /* the operation: fabpool_free_on_stream(x, s1), else alloc_on_stream(s1) */
+    int is_free;                       /* the operation: fabpool_free_on_stream(x, s1), else alloc_on_stream(s1);
+                                          PLAIN: fabpool_alloc, ALIGNED: fabpool_alloc_aligned (1 MiB) */
     size_t size;
     int setup;                         /* what comes first (below) */
 } scenario;
+
+enum { PLAIN = 2, ALIGNED = 3 };
 
 enum {
     FRESH,                             /* nothing: the pool has no owner */
@@ -52,6 +59,9 @@ static const scenario scenarios[] = {
     {"free of a recorded large block on the owner", 1, 4 * MB, RECORDED},
     {"free of a recorded block, no owner yet", 1, 1000, FRESH_RECORDED},
     {"free of a recorded large block, no owner yet", 1, 4 * MB, FRESH_RECORDED},
+    {"fabpool_alloc of a new chunk while a stream owns the pool", PLAIN, 48 * MB, OWN_S2},
+    {"fabpool_alloc of a small block while a stream owns the pool", PLAIN, 3000, OWN_S2},
+    {"fabpool_alloc_aligned of a new chunk while a stream owns the pool", ALIGNED, 40 * MB, OWN_S2},
 };
 
 typedef struct owner_state {
@@ -92,7 +102,7 @@ static int build(world *w, const scenario *sc)
             return -1;
         break;
     }
-    if (sc->is_free) {
+    if (sc->is_free == 1) {
         fabpool_status st = sc->setup == FRESH || sc->setup == FRESH_RECORDED ? fabpool_alloc(w->p, sc->size, &w->x)
                             : sc->setup == OWN_S2 ? fabpool_alloc_on_stream(w->p, sc->size, w->s2, &w->x)
                                                   : fabpool_alloc_on_stream(w->p, sc->size, w->s1, &w->x);
@@ -121,9 +131,18 @@ static int unbuild(world *w)
 static fabpool_status op(world *w, const scenario *sc, void **out)
 {
     *out = NULL;
+    if (sc->is_free >= PLAIN)
+        return sc->is_free == PLAIN ? fabpool_alloc(w->p, sc->size, out)
+                                    : fabpool_alloc_aligned(w->p, sc->size, MB, out);
     if (sc->is_free)
         return fabpool_free_on_stream(w->p, w->x, w->s1);
     return fabpool_alloc_on_stream(w->p, sc->size, w->s1, out);
+}
+
+/* A block op allocated, freed as it came. */
+static void give_back(world *w, const scenario *sc, void *out)
+{
+    CHECK_OK(sc->is_free >= PLAIN ? fabpool_free(w->p, out) : fabpool_free_on_stream(w->p, out, w->s1));
 }
 
 static int n_trials, n_refused;
@@ -139,7 +158,7 @@ static void trial(const scenario *sc, t_sim_hooks *h, size_t e, uint64_t n)
     owner_state o0 = owner_of(w.p);
     uint64_t in_use = t_stats(w.p).in_use_bytes, pending = t_counters(w.p).stream_pending_blocks;
     size_t usable0 = 0;
-    if (sc->is_free)
+    if (sc->is_free == 1)
         CHECK_OK(fabpool_usable_size(w.p, w.x, &usable0));
     void *out = (void *)&w;
     h->fault_set(entries[e], n, 0, CUDA_ERROR_UNKNOWN);
@@ -163,7 +182,7 @@ static void trial(const scenario *sc, t_sim_hooks *h, size_t e, uint64_t n)
                     (unsigned long long)pending, (unsigned long long)t_counters(w.p).stream_pending_blocks);
             bad = 1;
         }
-        if (!sc->is_free) {
+        if (sc->is_free != 1) {
             bad |= out != NULL;
         } else {
             size_t usable = 0;
@@ -180,9 +199,10 @@ static void trial(const scenario *sc, t_sim_hooks *h, size_t e, uint64_t n)
                 bad = 1;
             }
         }
-    } else if (!sc->is_free) {
+    } else if (sc->is_free != 1) {
         bad |= out == NULL;
-        CHECK_OK(fabpool_free_on_stream(w.p, out, w.s1));
+        bad |= sc->is_free >= PLAIN && owner_of(w.p).mode != FP_OWNER_OFF; /* another user's: it ends the mode */
+        give_back(&w, sc, out);
     }
     if (fabpool_check(w.p) != FABPOOL_OK) {
         fprintf(stderr, "  fabpool_check: %s\n", fabpool_last_error());
@@ -198,6 +218,26 @@ static void trial(const scenario *sc, t_sim_hooks *h, size_t e, uint64_t n)
     if (bad)
         fprintf(stderr, "  %s: call %llu of %s failed; the call answered %s (%s)\n", sc->name, (unsigned long long)n,
                 entries[e], fabpool_status_name(st), st == FABPOOL_OK ? "" : msg);
+}
+
+/* The fast path meets the owner's block: s1 frees a block at once (into this thread's cache) while its work
+ * pends; a fabpool_alloc of its class waits for that work first, and ends the owner mode. */
+static void fast_path_fences(t_sim_hooks *h)
+{
+    static const scenario sc = {"fabpool_alloc after the owner's free", PLAIN, 1000, OWN_S1};
+    world w;
+    void *x = NULL, *y = NULL;
+    CHECK(build(&w, &sc) == 0);
+    CHECK_OK(fabpool_alloc_on_stream(w.p, 1000, w.s1, &x));
+    CHECK(h->hold(w.s1) == 0);
+    CHECK_OK(fabpool_free_on_stream(w.p, x, w.s1));
+    uint64_t fences = t_counters(w.p).stream_fences;
+    CHECK_OK(fabpool_alloc(w.p, 1000, &y));
+    CHECK(t_counters(w.p).stream_fences == fences + 1 && owner_of(w.p).mode == FP_OWNER_OFF);
+    CHECK(h->release(w.s1) == 0);
+    CHECK_OK(fabpool_free(w.p, y));
+    CHECK_OK(fabpool_check(w.p));
+    CHECK(unbuild(&w) == 0);
 }
 
 int main(void)
@@ -217,7 +257,7 @@ int main(void)
         CHECK_OK(op(&w, sc, &out));
         t_calls_since(&h, made);
         if (out)
-            CHECK_OK(fabpool_free_on_stream(w.p, out, w.s1));
+            give_back(&w, sc, out);
         CHECK(unbuild(&w) == 0);
         int t0 = n_trials, r0 = n_refused;
         for (size_t e = 0; e < N_ENTRIES; e++)
@@ -226,6 +266,7 @@ int main(void)
         if (getenv("STREAM_PAIR_VERBOSE"))
             printf("  %s: %d faults, %d refused\n", sc->name, n_trials - t0, n_refused - r0);
     }
+    fast_path_fences(&h);
     printf("test_stream_pair_faults: %d faults, %d refused\n", n_trials, n_refused);
     return t_done("test_stream_pair_faults");
 }

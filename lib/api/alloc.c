@@ -145,8 +145,12 @@ static __attribute__((noinline)) fabpool_status alloc_entry(fp_alloc *a, size_t 
     /* Blocks the owner stream freed may still be in use by its queued work:
      * the first allocation that is not the owner's waits for that work and
      * ends the owner mode (retire.h); a call that will be refused (asleep,
-     * bad arguments) ends nothing. */
+     * bad arguments) ends nothing, and one refused after it (the driver, a
+     * limit) puts the owner mode back on, its fence done (retire.h). */
+    void *was = NULL;
+    int disowned = 0;
     if (FP_UNLIKELY(a && fp_retire_owned(a->retire)) && out && size && !fp_chunks_asleep(a->sp->ch)) {
+        was = a->retire->owner;
         fabpool_status st = fp_retire_disown(a->retire);
         fp_alloc_owner_sync(a);
         if (st != FABPOOL_OK) {
@@ -155,10 +159,15 @@ static __attribute__((noinline)) fabpool_status alloc_entry(fp_alloc *a, size_t 
             fp_error_append(" (fabpool_alloc: waiting for the stream-ordered frees of stream %p)", a->retire->owner);
             return st;
         }
+        disowned = 1;
     }
-    if (FP_UNLIKELY(a && a->trace))
-        return alloc_traced(a, size, out, tls_polled ? 0u : FABPOOL_TRACE_R_APP);
-    return alloc_any(a, size, out);
+    fabpool_status st = FP_UNLIKELY(a && a->trace) ? alloc_traced(a, size, out, tls_polled ? 0u : FABPOOL_TRACE_R_APP)
+                                                   : alloc_any(a, size, out);
+    if (FP_UNLIKELY(disowned && st != FABPOOL_OK)) {
+        fp_retire_owner_reown(a->retire, was);
+        fp_alloc_owner_sync(a);
+    }
+    return st;
 }
 
 /* The fast path: a block of a slab class from the calling thread's cache,

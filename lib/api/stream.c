@@ -75,6 +75,7 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     void *was = r->owner;
     int disowned = fp_retire_owned(r);
     if (disowned && (st = fp_retire_disown(r)) != FABPOOL_OK) {
+        fp_alloc_owner_sync(a); /* the owner mode is on again (retire.h) */
         fp_error_append(" (fabpool_alloc_on_stream, stream %p, waiting for the owner stream %p)", stream,
                         a->retire->owner);
         FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, 0, size, stream, st);
@@ -228,6 +229,7 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
     void *was = r->owner;
     int disowned = fp_retire_owned(r);
     if (disowned && (st = fp_retire_disown(r)) != FABPOOL_OK) {
+        fp_alloc_owner_sync(b.a); /* the owner mode is on again (retire.h) */
         fp_error_append(" (fabpool_free_on_stream(%p), stream %p, waiting for the owner stream %p: the block is "
                         "still the caller's)", ptr, stream, b.a->retire->owner);
         return st;
