@@ -391,10 +391,10 @@ FABPOOL_API fabpool_status fabpool_buffer_release(fabpool_buffer_t *buf);
  * back (a miss ends the reuse, so that kept memory never adds to new
  * memory), and the caller creates one.  While the pool sleeps (which gave
  * the kept buffers back): FABPOOL_ERR_ASLEEP.  A resize that fails (device
- * memory, the driver) hands nothing out and leaves the buffer kept, with
- * the resize's status; where two driver faults made the resize lose a chunk
- * (its FABPOOL_ERR_PARTIAL), FABPOOL_ERR_DRIVER, the kept buffer mapping
- * less. */
+ * memory, the driver) hands nothing out and gives the buffer back, with the
+ * resize's status (FABPOOL_ERR_DRIVER where two driver faults made it lose
+ * a chunk: its FABPOOL_ERR_PARTIAL); where the driver refuses giving it
+ * back too, the buffer stays kept. */
 FABPOOL_API fabpool_status fabpool_buffer_reuse(fabpool_t *pool, size_t size, void *stream, fabpool_buffer_t **out);
 
 typedef struct fabpool_buffer_info {

@@ -15,6 +15,8 @@
  * and not in the buffers' bytes or count. */
 #include "release.h"
 
+#include <stdio.h>
+
 #include "clock.h"
 #include "error.h"
 #include "trace.h"
@@ -129,20 +131,30 @@ fabpool_status fp_buffer_reuse(fp_buffers *bs, size_t size, void *stream, fabpoo
     /* from size 0: the resize counts its bytes and raises the in-use mark */
     fabpool_status st = fabpool_buffer_resize(b, size, stream);
     if (st != FABPOOL_OK) {
-        /* refused: the buffer is kept again, as the release left it (its age too), so that nothing of the call
-         * stays and no second driver call (a destroy) can fail after the first.  Where the resize lost a chunk
-         * (FABPOOL_ERR_PARTIAL, resize's own answer: two faults) nothing is handed out either: the kept buffer
-         * maps less, and the caller sees a driver error */
+        /* refused: nothing is handed out and the buffer is given back, as a miss gives the kept ones back (the
+         * caller creates one next).  Where the driver refuses that too, the buffer is kept again as the release
+         * left it (its age too): never a buffer neither kept nor the caller's.  A resize that lost a chunk
+         * (FABPOOL_ERR_PARTIAL, resize's own answer: two faults) is a driver error here: nothing is partly the
+         * caller's */
+        char first[1024]; /* the resize's message: the give-back below may write its own */
+        snprintf(first, sizeof first, "%s", fabpool_last_error());
         fp_lock(&bs->sp->lock);
-        atomic_fetch_sub(&bs->bytes, b->size);
-        atomic_fetch_sub(&bs->count, 1);
-        atomic_fetch_add(&bs->kept_bytes, b->live);
-        b->size = 0;
-        b->kept = 1;
+        fabpool_status gone = fp_buffer_destroy_locked(bs, b, stream);
+        if (gone == FABPOOL_OK) {
+            (void)fp_collect_locked(bs, 0);
+        } else {
+            atomic_fetch_sub(&bs->bytes, b->size);
+            atomic_fetch_sub(&bs->count, 1);
+            atomic_fetch_add(&bs->kept_bytes, b->live);
+            b->size = 0;
+            b->kept = 1;
+        }
         FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_DESTROY, b->base, 0, NULL, FABPOOL_OK);
         fp_unlock(&bs->sp->lock);
-        fp_error_append(" (fabpool_buffer_reuse: nothing handed out; the released buffer stays kept%s)",
-                        st == FABPOOL_ERR_PARTIAL ? ", with less mapped" : "");
+        fp_error(st, "%s", first);
+        fp_error_append(gone == FABPOOL_OK ? " (fabpool_buffer_reuse: nothing handed out; the released buffer was "
+                        "given back)" : " (fabpool_buffer_reuse: nothing handed out; giving the released buffer "
+                        "back failed too, so it stays kept)");
         return st == FABPOOL_ERR_PARTIAL ? FABPOOL_ERR_DRIVER : st;
     }
     *out = b;

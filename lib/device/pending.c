@@ -287,6 +287,41 @@ int fp_retire_used(fp_retire *r, uint64_t ptr)
     return used;
 }
 
+/* Used block b's tickets (room reserved): an event now on every stream recorded in e, then on the stream of
+ * the free; where one cannot be recorded, the context synchronized instead (no ticket: every stream's work is
+ * done).  Lock held.  On failure (the context, or that synchronize, refused) b holds no ticket: nothing is
+ * known done. */
+static fabpool_status used_events(fp_retire *r, const fp_ruse *e, int on_stream, void *stream, fp_rblock *b)
+{
+    CUcontext saved;
+    fabpool_status st = FABPOOL_OK;
+    if (fp_rq_ctx_enter(r, &saved, &st) != 0)
+        return st;
+    int synced = 0;
+    for (uint32_t k = 0; k <= e->n && !synced; k++) {
+        if (k < e->n ? on_stream && e->streams[k] == stream : !on_stream)
+            continue;
+        fp_rstream *rs = fp_rq_stream_get(r, k < e->n ? e->streams[k] : stream);
+        if (rs) {
+            rs->seq++;
+            if (fp_rq_event_record(r, rs) == FABPOOL_OK) {
+                rs->tickets++;
+                b->uses.t[b->uses.n++] = (fp_rticket){rs, rs->seq};
+                continue;
+            }
+            rs->seq--; /* nothing took the number */
+        }
+        /* a stream the program destroyed, or no host memory: every stream's work is done now */
+        if ((st = fp_rq_sync_all(r)) != FABPOOL_OK)
+            break; /* nothing is known done: the free is refused, the block still the caller's */
+        synced = 1;
+    }
+    while ((synced || st != FABPOOL_OK) && b->uses.n)
+        fp_rq_ticket_release(&b->uses.t[--b->uses.n]);
+    fp_rq_ctx_leave(r, saved);
+    return st;
+}
+
 fabpool_status fp_pending_free_used(fp_retire *r, uint64_t ptr, uint64_t usable, uint32_t cls, int on_stream,
                                     void *stream, int traced, int *queued)
 {
@@ -317,37 +352,7 @@ fabpool_status fp_pending_free_used(fp_retire *r, uint64_t ptr, uint64_t usable,
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to queue the block at 0x%llx, freed while %u other "
                         "stream%s use it", (unsigned long long)ptr, others, others == 1 ? "" : "s");
     }
-    CUcontext saved;
-    fabpool_status st = FABPOOL_OK;
-    if (fp_rq_ctx_enter(r, &saved, &st) != 0) {
-        FP_ARRAY_FREE(r->meta, b->uses.t, b->uses.cap);
-        fp_rq_spare_block(r, b);
-        fp_unlock(&r->lock);
-        return st;
-    }
-    /* an event now on every recorded stream, then on the stream of the free */
-    int synced = 0;
-    for (uint32_t k = 0; k <= e->n && !synced; k++) {
-        if (k < e->n ? on_stream && e->streams[k] == stream : !on_stream)
-            continue;
-        fp_rstream *rs = fp_rq_stream_get(r, k < e->n ? e->streams[k] : stream);
-        if (rs) {
-            rs->seq++;
-            if (fp_rq_event_record(r, rs) == FABPOOL_OK) {
-                rs->tickets++;
-                b->uses.t[b->uses.n++] = (fp_rticket){rs, rs->seq};
-                continue;
-            }
-            rs->seq--; /* nothing took the number */
-        }
-        /* a stream the program destroyed, or no host memory: every stream's work is done now */
-        if ((st = fp_rq_sync_all(r)) != FABPOOL_OK)
-            break; /* nothing is known done: the free is refused, the block still the caller's */
-        synced = 1;
-    }
-    while ((synced || st != FABPOOL_OK) && b->uses.n)
-        fp_rq_ticket_release(&b->uses.t[--b->uses.n]);
-    fp_rq_ctx_leave(r, saved);
+    fabpool_status st = used_events(r, e, on_stream, stream, b);
     if (st != FABPOOL_OK) {
         FP_ARRAY_FREE(r->meta, b->uses.t, b->uses.cap);
         fp_rq_spare_block(r, b);
