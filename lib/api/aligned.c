@@ -7,7 +7,7 @@
  * call that takes a block.  Up to slab_max, a slab class that is a multiple
  * of the alignment (a slab's page-aligned base then aligns every block of
  * it); above, a block of the arenas, placed on a multiple of the alignment
- * (fp_large_align_next) for the one fabpool_alloc call. */
+ * (fp_alloc_align_next) for the one fabpool_alloc call. */
 #include "alloc.h"
 
 #include "error.h"
@@ -41,9 +41,9 @@ fabpool_status fabpool_alloc_aligned(fabpool_t *p, size_t size, size_t alignment
             return fabpool_alloc(p, c, out);
         ask = slab_max + 1;
     }
-    uint64_t was = fp_large_align_next(alignment);
+    uint64_t was = fp_alloc_align_next(alignment);
     fabpool_status st = fabpool_alloc(p, ask, out);
-    fp_large_align_next(was);
+    fp_alloc_align_next(was);
     if (st != FABPOOL_OK)
         fp_error_append(" (fabpool_alloc_aligned: %zu bytes aligned to %zu)", size, alignment);
     return st;

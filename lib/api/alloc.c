@@ -9,11 +9,20 @@
 #include "error.h"
 #include "trace.h"
 
+/* The medium blocks' policy (tcache.c) at every 16th block above slab_max
+ * the thread gives out or frees. */
+static void medium_tick(fp_alloc *a)
+{
+    if (FP_UNLIKELY((++fp_hot.tick & 15) == 0))
+        fp_alloc_medium_policy(a);
+}
+
 /* A large block: the heap's own calls, which end with its cache policy (and, for a miss, the trade). */
 static fabpool_status large_alloc(fp_alloc *a, size_t size, void **out)
 {
     fp_chunk_tally t = fp_chunk_tally_begin();
-    fabpool_status st = fp_large_alloc(a->heap, size, out);
+    medium_tick(a);
+    fabpool_status st = fp_large_alloc(a->heap, size, fp_hot.align, out);
     if (st == FABPOOL_OK)
         fp_usage_raise(a->use);
     if (FP_UNLIKELY(t.on))
@@ -24,6 +33,7 @@ static fabpool_status large_alloc(fp_alloc *a, size_t size, void **out)
 static fabpool_status large_free(fp_alloc *a, const fp_span *s, uint64_t addr, const char *fn)
 {
     fp_chunk_tally t = fp_chunk_tally_begin();
+    medium_tick(a);
     fabpool_status st = fp_large_free(a->heap, s, addr, fn);
     if (FP_UNLIKELY(t.on))
         fp_alloc_log_released(a, t, "decay");
@@ -79,6 +89,15 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
  * and the log's warning if it failed still. */
 static __attribute__((noinline)) fabpool_status alloc_oom(fp_alloc *a, size_t size, void **out, fabpool_status st)
 {
+    fp_tcache *tc = fp_hot.key && fp_hot.tc && fp_hot.tc->owner == a ? fp_hot.tc : NULL;
+    if (st == FABPOOL_ERR_OUT_OF_MEMORY && tc && atomic_load_explicit(&tc->mbytes, memory_order_relaxed)) {
+        /* the medium blocks this thread's cache holds go back, and every other cache's at its next call;
+         * then one more try */
+        FP_LOG_CH(FP_LOG_INFO, a->sp->ch, "out of memory for %zu bytes: the thread caches' medium blocks go back "
+                  "to the pool, then one more try", size);
+        fp_alloc_flush_all(a);
+        st = alloc_slow_once(a, size, out);
+    }
     if (st == FABPOOL_ERR_OUT_OF_MEMORY && fp_pending_any(a->retire)) {
         FP_LOG_CH(FP_LOG_INFO, a->sp->ch, "out of memory for %zu bytes: waiting for the %llu bytes freed on streams, "
                   "then one more try", size, (unsigned long long)atomic_load(&a->retire->pending_bytes));
@@ -103,6 +122,8 @@ static __attribute__((noinline)) fabpool_status alloc_slow(fp_alloc *a, size_t s
          * alloc_slow_once's work without its checks, so that a medium block pays for the arena and little
          * else */
         *out = NULL;
+        if (size - a->mc_lo - 1 < a->mc_span && fp_hot.key != atomic_load_explicit(&a->hot_key, memory_order_relaxed))
+            fp_tcache_get(a);   /* the thread's cache for the sizes it may hold: its fast path's key installed */
         st = large_alloc(a, size, out);
     } else {
         if (a && fp_pending_any(a->retire) && !tls_polled)
@@ -170,6 +191,60 @@ static __attribute__((noinline)) fabpool_status alloc_entry(fp_alloc *a, size_t 
     return st;
 }
 
+/* A medium block the thread's cache does not hold, the fast path's key
+ * matched (no trace, the pool awake, no owner mode: alloc_entry's checks
+ * pass): from the arena, after the blocks freed on streams if some wait. */
+static __attribute__((noinline)) fabpool_status alloc_medium_miss(fp_alloc *a, fp_tcache *tc, size_t size,
+                                                                  void **out)
+{
+    if (FP_UNLIKELY(++tc->mmiss == FP_MC_WINDOW)) {
+        /* the end of a window: a cache whose medium blocks seldom came back takes none for a while */
+        if (tc->moff)
+            tc->moff--;
+        else if (tc->mhits < FP_MC_WINDOW / 4) {
+            tc->moff = FP_MC_REST;
+            fp_tcache_medium_flush(a, tc, 0);
+        }
+        tc->mhits = tc->mmiss = 0;
+    }
+    if (FP_UNLIKELY(fp_pending_any(a->retire)))
+        return alloc_slow(a, size, out);
+    *out = NULL;
+    fabpool_status st = large_alloc(a, size, out);
+    return FP_UNLIKELY(st == FABPOOL_ERR_OUT_OF_MEMORY) ? alloc_oom(a, size, out, st) : st;
+}
+
+/* fabpool_alloc past its fast path: a medium block (above slab_max, up to
+ * FP_MC_MAX) of the size's code from the thread's cache where it holds one,
+ * with the fast path's key (so no trace, the pool awake, no owner mode) and
+ * no alignment asked; else alloc_entry. */
+static __attribute__((noinline)) fabpool_status alloc_miss(fp_alloc *a, size_t size, void **out)
+{
+    if (FP_LIKELY(a && out)) {
+        uint64_t k = size - a->mc_lo - 1;
+        const fp_tls_hot *h = &fp_hot;
+        if (FP_LIKELY(k < a->mc_span && h->key == atomic_load_explicit(&a->hot_key, memory_order_relaxed) &&
+                      !h->align)) {
+            size_t c = (k >> FP_PIECE_UNIT_SHIFT) + 1;
+            fp_tcache *tc = h->tc;
+            unsigned n = tc->mn[c];
+            if (FP_LIKELY(n)) {
+                fp_titem it = tc->mitems[c][--n];
+                tc->mn[c] = (uint8_t)n;
+                atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) -
+                                      (a->mc_lo + (c << FP_PIECE_UNIT_SHIFT)), memory_order_relaxed);
+                atomic_store_explicit(it.flag, (uint8_t)c, memory_order_relaxed);
+                tcache_count(&tc->allocs[a->mc_class[c]]);
+                tc->mhits++;
+                *out = (void *)(uintptr_t)it.ptr;
+                return FABPOOL_OK;
+            }
+            return alloc_medium_miss(a, tc, size, out);
+        }
+    }
+    return alloc_entry(a, size, out);
+}
+
 /* The fast path: a block of a slab class from the calling thread's cache,
  * with one access to the thread's storage, the class and a pop inline, and
  * nothing else.  The hot slot holds the pool's key only while the pool has
@@ -197,7 +272,7 @@ fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
             }
         }
     }
-    return alloc_entry(a, size, out);
+    return alloc_miss(a, size, out);
 }
 
 /* Block addr of slab s (index idx) is free: into the thread's cache, made
@@ -228,66 +303,6 @@ static fabpool_status free_slab_slow(fp_alloc *a, fp_span *s, uint64_t addr, uin
     atomic_fetch_add_explicit(&a->counts[cls].frees, 1, memory_order_relaxed);
     fp_alloc_trim_policy(a);
     return FABPOOL_OK;
-}
-
-/* The refusal of a free (or a use) of a slab block whose flag f says it is not given out. */
-fabpool_status fp_alloc_already_free(const char *fn, uint64_t addr, uint64_t obj, uint8_t f)
-{
-    return fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this %llu-byte block is already free%s (double free)", fn,
-                    (void *)(uintptr_t)addr, (unsigned long long)obj,
-                    f == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for its work" : "");
-}
-
-/* A pending block becomes a block given out again. */
-void fp_alloc_unpend(fp_alloc *a, uint64_t ptr)
-{
-    fp_span *s = fp_map_get(&a->map, ptr);
-    uint32_t idx = 0;
-    if (s && s->kind == FP_SPAN_SLAB) {
-        fp_slab_index(s, ptr, &idx);
-        atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_USED, memory_order_relaxed);
-    } else if (s) {
-        fp_large_unpend(a->heap, ptr);
-    }
-}
-
-/* A block with recorded streams (fabpool_record_stream), checked live by the
- * caller, is freed: by fabpool_free (on_stream 0) or on `stream`, its free
- * in the trace already (traced) or not.  If a stream other than `stream`
- * was recorded, it waits in the queue for an event on each and on `stream`
- * (*queued = 1); else its record goes and the caller frees it as any block
- * (*queued = 0, the block as it was but for its slab flag, now
- * FP_FREEFLAG_USED).  On failure nothing changed. */
-fabpool_status fp_alloc_free_recorded(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn, int on_stream,
-                                      void *stream, int traced, int *queued)
-{
-    *queued = 0;
-    uint64_t usable = 0;
-    uint32_t cls = FP_PENDING_LARGE, idx = 0;
-    fabpool_status st = FABPOOL_OK;
-    if (s->kind == FP_SPAN_SLAB) {
-        fp_slab_index(s, addr, &idx);
-        usable = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
-        cls = s->cls;
-        uint8_t want = FP_FREEFLAG_RECORDED;
-        if (!atomic_compare_exchange_strong_explicit(&s->freeflag[idx], &want, FP_FREEFLAG_PENDING,
-                                                     memory_order_relaxed, memory_order_relaxed))
-            return want == FP_FREEFLAG_USED ? FABPOOL_OK : fp_alloc_already_free(fn, addr, usable, want);
-    } else if (!fp_retire_used(a->retire, addr)) {
-        return FABPOOL_OK;
-    } else if ((st = fp_large_pend(a->heap, addr, fn, &usable)) != FABPOOL_OK) {
-        return st;
-    }
-    st = fp_pending_free_used(a->retire, addr, usable, cls, on_stream, stream, traced, queued);
-    if (st == FABPOOL_OK && *queued)
-        return FABPOOL_OK;
-    fp_alloc_unpend(a, addr);
-    if (st != FABPOOL_OK) {
-        if (s->kind == FP_SPAN_SLAB) /* its streams are still recorded */
-            atomic_store_explicit(&s->freeflag[idx], FP_FREEFLAG_RECORDED, memory_order_relaxed);
-        fp_error_append(" (%s(%p): the block is still the caller's, its streams recorded)", fn, (void *)(uintptr_t)addr);
-    }
-    return st;
 }
 
 /* The frees off the hot path, apart so that it stays as it is: a large
@@ -360,13 +375,6 @@ static inline __attribute__((always_inline)) fabpool_status free_block(fp_alloc 
     return free_slab_slow(a, s, addr, idx);
 }
 
-fabpool_status fp_alloc_not_ours(const fp_alloc *a, const char *fn, const void *ptr)
-{
-    return fp_error(FABPOOL_ERR_NOT_FOUND,
-                    "%s(%p): this pool (device %d) did not give out that pointer, or it was freed and its memory "
-                    "returned to the driver", fn, ptr, (int)a->sp->ch->dev);
-}
-
 /* fabpool_free's work; trace_flags: FABPOOL_TRACE_R_APP for the application's call, 0 for the pool's own
  * (a block freed on a stream, given back once its work is done). */
 static inline fabpool_status free_any(fp_alloc *a, void *ptr, unsigned trace_flags)
@@ -417,6 +425,57 @@ static __attribute__((noinline)) fabpool_status free_entry(fp_alloc *a, void *pt
     return free_any(a, ptr, FABPOOL_TRACE_R_APP);
 }
 
+/* free_medium's block past the cache's budget: the cache gives back blocks
+ * of other sizes, a size's bin at a time in turn, until this one fits; so
+ * that the newest stay and no free gives back more than a few blocks. */
+static __attribute__((noinline)) fabpool_status free_medium_full(fp_alloc *a, fp_tcache *tc, uint64_t addr,
+                                                                 _Atomic uint8_t *f)
+{
+    unsigned c = atomic_load_explicit(f, memory_order_relaxed);
+    uint64_t bytes = a->mc_lo + ((uint64_t)c << FP_PIECE_UNIT_SHIFT);
+    fp_tcache_medium_evict(a, tc, bytes);
+    unsigned n = tc->mn[c];   /* below FP_MC_CAP still: the eviction only takes */
+    tc->mitems[c][n] = (fp_titem){addr, f};
+    tc->mn[c] = (uint8_t)(n + 1);
+    tc->mmask[c / 64] |= 1ull << (c % 64);
+    atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) + bytes,
+                          memory_order_relaxed);
+    atomic_store_explicit(f, FP_MSTATE_CACHED, memory_order_relaxed);
+    return FABPOOL_OK;
+}
+
+/* A block of the medium arena, the fast path's key matched (tc: the thread's
+ * cache): into tc where its state byte says it is a live block of a size the
+ * caches hold (fp_mstate), no block has recorded streams, the bin of its size
+ * has room and the cache's bytes stay in its budget (past it, free_medium_full);
+ * else free_entry, whose checks refuse a cached block's double free (its state
+ * FP_MSTATE_CACHED) under the pool lock. */
+static __attribute__((noinline)) fabpool_status free_medium(fp_alloc *a, void *ptr, fp_tcache *tc)
+{
+    uint64_t addr = (uint64_t)(uintptr_t)ptr;
+    if (FP_UNLIKELY(fp_retire_any_used(a->retire)))
+        return free_entry(a, ptr);
+    _Atomic uint8_t *f = fp_mstate_at(&a->ms, addr);   /* a byte per quantum: a block start is a multiple */
+    if (FP_LIKELY(f && !(addr & (FP_BLOCK_QUANTUM - 1)) && !tc->moff)) {
+        unsigned c = atomic_load_explicit(f, memory_order_relaxed);
+        unsigned n = tc->mn[c];
+        if (FP_LIKELY(c - 1u < FP_MSTATE_MAX && n < FP_MC_CAP)) {
+            uint64_t bytes = a->mc_lo + ((uint64_t)c << FP_PIECE_UNIT_SHIFT);
+            uint64_t held = atomic_load_explicit(&tc->mbytes, memory_order_relaxed) + bytes;
+            if (FP_UNLIKELY(held > atomic_load_explicit(&a->mc_budget, memory_order_relaxed)))
+                return free_medium_full(a, tc, addr, f);
+            tc->mitems[c][n] = (fp_titem){addr, f};
+            tc->mn[c] = (uint8_t)(n + 1);
+            tc->mmask[c / 64] |= 1ull << (c % 64);
+            atomic_store_explicit(&tc->mbytes, held, memory_order_relaxed);
+            atomic_store_explicit(f, FP_MSTATE_CACHED, memory_order_relaxed);
+            return FABPOOL_OK;
+        }
+    }
+    /* free_block's way for a block of an arena with no block's streams recorded and no trace (the key) */
+    return large_free(a, a->mc_sentinel, addr, "fabpool_free");
+}
+
 /* The fast path: a slab block given out and not freed (its flag 0: not
  * free, not pending, no recorded streams), into the calling thread's cache
  * with a bin that has room; the hot slot holds the pool's key only while it
@@ -449,6 +508,8 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
                     atomic_store_explicit(flag, FP_FREEFLAG_FREE, memory_order_relaxed);
                     return FABPOOL_OK;
                 }
+            } else if (s == a->mc_sentinel) {
+                return free_medium(a, ptr, h->tc);
             }
         }
     }
@@ -498,45 +559,3 @@ fabpool_status fp_alloc_free_block(fp_alloc *a, fp_span *s, uint64_t addr, const
     fp_alloc_owner_sync(a);   /* the stream pair's free: its claim may have begun the owner mode */
     return free_block(a, s, addr, fn, on_stream, stream, queued);
 }
-
-
-fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
-{
-    fp_alloc *a = fp_alloc_of(p);
-    if (!a || !ptr || !out)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_usable_size: the pool, the pointer or the output is NULL");
-    uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
-    fp_span *s = fp_map_get(&a->map, addr);
-    uint32_t idx;
-    if (s && s->kind != FP_SPAN_SLAB) {
-        fabpool_status st = fp_large_usable(a->heap, addr, &usable, "fabpool_usable_size");
-        *out = (size_t)usable;
-        return st;
-    }
-    if (!s || !fp_slab_index(s, addr, &idx))
-        return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_usable_size(%p): not a block this pool gave out", ptr);
-    *out = (size_t)s->obj_q << FP_QUANTUM_SHIFT;
-    return FABPOOL_OK;
-}
-
-fabpool_status fp_alloc_live_block(fp_alloc *a, uint64_t addr, uint64_t *usable, const char *fn)
-{
-    fp_span *s = fp_map_get(&a->map, addr);
-    if (!s)
-        return fp_alloc_not_ours(a, fn, (void *)(uintptr_t)addr);
-    if (s->kind != FP_SPAN_SLAB)
-        return fp_large_live_locked(a->heap, addr, usable, fn);
-    uint32_t idx = 0;
-    uint64_t size = (uint64_t)s->obj_q << FP_QUANTUM_SHIFT;
-    if (!fp_slab_index(s, addr, &idx))
-        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer into a block of %llu bytes; give the "
-                        "pointer fabpool_alloc returned", fn, (void *)(uintptr_t)addr, (unsigned long long)size);
-    unsigned state = atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed);
-    if (state != FP_FREEFLAG_USED && state != FP_FREEFLAG_RECORDED)
-        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this %llu-byte block is free%s; only a live block can be "
-                        "used", fn, (void *)(uintptr_t)addr, (unsigned long long)size,
-                        state == FP_FREEFLAG_PENDING ? " (freed on a stream and waiting for its work)" : "");
-    *usable = size;
-    return FABPOOL_OK;
-}
-

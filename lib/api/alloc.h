@@ -20,15 +20,8 @@
 #ifndef FP_ALLOC_H
 #define FP_ALLOC_H
 
+#include "block_state.h"
 #include "tcache.h"
-
-/* FABPOOL_OK with *usable its size where addr is the start of a block given
- * out and not freed (nor freed on a stream); else FABPOOL_ERR_NOT_FOUND with
- * a message that says which (fn names the call).  The block may be freed
- * meanwhile by another thread: callers hold the pool lock for what only it
- * guards (large blocks) and rely on the caller of the public call for the
- * rest. */
-fabpool_status fp_alloc_live_block(fp_alloc *a, uint64_t addr, uint64_t *usable, const char *fn);
 
 /* The block paths that stream.c shares with alloc.c.  fabpool_alloc's work
  * for the owner stream; fabpool_alloc after a poll of the caller's own (not
@@ -41,11 +34,6 @@ fabpool_status fp_alloc_polled(fp_alloc *a, size_t size, void **out);
  * NULL) is set to 1 then, and left as it is otherwise. */
 fabpool_status fp_alloc_free_block(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn, int on_stream,
                                    void *stream, int *queued);
-/* A block with recorded streams is freed (alloc.c says how). */
-fabpool_status fp_alloc_free_recorded(fp_alloc *a, fp_span *s, uint64_t addr, const char *fn, int on_stream,
-                                      void *stream, int traced, int *queued);
-/* A stream-pending block becomes a block given out again. */
-void fp_alloc_unpend(fp_alloc *a, uint64_t ptr);
 /* Blocks freed on streams whose work is done go back to the pool
  * (with wait: all of them, after waiting; forget: streams that hold nothing
  * are dropped).  No lock held. */
@@ -53,9 +41,5 @@ void fp_alloc_drain(fp_alloc *a, int wait, int forget);
 /* Gives a chain of blocks the queue handed back to the pool (one whose free
  * is in the trace already is not traced again), and recycles its records. */
 void fp_alloc_release_chain(fp_alloc *a, fp_rblock *chain);
-/* The refusal of a free (or a use) of a slab block whose flag f says it is not given out. */
-fabpool_status fp_alloc_already_free(const char *fn, uint64_t addr, uint64_t obj, uint8_t f);
-/* The refusal of a pointer this pool did not give out. */
-fabpool_status fp_alloc_not_ours(const fp_alloc *a, const char *fn, const void *ptr);
 
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "array.h"
+#include "clock.h"
 #include "counter.h"
 #include "error.h"
 #include "list.h"
@@ -130,12 +131,32 @@ void fp_tcache_give(fp_alloc *a, unsigned cls, const fp_titem *t, unsigned n)
     }
 }
 
+/* The medium blocks' share of the thread caches follows the pool's blocks above slab_max, and their decay:
+ * once a period every cache is asked to give them back at its next call (a flush, as a trim asks). */
+void fp_alloc_medium_policy(fp_alloc *a)
+{
+    if (!a->mc_span)
+        return;
+    uint64_t b = atomic_load_explicit(&a->heap->large_in_use_bytes, memory_order_relaxed) / FP_MC_SHARE;
+    b = b < FP_MC_BUDGET_MIN ? FP_MC_BUDGET_MIN : b > FP_MC_BUDGET_MAX ? FP_MC_BUDGET_MAX : b;
+    if (atomic_load_explicit(&a->mc_budget, memory_order_relaxed) != b)
+        atomic_store_explicit(&a->mc_budget, b, memory_order_relaxed);
+    uint64_t t = fp_coarse_ns(), last = atomic_load_explicit(&a->mc_decay_ns, memory_order_relaxed);
+    if (t - last >= a->heap->decay_ms * 1000000ull &&
+        atomic_compare_exchange_strong_explicit(&a->mc_decay_ns, &last, t, memory_order_relaxed,
+                                                memory_order_relaxed)) {
+        atomic_fetch_add(&a->flush_epoch, 1);
+        fp_alloc_hot_rekey(a);
+    }
+}
+
 /* The heap's cache policy on a slow path. */
 void fp_alloc_trim_policy(fp_alloc *a)
 {
     fp_chunk_tally t = fp_chunk_tally_begin();
     fp_heap_trim_policy(a->heap);
     fp_alloc_log_released(a, t, "decay");
+    fp_alloc_medium_policy(a);
 }
 
 /* ------------------------------------------------------------ thread caches */
@@ -164,6 +185,25 @@ void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, fp_usage *use,
         bytes += a->tc_cap[c] * sizeof(fp_titem);
     }
     a->tcache_bytes = bytes;
+    /* medium blocks: sizes above slab_max (from a multiple of the arenas' quantum) up to FP_MC_MAX, where the
+     * pool keeps free memory at all (decay_ms 0 gives it back at once) and their states can be kept */
+    uint64_t lo = (a->slab_max + FP_BLOCK_QUANTUM - 1) & ~(FP_BLOCK_QUANTUM - 1);
+    uint64_t hi = FP_MC_MAX < heap->medium_max ? FP_MC_MAX : heap->medium_max;
+    if (hi > lo + FP_MSTATE_MAX * FP_BLOCK_QUANTUM)
+        hi = lo + FP_MSTATE_MAX * FP_BLOCK_QUANTUM;
+    fp_arena *ma = &heap->arenas[FP_ARENA_MEDIUM];
+    if (thread_cache && heap->decay_ms && hi > lo && fp_arena_mstate_init(ma, lo, hi) == 0) {
+        a->mc_lo = lo;
+        a->mc_span = hi - lo;
+        a->mc_sentinel = &heap->sentinels[FP_ARENA_MEDIUM];
+        a->ms = ma->ms;
+        a->mc_budget = FP_MC_BUDGET_MIN;
+        a->mc_decay_ns = fp_coarse_ns();
+        for (unsigned c = 1; c <= FP_MSTATE_MAX; c++) {
+            unsigned k = fp_class_of(lo + ((uint64_t)c << FP_PIECE_UNIT_SHIFT));
+            a->mc_class[c] = (uint8_t)(k < FP_NCLASS ? k : FP_NCLASS - 1);
+        }
+    }
     /* the table holds while every class boundary up to its end is a multiple of 64 bytes */
     uint64_t end = a->slab_max < FP_CLS_TABLE * 64 ? a->slab_max / 64 * 64 : FP_CLS_TABLE * 64;
     _Static_assert(FP_CLS_TABLE * 64 <= UINT32_MAX, "the table's reach");
@@ -199,8 +239,77 @@ void fp_alloc_class_counts(const fp_alloc *a, unsigned cls, uint64_t *allocs, ui
     *frees = fr;
 }
 
-static void tcache_flush(fp_alloc *a, fp_tcache *tc)
+void fp_tcache_medium_flush(fp_alloc *a, fp_tcache *tc, int locked)
 {
+    if (!atomic_load_explicit(&tc->mbytes, memory_order_relaxed))
+        return;
+    if (!locked)
+        fp_lock(&a->sp->lock);
+    for (unsigned w = 0; w < sizeof tc->mmask / sizeof tc->mmask[0]; w++)
+        for (uint64_t m = tc->mmask[w]; m; m &= m - 1) {
+            unsigned c = w * 64 + (unsigned)__builtin_ctzll(m);
+            for (unsigned i = 0; i < tc->mn[c]; i++)
+                fp_large_release_cached_locked(a->heap, tc->mitems[c][i].ptr);
+            tc->mn[c] = 0;
+        }
+    memset(tc->mmask, 0, sizeof tc->mmask);
+    atomic_store_explicit(&tc->mbytes, 0, memory_order_relaxed);
+    int due = fp_large_policy_due(a->heap);
+    if (!locked)
+        fp_unlock(&a->sp->lock);
+    if (due && !locked)
+        fp_alloc_trim_policy(a);
+}
+
+/* The first code from `from` on (round the end to 1) whose bin of tc may hold blocks: 0 if none. */
+static unsigned next_code(const fp_tcache *tc, unsigned from)
+{
+    enum { W = sizeof tc->mmask / sizeof tc->mmask[0] };
+    for (unsigned k = 0; k <= W; k++) {
+        unsigned w = (from / 64 + k) % W;
+        uint64_t m = tc->mmask[w];
+        if (k == 0)
+            m &= ~0ull << (from % 64);
+        if (m)
+            return w * 64 + (unsigned)__builtin_ctzll(m);
+    }
+    return 0;
+}
+
+void fp_tcache_medium_evict(fp_alloc *a, fp_tcache *tc, uint64_t room)
+{
+    uint64_t held = atomic_load_explicit(&tc->mbytes, memory_order_relaxed), budget = a->mc_budget;
+    fp_lock(&a->sp->lock);
+    while (held + room > budget / 2) {   /* half the budget at once: one lock for several frees */
+        unsigned c = next_code(tc, tc->mevict);
+        if (!c)
+            break;
+        tc->mevict = c + 1;
+        tc->mmask[c / 64] &= ~(1ull << (c % 64));
+        for (unsigned i = 0; i < tc->mn[c]; i++)
+            fp_large_release_cached_locked(a->heap, tc->mitems[c][i].ptr);
+        held -= tc->mn[c] * (a->mc_lo + ((uint64_t)c << FP_PIECE_UNIT_SHIFT));
+        tc->mn[c] = 0;
+    }
+    atomic_store_explicit(&tc->mbytes, held, memory_order_relaxed);
+    int due = fp_large_policy_due(a->heap);
+    fp_unlock(&a->sp->lock);
+    if (due)
+        fp_alloc_trim_policy(a);
+}
+
+uint64_t fp_alloc_medium_cached(const fp_alloc *a)
+{
+    fp_space_assert_locked(a->sp);
+    uint64_t n = 0;
+    for (const fp_tcache *tc = a->tcaches; tc; tc = tc->next)
+        n += atomic_load_explicit(&tc->mbytes, memory_order_relaxed);
+    return n;
+}
+
+static void tcache_flush(fp_alloc *a, fp_tcache *tc, int locked)
+{
+    fp_tcache_medium_flush(a, tc, locked);
     for (unsigned c = 0; c < a->n_slab_classes; c++) {
         if (tc->top[c] != tc->lo[c]) {
             fp_usage_slab_back(a->use, fp_bin_n(tc, c) * fp_heap_block_size(a->heap, c));
@@ -223,7 +332,7 @@ static void tcache_free(fp_alloc *a, fp_tcache *tc)
 /* Flushes and frees a cache whose pool is alive. */
 static void tcache_close(fp_alloc *a, fp_tcache *tc)
 {
-    tcache_flush(a, tc);
+    tcache_flush(a, tc, 0);
     fp_lock(&a->sp->lock);
     FP_LIST_REMOVE(&a->tcaches, tc, next, prev);
     fp_unlock(&a->sp->lock);
@@ -235,7 +344,7 @@ static void thread_exit(void *arg)
 {
     (void)arg;
     fp_thread *th = fp_hot.th;
-    fp_hot = (fp_tls_hot){0, NULL, NULL};
+    fp_hot = (fp_tls_hot){0, NULL, NULL, fp_hot.align, fp_hot.tick};
     if (!th)
         return;
     fp_lock(&registry_lock);
@@ -270,6 +379,7 @@ static fp_tcache *tcache_new(fp_alloc *a)
     fp_tcache *tc = fp_meta_alloc(a->sp->meta, bytes);
     if (!tc)
         return NULL;
+    memset(tc, 0, sizeof *tc);
     tc->owner = a;
     tc->bytes = bytes;
     fp_titem *items = (fp_titem *)(tc + 1);
@@ -323,7 +433,7 @@ fp_tcache *fp_tcache_get(fp_alloc *a)
             memmove(&sl[1], &sl[0], (size_t)i * sizeof s);
             sl[0] = s;
             if (s.tc->epoch != atomic_load(&a->flush_epoch))
-                tcache_flush(a, s.tc);
+                tcache_flush(a, s.tc, 0);
             hot_install(s.tc, key);
             return s.tc;
         }
@@ -363,7 +473,7 @@ void fp_alloc_flush_all(fp_alloc *a)
     fp_tls_slot *sl = my_slots();
     for (int i = 0; sl && i < FP_TLS_SLOTS; i++)
         if (slot_is(&sl[i], a))
-            tcache_flush(a, sl[i].tc);
+            tcache_flush(a, sl[i].tc, 0);
 }
 
 int fp_tcache_mine(const fp_alloc *a, const fp_tcache *tc)
@@ -383,6 +493,21 @@ fabpool_status fabpool_thread_flush(fabpool_t *p)
     fp_tls_slot *sl = my_slots();
     for (int i = 0; sl && i < FP_TLS_SLOTS; i++)
         if (slot_is(&sl[i], a))
-            tcache_flush(a, sl[i].tc);
+            tcache_flush(a, sl[i].tc, 0);
     return FABPOOL_OK;
+}
+
+void fp_alloc_thread_flush_locked(fp_alloc *a)
+{
+    fp_tls_slot *sl = my_slots();
+    for (int i = 0; sl && i < FP_TLS_SLOTS; i++)
+        if (slot_is(&sl[i], a))
+            tcache_flush(a, sl[i].tc, 1);
+}
+
+uint64_t fp_alloc_align_next(uint64_t align)
+{
+    uint64_t was = fp_hot.align;
+    fp_hot.align = align > FP_BLOCK_QUANTUM ? align : 0;
+    return was;
 }

@@ -27,6 +27,18 @@ typedef struct fp_titem {
 
 /* The most blocks a bin holds (fp_alloc_init). */
 #define FP_TC_CAP_MAX 64u
+/* The most medium blocks of one size a thread cache holds, and the sizes it holds: above slab_max up to this. */
+#define FP_MC_CAP 4u
+#define FP_MC_MAX (64ull << 10)
+/* The bytes of medium blocks a thread cache holds at most: a share of what the pool's blocks above slab_max
+ * take (1 / FP_MC_SHARE of them), between FP_MC_BUDGET_MIN and FP_MC_BUDGET_MAX, set on the slow paths. */
+#define FP_MC_SHARE 512u
+#define FP_MC_BUDGET_MIN (256ull << 10)
+#define FP_MC_BUDGET_MAX (2ull << 20)
+/* A thread cache that hit fewer than a quarter of FP_MC_WINDOW medium misses (sizes that seldom repeat: the
+ * blocks it holds would only wait) gives its medium blocks back and takes none for FP_MC_REST windows. */
+#define FP_MC_WINDOW 64u
+#define FP_MC_REST 64u
 
 /* A thread's cache for one pool.  Only its thread writes it (counters are
  * atomics so that stats can read them).  The bin of class c holds the
@@ -37,11 +49,21 @@ typedef struct fp_titem {
  * hit reads them at small offsets of the cache's address. */
 typedef struct fp_tcache {
     fp_titem *top[FP_NCLASS], *lo[FP_NCLASS], *hi[FP_NCLASS];
-    _Atomic uint64_t allocs[FP_NCLASS], frees[FP_NCLASS];
+    _Atomic uint64_t allocs[FP_NCLASS], frees[FP_NCLASS];   /* by class; a medium block's hits count in the
+                                                              class its size falls in */
     struct fp_alloc *owner;
     struct fp_tcache *next, *prev;     /* the pool's list */
     uint64_t epoch;
     size_t bytes;                      /* its own allocation size */
+    /* medium blocks (docs/design.md, "Medium blocks"): mn[c] blocks of the size of code c (fp_mstate) in
+     * mitems[c], the last freed on top; mbytes their bytes, at most the pool's mc_budget */
+    _Atomic uint64_t mbytes;
+    uint64_t mmask[(FP_MSTATE_MAX + 64) / 64];   /* a bit per code whose mn is not 0 */
+    unsigned mevict;                   /* the code whose blocks go first when the budget is short (in turn) */
+    uint32_t mhits, mmiss;             /* its medium hits and misses in the current window (FP_MC_WINDOW misses) */
+    uint32_t moff;                     /* windows left that it takes no medium block (0: it takes them) */
+    uint8_t mn[FP_MSTATE_MAX + 1];
+    fp_titem mitems[FP_MSTATE_MAX + 1][FP_MC_CAP];
 } fp_tcache;
 
 /* Blocks in the bin of class c, and its room. */
@@ -76,6 +98,14 @@ typedef struct fp_alloc {
     fp_pagemap map;                    /* a copy of the space's page map handle (its first level never
                                           moves; leaves are shared), so the free's lookup follows no
                                           pointer more than it would in the pool itself */
+    /* medium blocks: sizes in (mc_lo, mc_lo + mc_span] come from the thread caches where they can; the medium
+     * arena's sentinel and a copy of its states' handle (fp_mstate: its leaves' array never moves) */
+    uint64_t mc_lo, mc_span;
+    const fp_span *mc_sentinel;
+    fp_mstate ms;
+    _Atomic uint64_t mc_budget;        /* a thread cache's most bytes of them (FP_MC_SHARE) */
+    _Atomic uint64_t mc_decay_ns;      /* when their decay last asked every cache to give them back */
+    uint8_t mc_class[FP_MSTATE_MAX + 1]; /* the class of the grid each code's size falls in (its hits' count) */
     /* the rest */
     fp_heap *heap;
     fp_space *sp;                      /* the heap's */
@@ -169,6 +199,12 @@ typedef struct fp_tls_hot {
     uint64_t key;                      /* 0: none (no pool's key is 0) */
     fp_tcache *tc;
     fp_thread *th;                     /* NULL until the thread's first cache */
+    uint64_t align;                    /* the alignment the thread's next blocks above slab_max ask for beyond
+                                          the arenas' quantum (0: none), set only around the fabpool_alloc call
+                                          that fabpool_alloc_aligned makes (fp_alloc_align_next); a cached
+                                          medium block is given only while it is 0 */
+    unsigned tick;                     /* the thread's blocks above slab_max given out and freed: the medium
+                                          blocks' policy at every 16th (alloc.c) */
 } fp_tls_hot;
 
 #define FP_HOT_OFF UINT64_MAX
@@ -236,6 +272,22 @@ static inline int tcache_push(fp_tcache *tc, fp_span *s, uint64_t addr)
     return 1;
 }
 
+/* The calling thread's blocks above slab_max from now on have bases that are multiples of align (a power of
+ * two up to the granularity; FP_BLOCK_QUANTUM or less: the arenas' own 256 bytes, as without a call);
+ * returns the alignment asked before.  For fabpool_alloc_aligned (api/aligned.c), which sets it around one
+ * fabpool_alloc and puts the old one back, so that an aligned block takes fabpool_alloc's whole path (its
+ * wait for the owner stream's work, its out-of-memory retry, its trace) without a parameter on it. */
+uint64_t fp_alloc_align_next(uint64_t align);
+/* Gives the medium blocks of tc back to the medium arena (pool lock held: locked != 0; else taken). */
+void fp_tcache_medium_flush(fp_alloc *a, fp_tcache *tc, int locked);
+/* Gives blocks of tc's medium bins back, a size's whole bin at a time in turn, until room more bytes fit in
+ * half its budget (no lock held). */
+void fp_tcache_medium_evict(fp_alloc *a, fp_tcache *tc, uint64_t room);
+/* The bytes of medium blocks that the thread caches hold (pool lock held, so that the list holds still). */
+uint64_t fp_alloc_medium_cached(const fp_alloc *a);
+/* fabpool_thread_flush with the pool lock held (fabpool_sleep). */
+void fp_alloc_thread_flush_locked(fp_alloc *a);
+
 /* The calling thread's cache for a, made on first use and flushed if a trim
  * asked; NULL if caches are off or no host memory is left (the caller then
  * uses the classes directly). */
@@ -245,8 +297,10 @@ fp_tcache *fp_tcache_get(fp_alloc *a);
 unsigned fp_tcache_refill(fp_alloc *a, fp_tcache *tc, unsigned cls, unsigned want, fabpool_status *st);
 /* Gives the n cached blocks t of class cls back to the heap (their flags set). */
 void fp_tcache_give(fp_alloc *a, unsigned cls, const fp_titem *t, unsigned n);
-/* The heap's cache policy on a slow path, its releases logged. */
+/* The heap's cache policy on a slow path, its releases logged, and the medium blocks' (their share and their
+ * decay: fp_alloc_medium_policy). */
 void fp_alloc_trim_policy(fp_alloc *a);
+void fp_alloc_medium_policy(fp_alloc *a);
 /* The log (info): what the heap gave back to the driver by itself during a
  * call (begun: the tally at its start). */
 void fp_alloc_log_released(const fp_alloc *a, fp_chunk_tally begun, const char *why);

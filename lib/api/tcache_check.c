@@ -40,6 +40,39 @@ static fabpool_status count_tcaches(const fp_alloc *a, unsigned n_classes, fp_wa
     return FABPOOL_OK;
 }
 
+/* The medium blocks of tc, a cache of the calling thread: each a block of the medium arena given out (to
+ * the arena) of its code's size, its state byte FP_MSTATE_CACHED and cached with that byte's address, and
+ * their bytes what the cache counts. */
+static fabpool_status check_medium(const fp_alloc *a, const fp_heap *h, const fp_tcache *tc)
+{
+    const fp_arena *ar = &h->arenas[FP_ARENA_MEDIUM];
+    uint64_t bytes = 0;
+    for (unsigned c = 0; c <= FP_MSTATE_MAX; c++) {
+        if (tc->mn[c] > FP_MC_CAP || (tc->mn[c] && (!c || !a->mc_span)))
+            return FAIL("[tcache.medium] a thread cache holds %u medium blocks of code %u (at most %u, of codes "
+                        "1..%u, with the medium cache on)", tc->mn[c], c, FP_MC_CAP, FP_MSTATE_MAX);
+        uint64_t size = a->mc_lo + ((uint64_t)c << FP_PIECE_UNIT_SHIFT);
+        for (unsigned i = 0; i < tc->mn[c]; i++) {
+            const fp_titem *it = &tc->mitems[c][i];
+            const fp_piece *b = fp_arena_block(ar, it->ptr);
+            const _Atomic uint8_t *f = fp_mstate_at(&a->ms, it->ptr);
+            if (!f || it->flag != f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED || !b ||
+                b->state != FP_LARGE_LIVE || fp_piece_size(b) != size)
+                return FAIL("[tcache.medium] a thread cache holds 0x%llx as a free block of %llu bytes: its state "
+                            "byte is %d (want %u), the arena's block there is %llu bytes in state %d",
+                            (unsigned long long)it->ptr, (unsigned long long)size,
+                            f ? (int)atomic_load_explicit(f, memory_order_relaxed) : -1, FP_MSTATE_CACHED,
+                            (unsigned long long)(b ? fp_piece_size(b) : 0), b ? (int)b->state : -1);
+            bytes += size;
+        }
+    }
+    uint64_t counted = atomic_load_explicit(&tc->mbytes, memory_order_relaxed);
+    if (bytes != counted)
+        return FAIL("[tcache.medium] a thread cache holds %llu bytes of medium blocks and counts %llu",
+                    (unsigned long long)bytes, (unsigned long long)counted);
+    return FABPOOL_OK;
+}
+
 fabpool_status fp_tcaches_check(const fp_alloc *a, const fp_heap *h, fp_walk *w)
 {
     unsigned n_classes = h->n_slab_classes;
@@ -53,6 +86,8 @@ fabpool_status fp_tcaches_check(const fp_alloc *a, const fp_heap *h, fp_walk *w)
     for (const fp_tcache *tc = a->tcaches; tc; tc = tc->next) {
         if (!fp_tcache_mine(a, tc))
             continue;
+        if ((st = check_medium(a, h, tc)) != FABPOOL_OK)
+            return st;
         for (unsigned c = 0; c < n_classes; c++)
             for (uint32_t i = 0; i < fp_bin_n(tc, c); i++)
                 w->tc[w->n_tc++] = (fp_tc_ref){fp_map_get(&a->map, tc->lo[c][i].ptr), tc->lo[c][i].ptr, c};

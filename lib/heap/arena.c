@@ -3,10 +3,12 @@
  * are arena_rec.c's, its growth on a miss arena_grow.c's. */
 #include "arena.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "array.h"
 #include "error.h"
+#include "sizeclass.h"
 
 #define P(r) fp_piece_at(a, (r))
 #define N(r) fp_piece_of(a, (r))
@@ -142,6 +144,10 @@ void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *nam
     a->pol = *pol;
     fp_addrmap_init(&a->blocks, sp->meta);
     a->recs.meta = sp->meta;
+    for (unsigned i = 0; i < FP_ARENA_CLS_Q; i++) {
+        unsigned c = fp_class_of((uint64_t)(i + 1) << FP_PIECE_UNIT_SHIFT);
+        a->cls_of_q[i] = (uint8_t)(c < FP_NCLASS ? c : FP_NCLASS - 1);
+    }
 }
 
 /* An allocation of n bytes, for the growth rate. */
@@ -496,10 +502,52 @@ uint64_t fp_arena_recent_size(const fp_arena *a, unsigned rank)
     return s[want];
 }
 
+int fp_arena_mstate_init(fp_arena *a, uint64_t lo, uint64_t hi)
+{
+    fp_mstate *m = &a->ms;
+    uint64_t base = fp_space_base(a->sp), size = fp_space_size(a->sp);
+    uint64_t n = (size + (1ull << FP_MSTATE_LEAF_SHIFT) - 1) >> FP_MSTATE_LEAF_SHIFT;
+    m->leaves = calloc(n, sizeof *m->leaves);
+    if (!m->leaves)
+        return -1;
+    m->base = base;
+    m->end = base + size;
+    m->lo = lo;
+    m->hi = hi;
+    return 0;
+}
+
+_Atomic uint8_t *fp_arena_mstate_make(fp_arena *a, uint64_t addr)
+{
+    fp_lock_assert_held(&a->sp->lock);
+    fp_mstate *m = &a->ms;
+    if (addr - m->base >= m->end - m->base)
+        return NULL;
+    /* written through now, not left to fault page by page under the blocks' calls that touch it first */
+    size_t bytes = (1ull << FP_MSTATE_LEAF_SHIFT) >> FP_PIECE_UNIT_SHIFT;
+    _Atomic uint8_t *leaf = malloc(bytes);
+    if (!leaf)
+        return NULL;
+    memset((void *)leaf, 0, bytes);
+    atomic_store_explicit(&m->leaves[(addr - m->base) >> FP_MSTATE_LEAF_SHIFT], leaf, memory_order_release);
+    return fp_mstate_at(m, addr);
+}
+
+static void mstate_free(fp_mstate *m)
+{
+    if (!m->leaves)
+        return;
+    for (uint64_t i = 0; i < (m->end - m->base + (1ull << FP_MSTATE_LEAF_SHIFT) - 1) >> FP_MSTATE_LEAF_SHIFT; i++)
+        free(atomic_load_explicit(&m->leaves[i], memory_order_relaxed));
+    free(m->leaves);
+    m->leaves = NULL;
+}
+
 void fp_arena_destroy(fp_arena *a)
 {
     if (!a->sp)
         return; /* never set up */
+    mstate_free(&a->ms);
     while (a->n_chunks)
         chunk_unmap_at(a, a->n_chunks - 1);
     fp_recs_free(&a->recs);

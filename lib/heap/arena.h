@@ -82,6 +82,7 @@ typedef struct fp_lchunk {
 #define FP_ARENA_NBINS 4096u                       /* 64 x 64: a word of the bitmap's summary each */
 #define FP_ARENA_LOOK 8u                           /* ranges of its own bin a block looks at (fp_arena_fit) */
 #define FP_ARENA_RATE 32u                          /* allocations the growth rate is taken over */
+#define FP_ARENA_CLS_Q 1024u                       /* blocks up to this many quanta have their class in a table */
 
 /* How an arena grows and maps (fp_arena_ahead, fp_arena_grow_plan). */
 typedef struct fp_arena_policy {
@@ -93,6 +94,37 @@ typedef struct fp_arena_policy {
                                           included) and a this-th of them (0: no such cap) */
     unsigned chunk_granules;           /* the largest chunk */
 } fp_arena_policy;
+
+/* The states of the blocks of an arena whose blocks thread caches may hold (the medium arena: docs/design.md,
+ * "Medium blocks"), read without a lock: a byte per quantum of the reservation, in leaves of
+ * 1 << FP_MSTATE_LEAF_SHIFT bytes of address space, each made when the arena first gives out a block there and
+ * kept until destroy.  A block start's byte: 0, no live block a cache may take (the slow path, under the pool
+ * lock, says what is there); 1..FP_MSTATE_MAX, a live block of lo + that many quanta; FP_MSTATE_CACHED, a
+ * block in a thread cache: free to its caller, given out to the arena.  Written under the pool lock, except by
+ * the thread whose cache takes a block (code -> CACHED) or gives it out again (CACHED -> code). */
+#define FP_MSTATE_LEAF_SHIFT 21u
+#define FP_MSTATE_MAX 254u
+#define FP_MSTATE_CACHED 255u
+typedef struct fp_mstate {
+    uint64_t base, end;                /* the reservation's */
+    uint64_t lo, hi;                   /* the sizes with a code: (lo, hi], multiples of the quantum */
+    _Atomic(_Atomic uint8_t *) *leaves;  /* NULL: no states kept */
+} fp_mstate;
+
+/* The state byte of the block that would start at addr, or NULL where no leaf holds it (no lock). */
+static inline _Atomic uint8_t *fp_mstate_at(const fp_mstate *m, uint64_t addr)
+{
+    uint64_t off = addr - m->base;
+    if (off >= m->end - m->base)
+        return NULL;
+    _Atomic uint8_t *leaf = atomic_load_explicit(&m->leaves[off >> FP_MSTATE_LEAF_SHIFT], memory_order_acquire);
+    return leaf ? leaf + ((off & ((1ull << FP_MSTATE_LEAF_SHIFT) - 1)) >> FP_PIECE_UNIT_SHIFT) : NULL;
+}
+/* The code of a block of n bytes (a multiple of the quantum), 0 if none. */
+static inline unsigned fp_mstate_code(const fp_mstate *m, uint64_t n)
+{
+    return n > m->lo && n <= m->hi ? (unsigned)((n - m->lo) >> FP_PIECE_UNIT_SHIFT) : 0;
+}
 
 typedef struct fp_arena {
     fp_space *sp;
@@ -111,6 +143,9 @@ typedef struct fp_arena {
     fp_lchunk *chunks;                 /* sorted by va */
     size_t n_chunks, cap_chunks;
     fp_recs recs;                      /* its pieces' records */
+    fp_mstate ms;                      /* its blocks' states, where thread caches hold some (leaves NULL: none) */
+    uint8_t cls_of_q[FP_ARENA_CLS_Q];  /* the class of the grid a block of (i + 1) quanta falls in: its count in
+                                          the stats (fp_class_of's dozen instructions, under the pool lock) */
     uint64_t mapped_bytes, free_bytes, used_bytes, n_blocks; /* used, blocks: given out (live or pending) */
     uint64_t ring_n[FP_ARENA_RATE];    /* blocks given out after each of the last allocations */
     uint64_t ring_size[FP_ARENA_RATE]; /* and the size of each */
@@ -140,6 +175,19 @@ void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *nam
                    const fp_arena_policy *pol);
 /* Unmaps every chunk and frees every record (destroy: blocks still given out go too). */
 void fp_arena_destroy(fp_arena *a);
+/* Keeps its blocks' states (fp_mstate) for sizes (lo, hi]: 0, or -1 without host memory (none kept). */
+int fp_arena_mstate_init(fp_arena *a, uint64_t lo, uint64_t hi);
+/* Sets the state of the block at addr (pool lock held), its leaf made first if need be (fp_arena_mstate_make);
+ * where host memory for it is short, the state stays 0 (the block is never cached). */
+_Atomic uint8_t *fp_arena_mstate_make(fp_arena *a, uint64_t addr);
+static inline void fp_arena_mstate_set(fp_arena *a, uint64_t addr, unsigned state)
+{
+    _Atomic uint8_t *f = fp_mstate_at(&a->ms, addr);
+    if (!f && state && a->ms.leaves)
+        f = fp_arena_mstate_make(a, addr);
+    if (f)
+        atomic_store_explicit(f, (uint8_t)state, memory_order_relaxed);
+}
 
 static inline uint64_t fp_arena_round(const fp_arena *a, uint64_t size)
 {

@@ -31,21 +31,22 @@ static fp_arena *arena_for(fp_heap *h, uint64_t size) { return &h->arenas[arena_
 
 uint64_t fp_large_size(const fp_heap *h, uint64_t size) { return fp_arena_round(&h->arenas[arena_index(h, size)], size); }
 
-/* The alignment this thread's next blocks above slab_max ask for beyond the arenas' quantum (0: none).  Set
- * only around the fabpool_alloc call that fabpool_alloc_aligned makes, so that an aligned block takes
- * fabpool_alloc's whole path (its wait for the owner stream's work, its out-of-memory retry after the
- * streams' frees, its trace) without a parameter on it. */
-static _Thread_local uint64_t tls_align;   /* a TLS descriptor (CMakeLists.txt), never initial-exec: that
-                                            would make the loader refuse the torch adapter's dlopen */
-
-uint64_t fp_large_align_next(uint64_t align)
+/* Whether the block at addr of arena a sits in a thread cache (fp_mstate): free to its caller. */
+static int in_cache(const fp_arena *a, uint64_t addr)
 {
-    uint64_t was = tls_align;
-    tls_align = align > FP_BLOCK_QUANTUM ? align : 0;
-    return was;
+    const _Atomic uint8_t *f = fp_mstate_at(&a->ms, addr);
+    return f && atomic_load_explicit(f, memory_order_relaxed) == FP_MSTATE_CACHED;
 }
 
-fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
+/* The state a live block of n bytes at addr of arena a takes (its code: thread caches may hold it). */
+static void mstate_live(fp_arena *a, uint64_t addr, uint64_t n)
+{
+    unsigned c = a->ms.leaves ? fp_mstate_code(&a->ms, n) : 0;
+    if (c)
+        fp_arena_mstate_set(a, addr, c);
+}
+
+fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, uint64_t align, void **out)
 {
     if (size > fp_space_size(h->sp))
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_alloc of %llu bytes: larger than the pool's reserved address "
@@ -56,12 +57,13 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out)
     if (st != FABPOOL_OK)
         return st;
     fp_lock(&h->sp->lock);
-    uint64_t align = __builtin_expect(tls_align != 0, 0) ? tls_align : FP_BLOCK_QUANTUM;
-    fp_piece *b = fp_heap_take(h, a, n, align, &st);
+    fp_piece *b = fp_heap_take(h, a, n, align > FP_BLOCK_QUANTUM ? align : FP_BLOCK_QUANTUM, &st);
     if (b) {
+        mstate_live(a, b->base, n);
         count_locked(&h->large_in_use_bytes, n);
         count_locked(&h->large_blocks, 1);
-        unsigned bucket = fp_class_of(n);
+        uint64_t q = n >> FP_PIECE_UNIT_SHIFT;
+        unsigned bucket = q <= FP_ARENA_CLS_Q ? a->cls_of_q[q - 1] : fp_class_of(n);
         count_locked(&h->large_allocs[bucket < FP_NCLASS ? bucket : FP_NCLASS - 1], 1);
         *out = (void *)(uintptr_t)b->base;
     }
@@ -90,8 +92,14 @@ static fp_piece *live_in(fp_arena *a, uint64_t addr, const char *fn, fabpool_sta
 {
     *slot = a ? fp_arena_block_slot(a, addr) : FP_ADDRMAP_END;
     fp_piece *b = *slot != FP_ADDRMAP_END ? fp_piece_of(a, fp_addrmap_val(&a->blocks, *slot)) : NULL;
-    if (b && b->state == FP_LARGE_LIVE)
+    if (b && b->state == FP_LARGE_LIVE && !in_cache(a, addr))
         return b;
+    if (b && b->state == FP_LARGE_LIVE) {
+        *st = fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this %llu-byte block was already freed and waits in a "
+                       "thread's cache for reuse (a double free)", fn, (void *)(uintptr_t)addr,
+                       (unsigned long long)fp_piece_size(b));
+        return NULL;
+    }
     if (b) {
         *st = fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this block was already freed on a stream and waits there "
                        "for the stream's work (a double free)", fn, (void *)(uintptr_t)addr);
@@ -141,6 +149,7 @@ fabpool_status fp_large_pend(fp_heap *h, uint64_t addr, const char *fn, uint64_t
     fp_piece *b = live_at(h, addr, &a, fn, &st);
     if (b) {
         b->state = FP_LARGE_PENDING;
+        fp_arena_mstate_set(a, addr, 0);   /* its free now takes the slow path, which says it is pending */
         *usable = fp_piece_size(b);
     }
     fp_unlock(&h->sp->lock);
@@ -152,8 +161,10 @@ void fp_large_unpend(fp_heap *h, uint64_t addr)
     fp_lock(&h->sp->lock);
     fp_arena *a = arena_at(h, addr);
     fp_piece *b = a ? fp_arena_block(a, addr) : NULL;
-    if (b)
+    if (b) {
         b->state = FP_LARGE_LIVE;
+        mstate_live(a, addr, fp_piece_size(b));
+    }
     fp_unlock(&h->sp->lock);
 }
 
@@ -162,14 +173,15 @@ fabpool_status fp_large_live_locked(fp_heap *h, uint64_t addr, uint64_t *usable,
     fp_lock_assert_held(&h->sp->lock);
     fp_arena *a = arena_at(h, addr);
     fp_piece *b = a ? fp_arena_block(a, addr) : NULL;
-    if (b && b->state == FP_LARGE_LIVE) {
+    int cached = b && in_cache(a, addr);
+    if (b && b->state == FP_LARGE_LIVE && !cached) {
         *usable = fp_piece_size(b);
         return FABPOOL_OK;
     }
     if (b)
-        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this %llu-byte block is free (freed on a stream and waiting "
-                        "for its work); only a live block can be used", fn, (void *)(uintptr_t)addr,
-                        (unsigned long long)fp_piece_size(b));
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): this %llu-byte block is free (%s); only a live block can be "
+                        "used", fn, (void *)(uintptr_t)addr, (unsigned long long)fp_piece_size(b),
+                        cached ? "in a thread's cache for reuse" : "freed on a stream and waiting for its work");
     const fp_piece *p = a ? fp_arena_find(a, addr) : NULL;
     if (p && (p->state == FP_LARGE_LIVE || p->state == FP_LARGE_PENDING))
         return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): an interior pointer, %llu bytes into a block of %llu bytes at "
@@ -208,6 +220,7 @@ fabpool_status fp_large_free(fp_heap *h, const fp_span *s, uint64_t addr, const 
     if (b) {
         count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
         count_locked(&h->large_blocks, (uint64_t)-1);
+        fp_arena_mstate_set(a, addr, 0);
         fp_arena_release(a, slot);
         fp_heap_idle_follow(h);
         due = policy_due(h);
@@ -226,11 +239,31 @@ void fp_heap_count_large(const fp_heap *h, uint64_t *counts)
             if (m->slots[k].val) {
                 const fp_piece *b = fp_piece_of(&h->arenas[i], m->slots[k].val);
                 const fp_span *s = fp_map_get(&h->sp->map, b->base);
-                if (s && s->kind == FP_SPAN_SLAB)
-                    continue; /* a slab of the medium arena */
+                if ((s && s->kind == FP_SPAN_SLAB) || in_cache(&h->arenas[i], b->base))
+                    continue; /* a slab of the medium arena, or a block in a thread cache: free to its caller */
                 unsigned c = fp_class_of(fp_piece_size(b));
                 counts[c < FP_NCLASS ? c : FP_NCLASS - 1]++;
             }
     }
 }
 
+
+void fp_large_release_cached_locked(fp_heap *h, uint64_t addr)
+{
+    fp_lock_assert_held(&h->sp->lock);
+    fp_arena *a = &h->arenas[FP_ARENA_MEDIUM];
+    size_t slot = fp_arena_block_slot(a, addr);
+    fp_piece *b = slot != FP_ADDRMAP_END ? fp_piece_of(a, fp_addrmap_val(&a->blocks, slot)) : NULL;
+    if (!b || b->state != FP_LARGE_LIVE || !in_cache(a, addr))
+        return;   /* not a cached block (fabpool_check says what is wrong) */
+    count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
+    count_locked(&h->large_blocks, (uint64_t)-1);
+    fp_arena_mstate_set(a, addr, 0);
+    fp_arena_release(a, slot);
+}
+
+int fp_large_policy_due(fp_heap *h)
+{
+    fp_heap_idle_follow(h);
+    return policy_due(h);
+}

@@ -8,12 +8,15 @@
 
 /* The usable size of a block of `size` bytes above slab_max. */
 uint64_t fp_large_size(const fp_heap *h, uint64_t size);
-fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, void **out);
-/* The calling thread's blocks above slab_max from now on have bases that are multiples of align (a power of
- * two up to the granularity; FP_BLOCK_QUANTUM or less: the arenas' own 256 bytes, as without a call);
- * returns the alignment asked before.  For fabpool_alloc_aligned (api/aligned.c), which sets it around one
- * fabpool_alloc and puts the old one back. */
-uint64_t fp_large_align_next(uint64_t align);
+/* A block of size bytes, its base a multiple of align (a power of two up to the granularity; FP_BLOCK_QUANTUM
+ * or less: the arenas' own 256 bytes).  A block of the medium arena with a state code (fp_mstate) may go to a
+ * thread cache when freed. */
+fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, uint64_t align, void **out);
+/* A block a thread cache held (state FP_MSTATE_CACHED) goes back to the medium arena: its state 0, merged with
+ * its free neighbours.  Pool lock held; the caller then runs fp_large_policy_due (the idle sum follows) and,
+ * if it says so and the lock is let go, fp_heap_trim_policy. */
+void fp_large_release_cached_locked(fp_heap *h, uint64_t addr);
+int fp_large_policy_due(fp_heap *h);
 /* Frees the block above slab_max at addr, whose page the page map sends to s (checked under the lock:
  * interior and double frees are refused; fn names the call in messages). */
 fabpool_status fp_large_free(fp_heap *h, const fp_span *s, uint64_t addr, const char *fn);

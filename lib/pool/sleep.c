@@ -255,7 +255,7 @@ fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream
         goto out;
     /* from here on every thread cache misses, allocation fails */
     set_asleep(p, 1);
-    fabpool_thread_flush(p);
+    fp_alloc_thread_flush_locked(&p->alloc);
     struct fp_sleep *r = NULL;
     fp_buffers_drop_kept(&p->bufs, 1); /* what was kept for reuse goes, not to the host */
     fp_views_drop_kept(&p->views, 1);

@@ -70,7 +70,9 @@ static class_sums class_rows(fabpool_t *p, const fp_heap_counters *hc, fabpool_s
             w.blocks += in_use;
         } else {
             /* large blocks: no class, their free memory is in cached_bytes */
-            uint64_t allocs = hc->large_allocs[c];
+            uint64_t allocs = hc->large_allocs[c], tc_allocs, tc_frees; /* and the thread caches' medium hits */
+            fp_alloc_class_counts(&p->alloc, c, &tc_allocs, &tc_frees);
+            allocs += tc_allocs;
             if (!allocs && !large_live[c])
                 continue;
             fabpool_class_stats *cs = &s->classes[row++];
@@ -168,6 +170,7 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
     fp_usage_counters uc;
     fp_space_lock(&p->sp);
     fp_heap_read_counters(&p->heap, &hc);
+    hc.large_in_use_bytes -= fp_alloc_medium_cached(&p->alloc); /* free to their callers (tcache.h) */
     class_sums w = class_rows(p, &hc, s);
     fp_chunks_read_counters(&p->ch, &dev);
     fp_buffers_read_counters(&p->bufs, &bc);
