@@ -184,7 +184,7 @@ typedef struct fp_thread {
  * asleep or wakes, a trace starts), and holds FP_HOT_OFF while no cache
  * may be hit; a thread installs a key only after checking its cache
  * against the pool.  So the fast paths compare one word of the pool with
- * one of the thread.  24 bytes, reached through a TLS descriptor
+ * one of the thread.  40 bytes, reached through a TLS descriptor
  * (-mtls-dialect=gnu2 for alloc.c and tcache.c, CMakeLists.txt): where the
  * loader placed the library's thread-local block in static TLS (a program
  * that links it, or a dlopen with room left) an access is one indirect
