@@ -4,10 +4,11 @@
  * "CUDA out of memory." and names the size and fabpool's reason, where fabpool_torch_alloc answers NULL; a
  * failure that is not out of memory (a device that does not exist) throws with its own reason; size 0 is NULL
  * without a throw; an allocation that fits is a pointer, and after a throw the shim still serves and frees.
- * On the simulated driver of 256 MiB (FABSIM_MEMORY): test_torch_raise <libfabpool_torch.so>. */
+ * On any driver (the simulated one of 256 MiB in ctest, FABSIM_MEMORY): test_torch_raise <libfabpool_torch.so>. */
 #include <dlfcn.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
@@ -58,17 +59,35 @@ int main(int argc, char **argv)
         dlclose(lib);
         return 1;
     }
+    /* more than device 0 has (the driver's own figure: the simulated 256 MiB or a GPU's), less than the pool's
+     * address space */
+    size_t total = 0;
+    const char *drv = std::getenv("FABPOOL_CUDA_LIBRARY");
+    void *cuda = dlopen(drv && *drv ? drv : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    auto cu_init = reinterpret_cast<int (*)(unsigned)>(cuda ? dlsym(cuda, "cuInit") : nullptr);
+    auto cu_dev = reinterpret_cast<int (*)(int *, int)>(cuda ? dlsym(cuda, "cuDeviceGet") : nullptr);
+    auto cu_total = reinterpret_cast<int (*)(size_t *, int)>(cuda ? dlsym(cuda, "cuDeviceTotalMem_v2") : nullptr);
+    int dev = 0;
+    bool told = cu_init && cu_dev && cu_total && cu_init(0) == 0 && cu_dev(&dev, 0) == 0 &&
+                cu_total(&total, dev) == 0 && total > 0;
+    check(told, "the driver tells device 0's memory (" + std::to_string(total) + " bytes)");
+    if (!told) {
+        dlclose(lib);
+        if (cuda)
+            dlclose(cuda);
+        return 1;
+    }
     std::function<void *(size_t, int, void *)> fn(raising);
     void *p = nullptr;
 
     std::string e = call(fn, 1 << 20, 0, &p);
     check(e.empty() && p, "1 MiB that fits is a pointer, no throw (" + e + ")");
     void *q = nullptr;
-    const size_t over = (size_t)1 << 30; /* 1 GiB: more than the simulated device's 256 MiB (FABSIM_MEMORY) */
+    const size_t over = 2 * total;
     e = call(fn, over, 0, &q);
     check(e.rfind("runtime_error: CUDA out of memory. Tried to allocate " + std::to_string(over) + " bytes on device 0",
                   0) == 0 && e.find("pluggable shim: fabpool_alloc") != std::string::npos && !q,
-          "1 GiB on a 256 MiB device throws a runtime_error that says out of memory, the size and the device: " + e);
+          "twice the device's memory throws a runtime_error that says out of memory, the size and the device: " + e);
     const size_t huge = (size_t)1 << 50; /* 1 PiB: more than any device, the simulated one too */
     e = call(fn, huge, 0, &q);
     check(e.rfind("runtime_error: CUDA out of memory. Tried to allocate " + std::to_string(huge) + " bytes on device 0",
@@ -89,6 +108,7 @@ int main(int argc, char **argv)
     if (r)
         release(r, 2 << 20, 0, nullptr);
     dlclose(lib);
+    dlclose(cuda);
     std::printf("test_torch_raise: %s\n", failures ? "FAILED" : "every check holds");
     return failures ? 1 : 0;
 }
