@@ -78,6 +78,11 @@ class FakeBackend:
         self.free = free
         self.native = Pool("native", 0, native=True)
         self.native_deleted = []   # the contexts open when each disable() pool was deleted
+        self.ring_bytes = 64 << 10   # one staging buffer
+        self.fills = 0               # staging buffers moved
+        self.fail_fill = 0           # fails the n-th buffer of the next copy (1: the first)
+        self.fail_host_alloc = False
+        self.fail_sleep = False
 
     # what the savers call
     def current_device(self):
@@ -116,6 +121,9 @@ class FakeBackend:
 
     def sleep(self, ftag, device, offload=()):
         names = ftag if isinstance(ftag, list) else [ftag]
+        if self.fail_sleep:
+            self.fail_sleep = False
+            raise RuntimeError("fake: sleep failed")
         for n in names:
             p = self.pools[(n, device)]
             assert not p.asleep, "a pool put to sleep twice"
@@ -145,13 +153,17 @@ class FakeBackend:
         self.calls.append(("empty_cache",))
 
     def host_alloc(self, n):
+        if self.fail_host_alloc:
+            self.fail_host_alloc = False
+            raise MemoryError("fake: no host memory")
         p = self.next_host
         self.next_host += n + 4096
         self.host[p] = bytearray(n)
         self.calls.append(("host_alloc", n))
         return p
 
-    def host_free(self, p):
+    def host_free(self, p, n):
+        assert len(self.host[p]) == n, "a host block freed with another size than it was mapped with"
         del self.host[p]
         self.calls.append(("host_free", p))
 
@@ -175,15 +187,39 @@ class FakeBackend:
         return None
 
     def copy(self, device, pairs, to_host):
+        """As the staging ring copies: the pairs' bytes packed into buffers of ring_bytes, each buffer
+        moved whole (DMA) and then spread (memcpy); fail_fill = k fails the k-th buffer's DMA of this
+        call, after the ones before it were copied."""
+        staging = bytearray(self.ring_bytes)
+        spans, fills, pos = [], [], 0
         for host, dev, n in pairs:
             p = self.pool_of(dev)
             assert p is not None and not p.asleep, "a copy from or to a pool that sleeps"
-            buf, hb = self.host_at(host)
-            seg, sb = self.seg_of(dev)
-            if to_host:
-                buf[host - hb:host - hb + n] = seg[dev - sb:dev - sb + n]
-            else:
-                seg[dev - sb:dev - sb + n] = buf[host - hb:host - hb + n]
+            off = 0
+            while off < n:
+                take = min(n - off, self.ring_bytes - pos)
+                spans.append((host + off, dev + off, take, pos))
+                pos += take
+                off += take
+                if pos == self.ring_bytes:
+                    fills.append(spans)
+                    spans, pos = [], 0
+        if spans:
+            fills.append(spans)
+        for k, fill in enumerate(fills):
+            if self.fail_fill == k + 1:
+                self.fail_fill = 0
+                raise RuntimeError("fake: copying through the staging ring failed (CUDA error 700)")
+            for host, dev, n, at in fill:
+                buf, hb = self.host_at(host)
+                seg, sb = self.seg_of(dev)
+                if to_host:
+                    staging[at:at + n] = seg[dev - sb:dev - sb + n]
+                    buf[host - hb:host - hb + n] = staging[at:at + n]
+                else:
+                    staging[at:at + n] = buf[host - hb:host - hb + n]
+                    seg[dev - sb:dev - sb + n] = staging[at:at + n]
+            self.fills += 1
         self.calls.append(("copy", device, len(pairs), to_host))
 
     def tensor_span(self, t):
@@ -418,6 +454,128 @@ def test_module_level_singleton():
     check(isinstance(fms.torch_memory_saver, fms.TorchMemorySaver), "the singleton")
     for name in ("region", "pause", "resume", "cuda_graph", "disable", "get_cpu_backup", "configure_subprocess"):
         check(callable(getattr(fms, name, None)), "module-level %s" % name)
+
+
+RING = 4096
+STAGED_SIZES = [1, 2, RING - 1, RING, RING + 1, 2 * RING, 3 * RING + 7, 5 * RING - 1, 100, 12345, 1]
+
+
+def staged_workload(**kw):
+    """Weights of many sizes (around and across the staging buffer, 1-byte tails) with backup, a cache without."""
+    tms, be = saver(**kw)
+    be.ring_bytes = RING
+    with tms.region(tag="w", enable_cpu_backup=True):
+        ws = [be.alloc(n, pattern(i, n)) for i, n in enumerate(STAGED_SIZES)]
+        empty = be.alloc(0, b"")
+    with tms.region(tag="kv"):
+        kv = be.alloc(3 * RING, b"k")
+    return tms, be, ws, empty, kv
+
+
+def test_staged_copies_bitwise_for_many_sizes():
+    tms, be, ws, empty, kv = staged_workload()
+    total = sum(STAGED_SIZES)
+    for cycle in range(3):
+        want = [pattern(i + 17 * cycle, n) for i, n in enumerate(STAGED_SIZES)]
+        for w, d in zip(ws, want):
+            w.write(d)
+        fills0 = be.fills
+        tms.pause()
+        check(be.fills - fills0 == -(-total // RING), "cycle %d: the backup packed into %d staging buffers" %
+              (cycle, -(-total // RING)))
+        check(tms.host_bytes() == total and sum(len(b) for b in be.host.values()) == total,
+              "cycle %d: host memory for the allocated bytes only" % cycle)
+        check(all(tms.get_cpu_backup(w)[1] == d for w, d in zip(ws, want)),
+              "cycle %d: get_cpu_backup of every size while paused" % cycle)
+        check(tms.get_cpu_backup(empty) is None or tms.get_cpu_backup(empty)[1] == b"",
+              "cycle %d: a 0-byte allocation has no bytes" % cycle)
+        tms.resume()
+        check(all(w.read() == d for w, d in zip(ws, want)), "cycle %d: every size restored bitwise" % cycle)
+        check(not be.host and tms.host_bytes() == 0, "cycle %d: every host block given back at resume" % cycle)
+    allocs = [c for c in be.calls if c[0] == "host_alloc"]
+    frees = [c for c in be.calls if c[0] == "host_free"]
+    check(len(allocs) == 3 and len(frees) == 3, "one host block mapped and unmapped per cycle")
+
+
+def test_staged_retained_copies_keep_one_address():
+    tms, be, ws, _, _ = staged_workload()
+    tms.retain_cpu_backup = True
+    tms.pause("w")
+    addrs = [tms.get_cpu_backup(w, zero_copy=True)[0] for w in ws]
+    tms.resume("w")
+    new = [pattern(i + 50, n) for i, n in enumerate(STAGED_SIZES)]
+    for w, d in zip(ws, new):
+        w.write(d)
+    tms.pause("w")
+    got = [tms.get_cpu_backup(w, zero_copy=True) for w in ws]
+    check([g[0] for g in got] == addrs and [g[1] for g in got] == new,
+          "retained copies: refreshed in place at one address, every size")
+    check(len([c for c in be.calls if c[0] == "host_alloc"]) == 1, "no new host block for retained copies")
+    tms.retain_cpu_backup = False
+    tms.resume("w")
+    check(all(w.read() == d for w, d in zip(ws, new)) and not be.host, "restored, then given back")
+
+
+def test_failed_pause_copy_leaves_the_tag_awake_and_frees_its_host_memory():
+    for nth in (1, 2, 3):
+        tms, be, ws, _, kv = staged_workload()
+        want = [w.read() for w in ws]
+        be.fail_fill = nth
+        msg = raises(RuntimeError, tms.pause, "w")
+        check(msg is not None and "staging" in msg, "fill %d: the failed copy raises" % nth)
+        check(not be.pools[("tms.b.w", 0)].asleep and not tms.tags()["w"]["paused"],
+              "fill %d: the tag stays awake" % nth)
+        check(all(w.read() == d for w, d in zip(ws, want)), "fill %d: its device bytes untouched" % nth)
+        check(not be.host and tms.host_bytes() == 0, "fill %d: the host block it mapped given back" % nth)
+        tms.pause()
+        tms.resume()
+        check(all(w.read() == d for w, d in zip(ws, want)) and not be.host, "fill %d: the next cycle works" % nth)
+    # with retained copies: a half-refreshed copy is not kept
+    tms, be, ws, _, _ = staged_workload()
+    tms.retain_cpu_backup = True
+    tms.pause("w")
+    tms.resume("w")
+    check(be.host, "retained copies held")
+    be.fail_fill = 2
+    check(raises(RuntimeError, tms.pause, "w") is not None, "a failed refresh of retained copies raises")
+    check(not be.host and all(tms.get_cpu_backup(w) is None for w in ws),
+          "the half-refreshed retained copies dropped")
+    # host memory refused
+    tms, be, ws, _, _ = staged_workload()
+    be.fail_host_alloc = True
+    check(raises(MemoryError, tms.pause) is not None, "host memory refused: MemoryError")
+    check(not be.pools[("tms.b.w", 0)].asleep and not be.host, "the tag awake, nothing held")
+    # the sleep refused after the copy
+    tms, be, ws, _, _ = staged_workload()
+    be.fail_sleep = True
+    check(raises(RuntimeError, tms.pause, "w") is not None, "a failed sleep raises")
+    check(not be.pools[("tms.b.w", 0)].asleep and not be.host, "the copy of a tag that did not sleep given back")
+
+
+def test_failed_resume_copy_leaves_the_tag_paused_with_its_copies():
+    for nth in (1, 3):
+        tms, be, ws, _, _ = staged_workload()
+        want = [w.read() for w in ws]
+        tms.pause()
+        held = tms.host_bytes()
+        be.fail_fill = nth
+        msg = raises(RuntimeError, tms.resume, "w")
+        check(msg is not None, "fill %d: the failed restore raises" % nth)
+        check(be.pools[("tms.b.w", 0)].asleep and tms.tags()["w"]["paused"], "fill %d: the tag paused again" % nth)
+        check(tms.host_bytes() == held and all(tms.get_cpu_backup(w)[1] == d for w, d in zip(ws, want)),
+              "fill %d: its host copies kept, bytes intact" % nth)
+        tms.resume()
+        check(all(w.read() == d for w, d in zip(ws, want)) and not be.host,
+              "fill %d: the next resume restores bitwise and gives the copies back" % nth)
+    # the restore fails and so does the sleep that would undo the wake
+    tms, be, ws, _, _ = staged_workload()
+    want = [w.read() for w in ws]
+    tms.pause("w")
+    be.fail_fill, be.fail_sleep = 2, True
+    msg = raises(RuntimeError, tms.resume, "w")
+    check(msg is not None and "kept" in msg, "both failed: the error says the copies are kept")
+    check(not tms.tags()["w"]["paused"] and all(tms.get_cpu_backup(w)[1] == d for w, d in zip(ws, want)),
+          "both failed: the tag awake, its copies kept for get_cpu_backup")
 
 
 def test_cumem_allocator():

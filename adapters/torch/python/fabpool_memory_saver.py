@@ -9,7 +9,7 @@ A program written for torch_memory_saver changes its import and nothing else:
     with torch_memory_saver.region(tag="kv_cache"):
         kv = torch.empty(...)
     torch_memory_saver.pause("kv_cache")    # its device memory back to the driver, contents dropped
-    torch_memory_saver.pause()              # every tag; "weights" copied to pinned host memory first
+    torch_memory_saver.pause()              # every tag; "weights" copied to host memory first
     torch_memory_saver.resume()             # fresh memory at the same addresses, "weights" restored
 
 Each (tag, enable_cpu_backup, device) of a region is a fabpool tag of its own
@@ -18,15 +18,26 @@ the region routes PyTorch's allocations into it with torch.cuda.use_mem_pool.
 pause() sleeps the tag's fabpool pools (fabpool_torch.sleep: the device
 memory is unmapped and released, every address stays reserved) and resume()
 wakes them (fabpool_torch.wake).  The allocations of a region with
-enable_cpu_backup=True are copied first into pinned host memory that this
-module holds, one block per pause for all the allocations that have none yet,
-so that get_cpu_backup() can hand it out as a CPU tensor and
-retain_cpu_backup can keep it (and its address) across resumes.
+enable_cpu_backup=True are copied first into host memory that this module
+holds, one block per pause for all the allocations that have none yet, so
+that get_cpu_backup() can hand it out as a CPU tensor and retain_cpu_backup
+can keep it (and its address) across resumes.
+
+The host copies are pageable: an anonymous mapping per block (advised for
+huge pages), given back with munmap when resume() is done with it, so that
+the process's resident memory returns to its level and no pause pays for
+pinning or unpinning gigabytes.  The copies go through a small pinned
+staging ring per device (stage_copy.c in libfabpool_torch.so): lanes
+(threads, FABPOOL_STAGE_LANES, default 4) each with a stream and two pinned
+buffers (FABPOOL_STAGE_MIB, default 16 MiB), the DMA of one buffer
+overlapping the memcpy out of (or into) the other.  The ring (2 x lanes x
+MiB, 128 MiB by default) is pinned at the first copy and kept for the
+process (staging_bytes(), release_staging()).
 
 What the original offers and how this module answers it:
 - region(tag, enable_cpu_backup, cpu_backup_backend): as the original;
-  "pinned" and "mmap" both give pinned host memory (copies at the link's
-  speed; the memory counts in the process's resident set while it is held).
+  "pinned" and "mmap" both give the staged pageable copies above (the
+  memory counts in the process's resident set while it is held).
   enable_disk_backup=True is not offered (NotImplementedError).
 - nested regions: the innermost region's tag and backup apply; leaving it
   returns to the enclosing one's.
@@ -72,6 +83,50 @@ def _env_bool(name):
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _stage_config():
+    """(lanes, MiB per buffer) of a staging ring: FABPOOL_STAGE_LANES (1..16, default 4) and FABPOOL_STAGE_MIB
+    (1..1024, default 16); the ring pins 2 * lanes * MiB."""
+    def num(name, default, lo, hi):
+        v = os.environ.get(name, "").strip()
+        if not v:
+            return default
+        try:
+            n = int(v)
+        except ValueError:
+            n = None
+        if n is None or not lo <= n <= hi:
+            raise ValueError("%s=%r: give a whole number from %d to %d" % (name, v, lo, hi))
+        return n
+    return num("FABPOOL_STAGE_LANES", 4, 1, 16), num("FABPOOL_STAGE_MIB", 16, 1, 1024)
+
+
+def _stage_types():
+    import ctypes
+
+    class StageDriver(ctypes.Structure):
+        entry_points = (("mem_host_alloc", "cuMemHostAlloc"), ("mem_free_host", "cuMemFreeHost"),
+                        ("device_get", "cuDeviceGet"), ("primary_ctx_retain", "cuDevicePrimaryCtxRetain"),
+                        ("primary_ctx_release", "cuDevicePrimaryCtxRelease_v2"),
+                        ("ctx_get_current", "cuCtxGetCurrent"), ("ctx_set_current", "cuCtxSetCurrent"),
+                        ("stream_create", "cuStreamCreate"), ("stream_destroy", "cuStreamDestroy_v2"),
+                        ("stream_synchronize", "cuStreamSynchronize"), ("event_create", "cuEventCreate"),
+                        ("event_destroy", "cuEventDestroy_v2"), ("event_record", "cuEventRecord"),
+                        ("event_synchronize", "cuEventSynchronize"),
+                        ("memcpy_dtoh_async", "cuMemcpyDtoHAsync_v2"),
+                        ("memcpy_htod_async", "cuMemcpyHtoDAsync_v2"))
+        _fields_ = [(f, ctypes.c_void_p) for f, _ in entry_points]
+
+    class StageItem(ctypes.Structure):
+        _fields_ = [("host", ctypes.c_uint64), ("dev", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
+    return StageDriver, StageItem
+
+
+try:
+    _StageDriver, _StageItem = _stage_types()   # the layouts of stage_copy.h
+except ImportError:   # no ctypes: the fake backends of the tests need none
+    _StageDriver = _StageItem = None
+
+
 class _TorchBackend:
     """What the saver asks of PyTorch, fabpool_torch and the CUDA driver."""
 
@@ -81,15 +136,11 @@ class _TorchBackend:
         import fabpool_torch
         self.torch, self.ft, self.ctypes = torch, fabpool_torch, ctypes
         cuda = ctypes.CDLL(os.environ.get("FABPOOL_CUDA_LIBRARY", "libcuda.so.1"))
-        vp, sz = ctypes.c_void_p, ctypes.c_size_t
-        for name, args in (("cuMemHostAlloc", [ctypes.POINTER(vp), sz, ctypes.c_uint]),
-                           ("cuMemFreeHost", [vp]),
-                           ("cuMemcpyDtoHAsync_v2", [vp, ctypes.c_uint64, sz, vp]),
-                           ("cuMemcpyHtoDAsync_v2", [ctypes.c_uint64, vp, sz, vp])):
-            fn = getattr(cuda, name)
-            fn.argtypes, fn.restype = args, ctypes.c_int
+        for _, name in _StageDriver.entry_points:
+            getattr(cuda, name)   # every one the ring needs, or AttributeError now
         self.cuda = cuda
-        self._streams = {}
+        self._slib, self._drv = None, None
+        self._rings = {}   # device -> its staging ring, pinned once and kept
 
     # devices and pools
     def current_device(self):
@@ -129,42 +180,84 @@ class _TorchBackend:
     def free_bytes(self, device):
         return self.torch.cuda.mem_get_info(device)[0]
 
-    # pinned host memory and copies
+    # host copies: pageable mappings, filled and read through the device's pinned staging ring
+    def _stage(self):
+        if self._slib is None:
+            ct = self.ctypes
+            lib = self.ft.load()
+            vp, sz, u64, cp = ct.c_void_p, ct.c_size_t, ct.c_uint64, ct.c_char_p
+            for name, args, res in (
+                    ("fabpool_torch_stage_create", [ct.POINTER(_StageDriver), ct.c_int, ct.c_uint, sz,
+                                                    ct.POINTER(vp), cp, sz], ct.c_int),
+                    ("fabpool_torch_stage_destroy", [vp, cp, sz], ct.c_int),
+                    ("fabpool_torch_stage_copy", [vp, vp, sz, ct.c_int, cp, sz], ct.c_int),
+                    ("fabpool_torch_stage_pinned_bytes", [vp], u64),
+                    ("fabpool_torch_stage_host_map", [u64, ct.POINTER(u64), cp, sz], ct.c_int),
+                    ("fabpool_torch_stage_host_unmap", [u64, u64, cp, sz], ct.c_int),
+                    ("fabpool_torch_stage_host_bytes", [], u64)):
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = args, res
+            drv = _StageDriver()
+            for field, name in _StageDriver.entry_points:
+                setattr(drv, field, ct.cast(getattr(self.cuda, name), vp).value)
+            self._drv, self._slib = drv, lib
+        return self._slib
+
+    def _err(self):
+        return self.ctypes.create_string_buffer(512)
+
+    def _ring(self, device):
+        ring = self._rings.get(device)
+        if ring is None:
+            lib, err, out = self._stage(), self._err(), self.ctypes.c_void_p()
+            lanes, mib = _stage_config()
+            st = lib.fabpool_torch_stage_create(self.ctypes.byref(self._drv), device, lanes, mib << 20,
+                                                self.ctypes.byref(out), err, len(err))
+            if st != 0:
+                raise MemoryError("fabpool_memory_saver: %s" % err.value.decode(errors="replace"))
+            ring = self._rings[device] = out.value
+        return ring
+
+    def staging_bytes(self):
+        """Pinned bytes of the staging rings (kept for the process)."""
+        if self._slib is None:
+            return 0
+        return sum(self._slib.fabpool_torch_stage_pinned_bytes(r) for r in self._rings.values())
+
+    def release_staging(self):
+        for dev in list(self._rings):
+            err = self._err()
+            if self._slib.fabpool_torch_stage_destroy(self._rings[dev], err, len(err)) != 0:
+                raise RuntimeError("fabpool_memory_saver: %s" % err.value.decode(errors="replace"))
+            del self._rings[dev]
+
     def host_alloc(self, nbytes):
-        p = self.ctypes.c_void_p()
-        # CU_MEMHOSTALLOC_PORTABLE: pinned for every context, whichever device it backs up
-        st = self.cuda.cuMemHostAlloc(self.ctypes.byref(p), nbytes, 1)
-        if st != 0:
-            raise MemoryError("fabpool_memory_saver: cuMemHostAlloc of %d bytes of pinned host memory failed (CUDA "
-                              "error %d); free host memory or pause without enable_cpu_backup" % (nbytes, st))
-        return p.value
+        lib, err, out = self._stage(), self._err(), self.ctypes.c_uint64()
+        if lib.fabpool_torch_stage_host_map(nbytes, self.ctypes.byref(out), err, len(err)) != 0:
+            raise MemoryError("fabpool_memory_saver: %s" % err.value.decode(errors="replace"))
+        return out.value
 
-    def host_free(self, ptr):
-        st = self.cuda.cuMemFreeHost(ptr)
-        if st != 0:
-            raise RuntimeError("fabpool_memory_saver: cuMemFreeHost(0x%x) failed (CUDA error %d)" % (ptr, st))
+    def host_free(self, ptr, nbytes):
+        err = self._err()
+        if self._stage().fabpool_torch_stage_host_unmap(ptr, nbytes, err, len(err)) != 0:
+            raise RuntimeError("fabpool_memory_saver: %s" % err.value.decode(errors="replace"))
 
-    def _stream(self, device):
-        if device not in self._streams:
-            self._streams[device] = self.torch.cuda.Stream(device=device)
-        return self._streams[device]
+    def host_mapped_bytes(self):
+        """Bytes of host copies mapped now by this process (every saver's)."""
+        return self._stage().fabpool_torch_stage_host_bytes()
 
     def copy(self, device, pairs, to_host):
-        """Copies each (host address, device address, bytes) one way on the
-        device's copy stream, after the device's work, and waits for them."""
-        s = self._stream(device)
-        with self.torch.cuda.device(device):
-            s.wait_stream(self.torch.cuda.current_stream(device))
-            handle = self.ctypes.c_void_p(s.cuda_stream)
-            for host, dev, n in pairs:
-                if to_host:
-                    st = self.cuda.cuMemcpyDtoHAsync_v2(host, dev, n, handle)
-                else:
-                    st = self.cuda.cuMemcpyHtoDAsync_v2(dev, host, n, handle)
-                if st != 0:
-                    raise RuntimeError("fabpool_memory_saver: copying %d bytes %s device address 0x%x failed (CUDA "
-                                       "error %d)" % (n, "from" if to_host else "to", dev, st))
-            s.synchronize()
+        """Copies each (host address, device address, bytes) one way through the device's staging ring,
+        after the device's work, and returns when they are done."""
+        if not pairs:
+            return
+        ring = self._ring(device)
+        self.torch.cuda.synchronize(device)
+        items = (_StageItem * len(pairs))(*[_StageItem(h, d, n) for h, d, n in pairs])
+        err = self._err()
+        st = self._slib.fabpool_torch_stage_copy(ring, items, len(pairs), 1 if to_host else 0, err, len(err))
+        if st != 0:
+            raise RuntimeError("fabpool_memory_saver: %s" % err.value.decode(errors="replace"))
 
     # tensors
     def tensor_span(self, t):
@@ -196,7 +289,7 @@ class _Pool:
 
 
 class _Block:
-    """A pinned host block that holds the copies of several segments."""
+    """A host block (a pageable mapping) that holds the copies of several segments."""
 
     def __init__(self, ptr, size):
         self.ptr, self.size, self.users = ptr, size, 0
@@ -252,7 +345,7 @@ class TorchMemorySaver:
 
     def set_disk_backup_dir(self, path):
         raise NotImplementedError("fabpool_memory_saver: disk backup is not offered; use enable_cpu_backup=True "
-                                  "(pinned host memory)")
+                                  "(host memory)")
 
     def _be(self):
         if self._backend is None:
@@ -297,7 +390,7 @@ class TorchMemorySaver:
             if enable_cpu_backup:
                 raise AssertionError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
             raise NotImplementedError("fabpool_memory_saver: enable_disk_backup is not offered; use "
-                                      "enable_cpu_backup=True (pinned host memory)")
+                                      "enable_cpu_backup=True (host memory)")
 
     def _pool(self, tag, backup, device):
         key = (tag, bool(backup), device)
@@ -381,32 +474,40 @@ class TorchMemorySaver:
         blk = c[2]
         blk.users -= 1
         if blk.users == 0:
-            self._be().host_free(blk.ptr)
+            self._be().host_free(blk.ptr, blk.size)
 
     def _drop_copies(self, p):
         for addr in list(p.copies):
             self._drop_copy(p, addr)
 
     def _backup(self, p):
-        """Copies the pool's allocated segments into pinned host memory: the
-        copies kept from the last resume where they are, one new block for the
-        rest."""
+        """Copies the pool's allocated segments into host memory: the copies
+        kept from the last resume where they are, one new block for the
+        rest.  A failure drops every copy of the pool (a retained one may be
+        half written) and raises; the pool is left awake, its device memory
+        as it was."""
         be = self._be()
         segs = self._live_segments(p)
         want = {a: n for a, (n, used) in segs.items() if used > 0 or a in p.copies}
         new = sorted(a for a in want if a not in p.copies)
-        if new:
-            total = sum(want[a] for a in new)
-            blk = _Block(be.host_alloc(total), total)
-            at = blk.ptr
-            for a in new:
-                p.copies[a] = [at, want[a], blk]
-                blk.users += 1
-                at += want[a]
-        be.copy(p.device, [(p.copies[a][0], a, want[a]) for a in sorted(want)], to_host=True)
+        try:
+            if new:
+                total = sum(want[a] for a in new)
+                blk = _Block(be.host_alloc(total), total)
+                at = blk.ptr
+                for a in new:
+                    p.copies[a] = [at, want[a], blk]
+                    blk.users += 1
+                    at += want[a]
+            be.copy(p.device, [(p.copies[a][0], a, want[a]) for a in sorted(want)], to_host=True)
+        except BaseException:
+            self._drop_copies(p)
+            raise
 
     def pause(self, tag=None):
-        """Gives the device memory of the tag (None: every tag) back to the driver."""
+        """Gives the device memory of the tag (None: every tag) back to the driver.
+        A failure (host memory, a copy, the sleep) raises with the failing
+        tag awake and its host copies freed; the tags before it stay paused."""
         be = self._be()
         todo = [p for p in self._selected(tag) if not p.paused]
         for dev in sorted({p.device for p in todo}):
@@ -414,8 +515,34 @@ class TorchMemorySaver:
         for p in todo:
             if p.backup:
                 self._backup(p)
-            be.sleep(p.ftag, p.device)
+            try:
+                be.sleep(p.ftag, p.device)
+            except BaseException:
+                if p.backup and not self._retain:
+                    self._drop_copies(p)
+                raise
             p.paused = True
+
+    def _restore(self, p):
+        """Copies the pool's host copies back after its wake.  A failed copy
+        puts the pool to sleep again (paused, copies kept: the next resume
+        tries again) and raises."""
+        be = self._be()
+        segs = self._live_segments(p)
+        try:
+            be.copy(p.device, [(c[0], a, c[1]) for a, c in sorted(p.copies.items()) if a in segs], to_host=False)
+        except BaseException as e:
+            try:
+                be.sleep(p.ftag, p.device)
+            except BaseException as e2:
+                p.paused = False
+                raise RuntimeError("fabpool_memory_saver.resume: restoring tag %r failed (%s) and pausing it again "
+                                   "failed too (%s): the tag is awake with part of its bytes; its host copies are "
+                                   "kept (get_cpu_backup)" % (p.tag, e, e2)) from e
+            raise
+        p.paused = False
+        if not self._retain:
+            self._drop_copies(p)
 
     def resume(self, tag=None):
         """Maps fresh memory at the same addresses for the tag (None: every tag),
@@ -432,13 +559,10 @@ class TorchMemorySaver:
                                        (tag, need, dev, self._margin, free))
         for p in todo:
             be.wake(p.ftag, p.device)
-            p.paused = False
             if p.backup:
-                segs = self._live_segments(p)
-                be.copy(p.device, [(c[0], a, c[1]) for a, c in sorted(p.copies.items()) if a in segs],
-                        to_host=False)
-                if not self._retain:
-                    self._drop_copies(p)
+                self._restore(p)
+            else:
+                p.paused = False
 
     def get_cpu_backup(self, x, zero_copy=False):
         """The host copy of tensor x (paused, or resumed with retain_cpu_backup) as a CPU tensor of
@@ -456,9 +580,22 @@ class TorchMemorySaver:
 
     # ------------------------------------------------------------ what it holds
     def host_bytes(self):
-        """Pinned host memory held for copies now."""
+        """Host memory held for copies now (pageable mappings)."""
         blocks = {id(c[2]): c[2].size for p in self._selected(None) for c in p.copies.values()}
         return sum(blocks.values())
+
+    def staging_bytes(self):
+        """Pinned host memory of the staging rings: pinned once per device at
+        the first copy and kept for the process (release_staging() frees it)."""
+        be = self._be()
+        return be.staging_bytes() if hasattr(be, "staging_bytes") else 0
+
+    def release_staging(self):
+        """Frees the staging rings' pinned memory now; the next copy pins a ring again."""
+        with self._lock:
+            be = self._be()
+            if hasattr(be, "release_staging"):
+                be.release_staging()
 
     def tags(self):
         """{tag: {"paused", "devices", "backup"}} of the tags regions have named."""

@@ -1,0 +1,244 @@
+/* The staging ring (stage_copy.c) on the simulated driver: bytes bitwise
+ * through device memory and back for many sizes (tails of 0 and 1 byte past
+ * a buffer, items smaller than a buffer packed together), every lane count;
+ * the pinned buffers counted and freed; a failed pinned allocation, a failed
+ * DMA and a failed event wait each return the error with nothing left held
+ * and the ring usable again; pageable host copies mapped, aligned, counted
+ * and given back. */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../sim/fabsim.h"
+#include "../../tests/unit.h"
+#include "stage_copy.h"
+
+/* pinned host memory: malloc, counted, failing on request (the sim has none) */
+static long live_pinned, fail_pinned_at;
+static int fake_host_alloc(void **p, size_t n, unsigned flags)
+{
+    (void)flags;
+    if (fail_pinned_at && --fail_pinned_at == 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *p = malloc(n);
+    if (!*p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    __atomic_add_fetch(&live_pinned, 1, __ATOMIC_SEQ_CST);
+    return 0;
+}
+static int fake_free_host(void *p)
+{
+    free(p);
+    __atomic_sub_fetch(&live_pinned, 1, __ATOMIC_SEQ_CST);
+    return 0;
+}
+
+static fabpool_torch_stage_driver driver(void)
+{
+    fabpool_torch_stage_driver d = {0};
+#define SET(f, fn) d.f = (void *)(uintptr_t)(fn)
+    SET(mem_host_alloc, fake_host_alloc);
+    SET(mem_free_host, fake_free_host);
+    SET(device_get, cuDeviceGet);
+    SET(primary_ctx_retain, cuDevicePrimaryCtxRetain);
+    SET(primary_ctx_release, cuDevicePrimaryCtxRelease_v2);
+    SET(ctx_get_current, cuCtxGetCurrent);
+    SET(ctx_set_current, cuCtxSetCurrent);
+    SET(stream_create, cuStreamCreate);
+    SET(stream_destroy, cuStreamDestroy_v2);
+    SET(stream_synchronize, cuStreamSynchronize);
+    SET(event_create, cuEventCreate);
+    SET(event_destroy, cuEventDestroy_v2);
+    SET(event_record, cuEventRecord);
+    SET(event_synchronize, cuEventSynchronize);
+    SET(memcpy_dtoh_async, cuMemcpyDtoHAsync_v2);
+    SET(memcpy_htod_async, cuMemcpyHtoDAsync_v2);
+#undef SET
+    return d;
+}
+
+static unsigned char pat(size_t i, unsigned seed)
+{
+    return (unsigned char)((i * 131u + seed * 7u + (i >> 11)) % 251u);
+}
+
+#define BUF (64u << 10)
+#define NITEMS 14
+static const uint64_t sizes[NITEMS] = {0, 1, BUF - 1, BUF, BUF + 1, 3 * BUF + 7, 4096, 1, 0, 100, 2 * BUF,
+                                       5 * BUF - 1, 12345, 7};
+
+/* device items filled with a pattern, copied out to host copies (pageable
+ * mappings), the device cleared, copied back: every byte compared */
+static void round_trip(fabpool_torch_stage *s, unsigned seed)
+{
+    fabpool_torch_stage_item it[NITEMS];
+    char err[256] = "";
+    for (int i = 0; i < NITEMS; i++) {
+        CUdeviceptr d = 0;
+        CUresult cr = cuMemAlloc_v2(&d, sizes[i] ? sizes[i] : 1);
+        CHECK(cr == CUDA_SUCCESS);
+        if (cr != CUDA_SUCCESS)
+            abort();
+        unsigned char *dp = (unsigned char *)(uintptr_t)d;
+        for (size_t k = 0; k < sizes[i]; k++)
+            dp[k] = pat(k, seed + (unsigned)i);
+        uint64_t h = 0;
+        CHECK(fabpool_torch_stage_host_map(sizes[i], &h, err, sizeof err) == 0);
+        CHECK((sizes[i] == 0) == (h == 0));
+        it[i] = (fabpool_torch_stage_item){h, d, sizes[i]};
+    }
+    CHECK(fabpool_torch_stage_copy(s, it, NITEMS, 1, err, sizeof err) == 0);
+    int same = 1;
+    for (int i = 0; i < NITEMS; i++) {
+        unsigned char *hp = (unsigned char *)(uintptr_t)it[i].host;
+        for (size_t k = 0; k < sizes[i] && same; k++)
+            same = hp[k] == pat(k, seed + (unsigned)i);
+        memset((void *)(uintptr_t)it[i].dev, 0xee, sizes[i]);
+    }
+    CHECK(same);
+    CHECK(fabpool_torch_stage_copy(s, it, NITEMS, 0, err, sizeof err) == 0);
+    for (int i = 0; i < NITEMS; i++) {
+        unsigned char *dp = (unsigned char *)(uintptr_t)it[i].dev;
+        for (size_t k = 0; k < sizes[i] && same; k++)
+            same = dp[k] == pat(k, seed + (unsigned)i);
+        CHECK(fabpool_torch_stage_host_unmap(it[i].host, it[i].bytes, err, sizeof err) == 0);
+        CHECK(cuMemFree_v2(it[i].dev) == CUDA_SUCCESS);
+    }
+    CHECK(same);
+    if (!same)
+        fprintf(stderr, "round trip with %llu pinned bytes: bytes differ\n",
+                (unsigned long long)fabpool_torch_stage_pinned_bytes(s));
+}
+
+static void test_bytes_bitwise_every_lane_count(const fabpool_torch_stage_driver *d)
+{
+    char err[256] = "";
+    for (unsigned lanes = 1; lanes <= 5; lanes++) {
+        fabpool_torch_stage *s = NULL;
+        CHECK(fabpool_torch_stage_create(d, 0, lanes, BUF, &s, err, sizeof err) == 0 && s);
+        if (!s) {
+            fprintf(stderr, "create: %s\n", err);
+            continue;
+        }
+        CHECK(fabpool_torch_stage_pinned_bytes(s) == 2ull * lanes * BUF);
+        CHECK(live_pinned == 2 * (long)lanes);
+        round_trip(s, lanes);
+        round_trip(s, lanes + 10);   /* the ring again: kept, nothing new pinned */
+        CHECK(live_pinned == 2 * (long)lanes);
+        CHECK(fabpool_torch_stage_copy(s, NULL, 0, 1, err, sizeof err) == 0);
+        CHECK(fabpool_torch_stage_destroy(s, err, sizeof err) == 0);
+        CHECK(live_pinned == 0);
+    }
+    CHECK(fabpool_torch_stage_host_bytes() == 0);
+}
+
+static void test_refusals(const fabpool_torch_stage_driver *d)
+{
+    char err[256] = "";
+    fabpool_torch_stage *s = (fabpool_torch_stage *)1;
+    CHECK(fabpool_torch_stage_create(d, 0, 0, BUF, &s, err, sizeof err) != 0 && s == NULL && strstr(err, "lanes"));
+    CHECK(fabpool_torch_stage_create(d, 0, 17, BUF, &s, err, sizeof err) != 0);
+    CHECK(fabpool_torch_stage_create(d, 0, 2, 100, &s, err, sizeof err) != 0 && strstr(err, "buffers"));
+    fabpool_torch_stage_driver part = *d;
+    part.event_record = NULL;
+    CHECK(fabpool_torch_stage_create(&part, 0, 2, BUF, &s, err, sizeof err) != 0 && strstr(err, "missing"));
+    CHECK(fabpool_torch_stage_create(d, 99, 2, BUF, &s, err, sizeof err) != 0 && s == NULL);
+    CHECK(live_pinned == 0);
+    CHECK(fabpool_torch_stage_copy(NULL, NULL, 0, 1, err, sizeof err) != 0);
+}
+
+static void test_failed_pinned_allocation_frees_the_rest(const fabpool_torch_stage_driver *d)
+{
+    char err[256] = "";
+    CUcontext before = NULL, after = NULL;
+    cuCtxGetCurrent(&before);
+    for (long at = 1; at <= 6; at++) {
+        fail_pinned_at = at;
+        fabpool_torch_stage *s = NULL;
+        int r = fabpool_torch_stage_create(d, 0, 3, BUF, &s, err, sizeof err);
+        CHECK(r == CUDA_ERROR_OUT_OF_MEMORY && s == NULL && strstr(err, "cuMemHostAlloc"));
+        CHECK(live_pinned == 0);
+    }
+    fail_pinned_at = 0;
+    cuCtxGetCurrent(&after);
+    CHECK(before == after);   /* the caller's context as it was */
+}
+
+static void test_failed_copy_returns_and_ring_stays_usable(const fabpool_torch_stage_driver *d)
+{
+    char err[256] = "";
+    fabpool_torch_stage *s = NULL;
+    CHECK(fabpool_torch_stage_create(d, 0, 3, BUF, &s, err, sizeof err) == 0);
+    if (!s)
+        return;
+    const uint64_t n = 20 * BUF + 3;
+    CUdeviceptr dv = 0;
+    CHECK(cuMemAlloc_v2(&dv, n) == CUDA_SUCCESS);
+    uint64_t h = 0;
+    CHECK(fabpool_torch_stage_host_map(n, &h, err, sizeof err) == 0);
+    fabpool_torch_stage_item it = {h, dv, n};
+    const char *entries[] = {"cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync", "cuEventSynchronize", "cuEventRecord"};
+    for (int e = 0; e < 4; e++) {
+        for (uint64_t nth = 1; nth <= 9; nth += 4) {
+            int to_host = e != 1;
+            CHECK(fabsim_fault_set(entries[e], nth, 0, CUDA_ERROR_ILLEGAL_ADDRESS) == 0);
+            err[0] = 0;
+            int r = fabpool_torch_stage_copy(s, &it, 1, to_host, err, sizeof err);
+            fabsim_fault_clear();
+            CHECK(r == CUDA_ERROR_ILLEGAL_ADDRESS && strstr(err, "CUDA error"));
+            if (r != CUDA_ERROR_ILLEGAL_ADDRESS)
+                fprintf(stderr, "%s #%llu: %d %s\n", entries[e], (unsigned long long)nth, r, err);
+        }
+    }
+    CHECK(live_pinned == 6);
+    /* the ring works after the failures */
+    unsigned char *dp = (unsigned char *)(uintptr_t)dv;
+    for (uint64_t k = 0; k < n; k++)
+        dp[k] = pat(k, 3);
+    CHECK(fabpool_torch_stage_copy(s, &it, 1, 1, err, sizeof err) == 0);
+    CHECK(memcmp((void *)(uintptr_t)h, dp, n) == 0);
+    CHECK(fabpool_torch_stage_host_unmap(h, n, err, sizeof err) == 0);
+    CHECK(cuMemFree_v2(dv) == CUDA_SUCCESS);
+    CHECK(fabpool_torch_stage_destroy(s, err, sizeof err) == 0);
+    CHECK(live_pinned == 0);
+}
+
+static void test_host_copies_mapped_and_given_back(void)
+{
+    char err[256] = "";
+    uint64_t a = 0, b = 0, z = 1;
+    CHECK(fabpool_torch_stage_host_map(0, &z, err, sizeof err) == 0 && z == 0);
+    CHECK(fabpool_torch_stage_host_map(5u << 20, &a, err, sizeof err) == 0 && a);
+    CHECK(a % (2u << 20) == 0);
+    CHECK(fabpool_torch_stage_host_map(1, &b, err, sizeof err) == 0 && b);
+    CHECK(fabpool_torch_stage_host_bytes() == (5u << 20) + 4096);
+    memset((void *)(uintptr_t)a, 0x5a, 5u << 20);
+    ((volatile char *)(uintptr_t)b)[0] = 1;
+    CHECK(fabpool_torch_stage_host_unmap(a, 5u << 20, err, sizeof err) == 0);
+    CHECK(fabpool_torch_stage_host_unmap(b, 1, err, sizeof err) == 0);
+    CHECK(fabpool_torch_stage_host_bytes() == 0);
+    CHECK(fabpool_torch_stage_host_map(UINT64_MAX, &a, err, sizeof err) != 0 && strstr(err, "address space"));
+}
+
+int main(void)
+{
+    if (cuInit(0) != CUDA_SUCCESS) {
+        fprintf(stderr, "cuInit failed\n");
+        return 1;
+    }
+    CUdevice dev;
+    CUcontext ctx;
+    cuDeviceGet(&dev, 0);
+    cuDevicePrimaryCtxRetain(&ctx, dev);
+    cuCtxSetCurrent(ctx);
+    fabpool_torch_stage_driver d = driver();
+    test_bytes_bitwise_every_lane_count(&d);
+    test_refusals(&d);
+    test_failed_pinned_allocation_frees_the_rest(&d);
+    test_failed_copy_returns_and_ring_stays_usable(&d);
+    test_host_copies_mapped_and_given_back();
+    return unit_result("test_stage_copy");
+}
