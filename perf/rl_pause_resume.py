@@ -18,7 +18,10 @@ process:
   given_back_GiB   device memory given back by a pause
   bitwise          every weight equal to its reference after every cycle
   rss_delta_MiB    the process's resident memory after the cycles against
-                   before them (the host copies must be gone)
+                   before them (the host copies must be gone; fabpool's
+                   pinned staging ring, staging_MiB in the JSON, is in it)
+  region_enter_s, first_alloc_us  (JSON only) the one-time set-up: entering
+                   each region, the first allocation in each
 
 Usage: rl_pause_resume.py --lib DIR [--tms DIR] [--weights-gib 3] [--kv-gib 2]
                           [--cycles 5] [--json OUT]
@@ -104,12 +107,17 @@ def child(args):
     lat = []
     t0 = time.perf_counter()
     weights, kv = [], []
+    enter = []
+    t = time.perf_counter()
     with tms.region(tag="weights", enable_cpu_backup=True):
+        enter.append(time.perf_counter() - t)
         for n in sizes:
             t = time.perf_counter()
             weights.append(torch.empty(n, dtype=torch.uint8, device=dev))
             lat.append(time.perf_counter() - t)
+    t = time.perf_counter()
     with tms.region(tag="kv_cache"):
+        enter.append(time.perf_counter() - t)
         for n in kv_sizes:
             t = time.perf_counter()
             kv.append(torch.empty(n, dtype=torch.uint8, device=dev))
@@ -156,6 +164,10 @@ def child(args):
         "memcpy_h2d_GBps": wbytes / statistics.median(h2d) / 1e9,
         "given_back_GiB": statistics.median(given) / GiB,
         "bitwise": bitwise, "rss_delta_MiB": (rss1 - rss0) / MiB,
+        # where the one-time set-up goes: entering each region (its pool made there), each region's first
+        # allocation; and the pinned staging ring fabpool keeps for the process (in rss_delta_MiB)
+        "region_enter_s": enter, "first_alloc_us": [lat[0] * 1e6, lat[len(sizes)] * 1e6],
+        "staging_MiB": (tms.staging_bytes() / MiB) if hasattr(tms, "staging_bytes") else 0.0,
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
     }
     print(json.dumps(out))

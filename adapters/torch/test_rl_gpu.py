@@ -94,6 +94,23 @@ for cycle in range(3):
 gc.collect()
 torch.cuda.synchronize()
 check(rss() - rss0 < 256 * MiB, "host memory back to its level (RSS %+d MiB)" % ((rss() - rss0) // MiB))
+# pause and resume keep no host memory beyond the staging ring, pinned once and kept
+be = tms._be()
+lanes, mib = fabpool_memory_saver._stage_config()
+ring = tms.staging_bytes()
+check(ring == 2 * lanes * mib * MiB, "one staging ring of %d MiB pinned (%d MiB)" % (2 * lanes * mib, ring // MiB))
+check(be.host_mapped_bytes() == 0, "no host copy mapped after the resumes (%d bytes)" % be.host_mapped_bytes())
+r0 = rss()
+tms.pause()
+mapped = be.host_mapped_bytes()
+check(mapped >= sum(sizes) and tms.host_bytes() >= sum(sizes),
+      "while paused: the weights' copies mapped (%d MiB)" % (mapped // MiB))
+tms.resume()
+check(be.host_mapped_bytes() == 0 and tms.staging_bytes() == ring, "after resume: the copies unmapped, the ring kept")
+check(rss() - r0 < 64 * MiB, "a pause and resume after the first: RSS %+d MiB (nothing beyond the ring kept)" %
+      ((rss() - r0) // MiB))
+check(rss() - rss0 <= ring + 64 * MiB, "RSS since before the first pause %+d MiB, the ring %d MiB" %
+      ((rss() - rss0) // MiB, ring // MiB))
 
 # retained copies: one address across resumes, refreshed by the next pause
 tms.pause("weights")
@@ -148,6 +165,13 @@ with tms.region(tag="kv_cache"):
 tms.pause()
 check(bool((plain == 5).all()), "a tensor of disable() is not paused")
 tms.resume()
+
+# the ring given back on request, and pinned again by the next copy
+tms.release_staging()
+check(tms.staging_bytes() == 0, "release_staging(): no pinned ring held")
+tms.pause("weights")
+tms.resume("weights")
+check(bool((weights[2] == 7).all()) and tms.staging_bytes() == ring, "the next pause pins a ring again")
 
 # vLLM's CuMemAllocator: offload the default tag, discard the others
 alloc = fabpool_cumem.CuMemAllocator.get_instance()
