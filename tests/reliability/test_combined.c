@@ -1617,6 +1617,11 @@ static int block_view_open(int p, int t, const blk_t *b, fabpool_view_t **v, uin
     for (size_t i = 0; i < nfds; i++)
         mine[i] = dup(fds[i]);
     st = fabpool_view_open(P[t].p, desc, len, mine, nfds, v);
+    if (st == FABPOOL_ERR_LIMIT && P[t].c.small_reserve) { /* the viewing pool's small reservation is full */
+        n_limit++;
+        refused(t, NULL);
+        return -1; /* fabpool_view_open closed the fds, as on every outcome */
+    }
     EXPECT_OK(st, "block_view.open", "fabpool_view_open of a block's descriptor");
     if (st != FABPOOL_OK)
         return -1;
