@@ -18,7 +18,7 @@ static void medium_tick(fp_alloc *a)
 }
 
 /* A large block: the heap's own calls, which end with its cache policy (and, for a miss, the trade). */
-static fabpool_status large_alloc(fp_alloc *a, size_t size, void **out)
+static inline __attribute__((always_inline)) fabpool_status large_alloc(fp_alloc *a, size_t size, void **out)
 {
     fp_chunk_tally t = fp_chunk_tally_begin();
     medium_tick(a);
@@ -455,8 +455,8 @@ static __attribute__((noinline)) fabpool_status free_medium(fp_alloc *a, void *p
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
     if (FP_UNLIKELY(fp_retire_any_used(a->retire)))
         return free_entry(a, ptr);
-    _Atomic uint8_t *f = fp_mstate_at(&a->ms, addr);   /* a byte per quantum: a block start is a multiple */
-    if (FP_LIKELY(f && !(addr & (FP_BLOCK_QUANTUM - 1)) && !tc->moff)) {
+    _Atomic uint8_t *f;   /* a byte per quantum: a block start is a multiple (not looked up while the cache rests) */
+    if (FP_LIKELY(!tc->moff && !(addr & (FP_BLOCK_QUANTUM - 1)) && (f = fp_mstate_at(&a->ms, addr)) != NULL)) {
         unsigned c = atomic_load_explicit(f, memory_order_relaxed);
         unsigned n = tc->mn[c];
         if (FP_LIKELY(c - 1u < FP_MSTATE_MAX && n < FP_MC_CAP)) {

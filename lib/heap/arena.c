@@ -54,11 +54,13 @@ static inline void bin_push(fp_arena *a, fp_piece *p, fp_rid r)
     p->bin = b;
     p->prev = 0;
     p->next = a->bins[b];
-    if (p->next)
-        N(p->next)->prev = r;
     a->bins[b] = r;
-    a->bitmap[b / 64] |= 1ull << (b % 64);
-    a->summary |= 1ull << (b / 64);
+    if (p->next) {
+        N(p->next)->prev = r;
+    } else { /* the bin was empty: its bits were clear */
+        a->bitmap[b / 64] |= 1ull << (b % 64);
+        a->summary |= 1ull << (b / 64);
+    }
 }
 
 void fp_arena_bin_insert(fp_arena *a, fp_piece *p) { bin_push(a, p, R(p)); }
@@ -80,7 +82,7 @@ static inline void bin_pull(fp_arena *a, fp_piece *p)
 void fp_arena_bin_remove(fp_arena *a, fp_piece *p) { bin_pull(a, p); }
 
 /* The first bin at or above b that holds a free range, or FP_ARENA_NBINS. */
-static unsigned bin_next(const fp_arena *a, unsigned b)
+static inline unsigned bin_next(const fp_arena *a, unsigned b)
 {
     if (b >= FP_ARENA_NBINS)
         return FP_ARENA_NBINS;
@@ -176,7 +178,8 @@ uint64_t fp_arena_ahead(const fp_arena *a, uint64_t n)
 }
 
 /* Puts piece q (id rq) right after piece p (id rp), in p's run. */
-static void link_after(fp_arena *a, fp_piece *p, fp_rid rp, fp_piece *q, fp_rid rq)
+static inline __attribute__((always_inline)) void link_after(fp_arena *a, fp_piece *p, fp_rid rp, fp_piece *q,
+                                                             fp_rid rq)
 {
     q->aprev = rp;
     q->anext = p->anext;
@@ -189,7 +192,8 @@ static void link_after(fp_arena *a, fp_piece *p, fp_rid rp, fp_piece *q, fp_rid 
 
 /* Cuts the block [x, x + n) out of free range f (out of its bin): what is
  * left of f below and above it stays free.  Two spare records are there. */
-static fp_piece *carve(fp_arena *a, fp_piece *f, fp_rid fr, uint64_t x, uint64_t n)
+static inline __attribute__((always_inline)) fp_piece *carve(fp_arena *a, fp_piece *f, fp_rid fr, uint64_t x,
+                                                              uint64_t n)
 {
     uint64_t end = f->base + SZ(f);
     fp_piece *b = f;
@@ -231,39 +235,16 @@ uint64_t fp_arena_place(const fp_piece *f, uint64_t n, uint64_t align, int high)
     return x >= f->base && x + n <= end ? x : 0;
 }
 
-/* A fit of n bytes aligned to align among the free ranges, cut; NULL if none fits.
- *
- * A block of the quantum's alignment (every block above slab_max) takes a good fit in a few loads: the first
- * range that fits among the first FP_ARENA_LOOK of its size's bin, else the first range of the next bin that
- * holds any (within a bin's width, a 64th of a doubling, of the smallest free range larger than n's bin);
- * only where neither has one is the rest of the bin looked at, so a miss still means that no free range
- * fits.  Which of the ranges of a size a block is cut from (the lowest address, or the one freed last)
- * left the peak held of the bench's uniform and normal shapes where it was over forty seeds
- * (docs/performance.md); the walk of a whole bin for the lowest cost a medium allocation a twentieth of
- * its instructions.  A slab (aligned to its page) takes the best fit: the smallest range that fits among the
- * bin of its size (all of them) and the next bin that holds one that fits (its first 64), the lowest on a
- * tie. */
-static fp_piece *best_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
+/* The walk of the bins from n's own up: the smallest range that fits among all of n's bin and the first 64
+ * of the first bin above it that holds one that fits, the lowest address on a tie (the first one in the bins
+ * of one size each); for a block aligned beyond the quantum, and where the quick fit found nothing.  The
+ * range, still in its bin (*rid its id), or NULL. */
+static __attribute__((noinline)) fp_piece *fit_walk(fp_arena *a, uint64_t n, uint64_t align, fp_rid *rid)
 {
-    uint64_t u = n >> FP_PIECE_UNIT_SHIFT;
-    unsigned b0 = bin_of(u);
+    unsigned b0 = bin_of(n >> FP_PIECE_UNIT_SHIFT);
     fp_piece *best = NULL;
     fp_rid best_r = 0;
-    if (align <= a->quantum) {
-        fp_rid fr = a->bins[b0];
-        for (unsigned look = 0; fr && look < FP_ARENA_LOOK; fr = N(fr)->next, look++)
-            if (N(fr)->size_q >= u)
-                break;
-        if (!fr || N(fr)->size_q < u) {
-            unsigned b = bin_next(a, b0 + 1);
-            fr = b < FP_ARENA_NBINS ? a->bins[b] : 0;
-        }
-        if (fr && N(fr)->size_q >= u) { /* (the last bin holds every size beyond it) */
-            best = N(fr);
-            best_r = fr;
-        }
-    }
-    for (unsigned b = best ? FP_ARENA_NBINS : bin_next(a, b0); b < FP_ARENA_NBINS && !best; b = bin_next(a, b + 1)) {
+    for (unsigned b = bin_next(a, b0); b < FP_ARENA_NBINS && !best; b = bin_next(a, b + 1)) {
         unsigned look = 0;
         for (fp_rid fr = a->bins[b]; fr && (b == b0 || look < 64); fr = N(fr)->next, look++) {
             fp_piece *f = N(fr);
@@ -276,7 +257,49 @@ static fp_piece *best_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_statu
                 break; /* one size in these bins */
         }
     }
-    if (!best)
+    *rid = best_r;
+    return best;
+}
+
+/* The quick fit of a block of the quantum's alignment: the first range that fits among the first
+ * FP_ARENA_LOOK of its size's bin, else the head of the next bin that holds any; NULL where neither fits
+ * (*rid its id). */
+static inline fp_piece *fit_quick(fp_arena *a, uint64_t n, fp_rid *rid)
+{
+    uint64_t u = n >> FP_PIECE_UNIT_SHIFT;
+    unsigned b0 = bin_of(u);
+    fp_rid fr = a->bins[b0];
+    for (unsigned look = 0; fr && look < FP_ARENA_LOOK; fr = N(fr)->next, look++)
+        if (N(fr)->size_q >= u)
+            break;
+    if (!fr || N(fr)->size_q < u) {
+        unsigned b = bin_next(a, b0 + 1);
+        fr = b < FP_ARENA_NBINS ? a->bins[b] : 0;
+    }
+    if (!fr || N(fr)->size_q < u) /* (the last bin holds every size beyond it) */
+        return NULL;
+    *rid = fr;
+    return N(fr);
+}
+
+/* A fit of n bytes aligned to align among the free ranges, cut; NULL if none fits.
+ *
+ * A block of the quantum's alignment (every block above slab_max) takes a good fit in a few loads: the first
+ * range that fits among the first FP_ARENA_LOOK of its size's bin, else the first range of the next bin that
+ * holds any (within a bin's width, a 64th of a doubling, of the smallest free range larger than n's bin);
+ * only where neither has one is the rest of the bin looked at, so a miss still means that no free range
+ * fits.  Which of the ranges of a size a block is cut from (the lowest address, or the one freed last)
+ * left the peak held of the bench's uniform and normal shapes where it was over forty seeds
+ * (docs/performance.md); the walk of a whole bin for the lowest cost a medium allocation a twentieth of
+ * its instructions.  A slab (aligned to its page) takes the best fit: the smallest range that fits among the
+ * bin of its size (all of them) and the next bin that holds one that fits (its first 64), the lowest on a
+ * tie.  The quick fit and the cut are inline here, the walk apart (fit_walk), so that the common call
+ * saves no more registers than it uses. */
+static inline fp_piece *best_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
+{
+    fp_rid best_r = 0;
+    fp_piece *best = align <= a->quantum ? fit_quick(a, n, &best_r) : NULL;
+    if (__builtin_expect(!best, 0) && !(best = fit_walk(a, n, align, &best_r)))
         return NULL;
     if (fp_addrmap_reserve(&a->blocks, 1) != 0 || fp_arena_spare_reserve(a, 2) != 0) {
         *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the record of a block of %llu bytes",
@@ -289,7 +312,7 @@ static fp_piece *best_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_statu
 
 /* Merges free range p (out of its bin), of id *pr, with the free ranges
  * touching it; the result (*pr its id) is out of its bin too. */
-static inline fp_piece *coalesce(fp_arena *a, fp_piece *p, fp_rid *pr)
+static inline __attribute__((always_inline)) fp_piece *coalesce(fp_arena *a, fp_piece *p, fp_rid *pr)
 {
     fp_rid lr = p->aprev, rr = p->anext;
     fp_piece *l = P(lr), *r = P(rr);

@@ -9,7 +9,7 @@
  * is a few tens of ns, the clock a good part of that); what cannot wait
  * (decay_ms:0, the cache limit, empty slabs to give back) every time.  Pool
  * lock held (the tick is the lock's); the policy runs after it is let go. */
-static int policy_due(fp_heap *h)
+static inline int policy_due(fp_heap *h)
 {
     return (++h->policy_tick & 15) == 0 || h->decay_ms == 0 || atomic_load_explicit(&h->shed, memory_order_relaxed) ||
            fp_heap_idle(h) > h->cache_limit;
