@@ -213,12 +213,16 @@ uint64_t fp_arena_ahead(const fp_arena *a, uint64_t n);
  * record, or NULL. */
 static inline size_t fp_arena_block_slot(const fp_arena *a, uint64_t addr)
 {
+    /* fp_addrmap_next's probe with the base compared in it: one loop, not a probe resumed per candidate */
+    const fp_addrmap *m = &a->blocks;
+    if (!m->n)
+        return FP_ADDRMAP_END;
     uint32_t h = fp_addrmap_hash(addr);
-    size_t i = FP_ADDRMAP_END;
-    while ((i = fp_addrmap_next(&a->blocks, h, i)) != FP_ADDRMAP_END &&
-           fp_piece_of(a, fp_addrmap_val(&a->blocks, i))->base != addr)
-        ;
-    return i;
+    size_t mask = m->cap - 1;
+    for (size_t i = h >> m->shift; m->slots[i].val; i = (i + 1) & mask)
+        if (m->slots[i].hash == h && fp_piece_of(a, m->slots[i].val)->base == addr)
+            return i;
+    return FP_ADDRMAP_END;
 }
 static inline fp_rid fp_arena_block_id(const fp_arena *a, uint64_t addr)
 {
