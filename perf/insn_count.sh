@@ -8,12 +8,13 @@
 #
 #   insn_count.sh INSN_COUNT_BINARY [--cases small,rep16k,uniform]
 #                 [--allocators fabpool,glibc,jemalloc,tcmalloc,mimalloc]
-#                 [--repeat R] [--max-small IR]
+#                 [--repeat R] [--max-small IR] [--max-uniform IR]
 #
 # Each count is the median of R runs of each length (3 by default; the
 # counts are deterministic but for the rare decay tick or lock contention).
 # Nothing is timed.  --max-small IR: exit 1 if fabpool's 256-byte pair takes
-# more than IR instructions (the ctest entry insn_count_small); exit 77 when
+# more than IR instructions (the ctest entry insn_count_small); --max-uniform
+# IR: the same for the uniform mix's pair (insn_count_uniform); exit 77 when
 # valgrind is not installed.
 set -eu
 
@@ -23,12 +24,14 @@ cases=small,rep16k,uniform
 allocators=fabpool,glibc,jemalloc,tcmalloc,mimalloc
 repeat=3
 max_small=
+max_uniform=
 while [ $# -gt 0 ]; do
     case $1 in
         --cases) cases=$2; shift 2 ;;
         --allocators) allocators=$2; shift 2 ;;
         --repeat) repeat=$2; shift 2 ;;
         --max-small) max_small=$2; shift 2 ;;
+        --max-uniform) max_uniform=$2; shift 2 ;;
         *) echo "insn_count.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -112,8 +115,9 @@ for c in $(echo "$cases" | tr , ' '); do
         printf ' %12s' "$v"
         if [ "$al" = fabpool ]; then
             fab=$v
-            if [ "$c" = small ] && [ -n "$max_small" ] &&
-               [ "$(echo "$v $max_small" | awk '{print ($1 > $2)}')" = 1 ]; then
+            case $c in small) max=$max_small ;; uniform) max=$max_uniform ;; *) max= ;; esac
+            if [ -n "$max" ] && [ "$(echo "$v $max" | awk '{print ($1 > $2)}')" = 1 ]; then
+                echo "insn_count.sh: fabpool's $c pair takes $v instructions, more than $max" >&2
                 rc=1
             fi
         elif [ -n "$fab" ]; then
@@ -123,7 +127,4 @@ for c in $(echo "$cases" | tr , ' '); do
     printf '\n'
     [ -n "$ratios" ] && printf '%-10s fabpool/x:%s\n' "" "$ratios"
 done
-if [ $rc -ne 0 ]; then
-    echo "insn_count.sh: fabpool's 256-byte pair takes more than $max_small instructions"
-fi
 exit $rc
