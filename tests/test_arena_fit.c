@@ -66,6 +66,7 @@ static void fit_behind_small_ranges(void)
     fabpool_options o;
     fabpool_options_init(&o);
     o.decay_ms = 1000000; /* nothing goes back to the driver behind the test's back */
+    o.thread_cache = 0;   /* every free reaches the arena (a thread cache keeps medium blocks by size) */
     fabpool_t *p = NULL;
     CHECK_OK(fabpool_create(&o, &p));
     if (!p)

@@ -138,7 +138,7 @@ int main()
             CHECK(cudaMalloc(&big, std::size_t(64) << 20) == cudaErrorMemoryAllocation);
             h.fault_clear();
             CHECK(big == nullptr);
-            CHECK(t_held() == before);
+            CHECK(t_held() <= before); /* nothing more; the out-of-memory retry may give back what caches kept */
             CHECK(pb.live(0) == 0);
         }
 

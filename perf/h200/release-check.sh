@@ -22,7 +22,7 @@ BUDGET=${BUDGET_S:-560}
 SRC_DIR=$(cd "${SRC_DIR:-.}" && pwd)
 BEFORE_DIR=${BEFORE_DIR:-.deps/before}
 [ -d "$BEFORE_DIR" ] && BEFORE_DIR=$(cd "$BEFORE_DIR" && pwd)
-STAGES=" ${RELEASE_STAGES:-build suite rl wheel hotpath shapes} "
+STAGES=" ${RELEASE_STAGES:-build suite rl hotpath wheel shapes} "
 on() { [[ $STAGES == *" $1 "* ]]; }
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 # bstep NAME LIMIT COMMAND...: step, its limit cut to what is left (skipped where under 15 s are left)
