@@ -22,12 +22,14 @@
 
 static int t_failures;
 static int t_checks;
+/* the counts as atomics: a test's threads check too (C and C++ alike: the compiler's builtin) */
+#define T_COUNT(n) ((void)__atomic_fetch_add(&(n), 1, __ATOMIC_RELAXED))
 
 #define CHECK(cond)                                                                                   \
     do {                                                                                              \
-        t_checks++;                                                                                   \
+        T_COUNT(t_checks);                                                                                   \
         if (!(cond)) {                                                                                \
-            t_failures++;                                                                             \
+            T_COUNT(t_failures);                                                                             \
             fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                  \
         }                                                                                             \
     } while (0)
@@ -35,9 +37,9 @@ static int t_checks;
 #define CHECK_OK(expr)                                                                                \
     do {                                                                                              \
         fabpool_status s_ = (expr);                                                                   \
-        t_checks++;                                                                                   \
+        T_COUNT(t_checks);                                                                                   \
         if (s_ != FABPOOL_OK) {                                                                       \
-            t_failures++;                                                                             \
+            T_COUNT(t_failures);                                                                             \
             fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr, fabpool_status_name(s_), \
                     fabpool_last_error());                                                            \
         }                                                                                             \
@@ -46,9 +48,9 @@ static int t_checks;
 #define CHECK_STATUS(expr, want)                                                                      \
     do {                                                                                              \
         fabpool_status s_ = (expr);                                                                   \
-        t_checks++;                                                                                   \
+        T_COUNT(t_checks);                                                                                   \
         if (s_ != (want)) {                                                                           \
-            t_failures++;                                                                             \
+            T_COUNT(t_failures);                                                                             \
             fprintf(stderr, "%s:%d: %s -> %s, expected %s (%s)\n", __FILE__, __LINE__, #expr,          \
                     fabpool_status_name(s_), #want, fabpool_last_error());                            \
         }                                                                                             \
@@ -57,11 +59,11 @@ static int t_checks;
 #define CHECK_CU(expr)                                                                                \
     do {                                                                                              \
         CUresult r_ = (expr);                                                                         \
-        t_checks++;                                                                                   \
+        T_COUNT(t_checks);                                                                                   \
         if (r_ != CUDA_SUCCESS) {                                                                     \
             const char *n_ = "?";                                                                     \
             cuGetErrorName(r_, &n_);                                                                  \
-            t_failures++;                                                                             \
+            T_COUNT(t_failures);                                                                             \
             fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #expr, n_);                      \
         }                                                                                             \
     } while (0)

@@ -62,7 +62,7 @@ typedef struct fp_tcache {
     unsigned mevict;                   /* the code whose blocks go first when the budget is short (in turn) */
     uint32_t mhits, mmiss;             /* its medium hits and misses in the current window (FP_MC_WINDOW misses) */
     uint32_t moff;                     /* windows left that it takes no medium block (0: it takes them) */
-    uint8_t mn[FP_MSTATE_MAX + 1];
+    uint8_t mn[FP_MSTATE_CACHED + 1]; /* every state byte a valid index (free_medium reads before it checks) */
     fp_titem mitems[FP_MSTATE_MAX + 1][FP_MC_CAP];
 } fp_tcache;
 

@@ -530,7 +530,8 @@ int fp_arena_mstate_init(fp_arena *a, uint64_t lo, uint64_t hi)
     fp_mstate *m = &a->ms;
     uint64_t base = fp_space_base(a->sp), size = fp_space_size(a->sp);
     uint64_t n = (size + (1ull << FP_MSTATE_LEAF_SHIFT) - 1) >> FP_MSTATE_LEAF_SHIFT;
-    m->leaves = calloc(n, sizeof *m->leaves);
+    /* the pool's metadata, as every other table (zeroed: an index of leaves, most never made) */
+    m->leaves = fp_meta_alloc(a->sp->meta, n * sizeof *m->leaves);
     if (!m->leaves)
         return -1;
     m->base = base;
@@ -548,21 +549,23 @@ _Atomic uint8_t *fp_arena_mstate_make(fp_arena *a, uint64_t addr)
         return NULL;
     /* written through now, not left to fault page by page under the blocks' calls that touch it first */
     size_t bytes = (1ull << FP_MSTATE_LEAF_SHIFT) >> FP_PIECE_UNIT_SHIFT;
-    _Atomic uint8_t *leaf = malloc(bytes);
+    _Atomic uint8_t *leaf = fp_meta_alloc(a->sp->meta, bytes); /* zeroed */
     if (!leaf)
         return NULL;
-    memset((void *)leaf, 0, bytes);
     atomic_store_explicit(&m->leaves[(addr - m->base) >> FP_MSTATE_LEAF_SHIFT], leaf, memory_order_release);
     return fp_mstate_at(m, addr);
 }
 
-static void mstate_free(fp_mstate *m)
+static void mstate_free(fp_arena *a)
 {
+    fp_mstate *m = &a->ms;
     if (!m->leaves)
         return;
-    for (uint64_t i = 0; i < (m->end - m->base + (1ull << FP_MSTATE_LEAF_SHIFT) - 1) >> FP_MSTATE_LEAF_SHIFT; i++)
-        free(atomic_load_explicit(&m->leaves[i], memory_order_relaxed));
-    free(m->leaves);
+    uint64_t n = (m->end - m->base + (1ull << FP_MSTATE_LEAF_SHIFT) - 1) >> FP_MSTATE_LEAF_SHIFT;
+    for (uint64_t i = 0; i < n; i++)
+        fp_meta_free(a->sp->meta, (void *)atomic_load_explicit(&m->leaves[i], memory_order_relaxed),
+                     (1ull << FP_MSTATE_LEAF_SHIFT) >> FP_PIECE_UNIT_SHIFT);
+    fp_meta_free(a->sp->meta, (void *)m->leaves, n * sizeof *m->leaves);
     m->leaves = NULL;
 }
 
@@ -570,7 +573,7 @@ void fp_arena_destroy(fp_arena *a)
 {
     if (!a->sp)
         return; /* never set up */
-    mstate_free(&a->ms);
+    mstate_free(a);
     while (a->n_chunks)
         chunk_unmap_at(a, a->n_chunks - 1);
     fp_recs_free(&a->recs);
