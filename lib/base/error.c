@@ -13,9 +13,9 @@
 
 /* The calling thread's message lives on the heap, made at its first error
  * and freed when the thread exits: not in the library's thread-local block,
- * which must stay a few dozen bytes so that the thread caches' slot can be
- * initial-exec (tcache.h) in a library that a program dlopens.  Only the
- * pointer is thread-local, and only error paths read it. */
+ * which stays a few dozen bytes (the thread caches' slot, tcache.h) for a
+ * library that a program dlopens.  Only the pointer is thread-local, and
+ * only error paths read it. */
 static _Thread_local char *fp_msg;
 /* Set while the thread's last message could not be kept (no host memory). */
 static _Thread_local unsigned char fp_msg_lost;
@@ -23,14 +23,40 @@ static pthread_key_t msg_key;
 static pthread_once_t msg_once = PTHREAD_ONCE_INIT;
 static int msg_key_ok;
 
-static void msg_free(void *m)
+/* Every thread's message on one list: a process forked by one thread still reaches the others' buffers (their
+ * threads are gone there), so that leak checkers of the child (valgrind, LeakSanitizer) find them held, not lost.
+ * The lock is taken around fork (pthread_atfork), so that a child never inherits it held. */
+typedef struct msg_node {
+    struct msg_node *prev, *next;
+    char text[FP_MSG_MAX];
+} msg_node;
+static msg_node *msg_list;
+static pthread_mutex_t msg_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void msg_lock_take(void) { pthread_mutex_lock(&msg_lock); }
+static void msg_lock_give(void) { pthread_mutex_unlock(&msg_lock); }
+
+static void msg_free(void *v)
 {
-    if (m == fp_msg)
+    msg_node *n = v;
+    if (n->text == fp_msg)
         fp_msg = NULL;
-    free(m);
+    msg_lock_take();
+    if (n->prev)
+        n->prev->next = n->next;
+    else
+        msg_list = n->next;
+    if (n->next)
+        n->next->prev = n->prev;
+    msg_lock_give();
+    free(n);
 }
 
-static void msg_make_key(void) { msg_key_ok = pthread_key_create(&msg_key, msg_free) == 0; }
+static void msg_make_key(void)
+{
+    msg_key_ok = pthread_key_create(&msg_key, msg_free) == 0 &&
+                 pthread_atfork(msg_lock_take, msg_lock_give, msg_lock_give) == 0;
+}
 
 /* The thread's buffer, made on first use (NULL without host memory). */
 static char *msg_buf(void)
@@ -38,13 +64,21 @@ static char *msg_buf(void)
     if (fp_msg)
         return fp_msg;
     pthread_once(&msg_once, msg_make_key);
-    char *m = msg_key_ok ? calloc(1, FP_MSG_MAX) : NULL;
-    if (m && pthread_setspecific(msg_key, m) != 0) {
-        free(m);
-        m = NULL;
+    msg_node *n = msg_key_ok ? calloc(1, sizeof *n) : NULL;
+    if (!n)
+        return NULL;
+    msg_lock_take();
+    n->next = msg_list;
+    if (msg_list)
+        msg_list->prev = n;
+    msg_list = n;
+    msg_lock_give();
+    if (pthread_setspecific(msg_key, n) != 0) {
+        msg_free(n);
+        return NULL;
     }
-    fp_msg = m;
-    return m;
+    fp_msg = n->text;
+    return fp_msg;
 }
 
 static const char *const status_names[] = {
