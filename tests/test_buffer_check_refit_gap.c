@@ -26,6 +26,7 @@ static int words_ok(char *base, size_t n)
     return 1;
 }
 
+static t_sim_hooks sim; /* the sim's range check */
 static int n_gaps;
 
 /* The library's cuMemUnmap, wrapped: from call fail_at on (counted from the wrap), those in [lo, hi) fail. */
@@ -69,9 +70,9 @@ static void trial(uint64_t n)
     CHECK_OK(fabpool_buffer_get_info(b, &i));
     n_gaps += t_stats(p).retiring_bytes == 8 * MB && i.mapped < 24 * MB; /* the third chunk behind the refit's */
     int bad = 0;
-    if (st != FABPOOL_OK || i.size != 9 * MB || !fabsim_range_mapped(base, 9 * MB) || !words_ok(base, 9 * MB)) {
+    if (st != FABPOOL_OK || i.size != 9 * MB || !sim.range_mapped(base, 9 * MB) || !words_ok(base, 9 * MB)) {
         fprintf(stderr, "  the shrink -> %s, size %zu, mapped %s, data %s\n", fabpool_status_name(st), i.size,
-                fabsim_range_mapped(base, 9 * MB) ? "yes" : "no", words_ok(base, 9 * MB) ? "kept" : "lost");
+                sim.range_mapped(base, 9 * MB) ? "yes" : "no", words_ok(base, 9 * MB) ? "kept" : "lost");
         bad = 1;
     }
     if (fabpool_check(p) != FABPOOL_OK) {
@@ -85,7 +86,7 @@ static void trial(uint64_t n)
         bad = 1;
     }
     CHECK_OK(fabpool_buffer_resize(b, 24 * MB, NULL));
-    if (!fabsim_range_mapped(base, 24 * MB) || !words_ok(base, 9 * MB)) {
+    if (!sim.range_mapped(base, 24 * MB) || !words_ok(base, 9 * MB)) {
         fprintf(stderr, "  grown back: not all mapped, or its data lost\n");
         bad = 1;
     }
@@ -102,7 +103,7 @@ static void trial(uint64_t n)
 
 int main(void)
 {
-    (void)t_sim_required("test_buffer_check_refit_gap", "the ledger, fabsim_range_mapped");
+    sim = t_sim_required("test_buffer_check_refit_gap", "the ledger, fabsim_range_mapped");
     fabpool_t *p = t_pool(NULL); /* the driver loaded: its entry points are there to wrap */
     CHECK_OK(fabpool_destroy(p));
     real_unmap = fp_drv.p_cuMemUnmap;

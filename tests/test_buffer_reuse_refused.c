@@ -104,9 +104,9 @@ static void trial(size_t size, t_sim_hooks *h, size_t e, uint64_t n, int every)
     if (out) {
         fabpool_buffer_info i = {.struct_size = sizeof i};
         CHECK_OK(fabpool_buffer_get_info(out, &i));
-        if (i.size != size || !fabsim_range_mapped(i.base, size)) {
+        if (i.size != size || !h->range_mapped(i.base, size)) {
             fprintf(stderr, "  the buffer handed out has %zu bytes (%zu asked), %s\n", i.size, size,
-                    fabsim_range_mapped(i.base, i.size) ? "mapped" : "not all mapped");
+                    h->range_mapped(i.base, i.size) ? "mapped" : "not all mapped");
             bad = 1;
         }
         CHECK(t_stats(w.p).buffers == 1);

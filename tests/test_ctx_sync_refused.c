@@ -105,7 +105,7 @@ static void retired_chunk(void)
     (void)fabpool_collect(p, 0);
     h.fault_clear();
     CHECK_OK(fabpool_collect(p, 0));
-    int mapped = fabsim_range_mapped(base + 8 * MB, 8 * MB);
+    int mapped = h.range_mapped(base + 8 * MB, 8 * MB);
     if (!mapped || t_stats(p).retiring_bytes != retiring)
         fprintf(stderr, "  a chunk retired on a held stream was unmapped after a collect whose event query and "
                 "context synchronize failed (retiring %llu -> %llu bytes)\n", (unsigned long long)retiring,

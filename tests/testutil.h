@@ -257,6 +257,7 @@ typedef struct t_sim_hooks {
     int (*hold)(void *stream);
     int (*release)(void *stream);
     uint64_t (*cold_exports)(void);
+    int (*range_mapped)(const void *va, size_t n);
 } t_sim_hooks;
 
 static inline t_sim_hooks t_sim_hooks_get(void)
@@ -268,18 +269,21 @@ static inline t_sim_hooks t_sim_hooks_get(void)
     *(void **)&h.hold = dlsym(RTLD_DEFAULT, "fabsim_stream_hold");
     *(void **)&h.release = dlsym(RTLD_DEFAULT, "fabsim_stream_release");
     *(void **)&h.cold_exports = dlsym(RTLD_DEFAULT, "fabsim_cold_exports");
+    *(void **)&h.range_mapped = dlsym(RTLD_DEFAULT, "fabsim_range_mapped");
     return h;
 }
 
 /* The driver, and the sim's hooks, for a test that runs only on the simulated driver: where the driver does
- * not start, says what the test needs and exits 77 (the code for a skipped test). */
+ * not start, or is not the sim (its hooks are missing), says what the test needs and exits 77 (the code for a
+ * skipped test).  The hooks are looked up, never linked, so that the test loads beside the real driver. */
 static inline t_sim_hooks t_sim_required(const char *test, const char *needs)
 {
-    if (!t_driver_init()) {
+    t_sim_hooks h;
+    if (!t_driver_init() || !(h = t_sim_hooks_get()).fault_set || !h.range_mapped) {
         printf("%s: needs the simulated driver (%s); skipped\n", test, needs);
         exit(77);
     }
-    return t_sim_hooks_get();
+    return h;
 }
 
 #endif
