@@ -1,11 +1,38 @@
-/* lock.c - the lock-order and lock-held checks of a FP_DEBUG_LOCKS build
- * (lock.h).  Each thread keeps the locks it holds in a small array; taking a
- * lock checks it against every lock held, before waiting for it, so that a
- * wrong order aborts instead of deadlocking some day. */
+/* lock.c - the slow sides of fp_lock_t (a wait, a wake), and the lock-order
+ * and lock-held checks of a FP_DEBUG_LOCKS build (lock.h).  Each thread
+ * keeps the locks it holds in a small array; taking a lock checks it against
+ * every lock held, before waiting for it, so that a wrong order aborts
+ * instead of deadlocking some day. */
+#define _GNU_SOURCE
 #include "lock.h"
 
+#include <linux/futex.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Spins this many reads of the word before it sleeps: a pool lock's common holder (a medium block's fit) lets
+ * go within a microsecond, a sleep and a wake take several. */
+#define FP_LOCK_SPIN 200
+
+void fp_lock_wait(_Atomic unsigned *w)
+{
+    for (int i = 0; i < FP_LOCK_SPIN; i++) {
+        unsigned v = atomic_load_explicit(w, memory_order_relaxed);
+        if (v == 0 && atomic_compare_exchange_weak_explicit(w, &v, 1, memory_order_acquire, memory_order_relaxed))
+            return;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+    /* held, and now marked as having a sleeper: whoever lets go wakes one (the woken thread takes it as 2,
+     * since others may sleep still) */
+    while (atomic_exchange_explicit(w, 2, memory_order_acquire) != 0)
+        syscall(SYS_futex, (unsigned *)w, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
+}
+
+void fp_lock_wake(_Atomic unsigned *w) { syscall(SYS_futex, (unsigned *)w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0); }
 
 #ifdef FP_DEBUG_LOCKS
 
@@ -62,7 +89,7 @@ void fp_lock_debug_lock(fp_lock_t *l, const char *fn)
     }
     if (n_held == FP_LOCK_MAX_HELD)
         die(fn, "too many locks held to take", l, NULL);
-    pthread_mutex_lock(&l->m);
+    fp_lock_word(&l->w);
     held[n_held++] = l;
 }
 
@@ -71,7 +98,7 @@ void fp_lock_debug_unlock(fp_lock_t *l, const char *fn)
     for (unsigned i = n_held; i-- > 0;)
         if (held[i] == l) {
             held[i] = held[--n_held];
-            pthread_mutex_unlock(&l->m);
+            fp_unlock_word(&l->w);
             return;
         }
     die(fn, "releasing a lock it does not hold:", l, NULL);
