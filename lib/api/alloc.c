@@ -117,6 +117,9 @@ static __attribute__((noinline)) fabpool_status alloc_oom(fp_alloc *a, size_t si
 static __attribute__((noinline)) fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
 {
     fabpool_status st;
+    fp_tcache *held = a ? tcache_hot(a) : NULL;
+    if (held && held->mdn)   /* the blocks its cache holds back go first: every fit sees them merged */
+        fp_tcache_defer_flush(a, held);
     if (a && out && size > a->slab_max && !fp_pending_any(a->retire) && !fp_chunks_asleep(a->sp->ch)) {
         /* a block above slab_max while nothing waits on a stream and the pool is awake (the common case):
          * alloc_slow_once's work without its checks, so that a medium block pays for the arena and little
@@ -210,7 +213,22 @@ static __attribute__((noinline)) fabpool_status alloc_medium_miss(fp_alloc *a, f
     if (FP_UNLIKELY(fp_pending_any(a->retire)))
         return alloc_slow(a, size, out);
     *out = NULL;
-    fabpool_status st = large_alloc(a, size, out);
+    fp_chunk_tally t = fp_chunk_tally_begin();
+    medium_tick(a);
+    /* the blocks the cache holds back go to the arena under the same take of the lock, before the fit */
+    unsigned nd = tc->mdn;
+    fabpool_status st = fp_medium_alloc(a->heap, (size + FP_BLOCK_QUANTUM - 1) & ~(FP_BLOCK_QUANTUM - 1), tc->mdef,
+                                        nd, out);
+    if (nd) {
+        tc->mdn = 0;
+        atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) - tc->mdbytes,
+                              memory_order_relaxed);
+        tc->mdbytes = 0;
+    }
+    if (FP_LIKELY(st == FABPOOL_OK))
+        fp_usage_raise(a->use);
+    if (FP_UNLIKELY(t.on))
+        fp_alloc_log_released(a, t, "decay or large_slack");
     return FP_UNLIKELY(st == FABPOOL_ERR_OUT_OF_MEMORY) ? alloc_oom(a, size, out, st) : st;
 }
 
@@ -444,6 +462,22 @@ static __attribute__((noinline)) fabpool_status free_medium_full(fp_alloc *a, fp
     return FABPOOL_OK;
 }
 
+/* free_medium's block (d: its base | its code, of `bytes`) where the bin of its size rests or is full: held
+ * back (tcache.h, mdef) until the thread's next medium allocation gives it to the arena under the lock that
+ * allocation takes anyway, before its fit, so that the fit sees the arena as it would have without it. */
+static __attribute__((noinline)) fabpool_status free_medium_back(fp_alloc *a, fp_tcache *tc, uint64_t d,
+                                                                 uint64_t bytes, _Atomic uint8_t *f)
+{
+    if (FP_UNLIKELY(tc->mdn == FP_MD_CAP))
+        fp_tcache_defer_flush(a, tc);
+    tc->mdef[tc->mdn++] = d;
+    tc->mdbytes += bytes;
+    atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) + bytes,
+                          memory_order_relaxed);
+    atomic_store_explicit(f, FP_MSTATE_CACHED, memory_order_relaxed);
+    return FABPOOL_OK;
+}
+
 /* A block of the medium arena, the fast path's key matched (tc: the thread's
  * cache): into tc where its state byte says it is a live block of a size the
  * caches hold (fp_mstate), no block has recorded streams, the bin of its size
@@ -455,12 +489,14 @@ static __attribute__((noinline)) fabpool_status free_medium(fp_alloc *a, void *p
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
     if (FP_UNLIKELY(fp_retire_any_used(a->retire)))
         return free_entry(a, ptr);
-    _Atomic uint8_t *f;   /* a byte per quantum: a block start is a multiple (not looked up while the cache rests) */
-    if (FP_LIKELY(!tc->moff && !(addr & (FP_BLOCK_QUANTUM - 1)) && (f = fp_mstate_at(&a->ms, addr)) != NULL)) {
+    _Atomic uint8_t *f;   /* a byte per quantum: a block start is a multiple */
+    if (FP_LIKELY(!(addr & (FP_BLOCK_QUANTUM - 1)) && (f = fp_mstate_at(&a->ms, addr)) != NULL)) {
         unsigned c = atomic_load_explicit(f, memory_order_relaxed);
         unsigned n = tc->mn[c];
-        if (FP_LIKELY(c - 1u < FP_MSTATE_MAX && n < FP_MC_CAP)) {
+        if (FP_LIKELY(c - 1u < FP_MSTATE_MAX)) {
             uint64_t bytes = a->mc_lo + ((uint64_t)c << FP_PIECE_UNIT_SHIFT);
+            if (FP_UNLIKELY(tc->moff || n == FP_MC_CAP))
+                return free_medium_back(a, tc, addr | c, bytes, f);
             uint64_t held = atomic_load_explicit(&tc->mbytes, memory_order_relaxed) + bytes;
             if (FP_UNLIKELY(held > atomic_load_explicit(&a->mc_budget, memory_order_relaxed)))
                 return free_medium_full(a, tc, addr, f);

@@ -253,11 +253,32 @@ void fp_tcache_medium_flush(fp_alloc *a, fp_tcache *tc, int locked)
             tc->mn[c] = 0;
         }
     memset(tc->mmask, 0, sizeof tc->mmask);
+    for (unsigned i = 0; i < tc->mdn; i++)
+        fp_large_release_cached_locked(a->heap, fp_tcache_defer_addr(tc->mdef[i]));
+    tc->mdn = 0;
+    tc->mdbytes = 0;
     atomic_store_explicit(&tc->mbytes, 0, memory_order_relaxed);
     int due = fp_large_policy_due(a->heap);
     if (!locked)
         fp_unlock(&a->sp->lock);
     if (due && !locked)
+        fp_alloc_trim_policy(a);
+}
+
+void fp_tcache_defer_flush(fp_alloc *a, fp_tcache *tc)
+{
+    if (!tc->mdn)
+        return;
+    fp_lock(&a->sp->lock);
+    for (unsigned i = 0; i < tc->mdn; i++)
+        fp_large_release_cached_locked(a->heap, fp_tcache_defer_addr(tc->mdef[i]));
+    tc->mdn = 0;
+    atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) - tc->mdbytes,
+                          memory_order_relaxed);
+    tc->mdbytes = 0;
+    int due = fp_large_policy_due(a->heap);
+    fp_unlock(&a->sp->lock);
+    if (due)
         fp_alloc_trim_policy(a);
 }
 
@@ -280,6 +301,11 @@ void fp_tcache_medium_evict(fp_alloc *a, fp_tcache *tc, uint64_t room)
 {
     uint64_t held = atomic_load_explicit(&tc->mbytes, memory_order_relaxed), budget = a->mc_budget;
     fp_lock(&a->sp->lock);
+    for (unsigned i = 0; i < tc->mdn; i++)   /* the blocks held back first: they wait for no reuse */
+        fp_large_release_cached_locked(a->heap, fp_tcache_defer_addr(tc->mdef[i]));
+    held -= tc->mdbytes;
+    tc->mdn = 0;
+    tc->mdbytes = 0;
     while (held + room > budget / 2) {   /* half the budget at once: one lock for several frees */
         unsigned c = next_code(tc, tc->mevict);
         if (!c)

@@ -39,6 +39,9 @@ typedef struct fp_titem {
  * blocks it holds would only wait) gives its medium blocks back and takes none for FP_MC_REST windows. */
 #define FP_MC_WINDOW 64u
 #define FP_MC_REST 64u
+/* The most medium blocks a thread cache holds back from the arena until its thread's next take of the pool
+ * lock (the blocks it frees while its bins rest or are full): their merge then rides on that take. */
+#define FP_MD_CAP 8u
 
 /* A thread's cache for one pool.  Only its thread writes it (counters are
  * atomics so that stats can read them).  The bin of class c holds the
@@ -62,6 +65,14 @@ typedef struct fp_tcache {
     unsigned mevict;                   /* the code whose blocks go first when the budget is short (in turn) */
     uint32_t mhits, mmiss;             /* its medium hits and misses in the current window (FP_MC_WINDOW misses) */
     uint32_t moff;                     /* windows left that it takes no medium block (0: it takes them) */
+    uint32_t mdn;                      /* blocks in mdef */
+    uint64_t mdbytes;                  /* and their bytes */
+    uint64_t mdef[FP_MD_CAP];          /* medium blocks freed and not kept for reuse (state FP_MSTATE_CACHED,
+                                          in mbytes), each its base | its code (in the quantum's low bits):
+                                          they go back to the arena at the thread's next medium allocation,
+                                          under its take of the pool lock and before its fit, or at the
+                                          thread's next slow allocation, so that the fits the thread makes see
+                                          the arena as they would have without them */
     uint8_t mn[FP_MSTATE_CACHED + 1]; /* every state byte a valid index (free_medium reads before it checks) */
     fp_titem mitems[FP_MSTATE_MAX + 1][FP_MC_CAP];
 } fp_tcache;
@@ -280,6 +291,14 @@ static inline int tcache_push(fp_tcache *tc, fp_span *s, uint64_t addr)
 uint64_t fp_alloc_align_next(uint64_t align);
 /* Gives the medium blocks of tc back to the medium arena (pool lock held: locked != 0; else taken). */
 void fp_tcache_medium_flush(fp_alloc *a, fp_tcache *tc, int locked);
+/* A block tc holds back (mdef): its base, and its bytes. */
+static inline uint64_t fp_tcache_defer_addr(uint64_t d) { return d & ~(uint64_t)(FP_BLOCK_QUANTUM - 1); }
+static inline uint64_t fp_tcache_defer_bytes(const fp_alloc *a, uint64_t d)
+{
+    return a->mc_lo + ((d & (FP_BLOCK_QUANTUM - 1)) << FP_PIECE_UNIT_SHIFT);
+}
+/* Gives the blocks tc holds back (mdef) to the medium arena, under one take of the pool lock. */
+void fp_tcache_defer_flush(fp_alloc *a, fp_tcache *tc);
 /* Gives blocks of tc's medium bins back, a size's whole bin at a time in turn, until room more bytes fit in
  * half its budget (no lock held). */
 void fp_tcache_medium_evict(fp_alloc *a, fp_tcache *tc, uint64_t room);

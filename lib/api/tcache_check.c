@@ -40,9 +40,9 @@ static fabpool_status count_tcaches(const fp_alloc *a, unsigned n_classes, fp_wa
     return FABPOOL_OK;
 }
 
-/* The medium blocks of tc, a cache of the calling thread: each a block of the medium arena given out (to
- * the arena) of its code's size, its state byte FP_MSTATE_CACHED and cached with that byte's address, and
- * their bytes what the cache counts. */
+/* The medium blocks of tc, a cache of the calling thread, in its bins and held back (mdef): each a block of
+ * the medium arena given out (to the arena) of its code's size, its state byte FP_MSTATE_CACHED (and a bin's
+ * cached with that byte's address), and their bytes what the cache counts. */
 static fabpool_status check_medium(const fp_alloc *a, const fp_heap *h, const fp_tcache *tc)
 {
     const fp_arena *ar = &h->arenas[FP_ARENA_MEDIUM];
@@ -65,6 +65,23 @@ static fabpool_status check_medium(const fp_alloc *a, const fp_heap *h, const fp
                             (unsigned long long)(b ? fp_piece_size(b) : 0), b ? (int)b->state : -1);
             bytes += size;
         }
+    }
+    if (tc->mdn > FP_MD_CAP || (tc->mdn && !a->mc_span))
+        return FAIL("[tcache.medium] a thread cache holds back %u medium blocks (at most %u, with the medium cache "
+                    "on)", tc->mdn, FP_MD_CAP);
+    for (unsigned i = 0; i < tc->mdn; i++) {
+        uint64_t at = fp_tcache_defer_addr(tc->mdef[i]), size = fp_tcache_defer_bytes(a, tc->mdef[i]);
+        const fp_piece *b = fp_arena_block(ar, at);
+        const _Atomic uint8_t *f = fp_mstate_at(&a->ms, at);
+        if (!(tc->mdef[i] & (FP_BLOCK_QUANTUM - 1)) || !f ||
+            atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED || !b || b->state != FP_LARGE_LIVE ||
+            fp_piece_size(b) != size)
+            return FAIL("[tcache.medium] a thread cache holds back 0x%llx as a free block of %llu bytes: its state "
+                        "byte is %d (want %u), the arena's block there is %llu bytes in state %d",
+                        (unsigned long long)at, (unsigned long long)size,
+                        f ? (int)atomic_load_explicit(f, memory_order_relaxed) : -1, FP_MSTATE_CACHED,
+                        (unsigned long long)(b ? fp_piece_size(b) : 0), b ? (int)b->state : -1);
+        bytes += size;
     }
     uint64_t counted = atomic_load_explicit(&tc->mbytes, memory_order_relaxed);
     if (bytes != counted)

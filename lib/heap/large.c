@@ -248,18 +248,50 @@ void fp_heap_count_large(const fp_heap *h, uint64_t *counts)
 }
 
 
+/* A block a thread cache held back to the medium arena a (pool lock held): its state 0, merged with its free
+ * neighbours; nothing where addr is not such a block (fabpool_check says what is wrong). */
+static inline void release_cached(fp_heap *h, fp_arena *a, uint64_t addr)
+{
+    size_t slot = fp_arena_block_slot(a, addr);
+    fp_piece *b = slot != FP_ADDRMAP_END ? fp_piece_of(a, fp_addrmap_val(&a->blocks, slot)) : NULL;
+    _Atomic uint8_t *f = fp_mstate_at(&a->ms, addr);
+    if (!b || b->state != FP_LARGE_LIVE || !f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
+        return;
+    count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
+    count_locked(&h->large_blocks, (uint64_t)-1);
+    atomic_store_explicit(f, 0, memory_order_relaxed);
+    fp_arena_release(a, slot);
+}
+
 void fp_large_release_cached_locked(fp_heap *h, uint64_t addr)
 {
     fp_lock_assert_held(&h->sp->lock);
+    release_cached(h, &h->arenas[FP_ARENA_MEDIUM], addr);
+}
+
+fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uint64_t *back, unsigned n_back, void **out)
+{
     fp_arena *a = &h->arenas[FP_ARENA_MEDIUM];
-    size_t slot = fp_arena_block_slot(a, addr);
-    fp_piece *b = slot != FP_ADDRMAP_END ? fp_piece_of(a, fp_addrmap_val(&a->blocks, slot)) : NULL;
-    if (!b || b->state != FP_LARGE_LIVE || !in_cache(a, addr))
-        return;   /* not a cached block (fabpool_check says what is wrong) */
-    count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
-    count_locked(&h->large_blocks, (uint64_t)-1);
-    fp_arena_mstate_set(a, addr, 0);
-    fp_arena_release(a, slot);
+    fabpool_status st = FABPOOL_OK;
+    fp_lock(&h->sp->lock);
+    for (unsigned i = 0; i < n_back; i++)
+        release_cached(h, a, back[i] & ~(uint64_t)(FP_BLOCK_QUANTUM - 1));
+    fp_piece *b = fp_arena_fit(a, n, FP_BLOCK_QUANTUM, &st);
+    if (__builtin_expect(b != NULL, 1)) {
+        mstate_live(a, b->base, n);
+        count_locked(&h->large_in_use_bytes, n);
+        count_locked(&h->large_blocks, 1);
+        count_locked(&h->large_allocs[a->cls_of_q[(n >> FP_PIECE_UNIT_SHIFT) - 1]], 1);
+        *out = (void *)(uintptr_t)b->base;
+    }
+    fp_heap_idle_follow(h);
+    int due = policy_due(h);
+    fp_unlock(&h->sp->lock);
+    if (due)
+        fp_heap_trim_policy(h);
+    if (__builtin_expect(!b && st == FABPOOL_OK, 0))   /* a miss: the arena grows on fp_large_alloc's whole way */
+        return fp_large_alloc(h, n, FP_BLOCK_QUANTUM, out);
+    return st;
 }
 
 int fp_large_policy_due(fp_heap *h)
