@@ -38,8 +38,13 @@
 # DEEPEP_PRIVATE_CONF: a fifth variant in the rounds, fabpool unchanged with
 # FABPOOL_HYBRIDEP_PRIVATE_CONF set to it.
 # DEEPEP_RUN_SKIP: stages to leave out, any of "agree" (the agreement's
-# cost, stage 2's end), "posix" (3), "grow" (5), "graphed" (6); stage 6
-# needs about 150 s of the budget left.
+# cost, stage 2's end), "posix" (3), "test-upstream" (4's upstream half),
+# "grow" (5), "graphed" (6); stage 6 needs about 150 s of the budget left.
+# DEEPEP_BEFORE_TREE: another fabpool tree (an export of an older commit, its
+# commit in .rev): its library and its drop-in are built beside this one's
+# (in parallel, with that tree's deepep/ scripts) and join the rounds as the
+# variant "before" (its drop-in unchanged), so that the regrow times of two
+# commits are compared in one run.
 # Results: $OUT/deepep-run.log (everything), $OUT/regrow-*.json,
 # $OUT/summary.txt (printed at the end).
 #
@@ -84,9 +89,11 @@ step() {
 }
 # port LABEL: a rendezvous port of its own for each run (two run at once)
 port() { echo $((20000 + $(echo "$1" | cksum | cut -d' ' -f1) % 20000)); }
+# here VARIANT: the deepep/ scripts a DeepEP copy runs with (the before tree's own for "before")
+here() { if [ "$1" = before ]; then echo "$BT/adapters/hybridep/deepep"; else echo "$HERE"; fi; }
 # pyenv VARIANT: the environment a DeepEP copy runs in
 pyenv() {
-  echo "PYTHONPATH=$W/$1/build:$W/$1:$W/$1/tests:$HERE/standin HYBRID_EP_CACHE_DIR=$W/jit-$1"
+  echo "PYTHONPATH=$W/$1/build:$W/$1:$W/$1/tests:$(here "$1")/standin HYBRID_EP_CACHE_DIR=$W/jit-$1"
 }
 
 {
@@ -105,7 +112,8 @@ pyenv() {
   # ------------------------------------------------------------ 1. build
   rm -rf "$W"
   mkdir -p "$W"
-  for v in upstream fabpool; do
+  BT=${DEEPEP_BEFORE_TREE:+$(cd "$DEEPEP_BEFORE_TREE" && pwd)}
+  for v in upstream fabpool ${BT:+before}; do
     mkdir -p "$W/$v"
     cp -r "$DEEPEP/csrc" "$DEEPEP/deep_ep" "$DEEPEP/tests" "$DEEPEP/setup.py" "$W/$v/"
     mkdir -p "$W/$v/deep_ep/backend"   # as setup.py: the JIT compiles kernels from there
@@ -113,6 +121,15 @@ pyenv() {
     cp "$W/$v/csrc/hybrid_ep/utils.cuh" "$W/$v/deep_ep/backend/utils.cuh"
   done
   step patch 30 python3 "$HERE/patch.py" "$W/fabpool"
+  if [ -n "$BT" ]; then
+    echo "before tree: $BT ($(cat "$BT/.rev" 2>/dev/null))"
+    step patch-before 30 python3 "$BT/adapters/hybridep/deepep/patch.py" "$W/before"
+    ( step build-before-lib 150 bash -c "cmake -S '$BT' -B '$W/before-build' -DFABPOOL_TEST_DRIVER=real \
+        -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build '$W/before-build' -j4 --target fabpool" &&
+      step build-before-ext 300 python3 "$BT/adapters/hybridep/deepep/build.py" --src "$W/before" \
+        --build "$W/before/build" --fabpool "$BT/include" "$W/before-build" ) > "$OUT/build-before.log" 2>&1 &
+    bt_pid=$!
+  fi
   diff -ru "$DEEPEP/csrc" "$W/fabpool/csrc" > "$OUT/fabpool-deepep.diff"
   ( step build-upstream-ext 300 python3 "$HERE/build.py" --src "$W/upstream" --build "$W/upstream/build" \
       > "$OUT/build-upstream.log" 2>&1; echo "build-upstream-ext rc $?" ) &
@@ -121,6 +138,11 @@ pyenv() {
   step build-fabpool-ext 300 python3 "$HERE/build.py" --src "$W/fabpool" --build "$W/fabpool/build" \
       --fabpool "$ROOT/include" "$B" > "$OUT/build-fabpool.log" 2>&1
   wait "$up_pid"
+  if [ -n "$BT" ]; then
+    wait "$bt_pid"
+    tail -n 3 "$OUT/build-before.log"
+    [ -f "$W/before/build/hybrid_ep_cpp.so" ] && status+=(build-before-ext=0) || status+=(build-before-ext=FAILED)
+  fi
   tail -n 3 "$OUT/build-upstream.log" "$OUT/build-fabpool.log"
   grep -m 5 -E "error|Error" "$OUT/build-upstream.log" "$OUT/build-fabpool.log"
   [ -f "$W/upstream/build/hybrid_ep_cpp.so" ] && status+=(build-upstream-ext=0) || status+=(build-upstream-ext=FAILED)
@@ -133,7 +155,7 @@ pyenv() {
     [ $# -gt 0 ] && shift
     pushd "$W/$v/tests" >/dev/null || return 1
     step "regrow-$label" 120 env $(pyenv "$v") MASTER_PORT="$(port "regrow-$label")" "${envs[@]}" \
-        python3 "$HERE/regrow.py" --label "$label" --world "$GPUS" --json "$OUT/regrow-$label.json" "$@"
+        python3 "$(here "$v")/regrow.py" --label "$label" --world "$GPUS" --json "$OUT/regrow-$label.json" "$@"
     local rc=$?
     popd >/dev/null
     return $rc
@@ -144,6 +166,7 @@ pyenv() {
   for r in $(seq 1 "$ROUNDS"); do
     regrow upstream.r$r upstream -- --reps 1
     regrow fabpool.r$r fabpool FABPOOL_HYBRIDEP_TIMING="$W/timing-fabpool.txt.r$r" -- --reps 1
+    [ -n "$BT" ] && regrow before.r$r before FABPOOL_HYBRIDEP_TIMING="$W/timing-before.txt.r$r" -- --reps 1
     regrow fabpool-inplace.r$r fabpool FABPOOL_HYBRIDEP_INPLACE=1 FABPOOL_HYBRIDEP_TIMING="$W/timing-inplace.txt.r$r" \
         -- --reps 1
     regrow fabpool-noprivate.r$r fabpool FABPOOL_HYBRIDEP_PRIVATE=0 \
@@ -152,7 +175,7 @@ pyenv() {
         FABPOOL_HYBRIDEP_PRIVATE_CONF="$DEEPEP_PRIVATE_CONF" FABPOOL_HYBRIDEP_TIMING="$W/timing-privconf.txt.r$r" \
         -- --reps 1
   done
-  python3 "$HERE/rounds.py" "$OUT" "$ROUNDS" upstream fabpool fabpool-inplace fabpool-noprivate \
+  python3 "$HERE/rounds.py" "$OUT" "$ROUNDS" upstream fabpool ${BT:+before} fabpool-inplace fabpool-noprivate \
       ${DEEPEP_PRIVATE_CONF:+fabpool-privconf}
   # the agreement's cost: 2,000 calls that do not grow, without and with FABPOOL_HYBRIDEP_AGREE (one all-reduce
   # of the needed sizes per call); then the regrowth with it on
@@ -195,10 +218,15 @@ pyenv() {
     echo "$label: rc $rc"
     return $rc
   }
-  deeptest test-upstream upstream 1024 1024 -- & p1=$!
-  deeptest test-fabpool fabpool 1024 1024 -- & p2=$!
-  wait $p1; r1=$?; wait $p2; r2=$?
-  status+=("test-upstream=$r1" "test-fabpool=$r2")
+  if skip test-upstream; then
+    deeptest test-fabpool fabpool 1024 1024 --
+    status+=("test-fabpool=$?")
+  else
+    deeptest test-upstream upstream 1024 1024 -- & p1=$!
+    deeptest test-fabpool fabpool 1024 1024 -- & p2=$!
+    wait $p1; r1=$?; wait $p2; r2=$?
+    status+=("test-upstream=$r1" "test-fabpool=$r2")
+  fi
 
   # ------------------------------------------------------------ 5. growing inside DeepEP's test
   if ! skip grow; then
