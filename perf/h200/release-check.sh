@@ -5,6 +5,10 @@
 #   build     this tree (SRC_DIR, default .) and the older one (BEFORE_DIR, default .deps/before: an export of the
 #             tree to compare with, its commit in .rev), Release, the real driver
 #   suite     this tree's real-driver suite at ctest -j4 (the examples included)
+#   deepep    adapters/hybridep/deepep-run.sh (DEEPEP_DIR, default .deps/DeepEP): DeepEP's own test with the
+#             drop-in, the drop-in's private blocks and two-process POSIX-fd handles, and the regrow rounds with
+#             the older tree's drop-in beside this one's where BASE_DIR (default .deps/base) is there
+#   ipc       a tensor sent to a child process through torch.multiprocessing (test_torch_contract.py ipc_child)
 #   rl        adapters/torch/h200-rl.sh: torch_memory_saver's and vLLM's tests on the modules, the benchmark
 #             (SRC_DIR/.deps/torch_memory_saver and SRC_DIR/.deps/vllm-tests needed)
 #   wheel     adapters/torch/h200-wheel.sh installed stats-shim stats-cxx: the wheel built with the venv's python
@@ -23,6 +27,9 @@ SRC_DIR=$(cd "${SRC_DIR:-.}" && pwd)
 BEFORE_DIR=${BEFORE_DIR:-.deps/before}
 [ -d "$BEFORE_DIR" ] && BEFORE_DIR=$(cd "$BEFORE_DIR" && pwd)
 STAGES=" ${RELEASE_STAGES:-build suite rl hotpath wheel shapes} "
+BASE_DIR=${BASE_DIR:-.deps/base}
+[ -d "$BASE_DIR" ] && BASE_DIR=$(cd "$BASE_DIR" && pwd)
+DEEPEP_DIR=${DEEPEP_DIR:-.deps/DeepEP}
 on() { [[ $STAGES == *" $1 "* ]]; }
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 # bstep NAME LIMIT COMMAND...: step, its limit cut to what is left (skipped where under 15 s are left)
@@ -42,6 +49,20 @@ export PATH=/opt/torch/.venv/bin:$PATH
     [ -d "$BEFORE_DIR" ] && h200_build build-before 150 "$BEFORE_DIR" /tmp/r-before "fabpool fabpool_torch"
   fi
   on suite && bstep suite 150 ctest --test-dir /tmp/r-after -j4 --output-on-failure --timeout 120
+  if on deepep; then
+    if [ -d "$DEEPEP_DIR" ]; then
+      db=$(( $(left) - 20 )); [ "$db" -gt 360 ] && db=360
+      before_env=(); [ -d "$BASE_DIR" ] && before_env=("DEEPEP_BEFORE_TREE=$BASE_DIR")
+      bstep deepep $((db + 15)) env OUT="$OUT/deepep" DEEPEP_RUN_BUDGET=$db DEEPEP_REGROW_ROUNDS=${DEEPEP_REGROW_ROUNDS:-2} \
+        DEEPEP_RUN_SKIP="${DEEPEP_RUN_SKIP:-agree grow graphed test-upstream}" \
+        "${before_env[@]}" \
+        "$SRC_DIR/adapters/hybridep/deepep-run.sh" "$(cd "$DEEPEP_DIR" && pwd)"
+    else
+      echo "== deepep: skipped, no DeepEP tree at $DEEPEP_DIR"; status+=("deepep=skipped")
+    fi
+  fi
+  on ipc && bstep ipc 60 python3 "$SRC_DIR/adapters/torch/test_torch_contract.py" \
+       --lib /tmp/r-after/adapters/torch/libfabpool_torch.so --out "$OUT" --cases ipc_child
   on rl && bstep rl 300 env OUT="$OUT/rl" FABPOOL_RL_BUILD=/tmp/r-after bash -c "cd '$SRC_DIR' && adapters/torch/h200-rl.sh"
   on wheel && bstep wheel 200 env OUT="$OUT/wheel" bash -c "cd '$SRC_DIR' && adapters/torch/h200-wheel.sh installed stats-shim stats-cxx"
   if on hotpath; then
