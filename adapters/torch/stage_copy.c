@@ -47,6 +47,10 @@ struct fabpool_torch_stage {
 };
 
 static _Atomic uint64_t host_mapped;
+/* 1 once the kernel refused MADV_POPULATE_WRITE (before Linux 5.14): the
+ * copies then fault the fresh pages in as they write them */
+static atomic_int populate_off;
+static _Atomic uint64_t populated;
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
 {
@@ -268,6 +272,35 @@ static int wait_buf(job *j, lane *ln, int b)
     return r;
 }
 
+/* Faults in the host pages that fill f will write (a copy to the host), so
+ * that the kernel zeroes them while the lane's DMA runs rather than page by
+ * page inside the memcpy: one madvise per span, the span widened to whole
+ * pages (the pages it touches belong to the same mapping; populating does
+ * not change their bytes).  Pages already there (a host copy kept from an
+ * earlier pause) cost a page-table walk and no fault.  Advice only: a
+ * refusal leaves the faults to the memcpy, as without it. */
+static void populate(const job *j, size_t f)
+{
+#ifdef MADV_POPULATE_WRITE
+    if (!j->to_host || atomic_load_explicit(&populate_off, memory_order_relaxed))
+        return;
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+    for (size_t i = j->fills[f].lo; i < j->fills[f].hi; i++) {
+        const span *sp = &j->spans[i];
+        uint64_t lo = sp->host & ~(pg - 1), hi = (sp->host + sp->len + pg - 1) & ~(pg - 1);
+        if (madvise((void *)(uintptr_t)lo, (size_t)(hi - lo), MADV_POPULATE_WRITE) == 0) {
+            atomic_fetch_add_explicit(&populated, hi - lo, memory_order_relaxed);
+        } else if (errno == EINVAL) {
+            atomic_store_explicit(&populate_off, 1, memory_order_relaxed);
+            return;
+        }
+    }
+#else
+    (void)j;
+    (void)f;
+#endif
+}
+
 /* Moves fill f between the lane's buffer b and the host copies. */
 static void host_side(job *j, lane *ln, size_t f, int b)
 {
@@ -300,6 +333,7 @@ static void *lane_run(void *p)
                 break;
         for (size_t k = 0, f = first; f < j->nfills && !atomic_load(&j->failed); k++, f += step) {
             int b = (int)(k & 1);
+            populate(j, f);   /* the pages' zeroing while the DMA of f runs */
             if (wait_buf(j, ln, b))
                 break;
             host_side(j, ln, f, b);
@@ -455,6 +489,11 @@ EXPORT int fabpool_torch_stage_host_unmap(uint64_t addr, uint64_t bytes, char *e
     }
     atomic_fetch_sub(&host_mapped, (uint64_t)len);
     return 0;
+}
+
+EXPORT uint64_t fabpool_torch_stage_populated_bytes(void)
+{
+    return atomic_load(&populated);
 }
 
 EXPORT uint64_t fabpool_torch_stage_host_bytes(void)

@@ -77,6 +77,10 @@ uint64_t fabpool_torch_stage_pinned_bytes(const fabpool_torch_stage *s);
 int fabpool_torch_stage_host_map(uint64_t bytes, uint64_t *out, char *err, size_t errlen);
 /* Gives a mapping of fabpool_torch_stage_host_map back to the kernel. */
 int fabpool_torch_stage_host_unmap(uint64_t addr, uint64_t bytes, char *err, size_t errlen);
+/* Host bytes the lanes of copies to the host have faulted in ahead of their
+ * memcpy (MADV_POPULATE_WRITE, Linux 5.14 and later), since the process
+ * began: 0 where the kernel refuses it (the memcpy then faults the pages). */
+uint64_t fabpool_torch_stage_populated_bytes(void);
 /* Bytes of fabpool_torch_stage_host_map mappings held now by the process. */
 uint64_t fabpool_torch_stage_host_bytes(void);
 

@@ -83,6 +83,9 @@ class FakeBackend:
         self.fail_fill = 0           # fails the n-th buffer of the next copy (1: the first)
         self.fail_host_alloc = False
         self.fail_sleep = False
+        self.rings = {}              # device -> pinned bytes of its staging ring, made at a copy
+        self.ring_pins = 0           # rings pinned so far
+        self.fail_release = False
 
     # what the savers call
     def current_device(self):
@@ -190,6 +193,9 @@ class FakeBackend:
         """As the staging ring copies: the pairs' bytes packed into buffers of ring_bytes, each buffer
         moved whole (DMA) and then spread (memcpy); fail_fill = k fails the k-th buffer's DMA of this
         call, after the ones before it were copied."""
+        if device not in self.rings:
+            self.rings[device] = 2 * self.ring_bytes
+            self.ring_pins += 1
         staging = bytearray(self.ring_bytes)
         spans, fills, pos = [], [], 0
         for host, dev, n in pairs:
@@ -221,6 +227,15 @@ class FakeBackend:
                     seg[dev - sb:dev - sb + n] = staging[at:at + n]
             self.fills += 1
         self.calls.append(("copy", device, len(pairs), to_host))
+
+    def staging_bytes(self):
+        return sum(self.rings.values())
+
+    def release_staging(self):
+        if self.fail_release:
+            self.fail_release = False
+            raise RuntimeError("fake: making device 0's context current failed (CUDA error 201); the ring is kept")
+        self.rings.clear()
 
     def tensor_span(self, t):
         return t.addr, t.nbytes
@@ -576,6 +591,83 @@ def test_failed_resume_copy_leaves_the_tag_paused_with_its_copies():
     check(msg is not None and "kept" in msg, "both failed: the error says the copies are kept")
     check(not tms.tags()["w"]["paused"] and all(tms.get_cpu_backup(w)[1] == d for w, d in zip(ws, want)),
           "both failed: the tag awake, its copies kept for get_cpu_backup")
+
+
+def test_staging_ring_unpinned_once_nothing_is_left_to_restore():
+    tms, be, ws, _, kv = staged_workload()
+    want = [w.read() for w in ws]
+    for cycle in range(3):
+        tms.pause()
+        check(tms.staging_bytes() == 2 * RING, "cycle %d: the ring pinned while the backup is paused" % cycle)
+        tms.resume()
+        check(tms.staging_bytes() == 0 and not be.rings, "cycle %d: the ring unpinned at the resume" % cycle)
+    check(be.ring_pins == 3, "one ring pinned per cycle (%d)" % be.ring_pins)
+    check(all(w.read() == d for w, d in zip(ws, want)), "bytes restored every cycle")
+    # a tag without backup paused alone needs no ring; a backup tag still paused keeps it
+    tms.pause("kv")
+    check(be.ring_pins == 3 and not be.rings, "pausing a tag without backup pins nothing")
+    tms.pause("w")
+    tms.resume("kv")
+    check(tms.staging_bytes() == 2 * RING, "the ring stays while the backup tag is paused")
+    tms.resume("w")
+    check(not be.rings, "unpinned once the backup tag resumed")
+    # retained copies: the ring goes all the same (the copies are pageable host memory)
+    tms.retain_cpu_backup = True
+    tms.pause()
+    tms.resume()
+    check(not be.rings and be.host, "retained copies kept, the ring unpinned")
+    tms.retain_cpu_backup = False
+    # a pause whose copy fails leaves nothing paused: the ring it pinned goes
+    be.fail_fill = 1
+    check(raises(RuntimeError, tms.pause, "w") is not None and not be.rings,
+          "a failed pause unpins the ring it made")
+    # a ring that cannot be freed stays, with a warning; the next resume frees it
+    tms.pause()
+    be.fail_release = True
+    import warnings
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        tms.resume()
+    check(any("stays pinned" in str(w.message) and "release_staging" in str(w.message) for w in got),
+          "a ring that cannot be freed: a warning that says so")
+    check(tms.staging_bytes() == 2 * RING and all(w.read() == d for w, d in zip(ws, want)),
+          "the resume completed, the ring kept")
+    tms.release_staging()
+    check(not be.rings, "release_staging() frees it")
+    # FABPOOL_STAGE_KEEP=1: kept for the process
+    os.environ["FABPOOL_STAGE_KEEP"] = "1"
+    try:
+        tms2, be2, _, _, _ = staged_workload()
+    finally:
+        del os.environ["FABPOOL_STAGE_KEEP"]
+    for _ in range(2):
+        tms2.pause()
+        tms2.resume()
+    check(be2.ring_pins == 1 and be2.rings, "FABPOOL_STAGE_KEEP=1: one ring, kept")
+
+
+def test_stage_config_follows_the_cpus():
+    saved = {k: os.environ.pop(k, None) for k in ("FABPOOL_STAGE_LANES", "FABPOOL_STAGE_MIB")}
+    real = fms._cpus
+    try:
+        for cpus, lanes, mib in ((1, 1, 64), (4, 4, 16), (8, 8, 8), (16, 16, 4), (128, 16, 4)):
+            fms._cpus = lambda c=cpus: c
+            check(fms._stage_config() == (lanes, mib), "%d CPUs: %d lanes of %d MiB (%s)" %
+                  (cpus, lanes, mib, fms._stage_config()))
+        os.environ["FABPOOL_STAGE_LANES"] = "3"
+        check(fms._stage_config() == (3, 21), "FABPOOL_STAGE_LANES=3: 3 lanes, 64 / 3 MiB")
+        os.environ["FABPOOL_STAGE_MIB"] = "32"
+        check(fms._stage_config() == (3, 32), "FABPOOL_STAGE_MIB=32 over the default")
+        os.environ["FABPOOL_STAGE_LANES"] = "17"
+        msg = raises(ValueError, fms._stage_config)
+        check(msg is not None and "1 to 16" in msg, "FABPOOL_STAGE_LANES=17 refused, the range said")
+    finally:
+        fms._cpus = real
+        for k, v in saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
+    check(1 <= fms._stage_config()[0] <= 16, "the machine's own lanes in range")
 
 
 def test_cumem_allocator():

@@ -4,13 +4,15 @@
  * the pinned buffers counted and freed; a failed pinned allocation, a failed
  * DMA and a failed event wait each return the error with nothing left held
  * and the ring usable again; pageable host copies mapped, aligned, counted
- * and given back. */
+ * and given back; fresh host pages faulted in ahead of the copies. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 
 #include "../../sim/fabsim.h"
 #include "../../tests/unit.h"
@@ -223,6 +225,79 @@ static void test_host_copies_mapped_and_given_back(void)
     CHECK(fabpool_torch_stage_host_map(UINT64_MAX, &a, err, sizeof err) != 0 && strstr(err, "address space"));
 }
 
+static long minor_faults(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);   /* the lanes' threads included once they have ended */
+    return ru.ru_minflt;
+}
+
+/* A copy to the host into pages never touched: the lanes fault every page
+ * of it in ahead of their memcpy (MADV_POPULATE_WRITE: the populated bytes
+ * count them); a second copy into the same pages (a host copy kept across a
+ * resume) takes no page fault.  Small pages (no THP), so that a fault per
+ * page is counted; the bytes compared. */
+static void test_fresh_host_pages_faulted_in_ahead(const fabpool_torch_stage_driver *d)
+{
+#ifdef MADV_POPULATE_WRITE
+    char err[256] = "";
+    const size_t n = 8u << 20, pages = n / 4096;
+    char *probe = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    int have = probe != MAP_FAILED && madvise(probe, 4096, MADV_POPULATE_WRITE) == 0;
+    if (probe != MAP_FAILED)
+        munmap(probe, 4096);
+    if (!have) {
+        printf("test_fresh_host_pages_faulted_in_ahead: the kernel lacks MADV_POPULATE_WRITE; skipped\n");
+        return;
+    }
+    fabpool_torch_stage *s = NULL;
+    CHECK(fabpool_torch_stage_create(d, 0, 2, BUF, &s, err, sizeof err) == 0);
+    CUdeviceptr dv = 0;
+    CHECK(cuMemAlloc_v2(&dv, n) == CUDA_SUCCESS);
+    char *h = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    CHECK(h != MAP_FAILED);
+    if (!s || !dv || h == MAP_FAILED)
+        abort();
+#ifdef MADV_NOHUGEPAGE
+    madvise(h, n, MADV_NOHUGEPAGE);
+#endif
+    unsigned char *dp = (unsigned char *)(uintptr_t)dv;
+    for (size_t k = 0; k < n; k++)
+        dp[k] = pat(k, 9);
+    fabpool_torch_stage_item it = {(uint64_t)(uintptr_t)h, dv, n};
+    CHECK(fabpool_torch_stage_copy(s, &it, 1, 1, err, sizeof err) == 0);   /* lanes and buffers warm */
+    CHECK(munmap(h, n) == 0);
+    h = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    CHECK(h != MAP_FAILED);
+    if (h == MAP_FAILED)
+        abort();
+#ifdef MADV_NOHUGEPAGE
+    madvise(h, n, MADV_NOHUGEPAGE);
+#endif
+    it.host = (uint64_t)(uintptr_t)h;
+    long f0 = minor_faults();
+    uint64_t p0 = fabpool_torch_stage_populated_bytes();
+    CHECK(fabpool_torch_stage_copy(s, &it, 1, 1, err, sizeof err) == 0);
+    long fresh = minor_faults() - f0;
+    uint64_t ahead = fabpool_torch_stage_populated_bytes() - p0;
+    CHECK(memcmp(h, dp, n) == 0);
+    f0 = minor_faults();
+    CHECK(fabpool_torch_stage_copy(s, &it, 1, 1, err, sizeof err) == 0);
+    long kept = minor_faults() - f0;
+    CHECK(memcmp(h, dp, n) == 0);
+    printf("copy to the host, %zu pages: %ld page faults into fresh pages (%llu bytes faulted in ahead), %ld into "
+           "kept ones\n", pages, fresh, (unsigned long long)ahead, kept);
+    CHECK(ahead >= n);
+    CHECK(kept < (long)pages / 16);
+    munmap(h, n);
+    CHECK(cuMemFree_v2(dv) == CUDA_SUCCESS);
+    CHECK(fabpool_torch_stage_destroy(s, err, sizeof err) == 0);
+#else
+    (void)d;
+    printf("test_fresh_host_pages_faulted_in_ahead: no MADV_POPULATE_WRITE in the headers; skipped\n");
+#endif
+}
+
 int main(void)
 {
     if (cuInit(0) != CUDA_SUCCESS) {
@@ -240,5 +315,6 @@ int main(void)
     test_failed_pinned_allocation_frees_the_rest(&d);
     test_failed_copy_returns_and_ring_stays_usable(&d);
     test_host_copies_mapped_and_given_back();
+    test_fresh_host_pages_faulted_in_ahead(&d);
     return unit_result("test_stage_copy");
 }

@@ -28,11 +28,16 @@ huge pages), given back with munmap when resume() is done with it, so that
 the process's resident memory returns to its level and no pause pays for
 pinning or unpinning gigabytes.  The copies go through a small pinned
 staging ring per device (stage_copy.c in libfabpool_torch.so): lanes
-(threads, FABPOOL_STAGE_LANES, default 4) each with a stream and two pinned
-buffers (FABPOOL_STAGE_MIB, default 16 MiB), the DMA of one buffer
-overlapping the memcpy out of (or into) the other.  The ring (2 x lanes x
-MiB, 128 MiB by default) is pinned at the first copy and kept for the
-process (staging_bytes(), release_staging()).
+(threads, FABPOOL_STAGE_LANES, default the CPUs the process may run on, at
+most 16) each with a stream and two pinned buffers (FABPOOL_STAGE_MIB,
+default 64 / lanes MiB, at least 4), the DMA of one buffer overlapping the
+memcpy out of (or into) the other; a lane faults the fresh host pages of its
+next fill in (MADV_POPULATE_WRITE) while it waits for that fill's DMA.  The
+ring (2 x lanes x MiB: 128 MiB up to 8 lanes) is pinned at a pause's first
+copy and unpinned by the resume after which no tag with a CPU backup is
+paused, so that host memory returns to its level after each cycle
+(FABPOOL_STAGE_KEEP=1 keeps it for the process; staging_bytes(),
+release_staging()).
 
 What the original offers and how this module answers it:
 - region(tag, enable_cpu_backup, cpu_backup_backend): as the original;
@@ -70,6 +75,7 @@ with the methods of _TorchBackend (the tests use a fake one).
 import contextlib
 import os
 import threading
+import warnings
 
 __all__ = ["TorchMemorySaver", "torch_memory_saver", "configure_subprocess", "region", "pause", "resume",
            "cuda_graph", "disable", "get_cpu_backup", "HOOK_MODES"]
@@ -83,9 +89,18 @@ def _env_bool(name):
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _cpus():
+    """The CPUs this process may run on (its affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def _stage_config():
-    """(lanes, MiB per buffer) of a staging ring: FABPOOL_STAGE_LANES (1..16, default 4) and FABPOOL_STAGE_MIB
-    (1..1024, default 16); the ring pins 2 * lanes * MiB."""
+    """(lanes, MiB per buffer) of a staging ring: FABPOOL_STAGE_LANES (1..16; default the CPUs the process may
+    run on, at most 16) and FABPOOL_STAGE_MIB (1..1024; default 64 / lanes, at least 4: a ring of 128 MiB up to
+    8 lanes, 4 MiB buffers beyond); the ring pins 2 * lanes * MiB."""
     def num(name, default, lo, hi):
         v = os.environ.get(name, "").strip()
         if not v:
@@ -97,7 +112,8 @@ def _stage_config():
         if n is None or not lo <= n <= hi:
             raise ValueError("%s=%r: give a whole number from %d to %d" % (name, v, lo, hi))
         return n
-    return num("FABPOOL_STAGE_LANES", 4, 1, 16), num("FABPOOL_STAGE_MIB", 16, 1, 1024)
+    lanes = num("FABPOOL_STAGE_LANES", min(16, _cpus()), 1, 16)
+    return lanes, num("FABPOOL_STAGE_MIB", max(4, 64 // lanes), 1, 1024)
 
 
 def _stage_types():
@@ -140,7 +156,7 @@ class _TorchBackend:
             getattr(cuda, name)   # every one the ring needs, or AttributeError now
         self.cuda = cuda
         self._slib, self._drv = None, None
-        self._rings = {}   # device -> its staging ring, pinned once and kept
+        self._rings = {}   # device -> its staging ring, pinned at a pause's first copy
 
     # devices and pools
     def current_device(self):
@@ -194,7 +210,8 @@ class _TorchBackend:
                     ("fabpool_torch_stage_pinned_bytes", [vp], u64),
                     ("fabpool_torch_stage_host_map", [u64, ct.POINTER(u64), cp, sz], ct.c_int),
                     ("fabpool_torch_stage_host_unmap", [u64, u64, cp, sz], ct.c_int),
-                    ("fabpool_torch_stage_host_bytes", [], u64)):
+                    ("fabpool_torch_stage_host_bytes", [], u64),
+                    ("fabpool_torch_stage_populated_bytes", [], u64)):
                 fn = getattr(lib, name)
                 fn.argtypes, fn.restype = args, res
             drv = _StageDriver()
@@ -219,7 +236,7 @@ class _TorchBackend:
         return ring
 
     def staging_bytes(self):
-        """Pinned bytes of the staging rings (kept for the process)."""
+        """Pinned bytes of the staging rings held now."""
         if self._slib is None:
             return 0
         return sum(self._slib.fabpool_torch_stage_pinned_bytes(r) for r in self._rings.values())
@@ -245,6 +262,10 @@ class _TorchBackend:
     def host_mapped_bytes(self):
         """Bytes of host copies mapped now by this process (every saver's)."""
         return self._stage().fabpool_torch_stage_host_bytes()
+
+    def populated_bytes(self):
+        """Host bytes the copies to the host faulted in ahead of their memcpy (0: the kernel refuses it)."""
+        return self._stage().fabpool_torch_stage_populated_bytes()
 
     def copy(self, device, pairs, to_host):
         """Copies each (host address, device address, bytes) one way through the device's staging ring,
@@ -304,6 +325,7 @@ class TorchMemorySaver:
         self._local = threading.local()
         self._hook_mode = "torch"
         self._retain = _env_bool("TMS_RETAIN_CPU_BACKUP")
+        self._keep_ring = _env_bool("FABPOOL_STAGE_KEEP")
         self._margin = 0
         self._lock = threading.RLock()
 
@@ -512,16 +534,20 @@ class TorchMemorySaver:
         todo = [p for p in self._selected(tag) if not p.paused]
         for dev in sorted({p.device for p in todo}):
             be.synchronize(dev)
-        for p in todo:
-            if p.backup:
-                self._backup(p)
-            try:
-                be.sleep(p.ftag, p.device)
-            except BaseException:
-                if p.backup and not self._retain:
-                    self._drop_copies(p)
-                raise
-            p.paused = True
+        try:
+            for p in todo:
+                if p.backup:
+                    self._backup(p)
+                try:
+                    be.sleep(p.ftag, p.device)
+                except BaseException:
+                    if p.backup and not self._retain:
+                        self._drop_copies(p)
+                    raise
+                p.paused = True
+        except BaseException:
+            self._settle_staging()
+            raise
 
     def _restore(self, p):
         """Copies the pool's host copies back after its wake.  A failed copy
@@ -557,12 +583,36 @@ class TorchMemorySaver:
                     raise RuntimeError("fabpool_memory_saver.resume(%r): %d bytes to map on device %d with "
                                        "memory_margin_bytes %d, but %d bytes are free; nothing was resumed" %
                                        (tag, need, dev, self._margin, free))
-        for p in todo:
-            be.wake(p.ftag, p.device)
-            if p.backup:
-                self._restore(p)
-            else:
-                p.paused = False
+        try:
+            for p in todo:
+                be.wake(p.ftag, p.device)
+                if p.backup:
+                    self._restore(p)
+                else:
+                    p.paused = False
+        finally:
+            self._settle_staging()
+
+    def _settle_staging(self):
+        """Unpins the staging rings once no tag with a CPU backup is paused
+        (nothing left to restore through them), so that the process's host
+        memory goes back to its level after a pause and resume; the next
+        pause pins them again.  FABPOOL_STAGE_KEEP=1 keeps them for the
+        process instead.  A ring that cannot be freed stays (a warning says
+        why; release_staging() tries again)."""
+        if self._keep_ring:
+            return
+        with self._lock:
+            if any(p.paused and p.backup for p in self._pools.values()):
+                return
+            be = self._be()
+            if not hasattr(be, "release_staging"):
+                return
+            try:
+                be.release_staging()
+            except RuntimeError as e:
+                warnings.warn("fabpool_memory_saver: the staging ring stays pinned (%s); release_staging() tries "
+                              "again" % (e,), RuntimeWarning, stacklevel=3)
 
     def get_cpu_backup(self, x, zero_copy=False):
         """The host copy of tensor x (paused, or resumed with retain_cpu_backup) as a CPU tensor of
@@ -585,8 +635,9 @@ class TorchMemorySaver:
         return sum(blocks.values())
 
     def staging_bytes(self):
-        """Pinned host memory of the staging rings: pinned once per device at
-        the first copy and kept for the process (release_staging() frees it)."""
+        """Pinned host memory of the staging rings held now: pinned per device
+        at a pause's first copy, unpinned when the last tag with a CPU backup
+        resumes (kept for the process with FABPOOL_STAGE_KEEP=1)."""
         be = self._be()
         return be.staging_bytes() if hasattr(be, "staging_bytes") else 0
 
