@@ -29,9 +29,20 @@ process:
                    restore_copy_GBps: bytes / time in the staged copies)
   alloc_us         (JSON only) one torch.empty inside a region: p50, p90, max,
                    mean (the mean counts the allocations that made segments)
+  reask_mean_us, reask_p50_us  allocation inside a region where the backend
+                   is asked again: --rounds rounds of {24 tensors of 1-64 MiB
+                   of new sizes, freed, torch.cuda.empty_cache()}, each
+                   torch.empty timed; reask_segments_made (JSON) the segments
+                   PyTorch asked its backend for in each round
+  stage_ring, stage_release  (JSON phases, fabpool) pinning the staging ring
+                   at a pause and unpinning it at the resume, seconds a cycle
+                   (offload_copy_GBps leaves stage_ring out); staging_after_MiB
+                   the ring still pinned after the cycles (0 unless
+                   FABPOOL_STAGE_KEEP=1), populated_GiB the host bytes the
+                   lanes faulted in ahead of their memcpy
 
 Usage: rl_pause_resume.py --lib DIR [--tms DIR] [--weights-gib 3] [--kv-gib 2]
-                          [--cycles 5] [--json OUT]
+                          [--cycles 5] [--rounds 5] [--json OUT]
   DIR of --lib holds libfabpool_torch.so and fabpool_memory_saver.py (a
   build's adapters/torch); --tms is a torch_memory_saver checkout whose
   torch-mode library is built (left out: fabpool alone).
@@ -66,6 +77,31 @@ def weight_sizes(total, seed=1):
     return out
 
 
+def reask_rounds(torch, tms, dev, rounds, seed=11):
+    """Allocation inside a region where the backend is asked again: `rounds` rounds of {tensors of 1-64 MiB
+    of new sizes allocated, freed, torch.cuda.empty_cache()}, as RL frameworks do between phases; each
+    torch.empty timed.  segments_made counts the segments PyTorch asked its backend for in each round
+    (memory_stats' segment.all.allocated): 0 means PyTorch's own cache served the round."""
+    rng = random.Random(seed)
+    lat, made = [], []
+    stats = lambda: torch.cuda.memory_stats().get("segment.all.allocated", 0)   # noqa: E731
+    with tms.region(tag="kv_cache"):
+        for _ in range(rounds):
+            s0 = stats()
+            ts = []
+            for _ in range(24):
+                n = rng.randint(1 * MiB, 64 * MiB)
+                t = time.perf_counter()
+                ts.append(torch.empty(n, dtype=torch.uint8, device=dev))
+                lat.append(time.perf_counter() - t)
+            made.append(stats() - s0)
+            del ts
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    return {"reask_mean_us": statistics.mean(lat) * 1e6, "reask_p50_us": statistics.median(lat) * 1e6,
+            "reask_max_us": max(lat) * 1e6, "reask_segments_made": made, "reask_allocs": len(lat)}
+
+
 def child(args):
     import torch
     if args.impl == "fabpool":
@@ -86,13 +122,15 @@ def child(args):
     phases = {}   # fabpool: name -> [seconds in this cycle, ...]
     if args.impl == "fabpool":
         be = tms._be()
-        for name in ("host_alloc", "copy", "sleep", "wake", "host_free"):
+        for name in ("host_alloc", "copy", "sleep", "wake", "host_free", "_ring", "release_staging"):
             def timed(*a, _f=getattr(be, name), _n=name, **k):
                 t = time.perf_counter()
                 try:
                     return _f(*a, **k)
                 finally:
-                    key = _n if _n != "copy" else ("copy_d2h" if k.get("to_host", a[-1] if a else False) else "copy_h2d")
+                    key = {"_ring": "stage_ring", "release_staging": "stage_release"}.get(_n, _n)
+                    if _n == "copy":
+                        key = "copy_d2h" if k.get("to_host", a[-1] if a else False) else "copy_h2d"
                     phases.setdefault(key, [0.0])[-1] += time.perf_counter() - t
             setattr(be, name, timed)
 
@@ -175,6 +213,7 @@ def child(args):
             print("%s: cycle %d: weights differ after resume" % (args.impl, c), file=sys.stderr)
     torch.cuda.synchronize()
     rss1 = rss()
+    reask = reask_rounds(torch, tms, dev, args.rounds)
     out = {
         "impl": args.impl, "weights": len(sizes), "weights_bytes": wbytes, "kv_bytes": sum(kv_sizes),
         "alloc_s": alloc_s, "alloc_p50_us": statistics.median(lat) * 1e6,
@@ -194,21 +233,29 @@ def child(args):
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
         "alloc_us": {"p50": statistics.median(lat) * 1e6, "p90": sorted(lat)[int(0.9 * len(lat))] * 1e6,
                      "max": max(lat) * 1e6, "mean": statistics.mean(lat) * 1e6},
-        "stage_env": {k: os.environ.get(k) for k in ("FABPOOL_STAGE_LANES", "FABPOOL_STAGE_MIB")},
+        "stage_env": {k: os.environ.get(k) for k in ("FABPOOL_STAGE_LANES", "FABPOOL_STAGE_MIB",
+                                                     "FABPOOL_STAGE_KEEP")},
+        "staging_after_MiB": (tms.staging_bytes() / MiB) if hasattr(tms, "staging_bytes") else 0.0,
     }
+    out.update(reask)
     if phases:
         # a phase first seen in cycle c has c fewer entries: the cycles before it spent nothing there
         med = {k: statistics.median([0.0] * (args.cycles - len(v)) + v) for k, v in phases.items()}
         out["phases"] = med
         for k, key in (("copy_d2h", "offload_copy_GBps"), ("copy_h2d", "restore_copy_GBps")):
-            if med.get(k):
-                out[key] = wbytes / med[k] / 1e9
+            # the pause's copies pin the staging ring first (stage_ring): the copies' own time is without it
+            t = med.get(k, 0.0) - (med.get("stage_ring", 0.0) if k == "copy_d2h" else 0.0)
+            if t > 0:
+                out[key] = wbytes / t / 1e9
+        out["populated_GiB"] = be.populated_bytes() / GiB if hasattr(be, "populated_bytes") else 0.0
     print(json.dumps(out))
     return 0 if bitwise else 1
 
 
 ROWS = [("alloc_s", "allocating the workload in regions (s)", "lower"),
         ("alloc_p50_us", "one allocation, median (us)", "lower"),
+        ("reask_mean_us", "allocation asked again in a region, mean (us)", "lower"),
+        ("reask_p50_us", "allocation asked again in a region, median (us)", "lower"),
         ("held_overhead", "device memory over the bytes asked for", None),
         ("pause_s", "pause, median (s)", "lower"),
         ("resume_s", "resume, median (s)", "lower"),
@@ -231,6 +278,7 @@ def main():
     ap.add_argument("--weights-gib", type=float, default=3.0)
     ap.add_argument("--kv-gib", type=float, default=2.0)
     ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.impl:
@@ -239,7 +287,7 @@ def main():
     impls = ["fabpool"] + (["upstream"] if args.tms else [])
     for impl in impls:
         cmd = [sys.executable, os.path.abspath(__file__), "--impl", impl, "--lib", args.lib,
-               "--weights-gib", str(args.weights_gib), "--kv-gib", str(args.kv_gib), "--cycles", str(args.cycles)]
+               "--weights-gib", str(args.weights_gib), "--kv-gib", str(args.kv_gib), "--cycles", str(args.cycles), "--rounds", str(args.rounds)]
         if args.tms:
             cmd += ["--tms", args.tms]
         p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)

@@ -78,6 +78,11 @@ FP_EXPORT int fabpool_torch_tag_slot(const char *tag, int device)
         fabpool_options o;
         fabpool_options_init(&o);
         o.device = device;
+        /* A tag's memory is never exported (tensors shared with other processes come from the installed
+         * allocator's pool, which refuses MemPools of tags): handle type none makes its pool without the
+         * fabric probe (a chunk created, exported and imported) that auto runs at every pool's creation, and
+         * its chunks without shareable handles.  FABPOOL_CONF still wins. */
+        o.handle_type = FABPOOL_HANDLE_NONE;
         fabpool_t *p = NULL;
         fabpool_status st = fabpool_create(&o, &p);
         if (st != FABPOOL_OK) {
