@@ -13,6 +13,7 @@
  * (fabpool_check) and destroyed, the driver holding nothing at the end. */
 #include "testutil.h"
 
+#include "arena_trim.h"
 #include "pool.h"
 
 #define KB 1024ull

@@ -144,10 +144,10 @@ static void break_slabs(fabpool_t *p, void **live, fp_span *s)
     atomic_fetch_sub(&p->use.slab_out, c->obj_size);
     fp_arena *ma = &p->heap.arenas[FP_ARENA_MEDIUM];
     /* the slab's run no longer a block of its arena */
-    uint32_t run = fp_addrmap_del_at(&ma->blocks, fp_arena_block_slot(ma, s->base));
+    fp_rid run = fp_arena_block_id(ma, s->base);
+    fp_arena_block_unlist(ma, s->base);
     expect_broken(p, "[slab.arena]", "slab not a block of the medium arena");
-    fp_addrmap_reserve(&ma->blocks, 1);
-    fp_addrmap_put(&ma->blocks, s->base, run);
+    fp_arena_block_list(ma, s->base, run);
 
     /* the thread cache: a block twice in a bin, a block of another class */
     fp_tcache *tc = p->alloc.tcaches;
@@ -277,9 +277,9 @@ static void break_arenas(fabpool_t *p)
     expect_broken(p, "[arena.blocks]", "a block not in the table");
     f->state = FP_LARGE_FREE;
 
-    fp_addrmap_del_at(&a->blocks, fp_arena_block_slot(a, l->base));
+    fp_arena_block_unlist(a, l->base);
     expect_broken(p, "[arena.blocks]", "a block lost from the table");
-    fp_addrmap_put(&a->blocks, l->base, fp_piece_rid(l));
+    fp_arena_block_list(a, l->base, fp_piece_rid(l));
 
     unsigned bin = f->bin;
     f->bin = bin ^ 1;

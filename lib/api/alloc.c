@@ -194,11 +194,27 @@ static __attribute__((noinline)) fabpool_status alloc_entry(fp_alloc *a, size_t 
     return st;
 }
 
+/* What fp_medium_alloc left to its caller (rest: FP_MEDIUM_POLICY, FP_MEDIUM_MISS), its releases logged. */
+static __attribute__((noinline)) fabpool_status medium_rest(fp_alloc *a, uint64_t n, void **out, unsigned rest,
+                                                            fabpool_status st)
+{
+    fp_chunk_tally t = fp_chunk_tally_begin();
+    if (rest & FP_MEDIUM_POLICY)
+        fp_heap_trim_policy(a->heap);
+    if (rest & FP_MEDIUM_MISS)
+        st = fp_large_alloc(a->heap, n, FP_BLOCK_QUANTUM, out);
+    if (FP_UNLIKELY(t.on))
+        fp_alloc_log_released(a, t, "decay or large_slack");
+    return st;
+}
+
 /* A medium block the thread's cache does not hold, the fast path's key
  * matched (no trace, the pool awake, no owner mode: alloc_entry's checks
- * pass): from the arena, after the blocks freed on streams if some wait. */
-static __attribute__((noinline)) fabpool_status alloc_medium_miss(fp_alloc *a, fp_tcache *tc, size_t size,
-                                                                  void **out)
+ * pass; h: the thread's hot slot, passed: noipa keeps the compiler from
+ * reading it again through the TLS descriptor): from the arena, after the
+ * blocks freed on streams if some wait. */
+static __attribute__((noipa)) fabpool_status alloc_medium_miss(fp_alloc *a, fp_tls_hot *h, fp_tcache *tc,
+                                                               size_t size, void **out)
 {
     if (FP_UNLIKELY(++tc->mmiss == FP_MC_WINDOW)) {
         /* the end of a window: a cache whose medium blocks seldom came back takes none for a while */
@@ -213,22 +229,22 @@ static __attribute__((noinline)) fabpool_status alloc_medium_miss(fp_alloc *a, f
     if (FP_UNLIKELY(fp_pending_any(a->retire)))
         return alloc_slow(a, size, out);
     *out = NULL;
-    fp_chunk_tally t = fp_chunk_tally_begin();
-    medium_tick(a);
+    if (FP_UNLIKELY((++h->tick & 15) == 0))   /* medium_tick, the hot slot at hand */
+        fp_alloc_medium_policy(a);
     /* the blocks the cache holds back go to the arena under the same take of the lock, before the fit */
-    unsigned nd = tc->mdn;
-    fabpool_status st = fp_medium_alloc(a->heap, (size + FP_BLOCK_QUANTUM - 1) & ~(FP_BLOCK_QUANTUM - 1), tc->mdef,
-                                        nd, out);
+    unsigned nd = tc->mdn, rest = 0;
+    uint64_t n = (size + FP_BLOCK_QUANTUM - 1) & ~(FP_BLOCK_QUANTUM - 1), back = tc->mdbytes;
+    fabpool_status st = fp_medium_alloc(a->heap, n, tc->mdef, nd, out, &rest);
     if (nd) {
         tc->mdn = 0;
-        atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) - tc->mdbytes,
+        atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) - back,
                               memory_order_relaxed);
         tc->mdbytes = 0;
     }
-    if (FP_LIKELY(st == FABPOOL_OK))
+    if (FP_UNLIKELY(rest))
+        st = medium_rest(a, n, out, rest, st);
+    if (FP_LIKELY(st == FABPOOL_OK) && (n > back || rest))   /* the bytes in use rose: the mark follows */
         fp_usage_raise(a->use);
-    if (FP_UNLIKELY(t.on))
-        fp_alloc_log_released(a, t, "decay or large_slack");
     return FP_UNLIKELY(st == FABPOOL_ERR_OUT_OF_MEMORY) ? alloc_oom(a, size, out, st) : st;
 }
 
@@ -240,7 +256,7 @@ static __attribute__((noinline)) fabpool_status alloc_miss(fp_alloc *a, size_t s
 {
     if (FP_LIKELY(a && out)) {
         uint64_t k = size - a->mc_lo - 1;
-        const fp_tls_hot *h = &fp_hot;
+        fp_tls_hot *h = &fp_hot;
         if (FP_LIKELY(k < a->mc_span && h->key == atomic_load_explicit(&a->hot_key, memory_order_relaxed) &&
                       !h->align)) {
             size_t c = (k >> FP_PIECE_UNIT_SHIFT) + 1;
@@ -257,7 +273,7 @@ static __attribute__((noinline)) fabpool_status alloc_miss(fp_alloc *a, size_t s
                 *out = (void *)(uintptr_t)it.ptr;
                 return FABPOOL_OK;
             }
-            return alloc_medium_miss(a, tc, size, out);
+            return alloc_medium_miss(a, h, tc, size, out);
         }
     }
     return alloc_entry(a, size, out);
@@ -443,45 +459,10 @@ static __attribute__((noinline)) fabpool_status free_entry(fp_alloc *a, void *pt
     return free_any(a, ptr, FABPOOL_TRACE_R_APP);
 }
 
-/* free_medium's block past the cache's budget: the cache gives back blocks
- * of other sizes, a size's bin at a time in turn, until this one fits; so
- * that the newest stay and no free gives back more than a few blocks. */
-static __attribute__((noinline)) fabpool_status free_medium_full(fp_alloc *a, fp_tcache *tc, uint64_t addr,
-                                                                 _Atomic uint8_t *f)
-{
-    unsigned c = atomic_load_explicit(f, memory_order_relaxed);
-    uint64_t bytes = a->mc_lo + ((uint64_t)c << FP_PIECE_UNIT_SHIFT);
-    fp_tcache_medium_evict(a, tc, bytes);
-    unsigned n = tc->mn[c];   /* below FP_MC_CAP still: the eviction only takes */
-    tc->mitems[c][n] = (fp_titem){addr, f};
-    tc->mn[c] = (uint8_t)(n + 1);
-    tc->mmask[c / 64] |= 1ull << (c % 64);
-    atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) + bytes,
-                          memory_order_relaxed);
-    atomic_store_explicit(f, FP_MSTATE_CACHED, memory_order_relaxed);
-    return FABPOOL_OK;
-}
-
-/* free_medium's block (d: its base | its code, of `bytes`) where the bin of its size rests or is full: held
- * back (tcache.h, mdef) until the thread's next medium allocation gives it to the arena under the lock that
- * allocation takes anyway, before its fit, so that the fit sees the arena as it would have without it. */
-static __attribute__((noinline)) fabpool_status free_medium_back(fp_alloc *a, fp_tcache *tc, uint64_t d,
-                                                                 uint64_t bytes, _Atomic uint8_t *f)
-{
-    if (FP_UNLIKELY(tc->mdn == FP_MD_CAP))
-        fp_tcache_defer_flush(a, tc);
-    tc->mdef[tc->mdn++] = d;
-    tc->mdbytes += bytes;
-    atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) + bytes,
-                          memory_order_relaxed);
-    atomic_store_explicit(f, FP_MSTATE_CACHED, memory_order_relaxed);
-    return FABPOOL_OK;
-}
-
 /* A block of the medium arena, the fast path's key matched (tc: the thread's
  * cache): into tc where its state byte says it is a live block of a size the
  * caches hold (fp_mstate), no block has recorded streams, the bin of its size
- * has room and the cache's bytes stay in its budget (past it, free_medium_full);
+ * has room and the cache's bytes stay in its budget (past it, fp_tcache_medium_full);
  * else free_entry, whose checks refuse a cached block's double free (its state
  * FP_MSTATE_CACHED) under the pool lock. */
 static __attribute__((noinline)) fabpool_status free_medium(fp_alloc *a, void *ptr, fp_tcache *tc)
@@ -496,10 +477,10 @@ static __attribute__((noinline)) fabpool_status free_medium(fp_alloc *a, void *p
         if (FP_LIKELY(c - 1u < FP_MSTATE_MAX)) {
             uint64_t bytes = a->mc_lo + ((uint64_t)c << FP_PIECE_UNIT_SHIFT);
             if (FP_UNLIKELY(tc->moff || n == FP_MC_CAP))
-                return free_medium_back(a, tc, addr | c, bytes, f);
+                return fp_tcache_medium_back(a, tc, addr | c, bytes, f);
             uint64_t held = atomic_load_explicit(&tc->mbytes, memory_order_relaxed) + bytes;
             if (FP_UNLIKELY(held > atomic_load_explicit(&a->mc_budget, memory_order_relaxed)))
-                return free_medium_full(a, tc, addr, f);
+                return fp_tcache_medium_full(a, tc, addr, f);
             tc->mitems[c][n] = (fp_titem){addr, f};
             tc->mn[c] = (uint8_t)(n + 1);
             tc->mmask[c / 64] |= 1ull << (c % 64);

@@ -324,6 +324,39 @@ void fp_tcache_medium_evict(fp_alloc *a, fp_tcache *tc, uint64_t room)
         fp_alloc_trim_policy(a);
 }
 
+/* alloc.c's free_medium: its block past the cache's budget: the cache gives back blocks
+ * of other sizes, a size's bin at a time in turn, until this one fits; so
+ * that the newest stay and no free gives back more than a few blocks. */
+fabpool_status fp_tcache_medium_full(fp_alloc *a, fp_tcache *tc, uint64_t addr, _Atomic uint8_t *f)
+{
+    unsigned c = atomic_load_explicit(f, memory_order_relaxed);
+    uint64_t bytes = a->mc_lo + ((uint64_t)c << FP_PIECE_UNIT_SHIFT);
+    fp_tcache_medium_evict(a, tc, bytes);
+    unsigned n = tc->mn[c];   /* below FP_MC_CAP still: the eviction only takes */
+    tc->mitems[c][n] = (fp_titem){addr, f};
+    tc->mn[c] = (uint8_t)(n + 1);
+    tc->mmask[c / 64] |= 1ull << (c % 64);
+    atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) + bytes,
+                          memory_order_relaxed);
+    atomic_store_explicit(f, FP_MSTATE_CACHED, memory_order_relaxed);
+    return FABPOOL_OK;
+}
+
+/* alloc.c's free_medium: its block (d: its base | its code, of `bytes`) where the bin of its size rests or is full: held
+ * back (tcache.h, mdef) until the thread's next medium allocation gives it to the arena under the lock that
+ * allocation takes anyway, before its fit, so that the fit sees the arena as it would have without it. */
+fabpool_status fp_tcache_medium_back(fp_alloc *a, fp_tcache *tc, uint64_t d, uint64_t bytes, _Atomic uint8_t *f)
+{
+    if (FP_UNLIKELY(tc->mdn == FP_MD_CAP))
+        fp_tcache_defer_flush(a, tc);
+    tc->mdef[tc->mdn++] = d;
+    tc->mdbytes += bytes;
+    atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) + bytes,
+                          memory_order_relaxed);
+    atomic_store_explicit(f, FP_MSTATE_CACHED, memory_order_relaxed);
+    return FABPOOL_OK;
+}
+
 uint64_t fp_alloc_medium_cached(const fp_alloc *a)
 {
     fp_space_assert_locked(a->sp);

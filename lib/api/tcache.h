@@ -42,6 +42,7 @@ typedef struct fp_titem {
 /* The most medium blocks a thread cache holds back from the arena until its thread's next take of the pool
  * lock (the blocks it frees while its bins rest or are full): their merge then rides on that take. */
 #define FP_MD_CAP 8u
+_Static_assert(FP_MD_CAP <= FP_MEDIUM_BACK_MAX, "fp_medium_alloc takes them all");
 
 /* A thread's cache for one pool.  Only its thread writes it (counters are
  * atomics so that stats can read them).  The bin of class c holds the
@@ -302,6 +303,11 @@ void fp_tcache_defer_flush(fp_alloc *a, fp_tcache *tc);
 /* Gives blocks of tc's medium bins back, a size's whole bin at a time in turn, until room more bytes fit in
  * half its budget (no lock held). */
 void fp_tcache_medium_evict(fp_alloc *a, fp_tcache *tc, uint64_t room);
+/* fabpool_free's medium block (alloc.c, free_medium: d its base | its code, of `bytes`; f its state byte)
+ * held back where the bin of its size rests or is full; or kept past the cache's budget, blocks of other sizes
+ * given back first.  FABPOOL_OK. */
+fabpool_status fp_tcache_medium_back(fp_alloc *a, fp_tcache *tc, uint64_t d, uint64_t bytes, _Atomic uint8_t *f);
+fabpool_status fp_tcache_medium_full(fp_alloc *a, fp_tcache *tc, uint64_t addr, _Atomic uint8_t *f);
 /* The bytes of medium blocks that the thread caches hold (pool lock held, so that the list holds still). */
 uint64_t fp_alloc_medium_cached(const fp_alloc *a);
 /* fabpool_thread_flush with the pool lock held (fabpool_sleep). */

@@ -34,22 +34,10 @@ void fp_arena_piece_drop(fp_arena *a, fp_piece *p) { fp_rec_give(&a->recs, p, R(
 
 /* ------------------------------------------------------------ bins */
 
-/* The bin of a free range of u quanta: one bin per size below 64 quanta,
- * then sixty-four per doubling. */
-static inline unsigned bin_of(uint64_t u)
-{
-    if (u < FP_ARENA_SUB)
-        return (unsigned)u;
-    unsigned lg = 63u - (unsigned)__builtin_clzll(u);
-    unsigned b = FP_ARENA_SUB + (lg - FP_ARENA_SUB_SHIFT) * FP_ARENA_SUB +
-                 (unsigned)((u >> (lg - FP_ARENA_SUB_SHIFT)) - FP_ARENA_SUB);
-    return b < FP_ARENA_NBINS ? b : FP_ARENA_NBINS - 1;
-}
-
 /* Free range p, of id r, into the bin of its size. */
 static inline void bin_push(fp_arena *a, fp_piece *p, fp_rid r)
 {
-    unsigned b = bin_of(p->size_q);
+    unsigned b = fp_arena_bin_of(p->size_q);
     p->state = FP_LARGE_FREE;
     p->bin = b;
     p->prev = 0;
@@ -80,22 +68,6 @@ static inline void bin_pull(fp_arena *a, fp_piece *p)
 }
 
 void fp_arena_bin_remove(fp_arena *a, fp_piece *p) { bin_pull(a, p); }
-
-/* The first bin at or above b that holds a free range, or FP_ARENA_NBINS. */
-static inline unsigned bin_next(const fp_arena *a, unsigned b)
-{
-    if (b >= FP_ARENA_NBINS)
-        return FP_ARENA_NBINS;
-    unsigned w = b / 64;
-    uint64_t bits = a->bitmap[w] & (~0ull << (b % 64));
-    if (bits)
-        return w * 64 + (unsigned)__builtin_ctzll(bits);
-    uint64_t words = w + 1 < 64 ? a->summary & (~0ull << (w + 1)) : 0;
-    if (!words)
-        return FP_ARENA_NBINS;
-    w = (unsigned)__builtin_ctzll(words);
-    return w * 64 + (unsigned)__builtin_ctzll(a->bitmap[w]);
-}
 
 /* ------------------------------------------------------------ runs */
 
@@ -129,6 +101,42 @@ size_t fp_arena_run_insert(fp_arena *a, fp_run r)
     a->runs[i] = r;
     a->n_runs++;
     return i;
+}
+
+/* ------------------------------------------------------------ the table of blocks */
+
+/* Block of id r at addr into the table (its room made: fp_arena_index_reserve, best_fit). */
+static inline void block_list(fp_arena *a, uint64_t addr, fp_rid r)
+{
+    if (a->pol.direct) {
+        *fp_arena_bidx_at(a, addr) = r;
+        a->bidx.n++;
+    } else {
+        fp_addrmap_put(&a->blocks, addr, r);
+    }
+}
+
+static inline void block_unlist(fp_arena *a, uint64_t addr)
+{
+    if (a->pol.direct) {
+        *fp_arena_bidx_at(a, addr) = 0;
+        a->bidx.n--;
+    } else {
+        fp_addrmap_del_at(&a->blocks, fp_arena_block_slot(a, addr));
+    }
+}
+
+void fp_arena_block_list(fp_arena *a, uint64_t addr, fp_rid r)
+{
+    if (!a->pol.direct && fp_addrmap_reserve(&a->blocks, 1) != 0)
+        return;
+    block_list(a, addr, r);
+}
+
+void fp_arena_block_unlist(fp_arena *a, uint64_t addr)
+{
+    if (fp_arena_block_id(a, addr))
+        block_unlist(a, addr);
 }
 
 /* ------------------------------------------------------------ blocks */
@@ -211,7 +219,7 @@ static inline __attribute__((always_inline)) fp_piece *carve(fp_arena *a, fp_pie
         bin_push(a, r, rr);
     }
     b->state = FP_LARGE_LIVE;
-    fp_addrmap_put(&a->blocks, b->base, br);
+    block_list(a, b->base, br);
     a->free_bytes -= n;
     a->used_bytes += n;
     a->n_blocks++;
@@ -241,10 +249,10 @@ uint64_t fp_arena_place(const fp_piece *f, uint64_t n, uint64_t align, int high)
  * range, still in its bin (*rid its id), or NULL. */
 static __attribute__((noinline)) fp_piece *fit_walk(fp_arena *a, uint64_t n, uint64_t align, fp_rid *rid)
 {
-    unsigned b0 = bin_of(n >> FP_PIECE_UNIT_SHIFT);
+    unsigned b0 = fp_arena_bin_of(n >> FP_PIECE_UNIT_SHIFT);
     fp_piece *best = NULL;
     fp_rid best_r = 0;
-    for (unsigned b = bin_next(a, b0); b < FP_ARENA_NBINS && !best; b = bin_next(a, b + 1)) {
+    for (unsigned b = fp_arena_bin_next(a, b0); b < FP_ARENA_NBINS && !best; b = fp_arena_bin_next(a, b + 1)) {
         unsigned look = 0;
         for (fp_rid fr = a->bins[b]; fr && (b == b0 || look < 64); fr = N(fr)->next, look++) {
             fp_piece *f = N(fr);
@@ -264,16 +272,16 @@ static __attribute__((noinline)) fp_piece *fit_walk(fp_arena *a, uint64_t n, uin
 /* The quick fit of a block of the quantum's alignment: the first range that fits among the first
  * FP_ARENA_LOOK of its size's bin, else the head of the next bin that holds any; NULL where neither fits
  * (*rid its id). */
-static inline fp_piece *fit_quick(fp_arena *a, uint64_t n, fp_rid *rid)
+static inline __attribute__((always_inline)) fp_piece *fit_quick(fp_arena *a, uint64_t n, fp_rid *rid)
 {
     uint64_t u = n >> FP_PIECE_UNIT_SHIFT;
-    unsigned b0 = bin_of(u);
+    unsigned b0 = fp_arena_bin_of(u);
     fp_rid fr = a->bins[b0];
     for (unsigned look = 0; fr && look < FP_ARENA_LOOK; fr = N(fr)->next, look++)
         if (N(fr)->size_q >= u)
             break;
     if (!fr || N(fr)->size_q < u) {
-        unsigned b = bin_next(a, b0 + 1);
+        unsigned b = fp_arena_bin_next(a, b0 + 1);
         fr = b < FP_ARENA_NBINS ? a->bins[b] : 0;
     }
     if (!fr || N(fr)->size_q < u) /* (the last bin holds every size beyond it) */
@@ -295,13 +303,13 @@ static inline fp_piece *fit_quick(fp_arena *a, uint64_t n, fp_rid *rid)
  * bin of its size (all of them) and the next bin that holds one that fits (its first 64), the lowest on a
  * tie.  The quick fit and the cut are inline here, the walk apart (fit_walk), so that the common call
  * saves no more registers than it uses. */
-static inline fp_piece *best_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
+static inline __attribute__((always_inline)) fp_piece *best_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
 {
     fp_rid best_r = 0;
     fp_piece *best = align <= a->quantum ? fit_quick(a, n, &best_r) : NULL;
     if (__builtin_expect(!best, 0) && !(best = fit_walk(a, n, align, &best_r)))
         return NULL;
-    if (fp_addrmap_reserve(&a->blocks, 1) != 0 || fp_arena_spare_reserve(a, 2) != 0) {
+    if ((!a->pol.direct && fp_addrmap_reserve(&a->blocks, 1) != 0) || fp_arena_spare_reserve(a, 2) != 0) {
         *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the record of a block of %llu bytes",
                        (unsigned long long)n);
         return NULL;
@@ -354,12 +362,11 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
     return best_fit(a, n, align, st);
 }
 
-void fp_arena_release(fp_arena *a, size_t slot)
+/* Block br out of the table, merged with the free ranges touching it, into the bin of the merged range's size. */
+static inline __attribute__((always_inline)) void release(fp_arena *a, fp_rid br)
 {
-    fp_lock_assert_held(&a->sp->lock);
-    fp_rid br = fp_addrmap_val(&a->blocks, slot);
     fp_piece *b = N(br);
-    fp_addrmap_del_at(&a->blocks, slot);
+    block_unlist(a, b->base);
     a->used_bytes -= SZ(b);
     if (!a->used_bytes) /* empty: the growth that brought it here says nothing of what comes next */
         a->ring_at = 0;
@@ -368,6 +375,21 @@ void fp_arena_release(fp_arena *a, size_t slot)
     b->state = FP_LARGE_FREE;
     b = coalesce(a, b, &br);
     bin_push(a, b, br);
+}
+
+void fp_arena_release(fp_arena *a, fp_rid br)
+{
+    fp_lock_assert_held(&a->sp->lock);
+    release(a, br);
+}
+
+fp_piece *fp_arena_refit(fp_arena *a, const fp_rid *back, unsigned n_back, uint64_t n, fabpool_status *st)
+{
+    fp_lock_assert_held(&a->sp->lock);
+    for (unsigned i = 0; i < n_back; i++)
+        release(a, back[i]);
+    *st = FABPOOL_OK;
+    return best_fit(a, n, a->quantum, st);
 }
 
 const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr)
@@ -396,6 +418,7 @@ static void chunk_unmap_at(fp_arena *a, size_t i)
     memmove(&a->chunks[i], &a->chunks[i + 1], (a->n_chunks - i - 1) * sizeof *a->chunks);
     a->n_chunks--;
     a->mapped_bytes -= c.size;
+    fp_arena_index_drop(a, c.va, c.size);
 }
 
 /* Unmaps the chunks of [va, va + size) (all mapped by map_range). */
@@ -406,174 +429,45 @@ void fp_arena_unmap_range(fp_arena *a, uint64_t va, uint64_t size)
         chunk_unmap_at(a, i);
 }
 
-/* ------------------------------------------------------------ trim */
+/* ------------------------------------------------------------ the blocks' states and the index's leaves */
 
-/* Unmaps chunk ci, which lies wholly in free range f: f splits around it,
- * and so does its run.  0, or -1 when the driver refused (nothing changed). */
-static int unmap_in(fp_arena *a, fp_piece *f, size_t ci)
+int fp_arena_index_reserve(fp_arena *a, uint64_t va, uint64_t size)
 {
-    fp_lchunk c = a->chunks[ci];
-    uint64_t lsize = c.va - f->base, rsize = f->base + SZ(f) - (c.va + c.size);
-    if (fp_chunk_unmap(a->sp->ch, c.va, c.size) != FABPOOL_OK)
-        return -1;
-    fp_map_set(&a->sp->map, c.va, c.size, NULL);
-    memmove(&a->chunks[ci], &a->chunks[ci + 1], (a->n_chunks - ci - 1) * sizeof *a->chunks);
-    a->n_chunks--;
-    a->mapped_bytes -= c.size;
-    a->free_bytes -= c.size;
-    fp_va_free(&a->sp->va, c.va, c.size);
-    size_t ri = fp_arena_run_of(a, f->base);
-    fp_run run = a->runs[ri];
-    bin_pull(a, f);
-    fp_rid after_r = f->anext;
-    fp_piece *before = P(f->aprev), *after = P(after_r);
-    /* the low part of the run: [run.base, c.va) */
-    fp_piece *ltail = lsize ? f : before;
-    if (lsize) {
-        fp_piece_resize(f, lsize);
-        f->anext = 0;
-        fp_arena_bin_insert(a, f);
-    } else if (before) {
-        before->anext = 0;
-    }
-    /* the high part: [c.va + c.size, run end) */
-    fp_piece *rhead = after;
-    if (rsize) {
-        fp_rid hr;
-        rhead = fp_arena_piece_new(a, c.va + c.size, rsize, FP_LARGE_FREE, &hr);
-        rhead->anext = after_r;
-        if (after)
-            after->aprev = hr;
-        bin_push(a, rhead, hr);
-    } else if (after) {
-        after->aprev = 0;
-    }
-    if (!lsize)
-        fp_arena_piece_drop(a, f);
-    fp_arena_run_remove(a, ri);
-    if (ltail)
-        fp_arena_run_insert(a, (fp_run){run.base, c.va - run.base, run.head, ltail});
-    if (rhead)
-        fp_arena_run_insert(a, (fp_run){c.va + c.size, run.base + run.size - (c.va + c.size), rhead,
-                               run.tail == f ? rhead : run.tail});
-    return 0;
+    if (!a->pol.direct)
+        return fp_addrmap_reserve(&a->blocks, 1);
+    return fp_bidx_reserve(&a->bidx, a->sp->meta, fp_space_base(a->sp), fp_space_size(a->sp), va, size);
 }
 
-/* What unmapping chunk c takes from the bytes in free ranges of fit bytes or
- * more, c lying in such a range [base, base + size): the chunk, and what is
- * left on either side of it if that fits no more. */
-static uint64_t fitting_loss(uint64_t base, uint64_t size, fp_lchunk c, uint64_t fit)
+void fp_arena_index_drop(fp_arena *a, uint64_t va, uint64_t size)
 {
-    uint64_t low = c.va - base, high = size - low - c.size;
-    return c.size + (low < fit ? low : 0) + (high < fit ? high : 0);
-}
-
-uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal, uint64_t fit, uint64_t keep)
-{
-    fp_lock_assert_held(&a->sp->lock);
-    uint64_t done = 0, useful = 0;
-    /* only a free range of a granule or more can hold a chunk: bins from there up */
-    unsigned b0 = bin_of(a->sp->gran >> a->qshift);
-    if (fit)
-        for (unsigned b = bin_next(a, bin_of(fit >> a->qshift)); b < FP_ARENA_NBINS; b = bin_next(a, b + 1))
-            for (fp_piece *p = P(a->bins[b]); p; p = P(p->next))
-                useful += SZ(p) >= fit ? SZ(p) : 0;
-    while (done < goal) {
-        fp_piece *f = NULL;
-        size_t ci = 0;
-        uint64_t lost = 0;
-        for (unsigned b = bin_next(a, b0); b < FP_ARENA_NBINS && !f; b = bin_next(a, b + 1))
-            for (fp_piece *p = P(a->bins[b]); p && !f; p = P(p->next)) {
-                size_t i = fp_arena_chunk_lower(a, p->base);
-                if (i >= a->n_chunks || a->chunks[i].va + a->chunks[i].size > p->base + SZ(p))
-                    continue;
-                uint64_t c = fit && SZ(p) >= fit ? fitting_loss(p->base, SZ(p), a->chunks[i], fit) : 0;
-                if (!c || useful >= keep + c) {
-                    f = p;
-                    ci = i;
-                    lost = c;
-                }
-            }
-        /* two runs where there was one, and a record for the high part of f */
-        if (!f || fp_arena_spare_reserve(a, 1) != 0 ||
-            FP_ARRAY_RESERVE(a->sp->meta, a->runs, a->n_runs, a->cap_runs, a->n_runs + 1, 8) != 0)
-            break;
-        uint64_t size = a->chunks[ci].size;
-        if (unmap_in(a, f, ci) != 0)
-            break;
-        useful -= lost;
-        done += size;
+    fp_bidx *x = &a->bidx;
+    if (!x->leaves || !size || va - x->base >= x->size || size > x->size - (va - x->base))
+        return;
+    for (uint64_t l = (va - x->base) >> FP_BIDX_LEAF_SHIFT; l <= (va + size - 1 - x->base) >> FP_BIDX_LEAF_SHIFT; l++) {
+        uint64_t lo = x->base + (l << FP_BIDX_LEAF_SHIFT), hi = lo + (1ull << FP_BIDX_LEAF_SHIFT);
+        size_t i = fp_arena_chunk_lower(a, lo); /* a chunk of the arena still in [lo, hi): the leaf stays */
+        if ((i < a->n_chunks && a->chunks[i].va < hi) || (i > 0 && a->chunks[i - 1].va + a->chunks[i - 1].size > lo))
+            continue;
+        fp_bidx_leaf_free(x, a->sp->meta, l);
     }
-    return done;
-}
-
-uint64_t fp_arena_recent_size(const fp_arena *a, unsigned rank)
-{
-    unsigned k = a->ring_at < FP_ARENA_RATE ? a->ring_at : FP_ARENA_RATE;
-    if (!k)
-        return 0;
-    uint64_t s[FP_ARENA_RATE];
-    memcpy(s, a->ring_size, k * sizeof *s);
-    unsigned want = rank * k / FP_ARENA_RATE;
-    for (unsigned i = 0; i <= want; i++) /* a partial selection sort: rank is small */
-        for (unsigned j = i + 1; j < k; j++)
-            if (s[j] < s[i]) {
-                uint64_t t = s[i];
-                s[i] = s[j];
-                s[j] = t;
-            }
-    return s[want];
 }
 
 int fp_arena_mstate_init(fp_arena *a, uint64_t lo, uint64_t hi)
 {
-    fp_mstate *m = &a->ms;
-    uint64_t base = fp_space_base(a->sp), size = fp_space_size(a->sp);
-    uint64_t n = (size + (1ull << FP_MSTATE_LEAF_SHIFT) - 1) >> FP_MSTATE_LEAF_SHIFT;
-    /* the pool's metadata, as every other table (zeroed: an index of leaves, most never made) */
-    m->leaves = fp_meta_alloc(a->sp->meta, n * sizeof *m->leaves);
-    if (!m->leaves)
-        return -1;
-    m->base = base;
-    m->end = base + size;
-    m->lo = lo;
-    m->hi = hi;
-    return 0;
+    return fp_mstate_init(&a->ms, a->sp->meta, fp_space_base(a->sp), fp_space_size(a->sp), lo, hi);
 }
 
 _Atomic uint8_t *fp_arena_mstate_make(fp_arena *a, uint64_t addr)
 {
     fp_lock_assert_held(&a->sp->lock);
-    fp_mstate *m = &a->ms;
-    if (addr - m->base >= m->end - m->base)
-        return NULL;
-    /* written through now, not left to fault page by page under the blocks' calls that touch it first */
-    size_t bytes = (1ull << FP_MSTATE_LEAF_SHIFT) >> FP_PIECE_UNIT_SHIFT;
-    _Atomic uint8_t *leaf = fp_meta_alloc(a->sp->meta, bytes); /* zeroed */
-    if (!leaf)
-        return NULL;
-    atomic_store_explicit(&m->leaves[(addr - m->base) >> FP_MSTATE_LEAF_SHIFT], leaf, memory_order_release);
-    return fp_mstate_at(m, addr);
-}
-
-static void mstate_free(fp_arena *a)
-{
-    fp_mstate *m = &a->ms;
-    if (!m->leaves)
-        return;
-    uint64_t n = (m->end - m->base + (1ull << FP_MSTATE_LEAF_SHIFT) - 1) >> FP_MSTATE_LEAF_SHIFT;
-    for (uint64_t i = 0; i < n; i++)
-        fp_meta_free(a->sp->meta, (void *)atomic_load_explicit(&m->leaves[i], memory_order_relaxed),
-                     (1ull << FP_MSTATE_LEAF_SHIFT) >> FP_PIECE_UNIT_SHIFT);
-    fp_meta_free(a->sp->meta, (void *)m->leaves, n * sizeof *m->leaves);
-    m->leaves = NULL;
+    return fp_mstate_make(&a->ms, a->sp->meta, addr);
 }
 
 void fp_arena_destroy(fp_arena *a)
 {
     if (!a->sp)
         return; /* never set up */
-    mstate_free(a);
+    fp_mstate_free(&a->ms, a->sp->meta);
     while (a->n_chunks)
         chunk_unmap_at(a, a->n_chunks - 1);
     fp_recs_free(&a->recs);
@@ -581,6 +475,7 @@ void fp_arena_destroy(fp_arena *a)
     FP_ARRAY_FREE(a->sp->meta, a->chunks, a->cap_chunks);
     a->n_runs = a->n_chunks = 0;
     fp_addrmap_destroy(&a->blocks);
+    fp_bidx_free(&a->bidx, a->sp->meta);
     memset(a->bins, 0, sizeof a->bins);
     memset(a->bitmap, 0, sizeof a->bitmap);
     a->summary = 0;

@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "addrmap.h"
+#include "arena_index.h"
 #include "arena_rec.h"
 #include "space.h"
 
@@ -93,38 +94,9 @@ typedef struct fp_arena_policy {
     unsigned mapped_frac;              /* and no more than leaves the arena mapping its used bytes (the block's
                                           included) and a this-th of them (0: no such cap) */
     unsigned chunk_granules;           /* the largest chunk */
+    int direct;                        /* its table of blocks a direct index (fp_bidx), not a hash table */
 } fp_arena_policy;
 
-/* The states of the blocks of an arena whose blocks thread caches may hold (the medium arena: docs/design.md,
- * "Medium blocks"), read without a lock: a byte per quantum of the reservation, in leaves of
- * 1 << FP_MSTATE_LEAF_SHIFT bytes of address space, each made when the arena first gives out a block there and
- * kept until destroy.  A block start's byte: 0, no live block a cache may take (the slow path, under the pool
- * lock, says what is there); 1..FP_MSTATE_MAX, a live block of lo + that many quanta; FP_MSTATE_CACHED, a
- * block in a thread cache: free to its caller, given out to the arena.  Written under the pool lock, except by
- * the thread whose cache takes a block (code -> CACHED) or gives it out again (CACHED -> code). */
-#define FP_MSTATE_LEAF_SHIFT 21u
-#define FP_MSTATE_MAX 254u
-#define FP_MSTATE_CACHED 255u
-typedef struct fp_mstate {
-    uint64_t base, end;                /* the reservation's */
-    uint64_t lo, hi;                   /* the sizes with a code: (lo, hi], multiples of the quantum */
-    _Atomic(_Atomic uint8_t *) *leaves;  /* NULL: no states kept */
-} fp_mstate;
-
-/* The state byte of the block that would start at addr, or NULL where no leaf holds it (no lock). */
-static inline _Atomic uint8_t *fp_mstate_at(const fp_mstate *m, uint64_t addr)
-{
-    uint64_t off = addr - m->base;
-    if (off >= m->end - m->base)
-        return NULL;
-    _Atomic uint8_t *leaf = atomic_load_explicit(&m->leaves[off >> FP_MSTATE_LEAF_SHIFT], memory_order_acquire);
-    return leaf ? leaf + ((off & ((1ull << FP_MSTATE_LEAF_SHIFT) - 1)) >> FP_PIECE_UNIT_SHIFT) : NULL;
-}
-/* The code of a block of n bytes (a multiple of the quantum), 0 if none. */
-static inline unsigned fp_mstate_code(const fp_mstate *m, uint64_t n)
-{
-    return n > m->lo && n <= m->hi ? (unsigned)((n - m->lo) >> FP_PIECE_UNIT_SHIFT) : 0;
-}
 
 typedef struct fp_arena {
     fp_space *sp;
@@ -138,6 +110,7 @@ typedef struct fp_arena {
     uint64_t bitmap[FP_ARENA_NBINS / 64];  /* a bit per bin that holds a free range */
     uint64_t summary;                      /* a bit per word of the bitmap that is not 0 */
     fp_addrmap blocks;                 /* base -> record id of every block given out (live or pending) */
+    fp_bidx bidx;                      /* the same as a direct index (pol.direct), blocks then unused */
     fp_run *runs;                      /* sorted by base, apart (touching runs are one) */
     size_t n_runs, cap_runs;
     fp_lchunk *chunks;                 /* sorted by va */
@@ -160,6 +133,34 @@ static inline void fp_piece_resize(fp_piece *p, uint64_t n) { p->size_q = (uint3
 static inline fp_piece *fp_piece_at(const fp_arena *a, fp_rid r) { return fp_rec_at(&a->recs, r); }
 static inline fp_piece *fp_piece_of(const fp_arena *a, fp_rid r) { return fp_rec_of(&a->recs, r); }
 static inline fp_rid fp_piece_rid(const fp_piece *p) { return fp_rec_id(p); }
+
+/* The bin of a free range of u quanta: one bin per size below 64 quanta,
+ * then sixty-four per doubling. */
+static inline unsigned fp_arena_bin_of(uint64_t u)
+{
+    if (u < FP_ARENA_SUB)
+        return (unsigned)u;
+    unsigned lg = 63u - (unsigned)__builtin_clzll(u);
+    unsigned b = FP_ARENA_SUB + (lg - FP_ARENA_SUB_SHIFT) * FP_ARENA_SUB +
+                 (unsigned)((u >> (lg - FP_ARENA_SUB_SHIFT)) - FP_ARENA_SUB);
+    return b < FP_ARENA_NBINS ? b : FP_ARENA_NBINS - 1;
+}
+
+/* The first bin at or above b that holds a free range, or FP_ARENA_NBINS. */
+static inline unsigned fp_arena_bin_next(const fp_arena *a, unsigned b)
+{
+    if (b >= FP_ARENA_NBINS)
+        return FP_ARENA_NBINS;
+    unsigned w = b / 64;
+    uint64_t bits = a->bitmap[w] & (~0ull << (b % 64));
+    if (bits)
+        return w * 64 + (unsigned)__builtin_ctzll(bits);
+    uint64_t words = w + 1 < 64 ? a->summary & (~0ull << (w + 1)) : 0;
+    if (!words)
+        return FP_ARENA_NBINS;
+    w = (unsigned)__builtin_ctzll(words);
+    return w * 64 + (unsigned)__builtin_ctzll(a->bitmap[w]);
+}
 
 /* A miss being served: the free range grown (held) and the range to map. */
 typedef struct fp_arena_grow {
@@ -208,9 +209,8 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
  * maps what it asks. */
 uint64_t fp_arena_ahead(const fp_arena *a, uint64_t n);
 
-/* The slot of the table of blocks that holds the block given out (live or
- * pending) at addr, or FP_ADDRMAP_END; its record id, or 0; and its
- * record, or NULL. */
+/* The slot of the hash table of blocks that holds the block given out (live or pending) at addr, or
+ * FP_ADDRMAP_END (an arena without the direct index). */
 static inline size_t fp_arena_block_slot(const fp_arena *a, uint64_t addr)
 {
     /* fp_addrmap_next's probe with the base compared in it: one loop, not a probe resumed per candidate */
@@ -224,8 +224,19 @@ static inline size_t fp_arena_block_slot(const fp_arena *a, uint64_t addr)
             return i;
     return FP_ADDRMAP_END;
 }
+/* The direct index's entry of addr (a multiple of the quantum in the reservation), or NULL where no leaf is
+ * made. */
+static inline fp_rid *fp_arena_bidx_at(const fp_arena *a, uint64_t addr) { return fp_bidx_at(&a->bidx, addr); }
+/* The record id of the block given out (live or pending) at addr, or 0; and its record, or NULL. */
 static inline fp_rid fp_arena_block_id(const fp_arena *a, uint64_t addr)
 {
+    if (a->pol.direct) {
+        uint64_t off = addr - a->bidx.base;
+        if (off >= a->bidx.size || (off & ((1u << FP_PIECE_UNIT_SHIFT) - 1)) || !a->bidx.leaves)
+            return 0;
+        const fp_rid *e = fp_arena_bidx_at(a, addr);
+        return e ? *e : 0;
+    }
     size_t i = fp_arena_block_slot(a, addr);
     return i == FP_ADDRMAP_END ? 0 : fp_addrmap_val(&a->blocks, i);
 }
@@ -233,17 +244,26 @@ static inline fp_piece *fp_arena_block(const fp_arena *a, uint64_t addr)
 {
     return fp_piece_at(a, fp_arena_block_id(a, addr));
 }
-/* Frees the block in slot `slot` of the table of blocks (fp_arena_block_slot):
- * merged with the free ranges touching it. */
-void fp_arena_release(fp_arena *a, size_t slot);
-/* Unmaps chunks that lie wholly in free ranges (not held ones), those in
- * the smallest ranges first, until goal bytes went back or none is left;
- * returns the bytes unmapped.  fit != 0: free ranges of fit bytes or more
- * keep at least `keep` bytes among them (fit == 0: no range is kept). */
-uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal, uint64_t fit, uint64_t keep);
-/* The size of the rank-th smallest (from 0) of the arena's last
- * FP_ARENA_RATE blocks (rank scaled down while fewer were cut); 0 if none. */
-uint64_t fp_arena_recent_size(const fp_arena *a, unsigned rank);
+/* The blocks the table holds. */
+static inline size_t fp_arena_block_count(const fp_arena *a)
+{
+    return a->pol.direct ? a->bidx.n : fp_addrmap_count(&a->blocks);
+}
+/* Frees the block of record id br (fp_arena_block_id): out of the table of blocks, merged with the free
+ * ranges touching it. */
+void fp_arena_release(fp_arena *a, fp_rid br);
+/* The blocks of ids back[0 .. n_back) released (fp_arena_release), then fp_arena_fit of n bytes at the quantum's
+ * alignment: one call for the medium blocks' path (large.c, fp_medium_alloc). */
+fp_piece *fp_arena_refit(fp_arena *a, const fp_rid *back, unsigned n_back, uint64_t n, fabpool_status *st);
+/* Makes sure the table of blocks can take a block anywhere in [va, va + size), which the arena is about to map
+ * (the direct index's leaves made; the hash table room for one more): 0, or -1 without host memory. */
+int fp_arena_index_reserve(fp_arena *a, uint64_t va, uint64_t size);
+/* The leaves of the direct index over [va, va + size) where the arena no longer maps memory go back. */
+void fp_arena_index_drop(fp_arena *a, uint64_t va, uint64_t size);
+/* Block of id r at addr into, and out of, the table (fabpool_check's tests break it on purpose; the arena's
+ * own calls keep it). */
+void fp_arena_block_list(fp_arena *a, uint64_t addr, fp_rid r);
+void fp_arena_block_unlist(fp_arena *a, uint64_t addr);
 /* The piece that holds addr, or NULL (a walk of the run: for messages). */
 const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr);
 

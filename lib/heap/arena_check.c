@@ -198,9 +198,9 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
             return FAIL("[arena.run] %s: the pieces of the run [0x%llx, +%llu) end at 0x%llx, or its last piece is not "
                         "the one it names", a->name, ULL(r->base), ULL(r->size), ULL(at));
     }
-    if (nblocks != fp_addrmap_count(&a->blocks) || nblocks != a->n_blocks)
+    if (nblocks != fp_arena_block_count(a) || nblocks != a->n_blocks)
         return FAIL("[arena.blocks] %s: %llu blocks in its runs, %zu in its table, it counts %llu", a->name,
-                    ULL(nblocks), fp_addrmap_count(&a->blocks), ULL(a->n_blocks));
+                    ULL(nblocks), fp_arena_block_count(a), ULL(a->n_blocks));
     fabpool_status st = check_arena_bins(a, nfree);
     if (st != FABPOOL_OK)
         return st;

@@ -191,12 +191,13 @@ fabpool_status fp_arena_grow_map(fp_arena *a, fp_arena_grow *gr, uint64_t n, uin
     *out = NULL;
     fabpool_status st = FABPOOL_OK;
     /* what cannot fail once the chunks are mapped: three records, a run and a block's slot */
-    if (fp_arena_spare_reserve(a, 3) != 0 || fp_addrmap_reserve(&a->blocks, 1) != 0 ||
+    if (fp_arena_spare_reserve(a, 3) != 0 || fp_arena_index_reserve(a, gr->va, gr->size) != 0 ||
         FP_ARRAY_RESERVE(a->sp->meta, a->runs, a->n_runs, a->cap_runs, a->n_runs + 1, 8) != 0)
         st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the records of %s", a->name);
     if (st == FABPOOL_OK)
         st = map_range(a, gr->va, gr->size, gr->ahead);
     if (st != FABPOOL_OK) {
+        fp_arena_index_drop(a, gr->va, gr->size);
         fp_arena_grow_cancel(a, gr);
         return st;
     }

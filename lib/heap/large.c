@@ -86,12 +86,12 @@ static fp_arena *arena_of(fp_heap *h, const fp_span *s)
 /* The arena of blocks above slab_max whose page holds addr, or NULL. */
 static fp_arena *arena_at(fp_heap *h, uint64_t addr) { return arena_of(h, fp_map_get(&h->sp->map, addr)); }
 
-/* The live block at addr (*slot its slot in the table of blocks), or NULL with a message (fn names the call);
- * a: the arena whose page holds it. */
-static fp_piece *live_in(fp_arena *a, uint64_t addr, const char *fn, fabpool_status *st, size_t *slot)
+/* The live block at addr (*rid its record id), or NULL with a message (fn names the call); a: the arena whose
+ * page holds it. */
+static fp_piece *live_in(fp_arena *a, uint64_t addr, const char *fn, fabpool_status *st, fp_rid *rid)
 {
-    *slot = a ? fp_arena_block_slot(a, addr) : FP_ADDRMAP_END;
-    fp_piece *b = *slot != FP_ADDRMAP_END ? fp_piece_of(a, fp_addrmap_val(&a->blocks, *slot)) : NULL;
+    *rid = a ? fp_arena_block_id(a, addr) : 0;
+    fp_piece *b = *rid ? fp_piece_of(a, *rid) : NULL;
     if (b && b->state == FP_LARGE_LIVE && !in_cache(a, addr))
         return b;
     if (b && b->state == FP_LARGE_LIVE) {
@@ -125,8 +125,8 @@ static fp_piece *live_at(fp_heap *h, uint64_t addr, fp_arena **ap, const char *f
 {
     fp_lock_assert_held(&h->sp->lock);
     *ap = arena_at(h, addr);
-    size_t slot;
-    return live_in(*ap, addr, fn, st, &slot);
+    fp_rid rid;
+    return live_in(*ap, addr, fn, st, &rid);
 }
 
 fabpool_status fp_large_check(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable)
@@ -214,14 +214,14 @@ fabpool_status fp_large_free(fp_heap *h, const fp_span *s, uint64_t addr, const 
     fabpool_status st = FABPOOL_OK;
     fp_arena *a = arena_of(h, s);
     fp_lock(&h->sp->lock);
-    size_t slot;
-    fp_piece *b = live_in(a, addr, fn, &st, &slot);
+    fp_rid rid;
+    fp_piece *b = live_in(a, addr, fn, &st, &rid);
     int due = 0;
     if (b) {
         count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
         count_locked(&h->large_blocks, (uint64_t)-1);
         fp_arena_mstate_set(a, addr, 0);
-        fp_arena_release(a, slot);
+        fp_arena_release(a, rid);
         fp_heap_idle_follow(h);
         due = policy_due(h);
     }
@@ -234,13 +234,14 @@ fabpool_status fp_large_free(fp_heap *h, const fp_span *s, uint64_t addr, const 
 void fp_heap_count_large(const fp_heap *h, uint64_t *counts)
 {
     for (int i = 0; i < FP_NARENAS; i++) {
-        const fp_addrmap *m = &h->arenas[i].blocks;
-        for (size_t k = 0; k < m->cap; k++)
-            if (m->slots[k].val) {
-                const fp_piece *b = fp_piece_of(&h->arenas[i], m->slots[k].val);
+        const fp_arena *a = &h->arenas[i];
+        for (size_t r = 0; r < a->n_runs; r++)   /* the blocks given out (live or pending): the table's */
+            for (const fp_piece *b = a->runs[r].head; b; b = fp_piece_at(a, b->anext)) {
                 const fp_span *s = fp_map_get(&h->sp->map, b->base);
-                if ((s && s->kind == FP_SPAN_SLAB) || in_cache(&h->arenas[i], b->base))
-                    continue; /* a slab of the medium arena, or a block in a thread cache: free to its caller */
+                if ((b->state != FP_LARGE_LIVE && b->state != FP_LARGE_PENDING) || (s && s->kind == FP_SPAN_SLAB) ||
+                    in_cache(a, b->base))
+                    continue; /* free, a slab of the medium arena, or a block in a thread cache (free to its
+                                 caller) */
                 unsigned c = fp_class_of(fp_piece_size(b));
                 counts[c < FP_NCLASS ? c : FP_NCLASS - 1]++;
             }
@@ -252,15 +253,15 @@ void fp_heap_count_large(const fp_heap *h, uint64_t *counts)
  * neighbours; nothing where addr is not such a block (fabpool_check says what is wrong). */
 static inline void release_cached(fp_heap *h, fp_arena *a, uint64_t addr)
 {
-    size_t slot = fp_arena_block_slot(a, addr);
-    fp_piece *b = slot != FP_ADDRMAP_END ? fp_piece_of(a, fp_addrmap_val(&a->blocks, slot)) : NULL;
+    fp_rid rid = fp_arena_block_id(a, addr);
+    fp_piece *b = fp_piece_at(a, rid);
     _Atomic uint8_t *f = fp_mstate_at(&a->ms, addr);
     if (!b || b->state != FP_LARGE_LIVE || !f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
         return;
     count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
     count_locked(&h->large_blocks, (uint64_t)-1);
     atomic_store_explicit(f, 0, memory_order_relaxed);
-    fp_arena_release(a, slot);
+    fp_arena_release(a, rid);
 }
 
 void fp_large_release_cached_locked(fp_heap *h, uint64_t addr)
@@ -269,28 +270,42 @@ void fp_large_release_cached_locked(fp_heap *h, uint64_t addr)
     release_cached(h, &h->arenas[FP_ARENA_MEDIUM], addr);
 }
 
-fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uint64_t *back, unsigned n_back, void **out)
+fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uint64_t *back, unsigned n_back, void **out,
+                              unsigned *rest)
 {
     fp_arena *a = &h->arenas[FP_ARENA_MEDIUM];
-    fabpool_status st = FABPOOL_OK;
+    fabpool_status st;
+    fp_rid ids[FP_MEDIUM_BACK_MAX];
+    unsigned k = 0;
+    uint64_t back_bytes = 0;
     fp_lock(&h->sp->lock);
-    for (unsigned i = 0; i < n_back; i++)
-        release_cached(h, a, back[i] & ~(uint64_t)(FP_BLOCK_QUANTUM - 1));
-    fp_piece *b = fp_arena_fit(a, n, FP_BLOCK_QUANTUM, &st);
+    for (unsigned i = 0; i < n_back && i < FP_MEDIUM_BACK_MAX; i++) {   /* release_cached's checks */
+        uint64_t addr = back[i] & ~(uint64_t)(FP_BLOCK_QUANTUM - 1);
+        fp_rid r = fp_arena_block_id(a, addr);
+        fp_piece *p = fp_piece_at(a, r);
+        _Atomic uint8_t *f = fp_mstate_at(&a->ms, addr);
+        if (!p || p->state != FP_LARGE_LIVE || !f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
+            continue;
+        atomic_store_explicit(f, 0, memory_order_relaxed);
+        back_bytes += fp_piece_size(p);
+        ids[k++] = r;
+    }
+    /* the blocks released and the fit in one call; the counters as one sum each */
+    fp_piece *b = fp_arena_refit(a, ids, k, n, &st);
+    uint64_t blocks = atomic_load_explicit(&h->large_blocks, memory_order_relaxed) - k;
+    uint64_t in_use = atomic_load_explicit(&h->large_in_use_bytes, memory_order_relaxed) - back_bytes;
     if (__builtin_expect(b != NULL, 1)) {
-        mstate_live(a, b->base, n);
-        count_locked(&h->large_in_use_bytes, n);
-        count_locked(&h->large_blocks, 1);
+        fp_arena_mstate_set(a, b->base, fp_mstate_code(&a->ms, n));
+        in_use += n;
+        blocks++;
         count_locked(&h->large_allocs[a->cls_of_q[(n >> FP_PIECE_UNIT_SHIFT) - 1]], 1);
         *out = (void *)(uintptr_t)b->base;
     }
+    atomic_store_explicit(&h->large_blocks, blocks, memory_order_relaxed);
+    atomic_store_explicit(&h->large_in_use_bytes, in_use, memory_order_relaxed);
     fp_heap_idle_follow(h);
-    int due = policy_due(h);
+    *rest = (policy_due(h) ? FP_MEDIUM_POLICY : 0) | (!b && st == FABPOOL_OK ? FP_MEDIUM_MISS : 0);
     fp_unlock(&h->sp->lock);
-    if (due)
-        fp_heap_trim_policy(h);
-    if (__builtin_expect(!b && st == FABPOOL_OK, 0))   /* a miss: the arena grows on fp_large_alloc's whole way */
-        return fp_large_alloc(h, n, FP_BLOCK_QUANTUM, out);
     return st;
 }
 

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "arena_grow.h"
+#include "arena_trim.h"
 #include "array.h"
 #include "clock.h"
 #include "counter.h"
@@ -29,7 +30,8 @@
  * fast is mapped at most about 1.2x, not 2.7x (arena_grow.c, ahead_room;
  * docs/design.md, "Blocks above slab_max", has the measurements). */
 static const fp_arena_policy policies[FP_NARENAS] = {
-    {.ahead_max = 4ull << 20, .ahead_below = UINT64_MAX, .ahead_mult = 1, .ahead_frac = 4, .chunk_granules = 32},
+    {.ahead_max = 4ull << 20, .ahead_below = UINT64_MAX, .ahead_mult = 1, .ahead_frac = 4, .chunk_granules = 32,
+     .direct = 1},
     {.ahead_max = 64ull << 20, .ahead_below = 8ull << 20, .ahead_mult = 2, .ahead_frac = 0, .mapped_frac = 5,
      .chunk_granules = 32},
 };
@@ -364,7 +366,7 @@ static void slab_release(fp_heap *h, fp_span *s)
     fp_arena *a = &h->arenas[FP_ARENA_MEDIUM];
     FP_LIST_REMOVE(&h->spans, s, all_next, all_prev);
     fp_map_set(&h->sp->map, s->base, s->size, a->sentinel); /* its pages have leaves: cannot fail */
-    fp_arena_release(a, fp_arena_block_slot(a, s->base));
+    fp_arena_release(a, fp_arena_block_id(a, s->base));
     fp_heap_idle_follow(h);
     slab_free_record(h, s);
 }
