@@ -94,23 +94,27 @@ for cycle in range(3):
 gc.collect()
 torch.cuda.synchronize()
 check(rss() - rss0 < 256 * MiB, "host memory back to its level (RSS %+d MiB)" % ((rss() - rss0) // MiB))
-# pause and resume keep no host memory beyond the staging ring, pinned once and kept
+# pause and resume keep no host memory once nothing is paused: the copies unmapped, and the staging ring (pinned
+# by the pause) given back by the resume
 be = tms._be()
 lanes, mib = fabpool_memory_saver._stage_config()
-ring = tms.staging_bytes()
-check(ring == 2 * lanes * mib * MiB, "one staging ring of %d MiB pinned (%d MiB)" % (2 * lanes * mib, ring // MiB))
+want = 2 * lanes * mib * MiB
+check(tms.staging_bytes() == 0, "nothing paused: no staging ring pinned (%d MiB)" % (tms.staging_bytes() // MiB))
 check(be.host_mapped_bytes() == 0, "no host copy mapped after the resumes (%d bytes)" % be.host_mapped_bytes())
 r0 = rss()
 tms.pause()
 mapped = be.host_mapped_bytes()
 check(mapped >= sum(sizes) and tms.host_bytes() >= sum(sizes),
       "while paused: the weights' copies mapped (%d MiB)" % (mapped // MiB))
+check(tms.staging_bytes() == want, "while paused: one staging ring of %d MiB pinned (%d MiB)" %
+      (want // MiB, tms.staging_bytes() // MiB))
 tms.resume()
-check(be.host_mapped_bytes() == 0 and tms.staging_bytes() == ring, "after resume: the copies unmapped, the ring kept")
-check(rss() - r0 < 64 * MiB, "a pause and resume after the first: RSS %+d MiB (nothing beyond the ring kept)" %
-      ((rss() - r0) // MiB))
-check(rss() - rss0 <= ring + 64 * MiB, "RSS since before the first pause %+d MiB, the ring %d MiB" %
-      ((rss() - rss0) // MiB, ring // MiB))
+check(be.host_mapped_bytes() == 0 and tms.staging_bytes() == 0,
+      "after resume: the copies unmapped, the ring given back")
+check(rss() - r0 < 64 * MiB, "a pause and resume after the first: RSS %+d MiB (nothing kept)" % ((rss() - r0) // MiB))
+# the driver's and PyTorch's own host memory grow in the first cycles (the original's process: +62 MiB)
+check(rss() - rss0 < 128 * MiB, "RSS since before the first pause %+d MiB (no copy, no ring kept)" %
+      ((rss() - rss0) // MiB))
 
 # retained copies: one address across resumes, refreshed by the next pause
 tms.pause("weights")
@@ -166,12 +170,14 @@ tms.pause()
 check(bool((plain == 5).all()), "a tensor of disable() is not paused")
 tms.resume()
 
-# the ring given back on request, and pinned again by the next copy
+# the ring given back on request (nothing to give back here), pinned by the next pause, given back by its resume
 tms.release_staging()
 check(tms.staging_bytes() == 0, "release_staging(): no pinned ring held")
 tms.pause("weights")
+check(tms.staging_bytes() == want, "the next pause pins a ring again")
 tms.resume("weights")
-check(bool((weights[2] == 7).all()) and tms.staging_bytes() == ring, "the next pause pins a ring again")
+check(bool((weights[2] == 7).all()) and tms.staging_bytes() == 0,
+      "its resume restores the bytes and gives the ring back")
 
 # vLLM's CuMemAllocator: offload the default tag, discard the others
 alloc = fabpool_cumem.CuMemAllocator.get_instance()
