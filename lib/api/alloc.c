@@ -210,11 +210,17 @@ static __attribute__((noinline)) fabpool_status medium_rest(fp_alloc *a, uint64_
 
 /* A medium block the thread's cache does not hold, the fast path's key
  * matched (no trace, the pool awake, no owner mode: alloc_entry's checks
- * pass; h: the thread's hot slot, passed: noipa keeps the compiler from
- * reading it again through the TLS descriptor): from the arena, after the
- * blocks freed on streams if some wait. */
-static __attribute__((noipa)) fabpool_status alloc_medium_miss(fp_alloc *a, fp_tls_hot *h, fp_tcache *tc,
-                                                               size_t size, void **out)
+ * pass; h: the thread's hot slot, passed: GCC's noipa keeps it from
+ * reading it again through the TLS descriptor; clang, which has no noipa,
+ * gets noinline): from the arena, after the blocks freed on streams if some
+ * wait. */
+#if defined(__clang__)
+#define FP_NOIPA __attribute__((noinline))
+#else
+#define FP_NOIPA __attribute__((noipa))
+#endif
+static FP_NOIPA fabpool_status alloc_medium_miss(fp_alloc *a, fp_tls_hot *h, fp_tcache *tc,
+                                                 size_t size, void **out)
 {
     if (FP_UNLIKELY(++tc->mmiss == FP_MC_WINDOW)) {
         /* the end of a window: a cache whose medium blocks seldom came back takes none for a while */
