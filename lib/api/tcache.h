@@ -74,6 +74,8 @@ typedef struct fp_tcache {
                                           under its take of the pool lock and before its fit, or at the
                                           thread's next slow allocation, so that the fits the thread makes see
                                           the arena as they would have without them */
+    _Atomic uint8_t *mdflag[FP_MD_CAP];  /* and each one's state byte (fp_mstate_at's, at its free): the arena
+                                            reads it without looking it up again */
     uint8_t mn[FP_MSTATE_CACHED + 1]; /* every state byte a valid index (free_medium reads before it checks) */
     fp_titem mitems[FP_MSTATE_MAX + 1][FP_MC_CAP];
 } fp_tcache;

@@ -34,6 +34,7 @@
 #include "addrmap.h"
 #include "arena_index.h"
 #include "arena_rec.h"
+#include "error.h"
 #include "space.h"
 
 enum { FP_SPAN_SLAB = 1, FP_SPAN_LARGE = 2 };
@@ -252,9 +253,6 @@ static inline size_t fp_arena_block_count(const fp_arena *a)
 /* Frees the block of record id br (fp_arena_block_id): out of the table of blocks, merged with the free
  * ranges touching it. */
 void fp_arena_release(fp_arena *a, fp_rid br);
-/* The blocks of ids back[0 .. n_back) released (fp_arena_release), then fp_arena_fit of n bytes at the quantum's
- * alignment: one call for the medium blocks' path (large.c, fp_medium_alloc). */
-fp_piece *fp_arena_refit(fp_arena *a, const fp_rid *back, unsigned n_back, uint64_t n, fabpool_status *st);
 /* Makes sure the table of blocks can take a block anywhere in [va, va + size), which the arena is about to map
  * (the direct index's leaves made; the hash table room for one more): 0, or -1 without host memory. */
 int fp_arena_index_reserve(fp_arena *a, uint64_t va, uint64_t size);
@@ -291,5 +289,243 @@ fp_piece *fp_arena_coalesce(fp_arena *a, fp_piece *p);
 size_t fp_arena_chunk_lower(const fp_arena *a, uint64_t addr);
 /* Unmaps the chunks in [va, va + size). */
 void fp_arena_unmap_range(fp_arena *a, uint64_t va, uint64_t size);
+
+/* ---- the fit, cut, release and merge, inline: arena.c's calls, and the medium blocks' path in large.c
+ * (fp_medium_alloc), which takes them in its own frame, the held-back blocks' releases and the fit under one
+ * take of the pool lock, with the table of blocks known to be the direct index (`direct` a constant 1 there:
+ * no test of the arena's policy and no hash of the table's other kind on the way).  Pool lock held. */
+
+#define FP_ARENA_INLINE static inline __attribute__((always_inline))
+
+/* The walk of the bins from n's own up (arena.c): the range, still in its bin (*rid its id), or NULL. */
+fp_piece *fp_arena_fit_walk(fp_arena *a, uint64_t n, uint64_t align, fp_rid *rid);
+/* Piece p (in a run) is now the last of it. */
+void fp_arena_set_tail(fp_arena *a, fp_piece *p);
+
+/* A piece of a spare record (fp_arena_spare_reserve made sure there is one): *rid its id. */
+FP_ARENA_INLINE fp_piece *fp_arena_new_(fp_arena *a, uint64_t base, uint64_t size, uint32_t state, fp_rid *rid)
+{
+    fp_piece *p = fp_rec_take(&a->recs, rid);
+    *p = (fp_piece){.base = base, .size_q = (uint32_t)(size >> FP_PIECE_UNIT_SHIFT), .state = (uint16_t)state};
+    return p;
+}
+
+/* Free range p, of id r, into the bin of its size. */
+FP_ARENA_INLINE void fp_arena_push_(fp_arena *a, fp_piece *p, fp_rid r)
+{
+    unsigned b = fp_arena_bin_of(p->size_q);
+    p->state = FP_LARGE_FREE;
+    p->bin = (uint16_t)b;
+    p->prev = 0;
+    p->next = a->bins[b];
+    a->bins[b] = r;
+    if (p->next) {
+        fp_piece_of(a, p->next)->prev = r;
+    } else { /* the bin was empty: its bits were clear */
+        a->bitmap[b / 64] |= 1ull << (b % 64);
+        a->summary |= 1ull << (b / 64);
+    }
+}
+
+FP_ARENA_INLINE void fp_arena_pull_(fp_arena *a, fp_piece *p)
+{
+    unsigned b = p->bin;
+    if (p->prev)
+        fp_piece_of(a, p->prev)->next = p->next;
+    else
+        a->bins[b] = p->next;
+    if (p->next)
+        fp_piece_of(a, p->next)->prev = p->prev;
+    p->next = p->prev = 0;
+    if (!a->bins[b] && !(a->bitmap[b / 64] &= ~(1ull << (b % 64))))
+        a->summary &= ~(1ull << (b / 64));
+}
+
+/* Block of id r at addr into, and out of, the table (direct: a->pol.direct, a constant where the caller knows
+ * it; its room made: fp_arena_index_reserve, fp_arena_best_fit_). */
+FP_ARENA_INLINE void fp_arena_list_(fp_arena *a, uint64_t addr, fp_rid r, int direct)
+{
+    if (direct) {
+        *fp_arena_bidx_at(a, addr) = r;
+        a->bidx.n++;
+    } else {
+        fp_addrmap_put(&a->blocks, addr, r);
+    }
+}
+
+FP_ARENA_INLINE void fp_arena_unlist_(fp_arena *a, uint64_t addr, int direct)
+{
+    if (direct) {
+        *fp_arena_bidx_at(a, addr) = 0;
+        a->bidx.n--;
+    } else {
+        fp_addrmap_del_at(&a->blocks, fp_arena_block_slot(a, addr));
+    }
+}
+
+/* An allocation of n bytes, for the growth rate. */
+FP_ARENA_INLINE void fp_arena_note_(fp_arena *a, uint64_t n)
+{
+    a->ring_n[a->ring_at % FP_ARENA_RATE] = a->n_blocks;
+    a->ring_size[a->ring_at++ % FP_ARENA_RATE] = n;
+}
+
+/* Puts piece q (id rq) right after piece p (id rp), in p's run. */
+FP_ARENA_INLINE void fp_arena_link_after_(fp_arena *a, fp_piece *p, fp_rid rp, fp_piece *q, fp_rid rq)
+{
+    q->aprev = rp;
+    q->anext = p->anext;
+    if (p->anext)
+        fp_piece_of(a, p->anext)->aprev = rq;
+    else
+        fp_arena_set_tail(a, q);
+    p->anext = rq;
+}
+
+/* Cuts the block [x, x + n) out of free range f (out of its bin): what is
+ * left of f below and above it stays free.  Two spare records are there. */
+FP_ARENA_INLINE fp_piece *fp_arena_carve_(fp_arena *a, fp_piece *f, fp_rid fr, uint64_t x, uint64_t n, int direct)
+{
+    uint64_t end = f->base + fp_piece_size(f);
+    fp_piece *b = f;
+    fp_rid br = fr, rr;
+    if (x > f->base) { /* f keeps [base, x); the block follows it */
+        b = fp_arena_new_(a, x, n, FP_LARGE_LIVE, &br);
+        fp_piece_resize(f, x - f->base);
+        fp_arena_link_after_(a, f, fr, b, br);
+        fp_arena_push_(a, f, fr);
+    }
+    if (x + n < end) { /* the rest above the block */
+        fp_piece *r = fp_arena_new_(a, x + n, end - x - n, FP_LARGE_FREE, &rr);
+        fp_piece_resize(b, n);
+        fp_arena_link_after_(a, b, br, r, rr);
+        fp_arena_push_(a, r, rr);
+    }
+    b->state = FP_LARGE_LIVE;
+    fp_arena_list_(a, b->base, br, direct);
+    a->free_bytes -= n;
+    a->used_bytes += n;
+    a->n_blocks++;
+    fp_arena_note_(a, n);
+    return b;
+}
+
+/* Where a block of n bytes aligned to `align` goes in free range f: at its
+ * high end (what is left of f stays free at the low end, where runs grow)
+ * or, for a run that grows upwards, its low end; 0 if it does not fit. */
+FP_ARENA_INLINE uint64_t fp_arena_place_(const fp_piece *f, uint64_t n, uint64_t align, int high)
+{
+    if (fp_piece_size(f) < n)
+        return 0;
+    uint64_t end = f->base + fp_piece_size(f);
+    uint64_t x = high ? (end - n) & ~(align - 1) : (f->base + align - 1) & ~(align - 1);
+    return x >= f->base && x + n <= end ? x : 0;
+}
+
+/* The quick fit of a block of the quantum's alignment: the first range that fits among the first
+ * FP_ARENA_LOOK of its size's bin, else the head of the next bin that holds any; NULL where neither fits
+ * (*rid its id). */
+FP_ARENA_INLINE fp_piece *fp_arena_fit_quick_(fp_arena *a, uint64_t n, fp_rid *rid)
+{
+    uint64_t u = n >> FP_PIECE_UNIT_SHIFT;
+    unsigned b0 = fp_arena_bin_of(u);
+    fp_rid fr = a->bins[b0];
+    for (unsigned look = 0; fr && look < FP_ARENA_LOOK; fr = fp_piece_of(a, fr)->next, look++)
+        if (fp_piece_of(a, fr)->size_q >= u)
+            break;
+    if (!fr || fp_piece_of(a, fr)->size_q < u) {
+        unsigned b = fp_arena_bin_next(a, b0 + 1);
+        fr = b < FP_ARENA_NBINS ? a->bins[b] : 0;
+    }
+    if (!fr || fp_piece_of(a, fr)->size_q < u) /* (the last bin holds every size beyond it) */
+        return NULL;
+    *rid = fr;
+    return fp_piece_of(a, fr);
+}
+
+/* A fit of n bytes aligned to align among the free ranges, cut; NULL if none fits.
+ *
+ * A block of the quantum's alignment (every block above slab_max) takes a good fit in a few loads: the first
+ * range that fits among the first FP_ARENA_LOOK of its size's bin, else the first range of the next bin that
+ * holds any (within a bin's width, a 64th of a doubling, of the smallest free range larger than n's bin);
+ * only where neither has one is the rest of the bin looked at, so a miss still means that no free range
+ * fits.  Which of the ranges of a size a block is cut from (the lowest address, or the one freed last)
+ * left the peak held of the bench's uniform and normal shapes where it was over forty seeds
+ * (docs/performance.md); the walk of a whole bin for the lowest cost a medium allocation a twentieth of
+ * its instructions.  A slab (aligned to its page) takes the best fit: the smallest range that fits among the
+ * bin of its size (all of them) and the next bin that holds one that fits (its first 64), the lowest on a
+ * tie.  The quick fit and the cut are inline here, the walk apart (fp_arena_fit_walk), so that the common
+ * call saves no more registers than it uses. */
+FP_ARENA_INLINE fp_piece *fp_arena_best_fit_(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st, int direct)
+{
+    fp_rid best_r = 0;
+    fp_piece *best = align <= a->quantum ? fp_arena_fit_quick_(a, n, &best_r) : NULL;
+    if (__builtin_expect(!best, 0) && !(best = fp_arena_fit_walk(a, n, align, &best_r)))
+        return NULL;
+    if ((!direct && fp_addrmap_reserve(&a->blocks, 1) != 0) || fp_arena_spare_reserve(a, 2) != 0) {
+        *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the record of a block of %llu bytes",
+                       (unsigned long long)n);
+        return NULL;
+    }
+    fp_arena_pull_(a, best);
+    return fp_arena_carve_(a, best, best_r, fp_arena_place_(best, n, align, 1), n, direct);
+}
+
+/* Merges free range p (out of its bin), of id *pr, with the free ranges
+ * touching it; the result (*pr its id) is out of its bin too. */
+FP_ARENA_INLINE fp_piece *fp_arena_coalesce_(fp_arena *a, fp_piece *p, fp_rid *pr)
+{
+    fp_rid lr = p->aprev, rr = p->anext;
+    fp_piece *l = fp_piece_at(a, lr), *r = fp_piece_at(a, rr);
+    if (l && l->state == FP_LARGE_FREE) {
+        fp_arena_pull_(a, l);
+        l->size_q += p->size_q;
+        l->anext = rr;
+        if (r)
+            r->aprev = lr;
+        else
+            fp_arena_set_tail(a, l);
+        fp_rec_give(&a->recs, p, *pr);
+        p = l;
+        *pr = lr;
+    }
+    if (r && r->state == FP_LARGE_FREE) {
+        fp_arena_pull_(a, r);
+        p->size_q += r->size_q;
+        p->anext = r->anext;
+        if (r->anext)
+            fp_piece_of(a, r->anext)->aprev = *pr;
+        else
+            fp_arena_set_tail(a, p);
+        fp_rec_give(&a->recs, r, rr);
+    }
+    return p;
+}
+
+/* Block br out of the table, merged with the free ranges touching it, into the bin of the merged range's size. */
+FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_rid br, int direct)
+{
+    fp_piece *b = fp_piece_of(a, br);
+    fp_arena_unlist_(a, b->base, direct);
+    a->used_bytes -= fp_piece_size(b);
+    if (!a->used_bytes) /* empty: the growth that brought it here says nothing of what comes next */
+        a->ring_at = 0;
+    a->free_bytes += fp_piece_size(b);
+    a->n_blocks--;
+    b->state = FP_LARGE_FREE;
+    b = fp_arena_coalesce_(a, b, &br);
+    fp_arena_push_(a, b, br);
+}
+
+/* The record id of the block given out at addr in an arena with the direct index (fp_arena_block_id's
+ * work without the test of the policy), or 0. */
+FP_ARENA_INLINE fp_rid fp_arena_direct_id_(const fp_arena *a, uint64_t addr)
+{
+    uint64_t off = addr - a->bidx.base;
+    if (off >= a->bidx.size || (off & ((1u << FP_PIECE_UNIT_SHIFT) - 1)) || !a->bidx.leaves)
+        return 0;
+    const fp_rid *e = fp_arena_bidx_at(a, addr);
+    return e ? *e : 0;
+}
 
 #endif

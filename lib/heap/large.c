@@ -270,32 +270,34 @@ void fp_large_release_cached_locked(fp_heap *h, uint64_t addr)
     release_cached(h, &h->arenas[FP_ARENA_MEDIUM], addr);
 }
 
-fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uint64_t *back, unsigned n_back, void **out,
-                              unsigned *rest)
+fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uint64_t *back, _Atomic uint8_t *const *flags,
+                               unsigned n_back, void **out, unsigned *rest)
 {
     fp_arena *a = &h->arenas[FP_ARENA_MEDIUM];
-    fabpool_status st;
-    fp_rid ids[FP_MEDIUM_BACK_MAX];
+    fabpool_status st = FABPOOL_OK;
     unsigned k = 0;
     uint64_t back_bytes = 0;
     fp_lock(&h->sp->lock);
+    /* the held-back blocks released and the fit in this frame (arena.h: the medium arena's table is the
+     * direct index); the counters as one sum each */
     for (unsigned i = 0; i < n_back && i < FP_MEDIUM_BACK_MAX; i++) {   /* release_cached's checks */
         uint64_t addr = back[i] & ~(uint64_t)(FP_BLOCK_QUANTUM - 1);
-        fp_rid r = fp_arena_block_id(a, addr);
+        fp_rid r = fp_arena_direct_id_(a, addr);
         fp_piece *p = fp_piece_at(a, r);
-        _Atomic uint8_t *f = fp_mstate_at(&a->ms, addr);
+        _Atomic uint8_t *f = flags[i];
         if (!p || p->state != FP_LARGE_LIVE || !f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
             continue;
         atomic_store_explicit(f, 0, memory_order_relaxed);
         back_bytes += fp_piece_size(p);
-        ids[k++] = r;
+        k++;
+        fp_arena_release_(a, r, 1);
     }
-    /* the blocks released and the fit in one call; the counters as one sum each */
-    fp_piece *b = fp_arena_refit(a, ids, k, n, &st);
+    fp_piece *b = fp_arena_best_fit_(a, n, a->quantum, &st, 1);
     uint64_t blocks = atomic_load_explicit(&h->large_blocks, memory_order_relaxed) - k;
     uint64_t in_use = atomic_load_explicit(&h->large_in_use_bytes, memory_order_relaxed) - back_bytes;
     if (__builtin_expect(b != NULL, 1)) {
-        fp_arena_mstate_set(a, b->base, fp_mstate_code(&a->ms, n));
+        /* n has a code (large.h): the caches' sizes are the states' (lo, hi] (tcache.c) */
+        fp_arena_mstate_set(a, b->base, (unsigned)((n - a->ms.lo) >> FP_PIECE_UNIT_SHIFT));
         in_use += n;
         blocks++;
         count_locked(&h->large_allocs[a->cls_of_q[(n >> FP_PIECE_UNIT_SHIFT) - 1]], 1);
