@@ -94,9 +94,11 @@ static fabpool_status check_arena_records(const fp_arena *a, uint64_t in_runs)
             if (++n > FP_PIECE_PAGE || r >> FP_PIECE_PAGE_SHIFT != i || !rec(a, r, &bad))
                 break;
         pages++;
-        if (pg->idx != i || ((uintptr_t)pg & (FP_PIECE_PAGE_BYTES - 1)) || n != pg->n_spare)
+        if (pg->idx != i || ((uintptr_t)pg & (FP_PIECE_PAGE_BYTES - 1)) || n != pg->n_spare ||
+            a->recs.rbase[i] + (uintptr_t)i * FP_PIECE_PAGE_BYTES != (uintptr_t)pg)
             return FAIL("[arena.records] %s: page %zu of records holds %llu spare records on its list and counts %u "
-                        "(or its list runs out of the page, or it names another index, %u, or is not aligned)",
+                        "(or its list runs out of the page, or it names another index, %u, or is not aligned, or "
+                        "its ids' base in the directory is not its address less its first id's records)",
                         a->name, i, ULL(n), pg->n_spare, pg->idx);
         spare += n;
         with_spare += n != 0;

@@ -60,7 +60,12 @@ typedef struct fp_piece_page {         /* slot 0 of its page */
 typedef struct fp_recs {
     fp_meta *meta;
     fp_piece_page **pages;             /* the directory (NULL: an index not in use) */
-    size_t n_pages, cap_pages;
+    /* Beside it, each page's address less its first id's records (of 32
+     * bytes): id r's record is at rbase[r >> FP_PIECE_PAGE_SHIFT] + r * 32,
+     * with no mask of the slot (an integer: the difference may point
+     * outside any object).  Each lookup of an id is a load and an add. */
+    uintptr_t *rbase;
+    size_t n_pages, cap_pages, cap_rbase;
     uint32_t avail;                    /* the pages that have spare records (index + 1; 0: none) */
     size_t n_spare;                    /* spare records in all */
 } fp_recs;
@@ -68,7 +73,7 @@ typedef struct fp_recs {
 /* The record of id r (NULL for 0), of an id that is not 0, and the id of record p. */
 static inline fp_piece *fp_rec_of(const fp_recs *rs, fp_rid r)
 {
-    return (fp_piece *)(void *)rs->pages[r >> FP_PIECE_PAGE_SHIFT] + (r & (FP_PIECE_PAGE - 1));
+    return (fp_piece *)(rs->rbase[r >> FP_PIECE_PAGE_SHIFT] + (uintptr_t)r * sizeof(fp_piece));
 }
 static inline fp_piece *fp_rec_at(const fp_recs *rs, fp_rid r) { return r ? fp_rec_of(rs, r) : NULL; }
 static inline fp_rid fp_rec_id(const fp_piece *p)
@@ -125,7 +130,7 @@ static inline fp_piece *fp_rec_take(fp_recs *rs, fp_rid *rid)
 /* Record p, of id r, back to the spares of its page. */
 static inline void fp_rec_give(fp_recs *rs, fp_piece *p, fp_rid r)
 {
-    fp_piece_page *pg = rs->pages[r >> FP_PIECE_PAGE_SHIFT];
+    fp_piece_page *pg = (fp_piece_page *)((uintptr_t)p & ~(uintptr_t)(FP_PIECE_PAGE_BYTES - 1));
     *p = (fp_piece){.next = pg->spare};
     pg->spare = r;
     if (!pg->n_spare++)
