@@ -4,15 +4,17 @@
 
 #include "error.h"
 
-/* Whether fp_heap_trim_policy is due after a block's allocation or free:
- * the decay's clock only at every 16th of the pool's (a medium block's path
- * is a few tens of ns, the clock a good part of that); what cannot wait
- * (decay_ms:0, the cache limit, empty slabs to give back) every time.  Pool
- * lock held (the tick is the lock's); the policy runs after it is let go. */
-static inline int policy_due(fp_heap *h)
+/* Whether fp_heap_trim_policy is due after a block's allocation or free,
+ * the arenas' free bytes idle_arenas (fp_heap_idle_follow's sum, not read
+ * back): the decay's clock only at every 16th of the pool's (a medium
+ * block's path is a few tens of ns, the clock a good part of that); what
+ * cannot wait (decay_ms:0, through a mask of 0; the cache limit, empty slabs
+ * to give back) every time.  Pool lock held (the tick is the lock's); the
+ * policy runs after it is let go. */
+static inline int policy_due(fp_heap *h, uint64_t idle_arenas)
 {
-    return (++h->policy_tick & 15) == 0 || h->decay_ms == 0 || atomic_load_explicit(&h->shed, memory_order_relaxed) ||
-           fp_heap_idle(h) > h->cache_limit;
+    return (++h->policy_tick & h->policy_mask) == 0 || atomic_load_explicit(&h->shed, memory_order_relaxed) ||
+           atomic_load_explicit(&h->idle_slabs, memory_order_relaxed) + idle_arenas > h->cache_limit;
 }
 
 /* counter += d, for a counter that only the pool lock's holder writes (stats read it without the lock): a
@@ -67,7 +69,7 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, uint64_t align, void **
         count_locked(&h->large_allocs[bucket < FP_NCLASS ? bucket : FP_NCLASS - 1], 1);
         *out = (void *)(uintptr_t)b->base;
     }
-    int due = policy_due(h);
+    int due = policy_due(h, atomic_load_explicit(&h->idle_arenas, memory_order_relaxed));
     fp_unlock(&h->sp->lock);
     if (due)
         fp_heap_trim_policy(h);
@@ -222,8 +224,7 @@ fabpool_status fp_large_free(fp_heap *h, const fp_span *s, uint64_t addr, const 
         count_locked(&h->large_blocks, (uint64_t)-1);
         fp_arena_mstate_set(a, addr, 0);
         fp_arena_release(a, rid);
-        fp_heap_idle_follow(h);
-        due = policy_due(h);
+        due = policy_due(h, fp_heap_idle_follow(h));
     }
     fp_unlock(&h->sp->lock);
     if (due)
@@ -305,14 +306,13 @@ fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uint64_t *back, _At
     }
     atomic_store_explicit(&h->large_blocks, blocks, memory_order_relaxed);
     atomic_store_explicit(&h->large_in_use_bytes, in_use, memory_order_relaxed);
-    fp_heap_idle_follow(h);
-    *rest = (policy_due(h) ? FP_MEDIUM_POLICY : 0) | (!b && st == FABPOOL_OK ? FP_MEDIUM_MISS : 0);
+    *rest = (policy_due(h, fp_heap_idle_follow(h)) ? FP_MEDIUM_POLICY : 0) |
+            (!b && st == FABPOOL_OK ? FP_MEDIUM_MISS : 0);
     fp_unlock(&h->sp->lock);
     return st;
 }
 
 int fp_large_policy_due(fp_heap *h)
 {
-    fp_heap_idle_follow(h);
-    return policy_due(h);
+    return policy_due(h, fp_heap_idle_follow(h));
 }

@@ -128,6 +128,7 @@ void fp_heap_init(fp_heap *h, fp_space *sp, fp_usage *use, const fabpool_options
     use->large = &h->large_in_use_bytes;
     h->cache_limit = o->cache_limit_bytes;
     h->decay_ms = o->decay_ms;
+    h->policy_mask = o->decay_ms ? 15u : 0u;
     h->large_slack_percent = o->large_slack_percent;
     /* slab_max is rounded up to a class size (docs/config.md): every size up
      * to the value given comes from slabs, every larger size from an arena,

@@ -87,6 +87,7 @@ typedef struct fp_heap {
     FP_HEAP_COUNTERS(FP_COUNTER_ATOMIC)
     _Atomic uint64_t large_blocks, large_allocs[FP_NCLASS];
     unsigned policy_tick;              /* blocks above slab_max given out and freed (pool lock; large.c) */
+    unsigned policy_mask;              /* the decay's clock every (policy_mask + 1)th tick: 15, or 0 with decay_ms 0 */
     fp_class classes[FP_NCLASS];
 } fp_heap;
 
@@ -145,8 +146,8 @@ static inline uint64_t fp_heap_idle(const fp_heap *h)
     return atomic_load_explicit(&h->idle_slabs, memory_order_relaxed) +
            atomic_load_explicit(&h->idle_arenas, memory_order_relaxed);
 }
-/* The arenas' free bytes changed: the idle sum and its low-water mark follow.  Pool lock held. */
-static inline void fp_heap_idle_follow(fp_heap *h)
+/* The arenas' free bytes changed: the idle sum and its low-water mark follow; the sum.  Pool lock held. */
+static inline uint64_t fp_heap_idle_follow(fp_heap *h)
 {
     uint64_t n = 0;
     for (int i = 0; i < FP_NARENAS; i++)
@@ -154,6 +155,7 @@ static inline void fp_heap_idle_follow(fp_heap *h)
     atomic_store_explicit(&h->idle_arenas, n, memory_order_relaxed);
     if (n < h->idle_arenas_low)
         h->idle_arenas_low = n;
+    return n;
 }
 /* A miss of arena a for a block of n bytes aligned to align: the arena grows (fp_heap_take's slow side). */
 fp_piece *fp_heap_miss(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st);
