@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "list.h"
+
 #define FP_MSG_MAX 1024
 
 /* The calling thread's message lives on the heap, made at its first error
@@ -42,12 +44,7 @@ static void msg_free(void *v)
     if (n->text == fp_msg)
         fp_msg = NULL;
     msg_lock_take();
-    if (n->prev)
-        n->prev->next = n->next;
-    else
-        msg_list = n->next;
-    if (n->next)
-        n->next->prev = n->prev;
+    FP_LIST_REMOVE(&msg_list, n, next, prev);
     msg_lock_give();
     free(n);
 }
@@ -68,10 +65,7 @@ static char *msg_buf(void)
     if (!n)
         return NULL;
     msg_lock_take();
-    n->next = msg_list;
-    if (msg_list)
-        msg_list->prev = n;
-    msg_list = n;
+    FP_LIST_PUSH(&msg_list, n, next, prev);
     msg_lock_give();
     if (pthread_setspecific(msg_key, n) != 0) {
         msg_free(n);

@@ -20,6 +20,7 @@
 #include "trace.h"
 
 #include "error.h"
+#include "list.h"
 #include "lock.h"
 #include "log.h"
 
@@ -276,10 +277,7 @@ fabpool_status fp_trace_open(const fabpool_options *o, uint64_t gran, struct fp_
     }
     fp_lock_init(&t->lock, FP_LOCK_TRACE, 0, "trace");
     t->t0 = now_ns();
-    t->next = traces;
-    if (traces)
-        traces->prev = t;
-    traces = t;
+    FP_LIST_PUSH(&traces, t, next, prev);
     fp_unlock(&traces_lock);
     *out = t;
     return FABPOOL_OK;
@@ -293,12 +291,7 @@ void fp_trace_close(struct fp_trace *t)
     fp_lock(&t->lock);
     finish_locked(t);
     fp_unlock(&t->lock);
-    if (t->prev)
-        t->prev->next = t->next;
-    else
-        traces = t->next;
-    if (t->next)
-        t->next->prev = t->prev;
+    FP_LIST_REMOVE(&traces, t, next, prev);
     fp_unlock(&traces_lock);
     fp_lock_destroy(&t->lock);
     free(t);
