@@ -29,11 +29,24 @@ process:
                    restore_copy_GBps: bytes / time in the staged copies)
   alloc_us         (JSON only) one torch.empty inside a region: p50, p90, max,
                    mean (the mean counts the allocations that made segments)
-  reask_mean_us, reask_p50_us  allocation inside a region where the backend
-                   is asked again: --rounds rounds of {24 tensors of 1-64 MiB
-                   of new sizes, freed, torch.cuda.empty_cache()}, each
-                   torch.empty timed; reask_segments_made (JSON) the segments
-                   PyTorch asked its backend for in each round
+  reask_mean_us, reask_p50_us  torch.empty inside a region for sizes asked
+                   before: --rounds rounds of {24 tensors of 1-64 MiB of new
+                   sizes, freed, torch.cuda.empty_cache()}, each torch.empty
+                   timed; reask_segments_made (JSON) the segments PyTorch
+                   asked its backend for in each round (a region's MemPool
+                   keeps its segments: after two rounds PyTorch's cache
+                   serves every size, for both backends)
+  backend_first_us, backend_again_us  the backend alone, called as a region's
+                   MemPool calls it for a segment: --rounds rounds of {24
+                   segments of 2-64 MiB, then all freed}; the median of round
+                   1 (nothing held) and of the later rounds (sizes freed
+                   before: torch_memory_saver creates and maps each segment
+                   again, fabpool's pool has the memory); backend_free_us the
+                   frees
+  retained_pause_s, retained_copy_GBps  (fabpool) --retained-cycles more
+                   cycles with retain_cpu_backup on: the pause's copies go
+                   into host pages kept from the cycle before (no fresh pages
+                   for the kernel to zero); medians of those after the first
   stage_ring, stage_release  (JSON phases, fabpool) pinning the staging ring
                    at a pause and unpinning it at the resume, seconds a cycle
                    (offload_copy_GBps leaves stage_ring out); staging_after_MiB
@@ -42,7 +55,7 @@ process:
                    lanes faulted in ahead of their memcpy
 
 Usage: rl_pause_resume.py --lib DIR [--tms DIR] [--weights-gib 3] [--kv-gib 2]
-                          [--cycles 5] [--rounds 5] [--json OUT]
+                          [--cycles 5] [--rounds 5] [--retained-cycles 3] [--json OUT]
   DIR of --lib holds libfabpool_torch.so and fabpool_memory_saver.py (a
   build's adapters/torch); --tms is a torch_memory_saver checkout whose
   torch-mode library is built (left out: fabpool alone).
@@ -100,6 +113,75 @@ def reask_rounds(torch, tms, dev, rounds, seed=11):
             torch.cuda.empty_cache()
     return {"reask_mean_us": statistics.mean(lat) * 1e6, "reask_p50_us": statistics.median(lat) * 1e6,
             "reask_max_us": max(lat) * 1e6, "reask_segments_made": made, "reask_allocs": len(lat)}
+
+
+def backend_rounds(torch, tms, impl, rounds, seed=13):
+    """The backend alone inside a region, called as a region's MemPool calls it for a segment (PyTorch rounds
+    segments to 2 MiB): `rounds` rounds of {24 segments of 2-64 MiB allocated, then all freed}, each call timed.
+    Round 1 finds nothing held; later rounds ask for memory freed before."""
+    import ctypes as ct
+    rng = random.Random(seed)
+    idx = torch.cuda.current_device()
+    stream = ct.c_void_p(torch.cuda.current_stream().cuda_stream)
+    first, again, frees = [], [], []
+    with tms.region(tag="backend"):
+        if impl == "fabpool":
+            import fabpool_torch as ft
+            lib = ft._tags_lib()
+            k = ft.tag_slot("backend", idx)
+            alloc, free = getattr(lib, "fabpool_torch_tag%d_alloc" % k), getattr(lib, "fabpool_torch_tag%d_free" % k)
+        else:
+            lib = tms._impl._binary_wrapper.cdll
+            alloc, free = lib.tms_torch_malloc, lib.tms_torch_free
+        alloc.restype, alloc.argtypes = ct.c_void_p, [ct.c_ssize_t, ct.c_int, ct.c_void_p]
+        free.restype, free.argtypes = None, [ct.c_void_p, ct.c_ssize_t, ct.c_int, ct.c_void_p]
+        for r in range(rounds):
+            got = []
+            for _ in range(24):
+                n = rng.randint(1, 32) * 2 * MiB
+                t = time.perf_counter()
+                ptr = alloc(n, idx, stream)
+                (first if r == 0 else again).append(time.perf_counter() - t)
+                if not ptr:
+                    raise RuntimeError("%s: the backend refused a segment of %d bytes" % (impl, n))
+                got.append((ptr, n))
+            for ptr, n in got:
+                t = time.perf_counter()
+                free(ptr, n, idx, stream)
+                frees.append(time.perf_counter() - t)
+            torch.cuda.synchronize()
+    return {"backend_first_us": statistics.median(first) * 1e6,
+            "backend_again_us": statistics.median(again) * 1e6 if again else None,
+            "backend_free_us": statistics.median(frees) * 1e6}
+
+
+def retained_cycles(torch, tms, weights, refs, phases, cycles):
+    """fabpool: `cycles` + 1 pause/resume cycles with retain_cpu_backup on (the first makes the host copies that
+    the others copy into again), then one with it off, which gives the copies back.  Medians over all but the
+    first."""
+    tms.retain_cpu_backup = True
+    pause, copy, ok = [], [], True
+    for c in range(cycles + 1):
+        for v in phases.values():
+            v.append(0.0)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        tms.pause()
+        torch.cuda.synchronize()
+        if c:
+            pause.append(time.perf_counter() - t)
+            copy.append(phases.get("copy_d2h", [0.0])[-1] - phases.get("stage_ring", [0.0])[-1])
+        tms.resume()
+        torch.cuda.synchronize()
+        ok = ok and all(torch.equal(w, r) for w, r in zip(weights, refs))
+    tms.retain_cpu_backup = False
+    tms.pause()
+    tms.resume()
+    torch.cuda.synchronize()
+    ok = ok and all(torch.equal(w, r) for w, r in zip(weights, refs))
+    wbytes = sum(w.numel() for w in weights)
+    return {"retained_pause_s": statistics.median(pause), "retained_bitwise": ok,
+            "retained_copy_GBps": wbytes / statistics.median(copy) / 1e9 if min(copy) > 0 else None}
 
 
 def child(args):
@@ -213,7 +295,13 @@ def child(args):
             print("%s: cycle %d: weights differ after resume" % (args.impl, c), file=sys.stderr)
     torch.cuda.synchronize()
     rss1 = rss()
+    # the phases' medians over the cycles above, before the cycles below add to them
+    med = {k: statistics.median([0.0] * (args.cycles - len(v)) + v) for k, v in phases.items()}
     reask = reask_rounds(torch, tms, dev, args.rounds)
+    reask.update(backend_rounds(torch, tms, args.impl, args.rounds))
+    if args.impl == "fabpool" and args.retained_cycles > 0:
+        reask.update(retained_cycles(torch, tms, weights, refs, phases, args.retained_cycles))
+        bitwise = bitwise and reask["retained_bitwise"]
     out = {
         "impl": args.impl, "weights": len(sizes), "weights_bytes": wbytes, "kv_bytes": sum(kv_sizes),
         "alloc_s": alloc_s, "alloc_p50_us": statistics.median(lat) * 1e6,
@@ -240,7 +328,6 @@ def child(args):
     out.update(reask)
     if phases:
         # a phase first seen in cycle c has c fewer entries: the cycles before it spent nothing there
-        med = {k: statistics.median([0.0] * (args.cycles - len(v)) + v) for k, v in phases.items()}
         out["phases"] = med
         for k, key in (("copy_d2h", "offload_copy_GBps"), ("copy_h2d", "restore_copy_GBps")):
             # the pause's copies pin the staging ring first (stage_ring): the copies' own time is without it
@@ -254,14 +341,19 @@ def child(args):
 
 ROWS = [("alloc_s", "allocating the workload in regions (s)", "lower"),
         ("alloc_p50_us", "one allocation, median (us)", "lower"),
-        ("reask_mean_us", "allocation asked again in a region, mean (us)", "lower"),
-        ("reask_p50_us", "allocation asked again in a region, median (us)", "lower"),
+        ("reask_mean_us", "torch.empty, sizes asked before, mean (us)", "lower"),
+        ("reask_p50_us", "torch.empty, sizes asked before, median (us)", "lower"),
+        ("backend_first_us", "the backend's segment, nothing held, median (us)", "lower"),
+        ("backend_again_us", "the backend's segment, asked again, median (us)", "lower"),
+        ("backend_free_us", "the backend's free of a segment, median (us)", "lower"),
         ("held_overhead", "device memory over the bytes asked for", None),
         ("pause_s", "pause, median (s)", "lower"),
         ("resume_s", "resume, median (s)", "lower"),
         ("offload_GBps", "weights / pause (GB/s)", "higher"),
         ("restore_GBps", "weights / resume (GB/s)", "higher"),
         ("offload_copy_GBps", "the pause's copies alone (GB/s)", None),
+        ("retained_pause_s", "pause, host copies retained, median (s)", None),
+        ("retained_copy_GBps", "its copies alone (GB/s)", None),
         ("restore_copy_GBps", "the resume's copies alone (GB/s)", None),
         ("memcpy_d2h_GBps", "plain pinned copy D2H (GB/s)", None),
         ("memcpy_h2d_GBps", "plain pinned copy H2D (GB/s)", None),
@@ -279,6 +371,7 @@ def main():
     ap.add_argument("--kv-gib", type=float, default=2.0)
     ap.add_argument("--cycles", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--retained-cycles", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.impl:
@@ -287,7 +380,8 @@ def main():
     impls = ["fabpool"] + (["upstream"] if args.tms else [])
     for impl in impls:
         cmd = [sys.executable, os.path.abspath(__file__), "--impl", impl, "--lib", args.lib,
-               "--weights-gib", str(args.weights_gib), "--kv-gib", str(args.kv_gib), "--cycles", str(args.cycles), "--rounds", str(args.rounds)]
+               "--weights-gib", str(args.weights_gib), "--kv-gib", str(args.kv_gib), "--cycles", str(args.cycles), "--rounds", str(args.rounds),
+               "--retained-cycles", str(args.retained_cycles)]
         if args.tms:
             cmd += ["--tms", args.tms]
         p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)

@@ -650,12 +650,12 @@ def test_stage_config_follows_the_cpus():
     saved = {k: os.environ.pop(k, None) for k in ("FABPOOL_STAGE_LANES", "FABPOOL_STAGE_MIB")}
     real = fms._cpus
     try:
-        for cpus, lanes, mib in ((1, 1, 64), (4, 4, 16), (8, 8, 8), (16, 16, 4), (128, 16, 4)):
+        for cpus, lanes, mib in ((1, 1, 16), (4, 4, 4), (8, 8, 2), (16, 16, 1), (128, 16, 1)):
             fms._cpus = lambda c=cpus: c
             check(fms._stage_config() == (lanes, mib), "%d CPUs: %d lanes of %d MiB (%s)" %
                   (cpus, lanes, mib, fms._stage_config()))
         os.environ["FABPOOL_STAGE_LANES"] = "3"
-        check(fms._stage_config() == (3, 21), "FABPOOL_STAGE_LANES=3: 3 lanes, 64 / 3 MiB")
+        check(fms._stage_config() == (3, 5), "FABPOOL_STAGE_LANES=3: 3 lanes, 16 / 3 MiB")
         os.environ["FABPOOL_STAGE_MIB"] = "32"
         check(fms._stage_config() == (3, 32), "FABPOOL_STAGE_MIB=32 over the default")
         os.environ["FABPOOL_STAGE_LANES"] = "17"

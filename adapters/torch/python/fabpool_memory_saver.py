@@ -30,10 +30,10 @@ pinning or unpinning gigabytes.  The copies go through a small pinned
 staging ring per device (stage_copy.c in libfabpool_torch.so): lanes
 (threads, FABPOOL_STAGE_LANES, default the CPUs the process may run on, at
 most 16) each with a stream and two pinned buffers (FABPOOL_STAGE_MIB,
-default 64 / lanes MiB, at least 4), the DMA of one buffer overlapping the
+default 16 / lanes MiB, at least 1), the DMA of one buffer overlapping the
 memcpy out of (or into) the other; a lane faults the fresh host pages of its
 next fill in (MADV_POPULATE_WRITE) while it waits for that fill's DMA.  The
-ring (2 x lanes x MiB: 128 MiB up to 8 lanes) is pinned at a pause's first
+ring (2 x lanes x MiB: 32 MiB up to 16 lanes) is pinned at a pause's first
 copy and unpinned by the resume after which no tag with a CPU backup is
 paused, so that host memory returns to its level after each cycle
 (FABPOOL_STAGE_KEEP=1 keeps it for the process; staging_bytes(),
@@ -99,8 +99,10 @@ def _cpus():
 
 def _stage_config():
     """(lanes, MiB per buffer) of a staging ring: FABPOOL_STAGE_LANES (1..16; default the CPUs the process may
-    run on, at most 16) and FABPOOL_STAGE_MIB (1..1024; default 64 / lanes, at least 4: a ring of 128 MiB up to
-    8 lanes, 4 MiB buffers beyond); the ring pins 2 * lanes * MiB."""
+    run on, at most 16) and FABPOOL_STAGE_MIB (1..1024; default 16 / lanes, at least 1: a ring of 32 MiB up to
+    16 lanes); the ring pins 2 * lanes * MiB.  Small buffers on many lanes: on an H100 host (16 CPUs, 3 GiB into
+    fresh pages) 16 lanes of 1 MiB copied 22.8 GB/s where 16 lanes of 4 MiB copied 15.5 (perf/h200/stage_probe.c;
+    docs/rl-serving.md), and pinning a quarter of the ring costs a quarter of its time."""
     def num(name, default, lo, hi):
         v = os.environ.get(name, "").strip()
         if not v:
@@ -113,7 +115,7 @@ def _stage_config():
             raise ValueError("%s=%r: give a whole number from %d to %d" % (name, v, lo, hi))
         return n
     lanes = num("FABPOOL_STAGE_LANES", min(16, _cpus()), 1, 16)
-    return lanes, num("FABPOOL_STAGE_MIB", max(4, 64 // lanes), 1, 1024)
+    return lanes, num("FABPOOL_STAGE_MIB", max(1, 16 // lanes), 1, 1024)
 
 
 def _stage_types():
