@@ -37,9 +37,10 @@
  * such a pool live long (PyTorch's segments of a region that sleeps and
  * wakes, kept for the process's life), so what the grid saves once a block
  * is freed seldom comes, and each chunk costs a create, a map and a set
- * access, about 57 us on the H100 whatever its size up to 64 MiB.  The fill
- * of an RL region (3 GiB of weights, a 2 GiB KV cache) mapped 458 chunks on
- * the grid where 59 would do.  All or nothing. */
+ * access, about 57 us on the H100 whatever its size up to 32 MiB.  The first
+ * fill of an RL region (3 GiB of weights, a 2 GiB KV cache: 59 segments)
+ * maps 458 chunks on the grid, 50 whole (adapters/torch/test_rl_segments.py).
+ * All or nothing. */
 #define FP_PIN_GRANULES 4u
 #define FP_ONE_CHUNK_GRANULES 2u
 static fabpool_status map_range(fp_arena *a, uint64_t va, uint64_t size, int ahead)
