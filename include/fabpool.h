@@ -105,6 +105,18 @@ typedef enum fabpool_rdma {
     FABPOOL_RDMA_OFF = 2   /* never */
 } fabpool_rdma;
 
+/* How a pool maps the growth for a block above 256 KiB (large_chunks; docs/design.md, "Blocks above
+ * slab_max"). */
+typedef enum fabpool_large_chunks {
+    FABPOOL_LARGE_CHUNKS_GRID = 0,  /* in chunks of a quarter of the block, 2 to 32 MiB (up to a 64th of the
+                                       arena): once the block is freed, the chunks of its range that smaller
+                                       blocks do not land in go back to the driver */
+    FABPOOL_LARGE_CHUNKS_WHOLE = 1  /* as one chunk of up to max_chunk (larger: equal chunks of at most that):
+                                       one driver call per block, for blocks that live long (PyTorch's segments
+                                       of a region that sleeps); a smaller block later cut from a freed one's
+                                       range keeps all of its chunk mapped */
+} fabpool_large_chunks;
+
 /* The log (FABPOOL_DEBUG, option debug): off; warn: what went wrong that a caller may not see; info: pool
  * creation (version, device, handle type and why, reservation, options other than the defaults), every chunk
  * mapped and unmapped, trims, decay, out-of-memory retries, sleep and wake, peers' acknowledgements; trace:
@@ -121,12 +133,14 @@ typedef enum fabpool_log_level {
 
 typedef struct fabpool_options {
     uint32_t struct_size;          /* set by fabpool_options_init: sizeof(fabpool_options); fabpool_create and
-                                      fabpool_get_options refuse any other */
+                                      fabpool_get_options also take FABPOOL_OPTIONS_SIZE_0_3 (an older fabpool.h's:
+                                      the fields after keep_ms taken as their defaults) and refuse any other */
     int device;                    /* CUDA device ordinal (conf key: device) */
     uint64_t reserve_bytes;        /* virtual address space reserved once; 0: 8x device memory (reserve) */
     fabpool_handle_type handle_type;   /* (handle_type: auto|none|posix_fd|fabric) */
     uint32_t max_waste_percent;    /* chunk rounding: at most this much over what was asked (max_waste) */
-    uint64_t max_chunk_bytes;      /* largest physical chunk a growable buffer maps at once (max_chunk) */
+    uint64_t max_chunk_bytes;      /* largest physical chunk a growable buffer maps at once, and a large
+                                      block's growth with large_chunks whole (max_chunk) */
     uint64_t slab_max_bytes;       /* sizes up to this (rounded up to a class) come from slabs; above, blocks cut
                                       by best fit, their size rounded up to 256 bytes (slab_max) */
     uint64_t cache_limit_bytes;    /* most free memory kept mapped for reuse (cache_limit); see decay_ms */
@@ -163,7 +177,13 @@ typedef struct fabpool_options {
                                       fabpool_view_release keeps its window and chunks this long for the next
                                       fabpool_buffer_reuse or fabpool_view_open of it; 0: given back at once
                                       (keep_ms) */
+    /* fields from 0.4 on: a struct of FABPOOL_OPTIONS_SIZE_0_3 bytes ends above */
+    fabpool_large_chunks large_chunks; /* how the growth for a block above 256 KiB is mapped
+                                      (large_chunks: grid|whole) */
 } fabpool_options;
+
+/* The struct_size of fabpool_options in the fabpool.h of 0.3 (the offset of large_chunks). */
+#define FABPOOL_OPTIONS_SIZE_0_3 680u
 
 /* Fills *o with the defaults (docs/config.md lists them). */
 FABPOOL_API void fabpool_options_init(fabpool_options *o);

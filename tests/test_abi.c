@@ -6,6 +6,7 @@
  * left byte for byte as it was; and fabpool_build_info(), which names the
  * build: its version, commit, build type and driver.
  * Usage: test_abi <the project's version> <build type> <test driver> <source tree> (from CMake) */
+#include <stddef.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -13,13 +14,16 @@
 #define MB (1ull << 20)
 
 /* fill(out) for a struct of `size` bytes whose first member is struct_size: refused at every wrong size
- * (nothing written), filled at the right one. */
-#define CHECK_SIZED(type, call)                                                                              \
+ * (nothing written), filled at the right one; `older`: an older header's size the library also takes (0: none),
+ * checked apart. */
+#define CHECK_SIZED_OLDER(type, older, call)                                                                 \
     do {                                                                                                     \
         static type v_;                                                                                      \
         static unsigned char before_[sizeof(type)];                                                          \
         const size_t wrong_[] = {0, sizeof(type) - 8, sizeof(type) + 8, sizeof(type) * 2};                   \
         for (size_t k_ = 0; k_ < sizeof wrong_ / sizeof wrong_[0]; k_++) {                                   \
+            if (wrong_[k_] == (older))                                                                       \
+                continue;                                                                                    \
             memset(&v_, 0xa5, sizeof v_);                                                                    \
             v_.struct_size = wrong_[k_];                                                                     \
             memcpy(before_, &v_, sizeof v_);                                                                 \
@@ -35,6 +39,7 @@
         CHECK_OK(call);                                                                                      \
         CHECK(v_.struct_size == sizeof(type));                                                               \
     } while (0)
+#define CHECK_SIZED(type, call) CHECK_SIZED_OLDER(type, 0, call)
 
 static void version(const char *project)
 {
@@ -55,7 +60,7 @@ static void sized_structs(void)
     CHECK_SIZED(fabpool_stats, fabpool_get_stats(a, &v_));
     CHECK_SIZED(fabpool_counters, fabpool_get_counters(a, &v_));
     CHECK_SIZED(fabpool_sleep_info, fabpool_sleep_state(a, &v_));
-    CHECK_SIZED(fabpool_options, fabpool_get_options(a, &v_));
+    CHECK_SIZED_OLDER(fabpool_options, FABPOOL_OPTIONS_SIZE_0_3, fabpool_get_options(a, &v_));
 
     fabpool_buffer_t *b = NULL;
     CHECK_OK(fabpool_buffer_create(a, 64 * MB, 8 * MB, &b));
@@ -84,6 +89,80 @@ static void sized_structs(void)
     CHECK_OK(fabpool_buffer_destroy(b, NULL));
     CHECK_OK(fabpool_destroy(a));
     CHECK_OK(fabpool_destroy(v));
+}
+
+/* A program built against fabpool 0.3's fabpool.h, whose options end before large_chunks: fabpool_create takes
+ * them (the later fields at their defaults, its conf string read in full), fabpool_get_options fills them up to
+ * their size and not a byte beyond; sizes that are neither 0.3's nor this header's are refused by both. */
+static void options_of_an_older_header(void)
+{
+    CHECK(FABPOOL_OPTIONS_SIZE_0_3 == offsetof(fabpool_options, large_chunks));
+    CHECK(FABPOOL_OPTIONS_SIZE_0_3 < sizeof(fabpool_options));
+    static unsigned char mem[sizeof(fabpool_options) + 64];
+    fabpool_options *o = (fabpool_options *)(void *)mem;
+    memset(mem, 0xa5, sizeof mem); /* what lies beyond an older struct: not the caller's to give */
+    fabpool_options_init(o);
+    memset(mem + FABPOOL_OPTIONS_SIZE_0_3, 0xa5, sizeof mem - FABPOOL_OPTIONS_SIZE_0_3);
+    o->struct_size = FABPOOL_OPTIONS_SIZE_0_3;
+    o->decay_ms = 1234;
+    o->keep_ms = 77;
+    fabpool_t *p = NULL;
+    CHECK_OK(fabpool_create(o, &p));
+    fabpool_options got;
+    fabpool_options_init(&got);
+    if (p) {
+        CHECK_OK(fabpool_get_options(p, &got));
+        CHECK(got.decay_ms == 1234 && got.keep_ms == 77);
+        CHECK(got.large_chunks == FABPOOL_LARGE_CHUNKS_GRID); /* 0xa5a5a5a5 beyond the struct was not read */
+        /* filled up to 0.3's size, struct_size kept, the bytes beyond left as they were */
+        static unsigned char out[sizeof(fabpool_options) + 64];
+        memset(out, 0x3c, sizeof out);
+        fabpool_options *g = (fabpool_options *)(void *)out;
+        g->struct_size = FABPOOL_OPTIONS_SIZE_0_3;
+        CHECK_OK(fabpool_get_options(p, g));
+        CHECK(g->struct_size == FABPOOL_OPTIONS_SIZE_0_3 && g->decay_ms == 1234 && g->keep_ms == 77);
+        CHECK(memcmp(out + sizeof g->struct_size, (const char *)&got + sizeof got.struct_size,
+                     FABPOOL_OPTIONS_SIZE_0_3 - sizeof got.struct_size) == 0);
+        int beyond = 1;
+        for (size_t i = FABPOOL_OPTIONS_SIZE_0_3; i < sizeof out; i++)
+            beyond &= out[i] == 0x3c;
+        CHECK(beyond);
+        CHECK_OK(fabpool_destroy(p));
+        p = NULL;
+    }
+    /* the older struct's conf string is read whole: a key of a later field lands in the pool's options */
+    o->conf = "large_chunks:whole";
+    CHECK_OK(fabpool_create(o, &p));
+    if (p) {
+        CHECK_OK(fabpool_get_options(p, &got));
+        CHECK(got.large_chunks == FABPOOL_LARGE_CHUNKS_WHOLE && got.decay_ms == 1234);
+        CHECK_OK(fabpool_destroy(p));
+        p = NULL;
+    }
+    o->conf = NULL;
+    /* neither size: refused by both calls, nothing made, nothing written */
+    const uint32_t wrong[] = {FABPOOL_OPTIONS_SIZE_0_3 - 4, FABPOOL_OPTIONS_SIZE_0_3 - 8, FABPOOL_OPTIONS_SIZE_0_3 + 4,
+                              (uint32_t)sizeof(fabpool_options) + 8, (uint32_t)sizeof(fabpool_options) - 4};
+    fabpool_t *q = t_pool(NULL);
+    for (size_t k = 0; k < sizeof wrong / sizeof wrong[0]; k++) {
+        o->struct_size = wrong[k];
+        p = NULL;
+        CHECK_STATUS(fabpool_create(o, &p), FABPOOL_ERR_INVALID_ARG);
+        CHECK(p == NULL && strstr(fabpool_last_error(), "struct_size") != NULL);
+        if (p)
+            fabpool_destroy(p);
+        if (!q)
+            continue;
+        static unsigned char out[sizeof(fabpool_options) + 64], before[sizeof out];
+        memset(out, 0x3c, sizeof out);
+        ((fabpool_options *)(void *)out)->struct_size = wrong[k];
+        memcpy(before, out, sizeof out);
+        CHECK_STATUS(fabpool_get_options(q, (fabpool_options *)(void *)out), FABPOOL_ERR_INVALID_ARG);
+        CHECK(memcmp(before, out, sizeof out) == 0);
+        CHECK(strstr(fabpool_last_error(), "fabpool_options") != NULL);
+    }
+    if (q)
+        CHECK_OK(fabpool_destroy(q));
 }
 
 /* "fabpool <version> commit <commit> build <type> driver <driver>", the commit being one of the source tree's
@@ -126,5 +205,6 @@ int main(int argc, char **argv)
     version(argv[1]);
     build_info(argv[1], argv[2], argv[3], argv[4]);
     sized_structs();
+    options_of_an_older_header();
     return t_done("test_abi");
 }

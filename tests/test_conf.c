@@ -131,6 +131,7 @@ static void test_defaults(void)
     CHECK(o.trace_path[0] == '\0');
     CHECK(o.rdma == FABPOOL_RDMA_AUTO);
     CHECK(o.debug == FABPOOL_LOG_NONE);
+    CHECK(o.large_chunks == FABPOOL_LARGE_CHUNKS_GRID);
     /* every default is within its key's range */
     CHECK(fp_options_check(&o) == FABPOOL_OK);
 
@@ -152,6 +153,26 @@ static void test_defaults(void)
     CHECK(a.conf == mine);
     CHECK(a.reserve_bytes == 4 * TiB);
     CHECK(a.n_peer_devices == 2 && a.peer_devices[0] == 6 && a.peer_devices[1] == 7);
+
+    /* options of fabpool 0.3's size: read and written up to it, the bytes beyond never touched; a key of a
+     * later field is refused, changing nothing */
+    unsigned char old_[sizeof(fabpool_options)];
+    fabpool_options *op = (fabpool_options *)(void *)old_;
+    memset(old_, 0x5a, sizeof old_);
+    start(op);
+    memset(old_ + FABPOOL_OPTIONS_SIZE_0_3, 0x5a, sizeof old_ - FABPOOL_OPTIONS_SIZE_0_3);
+    op->struct_size = FABPOOL_OPTIONS_SIZE_0_3;
+    CHECK(fabpool_options_parse(op, "device:4,decay_ms:7") == FABPOOL_OK);
+    CHECK(op->device == 4 && op->decay_ms == 7 && op->struct_size == FABPOOL_OPTIONS_SIZE_0_3);
+    int beyond_kept = 1;
+    for (size_t i = FABPOOL_OPTIONS_SIZE_0_3; i < sizeof old_; i++)
+        beyond_kept &= old_[i] == 0x5a;
+    CHECK(beyond_kept);
+    unsigned char copy_[sizeof(fabpool_options)];
+    memcpy(copy_, old_, sizeof old_);
+    CHECK(fabpool_options_parse(op, "device:6,large_chunks:whole") == FABPOOL_ERR_CONFIG);
+    CHECK(strstr(fabpool_last_error(), "'large_chunks'") && strstr(fabpool_last_error(), "struct_size"));
+    CHECK(memcmp(copy_, old_, sizeof old_) == 0);
 }
 
 static void test_sizes(void)
@@ -275,6 +296,15 @@ static void test_good_values(void)
     if (GOOD("stream_owner:1", &o))
         CHECK(o.stream_owner == 1);
     BAD("stream_owner:maybe", "'stream_owner'", "'maybe'");
+    if (GOOD("large_chunks:whole", &o))
+        CHECK(o.large_chunks == FABPOOL_LARGE_CHUNKS_WHOLE);
+    if (GOOD("large_chunks:WHOLE", &o))
+        CHECK(o.large_chunks == FABPOOL_LARGE_CHUNKS_WHOLE);
+    if (GOOD("large_chunks:grid", &o))
+        CHECK(o.large_chunks == FABPOOL_LARGE_CHUNKS_GRID);
+    BAD3("large_chunks:1", "'large_chunks'", "'1'", "grid or whole");
+    BAD3("large_chunks:wholes", "'large_chunks'", "not a known word", "grid or whole");
+    BAD("large_chunk:whole", "unknown key 'large_chunk'", "did you mean 'large_chunks'");
     if (GOOD("sleep_keep_host:true", &o))
         CHECK(o.sleep_keep_host == 1);
     BAD("sleep_keep_host:2", "'sleep_keep_host'", "'2'");

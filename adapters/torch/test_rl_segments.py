@@ -2,7 +2,8 @@
 caching allocator makes them inside torch_memory_saver regions, replayed
 through fabpool_torch's tag pools on the simulated driver, with the driver
 calls each costs counted (fabsim_calls): the tag pool's creation, the
-first fill of the weights (weight_sizes(), seed 1) and the KV cache, and
+first fill of the weights (weight_sizes(), seed 1) and the KV cache (a chunk
+a segment at most: the tag pools map large blocks whole), and
 rounds of {allocate tensors of 1-64 MiB, free them, empty the cache} (an RL
 framework between phases).  torch_memory_saver makes one cuMemCreate,
 cuMemAddressReserve, cuMemMap and cuMemSetAccess per segment; the numbers
@@ -120,6 +121,11 @@ for what, segs, c, most in (("weights", wsegs, wc, wmost), ("kv_cache", kvsegs, 
     check(c["cuMemAddressReserve"] == 0 and c["cuMemExportToShareableHandle"] == 0,
           "%s: no reservation and no export while filling" % what)
     check(c["cuMemCreate"] == c["cuMemMap"] == c["cuMemSetAccess"], "%s: one map and one access per chunk" % what)
+    # the tag pools map a segment as one chunk (large_chunks:whole; at most max_chunk, 1 GiB), some segments
+    # in one chunk mapped ahead: no more than torch_memory_saver's one per segment
+    check(most <= 1 and c["cuMemCreate"] <= len(segs),
+          "%s: %d chunks for %d segments, at most %d for one (one a segment at most)" %
+          (what, c["cuMemCreate"], len(segs), most))
 
 # rounds of new shapes: allocated, freed, the cache emptied (every segment back to the pool)
 rng = random.Random(3)

@@ -83,6 +83,11 @@ FP_EXPORT int fabpool_torch_tag_slot(const char *tag, int device)
          * fabric probe (a chunk created, exported and imported) that auto runs at every pool's creation, and
          * its chunks without shareable handles.  FABPOOL_CONF still wins. */
         o.handle_type = FABPOOL_HANDLE_NONE;
+        /* Its blocks are PyTorch's segments (2 MiB multiples, mostly 2 MiB to 2 GiB) kept for the process's
+         * life: each is mapped as one chunk, as torch_memory_saver maps one per segment, and the first fill of
+         * a region (3 GiB of weights, a 2 GiB KV cache) maps about 60 chunks instead of about 460, each a
+         * create, a map and a set access (docs/rl-serving.md).  FABPOOL_CONF still wins. */
+        o.large_chunks = FABPOOL_LARGE_CHUNKS_WHOLE;
         fabpool_t *p = NULL;
         fabpool_status st = fabpool_create(&o, &p);
         if (st != FABPOOL_OK) {

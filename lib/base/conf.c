@@ -39,6 +39,7 @@ static const char *const stats_words[] = {"none", "text", "json", NULL};
 static const char *const metadata_words[] = {"auto", "jemalloc", "libc", NULL};
 static const char *const rdma_words[] = {"auto", "on", "off", NULL};
 static const char *const debug_words[] = {"none", "warn", "info", "trace", NULL};
+static const char *const large_chunks_words[] = {"grid", "whole", NULL};
 
 #define FIELD(f) offsetof(fabpool_options, f), #f
 
@@ -81,6 +82,8 @@ const struct key fp_conf_keys[] = {
      "none, warn, info or trace (or 0 to 3)"},
     {"keep_ms", F_U32, FIELD(keep_ms), 1000, parse_uint, 0, UINT32_MAX, 0, 0, NULL,
      "milliseconds 0..4294967295, e.g. 1000 (0: a released buffer or view is given back at once)"},
+    {"large_chunks", F_INT, FIELD(large_chunks), FABPOOL_LARGE_CHUNKS_GRID, parse_word, 0, 1, 0, 0,
+     large_chunks_words, "grid or whole"},
 };
 
 const size_t fp_conf_nkeys = sizeof fp_conf_keys / sizeof fp_conf_keys[0];
@@ -569,8 +572,12 @@ fabpool_status fabpool_options_parse(fabpool_options *o, const char *conf)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_options_parse: the options are NULL");
     if (!conf || !*conf)
         return FABPOOL_OK;
+    /* an older fabpool.h's options (0.3's) are read and written up to their size; a key of a later field
+     * is refused */
+    size_t size = o->struct_size == FABPOOL_OPTIONS_SIZE_0_3 ? FABPOOL_OPTIONS_SIZE_0_3 : sizeof(fabpool_options);
     fabpool_options t;
-    memcpy(&t, o, sizeof t);
+    fabpool_options_init(&t);
+    memcpy(&t, o, size);
     const char *seen[NKEYS] = {NULL};
     size_t seen_len[NKEYS] = {0};
     const char *p = conf;
@@ -584,7 +591,12 @@ fabpool_status fabpool_options_parse(fabpool_options *o, const char *conf)
             break;
         p = comma + 1;
     }
-    memcpy(o, &t, sizeof t);
+    for (size_t i = 0; i < NKEYS; i++)
+        if (seen[i] && keys[i].offset >= size)
+            return fp_error(FABPOOL_ERR_CONFIG, "key '%s': the options given hold no field for it (their struct_size "
+                            "is %u, fabpool 0.3's): build against this fabpool.h, or give it in options.conf or FABPOOL_CONF, which fabpool_create reads",
+                            keys[i].name, o->struct_size);
+    memcpy(o, &t, size);
     return FABPOOL_OK;
 }
 

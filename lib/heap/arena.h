@@ -95,6 +95,9 @@ typedef struct fp_arena_policy {
     unsigned mapped_frac;              /* and no more than leaves the arena mapping its used bytes (the block's
                                           included) and a this-th of them (0: no such cap) */
     unsigned chunk_granules;           /* the largest chunk */
+    uint64_t whole_max;                /* 0: a growth for one block is cut on map_range's grid; else it is one
+                                          chunk of up to this many bytes, or equal chunks of at most that
+                                          (large_chunks:whole) */
     int direct;                        /* its table of blocks a direct index (fp_bidx), not a hash table */
 } fp_arena_policy;
 

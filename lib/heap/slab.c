@@ -163,6 +163,9 @@ void fp_heap_init(fp_heap *h, fp_space *sp, fp_usage *use, const fabpool_options
         h->sentinels[i].cls = (uint16_t)i;
         fp_arena_init(&h->arenas[i], sp, &h->sentinels[i], names[i], homes[i], &policies[i]);
     }
+    /* large_chunks:whole: a large block's growth is one chunk of up to max_chunk (arena_grow.c, map_range) */
+    if (o->large_chunks == FABPOOL_LARGE_CHUNKS_WHOLE)
+        h->arenas[FP_ARENA_LARGE].pol.whole_max = o->max_chunk_bytes > sp->gran ? o->max_chunk_bytes : sp->gran;
 }
 
 /* Host bytes of a slab's record: the span, its free stack and a free flag

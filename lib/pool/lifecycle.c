@@ -2,6 +2,7 @@
  * opened, the one address reservation, every layer's part set up), trim and
  * destroy, and the public entry points that take a pool and belong to a
  * layer below (buffers, views, acknowledgements by export id). */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,17 +82,24 @@ static void log_created(struct fabpool *p, const fabpool_options *o, const char 
 
 static fabpool_status teardown(struct fabpool *p);
 
+_Static_assert(offsetof(fabpool_options, large_chunks) == FABPOOL_OPTIONS_SIZE_0_3,
+               "0.3's options end where large_chunks begins");
+
 /* The options a pool is made with: opts (or the defaults), then the
- * configuration string over them, checked. */
+ * configuration string over them, checked.  Options of an older fabpool.h
+ * (FABPOOL_OPTIONS_SIZE_0_3) are read up to their size, the later fields
+ * keeping their defaults. */
 static fabpool_status resolve_options(const fabpool_options *opts, fabpool_options *o)
 {
     fabpool_options_init(o);
     if (opts) {
-        if (opts->struct_size != sizeof(fabpool_options))
+        if (opts->struct_size != sizeof(fabpool_options) && opts->struct_size != FABPOOL_OPTIONS_SIZE_0_3)
             return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_create: options.struct_size is %u, this library "
-                            "expects %zu: call fabpool_options_init() first, and build against this fabpool.h",
-                            opts->struct_size, sizeof(fabpool_options));
-        *o = *opts;
+                            "expects %zu (or %u, the options of fabpool 0.3): call fabpool_options_init() first, "
+                            "and build against this fabpool.h", opts->struct_size, sizeof(fabpool_options),
+                            FABPOOL_OPTIONS_SIZE_0_3);
+        memcpy(o, opts, opts->struct_size);
+        o->struct_size = (uint32_t)sizeof *o;
     }
     fabpool_status st = apply_conf(o);
     if (st == FABPOOL_OK)

@@ -28,10 +28,17 @@ fabpool_status fabpool_get_options(const fabpool_t *p, fabpool_options *out)
 {
     if (!p || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_options: the pool or the output is NULL");
-    fabpool_status st = fp_struct_size_check("fabpool_get_options", "fabpool_options", out->struct_size, sizeof *out);
-    if (st != FABPOOL_OK)
-        return st;
-    *out = options_in_force(p);
+    /* an older fabpool.h's options (0.3's) are filled up to their size, their struct_size kept */
+    uint32_t size = out->struct_size;
+    if (size != sizeof *out && size != FABPOOL_OPTIONS_SIZE_0_3)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_options: the fabpool_options's struct_size is %u, but "
+                        "fabpool %s knows fabpool_options of %zu bytes (and %u, fabpool 0.3's) only: set struct_size "
+                        "= sizeof(fabpool_options) before the call (fabpool_options_init does), and build against the "
+                        "fabpool.h of the library the program loads (fabpool_version() says which)", size,
+                        FABPOOL_VERSION_STRING, sizeof *out, FABPOOL_OPTIONS_SIZE_0_3);
+    fabpool_options o = options_in_force(p);
+    o.struct_size = size;
+    memcpy(out, &o, size);
     return FABPOOL_OK;
 }
 

@@ -21,6 +21,7 @@ typedef struct pool_conf {
     fabpool_handle_type handle;
     int stream_owner, thread_cache, small_reserve, keep_host, trace;
     int slab_max_kib; /* 0: the default slab_max */
+    int whole;        /* 1: large_chunks:whole (a large block's growth as one chunk of up to max_chunk) */
 } pool_conf;
 
 /* ------------------------------------------------------------ the model */

@@ -7,7 +7,7 @@
  * Each seed takes a configuration (the seed modulo the table `configs`):
  * three pools, each with its handle type (local, POSIX fd, fabric), owner
  * stream on or off, thread cache on or off, a small reservation or not,
- * sleep_keep_host, and a trace or not (one pool of each configuration is
+ * sleep_keep_host, large_chunks grid or whole, and a trace or not (one pool of each configuration is
  * traced: with plain allocations and the stream pair, or the stream pair
  * only).  Every step draws one operation of the table `ops` (one function
  * each) and a pool it applies to; an operation that is refused by the rules
@@ -268,21 +268,22 @@ static const struct {
 /* ------------------------------------------------------------ configurations */
 
 /* Each row: three pools; every handle type, owner mode on and off, thread caches on and off, a small
- * reservation, a trace (mixed or stream pair only) and a raised slab_max (classes above 4 KiB, with their
- * slabs of sixteen blocks) appear in several rows, in different company. */
+ * reservation, a trace (mixed or stream pair only), a raised slab_max (classes above 4 KiB, with their
+ * slabs of sixteen blocks) and large_chunks:whole (large blocks' growths as one chunk of up to max_chunk, 32 MiB
+ * here) appear in several rows, in different company. */
 static const pool_conf configs[][NPOOL] = {
-    {{FABPOOL_HANDLE_POSIX_FD, 1, 1, 0, 0, TRACE_NONE, 0},
-     {FABPOOL_HANDLE_FABRIC, 0, 0, 0, 1, TRACE_NONE, 64},
-     {FABPOOL_HANDLE_NONE, 1, 1, 1, 0, TRACE_MIXED, 0}},
-    {{FABPOOL_HANDLE_FABRIC, 1, 0, 0, 0, TRACE_STREAM_ONLY, 0},
-     {FABPOOL_HANDLE_POSIX_FD, 0, 1, 1, 0, TRACE_NONE, 256},
-     {FABPOOL_HANDLE_NONE, 0, 0, 0, 1, TRACE_NONE, 0}},
-    {{FABPOOL_HANDLE_POSIX_FD, 0, 0, 0, 1, TRACE_MIXED, 0},
-     {FABPOOL_HANDLE_FABRIC, 1, 1, 1, 0, TRACE_NONE, 0},
-     {FABPOOL_HANDLE_POSIX_FD, 1, 1, 0, 0, TRACE_NONE, 64}},
-    {{FABPOOL_HANDLE_FABRIC, 0, 1, 0, 1, TRACE_NONE, 1024},
-     {FABPOOL_HANDLE_POSIX_FD, 1, 0, 0, 0, TRACE_STREAM_ONLY, 0},
-     {FABPOOL_HANDLE_FABRIC, 1, 0, 1, 0, TRACE_NONE, 0}},
+    {{FABPOOL_HANDLE_POSIX_FD, 1, 1, 0, 0, TRACE_NONE, 0, 0},
+     {FABPOOL_HANDLE_FABRIC, 0, 0, 0, 1, TRACE_NONE, 64, 0},
+     {FABPOOL_HANDLE_NONE, 1, 1, 1, 0, TRACE_MIXED, 0, 1}},
+    {{FABPOOL_HANDLE_FABRIC, 1, 0, 0, 0, TRACE_STREAM_ONLY, 0, 1},
+     {FABPOOL_HANDLE_POSIX_FD, 0, 1, 1, 0, TRACE_NONE, 256, 0},
+     {FABPOOL_HANDLE_NONE, 0, 0, 0, 1, TRACE_NONE, 0, 1}},
+    {{FABPOOL_HANDLE_POSIX_FD, 0, 0, 0, 1, TRACE_MIXED, 0, 0},
+     {FABPOOL_HANDLE_FABRIC, 1, 1, 1, 0, TRACE_NONE, 0, 1},
+     {FABPOOL_HANDLE_POSIX_FD, 1, 1, 0, 0, TRACE_NONE, 64, 0}},
+    {{FABPOOL_HANDLE_FABRIC, 0, 1, 0, 1, TRACE_NONE, 1024, 0},
+     {FABPOOL_HANDLE_POSIX_FD, 1, 0, 0, 0, TRACE_STREAM_ONLY, 0, 0},
+     {FABPOOL_HANDLE_FABRIC, 1, 0, 1, 0, TRACE_NONE, 0, 1}},
 };
 #define NCONF ((int)(sizeof configs / sizeof configs[0]))
 
@@ -1971,6 +1972,7 @@ static int create_pool(int p, const pool_conf *c)
     o.sleep_keep_host = (uint32_t)c->keep_host;
     if (c->slab_max_kib)
         o.slab_max_bytes = (uint64_t)c->slab_max_kib * KB;
+    o.large_chunks = c->whole ? FABPOOL_LARGE_CHUNKS_WHOLE : FABPOOL_LARGE_CHUNKS_GRID;
     if (c->trace != TRACE_NONE)
         snprintf(q->trace_path, sizeof q->trace_path, "%s/seed%llu-pool%d.trace", tmpdir, cur_seed, p);
     snprintf(o.trace_path, sizeof o.trace_path, "%s", q->trace_path);
