@@ -6,7 +6,7 @@
 #   - every SONAME (libfabpool.so.X.Y) and find_package(fabpool X.Y) written in the README, the docs and the
 #     install test's consumer is this version's (CHANGELOG.md's older sections may name older ones).
 # The ABI changes only with the major version, and before 1.0 with the minor version too (CHANGELOG.md): the
-# SONAME is libfabpool.so.0.3 for 0.3.x, libfabpool.so.1 for 1.x (FABPOOL_SOVERSION), and the CMake package
+# SONAME is libfabpool.so.0.4 for 0.4.x, libfabpool.so.1 for 1.x (FABPOOL_SOVERSION), and the CMake package
 # accepts the same minor (before 1.0) or major version (FABPOOL_COMPATIBILITY).
 # Also a script (tests/test_version_agree.sh): cmake -DFABPOOL_SRC=<tree> -DPROJECT_VERSION=X.Y.Z -P version.cmake
 if(CMAKE_SCRIPT_MODE_FILE)

@@ -64,9 +64,9 @@ extern "C" {
  * against).  The project's CMake version is these three numbers (CMake
  * refuses to configure otherwise); CHANGELOG.md says what each one brought. */
 #define FABPOOL_VERSION_MAJOR 0
-#define FABPOOL_VERSION_MINOR 3
+#define FABPOOL_VERSION_MINOR 4
 #define FABPOOL_VERSION_PATCH 0
-#define FABPOOL_VERSION_STRING "0.3.0"
+#define FABPOOL_VERSION_STRING "0.4.0"
 /* One number that orders versions: 10000 * major + 100 * minor + patch (0.2.0 is 200). */
 #define FABPOOL_VERSION (FABPOOL_VERSION_MAJOR * 10000 + FABPOOL_VERSION_MINOR * 100 + FABPOOL_VERSION_PATCH)
 

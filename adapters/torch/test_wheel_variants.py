@@ -9,7 +9,7 @@
                                                      PyTorch 2.5.1+cu124 it cannot build the C++ allocator against:
       - the build stops, no wheel is made, and the message names the PyTorch, the C++ allocator and
         FABPOOL_WHEEL_SHIM_ONLY=1;
-      - with FABPOOL_WHEEL_SHIM_ONLY=1 the wheel is 0.3.0+shim, its METADATA says "the pluggable shim only" and
+      - with FABPOOL_WHEEL_SHIM_ONLY=1 the wheel is 0.4.0+shim, its METADATA says "the pluggable shim only" and
         "on purpose", and its module's build_info() says no C++ allocator;
       - with a stand-in torch without CUDA the build stops before building, naming why.
 Every wheel is read back: the file name's version, METADATA's Version and Summary, the files in it (the C++

@@ -15,15 +15,15 @@ wheel says which in its version, a PEP 440 local label (the file name, the
 METADATA's Version and Summary, `pip show`), as PyTorch's own wheels say
 their CUDA (2.5.1+cu124):
   torch importable, with CUDA:  the C++ allocator, built against that torch:
-                                0.3.0+torch2.5.1.cu124; a build that cannot
+                                0.4.0+torch2.5.1.cu124; a build that cannot
                                 make it stops, saying why
-  torch not importable:         the pluggable shim only: 0.3.0+shim, said at
+  torch not importable:         the pluggable shim only: 0.4.0+shim, said at
                                 build time, with how to get the C++ allocator
   FABPOOL_WHEEL_SHIM_ONLY=1:    the shim only, by choice, whatever torch is
-                                there: 0.3.0+shim
+                                there: 0.4.0+shim
 A local label, not a build tag: a build tag must start with a digit and only
 orders rebuilds of one version, where the label names the variant, and
-`pip install fabpool-torch==0.3.0` still accepts every variant of 0.3.0.
+`pip install fabpool-torch==0.4.0` still accepts every variant of 0.4.0.
 An sdist has no label (it builds either variant).
 
 BdistWheel makes it a platform wheel tagged py3-none-<platform>: it holds
