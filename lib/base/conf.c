@@ -116,14 +116,8 @@ static char lower(char c) { return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') 
 /* How a whitespace character is shown: "' '", "'\\t'". */
 static const char *space_name(char c)
 {
-    switch (c) {
-    case '\t': return "'\\t'";
-    case '\n': return "'\\n'";
-    case '\r': return "'\\r'";
-    case '\v': return "'\\v'";
-    case '\f': return "'\\f'";
-    default: return "' '";
-    }
+    static const char *const names[] = {"'\\t'", "'\\n'", "'\\v'", "'\\f'", "'\\r'"}; /* '\t' is 9 .. '\r' 13 */
+    return c >= '\t' && c <= '\r' ? names[c - '\t'] : "' '";
 }
 
 static const char *find_space(const char *s, size_t n)
@@ -572,8 +566,7 @@ fabpool_status fabpool_options_parse(fabpool_options *o, const char *conf)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_options_parse: the options are NULL");
     if (!conf || !*conf)
         return FABPOOL_OK;
-    /* an older fabpool.h's options (0.3's) are read and written up to their size; a key of a later field
-     * is refused */
+    /* 0.3's options are read and written up to their size; a key of a later field is refused */
     size_t size = o->struct_size == FABPOOL_OPTIONS_SIZE_0_3 ? FABPOOL_OPTIONS_SIZE_0_3 : sizeof(fabpool_options);
     fabpool_options t;
     fabpool_options_init(&t);
@@ -593,9 +586,9 @@ fabpool_status fabpool_options_parse(fabpool_options *o, const char *conf)
     }
     for (size_t i = 0; i < NKEYS; i++)
         if (seen[i] && keys[i].offset >= size)
-            return fp_error(FABPOOL_ERR_CONFIG, "key '%s': the options given hold no field for it (their struct_size "
-                            "is %u, fabpool 0.3's): build against this fabpool.h, or give it in options.conf or FABPOOL_CONF, which fabpool_create reads",
-                            keys[i].name, o->struct_size);
+            return fp_error(FABPOOL_ERR_CONFIG, "key '%s': options of struct_size %u (fabpool 0.3's) hold no field for "
+                            "it: build against this fabpool.h, or give it in options.conf or FABPOOL_CONF", keys[i].name,
+                            o->struct_size);
     memcpy(o, &t, size);
     return FABPOOL_OK;
 }
