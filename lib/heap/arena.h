@@ -502,11 +502,17 @@ FP_ARENA_INLINE fp_piece *fp_arena_coalesce_(fp_arena *a, fp_piece *p, fp_rid *p
     return p;
 }
 
-/* Block br out of the table, merged with the free ranges touching it, into the bin of the merged range's size. */
-FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_rid br, int direct)
+/* Block br out of the table, merged with the free ranges touching it, into the bin of the merged range's size
+ * (e: its entry in the direct index where the caller has it at hand, else NULL). */
+FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_rid br, int direct, fp_rid *e)
 {
     fp_piece *b = fp_piece_of(a, br);
-    fp_arena_unlist_(a, b->base, direct);
+    if (e) {
+        *e = 0;
+        a->bidx.n--;
+    } else {
+        fp_arena_unlist_(a, b->base, direct);
+    }
     a->used_bytes -= fp_piece_size(b);
     if (!a->used_bytes) /* empty: the growth that brought it here says nothing of what comes next */
         a->ring_at = 0;
@@ -515,17 +521,6 @@ FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_rid br, int direct)
     b->state = FP_LARGE_FREE;
     b = fp_arena_coalesce_(a, b, &br);
     fp_arena_push_(a, b, br);
-}
-
-/* The record id of the block given out at addr in an arena with the direct index (fp_arena_block_id's
- * work without the test of the policy), or 0. */
-FP_ARENA_INLINE fp_rid fp_arena_direct_id_(const fp_arena *a, uint64_t addr)
-{
-    uint64_t off = addr - a->bidx.base;
-    if (off >= a->bidx.size || (off & ((1u << FP_PIECE_UNIT_SHIFT) - 1)) || !a->bidx.leaves)
-        return 0;
-    const fp_rid *e = fp_arena_bidx_at(a, addr);
-    return e ? *e : 0;
 }
 
 #endif

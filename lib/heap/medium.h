@@ -50,8 +50,11 @@ FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uin
     /* the held-back blocks released and the fit in this frame (arena.h: the medium arena's table is the
      * direct index); the counters as one sum each */
     for (unsigned i = 0; i < n_back && i < FP_MEDIUM_BACK_MAX; i++) {   /* release_cached's checks */
+        /* a multiple of the quantum in the reservation, whose state byte said a live block of the arena (so
+         * the index's leaves are made): the free's checks (alloc.c), which the entry's lookup skips */
         uint64_t addr = back[i] & ~(uint64_t)(FP_BLOCK_QUANTUM - 1);
-        fp_rid r = fp_arena_direct_id_(a, addr);
+        fp_rid *e = fp_arena_bidx_at(a, addr);
+        fp_rid r = e ? *e : 0;
         fp_piece *p = fp_piece_at(a, r);
         _Atomic uint8_t *f = flags[i];
         if (!p || p->state != FP_LARGE_LIVE || !f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
@@ -59,7 +62,7 @@ FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uin
         atomic_store_explicit(f, 0, memory_order_relaxed);
         back_bytes += fp_piece_size(p);
         k++;
-        fp_arena_release_(a, r, 1);
+        fp_arena_release_(a, r, 1, e);
     }
     fp_piece *b = fp_arena_best_fit_(a, n, a->quantum, &st, 1);
     uint64_t blocks = atomic_load_explicit(&h->large_blocks, memory_order_relaxed) - k;
