@@ -97,7 +97,7 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
 void fp_arena_release(fp_arena *a, fp_rid br)
 {
     fp_lock_assert_held(&a->sp->lock);
-    fp_arena_release_(a, br, a->pol.direct, NULL);
+    fp_arena_release_(a, fp_piece_of(a, br), br, a->pol.direct, NULL);
 }
 
 /* ------------------------------------------------------------ runs */

@@ -502,11 +502,10 @@ FP_ARENA_INLINE fp_piece *fp_arena_coalesce_(fp_arena *a, fp_piece *p, fp_rid *p
     return p;
 }
 
-/* Block br out of the table, merged with the free ranges touching it, into the bin of the merged range's size
- * (e: its entry in the direct index where the caller has it at hand, else NULL). */
-FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_rid br, int direct, fp_rid *e)
+/* Block b, of id br, out of the table, merged with the free ranges touching it, into the bin of the merged
+ * range's size (e: its entry in the direct index where the caller has it at hand, else NULL). */
+FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_piece *b, fp_rid br, int direct, fp_rid *e)
 {
-    fp_piece *b = fp_piece_of(a, br);
     if (e) {
         *e = 0;
         a->bidx.n--;

@@ -59,10 +59,10 @@ FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uin
         _Atomic uint8_t *f = flags[i];
         if (!p || p->state != FP_LARGE_LIVE || !f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
             continue;
-        atomic_store_explicit(f, 0, memory_order_relaxed);
         back_bytes += fp_piece_size(p);
         k++;
-        fp_arena_release_(a, r, 1, e);
+        fp_arena_release_(a, p, r, 1, e);
+        atomic_store_explicit(f, 0, memory_order_relaxed);
     }
     fp_piece *b = fp_arena_best_fit_(a, n, a->quantum, &st, 1);
     uint64_t blocks = atomic_load_explicit(&h->large_blocks, memory_order_relaxed) - k;
