@@ -290,10 +290,11 @@ size_t fp_arena_chunk_lower(const fp_arena *a, uint64_t addr);
 /* Unmaps the chunks in [va, va + size). */
 void fp_arena_unmap_range(fp_arena *a, uint64_t va, uint64_t size);
 
-/* ---- the fit, cut, release and merge, inline: arena.c's calls, and the medium blocks' path in large.c
- * (fp_medium_alloc), which takes them in its own frame, the held-back blocks' releases and the fit under one
- * take of the pool lock, with the table of blocks known to be the direct index (`direct` a constant 1 there:
- * no test of the arena's policy and no hash of the table's other kind on the way).  Pool lock held. */
+/* ---- the fit, cut, release and merge, inline: arena.c's calls, and the medium blocks' path in medium.h
+ * (fp_medium_alloc, itself inline in its caller), which takes them in its caller's frame, the held-back blocks'
+ * releases and the fit under one take of the pool lock, with the table of blocks known to be the direct index
+ * (`direct` a constant 1 there: no test of the arena's policy and no hash of the table's other kind on the
+ * way).  Pool lock held. */
 
 #define FP_ARENA_INLINE static inline __attribute__((always_inline))
 

@@ -39,8 +39,9 @@ enum { FP_MEDIUM_POLICY = 1, FP_MEDIUM_MISS = 2 };
  * after it, with no lock held (0 nearly always): FP_MEDIUM_POLICY, fp_heap_trim_policy; FP_MEDIUM_MISS, no
  * free range fit (*out NULL): fp_large_alloc's whole way, where the arena grows.  Inline: its caller
  * (alloc.c) runs it in its own frame, with no call and no arguments through memory. */
-FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uint64_t *back, _Atomic uint8_t *const *flags,
-                                               unsigned n_back, void **out, unsigned *rest)
+FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uint64_t *back,
+                                               _Atomic uint8_t *const *flags, unsigned n_back, void **out,
+                                               unsigned *rest)
 {
     fp_arena *a = &h->arenas[FP_ARENA_MEDIUM];
     fabpool_status st = FABPOOL_OK;
@@ -68,7 +69,7 @@ FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uin
     uint64_t blocks = atomic_load_explicit(&h->large_blocks, memory_order_relaxed) - k;
     uint64_t in_use = atomic_load_explicit(&h->large_in_use_bytes, memory_order_relaxed) - back_bytes;
     if (__builtin_expect(b != NULL, 1)) {
-        /* n has a code (large.h): the caches' sizes are the states' (lo, hi] (tcache.c) */
+        /* n has a code (above): the caches' sizes are the states' (lo, hi] (tcache.c) */
         fp_arena_mstate_set(a, b->base, (unsigned)((n - a->ms.lo) >> FP_PIECE_UNIT_SHIFT));
         in_use += n;
         blocks++;
