@@ -152,6 +152,8 @@ void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *nam
         unsigned c = fp_class_of((uint64_t)(i + 1) << FP_PIECE_UNIT_SHIFT);
         a->cls_of_q[i] = (uint8_t)(c < FP_NCLASS ? c : FP_NCLASS - 1);
     }
+    for (unsigned u = 0; u < FP_ARENA_BIN_Q; u++)
+        a->bin_of_q[u] = (uint16_t)fp_arena_bin_of(u);
 }
 
 uint64_t fp_arena_ahead(const fp_arena *a, uint64_t n)
