@@ -69,8 +69,13 @@ FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uin
     uint64_t blocks = atomic_load_explicit(&h->large_blocks, memory_order_relaxed) - k;
     uint64_t in_use = atomic_load_explicit(&h->large_in_use_bytes, memory_order_relaxed) - back_bytes;
     if (__builtin_expect(b != NULL, 1)) {
-        /* n has a code (above): the caches' sizes are the states' (lo, hi] (tcache.c) */
-        fp_arena_mstate_set(a, b->base, (unsigned)((n - a->ms.lo) >> FP_PIECE_UNIT_SHIFT));
+        /* n has a code (above): the caches' sizes are the states' (lo, hi] (tcache.c), which a pool keeps
+         * wherever its thread caches hold medium blocks (this path's callers) */
+        _Atomic uint8_t *f = fp_mstate_in(&a->ms, b->base);
+        if (__builtin_expect(!f, 0))
+            f = fp_arena_mstate_make(a, b->base);
+        if (__builtin_expect(f != NULL, 1))
+            atomic_store_explicit(f, (uint8_t)((n - a->ms.lo) >> FP_PIECE_UNIT_SHIFT), memory_order_relaxed);
         in_use += n;
         blocks++;
         fp_count_locked(&h->large_allocs[a->cls_of_q[(n >> FP_PIECE_UNIT_SHIFT) - 1]], 1);
