@@ -329,28 +329,31 @@ FP_ARENA_INLINE void fp_arena_push_(fp_arena *a, fp_piece *p, fp_rid r)
     unsigned b = fp_arena_bin_q(a, p->size_q);
     p->state = FP_LARGE_FREE;
     p->bin = (uint16_t)b;
+    fp_rid h = a->bins[b];   /* (a local: the store to the bin would make p->next be read again) */
     p->prev = 0;
-    p->next = a->bins[b];
+    p->next = h;
     a->bins[b] = r;
-    if (p->next) {
-        fp_piece_of(a, p->next)->prev = r;
+    if (h) {
+        fp_piece_of(a, h)->prev = r;
     } else { /* the bin was empty: its bits were clear */
         a->bitmap[b / 64] |= 1ull << (b % 64);
         a->summary |= 1ull << (b / 64);
     }
 }
 
+/* Free range p out of its bin (the bin is empty after it where p had neither neighbour there). */
 FP_ARENA_INLINE void fp_arena_pull_(fp_arena *a, fp_piece *p)
 {
     unsigned b = p->bin;
-    if (p->prev)
-        fp_piece_of(a, p->prev)->next = p->next;
+    fp_rid pv = p->prev, nx = p->next;
+    if (pv)
+        fp_piece_of(a, pv)->next = nx;
     else
-        a->bins[b] = p->next;
-    if (p->next)
-        fp_piece_of(a, p->next)->prev = p->prev;
+        a->bins[b] = nx;
+    if (nx)
+        fp_piece_of(a, nx)->prev = pv;
     p->next = p->prev = 0;
-    if (!a->bins[b] && !(a->bitmap[b / 64] &= ~(1ull << (b % 64))))
+    if (!pv && !nx && !(a->bitmap[b / 64] &= ~(1ull << (b % 64))))
         a->summary &= ~(1ull << (b / 64));
 }
 
