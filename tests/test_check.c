@@ -317,6 +317,15 @@ static void break_arenas(fabpool_t *p)
     f->anext = (fp_rid)(a->recs.n_pages << FP_PIECE_PAGE_SHIFT | 1);
     expect_broken(p, "[arena.records]", "a link to no record");
     f->anext = next;
+    /* a spare record of the cache (the half's, given back above) that names no record, and one counted twice */
+    CHECK(a->recs.n_cache > 0);
+    fp_rid cached = a->recs.cache[0];
+    a->recs.cache[0] = (fp_rid)(a->recs.n_pages << FP_PIECE_PAGE_SHIFT | 1);
+    expect_broken(p, "[arena.records]", "a cached spare record that names no record");
+    a->recs.cache[0] = cached;
+    a->recs.n_spare++;
+    expect_broken(p, "[arena.records]", "spare records in all miscounted");
+    a->recs.n_spare--;
 
     fp_lchunk c0 = a->chunks[0];
     a->chunks[0] = a->chunks[1];

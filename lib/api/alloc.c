@@ -476,8 +476,8 @@ static __attribute__((noinline)) fabpool_status free_medium(fp_alloc *a, void *p
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
     if (FP_UNLIKELY(fp_retire_any_used(a->retire)))
         return free_entry(a, ptr);
-    _Atomic uint8_t *f;   /* a byte per quantum: a block start is a multiple */
-    if (FP_LIKELY(!(addr & (FP_BLOCK_QUANTUM - 1)) && (f = fp_mstate_at(&a->ms, addr)) != NULL)) {
+    _Atomic uint8_t *f;   /* a byte per quantum: a block start is a multiple; in the reservation (the page map) */
+    if (FP_LIKELY(!(addr & (FP_BLOCK_QUANTUM - 1)) && (f = fp_mstate_in(&a->ms, addr)) != NULL)) {
         unsigned c = atomic_load_explicit(f, memory_order_relaxed);
         unsigned n = tc->mn[c];
         if (FP_LIKELY(c - 1u < FP_MSTATE_MAX)) {

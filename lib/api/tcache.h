@@ -13,6 +13,7 @@
 #include "pagemap.h"
 #include "pending.h"
 #include "large.h"
+#include "medium.h"
 #include "usage.h"
 
 struct fp_trace;

@@ -97,7 +97,7 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
 void fp_arena_release(fp_arena *a, fp_rid br)
 {
     fp_lock_assert_held(&a->sp->lock);
-    fp_arena_release_(a, br, a->pol.direct);
+    fp_arena_release_(a, fp_piece_of(a, br), br, a->pol.direct, NULL);
 }
 
 /* ------------------------------------------------------------ runs */
@@ -152,6 +152,8 @@ void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *nam
         unsigned c = fp_class_of((uint64_t)(i + 1) << FP_PIECE_UNIT_SHIFT);
         a->cls_of_q[i] = (uint8_t)(c < FP_NCLASS ? c : FP_NCLASS - 1);
     }
+    for (unsigned u = 0; u < FP_ARENA_BIN_Q; u++)
+        a->bin_of_q[u] = (uint16_t)fp_arena_bin_of(u);
 }
 
 uint64_t fp_arena_ahead(const fp_arena *a, uint64_t n)

@@ -85,6 +85,10 @@ typedef struct fp_lchunk {
 #define FP_ARENA_LOOK 8u                           /* ranges of its own bin a block looks at (fp_arena_fit) */
 #define FP_ARENA_RATE 32u                          /* allocations the growth rate is taken over */
 #define FP_ARENA_CLS_Q 1024u                       /* blocks up to this many quanta have their class in a table */
+#define FP_ARENA_BIN_Q 1024u                       /* free ranges below this many quanta (256 KiB) have their bin
+                                                      in a table: the medium arena's blocks and, on the uniform
+                                                      mix, the ranges its fits and merges push (a table of 8,192
+                                                      saved no more instructions) */
 
 /* How an arena grows and maps (fp_arena_ahead, fp_arena_grow_plan). */
 typedef struct fp_arena_policy {
@@ -123,6 +127,8 @@ typedef struct fp_arena {
     fp_mstate ms;                      /* its blocks' states, where thread caches hold some (leaves NULL: none) */
     uint8_t cls_of_q[FP_ARENA_CLS_Q];  /* the class of the grid a block of (i + 1) quanta falls in: its count in
                                           the stats (fp_class_of's dozen instructions, under the pool lock) */
+    uint16_t bin_of_q[FP_ARENA_BIN_Q]; /* fp_arena_bin_of(i): one load on a fit's and a push's way where the
+                                          bit scan and its arithmetic take about ten instructions */
     uint64_t mapped_bytes, free_bytes, used_bytes, n_blocks; /* used, blocks: given out (live or pending) */
     uint64_t ring_n[FP_ARENA_RATE];    /* blocks given out after each of the last allocations */
     uint64_t ring_size[FP_ARENA_RATE]; /* and the size of each */
@@ -148,6 +154,12 @@ static inline unsigned fp_arena_bin_of(uint64_t u)
     unsigned b = FP_ARENA_SUB + (lg - FP_ARENA_SUB_SHIFT) * FP_ARENA_SUB +
                  (unsigned)((u >> (lg - FP_ARENA_SUB_SHIFT)) - FP_ARENA_SUB);
     return b < FP_ARENA_NBINS ? b : FP_ARENA_NBINS - 1;
+}
+
+/* fp_arena_bin_of(u) from the arena's table where it has one. */
+static inline unsigned fp_arena_bin_q(const fp_arena *a, uint64_t u)
+{
+    return u < FP_ARENA_BIN_Q ? a->bin_of_q[u] : fp_arena_bin_of(u);
 }
 
 /* The first bin at or above b that holds a free range, or FP_ARENA_NBINS. */
@@ -293,10 +305,11 @@ size_t fp_arena_chunk_lower(const fp_arena *a, uint64_t addr);
 /* Unmaps the chunks in [va, va + size). */
 void fp_arena_unmap_range(fp_arena *a, uint64_t va, uint64_t size);
 
-/* ---- the fit, cut, release and merge, inline: arena.c's calls, and the medium blocks' path in large.c
- * (fp_medium_alloc), which takes them in its own frame, the held-back blocks' releases and the fit under one
- * take of the pool lock, with the table of blocks known to be the direct index (`direct` a constant 1 there:
- * no test of the arena's policy and no hash of the table's other kind on the way).  Pool lock held. */
+/* ---- the fit, cut, release and merge, inline: arena.c's calls, and the medium blocks' path in medium.h
+ * (fp_medium_alloc, itself inline in its caller), which takes them in its caller's frame, the held-back blocks'
+ * releases and the fit under one take of the pool lock, with the table of blocks known to be the direct index
+ * (`direct` a constant 1 there: no test of the arena's policy and no hash of the table's other kind on the
+ * way).  Pool lock held. */
 
 #define FP_ARENA_INLINE static inline __attribute__((always_inline))
 
@@ -316,31 +329,34 @@ FP_ARENA_INLINE fp_piece *fp_arena_new_(fp_arena *a, uint64_t base, uint64_t siz
 /* Free range p, of id r, into the bin of its size. */
 FP_ARENA_INLINE void fp_arena_push_(fp_arena *a, fp_piece *p, fp_rid r)
 {
-    unsigned b = fp_arena_bin_of(p->size_q);
+    unsigned b = fp_arena_bin_q(a, p->size_q);
     p->state = FP_LARGE_FREE;
     p->bin = (uint16_t)b;
+    fp_rid h = a->bins[b];   /* (a local: the store to the bin would make p->next be read again) */
     p->prev = 0;
-    p->next = a->bins[b];
+    p->next = h;
     a->bins[b] = r;
-    if (p->next) {
-        fp_piece_of(a, p->next)->prev = r;
+    if (h) {
+        fp_piece_of(a, h)->prev = r;
     } else { /* the bin was empty: its bits were clear */
         a->bitmap[b / 64] |= 1ull << (b % 64);
         a->summary |= 1ull << (b / 64);
     }
 }
 
+/* Free range p out of its bin (the bin is empty after it where p had neither neighbour there). */
 FP_ARENA_INLINE void fp_arena_pull_(fp_arena *a, fp_piece *p)
 {
     unsigned b = p->bin;
-    if (p->prev)
-        fp_piece_of(a, p->prev)->next = p->next;
+    fp_rid pv = p->prev, nx = p->next;
+    if (pv)
+        fp_piece_of(a, pv)->next = nx;
     else
-        a->bins[b] = p->next;
-    if (p->next)
-        fp_piece_of(a, p->next)->prev = p->prev;
+        a->bins[b] = nx;
+    if (nx)
+        fp_piece_of(a, nx)->prev = pv;
     p->next = p->prev = 0;
-    if (!a->bins[b] && !(a->bitmap[b / 64] &= ~(1ull << (b % 64))))
+    if (!pv && !nx && !(a->bitmap[b / 64] &= ~(1ull << (b % 64))))
         a->summary &= ~(1ull << (b / 64));
 }
 
@@ -431,7 +447,7 @@ FP_ARENA_INLINE uint64_t fp_arena_place_(const fp_piece *f, uint64_t n, uint64_t
 FP_ARENA_INLINE fp_piece *fp_arena_fit_quick_(fp_arena *a, uint64_t n, fp_rid *rid)
 {
     uint64_t u = n >> FP_PIECE_UNIT_SHIFT;
-    unsigned b0 = fp_arena_bin_of(u);
+    unsigned b0 = fp_arena_bin_q(a, u);
     fp_rid fr = a->bins[b0];
     for (unsigned look = 0; fr && look < FP_ARENA_LOOK; fr = fp_piece_of(a, fr)->next, look++)
         if (fp_piece_of(a, fr)->size_q >= u)
@@ -505,11 +521,16 @@ FP_ARENA_INLINE fp_piece *fp_arena_coalesce_(fp_arena *a, fp_piece *p, fp_rid *p
     return p;
 }
 
-/* Block br out of the table, merged with the free ranges touching it, into the bin of the merged range's size. */
-FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_rid br, int direct)
+/* Block b, of id br, out of the table, merged with the free ranges touching it, into the bin of the merged
+ * range's size (e: its entry in the direct index where the caller has it at hand, else NULL). */
+FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_piece *b, fp_rid br, int direct, fp_rid *e)
 {
-    fp_piece *b = fp_piece_of(a, br);
-    fp_arena_unlist_(a, b->base, direct);
+    if (e) {
+        *e = 0;
+        a->bidx.n--;
+    } else {
+        fp_arena_unlist_(a, b->base, direct);
+    }
     a->used_bytes -= fp_piece_size(b);
     if (!a->used_bytes) /* empty: the growth that brought it here says nothing of what comes next */
         a->ring_at = 0;
@@ -518,17 +539,6 @@ FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_rid br, int direct)
     b->state = FP_LARGE_FREE;
     b = fp_arena_coalesce_(a, b, &br);
     fp_arena_push_(a, b, br);
-}
-
-/* The record id of the block given out at addr in an arena with the direct index (fp_arena_block_id's
- * work without the test of the policy), or 0. */
-FP_ARENA_INLINE fp_rid fp_arena_direct_id_(const fp_arena *a, uint64_t addr)
-{
-    uint64_t off = addr - a->bidx.base;
-    if (off >= a->bidx.size || (off & ((1u << FP_PIECE_UNIT_SHIFT) - 1)) || !a->bidx.leaves)
-        return 0;
-    const fp_rid *e = fp_arena_bidx_at(a, addr);
-    return e ? *e : 0;
 }
 
 #endif

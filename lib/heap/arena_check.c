@@ -79,8 +79,9 @@ static int is_rec(const fp_arena *a, const fp_piece *q)
 /* The pages of arena a's records: each in the directory at the index it
  * names, aligned to its size, its spare records (its own) on its list and
  * counted, the pages with spares (and only those) on the list of pages to
- * take from, the spares counted in all, and every other record a piece of a
- * run (in_runs of them). */
+ * take from, the cache's spare records distinct records of those pages, the
+ * spares counted in all, and every other record a piece of a run (in_runs
+ * of them). */
 static fabpool_status check_arena_records(const fp_arena *a, uint64_t in_runs)
 {
     uint64_t pages = 0, spare = 0, with_spare = 0, avail = 0;
@@ -103,15 +104,31 @@ static fabpool_status check_arena_records(const fp_arena *a, uint64_t in_runs)
         spare += n;
         with_spare += n != 0;
     }
+    uint64_t cached = a->recs.n_cache;
+    for (uint32_t i = 0; i < a->recs.n_cache && i < FP_RECS_CACHE; i++) {
+        int bad = 0;
+        const fp_piece *q = rec(a, a->recs.cache[i], &bad);
+        uint32_t dup = 0;
+        for (uint32_t j = 0; j < i; j++)
+            dup |= a->recs.cache[j] == a->recs.cache[i];
+        if (!q || dup)
+            return FAIL("[arena.records] %s: spare record %u of the cache of %u names no record of the arena's "
+                        "pages (or one the cache names twice)", a->name, i, a->recs.n_cache);
+    }
+    if (cached > FP_RECS_CACHE)
+        return FAIL("[arena.records] %s: the cache of spare records counts %llu, more than its %u", a->name,
+                    ULL(cached), FP_RECS_CACHE);
     for (uint32_t k = a->recs.avail, pv = 0; k; pv = k, k = a->recs.pages[k - 1]->avail_next)
         if (++avail > pages || k > a->recs.n_pages || !a->recs.pages[k - 1] || !a->recs.pages[k - 1]->n_spare ||
             a->recs.pages[k - 1]->avail_prev != pv)
             return FAIL("[arena.records] %s: the list of pages with spare records holds one without any, or more "
                         "pages than the arena has (or a back link is wrong)", a->name);
-    if (avail != with_spare || spare != a->recs.n_spare || pages * (FP_PIECE_PAGE - 1) - spare != in_runs)
+    if (avail != with_spare || spare + cached != a->recs.n_spare ||
+        pages * (FP_PIECE_PAGE - 1) - spare - cached != in_runs)
         return FAIL("[arena.records] %s: %llu pages of %u records, %llu of them with spares (%llu listed), %llu "
-                    "spare (it counts %zu), %llu pieces in its runs", a->name, ULL(pages), FP_PIECE_PAGE - 1,
-                    ULL(with_spare), ULL(avail), ULL(spare), a->recs.n_spare, ULL(in_runs));
+                    "spare and %llu in the cache (it counts %zu), %llu pieces in its runs", a->name, ULL(pages),
+                    FP_PIECE_PAGE - 1, ULL(with_spare), ULL(avail), ULL(spare), ULL(cached), a->recs.n_spare,
+                    ULL(in_runs));
     return FABPOOL_OK;
 }
 

@@ -66,6 +66,14 @@ static inline _Atomic uint8_t *fp_mstate_at(const fp_mstate *m, uint64_t addr)
     _Atomic uint8_t *leaf = atomic_load_explicit(&m->leaves[off >> FP_MSTATE_LEAF_SHIFT], memory_order_acquire);
     return leaf ? leaf + ((off & ((1ull << FP_MSTATE_LEAF_SHIFT) - 1)) >> FP_PIECE_UNIT_SHIFT) : NULL;
 }
+/* fp_mstate_at of an address known to lie in the reservation (the page map sent it to the arena, or it is a
+ * block's base) in a table that keeps states: no range test. */
+static inline _Atomic uint8_t *fp_mstate_in(const fp_mstate *m, uint64_t addr)
+{
+    uint64_t off = addr - m->base;
+    _Atomic uint8_t *leaf = atomic_load_explicit(&m->leaves[off >> FP_MSTATE_LEAF_SHIFT], memory_order_acquire);
+    return leaf ? leaf + ((off & ((1ull << FP_MSTATE_LEAF_SHIFT) - 1)) >> FP_PIECE_UNIT_SHIFT) : NULL;
+}
 /* The code of a block of n bytes (a multiple of the quantum), 0 if none. */
 static inline unsigned fp_mstate_code(const fp_mstate *m, uint64_t n)
 {

@@ -60,4 +60,5 @@ void fp_recs_free(fp_recs *rs)
     rs->n_pages = 0;
     rs->avail = 0;
     rs->n_spare = 0;
+    rs->n_cache = 0;
 }

@@ -57,6 +57,11 @@ typedef struct fp_piece_page {         /* slot 0 of its page */
  * merges then make no call to the metadata allocator in the steady state. */
 #define FP_RECS_SPARE_MAX 1024u
 
+/* The spare records kept apart from their pages, last given first taken: a fit takes about one record and a
+ * merge gives about one back, so most takes and gives are a pop and a push here, without the page's list
+ * and count and the list of pages with spares. */
+#define FP_RECS_CACHE 16u
+
 typedef struct fp_recs {
     fp_meta *meta;
     fp_piece_page **pages;             /* the directory (NULL: an index not in use) */
@@ -67,7 +72,9 @@ typedef struct fp_recs {
     uintptr_t *rbase;
     size_t n_pages, cap_pages, cap_rbase;
     uint32_t avail;                    /* the pages that have spare records (index + 1; 0: none) */
-    size_t n_spare;                    /* spare records in all */
+    size_t n_spare;                    /* spare records in all (those of cache[] too) */
+    uint32_t n_cache;                  /* spare records in cache[], off their pages' lists (their pages stay) */
+    fp_rid cache[FP_RECS_CACHE];
 } fp_recs;
 
 /* The record of id r (NULL for 0), of an id that is not 0, and the id of record p. */
@@ -116,6 +123,12 @@ void fp_recs_free(fp_recs *rs);
 /* A spare record (fp_recs_reserve made sure there is one; the caller sets every field): *rid its id. */
 static inline fp_piece *fp_rec_take(fp_recs *rs, fp_rid *rid)
 {
+    rs->n_spare--;
+    if (rs->n_cache) {
+        fp_rid c = rs->cache[--rs->n_cache];
+        *rid = c;
+        return fp_rec_of(rs, c);
+    }
     fp_piece_page *pg = rs->pages[rs->avail - 1];
     fp_rid r = pg->spare;
     fp_piece *p = (fp_piece *)(void *)pg + (r & (FP_PIECE_PAGE - 1));
@@ -123,13 +136,17 @@ static inline fp_piece *fp_rec_take(fp_recs *rs, fp_rid *rid)
     pg->spare = p->next;
     if (!--pg->n_spare)
         fp_recs_avail_remove(rs, pg);
-    rs->n_spare--;
     return p;
 }
 
-/* Record p, of id r, back to the spares of its page. */
+/* Record p, of id r, back to the spares: into the cache while it has room, else onto its page's list. */
 static inline void fp_rec_give(fp_recs *rs, fp_piece *p, fp_rid r)
 {
+    if (rs->n_cache < FP_RECS_CACHE) {
+        rs->cache[rs->n_cache++] = r;
+        rs->n_spare++;
+        return;
+    }
     fp_piece_page *pg = (fp_piece_page *)((uintptr_t)p & ~(uintptr_t)(FP_PIECE_PAGE_BYTES - 1));
     *p = (fp_piece){.next = pg->spare};
     pg->spare = r;

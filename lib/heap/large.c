@@ -1,28 +1,8 @@
 /* large.c - blocks above slab_max, each cut from the medium or the large
  * arena by best fit (large.h). */
-#include "large.h"
+#include "medium.h"
 
 #include "error.h"
-
-/* Whether fp_heap_trim_policy is due after a block's allocation or free,
- * the arenas' free bytes idle_arenas (fp_heap_idle_follow's sum, not read
- * back): the decay's clock only at every 16th of the pool's (a medium
- * block's path is a few tens of ns, the clock a good part of that); what
- * cannot wait (decay_ms:0, through a mask of 0; the cache limit, empty slabs
- * to give back) every time.  Pool lock held (the tick is the lock's); the
- * policy runs after it is let go. */
-static inline int policy_due(fp_heap *h, uint64_t idle_arenas)
-{
-    return (++h->policy_tick & h->policy_mask) == 0 || atomic_load_explicit(&h->shed, memory_order_relaxed) ||
-           atomic_load_explicit(&h->idle_slabs, memory_order_relaxed) + idle_arenas > h->cache_limit;
-}
-
-/* counter += d, for a counter that only the pool lock's holder writes (stats read it without the lock): a
- * plain load and store, not a locked read-modify-write */
-static inline void count_locked(_Atomic uint64_t *counter, uint64_t d)
-{
-    atomic_store_explicit(counter, atomic_load_explicit(counter, memory_order_relaxed) + d, memory_order_relaxed);
-}
 
 static int arena_index(const fp_heap *h, uint64_t size)
 {
@@ -62,14 +42,14 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, uint64_t align, void **
     fp_piece *b = fp_heap_take(h, a, n, align > FP_BLOCK_QUANTUM ? align : FP_BLOCK_QUANTUM, &st);
     if (b) {
         mstate_live(a, b->base, n);
-        count_locked(&h->large_in_use_bytes, n);
-        count_locked(&h->large_blocks, 1);
+        fp_count_locked(&h->large_in_use_bytes, n);
+        fp_count_locked(&h->large_blocks, 1);
         uint64_t q = n >> FP_PIECE_UNIT_SHIFT;
         unsigned bucket = q <= FP_ARENA_CLS_Q ? a->cls_of_q[q - 1] : fp_class_of(n);
-        count_locked(&h->large_allocs[bucket < FP_NCLASS ? bucket : FP_NCLASS - 1], 1);
+        fp_count_locked(&h->large_allocs[bucket < FP_NCLASS ? bucket : FP_NCLASS - 1], 1);
         *out = (void *)(uintptr_t)b->base;
     }
-    int due = policy_due(h, atomic_load_explicit(&h->idle_arenas, memory_order_relaxed));
+    int due = fp_heap_policy_due(h, atomic_load_explicit(&h->idle_arenas, memory_order_relaxed));
     fp_unlock(&h->sp->lock);
     if (due)
         fp_heap_trim_policy(h);
@@ -220,11 +200,11 @@ fabpool_status fp_large_free(fp_heap *h, const fp_span *s, uint64_t addr, const 
     fp_piece *b = live_in(a, addr, fn, &st, &rid);
     int due = 0;
     if (b) {
-        count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
-        count_locked(&h->large_blocks, (uint64_t)-1);
+        fp_count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
+        fp_count_locked(&h->large_blocks, (uint64_t)-1);
         fp_arena_mstate_set(a, addr, 0);
         fp_arena_release(a, rid);
-        due = policy_due(h, fp_heap_idle_follow(h));
+        due = fp_heap_policy_due(h, fp_heap_idle_follow(h));
     }
     fp_unlock(&h->sp->lock);
     if (due)
@@ -259,8 +239,8 @@ static inline void release_cached(fp_heap *h, fp_arena *a, uint64_t addr)
     _Atomic uint8_t *f = fp_mstate_at(&a->ms, addr);
     if (!b || b->state != FP_LARGE_LIVE || !f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
         return;
-    count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
-    count_locked(&h->large_blocks, (uint64_t)-1);
+    fp_count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
+    fp_count_locked(&h->large_blocks, (uint64_t)-1);
     atomic_store_explicit(f, 0, memory_order_relaxed);
     fp_arena_release(a, rid);
 }
@@ -271,48 +251,7 @@ void fp_large_release_cached_locked(fp_heap *h, uint64_t addr)
     release_cached(h, &h->arenas[FP_ARENA_MEDIUM], addr);
 }
 
-fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uint64_t *back, _Atomic uint8_t *const *flags,
-                               unsigned n_back, void **out, unsigned *rest)
-{
-    fp_arena *a = &h->arenas[FP_ARENA_MEDIUM];
-    fabpool_status st = FABPOOL_OK;
-    unsigned k = 0;
-    uint64_t back_bytes = 0;
-    fp_lock(&h->sp->lock);
-    /* the held-back blocks released and the fit in this frame (arena.h: the medium arena's table is the
-     * direct index); the counters as one sum each */
-    for (unsigned i = 0; i < n_back && i < FP_MEDIUM_BACK_MAX; i++) {   /* release_cached's checks */
-        uint64_t addr = back[i] & ~(uint64_t)(FP_BLOCK_QUANTUM - 1);
-        fp_rid r = fp_arena_direct_id_(a, addr);
-        fp_piece *p = fp_piece_at(a, r);
-        _Atomic uint8_t *f = flags[i];
-        if (!p || p->state != FP_LARGE_LIVE || !f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
-            continue;
-        atomic_store_explicit(f, 0, memory_order_relaxed);
-        back_bytes += fp_piece_size(p);
-        k++;
-        fp_arena_release_(a, r, 1);
-    }
-    fp_piece *b = fp_arena_best_fit_(a, n, a->quantum, &st, 1);
-    uint64_t blocks = atomic_load_explicit(&h->large_blocks, memory_order_relaxed) - k;
-    uint64_t in_use = atomic_load_explicit(&h->large_in_use_bytes, memory_order_relaxed) - back_bytes;
-    if (__builtin_expect(b != NULL, 1)) {
-        /* n has a code (large.h): the caches' sizes are the states' (lo, hi] (tcache.c) */
-        fp_arena_mstate_set(a, b->base, (unsigned)((n - a->ms.lo) >> FP_PIECE_UNIT_SHIFT));
-        in_use += n;
-        blocks++;
-        count_locked(&h->large_allocs[a->cls_of_q[(n >> FP_PIECE_UNIT_SHIFT) - 1]], 1);
-        *out = (void *)(uintptr_t)b->base;
-    }
-    atomic_store_explicit(&h->large_blocks, blocks, memory_order_relaxed);
-    atomic_store_explicit(&h->large_in_use_bytes, in_use, memory_order_relaxed);
-    *rest = (policy_due(h, fp_heap_idle_follow(h)) ? FP_MEDIUM_POLICY : 0) |
-            (!b && st == FABPOOL_OK ? FP_MEDIUM_MISS : 0);
-    fp_unlock(&h->sp->lock);
-    return st;
-}
-
 int fp_large_policy_due(fp_heap *h)
 {
-    return policy_due(h, fp_heap_idle_follow(h));
+    return fp_heap_policy_due(h, fp_heap_idle_follow(h));
 }

@@ -17,18 +17,6 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, uint64_t align, void **
  * if it says so and the lock is let go, fp_heap_trim_policy. */
 void fp_large_release_cached_locked(fp_heap *h, uint64_t addr);
 int fp_large_policy_due(fp_heap *h);
-/* A block of the medium arena of n bytes (a multiple of the quantum with a state code: the sizes the thread
- * caches hold), its state that code, after the n_back blocks at back[] (their bases; the bits below the
- * quantum are the caller's; at most FP_MEDIUM_BACK_MAX), whose state bytes are at flags[] (fp_mstate_at of
- * each base, which stays where it is until the pool's end), that the caller's thread cache held went back
- * (fp_large_release_cached_locked's work), all under one take of the pool lock: the medium blocks' way through
- * the heap with only what every call needs (docs/design.md, "Medium blocks").  *rest: what the caller does
- * after it, with no lock held (0 nearly always): FP_MEDIUM_POLICY, fp_heap_trim_policy; FP_MEDIUM_MISS, no
- * free range fit (*out NULL): fp_large_alloc's whole way, where the arena grows. */
-#define FP_MEDIUM_BACK_MAX 8u
-enum { FP_MEDIUM_POLICY = 1, FP_MEDIUM_MISS = 2 };
-fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uint64_t *back, _Atomic uint8_t *const *flags,
-                               unsigned n_back, void **out, unsigned *rest);
 /* Frees the block above slab_max at addr, whose page the page map sends to s (checked under the lock:
  * interior and double frees are refused; fn names the call in messages). */
 fabpool_status fp_large_free(fp_heap *h, const fp_span *s, uint64_t addr, const char *fn);

@@ -29,7 +29,7 @@
  * mapping a fifth over its used bytes: a live set of a few blocks that grows
  * fast is mapped at most about 1.2x, not 2.7x (arena_grow.c, ahead_room;
  * docs/design.md, "Blocks above slab_max", has the measurements).  The
- * medium arena's table of blocks is the direct index, always: large.c's
+ * medium arena's table of blocks is the direct index, always: medium.h's
  * fp_medium_alloc takes it as a constant. */
 static const fp_arena_policy policies[FP_NARENAS] = {
     {.ahead_max = 4ull << 20, .ahead_below = UINT64_MAX, .ahead_mult = 1, .ahead_frac = 4, .chunk_granules = 32,
