@@ -8,7 +8,8 @@
 #   P/lib/fabpool/sim/libcuda.so.1, the simulated driver, with --component sim or -DFABPOOL_INSTALL_SIM=ON,
 #   P/lib/fabpool/python/ (FABPOOL_INSTALL_PYTHONDIR): the PyTorch adapter, the package fabpool_torch
 #   (the module with libfabpool_torch.so, and libfabpool_torch_cxx.so where it was built), fabpool_symm.py,
-#   fabpool_memory_saver.py and fabpool_cumem.py (torch_memory_saver's and vLLM's APIs, docs/rl-serving.md);
+#   fabpool_memory_saver.py and fabpool_cumem.py (torch_memory_saver's and vLLM's APIs, docs/rl-serving.md) and
+#   fabpool_stage.py (their host copies through the staging ring);
 #   PYTHONPATH=P/lib/fabpool/python makes `import fabpool_torch` find it.  The wheel (pyproject.toml) is this
 #   component (python) alone.
 # docs/integration.md, "Installing fabpool".
@@ -93,7 +94,8 @@ if(TARGET fabpool_torch)
   install(FILES ${CMAKE_BINARY_DIR}/adapters/torch/fabpool_torch.py DESTINATION ${fabpool_pkg} RENAME __init__.py
           COMPONENT python)
   install(FILES ${CMAKE_BINARY_DIR}/adapters/torch/fabpool_symm.py ${CMAKE_BINARY_DIR}/adapters/torch/fabpool_memory_saver.py
-          ${CMAKE_BINARY_DIR}/adapters/torch/fabpool_cumem.py DESTINATION ${FABPOOL_INSTALL_PYTHONDIR} COMPONENT python)
+          ${CMAKE_BINARY_DIR}/adapters/torch/fabpool_cumem.py ${CMAKE_BINARY_DIR}/adapters/torch/fabpool_stage.py
+          DESTINATION ${FABPOOL_INSTALL_PYTHONDIR} COMPONENT python)
 endif()
 
 # ---------------------------------------------------------------- tests

@@ -54,8 +54,21 @@ process:
                    FABPOOL_STAGE_KEEP=1), populated_GiB the host bytes the
                    lanes faulted in ahead of their memcpy
 
+--api cumem: vLLM's CuMemAllocator API (fabpool_cumem; no upstream here): the
+same weights in use_memory_pool(tag="weights"), the KV cache in
+use_memory_pool(tag="kv_cache"), then --cycles rounds of
+sleep(offload_tags=("weights",)) and wake_up(), once with the offload through
+the staging ring (staged, the default) and once with the library's offload
+into pinned host memory (pinned, FABPOOL_CUMEM_OFFLOAD=pinned), each in a
+process of its own: sleep_s and wake_s medians, offload_GBps (weights /
+sleep), offload_copy_GBps and restore_copy_GBps (staged: the ring's copies
+alone) beside the plain pinned copy, given_back_GiB, bitwise, rss_delta_MiB,
+staging_after_MiB; phases (JSON) as above, the pinned mode's copies inside
+its sleep and wake.
+
 Usage: rl_pause_resume.py --lib DIR [--tms DIR] [--weights-gib 3] [--kv-gib 2]
                           [--cycles 5] [--rounds 5] [--retained-cycles 3] [--json OUT]
+       rl_pause_resume.py --api cumem --lib DIR [--weights-gib 3] [--kv-gib 2] [--cycles 5] [--json OUT]
   DIR of --lib holds libfabpool_torch.so and fabpool_memory_saver.py (a
   build's adapters/torch); --tms is a torch_memory_saver checkout whose
   torch-mode library is built (left out: fabpool alone).
@@ -184,6 +197,102 @@ def retained_cycles(torch, tms, weights, refs, phases, cycles):
             "retained_copy_GBps": wbytes / statistics.median(copy) / 1e9 if min(copy) > 0 else None}
 
 
+def time_backend(be, phases):
+    """Wraps the backend's host mappings, copies, sleeps, wakes and ring (fabpool_stage's) so that each call
+    adds its seconds to phases[name][-1] (the cycle running now)."""
+    for name in ("host_alloc", "copy", "sleep", "wake", "host_free", "_ring", "release_staging"):
+        def timed(*a, _f=getattr(be, name), _n=name, **k):
+            t = time.perf_counter()
+            try:
+                return _f(*a, **k)
+            finally:
+                key = {"_ring": "stage_ring", "release_staging": "stage_release"}.get(_n, _n)
+                if _n == "copy":
+                    key = "copy_d2h" if k.get("to_host", a[-1] if a else False) else "copy_h2d"
+                phases.setdefault(key, [0.0])[-1] += time.perf_counter() - t
+        setattr(be, name, timed)
+
+
+def plain_copy(torch, dev, nbytes):
+    """Seconds of three plain copies of nbytes each way between a device tensor and a pinned host tensor in
+    this process (the host memory given back after)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    d2h, h2d = [], []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        host.copy_(src)
+        torch.cuda.synchronize()
+        d2h.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        src.copy_(host)
+        torch.cuda.synchronize()
+        h2d.append(time.perf_counter() - t)
+    del src, host
+    torch.cuda.empty_cache()
+    if hasattr(torch._C, "_host_emptyCache"):
+        torch._C._host_emptyCache()
+    return d2h, h2d
+
+
+def copy_rates(out, phases, cycles, wbytes):
+    """The phases' medians over the cycles into out["phases"], and the copies' own bandwidth."""
+    # a phase first seen in cycle c has c fewer entries: the cycles before it spent nothing there
+    med = {k: statistics.median([0.0] * (cycles - len(v)) + v) for k, v in phases.items()}
+    out["phases"] = med
+    for k, key in (("copy_d2h", "offload_copy_GBps"), ("copy_h2d", "restore_copy_GBps")):
+        # the first copies pin the staging ring first (stage_ring): the copies' own time is without it
+        t = med.get(k, 0.0) - (med.get("stage_ring", 0.0) if k == "copy_d2h" else 0.0)
+        if t > 0:
+            out[key] = wbytes / t / 1e9
+    return med
+
+
+def cycles(torch, used, weights, refs, kv, phases, n, down, up, differ):
+    """n rounds of down() (pause, sleep) and up() (resume, wake_up), each timed to the device's idle; the cache
+    written before each, as a serving engine would between phases, and the weights compared after.  Returns
+    the seconds of each down and up, the device memory each down gave back, and whether every round was
+    bitwise; differ (with %d for the round) is printed for a round that was not."""
+    down_s, up_s, given, bitwise = [], [], [], True
+    for c in range(n):
+        for v in phases.values():
+            v.append(0.0)
+        for k in kv:
+            k.fill_(c)
+        torch.cuda.synchronize()
+        before = used()
+        t = time.perf_counter()
+        down()
+        torch.cuda.synchronize()
+        down_s.append(time.perf_counter() - t)
+        given.append(before - used())
+        t = time.perf_counter()
+        up()
+        torch.cuda.synchronize()
+        up_s.append(time.perf_counter() - t)
+        ok = all(torch.equal(w, r) for w, r in zip(weights, refs))
+        bitwise = bitwise and ok
+        if not ok:
+            print(differ % c, file=sys.stderr)
+    torch.cuda.synchronize()
+    return down_s, up_s, given, bitwise
+
+
+def cycle_results(names, wbytes, down_s, up_s, d2h, h2d, given, bitwise, rss_delta):
+    """The cycles' medians, the weights' bytes over them and over the plain copies: names are the JSON keys'
+    words for the way down and up (pause, resume)."""
+    down, up = names
+    return {"%s_s" % down: statistics.median(down_s), "%s_s" % up: statistics.median(up_s),
+            "%s_all_s" % down: down_s, "%s_all_s" % up: up_s,
+            "offload_GBps": wbytes / statistics.median(down_s) / 1e9,
+            "restore_GBps": wbytes / statistics.median(up_s) / 1e9,
+            "memcpy_d2h_GBps": wbytes / statistics.median(d2h) / 1e9,
+            "memcpy_h2d_GBps": wbytes / statistics.median(h2d) / 1e9,
+            "given_back_GiB": statistics.median(given) / GiB,
+            "bitwise": bitwise, "rss_delta_MiB": rss_delta / MiB}
+
+
 def child(args):
     import torch
     if args.impl == "fabpool":
@@ -204,40 +313,12 @@ def child(args):
     phases = {}   # fabpool: name -> [seconds in this cycle, ...]
     if args.impl == "fabpool":
         be = tms._be()
-        for name in ("host_alloc", "copy", "sleep", "wake", "host_free", "_ring", "release_staging"):
-            def timed(*a, _f=getattr(be, name), _n=name, **k):
-                t = time.perf_counter()
-                try:
-                    return _f(*a, **k)
-                finally:
-                    key = {"_ring": "stage_ring", "release_staging": "stage_release"}.get(_n, _n)
-                    if _n == "copy":
-                        key = "copy_d2h" if k.get("to_host", a[-1] if a else False) else "copy_h2d"
-                    phases.setdefault(key, [0.0])[-1] += time.perf_counter() - t
-            setattr(be, name, timed)
+        time_backend(be, phases)
 
     sizes = weight_sizes(int(args.weights_gib * GiB))
     kv_sizes = [int(args.kv_gib * GiB) // 4] * 4
     wbytes = sum(sizes)
-
-    # the plain copy of the same bytes, pinned, in this process
-    src = torch.empty(wbytes, dtype=torch.uint8, device=dev)
-    host = torch.empty(wbytes, dtype=torch.uint8, pin_memory=True)
-    d2h, h2d = [], []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        host.copy_(src)
-        torch.cuda.synchronize()
-        d2h.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        src.copy_(host)
-        torch.cuda.synchronize()
-        h2d.append(time.perf_counter() - t)
-    del src, host
-    torch.cuda.empty_cache()
-    if hasattr(torch._C, "_host_emptyCache"):
-        torch._C._host_emptyCache()
+    d2h, h2d = plain_copy(torch, dev, wbytes)
 
     # references (outside every region) and the workload (inside)
     g = torch.Generator(device=dev).manual_seed(7)
@@ -271,32 +352,14 @@ def child(args):
     torch.cuda.synchronize()
     rss0 = rss()
 
-    pause_s, resume_s, given, bitwise = [], [], [], True
     phases.clear()
-    for c in range(args.cycles):
-        for v in phases.values():
-            v.append(0.0)
-        for k in kv:
-            k.fill_(c)   # the cache is written between phases, as a serving engine would
-        torch.cuda.synchronize()
-        before = used()
-        t = time.perf_counter()
-        tms.pause()
-        torch.cuda.synchronize()
-        pause_s.append(time.perf_counter() - t)
-        given.append(before - used())
-        t = time.perf_counter()
-        tms.resume()
-        torch.cuda.synchronize()
-        resume_s.append(time.perf_counter() - t)
-        ok = all(torch.equal(w, r) for w, r in zip(weights, refs))
-        bitwise = bitwise and ok
-        if not ok:
-            print("%s: cycle %d: weights differ after resume" % (args.impl, c), file=sys.stderr)
-    torch.cuda.synchronize()
+    pause_s, resume_s, given, bitwise = cycles(torch, used, weights, refs, kv, phases, args.cycles, tms.pause,
+                                               tms.resume, "%s: cycle %%d: weights differ after resume" % args.impl)
     rss1 = rss()
     # the phases' medians over the cycles above, before the cycles below add to them
-    med = {k: statistics.median([0.0] * (args.cycles - len(v)) + v) for k, v in phases.items()}
+    rates = {}
+    if phases:
+        copy_rates(rates, phases, args.cycles, wbytes)
     reask = reask_rounds(torch, tms, dev, args.rounds)
     reask.update(backend_rounds(torch, tms, args.impl, args.rounds))
     if args.impl == "fabpool" and args.retained_cycles > 0:
@@ -306,14 +369,7 @@ def child(args):
         "impl": args.impl, "weights": len(sizes), "weights_bytes": wbytes, "kv_bytes": sum(kv_sizes),
         "alloc_s": alloc_s, "alloc_p50_us": statistics.median(lat) * 1e6,
         "held_overhead": (held - asked) / asked,
-        "pause_s": statistics.median(pause_s), "resume_s": statistics.median(resume_s),
-        "pause_all_s": pause_s, "resume_all_s": resume_s,
-        "offload_GBps": wbytes / statistics.median(pause_s) / 1e9,
-        "restore_GBps": wbytes / statistics.median(resume_s) / 1e9,
-        "memcpy_d2h_GBps": wbytes / statistics.median(d2h) / 1e9,
-        "memcpy_h2d_GBps": wbytes / statistics.median(h2d) / 1e9,
-        "given_back_GiB": statistics.median(given) / GiB,
-        "bitwise": bitwise, "rss_delta_MiB": (rss1 - rss0) / MiB,
+        **cycle_results(("pause", "resume"), wbytes, pause_s, resume_s, d2h, h2d, given, bitwise, rss1 - rss0),
         # where the one-time set-up goes: entering each region (its pool made there), each region's first
         # allocation; and the pinned staging ring fabpool keeps for the process (in rss_delta_MiB)
         "region_enter_s": enter, "first_alloc_us": [lat[0] * 1e6, lat[len(sizes)] * 1e6],
@@ -327,16 +383,129 @@ def child(args):
     }
     out.update(reask)
     if phases:
-        # a phase first seen in cycle c has c fewer entries: the cycles before it spent nothing there
-        out["phases"] = med
-        for k, key in (("copy_d2h", "offload_copy_GBps"), ("copy_h2d", "restore_copy_GBps")):
-            # the pause's copies pin the staging ring first (stage_ring): the copies' own time is without it
-            t = med.get(k, 0.0) - (med.get("stage_ring", 0.0) if k == "copy_d2h" else 0.0)
-            if t > 0:
-                out[key] = wbytes / t / 1e9
+        out.update(rates)
         out["populated_GiB"] = be.populated_bytes() / GiB if hasattr(be, "populated_bytes") else 0.0
     print(json.dumps(out))
     return 0 if bitwise else 1
+
+
+def child_cumem(args):
+    """--api cumem: the workload through fabpool_cumem's CuMemAllocator, offload mode args.impl."""
+    import torch
+    sys.path.insert(0, args.lib)
+    from fabpool_cumem import CuMemAllocator
+    alloc = CuMemAllocator.get_instance()
+    alloc.offload = args.impl
+    dev = torch.device("cuda")
+    torch.cuda.init()
+    torch.empty(1, device=dev)
+
+    def used():
+        f, t = torch.cuda.mem_get_info()
+        return t - f
+
+    phases = {}
+    be = alloc._be()
+    time_backend(be, phases)
+    sizes = weight_sizes(int(args.weights_gib * GiB))
+    kv_sizes = [int(args.kv_gib * GiB) // 4] * 4
+    wbytes = sum(sizes)
+    d2h, h2d = plain_copy(torch, dev, wbytes)
+    g = torch.Generator(device=dev).manual_seed(7)
+    refs = [torch.randint(0, 256, (n,), dtype=torch.uint8, device=dev, generator=g) for n in sizes]
+    with alloc.use_memory_pool(tag="weights"):
+        weights = [torch.empty(n, dtype=torch.uint8, device=dev) for n in sizes]
+    with alloc.use_memory_pool(tag="kv_cache"):
+        kv = [torch.empty(n, dtype=torch.uint8, device=dev) for n in kv_sizes]
+    for w, r in zip(weights, refs):
+        w.copy_(r)
+    torch.cuda.synchronize()
+    rss0 = rss()
+    phases.clear()
+    sleep_s, wake_s, given, bitwise = cycles(torch, used, weights, refs, kv, phases, args.cycles,
+                                             lambda: alloc.sleep(offload_tags=("weights",)), alloc.wake_up,
+                                             "cumem %s: cycle %%d: weights differ after wake_up" % args.impl)
+    rss1 = rss()
+    out = {
+        "impl": args.impl, "weights": len(sizes), "weights_bytes": wbytes, "kv_bytes": sum(kv_sizes),
+        **cycle_results(("sleep", "wake"), wbytes, sleep_s, wake_s, d2h, h2d, given, bitwise, rss1 - rss0),
+        "staging_after_MiB": alloc.staging_bytes() / MiB, "host_after_MiB": alloc.host_bytes() / MiB,
+        "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
+        "stage_env": {k: os.environ.get(k) for k in ("FABPOOL_STAGE_LANES", "FABPOOL_STAGE_MIB",
+                                                     "FABPOOL_STAGE_KEEP", "FABPOOL_CUMEM_OFFLOAD")},
+    }
+    copy_rates(out, phases, args.cycles, wbytes)
+    if args.impl == "staged":
+        out["offload_copy_ratio"] = out.get("offload_copy_GBps", 0.0) / out["memcpy_d2h_GBps"]
+    print(json.dumps(out))
+    return 0 if bitwise else 1
+
+
+CUMEM_ROWS = [("sleep_s", "sleep(offload_tags=('weights',)), median (s)", "lower"),
+              ("wake_s", "wake_up(), median (s)", "lower"),
+              ("offload_GBps", "weights / sleep (GB/s)", "higher"),
+              ("restore_GBps", "weights / wake_up (GB/s)", "higher"),
+              ("offload_copy_GBps", "the sleep's copies alone (GB/s)", None),
+              ("restore_copy_GBps", "the wake_up's copies alone (GB/s)", None),
+              ("memcpy_d2h_GBps", "plain pinned copy D2H (GB/s)", None),
+              ("memcpy_h2d_GBps", "plain pinned copy H2D (GB/s)", None),
+              ("given_back_GiB", "device memory given back by a sleep (GiB)", None),
+              ("rss_delta_MiB", "host memory after the cycles, against before (MiB)", None),
+              ("staging_after_MiB", "staging ring pinned after the cycles (MiB)", None),
+              ("bitwise", "weights bitwise after every cycle", None)]
+
+
+def print_rows(results, have, rows):
+    """One line a row: each column's value and, for two columns, the first one's gain over the second."""
+    for key, label, better in rows:
+        vals = [results[i].get(key) for i in have]
+        if all(v is None for v in vals):
+            continue
+        ratio = ""
+        if len(vals) == 2 and better and vals[0] and vals[1]:
+            r = vals[1] / vals[0] if better == "lower" else vals[0] / vals[1]
+            ratio = "%.2fx" % r
+        fmt = lambda v: "-" if v is None else str(v) if isinstance(v, bool) else "%.4g" % v   # noqa: E731
+        print("%-52s %14s %14s %s" % (label, *([fmt(v) for v in vals] + [""] * (2 - len(vals))), ratio))
+
+
+def run_child(cmd, env=None):
+    """The child's JSON line (None where it printed none), its rc and the end of its output."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    return (json.loads(lines[-1]) if lines else None), p.returncode, p.stdout[-2000:]
+
+
+def main_cumem(args):
+    """--api cumem: the staged offload (the default) and the library's pinned one, each in a process."""
+    results, rc = {}, 0
+    modes = ("staged", "pinned")
+    for mode in modes:
+        cmd = [sys.executable, os.path.abspath(__file__), "--api", "cumem", "--impl", mode, "--lib", args.lib,
+               "--weights-gib", str(args.weights_gib), "--kv-gib", str(args.kv_gib), "--cycles", str(args.cycles)]
+        res, prc, tail = run_child(cmd, env=dict(os.environ, FABPOOL_CUMEM_OFFLOAD=mode))
+        if res is None:
+            print("rl_pause_resume: cumem %s failed (rc %d) before its results: %s" % (mode, prc, tail))
+            rc = 1
+            continue
+        results[mode] = res
+        if not res["bitwise"] or prc != 0:
+            rc = 1
+    if not results:
+        return 1
+    first = next(iter(results.values()))
+    print("rl_pause_resume --api cumem: %s, torch %s; weights %d tensors, %.2f GiB (offloaded); KV cache %.2f GiB "
+          "(discarded); %d cycles" % (first["gpu"], first["torch"], first["weights"], first["weights_bytes"] / GiB,
+                                     first["kv_bytes"] / GiB, args.cycles))
+    have = [m for m in modes if m in results]
+    print("%-52s %14s %14s %s" % ("", *(have + [""] * (2 - len(have))), "ratio (staged's gain)"))
+    print_rows(results, have, CUMEM_ROWS)
+    if "staged" in results and results["staged"].get("offload_copy_GBps"):
+        print("the staged sleep's copies: %.2f of the plain pinned copy" % results["staged"]["offload_copy_ratio"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return rc
 
 
 ROWS = [("alloc_s", "allocating the workload in regions (s)", "lower"),
@@ -366,7 +535,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True)
     ap.add_argument("--tms")
-    ap.add_argument("--impl", choices=("fabpool", "upstream"))
+    ap.add_argument("--api", choices=("tms", "cumem"), default="tms")
+    ap.add_argument("--impl", choices=("fabpool", "upstream", "staged", "pinned"))
     ap.add_argument("--weights-gib", type=float, default=3.0)
     ap.add_argument("--kv-gib", type=float, default=2.0)
     ap.add_argument("--cycles", type=int, default=5)
@@ -374,6 +544,12 @@ def main():
     ap.add_argument("--retained-cycles", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.api == "cumem":
+        if args.impl not in (None, "staged", "pinned"):
+            ap.error("--api cumem: --impl is staged or pinned")
+        return child_cumem(args) if args.impl else main_cumem(args)
+    if args.impl not in (None, "fabpool", "upstream"):
+        ap.error("--impl %s is for --api cumem" % args.impl)
     if args.impl:
         return child(args)
     results, rc = {}, 0
@@ -384,22 +560,20 @@ def main():
                "--retained-cycles", str(args.retained_cycles)]
         if args.tms:
             cmd += ["--tms", args.tms]
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
-        if not lines:
-            print("rl_pause_resume: %s failed (rc %d) before its results: %s" % (impl, p.returncode,
-                                                                                p.stdout[-2000:]))
+        res, prc, tail = run_child(cmd)
+        if res is None:
+            print("rl_pause_resume: %s failed (rc %d) before its results: %s" % (impl, prc, tail))
             rc = 1
             continue
-        results[impl] = json.loads(lines[-1])
+        results[impl] = res
         if not results[impl]["bitwise"]:
             rc = 1
-        if p.returncode != 0:
+        if prc != 0:
             # the original's torch mode fails at interpreter exit (its free hook refuses memory freed outside a
             # region: "only support interesting region"): after its results, so they stand; said, not hidden
             print("rl_pause_resume: %s exited with rc %d after its results (at interpreter exit)" %
-                  (impl, p.returncode))
-            results[impl]["exit_rc"] = p.returncode
+                  (impl, prc))
+            results[impl]["exit_rc"] = prc
             if impl == "fabpool":
                 rc = 1
     if not results:
@@ -410,16 +584,7 @@ def main():
              args.cycles))
     have = [i for i in impls if i in results]
     print("%-52s %14s %14s %s" % ("", *(have + [""] * (2 - len(have))), "ratio (fabpool's gain)"))
-    for key, label, better in ROWS:
-        vals = [results[i].get(key) for i in have]
-        if all(v is None for v in vals):
-            continue
-        ratio = ""
-        if len(vals) == 2 and better and vals[0] and vals[1]:
-            r = vals[1] / vals[0] if better == "lower" else vals[0] / vals[1]
-            ratio = "%.2fx" % r
-        fmt = lambda v: "-" if v is None else str(v) if isinstance(v, bool) else "%.4g" % v   # noqa: E731
-        print("%-52s %14s %14s %s" % (label, *([fmt(v) for v in vals] + [""] * (2 - len(vals))), ratio))
+    print_rows(results, have, ROWS)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -11,8 +11,9 @@
 #                that need no model (VLLM_TESTS below)
 #   tms-build    the original's hook-mode-torch library, built from the checkout with nvcc's CUDA
 #   bench        perf/rl_pause_resume.py: the original beside fabpool on the same workload
-# Writes everything to $OUT/rl-h200.txt and the benchmark's JSON to $OUT/rl-bench.json; never stops at the
-# first failure; the last line says what passed.
+#   bench-cumem  perf/rl_pause_resume.py --api cumem: vLLM's API, the staged offload beside the library's pinned one
+# Writes everything to $OUT/rl-h200.txt and the benchmarks' JSON to $OUT/rl-bench.json and
+# $OUT/rl-bench-cumem.json; never stops at the first failure; the last line says what passed.
 set -u
 . perf/h200/common.sh   # h200_out, h200_head, h200_torch, step
 h200_out /tmp/fabpool-rl-out rl-h200.txt
@@ -67,6 +68,7 @@ export SH TMS
     tests/basic_correctness/test_cumem.py -k '$VLLM_TESTS'"
   step tms-build 120 bash -c build_tms
   step bench 300 python3 perf/rl_pause_resume.py --lib "$LIBDIR" --tms "$SH/tms-orig" --json "$OUT/rl-bench.json"
+  step bench-cumem 120 python3 perf/rl_pause_resume.py --api cumem --lib "$LIBDIR" --json "$OUT/rl-bench-cumem.json"
   step vllm-python-error 240 bash -c "cd '$SH/vllm' && PYTHONPATH='$SH/vllm:$LIBDIR' $PYTEST \
     tests/basic_correctness/test_cumem.py -k test_python_error"
   echo "SUMMARY ${status[*]}"

@@ -2,7 +2,8 @@
 CuMemAllocator) on a fake backend that holds device and host memory as bytes:
 regions and nesting, tag bookkeeping, what pause / sleep copies and drops,
 host copies (get_cpu_backup, retained copies, freed with their allocation),
-the memory margin and the refusals.  No torch, no library: the GPU half is
+the memory margin and the refusals; vLLM's sleep / wake_up offloading
+through the same staging ring, and what each failure leaves.  No torch, no library: the GPU half is
 test_rl_gpu.py.  Usage: test_rl_compat.py [directory of the modules]"""
 import contextlib
 import os
@@ -12,6 +13,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "python"))
 import fabpool_cumem  # noqa: E402
 import fabpool_memory_saver as fms  # noqa: E402
+import fabpool_stage  # noqa: E402
 
 failures = []
 
@@ -83,6 +85,8 @@ class FakeBackend:
         self.fail_fill = 0           # fails the n-th buffer of the next copy (1: the first)
         self.fail_host_alloc = False
         self.fail_sleep = False
+        self.fail_sleep_tag = None   # fails the sleep of this fabpool tag, after the tags before it in the call
+        self.copied = []             # (device address, to_host) of every span copied through the ring
         self.rings = {}              # device -> pinned bytes of its staging ring, made at a copy
         self.ring_pins = 0           # rings pinned so far
         self.fail_release = False
@@ -128,6 +132,9 @@ class FakeBackend:
             self.fail_sleep = False
             raise RuntimeError("fake: sleep failed")
         for n in names:
+            if n == self.fail_sleep_tag:
+                self.fail_sleep_tag = None
+                raise RuntimeError("fake: sleep of %s failed" % n)
             p = self.pools[(n, device)]
             assert not p.asleep, "a pool put to sleep twice"
             p.asleep = True
@@ -217,6 +224,7 @@ class FakeBackend:
                 self.fail_fill = 0
                 raise RuntimeError("fake: copying through the staging ring failed (CUDA error 700)")
             for host, dev, n, at in fill:
+                self.copied.append((dev, to_host))
                 buf, hb = self.host_at(host)
                 seg, sb = self.seg_of(dev)
                 if to_host:
@@ -648,10 +656,10 @@ def test_staging_ring_unpinned_once_nothing_is_left_to_restore():
 
 def test_stage_config_follows_the_cpus():
     saved = {k: os.environ.pop(k, None) for k in ("FABPOOL_STAGE_LANES", "FABPOOL_STAGE_MIB")}
-    real = fms._cpus
+    real = fabpool_stage._cpus
     try:
         for cpus, lanes, mib in ((1, 1, 16), (4, 4, 4), (8, 8, 2), (16, 16, 1), (128, 16, 1)):
-            fms._cpus = lambda c=cpus: c
+            fabpool_stage._cpus = lambda c=cpus: c
             check(fms._stage_config() == (lanes, mib), "%d CPUs: %d lanes of %d MiB (%s)" %
                   (cpus, lanes, mib, fms._stage_config()))
         os.environ["FABPOOL_STAGE_LANES"] = "3"
@@ -662,7 +670,7 @@ def test_stage_config_follows_the_cpus():
         msg = raises(ValueError, fms._stage_config)
         check(msg is not None and "1 to 16" in msg, "FABPOOL_STAGE_LANES=17 refused, the range said")
     finally:
-        fms._cpus = real
+        fabpool_stage._cpus = real
         for k, v in saved.items():
             os.environ.pop(k, None)
             if v is not None:
@@ -689,8 +697,11 @@ def test_cumem_allocator():
     check(alloc.get_current_usage() == len(wd) + len(kd) + len(od), "get_current_usage: the pools' bytes")
     alloc.sleep()
     sl = {c[1]: c[3] for c in be.calls if c[0] == "sleep"}
-    check(sl == {"vllm.default": True, "vllm.kv_cache": False, "vllm.weights": False},
-          "sleep(): default offloaded, the rest discarded")
+    check(sl == {"vllm.default": False, "vllm.kv_cache": False, "vllm.weights": False},
+          "sleep(): every tag slept with discard")
+    check(be.copied and all(w.addr <= a < w.addr + w.nbytes and to_host for a, to_host in be.copied),
+          "sleep(): default copied to the host, the rest not")
+    check(alloc.get_current_usage() == len(wd) + len(kd) + len(od), "get_current_usage unchanged while asleep")
     check(("empty_cache",) in be.calls, "sleep empties PyTorch's cache")
     alloc.wake_up(tags=["default"])
     check(w.read() == wd and be.pools[("vllm.kv_cache", 0)].asleep, "wake_up(tags): those only, restored")
@@ -713,9 +724,283 @@ def test_cumem_allocator():
     check(o.read() == od and alloc.sleeping_tags() == [], "the failed wake_up completed by the next one")
 
 
+def cumem_workload(**kw):
+    """vLLM's tags on the fake: weights of many sizes (around and across the staging buffer) and a segment
+    PyTorch caches free, a KV cache; the staging buffer RING bytes."""
+    be = FakeBackend(**kw)
+    be.ring_bytes = RING
+    alloc = fabpool_cumem.CuMemAllocator(backend=be)
+    with alloc.use_memory_pool(tag="weights"):
+        ws = [be.alloc(n, pattern(i, n)) for i, n in enumerate(STAGED_SIZES)]
+        cached = be.alloc(3 * RING, b"c")
+    be.free_tensor(cached)   # freed: PyTorch keeps the segment, nothing allocated in it
+    with alloc.use_memory_pool(tag="kv_cache"):
+        kv = be.alloc(3 * RING, b"k")
+    return alloc, be, ws, cached, kv
+
+
+def held_copies(alloc, be):
+    """Host bytes the allocator holds: what it says and what the fake has mapped (every mapping counted)."""
+    return getattr(alloc, "host_bytes", lambda: None)(), sum(len(b) for b in be.host.values())
+
+
+def test_cumem_offload_goes_through_the_staging_ring():
+    alloc, be, ws, cached, kv = cumem_workload()
+    total = sum(STAGED_SIZES)
+    for cycle in range(3):
+        want = [pattern(i + 31 * cycle, n) for i, n in enumerate(STAGED_SIZES)]
+        for w, d in zip(ws, want):
+            w.write(d)
+        kv.write(b"k" * kv.nbytes)
+        fills0, calls0, copied0 = be.fills, len(be.calls), len(be.copied)
+        alloc.sleep(offload_tags=("weights",))
+        calls = be.calls[calls0:]
+        check(sorted((c[1], c[3]) for c in calls if c[0] == "sleep") ==
+              [("vllm.kv_cache", False), ("vllm.weights", False)],
+              "cycle %d: both tags slept with discard (the library copies nothing)" % cycle)
+        check(be.fills - fills0 == -(-total // RING),
+              "cycle %d: the weights packed into %d staging buffers (%d)" % (cycle, -(-total // RING),
+                                                                              be.fills - fills0))
+        addrs = {a for a, _ in be.copied[copied0:]}
+        check(addrs and not any(kv.addr <= a < kv.addr + kv.nbytes for a in addrs),
+              "cycle %d: the discarded tag is not copied" % cycle)
+        check(addrs and not any(cached.addr <= a < cached.addr + cached.nbytes for a in addrs),
+              "cycle %d: a segment with nothing allocated is not copied" % cycle)
+        check([c for c in calls if c[0] == "host_alloc"] == [("host_alloc", total)],
+              "cycle %d: one pageable mapping for the weights' allocated bytes" % cycle)
+        check(held_copies(alloc, be) == (total, total), "cycle %d: host copies held while asleep %s" %
+              (cycle, held_copies(alloc, be)))
+        check(getattr(alloc, "staging_bytes", lambda: None)() == 2 * RING and 0 in be.rings,
+              "cycle %d: the staging ring pinned while the weights sleep" % cycle)
+        check(alloc.get_current_usage() == total + 6 * RING, "cycle %d: get_current_usage while asleep" % cycle)
+        alloc.wake_up()
+        check(all(w.read() == d for w, d in zip(ws, want)), "cycle %d: every size restored bitwise" % cycle)
+        check(kv.read() != b"k" * kv.nbytes, "cycle %d: the discarded tag's bytes dropped" % cycle)
+        check(held_copies(alloc, be) == (0, 0) and [c for c in be.calls[calls0:] if c[0] == "host_free"],
+              "cycle %d: the host copy unmapped by wake_up" % cycle)
+        check(not be.rings and alloc.staging_bytes() == 0, "cycle %d: the ring unpinned after the last wake_up" %
+              cycle)
+        check(alloc.sleeping_tags() == [], "cycle %d: all awake" % cycle)
+    check(be.ring_pins == 3, "one ring pinned per cycle (%d)" % be.ring_pins)
+    # nothing offloaded: no ring, no host memory
+    alloc.sleep(offload_tags=())
+    check(be.ring_pins == 3 and not be.host and not be.rings, "sleep without offload: no copy, no ring")
+    alloc.wake_up()
+
+
+def test_cumem_ring_held_while_an_offloaded_tag_sleeps():
+    alloc, be, ws, _, kv = cumem_workload()
+    want = [w.read() for w in ws]
+    kv.write(pattern(9, kv.nbytes))
+    alloc.sleep(offload_tags=("weights", "kv_cache"))
+    alloc.wake_up(tags=["weights"])
+    check(all(w.read() == d for w, d in zip(ws, want)), "wake_up(weights): restored")
+    check(be.rings and getattr(alloc, "host_bytes", lambda: None)() == kv.nbytes,
+          "the KV cache still asleep: its copy and the ring kept")
+    n_wakes = len([c for c in be.calls if c[0] == "wake"])
+    alloc.wake_up(tags=["weights"])
+    check(len([c for c in be.calls if c[0] == "wake"]) == n_wakes and be.rings,
+          "wake_up of an awake tag does nothing")
+    calls0 = len(be.calls)
+    alloc.sleep(offload_tags=("weights",))
+    check([c[1] for c in be.calls[calls0:] if c[0] == "sleep"] == ["vllm.weights"],
+          "sleep leaves a tag already asleep as it is")
+    alloc.wake_up()
+    check(kv.read() == pattern(9, kv.nbytes) and all(w.read() == d for w, d in zip(ws, want)),
+          "both restored bitwise")
+    check(not be.rings and not be.host, "the ring unpinned and the copies unmapped after the last wake_up")
+    # FABPOOL_STAGE_KEEP=1: the ring kept for the process
+    os.environ["FABPOOL_STAGE_KEEP"] = "1"
+    try:
+        alloc2, be2, _, _, _ = cumem_workload()
+    finally:
+        del os.environ["FABPOOL_STAGE_KEEP"]
+    for _ in range(2):
+        alloc2.sleep(offload_tags=("weights",))
+        alloc2.wake_up()
+    check(be2.ring_pins == 1 and be2.rings and not be2.host, "FABPOOL_STAGE_KEEP=1: one ring, kept; copies unmapped")
+
+
+def test_cumem_failed_sleep_leaves_the_tag_awake_and_nothing_held():
+    cases = (("host memory refused", MemoryError, lambda be: setattr(be, "fail_host_alloc", True)),
+             ("the copy's first buffer", RuntimeError, lambda be: setattr(be, "fail_fill", 1)),
+             ("the copy's third buffer", RuntimeError, lambda be: setattr(be, "fail_fill", 3)),
+             ("the sleep after the copy", RuntimeError, lambda be: setattr(be, "fail_sleep_tag", "vllm.weights")))
+    for what, exc, arm in cases:
+        alloc, be, ws, _, kv = cumem_workload()
+        want = [w.read() for w in ws]
+        arm(be)
+        msg = raises(exc, alloc.sleep, offload_tags=("weights",))
+        check(msg is not None, "%s: sleep raises %s" % (what, exc.__name__))
+        check(not be.pools[("vllm.weights", 0)].asleep and ("weights", 0) not in alloc.sleeping_tags(),
+              "%s: the weights stay awake" % what)
+        check(all(w.read() == d for w, d in zip(ws, want)), "%s: their device bytes as they were" % what)
+        check(alloc.sleeping_tags() == [("kv_cache", 0)] and be.pools[("vllm.kv_cache", 0)].asleep,
+              "%s: the tag before it asleep, and known to be (%s)" % (what, alloc.sleeping_tags()))
+        check(held_copies(alloc, be) == (0, 0) and not be.rings,
+              "%s: no host mapping left, the ring unpinned (%s, rings %s)" % (what, held_copies(alloc, be),
+                                                                               be.rings))
+        alloc.sleep(offload_tags=("weights",))
+        alloc.wake_up()
+        check(all(w.read() == d for w, d in zip(ws, want)) and not be.host and not be.rings,
+              "%s: the next cycle restores bitwise, nothing held" % what)
+
+
+def test_cumem_failed_wake_up_keeps_the_tag_asleep_with_its_copy():
+    # no device memory for the wake
+    alloc, be, ws, _, _ = cumem_workload()
+    want = [w.read() for w in ws]
+    alloc.sleep(offload_tags=("weights",))
+    held = held_copies(alloc, be)
+    be.free = 0
+    check(raises(RuntimeError, alloc.wake_up) is not None, "no device memory: wake_up raises")
+    check(("weights", 0) in alloc.sleeping_tags() and held_copies(alloc, be) == held and be.rings,
+          "no device memory: asleep, its copy and the ring kept")
+    be.free = 1 << 40
+    alloc.wake_up()
+    check(all(w.read() == d for w, d in zip(ws, want)) and not be.host and not be.rings,
+          "no device memory: the next wake_up restores bitwise, nothing held")
+    # the copy back fails
+    for nth in (1, 3):
+        alloc, be, ws, _, _ = cumem_workload()
+        want = [w.read() for w in ws]
+        alloc.sleep(offload_tags=("weights",))
+        held = held_copies(alloc, be)
+        blocks = {k: bytes(v) for k, v in be.host.items()}
+        be.fail_fill = nth
+        msg = raises(RuntimeError, alloc.wake_up, tags="weights")
+        check(msg is not None and "staging" in msg, "copy back, buffer %d: wake_up raises" % nth)
+        check(be.pools[("vllm.weights", 0)].asleep and ("weights", 0) in alloc.sleeping_tags(),
+              "copy back, buffer %d: the tag asleep again" % nth)
+        check(held_copies(alloc, be) == held and {k: bytes(v) for k, v in be.host.items()} == blocks,
+              "copy back, buffer %d: its host copy kept, bytes intact" % nth)
+        alloc.wake_up()
+        check(all(w.read() == d for w, d in zip(ws, want)) and not be.host and not be.rings,
+              "copy back, buffer %d: the next wake_up restores bitwise, nothing held" % nth)
+    # the copy back fails and so does the sleep that would undo the wake
+    alloc, be, ws, _, _ = cumem_workload()
+    want = [w.read() for w in ws]
+    alloc.sleep(offload_tags=("weights",))
+    be.fail_fill, be.fail_sleep = 2, True
+    msg = raises(RuntimeError, alloc.wake_up)
+    check(msg is not None and "kept" in msg, "both failed: the error says the copy is kept (%s)" % msg)
+    check(("weights", 0) not in alloc.sleeping_tags() and held_copies(alloc, be)[1] == sum(STAGED_SIZES),
+          "both failed: the tag awake, its copy kept")
+    alloc.wake_up(tags=["weights"])
+    check(all(w.read() == d for w, d in zip(ws, want)) and not be.host and not be.rings,
+          "both failed: the next wake_up copies it again, bitwise, nothing held")
+
+
+def test_cumem_devices():
+    be = FakeBackend()
+    be.ring_bytes = RING
+    alloc = fabpool_cumem.CuMemAllocator(backend=be)
+    ts = {}
+    for dev in (0, 1):
+        be.device = dev
+        with alloc.use_memory_pool(tag="weights"):
+            ts[dev] = be.alloc(3 * RING + dev, pattern(dev + 40, 3 * RING + dev))
+    alloc.sleep(offload_tags=("weights",))
+    check(alloc.sleeping_tags() == [("weights", 0), ("weights", 1)], "each device's pool asleep")
+    check(set(be.rings) == {0, 1}, "a ring per device copied on (%s)" % sorted(be.rings))
+    check(held_copies(alloc, be)[1] == 6 * RING + 1, "a host copy per (tag, device)")
+    alloc.wake_up()
+    check(all(ts[d].read() == pattern(d + 40, 3 * RING + d) for d in (0, 1)), "both restored bitwise")
+    check(not be.rings and not be.host, "nothing held after")
+
+
+def test_cumem_pinned_offload_is_the_librarys():
+    saved = os.environ.pop("FABPOOL_CUMEM_OFFLOAD", None)
+    try:
+        os.environ["FABPOOL_CUMEM_OFFLOAD"] = "pinned"
+        alloc, be, ws, _, _ = cumem_workload()
+        want = [w.read() for w in ws]
+        alloc.sleep(offload_tags=("weights",))
+        check(sorted((c[1], c[3]) for c in be.calls if c[0] == "sleep") ==
+              [("vllm.kv_cache", False), ("vllm.weights", True)], "pinned: the library offloads the weights")
+        check(be.fills == 0 and not be.host and not be.rings, "pinned: no staging, no host mapping")
+        alloc.wake_up()
+        check(all(w.read() == d for w, d in zip(ws, want)), "pinned: restored")
+        os.environ["FABPOOL_CUMEM_OFFLOAD"] = "disk"
+        msg = raises(ValueError, fabpool_cumem.CuMemAllocator, backend=FakeBackend())
+        check(msg is not None and "FABPOOL_CUMEM_OFFLOAD" in msg, "an unknown mode refused, the variable named")
+        del os.environ["FABPOOL_CUMEM_OFFLOAD"]
+        alloc, be, ws, _, _ = cumem_workload()
+        check(getattr(alloc, "offload", None) == "staged", "staged by default")
+        alloc.offload = "pinned"
+        alloc.sleep(offload_tags=("weights",))
+        check(be.fills == 0 and be.pools[("vllm.weights", 0)].offloaded is not None, "offload set to pinned")
+        alloc.wake_up()
+        check(raises(ValueError, setattr, alloc, "offload", "disk") is not None, "offload: an unknown mode refused")
+    finally:
+        os.environ.pop("FABPOOL_CUMEM_OFFLOAD", None)
+        if saved is not None:
+            os.environ["FABPOOL_CUMEM_OFFLOAD"] = saved
+
+
+class _StageLib:
+    """libfabpool_torch.so's stage functions as fabpool_stage calls them, rings by handle."""
+
+    def __init__(self):
+        self.destroyed, self.copies = [], 0
+
+    def fabpool_torch_stage_destroy(self, ring, err, n):
+        self.destroyed.append(ring)
+        return 0
+
+    def fabpool_torch_stage_pinned_bytes(self, ring):
+        return 1 << 20
+
+    def fabpool_torch_stage_copy(self, ring, items, n, to_host, err, errlen):
+        self.copies += 1
+        return 0
+
+
+def test_stage_rings_shared_until_no_user_needs_them():
+    import ctypes
+
+    class Cuda:
+        @staticmethod
+        def synchronize(device):
+            pass
+
+    class Torch:
+        cuda = Cuda
+
+    proc = fabpool_stage._Process
+    saved = (proc.lib, proc.rings)
+    lib = _StageLib()
+    proc.lib, proc.rings = lib, {0: 101}
+    users = []
+    try:
+        for owner in ("fabpool_memory_saver", "fabpool_cumem"):
+            u = fabpool_stage.Stage.__new__(fabpool_stage.Stage)   # no driver to load here
+            u.torch, u.ft, u.ctypes, u._owner = Torch, None, ctypes, owner
+            users.append(u)
+        saver_be, cumem_be = users
+        saver_be.copy(0, [(1 << 44, 1 << 32, 4096)], to_host=True)
+        cumem_be.copy(0, [(1 << 45, 1 << 33, 4096)], to_host=True)
+        check(lib.copies == 2 and proc.rings == {0: 101}, "both modules copy through the one ring of device 0")
+        saver_be.release_staging()
+        check(lib.destroyed == [] and cumem_be.staging_bytes() == 1 << 20,
+              "one module done: the ring stays for the other, which has copies to restore")
+        cumem_be.release_staging()
+        check(lib.destroyed == [101] and proc.rings == {}, "the last one done: the ring unpinned")
+    finally:
+        for u in users:
+            proc.holders.discard(u)
+        proc.lib, proc.rings = saved
+
+
 for name, fn in list(globals().items()):
     if name.startswith("test_") and callable(fn):
-        fn()
+        try:
+            fn()
+        except Exception as e:   # one test's error fails it, and the others still run
+            import traceback
+            traceback.print_exc()
+            failures.append("%s raised %r" % (name, e))
+            print("FAILED: %s raised %r" % (name, e))
 if failures:
     print("%d check(s) failed" % len(failures))
     sys.exit(1)

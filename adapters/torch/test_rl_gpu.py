@@ -3,7 +3,8 @@ driver): device memory given back by a pause and taken again by a resume,
 bytes restored bitwise, host copies as CPU tensors and retained at one
 address, pinned host memory back to its level, a CUDA graph captured into a
 tag and replayed after a pause, vLLM's sleep / wake_up with offload and
-discard.  Exits 77 (skipped) without torch or a GPU.
+discard (the offload through the staging ring, host memory back to its level
+after the cycles; the library's pinned offload beside it).  Exits 77 (skipped) without torch or a GPU.
 Usage: test_rl_gpu.py <directory of libfabpool_torch.so and the modules>"""
 import gc
 import os
@@ -198,6 +199,57 @@ check(int(vkv.sum().item()) == 4 * 512 * MiB, "wake_up(): the discarded tag usab
 alloc.sleep(offload_tags=("kv_cache",))
 alloc.wake_up()
 check(int(vkv.sum().item()) == 4 * 512 * MiB, "offload_tags=('kv_cache',): its bytes restored")
+
+
+# vLLM's sleep with offload goes through the staging ring: about 1 GiB of weights offloaded to pageable host
+# memory, a KV cache discarded, 3 cycles; the library's own offload (pinned host memory) is not used
+import fabpool_torch  # noqa: E402
+check(alloc.offload == "staged", "CuMemAllocator offloads through the staging ring by default")
+csizes = [4096, 100_000, 3 * MiB + 5, 64 * MiB, 256 * MiB, 700 * MiB]
+with alloc.use_memory_pool(tag="weights"):
+    cw = [pattern(n, 100 + i) for i, n in enumerate(csizes)]
+with alloc.use_memory_pool(tag="kv"):
+    ckv = torch.full((512 * MiB,), 9, dtype=torch.uint8, device=dev)
+cexp = [w.cpu() for w in cw]
+cptrs = [w.data_ptr() for w in cw] + [ckv.data_ptr()]
+cbe = alloc._be()
+gc.collect()
+torch.cuda.synchronize()
+crss0 = rss()
+for cycle in range(3):
+    u0 = used()
+    alloc.sleep(offload_tags=("weights",))
+    u1 = used()
+    check(u0 - u1 >= sum(csizes) + 512 * MiB, "cumem cycle %d: sleep gives the weights and the cache back (%d MiB)" %
+          (cycle, (u0 - u1) // MiB))
+    st = fabpool_torch.sleep_state("vllm.weights")
+    check(st["asleep"] and st["offloaded_bytes"] == 0 and st["host_bytes"] == 0,
+          "cumem cycle %d: the library slept the weights with discard, no pinned copy (%s)" % (cycle, st))
+    check(alloc.host_bytes() >= sum(csizes) and cbe.host_mapped_bytes() >= sum(csizes),
+          "cumem cycle %d: the weights' pageable copy mapped (%d MiB)" % (cycle, alloc.host_bytes() // MiB))
+    check(alloc.staging_bytes() == want, "cumem cycle %d: one staging ring of %d MiB pinned while asleep (%d MiB)" %
+          (cycle, want // MiB, alloc.staging_bytes() // MiB))
+    alloc.wake_up()
+    check(all(torch.equal(w.cpu(), e) for w, e in zip(cw, cexp)), "cumem cycle %d: weights bitwise" % cycle)
+    check([w.data_ptr() for w in cw] + [ckv.data_ptr()] == cptrs, "cumem cycle %d: addresses unchanged" % cycle)
+    check(alloc.host_bytes() == 0 and cbe.host_mapped_bytes() == 0 and alloc.staging_bytes() == 0,
+          "cumem cycle %d: after wake_up the copy unmapped, the ring unpinned" % cycle)
+    ckv.fill_(cycle)
+    check(int(ckv[77].item()) == cycle, "cumem cycle %d: the discarded cache usable after wake_up" % cycle)
+gc.collect()
+torch.cuda.synchronize()
+check(rss() - crss0 < 128 * MiB, "cumem: host memory back to its level after 3 cycles (RSS %+d MiB)" %
+      ((rss() - crss0) // MiB))
+# the library's pinned offload, still there (FABPOOL_CUMEM_OFFLOAD=pinned)
+alloc.offload = "pinned"
+alloc.sleep(offload_tags=("weights",))
+st = fabpool_torch.sleep_state("vllm.weights")
+check(st["offloaded_bytes"] >= sum(csizes) and alloc.staging_bytes() == 0,
+      "offload pinned: the library's copy (%d MiB), no staging ring" % (st["offloaded_bytes"] // MiB))
+alloc.wake_up()
+alloc.offload = "staged"
+check(all(torch.equal(w.cpu(), e) for w, e in zip(cw, cexp)), "offload pinned: weights bitwise")
+del cw, ckv, cexp
 
 print("test_rl_gpu: device memory measured by %s" % held.source)
 if failures:

@@ -28,9 +28,11 @@ install)
     [ -e "$h" ] || continue
     [ -e "$prefix/include/$(basename "$h")" ] || fail "header $(basename "$h") was not installed"
   done
-  # the tools, and the PyTorch adapter: the package (module and library of this build) and fabpool_symm
+  # the tools, and the PyTorch adapter: the package (module and library of this build) and the modules beside it
   for f in bin/fabpool_trace bin/fabpool_replay bin/fabpool_bench "$FABPOOL_PYTHONDIR/fabpool_torch/__init__.py" \
-           "$FABPOOL_PYTHONDIR/fabpool_torch/libfabpool_torch.so" "$FABPOOL_PYTHONDIR/fabpool_symm.py"; do
+           "$FABPOOL_PYTHONDIR/fabpool_torch/libfabpool_torch.so" "$FABPOOL_PYTHONDIR/fabpool_symm.py" \
+           "$FABPOOL_PYTHONDIR/fabpool_memory_saver.py" "$FABPOOL_PYTHONDIR/fabpool_cumem.py" \
+           "$FABPOOL_PYTHONDIR/fabpool_stage.py"; do
     [ -e "$prefix/$f" ] || fail "$prefix/$f was not installed"
     echo "installed: $f"
   done

@@ -27,7 +27,8 @@ The host copies are pageable: an anonymous mapping per block (advised for
 huge pages), given back with munmap when resume() is done with it, so that
 the process's resident memory returns to its level and no pause pays for
 pinning or unpinning gigabytes.  The copies go through a small pinned
-staging ring per device (stage_copy.c in libfabpool_torch.so): lanes
+staging ring per device (stage_copy.c in libfabpool_torch.so, driven by
+fabpool_stage.py, whose rings fabpool_cumem's offload uses too): lanes
 (threads, FABPOOL_STAGE_LANES, default the CPUs the process may run on, at
 most 16) each with a stream and two pinned buffers (FABPOOL_STAGE_MIB,
 default 16 / lanes MiB, at least 1), the DMA of one buffer overlapping the
@@ -37,7 +38,7 @@ ring (2 x lanes x MiB: 32 MiB up to 16 lanes) is pinned at a pause's first
 copy and unpinned by the resume after which no tag with a CPU backup is
 paused, so that host memory returns to its level after each cycle
 (FABPOOL_STAGE_KEEP=1 keeps it for the process; staging_bytes(),
-release_staging()).
+release_staging()) and no tag that fabpool_cumem offloaded sleeps.
 
 What the original offers and how this module answers it:
 - region(tag, enable_cpu_backup, cpu_backup_backend): as the original;
@@ -73,9 +74,10 @@ Without torch the module imports and its logic runs on any backend object
 with the methods of _TorchBackend (the tests use a fake one).
 """
 import contextlib
-import os
 import threading
 import warnings
+
+import fabpool_stage
 
 __all__ = ["TorchMemorySaver", "torch_memory_saver", "configure_subprocess", "region", "pause", "resume",
            "cuda_graph", "disable", "get_cpu_backup", "HOOK_MODES"]
@@ -85,80 +87,18 @@ _TAG_DEFAULT = "default"
 _BACKENDS = (None, "pinned", "mmap")
 
 
-def _env_bool(name):
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+_env_bool = fabpool_stage.env_bool
+_stage_config = fabpool_stage.stage_config
 
 
-def _cpus():
-    """The CPUs this process may run on (its affinity), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def _stage_config():
-    """(lanes, MiB per buffer) of a staging ring: FABPOOL_STAGE_LANES (1..16; default the CPUs the process may
-    run on, at most 16) and FABPOOL_STAGE_MIB (1..1024; default 16 / lanes, at least 1: a ring of 32 MiB up to
-    16 lanes); the ring pins 2 * lanes * MiB.  Small buffers on many lanes: on an H100 host (16 CPUs, 3 GiB into
-    fresh pages) 16 lanes of 1 MiB copied 22.8 GB/s where 16 lanes of 4 MiB copied 15.5 (perf/h200/stage_probe.c;
-    docs/rl-serving.md), and pinning a quarter of the ring costs a quarter of its time."""
-    def num(name, default, lo, hi):
-        v = os.environ.get(name, "").strip()
-        if not v:
-            return default
-        try:
-            n = int(v)
-        except ValueError:
-            n = None
-        if n is None or not lo <= n <= hi:
-            raise ValueError("%s=%r: give a whole number from %d to %d" % (name, v, lo, hi))
-        return n
-    lanes = num("FABPOOL_STAGE_LANES", min(16, _cpus()), 1, 16)
-    return lanes, num("FABPOOL_STAGE_MIB", max(1, 16 // lanes), 1, 1024)
-
-
-def _stage_types():
-    import ctypes
-
-    class StageDriver(ctypes.Structure):
-        entry_points = (("mem_host_alloc", "cuMemHostAlloc"), ("mem_free_host", "cuMemFreeHost"),
-                        ("device_get", "cuDeviceGet"), ("primary_ctx_retain", "cuDevicePrimaryCtxRetain"),
-                        ("primary_ctx_release", "cuDevicePrimaryCtxRelease_v2"),
-                        ("ctx_get_current", "cuCtxGetCurrent"), ("ctx_set_current", "cuCtxSetCurrent"),
-                        ("stream_create", "cuStreamCreate"), ("stream_destroy", "cuStreamDestroy_v2"),
-                        ("stream_synchronize", "cuStreamSynchronize"), ("event_create", "cuEventCreate"),
-                        ("event_destroy", "cuEventDestroy_v2"), ("event_record", "cuEventRecord"),
-                        ("event_synchronize", "cuEventSynchronize"),
-                        ("memcpy_dtoh_async", "cuMemcpyDtoHAsync_v2"),
-                        ("memcpy_htod_async", "cuMemcpyHtoDAsync_v2"))
-        _fields_ = [(f, ctypes.c_void_p) for f, _ in entry_points]
-
-    class StageItem(ctypes.Structure):
-        _fields_ = [("host", ctypes.c_uint64), ("dev", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
-    return StageDriver, StageItem
-
-
-try:
-    _StageDriver, _StageItem = _stage_types()   # the layouts of stage_copy.h
-except ImportError:   # no ctypes: the fake backends of the tests need none
-    _StageDriver = _StageItem = None
-
-
-class _TorchBackend:
-    """What the saver asks of PyTorch, fabpool_torch and the CUDA driver."""
+class _TorchBackend(fabpool_stage.Stage):
+    """What the saver asks of PyTorch, fabpool_torch and the CUDA driver; the host copies and the staging
+    ring are fabpool_stage's."""
 
     def __init__(self):
-        import ctypes
         import torch
         import fabpool_torch
-        self.torch, self.ft, self.ctypes = torch, fabpool_torch, ctypes
-        cuda = ctypes.CDLL(os.environ.get("FABPOOL_CUDA_LIBRARY", "libcuda.so.1"))
-        for _, name in _StageDriver.entry_points:
-            getattr(cuda, name)   # every one the ring needs, or AttributeError now
-        self.cuda = cuda
-        self._slib, self._drv = None, None
-        self._rings = {}   # device -> its staging ring, pinned at a pause's first copy
+        super().__init__(torch, fabpool_torch, "fabpool_memory_saver")
 
     # devices and pools
     def current_device(self):
@@ -197,90 +137,6 @@ class _TorchBackend:
 
     def free_bytes(self, device):
         return self.torch.cuda.mem_get_info(device)[0]
-
-    # host copies: pageable mappings, filled and read through the device's pinned staging ring
-    def _stage(self):
-        if self._slib is None:
-            ct = self.ctypes
-            lib = self.ft.load()
-            vp, sz, u64, cp = ct.c_void_p, ct.c_size_t, ct.c_uint64, ct.c_char_p
-            for name, args, res in (
-                    ("fabpool_torch_stage_create", [ct.POINTER(_StageDriver), ct.c_int, ct.c_uint, sz,
-                                                    ct.POINTER(vp), cp, sz], ct.c_int),
-                    ("fabpool_torch_stage_destroy", [vp, cp, sz], ct.c_int),
-                    ("fabpool_torch_stage_copy", [vp, vp, sz, ct.c_int, cp, sz], ct.c_int),
-                    ("fabpool_torch_stage_pinned_bytes", [vp], u64),
-                    ("fabpool_torch_stage_host_map", [u64, ct.POINTER(u64), cp, sz], ct.c_int),
-                    ("fabpool_torch_stage_host_unmap", [u64, u64, cp, sz], ct.c_int),
-                    ("fabpool_torch_stage_host_bytes", [], u64),
-                    ("fabpool_torch_stage_populated_bytes", [], u64)):
-                fn = getattr(lib, name)
-                fn.argtypes, fn.restype = args, res
-            drv = _StageDriver()
-            for field, name in _StageDriver.entry_points:
-                setattr(drv, field, ct.cast(getattr(self.cuda, name), vp).value)
-            self._drv, self._slib = drv, lib
-        return self._slib
-
-    def _err(self):
-        return self.ctypes.create_string_buffer(512)
-
-    def _ring(self, device):
-        ring = self._rings.get(device)
-        if ring is None:
-            lib, err, out = self._stage(), self._err(), self.ctypes.c_void_p()
-            lanes, mib = _stage_config()
-            st = lib.fabpool_torch_stage_create(self.ctypes.byref(self._drv), device, lanes, mib << 20,
-                                                self.ctypes.byref(out), err, len(err))
-            if st != 0:
-                raise MemoryError("fabpool_memory_saver: %s" % err.value.decode(errors="replace"))
-            ring = self._rings[device] = out.value
-        return ring
-
-    def staging_bytes(self):
-        """Pinned bytes of the staging rings held now."""
-        if self._slib is None:
-            return 0
-        return sum(self._slib.fabpool_torch_stage_pinned_bytes(r) for r in self._rings.values())
-
-    def release_staging(self):
-        for dev in list(self._rings):
-            err = self._err()
-            if self._slib.fabpool_torch_stage_destroy(self._rings[dev], err, len(err)) != 0:
-                raise RuntimeError("fabpool_memory_saver: %s" % err.value.decode(errors="replace"))
-            del self._rings[dev]
-
-    def host_alloc(self, nbytes):
-        lib, err, out = self._stage(), self._err(), self.ctypes.c_uint64()
-        if lib.fabpool_torch_stage_host_map(nbytes, self.ctypes.byref(out), err, len(err)) != 0:
-            raise MemoryError("fabpool_memory_saver: %s" % err.value.decode(errors="replace"))
-        return out.value
-
-    def host_free(self, ptr, nbytes):
-        err = self._err()
-        if self._stage().fabpool_torch_stage_host_unmap(ptr, nbytes, err, len(err)) != 0:
-            raise RuntimeError("fabpool_memory_saver: %s" % err.value.decode(errors="replace"))
-
-    def host_mapped_bytes(self):
-        """Bytes of host copies mapped now by this process (every saver's)."""
-        return self._stage().fabpool_torch_stage_host_bytes()
-
-    def populated_bytes(self):
-        """Host bytes the copies to the host faulted in ahead of their memcpy (0: the kernel refuses it)."""
-        return self._stage().fabpool_torch_stage_populated_bytes()
-
-    def copy(self, device, pairs, to_host):
-        """Copies each (host address, device address, bytes) one way through the device's staging ring,
-        after the device's work, and returns when they are done."""
-        if not pairs:
-            return
-        ring = self._ring(device)
-        self.torch.cuda.synchronize(device)
-        items = (_StageItem * len(pairs))(*[_StageItem(h, d, n) for h, d, n in pairs])
-        err = self._err()
-        st = self._slib.fabpool_torch_stage_copy(ring, items, len(pairs), 1 if to_host else 0, err, len(err))
-        if st != 0:
-            raise RuntimeError("fabpool_memory_saver: %s" % err.value.decode(errors="replace"))
 
     # tensors
     def tensor_span(self, t):
@@ -637,14 +493,16 @@ class TorchMemorySaver:
         return sum(blocks.values())
 
     def staging_bytes(self):
-        """Pinned host memory of the staging rings held now: pinned per device
-        at a pause's first copy, unpinned when the last tag with a CPU backup
-        resumes (kept for the process with FABPOOL_STAGE_KEEP=1)."""
+        """Pinned host memory of the process's staging rings held now: pinned
+        per device at a pause's first copy, unpinned when the last tag with a
+        CPU backup resumes and no tag fabpool_cumem offloaded sleeps (kept for
+        the process with FABPOOL_STAGE_KEEP=1)."""
         be = self._be()
         return be.staging_bytes() if hasattr(be, "staging_bytes") else 0
 
     def release_staging(self):
-        """Frees the staging rings' pinned memory now; the next copy pins a ring again."""
+        """Frees the staging rings' pinned memory now (unless fabpool_cumem has tags asleep whose host copies
+        it restores through them: they are freed by its last wake_up); the next copy pins a ring again."""
         with self._lock:
             be = self._be()
             if hasattr(be, "release_staging"):
