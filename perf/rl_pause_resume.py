@@ -249,7 +249,7 @@ def copy_rates(out, phases, cycles, wbytes):
     return med
 
 
-def cycles(torch, used, weights, refs, kv, phases, n, down, up, differ):
+def run_cycles(torch, used, weights, refs, kv, phases, n, down, up, differ):
     """n rounds of down() (pause, sleep) and up() (resume, wake_up), each timed to the device's idle; the cache
     written before each, as a serving engine would between phases, and the weights compared after.  Returns
     the seconds of each down and up, the device memory each down gave back, and whether every round was
@@ -353,8 +353,9 @@ def child(args):
     rss0 = rss()
 
     phases.clear()
-    pause_s, resume_s, given, bitwise = cycles(torch, used, weights, refs, kv, phases, args.cycles, tms.pause,
-                                               tms.resume, "%s: cycle %%d: weights differ after resume" % args.impl)
+    pause_s, resume_s, given, bitwise = run_cycles(torch, used, weights, refs, kv, phases, args.cycles,
+                                                   tms.pause, tms.resume,
+                                                   "%s: cycle %%d: weights differ after resume" % args.impl)
     rss1 = rss()
     # the phases' medians over the cycles above, before the cycles below add to them
     rates = {}
@@ -422,9 +423,9 @@ def child_cumem(args):
     torch.cuda.synchronize()
     rss0 = rss()
     phases.clear()
-    sleep_s, wake_s, given, bitwise = cycles(torch, used, weights, refs, kv, phases, args.cycles,
-                                             lambda: alloc.sleep(offload_tags=("weights",)), alloc.wake_up,
-                                             "cumem %s: cycle %%d: weights differ after wake_up" % args.impl)
+    sleep_s, wake_s, given, bitwise = run_cycles(torch, used, weights, refs, kv, phases, args.cycles,
+                                                 lambda: alloc.sleep(offload_tags=("weights",)), alloc.wake_up,
+                                                 "cumem %s: cycle %%d: weights differ after wake_up" % args.impl)
     rss1 = rss()
     out = {
         "impl": args.impl, "weights": len(sizes), "weights_bytes": wbytes, "kv_bytes": sum(kv_sizes),
