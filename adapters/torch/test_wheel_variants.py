@@ -56,8 +56,8 @@ def read_wheel(path, python):
     check(m is not None, "the wheel's file name %s is fabpool_torch-<version>-py3-none-linux_<arch>.whl" % name)
     with zipfile.ZipFile(path) as z:
         names = z.namelist()
-        for m in ("fabpool_symm.py", "fabpool_memory_saver.py", "fabpool_cumem.py", "fabpool_stage.py"):
-            check(m in names, "the wheel holds %s at its root" % m)
+        for mod in ("fabpool_symm.py", "fabpool_memory_saver.py", "fabpool_cumem.py", "fabpool_stage.py"):
+            check(mod in names, "the wheel holds %s at its root" % mod)
         meta_name = [n for n in names if n.endswith(".dist-info/METADATA")]
         check(len(meta_name) == 1, "the wheel has one METADATA: %s" % meta_name)
         meta = email.parser.HeaderParser().parsestr(z.read(meta_name[0]).decode()) if meta_name else {}
