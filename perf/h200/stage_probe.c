@@ -11,7 +11,9 @@
  * Every figure is GB/s of the offloaded bytes (10^9 bytes a second), the median of R runs.
  * Build and run on the GPU machine:
  *   gcc -O2 -pthread -I/usr/local/cuda/include perf/h200/stage_probe.c -o /tmp/stage_probe -lcuda
- *   /tmp/stage_probe [GiB [R [all|v2]]]   (v2: with and without huge pages, populate against faults in the
+ *   /tmp/stage_probe [GiB [R [all|v2|uffd]]]   (uffd: fresh pages filled by UFFDIO_COPY, which skips their
+ *   zeroing, against memcpy, alone and as the ring's lanes)
+ *   (v2: with and without huge pages, populate against faults in the
  *   memcpy, ring buffers of 0.5-2 MiB, and the ring into pages already there) */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -20,8 +22,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
+
+#ifndef UFFD_USER_MODE_ONLY
+#define UFFD_USER_MODE_ONLY 1
+#endif
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -35,6 +46,40 @@ static CUcontext ctx;
 static CUdeviceptr dev;
 static size_t total;
 static int thp = 1;   /* ask for transparent huge pages */
+static int uffd = -1; /* a userfaultfd over the fresh memory: UFFDIO_COPY fills its pages without zeroing them */
+
+/* Copies n bytes to fresh (registered) memory at dst: UFFDIO_COPY where uffd is open, else memcpy. */
+static void put(char *dst, const void *src, size_t n)
+{
+    if (uffd < 0) {
+        memcpy(dst, src, n);
+        return;
+    }
+    struct uffdio_copy c = {.dst = (unsigned long)dst, .src = (unsigned long)src, .len = n, .mode = 0};
+    if (ioctl(uffd, UFFDIO_COPY, &c) != 0) {
+        perror("UFFDIO_COPY");
+        exit(1);
+    }
+}
+
+/* Registers [p, p + n) for UFFDIO_COPY (on: 1) or gives it back to plain faults (on: 0). */
+static void uffd_range(char *p, size_t n, int on)
+{
+    if (on) {
+        uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY);
+        struct uffdio_api api = {.api = UFFD_API};
+        struct uffdio_register reg = {.range = {(unsigned long)p, n}, .mode = UFFDIO_REGISTER_MODE_MISSING};
+        if (uffd < 0 || ioctl(uffd, UFFDIO_API, &api) != 0 || ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) {
+            perror("userfaultfd");
+            exit(1);
+        }
+    } else {
+        struct uffdio_range r = {(unsigned long)p, n};
+        ioctl(uffd, UFFDIO_UNREGISTER, &r);
+        close(uffd);
+        uffd = -1;
+    }
+}
 
 static double now(void)
 {
@@ -74,7 +119,7 @@ static void *run(void *arg)
         CK(cuMemHostAlloc(&buf, 4 * MiB, 0));
         memset(buf, 1, 4 * MiB);
         for (size_t at = lo; at < hi; at += 4 * MiB)
-            memcpy(w->host + at, buf, hi - at < 4 * MiB ? hi - at : 4 * MiB);
+            put(w->host + at, buf, hi - at < 4 * MiB ? hi - at : 4 * MiB);
         CK(cuMemFreeHost(buf));
     } else if (w->kind == 2 || w->kind == 4) {   /* ring lane (4: no populate of its own) */
         CUstream s;
@@ -103,7 +148,7 @@ static void *run(void *arg)
             double t1 = now();
             CK(cuEventSynchronize(ev[b]));
             double t2 = now();
-            memcpy(w->host + f * bb, buf[b], n);
+            put(w->host + f * bb, buf[b], n);
             w->t_pop += t1 - t0;
             w->t_cpy += now() - t2;
             size_t g = f + 2 * st;
@@ -213,6 +258,48 @@ int main(int argc, char **argv)
     int bad = 0;
 
     const char *mode = argc > 3 ? argv[3] : "all";
+    if (!strcmp(mode, "uffd")) {
+        int T3[] = {1, 4, 8, 16};
+        for (thp = 1; thp >= 0; thp--)
+            for (int i = 0; i < 4; i++) {
+                for (int r = 0; r < R; r++) {
+                    char *h = fresh(total);
+                    a[r] = threads(1, T3[i], h, 0, NULL);   /* memcpy, the faults zeroing each page */
+                    munmap(h, total);
+                    h = fresh(total);
+                    uffd_range(h, total, 1);
+                    v[r] = threads(1, T3[i], h, 0, NULL);   /* UFFDIO_COPY: no zeroing */
+                    uffd_range(h, total, 0);
+                    munmap(h, total);
+                }
+                printf("thp %d T=%2d into fresh pages: memcpy %.1f GB/s, UFFDIO_COPY %.1f GB/s\n", thp, T3[i],
+                       GBS(median(a, R)), GBS(median(v, R)));
+            }
+        thp = 1;
+        size_t bb[] = {MiB, 2 * MiB, 4 * MiB};
+        for (int T = 8; T <= 16; T += 8)
+            for (int k = 0; k < 3; k++) {
+                work s;
+                for (int r = 0; r < R; r++) {
+                    char *h = fresh(total);
+                    a[r] = threads(2, T, h, bb[k], &s);   /* today's lanes: populate, then memcpy */
+                    munmap(h, total);
+                    h = fresh(total);
+                    uffd_range(h, total, 1);
+                    v[r] = threads(4, T, h, bb[k], &s);   /* lanes that UFFDIO_COPY each fill */
+                    uffd_range(h, total, 0);
+                    if (r == 0)
+                        bad |= check(h, "uffd ring");
+                    munmap(h, total);
+                }
+                printf("ring T=%2d buffers %zu MiB: populate + memcpy %.1f GB/s, UFFDIO_COPY %.1f GB/s\n", T,
+                       (size_t)(bb[k] >> 20), GBS(median(a, R)), GBS(median(v, R)));
+            }
+        CK(cuMemFree(dev));
+        CK(cuDevicePrimaryCtxRelease(d));
+        printf("data %s\n", bad ? "WRONG" : "checked");
+        return bad;
+    }
     if (!strcmp(mode, "v2")) {
         int T2[] = {1, 2, 4, 8, 16};
         for (thp = 1; thp >= 0; thp--)
