@@ -11,10 +11,10 @@
  * Every figure is GB/s of the offloaded bytes (10^9 bytes a second), the median of R runs.
  * Build and run on the GPU machine:
  *   gcc -O2 -pthread -I/usr/local/cuda/include perf/h200/stage_probe.c -o /tmp/stage_probe -lcuda
- *   /tmp/stage_probe [GiB [R [all|v2|uffd]]]   (uffd: fresh pages filled by UFFDIO_COPY, which skips their
- *   zeroing, against memcpy, alone and as the ring's lanes)
- *   (v2: with and without huge pages, populate against faults in the
- *   memcpy, ring buffers of 0.5-2 MiB, and the ring into pages already there) */
+ *   /tmp/stage_probe [GiB [R [all|v2|uffd]]]
+ * v2: with and without huge pages, populate against faults in the memcpy, ring buffers of 0.5-2 MiB, and the ring
+ * into pages already there; uffd: fresh pages filled by UFFDIO_COPY (a userfaultfd over them, user-mode faults
+ * only), which skips their zeroing, against memcpy, alone and as the ring's lanes. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <pthread.h>
