@@ -52,7 +52,8 @@ process:
                    (offload_copy_GBps leaves stage_ring out); staging_after_MiB
                    the ring still pinned after the cycles (0 unless
                    FABPOOL_STAGE_KEEP=1), populated_GiB the host bytes the
-                   lanes faulted in ahead of their memcpy
+                   lanes faulted in ahead of their memcpy, uffd_GiB those
+                   they installed by UFFDIO_COPY (FABPOOL_STAGE_UFFD=1)
 
 --api cumem: vLLM's CuMemAllocator API (fabpool_cumem; no upstream here): the
 same weights in use_memory_pool(tag="weights"), the KV cache in
@@ -386,6 +387,7 @@ def child(args):
     if phases:
         out.update(rates)
         out["populated_GiB"] = be.populated_bytes() / GiB if hasattr(be, "populated_bytes") else 0.0
+        out["uffd_GiB"] = be.uffd_bytes() / GiB if hasattr(be, "uffd_bytes") else 0.0
     print(json.dumps(out))
     return 0 if bitwise else 1
 

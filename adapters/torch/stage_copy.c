@@ -1,6 +1,7 @@
 /* stage_copy.c - host copies through a pinned staging ring (stage_copy.h). */
 #define _GNU_SOURCE
 #include "stage_copy.h"
+#include "stage_uffd.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -42,6 +43,7 @@ struct fabpool_torch_stage {
     void *ctx;
     unsigned nlanes;
     size_t buf_bytes;
+    int uffd;                      /* FABPOOL_STAGE_UFFD=1: copies to the host fill fresh pages by UFFDIO_COPY */
     pthread_mutex_t busy;
     lane lanes[FABPOOL_TORCH_STAGE_MAX_LANES];
 };
@@ -51,6 +53,9 @@ static _Atomic uint64_t host_mapped;
  * copies then fault the fresh pages in as they write them */
 static atomic_int populate_off;
 static _Atomic uint64_t populated;
+/* 1 once the kernel refused a userfaultfd (no such call, not allowed, an
+ * older kernel): the copies then populate and memcpy as without it */
+static atomic_int uffd_off;
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
 {
@@ -105,9 +110,14 @@ EXPORT int fabpool_torch_stage_create(const fabpool_torch_stage_driver *drv, int
     if (buffer_bytes < FABPOOL_TORCH_STAGE_MIN_BUFFER || buffer_bytes > FABPOOL_TORCH_STAGE_MAX_BUFFER)
         return fail(err, errlen, -EINVAL, "fabpool_torch_stage_create: staging buffers of %zu bytes; give %u to %u",
                     buffer_bytes, FABPOOL_TORCH_STAGE_MIN_BUFFER, FABPOOL_TORCH_STAGE_MAX_BUFFER);
+    const char *uf = getenv("FABPOOL_STAGE_UFFD");
+    if (uf && *uf && strcmp(uf, "0") != 0 && strcmp(uf, "1") != 0)
+        return fail(err, errlen, -EINVAL, "fabpool_torch_stage_create: FABPOOL_STAGE_UFFD='%.40s': give 0 or 1",
+                    uf);
     fabpool_torch_stage *s = calloc(1, sizeof(*s));
     if (!s)
         return fail(err, errlen, -ENOMEM, "fabpool_torch_stage_create: out of host memory for the ring");
+    s->uffd = uf && strcmp(uf, "1") == 0;
     s->drv = *drv;
     s->device = device;
     s->buf_bytes = buffer_bytes;
@@ -216,6 +226,7 @@ typedef struct job {
     const fill *fills;
     size_t nfills;
     int to_host;
+    stage_uffd uf;                 /* fd -1: fresh pages populated ahead, then memcpy */
     atomic_int failed;
     pthread_mutex_t lock;
     int code;
@@ -282,7 +293,7 @@ static int wait_buf(job *j, lane *ln, int b)
 static void populate(const job *j, size_t f)
 {
 #ifdef MADV_POPULATE_WRITE
-    if (!j->to_host || atomic_load_explicit(&populate_off, memory_order_relaxed))
+    if (!j->to_host || j->uf.fd >= 0 || atomic_load_explicit(&populate_off, memory_order_relaxed))
         return;
     uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
     for (size_t i = j->fills[f].lo; i < j->fills[f].hi; i++) {
@@ -302,16 +313,23 @@ static void populate(const job *j, size_t f)
 }
 
 /* Moves fill f between the lane's buffer b and the host copies. */
-static void host_side(job *j, lane *ln, size_t f, int b)
+static int host_side(job *j, lane *ln, size_t f, int b)
 {
     for (size_t i = j->fills[f].lo; i < j->fills[f].hi; i++) {
         const span *sp = &j->spans[i];
         char *buf = (char *)ln->buf[b] + sp->at;
-        if (j->to_host)
-            memcpy((void *)(uintptr_t)sp->host, buf, sp->len);
-        else
+        if (!j->to_host) {
             memcpy(buf, (const void *)(uintptr_t)sp->host, sp->len);
+            continue;
+        }
+        int r = stage_uffd_put(&j->uf, (char *)(uintptr_t)sp->host, buf, sp->len);
+        if (r) {
+            job_fail(j, r, "filling %llu bytes of a host copy at 0x%llx failed (UFFDIO_COPY: %s); unset "
+                     "FABPOOL_STAGE_UFFD", (unsigned long long)sp->len, (unsigned long long)sp->host, strerror(-r));
+            return r;
+        }
     }
+    return 0;
 }
 
 static void *lane_run(void *p)
@@ -336,8 +354,7 @@ static void *lane_run(void *p)
             populate(j, f);   /* the pages' zeroing while the DMA of f runs */
             if (wait_buf(j, ln, b))
                 break;
-            host_side(j, ln, f, b);
-            if (f + 2 * step < j->nfills && issue(j, ln, f + 2 * step, b))
+            if (host_side(j, ln, f, b) || (f + 2 * step < j->nfills && issue(j, ln, f + 2 * step, b)))
                 break;
         }
     } else {
@@ -345,8 +362,7 @@ static void *lane_run(void *p)
             int b = (int)(k & 1);
             if (k >= 2 && wait_buf(j, ln, b))
                 break;
-            host_side(j, ln, f, b);
-            if (issue(j, ln, f, b))
+            if (host_side(j, ln, f, b) || issue(j, ln, f, b))
                 break;
         }
     }
@@ -407,7 +423,18 @@ EXPORT int fabpool_torch_stage_copy(fabpool_torch_stage *s, const fabpool_torch_
     if (pos)
         fills[nfills++].hi = ns;
 
-    job j = {.s = s, .spans = spans, .fills = fills, .nfills = nfills, .to_host = to_host};
+    job j = {.s = s, .spans = spans, .fills = fills, .nfills = nfills, .to_host = to_host, .uf = {.fd = -1}};
+    if (to_host && s->uffd && !atomic_load(&uffd_off)) {
+        uint64_t(*at)[2] = malloc(ns * sizeof *at);
+        for (size_t i = 0; at && i < ns; i++) {
+            at[i][0] = spans[i].host;
+            at[i][1] = spans[i].len;
+        }
+        int e = at ? stage_uffd_open(&j.uf, (const uint64_t(*)[2])at, ns) : -ENOMEM;
+        if (e == -ENOSYS || e == -EPERM || e == -EINVAL)
+            atomic_store(&uffd_off, 1);   /* the kernel's answer for every copy: do not ask again */
+        free(at);
+    }
     atomic_init(&j.failed, 0);
     pthread_mutex_init(&j.lock, NULL);
     pthread_t th[FABPOOL_TORCH_STAGE_MAX_LANES];
@@ -425,6 +452,7 @@ EXPORT int fabpool_torch_stage_copy(fabpool_torch_stage *s, const fabpool_torch_
     }
     for (unsigned l = 0; l < started; l++)
         pthread_join(th[l], NULL);
+    stage_uffd_close(&j.uf);
     pthread_mutex_unlock(&s->busy);
     free(spans);
     free(fills);
@@ -494,6 +522,11 @@ EXPORT int fabpool_torch_stage_host_unmap(uint64_t addr, uint64_t bytes, char *e
 EXPORT uint64_t fabpool_torch_stage_populated_bytes(void)
 {
     return atomic_load(&populated);
+}
+
+EXPORT uint64_t fabpool_torch_stage_uffd_bytes(void)
+{
+    return stage_uffd_bytes();
 }
 
 EXPORT uint64_t fabpool_torch_stage_host_bytes(void)

@@ -83,6 +83,11 @@ int fabpool_torch_stage_host_unmap(uint64_t addr, uint64_t bytes, char *err, siz
 uint64_t fabpool_torch_stage_populated_bytes(void);
 /* Bytes of fabpool_torch_stage_host_map mappings held now by the process. */
 uint64_t fabpool_torch_stage_host_bytes(void);
+/* Host bytes the copies to the host installed by UFFDIO_COPY, without the
+ * kernel zeroing them first (FABPOOL_STAGE_UFFD=1 at the ring's creation:
+ * fresh pages of a copy are registered with a userfaultfd for its length;
+ * where the kernel refuses one, the copies populate and memcpy as without). */
+uint64_t fabpool_torch_stage_uffd_bytes(void);
 
 #ifdef __cplusplus
 }

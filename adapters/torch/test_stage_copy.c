@@ -4,7 +4,7 @@
  * the pinned buffers counted and freed; a failed pinned allocation, a failed
  * DMA and a failed event wait each return the error with nothing left held
  * and the ring usable again; pageable host copies mapped, aligned, counted
- * and given back; fresh host pages faulted in ahead of the copies. */
+ * and given back; fresh host pages faulted in ahead of the copies, or filled by UFFDIO_COPY. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <stdint.h>
@@ -13,6 +13,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "../../sim/fabsim.h"
 #include "../../tests/unit.h"
@@ -298,6 +301,77 @@ static void test_fresh_host_pages_faulted_in_ahead(const fabpool_torch_stage_dri
 #endif
 }
 
+/* FABPOOL_STAGE_UFFD=1: a copy to the host fills fresh pages by UFFDIO_COPY
+ * (no zeroing, no page fault: the installed bytes count them, the faults stay
+ * few), bitwise for items cut anywhere (pages shared by two lanes' spans,
+ * the bytes around a part zero); a second copy into the same pages writes
+ * them in place; the pages answer plain faults after the copy; a value
+ * other than 0 or 1 is refused.  Where the kernel gives no userfaultfd the
+ * copies are the populate path's, still bitwise. */
+static void test_uffd_fills_fresh_pages(const fabpool_torch_stage_driver *d)
+{
+    char err[256] = "";
+    fabpool_torch_stage *s = NULL;
+    setenv("FABPOOL_STAGE_UFFD", "2", 1);
+    CHECK(fabpool_torch_stage_create(d, 0, 3, BUF, &s, err, sizeof err) != 0 && !s &&
+          strstr(err, "FABPOOL_STAGE_UFFD"));
+    setenv("FABPOOL_STAGE_UFFD", "1", 1);
+    CHECK(fabpool_torch_stage_create(d, 0, 3, BUF, &s, err, sizeof err) == 0 && s);
+    unsetenv("FABPOOL_STAGE_UFFD");
+    if (!s)
+        abort();
+#ifdef SYS_userfaultfd
+    int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | 1 /* UFFD_USER_MODE_ONLY */);
+#else
+    int fd = -1;
+#endif
+    int have = fd >= 0;
+    if (fd >= 0)
+        close(fd);
+    uint64_t u0 = fabpool_torch_stage_uffd_bytes();
+    round_trip(s, 31);
+    CHECK(!have || fabpool_torch_stage_uffd_bytes() > u0);
+    const size_t n = 8u << 20, pages = n / 4096;
+    CUdeviceptr dv = 0;
+    CHECK(cuMemAlloc_v2(&dv, n) == CUDA_SUCCESS);
+    char *h = mmap(NULL, n + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (!dv || h == MAP_FAILED)
+        abort();
+    unsigned char *dp = (unsigned char *)(uintptr_t)dv;
+    for (size_t k = 0; k < n; k++)
+        dp[k] = pat(k, 41);
+    fabpool_torch_stage_item it = {(uint64_t)(uintptr_t)h + 100, dv, n - 200};   /* a part of its first page */
+    u0 = fabpool_torch_stage_uffd_bytes();
+    uint64_t p0 = fabpool_torch_stage_populated_bytes();
+    long f0 = minor_faults();
+    CHECK(fabpool_torch_stage_copy(s, &it, 1, 1, err, sizeof err) == 0);
+    long fresh = minor_faults() - f0;
+    uint64_t installed = fabpool_torch_stage_uffd_bytes() - u0;
+    CHECK(memcmp(h + 100, dp, n - 200) == 0);
+    CHECK(h[0] == 0 && h[99] == 0 && h[n - 100] == 0 && h[n + 10] == 0);   /* around the part; past the copy */
+    f0 = minor_faults();
+    u0 = fabpool_torch_stage_uffd_bytes();
+    for (size_t k = 0; k < n; k++)
+        dp[k] = pat(k, 43);
+    CHECK(fabpool_torch_stage_copy(s, &it, 1, 1, err, sizeof err) == 0);   /* the pages kept: in place */
+    long kept = minor_faults() - f0;
+    CHECK(memcmp(h + 100, dp, n - 200) == 0);
+    CHECK(fabpool_torch_stage_uffd_bytes() == u0);
+    printf("copy to the host with FABPOOL_STAGE_UFFD=1, %zu pages (userfaultfd %s): %llu bytes installed, %llu "
+           "populated, %ld page faults into fresh pages, %ld into kept ones\n", pages, have ? "given" : "refused",
+           (unsigned long long)installed, (unsigned long long)(fabpool_torch_stage_populated_bytes() - p0), fresh,
+           kept);
+    if (have) {
+        CHECK(installed >= n - 4096);
+        CHECK(fresh < (long)pages / 16);
+        CHECK(fabpool_torch_stage_populated_bytes() == p0);
+    }
+    CHECK(kept < (long)pages / 16);
+    munmap(h, n + 4096);
+    CHECK(cuMemFree_v2(dv) == CUDA_SUCCESS);
+    CHECK(fabpool_torch_stage_destroy(s, err, sizeof err) == 0);
+}
+
 int main(void)
 {
     if (cuInit(0) != CUDA_SUCCESS) {
@@ -316,5 +390,6 @@ int main(void)
     test_failed_copy_returns_and_ring_stays_usable(&d);
     test_host_copies_mapped_and_given_back();
     test_fresh_host_pages_faulted_in_ahead(&d);
+    test_uffd_fills_fresh_pages(&d);
     return unit_result("test_stage_copy");
 }

@@ -130,7 +130,8 @@ class Stage:
                         ("fabpool_torch_stage_host_map", [u64, ct.POINTER(u64), cp, sz], ct.c_int),
                         ("fabpool_torch_stage_host_unmap", [u64, u64, cp, sz], ct.c_int),
                         ("fabpool_torch_stage_host_bytes", [], u64),
-                        ("fabpool_torch_stage_populated_bytes", [], u64)):
+                        ("fabpool_torch_stage_populated_bytes", [], u64),
+                        ("fabpool_torch_stage_uffd_bytes", [], u64)):
                     fn = getattr(lib, name)
                     fn.argtypes, fn.restype = args, res
                 drv = StageDriver()
@@ -193,6 +194,10 @@ class Stage:
     def populated_bytes(self):
         """Host bytes the copies to the host faulted in ahead of their memcpy (0: the kernel refuses it)."""
         return self._stage().fabpool_torch_stage_populated_bytes()
+
+    def uffd_bytes(self):
+        """Host bytes the copies to the host installed by UFFDIO_COPY (FABPOOL_STAGE_UFFD=1), unzeroed."""
+        return self._stage().fabpool_torch_stage_uffd_bytes()
 
     def copy(self, device, pairs, to_host):
         """Copies each (host address, device address, bytes) one way through the device's staging ring,
