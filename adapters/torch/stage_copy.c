@@ -431,8 +431,8 @@ EXPORT int fabpool_torch_stage_copy(fabpool_torch_stage *s, const fabpool_torch_
             at[i][1] = spans[i].len;
         }
         int e = at ? stage_uffd_open(&j.uf, (const uint64_t(*)[2])at, ns) : -ENOMEM;
-        if (e == -ENOSYS || e == -EPERM || e == -EINVAL)
-            atomic_store(&uffd_off, 1);   /* the kernel's answer for every copy: do not ask again */
+        if (e == -ENOSYS || e == -EPERM)
+            atomic_store(&uffd_off, 1);   /* the kernel's or its policy's answer for every copy: not asked again */
         free(at);
     }
     atomic_init(&j.failed, 0);

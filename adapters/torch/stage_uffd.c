@@ -82,14 +82,6 @@ int stage_uffd_open(stage_uffd *u, const uint64_t (*at)[2], size_t n)
     return 0;
 }
 
-/* Whether the page at p is in memory (mincore); a refusal counts as not. */
-static int resident(const char *p)
-{
-    unsigned char v = 0;
-    return mincore((void *)(uintptr_t)((uintptr_t)p & ~(uintptr_t)(page_size() - 1)), (size_t)page_size(), &v) == 0 &&
-           (v & 1);
-}
-
 /* The bytes from dst (at most len, up to 512 pages) on pages in memory: one
  * mincore for a run of pages kept from an earlier copy, written by memcpy. */
 static uint64_t resident_run(const char *dst, uint64_t len)
@@ -106,6 +98,9 @@ static uint64_t resident_run(const char *dst, uint64_t len)
     uint64_t run = base + k * pg > (uint64_t)(uintptr_t)dst ? base + k * pg - (uint64_t)(uintptr_t)dst : 0;
     return run < len ? run : len;
 }
+
+/* Whether the page of p is in memory. */
+static int resident(const char *p) { return resident_run(p, 1) != 0; }
 
 /* One UFFDIO_COPY of len (whole pages) from src to dst: the bytes it
  * installed, or -errno; -EEXIST where the first page is present. */

@@ -387,6 +387,57 @@ static void test_uffd_fills_fresh_pages(const fabpool_torch_stage_driver *d)
     CHECK(fabpool_torch_stage_destroy(s, err, sizeof err) == 0);
 }
 
+static int open_fds(void)
+{
+    int n = 0;
+    for (int fd = 0; fd < 1024; fd++)
+        n += fcntl(fd, F_GETFD) != -1;
+    return n;
+}
+
+/* A host copy the kernel will not register with a userfaultfd (a shared file
+ * mapping): the copy falls back to populate + memcpy for it, bitwise, and no
+ * descriptor is left open; the next copy into anonymous memory still uses
+ * UFFDIO_COPY where the kernel gives it. */
+static void test_uffd_refused_range_falls_back(const fabpool_torch_stage_driver *d)
+{
+    char err[256] = "", path[] = "stage_uffd_file_XXXXXX";
+    const size_t n = 1u << 20;
+    fabpool_torch_stage *s = NULL;
+    setenv("FABPOOL_STAGE_UFFD", "1", 1);
+    CHECK(fabpool_torch_stage_create(d, 0, 2, BUF, &s, err, sizeof err) == 0 && s);
+    unsetenv("FABPOOL_STAGE_UFFD");
+    int fd = mkstemp(path);
+    CUdeviceptr dv = 0;
+    CHECK(fd >= 0 && ftruncate(fd, (off_t)n) == 0 && cuMemAlloc_v2(&dv, n) == CUDA_SUCCESS);
+    char *h = fd >= 0 ? mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (!s || !dv || h == MAP_FAILED)
+        abort();
+    unsigned char *dp = (unsigned char *)(uintptr_t)dv;
+    for (size_t k = 0; k < n; k++)
+        dp[k] = pat(k, 51);
+    int fds = open_fds();
+    fabpool_torch_stage_item it = {(uint64_t)(uintptr_t)h, dv, n};
+    CHECK(fabpool_torch_stage_copy(s, &it, 1, 1, err, sizeof err) == 0);
+    CHECK(memcmp(h, dp, n) == 0);
+    CHECK(open_fds() == fds);
+    munmap(h, n);
+    close(fd);
+    unlink(path);
+    uint64_t u0 = fabpool_torch_stage_uffd_bytes();
+    round_trip(s, 53);
+#ifdef SYS_userfaultfd
+    int probe = (int)syscall(SYS_userfaultfd, O_CLOEXEC | 1 /* UFFD_USER_MODE_ONLY */);
+#else
+    int probe = -1;
+#endif
+    CHECK(probe < 0 || fabpool_torch_stage_uffd_bytes() > u0);
+    if (probe >= 0)
+        close(probe);
+    CHECK(cuMemFree_v2(dv) == CUDA_SUCCESS);
+    CHECK(fabpool_torch_stage_destroy(s, err, sizeof err) == 0);
+}
+
 int main(void)
 {
     if (cuInit(0) != CUDA_SUCCESS) {
@@ -406,5 +457,6 @@ int main(void)
     test_host_copies_mapped_and_given_back();
     test_fresh_host_pages_faulted_in_ahead(&d);
     test_uffd_fills_fresh_pages(&d);
+    test_uffd_refused_range_falls_back(&d);
     return unit_result("test_stage_copy");
 }
