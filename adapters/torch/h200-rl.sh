@@ -12,6 +12,10 @@
 #   tms-build    the original's hook-mode-torch library, built from the checkout with nvcc's CUDA
 #   bench        perf/rl_pause_resume.py: the original beside fabpool on the same workload
 #   bench-cumem  perf/rl_pause_resume.py --api cumem: vLLM's API, the staged offload beside the library's pinned one
+#   uffd-turns   both benchmarks RL_TURNS times (default 2) without and with FABPOOL_STAGE_UFFD=1 in turns
+#                (not in the default steps)
+# RL_STEPS picks steps (default every step but uffd-turns, in the order above); what the environment sets
+# (FABPOOL_STAGE_UFFD among it) holds for every step.
 # Writes everything to $OUT/rl-h200.txt and the benchmarks' JSON to $OUT/rl-bench.json and
 # $OUT/rl-bench-cumem.json; never stops at the first failure; the last line says what passed.
 set -u
@@ -52,25 +56,40 @@ build_tms() {
 }
 export -f build_tms
 export SH TMS
+STEPS=" ${RL_STEPS:-build rl-compat rl-gpu shims tms-tests vllm-tests tms-build bench bench-cumem vllm-python-error} "
+on() { [[ $STEPS == *" $1 "* ]]; }
+# uffd_turns: each benchmark without and with FABPOOL_STAGE_UFFD=1, in turns, each run's JSON kept
+uffd_turns() {
+  local t u
+  for t in $(seq 1 "${RL_TURNS:-2}"); do
+    for u in 0 1; do
+      step "bench-t$t-uffd$u" 120 env FABPOOL_STAGE_UFFD=$u python3 perf/rl_pause_resume.py --lib "$LIBDIR" \
+        --tms "$SH/tms-orig" --json "$OUT/rl-bench-t$t-uffd$u.json"
+      step "bench-cumem-t$t-uffd$u" 90 env FABPOOL_STAGE_UFFD=$u python3 perf/rl_pause_resume.py --api cumem \
+        --lib "$LIBDIR" --json "$OUT/rl-bench-cumem-t$t-uffd$u.json"
+    done
+  done
+}
 {
   h200_head "fabpool RL and serving APIs"
   h200_torch
   python3 -c 'import pytest; print("pytest", pytest.__version__)' 2>&1
-  step build 180 bash -c "cmake -S . -B '$B' -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release \
+  on build && step build 180 bash -c "cmake -S . -B '$B' -DFABPOOL_TEST_DRIVER=real -DCMAKE_BUILD_TYPE=Release \
     -DFABPOOL_WERROR=ON > '$B.log' 2>&1 && cmake --build '$B' -j16 --target fabpool_torch >> '$B.log' 2>&1 || \
     { tail -n 30 '$B.log'; exit 1; }"
-  step rl-compat 60 python3 adapters/torch/test_rl_compat.py "$LIBDIR"
-  step rl-gpu 180 python3 adapters/torch/test_rl_gpu.py "$LIBDIR"
-  step shims 30 python3 adapters/torch/rl_shims.py "$SH" "$TMS" "$VT"
+  on rl-compat && step rl-compat 60 python3 adapters/torch/test_rl_compat.py "$LIBDIR"
+  on rl-gpu && step rl-gpu 180 python3 adapters/torch/test_rl_gpu.py "$LIBDIR"
+  on shims && step shims 30 python3 adapters/torch/rl_shims.py "$SH" "$TMS" "$VT"
   # shellcheck disable=SC2086
-  step tms-tests 240 bash -c "cd '$TMS/test' && PYTHONPATH='$SH/tms:$LIBDIR' $PYTEST $(echo $TMS_TESTS)"
-  step vllm-tests 240 bash -c "cd '$SH/vllm' && PYTHONPATH='$SH/vllm:$LIBDIR' $PYTEST \
+  on tms-tests && step tms-tests 240 bash -c "cd '$TMS/test' && PYTHONPATH='$SH/tms:$LIBDIR' $PYTEST $(echo $TMS_TESTS)"
+  on vllm-tests && step vllm-tests 240 bash -c "cd '$SH/vllm' && PYTHONPATH='$SH/vllm:$LIBDIR' $PYTEST \
     tests/basic_correctness/test_cumem.py -k '$VLLM_TESTS'"
-  step tms-build 120 bash -c build_tms
-  step bench 300 python3 perf/rl_pause_resume.py --lib "$LIBDIR" --tms "$SH/tms-orig" --json "$OUT/rl-bench.json"
-  step bench-cumem 120 python3 perf/rl_pause_resume.py --api cumem --lib "$LIBDIR" --json "$OUT/rl-bench-cumem.json"
-  step vllm-python-error 240 bash -c "cd '$SH/vllm' && PYTHONPATH='$SH/vllm:$LIBDIR' $PYTEST \
+  on tms-build && step tms-build 120 bash -c build_tms
+  on bench && step bench 300 python3 perf/rl_pause_resume.py --lib "$LIBDIR" --tms "$SH/tms-orig" --json "$OUT/rl-bench.json"
+  on bench-cumem && step bench-cumem 120 python3 perf/rl_pause_resume.py --api cumem --lib "$LIBDIR" --json "$OUT/rl-bench-cumem.json"
+  on vllm-python-error && step vllm-python-error 240 bash -c "cd '$SH/vllm' && PYTHONPATH='$SH/vllm:$LIBDIR' $PYTEST \
     tests/basic_correctness/test_cumem.py -k test_python_error"
+  on uffd-turns && uffd_turns
   echo "SUMMARY ${status[*]}"
 } > "$LOG" 2>&1
 tail -n 40 "$LOG"
