@@ -228,6 +228,45 @@ static void test_host_copies_mapped_and_given_back(void)
     CHECK(fabpool_torch_stage_host_map(UINT64_MAX, &a, err, sizeof err) != 0 && strstr(err, "address space"));
 }
 
+static uint64_t resident_bytes(void)
+{
+    unsigned long size = 0, res = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%lu %lu", &size, &res) != 2)
+            res = 0;
+        fclose(f);
+    }
+    return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* A large host copy is given back by several threads before its munmap:
+ * every page of it leaves the process's resident memory, and a copy mapped
+ * beside it keeps its bytes (the last piece ends at the copy's end). */
+static void test_large_host_copy_given_back_whole(void)
+{
+    char err[256] = "";
+    uint64_t n = (200ull << 20) + 12345, a = 0, b = 0;
+    CHECK(fabpool_torch_stage_host_map(n, &a, err, sizeof err) == 0 && a);
+    CHECK(fabpool_torch_stage_host_map(4u << 20, &b, err, sizeof err) == 0 && b);
+    memset((void *)(uintptr_t)a, 0x33, n);
+    memset((void *)(uintptr_t)b, 0x7e, 4u << 20);
+    uint64_t before = resident_bytes();
+    CHECK(fabpool_torch_stage_host_unmap(a, n, err, sizeof err) == 0);
+    uint64_t after = resident_bytes();
+    CHECK(before + (2u << 20) >= after + n);   /* (the slack: pages the process touched meanwhile) */
+    const unsigned char *pb = (const unsigned char *)(uintptr_t)b;
+    size_t bad = 0;
+    for (size_t i = 0; i < (4u << 20); i++)
+        bad += pb[i] != 0x7e;
+    CHECK(bad == 0);
+    CHECK(fabpool_torch_stage_host_unmap(b, 4u << 20, err, sizeof err) == 0);
+    CHECK(fabpool_torch_stage_host_bytes() == 0);
+    CHECK(fabpool_torch_stage_host_unmap(a + 1, 4096, err, sizeof err) != 0 && strstr(err, "host copy"));
+    printf("a host copy of %llu bytes given back: resident memory %llu -> %llu MiB\n", (unsigned long long)n,
+           (unsigned long long)(before >> 20), (unsigned long long)(after >> 20));
+}
+
 static long minor_faults(void)
 {
     struct rusage ru;
@@ -455,6 +494,7 @@ int main(void)
     test_failed_pinned_allocation_frees_the_rest(&d);
     test_failed_copy_returns_and_ring_stays_usable(&d);
     test_host_copies_mapped_and_given_back();
+    test_large_host_copy_given_back_whole();
     test_fresh_host_pages_faulted_in_ahead(&d);
     test_uffd_fills_fresh_pages(&d);
     test_uffd_refused_range_falls_back(&d);
