@@ -234,7 +234,6 @@ static FP_NOIPA fabpool_status alloc_medium_miss(fp_alloc *a, fp_tls_hot *h, fp_
     }
     if (FP_UNLIKELY(fp_pending_any(a->retire)))
         return alloc_slow(a, size, out);
-    *out = NULL;
     if (FP_UNLIKELY((++h->tick & 15) == 0))   /* medium_tick, the hot slot at hand */
         fp_alloc_medium_policy(a);
     /* the blocks the cache holds back go to the arena under the same take of the lock, before the fit */
@@ -254,33 +253,32 @@ static FP_NOIPA fabpool_status alloc_medium_miss(fp_alloc *a, fp_tls_hot *h, fp_
     return FP_UNLIKELY(st == FABPOOL_ERR_OUT_OF_MEMORY) ? alloc_oom(a, size, out, st) : st;
 }
 
-/* fabpool_alloc past its fast path: a medium block (above slab_max, up to
- * FP_MC_MAX) of the size's code from the thread's cache where it holds one,
- * with the fast path's key (so no trace, the pool awake, no owner mode) and
- * no alignment asked; else alloc_entry. */
+/* fabpool_alloc past its fast path for a size above its table's (a and out
+ * not NULL): a medium block (above slab_max, up to FP_MC_MAX) of the size's
+ * code from the thread's cache where it holds one, with the fast path's key
+ * (so no trace, the pool awake, no owner mode) and no alignment asked; else
+ * alloc_entry. */
 static __attribute__((noinline)) fabpool_status alloc_miss(fp_alloc *a, size_t size, void **out)
 {
-    if (FP_LIKELY(a && out)) {
-        uint64_t k = size - a->mc_lo - 1;
-        fp_tls_hot *h = &fp_hot;
-        if (FP_LIKELY(k < a->mc_span && h->key == atomic_load_explicit(&a->hot_key, memory_order_relaxed) &&
-                      !h->align)) {
-            size_t c = (k >> FP_PIECE_UNIT_SHIFT) + 1;
-            fp_tcache *tc = h->tc;
-            unsigned n = tc->mn[c];
-            if (FP_LIKELY(n)) {
-                fp_titem it = tc->mitems[c][--n];
-                tc->mn[c] = (uint8_t)n;
-                atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) -
-                                      (a->mc_lo + (c << FP_PIECE_UNIT_SHIFT)), memory_order_relaxed);
-                atomic_store_explicit(it.flag, (uint8_t)c, memory_order_relaxed);
-                tcache_count(&tc->allocs[a->mc_class[c]]);
-                tc->mhits++;
-                *out = (void *)(uintptr_t)it.ptr;
-                return FABPOOL_OK;
-            }
-            return alloc_medium_miss(a, h, tc, size, out);
+    uint64_t k = size - a->mc_lo - 1;   /* a and out not NULL: fabpool_alloc's test */
+    fp_tls_hot *h = &fp_hot;
+    if (FP_LIKELY(k < a->mc_span && h->key == atomic_load_explicit(&a->hot_key, memory_order_relaxed) &&
+                  !h->align)) {
+        size_t c = (k >> FP_PIECE_UNIT_SHIFT) + 1;
+        fp_tcache *tc = h->tc;
+        unsigned n = tc->mn[c];
+        if (FP_LIKELY(n)) {
+            fp_titem it = tc->mitems[c][--n];
+            tc->mn[c] = (uint8_t)n;
+            atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) -
+                                  (a->mc_lo + (c << FP_PIECE_UNIT_SHIFT)), memory_order_relaxed);
+            atomic_store_explicit(it.flag, (uint8_t)c, memory_order_relaxed);
+            tcache_count(&tc->allocs[a->mc_class[c]]);
+            tc->mhits++;
+            *out = (void *)(uintptr_t)it.ptr;
+            return FABPOOL_OK;
         }
+        return alloc_medium_miss(a, h, tc, size, out);
     }
     return alloc_entry(a, size, out);
 }
@@ -296,7 +294,9 @@ static __attribute__((noinline)) fabpool_status alloc_miss(fp_alloc *a, size_t s
 fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
 {
     fp_alloc *a = fp_alloc_of(p);
-    if (FP_LIKELY(a && out && size - 1 < a->cls_table_max)) {
+    if (FP_LIKELY(a && out)) {
+        if (FP_UNLIKELY(size - 1 >= a->cls_table_max))
+            return alloc_miss(a, size, out);
         const fp_tls_hot *h = &fp_hot;
         if (FP_LIKELY(h->key == atomic_load_explicit(&a->hot_key, memory_order_relaxed))) {
             size_t cls = a->cls_of_q[(size - 1) >> 6];
@@ -312,7 +312,7 @@ fabpool_status fabpool_alloc(fabpool_t *p, size_t size, void **out)
             }
         }
     }
-    return alloc_miss(a, size, out);
+    return alloc_entry(a, size, out);
 }
 
 /* Block addr of slab s (index idx) is free: into the thread's cache, made
@@ -482,8 +482,12 @@ static __attribute__((noinline)) fabpool_status free_medium(fp_alloc *a, void *p
         unsigned n = tc->mn[c];
         if (FP_LIKELY(c - 1u < FP_MSTATE_MAX)) {
             uint64_t bytes = a->mc_lo + ((uint64_t)c << FP_PIECE_UNIT_SHIFT);
-            if (FP_UNLIKELY(tc->moff || n == FP_MC_CAP))
-                return fp_tcache_medium_back(a, tc, addr | c, bytes, f);
+            if (FP_UNLIKELY(tc->moff || n == FP_MC_CAP)) {
+                if (FP_UNLIKELY(tc->mdn == FP_MD_CAP))
+                    return fp_tcache_medium_back(a, tc, addr | c, bytes, f);
+                fp_tcache_hold_back(tc, addr | c, bytes, f);
+                return FABPOOL_OK;
+            }
             uint64_t held = atomic_load_explicit(&tc->mbytes, memory_order_relaxed) + bytes;
             if (FP_UNLIKELY(held > atomic_load_explicit(&a->mc_budget, memory_order_relaxed)))
                 return fp_tcache_medium_full(a, tc, addr, f);

@@ -349,12 +349,7 @@ fabpool_status fp_tcache_medium_back(fp_alloc *a, fp_tcache *tc, uint64_t d, uin
 {
     if (FP_UNLIKELY(tc->mdn == FP_MD_CAP))
         fp_tcache_defer_flush(a, tc);
-    tc->mdflag[tc->mdn] = f;
-    tc->mdef[tc->mdn++] = d;
-    tc->mdbytes += bytes;
-    atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) + bytes,
-                          memory_order_relaxed);
-    atomic_store_explicit(f, FP_MSTATE_CACHED, memory_order_relaxed);
+    fp_tcache_hold_back(tc, d, bytes, f);
     return FABPOOL_OK;
 }
 

@@ -306,9 +306,20 @@ void fp_tcache_defer_flush(fp_alloc *a, fp_tcache *tc);
 /* Gives blocks of tc's medium bins back, a size's whole bin at a time in turn, until room more bytes fit in
  * half its budget (no lock held). */
 void fp_tcache_medium_evict(fp_alloc *a, fp_tcache *tc, uint64_t room);
+/* Block d (its base | its code, of `bytes`; f its state byte) onto tc's blocks held back, which have room. */
+static inline void fp_tcache_hold_back(fp_tcache *tc, uint64_t d, uint64_t bytes, _Atomic uint8_t *f)
+{
+    tc->mdflag[tc->mdn] = f;
+    tc->mdef[tc->mdn++] = d;
+    tc->mdbytes += bytes;
+    atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) + bytes,
+                          memory_order_relaxed);
+    atomic_store_explicit(f, FP_MSTATE_CACHED, memory_order_relaxed);
+}
 /* fabpool_free's medium block (alloc.c, free_medium: d its base | its code, of `bytes`; f its state byte)
- * held back where the bin of its size rests or is full; or kept past the cache's budget, blocks of other sizes
- * given back first.  FABPOOL_OK. */
+ * held back where the bin of its size rests or is full (the blocks held back given to the arena first where
+ * there is no room: free_medium holds one back inline where there is); or kept past the cache's budget,
+ * blocks of other sizes given back first.  FABPOOL_OK. */
 fabpool_status fp_tcache_medium_back(fp_alloc *a, fp_tcache *tc, uint64_t d, uint64_t bytes, _Atomic uint8_t *f);
 fabpool_status fp_tcache_medium_full(fp_alloc *a, fp_tcache *tc, uint64_t addr, _Atomic uint8_t *f);
 /* The bytes of medium blocks that the thread caches hold (pool lock held, so that the list holds still). */

@@ -59,7 +59,7 @@ static const fp_piece *rec(const fp_arena *a, fp_rid r, int *bad)
     size_t i = r >> FP_PIECE_PAGE_SHIFT;
     if (!r)
         return NULL;
-    if (i >= a->recs.n_pages || !a->recs.pages[i] || !(r & (FP_PIECE_PAGE - 1))) {
+    if (i >= a->recs.n_pages || !a->recs.pages[i] || !(r & (FP_PIECE_PAGE_BYTES - 1)) || r % sizeof(fp_piece)) {
         *bad = 1;
         return NULL;
     }
@@ -92,11 +92,11 @@ static fabpool_status check_arena_records(const fp_arena *a, uint64_t in_runs)
         uint64_t n = 0;
         int bad = 0;
         for (fp_rid r = pg->spare; r; r = rec(a, r, &bad)->next)
-            if (++n > FP_PIECE_PAGE || r >> FP_PIECE_PAGE_SHIFT != i || !rec(a, r, &bad))
+            if (++n > FP_PIECE_SLOTS || r >> FP_PIECE_PAGE_SHIFT != i || !rec(a, r, &bad))
                 break;
         pages++;
         if (pg->idx != i || ((uintptr_t)pg & (FP_PIECE_PAGE_BYTES - 1)) || n != pg->n_spare ||
-            a->recs.rbase[i] + (uintptr_t)i * FP_PIECE_PAGE_BYTES != (uintptr_t)pg)
+            a->recs.rbase[i] + ((uintptr_t)i << FP_PIECE_PAGE_SHIFT) != (uintptr_t)pg)
             return FAIL("[arena.records] %s: page %zu of records holds %llu spare records on its list and counts %u "
                         "(or its list runs out of the page, or it names another index, %u, or is not aligned, or "
                         "its ids' base in the directory is not its address less its first id's records)",
@@ -124,10 +124,10 @@ static fabpool_status check_arena_records(const fp_arena *a, uint64_t in_runs)
             return FAIL("[arena.records] %s: the list of pages with spare records holds one without any, or more "
                         "pages than the arena has (or a back link is wrong)", a->name);
     if (avail != with_spare || spare + cached != a->recs.n_spare ||
-        pages * (FP_PIECE_PAGE - 1) - spare - cached != in_runs)
+        pages * (FP_PIECE_SLOTS - 1) - spare - cached != in_runs)
         return FAIL("[arena.records] %s: %llu pages of %u records, %llu of them with spares (%llu listed), %llu "
                     "spare and %llu in the cache (it counts %zu), %llu pieces in its runs", a->name, ULL(pages),
-                    FP_PIECE_PAGE - 1, ULL(with_spare), ULL(avail), ULL(spare), ULL(cached), a->recs.n_spare,
+                    FP_PIECE_SLOTS - 1, ULL(with_spare), ULL(avail), ULL(spare), ULL(cached), a->recs.n_spare,
                     ULL(in_runs));
     return FABPOOL_OK;
 }
@@ -232,20 +232,17 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
 
 fabpool_status fp_arenas_check(const fp_heap *h, fp_walk *w, fp_retire *rt)
 {
-    uint64_t used = 0, blocks = 0;
+    uint64_t used = 0;
     for (int i = 0; i < FP_NARENAS; i++) {
         const fp_arena *a = &h->arenas[i];
         fabpool_status st;
         if ((st = check_arena_chunks(w, a)) != FABPOOL_OK || (st = check_arena_pieces(w, h, a, rt)) != FABPOOL_OK)
             return st;
         used += a->used_bytes;
-        blocks += a->n_blocks;
     }
     used -= w->slab_bytes;
-    blocks -= w->n_slabs;
-    if (used != atomic_load(&h->large_in_use_bytes) || blocks != atomic_load(&h->large_blocks))
-        return FAIL("[large.in_use] the arenas give out %llu blocks of %llu bytes besides the slabs, the heap counts "
-                    "%llu of %llu", ULL(blocks), ULL(used), ULL(atomic_load(&h->large_blocks)),
+    if (used != atomic_load(&h->large_in_use_bytes))
+        return FAIL("[large.in_use] the arenas give out %llu bytes besides the slabs, the heap counts %llu", ULL(used),
                     ULL(atomic_load(&h->large_in_use_bytes)));
     return FABPOOL_OK;
 }

@@ -20,16 +20,16 @@ static int page_new(fp_recs *rs)
     if (i == rs->n_pages)
         rs->n_pages++;
     rs->pages[i] = pg;
-    rs->rbase[i] = (uintptr_t)pg - (uintptr_t)i * FP_PIECE_PAGE_BYTES;
+    rs->rbase[i] = (uintptr_t)pg - ((uintptr_t)i << FP_PIECE_PAGE_SHIFT);
     pg->idx = (uint32_t)i;
     fp_piece *recs = (fp_piece *)(void *)pg;
-    for (unsigned k = FP_PIECE_PAGE; k-- > 1;) {
+    for (unsigned k = FP_PIECE_SLOTS; k-- > 1;) {
         recs[k].next = pg->spare;
-        pg->spare = (fp_rid)(i << FP_PIECE_PAGE_SHIFT | k);
+        pg->spare = (fp_rid)(i << FP_PIECE_PAGE_SHIFT | k * sizeof *recs);
     }
-    pg->n_spare = FP_PIECE_PAGE - 1;
+    pg->n_spare = FP_PIECE_SLOTS - 1;
     fp_recs_avail_push(rs, pg);
-    rs->n_spare += FP_PIECE_PAGE - 1;
+    rs->n_spare += FP_PIECE_SLOTS - 1;
     return 0;
 }
 

@@ -1,7 +1,7 @@
 /* arena_rec.h - an arena's records (fp_piece, arena.h says what they
- * hold): pages of FP_PIECE_PAGE slots of 32 bytes, aligned to their 4 KiB
+ * hold): pages of FP_PIECE_SLOTS slots of 32 bytes, aligned to their 4 KiB
  * (so that a record's page is found from its address), in a directory
- * whose index, with the slot, makes a record's 32-bit id.  Each page keeps
+ * whose index, with the slot's offset, makes a record's 32-bit id.  Each page keeps
  * its spare records on a list, and the pages with spares are listed.  A
  * split or a merge takes or gives a record without a call to the metadata
  * allocator (a call each cost about as much as the rest of a medium block's
@@ -21,9 +21,16 @@
  * would be read again after every store to a record. */
 #define FP_PIECE_UNIT_SHIFT 8u
 
-/* A record's id: its page's index in the directory times FP_PIECE_PAGE,
- * plus its slot (1..FP_PIECE_PAGE - 1: slot 0 is the page's header, so that
- * 0 names no record). */
+/* A record's id: its page's index in the directory times the page's bytes
+ * (FP_PIECE_PAGE_BYTES), plus its slot's offset in the page (32 bytes per
+ * slot, slots 1..FP_PIECE_SLOTS - 1: slot 0 is the page's header, so that 0
+ * names no record).  An id counted in bytes, not in slots, is turned into
+ * its record by a shift, a load and an add, with no scaling of the id (two
+ * instructions of five, a dozen times per medium block's pair); the
+ * directory then holds at most 2^20 pages (133 million records, 4 GiB of
+ * them, per arena: a medium arena's blocks of 4 KiB and more fill 250 GiB
+ * of device memory before its records run out, a failure for host memory
+ * then). */
 typedef uint32_t fp_rid;
 
 /* A block or a free range of an arena: 32 bytes, two to a cache line, its
@@ -42,9 +49,9 @@ typedef struct fp_piece {
 
 _Static_assert(sizeof(fp_piece) == 32, "a record is 32 bytes");
 
-#define FP_PIECE_PAGE_SHIFT 7u
-#define FP_PIECE_PAGE (1u << FP_PIECE_PAGE_SHIFT)
-#define FP_PIECE_PAGE_BYTES (FP_PIECE_PAGE * sizeof(fp_piece))
+#define FP_PIECE_PAGE_SHIFT 12u        /* an id's page: id >> FP_PIECE_PAGE_SHIFT */
+#define FP_PIECE_PAGE_BYTES (1u << FP_PIECE_PAGE_SHIFT)
+#define FP_PIECE_SLOTS ((unsigned)(FP_PIECE_PAGE_BYTES / sizeof(fp_piece)))
 typedef struct fp_piece_page {         /* slot 0 of its page */
     uint32_t idx;                      /* in the arena's directory of pages */
     uint32_t n_spare;
@@ -65,10 +72,10 @@ typedef struct fp_piece_page {         /* slot 0 of its page */
 typedef struct fp_recs {
     fp_meta *meta;
     fp_piece_page **pages;             /* the directory (NULL: an index not in use) */
-    /* Beside it, each page's address less its first id's records (of 32
-     * bytes): id r's record is at rbase[r >> FP_PIECE_PAGE_SHIFT] + r * 32,
-     * with no mask of the slot (an integer: the difference may point
-     * outside any object).  Each lookup of an id is a load and an add. */
+    /* Beside it, each page's address less its first id: id r's record is at
+     * rbase[r >> FP_PIECE_PAGE_SHIFT] + r, with no mask of the slot (an
+     * integer: the difference may point outside any object).  Each lookup
+     * of an id is a shift, a load and an add. */
     uintptr_t *rbase;
     size_t n_pages, cap_pages, cap_rbase;
     uint32_t avail;                    /* the pages that have spare records (index + 1; 0: none) */
@@ -80,14 +87,14 @@ typedef struct fp_recs {
 /* The record of id r (NULL for 0), of an id that is not 0, and the id of record p. */
 static inline fp_piece *fp_rec_of(const fp_recs *rs, fp_rid r)
 {
-    return (fp_piece *)(rs->rbase[r >> FP_PIECE_PAGE_SHIFT] + (uintptr_t)r * sizeof(fp_piece));
+    return (fp_piece *)(rs->rbase[r >> FP_PIECE_PAGE_SHIFT] + (uintptr_t)r);
 }
 static inline fp_piece *fp_rec_at(const fp_recs *rs, fp_rid r) { return r ? fp_rec_of(rs, r) : NULL; }
 static inline fp_rid fp_rec_id(const fp_piece *p)
 {
     uintptr_t at = (uintptr_t)p;
     const fp_piece_page *pg = (const fp_piece_page *)(at & ~(uintptr_t)(FP_PIECE_PAGE_BYTES - 1));
-    return pg->idx << FP_PIECE_PAGE_SHIFT | (fp_rid)((at & (FP_PIECE_PAGE_BYTES - 1)) / sizeof *p);
+    return pg->idx << FP_PIECE_PAGE_SHIFT | (fp_rid)(at & (FP_PIECE_PAGE_BYTES - 1));
 }
 
 /* New pages until n records are spare (fp_recs_reserve's slow side): 0, or -1. */
@@ -131,7 +138,7 @@ static inline fp_piece *fp_rec_take(fp_recs *rs, fp_rid *rid)
     }
     fp_piece_page *pg = rs->pages[rs->avail - 1];
     fp_rid r = pg->spare;
-    fp_piece *p = (fp_piece *)(void *)pg + (r & (FP_PIECE_PAGE - 1));
+    fp_piece *p = (fp_piece *)(void *)((char *)pg + (r & (FP_PIECE_PAGE_BYTES - 1)));
     *rid = r;
     pg->spare = p->next;
     if (!--pg->n_spare)
@@ -153,7 +160,7 @@ static inline void fp_rec_give(fp_recs *rs, fp_piece *p, fp_rid r)
     if (!pg->n_spare++)
         fp_recs_avail_push(rs, pg);
     rs->n_spare++;
-    if (pg->n_spare == FP_PIECE_PAGE - 1 && rs->n_spare > FP_RECS_SPARE_MAX + FP_PIECE_PAGE)
+    if (pg->n_spare == FP_PIECE_SLOTS - 1 && rs->n_spare > FP_RECS_SPARE_MAX + FP_PIECE_SLOTS)
         fp_recs_page_free(rs, pg);
 }
 

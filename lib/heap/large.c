@@ -43,7 +43,6 @@ fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, uint64_t align, void **
     if (b) {
         mstate_live(a, b->base, n);
         fp_count_locked(&h->large_in_use_bytes, n);
-        fp_count_locked(&h->large_blocks, 1);
         uint64_t q = n >> FP_PIECE_UNIT_SHIFT;
         unsigned bucket = q <= FP_ARENA_CLS_Q ? a->cls_of_q[q - 1] : fp_class_of(n);
         fp_count_locked(&h->large_allocs[bucket < FP_NCLASS ? bucket : FP_NCLASS - 1], 1);
@@ -201,7 +200,6 @@ fabpool_status fp_large_free(fp_heap *h, const fp_span *s, uint64_t addr, const 
     int due = 0;
     if (b) {
         fp_count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
-        fp_count_locked(&h->large_blocks, (uint64_t)-1);
         fp_arena_mstate_set(a, addr, 0);
         fp_arena_release(a, rid);
         due = fp_heap_policy_due(h, fp_heap_idle_follow(h));
@@ -240,7 +238,6 @@ static inline void release_cached(fp_heap *h, fp_arena *a, uint64_t addr)
     if (!b || b->state != FP_LARGE_LIVE || !f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
         return;
     fp_count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
-    fp_count_locked(&h->large_blocks, (uint64_t)-1);
     atomic_store_explicit(f, 0, memory_order_relaxed);
     fp_arena_release(a, rid);
 }

@@ -45,7 +45,6 @@ FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uin
 {
     fp_arena *a = &h->arenas[FP_ARENA_MEDIUM];
     fabpool_status st = FABPOOL_OK;
-    unsigned k = 0;
     uint64_t back_bytes = 0;
     fp_lock(&h->sp->lock);
     /* the held-back blocks released and the fit in this frame (arena.h: the medium arena's table is the
@@ -61,12 +60,10 @@ FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uin
         if (!p || p->state != FP_LARGE_LIVE || !f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
             continue;
         back_bytes += fp_piece_size(p);
-        k++;
         fp_arena_release_(a, p, r, 1, e);
         atomic_store_explicit(f, 0, memory_order_relaxed);
     }
     fp_piece *b = fp_arena_best_fit_(a, n, a->quantum, &st, 1);
-    uint64_t blocks = atomic_load_explicit(&h->large_blocks, memory_order_relaxed) - k;
     uint64_t in_use = atomic_load_explicit(&h->large_in_use_bytes, memory_order_relaxed) - back_bytes;
     if (__builtin_expect(b != NULL, 1)) {
         /* n has a code (above): the caches' sizes are the states' (lo, hi] (tcache.c), which a pool keeps
@@ -77,11 +74,11 @@ FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uin
         if (__builtin_expect(f != NULL, 1))
             atomic_store_explicit(f, (uint8_t)((n - a->ms.lo) >> FP_PIECE_UNIT_SHIFT), memory_order_relaxed);
         in_use += n;
-        blocks++;
         fp_count_locked(&h->large_allocs[a->cls_of_q[(n >> FP_PIECE_UNIT_SHIFT) - 1]], 1);
         *out = (void *)(uintptr_t)b->base;
+    } else {
+        *out = NULL;
     }
-    atomic_store_explicit(&h->large_blocks, blocks, memory_order_relaxed);
     atomic_store_explicit(&h->large_in_use_bytes, in_use, memory_order_relaxed);
     *rest = (fp_heap_policy_due(h, fp_heap_idle_follow(h)) ? FP_MEDIUM_POLICY : 0) |
             (!b && st == FABPOOL_OK ? FP_MEDIUM_MISS : 0);

@@ -85,7 +85,7 @@ typedef struct fp_heap {
     uint64_t idle_arenas_low;          /* (pool lock) */
     _Atomic uint64_t decay_epoch_ns;
     FP_HEAP_COUNTERS(FP_COUNTER_ATOMIC)
-    _Atomic uint64_t large_blocks, large_allocs[FP_NCLASS];
+    _Atomic uint64_t large_allocs[FP_NCLASS];
     unsigned policy_tick;              /* blocks above slab_max given out and freed (pool lock; large.c) */
     unsigned policy_mask;              /* the decay's clock every (policy_mask + 1)th tick: 15, or 0 with decay_ms 0 */
     fp_class classes[FP_NCLASS];
