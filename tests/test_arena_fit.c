@@ -30,7 +30,7 @@ static uint64_t largest_free(const fp_arena *a)
 {
     uint64_t m = 0;
     for (size_t i = 0; i < a->n_runs; i++)
-        for (const fp_piece *q = a->runs[i].head; q; q = fp_piece_at(a, q->anext))
+        for (const fp_piece *q = a->runs[i].head; q; q = q->anext)
             if (q->state == FP_LARGE_FREE && fp_piece_size(q) > m)
                 m = fp_piece_size(q);
     return m;
@@ -40,7 +40,7 @@ static uint64_t largest_free(const fp_arena *a)
 static int fenced(const fp_arena *a, void *ptr)
 {
     const fp_piece *b = fp_arena_block(a, (uint64_t)(uintptr_t)ptr);
-    const fp_piece *l = b ? fp_piece_at(a, b->aprev) : NULL, *r = b ? fp_piece_at(a, b->anext) : NULL;
+    const fp_piece *l = b ? b->aprev : NULL, *r = b ? b->anext : NULL;
     return l && r && l->state == FP_LARGE_LIVE && r->state == FP_LARGE_LIVE;
 }
 
@@ -132,7 +132,7 @@ static uint64_t fitting_free(const fp_arena *a, uint64_t fit)
 {
     uint64_t n = 0;
     for (size_t i = 0; i < a->n_runs; i++)
-        for (const fp_piece *q = a->runs[i].head; q; q = fp_piece_at(a, q->anext))
+        for (const fp_piece *q = a->runs[i].head; q; q = q->anext)
             if (q->state == FP_LARGE_FREE && fp_piece_size(q) >= fit)
                 n += fp_piece_size(q);
     return n;

@@ -244,7 +244,7 @@ static void break_va(fabpool_t *p, fp_span *s)
 static fp_piece *free_range(fp_arena *a, uint64_t min)
 {
     for (size_t i = 0; i < a->n_runs; i++)
-        for (fp_piece *q = a->runs[i].head; q; q = fp_piece_at(a, q->anext))
+        for (fp_piece *q = a->runs[i].head; q; q = q->anext)
             if (q->state == FP_LARGE_FREE && fp_piece_size(q) >= min)
                 return q;
     return NULL;
@@ -257,7 +257,6 @@ static void break_arenas(fabpool_t *p)
     CHECK(f && f->aprev && a->n_chunks >= 2);
     if (!f || !f->aprev || a->n_chunks < 2)
         return;
-    fp_rid fr = fp_piece_rid(f);
     atomic_fetch_add(&p->heap.large_in_use_bytes, gran);
     expect_broken(p, "[large.in_use]", "large in-use counter");
     atomic_fetch_sub(&p->heap.large_in_use_bytes, gran);
@@ -267,7 +266,7 @@ static void break_arenas(fabpool_t *p)
     a->free_bytes -= gran;
 
     /* a live block grown over the free range after it */
-    fp_piece *l = fp_piece_at(a, f->aprev);
+    fp_piece *l = f->aprev;
     CHECK(l->state == FP_LARGE_LIVE);
     l->size_q++;
     expect_broken(p, "[arena.run]", "pieces overlap");
@@ -292,36 +291,38 @@ static void break_arenas(fabpool_t *p)
 
     /* a free range split in two touching pieces (a spare record for its high part) */
     CHECK(fp_arena_spare_reserve(a, 1) == 0);
-    fp_rid hr, after = f->anext;
-    fp_piece *half = fp_arena_piece_new(a, f->base + gran, fp_piece_size(f) - gran, FP_LARGE_FREE, &hr);
-    half->aprev = fr;
+    fp_piece *after = f->anext;
+    fp_piece *half = fp_arena_piece_new(a, f->base + gran, fp_piece_size(f) - gran, FP_LARGE_FREE);
+    half->aprev = f;
     half->anext = after;
-    f->anext = hr;
+    f->anext = half;
     fp_piece_resize(f, gran);
     if (after)
-        fp_piece_at(a, after)->aprev = hr;
+        after->aprev = half;
     expect_broken(p, "[arena.merge]", "touching free ranges");
     f->anext = after;
     if (after)
-        fp_piece_at(a, after)->aprev = fr;
+        after->aprev = f;
     f->size_q += half->size_q;
     fp_arena_piece_drop(a, half);
 
-    /* a page of records that counts a spare record more than its list holds, and a piece that links to an id
-     * that names no record */
-    fp_piece_page *pg = a->recs.pages[fr >> FP_PIECE_PAGE_SHIFT];
+    /* a page of records that counts a spare record more than its list holds, and a piece that links to no
+     * record: into its own page between two slots, and to memory outside the pages (never followed) */
+    fp_piece_page *pg = a->recs.pages[fp_piece_rid(f) >> FP_PIECE_PAGE_SHIFT];
     pg->n_spare++;
     expect_broken(p, "[arena.records]", "spare records miscounted");
     pg->n_spare--;
-    fp_rid next = f->anext;
-    f->anext = (fp_rid)(a->recs.n_pages << FP_PIECE_PAGE_SHIFT | 1);
+    fp_piece *next = f->anext, outside = *f;
+    f->anext = (fp_piece *)(void *)((char *)f + 8);
+    expect_broken(p, "[arena.records]", "a link between two records");
+    f->anext = &outside;
     expect_broken(p, "[arena.records]", "a link to no record");
     f->anext = next;
-    /* a spare record of the cache (the half's, given back above) that names no record, and one counted twice */
+    /* a spare record of the cache (the half's, given back above) that is no record, and one counted twice */
     CHECK(a->recs.n_cache > 0);
-    fp_rid cached = a->recs.cache[0];
-    a->recs.cache[0] = (fp_rid)(a->recs.n_pages << FP_PIECE_PAGE_SHIFT | 1);
-    expect_broken(p, "[arena.records]", "a cached spare record that names no record");
+    fp_piece *cached = a->recs.cache[0];
+    a->recs.cache[0] = &outside;
+    expect_broken(p, "[arena.records]", "a cached spare record that is no record");
     a->recs.cache[0] = cached;
     a->recs.n_spare++;
     expect_broken(p, "[arena.records]", "spare records in all miscounted");

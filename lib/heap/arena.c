@@ -11,22 +11,20 @@
 #include "error.h"
 #include "sizeclass.h"
 
-#define P(r) fp_piece_at(a, (r))
-#define R(p) fp_piece_rid(p)
 #define SZ(p) fp_piece_size((p))
 
 /* ------------------------------------------------------------ records */
 
-fp_piece *fp_arena_piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state, fp_rid *rid)
+fp_piece *fp_arena_piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state)
 {
-    return fp_arena_new_(a, base, size, state, rid);
+    return fp_arena_new_(a, base, size, state);
 }
 
-void fp_arena_piece_drop(fp_arena *a, fp_piece *p) { fp_rec_give(&a->recs, p, R(p)); }
+void fp_arena_piece_drop(fp_arena *a, fp_piece *p) { fp_rec_give(&a->recs, p); }
 
 /* ------------------------------------------------------------ bins */
 
-void fp_arena_bin_insert(fp_arena *a, fp_piece *p) { fp_arena_push_(a, p, R(p)); }
+void fp_arena_bin_insert(fp_arena *a, fp_piece *p) { fp_arena_push_(a, p); }
 
 void fp_arena_bin_remove(fp_arena *a, fp_piece *p) { fp_arena_pull_(a, p); }
 
@@ -47,7 +45,7 @@ void fp_arena_block_unlist(fp_arena *a, uint64_t addr)
 
 fp_piece *fp_arena_carve_at(fp_arena *a, fp_piece *f, uint64_t x, uint64_t n)
 {
-    return fp_arena_carve_(a, f, R(f), x, n, a->pol.direct);
+    return fp_arena_carve_(a, f, x, n, a->pol.direct);
 }
 
 uint64_t fp_arena_place(const fp_piece *f, uint64_t n, uint64_t align, int high)
@@ -58,33 +56,28 @@ uint64_t fp_arena_place(const fp_piece *f, uint64_t n, uint64_t align, int high)
 /* The walk of the bins from n's own up: the smallest range that fits among all of n's bin and the first 64
  * of the first bin above it that holds one that fits, the lowest address on a tie (the first one in the bins
  * of one size each); for a block aligned beyond the quantum, and where the quick fit found nothing.  The
- * range, still in its bin (*rid its id), or NULL. */
-__attribute__((noinline)) fp_piece *fp_arena_fit_walk(fp_arena *a, uint64_t n, uint64_t align, fp_rid *rid)
+ * range, still in its bin, or NULL. */
+__attribute__((noinline)) fp_piece *fp_arena_fit_walk(fp_arena *a, uint64_t n, uint64_t align)
 {
     unsigned b0 = fp_arena_bin_of(n >> FP_PIECE_UNIT_SHIFT);
     fp_piece *best = NULL;
-    fp_rid best_r = 0;
     for (unsigned b = fp_arena_bin_next(a, b0); b < FP_ARENA_NBINS && !best; b = fp_arena_bin_next(a, b + 1)) {
         unsigned look = 0;
-        for (fp_rid fr = a->bins[b]; fr && (b == b0 || look < 64); fr = fp_piece_of(a, fr)->next, look++) {
-            fp_piece *f = fp_piece_of(a, fr);
+        for (fp_piece *f = a->bins[b]; f && (b == b0 || look < 64); f = f->next, look++) {
             if (!fp_arena_place_(f, n, align, 1) ||
                 (best && (fp_piece_size(f) > fp_piece_size(best) || (fp_piece_size(f) == fp_piece_size(best) && f->base > best->base))))
                 continue;
             best = f;
-            best_r = fr;
             if (b < FP_ARENA_SUB && align <= a->quantum)
                 break; /* one size in these bins */
         }
     }
-    *rid = best_r;
     return best;
 }
 
 fp_piece *fp_arena_coalesce(fp_arena *a, fp_piece *p)
 {
-    fp_rid r = R(p);
-    return fp_arena_coalesce_(a, p, &r);
+    return fp_arena_coalesce_(a, p);
 }
 
 fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)
@@ -94,10 +87,10 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
     return fp_arena_best_fit_(a, n, align, st, a->pol.direct);
 }
 
-void fp_arena_release(fp_arena *a, fp_rid br)
+void fp_arena_release(fp_arena *a, fp_piece *b)
 {
     fp_lock_assert_held(&a->sp->lock);
-    fp_arena_release_(a, fp_piece_of(a, br), br, a->pol.direct, NULL);
+    fp_arena_release_(a, b, a->pol.direct, NULL);
 }
 
 /* ------------------------------------------------------------ runs */
@@ -179,7 +172,7 @@ const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr)
     size_t r = fp_arena_run_of(a, addr);
     if (r == a->n_runs)
         return NULL;
-    for (const fp_piece *p = a->runs[r].head; p; p = P(p->anext))
+    for (const fp_piece *p = a->runs[r].head; p; p = p->anext)
         if (addr < p->base + SZ(p))
             return addr >= p->base ? p : NULL;
     return NULL;

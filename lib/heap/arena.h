@@ -114,7 +114,7 @@ typedef struct fp_arena {
     unsigned qshift;
     uint64_t home;                     /* new runs go below this address where the reservation has room */
     fp_arena_policy pol;
-    fp_rid bins[FP_ARENA_NBINS];
+    fp_piece *bins[FP_ARENA_NBINS];
     uint64_t bitmap[FP_ARENA_NBINS / 64];  /* a bit per bin that holds a free range */
     uint64_t summary;                      /* a bit per word of the bitmap that is not 0 */
     fp_addrmap blocks;                 /* base -> record id of every block given out (live or pending) */
@@ -139,7 +139,7 @@ typedef struct fp_arena {
 static inline uint64_t fp_piece_size(const fp_piece *p) { return (uint64_t)p->size_q << FP_PIECE_UNIT_SHIFT; }
 static inline void fp_piece_resize(fp_piece *p, uint64_t n) { p->size_q = (uint32_t)(n >> FP_PIECE_UNIT_SHIFT); }
 
-/* The record of id r (NULL for 0), of an id that is not 0, and the id of record p. */
+/* The record of id r (NULL for 0), of an id that is not 0, and the id of record p (the tables of blocks). */
 static inline fp_piece *fp_piece_at(const fp_arena *a, fp_rid r) { return fp_rec_at(&a->recs, r); }
 static inline fp_piece *fp_piece_of(const fp_arena *a, fp_rid r) { return fp_rec_of(&a->recs, r); }
 static inline fp_rid fp_piece_rid(const fp_piece *p) { return fp_rec_id(p); }
@@ -265,9 +265,8 @@ static inline size_t fp_arena_block_count(const fp_arena *a)
 {
     return a->pol.direct ? a->bidx.n : fp_addrmap_count(&a->blocks);
 }
-/* Frees the block of record id br (fp_arena_block_id): out of the table of blocks, merged with the free
- * ranges touching it. */
-void fp_arena_release(fp_arena *a, fp_rid br);
+/* Frees block b (fp_arena_block): out of the table of blocks, merged with the free ranges touching it. */
+void fp_arena_release(fp_arena *a, fp_piece *b);
 /* Makes sure the table of blocks can take a block anywhere in [va, va + size), which the arena is about to map
  * (the direct index's leaves made; the hash table room for one more): 0, or -1 without host memory. */
 int fp_arena_index_reserve(fp_arena *a, uint64_t va, uint64_t size);
@@ -284,8 +283,8 @@ const fp_piece *fp_arena_find(const fp_arena *a, uint64_t addr);
 
 /* Makes sure n records are spare: 0, or -1 without host memory. */
 static inline int fp_arena_spare_reserve(fp_arena *a, size_t n) { return fp_recs_reserve(&a->recs, n); }
-/* A piece of a spare record (*rid its id), and a record back to the spares. */
-fp_piece *fp_arena_piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state, fp_rid *rid);
+/* A piece of a spare record, and a record back to the spares. */
+fp_piece *fp_arena_piece_new(fp_arena *a, uint64_t base, uint64_t size, uint32_t state);
 void fp_arena_piece_drop(fp_arena *a, fp_piece *p);
 /* A free range into, and out of, the bin of its size. */
 void fp_arena_bin_insert(fp_arena *a, fp_piece *p);
@@ -313,31 +312,31 @@ void fp_arena_unmap_range(fp_arena *a, uint64_t va, uint64_t size);
 
 #define FP_ARENA_INLINE static inline __attribute__((always_inline))
 
-/* The walk of the bins from n's own up (arena.c): the range, still in its bin (*rid its id), or NULL. */
-fp_piece *fp_arena_fit_walk(fp_arena *a, uint64_t n, uint64_t align, fp_rid *rid);
+/* The walk of the bins from n's own up (arena.c): the range, still in its bin, or NULL. */
+fp_piece *fp_arena_fit_walk(fp_arena *a, uint64_t n, uint64_t align);
 /* Piece p (in a run) is now the last of it. */
 void fp_arena_set_tail(fp_arena *a, fp_piece *p);
 
-/* A piece of a spare record (fp_arena_spare_reserve made sure there is one): *rid its id. */
-FP_ARENA_INLINE fp_piece *fp_arena_new_(fp_arena *a, uint64_t base, uint64_t size, uint32_t state, fp_rid *rid)
+/* A piece of a spare record (fp_arena_spare_reserve made sure there is one). */
+FP_ARENA_INLINE fp_piece *fp_arena_new_(fp_arena *a, uint64_t base, uint64_t size, uint32_t state)
 {
-    fp_piece *p = fp_rec_take(&a->recs, rid);
+    fp_piece *p = fp_rec_take(&a->recs);
     *p = (fp_piece){.base = base, .size_q = (uint32_t)(size >> FP_PIECE_UNIT_SHIFT), .state = (uint16_t)state};
     return p;
 }
 
-/* Free range p, of id r, into the bin of its size. */
-FP_ARENA_INLINE void fp_arena_push_(fp_arena *a, fp_piece *p, fp_rid r)
+/* Free range p into the bin of its size. */
+FP_ARENA_INLINE void fp_arena_push_(fp_arena *a, fp_piece *p)
 {
     unsigned b = fp_arena_bin_q(a, p->size_q);
     p->state = FP_LARGE_FREE;
     p->bin = (uint16_t)b;
-    fp_rid h = a->bins[b];   /* (a local: the store to the bin would make p->next be read again) */
-    p->prev = 0;
+    fp_piece *h = a->bins[b];   /* (a local: the store to the bin would make p->next be read again) */
+    p->prev = NULL;
     p->next = h;
-    a->bins[b] = r;
+    a->bins[b] = p;
     if (h) {
-        fp_piece_of(a, h)->prev = r;
+        h->prev = p;
     } else { /* the bin was empty: its bits were clear */
         a->bitmap[b / 64] |= 1ull << (b % 64);
         a->summary |= 1ull << (b / 64);
@@ -348,14 +347,14 @@ FP_ARENA_INLINE void fp_arena_push_(fp_arena *a, fp_piece *p, fp_rid r)
 FP_ARENA_INLINE void fp_arena_pull_(fp_arena *a, fp_piece *p)
 {
     unsigned b = p->bin;
-    fp_rid pv = p->prev, nx = p->next;
+    fp_piece *pv = p->prev, *nx = p->next;
     if (pv)
-        fp_piece_of(a, pv)->next = nx;
+        pv->next = nx;
     else
         a->bins[b] = nx;
     if (nx)
-        fp_piece_of(a, nx)->prev = pv;
-    p->next = p->prev = 0;
+        nx->prev = pv;
+    p->next = p->prev = NULL;
     if (!pv && !nx && !(a->bitmap[b / 64] &= ~(1ull << (b % 64))))
         a->summary &= ~(1ull << (b / 64));
 }
@@ -389,39 +388,39 @@ FP_ARENA_INLINE void fp_arena_note_(fp_arena *a, uint64_t n)
     a->ring_size[a->ring_at++ % FP_ARENA_RATE] = n;
 }
 
-/* Puts piece q (id rq) right after piece p (id rp), in p's run. */
-FP_ARENA_INLINE void fp_arena_link_after_(fp_arena *a, fp_piece *p, fp_rid rp, fp_piece *q, fp_rid rq)
+/* Puts piece q right after piece p, in p's run. */
+FP_ARENA_INLINE void fp_arena_link_after_(fp_arena *a, fp_piece *p, fp_piece *q)
 {
-    q->aprev = rp;
-    q->anext = p->anext;
-    if (p->anext)
-        fp_piece_of(a, p->anext)->aprev = rq;
+    fp_piece *nx = p->anext;
+    q->aprev = p;
+    q->anext = nx;
+    if (nx)
+        nx->aprev = q;
     else
         fp_arena_set_tail(a, q);
-    p->anext = rq;
+    p->anext = q;
 }
 
 /* Cuts the block [x, x + n) out of free range f (out of its bin): what is
  * left of f below and above it stays free.  Two spare records are there. */
-FP_ARENA_INLINE fp_piece *fp_arena_carve_(fp_arena *a, fp_piece *f, fp_rid fr, uint64_t x, uint64_t n, int direct)
+FP_ARENA_INLINE fp_piece *fp_arena_carve_(fp_arena *a, fp_piece *f, uint64_t x, uint64_t n, int direct)
 {
     uint64_t end = f->base + fp_piece_size(f);
     fp_piece *b = f;
-    fp_rid br = fr, rr;
     if (x > f->base) { /* f keeps [base, x); the block follows it */
-        b = fp_arena_new_(a, x, n, FP_LARGE_LIVE, &br);
+        b = fp_arena_new_(a, x, n, FP_LARGE_LIVE);
         fp_piece_resize(f, x - f->base);
-        fp_arena_link_after_(a, f, fr, b, br);
-        fp_arena_push_(a, f, fr);
+        fp_arena_link_after_(a, f, b);
+        fp_arena_push_(a, f);
     }
     if (x + n < end) { /* the rest above the block */
-        fp_piece *r = fp_arena_new_(a, x + n, end - x - n, FP_LARGE_FREE, &rr);
+        fp_piece *r = fp_arena_new_(a, x + n, end - x - n, FP_LARGE_FREE);
         fp_piece_resize(b, n);
-        fp_arena_link_after_(a, b, br, r, rr);
-        fp_arena_push_(a, r, rr);
+        fp_arena_link_after_(a, b, r);
+        fp_arena_push_(a, r);
     }
     b->state = FP_LARGE_LIVE;
-    fp_arena_list_(a, b->base, br, direct);
+    fp_arena_list_(a, b->base, fp_rec_id(b), direct);
     a->free_bytes -= n;
     a->used_bytes += n;
     a->n_blocks++;
@@ -442,24 +441,22 @@ FP_ARENA_INLINE uint64_t fp_arena_place_(const fp_piece *f, uint64_t n, uint64_t
 }
 
 /* The quick fit of a block of the quantum's alignment: the first range that fits among the first
- * FP_ARENA_LOOK of its size's bin, else the head of the next bin that holds any; NULL where neither fits
- * (*rid its id). */
-FP_ARENA_INLINE fp_piece *fp_arena_fit_quick_(fp_arena *a, uint64_t n, fp_rid *rid)
+ * FP_ARENA_LOOK of its size's bin, else the head of the next bin that holds any; NULL where neither fits. */
+FP_ARENA_INLINE fp_piece *fp_arena_fit_quick_(fp_arena *a, uint64_t n)
 {
     uint64_t u = n >> FP_PIECE_UNIT_SHIFT;
     unsigned b0 = fp_arena_bin_q(a, u);
-    fp_rid fr = a->bins[b0];
-    for (unsigned look = 0; fr && look < FP_ARENA_LOOK; fr = fp_piece_of(a, fr)->next, look++)
-        if (fp_piece_of(a, fr)->size_q >= u)
+    fp_piece *f = a->bins[b0];
+    for (unsigned look = 0; f && look < FP_ARENA_LOOK; f = f->next, look++)
+        if (f->size_q >= u)
             break;
-    if (!fr || fp_piece_of(a, fr)->size_q < u) {
+    if (!f || f->size_q < u) {
         unsigned b = fp_arena_bin_next(a, b0 + 1);
-        fr = b < FP_ARENA_NBINS ? a->bins[b] : 0;
+        f = b < FP_ARENA_NBINS ? a->bins[b] : NULL;
     }
-    if (!fr || fp_piece_of(a, fr)->size_q < u) /* (the last bin holds every size beyond it) */
+    if (!f || f->size_q < u) /* (the last bin holds every size beyond it) */
         return NULL;
-    *rid = fr;
-    return fp_piece_of(a, fr);
+    return f;
 }
 
 /* A fit of n bytes aligned to align among the free ranges, cut; NULL if none fits.
@@ -477,9 +474,8 @@ FP_ARENA_INLINE fp_piece *fp_arena_fit_quick_(fp_arena *a, uint64_t n, fp_rid *r
  * call saves no more registers than it uses. */
 FP_ARENA_INLINE fp_piece *fp_arena_best_fit_(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st, int direct)
 {
-    fp_rid best_r = 0;
-    fp_piece *best = align <= a->quantum ? fp_arena_fit_quick_(a, n, &best_r) : NULL;
-    if (__builtin_expect(!best, 0) && !(best = fp_arena_fit_walk(a, n, align, &best_r)))
+    fp_piece *best = align <= a->quantum ? fp_arena_fit_quick_(a, n) : NULL;
+    if (__builtin_expect(!best, 0) && !(best = fp_arena_fit_walk(a, n, align)))
         return NULL;
     if ((!direct && fp_addrmap_reserve(&a->blocks, 1) != 0) || fp_arena_spare_reserve(a, 2) != 0) {
         *st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the record of a block of %llu bytes",
@@ -487,43 +483,41 @@ FP_ARENA_INLINE fp_piece *fp_arena_best_fit_(fp_arena *a, uint64_t n, uint64_t a
         return NULL;
     }
     fp_arena_pull_(a, best);
-    return fp_arena_carve_(a, best, best_r, fp_arena_place_(best, n, align, 1), n, direct);
+    return fp_arena_carve_(a, best, fp_arena_place_(best, n, align, 1), n, direct);
 }
 
-/* Merges free range p (out of its bin), of id *pr, with the free ranges
- * touching it; the result (*pr its id) is out of its bin too. */
-FP_ARENA_INLINE fp_piece *fp_arena_coalesce_(fp_arena *a, fp_piece *p, fp_rid *pr)
+/* Merges free range p (out of its bin) with the free ranges touching it; the result is out of its bin too. */
+FP_ARENA_INLINE fp_piece *fp_arena_coalesce_(fp_arena *a, fp_piece *p)
 {
-    fp_rid lr = p->aprev, rr = p->anext;
-    fp_piece *l = fp_piece_at(a, lr), *r = fp_piece_at(a, rr);
+    fp_piece *l = p->aprev, *r = p->anext;
     if (l && l->state == FP_LARGE_FREE) {
         fp_arena_pull_(a, l);
         l->size_q += p->size_q;
-        l->anext = rr;
+        l->anext = r;
         if (r)
-            r->aprev = lr;
+            r->aprev = l;
         else
             fp_arena_set_tail(a, l);
-        fp_rec_give(&a->recs, p, *pr);
+        fp_rec_give(&a->recs, p);
         p = l;
-        *pr = lr;
     }
     if (r && r->state == FP_LARGE_FREE) {
+        fp_piece *rn = r->anext;
         fp_arena_pull_(a, r);
         p->size_q += r->size_q;
-        p->anext = r->anext;
-        if (r->anext)
-            fp_piece_of(a, r->anext)->aprev = *pr;
+        p->anext = rn;
+        if (rn)
+            rn->aprev = p;
         else
             fp_arena_set_tail(a, p);
-        fp_rec_give(&a->recs, r, rr);
+        fp_rec_give(&a->recs, r);
     }
     return p;
 }
 
-/* Block b, of id br, out of the table, merged with the free ranges touching it, into the bin of the merged
- * range's size (e: its entry in the direct index where the caller has it at hand, else NULL). */
-FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_piece *b, fp_rid br, int direct, fp_rid *e)
+/* Block b out of the table, merged with the free ranges touching it, into the bin of the merged range's size
+ * (e: its entry in the direct index where the caller has it at hand, else NULL). */
+FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_piece *b, int direct, fp_rid *e)
 {
     if (e) {
         *e = 0;
@@ -537,8 +531,8 @@ FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_piece *b, fp_rid br, int 
     a->free_bytes += fp_piece_size(b);
     a->n_blocks--;
     b->state = FP_LARGE_FREE;
-    b = fp_arena_coalesce_(a, b, &br);
-    fp_arena_push_(a, b, br);
+    b = fp_arena_coalesce_(a, b);
+    fp_arena_push_(a, b);
 }
 
 #endif

@@ -4,6 +4,9 @@
  * count of large blocks.
  * Runs under the pool lock (pool/check.c takes it). */
 #include "arena_check.h"
+
+#include <stdlib.h>
+
 #include "pending.h"
 
 #define FAIL FP_WALK_FAIL
@@ -52,28 +55,71 @@ static fabpool_status check_arena_chunks(fp_walk *w, const fp_arena *a)
     return FABPOOL_OK;
 }
 
-/* The record of id r, or NULL: for 0, and (with *bad set) where r names no
- * record of a page of the arena. */
+/* The addresses of an arena's pages of records, sorted: a link is checked against them before it is followed
+ * (a corrupted record must be reported, not crash the check). */
+typedef struct rec_pages {
+    uintptr_t *at;
+    size_t n;
+} rec_pages;
+
+static int cmp_addr(const void *x, const void *y)
+{
+    uintptr_t p = *(const uintptr_t *)x, q = *(const uintptr_t *)y;
+    return (p > q) - (p < q);
+}
+
+/* rp filled from arena a's directory: 0, or -1 without host memory. */
+static int rec_pages_make(rec_pages *rp, const fp_arena *a)
+{
+    rp->n = 0;
+    rp->at = malloc((a->recs.n_pages ? a->recs.n_pages : 1) * sizeof *rp->at);
+    if (!rp->at)
+        return -1;
+    for (size_t i = 0; i < a->recs.n_pages; i++)
+        if (a->recs.pages[i])
+            rp->at[rp->n++] = (uintptr_t)a->recs.pages[i];
+    qsort(rp->at, rp->n, sizeof *rp->at, cmp_addr);
+    return 0;
+}
+
+/* Whether q is a record of a page of the arena (compared as addresses: q may be anything). */
+static int is_rec(const rec_pages *rp, const fp_piece *q)
+{
+    uintptr_t at = (uintptr_t)q, pg = at & ~(uintptr_t)(FP_PIECE_PAGE_BYTES - 1), off = at - pg;
+    size_t lo = 0, hi = rp->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (rp->at[mid] < pg)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < rp->n && rp->at[lo] == pg && off && off % sizeof *q == 0 && off / sizeof *q < FP_PIECE_SLOTS;
+}
+
+/* Link q to follow: q where it is NULL or a record of the arena's pages, else NULL with *bad set. */
+static const fp_piece *lnk(const rec_pages *rp, const fp_piece *q, int *bad)
+{
+    if (!q || is_rec(rp, q))
+        return q;
+    *bad = 1;
+    return NULL;
+}
+
+/* The record of id r (a table's), or NULL: for 0, and (with *bad set) where r names no record of a page of the
+ * arena. */
 static const fp_piece *rec(const fp_arena *a, fp_rid r, int *bad)
 {
     size_t i = r >> FP_PIECE_PAGE_SHIFT;
+    uint32_t off = r & (FP_PIECE_PAGE_BYTES - 1);
     if (!r)
         return NULL;
-    if (i >= a->recs.n_pages || !a->recs.pages[i] || !(r & (FP_PIECE_PAGE_BYTES - 1)) || r % sizeof(fp_piece)) {
+    if (i >= a->recs.n_pages || !a->recs.pages[i] || !off || off % sizeof(fp_piece) ||
+        off / sizeof(fp_piece) >= FP_PIECE_SLOTS) {
         *bad = 1;
         return NULL;
     }
     return fp_piece_at(a, r);
-}
-
-/* Whether q is a record of a page of the arena (compared as addresses: q may be anything). */
-static int is_rec(const fp_arena *a, const fp_piece *q)
-{
-    uintptr_t at = (uintptr_t)q, pg = at & ~(uintptr_t)(FP_PIECE_PAGE_BYTES - 1);
-    for (size_t i = 0; i < a->recs.n_pages; i++)
-        if ((uintptr_t)a->recs.pages[i] == pg)
-            return at != pg && (at - pg) % sizeof *q == 0;
-    return 0;
 }
 
 /* The pages of arena a's records: each in the directory at the index it
@@ -82,7 +128,7 @@ static int is_rec(const fp_arena *a, const fp_piece *q)
  * take from, the cache's spare records distinct records of those pages, the
  * spares counted in all, and every other record a piece of a run (in_runs
  * of them). */
-static fabpool_status check_arena_records(const fp_arena *a, uint64_t in_runs)
+static fabpool_status check_arena_records(const fp_arena *a, const rec_pages *rp, uint64_t in_runs)
 {
     uint64_t pages = 0, spare = 0, with_spare = 0, avail = 0;
     for (size_t i = 0; i < a->recs.n_pages; i++) {
@@ -91,11 +137,11 @@ static fabpool_status check_arena_records(const fp_arena *a, uint64_t in_runs)
             continue;
         uint64_t n = 0;
         int bad = 0;
-        for (fp_rid r = pg->spare; r; r = rec(a, r, &bad)->next)
-            if (++n > FP_PIECE_SLOTS || r >> FP_PIECE_PAGE_SHIFT != i || !rec(a, r, &bad))
+        for (const fp_piece *q = lnk(rp, pg->spare, &bad); q; q = lnk(rp, q->next, &bad))
+            if (++n > FP_PIECE_SLOTS || ((uintptr_t)q & ~(uintptr_t)(FP_PIECE_PAGE_BYTES - 1)) != (uintptr_t)pg)
                 break;
         pages++;
-        if (pg->idx != i || ((uintptr_t)pg & (FP_PIECE_PAGE_BYTES - 1)) || n != pg->n_spare ||
+        if (bad || pg->idx != i || ((uintptr_t)pg & (FP_PIECE_PAGE_BYTES - 1)) || n != pg->n_spare ||
             a->recs.rbase[i] + ((uintptr_t)i << FP_PIECE_PAGE_SHIFT) != (uintptr_t)pg)
             return FAIL("[arena.records] %s: page %zu of records holds %llu spare records on its list and counts %u "
                         "(or its list runs out of the page, or it names another index, %u, or is not aligned, or "
@@ -106,12 +152,11 @@ static fabpool_status check_arena_records(const fp_arena *a, uint64_t in_runs)
     }
     uint64_t cached = a->recs.n_cache;
     for (uint32_t i = 0; i < a->recs.n_cache && i < FP_RECS_CACHE; i++) {
-        int bad = 0;
-        const fp_piece *q = rec(a, a->recs.cache[i], &bad);
-        uint32_t dup = 0;
+        const fp_piece *q = a->recs.cache[i];
+        uint32_t dup = !is_rec(rp, q);
         for (uint32_t j = 0; j < i; j++)
             dup |= a->recs.cache[j] == a->recs.cache[i];
-        if (!q || dup)
+        if (dup)
             return FAIL("[arena.records] %s: spare record %u of the cache of %u names no record of the arena's "
                         "pages (or one the cache names twice)", a->name, i, a->recs.n_cache);
     }
@@ -134,7 +179,7 @@ static fabpool_status check_arena_records(const fp_arena *a, uint64_t in_runs)
 
 /* Every free range of arena a (nfree of them) in the bin of its size, and
  * nothing else in a bin; the bitmap and its summary say which bins hold any. */
-static fabpool_status check_arena_bins(const fp_arena *a, uint64_t nfree)
+static fabpool_status check_arena_bins(const fp_arena *a, const rec_pages *rp, uint64_t nfree)
 {
     uint64_t binned = 0;
     for (unsigned k = 0; k < FP_ARENA_NBINS / 64; k++)
@@ -146,9 +191,10 @@ static fabpool_status check_arena_bins(const fp_arena *a, uint64_t nfree)
         if (bit != (a->bins[b] != 0))
             return FAIL("[arena.bin] %s: bin %u is %s but its bit says %d", a->name, b, a->bins[b] ? "full" : "empty",
                         bit);
-        fp_rid pv = 0;
-        for (fp_rid r = a->bins[b]; r; pv = r, r = fp_piece_at(a, r)->next) {
-            const fp_piece *q = rec(a, r, &bad);
+        const fp_piece *pv = NULL;
+        for (const fp_piece *q = lnk(rp, a->bins[b], &bad);; pv = q, q = lnk(rp, q->next, &bad)) {
+            if (!q && !bad)
+                break;
             if (!q || ++binned > nfree || q->state != FP_LARGE_FREE || q->bin != b || q->prev != pv ||
                 fp_arena_find(a, q->base) != q)
                 return FAIL("[arena.bin] %s: bin %u holds a piece at 0x%llx that is not one of its free ranges of "
@@ -164,7 +210,8 @@ static fabpool_status check_arena_bins(const fp_arena *a, uint64_t nfree)
 /* The pieces of arena a's runs: linked in address order, covering each run,
  * sizes and bases in quanta, free ones merged and in their bins, blocks in
  * the table of blocks, the counters right. */
-static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_arena *a, fp_retire *rt)
+static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_arena *a, const rec_pages *rp,
+                                         fp_retire *rt)
 {
     uint64_t freeb = 0, used = 0, nblocks = 0, nfree = 0;
     for (size_t i = 0; i < a->n_runs; i++) {
@@ -177,11 +224,11 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
         uint64_t at = r->base, guard = 0;
         const fp_piece *prev = NULL;
         int bad = 0;
-        if (r->head && !is_rec(a, r->head))
+        if (r->head && !is_rec(rp, r->head))
             return FAIL("[arena.records] %s: the first piece of the run at 0x%llx is not a record of its pages",
                         a->name, ULL(r->base));
-        for (const fp_piece *q = r->head; q; prev = q, q = rec(a, q->anext, &bad)) {
-            if (++guard > (1ull << 32) || q->base != at || q->aprev != (prev ? fp_piece_rid(prev) : 0) || !q->size_q ||
+        for (const fp_piece *q = r->head; q; prev = q, q = lnk(rp, q->anext, &bad)) {
+            if (++guard > (1ull << 32) || q->base != at || q->aprev != prev || !q->size_q ||
                 (q->base & (a->quantum - 1)) || q->base + fp_piece_size(q) > r->base + r->size)
                 return FAIL("[arena.run] %s: the piece at 0x%llx (%llu bytes) does not follow the one before at "
                             "0x%llx in its run [0x%llx, +%llu), or is not in whole quanta of %llu bytes", a->name,
@@ -194,7 +241,8 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
                 freeb += fp_piece_size(q);
                 nfree++;
             } else if (q->state == FP_LARGE_LIVE || q->state == FP_LARGE_PENDING) {
-                if (fp_arena_block(a, q->base) != q)
+                int stray = 0;
+                if (rec(a, fp_arena_block_id(a, q->base), &stray) != q)
                     return FAIL("[arena.blocks] %s: the block at 0x%llx is not in its table of blocks", a->name,
                                 ULL(q->base));
                 used += fp_piece_size(q);
@@ -211,8 +259,8 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
             }
         }
         if (bad)
-            return FAIL("[arena.records] %s: a piece of the run at 0x%llx links to an id that names no record of its "
-                        "pages", a->name, ULL(r->base));
+            return FAIL("[arena.records] %s: a piece of the run at 0x%llx links to no record of its pages", a->name,
+                        ULL(r->base));
         if (at != r->base + r->size || prev != r->tail)
             return FAIL("[arena.run] %s: the pieces of the run [0x%llx, +%llu) end at 0x%llx, or its last piece is not "
                         "the one it names", a->name, ULL(r->base), ULL(r->size), ULL(at));
@@ -220,14 +268,14 @@ static fabpool_status check_arena_pieces(fp_walk *w, const fp_heap *h, const fp_
     if (nblocks != fp_arena_block_count(a) || nblocks != a->n_blocks)
         return FAIL("[arena.blocks] %s: %llu blocks in its runs, %zu in its table, it counts %llu", a->name,
                     ULL(nblocks), fp_arena_block_count(a), ULL(a->n_blocks));
-    fabpool_status st = check_arena_bins(a, nfree);
+    fabpool_status st = check_arena_bins(a, rp, nfree);
     if (st != FABPOOL_OK)
         return st;
     if (freeb != a->free_bytes || used != a->used_bytes)
         return FAIL("[arena.sums] %s: its pieces add up to %llu free and %llu used bytes, it counts %llu and %llu",
                     a->name, ULL(freeb), ULL(used), ULL(a->free_bytes), ULL(a->used_bytes));
     w->idle += freeb;
-    return check_arena_records(a, nfree + nblocks);
+    return check_arena_records(a, rp, nfree + nblocks);
 }
 
 fabpool_status fp_arenas_check(const fp_heap *h, fp_walk *w, fp_retire *rt)
@@ -235,8 +283,15 @@ fabpool_status fp_arenas_check(const fp_heap *h, fp_walk *w, fp_retire *rt)
     uint64_t used = 0;
     for (int i = 0; i < FP_NARENAS; i++) {
         const fp_arena *a = &h->arenas[i];
-        fabpool_status st;
-        if ((st = check_arena_chunks(w, a)) != FABPOOL_OK || (st = check_arena_pieces(w, h, a, rt)) != FABPOOL_OK)
+        fabpool_status st = check_arena_chunks(w, a);
+        if (st != FABPOOL_OK)
+            return st;
+        rec_pages rp;
+        if (rec_pages_make(&rp, a) != 0)
+            return FP_WALK_HOST_FAIL();
+        st = check_arena_pieces(w, h, a, &rp, rt);
+        free(rp.at);
+        if (st != FABPOOL_OK)
             return st;
         used += a->used_bytes;
     }

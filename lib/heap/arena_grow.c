@@ -187,8 +187,8 @@ static size_t join_below(fp_arena *a, size_t i)
     if (i == 0 || a->runs[i - 1].base + a->runs[i - 1].size != a->runs[i].base)
         return i;
     fp_run *lo = &a->runs[i - 1], *hi = &a->runs[i];
-    lo->tail->anext = fp_piece_rid(hi->head);
-    hi->head->aprev = fp_piece_rid(lo->tail);
+    lo->tail->anext = hi->head;
+    hi->head->aprev = lo->tail;
     fp_piece *t = hi->head, *before = lo->tail;
     lo->size += hi->size;
     lo->tail = hi->tail;
@@ -228,8 +228,7 @@ fabpool_status fp_arena_grow_map(fp_arena *a, fp_arena_grow *gr, uint64_t n, uin
         fp_piece_resize(g, fp_piece_size(g) + gr->size);
         a->runs[r].size += gr->size;
     } else {
-        fp_rid gid;
-        g = fp_arena_piece_new(a, gr->va, gr->size, FP_LARGE_HELD, &gid);
+        g = fp_arena_piece_new(a, gr->va, gr->size, FP_LARGE_HELD);
         r = fp_arena_run_insert(a, (fp_run){gr->va, gr->size, g, g});
     }
     a->free_bytes += gr->size;

@@ -23,9 +23,10 @@ static int page_new(fp_recs *rs)
     rs->rbase[i] = (uintptr_t)pg - ((uintptr_t)i << FP_PIECE_PAGE_SHIFT);
     pg->idx = (uint32_t)i;
     fp_piece *recs = (fp_piece *)(void *)pg;
+    pg->spare = NULL;
     for (unsigned k = FP_PIECE_SLOTS; k-- > 1;) {
         recs[k].next = pg->spare;
-        pg->spare = (fp_rid)(i << FP_PIECE_PAGE_SHIFT | k * sizeof *recs);
+        pg->spare = &recs[k];
     }
     pg->n_spare = FP_PIECE_SLOTS - 1;
     fp_recs_avail_push(rs, pg);

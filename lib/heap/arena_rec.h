@@ -1,5 +1,5 @@
 /* arena_rec.h - an arena's records (fp_piece, arena.h says what they
- * hold): pages of FP_PIECE_SLOTS slots of 32 bytes, aligned to their 4 KiB
+ * hold): pages of FP_PIECE_SLOTS slots of 48 bytes, aligned to their 4 KiB
  * (so that a record's page is found from its address), in a directory
  * whose index, with the slot's offset, makes a record's 32-bit id.  Each page keeps
  * its spare records on a list, and the pages with spares are listed.  A
@@ -21,33 +21,33 @@
  * would be read again after every store to a record. */
 #define FP_PIECE_UNIT_SHIFT 8u
 
-/* A record's id: its page's index in the directory times the page's bytes
- * (FP_PIECE_PAGE_BYTES), plus its slot's offset in the page (32 bytes per
- * slot, slots 1..FP_PIECE_SLOTS - 1: slot 0 is the page's header, so that 0
+/* A record's id, for the tables that map an address to its block (the
+ * direct index and the hash table: arena.h), where 4 bytes a quantum keep
+ * them half the size of pointers: its page's index in the directory times
+ * the page's bytes (FP_PIECE_PAGE_BYTES), plus its slot's offset in the page
+ * (slots 1..FP_PIECE_SLOTS - 1: slot 0 is the page's header, so that 0
  * names no record).  An id counted in bytes, not in slots, is turned into
- * its record by a shift, a load and an add, with no scaling of the id (two
- * instructions of five, a dozen times per medium block's pair); the
- * directory then holds at most 2^20 pages (133 million records, 4 GiB of
- * them, per arena: a medium arena's blocks of 4 KiB and more fill 250 GiB
- * of device memory before its records run out, a failure for host memory
- * then). */
+ * its record by a shift, a load and an add; the directory then holds at most
+ * 2^20 pages (89 million records per arena: a medium arena's blocks of 4 KiB
+ * and more fill 170 GiB of device memory before its records run out, a
+ * failure for host memory then).  A record's links are pointers (records
+ * sit in pages that never move): a link followed is one load, where an id
+ * took four instructions more, a dozen times per medium block's pair. */
 typedef uint32_t fp_rid;
 
-/* A block or a free range of an arena: 32 bytes, two to a cache line, its
- * links 32-bit ids (a record of pointers took 64: the records of the bench's
- * uniform shape did not stay in the cache between its batches), its size in
- * quanta (fp_piece_size): up to 1 TiB in quanta of 256 bytes, more than a
- * device maps (a run is mapped memory). */
+/* A block or a free range of an arena: 48 bytes, its links the pieces
+ * themselves, its size in quanta (fp_piece_size): up to 1 TiB in quanta of
+ * 256 bytes, more than a device maps (a run is mapped memory). */
 typedef struct fp_piece {
     uint64_t base;
     uint32_t size_q;
     uint16_t bin;                      /* a free range's */
     uint16_t state;                    /* FP_LARGE_* (not a char: a store to it would alias every pointer) */
-    fp_rid anext, aprev;               /* the pieces touching it, in address order (0: the run ends) */
-    fp_rid next, prev;                 /* a free range: its bin's list (a spare record: its page's spares) */
+    struct fp_piece *anext, *aprev;    /* the pieces touching it, in address order (NULL: the run ends) */
+    struct fp_piece *next, *prev;      /* a free range: its bin's list (a spare record: its page's spares) */
 } fp_piece;
 
-_Static_assert(sizeof(fp_piece) == 32, "a record is 32 bytes");
+_Static_assert(sizeof(fp_piece) == 48, "a record is 48 bytes");
 
 #define FP_PIECE_PAGE_SHIFT 12u        /* an id's page: id >> FP_PIECE_PAGE_SHIFT */
 #define FP_PIECE_PAGE_BYTES (1u << FP_PIECE_PAGE_SHIFT)
@@ -55,10 +55,11 @@ _Static_assert(sizeof(fp_piece) == 32, "a record is 32 bytes");
 typedef struct fp_piece_page {         /* slot 0 of its page */
     uint32_t idx;                      /* in the arena's directory of pages */
     uint32_t n_spare;
-    fp_rid spare;                      /* its spare records (through next) */
+    fp_piece *spare;                   /* its spare records (through next) */
     uint32_t avail_next, avail_prev;   /* the pages that have spare records (index + 1; 0: none) */
-    uint32_t unused[3];
 } fp_piece_page;
+
+_Static_assert(sizeof(fp_piece_page) <= sizeof(fp_piece), "a page's header fits its slot 0");
 
 /* The most spare records kept beyond a page that is all spare: splits and
  * merges then make no call to the metadata allocator in the steady state. */
@@ -74,14 +75,13 @@ typedef struct fp_recs {
     fp_piece_page **pages;             /* the directory (NULL: an index not in use) */
     /* Beside it, each page's address less its first id: id r's record is at
      * rbase[r >> FP_PIECE_PAGE_SHIFT] + r, with no mask of the slot (an
-     * integer: the difference may point outside any object).  Each lookup
-     * of an id is a shift, a load and an add. */
+     * integer: the difference may point outside any object). */
     uintptr_t *rbase;
     size_t n_pages, cap_pages, cap_rbase;
     uint32_t avail;                    /* the pages that have spare records (index + 1; 0: none) */
     size_t n_spare;                    /* spare records in all (those of cache[] too) */
     uint32_t n_cache;                  /* spare records in cache[], off their pages' lists (their pages stay) */
-    fp_rid cache[FP_RECS_CACHE];
+    fp_piece *cache[FP_RECS_CACHE];
 } fp_recs;
 
 /* The record of id r (NULL for 0), of an id that is not 0, and the id of record p. */
@@ -127,36 +127,31 @@ void fp_recs_page_free(fp_recs *rs, fp_piece_page *pg);
 /* Every page freed and the directory emptied. */
 void fp_recs_free(fp_recs *rs);
 
-/* A spare record (fp_recs_reserve made sure there is one; the caller sets every field): *rid its id. */
-static inline fp_piece *fp_rec_take(fp_recs *rs, fp_rid *rid)
+/* A spare record (fp_recs_reserve made sure there is one; the caller sets every field). */
+static inline fp_piece *fp_rec_take(fp_recs *rs)
 {
     rs->n_spare--;
-    if (rs->n_cache) {
-        fp_rid c = rs->cache[--rs->n_cache];
-        *rid = c;
-        return fp_rec_of(rs, c);
-    }
+    if (rs->n_cache)
+        return rs->cache[--rs->n_cache];
     fp_piece_page *pg = rs->pages[rs->avail - 1];
-    fp_rid r = pg->spare;
-    fp_piece *p = (fp_piece *)(void *)((char *)pg + (r & (FP_PIECE_PAGE_BYTES - 1)));
-    *rid = r;
+    fp_piece *p = pg->spare;
     pg->spare = p->next;
     if (!--pg->n_spare)
         fp_recs_avail_remove(rs, pg);
     return p;
 }
 
-/* Record p, of id r, back to the spares: into the cache while it has room, else onto its page's list. */
-static inline void fp_rec_give(fp_recs *rs, fp_piece *p, fp_rid r)
+/* Record p back to the spares: into the cache while it has room, else onto its page's list. */
+static inline void fp_rec_give(fp_recs *rs, fp_piece *p)
 {
     if (rs->n_cache < FP_RECS_CACHE) {
-        rs->cache[rs->n_cache++] = r;
+        rs->cache[rs->n_cache++] = p;
         rs->n_spare++;
         return;
     }
     fp_piece_page *pg = (fp_piece_page *)((uintptr_t)p & ~(uintptr_t)(FP_PIECE_PAGE_BYTES - 1));
     *p = (fp_piece){.next = pg->spare};
-    pg->spare = r;
+    pg->spare = p;
     if (!pg->n_spare++)
         fp_recs_avail_push(rs, pg);
     rs->n_spare++;

@@ -25,28 +25,26 @@ static int unmap_in(fp_arena *a, fp_piece *f, size_t ci)
     size_t ri = fp_arena_run_of(a, f->base);
     fp_run run = a->runs[ri];
     fp_arena_bin_remove(a, f);
-    fp_rid after_r = f->anext;
-    fp_piece *before = fp_piece_at(a, f->aprev), *after = fp_piece_at(a, after_r);
+    fp_piece *before = f->aprev, *after = f->anext;
     /* the low part of the run: [run.base, c.va) */
     fp_piece *ltail = lsize ? f : before;
     if (lsize) {
         fp_piece_resize(f, lsize);
-        f->anext = 0;
+        f->anext = NULL;
         fp_arena_bin_insert(a, f);
     } else if (before) {
-        before->anext = 0;
+        before->anext = NULL;
     }
     /* the high part: [c.va + c.size, run end) */
     fp_piece *rhead = after;
     if (rsize) {
-        fp_rid hr;
-        rhead = fp_arena_piece_new(a, c.va + c.size, rsize, FP_LARGE_FREE, &hr);
-        rhead->anext = after_r;
+        rhead = fp_arena_piece_new(a, c.va + c.size, rsize, FP_LARGE_FREE);
+        rhead->anext = after;
         if (after)
-            after->aprev = hr;
+            after->aprev = rhead;
         fp_arena_bin_insert(a, rhead);
     } else if (after) {
-        after->aprev = 0;
+        after->aprev = NULL;
     }
     if (!lsize)
         fp_arena_piece_drop(a, f);
@@ -76,14 +74,14 @@ uint64_t fp_arena_unmap_free(fp_arena *a, uint64_t goal, uint64_t fit, uint64_t 
     unsigned b0 = fp_arena_bin_of(a->sp->gran >> a->qshift);
     if (fit)
         for (unsigned b = fp_arena_bin_next(a, fp_arena_bin_of(fit >> a->qshift)); b < FP_ARENA_NBINS; b = fp_arena_bin_next(a, b + 1))
-            for (fp_piece *p = fp_piece_at(a, a->bins[b]); p; p = fp_piece_at(a, p->next))
+            for (fp_piece *p = a->bins[b]; p; p = p->next)
                 useful += fp_piece_size(p) >= fit ? fp_piece_size(p) : 0;
     while (done < goal) {
         fp_piece *f = NULL;
         size_t ci = 0;
         uint64_t lost = 0;
         for (unsigned b = fp_arena_bin_next(a, b0); b < FP_ARENA_NBINS && !f; b = fp_arena_bin_next(a, b + 1))
-            for (fp_piece *p = fp_piece_at(a, a->bins[b]); p && !f; p = fp_piece_at(a, p->next)) {
+            for (fp_piece *p = a->bins[b]; p && !f; p = p->next) {
                 size_t i = fp_arena_chunk_lower(a, p->base);
                 if (i >= a->n_chunks || a->chunks[i].va + a->chunks[i].size > p->base + fp_piece_size(p))
                     continue;

@@ -67,12 +67,10 @@ static fp_arena *arena_of(fp_heap *h, const fp_span *s)
 /* The arena of blocks above slab_max whose page holds addr, or NULL. */
 static fp_arena *arena_at(fp_heap *h, uint64_t addr) { return arena_of(h, fp_map_get(&h->sp->map, addr)); }
 
-/* The live block at addr (*rid its record id), or NULL with a message (fn names the call); a: the arena whose
- * page holds it. */
-static fp_piece *live_in(fp_arena *a, uint64_t addr, const char *fn, fabpool_status *st, fp_rid *rid)
+/* The live block at addr, or NULL with a message (fn names the call); a: the arena whose page holds it. */
+static fp_piece *live_in(fp_arena *a, uint64_t addr, const char *fn, fabpool_status *st)
 {
-    *rid = a ? fp_arena_block_id(a, addr) : 0;
-    fp_piece *b = *rid ? fp_piece_of(a, *rid) : NULL;
+    fp_piece *b = a ? fp_arena_block(a, addr) : NULL;
     if (b && b->state == FP_LARGE_LIVE && !in_cache(a, addr))
         return b;
     if (b && b->state == FP_LARGE_LIVE) {
@@ -106,8 +104,7 @@ static fp_piece *live_at(fp_heap *h, uint64_t addr, fp_arena **ap, const char *f
 {
     fp_lock_assert_held(&h->sp->lock);
     *ap = arena_at(h, addr);
-    fp_rid rid;
-    return live_in(*ap, addr, fn, st, &rid);
+    return live_in(*ap, addr, fn, st);
 }
 
 fabpool_status fp_large_check(fp_heap *h, uint64_t addr, const char *fn, uint64_t *usable)
@@ -195,13 +192,12 @@ fabpool_status fp_large_free(fp_heap *h, const fp_span *s, uint64_t addr, const 
     fabpool_status st = FABPOOL_OK;
     fp_arena *a = arena_of(h, s);
     fp_lock(&h->sp->lock);
-    fp_rid rid;
-    fp_piece *b = live_in(a, addr, fn, &st, &rid);
+    fp_piece *b = live_in(a, addr, fn, &st);
     int due = 0;
     if (b) {
         fp_count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
         fp_arena_mstate_set(a, addr, 0);
-        fp_arena_release(a, rid);
+        fp_arena_release(a, b);
         due = fp_heap_policy_due(h, fp_heap_idle_follow(h));
     }
     fp_unlock(&h->sp->lock);
@@ -215,7 +211,7 @@ void fp_heap_count_large(const fp_heap *h, uint64_t *counts)
     for (int i = 0; i < FP_NARENAS; i++) {
         const fp_arena *a = &h->arenas[i];
         for (size_t r = 0; r < a->n_runs; r++)   /* the blocks given out (live or pending): the table's */
-            for (const fp_piece *b = a->runs[r].head; b; b = fp_piece_at(a, b->anext)) {
+            for (const fp_piece *b = a->runs[r].head; b; b = b->anext) {
                 const fp_span *s = fp_map_get(&h->sp->map, b->base);
                 if ((b->state != FP_LARGE_LIVE && b->state != FP_LARGE_PENDING) || (s && s->kind == FP_SPAN_SLAB) ||
                     in_cache(a, b->base))
@@ -232,14 +228,13 @@ void fp_heap_count_large(const fp_heap *h, uint64_t *counts)
  * neighbours; nothing where addr is not such a block (fabpool_check says what is wrong). */
 static inline void release_cached(fp_heap *h, fp_arena *a, uint64_t addr)
 {
-    fp_rid rid = fp_arena_block_id(a, addr);
-    fp_piece *b = fp_piece_at(a, rid);
+    fp_piece *b = fp_arena_block(a, addr);
     _Atomic uint8_t *f = fp_mstate_at(&a->ms, addr);
     if (!b || b->state != FP_LARGE_LIVE || !f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
         return;
     fp_count_locked(&h->large_in_use_bytes, 0 - fp_piece_size(b));
     atomic_store_explicit(f, 0, memory_order_relaxed);
-    fp_arena_release(a, rid);
+    fp_arena_release(a, b);
 }
 
 void fp_large_release_cached_locked(fp_heap *h, uint64_t addr)

@@ -60,7 +60,7 @@ FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uin
         if (!p || p->state != FP_LARGE_LIVE || !f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
             continue;
         back_bytes += fp_piece_size(p);
-        fp_arena_release_(a, p, r, 1, e);
+        fp_arena_release_(a, p, 1, e);
         atomic_store_explicit(f, 0, memory_order_relaxed);
     }
     fp_piece *b = fp_arena_best_fit_(a, n, a->quantum, &st, 1);

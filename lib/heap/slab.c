@@ -372,7 +372,7 @@ static void slab_release(fp_heap *h, fp_span *s)
     fp_arena *a = &h->arenas[FP_ARENA_MEDIUM];
     FP_LIST_REMOVE(&h->spans, s, all_next, all_prev);
     fp_map_set(&h->sp->map, s->base, s->size, a->sentinel); /* its pages have leaves: cannot fail */
-    fp_arena_release(a, fp_arena_block_id(a, s->base));
+    fp_arena_release(a, fp_arena_block(a, s->base));
     fp_heap_idle_follow(h);
     slab_free_record(h, s);
 }
