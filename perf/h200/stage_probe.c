@@ -14,7 +14,9 @@
  *   /tmp/stage_probe [GiB [R [all|v2|uffd]]]
  * v2: with and without huge pages, populate against faults in the memcpy, ring buffers of 0.5-2 MiB, and the ring
  * into pages already there; uffd: fresh pages filled by UFFDIO_COPY (a userfaultfd over them, user-mode faults
- * only), which skips their zeroing, against memcpy, alone and as the ring's lanes. */
+ * only), which skips their zeroing, against memcpy, alone and as the ring's lanes; free: giving a filled host
+ * copy back, munmap alone against MADV_DONTNEED on pieces by T threads first, with and without huge pages
+ * (milliseconds, not GB/s). */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <pthread.h>
@@ -237,6 +239,38 @@ static int check(const char *h, const char *what)
 
 #define GBS(t) ((double)total / (t) / 1e9)
 
+typedef struct zap_arg {
+    char *at;
+    size_t len;
+} zap_arg;
+
+static void *zap_one(void *p)
+{
+    zap_arg *z = p;
+    madvise(z->at, z->len, MADV_DONTNEED);
+    return NULL;
+}
+
+/* ms to give back n filled bytes at h: T threads' MADV_DONTNEED on pieces, then munmap (T 1: munmap alone) */
+static double give_back(char *h, size_t n, int T)
+{
+    double t0 = now();
+    if (T > 1) {
+        pthread_t th[16];
+        zap_arg z[16];
+        size_t piece = (n / T + 2 * MiB - 1) & ~(2 * MiB - 1);
+        for (int i = 0; i < T; i++) {
+            size_t off = (size_t)i * piece;
+            z[i] = (zap_arg){h + off, off >= n ? 0 : (n - off < piece ? n - off : piece)};
+            pthread_create(&th[i], NULL, zap_one, &z[i]);
+        }
+        for (int i = 0; i < T; i++)
+            pthread_join(th[i], NULL);
+    }
+    munmap(h, n);
+    return (now() - t0) * 1e3;
+}
+
 int main(int argc, char **argv)
 {
     double gib = argc > 1 ? atof(argv[1]) : 3.0;
@@ -258,6 +292,22 @@ int main(int argc, char **argv)
     int bad = 0;
 
     const char *mode = argc > 3 ? argv[3] : "all";
+    if (!strcmp(mode, "free")) {
+        int T5[] = {1, 2, 4, 8, 16};
+        for (thp = 1; thp >= 0; thp--)
+            for (int i = 0; i < 5; i++) {
+                for (int r = 0; r < R; r++) {
+                    char *h = fresh(total);
+                    memset(h, 0x5a, total);
+                    v[r] = give_back(h, total, T5[i]);
+                }
+                printf("thp %d free %.2f GiB filled: %s%2d threads %.1f ms\n", thp, gib,
+                       T5[i] == 1 ? "munmap alone, " : "MADV_DONTNEED + munmap, ", T5[i], median(v, R));
+            }
+        CK(cuMemFree(dev));
+        CK(cuDevicePrimaryCtxRelease(d));
+        return 0;
+    }
     if (!strcmp(mode, "uffd")) {
         int T3[] = {1, 4, 8, 16};
         for (thp = 1; thp >= 0; thp--)
