@@ -8,14 +8,17 @@
 #
 #   insn_count.sh INSN_COUNT_BINARY [--cases small,rep16k,uniform]
 #                 [--allocators fabpool,glibc,jemalloc,tcmalloc,mimalloc]
-#                 [--repeat R] [--max-small IR] [--max-uniform IR]
+#                 [--repeat R] [--max-small IR] [--max-uniform IR] [--misses]
 #
 # Each count is the median of R runs of each length (3 by default; the
 # counts are deterministic but for the rare decay tick or lock contention).
 # Nothing is timed.  --max-small IR: exit 1 if fabpool's 256-byte pair takes
 # more than IR instructions (the ctest entry insn_count_small); --max-uniform
 # IR: the same for the uniform mix's pair (insn_count_uniform); exit 77 when
-# valgrind is not installed.
+# valgrind is not installed.  --misses counts first-level data cache misses
+# a pair instead (cachegrind's cache model: a 48 KiB, 12-way L1 and a 2 MiB,
+# 16-way last level, 64-byte lines), the other figure a hot path's time
+# depends on where its loop touches many blocks' metadata at random.
 set -eu
 
 bin=${1:?usage: insn_count.sh INSN_COUNT_BINARY [options]}
@@ -25,6 +28,7 @@ allocators=fabpool,glibc,jemalloc,tcmalloc,mimalloc
 repeat=3
 max_small=
 max_uniform=
+misses=0
 while [ $# -gt 0 ]; do
     case $1 in
         --cases) cases=$2; shift 2 ;;
@@ -32,6 +36,7 @@ while [ $# -gt 0 ]; do
         --repeat) repeat=$2; shift 2 ;;
         --max-small) max_small=$2; shift 2 ;;
         --max-uniform) max_uniform=$2; shift 2 ;;
+        --misses) misses=1; shift ;;
         *) echo "insn_count.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -54,13 +59,18 @@ find_lib() {
     return 1
 }
 
-# Ir of one run: the summary line "I refs: 1,234,567" (or "I   refs:")
+# Ir of one run: the summary line "I refs: 1,234,567" (or "I   refs:"); with --misses "D1  misses:"
 count() {   # allocator-kind preload case n
     kind=$1 pre=$2 c=$3 n=$4
     out=$(if [ -n "$pre" ]; then export LD_PRELOAD="$pre"; fi
-          valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null "$bin" "$kind" "$c" "$n" 2>&1) || {
+          if [ "$misses" = 1 ]; then set -- --cache-sim=yes --D1=49152,12,64 --LL=2097152,16,64; else set -- --cache-sim=no; fi
+          valgrind --tool=cachegrind "$@" --cachegrind-out-file=/dev/null "$bin" "$kind" "$c" "$n" 2>&1) || {
         echo "insn_count.sh: $bin $kind $c $n failed:" >&2; echo "$out" >&2; return 1; }
-    echo "$out" | sed -n 's/.*I *refs: *\([0-9,]*\).*/\1/p' | tr -d , | head -1
+    if [ "$misses" = 1 ]; then
+        echo "$out" | sed -n 's/.*D1 *misses: *\([0-9,]*\).*/\1/p' | tr -d , | head -1
+    else
+        echo "$out" | sed -n 's/.*I *refs: *\([0-9,]*\).*/\1/p' | tr -d , | head -1
+    fi
 }
 
 median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
@@ -83,7 +93,7 @@ per_pair() {   # kind preload case
         i=$((i + 1))
     done
     ma=$(echo "$a" | median) mb=$(echo "$b" | median)
-    echo "$ma $mb $4 $5" | awk '{printf "%.1f", ($2 - $1) / ($4 - $3)}'
+    echo "$ma $mb $4 $5" | awk '{v = ($2 - $1) / ($4 - $3); if (v < 0.05 && v > -0.05) v = 0; printf "%.1f", v}'
 }
 
 printf '%-10s' "case"
@@ -101,7 +111,8 @@ for al in $(echo "$allocators" | tr , ' '); do
     cols="$cols $al:$kind:$pre"
     printf ' %12s' "$al"
 done
-printf ' %s\n' "(instructions per alloc+free pair; fabpool/x ratios below)"
+if [ "$misses" = 1 ]; then what="first-level data misses"; else what=instructions; fi
+printf ' %s\n' "($what per alloc+free pair; fabpool/x ratios below)"
 
 rc=0
 for c in $(echo "$cases" | tr , ' '); do
@@ -116,12 +127,13 @@ for c in $(echo "$cases" | tr , ' '); do
         if [ "$al" = fabpool ]; then
             fab=$v
             case $c in small) max=$max_small ;; uniform) max=$max_uniform ;; *) max= ;; esac
+            [ "$misses" = 1 ] && max=
             if [ -n "$max" ] && [ "$(echo "$v $max" | awk '{print ($1 > $2)}')" = 1 ]; then
                 echo "insn_count.sh: fabpool's $c pair takes $v instructions, more than $max" >&2
                 rc=1
             fi
         elif [ -n "$fab" ]; then
-            ratios="$ratios $al $(echo "$fab $v" | awk '{printf "%.2f", $1 / $2}')"
+            ratios="$ratios $al $(echo "$fab $v" | awk '{if ($2 + 0 > 0) printf "%.2f", $1 / $2; else printf "-"}')"
         fi
     done
     printf '\n'
