@@ -507,13 +507,17 @@ EXPORT int fabpool_torch_stage_host_map(uint64_t bytes, uint64_t *out, char *err
 }
 
 /* A large host copy's pages go back to the kernel from several threads
- * before its munmap: freeing them is the kernel's work page by page (about
- * 0.1 s for 3 GiB of small pages: copies filled by UFFDIO_COPY have no huge
- * pages), and MADV_DONTNEED frees them under the mapping's read lock, so
- * pieces of one mapping are freed side by side, where munmap frees them on
- * one thread.  The munmap that follows finds no page.  Advice only: a
- * piece its thread could not take is freed by the munmap. */
+ * before its munmap: freeing them is the kernel's work page by page (87 ms
+ * for 3 GiB of small pages on an H100's host: copies filled by UFFDIO_COPY
+ * have no huge pages), and MADV_DONTNEED frees them under the mapping's
+ * read lock, so pieces of one mapping are freed side by side, where munmap
+ * frees them on one thread.  At least ZAP_MIN_THREADS: two threads freed
+ * those pages slower than munmap alone (112 ms), four to sixteen in about
+ * 31 ms (docs/results/h100-stage/stage-probe-4.txt).  The munmap that
+ * follows finds no page.  Advice only: a piece its thread could not take is
+ * freed by the munmap. */
 #define ZAP_PIECE (64ull << 20)
+#define ZAP_MIN_THREADS 4u
 #define ZAP_THREADS 16u
 
 typedef struct zap {
@@ -528,7 +532,8 @@ static void *zap_run(void *p)
     return NULL;
 }
 
-/* Zap threads for len bytes: one per ZAP_PIECE, at most the CPUs the process may run on and ZAP_THREADS. */
+/* Zap threads for len bytes: one per ZAP_PIECE, at most the CPUs the process may run on and ZAP_THREADS; 0
+ * where fewer than ZAP_MIN_THREADS would run. */
 static unsigned zap_threads(size_t len)
 {
     uint64_t n = len / ZAP_PIECE;
@@ -536,17 +541,21 @@ static unsigned zap_threads(size_t len)
     unsigned cpus = sched_getaffinity(0, sizeof cs, &cs) == 0 ? (unsigned)CPU_COUNT(&cs) : 1u;
     if (n > cpus)
         n = cpus;
-    return n > ZAP_THREADS ? ZAP_THREADS : (unsigned)n;
+    if (n > ZAP_THREADS)
+        n = ZAP_THREADS;
+    return n >= ZAP_MIN_THREADS ? (unsigned)n : 0u;
 }
 
-static void zap_parallel(char *a, size_t len)
+unsigned stage_host_zap(char *a, size_t len, unsigned n)
 {
-    unsigned n = zap_threads(len);
-    if (n < 2)
-        return;
+    if (n > ZAP_THREADS)
+        n = ZAP_THREADS;
+    if (n < 1 || len == 0)
+        return 0;
     zap z[ZAP_THREADS];
     pthread_t th[ZAP_THREADS];
     int started[ZAP_THREADS] = {0};
+    unsigned ran = 0;
     size_t piece = (len / n + HUGE_ALIGN - 1) & ~(size_t)(HUGE_ALIGN - 1);
     for (unsigned i = 0; i < n; i++) {
         size_t off = (size_t)i * piece;
@@ -555,8 +564,11 @@ static void zap_parallel(char *a, size_t len)
             started[i] = pthread_create(&th[i], NULL, zap_run, &z[i]) == 0;
     }
     for (unsigned i = 0; i < n; i++)
-        if (started[i])
+        if (started[i]) {
             pthread_join(th[i], NULL);
+            ran++;
+        }
+    return ran;
 }
 
 EXPORT int fabpool_torch_stage_host_unmap(uint64_t addr, uint64_t bytes, char *err, size_t errlen)
@@ -567,7 +579,9 @@ EXPORT int fabpool_torch_stage_host_unmap(uint64_t addr, uint64_t bytes, char *e
     if (addr % (uint64_t)sysconf(_SC_PAGESIZE) || addr > UINT64_MAX - len)
         return fail(err, errlen, -EINVAL, "fabpool_torch_stage_host_unmap: 0x%llx is not a host copy's address",
                     (unsigned long long)addr);
-    zap_parallel((char *)(uintptr_t)addr, len);
+    unsigned n = zap_threads(len);
+    if (n)
+        stage_host_zap((char *)(uintptr_t)addr, len, n);
     if (munmap((void *)(uintptr_t)addr, len) != 0) {
         int e = errno;
         return fail(err, errlen, -e, "fabpool_torch_stage_host_unmap: munmap(0x%llx, %zu) failed (%s)",

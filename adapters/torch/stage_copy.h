@@ -89,6 +89,12 @@ uint64_t fabpool_torch_stage_host_bytes(void);
  * where the kernel refuses one, the copies populate and memcpy as without). */
 uint64_t fabpool_torch_stage_uffd_bytes(void);
 
+/* Internal to the library (not exported): the pages of [a, a + len), page
+ * aligned, given back by n threads (at most 16) with MADV_DONTNEED on pieces
+ * of it side by side, the mapping kept (fabpool_torch_stage_host_unmap does
+ * this before its munmap for a large copy).  The threads that ran. */
+unsigned stage_host_zap(char *a, size_t len, unsigned n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -240,31 +240,41 @@ static uint64_t resident_bytes(void)
     return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
-/* A large host copy is given back by several threads before its munmap:
- * every page of it leaves the process's resident memory, and a copy mapped
- * beside it keeps its bytes (the last piece ends at the copy's end). */
+/* A large host copy is given back whole, and a copy mapped beside it keeps
+ * its bytes: through fabpool_torch_stage_host_unmap (several threads where
+ * the process may run on four CPUs or more), and through the threads' part
+ * alone on four threads whatever the CPUs: every page of the copy leaves the
+ * process's resident memory before any munmap, the mapping stays (its pages
+ * read back as zeros), the last piece ends at the copy's end. */
 static void test_large_host_copy_given_back_whole(void)
 {
     char err[256] = "";
-    uint64_t n = (200ull << 20) + 12345, a = 0, b = 0;
+    uint64_t n = (200ull << 20) + 12345, a = 0, b = 0, big = (uint64_t)(5u << 20);
     CHECK(fabpool_torch_stage_host_map(n, &a, err, sizeof err) == 0 && a);
-    CHECK(fabpool_torch_stage_host_map(4u << 20, &b, err, sizeof err) == 0 && b);
+    CHECK(fabpool_torch_stage_host_map(big, &b, err, sizeof err) == 0 && b);
     memset((void *)(uintptr_t)a, 0x33, n);
-    memset((void *)(uintptr_t)b, 0x7e, 4u << 20);
+    memset((void *)(uintptr_t)b, 0x7e, big);
     uint64_t before = resident_bytes();
+    CHECK(stage_host_zap((char *)(uintptr_t)a, (size_t)((n + 4095) & ~4095ull), 4) == 4);
+    uint64_t zapped = resident_bytes();
+    CHECK(before + (2u << 20) >= zapped + n);   /* (the slack: pages the process touched meanwhile) */
+    const unsigned char *pa = (const unsigned char *)(uintptr_t)a, *pb = (const unsigned char *)(uintptr_t)b;
+    CHECK(pa[0] == 0 && pa[n / 2] == 0 && pa[n - 1] == 0);
+    memset((void *)(uintptr_t)a, 0x44, n);
+    before = resident_bytes();
     CHECK(fabpool_torch_stage_host_unmap(a, n, err, sizeof err) == 0);
     uint64_t after = resident_bytes();
-    CHECK(before + (2u << 20) >= after + n);   /* (the slack: pages the process touched meanwhile) */
-    const unsigned char *pb = (const unsigned char *)(uintptr_t)b;
+    CHECK(before + (2u << 20) >= after + n);
     size_t bad = 0;
-    for (size_t i = 0; i < (4u << 20); i++)
+    for (size_t i = 0; i < big; i++)
         bad += pb[i] != 0x7e;
     CHECK(bad == 0);
-    CHECK(fabpool_torch_stage_host_unmap(b, 4u << 20, err, sizeof err) == 0);
+    CHECK(fabpool_torch_stage_host_unmap(b, big, err, sizeof err) == 0);
     CHECK(fabpool_torch_stage_host_bytes() == 0);
     CHECK(fabpool_torch_stage_host_unmap(a + 1, 4096, err, sizeof err) != 0 && strstr(err, "host copy"));
-    printf("a host copy of %llu bytes given back: resident memory %llu -> %llu MiB\n", (unsigned long long)n,
-           (unsigned long long)(before >> 20), (unsigned long long)(after >> 20));
+    printf("a host copy of %llu bytes given back: by four threads' MADV_DONTNEED, then by host_unmap: resident "
+           "memory %llu -> %llu MiB\n", (unsigned long long)n, (unsigned long long)(before >> 20),
+           (unsigned long long)(after >> 20));
 }
 
 static long minor_faults(void)
