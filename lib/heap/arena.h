@@ -354,7 +354,8 @@ FP_ARENA_INLINE void fp_arena_pull_(fp_arena *a, fp_piece *p)
         a->bins[b] = nx;
     if (nx)
         nx->prev = pv;
-    p->next = p->prev = NULL;
+    /* (p's own links are left: a range pulled is pushed again, given back or cut, and each sets them; a
+     * block's are not read) */
     if (!pv && !nx && !(a->bitmap[b / 64] &= ~(1ull << (b % 64))))
         a->summary &= ~(1ull << (b / 64));
 }
@@ -401,6 +402,18 @@ FP_ARENA_INLINE void fp_arena_link_after_(fp_arena *a, fp_piece *p, fp_piece *q)
     p->anext = q;
 }
 
+/* Block b of n bytes, just cut, given out: live, in the table, counted. */
+FP_ARENA_INLINE fp_piece *fp_arena_given_(fp_arena *a, fp_piece *b, uint64_t n, int direct)
+{
+    b->state = FP_LARGE_LIVE;
+    fp_arena_list_(a, b->base, fp_rec_id(b), direct);
+    a->free_bytes -= n;
+    a->used_bytes += n;
+    a->n_blocks++;
+    fp_arena_note_(a, n);
+    return b;
+}
+
 /* Cuts the block [x, x + n) out of free range f (out of its bin): what is
  * left of f below and above it stays free.  Two spare records are there. */
 FP_ARENA_INLINE fp_piece *fp_arena_carve_(fp_arena *a, fp_piece *f, uint64_t x, uint64_t n, int direct)
@@ -419,13 +432,22 @@ FP_ARENA_INLINE fp_piece *fp_arena_carve_(fp_arena *a, fp_piece *f, uint64_t x, 
         fp_arena_link_after_(a, b, r);
         fp_arena_push_(a, r);
     }
-    b->state = FP_LARGE_LIVE;
-    fp_arena_list_(a, b->base, fp_rec_id(b), direct);
-    a->free_bytes -= n;
-    a->used_bytes += n;
-    a->n_blocks++;
-    fp_arena_note_(a, n);
-    return b;
+    return fp_arena_given_(a, b, n, direct);
+}
+
+/* fp_arena_carve_ of the top n bytes of free range f (out of its bin; n at most its size): the block of a
+ * fit at the quantum's alignment, where nothing is left above it to test for. */
+FP_ARENA_INLINE fp_piece *fp_arena_carve_top_(fp_arena *a, fp_piece *f, uint64_t n, int direct)
+{
+    uint64_t size = fp_piece_size(f);
+    fp_piece *b = f;
+    if (size > n) { /* f keeps its low part; the block follows it */
+        b = fp_arena_new_(a, f->base + size - n, n, FP_LARGE_LIVE);
+        fp_piece_resize(f, size - n);
+        fp_arena_link_after_(a, f, b);
+        fp_arena_push_(a, f);
+    }
+    return fp_arena_given_(a, b, n, direct);
 }
 
 /* Where a block of n bytes aligned to `align` goes in free range f: at its
@@ -483,6 +505,8 @@ FP_ARENA_INLINE fp_piece *fp_arena_best_fit_(fp_arena *a, uint64_t n, uint64_t a
         return NULL;
     }
     fp_arena_pull_(a, best);
+    if (align <= a->quantum)
+        return fp_arena_carve_top_(a, best, n, direct);
     return fp_arena_carve_(a, best, fp_arena_place_(best, n, align, 1), n, direct);
 }
 
