@@ -210,17 +210,18 @@ static __attribute__((noinline)) fabpool_status medium_rest(fp_alloc *a, uint64_
 
 /* A medium block the thread's cache does not hold, the fast path's key
  * matched (no trace, the pool awake, no owner mode: alloc_entry's checks
- * pass; h: the thread's hot slot, passed: GCC's noipa keeps it from
- * reading it again through the TLS descriptor; clang, which has no noipa,
- * gets noinline): from the arena, after the blocks freed on streams if some
- * wait. */
+ * pass; tc: the thread's cache, passed: GCC's noipa keeps it from reading
+ * the hot slot again through the TLS descriptor; clang, which has no
+ * noipa, gets noinline): from the arena, after the blocks freed on streams
+ * if some wait.  The medium blocks' policy runs at every 16th of these
+ * misses, counted by the cache's window (medium_tick's cadence, with no
+ * counter of its own to keep). */
 #if defined(__clang__)
 #define FP_NOIPA __attribute__((noinline))
 #else
 #define FP_NOIPA __attribute__((noipa))
 #endif
-static FP_NOIPA fabpool_status alloc_medium_miss(fp_alloc *a, fp_tls_hot *h, fp_tcache *tc,
-                                                 size_t size, void **out)
+static FP_NOIPA fabpool_status alloc_medium_miss(fp_alloc *a, fp_tcache *tc, size_t size, void **out)
 {
     if (FP_UNLIKELY(++tc->mmiss == FP_MC_WINDOW)) {
         /* the end of a window: a cache whose medium blocks seldom came back takes none for a while */
@@ -234,7 +235,7 @@ static FP_NOIPA fabpool_status alloc_medium_miss(fp_alloc *a, fp_tls_hot *h, fp_
     }
     if (FP_UNLIKELY(fp_pending_any(a->retire)))
         return alloc_slow(a, size, out);
-    if (FP_UNLIKELY((++h->tick & 15) == 0))   /* medium_tick, the hot slot at hand */
+    if (FP_UNLIKELY((tc->mmiss & 15) == 0))
         fp_alloc_medium_policy(a);
     /* the blocks the cache holds back go to the arena under the same take of the lock, before the fit */
     unsigned nd = tc->mdn, rest = 0;
@@ -278,7 +279,7 @@ static __attribute__((noinline)) fabpool_status alloc_miss(fp_alloc *a, size_t s
             *out = (void *)(uintptr_t)it.ptr;
             return FABPOOL_OK;
         }
-        return alloc_medium_miss(a, h, tc, size, out);
+        return alloc_medium_miss(a, tc, size, out);
     }
     return alloc_entry(a, size, out);
 }

@@ -218,8 +218,9 @@ typedef struct fp_tls_hot {
                                           the arenas' quantum (0: none), set only around the fabpool_alloc call
                                           that fabpool_alloc_aligned makes (fp_alloc_align_next); a cached
                                           medium block is given only while it is 0 */
-    unsigned tick;                     /* the thread's blocks above slab_max given out and freed: the medium
-                                          blocks' policy at every 16th (alloc.c) */
+    unsigned tick;                     /* the thread's blocks above slab_max given out and freed by the heap's
+                                          own calls: the medium blocks' policy at every 16th (alloc.c; the
+                                          medium path's misses count in the cache's window instead) */
 } fp_tls_hot;
 
 #define FP_HOT_OFF UINT64_MAX

@@ -543,16 +543,17 @@ FP_ARENA_INLINE fp_piece *fp_arena_coalesce_(fp_arena *a, fp_piece *p)
  * (e: its entry in the direct index where the caller has it at hand, else NULL). */
 FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_piece *b, int direct, fp_rid *e)
 {
+    uint64_t size = fp_piece_size(b); /* (before the entry's store, which may alias the record for the compiler) */
     if (e) {
         *e = 0;
         a->bidx.n--;
     } else {
         fp_arena_unlist_(a, b->base, direct);
     }
-    a->used_bytes -= fp_piece_size(b);
+    a->used_bytes -= size;
     if (!a->used_bytes) /* empty: the growth that brought it here says nothing of what comes next */
         a->ring_at = 0;
-    a->free_bytes += fp_piece_size(b);
+    a->free_bytes += size;
     a->n_blocks--;
     b->state = FP_LARGE_FREE;
     b = fp_arena_coalesce_(a, b);

@@ -33,7 +33,8 @@ enum { FP_MEDIUM_POLICY = 1, FP_MEDIUM_MISS = 2 };
 /* A block of the medium arena of n bytes (a multiple of the quantum with a state code: the sizes the thread
  * caches hold), its state that code, after the n_back blocks at back[] (their bases; the bits below the
  * quantum are the caller's; at most FP_MEDIUM_BACK_MAX), whose state bytes are at flags[] (fp_mstate_at of
- * each base, which stays where it is until the pool's end), that the caller's thread cache held went back
+ * each base, never NULL: a block is held back only where its free found its byte; a byte stays where it is
+ * until the pool's end), that the caller's thread cache held went back
  * (fp_large_release_cached_locked's work), all under one take of the pool lock: the medium blocks' way through
  * the heap with only what every call needs (docs/design.md, "Medium blocks").  *rest: what the caller does
  * after it, with no lock held (0 nearly always): FP_MEDIUM_POLICY, fp_heap_trim_policy; FP_MEDIUM_MISS, no
@@ -49,7 +50,9 @@ FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uin
     fp_lock(&h->sp->lock);
     /* the held-back blocks released and the fit in this frame (arena.h: the medium arena's table is the
      * direct index); the counters as one sum each */
-    for (unsigned i = 0; i < n_back && i < FP_MEDIUM_BACK_MAX; i++) {   /* release_cached's checks */
+    if (n_back > FP_MEDIUM_BACK_MAX)
+        n_back = FP_MEDIUM_BACK_MAX;
+    for (unsigned i = 0; i < n_back; i++) {   /* release_cached's checks */
         /* a multiple of the quantum in the reservation, whose state byte said a live block of the arena (so
          * the index's leaves are made): the free's checks (alloc.c), which the entry's lookup skips */
         uint64_t addr = back[i] & ~(uint64_t)(FP_BLOCK_QUANTUM - 1);
@@ -57,7 +60,7 @@ FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uin
         fp_rid r = e ? *e : 0;
         fp_piece *p = fp_piece_at(a, r);
         _Atomic uint8_t *f = flags[i];
-        if (!p || p->state != FP_LARGE_LIVE || !f || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
+        if (!p || p->state != FP_LARGE_LIVE || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
             continue;
         back_bytes += fp_piece_size(p);
         fp_arena_release_(a, p, 1, e);
