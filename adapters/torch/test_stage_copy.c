@@ -487,6 +487,135 @@ static void test_uffd_refused_range_falls_back(const fabpool_torch_stage_driver 
     CHECK(fabpool_torch_stage_destroy(s, err, sizeof err) == 0);
 }
 
+/* Copies in both directions mixed by seeded random sequences, through a ring with FABPOOL_STAGE_UFFD=1 and one
+ * without, on items made, refilled and given back at random steps, with a driver fault armed before some copies
+ * (a copy's, a record's or a wait's failure at a random call): after every copy that succeeds, the bytes it
+ * moved are the source's, bitwise; one that fails returns the driver's error and leaves its items' destination
+ * unspecified (the test stops trusting it) and the ring usable; at the end no host copy and no pinned buffer
+ * beyond the two rings' is left. */
+#define RMAX 6
+typedef struct {
+    CUdeviceptr dev;
+    uint64_t host, bytes;
+    unsigned seed;        /* the pattern the device holds */
+    int host_good;        /* the host copy holds it too */
+} ritem;
+
+static uint64_t rnd(uint64_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+static void fill_dev(ritem *t, unsigned seed)
+{
+    unsigned char *dp = (unsigned char *)(uintptr_t)t->dev;
+    for (size_t k = 0; k < t->bytes; k++)
+        dp[k] = pat(k, seed);
+    t->seed = seed;
+    t->host_good = 0;
+}
+
+static int holds(uint64_t at, uint64_t bytes, unsigned seed)
+{
+    const unsigned char *q = (const unsigned char *)(uintptr_t)at;
+    for (size_t k = 0; k < bytes; k++)
+        if (q[k] != pat(k, seed))
+            return 0;
+    return 1;
+}
+
+static void test_random_copies_both_rings(const fabpool_torch_stage_driver *d)
+{
+    static const char *faults[] = {"cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync", "cuEventSynchronize", "cuEventRecord"};
+    char err[256] = "";
+    fabpool_torch_stage *ring[2] = {NULL, NULL};
+    CHECK(fabpool_torch_stage_create(d, 0, 2, BUF, &ring[0], err, sizeof err) == 0 && ring[0]);
+    setenv("FABPOOL_STAGE_UFFD", "1", 1);
+    CHECK(fabpool_torch_stage_create(d, 0, 3, BUF, &ring[1], err, sizeof err) == 0 && ring[1]);
+    unsetenv("FABPOOL_STAGE_UFFD");
+    if (!ring[0] || !ring[1])
+        abort();
+    long pinned = live_pinned, copies = 0, failed = 0, checked = 0;
+    for (uint64_t seed = 1; seed <= 10; seed++) {
+        uint64_t x = seed * 0x9e3779b97f4a7c15ull;
+        ritem it[RMAX];
+        int n = 0;
+        for (int step = 0; step < 40; step++) {
+            unsigned op = (unsigned)(rnd(&x) % 8);
+            if (n < RMAX && (op < 2 || n == 0)) {   /* a new item: 0..256 KiB, often a ring's multiple or near one */
+                uint64_t b = rnd(&x) % 3 ? rnd(&x) % (256u << 10) : (rnd(&x) % 5) * BUF + rnd(&x) % 3;
+                ritem *t = &it[n];
+                *t = (ritem){0, 0, b, 0, 0};
+                CHECK(cuMemAlloc_v2(&t->dev, b ? b : 1) == CUDA_SUCCESS);
+                CHECK(fabpool_torch_stage_host_map(b, &t->host, err, sizeof err) == 0);
+                if (!t->dev || (b && !t->host))
+                    abort();
+                fill_dev(t, (unsigned)rnd(&x));
+                n++;
+            } else if (op == 2) {                  /* one given back */
+                int i = (int)(rnd(&x) % (unsigned)n);
+                CHECK(fabpool_torch_stage_host_unmap(it[i].host, it[i].bytes, err, sizeof err) == 0);
+                CHECK(cuMemFree_v2(it[i].dev) == CUDA_SUCCESS);
+                it[i] = it[--n];
+            } else if (op == 3) {                  /* the device refilled: its host copy no longer matches */
+                fill_dev(&it[rnd(&x) % (unsigned)n], (unsigned)rnd(&x));
+            } else {                               /* a copy of some items, one way, through either ring */
+                int to_host = op < 6;
+                fabpool_torch_stage_item items[RMAX];
+                int pick[RMAX], k = 0;
+                for (int i = 0; i < n; i++)
+                    if ((rnd(&x) & 1) && (to_host || it[i].host_good)) {
+                        pick[k] = i;
+                        items[k++] = (fabpool_torch_stage_item){it[i].host, it[i].dev, it[i].bytes};
+                    }
+                if (!to_host)                      /* the device cleared first: what comes back is the host's */
+                    for (int j = 0; j < k; j++)
+                        memset((void *)(uintptr_t)it[pick[j]].dev, 0xee, it[pick[j]].bytes);
+                int fault = rnd(&x) % 5 == 0;
+                if (fault)
+                    CHECK(fabsim_fault_set(faults[rnd(&x) % 4], 1 + rnd(&x) % 6, 0, CUDA_ERROR_ILLEGAL_ADDRESS) == 0);
+                int r = fabpool_torch_stage_copy(ring[rnd(&x) & 1], items, (size_t)k, to_host, err, sizeof err);
+                if (fault)
+                    fabsim_fault_clear();
+                copies++;
+                CHECK(r == 0 || (fault && r == CUDA_ERROR_ILLEGAL_ADDRESS));
+                if (r)
+                    failed++;
+                for (int j = 0; j < k; j++) {
+                    ritem *t = &it[pick[j]];
+                    if (r == 0 && to_host) {
+                        CHECK(holds(t->host, t->bytes, t->seed));
+                        t->host_good = 1;
+                        checked++;
+                    } else if (r == 0) {
+                        CHECK(holds(t->dev, t->bytes, t->seed));
+                        checked++;
+                    } else if (to_host) {
+                        t->host_good = 0;
+                    } else {
+                        fill_dev(t, (unsigned)rnd(&x));   /* the device's bytes unknown: a new pattern */
+                    }
+                }
+            }
+        }
+        while (n--) {
+            CHECK(fabpool_torch_stage_host_unmap(it[n].host, it[n].bytes, err, sizeof err) == 0);
+            CHECK(cuMemFree_v2(it[n].dev) == CUDA_SUCCESS);
+        }
+        CHECK(fabpool_torch_stage_host_bytes() == 0);
+        CHECK(live_pinned == pinned);
+    }
+    CHECK(fabpool_torch_stage_destroy(ring[0], err, sizeof err) == 0);
+    CHECK(fabpool_torch_stage_destroy(ring[1], err, sizeof err) == 0);
+    CHECK(live_pinned == 0);
+    CHECK(failed > 0 && checked > 100);
+    printf("random copies through both rings: %ld copies, %ld failed by a fault, %ld items' bytes checked\n", copies,
+           failed, checked);
+}
+
 int main(void)
 {
     if (cuInit(0) != CUDA_SUCCESS) {
@@ -508,5 +637,6 @@ int main(void)
     test_fresh_host_pages_faulted_in_ahead(&d);
     test_uffd_fills_fresh_pages(&d);
     test_uffd_refused_range_falls_back(&d);
+    test_random_copies_both_rings(&d);
     return unit_result("test_stage_copy");
 }
