@@ -325,6 +325,17 @@ FP_ARENA_INLINE fp_piece *fp_arena_new_(fp_arena *a, uint64_t base, uint64_t siz
     return p;
 }
 
+/* A block's piece of a spare record, for a cut: its base, size and state alone, the links that a live block
+ * has (its neighbours') set by fp_arena_link_after_, its bin's never read while it is live. */
+FP_ARENA_INLINE fp_piece *fp_arena_new_live_(fp_arena *a, uint64_t base, uint64_t n)
+{
+    fp_piece *p = fp_rec_take(&a->recs);
+    p->base = base;
+    p->size_q = (uint32_t)(n >> FP_PIECE_UNIT_SHIFT);
+    p->state = FP_LARGE_LIVE;
+    return p;
+}
+
 /* Free range p into the bin of its size. */
 FP_ARENA_INLINE void fp_arena_push_(fp_arena *a, fp_piece *p)
 {
@@ -442,7 +453,7 @@ FP_ARENA_INLINE fp_piece *fp_arena_carve_top_(fp_arena *a, fp_piece *f, uint64_t
     uint64_t size = fp_piece_size(f);
     fp_piece *b = f;
     if (size > n) { /* f keeps its low part; the block follows it */
-        b = fp_arena_new_(a, f->base + size - n, n, FP_LARGE_LIVE);
+        b = fp_arena_new_live_(a, f->base + size - n, n);
         fp_piece_resize(f, size - n);
         fp_arena_link_after_(a, f, b);
         fp_arena_push_(a, f);
