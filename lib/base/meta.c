@@ -83,7 +83,7 @@ static int find_jemalloc(fp_meta *m, void *where)
  *
  * A region is 2 MiB of address space aligned to 2 MiB (a huge page's size and alignment on x86-64 and arm64
  * with 4 KiB pages), mapped anonymous and advised MADV_HUGEPAGE, holding slots of one power of two: a bit a
- * slot says which are given out, slots from `fresh` up were never given out (still zero from the kernel).
+ * slot says which are given out, slots from `fresh` up were never given out.
  * A medium block's allocation and free read about a dozen lines of these tables at random over the whole
  * set of live blocks; in 4 KiB pages they spread over more pages than the TLB holds (10,000 live blocks:
  * about 1,900 pages), in huge pages over a handful.  A region that empties goes back to the kernel but the
@@ -161,7 +161,7 @@ static size_t region_new(struct fp_meta_tables *t, unsigned lg)
     return i;
 }
 
-/* A slot of 1 << lg bytes, zeroed, or NULL: none yet for this size (FP_META_REGION_AFTER), or no region
+/* A slot of 1 << lg bytes, zeroes, or NULL: none yet for this size (FP_META_REGION_AFTER), or no region
  * could be mapped; the caller then takes the table from the arena or libc and counts it (table_outside). */
 static void *table_take(struct fp_meta_tables *t, unsigned lg)
 {
@@ -176,9 +176,8 @@ static void *table_take(struct fp_meta_tables *t, unsigned lg)
         return NULL;
     }
     fp_meta_region *r = &t->r[i];
-    unsigned k;
-    int zero = r->fresh < slots;
-    if (zero) {
+    unsigned k;   /* (zeroes either way: fresh from the kernel, or given back to it by table_give) */
+    if (r->fresh < slots) {
         k = r->fresh++;
     } else {
         unsigned w = 0;
@@ -190,8 +189,6 @@ static void *table_take(struct fp_meta_tables *t, unsigned lg)
     r->used++;
     void *p = (void *)(r->base + ((uintptr_t)k << lg));
     pthread_mutex_unlock(&t->lock);
-    if (!zero)
-        memset(p, 0, (size_t)1 << lg);
     return p;
 }
 
@@ -203,15 +200,20 @@ static void table_outside(struct fp_meta_tables *t, unsigned lg, int d)
     pthread_mutex_unlock(&t->lock);
 }
 
-/* Slot p back to its region: 1, or 0 where no region holds it (the arena's or libc's memory). */
-static int table_give(struct fp_meta_tables *t, void *p)
+/* Slot p of 1 << lg bytes back to its region: 1, or 0 where no region holds it (the arena's or libc's memory).
+ * Its memory goes back to the kernel first (while the slot is still given out, so that no one takes it in
+ * between): the regions hold what the live tables need, not their peak (a huge page that held it is split),
+ * and the slot reads as zeroes when it is given again. */
+static int table_give(struct fp_meta_tables *t, void *p, unsigned lg)
 {
     pthread_mutex_lock(&t->lock);
     size_t i = region_of(t, (uintptr_t)p);
-    if (i == t->n) {
-        pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->lock);
+    if (i == t->n)
         return 0;
-    }
+    madvise(p, (size_t)1 << lg, MADV_DONTNEED);
+    pthread_mutex_lock(&t->lock);
+    i = region_of(t, (uintptr_t)p);   /* (the list may have moved meanwhile; the region stays: p is in it) */
     fp_meta_region *r = &t->r[i];
     unsigned k = (unsigned)(((uintptr_t)p - r->base) >> r->lg);
     r->bits[k / 64] &= ~(1ull << (k % 64));
@@ -345,7 +347,7 @@ void fp_meta_free_aligned(fp_meta *m, void *p, size_t size)
         return;
     atomic_fetch_sub_explicit(&m->bytes, size, memory_order_relaxed);
     if (m->tables && size >= FP_META_SLOT_MIN && size <= FP_META_SLOT_MAX) {
-        if (table_give(m->tables, p))
+        if (table_give(m->tables, p, (unsigned)__builtin_ctzll(size)))
             return;
         table_outside(m->tables, (unsigned)__builtin_ctzll(size), -1);
     }
