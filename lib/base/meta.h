@@ -38,7 +38,7 @@ void fp_meta_free(fp_meta *m, void *p, size_t size);
 /* Zeroed memory of size bytes (a power of two) aligned to its size, or
  * NULL; freed with fp_meta_free_aligned.  The tables that a medium block's
  * path reads at random (its records' pages, the leaves of the index of
- * blocks, of the blocks' states and of the page map) are these: sizes from
+ * blocks and of the blocks' states) are these: sizes from
  * FP_META_SLOT_MIN to FP_META_SLOT_MAX come from 2 MiB regions of the
  * pool's own, advised to the kernel as huge pages, so that those tables
  * take a few TLB entries instead of one per 4 KiB page (docs/design.md,

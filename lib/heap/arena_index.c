@@ -62,8 +62,8 @@ _Atomic uint8_t *fp_mstate_make(fp_mstate *m, fp_meta *meta, uint64_t addr)
 {
     if (addr - m->base >= m->end - m->base)
         return NULL;
-    /* written through now, not left to fault page by page under the blocks' calls that touch it first */
-    _Atomic uint8_t *leaf = fp_meta_alloc_aligned(meta, MSTATE_LEAF_BYTES); /* zeroed */
+    /* zeroes (from a region of huge pages once the pool holds many: meta.h, fp_meta_alloc_aligned) */
+    _Atomic uint8_t *leaf = fp_meta_alloc_aligned(meta, MSTATE_LEAF_BYTES);
     if (!leaf)
         return NULL;
     atomic_store_explicit(&m->leaves[(addr - m->base) >> FP_MSTATE_LEAF_SHIFT], leaf, memory_order_release);
