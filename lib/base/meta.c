@@ -79,6 +79,20 @@ static int find_jemalloc(fp_meta *m, void *where)
     return m->mallctl && m->mallocx && m->sdallocx;
 }
 
+/* Memory of the arena or libc, zeroed, not counted in the stats' bytes (the regions' own bookkeeping). */
+static void *raw_alloc(fp_meta *m, size_t size)
+{
+    return m->jemalloc ? m->mallocx(size, m->flags | FP_MALLOCX_ZERO) : calloc(1, size);
+}
+
+static void raw_free(fp_meta *m, void *p, size_t size)
+{
+    if (m->jemalloc)
+        m->sdallocx(p, size, m->flags);
+    else
+        free(p);
+}
+
 /* ---- regions for the aligned tables (meta.h: fp_meta_alloc_aligned)
  *
  * A region is 2 MiB of address space aligned to 2 MiB (a huge page's size and alignment on x86-64 and arm64
@@ -130,13 +144,17 @@ static size_t region_of(const struct fp_meta_tables *t, uintptr_t p)
 
 /* A new region of slots of 1 << lg bytes, in its place in the sorted list: its index, or t->n without
  * address space or host memory. */
-static size_t region_new(struct fp_meta_tables *t, unsigned lg)
+static size_t region_new(fp_meta *m, struct fp_meta_tables *t, unsigned lg)
 {
     if (t->n == t->cap) {
         size_t cap = t->cap ? t->cap * 2 : 8;
-        fp_meta_region *r = realloc(t->r, cap * sizeof *r);
+        fp_meta_region *r = raw_alloc(m, cap * sizeof *r);
         if (!r)
             return t->n;
+        if (t->n)
+            memcpy(r, t->r, t->n * sizeof *r);
+        if (t->r)
+            raw_free(m, t->r, t->cap * sizeof *r);
         t->r = r;
         t->cap = cap;
     }
@@ -163,7 +181,7 @@ static size_t region_new(struct fp_meta_tables *t, unsigned lg)
 
 /* A slot of 1 << lg bytes, zeroes, or NULL: none yet for this size (FP_META_REGION_AFTER), or no region
  * could be mapped; the caller then takes the table from the arena or libc and counts it (table_outside). */
-static void *table_take(struct fp_meta_tables *t, unsigned lg)
+static void *table_take(fp_meta *m, struct fp_meta_tables *t, unsigned lg)
 {
     unsigned slots = (unsigned)(FP_META_REGION >> lg);
     pthread_mutex_lock(&t->lock);
@@ -171,7 +189,7 @@ static void *table_take(struct fp_meta_tables *t, unsigned lg)
     for (; i < t->n && (t->r[i].lg != lg || t->r[i].used == slots); i++)
         same += t->r[i].lg == lg;
     int first = !same && t->outside[lg] < slots / FP_META_REGION_AFTER;
-    if (i == t->n && (first || (i = region_new(t, lg)) == t->n)) {
+    if (i == t->n && (first || (i = region_new(m, t, lg)) == t->n)) {
         pthread_mutex_unlock(&t->lock);
         return NULL;
     }
@@ -231,67 +249,71 @@ static int table_give(struct fp_meta_tables *t, void *p, unsigned lg)
     return 1;
 }
 
-static void tables_destroy(struct fp_meta_tables *t)
+/* Every region unmapped, and the list: before the arena goes (its memory holds them). */
+static void tables_destroy(fp_meta *m)
 {
+    struct fp_meta_tables *t = m->tables;
     if (!t)
         return;
     for (size_t i = 0; i < t->n; i++)
         munmap((void *)t->r[i].base, FP_META_REGION);
-    free(t->r);
+    if (t->r)
+        raw_free(m, t->r, t->cap * sizeof *t->r);
     pthread_mutex_destroy(&t->lock);
-    free(t);
+    raw_free(m, t, sizeof *t);
+    m->tables = NULL;
 }
 
-fabpool_status fp_meta_init(fp_meta *m, fabpool_metadata mode)
+static fabpool_status meta_init(fp_meta *m, fabpool_metadata mode)
 {
     memset(m, 0, sizeof *m);
     atomic_init(&m->bytes, 0);
-    /* (without host memory for it, no regions: the aligned tables from the arena or libc) */
-    struct fp_meta_tables *tables = calloc(1, sizeof *tables);
-    if (tables)
-        pthread_mutex_init(&tables->lock, NULL);
-    m->tables = tables;
     if (mode == FABPOOL_METADATA_LIBC)
         return FABPOOL_OK;
     int found = find_jemalloc(m, RTLD_DEFAULT);
     if (!found && mode == FABPOOL_METADATA_JEMALLOC) {
         /* RTLD_LOCAL: jemalloc's malloc must not replace the process's. */
         void *lib = dlopen("libjemalloc.so.2", RTLD_NOW | RTLD_LOCAL);
-        if (!lib) {
-            tables_destroy(tables);
-            m->tables = NULL;
+        if (!lib)
             return fp_error(FABPOOL_ERR_NOT_SUPPORTED,
                             "metadata:jemalloc was asked for, but the process has no jemalloc and loading "
                             "libjemalloc.so.2 failed: %s. Start the process with LD_PRELOAD=libjemalloc.so.2, "
                             "link the program with -ljemalloc, or use metadata:auto",
                             dlerror());
-        }
         found = find_jemalloc(m, lib);
     }
     if (!found) {
-        if (mode == FABPOOL_METADATA_JEMALLOC) {
-            tables_destroy(m->tables);
-            m->tables = NULL;
+        if (mode == FABPOOL_METADATA_JEMALLOC)
             return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "metadata:jemalloc: the jemalloc found lacks mallctl, "
                                                        "mallocx or sdallocx (jemalloc 4 or newer is needed)");
-        }
         memset(m, 0, sizeof *m);
-        m->tables = tables;
         return FABPOOL_OK;
     }
     size_t sz = sizeof m->arena;
     if (!take_spare(m) && m->mallctl("arenas.create", &m->arena, &sz, NULL, 0) != 0) {
-        if (mode == FABPOOL_METADATA_JEMALLOC) {
-            tables_destroy(m->tables);
-            m->tables = NULL;
+        if (mode == FABPOOL_METADATA_JEMALLOC)
             return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "jemalloc refused arenas.create; use metadata:libc");
-        }
         memset(m, 0, sizeof *m);
-        m->tables = tables;
         return FABPOOL_OK;
     }
     m->jemalloc = 1;
     m->flags = FP_MALLOCX_ARENA(m->arena) | FP_MALLOCX_TCACHE_NONE;
+    return FABPOOL_OK;
+}
+
+fabpool_status fp_meta_init(fp_meta *m, fabpool_metadata mode)
+{
+    fabpool_status st = meta_init(m, mode);
+    if (st != FABPOOL_OK)
+        return st;
+    /* from the pool's own allocator, as the pool's struct that holds the pointer (so that a leak check that
+     * sees one sees the other); without host memory for it, no regions: the tables from the arena or libc */
+    struct fp_meta_tables *t = raw_alloc(m, sizeof *t);
+    if (t && pthread_mutex_init(&t->lock, NULL) != 0) {
+        raw_free(m, t, sizeof *t);
+        t = NULL;
+    }
+    m->tables = t;
     return FABPOOL_OK;
 }
 
@@ -323,7 +345,7 @@ void *fp_meta_alloc_aligned(fp_meta *m, size_t size)
     int lg = __builtin_ctzll(size);
     int table = m->tables && size >= FP_META_SLOT_MIN && size <= FP_META_SLOT_MAX;
     if (table) {
-        void *t = table_take(m->tables, (unsigned)lg);
+        void *t = table_take(m, m->tables, (unsigned)lg);
         if (t) {
             atomic_fetch_add_explicit(&m->bytes, size, memory_order_relaxed);
             return t;
@@ -359,14 +381,13 @@ void fp_meta_free_aligned(fp_meta *m, void *p, size_t size)
 
 void fp_meta_destroy(fp_meta *m)
 {
+    tables_destroy(m);
     if (m->jemalloc && !put_spare(m)) {
         char cmd[64];
         snprintf(cmd, sizeof cmd, "arena.%u.destroy", m->arena);
         m->mallctl(cmd, NULL, NULL, NULL, 0);
     }
     m->jemalloc = 0;
-    tables_destroy(m->tables);
-    m->tables = NULL;
 }
 
 void fp_meta_read_counters(const fp_meta *src, fp_meta_counters *c)
