@@ -18,11 +18,8 @@
 /* The arena's counter that fp_meta_read_counters copies (counter.h): the bytes it holds. */
 #define FP_META_COUNTERS(X) X(bytes)
 
-struct fp_meta_tables;
-
 typedef struct fp_meta {
     int jemalloc;         /* 1: a private jemalloc arena */
-    struct fp_meta_tables *tables; /* fp_meta_alloc_aligned's regions (NULL: none, the arena's or libc's) */
     unsigned arena;
     void *(*mallocx)(size_t, int);
     void (*sdallocx)(void *, size_t, int);
@@ -36,16 +33,7 @@ fabpool_status fp_meta_init(fp_meta *m, fabpool_metadata mode);
 void *fp_meta_alloc(fp_meta *m, size_t size);
 void fp_meta_free(fp_meta *m, void *p, size_t size);
 /* Zeroed memory of size bytes (a power of two) aligned to its size, or
- * NULL; freed with fp_meta_free_aligned.  The tables that a medium block's
- * path reads at random (its records' pages, the leaves of the index of
- * blocks and of the blocks' states) are these: sizes from
- * FP_META_SLOT_MIN to FP_META_SLOT_MAX come from 2 MiB regions of the
- * pool's own, advised to the kernel as huge pages, so that those tables
- * take a few TLB entries instead of one per 4 KiB page (docs/design.md,
- * "Host metadata"); other sizes, and where a region cannot be mapped, from
- * the arena or libc. */
-#define FP_META_SLOT_MIN (4u << 10)
-#define FP_META_SLOT_MAX (256u << 10)
+ * NULL; freed with fp_meta_free_aligned. */
 void *fp_meta_alloc_aligned(fp_meta *m, size_t size);
 void fp_meta_free_aligned(fp_meta *m, void *p, size_t size);
 /* Destroys the arena: every block must have been freed. */

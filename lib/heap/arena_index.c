@@ -20,7 +20,7 @@ int fp_bidx_reserve(fp_bidx *x, fp_meta *meta, uint64_t rbase, uint64_t rsize, u
     if (!size || va - x->base >= x->size || size > x->size - (va - x->base))
         return 0; /* nothing an arena can map */
     for (uint64_t l = (va - x->base) >> FP_BIDX_LEAF_SHIFT; l <= (va + size - 1 - x->base) >> FP_BIDX_LEAF_SHIFT; l++)
-        if (!x->leaves[l] && !(x->leaves[l] = fp_meta_alloc_aligned(meta, BIDX_LEAF_BYTES)))
+        if (!x->leaves[l] && !(x->leaves[l] = fp_meta_alloc(meta, BIDX_LEAF_BYTES)))
             return -1;
     return 0;
 }
@@ -29,7 +29,7 @@ void fp_bidx_leaf_free(fp_bidx *x, fp_meta *meta, uint64_t l)
 {
     if (!x->leaves || !x->leaves[l])
         return;
-    fp_meta_free_aligned(meta, x->leaves[l], BIDX_LEAF_BYTES);
+    fp_meta_free(meta, x->leaves[l], BIDX_LEAF_BYTES);
     x->leaves[l] = NULL;
 }
 
@@ -62,8 +62,8 @@ _Atomic uint8_t *fp_mstate_make(fp_mstate *m, fp_meta *meta, uint64_t addr)
 {
     if (addr - m->base >= m->end - m->base)
         return NULL;
-    /* zeroes (from a region of huge pages once the pool holds many: meta.h, fp_meta_alloc_aligned) */
-    _Atomic uint8_t *leaf = fp_meta_alloc_aligned(meta, MSTATE_LEAF_BYTES);
+    /* written through now, not left to fault page by page under the blocks' calls that touch it first */
+    _Atomic uint8_t *leaf = fp_meta_alloc(meta, MSTATE_LEAF_BYTES); /* zeroed */
     if (!leaf)
         return NULL;
     atomic_store_explicit(&m->leaves[(addr - m->base) >> FP_MSTATE_LEAF_SHIFT], leaf, memory_order_release);
@@ -76,8 +76,7 @@ void fp_mstate_free(fp_mstate *m, fp_meta *meta)
         return;
     uint64_t n = (m->end - m->base + (1ull << FP_MSTATE_LEAF_SHIFT) - 1) >> FP_MSTATE_LEAF_SHIFT;
     for (uint64_t i = 0; i < n; i++)
-        fp_meta_free_aligned(meta, (void *)atomic_load_explicit(&m->leaves[i], memory_order_relaxed),
-                             MSTATE_LEAF_BYTES);
+        fp_meta_free(meta, (void *)atomic_load_explicit(&m->leaves[i], memory_order_relaxed), MSTATE_LEAF_BYTES);
     fp_meta_free(meta, (void *)m->leaves, n * sizeof *m->leaves);
     m->leaves = NULL;
 }
