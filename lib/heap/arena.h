@@ -325,14 +325,13 @@ FP_ARENA_INLINE fp_piece *fp_arena_new_(fp_arena *a, uint64_t base, uint64_t siz
     return p;
 }
 
-/* A block's piece of a spare record, for a cut: its base, size and state alone, the links that a live block
- * has (its neighbours') set by fp_arena_link_after_, its bin's never read while it is live. */
+/* A block's piece of a spare record, for a cut: its base and size alone, its state set by fp_arena_given_, the
+ * links that a live block has (its neighbours') by fp_arena_link_after_, its bin's never read while it is live. */
 FP_ARENA_INLINE fp_piece *fp_arena_new_live_(fp_arena *a, uint64_t base, uint64_t n)
 {
     fp_piece *p = fp_rec_take(&a->recs);
     p->base = base;
     p->size_q = (uint32_t)(n >> FP_PIECE_UNIT_SHIFT);
-    p->state = FP_LARGE_LIVE;
     return p;
 }
 
