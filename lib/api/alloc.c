@@ -240,7 +240,7 @@ static FP_NOIPA fabpool_status alloc_medium_miss(fp_alloc *a, fp_tcache *tc, siz
     /* the blocks the cache holds back go to the arena under the same take of the lock, before the fit */
     unsigned nd = tc->mdn, rest = 0;
     uint64_t n = (size + FP_BLOCK_QUANTUM - 1) & ~(FP_BLOCK_QUANTUM - 1), back = tc->mdbytes;
-    fabpool_status st = fp_medium_alloc(a->heap, n, tc->mdef, tc->mdflag, nd, out, &rest);
+    fabpool_status st = fp_medium_alloc(a->heap, n, tc->mdflag, nd, out, &rest);
     if (nd) {
         tc->mdn = 0;
         atomic_store_explicit(&tc->mbytes, atomic_load_explicit(&tc->mbytes, memory_order_relaxed) - back,

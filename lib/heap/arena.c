@@ -34,7 +34,7 @@ void fp_arena_block_list(fp_arena *a, uint64_t addr, fp_rid r)
 {
     if (!a->pol.direct && fp_addrmap_reserve(&a->blocks, 1) != 0)
         return;
-    fp_arena_list_(a, addr, r, a->pol.direct);
+    fp_arena_list_(a, addr, r, a->pol.direct, 0);
 }
 
 void fp_arena_block_unlist(fp_arena *a, uint64_t addr)
@@ -84,7 +84,7 @@ fp_piece *fp_arena_fit(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *
 {
     fp_lock_assert_held(&a->sp->lock);
     *st = FABPOOL_OK;
-    return fp_arena_best_fit_(a, n, align, st, a->pol.direct);
+    return fp_arena_best_fit_(a, n, align, st, a->pol.direct, 0);
 }
 
 void fp_arena_release(fp_arena *a, fp_piece *b)
@@ -216,7 +216,7 @@ int fp_arena_index_reserve(fp_arena *a, uint64_t va, uint64_t size)
 void fp_arena_index_drop(fp_arena *a, uint64_t va, uint64_t size)
 {
     fp_bidx *x = &a->bidx;
-    if (!x->leaves || !size || va - x->base >= x->size || size > x->size - (va - x->base))
+    if (!x->leaves || x->keep || !size || va - x->base >= x->size || size > x->size - (va - x->base))
         return;
     for (uint64_t l = (va - x->base) >> FP_BIDX_LEAF_SHIFT; l <= (va + size - 1 - x->base) >> FP_BIDX_LEAF_SHIFT; l++) {
         uint64_t lo = x->base + (l << FP_BIDX_LEAF_SHIFT), hi = lo + (1ull << FP_BIDX_LEAF_SHIFT);
@@ -229,20 +229,16 @@ void fp_arena_index_drop(fp_arena *a, uint64_t va, uint64_t size)
 
 int fp_arena_mstate_init(fp_arena *a, uint64_t lo, uint64_t hi)
 {
-    return fp_mstate_init(&a->ms, a->sp->meta, fp_space_base(a->sp), fp_space_size(a->sp), lo, hi);
-}
-
-_Atomic uint8_t *fp_arena_mstate_make(fp_arena *a, uint64_t addr)
-{
-    fp_lock_assert_held(&a->sp->lock);
-    return fp_mstate_make(&a->ms, a->sp->meta, addr);
+    if (!a->pol.direct)
+        return -1; /* the states live in the direct index's entries */
+    return fp_mstate_init(&a->ms, &a->bidx, a->sp->meta, fp_space_base(a->sp), fp_space_size(a->sp), lo, hi);
 }
 
 void fp_arena_destroy(fp_arena *a)
 {
     if (!a->sp)
         return; /* never set up */
-    fp_mstate_free(&a->ms, a->sp->meta);
+    memset(&a->ms, 0, sizeof a->ms); /* its leaves are the index's, freed below */
     while (a->n_chunks)
         chunk_unmap_at(a, a->n_chunks - 1);
     fp_recs_free(&a->recs);

@@ -192,16 +192,14 @@ void fp_arena_init(fp_arena *a, fp_space *sp, fp_span *sentinel, const char *nam
                    const fp_arena_policy *pol);
 /* Unmaps every chunk and frees every record (destroy: blocks still given out go too). */
 void fp_arena_destroy(fp_arena *a);
-/* Keeps its blocks' states (fp_mstate) for sizes (lo, hi]: 0, or -1 without host memory (none kept). */
+/* Keeps its blocks' states (fp_mstate) for sizes (lo, hi], in its direct index: 0, or -1 without host memory
+ * or without a direct index (none kept). */
 int fp_arena_mstate_init(fp_arena *a, uint64_t lo, uint64_t hi);
-/* Sets the state of the block at addr (pool lock held), its leaf made first if need be (fp_arena_mstate_make);
- * where host memory for it is short, the state stays 0 (the block is never cached). */
-_Atomic uint8_t *fp_arena_mstate_make(fp_arena *a, uint64_t addr);
+/* Sets the state of the block at addr (pool lock held; the index's leaf there was made before the arena mapped
+ * the block), where states are kept. */
 static inline void fp_arena_mstate_set(fp_arena *a, uint64_t addr, unsigned state)
 {
     _Atomic uint8_t *f = fp_mstate_at(&a->ms, addr);
-    if (!f && state && a->ms.leaves)
-        f = fp_arena_mstate_make(a, addr);
     if (f)
         atomic_store_explicit(f, (uint8_t)state, memory_order_relaxed);
 }
@@ -242,7 +240,7 @@ static inline size_t fp_arena_block_slot(const fp_arena *a, uint64_t addr)
 }
 /* The direct index's entry of addr (a multiple of the quantum in the reservation), or NULL where no leaf is
  * made. */
-static inline fp_rid *fp_arena_bidx_at(const fp_arena *a, uint64_t addr) { return fp_bidx_at(&a->bidx, addr); }
+static inline fp_bent *fp_arena_bidx_at(const fp_arena *a, uint64_t addr) { return fp_bidx_at(&a->bidx, addr); }
 /* The record id of the block given out (live or pending) at addr, or 0; and its record, or NULL. */
 static inline fp_rid fp_arena_block_id(const fp_arena *a, uint64_t addr)
 {
@@ -250,8 +248,8 @@ static inline fp_rid fp_arena_block_id(const fp_arena *a, uint64_t addr)
         uint64_t off = addr - a->bidx.base;
         if (off >= a->bidx.size || (off & ((1u << FP_PIECE_UNIT_SHIFT) - 1)) || !a->bidx.leaves)
             return 0;
-        const fp_rid *e = fp_arena_bidx_at(a, addr);
-        return e ? *e : 0;
+        const fp_bent *e = fp_arena_bidx_at(a, addr);
+        return e ? e->rid : 0;
     }
     size_t i = fp_arena_block_slot(a, addr);
     return i == FP_ADDRMAP_END ? 0 : fp_addrmap_val(&a->blocks, i);
@@ -371,11 +369,15 @@ FP_ARENA_INLINE void fp_arena_pull_(fp_arena *a, fp_piece *p)
 }
 
 /* Block of id r at addr into, and out of, the table (direct: a->pol.direct, a constant where the caller knows
- * it; its room made: fp_arena_index_reserve, fp_arena_best_fit_). */
-FP_ARENA_INLINE void fp_arena_list_(fp_arena *a, uint64_t addr, fp_rid r, int direct)
+ * it; its room made: fp_arena_index_reserve, fp_arena_best_fit_); state: where not 0, the block's state byte
+ * (fp_mstate) in the same entry of the direct index (the medium path's code; other callers set it after). */
+FP_ARENA_INLINE void fp_arena_list_(fp_arena *a, uint64_t addr, fp_rid r, int direct, unsigned state)
 {
     if (direct) {
-        *fp_arena_bidx_at(a, addr) = r;
+        fp_bent *e = fp_arena_bidx_at(a, addr);
+        e->rid = r;
+        if (state)
+            atomic_store_explicit(&e->state, (uint8_t)state, memory_order_relaxed);
         a->bidx.n++;
     } else {
         fp_addrmap_put(&a->blocks, addr, r);
@@ -385,7 +387,7 @@ FP_ARENA_INLINE void fp_arena_list_(fp_arena *a, uint64_t addr, fp_rid r, int di
 FP_ARENA_INLINE void fp_arena_unlist_(fp_arena *a, uint64_t addr, int direct)
 {
     if (direct) {
-        *fp_arena_bidx_at(a, addr) = 0;
+        fp_arena_bidx_at(a, addr)->rid = 0;
         a->bidx.n--;
     } else {
         fp_addrmap_del_at(&a->blocks, fp_arena_block_slot(a, addr));
@@ -412,11 +414,11 @@ FP_ARENA_INLINE void fp_arena_link_after_(fp_arena *a, fp_piece *p, fp_piece *q)
     p->anext = q;
 }
 
-/* Block b of n bytes, just cut, given out: live, in the table, counted. */
-FP_ARENA_INLINE fp_piece *fp_arena_given_(fp_arena *a, fp_piece *b, uint64_t n, int direct)
+/* Block b of n bytes, just cut, given out: live, in the table (state: fp_arena_list_'s), counted. */
+FP_ARENA_INLINE fp_piece *fp_arena_given_(fp_arena *a, fp_piece *b, uint64_t n, int direct, unsigned state)
 {
     b->state = FP_LARGE_LIVE;
-    fp_arena_list_(a, b->base, fp_rec_id(b), direct);
+    fp_arena_list_(a, b->base, fp_rec_id(b), direct, state);
     a->free_bytes -= n;
     a->used_bytes += n;
     a->n_blocks++;
@@ -442,12 +444,12 @@ FP_ARENA_INLINE fp_piece *fp_arena_carve_(fp_arena *a, fp_piece *f, uint64_t x, 
         fp_arena_link_after_(a, b, r);
         fp_arena_push_(a, r);
     }
-    return fp_arena_given_(a, b, n, direct);
+    return fp_arena_given_(a, b, n, direct, 0);
 }
 
 /* fp_arena_carve_ of the top n bytes of free range f (out of its bin; n at most its size): the block of a
  * fit at the quantum's alignment, where nothing is left above it to test for. */
-FP_ARENA_INLINE fp_piece *fp_arena_carve_top_(fp_arena *a, fp_piece *f, uint64_t n, int direct)
+FP_ARENA_INLINE fp_piece *fp_arena_carve_top_(fp_arena *a, fp_piece *f, uint64_t n, int direct, unsigned state)
 {
     uint64_t size = fp_piece_size(f);
     fp_piece *b = f;
@@ -457,7 +459,7 @@ FP_ARENA_INLINE fp_piece *fp_arena_carve_top_(fp_arena *a, fp_piece *f, uint64_t
         fp_arena_link_after_(a, f, b);
         fp_arena_push_(a, f);
     }
-    return fp_arena_given_(a, b, n, direct);
+    return fp_arena_given_(a, b, n, direct, state);
 }
 
 /* Where a block of n bytes aligned to `align` goes in free range f: at its
@@ -503,8 +505,10 @@ FP_ARENA_INLINE fp_piece *fp_arena_fit_quick_(fp_arena *a, uint64_t n)
  * its instructions.  A slab (aligned to its page) takes the best fit: the smallest range that fits among the
  * bin of its size (all of them) and the next bin that holds one that fits (its first 64), the lowest on a
  * tie.  The quick fit and the cut are inline here, the walk apart (fp_arena_fit_walk), so that the common
- * call saves no more registers than it uses. */
-FP_ARENA_INLINE fp_piece *fp_arena_best_fit_(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st, int direct)
+ * call saves no more registers than it uses.  state: fp_arena_list_'s, for a block of the quantum's
+ * alignment (the medium path's). */
+FP_ARENA_INLINE fp_piece *fp_arena_best_fit_(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st, int direct,
+                                             unsigned state)
 {
     fp_piece *best = align <= a->quantum ? fp_arena_fit_quick_(a, n) : NULL;
     if (__builtin_expect(!best, 0) && !(best = fp_arena_fit_walk(a, n, align)))
@@ -516,7 +520,7 @@ FP_ARENA_INLINE fp_piece *fp_arena_best_fit_(fp_arena *a, uint64_t n, uint64_t a
     }
     fp_arena_pull_(a, best);
     if (align <= a->quantum)
-        return fp_arena_carve_top_(a, best, n, direct);
+        return fp_arena_carve_top_(a, best, n, direct, state);
     return fp_arena_carve_(a, best, fp_arena_place_(best, n, align, 1), n, direct);
 }
 
@@ -551,11 +555,11 @@ FP_ARENA_INLINE fp_piece *fp_arena_coalesce_(fp_arena *a, fp_piece *p)
 
 /* Block b out of the table, merged with the free ranges touching it, into the bin of the merged range's size
  * (e: its entry in the direct index where the caller has it at hand, else NULL). */
-FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_piece *b, int direct, fp_rid *e)
+FP_ARENA_INLINE void fp_arena_release_(fp_arena *a, fp_piece *b, int direct, fp_bent *e)
 {
     uint64_t size = fp_piece_size(b); /* (before the entry's store, which may alias the record for the compiler) */
     if (e) {
-        *e = 0;
+        e->rid = 0;
         a->bidx.n--;
     } else {
         fp_arena_unlist_(a, b->base, direct);

@@ -31,18 +31,17 @@ static inline void fp_count_locked(_Atomic uint64_t *counter, uint64_t d)
 enum { FP_MEDIUM_POLICY = 1, FP_MEDIUM_MISS = 2 };
 
 /* A block of the medium arena of n bytes (a multiple of the quantum with a state code: the sizes the thread
- * caches hold), its state that code, after the n_back blocks at back[] (their bases; the bits below the
- * quantum are the caller's; at most FP_MEDIUM_BACK_MAX), whose state bytes are at flags[] (fp_mstate_at of
- * each base, never NULL: a block is held back only where its free found its byte; a byte stays where it is
- * until the pool's end), that the caller's thread cache held went back
+ * caches hold), its state that code, after the n_back blocks (at most FP_MEDIUM_BACK_MAX) whose state bytes are
+ * at flags[] (fp_mstate_at of each base, never NULL: a block is held back only where its free found its byte;
+ * a byte stays where it is until the pool's end; the byte's entry of the direct index is the block's), that
+ * the caller's thread cache held went back
  * (fp_large_release_cached_locked's work), all under one take of the pool lock: the medium blocks' way through
  * the heap with only what every call needs (docs/design.md, "Medium blocks").  *rest: what the caller does
  * after it, with no lock held (0 nearly always): FP_MEDIUM_POLICY, fp_heap_trim_policy; FP_MEDIUM_MISS, no
  * free range fit (*out NULL): fp_large_alloc's whole way, where the arena grows.  Inline: its caller
  * (alloc.c) runs it in its own frame, with no call and no arguments through memory. */
-FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uint64_t *back,
-                                               _Atomic uint8_t *const *flags, unsigned n_back, void **out,
-                                               unsigned *rest)
+FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, _Atomic uint8_t *const *flags,
+                                               unsigned n_back, void **out, unsigned *rest)
 {
     fp_arena *a = &h->arenas[FP_ARENA_MEDIUM];
     fabpool_status st = FABPOOL_OK;
@@ -53,29 +52,22 @@ FP_ARENA_INLINE fabpool_status fp_medium_alloc(fp_heap *h, uint64_t n, const uin
     if (n_back > FP_MEDIUM_BACK_MAX)
         n_back = FP_MEDIUM_BACK_MAX;
     for (unsigned i = 0; i < n_back; i++) {   /* release_cached's checks */
-        /* a multiple of the quantum in the reservation, whose state byte said a live block of the arena (so
-         * the index's leaves are made): the free's checks (alloc.c), which the entry's lookup skips */
-        uint64_t addr = back[i] & ~(uint64_t)(FP_BLOCK_QUANTUM - 1);
-        fp_rid *e = fp_arena_bidx_at(a, addr);
-        fp_rid r = e ? *e : 0;
-        fp_piece *p = fp_piece_at(a, r);
+        /* a multiple of the quantum in the reservation, whose state byte said a live block of the arena: the
+         * free's checks (alloc.c); the block's entry is the one that holds that byte */
         _Atomic uint8_t *f = flags[i];
+        fp_bent *e = fp_bent_of_state(f);
+        fp_piece *p = fp_piece_at(a, e->rid);
         if (!p || p->state != FP_LARGE_LIVE || atomic_load_explicit(f, memory_order_relaxed) != FP_MSTATE_CACHED)
             continue;
         back_bytes += fp_piece_size(p);
         fp_arena_release_(a, p, 1, e);
         atomic_store_explicit(f, 0, memory_order_relaxed);
     }
-    fp_piece *b = fp_arena_best_fit_(a, n, a->quantum, &st, 1);
+    /* n has a code (above), not 0: the caches' sizes are the states' (lo, hi] (tcache.c), which a pool keeps
+     * wherever its thread caches hold medium blocks (this path's callers); the cut stores it */
+    fp_piece *b = fp_arena_best_fit_(a, n, a->quantum, &st, 1, (unsigned)((n - a->ms.lo) >> FP_PIECE_UNIT_SHIFT));
     uint64_t in_use = atomic_load_explicit(&h->large_in_use_bytes, memory_order_relaxed) - back_bytes;
     if (__builtin_expect(b != NULL, 1)) {
-        /* n has a code (above): the caches' sizes are the states' (lo, hi] (tcache.c), which a pool keeps
-         * wherever its thread caches hold medium blocks (this path's callers) */
-        _Atomic uint8_t *f = fp_mstate_in(&a->ms, b->base);
-        if (__builtin_expect(!f, 0))
-            f = fp_arena_mstate_make(a, b->base);
-        if (__builtin_expect(f != NULL, 1))
-            atomic_store_explicit(f, (uint8_t)((n - a->ms.lo) >> FP_PIECE_UNIT_SHIFT), memory_order_relaxed);
         in_use += n;
         fp_count_locked(&h->large_allocs[a->cls_of_q[(n >> FP_PIECE_UNIT_SHIFT) - 1]], 1);
         *out = (void *)(uintptr_t)b->base;
