@@ -376,7 +376,7 @@ FP_ARENA_INLINE void fp_arena_list_(fp_arena *a, uint64_t addr, fp_rid r, int di
     if (direct) {
         fp_bent *e = fp_arena_bidx_at(a, addr);
         e->rid = r;
-        if (state)
+        if (__builtin_expect(state != 0, 1)) /* (the callers that pass 0 pass a constant) */
             atomic_store_explicit(&e->state, (uint8_t)state, memory_order_relaxed);
         a->bidx.n++;
     } else {
