@@ -369,15 +369,15 @@ FP_ARENA_INLINE void fp_arena_pull_(fp_arena *a, fp_piece *p)
 }
 
 /* Block of id r at addr into, and out of, the table (direct: a->pol.direct, a constant where the caller knows
- * it; its room made: fp_arena_index_reserve, fp_arena_best_fit_); state: where not 0, the block's state byte
- * (fp_mstate) in the same entry of the direct index (the medium path's code; other callers set it after). */
-FP_ARENA_INLINE void fp_arena_list_(fp_arena *a, uint64_t addr, fp_rid r, int direct, unsigned state)
+ * it; its room made: fp_arena_index_reserve, fp_arena_best_fit_); code: where not 0, the block's state byte
+ * (fp_mstate) in the same entry of the direct index (the medium path's; other callers set it after). */
+FP_ARENA_INLINE void fp_arena_list_(fp_arena *a, uint64_t addr, fp_rid r, int direct, unsigned code)
 {
     if (direct) {
         fp_bent *e = fp_arena_bidx_at(a, addr);
         e->rid = r;
-        if (__builtin_expect(state != 0, 1)) /* (the callers that pass 0 pass a constant) */
-            atomic_store_explicit(&e->state, (uint8_t)state, memory_order_relaxed);
+        if (__builtin_expect(code != 0, 1)) /* (the callers that pass 0 pass a constant) */
+            atomic_store_explicit(&e->state, (uint8_t)code, memory_order_relaxed);
         a->bidx.n++;
     } else {
         fp_addrmap_put(&a->blocks, addr, r);
@@ -414,11 +414,11 @@ FP_ARENA_INLINE void fp_arena_link_after_(fp_arena *a, fp_piece *p, fp_piece *q)
     p->anext = q;
 }
 
-/* Block b of n bytes, just cut, given out: live, in the table (state: fp_arena_list_'s), counted. */
-FP_ARENA_INLINE fp_piece *fp_arena_given_(fp_arena *a, fp_piece *b, uint64_t n, int direct, unsigned state)
+/* Block b of n bytes, just cut, given out: live, in the table (code: fp_arena_list_'s), counted. */
+FP_ARENA_INLINE fp_piece *fp_arena_given_(fp_arena *a, fp_piece *b, uint64_t n, int direct, unsigned code)
 {
     b->state = FP_LARGE_LIVE;
-    fp_arena_list_(a, b->base, fp_rec_id(b), direct, state);
+    fp_arena_list_(a, b->base, fp_rec_id(b), direct, code);
     a->free_bytes -= n;
     a->used_bytes += n;
     a->n_blocks++;
@@ -449,7 +449,7 @@ FP_ARENA_INLINE fp_piece *fp_arena_carve_(fp_arena *a, fp_piece *f, uint64_t x, 
 
 /* fp_arena_carve_ of the top n bytes of free range f (out of its bin; n at most its size): the block of a
  * fit at the quantum's alignment, where nothing is left above it to test for. */
-FP_ARENA_INLINE fp_piece *fp_arena_carve_top_(fp_arena *a, fp_piece *f, uint64_t n, int direct, unsigned state)
+FP_ARENA_INLINE fp_piece *fp_arena_carve_top_(fp_arena *a, fp_piece *f, uint64_t n, int direct, unsigned code)
 {
     uint64_t size = fp_piece_size(f);
     fp_piece *b = f;
@@ -459,7 +459,7 @@ FP_ARENA_INLINE fp_piece *fp_arena_carve_top_(fp_arena *a, fp_piece *f, uint64_t
         fp_arena_link_after_(a, f, b);
         fp_arena_push_(a, f);
     }
-    return fp_arena_given_(a, b, n, direct, state);
+    return fp_arena_given_(a, b, n, direct, code);
 }
 
 /* Where a block of n bytes aligned to `align` goes in free range f: at its
@@ -505,10 +505,10 @@ FP_ARENA_INLINE fp_piece *fp_arena_fit_quick_(fp_arena *a, uint64_t n)
  * its instructions.  A slab (aligned to its page) takes the best fit: the smallest range that fits among the
  * bin of its size (all of them) and the next bin that holds one that fits (its first 64), the lowest on a
  * tie.  The quick fit and the cut are inline here, the walk apart (fp_arena_fit_walk), so that the common
- * call saves no more registers than it uses.  state: fp_arena_list_'s, for a block of the quantum's
+ * call saves no more registers than it uses.  code: fp_arena_list_'s, for a block of the quantum's
  * alignment (the medium path's). */
 FP_ARENA_INLINE fp_piece *fp_arena_best_fit_(fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st, int direct,
-                                             unsigned state)
+                                             unsigned code)
 {
     fp_piece *best = align <= a->quantum ? fp_arena_fit_quick_(a, n) : NULL;
     if (__builtin_expect(!best, 0) && !(best = fp_arena_fit_walk(a, n, align)))
@@ -520,7 +520,7 @@ FP_ARENA_INLINE fp_piece *fp_arena_best_fit_(fp_arena *a, uint64_t n, uint64_t a
     }
     fp_arena_pull_(a, best);
     if (align <= a->quantum)
-        return fp_arena_carve_top_(a, best, n, direct, state);
+        return fp_arena_carve_top_(a, best, n, direct, code);
     return fp_arena_carve_(a, best, fp_arena_place_(best, n, align, 1), n, direct);
 }
 

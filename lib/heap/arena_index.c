@@ -39,7 +39,7 @@ int fp_bidx_reserve(fp_bidx *x, fp_meta *meta, uint64_t rbase, uint64_t rsize, u
 
 void fp_bidx_leaf_free(fp_bidx *x, fp_meta *meta, uint64_t l)
 {
-    if (!x->leaves || x->keep)
+    if (!x->leaves)
         return;
     fp_bent *leaf = atomic_load_explicit(&x->leaves[l], memory_order_relaxed);
     if (!leaf)

@@ -52,7 +52,8 @@ static inline fp_bent *fp_bent_of_state(_Atomic uint8_t *f)
  * at the first call: 0, or -1 without host memory (what was made stays, for fp_bidx_leaf_free or
  * fp_bidx_free). */
 int fp_bidx_reserve(fp_bidx *x, fp_meta *meta, uint64_t rbase, uint64_t rsize, uint64_t va, uint64_t size);
-/* Leaf l (where made) back to the metadata allocator; and every leaf and the index. */
+/* Leaf l (where made) back to the metadata allocator (never one of an index that keeps its leaves: its caller,
+ * fp_arena_index_drop, tests keep); and every leaf and the index. */
 void fp_bidx_leaf_free(fp_bidx *x, fp_meta *meta, uint64_t l);
 void fp_bidx_free(fp_bidx *x, fp_meta *meta);
 
