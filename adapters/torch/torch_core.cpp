@@ -59,6 +59,23 @@ std::string pool_name(PoolId id)
 
 const PoolId kDefaultPool{0, 0};
 
+/* A size as PyTorch's caching allocator writes it in its out-of-memory message (up to 1024 in bytes, then KiB,
+ * MiB and GiB with two decimals, each unit up to and including 1024 of itself), so that code and tests that
+ * read the message's sizes read fabpool's too. */
+std::string torch_size(uint64_t b)
+{
+    char buf[48];
+    if (b <= 1024)
+        snprintf(buf, sizeof buf, "%llu bytes", (unsigned long long)b);
+    else if (b <= (uint64_t(1) << 20))
+        snprintf(buf, sizeof buf, "%.2f KiB", double(b) / 1024.0);
+    else if (b <= (uint64_t(1) << 30))
+        snprintf(buf, sizeof buf, "%.2f MiB", double(b) / double(uint64_t(1) << 20));
+    else
+        snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(uint64_t(1) << 30));
+    return buf;
+}
+
 }  // namespace
 
 /* live: given out; stream_free: freed, kept for its stream's next
@@ -846,17 +863,21 @@ void Core::out_of_memory(Device &d, size_t size, Stream s, const std::string &wh
     uint64_t live = uint64_t(d.st.allocated_bytes[kAll].current);
     char sbuf[32];
     snprintf(sbuf, sizeof sbuf, "%p", s);
-    std::string msg = "CUDA out of memory. Tried to allocate " + human(size) + " on device " +
-                      std::to_string(d.index) + " (stream " + sbuf + "). fabpool: " + why + ". PyTorch's tensors hold " +
-                      human(live) + " of it; the device's fabpool pools map " + human(m) + " (" +
+    /* PyTorch's own first sentences, word for word where they describe the same thing (programs and PyTorch's
+     * tests match them), then fabpool's account */
+    std::string msg = "CUDA out of memory. Tried to allocate " + torch_size(size) + ". GPU " +
+                      std::to_string(d.index) + " has a total capacity of " + torch_size(total) + " of which " +
+                      torch_size(fr) + " is free. " + (d.capped ? torch_size(d.cap) + " allowed; " : std::string()) +
+                      "Of the allocated memory " + torch_size(live) + " is allocated by PyTorch, and " +
+                      torch_size(m > live ? m - live : 0) + " is reserved by PyTorch but unallocated. fabpool (stream " +
+                      sbuf + "): " + why + "; the device's fabpool pools map " + human(m) + " (" +
                       human(m > live ? m - live : 0) + " not in tensors: cached blocks, CUDA graphs' pools)";
     if (d.capped && !capped) {
         char f[32];
         snprintf(f, sizeof f, "%g", d.fraction);
         msg += "; set_per_process_memory_fraction(" + std::string(f) + ") caps them at " + human(d.cap);
     }
-    msg += "; the driver reports " + human(fr) + " free of " + human(total) +
-           ". Free tensors (del, gc.collect()) or use smaller batches, then allocate again.";
+    msg += ". Free tensors (del, gc.collect()) or use smaller batches, then allocate again.";
     if (history_on())
         note(HistoryEvent::Oom, d.index, fr, size, s, kDefaultPool);
     throw OutOfMemory(msg, d.index, size, d.capped ? size_t(d.cap) : total, fr);
