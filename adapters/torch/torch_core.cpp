@@ -870,12 +870,12 @@ void Core::out_of_memory(Device &d, size_t size, Stream s, const std::string &wh
                       torch_size(fr) + " is free. " + (d.capped ? torch_size(d.cap) + " allowed; " : std::string()) +
                       "Of the allocated memory " + torch_size(live) + " is allocated by PyTorch, and " +
                       torch_size(m > live ? m - live : 0) + " is reserved by PyTorch but unallocated. fabpool (stream " +
-                      sbuf + "): " + why + "; the device's fabpool pools map " + human(m) + " (" +
-                      human(m > live ? m - live : 0) + " not in tensors: cached blocks, CUDA graphs' pools)";
+                      sbuf + "): " + why + "; what is reserved but unallocated is the device's pools' cached blocks and "
+                      "CUDA graphs' pools";
     if (d.capped && !capped) {
         char f[32];
         snprintf(f, sizeof f, "%g", d.fraction);
-        msg += "; set_per_process_memory_fraction(" + std::string(f) + ") caps them at " + human(d.cap);
+        msg += "; set_per_process_memory_fraction(" + std::string(f) + ") caps the device's pools at " + human(d.cap);
     }
     msg += ". Free tensors (del, gc.collect()) or use smaller batches, then allocate again.";
     if (history_on())
