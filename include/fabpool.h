@@ -617,6 +617,9 @@ FABPOOL_API fabpool_status fabpool_get_counters(fabpool_t *pool, fabpool_counter
 
 /* The number of CUDA devices the driver sees (loads the driver on first use). */
 FABPOOL_API fabpool_status fabpool_device_count(int *out);
+/* The driver's free and total bytes of the pool's device now (cuMemGetInfo in the device's primary context,
+ * cudaMemGetInfo's figures): every process's use counted, this pool's mapped chunks included. */
+FABPOOL_API fabpool_status fabpool_device_memory(fabpool_t *pool, size_t *free_bytes, size_t *total_bytes);
 /* A readable report (json = 0) or one JSON object (json = 1): the stats, and the options in force (as a
  * FABPOOL_CONF string in the text, an object "options" in the JSON, with the handle type and rdma chosen and
  * the reservation made). */

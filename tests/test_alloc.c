@@ -216,6 +216,39 @@ static void out_of_memory_says_device_memory(void)
     CHECK_OK(fabpool_trim(pool, 0));
 }
 
+/* fabpool_device_memory: the driver's own figures for the pool's device, from any context, the caller's left
+ * current; the bytes the pool maps come off the free figure (exactly on the simulated driver, which no other
+ * process shares); NULL arguments refused. */
+static void device_memory_is_the_drivers(int sim)
+{
+    size_t f0 = 0, t0 = 0, f1 = 0, t1 = 0, cf = 0, ct = 0;
+    CUcontext before = NULL, after = NULL;
+    CHECK_CU(cuCtxGetCurrent(&before));
+    CHECK_OK(fabpool_device_memory(pool, &f0, &t0));
+    CHECK_CU(cuCtxGetCurrent(&after));
+    CHECK(after == before);
+    CHECK_CU(cuMemGetInfo(&cf, &ct));
+    CHECK(t0 == ct && t0 > 0 && f0 <= t0);
+    CHECK_OK(fabpool_trim(pool, 0));
+    int64_t held0 = t_held();
+    void *a = NULL;
+    CHECK_OK(fabpool_alloc(pool, 48u << 20, &a));
+    int64_t grew = t_held() - held0;
+    CHECK(grew >= (48 << 20));
+    CHECK_OK(fabpool_device_memory(pool, &f1, &t1));
+    CHECK(t1 == t0);
+    if (sim)
+        CHECK((int64_t)f0 - (int64_t)f1 == grew);
+    else
+        CHECK(f1 < f0);
+    CHECK_OK(fabpool_free(pool, a));
+    CHECK_OK(fabpool_trim(pool, 0));
+    CHECK_STATUS(fabpool_device_memory(NULL, &f1, &t1), FABPOOL_ERR_INVALID_ARG);
+    CHECK(strstr(fabpool_last_error(), "must not be NULL") != NULL);
+    CHECK_STATUS(fabpool_device_memory(pool, NULL, &t1), FABPOOL_ERR_INVALID_ARG);
+    CHECK_STATUS(fabpool_device_memory(pool, &f1, NULL), FABPOOL_ERR_INVALID_ARG);
+}
+
 int main(void)
 {
     int sim = t_driver_init();
@@ -226,6 +259,7 @@ int main(void)
     reuse_and_trim();
     bad_input();
     out_of_memory_says_device_memory();
+    device_memory_is_the_drivers(sim);
     threads();
     if (getenv("FABPOOL_TEST_STATS"))
         fabpool_print_stats(pool, stdout, 0);

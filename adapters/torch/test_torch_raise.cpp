@@ -1,7 +1,8 @@
 /* The shim's alloc_fn for the whole program, fabpool_torch_alloc_raising, called as PyTorch's
  * CUDAPluggableAllocator calls it (a function pointer from dlsym in a std::function<void*(size_t, int,
- * cudaStream_t)>): an allocation the device cannot hold throws a std::runtime_error whose message begins
- * "CUDA out of memory." and names the size and fabpool's reason, where fabpool_torch_alloc answers NULL; a
+ * cudaStream_t)>): an allocation the device cannot hold throws a std::runtime_error whose message opens with
+ * PyTorch's sentences (the size, the device's capacity and free bytes, PyTorch's allocated and reserved bytes)
+ * and then fabpool's reason, where fabpool_torch_alloc answers NULL; a
  * failure that is not out of memory (a device that does not exist) throws with its own reason; size 0 is NULL
  * without a throw; an allocation that fits is a pointer, and after a throw the shim still serves and frees.
  * On any driver (the simulated one of 256 MiB in ctest, FABSIM_MEMORY): test_torch_raise <libfabpool_torch.so>. */
@@ -13,6 +14,10 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+
+#include "torch_size.hpp"
+
+using fabpool_torch::torch_size;
 
 typedef void *(*alloc_fn)(size_t, int, void *);
 typedef void (*free_fn)(void *, size_t, int, void *);
@@ -83,13 +88,21 @@ int main(int argc, char **argv)
     void *q = nullptr;
     const size_t over = 2 * total;
     e = call(fn, over, 0, &q);
-    check(e.rfind("runtime_error: CUDA out of memory. Tried to allocate " + std::to_string(over) + " bytes on device 0",
-                  0) == 0 && e.find("pluggable shim: fabpool_alloc") != std::string::npos && !q,
-          "twice the device's memory throws a runtime_error that says out of memory, the size and the device: " + e);
+    /* PyTorch's sentences first (its test_out_of_memory reads "Tried to allocate 800000000.00 GiB. GPU 0 has a
+     * total capacity of"), in its units: the 1 MiB block live, nothing else allocated */
+    const std::string first = "runtime_error: CUDA out of memory. Tried to allocate " + torch_size(over) +
+                              ". GPU 0 has a total capacity of " + torch_size(total) + " of which ";
+    check(e.rfind(first, 0) == 0 &&
+              e.find(" is free. Of the allocated memory 1024.00 KiB is allocated by PyTorch, and ") !=
+                  std::string::npos &&
+              e.find(" is reserved by PyTorch but unallocated. fabpool (pluggable shim): fabpool_alloc") !=
+                  std::string::npos &&
+              !q,
+          "twice the device's memory throws a runtime_error in PyTorch's words, then fabpool's reason: " + e);
     const size_t huge = (size_t)1 << 50; /* 1 PiB: more than any device, the simulated one too */
     e = call(fn, huge, 0, &q);
-    check(e.rfind("runtime_error: CUDA out of memory. Tried to allocate " + std::to_string(huge) + " bytes on device 0",
-                  0) == 0 && !q,
+    check(e.rfind("runtime_error: CUDA out of memory. Tried to allocate 1048576.00 GiB. GPU 0 has a total capacity "
+                  "of " + torch_size(total), 0) == 0 && !q,
           "1 PiB, more than the pool's address space, throws the same: " + e);
     check(plain(huge, 0, nullptr) == nullptr, "fabpool_torch_alloc answers the same request NULL, no throw");
     e = call(fn, 4096, 42, &q);

@@ -508,6 +508,22 @@ void fp_ctx_pop(fp_chunks *ch, CUcontext saved)
         FP_CU(&ch->calls, cuCtxSetCurrent, saved);
 }
 
+fabpool_status fp_chunks_device_memory(fp_chunks *ch, size_t *free_bytes, size_t *total_bytes)
+{
+    *free_bytes = *total_bytes = 0;
+    CUcontext saved = NULL;
+    fabpool_status st = fp_ctx_push(ch, &saved);
+    if (st != FABPOOL_OK)
+        return st;
+    CUresult r = FP_CU(&ch->calls, cuMemGetInfo, free_bytes, total_bytes);
+    fp_ctx_pop(ch, saved);
+    if (r != CUDA_SUCCESS) {
+        *free_bytes = *total_bytes = 0;
+        return fp_drv_error(r, "cuMemGetInfo", "asking device %d's free and total memory", (int)ch->dev);
+    }
+    return FABPOOL_OK;
+}
+
 /* ---- fabpool_check (walk.h) */
 
 #define FAIL FP_WALK_FAIL

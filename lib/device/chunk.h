@@ -229,6 +229,8 @@ CUresult fp_chunk_import(fp_chunks *ch, fabpool_handle_type type, int fd, const 
 /* Makes the device's primary context current; *saved to give back to fp_ctx_pop. */
 fabpool_status fp_ctx_push(fp_chunks *ch, CUcontext *saved);
 void fp_ctx_pop(fp_chunks *ch, CUcontext saved);
+/* The driver's free and total bytes of the device (cuMemGetInfo in its primary context); 0 and 0 on an error. */
+fabpool_status fp_chunks_device_memory(fp_chunks *ch, size_t *free_bytes, size_t *total_bytes);
 
 /* fabpool_check's walks (walk.h), pool lock held: the chunks exported for
  * blocks (each added to w->kept, its fd to w->fds), then the fds of the

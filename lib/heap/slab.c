@@ -216,19 +216,14 @@ static void human(char *buf, size_t n, uint64_t b)
  * has F free of T", or "" where the driver cannot say. */
 static void device_memory(fp_heap *h, char *buf, size_t n)
 {
-    fp_chunks *ch = h->sp->ch;
     size_t free_b = 0, total = 0;
-    CUcontext saved = NULL;
     buf[0] = '\0';
-    if (fp_ctx_push(ch, &saved) != FABPOOL_OK)
+    if (fp_chunks_device_memory(h->sp->ch, &free_b, &total) != FABPOOL_OK || !total)
         return;
-    CUresult r = FP_CU(&ch->calls, cuMemGetInfo, &free_b, &total);
-    fp_ctx_pop(ch, saved);
     char f[32], t[32];
     human(f, sizeof f, free_b);
     human(t, sizeof t, total);
-    if (r == CUDA_SUCCESS && total)
-        snprintf(buf, n, "; the device has %s free of %s", f, t);
+    snprintf(buf, n, "; the device has %s free of %s", f, t);
 }
 
 /* The message of an out-of-memory failure after the trim and retry. */

@@ -289,6 +289,14 @@ fabpool_status fabpool_device_count(int *out)
     return FABPOOL_OK;
 }
 
+fabpool_status fabpool_device_memory(fabpool_t *p, size_t *free_bytes, size_t *total_bytes)
+{
+    if (!p || !free_bytes || !total_bytes)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_device_memory(%p, %p, %p): the pool and both outputs must "
+                        "not be NULL", (void *)p, (void *)free_bytes, (void *)total_bytes);
+    return fp_chunks_device_memory(&p->ch, free_bytes, total_bytes);
+}
+
 fabpool_handle_type fabpool_handle_type_of(const fabpool_t *p)
 {
     return p ? fp_chunks_get_info(&p->ch).handle_type : FABPOOL_HANDLE_NONE;
