@@ -15,9 +15,11 @@
 #           where it is not there yet
 #   torch   the file in a process of its own with PyTorch's allocator
 #   fabpool the same with fabpool_torch.install(LIB, mode="cxx") before any CUDA call
+#   shim    TestCuda.test_out_of_memory alone with install(LIB, stats=True, mode="shim"): the shim's message read
+#           by PyTorch's own regexes (the shim keeps no more of PyTorch's contract than malloc and free)
 # Where the machine has no expecttest package (torch.testing._internal.common_utils takes its TestCase as a base
 # class), a stand-in with that class alone is put first on the path.  Writes under $OUT: pytorch-tests.txt (this
-# log), torch.txt and fabpool.txt (unittest's -v output).  The last line is SUMMARY name=rc ...
+# log), torch.txt, fabpool.txt and shim.txt (unittest's -v output).  The last line is SUMMARY name=rc ...
 set -u
 . perf/h200/common.sh   # h200_out, h200_head, h200_torch, step NAME TIMEOUT COMMAND... and `status`
 h200_out /tmp/fabpool-pytorch-tests pytorch-tests.txt
@@ -34,10 +36,14 @@ import unittest
 class TestCase(unittest.TestCase):
     longMessage = True
 PY
-run_tests() {   # run_tests torch|fabpool
-  local pre=""
-  [ "$1" = fabpool ] && pre="import sys; sys.path.insert(0, '$ROOT/adapters/torch/python'); import fabpool_torch; fabpool_torch.install('$LIB', mode='cxx'); "
-  (cd "$(dirname "$TESTS")" && PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}" python3 -c "${pre}import runpy, sys; sys.argv = ['$(basename "$TESTS")', '-v']; runpy.run_path('$TESTS', run_name='__main__')") \
+run_tests() {   # run_tests torch|fabpool|shim
+  local pre="" only=""
+  case $1 in
+    fabpool) pre="import sys; sys.path.insert(0, '$ROOT/adapters/torch/python'); import fabpool_torch; fabpool_torch.install('$LIB', mode='cxx'); " ;;
+    shim) pre="import sys; sys.path.insert(0, '$ROOT/adapters/torch/python'); import fabpool_torch; fabpool_torch.install('$LIB', stats=True, mode='shim'); "
+          only=", 'TestCuda.test_out_of_memory'" ;;
+  esac
+  (cd "$(dirname "$TESTS")" && PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}" python3 -c "${pre}import runpy, sys; sys.argv = ['$(basename "$TESTS")', '-v'$only]; runpy.run_path('$TESTS', run_name='__main__')") \
     > "$OUT/$1.txt" 2>&1
   local rc=$?
   grep -E "^Ran |^OK|^FAILED|^(FAIL|ERROR): " "$OUT/$1.txt"
@@ -54,6 +60,7 @@ run_tests() {   # run_tests torch|fabpool
     export OUT LIB TESTS ROOT SHIM
     step torch 600 bash -c "run_tests torch"
     step fabpool 600 bash -c "run_tests fabpool"
+    step shim 300 bash -c "run_tests shim"
   fi
   echo "SUMMARY ${status[*]}"
 } > "$LOG" 2>&1
