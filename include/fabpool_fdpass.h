@@ -38,6 +38,11 @@ extern "C" {
 #define FABPOOL_FD_ANY_USER 0x1u /* any user's process may be the peer */
 #define FABPOOL_FD_ANY_PID 0x2u  /* the expected pid is not compared */
 
+/* The bytes of a message without fds in the stream are its payload and a head of this many bytes before it
+ * (a u32 fd count and a u32 length): a receiver that sees (FIONREAD) that many more than the payload it
+ * expects can read the message without waiting. */
+#define FABPOOL_FD_HEAD_BYTES 8u
+
 /* The flags that FABPOOL_PEERS sets (0 where unset), read once in the
  * process's life, at the first call of this or of an accept or connect;
  * FABPOOL_ERR_CONFIG for a word it does not know (the message names it and
@@ -62,9 +67,11 @@ FABPOOL_API fabpool_status fabpool_fd_accept(int listener, int *sock);
  * FABPOOL_ERR_INVALID_ARG). */
 FABPOOL_API fabpool_status fabpool_fd_accept_peer(int listener, int *sock, int pid, unsigned flags, int *peer_pid);
 /* Connects to the listener of that name, retrying until timeout_ms while
- * none listens; a listener of another user is refused at once, not retried
- * (FABPOOL_ERR_PERMISSION: someone else holds the name), the socket closed
- * before a byte goes out. */
+ * none listens or its queue of connections is full (a listener that accepts
+ * no one cannot hold the caller past timeout_ms); a listener of another
+ * user is refused at once, not retried (FABPOOL_ERR_PERMISSION: someone else
+ * holds the name), the socket closed before a byte goes out.  The socket
+ * given is blocking. */
 FABPOOL_API fabpool_status fabpool_fd_connect(const char *name, int *sock, int timeout_ms);
 /* The same, and the listener must be process pid (0: any process). */
 FABPOOL_API fabpool_status fabpool_fd_connect_peer(const char *name, int *sock, int timeout_ms, int pid,

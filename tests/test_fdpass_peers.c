@@ -3,7 +3,9 @@
  *   - a process of another user (uid 65534, tests/other_user.h; as root
  *     only) that connects to our listener is refused at once and gets no fd
  *     even when it asks; a listener of another user gets refused by our
- *     connect before a byte goes to it; the caller may accept again;
+ *     connect before a byte goes to it, and one whose queue is full (it
+ *     accepts no one) cannot hold a connect past its timeout; the caller
+ *     may accept again;
  *   - the expected pid (accept_peer / connect_peer), FABPOOL_FD_ANY_PID,
  *     FABPOOL_PEERS (any_user lets the other user in; an unknown word is
  *     refused, and so is every accept and connect);
@@ -300,6 +302,61 @@ static void connect_refuses_another_users_listener(void)
     } else
         CHECK(fd_count() == before); /* the refused socket is closed */
     CHECK(other_user_wait(pid) == 0); /* it read 0 bytes and no fd */
+    close(a.ready[0]), close(a.ready[1]), close(a.go[0]), close(a.go[1]);
+}
+
+/* As uid 65534: takes the name, listens with a queue of one and fills it with a connection of its own, then
+ * accepts no one, until killed. */
+static int attacker_fills_its_queue(void *arg)
+{
+    atk *a = arg;
+    alarm(15);
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    size_t n = strlen(a->name);
+    memcpy(sa.sun_path + 1, a->name, n);
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+    int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (ls < 0 || bind(ls, (struct sockaddr *)&sa, len) != 0 || listen(ls, 0) != 0)
+        return 3;
+    int fill = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fill < 0 || connect(fill, (struct sockaddr *)&sa, len) != 0)
+        return 4;
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (probe < 0 || connect(probe, (struct sockaddr *)&sa, len) == 0 || errno != EAGAIN)
+        return 5; /* the queue is not full: the case would prove nothing */
+    char b = 1;
+    if (write(a->ready[1], &b, 1) != 1)
+        return 6;
+    (void)wait_byte(a->go[0], 12000);
+    return 0;
+}
+
+/* A listener that accepts no one (another user's squatter with its queue full) cannot hold a connect past its
+ * timeout: the call answers FABPOOL_ERR_IO near the timeout, says the queue stayed full and leaves no fd. */
+static void connect_to_a_full_queue_ends_at_its_timeout(void)
+{
+    if (!need_other_user("connect_to_a_full_queue_ends_at_its_timeout"))
+        return;
+    atk a;
+    name_of(a.name, sizeof a.name, "full");
+    CHECK(pipe(a.ready) == 0 && pipe(a.go) == 0);
+    pid_t pid = -1;
+    CHECK(other_user_fork(attacker_fills_its_queue, &a, &pid) == 0);
+    CHECK(wait_byte(a.ready[0], 5000) == 0);
+    int s = -1, before = fd_count();
+    double t0 = now_s();
+    fabpool_status st = fabpool_fd_connect_peer(a.name, &s, 300, 424242, 0);
+    double dt = now_s() - t0;
+    CHECK_STATUS(st, FABPOOL_ERR_IO);
+    CHECK(s == -1);
+    CHECK(dt >= 0.29 && dt < 2.0);
+    CHECK(strstr(fabpool_last_error(), "queue stayed full") != NULL);
+    CHECK(fd_count() == before);
+    char b = 1;
+    CHECK(write(a.go[1], &b, 1) == 1);
+    CHECK(other_user_wait(pid) == 0);
     close(a.ready[0]), close(a.ready[1]), close(a.go[0]), close(a.go[1]);
 }
 
@@ -882,6 +939,7 @@ static const struct {
 } cases[] = {
     {"accept_refuses_another_user_at_once", accept_refuses_another_user_at_once},
     {"connect_refuses_another_users_listener", connect_refuses_another_users_listener},
+    {"connect_to_a_full_queue_ends_at_its_timeout", connect_to_a_full_queue_ends_at_its_timeout},
     {"accept_peer_refuses_another_pid_of_this_user", accept_peer_refuses_another_pid_of_this_user},
     {"peer_reports_credentials", peer_reports_credentials},
     {"peers_any_user_lets_another_user_in", peers_any_user_lets_another_user_in},

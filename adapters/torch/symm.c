@@ -55,6 +55,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -357,17 +358,6 @@ static int sy_left_ms(uint64_t deadline)
 
 static uint64_t sy_deadline(const fabpool_torch_symm_t *s) { return now_ns() + (uint64_t)s->timeout_ms * 1000000ull; }
 
-/* Waits up to the timeout for sock to be readable. */
-static int sy_wait_readable(int sock, int timeout_ms)
-{
-    struct pollfd p = {sock, POLLIN, 0};
-    int r;
-    do
-        r = poll(&p, 1, timeout_ms);
-    while (r < 0 && errno == EINTR);
-    return r > 0;
-}
-
 /* a and b, n bytes, compared in a time that does not depend on where they differ. */
 static int sy_same_secret(const uint8_t *a, const uint8_t *b, size_t n)
 {
@@ -386,15 +376,51 @@ static int sy_rank_of_pid(const fabpool_torch_symm_t *s, int pid)
     return -1;
 }
 
+/* Connections a rank watches at once for their idents; past it the oldest silent one is closed. */
+#define SY_WAITING_MAX 64
+/* How often a connection that has sent part of its ident is looked at again (ms). */
+#define SY_PARTIAL_MS 5
+
+/* The bytes waiting on connection c (FIONREAD), or -1 where it cannot say. */
+static int sy_ident_bytes(int c)
+{
+    int n = 0;
+    return ioctl(c, FIONREAD, &n) == 0 ? n : -1;
+}
+
+/* Reads the ident that has come whole on c and judges it: the rank it proves (the group's secret, a lower rank
+ * of this host with no socket yet and, unless any pid may be a peer, the rank whose pid is c's), or -1. */
+static int sy_take_ident(fabpool_torch_symm_t *s, int c)
+{
+    int want = -1, ppid = 0;
+    if (!(s->peer_flags & FABPOOL_FD_ANY_PID)) {
+        if (fabpool_fd_peer(c, &ppid, NULL) != FABPOOL_OK || (want = sy_rank_of_pid(s, ppid)) < 0)
+            return -1;
+    }
+    sy_ident id;
+    memset(&id, 0, sizeof id);
+    size_t n = 0, len = 0;
+    int ok = fabpool_fd_recv_timed(c, NULL, 0, &n, &id, sizeof id, &len, SY_PARTIAL_MS) == FABPOOL_OK &&
+             len == sizeof id;
+    ok = sy_same_secret(id.secret, s->secret, sizeof id.secret) && ok; /* every byte compared, whatever else */
+    ok = ok && id.rank >= 0 && id.rank < s->rank && same_host(s, id.rank) && s->sock[id.rank] < 0 &&
+         (want < 0 || want == id.rank);
+    int q = ok ? id.rank : -1;
+    explicit_bzero(&id, sizeof id);
+    return q;
+}
+
 /* Connects to every peer of this host above this rank, and accepts every
  * one below, all within one deadline.  A connecting rank sends its ident
  * (the group secret and its rank) only once the listener is the process its
  * peer declared in HELLO, of this user.  The accepting rank refuses at once
  * a connection of another user (fabpool_fd_accept_peer) or of a pid that no
  * lower rank of its host declared, so that no one can stall it by
- * connecting; it waits for the ident of a declared pid only until the
- * deadline, and takes the connection only with the group's secret and that
- * rank.  Every connection is tried even after one failed. */
+ * connecting; the others it watches all at once until the deadline, reads
+ * an ident only once it has come whole, and takes the connection only with
+ * the group's secret and that rank, so that a connection that stays silent
+ * or says half (possible where the peers option lets any pid or user in)
+ * delays no one.  Every connection is tried even after one failed. */
 static fabpool_status sy_mesh(fabpool_torch_symm_t *s)
 {
     uint64_t deadline = sy_deadline(s);
@@ -433,49 +459,81 @@ static fabpool_status sy_mesh(fabpool_torch_symm_t *s)
     int need = 0;
     for (int q = 0; q < s->rank; q++)
         need += same_host(s, q);
+    /* the connections accepted whose ident has not come whole: all of them are watched at once, so that one that
+     * stays silent (or says half) holds no other's turn */
+    int waiting[SY_WAITING_MAX], nw = 0;
     while (need > 0 && s->listener >= 0) {
         int left = sy_left_ms(deadline);
-        if (left == 0 || !sy_wait_readable(s->listener, left)) {
+        struct pollfd pf[1 + SY_WAITING_MAX];
+        pf[0] = (struct pollfd){s->listener, POLLIN, 0};
+        for (int i = 0; i < nw; i++)
+            pf[1 + i] = (struct pollfd){waiting[i], POLLIN, 0};
+        int r = 0;
+        if (left > 0) {
+            /* a connection with part of its ident is looked at again after a short while (poll would say
+             * readable at once, again and again) */
+            int partial = 0;
+            for (int i = 0; i < nw; i++)
+                partial |= sy_ident_bytes(waiting[i]) > 0;
+            do
+                r = poll(pf, (nfds_t)(1 + nw), partial && left > SY_PARTIAL_MS ? SY_PARTIAL_MS : left);
+            while (r < 0 && errno == EINTR);
+        }
+        if (r <= 0 && sy_left_ms(deadline) == 0) {
             char missing[256] = "";
             for (int q = 0; q < s->rank; q++)
                 if (same_host(s, q) && s->sock[q] < 0)
                     snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%d", *missing ? ", " : "",
                              q);
             if (st == FABPOOL_OK)
-                st = sy_err(FABPOOL_ERR_IO, "rank(s) %s of this host did not connect within %d ms to this rank's Unix "
-                            "socket, and %d connection(s) of other processes were refused (another network "
-                            "namespace? then use the pidfd transport; another user or pid namespace? then see the "
-                            "peers option)", missing, s->timeout_ms, s->refused);
+                st = sy_err(FABPOOL_ERR_IO, "rank(s) %s of this host did not identify themselves within %d ms on this "
+                            "rank's Unix socket; %d connection(s) of other processes were refused and %d were still "
+                            "silent (another network namespace? then use the pidfd transport; another user or pid "
+                            "namespace? then see the peers option)", missing, s->timeout_ms, s->refused, nw);
             break;
         }
+        /* the connections waiting first: an ident that came whole is read (it cannot block) and judged */
+        for (int i = 0; i < nw && need > 0;) {
+            int bytes = sy_ident_bytes(waiting[i]);
+            int whole = bytes >= (int)(FABPOOL_FD_HEAD_BYTES + sizeof(sy_ident));
+            int gone = (pf[1 + i].revents & (POLLHUP | POLLERR)) && !whole;
+            if (!whole && !gone && bytes >= 0) {
+                i++;
+                continue;
+            }
+            int c = waiting[i], q = whole ? sy_take_ident(s, c) : -1;
+            waiting[i] = waiting[--nw];
+            pf[1 + i] = pf[1 + nw];
+            if (q < 0) {
+                close(c); /* not a rank of this group, or gone before it said who */
+                s->refused++;
+                continue;
+            }
+            s->sock[q] = c;
+            need--;
+        }
+        if (need == 0 || !(pf[0].revents & POLLIN))
+            continue;
         int c = -1, ppid = 0;
         if (fabpool_fd_accept_peer(s->listener, &c, 0, s->peer_flags, &ppid) != FABPOOL_OK) {
             s->refused++; /* another user's process: closed already */
             continue;
         }
-        int want = -1;
-        if (!(s->peer_flags & FABPOOL_FD_ANY_PID) && (want = sy_rank_of_pid(s, ppid)) < 0) {
+        if (!(s->peer_flags & FABPOOL_FD_ANY_PID) && sy_rank_of_pid(s, ppid) < 0) {
             close(c); /* a process of this user that no rank of the group declared */
             s->refused++;
             continue;
         }
-        sy_ident id;
-        memset(&id, 0, sizeof id);
-        size_t n = 0, len = 0;
-        left = sy_left_ms(deadline);
-        int ok = left > 0 && fabpool_fd_recv_timed(c, NULL, 0, &n, &id, sizeof id, &len, left) == FABPOOL_OK &&
-                 len == sizeof id;
-        ok = ok && sy_same_secret(id.secret, s->secret, sizeof id.secret); /* every byte compared, whatever else */
-        ok = ok && id.rank >= 0 && id.rank < s->rank && same_host(s, id.rank) && s->sock[id.rank] < 0 &&
-             (want < 0 || want == id.rank);
-        if (!ok) {
-            close(c); /* not a rank of this group */
+        if (nw == SY_WAITING_MAX) { /* the oldest silent one makes room: a rank's ident comes right after connect */
+            close(waiting[0]);
             s->refused++;
-            continue;
+            memmove(waiting, waiting + 1, (size_t)(nw - 1) * sizeof waiting[0]);
+            nw--;
         }
-        s->sock[id.rank] = c;
-        need--;
+        waiting[nw++] = c;
     }
+    for (int i = 0; i < nw; i++)
+        close(waiting[i]);
     if (s->listener >= 0)
         close(s->listener);
     s->listener = -1;

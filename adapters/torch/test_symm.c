@@ -21,9 +21,11 @@
  *   - pidfd transport, in turns as under Yama ptrace_scope 1: rank 0's pid replaced by a process holding
  *     memfds: refused by the token check, nothing mapped;
  *   - rank 1 sends part of its fd message and stays connected: create and resize answer within
- *     timeout_ms and a margin.
- * Usage: test_symm [steps [case]]: case (silent, ident, same_user, squat, len, fd_wrap, fd_records, pid, cut)
- * runs that case alone after the steps. */
+ *     timeout_ms and a margin;
+ *   - with the peers option letting any user and pid in, a stranger that connects first to rank 3 and stays
+ *     silent, or sends half an ident: the mesh forms well within timeout_ms all the same.
+ * Usage: test_symm [steps [case]]: case (silent, ident, same_user, squat, len, fd_wrap, fd_records, pid, cut,
+ * loose_silent, loose_half) runs that case alone after the steps. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <poll.h>
@@ -75,16 +77,19 @@ enum {
     A_FD_WRAP,    /* rank 2 states 2^62 fds (4 bytes each: 2^64, 0 in a size_t) */
     A_FD_RECORDS, /* rank 2 states one fd more than its records */
     A_PID,        /* rank 0's pid is another process's (pidfd transport) */
-    A_CUT         /* rank 1 sends part of its fd message (see t_fd_send) */
+    A_CUT,        /* rank 1 sends part of its fd message (see t_fd_send) */
+    A_LOOSE_SILENT, /* the ranks let any user's and any pid's process in (peers): one connects first and is silent */
+    A_LOOSE_HALF    /* ... and sends the head and half of an ident, and stays */
 };
-static const char *attack_name[] = {"none",  "silent",     "ident", "same_user", "squat",
-                                    "len",   "fd_wrap",    "fd_records", "pid", "cut"};
+static const char *attack_name[] = {"none",  "silent",     "ident", "same_user", "squat",        "len",
+                                    "fd_wrap", "fd_records", "pid", "cut",  "loose_silent", "loose_half"};
 #define SQUAT_NONCE 0x5351554154544552ull
 
 static int t_attack, t_rank;
 static const char *t_only; /* the one case to run (NULL: all) */
 
 static int run_case(int a) { return !t_only || strcmp(t_only, attack_name[a]) == 0; }
+static unsigned t_peers;     /* the options' peers of the next create */
 static pid_t t_child = -1; /* a process this rank started for the attack */
 static int t_child_other;  /* it runs as another user (other_user_wait) */
 
@@ -177,7 +182,15 @@ static int intruder_connect(void *arg)
     if (!listener_name(in->pid, name, sizeof name) || abstract_addr(name, &a, &alen) != 0 ||
         connect(c, (struct sockaddr *)&a, alen) != 0)
         return 10;
-    if (in->attack != A_SILENT) {
+    if (in->attack == A_LOOSE_HALF) {
+        /* the head of an ident's message and half of its bytes, then nothing */
+        uint8_t part[FABPOOL_FD_HEAD_BYTES + sizeof(sy_ident) / 2];
+        uint32_t head[2] = {0, (uint32_t)sizeof(sy_ident)};
+        memset(part, 0x5a, sizeof part);
+        memcpy(part, head, sizeof head);
+        if (send(c, part, sizeof part, MSG_NOSIGNAL) != (ssize_t)sizeof part)
+            return 11;
+    } else if (in->attack != A_SILENT && in->attack != A_LOOSE_SILENT) {
         /* "rank 0 of group <the public nonce>": the nonce where a secret would be, rank 0 */
         uint8_t id[sizeof(sy_ident)];
         memset(id, 0, sizeof id);
@@ -271,7 +284,7 @@ static pid_t holder_start(void)
 static void attack_before_hello(void)
 {
     int needs = (t_rank == 3 && (t_attack == A_SILENT || t_attack == A_IDENT || t_attack == A_SAME_USER ||
-                                 t_attack == A_SQUAT));
+                                 t_attack == A_SQUAT || t_attack == A_LOOSE_SILENT || t_attack == A_LOOSE_HALF));
     if (t_rank == 0 && t_attack == A_PID) {
         t_child = holder_start();
         t_child_other = 0;
@@ -282,7 +295,7 @@ static void attack_before_hello(void)
     int p[2];
     CHECK(pipe(p) == 0);
     intruder in = {getpid(), t_attack, p[1], 3000};
-    if (t_attack == A_SAME_USER) {
+    if (t_attack == A_SAME_USER || (t_attack >= A_LOOSE_SILENT && !other_user_can())) {
         fflush(stdout);
         t_child = fork();
         if (t_child == 0)
@@ -368,6 +381,7 @@ static fabpool_torch_symm_t *make_o(int rank, grp *g, uint64_t max, uint64_t byt
     o.max_bytes = max;
     o.bytes = bytes;
     o.fd_transport = transport;
+    o.peers = t_peers;
     if (timeout_ms)
         o.timeout_ms = timeout_ms;
     o.allgather = t_allgather;
@@ -451,11 +465,18 @@ static void attacks(int rank, grp *g)
     long ms = 0;
     fabpool_torch_symm_t *s;
 
-    /* at rank 3's listener during create: refused at once, no fd; the ranks' mesh forms well within the 10 s */
-    for (int a = A_SILENT; a <= A_SAME_USER; a++) {
-        if ((a != A_SAME_USER && !other) || !run_case(a))
+    /* at rank 3's listener during create: refused at once, no fd; the ranks' mesh forms well within the 10 s.
+     * Then the ranks let any process in (peers any_user,any_pid, for jobs across users and pid namespaces): a
+     * stranger at rank 3's listener first, silent or with half an ident, holds no rank's turn; the mesh forms
+     * as soon and the stranger is closed, no byte and no fd sent to it */
+    for (int a = A_SILENT; a <= A_LOOSE_HALF; a++) {
+        int loose = a >= A_LOOSE_SILENT;
+        if (a > A_SAME_USER && !loose)
+            continue;
+        if ((a != A_SAME_USER && !loose && !other) || !run_case(a))
             continue;
         t_attack = a;
+        t_peers = loose ? FABPOOL_FD_ANY_USER | FABPOOL_FD_ANY_PID : 0;
         s = make_o(rank, g, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 10000, FABPOOL_OK, &ms);
         if (ms >= 3000)
             fprintf(stderr, "rank %d (%s): create took %ld ms\n", rank, attack_name[a], ms);
@@ -467,6 +488,7 @@ static void attacks(int rank, grp *g)
             CHECK(cs == 0);
         }
         t_attack = A_NONE;
+        t_peers = 0;
         if (s)
             data_ok(s, rank, g, 100 + a);
         CHECK_OK(fabpool_torch_symm_close(s));

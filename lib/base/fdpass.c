@@ -4,6 +4,7 @@
  * copies by pidfd).  Layer base.  Calls: error, log. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
@@ -243,10 +244,20 @@ fabpool_status fabpool_fd_connect_peer(const char *name, int *out, int timeout_m
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
-        int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        /* non-blocking for the connect alone: a listener whose queue is full (one that never accepts, as another
+         * user's squatter of the name may be) answers EAGAIN at once and is retried until the deadline, where a
+         * blocking connect would wait for it with no limit */
+        int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (s < 0)
             return fp_error(FABPOOL_ERR_IO, "fabpool_fd_connect: socket: %s", strerror(errno));
         if (connect(s, (struct sockaddr *)&a, len) == 0) {
+            int fl = fcntl(s, F_GETFL);
+            if (fl < 0 || fcntl(s, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+                int e = errno;
+                close(s);
+                return fp_error(FABPOOL_ERR_IO, "fabpool_fd_connect('%s'): making the socket blocking: %s", name,
+                                strerror(e));
+            }
             char who[160];
             snprintf(who, sizeof who, "the listener of '%.100s'", name);
             /* a listener that is not who it must be gets no byte, and is not
@@ -263,9 +274,10 @@ fabpool_status fabpool_fd_connect_peer(const char *name, int *out, int timeout_m
         close(s);
         clock_gettime(CLOCK_MONOTONIC, &t);
         long ms = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
-        if ((e != ECONNREFUSED && e != ENOENT) || ms >= timeout_ms)
-            return fp_error(FABPOOL_ERR_IO, "fabpool_fd_connect('%s'): %s after %ld ms", name, strerror(e), ms);
-        usleep(2000); /* the peer has not listened yet */
+        if ((e != ECONNREFUSED && e != ENOENT && e != EAGAIN) || ms >= timeout_ms)
+            return fp_error(FABPOOL_ERR_IO, "fabpool_fd_connect('%s'): %s after %ld ms%s", name, strerror(e), ms,
+                            e == EAGAIN ? " (the listener's queue stayed full: it accepts no one)" : "");
+        usleep(2000); /* the peer has not listened yet, or its queue is full */
     }
 }
 
@@ -273,6 +285,8 @@ fabpool_status fabpool_fd_connect(const char *name, int *out, int timeout_ms)
 {
     return fabpool_fd_connect_peer(name, out, timeout_ms, 0, 0);
 }
+
+_Static_assert(FABPOOL_FD_HEAD_BYTES == 2 * sizeof(uint32_t), "the public head size is the head's");
 
 /* One message: a u32 fd count and a u32 payload length, then the payload;
  * the fds ride on the first bytes in batches of FP_FDS_PER_MSG, and those
