@@ -279,6 +279,12 @@ FABPOOL_API fabpool_status fabpool_free(fabpool_t *pool, void *ptr);
  * A foreign, interior or already freed pointer is refused
  * (FABPOOL_ERR_NOT_FOUND, FABPOOL_ERR_DOUBLE_FREE) and nothing changes;
  * fabpool_free of a block already freed on a stream is a double free too.
+ * The check sees frees one after another, as a host allocator's does: two
+ * threads that free the same block at the same instant (a race in the
+ * program) may both get FABPOOL_OK, and the block is then given out twice;
+ * fabpool_check reports the damage.  The frees' fast paths take no lock and
+ * no atomic exchange (one would add about a quarter to a small block's
+ * alloc + free pair).
  * The owner stream (option stream_owner, on by default): the first stream
  * given to either call owns the pool, and a block it frees goes to the pool
  * at once, so its next allocations reuse that memory in any shape (no
@@ -640,9 +646,10 @@ FABPOOL_API fabpool_status fabpool_print_stats(fabpool_t *pool, FILE *out, int j
  * exits); a count of blocks freed on streams that does not match is
  * checked again for up to half a second before it is reported. */
 FABPOOL_API fabpool_status fabpool_check(fabpool_t *pool);
-/* The JSON report into buf (NUL-terminated); *needed gets its length + 1.
- * FABPOOL_ERR_LIMIT if cap is too small (nothing is written then).  For
- * callers without a FILE (Python's ctypes). */
+/* The JSON report into buf (NUL-terminated); *needed gets its length + 1
+ * (needed may be NULL: the one output that is optional, for a caller whose
+ * buffer is large).  FABPOOL_ERR_LIMIT if cap is too small (nothing is
+ * written then).  For callers without a FILE (Python's ctypes). */
 FABPOOL_API fabpool_status fabpool_stats_json(fabpool_t *pool, char *buf, size_t cap, size_t *needed);
 
 /* ------------------------------------------------------------- sharing */

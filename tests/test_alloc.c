@@ -119,6 +119,20 @@ static void bad_input(void)
     CHECK_OK(fabpool_free(pool, a));
     CHECK_STATUS(fabpool_free(pool, a), FABPOOL_ERR_DOUBLE_FREE);
     CHECK(strstr(fabpool_last_error(), "double free") != NULL);
+    /* a freed block has no usable size, whatever its size: slab, medium arena, large */
+    size_t sizes[] = {64, 4096, 5000, 100000, 3 * MB};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        void *x = NULL;
+        size_t u = 0;
+        CHECK_OK(fabpool_alloc(pool, sizes[i], &x));
+        CHECK_OK(fabpool_usable_size(pool, x, &u));
+        CHECK(u >= sizes[i]);
+        CHECK_OK(fabpool_free(pool, x));
+        CHECK_STATUS(fabpool_usable_size(pool, x, &u), FABPOOL_ERR_NOT_FOUND);
+        CHECK(u == 0 && strstr(fabpool_last_error(), "free") != NULL);
+        if (u != 0 || !strstr(fabpool_last_error(), "free"))
+            fprintf(stderr, "  usable_size of a freed %zu-byte block: %zu, %s\n", sizes[i], u, fabpool_last_error());
+    }
     /* the neighbour is untouched by all that */
     CHECK_CU(cuMemsetD8((CUdeviceptr)(uintptr_t)b, 3, 1000));
     CHECK_OK(fabpool_free(pool, b));

@@ -90,6 +90,12 @@ fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
     }
     if (!s || !fp_slab_index(s, addr, &idx))
         return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_usable_size(%p): not a block this pool gave out", ptr);
+    /* a block freed on a stream is still given out until its work is done: it keeps its size, as an arena's */
+    if (atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed) == FP_FREEFLAG_FREE) {
+        *out = 0;
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_usable_size(%p): this %u-byte block is free; only a live "
+                        "block can be used", ptr, (unsigned)s->obj_q << FP_QUANTUM_SHIFT);
+    }
     *out = (size_t)s->obj_q << FP_QUANTUM_SHIFT;
     return FABPOOL_OK;
 }

@@ -11,6 +11,7 @@
 #include "counter.h"
 #include "error.h"
 #include "list.h"
+#include "vmm.h"
 
 void fp_buffers_init(fp_buffers *bs, fp_heap *heap, fp_retire *retire, fp_usage *use, const fabpool_options *o)
 {
@@ -146,14 +147,44 @@ static int retired_done(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c, 
     return fp_retire_waits_done(bs->retire, &c->uses, wait, st);
 }
 
-/* Unmaps retired chunks whose event has completed (all of them, waiting,
- * with wait != 0) and that no peer may still import: from each live
- * buffer's end down (a grow maps behind the live chunks), anywhere in a
- * destroyed one.  Frees destroyed buffers that hold nothing any more. */
+int fp_buffers_reserve_stuck(fp_buffers *bs)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    return FP_ARRAY_RESERVE(bs->sp->meta, bs->stuck, bs->n_stuck, bs->cap_stuck, bs->n_stuck + 1, 2);
+}
+
+/* Unmaps the shrinks' copies the driver refused before, and frees their address ranges: FABPOOL_OK, or the
+ * first refusal (the copy stays for the next collect). */
+static fabpool_status unmap_stuck(fp_buffers *bs)
+{
+    fabpool_status first = FABPOOL_OK;
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < bs->n_stuck; i++) {
+        fp_stuck_copy c = bs->stuck[i];
+        CUresult r = fp_vmm_unmap(bs->sp->ch, c.va, c.size);
+        if (r == CUDA_SUCCESS) {
+            fp_va_free(&bs->sp->va, c.va, c.size);
+            continue;
+        }
+        if (first == FABPOOL_OK)
+            first = fp_drv_error(r, "cuMemUnmap", "unmapping the copy of a shrunk buffer's chunk (%llu bytes at "
+                                 "0x%llx) that the driver refused before; fabpool_collect tries again",
+                                 (unsigned long long)c.size, (unsigned long long)c.va);
+        bs->stuck[w++] = c;
+    }
+    bs->n_stuck = w;
+    return first;
+}
+
+/* Unmaps the shrinks' stuck copies, then retired chunks whose event has
+ * completed (all of them, waiting, with wait != 0) and that no peer may
+ * still import: from each live buffer's end down (a grow maps behind the
+ * live chunks), anywhere in a destroyed one.  Frees destroyed buffers that
+ * hold nothing any more. */
 fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
 {
     fp_lock_assert_held(&bs->sp->lock);
-    fabpool_status first = FABPOOL_OK;
+    fabpool_status first = unmap_stuck(bs);
     struct fabpool_buffer *b = bs->list, *next;
     for (; b; b = next) {
         next = b->next;

@@ -47,6 +47,12 @@ typedef struct fp_peer_hold {
 #define FP_BUFFERS_COUNTERS(X) X(bytes) X(count) X(retiring_bytes) X(held_for_peers_bytes) X(kept_bytes)
 
 /* The pool's buffers. */
+/* A shrink's copy of a chunk (staging, mapped at va) whose unmap the driver refused twice: kept, its address
+ * range with it, until a collect unmaps it. */
+typedef struct fp_stuck_copy {
+    uint64_t va, size;
+} fp_stuck_copy;
+
 typedef struct fp_buffers {
     fp_heap *heap;                     /* chunks are made through it (OOM: trim and retry) */
     fp_space *sp;                      /* the heap's */
@@ -59,6 +65,9 @@ typedef struct fp_buffers {
     struct fabpool_buffer *list;
     FP_BUFFERS_COUNTERS(FP_COUNTER_ATOMIC)
     _Atomic uint64_t mapped;           /* by the buffers' chunks, retiring included */
+    fp_stuck_copy *stuck;              /* shrinks' copies the driver would not unmap: unmapped at collect */
+    uint32_t n_stuck;
+    size_t cap_stuck;
 } fp_buffers;
 
 struct fabpool_buffer {
@@ -98,6 +107,9 @@ void fp_buffers_read_counters(const fp_buffers *bs, fp_buffer_counters *c);
 
 /* fabpool_collect of the pool whose buffers bs are (bs NULL: the pool was NULL). */
 fabpool_status fp_buffers_collect(fp_buffers *bs, int wait);
+/* Room for one more stuck copy, so that a refit's failure path cannot fail to record one: 0, or -1 without host
+ * memory.  Pool lock held. */
+int fp_buffers_reserve_stuck(fp_buffers *bs);
 
 /* Closes the pool's copy of chunk c's exported fd, if it holds one (an open
  * fd keeps the memory alive), and forgets its fabric handle: the chunk is

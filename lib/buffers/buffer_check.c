@@ -107,3 +107,21 @@ fabpool_status fp_buffers_check(const fp_buffers *bs, fp_walk *w)
                         ULL(sums[i].walk), sums[i].name, ULL(sums[i].stat));
     return FABPOOL_OK;
 }
+
+fabpool_status fp_buffers_check_stuck(const fp_buffers *bs, fp_walk *w)
+{
+    if (bs->n_stuck > bs->cap_stuck)
+        return FAIL("[buffer.stuck] %u copies the driver would not unmap, in a list of %zu", bs->n_stuck,
+                    bs->cap_stuck);
+    for (uint32_t i = 0; i < bs->n_stuck; i++) {
+        const fp_stuck_copy *c = &bs->stuck[i];
+        if (!c->size || ((c->va - w->va_base) | c->size) & (w->gran - 1))
+            return FAIL("[buffer.stuck] the copy at 0x%llx of %llu bytes is empty or not in whole granules",
+                        ULL(c->va), ULL(c->size));
+        if (fp_walk_use(w, c->va, c->size, "a shrunk chunk's copy the driver would not unmap", c) != 0)
+            return FP_WALK_HOST_FAIL();
+        w->n_chunks++;
+        w->chunk_bytes += c->size;
+    }
+    return FABPOOL_OK;
+}

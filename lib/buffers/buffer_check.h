@@ -8,5 +8,8 @@
 #include "walk.h"
 
 fabpool_status fp_buffers_check(const fp_buffers *bs, fp_walk *w);
+/* The shrinks' copies the driver would not unmap: in use in w's address space, and counted as its mappings (the
+ * registry's staging kind). */
+fabpool_status fp_buffers_check_stuck(const fp_buffers *bs, fp_walk *w);
 
 #endif

@@ -167,6 +167,9 @@ fabpool_status fp_buffer_refit(fp_buffers *bs, struct fabpool_buffer *b, uint32_
     *lost = 0;
     fp_bchunk *c = &b->chunks[j];
     uint64_t at = b->base + c->off, drop_gen = b->generation + 1;
+    if (fp_buffers_reserve_stuck(bs) != 0) /* the failure path below records a copy it could not unmap */
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "shrinking a buffer to %llu bytes: no host memory for the list of "
+                        "copies to unmap later; nothing was changed", (unsigned long long)target);
     uint64_t tmp = fp_va_alloc(&bs->sp->va, rs, bs->sp->gran);
     if (!tmp)
         return fp_error(FABPOOL_ERR_LIMIT, "shrinking a buffer to %llu bytes: no free address range of %llu bytes "
@@ -210,10 +213,12 @@ drop_peer_holds:
     fp_chunk_release(bs->sp->ch, ho);
 unmap_tmp:
     if (fp_vmm_unmap(bs->sp->ch, tmp, rs) != CUDA_SUCCESS) {
+        /* the mapping keeps the memory (the handle can go), and the range stays used, until a collect */
         fp_chunk_release(bs->sp->ch, hn);
+        bs->stuck[bs->n_stuck++] = (fp_stuck_copy){tmp, rs};
         return st != FABPOOL_OK ? st : fp_error(FABPOOL_ERR_DRIVER, "cuMemUnmap of the copy of a shrunk buffer's "
-                                                "chunk failed twice; %llu bytes of address space stay used",
-                                                (unsigned long long)rs);
+                                                "chunk failed twice; its %llu bytes stay mapped until "
+                                                "fabpool_collect unmaps them", (unsigned long long)rs);
     }
 release_new:
     fp_chunk_release(bs->sp->ch, hn);

@@ -17,6 +17,7 @@
 
 #include <stdio.h>
 
+#include "array.h"
 #include "clock.h"
 #include "error.h"
 #include "trace.h"
@@ -56,6 +57,10 @@ void fp_buffers_destroy(fp_buffers *bs)
         fp_buffer_peer_holds_release(bs, b, 1);
         fp_buffer_free(bs, b);
     }
+    /* copies the driver would not unmap at the collect before: forgotten, as a chunk it refuses above, and
+     * the reservation goes next */
+    bs->n_stuck = 0;
+    FP_ARRAY_FREE(bs->sp->meta, bs->stuck, bs->cap_stuck);
 }
 
 fabpool_status fabpool_buffer_release(fabpool_buffer_t *b)

@@ -74,6 +74,9 @@ static fabpool_status check_walks(struct fabpool *p, fp_walk *w, map_sums *maps)
     if ((st = fp_buffers_check(&p->bufs, w)) != FABPOOL_OK)
         return st;
     book(maps, FP_MAP_BUFFER, w);
+    if ((st = fp_buffers_check_stuck(&p->bufs, w)) != FABPOOL_OK)
+        return st;
+    book(maps, FP_MAP_STAGING, w);
     if ((st = fp_chunks_kept_check(&p->ch, w)) != FABPOOL_OK || (st = fp_space_check_kept(&p->sp, w)) != FABPOOL_OK ||
         (st = fp_views_check(&p->views, w)) != FABPOOL_OK)
         return st;
@@ -85,8 +88,9 @@ static fabpool_status check_walks(struct fabpool *p, fp_walk *w, map_sums *maps)
 
 /* Each layer's mappings (those asleep apart: sleep took them out of the
  * registry, their owners keep them) against the registry's sum of their
- * kind; a shrink's copy lives inside one hold of the pool lock, so none is
- * left at a check.  Pool lock held. */
+ * kind; a shrink's copy lives inside one hold of the pool lock, so the only
+ * ones left at a check are those the driver would not unmap, which the
+ * buffers list.  Pool lock held. */
 static fabpool_status check_registry(struct fabpool *p, map_sums *maps)
 {
     fabpool_status st = fp_chunks_registry_check(&p->ch);
