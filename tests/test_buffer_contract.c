@@ -359,7 +359,8 @@ static void views_counted_apart_from_cache(void)
 }
 
 /* POSIX fds that do not fit their records are refused, nothing mapped,
- * every fd closed: a duplicated fd, fds swapped. */
+ * every fd closed: a duplicated fd (side by side, or first and last), fds
+ * swapped. */
 static void fds_must_fit_records(void)
 {
     pair x;
@@ -385,6 +386,17 @@ static void fds_must_fit_records(void)
     CHECK(l1.mappings == l0.mappings && l1.handles == l0.handles);
     for (size_t i = 0; i < x.nfds; i++)
         CHECK(fcntl(x.mine[i], F_GETFD) == -1); /* fabpool took the fds: closed */
+    /* the first record's file again at the last, the message naming both */
+    dup_fds(x.fds, x.nfds, x.mine);
+    close(x.mine[x.nfds - 1]);
+    x.mine[x.nfds - 1] = dup(x.mine[0]);
+    CHECK_STATUS(fabpool_view_open(x.v, x.d, x.len, x.mine, x.nfds, &v), FABPOOL_ERR_DESCRIPTOR);
+    char both[64];
+    snprintf(both, sizeof both, "fds 0 and %zu are one file", x.nfds - 1);
+    CHECK(v == NULL && strstr(fabpool_last_error(), both) != NULL);
+    CHECK(t_ledger().mappings == l0.mappings && t_ledger().handles == l0.handles);
+    for (size_t i = 0; i < x.nfds; i++)
+        CHECK(fcntl(x.mine[i], F_GETFD) == -1);
     /* two fds of different sizes swapped */
     dup_fds(x.fds, x.nfds, x.mine);
     int t = x.mine[0];
