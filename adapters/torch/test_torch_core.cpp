@@ -13,6 +13,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -882,6 +883,19 @@ static void check_ipc_answer_closed()
     close(ls);
 }
 
+/* What fetch(h) threw (its status, *why its words), or FABPOOL_OK where it returned (the fds closed). */
+static fabpool_status fetch_status(const fabpool_torch::ipc::Handle &h, std::string *why)
+{
+    try {
+        for (int fd : fabpool_torch::ipc::fetch(h))
+            close(fd);
+    } catch (const fabpool_torch::ipc::Error &e) {
+        *why = e.what();
+        return e.status();
+    }
+    return FABPOOL_OK;
+}
+
 /* A sender that refuses with a status of its own: the receiver throws that status for every code up to
  * FABPOOL_STATUS_LAST (FABPOOL_ERR_PARTIAL the last), with the sender's words; a code past it reads as
  * FABPOOL_ERR_IO. */
@@ -911,14 +925,8 @@ static void check_ipc_answer_status()
             if (c >= 0)
                 close(c);
         });
-        fabpool_status got = FABPOOL_OK;
         std::string why;
-        try {
-            fabpool_torch::ipc::fetch(h);
-        } catch (const fabpool_torch::ipc::Error &e) {
-            got = e.status();
-            why = e.what();
-        }
+        fabpool_status got = fetch_status(h, &why);
         server.join();
         close(ls);
         fabpool_status want = code <= uint32_t(FABPOOL_STATUS_LAST) ? fabpool_status(code) : FABPOOL_ERR_IO;
@@ -926,6 +934,52 @@ static void check_ipc_answer_status()
         if (got != want)
             fprintf(stderr, "check_ipc_answer_status: code %u: %s (%s)\n", code, fabpool_status_name(got), why.c_str());
     }
+}
+
+/* Connections that never send a whole request's start (one silent, one with part of a start) reach the
+ * sender's fd server before a receiver: the receiver's fetch is answered at once, not after their deadlines
+ * (10 s each, one after the other, before), and the two are closed by theirs. */
+static void check_ipc_server_strangers()
+{
+    int before = fd_count();
+    {
+        fabpool_torch::ipc::Server srv([](uint64_t, const std::string &, std::vector<int> *, std::string *m) {
+            *m = "no block here";
+            return int(FABPOOL_ERR_NOT_FOUND);
+        });
+        std::string name = fabpool_torch::ipc::socket_name(srv.pid(), srv.id());
+        int silent = -1, part = -1;
+        CHECK_OK(fabpool_fd_connect(name.c_str(), &silent, 2000));
+        CHECK_OK(fabpool_fd_connect(name.c_str(), &part, 2000));
+        uint8_t start[FABPOOL_FD_HEAD_BYTES + 6];
+        uint32_t head[2] = {0, 100};
+        memcpy(start, head, sizeof head);
+        memcpy(start + sizeof head, "FPRQ\x01\x02", 6);
+        CHECK(send(part, start, sizeof start, MSG_NOSIGNAL) == ssize_t(sizeof start));
+        fabpool_torch::ipc::Handle h;
+        h.type = FABPOOL_HANDLE_POSIX_FD;
+        h.pid = srv.pid();
+        memcpy(h.token, srv.token(), fabpool_torch::ipc::kTokenBytes);
+        h.token_fd = srv.token_fd();
+        h.server_id = srv.id();
+        h.key = 0x1000;
+        h.fds = {3};
+        h.desc = "d";
+        auto t0 = std::chrono::steady_clock::now();
+        std::string why;
+        fabpool_status got = fetch_status(h, &why);
+        long ms = long(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+                           .count());
+        CHECK(got == FABPOOL_ERR_NOT_FOUND && strstr(why.c_str(), "no block here") != nullptr);
+        CHECK(ms < 2000);
+        if (got != FABPOOL_ERR_NOT_FOUND || ms >= 2000)
+            fprintf(stderr, "check_ipc_server_strangers: %s after %ld ms: %s\n", fabpool_status_name(got), ms,
+                    why.c_str());
+        CHECK(srv.served() == 0);
+        close(silent);
+        close(part);
+    }
+    CHECK(fd_count() == before);
 }
 
 /* Another process posing as a tensor's sender: under the sender's socket
@@ -1290,6 +1344,7 @@ int main(int argc, char **argv)
         check_ipc(core, held0, argv[0]);
         check_ipc_answer_closed();
         check_ipc_answer_status();
+        check_ipc_server_strangers();
         check_ipc_impostor(core);
         check_ipc_third_process(core);
         check_ipc_pools(core, held0);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -225,15 +226,69 @@ void Server::abandon()
         }
 }
 
+/* How many connections wait at once for the start of their request; past it the oldest is closed. */
+constexpr size_t kWaitingMax = 64;
+/* How often a connection that has sent part of its request's start is looked at again (ms). */
+constexpr int kPartialMs = 5;
+/* A request's start in the stream: fabpool_fd_send's head, the magic and the token. */
+constexpr size_t kStartBytes = FABPOOL_FD_HEAD_BYTES + 4 + kTokenBytes;
+
+/* The server's one thread.  Every connection accepted waits, all of them watched at once, until the start of its
+ * request has come (peeked: the head, the magic and the token); only a request with this process's token is then
+ * read whole and served, so that a connection that stays silent or sends part of a start (a process of another
+ * user, where FABPOOL_PEERS=any_user lets it in) holds no one's turn and is closed at its deadline. */
 void Server::run()
 {
+    struct Waiting {
+        int fd;
+        std::chrono::steady_clock::time_point until;
+    };
+    std::vector<Waiting> waiting;
+    std::vector<struct pollfd> pf;
     for (;;) {
-        struct pollfd pf[2] = {{listener_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-        int r = poll(pf, 2, -1);
+        auto now = std::chrono::steady_clock::now();
+        int timeout = -1;
+        bool partial = false;
+        pf.assign({{listener_, POLLIN, 0}, {wake_[0], POLLIN, 0}});
+        for (const Waiting &w : waiting) {
+            int ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(w.until - now).count());
+            timeout = timeout < 0 || ms < timeout ? (ms > 0 ? ms : 0) : timeout;
+            char start[kStartBytes];
+            partial |= recv(w.fd, start, sizeof start, MSG_PEEK | MSG_DONTWAIT) > 0;
+            pf.push_back({w.fd, POLLIN, 0});
+        }
+        if (partial && (timeout < 0 || timeout > kPartialMs))
+            timeout = kPartialMs;
+        int r = poll(pf.data(), nfds_t(pf.size()), timeout);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r < 0 || pf[1].revents)
+        if (r < 0 || pf[1].revents) {
+            for (const Waiting &w : waiting)
+                close(w.fd);
             return;
+        }
+        now = std::chrono::steady_clock::now();
+        size_t keep = 0;
+        for (size_t i = 0; i < waiting.size(); i++) {
+            int c = waiting[i].fd;
+            char start[kStartBytes];
+            ssize_t got = recv(c, start, sizeof start, MSG_PEEK | MSG_DONTWAIT);
+            bool whole = got == ssize_t(kStartBytes), gone = got == 0 || (got < 0 && errno != EAGAIN &&
+                                                                             errno != EWOULDBLOCK);
+            if (!whole && !gone && now < waiting[i].until) {
+                waiting[keep++] = waiting[i];
+                continue;
+            }
+            if (!whole || memcmp(start + FABPOOL_FD_HEAD_BYTES, kRequestMagic, 4) != 0) {
+                refused_++; /* silent, cut, gone or not a request: closed unanswered */
+            } else if (!same_token(token_, reinterpret_cast<const uint8_t *>(start) + FABPOOL_FD_HEAD_BYTES + 4)) {
+                refuse(c); /* answered at once, the rest of the request never read */
+            } else {
+                one(c);
+            }
+            close(c);
+        }
+        waiting.resize(keep);
         if (!(pf[0].revents & POLLIN))
             continue;
         /* a process of another user is closed at once, unanswered (FABPOOL_PEERS=any_user lets it in) */
@@ -243,9 +298,39 @@ void Server::run()
             refused_++;
         if (st != FABPOOL_OK)
             continue;
-        one(conn);
-        close(conn);
+        if (waiting.size() == kWaitingMax) {
+            close(waiting.front().fd);
+            refused_++;
+            waiting.erase(waiting.begin());
+        }
+        waiting.push_back({conn, std::chrono::steady_clock::now() + std::chrono::milliseconds(kTimeoutMs)});
     }
+}
+
+namespace {
+
+/* The answer to a request: its status and message, and on success the fds (a reader that never reads does not
+ * hold the thread: the send gives up after the deadline). */
+void answer(int conn, int status, const std::string &msg, const std::vector<int> &fds)
+{
+    std::string reply;
+    put(reply, uint32_t(status));
+    reply += msg;
+    struct timeval tv = {kTimeoutMs / 1000, 0};
+    setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    fabpool_fd_send(conn, status == 0 ? fds.data() : nullptr, status == 0 ? fds.size() : 0, reply.data(),
+                    reply.size());
+}
+
+const char kNoToken[] = "a request without this process's token (a handle of another process, or a forged one)";
+
+}  // namespace
+
+/* A request without this process's token: answered at once, nothing more of it read. */
+void Server::refuse(int conn)
+{
+    refused_++;
+    answer(conn, FABPOOL_ERR_PERMISSION, kNoToken, {});
 }
 
 void Server::one(int conn)
@@ -262,7 +347,7 @@ void Server::one(int conn)
         msg = "a malformed request";
     } else if (!same_token(token_, req.data() + 4)) {
         status = FABPOOL_ERR_PERMISSION;
-        msg = "a request without this process's token (a handle of another process, or a forged one)";
+        msg = kNoToken;
     } else {
         std::string desc(req.data() + kRequestHeader, len - kRequestHeader);
         status = serve_(get<uint64_t>(req.data() + 4 + kTokenBytes), desc, &fds, &msg);
@@ -270,13 +355,7 @@ void Server::one(int conn)
             status = FABPOOL_ERR_IO;
     }
     (status == 0 ? served_ : refused_)++;
-    std::string reply;
-    put(reply, uint32_t(status));
-    reply += msg;
-    struct timeval tv = {kTimeoutMs / 1000, 0}; /* a reader that never reads does not hold the thread */
-    setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    fabpool_fd_send(conn, status == 0 ? fds.data() : nullptr, status == 0 ? fds.size() : 0, reply.data(),
-                    reply.size());
+    answer(conn, status, msg, fds);
     close_all(fds);
 }
 

@@ -121,6 +121,7 @@ private:
 
     void run();
     void one(int conn);
+    void refuse(int conn);
 };
 
 /* The fds of h's chunks, fetched from its sender (the caller owns them):
