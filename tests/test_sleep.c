@@ -10,7 +10,9 @@
  *     sleep, an exported buffer with peers) is refused and changes nothing;
  *   - (sim) every driver call of sleep and of wake made to fail, one at a
  *     time: the pool is as before (sleep) or a second wake completes (wake),
- *     the data reads back, and after destroy the driver holds nothing. */
+ *     the data reads back, and after destroy the driver holds nothing; a
+ *     wake's copy back refused with the unmap that would undo it: the next
+ *     wake copies it in. */
 #include <pthread.h>
 
 #include "testutil.h"
@@ -680,6 +682,57 @@ static void faults(void)
     CHECK(n_trials > 50 && n_failed_ops > 20);
 }
 
+/* A wake whose copy back of chunk n fails and whose unmap of that chunk is refused too (every unmap, twice): the
+ * wake fails saying so and stays asleep with the host copies; a trim while asleep keeps them; the next wake
+ * copies the chunk in, and every byte reads back (the chunk stayed mapped; it was skipped, its copy freed,
+ * before). */
+static void wake_copy_and_unmap_refused(void)
+{
+    sim_hooks();
+    if (!sim || !fault_set || !fault_clear || !calls)
+        return;
+    int tried = 0;
+    for (uint64_t n = 1; n < 64; n++) {
+        fabsim_ledger l0 = t_ledger();
+        world w;
+        if (populate(&w, "slab_max:1MiB", 91 + n, 0) != 0) {
+            CHECK(!"populate");
+            teardown(&w);
+            return;
+        }
+        CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
+        uint64_t c0 = calls("cuMemcpyDtoDAsync");
+        fault_set("cuMemcpyDtoDAsync", n, 0, CUDA_ERROR_INVALID_VALUE);
+        fault_set("cuMemUnmap", 1, 1, CUDA_ERROR_INVALID_VALUE);
+        fabpool_status st = fabpool_wake(w.p, NULL);
+        fault_clear();
+        int reached = calls("cuMemcpyDtoDAsync") - c0 >= n;
+        if (!reached) { /* past the copies: only the host copies' unmaps were refused, and a wake completes */
+            if (st != FABPOOL_OK)
+                CHECK_OK(fabpool_wake(w.p, NULL));
+            CHECK(!state_of(w.p).asleep && all_intact(&w));
+            teardown(&w);
+            break;
+        }
+        /* the copy refused (else every copy went in and the host copies' unmaps were refused: asleep still) */
+        int copy = strstr(fabpool_last_error(), "cuMemcpyDtoDAsync") != NULL;
+        tried += copy;
+        CHECK_STATUS(st, FABPOOL_ERR_DRIVER);
+        CHECK(!copy || strstr(fabpool_last_error(), "the next fabpool_wake copies it in") != NULL);
+        fabpool_sleep_info si = state_of(w.p);
+        CHECK(si.asleep && si.host_bytes > 0);
+        CHECK_OK(fabpool_trim(w.p, 0));
+        CHECK_OK(fabpool_wake(w.p, NULL));
+        CHECK(!state_of(w.p).asleep && all_intact(&w));
+        CHECK_OK(fabpool_check(w.p));
+        CHECK(t_ledger().bytes_held - l0.bytes_held == t_mapped(w.p));
+        teardown(&w);
+        fabsim_ledger l = t_ledger();
+        CHECK(ledger_is(&l, &l0));
+    }
+    CHECK(tried >= 2);
+}
+
 /* ------------------------------------------------------------ sleep_keep_host */
 
 /* Wake keeps the host copies; the next sleep of the same memory makes no host
@@ -798,5 +851,6 @@ int main(void)
     PART(destroy_asleep);
     PART(keep_host);
     PART(faults);
+    PART(wake_copy_and_unmap_refused);
     return t_done("test_sleep");
 }

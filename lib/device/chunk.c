@@ -219,13 +219,20 @@ fabpool_status fp_chunk_too_large(const fp_chunks *ch, uint64_t bytes, const cha
                     "was mapped", what, (unsigned long long)bytes, ch->device, (unsigned long long)ch->dev_total);
 }
 
+/* The sleeping record's entry of [va, va + size), or NULL. */
+static fp_slept *slept_at(fp_chunks *ch, uint64_t va, uint64_t size)
+{
+    size_t lo = FP_ARRAY_LOWER(ch->slept, ch->n_slept, fp_slept, va, va);
+    fp_slept *e = lo < ch->n_slept && ch->slept[lo].va == va ? &ch->slept[lo] : NULL;
+    return e && e->size == size ? e : NULL;
+}
+
 /* A chunk that sleeps, freed while asleep (a trim, a buffer's unmap): marked
  * GONE, so that wake does not map it again.  1 if [va, va + size) was one. */
 static int forget_slept(fp_chunks *ch, uint64_t va, uint64_t size)
 {
-    size_t lo = FP_ARRAY_LOWER(ch->slept, ch->n_slept, fp_slept, va, va);
-    fp_slept *e = lo < ch->n_slept && ch->slept[lo].va == va ? &ch->slept[lo] : NULL;
-    if (!e || e->size != size || e->state != FP_SL_ASLEEP)
+    fp_slept *e = slept_at(ch, va, size);
+    if (!e || e->state != FP_SL_ASLEEP)
         return 0;
     e->state = FP_SL_GONE;
     return 1;
@@ -253,6 +260,9 @@ fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size)
     for (size_t i = FP_ARRAY_LOWER(ch->kept, ch->n_kept, fp_xchunk, va, va); i < ch->n_kept && ch->kept[i].va < va + size;)
         fp_chunk_export_drop(ch, ch->kept[i].va);
     fp_mapreg_remove(&ch->reg, va, size, NULL);
+    fp_slept *e = ch->slept ? slept_at(ch, va, size) : NULL;
+    if (e && e->state == FP_SL_UNRESTORED) /* freed before a wake restored it: no wake copies into it */
+        e->state = FP_SL_GONE;
     uint64_t m = fp_chunks_mapped(ch, NULL);
     atomic_fetch_add(&ch->chunks_unmapped_total, 1);
     unmapped_tl.bytes += size;

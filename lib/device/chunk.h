@@ -32,10 +32,14 @@ struct fabpool_buffer;
 
 /* A mapping of the registry put to sleep (fabpool_sleep, sleep.c): MAPPED
  * (awake), ASLEEP (unmapped, its memory released, maybe with a host copy;
- * out of the registry) or GONE (freed while asleep: fp_chunk_unmap forgets
- * it instead of calling the driver).  m is its registry entry, which wake
- * adds again; above this layer it is read through the inlines below. */
-enum { FP_SL_MAPPED = 0, FP_SL_ASLEEP = 1, FP_SL_GONE = 2 };
+ * out of the registry), UNRESTORED (mapped again by a wake whose copy back
+ * from the host failed and whose unmap then failed too: in the registry,
+ * its host copy still to be copied in by the next wake) or GONE (freed
+ * while asleep: fp_chunk_unmap forgets it instead of calling the driver, or
+ * an UNRESTORED one once it has unmapped it).  m is its registry entry,
+ * which wake adds again; above this layer it is read through the inlines
+ * below. */
+enum { FP_SL_MAPPED = 0, FP_SL_ASLEEP = 1, FP_SL_GONE = 2, FP_SL_UNRESTORED = 3 };
 typedef struct fp_slept {
     uint64_t va, size;
     uint64_t host_va, host_size;       /* its host copy (host_va 0: none) */

@@ -98,6 +98,28 @@ static void record_free(struct fabpool *p, struct fp_sleep *r)
     fp_meta_free(&p->meta, r, sizeof *r);
 }
 
+/* Copies chunk e's host copy back in (e mapped again, UNRESTORED).  On a failure e is unmapped again (ASLEEP), or,
+ * where the driver refuses that too, stays mapped and UNRESTORED for the next wake to copy in: either way its host
+ * copy stays, and the message is the copy's. */
+static fabpool_status restore(struct fabpool *p, fp_slept *e, void *stream)
+{
+    CUresult cr = fp_device_copy(&p->ch, e->va, e->host_va, e->size, stream);
+    if (cr == CUDA_SUCCESS)
+        return FABPOOL_OK;
+    fabpool_status st = fp_drv_error(cr, "cuMemcpyDtoDAsync", "copying a chunk of %llu bytes back from host memory",
+                                     (unsigned long long)e->size);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", fabpool_last_error());
+    e->state = FP_SL_MAPPED; /* for fp_chunk_unmap: a mapping to unmap, not one to forget */
+    if (fp_chunk_unmap(&p->ch, e->va, e->size) == FABPOOL_OK) {
+        e->state = FP_SL_ASLEEP;
+        return fp_error(st, "%s", msg);
+    }
+    e->state = FP_SL_UNRESTORED;
+    return fp_error(st, "%s; the chunk stays mapped (its unmap was refused too) and the next fabpool_wake copies "
+                    "it in", msg);
+}
+
 /* Maps every sleeping chunk again, restores its copy, and frees the copies
  * and the record.  Stops at the first failure (the pool stays asleep; a
  * retry goes on).  Pool lock held, context current. */
@@ -113,33 +135,28 @@ static fabpool_status wake_locked(struct fabpool *p, void *stream)
     fabpool_status st = FABPOOL_OK;
     size_t done = 0, todo = 0;
     for (size_t i = 0; i < r->n; i++)
-        todo += r->e[i].state == FP_SL_ASLEEP;
+        todo += r->e[i].state == FP_SL_ASLEEP || r->e[i].state == FP_SL_UNRESTORED;
     for (size_t i = 0; i < r->n && st == FABPOOL_OK; i++) {
         fp_slept *e = &r->e[i];
-        if (e->state != FP_SL_ASLEEP)
-            continue;
-        CUmemGenericAllocationHandle h = 0;
-        if ((st = fp_heap_chunk_create(&p->heap, e->size, &h)) != FABPOOL_OK)
-            break;
-        if (e->state != FP_SL_ASLEEP) { /* the create's trim on OOM gave it up: it was free */
-            fp_chunk_release(&p->ch, h);
-            continue;
-        }
-        if ((st = fp_chunk_map_handle(&p->ch, e->va, e->size, h, fp_slept_kind(e), fp_slept_owner(e),
-                                      "a chunk of a pool waking up")) != FABPOOL_OK)
-            break;
-        fp_chunk_set_copy(&p->ch, e->va, fp_slept_copies(e));
-        e->state = FP_SL_MAPPED;
-        if (e->host_va) {
-            CUresult cr = fp_device_copy(&p->ch, e->va, e->host_va, e->size, stream);
-            if (cr != CUDA_SUCCESS) {
-                st = fp_drv_error(cr, "cuMemcpyDtoDAsync", "copying a chunk of %llu bytes back from host memory",
-                                  (unsigned long long)e->size);
-                if (fp_chunk_unmap(&p->ch, e->va, e->size) == FABPOOL_OK)
-                    e->state = FP_SL_ASLEEP;
+        if (e->state == FP_SL_ASLEEP) {
+            CUmemGenericAllocationHandle h = 0;
+            if ((st = fp_heap_chunk_create(&p->heap, e->size, &h)) != FABPOOL_OK)
                 break;
+            if (e->state != FP_SL_ASLEEP) { /* the create's trim on OOM gave it up: it was free */
+                fp_chunk_release(&p->ch, h);
+                continue;
             }
+            if ((st = fp_chunk_map_handle(&p->ch, e->va, e->size, h, fp_slept_kind(e), fp_slept_owner(e),
+                                          "a chunk of a pool waking up")) != FABPOOL_OK)
+                break;
+            fp_chunk_set_copy(&p->ch, e->va, fp_slept_copies(e));
+            e->state = FP_SL_UNRESTORED;
+        } else if (e->state != FP_SL_UNRESTORED) {
+            continue;
         }
+        if (e->host_va && (st = restore(p, e, stream)) != FABPOOL_OK)
+            break;
+        e->state = FP_SL_MAPPED;
         if (fp_slept_kind(e) == FP_MAP_BUFFER)
             fp_buffer_chunk_renewed(fp_slept_owner(e), e->va);
         done++;
@@ -151,8 +168,8 @@ static fabpool_status wake_locked(struct fabpool *p, void *stream)
         st = p->opt.sleep_keep_host ? fp_host_keep(p, r) : fp_host_release(p, r);
     if (st != FABPOOL_OK) {
         r->retry = 1;
-        fp_error_append(" (fabpool_wake: %zu of %zu chunks were mapped again; the pool stays asleep and keeps the "
-                        "host copies: call fabpool_wake again to go on)", done, todo);
+        fp_error_append(" (fabpool_wake: %zu of %zu chunks were mapped again with their contents; the pool stays "
+                        "asleep and keeps the host copies: call fabpool_wake again to go on)", done, todo);
         return st;
     }
     set_record(p, NULL);
