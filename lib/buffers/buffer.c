@@ -495,12 +495,12 @@ fabpool_status fp_buffer_destroy_locked(fp_buffers *bs, struct fabpool_buffer *b
 
 /* ------------------------------------------------------------ kept buffers (release.c) */
 
+/* No trace record: the release recorded the buffer's destroy, and the unmaps record what goes back now. */
 static void drop(fp_buffers *bs, struct fabpool_buffer *b)
 {
     /* no GPU work uses a released buffer (fabpool.h): no stream to wait for */
-    if (fp_buffer_destroy_locked(bs, b, NULL) == FABPOOL_OK) {
-        FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_DESTROY, b->base, 0, NULL, FABPOOL_OK);
-    } else { /* the driver refused the context sync: the buffer stays kept, a later drop retries */
+    if (fp_buffer_destroy_locked(bs, b, NULL) != FABPOOL_OK) {
+        /* the driver refused the context sync: the buffer stays kept, a later drop retries */
         FP_LOG_CH(FP_LOG_WARN, bs->sp->ch, "a kept buffer could not be given back yet: %s", fabpool_last_error());
         fp_error_clear();
     }
