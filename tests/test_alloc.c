@@ -104,7 +104,7 @@ static void bad_input(void)
     CHECK_OK(fabpool_alloc(pool, 0, &a)); /* cudaMalloc's answer: test_cuda_conventions */
     CHECK(a == NULL);
     CHECK_STATUS(fabpool_alloc(pool, SIZE_MAX, &a), FABPOOL_ERR_LIMIT);
-    CHECK(a == NULL);
+    CHECK(a == NULL && strstr(fabpool_last_error(), "check the size") != NULL); /* not "raise reserve" */
     CHECK_STATUS(fabpool_alloc(pool, SIZE_MAX - 4096, &a), FABPOOL_ERR_LIMIT);
     CHECK_OK(fabpool_free(pool, NULL));
     CHECK_STATUS(fabpool_free(NULL, &a), FABPOOL_ERR_INVALID_ARG);
@@ -228,6 +228,12 @@ static void out_of_memory_says_device_memory(void)
     CHECK(b == NULL);
     CHECK_OK(fabpool_free(pool, a));
     CHECK_OK(fabpool_trim(pool, 0));
+    /* a buffer whose first size is more than the device has: refused before anything is mapped */
+    int64_t held = t_held();
+    fabpool_buffer_t *buf = NULL;
+    CHECK_STATUS(fabpool_buffer_create(pool, 2 * total, 2 * total, &buf), FABPOOL_ERR_OUT_OF_MEMORY);
+    CHECK(buf == NULL && strstr(fabpool_last_error(), "more than device") != NULL);
+    CHECK(t_near(t_held(), held));
 }
 
 /* fabpool_device_memory: the driver's own figures for the pool's device, from any context, the caller's left

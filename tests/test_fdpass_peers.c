@@ -423,6 +423,23 @@ static void accept_peer_refuses_another_pid_of_this_user(void)
     close(go[0]), close(go[1]);
 }
 
+/* Names that are no socket name: refused with the call's name and what to give, nothing opened. */
+static void bad_names_are_refused(void)
+{
+    int s = -1, before = fd_count();
+    char longer[200];
+    memset(longer, 'x', sizeof longer - 1);
+    longer[sizeof longer - 1] = 0;
+    CHECK_STATUS(fabpool_fd_listen(NULL, &s), FABPOOL_ERR_INVALID_ARG);
+    CHECK(strstr(fabpool_last_error(), "fabpool_fd_listen: the socket name is NULL") != NULL);
+    CHECK_STATUS(fabpool_fd_listen("", &s), FABPOOL_ERR_INVALID_ARG);
+    CHECK(strstr(fabpool_last_error(), "fabpool_fd_listen: socket name '' of 0 characters: give 1 to") != NULL);
+    CHECK_STATUS(fabpool_fd_connect(longer, &s, 10), FABPOOL_ERR_INVALID_ARG);
+    CHECK(strstr(fabpool_last_error(), "fabpool_fd_connect: socket name 'xxx") != NULL &&
+          strstr(fabpool_last_error(), "of 199 characters") != NULL);
+    CHECK(s == -1 && fd_count() == before);
+}
+
 static void peer_reports_credentials(void)
 {
     int sp[2];
@@ -942,6 +959,7 @@ static const struct {
     {"connect_to_a_full_queue_ends_at_its_timeout", connect_to_a_full_queue_ends_at_its_timeout},
     {"accept_peer_refuses_another_pid_of_this_user", accept_peer_refuses_another_pid_of_this_user},
     {"peer_reports_credentials", peer_reports_credentials},
+    {"bad_names_are_refused", bad_names_are_refused},
     {"peers_any_user_lets_another_user_in", peers_any_user_lets_another_user_in},
     {"peers_env_words", peers_env_words},
     {"recv_closes_fds_when_the_peer_dies_mid_message", recv_closes_fds_when_the_peer_dies_mid_message},

@@ -14,6 +14,9 @@ The convention (docs/README.md says it to writers):
                      program): listed, not run.
   ```sh slow         runs for minutes (a long property run, .ci/reliability):
                      listed, not run.
+  ```sh ci           what CI's .ci/run runs itself, word for word (the
+                     README's test command: the whole suite): each of its
+                     lines must be a line of .ci/run; not run a second time.
 
 A ```sh block that installs into an absolute prefix outside /tmp (`--prefix
 /opt/...`) is listed, not run, as if tagged `outside` (the ctest test_install
@@ -73,6 +76,7 @@ SKIP_TAGS = {
     "outside": "writes outside the source tree",
     "fragment": "a pattern to adapt to the reader's program",
     "slow": "runs for minutes (CI runs such runs in .ci/reliability)",
+    "ci": "CI's .ci/run runs it, word for word (checked)",
 }
 # the first line of a fence without a language that is a command, not a listing: it must say ```sh
 COMMANDISH = re.compile(r"^\s*(cmake|ctest|bash|python3|export|for|cc|\./|\.ci/|build/|perf/|tests/|([A-Z_][A-Z0-9_]*=\S*\s))")
@@ -236,12 +240,17 @@ def check(root):
         text = open(config, encoding="utf-8").read()
         msgs += ["docs/config.md: the key '%s' (lib/'s conf.c) has no row of its own" % k
                  for k in keys if "\n| `%s` |" % k not in text]
+    ci_path = os.path.join(root, ".ci", "run")
+    ci_lines = set(l.strip() for l in open(ci_path, encoding="utf-8")) if os.path.exists(ci_path) else set()
     for path in documents(root):
         rel = os.path.relpath(path, root)
         text = open(path, encoding="utf-8").read()
         bl, problems = blocks(text)
         msgs += ["%s:%d: %s" % (rel, n, p) for n, p in problems]
-        for line, lang, _, body in bl:
+        for line, lang, tags, body in bl:
+            if lang == "sh" and "ci" in tags:
+                msgs += ["%s:%d: a ```sh ci block's line is no line of .ci/run, which must run it as written: %s" %
+                         (rel, line, l.strip()) for l in body.split("\n") if l.strip() and l.strip() not in ci_lines]
             d = builds_more_than_it_runs(body) if lang == "sh" else None
             if d:
                 msgs.append("%s:%d: builds all of %s (the test suite too) to run one program of it: build what it "

@@ -174,11 +174,13 @@ static fabpool_status peers_flags_of(const char *fn, unsigned flags, unsigned *o
 
 /* ---- sockets ---- */
 
-static fabpool_status addr_of(const char *name, struct sockaddr_un *a, socklen_t *len)
+static fabpool_status addr_of(const char *fn, const char *name, struct sockaddr_un *a, socklen_t *len)
 {
     size_t n = name ? strlen(name) : 0;
+    if (!name)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: the socket name is NULL", fn);
     if (n == 0 || n + 1 > sizeof a->sun_path)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "socket name '%s': 1 to %zu characters", name ? name : "(null)",
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: socket name '%s' of %zu characters: give 1 to %zu", fn, name, n,
                         sizeof a->sun_path - 1);
     memset(a, 0, sizeof *a);
     a->sun_family = AF_UNIX;
@@ -191,7 +193,7 @@ fabpool_status fabpool_fd_listen(const char *name, int *out)
 {
     struct sockaddr_un a;
     socklen_t len = 0;
-    fabpool_status st = addr_of(name, &a, &len);
+    fabpool_status st = addr_of("fabpool_fd_listen", name, &a, &len);
     if (st != FABPOOL_OK || !out)
         return st != FABPOOL_OK ? st : fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_fd_listen: out is NULL");
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -233,7 +235,7 @@ fabpool_status fabpool_fd_connect_peer(const char *name, int *out, int timeout_m
 {
     struct sockaddr_un a;
     socklen_t len = 0;
-    fabpool_status st = addr_of(name, &a, &len);
+    fabpool_status st = addr_of("fabpool_fd_connect", name, &a, &len);
     if (st != FABPOOL_OK)
         return st;
     if (!out || pid < 0)

@@ -345,6 +345,9 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_create: max_size %zu is larger than the pool's "
                         "reserved address space (%llu bytes); raise reserve", max_size,
                         (unsigned long long)fp_space_size(bs->sp));
+    fabpool_status fits = fp_chunk_fits_device(bs->sp->ch, size, "fabpool_buffer_create: a size of");
+    if (fits != FABPOOL_OK) /* refused before anything is mapped, not after the whole device was */
+        return fits;
     struct fabpool_buffer *b = fp_meta_alloc(bs->sp->meta, sizeof *b);
     if (!b)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer");
@@ -409,17 +412,21 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
     if (!bufs || !sizes || n == 0)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize_set: no buffers given");
     fp_buffers *bs = bufs[0] ? bufs[0]->owner : NULL;
+    const char *fn = n > 1 ? "fabpool_buffer_resize_set" : "fabpool_buffer_resize";
     for (size_t i = 0; i < n; i++) {
-        if (!bufs[i] || bufs[i]->destroyed || bufs[i]->kept)
-            return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize: buffer %zu is NULL, destroyed or "
-                            "released", i);
+        if (!bufs[i] || bufs[i]->destroyed || bufs[i]->kept) {
+            char which[32] = "the buffer";
+            if (n > 1)
+                snprintf(which, sizeof which, "buffer %zu", i);
+            return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: %s is NULL, destroyed or released", fn, which);
+        }
         if (bufs[i]->owner != bs)
             return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize_set: buffer %zu is of another pool", i);
         for (size_t k = 0; k < i; k++)
             if (bufs[k] == bufs[i])
                 return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize_set: buffers %zu and %zu are the same "
                                 "buffer; give each buffer once, with its one size", k, i);
-        fabpool_status st = check_size(bufs[i], sizes[i], "fabpool_buffer_resize");
+        fabpool_status st = check_size(bufs[i], sizes[i], fn);
         if (st != FABPOOL_OK)
             return st;
     }
