@@ -8,9 +8,12 @@
 # test_out_of_memory, test_out_of_memory_retry, test_set_per_process_memory_fraction,
 # test_get_per_process_memory_fraction, test_copy_non_blocking, test_serialization_array_with_storage,
 # test_cublas_workspace_explicit_allocation, test_record_stream, test_record_stream_on_shifted_view,
-# test_caching_allocator_record_stream_oom, test_notifies_oom, test_allocator_fuzz; TestMemPool's test_mempool_id,
+# test_caching_allocator_record_stream_oom, test_notifies_oom, test_allocator_fuzz; TestMemPool's
 # test_mempool_empty_cache, test_mempool_no_split, test_mempool_multithread, test_mempool_emptycache_multithread,
-# test_nested_mempool; TestBlockStateAbsorption's checkpoint tests and test_check_pool_live_allocations.
+# test_nested_mempool; TestBlockStateAbsorption's checkpoint tests and test_check_pool_live_allocations
+# (test_mempool_id calls torch.accelerator.generate_graph_pool_handle, which PyTorch 2.11 lacks: left out).
+# test_mempool_empty_cache and test_mempool_no_split count PyTorch's segments, which fabpool does not carve
+# blocks from (one segment per block: docs/integration.md, `memory_snapshot()`), so they fail with fabpool by design.
 #   build   LIB (default $B/adapters/torch/libfabpool_torch.so, B=/tmp/b-pytorch-tests) against the real driver
 #           where it is not there yet
 #   torch   the file in a process of its own with PyTorch's allocator

@@ -460,6 +460,37 @@ static void check_shared_pool(Core &core, int64_t held0)
     all_back(core, held0, {sc});
 }
 
+/* Pools begun inside one another (use_mem_pool nested): the one begun last serves until it ends, then the one
+ * around it again, as PyTorch's test_nested_mempool has it: 20 MiB in A, in B, in C, in B, in A gives A and B two
+ * blocks each and C one. */
+static void check_nested_pools(Core &core, int64_t held0)
+{
+    const PoolId A{11, 0}, B{12, 0}, C{13, 0};
+    auto all = [](Stream) { return true; };
+    std::vector<void *> got;
+    auto take = [&] { got.push_back(core.malloc(0, 20 * MiB, nullptr)); };
+    core.begin_pool(0, A, all);
+    take();
+    core.begin_pool(0, B, all);
+    take();
+    core.begin_pool(0, C, all);
+    take();
+    core.end_pool(0, C);
+    take();
+    core.end_pool(0, B);
+    take();
+    core.end_pool(0, A);
+    CHECK(core.segments(A).size() == 2 && core.segments(B).size() == 2 && core.segments(C).size() == 1);
+    if (core.segments(A).size() != 2)
+        fprintf(stderr, "check_nested_pools: %zu, %zu and %zu blocks in the three pools\n", core.segments(A).size(),
+                core.segments(B).size(), core.segments(C).size());
+    for (void *p : got)
+        core.free(p);
+    for (PoolId id : {A, B, C})
+        core.release_pool(0, id);
+    all_back(core, held0, {});
+}
+
 /* A private pool's block used on another stream waits for that stream. */
 static void check_pool_record_stream(Core &core, int64_t held0)
 {
@@ -1338,6 +1369,7 @@ int main(int argc, char **argv)
         check_fraction(core, held0);
         check_graph_pool(core, held0);
         check_shared_pool(core, held0);
+        check_nested_pools(core, held0);
         check_pool_record_stream(core, held0);
         check_external_pool(core);
         check_threads(core, held0);

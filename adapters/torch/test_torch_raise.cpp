@@ -105,6 +105,9 @@ int main(int argc, char **argv)
                   "of " + torch_size(total), 0) == 0 && !q,
           "1 PiB, more than the pool's address space, throws the same: " + e);
     check(plain(huge, 0, nullptr) == nullptr, "fabpool_torch_alloc answers the same request NULL, no throw");
+    e = call(fn, (size_t)1 << 60, 0, &q);
+    check(e == "runtime_error: CUDA out of memory. Tried to allocate more than 1EB memory." && !q,
+          "1 EiB and more: PyTorch's own words for it: " + e);
     e = call(fn, 4096, 42, &q);
     check(e.rfind("runtime_error: fabpool could not allocate. Tried to allocate 4096 bytes on device 42", 0) == 0 &&
               !q,

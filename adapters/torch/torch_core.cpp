@@ -479,11 +479,13 @@ void Core::create_or_incref(int device, PoolId id, std::shared_ptr<External> ext
     incref(d, id, std::move(ext));
 }
 
+/* The pool begun last whose filter takes s: use_mem_pool contexts nest, the inner one serving (PyTorch searches
+ * its captures underway in the same order, newest first). */
 Core::Pool *Core::route(Device &d, Stream s)
 {
-    for (auto &c : d.contexts)
-        if (c.filter(s))
-            return find_pool(d, c.id);
+    for (auto c = d.contexts.rbegin(); c != d.contexts.rend(); ++c)
+        if (c->filter(s))
+            return find_pool(d, c->id);
     return nullptr;
 }
 

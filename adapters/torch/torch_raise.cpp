@@ -22,6 +22,11 @@ extern "C" __attribute__((visibility("default"))) void *fabpool_torch_alloc_rais
 
 void *fabpool_torch_alloc_raising(size_t size, int device, void *stream)
 {
+    /* PyTorch's caching allocator refuses this before it looks at a pool, in these words (its own
+     * test_out_of_memory reads them) */
+    constexpr size_t one_exa_bytes = size_t(1) << 60;
+    if (size >= one_exa_bytes)
+        throw std::runtime_error("CUDA out of memory. Tried to allocate more than 1EB memory.");
     void *p = fabpool_torch_alloc(size, device, stream);
     if (p || size == 0)
         return p;
