@@ -56,6 +56,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -380,6 +381,8 @@ static int sy_rank_of_pid(const fabpool_torch_symm_t *s, int pid)
 #define SY_WAITING_MAX 64
 /* How often a connection that has sent part of its ident is looked at again (ms). */
 #define SY_PARTIAL_MS 5
+/* The read of an ident that is in whole: a bound that never binds but under a tool that slows every call (ms). */
+#define SY_IDENT_READ_MS 2000
 
 /* The bytes waiting on connection c (FIONREAD), or -1 where it cannot say. */
 static int sy_ident_bytes(int c)
@@ -397,10 +400,17 @@ static int sy_take_ident(fabpool_torch_symm_t *s, int c)
         if (fabpool_fd_peer(c, &ppid, NULL) != FABPOOL_OK || (want = sy_rank_of_pid(s, ppid)) < 0)
             return -1;
     }
+    /* the head first: an ident's message carries no fd and exactly an ident, so that once it is in (the caller
+     * saw that many bytes) the read cannot wait; a head that announces more is refused unread */
+    uint32_t head[2] = {1, 0};
+    _Static_assert(sizeof head == FABPOOL_FD_HEAD_BYTES, "the head: a u32 fd count, a u32 length");
+    if (recv(c, head, sizeof head, MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof head || head[0] != 0 ||
+        head[1] != sizeof(sy_ident))
+        return -1;
     sy_ident id;
     memset(&id, 0, sizeof id);
     size_t n = 0, len = 0;
-    int ok = fabpool_fd_recv_timed(c, NULL, 0, &n, &id, sizeof id, &len, SY_PARTIAL_MS) == FABPOOL_OK &&
+    int ok = fabpool_fd_recv_timed(c, NULL, 0, &n, &id, sizeof id, &len, SY_IDENT_READ_MS) == FABPOOL_OK &&
              len == sizeof id;
     ok = sy_same_secret(id.secret, s->secret, sizeof id.secret) && ok; /* every byte compared, whatever else */
     ok = ok && id.rank >= 0 && id.rank < s->rank && same_host(s, id.rank) && s->sock[id.rank] < 0 &&

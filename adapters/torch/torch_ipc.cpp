@@ -239,37 +239,39 @@ constexpr size_t kStartBytes = FABPOOL_FD_HEAD_BYTES + 4 + kTokenBytes;
  * user, where FABPOOL_PEERS=any_user lets it in) holds no one's turn and is closed at its deadline. */
 void Server::run()
 {
+    /* arrays, not vectors: a process forked while this thread runs holds no heap of it that no one frees */
     struct Waiting {
         int fd;
         std::chrono::steady_clock::time_point until;
-    };
-    std::vector<Waiting> waiting;
-    std::vector<struct pollfd> pf;
+    } waiting[kWaitingMax];
+    struct pollfd pf[2 + kWaitingMax];
+    size_t nw = 0;
     for (;;) {
         auto now = std::chrono::steady_clock::now();
         int timeout = -1;
         bool partial = false;
-        pf.assign({{listener_, POLLIN, 0}, {wake_[0], POLLIN, 0}});
-        for (const Waiting &w : waiting) {
-            int ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(w.until - now).count());
+        pf[0] = {listener_, POLLIN, 0};
+        pf[1] = {wake_[0], POLLIN, 0};
+        for (size_t i = 0; i < nw; i++) {
+            int ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(waiting[i].until - now).count());
             timeout = timeout < 0 || ms < timeout ? (ms > 0 ? ms : 0) : timeout;
             char start[kStartBytes];
-            partial |= recv(w.fd, start, sizeof start, MSG_PEEK | MSG_DONTWAIT) > 0;
-            pf.push_back({w.fd, POLLIN, 0});
+            partial |= recv(waiting[i].fd, start, sizeof start, MSG_PEEK | MSG_DONTWAIT) > 0;
+            pf[2 + i] = {waiting[i].fd, POLLIN, 0};
         }
         if (partial && (timeout < 0 || timeout > kPartialMs))
             timeout = kPartialMs;
-        int r = poll(pf.data(), nfds_t(pf.size()), timeout);
+        int r = poll(pf, nfds_t(2 + nw), timeout);
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 || pf[1].revents) {
-            for (const Waiting &w : waiting)
-                close(w.fd);
+            for (size_t i = 0; i < nw; i++)
+                close(waiting[i].fd);
             return;
         }
         now = std::chrono::steady_clock::now();
         size_t keep = 0;
-        for (size_t i = 0; i < waiting.size(); i++) {
+        for (size_t i = 0; i < nw; i++) {
             int c = waiting[i].fd;
             char start[kStartBytes];
             ssize_t got = recv(c, start, sizeof start, MSG_PEEK | MSG_DONTWAIT);
@@ -288,7 +290,7 @@ void Server::run()
             }
             close(c);
         }
-        waiting.resize(keep);
+        nw = keep;
         if (!(pf[0].revents & POLLIN))
             continue;
         /* a process of another user is closed at once, unanswered (FABPOOL_PEERS=any_user lets it in) */
@@ -298,12 +300,14 @@ void Server::run()
             refused_++;
         if (st != FABPOOL_OK)
             continue;
-        if (waiting.size() == kWaitingMax) {
-            close(waiting.front().fd);
+        if (nw == kWaitingMax) { /* the oldest makes room */
+            close(waiting[0].fd);
             refused_++;
-            waiting.erase(waiting.begin());
+            for (size_t i = 1; i < nw; i++)
+                waiting[i - 1] = waiting[i];
+            nw--;
         }
-        waiting.push_back({conn, std::chrono::steady_clock::now() + std::chrono::milliseconds(kTimeoutMs)});
+        waiting[nw++] = {conn, std::chrono::steady_clock::now() + std::chrono::milliseconds(kTimeoutMs)};
     }
 }
 
