@@ -1,9 +1,11 @@
 /* trace_file.c - reading and summarising fabpool traces (trace_file.h). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #ifdef FABPOOL_HAVE_ZLIB
 #include <zlib.h>
@@ -105,6 +107,9 @@ void u64map_free(u64map *m)
 
 /* ------------------------------------------------------------ reading */
 
+#define GZ_RATIO_MAX 64               /* decompressed bytes a compressed byte may give */
+#define GZ_FLOOR (64ull << 20)        /* and at least this much, for small files */
+
 /* The whole file (decompressed) into *buf. */
 static int slurp(const char *path, unsigned char **buf, size_t *len, char *err, size_t cap)
 {
@@ -147,6 +152,11 @@ static int slurp(const char *path, unsigned char **buf, size_t *len, char *err, 
         *len = n;
         return 0;
     }
+    /* a gzip file decompresses to at most this much: a stream of zeros (a "zip bomb") reaches a thousand times
+     * its size, a trace's records a few times theirs */
+    struct stat stz;
+    uint64_t limit = fstat(fileno(f), &stz) == 0 && stz.st_size > 0 ? (uint64_t)stz.st_size * GZ_RATIO_MAX : 0;
+    limit = limit > GZ_FLOOR ? limit : GZ_FLOOR;
     fclose(f);
     f = NULL;
 #ifdef FABPOOL_HAVE_ZLIB
@@ -176,6 +186,10 @@ static int slurp(const char *path, unsigned char **buf, size_t *len, char *err, 
         if (r == 0)
             break;
         n += (size_t)r;
+        if (n > limit) {
+            gzclose(z);
+            goto too_large;
+        }
     }
     /* a gzip stream cut short reads as a short file without an error from
      * gzread on some zlib versions: gzclose says so */
@@ -219,6 +233,10 @@ static int slurp(const char *path, unsigned char **buf, size_t *len, char *err, 
             if (r == 0)
                 break;
             n += r;
+            if (n > limit) {
+                pclose(pz);
+                goto too_large;
+            }
         }
         if (pclose(pz) != 0) {
             snprintf(err, cap, "trace '%s' is a truncated or corrupt gzip file (gzip -dc failed)", path);
@@ -230,6 +248,12 @@ static int slurp(const char *path, unsigned char **buf, size_t *len, char *err, 
     *buf = b;
     *len = n;
     return 0;
+too_large:
+    snprintf(err, cap, "trace '%s' decompresses to more than %llu bytes, %d times its compressed size: not a trace "
+             "(one compresses a few times); if it really is one, decompress it (gzip -d) and give that file",
+             path, (unsigned long long)limit, GZ_RATIO_MAX);
+    free(b);
+    return -1;
 nomem:
     snprintf(err, cap, "no host memory to read trace '%s'", path);
 fail:

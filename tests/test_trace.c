@@ -800,6 +800,13 @@ static void refused(const char *replay)
         CHECK(copy_cut(gz, bad, st.st_size / 2, -1) == 0);
         CHECK(trace_load(bad, &d, err, sizeof err) == -1);
         CHECK(strstr(err, "truncated") != NULL || strstr(err, "corrupt") != NULL);
+        /* 80 MiB of zeros in a gzip of about 80 KiB: refused once past 64 MiB, not read whole */
+        snprintf(cmd, sizeof cmd, "head -c 83886080 /dev/zero | gzip -c > '%s'", bad);
+        CHECK(system(cmd) == 0);
+        CHECK(trace_load(bad, &d, err, sizeof err) == -1);
+        CHECK(strstr(err, "decompresses to more than 67108864 bytes") != NULL);
+        if (!strstr(err, "decompresses to more than"))
+            fprintf(stderr, "a gzip of zeros: %s\n", err);
     }
     /* a writer that never completed its file (open marker): whole records read, a partial one dropped */
     CHECK(copy_cut(good, bad, FABPOOL_TRACE_HEADER_BYTES + 3 * FABPOOL_TRACE_RECORD_BYTES + 5, -1) == 0);
