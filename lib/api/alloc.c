@@ -184,6 +184,14 @@ static __attribute__((noinline)) fabpool_status alloc_entry(fp_alloc *a, size_t 
             return st;
         }
         disowned = 1;
+    } else if (FP_UNLIKELY(a && fp_retire_unfenced(a->retire)) && out && size && !fp_chunks_asleep(a->sp->ch)) {
+        /* another thread's disown turned the mode off and its fence has not completed: wait for it (or make it) */
+        fabpool_status st = fp_retire_fence(a->retire);
+        if (st != FABPOOL_OK) {
+            *out = NULL;
+            fp_error_append(" (fabpool_alloc: waiting for the stream-ordered frees of stream %p)", a->retire->owner);
+            return st;
+        }
     }
     fabpool_status st = FP_UNLIKELY(a && a->trace) ? alloc_traced(a, size, out, tls_polled ? 0u : FABPOOL_TRACE_R_APP)
                                                    : alloc_any(a, size, out);

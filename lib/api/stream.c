@@ -74,7 +74,10 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     }
     void *was = r->owner;
     int disowned = fp_retire_owned(r);
-    if (disowned && (st = fp_retire_disown(r)) != FABPOOL_OK) {
+    /* the mode on: this call ends it; off with the owner's frees not yet fenced (another thread's disown still
+     * waiting, or refused): this call waits for them too, before it takes anything */
+    if ((disowned && (st = fp_retire_disown(r)) != FABPOOL_OK) ||
+        (!disowned && fp_retire_unfenced(r) && (st = fp_retire_fence(r)) != FABPOOL_OK)) {
         fp_alloc_owner_sync(a); /* the owner mode is on again (retire.h) */
         fp_error_append(" (fabpool_alloc_on_stream, stream %p, waiting for the owner stream %p)", stream,
                         a->retire->owner);

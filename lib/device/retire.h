@@ -221,6 +221,14 @@ static inline int fp_retire_owned(fp_retire *r)
 {
     return atomic_load_explicit(&r->owner_mode, memory_order_relaxed) == FP_OWNER_ON;
 }
+/* Whether the owner freed blocks at once that no fence has covered yet: the owner mode ended (or is ending: a
+ * disown turns it off before its fence, which may still wait or fail), so an allocation must fence before it
+ * takes memory from the pool, not rely on the mode alone. */
+static inline int fp_retire_unfenced(fp_retire *r)
+{
+    return atomic_load_explicit(&r->owner_seq, memory_order_acquire) !=
+           atomic_load_explicit(&r->owner_fenced, memory_order_acquire);
+}
 /* Takes back the claim of a refused call of the stream pair that made
  * `stream` the owner (the mode was FP_OWNER_NONE before it): the pool has no
  * owner again, unless the owner announced a free since owner_seq read `seq`

@@ -1,0 +1,100 @@
+/* test_owner_end_race: the owner stream's freed memory is never handed out before its work is done, however the
+ * end of the owner mode races.  The owner stream S1 allocates blocks and frees them (into the pool at once, the
+ * owner mode) while its work is held (the sim's stream hold: its kernels still run); then two threads, one with
+ * fabpool_alloc and one with fabpool_alloc_on_stream of another stream, race to end the mode.  The first to end it
+ * turns the mode off and then fences (waits for S1's work); the other must not take memory meanwhile:
+ *   - with every event record and context synchronize failing, no fence can complete: every allocation of either
+ *     thread must fail (it did succeed, with the owner's blocks, while another thread's fence was under way);
+ *   - without faults (the fence waits on S1's event, which the sim answers), no thread may get one of the
+ *     owner's blocks while S1 is still held.
+ * Needs the simulated driver (its stream hold and faults). */
+#include <pthread.h>
+
+#include "testutil.h"
+
+enum { K = 32 };
+
+static fabpool_t *P;
+static CUstream S1, S2;
+static void *owned[K];
+static volatile int go;
+static long early, ok_calls;
+
+static int is_owned(void *y)
+{
+    for (int i = 0; i < K; i++)
+        if (owned[i] == y)
+            return 1;
+    return 0;
+}
+
+static void *racer(void *arg)
+{
+    long id = (long)arg;
+    CHECK_CU(cuCtxSetCurrent(t_ctx));
+    while (!go)
+        ;
+    for (int i = 0; i < 200; i++) {
+        void *y = NULL;
+        fabpool_status st = id ? fabpool_alloc_on_stream(P, 1 << 20, S2, &y) : fabpool_alloc(P, 1 << 20, &y);
+        if (st != FABPOOL_OK)
+            continue;
+        __atomic_fetch_add(&ok_calls, 1, __ATOMIC_RELAXED);
+        if (cuStreamQuery(S1) == CUDA_ERROR_NOT_READY && is_owned(y))
+            __atomic_fetch_add(&early, 1, __ATOMIC_RELAXED);
+        /* kept live: the next call must find another block */
+    }
+    return NULL;
+}
+
+/* One race; 0 if it held. */
+static int trial(t_sim_hooks *h, int fault)
+{
+    CHECK_OK(fabpool_create(NULL, &P));
+    CHECK_CU(cuStreamCreate(&S1, CU_STREAM_NON_BLOCKING));
+    CHECK_CU(cuStreamCreate(&S2, CU_STREAM_NON_BLOCKING));
+    for (int i = 0; i < K; i++)
+        CHECK_OK(fabpool_alloc_on_stream(P, 1 << 20, S1, &owned[i]));
+    h->hold(S1);
+    for (int i = 0; i < K; i++)
+        CHECK_OK(fabpool_free_on_stream(P, owned[i], S1));
+    if (fault) {
+        h->fault_set("cuEventRecord", 0, 1, CUDA_ERROR_LAUNCH_FAILED);
+        h->fault_set("cuCtxSynchronize", 0, 1, CUDA_ERROR_LAUNCH_FAILED);
+        h->fault_set("cuEventSynchronize", 0, 1, CUDA_ERROR_LAUNCH_FAILED);
+    }
+    go = 0;
+    early = ok_calls = 0;
+    pthread_t a, b;
+    pthread_create(&a, NULL, racer, (void *)0);
+    pthread_create(&b, NULL, racer, (void *)1);
+    go = 1;
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+    if (fault)
+        h->fault_clear();
+    int broken = early > 0 || (fault && ok_calls > 0);
+    if (broken)
+        fprintf(stderr, "  %s: %ld allocations succeeded, %ld of them an owner's block while its stream was held\n",
+                fault ? "no fence could complete" : "no faults", ok_calls, early);
+    h->release(S1);
+    CHECK_OK(fabpool_collect(P, 1));
+    (void)fabpool_destroy(P); /* BUSY: the racers' blocks are live; the pool goes all the same */
+    CHECK_CU(cuStreamDestroy(S1));
+    CHECK_CU(cuStreamDestroy(S2));
+    return broken;
+}
+
+int main(void)
+{
+    t_sim_hooks h = t_sim_required("test_owner_end_race", "stream holds and faults");
+    int bad = 0;
+    for (int t = 0; t < 20; t++)
+        bad += trial(&h, 1);
+    for (int t = 0; t < 100; t++)
+        bad += trial(&h, 0);
+    CHECK(bad == 0);
+    printf("test_owner_end_race: 120 races, %d handed out memory without a completed fence\n", bad);
+    CHECK(t_near(t_held(), 0));
+    return t_done("test_owner_end_race");
+}
