@@ -40,6 +40,20 @@ static void owner_restore(fp_alloc *a, void *stream, int fresh, uint64_t seq, in
     }
 }
 
+/* Before a stream that is not the owner takes memory: the owner mode on (disowned), this call ends it; off with
+ * the owner's frees not yet fenced (another thread's disown still waiting, or refused), it waits for them too. */
+static fabpool_status owner_end(fp_alloc *a, void *stream, int disowned)
+{
+    fp_retire *r = a->retire;
+    fabpool_status st = FABPOOL_OK;
+    if ((disowned && (st = fp_retire_disown(r)) != FABPOOL_OK) ||
+        (!disowned && fp_retire_unfenced(r) && (st = fp_retire_fence(r)) != FABPOOL_OK)) {
+        fp_alloc_owner_sync(a); /* the owner mode is on again (retire.h) */
+        fp_error_append(" (fabpool_alloc_on_stream, stream %p, waiting for the owner stream %p)", stream, r->owner);
+    }
+    return st;
+}
+
 fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, void **out)
 {
     fp_alloc *a = fp_alloc_of(p);
@@ -74,13 +88,7 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     }
     void *was = r->owner;
     int disowned = fp_retire_owned(r);
-    /* the mode on: this call ends it; off with the owner's frees not yet fenced (another thread's disown still
-     * waiting, or refused): this call waits for them too, before it takes anything */
-    if ((disowned && (st = fp_retire_disown(r)) != FABPOOL_OK) ||
-        (!disowned && fp_retire_unfenced(r) && (st = fp_retire_fence(r)) != FABPOOL_OK)) {
-        fp_alloc_owner_sync(a); /* the owner mode is on again (retire.h) */
-        fp_error_append(" (fabpool_alloc_on_stream, stream %p, waiting for the owner stream %p)", stream,
-                        a->retire->owner);
+    if ((st = owner_end(a, stream, disowned)) != FABPOOL_OK) {
         FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, 0, size, stream, st);
         return st;
     }
