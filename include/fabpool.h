@@ -293,7 +293,12 @@ FABPOOL_API fabpool_status fabpool_free(fabpool_t *pool, void *ptr);
  * work (stream_fences); the latter ends the owner mode for good, and from
  * then on every stream works as described above.
  * fabpool_collect(pool, 1) waits for every stream and gives every pending
- * block back to the pool; fabpool_destroy does the same. */
+ * block back to the pool; fabpool_destroy does the same.
+ * The per-thread default stream (CU_STREAM_PER_THREAD) names a different
+ * stream in every thread, which no record of the handle tells apart: an
+ * allocation on it is fabpool_alloc's, and a free on it waits for the
+ * calling thread's stream, then frees as fabpool_free does (it never owns
+ * the pool); fabpool_record_stream refuses it. */
 FABPOOL_API fabpool_status fabpool_alloc_on_stream(fabpool_t *pool, size_t size, void *stream, void **out);
 FABPOOL_API fabpool_status fabpool_free_on_stream(fabpool_t *pool, void *ptr, void *stream);
 /* Another stream uses a block (what PyTorch's Tensor.record_stream says).

@@ -3,6 +3,7 @@
  * queue (pending.h) and the block paths of alloc.c (alloc.h). */
 #include "alloc.h"
 
+#include "device.h"
 #include "error.h"
 #include "trace.h"
 
@@ -62,6 +63,8 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     *out = NULL;
     if (size == 0)   /* as fabpool_alloc: success and NULL */
         return FABPOOL_OK;
+    if (stream == (void *)CU_STREAM_PER_THREAD)   /* a different stream in every thread: no stream's block */
+        return fabpool_alloc(p, size, out);
     fabpool_status st = FABPOOL_OK;
     /* before anything is taken: a block the stream freed, another stream's
      * done block and the owner claim would each hand out (or change) what
@@ -209,8 +212,30 @@ static fabpool_status free_as_owner(stream_block *b, void *ptr, void *stream, in
     return st;
 }
 
+/* fabpool_free_on_stream on the per-thread default stream (CU_STREAM_PER_THREAD): the handle names a different
+ * stream in every thread, so no record keyed by it can order a later allocation after this free; the calling
+ * thread's stream is waited for, then the block is freed as fabpool_free frees it. */
+static fabpool_status free_per_thread(fabpool_t *p, void *ptr)
+{
+    fp_alloc *a = fp_alloc_of(p);
+    if (a && ptr) {
+        CUcontext saved;
+        fabpool_status st = fp_ctx_push(a->sp->ch, &saved);
+        if (st != FABPOOL_OK)
+            return st;
+        CUresult r = fp_device_sync(a->sp->ch, (void *)CU_STREAM_PER_THREAD);
+        fp_ctx_pop(a->sp->ch, saved);
+        if (r != CUDA_SUCCESS)
+            return fp_drv_error(r, "cuStreamSynchronize", "waiting for this thread's per-thread default stream "
+                                "before freeing %p on it (the block is still the caller's)", ptr);
+    }
+    return fabpool_free(p, ptr);
+}
+
 fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
 {
+    if (stream == (void *)CU_STREAM_PER_THREAD)
+        return free_per_thread(p, ptr);
     stream_block b;
     fabpool_status st = stream_block_open(p, ptr, "fabpool_free_on_stream", &b);
     if (st != FABPOOL_OK || !b.s)
@@ -281,6 +306,10 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
 
 fabpool_status fabpool_record_stream(fabpool_t *p, void *ptr, void *stream)
 {
+    if (stream == (void *)CU_STREAM_PER_THREAD)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_record_stream(%p): the per-thread default stream "
+                        "(CU_STREAM_PER_THREAD) names a different stream in every thread, which the free cannot wait "
+                        "for; record the stream's own handle, or synchronize it before the free", ptr);
     stream_block b;
     fabpool_status st = stream_block_open(p, ptr, "fabpool_record_stream", &b);
     if (st != FABPOOL_OK || !b.s)
