@@ -301,6 +301,13 @@ FABPOOL_API fabpool_status fabpool_free(fabpool_t *pool, void *ptr);
  * the pool); fabpool_record_stream refuses it. */
 FABPOOL_API fabpool_status fabpool_alloc_on_stream(fabpool_t *pool, size_t size, void *stream, void **out);
 FABPOOL_API fabpool_status fabpool_free_on_stream(fabpool_t *pool, void *ptr, void *stream);
+/* Ends the owner mode now, for good: waits for the owner stream's work
+ * queued so far (one event, made now) and from then on every stream's frees
+ * wait for their events; a pool with no owner yet gets none.  For a caller
+ * about to capture a CUDA graph, during which no event may be recorded on
+ * the capturing stream (were it the owner, another stream's allocation would
+ * end the mode then).  A wait the driver refuses leaves the mode as it was. */
+FABPOOL_API fabpool_status fabpool_stream_owner_end(fabpool_t *pool);
 /* Another stream uses a block (what PyTorch's Tensor.record_stream says).
  * `stream` (a CUstream; NULL is the legacy default stream, which PyTorch
  * passes as 0, not "no stream") uses the live block at ptr (from

@@ -7,6 +7,7 @@
  *     thread must fail (it did succeed, with the owner's blocks, while another thread's fence was under way);
  *   - without faults (the fence waits on S1's event, which the sim answers), no thread may get one of the
  *     owner's blocks while S1 is still held.
+ * And fabpool_stream_owner_end, the mode ended by a call.
  * Needs the simulated driver (its stream hold and faults). */
 #include <pthread.h>
 
@@ -85,9 +86,49 @@ static int trial(t_sim_hooks *h, int fault)
     return broken;
 }
 
+/* fabpool_stream_owner_end: with an owner whose work is held, it fences (the work is done when it returns) and the
+ * mode is over (the stream's next frees wait for events); on a pool with no owner yet, none comes; a refused
+ * fence leaves the mode on; NULL is refused. */
+static void owner_end_by_call(t_sim_hooks *h)
+{
+    CHECK_STATUS(fabpool_stream_owner_end(NULL), FABPOOL_ERR_INVALID_ARG);
+    CHECK_OK(fabpool_create(NULL, &P));
+    CHECK_CU(cuStreamCreate(&S1, CU_STREAM_NON_BLOCKING));
+    void *x = NULL;
+    CHECK_OK(fabpool_alloc_on_stream(P, 1 << 20, S1, &x));
+    h->hold(S1);
+    CHECK_OK(fabpool_free_on_stream(P, x, S1)); /* the owner's: to the pool at once */
+    fabpool_counters k0 = {.struct_size = sizeof k0}, k1 = k0;
+    CHECK_OK(fabpool_get_counters(P, &k0));
+    CHECK(k0.stream_owner_frees == 1);
+    h->fault_set("cuEventRecord", 0, 1, CUDA_ERROR_LAUNCH_FAILED);
+    h->fault_set("cuCtxSynchronize", 0, 1, CUDA_ERROR_LAUNCH_FAILED);
+    CHECK(fabpool_stream_owner_end(P) != FABPOOL_OK); /* no fence: the mode holds */
+    h->fault_clear();
+    CHECK(cuStreamQuery(S1) == CUDA_ERROR_NOT_READY);
+    CHECK_OK(fabpool_stream_owner_end(P));
+    CHECK(cuStreamQuery(S1) == CUDA_SUCCESS); /* fenced */
+    CHECK_OK(fabpool_alloc_on_stream(P, 1 << 20, S1, &x));
+    CHECK_OK(fabpool_free_on_stream(P, x, S1));
+    CHECK_OK(fabpool_get_counters(P, &k1));
+    CHECK(k1.stream_owner_frees == 1 && k1.stream_fences > k0.stream_fences); /* no owner free since */
+    CHECK_OK(fabpool_destroy(P));
+    /* no owner yet: none comes */
+    CHECK_OK(fabpool_create(NULL, &P));
+    CHECK_OK(fabpool_stream_owner_end(P));
+    CHECK_OK(fabpool_alloc_on_stream(P, 1 << 20, S1, &x));
+    CHECK_OK(fabpool_free_on_stream(P, x, S1));
+    CHECK_OK(fabpool_get_counters(P, &k1));
+    CHECK(k1.stream_owner_frees == 0);
+    CHECK_OK(fabpool_collect(P, 1));
+    CHECK_OK(fabpool_destroy(P));
+    CHECK_CU(cuStreamDestroy(S1));
+}
+
 int main(void)
 {
     t_sim_hooks h = t_sim_required("test_owner_end_race", "stream holds and faults");
+    owner_end_by_call(&h);
     int bad = 0;
     for (int t = 0; t < 20; t++)
         bad += trial(&h, 1);

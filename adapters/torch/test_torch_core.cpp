@@ -460,6 +460,44 @@ static void check_shared_pool(Core &core, int64_t held0)
     all_back(core, held0, {sc});
 }
 
+/* A graph captured on the stream that owns fabpool's default pool (the first stream it saw): an allocation of
+ * another stream during the capture makes no event or synchronize call (PyTorch makes none while a capture is
+ * underway; on a GPU a captured event's synchronize fails and a context synchronize breaks the capture), and
+ * succeeds. */
+static void check_capture_of_the_owner(Core &core, int64_t held0)
+{
+    CUstream s = new_stream(), o = new_stream();
+    Stream S = s;
+    const PoolId P{21, 0};
+    void *x = core.malloc(0, MiB, s); /* s: the first stream the default pool sees, its owner */
+    core.free(x);                     /* an owner's free: to the pool at once, a fence owed */
+    core.begin_pool(0, P, [S](Stream q) { return q == S; });
+    rt.capture(S, true);
+    void *a = core.malloc(0, MiB, s);
+    t_sim_hooks h = t_sim_hooks_get();
+    uint64_t c0 = h.calls ? h.calls("cuEventRecord") + h.calls("cuEventSynchronize") + h.calls("cuCtxSynchronize") : 0;
+    void *y = nullptr;
+    try {
+        y = core.malloc(0, MiB, o); /* another stream, not capturing: the default pool */
+    } catch (const OutOfMemory &e) {
+        fprintf(stderr, "check_capture_of_the_owner: %s\n", e.what());
+    }
+    uint64_t c1 = h.calls ? h.calls("cuEventRecord") + h.calls("cuEventSynchronize") + h.calls("cuCtxSynchronize") : 0;
+    CHECK(y != nullptr && c1 == c0);
+    if (c1 != c0)
+        fprintf(stderr, "check_capture_of_the_owner: %llu event or synchronize calls during the capture\n",
+                (unsigned long long)(c1 - c0));
+    rt.capture(S, false);
+    core.end_pool(0, P);
+    core.free(a);
+    if (y)
+        core.free(y);
+    core.release_pool(0, P);
+    all_back(core, held0, {s, o});
+    core.reset_accumulated(0); /* check_stats counts from here */
+    core.reset_peak(0);
+}
+
 /* Pools begun inside one another (use_mem_pool nested): the one begun last serves until it ends, then the one
  * around it again, as PyTorch's test_nested_mempool has it: 20 MiB in A, in B, in C, in B, in A gives A and B two
  * blocks each and C one. */
@@ -1363,6 +1401,7 @@ int main(int argc, char **argv)
     int64_t held0 = t_held();
     {
         Core core(&rt);
+        check_capture_of_the_owner(core, held0); /* first: the default pool's first stream becomes its owner */
         check_stats(core, held0);
         check_record_stream(core);
         check_oom(core, held0);

@@ -505,8 +505,13 @@ void Core::begin_pool(int device, PoolId id, std::function<bool(Stream)> filter)
     /* every block freed on a stream so far gets its event now: none is
      * recorded on a stream while it captures (the blocks freed meanwhile on
      * a capturing stream wait in the deferred list) */
-    if (fabpool_t *fp = fabpool_torch_pool(d.index))
+    if (fabpool_t *fp = fabpool_torch_pool(d.index)) {
         fabpool_collect(fp, 0);
+        /* and the default pool's owner mode ends, its fence made while events are allowed: were the capturing
+         * stream the owner, another stream's allocation during the capture would end it then, with an event on
+         * the capturing stream; a refusal here leaves that to happen, as before */
+        (void)fabpool_stream_owner_end(fp);
+    }
     d.contexts.push_back(Context{id, std::move(filter)});
     contexts_.fetch_add(1, std::memory_order_acq_rel);
 }

@@ -304,6 +304,23 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
     return FABPOOL_OK;
 }
 
+fabpool_status fabpool_stream_owner_end(fabpool_t *p)
+{
+    fp_alloc *a = fp_alloc_of(p);
+    if (!a)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_stream_owner_end: the pool is NULL");
+    fp_retire *r = a->retire;
+    int m = FP_OWNER_NONE;
+    /* no owner yet: none may come now (a stream that captures a graph must not become one) */
+    atomic_compare_exchange_strong(&r->owner_mode, &m, FP_OWNER_OFF);
+    fabpool_status st = fp_retire_owned(r) ? fp_retire_disown(r) : fp_retire_fence(r);
+    fp_alloc_owner_sync(a);
+    if (st != FABPOOL_OK)
+        fp_error_append(" (fabpool_stream_owner_end: waiting for the owner stream %p's work; the owner mode holds)",
+                        r->owner);
+    return st;
+}
+
 fabpool_status fabpool_record_stream(fabpool_t *p, void *ptr, void *stream)
 {
     if (stream == (void *)CU_STREAM_PER_THREAD)
