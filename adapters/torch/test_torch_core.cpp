@@ -460,6 +460,44 @@ static void check_shared_pool(Core &core, int64_t held0)
     all_back(core, held0, {sc});
 }
 
+/* Two devices (test_torch_core --two-devices, FABSIM_DEVICES=2): a pool context open on device 1 changes nothing
+ * of device 0's allocations. A private pool of device 0 that held half of it is released; an allocation that fits
+ * only once that pool's memory goes back (PyTorch's OOM retry frees released pools) is served while device 1
+ * allocates to a pool of its own, as PyTorch's per-device allocator serves it. */
+static void check_other_device_context(Core &core)
+{
+    int n = 0;
+    cuDeviceGetCount(&n);
+    CHECK(n >= 2);
+    if (n < 2)
+        return;
+    CUstream s = new_stream();
+    size_t fr = 0, total = 0;
+    cuMemGetInfo(&fr, &total);
+    const PoolId Q{31, 0}, R{32, 0};
+    core.begin_pool(0, Q, [](Stream) { return true; });
+    void *big = core.malloc(0, total / 2, s);
+    core.end_pool(0, Q);
+    core.free(big);
+    core.release_pool(0, Q);
+    cuMemGetInfo(&fr, &total);
+    size_t want = fr + total / 4; /* fits only once Q's memory goes back */
+    core.begin_pool(1, R, [](Stream) { return true; });
+    void *p = nullptr;
+    try {
+        p = core.malloc(0, want, s);
+    } catch (const OutOfMemory &e) {
+        fprintf(stderr, "check_other_device_context: %s\n", e.what());
+    }
+    CHECK(p != nullptr);
+    core.end_pool(1, R);
+    core.release_pool(1, R);
+    if (p)
+        core.free(p);
+    core.empty_cache(PoolId{0, 0});
+    cuStreamDestroy(s);
+}
+
 /* A graph captured on the stream that owns fabpool's default pool (the first stream it saw): an allocation of
  * another stream during the capture makes no event or synchronize call (PyTorch makes none while a capture is
  * underway; on a GPU a captured event's synchronize fails and a context synchronize breaks the capture), and
@@ -1399,6 +1437,15 @@ int main(int argc, char **argv)
     *(void **)&S_release = dlsym(RTLD_DEFAULT, "fabsim_stream_release");
     fabpool_torch_set_verbose(0);
     int64_t held0 = t_held();
+    if (argc == 2 && strcmp(argv[1], "--two-devices") == 0) {
+        {
+            Core core(&rt);
+            check_other_device_context(core);
+        }
+        CHECK(fabpool_torch_shutdown() == FABPOOL_OK);
+        CHECK(t_held() == held0);
+        return t_done("test_torch_core --two-devices");
+    }
     {
         Core core(&rt);
         check_capture_of_the_owner(core, held0); /* first: the default pool's first stream becomes its owner */

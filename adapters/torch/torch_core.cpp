@@ -595,8 +595,10 @@ void Core::restore(const PoolState &state, std::vector<void *> *freed, std::vect
 {
     Device &d = dev(state.device);
     std::lock_guard<std::mutex> lk(d.mu);
-    bool ctx = contexts_.load(std::memory_order_acquire) > 0;
-    Relaxed relaxed(rt_, ctx);
+    /* this device allocates to a pool: its deferred frees and events wait, its OOM retry frees nothing (per
+     * device, as PyTorch's); the runtime's capture mode is relaxed while any device does */
+    bool ctx = !d.contexts.empty();
+    Relaxed relaxed(rt_, contexts_.load(std::memory_order_acquire) > 0);
     Pool *p = find_pool(d, state.id);
     if (!p || p->ext)
         throw std::logic_error("fabpool: setCheckpointPoolState: device " + std::to_string(state.device) +
@@ -785,8 +787,10 @@ void *Core::malloc(int device, size_t size, Stream stream)
     Device &d = dev(device);
     std::shared_ptr<void> stack = gather(true); /* before the lock: it may run Python */
     std::lock_guard<std::mutex> lk(d.mu);
-    bool ctx = contexts_.load(std::memory_order_acquire) > 0;
-    Relaxed relaxed(rt_, ctx);
+    /* this device allocates to a pool: its deferred frees and events wait, its OOM retry frees nothing (per
+     * device, as PyTorch's); the runtime's capture mode is relaxed while any device does */
+    bool ctx = !d.contexts.empty();
+    Relaxed relaxed(rt_, contexts_.load(std::memory_order_acquire) > 0);
     if (!ctx) {
         if (!d.deferred.empty())
             flush_deferred(d);
@@ -888,8 +892,10 @@ Freed Core::free(void *ptr)
     Device &d = *devs_[b->device].load(std::memory_order_acquire);
     std::shared_ptr<void> stack = gather(false);
     std::lock_guard<std::mutex> lk(d.mu);
-    bool ctx = contexts_.load(std::memory_order_acquire) > 0;
-    Relaxed relaxed(rt_, ctx);
+    /* this device allocates to a pool: its deferred frees and events wait, its OOM retry frees nothing (per
+     * device, as PyTorch's); the runtime's capture mode is relaxed while any device does */
+    bool ctx = !d.contexts.empty();
+    Relaxed relaxed(rt_, contexts_.load(std::memory_order_acquire) > 0);
     Freed f{b->device, b->usable};
     if (history_on())
         note_block(HistoryEvent::FreeRequested, *b, std::move(stack));
@@ -1102,8 +1108,8 @@ void Core::empty_cache(PoolId id)
         if (!d)
             continue;
         std::lock_guard<std::mutex> lk(d->mu);
-        bool ctx = contexts_.load(std::memory_order_acquire) > 0;
-        Relaxed relaxed(rt_, ctx);
+        bool ctx = !d->contexts.empty(); /* this device's contexts, as malloc's */
+        Relaxed relaxed(rt_, contexts_.load(std::memory_order_acquire) > 0);
         /* as PyTorch's allocator: nothing while the device allocates to a
          * pool (a capture may be under way); the next call does it */
         if (!d->contexts.empty())
