@@ -18,7 +18,7 @@ enum { K = 32 };
 static fabpool_t *P;
 static CUstream S1, S2;
 static void *owned[K];
-static volatile int go;
+static int go; /* the start, for both racers at once (atomic builtins) */
 static long early, ok_calls;
 
 static int is_owned(void *y)
@@ -33,7 +33,7 @@ static void *racer(void *arg)
 {
     long id = (long)arg;
     CHECK_CU(cuCtxSetCurrent(t_ctx));
-    while (!go)
+    while (!__atomic_load_n(&go, __ATOMIC_ACQUIRE))
         ;
     for (int i = 0; i < 200; i++) {
         void *y = NULL;
@@ -64,12 +64,12 @@ static int trial(t_sim_hooks *h, int fault)
         h->fault_set("cuCtxSynchronize", 0, 1, CUDA_ERROR_LAUNCH_FAILED);
         h->fault_set("cuEventSynchronize", 0, 1, CUDA_ERROR_LAUNCH_FAILED);
     }
-    go = 0;
+    __atomic_store_n(&go, 0, __ATOMIC_RELEASE);
     early = ok_calls = 0;
     pthread_t a, b;
     pthread_create(&a, NULL, racer, (void *)0);
     pthread_create(&b, NULL, racer, (void *)1);
-    go = 1;
+    __atomic_store_n(&go, 1, __ATOMIC_RELEASE);
     pthread_join(a, NULL);
     pthread_join(b, NULL);
     if (fault)
