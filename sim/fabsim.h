@@ -90,6 +90,10 @@ uint64_t fabsim_cold_exports(void);
  * fabsim_stream_release.  stream NULL is the legacy default stream. */
 int fabsim_stream_hold(void *stream);
 int fabsim_stream_release(void *stream);
+/* As fabsim_stream_hold, but a synchronize of the stream's work (or of the
+ * context) waits, blocking its thread, until fabsim_stream_release from
+ * another thread: a kernel that runs long. */
+int fabsim_stream_hold_long(void *stream);
 
 /* 1 if every byte of [va, va + n) is device memory this process has mapped
  * (cuMemMap, or cuMemAlloc) with read-write access granted to some device,

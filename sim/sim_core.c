@@ -480,9 +480,11 @@ SIM_API CUresult cuCtxSynchronize(void)
 #define STREAM_MAGIC 0x5354524d
 #define EVENT_MAGIC 0x4556454e
 
+enum { HELD = 1, HELD_LONG = 2 }; /* a stream's hold: completed by a synchronize, or only by its release */
+
 typedef struct sim_stream {
     int magic;
-    int held;
+    int held;                 /* 0, HELD or HELD_LONG */
     uint64_t hold_epoch;
     struct sim_stream *next;
 } sim_stream;
@@ -521,25 +523,41 @@ static sim_event *get_event(CUevent e)
     return NULL;
 }
 
+/* Streams held with fabsim_stream_hold_long: a synchronize waits here until their release. */
+static pthread_cond_t released = PTHREAD_COND_INITIALIZER;
+
+static int any_held_long(void)
+{
+    for (sim_stream *x = streams; x; x = x->next)
+        if (x->held == HELD_LONG)
+            return 1;
+    return 0;
+}
+
 void sim_complete_all(void)
 {
     pthread_mutex_lock(&sim_lock);
+    while (any_held_long())
+        pthread_cond_wait(&released, &sim_lock);
     for (sim_stream *x = streams; x; x = x->next)
         x->held = 0;
     pthread_mutex_unlock(&sim_lock);
 }
 
-SIM_API int fabsim_stream_hold(void *s)
+static int hold(void *s, int how)
 {
     pthread_mutex_lock(&sim_lock);
     sim_stream *x = get_stream((CUstream)s);
     if (x) {
-        x->held = 1;
+        x->held = how;
         x->hold_epoch = ++hold_epochs;
     }
     pthread_mutex_unlock(&sim_lock);
     return x ? 0 : -1;
 }
+
+SIM_API int fabsim_stream_hold(void *s) { return hold(s, HELD); }
+SIM_API int fabsim_stream_hold_long(void *s) { return hold(s, HELD_LONG); }
 
 SIM_API int fabsim_stream_release(void *s)
 {
@@ -547,6 +565,7 @@ SIM_API int fabsim_stream_release(void *s)
     sim_stream *x = get_stream((CUstream)s);
     if (x)
         x->held = 0;
+    pthread_cond_broadcast(&released);
     pthread_mutex_unlock(&sim_lock);
     return x ? 0 : -1;
 }
@@ -599,6 +618,7 @@ static CUresult stream_destroy(CUstream s)
     for (sim_event *e = events; e; e = e->next)
         if (e->stream == x)
             e->stream = NULL, e->epoch = 0; /* its work is done */
+    pthread_cond_broadcast(&released);
     pthread_mutex_unlock(&sim_lock);
     x->magic = 0;
     free(x);
@@ -623,7 +643,9 @@ SIM_API CUresult cuStreamSynchronize(CUstream s)
     if (!current)
         return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&sim_lock);
-    sim_stream *x = get_stream(s);
+    sim_stream *x;
+    while ((x = get_stream(s)) && x->held == HELD_LONG)
+        pthread_cond_wait(&released, &sim_lock);
     if (x)
         x->held = 0;
     pthread_mutex_unlock(&sim_lock);
@@ -743,7 +765,9 @@ SIM_API CUresult cuEventSynchronize(CUevent e)
 {
     ENTER(cuEventSynchronize);
     pthread_mutex_lock(&sim_lock);
-    sim_event *x = get_event(e);
+    sim_event *x;
+    while ((x = get_event(e)) && pending(x) && x->stream->held == HELD_LONG)
+        pthread_cond_wait(&released, &sim_lock);
     if (x && pending(x))
         x->stream->held = 0; /* the GPU finishes the work */
     pthread_mutex_unlock(&sim_lock);

@@ -7,11 +7,15 @@
  *     thread must fail (it did succeed, with the owner's blocks, while another thread's fence was under way);
  *   - without faults (the fence waits on S1's event, which the sim answers), no thread may get one of the
  *     owner's blocks while S1 is still held.
- * And fabpool_stream_owner_end, the mode ended by a call.
- * Needs the simulated driver (its stream hold and faults). */
-#include <pthread.h>
-
+ * And fabpool_stream_owner_end, the mode ended by a call; and the thread caches while a fence waits: a thread that
+ * freed the owner's small blocks into its own cache must not take them back before the fence that ends the mode
+ * is done, whoever else allocates meanwhile.
+ * Needs the simulated driver (its stream holds and faults). */
 #include "testutil.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
 
 enum { K = 32 };
 
@@ -125,10 +129,89 @@ static void owner_end_by_call(t_sim_hooks *h)
     CHECK_CU(cuStreamDestroy(S1));
 }
 
+/* The thread-cache window: W freed the owner's small blocks into its cache; U ends the owner mode and its fence
+ * waits on S1's long kernel; T allocates meanwhile (its call waits for that fence too); then W allocates. */
+static _Atomic int w_stage; /* 1: W's blocks freed, 2: go, 3: W's allocation returned */
+static _Atomic int w_early; /* W got one of the owner's blocks while S1 still ran */
+
+static void *window_w(void *arg)
+{
+    (void)arg;
+    CHECK_CU(cuCtxSetCurrent(t_ctx));
+    void *y = NULL;
+    CHECK_OK(fabpool_alloc(P, 256, &y)); /* W's cache, before any owner */
+    CHECK_OK(fabpool_free(P, y));
+    for (int i = 0; i < K; i++)
+        CHECK_OK(fabpool_alloc_on_stream(P, 256, S1, &owned[i])); /* S1 the owner */
+    t_sim_hooks h = t_sim_hooks_get();
+    h.hold_long(S1);
+    for (int i = 0; i < K; i++)
+        CHECK_OK(fabpool_free_on_stream(P, owned[i], S1)); /* at once, into W's cache */
+    atomic_store(&w_stage, 1);
+    while (atomic_load(&w_stage) != 2)
+        usleep(1000);
+    CHECK_OK(fabpool_alloc(P, 256, &y));
+    if (cuStreamQuery(S1) == CUDA_ERROR_NOT_READY && is_owned(y))
+        atomic_store(&w_early, 1);
+    atomic_store(&w_stage, 3);
+    CHECK_OK(fabpool_free(P, y));
+    CHECK_OK(fabpool_thread_flush(P));
+    return NULL;
+}
+
+static void *window_u(void *arg)
+{
+    (void)arg;
+    CHECK_CU(cuCtxSetCurrent(t_ctx));
+    CHECK_OK(fabpool_stream_owner_end(P)); /* the mode off, then its fence waits for S1 */
+    return NULL;
+}
+
+static void *window_t(void *arg)
+{
+    CHECK_CU(cuCtxSetCurrent(t_ctx));
+    CHECK_OK(fabpool_alloc(P, 256, (void **)arg));
+    return NULL;
+}
+
+static void thread_cache_window(t_sim_hooks *h)
+{
+    CHECK_OK(fabpool_create(NULL, &P));
+    CHECK_CU(cuStreamCreate(&S1, CU_STREAM_NON_BLOCKING));
+    atomic_store(&w_stage, 0);
+    atomic_store(&w_early, 0);
+    pthread_t w, u, t;
+    void *ty = NULL;
+    pthread_create(&w, NULL, window_w, NULL);
+    while (atomic_load(&w_stage) != 1)
+        usleep(1000);
+    pthread_create(&u, NULL, window_u, NULL);
+    usleep(50000);
+    CHECK(cuStreamQuery(S1) == CUDA_ERROR_NOT_READY); /* U's fence still waits */
+    pthread_create(&t, NULL, window_t, &ty);
+    usleep(50000);
+    atomic_store(&w_stage, 2);
+    for (int i = 0; i < 200 && atomic_load(&w_stage) != 3; i++)
+        usleep(1000);
+    int took = atomic_load(&w_early);
+    h->release(S1);
+    pthread_join(w, NULL);
+    pthread_join(u, NULL);
+    pthread_join(t, NULL);
+    if (took)
+        fprintf(stderr, "  a thread took back the owner's block from its cache before the fence was done\n");
+    CHECK(!took);
+    CHECK_OK(fabpool_free(P, ty));
+    CHECK_OK(fabpool_check(P));
+    CHECK_OK(fabpool_destroy(P));
+    CHECK_CU(cuStreamDestroy(S1));
+}
+
 int main(void)
 {
     t_sim_hooks h = t_sim_required("test_owner_end_race", "stream holds and faults");
     owner_end_by_call(&h);
+    thread_cache_window(&h);
     int bad = 0;
     for (int t = 0; t < 20; t++)
         bad += trial(&h, 1);

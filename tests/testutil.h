@@ -256,6 +256,7 @@ typedef struct t_sim_hooks {
     uint64_t (*calls)(const char *entry);
     int (*hold)(void *stream);
     int (*release)(void *stream);
+    int (*hold_long)(void *stream);
     uint64_t (*cold_exports)(void);
     int (*range_mapped)(const void *va, size_t n);
 } t_sim_hooks;
@@ -268,6 +269,7 @@ static inline t_sim_hooks t_sim_hooks_get(void)
     *(void **)&h.calls = dlsym(RTLD_DEFAULT, "fabsim_calls");
     *(void **)&h.hold = dlsym(RTLD_DEFAULT, "fabsim_stream_hold");
     *(void **)&h.release = dlsym(RTLD_DEFAULT, "fabsim_stream_release");
+    *(void **)&h.hold_long = dlsym(RTLD_DEFAULT, "fabsim_stream_hold_long");
     *(void **)&h.cold_exports = dlsym(RTLD_DEFAULT, "fabsim_cold_exports");
     *(void **)&h.range_mapped = dlsym(RTLD_DEFAULT, "fabsim_range_mapped");
     return h;

@@ -168,25 +168,17 @@ static __attribute__((noinline)) fabpool_status alloc_entry(fp_alloc *a, size_t 
         fp_alloc_owner_sync(a);
     /* Blocks the owner stream freed may still be in use by its queued work:
      * the first allocation that is not the owner's waits for that work and
-     * ends the owner mode (retire.h); a call that will be refused (asleep,
-     * bad arguments) ends nothing, and one refused after it (the driver, a
-     * limit) puts the owner mode back on, its fence done (retire.h). */
+     * ends the owner mode, and while it waits every other one waits too
+     * (retire.h); a call that will be refused (asleep, bad arguments) ends
+     * nothing, and one refused after it puts the owner mode back on, its
+     * fence done. */
     void *was = NULL;
     int disowned = 0;
-    if (FP_UNLIKELY(a && fp_retire_owned(a->retire)) && out && size && !fp_chunks_asleep(a->sp->ch)) {
+    if (FP_UNLIKELY(a && (fp_retire_owned(a->retire) || fp_retire_unfenced(a->retire))) && out && size &&
+        !fp_chunks_asleep(a->sp->ch)) {
         was = a->retire->owner;
-        fabpool_status st = fp_retire_disown(a->retire);
+        fabpool_status st = fp_retire_owner_leave(a->retire, &disowned);
         fp_alloc_owner_sync(a);
-        if (st != FABPOOL_OK) {
-            if (out)
-                *out = NULL;
-            fp_error_append(" (fabpool_alloc: waiting for the stream-ordered frees of stream %p)", a->retire->owner);
-            return st;
-        }
-        disowned = 1;
-    } else if (FP_UNLIKELY(a && fp_retire_unfenced(a->retire)) && out && size && !fp_chunks_asleep(a->sp->ch)) {
-        /* another thread's disown turned the mode off and its fence has not completed: wait for it (or make it) */
-        fabpool_status st = fp_retire_fence(a->retire);
         if (st != FABPOOL_OK) {
             *out = NULL;
             fp_error_append(" (fabpool_alloc: waiting for the stream-ordered frees of stream %p)", a->retire->owner);

@@ -41,17 +41,15 @@ static void owner_restore(fp_alloc *a, void *stream, int fresh, uint64_t seq, in
     }
 }
 
-/* Before a stream that is not the owner takes memory: the owner mode on (disowned), this call ends it; off with
- * the owner's frees not yet fenced (another thread's disown still waiting, or refused), it waits for them too. */
-static fabpool_status owner_end(fp_alloc *a, void *stream, int disowned)
+/* Before a stream that is not the owner takes memory (fp_retire_owner_leave); a refusal leaves the owner mode as
+ * it was, which the fast path's key follows. */
+static fabpool_status owner_end(fp_alloc *a, void *stream, int *disowned)
 {
-    fp_retire *r = a->retire;
-    fabpool_status st = FABPOOL_OK;
-    if ((disowned && (st = fp_retire_disown(r)) != FABPOOL_OK) ||
-        (!disowned && fp_retire_unfenced(r) && (st = fp_retire_fence(r)) != FABPOOL_OK)) {
-        fp_alloc_owner_sync(a); /* the owner mode is on again (retire.h) */
-        fp_error_append(" (fabpool_alloc_on_stream, stream %p, waiting for the owner stream %p)", stream, r->owner);
-    }
+    fabpool_status st = fp_retire_owner_leave(a->retire, disowned);
+    fp_alloc_owner_sync(a);
+    if (st != FABPOOL_OK)
+        fp_error_append(" (fabpool_alloc_on_stream, stream %p, waiting for the owner stream %p)", stream,
+                        a->retire->owner);
     return st;
 }
 
@@ -90,8 +88,8 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
         return st;
     }
     void *was = r->owner;
-    int disowned = fp_retire_owned(r);
-    if ((st = owner_end(a, stream, disowned)) != FABPOOL_OK) {
+    int disowned = 0;
+    if ((st = owner_end(a, stream, &disowned)) != FABPOOL_OK) {
         FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, 0, size, stream, st);
         return st;
     }
@@ -310,10 +308,8 @@ fabpool_status fabpool_stream_owner_end(fabpool_t *p)
     if (!a)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_stream_owner_end: the pool is NULL");
     fp_retire *r = a->retire;
-    int m = FP_OWNER_NONE;
     /* no owner yet: none may come now (a stream that captures a graph must not become one) */
-    atomic_compare_exchange_strong(&r->owner_mode, &m, FP_OWNER_OFF);
-    fabpool_status st = fp_retire_owned(r) ? fp_retire_disown(r) : fp_retire_fence(r);
+    fabpool_status st = fp_retire_owner_close(r);
     fp_alloc_owner_sync(a);
     if (st != FABPOOL_OK)
         fp_error_append(" (fabpool_stream_owner_end: waiting for the owner stream %p's work; the owner mode holds)",

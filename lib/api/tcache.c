@@ -39,8 +39,10 @@ void fp_alloc_hot_rekey(fp_alloc *a)
 
 static uint64_t hot_key_want(fp_alloc *a)
 {
-    /* a pool torn down before its retire queue was made has no owner stream */
-    return a->retire && fp_retire_owned(a->retire) ? FP_HOT_OFF : atomic_load(&a->cache_key);
+    /* a pool torn down before its retire queue was made has no owner stream; while the owner's frees are not
+     * fenced (the mode ending), a cache may hold blocks the owner freed, so its fast path waits with the rest */
+    return a->retire && (fp_retire_owned(a->retire) || fp_retire_unfenced(a->retire)) ? FP_HOT_OFF
+                                                                                     : atomic_load(&a->cache_key);
 }
 
 void fp_alloc_owner_sync(fp_alloc *a)

@@ -382,6 +382,21 @@ fabpool_status fp_retire_disown(fp_retire *r)
     return st;
 }
 
+fabpool_status fp_retire_owner_leave(fp_retire *r, int *disowned)
+{
+    *disowned = fp_retire_owned(r);
+    return *disowned ? fp_retire_disown(r) : fp_retire_fence(r);
+}
+
+fabpool_status fp_retire_owner_close(fp_retire *r)
+{
+    int none = FP_OWNER_NONE, disowned;
+    fp_lock(&r->lock); /* as a claim leaves FP_OWNER_NONE: none can come between its read and its store */
+    atomic_compare_exchange_strong(&r->owner_mode, &none, FP_OWNER_OFF);
+    fp_unlock(&r->lock);
+    return fp_retire_owner_leave(r, &disowned);
+}
+
 fabpool_status fp_retire_fence(fp_retire *r)
 {
     if (atomic_load(&r->owner_seq) == atomic_load(&r->owner_fenced))

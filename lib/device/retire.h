@@ -245,6 +245,14 @@ void fp_retire_owner_reown(fp_retire *r, void *owner);
  * owner mode on (the caller's refusal changes nothing), so that the next
  * caller fences again. */
 fabpool_status fp_retire_disown(fp_retire *r);
+/* Before a call that is not the owner's takes memory from the pool: the owner mode on (*disowned = 1), ends it
+ * (fp_retire_disown); off with the owner's frees not yet fenced (another thread's disown still waiting, or
+ * refused), fences.  On success every block the owner freed is safe for anyone; a refusal leaves the owner mode
+ * as it was. */
+fabpool_status fp_retire_owner_leave(fp_retire *r, int *disowned);
+/* Ends the owner mode for good, and with no owner yet makes sure none comes (fabpool_stream_owner_end), then
+ * fp_retire_owner_leave. */
+fabpool_status fp_retire_owner_close(fp_retire *r);
 /* Waits for the owner's work queued so far if the owner freed a block since
  * the last fence (an event recorded and synchronized; the whole context
  * where the event cannot be made).  Cheap when there is nothing to wait for.
