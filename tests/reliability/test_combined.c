@@ -360,6 +360,10 @@ static const meaning_t meanings[] = {
     {"owner.ended_by_refused_alloc", "a refused fabpool_alloc (asleep) ended the owner mode"},
     {"owner.changed_by_faulted_stream_call", "a fabpool_alloc_on_stream or fabpool_free_on_stream refused for a "
      "driver fault claimed the owner stream or ended the owner mode"},
+    {"owner.changed_by_refused_owner_end", "a fabpool_stream_owner_end refused for a driver fault ended the owner "
+     "mode"},
+    {"owner_end.unfenced", "fabpool_stream_owner_end returned while the work of a block the owner stream freed still "
+     "pended"},
     {"sleep.retired_unfenced", "a sleep unmapped buffer memory retired on a stream whose work pends"},
     {"sleep.owner_unfenced", "a sleep unmapped blocks the owner stream freed while its work pends"},
     {"owner.model", "the owner stream differs from the rule (fabpool.h) with no refused call before"},
@@ -711,6 +715,11 @@ static uint64_t want_align(size_t sz, uint64_t al)
     return al > w ? al : w;
 }
 
+/* 1 while a plain call goes through the per-thread default stream (CU_STREAM_PER_THREAD, a different stream in every
+ * thread): an allocation on it is fabpool_alloc's, a free on it waits for the calling thread's stream and is then
+ * fabpool_free's (fabpool.h), so the model is the plain calls'. */
+static int per_thread;
+
 /* al: 0, or the alignment asked of fabpool_alloc_aligned (not on a stream) */
 static void alloc_common(int p, int on_stream, uint64_t al)
 {
@@ -725,9 +734,14 @@ static void alloc_common(int p, int on_stream, uint64_t al)
              on_stream ? stream_name(s) : "", q->asleep ? ", asleep" : "");
     blk_t b = {NULL, sz, 0, next_id++, 0};
     fabpool_counters c0 = counters(p);
-    fabpool_status st = on_stream ? fabpool_alloc_on_stream(q->p, sz, sptr(s), &b.p)
-                        : al ? fabpool_alloc_aligned(q->p, sz, al, &b.p) : fabpool_alloc(q->p, sz, &b.p);
-    const char *call = on_stream ? "fabpool_alloc_on_stream" : al ? "fabpool_alloc_aligned" : "fabpool_alloc";
+    fabpool_status st = on_stream    ? fabpool_alloc_on_stream(q->p, sz, sptr(s), &b.p)
+                        : al         ? fabpool_alloc_aligned(q->p, sz, al, &b.p)
+                        : per_thread ? fabpool_alloc_on_stream(q->p, sz, CU_STREAM_PER_THREAD, &b.p)
+                                     : fabpool_alloc(q->p, sz, &b.p);
+    const char *call = on_stream    ? "fabpool_alloc_on_stream"
+                       : al         ? "fabpool_alloc_aligned"
+                       : per_thread ? "fabpool_alloc_on_stream(CU_STREAM_PER_THREAD)"
+                                    : "fabpool_alloc";
     /* a refusal may not claim the owner stream (alloc_on_stream) nor end the owner mode (either call) */
     const char *owner_key = !q->c.stream_owner || q->own == OWN_OFF || (on_stream && q->own == s) ? NULL
                             : on_stream ? "owner.claimed_by_refused_alloc_on_stream"
@@ -789,6 +803,12 @@ static void alloc_common(int p, int on_stream, uint64_t al)
 
 static void op_alloc(int p) { alloc_common(p, 0, 0); }
 static void op_alloc_on_stream(int p) { alloc_common(p, 1, 0); }
+static void op_alloc_per_thread(int p)
+{
+    per_thread = 1;
+    alloc_common(p, 0, 0);
+    per_thread = 0;
+}
 /* a power of two from 1 B to 2 MiB (the sim's granularity) */
 static void op_alloc_aligned(int p) { alloc_common(p, 0, 1ull << below(22)); }
 
@@ -808,16 +828,49 @@ static void op_free(int p)
     int i = (int)below((uint64_t)q->nblk);
     blk_t *b = &q->blk[i];
     step_feats |= FB(F_PLAIN);
-    snprintf(cur_what, sizeof cur_what, "pool %d, block %llu (%zu bytes)%s", p, (unsigned long long)b->id, b->size,
-             q->asleep ? ", asleep" : "");
+    snprintf(cur_what, sizeof cur_what, "pool %d, block %llu (%zu bytes)%s%s", p, (unsigned long long)b->id, b->size,
+             per_thread ? ", the per-thread stream" : "", q->asleep ? ", asleep" : "");
     if (!q->asleep)
         check_blk(b, -1);
-    fabpool_status st = fabpool_free(q->p, b->p);
-    EXPECT_OK(st, "free", "fabpool_free");
-    if (st == FABPOOL_OK)
-        pend_on_record(p, b, -2);
+    fabpool_status st = per_thread ? fabpool_free_on_stream(q->p, b->p, CU_STREAM_PER_THREAD) : fabpool_free(q->p, b->p);
+    EXPECT_OK(st, "free", per_thread ? "fabpool_free_on_stream(CU_STREAM_PER_THREAD)" : "fabpool_free");
+    if (st != FABPOOL_OK) /* a driver fault's (a recorded block's event, the stream's wait): still the caller's */
+        return;
+    pend_on_record(p, b, -2);
     tr_live(p, -(int64_t)b->size);
     q->blk[i] = q->blk[--q->nblk];
+}
+
+static void op_free_per_thread(int p)
+{
+    per_thread = 1;
+    op_free(p);
+    per_thread = 0;
+}
+
+/* fabpool_stream_owner_end: the owner mode ends for good (a pool with no owner yet gets none) once the owner's
+ * work queued so far is done, so every block the owner freed is safe for anyone on return; a refusal (a driver
+ * fault's) leaves the mode as it was. */
+static void op_owner_end(int p)
+{
+    pool_t *q = &P[p];
+    step_feats |= FB(F_OWNER);
+    snprintf(cur_what, sizeof cur_what, "pool %d (owner mode %s, the owner %d)%s", p, q->c.stream_owner ? "on" : "off",
+             q->own, q->asleep ? ", asleep" : "");
+    fabpool_status st = fabpool_stream_owner_end(q->p);
+    EXPECT_OK(st, "owner_end", "fabpool_stream_owner_end");
+    if (st != FABPOOL_OK) {
+        refused(p, q->c.stream_owner ? "owner.changed_by_refused_owner_end" : NULL);
+        return;
+    }
+    q->own = OWN_OFF;
+    own_unknown[p] = 0;
+    q->refused = NULL;
+    refresh_streams();
+    for (int i = 0; i < npend; i++)
+        EXPECT(pend[i].pool != p || !pend[i].owner || !pending_on(pend[i].stream, pend[i].epoch), "owner_end.unfenced",
+               "pool %d: block %p, freed on the owner stream %d, still pends after fabpool_stream_owner_end", p,
+               pend[i].b.p, pend[i].stream);
 }
 
 static void op_free_on_stream(int p)
@@ -2117,10 +2170,13 @@ static const op_def ops[] = {
     {"free", 6, has_plain_blk, op_free},
     {"alloc_on_stream", 10, can_alloc, op_alloc_on_stream},
     {"free_on_stream", 9, has_blk, op_free_on_stream},
+    {"alloc_per_thread", 1, can_plain_alloc, op_alloc_per_thread},
+    {"free_per_thread", 1, has_plain_blk, op_free_per_thread},
+    {"owner_end", 1, always, op_owner_end},
     /* weight 0, not drawn: fabpool_check reports [retire.uses] (2 recorded blocks counted, 1 recorded) once the
      * first block of a slab is recorded (the slab's own arena block, at the same address, is counted as a recorded
      * large block); weight 2 once lib/check.c counts it once */
-    {"record_stream", 0, can_record, op_record_stream},
+    {"record_stream", 2, can_record, op_record_stream},
     {"bad_pointer", 1, has_blk, op_bad_free},
     {"usable_size", 1, has_blk, op_usable_size},
     {"thread_flush", 1, always, op_thread_flush},

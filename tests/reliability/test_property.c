@@ -5,7 +5,9 @@
  * fabpool_alloc / free, buffer create / resize / resize_set / destroy, export
  * / export_done / peers_ack, view open / apply / close of the other pool's
  * buffers (a pool exports, the other imports, both ways; POSIX fds are dup'ed
- * within the process), trim, collect, thread_flush, and streams held and
+ * within the process), trim, collect, thread_flush, the stream pair (on two
+ * streams, the NULL stream and the per-thread default stream), the owner
+ * mode's end (fabpool_stream_owner_end), sleep and wake, and streams held and
  * released (fabsim_stream_hold / fabsim_stream_release).  A few variants are
  * bad input that must be refused with nothing changed: resize_set naming a
  * buffer twice, an ack of a generation never issued, a view apply whose import
@@ -254,7 +256,13 @@ static int has_appliable(int p)
     return 0;
 }
 
-static int stream_choice(void) { return chance(30) ? -1 : (int)below(NSTREAM); }
+static int stream_chosen = -9; /* a scenario's stream for the next stream_choice (-9: none) */
+static int stream_choice(void)
+{
+    int s = stream_chosen;
+    stream_chosen = -9;
+    return s != -9 ? s : chance(30) ? -1 : (int)below(NSTREAM);
+}
 static const char *stream_name(int s) { return s < 0 ? "NULL" : held[s] ? "held" : "free"; }
 
 /* A shrunk buffer that was never exported maps at most the hysteresis over its new size, rounded up to the
@@ -310,6 +318,10 @@ static void resync_buf(buf_t *b)
     write_points(b->id, b->base, b->pts, 0, b->size);
 }
 
+/* 1 while a plain call goes through the per-thread default stream (CU_STREAM_PER_THREAD): an allocation on it is
+ * fabpool_alloc's, a free on it waits for the calling thread's stream and is fabpool_free's (fabpool.h). */
+static int per_thread;
+
 /* fabpool_alloc, or with on_stream fabpool_alloc_on_stream, on pool p */
 static void alloc_block(int p, int on_stream)
 {
@@ -323,9 +335,11 @@ static void alloc_block(int p, int on_stream)
     int s = on_stream ? stream_choice() : -1;
     int owner_call = on_stream ? own_claim(p, s) : (P[p].own >= -1 ? (P[p].own = OWN_OFF, 0) : 0);
     snprintf(cur_what, sizeof cur_what, "pool %c, %zu bytes%s%s", 'A' + p, sz, on_stream ? ", stream " : "",
-             on_stream ? stream_name(s) : "");
+             on_stream ? stream_name(s) : per_thread ? ", the per-thread stream" : "");
     blk_t b = {NULL, sz, 0, next_id++, 0};
-    st = on_stream ? fabpool_alloc_on_stream(P[p].p, sz, stream_ptr(s), &b.p) : fabpool_alloc(P[p].p, sz, &b.p);
+    st = on_stream    ? fabpool_alloc_on_stream(P[p].p, sz, stream_ptr(s), &b.p)
+         : per_thread ? fabpool_alloc_on_stream(P[p].p, sz, CU_STREAM_PER_THREAD, &b.p)
+                      : fabpool_alloc(P[p].p, sz, &b.p);
     EXPECT_OK(st, "alloc", on_stream ? "fabpool_alloc_on_stream" : "fabpool_alloc");
     if (st != FABPOOL_OK)
         return;
@@ -367,6 +381,12 @@ static void alloc_block(int p, int on_stream)
 
 static void op_alloc(int p) { alloc_block(p, 0); }
 static void op_alloc_on_stream(int p) { alloc_block(p, 1); }
+static void op_alloc_per_thread(int p)
+{
+    per_thread = 1;
+    alloc_block(p, 0);
+    per_thread = 0;
+}
 
 static void op_free(int p)
 {
@@ -377,18 +397,54 @@ static void op_free(int p)
     snprintf(cur_what, sizeof cur_what, "pool %c, block %llu (%zu bytes)", 'A' + p, (unsigned long long)b->id,
              b->size);
     check_blk(b, -1);
-    st = fabpool_free(P[p].p, b->p);
-    EXPECT_OK(st, "free", "fabpool_free");
+    st = per_thread ? fabpool_free_on_stream(P[p].p, b->p, CU_STREAM_PER_THREAD) : fabpool_free(P[p].p, b->p);
+    EXPECT_OK(st, "free", per_thread ? "fabpool_free_on_stream(CU_STREAM_PER_THREAD)" : "fabpool_free");
     P[p].blk[i] = P[p].blk[--P[p].nblk];
 }
 
-static void op_free_on_stream(int p)
+static void op_free_per_thread(int p)
+{
+    per_thread = 1;
+    op_free(p);
+    per_thread = 0;
+}
+
+static void free_on(int p, int i, int s);
+
+/* fabpool_stream_owner_end: the owner mode over for good (none comes to a pool without one), and every block the
+ * owner freed safe for anyone on return: its stream's work done. */
+static void op_owner_end(int p)
+{
+    if (P[p].own == OWN_NONE && P[p].nblk < MAXBLK) { /* no owner yet: most times, one first */
+        stream_chosen = (int)below(NSTREAM);
+        if (chance(75))
+            alloc_block(p, 1);
+        stream_chosen = -9;
+    }
+    int s = P[p].own;
+    if (s >= 0 && P[p].nblk > 0) { /* the owner mode holds: a free of the owner while its work pends, to fence */
+        if (!held[s]) {
+            EXPECT(stream_hold(streams[s]) == 0, "stream_hold", "fabsim_stream_hold failed");
+            held[s] = 1;
+            epoch[s]++;
+        }
+        free_on(p, (int)below((uint64_t)P[p].nblk), s);
+    }
+    snprintf(cur_what, sizeof cur_what, "pool %c (the owner %d)", 'A' + p, P[p].own);
+    fabpool_status st = fabpool_stream_owner_end(P[p].p);
+    EXPECT_OK(st, "owner_end", "fabpool_stream_owner_end");
+    P[p].own = OWN_OFF;
+    for (int i = 0; i < npend; i++)
+        EXPECT(pend[i].pool != p || !pend[i].owner || !stream_busy(pend[i].stream), "owner_end.unfenced",
+               "pool %c: block %p, freed on the owner stream %d, still pends after fabpool_stream_owner_end", 'A' + p,
+               pend[i].b.p, pend[i].stream);
+}
+
+/* block i of pool p freed on stream s */
+static void free_on(int p, int i, int s)
 {
     fabpool_status st;
-    int i;
-    i = (int)below((uint64_t)P[p].nblk);
     blk_t *b = &P[p].blk[i];
-    int s = stream_choice();
     snprintf(cur_what, sizeof cur_what, "pool %c, block %llu (%zu bytes), stream %s", 'A' + p,
              (unsigned long long)b->id, b->size, stream_name(s));
     check_blk(b, -1);
@@ -399,6 +455,8 @@ static void op_free_on_stream(int p)
         pend[npend++] = (pend_t){p, s, epoch[s], *b, owner_call, 0};
     P[p].blk[i] = P[p].blk[--P[p].nblk];
 }
+
+static void op_free_on_stream(int p) { free_on(p, (int)below((uint64_t)P[p].nblk), stream_choice()); }
 
 static void op_buffer_create(int p)
 {
@@ -975,6 +1033,9 @@ static const op_def ops[] = {
     {"alloc_on_stream", 6, has_room_blk, op_alloc_on_stream},
     {"free_on_stream", 6, has_blk, op_free_on_stream},
     {"sleep_wake", 3, always, op_sleep_wake},
+    {"alloc_per_thread", 2, has_room_blk, op_alloc_per_thread},
+    {"free_per_thread", 2, has_blk, op_free_per_thread},
+    {"owner_end", 2, always, op_owner_end},
 };
 #define NOPS ((int)(sizeof ops / sizeof ops[0]))
 static unsigned op_weight[NOPS];
