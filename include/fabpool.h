@@ -175,7 +175,7 @@ typedef struct fabpool_options {
                                       highest any pool or FABPOOL_DEBUG asked for (docs/config.md, "Log") */
     uint32_t keep_ms;              /* a buffer or view given up with fabpool_buffer_release or
                                       fabpool_view_release keeps its window and chunks this long for the next
-                                      fabpool_buffer_reuse or fabpool_view_open of it; 0: given back at once
+                                      fabpool_buffer_reuse or fabpool_view_open_peer of it; 0: given back at once
                                       (keep_ms) */
     /* fields from 0.4 on: a struct of FABPOOL_OPTIONS_SIZE_0_3 bytes ends above */
     fabpool_large_chunks large_chunks; /* how the growth for a block above 256 KiB is mapped
@@ -781,6 +781,17 @@ typedef struct fabpool_view fabpool_view_t;
  * nothing. */
 FABPOOL_API fabpool_status fabpool_view_open(fabpool_t *pool, const void *desc, size_t len, const int *fds,
                                             size_t nfds, fabpool_view_t **out);
+/* fabpool_view_open of a descriptor and fds that the caller knows came from
+ * process peer_pid: it checked the socket's peer (fabpool_fd_accept_peer,
+ * fabpool_fd_connect_peer, SO_PEERCRED) or copied the fds out of that process
+ * through a pidfd.  Only such a view is kept by fabpool_view_release, and
+ * taken back only by a fabpool_view_open_peer with the same peer_pid: a kept
+ * view's chunks are not imported again, so the fds that come with a reopen
+ * are never looked at, and every field of a descriptor that names a buffer
+ * is the sender's word; any peer could name another's buffer.  A peer_pid
+ * of 0 or less: FABPOOL_ERR_INVALID_ARG (the fds closed). */
+FABPOOL_API fabpool_status fabpool_view_open_peer(fabpool_t *pool, int peer_pid, const void *desc, size_t len,
+                                                 const int *fds, size_t nfds, fabpool_view_t **out);
 /* Applies a newer descriptor: maps only the new chunks and unmaps the
  * dropped ones.  Import handles are released right after the map. */
 FABPOOL_API fabpool_status fabpool_view_apply(fabpool_view_t *view, const void *desc, size_t len, const int *fds,
@@ -791,15 +802,17 @@ FABPOOL_API void *fabpool_view_ptr(const fabpool_view_t *view);
 /* Unmaps everything and frees the view's window.  The caller makes sure no
  * GPU work still reads the view. */
 FABPOOL_API fabpool_status fabpool_view_close(fabpool_view_t *view);
-/* Closes the view but keeps its mappings for keep_ms: a fabpool_view_open of
- * a descriptor of the same buffer (its export id, from the same process)
- * within that time takes the kept view, at the same address, and imports and
- * maps only the chunks it does not map yet (a chunk is the same when its
- * offset, size and generation are).  A kept view holds its exporter's
- * memory (POSIX fds) until then: it is closed when keep_ms has passed (at the
- * pool's next view open or release), by fabpool_trim, by sleep and at pool
- * destroy.  With keep_ms 0 this is fabpool_view_close.  After it, view is not
- * the caller's any more. */
+/* Closes the view but keeps its mappings for keep_ms: a fabpool_view_open_peer
+ * from the same peer (peer_pid) of a descriptor of the same buffer (its
+ * export id, process and window) within that time takes the kept view, at
+ * the same address, and imports and maps only the chunks it does not map yet
+ * (a chunk is the same when its offset, size and generation are).  A kept
+ * view holds its exporter's memory (POSIX fds) until then: it is closed when
+ * keep_ms has passed (at the pool's next view open or release), by
+ * fabpool_trim, by sleep and at pool destroy.  With keep_ms 0, and for a
+ * view that fabpool_view_open opened (no peer vouched for: no open could
+ * take it back), this is fabpool_view_close.  After it, view is not the
+ * caller's any more. */
 FABPOOL_API fabpool_status fabpool_view_release(fabpool_view_t *view);
 
 #ifdef __cplusplus

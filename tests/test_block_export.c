@@ -341,7 +341,7 @@ static void kept_view_of_new_memory(size_t size, enum renew how)
     for (size_t i = 0; i < n1; i++)
         mine[i] = dup(f1[i]);
     fabpool_view_t *v = NULL;
-    CHECK_OK(fabpool_view_open(q, d1, l1, mine, n1, &v));
+    CHECK_OK(fabpool_view_open_peer(q, getpid(), d1, l1, mine, n1, &v)); /* released below, kept */
     if (!v)
         goto out;
     CHECK(t_tag_ok((char *)fabpool_view_ptr(v) + o1, size, 0x1111));
@@ -367,7 +367,7 @@ static void kept_view_of_new_memory(size_t size, enum renew how)
     for (size_t i = 0; i < n2; i++)
         mine[i] = dup(f2[i]);
     fabpool_view_t *w = NULL;
-    CHECK_OK(fabpool_view_open(q, d2, l2, mine, n2, &w));
+    CHECK_OK(fabpool_view_open_peer(q, getpid(), d2, l2, mine, n2, &w)); /* the kept view's peer */
     if (w) {
         char *at = (char *)fabpool_view_ptr(w) + o2;
         CHECK(t_tag_ok(at, size, 0x2222)); /* the exporter's bytes, not the old memory's */

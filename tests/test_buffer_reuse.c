@@ -4,9 +4,11 @@
  * and exports only the chunks it lacks, takes the kept buffer nearest in
  * size, and everything kept goes back on a miss, after keep_ms, on trim,
  * sleep, out of memory and destroy; a view opened again imports only the new
- * chunks, and none of the memory it mapped before the exporter slept.  Runs
+ * chunks, and none of the memory it mapped before the exporter slept; a kept
+ * view goes only to an open from the peer it was opened from.  Runs
  * against the simulated driver (the ledger, call counts) with
  * FABSIM_MEMORY=1GiB. */
+#include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -61,7 +63,7 @@ static fabpool_view_t *open_view(fabpool_t *v, const desc *x)
     for (size_t i = 0; i < x->nfds; i++)
         mine[i] = dup(x->fds[i]);
     fabpool_view_t *view = NULL;
-    CHECK_OK(fabpool_view_open(v, x->d, x->len, mine, x->nfds, &view));
+    CHECK_OK(fabpool_view_open_peer(v, getpid(), x->d, x->len, mine, x->nfds, &view));
     return view;
 }
 
@@ -326,6 +328,79 @@ static void view_takes_new_chunk_at_same_offset(void)
 
 /* A reuse whose growth the driver refuses gives the released buffer back: nothing stays mapped, reserved or
  * counted, and the pool goes on. */
+/* A released view is taken back only by an open that vouches for the same peer: a descriptor that names the
+ * buffer from another peer (its fds anything: pipes here) opens no kept view, so its fds are imported and
+ * refused; fabpool_view_open (no peer vouched for) takes none either, and the view it opens is closed at its
+ * release: nothing kept that no open could take back. */
+static void kept_view_goes_only_to_its_peer(void)
+{
+    fabsim_ledger l0 = t_ledger();
+    fabpool_t *a = t_pool("handle_type:auto,keep_ms:60000");
+    fabpool_t *v = t_pool("handle_type:auto,keep_ms:60000");
+    if (fabpool_handle_type_of(a) == FABPOOL_HANDLE_NONE) {
+        fabpool_destroy(a);
+        fabpool_destroy(v);
+        return;
+    }
+    fabpool_buffer_t *b = make(a, 64 * MB, 8 * MB);
+    put(fabpool_buffer_ptr(b), 0x7777);
+    desc x;
+    export_full(b, &x);
+    fabpool_view_t *view = open_view(v, &x);
+    void *at = fabpool_view_ptr(view);
+    uint64_t mapped = info(b).mapped;
+    CHECK_OK(fabpool_view_release(view));
+    CHECK(t_stats(v).kept_bytes == mapped);
+    int junk[64];
+    for (int by_peer = 1; by_peer >= 0; by_peer--) {
+        for (size_t i = 0; i < x.nfds; i++) {
+            int pp[2];
+            CHECK(pipe(pp) == 0);
+            junk[i] = pp[0];
+            close(pp[1]);
+        }
+        uint64_t im0 = calls(v, "cuMemImportFromShareableHandle");
+        fabpool_view_t *other = NULL;
+        fabpool_status st = by_peer ? fabpool_view_open_peer(v, getpid() + 1, x.d, x.len, junk, x.nfds, &other)
+                                    : fabpool_view_open(v, x.d, x.len, junk, x.nfds, &other);
+        if (x.nfds) { /* POSIX fds: the pipes were imported, and refused */
+            CHECK(st != FABPOOL_OK && other == NULL);
+        } else { /* fabric: the handles are the descriptor's own, a view afresh */
+            CHECK(st == FABPOOL_OK && other && fabpool_view_ptr(other) != at);
+            CHECK_OK(fabpool_view_close(other));
+        }
+        CHECK(calls(v, "cuMemImportFromShareableHandle") > im0);
+        for (size_t i = 0; i < x.nfds; i++)
+            CHECK(fcntl(junk[i], F_GETFD) == -1); /* fabpool took them: closed */
+        CHECK(t_stats(v).kept_bytes == mapped); /* the kept view stays as it was */
+    }
+    uint64_t im0 = calls(v, "cuMemImportFromShareableHandle");
+    fabpool_view_t *again = open_view(v, &x); /* the peer itself: taken back, nothing imported */
+    CHECK(again == view && fabpool_view_ptr(again) == at && get(at) == 0x7777);
+    CHECK(calls(v, "cuMemImportFromShareableHandle") == im0);
+    CHECK_OK(fabpool_view_close(again));
+    /* opened with no peer vouched for: closed at its release */
+    int mine[64];
+    for (size_t i = 0; i < x.nfds; i++)
+        mine[i] = dup(x.fds[i]);
+    fabpool_view_t *plain = NULL;
+    CHECK_OK(fabpool_view_open(v, x.d, x.len, mine, x.nfds, &plain));
+    CHECK_OK(fabpool_view_release(plain));
+    CHECK(t_stats(v).kept_bytes == 0 && t_stats(v).view_bytes == 0);
+    /* a pid that is no process's: refused, its fds closed */
+    for (size_t i = 0; i < x.nfds; i++)
+        mine[i] = dup(x.fds[i]);
+    CHECK_STATUS(fabpool_view_open_peer(v, 0, x.d, x.len, mine, x.nfds, &plain), FABPOOL_ERR_INVALID_ARG);
+    for (size_t i = 0; i < x.nfds; i++)
+        CHECK(fcntl(mine[i], F_GETFD) == -1);
+    CHECK_OK(fabpool_buffer_export_done(b));
+    fabpool_buffer_peers_ack(b, UINT64_MAX);
+    CHECK_OK(fabpool_buffer_destroy(b, NULL));
+    fabpool_destroy(v);
+    fabpool_destroy(a);
+    CHECK(t_ledger().bytes_held == l0.bytes_held && t_ledger().mappings == l0.mappings);
+}
+
 static void failed_reuse_gives_buffer_back(void)
 {
     if (!fault_set)
@@ -365,6 +440,7 @@ int main(void)
     refusals();
     view_reopens_kept();
     view_takes_new_chunk_at_same_offset();
+    kept_view_goes_only_to_its_peer();
     failed_reuse_gives_buffer_back();
     return t_done("test_buffer_reuse");
 }

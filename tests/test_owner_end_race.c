@@ -9,7 +9,8 @@
  *     owner's blocks while S1 is still held.
  * And fabpool_stream_owner_end, the mode ended by a call; and the thread caches while a fence waits: a thread that
  * freed the owner's small blocks into its own cache must not take them back before the fence that ends the mode
- * is done, whoever else allocates meanwhile.
+ * is done, whoever else allocates meanwhile; a free refused after it ended the mode (a double free found late) puts
+ * the mode back.
  * Needs the simulated driver (its stream holds and faults). */
 #include "testutil.h"
 
@@ -207,11 +208,55 @@ static void thread_cache_window(t_sim_hooks *h)
     CHECK_CU(cuStreamDestroy(S1));
 }
 
+/* A free on another stream that ends the owner mode, then finds the block freed meanwhile by another thread
+ * (the program's double free, while the end's fence waited on S1's long kernel), is refused and leaves the owner
+ * mode as it was: the owner's next free goes to the pool at once. */
+static fabpool_status refused_st;
+static void *X;
+
+static void *free_on_s2(void *arg)
+{
+    (void)arg;
+    CHECK_CU(cuCtxSetCurrent(t_ctx));
+    refused_st = fabpool_free_on_stream(P, X, S2); /* not the owner: fences (waits for S1), then marks X pending */
+    return NULL;
+}
+
+static void refused_free_keeps_owner(t_sim_hooks *h)
+{
+    CHECK_OK(fabpool_create(NULL, &P));
+    CHECK_CU(cuStreamCreate(&S1, CU_STREAM_NON_BLOCKING));
+    CHECK_CU(cuStreamCreate(&S2, CU_STREAM_NON_BLOCKING));
+    void *y = NULL;
+    CHECK_OK(fabpool_alloc_on_stream(P, 256, S1, &y)); /* S1 owns the pool */
+    CHECK_OK(fabpool_alloc_on_stream(P, 256, S1, &X));
+    h->hold_long(S1);
+    CHECK_OK(fabpool_free_on_stream(P, y, S1)); /* an owner's free: the next other user fences */
+    fabpool_counters k0 = {.struct_size = sizeof k0}, k1 = k0;
+    CHECK_OK(fabpool_get_counters(P, &k0));
+    pthread_t t;
+    pthread_create(&t, NULL, free_on_s2, NULL);
+    usleep(100000); /* t waits in the fence on S1's long kernel */
+    CHECK_OK(fabpool_free(P, X));
+    h->release(S1);
+    pthread_join(t, NULL);
+    CHECK(refused_st == FABPOOL_ERR_DOUBLE_FREE);
+    CHECK_OK(fabpool_alloc_on_stream(P, 256, S1, &y));
+    CHECK_OK(fabpool_free_on_stream(P, y, S1));
+    CHECK_OK(fabpool_get_counters(P, &k1));
+    CHECK(k1.stream_owner_frees == k0.stream_owner_frees + 1 && k1.stream_pending_blocks == 0);
+    CHECK_OK(fabpool_collect(P, 1));
+    CHECK_OK(fabpool_destroy(P));
+    CHECK_CU(cuStreamDestroy(S1));
+    CHECK_CU(cuStreamDestroy(S2));
+}
+
 int main(void)
 {
     t_sim_hooks h = t_sim_required("test_owner_end_race", "stream holds and faults");
     owner_end_by_call(&h);
     thread_cache_window(&h);
+    refused_free_keeps_owner(&h);
     int bad = 0;
     for (int t = 0; t < 20; t++)
         bad += trial(&h, 1);

@@ -241,6 +241,28 @@ static void malformed(void)
     CHECK(l1.mappings == l0.mappings && l1.handles == l0.handles);
     CHECK(t_mapped(b) == m0);
     CHECK_STATUS(fabpool_view_open(b, NULL, 0, NULL, 0, &v), FABPOOL_ERR_INVALID_ARG);
+    /* a delta of another granularity is refused before the view unmaps anything: its chunks would not lie where
+     * the view's do */
+    CHECK_OK(fabpool_buffer_export(buf, 0, d, sizeof d, &len, fds, 64, &nfds));
+    dup_all(fds, nfds, mine);
+    CHECK_OK(fabpool_view_open(b, d, len, mine, nfds, &v));
+    CHECK_OK(fabpool_buffer_resize(buf, 120 * MB, NULL));
+    fabpool_buffer_get_info(buf, &bi);
+    CHECK_OK(fabpool_buffer_export(buf, bi.generation - 1, d, sizeof d, &len, fds, 64, &nfds));
+    uint64_t gran = 0;
+    memcpy(&gran, d + 72, 8);
+    gran /= 2;
+    memcpy(d + 72, &gran, 8);
+    reseal(d, len);
+    m0 = t_mapped(b);
+    l0 = t_ledger();
+    dup_all(fds, nfds, mine);
+    CHECK_STATUS(fabpool_view_apply(v, d, len, mine, nfds), FABPOOL_ERR_DESCRIPTOR);
+    CHECK(strstr(fabpool_last_error(), "granularity") != NULL);
+    l1 = t_ledger();
+    CHECK(l1.mappings == l0.mappings && l1.handles == l0.handles && t_mapped(b) == m0);
+    CHECK_OK(fabpool_view_close(v));
+    v = NULL;
     fabpool_buffer_export_done(buf);
     fabpool_buffer_peers_ack(buf, UINT64_MAX);
     fabpool_buffer_destroy(buf, NULL);

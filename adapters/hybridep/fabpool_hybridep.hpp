@@ -1390,7 +1390,11 @@ class ExtendedMemoryAllocator {
             }
             const unsigned char *d = h->bytes + kDescAt;
             s = update_of ? fabpool_view_apply(v, d, in.desc_len, fds, nfds)
-                          : fabpool_view_open(pool_, d, in.desc_len, fds, nfds, &v);
+                 : in.type == FABPOOL_HANDLE_POSIX_FD && own_given
+                     ? fabpool_view_open(pool_, d, in.desc_len, fds, nfds, &v) /* fds of the caller's socket */
+                             /* copied out of process in.pid through its pidfd, or a fabric handle of the all-gather:
+                              * a view released and kept is taken back only for the same process */
+                             : fabpool_view_open_peer(pool_, in.pid, d, in.desc_len, fds, nfds, &v);
         }
         if (s != FABPOOL_OK) /* fabpool closed the fds */
             throw Error(s, std::string("fabpool hybridep: ") + call + ": " + detail::last());

@@ -226,6 +226,13 @@ static void check_record_stream(Core &core)
     CHECK(back);
     free_all(core, std::vector<void *>(r, r + 3));
     CHECK(!core.record_stream((char *)p + 256, m));
+    /* a use fabpool cannot record (the per-thread default stream, a different stream in every thread): the free
+     * waits for the device instead, as where no event can be made */
+    p = core.malloc(0, MiB, a);
+    CHECK(core.record_stream(p, (Stream)CU_STREAM_PER_THREAD));
+    long syncs0 = rt.syncs;
+    core.free(p);
+    CHECK(rt.syncs == syncs0 + 1);
     cuStreamDestroy(a);
     cuStreamDestroy(m);
 }
@@ -1268,6 +1275,34 @@ static void check_ipc_impostor(Core &core)
     core.empty_cache(PoolId{0, 0});
 }
 
+/* A handle of a shared block, its key and descriptor made to name another live block that was never shared
+ * (a descriptor names no secret; the token is the process's): refused, and the sender exports nothing for it. */
+static void check_ipc_unshared(Core &core)
+{
+    void *p = core.malloc(0, 3 * MiB, nullptr), *q = core.malloc(0, 3 * MiB, nullptr);
+    fabpool_torch::ipc::Handle h, hq;
+    std::string why;
+    CHECK(fabpool_torch::ipc::decode(core.share_ipc(p).handle, &h, &why));
+    CHECK(fabpool_torch::ipc::decode(core.share_ipc(q).handle, &hq, &why)); /* q's descriptor, as one could guess it */
+    core.free(q);
+    q = core.malloc(0, 3 * MiB, nullptr); /* live again, at the same address or not, and never shared since */
+    fabpool_torch::ipc::Handle t = h;
+    t.key = uint64_t(uintptr_t(q));
+    t.desc = hq.desc;
+    uint64_t refused0 = 0, served0 = core.ipc_served(&refused0), refused1 = 0;
+    bool refused = false;
+    try {
+        core.open_ipc(0, fabpool_torch::ipc::encode(t));
+    } catch (const std::exception &e) {
+        refused = strstr(e.what(), "never shared") != nullptr;
+    }
+    CHECK(refused);
+    CHECK(core.ipc_served(&refused1) == served0 && refused1 == refused0 + 1);
+    core.free(p);
+    core.free(q);
+    core.empty_cache(PoolId{0, 0});
+}
+
 /* A handle naming a third process on the pidfd path (no server reached): that process does not hold the sender's
  * token (a forked child holds the sender's memfd, which names the sender's pid), so no fd of it is copied. */
 static void check_ipc_third_process(Core &core)
@@ -1464,6 +1499,7 @@ int main(int argc, char **argv)
         check_ipc_answer_status();
         check_ipc_server_strangers();
         check_ipc_impostor(core);
+        check_ipc_unshared(core);
         check_ipc_third_process(core);
         check_ipc_pools(core, held0);
         check_history(core, held0);

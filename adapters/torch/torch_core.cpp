@@ -78,6 +78,7 @@ struct Core::Block {
     BlockState state = BlockState::live;
     std::vector<Stream> uses;  /* other streams it was used on (record_stream) */
     bool fresh = true;         /* never handed out yet: its segment is new (the history's SegmentAlloc) */
+    bool shared = false;       /* given to share_ipc: in shares_ until it goes */
     std::shared_ptr<void> stack;  /* where it was allocated, if the history gathered it */
 };
 
@@ -964,7 +965,13 @@ void Core::finish(Device &d, Block *b)
         fabpool_t *fp = fabpool_torch_pool(d.index);
         if (fp && have_record_stream())
             for (Stream u : b->uses)
-                fabpool_record_stream(fp, b->ptr, u);
+                if (fabpool_record_stream(fp, b->ptr, u) != FABPOOL_OK) {
+                    /* not recorded (the per-thread default stream, no host memory): the free could not wait for
+                     * that stream's work, so the device's work is waited for now, as where no event can be made */
+                    rt_->device_sync(d.index);
+                    d.syncs++;
+                    break;
+                }
         fabpool_torch_free(b->ptr, b->size, d.index, b->stream);
         gone(b);
         return;
@@ -1232,6 +1239,10 @@ void Core::gone(Block *b)
 {
     if (!b->fresh && history_on())
         note_block(HistoryEvent::SegmentFree, *b);
+    if (b->shared) {
+        std::lock_guard<std::mutex> g(shares_mu_);
+        shares_.erase(uint64_t(uintptr_t(b->ptr)));
+    }
     delete b;
 }
 
@@ -1338,6 +1349,7 @@ IpcShare Core::share_ipc(void *ptr)
         fabpool_t *fp = nullptr;
         bool ext = false;
         auto pool_of = [&](Block &b) {
+            b.shared = true;
             ext = b.pool && b.pool->ext;
             fp = b.pool ? b.pool->fp : fabpool_torch_pool(b.device);
         };
@@ -1360,6 +1372,10 @@ IpcShare Core::share_ipc(void *ptr)
     h.pid = int(getpid());
     h.key = uint64_t(uintptr_t(ptr));
     if (h.type == FABPOOL_HANDLE_POSIX_FD) {
+        {
+            std::lock_guard<std::mutex> g(shares_mu_);
+            shares_[h.key] = h.desc;
+        }
         ipc::Server &srv = server();
         memcpy(h.token, srv.token(), ipc::kTokenBytes);
         h.token_fd = srv.token_fd();
@@ -1374,7 +1390,18 @@ int Core::serve_ipc(uint64_t key, const std::string &desc, std::vector<int> *fds
 {
     void *ptr = reinterpret_cast<void *>(uintptr_t(key));
     int device = -1;
-    with_live(ptr, [&](Block &b) { device = b.device; });
+    {
+        /* only a block this process shared, as it shared it: the token is the process's, and a descriptor names
+         * no secret, so a receiver could ask for any block it guessed (and make the pool export it) */
+        std::lock_guard<std::mutex> g(shares_mu_);
+        auto it = shares_.find(key);
+        if (it != shares_.end() && it->second == desc)
+            device = 0;
+    }
+    if (device == 0) {
+        device = -1;
+        with_live(ptr, [&](Block &b) { device = b.device; });
+    }
     ipc::Handle h;
     size_t offset = 0;
     fabpool_status st = FABPOOL_ERR_NOT_FOUND;
@@ -1394,7 +1421,9 @@ int Core::serve_ipc(uint64_t key, const std::string &desc, std::vector<int> *fds
             close(fd);
     fds->clear();
     *msg = "the block at " + hex(ptr) + " in process " + std::to_string(getpid()) +
-           (st != FABPOOL_OK ? " is no longer live" : " is no longer the one that was shared") +
+           (device < 0     ? " is no longer live, or was never shared"
+            : st != FABPOOL_OK ? " is no longer live"
+                               : " is no longer the one that was shared") +
            ": the sender freed the tensor before this receiver opened it (PyTorch keeps a shared tensor alive "
            "until its receivers let go: was it shared by other means?)";
     return FABPOOL_ERR_NOT_FOUND;

@@ -289,6 +289,8 @@ private:
     std::shared_ptr<IpcState> ipc_;  /* the receiver's side; the deleters of open_ipc's pointers hold it */
     std::mutex server_mu_;
     ipc::Server *server_ = nullptr;  /* the sender's side: started at the first share */
+    std::mutex shares_mu_;           /* a leaf */
+    std::unordered_map<uint64_t, std::string> shares_; /* the live blocks shared (POSIX fds): key -> descriptor */
     std::atomic<bool> hist_on_{false};
     std::mutex hist_mu_;  /* a leaf: taken with a device's lock held */
     HistoryOptions hist_;

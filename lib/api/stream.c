@@ -283,8 +283,11 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
         fp_slab_index(b.s, b.addr, &idx);
         uint8_t want = FP_FREEFLAG_USED;
         if (!atomic_compare_exchange_strong_explicit(&b.s->freeflag[idx], &want, FP_FREEFLAG_PENDING,
-                                                     memory_order_relaxed, memory_order_relaxed))
+                                                     memory_order_relaxed, memory_order_relaxed)) {
+            /* freed by another thread since live_block: refused, the owner mode this call ended on again */
+            owner_restore(b.a, stream, 0, 0, disowned, was);
             return fp_alloc_already_free("fabpool_free_on_stream", b.addr, b.usable, want);
+        }
     } else if ((st = fp_large_pend(b.a->heap, b.addr, "fabpool_free_on_stream", &b.usable)) != FABPOOL_OK) {
         owner_restore(b.a, stream, 0, 0, disowned, was);
         return st;

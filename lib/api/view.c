@@ -160,6 +160,8 @@ static fabpool_status apply_admit(const fabpool_view_t *v, const fp_desc *ds)
 {
     if (ds->uid != v->uid || ds->window != v->window || ds->handle_type != v->handle_type)
         return fp_desc_refuse("it describes another buffer (uid %llx, the view's is %llx)", ds->uid, v->uid);
+    if (ds->gran % v->owner->sp->gran) /* as an open refuses it: before anything is unmapped, not at a map */
+        return fp_desc_refuse("its granularity %llu does not fit this pool's %llu", ds->gran, v->owner->sp->gran);
     if (ds->since > v->generation)
         return fp_desc_refuse("it is a delta since generation %llu, but the view is at %llu: ask the exporter for a "
                         "delta since the view's generation", ds->since, v->generation);
@@ -336,16 +338,21 @@ void fp_views_drop_kept(fp_views *vs, int all)
     }
 }
 
-/* The kept view of the buffer ds describes, taken back and brought to ds
- * (importing and mapping only the chunks it lacks); NULL if none is kept, or
- * if the one kept could not take ds (it is closed: the caller opens a view
- * afresh).  Pool lock held. */
-static fabpool_view_t *reopen_kept(fp_views *vs, const fp_desc *ds, const int *fds)
+/* The kept view of the buffer ds describes, opened from the process the
+ * caller vouches for now (`vouched`), taken back and brought to ds (importing
+ * and mapping only the chunks it lacks); NULL if none is kept, or if the one
+ * kept could not take ds (it is closed: the caller opens a view afresh).
+ * The vouched pid is what makes the reuse safe: a chunk the view maps
+ * already is not imported again, so its fd is never looked at, and every
+ * field of the descriptor that names the buffer is the sender's word; another
+ * peer could name a buffer it was never given, with fds of anything.  Pool
+ * lock held. */
+static fabpool_view_t *reopen_kept(fp_views *vs, int vouched, const fp_desc *ds, const int *fds)
 {
     fp_views_drop_kept(vs, 0);
     fabpool_view_t *v = vs->list;
-    while (v && !(v->kept && v->uid == ds->uid && v->peer_pid == ds->pid && v->window == ds->window &&
-                  v->handle_type == ds->handle_type))
+    while (v && !(v->kept && v->vouched_pid == vouched && v->uid == ds->uid && v->peer_pid == ds->pid &&
+                  v->window == ds->window && v->handle_type == ds->handle_type))
         v = v->next;
     if (!v)
         return NULL;
@@ -359,12 +366,13 @@ static fabpool_view_t *reopen_kept(fp_views *vs, const fp_desc *ds, const int *f
     return v;
 }
 
-fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const int *fds, size_t nfds,
+fabpool_status fp_view_open(fp_views *vs, int vouched, const void *desc, size_t len, const int *fds, size_t nfds,
                             fabpool_view_t **out)
 {
-    if (!vs || !out) {
+    if (!vs || !out || vouched < 0) {
         close_fds(fds, nfds);
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_open: the pool or the output pointer is NULL");
+        return fp_error(FABPOOL_ERR_INVALID_ARG, vouched < 0 ? "fabpool_view_open_peer: the peer's pid is not a "
+                        "process id (above 0)" : "fabpool_view_open: the pool or the output pointer is NULL");
     }
     *out = NULL;
     fp_desc ds;
@@ -375,9 +383,9 @@ fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const in
     if (st == FABPOOL_OK && ds.gran != vs->sp->gran && ds.gran % vs->sp->gran)
         st = fp_desc_refuse("its granularity %llu does not fit this pool's %llu", ds.gran, vs->sp->gran);
     fabpool_view_t *v = NULL;
-    if (st == FABPOOL_OK && atomic_load(&vs->kept_bytes)) {
+    if (st == FABPOOL_OK && vouched && atomic_load(&vs->kept_bytes)) {
         fp_lock(&vs->sp->lock);
-        v = fp_chunks_asleep(vs->sp->ch) ? NULL : reopen_kept(vs, &ds, fds);
+        v = fp_chunks_asleep(vs->sp->ch) ? NULL : reopen_kept(vs, vouched, &ds, fds);
         fp_unlock(&vs->sp->lock);
         if (v) {
             close_fds(fds, nfds);
@@ -397,6 +405,7 @@ fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const in
     v->handle_type = ds.handle_type;
     v->peer_pid = ds.pid;
     v->peer_device = ds.device;
+    v->vouched_pid = vouched;
     fp_lock(&vs->sp->lock);
     int asleep = fp_chunks_asleep(vs->sp->ch);
     v->base = asleep ? 0 : fp_va_alloc(&vs->sp->va, v->window, ds.gran > vs->sp->gran ? ds.gran : vs->sp->gran);
@@ -485,7 +494,7 @@ fabpool_status fabpool_view_release(fabpool_view_t *v)
     if (!v || v->kept)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_release: the view is NULL or already released");
     fp_views *vs = v->owner;
-    if (vs->keep_ms == 0)
+    if (vs->keep_ms == 0 || !v->vouched_pid) /* no open could take it back (reopen_kept) */
         return fabpool_view_close(v);
     fp_lock(&vs->sp->lock);
     fp_views_drop_kept(vs, 0);

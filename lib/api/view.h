@@ -37,7 +37,9 @@ struct fabpool_view {
     uint64_t base, window, live, generation, uid;
     uint32_t handle_type, n;
     size_t cap;
-    int peer_pid, peer_device;
+    int peer_pid, peer_device;         /* as the descriptor says (the peer's word) */
+    int vouched_pid;                   /* the process the caller vouched the descriptors came from
+                                          (fabpool_view_open_peer); 0: none, and a release closes the view */
     int kept;                          /* released, kept since kept_ns for an open of the same buffer */
     uint64_t kept_ns;
     fp_vchunk *chunks;
@@ -50,8 +52,9 @@ typedef struct fp_view_counters {
     FP_VIEWS_COUNTERS(FP_COUNTER_PLAIN)
 } fp_view_counters;
 void fp_views_read_counters(const fp_views *vs, fp_view_counters *c);
-/* fabpool_view_open on the pool whose views vs are (vs NULL: the pool was NULL). */
-fabpool_status fp_view_open(fp_views *vs, const void *desc, size_t len, const int *fds, size_t nfds,
+/* fabpool_view_open (vouched 0) or fabpool_view_open_peer (vouched: the peer's pid) on the pool whose views vs
+ * are (vs NULL: the pool was NULL). */
+fabpool_status fp_view_open(fp_views *vs, int vouched, const void *desc, size_t len, const int *fds, size_t nfds,
                             fabpool_view_t **out);
 /* Pool destroy: unmaps and frees every view.  Pool lock held. */
 void fp_views_destroy(fp_views *vs);

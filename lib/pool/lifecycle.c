@@ -340,5 +340,11 @@ fabpool_status fabpool_block_export(fabpool_t *p, const void *ptr, void *desc, s
 fabpool_status fabpool_view_open(fabpool_t *p, const void *desc, size_t len, const int *fds, size_t nfds,
                                  fabpool_view_t **out)
 {
-    return fp_view_open(p ? &p->views : NULL, desc, len, fds, nfds, out);
+    return fp_view_open(p ? &p->views : NULL, 0, desc, len, fds, nfds, out);
+}
+
+fabpool_status fabpool_view_open_peer(fabpool_t *p, int peer_pid, const void *desc, size_t len, const int *fds,
+                                      size_t nfds, fabpool_view_t **out)
+{
+    return fp_view_open(p ? &p->views : NULL, peer_pid > 0 ? peer_pid : -1, desc, len, fds, nfds, out);
 }

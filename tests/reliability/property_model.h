@@ -47,6 +47,7 @@ typedef struct {
     size_t src_size;        /* the source's size at the generation the view has: samples below it hold the pattern */
     uint64_t pts[NPTS];
     int broken;
+    int vouched;            /* opened with fabpool_view_open_peer: a release keeps it for a reopen from the peer */
 } view_t;
 
 /* Buffer memory a shrink or destroy dropped while it must stay: retired on

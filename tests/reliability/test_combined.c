@@ -1670,7 +1670,7 @@ static int block_view_open(int p, int t, const blk_t *b, fabpool_view_t **v, uin
     (void)t_ledger(); /* the sim forgets the exported fds closed so far, before a dup may take their numbers */
     for (size_t i = 0; i < nfds; i++)
         mine[i] = dup(fds[i]);
-    st = fabpool_view_open(P[t].p, desc, len, mine, nfds, v);
+    st = fabpool_view_open_peer(P[t].p, getpid(), desc, len, mine, nfds, v); /* kept at its release */
     if (st == FABPOOL_ERR_LIMIT && P[t].c.small_reserve) { /* the viewing pool's small reservation is full */
         n_limit++;
         refused(t, NULL);

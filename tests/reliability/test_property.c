@@ -708,8 +708,10 @@ static void op_view_open(int p)
         return;
     view_t v;
     memset(&v, 0, sizeof v);
-    st = fabpool_view_open(P[t].p, desc, len, mine, nfds, &v.h);
-    EXPECT_OK(st, "view_open", "fabpool_view_open");
+    v.vouched = chance(75); /* the peer is this process */
+    st = v.vouched ? fabpool_view_open_peer(P[t].p, getpid(), desc, len, mine, nfds, &v.h)
+                   : fabpool_view_open(P[t].p, desc, len, mine, nfds, &v.h);
+    EXPECT_OK(st, "view_open", v.vouched ? "fabpool_view_open_peer" : "fabpool_view_open");
     if (chance(75)) /* the fds reached the peer (the sim checks every open one at each ledger) */
         fabpool_buffer_export_done(b->h);
     if (st != FABPOOL_OK)
@@ -854,16 +856,26 @@ static void op_view_release_reopen(int p)
     EXPECT_OK(st, "view_reopen.export", "fabpool_buffer_export(since 0)");
     if (st != FABPOOL_OK)
         return;
+    uint64_t kept0 = t_stats(P[p].p).kept_bytes;
     st = fabpool_view_release(v->h);
     EXPECT_OK(st, "view_release", "fabpool_view_release");
+    /* a view no peer was vouched for is closed: nothing kept that no open could take back */
+    EXPECT(v->vouched || t_stats(P[p].p).kept_bytes == kept0, "view_release.unvouched_kept", "a view opened with "
+           "fabpool_view_open was kept (%llu bytes kept, %llu before)",
+           (unsigned long long)t_stats(P[p].p).kept_bytes, (unsigned long long)kept0);
     fabpool_view_t *h = NULL;
-    st = fabpool_view_open(P[p].p, desc, len, mine, nfds, &h);
-    EXPECT_OK(st, "view_reopen", "fabpool_view_open");
+    st = fabpool_view_open_peer(P[p].p, getpid(), desc, len, mine, nfds, &h);
+    EXPECT_OK(st, "view_reopen", "fabpool_view_open_peer");
     if (chance(75))
         fabpool_buffer_export_done(b->h);
-    EXPECT(st != FABPOOL_OK || (h == v->h && (uint64_t)(uintptr_t)fabpool_view_ptr(h) == v->base),
+    EXPECT(st != FABPOOL_OK || !v->vouched || (h == v->h && (uint64_t)(uintptr_t)fabpool_view_ptr(h) == v->base),
            "view_reopen.same", "the open gave view %p at %p, the released one was %p at 0x%llx", (void *)h,
            h ? fabpool_view_ptr(h) : NULL, (void *)v->h, (unsigned long long)v->base);
+    if (st == FABPOOL_OK && !v->vouched) { /* closed at its release: this one is a view afresh, the peer's */
+        v->h = h;
+        v->base = (uint64_t)(uintptr_t)fabpool_view_ptr(h);
+        v->vouched = 1;
+    }
     if (st != FABPOOL_OK || h != v->h) {
         if (st == FABPOOL_OK)
             (void)fabpool_view_close(h);
