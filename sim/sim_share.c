@@ -60,7 +60,8 @@ SIM_API CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationH
     else if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
         phys *p = h->ph;
         cold_exports += !an_export_open();
-        int fd = fresh_fd(fcntl(p->fd, F_DUPFD_CLOEXEC, 0));
+        /* no close-on-exec: nothing says the driver's export sets it, so the caller must */
+        int fd = fresh_fd(fcntl(p->fd, F_DUPFD, 0));
         if (fd < 0)
             r = CUDA_ERROR_OUT_OF_MEMORY;
         else if (p->nexp == p->capexp) {

@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include "testutil.h"
 
 #define MB (1ull << 20)
@@ -182,6 +184,40 @@ static fabpool_buffer_t *exporter_importer(fabpool_t **a, fabpool_t **b, size_t 
     if (*a && *b)
         CHECK_OK(fabpool_buffer_create(*a, max_size, size, &buf));
     return buf;
+}
+
+/* The fds a pool exports (a buffer's, a block's) are closed on exec: a program that runs another must not hand
+ * it the pool's memory, and nothing says the driver's export sets the flag. */
+static void exported_fds_close_on_exec(void)
+{
+    fabpool_t *a, *b;
+    fabpool_buffer_t *buf = exporter_importer(&a, &b, 64 * MB, 20 * MB);
+    if (!buf || fabpool_handle_type_of(a) != FABPOOL_HANDLE_POSIX_FD) {
+        if (buf)
+            fabpool_buffer_destroy(buf, NULL);
+        fabpool_destroy(a);
+        fabpool_destroy(b);
+        return;
+    }
+    static uint8_t d[1 << 14];
+    int fds[64];
+    size_t len = 0, nfds = 0, off = 0;
+    CHECK_OK(fabpool_buffer_export(buf, 0, d, sizeof d, &len, fds, 64, &nfds));
+    CHECK(nfds > 0);
+    for (size_t i = 0; i < nfds; i++)
+        CHECK(fcntl(fds[i], F_GETFD) & FD_CLOEXEC);
+    void *x = NULL;
+    CHECK_OK(fabpool_alloc(a, 3 * MB, &x));
+    CHECK_OK(fabpool_block_export(a, x, d, sizeof d, &len, fds, 64, &nfds, &off));
+    CHECK(nfds > 0);
+    for (size_t i = 0; i < nfds; i++)
+        CHECK(fcntl(fds[i], F_GETFD) & FD_CLOEXEC);
+    CHECK_OK(fabpool_free(a, x));
+    CHECK_OK(fabpool_buffer_export_done(buf));
+    fabpool_buffer_peers_ack(buf, UINT64_MAX);
+    CHECK_OK(fabpool_buffer_destroy(buf, NULL));
+    CHECK_OK(fabpool_destroy(a));
+    CHECK_OK(fabpool_destroy(b));
 }
 
 static void malformed(void)
@@ -591,6 +627,7 @@ int main(int argc, char **argv)
     handle_types();
     same_process();
     malformed();
+    exported_fds_close_on_exec();
     late_peer_after_refit();
     dead_peer(argv[0]);
     peer_grows(argv[0]);

@@ -332,7 +332,7 @@ struct Timer {
  * current (or the driver cannot be loaded: pool creation will say why). */
 inline int current_device()
 {
-    const char *lib = std::getenv("FABPOOL_CUDA_LIBRARY");
+    const char *lib = ::secure_getenv("FABPOOL_CUDA_LIBRARY");
     void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h)
         return -1;
@@ -348,7 +348,7 @@ inline int current_device()
 /* An environment variable in lower case ("" where unset). */
 inline std::string env_lower(const char *name)
 {
-    const char *v = std::getenv(name);
+    const char *v = ::secure_getenv(name);
     std::string s(v ? v : "");
     std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return (char)std::tolower(c); });
     return s;
@@ -433,7 +433,7 @@ class PrivateBlocks {
         Dev &d = devs_[dev];
         if (!d.pool) {
             std::string conf = "handle_type:none";
-            const char *more = std::getenv("FABPOOL_HYBRIDEP_PRIVATE_CONF");
+            const char *more = ::secure_getenv("FABPOOL_HYBRIDEP_PRIVATE_CONF");
             if (more && *more)
                 conf += std::string(",") + more;
             if (create_pool(dev, conf, &d.pool) != FABPOOL_OK) {
@@ -555,7 +555,7 @@ class PrivateBlocks {
     int load()
     {
         std::call_once(load_once_, [this] {
-            const char *lib = std::getenv("FABPOOL_CUDA_LIBRARY");
+            const char *lib = ::secure_getenv("FABPOOL_CUDA_LIBRARY");
             void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
             if (!h)
                 return;
@@ -1095,7 +1095,7 @@ class ExtendedMemoryAllocator {
     void consent_once()
     {
         std::call_once(ptracer_once_, [this] {
-            const char *v = std::getenv("FABPOOL_HYBRIDEP_PTRACER");
+            const char *v = ::secure_getenv("FABPOOL_HYBRIDEP_PTRACER");
             detail::Ptracer c = detail::ptracer_choice(v, (int)getppid());
             if (c.kind == detail::Ptracer::bad)
                 throw Error(FABPOOL_ERR_CONFIG, std::string("fabpool hybridep: FABPOOL_HYBRIDEP_PTRACER=") + v +

@@ -111,7 +111,7 @@ EXPORT int fabpool_torch_stage_create(const fabpool_torch_stage_driver *drv, int
     if (buffer_bytes < FABPOOL_TORCH_STAGE_MIN_BUFFER || buffer_bytes > FABPOOL_TORCH_STAGE_MAX_BUFFER)
         return fail(err, errlen, -EINVAL, "fabpool_torch_stage_create: staging buffers of %zu bytes; give %u to %u",
                     buffer_bytes, FABPOOL_TORCH_STAGE_MIN_BUFFER, FABPOOL_TORCH_STAGE_MAX_BUFFER);
-    const char *uf = getenv("FABPOOL_STAGE_UFFD");
+    const char *uf = secure_getenv("FABPOOL_STAGE_UFFD");
     if (uf && *uf && strcmp(uf, "0") != 0 && strcmp(uf, "1") != 0)
         return fail(err, errlen, -EINVAL, "fabpool_torch_stage_create: FABPOOL_STAGE_UFFD='%.40s': give 0 or 1",
                     uf);

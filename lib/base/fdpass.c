@@ -45,7 +45,7 @@ static void word_copy(char *out, size_t cap, const char *w, size_t n)
 
 static void peers_read(void)
 {
-    const char *e = getenv("FABPOOL_PEERS");
+    const char *e = secure_getenv("FABPOOL_PEERS");
     if (!e)
         return;
     size_t len = strnlen(e, FP_PEERS_ENV_MAX + 1);

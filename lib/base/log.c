@@ -39,7 +39,7 @@ const char *fp_log_level_name(int lvl) { return lvl >= 0 && lvl < 4 ? level_name
 fabpool_status fp_log_env(int *lvl)
 {
     *lvl = -1;
-    const char *e = getenv("FABPOOL_DEBUG");
+    const char *e = secure_getenv("FABPOOL_DEBUG");
     if (!e || !*e)
         return FABPOOL_OK;
     /* the words, or their numbers as the conf key debug takes them (debug:1 and FABPOOL_DEBUG=1 agree) */
@@ -151,7 +151,7 @@ int fp_open_private(const char *path, int append, char *why, size_t cap)
 /* FABPOOL_DEBUG_FILE opened (if set): FABPOOL_ERR_CONFIG if it cannot be, or is refused. */
 static fabpool_status open_file(void)
 {
-    const char *f = getenv("FABPOOL_DEBUG_FILE");
+    const char *f = secure_getenv("FABPOOL_DEBUG_FILE");
     if (!f || !*f)
         return FABPOOL_OK;
     char path[4096], why[256];

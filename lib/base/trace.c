@@ -204,7 +204,7 @@ fabpool_status fabpool_trace_flush(void)
 
 fabpool_status fp_trace_env(fabpool_options *o)
 {
-    const char *env = getenv("FABPOOL_TRACE");
+    const char *env = secure_getenv("FABPOOL_TRACE");
     if (!env || !*env)
         return FABPOOL_OK;
     size_t n = strlen(env);

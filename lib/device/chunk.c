@@ -318,9 +318,12 @@ static CUresult export_raw(fp_chunks *ch, uint64_t va, int *fd, CUmemFabricHandl
         r = FP_CU(&ch->calls, cuMemExportToShareableHandle, fabric, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
     else
         r = FP_CU(&ch->calls, cuMemExportToShareableHandle, fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-    if (r == CUDA_SUCCESS && !fabric)
+    if (r == CUDA_SUCCESS && !fabric) {
         atomic_fetch_add(&ch->exported_fds, 1);
-    else if (r != CUDA_SUCCESS && !fabric)
+        /* a program that runs another (fork and exec) must not hand it the pool's memory: the driver's fd
+         * carries no close-on-exec of its own (a cost of a system call an export, beside a driver call) */
+        (void)fcntl(*fd, F_SETFD, fcntl(*fd, F_GETFD) | FD_CLOEXEC);
+    } else if (r != CUDA_SUCCESS && !fabric)
         *fd = -1;
     /* the handle goes at once: the mapping (and the fd) keep the memory */
     fp_chunk_release(ch, h);

@@ -52,7 +52,7 @@ static void load(void)
     int lvl;
     if (fp_log_env(&lvl) == FABPOOL_OK && lvl > 0) /* a bad value: pool creation says so */
         fp_log_raise(lvl);
-    const char *path = getenv("FABPOOL_CUDA_LIBRARY");
+    const char *path = secure_getenv("FABPOOL_CUDA_LIBRARY");
     if (!path || !*path)
         path = "libcuda.so.1";
     snprintf(fp_drv.path, sizeof fp_drv.path, "%s", path);
@@ -62,8 +62,12 @@ static void load(void)
         load_status = fp_error(FABPOOL_ERR_NO_DRIVER,
                                "cannot load the CUDA driver library '%s': %s. Install the NVIDIA driver, or set "
                                "FABPOOL_CUDA_LIBRARY to the path of libcuda.so.1 (the simulated driver lives in "
-                               "<build>/sim/libcuda.so.1)",
-                               path, dlerror());
+                               "<build>/sim/libcuda.so.1)%s",
+                               path, dlerror(),
+                               getenv("FABPOOL_CUDA_LIBRARY") && path != getenv("FABPOOL_CUDA_LIBRARY")
+                                   ? "; FABPOOL_CUDA_LIBRARY is ignored in a process that runs with raised "
+                                     "privileges (setuid, setgid or file capabilities), as every FABPOOL_ variable is"
+                                   : "");
         return;
     }
     proc_v2_fn proc2 = (proc_v2_fn)dlsym(lib, "cuGetProcAddress_v2");

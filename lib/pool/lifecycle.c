@@ -2,6 +2,7 @@
  * opened, the one address reservation, every layer's part set up), trim and
  * destroy, and the public entry points that take a pool and belong to a
  * layer below (buffers, views, acknowledgements by export id). */
+#define _GNU_SOURCE /* secure_getenv */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +32,7 @@ static fabpool_status apply_conf(fabpool_options *o)
             return fp_error(st, "options.conf: %s", msg);
         }
     }
-    const char *env = getenv("FABPOOL_CONF");
+    const char *env = secure_getenv("FABPOOL_CONF");
     if (env) {
         fabpool_status st = fabpool_options_parse(o, env);
         if (st != FABPOOL_OK) {
