@@ -29,6 +29,7 @@
 #include "torch_tags.h"
 
 #define FT_MAX_DEVICES 64
+#define FT_MIN_BLOCK 256 /* the least a tensor gets: its base aligned as cudaMalloc's */
 
 /* A block given to PyTorch and not taken back: a slot of the live table. */
 typedef struct ft_live {
@@ -93,7 +94,7 @@ static int verbose(void)
 {
     int v = atomic_load(&ft_verbose);
     if (v < 0) {
-        const char *q = getenv("FABPOOL_TORCH_QUIET");
+        const char *q = secure_getenv("FABPOOL_TORCH_QUIET");
         v = !(q && q[0] == '1');
         atomic_store(&ft_verbose, v);
     }
@@ -376,7 +377,10 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
         return NULL;
     }
     void *p = NULL;
-    fabpool_status st = fabpool_alloc_on_stream(d->pool, size, stream, &p);
+    /* at least 256 bytes: a tensor's base aligned to 256 as cudaMalloc's (kernels pick vector widths from it;
+     * PyTorch's own allocator rounds to 512), where fabpool's smaller classes are aligned to their size only */
+    size_t ask = size < FT_MIN_BLOCK ? FT_MIN_BLOCK : size;
+    fabpool_status st = fabpool_alloc_on_stream(d->pool, ask, stream, &p);
     if (st == FABPOOL_ERR_OUT_OF_MEMORY) {
         /* the pool has waited for the blocks freed on streams already; what
          * other streams' work still holds after that, a full wait frees */
@@ -386,7 +390,7 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
             d->waits++;
             fabpool_collect(d->pool, 1);
             fabpool_trim(d->pool, 0);
-            st = fabpool_alloc_on_stream(d->pool, size, stream, &p);
+            st = fabpool_alloc_on_stream(d->pool, ask, stream, &p);
         }
     }
     gauge_sample(d);

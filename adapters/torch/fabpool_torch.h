@@ -5,8 +5,14 @@
  * the two functions torch.cuda.memory.CUDAPluggableAllocator takes:
  *
  *   alloc = torch.cuda.memory.CUDAPluggableAllocator(
- *               "libfabpool_torch.so", "fabpool_torch_alloc", "fabpool_torch_free")
+ *               "libfabpool_torch.so", "fabpool_torch_alloc_raising", "fabpool_torch_free")
  *   torch.cuda.memory.change_current_allocator(alloc)   # before any CUDA allocation
+ *
+ * fabpool_torch_alloc_raising (below) throws where fabpool_torch_alloc
+ * returns NULL: PyTorch takes the pointer of the program's allocator
+ * unchecked, so a NULL would reach the next kernel as address 0.  A
+ * torch.cuda.MemPool's allocator takes fabpool_torch_alloc: PyTorch checks
+ * there, frees what it caches, retries and raises torch.OutOfMemoryError.
  *
  * (or `import fabpool_torch; fabpool_torch.install()`, which does this;
  * install(stats=True) also makes torch.cuda.memory_stats and the functions
@@ -48,6 +54,13 @@ extern "C" {
  * fabpool_torch_last_error() then says why.  PyTorch does not check the
  * result, so a failure is also printed to stderr (fabpool_torch_set_verbose). */
 FABPOOL_API void *fabpool_torch_alloc(size_t size, int device, void *stream);
+/* fabpool_torch_alloc for the whole program's allocator: a failed allocation
+ * of one byte or more throws a C++ std::runtime_error with fabpool's message
+ * (PyTorch's Python binding raises it as a RuntimeError; an out-of-memory
+ * message opens with PyTorch's own sentences) instead of returning NULL.
+ * Defined in C++: call it only through PyTorch's pluggable allocator, or from
+ * C++. */
+FABPOOL_API void *fabpool_torch_alloc_raising(size_t size, int device, void *stream);
 /* PyTorch's free_fn: ptr, the size asked, its device and its allocation
  * stream.  NULL is ignored.  The shim keeps every block it has handed out
  * and not taken back (pointer, size asked, block size, stream); a pointer
@@ -148,7 +161,13 @@ FABPOOL_API fabpool_status fabpool_torch_reset_peak_stats(int device);
 /* Every `allocated` / `freed` and the num_* counts to 0 (torch.cuda.reset_accumulated_memory_stats). */
 FABPOOL_API fabpool_status fabpool_torch_reset_accumulated_stats(int device);
 
-/* The pool of a device (NULL while it has none): for fabpool's own API. */
+/* The pool of a device (NULL while it has none), for fabpool.h's calls made
+ * by code linked into this same library (the C++ allocator is).  The
+ * library keeps fabpool's own symbols inside, so a program that loads it and
+ * libfabpool.so has two copies of fabpool, each with its own driver and
+ * thread caches: a pool of one must not be passed to the other (fabpool.h's
+ * calls of libfabpool.so on this pool read a driver that copy never loaded).
+ * From outside, use the fabpool_torch_* calls. */
 FABPOOL_API fabpool_t *fabpool_torch_pool(int device);
 
 /* The handle type the devices' pools are made with from now on (a pool made

@@ -237,6 +237,28 @@ static void check_record_stream(Core &core)
     cuStreamDestroy(m);
 }
 
+/* Every tensor's base is aligned to 256 bytes as cudaMalloc's, in the default pool and a private one: the sizes
+ * below 256 too, whose fabpool classes are aligned to their size only. */
+static void check_small_alignment(Core &core)
+{
+    PoolId P{0, 77};
+    for (int in_pool = 0; in_pool < 2; in_pool++) {
+        if (in_pool)
+            core.begin_pool(0, P, [](Stream) { return true; });
+        std::vector<void *> v;
+        for (size_t size = 1; size <= 1024; size = size < 16 ? size + 1 : size * 2 - 1) {
+            void *p = core.malloc(0, size, nullptr);
+            CHECK(p != nullptr && (uintptr_t(p) & 255) == 0);
+            v.push_back(p);
+        }
+        free_all(core, v);
+        if (in_pool)
+            core.end_pool(0, P);
+    }
+    core.release_pool(0, P);
+    core.empty_cache(PoolId{0, 0});
+}
+
 /* An allocation the device cannot serve throws fabpool's message; a
  * MemPool(use_on_oom=True) serves it from what it holds; after the program
  * frees memory it goes on. */
@@ -1486,6 +1508,7 @@ int main(int argc, char **argv)
         check_capture_of_the_owner(core, held0); /* first: the default pool's first stream becomes its owner */
         check_stats(core, held0);
         check_record_stream(core);
+        check_small_alignment(core);
         check_oom(core, held0);
         check_fraction(core, held0);
         check_graph_pool(core, held0);

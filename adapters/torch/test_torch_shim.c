@@ -171,6 +171,22 @@ static int count_lines(FILE *f, const char *what)
  * out are refused, reported once each on stderr, and change nothing: no two
  * live blocks share memory afterwards, the counters do not move (the live
  * count does not wrap), and shutdown still succeeds at the end. */
+/* Every tensor's base is aligned to 256 bytes, as cudaMalloc's (PyTorch's kernels pick vector widths from it):
+ * the sizes below 256, whose fabpool classes are aligned to their size only, too. */
+static void check_small_alignment(void *s)
+{
+    void *p[64];
+    int n = 0;
+    for (size_t size = 1; size <= 1024; size = size < 16 ? size + 1 : size * 2 - 1) {
+        p[n] = T_alloc(size, 0, s);
+        CHECK(p[n] != NULL && ((uintptr_t)p[n] & 255) == 0);
+        n++;
+    }
+    size_t size = 1;
+    for (int i = 0; i < n; i++, size = size < 16 ? size + 1 : size * 2 - 1)
+        T_free(p[i], size, 0, s);
+}
+
 static void check_bad_frees(void *s)
 {
     fabpool_torch_counters c0 = counters();
@@ -640,6 +656,7 @@ int main(int argc, char **argv)
     }
 
     check_asleep(s1);
+    check_small_alignment(s1);
     check_bad_frees(s1);
 
     /* threads, each on its own stream (and sometimes the default one) */

@@ -726,13 +726,14 @@ Core::Block *Core::alloc_in(Device &d, Pool &p, size_t size, Stream s, bool ctx,
     if (!p.fp && !make_fp(d, p, why))
         return nullptr;
     void *q = nullptr;
-    fabpool_status st = fabpool_alloc(p.fp, size, &q);
+    size_t ask = size < 256 ? 256 : size; /* as the shim: a tensor's base aligned as cudaMalloc's */
+    fabpool_status st = fabpool_alloc(p.fp, ask, &q);
     if (st != FABPOOL_OK && !ctx) {
         d.retries++;
         poll(d, true);
         fabpool_torch_empty(d.index);
         free_pool_memory(d, nullptr);
-        st = fabpool_alloc(p.fp, size, &q);
+        st = fabpool_alloc(p.fp, ask, &q);
     }
     if (st != FABPOOL_OK) {
         *why = fabpool_last_error();

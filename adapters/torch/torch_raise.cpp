@@ -17,9 +17,6 @@
 #include "fabpool_torch.h"
 #include "torch_size.hpp"
 
-extern "C" __attribute__((visibility("default"))) void *fabpool_torch_alloc_raising(size_t size, int device,
-                                                                                   void *stream);
-
 void *fabpool_torch_alloc_raising(size_t size, int device, void *stream)
 {
     /* PyTorch's caching allocator refuses this before it looks at a pool, in these words (its own
