@@ -121,8 +121,8 @@ static void round_trip(void)
     w[n++] = (want){FABPOOL_TR_ALLOC, (uintptr_t)b, 300000, 0, 0};
     CHECK_OK(fabpool_alloc(p, 9u << 20, &c)); /* above slab_max: a block of an arena */
     w[n++] = (want){FABPOOL_TR_ALLOC, (uintptr_t)c, 9u << 20, 0, 0};
-    CHECK_STATUS(fabpool_alloc(p, SIZE_MAX, &bad), FABPOOL_ERR_LIMIT); /* a refusal is recorded with its status */
-    w[n++] = (want){FABPOOL_TR_ALLOC, 0, SIZE_MAX, 0, FABPOOL_ERR_LIMIT};
+    CHECK_STATUS(fabpool_alloc(p, SIZE_MAX, &bad), FABPOOL_ERR_OUT_OF_MEMORY); /* a refusal, recorded with its status */
+    w[n++] = (want){FABPOOL_TR_ALLOC, 0, SIZE_MAX, 0, FABPOOL_ERR_OUT_OF_MEMORY};
     CHECK_OK(fabpool_alloc(p, 0, &bad)); /* nothing allocated (NULL): nothing recorded */
     CHECK_OK(fabpool_free(p, NULL));
     CHECK_OK(fabpool_free(p, b));

@@ -31,12 +31,14 @@ static void mstate_live(fp_arena *a, uint64_t addr, uint64_t n)
 fabpool_status fp_large_alloc(fp_heap *h, uint64_t size, uint64_t align, void **out)
 {
     if (size > fp_space_size(h->sp)) {
-        /* more than the device holds too: a wrong size (a negative one cast), which a larger reservation would
-         * only turn into out of memory */
-        int device_too = fp_chunk_fits_device(h->sp->ch, size, "") != FABPOOL_OK;
+        /* more than the device holds too: out of memory, as cudaMalloc answers any size no device memory can
+         * serve (a larger reservation would change nothing); a size the device holds: raise reserve */
+        fabpool_status st = fp_chunk_fits_device(h->sp->ch, size, "fabpool_alloc: a block of");
+        if (st != FABPOOL_OK)
+            return st;
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_alloc of %llu bytes: larger than the pool's reserved address "
-                        "space (%llu bytes)%s", (unsigned long long)size, (unsigned long long)fp_space_size(h->sp),
-                        device_too ? " and than the device's memory: check the size" : "; raise reserve");
+                        "space (%llu bytes); raise reserve", (unsigned long long)size,
+                        (unsigned long long)fp_space_size(h->sp));
     }
     fp_arena *a = arena_for(h, size);
     uint64_t n = fp_arena_round(a, size);
