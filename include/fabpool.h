@@ -37,12 +37,21 @@
  * (other than fabpool_destroy's) or a NULL output pointer is a caller's bug
  * and is refused with FABPOOL_ERR_INVALID_ARG, as are NULL buffers and views.
  *
- * Alignment, as cudaMalloc and RMM promise it (CUDA_ALLOCATION_ALIGNMENT): a
- * block of 256 bytes or more (fabpool_alloc, fabpool_alloc_on_stream) starts
- * on a multiple of 256 bytes; a smaller one on a multiple of its size rounded
- * up to a power of two, at least 64 (a 48-byte block is 64-byte aligned, a
- * 200-byte one 256-byte aligned).  fabpool_alloc_aligned gives any larger
- * power of two up to the pool's allocation granularity.
+ * Alignment: a block of 256 bytes or more (fabpool_alloc,
+ * fabpool_alloc_on_stream) starts on a multiple of 256 bytes, as cudaMalloc
+ * and RMM promise (CUDA_ALLOCATION_ALIGNMENT); a smaller one, unlike theirs,
+ * on a multiple of its size rounded up to a power of two, at least 64 (a
+ * 48-byte block is 64-byte aligned, a 200-byte one 256-byte aligned): ask
+ * for 256 bytes, or fabpool_alloc_aligned, where a kernel needs more.  The
+ * PyTorch adapters give every tensor at least 256.  fabpool_alloc_aligned
+ * gives any larger power of two up to the pool's allocation granularity.
+ *
+ * fork: CUDA does not carry over a fork, so a child forked after a pool was
+ * made can use neither the pool nor its memory.  There the pool's
+ * allocations and frees (fabpool_alloc, fabpool_free, the stream pair,
+ * fabpool_record_stream) answer FABPOOL_ERR_NOT_SUPPORTED, saying so, and
+ * its other calls fail where they reach the driver.  Start the child with
+ * exec or spawn and make a pool there.
  */
 #ifndef FABPOOL_H
 #define FABPOOL_H

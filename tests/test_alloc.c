@@ -1,6 +1,8 @@
 /* test_alloc: size-class blocks.  Every class boundary, alignment, data,
  * reuse, the cache and trim, large spans, bad input, and many threads. */
 #include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -270,6 +272,43 @@ static void device_memory_is_the_drivers(int sim)
     CHECK_STATUS(fabpool_device_memory(pool, &f1, NULL), FABPOOL_ERR_INVALID_ARG);
 }
 
+/* A child forked after the pool was made: CUDA does not carry over a fork, so every allocation and free of the
+ * pool there is refused (FABPOOL_ERR_NOT_SUPPORTED, the message naming the fork), the thread cache's hits
+ * included; the parent goes on as before. */
+static void forked_child_refused(void)
+{
+    void *x = NULL, *y = NULL, *m = NULL;
+    CHECK_OK(fabpool_alloc(pool, 256, &x));
+    CHECK_OK(fabpool_alloc(pool, 256, &y));
+    CHECK_OK(fabpool_free(pool, y)); /* in this thread's cache: the child's next 256 bytes would be a hit */
+    CHECK_OK(fabpool_alloc(pool, 16 << 10, &m));
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int bad = 0;
+        void *z = (void *)1;
+        const size_t sizes[] = {256, 16 << 10, 3 << 20};
+        for (size_t i = 0; i < 3; i++, z = (void *)1)
+            bad += fabpool_alloc(pool, sizes[i], &z) != FABPOOL_ERR_NOT_SUPPORTED || z != NULL ||
+                   !strstr(fabpool_last_error(), "forked");
+        bad += fabpool_free(pool, x) != FABPOOL_ERR_NOT_SUPPORTED;
+        bad += fabpool_free(pool, m) != FABPOOL_ERR_NOT_SUPPORTED;
+        bad += fabpool_alloc_on_stream(pool, 256, NULL, &z) != FABPOOL_ERR_NOT_SUPPORTED;
+        bad += fabpool_free_on_stream(pool, x, NULL) != FABPOOL_ERR_NOT_SUPPORTED;
+        _exit(bad);
+    }
+    int ws = 0;
+    CHECK(pid > 0 && waitpid(pid, &ws, 0) == pid && WIFEXITED(ws));
+    CHECK(WEXITSTATUS(ws) == 0);
+    void *again = NULL;
+    CHECK_OK(fabpool_alloc(pool, 256, &again)); /* the parent: its cache as before */
+    CHECK(again == y);
+    CHECK_OK(fabpool_free(pool, again));
+    CHECK_OK(fabpool_free(pool, x));
+    CHECK_OK(fabpool_free(pool, m));
+}
+
 int main(void)
 {
     int sim = t_driver_init();
@@ -282,6 +321,7 @@ int main(void)
     out_of_memory_says_device_memory();
     device_memory_is_the_drivers(sim);
     threads();
+    forked_child_refused();
     if (getenv("FABPOOL_TEST_STATS"))
         fabpool_print_stats(pool, stdout, 0);
     CHECK_OK(fabpool_destroy(pool));

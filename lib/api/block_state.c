@@ -10,9 +10,18 @@
 /* The refusal of a free (or a use) of a slab block whose flag f says it is not given out. */
 fabpool_status fp_alloc_already_free(const char *fn, uint64_t addr, uint64_t obj, uint8_t f)
 {
-    return fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this %llu-byte block is already free%s (double free)", fn,
+    return fp_error(FABPOOL_ERR_DOUBLE_FREE, "%s(%p): this %llu-byte block is already free%s (a double free, or a "
+                    "block of a slab that this pool never gave out: a slab cannot tell the two apart)", fn,
                     (void *)(uintptr_t)addr, (unsigned long long)obj,
                     f == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for its work" : "");
+}
+
+fabpool_status fp_alloc_forked(const fp_alloc *a, const char *fn)
+{
+    return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "%s: this pool (device %d) was made before this process was forked "
+                    "from its maker: CUDA does not carry over a fork, so the child can use neither the pool nor its "
+                    "memory; start the child with exec or spawn (multiprocessing's 'spawn') and make a pool there",
+                    fn, (int)a->sp->ch->dev);
 }
 
 /* The refusal of a pointer this pool did not give out. */

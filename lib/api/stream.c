@@ -59,14 +59,15 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     if (!a || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_on_stream: the pool or the output pointer is NULL");
     *out = NULL;
+    if (FP_UNLIKELY(atomic_load_explicit(&a->forked, memory_order_relaxed)))
+        return fp_alloc_forked(a, "fabpool_alloc_on_stream");
     if (size == 0)   /* as fabpool_alloc: success and NULL */
         return FABPOOL_OK;
     if (stream == (void *)CU_STREAM_PER_THREAD)   /* a different stream in every thread: no stream's block */
         return fabpool_alloc(p, size, out);
     fabpool_status st = FABPOOL_OK;
-    /* before anything is taken: a block the stream freed, another stream's
-     * done block and the owner claim would each hand out (or change) what
-     * sleep unmapped */
+    /* before anything is taken: a block the stream freed, another stream's done block and the owner claim would
+     * each hand out (or change) what sleep unmapped */
     if (FP_UNLIKELY(fp_chunks_asleep(a->sp->ch))) {
         st = fp_chunk_asleep_error("fabpool_alloc_on_stream");
         FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, 0, size, stream, st);
@@ -182,6 +183,8 @@ static fabpool_status stream_block_open(fabpool_t *p, void *ptr, const char *fn,
     b->addr = (uint64_t)(uintptr_t)ptr;
     if (!b->a)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "%s(%p): the pool is NULL", fn, ptr);
+    if (FP_UNLIKELY(atomic_load_explicit(&b->a->forked, memory_order_relaxed)))
+        return fp_alloc_forked(b->a, fn);
     if (!ptr)   /* the block of size 0: the caller does nothing */
         return FABPOOL_OK;
     b->s = fp_map_get(&b->a->map, b->addr);

@@ -4,6 +4,7 @@
  * (alloc.h; the hit's pop and push are tcache.h's). */
 #include "tcache.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,7 +31,8 @@ static _Atomic uint64_t next_hot_key = 1;
 void fp_alloc_hot_rekey(fp_alloc *a)
 {
     uint64_t k = FP_HOT_OFF;
-    if (a->thread_cache && a->id && !a->trace && !(atomic_load(&a->flush_epoch) & FP_EPOCH_ASLEEP))
+    if (a->thread_cache && a->id && !a->trace && !(atomic_load(&a->flush_epoch) & FP_EPOCH_ASLEEP) &&
+        !atomic_load(&a->forked))
         k = atomic_fetch_add(&next_hot_key, 1);
     /* after the epoch it follows: a thread that reads this key reads that epoch or a later one */
     atomic_store_explicit(&a->cache_key, k, memory_order_release);
@@ -61,8 +63,27 @@ void fp_alloc_owner_sync(fp_alloc *a)
 /* The calling thread's slots (NULL before its first cache). */
 static fp_tls_slot *my_slots(void) { return fp_hot.th ? fp_hot.th->caches : NULL; }
 
+/* Around a fork the registry is held, so that the child finds it whole: there every pool is marked forked and
+ * its keys turned off, so that no fast path hands out or takes back memory the child cannot use (its CUDA
+ * context did not carry over) and every slow path refuses, saying why. */
+static void fork_prepare(void) { fp_lock(&registry_lock); }
+static void fork_parent(void) { fp_unlock(&registry_lock); }
+static void fork_child(void)
+{
+    for (size_t i = 0; i < registry_n; i++) {
+        fp_alloc *a = registry[i].owner;
+        atomic_store(&a->forked, 1);
+        atomic_store(&a->cache_key, FP_HOT_OFF);
+        atomic_store(&a->hot_key, FP_HOT_OFF);
+    }
+    fp_unlock(&registry_lock);
+}
+static void fork_hooks(void) { (void)pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
 int fp_registry_add(fp_alloc *a)
 {
+    static pthread_once_t hooked = PTHREAD_ONCE_INIT;
+    (void)pthread_once(&hooked, fork_hooks);
     fp_lock(&registry_lock);
     if (FP_ARRAY_RESERVE(NULL, registry, registry_n, registry_cap, registry_n + 1, 8) != 0) {
         fp_unlock(&registry_lock);

@@ -126,6 +126,8 @@ typedef struct fp_alloc {
     fp_space *sp;                      /* the heap's */
     fp_usage *use;                     /* the pool's in-use mark: slab blocks out of their classes (usage.h) */
     int thread_cache;                  /* the option */
+    _Atomic int forked;                /* 1 in a child forked after the pool was made (the registry's fork hook):
+                                          the keys stay off and the slow paths refuse */
     unsigned n_slab_classes;
     uint32_t tc_cap[FP_NCLASS];        /* thread-cache bin capacity per class */
     size_t tcache_bytes;
