@@ -293,58 +293,295 @@ typedef struct range {
     uint64_t a, n;
 } range;
 
-/* A set of addresses as sorted, disjoint, non-adjacent ranges. */
-typedef struct iset {
-    range *r;
-    size_t n, cap;
-} iset;
+/* ------------------------------------------------------------ the snapshot's sets */
 
-/* s with [a, a + n) added (add) or taken out (!add): 0, or -1 (no memory; s unchanged). */
-static int iset_apply(iset *s, uint64_t a, uint64_t n, int add)
+/* What is mapped and what the snapshot shows mapped.  Every range a map or unmap record names begins and ends at
+ * one of the trace's cuts (the addresses where such a range begins or ends, sorted), so both sets are unions of
+ * pieces, a piece [x[j], x[j + 1]) between two neighbouring cuts.  A tree over the pieces holds both, so that
+ * each change and each question (the first piece from j on that is shown, or not) costs O(log n) in a trace of
+ * n records, not a pass over every range. */
+typedef struct seg_node {
+    size_t shown, mapped;              /* the node's pieces shown, mapped (a mapped piece is always shown) */
+    signed char set_shown, set_mapped; /* a change its children have yet to take: -1 none, else 0 or 1 */
+} seg_node;
+
+typedef struct segset {
+    uint64_t *x;  /* the cuts */
+    size_t np;    /* pieces: one fewer than the cuts, 0 without map records */
+    seg_node *t;  /* node 1 the root over [0, np), node k's halves 2k and 2k + 1 */
+} segset;
+
+/* What a search looks for in a piece: not shown, shown, gone (shown but no longer mapped), not gone. */
+enum { P_HIDDEN, P_SHOWN, P_GONE, P_KEPT };
+
+static int node_has(const seg_node *k, size_t len, int p)
 {
-    if (n > UINT64_MAX - a) /* walk() passes none */
+    switch (p) {
+    case P_HIDDEN:
+        return k->shown < len;
+    case P_SHOWN:
+        return k->shown > 0;
+    case P_GONE:
+        return k->shown > k->mapped;
+    default:
+        return k->shown - k->mapped < len;
+    }
+}
+
+static void node_set(seg_node *k, size_t len, int shown, int mapped)
+{
+    if (shown >= 0) {
+        k->shown = shown ? len : 0;
+        k->set_shown = (signed char)shown;
+    }
+    if (mapped >= 0) {
+        k->mapped = mapped ? len : 0;
+        k->set_mapped = (signed char)mapped;
+    }
+}
+
+static void node_push(seg_node *t, size_t k, size_t l, size_t m, size_t r)
+{
+    node_set(&t[2 * k], m - l, t[k].set_shown, t[k].set_mapped);
+    node_set(&t[2 * k + 1], r - m, t[k].set_shown, t[k].set_mapped);
+    t[k].set_shown = t[k].set_mapped = -1;
+}
+
+/* Pieces [lo, hi) of node k (over [l, r)) made shown or not (shown 0 or 1, -1: left) and mapped or not. */
+static void seg_set(seg_node *t, size_t k, size_t l, size_t r, size_t lo, size_t hi, int shown, int mapped)
+{
+    if (hi <= l || r <= lo)
+        return;
+    if (lo <= l && r <= hi) {
+        node_set(&t[k], r - l, shown, mapped);
+        return;
+    }
+    size_t m = l + (r - l) / 2;
+    node_push(t, k, l, m, r);
+    seg_set(t, 2 * k, l, m, lo, hi, shown, mapped);
+    seg_set(t, 2 * k + 1, m, r, lo, hi, shown, mapped);
+    t[k].shown = t[2 * k].shown + t[2 * k + 1].shown;
+    t[k].mapped = t[2 * k].mapped + t[2 * k + 1].mapped;
+}
+
+/* The first piece of [from, hi) in node k (over [l, r)) that has p, or hi. */
+static size_t seg_first(seg_node *t, size_t k, size_t l, size_t r, size_t from, size_t hi, int p)
+{
+    if (r <= from || hi <= l || !node_has(&t[k], r - l, p))
+        return hi;
+    if (r - l == 1)
+        return l;
+    size_t m = l + (r - l) / 2;
+    node_push(t, k, l, m, r);
+    size_t j = seg_first(t, 2 * k, l, m, from, hi, p);
+    return j < hi ? j : seg_first(t, 2 * k + 1, m, r, from, hi, p);
+}
+
+/* The last piece before `before` in node k (over [l, r)) that has p, or SIZE_MAX. */
+static size_t seg_last(seg_node *t, size_t k, size_t l, size_t r, size_t before, int p)
+{
+    if (before <= l || !node_has(&t[k], r - l, p))
+        return SIZE_MAX;
+    if (r - l == 1)
+        return l;
+    size_t m = l + (r - l) / 2;
+    node_push(t, k, l, m, r);
+    size_t j = seg_last(t, 2 * k + 1, m, r, before, p);
+    return j != SIZE_MAX ? j : seg_last(t, 2 * k, l, m, before, p);
+}
+
+static void ss_set(segset *ss, size_t lo, size_t hi, int shown, int mapped)
+{
+    if (lo < hi)
+        seg_set(ss->t, 1, 0, ss->np, lo, hi, shown, mapped);
+}
+static size_t ss_first(segset *ss, size_t from, size_t hi, int p)
+{
+    return from < hi ? seg_first(ss->t, 1, 0, ss->np, from, hi, p) : hi;
+}
+/* 1 if some memory is shown mapped that is no longer mapped */
+static int ss_gone(const segset *ss) { return ss->np && ss->t[1].shown > ss->t[1].mapped; }
+
+static int by_u64(const void *x, const void *y)
+{
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* The first of v[0, n) (sorted) at or above a (above: strictly above a), or n. */
+static size_t bound(const uint64_t *v, size_t n, uint64_t a, int above)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t m = lo + (hi - lo) / 2;
+        if (v[m] < a || (above && v[m] == a))
+            lo = m + 1;
+        else
+            hi = m;
+    }
+    return lo;
+}
+
+/* The starts and ends of the ranges of d's records of the ops in mask (a bit an op), sorted, each once; those
+ * that run past the end of the address space are left out (walk refuses them before they are used). */
+static int cuts_of(const trace_data *d, unsigned mask, uint64_t **out, size_t *n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < d->n; i++)
+        k += d->recs[i].op < 32 && (mask >> d->recs[i].op & 1u);
+    *out = NULL;
+    *n = 0;
+    if (!k)
+        return 0;
+    uint64_t *x = k <= SIZE_MAX / 2 / sizeof *x ? malloc(2 * k * sizeof *x) : NULL;
+    if (!x)
         return -1;
-    uint64_t e = a + n;
-    /* each range gives at most two (the parts of it left either side of [a, e)), and [a, e) one more */
-    if (s->n > (SIZE_MAX / sizeof(range) - 1) / 2)
-        return -1;
-    range *out = malloc((2 * s->n + 1) * sizeof *out);
-    if (!out)
-        return -1;
-    size_t k = 0, i = 0;
-    for (; i < s->n && s->r[i].a + s->r[i].n < a; i++)
-        out[k++] = s->r[i];
-    uint64_t lo = a, hi = e;
-    for (; i < s->n && s->r[i].a <= e; i++) {
-        uint64_t ra = s->r[i].a, re = ra + s->r[i].n;
-        if (add) {
-            lo = ra < lo ? ra : lo;
-            hi = re > hi ? re : hi;
-        } else {
-            if (ra < a)
-                out[k++] = (range){ra, a - ra};
-            if (re > e)
-                out[k++] = (range){e, re - e};
+    k = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        const fabpool_trace_rec *r = &d->recs[i];
+        if (r->op < 32 && (mask >> r->op & 1u) && r->size <= UINT64_MAX - r->ptr) {
+            x[k++] = r->ptr;
+            x[k++] = r->ptr + r->size;
         }
     }
-    if (add)
-        out[k++] = (range){lo, hi - lo};
-    for (; i < s->n; i++)
-        out[k++] = s->r[i];
-    free(s->r);
-    s->r = out;
-    s->n = k;
-    s->cap = 2 * s->n + 1;
+    qsort(x, k, sizeof *x, by_u64);
+    size_t u = 0;
+    for (size_t i = 0; i < k; i++)
+        if (!u || x[i] != x[u - 1])
+            x[u++] = x[i];
+    *out = x;
+    *n = u;
     return 0;
+}
+
+static int ss_init(segset *ss, const trace_data *d)
+{
+    size_t nx = 0;
+    if (cuts_of(d, 1u << FABPOOL_TR_MAP | 1u << FABPOOL_TR_UNMAP, &ss->x, &nx))
+        return -1;
+    ss->np = nx > 1 ? nx - 1 : 0;
+    if (!ss->np)
+        return 0;
+    if (ss->np > SIZE_MAX / 4 / sizeof *ss->t || !(ss->t = malloc(4 * ss->np * sizeof *ss->t)))
+        return -1;
+    for (size_t k = 0; k < 4 * ss->np; k++)
+        ss->t[k] = (seg_node){0, 0, -1, -1};
+    return 0;
+}
+
+/* The pieces [*lo, *hi) that make [a, a + n): 0, or -1 where a range does not begin and end at cuts. */
+static int ss_pieces(const segset *ss, uint64_t a, uint64_t n, size_t *lo, size_t *hi)
+{
+    if (!ss->np || n > UINT64_MAX - a)
+        return -1;
+    *lo = bound(ss->x, ss->np + 1, a, 0);
+    *hi = bound(ss->x, ss->np + 1, a + n, 0);
+    return *lo <= ss->np && ss->x[*lo] == a && *hi <= ss->np && ss->x[*hi] == a + n ? 0 : -1;
+}
+
+/* The live blocks of the level: a map of address to size, and how many begin and end at or below each of the
+ * places a block of the trace may begin or end (two Fenwick trees), to ask in O(log n) whether one lies in a
+ * range. */
+typedef struct blocks {
+    u64map at;
+    uint64_t *y;          /* where a block of the trace may begin or end, sorted */
+    size_t ny;
+    size_t *starts, *ends; /* the Fenwick trees over y */
+} blocks;
+
+static int blocks_init(blocks *b, const trace_data *d)
+{
+    unsigned ops = 1u << FABPOOL_TR_ALLOC | 1u << FABPOOL_TR_APP_ALLOC | 1u << FABPOOL_TR_BUF_CREATE |
+                   1u << FABPOOL_TR_BUF_RESIZE;
+    if (cuts_of(d, ops, &b->y, &b->ny))
+        return -1;
+    b->starts = calloc(b->ny + 1, sizeof *b->starts);
+    b->ends = calloc(b->ny + 1, sizeof *b->ends);
+    return b->starts && b->ends ? 0 : -1;
+}
+
+static void fen_add(size_t *f, size_t n, size_t i, int up)
+{
+    for (i++; i <= n; i += i & (~i + 1))
+        f[i] = up ? f[i] + 1 : f[i] - 1;
+}
+
+/* The sum of f's first i places. */
+static size_t fen_sum(const size_t *f, size_t i)
+{
+    size_t s = 0;
+    for (; i; i -= i & (~i + 1))
+        s += f[i];
+    return s;
+}
+
+static int blocks_count(blocks *b, uint64_t a, uint64_t n, int up)
+{
+    size_t i = bound(b->y, b->ny, a, 0), j = bound(b->y, b->ny, a + n, 0);
+    if (i == b->ny || b->y[i] != a || j == b->ny || b->y[j] != a + n)
+        return -1; /* not a block of the trace's records */
+    fen_add(b->starts, b->ny, i, up);
+    fen_add(b->ends, b->ny, j, up);
+    return 0;
+}
+
+/* A block at a of n bytes: 1 if it replaced one at a (as the walk's map replaces it; its size in *old), 0 if
+ * not, -1 (no memory). */
+static int blocks_put(blocks *b, uint64_t a, uint64_t n, uint64_t *old)
+{
+    if (!a) /* no key of the map (walk passes none) */
+        return 0;
+    int had = u64map_get(&b->at, a, old);
+    if (had && blocks_count(b, a, *old, 0))
+        return -1;
+    return u64map_put(&b->at, a, n) || blocks_count(b, a, n, 1) ? -1 : had;
+}
+
+static void blocks_del(blocks *b, uint64_t a)
+{
+    uint64_t old = 0;
+    if (u64map_del(&b->at, a, &old))
+        blocks_count(b, a, old, 0);
+}
+
+/* 1 if a live block [k, k + v) lies in [a, e) (a < e): k < e and k + v > a.  Those with k + v <= a all have
+ * k <= a < e, so they are the blocks that begin below e less those that end at or below a. */
+static int blocks_within(const blocks *b, uint64_t a, uint64_t e)
+{
+    return fen_sum(b->starts, bound(b->y, b->ny, e, 0)) > fen_sum(b->ends, bound(b->y, b->ny, a, 1));
+}
+
+static void blocks_free(blocks *b)
+{
+    u64map_free(&b->at);
+    free(b->y);
+    free(b->starts);
+    free(b->ends);
 }
 
 typedef struct snap_ctx {
     pk p;
-    u64map live;    /* the blocks of the level live now */
-    iset mapped;    /* what the chunk records say is mapped now */
-    iset shown;     /* what the snapshot's segment events have mapped so far */
-    int behind;     /* shown holds memory that is no longer mapped, under a live block */
+    blocks live;    /* the blocks of the level live now */
+    segset sets;    /* what the chunk records say is mapped now, what the segment events have mapped so far */
+    range *dirty;   /* where what is shown but no longer mapped may have changed since snap_sync: [a, a + n] */
+    size_t ndirty, cap_dirty;
+    range *runs;    /* snap_sync's runs of gone pieces, [a, n) as piece numbers */
+    size_t nruns, cap_runs;
 } snap_ctx;
+
+static int range_push(range **v, size_t *n, size_t *cap, uint64_t a, uint64_t b)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? 2 * *cap : 64;
+        range *w = nc <= SIZE_MAX / sizeof *w ? realloc(*v, nc * sizeof *w) : NULL;
+        if (!w)
+            return -1;
+        *v = w;
+        *cap = nc;
+    }
+    (*v)[(*n)++] = (range){a, b};
+    return 0;
+}
 
 static void pk_entry(pk *p, int action, uint64_t addr, uint64_t size, uint64_t stream, uint64_t t_ns)
 {
@@ -362,93 +599,115 @@ static void pk_entry(pk *p, int action, uint64_t addr, uint64_t size, uint64_t s
     pk_item(p);
 }
 
-static int live_within(const u64map *m, uint64_t a, uint64_t n)
+static int by_addr(const void *x, const void *y)
 {
-    for (size_t i = 0; i < m->cap; i++)
-        if (m->keys[i] && m->keys[i] < a + n && m->keys[i] + m->vals[i] > a)
-            return 1;
+    uint64_t a = ((const range *)x)->a, b = ((const range *)y)->a;
+    return a < b ? -1 : a > b;
+}
+
+/* The runs of gone pieces (shown, no longer mapped, each as long as it goes) that touch [a, a + n], pushed to
+ * s->runs. */
+static int gone_runs(snap_ctx *s, uint64_t a, uint64_t n)
+{
+    segset *ss = &s->sets;
+    size_t lo = bound(ss->x, ss->np + 1, a, 0), hi = bound(ss->x, ss->np + 1, a + n, 1);
+    lo = lo ? lo - 1 : 0;  /* the piece that ends at a, or holds it */
+    hi = hi < ss->np ? hi : ss->np; /* the pieces that begin at or below a + n */
+    for (size_t j = lo; (j = ss_first(ss, j, hi, P_GONE)) < hi;) {
+        size_t first = seg_last(ss->t, 1, 0, ss->np, j, P_KEPT);
+        size_t end = ss_first(ss, j, ss->np, P_KEPT);
+        if (range_push(&s->runs, &s->nruns, &s->cap_runs, first == SIZE_MAX ? 0 : first + 1, end))
+            return -1;
+        j = end;
+    }
     return 0;
 }
 
 /* The viewer draws every live block inside a segment, so memory is shown unmapped only once no live block is
  * in it: a buffer that shrinks is remapped under its live range before its resize record, and a pool asleep
- * keeps its blocks over no memory.  Unmaps what is shown but no longer mapped and holds no live block. */
+ * keeps its blocks over no memory.  Unmaps, in address order, each run of what is shown but no longer mapped
+ * that holds no live block.  A run that held one at the last call still does unless the memory around it or a
+ * block in it changed since, so only the runs that touch those changes (s->dirty) are looked at. */
 static int snap_sync(snap_ctx *s, uint64_t t_ns)
 {
-    s->behind = 0;
-    for (size_t i = 0; i < s->shown.n; i++) {
-        range sh = s->shown.r[i];
-        /* the parts of sh that are not mapped */
-        iset gone = {0};
-        if (iset_apply(&gone, sh.a, sh.n, 1))
+    segset *ss = &s->sets;
+    size_t nd = s->ndirty;
+    s->ndirty = 0;
+    s->nruns = 0;
+    if (!ss_gone(ss))
+        return 0;
+    for (size_t i = 0; i < nd; i++)
+        if (gone_runs(s, s->dirty[i].a, s->dirty[i].n))
             return -1;
-        for (size_t j = 0; j < s->mapped.n; j++)
-            if (s->mapped.r[j].a < sh.a + sh.n && s->mapped.r[j].a + s->mapped.r[j].n > sh.a &&
-                iset_apply(&gone, s->mapped.r[j].a, s->mapped.r[j].n, 0)) {
-                free(gone.r);
-                return -1;
-            }
-        int changed = 0;
-        for (size_t j = 0; j < gone.n; j++) {
-            if (live_within(&s->live, gone.r[j].a, gone.r[j].n)) {
-                s->behind = 1;
-                continue;
-            }
-            pk_entry(&s->p, K_SEGMENT_UNMAP, gone.r[j].a, gone.r[j].n, 0, t_ns);
-            if (iset_apply(&s->shown, gone.r[j].a, gone.r[j].n, 0)) {
-                free(gone.r);
-                return -1;
-            }
-            changed = 1;
-        }
-        free(gone.r);
-        if (changed)
-            i = (size_t)-1; /* shown changed under the loop: again from the start */
+    qsort(s->runs, s->nruns, sizeof *s->runs, by_addr);
+    for (size_t i = 0; i < s->nruns; i++) {
+        if (i && s->runs[i].a == s->runs[i - 1].a)
+            continue; /* the same run, touched twice */
+        size_t lo = (size_t)s->runs[i].a, hi = (size_t)s->runs[i].n;
+        uint64_t a = ss->x[lo], e = ss->x[hi];
+        if (blocks_within(&s->live, a, e))
+            continue;
+        pk_entry(&s->p, K_SEGMENT_UNMAP, a, e - a, 0, t_ns);
+        ss_set(ss, lo, hi, 0, -1);
     }
     return 0;
+}
+
+static int snap_dirty(snap_ctx *s, uint64_t a, uint64_t n)
+{
+    return range_push(&s->dirty, &s->ndirty, &s->cap_dirty, a, n);
+}
+
+/* A map of the parts not shown yet.  A record of 0 bytes (a failed one's: walk refuses the others) maps nothing. */
+static int snap_map(snap_ctx *s, const viz_ev *e, uint64_t t)
+{
+    segset *ss = &s->sets;
+    size_t lo, hi;
+    if (!e->size)
+        return 0;
+    if (ss_pieces(ss, e->addr, e->size, &lo, &hi))
+        return -1;
+    int gone = ss_gone(ss);
+    for (size_t j = lo; (j = ss_first(ss, j, hi, P_HIDDEN)) < hi;) {
+        size_t k = ss_first(ss, j, hi, P_SHOWN);
+        pk_entry(&s->p, K_SEGMENT_MAP, ss->x[j], ss->x[k] - ss->x[j], 0, t);
+        j = k;
+    }
+    ss_set(ss, lo, hi, 1, 1);
+    return gone ? snap_dirty(s, e->addr, e->size) : 0; /* a gone run cut in two: each part may hold no block */
 }
 
 static int snap_event(void *c, const viz_ev *e)
 {
     snap_ctx *s = c;
     uint64_t t = e->r->t_ns;
+    size_t lo, hi;
     switch (e->kind) {
-    case EV_ALLOC:
+    case EV_ALLOC: { /* a block put over one at its address takes that one's place: what it left, sync sees */
+        uint64_t old = 0;
         pk_entry(&s->p, K_ALLOC, e->addr, e->size, e->stream, t);
-        return u64map_put(&s->live, e->addr, e->size) ? -1 : 0;
+        int had = blocks_put(&s->live, e->addr, e->size, &old);
+        return had < 0 || (had && ss_gone(&s->sets) && snap_dirty(s, e->addr, old)) ? -1 : 0;
+    }
     case EV_FREE: /* fabpool's free is done when it returns: requested and completed at once */
         pk_entry(&s->p, K_FREE_REQUESTED, e->addr, e->size, e->stream, t);
         pk_entry(&s->p, K_FREE_COMPLETED, e->addr, e->size, e->stream, t);
-        u64map_del(&s->live, e->addr, NULL);
-        return s->behind ? snap_sync(s, t) : 0;
-    case EV_MAP: { /* the parts not shown yet */
-        iset add = {0};
-        if (iset_apply(&s->mapped, e->addr, e->size, 1) || iset_apply(&add, e->addr, e->size, 1))
-            return -1;
-        for (size_t j = 0; j < s->shown.n; j++)
-            if (iset_apply(&add, s->shown.r[j].a, s->shown.r[j].n, 0)) {
-                free(add.r);
-                return -1;
-            }
-        for (size_t j = 0; j < add.n; j++)
-            pk_entry(&s->p, K_SEGMENT_MAP, add.r[j].a, add.r[j].n, 0, t);
-        int rc = 0;
-        for (size_t j = 0; j < add.n && !rc; j++)
-            rc = iset_apply(&s->shown, add.r[j].a, add.r[j].n, 1);
-        free(add.r);
-        return rc;
-    }
+        blocks_del(&s->live, e->addr);
+        if (!ss_gone(&s->sets))
+            return 0;
+        return snap_dirty(s, e->addr, e->size) || snap_sync(s, t) ? -1 : 0;
+    case EV_MAP:
+        return snap_map(s, e, t);
     case EV_UNMAP:
-        return iset_apply(&s->mapped, e->addr, e->size, 0) || snap_sync(s, t) ? -1 : 0;
+        if (!e->size)
+            return 0;
+        if (ss_pieces(&s->sets, e->addr, e->size, &lo, &hi))
+            return -1;
+        ss_set(&s->sets, lo, hi, -1, 0);
+        return snap_dirty(s, e->addr, e->size) || snap_sync(s, t) ? -1 : 0;
     default:
         return 0;
     }
-}
-
-static int by_addr(const void *x, const void *y)
-{
-    uint64_t a = ((const range *)x)->a, b = ((const range *)y)->a;
-    return a < b ? -1 : a > b;
 }
 
 /* The map's entries as ranges sorted by address (*out NULL and n 0 when empty); -1: no memory. */
@@ -535,12 +794,21 @@ static void pk_segment(pk *p, int device, uint64_t a, uint64_t n, const range *b
  * or at least one block, so the list ends. */
 static int pk_segments(snap_ctx *s, int device)
 {
-    range *blk = NULL;
-    size_t nblk = 0;
-    if (ranges_of(&s->live, &blk, &nblk))
+    range *blk = NULL, *ch = NULL;
+    size_t nblk = 0, nch = 0, cap = 0;
+    segset *ss = &s->sets;
+    for (size_t j = 0; (j = ss_first(ss, j, ss->np, P_SHOWN)) < ss->np;) {
+        size_t k = ss_first(ss, j, ss->np, P_HIDDEN);
+        if (range_push(&ch, &nch, &cap, ss->x[j], ss->x[k] - ss->x[j])) {
+            free(ch);
+            return -1;
+        }
+        j = k;
+    }
+    if (ranges_of(&s->live.at, &blk, &nblk)) {
+        free(ch);
         return -1;
-    const range *ch = s->shown.r;
-    size_t nch = s->shown.n;
+    }
     pk *p = &s->p;
     pk_list_begin(p);
     size_t bi = 0, ci = 0;
@@ -561,7 +829,17 @@ static int pk_segments(snap_ctx *s, int device)
     }
     pk_list_end(p);
     free(blk);
+    free(ch);
     return 0;
+}
+
+static void snap_free(snap_ctx *s)
+{
+    blocks_free(&s->live);
+    free(s->sets.x);
+    free(s->sets.t);
+    free(s->dirty);
+    free(s->runs);
 }
 
 int trace_write_snapshot(const trace_data *d, FILE *f, char *err, size_t cap)
@@ -571,6 +849,11 @@ int trace_write_snapshot(const trace_data *d, FILE *f, char *err, size_t cap)
     s.p.f = f;
     if (d->h.device < 0 || d->h.device > TRACE_MAX_DEVICE) { /* one empty list a device before it */
         snprintf(err, cap, "the trace names device %d; a device ordinal is 0 to %d", d->h.device, TRACE_MAX_DEVICE);
+        return -1;
+    }
+    if (ss_init(&s.sets, d) || blocks_init(&s.live, d)) {
+        snprintf(err, cap, "no host memory for the snapshot of the trace's %zu records", d->n);
+        snap_free(&s);
         return -1;
     }
     int device = d->h.device;
@@ -603,9 +886,7 @@ int trace_write_snapshot(const trace_data *d, FILE *f, char *err, size_t cap)
     }
     pk_op(p, PK_SETITEMS);
     pk_op(p, PK_STOP);
-    u64map_free(&s.live);
-    free(s.mapped.r);
-    free(s.shown.r);
+    snap_free(&s);
     return finish(f, rc, err, cap);
 }
 

@@ -12,6 +12,11 @@ then what fabpool_trace and fabpool_replay make of it, and a file that is no sna
 A snapshot is read without running anything it carries: a pickle whose reading would call os.system (a
 __reduce__) is refused by name and the command never runs (its marker file never appears); values that are not
 addresses, ranges past the end of the address space, and a device beyond 1023 are refused with a message.
+
+What a snapshot costs is bounded whatever it holds: a pickle of 43 bytes that would call list(bytes(2^31 - 1))
+(gigabytes before any value is checked) is refused for naming builtins.list; one map of 8 TiB, as more than a
+device holds; maps and unmaps past --max-records, a file past --max-bytes, each with a message that names the
+bound; a value whose repr would be 2^40 characters or a 16,000-bit integer is named in a few words.
 """
 import json
 import os
@@ -20,6 +25,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 MIB = 1 << 20
 failed = 0
@@ -79,6 +85,55 @@ def refused_snapshots(script, d):
         pickle.dump(snap, f)
     out = subprocess.run([sys.executable, script, sp, tp], capture_output=True, text=True)
     check(out.returncode == 0, f"a snapshot of plain data read: {out.stderr.strip()}")
+
+
+def run(script, sp, tp, *opts):
+    """The converter on sp: (exit status, stderr, seconds), or a failed check if it takes a minute."""
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run([sys.executable, script, *opts, sp, tp], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        check(False, f"the converter ran a minute on {os.path.basename(sp)}")
+        return -1, "", 60.0
+    return out.returncode, out.stderr, time.monotonic() - t0
+
+
+def bounded_snapshots(script, d):
+    """Small snapshots that would cost gigabytes or hours: each refused within seconds, the bound named."""
+    sp, tp = os.path.join(d, "bounded.pickle"), os.path.join(d, "bounded.trace")
+    page = 2 * MIB
+    # PROTO 2; GLOBAL builtins.list; GLOBAL builtins.bytes; BININT 2^31-1; TUPLE1 REDUCE (bytes); TUPLE1 REDUCE
+    bomb = b"\x80\x02cbuiltins\nlist\ncbuiltins\nbytes\nJ" + (2**31 - 1).to_bytes(4, "little") + b"\x85R\x85R."
+    nested = []
+    for _ in range(40):  # a list whose repr is 2^40 items long, 2 memo references a level in the pickle
+        nested = [nested, nested]
+    xs = 1 << 46
+    cases = [
+        (bomb, (), "names builtins.list"),
+        ({"device_traces": [[ev("segment_map", xs, 4194304 * page, 0, 0)]]}, (), "more than any device holds"),
+        ({"device_traces": [[ev("segment_alloc", xs + k * (1 << 39), 1 << 39, 0, k) for k in range(3)]]}, (),
+         "event 2 (segment_alloc): 1649267441664 bytes mapped at once, more than any device holds"),
+        ({"device_traces": [[ev("segment_map" if k % 2 == 0 else "segment_unmap", xs, 1000 * page, 0, k)
+                             for k in range(100)]]}, ("--max-records", "20000"), "past --max-records (20000 records"),
+        ({"device_traces": [[ev("alloc", xs + 512 * k, 512, 0, k) for k in range(30001)]]},
+         ("--max-records", "30000"), "event 30000 (alloc) takes the trace past --max-records"),
+        ({"device_traces": [[ev("alloc", xs, 512, 0, 1)]], "pad": "x" * 4096}, ("--max-bytes", "4000"),
+         "larger than --max-bytes (4000 bytes)"),
+        ({"device_traces": [[ev("alloc", nested, 512, 0, 1)]]}, (), "addr is a list, not a number"),
+        ({"device_traces": [[ev("alloc", 10**5000, 512, 0, 1)]]}, (), "addr is an integer of 16610 bits"),
+    ]
+    for snap, opts, says in cases:
+        with open(sp, "wb") as f:
+            f.write(snap if isinstance(snap, bytes) else pickle.dumps(snap, protocol=2))
+        rc, err, secs = run(script, sp, tp, *opts)
+        check(rc == 1 and says in err and secs < 30, f"refused in {secs:.1f} s, saying '{says}': {err.strip()[:300]}")
+        print(f"refused in {secs:.2f} s: {err.strip()[:160]}")
+    # the bound raised: the same maps and unmaps converted
+    with open(sp, "wb") as f:
+        pickle.dump({"device_traces": [[ev("segment_map" if k % 2 == 0 else "segment_unmap", xs, 1000 * page, 0, k)
+                                        for k in range(100)]]}, f)
+    rc, err, secs = run(script, sp, tp, "--max-records", "100000")
+    check(rc == 0 and os.path.getsize(tp) == 64 + 40 * 100000, f"converted under a bound raised: {err.strip()}")
 
 
 def main():
@@ -154,6 +209,7 @@ def main():
         out = subprocess.run([sys.executable, script, sp, tp], capture_output=True, text=True)
         check(out.returncode != 0 and "_record_memory_history" in out.stderr, "a snapshot without history refused")
         refused_snapshots(script, d)
+        bounded_snapshots(script, d)
     print(f"test_snapshot_trace: {'ok' if not failed else f'{failed} failed'}")
     return 1 if failed else 0
 

@@ -8,11 +8,17 @@
  * bytes it held, the bytes the pool mapped at the end and at most, from the
  * simulated driver's counts) goes to a JSON file; then the trace tool
  * writes the three files and CHECKER (tests/tools/check_memory_snapshot.py)
- * reads them as PyTorch's memory viewer would and compares. */
+ * reads them as PyTorch's memory viewer would and compares.
+ *
+ * Then traces of 20,000 map and unmap records (and allocations and frees) that no pool run is needed for: the
+ * snapshot of each is written within 30 seconds (its time grows as n log n in the records; a writer that went
+ * over every range at each unmap would take hours) and holds the segment events it should. */
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "fabpool_trace_format.h"
 #include "testutil.h"
 
 static uint64_t held, held_peak;
@@ -93,6 +99,69 @@ static int program(const char *trace, const char *want)
     return t_failures ? 1 : 0; /* exit writes the trace; the pool is never destroyed */
 }
 
+/* A trace of n records written to path (the pool's level, no application marks): 0 or -1. */
+static int write_trace(const char *path, const fabpool_trace_rec *r, size_t n)
+{
+    fabpool_trace_header h = {0, FABPOOL_TRACE_VERSION, 0, 1, 2u << 20, 1u << 20, n, FABPOOL_FNV_OFFSET};
+    unsigned char b[FABPOOL_TRACE_RECORD_BYTES], hb[FABPOOL_TRACE_HEADER_BYTES];
+    for (size_t i = 0; i < n; i++) {
+        fabpool_trace_encode_rec(b, &r[i]);
+        h.checksum = fabpool_fnv1a(h.checksum, b, sizeof b);
+    }
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    fabpool_trace_encode_header(hb, &h);
+    int ok = fwrite(hb, 1, sizeof hb, f) == sizeof hb;
+    for (size_t i = 0; i < n && ok; i++) {
+        fabpool_trace_encode_rec(b, &r[i]);
+        ok = fwrite(b, 1, sizeof b, f) == sizeof b;
+    }
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+/* The many-records traces, chunks of 4 KiB, each 8 KiB from the last (so no two touch):
+ *   "maps":   2N maps, then their 2N unmaps: 2N segment_map, 2N segment_unmap;
+ *   "asleep": the N maps, a block in each, the N unmaps (a pool asleep: its blocks stay shown over no memory),
+ *             then the N frees, each of which unmaps its chunk: N segment_map, N segment_unmap. */
+static void many_records(const char *tool, const char *python, const char *dir)
+{
+    enum { N = 5000 };
+    static fabpool_trace_rec r[4 * N];
+    const char *names[] = {"maps", "asleep"};
+    for (int k = 0; k < 2; k++) {
+        size_t n = 0;
+        uint64_t base = 1ull << 40;
+        for (int pass = 0; pass < 4; pass++) {
+            static const uint8_t ops[2][4] = {{FABPOOL_TR_MAP, FABPOOL_TR_MAP, FABPOOL_TR_UNMAP, FABPOOL_TR_UNMAP},
+                                              {FABPOOL_TR_MAP, FABPOOL_TR_ALLOC, FABPOOL_TR_UNMAP, FABPOOL_TR_FREE}};
+            for (uint64_t i = 0; i < N; i++, n++) {
+                uint64_t size = ops[k][pass] == FABPOOL_TR_FREE ? 0 : ops[k][pass] == FABPOOL_TR_ALLOC ? 512 : 4096;
+                r[n] = (fabpool_trace_rec){n, base + (i + (k == 0 && pass % 2 ? N : 0)) * 8192, size, 0,
+                                           ops[k][pass], FABPOOL_OK, 1, 0};
+            }
+        }
+        char trace[300], snap[320], cmd[1200];
+        snprintf(trace, sizeof trace, "%s/%s.trace", dir, names[k]);
+        snprintf(snap, sizeof snap, "%s.pickle", trace);
+        CHECK(write_trace(trace, r, n) == 0);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        snprintf(cmd, sizeof cmd, "timeout 60 '%s' --memory-snapshot '%s' '%s' >/dev/null", tool, snap, trace);
+        int rc = system(cmd);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+        printf("%s: the snapshot of %zu records in %.2f s\n", names[k], n, s);
+        CHECK(rc == 0 && s < 30);
+        int maps = k == 0 ? 2 * N : N; /* "maps" maps both halves of its range */
+        snprintf(cmd, sizeof cmd, "'%s' -c 'import pickle, sys; e = pickle.load(open(sys.argv[1], \"rb\"))"
+                 "[\"device_traces\"][0]; n = [sum(x[\"action\"] == a for x in e) for a in "
+                 "(\"segment_map\", \"segment_unmap\")]; print(n); sys.exit(n != [%d, %d])' '%s'", python, maps,
+                 maps, snap);
+        CHECK(system(cmd) == 0);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 4) {
@@ -123,6 +192,7 @@ int main(int argc, char **argv)
              dir, trace);
     int rc = system(cmd);
     CHECK(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+    many_records(argv[1], argv[2], dir);
 
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (!t_failures && system(cmd) != 0)
