@@ -3,7 +3,9 @@
  * Every pair of driver calls that a set resize makes (with a refit: a shrunk buffer's last chunk replaced by a
  * smaller one) is made to fail together, the same entry twice included (every call of it from the first on,
  * but for the releases of handles and address ranges: where all of those fail, the driver keeps them by
- * definition; every unmap may fail, the refit's copy's included, and the collect of the destroy unmaps them).
+ * definition; every unmap may fail, the refit's copy's included, and the collect of the destroy unmaps them);
+ * and every call made with every unmap from the first on failing too (a map whose undo the driver refuses:
+ * the mapping it keeps must stay the pool's, so that a collect unmaps it and nothing is mapped over it).
  * After each call the rule is checked:
  *  - FABPOOL_OK: every buffer has its new size and keeps its data;
  *  - FABPOOL_ERR_PARTIAL (the refit's new chunk and then the old one mapped back both refused): the buffer that
@@ -242,8 +244,9 @@ static int gives_back(const char *entry)
     return strcmp(entry, "cuMemRelease") == 0 || strcmp(entry, "cuMemAddressFree") == 0;
 }
 
-/* Call n1 of entry e1 and call n2 of entry e2 fail in one set (e1 == e2: every call of it from n1 on). */
-static void trial(const scenario *sc, t_sim_hooks *h, size_t e1, uint64_t n1, size_t e2, uint64_t n2)
+/* Call n1 of entry e1 and call n2 of entry e2 fail in one set (e1 == e2: every call of it from n1 on; every2:
+ * every call of e2 from n2 on). */
+static void trial(const scenario *sc, t_sim_hooks *h, size_t e1, uint64_t n1, size_t e2, uint64_t n2, int every2)
 {
     world w;
     if (build(&w, sc) != 0) {
@@ -255,7 +258,7 @@ static void trial(const scenario *sc, t_sim_hooks *h, size_t e1, uint64_t n1, si
         h->fault_set(entries[e1], n1, 1, CUDA_ERROR_UNKNOWN);
     } else {
         h->fault_set(entries[e1], n1, 0, CUDA_ERROR_UNKNOWN);
-        h->fault_set(entries[e2], n2, 0, CUDA_ERROR_UNKNOWN);
+        h->fault_set(entries[e2], n2, every2, CUDA_ERROR_UNKNOWN);
     }
     fabpool_status st = run_set(&w, sc);
     char msg[1024];
@@ -266,9 +269,17 @@ static void trial(const scenario *sc, t_sim_hooks *h, size_t e1, uint64_t n1, si
     n_partial += st == FABPOOL_ERR_PARTIAL;
     n_refused += st != FABPOOL_OK && st != FABPOOL_ERR_PARTIAL;
     int bad = rule_broken(&w, sc, st);
-    /* the pool goes on: checked, the set resized again, every byte of it mapped */
-    if (fabpool_check(w.p) != FABPOOL_OK) {
-        fprintf(stderr, "  fabpool_check: %s\n", fabpool_last_error());
+    /* the pool goes on: checked, the set resized again, every byte of it mapped; what the driver would not
+     * unmap is the pool's: a collect unmaps it, and the pools then count every byte the driver maps */
+    if (fabpool_check(w.p) != FABPOOL_OK || fabpool_collect(w.p, 1) != FABPOOL_OK ||
+        (w.q && fabpool_collect(w.q, 1) != FABPOOL_OK) || fabpool_check(w.p) != FABPOOL_OK) {
+        fprintf(stderr, "  fabpool_check or fabpool_collect: %s\n", fabpool_last_error());
+        bad = 1;
+    }
+    uint64_t counted = t_stats(w.p).mapped_bytes + (w.q ? t_stats(w.q).mapped_bytes : 0);
+    if (t_ledger().bytes_mapped - w.before.bytes_mapped != counted) {
+        fprintf(stderr, "  the driver maps %llu bytes for the trial, the pools count %llu\n",
+                (unsigned long long)(t_ledger().bytes_mapped - w.before.bytes_mapped), (unsigned long long)counted);
         bad = 1;
     }
     if (run_set(&w, sc) != FABPOOL_OK) {
@@ -283,7 +294,7 @@ static void trial(const scenario *sc, t_sim_hooks *h, size_t e1, uint64_t n1, si
     CHECK(!bad);
     if (bad)
         fprintf(stderr, "  %s: call %llu of %s and %s %llu of %s failed; the set answered %s (%s)\n", sc->name,
-                (unsigned long long)n1, entries[e1], e1 == e2 ? "every call from" : "call",
+                (unsigned long long)n1, entries[e1], e1 == e2 || every2 ? "every call from" : "call",
                 (unsigned long long)n2, entries[e2], fabpool_status_name(st), st == FABPOOL_OK ? "" : msg);
 }
 
@@ -291,6 +302,10 @@ int main(void)
 {
     t_sim_hooks h = t_sim_required("test_resize_double_fault", "faults, stream holds");
     t_driver_init();
+    size_t unmap = 0;
+    while (unmap < N_ENTRIES && strcmp(entries[unmap], "cuMemUnmap") != 0)
+        unmap++;
+    CHECK(unmap < N_ENTRIES);
     for (size_t k = 0; k < sizeof scenarios / sizeof scenarios[0]; k++) {
         const scenario *sc = &scenarios[k];
         uint64_t made[N_ENTRIES];
@@ -308,10 +323,12 @@ int main(void)
         for (size_t e1 = 0; e1 < N_ENTRIES; e1++)
             for (uint64_t n1 = 1; n1 <= made[e1]; n1++) {
                 if (!gives_back(entries[e1]))
-                    trial(sc, &h, e1, n1, e1, n1);
+                    trial(sc, &h, e1, n1, e1, n1, 0);
+                if (e1 != unmap)
+                    trial(sc, &h, e1, n1, unmap, 1, 1);
                 for (size_t e2 = e1 + 1; e2 < N_ENTRIES; e2++)
                     for (uint64_t n2 = 1; n2 <= made[e2]; n2++)
-                        trial(sc, &h, e1, n1, e2, n2);
+                        trial(sc, &h, e1, n1, e2, n2, 0);
             }
         /* the pair this is about happened: the refit's new chunk and the old one mapped back both refused */
         CHECK(n_partial > partial0);

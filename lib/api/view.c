@@ -1,6 +1,7 @@
 /* view.c - a peer's buffer in this process (view.h). */
 #include "view.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -219,58 +220,126 @@ static fabpool_status apply_prepare(fp_views *vs, fabpool_view_t *v, const fp_de
     return FABPOOL_OK;
 }
 
-/* A failed prepare: the view is untouched but for its first mappings, taken back. */
-static void apply_undo(fp_views *vs, fabpool_view_t *v, const fp_desc *ds, const CUmemGenericAllocationHandle *h,
-                       const uint8_t *state)
+/* Takes back what a failed apply did to the records: handles not mapped released, chunks mapped unmapped.  One
+ * the driver would not unmap is given up as stuck (chunk.h): no view lists it, the device layer unmaps it later
+ * and space.c keeps its range until then.  Returns how many were given up so. */
+static int apply_undo(fp_views *vs, fabpool_view_t *v, const fp_desc *ds, const CUmemGenericAllocationHandle *h,
+                      const uint8_t *state)
 {
+    int stuck = 0;
     for (uint32_t k = 0; k < ds->n; k++) {
-        if (state[k] == REC_HELD)
+        fp_desc_rec r;
+        fp_desc_record(ds, k, &r);
+        if (state[k] == REC_HELD) {
             fp_chunk_release(vs->sp->ch, h[k]);
-        else if (state[k] == REC_MAPPED) {
-            fp_desc_rec r;
-            fp_desc_record(ds, k, &r);
-            (void)view_unmap_at(vs, v, r.off, r.size);
+        } else if (state[k] == REC_MAPPED && view_unmap_at(vs, v, r.off, r.size) != FABPOOL_OK) {
+            fp_chunk_stick(vs->sp->ch, v->base + r.off, r.size);
+            atomic_fetch_sub(&vs->bytes, r.size);
+            stuck++;
         }
     }
+    return stuck;
 }
 
-/* From here on the view changes: drop what goes, then map what replaces it. */
-static fabpool_status apply_commit(fp_views *vs, fabpool_view_t *v, const fp_desc *ds,
-                                   const CUmemGenericAllocationHandle *h, uint8_t *state)
+/* Before the commit: a handle of each chunk the descriptor drops (old[i] for chunk i; 0 for those kept), so
+ * that a failed commit maps it back. */
+static fabpool_status apply_retain(fp_views *vs, fabpool_view_t *v, const fp_desc *ds,
+                                   CUmemGenericAllocationHandle *old)
 {
     fabpool_status st = FABPOOL_OK;
+    for (uint32_t i = 0; i < v->n; i++)
+        old[i] = 0;
+    for (uint32_t i = 0; i < v->n && st == FABPOOL_OK; i++)
+        if (!kept(v, i, ds))
+            st = fp_chunk_retain(vs->sp->ch, v->base + v->chunks[i].off, &old[i], "keeping a view's chunk while "
+                                 "a descriptor replaces it; nothing was changed");
+    for (uint32_t i = 0; i < v->n && st != FABPOOL_OK; i++)
+        if (old[i])
+            fp_chunk_release(vs->sp->ch, old[i]);
+    return st;
+}
+
+/* A failed commit taken back: the records' mappings undone, then the dropped chunks (gone[i]) mapped back from
+ * their handles, which go.  What the driver refuses to map back is lost: the view lists what it maps and ends
+ * where its first hole begins, and the answer is FABPOOL_ERR_PARTIAL; else the view is as it was. */
+static fabpool_status commit_undo(fp_views *vs, fabpool_view_t *v, const fp_desc *ds, const CUmemGenericAllocationHandle *h,
+                                  const uint8_t *state, const CUmemGenericAllocationHandle *old, const uint8_t *gone,
+                                  fabpool_status st)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", fabpool_last_error());
+    int stuck = apply_undo(vs, v, ds, h, state);
+    uint64_t lost = 0;
     uint32_t w = 0;
     for (uint32_t i = 0; i < v->n; i++) {
-        if (kept(v, i, ds) || st != FABPOOL_OK || (st = view_unmap(vs, v, i)) != FABPOOL_OK)
+        fp_vchunk c = v->chunks[i];
+        fabpool_status s2 = gone[i] ? fp_chunk_map_access(vs->sp->ch, v->base + c.off, c.size, old[i], FP_MAP_VIEW,
+                                                          NULL, "a view's chunk, back") : FABPOOL_OK;
+        if (old[i])
+            fp_chunk_release(vs->sp->ch, old[i]); /* mapped back, the mapping keeps the memory */
+        if (gone[i] && s2 == FABPOOL_OK) {
+            fp_chunk_count_mapped(vs->sp->ch, v->base + c.off, c.size, "a view's chunk, back");
+            atomic_fetch_add(&vs->bytes, c.size);
+        }
+        if (s2 != FABPOOL_OK)
+            lost += c.size;
+        else
+            v->chunks[w++] = c;
+    }
+    v->n = w;
+    const char *left = stuck ? "; the driver would not unmap a chunk this call had mapped either: it stays mapped, "
+                               "unused, until fabpool_collect, fabpool_trim or fabpool_destroy unmaps it" : "";
+    if (!lost)
+        return fp_error(st, "%s (the view is as it was%s)", msg, left);
+    uint64_t live = 0;
+    for (uint32_t i = 0; i < v->n && v->chunks[i].off == live; i++)
+        live += v->chunks[i].size;
+    v->live = live < v->live ? live : v->live;
+    return fp_error(FABPOOL_ERR_PARTIAL, "%s (and the driver refused to map back %llu bytes of the chunks this "
+                    "descriptor replaces: the view lost them and maps its first %llu bytes now, as its info says; "
+                    "apply this descriptor again, or a full one%s)", msg, (unsigned long long)lost,
+                    (unsigned long long)v->live, left);
+}
+
+/* From here on the view changes: drop what goes (old: their handles), then map what replaces it; a failure
+ * takes it all back (commit_undo). */
+static fabpool_status apply_commit(fp_views *vs, fabpool_view_t *v, const fp_desc *ds,
+                                   const CUmemGenericAllocationHandle *h, uint8_t *state,
+                                   const CUmemGenericAllocationHandle *old, uint8_t *gone)
+{
+    fabpool_status st = FABPOOL_OK;
+    for (uint32_t i = 0; i < v->n; i++)
+        gone[i] = old[i] && st == FABPOOL_OK && (st = view_unmap(vs, v, i)) == FABPOOL_OK;
+    for (uint32_t k = 0; k < ds->n && st == FABPOOL_OK; k++)
+        if (state[k] == REC_HELD) {
+            st = map_one(vs, v, ds, k, h[k]);
+            state[k] = st == FABPOOL_OK ? REC_MAPPED : REC_GONE;
+        }
+    if (st != FABPOOL_OK)
+        return commit_undo(vs, v, ds, h, state, old, gone, st);
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < v->n; i++) {
+        if (old[i])
+            fp_chunk_release(vs->sp->ch, old[i]);
+        if (!gone[i])
             v->chunks[w++] = v->chunks[i];
     }
     v->n = w;
-    for (uint32_t k = 0; k < ds->n; k++) {
-        if (state[k] == REC_HELD) {
-            fabpool_status s2 = st == FABPOOL_OK ? map_one(vs, v, ds, k, h[k]) : FABPOOL_ERR_DRIVER;
-            if (st != FABPOOL_OK)
-                fp_chunk_release(vs->sp->ch, h[k]);
-            else if (s2 != FABPOOL_OK)
-                st = s2;
-            state[k] = s2 == FABPOOL_OK ? REC_MAPPED : REC_GONE;
-        }
+    for (uint32_t k = 0; k < ds->n; k++)
         if (state[k] == REC_MAPPED)
             view_add(v, ds, k);
-    }
-    if (st == FABPOOL_OK) {
-        v->live = ds->live;
-        v->generation = ds->generation;
-    } else {
-        fp_error_append(" (the view lost the chunks this descriptor replaces: apply a full descriptor)");
-    }
-    return st;
+    v->live = ds->live;
+    v->generation = ds->generation;
+    return FABPOOL_OK;
 }
 
 /* Applies a parsed descriptor.  Every step that can fail on the peer's side
  * comes first: every import, then the mapping of each new chunk whose range
- * is free; only then are the dropped chunks unmapped and the chunks that
- * replace them mapped.  A failed import or first mapping leaves the view
- * exactly as it was. */
+ * is free, then a handle of each chunk it drops; only then are the dropped
+ * chunks unmapped and the chunks that replace them mapped, and a failure
+ * there maps the dropped ones back.  So a failure leaves the view exactly as
+ * it was, unless the driver refuses the map back too (FABPOOL_ERR_PARTIAL:
+ * the view ends where the first chunk it lost began). */
 static fabpool_status apply_locked(fabpool_view_t *v, const fp_desc *ds, const int *fds)
 {
     fp_lock_assert_held(&v->owner->sp->lock);
@@ -278,23 +347,35 @@ static fabpool_status apply_locked(fabpool_view_t *v, const fp_desc *ds, const i
     fabpool_status st = apply_admit(v, ds);
     if (st != FABPOOL_OK || (st = view_reserve(vs, v, v->n + ds->n)) != FABPOOL_OK)
         return st;
-    /* per record: its handle, and what became of it */
+    /* per record: its handle and what became of it; per chunk of the view: its handle if dropped, and whether
+     * it was unmapped */
     enum { STACK = 64 };
+    size_t nh = (size_t)ds->n + v->n;
     CUmemGenericAllocationHandle hs[STACK], *h = hs;
     uint8_t states[STACK], *state = states;
-    if (ds->n > STACK) {
-        h = fp_meta_alloc(vs->sp->meta, ds->n * (sizeof *h + 1));
+    if (nh > STACK) {
+        h = fp_meta_alloc(vs->sp->meta, nh * (sizeof *h + 1));
         if (!h)
             return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory to import %u chunks", ds->n);
-        state = (uint8_t *)(h + ds->n);
+        state = (uint8_t *)(h + nh);
     }
+    CUmemGenericAllocationHandle *old = h + ds->n;
     st = apply_prepare(vs, v, ds, fds, h, state);
-    if (st != FABPOOL_OK)
-        apply_undo(vs, v, ds, h, state);
-    else
-        st = apply_commit(vs, v, ds, h, state);
+    if (st == FABPOOL_OK && (st = apply_retain(vs, v, ds, old)) != FABPOOL_OK)
+        fp_error_append(" (the view is as it was)");
+    if (st != FABPOOL_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", fabpool_last_error());
+        if (apply_undo(vs, v, ds, h, state))
+            fp_error(st, "%s (the driver would not unmap a chunk this call had mapped either: it stays mapped, "
+                     "unused, until fabpool_collect, fabpool_trim or fabpool_destroy unmaps it)", msg);
+        else
+            fp_error(st, "%s", msg);
+    } else {
+        st = apply_commit(vs, v, ds, h, state, old, state + ds->n);
+    }
     if (h != hs)
-        fp_meta_free(vs->sp->meta, h, ds->n * (sizeof *h + 1));
+        fp_meta_free(vs->sp->meta, h, nh * (sizeof *h + 1));
     return st;
 }
 
@@ -415,7 +496,7 @@ fabpool_status fp_view_open(fp_views *vs, int vouched, const void *desc, size_t 
         st = fp_error(FABPOOL_ERR_LIMIT, "fabpool_view_open: no free address range of %llu bytes left in the pool's "
                       "reservation; raise reserve", (unsigned long long)v->window);
     else if ((st = apply_locked(v, &ds, fds)) != FABPOOL_OK)
-        fp_va_free(&vs->sp->va, v->base, v->window);
+        fp_space_free_range(vs->sp, v->base, v->window); /* what the driver would not unmap keeps its range */
     if (st == FABPOOL_OK)
         FP_LIST_PUSH(&vs->list, v, next, prev);
     fp_unlock(&vs->sp->lock);
@@ -469,7 +550,7 @@ static fabpool_status view_free(fp_views *vs, fabpool_view_t *v, int force)
         return st;
     view_keep(vs, v, 0); /* what a forced free leaves mapped is forgotten with it */
     FP_LIST_REMOVE(&vs->list, v, next, prev);
-    fp_va_free(&vs->sp->va, v->base, v->window);
+    fp_space_free_range(vs->sp, v->base, v->window);
     FP_ARRAY_FREE(vs->sp->meta, v->chunks, v->cap);
     fp_meta_free(vs->sp->meta, v, sizeof *v);
     return st;
@@ -509,61 +590,4 @@ void fp_views_destroy(fp_views *vs)
     fp_lock_assert_held(&vs->sp->lock);
     while (vs->list)
         (void)view_free(vs, vs->list, 1);
-}
-
-fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_info *out)
-{
-    if (!v || !out)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_get_info: the view or the output is NULL");
-    fabpool_status st = fp_struct_size_check("fabpool_view_get_info", "fabpool_buffer_info", out->struct_size,
-                                             sizeof *out);
-    if (st != FABPOOL_OK)
-        return st;
-    fp_lock(&v->owner->sp->lock);
-    out->base = (void *)(uintptr_t)v->base;
-    out->size = v->live;
-    out->mapped = v->live;
-    out->max_size = v->window;
-    out->n_chunks = v->n;
-    out->generation = v->generation;
-    out->export_id = v->uid;
-    fp_unlock(&v->owner->sp->lock);
-    return FABPOOL_OK;
-}
-
-void *fabpool_view_ptr(const fabpool_view_t *v) { return v ? (void *)(uintptr_t)v->base : NULL; }
-
-/* ---- fabpool_check (walk.h) */
-
-#define FAIL FP_WALK_FAIL
-#define ULL FP_ULL
-
-fabpool_status fp_views_check(const fp_views *vs, fp_walk *w)
-{
-    uint64_t bytes = 0, kept = 0;
-    const struct fabpool_view *pv = NULL;
-    for (const struct fabpool_view *v = vs->list; v; pv = v, v = v->next) {
-        if (v->prev != pv || v->owner != vs || v->n > v->cap)
-            return FAIL("[view.list] view 0x%llx: its back link, its pool or its chunk count is wrong", ULL(v->base));
-        uint64_t end = 0;
-        for (uint32_t i = 0; i < v->n; i++) {
-            const fp_vchunk *c = &v->chunks[i];
-            if (!c->size || c->off < end || c->off + c->size > v->window)
-                return FAIL("[view.chunks] view 0x%llx: chunk %u (%llu bytes at +%llu) is empty, overlaps the one before "
-                            "or leaves the window of %llu bytes", ULL(v->base), i, ULL(c->size), ULL(c->off),
-                            ULL(v->window));
-            end = c->off + c->size;
-            bytes += c->size;
-            kept += v->kept ? c->size : 0;
-            w->n_chunks++;
-            w->chunk_bytes += c->size;
-        }
-        if (fp_walk_use(w, v->base, v->window, "a view's window", v) != 0)
-            return FP_WALK_HOST_FAIL();
-    }
-    if (bytes != atomic_load(&vs->bytes) || kept != atomic_load(&vs->kept_bytes))
-        return FAIL("[view.stats] the views' chunks add up to %llu bytes, %llu of them kept; view_bytes says %llu, "
-                    "kept_bytes %llu", ULL(bytes), ULL(kept), ULL(atomic_load(&vs->bytes)),
-                    ULL(atomic_load(&vs->kept_bytes)));
-    return FABPOOL_OK;
 }

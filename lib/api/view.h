@@ -62,8 +62,4 @@ void fp_views_destroy(fp_views *vs);
  * longer.  Pool lock held. */
 void fp_views_drop_kept(fp_views *vs, int all);
 
-/* fabpool_check's walk of the views (walk.h), pool lock held: each adds its
- * window to w's address space in use and its chunks to w's mappings. */
-fabpool_status fp_views_check(const fp_views *vs, fp_walk *w);
-
 #endif

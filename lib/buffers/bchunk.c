@@ -43,7 +43,7 @@ int fp_buffer_reserve_chunks(fp_buffers *bs, struct fabpool_buffer *b, uint32_t 
 void fp_buffer_free(fp_buffers *bs, struct fabpool_buffer *b)
 {
     FP_LIST_REMOVE(&bs->list, b, next, prev);
-    fp_va_free(&bs->sp->va, b->base, b->window);
+    fp_space_free_range(bs->sp, b->base, b->window);
     FP_ARRAY_FREE(bs->sp->meta, b->chunks, b->cap);
     FP_ARRAY_FREE(bs->sp->meta, b->peer_holds, b->cap_peer_holds);
     fp_meta_free(bs->sp->meta, b, sizeof *b);
@@ -176,7 +176,8 @@ static fabpool_status unmap_stuck(fp_buffers *bs)
     return first;
 }
 
-/* Unmaps the shrinks' stuck copies, then retired chunks whose event has
+/* Unmaps the shrinks' stuck copies and the mappings the driver would not
+ * unmap before (space.h: fp_space_unstick), then retired chunks whose event has
  * completed (all of them, waiting, with wait != 0) and that no peer may
  * still import: from each live buffer's end down (a grow maps behind the
  * live chunks), anywhere in a destroyed one.  Frees destroyed buffers that
@@ -184,7 +185,8 @@ static fabpool_status unmap_stuck(fp_buffers *bs)
 fabpool_status fp_collect_locked(fp_buffers *bs, int wait)
 {
     fp_lock_assert_held(&bs->sp->lock);
-    fabpool_status first = unmap_stuck(bs);
+    fabpool_status first = unmap_stuck(bs), st0 = fp_space_unstick(bs->sp); /* the device layer's stuck ones too */
+    first = first != FABPOOL_OK ? first : st0;
     struct fabpool_buffer *b = bs->list, *next;
     for (; b; b = next) {
         next = b->next;

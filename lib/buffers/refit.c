@@ -223,7 +223,7 @@ unmap_tmp:
 release_new:
     fp_chunk_release(bs->sp->ch, hn);
 free_va:
-    fp_va_free(&bs->sp->va, tmp, rs);
+    fp_space_free_range(bs->sp, tmp, rs);
     return st;
 }
 

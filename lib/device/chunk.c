@@ -3,7 +3,6 @@
  * an unmap frees it; exported and imported; the pool's context. */
 #include "chunk.h"
 
-#include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -77,6 +76,54 @@ fabpool_status fp_chunk_create(fp_chunks *ch, uint64_t size, CUmemGenericAllocat
     return FABPOOL_OK;
 }
 
+CUresult fp_chunk_unmap_stuck(fp_chunks *ch, uint64_t va, uint64_t size)
+{
+    fp_lock_assert_held(ch->lock);
+    CUresult r = FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
+    if (r == CUDA_SUCCESS)
+        fp_mapreg_remove(&ch->reg, va, size, NULL);
+    return r;
+}
+
+void fp_chunk_stick(fp_chunks *ch, uint64_t va, uint64_t size)
+{
+    fp_lock_assert_held(ch->lock);
+    fp_mapping m;
+    if (fp_mapreg_remove(&ch->reg, va, size, &m) == 0) /* its room is free again: the add cannot fail */
+        fp_mapreg_add(&ch->reg, va, size, FP_MAP_STUCK, NULL);
+}
+
+void fp_chunk_stuck_hold(fp_chunks *ch, uint64_t va)
+{
+    fp_lock_assert_held(ch->lock);
+    fp_mapping *m = fp_mapreg_find(&ch->reg, va);
+    if (m && m->kind == FP_MAP_STUCK)
+        m->held = 1;
+}
+
+/* The stuck mappings (mapreg.h) in [va, va + size) unmapped, so that `what` can be mapped there: FABPOOL_OK, or
+ * the driver's refusal (nothing mapped).  A range is handed out under a stuck mapping only where its user kept
+ * the range (a buffer's window, an arena's run), never once the user gave it back (space.c holds it then). */
+static fabpool_status unstick_in(fp_chunks *ch, uint64_t va, uint64_t size, const char *what)
+{
+    if (!fp_chunks_stuck(ch))
+        return FABPOOL_OK;
+    size_t i = FP_ARRAY_LOWER(ch->reg.m, ch->reg.n, fp_mapping, va, va);
+    if (i > 0 && ch->reg.m[i - 1].va + ch->reg.m[i - 1].size > va)
+        i--;
+    while (i < ch->reg.n && ch->reg.m[i].va < va + size) {
+        fp_mapping m = ch->reg.m[i];
+        CUresult r = m.kind == FP_MAP_STUCK ? fp_chunk_unmap_stuck(ch, m.va, m.size) : CUDA_SUCCESS;
+        if (r != CUDA_SUCCESS)
+            return fp_drv_error(r, "cuMemUnmap", "unmapping a mapping of %llu bytes at 0x%llx that the driver "
+                                "would not unmap before and that lies where %s of %llu bytes goes; nothing was "
+                                "mapped: try again (fabpool_collect unmaps it too)", (unsigned long long)m.size,
+                                (unsigned long long)m.va, what, (unsigned long long)size);
+        i += m.kind != FP_MAP_STUCK; /* an unmapped one left the list: i is the next already */
+    }
+    return FABPOOL_OK;
+}
+
 fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
                                    fp_map_kind kind, void *owner, const char *what)
 {
@@ -84,6 +131,9 @@ fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CU
     if (fp_mapreg_reserve(&ch->reg) != 0)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the registry of mappings (mapping %s of %llu "
                         "bytes); nothing was mapped", what, (unsigned long long)size);
+    fabpool_status st = unstick_in(ch, va, size, what);
+    if (st != FABPOOL_OK)
+        return st;
     CUresult r = FP_CU(&ch->calls, cuMemMap, (CUdeviceptr)va, size, 0, h, 0);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemMap", "mapping %s of %llu bytes at 0x%llx", what, (unsigned long long)size,
@@ -101,21 +151,30 @@ fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CU
     }
     r = FP_CU(&ch->calls, cuMemSetAccess, (CUdeviceptr)va, size, acc, (size_t)n);
     if (r != CUDA_SUCCESS) {
-        fabpool_status st = fp_drv_error(r, "cuMemSetAccess", "giving device %d%s access to %s of %llu bytes at 0x%llx",
-                                         (int)ch->dev, n > 1 ? " and its peers" : "", what, (unsigned long long)size,
-                                         (unsigned long long)va);
-        FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
+        st = fp_drv_error(r, "cuMemSetAccess", "giving device %d%s access to %s of %llu bytes at 0x%llx",
+                          (int)ch->dev, n > 1 ? " and its peers" : "", what, (unsigned long long)size,
+                          (unsigned long long)va);
+        if (FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size) != CUDA_SUCCESS) {
+            /* the driver keeps the mapping: listed (room reserved above), so that the pool unmaps it later and
+             * no range is handed out again under it */
+            fp_mapreg_add(&ch->reg, va, size, FP_MAP_STUCK, NULL);
+            fp_error_append(" (its undo, cuMemUnmap, was refused twice too: the mapping stays, unused, until "
+                            "fabpool_collect, fabpool_trim or fabpool_destroy unmaps it)");
+        }
         return st;
     }
     fp_mapreg_add(&ch->reg, va, size, kind, owner);
     return FABPOOL_OK;
 }
 
-/* Unmaps a mapping of the registry that no one got to use (tried twice) and removes it there. */
-static void unmap_unused(fp_chunks *ch, uint64_t va, uint64_t size)
+/* Unmaps a mapping of the registry that no one got to use (tried twice) and removes it there; one the driver
+ * keeps stays listed as stuck, for a later collect. */
+static int unmap_unused(fp_chunks *ch, uint64_t va, uint64_t size)
 {
     if (FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size) == CUDA_SUCCESS)
-        fp_mapreg_remove(&ch->reg, va, size, NULL);
+        return fp_mapreg_remove(&ch->reg, va, size, NULL);
+    fp_chunk_stick(ch, va, size);
+    return -1;
 }
 
 void fp_chunk_count_mapped(fp_chunks *ch, uint64_t va, uint64_t size, const char *what)
@@ -183,11 +242,11 @@ fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CU
     /* Eager release: from here on the mapping alone keeps the memory. */
     CUresult r = fp_chunk_release(ch, h);
     if (r != CUDA_SUCCESS) {
-        st = fp_drv_error(r, "cuMemRelease", "releasing the handle of %s just mapped at 0x%llx (tried twice; "
-                          "it was unmapped, its handle may still hold %llu bytes)",
-                          what, (unsigned long long)va, (unsigned long long)size);
-        unmap_unused(ch, va, size);
-        return st;
+        int kept = unmap_unused(ch, va, size) != 0;
+        return fp_drv_error(r, "cuMemRelease", "releasing the handle of %s just mapped at 0x%llx (tried twice; "
+                            "%s, its handle may still hold %llu bytes)", what, (unsigned long long)va,
+                            kept ? "its unmap was refused too: it stays mapped, unused, until fabpool_collect "
+                            "unmaps it" : "it was unmapped", (unsigned long long)size);
     }
     fp_chunk_count_mapped(ch, va, size, what);
     return FABPOOL_OK;
@@ -536,60 +595,3 @@ fabpool_status fp_chunks_device_memory(fp_chunks *ch, size_t *free_bytes, size_t
     }
     return FABPOOL_OK;
 }
-
-/* ---- fabpool_check (walk.h) */
-
-#define FAIL FP_WALK_FAIL
-#define ULL FP_ULL
-
-/* The chunks exported for blocks (fabpool_block_export): sorted, apart, an
- * fd each in a pool of fds; each added to w->kept (the caller checks that
- * it lies under an arena's chunk) and its fd to w->fds. */
-static fabpool_status check_kept(const fp_chunks *ch, fp_walk *w)
-{
-    uint64_t end = 0;
-    for (size_t i = 0; i < ch->n_kept; i++) {
-        const fp_xchunk *x = &ch->kept[i];
-        if (!x->size || x->va < end)
-            return FAIL("[chunk.kept] the chunk exported for a block at 0x%llx (%llu bytes) is empty, overlaps the one "
-                        "before, or lies outside every arena", ULL(x->va), ULL(x->size));
-        if ((x->fd >= 0) != (ch->handle_type == FABPOOL_HANDLE_POSIX_FD))
-            return FAIL("[chunk.kept] the chunk exported for a block at 0x%llx %s an fd in a pool of handle type %d",
-                        ULL(x->va), x->fd >= 0 ? "keeps" : "lacks", (int)ch->handle_type);
-        if (fp_walk_keep(w, x->va, x->size, "the chunk exported for a block", x) != 0)
-            return FP_WALK_HOST_FAIL();
-        end = x->va + x->size;
-        w->fds += x->fd >= 0;
-    }
-    return FABPOOL_OK;
-}
-
-/* The export anchor, if held, is an open fd of a chunk of the pool's own, mapped whole where it says. */
-static fabpool_status check_anchor(const fp_chunks *ch)
-{
-    if (!ch->anchor_size)
-        return FABPOOL_OK;
-    size_t i = FP_ARRAY_LOWER(ch->reg.m, ch->reg.n, fp_mapping, va, ch->anchor_va);
-    const fp_mapping *m = i < ch->reg.n ? &ch->reg.m[i] : NULL;
-    if (!m || m->va != ch->anchor_va || m->size != ch->anchor_size || !FP_MAP_SLEEPS(m->kind))
-        return FAIL("[chunk.anchor] the export anchor names a chunk at 0x%llx (%llu bytes) that the pool does not map "
-                    "as its own: its fd would keep memory the pool gave back", ULL(ch->anchor_va),
-                    ULL(ch->anchor_size));
-    if (ch->anchor_fd < 0 || fcntl(ch->anchor_fd, F_GETFD) == -1)
-        return FAIL("[chunk.anchor] the export anchor's fd %d is not open", ch->anchor_fd);
-    return FABPOOL_OK;
-}
-
-fabpool_status fp_chunks_kept_check(const fp_chunks *ch, fp_walk *w)
-{
-    fabpool_status st = check_kept(ch, w);
-    if (st != FABPOOL_OK)
-        return st;
-    if (w->fds + (ch->anchor_size != 0) != atomic_load(&ch->exported_fds))
-        return FAIL("[buffer.stats] the buffers add up to %llu for %s (and %d for the export anchor), the pool's "
-                    "counter says %llu", ULL(w->fds), "exported_fds", ch->anchor_size != 0,
-                    ULL(atomic_load(&ch->exported_fds)));
-    return check_anchor(ch);
-}
-
-fabpool_status fp_chunks_registry_check(const fp_chunks *ch) { return fp_mapreg_check(&ch->reg); }

@@ -141,11 +141,15 @@ fabpool_status fp_chunk_choose_rdma(fp_chunks *ch, fabpool_rdma want);
 fabpool_status fp_chunk_create(fp_chunks *ch, uint64_t size, CUmemGenericAllocationHandle *out);
 /* Maps handle h at va and gives the device and its peers access, and adds
  * the mapping to the registry as kind's, owner's (mapreg.h); on failure
- * nothing stays mapped.  h is left as it was (not released). */
+ * nothing stays mapped for the caller: a mapping whose undo the driver
+ * refused is listed as stuck (FP_MAP_STUCK), for fp_space_unstick.  Stuck
+ * mappings in the way are unmapped first.  h is left as it was (not
+ * released). */
 fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
                                    fp_map_kind kind, void *owner, const char *what);
 /* Maps handle h (counted) at va with access and releases it at once; h is
- * released whatever the outcome, and on failure nothing stays mapped. */
+ * released whatever the outcome, and on failure nothing stays mapped for the
+ * caller (what the driver would not unmap is listed as stuck, as above). */
 fabpool_status fp_chunk_map_handle(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
                                    fp_map_kind kind, void *owner, const char *what);
 /* Counts a mapping of size bytes at va that the pool now keeps in its totals and trace (map_access does not);
@@ -166,6 +170,17 @@ void fp_chunk_map_sums(const fp_chunks *ch, uint64_t *count, uint64_t *bytes);
 void fp_chunk_reset_peak(fp_chunks *ch);
 /* Releases h (counted in handles_outstanding), tried twice. */
 CUresult fp_chunk_release(fp_chunks *ch, CUmemGenericAllocationHandle h);
+/* The stuck mappings (mapreg.h: mappings given up that the driver would not unmap): their count; one unmapped
+ * (tried twice) and taken off the list; the mapping at va of size bytes listed as stuck instead of its kind
+ * (its user gives it up after the driver refused its unmap); the one at va marked held (its user gave its range
+ * back, space.c frees it with the mapping).  Pool lock held but for the count. */
+static inline uint64_t fp_chunks_stuck(const fp_chunks *ch)
+{
+    return atomic_load_explicit(&((fp_chunks *)ch)->reg.count[FP_MAP_STUCK], memory_order_relaxed);
+}
+CUresult fp_chunk_unmap_stuck(fp_chunks *ch, uint64_t va, uint64_t size);
+void fp_chunk_stick(fp_chunks *ch, uint64_t va, uint64_t size);
+void fp_chunk_stuck_hold(fp_chunks *ch, uint64_t va);
 /* Unmaps a chunk the pool counted as mapped (one that sleeps: forgets it,
  * so that wake does not map it again). */
 fabpool_status fp_chunk_unmap(fp_chunks *ch, uint64_t va, uint64_t size);
@@ -235,12 +250,5 @@ fabpool_status fp_ctx_push(fp_chunks *ch, CUcontext *saved);
 void fp_ctx_pop(fp_chunks *ch, CUcontext saved);
 /* The driver's free and total bytes of the device (cuMemGetInfo in its primary context); 0 and 0 on an error. */
 fabpool_status fp_chunks_device_memory(fp_chunks *ch, size_t *free_bytes, size_t *total_bytes);
-
-/* fabpool_check's walks (walk.h), pool lock held: the chunks exported for
- * blocks (each added to w->kept, its fd to w->fds), then the fds of the
- * buffers and exports against exported_fds; and the registry's own list
- * against its sums (the layers' walks are compared with the sums above). */
-fabpool_status fp_chunks_kept_check(const fp_chunks *ch, fp_walk *w);
-fabpool_status fp_chunks_registry_check(const fp_chunks *ch);
 
 #endif

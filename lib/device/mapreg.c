@@ -11,7 +11,8 @@
 #define ULL FP_ULL
 
 static const char *const kind_names[FP_MAP_KINDS] = {"arena chunks", "buffer chunks", "view chunks",
-                                                     "shrink copies", "host copies"};
+                                                     "shrink copies", "host copies",
+                                                     "stuck mappings"};
 
 const char *fp_map_kind_name(fp_map_kind kind) { return kind < FP_MAP_KINDS ? kind_names[kind] : "unknown"; }
 
@@ -63,7 +64,7 @@ void fp_mapreg_add(fp_mapreg *r, uint64_t va, uint64_t size, fp_map_kind kind, v
 {
     size_t i = FP_ARRAY_LOWER(r->m, r->n, fp_mapping, va, va);
     memmove(r->m + i + 1, r->m + i, (r->n - i) * sizeof *r->m);
-    r->m[i] = (fp_mapping){va, size, next_ident(), owner, (uint8_t)kind, (uint8_t)FP_MAP_SLEEPS(kind)};
+    r->m[i] = (fp_mapping){va, size, next_ident(), owner, (uint8_t)kind, (uint8_t)FP_MAP_SLEEPS(kind), 0};
     r->n++;
     atomic_fetch_add(&r->count[kind], 1);
     atomic_fetch_add(&r->bytes[kind], size);
@@ -127,7 +128,8 @@ fabpool_status fp_mapreg_check(const fp_mapreg *r)
     uint64_t n[FP_MAP_KINDS] = {0}, b[FP_MAP_KINDS] = {0}, end = 0;
     for (size_t i = 0; i < r->n; i++) {
         const fp_mapping *e = &r->m[i];
-        if (e->kind >= FP_MAP_KINDS || !e->size || e->va < end || (e->owner && e->kind != FP_MAP_BUFFER))
+        if (e->kind >= FP_MAP_KINDS || !e->size || e->va < end || (e->owner && e->kind != FP_MAP_BUFFER) ||
+            (e->held && e->kind != FP_MAP_STUCK))
             return FAIL("[registry.list] the mapping at 0x%llx (%llu bytes, kind %u) is empty, overlaps the one "
                         "before, or has no such kind or owner", ULL(e->va), ULL(e->size), (unsigned)e->kind);
         end = e->va + e->size;

@@ -33,12 +33,15 @@ typedef enum fp_map_kind {
     FP_MAP_VIEW,       /* a peer's chunk imported into a view (api/view.c) */
     FP_MAP_STAGING,    /* a shrinking buffer's smaller chunk while its bytes are copied in (buffers/) */
     FP_MAP_HOST,       /* a host copy of sleep with offload (pool/host_copy.c) */
+    FP_MAP_STUCK,      /* a mapping its user gave up but the driver would not unmap (the undo of a failed map or
+                          apply): no owner; chunk.c unmaps it before anything is mapped over it, and the collects
+                          (fp_space_unstick) try again */
     FP_MAP_KINDS
 } fp_map_kind;
 
-/* The kinds the pool counts as mapped, and those a sleep unmaps (the views
- * stay: the memory is a peer's). */
-#define FP_MAP_COUNTED(kind) ((kind) <= FP_MAP_VIEW)
+/* The kinds the pool counts as mapped (a stuck mapping holds memory of the driver's for the pool too), and
+ * those a sleep unmaps (the views stay: the memory is a peer's). */
+#define FP_MAP_COUNTED(kind) ((kind) <= FP_MAP_VIEW || (kind) == FP_MAP_STUCK)
 #define FP_MAP_SLEEPS(kind) ((kind) == FP_MAP_ARENA || (kind) == FP_MAP_BUFFER)
 
 typedef struct fp_mapping {
@@ -49,6 +52,8 @@ typedef struct fp_mapping {
     void *owner;       /* FP_MAP_BUFFER: the buffer (opaque here); else NULL */
     uint8_t kind;      /* fp_map_kind */
     uint8_t copy;      /* a sleep with offload copies its bytes (a kind that sleeps: 1 until its owner says not) */
+    uint8_t held;      /* FP_MAP_STUCK: its address range was given back by its user and is held for it (space.c
+                          frees it once the mapping is gone); else 0 */
 } fp_mapping;
 
 typedef struct fp_mapreg {

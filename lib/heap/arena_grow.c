@@ -174,7 +174,7 @@ fabpool_status fp_arena_grow_plan(fp_arena *a, uint64_t n, uint64_t align, int a
 
 void fp_arena_grow_cancel(fp_arena *a, fp_arena_grow *gr)
 {
-    fp_va_free(&a->sp->va, gr->va, gr->size);
+    fp_space_free_range(a->sp, gr->va, gr->size); /* a failed map may have left a stuck mapping there */
     if (gr->g)
         fp_arena_bin_insert(a, gr->g);
     memset(gr, 0, sizeof *gr);

@@ -25,11 +25,13 @@
 
 #include "arena_check.h"
 #include "buffer_check.h"
+#include "chunk_check.h"
 #include "error.h"
 #include "pool.h"
 #include "slab_check.h"
 #include "sleep.h"
 #include "tcache_check.h"
+#include "view_info.h"
 
 #define FAIL FP_WALK_FAIL
 #define ULL FP_ULL
@@ -81,6 +83,9 @@ static fabpool_status check_walks(struct fabpool *p, fp_walk *w, map_sums *maps)
         (st = fp_views_check(&p->views, w)) != FABPOOL_OK)
         return st;
     book(maps, FP_MAP_VIEW, w);
+    if ((st = fp_chunks_stuck_check(&p->ch, w)) != FABPOOL_OK)
+        return st;
+    book(maps, FP_MAP_STUCK, w);
     if ((st = fp_space_check_used(&p->sp, w)) != FABPOOL_OK || (st = fp_heap_map_check(&p->heap, w)) != FABPOOL_OK)
         return st;
     return fp_space_check_pages(&p->sp, w);

@@ -2,6 +2,7 @@
  * up over it, checked, freed (space.h). */
 #include "space.h"
 
+#include "array.h"
 #include "error.h"
 #include "sizeclass.h"
 #include "vmm.h"
@@ -54,6 +55,52 @@ fabpool_status fp_space_destroy(fp_space *sp)
                           "address range stays reserved)", (unsigned long long)va_size);
     fp_lock_destroy(&sp->lock);
     return st;
+}
+
+int fp_space_free_range(fp_space *sp, uint64_t va, uint64_t size)
+{
+    fp_space_assert_locked(sp);
+    uint64_t at = va, end = va + size;
+    int bad = 0;
+    if (fp_chunks_stuck(sp->ch)) {
+        size_t n;
+        const fp_mapping *m = fp_chunk_mappings(sp->ch, &n);
+        for (size_t i = FP_ARRAY_LOWER(m, n, fp_mapping, va, va); i < n && m[i].va < end; i++) {
+            if (m[i].kind != FP_MAP_STUCK)
+                continue;
+            if (m[i].va > at)
+                bad |= fp_va_free(&sp->va, at, m[i].va - at);
+            fp_chunk_stuck_hold(sp->ch, m[i].va);
+            at = m[i].va + m[i].size;
+        }
+    }
+    if (at < end)
+        bad |= fp_va_free(&sp->va, at, end - at);
+    return bad ? -1 : 0;
+}
+
+fabpool_status fp_space_unstick(fp_space *sp)
+{
+    fp_space_assert_locked(sp);
+    fabpool_status first = FABPOOL_OK;
+    size_t n, i = 0;
+    const fp_mapping *m = fp_chunk_mappings(sp->ch, &n);
+    while (fp_chunks_stuck(sp->ch) && i < n) {
+        fp_mapping e = m[i];
+        CUresult r = e.kind == FP_MAP_STUCK ? fp_chunk_unmap_stuck(sp->ch, e.va, e.size) : CUDA_ERROR_UNKNOWN;
+        if (r == CUDA_SUCCESS) { /* off the list: i is the next one */
+            if (e.held)
+                fp_va_free(&sp->va, e.va, e.size);
+            m = fp_chunk_mappings(sp->ch, &n);
+            continue;
+        }
+        if (e.kind == FP_MAP_STUCK && first == FABPOOL_OK)
+            first = fp_drv_error(r, "cuMemUnmap", "unmapping a mapping of %llu bytes at 0x%llx that the driver "
+                                 "would not unmap before (it stays listed; fabpool_collect, fabpool_trim and "
+                                 "fabpool_destroy try again)", (unsigned long long)e.size, (unsigned long long)e.va);
+        i++;
+    }
+    return first;
 }
 
 fabpool_status fp_space_check_ranges(const fp_space *sp, fp_walk *w) { return fp_va_check(&sp->va, w); }

@@ -58,6 +58,16 @@ fabpool_status fp_space_map_init(fp_space *sp);
  * status says when the driver refused) and destroys the lock. */
 fabpool_status fp_space_destroy(fp_space *sp);
 
+/* Gives [va, va + size), a range of the reservation its user no longer needs, back to the free ranges, but
+ * for the stuck mappings in it (chunk.h: mappings the driver would not unmap): their ranges are held until
+ * fp_space_unstick unmaps them, so that nothing is mapped under them.  Every range a layer gave up goes through
+ * it.  -1 where host memory for the free ranges ran out (harmless, as fp_va_free's).  Pool lock held. */
+int fp_space_free_range(fp_space *sp, uint64_t va, uint64_t size);
+/* Tries again to unmap every stuck mapping, and frees the ranges held for them: FABPOOL_OK, or the first
+ * refusal (what is refused stays for the next try).  The collects call it (fabpool_collect, trim, destroy,
+ * wake).  Pool lock held. */
+fabpool_status fp_space_unstick(fp_space *sp);
+
 /* fabpool_check's walks (walk.h), pool lock held: the free ranges against
  * themselves; the chunks exported for blocks (w->kept) against the page
  * map; the address space in use against the free ranges; the page map's
