@@ -3,6 +3,7 @@
  * an unmap frees it; exported and imported; the pool's context. */
 #include "chunk.h"
 
+#include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
