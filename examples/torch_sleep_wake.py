@@ -30,7 +30,7 @@ expect = float(w.sum())
 free_awake = torch.cuda.mem_get_info()[0]
 state = fabpool_torch.sleep(tags=["weights", "kv"], offload={"weights"})   # waits for the GPU work first
 free_asleep = torch.cuda.mem_get_info()[0]
-print("asleep: %.0f MiB offloaded, %.0f MiB dropped, %.0f MiB more free on the device" % (
+print("asleep: %.0f MiB offloaded, %.0f MiB dropped, %.0f MiB more free on the device (other processes too)" % (
     state["weights"]["offloaded_bytes"] / 2**20, state["kv"]["discarded_bytes"] / 2**20,
     (free_asleep - free_awake) / 2**20))
 
@@ -38,7 +38,8 @@ fabpool_torch.wake()               # every sleeping tag of the device
 kv.zero_()                         # a dropped tag's contents are undefined after wake: set them again
 same = w.data_ptr() == ptr and float(w.sum()) == expect
 print("woken: weights at the same address and restored:", same)
-if not same or state["weights"]["offloaded_bytes"] == 0 or free_asleep <= free_awake:
+# what sleep gave back is the tags' own count: the device's free memory moves with every other process on it
+if not same or state["weights"]["offloaded_bytes"] == 0 or state["kv"]["discarded_bytes"] == 0:
     print("FAILED: sleep gave nothing back, or wake did not restore the weights")
     sys.exit(1)
 print("done")
