@@ -23,10 +23,13 @@
  * and fabpool_torch.h's) begin with `struct_size`: the caller sets it to the
  * sizeof of the struct it was compiled with before the call
  * (`fabpool_stats s = {.struct_size = sizeof s};`; fabpool_options_init does
- * it for the options).  A size the library does not know is refused with
- * FABPOOL_ERR_INVALID_ARG and the struct is left as it was.  A later version
- * adds fields only at the end, and fills an older caller's struct up to the
- * size it gives, so a program built against an older fabpool.h keeps working.
+ * it for the options).  Each struct is taken at its current size and at the
+ * sizes of older headers that this one names (FABPOOL_OPTIONS_SIZE_0_3: the
+ * options are the only struct that has grown); any other size is refused
+ * with FABPOOL_ERR_INVALID_ARG and the struct is left as it was.  A version
+ * that grows a struct adds fields only at the end, names the old size here
+ * and fills an older caller's struct up to it, so a program built against
+ * an older fabpool.h keeps working.
  *
  * Sizes of 0 and NULL, as cudaMalloc, cudaMallocAsync, cudaFree and free()
  * answer them: fabpool_alloc and fabpool_alloc_on_stream of size 0 return
@@ -259,7 +262,9 @@ FABPOOL_API fabpool_status fabpool_alloc(fabpool_t *pool, size_t size, void **ou
  * larger one up to slab_max is a size class that is a multiple of it (a
  * 100-byte block aligned to 4 KiB is a 4 KiB block), and above slab_max (or
  * above the 64 KiB of a slab's page) a block of the arenas placed on a
- * multiple of it.  Size 0 returns FABPOOL_OK with *out NULL.  The block is a
+ * multiple of it.  An alignment that is not a power of two up to the
+ * granularity is refused (FABPOOL_ERR_INVALID_ARG) whatever the size; then
+ * size 0 returns FABPOOL_OK with *out NULL.  The block is a
  * block as fabpool_alloc's: fabpool_free, fabpool_free_on_stream,
  * fabpool_record_stream, fabpool_usable_size (>= size) and the export calls
  * take it.  A trace records the fabpool_alloc it makes: of that class, or of
@@ -346,7 +351,9 @@ FABPOOL_API fabpool_status fabpool_stream_owner_end(fabpool_t *pool);
 FABPOOL_API fabpool_status fabpool_record_stream(fabpool_t *pool, void *ptr, void *stream);
 /* The size a block was given (>= the size asked; its class up to slab_max, <= 1.25x it above 1 KiB; the size
  * rounded up to 256 B above slab_max, or up to 1.25x it for a block fabpool_alloc_on_stream took back from its
- * stream; more for fabpool_alloc_aligned's larger alignments). */
+ * stream; more for fabpool_alloc_aligned's larger alignments).  A block freed on a stream whose work is not known
+ * done yet is still given out (its memory is the stream's until then): its size is answered too.  A freed block
+ * and a pointer the pool did not give out: FABPOOL_ERR_NOT_FOUND. */
 FABPOOL_API fabpool_status fabpool_usable_size(fabpool_t *pool, const void *ptr, size_t *out);
 
 /* Returns free cached memory to the driver until at most keep_bytes of it stay

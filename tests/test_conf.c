@@ -144,6 +144,11 @@ static void test_defaults(void)
     CHECK(fabpool_options_parse(&a, "") == FABPOOL_OK);
     CHECK(memcmp(&a, &b, sizeof a) == 0);
     CHECK(fabpool_options_parse(NULL, "device:1") == FABPOOL_ERR_INVALID_ARG);
+    /* options never initialized (a size of neither this header's nor 0.3's): refused, nothing written */
+    fabpool_options z;
+    memset(&z, 0, sizeof z);
+    CHECK(fabpool_options_parse(&z, "device:1") == FABPOOL_ERR_INVALID_ARG && z.device == 0 &&
+          strstr(fabpool_last_error(), "fabpool_options_init") != NULL);
 
     /* keys not given keep their values, conf is not touched */
     const char *mine = "not parsed";

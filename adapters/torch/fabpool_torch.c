@@ -59,6 +59,7 @@ static pthread_mutex_t ft_init_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int ft_verbose = -1;   /* -1: not read from the environment yet */
 static atomic_int ft_handle_type = FABPOOL_HANDLE_NONE; /* what the devices' pools are made with */
 static _Atomic uint64_t ft_failures_nodev; /* failures before a device had a pool */
+static _Atomic uint64_t ft_bad_frees_nodev; /* frees refused for a device without a pool (or none at all) */
 
 /* ----------------------------------------------------------- messages */
 
@@ -418,6 +419,7 @@ void fabpool_torch_free(void *ptr, size_t size, int device, void *stream)
     ft_dev *d = device >= 0 && device < FT_MAX_DEVICES ? atomic_load_explicit(&ft_devs[device], memory_order_acquire)
                                                        : NULL;
     if (!d) {
+        atomic_fetch_add(&ft_bad_frees_nodev, 1);
         ft_error(FABPOOL_ERR_NOT_FOUND,
                  "fabpool_torch_free(%p, device %d): that device has no fabpool pool, so the pointer is not "
                  "fabpool's; free it with the allocator that gave it out",
@@ -535,8 +537,10 @@ fabpool_status fabpool_torch_get_counters(int device, fabpool_torch_counters *ou
 #undef FT_ADD_FIELD
         pthread_mutex_unlock(&d->lock);
     }
-    if (device < 0)
+    if (device < 0) {
         out->alloc_failures += atomic_load(&ft_failures_nodev);
+        out->bad_frees += atomic_load(&ft_bad_frees_nodev);
+    }
     return FABPOOL_OK;
 }
 
@@ -726,6 +730,9 @@ const char *fabpool_torch_struct_layout(void)
 
 fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_t *needed)
 {
+    if (device < 0 || device >= FT_MAX_DEVICES)
+        return ft_error(FABPOOL_ERR_INVALID_ARG, "fabpool_torch_stats_json: device %d is not a device (0 to %d)",
+                        device, FT_MAX_DEVICES - 1);
     fabpool_t *pool = fabpool_torch_pool(device);
     if (!pool)
         return ft_error(FABPOOL_ERR_NOT_FOUND,

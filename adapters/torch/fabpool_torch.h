@@ -66,7 +66,8 @@ FABPOOL_API void *fabpool_torch_alloc_raising(size_t size, int device, void *str
  * and not taken back (pointer, size asked, block size, stream); a pointer
  * that is not one of them for `device` (never given out, freed already, or
  * given out for another device) is refused: nothing changes, bad_frees
- * counts it and one message is printed (as for alloc).  The size and stream
+ * counts it (a device without a pool: in the sum over devices, -1) and one
+ * message is printed (as for alloc).  The size and stream
  * recorded at the allocation are the ones used. */
 FABPOOL_API void fabpool_torch_free(void *ptr, size_t size, int device, void *stream);
 

@@ -250,6 +250,17 @@ static void check_bad_frees(void *s)
     fabpool_torch_counters c2 = counters();
     CHECK(c2.blocks_live == c0.blocks_live && c2.bytes_live == c0.bytes_live &&
           c2.usable_bytes_live == c0.usable_bytes_live);
+    /* a device without a pool, and one that is no device: refused, counted in the sum over devices */
+    fabpool_torch_counters a0 = {.struct_size = sizeof a0}, a1 = a0;
+    CHECK(T_counters(-1, &a0) == FABPOOL_OK);
+    int was = T_verbose(0);
+    T_free((void *)(uintptr_t)0x1000, 256, 7, s);
+    T_free((void *)(uintptr_t)0x1000, 256, -1, s);
+    T_verbose(was);
+    CHECK(T_counters(-1, &a1) == FABPOOL_OK && a1.bad_frees == a0.bad_frees + 2);
+    char js[64];
+    size_t need = 0;
+    CHECK(T_stats_json(-1, js, sizeof js, &need) == FABPOOL_ERR_INVALID_ARG && strstr(T_err(), "not a device"));
     check_against_pool("bad frees");
 
     /* many live blocks at once (the table grows), freed in a shuffled order

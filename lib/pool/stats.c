@@ -252,8 +252,8 @@ static void stats_text(fabpool_t *p, FILE *f, const fabpool_stats *s)
 
 fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
 {
-    if (!f)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_print_stats: the FILE is NULL");
+    if (!p || !f)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_print_stats: the pool or the FILE is NULL");
     fabpool_stats s = {.struct_size = sizeof s};
     fabpool_status st = fabpool_get_stats(p, &s);
     if (st != FABPOOL_OK)
