@@ -565,9 +565,8 @@ fabpool_status fabpool_options_parse(fabpool_options *o, const char *conf)
     if (!o)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_options_parse: the options are NULL");
     if (o->struct_size != FABPOOL_OPTIONS_SIZE_0_3 && o->struct_size != sizeof(fabpool_options))
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_options_parse: the options' struct_size is %u, not %zu "
-                        "(sizeof(fabpool_options)) nor %u (fabpool 0.3's): call fabpool_options_init on them first",
-                        o->struct_size, sizeof(fabpool_options), FABPOOL_OPTIONS_SIZE_0_3);
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_options_parse: the options' struct_size is %u, not "
+                        "sizeof(fabpool_options) nor 0.3's: call fabpool_options_init on them first", o->struct_size);
     if (!conf || !*conf)
         return FABPOOL_OK;
     /* 0.3's options are read and written up to their size; a key of a later field is refused */
