@@ -339,6 +339,7 @@ static const meaning_t meanings[] = {
     {"partial.buffer", "a buffer that lost a chunk (FABPOOL_ERR_PARTIAL) does not end where it began: size not "
      "below the size asked, mapped bytes other than its size, not at a chunk's start, or the same generation"},
     {"partial.unmapped", "a buffer that lost a chunk (FABPOOL_ERR_PARTIAL) does not map every byte of its new size"},
+    {"partial.view", "a view apply that answered FABPOOL_ERR_PARTIAL does not map every byte its info says"},
     {"partial.nothing_lost", "FABPOOL_ERR_PARTIAL with every buffer at the size asked"},
     {"partial.resize_again", "a buffer left with 0 bytes by a lost chunk could not be resized again"},
     {"block_view.data", "a view of a block's export read other bytes than the block's (a kept view of old memory "
@@ -1801,6 +1802,17 @@ static void op_view_apply(int t)
     } else if (st == FABPOOL_ERR_LIMIT && P[t].c.small_reserve) {
         n_limit++;
         refused(t, NULL);
+        return;
+    }
+    if (st == FABPOOL_ERR_PARTIAL && faults_fired() > 1) {
+        /* a fault that keeps failing refused the replacement and the map back of what it replaced: the view lost
+         * those chunks and ends where its info says, every byte of it mapped */
+        flt.refused = 1;
+        fabpool_buffer_info va = {.struct_size = sizeof(fabpool_buffer_info)};
+        EXPECT(fabpool_view_get_info(v->h, &va) == FABPOOL_OK && (!va.mapped || mapped_now(v->base, va.mapped)),
+               "partial.view", "view of buffer %llu after a partial apply: info says %zu bytes mapped, not all are",
+               (unsigned long long)b->id, va.mapped);
+        v->broken = 1;
         return;
     }
     EXPECT_OK(st, "view_apply", "fabpool_view_apply");
