@@ -298,10 +298,31 @@ static void trial(const scenario *sc, t_sim_hooks *h, size_t e1, uint64_t n1, si
                 (unsigned long long)n2, entries[e2], fabpool_status_name(st), st == FABPOOL_OK ? "" : msg);
 }
 
+/* A grow whose second chunk's access grant fails, with every unmap refused (so its undo cannot take back the
+ * first chunk either): the message names the grant first, what came of the undo after it. */
+static void grow_undo_says_what_failed_first(t_sim_hooks *h)
+{
+    fabpool_t *p = t_pool("max_chunk:8MiB,handle_type:none,reserve:4GiB");
+    fabpool_buffer_t *b = NULL;
+    CHECK_OK(fabpool_buffer_create(p, 64 * MB, 4 * MB, &b));
+    h->fault_set("cuMemSetAccess", 2, 0, CUDA_ERROR_OUT_OF_MEMORY);
+    h->fault_set("cuMemUnmap", 0, 1, CUDA_ERROR_UNKNOWN);
+    fabpool_status st = fabpool_buffer_resize(b, 24 * MB, NULL);
+    h->fault_clear();
+    const char *m = fabpool_last_error();
+    CHECK(st != FABPOOL_OK && strncmp(m, "cuMemSetAccess", 14) == 0 && strstr(m, "undoing it: ") != NULL);
+    if (st == FABPOOL_OK || strncmp(m, "cuMemSetAccess", 14) != 0)
+        fprintf(stderr, "  the grow answered %s: %s\n", fabpool_status_name(st), m);
+    CHECK_OK(fabpool_collect(p, 1));
+    CHECK_OK(fabpool_buffer_destroy(b, NULL));
+    CHECK_OK(fabpool_destroy(p));
+}
+
 int main(void)
 {
     t_sim_hooks h = t_sim_required("test_resize_double_fault", "faults, stream holds");
     t_driver_init();
+    grow_undo_says_what_failed_first(&h);
     size_t unmap = 0;
     while (unmap < N_ENTRIES && strcmp(entries[unmap], "cuMemUnmap") != 0)
         unmap++;

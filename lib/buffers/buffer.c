@@ -128,8 +128,18 @@ static void unlive(fp_buffers *bs, struct fabpool_buffer *b, fp_bchunk *c)
 static void grow_undo(fp_buffers *bs, struct fabpool_buffer *b, const grown *g)
 {
     uint64_t gen = b->generation;
-    while (b->n > g->n0 && fp_buffer_pop_chunk(bs, b) == FABPOOL_OK)
-        ;
+    /* the failure's message stays first: an unmap the driver refuses here is what came of the undo */
+    char first[512];
+    snprintf(first, sizeof first, "%s", fabpool_last_error());
+    while (b->n > g->n0) {
+        fabpool_status st = fp_buffer_pop_chunk(bs, b);
+        if (st == FABPOOL_OK)
+            continue;
+        char then[512];
+        snprintf(then, sizeof then, "%s", fabpool_last_error());
+        fp_error(st, "%s (undoing it: %s)", first, then);
+        break;
+    }
     for (uint32_t i = b->n; i-- > g->back;) {
         fp_bchunk *c = &b->chunks[i];
         if (i >= g->n0) {
