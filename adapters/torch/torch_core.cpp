@@ -1390,19 +1390,17 @@ IpcShare Core::share_ipc(void *ptr)
 int Core::serve_ipc(uint64_t key, const std::string &desc, std::vector<int> *fds, std::string *msg)
 {
     void *ptr = reinterpret_cast<void *>(uintptr_t(key));
-    int device = -1;
+    bool shared = false;
     {
         /* only a block this process shared, as it shared it: the token is the process's, and a descriptor names
          * no secret, so a receiver could ask for any block it guessed (and make the pool export it) */
         std::lock_guard<std::mutex> g(shares_mu_);
         auto it = shares_.find(key);
-        if (it != shares_.end() && it->second == desc)
-            device = 0;
+        shared = it != shares_.end() && it->second == desc;
     }
-    if (device == 0) {
-        device = -1;
+    int device = -1;
+    if (shared)
         with_live(ptr, [&](Block &b) { device = b.device; });
-    }
     ipc::Handle h;
     size_t offset = 0;
     fabpool_status st = FABPOOL_ERR_NOT_FOUND;
