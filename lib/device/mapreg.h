@@ -34,7 +34,8 @@ typedef enum fp_map_kind {
     FP_MAP_STAGING,    /* a shrinking buffer's smaller chunk while its bytes are copied in (buffers/) */
     FP_MAP_HOST,       /* a host copy of sleep with offload (pool/host_copy.c) */
     FP_MAP_STUCK,      /* a mapping its user gave up but the driver would not unmap (the undo of a failed map or
-                          apply): no owner; chunk.c unmaps it before anything is mapped over it, and the collects
+                          apply): no owner; chunk.c unmaps it before anything is mapped over it, vmm.c before the
+                          reservation of a sleep's host copies it lies in is freed, and the collects and sleep
                           (fp_space_unstick) try again */
     FP_MAP_KINDS
 } fp_map_kind;

@@ -1,7 +1,8 @@
-/* vmm.c - reservations, the fabric probe, host mappings and uncounted
- * unmaps (vmm.h). */
+/* vmm.c - reservations, the fabric probe, host mappings, the stuck
+ * mappings in a reservation and uncounted unmaps (vmm.h). */
 #include <string.h>
 
+#include "array.h"
 #include "vmm.h"
 
 CUresult fp_vmm_reserve(fp_chunks *ch, uint64_t size, uint64_t align, uint64_t *va)
@@ -59,9 +60,10 @@ CUresult fp_vmm_host_prop(fp_chunks *ch, CUmemAllocationProp *prop, size_t *gran
 }
 
 CUresult fp_vmm_map_new(fp_chunks *ch, uint64_t va, uint64_t size, const CUmemAllocationProp *prop,
-                        fp_map_kind kind, const char **call)
+                        fp_map_kind kind, const char **call, int *stuck)
 {
     fp_lock_assert_held(ch->lock);
+    *stuck = 0;
     *call = "the registry of mappings (no host memory for one more)";
     if (fp_mapreg_reserve(&ch->reg) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -86,14 +88,41 @@ CUresult fp_vmm_map_new(fp_chunks *ch, uint64_t va, uint64_t size, const CUmemAl
             if (cr == CUDA_SUCCESS)
                 h = 0;
         }
-        if (cr != CUDA_SUCCESS)
-            FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size);
+        if (cr != CUDA_SUCCESS && FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size) != CUDA_SUCCESS) {
+            /* the driver keeps the mapping: listed as stuck (room reserved above), so that the collects and
+             * the free of the reservation it lies in unmap it, and the reservation is not freed under it */
+            fp_mapreg_add(&ch->reg, va, size, FP_MAP_STUCK, NULL);
+            *stuck = 1;
+        }
     }
     if (cr != CUDA_SUCCESS && h)
         FP_CU_UNDO(&ch->calls, cuMemRelease, h);
     if (cr == CUDA_SUCCESS)
         fp_mapreg_add(&ch->reg, va, size, kind, NULL);
     return cr;
+}
+
+CUresult fp_vmm_unstick(fp_chunks *ch, uint64_t va, uint64_t size, uint64_t *left)
+{
+    fp_lock_assert_held(ch->lock);
+    CUresult first = CUDA_SUCCESS;
+    size_t i = FP_ARRAY_LOWER(ch->reg.m, ch->reg.n, fp_mapping, va, va);
+    while (fp_chunks_stuck(ch) && i < ch->reg.n && ch->reg.m[i].va < va + size) {
+        fp_mapping m = ch->reg.m[i];
+        if (m.kind != FP_MAP_STUCK) {
+            i++;
+            continue;
+        }
+        CUresult r = fp_chunk_unmap_stuck(ch, m.va, m.size);
+        if (r == CUDA_SUCCESS)
+            continue; /* off the list: i is the next one */
+        if (first == CUDA_SUCCESS) {
+            first = r;
+            *left = m.va;
+        }
+        i++;
+    }
+    return first;
 }
 
 CUresult fp_vmm_unmap(fp_chunks *ch, uint64_t va, uint64_t size)

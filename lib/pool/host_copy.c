@@ -56,12 +56,20 @@ static void host_piece_free(struct fabpool *p, uint64_t *va, uint64_t size, cons
 }
 
 /* Frees the reservation the host copies were mapped in (*va becomes 0), once
- * none is left in it. */
+ * none is left in it: a host copy the driver would not unmap when its map
+ * failed (listed as stuck, vmm.h) is unmapped first, and where the driver
+ * refuses again the reservation stays for a later try. */
 static fabpool_status host_range_free(struct fabpool *p, uint64_t *va, uint64_t size, const char *what)
 {
     if (!*va)
         return FABPOOL_OK;
-    CUresult cr = fp_vmm_unreserve(&p->ch, *va, size);
+    uint64_t left = 0;
+    CUresult cr = fp_vmm_unstick(&p->ch, *va, size, &left);
+    if (cr != CUDA_SUCCESS)
+        return fp_drv_error(cr, "cuMemUnmap", "unmapping a host copy at 0x%llx that the driver would not unmap "
+                            "when its map failed (tried twice; it stays mapped, and the address range of %s "
+                            "reserved, for the next try)", (unsigned long long)left, what);
+    cr = fp_vmm_unreserve(&p->ch, *va, size);
     if (cr != CUDA_SUCCESS)
         return fp_drv_error(cr, "cuMemAddressFree", "freeing the address range of %s (%llu bytes) (tried twice)",
                             what, (unsigned long long)size);
@@ -149,27 +157,16 @@ static int cache_take(struct fabpool *p, struct fp_sleep *r, size_t hg)
     return 1;
 }
 
-/* Wake with sleep_keep_host: the host copies of r become the cache instead
- * of being freed (a cache from an earlier sleep, which a sleep with offload
- * has used or freed already, is freed first).  Where r has no copies (a
- * discard) an earlier cache stays; where there is no host memory for the
- * list, r's copies are freed as without the option.  Pool lock held. */
-fabpool_status fp_host_keep(struct fabpool *p, struct fp_sleep *r)
+/* The host copies of r still mapped (n of them; r->stage_va set, no cache
+ * held) and their reservation become the cache: 0, or -1 without host
+ * memory for the list (nothing changed).  Pool lock held. */
+static int cache_from(struct fabpool *p, struct fp_sleep *r, size_t n)
 {
-    size_t n = 0;
-    for (size_t i = 0; i < r->n; i++)
-        n += r->e[i].host_va != 0;
-    if (!n || !r->stage_va) /* nothing to keep (a discard): a cache from before stays as it is */
-        return fp_host_release(p, r);
-    fabpool_status st = fp_host_cache_release(p);
-    if (st != FABPOOL_OK)
-        return st;
     struct fp_host_cache *c = fp_meta_alloc(&p->meta, sizeof *c);
-    fp_hpiece *pc = c ? fp_meta_alloc(&p->meta, n * sizeof *pc) : NULL;
-    if (!pc) {
-        if (c)
-            fp_meta_free(&p->meta, c, sizeof *c);
-        return fp_host_release(p, r);
+    fp_hpiece *pc = c && n ? fp_meta_alloc(&p->meta, n * sizeof *pc) : NULL;
+    if (!c || (n && !pc)) {
+        fp_meta_free(&p->meta, c, sizeof *c);
+        return -1;
     }
     size_t k = 0;
     for (size_t i = 0; i < r->n; i++) {
@@ -185,7 +182,44 @@ fabpool_status fp_host_keep(struct fabpool *p, struct fp_sleep *r)
     c->stage_size = r->stage_size;
     r->stage_va = r->stage_size = 0;
     p->host_cache = c;
-    return FABPOOL_OK;
+    return 0;
+}
+
+/* How many of r's chunks have a host copy mapped. */
+static size_t host_mapped(const struct fp_sleep *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n; i++)
+        n += r->e[i].host_va != 0;
+    return n;
+}
+
+/* Wake with sleep_keep_host: the host copies of r become the cache instead
+ * of being freed (a cache from an earlier sleep, which a sleep with offload
+ * has used or freed already, is freed first).  Where r has no copies (a
+ * discard) an earlier cache stays; where there is no host memory for the
+ * list, r's copies are freed as without the option.  Pool lock held. */
+fabpool_status fp_host_keep(struct fabpool *p, struct fp_sleep *r)
+{
+    size_t n = host_mapped(r);
+    if (!n || !r->stage_va) /* nothing to keep (a discard): a cache from before stays as it is */
+        return fp_host_release(p, r);
+    fabpool_status st = fp_host_cache_release(p);
+    if (st != FABPOOL_OK)
+        return st;
+    return cache_from(p, r, n) == 0 ? FABPOOL_OK : fp_host_release(p, r);
+}
+
+int fp_host_give_up(struct fabpool *p, struct fp_sleep *r)
+{
+    if (fp_host_release(p, r) == FABPOOL_OK)
+        return 0;
+    /* what the driver would not let go (host copies, one stuck where its map failed) and the reservation they
+     * lie in are kept as the cache is, so that fabpool_trim, the next offload or destroy frees them; a pool
+     * whose offload failed holds no cache (it took or freed the one it had before reserving) */
+    if (!r->stage_va || fp_host_cache_release(p) != FABPOOL_OK || cache_from(p, r, host_mapped(r)) != 0)
+        return -1;
+    return 1;
 }
 
 /* Copies every chunk marked `copy` into the host copies kept from the last
@@ -209,12 +243,12 @@ static fabpool_status offload_to_kept(struct fabpool *p, struct fp_sleep *r, voi
 }
 
 /* The refusal of a host copy of hs bytes (total in all) that `call` failed
- * to make or map on NUMA node numa. */
-static fabpool_status host_map_error(CUresult cr, const char *call, uint64_t hs, uint64_t total, int numa)
+ * to make or map on NUMA node numa (stuck: the driver kept it mapped). */
+static fabpool_status host_map_error(CUresult cr, const char *call, uint64_t hs, uint64_t total, int numa, int stuck)
 {
     if (strcmp(call, "cuMemCreate"))
-        return fp_drv_error(cr, call, "mapping a host copy of %llu bytes for the offload; the pool stays awake",
-                            (unsigned long long)hs);
+        return fp_drv_error(cr, call, "mapping a host copy of %llu bytes for the offload%s; the pool stays awake",
+                            (unsigned long long)hs, stuck ? " (its undo, cuMemUnmap, was refused twice too)" : "");
     char a[32], t[32];
     human(a, sizeof a, hs);
     human(t, sizeof t, total);
@@ -268,9 +302,10 @@ fabpool_status fp_host_offload(struct fabpool *p, struct fp_sleep *r, void *stre
             continue;
         uint64_t hs = fp_round_up(e->size, hg);
         const char *call = NULL;
-        cr = fp_vmm_map_new(&p->ch, at, hs, &hp, FP_MAP_HOST, &call);
+        int stuck = 0;
+        cr = fp_vmm_map_new(&p->ch, at, hs, &hp, FP_MAP_HOST, &call, &stuck);
         if (cr != CUDA_SUCCESS)
-            return host_map_error(cr, call, hs, total, hp.location.id);
+            return host_map_error(cr, call, hs, total, hp.location.id, stuck);
         e->host_va = at;
         e->host_size = hs;
         atomic_fetch_add(&p->sleep_host_bytes, hs);

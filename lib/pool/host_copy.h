@@ -27,6 +27,13 @@ fabpool_status fp_host_offload(struct fabpool *p, struct fp_sleep *r, void *stre
 /* Unmaps r's host copies and frees their reservation; idempotent, so that a
  * failure can be retried. */
 fabpool_status fp_host_release(struct fabpool *p, struct fp_sleep *r);
+/* After a failed offload: r's host copies and their reservation freed (0),
+ * or, where the driver refuses an unmap (a host copy, or one it kept mapped
+ * when its map failed), what is left handed to the kept host copies, which
+ * fabpool_trim, the next offload and destroy free (1): either way r holds
+ * none of them and its record can go.  -1: no host memory to list them, r
+ * keeps them.  No message of its own. */
+int fp_host_give_up(struct fabpool *p, struct fp_sleep *r);
 /* Wake with sleep_keep_host: r's host copies become the kept ones. */
 fabpool_status fp_host_keep(struct fabpool *p, struct fp_sleep *r);
 /* Frees the kept host copies (what the driver refuses to unmap stays, and

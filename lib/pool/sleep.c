@@ -32,12 +32,15 @@
  * PyTorch's cached pinned memory spares vLLM's later sleeps.  fabpool_trim
  * and destroy free them.
  *
- * Failures: a sleep that fails before it unmaps anything undoes its host
- * copies (the pool is as before, the trimmed cache excepted); a failure
- * while unmapping wakes the chunks already unmapped (their copies are
- * there).  A wake that fails (device memory) stops where it is: the chunks
- * mapped stay mapped, the rest stay asleep with their copies, and the next
- * fabpool_wake goes on from there. */
+ * Failures: a mapping the driver would not unmap before (stuck) is unmapped
+ * first, and a refusal there fails the sleep with nothing changed; a sleep
+ * that fails before it unmaps anything undoes its host copies (the pool is
+ * as before, the trimmed cache excepted; what the driver would not unmap of
+ * them goes to the kept host copies, freed later); a failure while
+ * unmapping wakes the chunks already unmapped (their copies are there).  A
+ * wake that fails (device memory) stops where it is: the chunks mapped stay
+ * mapped, the rest stay asleep with their copies, and the next fabpool_wake
+ * goes on from there. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -270,6 +273,14 @@ fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream
     }
     if ((st = fp_sleep_sync(p, stream, "before the pool goes to sleep (nothing changed)")) != FABPOOL_OK)
         goto out;
+    /* a mapping the driver would not unmap before (mapreg.h: stuck) holds memory for the pool too, and a sleep
+     * gives back all of it or nothing (as a chunk whose unmap is refused wakes the rest again): unmapped first,
+     * or the sleep fails before it changes anything */
+    if ((st = fp_space_unstick(&p->sp)) != FABPOOL_OK) {
+        fp_error_append(" (fabpool_sleep: a sleeping pool would still hold that memory; the pool stays awake and "
+                        "nothing changed: call fabpool_sleep again)");
+        goto out;
+    }
     /* from here on every thread cache misses, allocation fails */
     set_asleep(p, 1);
     fp_alloc_thread_flush_locked(&p->alloc);
@@ -287,11 +298,15 @@ fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream
     if (mode == FABPOOL_SLEEP_OFFLOAD && (st = fp_host_offload(p, r, stream)) != FABPOOL_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", fabpool_last_error());
-        if (fp_host_release(p, r) == FABPOOL_OK)
+        int left = fp_host_give_up(p, r);
+        if (left >= 0)
             record_free(p, r);
-        /* else: the host copies that could not be unmapped stay mapped, in a record no one frees (the
-         * driver refused twice: nothing better to do) */
-        st = fp_error(st, "%s", msg);
+        /* else: no host memory to keep what the driver would not unmap: it stays mapped, in a record no one
+         * frees (nothing better to do) */
+        st = fp_error(st, "%s%s", msg, left == 0 ? "" : left > 0 ? " (the driver would not unmap every host copy "
+                      "made: what it keeps stays mapped until fabpool_trim, the next sleep with offload or "
+                      "fabpool_destroy frees it)" : " (the driver would not unmap every host copy made, and no "
+                      "host memory was left to list them: they stay mapped)");
         goto awake;
     }
     st = unmap_recorded(p, r, mode, stream);
