@@ -126,6 +126,7 @@ typedef struct fp_alloc {
     fp_space *sp;                      /* the heap's */
     fp_usage *use;                     /* the pool's in-use mark: slab blocks out of their classes (usage.h) */
     int thread_cache;                  /* the option */
+    fp_lock_t key_lock;                /* the stores of cache_key and hot_key (tcache.c: fp_alloc_hot_rekey) */
     _Atomic int forked;                /* 1 in a child forked after the pool was made (the registry's fork hook):
                                           the keys stay off and the slow paths refuse */
     unsigned n_slab_classes;

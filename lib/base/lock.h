@@ -14,6 +14,7 @@
  *   4      retire     (fp_retire.lock)   the stream queue: stream-pending blocks, retired chunks, events
  *   5      trace list (traces_lock)      trace.c: every open trace of the process
  *   6      trace      (fp_trace.lock)    trace.c: one trace's buffer and file
+ *   7      keys       (fp_alloc.key_lock) tcache.c: the stores of a pool's thread-cache keys
  *
  * Why this order:
  * - registry first: a thread that exits (thread_exit) or that evicts a
@@ -30,8 +31,10 @@
  * - retire is a leaf of the pool's locks: taken with the pool or a class lock
  *   held (or none); nothing of the pool is taken under it (the blocks it
  *   hands back go to the pool after it is released).
- * - traces last: a record may be written with any pool or class lock held;
- *   the trace list is taken before a trace's lock (close, exit).
+ * - traces after the pool's: a record may be written with any pool or class
+ *   lock held; the trace list is taken before a trace's lock (close, exit).
+ * - keys last, a leaf: a pool's keys change under any of the others (a trim
+ *   under the pool lock, a trace's start), and nothing is taken under it.
  * Two pools' locks are never held at once (same level).  The hot path (a
  * thread-cache hit) takes no lock.
  *
@@ -53,6 +56,7 @@ enum {
     FP_LOCK_RETIRE = 4,
     FP_LOCK_TRACE_LIST = 5,
     FP_LOCK_TRACE = 6,
+    FP_LOCK_KEY = 7,
 };
 
 /* The mutex itself: a word (0 free, 1 held, 2 held and a thread may sleep on it: Drepper's "Futexes are
