@@ -27,6 +27,7 @@
 
 #include "testutil.h"
 #include "planted.h"
+#include "trace_write.h"
 #include "trace_file.h"
 #include "trace_viz.h"
 
@@ -614,29 +615,6 @@ static int run_cmd(const char *cmd, char *out, size_t cap)
 
 /* ------------------------------------------------------------ hostile traces */
 
-/* A closed trace of the n records (with their checksum) on device dev into path: 0 or -1. */
-static int write_trace(const char *path, int32_t dev, const fabpool_trace_rec *r, size_t n)
-{
-    fabpool_trace_header h = {dev, FABPOOL_TRACE_VERSION, FABPOOL_TRACE_F_APP_MARKED, 1, 2u << 20, 1u << 20, n,
-                              FABPOOL_FNV_OFFSET};
-    unsigned char b[FABPOOL_TRACE_RECORD_BYTES];
-    for (size_t i = 0; i < n; i++) {
-        fabpool_trace_encode_rec(b, &r[i]);
-        h.checksum = fabpool_fnv1a(h.checksum, b, sizeof b);
-    }
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return -1;
-    unsigned char hb[FABPOOL_TRACE_HEADER_BYTES];
-    fabpool_trace_encode_header(hb, &h);
-    int ok = fwrite(hb, 1, sizeof hb, f) == sizeof hb;
-    for (size_t i = 0; i < n && ok; i++) {
-        fabpool_trace_encode_rec(b, &r[i]);
-        ok = fwrite(b, 1, sizeof b, f) == sizeof b;
-    }
-    return fclose(f) == 0 && ok ? 0 : -1;
-}
-
 #define REC(t, op, ptr, size) {(t), (ptr), (size), 0, (op), FABPOOL_OK, 1, FABPOOL_TRACE_R_APP}
 #define TOP(k) (UINT64_MAX - (k) + 1) /* the last k bytes of the address space */
 
@@ -680,7 +658,7 @@ static void hostile_traces(const char *replay, const char *tool)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(path, sizeof path, "%s/hostile-%s.trace", dir, cases[i].name);
         snprintf(snap, sizeof snap, "%s.pickle", path);
-        CHECK(write_trace(path, cases[i].dev, cases[i].r, cases[i].n) == 0);
+        CHECK(write_trace(path, cases[i].dev, FABPOOL_TRACE_F_APP_MARKED, cases[i].r, cases[i].n) == 0);
         trace_data d;
         int rc = trace_load(path, &d, err, sizeof err);
         CHECK(cases[i].reader ? rc == -1 && strstr(err, cases[i].reader) : rc == 0);
@@ -726,7 +704,7 @@ static void hostile_traces(const char *replay, const char *tool)
     static const fabpool_trace_rec empty[] = {REC(1, FABPOOL_TR_BUF_CREATE, 0x100000, 0)};
     snprintf(path, sizeof path, "%s/empty-buffer.trace", dir);
     snprintf(snap, sizeof snap, "%s.pickle", path);
-    CHECK(write_trace(path, 0, empty, 1) == 0);
+    CHECK(write_trace(path, 0, FABPOOL_TRACE_F_APP_MARKED, empty, 1) == 0);
     if (tool) {
         snprintf(cmd, sizeof cmd, "timeout 20 '%s' --memory-snapshot '%s' '%s' 2>&1", tool, snap, path);
         CHECK(run_cmd(cmd, out, sizeof out) == 0);

@@ -20,6 +20,7 @@
 
 #include "fabpool_trace_format.h"
 #include "testutil.h"
+#include "trace_write.h"
 
 static uint64_t held, held_peak;
 
@@ -99,27 +100,6 @@ static int program(const char *trace, const char *want)
     return t_failures ? 1 : 0; /* exit writes the trace; the pool is never destroyed */
 }
 
-/* A trace of n records written to path (the pool's level, no application marks): 0 or -1. */
-static int write_trace(const char *path, const fabpool_trace_rec *r, size_t n)
-{
-    fabpool_trace_header h = {0, FABPOOL_TRACE_VERSION, 0, 1, 2u << 20, 1u << 20, n, FABPOOL_FNV_OFFSET};
-    unsigned char b[FABPOOL_TRACE_RECORD_BYTES], hb[FABPOOL_TRACE_HEADER_BYTES];
-    for (size_t i = 0; i < n; i++) {
-        fabpool_trace_encode_rec(b, &r[i]);
-        h.checksum = fabpool_fnv1a(h.checksum, b, sizeof b);
-    }
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return -1;
-    fabpool_trace_encode_header(hb, &h);
-    int ok = fwrite(hb, 1, sizeof hb, f) == sizeof hb;
-    for (size_t i = 0; i < n && ok; i++) {
-        fabpool_trace_encode_rec(b, &r[i]);
-        ok = fwrite(b, 1, sizeof b, f) == sizeof b;
-    }
-    return fclose(f) == 0 && ok ? 0 : -1;
-}
-
 /* The many-records traces, chunks of 4 KiB, each 8 KiB from the last (so no two touch):
  *   "maps":   2N maps, then their 2N unmaps: 2N segment_map, 2N segment_unmap;
  *   "asleep": the N maps, a block in each, the N unmaps (a pool asleep: its blocks stay shown over no memory),
@@ -144,7 +124,7 @@ static void many_records(const char *tool, const char *python, const char *dir)
         char trace[300], snap[320], cmd[1200];
         snprintf(trace, sizeof trace, "%s/%s.trace", dir, names[k]);
         snprintf(snap, sizeof snap, "%s.pickle", trace);
-        CHECK(write_trace(trace, r, n) == 0);
+        CHECK(write_trace(trace, 0, 0, r, n) == 0); /* the pool's level: no application marks */
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         snprintf(cmd, sizeof cmd, "timeout 60 '%s' --memory-snapshot '%s' '%s' >/dev/null", tool, snap, trace);
