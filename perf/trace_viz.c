@@ -525,16 +525,46 @@ static int blocks_count(blocks *b, uint64_t a, uint64_t n, int up)
     return 0;
 }
 
-/* A block at a of n bytes: 1 if it replaced one at a (as the walk's map replaces it; its size in *old), 0 if
- * not, -1 (no memory). */
-static int blocks_put(blocks *b, uint64_t a, uint64_t n, uint64_t *old)
+/* A block at a of n bytes, over no live one (blocks_over): 0, or -1 (no memory). */
+static int blocks_put(blocks *b, uint64_t a, uint64_t n)
 {
     if (!a) /* no key of the map (walk passes none) */
         return 0;
-    int had = u64map_get(&b->at, a, old);
-    if (had && blocks_count(b, a, *old, 0))
-        return -1;
-    return u64map_put(&b->at, a, n) || blocks_count(b, a, n, 1) ? -1 : had;
+    return u64map_put(&b->at, a, n) || blocks_count(b, a, n, 1) ? -1 : 0;
+}
+
+/* The place of f (over n places) where its sum first reaches c (1 <= c <= the sum of all n). */
+static size_t fen_find(const size_t *f, size_t n, size_t c)
+{
+    size_t at = 0, step = 1;
+    while (step <= n / 2)
+        step <<= 1;
+    for (; step; step >>= 1)
+        if (at + step <= n && f[at + step] < c) {
+            at += step;
+            c -= f[at];
+        }
+    return at;
+}
+
+/* 1 if a live block [k, k + v) begins at a or holds some of [a, a + n) (k < a + n and k + v > a: a block of 0
+ * bytes inside the range counts, as does a range of 0 bytes inside a block), the first such in *k and *v; else 0.
+ * Those are the blocks that begin below a + n less the c that end at or below a (each begins at or below a, and
+ * none at a).  No two live blocks overlap (snap_over), so they end in the order they begin: the first of those
+ * is the (c + 1)-th to begin. */
+static int blocks_over(const blocks *b, uint64_t a, uint64_t n, uint64_t *k, uint64_t *v)
+{
+    if (!a) /* no key of the map (walk passes none) */
+        return 0;
+    *k = a;
+    if (u64map_get(&b->at, a, v))
+        return 1;
+    size_t c = fen_sum(b->ends, bound(b->y, b->ny, a, 1));
+    if (fen_sum(b->starts, bound(b->y, b->ny, a + n, 0)) <= c)
+        return 0;
+    *k = b->y[fen_find(b->starts, b->ny, c + 1)];
+    u64map_get(&b->at, *k, v);
+    return 1;
 }
 
 static void blocks_del(blocks *b, uint64_t a)
@@ -561,6 +591,9 @@ static void blocks_free(blocks *b)
 
 typedef struct snap_ctx {
     pk p;
+    const trace_data *d;
+    char *err;      /* why snap_event refused a record, "" where it ran out of memory */
+    size_t cap;
     blocks live;    /* the blocks of the level live now */
     segset sets;    /* what the chunk records say is mapped now, what the segment events have mapped so far */
     range *dirty;   /* where what is shown but no longer mapped may have changed since snap_sync: [a, a + n] */
@@ -677,18 +710,35 @@ static int snap_map(snap_ctx *s, const viz_ev *e, uint64_t t)
     return gone ? snap_dirty(s, e->addr, e->size) : 0; /* a gone run cut in two: each part may hold no block */
 }
 
+/* A pool never gives out a block over memory a live block holds, and a snapshot's segment cannot show two blocks
+ * in one place.  Nor could the sync stay cheap: while no two live blocks overlap, a free's change finds runs that
+ * still hold a block only at its two ends, but under a block piled over many small ones it would look at every
+ * small one's run at each change (time quadratic in the records).  -1 (the reason in s->err) if e's block lies
+ * over a live one, else 0. */
+static int snap_over(snap_ctx *s, const viz_ev *e)
+{
+    uint64_t k = 0, v = 0;
+    if (!blocks_over(&s->live, e->addr, e->size, &k, &v))
+        return 0;
+    const fabpool_trace_rec *r = e->r;
+    snprintf(s->err, s->cap, "record %zu (op %u, ptr 0x%llx, size %llu) has a block over memory that the live "
+             "block at 0x%llx (%llu bytes) holds: a pool never gives out one block over another",
+             (size_t)(r - s->d->recs), r->op, (unsigned long long)r->ptr, (unsigned long long)r->size,
+             (unsigned long long)k, (unsigned long long)v);
+    return -1;
+}
+
 static int snap_event(void *c, const viz_ev *e)
 {
     snap_ctx *s = c;
     uint64_t t = e->r->t_ns;
     size_t lo, hi;
     switch (e->kind) {
-    case EV_ALLOC: { /* a block put over one at its address takes that one's place: what it left, sync sees */
-        uint64_t old = 0;
+    case EV_ALLOC:
+        if (snap_over(s, e))
+            return -1;
         pk_entry(&s->p, K_ALLOC, e->addr, e->size, e->stream, t);
-        int had = blocks_put(&s->live, e->addr, e->size, &old);
-        return had < 0 || (had && ss_gone(&s->sets) && snap_dirty(s, e->addr, old)) ? -1 : 0;
-    }
+        return blocks_put(&s->live, e->addr, e->size);
     case EV_FREE: /* fabpool's free is done when it returns: requested and completed at once */
         pk_entry(&s->p, K_FREE_REQUESTED, e->addr, e->size, e->stream, t);
         pk_entry(&s->p, K_FREE_COMPLETED, e->addr, e->size, e->stream, t);
@@ -847,6 +897,9 @@ int trace_write_snapshot(const trace_data *d, FILE *f, char *err, size_t cap)
     snap_ctx s;
     memset(&s, 0, sizeof s);
     s.p.f = f;
+    s.d = d;
+    s.err = err;
+    s.cap = cap;
     if (d->h.device < 0 || d->h.device > TRACE_MAX_DEVICE) { /* one empty list a device before it */
         snprintf(err, cap, "the trace names device %d; a device ordinal is 0 to %d", d->h.device, TRACE_MAX_DEVICE);
         return -1;
@@ -871,7 +924,7 @@ int trace_write_snapshot(const trace_data *d, FILE *f, char *err, size_t cap)
     pk_list_begin(p);
     err[0] = 0;
     int rc = walk(d, snap_event, &s, err, cap);
-    if (rc != 0 && !err[0]) /* snap_event's -1 */
+    if (rc != 0 && !err[0]) /* snap_event's -1 without a reason */
         snprintf(err, cap, "no host memory for the snapshot of the trace's %zu records", d->n);
     pk_list_end(p);
     p->in_batch = outer;
