@@ -26,10 +26,10 @@
 #include "fabpool.h"
 #include "fabpool_torch.h"
 #include "symm.h"
+#include "torch_min_block.h"
 #include "torch_tags.h"
 
 #define FT_MAX_DEVICES 64
-#define FT_MIN_BLOCK 256 /* the least a tensor gets: its base aligned as cudaMalloc's */
 
 /* A block given to PyTorch and not taken back: a slot of the live table. */
 typedef struct ft_live {
@@ -378,9 +378,7 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
         return NULL;
     }
     void *p = NULL;
-    /* at least 256 bytes: a tensor's base aligned to 256 as cudaMalloc's (kernels pick vector widths from it;
-     * PyTorch's own allocator rounds to 512), where fabpool's smaller classes are aligned to their size only */
-    size_t ask = size < FT_MIN_BLOCK ? FT_MIN_BLOCK : size;
+    size_t ask = size < FT_MIN_BLOCK ? FT_MIN_BLOCK : size; /* a tensor's base aligned as cudaMalloc's */
     fabpool_status st = fabpool_alloc_on_stream(d->pool, ask, stream, &p);
     if (st == FABPOOL_ERR_OUT_OF_MEMORY) {
         /* the pool has waited for the blocks freed on streams already; what

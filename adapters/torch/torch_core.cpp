@@ -19,6 +19,7 @@
 
 #include "fabpool_torch.h"
 #include "torch_ipc.hpp"
+#include "torch_min_block.h"
 #include "torch_size.hpp"
 
 /* fabpool_record_stream (fabpool.h) where the library has it: a block used
@@ -726,7 +727,7 @@ Core::Block *Core::alloc_in(Device &d, Pool &p, size_t size, Stream s, bool ctx,
     if (!p.fp && !make_fp(d, p, why))
         return nullptr;
     void *q = nullptr;
-    size_t ask = size < 256 ? 256 : size; /* as the shim: a tensor's base aligned as cudaMalloc's */
+    size_t ask = size < FT_MIN_BLOCK ? FT_MIN_BLOCK : size; /* as the shim: a tensor's base aligned as cudaMalloc's */
     fabpool_status st = fabpool_alloc(p.fp, ask, &q);
     if (st != FABPOOL_OK && !ctx) {
         d.retries++;
