@@ -616,6 +616,68 @@ static void check_beside_threads(void)
     CHECK_CU(cuStreamDestroy(busy_streams[1]));
 }
 
+/* Streams recorded on blocks and the blocks freed, by two threads with no thread cache (the PyTorch shim's
+ * setting), while the main thread checks: a record is made before its block's flag and dropped after it, each
+ * outside the check's locks, so a check may find the two apart; every check answers OK all the same (work in
+ * flight is not reported), and a check after the threads are gone too. */
+static fabpool_t *rec_pool;
+static CUstream rec_streams[3];
+static _Atomic int rec_stop, rec_bad;
+
+static void *record_worker(void *arg)
+{
+    uint64_t rng = 0x2545f4914f6cdd1dull * (uint64_t)((intptr_t)arg + 1);
+    CHECK_CU(cuCtxSetCurrent(t_ctx));
+    while (!atomic_load(&rec_stop)) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int s = (int)((rng >> 33) % 3);
+        size_t sz = (rng >> 40) % 4 ? 64 + (rng >> 20) % 4000 : 5000 + (rng >> 20) % 100000;
+        void *b = NULL;
+        if (fabpool_alloc_on_stream(rec_pool, sz, rec_streams[s], &b) != FABPOOL_OK) {
+            atomic_fetch_add(&rec_bad, 1);
+            continue;
+        }
+        if ((rng >> 50) & 1 && fabpool_record_stream(rec_pool, b, rec_streams[(s + 1) % 3]) != FABPOOL_OK)
+            atomic_fetch_add(&rec_bad, 1);
+        if (((rng >> 51) % 3 ? fabpool_free_on_stream(rec_pool, b, rec_streams[s]) : fabpool_free(rec_pool, b)) !=
+            FABPOOL_OK)
+            atomic_fetch_add(&rec_bad, 1);
+    }
+    return NULL;
+}
+
+static void check_beside_records(void)
+{
+    rec_pool = t_pool("thread_cache:false");
+    if (!rec_pool)
+        return;
+    for (int i = 0; i < 3; i++)
+        CHECK_CU(cuStreamCreate(&rec_streams[i], 0));
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, record_worker, (void *)(intptr_t)i);
+    int checks = 0, corrupt = 0;
+    for (; checks < 3000; checks++) {
+        fabpool_status st = fabpool_check(rec_pool);
+        if (st != FABPOOL_OK && corrupt++ < 3)
+            fprintf(stderr, "  beside record_stream, check %d: %s: %s\n", checks, fabpool_status_name(st),
+                    fabpool_last_error());
+    }
+    atomic_store(&rec_stop, 1);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    CHECK(corrupt == 0 && rec_bad == 0);
+    printf("test_check: %d checks beside two threads recording streams on their blocks: %d failed\n", checks,
+           corrupt);
+    for (int i = 0; i < 3; i++)
+        CHECK_CU(cuStreamSynchronize(rec_streams[i]));
+    CHECK_OK(fabpool_collect(rec_pool, 1));
+    CHECK_OK(fabpool_check(rec_pool));
+    CHECK_OK(fabpool_destroy(rec_pool));
+    for (int i = 0; i < 3; i++)
+        CHECK_CU(cuStreamDestroy(rec_streams[i]));
+}
+
 int main(void)
 {
     int sim = t_driver_init();
@@ -725,6 +787,7 @@ int main(void)
     }
     printf("test_check: %d corruptions, each caught with its invariant's name\n", n_broken);
     check_beside_threads();
+    check_beside_records();
     if (sim) {
         fabsim_ledger l = t_ledger();
         CHECK(l.bytes_held == 0 && l.mappings == 0 && l.handles == 0);

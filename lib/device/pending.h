@@ -89,11 +89,12 @@ static inline uint64_t fp_retire_queued(fp_retire *r)
 }
 
 /* What the queue has done, all time: blocks queued, taken back, given back
- * to the pool (fabpool_check: a count that moved means work in flight). */
+ * to the pool, streams recorded, recorded blocks freed (fabpool_check: a
+ * count that moved means work in flight). */
 static inline uint64_t fp_retire_activity(fp_retire *r)
 {
     return atomic_load(&r->frees) + atomic_load(&r->reuse_same) + atomic_load(&r->reuse_after_event) +
-           atomic_load(&r->releases);
+           atomic_load(&r->releases) + atomic_load(&r->records) + atomic_load(&r->used_frees);
 }
 
 #endif

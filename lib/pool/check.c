@@ -127,15 +127,18 @@ static fabpool_status check_locked(struct fabpool *p, fp_walk *w)
     if (w->idle != fp_heap_idle(&p->heap))
         return FAIL("[pool.idle] empty slabs and the arenas' free ranges add up to %llu bytes, the heap counts %llu "
                     "idle", ULL(w->idle), ULL(fp_heap_idle(&p->heap)));
-    uint64_t queued = fp_retire_queued(&p->retire);
+    uint64_t queued = fp_retire_queued(&p->retire), used = fp_retire_used_blocks(&p->retire);
     w->suspect = w->exact && w->pending > queued;
     if (w->pending < queued || w->suspect)
         return FAIL("[retire.pending] %llu slab and large blocks are marked pending on a stream, the retirement queue "
                     "holds %llu", ULL(w->pending), ULL(queued));
-    /* a free of a recorded block drops its record before its flag: exact only while no other thread is in the pool */
-    if (w->exact && w->recorded != fp_retire_used_blocks(&p->retire))
+    /* fabpool_record_stream flags a slab block after its record, and the free of a recorded block clears the flag
+     * before it drops the record, each outside the queue's lock: a thread (without a cache of its own, or with
+     * caches off) may be between the two, so a difference is confirmed by a new walk (fabpool_check) */
+    w->suspect = w->exact && w->recorded != used;
+    if (w->suspect)
         return FAIL("[retire.uses] %llu live blocks are marked as used on recorded streams, the retirement queue "
-                    "records streams for %llu", ULL(w->recorded), ULL(fp_retire_used_blocks(&p->retire)));
+                    "records streams for %llu", ULL(w->recorded), ULL(used));
     return check_registry(p, &maps);
 }
 
@@ -165,11 +168,11 @@ fabpool_status fabpool_check(fabpool_t *p)
     uint64_t act = fp_retire_activity(&p->retire);
     int suspect;
     fabpool_status st = check_once(p, &suspect);
-    /* more blocks flagged pending than queued, no other thread's cache listed: a thread without one may be
-     * between flagging a block and queueing it, or between taking it out and clearing its flag, and goes on
-     * once the locks are free; a broken flag stays.  Walks again for up to half a second: while the queue
-     * moves, the count cannot be confirmed (OK: every queued block is flagged); a mismatch that stays while
-     * it does not is reported. */
+    /* more blocks flagged pending than queued, or flagged recorded than the queue records streams for, no
+     * other thread's cache listed: a thread without one may be between flagging a block and queueing it (or
+     * recording its stream), or between taking it out and clearing its flag, and goes on once the locks are
+     * free; a broken flag stays.  Walks again for up to half a second: while the queue moves, the count cannot
+     * be confirmed (OK: every queued block is flagged); a mismatch that stays while it does not is reported. */
     for (long ms = 1; suspect && ms <= 256; ms *= 2) {
         struct timespec nap = {0, ms * 1000000};
         nanosleep(&nap, NULL);

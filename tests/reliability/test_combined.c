@@ -2185,9 +2185,6 @@ static const op_def ops[] = {
     {"alloc_per_thread", 1, can_plain_alloc, op_alloc_per_thread},
     {"free_per_thread", 1, has_plain_blk, op_free_per_thread},
     {"owner_end", 1, always, op_owner_end},
-    /* weight 0, not drawn: fabpool_check reports [retire.uses] (2 recorded blocks counted, 1 recorded) once the
-     * first block of a slab is recorded (the slab's own arena block, at the same address, is counted as a recorded
-     * large block); weight 2 once lib/check.c counts it once */
     {"record_stream", 2, can_record, op_record_stream},
     {"bad_pointer", 1, has_blk, op_bad_free},
     {"usable_size", 1, has_blk, op_usable_size},
