@@ -63,7 +63,12 @@ static inline void fp_usage_read(const fp_usage *src, fp_usage_counters *c)
     FP_USAGE_COUNTERS(FP_COUNTER_COPY)
 }
 
-/* fabpool_reset_peak: the mark starts again from what is counted now. */
-static inline void fp_usage_reset(fp_usage *u) { atomic_store(&u->peak, fp_usage_now(u)); }
+/* fabpool_reset_peak: the mark starts again from what is counted now, and follows the counts again after the
+ * store: an allocation's raise between the read and the store is not lost under it. */
+static inline void fp_usage_reset(fp_usage *u)
+{
+    atomic_store(&u->peak, fp_usage_now(u));
+    fp_usage_raise(u);
+}
 
 #endif
