@@ -50,11 +50,20 @@
  * gives any larger power of two up to the pool's allocation granularity.
  *
  * fork: CUDA does not carry over a fork, so a child forked after a pool was
- * made can use neither the pool nor its memory.  There the pool's
- * allocations and frees (fabpool_alloc, fabpool_free, the stream pair,
- * fabpool_record_stream) answer FABPOOL_ERR_NOT_SUPPORTED, saying so, and
- * its other calls fail where they reach the driver.  Start the child with
- * exec or spawn and make a pool there.
+ * made can use neither the pool nor its memory.  There every call on the
+ * pool or on its buffers and views (allocations and frees, the thread
+ * cache's hits too, the stream pair, fabpool_record_stream, stats, counters
+ * and options, fabpool_check, trim, collect, sleep, wake and sleep state,
+ * buffers, views, exports and acknowledgements) answers
+ * FABPOOL_ERR_NOT_SUPPORTED, saying so, before it takes any lock: a thread
+ * of the parent may have held one at the fork, and no thread of the child
+ * would ever let it go.  fabpool_handle_type_of, fabpool_buffer_ptr and
+ * fabpool_view_ptr answer as in the parent (what was set at creation).
+ * fabpool_destroy answers FABPOOL_ERR_NOT_SUPPORTED too and does nothing:
+ * no lock, no driver call, no free; the pool's host memory (the parent's
+ * pages, shared until written) goes when the child exits or execs.  A thread
+ * of the child that exits leaves its caches of such a pool as they are.
+ * Start the child with exec or spawn and make a pool there.
  */
 #ifndef FABPOOL_H
 #define FABPOOL_H
@@ -217,7 +226,9 @@ FABPOOL_API fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t
  * reservation.  Buffers and allocations still live are unmapped too (their
  * count is reported in the message, and the status is FABPOOL_ERR_BUSY, but
  * the pool is gone either way).  No other thread may use the pool meanwhile.
- * A NULL pool: nothing is done and the answer is FABPOOL_OK. */
+ * A NULL pool: nothing is done and the answer is FABPOOL_OK.  A pool made
+ * before this process was forked: nothing is done, FABPOOL_ERR_NOT_SUPPORTED
+ * (the fork paragraph at the top of this file). */
 FABPOOL_API fabpool_status fabpool_destroy(fabpool_t *pool);
 
 /* The options in force (after FABPOOL_CONF), and the handle type chosen

@@ -21,6 +21,8 @@ fabpool_status fabpool_alloc_aligned(fabpool_t *p, size_t size, size_t alignment
     if (!out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_aligned: the output pointer is NULL");
     *out = NULL;
+    if (fp_device_forked(a->sp->ch))
+        return fp_device_forked_error(a->sp->ch, "fabpool_alloc_aligned");
     uint64_t gran = fp_space_gran(a->sp);
     if (alignment == 0 || (alignment & (alignment - 1)) || alignment > gran)
         return fp_error(FABPOOL_ERR_INVALID_ARG,

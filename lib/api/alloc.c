@@ -164,10 +164,10 @@ static inline fabpool_status alloc_any(fp_alloc *a, size_t size, void **out)
 /* fabpool_alloc past its fast path. */
 static __attribute__((noinline)) fabpool_status alloc_entry(fp_alloc *a, size_t size, void **out)
 {
-    if (FP_UNLIKELY(a && atomic_load_explicit(&a->forked, memory_order_relaxed))) {
+    if (FP_UNLIKELY(a && fp_device_forked(a->sp->ch))) {
         if (out)
             *out = NULL;
-        return fp_alloc_forked(a, "fabpool_alloc");
+        return fp_device_forked_error(a->sp->ch, "fabpool_alloc");
     }
     if (a)   /* the owner mode may have ended elsewhere (stream.c): the fast path's key follows */
         fp_alloc_owner_sync(a);
@@ -469,8 +469,8 @@ static __attribute__((noinline)) fabpool_status free_entry(fp_alloc *a, void *pt
 {
     if (FP_UNLIKELY(!a))
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_free(%p): the pool is NULL", ptr);
-    if (FP_UNLIKELY(atomic_load_explicit(&a->forked, memory_order_relaxed)))
-        return fp_alloc_forked(a, "fabpool_free");
+    if (FP_UNLIKELY(fp_device_forked(a->sp->ch)))
+        return fp_device_forked_error(a->sp->ch, "fabpool_free");
     return free_any(a, ptr, FABPOOL_TRACE_R_APP);
 }
 

@@ -16,14 +16,6 @@ fabpool_status fp_alloc_already_free(const char *fn, uint64_t addr, uint64_t obj
                     f == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for its work" : "");
 }
 
-fabpool_status fp_alloc_forked(const fp_alloc *a, const char *fn)
-{
-    return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "%s: this pool (device %d) was made before this process was forked "
-                    "from its maker: CUDA does not carry over a fork, so the child can use neither the pool nor its "
-                    "memory; start the child with exec or spawn (multiprocessing's 'spawn') and make a pool there",
-                    fn, (int)a->sp->ch->dev);
-}
-
 /* The refusal of a pointer this pool did not give out. */
 fabpool_status fp_alloc_not_ours(const fp_alloc *a, const char *fn, const void *ptr)
 {
@@ -89,6 +81,8 @@ fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
     fp_alloc *a = fp_alloc_of(p);
     if (!a || !ptr || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_usable_size: the pool, the pointer or the output is NULL");
+    if (fp_device_forked(a->sp->ch))
+        return fp_device_forked_error(a->sp->ch, "fabpool_usable_size");
     uint64_t addr = (uint64_t)(uintptr_t)ptr, usable = 0;
     fp_span *s = fp_map_get(&a->map, addr);
     uint32_t idx;

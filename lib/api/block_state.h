@@ -24,7 +24,5 @@ void fp_alloc_unpend(fp_alloc *a, uint64_t ptr);
 fabpool_status fp_alloc_already_free(const char *fn, uint64_t addr, uint64_t obj, uint8_t f);
 /* The refusal of a pointer this pool did not give out. */
 fabpool_status fp_alloc_not_ours(const fp_alloc *a, const char *fn, const void *ptr);
-/* The refusal of fn in a child forked after the pool was made (fp_alloc.forked). */
-fabpool_status fp_alloc_forked(const fp_alloc *a, const char *fn);
 
 #endif

@@ -15,6 +15,8 @@ fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *b, size_t offset, size_t 
     if (!b || !fd)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_dmabuf: the buffer or the fd output is NULL");
     fp_buffers *bs = b->owner;
+    if (fp_device_forked(bs->sp->ch))
+        return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_dmabuf");
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     if (page == 0 || page == (uint64_t)-1)
         page = 4096;

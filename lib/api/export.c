@@ -31,6 +31,8 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
     if (!b || !len || !nfds)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: the buffer, len or nfds is NULL");
     fp_buffers *bs = b->owner;
+    if (fp_device_forked(bs->sp->ch))
+        return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_export");
     if (bs->sp->ch->handle_type != FABPOOL_HANDLE_POSIX_FD && bs->sp->ch->handle_type != FABPOOL_HANDLE_FABRIC)
         return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "fabpool_buffer_export: the pool's handle type is %s: create it "
                         "with handle_type:posix_fd, fabric or auto to share its buffers",
@@ -97,6 +99,8 @@ fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *b)
     if (!b)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export_done: the buffer is NULL");
     fp_space *sp = b->owner->sp;
+    if (fp_device_forked(sp->ch))
+        return fp_device_forked_error(sp->ch, "fabpool_buffer_export_done");
     fp_lock(&sp->lock);
     for (fp_bchunk *c = b->chunks; c < b->chunks + b->n; c++)
         fp_chunk_close_export(sp->ch, b->base + c->off, c->size, &c->fd); /* the peers have theirs */
@@ -140,6 +144,8 @@ fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *b, uint64_t generation
     if (!b)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is NULL");
     fp_buffers *bs = b->owner;
+    if (fp_device_forked(bs->sp->ch))
+        return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_peers_ack");
     fp_lock(&bs->sp->lock);
     fabpool_status st = b->destroyed ? fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is "
                                                 "destroyed; acknowledge by its export id (fabpool_peers_ack)")
@@ -152,6 +158,8 @@ fabpool_status fp_buffers_peers_ack(fp_buffers *bs, uint64_t export_id, uint64_t
 {
     if (!bs)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_peers_ack: the pool is NULL");
+    if (fp_device_forked(bs->sp->ch))
+        return fp_device_forked_error(bs->sp->ch, "fabpool_peers_ack");
     fp_lock(&bs->sp->lock);
     struct fabpool_buffer *b = bs->list;
     while (b && b->uid != export_id)
@@ -248,6 +256,8 @@ fabpool_status fp_block_export(fp_alloc *a, const void *ptr, void *desc, size_t 
         return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: the pool, the pointer, len, nfds or offset is NULL", fn);
     fp_space *sp = a->sp;
     fp_chunks *ch = sp->ch;
+    if (fp_device_forked(ch))
+        return fp_device_forked_error(ch, fn);
     int posix = ch->handle_type == FABPOOL_HANDLE_POSIX_FD;
     if (!posix && ch->handle_type != FABPOOL_HANDLE_FABRIC)
         return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "%s: the pool's handle type is %s: its memory cannot be shared "

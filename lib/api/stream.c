@@ -59,8 +59,8 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     if (!a || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_alloc_on_stream: the pool or the output pointer is NULL");
     *out = NULL;
-    if (FP_UNLIKELY(atomic_load_explicit(&a->forked, memory_order_relaxed)))
-        return fp_alloc_forked(a, "fabpool_alloc_on_stream");
+    if (FP_UNLIKELY(fp_device_forked(a->sp->ch)))
+        return fp_device_forked_error(a->sp->ch, "fabpool_alloc_on_stream");
     if (size == 0)   /* as fabpool_alloc: success and NULL */
         return FABPOOL_OK;
     if (stream == (void *)CU_STREAM_PER_THREAD)   /* a different stream in every thread: no stream's block */
@@ -183,8 +183,8 @@ static fabpool_status stream_block_open(fabpool_t *p, void *ptr, const char *fn,
     b->addr = (uint64_t)(uintptr_t)ptr;
     if (!b->a)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "%s(%p): the pool is NULL", fn, ptr);
-    if (FP_UNLIKELY(atomic_load_explicit(&b->a->forked, memory_order_relaxed)))
-        return fp_alloc_forked(b->a, fn);
+    if (FP_UNLIKELY(fp_device_forked(b->a->sp->ch)))
+        return fp_device_forked_error(b->a->sp->ch, fn);
     if (!ptr)   /* the block of size 0: the caller does nothing */
         return FABPOOL_OK;
     b->s = fp_map_get(&b->a->map, b->addr);
@@ -219,6 +219,8 @@ static fabpool_status free_as_owner(stream_block *b, void *ptr, void *stream, in
 static fabpool_status free_per_thread(fabpool_t *p, void *ptr)
 {
     fp_alloc *a = fp_alloc_of(p);
+    if (a && fp_device_forked(a->sp->ch))
+        return fp_device_forked_error(a->sp->ch, "fabpool_free_on_stream");
     if (a && ptr) {
         CUcontext saved;
         fabpool_status st = fp_ctx_push(a->sp->ch, &saved);
@@ -313,6 +315,8 @@ fabpool_status fabpool_stream_owner_end(fabpool_t *p)
     fp_alloc *a = fp_alloc_of(p);
     if (!a)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_stream_owner_end: the pool is NULL");
+    if (fp_device_forked(a->sp->ch))
+        return fp_device_forked_error(a->sp->ch, "fabpool_stream_owner_end");
     fp_retire *r = a->retire;
     /* no owner yet: none may come now (a stream that captures a graph must not become one) */
     fabpool_status st = fp_retire_owner_close(r);

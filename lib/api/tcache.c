@@ -39,7 +39,7 @@ void fp_alloc_hot_rekey(fp_alloc *a)
     fp_lock(&a->key_lock);
     uint64_t k = FP_HOT_OFF;
     if (a->thread_cache && a->id && !a->trace && !(atomic_load(&a->flush_epoch) & FP_EPOCH_ASLEEP) &&
-        !atomic_load(&a->forked))
+        !fp_device_forked(a->sp->ch))
         k = atomic_fetch_add(&next_hot_key, 1);
     /* after the epoch it follows: a thread that reads this key reads that epoch or a later one */
     atomic_store_explicit(&a->cache_key, k, memory_order_release);
@@ -81,16 +81,17 @@ void fp_alloc_owner_sync(fp_alloc *a)
 /* The calling thread's slots (NULL before its first cache). */
 static fp_tls_slot *my_slots(void) { return fp_hot.th ? fp_hot.th->caches : NULL; }
 
-/* Around a fork the registry is held, so that the child finds it whole: there every pool is marked forked and
- * its keys turned off, so that no fast path hands out or takes back memory the child cannot use (its CUDA
- * context did not carry over) and every slow path refuses, saying why. */
+/* Around a fork the registry is held, so that the child finds it whole: there every pool is marked forked
+ * (device.h) and its keys turned off, so that no fast path hands out or takes back memory the child cannot use
+ * (its CUDA context did not carry over) and every other call refuses, saying why, before it takes a lock that a
+ * thread of the parent may have held at the fork (the child would wait for it for ever). */
 static void fork_prepare(void) { fp_lock(&registry_lock); }
 static void fork_parent(void) { fp_unlock(&registry_lock); }
 static void fork_child(void)
 {
     for (size_t i = 0; i < registry_n; i++) {
         fp_alloc *a = registry[i].owner;
-        atomic_store(&a->forked, 1);
+        fp_device_set_forked(a->sp->ch);
         fp_lock_init(&a->key_lock, FP_LOCK_KEY, 0, "keys"); /* the child's only thread holds none */
         atomic_store(&a->cache_key, FP_HOT_OFF);
         atomic_store(&a->hot_key, FP_HOT_OFF);
@@ -296,6 +297,13 @@ static void tcache_close(fp_alloc *a, fp_tcache *tc)
     fp_alloc_trim_policy(a);
 }
 
+/* Whether the cache of slot s may be closed: its pool is alive (registry lock held) and was not left behind by
+ * a fork (in the child its locks may be held for ever, and its memory is of no use: the cache stays as it is). */
+static int slot_closable(const fp_tls_slot *s)
+{
+    return s->owner && registry_has(s) && !fp_device_forked(s->owner->sp->ch);
+}
+
 static void thread_exit(void *arg)
 {
     (void)arg;
@@ -304,11 +312,9 @@ static void thread_exit(void *arg)
     if (!th)
         return;
     fp_lock(&registry_lock);
-    for (int i = 0; i < FP_TLS_SLOTS; i++) {
-        fp_tls_slot *s = &th->caches[i];
-        if (s->owner && registry_has(s))
-            tcache_close(s->owner, s->tc);
-    }
+    for (int i = 0; i < FP_TLS_SLOTS; i++)
+        if (slot_closable(&th->caches[i]))
+            tcache_close(th->caches[i].owner, th->caches[i].tc);
     fp_unlock(&registry_lock);
     free(th);
 }
@@ -400,7 +406,7 @@ fp_tcache *fp_tcache_get(fp_alloc *a)
     fp_tls_slot *last = &sl[FP_TLS_SLOTS - 1];
     if (last->owner) {
         fp_lock(&registry_lock);
-        if (registry_has(last))
+        if (slot_closable(last))
             tcache_close(last->owner, last->tc);
         fp_unlock(&registry_lock);
     }
@@ -446,6 +452,8 @@ fabpool_status fabpool_thread_flush(fabpool_t *p)
     fp_alloc *a = fp_alloc_of(p);
     if (!a)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_thread_flush: the pool is NULL");
+    if (fp_device_forked(a->sp->ch))
+        return fp_device_forked_error(a->sp->ch, "fabpool_thread_flush");
     fp_tls_slot *sl = my_slots();
     for (int i = 0; sl && i < FP_TLS_SLOTS; i++)
         if (slot_is(&sl[i], a))

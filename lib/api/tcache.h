@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "device.h"
 #include "pagemap.h"
 #include "pending.h"
 #include "large.h"
@@ -127,8 +128,6 @@ typedef struct fp_alloc {
     fp_usage *use;                     /* the pool's in-use mark: slab blocks out of their classes (usage.h) */
     int thread_cache;                  /* the option */
     fp_lock_t key_lock;                /* the stores of cache_key and hot_key (tcache.c: fp_alloc_hot_rekey) */
-    _Atomic int forked;                /* 1 in a child forked after the pool was made (the registry's fork hook):
-                                          the keys stay off and the slow paths refuse */
     unsigned n_slab_classes;
     uint32_t tc_cap[FP_NCLASS];        /* thread-cache bin capacity per class */
     size_t tcache_bytes;

@@ -457,7 +457,9 @@ fabpool_status fp_view_open(fp_views *vs, int vouched, const void *desc, size_t 
     }
     *out = NULL;
     fp_desc ds;
-    fabpool_status st = fp_desc_parse(desc, len, nfds, &ds);
+    const char *fn = vouched ? "fabpool_view_open_peer" : "fabpool_view_open";
+    fabpool_status st = fp_device_forked(vs->sp->ch) ? fp_device_forked_error(vs->sp->ch, fn)
+                                                     : fp_desc_parse(desc, len, nfds, &ds);
     if (st == FABPOOL_OK && ds.since != 0)
         st = fp_desc_refuse("a first view needs a full descriptor (since 0), this is a delta since %llu (of %llu)",
                       ds.since, ds.generation);
@@ -517,7 +519,8 @@ fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t le
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_apply: the view is NULL");
     }
     fp_desc ds;
-    fabpool_status st = fp_desc_parse(desc, len, nfds, &ds);
+    fabpool_status st = fp_device_forked(v->owner->sp->ch) ? fp_device_forked_error(v->owner->sp->ch,
+                            "fabpool_view_apply") : fp_desc_parse(desc, len, nfds, &ds);
     if (st == FABPOOL_OK) {
         fp_lock(&v->owner->sp->lock);
         st = fp_chunks_asleep(v->owner->sp->ch) ? fp_chunk_asleep_error("fabpool_view_apply")
@@ -561,6 +564,8 @@ fabpool_status fabpool_view_close(fabpool_view_t *v)
     if (!v || v->kept)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_close: the view is NULL or released");
     fp_views *vs = v->owner;
+    if (fp_device_forked(vs->sp->ch))
+        return fp_device_forked_error(vs->sp->ch, "fabpool_view_close");
     fp_lock(&vs->sp->lock);
     fabpool_status st = view_free(vs, v, 0);
     if (st != FABPOOL_OK)
@@ -575,6 +580,8 @@ fabpool_status fabpool_view_release(fabpool_view_t *v)
     if (!v || v->kept)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_release: the view is NULL or already released");
     fp_views *vs = v->owner;
+    if (fp_device_forked(vs->sp->ch))
+        return fp_device_forked_error(vs->sp->ch, "fabpool_view_release");
     if (vs->keep_ms == 0 || !v->vouched_pid) /* no open could take it back (reopen_kept) */
         return fabpool_view_close(v);
     fp_lock(&vs->sp->lock);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "counter.h"
+#include "device.h"
 #include "space.h"
 #include "walk.h"
 

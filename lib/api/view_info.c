@@ -8,6 +8,8 @@ fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_inf
 {
     if (!v || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_get_info: the view or the output is NULL");
+    if (fp_device_forked(v->owner->sp->ch))
+        return fp_device_forked_error(v->owner->sp->ch, "fabpool_view_get_info");
     fabpool_status st = fp_struct_size_check("fabpool_view_get_info", "fabpool_buffer_info", out->struct_size,
                                              sizeof *out);
     if (st != FABPOOL_OK)

@@ -10,6 +10,7 @@
 
 #include "chunk.h"
 #include "counter.h"
+#include "device.h"
 #include "retire.h"
 #include "slab.h"
 #include "usage.h"

@@ -346,6 +346,8 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     if (!bs || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_create: the pool or the output pointer is NULL");
     *out = NULL;
+    if (fp_device_forked(bs->sp->ch))
+        return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_create");
     if (max_size == 0 || size == 0 || size > max_size)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_create: max_size %zu and size %zu: both must be "
                         "at least 1 and size <= max_size", max_size, size);
@@ -423,6 +425,8 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize_set: no buffers given");
     fp_buffers *bs = bufs[0] ? bufs[0]->owner : NULL;
     const char *fn = n > 1 ? "fabpool_buffer_resize_set" : "fabpool_buffer_resize";
+    if (bs && fp_device_forked(bs->sp->ch))
+        return fp_device_forked_error(bs->sp->ch, fn);
     for (size_t i = 0; i < n; i++) {
         if (!bufs[i] || bufs[i]->destroyed || bufs[i]->kept) {
             char which[32] = "the buffer";
@@ -543,6 +547,8 @@ fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer
     if (st != FABPOOL_OK)
         return st;
     fp_buffers *bs = b->owner;
+    if (fp_device_forked(bs->sp->ch))
+        return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_get_info");
     fp_lock(&bs->sp->lock);
     out->base = (void *)(uintptr_t)b->base;
     out->size = b->size;

@@ -28,6 +28,8 @@ fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_destroy: the buffer is NULL, already destroyed or "
                         "released");
     fp_buffers *bs = b->owner;
+    if (fp_device_forked(bs->sp->ch))
+        return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_destroy");
     fp_lock(&bs->sp->lock);
     fabpool_status st = fp_buffer_destroy_locked(bs, b, stream);
     if (st != FABPOOL_OK) {
@@ -69,6 +71,8 @@ fabpool_status fabpool_buffer_release(fabpool_buffer_t *b)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_release: the buffer is NULL, destroyed or already "
                         "released");
     fp_buffers *bs = b->owner;
+    if (fp_device_forked(bs->sp->ch))
+        return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_release");
     if (bs->keep_ms == 0)
         return fabpool_buffer_destroy(b, NULL);
     fp_lock(&bs->sp->lock);
@@ -112,6 +116,8 @@ fabpool_status fp_buffer_reuse(fp_buffers *bs, size_t size, void *stream, fabpoo
     if (!bs || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_reuse: the pool or the output pointer is NULL");
     *out = NULL;
+    if (fp_device_forked(bs->sp->ch))
+        return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_reuse");
     if (size == 0)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_reuse: size 0; a buffer holds at least one byte");
     fp_lock(&bs->sp->lock);

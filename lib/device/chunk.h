@@ -88,6 +88,7 @@ typedef struct fp_chunks {
     FP_CHUNKS_COUNTERS(FP_COUNTER_ATOMIC)
     /* sleep (sleep.c sets these through fp_chunk_set_asleep / fp_chunk_set_slept) */
     _Atomic int asleep;                /* no chunk may be made or exported: every layer refuses */
+    _Atomic int forked;                /* made before this process was forked from its maker (device.h) */
     fp_slept *slept;                   /* the sleeping chunks, sorted by va (NULL: none); pool lock */
     size_t n_slept;
     struct fp_retire *fence;           /* waited for before every unmap (retire.h, the owner stream); may be NULL */

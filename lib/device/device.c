@@ -1,5 +1,6 @@
 /* device.c - a pool's device opened and closed, its chunks' state set up
- * and read, the copies and waits of a sleep (device.h). */
+ * and read, the copies and waits of a sleep, and the refusal of a pool that
+ * a fork left behind (device.h). */
 #include "device.h"
 
 #include <stdio.h>
@@ -155,6 +156,16 @@ fabpool_status fp_device_close(fp_chunks *ch)
     if (ch->ctx && (r = FP_CU_UNDO(&ch->calls, cuDevicePrimaryCtxRelease, ch->dev)) != CUDA_SUCCESS)
         return fp_drv_error(r, "cuDevicePrimaryCtxRelease", "releasing the primary context of the pool's device");
     return FABPOOL_OK;
+}
+
+void fp_device_set_forked(fp_chunks *ch) { atomic_store(&ch->forked, 1); }
+
+fabpool_status fp_device_forked_error(const fp_chunks *ch, const char *fn)
+{
+    return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "%s: this pool (device %d) was made before this process was forked "
+                    "from its maker: CUDA does not carry over a fork, so the child can use neither the pool nor its "
+                    "memory; start the child with exec or spawn (multiprocessing's 'spawn') and make a pool there",
+                    fn, (int)ch->dev);
 }
 
 fp_chunks_info fp_chunks_get_info(const fp_chunks *ch)

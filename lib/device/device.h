@@ -3,8 +3,9 @@
  * context retained, the stream queue set up on it, GPUDirect RDMA and the
  * shareable handle type chosen, the granularity read) and closed; what
  * the top layer reads of it (how chunks are made, the counters of what the
- * driver holds and did); and the copies and waits on its streams that a
- * sleep makes.  The top layer reads fp_chunks through these alone. */
+ * driver holds and did); the copies and waits on its streams that a
+ * sleep makes; and whether a fork left the pool behind, which every layer's
+ * entry points ask.  The top layer reads fp_chunks through these alone. */
 #ifndef FP_DEVICE_H
 #define FP_DEVICE_H
 
@@ -52,6 +53,19 @@ typedef struct fp_chunk_counters {
     uint64_t calls[FP_DRV_COUNT];
 } fp_chunk_counters;
 void fp_chunks_read_counters(const fp_chunks *ch, fp_chunk_counters *c);
+
+/* Whether the pool was made before this process was forked from its maker (fp_device_set_forked, from the
+ * registry's fork hook in the child): CUDA did not carry the device's context over the fork, and the pool's
+ * locks may have been held at the fork by threads the child does not have, so a lock taken there may never be
+ * free.  Every entry point on the pool, its buffers and its views asks first, before any lock or driver call,
+ * and answers fp_device_forked_error.  A plain read: set once, in the child while it has one thread. */
+static inline int fp_device_forked(const fp_chunks *ch)
+{
+    return atomic_load_explicit(&((fp_chunks *)ch)->forked, memory_order_relaxed) != 0;
+}
+void fp_device_set_forked(fp_chunks *ch);
+/* The refusal of fn in such a child: FABPOOL_ERR_NOT_SUPPORTED, saying why and what to do instead. */
+fabpool_status fp_device_forked_error(const fp_chunks *ch, const char *fn);
 
 /* Copies size bytes from src to dst on stream (cuMemcpyDtoDAsync). */
 CUresult fp_device_copy(fp_chunks *ch, uint64_t dst, uint64_t src, uint64_t size, void *stream);

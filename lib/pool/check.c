@@ -165,6 +165,8 @@ fabpool_status fabpool_check(fabpool_t *p)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_check: the pool is NULL");
+    if (fp_device_forked(&p->ch))
+        return fp_device_forked_error(&p->ch, "fabpool_check");
     uint64_t act = fp_retire_activity(&p->retire);
     int suspect;
     fabpool_status st = check_once(p, &suspect);

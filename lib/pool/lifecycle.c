@@ -214,6 +214,11 @@ fabpool_status fabpool_destroy(fabpool_t *p)
 {
     if (!p)   /* as free(NULL): a cleanup path may destroy a pool it never made */
         return FABPOOL_OK;
+    /* a child's copy of a pool made before the fork (device.h): its memory is the parent's, its locks may be
+     * held for ever, so nothing is unmapped, locked or freed; its host memory goes with the process (shared
+     * with the parent's until written) */
+    if (fp_device_forked(&p->ch))
+        return fp_device_forked_error(&p->ch, "fabpool_destroy");
     fp_registry_remove(&p->alloc);
     if (p->opt.stats_at_destroy)
         fabpool_print_stats(p, stderr, p->opt.stats_at_destroy == 2);
@@ -255,6 +260,8 @@ fabpool_status fabpool_trim(fabpool_t *p, size_t keep)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_trim: the pool is NULL");
+    if (fp_device_forked(&p->ch))
+        return fp_device_forked_error(&p->ch, "fabpool_trim");
     FP_TRACE(p->trace, FABPOOL_TR_TRIM, 0, keep, 0);
     fp_chunk_tally t = fp_chunk_tally_begin();
     /* what was freed on streams and whose work is done can go too (an event
@@ -295,6 +302,10 @@ fabpool_status fabpool_device_memory(fabpool_t *p, size_t *free_bytes, size_t *t
     if (!p || !free_bytes || !total_bytes)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_device_memory(%p, %p, %p): the pool and both outputs must "
                         "not be NULL", (void *)p, (void *)free_bytes, (void *)total_bytes);
+    if (fp_device_forked(&p->ch)) {
+        *free_bytes = *total_bytes = 0;
+        return fp_device_forked_error(&p->ch, "fabpool_device_memory");
+    }
     return fp_chunks_device_memory(&p->ch, free_bytes, total_bytes);
 }
 
@@ -317,6 +328,8 @@ fabpool_status fabpool_buffer_reuse(fabpool_t *p, size_t size, void *stream, fab
 
 fabpool_status fabpool_collect(fabpool_t *p, int wait)
 {
+    if (p && fp_device_forked(&p->ch))
+        return fp_device_forked_error(&p->ch, "fabpool_collect");
     if (p) {
         fp_alloc_drain(&p->alloc, wait, wait); /* blocks freed on streams whose work is done go back to the pool */
         fp_space_lock(&p->sp);

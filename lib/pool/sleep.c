@@ -244,6 +244,8 @@ fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_sleep: the pool is NULL");
+    if (fp_device_forked(&p->ch))
+        return fp_device_forked_error(&p->ch, "fabpool_sleep");
     if (mode != FABPOOL_SLEEP_DISCARD && mode != FABPOOL_SLEEP_OFFLOAD)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_sleep: mode %d is neither FABPOOL_SLEEP_DISCARD (0) nor "
                         "FABPOOL_SLEEP_OFFLOAD (1)", (int)mode);
@@ -323,6 +325,8 @@ fabpool_status fabpool_wake(fabpool_t *p, void *stream)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_wake: the pool is NULL");
+    if (fp_device_forked(&p->ch))
+        return fp_device_forked_error(&p->ch, "fabpool_wake");
     fp_space_lock(&p->sp);
     if (!p->sleep) {
         fp_space_unlock(&p->sp);
@@ -348,6 +352,8 @@ fabpool_status fabpool_sleep_state(fabpool_t *p, fabpool_sleep_info *out)
     fabpool_status st = fp_getter_begin("fabpool_sleep_state", "fabpool_sleep_info", p, out, sizeof *out);
     if (st != FABPOOL_OK)
         return st;
+    if (fp_device_forked(&p->ch))
+        return fp_device_forked_error(&p->ch, "fabpool_sleep_state");
     fp_space_lock(&p->sp);
     out->asleep = p->sleep != NULL;
     fp_space_unlock(&p->sp);

@@ -28,6 +28,8 @@ fabpool_status fabpool_get_options(const fabpool_t *p, fabpool_options *out)
 {
     if (!p || !out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_get_options: the pool or the output is NULL");
+    if (fp_device_forked(&p->ch))
+        return fp_device_forked_error(&p->ch, "fabpool_get_options");
     /* an older fabpool.h's options (0.3's) are filled up to their size, their struct_size kept */
     uint32_t size = out->struct_size;
     if (size != sizeof *out && size != FABPOOL_OPTIONS_SIZE_0_3)
@@ -168,6 +170,8 @@ fabpool_status fabpool_get_stats(fabpool_t *p, fabpool_stats *s)
     fabpool_status st = fp_getter_begin("fabpool_get_stats", "fabpool_stats", p, s, sizeof *s);
     if (st != FABPOOL_OK)
         return st;
+    if (fp_device_forked(&p->ch))
+        return fp_device_forked_error(&p->ch, "fabpool_get_stats");
     fp_heap_counters hc;
     fp_chunk_counters dev;
     fp_buffer_counters bc;
@@ -254,6 +258,8 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
 {
     if (!p || !f)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_print_stats: the pool or the FILE is NULL");
+    if (fp_device_forked(&p->ch))
+        return fp_device_forked_error(&p->ch, "fabpool_print_stats");
     fabpool_stats s = {.struct_size = sizeof s};
     fabpool_status st = fabpool_get_stats(p, &s);
     if (st != FABPOOL_OK)
@@ -267,6 +273,8 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
 
 fabpool_status fabpool_stats_json(fabpool_t *p, char *buf, size_t cap, size_t *needed)
 {
+    if (p && fp_device_forked(&p->ch))
+        return fp_device_forked_error(&p->ch, "fabpool_stats_json");
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
@@ -291,6 +299,8 @@ fabpool_status fabpool_reset_peak(fabpool_t *p)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_reset_peak: the pool is NULL");
+    if (fp_device_forked(&p->ch))
+        return fp_device_forked_error(&p->ch, "fabpool_reset_peak");
     fabpool_thread_flush(p);
     fp_usage_reset(&p->use);
     fp_chunk_reset_peak(&p->ch);
@@ -302,6 +312,8 @@ fabpool_status fabpool_get_counters(fabpool_t *p, fabpool_counters *c)
     fabpool_status st = fp_getter_begin("fabpool_get_counters", "fabpool_counters", p, c, sizeof *c);
     if (st != FABPOOL_OK)
         return st;
+    if (fp_device_forked(&p->ch))
+        return fp_device_forked_error(&p->ch, "fabpool_get_counters");
     fp_chunk_counters dev;
     fp_heap_counters hc;
     fp_retire_counters rc;
