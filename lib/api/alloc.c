@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "tcache_medium.h"
 #include "trace.h"
 
 /* The medium blocks' policy (tcache.c) at every 16th block above slab_max

@@ -174,6 +174,51 @@ void fp_tcache_give(fp_alloc *a, unsigned cls, const fp_titem *t, unsigned n)
     }
 }
 
+/* The medium blocks' share of the thread caches follows the pool's blocks above slab_max, and their decay:
+ * once a period every cache is asked to give them back at its next call (a flush, as a trim asks). */
+void fp_alloc_medium_policy(fp_alloc *a)
+{
+    if (!a->mc_span)
+        return;
+    uint64_t b = atomic_load_explicit(&a->heap->large_in_use_bytes, memory_order_relaxed) / FP_MC_SHARE;
+    b = b < FP_MC_BUDGET_MIN ? FP_MC_BUDGET_MIN : b > FP_MC_BUDGET_MAX ? FP_MC_BUDGET_MAX : b;
+    if (atomic_load_explicit(&a->mc_budget, memory_order_relaxed) != b)
+        atomic_store_explicit(&a->mc_budget, b, memory_order_relaxed);
+    uint64_t t = fp_coarse_ns(), last = atomic_load_explicit(&a->mc_decay_ns, memory_order_relaxed);
+    if (t - last >= a->heap->decay_ms * 1000000ull &&
+        atomic_compare_exchange_strong_explicit(&a->mc_decay_ns, &last, t, memory_order_relaxed,
+                                                memory_order_relaxed)) {
+        atomic_fetch_add(&a->flush_epoch, 1);
+        fp_alloc_hot_rekey(a);
+    }
+}
+
+void fp_tcache_medium_flush(fp_alloc *a, fp_tcache *tc, int locked)
+{
+    if (!atomic_load_explicit(&tc->mbytes, memory_order_relaxed))
+        return;
+    if (!locked)
+        fp_lock(&a->sp->lock);
+    for (unsigned w = 0; w < sizeof tc->mmask / sizeof tc->mmask[0]; w++)
+        for (uint64_t m = tc->mmask[w]; m; m &= m - 1) {
+            unsigned c = w * 64 + (unsigned)__builtin_ctzll(m);
+            for (unsigned i = 0; i < tc->mn[c]; i++)
+                fp_large_release_cached_locked(a->heap, tc->mitems[c][i].ptr);
+            tc->mn[c] = 0;
+        }
+    memset(tc->mmask, 0, sizeof tc->mmask);
+    for (unsigned i = 0; i < tc->mdn; i++)
+        fp_large_release_cached_locked(a->heap, fp_tcache_defer_addr(tc->mdef[i]));
+    tc->mdn = 0;
+    tc->mdbytes = 0;
+    atomic_store_explicit(&tc->mbytes, 0, memory_order_relaxed);
+    int due = fp_large_policy_due(a->heap);
+    if (!locked)
+        fp_unlock(&a->sp->lock);
+    if (due && !locked)
+        fp_alloc_trim_policy(a);
+}
+
 /* The heap's cache policy on a slow path. */
 void fp_alloc_trim_policy(fp_alloc *a)
 {

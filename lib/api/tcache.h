@@ -304,11 +304,6 @@ static inline uint64_t fp_tcache_defer_bytes(const fp_alloc *a, uint64_t d)
 {
     return a->mc_lo + ((d & (FP_BLOCK_QUANTUM - 1)) << FP_PIECE_UNIT_SHIFT);
 }
-/* Gives the blocks tc holds back (mdef) to the medium arena, under one take of the pool lock. */
-void fp_tcache_defer_flush(fp_alloc *a, fp_tcache *tc);
-/* Gives blocks of tc's medium bins back, a size's whole bin at a time in turn, until room more bytes fit in
- * half its budget (no lock held). */
-void fp_tcache_medium_evict(fp_alloc *a, fp_tcache *tc, uint64_t room);
 /* Block d (its base | its code, of `bytes`; f its state byte) onto tc's blocks held back, which have room. */
 static inline void fp_tcache_hold_back(fp_tcache *tc, uint64_t d, uint64_t bytes, _Atomic uint8_t *f)
 {
@@ -319,14 +314,6 @@ static inline void fp_tcache_hold_back(fp_tcache *tc, uint64_t d, uint64_t bytes
                           memory_order_relaxed);
     atomic_store_explicit(f, FP_MSTATE_CACHED, memory_order_relaxed);
 }
-/* fabpool_free's medium block (alloc.c, free_medium: d its base | its code, of `bytes`; f its state byte)
- * held back where the bin of its size rests or is full (the blocks held back given to the arena first where
- * there is no room: free_medium holds one back inline where there is); or kept past the cache's budget,
- * blocks of other sizes given back first.  FABPOOL_OK. */
-fabpool_status fp_tcache_medium_back(fp_alloc *a, fp_tcache *tc, uint64_t d, uint64_t bytes, _Atomic uint8_t *f);
-fabpool_status fp_tcache_medium_full(fp_alloc *a, fp_tcache *tc, uint64_t addr, _Atomic uint8_t *f);
-/* The bytes of medium blocks that the thread caches hold (pool lock held, so that the list holds still). */
-uint64_t fp_alloc_medium_cached(const fp_alloc *a);
 /* fabpool_thread_flush with the pool lock held (fabpool_sleep). */
 void fp_alloc_thread_flush_locked(fp_alloc *a);
 

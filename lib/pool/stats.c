@@ -12,6 +12,7 @@
 
 #include "conf_options.h"
 #include "error.h"
+#include "tcache_medium.h"
 
 /* The options in force: the pool's, with the handle type and rdma chosen and the reservation made. */
 static fabpool_options options_in_force(const struct fabpool *p)
