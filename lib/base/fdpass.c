@@ -197,7 +197,7 @@ fabpool_status fabpool_fd_listen(const char *name, int *out)
     if (st != FABPOOL_OK || !out)
         return st != FABPOOL_OK ? st : fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_fd_listen: out is NULL");
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s < 0 || bind(s, (struct sockaddr *)&a, len) != 0 || listen(s, 64) != 0) {
+    if (s < 0 || bind(s, (struct sockaddr *)&a, len) != 0 || listen(s, SOMAXCONN) != 0) {
         int e = errno;
         if (s >= 0)
             close(s);
