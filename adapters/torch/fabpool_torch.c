@@ -13,7 +13,13 @@
  * Every block handed to PyTorch is in the device's live table (pointer ->
  * size asked, block size, stream), an open-addressing hash table.  A free
  * must find its pointer there, so a double free or a pointer the shim never
- * gave out is refused before anything changes. */
+ * gave out is refused before anything changes.
+ *
+ * fork: a forked child has one thread, the one that called fork, and every
+ * pool made before the fork refuses there (FABPOOL_ERR_NOT_SUPPORTED,
+ * fabpool.h) before it takes a lock.  The shim's own locks are taken afresh
+ * in the child (ft_fork_child), so that its calls answer there, with that
+ * refusal, even where a thread of the parent held one at the fork. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdarg.h>
@@ -125,6 +131,28 @@ const char *fabpool_torch_last_error(void) { return ft_msg; }
 const char *fabpool_torch_version(void) { return fabpool_version(); }
 
 /* ------------------------------------------------------------- devices */
+
+/* In a forked child.  A thread of the parent may have held the init lock or a device's lock at the fork, inside
+ * a pool call that waits for streams (an out-of-memory retry, empty, shutdown) or makes a pool; that thread does
+ * not exist here, so the child would wait for the lock for ever.  The child's only thread is this one, which
+ * holds none of them: each starts again unlocked.  What a lock guards stays as the parent's thread left it; the
+ * waits that hold a lock are all inside pool calls, where the shim's state is whole, and the child's calls reach
+ * only pools that refuse.  The tags' lock too (torch_tags.c); the symmetric buffers and staging rings are
+ * refused by their own calls (symm.c, stage_copy.c); fabpool_torch_struct_layout's pthread_once is glibc's,
+ * which starts a once that a fork cut off again in the child. */
+static void ft_fork_child(void)
+{
+    pthread_mutex_init(&ft_init_lock, NULL);
+    for (int i = 0; i < FT_MAX_DEVICES; i++) {
+        ft_dev *d = atomic_load_explicit(&ft_devs[i], memory_order_relaxed);
+        if (d)
+            pthread_mutex_init(&d->lock, NULL);
+    }
+    ft_tags_fork_child();
+}
+
+/* At load, so that no lock of the shim is ever taken before the hook is in place. */
+__attribute__((constructor)) static void ft_fork_hook(void) { (void)pthread_atfork(NULL, NULL, ft_fork_child); }
 
 static void dev_free(ft_dev *d)
 {
@@ -248,13 +276,17 @@ static void gauge_sample(ft_dev *d)
 }
 
 /* The device's counters: the shim's own, and those of the pool's
- * stream-ordered pair (the shim is the pool's only user).  Device lock held. */
-static fabpool_torch_counters counters_of(ft_dev *d)
+ * stream-ordered pair (the shim is the pool's only user).  Device lock held.
+ * Where the pool refuses (made before this process was forked), the shim's
+ * own only, and the pool's status. */
+static fabpool_status counters_of(ft_dev *d, fabpool_torch_counters *out)
 {
     fabpool_torch_counters c = d->c;
     fabpool_counters k = {.struct_size = sizeof k};
-    if (fabpool_get_counters(d->pool, &k) != FABPOOL_OK)
-        return c;
+    fabpool_status st = fabpool_get_counters(d->pool, &k);
+    *out = c;
+    if (st != FABPOOL_OK)
+        return st;
     c.reuse_same_stream = k.stream_reuse_same;
     c.reuse_after_event = k.stream_reuse_after_event;
     c.pool_allocs = c.allocs - k.stream_reuse_same - k.stream_reuse_after_event;
@@ -267,7 +299,8 @@ static fabpool_torch_counters counters_of(ft_dev *d)
     c.event_queries = k.stream_event_queries;
     c.syncs = k.stream_syncs + d->waits;
     c.streams = k.streams;
-    return c;
+    *out = c;
+    return FABPOOL_OK;
 }
 
 /* ---------------------------------------------------------- live table */
@@ -300,9 +333,11 @@ static int live_reserve(ft_dev *d)
             j = (j + 1) & (cap - 1);
         t[j] = d->live[i];
     }
-    free(d->live);
+    /* the old table goes last: a child forked meanwhile finds no freed table in d->live (ft_fork_child) */
+    ft_live *old = d->live;
     d->live = t;
     d->live_cap = cap;
+    free(old);
     return 0;
 }
 
@@ -524,22 +559,26 @@ fabpool_status fabpool_torch_get_counters(int device, fabpool_torch_counters *ou
         return st;
     memset(out, 0, sizeof *out);
     out->struct_size = sizeof *out;
+    /* a pool that refuses (in a forked child) is answered, after the shim's own counts are added up */
     for (int i = device < 0 ? 0 : device; i < (device < 0 ? FT_MAX_DEVICES : device + 1); i++) {
         ft_dev *d = atomic_load_explicit(&ft_devs[i], memory_order_acquire);
         if (!d)
             continue;
         pthread_mutex_lock(&d->lock);
-        fabpool_torch_counters c = counters_of(d);
+        fabpool_torch_counters c;
+        fabpool_status s = counters_of(d, &c);
 #define FT_ADD_FIELD(f) out->f += c.f;
         FABPOOL_TORCH_COUNTERS(FT_ADD_FIELD)
 #undef FT_ADD_FIELD
         pthread_mutex_unlock(&d->lock);
+        if (s != FABPOOL_OK && st == FABPOOL_OK)
+            st = ft_error_pool(s, " (fabpool_torch_get_counters: device %d's pool)", i);
     }
     if (device < 0) {
         out->alloc_failures += atomic_load(&ft_failures_nodev);
         out->bad_frees += atomic_load(&ft_bad_frees_nodev);
     }
-    return FABPOOL_OK;
+    return st;
 }
 
 fabpool_status fabpool_torch_get_memory_stats(int device, fabpool_torch_mem_stats *out)
@@ -558,9 +597,14 @@ fabpool_status fabpool_torch_get_memory_stats(int device, fabpool_torch_mem_stat
     if (!d)
         return FABPOOL_OK;
     pthread_mutex_lock(&d->lock);
+    fabpool_torch_counters c;
+    st = counters_of(d, &c);
+    if (st != FABPOOL_OK) { /* the pool refuses (in a forked child): nothing it would say is known */
+        pthread_mutex_unlock(&d->lock);
+        return ft_error_pool(st, " (fabpool_torch_get_memory_stats: device %d's pool)", device);
+    }
     gauge_sample(d);
     ft_gauges g = pool_gauges(d->pool);
-    fabpool_torch_counters c = counters_of(d);
     memcpy(out->allocation, d->st_count, sizeof out->allocation);
     memcpy(out->allocated_bytes, d->st_bytes, sizeof out->allocated_bytes);
     memcpy(out->requested_bytes, d->st_req, sizeof out->requested_bytes);
@@ -593,11 +637,20 @@ static fabpool_status reset_stats(int device, int what, const char *fn)
     if (device < -1 || device >= FT_MAX_DEVICES)
         return ft_error(FABPOOL_ERR_INVALID_ARG, "%s: device %d is out of range (-1 for all, 0 to %d)", fn, device,
                         FT_MAX_DEVICES - 1);
+    fabpool_status st = FABPOOL_OK;
     for (int i = device < 0 ? 0 : device; i < (device < 0 ? FT_MAX_DEVICES : device + 1); i++) {
         ft_dev *d = atomic_load_explicit(&ft_devs[i], memory_order_acquire);
         if (!d)
             continue;
         pthread_mutex_lock(&d->lock);
+        fabpool_torch_counters c;
+        fabpool_status s = counters_of(d, &c);
+        if (s != FABPOOL_OK) { /* the pool refuses (in a forked child): nothing of this device is reset */
+            pthread_mutex_unlock(&d->lock);
+            if (st == FABPOOL_OK)
+                st = ft_error_pool(s, " (%s: device %d's pool)", fn, i);
+            continue;
+        }
         gauge_sample(d);
         void (*fn_reset)(fabpool_torch_stat *, size_t) = what ? reset_accumulated : reset_peak;
         if (!what)
@@ -613,13 +666,13 @@ static fabpool_status reset_stats(int device, int what, const char *fn)
             d->base_maps = g.maps;
             d->base_unmaps = g.unmaps;
             d->base_pool_retries = g.oom_retries;
-            d->base_syncs = counters_of(d).syncs;
+            d->base_syncs = c.syncs;
         } else {
             d->c.bytes_live_peak = d->c.bytes_live;
         }
         pthread_mutex_unlock(&d->lock);
     }
-    return FABPOOL_OK;
+    return st;
 }
 
 fabpool_status fabpool_torch_reset_peak_stats(int device)
@@ -738,11 +791,13 @@ fabpool_status fabpool_torch_stats_json(int device, char *buf, size_t cap, size_
                         "that device)",
                         device);
     size_t plen = 0;
-    fabpool_stats_json(pool, NULL, 0, &plen);
+    fabpool_status st = fabpool_stats_json(pool, NULL, 0, &plen);
+    if (st != FABPOOL_OK && st != FABPOOL_ERR_LIMIT) /* the pool refuses (in a forked child) */
+        return ft_error_pool(st, " (fabpool_torch_stats_json: device %d's pool)", device);
     char *pj = plen ? malloc(plen) : NULL;
     if (!pj)
         return ft_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_torch_stats_json: no host memory for the report");
-    fabpool_status st = fabpool_stats_json(pool, pj, plen, &plen);
+    st = fabpool_stats_json(pool, pj, plen, &plen);
     if (st != FABPOOL_OK) {
         free(pj);
         return st;

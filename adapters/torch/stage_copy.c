@@ -45,7 +45,8 @@ struct fabpool_torch_stage {
     unsigned nlanes;
     size_t buf_bytes;
     int uffd;                      /* FABPOOL_STAGE_UFFD=1: copies to the host fill fresh pages by UFFDIO_COPY */
-    pthread_mutex_t busy;
+    pthread_mutex_t busy;          /* a copy's: taken only in the process that made the ring (pid) */
+    pid_t pid;
     lane lanes[FABPOOL_TORCH_STAGE_MAX_LANES];
 };
 
@@ -119,6 +120,7 @@ EXPORT int fabpool_torch_stage_create(const fabpool_torch_stage_driver *drv, int
     if (!s)
         return fail(err, errlen, -ENOMEM, "fabpool_torch_stage_create: out of host memory for the ring");
     s->uffd = uf && strcmp(uf, "1") == 0;
+    s->pid = getpid();
     s->drv = *drv;
     s->device = device;
     s->buf_bytes = buffer_bytes;
@@ -379,6 +381,13 @@ EXPORT int fabpool_torch_stage_copy(fabpool_torch_stage *s, const fabpool_torch_
 {
     if (!s || (n && !items))
         return fail(err, errlen, -EINVAL, "fabpool_torch_stage_copy: no ring or no items");
+    /* a ring made before this process was forked: a thread of the parent may have held busy at the fork (a copy
+     * in flight), a thread the child lacks, and the ring's pinned buffers and streams are of the parent's CUDA
+     * context, which does not carry over a fork */
+    if (s->pid != getpid())
+        return fail(err, errlen, -ENOTSUP, "fabpool_torch_stage_copy: this staging ring was made before this process "
+                    "was forked (pid %d made it): CUDA does not carry over a fork; make a ring in the child, started "
+                    "with exec or spawn", (int)s->pid);
     uint64_t total = 0;
     size_t nonempty = 0;
     for (size_t i = 0; i < n; i++) {

@@ -109,6 +109,7 @@ typedef struct sy_ident {
 
 struct fabpool_torch_symm {
     pthread_mutex_t lock;
+    pid_t pid;               /* the process that made it: sy_forked */
     int rank, nranks, device, transport, timeout_ms, handle_type;
     fabpool_torch_symm_allgather_fn allgather;
     void *actx;
@@ -548,6 +549,19 @@ static fabpool_status sy_mesh(fabpool_torch_symm_t *s)
         close(s->listener);
     s->listener = -1;
     return st;
+}
+
+/* A buffer made before this process was forked: its lock may have been held at the fork by a thread of the parent
+ * (an exchange waits for its peers), a thread the child lacks, so that the child would wait for ever; and its
+ * pool refuses in the child anyway (fabpool.h's fork paragraph).  Its calls answer before they take the lock;
+ * close still frees what it holds here. */
+static fabpool_status sy_forked(const fabpool_torch_symm_t *s, const char *fn)
+{
+    if (s->pid == getpid())
+        return FABPOOL_OK;
+    return sy_err(FABPOOL_ERR_NOT_SUPPORTED, "%s: this symmetric buffer was made before this process was forked "
+                  "(pid %d made it): CUDA does not carry over a fork; start the child with exec or spawn and make "
+                  "the buffer there", fn, (int)s->pid);
 }
 
 /* ------------------------------------------------------------- teardown */
@@ -1362,6 +1376,7 @@ fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_options *o, fa
     if (!s)
         return sy_err(FABPOOL_ERR_HOST_MEMORY, "fabpool_torch_symm_create: no host memory");
     pthread_mutex_init(&s->lock, NULL);
+    s->pid = getpid();
     s->listener = -1;
     s->token = -1;
     s->views = calloc(n, sizeof *s->views);
@@ -1570,8 +1585,10 @@ fabpool_status fabpool_torch_symm_resize(fabpool_torch_symm_t *s, uint64_t bytes
 {
     if (!s)
         return sy_err(FABPOOL_ERR_INVALID_ARG, "fabpool_torch_symm_resize: the object is NULL");
+    fabpool_status st = sy_forked(s, "fabpool_torch_symm_resize");
+    if (st != FABPOOL_OK)
+        return st;
     pthread_mutex_lock(&s->lock);
-    fabpool_status st;
     if (s->broken) {
         st = sy_err(FABPOOL_ERR_IO, "fabpool_torch_symm_resize: an earlier exchange of this buffer broke off (%s): "
                     "only close is left", s->broken_msg);
@@ -1675,6 +1692,9 @@ static fabpool_status sy_per_rank(fabpool_torch_symm_t *s, uint64_t *out, size_t
     if (!s || !out || n < (size_t)s->nranks)
         return sy_err(FABPOOL_ERR_INVALID_ARG, "fabpool_torch_symm_%s: NULL, or room for %zu of %d ranks",
                       sizes ? "sizes" : "ptrs", n, s ? s->nranks : 0);
+    fabpool_status st = sy_forked(s, sizes ? "fabpool_torch_symm_sizes" : "fabpool_torch_symm_ptrs");
+    if (st != FABPOOL_OK)
+        return st;
     pthread_mutex_lock(&s->lock);
     for (int q = 0; q < s->nranks; q++) {
         fabpool_buffer_info vi = {.struct_size = sizeof(fabpool_buffer_info)};
@@ -1706,6 +1726,9 @@ fabpool_status fabpool_torch_symm_get_info(fabpool_torch_symm_t *s, fabpool_torc
     if (out->struct_size != sizeof *out)
         return sy_err(FABPOOL_ERR_INVALID_ARG, "fabpool_torch_symm_get_info: info.struct_size is %u, not %zu: set it "
                       "to sizeof(fabpool_torch_symm_info) of this library's symm.h", out->struct_size, sizeof *out);
+    fabpool_status st = sy_forked(s, "fabpool_torch_symm_get_info");
+    if (st != FABPOOL_OK)
+        return st;
     pthread_mutex_lock(&s->lock);
     *out = s->c;
     out->struct_size = sizeof *out;
@@ -1739,8 +1762,11 @@ fabpool_status fabpool_torch_symm_dmabuf(fabpool_torch_symm_t *s, uint64_t offse
         *fd = -1;
     if (!s || !fd)
         return sy_err(FABPOOL_ERR_INVALID_ARG, "fabpool_torch_symm_dmabuf: NULL");
+    fabpool_status st = sy_forked(s, "fabpool_torch_symm_dmabuf");
+    if (st != FABPOOL_OK)
+        return st;
     pthread_mutex_lock(&s->lock);
-    fabpool_status st = fabpool_buffer_dmabuf(s->buf, offset, size, fd);
+    st = fabpool_buffer_dmabuf(s->buf, offset, size, fd);
     if (st != FABPOOL_OK)
         sy_err_pool(st, "fabpool_torch_symm_dmabuf");
     pthread_mutex_unlock(&s->lock);

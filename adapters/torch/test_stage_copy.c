@@ -4,9 +4,11 @@
  * the pinned buffers counted and freed; a failed pinned allocation, a failed
  * DMA and a failed event wait each return the error with nothing left held
  * and the ring usable again; pageable host copies mapped, aligned, counted
- * and given back; fresh host pages faulted in ahead of the copies, or filled by UFFDIO_COPY. */
+ * and given back; fresh host pages faulted in ahead of the copies, or filled by UFFDIO_COPY; a ring made before
+ * a fork refuses a copy in the child. */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -616,6 +619,31 @@ static void test_random_copies_both_rings(const fabpool_torch_stage_driver *d)
            failed, checked);
 }
 
+/* A ring made before a fork refuses a copy in the child, before it takes the ring's lock (a copy of the parent's
+ * may have held it at the fork) and before any driver call on the parent's buffers and streams. */
+static void test_forked_child_copy_refused(const fabpool_torch_stage_driver *d)
+{
+    static unsigned char host[4096];
+    fabpool_torch_stage_item it = {(uint64_t)(uintptr_t)host, 0, sizeof host};
+    char err[256] = "";
+    fabpool_torch_stage *s = NULL;
+    int made = fabpool_torch_stage_create(d, 0, 2, BUF, &s, err, sizeof err) == 0 && s;
+    CHECK(made);
+    if (!made)
+        return;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(5);
+        int r = fabpool_torch_stage_copy(s, &it, 1, 1, err, sizeof err);
+        _exit(r == -ENOTSUP && strstr(err, "forked") ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(fabpool_torch_stage_destroy(s, err, sizeof err) == 0);
+    CHECK(live_pinned == 0);
+}
+
 int main(void)
 {
     if (cuInit(0) != CUDA_SUCCESS) {
@@ -638,5 +666,6 @@ int main(void)
     test_uffd_fills_fresh_pages(&d);
     test_uffd_refused_range_falls_back(&d);
     test_random_copies_both_rings(&d);
+    test_forked_child_copy_refused(&d);
     return unit_result("test_stage_copy");
 }

@@ -6,11 +6,17 @@
  * (cuStreamCreate of the simulated driver); fabsim_stream_hold keeps work
  * on a stream pending, so the test can tell whether a block freed on one
  * stream is given to another before that stream's work is done.
- * Usage: test_torch_shim <path of libfabpool_torch.so> */
+ * Usage: test_torch_shim <path of libfabpool_torch.so> [case]: a case named
+ * runs alone (forked_child_answers_while_a_thread_waited: on a small
+ * device, FABSIM_MEMORY, so that two large blocks do not fit). */
+#include "../../tests/testutil.h" /* first: it asks for _GNU_SOURCE (usleep) */
+
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include "../../tests/testutil.h"
 #include "fabpool_torch.h"
 
 typedef void *(*alloc_fn)(size_t, int, void *);
@@ -33,6 +39,7 @@ static const char *(*T_tag_err)(void);
 static int (*T_tag_sleep)(const char *, int, int, void *);
 
 static int (*S_hold)(void *);
+static int (*S_hold_long)(void *);
 static int (*S_release)(void *);
 static uint64_t (*S_calls)(const char *);
 static int (*S_fault)(const char *, uint64_t, int, int);
@@ -539,6 +546,113 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* ---- a child forked while a thread of the parent waits inside the shim */
+
+#define FORK_BLOCK (160u << 20) /* two do not fit on the device of 256 MiB that the case runs on */
+#define FORK_ALARM_S 5
+
+/* The driver's synchronizes so far: a thread that waits for a stream held long sits in one. */
+static uint64_t sync_calls(void)
+{
+    return S_calls("cuStreamSynchronize") + S_calls("cuEventSynchronize") + S_calls("cuCtxSynchronize");
+}
+
+typedef struct fork_waiter {
+    CUstream s, s2;      /* s: held long once its block is freed; s2: the allocation that waits for it */
+    uint64_t syncs0;     /* sync_calls() just before that allocation */
+    atomic_int armed;    /* syncs0 is set and the allocation starts */
+    atomic_int done;     /* the allocation returned */
+    void *got;
+    int failures;
+} fork_waiter;
+
+static void *fork_waiter_main(void *arg)
+{
+    fork_waiter *w = arg;
+    cuCtxSetCurrent(t_ctx);
+    void *first = T_alloc(FORK_BLOCK, 0, w->s);
+    void *other = T_alloc(4096, 0, w->s2); /* another stream: s's frees go through the queue from now on */
+    if (!first || !other) {
+        w->failures++;
+        atomic_store(&w->armed, 1);
+        atomic_store(&w->done, 1);
+        return NULL;
+    }
+    T_free(other, 4096, 0, w->s2);
+    S_hold_long(w->s); /* a kernel on s that runs long still uses `first` */
+    T_free(first, FORK_BLOCK, 0, w->s);
+    w->syncs0 = sync_calls();
+    atomic_store(&w->armed, 1);
+    /* no room while `first` waits for s: the out-of-memory path waits for s, the device's lock held */
+    w->got = T_alloc(FORK_BLOCK, 0, w->s2);
+    atomic_store(&w->done, 1);
+    return NULL;
+}
+
+/* A child forked while a thread of the parent waits, inside fabpool_torch_alloc's out-of-memory path and holding
+ * the device's lock, for a stream whose work runs long: the shim's calls in the child answer (the pool, made
+ * before the fork, refuses: FABPOOL_ERR_NOT_SUPPORTED, and an allocation gives NULL) instead of waiting for a lock
+ * that no thread of the child will let go; alarm() ends a child that hangs.  Then the stream's work ends, the
+ * thread gets its block, and the shim's shutdown gives the driver every byte back. */
+static void forked_child_answers_while_a_thread_waited(void)
+{
+    fabsim_ledger l0 = t_ledger();
+    void (*report_at_exit)(void) = NULL;
+    *(void **)&report_at_exit = dlsym(T_lib, "fabpool_torch_print_stats_at_exit");
+    CHECK(report_at_exit != NULL && S_hold_long != NULL);
+    if (!report_at_exit || !S_hold_long)
+        return;
+    fork_waiter w = {0};
+    CHECK_CU(cuStreamCreate(&w.s, 0));
+    CHECK_CU(cuStreamCreate(&w.s2, 0));
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, fork_waiter_main, &w) == 0);
+    while (!atomic_load(&w.armed))
+        usleep(1000);
+    int ms = 0;
+    while (!w.failures && sync_calls() == w.syncs0 && ms++ < 10000)
+        usleep(1000);
+    CHECK(w.failures == 0 && sync_calls() > w.syncs0 && !atomic_load(&w.done));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(FORK_ALARM_S);
+        T_verbose(0);
+        fabpool_torch_counters c = {.struct_size = sizeof c};
+        fabpool_status sc = T_counters(-1, &c);
+        fabpool_torch_mem_stats m = {.struct_size = sizeof m};
+        fabpool_status sm = T_mstats(0, &m);
+        void *p = T_alloc(4096, 0, NULL);
+        report_at_exit(); /* the Python module's at-exit report */
+        printf("forked child: get_counters %d, get_memory_stats %d, alloc %p (%s)\n", (int)sc, (int)sm, p, T_err());
+        fflush(stdout);
+        /* 3: an answer other than the pool's refusal (the shim passes it on) */
+        _exit(sc == FABPOOL_ERR_NOT_SUPPORTED && sm == FABPOOL_ERR_NOT_SUPPORTED && !p ? 0 : 3);
+    }
+    CHECK(pid > 0);
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (WIFSIGNALED(status))
+        fprintf(stderr, "the forked child hung in a shim call (ended by signal %d after %d s)\n", WTERMSIG(status),
+                FORK_ALARM_S);
+    else if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+        fprintf(stderr, "the forked child's shim calls did not pass on the pool's refusal (exit %d)\n",
+                WEXITSTATUS(status));
+    CHECK(!atomic_load(&w.done)); /* the thread waited all along */
+    S_release(w.s);
+    pthread_join(th, NULL);
+    CHECK(w.got != NULL);
+    if (w.got)
+        T_free(w.got, FORK_BLOCK, 0, w.s2);
+    CHECK(T_shutdown() == FABPOOL_OK);
+    fabsim_ledger l = t_ledger();
+    CHECK(l.bytes_held == l0.bytes_held && l.reservations == l0.reservations && l.mappings == l0.mappings &&
+          l.handles == l0.handles);
+    CHECK_CU(cuStreamDestroy(w.s));
+    CHECK_CU(cuStreamDestroy(w.s2));
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -576,10 +690,19 @@ int main(int argc, char **argv)
         return t_done("test_torch_shim");
     }
     *(void **)&S_hold = dlsym(RTLD_DEFAULT, "fabsim_stream_hold");
+    *(void **)&S_hold_long = dlsym(RTLD_DEFAULT, "fabsim_stream_hold_long");
     *(void **)&S_release = dlsym(RTLD_DEFAULT, "fabsim_stream_release");
     *(void **)&S_calls = dlsym(RTLD_DEFAULT, "fabsim_calls");
     *(void **)&S_fault = dlsym(RTLD_DEFAULT, "fabsim_fault_set");
     *(void **)&S_fault_clear = dlsym(RTLD_DEFAULT, "fabsim_fault_clear");
+    if (argc > 2) {
+        if (strcmp(argv[2], "forked_child_answers_while_a_thread_waited") != 0) {
+            fprintf(stderr, "%s: no case '%s' (forked_child_answers_while_a_thread_waited)\n", argv[0], argv[2]);
+            return 2;
+        }
+        forked_child_answers_while_a_thread_waited();
+        return t_done(argv[2]);
+    }
     fabsim_ledger l0 = t_ledger();
 
     CUstream s1, s2;

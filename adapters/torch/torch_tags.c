@@ -261,6 +261,8 @@ void ft_tags_report(void)
     pthread_mutex_unlock(&tags_lock);
 }
 
+void ft_tags_fork_child(void) { pthread_mutex_init(&tags_lock, NULL); }
+
 fabpool_status ft_tags_shutdown(char *msg, size_t cap)
 {
     fabpool_status st = FABPOOL_OK;

@@ -18,4 +18,9 @@ fabpool_status ft_tags_shutdown(char *msg, size_t cap);
 void ft_report(fabpool_t *p);
 void ft_tags_report(void);
 
+/* In a forked child (fabpool_torch.c's fork hook): the tags' lock starts
+ * again unlocked, since the thread of the parent that may have held it at
+ * the fork is not in the child.  The tags' pools refuse there themselves. */
+void ft_tags_fork_child(void);
+
 #endif
