@@ -12,7 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define MAXR 4
+#define MAXR 8
 
 static int io_all(int fd, void *p, size_t n, int out)
 {
@@ -97,6 +97,34 @@ static int run_group(int n, void (*fn)(grp *, void *), void *arg)
         failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     }
     return failed;
+}
+
+/* The options of this rank's create in the group: its rank, the all-gather ag over g, the sizes, the rest the
+ * defaults.  Needs symm.h. */
+static inline fabpool_torch_symm_options symm_group_options(grp *g, fabpool_torch_symm_allgather_fn ag, uint64_t max,
+                                                            uint64_t bytes)
+{
+    fabpool_torch_symm_options o;
+    fabpool_torch_symm_options_init(&o);
+    o.rank = g->rank;
+    o.nranks = g->n;
+    o.max_bytes = max;
+    o.bytes = bytes;
+    o.allgather = ag;
+    o.allgather_ctx = g;
+    return o;
+}
+
+/* This rank's create with options o: the object, or NULL after a failed check (the message printed). */
+static inline fabpool_torch_symm_t *symm_group_create(grp *g, const fabpool_torch_symm_options *o)
+{
+    fabpool_torch_symm_t *s = NULL;
+    fabpool_status st = fabpool_torch_symm_create(o, &s);
+    if (st != FABPOOL_OK)
+        fprintf(stderr, "rank %d: create -> %s: %s\n", g->rank, fabpool_status_name(st),
+                fabpool_torch_symm_last_error());
+    CHECK(st == FABPOOL_OK);
+    return s;
 }
 
 #endif

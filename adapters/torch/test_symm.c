@@ -374,18 +374,13 @@ static int t_allgather(void *ctx, const void *send, void *recv, size_t bytes)
 static fabpool_torch_symm_t *make_o(int rank, grp *g, uint64_t max, uint64_t bytes, int transport, int timeout_ms,
                                     fabpool_status want, long *ms)
 {
-    fabpool_torch_symm_options o;
-    fabpool_torch_symm_options_init(&o);
+    fabpool_torch_symm_options o = symm_group_options(g, t_allgather, max, bytes);
     o.rank = rank;
     o.nranks = NR;
-    o.max_bytes = max;
-    o.bytes = bytes;
     o.fd_transport = transport;
     o.peers = t_peers;
     if (timeout_ms)
         o.timeout_ms = timeout_ms;
-    o.allgather = t_allgather;
-    o.allgather_ctx = g;
     fabpool_torch_symm_t *s = NULL;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);

@@ -45,22 +45,9 @@ static void barrier(grp *g)
 
 static fabpool_torch_symm_t *make(grp *g, uint64_t bytes)
 {
-    fabpool_torch_symm_options o;
-    fabpool_torch_symm_options_init(&o);
-    o.rank = g->rank;
-    o.nranks = g->n;
-    o.max_bytes = MAX_BYTES;
-    o.bytes = bytes;
+    fabpool_torch_symm_options o = symm_group_options(g, allgather, MAX_BYTES, bytes);
     o.timeout_ms = 5000;
-    o.allgather = allgather;
-    o.allgather_ctx = g;
-    fabpool_torch_symm_t *s = NULL;
-    fabpool_status st = fabpool_torch_symm_create(&o, &s);
-    if (st != FABPOOL_OK)
-        fprintf(stderr, "rank %d: create -> %s: %s\n", g->rank, fabpool_status_name(st),
-                fabpool_torch_symm_last_error());
-    CHECK(st == FABPOOL_OK);
-    return s;
+    return symm_group_create(g, &o);
 }
 
 /* ------------------------------------------------------------------ words */
