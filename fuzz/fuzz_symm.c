@@ -24,6 +24,7 @@ static int fz_yama = -1;
 static int fz_yama_scope(void) { return fz_yama; }
 #define SY_YAMA_SCOPE fz_yama_scope
 #include "symm.c"
+#include "symm_pass.c"
 #include "../sim/fabsim.h"
 
 #define FZ_MB (1ull << 20)

@@ -24,12 +24,14 @@
  *   exchange: EXPORTED (its descriptor exported since the generation every
  *                   peer has; its length and fd count)
  *           DESC   (the descriptors, and for pidfd the exporter's fd numbers;
- *                   the fds go over the sockets after this round, or are
+ *                   the fds go over the sockets after this round, every
+ *                   rank sending and receiving at once (symm_pass.c), or are
  *                   copied by pidfd, in TURN rounds under Yama ptrace_scope 1)
  *           APPLIED (each peer's descriptor applied here: the generation of
  *                   every view; each exporter acknowledges the smallest; the
  *                   views emptied, and whether this rank broke the rule of
- *                   symm.h beyond mending: then every rank breaks).
+ *                   symm.h beyond mending, or lost a socket to a peer:
+ *                   then every rank breaks).
  *
  * Trust.  The all-gather is the group's own channel: what it carries is
  * the group's word.  Nothing else is: socket names are public
@@ -63,9 +65,10 @@
 
 #include "fabpool.h"
 #include "symm.h"
+#include "symm_pass.h"
 
 #define SY_MAGIC 0x59535046u /* "FPSY" */
-#define SY_VERSION 3u
+#define SY_VERSION 4u
 #define SY_ERR 240           /* bytes of a rank's message carried in its head */
 #define SY_HOST 64
 #define SY_TIMEOUT_MS 30000
@@ -120,7 +123,7 @@ struct fabpool_torch_symm {
     int *pidfd;              /* [nranks]: pidfd transport, a pidfd of each peer's declared pid, -1 where none */
     int32_t *token_fd;       /* [nranks]: pidfd transport, the fd number of each peer's token (MESH) */
     uint8_t *proved;         /* [nranks]: the peer's token was checked through its pidfd */
-    int **pfds;              /* [nranks]: pidfd transport, the fds copied from each peer in an exchange */
+    int **pfds;              /* [nranks]: the fds received or copied from each peer in an exchange */
     int token;               /* this rank's token (a sealed memfd), -1 where none */
     int listener;
     unsigned peer_flags;     /* FABPOOL_FD_ANY_*: options.peers and FABPOOL_PEERS */
@@ -131,14 +134,14 @@ struct fabpool_torch_symm {
     uint64_t *gens;          /* [nranks]: scratch, the generation of each view here */
     uint8_t *desc;
     size_t desc_cap;
-    int *fds, *rfds;
-    size_t fd_cap, rfd_cap;
+    int *fds;
+    size_t fd_cap;
     uint64_t max_bytes, size, window, acked, acked_told, seq, group, nonce;
     uint8_t op;
     int broken;              /* an exchange broke off: only close is left */
     int behind;              /* the last exchange left some view behind (every rank knows): the next resize
                                 exchanges even at the same size */
-    char broken_msg[512];
+    char broken_msg[1024];
     char host[SY_HOST];
     fabpool_torch_symm_info c; /* the counters of get_info */
 };
@@ -615,7 +618,6 @@ static fabpool_status sy_free(fabpool_torch_symm_t *s)
     free(s->gens);
     free(s->desc);
     free(s->fds);
-    free(s->rfds);
     pthread_mutex_destroy(&s->lock);
     free(s);
     if (st != FABPOOL_OK)
@@ -699,36 +701,14 @@ static void sy_token_of(const fabpool_torch_symm_t *s, int q, uint8_t out[SY_TOK
     explicit_bzero(t, sizeof t);
 }
 
-/* The fds of rank q's descriptor (nfds of them) into s->rfds, received over
- * its socket by the deadline.  On failure none stays open. */
-static fabpool_status sy_sock_fds(fabpool_torch_symm_t *s, int q, size_t nfds, uint64_t deadline)
-{
-    fabpool_status st = sy_reserve((void **)&s->rfds, &s->rfd_cap, nfds, sizeof(int));
-    if (st != FABPOOL_OK || nfds == 0)
-        return st;
-    size_t got = 0, len = 0;
-    uint64_t their_seq = 0;
-    int left = sy_left_ms(deadline);
-    if (left == 0)
-        return sy_err(FABPOOL_ERR_IO, "rank %d's fds did not come within %d ms over its socket", q, s->timeout_ms);
-    st = fabpool_fd_recv_timed(s->sock[q], s->rfds, nfds, &got, &their_seq, sizeof their_seq, &len, left);
-    if (st != FABPOOL_OK)
-        sy_err_pool(FABPOOL_ERR_IO, "receiving rank %d's fds over its socket (%d ms for every fd of the exchange)",
-                    q, s->timeout_ms); /* what arrived is closed already */
-    else if (got != nfds || len != sizeof their_seq || their_seq != s->seq) {
-        for (size_t k = 0; k < got && k < nfds; k++)
-            close(s->rfds[k]);
-        st = sy_err(FABPOOL_ERR_IO, "rank %d sent %zu fds for call #%llu, this rank expected %zu for call #%llu", q,
-                    got, (unsigned long long)their_seq, nfds, (unsigned long long)s->seq);
-    }
-    if (st != FABPOOL_OK) {
-        /* where its next message starts is lost: no later exchange reads this socket */
-        close(s->sock[q]);
-        s->sock[q] = -1;
-        return FABPOOL_ERR_IO;
-    }
-    return FABPOOL_OK;
-}
+/* What a rank says in its APPLIED round beside the views' generations
+ * (head v[0]): the call cannot be left in a state every rank agrees on, or
+ * no later exchange can work, so every rank breaks the object. */
+enum {
+    SY_LOST_SIZE = 1, /* its buffer could not go back to the size every other rank has */
+    SY_LOST_VIEW = 2, /* a view of it still maps memory its peer gave up (the emptying failed) */
+    SY_LOST_PAIR = 4  /* its socket to a peer failed: fds cannot pass between them any more */
+};
 
 /* Copies rank q's nfds fds (their numbers in fdnums, from its DESC message)
  * out of its process into s->pfds[q]: only through the pidfd opened at
@@ -975,14 +955,6 @@ static fabpool_status sy_view_empty(fabpool_torch_symm_t *s, int q)
     return FABPOOL_OK;
 }
 
-/* What a rank says in its APPLIED round beside the views' generations
- * (head v[0]): the call cannot be left in a state every rank agrees on, so
- * every rank breaks the object. */
-enum {
-    SY_LOST_SIZE = 1, /* its buffer could not go back to the size every other rank has */
-    SY_LOST_VIEW = 2  /* a view of it still maps memory its peer gave up (the emptying failed) */
-};
-
 /* After a peer's step failed (rank q's descriptor not taken: not received,
  * not copied or not applied), this rank's view of q as it was before, at
  * vlive bytes and generation vgen, stays if it still maps only q's memory,
@@ -1000,6 +972,103 @@ static void sy_view_settle(fabpool_torch_symm_t *s, int q, const uint8_t *desc, 
     else
         *lost |= SY_LOST_VIEW;
     memcpy(sy_msg, keep, sizeof sy_msg);
+}
+
+/* What the applies of one exchange share: every rank's DESC message, and what this rank says in APPLIED. */
+typedef struct sy_taking {
+    fabpool_torch_symm_t *s;
+    const uint8_t *all;              /* the DESC round: msg bytes a rank */
+    size_t msg;
+    const uint64_t *lens, *nfds_of;  /* each rank's descriptor length and fd count (EXPORTED, bounded) */
+    int posix;
+    uint8_t *done;                   /* [nranks]: the peer's descriptor taken here, or its view settled */
+    uint64_t *emptied, *lost;        /* sy_view_settle's */
+    fabpool_status *mine;            /* this rank's first failure, its message in keep (sy_note) */
+    char *keep;
+    size_t cap;
+} sy_taking;
+
+/* Applies rank q's descriptor here with its fds (taken by fabpool; NULL where they did not come, a failure
+ * noted already), or, where that fails, keeps or empties its view as it was (sy_view_settle). */
+static void sy_take(sy_taking *a, int q, int *fds)
+{
+    fabpool_torch_symm_t *s = a->s;
+    fabpool_buffer_info vi = {.struct_size = sizeof(fabpool_buffer_info)};
+    if (s->views[q] && fabpool_view_get_info(s->views[q], &vi) != FABPOOL_OK)
+        vi.size = UINT64_MAX; /* unknown: emptied if it fails */
+    s->gens[q] = 0;
+    size_t nf = a->posix ? (size_t)a->nfds_of[q] : 0;
+    const uint8_t *m = a->all + (size_t)q * a->msg;
+    int missing = nf > 0 && !fds;
+    fabpool_status t = missing ? FABPOOL_ERR_IO : sy_apply(s, q, m, (size_t)a->lens[q], fds, nf);
+    if (t != FABPOOL_OK)
+        sy_view_settle(s, q, m + sizeof(sy_head), (size_t)a->lens[q], vi.size, vi.generation, a->emptied, a->lost);
+    if (!missing)
+        sy_note(a->mine, a->keep, a->cap, t);
+    a->done[q] = 1;
+}
+
+/* symm_pass.c's word that rank q's fds are all in: mapped at once, before the next peer's come. */
+static void sy_took(void *ctx, int q, int *fds)
+{
+    sy_taking *a = ctx;
+    sy_take(a, q, fds);
+    free(a->s->pfds[q]);
+    a->s->pfds[q] = NULL;
+}
+
+/* The fds of the exchange over the sockets (symm_pass.c): this rank's nfds to every peer of this host, and
+ * each peer's from it, all by one deadline, each peer's descriptor applied as soon as its fds are in.  A pair
+ * that fails is this rank's failure (a->mine) and is lost for good: its socket is closed (where its next
+ * message would start is unknown, and the sockets are connected only at create), and *a->lost gets
+ * SY_LOST_PAIR, so that every rank breaks the object in the APPLIED round.  Nothing received from a failed
+ * pair stays open. */
+static void sy_sock_pass(sy_taking *a, size_t nfds)
+{
+    fabpool_torch_symm_t *s = a->s;
+    int n = s->nranks;
+    sy_pass_peer *p = calloc((size_t)n, sizeof *p);
+    if (!p) {
+        sy_note(a->mine, a->keep, a->cap, sy_err(FABPOOL_ERR_HOST_MEMORY, "no host memory to pass fds"));
+        return;
+    }
+    for (int q = 0; q < n; q++) {
+        uint64_t in = a->nfds_of[q];
+        p[q].sock = -1;
+        if (q == s->rank)
+            continue;
+        fabpool_status t = FABPOOL_OK;
+        if (in > 0 && s->sock[q] < 0)
+            t = sy_err(FABPOOL_ERR_IO, "no socket to rank %d for its fds", q);
+        else if (in > 0 && !(s->pfds[q] = malloc((size_t)in * sizeof(int))))
+            t = sy_err(FABPOOL_ERR_HOST_MEMORY, "no host memory for %llu fds of rank %d", (unsigned long long)in, q);
+        if (t != FABPOOL_OK) { /* the pair passes nothing: it is lost as one that failed */
+            sy_note(a->mine, a->keep, a->cap, t);
+            *a->lost |= SY_LOST_PAIR;
+            if (s->sock[q] >= 0)
+                close(s->sock[q]);
+            s->sock[q] = -1;
+            continue;
+        }
+        p[q] = (sy_pass_peer){.sock = s->sock[q], .out = s->sock[q] >= 0 ? nfds : 0, .in = (size_t)in,
+                              .fds = s->pfds[q]};
+    }
+    sy_pass(p, n, s->rank, s->fds, s->seq, sy_deadline(s), s->timeout_ms, sy_took, a);
+    for (int q = 0; q < n; q++)
+        s->c.fds_sent += p[q].sent;
+    for (int i = 0; i < 2 * (n - 1); i++) { /* in the order of the turns: a peer that held a turn comes first */
+        int k = i / 2 + 1, q = i % 2 ? (s->rank - k + n) % n : (s->rank + k) % n;
+        if (p[q].sock < 0 || p[q].st == FABPOOL_OK)
+            continue;
+        p[q].sock = -1;
+        free(s->pfds[q]); /* what came of its fds was closed by the pass, or taken */
+        s->pfds[q] = NULL;
+        close(s->sock[q]);
+        s->sock[q] = -1;
+        *a->lost |= SY_LOST_PAIR;
+        sy_note(a->mine, a->keep, a->cap, sy_err(p[q].st, "%s", p[q].err));
+    }
+    free(p);
 }
 
 /* Exports, all-gathers the descriptors, passes the fds, applies every
@@ -1047,8 +1116,9 @@ static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int
     st = sy_outcome(s, all, emsg, what);
     /* every rank's descriptor length and fd count, bounded before anything is sized from them */
     size_t payload = 0;
-    uint64_t *lens = malloc(3 * sizeof(uint64_t) * (size_t)n), *nfds_of = lens ? lens + n : NULL;
+    uint64_t *lens = malloc(3 * sizeof(uint64_t) * (size_t)n + (size_t)n), *nfds_of = lens ? lens + n : NULL;
     uint64_t *pgen = lens ? lens + 2 * n : NULL;
+    uint8_t *done = lens ? (uint8_t *)(lens + 3 * n) : NULL; /* [n]: sy_taking's */
     for (int q = 0; lens && q < n; q++) {
         lens[q] = head_v(all, emsg, q, 0);
         nfds_of[q] = head_v(all, emsg, q, 1);
@@ -1114,57 +1184,24 @@ static fabpool_status sy_exchange(fabpool_torch_symm_t *s, const char *what, int
     s->c.last_exported = len > SY_REC_HDR ? (len - SY_REC_HDR) / SY_REC : 0;
     s->c.records_exported += s->c.last_exported;
 
-    /* the fds: to every peer of this host first, then from each, all by one deadline */
-    if (posix && !pidfd && nfds > 0)
-        for (int q = 0; q < n; q++) {
-            if (q == s->rank || s->sock[q] < 0)
-                continue;
-            fabpool_status t = fabpool_fd_send(s->sock[q], s->fds, nfds, &s->seq, sizeof s->seq);
-            if (t == FABPOOL_OK)
-                s->c.fds_sent += nfds;
-            else
-                sy_note(&mine_st, keep, sizeof keep, sy_err_pool(FABPOOL_ERR_IO, "sending its fds to rank %d", q));
-        }
+    /* the fds: to and from every peer of this host at once, by one deadline, or copied by pidfd; every peer's
+     * descriptor applied here */
+    memset(done, 0, (size_t)n);
+    sy_taking tk = {s, all, msg, lens, nfds_of, posix, done, &emptied, &lost, &mine_st, keep, sizeof keep};
+    if (posix && !pidfd)
+        sy_sock_pass(&tk, nfds);
     if (pidfd && (st = sy_pidfd_turns(s, all, msg, lens, nfds_of, &mine_st, keep, sizeof keep)) != FABPOOL_OK) {
         sy_pfds_drop(s, nfds_of);
         free(all);
         free(lens);
         return st;
     }
-    uint64_t deadline = sy_deadline(s);
     for (int q = 0; q < n; q++) {
-        if (q == s->rank)
+        if (q == s->rank || done[q])
             continue;
-        /* the view as it was, for the case that it cannot take the descriptor */
-        fabpool_buffer_info vi = {.struct_size = sizeof(fabpool_buffer_info)};
-        if (s->views[q] && fabpool_view_get_info(s->views[q], &vi) != FABPOOL_OK)
-            vi.size = UINT64_MAX; /* unknown: emptied if it fails */
-        s->gens[q] = 0;
-        size_t nf = posix ? (size_t)nfds_of[q] : 0;
-        int *fds = NULL, noted = 0;
-        fabpool_status t = FABPOOL_OK;
-        if (nf > 0 && pidfd) {
-            if (!(fds = s->pfds[q])) {
-                t = FABPOOL_ERR_IO; /* its copy failed: noted */
-                noted = 1;
-            }
-        } else if (nf > 0 && s->sock[q] < 0) {
-            t = sy_err(FABPOOL_ERR_IO, "no socket to rank %d for its fds", q);
-        } else if (nf > 0) {
-            if ((t = sy_sock_fds(s, q, nf, deadline)) == FABPOOL_OK)
-                fds = s->rfds;
-        }
-        if (t == FABPOOL_OK)
-            t = sy_apply(s, q, all + (size_t)q * msg, (size_t)lens[q], fds, nf);
-        if (pidfd) {
-            free(s->pfds[q]); /* its fds are fabpool's now */
-            s->pfds[q] = NULL;
-        }
-        if (t != FABPOOL_OK)
-            sy_view_settle(s, q, all + (size_t)q * msg + hs, (size_t)lens[q], vi.size, vi.generation, &emptied,
-                           &lost);
-        if (!noted)
-            sy_note(&mine_st, keep, sizeof keep, t);
+        sy_take(&tk, q, s->pfds[q]);
+        free(s->pfds[q]); /* its fds are fabpool's now */
+        s->pfds[q] = NULL;
     }
     s->c.records_imported += s->c.last_imported;
     free(all);
@@ -1222,11 +1259,18 @@ applied:
             s->acked_told = least;
         }
         if (lost_by >= 0) {
-            sy_append("; %s rank %d%s, so the ranks cannot agree on the buffers any more: only close is left",
-                      lost_how & SY_LOST_SIZE ? "the buffer could not go back to the size of the others on"
-                                              : "a view still maps memory its peer gave up (emptying it failed) on",
-                      lost_by, lost_by == s->rank ? " (this rank)" : "");
-            return sy_break(s, st != FABPOOL_OK ? st : FABPOOL_ERR_DRIVER);
+            const char *who = lost_by == s->rank ? " (this rank)" : "";
+            int agree = (lost_how & (SY_LOST_SIZE | SY_LOST_VIEW)) != 0;
+            if (agree)
+                sy_append("; %s rank %d%s, so the ranks cannot agree on the buffers any more",
+                          lost_how & SY_LOST_SIZE ? "the buffer could not go back to the size of the others on"
+                                                  : "a view still maps memory its peer gave up (emptying it failed) on",
+                          lost_by, who);
+            else
+                sy_append("; rank %d%s lost its socket to a peer, and sockets are connected only at create, so fds "
+                          "can no longer pass between them", lost_by, who);
+            sy_append(": only close is left (every rank closes this buffer, and the group creates it again)");
+            return sy_break(s, st != FABPOOL_OK ? st : agree ? FABPOOL_ERR_DRIVER : FABPOOL_ERR_IO);
         }
     }
     if (xst != FABPOOL_OK)
@@ -1591,7 +1635,8 @@ fabpool_status fabpool_torch_symm_resize(fabpool_torch_symm_t *s, uint64_t bytes
     pthread_mutex_lock(&s->lock);
     if (s->broken) {
         st = sy_err(FABPOOL_ERR_IO, "fabpool_torch_symm_resize: an earlier exchange of this buffer broke off (%s): "
-                    "only close is left", s->broken_msg);
+                    "only close is left: every rank closes it, and the group creates the buffer again",
+                    s->broken_msg);
         goto out;
     }
     uint64_t t0 = now_ns();

@@ -130,7 +130,8 @@ FABPOOL_API fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_op
  *     it), so one more exchange maps every view to its peer's chunks as they
  *     are now.  The bytes past the size asked may then be lost on those
  *     ranks (a shrink gives them up).
- *   - A rank that cannot map a peer's new chunks (in either exchange): the
+ *   - A rank that cannot map a peer's new chunks (an import or a map that
+ *     failed, or a copy by pidfd, in either exchange): the
  *     buffers have the size of the call, and that rank's view of the peer
  *     keeps what is still the peer's memory: after a grow it stays as it
  *     was, shorter; where the peer's memory changed under it (a refit) it
@@ -140,6 +141,12 @@ FABPOOL_API fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_op
  *   - Where a rank cannot keep the rule (going back or emptying a view
  *     failed too: a second fault), every rank fails the call and the
  *     object, as after a broken exchange: only close is left.
+ *   - Where fds could not pass between two ranks over their socket within
+ *     timeout_ms (a peer late, that sent part of them, that did not read
+ *     what it was sent, or that hung up), their socket is lost, and the
+ *     sockets are connected only at create: every rank fails the call and
+ *     the object.  Every later resize says so (FABPOOL_ERR_IO): only close
+ *     is left, and the group creates the buffer again.
  * Every rank returns the same status. */
 FABPOOL_API fabpool_status fabpool_torch_symm_resize(fabpool_torch_symm_t *s, uint64_t bytes);
 

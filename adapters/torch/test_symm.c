@@ -9,7 +9,7 @@
  *   - ends holding nothing (the sim's ledger).
  * Then what a process that is not a rank, or a rank's corrupt message, can do (the all-gather of the test
  * stands in for a hostile one where a case needs it; symm.c is compiled into this file for its message
- * layout and so that the fd sends can be cut short):
+ * layout, and symm_pass.c so that the fd sends can be cut short):
  *   - a process of another user (uid 65534, as root) connects to rank 3's listener during create, silent or
  *     saying "rank 0" of the group's public name: refused at once, no fd, create works well within
  *     timeout_ms;
@@ -21,7 +21,8 @@
  *   - pidfd transport, in turns as under Yama ptrace_scope 1: rank 0's pid replaced by a process holding
  *     memfds: refused by the token check, nothing mapped;
  *   - rank 1 sends part of its fd message and stays connected: create and resize answer within
- *     timeout_ms and a margin;
+ *     timeout_ms and a margin, and the resize breaks the object on every rank (that pair has lost its
+ *     socket): the next resize says so at once;
  *   - with the peers option letting any user and pid in, a stranger that connects first to rank 3 and stays
  *     silent, or sends half an ident: the mesh forms well within timeout_ms all the same.
  * Usage: test_symm [steps [case]]: case (silent, ident, same_user, squat, len, fd_wrap, fd_records, pid, cut,
@@ -43,24 +44,27 @@
 #include "symm.h"
 #include "symm_group.h"
 
-/* rank 1 cuts its next fd message short (4 bytes of its 8-byte head, no fd) when set */
-static int t_cut_send;
-static fabpool_status t_fd_send(int sock, const int *fds, size_t n, const void *data, size_t len)
+/* rank 1 cuts its next fd message to rank 0 short (4 bytes of its 8-byte head, no fd) when set, and goes on as
+ * if it had sent it whole; rank 0's pid from the last HELLO round (t_allgather) */
+static int t_cut_send, t_pid0;
+static ssize_t t_sendmsg(int sock, const struct msghdr *m, int flags)
 {
-    if (t_cut_send && n > 0) {
+    int peer = 0;
+    if (t_cut_send && m->msg_controllen > 0 && m->msg_iov[0].iov_len >= 4 &&
+        fabpool_fd_peer(sock, &peer, NULL) == FABPOOL_OK && peer == t_pid0) {
         t_cut_send = 0;
-        uint32_t head = (uint32_t)n;
-        return send(sock, &head, sizeof head, MSG_NOSIGNAL) == (ssize_t)sizeof head ? FABPOOL_OK : FABPOOL_ERR_IO;
+        ssize_t r = send(sock, m->msg_iov[0].iov_base, 4, flags);
+        return r == 4 ? (ssize_t)m->msg_iov[0].iov_len : -1;
     }
-    return fabpool_fd_send(sock, fds, n, data, len);
+    return sendmsg(sock, m, flags);
 }
 /* the copies of the pidfd transport in turns, as under Yama ptrace_scope 1, when set */
 static int t_yama = -1;
 static int t_yama_scope(void) { return t_yama; }
-#define fabpool_fd_send t_fd_send
+#define SY_SENDMSG t_sendmsg
 #define SY_YAMA_SCOPE t_yama_scope
 #include "symm.c"
-#undef fabpool_fd_send
+#include "symm_pass.c"
 
 #define NR 4
 #define MB (1ull << 20)
@@ -353,6 +357,8 @@ static int t_allgather(void *ctx, const void *send, void *recv, size_t bytes)
     if (rc != 0)
         return rc;
     uint8_t *all = recv;
+    if (h.phase == SY_HELLO)
+        memcpy(&t_pid0, all + sizeof(sy_head) + offsetof(sy_hello, pid), sizeof t_pid0);
     if (h.phase == SY_HELLO && t_attack == A_SQUAT) {
         uint64_t nonce = SQUAT_NONCE;
         memcpy(all + 3 * bytes + sizeof(sy_head) + offsetof(sy_hello, nonce), &nonce, sizeof nonce);
@@ -585,18 +591,22 @@ static void attack_cut(int rank, grp *g, int fds0)
         CHECK_STATUS(fabpool_torch_symm_resize(s, 32 * MB), FABPOOL_ERR_IO);
         ms = ms_since(&t0);
         CHECK(ms < 1500 + 2500);
-        /* nothing of what rank 1 sent stays open (the others hold the new chunks' fds).  On the sim only: the
-         * real driver's exports are opens of /dev/nvidiactl that the shrink's own export changes too, so a
-         * count there cannot tell rank 1's fds from this rank's */
+        /* nothing of what rank 1 sent stays open: rank 0 holds one fd more for its own new chunk and one for
+         * each view of ranks 2 and 3 (their turns come before rank 1's), and its socket to rank 1 no more.  On
+         * the sim only: the real driver's exports are opens of /dev/nvidiactl that the shrink's own export
+         * changes too, so a count there cannot tell rank 1's fds from this rank's */
         if (rank == 0 && t_ledger_p)
-            CHECK(fd_count() == fds1);
+            CHECK(fd_count() == fds1 + 1 + (NR - 2) - 1);
         t_cut_send = 0;
-        /* rank 0 no longer reads the socket that held the cut message: the next grow fails cleanly too, on
-         * every rank, naming it (and rank 0 holds one socket less) */
+        /* rank 0 no longer reads the socket that held the cut message, and no socket is made again after
+         * create: every rank broke the object, and the next grow says so at once, on every rank, with what to
+         * do, and changes nothing */
         CHECK_STATUS(fabpool_torch_symm_resize(s, 48 * MB), FABPOOL_ERR_IO);
-        CHECK(strstr(fabpool_torch_symm_last_error(), "no socket to rank 1") != NULL);
+        CHECK(strstr(fabpool_torch_symm_last_error(), "broke off") != NULL);
+        CHECK(strstr(fabpool_torch_symm_last_error(), "lost its socket to a peer") != NULL);
+        CHECK(strstr(fabpool_torch_symm_last_error(), "creates the buffer again") != NULL);
         if (rank == 0 && t_ledger_p)
-            CHECK(fd_count() == fds1 - 1);
+            CHECK(fd_count() == fds1 + 1 + (NR - 2) - 1);
     }
     CHECK_OK(fabpool_torch_symm_close(s));
     t_attack = A_NONE;
