@@ -16,6 +16,7 @@
 #include <pthread.h>
 
 #include "testutil.h"
+#include "pattern.h"
 
 #define MB (1ull << 20)
 
@@ -37,35 +38,6 @@ static void sim_hooks(void)
 static int sim;
 
 /* ------------------------------------------------------------ patterns */
-
-static uint64_t word(uint64_t seed, uint64_t i)
-{
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull + 1;
-    x ^= x >> 31;
-    x *= 0x94d049bb133111ebull;
-    return x ^ (x >> 29);
-}
-
-static void fill(void *ptr, size_t size, uint64_t seed)
-{
-    size_t n = size / 8;
-    uint64_t *h = malloc(n * 8);
-    for (size_t i = 0; i < n; i++)
-        h[i] = word(seed, i);
-    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)ptr, h, n * 8));
-    free(h);
-}
-
-static int intact(const void *ptr, size_t size, uint64_t seed)
-{
-    size_t n = size / 8;
-    uint64_t *h = malloc(n * 8);
-    int ok = cuMemcpyDtoH(h, (CUdeviceptr)(uintptr_t)ptr, n * 8) == CUDA_SUCCESS;
-    for (size_t i = 0; ok && i < n; i++)
-        ok = h[i] == word(seed, i);
-    free(h);
-    return ok;
-}
 
 /* ------------------------------------------------------------ a populated pool */
 
@@ -91,12 +63,12 @@ static void fill_all(world *w, uint64_t seed)
     w->seed = seed;
     for (int i = 0; i < NSMALL; i++)
         if (w->small[i])
-            fill(w->small[i], w->small_size[i], seed + 1 + (uint64_t)i);
+            pattern_fill(w->small[i], w->small_size[i], seed + 1 + (uint64_t)i);
     for (int i = 0; i < NLARGE; i++)
         if (w->large[i])
-            fill(w->large[i], w->large_size[i], seed + 100 + (uint64_t)i);
+            pattern_fill(w->large[i], w->large_size[i], seed + 100 + (uint64_t)i);
     for (int i = 0; i < NBUF; i++)
-        fill(w->buf_base[i], w->buf_size[i], seed + 200 + (uint64_t)i);
+        pattern_fill(w->buf_base[i], w->buf_size[i], seed + 200 + (uint64_t)i);
 }
 
 /* scale 1: tens of MiB; scale 0: a few chunks (the fault sweep) */
@@ -149,14 +121,14 @@ static int all_intact(world *w)
 {
     int ok = 1;
     for (int i = 0; i < NSMALL; i++)
-        if (w->small[i] && !intact(w->small[i], w->small_size[i], w->seed + 1 + (uint64_t)i))
+        if (w->small[i] && !pattern_intact(w->small[i], w->small_size[i], w->seed + 1 + (uint64_t)i))
             ok = 0;
     for (int i = 0; i < NLARGE; i++)
-        if (w->large[i] && !intact(w->large[i], w->large_size[i], w->seed + 100 + (uint64_t)i))
+        if (w->large[i] && !pattern_intact(w->large[i], w->large_size[i], w->seed + 100 + (uint64_t)i))
             ok = 0;
     for (int i = 0; i < NBUF; i++)
         if (fabpool_buffer_ptr(w->buf[i]) != w->buf_base[i] ||
-            !intact(w->buf_base[i], w->buf_size[i], w->seed + 200 + (uint64_t)i))
+            !pattern_intact(w->buf_base[i], w->buf_size[i], w->seed + 200 + (uint64_t)i))
             ok = 0;
     return ok;
 }
@@ -168,27 +140,13 @@ static void teardown(world *w)
     w->p = NULL;
 }
 
-static fabpool_sleep_info state_of(fabpool_t *p)
-{
-    fabpool_sleep_info si = {.struct_size = sizeof si};
-    CHECK_OK(fabpool_sleep_state(p, &si));
-    return si;
-}
-
-static int ledger_is(const fabsim_ledger *a, const fabsim_ledger *b)
-{
-    return a->handles == b->handles && a->mappings == b->mappings && a->reservations == b->reservations &&
-           a->bytes_held == b->bytes_held && a->bytes_held_host == b->bytes_held_host &&
-           a->allocations == b->allocations && a->exported_fds == b->exported_fds;
-}
-
 /* Destroys w's pool; on the sim the ledger is back to l0. */
 static void teardown_to(world *w, const fabsim_ledger *l0)
 {
     teardown(w);
     if (sim) {
         fabsim_ledger l = t_ledger();
-        CHECK(ledger_is(&l, l0));
+        CHECK(t_ledger_same(&l, l0));
     }
 }
 
@@ -210,7 +168,7 @@ static void offload_round_trip(void)
     CHECK_OK(fabpool_usable_size(w.p, w.small[3], &us0));
 
     CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
-    fabpool_sleep_info si = state_of(w.p);
+    fabpool_sleep_info si = t_sleep_info(w.p);
     CHECK(si.asleep == 1 && si.mode == FABPOOL_SLEEP_OFFLOAD && si.sleeps == 1 && si.wakes == 0);
     fabpool_stats s1 = {.struct_size = sizeof s1};
     fabpool_get_stats(w.p, &s1);
@@ -258,7 +216,7 @@ static void offload_round_trip(void)
     CHECK(strstr(fabpool_last_error(), "already asleep") != NULL);
     if (sim) {
         fabsim_ledger lb = t_ledger();
-        CHECK(ledger_is(&la, &lb));
+        CHECK(t_ledger_same(&la, &lb));
     }
     fabpool_buffer_info bi = {.struct_size = sizeof bi};
     CHECK_OK(fabpool_buffer_get_info(w.buf[0], &bi));
@@ -275,7 +233,7 @@ static void offload_round_trip(void)
 
     CHECK_STATUS(fabpool_wake(NULL, NULL), FABPOOL_ERR_INVALID_ARG);
     CHECK_OK(fabpool_wake(w.p, NULL));
-    si = state_of(w.p);
+    si = t_sleep_info(w.p);
     CHECK(si.asleep == 0 && si.wakes == 1 && si.host_bytes == 0);
     CHECK(si.offloaded_bytes > 0); /* the last sleep's report stays */
     CHECK(all_intact(&w));
@@ -296,13 +254,13 @@ static void offload_round_trip(void)
         void *a = NULL;
         CHECK_OK(fabpool_alloc(w.p, 64 + (size_t)(k % 7) * 100, &a));
         if (a) {
-            fill(a, 64, (uint64_t)k);
-            CHECK(intact(a, 64, (uint64_t)k));
+            pattern_fill(a, 64, (uint64_t)k);
+            CHECK(pattern_intact(a, 64, (uint64_t)k));
             CHECK_OK(fabpool_free(w.p, a));
         }
     }
     CHECK_OK(fabpool_buffer_resize(w.buf[0], 20 * MB, NULL));
-    CHECK(intact(w.buf_base[0], w.buf_size[0], w.seed + 200));
+    CHECK(pattern_intact(w.buf_base[0], w.buf_size[0], w.seed + 200));
     CHECK(all_intact(&w));
 
     /* a second round, with a stream */
@@ -313,7 +271,7 @@ static void offload_round_trip(void)
         CHECK(t_ledger().bytes_held == l0.bytes_held);
     CHECK_OK(fabpool_wake(w.p, st));
     CHECK(all_intact(&w));
-    CHECK(state_of(w.p).sleeps == 2);
+    CHECK(t_sleep_info(w.p).sleeps == 2);
     cuStreamDestroy(st);
     teardown_to(&w, &l0);
 }
@@ -328,7 +286,7 @@ static void discard_round_trip(void)
     if (!w.p)
         return;
     CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_DISCARD, NULL));
-    fabpool_sleep_info si = state_of(w.p);
+    fabpool_sleep_info si = t_sleep_info(w.p);
     CHECK(si.asleep && si.mode == FABPOOL_SLEEP_DISCARD && si.offloaded_bytes == 0 && si.discarded_bytes > 0 &&
           si.host_bytes == 0);
     if (sim) {
@@ -336,7 +294,7 @@ static void discard_round_trip(void)
         CHECK(l.bytes_held == l0.bytes_held && l.bytes_held_host == 0);
     }
     CHECK_OK(fabpool_wake(w.p, NULL));
-    si = state_of(w.p);
+    si = t_sleep_info(w.p);
     CHECK(!si.asleep && si.discarded_bytes > 0); /* the report says the contents were discarded */
     if (sim)
         CHECK(t_ledger().bytes_held - l0.bytes_held == t_mapped(w.p));
@@ -367,9 +325,9 @@ static void two_tags(void)
     void *a = NULL;
     CHECK_OK(fabpool_alloc(other.p, 5000, &a)); /* the awake pool allocates */
     CHECK_OK(fabpool_free(other.p, a));
-    CHECK(state_of(weights.p).offloaded_bytes > 0 && state_of(weights.p).discarded_bytes == 0);
-    CHECK(state_of(kv.p).offloaded_bytes == 0 && state_of(kv.p).discarded_bytes > 0);
-    CHECK(state_of(other.p).asleep == 0 && state_of(other.p).sleeps == 0);
+    CHECK(t_sleep_info(weights.p).offloaded_bytes > 0 && t_sleep_info(weights.p).discarded_bytes == 0);
+    CHECK(t_sleep_info(kv.p).offloaded_bytes == 0 && t_sleep_info(kv.p).discarded_bytes > 0);
+    CHECK(t_sleep_info(other.p).asleep == 0 && t_sleep_info(other.p).sleeps == 0);
     CHECK_OK(fabpool_wake(kv.p, NULL));
     CHECK_OK(fabpool_wake(weights.p, NULL));
     CHECK(all_intact(&weights));
@@ -379,7 +337,7 @@ static void two_tags(void)
     teardown(&other);
     if (sim) {
         fabsim_ledger l = t_ledger();
-        CHECK(ledger_is(&l, &l0));
+        CHECK(t_ledger_same(&l, &l0));
     }
 }
 
@@ -401,7 +359,7 @@ static void refusals(void)
     CHECK_STATUS(fabpool_sleep(w.p, (fabpool_sleep_mode)7, NULL), FABPOOL_ERR_INVALID_ARG);
     CHECK(strstr(fabpool_last_error(), "mode 7") != NULL);
     CHECK_STATUS(fabpool_wake(w.p, NULL), FABPOOL_ERR_INVALID_ARG);
-    CHECK(t_mapped(w.p) == m0 && state_of(w.p).asleep == 0 && state_of(w.p).sleeps == 0);
+    CHECK(t_mapped(w.p) == m0 && t_sleep_info(w.p).asleep == 0 && t_sleep_info(w.p).sleeps == 0);
 
     /* an exported buffer whose peers have not said they are gone */
     unsigned char d[8192];
@@ -410,7 +368,7 @@ static void refusals(void)
     CHECK_OK(fabpool_buffer_export(w.buf[0], 0, d, sizeof d, &len, fds, 32, &nfds));
     CHECK_STATUS(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL), FABPOOL_ERR_BUSY);
     CHECK(strstr(fabpool_last_error(), "peers") != NULL);
-    CHECK(t_mapped(w.p) == m0 && state_of(w.p).asleep == 0);
+    CHECK(t_mapped(w.p) == m0 && t_sleep_info(w.p).asleep == 0);
     void *a = NULL;
     CHECK_OK(fabpool_alloc(w.p, 100, &a)); /* nothing changed: the pool allocates */
     CHECK_OK(fabpool_free(w.p, a));
@@ -427,12 +385,12 @@ static void refusals(void)
     fabpool_buffer_info b1 = {.struct_size = sizeof b1};
     fabpool_buffer_get_info(w.buf[0], &b1);
     CHECK(b1.generation > b0.generation); /* new memory behind the chunks: a new generation */
-    CHECK(intact(w.buf_base[0], w.buf_size[0], w.seed + 200));
+    CHECK(pattern_intact(w.buf_base[0], w.buf_size[0], w.seed + 200));
     CHECK(t_mapped(w.p) < m0);
     w.buf[1] = NULL;
     for (int i = 0; i < 4; i++)
-        CHECK(intact(w.small[i], w.small_size[i], w.seed + 1 + (uint64_t)i));
-    CHECK(intact(w.large[0], w.large_size[0], w.seed + 100));
+        CHECK(pattern_intact(w.small[i], w.small_size[i], w.seed + 1 + (uint64_t)i));
+    CHECK(pattern_intact(w.large[0], w.large_size[0], w.seed + 100));
     /* export after wake: the chunks are exported anew */
     CHECK_OK(fabpool_buffer_export(w.buf[0], 0, d, sizeof d, &len, fds, 32, &nfds));
     CHECK_OK(fabpool_buffer_export_done(w.buf[0]));
@@ -461,7 +419,7 @@ static void buffers_refused_asleep(void)
     CHECK(r == NULL);
     fabpool_stats s1 = t_stats(p);
     CHECK(s1.buffers == s0.buffers && s1.kept_bytes == s0.kept_bytes && s1.mapped_bytes == s0.mapped_bytes);
-    CHECK(state_of(p).asleep);
+    CHECK(t_sleep_info(p).asleep);
     CHECK_OK(fabpool_wake(p, NULL));
     CHECK_OK(fabpool_buffer_create(p, 64 << 20, 8 << 20, &r));
     if (r)
@@ -486,7 +444,7 @@ static void *cache_thread(void *arg)
     for (int i = 0; i < 16; i++) {
         fabpool_alloc(t->p, 4096, &t->live[i]);
         fabpool_alloc(t->p, 4096, &tmp[i]);
-        fill(t->live[i], 4096, 500 + (uint64_t)i);
+        pattern_fill(t->live[i], 4096, 500 + (uint64_t)i);
     }
     for (int i = 0; i < 16; i++)
         fabpool_free(t->p, tmp[i]); /* into this thread's cache */
@@ -502,7 +460,7 @@ static void *cache_thread(void *arg)
     if (t->awake_alloc == FABPOOL_OK)
         fabpool_free(t->p, a);
     for (int i = 0; i < 15; i++) {
-        CHECK(intact(t->live[i], 4096, 500 + (uint64_t)i));
+        CHECK(pattern_intact(t->live[i], 4096, 500 + (uint64_t)i));
         fabpool_free(t->p, t->live[i]);
     }
     return NULL;
@@ -542,7 +500,7 @@ static void thread_caches(void)
     fabpool_destroy(p);
     if (sim) {
         fabsim_ledger l = t_ledger();
-        CHECK(ledger_is(&l, &l0));
+        CHECK(t_ledger_same(&l, &l0));
     }
 }
 
@@ -560,7 +518,7 @@ static void destroy_asleep(void)
     fabpool_destroy(w.p); /* blocks and buffers live: BUSY, the pool is gone anyway */
     if (sim) {
         fabsim_ledger l = t_ledger();
-        CHECK(ledger_is(&l, &l0));
+        CHECK(t_ledger_same(&l, &l0));
     }
 }
 
@@ -590,7 +548,7 @@ static int fault_trial(size_t e, uint64_t n, int phase, fabpool_sleep_mode mode,
     if (keep) { /* a round first: the faulted sleep copies into the host memory this wake kept */
         CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
         CHECK_OK(fabpool_wake(w.p, NULL));
-        CHECK(state_of(w.p).host_bytes > 0);
+        CHECK(t_sleep_info(w.p).host_bytes > 0);
     }
     uint64_t m0 = t_mapped(w.p);
     if (phase == 1)
@@ -605,7 +563,7 @@ static int fault_trial(size_t e, uint64_t n, int phase, fabpool_sleep_mode mode,
     snprintf(msg, sizeof msg, "%s", fabpool_last_error());
     int reached = made >= n;
     n_trials += reached;
-    fabpool_sleep_info si = state_of(w.p);
+    fabpool_sleep_info si = t_sleep_info(w.p);
     if (st != FABPOOL_OK) {
         n_failed_ops++;
         CHECK(msg[0] != 0);
@@ -632,7 +590,7 @@ static int fault_trial(size_t e, uint64_t n, int phase, fabpool_sleep_mode mode,
             if (mode == FABPOOL_SLEEP_OFFLOAD)
                 CHECK(si.host_bytes > 0);
             CHECK_OK(fabpool_wake(w.p, NULL));
-            CHECK(!state_of(w.p).asleep);
+            CHECK(!t_sleep_info(w.p).asleep);
             if (mode == FABPOOL_SLEEP_OFFLOAD)
                 CHECK(all_intact(&w));
         }
@@ -643,7 +601,7 @@ static int fault_trial(size_t e, uint64_t n, int phase, fabpool_sleep_mode mode,
             CHECK(si.asleep && t_mapped(w.p) == 0 && t_ledger().bytes_held == l0.bytes_held);
             CHECK_OK(fabpool_wake(w.p, NULL));
         }
-        CHECK(!state_of(w.p).asleep && t_mapped(w.p) > 0 && t_mapped(w.p) <= m0);
+        CHECK(!t_sleep_info(w.p).asleep && t_mapped(w.p) > 0 && t_mapped(w.p) <= m0);
         if (mode == FABPOOL_SLEEP_OFFLOAD)
             CHECK(all_intact(&w));
     }
@@ -651,7 +609,7 @@ static int fault_trial(size_t e, uint64_t n, int phase, fabpool_sleep_mode mode,
     int fails0 = t_failures;
     teardown(&w);
     fabsim_ledger l = t_ledger();
-    CHECK(ledger_is(&l, &l0));
+    CHECK(t_ledger_same(&l, &l0));
     if (t_failures != fails0 || (st != FABPOOL_OK && !msg[0]))
         fprintf(stderr, "  fault: %s call %llu, phase %d, mode %d: %s\n", fault_entries[e], (unsigned long long)n,
                 phase, (int)mode, msg);
@@ -710,7 +668,7 @@ static void wake_copy_and_unmap_refused(void)
         if (!reached) { /* past the copies: only the host copies' unmaps were refused, and a wake completes */
             if (st != FABPOOL_OK)
                 CHECK_OK(fabpool_wake(w.p, NULL));
-            CHECK(!state_of(w.p).asleep && all_intact(&w));
+            CHECK(!t_sleep_info(w.p).asleep && all_intact(&w));
             teardown(&w);
             break;
         }
@@ -719,16 +677,16 @@ static void wake_copy_and_unmap_refused(void)
         tried += copy;
         CHECK_STATUS(st, FABPOOL_ERR_DRIVER);
         CHECK(!copy || strstr(fabpool_last_error(), "the next fabpool_wake copies it in") != NULL);
-        fabpool_sleep_info si = state_of(w.p);
+        fabpool_sleep_info si = t_sleep_info(w.p);
         CHECK(si.asleep && si.host_bytes > 0);
         CHECK_OK(fabpool_trim(w.p, 0));
         CHECK_OK(fabpool_wake(w.p, NULL));
-        CHECK(!state_of(w.p).asleep && all_intact(&w));
+        CHECK(!t_sleep_info(w.p).asleep && all_intact(&w));
         CHECK_OK(fabpool_check(w.p));
         CHECK(t_ledger().bytes_held - l0.bytes_held == t_mapped(w.p));
         teardown(&w);
         fabsim_ledger l = t_ledger();
-        CHECK(ledger_is(&l, &l0));
+        CHECK(t_ledger_same(&l, &l0));
     }
     CHECK(tried >= 2);
 }
@@ -750,11 +708,11 @@ static void keep_host(void)
         return;
     }
     CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
-    fabpool_sleep_info s1 = state_of(w.p);
+    fabpool_sleep_info s1 = t_sleep_info(w.p);
     CHECK(s1.host_reused_bytes == 0 && s1.host_bytes > 0 && s1.offloaded_bytes > 0);
     CHECK_OK(fabpool_wake(w.p, NULL));
     CHECK(all_intact(&w));
-    fabpool_sleep_info s2 = state_of(w.p);
+    fabpool_sleep_info s2 = t_sleep_info(w.p);
     CHECK(s2.host_bytes == s1.host_bytes && s2.host_copies == s1.host_copies); /* kept */
     if (sim) /* the real driver tells nobody what pinned host memory a process holds */
         CHECK(t_ledger().bytes_held_host - l0.bytes_held_host == s1.host_bytes);
@@ -763,7 +721,7 @@ static void keep_host(void)
     fill_all(&w, 777);
     uint64_t creates = calls ? calls("cuMemCreate") : 0;
     CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
-    fabpool_sleep_info s3 = state_of(w.p);
+    fabpool_sleep_info s3 = t_sleep_info(w.p);
     if (calls)
         CHECK(calls("cuMemCreate") == creates);
     CHECK(s3.host_reused_bytes == s1.host_bytes && s3.host_bytes == s1.host_bytes &&
@@ -775,7 +733,7 @@ static void keep_host(void)
     CHECK_OK(fabpool_alloc(w.p, 12 * MB, &extra));
     creates = calls ? calls("cuMemCreate") : 0;
     CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
-    fabpool_sleep_info s4 = state_of(w.p);
+    fabpool_sleep_info s4 = t_sleep_info(w.p);
     CHECK(s4.host_reused_bytes == 0 && s4.host_bytes > s1.host_bytes);
     if (calls)
         CHECK(calls("cuMemCreate") > creates);
@@ -785,42 +743,42 @@ static void keep_host(void)
     CHECK(all_intact(&w));
     /* a discard sleep leaves the kept copies as they are */
     CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_DISCARD, NULL));
-    CHECK(state_of(w.p).host_bytes == s4.host_bytes && state_of(w.p).host_reused_bytes == 0);
+    CHECK(t_sleep_info(w.p).host_bytes == s4.host_bytes && t_sleep_info(w.p).host_reused_bytes == 0);
     CHECK_OK(fabpool_wake(w.p, NULL));
-    CHECK(state_of(w.p).host_bytes == s4.host_bytes);
+    CHECK(t_sleep_info(w.p).host_bytes == s4.host_bytes);
     /* trim frees them; where the driver refuses an unmap (twice) they stay, counted, for the next trim */
     if (fault_set && fault_clear) {
         fault_set("cuMemUnmap", 1, 1, CUDA_ERROR_INVALID_VALUE);
         CHECK(fabpool_trim(w.p, 0) != FABPOOL_OK);
         fault_clear();
         CHECK(strstr(fabpool_last_error(), "kept host copy") != NULL);
-        CHECK(state_of(w.p).host_bytes > 0 &&
-              t_ledger().bytes_held_host - l0.bytes_held_host == state_of(w.p).host_bytes);
+        CHECK(t_sleep_info(w.p).host_bytes > 0 &&
+              t_ledger().bytes_held_host - l0.bytes_held_host == t_sleep_info(w.p).host_bytes);
     }
     CHECK_OK(fabpool_trim(w.p, 0));
-    CHECK(state_of(w.p).host_bytes == 0 && state_of(w.p).host_copies == 0 &&
+    CHECK(t_sleep_info(w.p).host_bytes == 0 && t_sleep_info(w.p).host_copies == 0 &&
           t_ledger().bytes_held_host == l0.bytes_held_host);
     CHECK_OK(fabpool_check(w.p));
     CHECK_OK(fabpool_free(w.p, extra));
     teardown(&w);
     fabsim_ledger l = t_ledger();
-    CHECK(ledger_is(&l, &l0));
+    CHECK(t_ledger_same(&l, &l0));
     /* destroy with kept copies frees them */
     if (populate(&w, "slab_max:1MiB,sleep_keep_host:1", 502, 0) == 0) {
         CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
         CHECK_OK(fabpool_wake(w.p, NULL));
-        CHECK(state_of(w.p).host_bytes > 0);
+        CHECK(t_sleep_info(w.p).host_bytes > 0);
     } else {
         CHECK(!"populate");
     }
     teardown(&w);
     l = t_ledger();
-    CHECK(ledger_is(&l, &l0));
+    CHECK(t_ledger_same(&l, &l0));
     /* without the option, wake keeps nothing */
     if (populate(&w, "slab_max:1MiB", 503, 0) == 0) {
         CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
         CHECK_OK(fabpool_wake(w.p, NULL));
-        CHECK(state_of(w.p).host_bytes == 0 && t_ledger().bytes_held_host == l0.bytes_held_host);
+        CHECK(t_sleep_info(w.p).host_bytes == 0 && t_ledger().bytes_held_host == l0.bytes_held_host);
     }
     teardown(&w);
 }

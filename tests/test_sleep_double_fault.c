@@ -14,6 +14,7 @@
  *     driver still refuses, the sleep fails saying so, with the pool awake and unchanged; once the driver
  *     unmaps it, the sleeping pool holds no device memory, and the wake reads every byte back. */
 #include "testutil.h"
+#include "pattern.h"
 
 #define MB (1ull << 20)
 
@@ -28,42 +29,13 @@ typedef struct world {
     uint64_t seed;
 } world;
 
-static uint64_t word(uint64_t seed, uint64_t i)
-{
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull + 1;
-    x ^= x >> 31;
-    x *= 0x94d049bb133111ebull;
-    return x ^ (x >> 29);
-}
-
-static void fill(void *ptr, size_t size, uint64_t seed)
-{
-    size_t n = size / 8;
-    uint64_t *h = malloc(n * 8);
-    for (size_t i = 0; i < n; i++)
-        h[i] = word(seed, i);
-    CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)ptr, h, n * 8));
-    free(h);
-}
-
-static int intact(const void *ptr, size_t size, uint64_t seed)
-{
-    size_t n = size / 8;
-    uint64_t *h = malloc(n * 8);
-    int ok = cuMemcpyDtoH(h, (CUdeviceptr)(uintptr_t)ptr, n * 8) == CUDA_SUCCESS;
-    for (size_t i = 0; ok && i < n; i++)
-        ok = h[i] == word(seed, i);
-    free(h);
-    return ok;
-}
-
 static int all_intact(const world *w)
 {
     int ok = 1;
     for (int i = 0; i < NBLK; i++)
-        if (w->blk[i] && !intact(w->blk[i], w->blk_size[i], w->seed + (uint64_t)i))
+        if (w->blk[i] && !pattern_intact(w->blk[i], w->blk_size[i], w->seed + (uint64_t)i))
             ok = 0;
-    if (w->buf && !intact(fabpool_buffer_ptr(w->buf), w->buf_size, w->seed + 100))
+    if (w->buf && !pattern_intact(fabpool_buffer_ptr(w->buf), w->buf_size, w->seed + 100))
         ok = 0;
     return ok;
 }
@@ -74,7 +46,7 @@ static int add_block(world *w, int i, size_t size)
     w->blk_size[i] = size;
     if (fabpool_alloc(w->p, size, &w->blk[i]) != FABPOOL_OK)
         return -1;
-    fill(w->blk[i], size, w->seed + (uint64_t)i);
+    pattern_fill(w->blk[i], size, w->seed + (uint64_t)i);
     return 0;
 }
 
@@ -90,7 +62,7 @@ static int build(world *w, const char *conf, uint64_t seed)
     if (fabpool_buffer_create(w->p, 64 * MB, MB, &w->buf) != FABPOOL_OK ||
         fabpool_buffer_resize(w->buf, w->buf_size, NULL) != FABPOOL_OK)
         return -1;
-    fill(fabpool_buffer_ptr(w->buf), w->buf_size, w->seed + 100);
+    pattern_fill(fabpool_buffer_ptr(w->buf), w->buf_size, w->seed + 100);
     return 0;
 }
 
@@ -104,21 +76,6 @@ static void teardown(world *w)
     if (w->p)
         CHECK_OK(fabpool_destroy(w->p));
     memset(w, 0, sizeof *w);
-}
-
-static fabpool_sleep_info state_of(fabpool_t *p)
-{
-    fabpool_sleep_info si = {.struct_size = sizeof si};
-    CHECK_OK(fabpool_sleep_state(p, &si));
-    return si;
-}
-
-static int ledger_is(const fabsim_ledger *a, const fabsim_ledger *b)
-{
-    return a->handles == b->handles && a->mappings == b->mappings && a->reservations == b->reservations &&
-           a->bytes_held == b->bytes_held && a->bytes_held_host == b->bytes_held_host &&
-           a->bytes_mapped == b->bytes_mapped && a->allocations == b->allocations &&
-           a->exported_fds == b->exported_fds;
 }
 
 static void say_ledger(const char *when, const fabsim_ledger *l, const fabsim_ledger *b)
@@ -143,7 +100,7 @@ static int trial_world(world *w, int keep, uint64_t seed)
     if (keep) {
         CHECK_OK(fabpool_sleep(w->p, FABPOOL_SLEEP_OFFLOAD, NULL));
         CHECK_OK(fabpool_wake(w->p, NULL));
-        CHECK(state_of(w->p).host_bytes > 0);
+        CHECK(t_sleep_info(w->p).host_bytes > 0);
         if (add_block(w, 3, 2 * MB + 8192) != 0)
             return -1;
     }
@@ -163,7 +120,7 @@ static void host_copy_trial(t_sim_hooks *h, int keep, uint64_t k, int end)
     fabsim_ledger la = t_ledger(); /* the pool awake: its own reservation and mappings (and kept copies) */
     int fails0 = t_failures;
     /* the kept copies, which do not fit, are unmapped before any copy is made: the unmaps after those fail */
-    uint64_t kept = state_of(w.p).host_copies;
+    uint64_t kept = t_sleep_info(w.p).host_copies;
     h->fault_set("cuMemSetAccess", k, 0, CUDA_ERROR_INVALID_VALUE);
     h->fault_set("cuMemUnmap", kept + 1, 1, CUDA_ERROR_INVALID_VALUE);
     fabpool_status st = fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL);
@@ -173,7 +130,7 @@ static void host_copy_trial(t_sim_hooks *h, int keep, uint64_t k, int end)
     CHECK(st != FABPOOL_OK && strstr(msg, "cuMemSetAccess") != NULL && strstr(msg, "host copy") != NULL);
     /* the message says that the driver kept it, and what frees it */
     CHECK(strstr(msg, "refused twice too") != NULL && strstr(msg, "stays mapped until") != NULL);
-    CHECK(!state_of(w.p).asleep && all_intact(&w));
+    CHECK(!t_sleep_info(w.p).asleep && all_intact(&w));
     CHECK_OK(fabpool_check(w.p));
     void *a = NULL;
     CHECK_OK(fabpool_alloc(w.p, 100, &a));
@@ -181,7 +138,7 @@ static void host_copy_trial(t_sim_hooks *h, int keep, uint64_t k, int end)
     if (end == END_SLEEP) {
         /* what the failed sleep left goes: the sleeping pool holds its host copies and nothing else */
         CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
-        fabpool_sleep_info si = state_of(w.p);
+        fabpool_sleep_info si = t_sleep_info(w.p);
         fabsim_ledger l = t_ledger();
         CHECK(si.asleep && t_mapped(w.p) == 0 && l.bytes_held == l0.bytes_held);
         CHECK(l.bytes_held_host - l0.bytes_held_host == si.host_bytes && l.mappings - l0.mappings == si.host_copies);
@@ -190,12 +147,12 @@ static void host_copy_trial(t_sim_hooks *h, int keep, uint64_t k, int end)
             say_ledger("asleep,", &l, &l0);
         CHECK_OK(fabpool_check(w.p));
         CHECK_OK(fabpool_wake(w.p, NULL));
-        CHECK(!state_of(w.p).asleep && all_intact(&w));
+        CHECK(!t_sleep_info(w.p).asleep && all_intact(&w));
     } else if (end == END_TRIM) {
         /* a trim frees every host copy and reservation the failed sleep left */
         CHECK_OK(fabpool_trim(w.p, 0));
         fabsim_ledger l = t_ledger();
-        CHECK(state_of(w.p).host_bytes == 0 && l.bytes_held_host == l0.bytes_held_host);
+        CHECK(t_sleep_info(w.p).host_bytes == 0 && l.bytes_held_host == l0.bytes_held_host);
         CHECK(l.reservations == l0.reservations + 1 && l.bytes_held - l0.bytes_held == t_mapped(w.p));
         if (l.reservations != l0.reservations + 1 || l.bytes_held_host != l0.bytes_held_host)
             say_ledger("after the trim", &l, &la);
@@ -206,8 +163,8 @@ static void host_copy_trial(t_sim_hooks *h, int keep, uint64_t k, int end)
     }
     teardown(&w);
     fabsim_ledger l = t_ledger();
-    CHECK(ledger_is(&l, &l0));
-    if (!ledger_is(&l, &l0))
+    CHECK(t_ledger_same(&l, &l0));
+    if (!t_ledger_same(&l, &l0))
         say_ledger("after destroy", &l, &l0);
     if (t_failures != fails0)
         fprintf(stderr, "  host copy %llu's access grant and every unmap refused%s, ended by %s: %s\n",
@@ -273,13 +230,13 @@ static void sleep_unmaps_stuck_mapping_first(t_sim_hooks *h)
           strstr(msg, "nothing changed") != NULL);
     if (st == FABPOOL_OK || strstr(msg, "nothing changed") == NULL)
         fprintf(stderr, "  the sleep over a stuck mapping answered %s: %s\n", fabpool_status_name(st), msg);
-    fabpool_sleep_info si = state_of(w.p);
+    fabpool_sleep_info si = t_sleep_info(w.p);
     CHECK(!si.asleep && si.host_bytes == 0 && t_mapped(w.p) == m1 && all_intact(&w));
     CHECK(t_ledger().bytes_held_host == l0.bytes_held_host);
     CHECK_OK(fabpool_check(w.p));
     /* the driver well: the sleep unmaps it first, and the sleeping pool holds no device memory at all */
     CHECK_OK(fabpool_sleep(w.p, FABPOOL_SLEEP_OFFLOAD, NULL));
-    CHECK(state_of(w.p).asleep && t_mapped(w.p) == 0 && t_ledger().bytes_held == l0.bytes_held);
+    CHECK(t_sleep_info(w.p).asleep && t_mapped(w.p) == 0 && t_ledger().bytes_held == l0.bytes_held);
     CHECK_OK(fabpool_check(w.p));
     CHECK_OK(fabpool_wake(w.p, NULL));
     CHECK(all_intact(&w) && t_mapped(w.p) == m0 && t_ledger().bytes_held - l0.bytes_held == m0);
@@ -288,8 +245,8 @@ static void sleep_unmaps_stuck_mapping_first(t_sim_hooks *h)
     CHECK_OK(fabpool_buffer_destroy(g, NULL));
     teardown(&w);
     fabsim_ledger l = t_ledger();
-    CHECK(ledger_is(&l, &l0));
-    if (!ledger_is(&l, &l0))
+    CHECK(t_ledger_same(&l, &l0));
+    if (!t_ledger_same(&l, &l0))
         say_ledger("after destroy", &l, &l0);
 }
 

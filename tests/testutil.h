@@ -127,6 +127,26 @@ static inline fabsim_ledger t_ledger(void)
     return l;
 }
 
+/* Whether the driver holds the same as at ledger b: handles, mappings, reservations, bytes of device and host
+ * memory, allocations, exported fds. */
+static inline int t_ledger_same(const fabsim_ledger *a, const fabsim_ledger *b)
+{
+    return a->handles == b->handles && a->mappings == b->mappings && a->reservations == b->reservations &&
+           a->bytes_held == b->bytes_held && a->bytes_held_host == b->bytes_held_host &&
+           a->bytes_mapped == b->bytes_mapped && a->allocations == b->allocations &&
+           a->exported_fds == b->exported_fds;
+}
+
+/* fabpool_sleep_state of p, checked. */
+static inline fabpool_sleep_info t_sleep_info(fabpool_t *p)
+{
+    fabpool_sleep_info si;
+    memset(&si, 0, sizeof si); /* (not a designated initializer: C++ tests include this file too) */
+    si.struct_size = sizeof si;
+    CHECK_OK(fabpool_sleep_state(p, &si));
+    return si;
+}
+
 static inline uint64_t t_mapped(fabpool_t *p)
 {
     fabpool_stats s;
