@@ -199,6 +199,9 @@ static void collect_unlocked(void *arg)
 static void trim_under_class(void *arg)
 {
     struct fabpool *p = arg;
+    /* the child runs its parent's pool on purpose (the sim carries over a fork): the fork's mark, which makes
+     * every call refuse before it takes a lock, is taken off */
+    atomic_store(&p->ch.forked, 0);
     fp_lock(&p->heap.classes[0].lock);
     fabpool_trim(p, 0);   /* takes the pool lock */
 }
