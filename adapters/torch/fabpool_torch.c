@@ -427,16 +427,18 @@ void *fabpool_torch_alloc(size_t size, int device, void *stream)
             st = fabpool_alloc_on_stream(d->pool, ask, stream, &p);
         }
     }
-    gauge_sample(d);
     if (st != FABPOOL_OK) {
         d->num_ooms++; /* PyTorch raises its OutOfMemoryError for every failed device allocation */
+        /* the message first: the sample's own calls would leave theirs in its place */
         ft_error_pool(st, " (PyTorch asked for %zu bytes on device %d; %llu bytes are live in its tensors)", size,
                       device, (unsigned long long)d->c.bytes_live);
+        gauge_sample(d);
         d->c.alloc_failures++;
         pthread_mutex_unlock(&d->lock);
         report();
         return NULL;
     }
+    gauge_sample(d);
     size_t usable = size;
     fabpool_usable_size(d->pool, p, &usable);
     count_alloc(d, p, size, usable, stream);
