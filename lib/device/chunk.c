@@ -102,27 +102,24 @@ void fp_chunk_stuck_hold(fp_chunks *ch, uint64_t va)
         m->held = 1;
 }
 
-/* The stuck mappings (mapreg.h) in [va, va + size) unmapped, so that `what` can be mapped there: FABPOOL_OK, or
- * the driver's refusal (nothing mapped).  A range is handed out under a stuck mapping only where its user kept
- * the range (a buffer's window, an arena's run), never once the user gave it back (space.c holds it then). */
-static fabpool_status unstick_in(fp_chunks *ch, uint64_t va, uint64_t size, const char *what)
+CUresult fp_chunk_unstick_range(fp_chunks *ch, uint64_t va, uint64_t size, int go_on, fp_mapping *refused)
 {
-    if (!fp_chunks_stuck(ch))
-        return FABPOOL_OK;
+    fp_lock_assert_held(ch->lock);
+    CUresult first = CUDA_SUCCESS;
     size_t i = FP_ARRAY_LOWER(ch->reg.m, ch->reg.n, fp_mapping, va, va);
-    if (i > 0 && ch->reg.m[i - 1].va + ch->reg.m[i - 1].size > va)
-        i--;
-    while (i < ch->reg.n && ch->reg.m[i].va < va + size) {
+    i -= i > 0 && ch->reg.m[i - 1].va + ch->reg.m[i - 1].size > va; /* one that begins before va */
+    while (fp_chunks_stuck(ch) && i < ch->reg.n && ch->reg.m[i].va < va + size) {
         fp_mapping m = ch->reg.m[i];
         CUresult r = m.kind == FP_MAP_STUCK ? fp_chunk_unmap_stuck(ch, m.va, m.size) : CUDA_SUCCESS;
-        if (r != CUDA_SUCCESS)
-            return fp_drv_error(r, "cuMemUnmap", "unmapping a mapping of %llu bytes at 0x%llx that the driver "
-                                "would not unmap before and that lies where %s of %llu bytes goes; nothing was "
-                                "mapped: try again (fabpool_collect unmaps it too)", (unsigned long long)m.size,
-                                (unsigned long long)m.va, what, (unsigned long long)size);
-        i += m.kind != FP_MAP_STUCK; /* an unmapped one left the list: i is the next already */
+        if (r != CUDA_SUCCESS && first == CUDA_SUCCESS) {
+            first = r;
+            *refused = m;
+        }
+        if (r != CUDA_SUCCESS && !go_on)
+            break;
+        i += m.kind != FP_MAP_STUCK || r != CUDA_SUCCESS; /* an unmapped one left the list: i is the next already */
     }
-    return FABPOOL_OK;
+    return first;
 }
 
 fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CUmemGenericAllocationHandle h,
@@ -132,10 +129,15 @@ fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CU
     if (fp_mapreg_reserve(&ch->reg) != 0)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for the registry of mappings (mapping %s of %llu "
                         "bytes); nothing was mapped", what, (unsigned long long)size);
-    fabpool_status st = unstick_in(ch, va, size, what);
-    if (st != FABPOOL_OK)
-        return st;
-    CUresult r = FP_CU(&ch->calls, cuMemMap, (CUdeviceptr)va, size, 0, h, 0);
+    /* stuck mappings in the way first (only where the range's user kept it: space.c holds one given back) */
+    fp_mapping m;
+    CUresult r = fp_chunk_unstick_range(ch, va, size, 0, &m);
+    if (r != CUDA_SUCCESS)
+        return fp_drv_error(r, "cuMemUnmap", "unmapping a mapping of %llu bytes at 0x%llx that the driver would not "
+                            "unmap before and that lies where %s of %llu bytes goes; nothing was mapped: try again "
+                            "(fabpool_collect unmaps it too)", (unsigned long long)m.size, (unsigned long long)m.va,
+                            what, (unsigned long long)size);
+    r = FP_CU(&ch->calls, cuMemMap, (CUdeviceptr)va, size, 0, h, 0);
     if (r != CUDA_SUCCESS)
         return fp_drv_error(r, "cuMemMap", "mapping %s of %llu bytes at 0x%llx", what, (unsigned long long)size,
                             (unsigned long long)va);
@@ -152,9 +154,9 @@ fabpool_status fp_chunk_map_access(fp_chunks *ch, uint64_t va, uint64_t size, CU
     }
     r = FP_CU(&ch->calls, cuMemSetAccess, (CUdeviceptr)va, size, acc, (size_t)n);
     if (r != CUDA_SUCCESS) {
-        st = fp_drv_error(r, "cuMemSetAccess", "giving device %d%s access to %s of %llu bytes at 0x%llx",
-                          (int)ch->dev, n > 1 ? " and its peers" : "", what, (unsigned long long)size,
-                          (unsigned long long)va);
+        fabpool_status st = fp_drv_error(r, "cuMemSetAccess", "giving device %d%s access to %s of %llu bytes at "
+                                         "0x%llx", (int)ch->dev, n > 1 ? " and its peers" : "", what,
+                                         (unsigned long long)size, (unsigned long long)va);
         if (FP_CU_UNDO(&ch->calls, cuMemUnmap, (CUdeviceptr)va, size) != CUDA_SUCCESS) {
             /* the driver keeps the mapping: listed (room reserved above), so that the pool unmaps it later and
              * no range is handed out again under it */

@@ -180,6 +180,10 @@ static inline uint64_t fp_chunks_stuck(const fp_chunks *ch)
     return atomic_load_explicit(&((fp_chunks *)ch)->reg.count[FP_MAP_STUCK], memory_order_relaxed);
 }
 CUresult fp_chunk_unmap_stuck(fp_chunks *ch, uint64_t va, uint64_t size);
+/* The stuck mappings in [va, va + size) (one that begins before va and reaches into it too) unmapped, each tried
+ * twice: CUDA_SUCCESS once none is left there, else the first refusal, that mapping (still listed) in *refused;
+ * go_on: the others are tried all the same (a reservation to free), else none after it (a range to map). */
+CUresult fp_chunk_unstick_range(fp_chunks *ch, uint64_t va, uint64_t size, int go_on, fp_mapping *refused);
 void fp_chunk_stick(fp_chunks *ch, uint64_t va, uint64_t size);
 void fp_chunk_stuck_hold(fp_chunks *ch, uint64_t va);
 /* Unmaps a chunk the pool counted as mapped (one that sleeps: forgets it,

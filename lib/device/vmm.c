@@ -1,8 +1,7 @@
-/* vmm.c - reservations, the fabric probe, host mappings, the stuck
- * mappings in a reservation and uncounted unmaps (vmm.h). */
+/* vmm.c - reservations, the fabric probe, host mappings and uncounted
+ * unmaps (vmm.h). */
 #include <string.h>
 
-#include "array.h"
 #include "vmm.h"
 
 CUresult fp_vmm_reserve(fp_chunks *ch, uint64_t size, uint64_t align, uint64_t *va)
@@ -100,29 +99,6 @@ CUresult fp_vmm_map_new(fp_chunks *ch, uint64_t va, uint64_t size, const CUmemAl
     if (cr == CUDA_SUCCESS)
         fp_mapreg_add(&ch->reg, va, size, kind, NULL);
     return cr;
-}
-
-CUresult fp_vmm_unstick(fp_chunks *ch, uint64_t va, uint64_t size, uint64_t *left)
-{
-    fp_lock_assert_held(ch->lock);
-    CUresult first = CUDA_SUCCESS;
-    size_t i = FP_ARRAY_LOWER(ch->reg.m, ch->reg.n, fp_mapping, va, va);
-    while (fp_chunks_stuck(ch) && i < ch->reg.n && ch->reg.m[i].va < va + size) {
-        fp_mapping m = ch->reg.m[i];
-        if (m.kind != FP_MAP_STUCK) {
-            i++;
-            continue;
-        }
-        CUresult r = fp_chunk_unmap_stuck(ch, m.va, m.size);
-        if (r == CUDA_SUCCESS)
-            continue; /* off the list: i is the next one */
-        if (first == CUDA_SUCCESS) {
-            first = r;
-            *left = m.va;
-        }
-        i++;
-    }
-    return first;
 }
 
 CUresult fp_vmm_unmap(fp_chunks *ch, uint64_t va, uint64_t size)

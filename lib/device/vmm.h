@@ -28,16 +28,11 @@ CUresult fp_vmm_host_prop(fp_chunks *ch, CUmemAllocationProp *prop, size_t *gran
  * keeps the memory); the registry lists it as kind's.  On failure *call
  * names the call that failed, and nothing stays mapped or created but what
  * the driver would not undo: a mapping whose unmap it refused (twice) stays,
- * listed as stuck (FP_MAP_STUCK, *stuck set), for fp_vmm_unstick before its
+ * listed as stuck (FP_MAP_STUCK, *stuck set), for fp_chunk_unstick_range before its
  * reservation is freed (and the collects: fp_space_unstick).  Pool lock
  * held. */
 CUresult fp_vmm_map_new(fp_chunks *ch, uint64_t va, uint64_t size, const CUmemAllocationProp *prop,
                         fp_map_kind kind, const char **call, int *stuck);
-/* Unmaps the stuck mappings (FP_MAP_STUCK) in [va, va + size), each tried
- * twice, so that the reservation they lie in can be freed: CUDA_SUCCESS
- * once none is left there, else the first refusal, with the address of
- * that mapping (still listed) in *left.  Pool lock held. */
-CUresult fp_vmm_unstick(fp_chunks *ch, uint64_t va, uint64_t size, uint64_t *left);
 /* Unmaps a mapping that the pool does not count as mapped (a host copy, a
  * buffer's copy while it shrinks), tried twice, and removes it from the
  * registry.  Pool lock held. */

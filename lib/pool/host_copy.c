@@ -63,12 +63,12 @@ static fabpool_status host_range_free(struct fabpool *p, uint64_t *va, uint64_t 
 {
     if (!*va)
         return FABPOOL_OK;
-    uint64_t left = 0;
-    CUresult cr = fp_vmm_unstick(&p->ch, *va, size, &left);
+    fp_mapping left;
+    CUresult cr = fp_chunk_unstick_range(&p->ch, *va, size, 1, &left);
     if (cr != CUDA_SUCCESS)
         return fp_drv_error(cr, "cuMemUnmap", "unmapping a host copy at 0x%llx that the driver would not unmap "
                             "when its map failed (tried twice; it stays mapped, and the address range of %s "
-                            "reserved, for the next try)", (unsigned long long)left, what);
+                            "reserved, for the next try)", (unsigned long long)left.va, what);
     cr = fp_vmm_unreserve(&p->ch, *va, size);
     if (cr != CUDA_SUCCESS)
         return fp_drv_error(cr, "cuMemAddressFree", "freeing the address range of %s (%llu bytes) (tried twice)",
