@@ -161,7 +161,7 @@ typedef struct fabpool_options {
     fabpool_handle_type handle_type;   /* (handle_type: auto|none|posix_fd|fabric) */
     uint32_t max_waste_percent;    /* chunk rounding: at most this much over what was asked (max_waste) */
     uint64_t max_chunk_bytes;      /* largest physical chunk a growable buffer maps at once, and a large
-                                      block's growth with large_chunks whole (max_chunk) */
+                                      block's growth with large_chunks whole; 2 MiB to 1 PiB (max_chunk) */
     uint64_t slab_max_bytes;       /* sizes up to this (rounded up to a class) come from slabs; above, blocks cut
                                       by best fit, their size rounded up to 256 bytes (slab_max) */
     uint64_t cache_limit_bytes;    /* most free memory kept mapped for reuse (cache_limit); see decay_ms */

@@ -134,6 +134,13 @@ static void test_defaults(void)
     CHECK(o.large_chunks == FABPOOL_LARGE_CHUNKS_GRID);
     /* every default is within its key's range */
     CHECK(fp_options_check(&o) == FABPOOL_OK);
+    /* a field set directly is held to its key's range too: max_chunk_bytes at most 1 PiB */
+    o.max_chunk_bytes = 1024 * TiB;
+    CHECK(fp_options_check(&o) == FABPOOL_OK);
+    o.max_chunk_bytes = UINT64_MAX - (2 * MiB - 1);
+    CHECK(fp_options_check(&o) == FABPOOL_ERR_CONFIG && strstr(fabpool_last_error(), "max_chunk_bytes") &&
+          strstr(fabpool_last_error(), "above the maximum") && strstr(fabpool_last_error(), "1PiB"));
+    o.max_chunk_bytes = 1 * GiB;
 
     /* NULL and "" change nothing */
     fabpool_options a, b;
@@ -279,6 +286,8 @@ static void test_good_values(void)
         CHECK(o.max_chunk_bytes == 4 * GiB);
     if (GOOD("max_chunk:6291456", &o))
         CHECK(o.max_chunk_bytes == 6 * MiB);
+    if (GOOD("max_chunk:1PiB", &o))
+        CHECK(o.max_chunk_bytes == 1024 * TiB);
 
     if (GOOD("slab_max:256", &o))
         CHECK(o.slab_max_bytes == 256);
@@ -507,6 +516,9 @@ static void test_value_errors(void)
     BAD3("max_chunk:1MiB", "'max_chunk'", "'1MiB'", "2MiB");
     BAD("max_chunk:0", "'max_chunk'", "'0'");
     BAD("max_chunk:2097153", "'max_chunk'", "'2097153'");
+    /* at most 1PiB, as reserve: a chunk no reservation holds is no setting ("no limit" near 2^64 included) */
+    BAD3("max_chunk:1026TiB", "'max_chunk'", "maximum", "1PiB");
+    BAD3("max_chunk:18446744073707454464", "'max_chunk'", "maximum", "1PiB");
     BAD3("slab_max:255", "'slab_max'", "'255'", "256B");
     BAD3("slab_max:65MiB", "'slab_max'", "'65MiB'", "64MiB");
     BAD("slab_max:0", "'slab_max'", "'0'");

@@ -6,7 +6,8 @@
  * and wake, destroy) keeps the data and gives every byte back.
  *
  *   test_large_chunks fill    the RL region's first fill on a whole pool and a grid pool
- *   test_large_chunks split   a growth above max_chunk: equal chunks of at most max_chunk
+ *   test_large_chunks split   a growth above max_chunk: equal chunks of at most max_chunk; the largest
+ *                             max_chunk (1 PiB) maps a block as one chunk, and a larger one is refused
  *   test_large_chunks churn   frees and allocations of mixed sizes, trim, decay, sleep and wake, destroy
  */
 #include <time.h>
@@ -140,6 +141,48 @@ static void test_split(void)
         CHECK(s2.mapped_bytes == s0.mapped_bytes && s2.chunks_mapped == s0.chunks_mapped);
     }
     CHECK_OK(fabpool_destroy(p));
+    if (t_ledger_p)
+        CHECK(t_ledger().bytes_held == l0.bytes_held);
+}
+
+/* max_chunk at its maximum, 1 PiB: a block's growth is one chunk (its part count computed without overflow);
+ * above it, as a FABPOOL_CONF value or a field set directly, the pool is refused before it maps anything. */
+static void test_largest_max_chunk(void)
+{
+    fabsim_ledger l0 = t_ledger();
+    fabpool_t *p = t_pool("handle_type:none,large_chunks:whole,max_chunk:1PiB,decay_ms:0");
+    if (p) {
+        fabpool_stats s0 = t_stats(p);
+        void *b = NULL;
+        CHECK_OK(fabpool_alloc(p, 64 * MB, &b));
+        CHECK(t_stats(p).chunks_mapped_total - s0.chunks_mapped_total == 1);
+        if (b) {
+            t_put_tag(b, 64 * MB, 0x4000);
+            CHECK(t_tag_ok(b, 64 * MB, 0x4000));
+            CHECK_OK(fabpool_free(p, b));
+        }
+        CHECK_OK(fabpool_destroy(p));
+    }
+    fabpool_options o;
+    fabpool_options_init(&o);
+    o.conf = "handle_type:none,large_chunks:whole";
+    o.max_chunk_bytes = UINT64_MAX - (2 * MB - 1); /* a multiple of 2 MiB near 2^64: "no limit" */
+    fabpool_t *q = (fabpool_t *)&o;
+    CHECK_STATUS(fabpool_create(&o, &q), FABPOOL_ERR_CONFIG);
+    CHECK(q == NULL && strstr(fabpool_last_error(), "max_chunk_bytes") && strstr(fabpool_last_error(), "1PiB"));
+    if (q) { /* refused neither: what it maps for a block is the check */
+        void *b = NULL;
+        CHECK_OK(fabpool_alloc(q, 64 * MB, &b));
+        CHECK_OK(fabpool_free(q, b));
+        CHECK_OK(fabpool_destroy(q));
+    }
+    fabpool_options_init(&o);
+    o.conf = "handle_type:none,large_chunks:whole,max_chunk:18446744073707454464";
+    q = (fabpool_t *)&o;
+    CHECK_STATUS(fabpool_create(&o, &q), FABPOOL_ERR_CONFIG);
+    CHECK(q == NULL && strstr(fabpool_last_error(), "'max_chunk'") && strstr(fabpool_last_error(), "1PiB"));
+    if (q)
+        CHECK_OK(fabpool_destroy(q));
     if (t_ledger_p)
         CHECK(t_ledger().bytes_held == l0.bytes_held);
 }
@@ -310,8 +353,10 @@ int main(int argc, char **argv)
     const char *only = argc > 1 ? argv[1] : NULL;
     if (!only || !strcmp(only, "fill"))
         test_fill();
-    if (!only || !strcmp(only, "split"))
+    if (!only || !strcmp(only, "split")) {
         test_split();
+        test_largest_max_chunk();
+    }
     if (!only || !strcmp(only, "churn"))
         test_churn();
     return t_done("test_large_chunks");

@@ -16,10 +16,10 @@
 #include "error.h"
 #include "json.h"
 #include "nearest.h"
+#include "sizeclass.h"
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
-#define PiB (1ull << 50)
 
 /* ------------------------------------------------------------ the table */
 
@@ -46,14 +46,14 @@ static const char *const large_chunks_words[] = {"grid", "whole", NULL};
 const struct key fp_conf_keys[] = {
     {"device", F_INT, FIELD(device), 0, parse_uint, 0, 1023, 0, 0, NULL, "a device ordinal 0..1023"},
     /* reserve: 0 by default, 8x the device memory, decided at pool creation */
-    {"reserve", F_U64, FIELD(reserve_bytes), 0, parse_size, 2 * MiB, PiB, 0, 1, NULL,
+    {"reserve", F_U64, FIELD(reserve_bytes), 0, parse_size, 2 * MiB, FP_RESERVE_MAX, 0, 1, NULL,
      "0 (8x the device memory) or a size from 2MiB to 1PiB, e.g. 2TiB"},
     {"handle_type", F_HANDLE, FIELD(handle_type), FABPOOL_HANDLE_AUTO, parse_word, 0, 3, 0, 0, handle_words,
      "auto, none, posix_fd or fabric"},
     {"max_waste", F_U32, FIELD(max_waste_percent), 25, parse_percent, 0, 100, 0, 0, NULL,
      "a whole percent 0..100, e.g. 25 or 25%"},
-    {"max_chunk", F_U64, FIELD(max_chunk_bytes), 1 * GiB, parse_size, 2 * MiB, UINT64_MAX, 2 * MiB, 0, NULL,
-     "a size that is a multiple of 2MiB, at least 2MiB, e.g. 1GiB"},
+    {"max_chunk", F_U64, FIELD(max_chunk_bytes), 1 * GiB, parse_size, 2 * MiB, FP_RESERVE_MAX, 2 * MiB, 0, NULL,
+     "a size that is a multiple of 2MiB, from 2MiB to 1PiB, e.g. 1GiB"},
     {"slab_max", F_U64, FIELD(slab_max_bytes), 4096, parse_size, 256, 64 * MiB, 0, 0, NULL,
      "a size from 256B to 64MiB, e.g. 4KiB (rounded up to a size class)"},
     /* cache_limit: no limit by default, the decay and the OOM trim return memory */

@@ -32,6 +32,8 @@
 #define FP_CLASS_STEP_MAX 1024u        /* classes up to this: 64, 128, then the multiples of 256 */
 #define FP_BLOCK_ALIGN 256u            /* a block of at least this size is aligned to it (cudaMalloc's) */
 #define FP_SLAB_MAX_LIMIT (64ull << 20)  /* the largest slab_max */
+/* the largest reservation (reserve) and chunk (max_chunk): sizes up to it add and round without overflow */
+#define FP_RESERVE_MAX (1ull << 50)
 
 static inline unsigned fp_log2_floor(uint64_t x) { return 63u - (unsigned)__builtin_clzll(x); }
 

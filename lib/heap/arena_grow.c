@@ -54,7 +54,7 @@ static fabpool_status map_range(fp_arena *a, uint64_t va, uint64_t size, int ahe
     int one = ahead || size <= FP_ONE_CHUNK_GRANULES * gran;
     uint64_t cap = gran * (one ? a->pol.chunk_granules : cells), at = va, end = va + size;
     if (!ahead && a->pol.whole_max) {
-        uint64_t most = a->pol.whole_max / gran * gran, parts = (size + most - 1) / most;
+        uint64_t most = a->pol.whole_max / gran * gran, parts = size / most + (size % most != 0); /* no wrap */
         cap = (size / gran + parts - 1) / parts * gran; /* size is a multiple of gran */
         one = 1;
     }
