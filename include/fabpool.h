@@ -377,7 +377,8 @@ FABPOOL_API fabpool_status fabpool_usable_size(fabpool_t *pool, const void *ptr,
  * its arena held and a 64th of the block).  Without a call, free memory
  * goes back by itself once unused for decay_ms (docs/config.md). */
 FABPOOL_API fabpool_status fabpool_trim(fabpool_t *pool, size_t keep_bytes);
-/* Returns the calling thread's cached blocks to the pool. */
+/* Returns the calling thread's cached blocks to the pool; cache_limit and decay_ms then apply to the memory they
+ * free, as to any free (cache_limit 0: slabs left empty are unmapped at once). */
 FABPOOL_API fabpool_status fabpool_thread_flush(fabpool_t *pool);
 
 /* Writes what every trace of the process (option trace, FABPOOL_TRACE) holds in its buffer to its file, so that

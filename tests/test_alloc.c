@@ -309,9 +309,48 @@ static void forked_child_refused(void)
     CHECK_OK(fabpool_free(pool, m));
 }
 
+/* cache_limit:0 keeps nothing cached, with the thread cache too: once every block is freed and the thread's cache
+ * flushed, no chunk stays mapped (a thread's exit gives the same back, and a pool without caches at each free). */
+static void cache_limit_zero_after_flush(void)
+{
+    const char *confs[] = {"cache_limit:0,thread_cache:false", "cache_limit:0"};
+    for (int i = 0; i < 2; i++) {
+        fabpool_t *p = t_pool(confs[i]);
+        if (!p)
+            continue;
+        void *large = NULL, *small = NULL, *medium = NULL;
+        CHECK_OK(fabpool_alloc(p, 10 * MB, &large));
+        CHECK_OK(fabpool_alloc(p, 100, &small));
+        CHECK_OK(fabpool_alloc(p, 100000, &medium));
+        CHECK_OK(fabpool_free(p, large));
+        CHECK_OK(fabpool_free(p, medium));
+        CHECK_OK(fabpool_free(p, small));
+        CHECK_OK(fabpool_thread_flush(p));
+        fabpool_stats st = t_stats(p);
+        CHECK(st.in_use_bytes == 0 && st.mapped_bytes == 0 && st.cached_bytes == 0);
+        if (t_ledger_p)
+            CHECK(t_ledger().bytes_held == 0);
+        /* and after small blocks that come and go through the cache */
+        for (int k = 0; k < 32; k++) {
+            void *q = NULL;
+            CHECK_OK(fabpool_alloc(p, 64, &q));
+            CHECK_OK(fabpool_free(p, q));
+        }
+        CHECK_OK(fabpool_thread_flush(p));
+        CHECK(t_stats(p).mapped_bytes == 0);
+        if (t_ledger_p)
+            CHECK(t_ledger().bytes_held == 0);
+        if (t_stats(p).mapped_bytes != 0)
+            fprintf(stderr, "cache_limit_zero_after_flush: %s: %llu bytes mapped after the flush\n", confs[i],
+                    (unsigned long long)t_stats(p).mapped_bytes);
+        CHECK_OK(fabpool_destroy(p));
+    }
+}
+
 int main(void)
 {
     int sim = t_driver_init();
+    cache_limit_zero_after_flush(); /* first: the driver holds nothing else yet */
     CHECK_OK(fabpool_create(NULL, &pool));
     if (!pool)
         return t_done("test_alloc");

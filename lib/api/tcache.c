@@ -309,17 +309,23 @@ void fp_alloc_class_counts(const fp_alloc *a, unsigned cls, uint64_t *allocs, ui
     *frees = fr;
 }
 
+/* The cache's blocks back to the pool; without the pool lock held, the heap's cache policy (cache_limit, decay)
+ * then runs as on a free without a cache, so that the slabs the blocks emptied go back where it says. */
 static void tcache_flush(fp_alloc *a, fp_tcache *tc, int locked)
 {
     fp_tcache_medium_flush(a, tc, locked);
+    int gave = 0;
     for (unsigned c = 0; c < a->n_slab_classes; c++) {
         if (tc->top[c] != tc->lo[c]) {
             fp_usage_slab_back(a->use, fp_bin_n(tc, c) * fp_heap_block_size(a->heap, c));
             fp_tcache_give(a, c, tc->lo[c], fp_bin_n(tc, c));
             tc->top[c] = tc->lo[c];
+            gave = 1;
         }
     }
     tc->epoch = atomic_load(&a->flush_epoch) & ~FP_EPOCH_ASLEEP;
+    if (gave && !locked)
+        fp_alloc_trim_policy(a);
 }
 
 static void tcache_free(fp_alloc *a, fp_tcache *tc)
