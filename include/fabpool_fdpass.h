@@ -44,11 +44,14 @@ extern "C" {
 #define FABPOOL_FD_HEAD_BYTES 8u
 
 /* The flags that FABPOOL_PEERS sets (0 where unset), read once in the
- * process's life, at the first call of this or of an accept or connect;
- * FABPOOL_ERR_CONFIG for a word it does not know (the message names it and
- * the words it takes), for same_user beside any_user, or for a value over 256
- * characters, and then *flags is 0 and every accept and connect answers the
- * same FABPOOL_ERR_CONFIG rather than run loosened or not as asked. */
+ * process's life, at the first call of this or of an accept or connect (a
+ * later setenv changes nothing).  Its words are matched in any case and
+ * separated by single commas, as FABPOOL_CONF's (blanks around a word are
+ * ignored); FABPOOL_ERR_CONFIG for a word it does not know (the message names
+ * it and the words it takes), an empty entry (a leading, trailing or doubled
+ * comma), same_user beside any_user, or a value over 256 characters, and then
+ * *flags is 0 and every accept and connect answers the same FABPOOL_ERR_CONFIG
+ * rather than run loosened or not as asked. */
 FABPOOL_API fabpool_status fabpool_fd_peers_env(unsigned *flags);
 
 /* fd passing between processes of one host, over Unix stream sockets

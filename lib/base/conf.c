@@ -111,7 +111,6 @@ void fabpool_options_init(fabpool_options *o)
 static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 static int is_digit(char c) { return c >= '0' && c <= '9'; }
 static int is_key_char(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c) || c == '_'; }
-static char lower(char c) { return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c; }
 
 /* How a whitespace character is shown: "' '", "'\\t'". */
 static const char *space_name(char c)
@@ -128,15 +127,6 @@ static const char *find_space(const char *s, size_t n)
     return NULL;
 }
 
-/* s[0..n) equals the NUL-terminated word w, ignoring case. */
-static int same_word(const char *s, size_t n, const char *w)
-{
-    size_t i = 0;
-    for (; i < n && w[i]; i++)
-        if (lower(s[i]) != lower(w[i]))
-            return 0;
-    return i == n && w[i] == '\0';
-}
 
 static int same_key(const char *s, size_t n, const char *name) { return strlen(name) == n && memcmp(s, name, n) == 0; }
 
@@ -232,7 +222,7 @@ static fabpool_status parse_size(const struct key *k, const char *v, size_t n, u
         return FABPOOL_OK;
     }
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (!same_word(v + used, n - used, units[i].unit))
+        if (!fp_same_word(v + used, n - used, units[i].unit))
             continue;
         if (x > (UINT64_MAX >> units[i].shift))
             return bad_value(k, v, n, "overflows 64 bits");
@@ -254,9 +244,9 @@ static fabpool_status parse_percent(const struct key *k, const char *v, size_t n
 static fabpool_status parse_bool(const struct key *k, const char *v, size_t n, uint64_t *out, fabpool_options *o)
 {
     (void)o;
-    if (same_word(v, n, "true") || same_word(v, n, "1"))
+    if (fp_same_word(v, n, "true") || fp_same_word(v, n, "1"))
         *out = 1;
-    else if (same_word(v, n, "false") || same_word(v, n, "0"))
+    else if (fp_same_word(v, n, "false") || fp_same_word(v, n, "0"))
         *out = 0;
     else
         return bad_value(k, v, n, "is not a boolean");
@@ -267,7 +257,7 @@ static fabpool_status parse_word(const struct key *k, const char *v, size_t n, u
 {
     (void)o;
     for (size_t i = 0; k->words[i]; i++)
-        if (same_word(v, n, k->words[i])) {
+        if (fp_same_word(v, n, k->words[i])) {
             *out = i;
             return FABPOOL_OK;
         }
@@ -278,7 +268,7 @@ static fabpool_status parse_word_or_index(const struct key *k, const char *v, si
                                           fabpool_options *o)
 {
     for (size_t i = 0; k->words[i]; i++)
-        if (same_word(v, n, k->words[i])) {
+        if (fp_same_word(v, n, k->words[i])) {
             *out = i;
             return FABPOOL_OK;
         }
@@ -292,7 +282,7 @@ static fabpool_status parse_peers(const struct key *k, const char *v, size_t n, 
     int list[FABPOOL_MAX_PEERS];
     int count = 0;
     *out = 0;
-    if (same_word(v, n, "none")) {
+    if (fp_same_word(v, n, "none")) {
         o->n_peer_devices = 0;
         memset(o->peer_devices, 0, sizeof o->peer_devices);
         return FABPOOL_OK;
@@ -337,7 +327,7 @@ static fabpool_status parse_path(const struct key *k, const char *v, size_t n, u
 {
     char *field = (char *)o + k->offset;
     *out = 0;
-    if (same_word(v, n, "none")) {
+    if (fp_same_word(v, n, "none")) {
         memset(field, 0, FABPOOL_TRACE_PATH_MAX);
         return FABPOOL_OK;
     }
@@ -481,7 +471,7 @@ static fabpool_status find_key(const char *kname, size_t klen, size_t *ki)
                             "separated by ',', each written key:value; known keys: %s", SHOW(kname, klen),
                             kname[i], known_keys(kk));
     for (size_t i = 0; i < NKEYS; i++)
-        if (same_word(kname, klen, keys[i].name))
+        if (fp_same_word(kname, klen, keys[i].name))
             return fp_error(FABPOOL_ERR_CONFIG, "unknown key '%.*s%s': keys are lower-case (did you mean '%s'?); "
                             "known keys: %s", SHOW(kname, klen), keys[i].name, known_keys(kk));
     const char *names[NKEYS];

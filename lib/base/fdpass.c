@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "nearest.h"
 
 #define FP_FDS_PER_MSG 250      /* fds on one sendmsg: the kernel takes at most 253 (SCM_MAX_FD) */
 #define FP_FDS_RECV_MAX 253     /* room on one recvmsg: what any sender may put on one, so no fd is dropped */
@@ -43,17 +45,50 @@ static void word_copy(char *out, size_t cap, const char *w, size_t n)
     out[k] = '\0';
 }
 
+/* The words of FABPOOL_PEERS, matched as FABPOOL_CONF's are (ignoring case). */
+static const char *const peers_words[] = {"any_user", "any_pid", "same_user"};
+
+/* FABPOOL_PEERS refused: the message every later call answers, what is wrong (fmt) and what is accepted. */
+static void peers_refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void peers_refuse(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(peers_msg, sizeof peers_msg, fmt, ap);
+    va_end(ap);
+    size_t at = n < 0 ? 0 : (size_t)n < sizeof peers_msg ? (size_t)n : sizeof peers_msg - 1;
+    snprintf(peers_msg + at, sizeof peers_msg - at, "; accepted: any_user, any_pid, same_user (the default), in "
+             "any case, separated by single commas, or empty; fd sockets refuse every peer until it is fixed");
+    peers_status = FABPOOL_ERR_CONFIG;
+}
+
+/* The flag of the word e[a..b) of FABPOOL_PEERS into *flags and *same, or its refusal (-1). */
+static int peers_word(const char *e, size_t a, size_t b, unsigned *flags, int *same)
+{
+    size_t w = 0;
+    while (w < 3 && !fp_same_word(e + a, b - a, peers_words[w]))
+        w++;
+    if (w == 3) {
+        char word[65];
+        word_copy(word, sizeof word, e + a, b - a);
+        const char *near = fp_nearest_name(e + a, b - a, peers_words, 3);
+        peers_refuse("FABPOOL_PEERS: '%s' is not a word it knows%s%s%s", word, near ? " (did you mean '" : "",
+                     near ? near : "", near ? "'?)" : "");
+        return -1;
+    }
+    *flags |= w == 0 ? FABPOOL_FD_ANY_USER : w == 1 ? FABPOOL_FD_ANY_PID : 0;
+    *same |= w == 2;
+    return 0;
+}
+
 static void peers_read(void)
 {
     const char *e = secure_getenv("FABPOOL_PEERS");
-    if (!e)
+    if (!e || !*e)
         return;
     size_t len = strnlen(e, FP_PEERS_ENV_MAX + 1);
     if (len > FP_PEERS_ENV_MAX) {
-        peers_status = FABPOOL_ERR_CONFIG;
-        snprintf(peers_msg, sizeof peers_msg, "FABPOOL_PEERS is longer than %d characters: a comma-separated list of "
-                 "any_user, any_pid, same_user (or empty) is expected; fd sockets refuse every peer until it is fixed",
-                 FP_PEERS_ENV_MAX);
+        peers_refuse("FABPOOL_PEERS is longer than %d characters", FP_PEERS_ENV_MAX);
         return;
     }
     unsigned flags = 0;
@@ -67,29 +102,20 @@ static void peers_read(void)
             a++;
         while (b > a && (e[b - 1] == ' ' || e[b - 1] == '\t'))
             b--;
-        size_t n = b - a;
-        if (n == 8 && memcmp(e + a, "any_user", 8) == 0)
-            flags |= FABPOOL_FD_ANY_USER;
-        else if (n == 7 && memcmp(e + a, "any_pid", 7) == 0)
-            flags |= FABPOOL_FD_ANY_PID;
-        else if (n == 9 && memcmp(e + a, "same_user", 9) == 0)
-            same = 1;
-        else if (n != 0) {
-            char w[65];
-            word_copy(w, sizeof w, e + a, n);
-            peers_status = FABPOOL_ERR_CONFIG;
-            snprintf(peers_msg, sizeof peers_msg, "FABPOOL_PEERS: '%s' is not a word it knows; accepted: any_user, "
-                     "any_pid, same_user (the default), comma-separated, or empty; fd sockets refuse every peer "
-                     "until it is fixed", w);
+        if (a == b) { /* as in FABPOOL_CONF: no empty entry, which a word lost in an edit leaves */
+            char v[65];
+            word_copy(v, sizeof v, e, len);
+            peers_refuse("FABPOOL_PEERS '%s' has an empty entry (%s)", v, i == 0 && j == len ? "blanks only: leave "
+                         "it empty or unset for the default" : i == 0 ? "a leading comma" : j == len ? "a trailing "
+                         "comma" : "between two commas");
             return;
         }
+        if (peers_word(e, a, b, &flags, &same) != 0)
+            return;
         i = j + 1;
     }
     if (same && (flags & FABPOOL_FD_ANY_USER)) {
-        peers_status = FABPOOL_ERR_CONFIG;
-        snprintf(peers_msg, sizeof peers_msg, "FABPOOL_PEERS names both same_user and any_user: keep the one meant "
-                 "(accepted: any_user, any_pid, same_user, comma-separated, or empty); fd sockets refuse every peer "
-                 "until it is fixed");
+        peers_refuse("FABPOOL_PEERS names both same_user and any_user: keep the one meant");
         return;
     }
     peers_flags = flags;

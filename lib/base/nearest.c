@@ -1,4 +1,4 @@
-/* nearest.c - the nearest name to a misspelt one (nearest.h). */
+/* nearest.c - the nearest name to a misspelt one, and a word matched ignoring case (nearest.h). */
 #include "nearest.h"
 
 #include <string.h>
@@ -46,4 +46,15 @@ const char *fp_nearest_name(const char *word, size_t len, const char *const *nam
         }
     }
     return found;
+}
+
+static char lower(char c) { return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c; }
+
+int fp_same_word(const char *s, size_t n, const char *w)
+{
+    size_t i = 0;
+    for (; i < n && w[i]; i++)
+        if (lower(s[i]) != lower(w[i]))
+            return 0;
+    return i == n && w[i] == '\0';
 }
