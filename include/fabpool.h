@@ -323,7 +323,9 @@ FABPOOL_API fabpool_status fabpool_free(fabpool_t *pool, void *ptr);
  * stream in every thread, which no record of the handle tells apart: an
  * allocation on it is fabpool_alloc's, and a free on it waits for the
  * calling thread's stream, then frees as fabpool_free does (it never owns
- * the pool); fabpool_record_stream refuses it. */
+ * the pool); fabpool_record_stream refuses it.  CU_STREAM_LEGACY
+ * ((void *)0x1, cudaStreamLegacy) is the legacy default stream NULL names:
+ * the pair and fabpool_record_stream take the two as the same stream. */
 FABPOOL_API fabpool_status fabpool_alloc_on_stream(fabpool_t *pool, size_t size, void *stream, void **out);
 FABPOOL_API fabpool_status fabpool_free_on_stream(fabpool_t *pool, void *ptr, void *stream);
 /* Ends the owner mode now, for good: waits for the owner stream's work

@@ -637,6 +637,48 @@ static void asleep_refuses(CUstream s, CUstream s2)
     CHECK_OK(fabpool_destroy(p));
 }
 
+/* CU_STREAM_LEGACY ((void *)0x1, cudaStreamLegacy) is the legacy default stream that NULL names: a block
+ * allocated on one and freed on the other is the same stream's, for the owner and for the queue. */
+static void legacy_is_null(void)
+{
+    void *const legacy = (void *)CU_STREAM_LEGACY;
+    fabpool_t *p = t_pool("handle_type:none");
+    if (p) {
+        void *a = NULL, *b = NULL;
+        CHECK_OK(fabpool_alloc_on_stream(p, 4096, NULL, &a)); /* NULL owns the pool */
+        fabpool_counters k0 = counters(p);
+        CHECK_OK(fabpool_free_on_stream(p, a, legacy)); /* the owner's free: at once, no fence */
+        CHECK_OK(fabpool_alloc_on_stream(p, 300000, legacy, &b));
+        fabpool_counters k1 = counters(p);
+        CHECK(k1.stream_owner_frees == k0.stream_owner_frees + 1 && k1.stream_pending_blocks == 0);
+        CHECK(k1.stream_fences == k0.stream_fences && k1.streams == k0.streams);
+        /* recorded on the stream it is freed on: nothing added, the owner's free */
+        CHECK_OK(fabpool_record_stream(p, b, legacy));
+        CHECK_OK(fabpool_free_on_stream(p, b, NULL));
+        fabpool_counters k2 = counters(p);
+        CHECK(k2.stream_owner_frees == k1.stream_owner_frees + 1 && k2.stream_pending_blocks == 0);
+        CHECK(k2.stream_fences == k0.stream_fences);
+        CHECK_OK(fabpool_destroy(p));
+    }
+    p = t_pool("handle_type:none,stream_owner:0");
+    if (p) {
+        void *x = NULL, *y = NULL;
+        CHECK_OK(fabpool_alloc_on_stream(p, 4096, NULL, &x));
+        CHECK_OK(fabpool_free_on_stream(p, x, legacy));
+        fabpool_counters k0 = counters(p);
+        uint64_t c0 = calls(NULL);
+        CHECK_OK(fabpool_alloc_on_stream(p, 4096, NULL, &y)); /* the same stream's block, back at once */
+        CHECK(y == x && calls(NULL) == c0 && counters(p).stream_reuse_same == k0.stream_reuse_same + 1);
+        CHECK_OK(fabpool_free_on_stream(p, y, NULL));
+        CHECK_OK(fabpool_alloc_on_stream(p, 4096, legacy, &x));
+        CHECK(x == y && counters(p).stream_reuse_same == k0.stream_reuse_same + 2);
+        CHECK_OK(fabpool_free(p, x));
+        CHECK(counters(p).streams <= 1);
+        CHECK_OK(fabpool_destroy(p));
+    }
+    CHECK(t_ledger().bytes_held == 0 && t_ledger().mappings == 0);
+}
+
 int main(void)
 {
     int sim = t_driver_init();
@@ -669,6 +711,7 @@ int main(void)
     owner_ends(s1, s2);
     asleep_refuses(s1, s2);
     refused_free_claims_nothing(s1, s2);
+    legacy_is_null();
     cuStreamDestroy(s1);
     cuStreamDestroy(s2);
     return t_done("test_stream");

@@ -13,6 +13,11 @@
  * an event recorded on its stream after the free has completed; then it is
  * freed into the pool like any other block. */
 
+/* The stream a handle names, as the pool keys its records and its owner: CU_STREAM_LEGACY (cudaStreamLegacy) is
+ * the legacy default stream that NULL names, so a block allocated on one and freed on the other is the same
+ * stream's (the owner's free at once, or taken back by the stream's next allocation). */
+static inline void *stream_key(void *stream) { return stream == (void *)CU_STREAM_LEGACY ? NULL : stream; }
+
 /* Which list a request of size bytes looks in, and for a large one the sizes that fit it (at most 1.25x). */
 static uint32_t stream_class(const fp_alloc *a, size_t size, uint64_t *need, uint64_t *max)
 {
@@ -65,9 +70,9 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
         return FABPOOL_OK;
     if (stream == (void *)CU_STREAM_PER_THREAD)   /* a different stream in every thread: no stream's block */
         return fabpool_alloc(p, size, out);
+    stream = stream_key(stream);
     fabpool_status st = FABPOOL_OK;
-    /* before anything is taken: a block the stream freed, another stream's done block and the owner claim would
-     * each hand out (or change) what sleep unmapped */
+    /* before anything is taken: a freed or done block and the owner claim would hand out what sleep unmapped */
     if (FP_UNLIKELY(fp_chunks_asleep(a->sp->ch))) {
         st = fp_chunk_asleep_error("fabpool_alloc_on_stream");
         FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, 0, size, stream, st);
@@ -239,6 +244,7 @@ fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)
 {
     if (stream == (void *)CU_STREAM_PER_THREAD)
         return free_per_thread(p, ptr);
+    stream = stream_key(stream);
     stream_block b;
     fabpool_status st = stream_block_open(p, ptr, "fabpool_free_on_stream", &b);
     if (st != FABPOOL_OK || !b.s)
@@ -333,6 +339,7 @@ fabpool_status fabpool_record_stream(fabpool_t *p, void *ptr, void *stream)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_record_stream(%p): the per-thread default stream "
                         "(CU_STREAM_PER_THREAD) names a different stream in every thread, which the free cannot wait "
                         "for; record the stream's own handle, or synchronize it before the free", ptr);
+    stream = stream_key(stream);
     stream_block b;
     fabpool_status st = stream_block_open(p, ptr, "fabpool_record_stream", &b);
     if (st != FABPOOL_OK || !b.s)
