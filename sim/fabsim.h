@@ -8,8 +8,10 @@
  * need the ledger are skipped).
  *
  * Environment variables read at cuInit:
- *   FABSIM_DEVICES=N          number of devices (default 1, at most 16)
- *   FABSIM_MEMORY=SIZE        physical capacity of each device, e.g. 16GiB (default 16GiB)
+ *   FABSIM_DEVICES=N          number of devices, 0 to 16 (default 1)
+ *   FABSIM_MEMORY=SIZE        physical capacity of each device: whole bytes, optionally with a unit of
+ *                             powers of 1024 in any case (K, M, G, T, P; KB, KiB ...), e.g. 16GiB
+ *                             (default 16GiB)
  *   FABSIM_FABRIC=0|1         1: fabric handles are permitted; 0 (default): cuMemCreate
  *                             with CU_MEM_HANDLE_TYPE_FABRIC answers CUDA_ERROR_NOT_PERMITTED,
  *                             as on a machine without an IMEX channel
@@ -25,6 +27,9 @@
  *                             call of cuMemCreate (counted from cuInit) fail with that error.
  *                             nth may be '*' (every call from then on).
  *   FABSIM_TRACE=1            print every driver call to stderr
+ * A value of FABSIM_DEVICES, FABSIM_MEMORY or FABSIM_HOST_MEMORY that is not
+ * one (a size of 0 bytes included) makes cuInit fail with
+ * CUDA_ERROR_INVALID_VALUE, saying which on stderr; nothing is set up.
  */
 #ifndef FABSIM_H
 #define FABSIM_H

@@ -9,19 +9,56 @@
 
 #include "sim.h"
 
+/* A size: whole decimal bytes, optionally followed by a unit of powers of 1024 in any case (K, KB, KiB ... P, PB,
+ * PiB); 0 where it is none (no digits, another unit, anything after it, 0 bytes, or past 64 bits). */
 static uint64_t parse_size(const char *s)
 {
-    char *end;
-    uint64_t v = strtoull(s, &end, 10);
-    if (!strcasecmp(end, "k") || !strcasecmp(end, "kib") || !strcasecmp(end, "kb"))
-        v <<= 10;
-    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib") || !strcasecmp(end, "mb"))
-        v <<= 20;
-    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib") || !strcasecmp(end, "gb"))
-        v <<= 30;
-    else if (!strcasecmp(end, "t") || !strcasecmp(end, "tib") || !strcasecmp(end, "tb"))
-        v <<= 40;
-    return v;
+    static const char *const units[] = {"", "k", "kb", "kib", "m", "mb", "mib", "g", "gb", "gib", "t", "tb", "tib",
+                                        "p", "pb", "pib"};
+    uint64_t v = 0;
+    const char *c = s;
+    for (; *c >= '0' && *c <= '9'; c++) {
+        if (v > (UINT64_MAX - (uint64_t)(*c - '0')) / 10)
+            return 0;
+        v = v * 10 + (uint64_t)(*c - '0');
+    }
+    if (c == s)
+        return 0;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        unsigned shift = (unsigned)((i + 2) / 3) * 10;
+        if (!strcasecmp(c, units[i]))
+            return v > (UINT64_MAX >> shift) ? 0 : v << shift;
+    }
+    return 0;
+}
+
+/* The settings of the environment (fabsim.h); a value that is not one is refused on stderr, as the sim is a test
+ * tool whose wrong setting must not pass for another. */
+static int read_settings(void)
+{
+    const char *v;
+    if ((v = getenv("FABSIM_DEVICES")) && *v) {
+        char *end = NULL;
+        long n = v[0] >= '0' && v[0] <= '9' ? strtol(v, &end, 10) : -1;
+        if (n < 0 || n > FABSIM_MAX_DEVICES || *end) {
+            fprintf(stderr, "fabsim: FABSIM_DEVICES='%s' is not a number of devices from 0 to %d; cuInit fails\n", v,
+                    FABSIM_MAX_DEVICES);
+            return -1;
+        }
+        sim_ndev = (int)n;
+    }
+    const char *const sizes[] = {"FABSIM_MEMORY", "FABSIM_HOST_MEMORY"};
+    uint64_t *const to[] = {&sim_capacity, &sim_host_capacity};
+    for (int i = 0; i < 2; i++) {
+        if (!(v = getenv(sizes[i])) || !*v)
+            continue;
+        if (!(*to[i] = parse_size(v))) {
+            fprintf(stderr, "fabsim: %s='%s' is not a size: write whole bytes above 0, optionally with a unit of "
+                    "powers of 1024 (K, M, G, T, P; KB or KiB ...), e.g. 16GiB; cuInit fails\n", sizes[i], v);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static void after_fork_child(void)
@@ -43,17 +80,10 @@ SIM_API CUresult cuInit(unsigned flags)
     pthread_mutex_lock(&sim_lock);
     if (!sim_inited) {
         const char *v;
-        if ((v = getenv("FABSIM_DEVICES")) && *v) {
-            sim_ndev = atoi(v);
-            if (sim_ndev < 0)
-                sim_ndev = 0;
-            if (sim_ndev > FABSIM_MAX_DEVICES)
-                sim_ndev = FABSIM_MAX_DEVICES;
+        if (read_settings() != 0) {
+            pthread_mutex_unlock(&sim_lock);
+            return CUDA_ERROR_INVALID_VALUE;
         }
-        if ((v = getenv("FABSIM_MEMORY")) && *v)
-            sim_capacity = parse_size(v);
-        if ((v = getenv("FABSIM_HOST_MEMORY")) && *v)
-            sim_host_capacity = parse_size(v);
         sim_fabric = (v = getenv("FABSIM_FABRIC")) && atoi(v) != 0;
         sim_rdma = !((v = getenv("FABSIM_RDMA")) && *v && atoi(v) == 0);
         sim_trace = (v = getenv("FABSIM_TRACE")) && atoi(v) != 0;
