@@ -68,10 +68,37 @@ static void create_without_room(void)
     CHECK_OK(fabpool_destroy(p));
 }
 
+/* A window larger than the reservation: FABPOOL_ERR_LIMIT, whose advice is a larger reserve only where one
+ * (at most 1 PiB) would hold it. */
+static void create_beyond_any_reservation(void)
+{
+    fabpool_t *p = t_pool("reserve:256MiB");
+    if (!p)
+        return;
+    const struct {
+        size_t max_size;
+        const char *says, *never;
+    } cases[] = {
+        {512 * MB, "raise reserve", "beyond any reservation"},
+        {(size_t)1 << 49, "raise reserve", "beyond any reservation"},
+        {((size_t)1 << 50) + 1, "beyond any reservation", "raise reserve"},
+        {SIZE_MAX, "beyond any reservation", "raise reserve"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fabpool_buffer_t *b = (fabpool_buffer_t *)1;
+        CHECK_STATUS(fabpool_buffer_create(p, cases[i].max_size, 2 * MB, &b), FABPOOL_ERR_LIMIT);
+        CHECK(b == NULL && strstr(fabpool_last_error(), cases[i].says) && !strstr(fabpool_last_error(),
+                                                                                   cases[i].never));
+    }
+    CHECK(t_stats(p).buffers == 0);
+    CHECK_OK(fabpool_destroy(p));
+}
+
 int main(int argc, char **argv)
 {
     int sim = t_driver_init();
     create_without_room();
+    create_beyond_any_reservation();
     long steps = argc > 1 ? atol(argv[1]) : 10000;
     uint64_t max_tokens = 16384;
     fabpool_t *p = NULL;

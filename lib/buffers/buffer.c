@@ -28,6 +28,7 @@
 #include "list.h"
 #include "log.h"
 #include "refit.h"
+#include "sizeclass.h"
 #include "trace.h"
 
 /* Size of the next chunk when `live` bytes are mapped and `target` wanted:
@@ -353,10 +354,11 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
                         "at least 1 and size <= max_size", max_size, size);
     if (fp_chunks_asleep(bs->sp->ch)) /* before the room: an asleep pool says so, whatever the size */
         return fp_chunk_asleep_error("fabpool_buffer_create");
-    if (max_size > fp_space_size(bs->sp) - bs->sp->gran)
+    if (max_size > fp_space_size(bs->sp) - bs->sp->gran) /* a larger reserve helps up to its maximum only */
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_create: max_size %zu is larger than the pool's "
-                        "reserved address space (%llu bytes); raise reserve", max_size,
-                        (unsigned long long)fp_space_size(bs->sp));
+                        "reserved address space (%llu bytes); %s", max_size, (unsigned long long)fp_space_size(bs->sp),
+                        max_size > FP_RESERVE_MAX - bs->sp->gran ? "it is beyond any reservation (reserve is at most "
+                        "1PiB): ask for a smaller max_size" : "raise reserve");
     fabpool_status fits = fp_chunk_fits_device(bs->sp->ch, size, "fabpool_buffer_create: a size of");
     if (fits != FABPOOL_OK) /* refused before anything is mapped, not after the whole device was */
         return fits;
