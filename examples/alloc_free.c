@@ -12,6 +12,7 @@
  *   FABPOOL_CUDA_LIBRARY=build/sim/libcuda.so.1 ./alloc_free
  */
 #include <fabpool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "try.h" /* TRY(call): print fabpool's message and return 1 on failure; MiB */
@@ -40,13 +41,16 @@ int main(void)
         return 1;
 
     /* 2. Blocks.  Small sizes come from size classes cached per thread, large ones are cut from mapped chunks.
-     *    Ask for a multiple of 256 bytes where the block needs 256-byte alignment. */
+     *    Every block of 256 bytes or more starts on a multiple of 256 bytes, as cudaMalloc's do (300 bytes here);
+     *    a smaller one on its size rounded up to a power of two, at least 64: ask for 256 bytes, or use
+     *    fabpool_alloc_aligned, where a kernel needs more. */
     void *small, *large;
-    TRY(fabpool_alloc(pool, 1024, &small));
+    TRY(fabpool_alloc(pool, 300, &small));
     TRY(fabpool_alloc(pool, 64u << 20, &large));
     size_t got;
     TRY(fabpool_usable_size(pool, large, &got));
-    printf("64 MiB block at %p, usable size %zu bytes\n", large, got);
+    printf("300-byte block at %p, 64 MiB block at %p, usable size %zu bytes\n", small, large, got);
+    int aligned = (uintptr_t)small % 256 == 0 && (uintptr_t)large % 256 == 0;
     if (show(pool, "after two allocations:"))
         return 1;
 
@@ -69,10 +73,12 @@ int main(void)
     fabpool_stats st = {.struct_size = sizeof st};
     TRY(fabpool_get_stats(pool, &st));
     TRY(fabpool_destroy(pool));
-    /* What this example shows must hold: nothing in use, nothing mapped, the foreign free refused. */
-    if (st.in_use_bytes != 0 || st.mapped_bytes != 0 || s != FABPOOL_ERR_NOT_FOUND) {
-        fprintf(stderr, "unexpected: in use %llu, mapped %llu, foreign free %s\n",
-                (unsigned long long)st.in_use_bytes, (unsigned long long)st.mapped_bytes, fabpool_status_name(s));
+    /* What this example shows must hold: the blocks 256-aligned, nothing in use or mapped at the end, the foreign
+     * free refused. */
+    if (!aligned || st.in_use_bytes != 0 || st.mapped_bytes != 0 || s != FABPOOL_ERR_NOT_FOUND) {
+        fprintf(stderr, "unexpected: blocks %s256-aligned, in use %llu, mapped %llu, foreign free %s\n",
+                aligned ? "" : "not ", (unsigned long long)st.in_use_bytes, (unsigned long long)st.mapped_bytes,
+                fabpool_status_name(s));
         return 1;
     }
     printf("done\n");
