@@ -226,7 +226,9 @@ FABPOOL_API fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t
  * reservation.  Buffers and allocations still live are unmapped too (their
  * count is reported in the message, and the status is FABPOOL_ERR_BUSY, but
  * the pool is gone either way).  No other thread may use the pool meanwhile.
- * A NULL pool: nothing is done and the answer is FABPOOL_OK.  A pool made
+ * The pool pointer is freed memory after it (a call with it is undefined);
+ * the handles of its buffers and views are refused (the handles paragraph
+ * under "growable buffers").  A NULL pool: nothing is done and the answer is FABPOOL_OK.  A pool made
  * before this process was forked: nothing is done, FABPOOL_ERR_NOT_SUPPORTED
  * (the fork paragraph at the top of this file). */
 FABPOOL_API fabpool_status fabpool_destroy(fabpool_t *pool);
@@ -392,6 +394,23 @@ FABPOOL_API fabpool_status fabpool_trace_flush(void);
 
 typedef struct fabpool_buffer fabpool_buffer_t;
 
+/* Handles.  A buffer's handle is the caller's from fabpool_buffer_create or
+ * fabpool_buffer_reuse until fabpool_buffer_destroy or fabpool_buffer_release
+ * answers FABPOOL_OK, or the pool is destroyed; a view's (fabpool_view_t,
+ * below) from fabpool_view_open or fabpool_view_open_peer until
+ * fabpool_view_close or fabpool_view_release answers FABPOOL_OK, or its pool
+ * is destroyed.  After that, every call that takes the handle refuses it with
+ * FABPOOL_ERR_INVALID_ARG and a message naming the call (fabpool_buffer_ptr
+ * and fabpool_view_ptr answer NULL) and changes nothing: the library reads
+ * nothing of what the handle named, and no new buffer or view gets the same
+ * handle before at least 1024 more of the process's buffers and views have
+ * been freed after it (a reused buffer and a view taken back come under new
+ * handles too).  A view's handle given as a buffer's, or the reverse, and a
+ * pointer that never was a handle are refused the same way.  Undefined: a
+ * handle that one thread uses while another destroys, releases or closes it
+ * (the caller's race, as for free()), and a stale handle used after 1024 more
+ * were freed (it may name a new buffer or view by then). */
+
 /* A buffer with its own address window of max_size bytes (rounded up to the
  * granularity) and size bytes mapped at its start.  Its address never changes.
  * While the pool sleeps: FABPOOL_ERR_ASLEEP (whatever the sizes).  No free
@@ -434,7 +453,9 @@ FABPOOL_API fabpool_status fabpool_buffer_resize(fabpool_buffer_t *buf, size_t s
  * generation new; resize it to use more. */
 FABPOOL_API fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const size_t *sizes,
                                                     size_t n, void *stream);
-/* Unmaps everything (after the work on `stream`, as for resize) and frees the window. */
+/* Unmaps everything (after the work on `stream`, as for resize) and frees the
+ * window.  After FABPOOL_OK, buf is refused (handles, above); on failure it
+ * is live as before. */
 FABPOOL_API fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *buf, void *stream);
 /* Gives the buffer up but keeps its window, its chunks and their exported
  * handles for keep_ms (an option, 1000 ms by default), so that the next
@@ -447,14 +468,15 @@ FABPOOL_API fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *buf, void *s
  * passed (at the pool's next release, reuse or collect), by a reuse that
  * finds none that fits, by fabpool_trim, by an out-of-memory retry, by sleep
  * and at pool destroy; fabpool_stats.kept_bytes counts what they map.  With
- * keep_ms 0 this is fabpool_buffer_destroy(buf, NULL).  After it, buf is not
- * the caller's any more. */
+ * keep_ms 0 this is fabpool_buffer_destroy(buf, NULL).  After it, buf is
+ * refused (handles, above): a reuse hands the buffer out under a new handle. */
 FABPOOL_API fabpool_status fabpool_buffer_release(fabpool_buffer_t *buf);
 /* A buffer of `size` bytes made from a released one: the kept buffer whose
  * window holds size and whose mapped bytes are nearest to it, resized to size
  * (growing maps only the missing chunks; shrinking retires after the work on
  * `stream`, as fabpool_buffer_resize).  Its base address and export id are
- * the released buffer's, its bytes whatever it held.  FABPOOL_ERR_NOT_FOUND
+ * the released buffer's, its bytes whatever it held; *out is a new handle
+ * (the released one stays refused).  FABPOOL_ERR_NOT_FOUND
  * when no kept buffer's window holds size: every kept buffer is then given
  * back (a miss ends the reuse, so that kept memory never adds to new
  * memory), and the caller creates one.  While the pool sleeps (which gave
@@ -477,7 +499,8 @@ typedef struct fabpool_buffer_info {
                              (fabpool_peers_ack takes it) */
 } fabpool_buffer_info;
 FABPOOL_API fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *buf, fabpool_buffer_info *out);
-/* The buffer's base address (NULL for a NULL buffer); it never changes. */
+/* The buffer's base address; it never changes.  NULL for a NULL buffer and
+ * for one refused (handles, above; the message says why). */
 FABPOOL_API void *fabpool_buffer_ptr(const fabpool_buffer_t *buf);
 
 /* A dma-buf file descriptor for bytes [offset, offset + size) of the
@@ -827,10 +850,12 @@ FABPOOL_API fabpool_status fabpool_view_open_peer(fabpool_t *pool, int peer_pid,
 FABPOOL_API fabpool_status fabpool_view_apply(fabpool_view_t *view, const void *desc, size_t len, const int *fds,
                                              size_t nfds);
 FABPOOL_API fabpool_status fabpool_view_get_info(const fabpool_view_t *view, fabpool_buffer_info *out);
-/* The view's base address in this process (NULL for a NULL view). */
+/* The view's base address in this process.  NULL for a NULL view and for
+ * one refused (the handles paragraph above fabpool_buffer_create). */
 FABPOOL_API void *fabpool_view_ptr(const fabpool_view_t *view);
 /* Unmaps everything and frees the view's window.  The caller makes sure no
- * GPU work still reads the view. */
+ * GPU work still reads the view.  After FABPOOL_OK, view is refused (the
+ * handles paragraph above fabpool_buffer_create); on failure it stays open. */
 FABPOOL_API fabpool_status fabpool_view_close(fabpool_view_t *view);
 /* Closes the view but keeps its mappings for keep_ms: a fabpool_view_open_peer
  * from the same peer (peer_pid) of a descriptor of the same buffer (its
@@ -841,8 +866,9 @@ FABPOOL_API fabpool_status fabpool_view_close(fabpool_view_t *view);
  * keep_ms has passed (at the pool's next view open or release), by
  * fabpool_trim, by sleep and at pool destroy.  With keep_ms 0, and for a
  * view that fabpool_view_open opened (no peer vouched for: no open could
- * take it back), this is fabpool_view_close.  After it, view is not the
- * caller's any more. */
+ * take it back), this is fabpool_view_close.  After it, view is refused (the
+ * handles paragraph above fabpool_buffer_create): an open that takes the
+ * kept view back answers a new handle. */
 FABPOOL_API fabpool_status fabpool_view_release(fabpool_view_t *view);
 
 #ifdef __cplusplus

@@ -403,6 +403,10 @@ static void break_buffer(fabpool_t *p, fabpool_buffer_t *b)
     expect_broken(p, "[buffer.size]", "size beyond live");
     b->size = sz;
 
+    b->kept = 1; /* released, but its handle live */
+    expect_broken(p, "[buffer.handle]", "a released buffer's handle live");
+    b->kept = 0;
+
     b->chunks[0].uses.n++;
     expect_broken(p, "[buffer.uses]", "a chunk with more tickets than room");
     b->chunks[0].uses.n--;
@@ -435,6 +439,9 @@ static void break_view(fabpool_t *p, fabpool_view_t *v)
     atomic_fetch_add(&p->views.bytes, gran);
     expect_broken(p, "[view.stats]", "view bytes");
     atomic_fetch_sub(&p->views.bytes, gran);
+    v->kept = 1; /* released, but its handle live */
+    expect_broken(p, "[view.handle]", "a released view's handle live");
+    v->kept = 0;
     uint64_t sz = v->chunks[0].size;
     v->chunks[0].size = v->window + gran;
     expect_broken(p, "[view.chunks]", "view chunk past window");

@@ -7,13 +7,17 @@
 
 #include "buffer.h"
 #include "error.h"
+#include "handles.h"
 
 fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *b, size_t offset, size_t size, int *fd)
 {
     if (fd)
         *fd = -1;
-    if (!b || !fd)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_dmabuf: the buffer or the fd output is NULL");
+    if (!fd)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_dmabuf: the fd output is NULL");
+    fabpool_status st = fp_handle_check(b, FP_HANDLE_BUFFER, "fabpool_buffer_dmabuf", "the buffer");
+    if (st != FABPOOL_OK)
+        return st;
     fp_buffers *bs = b->owner;
     if (fp_device_forked(bs->sp->ch))
         return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_dmabuf");
@@ -21,14 +25,11 @@ fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *b, size_t offset, size_t 
     if (page == 0 || page == (uint64_t)-1)
         page = 4096;
     fp_lock(&bs->sp->lock);
-    fabpool_status st = FABPOOL_OK;
     uint64_t live = b->live;
     uint32_t n = 0;
     for (uint32_t i = 0; i < b->n; i++)
         n += !b->chunks[i].retiring && b->chunks[i].off < offset + size && b->chunks[i].off + b->chunks[i].size > offset;
-    if (b->destroyed)
-        st = fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_dmabuf: the buffer was destroyed");
-    else if (fp_chunks_asleep(bs->sp->ch))
+    if (fp_chunks_asleep(bs->sp->ch))
         st = fp_chunk_asleep_error("fabpool_buffer_dmabuf");
     else if (size == 0)
         st = fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_dmabuf: the size is 0; give the bytes to export");

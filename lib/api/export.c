@@ -10,6 +10,7 @@
 #include "conf_options.h"
 #include "desc.h"
 #include "error.h"
+#include "handles.h"
 
 /* ------------------------------------------------------------ export */
 
@@ -28,8 +29,11 @@ static fabpool_status export_chunk(fp_buffers *bs, struct fabpool_buffer *b, fp_
 fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *desc, size_t cap, size_t *len,
                                      int *fds, size_t fd_cap, size_t *nfds)
 {
-    if (!b || !len || !nfds)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: the buffer, len or nfds is NULL");
+    if (!len || !nfds)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: len or nfds is NULL");
+    fabpool_status st = fp_handle_check(b, FP_HANDLE_BUFFER, "fabpool_buffer_export", "the buffer");
+    if (st != FABPOOL_OK)
+        return st;
     fp_buffers *bs = b->owner;
     if (fp_device_forked(bs->sp->ch))
         return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_export");
@@ -38,11 +42,6 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
                         "with handle_type:posix_fd, fabric or auto to share its buffers",
                         fp_handle_type_name(bs->sp->ch->handle_type));
     fp_lock(&bs->sp->lock);
-    fabpool_status st = FABPOOL_OK;
-    if (b->destroyed) {
-        st = fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export: the buffer is destroyed");
-        goto out;
-    }
     if (fp_chunks_asleep(bs->sp->ch)) {
         st = fp_chunk_asleep_error("fabpool_buffer_export");
         goto out;
@@ -96,8 +95,9 @@ out:
 
 fabpool_status fabpool_buffer_export_done(fabpool_buffer_t *b)
 {
-    if (!b)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_export_done: the buffer is NULL");
+    fabpool_status st = fp_handle_check(b, FP_HANDLE_BUFFER, "fabpool_buffer_export_done", "the buffer");
+    if (st != FABPOOL_OK)
+        return st;
     fp_space *sp = b->owner->sp;
     if (fp_device_forked(sp->ch))
         return fp_device_forked_error(sp->ch, "fabpool_buffer_export_done");
@@ -141,15 +141,17 @@ static fabpool_status ack_locked(fp_buffers *bs, struct fabpool_buffer *b, uint6
 
 fabpool_status fabpool_buffer_peers_ack(fabpool_buffer_t *b, uint64_t generation)
 {
-    if (!b)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is NULL");
+    fabpool_status st = fp_handle_check(b, FP_HANDLE_BUFFER, "fabpool_buffer_peers_ack", "the buffer");
+    if (st != FABPOOL_OK) {
+        if (b)
+            fp_error_append(" (a destroyed or released buffer is acknowledged by its export id: fabpool_peers_ack)");
+        return st;
+    }
     fp_buffers *bs = b->owner;
     if (fp_device_forked(bs->sp->ch))
         return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_peers_ack");
     fp_lock(&bs->sp->lock);
-    fabpool_status st = b->destroyed ? fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_peers_ack: the buffer is "
-                                                "destroyed; acknowledge by its export id (fabpool_peers_ack)")
-                                     : ack_locked(bs, b, generation, "fabpool_buffer_peers_ack");
+    st = ack_locked(bs, b, generation, "fabpool_buffer_peers_ack");
     fp_unlock(&bs->sp->lock);
     return st;
 }

@@ -11,14 +11,16 @@
 #include "desc.h"
 #include "distinct_files.h"
 #include "error.h"
+#include "handles.h"
 #include "list.h"
 #include "retire.h"
 
 _Static_assert(sizeof(CUmemFabricHandle) == FP_DESC_FABRIC_BYTES, "a record holds one fabric handle");
+_Static_assert(sizeof(struct fabpool_view) <= FP_HANDLE_BYTES, "a view fits its handle's slot (handles.h)");
 
 /* ------------------------------------------------------------ views */
 
-static void close_fds(const int *fds, size_t n)
+void fp_view_close_fds(const int *fds, size_t n)
 {
     for (size_t i = 0; fds && i < n; i++)
         if (fds[i] >= 0)
@@ -340,7 +342,7 @@ static fabpool_status apply_commit(fp_views *vs, fabpool_view_t *v, const fp_des
  * there maps the dropped ones back.  So a failure leaves the view exactly as
  * it was, unless the driver refuses the map back too (FABPOOL_ERR_PARTIAL:
  * the view ends where the first chunk it lost began). */
-static fabpool_status apply_locked(fabpool_view_t *v, const fp_desc *ds, const int *fds)
+fabpool_status fp_view_apply_locked(fabpool_view_t *v, const fp_desc *ds, const int *fds)
 {
     fp_lock_assert_held(&v->owner->sp->lock);
     fp_views *vs = v->owner;
@@ -390,12 +392,10 @@ void fp_views_read_counters(const fp_views *src, fp_view_counters *c)
     FP_VIEWS_COUNTERS(FP_COUNTER_COPY)
 }
 
-static fabpool_status view_free(fp_views *vs, fabpool_view_t *v, int force);
-
-/* Marks v kept (on) or not, kept_bytes following the bytes its chunks map (what fabpool_check adds up: a view
- * that lost chunks to a refused apply counts what it still maps). */
-static void view_keep(fp_views *vs, fabpool_view_t *v, int on)
+void fp_view_keep(fp_views *vs, fabpool_view_t *v, int on)
 {
+    if (on)
+        fp_handle_kill(v); /* an open of its buffer takes it back under a new handle */
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < v->n; i++)
         bytes += v->chunks[i].size;
@@ -415,128 +415,31 @@ void fp_views_drop_kept(fp_views *vs, int all)
     for (fabpool_view_t *v = vs->list, *next; v; v = next) {
         next = v->next;
         if (v->kept && (all || now - v->kept_ns >= keep))
-            (void)view_free(vs, v, 0); /* a refusal: it stays kept, the next drop closes it */
+            (void)fp_view_free(vs, v, 0); /* a refusal: it stays kept, the next drop closes it */
     }
-}
-
-/* The kept view of the buffer ds describes, opened from the process the
- * caller vouches for now (`vouched`), taken back and brought to ds (importing
- * and mapping only the chunks it lacks); NULL if none is kept, or if the one
- * kept could not take ds (it is closed: the caller opens a view afresh).
- * The vouched pid is what makes the reuse safe: a chunk the view maps
- * already is not imported again, so its fd is never looked at, and every
- * field of the descriptor that names the buffer is the sender's word; another
- * peer could name a buffer it was never given, with fds of anything.  Pool
- * lock held. */
-static fabpool_view_t *reopen_kept(fp_views *vs, int vouched, const fp_desc *ds, const int *fds)
-{
-    fp_views_drop_kept(vs, 0);
-    fabpool_view_t *v = vs->list;
-    while (v && !(v->kept && v->vouched_pid == vouched && v->uid == ds->uid && v->peer_pid == ds->pid &&
-                  v->window == ds->window && v->handle_type == ds->handle_type))
-        v = v->next;
-    if (!v)
-        return NULL;
-    view_keep(vs, v, 0); /* taken back: what the apply unmaps or maps is an open view's */
-    if (apply_locked(v, ds, fds) != FABPOOL_OK) {
-        if (view_free(vs, v, 0) != FABPOOL_OK)
-            view_keep(vs, v, 1); /* a refusal: it stays kept, the next drop closes it */
-        fp_error_clear();
-        return NULL;
-    }
-    return v;
-}
-
-fabpool_status fp_view_open(fp_views *vs, int vouched, const void *desc, size_t len, const int *fds, size_t nfds,
-                            fabpool_view_t **out)
-{
-    if (!vs || !out || vouched < 0) {
-        close_fds(fds, nfds);
-        return fp_error(FABPOOL_ERR_INVALID_ARG, vouched < 0 ? "fabpool_view_open_peer: the peer's pid is not a "
-                        "process id (above 0)" : "fabpool_view_open: the pool or the output pointer is NULL");
-    }
-    *out = NULL;
-    fp_desc ds;
-    const char *fn = vouched ? "fabpool_view_open_peer" : "fabpool_view_open";
-    fabpool_status st = fp_device_forked(vs->sp->ch) ? fp_device_forked_error(vs->sp->ch, fn)
-                                                     : fp_desc_parse(desc, len, nfds, &ds);
-    if (st == FABPOOL_OK && ds.since != 0)
-        st = fp_desc_refuse("a first view needs a full descriptor (since 0), this is a delta since %llu (of %llu)",
-                      ds.since, ds.generation);
-    if (st == FABPOOL_OK && ds.gran != vs->sp->gran && ds.gran % vs->sp->gran)
-        st = fp_desc_refuse("its granularity %llu does not fit this pool's %llu", ds.gran, vs->sp->gran);
-    fabpool_view_t *v = NULL;
-    if (st == FABPOOL_OK && vouched && atomic_load(&vs->kept_bytes)) {
-        fp_lock(&vs->sp->lock);
-        v = fp_chunks_asleep(vs->sp->ch) ? NULL : reopen_kept(vs, vouched, &ds, fds);
-        fp_unlock(&vs->sp->lock);
-        if (v) {
-            close_fds(fds, nfds);
-            *out = v;
-            return FABPOOL_OK;
-        }
-    }
-    if (st == FABPOOL_OK && !(v = fp_meta_alloc(vs->sp->meta, sizeof *v)))
-        st = fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a view");
-    if (st != FABPOOL_OK) {
-        close_fds(fds, nfds);
-        return st;
-    }
-    v->owner = vs;
-    v->window = ds.window;
-    v->uid = ds.uid;
-    v->handle_type = ds.handle_type;
-    v->peer_pid = ds.pid;
-    v->peer_device = ds.device;
-    v->vouched_pid = vouched;
-    fp_lock(&vs->sp->lock);
-    int asleep = fp_chunks_asleep(vs->sp->ch);
-    v->base = asleep ? 0 : fp_va_alloc(&vs->sp->va, v->window, ds.gran > vs->sp->gran ? ds.gran : vs->sp->gran);
-    if (asleep)
-        st = fp_chunk_asleep_error("fabpool_view_open");
-    else if (!v->base)
-        st = fp_error(FABPOOL_ERR_LIMIT, "fabpool_view_open: no free address range of %llu bytes left in the pool's "
-                      "reservation; raise reserve", (unsigned long long)v->window);
-    else if ((st = apply_locked(v, &ds, fds)) != FABPOOL_OK)
-        fp_space_free_range(vs->sp, v->base, v->window); /* what the driver would not unmap keeps its range */
-    if (st == FABPOOL_OK)
-        FP_LIST_PUSH(&vs->list, v, next, prev);
-    fp_unlock(&vs->sp->lock);
-    close_fds(fds, nfds);
-    if (st != FABPOOL_OK) {
-        FP_ARRAY_FREE(vs->sp->meta, v->chunks, v->cap);
-        fp_meta_free(vs->sp->meta, v, sizeof *v);
-        return st;
-    }
-    *out = v;
-    return FABPOOL_OK;
 }
 
 fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t len, const int *fds, size_t nfds)
 {
-    if (!v) {
-        close_fds(fds, nfds);
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_apply: the view is NULL");
+    fabpool_status st = fp_handle_check(v, FP_HANDLE_VIEW, "fabpool_view_apply", "the view");
+    if (st != FABPOOL_OK) {
+        fp_view_close_fds(fds, nfds);
+        return st;
     }
     fp_desc ds;
-    fabpool_status st = fp_device_forked(v->owner->sp->ch) ? fp_device_forked_error(v->owner->sp->ch,
+    st = fp_device_forked(v->owner->sp->ch) ? fp_device_forked_error(v->owner->sp->ch,
                             "fabpool_view_apply") : fp_desc_parse(desc, len, nfds, &ds);
     if (st == FABPOOL_OK) {
         fp_lock(&v->owner->sp->lock);
         st = fp_chunks_asleep(v->owner->sp->ch) ? fp_chunk_asleep_error("fabpool_view_apply")
-                                                : apply_locked(v, &ds, fds);
+                                                : fp_view_apply_locked(v, &ds, fds);
         fp_unlock(&v->owner->sp->lock);
     }
-    close_fds(fds, nfds);
+    fp_view_close_fds(fds, nfds);
     return st;
 }
 
-/* Unmaps v's chunks and frees it.  A refusal of the driver stops it: the
- * view stays, with the chunks it still maps (unmapping a range and then
- * handing it out again while a chunk is still mapped there would break the
- * next mapping, and the reservation's release at destroy); with force (pool
- * destroy) those are forgotten instead. */
-static fabpool_status view_free(fp_views *vs, fabpool_view_t *v, int force)
+fabpool_status fp_view_free(fp_views *vs, fabpool_view_t *v, int force)
 {
     fp_lock_assert_held(&vs->sp->lock);
     fabpool_status st = view_fence(vs, v);
@@ -551,23 +454,24 @@ static fabpool_status view_free(fp_views *vs, fabpool_view_t *v, int force)
     }
     if (st != FABPOOL_OK && !force)
         return st;
-    view_keep(vs, v, 0); /* what a forced free leaves mapped is forgotten with it */
+    fp_view_keep(vs, v, 0); /* what a forced free leaves mapped is forgotten with it */
     FP_LIST_REMOVE(&vs->list, v, next, prev);
     fp_space_free_range(vs->sp, v->base, v->window);
     FP_ARRAY_FREE(vs->sp->meta, v->chunks, v->cap);
-    fp_meta_free(vs->sp->meta, v, sizeof *v);
+    fp_handle_free(v, vs->sp->meta);
     return st;
 }
 
 fabpool_status fabpool_view_close(fabpool_view_t *v)
 {
-    if (!v || v->kept)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_close: the view is NULL or released");
+    fabpool_status st = fp_handle_check(v, FP_HANDLE_VIEW, "fabpool_view_close", "the view");
+    if (st != FABPOOL_OK)
+        return st;
     fp_views *vs = v->owner;
     if (fp_device_forked(vs->sp->ch))
         return fp_device_forked_error(vs->sp->ch, "fabpool_view_close");
     fp_lock(&vs->sp->lock);
-    fabpool_status st = view_free(vs, v, 0);
+    st = fp_view_free(vs, v, 0);
     if (st != FABPOOL_OK)
         fp_error_append(" (fabpool_view_close: the view is still open, with the chunks it still maps; close it "
                         "again)");
@@ -577,8 +481,9 @@ fabpool_status fabpool_view_close(fabpool_view_t *v)
 
 fabpool_status fabpool_view_release(fabpool_view_t *v)
 {
-    if (!v || v->kept)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_release: the view is NULL or already released");
+    fabpool_status st = fp_handle_check(v, FP_HANDLE_VIEW, "fabpool_view_release", "the view");
+    if (st != FABPOOL_OK)
+        return st;
     fp_views *vs = v->owner;
     if (fp_device_forked(vs->sp->ch))
         return fp_device_forked_error(vs->sp->ch, "fabpool_view_release");
@@ -586,7 +491,7 @@ fabpool_status fabpool_view_release(fabpool_view_t *v)
         return fabpool_view_close(v);
     fp_lock(&vs->sp->lock);
     fp_views_drop_kept(vs, 0);
-    view_keep(vs, v, 1);
+    fp_view_keep(vs, v, 1);
     v->kept_ns = fp_coarse_ns();
     fp_unlock(&vs->sp->lock);
     return FABPOOL_OK;
@@ -596,5 +501,5 @@ void fp_views_destroy(fp_views *vs)
 {
     fp_lock_assert_held(&vs->sp->lock);
     while (vs->list)
-        (void)view_free(vs, vs->list, 1);
+        (void)fp_view_free(vs, vs->list, 1);
 }

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "counter.h"
+#include "desc.h"
 #include "device.h"
 #include "space.h"
 #include "walk.h"
@@ -53,10 +54,21 @@ typedef struct fp_view_counters {
     FP_VIEWS_COUNTERS(FP_COUNTER_PLAIN)
 } fp_view_counters;
 void fp_views_read_counters(const fp_views *vs, fp_view_counters *c);
-/* fabpool_view_open (vouched 0) or fabpool_view_open_peer (vouched: the peer's pid) on the pool whose views vs
- * are (vs NULL: the pool was NULL). */
-fabpool_status fp_view_open(fp_views *vs, int vouched, const void *desc, size_t len, const int *fds, size_t nfds,
-                            fabpool_view_t **out);
+/* What view_open.c (view_open.h: a view opened, or a kept one taken back) uses of view.c: */
+/* Closes the fds given (those below 0 skipped). */
+void fp_view_close_fds(const int *fds, size_t n);
+/* Applies a parsed descriptor to v, all or nothing (view.c says how).  Pool lock held. */
+fabpool_status fp_view_apply_locked(fabpool_view_t *v, const fp_desc *ds, const int *fds);
+/* Unmaps v's chunks and frees it (its handle's slot too: handles.h).  A refusal of the driver stops it: the
+ * view stays, with the chunks it still maps (unmapping a range and then handing it out again while a chunk is
+ * still mapped there would break the next mapping, and the reservation's release at destroy); with force (pool
+ * destroy) those are forgotten instead.  Pool lock held. */
+fabpool_status fp_view_free(fp_views *vs, fabpool_view_t *v, int force);
+/* Marks v kept (on: released, its handle refused from now on) or not, kept_bytes following the bytes its
+ * chunks map (what fabpool_check adds up: a view that lost chunks to a refused apply counts what it still
+ * maps).  Pool lock held. */
+void fp_view_keep(fp_views *vs, fabpool_view_t *v, int on);
+
 /* Pool destroy: unmaps and frees every view.  Pool lock held. */
 void fp_views_destroy(fp_views *vs);
 /* Closes the kept views: every one (all != 0), or those kept for keep_ms or

@@ -3,15 +3,18 @@
 #include "view_info.h"
 
 #include "error.h"
+#include "handles.h"
 
 fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_info *out)
 {
-    if (!v || !out)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_get_info: the view or the output is NULL");
+    if (!out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_view_get_info: the output is NULL");
+    fabpool_status st = fp_handle_check(v, FP_HANDLE_VIEW, "fabpool_view_get_info", "the view");
+    if (st != FABPOOL_OK)
+        return st;
     if (fp_device_forked(v->owner->sp->ch))
         return fp_device_forked_error(v->owner->sp->ch, "fabpool_view_get_info");
-    fabpool_status st = fp_struct_size_check("fabpool_view_get_info", "fabpool_buffer_info", out->struct_size,
-                                             sizeof *out);
+    st = fp_struct_size_check("fabpool_view_get_info", "fabpool_buffer_info", out->struct_size, sizeof *out);
     if (st != FABPOOL_OK)
         return st;
     fp_lock(&v->owner->sp->lock);
@@ -26,7 +29,12 @@ fabpool_status fabpool_view_get_info(const fabpool_view_t *v, fabpool_buffer_inf
     return FABPOOL_OK;
 }
 
-void *fabpool_view_ptr(const fabpool_view_t *v) { return v ? (void *)(uintptr_t)v->base : NULL; }
+void *fabpool_view_ptr(const fabpool_view_t *v)
+{
+    if (fp_handle_check(v, FP_HANDLE_VIEW, "fabpool_view_ptr", "the view") != FABPOOL_OK)
+        return NULL;
+    return (void *)(uintptr_t)v->base;
+}
 
 /* ---- fabpool_check (walk.h) */
 
@@ -40,6 +48,9 @@ fabpool_status fp_views_check(const fp_views *vs, fp_walk *w)
     for (const struct fabpool_view *v = vs->list; v; pv = v, v = v->next) {
         if (v->prev != pv || v->owner != vs || v->n > v->cap)
             return FAIL("[view.list] view 0x%llx: its back link, its pool or its chunk count is wrong", ULL(v->base));
+        if (fp_handle_live(v, FP_HANDLE_VIEW) == v->kept)
+            return FAIL("[view.handle] view 0x%llx%s: its handle is %s", ULL(v->base), v->kept ? " (released)" : "",
+                        v->kept ? "live" : "refused");
         uint64_t end = 0;
         for (uint32_t i = 0; i < v->n; i++) {
             const fp_vchunk *c = &v->chunks[i];

@@ -32,4 +32,16 @@
         (e)->nextf = (e)->prevf = NULL;             \
     } while (0)
 
+/* Points the list *headp at e where it held the element e was copied from
+ * (an element moved to new memory, its links copied with it). */
+#define FP_LIST_MOVED(headp, e, nextf, prevf)      \
+    do {                                            \
+        if ((e)->prevf)                             \
+            (e)->prevf->nextf = (e);                \
+        else                                        \
+            *(headp) = (e);                         \
+        if ((e)->nextf)                             \
+            (e)->nextf->prevf = (e);                \
+    } while (0)
+
 #endif

@@ -41,7 +41,8 @@ void fp_lock_wake(_Atomic unsigned *w) { syscall(SYS_futex, (unsigned *)w, FUTEX
 static _Thread_local const fp_lock_t *held[FP_LOCK_MAX_HELD];
 static _Thread_local unsigned n_held;
 
-static const char *const level_names[] = {"?", "registry", "pool", "class", "trace list", "trace"};
+static const char *const level_names[] = {"?", "registry", "pool", "class", "retire", "trace list", "trace", "keys",
+                                          "handles"};
 
 static void describe(char *out, size_t cap, const fp_lock_t *l)
 {

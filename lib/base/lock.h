@@ -15,6 +15,8 @@
  *   5      trace list (traces_lock)      trace.c: every open trace of the process
  *   6      trace      (fp_trace.lock)    trace.c: one trace's buffer and file
  *   7      keys       (fp_alloc.key_lock) tcache.c: the stores of a pool's thread-cache keys
+ *   8      handles    (handles.c lock)   the process's handle area: its segments and the quarantine of
+ *                                        freed buffer and view slots
  *
  * Why this order:
  * - registry first: a thread that exits (thread_exit) or that evicts a
@@ -33,8 +35,10 @@
  *   hands back go to the pool after it is released).
  * - traces after the pool's: a record may be written with any pool or class
  *   lock held; the trace list is taken before a trace's lock (close, exit).
- * - keys last, a leaf: a pool's keys change under any of the others (a trim
+ * - keys, a leaf: a pool's keys change under any of the others (a trim
  *   under the pool lock, a trace's start), and nothing is taken under it.
+ * - handles last, a leaf: a buffer or view is made or freed with the pool
+ *   lock held or none, and nothing is taken under it.
  * Two pools' locks are never held at once (same level).  The hot path (a
  * thread-cache hit) takes no lock.
  *
@@ -57,6 +61,7 @@ enum {
     FP_LOCK_TRACE_LIST = 5,
     FP_LOCK_TRACE = 6,
     FP_LOCK_KEY = 7,
+    FP_LOCK_HANDLES = 8,
 };
 
 /* The mutex itself: a word (0 free, 1 held, 2 held and a thread may sleep on it: Drepper's "Futexes are

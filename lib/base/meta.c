@@ -137,6 +137,14 @@ void fp_meta_free(fp_meta *m, void *p, size_t size)
         free(p);
 }
 
+void fp_meta_count(fp_meta *m, size_t size, int held)
+{
+    if (held)
+        atomic_fetch_add_explicit(&m->bytes, size, memory_order_relaxed);
+    else
+        atomic_fetch_sub_explicit(&m->bytes, size, memory_order_relaxed);
+}
+
 void *fp_meta_alloc_aligned(fp_meta *m, size_t size)
 {
     int lg = __builtin_ctzll(size);

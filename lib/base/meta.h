@@ -36,6 +36,9 @@ void fp_meta_free(fp_meta *m, void *p, size_t size);
  * NULL; freed with fp_meta_free_aligned. */
 void *fp_meta_alloc_aligned(fp_meta *m, size_t size);
 void fp_meta_free_aligned(fp_meta *m, void *p, size_t size);
+/* Counts size bytes that the pool holds outside the arena (a handle slot,
+ * handles.h) in its metadata bytes (held != 0), or no longer (held 0). */
+void fp_meta_count(fp_meta *m, size_t size, int held);
 /* Destroys the arena: every block must have been freed. */
 void fp_meta_destroy(fp_meta *m);
 

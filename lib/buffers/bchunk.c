@@ -1,8 +1,9 @@
 /* bchunk.c - the pool's buffers set up and their counters read; the
  * chunks of growable buffers once mapped: taking one out (unmapped), the
  * holds that keep dropped chunks importable for the peers, and the
- * collection of retired chunks and destroyed buffers.  Growing, refitting
- * and shrinking, which add and retire chunks, are in buffer.c. */
+ * collection of retired chunks and destroyed buffers (their handles' slots
+ * freed: handles.h), and a kept buffer moved to a new handle.  Growing,
+ * refitting and shrinking, which add and retire chunks, are in buffer.c. */
 #include "bchunk.h"
 
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "array.h"
 #include "counter.h"
 #include "error.h"
+#include "handles.h"
 #include "list.h"
 #include "vmm.h"
 
@@ -46,7 +48,19 @@ void fp_buffer_free(fp_buffers *bs, struct fabpool_buffer *b)
     fp_space_free_range(bs->sp, b->base, b->window);
     FP_ARRAY_FREE(bs->sp->meta, b->chunks, b->cap);
     FP_ARRAY_FREE(bs->sp->meta, b->peer_holds, b->cap_peer_holds);
-    fp_meta_free(bs->sp->meta, b, sizeof *b);
+    fp_handle_free(b, bs->sp->meta);
+}
+
+struct fabpool_buffer *fp_buffer_rehandle(fp_buffers *bs, struct fabpool_buffer *b)
+{
+    fp_lock_assert_held(&bs->sp->lock);
+    struct fabpool_buffer *nb = fp_handle_renew(b, FP_HANDLE_BUFFER, sizeof *b);
+    if (!nb)
+        return NULL;
+    FP_LIST_MOVED(&bs->list, nb, next, prev);
+    for (uint32_t i = 0; i < nb->n; i++) /* the registry names a buffer chunk's buffer (sleep finds it there) */
+        fp_chunk_set_owner(bs->sp->ch, nb->base + nb->chunks[i].off, nb);
+    return nb;
 }
 
 /* Whether a peer may still import a chunk that a descriptor named (named:

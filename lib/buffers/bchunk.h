@@ -124,8 +124,11 @@ fabpool_status fp_collect_locked(fp_buffers *bs, int wait);
 
 /* Room for n chunks in b's list: 0, or -1 without host memory.  Pool lock held. */
 int fp_buffer_reserve_chunks(fp_buffers *bs, struct fabpool_buffer *b, uint32_t n);
-/* Takes b off the pool's list and frees its window, lists and itself. */
+/* Takes b off the pool's list and frees its window, lists and itself (its handle's slot: handles.h). */
 void fp_buffer_free(fp_buffers *bs, struct fabpool_buffer *b);
+/* b, a kept buffer (its handle refused), moved to a new handle, live, in b's place on the list and in the
+ * registry of mappings; b's handle stays refused.  NULL without host memory (b as it was).  Pool lock held. */
+struct fabpool_buffer *fp_buffer_rehandle(fp_buffers *bs, struct fabpool_buffer *b);
 /* Whether a peer may still import a chunk named by the descriptor of
  * generation `named` and dropped at `dropped` (bchunk.c says why). */
 int fp_buffer_peers_may_hold(const struct fabpool_buffer *b, uint64_t named, uint64_t dropped);

@@ -25,11 +25,14 @@
 #include "array.h"
 #include "clock.h"
 #include "error.h"
+#include "handles.h"
 #include "list.h"
 #include "log.h"
 #include "refit.h"
 #include "sizeclass.h"
 #include "trace.h"
+
+_Static_assert(sizeof(struct fabpool_buffer) <= FP_HANDLE_BYTES, "a buffer fits its handle's slot (handles.h)");
 
 /* Size of the next chunk when `live` bytes are mapped and `target` wanted:
  * as large as the waste bound allows (so a growing buffer maps few chunks:
@@ -362,7 +365,7 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     fabpool_status fits = fp_chunk_fits_device(bs->sp->ch, size, "fabpool_buffer_create: a size of");
     if (fits != FABPOOL_OK) /* refused before anything is mapped, not after the whole device was */
         return fits;
-    struct fabpool_buffer *b = fp_meta_alloc(bs->sp->meta, sizeof *b);
+    struct fabpool_buffer *b = fp_handle_alloc(FP_HANDLE_BUFFER, bs->sp->meta);
     if (!b)
         return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer");
     uint64_t window = fp_round_up(max_size, bs->sp->gran);
@@ -375,7 +378,7 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     if (!b->base) {
         int asleep = fp_chunks_asleep(bs->sp->ch);
         fp_unlock(&bs->sp->lock);
-        fp_meta_free(bs->sp->meta, b, sizeof *b);
+        fp_handle_free(b, bs->sp->meta);
         if (asleep)
             return fp_chunk_asleep_error("fabpool_buffer_create");
         return fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_create: no free address range of %llu bytes left in the "
@@ -385,7 +388,7 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     if (fp_chunks_asleep(bs->sp->ch)) {
         fp_va_free(&bs->sp->va, b->base, b->window);
         fp_unlock(&bs->sp->lock);
-        fp_meta_free(bs->sp->meta, b, sizeof *b);
+        fp_handle_free(b, bs->sp->meta);
         return fp_chunk_asleep_error("fabpool_buffer_create");
     }
     FP_LIST_PUSH(&bs->list, b, next, prev);
@@ -395,6 +398,7 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     if (st != FABPOOL_OK) {
         grow_undo(bs, b, &g);
         b->destroyed = 1;
+        fp_handle_kill(b);
         if (!b->n)
             fp_buffer_free(bs, b); /* else the collect that unmaps the chunk the driver kept frees it */
         atomic_fetch_sub(&bs->count, 1);
@@ -425,17 +429,19 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
 {
     if (!bufs || !sizes || n == 0)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize_set: no buffers given");
-    fp_buffers *bs = bufs[0] ? bufs[0]->owner : NULL;
     const char *fn = n > 1 ? "fabpool_buffer_resize_set" : "fabpool_buffer_resize";
-    if (bs && fp_device_forked(bs->sp->ch))
+    for (size_t i = 0; i < n; i++) { /* every handle before any is read */
+        char which[32] = "the buffer";
+        if (n > 1)
+            snprintf(which, sizeof which, "buffer %zu", i);
+        fabpool_status st = fp_handle_check(bufs[i], FP_HANDLE_BUFFER, fn, which);
+        if (st != FABPOOL_OK)
+            return st;
+    }
+    fp_buffers *bs = bufs[0]->owner;
+    if (fp_device_forked(bs->sp->ch))
         return fp_device_forked_error(bs->sp->ch, fn);
     for (size_t i = 0; i < n; i++) {
-        if (!bufs[i] || bufs[i]->destroyed || bufs[i]->kept) {
-            char which[32] = "the buffer";
-            if (n > 1)
-                snprintf(which, sizeof which, "buffer %zu", i);
-            return fp_error(FABPOOL_ERR_INVALID_ARG, "%s: %s is NULL, destroyed or released", fn, which);
-        }
         if (bufs[i]->owner != bs)
             return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_resize_set: buffer %zu is of another pool", i);
         for (size_t k = 0; k < i; k++)
@@ -513,6 +519,7 @@ fabpool_status fp_buffer_destroy_locked(fp_buffers *bs, struct fabpool_buffer *b
     }
     b->size = 0;
     b->destroyed = 1;
+    fp_handle_kill(b); /* refused from now on; the struct stays until its chunks are collected */
     return FABPOOL_OK;
 }
 
@@ -542,10 +549,12 @@ void fp_buffers_drop_kept(fp_buffers *bs, int all)
 
 fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer_info *out)
 {
-    if (!b || !out)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_get_info: the buffer or the output is NULL");
-    fabpool_status st = fp_struct_size_check("fabpool_buffer_get_info", "fabpool_buffer_info", out->struct_size,
-                                             sizeof *out);
+    if (!out)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_get_info: the output is NULL");
+    fabpool_status st = fp_handle_check(b, FP_HANDLE_BUFFER, "fabpool_buffer_get_info", "the buffer");
+    if (st != FABPOOL_OK)
+        return st;
+    st = fp_struct_size_check("fabpool_buffer_get_info", "fabpool_buffer_info", out->struct_size, sizeof *out);
     if (st != FABPOOL_OK)
         return st;
     fp_buffers *bs = b->owner;
@@ -565,4 +574,9 @@ fabpool_status fabpool_buffer_get_info(const fabpool_buffer_t *b, fabpool_buffer
     return FABPOOL_OK;
 }
 
-void *fabpool_buffer_ptr(const fabpool_buffer_t *b) { return b ? (void *)(uintptr_t)b->base : NULL; }
+void *fabpool_buffer_ptr(const fabpool_buffer_t *b)
+{
+    if (fp_handle_check(b, FP_HANDLE_BUFFER, "fabpool_buffer_ptr", "the buffer") != FABPOOL_OK)
+        return NULL;
+    return (void *)(uintptr_t)b->base;
+}

@@ -3,6 +3,8 @@
  * held (pool/check.c takes it). */
 #include "buffer_check.h"
 
+#include "handles.h"
+
 #define FAIL FP_WALK_FAIL
 #define ULL FP_ULL
 
@@ -69,6 +71,9 @@ static fabpool_status check_buffer(fp_walk *w, const fp_buffers *bs, const struc
     if (b->destroyed ? b->size != 0 || b->live != 0 : b->size > b->live)
         return FAIL("[buffer.size] buffer 0x%llx%s: size %llu with %llu bytes live", ULL(b->base),
                     b->destroyed ? " (destroyed)" : "", ULL(b->size), ULL(b->live));
+    if (fp_handle_live(b, FP_HANDLE_BUFFER) != (!b->destroyed && !b->kept))
+        return FAIL("[buffer.handle] buffer 0x%llx%s: its handle is %s", ULL(b->base), b->destroyed ? " (destroyed)"
+                    : b->kept ? " (released)" : "", fp_handle_live(b, FP_HANDLE_BUFFER) ? "live" : "refused");
     for (uint32_t i = 0; i < b->n_peer_holds; i++)
         sum->held += b->peer_holds[i].size;
     sum->bytes += b->size;

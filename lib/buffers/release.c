@@ -1,7 +1,8 @@
 /* release.c - a buffer's end: destroyed, or released and kept for reuse.  A buffer given up with
  * fabpool_buffer_release keeps its window, its chunks and their exported
  * handles for keep_ms; fabpool_buffer_reuse hands the kept buffer that fits
- * best to the next caller, resized: growing maps only the missing chunks, at
+ * best to the next caller, under a new handle (the released one stays
+ * refused: handles.h), resized: growing maps only the missing chunks, at
  * the same base address, and a later export names the chunks it had with
  * the handles cached then.  So code that frees a buffer set and allocates it
  * again larger (HybridEP's update_buffer) pays only for the growth.
@@ -20,18 +21,19 @@
 #include "array.h"
 #include "clock.h"
 #include "error.h"
+#include "handles.h"
 #include "trace.h"
 
 fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
 {
-    if (!b || b->destroyed || b->kept)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_destroy: the buffer is NULL, already destroyed or "
-                        "released");
+    fabpool_status st = fp_handle_check(b, FP_HANDLE_BUFFER, "fabpool_buffer_destroy", "the buffer");
+    if (st != FABPOOL_OK)
+        return st;
     fp_buffers *bs = b->owner;
     if (fp_device_forked(bs->sp->ch))
         return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_destroy");
     fp_lock(&bs->sp->lock);
-    fabpool_status st = fp_buffer_destroy_locked(bs, b, stream);
+    st = fp_buffer_destroy_locked(bs, b, stream);
     if (st != FABPOOL_OK) {
         fp_error_append(" (fabpool_buffer_destroy: the buffer is still alive; destroy it again)");
         fp_unlock(&bs->sp->lock);
@@ -67,9 +69,9 @@ void fp_buffers_destroy(fp_buffers *bs)
 
 fabpool_status fabpool_buffer_release(fabpool_buffer_t *b)
 {
-    if (!b || b->destroyed || b->kept)
-        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_buffer_release: the buffer is NULL, destroyed or already "
-                        "released");
+    fabpool_status st = fp_handle_check(b, FP_HANDLE_BUFFER, "fabpool_buffer_release", "the buffer");
+    if (st != FABPOOL_OK)
+        return st;
     fp_buffers *bs = b->owner;
     if (fp_device_forked(bs->sp->ch))
         return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_release");
@@ -82,6 +84,7 @@ fabpool_status fabpool_buffer_release(fabpool_buffer_t *b)
     atomic_fetch_add(&bs->kept_bytes, b->live);
     b->size = 0;
     b->kept = 1;
+    fp_handle_kill(b); /* a reuse hands it out under a new handle */
     b->kept_ns = fp_coarse_ns();
     FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_DESTROY, b->base, 0, NULL, FABPOOL_OK);
     (void)fp_collect_locked(bs, 0);
@@ -134,6 +137,13 @@ fabpool_status fp_buffer_reuse(fp_buffers *bs, size_t size, void *stream, fabpoo
         return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_buffer_reuse: no released buffer's window holds %zu bytes "
                         "(the kept ones were given back): create one", size);
     }
+    struct fabpool_buffer *nb = fp_buffer_rehandle(bs, b); /* the released handle stays refused */
+    if (!nb) {
+        fp_unlock(&bs->sp->lock);
+        return fp_error(FABPOOL_ERR_HOST_MEMORY, "fabpool_buffer_reuse: no host memory for the buffer's new handle; "
+                        "nothing handed out, the released buffer stays kept");
+    }
+    b = nb;
     atomic_fetch_sub(&bs->kept_bytes, b->live);
     atomic_fetch_add(&bs->count, 1);
     b->kept = 0;
@@ -159,6 +169,7 @@ fabpool_status fp_buffer_reuse(fp_buffers *bs, size_t size, void *stream, fabpoo
             atomic_fetch_add(&bs->kept_bytes, b->live);
             b->size = 0;
             b->kept = 1;
+            fp_handle_kill(b);
         }
         FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_DESTROY, b->base, 0, NULL, FABPOOL_OK);
         fp_unlock(&bs->sp->lock);

@@ -160,6 +160,15 @@ void fp_chunk_count_mapped(fp_chunks *ch, uint64_t va, uint64_t size, const char
  * owner's say: a buffer's retired chunk holds nothing to keep); asleep, the
  * one wake adds again.  Pool lock held. */
 void fp_chunk_set_copy(fp_chunks *ch, uint64_t va, int copy);
+/* The owner of the mapping at va is now `owner` (a buffer moved to new memory, buffers/bchunk.c); not while
+ * the pool sleeps (a sleep gives the buffers it could move back first).  Pool lock held. */
+static inline void fp_chunk_set_owner(fp_chunks *ch, uint64_t va, void *owner)
+{
+    fp_lock_assert_held(ch->lock);
+    fp_mapping *m = fp_mapreg_find(&ch->reg, va);
+    if (m)
+        m->owner = owner;
+}
 /* The identity of the memory mapped at va (mapreg.h: new for every mapping, so new memory at an old address
  * has a new one), or 0 where no mapping starts there.  Pool lock held. */
 uint64_t fp_chunk_ident(const fp_chunks *ch, uint64_t va);

@@ -45,7 +45,7 @@
 #include "pending.h"
 #include "slab.h"
 #include "space.h"
-#include "view.h"
+#include "view_open.h"
 
 struct fabpool {
     fp_alloc alloc;                    /* first: alloc.h */
