@@ -34,10 +34,11 @@ void fp_retire_destroy(fp_retire *r)
 {
     if (!r->meta)
         return;
-    CUcontext saved = NULL;
-    int switched = r->n_streams || r->n_spare_evs;
-    if (switched && FP_CU(r->calls, cuCtxGetCurrent, &saved) == CUDA_SUCCESS && saved != r->ctx)
-        FP_CU(r->calls, cuCtxSetCurrent, r->ctx);
+    /* the events go in the pool's context; where it cannot be made current they go all the same, and the
+     * caller's context stays: only a context that was read is made current again */
+    CUcontext saved = r->ctx;
+    if (r->n_streams || r->n_spare_evs)
+        (void)fp_rq_ctx_enter(r, &saved, NULL);
     for (uint32_t i = 0; i < r->n_streams; i++) {
         fp_rstream *rs = r->streams[i];
         /* blocks still listed (a drain that failed): forget their records */
@@ -63,8 +64,7 @@ void fp_retire_destroy(fp_retire *r)
     for (uint32_t i = 0; i < r->n_spare_evs; i++)
         FP_CU(r->calls, cuEventDestroy, r->spare_evs[i]);
     fp_meta_free(r->meta, r->spare_evs, r->cap_spare_evs * sizeof *r->spare_evs);
-    if (switched && saved != r->ctx)
-        FP_CU(r->calls, cuCtxSetCurrent, saved);
+    fp_rq_ctx_leave(r, saved);
     fp_lock_destroy(&r->lock);
     memset(r, 0, sizeof *r);
 }

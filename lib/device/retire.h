@@ -307,7 +307,8 @@ void fp_rq_forget_idle(fp_retire *r);
 /* Block b out of its stream's lists; its record spared for reuse. */
 void fp_rq_unlink_block(fp_rstream *rs, fp_rblock *b);
 void fp_rq_spare_block(fp_retire *r, fp_rblock *b);
-/* Makes the pool's context current (1), or 0 with *st; and back. */
+/* Makes the pool's context current: 0, or -1 with *st (st may be NULL) and *saved the pool's context, so that
+ * the leave changes nothing (the caller's context is made current again only where it was read); and back. */
 int fp_rq_ctx_enter(fp_retire *r, CUcontext *saved, fabpool_status *st);
 void fp_rq_ctx_leave(fp_retire *r, CUcontext saved);
 /* An event on rs now, covering its frees and marks so far. */

@@ -17,6 +17,9 @@
  *     still alive and a second destroy frees it;
  *   - data already in the pool's memory reads back intact;
  *   - with faults cleared, the pool still allocates and grows;
+ *   - the calling thread's current context is the one it had (a driver call
+ *     the pool makes in its own context gives the caller's back, even where
+ *     asking which one was current failed);
  *   - once everything is destroyed, the simulated driver holds nothing: no
  *     handle, mapping, reservation, exported fd or byte.
  * Sim only: fault injection is a feature of the simulated driver. */
@@ -49,13 +52,14 @@ static const struct {
 enum op {
     OP_CREATE, OP_ALLOC_SMALL, OP_ALLOC_LARGE, OP_FREE, OP_BUF_CREATE, OP_GROW, OP_SHRINK, OP_RESIZE_SET,
     OP_TRIM, OP_COLLECT, OP_EXPORT, OP_VIEW_OPEN, OP_VIEW_APPLY, OP_VIEW_CLOSE, OP_BUF_DESTROY, OP_DESTROY,
-    OP_SHRINK_STREAM, OP_BUF_DESTROY_STREAM, OP_DMABUF, OP_SLEEP, OP_WAKE, OP_BLOCK_EXPORT, OP_COUNT
+    OP_SHRINK_STREAM, OP_BUF_DESTROY_STREAM, OP_DMABUF, OP_SLEEP, OP_WAKE, OP_BLOCK_EXPORT, OP_DESTROY_STREAMS,
+    OP_COUNT
 };
 static const char *const op_names[OP_COUNT] = {
     "pool create", "alloc 1000 B", "alloc 20 MiB", "free (cache_limit 0)", "buffer create", "buffer grow",
     "buffer shrink", "resize_set", "trim", "collect", "export", "view open", "view apply", "view close",
     "buffer destroy", "pool destroy", "shrink on a stream", "destroy on a stream", "dma-buf of 16 MiB",
-    "sleep (offload)", "wake", "block export (100 MiB)",
+    "sleep (offload)", "wake", "block export (100 MiB)", "pool destroy (stream records)",
 };
 
 typedef struct {
@@ -149,10 +153,21 @@ static int setup(state *t, enum op op)
             return -1;
         break;
     case OP_DESTROY: /* nothing live: the memory is cached, and destroy gives it all back */
+    case OP_DESTROY_STREAMS:
         if (fabpool_free(t->p, t->blk) != FABPOOL_OK || fabpool_buffer_destroy(t->b, NULL) != FABPOOL_OK)
             return -1;
         t->blk = NULL;
         t->b = NULL;
+        if (op == OP_DESTROY_STREAMS) { /* the records of two streams (one owned the pool, then another ended
+                                           that), their frees done: nothing live, records and spare events left */
+            void *a = NULL, *c = NULL;
+            if (cuStreamCreate(&t->s, 0) != CUDA_SUCCESS ||
+                fabpool_alloc_on_stream(t->p, 4096, t->s, &a) != FABPOOL_OK ||
+                fabpool_alloc_on_stream(t->p, 4096, NULL, &c) != FABPOOL_OK ||
+                fabpool_free_on_stream(t->p, a, t->s) != FABPOOL_OK ||
+                fabpool_free_on_stream(t->p, c, NULL) != FABPOOL_OK || fabpool_collect(t->p, 1) != FABPOOL_OK)
+                return -1;
+        }
         break;
     case OP_RESIZE_SET:
         for (int i = 0; i < 3; i++) {
@@ -260,6 +275,7 @@ static fabpool_status run(state *t, enum op op)
         t->b_gone = 1;
         return fabpool_buffer_destroy(t->b, t->s);
     case OP_DESTROY:
+    case OP_DESTROY_STREAMS:
         t->p_gone = 1;
         return fabpool_destroy(t->p);
     case OP_DMABUF: /* the fd lands in fds[0]: result_ok checks its size and closes it */
@@ -350,6 +366,8 @@ static void cleanup(state *t)
     if (t->p_gone) {
         if (t->q)
             fabpool_destroy(t->q);
+        if (t->s)
+            cuStreamDestroy(t->s);
         return;
     }
     if (t->b && !t->b_gone) {
@@ -475,10 +493,19 @@ static void trial(enum op op, size_t e, uint64_t n, int k)
     if (t.v)
         fabpool_view_get_info(t.v, &vi0);
     uint64_t fds0 = t.p ? t_stats(t.p).exported_fds_open : 0;
+    CUcontext ctx0 = NULL, ctx1 = NULL;
+    CHECK_CU(cuCtxGetCurrent(&ctx0));
     uint64_t c0 = calls(entries[e]);
     fault_set(entries[e], n, 0, errors[k].err);
     fabpool_status st = run(&t, op);
     fault_clear();
+    CHECK_CU(cuCtxGetCurrent(&ctx1));
+    CHECK(ctx1 == ctx0);
+    if (ctx1 != ctx0) { /* the caller's next driver call would fail: given back for the trials that follow */
+        fprintf(stderr, "  the thread's current context was %p before the operation, %p after\n", (void *)ctx0,
+                (void *)ctx1);
+        cuCtxSetCurrent(ctx0);
+    }
     ledger_matches(&t, "right after the operation");
     char msg[2048];
     snprintf(msg, sizeof msg, "%s", fabpool_last_error());
