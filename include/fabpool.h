@@ -548,8 +548,16 @@ FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
  * A dma-buf fd still open keeps its range's memory alive (fabpool_buffer_dmabuf).
  * On failure (host memory, a driver call) the pool is as before the call
  * (awake, data in place); only the cached memory trimmed stays returned.
- * (Should a chunk refuse to unmap and the chunks already unmapped then fail
- * to map again, the pool stays asleep and fabpool_wake completes it.)
+ * The one exception, FABPOOL_ERR_PARTIAL, leaves the pool asleep
+ * (fabpool_sleep_state says so) for fabpool_wake to complete: a discard
+ * sleep whose unmap of a chunk the driver refuses (twice) after it has
+ * unmapped others has dropped their contents, and mapping fresh memory back
+ * under live blocks would hand them out changed, so it goes on: the other
+ * chunks go, the refused ones stay mapped (their memory still held), and
+ * discarded_bytes counts what was dropped.  A sleep that rolled back (the
+ * chunks unmapped mapped again: offload, or a discard's first chunk
+ * refused) and whose rollback failed too answers it as well, its host
+ * copies kept for the wake.
  *
  * fabpool_wake maps fresh device memory at the same addresses in the same
  * chunks, restores the offloaded bytes (copied on `stream`, then waited for),
@@ -576,7 +584,8 @@ typedef struct fabpool_sleep_info {
     uint64_t host_bytes;         /* pinned host memory held now for the copies (with sleep_keep_host: also
                                     after a wake, until the next sleep reuses it or fabpool_trim frees it) */
     uint64_t host_copies;        /* pieces of it (one per chunk offloaded), each mapped once */
-    uint64_t sleeps, wakes;      /* completed, all time */
+    uint64_t sleeps, wakes;      /* all time: sleeps that went to the end (a discard sleep's
+                                    FABPOOL_ERR_PARTIAL too), wakes that completed */
     uint64_t host_reused_bytes;  /* the last sleep: host memory kept from the last wake and used again (no
                                     cuMemCreate), 0 where it was made anew */
 } fabpool_sleep_info;

@@ -38,9 +38,11 @@ typedef enum fabpool_status {
     FABPOOL_ERR_ASLEEP = 15,       /* the pool is asleep (fabpool_sleep): call fabpool_wake first */
     FABPOOL_ERR_PERMISSION = 16,   /* a peer that is not who it must be (another user, another process, no
                                       proof of the group's token): refused, its connection closed */
-    FABPOOL_ERR_PARTIAL = 17       /* a driver call failed and so did the undo of what the call had done: it
-                                      is not all or nothing this time; the message says what changed, and
-                                      the objects say what they are now (e.g. a buffer's size: what it maps) */
+    FABPOOL_ERR_PARTIAL = 17       /* a driver call failed and so did the undo of what the call had done, or
+                                      no undo could give back what was done (a discard sleep's dropped
+                                      contents): it is not all or nothing this time; the message says what
+                                      changed, and the objects say what they are now (e.g. a buffer's size:
+                                      what it maps; a pool asleep: fabpool_sleep_state) */
 } fabpool_status;
 
 /* The highest status code: every code from FABPOOL_OK to it is one of the

@@ -12,7 +12,9 @@
  *     time: the pool is as before (sleep) or a second wake completes (wake),
  *     the data reads back, and after destroy the driver holds nothing; a
  *     wake's copy back refused with the unmap that would undo it: the next
- *     wake copies it in. */
+ *     wake copies it in; every unmap of a sleep refused from a chunk on: an
+ *     exact rollback leaves the pool awake with its data, a discard that
+ *     dropped contents goes on and answers FABPOOL_ERR_PARTIAL asleep. */
 #include <pthread.h>
 
 #include "testutil.h"
@@ -691,6 +693,96 @@ static void wake_copy_and_unmap_refused(void)
     CHECK(tried >= 2);
 }
 
+/* A sleep whose unmaps the driver refuses (each one twice) from its n-th chunk on; the cache trimmed first, so that
+ * every unmap of the sleep is one of its chunks.  A rollback that gives the pool back as it was answers the refusal
+ * with the pool awake and every byte in place: an offload with sleep_keep_host (its wake keeps the host copies, no
+ * unmap), a discard refused at its first chunk.  A discard that has dropped contents goes on instead: it answers
+ * FABPOOL_ERR_PARTIAL, asleep, discarded_bytes the bytes it unmapped, the refused chunks mapped still (the sim's
+ * ledger agrees), fabpool_check passes, allocation answers FABPOOL_ERR_ASLEEP, and a wake completes it.  An
+ * offload without the option cannot free its host copies in the rollback's wake either: FABPOOL_ERR_PARTIAL,
+ * asleep with them, and a wake restores every byte.  After each, a sleep and wake go through and destroy leaves
+ * nothing behind. */
+static int unmap_refused_trial(fabpool_sleep_mode mode, int keep, uint64_t n, int *partial)
+{
+    fabsim_ledger l0 = t_ledger();
+    world w;
+    if (populate(&w, keep ? "slab_max:1MiB,sleep_keep_host:1" : "slab_max:1MiB", 601 + n, 0) != 0) {
+        CHECK(!"populate");
+        teardown(&w);
+        return 0;
+    }
+    CHECK_OK(fabpool_trim(w.p, 0));
+    uint64_t m0 = t_mapped(w.p), c0 = calls("cuMemUnmap");
+    fault_set("cuMemUnmap", n, 1, CUDA_ERROR_UNKNOWN);
+    fabpool_status st = fabpool_sleep(w.p, mode, NULL);
+    fault_clear();
+    int reached = calls("cuMemUnmap") - c0 >= n;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", fabpool_last_error());
+    fabpool_sleep_info si = t_sleep_info(w.p);
+    int fails0 = t_failures;
+    CHECK(st != FABPOOL_OK || !reached);
+    CHECK(st == FABPOOL_OK || strstr(msg, "cuMemUnmap") != NULL);
+    CHECK(t_ledger().bytes_held - l0.bytes_held == t_mapped(w.p));
+    CHECK_OK(fabpool_check(w.p));
+    int go_on = mode == FABPOOL_SLEEP_DISCARD && n > 1, rolled = !go_on && (keep || mode == FABPOOL_SLEEP_DISCARD);
+    if (st == FABPOOL_OK) { /* the sleep made fewer unmaps */
+        CHECK_OK(fabpool_wake(w.p, NULL));
+        if (mode == FABPOOL_SLEEP_DISCARD)
+            fill_all(&w, w.seed + 7);
+    } else if (rolled) { /* as before the call */
+        CHECK(st != FABPOOL_ERR_PARTIAL && !si.asleep && t_mapped(w.p) == m0 && all_intact(&w));
+    } else if (go_on) { /* asleep: what it unmapped is dropped, the refused chunks stay */
+        void *x = NULL;
+        CHECK_STATUS(st, FABPOOL_ERR_PARTIAL);
+        CHECK(si.asleep && si.mode == FABPOOL_SLEEP_DISCARD && si.discarded_bytes > 0 && t_mapped(w.p) > 0 &&
+              si.discarded_bytes + t_mapped(w.p) == m0 && strstr(msg, "the pool is asleep") != NULL);
+        CHECK_STATUS(fabpool_alloc(w.p, 100, &x), FABPOOL_ERR_ASLEEP);
+        CHECK_OK(fabpool_wake(w.p, NULL));
+        CHECK(!t_sleep_info(w.p).asleep && t_mapped(w.p) == m0);
+        fill_all(&w, w.seed + 7); /* discarded contents are unspecified: written again */
+    } else { /* an offload whose rollback could not free its host copies: asleep with them */
+        CHECK_STATUS(st, FABPOOL_ERR_PARTIAL);
+        CHECK(si.asleep && si.host_bytes > 0);
+        CHECK_OK(fabpool_wake(w.p, NULL));
+        CHECK(!t_sleep_info(w.p).asleep && t_mapped(w.p) == m0);
+    }
+    *partial += st == FABPOOL_ERR_PARTIAL;
+    CHECK(all_intact(&w));
+    CHECK_OK(fabpool_sleep(w.p, mode, NULL));
+    CHECK_OK(fabpool_wake(w.p, NULL));
+    if (mode == FABPOOL_SLEEP_OFFLOAD)
+        CHECK(all_intact(&w));
+    CHECK_OK(fabpool_check(w.p));
+    if (t_failures != fails0)
+        fprintf(stderr, "  unmap %llu on refused, mode %d, keep %d: %s: %s\n", (unsigned long long)n, (int)mode, keep,
+                fabpool_status_name(st), msg);
+    teardown_to(&w, &l0);
+    return reached;
+}
+
+static void unmap_refused_twice(void)
+{
+    sim_hooks();
+    if (!sim || !fault_set || !fault_clear || !calls)
+        return;
+    static const struct {
+        fabpool_sleep_mode mode;
+        int keep;
+    } cases[] = {{FABPOOL_SLEEP_DISCARD, 0}, {FABPOOL_SLEEP_OFFLOAD, 1}, {FABPOOL_SLEEP_OFFLOAD, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int trials = 0, partial = 0;
+        for (uint64_t n = 1; n < 64 && unmap_refused_trial(cases[c].mode, cases[c].keep, n, &partial); n++)
+            trials++;
+        printf("test_sleep: every unmap of %s sleep%s refused from its chunk n on, n = 1..%d: %d answered "
+               "FABPOOL_ERR_PARTIAL\n", cases[c].mode == FABPOOL_SLEEP_DISCARD ? "a discard" : "an offload",
+               cases[c].keep ? " (sleep_keep_host)" : "", trials, partial);
+        CHECK(trials >= 4);
+        /* discard: every refusal past the first chunk; offload: the rollbacks that could not free host copies */
+        CHECK(partial == (cases[c].mode == FABPOOL_SLEEP_DISCARD ? trials - 1 : cases[c].keep ? 0 : trials));
+    }
+}
+
 /* ------------------------------------------------------------ sleep_keep_host */
 
 /* Wake keeps the host copies; the next sleep of the same memory makes no host
@@ -810,5 +902,6 @@ int main(void)
     PART(keep_host);
     PART(faults);
     PART(wake_copy_and_unmap_refused);
+    PART(unmap_refused_twice);
     return t_done("test_sleep");
 }

@@ -37,10 +37,13 @@
  * that fails before it unmaps anything undoes its host copies (the pool is
  * as before, the trimmed cache excepted; what the driver would not unmap of
  * them goes to the kept host copies, freed later); a failure while
- * unmapping wakes the chunks already unmapped (their copies are there).  A
- * wake that fails (device memory) stops where it is: the chunks mapped stay
- * mapped, the rest stay asleep with their copies, and the next fabpool_wake
- * goes on from there. */
+ * unmapping wakes the chunks already unmapped where that gives them back as
+ * they were (offload: their copies are there; discard: none unmapped yet),
+ * and otherwise (discard: their contents are gone) goes on, the pool asleep
+ * with the refused chunks mapped (FABPOOL_ERR_PARTIAL, as when that wake
+ * fails).  A wake that fails (device memory) stops where it is: the chunks
+ * mapped stay mapped, the rest stay asleep with their copies, and the next
+ * fabpool_wake goes on from there. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -195,33 +198,56 @@ static fabpool_status sleep_refused_locked(struct fabpool *p)
     return fp_buffers_sleep_refused(&p->bufs);
 }
 
+/* A refused unmap of a sleep rolled back: the chunks already unmapped are
+ * woken again (a rollback, not a wake), the pool awake with the unmap's
+ * status and message (msg).  Where that wake fails too, the pool stays
+ * asleep for fabpool_wake to complete: FABPOOL_ERR_PARTIAL.  Pool lock
+ * held, context current. */
+static fabpool_status roll_back(struct fabpool *p, fabpool_status st, const char *msg, fabpool_sleep_mode mode,
+                                void *stream)
+{
+    fabpool_status wst = wake_locked(p, stream);
+    if (wst != FABPOOL_OK)
+        return fp_error(FABPOOL_ERR_PARTIAL, "%s (after: %s)", fabpool_last_error(), msg);
+    atomic_fetch_sub(&p->wakes, 1);
+    if (mode == FABPOOL_SLEEP_OFFLOAD)
+        return fp_error(st, "%s; the chunks already unmapped were mapped again with their contents: the pool is "
+                        "awake, as before", msg);
+    return fp_error(st, "%s; it was the first chunk, nothing was dropped: the pool is awake, as before", msg);
+}
+
 /* Unmaps every chunk of record r (set as the pool's), counting what was
- * offloaded and what discarded; a chunk the driver refuses to unmap wakes
- * the pool again (a rollback, not a wake).  Pool lock held, context
- * current. */
+ * offloaded and what discarded.  A chunk the driver refuses to unmap rolls
+ * the sleep back where that is exact: with offload (the copies of the
+ * chunks unmapped are there), with discard while no chunk was unmapped yet.
+ * A discard sleep that has dropped contents goes on instead (waking fresh
+ * memory under live blocks would hand them out changed): the refused
+ * chunks stay mapped, the rest go, and the pool is asleep with
+ * FABPOOL_ERR_PARTIAL.  Pool lock held, context current. */
 static fabpool_status unmap_recorded(struct fabpool *p, struct fp_sleep *r, fabpool_sleep_mode mode, void *stream)
 {
-    fabpool_status st = FABPOOL_OK;
-    uint64_t off = 0, drop = 0;
+    uint64_t off = 0, drop = 0, kept = 0;
+    size_t gone = 0, refused = 0;
+    char first[1024] = "";
     set_record(p, r);
     for (size_t i = 0; i < r->n; i++) {
         fp_slept *e = &r->e[i];
         if (fp_slept_kind(e) == FP_MAP_BUFFER) /* an exported fd the pool holds would keep the memory */
             fp_buffer_chunk_slept(fp_slept_owner(e), e->va);
-        if ((st = fp_chunk_unmap(&p->ch, e->va, e->size)) != FABPOOL_OK) {
+        fabpool_status st = fp_chunk_unmap(&p->ch, e->va, e->size);
+        if (st != FABPOOL_OK) {
             fp_error_append(" to put it to sleep (tried twice)");
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", fabpool_last_error());
-            fabpool_status wst = wake_locked(p, stream);
-            if (wst == FABPOOL_OK) {
-                atomic_fetch_sub(&p->wakes, 1); /* a rollback, not a wake */
-                st = fp_error(st, "%s; the chunks already unmapped were mapped again%s: the pool is awake", msg,
-                              mode == FABPOOL_SLEEP_OFFLOAD ? " with their contents" : "");
-            } else
-                fp_error_append(" (after: %s)", msg);
-            return st;
+            if (mode == FABPOOL_SLEEP_OFFLOAD || !gone)
+                return roll_back(p, st, msg, mode, stream);
+            if (!refused++)
+                snprintf(first, sizeof first, "%s", msg);
+            kept += e->size; /* mapped still, as in the record (FP_SL_MAPPED): wake leaves it */
+            continue;
         }
         e->state = FP_SL_ASLEEP; /* fp_chunk_unmap counted it */
+        gone++;
         if (e->host_va)
             off += e->size;
         else
@@ -236,6 +262,12 @@ static fabpool_status unmap_recorded(struct fabpool *p, struct fp_sleep *r, fabp
               mode == FABPOOL_SLEEP_OFFLOAD ? "offload" : "discard", (unsigned long long)off,
               (unsigned long long)drop, (unsigned long long)atomic_load(&p->sleep_host_bytes),
               (unsigned long long)atomic_load(&p->sleep_host_reused), (unsigned long long)fp_chunks_mapped(&p->ch, NULL));
+    if (refused)
+        return fp_error(FABPOOL_ERR_PARTIAL, "%s; the discard sleep had dropped the contents of %zu chunk%s (%llu "
+                        "bytes) and went on: the pool is asleep, and the %zu chunk%s (%llu bytes) the driver would "
+                        "not unmap stay mapped; fabpool_wake maps the rest again (discarded contents unspecified)",
+                        first, gone, gone == 1 ? "" : "s", (unsigned long long)drop, refused,
+                        refused == 1 ? "" : "s", (unsigned long long)kept);
     fp_error_clear();
     return FABPOOL_OK;
 }
