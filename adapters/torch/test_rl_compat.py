@@ -86,6 +86,8 @@ class FakeBackend:
         self.fail_host_alloc = False
         self.fail_sleep = False
         self.fail_sleep_tag = None   # fails the sleep of this fabpool tag, after the tags before it in the call
+        self.fail_sleep_asleep = None  # the sleep of this fabpool tag raises with the pool asleep all the same
+                                       # (fabpool_sleep's FABPOOL_ERR_PARTIAL), its memory gone
         self.copied = []             # (device address, to_host) of every span copied through the ring
         self.rings = {}              # device -> pinned bytes of its staging ring, made at a copy
         self.ring_pins = 0           # rings pinned so far
@@ -142,6 +144,9 @@ class FakeBackend:
             for a in p.segs:
                 p.segs[a] = bytearray(b"\xee" * len(p.segs[a]))   # the memory is gone
             self.calls.append(("sleep", n, device, n in offload))
+            if n == self.fail_sleep_asleep:
+                self.fail_sleep_asleep = None
+                raise RuntimeError("fake: the sleep of %s failed (FABPOOL_ERR_PARTIAL): the pool is asleep" % n)
 
     def wake(self, ftag, device):
         for n in (ftag if isinstance(ftag, list) else [ftag]):
@@ -575,6 +580,29 @@ def test_failed_pause_copy_leaves_the_tag_awake_and_frees_its_host_memory():
     check(not be.pools[("tms.b.w", 0)].asleep and not be.host, "the copy of a tag that did not sleep given back")
 
 
+def test_pause_whose_sleep_fails_asleep_leaves_the_tag_paused_with_its_copies():
+    tms, be, ws, _, _ = staged_workload()
+    want = [w.read() for w in ws]
+    be.fail_sleep_asleep = "tms.b.w"
+    check(raises(RuntimeError, tms.pause, "w") is not None, "a sleep that fails with the pool asleep raises")
+    check(be.pools[("tms.b.w", 0)].asleep and tms.tags()["w"]["paused"], "the tag paused, as its pool is")
+    check(all(tms.get_cpu_backup(w)[1] == d for w, d in zip(ws, want)), "its host copies kept, bytes intact")
+    tms.resume()
+    check(all(w.read() == d for w, d in zip(ws, want)) and not be.host and not tms.tags()["w"]["paused"],
+          "the resume restores bitwise and gives the copies back")
+    # a failed copy back whose sleep again raises with the pool asleep: paused, the copies kept
+    tms, be, ws, _, _ = staged_workload()
+    want = [w.read() for w in ws]
+    tms.pause("w")
+    be.fail_fill, be.fail_sleep_asleep = 2, "tms.b.w"
+    msg = raises(RuntimeError, tms.resume, "w")
+    check(msg is not None and "staging" in msg, "the copy back's error raised (%s)" % msg)
+    check(be.pools[("tms.b.w", 0)].asleep and tms.tags()["w"]["paused"] and
+          all(tms.get_cpu_backup(w)[1] == d for w, d in zip(ws, want)), "paused again, its copies kept")
+    tms.resume()
+    check(all(w.read() == d for w, d in zip(ws, want)) and not be.host, "the next resume restores bitwise")
+
+
 def test_failed_resume_copy_leaves_the_tag_paused_with_its_copies():
     for nth in (1, 3):
         tms, be, ws, _, _ = staged_workload()
@@ -844,6 +872,35 @@ def test_cumem_failed_sleep_leaves_the_tag_awake_and_nothing_held():
         alloc.wake_up()
         check(all(w.read() == d for w, d in zip(ws, want)) and not be.host and not be.rings,
               "%s: the next cycle restores bitwise, nothing held" % what)
+
+
+def test_cumem_sleep_that_fails_asleep_keeps_the_tag_asleep_with_its_copy():
+    for mode in ("staged", "pinned"):
+        alloc, be, ws, _, _ = cumem_workload()
+        alloc.offload = mode
+        want = [w.read() for w in ws]
+        be.fail_sleep_asleep = "vllm.weights"
+        check(raises(RuntimeError, alloc.sleep, offload_tags=("weights",)) is not None,
+              "%s: a sleep that fails with the pool asleep raises" % mode)
+        check(alloc.sleeping_tags() == [("kv_cache", 0), ("weights", 0)],
+              "%s: the failing tag known to be asleep too (%s)" % (mode, alloc.sleeping_tags()))
+        check(mode == "pinned" or held_copies(alloc, be)[1] == sum(STAGED_SIZES),
+              "%s: its host copy kept (%s)" % (mode, held_copies(alloc, be)))
+        alloc.wake_up()
+        check(all(w.read() == d for w, d in zip(ws, want)) and not be.host and not be.rings and
+              alloc.sleeping_tags() == [], "%s: wake_up restores bitwise, nothing held" % mode)
+    # a failed copy back whose sleep again raises with the pool asleep: asleep, the copy kept
+    alloc, be, ws, _, _ = cumem_workload()
+    want = [w.read() for w in ws]
+    alloc.sleep(offload_tags=("weights",))
+    be.fail_fill, be.fail_sleep_asleep = 2, "vllm.weights"
+    msg = raises(RuntimeError, alloc.wake_up, tags="weights")
+    check(msg is not None and "staging" in msg, "the copy back's error raised (%s)" % msg)
+    check(be.pools[("vllm.weights", 0)].asleep and ("weights", 0) in alloc.sleeping_tags() and
+          held_copies(alloc, be)[1] == sum(STAGED_SIZES), "asleep again, its copy kept")
+    alloc.wake_up()
+    check(all(w.read() == d for w, d in zip(ws, want)) and not be.host and not be.rings,
+          "the next wake_up restores bitwise, nothing held")
 
 
 def test_cumem_failed_wake_up_keeps_the_tag_asleep_with_its_copy():

@@ -38,7 +38,10 @@ What differs from vLLM's:
   that is awake does nothing.
 - a failed sleep (host memory, a copy, the sleep itself) raises with the
   failing tag awake, its device memory as it was and its host copy freed; the
-  tags before it stay asleep.
+  tags before it stay asleep.  A sleep that fails with the pool asleep all
+  the same (fabpool_sleep's FABPOOL_ERR_PARTIAL: a discard that had dropped
+  contents when the driver refused an unmap went on) raises with the tag
+  asleep and its host copy kept: wake_up restores it.
 - a failed wake_up (device out of memory, a failed copy back) raises
   (fabpool_torch.FabpoolError or RuntimeError); the tag stays asleep with its
   host copies kept, and a later wake_up completes it.  Where even putting it
@@ -220,18 +223,32 @@ class CuMemAllocator:
                 self._settle_staging()
         be.empty_cache()
 
+    def _slept(self, tag, dev):
+        """Whether a sleep that raised left the tag's pool asleep all the same (fabpool_sleep's
+        FABPOOL_ERR_PARTIAL): then the tag is asleep, its host copy kept, for wake_up to complete."""
+        try:
+            return bool(self._be().asleep(self._ftag(tag), dev))
+        except Exception:
+            return False
+
     def _sleep_pinned(self, dev, names, offload):
         """The library's offload: fabpool_sleep copies whole chunks into pinned host memory it makes.
         One tag at a time, so that the tags put to sleep before a failure are known."""
         be = self._be()
         for tag in names:
             ftag = self._ftag(tag)
-            be.sleep([ftag], dev, [ftag] if tag in offload else [])
+            try:
+                be.sleep([ftag], dev, [ftag] if tag in offload else [])
+            except BaseException:
+                if self._slept(tag, dev):
+                    self._asleep.add((tag, dev))
+                raise
             self._asleep.add((tag, dev))
 
     def _sleep_staged(self, tag, dev, keep):
         """Copies the (tag, device)'s allocated segments to host memory (keep), then sleeps it with
-        discard.  A failure frees the copy it made and leaves the tag awake."""
+        discard.  A failure frees the copy it made and leaves the tag awake, unless the sleep left it asleep
+        all the same: then it keeps the copy, asleep."""
         be = self._be()
         key = (tag, dev)
         made = None
@@ -242,7 +259,9 @@ class CuMemAllocator:
         try:
             be.sleep([self._ftag(tag)], dev, ())
         except BaseException:
-            if made is not None:
+            if self._slept(tag, dev):
+                self._asleep.add(key)
+            elif made is not None:
                 self._drop_copy(key)
             raise
         self._asleep.add(key)
@@ -274,7 +293,8 @@ class CuMemAllocator:
 
     def _restore(self, key):
         """Copies the (tag, device)'s host copy back after its wake and frees it.  A failed copy puts the
-        tag to sleep again (its copy kept: the next wake_up tries again) and raises."""
+        tag to sleep again (its copy kept: the next wake_up tries again; also where that sleep raises with
+        the tag asleep) and raises."""
         be = self._be()
         tag, dev = key
         hc = self._copies[key]
@@ -287,11 +307,12 @@ class CuMemAllocator:
             try:
                 be.sleep([self._ftag(tag)], dev, ())
             except BaseException as e2:
-                self._asleep.discard(key)
-                raise RuntimeError("fabpool_cumem.wake_up: restoring tag %r on device %d failed (%s) and putting "
-                                   "it back to sleep failed too (%s): the tag is awake with its bytes partly "
-                                   "restored; its host copy is kept and the next wake_up(%r) copies it again" %
-                                   (tag, dev, e, e2, tag)) from e
+                if not self._slept(tag, dev):
+                    self._asleep.discard(key)
+                    raise RuntimeError("fabpool_cumem.wake_up: restoring tag %r on device %d failed (%s) and "
+                                       "putting it back to sleep failed too (%s): the tag is awake with its bytes "
+                                       "partly restored; its host copy is kept and the next wake_up(%r) copies it "
+                                       "again" % (tag, dev, e, e2, tag)) from e
             raise
         self._asleep.discard(key)
         self._drop_copy(key)

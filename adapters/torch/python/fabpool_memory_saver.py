@@ -387,7 +387,10 @@ class TorchMemorySaver:
     def pause(self, tag=None):
         """Gives the device memory of the tag (None: every tag) back to the driver.
         A failure (host memory, a copy, the sleep) raises with the failing
-        tag awake and its host copies freed; the tags before it stay paused."""
+        tag awake and its host copies freed; the tags before it stay paused.
+        A sleep that fails with the pool asleep all the same (fabpool_sleep's
+        FABPOOL_ERR_PARTIAL) leaves the tag paused with its copies: resume
+        restores it."""
         be = self._be()
         todo = [p for p in self._selected(tag) if not p.paused]
         for dev in sorted({p.device for p in todo}):
@@ -399,7 +402,9 @@ class TorchMemorySaver:
                 try:
                     be.sleep(p.ftag, p.device)
                 except BaseException:
-                    if p.backup and not self._retain:
+                    if self._slept(p):
+                        p.paused = True
+                    elif p.backup and not self._retain:
                         self._drop_copies(p)
                     raise
                 p.paused = True
@@ -407,10 +412,20 @@ class TorchMemorySaver:
             self._settle_staging()
             raise
 
+    def _slept(self, p):
+        """Whether a sleep that raised left the pool asleep all the same
+        (fabpool_sleep's FABPOOL_ERR_PARTIAL): then it is paused, its copies
+        kept, for resume to complete."""
+        try:
+            return bool(self._be().asleep(p.ftag, p.device))
+        except Exception:
+            return False
+
     def _restore(self, p):
         """Copies the pool's host copies back after its wake.  A failed copy
         puts the pool to sleep again (paused, copies kept: the next resume
-        tries again) and raises."""
+        tries again; also where that sleep raises with the pool asleep) and
+        raises."""
         be = self._be()
         segs = self._live_segments(p)
         try:
@@ -419,10 +434,11 @@ class TorchMemorySaver:
             try:
                 be.sleep(p.ftag, p.device)
             except BaseException as e2:
-                p.paused = False
-                raise RuntimeError("fabpool_memory_saver.resume: restoring tag %r failed (%s) and pausing it again "
-                                   "failed too (%s): the tag is awake with part of its bytes; its host copies are "
-                                   "kept (get_cpu_backup)" % (p.tag, e, e2)) from e
+                if not self._slept(p):
+                    p.paused = False
+                    raise RuntimeError("fabpool_memory_saver.resume: restoring tag %r failed (%s) and pausing it "
+                                       "again failed too (%s): the tag is awake with part of its bytes; its host "
+                                       "copies are kept (get_cpu_backup)" % (p.tag, e, e2)) from e
             raise
         p.paused = False
         if not self._retain:

@@ -840,7 +840,10 @@ def sleep(tags=None, offload=True, device=None):
     restored by wake), False (dropped: the tensors' contents are undefined
     after wake), or a set of the tags to offload (the others are dropped).
     Waits for the device's GPU work first.  Returns {tag: sleep_state(tag)}.
-    A tag that fails raises FabpoolError; the tags before it stay asleep."""
+    A tag that fails raises FabpoolError; the tags before it stay asleep, and
+    so does the failing tag where the status is FABPOOL_ERR_PARTIAL (17: a
+    discard that had dropped contents went on, sleep_state says asleep):
+    wake completes it."""
     dev = _device_index(device)
     names = _tag_names(tags, dev)
     if isinstance(offload, bool):
