@@ -72,7 +72,10 @@ int fabsim_get_ledger(fabsim_ledger *out);
 uint64_t fabsim_machine_held_bytes(int dev);
 
 /* Fault injection, same meaning as FABSIM_FAULT.  nth counts calls from now
- * (1 = the next call).  nth = 0 with `every` = 1 fails every call from now on.
+ * (1 = the next call).  `every` 0: call nth fails; 1: every call from the nth
+ * on (nth = 0: from now on); k > 1: k calls in a row from the nth, then the
+ * entry point works again (2: a call the library tries twice fails both
+ * times, and what follows it works).
  * Returns 0, or -1 for an unknown entry point name. */
 int fabsim_fault_set(const char *entry, uint64_t nth, int every, int cuda_error);
 void fabsim_fault_clear(void);

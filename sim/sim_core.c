@@ -81,6 +81,7 @@ static _Atomic uint64_t calls[E_COUNT];
 static struct {
     int armed, every;
     uint64_t countdown;
+    uint64_t left; /* every: the calls still to fail (0: all of them) */
     CUresult err;
 } faults[E_COUNT];
 
@@ -109,6 +110,8 @@ CUresult sim_enter(int e, int needs_init)
         } else if (faults[e].countdown == 0 && faults[e].every) {
             r = faults[e].err;
         }
+        if (r != CUDA_SUCCESS && faults[e].left && --faults[e].left == 0)
+            faults[e].armed = 0;
     }
     pthread_mutex_unlock(&sim_lock);
     if (r != CUDA_SUCCESS && sim_trace)
@@ -123,7 +126,8 @@ SIM_API int fabsim_fault_set(const char *entry, uint64_t nth, int every, int cud
         return -1;
     pthread_mutex_lock(&sim_lock);
     faults[e].armed = 1;
-    faults[e].every = every;
+    faults[e].every = every != 0;
+    faults[e].left = every > 1 ? (uint64_t)every : 0;
     faults[e].countdown = nth;
     faults[e].err = (CUresult)cuda_error;
     pthread_mutex_unlock(&sim_lock);

@@ -95,18 +95,23 @@
  * One faulted step in four has a second fault, so that what mends the first failure (an undo, a map back)
  * meets one: either the same entry point keeps failing from that call on (not cuMemUnmap or cuMemRelease: where
  * every call that gives memory back fails, the driver keeps that memory by definition), or another entry point
- * the operation calls fails too, at one of its first eight calls of the step.  The rule stays, with the one exception
- * fabpool.h documents: a buffer resize (single or set) may answer FABPOOL_ERR_PARTIAL, only after two faults;
- * then every buffer of the call has its new size but those that lost a chunk, which end where it began (at
- * most the new size, mapped bytes equal to the size, a new generation, every byte mapped and the data below
- * kept, the last byte written and read back), and the model goes on with that size.  Every other call stays
- * all or nothing under two faults (only resize_locked in lib/buffers/buffer.c answers FABPOOL_ERR_PARTIAL). */
+ * the operation calls fails too, at one of its first eight calls of the step.  A sleep's faulted cuMemUnmap
+ * (two faulted sleeps in five) fails twice in a row instead, its retry refused too, at any unmap of the sleep:
+ * one refusal is absorbed by the retry, two make the sleep roll back or go on (fabpool.h).  The rule stays,
+ * with the exceptions fabpool.h documents: a buffer resize (single or set) may answer FABPOOL_ERR_PARTIAL, only
+ * after two faults; then every buffer of the call has its new size but those that lost a chunk, which end
+ * where it began (at most the new size, mapped bytes equal to the size, a new generation, every byte mapped and
+ * the data below kept, the last byte written and read back), and the model goes on with that size.  A sleep
+ * answers it asleep (a discard that had dropped contents went on, a rollback failed too), and the model takes
+ * the pool as asleep; a sleep refused with any other status must leave the pool awake with every sample of its
+ * blocks and buffers in place.  Every other call stays all or nothing under two faults. */
 static int fault_pct;
 static int (*fault_set_fn)(const char *, uint64_t, int, int);
 static void (*fault_clear_fn)(void);
 static uint64_t (*fault_calls_fn)(const char *);
 static const char *const fault_entries[] = {
-    "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease", "cuMemRetainAllocationHandle",
+    "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap" /* [3]: fault_arm */, "cuMemRelease",
+    "cuMemRetainAllocationHandle",
     "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle", "cuMemGetAddressRange", "cuEventCreate",
     "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuStreamSynchronize", "cuCtxSynchronize",
     "cuCtxGetCurrent", "cuMemcpyDtoDAsync", "cuMemGetHandleForAddressRange",
@@ -118,7 +123,7 @@ static struct {
     const char *entry;
     uint64_t c0, nth;
     int err;
-    int every;           /* the second fault: the entry keeps failing from call nth on */
+    int every;           /* the second fault: the entry keeps failing from call nth on (1), or fails twice (2) */
     const char *entry2;  /* or the second fault: this entry fails at its call nth2 of the step (NULL: none) */
     uint64_t c02, nth2;
     int err2;
@@ -146,8 +151,8 @@ static int faults_fired(void)
 {
     if (!flt.armed)
         return 0;
-    uint64_t d = fault_calls_fn(flt.entry) - flt.c0;
-    int n = d < flt.nth ? 0 : flt.every ? (int)(d - flt.nth + 1 < 8 ? d - flt.nth + 1 : 8) : 1;
+    uint64_t d = fault_calls_fn(flt.entry) - flt.c0, most = flt.every > 1 ? (uint64_t)flt.every : 8;
+    int n = d < flt.nth ? 0 : flt.every ? (int)(d - flt.nth + 1 < most ? d - flt.nth + 1 : most) : 1;
     if (flt.entry2 && fault_calls_fn(flt.entry2) - flt.c02 >= flt.nth2)
         n++;
     return n;
@@ -160,7 +165,7 @@ static const char *fault_said(void)
 {
     static char said[160];
     int n = snprintf(said, sizeof said, "call %llu%s of %s (%s)", (unsigned long long)flt.nth,
-                     flt.every ? " and on" : "", flt.entry, err_name(flt.err));
+                     flt.every > 1 ? " and the next" : flt.every ? " and on" : "", flt.entry, err_name(flt.err));
     if (flt.entry2 && n > 0 && (size_t)n < sizeof said)
         snprintf(said + n, sizeof said - (size_t)n, " and call %llu of %s (%s)", (unsigned long long)flt.nth2,
                  flt.entry2, err_name(flt.err2));
@@ -172,7 +177,8 @@ static int fault_refusal(fabpool_status st)
 {
     if (st == FABPOOL_OK || !fault_fired())
         return 0;
-    if (st == FABPOOL_ERR_PARTIAL) /* a resize's answer, which resize_one and op_buffer_resize_set take */
+    if (st == FABPOOL_ERR_PARTIAL) /* a resize's or a sleep's answer: resize_one, op_buffer_resize_set and
+                                    * sleep_failed take it */
         return 0;
     flt.refused = 1;
     return 1;
@@ -319,6 +325,7 @@ static const char *replay_path;
 static char tmpdir[64];
 
 /* totals printed at the end */
+static long n_sleep_partial, n_fault_sleep_unmap;
 static long n_limit, n_slept, n_sleep_busy, n_woke_discard, n_asleep_refused, n_late_open[4], n_late_after_change[4],
     n_refit_late, n_bad, n_threads, n_traces, n_replays, n_dmabuf;
 
@@ -367,6 +374,8 @@ static const meaning_t meanings[] = {
      "pended"},
     {"sleep.retired_unfenced", "a sleep unmapped buffer memory retired on a stream whose work pends"},
     {"sleep.owner_unfenced", "a sleep unmapped blocks the owner stream freed while its work pends"},
+    {"sleep.failed_state", "a failed sleep left the pool asleep without FABPOOL_ERR_PARTIAL, or awake with it (or "
+                           "answered it with no driver fault)"},
     {"owner.model", "the owner stream differs from the rule (fabpool.h) with no refused call before"},
     {"refused.changed", "a refused call changed the pool's counters"},
     {"trace.allocs", "the trace's allocations at its level differ from the program's calls"},
@@ -513,8 +522,9 @@ static void peers_leave(int p)
                 EXPECT_OK(st, "view_close", "fabpool_view_close");
                 if (st == FABPOOL_OK)
                     drop_view(t, k);
-                else
-                    k++; /* refused for the step's fault: still open, whole */
+                else /* refused for the step's fault: still open, with the chunks it still maps (an unmap refused
+                      * twice: a sleep's fault): what it maps is unknown, and a later close frees it */
+                    P[t].view[k++].broken = 1;
             } else {
                 k++;
             }
@@ -812,16 +822,6 @@ static void op_alloc_per_thread(int p)
 }
 /* a power of two from 1 B to 2 MiB (the sim's granularity) */
 static void op_alloc_aligned(int p) { alloc_common(p, 0, 1ull << below(22)); }
-
-/* A block freed (on stream s; -2: by fabpool_free) with a stream recorded on it whose work pends waits for that
- * work, as a block freed on that stream does: only that stream may have it back meanwhile. */
-static void pend_on_record(int p, const blk_t *b, int s)
-{
-    int rs = b->recorded - 1;
-    refresh_streams();
-    if (rs >= 0 && rs != s && held[rs] && npend < MAXPEND && !P[p].asleep)
-        pend[npend++] = (pend_t){p, rs, epoch[rs], *b, 0, 0};
-}
 
 static void op_free(int p)
 {
@@ -1657,6 +1657,8 @@ static void op_view_open(int p)
 static long n_block_views, n_block_same_addr, n_block_renewed_sleep;
 static void op_sleep(int p);
 static void op_wake(int p);
+static int sleep_failed(int p, fabpool_status st, fabpool_sleep_mode mode);
+static void slept(int p, fabpool_sleep_mode mode, int partial);
 
 /* Block b of pool p exported and opened in pool t (*v); the block's bytes read through the view at *at.  -1 when
  * a call was refused (the step's fault): nothing is left open. */
@@ -1906,11 +1908,45 @@ static void op_sleep(int p)
                (unsigned long long)s1.mapped_bytes);
         return;
     }
+    if (st != FABPOOL_OK && sleep_failed(p, st, mode))
+        return;
     EXPECT_OK(st, "sleep", "fabpool_sleep");
     if (st != FABPOOL_OK)
         return;
     n_slept++;
+    slept(p, mode, 0);
+}
+
+/* A sleep refused for a driver fault (fabpool.h): awake with every byte in place (an exact rollback; the
+ * status is the fault's), or asleep where it answers FABPOOL_ERR_PARTIAL (a discard that had dropped contents
+ * went on, a rollback that failed too), which no fault-free call answers; the model follows (slept).  1 when
+ * the model has what the pool is now. */
+static int sleep_failed(int p, fabpool_status st, fabpool_sleep_mode mode)
+{
+    pool_t *q = &P[p];
+    fabpool_sleep_info si = {.struct_size = sizeof(fabpool_sleep_info)};
+    fabpool_sleep_state(q->p, &si);
+    EXPECT(si.asleep == (st == FABPOOL_ERR_PARTIAL) && (st != FABPOOL_ERR_PARTIAL || fault_fired()),
+           "sleep.failed_state", "a sleep that answered %s (%s) left pool %d %s", fabpool_status_name(st),
+           fabpool_last_error(), p, si.asleep ? "asleep" : "awake");
+    if (!si.asleep) { /* as before the call: every sample reads back */
+        for (int i = 0; i < q->nblk; i++)
+            check_blk(&q->blk[i], -1);
+        for (int i = 0; i < q->nbuf; i++)
+            check_buf(&q->buf[i], -1);
+        return 0;
+    }
+    n_sleep_partial++;
+    slept(p, mode, 1);
+    return 1;
+}
+
+/* Pool p asleep after a sleep with `mode` (partial: one that answered FABPOOL_ERR_PARTIAL). */
+static void slept(int p, fabpool_sleep_mode mode, int partial)
+{
+    pool_t *q = &P[p];
     q->asleep = 1;
+    q->partial = partial;
     q->mode = mode;
     /* the sleep waited for what it unmaps: retirements and the owner's freed blocks are done (the sim
      * completes a stream that is waited for); blocks pending in the queue stay live, asleep */
@@ -1958,7 +1994,7 @@ static void op_wake(int p)
     EXPECT_OK(st, "wake", "fabpool_wake");
     if (st != FABPOOL_OK)
         return;
-    q->asleep = 0;
+    q->asleep = q->partial = 0;
     fabpool_sleep_info si = {.struct_size = sizeof(fabpool_sleep_info)};
     fabpool_sleep_state(q->p, &si);
     EXPECT(!si.asleep && (q->c.keep_host || si.host_bytes == 0), "wake.state", "after a wake: asleep %d, %llu host "
@@ -2333,16 +2369,20 @@ static void fault_arm(void)
             fsnap_view_id[t][i] = P[t].view[i].vid;
         }
     }
-    size_t e = cand[below(nc)];
+    size_t e = cand[below(nc)], unmap = 3; /* fault_entries[3]: cuMemUnmap */
+    int sleep_unmap = strcmp(cur_op, "sleep") == 0 && fault_seen[o][unmap] && chance(40);
+    if (sleep_unmap)
+        e = unmap;
     flt.entry = fault_entries[e];
-    flt.nth = 1 + below(fault_seen[o][e] < 4 ? fault_seen[o][e] : 4);
+    flt.nth = 1 + below(sleep_unmap ? fault_seen[o][e] : fault_seen[o][e] < 4 ? fault_seen[o][e] : 4);
     flt.err = fault_errors[below(sizeof fault_errors / sizeof fault_errors[0])];
     flt.c0 = fault_calls_fn(flt.entry);
     flt.armed = 1;
-    flt.every = 0;
+    flt.every = sleep_unmap ? 2 : 0;
     flt.entry2 = NULL;
     n_fault_steps++;
-    if (chance(25)) { /* a second fault: what mends the first failure meets one */
+    n_fault_sleep_unmap += sleep_unmap;
+    if (!sleep_unmap && chance(25)) { /* a second fault: what mends the first failure meets one */
         n_fault_double++;
         /* a call that gives memory back failing every time keeps that memory by definition (the driver holds
          * it, the ledger cannot agree): those fail twice only as one of two entry points */
@@ -2656,7 +2696,9 @@ int main(int argc, char **argv)
                n_fault_refused, n_fault_compared);
     if (fault_pct)
         printf("  double faults: %ld steps armed a second, %ld of them fired both; FABPOOL_ERR_PARTIAL %ld times (%ld "
-               "buffers lost a chunk)\n", n_fault_double, n_fault_double_fired, n_partial, n_partial_bufs);
+               "buffers lost a chunk); %ld sleeps armed an unmap refused twice, %ld answered FABPOOL_ERR_PARTIAL "
+               "asleep\n", n_fault_double, n_fault_double_fired, n_partial, n_partial_bufs, n_fault_sleep_unmap,
+               n_sleep_partial);
     print_op_shares(&steps_of, 0, "test_combined");
     print_pairs(steps);
     print_kinds("test_combined", meanings, sizeof meanings / sizeof meanings[0]);

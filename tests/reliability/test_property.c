@@ -2,16 +2,23 @@
  * pools of one process, checked from outside after every step.
  *
  * Each seed creates two pools (A and B) and runs `steps` random operations:
- * fabpool_alloc / free, buffer create / resize / resize_set / destroy, export
- * / export_done / peers_ack, view open / apply / close of the other pool's
- * buffers (a pool exports, the other imports, both ways; POSIX fds are dup'ed
- * within the process), trim, collect, thread_flush, the stream pair (on two
- * streams, the NULL stream and the per-thread default stream), the owner
- * mode's end (fabpool_stream_owner_end), sleep and wake, and streams held and
- * released (fabsim_stream_hold / fabsim_stream_release).  A few variants are
- * bad input that must be refused with nothing changed: resize_set naming a
- * buffer twice, an ack of a generation never issued, a view apply whose import
- * fails (fault injection).  After every step:
+ * fabpool_alloc / alloc_aligned / free, fabpool_record_stream, buffer create /
+ * resize / resize_set / destroy, export / export_done / peers_ack, view open /
+ * apply / close of the other pool's buffers (a pool exports, the other
+ * imports, both ways; POSIX fds are dup'ed within the process), a block
+ * exported and viewed by the other pool, a dma-buf of a buffer's range, trim,
+ * collect, thread_flush, reset_peak, the stream pair (on two streams, the
+ * NULL stream and the per-thread default stream), the owner mode's end
+ * (fabpool_stream_owner_end), sleep (offload or discard) and wake, and
+ * streams held and released (fabsim_stream_hold / fabsim_stream_release).  A
+ * few variants are bad input that must be refused with nothing changed:
+ * resize_set naming a buffer twice, an ack of a generation never issued, a
+ * view apply whose import fails (fault injection).  Some sleeps meet a driver
+ * that refuses an unmap (twice, or every one from a chunk on): the sleep
+ * rolls back with every sample in place, or answers FABPOOL_ERR_PARTIAL
+ * asleep as fabpool.h says, and a wake completes it; some pool destroys meet
+ * a driver that cannot say which context is current: the calling thread's
+ * context must stay.  After every step:
  *   - the sim's ledger matches the pools' stats: bytes mapped, mappings,
  *     handles, exported fds;
  *   - no two live objects overlap (blocks, buffer and view windows, and memory
@@ -26,6 +33,8 @@
  *     and, every 64 steps, every sample of everything;
  *   - a shrunk buffer that was never exported maps at most the hysteresis over
  *     its new size (docs/config.md: shrink_hysteresis);
+ *   - each pool's high-water marks are at least what the steps saw since its
+ *     last fabpool_reset_peak (which starts them from the values then);
  *   - check_pools(): fabpool_check of each pool: the pool's own
  *     structures and counters agree with each other.
  * At the end of each seed everything is freed, both pools are destroyed (OK,
@@ -65,7 +74,10 @@ static hold_fn stream_hold, stream_release;
 
 static uint32_t hysteresis = 25;
 /* totals */
-static long n_slept, n_sleep_busy, n_host_reused;
+static long n_slept, n_sleep_busy, n_host_reused, n_slept_discard, n_sleep_faulted, n_sleep_rolled_back,
+    n_sleep_partial, n_destroy_faulted, n_dmabufs;
+/* the most mapped_bytes each pool had at a step since its creation or its last fabpool_reset_peak */
+static uint64_t peak_seen[NPOOL];
 
 static long n_dup, n_bad_ack, n_fault_apply, n_quiet;
 static uint64_t peak_mapped;
@@ -103,6 +115,16 @@ static void *stream_ptr(int s) { return s < 0 ? NULL : (void *)streams[s]; }
 /* ------------------------------------------------ the pools' own check */
 
 /* ------------------------------------------------------------ the checks */
+
+/* Whether pend[i]'s block is listed before it too: a block freed on one held stream and recorded on another
+ * waits for both, and counts once. */
+static int pend_listed_before(int i)
+{
+    for (int j = 0; j < i; j++)
+        if (pend[j].b.id == pend[i].b.id)
+            return 1;
+    return 0;
+}
 
 /* After every step.  full: every sample of everything. */
 static void check_step(int full)
@@ -150,11 +172,19 @@ static void check_step(int full)
     }
     npend = w;
 
-    /* the ledger against the pools' stats */
+    /* the ledger against the pools' stats; the high-water marks never below what a step saw */
     fabpool_stats S[NPOOL];
     fabsim_ledger L = check_ledger(S, 0);
     if (L.bytes_mapped > peak_mapped)
         peak_mapped = L.bytes_mapped;
+    for (int p = 0; p < NPOOL; p++) {
+        if (S[p].mapped_bytes > peak_seen[p])
+            peak_seen[p] = S[p].mapped_bytes;
+        EXPECT(S[p].mapped_bytes_peak >= peak_seen[p] && S[p].in_use_bytes_peak >= S[p].in_use_bytes, "peak.below",
+               "pool %c: mapped_bytes_peak %llu, but it mapped %llu since the last reset; in use %llu, peak %llu",
+               'A' + p, (unsigned long long)S[p].mapped_bytes_peak, (unsigned long long)peak_seen[p],
+               (unsigned long long)S[p].in_use_bytes, (unsigned long long)S[p].in_use_bytes_peak);
+    }
 
     /* what must be mapped: live objects and pending retirements */
     for (int p = 0; p < NPOOL; p++) {
@@ -174,7 +204,7 @@ static void check_step(int full)
             need += q->view[i].broken ? 0 : q->view[i].live; /* a broken view: what it maps is unknown */
         uint64_t npending = 0;
         for (int i = 0; i < npend; i++)
-            if (pend[i].pool == p && !pend[i].owner) {
+            if (pend[i].pool == p && !pend[i].owner && !pend_listed_before(i)) {
                 need += pend[i].b.usable;
                 npending++;
             }
@@ -322,8 +352,9 @@ static void resync_buf(buf_t *b)
  * fabpool_alloc's, a free on it waits for the calling thread's stream and is fabpool_free's (fabpool.h). */
 static int per_thread;
 
-/* fabpool_alloc, or with on_stream fabpool_alloc_on_stream, on pool p */
-static void alloc_block(int p, int on_stream)
+/* fabpool_alloc, or with on_stream fabpool_alloc_on_stream, or with al (a power of two) fabpool_alloc_aligned, on
+ * pool p */
+static void alloc_block(int p, int on_stream, uint64_t al)
 {
     fabpool_status st;
     int i;
@@ -334,13 +365,15 @@ static void alloc_block(int p, int on_stream)
                              : (size_t)logsize(32 * MB, 96 * MB);
     int s = on_stream ? stream_choice() : -1;
     int owner_call = on_stream ? own_claim(p, s) : (P[p].own >= -1 ? (P[p].own = OWN_OFF, 0) : 0);
-    snprintf(cur_what, sizeof cur_what, "pool %c, %zu bytes%s%s", 'A' + p, sz, on_stream ? ", stream " : "",
-             on_stream ? stream_name(s) : per_thread ? ", the per-thread stream" : "");
+    snprintf(cur_what, sizeof cur_what, "pool %c, %zu bytes%s%s, alignment %llu", 'A' + p, sz,
+             on_stream ? ", stream " : "", on_stream ? stream_name(s) : per_thread ? ", the per-thread stream" : "",
+             (unsigned long long)al);
     blk_t b = {NULL, sz, 0, next_id++, 0};
     st = on_stream    ? fabpool_alloc_on_stream(P[p].p, sz, stream_ptr(s), &b.p)
+         : al         ? fabpool_alloc_aligned(P[p].p, sz, al, &b.p)
          : per_thread ? fabpool_alloc_on_stream(P[p].p, sz, CU_STREAM_PER_THREAD, &b.p)
                       : fabpool_alloc(P[p].p, sz, &b.p);
-    EXPECT_OK(st, "alloc", on_stream ? "fabpool_alloc_on_stream" : "fabpool_alloc");
+    EXPECT_OK(st, "alloc", on_stream ? "fabpool_alloc_on_stream" : al ? "fabpool_alloc_aligned" : "fabpool_alloc");
     if (st != FABPOOL_OK)
         return;
     for (i = 0; i < npend; i++) {
@@ -372,6 +405,8 @@ static void alloc_block(int p, int on_stream)
         align = 256;
     EXPECT(st == FABPOOL_OK && b.usable >= sz && ((uintptr_t)b.p & (align - 1)) == 0, "alloc.usable",
            "block %p of %zu bytes: usable size %zu (%s)", b.p, sz, b.usable, fabpool_status_name(st));
+    EXPECT(!al || ((uintptr_t)b.p & (al - 1)) == 0, "alloc.aligned", "fabpool_alloc_aligned of %zu bytes, alignment "
+           "%llu, gave %p", sz, (unsigned long long)al, b.p);
     if (b.usable < 8)
         b.usable = sz < 8 ? 8 : sz;
     uint64_t pts[NPTS] = {0, b.usable - 8, 0, 0, 0, 0};
@@ -379,14 +414,16 @@ static void alloc_block(int p, int on_stream)
     P[p].blk[P[p].nblk++] = b;
 }
 
-static void op_alloc(int p) { alloc_block(p, 0); }
-static void op_alloc_on_stream(int p) { alloc_block(p, 1); }
+static void op_alloc(int p) { alloc_block(p, 0, 0); }
+static void op_alloc_on_stream(int p) { alloc_block(p, 1, 0); }
 static void op_alloc_per_thread(int p)
 {
     per_thread = 1;
-    alloc_block(p, 0);
+    alloc_block(p, 0, 0);
     per_thread = 0;
 }
+/* an alignment of 1 B to 2 MiB (the sim's granularity) */
+static void op_alloc_aligned(int p) { alloc_block(p, 0, 1ull << below(22)); }
 
 static void op_free(int p)
 {
@@ -399,6 +436,8 @@ static void op_free(int p)
     check_blk(b, -1);
     st = per_thread ? fabpool_free_on_stream(P[p].p, b->p, CU_STREAM_PER_THREAD) : fabpool_free(P[p].p, b->p);
     EXPECT_OK(st, "free", per_thread ? "fabpool_free_on_stream(CU_STREAM_PER_THREAD)" : "fabpool_free");
+    if (st == FABPOOL_OK)
+        pend_on_record(p, b, -2);
     P[p].blk[i] = P[p].blk[--P[p].nblk];
 }
 
@@ -418,7 +457,7 @@ static void op_owner_end(int p)
     if (P[p].own == OWN_NONE && P[p].nblk < MAXBLK) { /* no owner yet: most times, one first */
         stream_chosen = (int)below(NSTREAM);
         if (chance(75))
-            alloc_block(p, 1);
+            alloc_block(p, 1, 0);
         stream_chosen = -9;
     }
     int s = P[p].own;
@@ -453,6 +492,8 @@ static void free_on(int p, int i, int s)
     EXPECT_OK(st, "free_on_stream", "fabpool_free_on_stream");
     if (st == FABPOOL_OK && s >= 0 && held[s] && npend < MAXPEND)
         pend[npend++] = (pend_t){p, s, epoch[s], *b, owner_call, 0};
+    if (st == FABPOOL_OK)
+        pend_on_record(p, b, s);
     P[p].blk[i] = P[p].blk[--P[p].nblk];
 }
 
@@ -928,6 +969,72 @@ static void op_collect(int p)
     }
 }
 
+/* After a discard sleep's wake the pool's contents are unspecified: the program writes them again. */
+static void rewrite_pool(int p)
+{
+    for (int i = 0; i < P[p].nblk; i++)
+        write_blk(&P[p].blk[i]);
+    for (int i = 0; i < P[p].nbuf; i++)
+        if (!P[p].buf[i].broken)
+            write_points(P[p].buf[i].id, P[p].buf[i].base, P[p].buf[i].pts, 0, P[p].buf[i].size);
+}
+
+/* A driver that will not unmap during pool p's next sleep: every unmap from the sleep's nth on (every 1), or the
+ * nth alone, refused twice (every 2: the library tries each unmap twice), after a collect(wait) and a trim (what
+ * the collect gave back included), so that every unmap of the sleep is one of its chunks and the nth chunk is the
+ * first refused.  Returns the unmaps
+ * made so far. */
+static uint64_t sleep_fault_arm(int p, uint64_t nth, int every)
+{
+    EXPECT_OK(fabpool_collect(P[p].p, 1), "collect", "fabpool_collect(wait) before a sleep");
+    EXPECT_OK(fabpool_trim(P[p].p, 0), "trim", "fabpool_trim(0) before a sleep");
+    uint64_t c0 = sim_calls("cuMemUnmap");
+    fault_set("cuMemUnmap", nth, every, CUDA_ERROR_UNKNOWN);
+    return c0;
+}
+
+/* A sleep whose nth chunk the driver would not unmap (and every one after it with every 1).  Where a rollback
+ * gives the pool back as it was (an offload: its copies are there, and its wake frees them where no unmap is
+ * refused any more or keeps them, sleep_keep_host: pool B; a discard refused at its first chunk), the sleep
+ * answers an error with the pool awake and every sample in place.  A discard that has dropped contents goes on,
+ * and an offload whose rollback cannot free its host copies stays asleep: FABPOOL_ERR_PARTIAL, the sim's ledger
+ * equal to what the pools count, and a wake completes it. */
+static void sleep_refused(int p, fabpool_status st, fabpool_sleep_mode mode, uint64_t nth, int every)
+{
+    n_sleep_faulted++;
+    int partial = mode == FABPOOL_SLEEP_DISCARD ? nth > 1 : every == 1 && p == 0;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", fabpool_last_error());
+    fabpool_sleep_info si = {.struct_size = sizeof si};
+    fabpool_sleep_state(P[p].p, &si);
+    EXPECT(st != FABPOOL_OK && strstr(msg, "cuMemUnmap") && (st == FABPOOL_ERR_PARTIAL) == partial &&
+               si.asleep == partial && (!si.asleep || mode == FABPOOL_SLEEP_OFFLOAD || si.discarded_bytes > 0),
+           "sleep.refused", "pool %c: the sleep answered %s, %s (discarded %llu bytes), where %s: %s", 'A' + p,
+           fabpool_status_name(st), si.asleep ? "asleep" : "awake", (unsigned long long)si.discarded_bytes,
+           partial ? "FABPOOL_ERR_PARTIAL and asleep was due" : "another error and awake was due", msg);
+    if (!si.asleep) { /* rolled back: every sample in place */
+        n_sleep_rolled_back++;
+        for (int i = 0; i < P[p].nblk; i++)
+            check_blk(&P[p].blk[i], -1);
+        for (int i = 0; i < P[p].nbuf; i++)
+            check_buf(&P[p].buf[i], -1);
+        return;
+    }
+    n_sleep_partial++;
+    fabpool_stats S[NPOOL];
+    check_ledger(S, 0);
+    st = fabpool_wake(P[p].p, NULL);
+    EXPECT_OK(st, "wake", "fabpool_wake after a sleep that answered FABPOOL_ERR_PARTIAL");
+    if (mode == FABPOOL_SLEEP_DISCARD) {
+        rewrite_pool(p);
+        return;
+    }
+    for (int i = 0; i < P[p].nblk; i++) /* an offload's copies restored */
+        check_blk(&P[p].blk[i], -1);
+    for (int i = 0; i < P[p].nbuf; i++)
+        check_buf(&P[p].buf[i], -1);
+}
+
 static void op_sleep_wake(int p)
 {
     fabpool_status st;
@@ -952,10 +1059,26 @@ static void op_sleep_wake(int p)
         must &= !P[p].buf[i].shared || P[p].buf[i].acked == UINT64_MAX;
     for (i = 0; i < ndead; i++)
         must &= dead[i].pool != p;
+    fabpool_sleep_mode mode = chance(35) ? FABPOOL_SLEEP_DISCARD : FABPOOL_SLEEP_OFFLOAD;
+    int fault = must && chance(40), every = chance(50) ? 1 : 2;
+    uint64_t nth = 1 + below(6), c0 = 0;
+    snprintf(cur_what, sizeof cur_what, "pool %c, %s, %s", 'A' + p, mode == FABPOOL_SLEEP_OFFLOAD ? "offload" :
+             "discard", must ? "nothing exported" : "exported buffers");
+    if (fault) {
+        snprintf(cur_what + strlen(cur_what), sizeof cur_what - strlen(cur_what), ", unmap %llu%s refused",
+                 (unsigned long long)nth, every == 1 ? " and on" : " (twice)");
+        c0 = sleep_fault_arm(p, nth, every);
+    }
     fabpool_stats s0 = {.struct_size = sizeof s0};
     fabpool_get_stats(P[p].p, &s0);
-    snprintf(cur_what, sizeof cur_what, "pool %c, %s", 'A' + p, must ? "nothing exported" : "exported buffers");
-    st = fabpool_sleep(P[p].p, FABPOOL_SLEEP_OFFLOAD, NULL);
+    st = fabpool_sleep(P[p].p, mode, NULL);
+    if (fault) {
+        fault_clear();
+        if (sim_calls("cuMemUnmap") - c0 >= nth) {
+            sleep_refused(p, st, mode, nth, every);
+            return;
+        }
+    }
     if (st == FABPOOL_ERR_BUSY && !must) {
         fabpool_stats s1 = {.struct_size = sizeof s1};
         fabpool_get_stats(P[p].p, &s1);
@@ -965,7 +1088,7 @@ static void op_sleep_wake(int p)
         n_sleep_busy++;
         return;
     }
-    EXPECT_OK(st, "sleep", "fabpool_sleep(offload)");
+    EXPECT_OK(st, "sleep", mode == FABPOOL_SLEEP_OFFLOAD ? "fabpool_sleep(offload)" : "fabpool_sleep(discard)");
     if (st != FABPOOL_OK)
         return;
     n_slept++;
@@ -1005,6 +1128,109 @@ static void op_sleep_wake(int p)
     EXPECT(!si.asleep && (p == 1 || si.host_bytes == 0) && t_ledger().bytes_held_host == host_held(NULL),
            "wake.host", "pool %c awake holds %llu host bytes, the sim %llu", 'A' + p,
            (unsigned long long)si.host_bytes, (unsigned long long)t_ledger().bytes_held_host);
+    if (mode == FABPOOL_SLEEP_DISCARD) {
+        n_slept_discard++;
+        rewrite_pool(p);
+    }
+}
+
+/* fabpool_record_stream: the block is used on stream s too, so that its free waits for s's work as a free on s
+ * does (pend_on_record).  Not while the owner rule decides (test_record_stream models a recorded owner's free). */
+static int can_record(int p) { return has_blk(p) && P[p].own == OWN_OFF; }
+static void op_record_stream(int p)
+{
+    blk_t *b = &P[p].blk[below((uint64_t)P[p].nblk)];
+    int s = (int)below(NSTREAM);
+    snprintf(cur_what, sizeof cur_what, "pool %c, block %llu (%zu bytes), stream %d (%s)", 'A' + p,
+             (unsigned long long)b->id, b->size, s, stream_name(s));
+    fabpool_status st = fabpool_record_stream(P[p].p, b->p, streams[s]);
+    EXPECT_OK(st, "record_stream", "fabpool_record_stream");
+    if (st == FABPOOL_OK)
+        b->recorded = s + 1;
+}
+
+/* fabpool_block_export of one of pool p's blocks, opened as a view in the other pool (from this process as a
+ * vouched peer, or not): the view reads the block's samples and a word written through it reaches the block;
+ * then it is released (kept by its pool, until a trim, where a peer was vouched for) or closed. */
+static void op_block_export(int p)
+{
+    int t = 1 - p;
+    blk_t *b = &P[p].blk[below((uint64_t)P[p].nblk)];
+    int vouched = chance(50);
+    snprintf(cur_what, sizeof cur_what, "pool %c, block %llu (%zu bytes at %p), viewed in pool %c%s", 'A' + p,
+             (unsigned long long)b->id, b->size, b->p, 'A' + t, vouched ? " (a vouched peer)" : "");
+    check_blk(b, -1);
+    size_t len = 0, nfds = 0, off = 0;
+    fabpool_status st = fabpool_block_export(P[p].p, b->p, desc, sizeof desc, &len, fds, MAXFD, &nfds, &off);
+    EXPECT_OK(st, "block_export", "fabpool_block_export");
+    if (st != FABPOOL_OK)
+        return;
+    uint32_t nr;
+    memcpy(&nr, desc + 12, 4);
+    EXPECT(nr >= 1 && len == fabpool_desc_size(nr) && nfds == (P[p].htype == FABPOOL_HANDLE_POSIX_FD ? nr : 0),
+           "block_export.shape", "descriptor of %zu bytes, %zu fds, %u records", len, nfds, nr);
+    (void)t_ledger(); /* the sim forgets the exported fds closed so far, before a dup may take their numbers */
+    for (size_t i = 0; i < nfds; i++)
+        mine[i] = dup(fds[i]); /* the pool keeps its own: the view takes these */
+    fabpool_view_t *v = NULL;
+    st = vouched ? fabpool_view_open_peer(P[t].p, getpid(), desc, len, mine, nfds, &v)
+                 : fabpool_view_open(P[t].p, desc, len, mine, nfds, &v);
+    EXPECT_OK(st, "block_export.view_open", vouched ? "fabpool_view_open_peer" : "fabpool_view_open");
+    if (st != FABPOOL_OK)
+        return;
+    uint64_t at = (uint64_t)(uintptr_t)fabpool_view_ptr(v) + off, pts[NPTS], tag = pat(next_id++, 0), got = 0;
+    blk_points(b, pts);
+    check_points("block_export.data", "block (read through a view of its export)", b->id, at, pts, 0, b->usable, -1);
+    t_checks++;
+    if (!put(at, tag) || probe((uint64_t)(uintptr_t)b->p, tag, &got) != 1)
+        fail_("block_export.write", __LINE__, "a write through the view of block %llu at %p did not reach it (reads "
+              "0x%llx, wrote 0x%llx)", (unsigned long long)b->id, b->p, (unsigned long long)got,
+              (unsigned long long)tag);
+    write_blk(b);
+    st = chance(50) ? fabpool_view_release(v) : fabpool_view_close(v);
+    EXPECT_OK(st, "block_export.let_go", "fabpool_view_release / fabpool_view_close of a block's view");
+}
+
+/* fabpool_buffer_dmabuf of a page-aligned range in one of pool p's buffers' mapped bytes: an fd of that size,
+ * counted by the sim while it is open (closed here). */
+static void op_dmabuf(int p)
+{
+    buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
+    fabpool_buffer_info bi = binfo(b);
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), pages = bi.mapped / pg;
+    if (!pages)
+        return;
+    uint64_t first = below(pages), n = logsize(1, pages - first < 16384 ? pages - first : 16384);
+    snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu (mapped %zu), bytes [%llu, +%llu)", 'A' + p,
+             (unsigned long long)b->id, bi.mapped, (unsigned long long)(first * pg), (unsigned long long)(n * pg));
+    int fd = -1;
+    fabpool_status st = fabpool_buffer_dmabuf(b->h, (size_t)(first * pg), (size_t)(n * pg), &fd);
+    if (st == FABPOOL_ERR_NOT_SUPPORTED)
+        return;
+    EXPECT_OK(st, "dmabuf", "fabpool_buffer_dmabuf");
+    if (st != FABPOOL_OK)
+        return;
+    n_dmabufs++;
+    EXPECT(fd >= 0 && lseek(fd, 0, SEEK_END) == (off_t)(n * pg) && t_ledger().dmabuf_fds == 1, "dmabuf.fd",
+           "fd %d of %lld bytes (asked %llu), the sim counts %llu dma-buf fds", fd, fd >= 0 ? (long long)lseek(fd, 0,
+           SEEK_END) : -1ll, (unsigned long long)(n * pg), (unsigned long long)t_ledger().dmabuf_fds);
+    if (fd >= 0)
+        close(fd);
+}
+
+/* fabpool_reset_peak: both marks start again from now (the calling thread's cached blocks back in their classes:
+ * this test's only thread); check_step holds the mapped mark to what it saw since. */
+static void op_reset_peak(int p)
+{
+    snprintf(cur_what, sizeof cur_what, "pool %c", 'A' + p);
+    fabpool_status st = fabpool_reset_peak(P[p].p);
+    EXPECT_OK(st, "reset_peak", "fabpool_reset_peak");
+    fabpool_stats s = t_stats(P[p].p);
+    EXPECT(s.mapped_bytes_peak == s.mapped_bytes && s.in_use_bytes_peak == s.in_use_bytes, "reset_peak.marks",
+           "pool %c after fabpool_reset_peak: mapped %llu (peak %llu), in use %llu (peak %llu)", 'A' + p,
+           (unsigned long long)s.mapped_bytes, (unsigned long long)s.mapped_bytes_peak,
+           (unsigned long long)s.in_use_bytes, (unsigned long long)s.in_use_bytes_peak);
+    peak_seen[p] = s.mapped_bytes;
 }
 
 static void op_hold(int p)
@@ -1053,9 +1279,14 @@ static const op_def ops[] = {
     {"alloc_on_stream", 6, has_room_blk, op_alloc_on_stream},
     {"free_on_stream", 6, has_blk, op_free_on_stream},
     {"sleep_wake", 3, always, op_sleep_wake},
-    {"alloc_per_thread", 2, has_room_blk, op_alloc_per_thread},
-    {"free_per_thread", 2, has_blk, op_free_per_thread},
-    {"owner_end", 2, always, op_owner_end},
+    {"alloc_per_thread", 3, has_room_blk, op_alloc_per_thread},
+    {"free_per_thread", 3, has_blk, op_free_per_thread},
+    {"owner_end", 3, always, op_owner_end},
+    {"alloc_aligned", 3, has_room_blk, op_alloc_aligned},
+    {"record_stream", 3, can_record, op_record_stream},
+    {"block_export", 3, has_blk, op_block_export},
+    {"dmabuf", 3, has_buf, op_dmabuf},
+    {"reset_peak", 3, always, op_reset_peak},
 };
 #define NOPS ((int)(sizeof ops / sizeof ops[0]))
 static unsigned op_weight[NOPS];
@@ -1110,11 +1341,38 @@ static int setup_pools(void)
     nrec = 0;
     npend = 0;
     ndead = 0;
+    memset(peak_seen, 0, sizeof peak_seen);
     for (int s = 0; s < NSTREAM; s++) {
         stream_release(streams[s]);
         held[s] = 0;
     }
     return 0;
+}
+
+/* fabpool_destroy of pool p (which has kept the records and spare events of the streams it met), some while the
+ * driver cannot say which context is current (every call from the n-th on): whatever the destroy answers then,
+ * the pool is gone (the ledger at the end), and the calling thread's context is the one it had. */
+static void destroy_pool(int p)
+{
+    int fault = chance(50);
+    uint64_t nth = 1 + below(3);
+    CUcontext ctx0 = NULL, ctx1 = NULL;
+    cuCtxGetCurrent(&ctx0);
+    snprintf(cur_what, sizeof cur_what, "pool %c%s", 'A' + p, fault ? ", cuCtxGetCurrent failing" : "");
+    if (fault)
+        fault_set("cuCtxGetCurrent", nth, 1, CUDA_ERROR_UNKNOWN);
+    fabpool_status st = fabpool_destroy(P[p].p);
+    if (fault)
+        fault_clear();
+    n_destroy_faulted += fault;
+    if (!fault || st == FABPOOL_OK || !strstr(fabpool_last_error(), "cuCtxGetCurrent"))
+        EXPECT_OK(st, "pool_destroy", "fabpool_destroy");
+    cuCtxGetCurrent(&ctx1);
+    EXPECT(ctx1 == ctx0, "pool_destroy.context", "fabpool_destroy of pool %c%s left the thread's current context %p "
+           "(it was %p)", 'A' + p, fault ? " (cuCtxGetCurrent failing)" : "", (void *)ctx1, (void *)ctx0);
+    if (ctx1 != ctx0) /* the seeds that follow need it */
+        cuCtxSetCurrent(ctx0);
+    P[p].p = NULL;
 }
 
 static void teardown(void)
@@ -1173,11 +1431,8 @@ static void teardown(void)
                "collect(wait) and trim(0)", 'A' + p, (unsigned long long)s.mapped_bytes,
                (unsigned long long)s.retiring_bytes, (unsigned long long)s.buffers);
     }
-    for (int p = 0; p < NPOOL; p++) {
-        fabpool_status st = fabpool_destroy(P[p].p);
-        EXPECT_OK(st, "pool_destroy", "fabpool_destroy");
-        P[p].p = NULL;
-    }
+    for (int p = 0; p < NPOOL; p++)
+        destroy_pool(p);
     nrec = 0;
     ndead = 0;
     check_ledger_empty();
@@ -1249,8 +1504,11 @@ int main(int argc, char **argv)
     printf("  retirements followed: %ld on a held stream, %ld awaiting an ack; %ld collect(wait) with nothing "
            "pending checked for leftovers; peak mapped %.1f MiB (both pools)\n", n_rec_stream, n_rec_ack, n_quiet,
            (double)peak_mapped / (double)MB);
-    printf("  sleep_wake: %ld slept and woke with their data (%ld into host copies kept from the last wake), %ld "
-           "refused (exported buffers)\n", n_slept, n_host_reused, n_sleep_busy);
+    printf("  sleep_wake: %ld slept and woke (%ld with discard, their data written again; %ld into host copies kept "
+           "from the last wake), %ld refused (exported buffers); %ld met a refused unmap: %ld rolled back with their "
+           "data, %ld answered FABPOOL_ERR_PARTIAL asleep and woke\n", n_slept, n_slept_discard, n_host_reused,
+           n_sleep_busy, n_sleep_faulted, n_sleep_rolled_back, n_sleep_partial);
+    printf("  pool destroys while cuCtxGetCurrent failed: %ld; dma-bufs opened: %ld\n", n_destroy_faulted, n_dmabufs);
     CHECK(n_slept > 0);
     print_op_shares(&steps_of, 1.0, "test_property");
     print_kinds("test_property", NULL, 0);
