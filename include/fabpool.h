@@ -8,7 +8,9 @@
  *
  * Every function that can fail returns a fabpool_status.  On anything but
  * FABPOOL_OK, fabpool_last_error() returns a message for the calling thread
- * that says what went wrong and what to do about it.  The few that cannot
+ * that names the call, says what went wrong and what to do about it.  A
+ * call that succeeds leaves the message as it was (errno's rule): it stays
+ * the last failed call's.  The few that cannot
  * fail return their answer instead: fabpool_version, fabpool_build_info, fabpool_status_name,
  * fabpool_last_error, fabpool_options_init, fabpool_handle_type_of, fabpool_buffer_ptr,
  * fabpool_view_ptr and fabpool_desc_size (each says what it returns for a

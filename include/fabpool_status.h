@@ -53,7 +53,9 @@ typedef enum fabpool_status {
 
 /* The enumerator's name, e.g. "FABPOOL_ERR_OUT_OF_MEMORY". */
 FABPOOL_API const char *fabpool_status_name(fabpool_status s);
-/* The calling thread's message for its last failed call ("" if none). */
+/* The calling thread's message for its last failed call ("" if none): the
+ * call, what went wrong and what to do.  A call that succeeds leaves it as
+ * it was (errno's rule), so it is read after a status other than FABPOOL_OK. */
 FABPOOL_API const char *fabpool_last_error(void);
 
 #ifdef __cplusplus

@@ -90,6 +90,8 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
  * and the log's warning if it failed still. */
 static __attribute__((noinline)) fabpool_status alloc_oom(fp_alloc *a, size_t size, void **out, fabpool_status st)
 {
+    fp_msg_hold h; /* a try that works leaves the message as it was before the first */
+    fp_error_hold_retry(&h);
     fp_tcache *tc = fp_hot.key && fp_hot.tc && fp_hot.tc->owner == a ? fp_hot.tc : NULL;
     if (st == FABPOOL_ERR_OUT_OF_MEMORY && tc && atomic_load_explicit(&tc->mbytes, memory_order_relaxed)) {
         /* the medium blocks this thread's cache holds go back, and every other cache's at its next call;
@@ -106,7 +108,7 @@ static __attribute__((noinline)) fabpool_status alloc_oom(fp_alloc *a, size_t si
         fp_alloc_drain(a, 1, 0);
         st = alloc_slow_once(a, size, out);
     }
-    if (st == FABPOOL_ERR_OUT_OF_MEMORY)
+    if (fp_error_unhold(&h, st) == FABPOOL_ERR_OUT_OF_MEMORY)
         FP_LOG_CH(FP_LOG_WARN, a->sp->ch, "an allocation of %zu bytes failed: %s", size, fabpool_last_error());
     return st;
 }

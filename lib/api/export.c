@@ -124,11 +124,12 @@ static fabpool_status ack_locked(fp_buffers *bs, struct fabpool_buffer *b, uint6
     fp_chunk_tally t = fp_chunk_tally_begin();
     /* the acknowledgement stands whatever the unmaps do: what the driver refuses to unmap now, the next
      * collect unmaps (answering the refusal would tell the caller the ack was not taken) */
-    if (fp_collect_locked(bs, 0) != FABPOOL_OK) {
+    fp_msg_hold h;
+    fp_error_hold(&h);
+    if (fp_collect_locked(bs, 0) != FABPOOL_OK)
         FP_LOG_CH(FP_LOG_WARN, bs->sp->ch, "peer ack: an unmap is left for the next collect: %s",
                   fabpool_last_error());
-        fp_error_clear();
-    }
+    fp_error_unhold(&h, FABPOOL_OK);
     t = fp_chunk_tally_end(t);
     FP_LOG_CH(FP_LOG_INFO, bs->sp->ch, "peer ack: buffer 0x%llx (export id 0x%llx%s) acknowledged at generation "
               "%llu%s; %llu bytes in %llu chunks unmapped, held for peers %llu -> %llu bytes",

@@ -29,13 +29,13 @@ static fabpool_view_t *reopen_kept(fp_views *vs, int vouched, const fp_desc *ds,
         return NULL; /* none, or no host memory for its new handle (it stays kept) */
     FP_LIST_MOVED(&vs->list, v, next, prev);
     fp_view_keep(vs, v, 0); /* taken back: what the apply unmaps or maps is an open view's */
-    if (fp_view_apply_locked(v, ds, fds) != FABPOOL_OK) {
-        if (fp_view_free(vs, v, 0) != FABPOOL_OK)
-            fp_view_keep(vs, v, 1); /* a refusal: it stays kept, the next drop closes it */
-        fp_error_clear();
-        return NULL;
-    }
-    return v;
+    fp_msg_hold h; /* a failure here is not the caller's: it opens the view afresh */
+    fp_error_hold(&h);
+    int took = fp_view_apply_locked(v, ds, fds) == FABPOOL_OK;
+    if (!took && fp_view_free(vs, v, 0) != FABPOOL_OK)
+        fp_view_keep(vs, v, 1); /* a refusal: it stays kept, the next drop closes it */
+    fp_error_unhold(&h, FABPOOL_OK);
+    return took ? v : NULL;
 }
 
 fabpool_status fp_view_open(fp_views *vs, int vouched, const void *desc, size_t len, const int *fds, size_t nfds,

@@ -11,8 +11,6 @@
 
 #include "list.h"
 
-#define FP_MSG_MAX 1024
-
 /* The calling thread's message lives on the heap, made at its first error
  * and freed when the thread exits: not in the library's thread-local block,
  * which stays a few dozen bytes (the thread caches' slot, tcache.h) for a
@@ -21,6 +19,8 @@
 static _Thread_local char *fp_msg;
 /* Set while the thread's last message could not be kept (no host memory). */
 static _Thread_local unsigned char fp_msg_lost;
+/* The thread's innermost hold (error.h), NULL outside every one. */
+static _Thread_local fp_msg_hold *fp_holds;
 static pthread_key_t msg_key;
 static pthread_once_t msg_once = PTHREAD_ONCE_INIT;
 static int msg_key_ok;
@@ -30,10 +30,18 @@ static int msg_key_ok;
  * The lock is taken around fork (pthread_atfork), so that a child never inherits it held. */
 typedef struct msg_node {
     struct msg_node *prev, *next;
+    uint64_t id, ids;   /* the message's id (one per fp_error, kept by an append), and the ids given so far */
+    /* the message a hold that ended in failure replaced, for fp_error_hold_retry while the failure's message
+     * (id retry_of) stands */
+    uint64_t retry_of, retry_id;
+    unsigned char retry_lost;
     char text[FP_MSG_MAX];
+    char retry_text[FP_MSG_MAX];
 } msg_node;
 static msg_node *msg_list;
 static pthread_mutex_t msg_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static msg_node *msg_node_of(void) { return fp_msg ? (msg_node *)(fp_msg - offsetof(msg_node, text)) : NULL; }
 
 static void msg_lock_take(void) { pthread_mutex_lock(&msg_lock); }
 static void msg_lock_give(void) { pthread_mutex_unlock(&msg_lock); }
@@ -122,19 +130,87 @@ fabpool_status fp_struct_size_check(const char *fn, const char *type, size_t got
                     FABPOOL_VERSION_STRING, type, want, type);
 }
 
-void fp_error_clear(void)
+/* ------------------------------------------------------------ holds */
+
+static void hold_copy(char *dst, const char *src) { memcpy(dst, src, strlen(src) + 1); }
+
+/* Before the message changes: every hold that has not kept it yet keeps it now (the innermost ones: a hold
+ * that has kept it has outer ones that have too). */
+static void holds_take(void)
 {
-    fp_msg_lost = 0;
-    if (fp_msg)
-        fp_msg[0] = '\0';
+    const msg_node *n = msg_node_of();
+    for (fp_msg_hold *h = fp_holds; h && !h->taken; h = h->outer) {
+        hold_copy(h->text, n ? n->text : "");
+        h->id = n ? n->id : 0;
+        h->lost = fp_msg_lost;
+        h->taken = 1;
+    }
 }
+
+/* An unhold that is not of the innermost hold: a function returned without ending the hold it began, and the
+ * next failure would write through a frame that is gone. */
+static void holds_broken(const fp_msg_hold *h)
+{
+    fprintf(stderr, "fabpool: internal error: the message hold at %p was not ended by the function that began it\n",
+            (const void *)h);
+    abort();
+}
+
+void fp_error_hold(fp_msg_hold *h)
+{
+    h->outer = fp_holds;
+    h->taken = 0;
+    fp_holds = h;
+}
+
+void fp_error_hold_retry(fp_msg_hold *h)
+{
+    fp_error_hold(h);
+    const msg_node *n = msg_node_of();
+    if (!n || !n->retry_of || n->retry_of != n->id || fp_msg_lost)
+        return;
+    hold_copy(h->text, n->retry_text);
+    h->id = n->retry_id;
+    h->lost = n->retry_lost;
+    h->taken = 1;
+}
+
+fabpool_status fp_error_unhold(fp_msg_hold *h, fabpool_status st)
+{
+    if (fp_holds != h)
+        holds_broken(fp_holds);
+    fp_holds = h->outer;
+    if (!h->taken)
+        return st;
+    msg_node *n = msg_node_of();
+    if (st != FABPOOL_OK) {
+        if (n) {
+            hold_copy(n->retry_text, h->text);
+            n->retry_id = h->id;
+            n->retry_lost = h->lost;
+            n->retry_of = n->id;
+        }
+        return st;
+    }
+    fp_msg_lost = h->lost;
+    if (n) {
+        hold_copy(n->text, h->text);
+        n->id = h->id;
+    }
+    return st;
+}
+
+/* ------------------------------------------------------------ the message */
 
 fabpool_status fp_error(fabpool_status s, const char *fmt, ...)
 {
     char *m = msg_buf();
+    holds_take();
     fp_msg_lost = !m;
     if (!m)
         return s;
+    msg_node *n = msg_node_of();
+    n->id = ++n->ids;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(m, FP_MSG_MAX, fmt, ap);
@@ -150,6 +226,7 @@ void fp_error_append(const char *fmt, ...)
     size_t len = strlen(m);
     if (len + 1 >= FP_MSG_MAX)
         return;
+    holds_take();
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(m + len, FP_MSG_MAX - len, fmt, ap);

@@ -196,7 +196,6 @@ fabpool_status fabpool_trace_flush(void)
     if (failed[0])
         return fp_error(FABPOOL_ERR_IO, "fabpool_trace_flush: writing trace %s failed; that trace stops (see the "
                         "line on stderr)", failed);
-    fp_error_clear();
     return FABPOOL_OK;
 }
 

@@ -94,10 +94,11 @@ static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t ta
             return fp_error(FABPOOL_ERR_HOST_MEMORY, "no host memory for a buffer's chunk list");
         fabpool_status st = fp_heap_chunk_map(bs->heap, b->base + b->live, c, FP_MAP_BUFFER, b);
         if (st == FABPOOL_ERR_OUT_OF_MEMORY && atomic_load(&bs->kept_bytes)) {
+            fp_msg_hold h; /* a map that succeeds now leaves the message as it was before the first try */
+            fp_error_hold_retry(&h);
             fp_buffers_drop_kept(bs, 1); /* the heap's retry could not see the kept buffers */
             (void)fp_collect_locked(bs, 0);
-            fp_error_clear();
-            st = fp_heap_chunk_map(bs->heap, b->base + b->live, c, FP_MAP_BUFFER, b);
+            st = fp_error_unhold(&h, fp_heap_chunk_map(bs->heap, b->base + b->live, c, FP_MAP_BUFFER, b));
         }
         if (st != FABPOOL_OK) {
             fp_error_append(" (growing a buffer from %llu to %llu bytes; it keeps its size and data)",
@@ -268,24 +269,22 @@ static fabpool_status shrink_refit(fp_buffers *bs, struct fabpool_buffer *b, con
     uint32_t j = s->first - 1;
     int lost = 0;
     uint64_t whole = b->chunks[j].size;
+    fp_msg_hold h; /* a chunk kept whole is no failure of the call's */
+    fp_error_hold(&h);
     fabpool_status st = fp_buffer_refit(bs, b, j, s->keep - b->chunks[j].off, target, stream, &lost);
-    if (lost) {
-        atomic_fetch_sub(&bs->bytes, b->size - b->live);
-        b->size = b->live;
-        FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_RESIZE, b->base, b->size, stream, FABPOOL_ERR_PARTIAL);
-        char why[1024];
-        snprintf(why, sizeof why, "%s", fabpool_last_error());
-        return fp_error(FABPOOL_ERR_PARTIAL, "%s; so buffer %zu of the set, shrunk to %llu bytes, now has %llu "
-                        "bytes, all of them mapped, its data below that kept and the rest lost (every other buffer "
-                        "has its new size); resize it to use more", why, k, (unsigned long long)target,
-                        (unsigned long long)b->size);
-    }
-    if (st == FABPOOL_OK)
-        return st;
-    FP_LOG_CH(FP_LOG_INFO, bs->sp->ch, "a buffer shrunk to %llu bytes keeps a chunk of %llu bytes whole: %s",
-              (unsigned long long)target, (unsigned long long)whole, fabpool_last_error());
-    fp_error_clear();
-    return FABPOOL_OK;
+    if (st != FABPOOL_OK && !lost)
+        FP_LOG_CH(FP_LOG_INFO, bs->sp->ch, "a buffer shrunk to %llu bytes keeps a chunk of %llu bytes whole: %s",
+                  (unsigned long long)target, (unsigned long long)whole, fabpool_last_error());
+    if (fp_error_unhold(&h, lost ? FABPOOL_ERR_PARTIAL : FABPOOL_OK) == FABPOOL_OK)
+        return FABPOOL_OK;
+    atomic_fetch_sub(&bs->bytes, b->size - b->live);
+    b->size = b->live;
+    FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_RESIZE, b->base, b->size, stream, FABPOOL_ERR_PARTIAL);
+    char why[1024];
+    snprintf(why, sizeof why, "%s", fabpool_last_error());
+    return fp_error(FABPOOL_ERR_PARTIAL, "%s; so buffer %zu of the set, shrunk to %llu bytes, now has %llu bytes, all "
+                    "of them mapped, its data below that kept and the rest lost (every other buffer has its new "
+                    "size); resize it to use more", why, k, (unsigned long long)target, (unsigned long long)b->size);
 }
 
 /* Resizes n buffers of the pool all or nothing (fabpool.h): every grow and
@@ -328,7 +327,7 @@ static fabpool_status resize_locked(fp_buffers *bs, struct fabpool_buffer *const
         b->size = sizes[i];
         FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_RESIZE, b->base, sizes[i], stream, FABPOOL_OK);
     }
-    char first[1024] = ""; /* the first refit that lost a chunk: a later one clears or writes the message */
+    char first[1024] = ""; /* the first refit that lost a chunk: a later refit puts back or writes the message */
     for (size_t i = 0; i < n; i++) {
         fabpool_status s2 = shrink_refit(bs, bufs[i], &s[i], sizes[i], stream, i);
         if (s2 != FABPOOL_OK && st == FABPOOL_OK) {
@@ -476,13 +475,17 @@ fabpool_status fabpool_buffer_resize_set(fabpool_buffer_t *const *bufs, const si
     if (fp_chunks_asleep(bs->sp->ch)) {
         st = fp_chunk_asleep_error("fabpool_buffer_resize");
     } else {
+        /* a collect that fails here is retried by the next one: no failure of the resize's */
+        fp_msg_hold h;
+        fp_error_hold(&h);
         fp_buffers_drop_kept(bs, 0); /* those kept for keep_ms go before anything maps */
         (void)fp_collect_locked(bs, 0);
-        fp_error_clear();
+        fp_error_unhold(&h, FABPOOL_OK);
+        fp_error_hold(&h);
         st = resize_locked(bs, bufs, sizes, n, stream, g, sh);
-        /* a collect that fails here is retried by the next one: the resize happened */
-        if (st == FABPOOL_OK && fp_collect_locked(bs, 0) != FABPOOL_OK)
-            fp_error_clear();
+        if (st == FABPOOL_OK)
+            (void)fp_collect_locked(bs, 0);
+        fp_error_unhold(&h, st);
     }
     fp_unlock(&bs->sp->lock);
     if (g != g_stack)
@@ -528,12 +531,14 @@ fabpool_status fp_buffer_destroy_locked(fp_buffers *bs, struct fabpool_buffer *b
 /* No trace record: the release recorded the buffer's destroy, and the unmaps record what goes back now. */
 static void drop(fp_buffers *bs, struct fabpool_buffer *b)
 {
+    /* where the driver refuses the context sync, the buffer stays kept and a later drop retries: no failure of
+     * the call that drops it */
+    fp_msg_hold h;
+    fp_error_hold(&h);
     /* no GPU work uses a released buffer (fabpool.h): no stream to wait for */
-    if (fp_buffer_destroy_locked(bs, b, NULL) != FABPOOL_OK) {
-        /* the driver refused the context sync: the buffer stays kept, a later drop retries */
+    if (fp_buffer_destroy_locked(bs, b, NULL) != FABPOOL_OK)
         FP_LOG_CH(FP_LOG_WARN, bs->sp->ch, "a kept buffer could not be given back yet: %s", fabpool_last_error());
-        fp_error_clear();
-    }
+    fp_error_unhold(&h, FABPOOL_OK);
 }
 
 void fp_buffers_drop_kept(fp_buffers *bs, int all)

@@ -32,12 +32,14 @@ fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
     fp_buffers *bs = b->owner;
     if (fp_device_forked(bs->sp->ch))
         return fp_device_forked_error(bs->sp->ch, "fabpool_buffer_destroy");
+    fp_msg_hold h;
+    fp_error_hold(&h);
     fp_lock(&bs->sp->lock);
     st = fp_buffer_destroy_locked(bs, b, stream);
     if (st != FABPOOL_OK) {
         fp_error_append(" (fabpool_buffer_destroy: the buffer is still alive; destroy it again)");
         fp_unlock(&bs->sp->lock);
-        return st;
+        return fp_error_unhold(&h, st);
     }
     FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_DESTROY, b->base, 0, stream, FABPOOL_OK);
     /* what no peer can still import goes now (once its GPU work is done);
@@ -45,8 +47,7 @@ fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
      * destroy.  A collect that fails here is retried by the next one. */
     (void)fp_collect_locked(bs, 0);
     fp_unlock(&bs->sp->lock);
-    fp_error_clear();
-    return FABPOOL_OK;
+    return fp_error_unhold(&h, FABPOOL_OK);
 }
 
 void fp_buffers_destroy(fp_buffers *bs)
@@ -87,10 +88,11 @@ fabpool_status fabpool_buffer_release(fabpool_buffer_t *b)
     fp_handle_kill(b); /* a reuse hands it out under a new handle */
     b->kept_ns = fp_coarse_ns();
     FP_TRACE_ST(bs->trace, FABPOOL_TR_BUF_DESTROY, b->base, 0, NULL, FABPOOL_OK);
+    fp_msg_hold h; /* a collect that fails here is retried by the next one */
+    fp_error_hold(&h);
     (void)fp_collect_locked(bs, 0);
     fp_unlock(&bs->sp->lock);
-    fp_error_clear();
-    return FABPOOL_OK;
+    return fp_error_unhold(&h, FABPOOL_OK);
 }
 
 /* The kept buffer for `size` bytes: its window holds size, and its live bytes

@@ -10,6 +10,22 @@
 
 /* ------------------------------------------------------------ blocks */
 
+/* One event for a stream's batch of frees, so that the rest of the pool can have them soon.  Where it cannot be
+ * recorded, the whole context is waited for; where that fails too, the batch waits for the next poll's event:
+ * no failure of the free's, and the thread's message stays as it was. */
+static void batch_event(fp_retire *r, fp_rstream *rs)
+{
+    fp_msg_hold h;
+    fp_error_hold(&h);
+    CUcontext saved;
+    if (fp_rq_ctx_enter(r, &saved, NULL) == 0) {
+        if (fp_rq_event_record(r, rs) != FABPOOL_OK)
+            (void)fp_rq_sync_all(r);
+        fp_rq_ctx_leave(r, saved);
+    }
+    fp_error_unhold(&h, FABPOOL_OK);
+}
+
 fabpool_status fp_pending_free(fp_retire *r, void *stream, uint64_t ptr, uint64_t usable, uint32_t cls, int *poll)
 {
     *poll = 0;
@@ -48,16 +64,8 @@ fabpool_status fp_pending_free(fp_retire *r, void *stream, uint64_t ptr, uint64_
     uint64_t nb = fp_rq_bump(&r->pending_blocks, (int64_t)1);
     uint64_t nbytes = fp_rq_bump(&r->pending_bytes, (int64_t)usable);
     fp_rq_bump(&r->frees, (int64_t)1);
-    if (rs->fresh_blocks >= FP_PENDING_BATCH_BLOCKS || rs->fresh_bytes >= FP_PENDING_BATCH_BYTES) {
-        /* one event for the batch, so that the rest of the pool can have it soon */
-        CUcontext saved;
-        if (fp_rq_ctx_enter(r, &saved, NULL) == 0) {
-            if (fp_rq_event_record(r, rs) != FABPOOL_OK)
-                (void)fp_rq_sync_all(r); /* where that fails too, the batch waits for the next poll's event */
-            fp_rq_ctx_leave(r, saved);
-        }
-        fp_error_clear();
-    }
+    if (rs->fresh_blocks >= FP_PENDING_BATCH_BLOCKS || rs->fresh_bytes >= FP_PENDING_BATCH_BYTES)
+        batch_event(r, rs);
     *poll = nb > FP_PENDING_POLL_BLOCKS || nbytes > FP_PENDING_POLL_BYTES;
     fp_unlock(&r->lock);
     return FABPOOL_OK;
@@ -121,7 +129,7 @@ static void poll_used(fp_retire *r, int wait, fp_rblock ***tail)
     }
 }
 
-fp_rblock *fp_pending_poll(fp_retire *r, int wait, int forget)
+static fp_rblock *poll_streams(fp_retire *r, int wait, int forget)
 {
     fp_lock(&r->lock);
     if (!r->n_streams && !r->used) {
@@ -170,7 +178,15 @@ fp_rblock *fp_pending_poll(fp_retire *r, int wait, int forget)
         fp_rq_forget_idle(r);
     fp_rq_ctx_leave(r, saved);
     fp_unlock(&r->lock);
-    fp_error_clear();
+    return chain;
+}
+
+fp_rblock *fp_pending_poll(fp_retire *r, int wait, int forget)
+{
+    fp_msg_hold h; /* what fails here leaves blocks pending for a later poll: no failure of the caller's */
+    fp_error_hold(&h);
+    fp_rblock *chain = poll_streams(r, wait, forget);
+    fp_error_unhold(&h, FABPOOL_OK);
     return chain;
 }
 
@@ -297,6 +313,8 @@ static fabpool_status used_events(fp_retire *r, const fp_ruse *e, int on_stream,
     fabpool_status st = FABPOOL_OK;
     if (fp_rq_ctx_enter(r, &saved, &st) != 0)
         return st;
+    fp_msg_hold h; /* an event not recorded, where the synchronize worked, is no failure of the free's */
+    fp_error_hold(&h);
     int synced = 0;
     for (uint32_t k = 0; k <= e->n && !synced; k++) {
         if (k < e->n ? on_stream && e->streams[k] == stream : !on_stream)
@@ -319,7 +337,7 @@ static fabpool_status used_events(fp_retire *r, const fp_ruse *e, int on_stream,
     while ((synced || st != FABPOOL_OK) && b->uses.n)
         fp_rq_ticket_release(&b->uses.t[--b->uses.n]);
     fp_rq_ctx_leave(r, saved);
-    return st;
+    return fp_error_unhold(&h, st);
 }
 
 fabpool_status fp_pending_free_used(fp_retire *r, uint64_t ptr, uint64_t usable, uint32_t cls, int on_stream,
@@ -373,6 +391,5 @@ fabpool_status fp_pending_free_used(fp_retire *r, uint64_t ptr, uint64_t usable,
     use_remove(r, (size_t)(e - r->uses));
     *queued = 1;
     fp_unlock(&r->lock);
-    fp_error_clear();
     return FABPOOL_OK;
 }

@@ -405,6 +405,8 @@ fabpool_status fp_retire_fence(fp_retire *r)
     fp_lock(&r->lock);
     uint64_t n = atomic_load(&r->owner_seq);
     if (n != atomic_load(&r->owner_fenced)) {
+        fp_msg_hold h; /* an event that failed, where the context's wait did not, is no failure of the fence's */
+        fp_error_hold(&h);
         CUcontext saved;
         if (fp_rq_ctx_enter(r, &saved, &st) == 0) {
             fp_rstream *rs = fp_rq_stream_get(r, r->owner);
@@ -425,6 +427,7 @@ fabpool_status fp_retire_fence(fp_retire *r)
                 fp_rq_bump(&r->fences, (int64_t)1);
             }
         }
+        fp_error_unhold(&h, st);
     }
     fp_unlock(&r->lock);
     return st;

@@ -245,17 +245,21 @@ static fabpool_status oom_error(fp_heap *h, uint64_t size, uint64_t idle)
 fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAllocationHandle *out)
 {
     fp_lock_assert_held(&h->sp->lock);
+    fp_msg_hold mh; /* a try that works after the trim leaves the message as it was */
+    fp_error_hold(&mh);
     fabpool_status st = fp_chunk_create(h->sp->ch, size, out);
-    if (st != FABPOOL_ERR_OUT_OF_MEMORY)
-        return st;
-    /* what the heap caches goes back to the driver, then one more try */
-    uint64_t idle = fp_heap_idle(h);
-    if (idle) {
-        fp_heap_trim_locked(h, 0);
-        atomic_fetch_add(&h->oom_retries, 1);
-        st = fp_chunk_create(h->sp->ch, size, out);
+    if (st == FABPOOL_ERR_OUT_OF_MEMORY) {
+        /* what the heap caches goes back to the driver, then one more try */
+        uint64_t idle = fp_heap_idle(h);
+        if (idle) {
+            fp_heap_trim_locked(h, 0);
+            atomic_fetch_add(&h->oom_retries, 1);
+            st = fp_chunk_create(h->sp->ch, size, out);
+        }
+        if (st == FABPOOL_ERR_OUT_OF_MEMORY)
+            st = oom_error(h, size, idle);
     }
-    return st == FABPOOL_ERR_OUT_OF_MEMORY ? oom_error(h, size, idle) : st;
+    return fp_error_unhold(&mh, st);
 }
 
 void fp_heap_count_oom_retry(fp_heap *h) { atomic_fetch_add(&h->oom_retries, 1); }
@@ -336,20 +340,21 @@ static fp_piece *grow(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpo
     if ((*st = fp_arena_grow_plan(a, n, align, 1, &gr)) != FABPOOL_OK)
         return NULL;
     trade(h, a, gr.size, gr.g ? fp_piece_size(gr.g) : 0);
+    fp_msg_hold mh; /* a try that works after the trim leaves the message as it was */
+    fp_error_hold(&mh);
     *st = fp_arena_grow_map(a, &gr, n, align, &b);
-    if (*st != FABPOOL_ERR_OUT_OF_MEMORY)
-        return b;
-    uint64_t idle = fp_heap_idle(h);
-    if (idle) {
-        fp_heap_trim_locked(h, 0);
-        atomic_fetch_add(&h->oom_retries, 1);
-        if ((*st = fp_arena_grow_plan(a, n, align, 0, &gr)) != FABPOOL_OK)
-            return NULL;
-        if ((*st = fp_arena_grow_map(a, &gr, n, align, &b)) != FABPOOL_ERR_OUT_OF_MEMORY)
-            return b;
+    if (*st == FABPOOL_ERR_OUT_OF_MEMORY) {
+        uint64_t idle = fp_heap_idle(h);
+        if (idle) {
+            fp_heap_trim_locked(h, 0);
+            atomic_fetch_add(&h->oom_retries, 1);
+            if ((*st = fp_arena_grow_plan(a, n, align, 0, &gr)) == FABPOOL_OK)
+                *st = fp_arena_grow_map(a, &gr, n, align, &b);
+        }
+        if (*st == FABPOOL_ERR_OUT_OF_MEMORY)
+            *st = oom_error(h, n, idle);
     }
-    *st = oom_error(h, n, idle);
-    return NULL;
+    return fp_error_unhold(&mh, *st) == FABPOOL_OK ? b : NULL;
 }
 
 fp_piece *fp_heap_miss(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpool_status *st)

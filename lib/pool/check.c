@@ -169,6 +169,8 @@ fabpool_status fabpool_check(fabpool_t *p)
         return fp_device_forked_error(&p->ch, "fabpool_check");
     uint64_t act = fp_retire_activity(&p->retire);
     int suspect;
+    fp_msg_hold h; /* a mismatch that a walk again does not confirm is no failure of the call's */
+    fp_error_hold(&h);
     fabpool_status st = check_once(p, &suspect);
     /* more blocks flagged pending than queued, or flagged recorded than the queue records streams for, no
      * other thread's cache listed: a thread without one may be between flagging a block and queueing it (or
@@ -184,7 +186,5 @@ fabpool_status fabpool_check(fabpool_t *p)
         }
         st = check_once(p, &suspect);
     }
-    if (st == FABPOOL_OK)
-        fp_error_clear();
-    return st;
+    return fp_error_unhold(&h, st);
 }

@@ -142,7 +142,7 @@ static void layers_init(struct fabpool *p)
     fp_views_init(&p->views, &p->sp, p->opt.keep_ms);
 }
 
-fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
+static fabpool_status create(const fabpool_options *opts, fabpool_t **out)
 {
     if (!out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_create: the output pointer is NULL");
@@ -174,7 +174,6 @@ fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
     }
     if (FP_LOG_ON(FP_LOG_INFO))
         log_created(p, &o, why);
-    fp_error_clear();
     *out = p;
     return FABPOOL_OK;
 
@@ -184,6 +183,13 @@ fail: {
     (void)teardown(p);
     return fp_error(st, "%s", msg);
 }
+}
+
+fabpool_status fabpool_create(const fabpool_options *opts, fabpool_t **out)
+{
+    fp_msg_hold h; /* a failure that creation recovers from on the way is not the call's */
+    fp_error_hold(&h);
+    return fp_error_unhold(&h, create(opts, out));
 }
 
 /* Frees whatever creation got to; also the end of destroy. */

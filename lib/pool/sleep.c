@@ -135,8 +135,10 @@ static fabpool_status wake_locked(struct fabpool *p, void *stream)
     /* memory freed while asleep is not mapped again: a buffer's retired
      * chunks and the cache go (chunk.c marks them GONE); a failure here only leaves
      * more to map */
-    if (fp_collect_locked(&p->bufs, 1) != FABPOOL_OK)
-        fp_error_clear();
+    fp_msg_hold mh;
+    fp_error_hold(&mh);
+    (void)fp_collect_locked(&p->bufs, 1);
+    fp_error_unhold(&mh, FABPOOL_OK);
     fp_heap_trim_locked(&p->heap, 0);
     fabpool_status st = FABPOOL_OK;
     size_t done = 0, todo = 0;
@@ -268,11 +270,10 @@ static fabpool_status unmap_recorded(struct fabpool *p, struct fp_sleep *r, fabp
                         "not unmap stay mapped; fabpool_wake maps the rest again (discarded contents unspecified)",
                         first, gone, gone == 1 ? "" : "s", (unsigned long long)drop, refused,
                         refused == 1 ? "" : "s", (unsigned long long)kept);
-    fp_error_clear();
     return FABPOOL_OK;
 }
 
-fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream)
+static fabpool_status sleep_pool(fabpool_t *p, fabpool_sleep_mode mode, void *stream)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_sleep: the pool is NULL");
@@ -353,7 +354,15 @@ out:
     return st;
 }
 
-fabpool_status fabpool_wake(fabpool_t *p, void *stream)
+/* A failure that the sleep or the wake recovers from on the way (a collect left for later) is not the call's. */
+fabpool_status fabpool_sleep(fabpool_t *p, fabpool_sleep_mode mode, void *stream)
+{
+    fp_msg_hold h;
+    fp_error_hold(&h);
+    return fp_error_unhold(&h, sleep_pool(p, mode, stream));
+}
+
+static fabpool_status wake(fabpool_t *p, void *stream)
 {
     if (!p)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_wake: the pool is NULL");
@@ -372,11 +381,16 @@ fabpool_status fabpool_wake(fabpool_t *p, void *stream)
         fp_ctx_pop(&p->ch, saved);
     }
     fp_space_unlock(&p->sp);
-    if (st == FABPOOL_OK) {
-        fp_error_clear();
+    if (st == FABPOOL_OK)
         fp_heap_trim_policy(&p->heap);
-    }
     return st;
+}
+
+fabpool_status fabpool_wake(fabpool_t *p, void *stream)
+{
+    fp_msg_hold h;
+    fp_error_hold(&h);
+    return fp_error_unhold(&h, wake(p, stream));
 }
 
 fabpool_status fabpool_sleep_state(fabpool_t *p, fabpool_sleep_info *out)
