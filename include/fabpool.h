@@ -65,7 +65,11 @@
  * no lock, no driver call, no free; the pool's host memory (the parent's
  * pages, shared until written) goes when the child exits or execs.  A thread
  * of the child that exits leaves its caches of such a pool as they are.
- * Start the child with exec or spawn and make a pool there.
+ * fabpool_create and fabpool_device_count in a child forked after the
+ * driver was initialized (a pool made, or the devices counted, before the
+ * fork) answer FABPOOL_ERR_NOT_SUPPORTED too, saying so: the driver the
+ * child inherited answers nothing.  Start the child with exec or spawn and
+ * make a pool there.
  */
 #ifndef FABPOOL_H
 #define FABPOOL_H

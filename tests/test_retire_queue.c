@@ -56,7 +56,7 @@ static void check_large(fp_retire *r, CUstream s1)
 int main(void)
 {
     t_driver_init();
-    CHECK_OK(fp_drv_load());
+    CHECK_OK(fp_drv_load("test_retire_queue"));
     fp_meta meta;
     CHECK_OK(fp_meta_init(&meta, FABPOOL_METADATA_LIBC));
     fp_drv_counters calls;

@@ -113,6 +113,16 @@ static __attribute__((noinline)) fabpool_status alloc_oom(fp_alloc *a, size_t si
     return st;
 }
 
+/* A failure of fabpool_alloc's own: a message that does not begin with the call's name (the layers below
+ * speak of chunks) names it and the size it was asked for.  The stream pair and fabpool_alloc_aligned, which
+ * come through here, add their own. */
+static __attribute__((noinline, cold)) fabpool_status alloc_failed(fabpool_status st, size_t size)
+{
+    if (!tls_polled && !fp_hot.align && strncmp(fabpool_last_error(), "fabpool_alloc", 13) != 0)
+        fp_error_append(" (fabpool_alloc of %zu bytes)", size);
+    return st;
+}
+
 /* The slow path: blocks freed on streams whose work is done go back to the
  * pool first (an event query per stream, only while some are pending), and
  * an allocation that finds the device out of memory waits for the rest and
@@ -199,7 +209,7 @@ static __attribute__((noinline)) fabpool_status alloc_entry(fp_alloc *a, size_t 
         fp_retire_owner_reown(a->retire, was);
         fp_alloc_owner_sync(a);
     }
-    return st;
+    return FP_UNLIKELY(st != FABPOOL_OK) ? alloc_failed(st, size) : st;
 }
 
 /* What fp_medium_alloc left to its caller (rest: FP_MEDIUM_POLICY, FP_MEDIUM_MISS), its releases logged. */
@@ -259,7 +269,9 @@ static FP_NOIPA fabpool_status alloc_medium_miss(fp_alloc *a, fp_tcache *tc, siz
         st = medium_rest(a, n, out, rest, st);
     if (FP_LIKELY(st == FABPOOL_OK) && (n > back || rest))   /* the bytes in use rose: the mark follows */
         fp_usage_raise(a->use);
-    return FP_UNLIKELY(st == FABPOOL_ERR_OUT_OF_MEMORY) ? alloc_oom(a, size, out, st) : st;
+    if (FP_UNLIKELY(st != FABPOOL_OK))
+        st = alloc_failed(st == FABPOOL_ERR_OUT_OF_MEMORY ? alloc_oom(a, size, out, st) : st, size);
+    return st;
 }
 
 /* fabpool_alloc past its fast path for a size above its table's (a and out
@@ -436,20 +448,8 @@ static inline fabpool_status free_any(fp_alloc *a, void *ptr, unsigned trace_fla
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
     fp_span *s = fp_map_get(&a->map, addr);
     if (FP_UNLIKELY(!s))
-        return fp_alloc_not_ours(a, "fabpool_free", ptr);
+        return fp_alloc_not_ours(a, "fabpool_free", ptr, 0);
     return free_block(a, s, addr, "fabpool_free", 0, NULL, NULL);
-}
-
-/* fp_map_get with one comparison for the range (an address below the base
- * wraps above the size). */
-static inline fp_span *map_get(const fp_pagemap *m, uint64_t addr)
-{
-    uint64_t off = addr - m->base;
-    if (FP_UNLIKELY(off >= m->size))
-        return NULL;
-    uint64_t g = off >> m->shift;
-    _Atomic(struct fp_span *) *leaf = atomic_load_explicit(&m->l1[g >> FP_MAP_LEAF_SHIFT], memory_order_acquire);
-    return leaf ? atomic_load_explicit(&leaf[g & (FP_MAP_LEAF - 1)], memory_order_acquire) : NULL;
 }
 
 /* Whether a free flag is 0 (FP_FREEFLAG_USED): on x86-64 one compare with
@@ -526,7 +526,7 @@ fabpool_status fabpool_free(fabpool_t *p, void *ptr)
     if (FP_LIKELY(a != NULL)) {
         const fp_tls_hot *h = &fp_hot;
         uint64_t addr = (uint64_t)(uintptr_t)ptr;
-        fp_span *s = map_get(&a->map, addr);
+        fp_span *s = fp_map_get(&a->map, addr);
         if (FP_LIKELY(s && h->key == atomic_load_explicit(&a->cache_key, memory_order_relaxed))) {
             /* fp_slab_index on the offset itself: slab.h's magic scaled by the 64-byte quantum is exact for
              * every block start, and the product says whether off is one.  No test of idx against nobj:

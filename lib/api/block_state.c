@@ -5,6 +5,7 @@
  * that fabpool_free and the stream pair share (alloc.h). */
 #include "block_state.h"
 
+#include "bchunk.h"
 #include "error.h"
 
 /* The refusal of a free (or a use) of a slab block whose flag f says it is not given out. */
@@ -16,9 +17,29 @@ fabpool_status fp_alloc_already_free(const char *fn, uint64_t addr, uint64_t obj
                     f == FP_FREEFLAG_PENDING ? ", freed on a stream and waiting for its work" : "");
 }
 
-/* The refusal of a pointer this pool did not give out. */
-fabpool_status fp_alloc_not_ours(const fp_alloc *a, const char *fn, const void *ptr)
+fabpool_status fp_alloc_not_ours(const fp_alloc *a, const char *fn, const void *ptr, int locked)
 {
+    uint64_t addr = (uint64_t)(uintptr_t)ptr, base = 0;
+    if (!locked)
+        fp_space_lock(a->sp);
+    const fp_mapping *m = fp_chunk_mapping_over(a->sp->ch, addr);
+    int kind = m ? m->kind : -1;
+    if (kind == FP_MAP_BUFFER)
+        base = ((const struct fabpool_buffer *)m->owner)->base;
+    if (!locked)
+        fp_space_unlock(a->sp);
+    if (kind == FP_MAP_BUFFER && addr == base)
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): that is the base of a growable buffer (fabpool_buffer_create), "
+                        "not a block: give the buffer back with fabpool_buffer_destroy (and share it with "
+                        "fabpool_buffer_export)", fn, ptr);
+    if (kind == FP_MAP_BUFFER)
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): that address is %llu bytes into a growable buffer's memory "
+                        "(the buffer at 0x%llx, fabpool_buffer_create), not a block: give the buffer back with "
+                        "fabpool_buffer_destroy (and share it with fabpool_buffer_export)", fn, ptr,
+                        (unsigned long long)(addr - base), (unsigned long long)base);
+    if (kind == FP_MAP_VIEW)
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "%s(%p): that address is in a view of another process's buffer "
+                        "(fabpool_view_open), not a block: the view is closed with fabpool_view_close", fn, ptr);
     return fp_error(FABPOOL_ERR_NOT_FOUND,
                     "%s(%p): this pool (device %d) did not give out that pointer, or it was freed and its memory "
                     "returned to the driver", fn, ptr, (int)a->sp->ch->dev);
@@ -91,8 +112,11 @@ fabpool_status fabpool_usable_size(fabpool_t *p, const void *ptr, size_t *out)
         *out = (size_t)usable;
         return st;
     }
-    if (!s || !fp_slab_index(s, addr, &idx))
-        return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_usable_size(%p): not a block this pool gave out", ptr);
+    if (!s)
+        return fp_alloc_not_ours(a, "fabpool_usable_size", ptr, 0);
+    if (!fp_slab_index(s, addr, &idx))
+        return fp_error(FABPOOL_ERR_NOT_FOUND, "fabpool_usable_size(%p): an interior pointer into a block of %u "
+                        "bytes, not a block this pool gave out", ptr, (unsigned)s->obj_q << FP_QUANTUM_SHIFT);
     /* a block freed on a stream is still given out until its work is done: it keeps its size, as an arena's */
     if (atomic_load_explicit(&s->freeflag[idx], memory_order_relaxed) == FP_FREEFLAG_FREE) {
         *out = 0;
@@ -107,7 +131,7 @@ fabpool_status fp_alloc_live_block(fp_alloc *a, uint64_t addr, uint64_t *usable,
 {
     fp_span *s = fp_map_get(&a->map, addr);
     if (!s)
-        return fp_alloc_not_ours(a, fn, (void *)(uintptr_t)addr);
+        return fp_alloc_not_ours(a, fn, (void *)(uintptr_t)addr, 1);
     if (s->kind != FP_SPAN_SLAB)
         return fp_large_live_locked(a->heap, addr, usable, fn);
     uint32_t idx = 0;

@@ -22,7 +22,10 @@ fabpool_status fp_alloc_free_recorded(fp_alloc *a, fp_span *s, uint64_t addr, co
 void fp_alloc_unpend(fp_alloc *a, uint64_t ptr);
 /* The refusal of a free (or a use) of a slab block whose flag f says it is not given out. */
 fabpool_status fp_alloc_already_free(const char *fn, uint64_t addr, uint64_t obj, uint8_t f);
-/* The refusal of a pointer this pool did not give out. */
-fabpool_status fp_alloc_not_ours(const fp_alloc *a, const char *fn, const void *ptr);
+/* The refusal of a pointer that no block of this pool holds (fn names the call): FABPOOL_ERR_NOT_FOUND with a
+ * message that says whose memory it is where the pool maps it (a growable buffer's: give it back with
+ * fabpool_buffer_destroy; a view's), else that this pool did not give it out.  locked: the caller holds the
+ * pool lock (the registry of mappings is read under it).  Only a refusal's path comes here. */
+fabpool_status fp_alloc_not_ours(const fp_alloc *a, const char *fn, const void *ptr, int locked);
 
 #endif

@@ -87,7 +87,7 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
         st = fp_alloc_block(a, size, &q);
         if (st != FABPOOL_OK) {
             owner_restore(a, stream, fresh, seq, 0, NULL);
-            fp_error_append(" (fabpool_alloc_on_stream, stream %p)", stream);
+            fp_error_append(" (fabpool_alloc_on_stream of %zu bytes, stream %p)", size, stream);
         }
         FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, (uint64_t)(uintptr_t)q, size, stream, st);
         *out = q;
@@ -131,7 +131,7 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
             ptr = (uint64_t)(uintptr_t)q;
         } else {
             owner_restore(a, stream, 0, 0, disowned, was);
-            fp_error_append(" (fabpool_alloc_on_stream, stream %p)", stream);
+            fp_error_append(" (fabpool_alloc_on_stream of %zu bytes, stream %p)", size, stream);
         }
     }
     FP_TRACE_ST(a->trace, FABPOOL_TR_APP_ALLOC, ptr, size, stream, st);
@@ -193,7 +193,7 @@ static fabpool_status stream_block_open(fabpool_t *p, void *ptr, const char *fn,
     if (!ptr)   /* the block of size 0: the caller does nothing */
         return FABPOOL_OK;
     b->s = fp_map_get(&b->a->map, b->addr);
-    return b->s ? FABPOOL_OK : fp_alloc_not_ours(b->a, fn, ptr);
+    return b->s ? FABPOOL_OK : fp_alloc_not_ours(b->a, fn, ptr, 0);
 }
 
 /* The owner stream's free: into the pool at once (the next unmap or foreign allocation fences); with streams

@@ -63,8 +63,10 @@ typedef struct grown {
 /* Grows b's mapping to cover `target`: retired chunks behind the live ones
  * taken back first (still mapped, data and all), then new chunks mapped.
  * Nothing a caller sees is committed: the generations are grow_commit's,
- * and grow_undo takes everything back (also after a failure here). */
-static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t target, grown *g)
+ * and grow_undo takes everything back (also after a failure here).  A map
+ * that fails names fn, the public call, and then, what becomes of it. */
+static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t target, grown *g, const char *fn,
+                           const char *then)
 {
     fp_lock_assert_held(&bs->sp->lock);
     g->back = g->n0 = b->n;
@@ -101,8 +103,8 @@ static fabpool_status grow(fp_buffers *bs, struct fabpool_buffer *b, uint64_t ta
             st = fp_error_unhold(&h, fp_heap_chunk_map(bs->heap, b->base + b->live, c, FP_MAP_BUFFER, b));
         }
         if (st != FABPOOL_OK) {
-            fp_error_append(" (growing a buffer from %llu to %llu bytes; it keeps its size and data)",
-                            (unsigned long long)b->size, (unsigned long long)target);
+            fp_error_append(" (%s: growing a buffer from %llu to %llu bytes; %s)", fn, (unsigned long long)b->size,
+                            (unsigned long long)target, then);
             return st;
         }
         fp_bchunk *nc = &b->chunks[b->n++];
@@ -300,7 +302,9 @@ static fabpool_status resize_locked(fp_buffers *bs, struct fabpool_buffer *const
         g[grew].back = g[grew].n0 = bufs[grew]->n;
         g[grew].n_back = 0;
         if (sizes[grew] > bufs[grew]->live)
-            st = grow(bs, bufs[grew], sizes[grew], &g[grew]);
+            st = grow(bs, bufs[grew], sizes[grew], &g[grew], n > 1 ? "fabpool_buffer_resize_set" :
+                      "fabpool_buffer_resize", n > 1 ? "every buffer keeps its size and data" :
+                      "it keeps its size and data");
     }
     for (size_t i = 0; i < n && st == FABPOOL_OK; i++)
         shrink_plan(bs, bufs[i], sizes[i], &s[i]);
@@ -393,7 +397,7 @@ fabpool_status fp_buffer_create(fp_buffers *bs, size_t max_size, size_t size, fa
     FP_LIST_PUSH(&bs->list, b, next, prev);
     atomic_fetch_add(&bs->count, 1);
     grown g;
-    fabpool_status st = grow(bs, b, size, &g);
+    fabpool_status st = grow(bs, b, size, &g, "fabpool_buffer_create", "no buffer was made");
     if (st != FABPOOL_OK) {
         grow_undo(bs, b, &g);
         b->destroyed = 1;

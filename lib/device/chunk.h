@@ -172,6 +172,12 @@ static inline void fp_chunk_set_owner(fp_chunks *ch, uint64_t va, void *owner)
 /* The identity of the memory mapped at va (mapreg.h: new for every mapping, so new memory at an old address
  * has a new one), or 0 where no mapping starts there.  Pool lock held. */
 uint64_t fp_chunk_ident(const fp_chunks *ch, uint64_t va);
+/* The mapping over va, or NULL where the pool maps nothing there (pool lock held): whose memory an address is. */
+static inline const fp_mapping *fp_chunk_mapping_over(const fp_chunks *ch, uint64_t va)
+{
+    fp_lock_assert_held(ch->lock);
+    return fp_mapreg_over(&ch->reg, va);
+}
 /* The registry's mappings, sorted by address (read-only; pool lock held). */
 const fp_mapping *fp_chunk_mappings(const fp_chunks *ch, size_t *n);
 /* The registry's sums per kind (count and bytes, FP_MAP_KINDS each). */

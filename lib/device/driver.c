@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "error.h"
 
@@ -27,6 +28,7 @@ static const char *const entry_names[] = {
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static fabpool_status load_status;
 static char load_msg[1024];
+static pid_t load_pid; /* the process that initialized the driver */
 
 const char *fp_drv_name(int i) { return (i >= 0 && i < FP_DRV_COUNT) ? entry_names[i] : "?"; }
 
@@ -103,6 +105,7 @@ static void load(void)
                                    "nvidia-smi and CUDA_VISIBLE_DEVICES)", path);
         return;
     }
+    load_pid = getpid();
     FP_CU(NULL, cuDriverGetVersion, &fp_drv.version);
     FP_LOG(FP_LOG_INFO, "fabpool %s: driver '%s' loaded, CUDA driver %d.%d", fabpool_version(), path,
            fp_drv.version / 1000, fp_drv.version % 1000 / 10);
@@ -116,11 +119,16 @@ static void load_once_fn(void)
         snprintf(load_msg, sizeof load_msg, "%s", fabpool_last_error());
 }
 
-fabpool_status fp_drv_load(void)
+fabpool_status fp_drv_load(const char *fn)
 {
     pthread_once(&load_once, load_once_fn);
     if (load_status != FABPOOL_OK)
         return fp_error(load_status, "%s", load_msg);
+    if (getpid() != load_pid)
+        return fp_error(FABPOOL_ERR_NOT_SUPPORTED, "%s: this process was forked from process %ld after that one "
+                        "had initialized the CUDA driver, and CUDA does not carry over a fork: no driver call works "
+                        "in the child. Start the child with exec or spawn (multiprocessing's 'spawn') and make the "
+                        "pool there", fn, (long)load_pid);
     return FABPOOL_OK;
 }
 

@@ -48,8 +48,12 @@ typedef struct fp_drv_counters {
 extern fp_driver fp_drv;
 
 /* Loads the driver and calls cuInit, once per process.  Thread-safe; every
- * later call returns the first one's outcome (and its message). */
-fabpool_status fp_drv_load(void);
+ * later call returns the first one's outcome (and its message).  In a
+ * process forked after that (the child inherits the loaded driver, but
+ * CUDA does not carry over a fork: every driver call there fails),
+ * FABPOOL_ERR_NOT_SUPPORTED with a message that begins with fn, the public
+ * call, and says to start the child with exec or spawn. */
+fabpool_status fp_drv_load(const char *fn);
 
 /* Base name of entry point i ("cuMemCreate"). */
 const char *fp_drv_name(int i);

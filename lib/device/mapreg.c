@@ -78,6 +78,12 @@ fp_mapping *fp_mapreg_find(fp_mapreg *r, uint64_t va)
     return i < r->n && r->m[i].va == va ? &r->m[i] : NULL;
 }
 
+const fp_mapping *fp_mapreg_over(const fp_mapreg *r, uint64_t va)
+{
+    size_t i = va == UINT64_MAX ? r->n : FP_ARRAY_LOWER(r->m, r->n, fp_mapping, va, va + 1); /* the first past va */
+    return i && va - r->m[i - 1].va < r->m[i - 1].size ? &r->m[i - 1] : NULL;
+}
+
 int fp_mapreg_remove(fp_mapreg *r, uint64_t va, uint64_t size, fp_mapping *out)
 {
     fp_mapping *e = fp_mapreg_find(r, va);

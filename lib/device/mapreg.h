@@ -79,6 +79,8 @@ void fp_mapreg_add(fp_mapreg *r, uint64_t va, uint64_t size, fp_map_kind kind, v
 int fp_mapreg_remove(fp_mapreg *r, uint64_t va, uint64_t size, fp_mapping *out);
 /* The mapping that starts at va, or NULL. */
 fp_mapping *fp_mapreg_find(fp_mapreg *r, uint64_t va);
+/* The mapping whose range holds va, or NULL. */
+const fp_mapping *fp_mapreg_over(const fp_mapreg *r, uint64_t va);
 /* Sets whether a sleep with offload copies the mapping at va: 0, or -1 when none starts there. */
 int fp_mapreg_set_copy(fp_mapreg *r, uint64_t va, int copy);
 

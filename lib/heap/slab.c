@@ -15,6 +15,7 @@
 #include "counter.h"
 #include "error.h"
 #include "list.h"
+#include "oom.h"
 
 
 /* A class keeps this many empty slabs; more go back to the medium arena,
@@ -204,44 +205,6 @@ static void slab_free_record(fp_heap *h, fp_span *s) { fp_meta_free(h->sp->meta,
 
 /* ------------------------------------------------------------ out of memory */
 
-static void human(char *buf, size_t n, uint64_t b)
-{
-    if (b >= (1ull << 30))
-        snprintf(buf, n, "%.2f GiB", (double)b / (double)(1ull << 30));
-    else
-        snprintf(buf, n, "%.2f MiB", (double)b / (double)(1ull << 20));
-}
-
-/* The device's memory as the driver sees it now (cuMemGetInfo), for an out-of-memory message: "; the device
- * has F free of T", or "" where the driver cannot say. */
-static void device_memory(fp_heap *h, char *buf, size_t n)
-{
-    size_t free_b = 0, total = 0;
-    buf[0] = '\0';
-    if (fp_chunks_device_memory(h->sp->ch, &free_b, &total) != FABPOOL_OK || !total)
-        return;
-    char f[32], t[32];
-    human(f, sizeof f, free_b);
-    human(t, sizeof t, total);
-    snprintf(buf, n, "; the device has %s free of %s", f, t);
-}
-
-/* The message of an out-of-memory failure after the trim and retry. */
-static fabpool_status oom_error(fp_heap *h, uint64_t size, uint64_t idle)
-{
-    char a[32], m[32], c[32], dev[96];
-    human(a, sizeof a, size);
-    human(m, sizeof m, fp_chunks_mapped(h->sp->ch, NULL));
-    human(c, sizeof c, idle);
-    device_memory(h, dev, sizeof dev);
-    return fp_error(FABPOOL_ERR_OUT_OF_MEMORY,
-                    "device %d is out of memory: cuMemCreate of a %s chunk failed with "
-                    "CUDA_ERROR_OUT_OF_MEMORY; this pool maps %s, of which %s were cached and %s "
-                    "returned to the driver before one more try%s. Free or shrink buffers, or lower "
-                    "other users of the device",
-                    (int)h->sp->ch->dev, a, m, c, idle ? "were" : "none could be", dev);
-}
-
 fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAllocationHandle *out)
 {
     fp_lock_assert_held(&h->sp->lock);
@@ -257,7 +220,7 @@ fabpool_status fp_heap_chunk_create(fp_heap *h, uint64_t size, CUmemGenericAlloc
             st = fp_chunk_create(h->sp->ch, size, out);
         }
         if (st == FABPOOL_ERR_OUT_OF_MEMORY)
-            st = oom_error(h, size, idle);
+            st = fp_oom_error(h->sp->ch, size, idle);
     }
     return fp_error_unhold(&mh, st);
 }
@@ -352,7 +315,7 @@ static fp_piece *grow(fp_heap *h, fp_arena *a, uint64_t n, uint64_t align, fabpo
                 *st = fp_arena_grow_map(a, &gr, n, align, &b);
         }
         if (*st == FABPOOL_ERR_OUT_OF_MEMORY)
-            *st = oom_error(h, n, idle);
+            *st = fp_oom_error(h->sp->ch, n, idle);
     }
     return fp_error_unhold(&mh, *st) == FABPOOL_OK ? b : NULL;
 }

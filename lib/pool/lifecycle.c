@@ -155,7 +155,7 @@ static fabpool_status create(const fabpool_options *opts, fabpool_t **out)
     if ((st = fp_log_raise(o.debug)) != FABPOOL_OK)
         return st;
     struct fabpool *p = NULL;
-    if ((st = fp_drv_load()) != FABPOOL_OK || (st = pool_new(&o, &p)) != FABPOOL_OK)
+    if ((st = fp_drv_load("fabpool_create")) != FABPOOL_OK || (st = pool_new(&o, &p)) != FABPOOL_OK)
         return st;
 
     char why[256];
@@ -294,7 +294,7 @@ fabpool_status fabpool_device_count(int *out)
     if (!out)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_device_count: the output is NULL");
     *out = 0;
-    fabpool_status st = fp_drv_load();
+    fabpool_status st = fp_drv_load("fabpool_device_count");
     if (st != FABPOOL_OK)
         return st;
     CUresult r = FP_CU(NULL, cuDeviceGetCount, out);

@@ -37,10 +37,12 @@ void fp_map_destroy(fp_pagemap *m);
  * whose leaves exist (it was set before) cannot fail. */
 int fp_map_set(fp_pagemap *m, uint64_t addr, uint64_t size, struct fp_span *s);
 
+/* The span of addr's page, or NULL.  One comparison for the range (an address below the base wraps above the
+ * size): fabpool_free's fast path looks up every block here. */
 static inline struct fp_span *fp_map_get(const fp_pagemap *m, uint64_t addr)
 {
     uint64_t off = addr - m->base;
-    if (addr < m->base || off >= m->size)
+    if (__builtin_expect(off >= m->size, 0))
         return NULL;
     uint64_t g = off >> m->shift;
     _Atomic(struct fp_span *) *leaf = atomic_load_explicit(&m->l1[g >> FP_MAP_LEAF_SHIFT], memory_order_acquire);
