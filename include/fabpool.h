@@ -632,7 +632,8 @@ typedef struct fabpool_stats {
                                        moment: at most, per thread and slab class, a bin of min(64, max(2, 8 MiB /
                                        class size)) blocks (64 blocks, 256 KiB at most, for the default slab_max
                                        of 4 KiB), no matter how long the run.  The thread-cache hit of fabpool_alloc / fabpool_free
-                                       counts nothing. */
+                                       counts nothing.  fabpool_print_stats says which it is (the JSON's
+                                       in_use_bytes_peak_exact). */
     uint64_t cached_bytes;          /* mapped but free: slabs, the arenas' free ranges, buffer hysteresis */
     uint64_t retiring_bytes;        /* buffer chunks waiting for GPU work before unmap */
     uint64_t stream_pending_bytes;  /* blocks freed on a stream, waiting for its work (fabpool_free_on_stream);

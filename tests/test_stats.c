@@ -3,7 +3,8 @@
  * bound fabpool.h gives with them, never below the true mark), both marks
  * reset by fabpool_reset_peak, and the options in force in the printed
  * report, text and JSON (a trace path with '"' and '\' escaped; test_tools
- * parses such a report with python3 -m json.tool). */
+ * parses such a report with python3 -m json.tool), and the reports saying
+ * whether the in-use mark is exact or an upper bound. */
 #include "testutil.h"
 
 #include <sys/stat.h>
@@ -154,11 +155,58 @@ static void options_in_report(void)
     CHECK(unlink(path) == 0 && rmdir(dir) == 0);
 }
 
+/* The line of the text report that begins with `row`, or NULL. */
+static const char *report_line(const char *text, const char *row, char *line, size_t n)
+{
+    const char *at = text ? strstr(text, row) : NULL;
+    if (!at)
+        return NULL;
+    size_t k = strcspn(at, "\n");
+    snprintf(line, n, "%.*s", (int)(k < n ? k : n - 1), at);
+    return line;
+}
+
+/* The reports say which in_use_bytes_peak is: an upper bound with thread caches (the text's row, the JSON's
+ * in_use_bytes_peak_exact false), exact without (true, and the mark is the true one: 32 blocks of a class live
+ * at a time, one class after the other, the run that makes the bound several times the true mark). */
+static void peak_labelled(void)
+{
+    static const char *const confs[] = {"handle_type:none", "handle_type:none,thread_cache:false"};
+    static const size_t sizes[] = {64, 256, 1024, 2048, 4096};
+    for (int exact = 0; exact < 2; exact++) {
+        fabpool_t *p = t_pool(confs[exact]);
+        if (!p)
+            return;
+        uint64_t truth = 0;
+        for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
+            void *v[32];
+            for (int i = 0; i < 32; i++)
+                CHECK_OK(fabpool_alloc(p, sizes[c], &v[i]));
+            truth = 32 * sizes[c] > truth ? 32 * sizes[c] : truth;
+            for (int i = 0; i < 32; i++)
+                CHECK_OK(fabpool_free(p, v[i]));
+        }
+        fabpool_stats s = t_stats(p);
+        CHECK(exact ? s.in_use_bytes_peak == truth : s.in_use_bytes_peak > truth);
+        char *text = report(p, 0), *json = report(p, 1), line[256];
+        const char *row = report_line(text, "  in use, peak ", line, sizeof line);
+        int bound = row && strstr(row, "an upper bound with thread caches (exact with thread_cache:false)");
+        CHECK(row && bound != exact);
+        CHECK(json && strstr(json, exact ? ",\"in_use_bytes_peak_exact\":true" : ",\"in_use_bytes_peak_exact\":false"));
+        printf("test_stats: %s: true mark %llu, the pool's %llu; the report: %s\n", confs[exact],
+               (unsigned long long)truth, (unsigned long long)s.in_use_bytes_peak, row ? row : "(no row)");
+        free(text);
+        free(json);
+        CHECK_OK(fabpool_destroy(p));
+    }
+}
+
 int main(void)
 {
     t_driver_init();
     peak_exact_without_caches();
     peak_bound_with_caches();
     options_in_report();
+    peak_labelled();
     return t_done("test_stats");
 }
