@@ -23,6 +23,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 
 #undef _GNU_SOURCE /* testutil.h defines it; g++ predefines it */
@@ -1118,6 +1119,121 @@ static void check_ipc_server_strangers()
     CHECK(fd_count() == before);
 }
 
+/* A flood of connections of other users at the sender's fd server, where FABPOOL_PEERS=any_user lets them in:
+ * processes that connect and close at once, and processes of five users that each keep up to kFloodHeld
+ * connections open, silent or with part of a start (more than the server's table holds, all together). */
+enum { FLOOD_CLOSE, FLOOD_SILENT, FLOOD_PART };
+static const int kFloodHeld = 100;
+struct Flood {
+    std::string name;  /* the server's socket */
+    int mode = FLOOD_CLOSE;
+};
+
+static int flood_run(void *arg)
+{
+    const Flood *f = static_cast<const Flood *>(arg);
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    memcpy(a.sun_path + 1, f->name.data(), f->name.size()); /* abstract: a NUL, then the name */
+    socklen_t len = socklen_t(offsetof(struct sockaddr_un, sun_path) + 1 + f->name.size());
+    int held[kFloodHeld];
+    for (int &h : held)
+        h = -1;
+    uint32_t part[3] = {0, 100, 0};
+    memcpy(&part[2], "FPRQ", 4); /* a head and the magic: a start without its token */
+    for (unsigned k = 0;; k++) {
+        int s = socket(AF_UNIX, SOCK_STREAM, 0);
+        if (s < 0 || connect(s, (struct sockaddr *)&a, len) != 0) { /* blocking: as soon as the queue has room */
+            if (s >= 0)
+                close(s);
+            continue;
+        }
+        if (f->mode == FLOOD_CLOSE) {
+            close(s);
+            continue;
+        }
+        if (f->mode == FLOOD_PART)
+            (void)send(s, part, sizeof part, MSG_NOSIGNAL | MSG_DONTWAIT);
+        int &slot = held[k % kFloodHeld]; /* the oldest held gives way */
+        if (slot >= 0)
+            close(slot);
+        slot = s;
+    }
+}
+
+/* Every fetch of a receiver is answered with the sender's fd while processes of other users flood the sender's fd
+ * server (FABPOOL_PEERS=any_user: they are let in): a connection whose request has come is never closed to make
+ * room for theirs.  Run as its own test, since FABPOOL_PEERS is read once. */
+static int check_ipc_server_flood()
+{
+    if (!other_user_can()) {
+        printf("test_torch_core --ipc-flood: not root, no process of another user to flood with; skipped\n");
+        return 77;
+    }
+    const char *peers = getenv("FABPOOL_PEERS");
+    CHECK(peers && strcmp(peers, "any_user") == 0);
+    int before = fd_count();
+    int mem = memfd_create("ipc-flood", MFD_CLOEXEC);
+    CHECK(mem >= 0);
+    struct stat want;
+    CHECK(fstat(mem, &want) == 0);
+    const int kFetches = 50;
+    int answered = 0;
+    std::string first;
+    {
+        fabpool_torch::ipc::Server srv([mem](uint64_t, const std::string &, std::vector<int> *fds, std::string *) {
+            fds->push_back(dup(mem));
+            return fds->back() >= 0 ? 0 : int(FABPOOL_ERR_IO);
+        });
+        fabpool_torch::ipc::Handle h;
+        h.type = FABPOOL_HANDLE_POSIX_FD;
+        h.pid = srv.pid();
+        memcpy(h.token, srv.token(), fabpool_torch::ipc::kTokenBytes);
+        h.token_fd = 1 << 20; /* no pidfd fallback: only the server's answers count */
+        h.server_id = srv.id();
+        h.key = 0x1000;
+        h.fds = {3};
+        h.desc = "d";
+        std::vector<Flood> floods(8);
+        std::vector<pid_t> kids;
+        for (size_t i = 0; i < floods.size(); i++) {
+            floods[i].name = fabpool_torch::ipc::socket_name(srv.pid(), srv.id());
+            floods[i].mode = i < 3 ? FLOOD_CLOSE : i % 2 ? FLOOD_SILENT : FLOOD_PART;
+            unsigned uid = i < 3 ? OTHER_USER_UID : unsigned(OTHER_USER_UID - (i - 3)); /* five users hold */
+            pid_t k = -1;
+            CHECK(other_user_fork_as(uid, flood_run, &floods[i], &k) == 0);
+            kids.push_back(k);
+        }
+        usleep(300 * 1000); /* the queue full, the holders' connections in the server's table */
+        for (int i = 0; i < kFetches; i++) {
+            try {
+                std::vector<int> fds = fabpool_torch::ipc::fetch(h);
+                struct stat st;
+                bool same = fds.size() == 1 && fstat(fds[0], &st) == 0 && st.st_ino == want.st_ino;
+                answered += same;
+                for (int fd : fds)
+                    close(fd);
+            } catch (const fabpool_torch::ipc::Error &e) {
+                if (first.empty())
+                    first = e.what();
+            }
+        }
+        for (pid_t k : kids)
+            kill(k, SIGKILL);
+        for (pid_t k : kids)
+            CHECK(other_user_wait(k) == -1); /* they flooded until killed */
+        CHECK(srv.served() == uint64_t(answered) && srv.refused() > 0);
+    }
+    CHECK(answered == kFetches);
+    if (answered != kFetches)
+        fprintf(stderr, "check_ipc_server_flood: %d of %d fetches answered; the first failure: %s\n", answered,
+                kFetches, first.c_str());
+    close(mem);
+    CHECK(fd_count() == before);
+    return t_done("test_torch_core --ipc-flood");
+}
+
 /* Another process posing as a tensor's sender: under the sender's socket
  * name once the sender's server is gone, or named by a handle on the pidfd
  * path.  It offers memory of its own (bytes of 0x66); the receiver must
@@ -1485,6 +1601,8 @@ int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--ipc-child") == 0)
         return ipc_child(argv[2]);
+    if (argc == 2 && strcmp(argv[1], "--ipc-flood") == 0)
+        return check_ipc_server_flood();
     t_driver_init();
     if (!t_ledger_p) {
         printf("test_torch_core: the simulated driver is not loaded; skipped\n");

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "conn_wait.h"
 #include "fabpool.h"
 
 namespace fabpool_torch {
@@ -228,12 +229,85 @@ void Server::abandon()
         }
 }
 
-/* How many connections wait at once for the start of their request; past it the oldest is closed. */
-constexpr size_t kWaitingMax = 64;
+/* How many connections wait at once for the start of their request (conn_wait.h says which gives way past it). */
+constexpr int kWaitingMax = 64;
 /* How often a connection that has sent part of its request's start is looked at again (ms). */
 constexpr int kPartialMs = 5;
 /* A request's start in the stream: fabpool_fd_send's head, the magic and the token. */
 constexpr size_t kStartBytes = FABPOOL_FD_HEAD_BYTES + 4 + kTokenBytes;
+
+namespace {
+
+int64_t now_ms()
+{
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+}  // namespace
+
+/* What became of connection c, past its deadline or not: answered or closed (Look::done), or it waits on, silent
+ * or with part of its start. */
+Server::Look Server::look(int c, bool expired)
+{
+    char start[kStartBytes];
+    ssize_t got = recv(c, start, sizeof start, MSG_PEEK | MSG_DONTWAIT);
+    bool whole = got == ssize_t(kStartBytes), gone = got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+    if (!whole && !gone && !expired)
+        return got > 0 ? Look::partial : Look::silent;
+    if (!whole || memcmp(start + FABPOOL_FD_HEAD_BYTES, kRequestMagic, 4) != 0)
+        refused_++; /* silent, cut, gone or not a request: closed unanswered */
+    else if (!same_token(token_, reinterpret_cast<const uint8_t *>(start) + FABPOOL_FD_HEAD_BYTES + 4))
+        refuse(c); /* answered at once, the rest of the request never read */
+    else
+        one(c);
+    close(c);
+    return Look::done;
+}
+
+/* Every waiting connection looked at: those answered or closed leave w. */
+void Server::sweep(cw_conn *w, int *nw)
+{
+    int64_t now = now_ms();
+    for (int i = 0; i < *nw;)
+        if (look(w[i].fd, now >= w[i].until) == Look::done)
+            w[i] = w[--*nw];
+        else
+            i++;
+}
+
+/* Every connection that waits in the listener's queue is taken at each wake (the listener does not block, so the
+ * loop ends where the queue is empty), and looked at at once: one whose start has come is answered, one already
+ * gone is closed, so a flood of connections closed at once (another user's, where FABPOOL_PEERS=any_user lets
+ * them in) holds the queue for a wake and no room.  The others wait in w; a full w is looked at again first, so
+ * that no connection whose start has come since gives way. */
+void Server::take(cw_conn *w, int *nw, uint64_t *seq)
+{
+    unsigned own = unsigned(geteuid());
+    for (int n = 0; n < kAcceptBurst; n++) {
+        int conn = -1;
+        fabpool_status st = fabpool_fd_accept(listener_, &conn);
+        if (st == FABPOOL_ERR_PERMISSION) {
+            refused_++;
+            continue;
+        }
+        if (st != FABPOOL_OK)
+            break;
+        cw_conn in = {conn, 0, 0, ++*seq, now_ms() + kTimeoutMs};
+        if (fabpool_fd_peer(conn, nullptr, &in.uid) != FABPOOL_OK) {
+            close(conn);
+            refused_++;
+            continue;
+        }
+        Look l = look(conn, false);
+        if (l == Look::done)
+            continue;
+        in.partial = l == Look::partial;
+        if (*nw == kWaitingMax)
+            sweep(w, nw);
+        refused_ += uint64_t(cw_admit(w, nw, kWaitingMax, &in, own));
+    }
+}
 
 /* The server's one thread.  Every connection accepted waits, all of them watched at once, until the start of its
  * request has come (peeked: the head, the magic and the token); only a request with this process's token is then
@@ -242,21 +316,19 @@ constexpr size_t kStartBytes = FABPOOL_FD_HEAD_BYTES + 4 + kTokenBytes;
 void Server::run()
 {
     /* arrays, not vectors: a process forked while this thread runs holds no heap of it that no one frees */
-    struct Waiting {
-        int fd;
-        std::chrono::steady_clock::time_point until;
-    } waiting[kWaitingMax];
+    cw_conn waiting[kWaitingMax];
     struct pollfd pf[2 + kWaitingMax];
-    size_t nw = 0;
+    int nw = 0;
+    uint64_t seq = 0;
     for (;;) {
-        auto now = std::chrono::steady_clock::now();
+        int64_t now = now_ms();
         int timeout = -1;
         bool partial = false;
         pf[0] = {listener_, POLLIN, 0};
         pf[1] = {wake_[0], POLLIN, 0};
-        for (size_t i = 0; i < nw; i++) {
-            int ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(waiting[i].until - now).count());
-            timeout = timeout < 0 || ms < timeout ? (ms > 0 ? ms : 0) : timeout;
+        for (int i = 0; i < nw; i++) {
+            int64_t ms = waiting[i].until - now;
+            timeout = timeout < 0 || ms < timeout ? int(ms > 0 ? ms : 0) : timeout;
             char start[kStartBytes];
             partial |= recv(waiting[i].fd, start, sizeof start, MSG_PEEK | MSG_DONTWAIT) > 0;
             pf[2 + i] = {waiting[i].fd, POLLIN, 0};
@@ -267,55 +339,13 @@ void Server::run()
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 || pf[1].revents) {
-            for (size_t i = 0; i < nw; i++)
+            for (int i = 0; i < nw; i++)
                 close(waiting[i].fd);
             return;
         }
-        now = std::chrono::steady_clock::now();
-        size_t keep = 0;
-        for (size_t i = 0; i < nw; i++) {
-            int c = waiting[i].fd;
-            char start[kStartBytes];
-            ssize_t got = recv(c, start, sizeof start, MSG_PEEK | MSG_DONTWAIT);
-            bool whole = got == ssize_t(kStartBytes), gone = got == 0 || (got < 0 && errno != EAGAIN &&
-                                                                             errno != EWOULDBLOCK);
-            if (!whole && !gone && now < waiting[i].until) {
-                waiting[keep++] = waiting[i];
-                continue;
-            }
-            if (!whole || memcmp(start + FABPOOL_FD_HEAD_BYTES, kRequestMagic, 4) != 0) {
-                refused_++; /* silent, cut, gone or not a request: closed unanswered */
-            } else if (!same_token(token_, reinterpret_cast<const uint8_t *>(start) + FABPOOL_FD_HEAD_BYTES + 4)) {
-                refuse(c); /* answered at once, the rest of the request never read */
-            } else {
-                one(c);
-            }
-            close(c);
-        }
-        nw = keep;
-        if (!(pf[0].revents & POLLIN))
-            continue;
-        /* every connection that waits is taken at each wake (the listener does not block, so the loop ends where
-         * the queue is empty): a flood of another user's connections, each closed at once, unanswered
-         * (FABPOOL_PEERS=any_user lets them in), holds the queue for a wake, not for as long as it keeps it full */
-        for (int n = 0; n < kAcceptBurst; n++) {
-            int conn = -1;
-            fabpool_status st = fabpool_fd_accept(listener_, &conn);
-            if (st == FABPOOL_ERR_PERMISSION) {
-                refused_++;
-                continue;
-            }
-            if (st != FABPOOL_OK)
-                break;
-            if (nw == kWaitingMax) { /* the oldest makes room */
-                close(waiting[0].fd);
-                refused_++;
-                for (size_t i = 1; i < nw; i++)
-                    waiting[i - 1] = waiting[i];
-                nw--;
-            }
-            waiting[nw++] = {conn, std::chrono::steady_clock::now() + std::chrono::milliseconds(kTimeoutMs)};
-        }
+        sweep(waiting, &nw);
+        if (pf[0].revents & POLLIN)
+            take(waiting, &nw, &seq);
     }
 }
 

@@ -42,6 +42,8 @@
 
 #include "fabpool_status.h"
 
+struct cw_conn; /* conn_wait.h: a connection the fd server watches */
+
 namespace fabpool_torch {
 namespace ipc {
 
@@ -119,7 +121,11 @@ private:
     std::vector<char> buf_;  /* a request (the thread's) */
     std::atomic<uint64_t> served_{0}, refused_{0};
 
+    enum class Look { done, silent, partial };
     void run();
+    Look look(int conn, bool expired);
+    void sweep(::cw_conn *w, int *nw);
+    void take(::cw_conn *w, int *nw, uint64_t *seq);
     void one(int conn);
     void refuse(int conn);
 };
