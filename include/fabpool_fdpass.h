@@ -70,11 +70,13 @@ FABPOOL_API fabpool_status fabpool_fd_accept(int listener, int *sock);
  * FABPOOL_ERR_INVALID_ARG). */
 FABPOOL_API fabpool_status fabpool_fd_accept_peer(int listener, int *sock, int pid, unsigned flags, int *peer_pid);
 /* Connects to the listener of that name, retrying until timeout_ms while
- * none listens or its queue of connections is full (a listener that accepts
- * no one cannot hold the caller past timeout_ms); a listener of another
- * user is refused at once, not retried (FABPOOL_ERR_PERMISSION: someone else
- * holds the name), the socket closed before a byte goes out.  The socket
- * given is blocking. */
+ * none listens, and waiting while its queue of connections is full, in turn
+ * with the other connections that wait (so a flood of them that keeps the
+ * queue full lets the caller in as the listener accepts); a listener that
+ * accepts no one cannot hold the caller past timeout_ms.  A listener of
+ * another user is refused at once, not retried (FABPOOL_ERR_PERMISSION:
+ * someone else holds the name), the socket closed before a byte goes out.
+ * The socket given is blocking. */
 FABPOOL_API fabpool_status fabpool_fd_connect(const char *name, int *sock, int timeout_ms);
 /* The same, and the listener must be process pid (0: any process). */
 FABPOOL_API fabpool_status fabpool_fd_connect_peer(const char *name, int *sock, int timeout_ms, int pid,

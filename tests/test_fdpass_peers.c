@@ -4,8 +4,9 @@
  *     only) that connects to our listener is refused at once and gets no fd
  *     even when it asks; a listener of another user gets refused by our
  *     connect before a byte goes to it, and one whose queue is full (it
- *     accepts no one) cannot hold a connect past its timeout; the caller
- *     may accept again;
+ *     accepts no one) cannot hold a connect past its timeout, while one that
+ *     a flood keeps full lets a connect in, in turn with the flood's; the
+ *     caller may accept again;
  *   - the expected pid (accept_peer / connect_peer), FABPOOL_FD_ANY_PID,
  *     FABPOOL_PEERS (any_user lets the other user in; an unknown word is
  *     refused, and so is every accept and connect);
@@ -33,6 +34,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
+#include "conn_flood.h"
 #include "other_user.h"
 #include "procfs.h"
 
@@ -358,6 +360,70 @@ static void connect_to_a_full_queue_ends_at_its_timeout(void)
     CHECK(write(a.go[1], &b, 1) == 1);
     CHECK(other_user_wait(pid) == 0);
     close(a.ready[0]), close(a.ready[1]), close(a.go[0]), close(a.go[1]);
+}
+
+/* A listener with a queue of one that takes one connection every 10 ms (a server slowed by a flood), until
+ * killed. */
+static int slow_listener(const char *name, int ready)
+{
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    size_t n = strlen(name);
+    memcpy(sa.sun_path + 1, name, n);
+    int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (ls < 0 || bind(ls, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) != 0 ||
+        listen(ls, 0) != 0 || write(ready, "l", 1) != 1)
+        return 3;
+    for (;;) {
+        usleep(10000);
+        int c = accept(ls, NULL, NULL);
+        if (c >= 0)
+            close(c);
+    }
+}
+
+/* Processes that connect and close in a loop keep a listener's queue full, each waiting in its connect for room:
+ * a connect_peer waits in that queue in turn with them, so it gets in within a few of the listener's accepts, each
+ * of 20 tries within its 300 ms (one that looks again every few ms finds the room taken by a waiter each time). */
+static void connect_waits_its_turn_at_a_busy_queue(void)
+{
+    char name[96];
+    name_of(name, sizeof name, "busy");
+    int p[2];
+    CHECK(pipe(p) == 0);
+    fflush(NULL);
+    pid_t l = fork();
+    if (l == 0)
+        _exit(slow_listener(name, p[1]));
+    CHECK(wait_byte(p[0], 5000) == 0);
+    for (int i = 0; i < 4; i++) {
+        conn_flood f;
+        memset(&f, 0, sizeof f);
+        snprintf(f.name, sizeof f.name, "%s", name);
+        f.mode = CONN_FLOOD_CLOSE;
+        f.ready = p[1];
+        fflush(NULL);
+        if (fork() == 0)
+            _exit(conn_flood_run(&f));
+        CHECK(wait_byte(p[0], 5000) == 0);
+    }
+    int in = 0, before = fd_count();
+    char why[512] = "";
+    for (int i = 0; i < 20; i++) {
+        int s = -1;
+        fabpool_status st = fabpool_fd_connect_peer(name, &s, 300, l, 0);
+        in += st == FABPOOL_OK;
+        if (st == FABPOOL_OK)
+            close(s);
+        else if (!why[0])
+            snprintf(why, sizeof why, "%s", fabpool_last_error());
+    }
+    CHECK(in == 20);
+    if (in != 20)
+        printf("  %d of 20 connects got in; the first failure: %s\n", in, why);
+    CHECK(fd_count() == before);
+    close(p[0]), close(p[1]);
 }
 
 /* ---- the expected pid ---- */
@@ -965,6 +1031,7 @@ static const struct {
     {"accept_refuses_another_user_at_once", accept_refuses_another_user_at_once},
     {"connect_refuses_another_users_listener", connect_refuses_another_users_listener},
     {"connect_to_a_full_queue_ends_at_its_timeout", connect_to_a_full_queue_ends_at_its_timeout},
+    {"connect_waits_its_turn_at_a_busy_queue", connect_waits_its_turn_at_a_busy_queue},
     {"accept_peer_refuses_another_pid_of_this_user", accept_peer_refuses_another_pid_of_this_user},
     {"peer_reports_credentials", peer_reports_credentials},
     {"bad_names_are_refused", bad_names_are_refused},

@@ -23,13 +23,13 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 
 #undef _GNU_SOURCE /* testutil.h defines it; g++ predefines it */
 #include "../../tests/testutil.h"
 #include "../../tests/procfs.h"
 #include "../../tests/other_user.h"
+#include "../../tests/conn_flood.h"
 #include "fabpool_torch.h"
 #include "torch_core.hpp"
 #include "torch_ipc.hpp"
@@ -1119,49 +1119,6 @@ static void check_ipc_server_strangers()
     CHECK(fd_count() == before);
 }
 
-/* A flood of connections of other users at the sender's fd server, where FABPOOL_PEERS=any_user lets them in:
- * processes that connect and close at once, and processes of five users that each keep up to kFloodHeld
- * connections open, silent or with part of a start (more than the server's table holds, all together). */
-enum { FLOOD_CLOSE, FLOOD_SILENT, FLOOD_PART };
-static const int kFloodHeld = 100;
-struct Flood {
-    std::string name;  /* the server's socket */
-    int mode = FLOOD_CLOSE;
-};
-
-static int flood_run(void *arg)
-{
-    const Flood *f = static_cast<const Flood *>(arg);
-    struct sockaddr_un a;
-    memset(&a, 0, sizeof a);
-    a.sun_family = AF_UNIX;
-    memcpy(a.sun_path + 1, f->name.data(), f->name.size()); /* abstract: a NUL, then the name */
-    socklen_t len = socklen_t(offsetof(struct sockaddr_un, sun_path) + 1 + f->name.size());
-    int held[kFloodHeld];
-    for (int &h : held)
-        h = -1;
-    uint32_t part[3] = {0, 100, 0};
-    memcpy(&part[2], "FPRQ", 4); /* a head and the magic: a start without its token */
-    for (unsigned k = 0;; k++) {
-        int s = socket(AF_UNIX, SOCK_STREAM, 0);
-        if (s < 0 || connect(s, (struct sockaddr *)&a, len) != 0) { /* blocking: as soon as the queue has room */
-            if (s >= 0)
-                close(s);
-            continue;
-        }
-        if (f->mode == FLOOD_CLOSE) {
-            close(s);
-            continue;
-        }
-        if (f->mode == FLOOD_PART)
-            (void)send(s, part, sizeof part, MSG_NOSIGNAL | MSG_DONTWAIT);
-        int &slot = held[k % kFloodHeld]; /* the oldest held gives way */
-        if (slot >= 0)
-            close(slot);
-        slot = s;
-    }
-}
-
 /* Every fetch of a receiver is answered with the sender's fd while processes of other users flood the sender's fd
  * server (FABPOOL_PEERS=any_user: they are let in): a connection whose request has come is never closed to make
  * room for theirs.  Run as its own test, since FABPOOL_PEERS is read once. */
@@ -1195,14 +1152,23 @@ static int check_ipc_server_flood()
         h.key = 0x1000;
         h.fds = {3};
         h.desc = "d";
-        std::vector<Flood> floods(8);
+        /* 3 processes of uid 65534 connect and close at once; 5 of uids 65530-65534 each keep 100 connections
+         * open, silent or with a head and the magic (a start without its token): more than the server's table
+         * holds, all together */
+        std::vector<conn_flood> floods(8);
         std::vector<pid_t> kids;
+        uint32_t part[3] = {0, 100, 0};
+        memcpy(&part[2], "FPRQ", 4);
+        std::string name = fabpool_torch::ipc::socket_name(srv.pid(), srv.id());
         for (size_t i = 0; i < floods.size(); i++) {
-            floods[i].name = fabpool_torch::ipc::socket_name(srv.pid(), srv.id());
-            floods[i].mode = i < 3 ? FLOOD_CLOSE : i % 2 ? FLOOD_SILENT : FLOOD_PART;
-            unsigned uid = i < 3 ? OTHER_USER_UID : unsigned(OTHER_USER_UID - (i - 3)); /* five users hold */
+            snprintf(floods[i].name, sizeof floods[i].name, "%s", name.c_str());
+            floods[i].mode = i < 3 ? CONN_FLOOD_CLOSE : i % 2 ? CONN_FLOOD_SILENT : CONN_FLOOD_PART;
+            memcpy(floods[i].part, part, sizeof part);
+            floods[i].part_len = sizeof part;
+            floods[i].ready = -1;
+            unsigned uid = i < 3 ? OTHER_USER_UID : unsigned(OTHER_USER_UID - (i - 3));
             pid_t k = -1;
-            CHECK(other_user_fork_as(uid, flood_run, &floods[i], &k) == 0);
+            CHECK(other_user_fork_as(uid, conn_flood_run, &floods[i], &k) == 0);
             kids.push_back(k);
         }
         usleep(300 * 1000); /* the queue full, the holders' connections in the server's table */

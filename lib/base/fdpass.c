@@ -4,7 +4,6 @@
  * copies by pidfd).  Layer base.  Calls: error, log. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -14,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -271,20 +271,22 @@ fabpool_status fabpool_fd_connect_peer(const char *name, int *out, int timeout_m
         return st;
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (;;) {
-        /* non-blocking for the connect alone: a listener whose queue is full (one that never accepts, as another
-         * user's squatter of the name may be) answers EAGAIN at once and is retried until the deadline, where a
-         * blocking connect would wait for it with no limit */
-        int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    for (long ms = 0;;) {
+        /* a listener whose queue is full (one that never accepts, as another user's squatter of the name may be,
+         * or one that a flood of connections keeps full) is waited for in the kernel, in turn with the other
+         * connections that wait for room, for the time left at most (SO_SNDTIMEO bounds a Unix socket's connect:
+         * then EAGAIN), where a connect without it would wait with no limit */
+        long left = timeout_ms - ms > 1 ? timeout_ms - ms : 1;
+        struct timeval tv = {left / 1000, (left % 1000) * 1000}, none = {0, 0};
+        int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (s < 0)
             return fp_error(FABPOOL_ERR_IO, "fabpool_fd_connect: socket: %s", strerror(errno));
-        if (connect(s, (struct sockaddr *)&a, len) == 0) {
-            int fl = fcntl(s, F_GETFL);
-            if (fl < 0 || fcntl(s, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        if (setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0 && connect(s, (struct sockaddr *)&a, len) == 0) {
+            if (setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none) != 0) {
                 int e = errno;
                 close(s);
-                return fp_error(FABPOOL_ERR_IO, "fabpool_fd_connect('%s'): making the socket blocking: %s", name,
-                                strerror(e));
+                return fp_error(FABPOOL_ERR_IO, "fabpool_fd_connect('%s'): clearing the socket's send timeout: %s",
+                                name, strerror(e));
             }
             char who[160];
             snprintf(who, sizeof who, "the listener of '%.100s'", name);
@@ -301,11 +303,12 @@ fabpool_status fabpool_fd_connect_peer(const char *name, int *out, int timeout_m
         int e = errno;
         close(s);
         clock_gettime(CLOCK_MONOTONIC, &t);
-        long ms = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
-        if ((e != ECONNREFUSED && e != ENOENT && e != EAGAIN) || ms >= timeout_ms)
+        ms = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+        if ((e != ECONNREFUSED && e != ENOENT && e != EAGAIN && e != EINTR) || ms >= timeout_ms)
             return fp_error(FABPOOL_ERR_IO, "fabpool_fd_connect('%s'): %s after %ld ms%s", name, strerror(e), ms,
-                            e == EAGAIN ? " (the listener's queue stayed full: it accepts no one)" : "");
-        usleep(2000); /* the peer has not listened yet, or its queue is full */
+                            e == EAGAIN ? " (the listener's queue stayed full: it accepts no one, or too few)" : "");
+        if (e != EAGAIN)
+            usleep(2000); /* the peer has not listened yet */
     }
 }
 
