@@ -50,6 +50,7 @@
  * driver call of its own. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
@@ -63,6 +64,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "conn_wait.h"
 #include "fabpool.h"
 #include "symm.h"
 #include "symm_pass.h"
@@ -381,8 +383,10 @@ static int sy_rank_of_pid(const fabpool_torch_symm_t *s, int pid)
     return -1;
 }
 
-/* Connections a rank watches at once for their idents; past it the oldest silent one is closed. */
+/* Connections a rank watches at once for their idents (conn_wait.h says which gives way past it). */
 #define SY_WAITING_MAX 64
+/* Connections taken from the listener's queue at one wake at most. */
+#define SY_ACCEPT_BURST 256
 /* How often a connection that has sent part of its ident is looked at again (ms). */
 #define SY_PARTIAL_MS 5
 /* The read of an ident that is in whole: a bound that never binds but under a tool that slows every call (ms). */
@@ -422,6 +426,128 @@ static int sy_take_ident(fabpool_torch_symm_t *s, int c)
     int q = ok ? id.rank : -1;
     explicit_bzero(&id, sizeof id);
     return q;
+}
+
+/* What became of connection c, waiting for its ident: -1 closed (not a rank of this group, or gone before it said
+ * who), 1 taken as its rank's socket, else 0 (it waits on; *partial says whether part of an ident has come). */
+static int sy_settle(fabpool_torch_symm_t *s, int c, int *partial)
+{
+    int bytes = sy_ident_bytes(c);
+    int whole = bytes >= (int)(FABPOOL_FD_HEAD_BYTES + sizeof(sy_ident));
+    char b;
+    ssize_t r = bytes == 0 ? recv(c, &b, 1, MSG_PEEK | MSG_DONTWAIT) : 1; /* 0: the peer closed it */
+    int gone = bytes < 0 || r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+    *partial = bytes > 0;
+    if (!whole && !gone)
+        return 0;
+    int q = whole ? sy_take_ident(s, c) : -1;
+    if (q < 0) {
+        close(c);
+        s->refused++;
+        return -1;
+    }
+    s->sock[q] = c;
+    return 1;
+}
+
+/* Every waiting connection looked at: those taken or closed leave w; the ranks still to come are returned. */
+static int sy_sweep(fabpool_torch_symm_t *s, cw_conn *w, int *nw, int need)
+{
+    for (int i = 0; i < *nw && need > 0;) {
+        int partial, r = sy_settle(s, w[i].fd, &partial);
+        w[i].partial = partial;
+        if (r == 0) {
+            i++;
+            continue;
+        }
+        need -= r > 0;
+        w[i] = w[--*nw];
+    }
+    return need;
+}
+
+/* The connections in the listener's queue, up to SY_ACCEPT_BURST at a wake (the listener does not block), so that
+ * a flood of them costs a poll for many, not for each: another user's, or one of a pid no lower rank of this host
+ * declared, is closed at once (unless the peers option lets it in), one already gone too, and one whose ident has
+ * come is judged at once; the others wait in w, which is looked at again when full, so that a rank whose ident
+ * has come since never gives way (conn_wait.h).  The ranks still to come are returned. */
+static int sy_accept_burst(fabpool_torch_symm_t *s, cw_conn *w, int *nw, int need, uint64_t *seq)
+{
+    unsigned own = (unsigned)geteuid();
+    for (int n = 0; n < SY_ACCEPT_BURST && need > 0; n++) {
+        int c = -1, ppid = 0;
+        fabpool_status a = fabpool_fd_accept_peer(s->listener, &c, 0, s->peer_flags, &ppid);
+        if (a == FABPOOL_ERR_PERMISSION) {
+            s->refused++; /* another user's process: closed already */
+            continue;
+        }
+        if (a != FABPOOL_OK)
+            break; /* the queue is empty */
+        cw_conn in = {c, 0, 0, ++*seq, 0};
+        /* a process that no rank of the group declared (where any pid may not be one), or one whose
+         * credentials cannot be read */
+        if ((!(s->peer_flags & FABPOOL_FD_ANY_PID) && sy_rank_of_pid(s, ppid) < 0) ||
+            fabpool_fd_peer(c, NULL, &in.uid) != FABPOOL_OK) {
+            close(c);
+            s->refused++;
+            continue;
+        }
+        int r = sy_settle(s, c, &in.partial);
+        need -= r > 0;
+        if (r != 0)
+            continue;
+        if (*nw == SY_WAITING_MAX)
+            need = sy_sweep(s, w, nw, need);
+        s->refused += cw_admit(w, nw, SY_WAITING_MAX, &in, own);
+    }
+    return need;
+}
+
+/* The accepting half of the mesh: the `need` lower ranks of this host, until the deadline; *st gets the first
+ * failure. */
+static void sy_accept_ranks(fabpool_torch_symm_t *s, uint64_t deadline, int need, fabpool_status *st)
+{
+    /* the connections accepted whose ident has not come whole: all of them are watched at once, so that one that
+     * stays silent (or says half) holds no other's turn */
+    cw_conn waiting[SY_WAITING_MAX];
+    int nw = 0;
+    uint64_t seq = 0;
+    while (need > 0 && s->listener >= 0) {
+        int left = sy_left_ms(deadline);
+        struct pollfd pf[1 + SY_WAITING_MAX];
+        pf[0] = (struct pollfd){s->listener, POLLIN, 0};
+        int partial = 0;
+        for (int i = 0; i < nw; i++) {
+            pf[1 + i] = (struct pollfd){waiting[i].fd, POLLIN, 0};
+            partial |= waiting[i].partial;
+        }
+        int r = 0;
+        /* a connection with part of its ident is looked at again after a short while (poll would say readable
+         * at once, again and again) */
+        if (left > 0)
+            do
+                r = poll(pf, (nfds_t)(1 + nw), partial && left > SY_PARTIAL_MS ? SY_PARTIAL_MS : left);
+            while (r < 0 && errno == EINTR);
+        if (r <= 0 && sy_left_ms(deadline) == 0) {
+            char missing[256] = "";
+            for (int q = 0; q < s->rank; q++)
+                if (same_host(s, q) && s->sock[q] < 0)
+                    snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%d", *missing ? ", " : "",
+                             q);
+            if (*st == FABPOOL_OK)
+                *st = sy_err(FABPOOL_ERR_IO, "rank(s) %s of this host did not identify themselves within %d ms on "
+                             "this rank's Unix socket; %d connection(s) of other processes were refused and %d were "
+                             "still silent (another network namespace? then use the pidfd transport; another user or "
+                             "pid namespace? then see the peers option)", missing, s->timeout_ms, s->refused, nw);
+            break;
+        }
+        /* the connections waiting first: an ident that came whole is read (it cannot block) and judged */
+        need = sy_sweep(s, waiting, &nw, need);
+        if (need > 0 && (pf[0].revents & POLLIN))
+            need = sy_accept_burst(s, waiting, &nw, need, &seq);
+    }
+    for (int i = 0; i < nw; i++)
+        close(waiting[i].fd);
 }
 
 /* Connects to every peer of this host above this rank, and accepts every
@@ -473,81 +599,7 @@ static fabpool_status sy_mesh(fabpool_torch_symm_t *s)
     int need = 0;
     for (int q = 0; q < s->rank; q++)
         need += same_host(s, q);
-    /* the connections accepted whose ident has not come whole: all of them are watched at once, so that one that
-     * stays silent (or says half) holds no other's turn */
-    int waiting[SY_WAITING_MAX], nw = 0;
-    while (need > 0 && s->listener >= 0) {
-        int left = sy_left_ms(deadline);
-        struct pollfd pf[1 + SY_WAITING_MAX];
-        pf[0] = (struct pollfd){s->listener, POLLIN, 0};
-        for (int i = 0; i < nw; i++)
-            pf[1 + i] = (struct pollfd){waiting[i], POLLIN, 0};
-        int r = 0;
-        if (left > 0) {
-            /* a connection with part of its ident is looked at again after a short while (poll would say
-             * readable at once, again and again) */
-            int partial = 0;
-            for (int i = 0; i < nw; i++)
-                partial |= sy_ident_bytes(waiting[i]) > 0;
-            do
-                r = poll(pf, (nfds_t)(1 + nw), partial && left > SY_PARTIAL_MS ? SY_PARTIAL_MS : left);
-            while (r < 0 && errno == EINTR);
-        }
-        if (r <= 0 && sy_left_ms(deadline) == 0) {
-            char missing[256] = "";
-            for (int q = 0; q < s->rank; q++)
-                if (same_host(s, q) && s->sock[q] < 0)
-                    snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%d", *missing ? ", " : "",
-                             q);
-            if (st == FABPOOL_OK)
-                st = sy_err(FABPOOL_ERR_IO, "rank(s) %s of this host did not identify themselves within %d ms on this "
-                            "rank's Unix socket; %d connection(s) of other processes were refused and %d were still "
-                            "silent (another network namespace? then use the pidfd transport; another user or pid "
-                            "namespace? then see the peers option)", missing, s->timeout_ms, s->refused, nw);
-            break;
-        }
-        /* the connections waiting first: an ident that came whole is read (it cannot block) and judged */
-        for (int i = 0; i < nw && need > 0;) {
-            int bytes = sy_ident_bytes(waiting[i]);
-            int whole = bytes >= (int)(FABPOOL_FD_HEAD_BYTES + sizeof(sy_ident));
-            int gone = (pf[1 + i].revents & (POLLHUP | POLLERR)) && !whole;
-            if (!whole && !gone && bytes >= 0) {
-                i++;
-                continue;
-            }
-            int c = waiting[i], q = whole ? sy_take_ident(s, c) : -1;
-            waiting[i] = waiting[--nw];
-            pf[1 + i] = pf[1 + nw];
-            if (q < 0) {
-                close(c); /* not a rank of this group, or gone before it said who */
-                s->refused++;
-                continue;
-            }
-            s->sock[q] = c;
-            need--;
-        }
-        if (need == 0 || !(pf[0].revents & POLLIN))
-            continue;
-        int c = -1, ppid = 0;
-        if (fabpool_fd_accept_peer(s->listener, &c, 0, s->peer_flags, &ppid) != FABPOOL_OK) {
-            s->refused++; /* another user's process: closed already */
-            continue;
-        }
-        if (!(s->peer_flags & FABPOOL_FD_ANY_PID) && sy_rank_of_pid(s, ppid) < 0) {
-            close(c); /* a process of this user that no rank of the group declared */
-            s->refused++;
-            continue;
-        }
-        if (nw == SY_WAITING_MAX) { /* the oldest silent one makes room: a rank's ident comes right after connect */
-            close(waiting[0]);
-            s->refused++;
-            memmove(waiting, waiting + 1, (size_t)(nw - 1) * sizeof waiting[0]);
-            nw--;
-        }
-        waiting[nw++] = c;
-    }
-    for (int i = 0; i < nw; i++)
-        close(waiting[i]);
+    sy_accept_ranks(s, deadline, need, &st);
     if (s->listener >= 0)
         close(s->listener);
     s->listener = -1;
@@ -1482,8 +1534,11 @@ fabpool_status fabpool_torch_symm_create(const fabpool_torch_symm_options *o, fa
     if (st == FABPOOL_OK && posix && s->transport == FABPOOL_TORCH_SYMM_FD_SOCKET) {
         char name[96];
         sy_sock_name(name, sizeof name, (int)getpid(), s->nonce);
+        int fl = -1;
         if ((st = fabpool_fd_listen(name, &s->listener)) != FABPOOL_OK)
             sy_err_pool(st, "listening for its peers");
+        else if ((fl = fcntl(s->listener, F_GETFL)) < 0 || fcntl(s->listener, F_SETFL, fl | O_NONBLOCK) != 0)
+            st = sy_err(FABPOOL_ERR_IO, "making its listener non-blocking: %s", strerror(errno));
     }
 
     /* HELLO */

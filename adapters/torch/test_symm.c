@@ -24,9 +24,11 @@
  *     timeout_ms and a margin, and the resize breaks the object on every rank (that pair has lost its
  *     socket): the next resize says so at once;
  *   - with the peers option letting any user and pid in, a stranger that connects first to rank 3 and stays
- *     silent, or sends half an ident: the mesh forms well within timeout_ms all the same.
+ *     silent, or sends half an ident: the mesh forms well within timeout_ms all the same; and processes of seven
+ *     other users flooding rank 3's listener (connect and close, or hold connections silent or with half an
+ *     ident): the mesh forms all the same.
  * Usage: test_symm [steps [case]]: case (silent, ident, same_user, squat, len, fd_wrap, fd_records, pid, cut,
- * loose_silent, loose_half) runs that case alone after the steps. */
+ * loose_silent, loose_half, loose_flood) runs that case alone after the steps. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <poll.h>
@@ -40,6 +42,7 @@
 
 #include "testutil.h"
 #include "other_user.h"
+#include "conn_flood.h"
 #include "procfs.h"
 #include "symm.h"
 #include "symm_group.h"
@@ -83,10 +86,12 @@ enum {
     A_PID,        /* rank 0's pid is another process's (pidfd transport) */
     A_CUT,        /* rank 1 sends part of its fd message (see t_fd_send) */
     A_LOOSE_SILENT, /* the ranks let any user's and any pid's process in (peers): one connects first and is silent */
-    A_LOOSE_HALF    /* ... and sends the head and half of an ident, and stays */
+    A_LOOSE_HALF,   /* ... and sends the head and half of an ident, and stays */
+    A_LOOSE_FLOOD   /* ... and processes of seven other users flood rank 3's listener with connections */
 };
-static const char *attack_name[] = {"none",  "silent",     "ident", "same_user", "squat",        "len",
-                                    "fd_wrap", "fd_records", "pid", "cut",  "loose_silent", "loose_half"};
+static const char *attack_name[] = {"none",    "silent",     "ident", "same_user", "squat",        "len",
+                                    "fd_wrap", "fd_records", "pid",   "cut",       "loose_silent", "loose_half",
+                                    "loose_flood"};
 #define SQUAT_NONCE 0x5351554154544552ull
 
 static int t_attack, t_rank;
@@ -284,9 +289,56 @@ static pid_t holder_start(void)
     return c;
 }
 
+#define FLOODS 7
+static pid_t t_floods[FLOODS];
+
+/* Processes of seven other users at this rank's listener (as root): two connect and close at once, five keep 100
+ * connections each, silent or with the head and half of an ident (more than the 64 a rank watches, together).
+ * The rank goes on once the first has a connection in (the others may wait for room in the queue, which the
+ * rank drains only in its mesh). */
+static void flood_start(void)
+{
+    char name[108];
+    CHECK(listener_name(getpid(), name, sizeof name));
+    uint32_t head[2] = {0, (uint32_t)sizeof(sy_ident)};
+    _Static_assert(FABPOOL_FD_HEAD_BYTES + sizeof(sy_ident) / 2 <= sizeof(((conn_flood *)0)->part), "room");
+    int p[2];
+    CHECK(pipe(p) == 0);
+    for (int i = 0; i < FLOODS; i++) {
+        conn_flood f;
+        memset(&f, 0, sizeof f);
+        snprintf(f.name, sizeof f.name, "%s", name);
+        f.mode = i < 2 ? CONN_FLOOD_CLOSE : i % 2 ? CONN_FLOOD_PART : CONN_FLOOD_SILENT;
+        memset(f.part, 0x5a, sizeof f.part);
+        memcpy(f.part, head, sizeof head);
+        f.part_len = FABPOOL_FD_HEAD_BYTES + sizeof(sy_ident) / 2;
+        f.ready = i == 0 ? p[1] : -1;
+        t_floods[i] = -1;
+        CHECK(other_user_fork_as(OTHER_USER_UID - (unsigned)i, conn_flood_run, &f, &t_floods[i]) == 0);
+    }
+    close(p[1]);
+    char b;
+    CHECK(read(p[0], &b, 1) == 1);
+    close(p[0]);
+}
+
+static void flood_stop(void)
+{
+    for (int i = 0; i < FLOODS; i++)
+        if (t_floods[i] > 0)
+            kill(t_floods[i], SIGKILL);
+    for (int i = 0; i < FLOODS; i++)
+        if (t_floods[i] > 0)
+            CHECK(other_user_wait(t_floods[i]) == -1); /* it flooded until killed */
+}
+
 /* Starts an intruder for this rank's attack (before the HELLO round, while the listeners are up). */
 static void attack_before_hello(void)
 {
+    if (t_rank == 3 && t_attack == A_LOOSE_FLOOD) {
+        flood_start();
+        return;
+    }
     int needs = (t_rank == 3 && (t_attack == A_SILENT || t_attack == A_IDENT || t_attack == A_SAME_USER ||
                                  t_attack == A_SQUAT || t_attack == A_LOOSE_SILENT || t_attack == A_LOOSE_HALF));
     if (t_rank == 0 && t_attack == A_PID) {
@@ -492,6 +544,22 @@ static void attacks(int rank, grp *g)
         t_peers = 0;
         if (s)
             data_ok(s, rank, g, 100 + a);
+        CHECK_OK(fabpool_torch_symm_close(s));
+        CHECK(fd_count() == fds0);
+    }
+
+    /* the ranks let any process in, and processes of seven other users flood rank 3's listener during create: every
+     * lower rank's connection is still taken, none closed to make room for theirs */
+    if (other && run_case(A_LOOSE_FLOOD)) {
+        t_attack = A_LOOSE_FLOOD;
+        t_peers = FABPOOL_FD_ANY_USER | FABPOOL_FD_ANY_PID;
+        s = make_o(rank, g, 64 * MB, MB, FABPOOL_TORCH_SYMM_FD_SOCKET, 10000, FABPOOL_OK, NULL);
+        if (rank == 3)
+            flood_stop();
+        t_attack = A_NONE;
+        t_peers = 0;
+        if (s)
+            data_ok(s, rank, g, 100 + A_LOOSE_FLOOD);
         CHECK_OK(fabpool_torch_symm_close(s));
         CHECK(fd_count() == fds0);
     }
