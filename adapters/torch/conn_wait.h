@@ -11,6 +11,7 @@
 #ifndef FP_CONN_WAIT_H
 #define FP_CONN_WAIT_H
 
+#include <poll.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -24,6 +25,14 @@ typedef struct cw_conn {
     uint64_t seq;   /* the order of accepts: larger is newer */
     int64_t until;  /* the caller's deadline for it, in the caller's clock */
 } cw_conn;
+
+/* Whether the peer of connection fd has hung up or shut its side down: a part of a first message it left unread
+ * will never be whole (and poll reports the hang-up at once, again and again, while it waits). */
+static inline int cw_hung_up(int fd)
+{
+    struct pollfd q = {fd, POLLRDHUP, 0};
+    return poll(&q, 1, 0) == 1 && (q.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
+}
 
 /* How many of w[0..n) and `in` are of user uid. */
 static inline int cw_count(const cw_conn *w, int n, const cw_conn *in, unsigned uid)

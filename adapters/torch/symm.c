@@ -436,7 +436,8 @@ static int sy_settle(fabpool_torch_symm_t *s, int c, int *partial)
     int whole = bytes >= (int)(FABPOOL_FD_HEAD_BYTES + sizeof(sy_ident));
     char b;
     ssize_t r = bytes == 0 ? recv(c, &b, 1, MSG_PEEK | MSG_DONTWAIT) : 1; /* 0: the peer closed it */
-    int gone = bytes < 0 || r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+    int gone = bytes < 0 || r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
+               (!whole && bytes > 0 && cw_hung_up(c)); /* part of an ident, and no more can come */
     *partial = bytes > 0;
     if (!whole && !gone)
         return 0;
@@ -518,12 +519,12 @@ static void sy_accept_ranks(fabpool_torch_symm_t *s, uint64_t deadline, int need
         pf[0] = (struct pollfd){s->listener, POLLIN, 0};
         int partial = 0;
         for (int i = 0; i < nw; i++) {
-            pf[1 + i] = (struct pollfd){waiting[i].fd, POLLIN, 0};
+            pf[1 + i] = (struct pollfd){waiting[i].fd, waiting[i].partial ? 0 : POLLIN, 0};
             partial |= waiting[i].partial;
         }
         int r = 0;
-        /* a connection with part of its ident is looked at again after a short while (poll would say readable
-         * at once, again and again) */
+        /* a connection with part of its ident is looked at again after a short while, not watched for input
+         * (poll would say readable at once, again and again; a hang-up is still reported) */
         if (left > 0)
             do
                 r = poll(pf, (nfds_t)(1 + nw), partial && left > SY_PARTIAL_MS ? SY_PARTIAL_MS : left);

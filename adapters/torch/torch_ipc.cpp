@@ -253,6 +253,7 @@ Server::Look Server::look(int c, bool expired)
     char start[kStartBytes];
     ssize_t got = recv(c, start, sizeof start, MSG_PEEK | MSG_DONTWAIT);
     bool whole = got == ssize_t(kStartBytes), gone = got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+    gone = gone || (!whole && got > 0 && cw_hung_up(c)); /* part of a start, and no more can come */
     if (!whole && !gone && !expired)
         return got > 0 ? Look::partial : Look::silent;
     if (!whole || memcmp(start + FABPOOL_FD_HEAD_BYTES, kRequestMagic, 4) != 0)
@@ -330,12 +331,16 @@ void Server::run()
             int64_t ms = waiting[i].until - now;
             timeout = timeout < 0 || ms < timeout ? int(ms > 0 ? ms : 0) : timeout;
             char start[kStartBytes];
-            partial |= recv(waiting[i].fd, start, sizeof start, MSG_PEEK | MSG_DONTWAIT) > 0;
-            pf[2 + i] = {waiting[i].fd, POLLIN, 0};
+            bool part = recv(waiting[i].fd, start, sizeof start, MSG_PEEK | MSG_DONTWAIT) > 0;
+            partial |= part;
+            /* part of a start is in: poll would say readable at once, again and again; it is looked at again
+             * after kPartialMs (a hang-up is still reported) */
+            pf[2 + i] = {waiting[i].fd, short(part ? 0 : POLLIN), 0};
         }
         if (partial && (timeout < 0 || timeout > kPartialMs))
             timeout = kPartialMs;
         int r = poll(pf, nfds_t(2 + nw), timeout);
+        wakes_++;
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 || pf[1].revents) {

@@ -104,6 +104,8 @@ public:
      * request, a block no longer live). */
     uint64_t served() const { return served_.load(); }
     uint64_t refused() const { return refused_.load(); }
+    /* Times the server's thread woke (a connection, a byte, a hang-up or a look again at a part of a start). */
+    uint64_t wakes() const { return wakes_.load(); }
 
     /* In a child made by fork: the thread is the parent's and does not run
      * here; the sockets are closed and the thread left alone (the object is
@@ -119,7 +121,7 @@ private:
     int listener_ = -1, wake_[2] = {-1, -1};
     std::thread thread_;
     std::vector<char> buf_;  /* a request (the thread's) */
-    std::atomic<uint64_t> served_{0}, refused_{0};
+    std::atomic<uint64_t> served_{0}, refused_{0}, wakes_{0};
 
     enum class Look { done, silent, partial };
     void run();
