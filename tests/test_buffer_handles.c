@@ -256,7 +256,7 @@ static void pool_destroyed(void)
     fabsim_ledger l0 = t_ledger();
     CHECK_OK(fabpool_destroy(s.q)); /* a view is no buffer or block: not FABPOOL_ERR_BUSY */
     CHECK_STATUS(fabpool_destroy(s.p), FABPOOL_ERR_BUSY);
-    CHECK(t_ledger().mappings < l0.mappings);
+    CHECK(!t_ledger_p || t_ledger().mappings < l0.mappings); /* the sim counts mappings; a real driver does not say */
     reuse_heap();
     CHECK(share(&s2, "handle_type:posix_fd") == 0); /* its buffer's tag: 0x5eed */
     fabpool_view_t *w = open_view(&s2, 0);
