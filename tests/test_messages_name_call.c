@@ -44,10 +44,14 @@ static const char *const no_buffers[] = {"shrink or destroy buffers", NULL};
 static const char *const no_blocks[] = {"ree blocks", NULL};
 static const char *const neither[] = {"ree blocks", "shrink or destroy buffers", NULL};
 
+/* Three pools live at once: each reserves a little, so that their address space fits where it is scarce (under
+ * valgrind a default reservation of 8x the device's memory each is too much for three). */
+#define SMALL "handle_type:none,reserve:4GiB"
+
 /* A pool that holds a block only, one that holds a buffer only, one that holds nothing: every chunk refused. */
 static void out_of_memory_names_call_and_size(void)
 {
-    fabpool_t *p = t_pool("handle_type:none"), *q = t_pool("handle_type:none"), *e = t_pool("handle_type:none");
+    fabpool_t *p = t_pool(SMALL), *q = t_pool(SMALL), *e = t_pool(SMALL);
     CUstream s = NULL;
     if (!p || !q || !e || cuStreamCreate(&s, 0) != CUDA_SUCCESS)
         return;
