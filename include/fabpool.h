@@ -871,7 +871,9 @@ FABPOOL_API fabpool_status fabpool_view_get_info(const fabpool_view_t *view, fab
 FABPOOL_API void *fabpool_view_ptr(const fabpool_view_t *view);
 /* Unmaps everything and frees the view's window.  The caller makes sure no
  * GPU work still reads the view.  After FABPOOL_OK, view is refused (the
- * handles paragraph above fabpool_buffer_create); on failure it stays open. */
+ * handles paragraph above fabpool_buffer_create); on failure it stays open
+ * with the chunks it still maps (those before the refused one may be gone):
+ * close it again. */
 FABPOOL_API fabpool_status fabpool_view_close(fabpool_view_t *view);
 /* Closes the view but keeps its mappings for keep_ms: a fabpool_view_open_peer
  * from the same peer (peer_pid) of a descriptor of the same buffer (its

@@ -460,7 +460,8 @@ static inline void export_done(int p)
 }
 
 /* fabpool_view_close of one of pool t's views (a broken one first), its data checked before; a refused close
- * leaves the view open and whole (fabpool.h), so the model keeps it and a later close frees it */
+ * leaves the view open with the chunks it still maps (fabpool.h), so the model keeps it and a later close frees
+ * it */
 static inline void close_view(int t)
 {
     int i = (int)below((uint64_t)P[t].nview);
