@@ -23,16 +23,22 @@ typedef struct conn_flood {
     int ready;               /* a byte goes here once the first connection is in (-1: none) */
 } conn_flood;
 
+/* *a made the abstract address of name (without its leading NUL; cut at 107 characters); its length. */
+static inline socklen_t abstract_addr(struct sockaddr_un *a, const char *name)
+{
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    size_t n = strnlen(name, sizeof a->sun_path - 1);
+    memcpy(a->sun_path + 1, name, n);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
 /* The flood (other_user_fork_as's fn): never returns. */
 static inline int conn_flood_run(void *arg)
 {
     conn_flood *f = (conn_flood *)arg;
     struct sockaddr_un a;
-    memset(&a, 0, sizeof a);
-    a.sun_family = AF_UNIX;
-    size_t n = strnlen(f->name, sizeof a.sun_path - 1);
-    memcpy(a.sun_path + 1, f->name, n);
-    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+    socklen_t len = abstract_addr(&a, f->name);
     int held[CONN_FLOOD_HELD];
     for (int i = 0; i < CONN_FLOOD_HELD; i++)
         held[i] = -1;

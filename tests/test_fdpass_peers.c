@@ -66,12 +66,9 @@ static void name_of(char *out, size_t cap, const char *what)
 static int raw_connect(const char *name)
 {
     struct sockaddr_un a;
-    memset(&a, 0, sizeof a);
-    a.sun_family = AF_UNIX;
-    size_t n = strlen(name);
-    memcpy(a.sun_path + 1, name, n);
+    socklen_t len = abstract_addr(&a, name);
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s >= 0 && connect(s, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) != 0) {
+    if (s >= 0 && connect(s, (struct sockaddr *)&a, len) != 0) {
         close(s);
         return -1;
     }
@@ -314,11 +311,7 @@ static int attacker_fills_its_queue(void *arg)
     atk *a = arg;
     alarm(15);
     struct sockaddr_un sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    size_t n = strlen(a->name);
-    memcpy(sa.sun_path + 1, a->name, n);
-    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+    socklen_t len = abstract_addr(&sa, a->name);
     int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (ls < 0 || bind(ls, (struct sockaddr *)&sa, len) != 0 || listen(ls, 0) != 0)
         return 3;
@@ -367,12 +360,9 @@ static void connect_to_a_full_queue_ends_at_its_timeout(void)
 static int slow_listener(const char *name, int ready)
 {
     struct sockaddr_un sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    size_t n = strlen(name);
-    memcpy(sa.sun_path + 1, name, n);
+    socklen_t len = abstract_addr(&sa, name);
     int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (ls < 0 || bind(ls, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) != 0 ||
+    if (ls < 0 || bind(ls, (struct sockaddr *)&sa, len) != 0 ||
         listen(ls, 0) != 0 || write(ready, "l", 1) != 1)
         return 3;
     for (;;) {

@@ -129,18 +129,6 @@ static int listener_name(int pid, char *name, size_t cap)
     return found;
 }
 
-static int abstract_addr(const char *name, struct sockaddr_un *a, socklen_t *len)
-{
-    memset(a, 0, sizeof *a);
-    a->sun_family = AF_UNIX;
-    size_t n = strlen(name);
-    if (n + 1 > sizeof a->sun_path)
-        return -1;
-    memcpy(a->sun_path + 1, name, n);
-    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
-    return 0;
-}
-
 /* The group's public name: rank 0's socket nonce, as /proc/net/unix shows every user (the listener of the
  * lowest pid of the ranks', forked one after the other up to rank 3's pid).  0 if not all NR are listening
  * within 2 s. */
@@ -188,7 +176,7 @@ static int intruder_connect(void *arg)
     struct sockaddr_un a;
     socklen_t alen;
     int c = socket(AF_UNIX, SOCK_STREAM, 0);
-    if (!listener_name(in->pid, name, sizeof name) || abstract_addr(name, &a, &alen) != 0 ||
+    if (!listener_name(in->pid, name, sizeof name) || (alen = abstract_addr(&a, name)) == 0 ||
         connect(c, (struct sockaddr *)&a, alen) != 0)
         return 10;
     if (in->attack == A_LOOSE_HALF) {
@@ -245,7 +233,7 @@ static int intruder_squat(void *arg)
     struct sockaddr_un a;
     socklen_t alen;
     int l = socket(AF_UNIX, SOCK_STREAM, 0);
-    if (abstract_addr(name, &a, &alen) != 0 || bind(l, (struct sockaddr *)&a, alen) != 0 || listen(l, 16) != 0)
+    if ((alen = abstract_addr(&a, name)) == 0 || bind(l, (struct sockaddr *)&a, alen) != 0 || listen(l, 16) != 0)
         return 20;
     if (write(in->ready, "l", 1) != 1)
         return 21;
