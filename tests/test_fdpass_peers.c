@@ -599,16 +599,19 @@ static void peers_env_words(void)
     peers_env_child("", FABPOOL_OK, 0, NULL);
     peers_env_child("same_user", FABPOOL_OK, 0, NULL);
     peers_env_child("any_pid", FABPOOL_OK, FABPOOL_FD_ANY_PID, NULL);
-    peers_env_child(" any_pid , any_user", FABPOOL_OK, FABPOOL_FD_ANY_USER | FABPOOL_FD_ANY_PID, NULL);
+    peers_env_child("any_pid,any_user", FABPOOL_OK, FABPOOL_FD_ANY_USER | FABPOOL_FD_ANY_PID, NULL);
+    /* FABPOOL_CONF's rules: no whitespace around or in a word */
+    peers_env_child(" any_pid , any_user", FABPOOL_ERR_CONFIG, 0, "whitespace at character 1");
+    peers_env_child("any_user\t", FABPOOL_ERR_CONFIG, 0, "whitespace at character 9");
     peers_env_child("any_user,everyone", FABPOOL_ERR_CONFIG, 0, "'everyone'");
     /* FABPOOL_CONF's rules: words in any case, no empty entry (a leading, trailing or doubled comma) */
     peers_env_child("ANY_USER", FABPOOL_OK, FABPOOL_FD_ANY_USER, NULL);
     peers_env_child("Any_Pid,SAME_USER", FABPOOL_OK, FABPOOL_FD_ANY_PID, NULL);
     peers_env_child("any_user,,any_pid", FABPOOL_ERR_CONFIG, 0, "between two commas");
-    peers_env_child("any_user, ,any_pid", FABPOOL_ERR_CONFIG, 0, "between two commas");
+    peers_env_child("any_user, ,any_pid", FABPOOL_ERR_CONFIG, 0, "whitespace at character 10");
     peers_env_child(",any_user", FABPOOL_ERR_CONFIG, 0, "a leading comma");
     peers_env_child("any_pid,any_user,", FABPOOL_ERR_CONFIG, 0, "a trailing comma");
-    peers_env_child(" ", FABPOOL_ERR_CONFIG, 0, "blanks only");
+    peers_env_child(" ", FABPOOL_ERR_CONFIG, 0, "whitespace");
     peers_env_child("any-user", FABPOOL_ERR_CONFIG, 0, "did you mean 'any_user'?");
     peers_env_child("same_user,any_user", FABPOOL_ERR_CONFIG, 0, "both");
     char longv[400];

@@ -91,26 +91,26 @@ static void peers_read(void)
         peers_refuse("FABPOOL_PEERS is longer than %d characters", FP_PEERS_ENV_MAX);
         return;
     }
+    char v[65];
+    word_copy(v, sizeof v, e, len);
+    for (size_t i = 0; i < len; i++)
+        if (strchr(" \t\n\r\v\f", e[i])) { /* as in FABPOOL_CONF: a value is its words and commas alone */
+            peers_refuse("FABPOOL_PEERS '%s' holds whitespace at character %zu: no spaces or tabs are accepted "
+                         "around or in its words", v, i + 1);
+            return;
+        }
     unsigned flags = 0;
     int same = 0;
     for (size_t i = 0; i <= len;) {
         size_t j = i;
         while (j < len && e[j] != ',')
             j++;
-        size_t a = i, b = j; /* the word, blanks around it dropped */
-        while (a < b && (e[a] == ' ' || e[a] == '\t'))
-            a++;
-        while (b > a && (e[b - 1] == ' ' || e[b - 1] == '\t'))
-            b--;
-        if (a == b) { /* as in FABPOOL_CONF: no empty entry, which a word lost in an edit leaves */
-            char v[65];
-            word_copy(v, sizeof v, e, len);
-            peers_refuse("FABPOOL_PEERS '%s' has an empty entry (%s)", v, i == 0 && j == len ? "blanks only: leave "
-                         "it empty or unset for the default" : i == 0 ? "a leading comma" : j == len ? "a trailing "
-                         "comma" : "between two commas");
+        if (i == j) { /* as in FABPOOL_CONF: no empty entry, which a word lost in an edit leaves */
+            peers_refuse("FABPOOL_PEERS '%s' has an empty entry (%s)", v, i == 0 ? "a leading comma" : j == len ?
+                         "a trailing comma" : "between two commas");
             return;
         }
-        if (peers_word(e, a, b, &flags, &same) != 0)
+        if (peers_word(e, i, j, &flags, &same) != 0)
             return;
         i = j + 1;
     }
