@@ -38,8 +38,12 @@
 #endif
 
 /* How often a turn looks again at what no poll event announces (ns): a peer that read what was sent (SIOCOUTQ
- * back to 0), fds in flight that the kernel let go (ETOOMANYREFS), the rest of a message come in part. */
+ * back to 0), fds in flight that the kernel let go (ETOOMANYREFS), the rest of a message come in part.  The
+ * first look comes soon, and each look that finds nothing changed doubles the wait up to SY_PASS_TICK_MAX_NS, so
+ * that a peer that stalls halfway or reads nothing until the deadline costs a rank a few hundred wakeups a
+ * second, not ten thousand; a look that finds progress starts again from the first. */
 #define SY_PASS_TICK_NS 100000
+#define SY_PASS_TICK_MAX_NS 2000000
 /* The read of a message that is in whole: a bound that binds only on a peer that attached fewer fds than its
  * head says (ms). */
 #define SY_PASS_READ_MS 2000
@@ -233,13 +237,13 @@ static void pass_late(sy_pass_peer *p, int q, int timeout_ms, int recv, int send
     pass_fail(p, FABPOOL_ERR_IO, "%s%s%s", in, *in && *out ? "; " : "", out);
 }
 
-/* Waits for the turn's sockets (pf[0..np)) or the tick, no later than the deadline; marks the peers that hung
- * up. */
-static void pass_wait(struct pollfd *pf, int np, sy_pass_peer *const *who, int soon, uint64_t deadline)
+/* Waits for the turn's sockets (pf[0..np)) or, where soon, the tick (ns), no later than the deadline; marks the
+ * peers that hung up. */
+static void pass_wait(struct pollfd *pf, int np, sy_pass_peer *const *who, int soon, uint64_t tick, uint64_t deadline)
 {
     uint64_t t = pass_now_ns(), left = deadline > t ? deadline - t : 0;
-    if (soon && left > SY_PASS_TICK_NS)
-        left = SY_PASS_TICK_NS;
+    if (soon && left > tick)
+        left = tick;
     struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
     if (ppoll(pf, (nfds_t)np, &ts, NULL) <= 0)
         return;
@@ -254,11 +258,18 @@ static void pass_wait(struct pollfd *pf, int np, sy_pass_peer *const *who, int s
 static void pass_turn(sy_pass_peer *p, int to, int from, int *gate, const sy_pass_run *r)
 {
     sy_pass_peer *t = &p[to], *f = &p[from];
+    uint64_t tick = SY_PASS_TICK_NS;
+    size_t seen[4] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
     for (;;) {
         int part = pass_live(f) ? pass_recv(f, from, r) : 0;
         int gs = *gate >= 0 && pass_live(&p[*gate]) ? p[*gate].sock : -1;
         int w = pass_live(t) ? pass_send(t, to, r, gs) : SY_W_NONE;
         t->wait = w;
+        /* a look at which nothing moved (fds in, fds and bytes out, what the send waits on) waits longer */
+        size_t now[4] = {f->got, t->sent, t->off, (size_t)w};
+        tick = memcmp(now, seen, sizeof now) ? SY_PASS_TICK_NS : tick * 2 < SY_PASS_TICK_MAX_NS ? tick * 2
+                                                                                              : SY_PASS_TICK_MAX_NS;
+        memcpy(seen, now, sizeof now);
         int rdone = !pass_live(f) || f->got == f->in, sdone = !pass_live(t) || w == SY_W_NONE;
         if (rdone && sdone)
             break;
@@ -286,7 +297,7 @@ static void pass_turn(sy_pass_peer *p, int to, int from, int *gate, const sy_pas
             who[np] = t;
             pf[np++] = (struct pollfd){t->sock, POLLOUT, 0};
         }
-        pass_wait(pf, np, who, part || w == SY_W_DRAIN || w == SY_W_GATE || w == SY_W_REFS, r->deadline);
+        pass_wait(pf, np, who, part || w == SY_W_DRAIN || w == SY_W_GATE || w == SY_W_REFS, tick, r->deadline);
     }
     if (pass_live(t) && t->out > 0)
         *gate = to;

@@ -11,6 +11,10 @@
  *              soft RLIMIT_NOFILE of 1024 (as root: in a child that drops to uid 65534): create, and six shrinks
  *              to one chunk each followed by a grow back, work: the kernel limits the user's fds in flight
  *              (ETOOMANYREFS past 1024), and every fd of such a group in flight at once would be over 3500;
+ *   stall      one pass of fds (sy_pass) against a forked peer that breaks it: sends half a message and stops,
+ *              reads nothing, announces 65 fds or fewer than it attaches or more, or names another call: the pair
+ *              fails by the deadline, no fd stays open, and a peer that stops makes the rank look again at most
+ *              once a ms on average (a look every 100 us burned 10 to 17% of a core to a 30 s deadline);
  *   lost_pair  rank 1 is late with its fds by more than timeout_ms in one resize: it fails on both ranks, breaks
  *              the object, and says that the group must create the buffer again, promising no repair; every
  *              later resize says so at once; the group creates a new buffer and it works.
@@ -30,6 +34,7 @@
 #include "symm.h"
 #include "symm_group.h"
 #include "symm_pass.h"
+#include "procfs.h"
 
 /* rank 1 from the first resize of the noread case: it reads nothing its peer sends, and says it took it all
  * (fds of /dev/null stand in) and mapped it, so that it says OK in every round and keeps its socket; its own
@@ -51,7 +56,16 @@ static fabpool_status t_view_apply(fabpool_view_t *v, const void *desc, size_t l
 #include "symm.c"
 #undef sy_pass
 #undef fabpool_view_apply
+/* the pass's waits, counted: how often a rank looks at a pair that does not move */
+static long t_ppolls;
+static int t_ppoll(struct pollfd *pf, nfds_t n, const struct timespec *ts, const sigset_t *mask)
+{
+    t_ppolls++;
+    return ppoll(pf, n, ts, mask);
+}
+#define ppoll t_ppoll
 #include "symm_pass.c"
+#undef ppoll
 
 static void t_pass(sy_pass_peer *p, int n, int self, const int *fds, uint64_t seq, uint64_t deadline_ns,
                    int timeout_ms, sy_pass_took_fn took, void *ctx)
@@ -307,6 +321,118 @@ static void case_lost_pair(grp *g, void *arg)
     CHECK_OK(fabpool_torch_symm_close(s));
 }
 
+/* ------------------------------------------------------------------ stall */
+
+#define STALL_MS 2000
+
+enum { ST_HALF, ST_NOREAD, ST_TOO_MANY, ST_MORE_FDS, ST_FEWER_FDS, ST_OTHER_CALL, ST_N };
+static const char *const stall_names[ST_N] = {"half a message, then silent", "reads nothing", "announces 65 fds",
+                                              "attaches 3 fds to a message of 1", "attaches 1 fd to a message of 2",
+                                              "names call #8 in call #7"};
+
+/* The hostile rank 1 of a pass: one message as `how` says (a head of nfds fds and 8 bytes of call seq, `att` fds
+ * of /dev/null on its first byte, `bytes` of it sent), then silent until killed, reading nothing. */
+static void stall_peer(int sock, int how)
+{
+    uint32_t nfds = how == ST_TOO_MANY ? 65 : how == ST_FEWER_FDS ? 2 : 1;
+    uint32_t att = how == ST_MORE_FDS ? 3 : 1;
+    uint64_t seq = how == ST_OTHER_CALL ? 8 : 7;
+    uint8_t m[16];
+    uint32_t head[2] = {nfds, 8};
+    memcpy(m, head, 8);
+    memcpy(m + 8, &seq, 8);
+    int fds[3];
+    for (uint32_t i = 0; i < att; i++)
+        fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof fds)];
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct iovec iov = {m, how == ST_HALF ? 5 : sizeof m};
+    struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                       .msg_controllen = CMSG_SPACE(sizeof(int) * att)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&h);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * att);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * att);
+    if (how != ST_NOREAD && sendmsg(sock, &h, MSG_NOSIGNAL) < 0)
+        _exit(1);
+    for (;;)
+        pause();
+}
+
+static void stall_took(void *ctx, int q, int *fds)
+{
+    (void)q;
+    for (size_t i = 0; i < *(size_t *)ctx; i++)
+        close(fds[i]);
+}
+
+static double cpu_s(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+/* Rank 0's pass against rank 1 behaving as `how`: rank 0 takes 1 fd (2 where rank 1 attaches 1 of 2; none where
+ * rank 1 reads nothing: then it sends 100, two messages, the second of which waits for rank 1 to read the
+ * first). */
+static void stall_one(int how)
+{
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    pid_t c = fork();
+    if (c == 0) {
+        close(sv[0]);
+        stall_peer(sv[1], how);
+    }
+    close(sv[1]);
+    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    int before = fd_count(), out[100], in[SY_PASS_BATCH];
+    for (int i = 0; i < 100; i++)
+        out[i] = null; /* any fd will do: rank 1 never reads them */
+    sy_pass_peer p[2];
+    memset(p, 0, sizeof p);
+    p[0].sock = -1;
+    p[1].sock = sv[0];
+    p[1].fds = in;
+    p[1].in = how == ST_NOREAD ? 0 : how == ST_FEWER_FDS ? 2 : 1;
+    p[1].out = how == ST_NOREAD ? 100 : 0;
+    t_ppolls = 0;
+    double c0 = cpu_s();
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    alarm(STALL_MS / 1000 + 10);
+    sy_pass(p, 2, 0, out, 7, pass_now_ns() + (uint64_t)STALL_MS * 1000000u, STALL_MS, stall_took, &p[1].in);
+    alarm(0);
+    long ms = ms_since(&t0);
+    double cpu = cpu_s() - c0;
+    printf("%-34s -> %ld ms, %.3f s of CPU, %ld looks: %.300s\n", stall_names[how], ms, cpu, t_ppolls, p[1].err);
+    CHECK(p[1].st == FABPOOL_ERR_IO || p[1].st == FABPOOL_ERR_DESCRIPTOR);
+    CHECK(ms < STALL_MS + 1000);
+    CHECK(fd_count() == before); /* every fd that came was closed */
+    if (how == ST_HALF || how == ST_NOREAD) {
+        CHECK(ms >= STALL_MS - 50);
+        CHECK(t_ppolls <= STALL_MS); /* at most a look a ms on average */
+        CHECK(cpu < STALL_MS / 1000.0 / 10);
+    }
+    kill(c, SIGKILL);
+    waitpid(c, NULL, 0);
+    close(sv[0]);
+    close(null);
+}
+
+static int case_stall(void)
+{
+    for (int how = 0; how < ST_N; how++)
+        stall_one(how);
+    printf("stall: %d checks, %d failed\n", t_checks, t_failures);
+    return t_failures != 0;
+}
+
 /* ------------------------------------------------------------------- main */
 
 static void rank_fn(void (*fn)(grp *, void *), grp *g)
@@ -324,6 +450,8 @@ int main(int argc, char **argv)
     int failed = 0;
     if (strcmp(c, "noread") == 0)
         failed = run_group(2, noread_rank, NULL);
+    else if (strcmp(c, "stall") == 0)
+        failed = case_stall();
     else if (strcmp(c, "lost_pair") == 0)
         failed = run_group(2, lost_pair_rank, NULL);
     else if (strcmp(c, "many_fds") == 0 && !other_user_can()) {
@@ -340,7 +468,7 @@ int main(int argc, char **argv)
             return 77;
         failed = rc != 0;
     } else {
-        fprintf(stderr, "usage: test_symm_hostile noread|many_fds|lost_pair\n");
+        fprintf(stderr, "usage: test_symm_hostile noread|many_fds|lost_pair|stall\n");
         return 2;
     }
     printf("test_symm_hostile %s: %s\n", c, failed ? "FAILED" : "passed");
