@@ -64,16 +64,48 @@ static fabpool_status map_one(fp_views *vs, fabpool_view_t *v, const fp_desc *ds
     return st;
 }
 
+/* The view's chunks and a descriptor's records are each sorted by offset and do not overlap (the decoder refuses
+ * records that do; view_merge keeps the chunks so), so the first of either that ends past an offset is found by
+ * bisection: what an apply costs grows as its records and the view's chunks times their logarithm, however many
+ * records a peer sends against however many chunks the view maps. */
+
+/* The first chunk of the view that ends past off (v->n: none). */
+static uint32_t chunk_past(const fabpool_view_t *v, uint64_t off)
+{
+    uint32_t lo = 0, hi = v->n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (v->chunks[mid].off + v->chunks[mid].size > off)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+/* The first record of ds that ends past off (ds->n: none). */
+static uint32_t record_past(const fp_desc *ds, uint64_t off)
+{
+    uint32_t lo = 0, hi = ds->n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        fp_desc_rec r;
+        fp_desc_record(ds, mid, &r);
+        if (r.off + r.size > off)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
 /* Whether record k's range is free in the view now (no chunk there). */
 static int range_free(const fabpool_view_t *v, const fp_desc *ds, uint32_t k)
 {
     fp_desc_rec r;
     fp_desc_record(ds, k, &r);
-    uint64_t off = r.off, size = r.size;
-    for (uint32_t i = 0; i < v->n; i++)
-        if (off < v->chunks[i].off + v->chunks[i].size && v->chunks[i].off < off + size)
-            return 0;
-    return 1;
+    uint32_t i = chunk_past(v, r.off);
+    return i == v->n || v->chunks[i].off >= r.off + r.size;
 }
 
 static fabpool_status view_unmap_at(fp_views *vs, fabpool_view_t *v, uint64_t off, uint64_t size)
@@ -117,13 +149,12 @@ static int kept(const fabpool_view_t *v, uint32_t i, const fp_desc *ds)
     const fp_vchunk *c = &v->chunks[i];
     if (c->off + c->size > ds->live)
         return 0;
-    for (uint32_t k = 0; k < ds->n; k++) {
-        fp_desc_rec r;
-        fp_desc_record(ds, k, &r);
-        if (r.off < c->off + c->size && c->off < r.off + r.size)
-            return same_chunk(c, &r);
-    }
-    return 1;
+    uint32_t k = record_past(ds, c->off); /* the first record that can overlap the chunk */
+    if (k == ds->n)
+        return 1;
+    fp_desc_rec r;
+    fp_desc_record(ds, k, &r);
+    return r.off < c->off + c->size ? same_chunk(c, &r) : 1;
 }
 
 /* Whether record k names a chunk the view maps already (nothing to import). */
@@ -131,10 +162,8 @@ static int mapped_already(const fabpool_view_t *v, const fp_desc *ds, uint32_t k
 {
     fp_desc_rec r;
     fp_desc_record(ds, k, &r);
-    for (uint32_t i = 0; i < v->n; i++)
-        if (same_chunk(&v->chunks[i], &r))
-            return r.off + r.size <= ds->live;
-    return 0;
+    uint32_t i = chunk_past(v, r.off); /* the only chunk that can start at r.off */
+    return i < v->n && same_chunk(&v->chunks[i], &r) && r.off + r.size <= ds->live;
 }
 
 /* Grows the view's chunk list to hold `need`. */
@@ -145,15 +174,28 @@ static fabpool_status view_reserve(fp_views *vs, fabpool_view_t *v, uint32_t nee
     return FABPOOL_OK;
 }
 
-static void view_add(fabpool_view_t *v, const fp_desc *ds, uint32_t k)
+/* What became of each record of a descriptor being applied (REC_SAME: the
+ * view maps its chunk already). */
+enum { REC_HELD = 0, REC_MAPPED = 1, REC_GONE = 2, REC_SAME = 3 };
+
+/* The view's chunks after a commit: the first v->n (those kept, sorted) and the records mapped (state
+ * REC_MAPPED), merged by offset from the back, in the room view_reserve made for both. */
+static void view_merge(fabpool_view_t *v, const fp_desc *ds, const uint8_t *state)
 {
-    fp_desc_rec r;
-    fp_desc_record(ds, k, &r);
-    fp_vchunk c = {r.off, r.size, r.gen};
-    uint32_t i = v->n++;
-    for (; i > 0 && v->chunks[i - 1].off > c.off; i--) /* sorted by offset */
-        v->chunks[i] = v->chunks[i - 1];
-    v->chunks[i] = c;
+    uint32_t m = 0;
+    for (uint32_t k = 0; k < ds->n; k++)
+        m += state[k] == REC_MAPPED;
+    uint32_t i = v->n, at = v->n + m;
+    for (uint32_t k = ds->n; k-- > 0;) {
+        if (state[k] != REC_MAPPED)
+            continue;
+        fp_desc_rec r;
+        fp_desc_record(ds, k, &r);
+        while (i > 0 && v->chunks[i - 1].off > r.off)
+            v->chunks[--at] = v->chunks[--i];
+        v->chunks[--at] = (fp_vchunk){r.off, r.size, r.gen};
+    }
+    v->n += m;
 }
 
 /* Whether descriptor ds applies to view v: the same buffer, a delta from
@@ -184,10 +226,6 @@ static fabpool_status apply_admit(const fabpool_view_t *v, const fp_desc *ds)
                         "apply a full descriptor (since 0)", covered, ds->live);
     return FABPOOL_OK;
 }
-
-/* What became of each record of a descriptor being applied (REC_SAME: the
- * view maps its chunk already). */
-enum { REC_HELD = 0, REC_MAPPED = 1, REC_GONE = 2, REC_SAME = 3 };
 
 /* The steps that can fail on the peer's side, before the view changes:
  * every import, then the mapping of each new chunk whose range is free. */
@@ -327,9 +365,7 @@ static fabpool_status apply_commit(fp_views *vs, fabpool_view_t *v, const fp_des
             v->chunks[w++] = v->chunks[i];
     }
     v->n = w;
-    for (uint32_t k = 0; k < ds->n; k++)
-        if (state[k] == REC_MAPPED)
-            view_add(v, ds, k);
+    view_merge(v, ds, state);
     v->live = ds->live;
     v->generation = ds->generation;
     return FABPOOL_OK;
