@@ -165,10 +165,18 @@ static fabpool_status open_file(void)
     return FABPOOL_OK;
 }
 
+/* A child forked while another thread of its parent raised the level (opening the log file) would wait for the
+ * lock for ever, no thread of the child holding it; a child that never loaded the driver may make a pool, which
+ * raises the level again, so the child starts with the lock free. */
+static void raise_lock_reset(void) { pthread_mutex_init(&raise_lock, NULL); }
+static void raise_fork_hook(void) { (void)pthread_atfork(NULL, NULL, raise_lock_reset); }
+
 fabpool_status fp_log_raise(int lvl)
 {
     if (lvl <= atomic_load(&fp_log_level))
         return FABPOOL_OK;
+    static pthread_once_t hooked = PTHREAD_ONCE_INIT;
+    (void)pthread_once(&hooked, raise_fork_hook);
     pthread_mutex_lock(&raise_lock);
     pthread_once(&host_once, host_name);
     fabpool_status st = FABPOOL_OK;
