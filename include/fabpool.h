@@ -765,7 +765,13 @@ FABPOOL_API size_t fabpool_desc_size(size_t n_chunks);
  * stay open until fabpool_buffer_export_done or until their chunk is
  * unmapped (an open fd keeps the memory alive).  Each chunk is exported once
  * and its handle cached while it is mapped.  FABPOOL_ERR_LIMIT if cap or
- * fd_cap is too small (*len and *nfds then say what is needed). */
+ * fd_cap is too small (*len and *nfds then say what is needed).
+ * Threads: a fabpool_buffer_export_done of the buffer on any thread closes
+ * these fds too, as does a resize that unmaps their chunks; their numbers
+ * may then name other files.  A program that exports one buffer on several
+ * threads, or resizes it on another, makes the export, the send (or dup)
+ * of the fds and fabpool_buffer_export_done one step under a lock of its
+ * own. */
 FABPOOL_API fabpool_status fabpool_buffer_export(fabpool_buffer_t *buf, uint64_t since, void *desc, size_t cap,
                                                 size_t *len, int *fds, size_t fd_cap, size_t *nfds);
 /* The fds of the last exports have been handed to every peer: close the
