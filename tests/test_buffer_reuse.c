@@ -207,6 +207,37 @@ static void out_of_memory_takes_kept_back(void)
     fabpool_destroy(p);
 }
 
+/* Out of device memory, a block allocation (fabpool_alloc, the stream pair's, fabpool_alloc_aligned) gives the
+ * kept buffers back too, and tries again: the block is given out, counted as a retry, with its bytes alone held. */
+static void block_out_of_memory_takes_kept_back(void)
+{
+    CUstream st = NULL;
+    CHECK_CU(cuStreamCreate(&st, 0));
+    for (int how = 0; how < 3; how++) {
+        fabsim_ledger l0 = t_ledger();
+        fabpool_t *p = t_pool("keep_ms:60000,max_waste:0");
+        CHECK_OK(fabpool_buffer_release(make(p, 1024 * MB, 600 * MB)));
+        void *x = NULL;
+        fabpool_status s = how == 0 ? fabpool_alloc(p, 700 * MB, &x)
+                           : how == 1 ? fabpool_alloc_on_stream(p, 700 * MB, st, &x)
+                                      : fabpool_alloc_aligned(p, 700 * MB, 2 * MB, &x);
+        CHECK_OK(s); /* 1,300 MiB with the kept buffer */
+        fabpool_stats ss = t_stats(p);
+        CHECK(x && ss.kept_bytes == 0 && ss.buffers == 0 && ss.oom_retries == 1);
+        CHECK(t_ledger().bytes_held == l0.bytes_held + ss.mapped_bytes && ss.mapped_bytes >= 700 * MB);
+        if (x) {
+            put(x, 0x600d);
+            put((char *)x + 700 * MB - 8, 0xe0d);
+            CHECK(get(x) == 0x600d && get((char *)x + 700 * MB - 8) == 0xe0d);
+            CHECK_OK(how == 1 ? fabpool_free_on_stream(p, x, st) : fabpool_free(p, x));
+        }
+        CHECK_OK(fabpool_check(p));
+        CHECK_OK(fabpool_destroy(p));
+        CHECK(t_ledger().bytes_held == l0.bytes_held);
+    }
+    CHECK_CU(cuStreamDestroy(st));
+}
+
 /* Wrong uses, refused with nothing changed. */
 static void refusals(void)
 {
@@ -440,6 +471,7 @@ int main(void)
     reuse_takes_nearest_and_miss_gives_back();
     kept_memory_goes_back();
     out_of_memory_takes_kept_back();
+    block_out_of_memory_takes_kept_back();
     refusals();
     view_reopens_kept();
     view_takes_new_chunk_at_same_offset();

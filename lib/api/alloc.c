@@ -1,12 +1,11 @@
-/* alloc.c - fabpool_alloc / fabpool_free: the hot path through the
- * calling thread's cache (tcache.h, inline), the slow path to the heap's
- * classes and large blocks, and the free of a block with recorded streams
- * (alloc.h). */
+/* alloc.c - fabpool_alloc / fabpool_free: the hot path through the calling thread's cache (tcache.h, inline), the
+ * slow path to the heap's classes and large blocks, and the free of a block with recorded streams (alloc.h). */
 #include "alloc.h"
 
 #include <string.h>
 
 #include "error.h"
+#include "release.h"
 #include "tcache_medium.h"
 #include "trace.h"
 
@@ -85,8 +84,8 @@ static fabpool_status alloc_slow_once(fp_alloc *a, size_t size, void **out)
     return FABPOOL_OK;
 }
 
-/* What follows an attempt that found the device out of memory (st): a wait
- * for the blocks freed on streams and one more try while some are pending,
+/* What follows an attempt that found the device out of memory (st): a wait for the blocks freed on streams and one
+ * more try while some are pending, the buffers released and kept given back and one more try while some are kept,
  * and the log's warning if it failed still. */
 static __attribute__((noinline)) fabpool_status alloc_oom(fp_alloc *a, size_t size, void **out, fabpool_status st)
 {
@@ -108,6 +107,10 @@ static __attribute__((noinline)) fabpool_status alloc_oom(fp_alloc *a, size_t si
         fp_alloc_drain(a, 1, 0);
         st = alloc_slow_once(a, size, out);
     }
+    if (st == FABPOOL_ERR_OUT_OF_MEMORY && fp_buffers_give_back_kept(a->bufs)) {
+        fp_heap_count_oom_retry(a->heap);
+        st = alloc_slow_once(a, size, out);
+    }
     if (fp_error_unhold(&h, st) == FABPOOL_ERR_OUT_OF_MEMORY)
         FP_LOG_CH(FP_LOG_WARN, a->sp->ch, "an allocation of %zu bytes failed: %s", size, fabpool_last_error());
     return st;
@@ -123,10 +126,8 @@ static __attribute__((noinline, cold)) fabpool_status alloc_failed(fabpool_statu
     return st;
 }
 
-/* The slow path: blocks freed on streams whose work is done go back to the
- * pool first (an event query per stream, only while some are pending), and
- * an allocation that finds the device out of memory waits for the rest and
- * tries once more. */
+/* The slow path: blocks freed on streams whose work is done go back to the pool first (an event query per stream,
+ * only while some are pending), and an allocation that finds the device out of memory tries again (alloc_oom). */
 static __attribute__((noinline)) fabpool_status alloc_slow(fp_alloc *a, size_t size, void **out)
 {
     fabpool_status st;
@@ -226,14 +227,11 @@ static __attribute__((noinline)) fabpool_status medium_rest(fp_alloc *a, uint64_
     return st;
 }
 
-/* A medium block the thread's cache does not hold, the fast path's key
- * matched (no trace, the pool awake, no owner mode: alloc_entry's checks
- * pass; tc: the thread's cache, passed: GCC's noipa keeps it from reading
- * the hot slot again through the TLS descriptor; clang, which has no
- * noipa, gets noinline): from the arena, after the blocks freed on streams
- * if some wait.  The medium blocks' policy runs at every 16th of these
- * misses, counted by the cache's window (medium_tick's cadence, with no
- * counter of its own to keep). */
+/* A medium block the thread's cache does not hold, the fast path's key matched (no trace, the pool awake, no owner
+ * mode: alloc_entry's checks pass; tc: the thread's cache, passed: GCC's noipa keeps it from reading the hot slot
+ * again through the TLS descriptor; clang, which has no noipa, gets noinline): from the arena, after the blocks
+ * freed on streams if some wait.  The medium blocks' policy runs at every 16th of these misses, counted by the
+ * cache's window (medium_tick's cadence, with no counter of its own to keep). */
 #if defined(__clang__)
 #define FP_NOIPA __attribute__((noinline))
 #else
@@ -576,8 +574,7 @@ void fp_alloc_drain(fp_alloc *a, int wait, int forget)
         fp_retire_fence(a->retire);
 }
 
-/* The stream pair's ways in (alloc.h): the work of fabpool_alloc and
- * fabpool_free, out of line here so that theirs stays inline. */
+/* The stream pair's ways in (alloc.h): the work of fabpool_alloc and fabpool_free, out of line: theirs stay inline. */
 fabpool_status fp_alloc_block(fp_alloc *a, size_t size, void **out)
 {
     fp_alloc_owner_sync(a);   /* the owner stream's call: its claim may have begun the owner mode */

@@ -294,6 +294,8 @@ void fp_alloc_set_trace(fp_alloc *a, struct fp_trace *trace)
     fp_alloc_hot_rekey(a);
 }
 
+void fp_alloc_set_buffers(fp_alloc *a, struct fp_buffers *bufs) { a->bufs = bufs; }
+
 
 void fp_alloc_class_counts(const fp_alloc *a, unsigned cls, uint64_t *allocs, uint64_t *frees)
 {

@@ -125,6 +125,7 @@ typedef struct fp_alloc {
     /* the rest */
     fp_heap *heap;
     fp_space *sp;                      /* the heap's */
+    struct fp_buffers *bufs;           /* the pool's buffers: those released and kept go back at out of memory */
     fp_usage *use;                     /* the pool's in-use mark: slab blocks out of their classes (usage.h) */
     int thread_cache;                  /* the option */
     fp_lock_t key_lock;                /* the stores of cache_key and hot_key (tcache.c: fp_alloc_hot_rekey) */
@@ -139,6 +140,8 @@ typedef struct fp_alloc {
 void fp_alloc_init(fp_alloc *a, fp_heap *heap, fp_retire *retire, fp_usage *use, int thread_cache);
 /* The trace the blocks' calls are recorded in (NULL: none). */
 void fp_alloc_set_trace(fp_alloc *a, struct fp_trace *trace);
+/* The pool's buffers, whose kept ones an allocation out of memory gives back (NULL: none). */
+void fp_alloc_set_buffers(fp_alloc *a, struct fp_buffers *bufs);
 /* Whether thread caches are on (the option). */
 static inline int fp_alloc_thread_cache(const fp_alloc *a) { return a->thread_cache; }
 /* Blocks of slab class cls given out and taken back, all time: without a

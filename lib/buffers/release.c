@@ -10,7 +10,8 @@
  * What bounds the kept memory: its age (keep_ms, checked at the pool's next
  * release, reuse or collect), a reuse that finds nothing that fits (every
  * kept buffer goes then: a miss means the frees were not a regrow, and kept
- * memory must not add to new memory), an out-of-memory retry (buffer.c),
+ * memory must not add to new memory), an out-of-memory retry (a grow's in
+ * buffer.c, a block allocation's through fp_buffers_give_back_kept),
  * fabpool_trim, sleep and pool destroy.  A kept buffer stays on the pool's
  * list (check walks it, destroy frees it) with size 0, counted in kept_bytes
  * and not in the buffers' bytes or count. */
@@ -22,6 +23,7 @@
 #include "clock.h"
 #include "error.h"
 #include "handles.h"
+#include "log.h"
 #include "trace.h"
 
 fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *b, void *stream)
@@ -93,6 +95,25 @@ fabpool_status fabpool_buffer_release(fabpool_buffer_t *b)
     (void)fp_collect_locked(bs, 0);
     fp_unlock(&bs->sp->lock);
     return fp_error_unhold(&h, FABPOOL_OK);
+}
+
+int fp_buffers_give_back_kept(fp_buffers *bs)
+{
+    if (!bs || !atomic_load(&bs->kept_bytes))
+        return 0;
+    fp_msg_hold h;
+    fp_error_hold(&h);
+    fp_lock(&bs->sp->lock);
+    uint64_t kept = atomic_load(&bs->kept_bytes);
+    fp_buffers_drop_kept(bs, 1);
+    (void)fp_collect_locked(bs, 0); /* a collect that fails here is retried by the next one */
+    uint64_t left = atomic_load(&bs->kept_bytes);
+    fp_unlock(&bs->sp->lock);
+    fp_error_unhold(&h, FABPOOL_OK);
+    if (left < kept)
+        FP_LOG_CH(FP_LOG_INFO, bs->sp->ch, "out of memory: %llu bytes of buffers released and kept for reuse went "
+                  "back to the driver, then one more try", (unsigned long long)(kept - left));
+    return left < kept;
 }
 
 /* The kept buffer for `size` bytes: its window holds size, and its live bytes

@@ -11,5 +11,9 @@ fabpool_status fp_buffer_reuse(fp_buffers *bs, size_t size, void *stream, fabpoo
 /* Pool destroy: unmaps and frees every buffer, kept ones too, peer holds
  * released.  Pool lock held (each function that needs it asserts it: lock.h). */
 void fp_buffers_destroy(fp_buffers *bs);
+/* A block allocation out of device memory: every buffer released and kept goes back now (what a buffer's grow
+ * does at its own out of memory), so that one more try may find the memory.  Whether any went; the calling
+ * thread's message stays as it was.  No lock held. */
+int fp_buffers_give_back_kept(fp_buffers *bs);
 
 #endif

@@ -137,6 +137,7 @@ static void layers_init(struct fabpool *p)
     p->opt.slab_max_bytes = fp_heap_slab_max(&p->heap);
     fp_alloc_init(&p->alloc, &p->heap, &p->retire, &p->use, p->opt.thread_cache);
     fp_alloc_set_trace(&p->alloc, p->trace);
+    fp_alloc_set_buffers(&p->alloc, &p->bufs);
     fp_buffers_init(&p->bufs, &p->heap, &p->retire, &p->use, &p->opt);
     fp_buffers_set_trace(&p->bufs, p->trace);
     fp_views_init(&p->views, &p->sp, p->opt.keep_ms);
