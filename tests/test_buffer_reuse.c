@@ -238,6 +238,49 @@ static void block_out_of_memory_takes_kept_back(void)
     CHECK_CU(cuStreamDestroy(st));
 }
 
+/* A pool whose exported buffer was released (or destroyed) before its peers acknowledged it refuses to sleep:
+ * the peers may still map its chunks.  Its handle is refused by then, so the message names the way that is
+ * left, fabpool_peers_ack with the export id it gives; that acknowledgement lets the sleep go (a kept buffer
+ * given back with it), and the wake finds the live buffer's data. */
+static void sleep_refused_by_gone_export_names_the_ack(void)
+{
+    for (int how = 0; how < 2; how++) {
+        fabsim_ledger l0 = t_ledger();
+        fabpool_t *p = t_pool("keep_ms:60000,max_waste:0");
+        if (!p || fabpool_handle_type_of(p) == FABPOOL_HANDLE_NONE) {
+            fabpool_destroy(p);
+            return;
+        }
+        fabpool_buffer_t *live = make(p, 64 * MB, 4 * MB), *b = make(p, 64 * MB, 8 * MB);
+        put(fabpool_buffer_ptr(live), 0x51ee9);
+        uint64_t id = info(b).export_id;
+        desc x;
+        export_full(b, &x);
+        CHECK_OK(how ? fabpool_buffer_destroy(b, NULL) : fabpool_buffer_release(b));
+        CHECK_STATUS(fabpool_sleep(p, FABPOOL_SLEEP_OFFLOAD, NULL), FABPOOL_ERR_BUSY);
+        char want[96];
+        snprintf(want, sizeof want, "(export id 0x%llx, %s)", (unsigned long long)id,
+                 how ? "destroyed" : "released and kept for reuse");
+        const char *m = fabpool_last_error();
+        CHECK(strstr(m, want) && strstr(m, "call fabpool_peers_ack with that export id with UINT64_MAX") &&
+              !strstr(m, "fabpool_buffer_peers_ack"));
+        if (!strstr(m, want) || strstr(m, "fabpool_buffer_peers_ack"))
+            fprintf(stderr, "  the message: %s\n", m);
+        CHECK(!t_sleep_info(p).asleep && t_stats(p).kept_bytes == (how ? 0 : 8 * MB));
+        CHECK_STATUS(fabpool_buffer_peers_ack(b, UINT64_MAX), FABPOOL_ERR_INVALID_ARG); /* the handle is gone */
+        CHECK_OK(fabpool_peers_ack(p, id, UINT64_MAX));
+        CHECK_OK(fabpool_sleep(p, FABPOOL_SLEEP_OFFLOAD, NULL));
+        CHECK(t_stats(p).kept_bytes == 0 && t_sleep_info(p).offloaded_bytes == 4 * MB);
+        CHECK_OK(fabpool_wake(p, NULL));
+        CHECK(get(fabpool_buffer_ptr(live)) == 0x51ee9);
+        CHECK_OK(fabpool_check(p));
+        CHECK_OK(fabpool_buffer_destroy(live, NULL));
+        CHECK_OK(fabpool_destroy(p));
+        fabsim_ledger l1 = t_ledger();
+        CHECK(t_ledger_same(&l0, &l1));
+    }
+}
+
 /* Wrong uses, refused with nothing changed. */
 static void refusals(void)
 {
@@ -472,6 +515,7 @@ int main(void)
     kept_memory_goes_back();
     out_of_memory_takes_kept_back();
     block_out_of_memory_takes_kept_back();
+    sleep_refused_by_gone_export_names_the_ack();
     refusals();
     view_reopens_kept();
     view_takes_new_chunk_at_same_offset();
