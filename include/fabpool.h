@@ -517,7 +517,9 @@ FABPOOL_API void *fabpool_buffer_ptr(const fabpool_buffer_t *buf);
  * several chunks (docs/design.md says what the driver does then).  The
  * caller owns *fd and closes it; an open fd keeps the range's memory alive
  * after a shrink or a destroy.  A resize changes the chunks behind the
- * range: take a new fd after it.  FABPOOL_ERR_NOT_SUPPORTED where the
+ * range, and so does a sleep: take a new fd after the resize or the wake (an
+ * fd from before names the memory given up, which the driver keeps for it
+ * until it is closed, not the buffer's).  FABPOOL_ERR_NOT_SUPPORTED where the
  * device has no dma-buf support.  On failure *fd is -1. */
 FABPOOL_API fabpool_status fabpool_buffer_dmabuf(fabpool_buffer_t *buf, size_t offset, size_t size, int *fd);
 
@@ -551,7 +553,9 @@ FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
  * memory is the exporter's).  A pool with an exported buffer whose peers
  * have not all acknowledged with UINT64_MAX (views may read it) is refused
  * with FABPOOL_ERR_BUSY, as is a second sleep (FABPOOL_ERR_ASLEEP).
- * A dma-buf fd still open keeps its range's memory alive (fabpool_buffer_dmabuf).
+ * A dma-buf fd still open keeps its range's memory alive (fabpool_buffer_dmabuf),
+ * the old memory: after the wake the buffer is new memory, so close such an fd
+ * (deregister it from the NIC) before the sleep and take a new one after.
  * On failure (host memory, a driver call) the pool is as before the call
  * (awake, data in place); only the cached memory trimmed stays returned.
  * The one exception, FABPOOL_ERR_PARTIAL, leaves the pool asleep

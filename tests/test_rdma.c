@@ -5,7 +5,8 @@
  *   - fabpool_buffer_dmabuf over one chunk, several chunks, a range that
  *     starts and ends inside chunks; refusals of unaligned and out-of-range
  *     requests (clear status, no fd, nothing left in the driver's ledger);
- *   - a fault injected into cuMemGetHandleForAddressRange.
+ *   - a fault injected into cuMemGetHandleForAddressRange;
+ *   - an fd open across a sleep and a wake keeps the old memory, not the new.
  * On a device without the support (the simulated driver with FABSIM_RDMA=0,
  * test_rdma_unsupported): auto makes ordinary chunks, on fails pool creation,
  * and dma-buf export says it is unsupported.  Runs on the real driver too
@@ -253,6 +254,45 @@ static void dmabuf(void)
     }
 }
 
+/* A dma-buf fd open across a sleep and a wake: taking one is refused while asleep; the open fd keeps the memory
+ * it was taken of (the sleep's unmap does not free it) and after the wake still names that old memory beside the
+ * buffer's new one, until it is closed; an fd taken after the wake names the new memory.  Offloaded data is
+ * back.  Sim only (the ledger). */
+static void dmabuf_across_sleep(void)
+{
+    if (!sim || !supported)
+        return;
+    fabsim_ledger l0 = t_ledger();
+    fabpool_t *p = make_pool("max_chunk:2MiB", FABPOOL_OK);
+    fabpool_buffer_t *b = NULL;
+    if (!p || fabpool_buffer_create(p, 64 * MB, 8 * MB, &b) != FABPOOL_OK) {
+        CHECK(0);
+        fabpool_destroy(p);
+        return;
+    }
+    t_put_tag(fabpool_buffer_ptr(b), 8 * MB, 0xd0a);
+    int fd = -1, late = -1;
+    CHECK_OK(fabpool_buffer_dmabuf(b, 2 * MB, 4 * MB, &fd));
+    CHECK_OK(fabpool_sleep(p, FABPOOL_SLEEP_OFFLOAD, NULL));
+    CHECK_STATUS(fabpool_buffer_dmabuf(b, 0, 2 * MB, &late), FABPOOL_ERR_ASLEEP);
+    CHECK(late == -1 && t_ledger().dmabuf_fds == l0.dmabuf_fds + 1);
+    CHECK(t_mapped(p) == 0 && t_ledger().bytes_held == l0.bytes_held + 4 * MB); /* the fd's range alone */
+    CHECK_OK(fabpool_wake(p, NULL));
+    CHECK(t_tag_ok(fabpool_buffer_ptr(b), 8 * MB, 0xd0a));
+    CHECK(t_mapped(p) == 8 * MB && t_ledger().bytes_held == l0.bytes_held + 12 * MB); /* new memory, and the old */
+    close(fd);
+    CHECK(t_ledger().bytes_held == l0.bytes_held + 8 * MB && t_ledger().dmabuf_fds == l0.dmabuf_fds);
+    CHECK_OK(fabpool_buffer_dmabuf(b, 2 * MB, 4 * MB, &late)); /* of the new memory: nothing more held */
+    CHECK(late >= 0 && t_ledger().bytes_held == l0.bytes_held + 8 * MB);
+    if (late >= 0)
+        close(late);
+    CHECK_OK(fabpool_check(p));
+    CHECK_OK(fabpool_buffer_destroy(b, NULL));
+    CHECK_OK(fabpool_destroy(p));
+    fabsim_ledger l1 = t_ledger();
+    CHECK(t_ledger_same(&l0, &l1) && l1.dmabuf_fds == l0.dmabuf_fds);
+}
+
 int main(void)
 {
     sim = t_driver_init();
@@ -278,5 +318,6 @@ int main(void)
             CHECK(t_ledger().reservations == 0 && t_ledger().handles == 0);
     }
     dmabuf();
+    dmabuf_across_sleep();
     return t_done("test_rdma");
 }
