@@ -5,7 +5,8 @@
  * size, and everything kept goes back on a miss, after keep_ms, on trim,
  * sleep, out of memory and destroy; a view opened again imports only the new
  * chunks, and none of the memory it mapped before the exporter slept; a kept
- * view goes only to an open from the peer it was opened from.  Runs
+ * view goes only to an open from the peer it was opened from, and outlives its buffer's destroy until the
+ * importing pool sleeps; a sleep or a block allocation out of memory meets kept buffers.  Runs
  * against the simulated driver (the ledger, call counts) with
  * FABSIM_MEMORY=1GiB. */
 #include <fcntl.h>
@@ -65,6 +66,19 @@ static fabpool_view_t *open_view(fabpool_t *v, const desc *x)
     fabpool_view_t *view = NULL;
     CHECK_OK(fabpool_view_open_peer(v, getpid(), x->d, x->len, mine, x->nfds, &view));
     return view;
+}
+
+/* An exporting pool of conf and a pool that views its buffers and keeps released views: 0, or -1 (both
+ * destroyed) where the pools cannot share. */
+static int share_pools(const char *conf, fabpool_t **a, fabpool_t **v)
+{
+    *a = t_pool(conf);
+    *v = t_pool("handle_type:auto,keep_ms:60000");
+    if (fabpool_handle_type_of(*a) != FABPOOL_HANDLE_NONE)
+        return 0;
+    fabpool_destroy(*a);
+    fabpool_destroy(*v);
+    return -1;
 }
 
 /* Released, the buffer keeps its chunks; reused larger, it keeps its base and
@@ -281,6 +295,53 @@ static void sleep_refused_by_gone_export_names_the_ack(void)
     }
 }
 
+/* A kept view outlives its buffer's destroy in the exporting pool (the view's mappings hold the memory: the
+ * driver keeps it), and goes, with that memory, when the importing pool sleeps: nothing of it is offloaded and
+ * the pool wakes without it; a view of a new buffer then opens and reads that buffer's data. */
+static void kept_view_outlives_destroy_until_importer_sleeps(void)
+{
+    fabsim_ledger l0 = t_ledger();
+    fabpool_t *a = NULL, *v = NULL;
+    if (share_pools("handle_type:auto,max_waste:0", &a, &v) != 0)
+        return;
+    fabpool_buffer_t *b = make(a, 64 * MB, 8 * MB);
+    put(fabpool_buffer_ptr(b), 0x4444);
+    desc x;
+    export_full(b, &x);
+    fabpool_view_t *view = open_view(v, &x);
+    CHECK(view && get(fabpool_view_ptr(view)) == 0x4444);
+    CHECK_OK(fabpool_view_release(view));
+    CHECK_OK(fabpool_buffer_export_done(b));
+    CHECK_OK(fabpool_buffer_peers_ack(b, UINT64_MAX));
+    CHECK_OK(fabpool_buffer_destroy(b, NULL));
+    CHECK(t_mapped(a) == 0 && t_stats(v).kept_bytes == 8 * MB && t_stats(v).view_bytes == 8 * MB);
+    CHECK(t_ledger().bytes_held == l0.bytes_held + 8 * MB); /* the kept view's mapping holds it */
+    CHECK_OK(fabpool_check(v));
+
+    CHECK_OK(fabpool_sleep(v, FABPOOL_SLEEP_OFFLOAD, NULL));
+    fabpool_sleep_info si = t_sleep_info(v);
+    CHECK(si.asleep && si.offloaded_bytes == 0 && si.host_bytes == 0);
+    CHECK(t_stats(v).kept_bytes == 0 && t_stats(v).view_bytes == 0 && t_ledger().bytes_held == l0.bytes_held);
+    CHECK_OK(fabpool_wake(v, NULL));
+    CHECK(t_mapped(v) == 0);
+
+    b = make(a, 64 * MB, 8 * MB);
+    put(fabpool_buffer_ptr(b), 0x5555);
+    export_full(b, &x);
+    view = open_view(v, &x);
+    CHECK(view && get(fabpool_view_ptr(view)) == 0x5555);
+    CHECK_OK(fabpool_check(v));
+    if (view)
+        CHECK_OK(fabpool_view_close(view));
+    CHECK_OK(fabpool_buffer_export_done(b));
+    CHECK_OK(fabpool_buffer_peers_ack(b, UINT64_MAX));
+    CHECK_OK(fabpool_buffer_destroy(b, NULL));
+    CHECK_OK(fabpool_destroy(v));
+    CHECK_OK(fabpool_destroy(a));
+    fabsim_ledger l1 = t_ledger();
+    CHECK(t_ledger_same(&l0, &l1));
+}
+
 /* Wrong uses, refused with nothing changed. */
 static void refusals(void)
 {
@@ -306,13 +367,9 @@ static void refusals(void)
 static void view_reopens_kept(void)
 {
     fabsim_ledger l0 = t_ledger();
-    fabpool_t *a = t_pool("handle_type:auto,max_waste:0,keep_ms:60000");
-    fabpool_t *v = t_pool("handle_type:auto,keep_ms:60000");
-    if (fabpool_handle_type_of(a) == FABPOOL_HANDLE_NONE) {
-        fabpool_destroy(a);
-        fabpool_destroy(v);
+    fabpool_t *a = NULL, *v = NULL;
+    if (share_pools("handle_type:auto,max_waste:0,keep_ms:60000", &a, &v) != 0)
         return;
-    }
     fabpool_buffer_t *b = make(a, 256 * MB, 8 * MB);
     put(fabpool_buffer_ptr(b), 0x2222);
     desc x;
@@ -367,13 +424,9 @@ static void view_reopens_kept(void)
 static void view_takes_new_chunk_at_same_offset(void)
 {
     fabsim_ledger l0 = t_ledger();
-    fabpool_t *a = t_pool("handle_type:auto,max_waste:0,shrink_hysteresis:0,keep_ms:60000");
-    fabpool_t *v = t_pool("handle_type:auto,keep_ms:60000");
-    if (fabpool_handle_type_of(a) == FABPOOL_HANDLE_NONE) {
-        fabpool_destroy(a);
-        fabpool_destroy(v);
+    fabpool_t *a = NULL, *v = NULL;
+    if (share_pools("handle_type:auto,max_waste:0,shrink_hysteresis:0,keep_ms:60000", &a, &v) != 0)
         return;
-    }
     fabpool_buffer_t *b = make(a, 64 * MB, 4 * MB);
     CHECK_OK(fabpool_buffer_resize(b, 8 * MB, NULL)); /* a second chunk of 4 MiB at +4 MiB */
     char *top = (char *)fabpool_buffer_ptr(b) + 6 * MB;
@@ -412,13 +465,9 @@ static void view_takes_new_chunk_at_same_offset(void)
 static void kept_view_goes_only_to_its_peer(void)
 {
     fabsim_ledger l0 = t_ledger();
-    fabpool_t *a = t_pool("handle_type:auto,keep_ms:60000");
-    fabpool_t *v = t_pool("handle_type:auto,keep_ms:60000");
-    if (fabpool_handle_type_of(a) == FABPOOL_HANDLE_NONE) {
-        fabpool_destroy(a);
-        fabpool_destroy(v);
+    fabpool_t *a = NULL, *v = NULL;
+    if (share_pools("handle_type:auto,keep_ms:60000", &a, &v) != 0)
         return;
-    }
     fabpool_buffer_t *b = make(a, 64 * MB, 8 * MB);
     put(fabpool_buffer_ptr(b), 0x7777);
     desc x;
@@ -516,6 +565,7 @@ int main(void)
     out_of_memory_takes_kept_back();
     block_out_of_memory_takes_kept_back();
     sleep_refused_by_gone_export_names_the_ack();
+    kept_view_outlives_destroy_until_importer_sleeps();
     refusals();
     view_reopens_kept();
     view_takes_new_chunk_at_same_offset();
