@@ -1,7 +1,8 @@
 /* test_stats.c - the stats as a user reads them: the in-use high-water
  * mark kept as allocations happen (exact without thread caches, within the
  * bound fabpool.h gives with them, never below the true mark), both marks
- * reset by fabpool_reset_peak, and the options in force in the printed
+ * reset by fabpool_reset_peak (also while the pool sleeps: the wake's maps
+ * count), and the options in force in the printed
  * report, text and JSON (a trace path with '"' and '\' escaped; test_tools
  * parses such a report with python3 -m json.tool), and the reports saying
  * whether the in-use mark is exact or an upper bound. */
@@ -125,6 +126,35 @@ static char *report(fabpool_t *p, int json)
 }
 
 /* The options in force, in both reports, the trace path escaped in the JSON. */
+/* Both marks reset while the pool sleeps (it maps nothing then) and the wake maps its chunks again: the mapped
+ * mark follows the wake's maps (exact: each chunk is counted as it is mapped), the counters' mark too, and the
+ * in-use mark keeps the blocks that stayed allocated across the sleep. */
+static void peak_reset_asleep_counts_the_wake(void)
+{
+    fabpool_t *p = t_pool("handle_type:none");
+    if (!p)
+        return;
+    void *a = NULL, *b = NULL;
+    CHECK_OK(fabpool_alloc(p, 24 * MB, &a));
+    CHECK_OK(fabpool_alloc(p, 3000, &b));
+    uint64_t mapped = t_mapped(p);
+    CHECK_OK(fabpool_sleep(p, FABPOOL_SLEEP_OFFLOAD, NULL));
+    CHECK_OK(fabpool_reset_peak(p));
+    fabpool_stats s = t_stats(p);
+    CHECK(s.mapped_bytes == 0 && s.mapped_bytes_peak == 0 && s.in_use_bytes_peak >= 24 * MB + 3000);
+    CHECK_OK(fabpool_wake(p, NULL));
+    s = t_stats(p);
+    fabpool_counters c = t_counters(p);
+    CHECK(s.mapped_bytes == mapped && s.mapped_bytes_peak == mapped && c.mapped_bytes_peak == mapped);
+    CHECK(s.in_use_bytes_peak >= s.in_use_bytes && s.in_use_bytes >= 24 * MB + 3000);
+    if (t_ledger_p)
+        CHECK(t_ledger().bytes_held == (uint64_t)mapped);
+    CHECK_OK(fabpool_free(p, a));
+    CHECK_OK(fabpool_free(p, b));
+    CHECK_OK(fabpool_check(p));
+    CHECK_OK(fabpool_destroy(p));
+}
+
 static void options_in_report(void)
 {
     char dir[128];
@@ -206,6 +236,7 @@ int main(void)
     t_driver_init();
     peak_exact_without_caches();
     peak_bound_with_caches();
+    peak_reset_asleep_counts_the_wake();
     options_in_report();
     peak_labelled();
     return t_done("test_stats");
