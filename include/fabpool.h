@@ -892,7 +892,10 @@ FABPOOL_API fabpool_status fabpool_view_close(fabpool_view_t *view);
  * (a chunk is the same when its offset, size and generation are).  A kept
  * view holds its exporter's memory (POSIX fds) until then: it is closed when
  * keep_ms has passed (at the pool's next view open or release), by
- * fabpool_trim, by sleep and at pool destroy.  With keep_ms 0, and for a
+ * fabpool_trim, by sleep and at pool destroy; not by an out-of-memory retry,
+ * which gives back kept buffers: a kept view's memory is its exporter's, and
+ * closing it frees device memory only where the exporter has let its chunks
+ * go (fabpool_trim then).  With keep_ms 0, and for a
  * view that fabpool_view_open opened (no peer vouched for: no open could
  * take it back), this is fabpool_view_close.  After it, view is refused (the
  * handles paragraph above fabpool_buffer_create): an open that takes the
