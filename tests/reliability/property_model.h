@@ -84,6 +84,25 @@ typedef struct {
 
 enum { OWN_NONE = -3, OWN_OFF = -2 }; /* else the owner stream (-1: NULL) */
 
+/* Released and kept for reuse (keep_ms, fabpool.h): a buffer given up with fabpool_buffer_release, as the model
+ * had it then, and its mapped bytes then; a view given up with fabpool_view_release that a vouched peer opened
+ * (a buffer's view, or a block export's).  Each keeps its window (no other object may overlap it) and maps what
+ * it mapped, counted in fabpool_stats.kept_bytes, until a reuse or an open takes it back or the pool gives it back
+ * (keep_ms passed, a reuse that finds none, trim, an out-of-memory retry for buffers, sleep, pool destroy). */
+#define MAXKEPT 16
+typedef struct {
+    buf_t b;
+    uint64_t live;          /* mapped at the release */
+    fabpool_buffer_t *gone; /* the released handle: refused from then on */
+    uint64_t export_id;     /* its peers are acknowledged by it (fabpool_peers_ack) while it is kept */
+    int expired;            /* keep_ms has passed (the pools' clock moved on): the pool's next drop gives it back */
+} kbuf_t;
+typedef struct {
+    view_t v;               /* v.live: mapped at the release */
+    int block;              /* a block export's view (v.id: the block's) */
+    int expired;
+} kview_t;
+
 typedef struct {
     fabpool_t *p;
     pool_conf c;
@@ -105,6 +124,10 @@ typedef struct {
     int tr_streams;         /* the stream pair was used */
     uint64_t tr_bad_frees;  /* frees of bad pointers: a trace may record them (a free is recorded before it is
                              * checked) */
+    kbuf_t kbuf[MAXKEPT];   /* buffers released and kept */
+    int nkbuf;
+    kview_t kview[MAXKEPT]; /* views released and kept (views of the other pools' buffers and blocks) */
+    int nkview;
 } pool_t;
 
 static pool_t P[NPOOL];
@@ -301,6 +324,127 @@ static inline int same_info(const char *key, const buf_t *b, const fabpool_buffe
 
 static inline void drop_view(int p, int i) { P[p].view[i] = P[p].view[--P[p].nview]; }
 
+/* ------------------------------------------------------------ kept buffers and views */
+
+/* What pool p's kept buffers and views map: fabpool_stats.kept_bytes. */
+static inline uint64_t kept_model(int p)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < P[p].nkbuf; i++)
+        n += P[p].kbuf[i].live;
+    for (int i = 0; i < P[p].nkview; i++)
+        n += P[p].kview[i].v.live;
+    return n;
+}
+
+/* Pool p gives back its kept buffers (bufs) and views (views): every one, or (expired) those past keep_ms. */
+static inline void kept_drop(int p, int bufs, int views, int expired)
+{
+    pool_t *q = &P[p];
+    for (int i = 0; bufs && i < q->nkbuf;)
+        if (!expired || q->kbuf[i].expired)
+            q->kbuf[i] = q->kbuf[--q->nkbuf];
+        else
+            i++;
+    for (int i = 0; views && i < q->nkview;)
+        if (!expired || q->kview[i].expired)
+            q->kview[i] = q->kview[--q->nkview];
+        else
+            i++;
+}
+
+/* Pool p's kept buffers that were exported: their peers acknowledged as gone (fabpool_peers_ack by export id with
+ * UINT64_MAX), as a program does before a sleep once its peers closed their views. */
+static inline void kept_peers_gone(int p)
+{
+    for (int i = 0; i < P[p].nkbuf; i++) {
+        kbuf_t *k = &P[p].kbuf[i];
+        if (!k->b.shared || k->b.acked == UINT64_MAX)
+            continue;
+        fabpool_status st = fabpool_peers_ack(P[p].p, k->export_id, UINT64_MAX);
+        EXPECT(st == FABPOOL_OK, "kept.peers_ack", "fabpool_peers_ack of kept buffer 0x%llx (export id) -> %s: %s",
+               (unsigned long long)k->export_id, fabpool_status_name(st), fabpool_last_error());
+        if (st == FABPOOL_OK)
+            k->b.acked = UINT64_MAX;
+    }
+}
+/* 1 if pool p keeps a buffer that was exported and whose peers may still import it (a sleep is refused) */
+static inline int kept_shared(int p)
+{
+    for (int i = 0; i < P[p].nkbuf; i++)
+        if (P[p].kbuf[i].b.shared && P[p].kbuf[i].b.acked != UINT64_MAX)
+            return 1;
+    return 0;
+}
+
+/* keep_ms passes for every kept buffer and view of every pool: the pools' clock moves on by `ms` (> keep_ms). */
+static inline void kept_expire_all(uint64_t ms)
+{
+    clock_skew_ns += ms * 1000000ull;
+    for (int p = 0; p < NPOOL; p++) {
+        for (int i = 0; i < P[p].nkbuf; i++)
+            P[p].kbuf[i].expired = 1;
+        for (int i = 0; i < P[p].nkview; i++)
+            P[p].kview[i].expired = 1;
+    }
+}
+
+/* A view opened at `base` in pool t by fabpool_view_open_peer: 1 (and the kept view forgotten, *was a copy of it)
+ * if it is a kept view taken back (the same address). */
+static inline int kept_view_taken(int t, uint64_t base, kview_t *was)
+{
+    for (int i = 0; i < P[t].nkview; i++)
+        if (P[t].kview[i].v.base == base) {
+            if (was)
+                *was = P[t].kview[i];
+            P[t].kview[i] = P[t].kview[--P[t].nkview];
+            return 1;
+        }
+    return 0;
+}
+
+/* Whether pool t keeps a view of buffer `id` (not a block's) that an open of its descriptor by the same peer must
+ * take back. */
+static inline int kept_view_of(int t, uint64_t id)
+{
+    for (int i = 0; i < P[t].nkview; i++)
+        if (!P[t].kview[i].block && P[t].kview[i].v.id == id)
+            return 1;
+    return 0;
+}
+
+/* A view of block `id` opened in pool t by a vouched peer (or not): a kept view of the block's chunks that it took
+ * back (its address) is no longer kept. */
+static inline void block_view_opened(int t, fabpool_view_t *v, int vouched)
+{
+    if (vouched)
+        (void)kept_view_taken(t, (uint64_t)(uintptr_t)fabpool_view_ptr(v), NULL);
+}
+
+/* Pool t's view v of block `id` let go: released (kept where a vouched peer opened it and the model has room for
+ * it) or closed. */
+static inline fabpool_status block_view_let_go_as(int t, fabpool_view_t *v, uint64_t id, int vouched, int release)
+{
+    fabpool_buffer_info vi = {.struct_size = sizeof vi};
+    fabpool_view_get_info(v, &vi);
+    release &= !vouched || P[t].nkview < MAXKEPT;
+    fabpool_status st = release ? fabpool_view_release(v) : fabpool_view_close(v);
+    if (st == FABPOOL_OK && release)
+        kept_drop(t, 0, 1, 1); /* a release gives back kept views past keep_ms */
+    if (st == FABPOOL_OK && release && vouched) {
+        kview_t k = {{0}, 1, 0};
+        k.v.id = id;
+        k.v.vid = next_id++;
+        k.v.base = (uint64_t)(uintptr_t)vi.base;
+        k.v.window = vi.max_size;
+        k.v.live = vi.mapped;
+        k.v.vouched = 1;
+        k.v.src_pool = -1;
+        P[t].kview[P[t].nkview++] = k;
+    }
+    return st;
+}
+
 /* ------------------------------------------------------------ exports */
 
 static uint8_t desc[FABPOOL_DESC_HEADER_BYTES + MAXFD * FABPOOL_DESC_RECORD_BYTES];
@@ -359,6 +503,10 @@ static inline fabsim_ledger check_ledger(fabpool_stats S[NPOOL], uint64_t dmabuf
     EXPECT(L.dmabuf_fds == dmabufs, "ledger.dmabuf_fds", "the sim counts %llu dma-buf fds, the test holds %llu",
            (unsigned long long)L.dmabuf_fds, (unsigned long long)dmabufs);
     for (int p = 0; p < NPOOL; p++) {
+        EXPECT(S[p].kept_bytes == kept_model(p) && S[p].kept_bytes <= S[p].mapped_bytes, "kept.bytes", "pool %d "
+               "says %llu bytes kept for reuse (of %llu mapped); its %d kept buffers and %d kept views mapped %llu at "
+               "their release", p, (unsigned long long)S[p].kept_bytes, (unsigned long long)S[p].mapped_bytes,
+               P[p].nkbuf, P[p].nkview, (unsigned long long)kept_model(p));
         EXPECT(S[p].blocks == (uint64_t)P[p].nblk + S[p].stream_pending_blocks, "stats.blocks", "pool %d says %llu "
                "blocks live (%llu of them pending on streams), the test holds %d", p, (unsigned long long)S[p].blocks,
                (unsigned long long)S[p].stream_pending_blocks, P[p].nblk);
@@ -403,7 +551,7 @@ static inline void check_ledger_empty(void)
  * and blocks pending on a held stream (the owner's freed blocks may hold the owner's new ones). */
 static inline void check_overlap(int full)
 {
-    static ival_t iv[NPOOL * (MAXBLK + MAXBUF + MAXVIEW) + MAXREC + MAXPEND];
+    static ival_t iv[NPOOL * (MAXBLK + MAXBUF + MAXVIEW + 2 * MAXKEPT) + MAXREC + MAXPEND];
     int n = 0;
     for (int p = 0; p < NPOOL; p++) {
         pool_t *q = &P[p];
@@ -414,6 +562,12 @@ static inline void check_overlap(int full)
             iv[n++] = (ival_t){q->buf[i].base, q->buf[i].base + q->buf[i].window, "buffer window", q->buf[i].id};
         for (int i = 0; i < q->nview; i++)
             iv[n++] = (ival_t){q->view[i].base, q->view[i].base + q->view[i].window, "view window", q->view[i].vid};
+        for (int i = 0; i < q->nkbuf; i++)
+            iv[n++] = (ival_t){q->kbuf[i].b.base, q->kbuf[i].b.base + q->kbuf[i].b.window, "kept buffer window",
+                               q->kbuf[i].b.id};
+        for (int i = 0; i < q->nkview; i++)
+            iv[n++] = (ival_t){q->kview[i].v.base, q->kview[i].v.base + q->kview[i].v.window, "kept view window",
+                               q->kview[i].v.vid};
     }
     for (int i = 0; i < nrec; i++)
         if (rec[i].destroyed) /* (retirements of one destroyed buffer may repeat each other) */
@@ -441,6 +595,8 @@ static inline void trim_pool(int p)
     snprintf(cur_what, sizeof cur_what, "pool %d, keep %zu", p, keep);
     fabpool_status st = fabpool_trim(P[p].p, keep);
     EXPECT_OK(st, "trim", "fabpool_trim");
+    if (st == FABPOOL_OK)
+        kept_drop(p, 1, 1, 0); /* whatever keep says: kept buffers and views are given back */
 }
 
 static inline void flush_thread_cache(int p)

@@ -750,6 +750,9 @@ static void op_view_open(int p)
     view_t v;
     memset(&v, 0, sizeof v);
     v.vouched = chance(75); /* the peer is this process */
+    if (v.vouched && P[t].nkview)
+        kept_drop(t, 0, 1, 1); /* an open of a vouched peer gives back kept views past keep_ms first */
+    int due = v.vouched && kept_view_of(t, b->id);
     st = v.vouched ? fabpool_view_open_peer(P[t].p, getpid(), desc, len, mine, nfds, &v.h)
                    : fabpool_view_open(P[t].p, desc, len, mine, nfds, &v.h);
     EXPECT_OK(st, "view_open", v.vouched ? "fabpool_view_open_peer" : "fabpool_view_open");
@@ -762,6 +765,15 @@ static void op_view_open(int p)
     v.vid = next_id++;
     v.window = b->window;
     v.base = (uint64_t)(uintptr_t)fabpool_view_ptr(v.h);
+    if (v.vouched) { /* a kept view of the buffer is taken back (its address), and only then */
+        kview_t was;
+        int took = kept_view_taken(t, v.base, &was);
+        EXPECT(took == due && (!took || (was.v.id == b->id && !was.block)), "view_open.kept", "pool %c opened "
+               "buffer %llu at 0x%llx: %s", 'A' + t, (unsigned long long)b->id, (unsigned long long)v.base,
+               due ? "not at a kept view of it" : "at a kept view, none of it was due");
+        if (took)
+            v.vid = was.v.vid;
+    }
     v.live = bi.mapped;
     v.gen = bi.generation;
     v.src_size = b->size;
@@ -845,98 +857,106 @@ static void op_view_apply(int p)
     check_view(v, -1);
 }
 
-/* HybridEP's free + allocate of a buffer: released and reused at once, the same buffer at the same base comes
- * back, resized as fabpool_buffer_resize would (its data below the smaller size stays).  Its peers, if any, are
- * acknowledged first (fabric: no peer may still import a released buffer). */
-static void op_buffer_release_reuse(int p)
+/* HybridEP's free of a buffer: fabpool_buffer_release keeps it (keep_ms) for a later fabpool_buffer_reuse, which
+ * the steps between may meet: other operations, trim, sleep, an out-of-memory retry, keep_ms passing, the pool's
+ * destroy.  Its peers, if any, are acknowledged first (fabric: no peer may still import a released buffer).  The
+ * released handle is refused from then on; the pool's kept_bytes counts what it maps (check_ledger). */
+static int can_release(int p)
 {
-    fabpool_status st;
-    buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
-    if (b->broken)
-        return;
+    if (P[p].nkbuf >= MAXKEPT)
+        return 0;
+    for (int i = 0; i < P[p].nbuf; i++)
+        if (!P[p].buf[i].broken && (!P[p].buf[i].shared || P[p].buf[i].acked >= binfo(&P[p].buf[i]).generation))
+            return 1;
+    return 0;
+}
+static void op_buffer_release(int p)
+{
+    int i = (int)below((uint64_t)P[p].nbuf);
+    while (P[p].buf[i].broken || (P[p].buf[i].shared && P[p].buf[i].acked < binfo(&P[p].buf[i]).generation))
+        i = (i + 1) % P[p].nbuf;
+    buf_t *b = &P[p].buf[i];
     fabpool_buffer_info before = binfo(b);
-    if (b->shared && b->acked < before.generation)
-        return;
-    size_t old = b->size, sz = buf_size(b->window);
-    int s = stream_choice();
-    snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu released, reused %zu -> %zu, stream %s%s", 'A' + p,
-             (unsigned long long)b->id, old, sz, stream_name(s), b->shared ? ", exported and acked" : "");
-    st = fabpool_buffer_release(b->h);
+    snprintf(cur_what, sizeof cur_what, "pool %c, buffer %llu (size %zu, mapped %zu)%s, %d kept before", 'A' + p,
+             (unsigned long long)b->id, b->size, before.mapped, b->shared ? ", exported and acked" : "", P[p].nkbuf);
+    check_buf(b, -1);
+    fabpool_status st = fabpool_buffer_release(b->h);
     EXPECT_OK(st, "buffer_release", "fabpool_buffer_release");
     if (st != FABPOOL_OK)
         return;
-    fabpool_buffer_t *r = NULL;
-    st = fabpool_buffer_reuse(P[p].p, sz, stream_ptr(s), &r);
-    EXPECT_OK(st, "buffer_reuse", "fabpool_buffer_reuse");
-    /* the released buffer under a new handle, at its address; the released handle stays refused */
-    int same = st == FABPOOL_OK && r != b->h && (uint64_t)(uintptr_t)fabpool_buffer_ptr(r) == b->base &&
-               !fabpool_buffer_ptr(b->h);
-    EXPECT(st != FABPOOL_OK || same, "buffer_reuse.same", "the reuse gave buffer %p at %p, the released one was %p "
-           "at 0x%llx", (void *)r, r ? fabpool_buffer_ptr(r) : NULL, (void *)b->h, (unsigned long long)b->base);
-    if (!same) {
-        b->broken = 1; /* the model no longer knows it */
-        return;
-    }
-    b->h = r;
-    b->size = sz;
-    after_resize(p, b, &before, old, s);
+    kept_drop(p, 1, 0, 1); /* a release gives back those past keep_ms */
+    fabpool_buffer_t *gone = b->h;
+    fabpool_status again = fabpool_buffer_resize(gone, 1, NULL);
+    EXPECT(!fabpool_buffer_ptr(gone) && again == FABPOOL_ERR_INVALID_ARG && fabpool_buffer_get_info(gone, &(
+               fabpool_buffer_info){.struct_size = sizeof(fabpool_buffer_info)}) == FABPOOL_ERR_INVALID_ARG,
+           "buffer_release.handle", "the released handle %p still answers: ptr %p, resize -> %s", (void *)gone,
+           fabpool_buffer_ptr(gone), fabpool_status_name(again));
+    P[p].kbuf[P[p].nkbuf++] = (kbuf_t){*b, before.mapped, gone, before.export_id, 0};
+    P[p].buf[i] = P[p].buf[--P[p].nbuf];
 }
 
-/* A view released and opened again from its buffer's full descriptor: the same view at the same address, which
- * imports only the chunks it lacks. */
-static void op_view_release_reopen(int p)
+/* fabpool_buffer_reuse: the kept buffer whose window holds the size and whose mapped bytes are nearest to it
+ * comes back at its base under a new handle, resized as fabpool_buffer_resize would from the size it was released
+ * with (its data below the smaller of the two stays); none fits: FABPOOL_ERR_NOT_FOUND, and every kept buffer
+ * of the pool is given back. */
+static int can_reuse(int p) { return P[p].nbuf < MAXBUF; }
+static void op_buffer_reuse(int p)
 {
-    fabpool_status st;
-    int i = (int)below((uint64_t)P[p].nview), sp;
-    view_t *v = &P[p].view[i];
-    buf_t *b = find_buf(v->id, &sp);
-    if (!b || v->broken || b->broken)
+    kept_drop(p, 1, 0, 1); /* a reuse gives back those past keep_ms first */
+    uint64_t win = P[p].nkbuf ? P[p].kbuf[below((uint64_t)P[p].nkbuf)].b.window : 128 * MB;
+    size_t sz = chance(85) ? buf_size(win) : (size_t)logsize(1, 128 * MB);
+    int s = stream_choice(), best = -1;
+    uint64_t best_d = UINT64_MAX;
+    for (int k = 0; k < P[p].nkbuf; k++) {
+        uint64_t live = P[p].kbuf[k].live, d = live > sz ? live - sz : sz - live;
+        if (P[p].kbuf[k].b.window >= sz && d < best_d)
+            best = k, best_d = d;
+    }
+    snprintf(cur_what, sizeof cur_what, "pool %c, %zu bytes, stream %s, %d kept%s", 'A' + p, sz, stream_name(s),
+             P[p].nkbuf, best < 0 ? ", none fits" : "");
+    fabpool_buffer_t *r = NULL;
+    fabpool_status st = fabpool_buffer_reuse(P[p].p, sz, stream_ptr(s), &r);
+    if (best < 0) {
+        EXPECT(st == FABPOOL_ERR_NOT_FOUND && !r, "buffer_reuse.miss", "no kept buffer's window holds %zu bytes, "
+               "the reuse answered %s (%p)", sz, fabpool_status_name(st), (void *)r);
+        if (st == FABPOOL_OK)
+            (void)fabpool_buffer_destroy(r, NULL);
+        kept_drop(p, 1, 0, 0); /* a miss gives every kept buffer back */
         return;
-    fabpool_buffer_info bi = binfo(b);
-    snprintf(cur_what, sizeof cur_what, "pool %c, view of buffer %llu released and opened again (gen %llu -> %llu)",
-             'A' + p, (unsigned long long)b->id, (unsigned long long)v->gen, (unsigned long long)bi.generation);
-    size_t len, nfds;
-    st = do_export(sp, b, 0, &len, &nfds);
-    EXPECT_OK(st, "view_reopen.export", "fabpool_buffer_export(since 0)");
+    }
+    EXPECT_OK(st, "buffer_reuse", "fabpool_buffer_reuse");
     if (st != FABPOOL_OK)
         return;
-    uint64_t kept0 = t_stats(P[p].p).kept_bytes;
-    st = fabpool_view_release(v->h);
-    EXPECT_OK(st, "view_release", "fabpool_view_release");
-    /* a view no peer was vouched for is closed: nothing kept that no open could take back */
-    EXPECT(v->vouched || t_stats(P[p].p).kept_bytes == kept0, "view_release.unvouched_kept", "a view opened with "
-           "fabpool_view_open was kept (%llu bytes kept, %llu before)",
-           (unsigned long long)t_stats(P[p].p).kept_bytes, (unsigned long long)kept0);
-    fabpool_view_t *h = NULL;
-    st = fabpool_view_open_peer(P[p].p, getpid(), desc, len, mine, nfds, &h);
-    EXPECT_OK(st, "view_reopen", "fabpool_view_open_peer");
-    if (chance(75))
-        fabpool_buffer_export_done(b->h);
-    /* the kept view under a new handle, at its address; the released handle stays refused */
-    int same = st == FABPOOL_OK && h != v->h && (uint64_t)(uintptr_t)fabpool_view_ptr(h) == v->base &&
-               !fabpool_view_ptr(v->h);
-    EXPECT(st != FABPOOL_OK || !v->vouched || same, "view_reopen.same", "the open gave view %p at %p, the released "
-           "one was %p at 0x%llx", (void *)h, h ? fabpool_view_ptr(h) : NULL, (void *)v->h,
-           (unsigned long long)v->base);
-    if (same && v->vouched)
-        v->h = h;
-    if (st == FABPOOL_OK && !v->vouched) { /* closed at its release: this one is a view afresh, the peer's */
-        v->h = h;
-        v->base = (uint64_t)(uintptr_t)fabpool_view_ptr(h);
-        v->vouched = 1;
-    }
-    if (st != FABPOOL_OK || h != v->h) {
-        if (st == FABPOOL_OK)
-            (void)fabpool_view_close(h);
-        drop_view(p, i); /* the released view goes with the pool's next trim or its destroy */
+    uint64_t at = (uint64_t)(uintptr_t)fabpool_buffer_ptr(r);
+    int k = 0;
+    while (k < P[p].nkbuf && P[p].kbuf[k].b.base != at)
+        k++;
+    kbuf_t *e = &P[p].kbuf[k];
+    uint64_t d = k < P[p].nkbuf ? (e->live > sz ? e->live - sz : sz - e->live) : UINT64_MAX;
+    EXPECT(k < P[p].nkbuf && d == best_d && e->b.window >= sz && r != e->gone && !fabpool_buffer_ptr(e->gone),
+           "buffer_reuse.best_fit", "the reuse of %zu bytes gave %p at 0x%llx: %s (the nearest kept buffer maps %llu "
+           "bytes from that size)", sz, (void *)r, (unsigned long long)at, k == P[p].nkbuf ? "no kept buffer is there" :
+           d != best_d ? "not the nearest kept buffer" : "its released handle answers, or it is the same handle",
+           (unsigned long long)best_d);
+    if (k == P[p].nkbuf) {
+        (void)fabpool_buffer_destroy(r, NULL);
         return;
     }
-    v->gen = bi.generation;
-    v->live = bi.mapped;
-    v->src_size = b->size;
-    check_view(v, -1);
-    /* the view maps the buffer's memory now, not memory it mapped before at the same offsets (the points hold the
-     * same values in both): a word written through the buffer reads back through the view */
+    buf_t b = e->b;
+    fabpool_buffer_info before = {.struct_size = sizeof before, .size = b.size, .mapped = (size_t)e->live};
+    size_t old = b.size;
+    P[p].kbuf[k] = P[p].kbuf[--P[p].nkbuf];
+    b.h = r;
+    b.size = sz;
+    b.hyst_stream = -1;
+    P[p].buf[P[p].nbuf++] = b;
+    after_resize(p, &P[p].buf[P[p].nbuf - 1], &before, old, s);
+}
+
+/* The view reads its buffer's memory, not memory it mapped before at the same offsets (the points hold the same
+ * values in both): a word written through the buffer reads back through the view. */
+static void view_reads_buffer(const view_t *v, const buf_t *b)
+{
     uint64_t at = (b->size - 8) & ~(uint64_t)7, was = 0, token = 0x5eedull << 32 | (uint32_t)next_id++, seen = 0;
     if (b->size >= 8 && cuMemcpyDtoH(&was, (CUdeviceptr)(b->base + at), 8) == CUDA_SUCCESS &&
         cuMemcpyHtoD((CUdeviceptr)(b->base + at), &token, 8) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS) {
@@ -947,6 +967,194 @@ static void op_view_release_reopen(int p)
         cuMemcpyHtoD((CUdeviceptr)(b->base + at), &was, 8);
         cuCtxSynchronize();
     }
+}
+
+/* fabpool_view_release of one of pool t's views: one a vouched peer opened is kept (keep_ms) for a later open of
+ * the same buffer's descriptor, meanwhile meeting the exporter's resizes, exports and destroy and the importer's
+ * sleep and trim; one fabpool_view_open opened is closed.  The released handle is refused. */
+static int can_release_view(int t)
+{
+    for (int i = 0; i < P[t].nview; i++)
+        if (!P[t].view[i].broken)
+            return P[t].nkview < MAXKEPT;
+    return 0;
+}
+static int view_release_pick = -1; /* the view op_view_release takes (-1: one at random) */
+static void op_view_release(int t)
+{
+    int i = (int)below((uint64_t)P[t].nview);
+    while (P[t].view[i].broken)
+        i = (i + 1) % P[t].nview;
+    if (view_release_pick >= 0)
+        i = view_release_pick;
+    view_t *v = &P[t].view[i];
+    fabpool_buffer_info vi = {.struct_size = sizeof vi};
+    fabpool_view_get_info(v->h, &vi);
+    snprintf(cur_what, sizeof cur_what, "pool %c, view of buffer %llu%s (mapped %zu)%s", 'A' + t,
+             (unsigned long long)v->id, find_buf(v->id, NULL) ? "" : " (not live)", vi.mapped,
+             v->vouched ? ", a vouched peer's" : ", not vouched for: closed");
+    check_view(v, -1);
+    fabpool_status st = fabpool_view_release(v->h);
+    EXPECT_OK(st, "view_release", "fabpool_view_release");
+    if (st != FABPOOL_OK)
+        return;
+    EXPECT(!fabpool_view_ptr(v->h) && fabpool_view_close(v->h) == FABPOOL_ERR_INVALID_ARG, "view_release.handle",
+           "the released view's handle %p still answers", (void *)v->h);
+    kept_drop(t, 0, 1, 1); /* a release gives back those past keep_ms */
+    EXPECT(vi.mapped == v->live, "view_release.info", "view of buffer %llu maps %zu bytes, the model %llu",
+           (unsigned long long)v->id, vi.mapped, (unsigned long long)v->live);
+    if (v->vouched)
+        P[t].kview[P[t].nkview++] = (kview_t){*v, 0, 0};
+    drop_view(t, i);
+}
+
+/* fabpool_view_open_peer of a buffer whose view pool t keeps: the kept view comes back at its address under a new
+ * handle, imports only the chunks it lacks, and reads the buffer's data now (a kept view past keep_ms is closed
+ * first: a view afresh). */
+static int can_take_back(int t)
+{
+    for (int i = 0; i < P[t].nkview; i++)
+        if (!P[t].kview[i].block && find_buf(P[t].kview[i].v.id, NULL) && !find_buf(P[t].kview[i].v.id, NULL)->broken)
+            return P[t].nview < MAXVIEW;
+    return 0;
+}
+/* a vouched peer's view of a live buffer, to release first where no kept view can be taken back; -1: none */
+static int releasable_view(int t)
+{
+    for (int i = 0; i < P[t].nview && P[t].nkview < MAXKEPT; i++) {
+        buf_t *b = find_buf(P[t].view[i].id, NULL);
+        if (P[t].view[i].vouched && !P[t].view[i].broken && b && !b->broken)
+            return i;
+    }
+    return -1;
+}
+static int can_reopen(int t) { return can_take_back(t) || releasable_view(t) >= 0; }
+static void op_view_reopen(int t)
+{
+    if (!can_take_back(t)) { /* released in this step */
+        view_release_pick = releasable_view(t);
+        op_view_release(t);
+        view_release_pick = -1;
+        if (!can_take_back(t))
+            return;
+    }
+    int i = (int)below((uint64_t)P[t].nkview), sp;
+    buf_t *b;
+    while (P[t].kview[i].block || !(b = find_buf(P[t].kview[i].v.id, &sp)) || b->broken)
+        i = (i + 1) % P[t].nkview;
+    fabpool_buffer_info bi = binfo(b);
+    snprintf(cur_what, sizeof cur_what, "pool %c, kept view of buffer %llu of pool %c opened again (gen %llu -> %llu)%s",
+             'A' + t, (unsigned long long)b->id, 'A' + sp, (unsigned long long)P[t].kview[i].v.gen,
+             (unsigned long long)bi.generation, P[t].kview[i].expired ? ", past keep_ms" : "");
+    size_t len, nfds;
+    fabpool_status st = do_export(sp, b, 0, &len, &nfds);
+    EXPECT_OK(st, "view_reopen.export", "fabpool_buffer_export(since 0)");
+    if (st != FABPOOL_OK)
+        return;
+    kept_drop(t, 0, 1, 1); /* an open gives back those past keep_ms first */
+    int due = kept_view_of(t, b->id);
+    view_t v = {0};
+    st = fabpool_view_open_peer(P[t].p, getpid(), desc, len, mine, nfds, &v.h);
+    EXPECT_OK(st, "view_reopen", "fabpool_view_open_peer");
+    if (chance(75))
+        fabpool_buffer_export_done(b->h);
+    if (st != FABPOOL_OK)
+        return;
+    kview_t was;
+    uint64_t at = (uint64_t)(uintptr_t)fabpool_view_ptr(v.h);
+    int took = kept_view_taken(t, at, &was);
+    EXPECT(took == due && (!took || (was.v.id == b->id && !was.block && v.h != was.v.h && !fabpool_view_ptr(was.v.h))),
+           "view_reopen.same", "the open of buffer %llu's descriptor gave view %p at 0x%llx: %s", (unsigned long long)b->id,
+           (void *)v.h, (unsigned long long)at, due ? "not a kept view of it, or under its released handle" :
+           "a kept view although none of it was due");
+    if (took) {
+        fabpool_view_t *h = v.h;
+        v = was.v;
+        v.h = h;
+    } else {
+        v.src_pool = sp;
+        v.id = b->id;
+        v.vid = next_id++;
+        v.window = b->window;
+        v.base = at;
+        memcpy(v.pts, b->pts, sizeof v.pts);
+    }
+    v.vouched = 1;
+    v.gen = bi.generation;
+    v.live = bi.mapped;
+    v.src_size = b->size;
+    fabpool_buffer_info vi = {.struct_size = sizeof vi};
+    fabpool_view_get_info(v.h, &vi);
+    EXPECT(vi.generation == v.gen && vi.mapped == v.live, "view_reopen.info", "view of buffer %llu: generation %llu, "
+           "mapped %zu; the buffer %llu, %llu", (unsigned long long)b->id, (unsigned long long)vi.generation,
+           vi.mapped, (unsigned long long)v.gen, (unsigned long long)v.live);
+    P[t].view[P[t].nview++] = v;
+    check_view(&P[t].view[P[t].nview - 1], -1);
+    view_reads_buffer(&v, b);
+}
+
+/* keep_ms passes (the pools' clock moves on), then a call that gives back what is kept past it: a collect (every
+ * kept buffer and view), a release or a reuse (kept buffers), a view release (kept views); then each pool's collect
+ * gives back the rest. */
+static void op_keep_expire(int p)
+{
+    kept_expire_all(600000 + 1000);
+    int how = (int)below(4);
+    snprintf(cur_what, sizeof cur_what, "pool %c: %d buffers and %d views kept, keep_ms passes, then %s", 'A' + p,
+             P[p].nkbuf, P[p].nkview, how == 1 ? "a buffer release" : how == 2 ? "a reuse" : how == 3 ?
+             "a view release" : "a collect");
+    if (how == 1 && can_release(p))
+        op_buffer_release(p);
+    else if (how == 2 && P[p].nbuf < MAXBUF)
+        op_buffer_reuse(p);
+    else if (how == 3 && can_release_view(p))
+        op_view_release(p);
+    for (int k = 0; k < NPOOL; k++) {
+        int q = (p + k) % NPOOL;
+        fabpool_status st = fabpool_collect(P[q].p, 0);
+        EXPECT_OK(st, "collect", "fabpool_collect after keep_ms passed");
+        kept_drop(q, 1, 1, 1);
+    }
+}
+
+/* An out-of-memory retry meets kept buffers: every cuMemCreate answers CUDA_ERROR_OUT_OF_MEMORY while pool p
+ * allocates a block larger than its cache may hold, or grows a buffer.  Where the call needed new memory it fails
+ * (FABPOOL_ERR_OUT_OF_MEMORY, the buffer as it was) and its retry gave the kept buffers back (not the kept views:
+ * their memory is the exporter's); where it did not, it succeeds and nothing kept goes. */
+static int has_kept_buf(int p) { return P[p].nblk < MAXBLK; }
+static void op_oom(int p)
+{
+    int grow = P[p].nbuf > 0 && chance(50);
+    buf_t *b = grow ? &P[p].buf[below((uint64_t)P[p].nbuf)] : NULL;
+    size_t sz = grow ? (size_t)b->window : (size_t)(80 * MB + below(16 * MB));
+    snprintf(cur_what, sizeof cur_what, "pool %c, %d buffers kept, %s %zu bytes, cuMemCreate out of memory", 'A' + p,
+             P[p].nkbuf, grow ? "a buffer grown to" : "fabpool_alloc of", sz);
+    if (grow && (b->broken || b->size >= sz))
+        return;
+    fabpool_buffer_info before = grow ? binfo(b) : (fabpool_buffer_info){0};
+    blk_t nb = {NULL, sz, 0, next_id++, 0};
+    fault_set("cuMemCreate", 1, 1, CUDA_ERROR_OUT_OF_MEMORY);
+    fabpool_status st = grow ? fabpool_buffer_resize(b->h, sz, NULL) : fabpool_alloc(P[p].p, sz, &nb.p);
+    fault_clear();
+    EXPECT(st == FABPOOL_OK || st == FABPOOL_ERR_OUT_OF_MEMORY, "oom", "%s with every cuMemCreate out of memory -> "
+           "%s: %s", grow ? "fabpool_buffer_resize" : "fabpool_alloc", fabpool_status_name(st), fabpool_last_error());
+    if (!grow && P[p].own >= -1)
+        P[p].own = OWN_OFF; /* fabpool_alloc ends the owner mode */
+    if (st != FABPOOL_OK) {
+        kept_drop(p, 1, 0, 0);
+        if (grow)
+            same_info("oom.changed", b, &before);
+        return;
+    }
+    if (grow) {
+        size_t old = b->size;
+        b->size = sz;
+        after_resize(p, b, &before, old, -1);
+        return;
+    }
+    fabpool_usable_size(P[p].p, nb.p, &nb.usable);
+    write_blk(&nb);
+    P[p].blk[P[p].nblk++] = nb;
 }
 
 static void op_collect(int p)
@@ -988,6 +1196,7 @@ static uint64_t sleep_fault_arm(int p, uint64_t nth, int every)
 {
     EXPECT_OK(fabpool_collect(P[p].p, 1), "collect", "fabpool_collect(wait) before a sleep");
     EXPECT_OK(fabpool_trim(P[p].p, 0), "trim", "fabpool_trim(0) before a sleep");
+    kept_drop(p, 1, 1, 0);
     uint64_t c0 = sim_calls("cuMemUnmap");
     fault_set("cuMemUnmap", nth, every, CUDA_ERROR_UNKNOWN);
     return c0;
@@ -1053,12 +1262,14 @@ static void op_sleep_wake(int p)
                 if (st == FABPOOL_OK)
                     P[p].buf[i].acked = UINT64_MAX;
             }
+        kept_peers_gone(p);
     }
     int must = 1; /* no exported buffer, no destroyed one waiting for its peers: sleep must work */
     for (i = 0; i < P[p].nbuf; i++)
         must &= !P[p].buf[i].shared || P[p].buf[i].acked == UINT64_MAX;
     for (i = 0; i < ndead; i++)
         must &= dead[i].pool != p;
+    must &= !kept_shared(p);
     fabpool_sleep_mode mode = chance(35) ? FABPOOL_SLEEP_DISCARD : FABPOOL_SLEEP_OFFLOAD;
     int fault = must && chance(40), every = chance(50) ? 1 : 2;
     uint64_t nth = 1 + below(6), c0 = 0;
@@ -1088,6 +1299,7 @@ static void op_sleep_wake(int p)
         n_sleep_busy++;
         return;
     }
+    kept_drop(p, 1, 1, 0); /* a sleep gives back what was kept for reuse, whatever it answers but BUSY */
     EXPECT_OK(st, "sleep", mode == FABPOOL_SLEEP_OFFLOAD ? "fabpool_sleep(offload)" : "fabpool_sleep(discard)");
     if (st != FABPOOL_OK)
         return;
@@ -1178,6 +1390,7 @@ static void op_block_export(int p)
     EXPECT_OK(st, "block_export.view_open", vouched ? "fabpool_view_open_peer" : "fabpool_view_open");
     if (st != FABPOOL_OK)
         return;
+    block_view_opened(t, v, vouched);
     uint64_t at = (uint64_t)(uintptr_t)fabpool_view_ptr(v) + off, pts[NPTS], tag = pat(next_id++, 0), got = 0;
     blk_points(b, pts);
     check_points("block_export.data", "block (read through a view of its export)", b->id, at, pts, 0, b->usable, -1);
@@ -1187,7 +1400,7 @@ static void op_block_export(int p)
               "0x%llx, wrote 0x%llx)", (unsigned long long)b->id, b->p, (unsigned long long)got,
               (unsigned long long)tag);
     write_blk(b);
-    st = chance(50) ? fabpool_view_release(v) : fabpool_view_close(v);
+    st = block_view_let_go_as(t, v, b->id, vouched, chance(50));
     EXPECT_OK(st, "block_export.let_go", "fabpool_view_release / fabpool_view_close of a block's view");
 }
 
@@ -1266,11 +1479,15 @@ static const op_def ops[] = {
     {"buffer_export", 5, has_buf, op_export},
     {"buffer_export_done", 4, has_buf, export_done},
     {"buffer_peers_ack", 6, has_shared, op_peers_ack},
-    {"view_open", 5, can_open, op_view_open},
-    {"view_apply", 7, has_appliable, op_view_apply},
-    {"view_close", 3, has_view, close_view},
-    {"buffer_release_reuse", 4, has_buf, op_buffer_release_reuse},
-    {"view_release_reopen", 6, has_appliable, op_view_release_reopen},
+    {"view_open", 6, can_open, op_view_open},
+    {"view_apply", 8, has_appliable, op_view_apply},
+    {"view_close", 5, has_view, close_view},
+    {"buffer_release", 6, can_release, op_buffer_release},
+    {"buffer_reuse", 6, can_reuse, op_buffer_reuse},
+    {"view_release", 6, can_release_view, op_view_release},
+    {"view_reopen", 8, can_reopen, op_view_reopen},
+    {"keep_expire", 3, always, op_keep_expire},
+    {"oom_retry", 3, has_kept_buf, op_oom},
     {"trim", 3, always, trim_pool},
     {"collect", 5, always, op_collect},
     {"thread_flush", 3, always, flush_thread_cache},
@@ -1410,12 +1627,16 @@ static void teardown(void)
             q->blk[0] = q->blk[--q->nblk];
         }
     }
+    int trimmed[NPOOL] = {0};
     for (int p = 0; p < NPOOL; p++) {
         ack_dead(p, P[p].p);
         fabpool_status st = fabpool_collect(P[p].p, 1);
         EXPECT_OK(st, "teardown.collect", "fabpool_collect(wait)");
-        st = fabpool_trim(P[p].p, 0);
-        EXPECT_OK(st, "teardown.trim", "fabpool_trim(0)");
+        if ((trimmed[p] = chance(50))) { /* else the pools' destroy meets what is kept, and the cache */
+            st = fabpool_trim(P[p].p, 0);
+            EXPECT_OK(st, "teardown.trim", "fabpool_trim(0)");
+            kept_drop(p, 1, 1, 0);
+        }
     }
     check_step(1);
     for (int p = 0; p < NPOOL; p++) {
@@ -1426,9 +1647,11 @@ static void teardown(void)
         fabpool_get_stats(P[p].p, &s);
         EXPECT(s.stream_pending_blocks == 0, "teardown.stream_pending", "pool %c: %llu blocks still pending on "
                "streams after collect(wait)", 'A' + p, (unsigned long long)s.stream_pending_blocks);
-        EXPECT(excused || (s.mapped_bytes == 0 && s.buffers == 0 && s.retiring_bytes == 0), "teardown.leak",
-               "pool %c: %llu bytes mapped, %llu retiring and %llu buffers left after everything was freed, "
-               "collect(wait) and trim(0)", 'A' + p, (unsigned long long)s.mapped_bytes,
+        EXPECT(excused || ((trimmed[p] ? s.mapped_bytes == 0 : s.mapped_bytes >= kept_model(p)) && s.buffers == 0 &&
+                           s.retiring_bytes == 0),
+               "teardown.leak", "pool %c: %llu bytes mapped (%llu kept for reuse), %llu retiring and %llu buffers "
+               "left after everything was freed, collect(wait) and trim(0) or not", 'A' + p,
+               (unsigned long long)s.mapped_bytes, (unsigned long long)kept_model(p),
                (unsigned long long)s.retiring_bytes, (unsigned long long)s.buffers);
     }
     for (int p = 0; p < NPOOL; p++)
