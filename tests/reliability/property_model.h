@@ -377,6 +377,21 @@ static inline int kept_shared(int p)
     return 0;
 }
 
+/* Buffer b may be released: its model is sound, and its peers (if exported) acked its generation (fabric: no peer
+ * may still import a released buffer). */
+static inline int buf_releasable(const buf_t *b)
+{
+    return !b->broken && (!b->shared || b->acked >= binfo(b).generation);
+}
+/* Pool p has a buffer to release and room to keep it. */
+static inline int has_releasable(int p)
+{
+    for (int i = 0; i < P[p].nbuf && P[p].nkbuf < MAXKEPT; i++)
+        if (buf_releasable(&P[p].buf[i]))
+            return 1;
+    return 0;
+}
+
 /* keep_ms passes for every kept buffer and view of every pool: the pools' clock moves on by `ms` (> keep_ms). */
 static inline void kept_expire_all(uint64_t ms)
 {
@@ -580,6 +595,36 @@ static inline void check_overlap(int full)
 }
 
 
+/* The view reads its buffer's memory, not memory it mapped before at the same offsets (the points hold the same
+ * values in both): a word written through the buffer reads back through the view. */
+static inline void view_reads_buffer(const view_t *v, const buf_t *b)
+{
+    uint64_t at = (b->size - 8) & ~(uint64_t)7, was = 0, token = 0x5eedull << 32 | (uint32_t)next_id++, seen = 0;
+    if (b->size >= 8 && cuMemcpyDtoH(&was, (CUdeviceptr)(b->base + at), 8) == CUDA_SUCCESS &&
+        cuMemcpyHtoD((CUdeviceptr)(b->base + at), &token, 8) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS) {
+        cuMemcpyDtoH(&seen, (CUdeviceptr)(v->base + at), 8);
+        EXPECT(seen == token, "view_reopen.stale", "view of buffer %llu reads %llx at +%llu where the buffer holds %llx "
+               "(it kept a chunk the buffer no longer maps)", (unsigned long long)b->id, (unsigned long long)seen,
+               (unsigned long long)at, (unsigned long long)token);
+        cuMemcpyHtoD((CUdeviceptr)(b->base + at), &was, 8);
+        cuCtxSynchronize();
+    }
+}
+
+/* the most mapped_bytes each pool had at a step since its creation or its last fabpool_reset_peak */
+static uint64_t peak_seen[NPOOL];
+
+/* Pool p's high-water marks (in s, its stats now) are at least what the steps saw since its last reset. */
+static inline void check_peak(int p, const fabpool_stats *s)
+{
+    if (s->mapped_bytes > peak_seen[p])
+        peak_seen[p] = s->mapped_bytes;
+    EXPECT(s->mapped_bytes_peak >= peak_seen[p] && s->in_use_bytes_peak >= s->in_use_bytes, "peak.below",
+           "pool %d: mapped_bytes_peak %llu, but it mapped %llu since the last reset; in use %llu, peak %llu", p,
+           (unsigned long long)s->mapped_bytes_peak, (unsigned long long)peak_seen[p],
+           (unsigned long long)s->in_use_bytes, (unsigned long long)s->in_use_bytes_peak);
+}
+
 /* ------------------------------------------------------------ operations both tables hold */
 
 static inline int has_blk(int p) { return P[p].nblk > 0; }
@@ -613,6 +658,23 @@ static inline void export_done(int p)
     snprintf(cur_what, sizeof cur_what, "pool %d, buffer %llu", p, (unsigned long long)b->id);
     fabpool_status st = fabpool_buffer_export_done(b->h);
     EXPECT_OK(st, "export_done", "fabpool_buffer_export_done");
+}
+
+/* fabpool_reset_peak: both marks start again from now (the calling thread's cached blocks back in their classes:
+ * this test's only thread); check_step holds the mapped mark to what it saw since. */
+static inline void reset_peak_pool(int p)
+{
+    snprintf(cur_what, sizeof cur_what, "pool %d", p);
+    fabpool_status st = fabpool_reset_peak(P[p].p);
+    EXPECT_OK(st, "reset_peak", "fabpool_reset_peak");
+    if (st != FABPOOL_OK)
+        return;
+    fabpool_stats s = t_stats(P[p].p);
+    EXPECT(s.mapped_bytes_peak == s.mapped_bytes && s.in_use_bytes_peak == s.in_use_bytes, "reset_peak.marks",
+           "pool %d after fabpool_reset_peak: mapped %llu (peak %llu), in use %llu (peak %llu)", p,
+           (unsigned long long)s.mapped_bytes, (unsigned long long)s.mapped_bytes_peak,
+           (unsigned long long)s.in_use_bytes, (unsigned long long)s.in_use_bytes_peak);
+    peak_seen[p] = s.mapped_bytes;
 }
 
 /* fabpool_view_close of one of pool t's views (a broken one first), its data checked before; a refused close

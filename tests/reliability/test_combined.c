@@ -325,6 +325,8 @@ static const char *replay_path;
 static char tmpdir[64];
 
 /* totals printed at the end */
+/* reuses that found a kept buffer, missed, were refused for a fault; kept views taken back; resyncs (kept_resync) */
+static long n_reuse_hit, n_reuse_miss, n_reuse_refused, n_view_taken, n_kept_resync;
 static long n_sleep_partial, n_fault_sleep_unmap;
 static long n_limit, n_slept, n_sleep_busy, n_woke_discard, n_asleep_refused, n_late_open[4], n_late_after_change[4],
     n_refit_late, n_bad, n_threads, n_traces, n_replays, n_dmabuf;
@@ -538,6 +540,7 @@ static void peers_leave(int p)
             if (st == FABPOOL_OK)
                 P[p].buf[i].acked = UINT64_MAX;
         }
+    kept_peers_gone(p);
 }
 
 /* ------------------------------------------------------------ the checks after every step */
@@ -667,6 +670,8 @@ static void check_step(int full)
     check_retired(full);
     fabpool_stats S[NPOOL];
     check_ledger(S, (uint64_t)ndmabuf);
+    for (int p = 0; p < NPOOL; p++)
+        check_peak(p, &S[p]);
     check_live(full);
     check_overlap(full);
     check_pools(full || cur_step % 16 == 15 ? ~0u : step_pools);
@@ -1512,7 +1517,10 @@ static void open_view(int t, int src, buf_t *b, const uint8_t *d, size_t len, in
     view_t v;
     memset(&v, 0, sizeof v);
     step_pools |= 1u << t;
-    fabpool_status st = fabpool_view_open(q->p, d, len, vfds, nfds, &v.h);
+    v.vouched = chance(50); /* the peer is this process: a release keeps the view */
+    int due = v.vouched && !q->asleep && kept_view_of(t, b->id);
+    fabpool_status st = v.vouched ? fabpool_view_open_peer(q->p, getpid(), d, len, vfds, nfds, &v.h)
+                                  : fabpool_view_open(q->p, d, len, vfds, nfds, &v.h);
     if (q->asleep) {
         n_asleep_refused++;
         EXPECT(refusal_is(t, st, FABPOOL_ERR_ASLEEP), "asleep.view_open", "fabpool_view_open -> %s",
@@ -1540,6 +1548,14 @@ static void open_view(int t, int src, buf_t *b, const uint8_t *d, size_t len, in
     v.vid = next_id++;
     v.window = b->window;
     v.base = (uint64_t)(uintptr_t)fabpool_view_ptr(v.h);
+    kview_t was;
+    int took = v.vouched && kept_view_taken(t, v.base, &was);
+    /* a kept view of the buffer is taken back (at its address), and only then; a fault in its apply closes it
+     * and opens one afresh */
+    EXPECT(took ? !was.block && was.v.id == b->id : !due || fault_fired(), "view_open.kept", "pool %d opened buffer "
+           "%llu at 0x%llx: %s", t, (unsigned long long)b->id, (unsigned long long)v.base,
+           took ? "at a kept view of something else" : "not at the kept view of it");
+    n_view_taken += took;
     v.live = live;
     v.gen = gen;
     v.src_size = src_size;
@@ -1633,6 +1649,21 @@ static void op_refit_late(int p)
     free(z.desc);
 }
 
+/* Pool p's buffer b exported in full (its generation now) and opened in pool t (a failure of the open: `key`);
+ * the fds reach the peer most times. */
+static void export_open(int t, int p, buf_t *b, const char *key)
+{
+    fabpool_buffer_info bi = binfo(b);
+    size_t len = 0, nfds = 0;
+    fabpool_status st = do_export(p, b, 0, &len, &nfds);
+    EXPECT_OK(st, "view_open.export", "fabpool_buffer_export(since 0)");
+    if (st != FABPOOL_OK)
+        return;
+    open_view(t, p, b, desc, len, mine, nfds, bi.generation, bi.mapped, b->size, key);
+    if (chance(75))
+        fabpool_buffer_export_done(b->h);
+}
+
 static void op_view_open(int p)
 {
     buf_t *b = &P[p].buf[below((uint64_t)P[p].nbuf)];
@@ -1642,14 +1673,7 @@ static void op_view_open(int p)
     snprintf(cur_what, sizeof cur_what, "pool %d%s opens buffer %llu of pool %d (%s, size %zu, gen %llu)", t,
              P[t].asleep ? " (asleep)" : "", (unsigned long long)b->id, p, htype_name(P[p].htype), b->size,
              (unsigned long long)bi.generation);
-    size_t len = 0, nfds = 0;
-    fabpool_status st = do_export(p, b, 0, &len, &nfds);
-    EXPECT_OK(st, "view_open.export", "fabpool_buffer_export(since 0)");
-    if (st != FABPOOL_OK)
-        return;
-    open_view(t, p, b, desc, len, mine, nfds, bi.generation, bi.mapped, b->size, "view_open");
-    if (chance(75))
-        fabpool_buffer_export_done(b->h);
+    export_open(t, p, b, "view_open");
 }
 
 /* ---- block exports viewed across new memory at the same address */
@@ -1682,6 +1706,7 @@ static int block_view_open(int p, int t, const blk_t *b, fabpool_view_t **v, uin
     EXPECT_OK(st, "block_view.open", "fabpool_view_open of a block's descriptor");
     if (st != FABPOOL_OK)
         return -1;
+    block_view_opened(t, *v, 1);
     step_pools |= 1u << t;
     *at = (uint64_t)(uintptr_t)fabpool_view_ptr(*v) + off;
     uint64_t pts[NPTS];
@@ -1690,10 +1715,10 @@ static int block_view_open(int p, int t, const blk_t *b, fabpool_view_t **v, uin
     return 0;
 }
 
-/* A view of a block, released (kept by its pool) or closed. */
-static void block_view_let_go(fabpool_view_t *v)
+/* Pool t's view of block `id`, released (kept by its pool) or closed. */
+static void block_view_let_go(int t, fabpool_view_t *v, uint64_t id)
 {
-    fabpool_status st = chance(70) ? fabpool_view_release(v) : fabpool_view_close(v);
+    fabpool_status st = block_view_let_go_as(t, v, id, 1, chance(70));
     EXPECT_OK(st, "block_view.release", "fabpool_view_release / fabpool_view_close of a block's view");
 }
 
@@ -1722,7 +1747,7 @@ static void op_block_view(int p)
     uint64_t at = 0;
     if (block_view_open(p, t, &b, &v, &at) != 0)
         return;
-    block_view_let_go(v);
+    block_view_let_go(t, v, b.id);
     n_block_views++;
     void *old = b.p;
     if (by_sleep) {
@@ -1745,6 +1770,8 @@ static void op_block_view(int p)
         q->blk[i] = q->blk[--q->nblk];
         st = fabpool_trim(q->p, 0);
         EXPECT_OK(st, "block_view.trim", "fabpool_trim(0)");
+        if (st == FABPOOL_OK)
+            kept_drop(p, 1, 1, 0);
         blk_t nb = {NULL, b.size, 0, next_id++, 0};
         st = fabpool_alloc(q->p, nb.size, &nb.p);
         EXPECT_OK(st, "block_view.alloc", "fabpool_alloc");
@@ -1767,7 +1794,7 @@ static void op_block_view(int p)
               "0x%llx, wrote 0x%llx)", (unsigned long long)b.id, b.p, (unsigned long long)got,
               (unsigned long long)tag);
     write_blk(&b);
-    block_view_let_go(v);
+    block_view_let_go(t, v, b.id);
 }
 
 static void op_view_apply(int t)
@@ -1878,6 +1905,186 @@ static void op_dmabuf_close(int p)
     close_dmabuf(i);
 }
 
+/* ---- released and kept for reuse (keep_ms), with driver faults */
+
+/* After a step whose driver fault fired, a pool may have given back a kept buffer or view the model keeps, or kept
+ * one it gave back (a reuse's resize refused, then its give-back; a kept view's apply refused at a reopen, then its
+ * close; an out-of-memory retry; a sleep refused early): where kept_bytes says so, a trim (the faults cleared)
+ * gives everything kept back, and the model has it exact again. */
+static void kept_resync(int fired)
+{
+    for (int p = 0; p < NPOOL; p++) {
+        fabpool_stats s = {.struct_size = sizeof s};
+        fabpool_get_stats(P[p].p, &s);
+        if (s.kept_bytes == kept_model(p) || !fired)
+            continue; /* (without a fault check_ledger reports it) */
+        n_kept_resync++;
+        fabpool_status st = fabpool_trim(P[p].p, SIZE_MAX);
+        EXPECT(st == FABPOOL_OK, "kept.resync", "fabpool_trim after a faulted step -> %s: %s", fabpool_status_name(st),
+               fabpool_last_error());
+        kept_drop(p, 1, 1, 0);
+    }
+}
+
+/* fabpool_buffer_release of one of pool p's buffers (acked, if exported): kept, its handle refused, kept_bytes
+ * counting what it maps; its late peers give up. */
+static int can_release(int p)
+{
+    return !P[p].asleep && P[p].c.trace == TRACE_NONE && has_releasable(p);
+}
+static void op_buffer_release(int p)
+{
+    pool_t *q = &P[p];
+    int i = (int)below((uint64_t)q->nbuf);
+    while (!buf_releasable(&q->buf[i]))
+        i = (i + 1) % q->nbuf;
+    buf_t *b = &q->buf[i];
+    fabpool_buffer_info before = binfo(b);
+    step_feats |= FB(F_RESIZE);
+    snprintf(cur_what, sizeof cur_what, "pool %d, buffer %llu (size %zu, mapped %zu)%s, %d kept", p,
+             (unsigned long long)b->id, b->size, before.mapped, b->shared ? ", exported and acked" : "", q->nkbuf);
+    check_buf(b, -1);
+    fabpool_status st = fabpool_buffer_release(b->h);
+    EXPECT_OK(st, "buffer_release", "fabpool_buffer_release");
+    if (st != FABPOOL_OK)
+        return;
+    drop_stashes_of(b->id, p);
+    EXPECT(!fabpool_buffer_ptr(b->h) && fabpool_buffer_resize(b->h, 1, NULL) == FABPOOL_ERR_INVALID_ARG,
+           "buffer_release.handle", "the released handle %p still answers", (void *)b->h);
+    q->kbuf[q->nkbuf++] = (kbuf_t){*b, before.mapped, b->h, before.export_id, 0};
+    q->buf[i] = q->buf[--q->nbuf];
+}
+
+/* fabpool_buffer_reuse on pool p: the nearest kept buffer at its base under a new handle, its data below the
+ * smaller of its sizes kept; none fits: FABPOOL_ERR_NOT_FOUND and every kept buffer given back.  Refused for a
+ * fault: nothing handed out, the buffer given back or kept (kept_resync). */
+static int can_reuse(int p)
+{
+    return !P[p].asleep && P[p].c.trace == TRACE_NONE && P[p].nbuf < MAXBUF && (P[p].nkbuf > 0 || chance(10));
+}
+static void op_buffer_reuse(int p)
+{
+    pool_t *q = &P[p];
+    uint64_t win = q->nkbuf ? q->kbuf[below((uint64_t)q->nkbuf)].b.window : 128 * MB;
+    size_t sz = chance(85) ? buf_size(win) : (size_t)logsize(1, 128 * MB);
+    int s = stream_choice(), best = -1;
+    uint64_t best_d = UINT64_MAX;
+    for (int k = 0; k < q->nkbuf; k++) {
+        uint64_t live = q->kbuf[k].live, d = live > sz ? live - sz : sz - live;
+        if (q->kbuf[k].b.window >= sz && d < best_d)
+            best = k, best_d = d;
+    }
+    step_feats |= FB(F_RESIZE);
+    snprintf(cur_what, sizeof cur_what, "pool %d, %zu bytes, stream %s, %d kept%s", p, sz, stream_name(s), q->nkbuf,
+             best < 0 ? ", none fits" : "");
+    fabpool_buffer_t *r = NULL;
+    fabpool_status st = fabpool_buffer_reuse(q->p, sz, sptr(s), &r);
+    if (best < 0) {
+        EXPECT(st == FABPOOL_ERR_NOT_FOUND && !r, "buffer_reuse.miss", "no kept buffer's window holds %zu bytes, the "
+               "reuse answered %s", sz, fabpool_status_name(st));
+        if (st == FABPOOL_OK)
+            (void)fabpool_buffer_destroy(r, NULL);
+        kept_drop(p, 1, 0, 0);
+        n_reuse_miss++;
+        return;
+    }
+    EXPECT_OK(st, "buffer_reuse", "fabpool_buffer_reuse");
+    n_reuse_hit += st == FABPOOL_OK;
+    n_reuse_refused += st != FABPOOL_OK;
+    EXPECT(st == FABPOOL_OK || !r, "buffer_reuse.refused_out", "a refused reuse handed out %p", (void *)r);
+    if (st != FABPOOL_OK)
+        return; /* kept_resync has what the pool kept */
+    uint64_t at = (uint64_t)(uintptr_t)fabpool_buffer_ptr(r);
+    int k = 0;
+    while (k < q->nkbuf && q->kbuf[k].b.base != at)
+        k++;
+    kbuf_t *e = &q->kbuf[k];
+    uint64_t d = k < q->nkbuf ? (e->live > sz ? e->live - sz : sz - e->live) : UINT64_MAX;
+    EXPECT(k < q->nkbuf && d == best_d && r != e->gone && !fabpool_buffer_ptr(e->gone), "buffer_reuse.best_fit",
+           "the reuse of %zu bytes gave %p at 0x%llx, not the nearest kept buffer under a new handle (nearest: %llu "
+           "bytes off)", sz, (void *)r, (unsigned long long)at, (unsigned long long)best_d);
+    if (k == q->nkbuf) {
+        (void)fabpool_buffer_destroy(r, NULL);
+        return;
+    }
+    buf_t b = e->b;
+    fabpool_buffer_info before = {.struct_size = sizeof before, .size = b.size, .mapped = (size_t)e->live};
+    size_t old = b.size;
+    q->kbuf[k] = q->kbuf[--q->nkbuf];
+    b.h = r;
+    b.size = sz;
+    q->buf[q->nbuf++] = b;
+    after_resize(p, &q->buf[q->nbuf - 1], &before, old, s);
+}
+
+/* fabpool_view_release of one of pool t's views: a vouched peer's is kept for a reopen, the others closed. */
+static int can_release_view(int t)
+{
+    for (int i = 0; i < P[t].nview; i++)
+        if (!P[t].view[i].broken)
+            return !P[t].asleep && P[t].nkview < MAXKEPT;
+    return 0;
+}
+static void op_view_release(int t)
+{
+    int i = (int)below((uint64_t)P[t].nview);
+    while (P[t].view[i].broken)
+        i = (i + 1) % P[t].nview;
+    view_t *v = &P[t].view[i];
+    step_feats |= FB(F_VIEW);
+    snprintf(cur_what, sizeof cur_what, "pool %d, view of buffer %llu%s%s", t, (unsigned long long)v->id,
+             find_buf(v->id, NULL) ? "" : " (not live)", v->vouched ? ", a vouched peer's" : ", closed");
+    check_view(v, -1);
+    fabpool_status st = fabpool_view_release(v->h);
+    EXPECT_OK(st, "view_release", "fabpool_view_release");
+    if (st != FABPOOL_OK) {
+        v->broken = 1; /* a refused close: open with what it still maps */
+        return;
+    }
+    EXPECT(!fabpool_view_ptr(v->h), "view_release.handle", "the released view's handle %p still answers",
+           (void *)v->h);
+    if (v->vouched)
+        P[t].kview[P[t].nkview++] = (kview_t){*v, 0, 0};
+    drop_view(t, i);
+}
+
+/* A kept view of a live buffer opened again by its peer: taken back at its address, its data the buffer's now;
+ * where a fault refuses its apply it is closed (or stays kept) and the open maps one afresh or is refused. */
+static int can_reopen(int t)
+{
+    int sp;
+    for (int i = 0; i < P[t].nkview; i++)
+        if (!P[t].kview[i].block && find_buf(P[t].kview[i].v.id, &sp) && !find_buf(P[t].kview[i].v.id, &sp)->broken &&
+            !P[sp].asleep)
+            return !P[t].asleep && P[t].nview < MAXVIEW;
+    return 0;
+}
+static void op_view_reopen(int t)
+{
+    int i = (int)below((uint64_t)P[t].nkview), sp = 0;
+    buf_t *b;
+    while (P[t].kview[i].block || !(b = find_buf(P[t].kview[i].v.id, &sp)) || b->broken || P[sp].asleep)
+        i = (i + 1) % P[t].nkview;
+    fabpool_buffer_info bi = binfo(b);
+    step_feats |= FB(F_VIEW) | FB(F_EXPORT);
+    step_pools |= 1u << sp;
+    snprintf(cur_what, sizeof cur_what, "pool %d, kept view of buffer %llu of pool %d opened again (gen %llu -> %llu)",
+             t, (unsigned long long)b->id, sp, (unsigned long long)P[t].kview[i].v.gen,
+             (unsigned long long)bi.generation);
+    export_open(t, sp, b, "view_reopen");
+    view_t *v = P[t].nview ? &P[t].view[P[t].nview - 1] : NULL;
+    if (v && v->id == b->id && v->vid >= step_first_id && !v->broken)
+        view_reads_buffer(v, b);
+}
+
+/* ---- the high-water marks */
+
+static void op_reset_peak(int p)
+{
+    step_feats |= FB(F_CACHE);
+    reset_peak_pool(p);
+}
+
 /* ------------------------------------------------------------ operations: sleep and wake */
 
 static void op_sleep(int p)
@@ -1890,6 +2097,7 @@ static void op_sleep(int p)
         must &= !q->buf[i].shared || q->buf[i].acked == UINT64_MAX;
     for (int i = 0; i < ndead; i++)
         must &= dead[i].pool != p;
+    must &= !kept_shared(p);
     fabpool_sleep_mode mode = chance(60) ? FABPOOL_SLEEP_OFFLOAD : FABPOOL_SLEEP_DISCARD;
     int s = stream_choice();
     step_feats |= FB(F_SLEEP);
@@ -1908,6 +2116,7 @@ static void op_sleep(int p)
                (unsigned long long)s1.mapped_bytes);
         return;
     }
+    kept_drop(p, 1, 1, 0); /* a sleep gives back what was kept for reuse (one a fault refused early: resynced) */
     if (st != FABPOOL_OK && sleep_failed(p, st, mode))
         return;
     EXPECT_OK(st, "sleep", "fabpool_sleep");
@@ -2074,11 +2283,13 @@ static int create_pool(int p, const pool_conf *c)
     if (c->slab_max_kib)
         o.slab_max_bytes = (uint64_t)c->slab_max_kib * KB;
     o.large_chunks = c->whole ? FABPOOL_LARGE_CHUNKS_WHOLE : FABPOOL_LARGE_CHUNKS_GRID;
+    o.keep_ms = 600000; /* what is released stays kept until the steps give it back, however slow the run */
     if (c->trace != TRACE_NONE)
         snprintf(q->trace_path, sizeof q->trace_path, "%s/seed%llu-pool%d.trace", tmpdir, cur_seed, p);
     snprintf(o.trace_path, sizeof o.trace_path, "%s", q->trace_path);
     q->own = c->stream_owner ? OWN_NONE : OWN_OFF;
     own_unknown[p] = 0;
+    peak_seen[p] = 0;
     fabpool_status st = fabpool_create(&o, &q->p);
     EXPECT_OK(st, "pool_create", "fabpool_create");
     if (st != FABPOOL_OK)
@@ -2120,6 +2331,7 @@ static void drain_pool(int p)
     }
     EXPECT_OK(fabpool_collect(q->p, 1), "collect", "fabpool_collect(wait)");
     EXPECT_OK(fabpool_trim(q->p, 0), "trim", "fabpool_trim(0)");
+    kept_drop(p, 1, 1, 0);
     refresh_streams();
     fabpool_stats st = {.struct_size = sizeof(fabpool_stats)};
     fabpool_get_stats(q->p, &st);
@@ -2253,6 +2465,11 @@ static const op_def ops[] = {
     {"stream_hold", 5, always, op_hold},
     {"stream_release", 4, always, op_release},
     {"pool_renew", 1, can_renew, op_pool_renew},
+    {"buffer_release", 4, can_release, op_buffer_release},
+    {"buffer_reuse", 4, can_reuse, op_buffer_reuse},
+    {"view_release", 4, can_release_view, op_view_release},
+    {"view_reopen", 8, can_reopen, op_view_reopen},
+    {"reset_peak", 1, always, op_reset_peak},
 };
 #define NOPS ((int)(sizeof ops / sizeof ops[0]))
 _Static_assert(NOPS <= MAXOPS, "fault_seen has a row for every operation");
@@ -2470,7 +2687,9 @@ static void before_step(int p)
 static void after_step(int p)
 {
     (void)p;
+    int fired = flt.armed && fault_fired();
     fault_disarm();
+    kept_resync(fired);
     count_pairs(step_feats);
 }
 
@@ -2690,6 +2909,9 @@ int main(int argc, char **argv)
            n_dmabuf, n_threads, n_traces, n_replays, (unsigned long long)n_pool_checks);
     printf("  block views kept across new memory %ld (%ld at the same address after free, trim and alloc; %ld after a "
            "sleep and wake)\n", n_block_views, n_block_same_addr, n_block_renewed_sleep);
+    printf("  kept for reuse: %ld reuses found a kept buffer, %ld missed, %ld were refused for a fault; %ld kept views "
+           "taken back by an open; %ld resyncs after a fault\n", n_reuse_hit, n_reuse_miss, n_reuse_refused,
+           n_view_taken, n_kept_resync);
     if (fault_pct)
         printf("  driver faults (FABPOOL_TEST_FAULTS=%d): %ld steps armed one, %ld fired, %ld refused the step's call "
                "(%ld compared buffer by buffer and view by view)\n", fault_pct, n_fault_steps, n_fault_fired,

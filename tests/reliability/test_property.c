@@ -76,8 +76,6 @@ static uint32_t hysteresis = 25;
 /* totals */
 static long n_slept, n_sleep_busy, n_host_reused, n_slept_discard, n_sleep_faulted, n_sleep_rolled_back,
     n_sleep_partial, n_destroy_faulted, n_dmabufs;
-/* the most mapped_bytes each pool had at a step since its creation or its last fabpool_reset_peak */
-static uint64_t peak_seen[NPOOL];
 
 static long n_dup, n_bad_ack, n_fault_apply, n_quiet;
 static uint64_t peak_mapped;
@@ -177,14 +175,8 @@ static void check_step(int full)
     fabsim_ledger L = check_ledger(S, 0);
     if (L.bytes_mapped > peak_mapped)
         peak_mapped = L.bytes_mapped;
-    for (int p = 0; p < NPOOL; p++) {
-        if (S[p].mapped_bytes > peak_seen[p])
-            peak_seen[p] = S[p].mapped_bytes;
-        EXPECT(S[p].mapped_bytes_peak >= peak_seen[p] && S[p].in_use_bytes_peak >= S[p].in_use_bytes, "peak.below",
-               "pool %c: mapped_bytes_peak %llu, but it mapped %llu since the last reset; in use %llu, peak %llu",
-               'A' + p, (unsigned long long)S[p].mapped_bytes_peak, (unsigned long long)peak_seen[p],
-               (unsigned long long)S[p].in_use_bytes, (unsigned long long)S[p].in_use_bytes_peak);
-    }
+    for (int p = 0; p < NPOOL; p++)
+        check_peak(p, &S[p]);
 
     /* what must be mapped: live objects and pending retirements */
     for (int p = 0; p < NPOOL; p++) {
@@ -861,19 +853,11 @@ static void op_view_apply(int p)
  * the steps between may meet: other operations, trim, sleep, an out-of-memory retry, keep_ms passing, the pool's
  * destroy.  Its peers, if any, are acknowledged first (fabric: no peer may still import a released buffer).  The
  * released handle is refused from then on; the pool's kept_bytes counts what it maps (check_ledger). */
-static int can_release(int p)
-{
-    if (P[p].nkbuf >= MAXKEPT)
-        return 0;
-    for (int i = 0; i < P[p].nbuf; i++)
-        if (!P[p].buf[i].broken && (!P[p].buf[i].shared || P[p].buf[i].acked >= binfo(&P[p].buf[i]).generation))
-            return 1;
-    return 0;
-}
+static int can_release(int p) { return has_releasable(p); }
 static void op_buffer_release(int p)
 {
     int i = (int)below((uint64_t)P[p].nbuf);
-    while (P[p].buf[i].broken || (P[p].buf[i].shared && P[p].buf[i].acked < binfo(&P[p].buf[i]).generation))
+    while (!buf_releasable(&P[p].buf[i]))
         i = (i + 1) % P[p].nbuf;
     buf_t *b = &P[p].buf[i];
     fabpool_buffer_info before = binfo(b);
@@ -951,22 +935,6 @@ static void op_buffer_reuse(int p)
     b.hyst_stream = -1;
     P[p].buf[P[p].nbuf++] = b;
     after_resize(p, &P[p].buf[P[p].nbuf - 1], &before, old, s);
-}
-
-/* The view reads its buffer's memory, not memory it mapped before at the same offsets (the points hold the same
- * values in both): a word written through the buffer reads back through the view. */
-static void view_reads_buffer(const view_t *v, const buf_t *b)
-{
-    uint64_t at = (b->size - 8) & ~(uint64_t)7, was = 0, token = 0x5eedull << 32 | (uint32_t)next_id++, seen = 0;
-    if (b->size >= 8 && cuMemcpyDtoH(&was, (CUdeviceptr)(b->base + at), 8) == CUDA_SUCCESS &&
-        cuMemcpyHtoD((CUdeviceptr)(b->base + at), &token, 8) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS) {
-        cuMemcpyDtoH(&seen, (CUdeviceptr)(v->base + at), 8);
-        EXPECT(seen == token, "view_reopen.stale", "view of buffer %llu reads %llx at +%llu where the buffer holds %llx "
-               "(it kept a chunk the buffer no longer maps)", (unsigned long long)b->id, (unsigned long long)seen,
-               (unsigned long long)at, (unsigned long long)token);
-        cuMemcpyHtoD((CUdeviceptr)(b->base + at), &was, 8);
-        cuCtxSynchronize();
-    }
 }
 
 /* fabpool_view_release of one of pool t's views: one a vouched peer opened is kept (keep_ms) for a later open of
@@ -1138,8 +1106,8 @@ static void op_oom(int p)
     fault_clear();
     EXPECT(st == FABPOOL_OK || st == FABPOOL_ERR_OUT_OF_MEMORY, "oom", "%s with every cuMemCreate out of memory -> "
            "%s: %s", grow ? "fabpool_buffer_resize" : "fabpool_alloc", fabpool_status_name(st), fabpool_last_error());
-    if (!grow && P[p].own >= -1)
-        P[p].own = OWN_OFF; /* fabpool_alloc ends the owner mode */
+    if (!grow && st == FABPOOL_OK && P[p].own >= -1)
+        P[p].own = OWN_OFF; /* fabpool_alloc ends the owner mode; a refused one does not */
     if (st != FABPOOL_OK) {
         kept_drop(p, 1, 0, 0);
         if (grow)
@@ -1431,21 +1399,6 @@ static void op_dmabuf(int p)
         close(fd);
 }
 
-/* fabpool_reset_peak: both marks start again from now (the calling thread's cached blocks back in their classes:
- * this test's only thread); check_step holds the mapped mark to what it saw since. */
-static void op_reset_peak(int p)
-{
-    snprintf(cur_what, sizeof cur_what, "pool %c", 'A' + p);
-    fabpool_status st = fabpool_reset_peak(P[p].p);
-    EXPECT_OK(st, "reset_peak", "fabpool_reset_peak");
-    fabpool_stats s = t_stats(P[p].p);
-    EXPECT(s.mapped_bytes_peak == s.mapped_bytes && s.in_use_bytes_peak == s.in_use_bytes, "reset_peak.marks",
-           "pool %c after fabpool_reset_peak: mapped %llu (peak %llu), in use %llu (peak %llu)", 'A' + p,
-           (unsigned long long)s.mapped_bytes, (unsigned long long)s.mapped_bytes_peak,
-           (unsigned long long)s.in_use_bytes, (unsigned long long)s.in_use_bytes_peak);
-    peak_seen[p] = s.mapped_bytes;
-}
-
 static void op_hold(int p)
 {
     (void)p; /* streams are the process's, not a pool's */
@@ -1503,7 +1456,7 @@ static const op_def ops[] = {
     {"record_stream", 3, can_record, op_record_stream},
     {"block_export", 3, has_blk, op_block_export},
     {"dmabuf", 3, has_buf, op_dmabuf},
-    {"reset_peak", 3, always, op_reset_peak},
+    {"reset_peak", 3, always, reset_peak_pool},
 };
 #define NOPS ((int)(sizeof ops / sizeof ops[0]))
 static unsigned op_weight[NOPS];
