@@ -1423,6 +1423,38 @@ static void check_ipc_unshared(Core &core)
     core.empty_cache(PoolId{0, 0});
 }
 
+/* A receiver of one shared block (it holds the process's token) that names another block shared with someone else,
+ * by its address and its descriptor (neither is a secret): refused, for the key of a share is random; the other
+ * block's own handle is served; a block shared twice as it was keeps its key. */
+static void check_ipc_shared_elsewhere(Core &core)
+{
+    void *p = core.malloc(0, 3 * MiB, nullptr), *q = core.malloc(0, 3 * MiB, nullptr);
+    fabpool_torch::ipc::Handle h, hq, hq2;
+    std::string why;
+    CHECK(fabpool_torch::ipc::decode(core.share_ipc(p).handle, &h, &why));
+    CHECK(fabpool_torch::ipc::decode(core.share_ipc(q).handle, &hq, &why));
+    CHECK(fabpool_torch::ipc::decode(core.share_ipc(q).handle, &hq2, &why));
+    CHECK(hq2.key == hq.key && hq.key != h.key);
+    CHECK(hq.key != uint64_t(uintptr_t(q)) && h.key != uint64_t(uintptr_t(p)));
+    fabpool_torch::ipc::Handle t = h;
+    t.key = uint64_t(uintptr_t(q));
+    t.desc = hq.desc;
+    t.fds = hq.fds;
+    uint64_t refused0 = 0, served0 = core.ipc_served(&refused0), refused1 = 0;
+    std::string got;
+    fabpool_status st = fetch_status(t, &got);
+    CHECK(st == FABPOOL_ERR_NOT_FOUND && strstr(got.c_str(), "never shared") != nullptr);
+    if (st != FABPOOL_ERR_NOT_FOUND)
+        fprintf(stderr, "check_ipc_shared_elsewhere: a guessed key: %s (%s)\n", fabpool_status_name(st), got.c_str());
+    CHECK(core.ipc_served(&refused1) == served0 && refused1 == refused0 + 1);
+    CHECK(fetch_status(hq, &got) == FABPOOL_OK); /* the handle it was shared with */
+    CHECK(core.ipc_served(&refused1) == served0 + 1);
+    core.free(p);
+    core.free(q);
+    CHECK(fetch_status(hq, &got) == FABPOOL_ERR_NOT_FOUND); /* gone with the block */
+    core.empty_cache(PoolId{0, 0});
+}
+
 /* A handle naming a third process on the pidfd path (no server reached): that process does not hold the sender's
  * token (a forked child holds the sender's memfd, which names the sender's pid), so no fd of it is copied. */
 static void check_ipc_third_process(Core &core)
@@ -1623,6 +1655,7 @@ int main(int argc, char **argv)
         check_ipc_server_strangers();
         check_ipc_impostor(core);
         check_ipc_unshared(core);
+        check_ipc_shared_elsewhere(core);
         check_ipc_third_process(core);
         check_ipc_pools(core, held0);
         check_history(core, held0);

@@ -9,9 +9,11 @@
 #include "torch_core.hpp"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -1243,7 +1245,11 @@ void Core::gone(Block *b)
         note_block(HistoryEvent::SegmentFree, *b);
     if (b->shared) {
         std::lock_guard<std::mutex> g(shares_mu_);
-        shares_.erase(uint64_t(uintptr_t(b->ptr)));
+        auto it = share_keys_.find(uintptr_t(b->ptr));
+        if (it != share_keys_.end()) {
+            shares_.erase(it->second);
+            share_keys_.erase(it);
+        }
     }
     delete b;
 }
@@ -1317,6 +1323,26 @@ fabpool_status export_block(fabpool_t *fp, void *ptr, ipc::Handle *h, size_t *of
     return FABPOOL_OK;
 }
 
+/* A share's key: 64 random bits (getrandom), never 0. */
+uint64_t random_key()
+{
+    for (;;) {
+        uint64_t k = 0;
+        size_t got = 0;
+        while (got < sizeof k) {
+            ssize_t r = getrandom(reinterpret_cast<char *>(&k) + got, sizeof k - got, 0);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                throw std::runtime_error(std::string("fabpool: shareIpcHandle: no random bytes for the share's "
+                                                     "key: ") + strerror(errno));
+            got += size_t(r);
+        }
+        if (k != 0)
+            return k;
+    }
+}
+
 std::string hex(const void *p)
 {
     char buf[32];
@@ -1372,11 +1398,23 @@ IpcShare Core::share_ipc(void *ptr)
         throw std::invalid_argument("fabpool: shareIpcHandle: " + hex(ptr) +
                                     " is not a live block of this allocator (never given out, or freed already)");
     h.pid = int(getpid());
-    h.key = uint64_t(uintptr_t(ptr));
+    h.key = uint64_t(uintptr_t(ptr)); /* fabric: the descriptor is the whole handle, no server asked */
     if (h.type == FABPOOL_HANDLE_POSIX_FD) {
         {
+            /* the block shared again as it was keeps its key (a receiver that has its handle opens it once) */
             std::lock_guard<std::mutex> g(shares_mu_);
-            shares_[h.key] = h.desc;
+            auto k = share_keys_.find(uintptr_t(ptr));
+            if (k != share_keys_.end() && shares_.at(k->second).desc == h.desc) {
+                h.key = k->second;
+            } else {
+                if (k != share_keys_.end())
+                    shares_.erase(k->second);
+                do
+                    h.key = random_key();
+                while (shares_.count(h.key));
+                shares_[h.key] = Share{uintptr_t(ptr), h.desc};
+                share_keys_[uintptr_t(ptr)] = h.key;
+            }
         }
         ipc::Server &srv = server();
         memcpy(h.token, srv.token(), ipc::kTokenBytes);
@@ -1390,14 +1428,18 @@ IpcShare Core::share_ipc(void *ptr)
  * describes?  Then copies of its fds. */
 int Core::serve_ipc(uint64_t key, const std::string &desc, std::vector<int> *fds, std::string *msg)
 {
-    void *ptr = reinterpret_cast<void *>(uintptr_t(key));
+    void *ptr = nullptr;
     bool shared = false;
     {
-        /* only a block this process shared, as it shared it: the token is the process's, and a descriptor names
-         * no secret, so a receiver could ask for any block it guessed (and make the pool export it) */
+        /* only a block this process shared, by the key of its share, as it shared it: the token is the
+         * process's, and neither an address nor a descriptor is a secret, so a receiver could otherwise ask for
+         * any block it guessed (and make the pool export it) */
         std::lock_guard<std::mutex> g(shares_mu_);
         auto it = shares_.find(key);
-        shared = it != shares_.end() && it->second == desc;
+        if (it != shares_.end()) {
+            ptr = reinterpret_cast<void *>(it->second.ptr);
+            shared = it->second.desc == desc;
+        }
     }
     int device = -1;
     if (shared)
@@ -1420,7 +1462,7 @@ int Core::serve_ipc(uint64_t key, const std::string &desc, std::vector<int> *fds
         if (fd >= 0)
             close(fd);
     fds->clear();
-    *msg = "the block at " + hex(ptr) + " in process " + std::to_string(getpid()) +
+    *msg = (ptr ? "the block at " + hex(ptr) : "the block of this handle") + " in process " + std::to_string(getpid()) +
            (device < 0     ? " is no longer live, or was never shared"
             : st != FABPOOL_OK ? " is no longer live"
                                : " is no longer the one that was shared") +

@@ -290,7 +290,15 @@ private:
     std::mutex server_mu_;
     ipc::Server *server_ = nullptr;  /* the sender's side: started at the first share */
     std::mutex shares_mu_;           /* a leaf */
-    std::unordered_map<uint64_t, std::string> shares_; /* the live blocks shared (POSIX fds): key -> descriptor */
+    /* The live blocks shared (POSIX fds), by their handles' keys: a key is a random id of the share, not the
+     * block's address, so that a process holding the token (any receiver of this process's tensors) reaches only
+     * the blocks whose handles it was given, not every block it can guess the address and descriptor of. */
+    struct Share {
+        uintptr_t ptr;
+        std::string desc;
+    };
+    std::unordered_map<uint64_t, Share> shares_;        /* key -> the block and its descriptor when shared */
+    std::unordered_map<uintptr_t, uint64_t> share_keys_; /* a shared block's address -> its key */
     std::atomic<bool> hist_on_{false};
     std::mutex hist_mu_;  /* a leaf: taken with a device's lock held */
     HistoryOptions hist_;

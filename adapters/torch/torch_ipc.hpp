@@ -56,7 +56,7 @@ struct Handle {
     uint8_t token[kTokenBytes] = {}; /* the sender's secret (posix_fd) */
     int token_fd = -1;             /* the sender's token memfd (posix_fd; -1 for fabric) */
     uint64_t server_id = 0;        /* names the sender's fd server with pid; no secret */
-    uint64_t key = 0;              /* the block's address in the sender */
+    uint64_t key = 0;              /* the share's key in the sender (random; posix_fd) */
     std::vector<int> fds;          /* the sender's fd numbers, one per chunk (posix_fd) */
     std::string desc;              /* fabpool_block_export's descriptor */
 };
