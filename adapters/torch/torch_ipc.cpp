@@ -9,6 +9,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -246,8 +247,8 @@ int64_t now_ms()
 
 }  // namespace
 
-/* What became of connection c, past its deadline or not: answered or closed (Look::done), or it waits on, silent
- * or with part of its start. */
+/* What became of connection c, past its deadline or not: answered, closed or read from now on beside the others
+ * (Look::done: it waits no more for its start), or it waits on, silent or with part of its start. */
 Server::Look Server::look(int c, bool expired)
 {
     char start[kStartBytes];
@@ -260,8 +261,10 @@ Server::Look Server::look(int c, bool expired)
         refused_++; /* silent, cut, gone or not a request: closed unanswered */
     else if (!same_token(token_, reinterpret_cast<const uint8_t *>(start) + FABPOOL_FD_HEAD_BYTES + 4))
         refuse(c); /* answered at once, the rest of the request never read */
-    else
-        one(c);
+    else {
+        read_start(c);
+        return Look::done;
+    }
     close(c);
     return Look::done;
 }
@@ -312,24 +315,28 @@ void Server::take(cw_conn *w, int *nw, uint64_t *seq)
 
 /* The server's one thread.  Every connection accepted waits, all of them watched at once, until the start of its
  * request has come (peeked: the head, the magic and the token); only a request with this process's token is then
- * read whole and served, so that a connection that stays silent or sends part of a start (a process of another
- * user, where FABPOOL_PEERS=any_user lets it in) holds no one's turn and is closed at its deadline. */
+ * read, beside the others, as its bytes come, and served once whole.  So neither a connection that stays silent
+ * or sends part of a start (a process of another user, where FABPOOL_PEERS=any_user lets it in) nor a receiver
+ * that stalls mid-request holds anyone's turn; each is closed at its deadline. */
 void Server::run()
 {
     /* arrays, not vectors: a process forked while this thread runs holds no heap of it that no one frees */
     cw_conn waiting[kWaitingMax];
-    struct pollfd pf[2 + kWaitingMax];
+    struct pollfd pf[2 + kWaitingMax + kReadingMax];
     int nw = 0;
     uint64_t seq = 0;
     for (;;) {
         int64_t now = now_ms();
         int timeout = -1;
         bool partial = false;
+        auto until = [&](int64_t t) {
+            int64_t ms = t - now;
+            timeout = timeout < 0 || ms < timeout ? int(ms > 0 ? ms : 0) : timeout;
+        };
         pf[0] = {listener_, POLLIN, 0};
         pf[1] = {wake_[0], POLLIN, 0};
         for (int i = 0; i < nw; i++) {
-            int64_t ms = waiting[i].until - now;
-            timeout = timeout < 0 || ms < timeout ? int(ms > 0 ? ms : 0) : timeout;
+            until(waiting[i].until);
             char start[kStartBytes];
             bool part = recv(waiting[i].fd, start, sizeof start, MSG_PEEK | MSG_DONTWAIT) > 0;
             partial |= part;
@@ -337,16 +344,38 @@ void Server::run()
              * after kPartialMs (a hang-up is still reported) */
             pf[2 + i] = {waiting[i].fd, short(part ? 0 : POLLIN), 0};
         }
+        for (int i = 0; i < nreading_; i++) {
+            until(reading_[i].until);
+            pf[2 + nw + i] = {reading_[i].fd, POLLIN, 0};
+        }
         if (partial && (timeout < 0 || timeout > kPartialMs))
             timeout = kPartialMs;
-        int r = poll(pf, nfds_t(2 + nw), timeout);
+        int r = poll(pf, nfds_t(2 + nw + nreading_), timeout);
         wakes_++;
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 || pf[1].revents) {
             for (int i = 0; i < nw; i++)
                 close(waiting[i].fd);
+            while (nreading_ > 0) {
+                Reading &g = reading_[--nreading_];
+                close(g.fd);
+                g.fd = -1;
+                std::vector<char>().swap(g.buf);
+            }
             return;
+        }
+        /* the requests being read first, while pf matches them; from the last, so that the one moved into a slot
+         * that was left has been seen already */
+        now = now_ms();
+        for (int i = nreading_ - 1; i >= 0; i--) {
+            if (pf[2 + nw + i].revents && feed(i, now))
+                continue;
+            if (now >= reading_[i].until) {
+                refused_++;
+                finish(i, FABPOOL_ERR_DESCRIPTOR,
+                       "a request that did not come whole within " + std::to_string(kTimeoutMs / 1000) + " s", {});
+            }
         }
         sweep(waiting, &nw);
         if (pf[0].revents & POLLIN)
@@ -356,8 +385,9 @@ void Server::run()
 
 namespace {
 
-/* The answer to a request: its status and message, and on success the fds (a reader that never reads does not
- * hold the thread: the send gives up after the deadline). */
+/* The answer to a request: its status and message, and on success the fds (a reader that never reads holds the
+ * thread only where the answer does not fit the socket at once, its fds many, and no longer than the deadline:
+ * the send gives up then). */
 void answer(int conn, int status, const std::string &msg, const std::vector<int> &fds)
 {
     std::string reply;
@@ -380,30 +410,135 @@ void Server::refuse(int conn)
     answer(conn, FABPOOL_ERR_PERMISSION, kNoToken, {});
 }
 
-void Server::one(int conn)
+namespace {
+
+const char kMalformed[] = "a malformed request";
+
+/* Closes every fd that came with message m: true where one did, or some were dropped (a request brings none). */
+bool close_fds(struct msghdr *m)
 {
+    bool any = (m->msg_flags & MSG_CTRUNC) != 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+            for (size_t k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(c) + k * sizeof fd, sizeof fd);
+                close(fd);
+                any = true;
+            }
+    return any;
+}
+
+}  // namespace
+
+/* Connection c, whose start bears the token, joins the requests read as they come, with the whole request due
+ * within kTimeoutMs, and what has come of it is read at once.  Where kReadingMax are read already, they are read
+ * again first (one whose rest has come since is served, not given way), then the one idle the longest gives way:
+ * a receiver sends its request whole right after its connect, so that one is the likeliest to have stalled. */
+void Server::read_start(int c)
+{
+    int64_t now = now_ms();
+    for (int i = nreading_ - 1; i >= 0 && nreading_ == kReadingMax; i--)
+        feed(i, now);
+    if (nreading_ == kReadingMax) {
+        int v = 0;
+        for (int i = 1; i < nreading_; i++)
+            if (reading_[i].last < reading_[v].last)
+                v = i;
+        refused_++;
+        finish(v, FABPOOL_ERR_DESCRIPTOR, "a request that stalled, closed for a newer one", {});
+    }
+    Reading &r = reading_[nreading_++];
+    r.fd = c;
+    r.until = now + kTimeoutMs;
+    r.last = now;
+    feed(nreading_ - 1, now);
+}
+
+/* Reads what has come of reading_[i]'s request, no further than its end, and never waits for more (MSG_DONTWAIT:
+ * the socket itself stays blocking for the answer's timed send); a request whole is served.  True where the
+ * connection is done with and has left the table (reading_[i] is then another, or none). */
+bool Server::feed(int i, int64_t now)
+{
+    Reading &r = reading_[i];
+    for (;;) {
+        size_t have = r.buf.size(), want = FABPOOL_FD_HEAD_BYTES;
+        if (have >= want) {
+            uint32_t head[2];
+            memcpy(head, r.buf.data(), sizeof head);
+            /* a request brings no fds, and its length is bounded before its bytes are kept */
+            if (head[0] != 0 || head[1] < kRequestHeader || head[1] > kRequestHeader + kMaxDesc)
+                break;
+            want += head[1];
+        }
+        if (have == want) {
+            serve_whole(i);
+            return true;
+        }
+        /* the buffer grows as bytes come, not as the head announces them, and never past the request */
+        size_t step = std::min(want - have, size_t(64) << 10);
+        if (r.buf.capacity() < have + step)
+            r.buf.reserve(std::min(want, std::max(2 * r.buf.capacity(), have + step)));
+        r.buf.resize(have + step);
+        union {
+            struct cmsghdr h;
+            char b[CMSG_SPACE(sizeof(int) * 4)];
+        } ctl;
+        struct iovec iov = {r.buf.data() + have, step};
+        struct msghdr m = {};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = ctl.b;
+        m.msg_controllen = sizeof ctl.b;
+        ssize_t got = recvmsg(r.fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        int e = errno;
+        r.buf.resize(have + size_t(got > 0 ? got : 0));
+        if (got < 0 && e == EINTR)
+            continue;
+        if (got < 0 && (e == EAGAIN || e == EWOULDBLOCK))
+            return false;
+        if (got <= 0 || close_fds(&m))
+            break; /* cut short, a socket error, or fds */
+        r.last = now;
+    }
+    refused_++;
+    finish(i, FABPOOL_ERR_DESCRIPTOR, kMalformed, {});
+    return true;
+}
+
+/* reading_[i]'s request, whole: served, or refused, and the connection closed. */
+void Server::serve_whole(int i)
+{
+    const char *req = reading_[i].buf.data() + FABPOOL_FD_HEAD_BYTES;
+    size_t len = reading_[i].buf.size() - FABPOOL_FD_HEAD_BYTES;
     std::string msg;
     std::vector<int> fds;
     int status = FABPOOL_ERR_DESCRIPTOR;
-    std::vector<char> &req = buf_;
-    req.resize(kRequestHeader + kMaxDesc);
-    size_t n = 0, len = 0;
-    /* a request that brings fds, or takes longer than the deadline, is refused: nothing is kept */
-    if (fabpool_fd_recv_timed(conn, nullptr, 0, &n, req.data(), req.size(), &len, kTimeoutMs) != FABPOOL_OK ||
-        len < kRequestHeader || memcmp(req.data(), kRequestMagic, 4) != 0) {
-        msg = "a malformed request";
-    } else if (!same_token(token_, req.data() + 4)) {
+    if (memcmp(req, kRequestMagic, 4) != 0) {
+        msg = kMalformed;
+    } else if (!same_token(token_, req + 4)) {
         status = FABPOOL_ERR_PERMISSION;
         msg = kNoToken;
     } else {
-        std::string desc(req.data() + kRequestHeader, len - kRequestHeader);
-        status = serve_(get<uint64_t>(req.data() + 4 + kTokenBytes), desc, &fds, &msg);
+        std::string desc(req + kRequestHeader, len - kRequestHeader);
+        status = serve_(get<uint64_t>(req + 4 + kTokenBytes), desc, &fds, &msg);
         if (status < 0 || status > FABPOOL_STATUS_LAST)
             status = FABPOOL_ERR_IO;
     }
     (status == 0 ? served_ : refused_)++;
-    answer(conn, status, msg, fds);
+    finish(i, status, msg, fds);
     close_all(fds);
+}
+
+/* Answers reading_[i] and closes it; it leaves the table, its buffer's memory given back. */
+void Server::finish(int i, int status, const std::string &msg, const std::vector<int> &fds)
+{
+    Reading &r = reading_[i];
+    answer(r.fd, status, msg, fds);
+    close(r.fd);
+    r.fd = -1;
+    std::vector<char>().swap(r.buf);
+    std::swap(r, reading_[--nreading_]);
 }
 
 /* ----------------------------------------------------------- the receiver */

@@ -18,9 +18,11 @@
  *   constant time); the receiver connects only to a listener that is the
  *   handle's pid of its own user (fabpool_fd_connect_peer), so an impostor
  *   is refused before a byte is sent.  A request carries the token, the
- *   block's key and descriptor; the server asks its callback, which checks
- *   that the block is still the one described, and answers with copies of
- *   the fds (SCM_RIGHTS), received whole within a deadline or not at all.
+ *   block's key and descriptor; the thread reads every connection's request
+ *   as it comes, none waited for, and once one is whole asks its callback,
+ *   which checks that the block is still the one described, and answers
+ *   with copies of the fds (SCM_RIGHTS), received whole within a deadline or
+ *   not at all.
  * - fetch: the receiver's side, over the socket, else (no listener: another
  *   network namespace) through a pidfd of the sender: the sender proves it
  *   is the handle's process by the token memfd (fabpool_fd_token_check)
@@ -120,15 +122,31 @@ private:
     int token_fd_ = -1;  /* a sealed memfd of token_: the proof for the pidfd path */
     int listener_ = -1, wake_[2] = {-1, -1};
     std::thread thread_;
-    std::vector<char> buf_;  /* a request (the thread's) */
     std::atomic<uint64_t> served_{0}, refused_{0}, wakes_{0};
+
+    /* A connection whose request bears the token, read as its bytes come (the thread's).  Members, not the
+     * thread's stack: a process forked while the thread runs still reaches their heap. */
+    struct Reading {
+        int fd = -1;
+        int64_t until = 0;     /* the deadline of the whole request (ms, steady clock) */
+        int64_t last = 0;      /* when its last bytes came: the idlest gives way where no more fit */
+        std::vector<char> buf; /* fabpool_fd_send's head, then the request, as far as it came */
+    };
+    /* Requests read at once, each into a buffer of at most one request: a bound on the memory (64 MiB) that
+     * receivers which stall mid-request hold. */
+    static constexpr int kReadingMax = 16;
+    Reading reading_[kReadingMax];
+    int nreading_ = 0;
 
     enum class Look { done, silent, partial };
     void run();
     Look look(int conn, bool expired);
     void sweep(::cw_conn *w, int *nw);
     void take(::cw_conn *w, int *nw, uint64_t *seq);
-    void one(int conn);
+    void read_start(int conn);
+    bool feed(int i, int64_t now);
+    void serve_whole(int i);
+    void finish(int i, int status, const std::string &msg, const std::vector<int> &fds);
     void refuse(int conn);
 };
 
