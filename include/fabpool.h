@@ -474,8 +474,12 @@ FABPOOL_API fabpool_status fabpool_buffer_destroy(fabpool_buffer_t *buf, void *s
  * passed (at the pool's next release, reuse or collect), by a reuse that
  * finds none that fits, by fabpool_trim, by an out-of-memory retry, by sleep
  * and at pool destroy; fabpool_stats.kept_bytes counts what they map.  With
- * keep_ms 0 this is fabpool_buffer_destroy(buf, NULL).  After it, buf is
- * refused (handles, above): a reuse hands the buffer out under a new handle. */
+ * keep_ms 0 this is fabpool_buffer_destroy(buf, NULL), and so it is while the
+ * pool sleeps (whose sleep gave back what was kept, and a reuse is refused
+ * until the wake): nothing is kept, and the wake does not map the buffer
+ * again; a driver call refused there leaves the buffer live, as that
+ * destroy does.  After it, buf is refused (handles, above): a reuse hands
+ * the buffer out under a new handle. */
 FABPOOL_API fabpool_status fabpool_buffer_release(fabpool_buffer_t *buf);
 /* A buffer of `size` bytes made from a released one: the kept buffer whose
  * window holds size and whose mapped bytes are nearest to it, resized to size
@@ -548,8 +552,9 @@ FABPOOL_API fabpool_status fabpool_collect(fabpool_t *pool, int wait);
  * While asleep, fabpool_alloc, fabpool_alloc_on_stream (whatever its
  * stream freed meanwhile), buffer create, resize and reuse, export,
  * fabpool_buffer_dmabuf and view open/apply answer FABPOOL_ERR_ASLEEP;
- * frees (fabpool_free, fabpool_buffer_destroy) work and only change the
- * pool's records.  Views of other processes' buffers stay mapped (their
+ * frees (fabpool_free, fabpool_buffer_destroy, and fabpool_buffer_release,
+ * which keeps nothing then: a destroy) work and only change the pool's
+ * records.  Views of other processes' buffers stay mapped (their
  * memory is the exporter's).  A pool with an exported buffer whose peers
  * have not all acknowledged with UINT64_MAX (views may read it) is refused
  * with FABPOOL_ERR_BUSY, as is a second sleep (FABPOOL_ERR_ASLEEP).

@@ -204,6 +204,35 @@ static void kept_memory_goes_back(void)
     fabpool_destroy(p);
 }
 
+/* A buffer released while its pool sleeps is given back (fabpool_buffer_destroy), not kept: the sleep gave
+ * back what was kept, a reuse is refused until the wake, and a kept buffer would count in kept_bytes memory the
+ * pool does not map, which the wake would map and restore again for no caller.  Its handle is refused, the wake
+ * maps only the live buffer, with its data, and a reuse after it finds nothing. */
+static void release_asleep_gives_back(void)
+{
+    fabsim_ledger l0 = t_ledger();
+    fabpool_t *p = t_pool("keep_ms:60000,max_waste:0");
+    fabpool_buffer_t *live = make(p, 64 * MB, 4 * MB), *gone = make(p, 64 * MB, 8 * MB), *r = NULL;
+    t_put_word(fabpool_buffer_ptr(live), 0x5151);
+    CHECK_OK(fabpool_sleep(p, FABPOOL_SLEEP_OFFLOAD, NULL));
+    CHECK_OK(fabpool_buffer_release(gone));
+    fabpool_stats s = t_stats(p);
+    CHECK(s.kept_bytes == 0 && s.kept_bytes <= s.mapped_bytes && s.buffers == 1);
+    CHECK(fabpool_buffer_ptr(gone) == NULL);
+    CHECK_STATUS(fabpool_buffer_reuse(p, 8 * MB, NULL, &r), FABPOOL_ERR_ASLEEP);
+    CHECK_OK(fabpool_check(p));
+    CHECK_OK(fabpool_wake(p, NULL));
+    CHECK(t_stats(p).kept_bytes == 0 && t_stats(p).mapped_bytes == 4 * MB);
+    CHECK(t_ledger().bytes_held == l0.bytes_held + 4 * MB);
+    CHECK(t_get_word(fabpool_buffer_ptr(live)) == 0x5151);
+    CHECK_STATUS(fabpool_buffer_reuse(p, 8 * MB, NULL, &r), FABPOOL_ERR_NOT_FOUND);
+    CHECK(r == NULL);
+    CHECK_OK(fabpool_check(p));
+    CHECK_OK(fabpool_buffer_destroy(live, NULL));
+    CHECK_OK(fabpool_destroy(p));
+    CHECK(t_ledger().bytes_held == l0.bytes_held && t_ledger().bytes_held_host == l0.bytes_held_host);
+}
+
 /* Out of device memory (1 GiB here), a grow gives the kept buffers back and
  * tries again. */
 static void out_of_memory_takes_kept_back(void)
@@ -562,6 +591,7 @@ int main(void)
     reuse_grows_in_place();
     reuse_takes_nearest_and_miss_gives_back();
     kept_memory_goes_back();
+    release_asleep_gives_back();
     out_of_memory_takes_kept_back();
     block_out_of_memory_takes_kept_back();
     sleep_refused_by_gone_export_names_the_ack();

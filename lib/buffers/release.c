@@ -12,7 +12,8 @@
  * kept buffer goes then: a miss means the frees were not a regrow, and kept
  * memory must not add to new memory), an out-of-memory retry (a grow's in
  * buffer.c, a block allocation's through fp_buffers_give_back_kept),
- * fabpool_trim, sleep and pool destroy.  A kept buffer stays on the pool's
+ * fabpool_trim, sleep and pool destroy; a release while the pool sleeps
+ * keeps nothing (a destroy).  A kept buffer stays on the pool's
  * list (check walks it, destroy frees it) with size 0, counted in kept_bytes
  * and not in the buffers' bytes or count. */
 #include "release.h"
@@ -81,6 +82,14 @@ fabpool_status fabpool_buffer_release(fabpool_buffer_t *b)
     if (bs->keep_ms == 0)
         return fabpool_buffer_destroy(b, NULL);
     fp_lock(&bs->sp->lock);
+    if (fp_chunks_asleep(bs->sp->ch)) {
+        /* asleep, a release is a destroy (only the records change): the sleep gave back what was kept and a reuse
+         * is refused until the wake, so a buffer kept now would count in kept_bytes memory the pool does not map,
+         * and the wake would map it and restore its host copy for no caller.  (A wake by another thread before
+         * the destroy takes the lock: a destroy, as keep_ms 0 makes every release.) */
+        fp_unlock(&bs->sp->lock);
+        return fabpool_buffer_destroy(b, NULL);
+    }
     fp_buffers_drop_kept(bs, 0);
     atomic_fetch_sub(&bs->bytes, b->size);
     atomic_fetch_sub(&bs->count, 1);
