@@ -21,7 +21,11 @@
  * be held (fabsim_stream_hold: their queued work does not complete) and
  * released; a step may also run a short scenario of several calls (a shrink
  * on one stream and a grow on another while the first pends; a refit of an
- * exported buffer with a late peer).
+ * exported buffer with a late peer).  Buffers are released and reused, and
+ * views released and reopened, on traced and sleeping pools too; keep_ms
+ * passes at random steps (the pools' clock moves on, property.h), and what
+ * was kept goes at each pool's next call that gives it back, compared with
+ * the sim's ledger to the byte where a collect gives it back.
  *
  * After every step:
  *   - nothing handed out is unmapped: every live block, buffer and view of
@@ -386,6 +390,23 @@ static const meaning_t meanings[] = {
     {"trace.live_peak", "the trace's peak of live bytes differs from the program's"},
     {"replay.stream_pair", "fabpool_replay --check failed on a trace of the stream pair alone"},
     {"replay.mixed", "fabpool_replay --check failed on a trace of plain calls and the stream pair"},
+    {"buffer_release.asleep", "a release of a sleeping pool's buffer kept it (kept_bytes counting memory the pool "
+     "does not map, which the wake maps again for no caller) or kept the buffer counted: fabpool.h makes it "
+     "fabpool_buffer_destroy(buf, NULL)"},
+    {"buffer_reuse.asleep", "fabpool_buffer_reuse of a sleeping pool did not answer FABPOOL_ERR_ASLEEP, or changed "
+     "what the pool keeps"},
+    {"buffer_reuse.miss", "a reuse that no kept buffer within keep_ms fits did not answer FABPOOL_ERR_NOT_FOUND (a "
+     "buffer past keep_ms handed out?)"},
+    {"buffer_reuse.best_fit", "a reuse handed out another buffer than the nearest kept one within keep_ms, or under "
+     "its released handle"},
+    {"kept.bytes", "a pool's kept_bytes differs from what its kept buffers and views mapped at their release (past "
+     "keep_ms: given back at the pool's next release, reuse, resize, view release, vouched open or collect), or "
+     "exceeds its mapped_bytes"},
+    {"keep_expire.mapped", "a collect after keep_ms passed did not unmap exactly the kept buffers' and views' bytes"},
+    {"keep_expire.held", "a collect after keep_ms passed gave the driver other device bytes back than the kept "
+     "buffers' (and their views', where the exporter let go)"},
+    {"view_open.fresh", "a view opened afresh (no kept view due, one past keep_ms among them) did not import every "
+     "chunk of its descriptor"},
     {"check.beside_thread", "fabpool_check failed while another thread allocated"},
     {"fabpool_check", "fabpool_check found a broken invariant"},
 };
@@ -441,6 +462,30 @@ static void tr_live(int p, int64_t delta)
     P[p].tr_live += (uint64_t)delta;
     if (P[p].tr_live > P[p].tr_peak)
         P[p].tr_peak = P[p].tr_live;
+}
+
+/* keep_ms passing: the steps that met it, the kept buffers and views that went, the steps whose ledger was
+ * compared to the byte (mapped, and held where nothing else maps the memory); fresh views checked to import every
+ * chunk; releases, reuses, view releases and reopens of traced and of sleeping pools */
+static long n_expire_steps, n_expired_bufs, n_expired_views, n_expire_exact, n_expire_held_exact, n_fresh_imports,
+    n_release_traced, n_reuse_traced, n_release_asleep, n_reuse_asleep, n_view_release_asleep, n_reopen_asleep;
+
+/* The kept buffers past keep_ms (kbuf_t.expired) go at the pool's next release, reuse, resize or collect
+ * (fabpool.h names the release, the reuse and the collect; a resize gives them back too, before it maps): the model
+ * after such a call of an awake pool.  A driver fault may keep one (kept_resync). */
+static void expired_bufs_go(int p)
+{
+    for (int i = 0; i < P[p].nkbuf; i++)
+        n_expired_bufs += P[p].kbuf[i].expired;
+    kept_drop(p, 1, 0, 1);
+}
+/* The kept views past keep_ms go at the pool's next view release, open by a vouched peer (awake: an open asleep is
+ * refused first) or collect. */
+static void expired_views_go(int t)
+{
+    for (int i = 0; i < P[t].nkview; i++)
+        n_expired_views += P[t].kview[i].expired;
+    kept_drop(t, 0, 1, 1);
 }
 
 /* A refused call.  Refused, it must change nothing; owner_key (NULL: none) names the failure if the owner
@@ -1009,6 +1054,8 @@ static void op_collect(int p)
     snprintf(cur_what, sizeof cur_what, "pool %d, wait %d", p, wait);
     fabpool_status st = fabpool_collect(P[p].p, wait);
     EXPECT_OK(st, "collect", "fabpool_collect");
+    expired_bufs_go(p); /* asleep too */
+    expired_views_go(p);
 }
 
 static void op_trim(int p)
@@ -1217,6 +1264,8 @@ static void resize_one(int p, buf_t *b, size_t sz, int s)
     size_t old = b->size;
     fabpool_buffer_info before = binfo(b);
     fabpool_status st = fabpool_buffer_resize(b->h, sz, sptr(s));
+    if (!q->asleep)
+        expired_bufs_go(p); /* whatever the resize answers: they go before it maps */
     if (verbose) {
         fabpool_buffer_info bi = binfo(b);
         printf("  (buffer %llu: %zu -> %zu: %s %s; size %zu -> %zu, mapped %zu -> %zu, chunks %u -> %u)\n",
@@ -1295,6 +1344,8 @@ static void op_buffer_resize_set(int p)
                             (unsigned long long)b->id, old[k], sizes[k]);
     }
     fabpool_status st = fabpool_buffer_resize_set(hs, sizes, (size_t)n, sptr(s));
+    if (!q->asleep && !dup)
+        expired_bufs_go(p); /* whatever the resize answers: they go before it maps */
     int refusal = dup || q->asleep || (st == FABPOOL_ERR_LIMIT && q->c.small_reserve);
     if (dup)
         EXPECT(st != FABPOOL_OK, "resize_set.duplicate", "a buffer named twice was accepted");
@@ -1518,7 +1569,10 @@ static void open_view(int t, int src, buf_t *b, const uint8_t *d, size_t len, in
     memset(&v, 0, sizeof v);
     step_pools |= 1u << t;
     v.vouched = chance(50); /* the peer is this process: a release keeps the view */
+    if (v.vouched && !q->asleep)
+        expired_views_go(t); /* the open closes the kept views past keep_ms first */
     int due = v.vouched && !q->asleep && kept_view_of(t, b->id);
+    uint64_t imports0 = fault_calls_fn ? fault_calls_fn("cuMemImportFromShareableHandle") : 0;
     fabpool_status st = v.vouched ? fabpool_view_open_peer(q->p, getpid(), d, len, vfds, nfds, &v.h)
                                   : fabpool_view_open(q->p, d, len, vfds, nfds, &v.h);
     if (q->asleep) {
@@ -1556,6 +1610,14 @@ static void open_view(int t, int src, buf_t *b, const uint8_t *d, size_t len, in
            "%llu at 0x%llx: %s", t, (unsigned long long)b->id, (unsigned long long)v.base,
            took ? "at a kept view of something else" : "not at the kept view of it");
     n_view_taken += took;
+    if (!took && !fault_fired() && fault_calls_fn) { /* afresh (a kept view past keep_ms too): every chunk imported */
+        uint64_t imports = fault_calls_fn("cuMemImportFromShareableHandle") - imports0,
+                 recs = (len - FABPOOL_DESC_HEADER_BYTES) / FABPOOL_DESC_RECORD_BYTES;
+        n_fresh_imports++;
+        EXPECT(imports == recs, "view_open.fresh", "pool %d opened buffer %llu afresh at 0x%llx with %llu imports; "
+               "its descriptor has %llu chunks (a view kept past keep_ms taken back?)", t, (unsigned long long)b->id,
+               (unsigned long long)v.base, (unsigned long long)imports, (unsigned long long)recs);
+    }
     v.live = live;
     v.gen = gen;
     v.src_size = src_size;
@@ -1697,6 +1759,7 @@ static int block_view_open(int p, int t, const blk_t *b, fabpool_view_t **v, uin
     (void)t_ledger(); /* the sim forgets the exported fds closed so far, before a dup may take their numbers */
     for (size_t i = 0; i < nfds; i++)
         mine[i] = dup(fds[i]);
+    expired_views_go(t); /* the open closes pool t's kept views past keep_ms first */
     st = fabpool_view_open_peer(P[t].p, getpid(), desc, len, mine, nfds, v); /* kept at its release */
     if (st == FABPOOL_ERR_LIMIT && P[t].c.small_reserve) { /* the viewing pool's small reservation is full */
         n_limit++;
@@ -1927,11 +1990,10 @@ static void kept_resync(int fired)
 }
 
 /* fabpool_buffer_release of one of pool p's buffers (acked, if exported): kept, its handle refused, kept_bytes
- * counting what it maps; its late peers give up. */
-static int can_release(int p)
-{
-    return !P[p].asleep && P[p].c.trace == TRACE_NONE && has_releasable(p);
-}
+ * counting what it maps; its late peers give up.  Those kept past keep_ms go first.  A traced pool's trace has the
+ * release as the buffer's destroy.  While the pool sleeps (whose sleep gave back what was kept) the release is
+ * fabpool_buffer_destroy(buf, NULL) (fabpool.h): nothing is kept, and the wake brings none of it back. */
+static int can_release(int p) { return has_releasable(p); }
 static void op_buffer_release(int p)
 {
     pool_t *q = &P[p];
@@ -1941,49 +2003,96 @@ static void op_buffer_release(int p)
     buf_t *b = &q->buf[i];
     fabpool_buffer_info before = binfo(b);
     step_feats |= FB(F_RESIZE);
-    snprintf(cur_what, sizeof cur_what, "pool %d, buffer %llu (size %zu, mapped %zu)%s, %d kept", p,
-             (unsigned long long)b->id, b->size, before.mapped, b->shared ? ", exported and acked" : "", q->nkbuf);
-    check_buf(b, -1);
+    snprintf(cur_what, sizeof cur_what, "pool %d, buffer %llu (size %zu, mapped %zu)%s, %d kept%s", p,
+             (unsigned long long)b->id, b->size, before.mapped, b->shared ? ", exported and acked" : "", q->nkbuf,
+             q->asleep ? ", asleep: a destroy" : "");
+    if (!q->asleep)
+        check_buf(b, -1);
+    fabpool_stats s0 = {.struct_size = sizeof s0};
+    fabpool_get_stats(q->p, &s0);
     fabpool_status st = fabpool_buffer_release(b->h);
     EXPECT_OK(st, "buffer_release", "fabpool_buffer_release");
-    if (st != FABPOOL_OK)
+    if (st != FABPOOL_OK) /* refused for a fault (asleep: the destroy's): the buffer is the caller's as before */
         return;
     drop_stashes_of(b->id, p);
     EXPECT(!fabpool_buffer_ptr(b->h) && fabpool_buffer_resize(b->h, 1, NULL) == FABPOOL_ERR_INVALID_ARG,
            "buffer_release.handle", "the released handle %p still answers", (void *)b->h);
+    n_release_traced += q->c.trace != TRACE_NONE;
+    tr_live(p, -(int64_t)b->size);
+    if (q->asleep) {
+        n_release_asleep++;
+        fabpool_stats s1 = {.struct_size = sizeof s1};
+        fabpool_get_stats(q->p, &s1);
+        EXPECT(s1.kept_bytes == s0.kept_bytes && s1.buffers + 1 == s0.buffers, "buffer_release.asleep", "a release "
+               "of a sleeping pool's buffer (%zu bytes mapped before the sleep) kept it: kept_bytes %llu -> %llu, "
+               "buffers %llu -> %llu (the pool maps %llu)", before.mapped, (unsigned long long)s0.kept_bytes,
+               (unsigned long long)s1.kept_bytes, (unsigned long long)s0.buffers, (unsigned long long)s1.buffers,
+               (unsigned long long)s1.mapped_bytes);
+        if (b->shared && b->acked != UINT64_MAX && ndead < MAXDEAD)
+            dead[ndead].pool = p, dead[ndead++].id = before.export_id;
+        q->buf[i] = q->buf[--q->nbuf];
+        return;
+    }
+    expired_bufs_go(p);
     q->kbuf[q->nkbuf++] = (kbuf_t){*b, before.mapped, b->h, before.export_id, 0};
     q->buf[i] = q->buf[--q->nbuf];
 }
 
 /* fabpool_buffer_reuse on pool p: the nearest kept buffer at its base under a new handle, its data below the
- * smaller of its sizes kept; none fits: FABPOOL_ERR_NOT_FOUND and every kept buffer given back.  Refused for a
- * fault: nothing handed out, the buffer given back or kept (kept_resync). */
-static int can_reuse(int p)
-{
-    return !P[p].asleep && P[p].c.trace == TRACE_NONE && P[p].nbuf < MAXBUF && (P[p].nkbuf > 0 || chance(10));
-}
+ * smaller of its sizes kept; none fits: FABPOOL_ERR_NOT_FOUND and every kept buffer given back.  Those past keep_ms
+ * go first: never handed out.  Refused for a fault: nothing handed out, the buffer given back or kept
+ * (kept_resync).  A traced pool's trace has a reuse as a buffer created at its size (a refused one: created and
+ * destroyed).  Asleep: FABPOOL_ERR_ASLEEP, nothing handed out, nothing kept given back. */
+static int can_reuse(int p) { return P[p].nbuf < MAXBUF && (P[p].nkbuf > 0 || chance(P[p].asleep ? 50 : 10)); }
 static void op_buffer_reuse(int p)
 {
     pool_t *q = &P[p];
     uint64_t win = q->nkbuf ? q->kbuf[below((uint64_t)q->nkbuf)].b.window : 128 * MB;
     size_t sz = chance(85) ? buf_size(win) : (size_t)logsize(1, 128 * MB);
-    int s = stream_choice(), best = -1;
+    int s = stream_choice(), best = -1, expired = 0;
     uint64_t best_d = UINT64_MAX;
     for (int k = 0; k < q->nkbuf; k++) {
         uint64_t live = q->kbuf[k].live, d = live > sz ? live - sz : sz - live;
-        if (q->kbuf[k].b.window >= sz && d < best_d)
+        expired += q->kbuf[k].expired;
+        if (q->kbuf[k].b.window >= sz && d < best_d && !q->kbuf[k].expired)
             best = k, best_d = d;
     }
     step_feats |= FB(F_RESIZE);
-    snprintf(cur_what, sizeof cur_what, "pool %d, %zu bytes, stream %s, %d kept%s", p, sz, stream_name(s), q->nkbuf,
-             best < 0 ? ", none fits" : "");
+    snprintf(cur_what, sizeof cur_what, "pool %d, %zu bytes, stream %s, %d kept (%d past keep_ms)%s%s", p, sz,
+             stream_name(s), q->nkbuf, expired, best < 0 ? ", none fits" : "", q->asleep ? ", asleep" : "");
+    fabpool_stats s0 = {.struct_size = sizeof s0};
+    fabpool_get_stats(q->p, &s0);
     fabpool_buffer_t *r = NULL;
     fabpool_status st = fabpool_buffer_reuse(q->p, sz, sptr(s), &r);
-    if (best < 0) {
-        EXPECT(st == FABPOOL_ERR_NOT_FOUND && !r, "buffer_reuse.miss", "no kept buffer's window holds %zu bytes, the "
-               "reuse answered %s", sz, fabpool_status_name(st));
+    if (q->asleep) { /* refused before anything kept is looked at */
+        n_reuse_asleep++;
+        n_asleep_refused++;
+        fabpool_stats s1 = {.struct_size = sizeof s1};
+        fabpool_get_stats(q->p, &s1);
+        EXPECT(st == FABPOOL_ERR_ASLEEP && !r && s1.kept_bytes == s0.kept_bytes && s1.buffers == s0.buffers,
+               "buffer_reuse.asleep", "fabpool_buffer_reuse of a sleeping pool -> %s (%p), kept_bytes %llu -> %llu, "
+               "buffers %llu -> %llu", fabpool_status_name(st), (void *)r, (unsigned long long)s0.kept_bytes,
+               (unsigned long long)s1.kept_bytes, (unsigned long long)s0.buffers, (unsigned long long)s1.buffers);
         if (st == FABPOOL_OK)
             (void)fabpool_buffer_destroy(r, NULL);
+        refused(p, NULL);
+        return;
+    }
+    n_reuse_traced += q->c.trace != TRACE_NONE;
+    uint64_t at = st == FABPOOL_OK ? (uint64_t)(uintptr_t)fabpool_buffer_ptr(r) : 0;
+    int k = 0;
+    while (k < q->nkbuf && q->kbuf[k].b.base != at)
+        k++;
+    if (best < 0) {
+        EXPECT((st == FABPOOL_ERR_NOT_FOUND && !r) || (fault_fired() && st == FABPOOL_OK && k < q->nkbuf),
+               "buffer_reuse.miss", "no kept buffer's window holds %zu bytes (%d kept past keep_ms), the reuse "
+               "answered %s", sz, expired, fabpool_status_name(st));
+        if (st == FABPOOL_OK) { /* an expired one whose give-back a fault refused: given back, the driver well */
+            fault_spend();
+            EXPECT(fabpool_buffer_destroy(r, NULL) == FABPOOL_OK, "buffer_reuse.miss", "the destroy of a buffer "
+                   "past keep_ms that a reuse handed out after a fault: %s", fabpool_last_error());
+        }
+        n_expired_bufs += expired;
         kept_drop(p, 1, 0, 0);
         n_reuse_miss++;
         return;
@@ -1992,37 +2101,46 @@ static void op_buffer_reuse(int p)
     n_reuse_hit += st == FABPOOL_OK;
     n_reuse_refused += st != FABPOOL_OK;
     EXPECT(st == FABPOOL_OK || !r, "buffer_reuse.refused_out", "a refused reuse handed out %p", (void *)r);
-    if (st != FABPOOL_OK)
+    if (st != FABPOOL_OK) {
+        tr_live(p, (int64_t)sz); /* the trace: created, its resize refused, destroyed */
+        tr_live(p, -(int64_t)sz);
+        expired_bufs_go(p);
         return; /* kept_resync has what the pool kept */
-    uint64_t at = (uint64_t)(uintptr_t)fabpool_buffer_ptr(r);
-    int k = 0;
-    while (k < q->nkbuf && q->kbuf[k].b.base != at)
-        k++;
+    }
     kbuf_t *e = &q->kbuf[k];
     uint64_t d = k < q->nkbuf ? (e->live > sz ? e->live - sz : sz - e->live) : UINT64_MAX;
-    EXPECT(k < q->nkbuf && d == best_d && r != e->gone && !fabpool_buffer_ptr(e->gone), "buffer_reuse.best_fit",
-           "the reuse of %zu bytes gave %p at 0x%llx, not the nearest kept buffer under a new handle (nearest: %llu "
-           "bytes off)", sz, (void *)r, (unsigned long long)at, (unsigned long long)best_d);
+    EXPECT(k < q->nkbuf && ((d == best_d && !e->expired) || fault_fired()) && r != e->gone &&
+               !fabpool_buffer_ptr(e->gone), "buffer_reuse.best_fit", "the reuse of %zu bytes gave %p at 0x%llx, not "
+           "the nearest kept buffer within keep_ms under a new handle (nearest: %llu bytes off; %s)", sz, (void *)r,
+           (unsigned long long)at, (unsigned long long)best_d, k == q->nkbuf ? "none kept there" : e->expired ?
+           "one past keep_ms" : "another");
     if (k == q->nkbuf) {
+        fault_spend();
         (void)fabpool_buffer_destroy(r, NULL);
+        expired_bufs_go(p);
         return;
     }
     buf_t b = e->b;
     fabpool_buffer_info before = {.struct_size = sizeof before, .size = b.size, .mapped = (size_t)e->live};
     size_t old = b.size;
     q->kbuf[k] = q->kbuf[--q->nkbuf];
+    expired_bufs_go(p);
     b.h = r;
     b.size = sz;
     q->buf[q->nbuf++] = b;
+    /* the trace: created at sz (its release was its destroy), where after_resize counts a resize from old */
+    tr_live(p, (int64_t)sz);
+    q->tr_live -= (uint64_t)((int64_t)sz - (int64_t)old);
     after_resize(p, &q->buf[q->nbuf - 1], &before, old, s);
 }
 
-/* fabpool_view_release of one of pool t's views: a vouched peer's is kept for a reopen, the others closed. */
+/* fabpool_view_release of one of pool t's views: a vouched peer's is kept for a reopen (those kept past keep_ms
+ * go first), the others closed; the same while pool t sleeps (a peer's view stays mapped: fabpool.h). */
 static int can_release_view(int t)
 {
     for (int i = 0; i < P[t].nview; i++)
         if (!P[t].view[i].broken)
-            return !P[t].asleep && P[t].nkview < MAXKEPT;
+            return P[t].nkview < MAXKEPT;
     return 0;
 }
 static void op_view_release(int t)
@@ -2032,8 +2150,9 @@ static void op_view_release(int t)
         i = (i + 1) % P[t].nview;
     view_t *v = &P[t].view[i];
     step_feats |= FB(F_VIEW);
-    snprintf(cur_what, sizeof cur_what, "pool %d, view of buffer %llu%s%s", t, (unsigned long long)v->id,
-             find_buf(v->id, NULL) ? "" : " (not live)", v->vouched ? ", a vouched peer's" : ", closed");
+    snprintf(cur_what, sizeof cur_what, "pool %d%s, view of buffer %llu%s%s", t, P[t].asleep ? " (asleep)" : "",
+             (unsigned long long)v->id, find_buf(v->id, NULL) ? "" : " (not live)",
+             v->vouched ? ", a vouched peer's" : ", closed");
     check_view(v, -1);
     fabpool_status st = fabpool_view_release(v->h);
     EXPECT_OK(st, "view_release", "fabpool_view_release");
@@ -2043,20 +2162,25 @@ static void op_view_release(int t)
     }
     EXPECT(!fabpool_view_ptr(v->h), "view_release.handle", "the released view's handle %p still answers",
            (void *)v->h);
-    if (v->vouched)
+    n_view_release_asleep += P[t].asleep;
+    if (v->vouched) {
+        expired_views_go(t);
         P[t].kview[P[t].nkview++] = (kview_t){*v, 0, 0};
+    }
     drop_view(t, i);
 }
 
 /* A kept view of a live buffer opened again by its peer: taken back at its address, its data the buffer's now;
- * where a fault refuses its apply it is closed (or stays kept) and the open maps one afresh or is refused. */
+ * where a fault refuses its apply it is closed (or stays kept) and the open maps one afresh or is refused.  One
+ * past keep_ms is closed first: the open maps a view afresh.  While pool t sleeps the open is refused
+ * (FABPOOL_ERR_ASLEEP) and the kept view stays kept. */
 static int can_reopen(int t)
 {
     int sp;
     for (int i = 0; i < P[t].nkview; i++)
         if (!P[t].kview[i].block && find_buf(P[t].kview[i].v.id, &sp) && !find_buf(P[t].kview[i].v.id, &sp)->broken &&
             !P[sp].asleep)
-            return !P[t].asleep && P[t].nview < MAXVIEW;
+            return P[t].nview < MAXVIEW;
     return 0;
 }
 static void op_view_reopen(int t)
@@ -2068,13 +2192,113 @@ static void op_view_reopen(int t)
     fabpool_buffer_info bi = binfo(b);
     step_feats |= FB(F_VIEW) | FB(F_EXPORT);
     step_pools |= 1u << sp;
-    snprintf(cur_what, sizeof cur_what, "pool %d, kept view of buffer %llu of pool %d opened again (gen %llu -> %llu)",
-             t, (unsigned long long)b->id, sp, (unsigned long long)P[t].kview[i].v.gen,
-             (unsigned long long)bi.generation);
+    snprintf(cur_what, sizeof cur_what, "pool %d%s, kept view of buffer %llu of pool %d opened again (gen %llu -> "
+             "%llu)%s", t, P[t].asleep ? " (asleep)" : "", (unsigned long long)b->id, sp,
+             (unsigned long long)P[t].kview[i].v.gen, (unsigned long long)bi.generation,
+             P[t].kview[i].expired ? ", past keep_ms" : "");
+    n_reopen_asleep += P[t].asleep;
     export_open(t, sp, b, "view_reopen");
     view_t *v = P[t].nview ? &P[t].view[P[t].nview - 1] : NULL;
     if (v && v->id == b->id && v->vid >= step_first_id && !v->broken)
         view_reads_buffer(v, b);
+}
+
+/* keep_ms passes for what every pool keeps (the pools' clock moves on, property.h), amid whatever the pools hold
+ * then (exports, held streams, sleep, a driver fault of the step); pool p then makes a call that gives back what is
+ * past it: a collect, whose give-back the ledger sees to the byte (every kept buffer's and view's mapped bytes
+ * unmapped, and the device bytes that nothing else maps given back to the driver: a view's memory is its
+ * exporter's, a buffer's stays alive under a peer's view or a dma-buf), or a reuse (of a size an expired buffer
+ * would fit: none is handed out, FABPOOL_ERR_NOT_FOUND), a reopen of an expired view (a view afresh, every chunk
+ * imported), a release, a view release or a resize.  The other pools' expired buffers and views go at their own
+ * next such call, meeting the operations between. */
+static int has_kept(int p) { return P[p].nkbuf + P[p].nkview > 0; }
+static void op_keep_expire(int p)
+{
+    pool_t *q = &P[p];
+    int how = (int)below(8); /* 0-2: collect; 3 reuse; 4 reopen; 5 release; 6 view release; 7 resize */
+    if ((how == 3 && !can_reuse(p)) || (how == 4 && !can_reopen(p)) || (how == 5 && !can_release(p)) ||
+        (how == 6 && !can_release_view(p)) || (how == 7 && !has_buf(p)))
+        how = 0;
+    static const char *const said[] = {"a collect", "a collect", "a collect", "a reuse", "a reopen", "a release",
+                                       "a view release", "a resize"};
+    snprintf(cur_what, sizeof cur_what, "pool %d%s: %d buffers and %d views kept, keep_ms passes, then %s", p,
+             q->asleep ? " (asleep)" : "", q->nkbuf, q->nkview, said[how]);
+    step_feats |= FB(F_RESIZE) | (q->nkview ? FB(F_VIEW) : 0);
+    n_expire_steps++;
+    if (how >= 3) {
+        kept_expire_all(600000 + 1000);
+        if (how == 3)
+            op_buffer_reuse(p);
+        else if (how == 4)
+            op_view_reopen(p);
+        else if (how == 5)
+            op_buffer_release(p);
+        else if (how == 6)
+            op_view_release(p);
+        else
+            op_buffer_resize(p);
+        return;
+    }
+    /* what a collect gives back besides (retired chunks whose work is done, blocks freed on streams) goes first */
+    fabpool_status st = fabpool_collect(q->p, 0);
+    EXPECT_OK(st, "collect", "fabpool_collect");
+    expired_bufs_go(p);
+    expired_views_go(p);
+    uint64_t want_mapped = 0, want_held = 0, peer_held = 0;
+    for (int i = 0; i < q->nkbuf; i++) {
+        const kbuf_t *k = &q->kbuf[i];
+        int other = 0; /* a view of it (open or kept) in any pool, or a dma-buf of it, keeps its memory alive */
+        for (int t = 0; t < NPOOL; t++) {
+            for (int j = 0; j < P[t].nview; j++)
+                other |= P[t].view[j].id == k->b.id;
+            for (int j = 0; j < P[t].nkview; j++)
+                other |= !P[t].kview[j].block && P[t].kview[j].v.id == k->b.id;
+        }
+        for (int j = 0; j < ndmabuf; j++)
+            other |= dmabufs[j].id == k->b.id;
+        want_mapped += k->live;
+        if (other)
+            peer_held += k->live;
+        else
+            want_held += k->live;
+    }
+    for (int i = 0; i < q->nkview; i++) {
+        want_mapped += q->kview[i].v.live;
+        peer_held += q->kview[i].v.live; /* given back only where its exporter let go of the chunk */
+    }
+    int quiet = !fault_fired();
+    fabsim_ledger l0 = t_ledger();
+    fabpool_stats s0 = {.struct_size = sizeof s0};
+    fabpool_get_stats(q->p, &s0);
+    kept_expire_all(600000 + 1000);
+    st = fabpool_collect(q->p, 0);
+    EXPECT_OK(st, "collect", "fabpool_collect after keep_ms passed");
+    int nb = q->nkbuf, nv = q->nkview;
+    expired_bufs_go(p);
+    expired_views_go(p);
+    fabsim_ledger l1 = t_ledger();
+    fabpool_stats s1 = {.struct_size = sizeof s1};
+    fabpool_get_stats(q->p, &s1);
+    if (!quiet || fault_fired())
+        return; /* a give-back a fault refused stays kept: kept_resync */
+    n_expire_exact++;
+    /* a kept buffer goes as a destroy on no stream: the context synchronize completes the held streams, and the
+     * memory retired on them goes in the same collect (the pool's retiring_bytes, which the ledger checks hold to
+     * the sim's) */
+    uint64_t unmapped = l0.bytes_mapped - l1.bytes_mapped, freed = l0.bytes_held - l1.bytes_held,
+             retired = s0.retiring_bytes - s1.retiring_bytes;
+    EXPECT(unmapped == want_mapped + retired && s0.mapped_bytes - s1.mapped_bytes == unmapped && s1.kept_bytes == 0,
+           "keep_expire.mapped", "%d kept buffers and %d kept views past keep_ms, %llu bytes mapped (and %llu retired "
+           "bytes done): the collect unmapped %llu bytes (the pool counts %llu fewer), kept_bytes %llu -> %llu", nb,
+           nv, (unsigned long long)want_mapped, (unsigned long long)retired, (unsigned long long)unmapped,
+           (unsigned long long)(s0.mapped_bytes - s1.mapped_bytes), (unsigned long long)s0.kept_bytes,
+           (unsigned long long)s1.kept_bytes);
+    n_expire_held_exact += peer_held == 0 && retired == 0;
+    EXPECT(freed >= want_held && freed <= want_held + peer_held + retired, "keep_expire.held", "%d kept buffers and "
+           "%d kept views past keep_ms: the driver holds %llu bytes fewer after the collect, expected %llu (and up to "
+           "%llu more of memory a peer's view or a dma-buf may have kept alive, and of %llu retired bytes done)", nb,
+           nv, (unsigned long long)freed, (unsigned long long)want_held, (unsigned long long)peer_held,
+           (unsigned long long)retired);
 }
 
 /* ---- the high-water marks */
@@ -2470,6 +2694,7 @@ static const op_def ops[] = {
     {"view_release", 4, can_release_view, op_view_release},
     {"view_reopen", 8, can_reopen, op_view_reopen},
     {"reset_peak", 1, always, op_reset_peak},
+    {"keep_expire", 3, has_kept, op_keep_expire},
 };
 #define NOPS ((int)(sizeof ops / sizeof ops[0]))
 _Static_assert(NOPS <= MAXOPS, "fault_seen has a row for every operation");
@@ -2912,6 +3137,12 @@ int main(int argc, char **argv)
     printf("  kept for reuse: %ld reuses found a kept buffer, %ld missed, %ld were refused for a fault; %ld kept views "
            "taken back by an open; %ld resyncs after a fault\n", n_reuse_hit, n_reuse_miss, n_reuse_refused,
            n_view_taken, n_kept_resync);
+    printf("  keep_ms passed %ld times: %ld kept buffers and %ld kept views went (%ld collects compared with the "
+           "ledger, %ld to the held byte); %ld views afresh imported every chunk; traced: %ld releases, %ld reuses; "
+           "asleep: %ld releases (destroys), %ld reuses refused, %ld view releases, %ld reopens refused\n",
+           n_expire_steps, n_expired_bufs, n_expired_views, n_expire_exact, n_expire_held_exact, n_fresh_imports,
+           n_release_traced, n_reuse_traced, n_release_asleep, n_reuse_asleep, n_view_release_asleep,
+           n_reopen_asleep);
     if (fault_pct)
         printf("  driver faults (FABPOOL_TEST_FAULTS=%d): %ld steps armed one, %ld fired, %ld refused the step's call "
                "(%ld compared buffer by buffer and view by view)\n", fault_pct, n_fault_steps, n_fault_fired,
