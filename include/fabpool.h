@@ -718,7 +718,8 @@ FABPOOL_API fabpool_status fabpool_device_count(int *out);
 FABPOOL_API fabpool_status fabpool_device_memory(fabpool_t *pool, size_t *free_bytes, size_t *total_bytes);
 /* A readable report (json = 0) or one JSON object (json = 1): the stats, and the options in force (as a
  * FABPOOL_CONF string in the text, an object "options" in the JSON, with the handle type and rdma chosen and
- * the reservation made). */
+ * the reservation made).  The report is flushed to `out`; a write that fails (a full device, a closed pipe, a
+ * FILE not open for writing) answers FABPOOL_ERR_IO, the report cut short or missing. */
 FABPOOL_API fabpool_status fabpool_print_stats(fabpool_t *pool, FILE *out, int json);
 /* Walks the pool's structures under its locks and verifies their invariants
  * (slabs' free counts, flags and stacks; class lists; the page map; the
@@ -765,7 +766,7 @@ FABPOOL_API fabpool_status fabpool_stats_json(fabpool_t *pool, char *buf, size_t
 #define FABPOOL_DESC_HEADER_BYTES 96u
 #define FABPOOL_DESC_RECORD_BYTES 96u
 
-/* Bytes a descriptor of n chunks takes. */
+/* Bytes a descriptor of n chunks takes (SIZE_MAX for an n whose bytes size_t cannot hold). */
 FABPOOL_API size_t fabpool_desc_size(size_t n_chunks);
 
 /* Writes the descriptor of buf's chunks mapped after generation `since` (0:

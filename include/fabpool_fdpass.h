@@ -102,7 +102,10 @@ FABPOOL_API fabpool_status fabpool_fd_send(int sock, const int *fds, size_t n, c
  *                           bytes, more fds than it announced, a malformed
  *                           control message: no sender of this protocol.
  * After FABPOOL_ERR_IO or FABPOOL_ERR_DESCRIPTOR the socket is out of step
- * (a message part read): close it.  *len is 0 but after OK and LIMIT. */
+ * (a message part read): close it.  *len is 0 but after OK and LIMIT.
+ * n and len are required: a NULL one is refused (FABPOOL_ERR_INVALID_ARG)
+ * before anything is read, the message left whole on the socket.  fds may
+ * be NULL (room for no fd) and data too (room for no byte). */
 FABPOOL_API fabpool_status fabpool_fd_recv(int sock, int *fds, size_t cap, size_t *n, void *data, size_t data_cap,
                                           size_t *len);
 /* The same within timeout_ms for the whole message, however the peer

@@ -15,7 +15,8 @@
  *     announced: an error at once, every fd that came closed, *n 0; a peer
  *     that sends half a message and stays (or trickles it) ends
  *     fabpool_fd_recv_timed at its deadline; a message too big for the
- *     buffers is read whole and the next one still comes right;
+ *     buffers is read whole and the next one still comes right; a NULL
+ *     count or length is refused before anything is read;
  *   - token proofs for pidfd copies, pidfds, the ptracer consent of one pid.
  * Each case runs in a child process of its own with an alarm, so that a
  * receive that hangs fails the case instead of the test's time limit.
@@ -823,6 +824,35 @@ static void recv_reads_a_message_too_big_whole_and_stays_in_step(void)
     close(sp[0]), close(sp[1]);
 }
 
+/* a NULL count or length is refused before anything is read: were the message taken, its fds would land in the
+ * caller's array uncounted (leaked) and its payload's length lost; the socket stays in step */
+static void recv_refuses_null_outputs_and_reads_nothing(void)
+{
+    int sp[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
+    int two[2] = {memfd_with("a"), memfd_with("b")};
+    CHECK_OK(fabpool_fd_send(sp[1], two, 2, "hello", 5));
+    close(two[0]), close(two[1]);
+    int before = fd_count();
+    int fds[4] = {-1, -1, -1, -1};
+    size_t n = 77, len = 77;
+    char buf[16];
+    CHECK_STATUS(fabpool_fd_recv(sp[0], fds, 4, NULL, buf, sizeof buf, &len), FABPOOL_ERR_INVALID_ARG);
+    CHECK(strstr(fabpool_last_error(), "fabpool_fd_recv") && strstr(fabpool_last_error(), "NULL") &&
+          strstr(fabpool_last_error(), "nothing was read"));
+    CHECK(len == 0);
+    CHECK_STATUS(fabpool_fd_recv_timed(sp[0], fds, 4, &n, buf, sizeof buf, NULL, 1000), FABPOOL_ERR_INVALID_ARG);
+    CHECK(strstr(fabpool_last_error(), "fabpool_fd_recv_timed") && strstr(fabpool_last_error(), "NULL"));
+    CHECK(n == 0);
+    CHECK(fd_count() == before && fds[0] == -1); /* no fd of the message came in */
+    /* the message is still whole on the socket */
+    CHECK_OK(fabpool_fd_recv_timed(sp[0], fds, 4, &n, buf, sizeof buf, &len, 1000));
+    CHECK(n == 2 && len == 5 && memcmp(buf, "hello", 5) == 0);
+    for (size_t i = 0; i < n && i < 4; i++)
+        close(fds[i]);
+    close(sp[0]), close(sp[1]);
+}
+
 /* a peer's one sendmsg may carry up to 253 fds (SCM_MAX_FD), more than
  * fabpool_fd_send puts on one; and a message of more fds than one sendmsg
  * takes rides on padding bytes */
@@ -1037,6 +1067,7 @@ static const struct {
     {"recv_refuses_hostile_heads_without_waiting", recv_refuses_hostile_heads_without_waiting},
     {"recv_reads_a_message_too_big_whole_and_stays_in_step", recv_reads_a_message_too_big_whole_and_stays_in_step},
     {"recv_takes_many_fds", recv_takes_many_fds},
+    {"recv_refuses_null_outputs_and_reads_nothing", recv_refuses_null_outputs_and_reads_nothing},
     {"token_proves_the_process_holds_it", token_proves_the_process_holds_it},
     {"allow_peer_names_one_pid_then_withdraws", allow_peer_names_one_pid_then_withdraws},
 };

@@ -9,7 +9,13 @@
  *    to be given back with fabpool_buffer_destroy; an address no mapping of the pool's holds says the pool did
  *    not give it out;
  *  - a child forked after its parent made a pool: fabpool_create and fabpool_device_count answer
- *    FABPOOL_ERR_NOT_SUPPORTED, saying the process was forked and to start it with exec or spawn. */
+ *    FABPOOL_ERR_NOT_SUPPORTED, saying the process was forked and to start it with exec or spawn;
+ *  - a descriptor refused (NULL, truncated, without its fds, another buffer's) by fabpool_view_open,
+ *    fabpool_view_open_peer and fabpool_view_apply: the message names the call that refused it;
+ *  - an export given a NULL descriptor or fd array with a capacity above 0: the message counts no room for it
+ *    (the array is NULL), not the capacity given;
+ *  - the stream pair on the per-thread default stream, which allocates and frees as fabpool_alloc and
+ *    fabpool_free do: a refusal names the stream pair's call too. */
 #include <sys/wait.h>
 
 #include "testutil.h"
@@ -128,6 +134,84 @@ static void buffer_memory_is_no_block(void)
     CHECK_OK(fabpool_destroy(p));
 }
 
+/* n dup()s of fds into out: fabpool_view_open and _apply close the fds they are given, whatever the outcome. */
+static const int *dups(const int *fds, size_t n, int *out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = dup(fds[i]);
+    return out;
+}
+
+static void descriptor_refusals_name_the_call(void)
+{
+    fabpool_t *p = t_pool("handle_type:posix_fd");
+    if (!p)
+        return;
+    fabpool_buffer_t *x = NULL, *y = NULL;
+    CHECK_OK(fabpool_buffer_create(p, 64 * MB, 4 * MB, &x));
+    CHECK_OK(fabpool_buffer_create(p, 64 * MB, 2 * MB, &y));
+    if (!x || !y)
+        return;
+    unsigned char desc[4096], other[4096];
+    int fds[16], ofds[16], d[16];
+    size_t len = 0, nfds = 0, olen = 0, onfds = 0;
+    CHECK_OK(fabpool_buffer_export(x, 0, desc, sizeof desc, &len, fds, 16, &nfds));
+    CHECK_OK(fabpool_buffer_export(y, 0, other, sizeof other, &olen, ofds, 16, &onfds));
+    fabpool_view_t *v = NULL;
+    SAYS(fabpool_view_open(p, NULL, len, NULL, 0, &v), FABPOOL_ERR_INVALID_ARG, NULL, "descriptor is NULL",
+         "fabpool_view_open");
+    SAYS(fabpool_view_open(p, desc, len - 1, dups(fds, nfds, d), nfds, &v), FABPOOL_ERR_DESCRIPTOR, NULL,
+         "descriptor refused", "truncated", "fabpool_view_open");
+    static const char *const not_plain_open[] = {"fabpool_view_open)", "fabpool_view_open:", NULL};
+    SAYS(fabpool_view_open_peer(p, (int)getpid(), desc, len - 1, dups(fds, nfds, d), nfds, &v),
+         FABPOOL_ERR_DESCRIPTOR, not_plain_open, "descriptor refused", "fabpool_view_open_peer");
+    CHECK(v == NULL);
+    CHECK_OK(fabpool_view_open(p, desc, len, dups(fds, nfds, d), nfds, &v));
+    if (v) {
+        SAYS(fabpool_view_apply(v, desc, len, NULL, 0), FABPOOL_ERR_DESCRIPTOR, NULL, "descriptor refused",
+             "fds came", "fabpool_view_apply");
+        SAYS(fabpool_view_apply(v, other, olen, dups(ofds, onfds, d), onfds), FABPOOL_ERR_DESCRIPTOR, NULL,
+             "another buffer", "fabpool_view_apply");
+        SAYS(fabpool_view_apply(v, NULL, 0, NULL, 0), FABPOOL_ERR_INVALID_ARG, NULL, "fabpool_view_apply");
+        CHECK_OK(fabpool_view_close(v));
+    }
+    CHECK_OK(fabpool_buffer_export_done(x));
+    CHECK_OK(fabpool_buffer_export_done(y));
+    /* a NULL array is room for nothing, whatever capacity comes with it */
+    SAYS(fabpool_buffer_export(x, 0, NULL, sizeof desc, &len, fds, 16, &nfds), FABPOOL_ERR_LIMIT, NULL,
+         "fabpool_buffer_export: the descriptor takes", "the caller gave room for 0 and 16");
+    SAYS(fabpool_buffer_export(x, 0, desc, sizeof desc, &len, NULL, 16, &nfds), FABPOOL_ERR_LIMIT, NULL,
+         "the caller gave room for 4096 and 0");
+    void *blk = NULL;
+    size_t off = 0;
+    CHECK_OK(fabpool_alloc(p, 4 * MB, &blk));
+    SAYS(fabpool_block_export(p, blk, NULL, sizeof desc, &len, fds, 16, &nfds, &off), FABPOOL_ERR_LIMIT, NULL,
+         "fabpool_block_export", "the caller gave room for 0 and 16");
+    CHECK_OK(fabpool_free(p, blk));
+    CHECK_OK(fabpool_buffer_destroy(x, NULL));
+    CHECK_OK(fabpool_buffer_destroy(y, NULL));
+    CHECK_OK(fabpool_destroy(p));
+}
+
+static void per_thread_stream_refusals_name_the_call(void)
+{
+    fabpool_t *p = t_pool("handle_type:none,reserve:4GiB");
+    if (!p)
+        return;
+    void *pts = (void *)CU_STREAM_PER_THREAD, *a = NULL, *b = NULL;
+    int host = 0;
+    SAYS(fabpool_free_on_stream(p, &host, pts), FABPOOL_ERR_NOT_FOUND, NULL, "did not give out that pointer",
+         "fabpool_free_on_stream on the per-thread default stream");
+    CHECK_OK(fabpool_alloc_on_stream(p, 1000, pts, &a));
+    CHECK_OK(fabpool_free_on_stream(p, a, pts));
+    SAYS(fabpool_free_on_stream(p, a, pts), FABPOOL_ERR_DOUBLE_FREE, NULL, "already free",
+         "fabpool_free_on_stream on the per-thread default stream");
+    SAYS(fabpool_alloc_on_stream(p, 8ull << 30, pts, &b), FABPOOL_ERR_LIMIT, NULL, "raise reserve",
+         "fabpool_alloc_on_stream of 8589934592 bytes on the per-thread default stream");
+    CHECK(b == NULL);
+    CHECK_OK(fabpool_destroy(p));
+}
+
 /* In a child forked after the parent made a pool: exits 0 where both calls say so. */
 static int child_refuses(void)
 {
@@ -166,5 +250,7 @@ int main(void)
     out_of_memory_names_call_and_size();
     buffer_memory_is_no_block();
     forked_child_told();
+    descriptor_refusals_name_the_call();
+    per_thread_stream_refusals_name_the_call();
     return t_done("test_messages_name_call");
 }

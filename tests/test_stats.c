@@ -5,7 +5,10 @@
  * count), and the options in force in the printed
  * report, text and JSON (a trace path with '"' and '\' escaped; test_tools
  * parses such a report with python3 -m json.tool), and the reports saying
- * whether the in-use mark is exact or an upper bound. */
+ * whether the in-use mark is exact or an upper bound; a report that could
+ * not be written (a full device, a FILE not open for writing) is an error
+ * naming the call, not FABPOOL_OK, and a NULL pool is refused in the name of
+ * the call made. */
 #include "testutil.h"
 
 #include <sys/stat.h>
@@ -231,6 +234,36 @@ static void peak_labelled(void)
     }
 }
 
+static void report_write_failure_is_an_error(void)
+{
+    fabpool_t *p = t_pool("handle_type:none");
+    if (!p)
+        return;
+    FILE *full = fopen("/dev/full", "w"); /* every write fails with ENOSPC once it reaches the file */
+    if (full) {
+        CHECK_STATUS(fabpool_print_stats(p, full, 1), FABPOOL_ERR_IO);
+        CHECK(strstr(fabpool_last_error(), "fabpool_print_stats") && strstr(fabpool_last_error(), "space"));
+        CHECK_STATUS(fabpool_print_stats(p, full, 0), FABPOOL_ERR_IO);
+        fclose(full);
+    }
+    FILE *ro = fopen("/dev/null", "r");
+    if (ro) {
+        CHECK_STATUS(fabpool_print_stats(p, ro, 0), FABPOOL_ERR_IO);
+        CHECK(strstr(fabpool_last_error(), "fabpool_print_stats") != NULL);
+        fclose(ro);
+    }
+    FILE *ok = fopen("/dev/null", "w");
+    if (ok) {
+        CHECK_OK(fabpool_print_stats(p, ok, 0));
+        fclose(ok);
+    }
+    char buf[16];
+    size_t need = 0;
+    CHECK_STATUS(fabpool_stats_json(NULL, buf, sizeof buf, &need), FABPOOL_ERR_INVALID_ARG);
+    CHECK(strstr(fabpool_last_error(), "fabpool_stats_json") && !strstr(fabpool_last_error(), "print_stats"));
+    CHECK_OK(fabpool_destroy(p));
+}
+
 int main(void)
 {
     t_driver_init();
@@ -239,5 +272,6 @@ int main(void)
     peak_reset_asleep_counts_the_wake();
     options_in_report();
     peak_labelled();
+    report_write_failure_is_an_error();
     return t_done("test_stats");
 }

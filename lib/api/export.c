@@ -58,8 +58,9 @@ fabpool_status fabpool_buffer_export(fabpool_buffer_t *b, uint64_t since, void *
     *len = fabpool_desc_size(n);
     *nfds = posix ? n : 0;
     if (!desc || cap < *len || (posix && (!fds || fd_cap < n))) {
+        /* a NULL array is room for nothing, whatever capacity came with it */
         st = fp_error(FABPOOL_ERR_LIMIT, "fabpool_buffer_export: the descriptor takes %zu bytes and %zu fds; the "
-                      "caller gave room for %zu and %zu", *len, *nfds, cap, fd_cap);
+                      "caller gave room for %zu and %zu", *len, *nfds, desc ? cap : 0, fds ? fd_cap : 0);
         goto out;
     }
     uint8_t *d = desc;
@@ -283,7 +284,7 @@ fabpool_status fp_block_export(fp_alloc *a, const void *ptr, void *desc, size_t 
     *nfds = posix ? r.n : 0;
     if (!desc || cap < *len || (posix && (!fds || fd_cap < r.n))) {
         st = fp_error(FABPOOL_ERR_LIMIT, "%s: the descriptor of the block at %p takes %zu bytes and %zu fds; the "
-                      "caller gave room for %zu and %zu", fn, ptr, *len, *nfds, cap, fd_cap);
+                      "caller gave room for %zu and %zu", fn, ptr, *len, *nfds, desc ? cap : 0, fds ? fd_cap : 0);
         goto out;
     }
     uint8_t *d = desc;

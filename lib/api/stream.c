@@ -58,6 +58,16 @@ static fabpool_status owner_end(fp_alloc *a, void *stream, int *disowned)
     return st;
 }
 
+/* fabpool_alloc_on_stream on the per-thread default stream: fabpool_alloc's block, and its refusal naming the call
+ * the caller made too. */
+static fabpool_status alloc_per_thread(fabpool_t *p, size_t size, void **out)
+{
+    fabpool_status st = fabpool_alloc(p, size, out);
+    if (st != FABPOOL_OK)
+        fp_error_append(" (fabpool_alloc_on_stream of %zu bytes on the per-thread default stream)", size);
+    return st;
+}
+
 fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, void **out)
 {
     fp_alloc *a = fp_alloc_of(p);
@@ -69,7 +79,7 @@ fabpool_status fabpool_alloc_on_stream(fabpool_t *p, size_t size, void *stream, 
     if (size == 0)   /* as fabpool_alloc: success and NULL */
         return FABPOOL_OK;
     if (stream == (void *)CU_STREAM_PER_THREAD)   /* a different stream in every thread: no stream's block */
-        return fabpool_alloc(p, size, out);
+        return alloc_per_thread(p, size, out);
     stream = stream_key(stream);
     fabpool_status st = FABPOOL_OK;
     /* before anything is taken: a freed or done block and the owner claim would hand out what sleep unmapped */
@@ -237,7 +247,10 @@ static fabpool_status free_per_thread(fabpool_t *p, void *ptr)
             return fp_drv_error(r, "cuStreamSynchronize", "waiting for this thread's per-thread default stream "
                                 "before freeing %p on it (the block is still the caller's)", ptr);
     }
-    return fabpool_free(p, ptr);
+    fabpool_status st = fabpool_free(p, ptr);
+    if (st != FABPOOL_OK)   /* fabpool_free's message: the call the caller made is named too */
+        fp_error_append(" (fabpool_free_on_stream on the per-thread default stream)");
+    return st;
 }
 
 fabpool_status fabpool_free_on_stream(fabpool_t *p, void *ptr, void *stream)

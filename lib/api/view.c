@@ -455,6 +455,15 @@ void fp_views_drop_kept(fp_views *vs, int all)
     }
 }
 
+fabpool_status fp_view_named(fabpool_status st, const char *fn)
+{
+    size_t n = strlen(fn);
+    const char *m = fabpool_last_error();
+    if (st != FABPOOL_OK && !(strncmp(m, fn, n) == 0 && (m[n] == ':' || m[n] == '(')))
+        fp_error_append(" (%s)", fn);
+    return st;
+}
+
 fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t len, const int *fds, size_t nfds)
 {
     fabpool_status st = fp_handle_check(v, FP_HANDLE_VIEW, "fabpool_view_apply", "the view");
@@ -472,7 +481,7 @@ fabpool_status fabpool_view_apply(fabpool_view_t *v, const void *desc, size_t le
         fp_unlock(&v->owner->sp->lock);
     }
     fp_view_close_fds(fds, nfds);
-    return st;
+    return fp_view_named(st, "fabpool_view_apply");
 }
 
 fabpool_status fp_view_free(fp_views *vs, fabpool_view_t *v, int force)

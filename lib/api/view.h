@@ -59,6 +59,9 @@ void fp_views_read_counters(const fp_views *vs, fp_view_counters *c);
 void fp_view_close_fds(const int *fds, size_t n);
 /* Applies a parsed descriptor to v, all or nothing (view.c says how).  Pool lock held. */
 fabpool_status fp_view_apply_locked(fabpool_view_t *v, const fp_desc *ds, const int *fds);
+/* st, and where it is a failure whose message a layer below wrote without naming the public call (a descriptor
+ * refused, no host memory, the driver), that message with " (fn)" after it. */
+fabpool_status fp_view_named(fabpool_status st, const char *fn);
 /* Unmaps v's chunks and frees it (its handle's slot too: handles.h).  A refusal of the driver stops it: the
  * view stays, with the chunks it still maps (unmapping a range and then handing it out again while a chunk is
  * still mapped there would break the next mapping, and the reservation's release at destroy); with force (pool

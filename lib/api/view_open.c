@@ -38,17 +38,17 @@ static fabpool_view_t *reopen_kept(fp_views *vs, int vouched, const fp_desc *ds,
     return took ? v : NULL;
 }
 
-fabpool_status fp_view_open(fp_views *vs, int vouched, const void *desc, size_t len, const int *fds, size_t nfds,
-                            fabpool_view_t **out)
+/* fp_view_open's work; fn: the call's name, for the messages of its own. */
+static fabpool_status open_view(fp_views *vs, int vouched, const void *desc, size_t len, const int *fds, size_t nfds,
+                                fabpool_view_t **out, const char *fn)
 {
     if (!vs || !out || vouched < 0) {
         fp_view_close_fds(fds, nfds);
-        return fp_error(FABPOOL_ERR_INVALID_ARG, vouched < 0 ? "fabpool_view_open_peer: the peer's pid is not a "
-                        "process id (above 0)" : "fabpool_view_open: the pool or the output pointer is NULL");
+        return fp_error(FABPOOL_ERR_INVALID_ARG, vouched < 0 ? "%s: the peer's pid is not a process id (above 0)"
+                        : "%s: the pool or the output pointer is NULL", fn);
     }
     *out = NULL;
     fp_desc ds;
-    const char *fn = vouched ? "fabpool_view_open_peer" : "fabpool_view_open";
     fabpool_status st = fp_device_forked(vs->sp->ch) ? fp_device_forked_error(vs->sp->ch, fn)
                                                      : fp_desc_parse(desc, len, nfds, &ds);
     if (st == FABPOOL_OK && ds.since != 0)
@@ -84,10 +84,10 @@ fabpool_status fp_view_open(fp_views *vs, int vouched, const void *desc, size_t 
     int asleep = fp_chunks_asleep(vs->sp->ch);
     v->base = asleep ? 0 : fp_va_alloc(&vs->sp->va, v->window, ds.gran > vs->sp->gran ? ds.gran : vs->sp->gran);
     if (asleep)
-        st = fp_chunk_asleep_error("fabpool_view_open");
+        st = fp_chunk_asleep_error(fn);
     else if (!v->base)
-        st = fp_error(FABPOOL_ERR_LIMIT, "fabpool_view_open: no free address range of %llu bytes left in the pool's "
-                      "reservation; raise reserve", (unsigned long long)v->window);
+        st = fp_error(FABPOOL_ERR_LIMIT, "%s: no free address range of %llu bytes left in the pool's reservation; "
+                      "raise reserve", fn, (unsigned long long)v->window);
     else if ((st = fp_view_apply_locked(v, &ds, fds)) != FABPOOL_OK)
         fp_space_free_range(vs->sp, v->base, v->window); /* what the driver would not unmap keeps its range */
     if (st == FABPOOL_OK)
@@ -101,4 +101,11 @@ fabpool_status fp_view_open(fp_views *vs, int vouched, const void *desc, size_t 
     }
     *out = v;
     return FABPOOL_OK;
+}
+
+fabpool_status fp_view_open(fp_views *vs, int vouched, const void *desc, size_t len, const int *fds, size_t nfds,
+                            fabpool_view_t **out)
+{
+    const char *fn = vouched ? "fabpool_view_open_peer" : "fabpool_view_open";
+    return fp_view_named(open_view(vs, vouched, desc, len, fds, nfds, out, fn), fn);
 }

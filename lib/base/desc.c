@@ -38,7 +38,14 @@ static uint64_t checksum(const uint8_t *d, size_t len)
     return h;
 }
 
-size_t fabpool_desc_size(size_t n) { return FABPOOL_DESC_HEADER_BYTES + n * FABPOOL_DESC_RECORD_BYTES; }
+/* A count whose bytes size_t cannot hold answers SIZE_MAX (no buffer is that large), not a wrapped small size that
+ * a caller would allocate and overrun. */
+size_t fabpool_desc_size(size_t n)
+{
+    if (n > (SIZE_MAX - FABPOOL_DESC_HEADER_BYTES) / FABPOOL_DESC_RECORD_BYTES)
+        return SIZE_MAX;
+    return FABPOOL_DESC_HEADER_BYTES + n * FABPOOL_DESC_RECORD_BYTES;
+}
 
 static uint8_t *record_at(uint8_t *d, uint32_t k) { return d + FABPOOL_DESC_HEADER_BYTES + (size_t)k * FABPOOL_DESC_RECORD_BYTES; }
 

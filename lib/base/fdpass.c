@@ -568,6 +568,10 @@ fabpool_status fabpool_fd_recv_timed(int sock, int *fds, size_t cap, size_t *n, 
     msg_in m = {.fn = timeout_ms < 0 ? "fabpool_fd_recv" : "fabpool_fd_recv_timed", .sock = sock,
                 .timeout_ms = timeout_ms, .want = sizeof m.head, .data = data, .data_cap = data ? data_cap : 0,
                 .in = {fds, fds ? cap : 0, 0, 0}};
+    /* before anything is read: without its count a message's fds would stay uncounted (never closed) */
+    if (!n || !len)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "%s(%d): %s is NULL: give it, to learn how many fds and bytes "
+                        "came; nothing was read", m.fn, sock, !n ? "the fd count n" : "the payload length len");
     if (timeout_ms >= 0)
         m.deadline = now_ns() + (int64_t)timeout_ms * 1000000;
     fabpool_status st = FABPOOL_OK;
@@ -582,14 +586,11 @@ fabpool_status fabpool_fd_recv_timed(int sock, int *fds, size_t cap, size_t *n, 
                       "was read whole: the socket may carry on)", m.fn, m.head[1], m.data_cap);
     if (st != FABPOOL_OK) {
         fd_in_close(&m.in);
-        if (st == FABPOOL_ERR_LIMIT && len)
-            *len = m.head[1];
+        *len = st == FABPOOL_ERR_LIMIT ? m.head[1] : 0;
         return st;
     }
-    if (n)
-        *n = m.in.got;
-    if (len)
-        *len = m.head[1];
+    *n = m.in.got;
+    *len = m.head[1];
     return FABPOOL_OK;
 }
 

@@ -38,7 +38,9 @@ static fabpool_status apply_conf(fabpool_options *o)
         if (st != FABPOOL_OK) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", fabpool_last_error());
-            return fp_error(st, "FABPOOL_CONF='%s': %s", env, msg);
+            /* the variable shown in part: whole, a long one would push the reason out of the message */
+            size_t n = strlen(env);
+            return fp_error(st, "FABPOOL_CONF='%.*s%s': %s", n > 160 ? 160 : (int)n, env, n > 160 ? "..." : "", msg);
         }
     }
     int lvl;
@@ -227,8 +229,13 @@ fabpool_status fabpool_destroy(fabpool_t *p)
     if (fp_device_forked(&p->ch))
         return fp_device_forked_error(&p->ch, "fabpool_destroy");
     fp_registry_remove(&p->alloc);
-    if (p->opt.stats_at_destroy)
+    if (p->opt.stats_at_destroy) {
+        /* a report stderr would not take is no failure of the destroy's: the message stays as it was */
+        fp_msg_hold h;
+        fp_error_hold(&h);
         fabpool_print_stats(p, stderr, p->opt.stats_at_destroy == 2);
+        fp_error_unhold(&h, FABPOOL_OK);
+    }
     /* blocks freed on streams: waited for and given back to the pool, so
      * that they count neither as live nor as leaked */
     fp_alloc_drain(&p->alloc, 1, 1);

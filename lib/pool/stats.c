@@ -2,6 +2,7 @@
  * driver, and the options in force (fabpool_get_options); as a struct, as
  * text and as JSON, all three from one table of its fields (STATS_FIELDS).
  * It reads what every layer counts and resets the peaks. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -272,16 +273,30 @@ fabpool_status fabpool_print_stats(fabpool_t *p, FILE *f, int json)
     fabpool_status st = fabpool_get_stats(p, &s);
     if (st != FABPOOL_OK)
         return st;
+    /* a write that fails (a full disk, a closed pipe, a FILE open for reading) leaves a report cut short or
+     * none: the caller learns it here, not from the file; an error the FILE held before is the caller's */
+    int failed_before = ferror(f), saved_errno = errno;
+    errno = 0;
     if (json)
         stats_json(p, f, &s);
     else
         stats_text(p, f, &s);
+    int e = errno;
+    if (fflush(f) != 0 || (!failed_before && ferror(f))) {
+        e = errno ? errno : e;
+        return fp_error(FABPOOL_ERR_IO, "fabpool_print_stats: writing the report failed (%s): it is cut short or "
+                        "missing; give a FILE open for writing on a device with room", e ? strerror(e) : "a write "
+                        "error");
+    }
+    errno = saved_errno; /* the caller's, as before the call */
     return FABPOOL_OK;
 }
 
 fabpool_status fabpool_stats_json(fabpool_t *p, char *buf, size_t cap, size_t *needed)
 {
-    if (p && fp_device_forked(&p->ch))
+    if (!p)
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_stats_json: the pool is NULL");
+    if (fp_device_forked(&p->ch))
         return fp_device_forked_error(&p->ch, "fabpool_stats_json");
     char *text = NULL;
     size_t len = 0;

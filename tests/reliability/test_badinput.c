@@ -74,6 +74,11 @@ int main(void)
     st = fabpool_alloc(p, (SIZE_MAX >> 1) + 1, &x);
     CHECK(st != FABPOOL_OK && fabpool_last_error()[0] != 0);
     CHECK(t_near(t_held(), held0));
+    /* the size of a descriptor of more chunks than size_t can count saturates: a wrapped small size would have
+     * the caller allocate a buffer that the records overrun */
+    CHECK(fabpool_desc_size(SIZE_MAX) == SIZE_MAX && fabpool_desc_size(SIZE_MAX / 96) == SIZE_MAX);
+    CHECK(fabpool_desc_size((SIZE_MAX - 96) / 96) == 96 + (SIZE_MAX - 96) / 96 * 96);
+    CHECK(fabpool_desc_size(0) == 96 && fabpool_desc_size(2) == 288);
 
     /* frees */
     EXPECT(fabpool_free(NULL, live_small), FABPOOL_ERR_INVALID_ARG, "NULL");
@@ -207,6 +212,17 @@ int main(void)
         }
         n_bad++;
     }
+    /* a long variable with its mistake at the end: the message still says what is wrong, the variable shown in
+     * part (whole, it filled the message and the reason was cut off) */
+    char long_conf[2048] = "";
+    for (int i = 0; i < 100; i++)
+        strcat(long_conf, "thread_cache:true,");
+    strcat(long_conf, "max_chunk:3MiB");
+    setenv("FABPOOL_CONF", long_conf, 1);
+    fabpool_t *ql = NULL;
+    EXPECT(fabpool_create(NULL, &ql), FABPOOL_ERR_CONFIG, "key 'thread_cache' is given twice");
+    CHECK(ql == NULL && strstr(fabpool_last_error(), "FABPOOL_CONF='thread_cache:true,") &&
+          strstr(fabpool_last_error(), "...': "));
     /* well-formed, but the pool's own device as its peer: refused at creation, not by the parser */
     setenv("FABPOOL_CONF", "peers:0", 1);
     fabpool_t *q0 = NULL;
