@@ -123,7 +123,8 @@ FABPOOL_API fabpool_status fabpool_fd_from_pid(int pid, int fd, int *out);
  * through it: a pidfd names the process it was opened for, also once a new
  * process takes its pid (the copy then answers FABPOOL_ERR_IO, "is gone").
  * Refusals as fabpool_fd_from_pid's (FABPOOL_ERR_IO, also where the kernel
- * has no pidfd_open: the message says so). */
+ * has no pidfd_open: the message says so); an fd that is no pidfd:
+ * FABPOOL_ERR_INVALID_ARG. */
 FABPOOL_API fabpool_status fabpool_fd_pidfd_open(int pid, int *pidfd);
 FABPOOL_API fabpool_status fabpool_fd_from_pidfd(int pidfd, int fd, int *out);
 /* A process's proof that it knows a token, for peers that copy its fds by
@@ -137,7 +138,8 @@ FABPOOL_API fabpool_status fabpool_fd_from_pidfd(int pidfd, int fd, int *out);
  * peer that is not the group's process, with no fd there, another file or
  * other bytes, is refused: FABPOOL_ERR_PERMISSION ("process N does not hold
  * this group's token at fd F").  No ptrace permission over the process:
- * FABPOOL_ERR_IO as fabpool_fd_from_pidfd.  The caller closes *fd when no
+ * FABPOOL_ERR_IO as fabpool_fd_from_pidfd; a pidfd that is none:
+ * FABPOOL_ERR_INVALID_ARG.  The caller closes *fd when no
  * peer needs it any more. */
 FABPOOL_API fabpool_status fabpool_fd_token_make(const void *token, size_t len, int *fd);
 FABPOOL_API fabpool_status fabpool_fd_token_check(int pidfd, int fd, const void *token, size_t len);

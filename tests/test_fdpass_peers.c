@@ -977,6 +977,13 @@ static void token_proves_the_process_holds_it(void)
         CHECK_STATUS(fabpool_fd_token_check(pfd[0], at + 1, tok, 16), FABPOOL_ERR_PERMISSION);
         CHECK_STATUS(fabpool_fd_token_check(pfd[0], at, "group token 0003", 16), FABPOOL_ERR_PERMISSION);
         CHECK_STATUS(fabpool_fd_token_check(pfd[0], at, tok, 15), FABPOOL_ERR_PERMISSION);
+        /* a pidfd that is none (a bad argument, not a process without the token) */
+        int out = -1;
+        CHECK_STATUS(fabpool_fd_token_check(-1, at, tok, 16), FABPOOL_ERR_INVALID_ARG);
+        CHECK_STATUS(fabpool_fd_token_check(go[1], at, tok, 16), FABPOOL_ERR_INVALID_ARG);
+        CHECK(strstr(fabpool_last_error(), "is not a pidfd") != NULL);
+        CHECK_STATUS(fabpool_fd_from_pidfd(go[1], at, &out), FABPOOL_ERR_INVALID_ARG);
+        CHECK(out == -1);
     }
     CHECK(write(go[1], "ggggg", 5) == 5);
     for (int i = 0; i < 5; i++) {

@@ -99,21 +99,25 @@ fabpool_status fabpool_fd_allow_peer(int pid)
 fabpool_status fabpool_fd_allow_peers(void) { return allow("fabpool_fd_allow_peers", PR_SET_PTRACER_ANY); }
 
 /* The pid a pidfd stands for (its fdinfo's Pid: line), or -1. */
+/* The pid a pidfd names (-1 once that process is reaped); -2 where fd is no
+ * pidfd (a pidfd's fdinfo has a Pid: line, other files' have none). */
 static int pid_of_pidfd(int pidfd)
 {
     char path[64], buf[1024];
+    if (pidfd < 0)
+        return -2;
     snprintf(path, sizeof path, "/proc/self/fdinfo/%d", pidfd);
     int f = open(path, O_RDONLY | O_CLOEXEC);
     if (f < 0)
-        return -1;
+        return -2;
     ssize_t r = read(f, buf, sizeof buf - 1);
     close(f);
     if (r <= 0)
-        return -1;
+        return -2;
     buf[r] = '\0';
     const char *p = strstr(buf, "\nPid:");
     if (!p)
-        return -1;
+        return -2;
     long v = strtol(p + 5, NULL, 10);
     return v > 0 && v <= INT_MAX ? (int)v : -1;
 }
@@ -161,8 +165,13 @@ fabpool_status fabpool_fd_from_pidfd(int pidfd, int fd, int *out)
     if (!out || fd < 0)
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_fd_from_pidfd: %s", !out ? "out is NULL" : "fd < 0");
     int r = getfd(pidfd, fd);
-    if (r < 0)
-        return getfd_error(pid_of_pidfd(pidfd), fd, errno);
+    if (r < 0) {
+        int e = errno, pid = pid_of_pidfd(pidfd);
+        if (pid == -2)
+            return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_fd_from_pidfd: fd %d is not a pidfd "
+                            "(fabpool_fd_pidfd_open makes one)", pidfd);
+        return getfd_error(pid, fd, e);
+    }
     *out = r;
     return FABPOOL_OK;
 }
@@ -222,6 +231,9 @@ fabpool_status fabpool_fd_token_check(int pidfd, int fd, const void *token, size
         return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_fd_token_check: a token of 1 to %d bytes and an fd >= 0 "
                         "are needed (%zu bytes, fd %d given)", FP_TOKEN_MAX, len, fd);
     int pid = pid_of_pidfd(pidfd);
+    if (pid == -2) /* else pidfd_getfd's EBADF would read as a process without the token */
+        return fp_error(FABPOOL_ERR_INVALID_ARG, "fabpool_fd_token_check: fd %d is not a pidfd (fabpool_fd_pidfd_open "
+                        "makes one of the process to check)", pidfd);
     int c = getfd(pidfd, fd);
     if (c < 0) {
         int e = errno;
