@@ -1213,12 +1213,220 @@ static void check_ipc_server_stalled()
     CHECK(fd_count() == before);
 }
 
+/* The request of the tests below, as fetch sends it: fabpool_fd_send's head, the magic, the token, the key, the
+ * descriptor. */
+static std::string ipc_request(const fabpool_torch::ipc::Handle &h)
+{
+    uint32_t head[2] = {0, uint32_t(4 + fabpool_torch::ipc::kTokenBytes + 8 + h.desc.size())};
+    std::string req(reinterpret_cast<const char *>(head), sizeof head);
+    req += "FPRQ";
+    req.append(reinterpret_cast<const char *>(h.token), fabpool_torch::ipc::kTokenBytes);
+    req.append(reinterpret_cast<const char *>(&h.key), sizeof h.key);
+    return req + h.desc;
+}
+
+/* A handle of srv's with a 64-byte descriptor; no pidfd fallback: only the server's answers count. */
+static fabpool_torch::ipc::Handle ipc_handle_of(const fabpool_torch::ipc::Server &srv, uint64_t key)
+{
+    fabpool_torch::ipc::Handle h;
+    h.type = FABPOOL_HANDLE_POSIX_FD;
+    h.pid = srv.pid();
+    memcpy(h.token, srv.token(), fabpool_torch::ipc::kTokenBytes);
+    h.token_fd = 1 << 20;
+    h.server_id = srv.id();
+    h.key = key;
+    h.fds = {3};
+    h.desc = std::string(64, 'd');
+    return h;
+}
+
+static long ms_since(std::chrono::steady_clock::time_point t)
+{
+    return long(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t).count());
+}
+
+/* A receiver that holds the token asks for a block whose answer does not fit its socket at once and never reads
+ * it: the server sends it as the socket takes it and keeps answering everyone else meanwhile (each fetch in well
+ * under a second, not after the 10 s a blocking send held the thread); another receiver of the same answer, read
+ * while the server sends it in pieces, gets each of its fds once; the unread answer's connection is closed at its
+ * 10 s deadline, and no fd of the server's stays open.  The answer is many fds and a long message: fds alone
+ * would have to be some 69,000 to fill the default send buffer (it takes about 278 pieces of up to a page, and
+ * fabpool_fd_send puts 250 fds on each), more than a process may hold. */
+static void check_ipc_server_answer_unread()
+{
+    int before = fd_count();
+    int mem = memfd_create("ipc-unread", MFD_CLOEXEC);
+    CHECK(mem >= 0);
+    struct stat want;
+    CHECK(fstat(mem, &want) == 0);
+    const uint64_t kBig = 0xb16;
+    const size_t kMany = 1000;
+    size_t wmem = 212992; /* net.core.wmem_default: the send buffer the answer must not fit */
+    if (FILE *f = fopen("/proc/sys/net/core/wmem_default", "r")) {
+        unsigned long v = 0;
+        if (fscanf(f, "%lu", &v) == 1 && v > 0)
+            wmem = v;
+        fclose(f);
+    }
+    const std::string tail(std::min(2 * wmem + (size_t(64) << 10), fabpool_torch::ipc::kMaxDesc), 'm');
+    {
+        fabpool_torch::ipc::Server srv([&](uint64_t key, const std::string &, std::vector<int> *fds, std::string *m) {
+            for (size_t i = 0; i < (key == kBig ? kMany : 1); i++) {
+                fds->push_back(dup(mem));
+                if (fds->back() < 0)
+                    return int(FABPOOL_ERR_IO);
+            }
+            if (key == kBig)
+                *m = tail;
+            return 0;
+        });
+        fabpool_torch::ipc::Handle h = ipc_handle_of(srv, 0x1000), big = ipc_handle_of(srv, kBig);
+        std::string name = fabpool_torch::ipc::socket_name(srv.pid(), srv.id()), req = ipc_request(big);
+        int base = fd_count(); /* the server's own: its listener, pipe and token */
+        int unread = -1;
+        CHECK_OK(fabpool_fd_connect(name.c_str(), &unread, 2000));
+        auto t0 = std::chrono::steady_clock::now();
+        CHECK(send(unread, req.data(), req.size(), MSG_NOSIGNAL) == ssize_t(req.size()));
+        usleep(100 * 1000); /* served, and its answer sent as far as the socket takes it */
+        const int kFetches = 3;
+        int answered = 0;
+        long worst = 0;
+        std::string why;
+        for (int i = 0; i < kFetches; i++) {
+            auto t = std::chrono::steady_clock::now();
+            answered += fetch_status(h, &why) == FABPOOL_OK;
+            long ms = ms_since(t);
+            worst = ms > worst ? ms : worst;
+        }
+        CHECK(answered == kFetches && worst < 1000);
+        if (answered != kFetches || worst >= 1000)
+            fprintf(stderr, "check_ipc_server_answer_unread: %d of %d fetches answered beside an unread answer, the "
+                    "slowest in %ld ms (%s)\n", answered, kFetches, worst, why.c_str());
+        /* the same answer to a receiver that reads it: every fd once, the message whole */
+        int reader = -1;
+        CHECK_OK(fabpool_fd_connect(name.c_str(), &reader, 2000));
+        CHECK(send(reader, req.data(), req.size(), MSG_NOSIGNAL) == ssize_t(req.size()));
+        std::vector<int> got(kMany + 1, -1);
+        std::string reply(tail.size() + 16, '\0');
+        size_t n = 0, len = 0;
+        CHECK_OK(fabpool_fd_recv_timed(reader, got.data(), got.size(), &n, &reply[0], reply.size(), &len, 5000));
+        uint32_t code = 1;
+        if (len >= 4)
+            memcpy(&code, reply.data(), 4);
+        size_t same = 0;
+        for (size_t i = 0; i < n; i++) {
+            struct stat st;
+            same += fstat(got[i], &st) == 0 && st.st_ino == want.st_ino;
+            close(got[i]);
+        }
+        CHECK(code == 0 && n == kMany && same == kMany && len == 4 + tail.size() &&
+              reply.compare(4, tail.size(), tail) == 0);
+        if (n != kMany || same != kMany)
+            fprintf(stderr, "check_ipc_server_answer_unread: %zu fds came for %zu (%zu of them the block's)\n", n,
+                    kMany, same);
+        close(reader);
+        CHECK(srv.served() == uint64_t(kFetches) + 2);
+        /* the unread answer's connection closed at its deadline, 10 s after the answer began: it then reads a
+         * message cut short (what came of it closed), and the server holds no fd of it */
+        struct pollfd p = {unread, POLLRDHUP, 0};
+        while (poll(&p, 1, 15000) == 1 && !(p.revents & (POLLRDHUP | POLLHUP)) && ms_since(t0) < 15000)
+            usleep(10 * 1000);
+        long dropped = ms_since(t0);
+        CHECK(dropped >= 9000 && dropped < 15000);
+        if (dropped < 9000 || dropped >= 15000)
+            fprintf(stderr, "check_ipc_server_answer_unread: the unread answer's connection was closed after %ld "
+                    "ms\n", dropped);
+        CHECK(fd_count() == base + 1); /* the unread end: nothing of the connection's in the server */
+        CHECK(fabpool_fd_recv_timed(unread, got.data(), got.size(), &n, &reply[0], reply.size(), &len, 5000) ==
+              FABPOOL_ERR_IO);
+        CHECK(fd_count() == base + 1);
+        close(unread);
+    }
+    close(mem);
+    CHECK(fd_count() == before);
+}
+
+/* A process that holds the token fills the server's slots with connections it leaves stalled mid-request, more
+ * than the 16 it reads at once, while another process's request comes in pieces: the flood closes connections
+ * of its own, never the other's, whose request completes and is served. */
+static void check_ipc_server_flood_by_pid()
+{
+    int before = fd_count();
+    int mem = memfd_create("ipc-by-pid", MFD_CLOEXEC);
+    CHECK(mem >= 0);
+    {
+        fabpool_torch::ipc::Server srv([mem](uint64_t, const std::string &, std::vector<int> *fds, std::string *) {
+            fds->push_back(dup(mem));
+            return fds->back() >= 0 ? 0 : int(FABPOOL_ERR_IO);
+        });
+        fabpool_torch::ipc::Handle h = ipc_handle_of(srv, 0x1000);
+        std::string name = fabpool_torch::ipc::socket_name(srv.pid(), srv.id()), req = ipc_request(h);
+        size_t half = req.size() / 2; /* past the start: the server takes it for a request */
+        int go[2], said[2];
+        CHECK(pipe2(go, O_CLOEXEC) == 0 && pipe2(said, O_CLOEXEC) == 0);
+        pid_t kid = fork();
+        if (kid == 0) { /* the slow receiver: half of its request, then the rest when told */
+            char c = 'n';
+            int s = -1;
+            if (fabpool_fd_connect(name.c_str(), &s, 2000) == FABPOOL_OK &&
+                send(s, req.data(), half, MSG_NOSIGNAL) == ssize_t(half) && write(said[1], "r", 1) == 1 &&
+                read(go[0], &c, 1) == 1) {
+                c = 'n';
+                send(s, req.data() + half, req.size() - half, MSG_NOSIGNAL); /* refused: the answer says so */
+                int fd = -1;
+                size_t n = 0, len = 0;
+                char reply[256];
+                uint32_t code = 1;
+                if (fabpool_fd_recv_timed(s, &fd, 1, &n, reply, sizeof reply, &len, 5000) == FABPOOL_OK && len >= 4)
+                    memcpy(&code, reply, 4);
+                c = code == 0 && n == 1 ? 'y' : 'n';
+            }
+            if (write(said[1], &c, 1) != 1)
+                _exit(2);
+            _exit(0);
+        }
+        CHECK(kid > 0);
+        close(go[0]);
+        close(said[1]);
+        char c = 0;
+        CHECK(read(said[0], &c, 1) == 1 && c == 'r');
+        usleep(100 * 1000); /* its start in, its request read as far as it came */
+        const int kFlood = 24;
+        std::vector<int> flood;
+        for (int i = 0; i < kFlood; i++) {
+            int s = -1;
+            CHECK_OK(fabpool_fd_connect(name.c_str(), &s, 2000));
+            CHECK(send(s, req.data(), half, MSG_NOSIGNAL) == ssize_t(half));
+            flood.push_back(s);
+        }
+        usleep(200 * 1000); /* each taken in: the table overfull */
+        CHECK(write(go[1], "g", 1) == 1);
+        c = 0;
+        CHECK(read(said[0], &c, 1) == 1 && c == 'y');
+        if (c != 'y')
+            fprintf(stderr, "check_ipc_server_flood_by_pid: a request coming in pieces was closed for another "
+                    "process's flood of %d stalled ones\n", kFlood);
+        int wst = -1;
+        CHECK(waitpid(kid, &wst, 0) == kid && WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+        CHECK(srv.served() == 1 && srv.refused() >= uint64_t(kFlood + 1 - 16));
+        for (int s : flood)
+            close(s);
+        close(go[1]);
+        close(said[0]);
+    }
+    close(mem);
+    CHECK(fd_count() == before);
+}
+
 /* Every fetch of a receiver is answered with the sender's fd while processes of other users flood the sender's fd
  * server (FABPOOL_PEERS=any_user: they are let in): a connection whose request has come is never closed to make
  * room for theirs.  Run as its own test, since FABPOOL_PEERS is read once. */
 static int check_ipc_server_flood()
 {
-    check_ipc_server_stalled(); /* a receiver's own connection: no other user needed */
+    /* a receiver's own connections, of this user: no other user needed */
+    check_ipc_server_stalled();
+    check_ipc_server_answer_unread();
+    check_ipc_server_flood_by_pid();
     if (!other_user_can()) {
         printf("test_torch_core --ipc-flood: not root, no process of another user to flood with; the floods "
                "skipped\n");

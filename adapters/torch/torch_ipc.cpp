@@ -6,7 +6,6 @@
 #include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +35,8 @@ constexpr size_t kRequestHeader = 4 + kTokenBytes + 8;
 constexpr int kTimeoutMs = 10000; /* a peer that stops talking mid-message */
 constexpr int kConnectMs = 200;   /* a server that is not there (another network namespace) */
 constexpr int kAcceptBurst = 256; /* connections taken at one wake of the server at most */
+constexpr size_t kFdsPerSend = 250; /* fds on one sendmsg, as fabpool_fd_send: the kernel takes 253 (SCM_MAX_FD) */
+constexpr size_t kAnswerFdsMax = size_t(1) << 20; /* what a receiver takes in one message (fabpool_fd_recv) */
 
 void put(std::string &s, const void *p, size_t n) { s.append(static_cast<const char *>(p), n); }
 template <class T> void put(std::string &s, T v) { put(s, &v, sizeof v); }
@@ -317,12 +318,13 @@ void Server::take(cw_conn *w, int *nw, uint64_t *seq)
  * request has come (peeked: the head, the magic and the token); only a request with this process's token is then
  * read, beside the others, as its bytes come, and served once whole.  So neither a connection that stays silent
  * or sends part of a start (a process of another user, where FABPOOL_PEERS=any_user lets it in) nor a receiver
- * that stalls mid-request holds anyone's turn; each is closed at its deadline. */
+ * that stalls mid-request, nor one that does not read its answer, holds anyone's turn; each is closed at its
+ * deadline. */
 void Server::run()
 {
     /* arrays, not vectors: a process forked while this thread runs holds no heap of it that no one frees */
     cw_conn waiting[kWaitingMax];
-    struct pollfd pf[2 + kWaitingMax + kReadingMax];
+    struct pollfd pf[2 + kWaitingMax + kSlotsMax];
     int nw = 0;
     uint64_t seq = 0;
     for (;;) {
@@ -344,37 +346,37 @@ void Server::run()
              * after kPartialMs (a hang-up is still reported) */
             pf[2 + i] = {waiting[i].fd, short(part ? 0 : POLLIN), 0};
         }
-        for (int i = 0; i < nreading_; i++) {
-            until(reading_[i].until);
-            pf[2 + nw + i] = {reading_[i].fd, POLLIN, 0};
+        for (int i = 0; i < nslots_; i++) {
+            until(slots_[i].until);
+            pf[2 + nw + i] = {slots_[i].fd, short(slots_[i].answering ? POLLOUT : POLLIN), 0};
         }
         if (partial && (timeout < 0 || timeout > kPartialMs))
             timeout = kPartialMs;
-        int r = poll(pf, nfds_t(2 + nw + nreading_), timeout);
+        int r = poll(pf, nfds_t(2 + nw + nslots_), timeout);
         wakes_++;
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 || pf[1].revents) {
             for (int i = 0; i < nw; i++)
                 close(waiting[i].fd);
-            while (nreading_ > 0) {
-                Reading &g = reading_[--nreading_];
-                close(g.fd);
-                g.fd = -1;
-                std::vector<char>().swap(g.buf);
-            }
+            while (nslots_ > 0)
+                drop(nslots_ - 1);
             return;
         }
-        /* the requests being read first, while pf matches them; from the last, so that the one moved into a slot
-         * that was left has been seen already */
+        /* the requests being read and the answers being sent first, while pf matches them; from the last, so
+         * that the one moved into a slot that was left has been seen already */
         now = now_ms();
-        for (int i = nreading_ - 1; i >= 0; i--) {
-            if (pf[2 + nw + i].revents && feed(i, now))
+        for (int i = nslots_ - 1; i >= 0; i--) {
+            if (pf[2 + nw + i].revents && step(i, now))
                 continue;
-            if (now >= reading_[i].until) {
+            if (now < slots_[i].until)
+                continue;
+            if (slots_[i].answering) {
+                drop(i); /* a receiver that took not the whole answer within the deadline: it gets none */
+            } else {
                 refused_++;
                 finish(i, FABPOOL_ERR_DESCRIPTOR,
-                       "a request that did not come whole within " + std::to_string(kTimeoutMs / 1000) + " s", {});
+                       "a request that did not come whole within " + std::to_string(kTimeoutMs / 1000) + " s");
             }
         }
         sweep(waiting, &nw);
@@ -385,18 +387,80 @@ void Server::run()
 
 namespace {
 
-/* The answer to a request: its status and message, and on success the fds (a reader that never reads holds the
- * thread only where the answer does not fit the socket at once, its fds many, and no longer than the deadline:
- * the send gives up then). */
-void answer(int conn, int status, const std::string &msg, const std::vector<int> &fds)
+/* An answer as fabpool_fd_send frames it (the receiver is fabpool_fd_recv_timed): its head (the fd count, the
+ * payload's length), then the payload, the status and the message. */
+std::vector<char> answer_bytes(int status, const std::string &msg, size_t nfds)
 {
-    std::string reply;
-    put(reply, uint32_t(status));
-    reply += msg;
-    struct timeval tv = {kTimeoutMs / 1000, 0};
-    setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    fabpool_fd_send(conn, status == 0 ? fds.data() : nullptr, status == 0 ? fds.size() : 0, reply.data(),
-                    reply.size());
+    /* no more than a request's bytes: the bound on what a slot holds */
+    size_t len = std::min(msg.size(), kMaxDesc);
+    uint32_t head[2] = {uint32_t(nfds), uint32_t(4 + len)};
+    std::vector<char> b(sizeof head + 4 + len);
+    uint32_t st = uint32_t(status);
+    memcpy(b.data(), head, sizeof head);
+    memcpy(b.data() + sizeof head, &st, 4);
+    memcpy(b.data() + sizeof head + 4, msg.data(), len);
+    return b;
+}
+
+/* Sends what the socket takes now of the answer b (from *off) and its fds (from *sent), as fabpool_fd_send does
+ * but never waiting: the bytes in pieces of 4 KiB, each batch of fds on the first byte of one sendmsg (a sendmsg
+ * that takes any byte takes its fds with the first; one that takes none, EAGAIN, takes none of them either), the
+ * fds left once the bytes are out each batch on a padding byte.  An fd that went out is closed (the message
+ * holds the file now) and -1 in fds.  1: all of it is out; 0: the socket takes no more for now; -1: an error
+ * (the peer gone).  *moved: whether any byte went. */
+int send_some(int c, const std::vector<char> &b, size_t *off, std::vector<int> *fds, size_t *sent, bool *moved)
+{
+    for (;;) {
+        size_t left = b.size() - *off, nf = std::min(fds->size() - *sent, kFdsPerSend);
+        if (left == 0 && nf == 0)
+            return 1;
+        char pad = 0;
+        size_t k = std::min(left, size_t(4096));
+        struct iovec iov = {k ? const_cast<char *>(b.data() + *off) : &pad, k ? k : 1};
+        union {
+            struct cmsghdr h;
+            char buf[CMSG_SPACE(sizeof(int) * kFdsPerSend)];
+        } ctl;
+        memset(&ctl, 0, sizeof ctl);
+        struct msghdr m = {};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        if (nf) {
+            m.msg_control = ctl.buf;
+            m.msg_controllen = CMSG_SPACE(sizeof(int) * nf);
+            struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+            h->cmsg_level = SOL_SOCKET;
+            h->cmsg_type = SCM_RIGHTS;
+            h->cmsg_len = CMSG_LEN(sizeof(int) * nf);
+            memcpy(CMSG_DATA(h), fds->data() + *sent, sizeof(int) * nf);
+        }
+        ssize_t r = sendmsg(c, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (r <= 0)
+            return -1;
+        for (size_t j = *sent; j < *sent + nf; j++) {
+            close((*fds)[j]);
+            (*fds)[j] = -1;
+        }
+        *sent += nf;
+        if (k)
+            *off += size_t(r); /* the rest of a piece the socket took in part goes with the next batch */
+        *moved = true;
+    }
+}
+
+/* A refusal (no fds, a short message) on a connection that is closed next: it goes at once, into a socket that
+ * holds nothing of ours yet, or not at all. */
+void answer_now(int c, int status, const std::string &msg)
+{
+    std::vector<char> b = answer_bytes(status, msg, 0);
+    std::vector<int> none;
+    size_t off = 0, sent = 0;
+    bool moved = false;
+    send_some(c, b, &off, &none, &sent, &moved);
 }
 
 const char kNoToken[] = "a request without this process's token (a handle of another process, or a forged one)";
@@ -407,7 +471,7 @@ const char kNoToken[] = "a request without this process's token (a handle of ano
 void Server::refuse(int conn)
 {
     refused_++;
-    answer(conn, FABPOOL_ERR_PERMISSION, kNoToken, {});
+    answer_now(conn, FABPOOL_ERR_PERMISSION, kNoToken);
 }
 
 namespace {
@@ -431,36 +495,88 @@ bool close_fds(struct msghdr *m)
 
 }  // namespace
 
-/* Connection c, whose start bears the token, joins the requests read as they come, with the whole request due
- * within kTimeoutMs, and what has come of it is read at once.  Where kReadingMax are read already, they are read
- * again first (one whose rest has come since is served, not given way), then the one idle the longest gives way:
- * a receiver sends its request whole right after its connect, so that one is the likeliest to have stalled. */
+/* Connection c, whose start bears the token, takes a slot, with the whole request due within kTimeoutMs, and
+ * what has come of it is read at once.  Where kSlotsMax are taken, each is read or sent to again first (a request
+ * whose rest has come since is served, an answer taken since leaves), then one gives way (victim). */
 void Server::read_start(int c)
 {
     int64_t now = now_ms();
-    for (int i = nreading_ - 1; i >= 0 && nreading_ == kReadingMax; i--)
-        feed(i, now);
-    if (nreading_ == kReadingMax) {
-        int v = 0;
-        for (int i = 1; i < nreading_; i++)
-            if (reading_[i].last < reading_[v].last)
-                v = i;
-        refused_++;
-        finish(v, FABPOOL_ERR_DESCRIPTOR, "a request that stalled, closed for a newer one", {});
+    int pid = -1;
+    unsigned uid = ~0u; /* no credentials: a stranger's, the first to give way */
+    fabpool_fd_peer(c, &pid, &uid);
+    for (int i = nslots_ - 1; i >= 0 && nslots_ == kSlotsMax; i--)
+        step(i, now);
+    if (nslots_ == kSlotsMax) {
+        int v = victim(pid, uid);
+        if (slots_[v].answering) {
+            drop(v); /* its answer not taken: it gets none */
+        } else {
+            refused_++;
+            finish(v, FABPOOL_ERR_DESCRIPTOR, "a request that stalled, closed for a newer one");
+        }
     }
-    Reading &r = reading_[nreading_++];
+    Slot &r = slots_[nslots_++];
     r.fd = c;
+    r.pid = pid;
+    r.uid = uid;
     r.until = now + kTimeoutMs;
     r.last = now;
-    feed(nreading_ - 1, now);
+    feed(nslots_ - 1, now);
 }
 
-/* Reads what has come of reading_[i]'s request, no further than its end, and never waits for more (MSG_DONTWAIT:
- * the socket itself stays blocking for the answer's timed send); a request whole is served.  True where the
- * connection is done with and has left the table (reading_[i] is then another, or none). */
+/* Which slot gives way for a newcomer of process pid of user uid, all kSlotsMax taken: another user's before this
+ * one's, of two users the one that holds more (as for the connections that wait for their start); then one of
+ * the process that holds the most slots (the newcomer counted), so that a process that fills the table with
+ * connections it leaves stalled closes its own, never another's request still coming in pieces; of it, the one
+ * idle the longest: a receiver sends its request whole right after its connect and reads its answer, so that one
+ * is the likeliest to have stalled. */
+int Server::victim(int pid, unsigned uid) const
+{
+    unsigned own = unsigned(geteuid());
+    auto of_user = [&](unsigned u) {
+        int k = uid == u;
+        for (int i = 0; i < nslots_; i++)
+            k += slots_[i].uid == u;
+        return k;
+    };
+    auto of_process = [&](const Slot &s) {
+        int k = uid == s.uid && pid == s.pid;
+        for (int i = 0; i < nslots_; i++)
+            k += slots_[i].uid == s.uid && slots_[i].pid == s.pid;
+        return k;
+    };
+    auto before = [&](const Slot &a, const Slot &b) {
+        if ((a.uid != own) != (b.uid != own))
+            return a.uid != own;
+        if (a.uid != b.uid) { /* two other users */
+            int ca = of_user(a.uid), cb = of_user(b.uid);
+            if (ca != cb)
+                return ca > cb;
+        }
+        int pa = of_process(a), pb = of_process(b);
+        if (pa != pb)
+            return pa > pb;
+        return a.last < b.last;
+    };
+    int v = 0;
+    for (int i = 1; i < nslots_; i++)
+        if (before(slots_[i], slots_[v]))
+            v = i;
+    return v;
+}
+
+/* slots_[i] read or sent to as far as its socket allows: true where it left the table. */
+bool Server::step(int i, int64_t now)
+{
+    return slots_[i].answering ? flush(i, now) : feed(i, now);
+}
+
+/* Reads what has come of slots_[i]'s request, no further than its end, and never waits for more (MSG_DONTWAIT);
+ * a request whole is served.  True where the connection is done with and has left the table (slots_[i] is then
+ * another, or none). */
 bool Server::feed(int i, int64_t now)
 {
-    Reading &r = reading_[i];
+    Slot &r = slots_[i];
     for (;;) {
         size_t have = r.buf.size(), want = FABPOOL_FD_HEAD_BYTES;
         if (have >= want) {
@@ -471,10 +587,8 @@ bool Server::feed(int i, int64_t now)
                 break;
             want += head[1];
         }
-        if (have == want) {
-            serve_whole(i);
-            return true;
-        }
+        if (have == want)
+            return serve_whole(i, now);
         /* the buffer grows as bytes come, not as the head announces them, and never past the request */
         size_t step = std::min(want - have, size_t(64) << 10);
         if (r.buf.capacity() < have + step)
@@ -502,15 +616,16 @@ bool Server::feed(int i, int64_t now)
         r.last = now;
     }
     refused_++;
-    finish(i, FABPOOL_ERR_DESCRIPTOR, kMalformed, {});
+    finish(i, FABPOOL_ERR_DESCRIPTOR, kMalformed);
     return true;
 }
 
-/* reading_[i]'s request, whole: served, or refused, and the connection closed. */
-void Server::serve_whole(int i)
+/* slots_[i]'s request, whole: served, or refused; the answer sent as far as the socket takes it.  True where
+ * the connection left the table. */
+bool Server::serve_whole(int i, int64_t now)
 {
-    const char *req = reading_[i].buf.data() + FABPOOL_FD_HEAD_BYTES;
-    size_t len = reading_[i].buf.size() - FABPOOL_FD_HEAD_BYTES;
+    const char *req = slots_[i].buf.data() + FABPOOL_FD_HEAD_BYTES;
+    size_t len = slots_[i].buf.size() - FABPOOL_FD_HEAD_BYTES;
     std::string msg;
     std::vector<int> fds;
     int status = FABPOOL_ERR_DESCRIPTOR;
@@ -524,21 +639,66 @@ void Server::serve_whole(int i)
         status = serve_(get<uint64_t>(req + 4 + kTokenBytes), desc, &fds, &msg);
         if (status < 0 || status > FABPOOL_STATUS_LAST)
             status = FABPOOL_ERR_IO;
+        if (status == 0 && fds.size() > kAnswerFdsMax) {
+            status = FABPOOL_ERR_LIMIT;
+            msg = std::to_string(fds.size()) + " fds, more than one message carries";
+        }
     }
     (status == 0 ? served_ : refused_)++;
-    finish(i, status, msg, fds);
-    close_all(fds);
+    if (status != 0) {
+        close_all(fds);
+        fds.clear();
+    }
+    return answer(i, status, msg, &fds, now);
 }
 
-/* Answers reading_[i] and closes it; it leaves the table, its buffer's memory given back. */
-void Server::finish(int i, int status, const std::string &msg, const std::vector<int> &fds)
+/* slots_[i] answers, with the fds (status 0), which it takes: the answer is its now, bytes and fds, and goes out
+ * as the socket takes it (flush), all of it within kTimeoutMs; a receiver that does not read it holds its own
+ * slot, not the thread.  True where the connection left the table (the answer all out, or the peer gone). */
+bool Server::answer(int i, int status, const std::string &msg, std::vector<int> *fds, int64_t now)
 {
-    Reading &r = reading_[i];
-    answer(r.fd, status, msg, fds);
+    Slot &r = slots_[i];
+    std::vector<char> b = answer_bytes(status, msg, fds->size());
+    r.buf.swap(b); /* the request's memory given back */
+    r.off = 0;
+    r.fds.swap(*fds);
+    r.fds_sent = 0;
+    r.answering = true;
+    r.until = now + kTimeoutMs;
+    r.last = now;
+    return flush(i, now);
+}
+
+/* Sends what slots_[i]'s socket takes of its answer: true where the connection left the table, its answer all
+ * out, or its peer gone. */
+bool Server::flush(int i, int64_t now)
+{
+    Slot &r = slots_[i];
+    bool moved = false;
+    int done = send_some(r.fd, r.buf, &r.off, &r.fds, &r.fds_sent, &moved);
+    if (moved)
+        r.last = now;
+    if (done == 0)
+        return false;
+    drop(i);
+    return true;
+}
+
+/* slots_[i] refused with a short answer, at once, and closed. */
+void Server::finish(int i, int status, const std::string &msg)
+{
+    answer_now(slots_[i].fd, status, msg);
+    drop(i);
+}
+
+/* slots_[i] closed, with every fd of an answer it still holds, and out of the table, its memory given back. */
+void Server::drop(int i)
+{
+    Slot &r = slots_[i];
     close(r.fd);
-    r.fd = -1;
-    std::vector<char>().swap(r.buf);
-    std::swap(r, reading_[--nreading_]);
+    close_all(r.fds);
+    r = Slot();
+    std::swap(r, slots_[--nslots_]);
 }
 
 /* ----------------------------------------------------------- the receiver */

@@ -21,8 +21,9 @@
  *   block's key and descriptor; the thread reads every connection's request
  *   as it comes, none waited for, and once one is whole asks its callback,
  *   which checks that the block is still the one described, and answers
- *   with copies of the fds (SCM_RIGHTS), received whole within a deadline or
- *   not at all.
+ *   with copies of the fds (SCM_RIGHTS), sent as the receiver's socket takes
+ *   them (never waited for) and received whole within a deadline or not at
+ *   all.
  * - fetch: the receiver's side, over the socket, else (no listener: another
  *   network namespace) through a pidfd of the sender: the sender proves it
  *   is the handle's process by the token memfd (fabpool_fd_token_check)
@@ -87,8 +88,10 @@ private:
 /* A sender's fd server: a thread serving requests until destroyed. */
 class Server {
 public:
-    /* status 0: *fds are the fds to send (closed by the server afterwards);
-     * else a fabpool_status, and *msg says why not. */
+    /* status 0: *fds are the fds to send (the server's then: each closed once
+     * it went out, those left when the connection ends); else a
+     * fabpool_status, and *msg says why not (at most kMaxDesc bytes of it
+     * are sent). */
     using Serve = std::function<int(uint64_t key, const std::string &desc, std::vector<int> *fds, std::string *msg)>;
 
     /* Listens and starts the thread; throws std::runtime_error. */
@@ -106,7 +109,8 @@ public:
      * request, a block no longer live). */
     uint64_t served() const { return served_.load(); }
     uint64_t refused() const { return refused_.load(); }
-    /* Times the server's thread woke (a connection, a byte, a hang-up or a look again at a part of a start). */
+    /* Times the server's thread woke (a connection, a byte, room for an answer, a hang-up or a look again at a
+     * part of a start). */
     uint64_t wakes() const { return wakes_.load(); }
 
     /* In a child made by fork: the thread is the parent's and does not run
@@ -124,19 +128,26 @@ private:
     std::thread thread_;
     std::atomic<uint64_t> served_{0}, refused_{0}, wakes_{0};
 
-    /* A connection whose request bears the token, read as its bytes come (the thread's).  Members, not the
-     * thread's stack: a process forked while the thread runs still reaches their heap. */
-    struct Reading {
+    /* A connection whose request bears the token (the thread's): its request read as its bytes come, then its
+     * answer sent as the socket takes it, neither ever waited for.  Members, not the thread's stack: a process
+     * forked while the thread runs still reaches their heap. */
+    struct Slot {
         int fd = -1;
-        int64_t until = 0;     /* the deadline of the whole request (ms, steady clock) */
-        int64_t last = 0;      /* when its last bytes came: the idlest gives way where no more fit */
-        std::vector<char> buf; /* fabpool_fd_send's head, then the request, as far as it came */
+        int pid = 0;           /* the peer's, as of its connect (SO_PEERCRED): whose slots give way first */
+        unsigned uid = 0;
+        int64_t until = 0;     /* the deadline of the whole request, then of the whole answer (ms, steady clock) */
+        int64_t last = 0;      /* when bytes last moved: of the peer that holds the most, the idlest gives way */
+        bool answering = false;
+        std::vector<char> buf; /* fabpool_fd_send's head, then the request as far as it came; then the answer */
+        size_t off = 0;        /* the answer's bytes that the socket took */
+        std::vector<int> fds;  /* the answer's fds: copies this connection owns, each closed once it went out */
+        size_t fds_sent = 0;
     };
-    /* Requests read at once, each into a buffer of at most one request: a bound on the memory (64 MiB) that
-     * receivers which stall mid-request hold. */
-    static constexpr int kReadingMax = 16;
-    Reading reading_[kReadingMax];
-    int nreading_ = 0;
+    /* Connections read or answered at once, each holding at most one request's bytes (the request, then the
+     * answer) and an answer's fds: a bound on the memory (64 MiB) and the fds that peers which stall hold. */
+    static constexpr int kSlotsMax = 16;
+    Slot slots_[kSlotsMax];
+    int nslots_ = 0;
 
     enum class Look { done, silent, partial };
     void run();
@@ -144,9 +155,14 @@ private:
     void sweep(::cw_conn *w, int *nw);
     void take(::cw_conn *w, int *nw, uint64_t *seq);
     void read_start(int conn);
+    int victim(int pid, unsigned uid) const;
+    bool step(int i, int64_t now);
     bool feed(int i, int64_t now);
-    void serve_whole(int i);
-    void finish(int i, int status, const std::string &msg, const std::vector<int> &fds);
+    bool serve_whole(int i, int64_t now);
+    bool answer(int i, int status, const std::string &msg, std::vector<int> *fds, int64_t now);
+    bool flush(int i, int64_t now);
+    void finish(int i, int status, const std::string &msg);
+    void drop(int i);
     void refuse(int conn);
 };
 
