@@ -1119,6 +1119,47 @@ static void check_ipc_server_strangers()
     CHECK(fd_count() == before);
 }
 
+/* The request of the fd server's tests below, as fetch sends it: fabpool_fd_send's head, the magic, the token, the key, the
+ * descriptor. */
+static std::string ipc_request(const fabpool_torch::ipc::Handle &h)
+{
+    uint32_t head[2] = {0, uint32_t(4 + fabpool_torch::ipc::kTokenBytes + 8 + h.desc.size())};
+    std::string req(reinterpret_cast<const char *>(head), sizeof head);
+    req += "FPRQ";
+    req.append(reinterpret_cast<const char *>(h.token), fabpool_torch::ipc::kTokenBytes);
+    req.append(reinterpret_cast<const char *>(&h.key), sizeof h.key);
+    return req + h.desc;
+}
+
+/* A handle of srv's with a 64-byte descriptor; no pidfd fallback: only the server's answers count. */
+static fabpool_torch::ipc::Handle ipc_handle_of(const fabpool_torch::ipc::Server &srv, uint64_t key)
+{
+    fabpool_torch::ipc::Handle h;
+    h.type = FABPOOL_HANDLE_POSIX_FD;
+    h.pid = srv.pid();
+    memcpy(h.token, srv.token(), fabpool_torch::ipc::kTokenBytes);
+    h.token_fd = 1 << 20;
+    h.server_id = srv.id();
+    h.key = key;
+    h.fds = {3};
+    h.desc = std::string(64, 'd');
+    return h;
+}
+
+static long ms_since(std::chrono::steady_clock::time_point t)
+{
+    return long(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t).count());
+}
+
+/* A server that answers every request with a copy of mem. */
+static fabpool_torch::ipc::Server::Serve serve_copy_of(int mem)
+{
+    return [mem](uint64_t, const std::string &, std::vector<int> *fds, std::string *) {
+        fds->push_back(dup(mem));
+        return fds->back() >= 0 ? 0 : int(FABPOOL_ERR_IO);
+    };
+}
+
 /* A receiver that holds the token (any receiver of the process's tensors) sends half of its request and stalls:
  * the server keeps serving everyone else (each fetch answered in well under a second, not after the staller's
  * 10 s deadline), and closes the stalled connection at that deadline, answered as a malformed request.  A request
@@ -1129,35 +1170,14 @@ static void check_ipc_server_stalled()
     int mem = memfd_create("ipc-stalled", MFD_CLOEXEC);
     CHECK(mem >= 0);
     {
-        fabpool_torch::ipc::Server srv([mem](uint64_t, const std::string &, std::vector<int> *fds, std::string *) {
-            fds->push_back(dup(mem));
-            return fds->back() >= 0 ? 0 : int(FABPOOL_ERR_IO);
-        });
-        fabpool_torch::ipc::Handle h;
-        h.type = FABPOOL_HANDLE_POSIX_FD;
-        h.pid = srv.pid();
-        memcpy(h.token, srv.token(), fabpool_torch::ipc::kTokenBytes);
-        h.token_fd = 1 << 20; /* no pidfd fallback: only the server's answers count */
-        h.server_id = srv.id();
-        h.key = 0x1000;
-        h.fds = {3};
-        h.desc = std::string(64, 'd');
-        /* the request as fetch sends it: fabpool_fd_send's head, the magic, the token, the key, the descriptor */
-        uint32_t head[2] = {0, uint32_t(4 + fabpool_torch::ipc::kTokenBytes + 8 + h.desc.size())};
-        std::string req(reinterpret_cast<const char *>(head), sizeof head);
-        req += "FPRQ";
-        req.append(reinterpret_cast<const char *>(h.token), fabpool_torch::ipc::kTokenBytes);
-        req.append(reinterpret_cast<const char *>(&h.key), sizeof h.key);
-        req += h.desc;
+        fabpool_torch::ipc::Server srv(serve_copy_of(mem));
+        fabpool_torch::ipc::Handle h = ipc_handle_of(srv, 0x1000);
+        std::string req = ipc_request(h);
         std::string name = fabpool_torch::ipc::socket_name(srv.pid(), srv.id());
         int stalled = -1;
         CHECK_OK(fabpool_fd_connect(name.c_str(), &stalled, 2000));
         size_t half = req.size() / 2; /* past the start (head, magic, token): the server takes it for a request */
         auto t0 = std::chrono::steady_clock::now();
-        auto ms_since = [](std::chrono::steady_clock::time_point t) {
-            return long(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t)
-                            .count());
-        };
         CHECK(send(stalled, req.data(), half, MSG_NOSIGNAL) == ssize_t(half));
         usleep(100 * 1000); /* its start is in and looked at */
         const int kFetches = 3;
@@ -1179,7 +1199,7 @@ static void check_ipc_server_stalled()
          * never awaited */
         int big = -1;
         CHECK_OK(fabpool_fd_connect(name.c_str(), &big, 2000));
-        std::string over = req.substr(0, sizeof head + 4 + fabpool_torch::ipc::kTokenBytes);
+        std::string over = req.substr(0, 2 * sizeof(uint32_t) + 4 + fabpool_torch::ipc::kTokenBytes);
         uint32_t over_len = uint32_t(4 + fabpool_torch::ipc::kTokenBytes + 8 + fabpool_torch::ipc::kMaxDesc + 1);
         memcpy(&over[4], &over_len, 4);
         auto t1 = std::chrono::steady_clock::now();
@@ -1211,38 +1231,6 @@ static void check_ipc_server_stalled()
     }
     close(mem);
     CHECK(fd_count() == before);
-}
-
-/* The request of the tests below, as fetch sends it: fabpool_fd_send's head, the magic, the token, the key, the
- * descriptor. */
-static std::string ipc_request(const fabpool_torch::ipc::Handle &h)
-{
-    uint32_t head[2] = {0, uint32_t(4 + fabpool_torch::ipc::kTokenBytes + 8 + h.desc.size())};
-    std::string req(reinterpret_cast<const char *>(head), sizeof head);
-    req += "FPRQ";
-    req.append(reinterpret_cast<const char *>(h.token), fabpool_torch::ipc::kTokenBytes);
-    req.append(reinterpret_cast<const char *>(&h.key), sizeof h.key);
-    return req + h.desc;
-}
-
-/* A handle of srv's with a 64-byte descriptor; no pidfd fallback: only the server's answers count. */
-static fabpool_torch::ipc::Handle ipc_handle_of(const fabpool_torch::ipc::Server &srv, uint64_t key)
-{
-    fabpool_torch::ipc::Handle h;
-    h.type = FABPOOL_HANDLE_POSIX_FD;
-    h.pid = srv.pid();
-    memcpy(h.token, srv.token(), fabpool_torch::ipc::kTokenBytes);
-    h.token_fd = 1 << 20;
-    h.server_id = srv.id();
-    h.key = key;
-    h.fds = {3};
-    h.desc = std::string(64, 'd');
-    return h;
-}
-
-static long ms_since(std::chrono::steady_clock::time_point t)
-{
-    return long(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t).count());
 }
 
 /* A receiver that holds the token asks for a block whose answer does not fit its socket at once and never reads
@@ -1355,10 +1343,7 @@ static void check_ipc_server_flood_by_pid()
     int mem = memfd_create("ipc-by-pid", MFD_CLOEXEC);
     CHECK(mem >= 0);
     {
-        fabpool_torch::ipc::Server srv([mem](uint64_t, const std::string &, std::vector<int> *fds, std::string *) {
-            fds->push_back(dup(mem));
-            return fds->back() >= 0 ? 0 : int(FABPOOL_ERR_IO);
-        });
+        fabpool_torch::ipc::Server srv(serve_copy_of(mem));
         fabpool_torch::ipc::Handle h = ipc_handle_of(srv, 0x1000);
         std::string name = fabpool_torch::ipc::socket_name(srv.pid(), srv.id()), req = ipc_request(h);
         size_t half = req.size() / 2; /* past the start: the server takes it for a request */
@@ -1443,18 +1428,8 @@ static int check_ipc_server_flood()
     int answered = 0;
     std::string first;
     {
-        fabpool_torch::ipc::Server srv([mem](uint64_t, const std::string &, std::vector<int> *fds, std::string *) {
-            fds->push_back(dup(mem));
-            return fds->back() >= 0 ? 0 : int(FABPOOL_ERR_IO);
-        });
-        fabpool_torch::ipc::Handle h;
-        h.type = FABPOOL_HANDLE_POSIX_FD;
-        h.pid = srv.pid();
-        memcpy(h.token, srv.token(), fabpool_torch::ipc::kTokenBytes);
-        h.token_fd = 1 << 20; /* no pidfd fallback: only the server's answers count */
-        h.server_id = srv.id();
-        h.key = 0x1000;
-        h.fds = {3};
+        fabpool_torch::ipc::Server srv(serve_copy_of(mem));
+        fabpool_torch::ipc::Handle h = ipc_handle_of(srv, 0x1000);
         h.desc = "d";
         /* 3 processes of uid 65534 connect and close at once; 5 of uids 65530-65534 each keep 100 connections
          * open, silent or with a head and the magic (a start without its token): more than the server's table
