@@ -62,7 +62,9 @@ FABPOOL_API fabpool_status fabpool_fd_listen(const char *name, int *listener);  
  * FABPOOL_ERR_PERMISSION, with the peer's pid and uid and what was expected in
  * the message (and a line in the FABPOOL_DEBUG log at warn), and the caller
  * may accept again.  Blocks as accept(2) does on the listener.  *sock is
- * set only on FABPOOL_OK. */
+ * set only on FABPOOL_OK.  FABPOOL_ERR_IO where accept(2) failed, with errno
+ * left as accept(2) set it (EAGAIN: a non-blocking listener's queue is empty;
+ * EMFILE or ENFILE: no fd for the connection, which stays queued). */
 FABPOOL_API fabpool_status fabpool_fd_accept(int listener, int *sock);
 /* The same, and only from process pid (0: any process); *peer_pid (may be
  * NULL) gets the peer's pid as SO_PEERCRED reads it, also when refused.

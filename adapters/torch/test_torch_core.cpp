@@ -21,8 +21,10 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 
 #undef _GNU_SOURCE /* testutil.h defines it; g++ predefines it */
@@ -1403,6 +1405,67 @@ static void check_ipc_server_flood_by_pid()
     CHECK(fd_count() == before);
 }
 
+/* The process is out of fds (RLIMIT_NOFILE: a PyTorch program that holds many, as the file_descriptor sharing
+ * strategy does) while a receiver's connection waits in the listener's queue: the server cannot accept it, and
+ * does not wake again and again on the listener that poll says readable at once (it woke some 48,000 times in
+ * 500 ms, a core's worth, before): it rests a little and tries again, and answers the receiver once fds are
+ * free. */
+static void check_ipc_server_out_of_fds()
+{
+    int before = fd_count();
+    int mem = memfd_create("ipc-no-fds", MFD_CLOEXEC);
+    CHECK(mem >= 0);
+    {
+        fabpool_torch::ipc::Server srv(serve_copy_of(mem));
+        fabpool_torch::ipc::Handle h = ipc_handle_of(srv, 0x1000);
+        std::string name = fabpool_torch::ipc::socket_name(srv.pid(), srv.id()), req = ipc_request(h);
+        struct sockaddr_un a = {};
+        a.sun_family = AF_UNIX;
+        memcpy(a.sun_path + 1, name.data(), name.size()); /* abstract: a NUL first */
+        int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        CHECK(s >= 0);
+        struct rlimit old;
+        CHECK(getrlimit(RLIMIT_NOFILE, &old) == 0);
+        int lowest = fcntl(mem, F_DUPFD, 0); /* the lowest free fd number: a limit there leaves no room for one more */
+        CHECK(lowest >= 0);
+        close(lowest);
+        struct rlimit none = {rlim_t(lowest), old.rlim_max};
+        CHECK(setrlimit(RLIMIT_NOFILE, &none) == 0);
+        socklen_t alen = socklen_t(offsetof(struct sockaddr_un, sun_path) + 1 + name.size());
+        CHECK(connect(s, reinterpret_cast<struct sockaddr *>(&a), alen) == 0); /* no fd needed: queued, not taken */
+        /* valgrind keeps RLIMIT_NOFILE itself: the kernel takes the connection, and valgrind closes it (EMFILE) */
+        const char *pre = getenv("LD_PRELOAD");
+        bool vg = pre && strstr(pre, "vgpreload");
+        ssize_t sent = send(s, req.data(), req.size(), MSG_NOSIGNAL);
+        CHECK(vg || sent == ssize_t(req.size()));
+        usleep(50 * 1000);
+        uint64_t w0 = srv.wakes();
+        usleep(500 * 1000);
+        uint64_t wakes = srv.wakes() - w0;
+        CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+        CHECK(wakes < 100);
+        if (wakes >= 100)
+            fprintf(stderr, "check_ipc_server_out_of_fds: the server woke %llu times in 500 ms, out of fds with a "
+                    "connection in its listener's queue\n", (unsigned long long)wakes);
+        int got = -1;
+        char reply[256];
+        size_t n = 0, len = 0;
+        uint32_t code = 1;
+        fabpool_status st = fabpool_fd_recv_timed(s, &got, 1, &n, reply, sizeof reply, &len, 5000);
+        if (len >= 4)
+            memcpy(&code, reply, 4);
+        if (vg)
+            CHECK(st == FABPOOL_ERR_IO || (st == FABPOOL_OK && code == 0 && n == 1));
+        else
+            CHECK(st == FABPOOL_OK && code == 0 && n == 1 && srv.served() == 1);
+        if (n == 1)
+            close(got);
+        close(s);
+    }
+    close(mem);
+    CHECK(fd_count() == before);
+}
+
 /* Every fetch of a receiver is answered with the sender's fd while processes of other users flood the sender's fd
  * server (FABPOOL_PEERS=any_user: they are let in): a connection whose request has come is never closed to make
  * room for theirs.  Run as its own test, since FABPOOL_PEERS is read once. */
@@ -1412,6 +1475,7 @@ static int check_ipc_server_flood()
     check_ipc_server_stalled();
     check_ipc_server_answer_unread();
     check_ipc_server_flood_by_pid();
+    check_ipc_server_out_of_fds();
     if (!other_user_can()) {
         printf("test_torch_core --ipc-flood: not root, no process of another user to flood with; the floods "
                "skipped\n");

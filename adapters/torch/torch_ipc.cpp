@@ -233,6 +233,8 @@ void Server::abandon()
 
 /* How many connections wait at once for the start of their request (conn_wait.h says which gives way past it). */
 constexpr int kWaitingMax = 64;
+/* How long the listener rests once a connection could not be taken for want of an fd (ms). */
+constexpr int kAcceptRestMs = 50;
 /* How often a connection that has sent part of its request's start is looked at again (ms). */
 constexpr int kPartialMs = 5;
 /* A request's start in the stream: fabpool_fd_send's head, the magic and the token. */
@@ -285,8 +287,10 @@ void Server::sweep(cw_conn *w, int *nw)
  * loop ends where the queue is empty), and looked at at once: one whose start has come is answered, one already
  * gone is closed, so a flood of connections closed at once (another user's, where FABPOOL_PEERS=any_user lets
  * them in) holds the queue for a wake and no room.  The others wait in w; a full w is looked at again first, so
- * that no connection whose start has come since gives way. */
-void Server::take(cw_conn *w, int *nw, uint64_t *seq)
+ * that no connection whose start has come since gives way.  True where a connection could not be taken (no fd for
+ * it: the process at RLIMIT_NOFILE): it stays queued, and the listener, which poll says readable at once again,
+ * rests kAcceptRestMs rather than wake the thread again and again. */
+bool Server::take(cw_conn *w, int *nw, uint64_t *seq)
 {
     unsigned own = unsigned(geteuid());
     for (int n = 0; n < kAcceptBurst; n++) {
@@ -296,8 +300,12 @@ void Server::take(cw_conn *w, int *nw, uint64_t *seq)
             refused_++;
             continue;
         }
-        if (st != FABPOOL_OK)
-            break;
+        if (st != FABPOOL_OK) {
+            /* the queue empty, or a connection gone before it was taken: poll says when more comes; else (no fd or
+             * memory for it, FABPOOL_PEERS malformed) the connection stays queued and the listener readable */
+            int e = errno; /* accept's, where it failed */
+            return !(st == FABPOOL_ERR_IO && (e == EAGAIN || e == EWOULDBLOCK || e == EINTR || e == ECONNABORTED));
+        }
         cw_conn in = {conn, 0, 0, ++*seq, now_ms() + kTimeoutMs};
         if (fabpool_fd_peer(conn, nullptr, &in.uid) != FABPOOL_OK) {
             close(conn);
@@ -312,6 +320,7 @@ void Server::take(cw_conn *w, int *nw, uint64_t *seq)
             sweep(w, nw);
         refused_ += uint64_t(cw_admit(w, nw, kWaitingMax, &in, own));
     }
+    return false;
 }
 
 /* The server's one thread.  Every connection accepted waits, all of them watched at once, until the start of its
@@ -327,6 +336,7 @@ void Server::run()
     struct pollfd pf[2 + kWaitingMax + kSlotsMax];
     int nw = 0;
     uint64_t seq = 0;
+    int64_t listen_at = 0; /* the listener rests until then: out of fds, it is readable and no accept takes one */
     for (;;) {
         int64_t now = now_ms();
         int timeout = -1;
@@ -335,7 +345,10 @@ void Server::run()
             int64_t ms = t - now;
             timeout = timeout < 0 || ms < timeout ? int(ms > 0 ? ms : 0) : timeout;
         };
-        pf[0] = {listener_, POLLIN, 0};
+        bool rest = now < listen_at;
+        if (rest)
+            until(listen_at);
+        pf[0] = {listener_, short(rest ? 0 : POLLIN), 0};
         pf[1] = {wake_[0], POLLIN, 0};
         for (int i = 0; i < nw; i++) {
             until(waiting[i].until);
@@ -380,8 +393,8 @@ void Server::run()
             }
         }
         sweep(waiting, &nw);
-        if (pf[0].revents & POLLIN)
-            take(waiting, &nw, &seq);
+        if ((pf[0].revents & POLLIN) && take(waiting, &nw, &seq))
+            listen_at = now_ms() + kAcceptRestMs;
     }
 }
 

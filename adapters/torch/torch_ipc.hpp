@@ -114,8 +114,12 @@ public:
     uint64_t wakes() const { return wakes_.load(); }
 
     /* In a child made by fork: the thread is the parent's and does not run
-     * here; the sockets are closed and the thread left alone (the object is
-     * then to be leaked, not destroyed). */
+     * here; the listener, the wake pipe and the token memfd are closed and
+     * the thread left alone (the object is then to be leaked, not
+     * destroyed).  The child's copies of the connections the thread held at
+     * the fork, and of the fds of answers not yet sent, stay open until it
+     * exits: their numbers, read from a thread caught mid-step, may be
+     * stale by the time this runs. */
     void abandon();
 
 private:
@@ -153,7 +157,7 @@ private:
     void run();
     Look look(int conn, bool expired);
     void sweep(::cw_conn *w, int *nw);
-    void take(::cw_conn *w, int *nw, uint64_t *seq);
+    bool take(::cw_conn *w, int *nw, uint64_t *seq);
     void read_start(int conn);
     int victim(int pid, unsigned uid) const;
     bool step(int i, int64_t now);

@@ -2,6 +2,7 @@
  * library's version, the check of a struct's size and a getter's opening. */
 #include "error.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -204,17 +205,19 @@ fabpool_status fp_error_unhold(fp_msg_hold *h, fabpool_status st)
 
 fabpool_status fp_error(fabpool_status s, const char *fmt, ...)
 {
+    int e = errno; /* the failed call's: the message's buffer (malloc) and vsnprintf may set it */
     char *m = msg_buf();
     holds_take();
     fp_msg_lost = !m;
-    if (!m)
-        return s;
-    msg_node *n = msg_node_of();
-    n->id = ++n->ids;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(m, FP_MSG_MAX, fmt, ap);
-    va_end(ap);
+    if (m) {
+        msg_node *n = msg_node_of();
+        n->id = ++n->ids;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(m, FP_MSG_MAX, fmt, ap);
+        va_end(ap);
+    }
+    errno = e;
     return s;
 }
 

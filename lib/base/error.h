@@ -10,7 +10,8 @@
 #define FP_MSG_MAX 1024
 
 /* Records a message for the calling thread and returns `s`, so that error
- * paths read `return fp_error(FABPOOL_ERR_..., "what happened; what to do", ...);` */
+ * paths read `return fp_error(FABPOOL_ERR_..., "what happened; what to do", ...);`
+ * errno is left as the failed call set it (the caller's caller may read it). */
 fabpool_status fp_error(fabpool_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends to the calling thread's message (context from an outer layer). */
 void fp_error_append(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
