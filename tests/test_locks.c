@@ -5,10 +5,10 @@
  *                    build: locks of every level taken in the right order pass; a wrong order, a lock taken
  *                    twice, a class lock below one held, an unlock of a lock not held and a missing lock abort,
  *                    each in a child process, with a message that names both locks;
- *   test_locks_pool  against the library: in a FABPOOL_DEBUG_LOCKS build (the debug step of .ci/reliability)
+ *   test_locks_pool  against the library: in a FABPOOL_DEBUG_LOCKS build (the ASan step of .ci/reliability)
  *                    a *_locked function called without the pool lock, and the pool lock taken under a class
- *                    lock, abort with the message; in a release build it skips (exit 77), the checks compiled
- *                    out.
+ *                    lock, abort with the message, and a fork after a pool and a traced pool takes its hooks'
+ *                    locks in order; in a release build it skips (exit 77), the checks compiled out.
  * White-box: it includes lib/ headers. */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -206,10 +206,32 @@ static void trim_under_class(void *arg)
     fabpool_trim(p, 0);   /* takes the pool lock */
 }
 
+/* A pool, then a traced pool (so the trace list's fork hooks come after the registry's), then a fork: the fork's
+ * hooks take the registry before the trace list, as the lock order says, whichever was registered first. */
+static void fork_after_a_traced_pool(void *arg)
+{
+    (void)arg;
+    fabpool_t *a = NULL, *b = NULL;
+    fabpool_options o;
+    fabpool_options_init(&o);
+    snprintf(o.trace_path, sizeof o.trace_path, "/tmp/fabpool_test_locks_%d.trace", (int)getpid());
+    if (fabpool_create(NULL, &a) != FABPOOL_OK || fabpool_create(&o, &b) != FABPOOL_OK)
+        _exit(3);
+    pid_t pid = fork(); /* a lock taken out of order in the hooks aborts here */
+    if (pid == 0)
+        _exit(0);
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+        _exit(4);
+    fabpool_destroy(b);
+    fabpool_destroy(a);
+    unlink(o.trace_path);
+}
+
 int main(void)
 {
     if (!fp_lock_debug_enabled()) {
-        printf("test_locks_pool: the library was built without FABPOOL_DEBUG_LOCKS: skipped (the debug step of "
+        printf("test_locks_pool: the library was built without FABPOOL_DEBUG_LOCKS: skipped (the ASan step of "
                ".ci/reliability runs it)\n");
         return 77;
     }
@@ -220,6 +242,10 @@ int main(void)
         fprintf(stderr, "no CUDA driver/device: cannot run\n");
         return 2;
     }
+    char msg[2048];
+    int r = in_child(fork_after_a_traced_pool, NULL, NULL, msg, sizeof msg); /* before this process has a pool */
+    CHECK(r == 0);
+    printf("  %-34s %s%s", "a fork after a traced pool", r == 0 ? "passed" : "FAILED: ", r == 0 ? "\n" : msg);
     fabpool_t *p = NULL;
     fabpool_status st = fabpool_create(NULL, &p);
     CHECK(st == FABPOOL_OK);
@@ -245,7 +271,7 @@ int main(void)
 
 int main(void)
 {
-    printf("test_locks_pool: the library was built without FABPOOL_DEBUG_LOCKS: skipped (the debug step of "
+    printf("test_locks_pool: the library was built without FABPOOL_DEBUG_LOCKS: skipped (the ASan step of "
            ".ci/reliability runs it)\n");
     return fp_lock_debug_enabled() ? 1 : 77;
 }

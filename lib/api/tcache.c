@@ -14,6 +14,7 @@
 #include "error.h"
 #include "list.h"
 #include "lock.h"
+#include "trace.h"
 
 _Thread_local fp_tls_hot fp_hot;
 static pthread_key_t tls_key;
@@ -98,7 +99,11 @@ static void fork_child(void)
     }
     fp_unlock(&registry_lock);
 }
-static void fork_hooks(void) { (void)pthread_atfork(fork_prepare, fork_parent, fork_child); }
+static void fork_hooks(void)
+{
+    fp_trace_fork_hooks(); /* first: its prepare hook then runs after this one's (the registry before the traces) */
+    (void)pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
 
 int fp_registry_add(fp_alloc *a)
 {

@@ -215,6 +215,8 @@ fabpool_status fp_trace_env(fabpool_options *o)
     return FABPOOL_OK;
 }
 
+void fp_trace_fork_hooks(void) { pthread_once(&hooks_once, install_hooks); }
+
 fabpool_status fp_trace_open(const fabpool_options *o, uint64_t gran, struct fp_trace **out)
 {
     *out = NULL;

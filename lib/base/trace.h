@@ -27,6 +27,10 @@ fabpool_status fp_trace_env(fabpool_options *o);
  * written, or is refused (a symbolic link, not a regular file, another
  * user's). */
 fabpool_status fp_trace_open(const fabpool_options *o, uint64_t gran, struct fp_trace **out);
+/* Registers the trace list's fork hooks (once).  pthread_atfork runs the prepare hooks last registered first, and
+ * the lock order takes the pools' registry before the trace list: the registry's hooks call this before they
+ * register their own, so that a fork takes the two in that order whichever pool was made or traced first. */
+void fp_trace_fork_hooks(void);
 /* Writes what is buffered, completes the header, closes the file (t may be NULL). */
 void fp_trace_close(struct fp_trace *t);
 /* The path being written (after %p/%d and a ".N" for a second pool of the
