@@ -78,7 +78,9 @@ FABPOOL_API fabpool_status fabpool_fd_accept_peer(int listener, int *sock, int p
  * accepts no one cannot hold the caller past timeout_ms.  A listener of
  * another user is refused at once, not retried (FABPOOL_ERR_PERMISSION:
  * someone else holds the name), the socket closed before a byte goes out.
- * The socket given is blocking. */
+ * At the timeout, FABPOOL_ERR_IO with errno as connect(2) last set it
+ * (EAGAIN: the queue stayed full, the listener there but busy; ECONNREFUSED
+ * or ENOENT: none listened).  The socket given is blocking. */
 FABPOOL_API fabpool_status fabpool_fd_connect(const char *name, int *sock, int timeout_ms);
 /* The same, and the listener must be process pid (0: any process). */
 FABPOOL_API fabpool_status fabpool_fd_connect_peer(const char *name, int *sock, int timeout_ms, int pid,

@@ -330,7 +330,8 @@ static int attacker_fills_its_queue(void *arg)
 }
 
 /* A listener that accepts no one (another user's squatter with its queue full) cannot hold a connect past its
- * timeout: the call answers FABPOOL_ERR_IO near the timeout, says the queue stayed full and leaves no fd. */
+ * timeout: the call answers FABPOOL_ERR_IO near the timeout with errno EAGAIN, says the queue stayed full and
+ * leaves no fd. */
 static void connect_to_a_full_queue_ends_at_its_timeout(void)
 {
     if (!need_other_user("connect_to_a_full_queue_ends_at_its_timeout"))
@@ -344,8 +345,10 @@ static void connect_to_a_full_queue_ends_at_its_timeout(void)
     int s = -1, before = fd_count();
     double t0 = now_s();
     fabpool_status st = fabpool_fd_connect_peer(a.name, &s, 300, 424242, 0);
+    int e = errno; /* connect(2)'s, which says the listener is there but busy */
     double dt = now_s() - t0;
     CHECK_STATUS(st, FABPOOL_ERR_IO);
+    CHECK(e == EAGAIN);
     CHECK(s == -1);
     CHECK(dt >= 0.29 && dt < 2.0);
     CHECK(strstr(fabpool_last_error(), "queue stayed full") != NULL);

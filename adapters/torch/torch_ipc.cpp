@@ -34,6 +34,8 @@ const char kRequestMagic[4] = {'F', 'P', 'R', 'Q'};
 constexpr size_t kRequestHeader = 4 + kTokenBytes + 8;
 constexpr int kTimeoutMs = 10000; /* a peer that stops talking mid-message */
 constexpr int kConnectMs = 200;   /* a server that is not there (another network namespace) */
+constexpr int kBusyConnectMs = 2000; /* one whose queue stayed full: it is there, others' connections beside ours (a
+                                      * flood on a loaded machine outlasted 200 ms) */
 constexpr int kAcceptBurst = 256; /* connections taken at one wake of the server at most */
 constexpr size_t kFdsPerSend = 250; /* fds on one sendmsg, as fabpool_fd_send: the kernel takes 253 (SCM_MAX_FD) */
 constexpr size_t kAnswerFdsMax = size_t(1) << 20; /* what a receiver takes in one message (fabpool_fd_recv) */
@@ -727,6 +729,8 @@ Reach by_socket(const Handle &h, std::vector<int> *out, std::string *why, fabpoo
     int s = -1;
     std::string name = socket_name(h.pid, h.server_id);
     *st = fabpool_fd_connect_peer(name.c_str(), &s, kConnectMs, h.pid, 0);
+    if (*st == FABPOOL_ERR_IO && errno == EAGAIN) /* fabpool_fd_connect_peer leaves connect(2)'s errno */
+        *st = fabpool_fd_connect_peer(name.c_str(), &s, kBusyConnectMs, h.pid, 0);
     if (*st != FABPOOL_OK) {
         *why = fabpool_last_error();
         /* a listener that is not the sender (it exited and someone took the name): nothing else is tried */
