@@ -389,6 +389,9 @@ static int sy_rank_of_pid(const fabpool_torch_symm_t *s, int pid)
 #define SY_ACCEPT_BURST 256
 /* How often a connection that has sent part of its ident is looked at again (ms). */
 #define SY_PARTIAL_MS 5
+/* How long the listener is not watched once a connection could not be taken for want of an fd (ms): the
+ * connection stays in its queue and poll says the listener readable at once, again and again. */
+#define SY_ACCEPT_REST_MS 50
 /* The read of an ident that is in whole: a bound that never binds but under a tool that slows every call (ms). */
 #define SY_IDENT_READ_MS 2000
 
@@ -471,8 +474,9 @@ static int sy_sweep(fabpool_torch_symm_t *s, cw_conn *w, int *nw, int need)
  * a flood of them costs a poll for many, not for each: another user's, or one of a pid no lower rank of this host
  * declared, is closed at once (unless the peers option lets it in), one already gone too, and one whose ident has
  * come is judged at once; the others wait in w, which is looked at again when full, so that a rank whose ident
- * has come since never gives way (conn_wait.h).  The ranks still to come are returned. */
-static int sy_accept_burst(fabpool_torch_symm_t *s, cw_conn *w, int *nw, int need, uint64_t *seq)
+ * has come since never gives way (conn_wait.h).  The ranks still to come are returned; *no_fd is set where a
+ * connection could not be taken for want of an fd (EMFILE, ENFILE: it stays queued). */
+static int sy_accept_burst(fabpool_torch_symm_t *s, cw_conn *w, int *nw, int need, uint64_t *seq, int *no_fd)
 {
     unsigned own = (unsigned)geteuid();
     for (int n = 0; n < SY_ACCEPT_BURST && need > 0; n++) {
@@ -482,8 +486,11 @@ static int sy_accept_burst(fabpool_torch_symm_t *s, cw_conn *w, int *nw, int nee
             s->refused++; /* another user's process: closed already */
             continue;
         }
-        if (a != FABPOOL_OK)
-            break; /* the queue is empty */
+        if (a != FABPOOL_OK) {
+            /* the queue is empty, or (errno as accept left it) no fd for the connection, which stays queued */
+            *no_fd = a == FABPOOL_ERR_IO && (errno == EMFILE || errno == ENFILE);
+            break;
+        }
         cw_conn in = {c, 0, 0, ++*seq, 0};
         /* a process that no rank of the group declared (where any pid may not be one), or one whose
          * credentials cannot be read */
@@ -513,21 +520,24 @@ static void sy_accept_ranks(fabpool_torch_symm_t *s, uint64_t deadline, int need
     cw_conn waiting[SY_WAITING_MAX];
     int nw = 0;
     uint64_t seq = 0;
+    uint64_t listen_at = 0; /* the listener rests until then (now_ns): out of fds, it is readable and no accept
+                               takes one */
     while (need > 0 && s->listener >= 0) {
-        int left = sy_left_ms(deadline);
+        int left = sy_left_ms(deadline), rest = sy_left_ms(listen_at);
         struct pollfd pf[1 + SY_WAITING_MAX];
-        pf[0] = (struct pollfd){s->listener, POLLIN, 0};
+        pf[0] = (struct pollfd){s->listener, rest > 0 ? 0 : POLLIN, 0};
         int partial = 0;
         for (int i = 0; i < nw; i++) {
             pf[1 + i] = (struct pollfd){waiting[i].fd, waiting[i].partial ? 0 : POLLIN, 0};
             partial |= waiting[i].partial;
         }
-        int r = 0;
+        int r = 0, wait = partial && left > SY_PARTIAL_MS ? SY_PARTIAL_MS : left;
+        wait = rest > 0 && rest < wait ? rest : wait;
         /* a connection with part of its ident is looked at again after a short while, not watched for input
          * (poll would say readable at once, again and again; a hang-up is still reported) */
         if (left > 0)
             do
-                r = poll(pf, (nfds_t)(1 + nw), partial && left > SY_PARTIAL_MS ? SY_PARTIAL_MS : left);
+                r = poll(pf, (nfds_t)(1 + nw), wait);
             while (r < 0 && errno == EINTR);
         if (r <= 0 && sy_left_ms(deadline) == 0) {
             char missing[256] = "";
@@ -544,8 +554,11 @@ static void sy_accept_ranks(fabpool_torch_symm_t *s, uint64_t deadline, int need
         }
         /* the connections waiting first: an ident that came whole is read (it cannot block) and judged */
         need = sy_sweep(s, waiting, &nw, need);
+        int no_fd = 0;
         if (need > 0 && (pf[0].revents & POLLIN))
-            need = sy_accept_burst(s, waiting, &nw, need, &seq);
+            need = sy_accept_burst(s, waiting, &nw, need, &seq, &no_fd);
+        if (no_fd)
+            listen_at = now_ns() + SY_ACCEPT_REST_MS * 1000000ull;
     }
     for (int i = 0; i < nw; i++)
         close(waiting[i].fd);

@@ -49,14 +49,15 @@ if(BUILD_TESTING AND FABPOOL_TEST_DRIVER STREQUAL "sim")
   # the fds of an exchange against a peer that never reads its socket, many fds in flight as a user that the
   # kernel limits (as root: a child of uid 65534; skipped where it cannot be one), and a pair lost in an
   # exchange (the object broken on every rank); 2 or 4 forked ranks, every call bounded by an alarm; and one
-  # pass against a peer that stalls or breaks the messages (no spin, no fd left open)
+  # pass against a peer that stalls or breaks the messages (no spin, no fd left open); and a mesh whose accepting
+  # rank is out of fds while a peer connects (it rests: no spin, no fd left open)
   add_executable(test_symm_hostile ${CMAKE_CURRENT_LIST_DIR}/test_symm_hostile.c)
   target_include_directories(test_symm_hostile PRIVATE ${CMAKE_SOURCE_DIR}/include ${CUDAToolkit_INCLUDE_DIRS}
                              ${FABPOOL_LIB_DIRS} ${CMAKE_SOURCE_DIR}/tests ${CMAKE_CURRENT_LIST_DIR})
   target_link_libraries(test_symm_hostile PRIVATE ${FABPOOL_TEST_LIBS})
   set_target_properties(test_symm_hostile PROPERTIES SKIP_BUILD_RPATH ON)
   foreach(c peer_never_reads:noread many_fds_as_user:many_fds lost_pair_breaks:lost_pair
-            stalled_peer_costs_no_spin:stall)
+            stalled_peer_costs_no_spin:stall out_of_fds_mesh_rests:no_fds)
     string(REPLACE ":" ";" c "${c}")
     list(GET c 0 name)
     list(GET c 1 arg)

@@ -17,11 +17,20 @@
  *              once a ms on average (a look every 100 us burned 10 to 17% of a core to a 30 s deadline);
  *   lost_pair  rank 1 is late with its fds by more than timeout_ms in one resize: it fails on both ranks, breaks
  *              the object, and says that the group must create the buffer again, promising no repair; every
- *              later resize says so at once; the group creates a new buffer and it works.
+ *              later resize says so at once; the group creates a new buffer and it works;
+ *   no_fds     the mesh (sy_mesh) of a rank out of fds (RLIMIT_NOFILE at its lowest free fd) while a forked lower
+ *              rank's connection and ident wait in its listener's queue: it cannot accept it, and rests rather
+ *              than wake again and again on the listener that poll says readable at once (under a quarter of
+ *              the wait's time in CPU, where a spin costs all of it): to the deadline, it fails with the mesh's
+ *              message naming rank 0; with fds free again after a while, it takes the connection and the mesh
+ *              works; no fd stays open (under valgrind, which closes the connection it cannot give an fd, only
+ *              the CPU, the wakes and the fds are checked).
  * symm.c and symm_pass.c are compiled into this file so that rank 1 can skip its reads and maps, and the
  * all-gather can tell the rounds apart. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -51,11 +60,20 @@ static fabpool_status t_view_apply(fabpool_view_t *v, const void *desc, size_t l
     }
     return fabpool_view_apply(v, desc, len, fds, nfds);
 }
+/* the mesh's waits, counted: how often a rank wakes while its peers' connections wait */
+static long t_polls;
+static int t_poll(struct pollfd *pf, nfds_t n, int timeout)
+{
+    t_polls++;
+    return poll(pf, n, timeout);
+}
 #define sy_pass t_pass
 #define fabpool_view_apply t_view_apply
+#define poll t_poll
 #include "symm.c"
 #undef sy_pass
 #undef fabpool_view_apply
+#undef poll
 /* the pass's waits, counted: how often a rank looks at a pair that does not move */
 static long t_ppolls;
 static int t_ppoll(struct pollfd *pf, nfds_t n, const struct timespec *ts, const sigset_t *mask)
@@ -370,10 +388,11 @@ static void stall_took(void *ctx, int q, int *fds)
         close(fds[i]);
 }
 
-static double cpu_s(void)
+/* The CPU time (user and system, s) of who: RUSAGE_SELF or RUSAGE_THREAD. */
+static double cpu_s(int who)
 {
     struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
+    getrusage(who, &u);
     return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
@@ -402,14 +421,14 @@ static void stall_one(int how)
     p[1].in = how == ST_NOREAD ? 0 : how == ST_FEWER_FDS ? 2 : 1;
     p[1].out = how == ST_NOREAD ? 100 : 0;
     t_ppolls = 0;
-    double c0 = cpu_s();
+    double c0 = cpu_s(RUSAGE_SELF);
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     alarm(STALL_MS / 1000 + 10);
     sy_pass(p, 2, 0, out, 7, pass_now_ns() + (uint64_t)STALL_MS * 1000000u, STALL_MS, stall_took, &p[1].in);
     alarm(0);
     long ms = ms_since(&t0);
-    double cpu = cpu_s() - c0;
+    double cpu = cpu_s(RUSAGE_SELF) - c0;
     printf("%-34s -> %ld ms, %.3f s of CPU, %ld looks: %.300s\n", stall_names[how], ms, cpu, t_ppolls, p[1].err);
     CHECK(p[1].st == FABPOOL_ERR_IO || p[1].st == FABPOOL_ERR_DESCRIPTOR);
     CHECK(ms < STALL_MS + 1000);
@@ -430,6 +449,134 @@ static int case_stall(void)
     for (int how = 0; how < ST_N; how++)
         stall_one(how);
     printf("stall: %d checks, %d failed\n", t_checks, t_failures);
+    return t_failures != 0;
+}
+
+/* ----------------------------------------------------------------- no_fds */
+
+#define NOFDS_MS 1000 /* the mesh's timeout_ms (its message names it) */
+#define NOFDS_FREE_MS 300 /* the second mesh: fds are free again after this long (its line says so) */
+
+/* Rank `rank` of a group of 2 on one host, made by hand for sy_mesh alone: peers[q] declared pid[q] and
+ * nonce[q]; the secret is the same on both ranks. */
+static void nofds_rank(fabpool_torch_symm_t *s, sy_hello peers[2], int sock[2], int rank, const pid_t pid[2],
+                       const uint64_t nonce[2])
+{
+    memset(s, 0, sizeof *s);
+    memset(peers, 0, 2 * sizeof *peers);
+    for (int q = 0; q < 2; q++) {
+        peers[q].pid = pid[q];
+        peers[q].nonce = nonce[q];
+        snprintf(peers[q].host, sizeof peers[q].host, "no_fds");
+        sock[q] = -1;
+    }
+    snprintf(s->host, sizeof s->host, "no_fds");
+    memset(s->secret, 0x5a, sizeof s->secret);
+    s->rank = rank;
+    s->nranks = 2;
+    s->timeout_ms = NOFDS_MS;
+    s->peers = peers;
+    s->sock = sock;
+    s->listener = -1;
+}
+
+/* fds free again: RLIMIT_NOFILE back as it was, after NOFDS_FREE_MS */
+static void *nofds_free(void *arg)
+{
+    usleep(NOFDS_FREE_MS * 1000);
+    if (setrlimit(RLIMIT_NOFILE, arg) != 0)
+        perror("test_symm_hostile no_fds: setrlimit");
+    return NULL;
+}
+
+/* Whether this process runs under valgrind, which keeps RLIMIT_NOFILE itself: the kernel takes the connection,
+ * and valgrind closes it (EMFILE), so that rank 0 may fail to send its ident and rank 1 waits to the deadline;
+ * then only the CPU, the wakes and the fds tell. */
+static int under_valgrind(void)
+{
+    const char *pre = getenv("LD_PRELOAD");
+    return pre && strstr(pre, "vgpreload");
+}
+
+/* Rank 1's mesh, its process out of fds while rank 0 (a forked child) connects and sends its ident; with
+ * free_later, the limit comes back after NOFDS_FREE_MS (from another thread, whose CPU is not counted). */
+static void nofds_one(int free_later)
+{
+    int before = fd_count();
+    fabpool_torch_symm_t s;
+    sy_hello peers[2];
+    int sock[2];
+    pid_t pid[2] = {0, getpid()};
+    uint64_t nonce[2] = {0, ((uint64_t)getpid() << 32) ^ (uint64_t)now_ns()};
+    char name[96];
+    sy_sock_name(name, sizeof name, (int)pid[1], nonce[1]);
+    int listener = -1;
+    CHECK_OK(fabpool_fd_listen(name, &listener));
+    CHECK(fcntl(listener, F_SETFL, fcntl(listener, F_GETFL) | O_NONBLOCK) == 0);
+    fflush(stdout);
+    pid[0] = fork();
+    if (pid[0] == 0) { /* rank 0: connects to rank 1's listener and says who it is */
+        close(listener);
+        nofds_rank(&s, peers, sock, 0, pid, nonce);
+        s.peers[0].pid = getpid();
+        fabpool_status st = sy_mesh(&s);
+        if (st != FABPOOL_OK && !under_valgrind())
+            fprintf(stderr, "no_fds: rank 0's mesh -> %s: %s\n", fabpool_status_name(st), sy_msg);
+        _exit(st == FABPOOL_OK ? 0 : 1);
+    }
+    CHECK(pid[0] > 0);
+    nofds_rank(&s, peers, sock, 1, pid, nonce);
+    s.listener = listener;
+    struct rlimit old;
+    CHECK(getrlimit(RLIMIT_NOFILE, &old) == 0);
+    int lowest = fcntl(listener, F_DUPFD, 0); /* the lowest free fd: a limit there leaves no room for one more */
+    CHECK(lowest >= 0);
+    close(lowest);
+    struct rlimit none = {(rlim_t)lowest, old.rlim_max};
+    CHECK(setrlimit(RLIMIT_NOFILE, &none) == 0);
+    pthread_t th;
+    CHECK(!free_later || pthread_create(&th, NULL, nofds_free, &old) == 0);
+    t_polls = 0;
+    double c0 = cpu_s(RUSAGE_THREAD);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    alarm(NOFDS_MS / 1000 + 10);
+    fabpool_status st = sy_mesh(&s);
+    alarm(0);
+    long ms = ms_since(&t0);
+    double cpu = cpu_s(RUSAGE_THREAD) - c0;
+    if (free_later)
+        CHECK(pthread_join(th, NULL) == 0);
+    CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    printf("rank 1 out of fds%s -> %s after %ld ms, %.3f s of CPU, %ld wakes: %.300s\n",
+           free_later ? " (free again after 300 ms)" : "", fabpool_status_name(st), ms, cpu, t_polls,
+           st == FABPOOL_OK ? "" : sy_msg);
+    CHECK(cpu < ms / 1000.0 / 4); /* resting: a spin on the listener costs the whole wait */
+    CHECK(t_polls < ms / 5 + 10);  /* two wakes a rest of SY_ACCEPT_REST_MS; a spin wakes some 200 times a ms */
+    int vg = under_valgrind();
+    if (vg) {
+        CHECK(st == FABPOOL_OK || st == FABPOOL_ERR_IO);
+    } else if (free_later) {
+        CHECK(st == FABPOOL_OK && s.sock[0] >= 0);
+        CHECK(ms >= NOFDS_FREE_MS - 50 && ms < NOFDS_MS);
+    } else {
+        CHECK(st == FABPOOL_ERR_IO && s.sock[0] < 0);
+        CHECK(strstr(sy_msg, "rank(s) 0 of this host did not identify themselves within 1000 ms") != NULL);
+        CHECK(ms >= NOFDS_MS - 50 && ms < NOFDS_MS + 1000);
+    }
+    CHECK(s.listener < 0);
+    if (s.sock[0] >= 0)
+        close(s.sock[0]);
+    int status = -1;
+    CHECK(waitpid(pid[0], &status, 0) == pid[0] && WIFEXITED(status) && (vg || WEXITSTATUS(status) == 0));
+    CHECK(fd_count() == before);
+}
+
+static int case_no_fds(void)
+{
+    nofds_one(0);
+    nofds_one(1);
+    printf("no_fds: %d checks, %d failed\n", t_checks, t_failures);
     return t_failures != 0;
 }
 
@@ -454,6 +601,8 @@ int main(int argc, char **argv)
         failed = case_stall();
     else if (strcmp(c, "lost_pair") == 0)
         failed = run_group(2, lost_pair_rank, NULL);
+    else if (strcmp(c, "no_fds") == 0)
+        failed = case_no_fds();
     else if (strcmp(c, "many_fds") == 0 && !other_user_can()) {
         int rc = many_fds_as_user();
         if (rc == 77)
@@ -468,7 +617,7 @@ int main(int argc, char **argv)
             return 77;
         failed = rc != 0;
     } else {
-        fprintf(stderr, "usage: test_symm_hostile noread|many_fds|lost_pair|stall\n");
+        fprintf(stderr, "usage: test_symm_hostile noread|many_fds|lost_pair|stall|no_fds\n");
         return 2;
     }
     printf("test_symm_hostile %s: %s\n", c, failed ? "FAILED" : "passed");
