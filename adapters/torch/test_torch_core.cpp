@@ -1466,6 +1466,38 @@ static void check_ipc_server_out_of_fds()
     CHECK(fd_count() == before);
 }
 
+/* The serve callback throws (std::bad_alloc, as Core's own may where memory is short) on the second request, after
+ * it took an fd for the answer: that receiver is refused (FABPOOL_ERR_HOST_MEMORY), the fd closed, and the server
+ * serves the next one; the process lives on, the server still listening. */
+static void check_ipc_server_exception_closes_one()
+{
+    int before = fd_count();
+    int mem = memfd_create("ipc-throws", MFD_CLOEXEC);
+    CHECK(mem >= 0);
+    {
+        int calls = 0; /* the server's thread's alone */
+        fabpool_torch::ipc::Server srv([mem, &calls](uint64_t, const std::string &, std::vector<int> *fds,
+                                                     std::string *) {
+            fds->push_back(dup(mem));
+            if (++calls == 2)
+                throw std::bad_alloc();
+            return fds->back() >= 0 ? 0 : int(FABPOOL_ERR_IO);
+        });
+        fabpool_torch::ipc::Handle h = ipc_handle_of(srv, 0x1000);
+        for (int k = 0; k < 3; k++) {
+            std::string why;
+            fabpool_status st = fetch_status(h, &why);
+            CHECK(st == (k == 1 ? FABPOOL_ERR_HOST_MEMORY : FABPOOL_OK));
+            if (st != (k == 1 ? FABPOOL_ERR_HOST_MEMORY : FABPOOL_OK))
+                fprintf(stderr, "check_ipc_server_exception_closes_one: fetch %d: %s (%s)\n", k,
+                        fabpool_status_name(st), why.c_str());
+        }
+        CHECK(srv.served() == 2 && srv.refused() == 1 && srv.stopped() == nullptr);
+    }
+    close(mem);
+    CHECK(fd_count() == before);
+}
+
 /* Every fetch of a receiver is answered with the sender's fd while processes of other users flood the sender's fd
  * server (FABPOOL_PEERS=any_user: they are let in): a connection whose request has come is never closed to make
  * room for theirs.  Run as its own test, since FABPOOL_PEERS is read once. */
@@ -1476,6 +1508,7 @@ static int check_ipc_server_flood()
     check_ipc_server_answer_unread();
     check_ipc_server_flood_by_pid();
     check_ipc_server_out_of_fds();
+    check_ipc_server_exception_closes_one();
     if (!other_user_can()) {
         printf("test_torch_core --ipc-flood: not root, no process of another user to flood with; the floods "
                "skipped\n");
@@ -1766,6 +1799,79 @@ static void check_ipc_unshared(Core &core)
     core.empty_cache(PoolId{0, 0});
 }
 
+/* A private pool's block shared, freed, and its memory given to the next tensor of its size (the same address, the
+ * same chunks, so the same descriptor): the freed block's handle is refused, never served the new tensor. */
+static void check_ipc_freed_pool_block_refused(Core &core)
+{
+    const PoolId P{0, 24};
+    size_t shares0 = core.ipc_shares();
+    core.create_or_incref(0, P, nullptr);
+    core.begin_pool(0, P, [](Stream) { return true; });
+    void *p = core.malloc(0, 5 * MiB, nullptr);
+    std::string handle = core.share_ipc(p).handle;
+    core.free(p);
+    void *q = core.malloc(0, 5 * MiB, nullptr);
+    core.end_pool(0, P);
+    CHECK(q == p);
+    CHECK(core.ipc_shares() == shares0);
+    bool refused = false;
+    try {
+        core.open_ipc(0, handle);
+    } catch (const std::runtime_error &e) {
+        refused = strstr(e.what(), "no longer live") != nullptr;
+    }
+    CHECK(refused);
+    core.free(q);
+    core.release_pool(0, P);
+    core.release_pool(0, P);
+    core.empty_cache(P);
+}
+
+/* One thread shares a block again and again while another frees it, for many rounds (the window a share could slip
+ * in after the free is narrow: thousands of rounds to meet it, at most 5 s of them): once both are done no share is left (none names
+ * freed memory, which the next block may reuse), and the freed block's last handle is refused. */
+static void check_ipc_share_free_race(Core &core)
+{
+    size_t shares0 = core.ipc_shares();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int round = 0; round < 20000 && ms_since(t0) < 5000; round++) { /* fewer under valgrind */
+        void *p = core.malloc(0, 3 * MiB, nullptr);
+        std::atomic<bool> go{false};
+        std::string last;
+        std::thread sharer([&] {
+            while (!go.load())
+                ;
+            for (;;) {
+                try {
+                    last = core.share_ipc(p).handle;
+                } catch (const std::invalid_argument &) {
+                    return; /* freed */
+                }
+            }
+        });
+        go.store(true);
+        for (volatile int spin = 0; spin < (round % 300) * 10; spin++)
+            ;
+        core.free(p);
+        sharer.join();
+        CHECK(core.ipc_shares() == shares0);
+        if (core.ipc_shares() != shares0) {
+            fprintf(stderr, "check_ipc_share_free_race: a share outlived its block in round %d\n", round);
+            break;
+        }
+        if (!last.empty()) {
+            bool refused = false;
+            try {
+                core.open_ipc(0, last);
+            } catch (const std::runtime_error &) {
+                refused = true;
+            }
+            CHECK(refused);
+        }
+    }
+    core.empty_cache(PoolId{0, 0});
+}
+
 /* A receiver of one shared block (it holds the process's token) that names another block shared with someone else,
  * by its address and its descriptor (neither is a secret): refused, for the key of a share is random; the other
  * block's own handle is served; a block shared twice as it was keeps its key. */
@@ -1999,6 +2105,8 @@ int main(int argc, char **argv)
         check_ipc_impostor(core);
         check_ipc_unshared(core);
         check_ipc_shared_elsewhere(core);
+        check_ipc_freed_pool_block_refused(core);
+        check_ipc_share_free_race(core);
         check_ipc_third_process(core);
         check_ipc_pools(core, held0);
         check_history(core, held0);

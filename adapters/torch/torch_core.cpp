@@ -628,6 +628,7 @@ void Core::restore(const PoolState &state, std::vector<void *> *freed, std::vect
     std::sort(now.begin(), now.end(), [](Block *a, Block *b) { return uintptr_t(a->ptr) < uintptr_t(b->ptr); });
     for (Block *b : now) {
         live_take(b->ptr);
+        unshare(b);
         count(d, *b, -1);
         p->live--;
         b->uses.clear();
@@ -981,6 +982,7 @@ void Core::finish(Device &d, Block *b)
         return;
     }
     Pool &p = *b->pool;
+    unshare(b); /* the pool keeps the block, and gives its memory to the next tensor of its size */
     b->uses.clear();
     b->state = BlockState::stream_free;
     p.stream_free[b->stream].emplace(b->usable, b);
@@ -1243,15 +1245,23 @@ void Core::gone(Block *b)
 {
     if (!b->fresh && history_on())
         note_block(HistoryEvent::SegmentFree, *b);
-    if (b->shared) {
-        std::lock_guard<std::mutex> g(shares_mu_);
-        auto it = share_keys_.find(uintptr_t(b->ptr));
-        if (it != share_keys_.end()) {
-            shares_.erase(it->second);
-            share_keys_.erase(it);
-        }
-    }
+    unshare(b);
     delete b;
+}
+
+/* A freed block's share dropped (its device's lock held, as share_ipc holds it to add one): its handles are
+ * refused from now on, even once its memory is a new block's, with the same descriptor. */
+void Core::unshare(Block *b)
+{
+    if (!b->shared)
+        return;
+    b->shared = false;
+    std::lock_guard<std::mutex> g(shares_mu_);
+    auto it = share_keys_.find(uintptr_t(b->ptr));
+    if (it != share_keys_.end()) {
+        shares_.erase(it->second);
+        share_keys_.erase(it);
+    }
 }
 
 /* ------------------------------------------------------------ snapshot */
@@ -1371,9 +1381,13 @@ IpcShare Core::share_ipc(void *ptr)
     with_live(ptr, [&](Block &b) { device = b.device; });
     ipc::Handle h;
     size_t offset = 0;
+    h.pid = int(getpid());
+    h.key = uint64_t(uintptr_t(ptr)); /* fabric: the descriptor is the whole handle, no server asked */
     if (device >= 0) {
         Device &d = dev(device);
-        std::lock_guard<std::mutex> lk(d.mu); /* the block's pool stays while it is looked at */
+        /* the block's pool stays while it is looked at, and the block stays live until its share is in shares_: a
+         * free takes this lock before it drops the share (unshare), so no share outlives its block */
+        std::lock_guard<std::mutex> lk(d.mu);
         fabpool_t *fp = nullptr;
         bool ext = false;
         auto pool_of = [&](Block &b) {
@@ -1393,14 +1407,7 @@ IpcShare Core::share_ipc(void *ptr)
                                        "handle_type:none, by FABPOOL_CONF or for a device without POSIX fd handles)");
             throw std::runtime_error("fabpool: shareIpcHandle: " + why);
         }
-    }
-    if (device < 0)
-        throw std::invalid_argument("fabpool: shareIpcHandle: " + hex(ptr) +
-                                    " is not a live block of this allocator (never given out, or freed already)");
-    h.pid = int(getpid());
-    h.key = uint64_t(uintptr_t(ptr)); /* fabric: the descriptor is the whole handle, no server asked */
-    if (h.type == FABPOOL_HANDLE_POSIX_FD) {
-        {
+        if (device >= 0 && h.type == FABPOOL_HANDLE_POSIX_FD) {
             /* the block shared again as it was keeps its key (a receiver that has its handle opens it once) */
             std::lock_guard<std::mutex> g(shares_mu_);
             auto k = share_keys_.find(uintptr_t(ptr));
@@ -1416,6 +1423,11 @@ IpcShare Core::share_ipc(void *ptr)
                 share_keys_[uintptr_t(ptr)] = h.key;
             }
         }
+    }
+    if (device < 0)
+        throw std::invalid_argument("fabpool: shareIpcHandle: " + hex(ptr) +
+                                    " is not a live block of this allocator (never given out, or freed already)");
+    if (h.type == FABPOOL_HANDLE_POSIX_FD) {
         ipc::Server &srv = server();
         memcpy(h.token, srv.token(), ipc::kTokenBytes);
         h.token_fd = srv.token_fd();
@@ -1540,6 +1552,12 @@ std::shared_ptr<void> Core::open_ipc(int device, const std::string &bytes)
     state->open[bytes] = sp;
     state->views++;
     return sp;
+}
+
+size_t Core::ipc_shares()
+{
+    std::lock_guard<std::mutex> g(shares_mu_);
+    return shares_.size();
 }
 
 size_t Core::ipc_views()

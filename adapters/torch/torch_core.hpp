@@ -257,6 +257,8 @@ public:
     /* Views open now, and requests the fd server has answered (served) and refused. */
     size_t ipc_views();
     uint64_t ipc_served(uint64_t *refused);
+    /* Blocks shared and not freed since: what the fd server may still serve. */
+    size_t ipc_shares();
 
 private:
     struct Block;
@@ -335,6 +337,7 @@ private:
               std::shared_ptr<void> ctx = nullptr);
     void note_block(HistoryEvent::Action a, const Block &b, std::shared_ptr<void> ctx = nullptr);
     void gone(Block *b);
+    void unshare(Block *b);
     void sample(Device &d);
     uint64_t mapped(Device &d);
     [[noreturn]] void out_of_memory(Device &d, size_t size, Stream s, const std::string &why, bool capped);

@@ -205,7 +205,13 @@ Server::Server(Serve serve) : serve_(std::move(serve)), pid_(int(getpid()))
         close(token_fd_);
         throw std::runtime_error(std::string("fabpool: the IPC fd server: its listener or pipe: ") + strerror(e));
     }
-    thread_ = std::thread(&Server::run, this);
+    try {
+        thread_ = std::thread(&Server::run, this);
+    } catch (...) { /* no thread (std::system_error): the destructor does not run, the fds are closed here */
+        for (int fd : {listener_, wake_[0], wake_[1], token_fd_})
+            close(fd);
+        throw;
+    }
 }
 
 Server::~Server()
@@ -331,12 +337,44 @@ bool Server::take(cw_conn *w, int *nw, uint64_t *seq)
  * or sends part of a start (a process of another user, where FABPOOL_PEERS=any_user lets it in) nor a receiver
  * that stalls mid-request, nor one that does not read its answer, holds anyone's turn; each is closed at its
  * deadline. */
-void Server::run()
+void Server::run() noexcept
 {
     /* arrays, not vectors: a process forked while this thread runs holds no heap of it that no one frees */
     cw_conn waiting[kWaitingMax];
-    struct pollfd pf[2 + kWaitingMax + kSlotsMax];
     int nw = 0;
+    /* nothing thrown here may reach the thread's end, which would terminate the process (a receiver's doing, or
+     * memory short): a connection's own exception closes that connection (step); any other stops the server,
+     * its listener closed so that receivers are refused at once, the process unharmed */
+    try {
+        loop(waiting, &nw);
+    } catch (const std::exception &e) {
+        stop(e.what());
+    } catch (...) {
+        stop("an exception that is no std::exception");
+    }
+    for (int i = 0; i < nw; i++)
+        close(waiting[i].fd);
+    while (nslots_ > 0)
+        drop(nslots_ - 1);
+}
+
+/* The server no longer serves: why recorded (stopped()) and said on stderr, the listener closed. */
+void Server::stop(const char *why) noexcept
+{
+    snprintf(stop_msg_, sizeof stop_msg_, "%s", why);
+    stopped_.store(true);
+    fprintf(stderr, "fabpool: the IPC fd server of process %d stopped (%s): other processes can no longer open "
+                    "the CUDA tensors it shares\n", pid_, stop_msg_);
+    int l = listener_;
+    listener_ = -1; /* before the close: a child forked between them closes no fd that is no longer the listener */
+    close(l);
+}
+
+/* The server's loop, until its wake pipe says stop; what it holds at the end (w, the slots) its caller closes. */
+void Server::loop(cw_conn *waiting, int *pnw)
+{
+    int &nw = *pnw;
+    struct pollfd pf[2 + kWaitingMax + kSlotsMax];
     uint64_t seq = 0;
     int64_t listen_at = 0; /* the listener rests until then: out of fds, it is readable and no accept takes one */
     for (;;) {
@@ -371,13 +409,8 @@ void Server::run()
         wakes_++;
         if (r < 0 && errno == EINTR)
             continue;
-        if (r < 0 || pf[1].revents) {
-            for (int i = 0; i < nw; i++)
-                close(waiting[i].fd);
-            while (nslots_ > 0)
-                drop(nslots_ - 1);
+        if (r < 0 || pf[1].revents)
             return;
-        }
         /* the requests being read and the answers being sent first, while pf matches them; from the last, so
          * that the one moved into a slot that was left has been seen already */
         now = now_ms();
@@ -390,8 +423,8 @@ void Server::run()
                 drop(i); /* a receiver that took not the whole answer within the deadline: it gets none */
             } else {
                 refused_++;
-                finish(i, FABPOOL_ERR_DESCRIPTOR,
-                       "a request that did not come whole within " + std::to_string(kTimeoutMs / 1000) + " s");
+                static_assert(kTimeoutMs == 10000, "the message says the deadline");
+                finish(i, FABPOOL_ERR_DESCRIPTOR, "a request that did not come whole within 10 s");
             }
         }
         sweep(waiting, &nw);
@@ -404,16 +437,16 @@ namespace {
 
 /* An answer as fabpool_fd_send frames it (the receiver is fabpool_fd_recv_timed): its head (the fd count, the
  * payload's length), then the payload, the status and the message. */
-std::vector<char> answer_bytes(int status, const std::string &msg, size_t nfds)
+std::vector<char> answer_bytes(int status, const char *msg, size_t size, size_t nfds)
 {
     /* no more than a request's bytes: the bound on what a slot holds */
-    size_t len = std::min(msg.size(), kMaxDesc);
+    size_t len = std::min(size, kMaxDesc);
     uint32_t head[2] = {uint32_t(nfds), uint32_t(4 + len)};
     std::vector<char> b(sizeof head + 4 + len);
     uint32_t st = uint32_t(status);
     memcpy(b.data(), head, sizeof head);
     memcpy(b.data() + sizeof head, &st, 4);
-    memcpy(b.data() + sizeof head + 4, msg.data(), len);
+    memcpy(b.data() + sizeof head + 4, msg, len);
     return b;
 }
 
@@ -468,10 +501,15 @@ int send_some(int c, const std::vector<char> &b, size_t *off, std::vector<int> *
 }
 
 /* A refusal (no fds, a short message) on a connection that is closed next: it goes at once, into a socket that
- * holds nothing of ours yet, or not at all. */
-void answer_now(int c, int status, const std::string &msg)
+ * holds nothing of ours yet, or not at all (nor where its bytes find no memory). */
+void answer_now(int c, int status, const char *msg) noexcept
 {
-    std::vector<char> b = answer_bytes(status, msg, 0);
+    std::vector<char> b;
+    try {
+        b = answer_bytes(status, msg, strlen(msg), 0);
+    } catch (const std::bad_alloc &) {
+        return;
+    }
     std::vector<int> none;
     size_t off = 0, sent = 0;
     bool moved = false;
@@ -536,7 +574,7 @@ void Server::read_start(int c)
     r.uid = uid;
     r.until = now + kTimeoutMs;
     r.last = now;
-    feed(nslots_ - 1, now);
+    step(nslots_ - 1, now);
 }
 
 /* Which slot gives way for a newcomer of process pid of user uid, all kSlotsMax taken: another user's before this
@@ -580,10 +618,25 @@ int Server::victim(int pid, unsigned uid) const
     return v;
 }
 
-/* slots_[i] read or sent to as far as its socket allows: true where it left the table. */
-bool Server::step(int i, int64_t now)
+/* slots_[i] read or sent to as far as its socket allows: true where it left the table.  An exception while it
+ * is (no memory for its request or its answer, the serve callback's) closes it, with every fd it holds, the
+ * receiver told why where it was not answered yet; the others are served on. */
+bool Server::step(int i, int64_t now) noexcept
 {
-    return slots_[i].answering ? flush(i, now) : feed(i, now);
+    int status = FABPOOL_ERR_IO;
+    try {
+        return slots_[i].answering ? flush(i, now) : feed(i, now);
+    } catch (const std::bad_alloc &) {
+        status = FABPOOL_ERR_HOST_MEMORY;
+    } catch (...) {
+    }
+    refused_++;
+    if (slots_[i].answering)
+        drop(i);
+    else
+        finish(i, status, "the sender's fd server failed serving this request (short of memory, or an error in "
+                          "the sender); it serves on");
+    return true;
 }
 
 /* Reads what has come of slots_[i]'s request, no further than its end, and never waits for more (MSG_DONTWAIT);
@@ -644,27 +697,32 @@ bool Server::serve_whole(int i, int64_t now)
     std::string msg;
     std::vector<int> fds;
     int status = FABPOOL_ERR_DESCRIPTOR;
-    if (memcmp(req, kRequestMagic, 4) != 0) {
+    try {
+        if (memcmp(req, kRequestMagic, 4) != 0) {
         msg = kMalformed;
-    } else if (!same_token(token_, req + 4)) {
-        status = FABPOOL_ERR_PERMISSION;
-        msg = kNoToken;
-    } else {
-        std::string desc(req + kRequestHeader, len - kRequestHeader);
-        status = serve_(get<uint64_t>(req + 4 + kTokenBytes), desc, &fds, &msg);
-        if (status < 0 || status > FABPOOL_STATUS_LAST)
-            status = FABPOOL_ERR_IO;
-        if (status == 0 && fds.size() > kAnswerFdsMax) {
-            status = FABPOOL_ERR_LIMIT;
-            msg = std::to_string(fds.size()) + " fds, more than one message carries";
+        } else if (!same_token(token_, req + 4)) {
+            status = FABPOOL_ERR_PERMISSION;
+            msg = kNoToken;
+        } else {
+            std::string desc(req + kRequestHeader, len - kRequestHeader);
+            status = serve_(get<uint64_t>(req + 4 + kTokenBytes), desc, &fds, &msg);
+            if (status < 0 || status > FABPOOL_STATUS_LAST)
+                status = FABPOOL_ERR_IO;
+            if (status == 0 && fds.size() > kAnswerFdsMax) {
+                status = FABPOOL_ERR_LIMIT;
+                msg = std::to_string(fds.size()) + " fds, more than one message carries";
+            }
         }
+        (status == 0 ? served_ : refused_)++;
+        if (status != 0) {
+            close_all(fds);
+            fds.clear();
+        }
+        return answer(i, status, msg, &fds, now);
+    } catch (...) {
+        close_all(fds); /* those the callback gave before it threw; an answer's own are its slot's (drop) */
+        throw;
     }
-    (status == 0 ? served_ : refused_)++;
-    if (status != 0) {
-        close_all(fds);
-        fds.clear();
-    }
-    return answer(i, status, msg, &fds, now);
 }
 
 /* slots_[i] answers, with the fds (status 0), which it takes: the answer is its now, bytes and fds, and goes out
@@ -673,11 +731,11 @@ bool Server::serve_whole(int i, int64_t now)
 bool Server::answer(int i, int status, const std::string &msg, std::vector<int> *fds, int64_t now)
 {
     Slot &r = slots_[i];
-    std::vector<char> b = answer_bytes(status, msg, fds->size());
+    r.fds.swap(*fds); /* first: where the bytes below find no memory, the slot's close closes the fds */
+    r.fds_sent = 0;
+    std::vector<char> b = answer_bytes(status, msg.data(), msg.size(), r.fds.size());
     r.buf.swap(b); /* the request's memory given back */
     r.off = 0;
-    r.fds.swap(*fds);
-    r.fds_sent = 0;
     r.answering = true;
     r.until = now + kTimeoutMs;
     r.last = now;
@@ -700,14 +758,14 @@ bool Server::flush(int i, int64_t now)
 }
 
 /* slots_[i] refused with a short answer, at once, and closed. */
-void Server::finish(int i, int status, const std::string &msg)
+void Server::finish(int i, int status, const char *msg) noexcept
 {
     answer_now(slots_[i].fd, status, msg);
     drop(i);
 }
 
 /* slots_[i] closed, with every fd of an answer it still holds, and out of the table, its memory given back. */
-void Server::drop(int i)
+void Server::drop(int i) noexcept
 {
     Slot &r = slots_[i];
     close(r.fd);

@@ -112,6 +112,9 @@ public:
     /* Times the server's thread woke (a connection, a byte, room for an answer, a hang-up or a look again at a
      * part of a start). */
     uint64_t wakes() const { return wakes_.load(); }
+    /* Why the server stopped serving before it was destroyed (an exception its thread could not put down to one
+     * connection: its listener is closed, receivers are refused), else nullptr. */
+    const char *stopped() const { return stopped_.load() ? stop_msg_ : nullptr; }
 
     /* In a child made by fork: the thread is the parent's and does not run
      * here; the listener, the wake pipe and the token memfd are closed and
@@ -131,6 +134,8 @@ private:
     int listener_ = -1, wake_[2] = {-1, -1};
     std::thread thread_;
     std::atomic<uint64_t> served_{0}, refused_{0}, wakes_{0};
+    std::atomic<bool> stopped_{false};
+    char stop_msg_[256] = {};
 
     /* A connection whose request bears the token (the thread's): its request read as its bytes come, then its
      * answer sent as the socket takes it, neither ever waited for.  Members, not the thread's stack: a process
@@ -154,19 +159,21 @@ private:
     int nslots_ = 0;
 
     enum class Look { done, silent, partial };
-    void run();
+    void run() noexcept;
+    void loop(::cw_conn *w, int *nw);
+    void stop(const char *why) noexcept;
     Look look(int conn, bool expired);
     void sweep(::cw_conn *w, int *nw);
     bool take(::cw_conn *w, int *nw, uint64_t *seq);
     void read_start(int conn);
     int victim(int pid, unsigned uid) const;
-    bool step(int i, int64_t now);
+    bool step(int i, int64_t now) noexcept;
     bool feed(int i, int64_t now);
     bool serve_whole(int i, int64_t now);
     bool answer(int i, int status, const std::string &msg, std::vector<int> *fds, int64_t now);
     bool flush(int i, int64_t now);
-    void finish(int i, int status, const std::string &msg);
-    void drop(int i);
+    void finish(int i, int status, const char *msg) noexcept;
+    void drop(int i) noexcept;
     void refuse(int conn);
 };
 
