@@ -61,13 +61,18 @@ static int read_settings(void)
     return 0;
 }
 
+/* sim_lock is held across a fork, so that the child's handler reads whole records (another thread of the parent
+ * may have been changing them) and TSan sees their writes ordered before its reads. */
+static void before_fork(void) { pthread_mutex_lock(&sim_lock); }
+static void after_fork_parent(void) { pthread_mutex_unlock(&sim_lock); }
+
 static void after_fork_child(void)
 {
     /* The real driver does not survive fork either: a child must call
      * cuInit anew (or exec).  Drop what the parent had. */
     sim_vmm_after_fork();
     __atomic_store_n(&sim_inited, 0, __ATOMIC_RELEASE);
-    pthread_mutex_init(&sim_lock, NULL);
+    pthread_mutex_unlock(&sim_lock); /* taken by before_fork: the child's only thread holds it */
 }
 
 SIM_API CUresult cuInit(unsigned flags)
@@ -99,7 +104,7 @@ SIM_API CUresult cuInit(unsigned flags)
         }
         static int atfork;
         if (!atfork) {
-            pthread_atfork(NULL, NULL, after_fork_child);
+            pthread_atfork(before_fork, after_fork_parent, after_fork_child);
             atfork = 1;
         }
         sim_vmm_init();

@@ -364,18 +364,25 @@ static void threads(void)
     }
 }
 
-static _Atomic int stop;
+static _Atomic int stop, forks_done;
 
+/* Makes and destroys buffers until stop, at most 24 for each child forked so far and the next one: fewer destroys
+ * in all than the quarantine holds (past it, the destroyed handle the children try may be a new buffer's for a
+ * moment: a child under valgrind once found it live), and the thread busy around every fork (a thread that had
+ * ended before the forks is one their TSan reports as never joined). */
 static void *churn_until_stop(void *arg)
 {
     fabpool_t *p = arg;
     CHECK_CU(cuCtxSetCurrent(t_ctx));
-    /* fewer destroys than the quarantine holds: past it, the destroyed handle the children try may be a new
-     * buffer's for a moment (a child under valgrind once found it live and was answered for a live buffer) */
-    for (int n = 0; n < QUARANTINE / 2 && !atomic_load(&stop); n++) {
+    for (int n = 0; !atomic_load(&stop);) {
+        if (n >= 24 * (atomic_load(&forks_done) + 1)) {
+            usleep(100);
+            continue;
+        }
         fabpool_buffer_t *b = NULL;
         if (fabpool_buffer_create(p, 4 * MB, 2 * MB, &b) == FABPOOL_OK)
             (void)fabpool_buffer_destroy(b, NULL);
+        n++;
     }
     return NULL;
 }
@@ -408,10 +415,12 @@ static void forked_children(void)
         }
         int st = 0;
         waitpid(pid, &st, 0);
+        atomic_fetch_add(&forks_done, 1);
         hung += WIFSIGNALED(st);
         if (WIFEXITED(st) && WEXITSTATUS(st) != 0) {
             wrong++;
-            fprintf(stderr, "  child %d: call %d of its four answered wrong\n", i, WEXITSTATUS(st));
+            fprintf(stderr, "  child %d exited %d (1 to 4: that call of its four answered wrong)\n", i,
+                    WEXITSTATUS(st));
         }
     }
     atomic_store(&stop, 1);
