@@ -699,7 +699,7 @@ bool Server::serve_whole(int i, int64_t now)
     int status = FABPOOL_ERR_DESCRIPTOR;
     try {
         if (memcmp(req, kRequestMagic, 4) != 0) {
-        msg = kMalformed;
+            msg = kMalformed;
         } else if (!same_token(token_, req + 4)) {
             status = FABPOOL_ERR_PERMISSION;
             msg = kNoToken;
